@@ -1,0 +1,788 @@
+/* fsm: apply, digest and the per-operation rules of CONTRACT.md §2.
+ *
+ * Every apply function follows the same shape: validate the whole command first (an
+ * invalid command changes nothing, not even the clock), then advance the clock
+ * (clock = max(clock, now)), then decide. Tenant usage is kept exact by uncounting a
+ * record before it changes and counting it again after (recUncount / recCount). */
+#include "fsm.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "arena.h"
+#include "fingerprint.h"
+#include "fsm_internal.h"
+#include "xmalloc.h"
+
+/* A released record is kept this long (or until its ttl, if sooner) so that a repeated
+ * release with the same token answers ok (CONTRACT.md §2: release is idempotent). It is a
+ * compile-time constant, not configuration, so every replica decides the same. */
+#define FSM_RELEASED_KEEP_MS (10u * 60u * 1000u)
+
+#define ARENA_BYTES (64u * 1024u)
+
+static uint64_t addSat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+struct fsm *fsm_new(void)
+{
+    struct fsm *f = xcalloc(1, sizeof(*f));
+    table_init(&f->t);
+    arena_init(&f->arena, ARENA_BYTES);
+    return f;
+}
+
+void fsm_close(struct fsm *f)
+{
+    if (f == NULL) {
+        return;
+    }
+    table_close(&f->t);
+    arena_close(&f->arena);
+    free(f);
+}
+
+uint64_t fsm_clock(const struct fsm *f)
+{
+    return f->clock;
+}
+
+/* ---- accounting ---------------------------------------------------------------------- */
+
+size_t fsm_rec_response_len(const struct rec *r)
+{
+    if (r->response == NULL) {
+        return 0;
+    }
+    uint32_t n;
+    memcpy(&n, r->response, sizeof(n));
+    return n;
+}
+
+static uint64_t recBytes(const struct rec *r)
+{
+    return (uint64_t)r->key_len + FSM_FINGERPRINT_LEN + fsm_rec_response_len(r);
+}
+
+static bool recCounted(const struct rec *r)
+{
+    return r->state != IDEM__RECORD_STATE__RECORD_STATE_RELEASED;
+}
+
+void fsm_rec_count(struct fsm *f, const struct rec *r)
+{
+    assert(r->state < FSM_STATES);
+    f->n_state[r->state]++;
+    if (recCounted(r)) {
+        struct tenant *tn = &f->t.tenants[r->tenant];
+        uint64_t b = recBytes(r);
+        tn->records++;
+        tn->bytes += b;
+        f->bytes += b;
+    }
+}
+
+static void recUncount(struct fsm *f, const struct rec *r)
+{
+    assert(f->n_state[r->state] > 0);
+    f->n_state[r->state]--;
+    if (recCounted(r)) {
+        struct tenant *tn = &f->t.tenants[r->tenant];
+        uint64_t b = recBytes(r);
+        assert(tn->records > 0 && tn->bytes >= b && f->bytes >= b);
+        tn->records--;
+        tn->bytes -= b;
+        f->bytes -= b;
+    }
+}
+
+static void recSetResponse(struct rec *r, uint8_t *stored)
+{
+    free(r->response);
+    r->response = stored;
+}
+
+static void recRemove(struct fsm *f, struct rec *r)
+{
+    recUncount(f, r);
+    table_remove(&f->t, r);
+}
+
+/* ---- validation helpers -------------------------------------------------------------- */
+
+static bool tenantValid(const char *tenant)
+{
+    size_t n = tenant ? strnlen(tenant, FSM_TENANT_MAX + 1) : 0;
+    return n > 0 && n <= FSM_TENANT_MAX;
+}
+
+static bool keyValid(const ProtobufCBinaryData *key)
+{
+    return key_validate(key->data, key->len, KEY_MAX_LEN) == KEY_OK;
+}
+
+static bool completionValid(Idem__Completion c)
+{
+    return c == IDEM__COMPLETION__COMPLETION_SUCCEEDED ||
+           c == IDEM__COMPLETION__COMPLETION_FAILED_FINAL ||
+           c == IDEM__COMPLETION__COMPLETION_UNKNOWN;
+}
+
+bool fsm_response_valid(const Idem__StoredResponse *resp, const char **why)
+{
+    if (resp->status < 100 || resp->status > 599) {
+        *why = "response status out of range 100-599";
+        return false;
+    }
+    if (resp->n_headers > FSM_HEADERS_MAX) {
+        *why = "too many response headers";
+        return false;
+    }
+    for (size_t i = 0; i < resp->n_headers; i++) {
+        const Idem__Header *h = resp->headers[i];
+        if (h == NULL || h->name == NULL || h->name[0] == '\0') {
+            *why = "response header without a name";
+            return false;
+        }
+    }
+    if (resp->body_sha256.len != 0 && resp->body_sha256.len != 32) {
+        *why = "body_sha256 must be 32 bytes";
+        return false;
+    }
+    if (resp->body_ref != NULL && resp->body_ref[0] != '\0') {
+        if (resp->body.len != 0) {
+            *why = "body and body_ref are exclusive";
+            return false;
+        }
+        if (resp->body_sha256.len != 32) {
+            *why = "body_ref requires body_sha256";
+            return false;
+        }
+    }
+    if (protobuf_c_message_get_packed_size(&resp->base) > FSM_RESPONSE_MAX) {
+        *why = "stored response too large";
+        return false;
+    }
+    return true;
+}
+
+/* Packs a validated response into the record format: u32 length, then the packed bytes.
+ * The caller owns the result. */
+static uint8_t *responseStore(const Idem__StoredResponse *resp, size_t *len /* OUT */)
+{
+    size_t n = protobuf_c_message_get_packed_size(&resp->base);
+    assert(n <= FSM_RESPONSE_MAX);
+    uint8_t *buf = xmalloc(sizeof(uint32_t) + n);
+    uint32_t n32 = (uint32_t)n;
+    memcpy(buf, &n32, sizeof(n32));
+    protobuf_c_message_pack(&resp->base, buf + sizeof(uint32_t));
+    *len = n;
+    return buf;
+}
+
+static void outResponse(const struct rec *r, struct fsm_result *out)
+{
+    out->response_len = fsm_rec_response_len(r);
+    out->response = r->response ? r->response + sizeof(uint32_t) : NULL;
+}
+
+static Idem__Outcome invalid(struct fsm_result *out, const char *why)
+{
+    out->outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    out->detail = why;
+    return out->outcome;
+}
+
+static void advanceClock(struct fsm *f, uint64_t now)
+{
+    if (now > f->clock) {
+        f->clock = now;
+    }
+}
+
+/* Finds (tenant, key); NULL when either is unknown. Released markers are returned too. */
+static struct rec *findRecord(const struct fsm *f, const char *tenant,
+                              const ProtobufCBinaryData *key)
+{
+    int tn = table_tenant_find(&f->t, tenant, strlen(tenant));
+    if (tn < 0) {
+        return NULL;
+    }
+    uint64_t h = table_hash(&f->t, tn, key->data, key->len);
+    return table_find(&f->t, tn, h, key->data, key->len);
+}
+
+static bool isLive(const struct rec *r)
+{
+    return r != NULL && r->state != IDEM__RECORD_STATE__RECORD_STATE_RELEASED;
+}
+
+/* ---- claim --------------------------------------------------------------------------- */
+
+static void attemptDigest(const ProtobufCBinaryData *attempt, uint8_t out[16])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(attempt->data, attempt->len));
+    memcpy(out, c.digest, 16);
+}
+
+static bool limitsAllow(const Idem__TenantLimits *lim, const struct tenant *tn,
+                        uint64_t add_records, uint64_t add_bytes)
+{
+    if (lim == NULL) {
+        return true;
+    }
+    if (lim->max_records != 0 && tn->records + add_records > lim->max_records) {
+        return false;
+    }
+    if (lim->max_bytes != 0 && tn->bytes + add_bytes > lim->max_bytes) {
+        return false;
+    }
+    return true;
+}
+
+static void grantLease(struct rec *r, uint64_t index, uint64_t now, const Idem__ClaimCmd *c)
+{
+    r->token = index;
+    r->lease_deadline = addSat(now, c->lease_ms);
+    r->has_attempt = c->attempt_id.len > 0;
+    if (r->has_attempt) {
+        attemptDigest(&c->attempt_id, r->attempt);
+    } else {
+        memset(r->attempt, 0, sizeof(r->attempt));
+    }
+}
+
+static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
+                                const Idem__ClaimCmd *c, struct fsm_result *out)
+{
+    if (!tenantValid(c->tenant)) {
+        return invalid(out, "claim: tenant missing or too long");
+    }
+    if (!keyValid(&c->key)) {
+        return invalid(out, "claim: key missing or invalid");
+    }
+    if (c->fingerprint.len != FSM_FINGERPRINT_LEN) {
+        return invalid(out, "claim: fingerprint must be 32 bytes");
+    }
+    if (c->attempt_id.len > FSM_ATTEMPT_MAX) {
+        return invalid(out, "claim: attempt id longer than 64 bytes");
+    }
+    if (c->lease_ms == 0 || c->ttl_ms == 0) {
+        return invalid(out, "claim: lease_ms and ttl_ms must be positive");
+    }
+    if (c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED &&
+        c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT &&
+        c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER) {
+        return invalid(out, "claim: unknown lease policy");
+    }
+    int tn = table_tenant_intern(&f->t, c->tenant, strlen(c->tenant));
+    if (tn < 0) {
+        return invalid(out, "claim: too many tenants");
+    }
+    advanceClock(f, now_cmd);
+    const uint64_t now = f->clock;
+    uint64_t h = table_hash(&f->t, tn, c->key.data, c->key.len);
+    struct rec *r = table_find(&f->t, tn, h, c->key.data, c->key.len);
+
+    if (!isLive(r)) {
+        /* A new record, or a released one that the key may be claimed again over. */
+        if (!limitsAllow(c->limits, &f->t.tenants[tn], 1,
+                         (uint64_t)c->key.len + FSM_FINGERPRINT_LEN)) {
+            out->outcome = IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED;
+            return out->outcome;
+        }
+        bool fresh = r == NULL;
+        if (fresh) {
+            r = table_insert(&f->t, tn, h, c->key.data, c->key.len);
+        } else {
+            recUncount(f, r);
+        }
+        memcpy(r->fp, c->fingerprint.data, FSM_FINGERPRINT_LEN);
+        r->state = IDEM__RECORD_STATE__RECORD_STATE_PROCESSING;
+        r->completion = IDEM__COMPLETION__COMPLETION_UNSPECIFIED;
+        recSetResponse(r, NULL);
+        r->created_at = now;
+        r->expires_at = addSat(now, c->ttl_ms);
+        r->tombstone_ttl = c->tombstone_ttl_ms ? c->tombstone_ttl_ms : c->ttl_ms;
+        grantLease(r, index, now, c);
+        if (fresh) {
+            expiry_push(&f->t.heap, r);
+        } else {
+            expiry_update(&f->t.heap, r);
+        }
+        fsm_rec_count(f, r);
+        out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
+        out->token = r->token;
+        out->lease_deadline_ms = r->lease_deadline;
+        out->expires_at_ms = r->expires_at;
+        return out->outcome;
+    }
+
+    if (!fp_equal(r->fp, c->fingerprint.data)) {
+        /* Same key, another request: refuse and leave the record untouched (§3). */
+        out->outcome = IDEM__OUTCOME__OUTCOME_MISMATCH;
+        return out->outcome;
+    }
+
+    switch ((Idem__RecordState)r->state) {
+    case IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE:
+        out->outcome = IDEM__OUTCOME__OUTCOME_EXPIRED;
+        return out->outcome;
+    case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
+        out->outcome = IDEM__OUTCOME__OUTCOME_REPLAY;
+        out->token = r->token;
+        out->expires_at_ms = r->expires_at;
+        outResponse(r, out);
+        return out->outcome;
+    case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
+        out->outcome = IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN;
+        return out->outcome;
+    case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
+        break;
+    default:
+        assert(0 && "unreachable record state");
+        abort();
+    }
+
+    if (r->has_attempt && c->attempt_id.len > 0) {
+        uint8_t d[16];
+        attemptDigest(&c->attempt_id, d);
+        if (memcmp(d, r->attempt, sizeof(d)) == 0) {
+            /* The holder's own retry (its answer was lost): same token. If its lease ran
+             * out meanwhile and nobody took over, it gets a fresh one. */
+            if (now >= r->lease_deadline) {
+                r->lease_deadline = addSat(now, c->lease_ms);
+            }
+            out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
+            out->token = r->token;
+            out->lease_deadline_ms = r->lease_deadline;
+            out->expires_at_ms = r->expires_at;
+            return out->outcome;
+        }
+    }
+    if (now < r->lease_deadline) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_IN_PROGRESS;
+        out->retry_after_ms = r->lease_deadline - now;
+        return out->outcome;
+    }
+    if (c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_EXPIRED;
+        out->lease_deadline_ms = r->lease_deadline;
+        return out->outcome;
+    }
+    out->previous_token = r->token;
+    grantLease(r, index, now, c);
+    expiry_update(&f->t.heap, r); /* the token is part of the expiry order */
+    out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
+    out->takeover = true;
+    out->token = r->token;
+    out->lease_deadline_ms = r->lease_deadline;
+    out->expires_at_ms = r->expires_at;
+    return out->outcome;
+}
+
+/* ---- complete, release, renew, get, resolve ------------------------------------------ */
+
+static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__CompleteCmd *c,
+                                   struct fsm_result *out)
+{
+    const char *why = NULL;
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "complete: tenant or key missing or invalid");
+    }
+    if (!completionValid(c->outcome)) {
+        return invalid(out, "complete: outcome must be succeeded, failed_final or unknown");
+    }
+    if (c->response == NULL && c->outcome != IDEM__COMPLETION__COMPLETION_UNKNOWN) {
+        return invalid(out, "complete: a final outcome needs a response");
+    }
+    if (c->response != NULL && !fsm_response_valid(c->response, &why)) {
+        return invalid(out, why);
+    }
+    advanceClock(f, now_cmd);
+    struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    if (r->token != c->token) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+        return out->outcome;
+    }
+    if (r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+        /* Completed or quarantined by this very token: a repeat changes nothing. */
+        out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+        out->token = r->token;
+        return out->outcome;
+    }
+    size_t n = 0;
+    uint8_t *stored = c->response ? responseStore(c->response, &n) : NULL;
+    if (!limitsAllow(c->limits, &f->t.tenants[r->tenant], 0, n)) {
+        free(stored);
+        out->outcome = IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED;
+        return out->outcome;
+    }
+    recUncount(f, r);
+    recSetResponse(r, stored);
+    r->completion = (uint8_t)c->outcome;
+    r->state = c->outcome == IDEM__COMPLETION__COMPLETION_UNKNOWN
+                   ? IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED
+                   : IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
+    fsm_rec_count(f, r);
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    out->token = r->token;
+    out->expires_at_ms = r->expires_at;
+    return out->outcome;
+}
+
+static Idem__Outcome applyRelease(struct fsm *f, uint64_t now_cmd, const Idem__ReleaseCmd *c,
+                                  struct fsm_result *out)
+{
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "release: tenant or key missing or invalid");
+    }
+    advanceClock(f, now_cmd);
+    struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (r == NULL || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    if (r->token != c->token) {
+        out->outcome = r->state == IDEM__RECORD_STATE__RECORD_STATE_RELEASED
+                           ? IDEM__OUTCOME__OUTCOME_NOT_FOUND
+                           : IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+        return out->outcome;
+    }
+    if (r->state == IDEM__RECORD_STATE__RECORD_STATE_RELEASED) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_OK; /* repeated release */
+        return out->outcome;
+    }
+    if (r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+        /* The holder already completed: releasing now would drop a stored outcome. */
+        out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+        return out->outcome;
+    }
+    recUncount(f, r);
+    r->state = IDEM__RECORD_STATE__RECORD_STATE_RELEASED;
+    recSetResponse(r, NULL);
+    uint64_t keep = addSat(f->clock, FSM_RELEASED_KEEP_MS);
+    if (keep < r->expires_at) {
+        r->expires_at = keep;
+        expiry_update(&f->t.heap, r);
+    }
+    fsm_rec_count(f, r);
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    return out->outcome;
+}
+
+static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__RenewCmd *c,
+                                struct fsm_result *out)
+{
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "renew: tenant or key missing or invalid");
+    }
+    if (c->lease_ms == 0) {
+        return invalid(out, "renew: lease_ms must be positive");
+    }
+    advanceClock(f, now_cmd);
+    struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    if (r->token != c->token || r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+        return out->outcome;
+    }
+    /* A holder whose lease passed but that nobody took over is still the holder (its
+     * token is current), so it may renew. */
+    r->lease_deadline = addSat(f->clock, c->lease_ms);
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    out->token = r->token;
+    out->lease_deadline_ms = r->lease_deadline;
+    return out->outcome;
+}
+
+static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCmd *c,
+                              struct fsm_result *out)
+{
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "get: tenant or key missing or invalid");
+    }
+    advanceClock(f, now_cmd);
+    const struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (!isLive(r)) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    struct fsm_record_view *v = &out->record;
+    v->tenant = f->t.tenants[r->tenant].name;
+    v->key = r->key;
+    v->key_len = r->key_len;
+    v->fingerprint = r->fp;
+    v->state = (Idem__RecordState)r->state;
+    v->completion = (Idem__Completion)r->completion;
+    v->token = r->token;
+    v->created_at_ms = r->created_at;
+    v->lease_deadline_ms = r->lease_deadline;
+    v->expires_at_ms = r->expires_at;
+    v->response_len = fsm_rec_response_len(r);
+    v->response = r->response ? r->response + sizeof(uint32_t) : NULL;
+    out->has_record = true;
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    out->token = r->token;
+    return out->outcome;
+}
+
+static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__ResolveCmd *c,
+                                  struct fsm_result *out)
+{
+    const char *why = NULL;
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "resolve: tenant or key missing or invalid");
+    }
+    if (c->release == (c->response != NULL)) {
+        return invalid(out, "resolve: exactly one of release and response");
+    }
+    if (c->response != NULL && !fsm_response_valid(c->response, &why)) {
+        return invalid(out, why);
+    }
+    advanceClock(f, now_cmd);
+    struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    if (c->release) {
+        recRemove(f, r);
+        return out->outcome;
+    }
+    /* An operator's decision is final and bypasses quotas. */
+    size_t n = 0;
+    recUncount(f, r);
+    recSetResponse(r, responseStore(c->response, &n));
+    r->state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
+    r->completion = c->response->status < 400 ? IDEM__COMPLETION__COMPLETION_SUCCEEDED
+                                              : IDEM__COMPLETION__COMPLETION_FAILED_FINAL;
+    fsm_rec_count(f, r);
+    out->token = r->token;
+    return out->outcome;
+}
+
+/* ---- expire -------------------------------------------------------------------------- */
+
+static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__ExpireCmd *c,
+                                 struct fsm_result *out)
+{
+    if (c->max_batch == 0 || c->max_batch > FSM_EXPIRE_BATCH_MAX) {
+        return invalid(out, "expire: max_batch out of range 1-65536");
+    }
+    advanceClock(f, now_cmd);
+    uint32_t done = 0;
+    struct rec *r;
+    while (done < c->max_batch && (r = expiry_min(&f->t.heap)) != NULL &&
+           r->expires_at <= f->clock) {
+        done++;
+        switch ((Idem__RecordState)r->state) {
+        case IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE:
+        case IDEM__RECORD_STATE__RECORD_STATE_RELEASED:
+            recRemove(f, r);
+            out->dropped++;
+            break;
+        case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
+            /* Nothing re-runs on a guess (CONTRACT.md §2, unknown): a quarantined record
+             * outlives its ttl until resolve; it is re-armed for another tombstone ttl
+             * (which is positive: the ttl when not given). */
+            r->expires_at = addSat(r->expires_at, r->tombstone_ttl);
+            expiry_update(&f->t.heap, r);
+            break;
+        case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
+        case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
+            recUncount(f, r);
+            recSetResponse(r, NULL);
+            r->state = IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE;
+            r->expires_at = addSat(r->expires_at, r->tombstone_ttl);
+            expiry_update(&f->t.heap, r);
+            fsm_rec_count(f, r);
+            out->expired++;
+            break;
+        default:
+            assert(0 && "unreachable record state");
+            abort();
+        }
+    }
+    r = expiry_min(&f->t.heap);
+    out->more = r != NULL && r->expires_at <= f->clock;
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    return out->outcome;
+}
+
+uint64_t fsm_next_expiry(const struct fsm *f)
+{
+    const struct rec *r = expiry_min(&f->t.heap);
+    return r ? r->expires_at : UINT64_MAX;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Command *cmd,
+                                struct fsm_result *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (index <= f->last_index) {
+        return invalid(out, "command index not increasing");
+    }
+    Idem__Outcome o;
+    switch (cmd->op_case) {
+    case IDEM__COMMAND__OP_CLAIM:
+        o = applyClaim(f, index, cmd->now_ms, cmd->claim, out);
+        break;
+    case IDEM__COMMAND__OP_COMPLETE:
+        o = applyComplete(f, cmd->now_ms, cmd->complete, out);
+        break;
+    case IDEM__COMMAND__OP_RELEASE:
+        o = applyRelease(f, cmd->now_ms, cmd->release, out);
+        break;
+    case IDEM__COMMAND__OP_RENEW:
+        o = applyRenew(f, cmd->now_ms, cmd->renew, out);
+        break;
+    case IDEM__COMMAND__OP_GET:
+        o = applyGet(f, cmd->now_ms, cmd->get, out);
+        break;
+    case IDEM__COMMAND__OP_RESOLVE:
+        o = applyResolve(f, cmd->now_ms, cmd->resolve, out);
+        break;
+    case IDEM__COMMAND__OP_EXPIRE:
+        o = applyExpire(f, cmd->now_ms, cmd->expire, out);
+        break;
+    default:
+        return invalid(out, "unknown op");
+    }
+    if (o != IDEM__OUTCOME__OUTCOME_INVALID) {
+        f->last_index = index;
+    }
+    return o;
+}
+
+Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_t len,
+                        struct fsm_result *out)
+{
+    arena_reset(&f->arena);
+    Idem__Command *cmd = idem__command__unpack(&f->arena.pb, len, buf);
+    if (cmd == NULL) {
+        memset(out, 0, sizeof(*out));
+        return invalid(out, "malformed command");
+    }
+    /* The command lives in the arena until the next reset; results point into the table,
+     * never into the command. */
+    return fsm_apply_command(f, index, cmd, out);
+}
+
+/* ---- stats and digest ---------------------------------------------------------------- */
+
+void fsm_get_stats(const struct fsm *f, struct fsm_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->records = f->t.count;
+    out->processing = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_PROCESSING];
+    out->completed = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_COMPLETED];
+    out->quarantined = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED];
+    out->tombstones = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE];
+    out->released = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_RELEASED];
+    out->bytes = f->bytes;
+    out->tenants = f->t.n_tenants;
+    out->clock_ms = f->clock;
+    out->last_index = f->last_index;
+}
+
+struct digestAcc {
+    const struct fsm *f;
+    uint64_t lo, hi;
+};
+
+static size_t putU64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+    return 8;
+}
+
+static size_t putBytes(uint8_t *p, const void *src, size_t n)
+{
+    size_t w = putU64(p, n);
+    memcpy(p + w, src, n);
+    return w + n;
+}
+
+static void digestRecord(const struct rec *r, void *arg)
+{
+    struct digestAcc *acc = arg;
+    const struct tenant *tn = &acc->f->t.tenants[r->tenant];
+    /* Every replicated field in a fixed layout; the response by its own hash. */
+    uint8_t buf[FSM_TENANT_MAX + 255 + 32 + 16 + 16 + 14 * 8];
+    size_t n = 0;
+    n += putBytes(buf + n, tn->name, tn->name_len);
+    n += putBytes(buf + n, r->key, r->key_len);
+    memcpy(buf + n, r->fp, sizeof(r->fp));
+    n += sizeof(r->fp);
+    n += putU64(buf + n, r->state);
+    n += putU64(buf + n, r->completion);
+    n += putU64(buf + n, r->token);
+    n += putU64(buf + n, r->created_at);
+    n += putU64(buf + n, r->lease_deadline);
+    n += putU64(buf + n, r->expires_at);
+    n += putU64(buf + n, r->tombstone_ttl);
+    n += putU64(buf + n, r->has_attempt);
+    memcpy(buf + n, r->attempt, sizeof(r->attempt));
+    n += sizeof(r->attempt);
+    size_t rl = fsm_rec_response_len(r);
+    XXH128_hash_t rh = XXH3_128bits(rl ? r->response + sizeof(uint32_t) : NULL, rl);
+    n += putU64(buf + n, rl);
+    n += putU64(buf + n, rh.low64);
+    n += putU64(buf + n, rh.high64);
+    assert(n <= sizeof(buf));
+    XXH128_hash_t h = XXH3_128bits(buf, n);
+    /* A sum of per-record hashes: the same multiset of records gives the same digest in
+     * any order. */
+    acc->lo += h.low64;
+    acc->hi += h.high64;
+}
+
+void fsm_digest(const struct fsm *f, uint8_t out[16])
+{
+    struct digestAcc acc = {.f = f, .lo = 0, .hi = 0};
+    table_foreach(&f->t, digestRecord, &acc);
+    uint8_t buf[5 * 8];
+    size_t n = 0;
+    n += putU64(buf + n, acc.lo);
+    n += putU64(buf + n, acc.hi);
+    n += putU64(buf + n, f->t.count);
+    n += putU64(buf + n, f->clock);
+    n += putU64(buf + n, f->last_index);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(buf, n));
+    memcpy(out, c.digest, 16);
+}
+
+void fsm_digest_hex(const struct fsm *f, char out[33])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint8_t d[16];
+    fsm_digest(f, d);
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = hex[d[i] >> 4];
+        out[2 * i + 1] = hex[d[i] & 15];
+    }
+    out[32] = '\0';
+}

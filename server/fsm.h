@@ -1,0 +1,139 @@
+/* fsm: the deterministic idempotency state machine that every node runs over the Raft log.
+ *
+ * The state machine is pure: bytes in, result out. It does no I/O, reads no clock and no
+ * configuration; everything it decides with is carried in the command by the leader
+ * (CONTRACT.md §2). Two state machines that applied the same commands with the same
+ * indexes hold the same table, whatever their history of snapshots and restores, and
+ * fsm_digest() says so.
+ *
+ * Fencing tokens. A token is the *command index* of the command that granted the claim.
+ * The cluster applies a log entry that packs several commands (DESIGN.md, batching), so
+ * the command index is fsm_command_index(raft_index, slot): the entry's Raft index shifted
+ * left by FSM_SLOT_BITS plus the command's position in the entry. Tokens are therefore
+ * strictly increasing in log order and unique across the cluster, and `token >> 16` is the
+ * Raft index of the entry that granted the claim.
+ *
+ * Memory. Allocation failure aborts (like redis's zmalloc): the table cannot degrade
+ * gracefully and a replica that skipped a command would diverge. */
+#ifndef IDEM_SERVER_FSM_H
+#define IDEM_SERVER_FSM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem.pb-c.h"
+
+#define FSM_SLOT_BITS 16
+#define FSM_FINGERPRINT_LEN 32
+#define FSM_ATTEMPT_MAX 64            /* bytes of attempt id */
+#define FSM_TENANT_MAX 128            /* bytes of tenant name */
+#define FSM_TENANTS_MAX 65535         /* distinct tenants */
+#define FSM_RESPONSE_MAX (4u << 20)   /* bytes of a packed stored response */
+#define FSM_EXPIRE_BATCH_MAX 65536    /* records one expire command may touch */
+#define FSM_HEADERS_MAX 64            /* headers in a stored response */
+
+/* The command index of slot `slot` of the log entry at `raft_index`. */
+static inline uint64_t fsm_command_index(uint64_t raft_index, unsigned slot)
+{
+    return (raft_index << FSM_SLOT_BITS) | (uint64_t)slot;
+}
+
+struct fsm;
+
+/* A read-only view of one record, valid until the next fsm_apply(), fsm_restore() or
+ * fsm_close() on the same state machine. */
+struct fsm_record_view {
+    const char *tenant;
+    const uint8_t *key;
+    size_t key_len;
+    const uint8_t *fingerprint; /* FSM_FINGERPRINT_LEN bytes */
+    Idem__RecordState state;
+    Idem__Completion completion;
+    uint64_t token;
+    uint64_t created_at_ms;
+    uint64_t lease_deadline_ms;
+    uint64_t expires_at_ms;
+    const uint8_t *response; /* packed Idem__StoredResponse, or NULL */
+    size_t response_len;
+};
+
+/* The answer to one command. Pointers in it borrow the state machine's memory and stay
+ * valid until the next fsm_apply(), fsm_restore() or fsm_close(). */
+struct fsm_result {
+    Idem__Outcome outcome;
+    uint64_t token;             /* acquired; previous holder's with lease_lost */
+    uint64_t lease_deadline_ms; /* acquired, renew */
+    uint64_t expires_at_ms;     /* acquired, replay */
+    uint64_t retry_after_ms;    /* in_progress */
+    bool takeover;              /* acquired by taking over an expired lease */
+    uint64_t previous_token;    /* with takeover */
+    const uint8_t *response;    /* replay: packed Idem__StoredResponse */
+    size_t response_len;
+    bool has_record;            /* get */
+    struct fsm_record_view record;
+    uint32_t expired;           /* expire: records turned into tombstones */
+    uint32_t dropped;           /* expire: tombstones and released markers removed */
+    bool more;                  /* expire: more records are already due */
+    const char *detail;         /* invalid: a static description; never holds key bytes */
+};
+
+struct fsm_stats {
+    uint64_t records;     /* all records the table holds, released markers included */
+    uint64_t processing;
+    uint64_t completed;
+    uint64_t quarantined;
+    uint64_t tombstones;
+    uint64_t released;
+    uint64_t bytes;       /* key + fingerprint + stored responses of counted records */
+    uint64_t tenants;
+    uint64_t clock_ms;
+    uint64_t last_index;
+};
+
+/* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).
+ * The caller owns the result and frees it with fsm_close(). */
+struct fsm *fsm_new(void);
+
+/* Frees the state machine and everything it holds. Accepts NULL. */
+void fsm_close(struct fsm *f);
+
+/* Applies one packed Idem__Command at command index `index`. `buf` is borrowed for the
+ * duration of the call. Fills `*out` (OUT) and returns out->outcome. Malformed bytes, an
+ * unknown op or out-of-range fields give IDEM__OUTCOME__OUTCOME_INVALID and change nothing
+ * at all (not even the clock). `index` must be greater than every index applied before;
+ * a command with a smaller or equal index is refused as invalid. */
+Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_t len,
+                        struct fsm_result *out);
+
+/* The same, for a command the caller has already unpacked (borrowed). */
+Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Command *cmd,
+                                struct fsm_result *out);
+
+/* Leader side: the earliest time (ms) at which an expire command would find something to
+ * do, or UINT64_MAX when the table holds nothing that expires. */
+uint64_t fsm_next_expiry(const struct fsm *f);
+
+/* The state machine's clock: the largest leader timestamp applied so far. */
+uint64_t fsm_clock(const struct fsm *f);
+
+void fsm_get_stats(const struct fsm *f, struct fsm_stats *out /* OUT */);
+
+/* A 16-byte digest of the whole replicated state (every record, the clock and the last
+ * index). It does not depend on insertion order, hash-table layout or memory addresses:
+ * replicas, and a state machine restored from a snapshot of another, compare equal. */
+void fsm_digest(const struct fsm *f, uint8_t out[16] /* OUT */);
+
+/* Writes the digest as 32 lowercase hex characters and a NUL. */
+void fsm_digest_hex(const struct fsm *f, char out[33] /* OUT */);
+
+/* Serialises the whole state. On success returns 0 and hands the caller a malloc'd buffer
+ * in *out / *out_len (OUT; the caller frees it). Never fails but for allocation (abort). */
+int fsm_snapshot(const struct fsm *f, uint8_t **out, size_t *out_len);
+
+/* Replaces the state with a snapshot's. `buf` is borrowed. Returns 0, or -1 with a static
+ * description in *why (OUT, may be NULL) when the bytes are not a valid snapshot, in which
+ * case the state machine is unchanged. */
+int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why);
+
+#endif /* IDEM_SERVER_FSM_H */

@@ -1,0 +1,95 @@
+/* table: the record table of the state machine: records keyed by (tenant, key) in a chained
+ * hash table (XXH3), tenants interned with their usage counters, and the expiry index.
+ *
+ * The table is an internal structure of fsm.c: nothing outside the state machine touches
+ * it, and nothing the state machine decides depends on its iteration order. */
+#ifndef IDEM_SERVER_TABLE_H
+#define IDEM_SERVER_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "expiry.h"
+
+/* One (tenant, key) record, allocated with its key inline (table_rec_size()): 74 bytes of
+ * fields, the fingerprint and the key. The hash table holds tagged pointers to records, so a
+ * record carries neither a chain pointer nor its hash (recomputed on growth and removal). */
+struct rec {
+    uint64_t token;          /* fencing token of the current or last holder */
+    uint64_t created_at;     /* ms, leader clock */
+    uint64_t lease_deadline; /* ms */
+    uint64_t expires_at;     /* ms: ttl deadline; tombstones: when they are dropped */
+    uint64_t tombstone_ttl;  /* ms */
+    uint8_t *response;       /* owned: u32 length + packed StoredResponse, or NULL */
+    uint8_t attempt[16];     /* XXH3-128 of the attempt id; all zero when none */
+    uint32_t heap_pos;       /* position in the expiry index */
+    uint16_t tenant;         /* index into table.tenants */
+    uint8_t state;           /* Idem__RecordState */
+    uint8_t completion;      /* Idem__Completion */
+    uint8_t has_attempt;
+    uint8_t key_len;         /* 1..255 */
+    uint8_t fp[32];
+    uint8_t key[];
+};
+
+struct tenant {
+    char *name;              /* owned, NUL-terminated */
+    size_t name_len;
+    uint64_t hash;
+    uint64_t records;        /* counted records (all but released markers) */
+    uint64_t bytes;          /* key + fingerprint + response of counted records */
+};
+
+/* Records live in an open-addressing hash table (linear probing, backward-shift deletion,
+ * at most 3/4 full). A slot is 0 or a record pointer with the top 16 bits of the record's
+ * hash in its top 16 bits, so most probes that miss never touch a record. This relies on
+ * user-space addresses fitting in 48 bits (x86-64 and aarch64 Linux); table_insert checks. */
+struct table {
+    uintptr_t *slots;
+    size_t mask;             /* slots - 1; a power of two */
+    size_t count;            /* records, released markers included */
+    struct tenant *tenants;
+    size_t n_tenants;
+    size_t cap_tenants;
+    uint32_t *tenant_slots;  /* open addressing: tenant index + 1, 0 empty */
+    size_t tenant_mask;
+    struct expiry heap;
+};
+
+void table_init(struct table *t);
+/* Frees every record, tenant and index. */
+void table_close(struct table *t);
+
+/* The tenant's index, or -1 when unknown. `name` is borrowed. */
+int table_tenant_find(const struct table *t, const char *name, size_t len);
+/* The tenant's index, interning a copy of `name` (borrowed) when new; -1 when the table
+ * already holds FSM_TENANTS_MAX tenants. */
+int table_tenant_intern(struct table *t, const char *name, size_t len);
+
+uint64_t table_hash(const struct table *t, int tenant, const uint8_t *key, size_t len);
+
+/* The record for (tenant, key), or NULL. `key` is borrowed. */
+struct rec *table_find(const struct table *t, int tenant, uint64_t hash, const uint8_t *key,
+                       size_t len);
+
+/* Bytes of one record with a key of key_len bytes. */
+size_t table_rec_size(size_t key_len);
+
+/* Makes room for `n` records in all without growing again. */
+void table_reserve(struct table *t, size_t n);
+
+/* Allocates a zeroed record holding a copy of `key` (borrowed), links it into the hash
+ * table (not the expiry index) and returns it; the table owns it. The caller makes sure
+ * no record for (tenant, key) exists. */
+struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8_t *key,
+                         size_t len);
+
+/* Unlinks the record from the hash table and the expiry index and frees it. */
+void table_remove(struct table *t, struct rec *r);
+
+/* Calls fn(r, arg) for every record, in no particular order. fn must not modify the table. */
+void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg),
+                   void *arg);
+
+#endif

@@ -1,0 +1,296 @@
+/* fsm-bench: micro-benchmark of the state machine on one core.
+ *
+ * Measures what the issue's targets name: claim applies/s on fresh keys, complete
+ * applies/s, replay-hit applies/s, table memory per record (without a body and with a
+ * 1 KiB body), and snapshot / restore / digest time. Commands are packed before the clock
+ * starts, as the leader packs them before they reach apply; the timed loops run
+ * fsm_apply() on bytes exactly as a replica does.
+ *
+ * Cold and warm. The first pass of claims runs in a fresh process, where every record
+ * lands on a page the kernel must fault in and zero; on this VM that costs as much as the
+ * apply itself. A long-running node reuses the memory of expired records instead, so the
+ * bench keeps freed memory in the process (mallopt) and measures a second, warm pass on a
+ * new state machine. Both figures are printed.
+ *
+ * Usage: fsm-bench [--records N] [--json]
+ * It prints figures; it asserts nothing about speed. */
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "fsm.h"
+
+struct packed {
+    uint8_t *buf;
+    size_t *off; /* n + 1 offsets */
+    size_t n;
+};
+
+static double nowSec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static size_t heapBytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void *xmallocOrDie(size_t n)
+{
+    void *p = malloc(n);
+    if (p == NULL) {
+        fprintf(stderr, "fsm-bench: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static void keyOf(char *out, size_t cap, size_t i)
+{
+    snprintf(out, cap, "order-%010zu", i);
+}
+
+static void packAppend(struct packed *p, size_t *cap, const Idem__Command *cmd)
+{
+    size_t need = idem__command__get_packed_size(cmd);
+    size_t at = p->off[p->n];
+    if (at + need > *cap) {
+        while (at + need > *cap) {
+            *cap *= 2;
+        }
+        p->buf = realloc(p->buf, *cap);
+        if (p->buf == NULL) {
+            fprintf(stderr, "fsm-bench: out of memory\n");
+            exit(1);
+        }
+    }
+    idem__command__pack(cmd, p->buf + at);
+    p->n++;
+    p->off[p->n] = at + need;
+}
+
+static void packInit(struct packed *p, size_t n, size_t *cap)
+{
+    *cap = n * 96 + 4096;
+    p->buf = xmallocOrDie(*cap);
+    p->off = xmallocOrDie((n + 1) * sizeof(size_t));
+    p->off[0] = 0;
+    p->n = 0;
+}
+
+static void packFree(struct packed *p)
+{
+    free(p->buf);
+    free(p->off);
+}
+
+static uint8_t fingerprint[32];
+
+static void packClaims(struct packed *p, size_t n)
+{
+    size_t cap;
+    packInit(p, n, &cap);
+    char key[32];
+    for (size_t i = 0; i < n; i++) {
+        keyOf(key, sizeof(key), i);
+        Idem__ClaimCmd c = IDEM__CLAIM_CMD__INIT;
+        c.tenant = "bench";
+        c.key.data = (uint8_t *)key;
+        c.key.len = strlen(key);
+        c.fingerprint.data = fingerprint;
+        c.fingerprint.len = sizeof(fingerprint);
+        c.lease_ms = 30000;
+        c.ttl_ms = 86400000;
+        Idem__Command cmd = IDEM__COMMAND__INIT;
+        cmd.now_ms = 1700000000000ull + i / 1000;
+        cmd.op_case = IDEM__COMMAND__OP_CLAIM;
+        cmd.claim = &c;
+        packAppend(p, &cap, &cmd);
+    }
+}
+
+/* Completes key i with token tokens[i] and a body of body_len bytes. */
+static void packCompletes(struct packed *p, size_t n, const uint64_t *tokens, size_t body_len)
+{
+    size_t cap;
+    packInit(p, n, &cap);
+    char key[32];
+    uint8_t *body = xmallocOrDie(body_len + 1);
+    memset(body, 'x', body_len);
+    for (size_t i = 0; i < n; i++) {
+        keyOf(key, sizeof(key), i);
+        Idem__CompleteCmd c = IDEM__COMPLETE_CMD__INIT;
+        Idem__StoredResponse resp = IDEM__STORED_RESPONSE__INIT;
+        resp.status = 201;
+        resp.body.data = body;
+        resp.body.len = body_len;
+        c.tenant = "bench";
+        c.key.data = (uint8_t *)key;
+        c.key.len = strlen(key);
+        c.token = tokens[i];
+        c.outcome = IDEM__COMPLETION__COMPLETION_SUCCEEDED;
+        c.response = &resp;
+        Idem__Command cmd = IDEM__COMMAND__INIT;
+        cmd.now_ms = 1700000001000ull;
+        cmd.op_case = IDEM__COMMAND__OP_COMPLETE;
+        cmd.complete = &c;
+        packAppend(p, &cap, &cmd);
+    }
+    free(body);
+}
+
+/* Applies every packed command; counts outcomes other than `want`. Returns seconds. */
+static double applyAll(struct fsm *f, uint64_t *index, const struct packed *p,
+                       Idem__Outcome want, uint64_t *tokens, size_t *unexpected)
+{
+    struct fsm_result r;
+    *unexpected = 0;
+    double t0 = nowSec();
+    for (size_t i = 0; i < p->n; i++) {
+        Idem__Outcome o = fsm_apply(f, (*index)++, p->buf + p->off[i], p->off[i + 1] - p->off[i],
+                                    &r);
+        if (o != want) {
+            (*unexpected)++;
+        }
+        if (tokens != NULL) {
+            tokens[i] = r.token;
+        }
+    }
+    return nowSec() - t0;
+}
+
+int main(int argc, char **argv)
+{
+    size_t n = 1000000;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--records") == 0 && i + 1 < argc) {
+            n = strtoull(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
+        } else {
+            fprintf(stderr, "usage: fsm-bench [--records N] [--json]\n");
+            return 2;
+        }
+    }
+    if (n == 0) {
+        fprintf(stderr, "fsm-bench: --records must be positive\n");
+        return 2;
+    }
+    memset(fingerprint, 0x5a, sizeof(fingerprint));
+    char key[32];
+    keyOf(key, sizeof(key), 0);
+    const size_t key_len = strlen(key);
+    uint64_t *tokens = xmallocOrDie(n * sizeof(uint64_t));
+    size_t bad = 0, bad_total = 0;
+
+    /* Keep freed memory in the process, as a long-running node does (see the top). */
+    mallopt(M_TRIM_THRESHOLD, INT32_MAX);
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+
+    /* 1. Claims on fresh keys (no body): a cold pass, then a warm pass that is measured for
+     * time and memory. */
+    struct packed claims, completes, completes1k;
+    packClaims(&claims, n);
+    struct fsm *f = fsm_new();
+    uint64_t index = 1;
+    double t_claim_cold = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens,
+                                   &bad);
+    bad_total += bad;
+    fsm_close(f);
+    f = fsm_new();
+    index = 1;
+    size_t mem0 = heapBytes();
+    double t_claim = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens, &bad);
+    bad_total += bad;
+    size_t mem_claimed = heapBytes() - mem0;
+
+    /* 2. Completes (16-byte body), then 3. replay hits. */
+    packCompletes(&completes, n, tokens, 16);
+    double t_complete = applyAll(f, &index, &completes, IDEM__OUTCOME__OUTCOME_OK, NULL, &bad);
+    bad_total += bad;
+    double t_replay = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_REPLAY, NULL, &bad);
+    bad_total += bad;
+
+    /* 4. Snapshot, restore and digest of the n-record table. */
+    uint8_t *snap;
+    size_t snap_len;
+    double t0 = nowSec();
+    fsm_snapshot(f, &snap, &snap_len);
+    double t_snap = nowSec() - t0;
+    struct fsm *g = fsm_new();
+    const char *why = NULL;
+    t0 = nowSec();
+    int rc = fsm_restore(g, snap, snap_len, &why);
+    double t_restore = nowSec() - t0;
+    t0 = nowSec();
+    char d1[33], d2[33];
+    fsm_digest_hex(f, d1);
+    double t_digest = nowSec() - t0;
+    fsm_digest_hex(g, d2);
+    if (rc != 0 || strcmp(d1, d2) != 0) {
+        fprintf(stderr, "fsm-bench: restore failed (%s) or digests differ\n", why ? why : "-");
+        return 1;
+    }
+    free(snap);
+    fsm_close(g);
+    fsm_close(f);
+    packFree(&completes);
+
+    /* 5. Memory with a 1 KiB body: a fresh table, claims then completes. */
+    f = fsm_new();
+    index = 1;
+    mem0 = heapBytes();
+    applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens, &bad);
+    bad_total += bad;
+    size_t mem_before_1k = heapBytes();
+    packCompletes(&completes1k, n, tokens, 1024);
+    size_t pack_mem = heapBytes() - mem_before_1k;
+    applyAll(f, &index, &completes1k, IDEM__OUTCOME__OUTCOME_OK, NULL, &bad);
+    bad_total += bad;
+    size_t mem_1k = heapBytes() - mem0 - pack_mem;
+    fsm_close(f);
+    packFree(&completes1k);
+    packFree(&claims);
+    free(tokens);
+
+    double per_rec = (double)mem_claimed / (double)n;
+    double per_rec_1k = (double)mem_1k / (double)n;
+    double overhead = per_rec - (double)key_len - 32;
+    double overhead_1k = per_rec_1k - (double)key_len - 32 - 1024;
+    if (json) {
+        printf("{\"records\": %zu, \"claim_applies_per_sec\": %.0f, \"claim_cold_applies_per_sec\": %.0f, "
+               "\"complete_applies_per_sec\": %.0f, \"claim_complete_pairs_per_sec\": %.0f, "
+               "\"replay_applies_per_sec\": %.0f, \"bytes_per_record\": %.1f, "
+               "\"overhead_per_record\": %.1f, \"bytes_per_record_1k_body\": %.1f, "
+               "\"overhead_per_record_1k_body\": %.1f, \"snapshot_sec\": %.3f, "
+               "\"snapshot_bytes\": %zu, \"restore_sec\": %.3f, \"digest_sec\": %.3f, "
+               "\"unexpected_outcomes\": %zu}\n",
+               n, (double)n / t_claim, (double)n / t_claim_cold, (double)n / t_complete,
+               (double)n / (t_claim + t_complete), (double)n / t_replay, per_rec, overhead,
+               per_rec_1k, overhead_1k, t_snap, snap_len, t_restore, t_digest, bad_total);
+    } else {
+        printf("fsm-bench: %zu records, key %zu bytes, one core\n", n, key_len);
+        printf("  claim (fresh key)     %12.0f applies/s warm, %.0f cold\n", (double)n / t_claim,
+               (double)n / t_claim_cold);
+        printf("  complete (16 B body)  %12.0f applies/s\n", (double)n / t_complete);
+        printf("  claim+complete        %12.0f pairs/s\n", (double)n / (t_claim + t_complete));
+        printf("  claim (replay hit)    %12.0f applies/s\n", (double)n / t_replay);
+        printf("  memory, no body       %8.1f B/record (%.1f B overhead beyond key + fingerprint)\n",
+               per_rec, overhead);
+        printf("  memory, 1 KiB body    %8.1f B/record (%.1f B overhead beyond key + fp + body)\n",
+               per_rec_1k, overhead_1k);
+        printf("  snapshot              %8.3f s (%zu bytes)\n", t_snap, snap_len);
+        printf("  restore               %8.3f s\n", t_restore);
+        printf("  digest                %8.3f s\n", t_digest);
+        printf("  unexpected outcomes   %zu\n", bad_total);
+    }
+    return bad_total == 0 ? 0 : 1;
+}

@@ -1,0 +1,5 @@
+add_executable(test_fingerprint test_fingerprint.c)
+target_link_libraries(test_fingerprint PRIVATE idem_server PkgConfig::CMOCKA)
+target_compile_options(test_fingerprint PRIVATE ${IDEM_WARNINGS})
+add_test(NAME unit.fingerprint COMMAND test_fingerprint)
+set_tests_properties(unit.fingerprint PROPERTIES LABELS unit)

@@ -1,0 +1,390 @@
+/* Unit tests of snapshots: restore(snapshot(S)) equals S (by digest, by stats and by how it
+ * answers afterwards), and a snapshot that is not valid is refused without touching the
+ * running state. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "fsm_helpers.h"
+
+#define SUCCEEDED IDEM__COMPLETION__COMPLETION_SUCCEEDED
+#define UNKNOWN_C IDEM__COMPLETION__COMPLETION_UNKNOWN
+
+static void assertSameState(struct fsm *a, struct fsm *b)
+{
+    char da[33], db[33];
+    fsm_digest_hex(a, da);
+    fsm_digest_hex(b, db);
+    assert_string_equal(da, db);
+    struct fsm_stats sa, sb;
+    fsm_get_stats(a, &sa);
+    fsm_get_stats(b, &sb);
+    assert_int_equal(sa.records, sb.records);
+    assert_int_equal(sa.processing, sb.processing);
+    assert_int_equal(sa.completed, sb.completed);
+    assert_int_equal(sa.quarantined, sb.quarantined);
+    assert_int_equal(sa.tombstones, sb.tombstones);
+    assert_int_equal(sa.released, sb.released);
+    assert_int_equal(sa.bytes, sb.bytes);
+    assert_int_equal(sa.clock_ms, sb.clock_ms);
+    assert_int_equal(sa.last_index, sb.last_index);
+    assert_int_equal(fsm_next_expiry(a), fsm_next_expiry(b));
+}
+
+/* Fills h with n records in every state, over three tenants, with and without attempt ids
+ * and bodies. Deterministic. */
+static void populate(struct th *h, int n)
+{
+    static const char *tenants[] = {"acme", "globex", "initech"};
+    char key[32], body[64];
+    for (int i = 0; i < n; i++) {
+        snprintf(key, sizeof(key), "order-%07d", i);
+        struct th_claim opt = {
+            .tenant = tenants[i % 3],
+            .attempt = i % 4 == 0 ? key : NULL,
+            .ttl_ms = 1000 + (uint64_t)(i % 97) * 10,
+            .lease_ms = 500,
+        };
+        uint64_t now = (uint64_t)i / 100;
+        assert_int_equal(th_claim(h, now, key, (uint8_t)(i % 251), &opt),
+                         IDEM__OUTCOME__OUTCOME_ACQUIRED);
+        uint64_t tok = h->r.token;
+        switch (i % 5) {
+        case 0:
+        case 1:
+            snprintf(body, sizeof(body), "{\"order\":%d}", i);
+            th_complete(h, now, tenants[i % 3], key, tok, SUCCEEDED, 201, body, 0);
+            break;
+        case 2:
+            th_complete(h, now, tenants[i % 3], key, tok, UNKNOWN_C, 0, NULL, 0);
+            break;
+        case 3:
+            th_release(h, now, tenants[i % 3], key, tok);
+            break;
+        default:
+            break; /* stays processing */
+        }
+    }
+    /* Turn the earliest ones into tombstones. */
+    th_expire(h, 1100, 1000);
+}
+
+static void test_round_trip_100k(void **state)
+{
+    (void)state;
+    struct th a, b;
+    th_init(&a);
+    th_init(&b);
+    populate(&a, 100000);
+    struct fsm_stats st;
+    fsm_get_stats(a.f, &st);
+    assert_true(st.tombstones > 0 && st.completed > 0 && st.quarantined > 0 &&
+                st.processing > 0 && st.released > 0);
+
+    /* b holds unrelated state that the restore must replace entirely. */
+    th_claim(&b, 5, "leftover", 9, NULL);
+
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    assert_int_equal(fsm_snapshot(a.f, &snap, &len), 0);
+    const char *why = NULL;
+    assert_int_equal(fsm_restore(b.f, snap, len, &why), 0);
+    assertSameState(a.f, b.f);
+
+    /* The snapshot of the restored copy restores to the same state again. */
+    uint8_t *snap2 = NULL;
+    size_t len2 = 0;
+    fsm_snapshot(b.f, &snap2, &len2);
+    assert_int_equal(len2, len);
+    struct fsm *c = fsm_new();
+    assert_int_equal(fsm_restore(c, snap2, len2, NULL), 0);
+    assertSameState(a.f, c);
+    fsm_close(c);
+    free(snap2);
+    free(snap);
+
+    /* Both answer every later command the same way, and stay equal. */
+    b.index = a.index;
+    char key[32];
+    for (int i = 0; i < 2000; i++) {
+        snprintf(key, sizeof(key), "order-%07d", (i * 37) % 100500);
+        static const char *tenants[] = {"acme", "globex", "initech"};
+        struct th_claim opt = {.tenant = tenants[i % 3],
+                               .policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER};
+        Idem__Outcome oa = th_claim(&a, 1200 + (uint64_t)i, key, (uint8_t)(i % 7), &opt);
+        Idem__Outcome ob = th_claim(&b, 1200 + (uint64_t)i, key, (uint8_t)(i % 7), &opt);
+        assert_int_equal(oa, ob);
+        assert_int_equal(a.r.token, b.r.token);
+        assert_int_equal(a.r.response_len, b.r.response_len);
+        if (a.r.response_len > 0) {
+            assert_memory_equal(a.r.response, b.r.response, a.r.response_len);
+        }
+        if (i % 100 == 0) {
+            th_expire(&a, 1200 + (uint64_t)i * 5, 500);
+            th_expire(&b, 1200 + (uint64_t)i * 5, 500);
+            assert_int_equal(a.r.expired, b.r.expired);
+            assert_int_equal(a.r.dropped, b.r.dropped);
+        }
+    }
+    assertSameState(a.f, b.f);
+    th_close(&a);
+    th_close(&b);
+}
+
+static void test_empty_round_trip(void **state)
+{
+    (void)state;
+    struct fsm *a = fsm_new(), *b = fsm_new();
+    uint8_t *snap;
+    size_t len;
+    fsm_snapshot(a, &snap, &len);
+    assert_int_equal(fsm_restore(b, snap, len, NULL), 0);
+    assertSameState(a, b);
+    free(snap);
+    fsm_close(a);
+    fsm_close(b);
+}
+
+/* ---- refusals ------------------------------------------------------------------------ */
+
+/* Builds snapshot bytes by hand, so each test can break exactly one rule while keeping the
+ * checksum right. */
+struct sbuf {
+    uint8_t p[4096];
+    size_t n;
+};
+
+static void sPut(struct sbuf *s, const void *p, size_t n)
+{
+    assert_true(s->n + n <= sizeof(s->p));
+    memcpy(s->p + s->n, p, n);
+    s->n += n;
+}
+
+static void sLE(struct sbuf *s, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++) {
+        uint8_t b = (uint8_t)(v >> (8 * i));
+        sPut(s, &b, 1);
+    }
+}
+
+static void sMsg(struct sbuf *s, const ProtobufCMessage *m)
+{
+    uint8_t tmp[1024];
+    size_t n = protobuf_c_message_pack(m, tmp);
+    assert_true(n < 128);
+    uint8_t len = (uint8_t)n;
+    sPut(s, &len, 1);
+    sPut(s, tmp, n);
+}
+
+static void sStart(struct sbuf *s, uint64_t count, uint64_t last_index)
+{
+    s->n = 0;
+    sPut(s, "IDEMSNAP", 8);
+    sLE(s, 1, 4);
+    Idem__SnapshotHeader h = IDEM__SNAPSHOT_HEADER__INIT;
+    char *tenants[] = {"acme"};
+    h.format = 1;
+    h.clock_ms = 100;
+    h.record_count = count;
+    h.n_tenants = 1;
+    h.tenants = tenants;
+    h.last_index = last_index;
+    sMsg(s, &h.base);
+}
+
+static void sFinish(struct sbuf *s)
+{
+    sLE(s, XXH3_64bits(s->p, s->n), 8);
+}
+
+static uint8_t goodFp[32];
+
+static Idem__Record goodRecord(const char *key)
+{
+    Idem__Record r = IDEM__RECORD__INIT;
+    r.key.data = (uint8_t *)key;
+    r.key.len = strlen(key);
+    r.fingerprint.data = goodFp;
+    r.fingerprint.len = 32;
+    r.state = IDEM__RECORD_STATE__RECORD_STATE_PROCESSING;
+    r.token = 5;
+    r.created_at_ms = 10;
+    r.lease_deadline_ms = 1010;
+    r.expires_at_ms = 5000;
+    r.tombstone_ttl_ms = 5000;
+    return r;
+}
+
+/* Restores `s` into a state machine that holds one record and checks the outcome; on
+ * refusal the state must be untouched. */
+static void expectRestore(const struct sbuf *s, int want, const char *label)
+{
+    struct th h;
+    th_init(&h);
+    th_claim(&h, 1, "existing", 3, NULL);
+    char before[33], after[33];
+    fsm_digest_hex(h.f, before);
+    const char *why = NULL;
+    int rc = fsm_restore(h.f, s->p, s->n, &why);
+    if (rc != want) {
+        fail_msg("%s: restore returned %d (%s), expected %d", label, rc, why ? why : "-", want);
+    }
+    if (rc != 0) {
+        assert_non_null(why);
+        fsm_digest_hex(h.f, after);
+        assert_string_equal(before, after);
+        assert_int_equal(th_claim(&h, 2, "existing", 3, NULL),
+                         IDEM__OUTCOME__OUTCOME_IN_PROGRESS);
+    }
+    th_close(&h);
+}
+
+static void test_handmade_good_snapshot(void **state)
+{
+    (void)state;
+    struct sbuf s;
+    sStart(&s, 1, 5);
+    Idem__Record r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    expectRestore(&s, 0, "good");
+}
+
+static void test_refuses_bad_snapshots(void **state)
+{
+    (void)state;
+    struct sbuf s;
+    Idem__Record r;
+
+    sStart(&s, 1, 5);
+    r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    s.p[0] = 'X';
+    expectRestore(&s, -1, "bad magic");
+
+    sStart(&s, 0, 5);
+    s.p[8] = 2;
+    sFinish(&s);
+    expectRestore(&s, -1, "unknown format");
+
+    sStart(&s, 1, 5);
+    r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    s.p[s.n - 12] ^= 0x01;
+    expectRestore(&s, -1, "checksum");
+
+    sStart(&s, 2, 5);
+    r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    expectRestore(&s, -1, "fewer records than declared");
+
+    sStart(&s, 1, 5);
+    r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    r = goodRecord("k2");
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    expectRestore(&s, -1, "trailing record");
+
+    sStart(&s, 2, 5);
+    r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    expectRestore(&s, -1, "duplicate record");
+
+    static const char *labels[] = {
+        "unknown tenant",         "invalid key",
+        "short fingerprint",      "bad state",
+        "token beyond last index", "response while processing",
+        "completed without response", "zero tombstone ttl",
+        "bad attempt digest",     "malformed response",
+    };
+    for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++) {
+        sStart(&s, 1, 5);
+        r = goodRecord("k1");
+        static uint8_t junk[3] = {0xff, 0xff, 0xff};
+        switch (i) {
+        case 0: r.tenant_index = 1; break;
+        case 1: r.key.data = (uint8_t *)"a b"; r.key.len = 3; break;
+        case 2: r.fingerprint.len = 16; break;
+        case 3: r.state = (Idem__RecordState)9; break;
+        case 4: r.token = 6; break;
+        case 5: /* a valid StoredResponse (status 200), in a state that keeps none */
+            r.response.data = (uint8_t *)"\x08\xc8\x01";
+            r.response.len = 3;
+            break;
+        case 6: r.state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED; break;
+        case 7: r.tombstone_ttl_ms = 0; break;
+        case 8: r.attempt_digest.data = junk; r.attempt_digest.len = 3; break;
+        case 9: r.state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
+                r.response.data = junk; r.response.len = 3; break;
+        }
+        sMsg(&s, &r.base);
+        sFinish(&s);
+        expectRestore(&s, -1, labels[i]);
+    }
+
+    /* Cut anywhere: always refused, never a crash. */
+    sStart(&s, 1, 5);
+    r = goodRecord("k1");
+    sMsg(&s, &r.base);
+    sFinish(&s);
+    struct sbuf cut;
+    for (size_t n = 0; n < s.n; n++) {
+        memcpy(cut.p, s.p, n);
+        cut.n = n;
+        expectRestore(&cut, -1, "truncated");
+    }
+}
+
+/* Flipping any single byte of a real snapshot is caught. */
+static void test_every_byte_flip_refused(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    populate(&h, 50);
+    uint8_t *snap;
+    size_t len;
+    fsm_snapshot(h.f, &snap, &len);
+    struct fsm *x = fsm_new();
+    for (size_t i = 0; i < len; i++) {
+        snap[i] ^= 0x40;
+        assert_int_equal(fsm_restore(x, snap, len, NULL), -1);
+        snap[i] ^= 0x40;
+    }
+    assert_int_equal(fsm_restore(x, snap, len, NULL), 0);
+    assertSameState(h.f, x);
+    fsm_close(x);
+    free(snap);
+    th_close(&h);
+}
+
+int main(void)
+{
+    memset(goodFp, 7, sizeof(goodFp));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_100k),
+        cmocka_unit_test(test_empty_round_trip),
+        cmocka_unit_test(test_handmade_good_snapshot),
+        cmocka_unit_test(test_refuses_bad_snapshots),
+        cmocka_unit_test(test_every_byte_flip_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

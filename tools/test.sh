@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds idemd and runs every test: once in a normal build and once under AddressSanitizer +
+# UndefinedBehaviorSanitizer (LeakSanitizer included). Exits non-zero on any failure.
+# Benchmarks (label `bench`) are programs, not tests: run them with
+#   ctest --test-dir build -L bench --verbose   or   build/bin/fsm-bench
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh
+
+jobs=$(nproc)
+run_suite() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -LE 'bench' -j "$jobs"
+}
+
+echo "== normal build (RelWithDebInfo)"
+run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+echo "== sanitizer build (ASan + UBSan + LSan)"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON
