@@ -12,6 +12,7 @@ packages=(
   libh2o-dev
   libcmocka-dev
   clang libclang-rt-14-dev
+  python3
 )
 
 missing=()

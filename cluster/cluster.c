@@ -1,0 +1,959 @@
+/* cluster: the Raft group of one node.
+ *
+ * Happy path of a proposal: cluster_propose() copies the command into the open batch and
+ * arms a uv_check handle; after this loop turn's I/O callbacks ran, batchFlush() packs the
+ * batch into one LogEntry, raft_apply()s it and keeps it in `pending` with the waiters of
+ * its commands; once committed, raft calls fsmApply() on every node, which hands each
+ * command to ops.apply, with the waiter on the proposer only; then raft's apply callback
+ * (applyCb) frees the pending batch.
+ *
+ * Failure modes: raft_apply() refuses (not leader any more) → every waiter of the batch is
+ * failed at once; raft fails the request later (leadership lost, shutdown) → applyCb fails
+ * the waiters not yet handed to apply; the node closes with an open batch → its waiters are
+ * failed with RAFT_SHUTDOWN. A proposer's batch is recognised in fsmApply by (proposer id,
+ * epoch, proposal number), never by index alone, so that an entry another leader wrote at the
+ * same index can never complete our waiters. */
+#include "cluster.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "idem.pb-c.h"
+
+#define TICK_MS 100
+#define SLOT_BITS 16
+
+struct cluster_batch {
+    struct raft_apply req;
+    struct cluster *c;
+    struct cluster_batch *next; /* pending list, oldest first */
+    struct cluster_batch *prev;
+    uint64_t proposal;
+    void **waiters;             /* one per command; NULL once handed back */
+    unsigned n;
+};
+
+/* An internal entry (member metadata, barrier) that has no waiter. */
+struct internalReq {
+    struct raft_apply req;
+};
+
+struct changeReq {
+    struct raft_change req;
+    struct cluster *c;
+    cluster_change_cb cb;
+    void *data;
+};
+
+struct transferReq {
+    struct raft_transfer req;
+    struct cluster *c;
+    cluster_change_cb cb;
+    void *data;
+};
+
+struct memberMeta {
+    struct cluster_member m;
+    bool logged;   /* its MemberInfo is in the replicated state */
+    bool proposed; /* a MemberInfo for it is in flight (leader) */
+};
+
+struct cluster {
+    uv_loop_t *loop;
+    struct cluster_config cfg;
+    char *raft_address, *rpc_address, *http_address, *data_dir;
+    struct cluster_ops ops;
+    struct raft_uv_transport transport;
+    struct raft_io io;
+    struct raft_fsm fsm;
+    struct raft raft;
+    uv_check_t flush;
+    uv_timer_t tick;
+    int handles_open;
+    bool raft_open; /* raft_init succeeded and raft_close has not completed */
+    bool stopping;
+    cluster_close_cb close_cb;
+    void *close_data;
+
+    /* Open batch. */
+    ProtobufCBinaryData *cmds;
+    void **waiters;
+    unsigned n_cmds;
+    unsigned cap_cmds;
+    size_t batch_bytes;
+
+    /* Pending (proposed, not yet applied or failed) batches. */
+    struct cluster_batch *pending_head, *pending_tail;
+    uint64_t next_proposal;
+    uint64_t epoch;
+
+    struct memberMeta meta[CLUSTER_MEMBERS_MAX];
+    size_t n_meta;
+
+    uint64_t last_snapshot_index;
+    unsigned saved_threshold; /* nonzero while a forced snapshot is pending */
+    uint64_t seen_leader;
+    uint64_t leader_changes;
+    bool change_in_flight;
+    char errmsg[256];
+};
+
+static void setErr(struct cluster *c, const char *prefix, const char *detail)
+{
+    snprintf(c->errmsg, sizeof(c->errmsg), "%s%s", prefix, detail);
+}
+
+const char *cluster_errmsg(const struct cluster *c)
+{
+    return c->errmsg;
+}
+
+const char *cluster_strerror(int rc)
+{
+    switch (rc) {
+    case CLUSTER_OK:
+        return "ok";
+    case CLUSTER_ENOTLEADER:
+        return "not the leader";
+    case CLUSTER_ETOOBIG:
+        return "command too large for a log entry";
+    case CLUSTER_ESTOPPING:
+        return "node is shutting down";
+    case CLUSTER_EBUSY:
+        return "a membership change is already in flight";
+    case CLUSTER_EINVAL:
+        return "invalid argument";
+    case CLUSTER_ERAFT:
+        return "raft error";
+    }
+    return "unknown cluster error";
+}
+
+static void *xcalloc1(size_t n)
+{
+    void *p = calloc(1, n);
+    if (p == NULL) {
+        fprintf(stderr, "idemd: out of memory\n");
+        abort();
+    }
+    return p;
+}
+
+static char *xdup(const char *s)
+{
+    size_t n = strlen(s ? s : "");
+    char *p = xcalloc1(n + 1);
+    memcpy(p, s ? s : "", n);
+    return p;
+}
+
+static void copyAddr(char dst[CLUSTER_ADDR_MAX], const char *src)
+{
+    snprintf(dst, CLUSTER_ADDR_MAX, "%s", src ? src : "");
+}
+
+/* ---- member metadata ----------------------------------------------------------------- */
+
+static struct memberMeta *metaFind(struct cluster *c, uint64_t id)
+{
+    for (size_t i = 0; i < c->n_meta; i++) {
+        if (c->meta[i].m.id == id) {
+            return &c->meta[i];
+        }
+    }
+    return NULL;
+}
+
+static struct memberMeta *metaPut(struct cluster *c, uint64_t id, const char *rpc,
+                                  const char *http)
+{
+    struct memberMeta *mm = metaFind(c, id);
+    if (mm == NULL) {
+        if (c->n_meta == CLUSTER_MEMBERS_MAX) {
+            return NULL;
+        }
+        mm = &c->meta[c->n_meta++];
+        memset(mm, 0, sizeof(*mm));
+        mm->m.id = id;
+        mm->m.role = -1;
+    }
+    copyAddr(mm->m.rpc_address, rpc);
+    copyAddr(mm->m.http_address, http);
+    return mm;
+}
+
+/* ---- proposals ----------------------------------------------------------------------- */
+
+static void failWaiters(struct cluster *c, void **waiters, unsigned n, int status)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (waiters[i] != NULL) {
+            void *w = waiters[i];
+            waiters[i] = NULL;
+            c->ops.fail(c->ops.data, w, status);
+        }
+    }
+}
+
+static void pendingUnlink(struct cluster *c, struct cluster_batch *b)
+{
+    if (b->prev) {
+        b->prev->next = b->next;
+    } else {
+        c->pending_head = b->next;
+    }
+    if (b->next) {
+        b->next->prev = b->prev;
+    } else {
+        c->pending_tail = b->prev;
+    }
+    b->next = b->prev = NULL;
+}
+
+static void applyCb(struct raft_apply *req, int status, void *result)
+{
+    (void)result;
+    struct cluster_batch *b = req->data;
+    struct cluster *c = b->c;
+    pendingUnlink(c, b);
+    /* On success every waiter was handed to ops.apply in fsmApply; on failure those not yet
+     * applied are failed now. */
+    failWaiters(c, b->waiters, b->n, status == 0 ? RAFT_SHUTDOWN : status);
+    free(b->waiters);
+    free(b);
+}
+
+static void resetOpenBatch(struct cluster *c)
+{
+    for (unsigned i = 0; i < c->n_cmds; i++) {
+        free(c->cmds[i].data);
+    }
+    c->n_cmds = 0;
+    c->batch_bytes = 0;
+}
+
+/* Packs and proposes the open batch. */
+static void batchFlush(struct cluster *c)
+{
+    if (c->n_cmds == 0) {
+        return;
+    }
+    unsigned n = c->n_cmds;
+    void **waiters = xcalloc1(n * sizeof(*waiters));
+    memcpy(waiters, c->waiters, n * sizeof(*waiters));
+
+    Idem__CommandBatch batch = IDEM__COMMAND_BATCH__INIT;
+    batch.n_commands = n;
+    batch.commands = c->cmds;
+    batch.proposer = c->cfg.id;
+    batch.epoch = c->epoch;
+    batch.proposal = ++c->next_proposal;
+    Idem__LogEntry entry = IDEM__LOG_ENTRY__INIT;
+    entry.kind_case = IDEM__LOG_ENTRY__KIND_BATCH;
+    entry.batch = &batch;
+
+    struct raft_buffer buf;
+    buf.len = idem__log_entry__get_packed_size(&entry);
+    buf.base = raft_malloc(buf.len);
+    if (buf.base == NULL) {
+        fprintf(stderr, "idemd: out of memory\n");
+        abort();
+    }
+    idem__log_entry__pack(&entry, buf.base);
+    resetOpenBatch(c);
+
+    struct cluster_batch *b = xcalloc1(sizeof(*b));
+    b->c = c;
+    b->proposal = batch.proposal;
+    b->waiters = waiters;
+    b->n = n;
+    b->req.data = b;
+    int rv = raft_apply(&c->raft, &b->req, &buf, 1, applyCb);
+    if (rv != 0) {
+        raft_free(buf.base);
+        failWaiters(c, waiters, n, rv);
+        free(waiters);
+        free(b);
+        return;
+    }
+    b->prev = c->pending_tail;
+    if (c->pending_tail) {
+        c->pending_tail->next = b;
+    } else {
+        c->pending_head = b;
+    }
+    c->pending_tail = b;
+}
+
+static void flushCb(uv_check_t *h)
+{
+    struct cluster *c = h->data;
+    uv_check_stop(h);
+    batchFlush(c);
+}
+
+int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter)
+{
+    if (c->stopping) {
+        return CLUSTER_ESTOPPING;
+    }
+    if (raft_state(&c->raft) != RAFT_LEADER) {
+        return CLUSTER_ENOTLEADER;
+    }
+    if (len > c->cfg.batch_max_bytes) {
+        return CLUSTER_ETOOBIG;
+    }
+    if (c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
+                          c->batch_bytes + len > c->cfg.batch_max_bytes)) {
+        batchFlush(c);
+        if (raft_state(&c->raft) != RAFT_LEADER) {
+            return CLUSTER_ENOTLEADER;
+        }
+    }
+    if (c->n_cmds == c->cap_cmds) {
+        c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
+        c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
+        c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
+        if (c->cmds == NULL || c->waiters == NULL) {
+            fprintf(stderr, "idemd: out of memory\n");
+            abort();
+        }
+    }
+    uint8_t *copy = malloc(len ? len : 1);
+    if (copy == NULL) {
+        fprintf(stderr, "idemd: out of memory\n");
+        abort();
+    }
+    memcpy(copy, cmd, len);
+    c->cmds[c->n_cmds].data = copy;
+    c->cmds[c->n_cmds].len = len;
+    c->waiters[c->n_cmds] = waiter;
+    c->n_cmds++;
+    c->batch_bytes += len;
+    if (c->n_cmds == 1) {
+        uv_check_start(&c->flush, flushCb);
+    }
+    return CLUSTER_OK;
+}
+
+static void internalApplyCb(struct raft_apply *req, int status, void *result)
+{
+    (void)status;
+    (void)result;
+    free(req->data);
+}
+
+/* Proposes a cluster-level entry without a waiter. */
+static int proposeInternal(struct cluster *c, const Idem__LogEntry *entry)
+{
+    struct raft_buffer buf;
+    buf.len = idem__log_entry__get_packed_size(entry);
+    buf.base = raft_malloc(buf.len);
+    if (buf.base == NULL) {
+        abort();
+    }
+    idem__log_entry__pack(entry, buf.base);
+    struct internalReq *r = xcalloc1(sizeof(*r));
+    r->req.data = r;
+    int rv = raft_apply(&c->raft, &r->req, &buf, 1, internalApplyCb);
+    if (rv != 0) {
+        raft_free(buf.base);
+        free(r);
+    }
+    return rv;
+}
+
+static int proposeMemberInfo(struct cluster *c, const struct cluster_member *m)
+{
+    Idem__MemberInfo mi = IDEM__MEMBER_INFO__INIT;
+    mi.id = m->id;
+    mi.rpc_address = (char *)m->rpc_address;
+    mi.http_address = (char *)m->http_address;
+    Idem__LogEntry e = IDEM__LOG_ENTRY__INIT;
+    e.kind_case = IDEM__LOG_ENTRY__KIND_MEMBER;
+    e.member = &mi;
+    return proposeInternal(c, &e);
+}
+
+/* ---- the raft FSM -------------------------------------------------------------------- */
+
+static struct cluster_batch *pendingFind(struct cluster *c, const Idem__CommandBatch *b)
+{
+    if (b->proposer != c->cfg.id || b->epoch != c->epoch) {
+        return NULL;
+    }
+    for (struct cluster_batch *p = c->pending_head; p != NULL; p = p->next) {
+        if (p->proposal == b->proposal) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
+{
+    struct cluster *c = fsm->data;
+    /* raft advances last_applied after this call returns. */
+    uint64_t index = raft_last_applied(&c->raft) + 1;
+    *result = NULL;
+    Idem__LogEntry *e = idem__log_entry__unpack(NULL, buf->len, buf->base);
+    if (e == NULL) {
+        /* Every replica holds the same bytes and skips them alike. */
+        fprintf(stderr, "idemd: log entry %llu does not decode; skipped\n",
+                (unsigned long long)index);
+        return 0;
+    }
+    if (e->kind_case == IDEM__LOG_ENTRY__KIND_BATCH) {
+        const Idem__CommandBatch *b = e->batch;
+        struct cluster_batch *p = pendingFind(c, b);
+        size_t n = b->n_commands;
+        if (n > ((size_t)1 << SLOT_BITS)) {
+            fprintf(stderr, "idemd: log entry %llu holds too many commands; skipped\n",
+                    (unsigned long long)index);
+            n = 0;
+        }
+        for (size_t i = 0; i < n; i++) {
+            void *w = NULL;
+            if (p != NULL && i < p->n) {
+                w = p->waiters[i];
+                p->waiters[i] = NULL;
+            }
+            c->ops.apply(c->ops.data, (index << SLOT_BITS) | i, b->commands[i].data,
+                         b->commands[i].len, w);
+        }
+    } else if (e->kind_case == IDEM__LOG_ENTRY__KIND_MEMBER) {
+        struct memberMeta *mm = metaPut(c, e->member->id, e->member->rpc_address,
+                                        e->member->http_address);
+        if (mm != NULL) {
+            mm->logged = true;
+            mm->proposed = false;
+        }
+    }
+    idem__log_entry__free_unpacked(e, NULL);
+    return 0;
+}
+
+static void putBE32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+    struct cluster *c = fsm->data;
+    Idem__ClusterSnapshot cs = IDEM__CLUSTER_SNAPSHOT__INIT;
+    Idem__MemberInfo infos[CLUSTER_MEMBERS_MAX];
+    Idem__MemberInfo *ptrs[CLUSTER_MEMBERS_MAX];
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_meta; i++) {
+        if (!c->meta[i].logged) {
+            continue;
+        }
+        idem__member_info__init(&infos[n]);
+        infos[n].id = c->meta[i].m.id;
+        infos[n].rpc_address = c->meta[i].m.rpc_address;
+        infos[n].http_address = c->meta[i].m.http_address;
+        ptrs[n] = &infos[n];
+        n++;
+    }
+    cs.n_members = n;
+    cs.members = ptrs;
+    size_t meta_len = idem__cluster_snapshot__get_packed_size(&cs);
+
+    struct raft_buffer *b = raft_calloc(2, sizeof(*b));
+    if (b == NULL) {
+        return RAFT_NOMEM;
+    }
+    b[0].len = 4 + meta_len;
+    b[0].base = raft_malloc(b[0].len);
+    if (b[0].base == NULL) {
+        raft_free(b);
+        return RAFT_NOMEM;
+    }
+    putBE32(b[0].base, (uint32_t)meta_len);
+    idem__cluster_snapshot__pack(&cs, (uint8_t *)b[0].base + 4);
+    uint8_t *app = NULL;
+    size_t app_len = 0;
+    if (c->ops.snapshot(c->ops.data, &app, &app_len) != 0) {
+        raft_free(b[0].base);
+        raft_free(b);
+        return RAFT_IOERR;
+    }
+    b[1].base = app;
+    b[1].len = app_len;
+    *bufs = b;
+    *n_bufs = 2;
+    c->last_snapshot_index = raft_last_applied(&c->raft);
+    if (c->saved_threshold != 0) {
+        raft_set_snapshot_threshold(&c->raft, c->saved_threshold);
+        c->saved_threshold = 0;
+    }
+    return 0;
+}
+
+static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
+                               unsigned *n_bufs)
+{
+    (void)fsm;
+    if (*bufs == NULL) {
+        return 0;
+    }
+    raft_free((*bufs)[0].base);
+    free((*bufs)[1].base); /* the application's buffer is malloc'd */
+    raft_free(*bufs);
+    *bufs = NULL;
+    *n_bufs = 0;
+    return 0;
+}
+
+static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
+{
+    struct cluster *c = fsm->data;
+    const uint8_t *p = buf->base;
+    if (buf->len < 4) {
+        return RAFT_MALFORMED;
+    }
+    uint32_t meta_len = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+    if (meta_len > buf->len - 4) {
+        return RAFT_MALFORMED;
+    }
+    Idem__ClusterSnapshot *cs = idem__cluster_snapshot__unpack(NULL, meta_len, p + 4);
+    if (cs == NULL) {
+        return RAFT_MALFORMED;
+    }
+    if (c->ops.restore(c->ops.data, p + 4 + meta_len, buf->len - 4 - meta_len) != 0) {
+        idem__cluster_snapshot__free_unpacked(cs, NULL);
+        return RAFT_MALFORMED;
+    }
+    for (size_t i = 0; i < cs->n_members; i++) {
+        struct memberMeta *mm = metaPut(c, cs->members[i]->id, cs->members[i]->rpc_address,
+                                        cs->members[i]->http_address);
+        if (mm != NULL) {
+            mm->logged = true;
+        }
+    }
+    idem__cluster_snapshot__free_unpacked(cs, NULL);
+    c->last_snapshot_index = raft_last_applied(&c->raft);
+    raft_free(buf->base);
+    return 0;
+}
+
+/* ---- tick: leader changes and member metadata ---------------------------------------- */
+
+static void tickCb(uv_timer_t *t)
+{
+    struct cluster *c = t->data;
+    raft_id lid = 0;
+    const char *laddr = NULL;
+    raft_leader(&c->raft, &lid, &laddr);
+    if (lid != c->seen_leader) {
+        if (lid != 0) {
+            c->leader_changes++;
+        }
+        c->seen_leader = lid;
+        if (c->ops.leader_changed != NULL) {
+            c->ops.leader_changed(c->ops.data, lid, lid == c->cfg.id);
+        }
+    }
+    if (raft_state(&c->raft) != RAFT_LEADER) {
+        return;
+    }
+    /* The leader makes sure every member's addresses are in the log, so that any node
+     * (including one that joins later and replays the log) can redirect to any member. */
+    for (size_t i = 0; i < c->n_meta; i++) {
+        struct memberMeta *mm = &c->meta[i];
+        if (!mm->logged && !mm->proposed && mm->m.rpc_address[0] != '\0') {
+            if (proposeMemberInfo(c, &mm->m) == 0) {
+                mm->proposed = true;
+            }
+        }
+    }
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
+                            const struct cluster_ops *ops, char *err, size_t errlen)
+{
+    if (cfg->id == 0 || cfg->batch_max_commands == 0 ||
+        cfg->batch_max_commands > ((1u << SLOT_BITS) - 1) || cfg->batch_max_bytes == 0) {
+        snprintf(err, errlen, "cluster: invalid configuration");
+        return NULL;
+    }
+    struct cluster *c = xcalloc1(sizeof(*c));
+    c->loop = loop;
+    c->cfg = *cfg;
+    c->raft_address = xdup(cfg->raft_address);
+    c->rpc_address = xdup(cfg->rpc_address);
+    c->http_address = xdup(cfg->http_address);
+    c->data_dir = xdup(cfg->data_dir);
+    c->cfg.raft_address = c->raft_address;
+    c->cfg.rpc_address = c->rpc_address;
+    c->cfg.http_address = c->http_address;
+    c->cfg.data_dir = c->data_dir;
+    c->cfg.bootstrap = NULL;
+    c->cfg.n_bootstrap = 0;
+    c->ops = *ops;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->epoch = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+
+    /* Our own addresses, and those of the bootstrap members, are known from the config
+     * until the leader puts them in the log (tickCb). */
+    metaPut(c, cfg->id, cfg->rpc_address, cfg->http_address);
+    for (size_t i = 0; i < cfg->n_bootstrap; i++) {
+        metaPut(c, cfg->bootstrap[i].id, cfg->bootstrap[i].rpc_address,
+                cfg->bootstrap[i].http_address);
+    }
+
+    int rv = raft_uv_tcp_init(&c->transport, loop);
+    if (rv != 0) {
+        snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
+        goto err_free;
+    }
+    rv = raft_uv_init(&c->io, loop, c->data_dir, &c->transport);
+    if (rv != 0) {
+        snprintf(err, errlen, "raft storage in %s: %s", c->data_dir,
+                 c->io.errmsg[0] ? c->io.errmsg : raft_strerror(rv));
+        goto err_transport;
+    }
+    raft_uv_set_connect_retry_delay(&c->io, 100);
+    raft_uv_set_snapshot_compression(&c->io, false);
+
+    c->fsm.version = 2;
+    c->fsm.data = c;
+    c->fsm.apply = fsmApply;
+    c->fsm.snapshot = fsmSnapshot;
+    c->fsm.restore = fsmRestore;
+    c->fsm.snapshot_finalize = fsmSnapshotFinalize;
+    rv = raft_init(&c->raft, &c->io, &c->fsm, cfg->id, c->raft_address);
+    if (rv != 0) {
+        snprintf(err, errlen, "raft: %s", raft_errmsg(&c->raft));
+        goto err_io;
+    }
+    c->raft.data = c;
+    c->raft_open = true;
+    raft_set_election_timeout(&c->raft, cfg->election_timeout_ms);
+    raft_set_heartbeat_timeout(&c->raft, cfg->heartbeat_timeout_ms);
+    raft_set_snapshot_threshold(&c->raft, cfg->snapshot_threshold);
+    raft_set_snapshot_trailing(&c->raft, cfg->snapshot_trailing);
+    raft_set_pre_vote(&c->raft, cfg->pre_vote);
+
+    if (cfg->n_bootstrap > 0) {
+        struct raft_configuration conf;
+        raft_configuration_init(&conf);
+        for (size_t i = 0; i < cfg->n_bootstrap; i++) {
+            rv = raft_configuration_add(&conf, cfg->bootstrap[i].id,
+                                        cfg->bootstrap[i].raft_address, RAFT_VOTER);
+            if (rv != 0) {
+                snprintf(err, errlen, "bootstrap configuration: %s", raft_strerror(rv));
+                raft_configuration_close(&conf);
+                goto err_raft;
+            }
+        }
+        rv = raft_bootstrap(&c->raft, &conf);
+        raft_configuration_close(&conf);
+        if (rv != 0 && rv != RAFT_CANTBOOTSTRAP) {
+            snprintf(err, errlen, "bootstrap: %s", raft_errmsg(&c->raft));
+            goto err_raft;
+        }
+    }
+    uv_check_init(loop, &c->flush);
+    c->flush.data = c;
+    uv_timer_init(loop, &c->tick);
+    c->tick.data = c;
+    c->handles_open = 2;
+    return c;
+
+err_raft:
+    /* raft_close is asynchronous; the loop has not run, so run it to completion here. */
+    raft_close(&c->raft, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+err_io:
+    raft_uv_close(&c->io);
+err_transport:
+    raft_uv_tcp_close(&c->transport);
+err_free:
+    free(c->raft_address);
+    free(c->rpc_address);
+    free(c->http_address);
+    free(c->data_dir);
+    free(c);
+    return NULL;
+}
+
+int cluster_start(struct cluster *c)
+{
+    int rv = raft_start(&c->raft);
+    if (rv != 0) {
+        setErr(c, "raft start: ", raft_errmsg(&c->raft));
+        return CLUSTER_ERAFT;
+    }
+    uv_timer_start(&c->tick, tickCb, TICK_MS, TICK_MS);
+    return CLUSTER_OK;
+}
+
+static void clusterFree(struct cluster *c)
+{
+    raft_uv_close(&c->io);
+    raft_uv_tcp_close(&c->transport);
+    cluster_close_cb cb = c->close_cb;
+    void *data = c->close_data;
+    resetOpenBatch(c);
+    free(c->cmds);
+    free(c->waiters);
+    free(c->raft_address);
+    free(c->rpc_address);
+    free(c->http_address);
+    free(c->data_dir);
+    free(c);
+    if (cb != NULL) {
+        cb(data);
+    }
+}
+
+static void maybeFree(struct cluster *c)
+{
+    if (c->handles_open == 0 && !c->raft_open) {
+        clusterFree(c);
+    }
+}
+
+static void handleClosed(uv_handle_t *h)
+{
+    struct cluster *c = h->data;
+    c->handles_open--;
+    maybeFree(c);
+}
+
+static void raftClosed(struct raft *r)
+{
+    struct cluster *c = r->data;
+    c->raft_open = false; /* raft and its I/O are closed */
+    maybeFree(c);
+}
+
+void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
+{
+    assert(!c->stopping);
+    c->stopping = true;
+    c->close_cb = cb;
+    c->close_data = data;
+    failWaiters(c, c->waiters, c->n_cmds, RAFT_SHUTDOWN);
+    resetOpenBatch(c);
+    uv_check_stop(&c->flush);
+    uv_timer_stop(&c->tick);
+    uv_close((uv_handle_t *)&c->flush, handleClosed);
+    uv_close((uv_handle_t *)&c->tick, handleClosed);
+    raft_close(&c->raft, raftClosed);
+}
+
+/* ---- queries ------------------------------------------------------------------------- */
+
+bool cluster_is_leader(const struct cluster *c)
+{
+    return raft_state((struct raft *)&c->raft) == RAFT_LEADER;
+}
+
+uint64_t cluster_leader(const struct cluster *c, const char **rpc_address)
+{
+    raft_id id = 0;
+    const char *addr = NULL;
+    raft_leader((struct raft *)&c->raft, &id, &addr);
+    *rpc_address = "";
+    if (id != 0) {
+        for (size_t i = 0; i < c->n_meta; i++) {
+            if (c->meta[i].m.id == id) {
+                *rpc_address = c->meta[i].m.rpc_address;
+            }
+        }
+    }
+    return id;
+}
+
+void cluster_get_status(const struct cluster *c, struct cluster_status *out)
+{
+    struct raft *r = (struct raft *)&c->raft;
+    memset(out, 0, sizeof(*out));
+    out->state = raft_state(r);
+    out->term = r->current_term;
+    out->leader_id = cluster_leader(c, &out->leader_rpc_address);
+    out->commit_index = r->commit_index;
+    out->applied_index = raft_last_applied(r);
+    out->last_snapshot_index = c->last_snapshot_index;
+    out->leader_changes = c->leader_changes;
+}
+
+size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap)
+{
+    const struct raft_configuration *conf = &c->raft.configuration;
+    for (unsigned i = 0; i < conf->n && i < cap; i++) {
+        const struct raft_server *s = &conf->servers[i];
+        struct cluster_member *m = &out[i];
+        memset(m, 0, sizeof(*m));
+        m->id = s->id;
+        copyAddr(m->raft_address, s->address);
+        m->role = s->role;
+        for (size_t j = 0; j < c->n_meta; j++) {
+            if (c->meta[j].m.id == s->id) {
+                copyAddr(m->rpc_address, c->meta[j].m.rpc_address);
+                copyAddr(m->http_address, c->meta[j].m.http_address);
+            }
+        }
+    }
+    return conf->n;
+}
+
+/* ---- membership and leadership ------------------------------------------------------- */
+
+static void changeCb(struct raft_change *req, int status)
+{
+    struct changeReq *cr = req->data;
+    struct cluster *c = cr->c;
+    c->change_in_flight = false;
+    cr->cb(cr->data, status, status == 0 ? "" : raft_strerror(status));
+    free(cr);
+}
+
+static struct changeReq *changeNew(struct cluster *c, cluster_change_cb cb, void *data)
+{
+    struct changeReq *cr = xcalloc1(sizeof(*cr));
+    cr->c = c;
+    cr->cb = cb;
+    cr->data = data;
+    cr->req.data = cr;
+    return cr;
+}
+
+static int changeCheck(struct cluster *c)
+{
+    if (c->stopping) {
+        return CLUSTER_ESTOPPING;
+    }
+    if (!cluster_is_leader(c)) {
+        return CLUSTER_ENOTLEADER;
+    }
+    if (c->change_in_flight) {
+        return CLUSTER_EBUSY;
+    }
+    return CLUSTER_OK;
+}
+
+static int changeStarted(struct cluster *c, struct changeReq *cr, int rv)
+{
+    if (rv != 0) {
+        setErr(c, "", raft_errmsg(&c->raft));
+        free(cr);
+        return CLUSTER_ERAFT;
+    }
+    c->change_in_flight = true;
+    return CLUSTER_OK;
+}
+
+int cluster_member_add(struct cluster *c, const struct cluster_member *m,
+                       cluster_change_cb cb, void *data)
+{
+    int rc = changeCheck(c);
+    if (rc != CLUSTER_OK) {
+        return rc;
+    }
+    if (m->id == 0 || m->raft_address[0] == '\0' || m->rpc_address[0] == '\0') {
+        return CLUSTER_EINVAL;
+    }
+    struct memberMeta *mm = metaPut(c, m->id, m->rpc_address, m->http_address);
+    if (mm == NULL) {
+        setErr(c, "", "too many members");
+        return CLUSTER_EINVAL;
+    }
+    /* The addresses go in the log first, so that the new member is known everywhere by
+     * the time it is part of the configuration. */
+    if (proposeMemberInfo(c, m) == 0) {
+        mm->proposed = true;
+    }
+    struct changeReq *cr = changeNew(c, cb, data);
+    return changeStarted(c, cr, raft_add(&c->raft, &cr->req, m->id, m->raft_address, changeCb));
+}
+
+int cluster_member_promote(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data)
+{
+    int rc = changeCheck(c);
+    if (rc != CLUSTER_OK) {
+        return rc;
+    }
+    struct changeReq *cr = changeNew(c, cb, data);
+    return changeStarted(c, cr, raft_assign(&c->raft, &cr->req, id, RAFT_VOTER, changeCb));
+}
+
+int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data)
+{
+    int rc = changeCheck(c);
+    if (rc != CLUSTER_OK) {
+        return rc;
+    }
+    struct changeReq *cr = changeNew(c, cb, data);
+    return changeStarted(c, cr, raft_remove(&c->raft, &cr->req, id, changeCb));
+}
+
+static void transferCb(struct raft_transfer *req)
+{
+    struct transferReq *tr = req->data;
+    struct cluster *c = tr->c;
+    raft_id lid = 0;
+    const char *addr = NULL;
+    raft_leader(&c->raft, &lid, &addr);
+    bool moved = lid != c->cfg.id;
+    tr->cb(tr->data, moved ? 0 : RAFT_NOTLEADER, moved ? "" : "leadership did not move");
+    free(tr);
+}
+
+int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data)
+{
+    if (c->stopping) {
+        return CLUSTER_ESTOPPING;
+    }
+    if (!cluster_is_leader(c)) {
+        return CLUSTER_ENOTLEADER;
+    }
+    struct transferReq *tr = xcalloc1(sizeof(*tr));
+    tr->c = c;
+    tr->cb = cb;
+    tr->data = data;
+    tr->req.data = tr;
+    int rv = raft_transfer(&c->raft, &tr->req, id, transferCb);
+    if (rv != 0) {
+        setErr(c, "", raft_errmsg(&c->raft));
+        free(tr);
+        return CLUSTER_ERAFT;
+    }
+    return CLUSTER_OK;
+}
+
+static void barrierCb(struct raft_barrier *req, int status)
+{
+    (void)status;
+    free(req);
+}
+
+int cluster_snapshot_now(struct cluster *c)
+{
+    if (c->stopping) {
+        return CLUSTER_ESTOPPING;
+    }
+    if (c->saved_threshold == 0) {
+        c->saved_threshold = c->raft.snapshot.threshold;
+        raft_set_snapshot_threshold(&c->raft, 1);
+    }
+    if (cluster_is_leader(c)) {
+        struct raft_barrier *b = xcalloc1(sizeof(*b));
+        if (raft_barrier(&c->raft, b, barrierCb) != 0) {
+            free(b);
+        }
+    }
+    return CLUSTER_OK;
+}

@@ -1,0 +1,139 @@
+/* cluster: one Raft group on the node's libuv loop: raft + raft_uv + its TCP transport,
+ * bootstrap, batching of proposals into log entries, result hand-off, snapshots, member
+ * metadata and membership changes.
+ *
+ * The cluster knows nothing of idempotency. It carries opaque commands: the application
+ * proposes bytes with an opaque `waiter`, and every node applies every committed command
+ * through cluster_ops.apply, in log order. On the node that proposed it, apply receives the
+ * command's waiter; everywhere else (and after the waiter was failed) it receives NULL.
+ *
+ * Exactly once: every waiter passed to a successful cluster_propose() is handed back exactly
+ * once, either to ops.apply (its command committed and was applied here) or to ops.fail
+ * (leadership was lost, the node shut down, or the entry could not be appended). A failed
+ * waiter's command may still commit later: every operation is retry-safe (CONTRACT.md §4).
+ *
+ * The group is an object, not a global (DESIGN.md, "Beyond one group"). */
+#ifndef IDEM_CLUSTER_H
+#define IDEM_CLUSTER_H
+
+#include <raft.h>
+#include <raft/uv.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define CLUSTER_ADDR_MAX 264
+#define CLUSTER_MEMBERS_MAX 16
+
+enum cluster_rc {
+    CLUSTER_OK = 0,
+    CLUSTER_ENOTLEADER = -1, /* not the leader: ask cluster_leader() */
+    CLUSTER_ETOOBIG = -2,    /* command larger than the batch limit */
+    CLUSTER_ESTOPPING = -3,  /* the node is shutting down */
+    CLUSTER_EBUSY = -4,      /* a membership change is already in flight */
+    CLUSTER_EINVAL = -5,
+    CLUSTER_ERAFT = -6,      /* raft refused; see cluster_errmsg() */
+};
+
+struct cluster_member {
+    uint64_t id;
+    char raft_address[CLUSTER_ADDR_MAX];
+    char rpc_address[CLUSTER_ADDR_MAX];
+    char http_address[CLUSTER_ADDR_MAX];
+    int role; /* RAFT_VOTER, RAFT_STANDBY, RAFT_SPARE; -1 when not in the configuration */
+};
+
+struct cluster_config {
+    uint64_t id;
+    const char *raft_address;
+    const char *rpc_address;
+    const char *http_address;
+    const char *data_dir;
+    const struct cluster_member *bootstrap; /* borrowed; voters of the first start */
+    size_t n_bootstrap;
+    unsigned election_timeout_ms;
+    unsigned heartbeat_timeout_ms;
+    unsigned snapshot_threshold;
+    unsigned snapshot_trailing;
+    bool pre_vote;
+    unsigned batch_max_commands; /* 1..65535 */
+    size_t batch_max_bytes;
+};
+
+struct cluster_ops {
+    void *data;
+    /* Applies one committed command. cmd_index = raft index << 16 | position in the entry.
+     * `cmd` is borrowed for the call. `waiter` as described above. */
+    void (*apply)(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t len, void *waiter);
+    /* Hands back a waiter whose command will not be applied here. status is a RAFT_* code
+     * (RAFT_LEADERSHIPLOST, RAFT_SHUTDOWN, ...). */
+    void (*fail)(void *data, void *waiter, int status);
+    /* Serialises the application state into a malloc'd buffer (OUT, the cluster frees). */
+    int (*snapshot)(void *data, uint8_t **buf, size_t *len);
+    /* Replaces the application state; `buf` is borrowed. Returns 0 or -1. */
+    int (*restore)(void *data, const uint8_t *buf, size_t len);
+    /* Optional: the known leader changed (0: none known); is_me when it is this node. */
+    void (*leader_changed)(void *data, uint64_t leader_id, bool is_me);
+};
+
+struct cluster_status {
+    int state;             /* RAFT_LEADER, RAFT_FOLLOWER, RAFT_CANDIDATE, RAFT_UNAVAILABLE */
+    uint64_t term;
+    uint64_t leader_id;    /* 0: unknown */
+    const char *leader_rpc_address; /* "" when unknown; valid until the next loop turn */
+    uint64_t commit_index;
+    uint64_t applied_index;
+    uint64_t last_snapshot_index;
+    uint64_t leader_changes; /* times this node saw the leader change */
+};
+
+struct cluster_batch;
+struct cluster;
+
+typedef void (*cluster_change_cb)(void *data, int status, const char *errmsg);
+typedef void (*cluster_close_cb)(void *data);
+
+/* Allocates a cluster object (the caller owns it; freed by cluster_close's callback path).
+ * `cfg` and `ops` are copied (strings too). Opens the data dir and, when it holds nothing
+ * yet and cfg->n_bootstrap > 0, bootstraps the initial configuration. Returns NULL and writes
+ * a message into err on failure. */
+struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
+                            const struct cluster_ops *ops, char *err, size_t errlen);
+
+/* Starts raft (loads the snapshot and replays the log tail first). 0 or CLUSTER_ERAFT. */
+int cluster_start(struct cluster *c);
+
+/* Stops: fails every queued waiter with RAFT_SHUTDOWN (raft fails the proposed ones),
+ * closes raft and its I/O, frees the object, then calls cb(data) (cb may be NULL). */
+void cluster_close(struct cluster *c, cluster_close_cb cb, void *data);
+
+/* Queues one command (copied) for the next log entry. Returns 0, after which the waiter is
+ * handed back exactly once; or a negative cluster_rc, after which it never is. */
+int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter);
+
+bool cluster_is_leader(const struct cluster *c);
+/* The leader's id (0 when unknown) and RPC address (OUT, "" when unknown). */
+uint64_t cluster_leader(const struct cluster *c, const char **rpc_address);
+void cluster_get_status(const struct cluster *c, struct cluster_status *out);
+
+/* The current configuration with each member's addresses. Fills up to `cap` entries of
+ * `out` (OUT) and returns how many members there are. */
+size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap);
+
+/* Membership changes (leader only). add: records the member's addresses in the log, then
+ * adds it as a spare; promote: makes it a voter (raft catches it up first); remove. cb is
+ * called once unless the function returns an error. */
+int cluster_member_add(struct cluster *c, const struct cluster_member *m,
+                       cluster_change_cb cb, void *data);
+int cluster_member_promote(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
+int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
+/* Leadership transfer to `id` (0: raft picks the most up-to-date voter). */
+int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
+/* Takes a snapshot at the next applied entry (a barrier makes one on the leader). */
+int cluster_snapshot_now(struct cluster *c);
+
+const char *cluster_errmsg(const struct cluster *c);
+const char *cluster_strerror(int rc);
+
+#endif /* IDEM_CLUSTER_H */

@@ -1,0 +1,160 @@
+/* idemd: the daemon. Loads the configuration, runs one libuv loop that carries Raft, the
+ * binary RPC and the timers (DESIGN.md, runtime shape), and shuts down cleanly on SIGTERM or
+ * SIGINT: the RPC listener stops, waiting requests are answered unavailable, Raft closes. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <uv.h>
+
+#include "config.h"
+#include "log.h"
+#include "rpc.h"
+#include "service.h"
+
+#define IDEMD_VERSION "0.1.0"
+
+struct daemon {
+    uv_loop_t loop;
+    uv_signal_t sigterm;
+    uv_signal_t sigint;
+    struct config cfg;
+    struct service *svc;
+    struct rpc_server *rpc;
+    bool stopping;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: idemd --config FILE        run a node\n"
+                 "       idemd --check-config FILE  validate a configuration and exit\n"
+                 "       idemd --version\n");
+}
+
+static void serviceClosed(void *data)
+{
+    struct daemon *d = data;
+    log_info("raft closed");
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+static void rpcClosed(void *data)
+{
+    (void)data;
+}
+
+static void signalCb(uv_signal_t *h, int signum)
+{
+    struct daemon *d = h->data;
+    if (d->stopping) {
+        return;
+    }
+    d->stopping = true;
+    log_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    rpc_server_close(d->rpc, rpcClosed, d);
+    service_close(d->svc, serviceClosed, d);
+}
+
+static int ensureDir(const char *path, char *err, size_t errlen)
+{
+    /* mkdir -p: the data dir and its parents. */
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s", path) >= (int)sizeof(tmp)) {
+        snprintf(err, errlen, "data_dir too long");
+        return -1;
+    }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(tmp, 0700);
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0700) != 0) {
+        struct stat st;
+        if (stat(tmp, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            snprintf(err, errlen, "data_dir %s: cannot create", path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config_path = NULL;
+    bool check_only = false;
+    for (int i = 1; i < argc; i++) {
+        if ((strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "--check-config") == 0) &&
+            i + 1 < argc) {
+            check_only = strcmp(argv[i], "--check-config") == 0;
+            config_path = argv[++i];
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("idemd %s\n", IDEMD_VERSION);
+            return 0;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "idemd: unknown argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (config_path == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    static struct daemon d;
+    char err[512];
+    if (config_load(config_path, &d.cfg, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemd: %s\n", err);
+        return 2;
+    }
+    if (check_only) {
+        printf("%s: ok (node %llu, %zu tenants)\n", config_path,
+               (unsigned long long)d.cfg.node.id, d.cfg.n_tenants);
+        config_free(&d.cfg);
+        return 0;
+    }
+    log_set_node(d.cfg.node.id);
+    signal(SIGPIPE, SIG_IGN);
+    if (ensureDir(d.cfg.node.data_dir, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemd: %s\n", err);
+        config_free(&d.cfg);
+        return 1;
+    }
+    uv_loop_init(&d.loop);
+    d.svc = service_new(&d.loop, &d.cfg, err, sizeof(err));
+    if (d.svc == NULL) {
+        log_error("%s", err);
+        config_free(&d.cfg);
+        uv_loop_close(&d.loop);
+        return 1;
+    }
+    if (service_start(d.svc, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        return 1;
+    }
+    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, d.svc, err,
+                           sizeof(err));
+    if (d.rpc == NULL) {
+        log_error("%s", err);
+        return 1;
+    }
+    uv_signal_init(&d.loop, &d.sigterm);
+    uv_signal_init(&d.loop, &d.sigint);
+    d.sigterm.data = &d;
+    d.sigint.data = &d;
+    uv_signal_start(&d.sigterm, signalCb, SIGTERM);
+    uv_signal_start(&d.sigint, signalCb, SIGINT);
+    log_info("serving rpc on %s, raft on %s", d.cfg.node.rpc_address.text,
+             d.cfg.node.raft_address.text);
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+    int rc = uv_loop_close(&d.loop);
+    log_info("%s", rc == 0 ? "stopped" : "stopped with handles still open");
+    config_free(&d.cfg);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,291 @@
+/* rpc: connections and frames.
+ *
+ * A connection is freed when its handle is closed and no request it sent is still owed an
+ * answer by the service (conn.refs counts both). Untrusted bytes: a frame's length is checked
+ * against max_frame_bytes before anything is buffered for it, the request is decoded by
+ * protobuf-c, and nothing from it is logged. */
+#include "rpc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xmalloc.h"
+
+struct conn {
+    uv_tcp_t tcp;
+    struct rpc_server *srv;
+    uint8_t *buf;
+    size_t len;
+    size_t cap;
+    int refs;      /* the open handle + requests awaiting an answer */
+    bool closing;  /* no more reads, no more answers */
+    bool close_after_write;
+    struct conn *prev, *next;
+};
+
+struct rpc_server {
+    uv_tcp_t listener;
+    uv_loop_t *loop;
+    const struct config_rpc *cfg;
+    struct service *svc;
+    struct conn *conns;
+    size_t n_conns;
+    bool closing;
+    bool listener_closed;
+    void (*close_cb)(void *data);
+    void *close_data;
+};
+
+struct writeReq {
+    uv_write_t req;
+    struct conn *c;
+    uint8_t data[];
+};
+
+static void serverMaybeFree(struct rpc_server *r)
+{
+    if (r->closing && r->listener_closed && r->conns == NULL) {
+        void (*cb)(void *) = r->close_cb;
+        void *data = r->close_data;
+        free(r);
+        if (cb) {
+            cb(data);
+        }
+    }
+}
+
+static void connUnref(struct conn *c)
+{
+    if (--c->refs > 0) {
+        return;
+    }
+    struct rpc_server *r = c->srv;
+    if (c->prev) {
+        c->prev->next = c->next;
+    } else {
+        r->conns = c->next;
+    }
+    if (c->next) {
+        c->next->prev = c->prev;
+    }
+    r->n_conns--;
+    free(c->buf);
+    free(c);
+    serverMaybeFree(r);
+}
+
+static void connClosed(uv_handle_t *h)
+{
+    connUnref(h->data);
+}
+
+static void connClose(struct conn *c)
+{
+    if (c->closing) {
+        return;
+    }
+    c->closing = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_close((uv_handle_t *)&c->tcp, connClosed);
+}
+
+static void writeCb(uv_write_t *req, int status)
+{
+    struct writeReq *w = (struct writeReq *)req;
+    struct conn *c = w->c;
+    if (status != 0 || c->close_after_write) {
+        connClose(c);
+    }
+    free(w);
+    connUnref(c);
+}
+
+/* Packs and writes one response frame. */
+static void connSend(struct conn *c, const Idem__Response *resp)
+{
+    if (c->closing) {
+        return;
+    }
+    size_t n = idem__response__get_packed_size(resp);
+    struct writeReq *w = xmalloc(sizeof(*w) + 4 + n);
+    w->data[0] = (uint8_t)(n >> 24);
+    w->data[1] = (uint8_t)(n >> 16);
+    w->data[2] = (uint8_t)(n >> 8);
+    w->data[3] = (uint8_t)n;
+    idem__response__pack(resp, w->data + 4);
+    w->c = c;
+    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(4 + n));
+    c->refs++;
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, writeCb) != 0) {
+        free(w);
+        c->refs--;
+        connClose(c);
+    }
+}
+
+static void answeredCb(void *data, const Idem__Response *resp)
+{
+    struct conn *c = data;
+    connSend(c, resp);
+    connUnref(c); /* the request's reference */
+}
+
+/* Answers a frame we cannot serve and closes the connection once the answer is out. */
+static void badFrame(struct conn *c, uint64_t request_id, const char *why)
+{
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    resp.request_id = request_id;
+    resp.result = &res;
+    resp.error = (char *)why;
+    c->close_after_write = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    connSend(c, &resp);
+    if (!c->closing && c->refs == 1) {
+        connClose(c); /* the write failed at once */
+    }
+}
+
+/* Handles every complete frame in the buffer. */
+static void connProcess(struct conn *c)
+{
+    size_t off = 0;
+    const uint32_t max = c->srv->cfg->max_frame_bytes;
+    while (!c->close_after_write && !c->closing && c->len - off >= 4) {
+        const uint8_t *p = c->buf + off;
+        uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        if (n > max) {
+            badFrame(c, 0, "frame larger than max_frame_bytes");
+            return;
+        }
+        if (c->len - off - 4 < n) {
+            break;
+        }
+        Idem__Request *req = idem__request__unpack(NULL, n, p + 4);
+        off += 4 + (size_t)n;
+        if (req == NULL) {
+            badFrame(c, 0, "frame does not decode as a Request");
+            return;
+        }
+        if (req->op_case == IDEM__REQUEST__OP__NOT_SET) {
+            badFrame(c, req->request_id, "request has no known op");
+            idem__request__free_unpacked(req, NULL);
+            return;
+        }
+        c->refs++;
+        service_handle(c->srv->svc, req, answeredCb, c);
+        idem__request__free_unpacked(req, NULL);
+    }
+    if (off > 0) {
+        memmove(c->buf, c->buf + off, c->len - off);
+        c->len -= off;
+    }
+}
+
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct conn *c = h->data;
+    (void)suggested;
+    if (c->cap - c->len < 16384) {
+        /* Never more than one frame's worth ahead of what is parsed. */
+        size_t want = c->cap ? c->cap * 2 : 65536;
+        size_t limit = (size_t)c->srv->cfg->max_frame_bytes + 4 + 65536;
+        if (want > limit) {
+            want = limit;
+        }
+        if (want > c->cap) {
+            c->buf = xrealloc(c->buf, want);
+            c->cap = want;
+        }
+    }
+    *buf = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len));
+}
+
+static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        connClose(c);
+        return;
+    }
+    c->len += (size_t)nread;
+    connProcess(c);
+}
+
+static void acceptCb(uv_stream_t *l, int status)
+{
+    struct rpc_server *r = l->data;
+    if (status != 0 || r->closing) {
+        return;
+    }
+    struct conn *c = xcalloc(1, sizeof(*c));
+    c->srv = r;
+    c->refs = 1;
+    uv_tcp_init(r->loop, &c->tcp);
+    c->tcp.data = c;
+    c->next = r->conns;
+    if (r->conns) {
+        r->conns->prev = c;
+    }
+    r->conns = c;
+    r->n_conns++;
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || r->n_conns > r->cfg->max_connections) {
+        connClose(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_read_start((uv_stream_t *)&c->tcp, allocCb, readCb);
+}
+
+struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,
+                                  const struct config_rpc *cfg, struct service *svc, char *err,
+                                  size_t errlen)
+{
+    struct sockaddr_in sa;
+    int rv = uv_ip4_addr(addr->host, addr->port, &sa);
+    if (rv != 0) {
+        snprintf(err, errlen, "rpc address %s: %s", addr->text, uv_strerror(rv));
+        return NULL;
+    }
+    struct rpc_server *r = xcalloc(1, sizeof(*r));
+    r->loop = loop;
+    r->cfg = cfg;
+    r->svc = svc;
+    uv_tcp_init(loop, &r->listener);
+    r->listener.data = r;
+    rv = uv_tcp_bind(&r->listener, (const struct sockaddr *)&sa, 0);
+    if (rv == 0) {
+        rv = uv_listen((uv_stream_t *)&r->listener, 511, acceptCb);
+    }
+    if (rv != 0) {
+        snprintf(err, errlen, "rpc listen on %s: %s", addr->text, uv_strerror(rv));
+        r->closing = true;
+        uv_close((uv_handle_t *)&r->listener, NULL);
+        /* The handle is closed on the next loop turn; the struct must outlive it. */
+        uv_run(loop, UV_RUN_NOWAIT);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void listenerClosed(uv_handle_t *h)
+{
+    struct rpc_server *r = h->data;
+    r->listener_closed = true;
+    serverMaybeFree(r);
+}
+
+void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
+{
+    r->closing = true;
+    r->close_cb = cb;
+    r->close_data = data;
+    uv_close((uv_handle_t *)&r->listener, listenerClosed);
+    for (struct conn *c = r->conns; c != NULL; c = c->next) {
+        connClose(c);
+    }
+}

@@ -1,0 +1,26 @@
+/* rpc: the binary RPC front end: a TCP listener speaking length-prefixed protobuf frames
+ * (idem.proto, above `message Request`), pipelined, answered out of order by request id.
+ * Every decoded request goes to service_handle(); bad frames are answered with INVALID and
+ * the connection is closed without touching any other connection. */
+#ifndef IDEM_SERVER_RPC_H
+#define IDEM_SERVER_RPC_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "service.h"
+
+struct rpc_server;
+
+/* Binds host:port on `loop` and serves requests to `svc` (borrowed; must outlive the RPC
+ * server). `cfg` is borrowed and must outlive it. NULL with a message in err on failure. */
+struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,
+                                  const struct config_rpc *cfg, struct service *svc, char *err,
+                                  size_t errlen);
+
+/* Stops accepting and closes every connection; answers still owed by the service are
+ * dropped. The server is freed once its last connection is; then cb(data) runs. */
+void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data);
+
+#endif

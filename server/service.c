@@ -1,0 +1,832 @@
+/* service: requests in, decisions out (see service.h).
+ *
+ * A data request's life: authenticate (SHA-256 of the bearer token → tenant) → validate the
+ * key → build the log Command with the leader's clock, the tenant's defaults and quotas →
+ * cluster_propose() with an `op` as waiter → either svcApply() gets the op back with the
+ * command's result (answer it), or svcFail() does (answer unavailable), or the op's deadline
+ * timer fires first (answer unavailable; the op stays alive until the cluster hands it back,
+ * because the cluster still holds it). Every answer goes out exactly once.
+ *
+ * Fail closed (CONTRACT.md §4): nothing is ever answered from local state. A follower
+ * answers not_leader with the leader's RPC address; a node that knows no leader, or whose
+ * proposal does not commit in time, answers unavailable. */
+#include "service.h"
+
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fingerprint.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define IDEM_VERSION "0.1.0"
+
+enum opKind { OP_CLIENT, OP_EXPIRE };
+
+struct op {
+    struct service *s;
+    enum opKind kind;
+    service_done_cb cb;
+    void *data;
+    uint64_t request_id;
+    uv_timer_t timer;
+    bool answered;   /* cb was called */
+    bool in_cluster; /* the cluster holds this op as a waiter */
+    bool timer_open;
+    struct op *prev, *next; /* live ops, for shutdown */
+};
+
+struct adminOp {
+    struct service *s;
+    service_done_cb cb;
+    void *data;
+    uint64_t request_id;
+};
+
+struct service {
+    uv_loop_t *loop;
+    const struct config *cfg;
+    struct fsm *fsm;
+    struct cluster *cluster;
+    uv_timer_t expiry_timer;
+    bool expire_in_flight;
+    struct op *ops;
+    struct service_stats stats;
+    bool closing;
+    bool timer_closed;
+    bool cluster_closed;
+    void (*close_cb)(void *data);
+    void *close_data;
+};
+
+static uint64_t nowMs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- answering ----------------------------------------------------------------------- */
+
+static void answerSimple(service_done_cb cb, void *data, uint64_t request_id,
+                         Idem__Outcome outcome, const char *error, const char *leader)
+{
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = outcome;
+    resp.request_id = request_id;
+    resp.result = &res;
+    resp.error = (char *)(error ? error : "");
+    resp.leader_rpc_address = (char *)(leader ? leader : "");
+    cb(data, &resp);
+}
+
+static void serviceMaybeFinish(struct service *s);
+
+static void opMaybeFree(struct op *o)
+{
+    if (o->in_cluster || o->timer_open) {
+        return;
+    }
+    struct service *s = o->s;
+    if (o->prev) {
+        o->prev->next = o->next;
+    } else {
+        s->ops = o->next;
+    }
+    if (o->next) {
+        o->next->prev = o->prev;
+    }
+    free(o);
+    if (s->closing) {
+        serviceMaybeFinish(s);
+    }
+}
+
+static void opTimerClosed(uv_handle_t *h)
+{
+    struct op *o = h->data;
+    o->timer_open = false;
+    opMaybeFree(o);
+}
+
+static void opStopTimer(struct op *o)
+{
+    if (o->timer_open && !uv_is_closing((uv_handle_t *)&o->timer)) {
+        uv_timer_stop(&o->timer);
+        uv_close((uv_handle_t *)&o->timer, opTimerClosed);
+    }
+}
+
+static void opAnswerUnavailable(struct op *o, const char *why)
+{
+    if (o->answered || o->cb == NULL) {
+        o->answered = true;
+        return;
+    }
+    o->answered = true;
+    o->s->stats.unavailable++;
+    answerSimple(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, why, NULL);
+}
+
+static void opDeadlineCb(uv_timer_t *t)
+{
+    struct op *o = t->data;
+    opAnswerUnavailable(o, "deadline passed before the command committed");
+    opStopTimer(o);
+}
+
+/* Fills an Idem__Result from the state machine's result. Nested messages it needs are
+ * unpacked into *resp_out / *rec_out (freed by the caller). */
+static void resultToProto(const struct fsm_result *r, Idem__Result *out,
+                          Idem__StoredResponse **resp_out, Idem__Record *rec)
+{
+    out->outcome = r->outcome;
+    out->token = r->token;
+    out->lease_deadline_ms = r->lease_deadline_ms;
+    out->retry_after_ms = r->retry_after_ms;
+    out->takeover = r->takeover;
+    out->previous_token = r->previous_token;
+    out->expires_at_ms = r->expires_at_ms;
+    out->expired = r->expired;
+    out->dropped = r->dropped;
+    out->more = r->more;
+    out->detail = (char *)(r->detail ? r->detail : "");
+    *resp_out = NULL;
+    if (r->response != NULL) {
+        *resp_out = idem__stored_response__unpack(NULL, r->response_len, r->response);
+        out->response = *resp_out;
+    }
+    if (r->has_record) {
+        const struct fsm_record_view *v = &r->record;
+        rec->tenant = (char *)v->tenant;
+        rec->key.data = (uint8_t *)v->key;
+        rec->key.len = v->key_len;
+        rec->fingerprint.data = (uint8_t *)v->fingerprint;
+        rec->fingerprint.len = FSM_FINGERPRINT_LEN;
+        rec->state = v->state;
+        rec->token = v->token;
+        rec->created_at_ms = v->created_at_ms;
+        rec->lease_deadline_ms = v->lease_deadline_ms;
+        rec->expires_at_ms = v->expires_at_ms;
+        rec->completion = v->completion;
+        rec->response.data = (uint8_t *)v->response;
+        rec->response.len = v->response_len;
+        out->record = rec;
+    }
+}
+
+/* ---- cluster callbacks --------------------------------------------------------------- */
+
+static void expiryArm(struct service *s, uint64_t delay_ms);
+
+static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t len,
+                     void *waiter)
+{
+    struct service *s = data;
+    struct fsm_result r;
+    fsm_apply(s->fsm, cmd_index, cmd, len, &r);
+    struct op *o = waiter;
+    if (o == NULL) {
+        return;
+    }
+    o->in_cluster = false;
+    if (o->kind == OP_EXPIRE) {
+        s->expire_in_flight = false;
+        if (r.outcome == IDEM__OUTCOME__OUTCOME_OK && r.more) {
+            expiryArm(s, 0);
+        }
+    } else if (!o->answered) {
+        o->answered = true;
+        Idem__Result res = IDEM__RESULT__INIT;
+        Idem__Record rec = IDEM__RECORD__INIT;
+        Idem__StoredResponse *stored = NULL;
+        resultToProto(&r, &res, &stored, &rec);
+        Idem__Response resp = IDEM__RESPONSE__INIT;
+        resp.request_id = o->request_id;
+        resp.result = &res;
+        o->cb(o->data, &resp);
+        if (stored != NULL) {
+            idem__stored_response__free_unpacked(stored, NULL);
+        }
+    }
+    opStopTimer(o);
+    opMaybeFree(o);
+}
+
+static void svcFail(void *data, void *waiter, int status)
+{
+    struct service *s = data;
+    struct op *o = waiter;
+    o->in_cluster = false;
+    if (o->kind == OP_EXPIRE) {
+        s->expire_in_flight = false;
+    } else {
+        opAnswerUnavailable(o, status == RAFT_SHUTDOWN ? "node shutting down"
+                                                       : "leadership lost before commit");
+    }
+    opStopTimer(o);
+    opMaybeFree(o);
+}
+
+static int svcSnapshot(void *data, uint8_t **buf, size_t *len)
+{
+    struct service *s = data;
+    return fsm_snapshot(s->fsm, buf, len);
+}
+
+static int svcRestore(void *data, const uint8_t *buf, size_t len)
+{
+    struct service *s = data;
+    const char *why = NULL;
+    if (fsm_restore(s->fsm, buf, len, &why) != 0) {
+        log_error("snapshot restore refused: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
+static void svcLeaderChanged(void *data, uint64_t leader_id, bool is_me)
+{
+    (void)data;
+    if (leader_id == 0) {
+        log_warn("no leader known");
+    } else {
+        log_info("leader is now node %llu%s", (unsigned long long)leader_id,
+                 is_me ? " (this node)" : "");
+    }
+}
+
+/* ---- proposing ----------------------------------------------------------------------- */
+
+static struct op *opNew(struct service *s, enum opKind kind)
+{
+    struct op *o = xcalloc(1, sizeof(*o));
+    o->s = s;
+    o->kind = kind;
+    o->next = s->ops;
+    if (s->ops) {
+        s->ops->prev = o;
+    }
+    s->ops = o;
+    return o;
+}
+
+/* Proposes a packed command for a client. On any refusal, answers at once. */
+static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t request_id,
+                          uint32_t deadline_ms, service_done_cb cb, void *data)
+{
+    const char *leader = "";
+    if (!cluster_is_leader(s->cluster)) {
+        uint64_t lid = cluster_leader(s->cluster, &leader);
+        if (lid == 0 || leader[0] == '\0') {
+            s->stats.unavailable++;
+            answerSimple(cb, data, request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                         "no leader known: the cluster has no quorum or is electing", NULL);
+        } else {
+            s->stats.not_leader++;
+            answerSimple(cb, data, request_id, IDEM__OUTCOME__OUTCOME_NOT_LEADER, "not the leader",
+                         leader);
+        }
+        return;
+    }
+    size_t n = idem__command__get_packed_size(cmd);
+    uint8_t stackbuf[1024];
+    uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : xmalloc(n);
+    idem__command__pack(cmd, buf);
+    struct op *o = opNew(s, OP_CLIENT);
+    o->cb = cb;
+    o->data = data;
+    o->request_id = request_id;
+    int rc = cluster_propose(s->cluster, buf, n, o);
+    if (buf != stackbuf) {
+        free(buf);
+    }
+    if (rc != CLUSTER_OK) {
+        o->answered = true;
+        s->stats.unavailable++;
+        answerSimple(cb, data, request_id, rc == CLUSTER_ETOOBIG ? IDEM__OUTCOME__OUTCOME_INVALID
+                                                                 : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                     cluster_strerror(rc), NULL);
+        opMaybeFree(o);
+        return;
+    }
+    o->in_cluster = true;
+    uv_timer_init(s->loop, &o->timer);
+    o->timer.data = o;
+    o->timer_open = true;
+    uv_timer_start(&o->timer, opDeadlineCb, deadline_ms, 0);
+}
+
+/* ---- expiry ticker ------------------------------------------------------------------- */
+
+static void expiryTick(uv_timer_t *t)
+{
+    struct service *s = t->data;
+    uint64_t now = nowMs();
+    if (s->closing || s->expire_in_flight || !cluster_is_leader(s->cluster) ||
+        fsm_next_expiry(s->fsm) > now) {
+        return;
+    }
+    Idem__ExpireCmd e = IDEM__EXPIRE_CMD__INIT;
+    e.max_batch = s->cfg->expiry.batch;
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    cmd.now_ms = now;
+    cmd.op_case = IDEM__COMMAND__OP_EXPIRE;
+    cmd.expire = &e;
+    uint8_t buf[64];
+    size_t n = idem__command__pack(&cmd, buf);
+    struct op *o = opNew(s, OP_EXPIRE);
+    if (cluster_propose(s->cluster, buf, n, o) != CLUSTER_OK) {
+        opMaybeFree(o);
+        return;
+    }
+    o->in_cluster = true;
+    s->expire_in_flight = true;
+}
+
+static void expiryArm(struct service *s, uint64_t delay_ms)
+{
+    if (!s->closing) {
+        uv_timer_start(&s->expiry_timer, expiryTick, delay_ms, s->cfg->expiry.interval_ms);
+    }
+}
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+static const struct config_tenant *authTenant(const struct service *s, const ProtobufCBinaryData *tok)
+{
+    uint8_t h[32];
+    unsigned int hl = 0;
+    if (tok->len == 0 || EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) != 1) {
+        return NULL;
+    }
+    return config_tenant_by_token_hash(s->cfg, h);
+}
+
+static bool authAdmin(const struct service *s, const ProtobufCBinaryData *tok)
+{
+    uint8_t h[32];
+    unsigned int hl = 0;
+    if (tok->len == 0 || EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) != 1) {
+        return false;
+    }
+    return config_is_admin_hash(s->cfg, h);
+}
+
+static uint32_t deadlineOf(const struct service *s, const Idem__Request *req)
+{
+    uint32_t d = req->deadline_ms ? req->deadline_ms : s->cfg->rpc.default_deadline_ms;
+    return d > s->cfg->rpc.max_deadline_ms ? s->cfg->rpc.max_deadline_ms : d;
+}
+
+static const char *keyError(const struct config_tenant *t, const ProtobufCBinaryData *key)
+{
+    switch (key_validate(key->data, key->len, t->key_max_len)) {
+    case KEY_OK:
+        return NULL;
+    case KEY_MISSING:
+        return "idempotency_key_missing";
+    default:
+        return "idempotency_key_invalid";
+    }
+}
+
+static void handleData(struct service *s, const Idem__Request *req, service_done_cb cb,
+                       void *data)
+{
+    const struct config_tenant *t = authTenant(s, &req->auth_token);
+    if (t == NULL) {
+        s->stats.unauthenticated++;
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
+                     "unknown or missing bearer token", NULL);
+        return;
+    }
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    Idem__ClaimCmd claim = IDEM__CLAIM_CMD__INIT;
+    Idem__CompleteCmd complete = IDEM__COMPLETE_CMD__INIT;
+    Idem__ReleaseCmd release = IDEM__RELEASE_CMD__INIT;
+    Idem__RenewCmd renew = IDEM__RENEW_CMD__INIT;
+    Idem__GetCmd get = IDEM__GET_CMD__INIT;
+    Idem__TenantLimits limits = IDEM__TENANT_LIMITS__INIT;
+    limits.max_records = t->max_records;
+    limits.max_bytes = t->max_bytes;
+    cmd.now_ms = nowMs();
+    char *tenant = (char *)t->name;
+    const ProtobufCBinaryData *key = NULL;
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_CLAIM:
+        key = &req->claim->key;
+        claim.tenant = tenant;
+        claim.key = req->claim->key;
+        claim.fingerprint = req->claim->fingerprint;
+        claim.attempt_id = req->claim->attempt_id;
+        claim.lease_ms = req->claim->lease_ms ? req->claim->lease_ms : t->lease_ms;
+        claim.ttl_ms = req->claim->ttl_ms ? req->claim->ttl_ms : t->ttl_ms;
+        claim.tombstone_ttl_ms = t->tombstone_ttl_ms;
+        claim.policy = req->claim->policy != IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED
+                           ? req->claim->policy
+                           : (t->lease_policy == CONFIG_LEASE_TAKEOVER
+                                  ? IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER
+                                  : IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT);
+        claim.limits = &limits;
+        cmd.op_case = IDEM__COMMAND__OP_CLAIM;
+        cmd.claim = &claim;
+        if (claim.fingerprint.len != FSM_FINGERPRINT_LEN) {
+            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
+                         "fingerprint must be 32 bytes (SHA-256)", NULL);
+            return;
+        }
+        break;
+    case IDEM__REQUEST__OP_COMPLETE:
+        key = &req->complete->key;
+        complete.tenant = tenant;
+        complete.key = req->complete->key;
+        complete.token = req->complete->token;
+        complete.outcome = req->complete->outcome;
+        complete.response = req->complete->response;
+        complete.limits = &limits;
+        cmd.op_case = IDEM__COMMAND__OP_COMPLETE;
+        cmd.complete = &complete;
+        break;
+    case IDEM__REQUEST__OP_RELEASE:
+        key = &req->release->key;
+        release.tenant = tenant;
+        release.key = req->release->key;
+        release.token = req->release->token;
+        cmd.op_case = IDEM__COMMAND__OP_RELEASE;
+        cmd.release = &release;
+        break;
+    case IDEM__REQUEST__OP_RENEW:
+        key = &req->renew->key;
+        renew.tenant = tenant;
+        renew.key = req->renew->key;
+        renew.token = req->renew->token;
+        renew.lease_ms = req->renew->lease_ms ? req->renew->lease_ms : t->lease_ms;
+        cmd.op_case = IDEM__COMMAND__OP_RENEW;
+        cmd.renew = &renew;
+        break;
+    case IDEM__REQUEST__OP_GET:
+        key = &req->get->key;
+        get.tenant = tenant;
+        get.key = req->get->key;
+        cmd.op_case = IDEM__COMMAND__OP_GET;
+        cmd.get = &get;
+        break;
+    default:
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
+                     NULL);
+        return;
+    }
+    const char *kerr = keyError(t, key);
+    if (kerr != NULL) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, kerr, NULL);
+        return;
+    }
+    proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
+}
+
+static const char *roleName(int state)
+{
+    switch (state) {
+    case RAFT_LEADER:
+        return "leader";
+    case RAFT_FOLLOWER:
+        return "follower";
+    case RAFT_CANDIDATE:
+        return "candidate";
+    default:
+        return "unavailable";
+    }
+}
+
+static const char *memberRole(int role)
+{
+    switch (role) {
+    case RAFT_VOTER:
+        return "voter";
+    case RAFT_STANDBY:
+        return "standby";
+    case RAFT_SPARE:
+        return "spare";
+    default:
+        return "unknown";
+    }
+}
+
+/* Answers with the node's status and/or the member list. */
+static void answerStatus(struct service *s, uint64_t request_id, bool with_status,
+                         service_done_cb cb, void *data)
+{
+    struct cluster_member ms[CLUSTER_MEMBERS_MAX];
+    size_t n = cluster_members(s->cluster, ms, CLUSTER_MEMBERS_MAX);
+    if (n > CLUSTER_MEMBERS_MAX) {
+        n = CLUSTER_MEMBERS_MAX;
+    }
+    Idem__Member mem[CLUSTER_MEMBERS_MAX];
+    Idem__Member *memp[CLUSTER_MEMBERS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        idem__member__init(&mem[i]);
+        mem[i].id = ms[i].id;
+        mem[i].raft_address = ms[i].raft_address;
+        mem[i].rpc_address = ms[i].rpc_address;
+        mem[i].http_address = ms[i].http_address;
+        mem[i].role = (char *)memberRole(ms[i].role);
+        memp[i] = &mem[i];
+    }
+    Idem__NodeStatus st = IDEM__NODE_STATUS__INIT;
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_OK;
+    resp.request_id = request_id;
+    resp.result = &res;
+    resp.n_members = n;
+    resp.members = memp;
+    if (with_status) {
+        struct cluster_status cs;
+        struct fsm_stats fs;
+        cluster_get_status(s->cluster, &cs);
+        fsm_get_stats(s->fsm, &fs);
+        st.id = s->cfg->node.id;
+        st.role = (char *)roleName(cs.state);
+        st.term = cs.term;
+        st.leader_id = cs.leader_id;
+        st.leader_rpc_address = (char *)cs.leader_rpc_address;
+        st.commit_index = cs.commit_index;
+        st.applied_index = cs.applied_index;
+        st.last_snapshot_index = cs.last_snapshot_index;
+        st.records = fs.records - fs.released;
+        st.processing = fs.processing;
+        st.completed = fs.completed;
+        st.quarantined = fs.quarantined;
+        st.tombstones = fs.tombstones;
+        st.bytes = fs.bytes;
+        st.rpc_address = (char *)s->cfg->node.rpc_address.text;
+        st.raft_address = (char *)s->cfg->node.raft_address.text;
+        st.http_address = (char *)s->cfg->node.http_address.text;
+        st.n_members = n;
+        st.members = memp;
+        st.version = IDEM_VERSION;
+        resp.status = &st;
+    }
+    cb(data, &resp);
+}
+
+static void adminChangeCb(void *data, int status, const char *errmsg)
+{
+    struct adminOp *a = data;
+    answerSimple(a->cb, a->data, a->request_id,
+                 status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                 errmsg, NULL);
+    free(a);
+}
+
+static void answerClusterRc(struct service *s, int rc, uint64_t request_id, service_done_cb cb,
+                            void *data)
+{
+    const char *leader = "";
+    if (rc == CLUSTER_ENOTLEADER) {
+        cluster_leader(s->cluster, &leader);
+        answerSimple(cb, data, request_id, leader[0] ? IDEM__OUTCOME__OUTCOME_NOT_LEADER
+                                                     : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                     "not the leader", leader);
+        return;
+    }
+    answerSimple(cb, data, request_id,
+                 rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID
+                                      : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                 rc == CLUSTER_ERAFT ? cluster_errmsg(s->cluster) : cluster_strerror(rc), NULL);
+}
+
+static void handleAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,
+                        void *data)
+{
+    if (!authAdmin(s, &req->auth_token)) {
+        s->stats.unauthenticated++;
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
+                     "admin operations need the admin token", NULL);
+        return;
+    }
+    int rc = CLUSTER_OK;
+    struct adminOp *a = NULL;
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_STATUS:
+        answerStatus(s, req->request_id, true, cb, data);
+        return;
+    case IDEM__REQUEST__OP_SNAPSHOT:
+        rc = cluster_snapshot_now(s->cluster);
+        answerSimple(cb, data, req->request_id,
+                     rc == CLUSTER_OK ? IDEM__OUTCOME__OUTCOME_OK
+                                      : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                     rc == CLUSTER_OK ? "snapshot scheduled at the next applied entry"
+                                      : cluster_strerror(rc),
+                     NULL);
+        return;
+    case IDEM__REQUEST__OP_RESOLVE: {
+        const Idem__ResolveRequest *r = req->resolve;
+        Idem__ResolveCmd rc_cmd = IDEM__RESOLVE_CMD__INIT;
+        rc_cmd.tenant = r->tenant;
+        rc_cmd.key = r->key;
+        rc_cmd.release = r->release;
+        rc_cmd.response = r->response;
+        Idem__Command cmd = IDEM__COMMAND__INIT;
+        cmd.now_ms = nowMs();
+        cmd.op_case = IDEM__COMMAND__OP_RESOLVE;
+        cmd.resolve = &rc_cmd;
+        proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
+        return;
+    }
+    case IDEM__REQUEST__OP_MEMBERS:
+    case IDEM__REQUEST__OP_TRANSFER:
+        break;
+    default:
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
+                     NULL);
+        return;
+    }
+    if (req->op_case == IDEM__REQUEST__OP_MEMBERS &&
+        req->members->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST) {
+        answerStatus(s, req->request_id, false, cb, data);
+        return;
+    }
+    a = xcalloc(1, sizeof(*a));
+    a->s = s;
+    a->cb = cb;
+    a->data = data;
+    a->request_id = req->request_id;
+    if (req->op_case == IDEM__REQUEST__OP_TRANSFER) {
+        rc = cluster_transfer(s->cluster, req->transfer->id, adminChangeCb, a);
+    } else {
+        const Idem__MembersRequest *m = req->members;
+        struct cluster_member cm;
+        memset(&cm, 0, sizeof(cm));
+        cm.id = m->id;
+        switch (m->action) {
+        case IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD:
+            snprintf(cm.raft_address, sizeof(cm.raft_address), "%s", m->raft_address);
+            snprintf(cm.rpc_address, sizeof(cm.rpc_address), "%s", m->rpc_address);
+            snprintf(cm.http_address, sizeof(cm.http_address), "%s", m->http_address);
+            rc = cluster_member_add(s->cluster, &cm, adminChangeCb, a);
+            break;
+        case IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE:
+            rc = cluster_member_promote(s->cluster, m->id, adminChangeCb, a);
+            break;
+        case IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE:
+            rc = cluster_member_remove(s->cluster, m->id, adminChangeCb, a);
+            break;
+        default:
+            rc = CLUSTER_EINVAL;
+        }
+    }
+    if (rc != CLUSTER_OK) {
+        free(a);
+        answerClusterRc(s, rc, req->request_id, cb, data);
+    }
+}
+
+void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
+                    void *data)
+{
+    s->stats.requests++;
+    if (s->closing) {
+        s->stats.unavailable++;
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                     "node shutting down", NULL);
+        return;
+    }
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_CLAIM:
+    case IDEM__REQUEST__OP_COMPLETE:
+    case IDEM__REQUEST__OP_RELEASE:
+    case IDEM__REQUEST__OP_RENEW:
+    case IDEM__REQUEST__OP_GET:
+        handleData(s, req, cb, data);
+        return;
+    case IDEM__REQUEST__OP_STATUS:
+    case IDEM__REQUEST__OP_MEMBERS:
+    case IDEM__REQUEST__OP_TRANSFER:
+    case IDEM__REQUEST__OP_SNAPSHOT:
+    case IDEM__REQUEST__OP_RESOLVE:
+        handleAdmin(s, req, cb, data);
+        return;
+    default:
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
+                     NULL);
+    }
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
+                            size_t errlen)
+{
+    struct service *s = xcalloc(1, sizeof(*s));
+    s->loop = loop;
+    s->cfg = cfg;
+    s->fsm = fsm_new();
+    struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
+    for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
+        const struct config_member *m = &cfg->cluster.bootstrap[i];
+        boot[i].id = m->id;
+        snprintf(boot[i].raft_address, sizeof(boot[i].raft_address), "%s", m->raft_address.text);
+        snprintf(boot[i].rpc_address, sizeof(boot[i].rpc_address), "%s", m->rpc_address.text);
+        snprintf(boot[i].http_address, sizeof(boot[i].http_address), "%s", m->http_address.text);
+        boot[i].role = RAFT_VOTER;
+    }
+    struct cluster_config cc = {
+        .id = cfg->node.id,
+        .raft_address = cfg->node.raft_address.text,
+        .rpc_address = cfg->node.rpc_address.text,
+        .http_address = cfg->node.http_address.text,
+        .data_dir = cfg->node.data_dir,
+        .bootstrap = boot,
+        .n_bootstrap = cfg->cluster.n_bootstrap,
+        .election_timeout_ms = cfg->raft.election_timeout_ms,
+        .heartbeat_timeout_ms = cfg->raft.heartbeat_timeout_ms,
+        .snapshot_threshold = cfg->raft.snapshot_threshold,
+        .snapshot_trailing = cfg->raft.snapshot_trailing,
+        .pre_vote = cfg->raft.pre_vote,
+        .batch_max_commands = cfg->batch.max_commands,
+        .batch_max_bytes = cfg->batch.max_bytes,
+    };
+    struct cluster_ops ops = {
+        .data = s,
+        .apply = svcApply,
+        .fail = svcFail,
+        .snapshot = svcSnapshot,
+        .restore = svcRestore,
+        .leader_changed = svcLeaderChanged,
+    };
+    s->cluster = cluster_new(loop, &cc, &ops, err, errlen);
+    free(boot);
+    if (s->cluster == NULL) {
+        fsm_close(s->fsm);
+        free(s);
+        return NULL;
+    }
+    uv_timer_init(loop, &s->expiry_timer);
+    s->expiry_timer.data = s;
+    return s;
+}
+
+int service_start(struct service *s, char *err, size_t errlen)
+{
+    if (cluster_start(s->cluster) != CLUSTER_OK) {
+        snprintf(err, errlen, "%s", cluster_errmsg(s->cluster));
+        return -1;
+    }
+    expiryArm(s, s->cfg->expiry.interval_ms);
+    return 0;
+}
+
+/* Frees the service once the expiry timer and the cluster are closed and every op was
+ * handed back by the cluster (exactly once) with its timer closed. */
+static void serviceMaybeFinish(struct service *s)
+{
+    if (!s->timer_closed || !s->cluster_closed || s->ops != NULL) {
+        return;
+    }
+    fsm_close(s->fsm);
+    void (*cb)(void *) = s->close_cb;
+    void *cbdata = s->close_data;
+    free(s);
+    if (cb) {
+        cb(cbdata);
+    }
+}
+
+static void clusterClosed(void *data)
+{
+    struct service *s = data;
+    s->cluster_closed = true;
+    serviceMaybeFinish(s);
+}
+
+static void expiryTimerClosed(uv_handle_t *h)
+{
+    struct service *s = h->data;
+    s->timer_closed = true;
+    serviceMaybeFinish(s);
+}
+
+void service_close(struct service *s, void (*cb)(void *data), void *data)
+{
+    s->closing = true;
+    s->close_cb = cb;
+    s->close_data = data;
+    uv_timer_stop(&s->expiry_timer);
+    uv_close((uv_handle_t *)&s->expiry_timer, expiryTimerClosed);
+    /* Answer everyone now; the cluster hands the ops back as raft closes. */
+    for (struct op *o = s->ops; o != NULL; o = o->next) {
+        opAnswerUnavailable(o, "node shutting down");
+    }
+    cluster_close(s->cluster, clusterClosed, s);
+}
+
+void service_get_stats(const struct service *s, struct service_stats *out)
+{
+    *out = s->stats;
+}

@@ -1,0 +1,49 @@
+/* service: the one place where a request becomes a decision. Front ends (the binary RPC
+ * today, the HTTP gateway later) hand it a decoded Idem__Request; it authenticates,
+ * validates, stamps the leader's clock, proposes the command through the cluster and
+ * answers with an Idem__Response once the command was applied here, or with unavailable
+ * when it cannot be (no leader, leadership lost, deadline passed). It also owns the state
+ * machine the cluster applies to, and the leader's expiry ticker. */
+#ifndef IDEM_SERVER_SERVICE_H
+#define IDEM_SERVER_SERVICE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "cluster.h"
+#include "config.h"
+#include "fsm.h"
+#include "idem.pb-c.h"
+
+struct service;
+
+/* Called exactly once per service_handle() call, possibly before it returns. `resp` is
+ * borrowed for the duration of the call. */
+typedef void (*service_done_cb)(void *data, const Idem__Response *resp);
+
+/* Creates the service, its state machine and its Raft group on `loop`. `cfg` is borrowed
+ * and must outlive the service. Returns NULL with a message in err on failure. */
+struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
+                            size_t errlen);
+
+/* Starts Raft and the expiry ticker. 0 or -1 with a message in err. */
+int service_start(struct service *s, char *err, size_t errlen);
+
+/* Handles one request. `req` is borrowed for the duration of the call only. */
+void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
+                    void *data);
+
+/* Stops: every request still waiting is answered unavailable, then Raft closes; cb(data)
+ * runs once everything is freed. */
+void service_close(struct service *s, void (*cb)(void *data), void *data);
+
+/* Counters for logs and metrics. */
+struct service_stats {
+    uint64_t requests;
+    uint64_t unavailable;  /* fail-closed refusals */
+    uint64_t not_leader;
+    uint64_t unauthenticated;
+};
+void service_get_stats(const struct service *s, struct service_stats *out);
+
+#endif

@@ -1,0 +1,208 @@
+"""harness: real idemd processes on 127.0.0.1 for the integration and chaos tests.
+
+Every node gets free ports, its own temporary data dir and a generated config. Processes
+are tracked by PID and killed (SIGKILL) in close(), which also removes the temp dir. Waits
+poll a condition with a generous bound; nothing sleeps for a fixed time to let something
+happen. idemctl (--json) is the client, so the tests exercise it too.
+"""
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+BIN = os.environ.get("IDEM_BIN_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin")
+IDEMD = os.path.join(BIN, "idemd")
+IDEMCTL = os.path.join(BIN, "idemctl")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fp(n):
+    """A fingerprint (64 hex) derived from n."""
+    return hashlib.sha256(str(n).encode()).hexdigest()
+
+
+def wait_for(cond, timeout, what, interval=0.05):
+    """Polls cond() until it returns a truthy value; fails after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
+
+
+class Node:
+    def __init__(self, nid, root):
+        self.id = nid
+        self.raft = "127.0.0.1:%d" % free_port()
+        self.rpc = "127.0.0.1:%d" % free_port()
+        self.http = "127.0.0.1:%d" % free_port()
+        self.dir = os.path.join(root, "node%d" % nid)
+        self.cfg = os.path.join(root, "node%d.yaml" % nid)
+        self.log = os.path.join(root, "node%d.log" % nid)
+        self.proc = None
+
+
+class Cluster:
+    def __init__(self, n=3, snapshot_threshold=8192, snapshot_trailing=2048,
+                 election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000):
+        self.root = tempfile.mkdtemp(prefix="idem-it-")
+        self.token = secrets.token_hex(16)
+        self.token2 = secrets.token_hex(16)
+        self.admin = secrets.token_hex(16)
+        self.opts = dict(snapshot_threshold=snapshot_threshold,
+                         snapshot_trailing=snapshot_trailing, election_ms=election_ms,
+                         heartbeat_ms=heartbeat_ms, expiry_ms=expiry_ms)
+        self.nodes = {}
+        self.bootstrap = []
+        for i in range(1, n + 1):
+            self.nodes[i] = Node(i, self.root)
+            self.bootstrap.append(self.nodes[i])
+        for node in self.nodes.values():
+            self._write_config(node, self.bootstrap)
+        for node in self.nodes.values():
+            self.start(node.id)
+
+    # ---- processes ------------------------------------------------------------------------
+
+    def _write_config(self, node, bootstrap):
+        h = lambda t: hashlib.sha256(t.encode()).hexdigest()
+        lines = [
+            "node:",
+            "  id: %d" % node.id,
+            "  raft_address: %s" % node.raft,
+            "  rpc_address: %s" % node.rpc,
+            "  http_address: %s" % node.http,
+            "  data_dir: %s" % node.dir,
+            "cluster:",
+            "  bootstrap:",
+        ]
+        for b in bootstrap:
+            lines.append("    - {id: %d, raft_address: %s, rpc_address: %s, http_address: %s}"
+                         % (b.id, b.raft, b.rpc, b.http))
+        if not bootstrap:
+            lines[-1] = "  bootstrap: []"
+        o = self.opts
+        lines += [
+            "raft:",
+            "  election_timeout_ms: %d" % o["election_ms"],
+            "  heartbeat_timeout_ms: %d" % o["heartbeat_ms"],
+            "  snapshot_threshold: %d" % o["snapshot_threshold"],
+            "  snapshot_trailing: %d" % o["snapshot_trailing"],
+            "expiry:",
+            "  interval_ms: %d" % o["expiry_ms"],
+            "admin:",
+            "  token_sha256: %s" % h(self.admin),
+            "tenants:",
+            "  - name: alpha",
+            "    token_sha256: %s" % h(self.token),
+            "  - name: beta",
+            "    token_sha256: %s" % h(self.token2),
+        ]
+        with open(node.cfg, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def add_node(self, nid):
+        """A new node with an empty bootstrap list: it waits to be added as a member."""
+        node = Node(nid, self.root)
+        self.nodes[nid] = node
+        self._write_config(node, [])
+        self.start(nid)
+        return node
+
+    def start(self, nid):
+        node = self.nodes[nid]
+        log = open(node.log, "ab")
+        node.proc = subprocess.Popen([IDEMD, "--config", node.cfg], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+
+    def kill(self, nid, sig=9):
+        node = self.nodes[nid]
+        if node.proc is not None:
+            node.proc.send_signal(sig)
+            node.proc.wait(timeout=30)
+            node.proc = None
+
+    def stop(self, nid):
+        """SIGTERM and wait: a clean shutdown must finish, with exit code 0."""
+        node = self.nodes[nid]
+        node.proc.terminate()
+        rc = node.proc.wait(timeout=30)
+        node.proc = None
+        return rc
+
+    def wipe(self, nid):
+        shutil.rmtree(self.nodes[nid].dir, ignore_errors=True)
+
+    def alive(self):
+        return [n for n in self.nodes.values() if n.proc is not None]
+
+    def close(self):
+        for node in self.nodes.values():
+            if node.proc is not None:
+                node.proc.kill()
+                node.proc.wait(timeout=30)
+                node.proc = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def logs(self):
+        out = []
+        for node in self.nodes.values():
+            try:
+                with open(node.log, "rb") as f:
+                    out.append("--- node %d ---\n%s" % (node.id, f.read()[-4000:].decode(errors="replace")))
+            except OSError:
+                pass
+        return "\n".join(out)
+
+    # ---- client ---------------------------------------------------------------------------
+
+    def addrs(self, ids=None):
+        ids = ids if ids is not None else [n.id for n in self.alive()]
+        return ",".join(self.nodes[i].rpc for i in ids)
+
+    def ctl(self, *args, ids=None, token=None, deadline=None, timeout=60):
+        """Runs idemctl --json; returns (exit code, parsed JSON or None)."""
+        cmd = [IDEMCTL, "--cluster", self.addrs(ids), "--token", token or self.token,
+               "--admin-token", self.admin, "--json"]
+        if deadline is not None:
+            cmd += ["--deadline", str(deadline)]
+        cmd += [str(a) for a in args]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        out = None
+        if p.stdout.strip():
+            try:
+                out = json.loads(p.stdout)
+            except ValueError:
+                raise AssertionError("idemctl printed non-JSON: %r (stderr %r)" % (p.stdout, p.stderr))
+        return p.returncode, out
+
+    def status(self, ids=None):
+        rc, out = self.ctl("status", ids=ids)
+        return out if rc == 0 else None
+
+    def leader(self, ids=None):
+        st = self.status(ids)
+        return st and st.get("leader_id")
+
+    def wait_leader(self, timeout=15, ids=None, exclude=None):
+        def cond():
+            lid = self.leader(ids)
+            if lid and lid != exclude:
+                return lid
+            return None
+        return wait_for(cond, timeout, "a leader")

@@ -1,0 +1,342 @@
+"""Integration tests of the three-node cluster: real idemd processes on loopback, idemctl as
+the client (issue #3). Run: python3 -m unittest -v tests/integration/test_cluster.py
+"""
+import os
+import socket
+import struct
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Cluster, fp, wait_for  # noqa: E402
+
+ACQ = "acquired"
+
+
+class ClusterTest(unittest.TestCase):
+    cluster_opts = {}
+
+    def setUp(self):
+        self.c = Cluster(**self.cluster_opts)
+        try:
+            self.c.wait_leader(timeout=20)
+        except AssertionError:
+            print(self.c.logs())
+            self.c.close()
+            raise
+
+    def tearDown(self):
+        result = self._outcome.result
+        if any(t is self for t, _ in result.failures + result.errors):
+            print(self.c.logs())
+        self.c.close()
+
+    # helpers ---------------------------------------------------------------------------
+
+    def claim(self, key, n=1, ids=None, attempt=None, deadline=None, **kw):
+        args = ["claim", key, "--fingerprint", fp(n)]
+        if attempt:
+            args += ["--attempt", attempt]
+        for k, v in kw.items():
+            args += ["--" + k, v]
+        return self.c.ctl(*args, ids=ids, deadline=deadline)
+
+    def complete(self, key, token, body, ids=None):
+        return self.c.ctl("complete", key, "--token", token, "--status", 201, "--body", body,
+                          ids=ids)
+
+
+class TestServe(ClusterTest):
+    def test_claim_on_one_node_replay_from_another(self):
+        ids = sorted(self.c.nodes)
+        rc, out = self.claim("order-1", ids=[ids[0]])
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out["outcome"], ACQ)
+        token = out["token"]
+        self.assertGreater(token, 0)
+        rc, out = self.complete("order-1", token, '{"id":1}', ids=[ids[1]])
+        self.assertEqual((rc, out["outcome"]), (0, "ok"))
+        # Every node answers the same: from a follower the client is redirected to the leader.
+        for nid in ids:
+            rc, out = self.claim("order-1", ids=[nid])
+            self.assertEqual(rc, 0)
+            self.assertEqual(out["outcome"], "replay", out)
+            self.assertEqual(out["response"]["status"], 201)
+            self.assertEqual(out["response"]["body"], '{"id":1}')
+        rc, out = self.claim("order-1", n=2)
+        self.assertEqual(out["outcome"], "mismatch")
+        rc, out = self.claim("order-1", n=1)
+        self.assertEqual(out["outcome"], "replay")
+
+    def test_status_reports_every_node(self):
+        st = self.c.status()
+        self.assertIsNotNone(st["leader_id"])
+        self.assertEqual(len(st["nodes"]), 3)
+        roles = sorted(n["role"] for n in st["nodes"])
+        self.assertEqual(roles, ["follower", "follower", "leader"])
+        for n in st["nodes"]:
+            for field in ("id", "rpc_address", "term", "commit_index", "applied_index", "records"):
+                self.assertIn(field, n)
+
+    def test_tenants_are_separate(self):
+        rc, a = self.claim("shared-key", n=1)
+        self.assertEqual(a["outcome"], ACQ)
+        rc, b = self.c.ctl("claim", "shared-key", "--fingerprint", fp(2), token=self.c.token2)
+        self.assertEqual(b["outcome"], ACQ)
+        self.assertNotEqual(a["token"], b["token"])
+
+    def test_wrong_token_is_refused(self):
+        rc, out = self.c.ctl("claim", "k1", "--fingerprint", fp(1), token="not-a-token")
+        self.assertEqual(rc, 0)
+        self.assertEqual(out["outcome"], "unauthenticated")
+        rc, out = self.c.ctl("get", "k1")
+        self.assertEqual(out["outcome"], "not_found")
+
+    def test_attempt_id_retry_gets_same_token(self):
+        rc, a = self.claim("k-attempt", attempt="try-1")
+        rc, b = self.claim("k-attempt", attempt="try-1")
+        self.assertEqual((a["outcome"], b["outcome"]), (ACQ, ACQ))
+        self.assertEqual(a["token"], b["token"])
+        rc, c = self.claim("k-attempt", attempt="try-2")
+        self.assertEqual(c["outcome"], "in_progress")
+        self.assertGreater(c["retry_after_ms"], 0)
+
+    def test_sigterm_is_clean_and_restart_keeps_data(self):
+        rc, a = self.claim("durable-1")
+        self.complete("durable-1", a["token"], "kept")
+        for nid in list(self.c.nodes):
+            self.assertEqual(self.c.stop(nid), 0, "idemd must exit 0 on SIGTERM")
+        for nid in list(self.c.nodes):
+            self.c.start(nid)
+        self.c.wait_leader(timeout=20)
+        rc, out = self.claim("durable-1")
+        self.assertEqual(out["outcome"], "replay")
+        self.assertEqual(out["response"]["body"], "kept")
+
+
+class TestFailures(ClusterTest):
+    def test_kill_leader_mid_load(self):
+        acked = {}
+        lid = self.c.leader()
+        first_after = None
+        killed_at = None
+        for i in range(120):
+            if i == 40:
+                self.c.kill(lid, 9)
+                killed_at = time.monotonic()
+            key = "load-%d" % i
+            rc, out = self.claim(key, n=i, deadline=3000)
+            if rc != 0 or out["outcome"] != ACQ:
+                # Unavailable while the new leader is elected; nothing was granted to us.
+                self.assertIn(rc, (0, 3))
+                continue
+            if killed_at is not None and first_after is None:
+                first_after = time.monotonic() - killed_at
+            rc, done = self.complete(key, out["token"], "body-%d" % i)
+            if rc == 0 and done["outcome"] == "ok":
+                acked[key] = (i, "body-%d" % i)
+        self.assertIsNotNone(first_after, "no claim succeeded after the leader was killed")
+        self.assertLess(first_after, 3.0, "a new leader must serve within 3 s")
+        self.assertGreater(len(acked), 60)
+        # Every acknowledged completion survived: it replays, with its body, from the others.
+        for key, (i, body) in acked.items():
+            rc, out = self.claim(key, n=i)
+            self.assertEqual(out["outcome"], "replay", key)
+            self.assertEqual(out["response"]["body"], body)
+        # The killed node comes back and catches up.
+        self.c.start(lid)
+        wait_for(lambda: len([n for n in (self.c.status() or {}).get("nodes", [])
+                              if n["role"] in ("leader", "follower")]) == 3, 20, "3 nodes up")
+
+    def test_no_quorum_fails_closed_then_resumes(self):
+        rc, a = self.claim("before-outage")
+        self.complete("before-outage", a["token"], "pre")
+        lid = self.c.leader()
+        others = [n for n in self.c.nodes if n != lid]
+        self.c.kill(others[0], 9)
+        self.c.kill(others[1], 9)
+        for i in range(5):
+            t0 = time.monotonic()
+            rc, out = self.claim("during-outage-%d" % i, deadline=1000, ids=[lid])
+            took = time.monotonic() - t0
+            self.assertEqual(rc, 3, "no quorum must give 'unavailable' (exit 3), got %r" % (out,))
+            self.assertLess(took, 10)
+        # The lone node also refuses reads: nothing is answered from local state.
+        rc, out = self.c.ctl("get", "before-outage", ids=[lid], deadline=1000)
+        self.assertEqual(rc, 3)
+        self.c.start(others[0])
+        self.c.start(others[1])
+        self.c.wait_leader(timeout=20)
+        rc, out = self.claim("before-outage")
+        self.assertEqual(out["outcome"], "replay")
+        self.assertEqual(out["response"]["body"], "pre")
+        for i in range(5):
+            rc, out = self.c.ctl("get", "during-outage-%d" % i)
+            self.assertEqual(out["outcome"], "not_found", "a refused claim must not be granted")
+
+
+class TestSnapshots(ClusterTest):
+    cluster_opts = dict(snapshot_threshold=64, snapshot_trailing=16)
+
+    def test_wiped_node_rejoins_from_snapshot(self):
+        for i in range(150):
+            rc, out = self.claim("snap-%d" % i, n=i)
+            self.assertEqual(out["outcome"], ACQ)
+        lid = self.c.leader()
+        victim = [n for n in self.c.nodes if n != lid][0]
+        self.c.kill(victim, 9)
+        self.c.wipe(victim)
+        for i in range(150, 250):
+            self.claim("snap-%d" % i, n=i)
+        self.c.start(victim)
+
+        def caught_up():
+            st = self.c.status()
+            if not st:
+                return False
+            recs = {n["id"]: n["records"] for n in st["nodes"] if n.get("id")}
+            return len(recs) == 3 and len(set(recs.values())) == 1 and recs[victim] == 250
+        wait_for(caught_up, 30, "the wiped node to catch up by snapshot")
+        # It serves as a full member: stop the two others' leader and it takes part.
+        rc, out = self.claim("snap-5", n=5)
+        self.assertEqual(out["outcome"], "in_progress")
+
+
+class TestMembership(ClusterTest):
+    def test_add_fourth_and_remove_one_under_load(self):
+        new = self.c.add_node(4)
+        rc, out = self.c.ctl("members", "add", 4, new.raft, new.rpc, new.http)
+        self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+        for i in range(20):
+            self.claim("m-%d" % i, n=i)
+        rc, out = self.c.ctl("members", "promote", 4)
+        self.assertEqual(out["outcome"], "ok", out)
+        rc, out = self.c.ctl("members", "list")
+        self.assertEqual(sorted(m["id"] for m in out["members"]), [1, 2, 3, 4])
+        self.assertTrue(all(m["rpc_address"] for m in out["members"]),
+                        "every member's RPC address is known through the log")
+        lid = self.c.leader()
+        victim = [n for n in (1, 2, 3) if n != lid][0]
+        rc, out = self.c.ctl("members", "remove", victim)
+        self.assertEqual(out["outcome"], "ok", out)
+        self.c.kill(victim, 9)
+        for i in range(20, 40):
+            rc, out = self.claim("m-%d" % i, n=i)
+            self.assertEqual(out["outcome"], ACQ)
+        # The new member knows the data and serves redirects.
+        rc, out = self.claim("m-3", n=3, ids=[4])
+        self.assertEqual(out["outcome"], "in_progress")
+        rc, out = self.c.ctl("members", "list")
+        self.assertEqual(sorted(m["id"] for m in out["members"]), sorted({1, 2, 3, 4} - {victim}))
+
+    def test_transfer_leadership(self):
+        lid = self.c.leader()
+        target = [n for n in self.c.nodes if n != lid][0]
+        rc, out = self.c.ctl("transfer", target)
+        self.assertEqual(out["outcome"], "ok", out)
+        wait_for(lambda: self.c.leader() == target, 10, "leadership to move")
+
+
+def _frame(payload):
+    return struct.pack(">I", len(payload)) + payload
+
+
+def _read_response(sock):
+    """Reads one frame; returns (request_id, outcome) decoded from fields 1 and 2.1."""
+    hdr = b""
+    while len(hdr) < 4:
+        chunk = sock.recv(4 - len(hdr))
+        if not chunk:
+            return None
+        hdr += chunk
+    (n,) = struct.unpack(">I", hdr)
+    body = b""
+    while len(body) < n:
+        chunk = sock.recv(n - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    fields = _fields(body)
+    result = _fields(fields.get(2, b""))
+    return fields.get(1, 0), result.get(1, 0)
+
+
+def _varint(buf, i):
+    x, shift = 0, 0
+    while True:
+        b = buf[i]
+        i += 1
+        x |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return x, i
+        shift += 7
+
+
+def _fields(buf):
+    out, i = {}, 0
+    while i < len(buf):
+        tag, i = _varint(buf, i)
+        num, wt = tag >> 3, tag & 7
+        if wt == 0:
+            v, i = _varint(buf, i)
+        elif wt == 2:
+            ln, i = _varint(buf, i)
+            v = buf[i:i + ln]
+            i += ln
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        else:
+            v, i = buf[i:i + 4], i + 4
+        out[num] = v
+    return out
+
+
+OUTCOME_INVALID = 12
+
+
+class TestBadFrames(ClusterTest):
+    def _conn(self):
+        lid = self.c.leader()
+        host, port = self.c.nodes[lid].rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=10)
+        return s
+
+    def _closed(self, s):
+        try:
+            return s.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def test_bad_frames_close_only_their_connection(self):
+        good = self._conn()
+        cases = {
+            "garbage": _frame(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"),
+            "oversized": struct.pack(">I", 0x7FFFFFFF) + b"x" * 16,
+            # request_id 7 and only an unknown field (99): no op the server knows.
+            "unknown op": _frame(b"\x08\x07" + b"\x98\x06\x01"),
+        }
+        for name, data in cases.items():
+            s = self._conn()
+            s.sendall(data)
+            resp = _read_response(s)
+            self.assertIsNotNone(resp, name)
+            self.assertEqual(resp[1], OUTCOME_INVALID, name)
+            if name == "unknown op":
+                self.assertEqual(resp[0], 7)
+            self.assertTrue(self._closed(s), name + ": connection must be closed")
+            s.close()
+        # Truncated: a frame cut short and the connection half-closed: nothing is answered.
+        s = self._conn()
+        s.sendall(struct.pack(">I", 100) + b"\x08\x01")
+        s.shutdown(socket.SHUT_WR)
+        self.assertTrue(self._closed(s))
+        s.close()
+        # The well-behaved connection opened before all this is unharmed, and so is service.
+        good.close()
+        rc, out = self.claim("after-bad-frames")
+        self.assertEqual(out["outcome"], ACQ)
+
+
+if __name__ == "__main__":
+    unittest.main()
