@@ -1,0 +1,1179 @@
+/* The node configuration loader (DESIGN.md, Configuration).
+ *
+ * libyaml's document API builds the node tree (with a start mark on every node); this file
+ * only walks it. Each mapping is read by mapFields(), which knows the keys the mapping may
+ * hold and rejects unknown and duplicate ones, and each value by a typed getter (integer,
+ * boolean, string, address, hash) that checks its range. Cross-field rules (heartbeat below
+ * election, all TLS files or none, unique tenant names, ids and token hashes) come after the
+ * fields they relate. Every failure writes one message "FILE:LINE:COLUMN: ..." and returns
+ * -1 up to config_parse(), which frees whatever was already built.
+ *
+ * YAML aliases are refused: the document API resolves an alias to the node it names, so the
+ * walker notices a node reached twice and reports it, at the anchored node (the alias's own
+ * position is not kept by libyaml). This also rules out the "billion laughs" blow-up.
+ *
+ * Known untested: the out-of-memory paths (no allocation-failure injection yet). */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <assert.h>
+#include <errno.h>
+#include <openssl/crypto.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+/* The largest file config_load() reads; a configuration is a few kilobytes. */
+#define CONFIG_FILE_MAX (16u << 20)
+
+/* Room for a field's dotted name in messages, e.g. "tenants[3].token_sha256[1]". */
+#define FIELD_NAME_MAX 96
+
+/* The most keys one mapping of the format may hold (a tenant has 9). */
+#define FIELDS_MAX 10
+
+/* How many bytes of a value a message quotes; longer values end in "...". */
+#define QUOTE_MAX 40
+#define QUOTE_SIZE (QUOTE_MAX * 4 + 8)
+
+#define NODE_ID_MAX (UINT64_C(1) << 63)
+#define DAY_MS UINT64_C(86400000)
+
+/* One walk over one parsed document. */
+struct ctx {
+    const char *name; /* FILE in messages */
+    const char *text; /* the input, to place libyaml's reader errors */
+    size_t len;
+    yaml_document_t *doc;
+    unsigned char *seen; /* one flag per node of doc: reached already (aliases) */
+    size_t n_nodes;
+    char *err;
+    size_t errlen;
+};
+
+/* One key of a mapping, as mapFields() found it. */
+struct field {
+    const char *key;           /* the key this slot is for */
+    char name[FIELD_NAME_MAX]; /* dotted name for messages, e.g. "raft.pre_vote" */
+    const char *where;         /* the mapping's name for messages, e.g. "raft" */
+    yaml_node_t *map;          /* the mapping, to place "missing key" */
+    yaml_node_t *knode;        /* the key node; NULL when the key is absent */
+    yaml_node_t *val;          /* the value node; NULL when the key is absent */
+};
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+__attribute__((format(printf, 4, 0))) static int vfailAt(struct ctx *c, size_t line, size_t col,
+                                                         const char *fmt, va_list ap)
+{
+    if (c->errlen == 0) {
+        return -1;
+    }
+    int n = snprintf(c->err, c->errlen, "%s:%zu:%zu: ", c->name, line + 1, col + 1);
+    if (n >= 0 && (size_t)n < c->errlen) {
+        vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+    }
+    return -1;
+}
+
+/* Writes "FILE:LINE:COLUMN: message" for a 0-based line and column; returns -1. */
+__attribute__((format(printf, 4, 5))) static int failAt(struct ctx *c, size_t line, size_t col,
+                                                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfailAt(c, line, col, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Writes a message placed at node n's start; returns -1. */
+__attribute__((format(printf, 3, 4))) static int failNode(struct ctx *c, const yaml_node_t *n,
+                                                          const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfailAt(c, n->start_mark.line, n->start_mark.column, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Writes "FILE: message" for failures that have no position; returns -1. */
+__attribute__((format(printf, 4, 5))) static int failFile(char *err, size_t errlen,
+                                                          const char *name, const char *fmt, ...)
+{
+    if (errlen == 0) {
+        return -1;
+    }
+    int n = snprintf(err, errlen, "%s: ", name);
+    if (n >= 0 && (size_t)n < errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* The value of a hex digit, or -1. */
+static int hexDigit(char ch)
+{
+    if (ch >= '0' && ch <= '9') {
+        return ch - '0';
+    }
+    if (ch >= 'a' && ch <= 'f') {
+        return ch - 'a' + 10;
+    }
+    if (ch >= 'A' && ch <= 'F') {
+        return ch - 'A' + 10;
+    }
+    return -1;
+}
+
+/* Writes s (len bytes) into out as a double-quoted string for a message: printable ASCII as
+ * is, other bytes as \xNN, at most QUOTE_MAX bytes of s and then "...". Returns out.
+ * Never call it on a token hash field. It also hides, as "<hex>", every run of 16 or more hex
+ * digits that holds a letter, so that a hash that a typo put into some other place (a key
+ * such as "token_sha256:ab12...") is not printed; runs of decimal digits, such as an
+ * overflowing number, are kept. */
+static const char *quote(char out[QUOTE_SIZE], const char *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    size_t i = 0;
+    out[o++] = '"';
+    while (i < len && i < QUOTE_MAX) {
+        size_t run = 0;
+        bool letter = false;
+        while (i + run < len && hexDigit(s[i + run]) >= 0) {
+            letter = letter || s[i + run] > '9';
+            run++;
+        }
+        if (run >= 16 && letter) {
+            memcpy(out + o, "<hex>", 5);
+            o += 5;
+            i += run;
+            continue;
+        }
+        if (run > 0) {
+            size_t n = run < QUOTE_MAX - i ? run : QUOTE_MAX - i;
+            memcpy(out + o, s + i, n);
+            o += n;
+            i += n;
+            continue;
+        }
+        unsigned char ch = (unsigned char)s[i++];
+        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
+            out[o++] = (char)ch;
+        } else {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        }
+    }
+    out[o++] = '"';
+    if (i < len) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* A scalar's text and length; the text is NUL-terminated by libyaml. */
+static const char *scalarText(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+static const char *kindName(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    case YAML_SEQUENCE_NODE:
+        return "a list";
+    default:
+        return "a scalar";
+    }
+}
+
+/* ---- the tree ---------------------------------------------------------------------------- */
+
+/* Fetches node `index` of the document into *out, refusing a node reached before (an alias
+ * or a cycle). */
+static int visit(struct ctx *c, int index, yaml_node_t **out)
+{
+    yaml_node_t *n = yaml_document_get_node(c->doc, index);
+    assert(n != NULL);
+    size_t i = (size_t)(index - 1);
+    assert(i < c->n_nodes);
+    if (c->seen[i]) {
+        return failNode(c, n,
+                        "YAML aliases are not supported (this node is referenced by an "
+                        "alias)");
+    }
+    c->seen[i] = 1;
+    *out = n;
+    return 0;
+}
+
+/* Whether n is YAML's null: an empty plain scalar, "~" or "null". */
+static bool isNull(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
+        return false;
+    }
+    const char *s = scalarText(n);
+    return n->data.scalar.length == 0 || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
+           strcmp(s, "Null") == 0 || strcmp(s, "NULL") == 0;
+}
+
+/* Whether the field has a non-null value. */
+static bool present(const struct field *f)
+{
+    return f->val != NULL && !isNull(f->val);
+}
+
+/* Reads the mapping `map` whose allowed keys are keys[0..nkeys) into fields[0..nkeys).
+ * `where` names the mapping in messages ("the top level", "raft", "tenants[0]"); `prefix`
+ * starts each field's dotted name ("" at the top level). Both must outlive fields. Unknown
+ * keys, duplicate keys and keys that are not scalars are errors. */
+static int mapFields(struct ctx *c, yaml_node_t *map, const char *where, const char *prefix,
+                     const char *const *keys, size_t nkeys, struct field *fields)
+{
+    assert(nkeys <= FIELDS_MAX);
+    if (map->type != YAML_MAPPING_NODE) {
+        return failNode(c, map, "%s%sexpected a mapping, got %s", prefix, *prefix ? ": " : "",
+                        kindName(map));
+    }
+    for (size_t i = 0; i < nkeys; i++) {
+        struct field *f = &fields[i];
+        f->key = keys[i];
+        snprintf(f->name, sizeof f->name, "%s%s%s", prefix, *prefix ? "." : "", keys[i]);
+        f->where = where;
+        f->map = map;
+        f->knode = NULL;
+        f->val = NULL;
+    }
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = NULL;
+        yaml_node_t *v = NULL;
+        if (visit(c, p->key, &k) != 0) {
+            return -1;
+        }
+        if (k->type != YAML_SCALAR_NODE) {
+            return failNode(c, k, "a key in %s is %s; keys must be names", where, kindName(k));
+        }
+        size_t i = 0;
+        while (i < nkeys && !(strlen(keys[i]) == k->data.scalar.length &&
+                              memcmp(keys[i], scalarText(k), k->data.scalar.length) == 0)) {
+            i++;
+        }
+        char q[QUOTE_SIZE];
+        if (i == nkeys) {
+            return failNode(c, k, "unknown key %s in %s",
+                            quote(q, scalarText(k), k->data.scalar.length), where);
+        }
+        if (fields[i].knode != NULL) {
+            return failNode(c, k, "duplicate key \"%s\" in %s (first at line %zu)", keys[i], where,
+                            (size_t)fields[i].knode->start_mark.line + 1);
+        }
+        if (visit(c, p->value, &v) != 0) {
+            return -1;
+        }
+        fields[i].knode = k;
+        fields[i].val = v;
+    }
+    return 0;
+}
+
+/* Fails unless the field has a value. */
+static int required(struct ctx *c, const struct field *f)
+{
+    if (f->knode == NULL) {
+        return failNode(c, f->map, "missing required key \"%s\" in %s", f->key, f->where);
+    }
+    if (isNull(f->val)) {
+        return failNode(c, f->val, "%s: a value is required", f->name);
+    }
+    return 0;
+}
+
+/* ---- typed values ------------------------------------------------------------------------ */
+
+/* Reads a decimal integer in [min, max] into *out; leaves *out alone when the field is
+ * absent or null. Only plain scalars of digits count: no sign, no leading zeros (YAML 1.1
+ * would read 010 as octal), no hex, no underscores. */
+static int getU64(struct ctx *c, const struct field *f, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (!present(f)) {
+        return 0;
+    }
+    const yaml_node_t *v = f->val;
+    if (v->type != YAML_SCALAR_NODE) {
+        return failNode(c, v, "%s: expected an integer, got %s", f->name, kindName(v));
+    }
+    const char *s = scalarText(v);
+    size_t len = v->data.scalar.length;
+    char q[QUOTE_SIZE];
+    quote(q, s, len);
+    if (v->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
+        return failNode(c, v, "%s: expected an integer, got the quoted string %s", f->name, q);
+    }
+    size_t digits = strspn(s, "0123456789");
+    if (s[0] == '-' && len > 1 && strspn(s + 1, "0123456789") == len - 1) {
+        return failNode(c, v, "%s: must not be negative, got %s", f->name, q);
+    }
+    if (digits == 0 || digits != len) {
+        return failNode(c, v, "%s: expected an integer, got %s", f->name, q);
+    }
+    if (s[0] == '0' && len > 1) {
+        return failNode(c, v, "%s: expected a decimal integer without leading zeros, got %s",
+                        f->name, q);
+    }
+    errno = 0;
+    char *end = NULL;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (end != s + len) {
+        return failNode(c, v, "%s: expected an integer, got %s", f->name, q);
+    }
+    if (errno == ERANGE || x < min || x > max) {
+        return failNode(c, v, "%s: %s is out of range (%llu..%llu)", f->name, q,
+                        (unsigned long long)min, (unsigned long long)max);
+    }
+    *out = (uint64_t)x;
+    return 0;
+}
+
+static int getU32(struct ctx *c, const struct field *f, uint32_t min, uint32_t max, uint32_t *out)
+{
+    uint64_t x = *out;
+    if (getU64(c, f, min, max, &x) != 0) {
+        return -1;
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
+/* Reads true/false/yes/no (also capitalised or upper-case) into *out; leaves *out alone
+ * when the field is absent or null. */
+static int getBool(struct ctx *c, const struct field *f, bool *out)
+{
+    static const char *const yes[] = {"true", "True", "TRUE", "yes", "Yes", "YES"};
+    static const char *const no[] = {"false", "False", "FALSE", "no", "No", "NO"};
+    if (!present(f)) {
+        return 0;
+    }
+    const yaml_node_t *v = f->val;
+    if (v->type != YAML_SCALAR_NODE) {
+        return failNode(c, v, "%s: expected true or false, got %s", f->name, kindName(v));
+    }
+    char q[QUOTE_SIZE];
+    quote(q, scalarText(v), v->data.scalar.length);
+    if (v->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
+        return failNode(c, v, "%s: expected true or false, got the quoted string %s", f->name, q);
+    }
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (strcmp(scalarText(v), yes[i]) == 0) {
+            *out = true;
+            return 0;
+        }
+        if (strcmp(scalarText(v), no[i]) == 0) {
+            *out = false;
+            return 0;
+        }
+    }
+    return failNode(c, v, "%s: expected true or false, got %s", f->name, q);
+}
+
+/* Checks that the value of a present field is a scalar without NUL bytes and returns its
+ * text in *s. */
+static int stringValue(struct ctx *c, const struct field *f, const char **s)
+{
+    const yaml_node_t *v = f->val;
+    if (v->type != YAML_SCALAR_NODE) {
+        return failNode(c, v, "%s: expected a string, got %s", f->name, kindName(v));
+    }
+    if (strlen(scalarText(v)) != v->data.scalar.length) {
+        return failNode(c, v, "%s: must not contain a NUL character", f->name);
+    }
+    *s = scalarText(v);
+    return 0;
+}
+
+/* Copies a string field into *out (owned, malloc'd); leaves *out alone (NULL) when the field
+ * is absent, null or "". */
+static int getPath(struct ctx *c, const struct field *f, char **out)
+{
+    const char *s;
+    if (!present(f)) {
+        return 0;
+    }
+    if (stringValue(c, f, &s) != 0) {
+        return -1;
+    }
+    if (*s == '\0') {
+        return 0;
+    }
+    char *copy = strdup(s);
+    if (copy == NULL) {
+        return failNode(c, f->val, "%s: out of memory", f->name);
+    }
+    *out = copy;
+    return 0;
+}
+
+/* Whether host is a host name: dot-separated labels of 1..63 letters, digits and hyphens,
+ * none starting or ending with a hyphen. */
+static bool isHostName(const char *host, size_t len)
+{
+    size_t label = 0;
+    for (size_t i = 0; i <= len; i++) {
+        char ch = i < len ? host[i] : '.';
+        if (ch == '.') {
+            if (label == 0 || label > 63 || host[i - 1] == '-' || host[i - label] == '-') {
+                return false;
+            }
+            label = 0;
+        } else if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                   (ch >= '0' && ch <= '9') || ch == '-') {
+            label++;
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Reads "host:port" into *out; leaves it empty when the field is absent, null or "". */
+static int getAddr(struct ctx *c, const struct field *f, struct config_addr *out)
+{
+    const char *s;
+    if (!present(f)) {
+        return 0;
+    }
+    if (stringValue(c, f, &s) != 0) {
+        return -1;
+    }
+    size_t len = strlen(s);
+    if (len == 0) {
+        return 0;
+    }
+    char q[QUOTE_SIZE];
+    quote(q, s, len);
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || colon == s || colon[1] == '\0') {
+        return failNode(c, f->val, "%s: expected host:port, got %s", f->name, q);
+    }
+    size_t hostlen = (size_t)(colon - s);
+    if (memchr(s, ':', hostlen) != NULL || s[0] == '[') {
+        return failNode(c, f->val, "%s: IPv6 addresses are not supported, got %s", f->name, q);
+    }
+    const char *port = colon + 1;
+    size_t portlen = strlen(port);
+    if (strspn(port, "0123456789") != portlen || portlen > 5 || port[0] == '0') {
+        return failNode(c, f->val, "%s: the port must be 1..65535, got %s", f->name, q);
+    }
+    unsigned long p = strtoul(port, NULL, 10);
+    if (p < 1 || p > 65535) {
+        return failNode(c, f->val, "%s: the port must be 1..65535, got %s", f->name, q);
+    }
+    if (hostlen > CONFIG_HOST_MAX) {
+        return failNode(c, f->val, "%s: the host is longer than %d bytes", f->name,
+                        CONFIG_HOST_MAX);
+    }
+    char host[CONFIG_HOST_MAX + 1];
+    memcpy(host, s, hostlen);
+    host[hostlen] = '\0';
+    if (strspn(host, "0123456789.") == hostlen) {
+        struct in_addr a;
+        if (inet_pton(AF_INET, host, &a) != 1) {
+            return failNode(c, f->val, "%s: the host is not a valid IPv4 address, got %s", f->name,
+                            q);
+        }
+    } else if (!isHostName(host, hostlen)) {
+        return failNode(c, f->val, "%s: the host is not a valid host name, got %s", f->name, q);
+    }
+    memcpy(out->text, s, len + 1);
+    memcpy(out->host, host, hostlen + 1);
+    out->port = (uint16_t)p;
+    return 0;
+}
+
+/* Reads 64 hex digits at node v into out. The value is a secret's digest: messages name the
+ * field (`name`) and never quote the value. */
+static int hashValue(struct ctx *c, const yaml_node_t *v, const char *name,
+                     uint8_t out[CONFIG_HASH_LEN])
+{
+    if (v->type != YAML_SCALAR_NODE) {
+        return failNode(c, v, "%s: expected 64 hex digits (a SHA-256 digest), got %s", name,
+                        kindName(v));
+    }
+    const char *s = scalarText(v);
+    size_t len = v->data.scalar.length;
+    if (len != 2 * CONFIG_HASH_LEN) {
+        return failNode(c, v,
+                        "%s: expected 64 hex digits (a SHA-256 digest), got %zu "
+                        "characters",
+                        name, len);
+    }
+    for (size_t i = 0; i < CONFIG_HASH_LEN; i++) {
+        int hi = hexDigit(s[2 * i]);
+        int lo = hexDigit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            return failNode(c, v,
+                            "%s: expected 64 hex digits (a SHA-256 digest); the value "
+                            "holds a character that is not a hex digit",
+                            name);
+        }
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+/* ---- sections ---------------------------------------------------------------------------- */
+
+static int parseNode(struct ctx *c, yaml_node_t *map, struct config_node *n)
+{
+    enum { ID, RAFT, RPC, HTTP, DATA_DIR, N };
+    static const char *const keys[N] = {"id", "raft_address", "rpc_address", "http_address",
+                                        "data_dir"};
+    struct field f[N];
+    if (mapFields(c, map, "node", "node", keys, N, f) != 0) {
+        return -1;
+    }
+    if (required(c, &f[ID]) != 0 || getU64(c, &f[ID], 1, NODE_ID_MAX, &n->id) != 0 ||
+        required(c, &f[RAFT]) != 0 || getAddr(c, &f[RAFT], &n->raft_address) != 0 ||
+        required(c, &f[RPC]) != 0 || getAddr(c, &f[RPC], &n->rpc_address) != 0 ||
+        getAddr(c, &f[HTTP], &n->http_address) != 0 || required(c, &f[DATA_DIR]) != 0 ||
+        getPath(c, &f[DATA_DIR], &n->data_dir) != 0) {
+        return -1;
+    }
+    if (n->raft_address.port == 0) {
+        return failNode(c, f[RAFT].val, "%s: must not be empty", f[RAFT].name);
+    }
+    if (n->rpc_address.port == 0) {
+        return failNode(c, f[RPC].val, "%s: must not be empty", f[RPC].name);
+    }
+    if (n->data_dir == NULL) {
+        return failNode(c, f[DATA_DIR].val, "%s: must not be empty", f[DATA_DIR].name);
+    }
+    return 0;
+}
+
+/* Reads one bootstrap member; `index` is its position in the list, for messages. members
+ * [0..index) are already read, to check that ids and Raft addresses are unique. */
+static int parseMember(struct ctx *c, yaml_node_t *map, size_t index, struct config_member *members)
+{
+    enum { ID, RAFT, RPC, HTTP, N };
+    static const char *const keys[N] = {"id", "raft_address", "rpc_address", "http_address"};
+    char where[FIELD_NAME_MAX];
+    snprintf(where, sizeof where, "cluster.bootstrap[%zu]", index);
+    struct field f[N];
+    struct config_member *m = &members[index];
+    if (mapFields(c, map, where, where, keys, N, f) != 0) {
+        return -1;
+    }
+    if (required(c, &f[ID]) != 0 || getU64(c, &f[ID], 1, NODE_ID_MAX, &m->id) != 0 ||
+        required(c, &f[RAFT]) != 0 || getAddr(c, &f[RAFT], &m->raft_address) != 0 ||
+        required(c, &f[RPC]) != 0 || getAddr(c, &f[RPC], &m->rpc_address) != 0 ||
+        getAddr(c, &f[HTTP], &m->http_address) != 0) {
+        return -1;
+    }
+    if (m->raft_address.port == 0) {
+        return failNode(c, f[RAFT].val, "%s: must not be empty", f[RAFT].name);
+    }
+    if (m->rpc_address.port == 0) {
+        return failNode(c, f[RPC].val, "%s: must not be empty", f[RPC].name);
+    }
+    for (size_t j = 0; j < index; j++) {
+        if (members[j].id == m->id) {
+            return failNode(c, f[ID].val,
+                            "%s: duplicate member id %llu (also "
+                            "cluster.bootstrap[%zu])",
+                            f[ID].name, (unsigned long long)m->id, j);
+        }
+        if (strcmp(members[j].raft_address.text, m->raft_address.text) == 0) {
+            return failNode(c, f[RAFT].val,
+                            "%s: duplicate Raft address (also "
+                            "cluster.bootstrap[%zu])",
+                            f[RAFT].name, j);
+        }
+    }
+    return 0;
+}
+
+static int parseCluster(struct ctx *c, yaml_node_t *map, uint64_t self, struct config_cluster *cl)
+{
+    enum { BOOTSTRAP, N };
+    static const char *const keys[N] = {"bootstrap"};
+    struct field f[N];
+    if (mapFields(c, map, "cluster", "cluster", keys, N, f) != 0) {
+        return -1;
+    }
+    if (!present(&f[BOOTSTRAP])) {
+        return 0;
+    }
+    yaml_node_t *list = f[BOOTSTRAP].val;
+    if (list->type != YAML_SEQUENCE_NODE) {
+        return failNode(c, list, "%s: expected a list, got %s", f[BOOTSTRAP].name, kindName(list));
+    }
+    size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+    if (n == 0) {
+        return 0;
+    }
+    cl->bootstrap = calloc(n, sizeof *cl->bootstrap);
+    if (cl->bootstrap == NULL) {
+        return failNode(c, list, "%s: out of memory", f[BOOTSTRAP].name);
+    }
+    bool has_self = false;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = NULL;
+        if (visit(c, list->data.sequence.items.start[i], &item) != 0 ||
+            parseMember(c, item, i, cl->bootstrap) != 0) {
+            return -1;
+        }
+        cl->n_bootstrap = i + 1;
+        has_self = has_self || cl->bootstrap[i].id == self;
+    }
+    /* Every member of the initial configuration bootstraps with the same list; a node that
+     * is not in it must start with an empty list and be added later. */
+    if (!has_self) {
+        return failNode(c, list,
+                        "%s: node.id %llu is not in the list (a node that joins "
+                        "later has no bootstrap list)",
+                        f[BOOTSTRAP].name, (unsigned long long)self);
+    }
+    return 0;
+}
+
+static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
+{
+    enum { ELECTION, HEARTBEAT, THRESHOLD, TRAILING, PRE_VOTE, N };
+    static const char *const keys[N] = {"election_timeout_ms", "heartbeat_timeout_ms",
+                                        "snapshot_threshold", "snapshot_trailing", "pre_vote"};
+    struct field f[N];
+    if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
+        getU32(c, &f[ELECTION], 100, 60000, &r->election_timeout_ms) != 0 ||
+        getU32(c, &f[HEARTBEAT], 10, 10000, &r->heartbeat_timeout_ms) != 0 ||
+        getU32(c, &f[THRESHOLD], 16, UINT32_MAX, &r->snapshot_threshold) != 0 ||
+        getU32(c, &f[TRAILING], 0, UINT32_MAX, &r->snapshot_trailing) != 0 ||
+        getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0) {
+        return -1;
+    }
+    if (r->heartbeat_timeout_ms >= r->election_timeout_ms) {
+        const yaml_node_t *at = present(&f[HEARTBEAT])  ? f[HEARTBEAT].val
+                                : present(&f[ELECTION]) ? f[ELECTION].val
+                                                        : map;
+        return failNode(c, at,
+                        "raft.heartbeat_timeout_ms must be less than "
+                        "election_timeout_ms (%u >= %u)",
+                        (unsigned)r->heartbeat_timeout_ms, (unsigned)r->election_timeout_ms);
+    }
+    return 0;
+}
+
+static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
+{
+    enum { FRAME, DEFAULT_DEADLINE, MAX_DEADLINE, CONNECTIONS, N };
+    static const char *const keys[N] = {"max_frame_bytes", "default_deadline_ms", "max_deadline_ms",
+                                        "max_connections"};
+    struct field f[N];
+    if (mapFields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
+        getU32(c, &f[FRAME], 1024, 64u << 20, &r->max_frame_bytes) != 0 ||
+        getU32(c, &f[DEFAULT_DEADLINE], 1, 600000, &r->default_deadline_ms) != 0 ||
+        getU32(c, &f[MAX_DEADLINE], 1, 600000, &r->max_deadline_ms) != 0 ||
+        getU32(c, &f[CONNECTIONS], 1, 1u << 20, &r->max_connections) != 0) {
+        return -1;
+    }
+    if (r->default_deadline_ms > r->max_deadline_ms) {
+        const yaml_node_t *at = present(&f[DEFAULT_DEADLINE]) ? f[DEFAULT_DEADLINE].val
+                                : present(&f[MAX_DEADLINE])   ? f[MAX_DEADLINE].val
+                                                              : map;
+        return failNode(c, at,
+                        "rpc.default_deadline_ms must not exceed max_deadline_ms "
+                        "(%u > %u)",
+                        (unsigned)r->default_deadline_ms, (unsigned)r->max_deadline_ms);
+    }
+    return 0;
+}
+
+static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
+{
+    enum { COMMANDS, BYTES, N };
+    static const char *const keys[N] = {"max_commands", "max_bytes"};
+    struct field f[N];
+    return mapFields(c, map, "batch", "batch", keys, N, f) != 0 ||
+                   getU32(c, &f[COMMANDS], 1, 65535, &b->max_commands) != 0 ||
+                   getU32(c, &f[BYTES], 1024, 64u << 20, &b->max_bytes) != 0
+               ? -1
+               : 0;
+}
+
+static int parseExpiry(struct ctx *c, yaml_node_t *map, struct config_expiry *e)
+{
+    enum { INTERVAL, BATCH, N };
+    static const char *const keys[N] = {"interval_ms", "batch"};
+    struct field f[N];
+    return mapFields(c, map, "expiry", "expiry", keys, N, f) != 0 ||
+                   getU32(c, &f[INTERVAL], 1, 3600000, &e->interval_ms) != 0 ||
+                   getU32(c, &f[BATCH], 1, 65536, &e->batch) != 0
+               ? -1
+               : 0;
+}
+
+static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
+{
+    enum { CERT, KEY, CA, N };
+    static const char *const keys[N] = {"cert_file", "key_file", "ca_file"};
+    struct field f[N];
+    if (mapFields(c, map, "tls", "tls", keys, N, f) != 0 ||
+        getPath(c, &f[CERT], &t->cert_file) != 0 || getPath(c, &f[KEY], &t->key_file) != 0 ||
+        getPath(c, &f[CA], &t->ca_file) != 0) {
+        return -1;
+    }
+    int given = (t->cert_file != NULL) + (t->key_file != NULL) + (t->ca_file != NULL);
+    if (given != 0 && given != N) {
+        return failNode(c, map, "tls: cert_file, key_file and ca_file go together; missing%s%s%s",
+                        t->cert_file ? "" : " cert_file", t->key_file ? "" : " key_file",
+                        t->ca_file ? "" : " ca_file");
+    }
+    t->enabled = given == N;
+    return 0;
+}
+
+static int parseAdmin(struct ctx *c, yaml_node_t *map, uint8_t hash[CONFIG_HASH_LEN])
+{
+    enum { TOKEN, N };
+    static const char *const keys[N] = {"token_sha256"};
+    struct field f[N];
+    if (mapFields(c, map, "admin", "admin", keys, N, f) != 0 || required(c, &f[TOKEN]) != 0) {
+        return -1;
+    }
+    return hashValue(c, f[TOKEN].val, f[TOKEN].name, hash);
+}
+
+/* Checks that a token hash just read at node v (field `name`) is not the admin's nor one of
+ * the tenants' already read; tenants[0..n) are complete and `self` holds n_self hashes. */
+static int uniqueHash(struct ctx *c, const struct config *cfg, const struct config_tenant *self,
+                      size_t n_self, const uint8_t h[CONFIG_HASH_LEN], const yaml_node_t *v,
+                      const char *name)
+{
+    if (memcmp(h, cfg->admin_token_sha256, CONFIG_HASH_LEN) == 0) {
+        return failNode(c, v,
+                        "%s: equals admin.token_sha256; the admin token must differ "
+                        "from every tenant's",
+                        name);
+    }
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        const struct config_tenant *t = &cfg->tenants[i];
+        for (size_t j = 0; j < t->n_token_hashes; j++) {
+            if (memcmp(h, t->token_hashes[j], CONFIG_HASH_LEN) == 0) {
+                return failNode(c, v, "%s: the same hash is already a token of tenant \"%s\"", name,
+                                t->name);
+            }
+        }
+    }
+    for (size_t j = 0; j < n_self; j++) {
+        if (memcmp(h, self->token_hashes[j], CONFIG_HASH_LEN) == 0) {
+            return failNode(c, v, "%s: the same hash is listed twice", name);
+        }
+    }
+    return 0;
+}
+
+/* Reads a tenant's token_sha256: one hash or a list of at least one. */
+static int parseTokens(struct ctx *c, const struct config *cfg, const struct field *f,
+                       struct config_tenant *t)
+{
+    const yaml_node_t *v = f->val;
+    size_t n = 1;
+    if (v->type == YAML_SEQUENCE_NODE) {
+        n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+        if (n == 0) {
+            return failNode(c, v, "%s: at least one hash is required", f->name);
+        }
+    } else if (v->type != YAML_SCALAR_NODE) {
+        return failNode(c, v, "%s: expected a hash or a list of hashes, got %s", f->name,
+                        kindName(v));
+    }
+    t->token_hashes = calloc(n, sizeof *t->token_hashes);
+    if (t->token_hashes == NULL) {
+        return failNode(c, v, "%s: out of memory", f->name);
+    }
+    if (v->type == YAML_SCALAR_NODE) {
+        if (hashValue(c, v, f->name, t->token_hashes[0]) != 0 ||
+            uniqueHash(c, cfg, t, 0, t->token_hashes[0], v, f->name) != 0) {
+            return -1;
+        }
+        t->n_token_hashes = 1;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char name[FIELD_NAME_MAX + 24]; /* room for f->name and "[index]" */
+        snprintf(name, sizeof name, "%s[%zu]", f->name, i);
+        yaml_node_t *item = NULL;
+        if (visit(c, v->data.sequence.items.start[i], &item) != 0 ||
+            hashValue(c, item, name, t->token_hashes[i]) != 0 ||
+            uniqueHash(c, cfg, t, i, t->token_hashes[i], item, name) != 0) {
+            return -1;
+        }
+        t->n_token_hashes = i + 1;
+    }
+    return 0;
+}
+
+static int parseTenantName(struct ctx *c, const struct config *cfg, const struct field *f,
+                           struct config_tenant *t)
+{
+    const char *s;
+    if (stringValue(c, f, &s) != 0) {
+        return -1;
+    }
+    size_t len = strlen(s);
+    char q[QUOTE_SIZE];
+    quote(q, s, len);
+    if (len == 0 || len > CONFIG_TENANT_NAME_MAX) {
+        return failNode(c, f->val, "%s: must be 1..%d bytes, got %zu", f->name,
+                        CONFIG_TENANT_NAME_MAX, len);
+    }
+    if (strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") != len) {
+        return failNode(c, f->val, "%s: may hold only letters, digits, '.', '_' and '-', got %s",
+                        f->name, q);
+    }
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        if (strcmp(cfg->tenants[i].name, s) == 0) {
+            return failNode(c, f->val, "%s: duplicate tenant name %s (also tenants[%zu])", f->name,
+                            q, i);
+        }
+    }
+    memcpy(t->name, s, len + 1);
+    return 0;
+}
+
+static int parseLeasePolicy(struct ctx *c, const struct field *f, enum config_lease_policy *p)
+{
+    const char *s;
+    if (!present(f)) {
+        return 0;
+    }
+    if (stringValue(c, f, &s) != 0) {
+        return -1;
+    }
+    if (strcmp(s, "conflict") == 0) {
+        *p = CONFIG_LEASE_CONFLICT;
+    } else if (strcmp(s, "takeover") == 0) {
+        *p = CONFIG_LEASE_TAKEOVER;
+    } else {
+        char q[QUOTE_SIZE];
+        return failNode(c, f->val, "%s: expected conflict or takeover, got %s", f->name,
+                        quote(q, s, strlen(s)));
+    }
+    return 0;
+}
+
+/* Reads tenants[index] into t; cfg->tenants[0..cfg->n_tenants) are complete. */
+static int parseTenant(struct ctx *c, yaml_node_t *map, size_t index, const struct config *cfg,
+                       struct config_tenant *t)
+{
+    enum { NAME, TOKEN, MAX_RECORDS, MAX_BYTES, KEY_MAX_LEN, LEASE, TTL, TOMBSTONE, POLICY, N };
+    static const char *const keys[N] = {"name",      "token_sha256",     "max_records",
+                                        "max_bytes", "key_max_len",      "lease_ms",
+                                        "ttl_ms",    "tombstone_ttl_ms", "lease_policy"};
+    char where[FIELD_NAME_MAX];
+    snprintf(where, sizeof where, "tenants[%zu]", index);
+    struct field f[N];
+    t->key_max_len = 255;
+    t->lease_ms = 30000;
+    t->ttl_ms = DAY_MS;
+    t->lease_policy = CONFIG_LEASE_CONFLICT;
+    if (mapFields(c, map, where, where, keys, N, f) != 0 || required(c, &f[NAME]) != 0 ||
+        parseTenantName(c, cfg, &f[NAME], t) != 0 || required(c, &f[TOKEN]) != 0 ||
+        parseTokens(c, cfg, &f[TOKEN], t) != 0 ||
+        getU64(c, &f[MAX_RECORDS], 0, UINT64_MAX, &t->max_records) != 0 ||
+        getU64(c, &f[MAX_BYTES], 0, UINT64_MAX, &t->max_bytes) != 0 ||
+        getU32(c, &f[KEY_MAX_LEN], 1, 255, &t->key_max_len) != 0 ||
+        getU64(c, &f[LEASE], 1, DAY_MS, &t->lease_ms) != 0 ||
+        getU64(c, &f[TTL], 1, 365 * DAY_MS, &t->ttl_ms) != 0 ||
+        getU64(c, &f[TOMBSTONE], 0, 365 * DAY_MS, &t->tombstone_ttl_ms) != 0 ||
+        parseLeasePolicy(c, &f[POLICY], &t->lease_policy) != 0) {
+        return -1;
+    }
+    /* CONTRACT.md: a tombstone is kept, by default, as long as the ttl. */
+    if (t->tombstone_ttl_ms == 0) {
+        t->tombstone_ttl_ms = t->ttl_ms;
+    }
+    return 0;
+}
+
+static int parseTenants(struct ctx *c, const struct field *f, struct config *cfg)
+{
+    yaml_node_t *list = f->val;
+    if (list->type != YAML_SEQUENCE_NODE) {
+        return failNode(c, list, "%s: expected a list, got %s", f->name, kindName(list));
+    }
+    size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+    if (n == 0) {
+        return failNode(c, list, "%s: at least one tenant is required", f->name);
+    }
+    cfg->tenants = calloc(n, sizeof *cfg->tenants);
+    if (cfg->tenants == NULL) {
+        return failNode(c, list, "%s: out of memory", f->name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = NULL;
+        /* parseTenant() compares with tenants[0..i) only; the tenant is counted whether or
+         * not it is complete, so that config_free() frees its hashes after a failure. */
+        if (visit(c, list->data.sequence.items.start[i], &item) != 0) {
+            return -1;
+        }
+        int rc = parseTenant(c, item, i, cfg, &cfg->tenants[i]);
+        cfg->n_tenants = i + 1;
+        if (rc != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void setDefaults(struct config *cfg)
+{
+    cfg->raft.election_timeout_ms = 600;
+    cfg->raft.heartbeat_timeout_ms = 100;
+    cfg->raft.snapshot_threshold = 8192;
+    cfg->raft.snapshot_trailing = 2048;
+    cfg->raft.pre_vote = true;
+    cfg->rpc.max_frame_bytes = (4u << 20) + (128u << 10);
+    cfg->rpc.default_deadline_ms = 2000;
+    cfg->rpc.max_deadline_ms = 60000;
+    cfg->rpc.max_connections = 1024;
+    cfg->batch.max_commands = 256;
+    cfg->batch.max_bytes = 1u << 20;
+    cfg->expiry.interval_ms = 1000;
+    cfg->expiry.batch = 1024;
+}
+
+/* Reads the top-level mapping. Sections are read in a fixed order (admin before tenants,
+ * node before cluster), whatever their order in the file. */
+static int parseRoot(struct ctx *c, yaml_node_t *root, struct config *cfg)
+{
+    enum { NODE, CLUSTER, RAFT, RPC, BATCH, EXPIRY, TLS, ADMIN, TENANTS, N };
+    static const char *const keys[N] = {"node",   "cluster", "raft",  "rpc",    "batch",
+                                        "expiry", "tls",     "admin", "tenants"};
+    struct field f[N];
+    if (root->type != YAML_MAPPING_NODE) {
+        return failNode(c, root, "expected a mapping at the top level, got %s", kindName(root));
+    }
+    if (mapFields(c, root, "the top level", "", keys, N, f) != 0 || required(c, &f[NODE]) != 0 ||
+        parseNode(c, f[NODE].val, &cfg->node) != 0 ||
+        (present(&f[CLUSTER]) &&
+         parseCluster(c, f[CLUSTER].val, cfg->node.id, &cfg->cluster) != 0) ||
+        (present(&f[RAFT]) && parseRaft(c, f[RAFT].val, &cfg->raft) != 0) ||
+        (present(&f[RPC]) && parseRpc(c, f[RPC].val, &cfg->rpc) != 0) ||
+        (present(&f[BATCH]) && parseBatch(c, f[BATCH].val, &cfg->batch) != 0) ||
+        (present(&f[EXPIRY]) && parseExpiry(c, f[EXPIRY].val, &cfg->expiry) != 0) ||
+        (present(&f[TLS]) && parseTls(c, f[TLS].val, &cfg->tls) != 0) ||
+        required(c, &f[ADMIN]) != 0 || parseAdmin(c, f[ADMIN].val, cfg->admin_token_sha256) != 0 ||
+        required(c, &f[TENANTS]) != 0 || parseTenants(c, &f[TENANTS], cfg) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Reports a libyaml parser failure with its problem text and position. */
+static int yamlFail(struct ctx *c, const yaml_parser_t *p)
+{
+    const char *problem = p->problem != NULL ? p->problem : "invalid YAML";
+    switch (p->error) {
+    case YAML_MEMORY_ERROR:
+        return failFile(c->err, c->errlen, c->name, "out of memory while parsing");
+    case YAML_READER_ERROR: {
+        /* The reader gives a byte offset, not a mark. */
+        size_t line = 0;
+        size_t col = 0;
+        for (size_t i = 0; i < p->problem_offset && i < c->len; i++) {
+            if (c->text[i] == '\n') {
+                line++;
+                col = 0;
+            } else {
+                col++;
+            }
+        }
+        return failAt(c, line, col, "%s", problem);
+    }
+    default:
+        if (p->context != NULL) {
+            return failAt(c, p->problem_mark.line, p->problem_mark.column,
+                          "%s (%s at line %zu, column %zu)", problem, p->context,
+                          (size_t)p->context_mark.line + 1, (size_t)p->context_mark.column + 1);
+        }
+        return failAt(c, p->problem_mark.line, p->problem_mark.column, "%s", problem);
+    }
+}
+
+/* Parses one YAML document from text into cfg (already zeroed and holding the defaults). */
+static int parseText(struct ctx *c, struct config *cfg)
+{
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    int rc = -1;
+    if (!yaml_parser_initialize(&parser)) {
+        return failFile(c->err, c->errlen, c->name, "out of memory while parsing");
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)c->text, c->len);
+    /* On failure yaml_parser_load() has already deleted the document. */
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = yamlFail(c, &parser);
+        yaml_parser_delete(&parser);
+        return rc;
+    }
+    c->doc = &doc;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root == NULL) {
+        rc = failAt(c, 0, 0,
+                    "the file holds no configuration (expected a mapping at the top "
+                    "level)");
+        goto out;
+    }
+    yaml_document_t next;
+    if (!yaml_parser_load(&parser, &next)) {
+        rc = yamlFail(c, &parser);
+        goto out;
+    }
+    yaml_node_t *extra = yaml_document_get_root_node(&next);
+    if (extra != NULL) {
+        rc = failNode(c, extra, "a second YAML document; the file must hold only one");
+        yaml_document_delete(&next);
+        goto out;
+    }
+    yaml_document_delete(&next);
+    c->n_nodes = (size_t)(doc.nodes.top - doc.nodes.start);
+    c->seen = calloc(c->n_nodes, 1);
+    if (c->seen == NULL) {
+        rc = failFile(c->err, c->errlen, c->name, "out of memory");
+        goto out;
+    }
+    yaml_node_t *r;
+    rc = visit(c, 1, &r);
+    assert(rc == 0 && r == root);
+    rc = parseRoot(c, root, cfg);
+out:
+    free(c->seen);
+    c->seen = NULL;
+    c->doc = NULL;
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+int config_parse(const char *name, const char *text, size_t len, struct config *out, char *err,
+                 size_t errlen)
+{
+    struct ctx c = {
+        .name = name,
+        .text = text,
+        .len = len,
+        .err = err,
+        .errlen = errlen,
+    };
+    if (errlen > 0) {
+        err[0] = '\0';
+    }
+    memset(out, 0, sizeof *out);
+    setDefaults(out);
+    if (parseText(&c, out) != 0) {
+        config_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+int config_load(const char *path, struct config *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) {
+        return failFile(err, errlen, path, "cannot read: %s", strerror(errno));
+    }
+    size_t cap = 4096;
+    size_t len = 0;
+    char *buf = malloc(cap);
+    int rc = -1;
+    if (buf == NULL) {
+        failFile(err, errlen, path, "cannot read: %s", strerror(ENOMEM));
+        goto out;
+    }
+    for (;;) {
+        if (len == cap) {
+            if (cap >= CONFIG_FILE_MAX) {
+                failFile(err, errlen, path, "cannot read: the file is larger than %u bytes",
+                         CONFIG_FILE_MAX);
+                goto out;
+            }
+            char *bigger = realloc(buf, cap * 2);
+            if (bigger == NULL) {
+                failFile(err, errlen, path, "cannot read: %s", strerror(ENOMEM));
+                goto out;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+        size_t n = fread(buf + len, 1, cap - len, fp);
+        len += n;
+        if (n == 0) {
+            if (ferror(fp)) {
+                failFile(err, errlen, path, "cannot read: %s", strerror(errno));
+                goto out;
+            }
+            break;
+        }
+    }
+    rc = config_parse(path, buf, len, out, err, errlen);
+out:
+    free(buf);
+    fclose(fp);
+    return rc;
+}
+
+void config_free(struct config *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    free(c->node.data_dir);
+    free(c->cluster.bootstrap);
+    free(c->tls.cert_file);
+    free(c->tls.key_file);
+    free(c->tls.ca_file);
+    for (size_t i = 0; i < c->n_tenants; i++) {
+        free(c->tenants[i].token_hashes);
+    }
+    free(c->tenants);
+    memset(c, 0, sizeof *c);
+}
+
+const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
+                                                        const uint8_t hash[CONFIG_HASH_LEN])
+{
+    const struct config_tenant *found = NULL;
+    for (size_t i = 0; i < c->n_tenants; i++) {
+        const struct config_tenant *t = &c->tenants[i];
+        for (size_t j = 0; j < t->n_token_hashes; j++) {
+            /* No early exit: every hash is compared whatever matched before. Hashes are
+             * unique (config_parse() checks), so at most one matches. */
+            int differs = CRYPTO_memcmp(t->token_hashes[j], hash, CONFIG_HASH_LEN);
+            found = differs == 0 ? t : found;
+        }
+    }
+    return found;
+}
+
+bool config_is_admin_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN])
+{
+    return CRYPTO_memcmp(c->admin_token_sha256, hash, CONFIG_HASH_LEN) == 0;
+}

@@ -1,0 +1,155 @@
+/* config: loads and validates one node's YAML configuration file (DESIGN.md, Configuration).
+ *
+ * The file format, with every field, its unit, range and default, is documented in
+ * tools/idemd.example.yaml. Loading either fills a whole struct config or fails with one
+ * message "FILE:LINE:COLUMN: what is wrong" (1-based, the position of the offending YAML
+ * node; of the enclosing mapping when a required key is missing). Unknown keys, duplicate
+ * keys, YAML aliases and values out of range are errors; nothing is silently ignored.
+ * Error messages never contain a token hash, only the name of the field that holds it.
+ *
+ * Not covered yet: gateway routes for proxy mode (the gateway arrives later). The TLS files
+ * are not opened here; whoever sets up TLS reports a missing or unreadable file. */
+#ifndef IDEM_SERVER_CONFIG_H
+#define IDEM_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes of a token hash: a SHA-256 digest, written in the file as 64 hex digits. */
+#define CONFIG_HASH_LEN 32
+
+/* Longest host name (RFC 1035) and longest "host:port" text, without the NUL. */
+#define CONFIG_HOST_MAX 253
+#define CONFIG_ADDR_MAX (CONFIG_HOST_MAX + 6)
+
+/* Longest tenant name in bytes, without the NUL; equals FSM_TENANT_MAX. */
+#define CONFIG_TENANT_NAME_MAX 128
+
+/* A "host:port" address. The host is an IPv4 literal or a host name; IPv6 is not accepted
+ * yet. An optional address that is not set has text and host "" and port 0. */
+struct config_addr {
+    char text[CONFIG_ADDR_MAX + 1]; /* as written, e.g. "127.0.0.1:9001" */
+    char host[CONFIG_HOST_MAX + 1];
+    uint16_t port; /* 1..65535 when set */
+};
+
+/* One member of the initial Raft configuration (cluster.bootstrap). */
+struct config_member {
+    uint64_t id;
+    struct config_addr raft_address;
+    struct config_addr rpc_address;
+    struct config_addr http_address; /* optional */
+};
+
+struct config_node {
+    uint64_t id; /* 1..2^63 */
+    struct config_addr raft_address;
+    struct config_addr rpc_address;
+    struct config_addr http_address; /* optional */
+    char *data_dir;                  /* owned, never NULL or empty after a successful load */
+};
+
+/* Used only on the first start of a node with an empty data_dir. */
+struct config_cluster {
+    struct config_member *bootstrap; /* owned array of n_bootstrap; NULL when empty (join) */
+    size_t n_bootstrap;
+};
+
+struct config_raft {
+    uint32_t election_timeout_ms;  /* 100..60000, default 600 */
+    uint32_t heartbeat_timeout_ms; /* 10..10000 and < election, default 100 */
+    uint32_t snapshot_threshold;   /* entries between snapshots, >= 16, default 8192 */
+    uint32_t snapshot_trailing;    /* entries kept after a snapshot, default 2048 */
+    bool pre_vote;                 /* default true */
+};
+
+struct config_rpc {
+    uint32_t max_frame_bytes;     /* 1024..64 MiB, default 4 MiB + 128 KiB */
+    uint32_t default_deadline_ms; /* 1..600000 and <= max_deadline_ms, default 2000 */
+    uint32_t max_deadline_ms;     /* 1..600000, default 60000 */
+    uint32_t max_connections;     /* 1..1048576, default 1024 */
+};
+
+struct config_batch {
+    uint32_t max_commands; /* commands per log entry, 1..65535, default 256 */
+    uint32_t max_bytes;    /* bytes per log entry, 1024..64 MiB, default 1 MiB */
+};
+
+struct config_expiry {
+    uint32_t interval_ms; /* 1..3600000, default 1000 */
+    uint32_t batch;       /* records per expire entry, 1..65536, default 1024 */
+};
+
+/* All three files or none. */
+struct config_tls {
+    bool enabled;
+    char *cert_file; /* owned; NULL when TLS is off */
+    char *key_file;  /* owned; NULL when TLS is off */
+    char *ca_file;   /* owned; NULL when TLS is off */
+};
+
+enum config_lease_policy {
+    CONFIG_LEASE_CONFLICT = 0, /* an expired lease answers lease_expired (CONTRACT.md) */
+    CONFIG_LEASE_TAKEOVER,     /* an expired lease is taken over by the next claim */
+};
+
+struct config_tenant {
+    char name[CONFIG_TENANT_NAME_MAX + 1];    /* 1..128 bytes of [A-Za-z0-9._-], unique */
+    uint8_t (*token_hashes)[CONFIG_HASH_LEN]; /* owned array of n_token_hashes, >= 1 */
+    size_t n_token_hashes;
+    uint64_t max_records;                  /* 0 = unlimited */
+    uint64_t max_bytes;                    /* 0 = unlimited */
+    uint32_t key_max_len;                  /* 1..255, default 255 */
+    uint64_t lease_ms;                     /* default lease, 1..86400000, default 30000 */
+    uint64_t ttl_ms;                       /* default ttl, 1..365 days, default 24 h */
+    uint64_t tombstone_ttl_ms;             /* effective value: 0 in the file is stored as ttl_ms */
+    enum config_lease_policy lease_policy; /* default conflict */
+};
+
+/* Everything one node's configuration file holds. Zero-initialise it (or let a failed load
+ * leave it zeroed) and release it with config_free(). */
+struct config {
+    struct config_node node;
+    struct config_cluster cluster;
+    struct config_raft raft;
+    struct config_rpc rpc;
+    struct config_batch batch;
+    struct config_expiry expiry;
+    struct config_tls tls;
+    uint8_t admin_token_sha256[CONFIG_HASH_LEN];
+    struct config_tenant *tenants; /* owned array of n_tenants, >= 1 */
+    size_t n_tenants;
+};
+
+/* Reads and validates the file at path. Returns 0 and fills *out, or -1 with a
+ * NUL-terminated message in err (truncated to errlen bytes) and *out zeroed.
+ * path is borrowed for the duration of the call and is the FILE of every message; out is
+ * the caller's (OUT), which then owns what it points to and frees it with config_free();
+ * err is the caller's buffer of errlen bytes (OUT) and may be NULL when errlen is 0.
+ * An unreadable file gives "FILE: cannot read: <strerror>". */
+int config_load(const char *path, struct config *out, char *err, size_t errlen);
+
+/* The same for a configuration held in memory: text is len bytes (no NUL needed).
+ * name and text are borrowed for the duration of the call; name is the FILE of every
+ * message; out and err are as for config_load(). */
+int config_parse(const char *name, const char *text, size_t len, struct config *out, char *err,
+                 size_t errlen);
+
+/* Frees what c owns and zeroes it, so that freeing twice is safe. c is the caller's
+ * struct, borrowed; the struct itself is not freed. Accepts NULL. */
+void config_free(struct config *c);
+
+/* The tenant one of whose token hashes equals hash, or NULL. Every hash of every tenant is
+ * compared with OpenSSL's CRYPTO_memcmp, without stopping at the first match, so the time
+ * taken does not depend on which tenant matched or on how many bytes did.
+ * c and hash are borrowed for the duration of the call; the result borrows c's memory and
+ * is valid until config_free(c). */
+const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
+                                                        const uint8_t hash[CONFIG_HASH_LEN]);
+
+/* Whether hash equals the admin token hash, compared in constant time (CRYPTO_memcmp).
+ * c and hash are borrowed for the duration of the call. */
+bool config_is_admin_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN]);
+
+#endif /* IDEM_SERVER_CONFIG_H */

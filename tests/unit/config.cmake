@@ -1,0 +1,1 @@
+idem_unit_test(config)

@@ -1,0 +1,740 @@
+/* Unit tests of the node configuration loader (server/config.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <openssl/evp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+/* Token hashes of the test configurations. The admin's is upper-case hex on purpose. */
+#define HASH_ADMIN "0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF"
+#define HASH_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define HASH_B "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+#define HASH_C "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+#define HASH_63 "ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+#define HASH_NONHEX "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeg"
+
+/* The repository root, from this file's path (absolute under CMake, relative to the root
+ * when compiled by hand from there). */
+#define THIS_FILE_IN_REPO "tests/unit/test_config.c"
+#define EXAMPLE_IN_REPO "tools/idemd.example.yaml"
+
+/* Lines 1-5: a valid node section. */
+#define NODE_OK                                                                                    \
+    "node:\n"                                                                                      \
+    "  id: 1\n"                                                                                    \
+    "  raft_address: 127.0.0.1:9001\n"                                                             \
+    "  rpc_address: 127.0.0.1:7001\n"                                                              \
+    "  data_dir: /tmp/idem\n"
+
+/* Two lines: a valid admin section. */
+#define ADMIN_OK                                                                                   \
+    "admin:\n"                                                                                     \
+    "  token_sha256: " HASH_ADMIN "\n"
+
+/* Three lines: a valid tenants section. */
+#define TENANTS_OK                                                                                 \
+    "tenants:\n"                                                                                   \
+    "  - name: demo\n"                                                                             \
+    "    token_sha256: " HASH_A "\n"
+
+#define MINIMAL NODE_OK ADMIN_OK TENANTS_OK
+
+/* Parses a C string literal as "x.yaml". */
+static int parseStr(const char *text, struct config *out, char *err, size_t errlen)
+{
+    return config_parse("x.yaml", text, strlen(text), out, err, errlen);
+}
+
+static void parseOk(const char *text, struct config *out)
+{
+    char err[512];
+    if (parseStr(text, out, err, sizeof err) != 0) {
+        fail_msg("config_parse failed: %s", err);
+    }
+}
+
+static void hashOf(const char *token, uint8_t out[CONFIG_HASH_LEN])
+{
+    unsigned int n = 0;
+    assert_int_equal(EVP_Digest(token, strlen(token), out, &n, EVP_sha256(), NULL), 1);
+    assert_int_equal(n, CONFIG_HASH_LEN);
+}
+
+static void hexOf(const uint8_t h[CONFIG_HASH_LEN], char out[2 * CONFIG_HASH_LEN + 1])
+{
+    for (size_t i = 0; i < CONFIG_HASH_LEN; i++) {
+        snprintf(out + 2 * i, 3, "%02x", h[i]);
+    }
+}
+
+static void assertAddr(const struct config_addr *a, const char *text, const char *host,
+                       uint16_t port)
+{
+    assert_string_equal(a->text, text);
+    assert_string_equal(a->host, host);
+    assert_int_equal(a->port, port);
+}
+
+static void assertAddrUnset(const struct config_addr *a)
+{
+    assertAddr(a, "", "", 0);
+}
+
+static void assertHashFilled(const uint8_t h[CONFIG_HASH_LEN], uint8_t byte)
+{
+    for (size_t i = 0; i < CONFIG_HASH_LEN; i++) {
+        assert_int_equal(h[i], byte);
+    }
+}
+
+/* ---- a full configuration: every field set to something other than its default -------- */
+
+static const char full_text[] =
+    "# every field, none at its default\n"
+    "node:\n"
+    "  id: 9223372036854775808\n"
+    "  raft_address: node-1.example.com:9001\n"
+    "  rpc_address: 10.0.0.1:7001\n"
+    "  http_address: 10.0.0.1:8001\n"
+    "  data_dir: /var/lib/idem/node1\n"
+    "cluster:\n"
+    "  bootstrap:\n"
+    "    - {id: 9223372036854775808, raft_address: node-1.example.com:9001,\n"
+    "       rpc_address: 10.0.0.1:7001, http_address: 10.0.0.1:8001}\n"
+    "    - id: 2\n"
+    "      raft_address: 10.0.0.2:9001\n"
+    "      rpc_address: 10.0.0.2:7001\n"
+    "raft:\n"
+    "  election_timeout_ms: 1000\n"
+    "  heartbeat_timeout_ms: 150\n"
+    "  snapshot_threshold: 100000\n"
+    "  snapshot_trailing: 0\n"
+    "  pre_vote: no\n"
+    "rpc:\n"
+    "  max_frame_bytes: 1048576\n"
+    "  default_deadline_ms: 500\n"
+    "  max_deadline_ms: 30000\n"
+    "  max_connections: 10\n"
+    "batch:\n"
+    "  max_commands: 64\n"
+    "  max_bytes: 65536\n"
+    "expiry:\n"
+    "  interval_ms: 250\n"
+    "  batch: 32\n"
+    "tls:\n"
+    "  cert_file: /etc/idem/node.crt\n"
+    "  key_file: '/etc/idem/node.key'\n"
+    "  ca_file: \"/etc/idem/ca.crt\"\n"
+    "admin:\n"
+    "  token_sha256: " HASH_ADMIN "\n"
+    "tenants:\n"
+    "  - name: alpha\n"
+    "    token_sha256: " HASH_A "\n"
+    "    max_records: 1000\n"
+    "    max_bytes: 18446744073709551615\n"
+    "    key_max_len: 64\n"
+    "    lease_ms: 5000\n"
+    "    ttl_ms: 31536000000\n"
+    "    tombstone_ttl_ms: 60000\n"
+    "    lease_policy: takeover\n"
+    "  - name: Beta_2.x-y\n"
+    "    token_sha256: [" HASH_B ", " HASH_C "]\n"
+    "    lease_policy: conflict\n";
+
+static void test_full(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(full_text, &c);
+
+    assert_true(c.node.id == UINT64_C(1) << 63);
+    assertAddr(&c.node.raft_address, "node-1.example.com:9001", "node-1.example.com", 9001);
+    assertAddr(&c.node.rpc_address, "10.0.0.1:7001", "10.0.0.1", 7001);
+    assertAddr(&c.node.http_address, "10.0.0.1:8001", "10.0.0.1", 8001);
+    assert_string_equal(c.node.data_dir, "/var/lib/idem/node1");
+
+    assert_int_equal(c.cluster.n_bootstrap, 2);
+    assert_true(c.cluster.bootstrap[0].id == UINT64_C(1) << 63);
+    assertAddr(&c.cluster.bootstrap[0].raft_address, "node-1.example.com:9001",
+               "node-1.example.com", 9001);
+    assertAddr(&c.cluster.bootstrap[0].rpc_address, "10.0.0.1:7001", "10.0.0.1", 7001);
+    assertAddr(&c.cluster.bootstrap[0].http_address, "10.0.0.1:8001", "10.0.0.1", 8001);
+    assert_int_equal(c.cluster.bootstrap[1].id, 2);
+    assertAddr(&c.cluster.bootstrap[1].raft_address, "10.0.0.2:9001", "10.0.0.2", 9001);
+    assertAddr(&c.cluster.bootstrap[1].rpc_address, "10.0.0.2:7001", "10.0.0.2", 7001);
+    assertAddrUnset(&c.cluster.bootstrap[1].http_address);
+
+    assert_int_equal(c.raft.election_timeout_ms, 1000);
+    assert_int_equal(c.raft.heartbeat_timeout_ms, 150);
+    assert_int_equal(c.raft.snapshot_threshold, 100000);
+    assert_int_equal(c.raft.snapshot_trailing, 0);
+    assert_false(c.raft.pre_vote);
+
+    assert_int_equal(c.rpc.max_frame_bytes, 1048576);
+    assert_int_equal(c.rpc.default_deadline_ms, 500);
+    assert_int_equal(c.rpc.max_deadline_ms, 30000);
+    assert_int_equal(c.rpc.max_connections, 10);
+
+    assert_int_equal(c.batch.max_commands, 64);
+    assert_int_equal(c.batch.max_bytes, 65536);
+
+    assert_int_equal(c.expiry.interval_ms, 250);
+    assert_int_equal(c.expiry.batch, 32);
+
+    assert_true(c.tls.enabled);
+    assert_string_equal(c.tls.cert_file, "/etc/idem/node.crt");
+    assert_string_equal(c.tls.key_file, "/etc/idem/node.key");
+    assert_string_equal(c.tls.ca_file, "/etc/idem/ca.crt");
+
+    static const uint8_t admin[CONFIG_HASH_LEN] = {
+        0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45,
+        0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+        0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
+    };
+    assert_memory_equal(c.admin_token_sha256, admin, CONFIG_HASH_LEN);
+    assert_true(config_is_admin_hash(&c, admin));
+
+    assert_int_equal(c.n_tenants, 2);
+    const struct config_tenant *a = &c.tenants[0];
+    assert_string_equal(a->name, "alpha");
+    assert_int_equal(a->n_token_hashes, 1);
+    assertHashFilled(a->token_hashes[0], 0xaa);
+    assert_int_equal(a->max_records, 1000);
+    assert_true(a->max_bytes == UINT64_MAX);
+    assert_int_equal(a->key_max_len, 64);
+    assert_int_equal(a->lease_ms, 5000);
+    assert_int_equal(a->ttl_ms, UINT64_C(31536000000));
+    assert_int_equal(a->tombstone_ttl_ms, 60000);
+    assert_int_equal(a->lease_policy, CONFIG_LEASE_TAKEOVER);
+
+    const struct config_tenant *b = &c.tenants[1];
+    assert_string_equal(b->name, "Beta_2.x-y");
+    assert_int_equal(b->n_token_hashes, 2);
+    assertHashFilled(b->token_hashes[0], 0xbb);
+    assertHashFilled(b->token_hashes[1], 0xcc);
+    assert_int_equal(b->lease_policy, CONFIG_LEASE_CONFLICT);
+
+    config_free(&c);
+    config_free(&c); /* zeroed: a second call is harmless */
+}
+
+/* ---- defaults ------------------------------------------------------------------------------ */
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(MINIMAL, &c);
+
+    assert_int_equal(c.node.id, 1);
+    assertAddr(&c.node.raft_address, "127.0.0.1:9001", "127.0.0.1", 9001);
+    assertAddr(&c.node.rpc_address, "127.0.0.1:7001", "127.0.0.1", 7001);
+    assertAddrUnset(&c.node.http_address);
+    assert_string_equal(c.node.data_dir, "/tmp/idem");
+    assert_int_equal(c.cluster.n_bootstrap, 0);
+    assert_null(c.cluster.bootstrap);
+
+    assert_int_equal(c.raft.election_timeout_ms, 600);
+    assert_int_equal(c.raft.heartbeat_timeout_ms, 100);
+    assert_int_equal(c.raft.snapshot_threshold, 8192);
+    assert_int_equal(c.raft.snapshot_trailing, 2048);
+    assert_true(c.raft.pre_vote);
+    assert_int_equal(c.rpc.max_frame_bytes, 4 * 1024 * 1024 + 128 * 1024);
+    assert_int_equal(c.rpc.default_deadline_ms, 2000);
+    assert_int_equal(c.rpc.max_deadline_ms, 60000);
+    assert_int_equal(c.rpc.max_connections, 1024);
+    assert_int_equal(c.batch.max_commands, 256);
+    assert_int_equal(c.batch.max_bytes, 1024 * 1024);
+    assert_int_equal(c.expiry.interval_ms, 1000);
+    assert_int_equal(c.expiry.batch, 1024);
+    assert_false(c.tls.enabled);
+    assert_null(c.tls.cert_file);
+    assert_null(c.tls.key_file);
+    assert_null(c.tls.ca_file);
+
+    assert_int_equal(c.n_tenants, 1);
+    const struct config_tenant *t = &c.tenants[0];
+    assert_string_equal(t->name, "demo");
+    assert_int_equal(t->n_token_hashes, 1);
+    assertHashFilled(t->token_hashes[0], 0xaa);
+    assert_int_equal(t->max_records, 0);
+    assert_int_equal(t->max_bytes, 0);
+    assert_int_equal(t->key_max_len, 255);
+    assert_int_equal(t->lease_ms, 30000);
+    assert_int_equal(t->ttl_ms, 86400000);
+    assert_int_equal(t->tombstone_ttl_ms, 86400000); /* 0 = as long as the ttl */
+    assert_int_equal(t->lease_policy, CONFIG_LEASE_CONFLICT);
+    config_free(&c);
+}
+
+/* Empty values, "~" and null count as absent; empty sections too; yes/True are booleans. */
+static void test_empty_values_are_defaults(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(NODE_OK "  http_address: \"\"\n"
+                    "cluster:\n"
+                    "  bootstrap: []\n"
+                    "raft:\n"
+                    "  election_timeout_ms: ~\n"
+                    "  heartbeat_timeout_ms:\n"
+                    "  pre_vote: True\n"
+                    "rpc: {}\n"
+                    "batch:\n"
+                    "expiry: null\n"
+                    "tls:\n"
+                    "  cert_file: ''\n" ADMIN_OK TENANTS_OK "    tombstone_ttl_ms: 0\n"
+                    "    ttl_ms: 1000\n",
+            &c);
+    assertAddrUnset(&c.node.http_address);
+    assert_int_equal(c.cluster.n_bootstrap, 0);
+    assert_int_equal(c.raft.election_timeout_ms, 600);
+    assert_int_equal(c.raft.heartbeat_timeout_ms, 100);
+    assert_true(c.raft.pre_vote);
+    assert_int_equal(c.rpc.max_connections, 1024);
+    assert_false(c.tls.enabled);
+    assert_int_equal(c.tenants[0].ttl_ms, 1000);
+    assert_int_equal(c.tenants[0].tombstone_ttl_ms, 1000);
+    config_free(&c);
+}
+
+/* ---- bad inputs ---------------------------------------------------------------------------- */
+
+struct bad_case {
+    const char *name;
+    const char *text;
+    const char *prefix; /* the exact "x.yaml:LINE:COL: " the message starts with */
+    const char *substr; /* a part of the rest of the message */
+};
+
+static const struct bad_case bad_cases[] = {
+    /* YAML itself. */
+    {"syntax error", "node:\n  id: 1\n  raft_address: a: b\n",
+     "x.yaml:3:18: ", "mapping values are not allowed"},
+    {"unclosed flow sequence", NODE_OK "tenants: [1, 2\n",
+     "x.yaml:7:1: ", "did not find expected ',' or ']'"},
+    {"invalid UTF-8", "node:\n  id: \xff\n", "x.yaml:2:7: ", "invalid leading UTF-8 octet"},
+    {"empty file", "", "x.yaml:1:1: ", "holds no configuration"},
+    {"only a comment", "# nothing\n", "x.yaml:1:1: ", "holds no configuration"},
+    {"top level is a list", "- 1\n- 2\n",
+     "x.yaml:1:1: ", "expected a mapping at the top level, got a list"},
+    {"second document", MINIMAL "---\nnode: {}\n", "x.yaml:12:1: ", "second YAML document"},
+    {"alias", NODE_OK "raft: &r\n  pre_vote: true\nrpc: *r\n",
+     "x.yaml:6:7: ", "aliases are not supported"},
+    {"duplicate key in node", "node:\n  id: 1\n  id: 2\n",
+     "x.yaml:3:3: ", "duplicate key \"id\" in node (first at line 2)"},
+    {"duplicate top-level key", NODE_OK "raft: {}\nraft: {}\n",
+     "x.yaml:7:1: ", "duplicate key \"raft\" in the top level"},
+    {"mapping as a key", NODE_OK "? {a: 1}\n: 2\n",
+     "x.yaml:6:3: ", "a key in the top level is a mapping"},
+
+    /* Unknown keys. */
+    {"unknown key at the top level", NODE_OK "nodee:\n  id: 1\n",
+     "x.yaml:6:1: ", "unknown key \"nodee\" in the top level"},
+    {"unknown key in raft", NODE_OK "raft:\n  pre_votes: true\n",
+     "x.yaml:7:3: ", "unknown key \"pre_votes\" in raft"},
+    {"unknown key in a tenant", NODE_OK ADMIN_OK TENANTS_OK "    ttl: 5\n",
+     "x.yaml:11:5: ", "unknown key \"ttl\" in tenants[0]"},
+    {"unknown key in a bootstrap member", NODE_OK "cluster:\n  bootstrap:\n    - {idd: 1}\n",
+     "x.yaml:8:8: ", "unknown key \"idd\" in cluster.bootstrap[0]"},
+
+    /* Types and numbers. */
+    {"integer expected", "node:\n  id: abc\n",
+     "x.yaml:2:7: ", "node.id: expected an integer, got \"abc\""},
+    {"section is a scalar", NODE_OK "raft: 5\n",
+     "x.yaml:6:7: ", "raft: expected a mapping, got a scalar"},
+    {"string expected",
+     "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
+     "  rpc_address: 127.0.0.1:7001\n  data_dir: [a]\n",
+     "x.yaml:5:13: ", "node.data_dir: expected a string, got a list"},
+    {"integer is a list", NODE_OK "rpc:\n  max_connections: [1]\n",
+     "x.yaml:7:20: ", "rpc.max_connections: expected an integer, got a list"},
+    {"negative number", NODE_OK "raft:\n  election_timeout_ms: -5\n",
+     "x.yaml:7:24: ", "raft.election_timeout_ms: must not be negative"},
+    {"overflow of 64 bits", "node:\n  id: 99999999999999999999\n",
+     "x.yaml:2:7: ", "node.id: \"99999999999999999999\" is out of range (1..9223372036854775808)"},
+    {"id above 2^63", "node:\n  id: 9223372036854775809\n", "x.yaml:2:7: ", "out of range"},
+    {"id zero", "node:\n  id: 0\n", "x.yaml:2:7: ", "out of range"},
+    {"trailing junk", "node:\n  id: 12abc\n", "x.yaml:2:7: ", "expected an integer"},
+    {"hex integer", "node:\n  id: 0x10\n", "x.yaml:2:7: ", "expected an integer"},
+    {"leading zeros", NODE_OK "raft:\n  election_timeout_ms: 0600\n",
+     "x.yaml:7:24: ", "without leading zeros"},
+    {"plus sign", "node:\n  id: +1\n", "x.yaml:2:7: ", "expected an integer"},
+    {"quoted integer", "node:\n  id: \"1\"\n", "x.yaml:2:7: ", "quoted string"},
+    {"below the minimum", NODE_OK "raft:\n  snapshot_threshold: 15\n",
+     "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
+    {"above the maximum", NODE_OK "batch:\n  max_commands: 65536\n",
+     "x.yaml:7:17: ", "out of range (1..65535)"},
+    {"key_max_len too large", NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 256\n",
+     "x.yaml:11:18: ", "tenants[0].key_max_len: \"256\" is out of range (1..255)"},
+    {"ttl above a year", NODE_OK ADMIN_OK TENANTS_OK "    ttl_ms: 31536000001\n",
+     "x.yaml:11:13: ", "out of range"},
+    {"bad boolean", NODE_OK "raft:\n  pre_vote: maybe\n",
+     "x.yaml:7:13: ", "raft.pre_vote: expected true or false, got \"maybe\""},
+    {"quoted boolean", NODE_OK "raft:\n  pre_vote: 'true'\n", "x.yaml:7:13: ", "quoted string"},
+    {"NUL in a string",
+     "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
+     "  rpc_address: 127.0.0.1:7001\n  data_dir: \"a\\0b\"\n",
+     "x.yaml:5:13: ", "node.data_dir: must not contain a NUL"},
+
+    /* Cross-field rules. */
+    {"heartbeat equal to election",
+     NODE_OK "raft:\n  election_timeout_ms: 200\n  heartbeat_timeout_ms: 200\n",
+     "x.yaml:8:25: ", "raft.heartbeat_timeout_ms must be less than election_timeout_ms"},
+    {"heartbeat above election",
+     NODE_OK "raft:\n  heartbeat_timeout_ms: 1000\n  election_timeout_ms: 500\n",
+     "x.yaml:7:25: ", "must be less than election_timeout_ms (1000 >= 500)"},
+    {"default heartbeat against a low election", NODE_OK "raft:\n  election_timeout_ms: 100\n",
+     "x.yaml:7:24: ", "must be less than election_timeout_ms (100 >= 100)"},
+    {"default deadline above max", NODE_OK "rpc:\n  default_deadline_ms: 70000\n",
+     "x.yaml:7:24: ", "rpc.default_deadline_ms must not exceed max_deadline_ms"},
+    {"tls with only cert_file", NODE_OK "tls:\n  cert_file: /c.pem\n",
+     "x.yaml:7:3: ", "tls: cert_file, key_file and ca_file go together; missing key_file ca_file"},
+    {"tls without ca_file", NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n",
+     "x.yaml:7:3: ", "missing ca_file"},
+
+    /* Required keys. */
+    {"missing node.id",
+     "node:\n  raft_address: 127.0.0.1:9001\n"
+     "  rpc_address: 127.0.0.1:7001\n  data_dir: /d\n",
+     "x.yaml:2:3: ", "missing required key \"id\" in node"},
+    {"node.id without a value", "node:\n  id:\n", "x.yaml:2:6: ", "node.id: a value is required"},
+    {"missing data_dir",
+     "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
+     "  rpc_address: 127.0.0.1:7001\n",
+     "x.yaml:2:3: ", "missing required key \"data_dir\" in node"},
+    {"empty data_dir",
+     "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
+     "  rpc_address: 127.0.0.1:7001\n  data_dir: ''\n",
+     "x.yaml:5:13: ", "node.data_dir: must not be empty"},
+    {"missing node", ADMIN_OK TENANTS_OK,
+     "x.yaml:1:1: ", "missing required key \"node\" in the top level"},
+    {"missing admin", NODE_OK TENANTS_OK,
+     "x.yaml:1:1: ", "missing required key \"admin\" in the top level"},
+    {"missing admin.token_sha256", NODE_OK "admin: {}\n",
+     "x.yaml:6:8: ", "missing required key \"token_sha256\" in admin"},
+    {"missing tenants", NODE_OK ADMIN_OK,
+     "x.yaml:1:1: ", "missing required key \"tenants\" in the top level"},
+    {"empty tenants", NODE_OK ADMIN_OK "tenants: []\n",
+     "x.yaml:8:10: ", "tenants: at least one tenant is required"},
+    {"tenants not a list", NODE_OK ADMIN_OK "tenants: {name: a}\n",
+     "x.yaml:8:10: ", "tenants: expected a list, got a mapping"},
+    {"tenant without a token", NODE_OK ADMIN_OK "tenants:\n  - name: demo\n",
+     "x.yaml:9:5: ", "missing required key \"token_sha256\" in tenants[0]"},
+    {"tenant without a name", NODE_OK ADMIN_OK "tenants:\n  - token_sha256: " HASH_A "\n",
+     "x.yaml:9:5: ", "missing required key \"name\" in tenants[0]"},
+
+    /* Token hashes. */
+    {"admin hash of 63 digits", NODE_OK "admin:\n  token_sha256: " HASH_63 "\n", "x.yaml:7:17: ",
+     "admin.token_sha256: expected 64 hex digits (a SHA-256 digest), got 63 "
+     "characters"},
+    {"admin hash not hex", NODE_OK "admin:\n  token_sha256: " HASH_NONHEX "\n", "x.yaml:7:17: ",
+     "admin.token_sha256: expected 64 hex digits (a SHA-256 digest); the "
+     "value holds a character that is not a hex digit"},
+    {"tenant hash not hex in a list",
+     NODE_OK ADMIN_OK "tenants:\n  - name: demo\n    token_sha256:\n      - " HASH_A
+                      "\n      - " HASH_NONHEX "\n",
+     "x.yaml:12:9: ", "tenants[0].token_sha256[1]: expected 64 hex digits"},
+    {"tenant hash of 63 digits",
+     NODE_OK ADMIN_OK "tenants:\n  - name: demo\n"
+                      "    token_sha256: " HASH_63 "\n",
+     "x.yaml:10:19: ", "tenants[0].token_sha256: expected 64 hex digits"},
+    {"empty token list", NODE_OK ADMIN_OK "tenants:\n  - name: demo\n    token_sha256: []\n",
+     "x.yaml:10:19: ", "tenants[0].token_sha256: at least one hash is required"},
+    {"token hash of two tenants",
+     NODE_OK ADMIN_OK "tenants:\n  - {name: a, token_sha256: " HASH_A "}\n"
+                      "  - {name: b, token_sha256: " HASH_A "}\n",
+     "x.yaml:10:29: ",
+     "tenants[1].token_sha256: the same hash is already a token of tenant "
+     "\"a\""},
+    {"token hash listed twice",
+     NODE_OK ADMIN_OK "tenants:\n  - {name: a, token_sha256: [" HASH_B ", " HASH_B "]}\n",
+     "x.yaml:9:96: ", "tenants[0].token_sha256[1]: the same hash is listed twice"},
+    {"hash glued to its key in a flow mapping",
+     NODE_OK ADMIN_OK "tenants:\n  - {name: a, token_sha256:" HASH_B "}\n",
+     "x.yaml:9:15: ", "unknown key \"token_sha256:<hex>\" in tenants[0]"},
+    {"hash inside a key", NODE_OK "admin:\n  token_sha256 " HASH_C ": 1\n",
+     "x.yaml:7:3: ", "unknown key \"token_sha256 <hex>\" in admin"},
+    {"tenant hash equals the admin's",
+     NODE_OK ADMIN_OK "tenants:\n  - {name: a, token_sha256: " HASH_ADMIN "}\n",
+     "x.yaml:9:29: ", "equals admin.token_sha256"},
+
+    /* Tenants. */
+    {"duplicate tenant name",
+     NODE_OK ADMIN_OK "tenants:\n  - {name: demo, token_sha256: " HASH_A "}\n"
+                      "  - {name: demo, token_sha256: " HASH_B "}\n",
+     "x.yaml:10:12: ", "tenants[1].name: duplicate tenant name \"demo\" (also tenants[0])"},
+    {"bad tenant name", NODE_OK ADMIN_OK "tenants:\n  - {name: a b, token_sha256: " HASH_A "}\n",
+     "x.yaml:9:12: ", "tenants[0].name: may hold only letters"},
+    {"empty tenant name", NODE_OK ADMIN_OK "tenants:\n  - {name: '', token_sha256: " HASH_A "}\n",
+     "x.yaml:9:12: ", "tenants[0].name: must be 1..128 bytes, got 0"},
+    {"bad lease_policy", NODE_OK ADMIN_OK TENANTS_OK "    lease_policy: steal\n",
+     "x.yaml:11:19: ", "tenants[0].lease_policy: expected conflict or takeover, got \"steal\""},
+    {"second tenant bad after the first is built",
+     NODE_OK ADMIN_OK TENANTS_OK "  - name: other\n    token_sha256: [" HASH_B "]\n"
+                                 "    lease_ms: 0\n",
+     "x.yaml:13:15: ", "tenants[1].lease_ms: \"0\" is out of range (1..86400000)"},
+
+    /* Addresses. */
+    {"address without a port", "node:\n  id: 1\n  raft_address: 127.0.0.1\n",
+     "x.yaml:3:17: ", "node.raft_address: expected host:port, got \"127.0.0.1\""},
+    {"address with port 0", "node:\n  id: 1\n  raft_address: 127.0.0.1:0\n",
+     "x.yaml:3:17: ", "node.raft_address: the port must be 1..65535, got \"127.0.0.1:0\""},
+    {"address with port 70000", "node:\n  id: 1\n  raft_address: 127.0.0.1:70000\n",
+     "x.yaml:3:17: ", "the port must be 1..65535"},
+    {"address without a host", "node:\n  id: 1\n  raft_address: :9001\n",
+     "x.yaml:3:17: ", "expected host:port"},
+    {"address with a bad IPv4", "node:\n  id: 1\n  raft_address: 256.0.0.1:9001\n",
+     "x.yaml:3:17: ", "not a valid IPv4 address"},
+    {"address with a bad host name", "node:\n  id: 1\n  raft_address: bad_host:9001\n",
+     "x.yaml:3:17: ", "not a valid host name"},
+    {"address in IPv6", "node:\n  id: 1\n  raft_address: '[::1]:9001'\n",
+     "x.yaml:3:17: ", "IPv6 addresses are not supported"},
+    {"bad http_address",
+     "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
+     "  rpc_address: 127.0.0.1:7001\n  http_address: h:x\n",
+     "x.yaml:5:17: ", "node.http_address: the port must be 1..65535"},
+
+    /* Bootstrap. */
+    {"bootstrap member missing raft_address",
+     NODE_OK "cluster:\n  bootstrap:\n    - {id: 1, rpc_address: 127.0.0.1:7001}\n",
+     "x.yaml:8:7: ", "missing required key \"raft_address\" in cluster.bootstrap[0]"},
+    {"duplicate bootstrap ids",
+     NODE_OK "cluster:\n  bootstrap:\n"
+             "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
+             "    - {id: 1, raft_address: 127.0.0.1:9002, rpc_address: 127.0.0.1:7002}\n",
+     "x.yaml:9:12: ",
+     "cluster.bootstrap[1].id: duplicate member id 1 (also "
+     "cluster.bootstrap[0])"},
+    {"duplicate bootstrap raft addresses",
+     NODE_OK "cluster:\n  bootstrap:\n"
+             "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
+             "    - {id: 2, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7002}\n",
+     "x.yaml:9:29: ", "cluster.bootstrap[1].raft_address: duplicate Raft address"},
+    {"bootstrap without this node",
+     NODE_OK "cluster:\n  bootstrap:\n"
+             "    - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: 127.0.0.1:7002}\n",
+     "x.yaml:8:5: ", "cluster.bootstrap: node.id 1 is not in the list"},
+    {"bootstrap not a list", NODE_OK "cluster:\n  bootstrap: {id: 1}\n",
+     "x.yaml:7:14: ", "cluster.bootstrap: expected a list, got a mapping"},
+};
+
+/* A message must never quote a token hash, even a malformed one. */
+static void assertNoHash(const char *case_name, const char *err)
+{
+    static const char *const hashes[] = {HASH_ADMIN, HASH_A, HASH_B, HASH_C, HASH_63, HASH_NONHEX};
+    for (size_t i = 0; i < sizeof hashes / sizeof hashes[0]; i++) {
+        char head[17];
+        memcpy(head, hashes[i], 16);
+        head[16] = '\0';
+        if (strstr(err, head) != NULL) {
+            fail_msg("%s: the message quotes a token hash: %s", case_name, err);
+        }
+    }
+}
+
+/* Runs every case and reports every mismatch before failing. */
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    size_t failed = 0;
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const struct bad_case *bc = &bad_cases[i];
+        struct config c;
+        char err[512];
+        memset(err, 'X', sizeof err);
+        int rc = parseStr(bc->text, &c, err, sizeof err);
+        if (rc != -1) {
+            print_error("%s: parsed, expected an error\n", bc->name);
+            failed++;
+            config_free(&c);
+            continue;
+        }
+        if (strncmp(err, bc->prefix, strlen(bc->prefix)) != 0 ||
+            strstr(err + strlen(bc->prefix), bc->substr) == NULL) {
+            print_error("%s:\n  got      %s\n  expected %s...%s\n", bc->name, err, bc->prefix,
+                        bc->substr);
+            failed++;
+        }
+        assertNoHash(bc->name, err);
+        /* A failed parse leaves nothing to free; config_free() is still safe. */
+        assert_null(c.node.data_dir);
+        assert_null(c.tenants);
+        assert_int_equal(c.n_tenants, 0);
+        assert_null(c.cluster.bootstrap);
+        assert_null(c.tls.cert_file);
+        config_free(&c);
+    }
+    if (failed > 0) {
+        fail_msg("%zu of %zu bad inputs gave the wrong answer", failed,
+                 sizeof bad_cases / sizeof bad_cases[0]);
+    }
+}
+
+/* Messages are cut to the buffer and stay NUL-terminated; no buffer at all is fine too. */
+static void test_small_error_buffer(void **state)
+{
+    (void)state;
+    struct config c;
+    char err[12];
+    memset(err, 'X', sizeof err);
+    assert_int_equal(parseStr("node:\n  id: abc\n", &c, err, sizeof err), -1);
+    assert_string_equal(err, "x.yaml:2:7:");
+    assert_int_equal(parseStr("node:\n  id: abc\n", &c, NULL, 0), -1);
+    assert_int_equal(config_load("/nonexistent/idem.yaml", &c, NULL, 0), -1);
+}
+
+/* ---- token lookup -------------------------------------------------------------------------- */
+
+static void test_tenant_by_token_hash(void **state)
+{
+    (void)state;
+    uint8_t admin[CONFIG_HASH_LEN], h1[CONFIG_HASH_LEN], h2[CONFIG_HASH_LEN], h2b[CONFIG_HASH_LEN],
+        unknown[CONFIG_HASH_LEN];
+    hashOf("admin-secret", admin);
+    hashOf("token-of-alpha", h1);
+    hashOf("token-of-beta", h2);
+    hashOf("token-of-beta-rotated", h2b);
+    hashOf("token-of-nobody", unknown);
+    char xa[65], x1[65], x2[65], x2b[65];
+    hexOf(admin, xa);
+    hexOf(h1, x1);
+    hexOf(h2, x2);
+    hexOf(h2b, x2b);
+
+    char text[2048];
+    int n = snprintf(text, sizeof text,
+                     NODE_OK "admin:\n  token_sha256: %s\n"
+                             "tenants:\n"
+                             "  - name: alpha\n    token_sha256: %s\n"
+                             "  - name: beta\n    token_sha256: [%s, %s]\n",
+                     xa, x1, x2, x2b);
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    struct config c;
+    parseOk(text, &c);
+
+    const struct config_tenant *t = config_tenant_by_token_hash(&c, h1);
+    assert_non_null(t);
+    assert_string_equal(t->name, "alpha");
+    t = config_tenant_by_token_hash(&c, h2);
+    assert_non_null(t);
+    assert_string_equal(t->name, "beta");
+    t = config_tenant_by_token_hash(&c, h2b);
+    assert_non_null(t);
+    assert_string_equal(t->name, "beta");
+    assert_null(config_tenant_by_token_hash(&c, unknown));
+    assert_null(config_tenant_by_token_hash(&c, admin)); /* the admin is not a tenant */
+
+    assert_true(config_is_admin_hash(&c, admin));
+    assert_false(config_is_admin_hash(&c, h1));
+    assert_false(config_is_admin_hash(&c, unknown));
+    config_free(&c);
+}
+
+/* ---- files --------------------------------------------------------------------------------- */
+
+/* Writes the path of a file of the repository into out: under $IDEM_SOURCE_DIR when that is
+ * set, else next to this file's path (__FILE__ is absolute under CMake; when compiled by hand
+ * from the repository root it is relative, and the test must run from there). */
+static void repoPath(const char *rel, char *out, size_t outlen)
+{
+    const char *root = getenv("IDEM_SOURCE_DIR");
+    if (root != NULL && *root != '\0') {
+        int n = snprintf(out, outlen, "%s/%s", root, rel);
+        assert_true(n > 0 && (size_t)n < outlen);
+        return;
+    }
+    const char *self = __FILE__;
+    size_t len = strlen(self);
+    size_t tail = strlen(THIS_FILE_IN_REPO);
+    assert_true(len >= tail && strcmp(self + len - tail, THIS_FILE_IN_REPO) == 0);
+    int n = snprintf(out, outlen, "%.*s%s", (int)(len - tail), self, rel);
+    assert_true(n > 0 && (size_t)n < outlen);
+}
+
+static void test_example_file(void **state)
+{
+    (void)state;
+    char path[4096];
+    repoPath(EXAMPLE_IN_REPO, path, sizeof path);
+    struct config c;
+    char err[512];
+    if (config_load(path, &c, err, sizeof err) != 0) {
+        fail_msg("%s", err);
+    }
+    assert_int_equal(c.node.id, 1);
+    assert_int_equal(c.cluster.n_bootstrap, 3);
+    assert_false(c.tls.enabled); /* the example leaves the TLS files empty */
+    assert_int_equal(c.n_tenants, 1);
+
+    /* The example documents which tokens its hashes belong to. */
+    uint8_t h[CONFIG_HASH_LEN];
+    hashOf("example-admin-token", h);
+    assert_true(config_is_admin_hash(&c, h));
+    hashOf("example-demo-token", h);
+    const struct config_tenant *t = config_tenant_by_token_hash(&c, h);
+    assert_non_null(t);
+    assert_string_equal(t->name, "demo");
+    hashOf("example-demo-token-next", h);
+    assert_ptr_equal(config_tenant_by_token_hash(&c, h), t);
+    config_free(&c);
+}
+
+static void test_unreadable_file(void **state)
+{
+    (void)state;
+    struct config c;
+    char err[512];
+    assert_int_equal(config_load("/nonexistent/idem.yaml", &c, err, sizeof err), -1);
+    assert_string_equal(err, "/nonexistent/idem.yaml: cannot read: No such file or directory");
+    config_free(&c);
+    assert_int_equal(config_load("/", &c, err, sizeof err), -1);
+    assert_string_equal(err, "/: cannot read: Is a directory");
+}
+
+/* A file's errors carry the file's path as given. */
+static void test_load_error_names_the_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-config-test-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *fp = fdopen(fd, "w");
+    assert_non_null(fp);
+    fputs(NODE_OK "raft:\n  election_timeout_ms: 600\n  heartbeat_timeout_ms: 600\n", fp);
+    assert_int_equal(fclose(fp), 0);
+    struct config c;
+    char err[512];
+    char want[512];
+    snprintf(want, sizeof want,
+             "%s:8:25: raft.heartbeat_timeout_ms must be less than election_timeout_ms "
+             "(600 >= 600)",
+             path);
+    assert_int_equal(config_load(path, &c, err, sizeof err), -1);
+    assert_string_equal(err, want);
+    assert_int_equal(remove(path), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_empty_values_are_defaults),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_small_error_buffer),
+        cmocka_unit_test(test_tenant_by_token_hash),
+        cmocka_unit_test(test_example_file),
+        cmocka_unit_test(test_unreadable_file),
+        cmocka_unit_test(test_load_error_names_the_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
