@@ -235,6 +235,44 @@ static void resetOpenBatch(struct cluster *c)
     c->batch_bytes = 0;
 }
 
+/* Log entry framing. raft_uv stores entries padded to 8 bytes and hands them back padded
+ * after a restart (its segment format requires 8-byte multiples; canonical/raft issue
+ * #189), so an entry is an 8-byte header (u32 little-endian payload length, u32 zero), the
+ * packed LogEntry, and zero padding up to a multiple of 8. */
+#define ENTRY_HEADER 8
+
+static void entryEncode(const Idem__LogEntry *e, struct raft_buffer *buf)
+{
+    size_t n = idem__log_entry__get_packed_size(e);
+    buf->len = (ENTRY_HEADER + n + 7) & ~(size_t)7;
+    buf->base = raft_calloc(1, buf->len);
+    if (buf->base == NULL) {
+        fprintf(stderr, "idemd: out of memory\n");
+        abort();
+    }
+    uint8_t *p = buf->base;
+    p[0] = (uint8_t)n;
+    p[1] = (uint8_t)(n >> 8);
+    p[2] = (uint8_t)(n >> 16);
+    p[3] = (uint8_t)(n >> 24);
+    idem__log_entry__pack(e, p + ENTRY_HEADER);
+}
+
+/* The packed LogEntry inside an entry, or NULL when the framing is wrong. */
+static const uint8_t *entryPayload(const struct raft_buffer *buf, size_t *len)
+{
+    const uint8_t *p = buf->base;
+    if (buf->len < ENTRY_HEADER) {
+        return NULL;
+    }
+    size_t n = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+    if (n > buf->len - ENTRY_HEADER) {
+        return NULL;
+    }
+    *len = n;
+    return p + ENTRY_HEADER;
+}
+
 /* Packs and proposes the open batch. */
 static void batchFlush(struct cluster *c)
 {
@@ -256,13 +294,7 @@ static void batchFlush(struct cluster *c)
     entry.batch = &batch;
 
     struct raft_buffer buf;
-    buf.len = idem__log_entry__get_packed_size(&entry);
-    buf.base = raft_malloc(buf.len);
-    if (buf.base == NULL) {
-        fprintf(stderr, "idemd: out of memory\n");
-        abort();
-    }
-    idem__log_entry__pack(&entry, buf.base);
+    entryEncode(&entry, &buf);
     resetOpenBatch(c);
 
     struct cluster_batch *b = xcalloc1(sizeof(*b));
@@ -350,12 +382,7 @@ static void internalApplyCb(struct raft_apply *req, int status, void *result)
 static int proposeInternal(struct cluster *c, const Idem__LogEntry *entry)
 {
     struct raft_buffer buf;
-    buf.len = idem__log_entry__get_packed_size(entry);
-    buf.base = raft_malloc(buf.len);
-    if (buf.base == NULL) {
-        abort();
-    }
-    idem__log_entry__pack(entry, buf.base);
+    entryEncode(entry, &buf);
     struct internalReq *r = xcalloc1(sizeof(*r));
     r->req.data = r;
     int rv = raft_apply(&c->raft, &r->req, &buf, 1, internalApplyCb);
@@ -399,7 +426,9 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     /* raft advances last_applied after this call returns. */
     uint64_t index = raft_last_applied(&c->raft) + 1;
     *result = NULL;
-    Idem__LogEntry *e = idem__log_entry__unpack(NULL, buf->len, buf->base);
+    size_t plen = 0;
+    const uint8_t *payload = entryPayload(buf, &plen);
+    Idem__LogEntry *e = payload ? idem__log_entry__unpack(NULL, plen, payload) : NULL;
     if (e == NULL) {
         /* Every replica holds the same bytes and skips them alike. */
         fprintf(stderr, "idemd: log entry %llu does not decode; skipped\n",
@@ -833,6 +862,7 @@ static struct changeReq *changeNew(struct cluster *c, cluster_change_cb cb, void
 
 static int changeCheck(struct cluster *c)
 {
+    c->errmsg[0] = '\0';
     if (c->stopping) {
         return CLUSTER_ESTOPPING;
     }
@@ -845,12 +875,32 @@ static int changeCheck(struct cluster *c)
     return CLUSTER_OK;
 }
 
+/* Raft's refusals that are the caller's mistake, not the cluster's state. */
+static int raftRefusal(int rv)
+{
+    switch (rv) {
+    case RAFT_BADID:
+    case RAFT_DUPLICATEID:
+    case RAFT_DUPLICATEADDRESS:
+    case RAFT_BADROLE:
+    case RAFT_NOTFOUND:
+    case RAFT_INVALID:
+        return CLUSTER_EINVAL;
+    case RAFT_NOTLEADER:
+        return CLUSTER_ENOTLEADER;
+    case RAFT_CANTCHANGE:
+        return CLUSTER_EBUSY;
+    default:
+        return CLUSTER_ERAFT;
+    }
+}
+
 static int changeStarted(struct cluster *c, struct changeReq *cr, int rv)
 {
     if (rv != 0) {
         setErr(c, "", raft_errmsg(&c->raft));
         free(cr);
-        return CLUSTER_ERAFT;
+        return raftRefusal(rv);
     }
     c->change_in_flight = true;
     return CLUSTER_OK;
@@ -914,6 +964,7 @@ static void transferCb(struct raft_transfer *req)
 
 int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data)
 {
+    c->errmsg[0] = '\0';
     if (c->stopping) {
         return CLUSTER_ESTOPPING;
     }
@@ -929,7 +980,7 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
     if (rv != 0) {
         setErr(c, "", raft_errmsg(&c->raft));
         free(tr);
-        return CLUSTER_ERAFT;
+        return raftRefusal(rv);
     }
     return CLUSTER_OK;
 }

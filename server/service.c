@@ -598,7 +598,8 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
     answerSimple(cb, data, request_id,
                  rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID
                                       : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                 rc == CLUSTER_ERAFT ? cluster_errmsg(s->cluster) : cluster_strerror(rc), NULL);
+                 cluster_errmsg(s->cluster)[0] ? cluster_errmsg(s->cluster) : cluster_strerror(rc),
+                 NULL);
 }
 
 static void handleAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,

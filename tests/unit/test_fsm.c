@@ -6,11 +6,13 @@
  * retry-after, stored bytes, expiry order, quotas, and malformed input. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -169,6 +171,63 @@ static const struct scenario scenarios[] = {
      {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
       {EXPIRE, 10000, 0, NULL, 0, 0, 0, OK},
       {CLAIM, 10001, 2, NULL, 0, 0, 0, MISMATCH}}},
+    {"complete after the lease passed, nobody took over",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {CLAIM, 1500, 1, NULL, CONFLICT, 0, 0, LEXP},
+      {COMPLETE, 2000, 0, NULL, 0, 1, SUCCEEDED, OK},
+      {CLAIM, 2010, 1, NULL, 0, 0, 0, REPLAY}}},
+    {"renew after the lease passed, nobody took over",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {RENEW, 1500, 0, NULL, 0, 1, 0, OK},
+      {CLAIM, 2000, 1, NULL, TAKEOVER, 0, 0, INPROG}}},
+    {"complete is idempotent for a quarantined record",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {COMPLETE, 10, 0, NULL, 0, 1, UNKNOWN_C, OK},
+      {COMPLETE, 20, 0, NULL, 0, 1, UNKNOWN_C, OK},
+      {COMPLETE, 30, 0, NULL, 0, 1, SUCCEEDED, OK},
+      {CLAIM, 40, 1, NULL, 0, 0, 0, UNKNOWN}}},
+    {"a quarantined record refuses release and renew",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {COMPLETE, 10, 0, NULL, 0, 1, UNKNOWN_C, OK},
+      {RELEASE, 20, 0, NULL, 0, 1, 0, LOST},
+      {RENEW, 30, 0, NULL, 0, 1, 0, LOST},
+      {CLAIM, 40, 2, NULL, 0, 0, 0, MISMATCH},
+      {CLAIM, 50, 1, NULL, 0, 0, 0, UNKNOWN}}},
+    {"a released marker is not found but for a repeated release",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {RELEASE, 10, 0, NULL, 0, 1, 0, OK},
+      {RELEASE, 20, 0, NULL, 0, 0, 0, NOTFOUND},
+      {RENEW, 30, 0, NULL, 0, 1, 0, NOTFOUND},
+      {COMPLETE, 40, 0, NULL, 0, 1, SUCCEEDED, NOTFOUND},
+      {RESOLVE_REL, 50, 0, NULL, 0, 0, 0, NOTFOUND},
+      {RELEASE, 60, 0, NULL, 0, 1, 0, OK}}},
+    {"a tombstone is not found by release, renew and resolve",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {EXPIRE, 10000, 0, NULL, 0, 0, 0, OK},
+      {RELEASE, 10010, 0, NULL, 0, 1, 0, NOTFOUND},
+      {RENEW, 10020, 0, NULL, 0, 1, 0, NOTFOUND},
+      {RESOLVE_REL, 10030, 0, NULL, 0, 0, 0, NOTFOUND},
+      {RESOLVE_RESP, 10040, 0, NULL, 0, 0, 0, NOTFOUND},
+      {CLAIM, 10050, 1, NULL, 0, 0, 0, EXPIRED}}},
+    {"a claim after a release takes the new fingerprint",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {RELEASE, 10, 0, NULL, 0, 1, 0, OK},
+      {CLAIM, 20, 2, NULL, 0, 0, 0, ACQ},
+      {CLAIM, 30, 2, NULL, 0, 0, 0, INPROG},
+      {CLAIM, 40, 1, NULL, 0, 0, 0, MISMATCH},
+      {RELEASE, 50, 0, NULL, 0, 1, 0, LOST}}},
+    {"the old holder's attempt id after a takeover is in progress",
+     {{CLAIM, 0, 1, "a1", 0, 0, 0, ACQ},
+      {CLAIM, 1000, 1, "a2", TAKEOVER, 0, 0, ACQ},
+      {CLAIM, 1100, 1, "a1", 0, 0, 0, INPROG},
+      {CLAIM, 1200, 1, "a2", 0, 0, 0, ACQ}}},
+    {"resolve with release deletes the record: the old token finds nothing",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {COMPLETE, 10, 0, NULL, 0, 1, UNKNOWN_C, OK},
+      {RESOLVE_REL, 20, 0, NULL, 0, 0, 0, OK},
+      {RELEASE, 30, 0, NULL, 0, 1, 0, NOTFOUND},
+      {COMPLETE, 40, 0, NULL, 0, 1, SUCCEEDED, NOTFOUND},
+      {GET, 50, 0, NULL, 0, 0, 0, NOTFOUND}}},
 };
 
 static Idem__Outcome runStep(struct th *h, const struct step *s, const uint64_t *tokens)
@@ -637,6 +696,782 @@ static void test_digest_is_deterministic(void **state)
     assert_string_not_equal(d[0], d[2]);
 }
 
+/* At the lease deadline itself the lease has passed; renew counts from the clock, and get
+ * reports what renew set. */
+static void test_lease_deadline_boundaries(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    struct th_claim a1 = {.attempt = "a1"};
+    assert_int_equal(th_claim(&h, 0, "k", 1, &a1), ACQ);
+    uint64_t t = h.r.token;
+    assert_int_equal(h.r.lease_deadline_ms, 1000);
+    /* The holder's own retry at exactly the deadline gets a fresh lease. */
+    assert_int_equal(th_claim(&h, 1000, "k", 1, &a1), ACQ);
+    assert_int_equal(h.r.token, t);
+    assert_int_equal(h.r.lease_deadline_ms, 2000);
+    /* A renewed lease runs from the clock, not from the old deadline. */
+    assert_int_equal(th_renew(&h, 1300, "t1", "k", t, 2000), OK);
+    assert_int_equal(h.r.token, t);
+    assert_int_equal(h.r.lease_deadline_ms, 3300);
+    assert_int_equal(th_get(&h, 1400, "t1", "k"), OK);
+    assert_int_equal(h.r.record.lease_deadline_ms, 3300);
+    assert_int_equal(h.r.record.created_at_ms, 0);
+    assert_int_equal(h.r.record.expires_at_ms, 10000);
+    assert_int_equal(th_claim(&h, 3299, "k", 1, NULL), INPROG);
+    assert_int_equal(h.r.retry_after_ms, 1);
+    assert_int_equal(th_claim(&h, 3300, "k", 1, NULL), LEXP);
+    assert_int_equal(h.r.lease_deadline_ms, 3300);
+    th_close(&h);
+}
+
+/* Renew, release and expire decide with the state machine's clock, never with an earlier
+ * timestamp that a command carries (CONTRACT.md §2: clock = max(clock, entry.now)). */
+static void test_clock_steps_back_for_every_op(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    struct th_claim longTtl = {.ttl_ms = 3600000};
+    assert_int_equal(th_claim(&h, 5000, "a", 1, &longTtl), ACQ);
+    uint64_t ta = h.r.token;
+    assert_int_equal(th_renew(&h, 1000, "t1", "a", ta, 2000), OK);
+    assert_int_equal(h.r.lease_deadline_ms, 7000);
+
+    /* A released marker is kept ten minutes from the clock. */
+    assert_int_equal(th_claim(&h, 1000, "b", 1, &longTtl), ACQ);
+    assert_int_equal(th_release(&h, 0, "t1", "b", h.r.token), OK);
+    assert_int_equal(fsm_next_expiry(h.f), 5000 + 600000);
+
+    /* A record whose ttl passed by the clock expires, whatever the command says. */
+    struct th_claim shortTtl = {.ttl_ms = 1000, .tombstone_ttl_ms = 100000};
+    assert_int_equal(th_claim(&h, 5000, "c", 1, &shortTtl), ACQ);
+    assert_int_equal(th_claim(&h, 9000, "d", 1, &longTtl), ACQ);
+    assert_int_equal(th_expire(&h, 100, 10), OK);
+    assert_int_equal(h.r.expired, 1);
+    assert_int_equal(h.r.dropped, 0);
+    assert_int_equal(th_claim(&h, 100, "c", 1, NULL), EXPIRED);
+    assert_int_equal(fsm_clock(h.f), 9000);
+    th_close(&h);
+}
+
+/* What get reports: the completion of every final state, and a fresh record after a claim
+ * over a released marker. */
+static void test_get_reports_completion_and_creation(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    assert_int_equal(th_claim(&h, 0, "f", 1, NULL), ACQ);
+    assert_int_equal(th_complete(&h, 1, "t1", "f", h.r.token, FAILED, 502, "bad gateway", 0), OK);
+    assert_int_equal(th_get(&h, 2, "t1", "f"), OK);
+    assert_int_equal(h.r.record.state, IDEM__RECORD_STATE__RECORD_STATE_COMPLETED);
+    assert_int_equal(h.r.record.completion, FAILED);
+
+    assert_int_equal(th_claim(&h, 3, "u", 1, NULL), ACQ);
+    assert_int_equal(th_complete(&h, 4, "t1", "u", h.r.token, UNKNOWN_C, 0, NULL, 0), OK);
+    assert_int_equal(th_get(&h, 5, "t1", "u"), OK);
+    assert_int_equal(h.r.record.state, IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED);
+    assert_int_equal(h.r.record.completion, UNKNOWN_C);
+    assert_null(h.r.record.response);
+
+    /* An operator's response decides the completion by its status. */
+    assert_int_equal(th_resolve(&h, 6, "t1", "u", 0, 500, "refunded"), OK);
+    assert_int_equal(th_get(&h, 7, "t1", "u"), OK);
+    assert_int_equal(h.r.record.state, IDEM__RECORD_STATE__RECORD_STATE_COMPLETED);
+    assert_int_equal(h.r.record.completion, FAILED);
+    assert_string_equal(th_body(h.r.record.response, h.r.record.response_len), "refunded");
+    assert_int_equal(th_claim(&h, 8, "v", 1, NULL), ACQ);
+    assert_int_equal(th_complete(&h, 9, "t1", "v", h.r.token, UNKNOWN_C, 0, NULL, 0), OK);
+    assert_int_equal(th_resolve(&h, 10, "t1", "v", 0, 200, "charged"), OK);
+    assert_int_equal(th_get(&h, 11, "t1", "v"), OK);
+    assert_int_equal(h.r.record.completion, SUCCEEDED);
+
+    /* A claim over a released marker starts a new record. */
+    assert_int_equal(th_claim(&h, 20, "r", 1, NULL), ACQ);
+    uint64_t old = h.r.token;
+    assert_int_equal(th_release(&h, 30, "t1", "r", old), OK);
+    assert_int_equal(th_claim(&h, 50, "r", 1, NULL), ACQ);
+    uint64_t fresh = h.r.token;
+    assert_true(fresh > old);
+    assert_int_equal(th_get(&h, 60, "t1", "r"), OK);
+    assert_int_equal(h.r.record.created_at_ms, 50);
+    assert_int_equal(h.r.record.token, fresh);
+    assert_int_equal(h.r.record.state, IDEM__RECORD_STATE__RECORD_STATE_PROCESSING);
+    assert_int_equal(h.r.record.completion, IDEM__COMPLETION__COMPLETION_UNSPECIFIED);
+    th_close(&h);
+}
+
+/* The expiry index orders by (expires_at, token) whatever changed a record's place in it:
+ * a tie is broken by the token one record at a time, a takeover's new token moves the record
+ * behind its peers, and a release that shortens the expiry moves it to the front. */
+static void test_expiry_order_follows_changes(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    struct th_claim opt = {.ttl_ms = 1000, .lease_ms = 10, .tombstone_ttl_ms = 50000};
+    assert_int_equal(th_claim(&h, 0, "a", 1, &opt), ACQ);
+    assert_int_equal(th_claim(&h, 0, "b", 1, &opt), ACQ);
+    assert_int_equal(th_claim(&h, 0, "c", 1, &opt), ACQ);
+    struct th_claim take = {.policy = TAKEOVER, .lease_ms = 10};
+    assert_int_equal(th_claim(&h, 100, "a", 1, &take), ACQ);
+    assert_true(h.r.takeover);
+    /* Now the order is b, c, a; one record per batch. */
+    const char *order[3] = {"b", "c", "a"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(th_expire(&h, 1000, 1), OK);
+        assert_int_equal(h.r.expired, 1);
+        assert_int_equal(h.r.more, i < 2);
+        for (int j = 0; j < 3; j++) {
+            assert_int_equal(th_get(&h, 1000, "t1", order[j]), OK);
+            assert_int_equal(h.r.record.state, j <= i ? IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE
+                                                      : IDEM__RECORD_STATE__RECORD_STATE_PROCESSING);
+        }
+    }
+    th_close(&h);
+
+    th_init(&h);
+    struct th_claim hour = {.ttl_ms = 3600000};
+    uint64_t tok[5];
+    char key[8];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "r%d", i);
+        assert_int_equal(th_claim(&h, 0, key, 1, &hour), ACQ);
+        tok[i] = h.r.token;
+    }
+    assert_int_equal(fsm_next_expiry(h.f), 3600000);
+    assert_int_equal(th_release(&h, 10, "t1", "r4", tok[4]), OK);
+    assert_int_equal(fsm_next_expiry(h.f), 600010);
+    assert_int_equal(th_release(&h, 20, "t1", "r2", tok[2]), OK);
+    assert_int_equal(fsm_next_expiry(h.f), 600010);
+    /* A released marker goes at its ttl when that comes before the ten minutes. */
+    struct th_claim second = {.ttl_ms = 1000};
+    assert_int_equal(th_claim(&h, 30, "s", 1, &second), ACQ);
+    assert_int_equal(th_release(&h, 40, "t1", "s", h.r.token), OK);
+    assert_int_equal(fsm_next_expiry(h.f), 1030);
+    assert_int_equal(th_expire(&h, 1030, 10), OK);
+    assert_int_equal(h.r.dropped, 1);
+    assert_int_equal(fsm_next_expiry(h.f), 600010);
+    assert_int_equal(th_expire(&h, 600010, 10), OK);
+    assert_int_equal(h.r.dropped, 1);
+    assert_int_equal(fsm_next_expiry(h.f), 600020);
+    /* Without a tombstone ttl a tombstone lives as long as the ttl. */
+    struct th_claim plain = {.ttl_ms = 1000};
+    assert_int_equal(th_claim(&h, 700000, "p", 1, &plain), ACQ);
+    assert_int_equal(th_expire(&h, 701000, 10), OK);
+    assert_int_equal(h.r.expired, 1);
+    assert_int_equal(h.r.dropped, 1); /* r2's marker */
+    assert_int_equal(fsm_next_expiry(h.f), 702000);
+    th_close(&h);
+}
+
+/* Quotas are maxima: an exact fit is accepted. Bytes include the stored response, released
+ * markers do not count, but claiming a released key again is a new record that does. */
+static void test_quota_boundaries(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    struct th_claim fit = {.max_bytes = 2 * (1 + 32)};
+    assert_int_equal(th_claim(&h, 0, "x", 1, &fit), ACQ);
+    uint64_t tx = h.r.token;
+    assert_int_equal(th_claim(&h, 0, "y", 1, &fit), ACQ);
+    uint64_t ty = h.r.token;
+    assert_int_equal(th_claim(&h, 0, "z", 1, &fit), QUOTA);
+    struct fsm_stats st;
+    fsm_get_stats(h.f, &st);
+    assert_int_equal(st.bytes, 66);
+    assert_int_equal(th_complete(&h, 1, "t1", "x", tx, SUCCEEDED, 200, "A", 0), OK);
+    assert_int_equal(th_get(&h, 2, "t1", "x"), OK);
+    size_t resp = h.r.record.response_len;
+    assert_true(resp > 0);
+    fsm_get_stats(h.f, &st);
+    assert_int_equal(st.bytes, 66 + resp);
+    /* A response of the same size fills the byte quota exactly. */
+    assert_int_equal(th_complete(&h, 3, "t1", "y", ty, SUCCEEDED, 200, "B", 66 + 2 * resp - 1),
+                     QUOTA);
+    assert_int_equal(th_complete(&h, 3, "t1", "y", ty, SUCCEEDED, 200, "B", 66 + 2 * resp), OK);
+    fsm_get_stats(h.f, &st);
+    assert_int_equal(st.bytes, 66 + 2 * resp);
+    th_close(&h);
+
+    th_init(&h);
+    struct th_claim one = {.max_records = 1};
+    assert_int_equal(th_claim(&h, 0, "a", 1, &one), ACQ);
+    assert_int_equal(th_release(&h, 1, "t1", "a", h.r.token), OK);
+    assert_int_equal(th_claim(&h, 2, "b", 1, &one), ACQ);
+    assert_int_equal(th_claim(&h, 3, "a", 1, &one), QUOTA);
+    fsm_get_stats(h.f, &st);
+    assert_int_equal(st.records, 2);
+    assert_int_equal(st.released, 1);
+    assert_int_equal(st.processing, 1);
+    /* Resolve with release deletes the record outright: no marker is left behind. */
+    assert_int_equal(th_resolve(&h, 4, "t1", "b", 1, 0, NULL), OK);
+    fsm_get_stats(h.f, &st);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(st.processing, 0);
+    assert_int_equal(st.bytes, 0);
+    th_close(&h);
+}
+
+/* Applies six commands to a fresh state machine, one detail of which `variant` changes, and
+ * writes the digest. Each variant changes exactly one replicated field. */
+static void digestOfVariant(int variant, char out[33])
+{
+    struct th h;
+    th_init(&h);
+    const char *tenant = variant == 3 ? "t2" : "t1";
+    const char *key = variant == 5 ? "k2" : "k1";
+    struct th_claim opt = {
+        .tenant = tenant,
+        .attempt = variant == 1 ? "b" : "a",
+        .tombstone_ttl_ms = variant == 2 ? 6000 : 5000,
+        /* Claimed 10 ms later with a 10 ms shorter ttl: only created_at differs. */
+        .ttl_ms = variant == 4 ? 9990 : 10000,
+    };
+    assert_int_equal(th_claim(&h, variant == 4 ? 20 : 10, key, variant == 6 ? 2 : 1, &opt), ACQ);
+    uint64_t tok = h.r.token;
+    assert_int_equal(th_renew(&h, 30, tenant, key, tok, variant == 7 ? 2000 : 1000), OK);
+    assert_int_equal(th_complete(&h, 40, tenant, key, tok, variant == 8 ? FAILED : SUCCEEDED, 201,
+                                 variant == 9 ? "y" : "x", 0),
+                     OK);
+    assert_int_equal(th_get(&h, variant == 10 ? 60 : 50, "t1", "none"), NOTFOUND);
+    fsm_digest_hex(h.f, out);
+    th_close(&h);
+}
+
+/* The digest covers every replicated field: changing any one of them changes it. */
+static void test_digest_covers_every_field(void **state)
+{
+    (void)state;
+    static const char *what[] = {"base",       "attempt id", "tombstone ttl", "tenant",
+                                 "created_at", "key",        "fingerprint",   "lease deadline",
+                                 "completion", "response",   "clock"};
+    enum { N = sizeof(what) / sizeof(what[0]) };
+    char d[N][33];
+    for (int v = 0; v < N; v++) {
+        digestOfVariant(v, d[v]);
+    }
+    char again[33];
+    digestOfVariant(0, again);
+    assert_string_equal(d[0], again);
+    for (int v = 1; v < N; v++) {
+        if (strcmp(d[0], d[v]) == 0) {
+            fail_msg("the digest does not cover the %s", what[v]);
+        }
+    }
+}
+
+/* The record table is open addressing with backward-shift deletion. With it about two
+ * thirds full (700 records in 1024 slots), probe runs are long and wrap around the end of
+ * the slot array; deleting and re-inserting keys at random must keep every present key
+ * reachable and every deleted key absent. */
+static void test_table_churn_keeps_keys_reachable(void **state)
+{
+    (void)state;
+    enum { N = 700 };
+    struct th h;
+    th_init(&h);
+    bool present[N];
+    char key[16];
+    uint64_t x = 0x2545f4914f6cdd1dULL;
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof(key), "churn-%d", i);
+        assert_int_equal(th_claim(&h, 0, key, 1, NULL), ACQ);
+        present[i] = true;
+    }
+    for (int round = 0; round < 6; round++) {
+        for (int i = 0; i < N; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if (x % 3 != 0) {
+                continue;
+            }
+            snprintf(key, sizeof(key), "churn-%d", i);
+            if (present[i]) {
+                assert_int_equal(th_resolve(&h, 0, "t1", key, 1, 0, NULL), OK);
+            } else {
+                assert_int_equal(th_claim(&h, 0, key, 1, NULL), ACQ);
+            }
+            present[i] = !present[i];
+        }
+        size_t live = 0;
+        for (int i = 0; i < N; i++) {
+            snprintf(key, sizeof(key), "churn-%d", i);
+            Idem__Outcome o = th_get(&h, 0, "t1", key);
+            if (o != (present[i] ? OK : NOTFOUND)) {
+                fail_msg("round %d: key %s answers %d", round, key, (int)o);
+            }
+            live += present[i];
+        }
+        struct fsm_stats st;
+        fsm_get_stats(h.f, &st);
+        assert_int_equal(st.records, live);
+    }
+    th_close(&h);
+}
+
+/* Tenants are interned in their own open-addressing table that must grow before it fills. */
+static void test_many_tenants(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    struct th h;
+    th_init(&h);
+    char tenant[16];
+    for (int i = 0; i < N; i++) {
+        snprintf(tenant, sizeof(tenant), "tenant-%d", i);
+        struct th_claim opt = {.tenant = tenant};
+        assert_int_equal(th_claim(&h, 0, "k", 1, &opt), ACQ);
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(tenant, sizeof(tenant), "tenant-%d", i);
+        struct th_claim opt = {.tenant = tenant};
+        assert_int_equal(th_claim(&h, 1, "k", 1, &opt), INPROG);
+    }
+    assert_int_equal(th_get(&h, 2, "nobody", "k"), NOTFOUND);
+    struct fsm_stats st;
+    fsm_get_stats(h.f, &st);
+    assert_int_equal(st.tenants, N);
+    assert_int_equal(st.records, N);
+    th_close(&h);
+}
+
+/* ---- randomized lockstep ------------------------------------------------------------- */
+
+/* Two state machines apply the same random commands (claim, complete, release, renew, get,
+ * expire, resolve and malformed bytes over 50 keys of 2 tenants, with a leader clock that
+ * mostly advances and sometimes steps back). One of them is now and then replaced by a
+ * snapshot and restore of itself. After every command both must have answered the same and
+ * hold the same digest, their counters must add up, and no fencing token may be granted
+ * twice. The seed is printed; IDEM_SEED=<seed> replays a run. */
+
+#define LS_TENANTS 2
+#define LS_KEYS 50
+#define LS_SLOTS (LS_TENANTS * LS_KEYS)
+#define LS_STEPS 4000
+#define LS_AUDIT_EVERY 100
+
+static const char *const lsTenantNames[LS_TENANTS] = {"t1", "t2"};
+static const char *const lsAttempts[] = {NULL, NULL, "a1", "a2", "a3"};
+
+struct lockstep {
+    unsigned long long seed;
+    uint64_t rng;
+    int step;
+    struct th a, b;
+    uint64_t now;                /* the leader's clock for the next command */
+    uint64_t clock;              /* what fsm_clock() must say */
+    uint64_t cur[LS_SLOTS];      /* the last token granted to each key; 0: none yet */
+    uint64_t max_token;          /* the largest token granted so far */
+    unsigned grants, reacquires; /* new tokens granted; attempt-id retries given theirs */
+    int recent[8];               /* slots acquired lately, so that most commands find one */
+    unsigned n_recent;
+    uint16_t *owner;             /* owner[token]: 1 + the key slot it was granted to */
+    size_t owner_cap;
+    unsigned restores;
+};
+
+#define LS_CHECK(ls, cond)                                                                     \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fail_msg("lockstep seed %llu, step %d: %s", (ls)->seed, (ls)->step, #cond);        \
+        }                                                                                      \
+    } while (0)
+
+/* splitmix64: small, and the same sequence on every platform. */
+static uint64_t lsNext(struct lockstep *ls)
+{
+    uint64_t z = (ls->rng += UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static uint64_t lsBelow(struct lockstep *ls, uint64_t n)
+{
+    return lsNext(ls) % n;
+}
+
+static unsigned long long lsSeed(void)
+{
+    const char *env = getenv("IDEM_SEED");
+    if (env != NULL && env[0] != '\0') {
+        return strtoull(env, NULL, 0);
+    }
+    return (unsigned long long)time(NULL);
+}
+
+/* The same result from both state machines, compared field by field (pointers differ, so
+ * the bytes they point at are compared instead). */
+static void lsSameResult(const struct lockstep *ls)
+{
+    const struct fsm_result *x = &ls->a.r, *y = &ls->b.r;
+    LS_CHECK(ls, x->outcome == y->outcome);
+    LS_CHECK(ls, x->token == y->token);
+    LS_CHECK(ls, x->lease_deadline_ms == y->lease_deadline_ms);
+    LS_CHECK(ls, x->expires_at_ms == y->expires_at_ms);
+    LS_CHECK(ls, x->retry_after_ms == y->retry_after_ms);
+    LS_CHECK(ls, x->takeover == y->takeover);
+    LS_CHECK(ls, x->previous_token == y->previous_token);
+    LS_CHECK(ls, x->response_len == y->response_len);
+    LS_CHECK(ls, (x->response == NULL) == (y->response == NULL));
+    if (x->response_len > 0) {
+        LS_CHECK(ls, memcmp(x->response, y->response, x->response_len) == 0);
+    }
+    LS_CHECK(ls, x->expired == y->expired);
+    LS_CHECK(ls, x->dropped == y->dropped);
+    LS_CHECK(ls, x->more == y->more);
+    LS_CHECK(ls, (x->detail == NULL) == (y->detail == NULL));
+    if (x->detail != NULL) {
+        LS_CHECK(ls, strcmp(x->detail, y->detail) == 0);
+    }
+    LS_CHECK(ls, x->has_record == y->has_record);
+    if (x->has_record) {
+        const struct fsm_record_view *u = &x->record, *v = &y->record;
+        LS_CHECK(ls, strcmp(u->tenant, v->tenant) == 0);
+        LS_CHECK(ls, u->key_len == v->key_len && memcmp(u->key, v->key, u->key_len) == 0);
+        LS_CHECK(ls, memcmp(u->fingerprint, v->fingerprint, 32) == 0);
+        LS_CHECK(ls, u->state == v->state);
+        LS_CHECK(ls, u->completion == v->completion);
+        LS_CHECK(ls, u->token == v->token);
+        LS_CHECK(ls, u->created_at_ms == v->created_at_ms);
+        LS_CHECK(ls, u->lease_deadline_ms == v->lease_deadline_ms);
+        LS_CHECK(ls, u->expires_at_ms == v->expires_at_ms);
+        LS_CHECK(ls, u->response_len == v->response_len);
+        if (u->response_len > 0) {
+            LS_CHECK(ls, memcmp(u->response, v->response, u->response_len) == 0);
+        }
+    }
+}
+
+/* Both state machines hold the same state, and each one's counters add up. */
+static void lsSameState(const struct lockstep *ls)
+{
+    uint8_t da[16], db[16];
+    fsm_digest(ls->a.f, da);
+    fsm_digest(ls->b.f, db);
+    LS_CHECK(ls, memcmp(da, db, sizeof(da)) == 0);
+    struct fsm_stats sa, sb;
+    fsm_get_stats(ls->a.f, &sa);
+    fsm_get_stats(ls->b.f, &sb);
+    LS_CHECK(ls, memcmp(&sa, &sb, sizeof(sa)) == 0);
+    LS_CHECK(ls, sa.records == sa.processing + sa.completed + sa.quarantined + sa.tombstones +
+                                   sa.released);
+    LS_CHECK(ls, sa.records <= LS_SLOTS);
+    LS_CHECK(ls, sa.clock_ms == ls->clock);
+    LS_CHECK(ls, sa.last_index < ls->a.index);
+    LS_CHECK(ls, fsm_next_expiry(ls->a.f) == fsm_next_expiry(ls->b.f));
+}
+
+/* Replaces b's state with a snapshot of itself: into a new state machine, or restored over
+ * the running one, in turn. */
+static void lsSnapshotRestore(struct lockstep *ls)
+{
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    const char *why = NULL;
+    LS_CHECK(ls, fsm_snapshot(ls->b.f, &snap, &len) == 0);
+    if (ls->restores % 2 == 0) {
+        struct fsm *fresh = fsm_new();
+        LS_CHECK(ls, fsm_restore(fresh, snap, len, &why) == 0);
+        fsm_close(ls->b.f);
+        ls->b.f = fresh;
+    } else {
+        LS_CHECK(ls, fsm_restore(ls->b.f, snap, len, &why) == 0);
+    }
+    free(snap);
+    ls->restores++;
+    lsSameState(ls);
+}
+
+static uint64_t lsPickToken(struct lockstep *ls, int slot)
+{
+    uint64_t r = lsBelow(ls, 10);
+    if (r < 7 && ls->cur[slot] != 0) {
+        return ls->cur[slot];
+    }
+    if (r < 9 && ls->max_token > 0) {
+        return 1 + lsBelow(ls, ls->max_token); /* most likely another key's, or stale */
+    }
+    return lsBelow(ls, 2 * (uint64_t)LS_STEPS);
+}
+
+/* The fencing-token rules for one acquired claim on `slot` applied at `index`. */
+static void lsCheckAcquired(struct lockstep *ls, int slot, uint64_t index, const char *attempt)
+{
+    const struct fsm_result *r = &ls->a.r;
+    LS_CHECK(ls, r->token != 0 && r->token < ls->owner_cap);
+    if (r->token == index) {
+        /* A new grant: a token never seen before, larger than every earlier one. */
+        LS_CHECK(ls, ls->owner[r->token] == 0);
+        LS_CHECK(ls, r->token > ls->max_token);
+        if (r->takeover) {
+            LS_CHECK(ls, r->previous_token == ls->cur[slot] && r->previous_token != 0);
+            LS_CHECK(ls, r->previous_token < r->token);
+        }
+        ls->owner[r->token] = (uint16_t)(slot + 1);
+        ls->cur[slot] = r->token;
+        ls->max_token = r->token;
+        ls->grants++;
+        ls->recent[ls->n_recent++ % 8] = slot;
+    } else {
+        /* Only the holder's own retry with its attempt id gets a token back: its own. */
+        LS_CHECK(ls, attempt != NULL);
+        LS_CHECK(ls, !r->takeover);
+        LS_CHECK(ls, ls->owner[r->token] == slot + 1);
+        LS_CHECK(ls, r->token == ls->cur[slot]);
+        ls->reacquires++;
+    }
+    LS_CHECK(ls, r->lease_deadline_ms > ls->clock);
+}
+
+/* Every visible record of the model's keys, read with get at time 0 (which moves no
+ * clock), must account for the byte and record counters exactly. */
+static void lsAudit(struct lockstep *ls)
+{
+    uint64_t bytes = 0, visible = 0;
+    char key[8];
+    for (int slot = 0; slot < LS_SLOTS; slot++) {
+        const char *tenant = lsTenantNames[slot / LS_KEYS];
+        snprintf(key, sizeof(key), "k%02d", slot % LS_KEYS);
+        Idem__Outcome oa = th_get(&ls->a, 0, tenant, key);
+        Idem__Outcome ob = th_get(&ls->b, 0, tenant, key);
+        LS_CHECK(ls, oa == ob);
+        lsSameResult(ls);
+        if (oa == OK) {
+            LS_CHECK(ls, ls->a.r.record.token == ls->cur[slot]);
+            bytes += ls->a.r.record.key_len + 32 + ls->a.r.record.response_len;
+            visible++;
+        } else {
+            LS_CHECK(ls, oa == NOTFOUND);
+        }
+    }
+    struct fsm_stats st;
+    fsm_get_stats(ls->a.f, &st);
+    LS_CHECK(ls, st.bytes == bytes);
+    LS_CHECK(ls, st.records - st.released == visible);
+    lsSameState(ls);
+}
+
+/* Malformed input, the same for both: random bytes (kind 0), a valid command cut short
+ * (kind 1), or a command with one field out of range (kind 2). Returns the length. */
+static size_t lsMakeGarbage(struct lockstep *ls, uint8_t *buf, size_t cap, uint64_t *kind_out)
+{
+    uint64_t kind = lsBelow(ls, 3);
+    *kind_out = kind;
+    if (kind == 0) {
+        size_t n = (size_t)lsBelow(ls, 48);
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = (uint8_t)lsNext(ls);
+        }
+        return n;
+    }
+    uint8_t fp[32];
+    memset(fp, 1, sizeof(fp));
+    Idem__ClaimCmd c = IDEM__CLAIM_CMD__INIT;
+    c.tenant = (char *)"t1";
+    c.key.data = (uint8_t *)"k00";
+    c.key.len = 3;
+    c.fingerprint.data = fp;
+    c.fingerprint.len = sizeof(fp);
+    c.lease_ms = 1000;
+    c.ttl_ms = 1000;
+    switch (lsBelow(ls, 4)) {
+    case 0: c.lease_ms = 0; break;
+    case 1: c.fingerprint.len = 31; break;
+    case 2: c.key.data = (uint8_t *)"k 0"; break;
+    default: c.policy = (Idem__LeasePolicy)9; break;
+    }
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    cmd.now_ms = ls->now + 1000000; /* would move the clock if it were applied */
+    cmd.op_case = IDEM__COMMAND__OP_CLAIM;
+    cmd.claim = &c;
+    size_t n = idem__command__get_packed_size(&cmd);
+    assert_true(n <= cap);
+    idem__command__pack(&cmd, buf);
+    if (kind == 1) {
+        /* A valid command cut short: the claim is the last field, so any cut breaks it. */
+        c.lease_ms = 1000;
+        c.fingerprint.len = 32;
+        c.key.data = (uint8_t *)"k00";
+        c.policy = IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED;
+        n = idem__command__pack(&cmd, buf);
+        n = (size_t)lsBelow(ls, n);
+    }
+    return n;
+}
+
+static void lsStep(struct lockstep *ls)
+{
+    /* The leader's clock: mostly forward, sometimes a jump that lets records expire, and
+     * sometimes backwards (a new leader whose clock is behind). */
+    uint64_t dt = lsBelow(ls, 100);
+    if (dt < 5) {
+        uint64_t back = 1 + lsBelow(ls, 5000);
+        ls->now = ls->now > back ? ls->now - back : 0;
+    } else if (dt < 10) {
+        ls->now += 5000 + lsBelow(ls, 40000);
+    } else {
+        ls->now += lsBelow(ls, 300);
+    }
+    uint64_t op = lsBelow(ls, 100);
+    /* A key acquired lately for most commands but claims, any key otherwise. */
+    int slot = (int)lsBelow(ls, LS_SLOTS);
+    if (ls->n_recent > 0 && lsBelow(ls, 10) < (op < 35 ? 3u : 6u)) {
+        slot = ls->recent[lsBelow(ls, ls->n_recent < 8 ? ls->n_recent : 8)];
+    }
+    const char *tenant = lsTenantNames[slot / LS_KEYS];
+    char key[8];
+    snprintf(key, sizeof(key), "k%02d", slot % LS_KEYS);
+    uint64_t index = ls->a.index;
+    LS_CHECK(ls, ls->b.index == index);
+    uint64_t before = fsm_clock(ls->a.f);
+    uint8_t digest_before[16];
+    fsm_digest(ls->a.f, digest_before);
+
+    Idem__Outcome oa, ob;
+    const char *attempt = NULL;
+    uint64_t token = 0;
+    bool is_claim = false, uses_token = false;
+    if (op < 35) {
+        is_claim = true;
+        attempt = lsAttempts[lsBelow(ls, 5)];
+        struct th_claim opt = {
+            .tenant = tenant,
+            .attempt = attempt,
+            .lease_ms = 100 + lsBelow(ls, 3000),
+            .ttl_ms = 2000 + lsBelow(ls, 40000),
+            .tombstone_ttl_ms = lsBelow(ls, 2) ? 0 : 500 + lsBelow(ls, 20000),
+            .policy = (Idem__LeasePolicy)lsBelow(ls, 3),
+            .max_records = lsBelow(ls, 5) == 0 ? 10 + lsBelow(ls, 30) : 0,
+            .max_bytes = lsBelow(ls, 5) == 0 ? 300 + lsBelow(ls, 3000) : 0,
+        };
+        uint8_t fp = lsBelow(ls, 8) == 0 ? 2 : 1;
+        oa = th_claim(&ls->a, ls->now, key, fp, &opt);
+        ob = th_claim(&ls->b, ls->now, key, fp, &opt);
+    } else if (op < 50) {
+        uses_token = true;
+        token = lsPickToken(ls, slot);
+        /* Mostly valid completions; one in twenty is unspecified, or lacks a response or has
+         * a status out of range where one is needed. */
+        uint64_t kind = lsBelow(ls, 20);
+        Idem__Completion c = kind == 0  ? IDEM__COMPLETION__COMPLETION_UNSPECIFIED
+                             : kind < 9 ? SUCCEEDED
+                             : kind < 14 ? FAILED
+                                         : UNKNOWN_C;
+        static const uint32_t statuses[] = {200, 201, 409, 500};
+        uint32_t status = statuses[lsBelow(ls, 4)];
+        uint64_t odd = lsBelow(ls, 20);
+        if ((c == UNKNOWN_C && odd < 10) || odd == 0) {
+            status = 0; /* no response: fine for unknown only */
+        } else if (odd == 1) {
+            status = 99;
+        }
+        char body[48];
+        size_t blen = (size_t)lsBelow(ls, sizeof(body));
+        for (size_t i = 0; i < blen; i++) {
+            body[i] = (char)('a' + lsBelow(ls, 26));
+        }
+        body[blen] = '\0';
+        uint64_t max_bytes = lsBelow(ls, 5) == 0 ? 200 + lsBelow(ls, 3000) : 0;
+        oa = th_complete(&ls->a, ls->now, tenant, key, token, c, status, body, max_bytes);
+        ob = th_complete(&ls->b, ls->now, tenant, key, token, c, status, body, max_bytes);
+    } else if (op < 58) {
+        uses_token = true;
+        token = lsPickToken(ls, slot);
+        oa = th_release(&ls->a, ls->now, tenant, key, token);
+        ob = th_release(&ls->b, ls->now, tenant, key, token);
+    } else if (op < 66) {
+        uses_token = true;
+        token = lsPickToken(ls, slot);
+        uint64_t lease = lsBelow(ls, 20) == 0 ? 0 : 1 + lsBelow(ls, 3000);
+        oa = th_renew(&ls->a, ls->now, tenant, key, token, lease);
+        ob = th_renew(&ls->b, ls->now, tenant, key, token, lease);
+    } else if (op < 74) {
+        oa = th_get(&ls->a, ls->now, tenant, key);
+        ob = th_get(&ls->b, ls->now, tenant, key);
+    } else if (op < 88) {
+        uint32_t batch = lsBelow(ls, 30) == 0 ? 0 : (uint32_t)(1 + lsBelow(ls, 8));
+        oa = th_expire(&ls->a, ls->now, batch);
+        ob = th_expire(&ls->b, ls->now, batch);
+    } else if (op < 95) {
+        int release = (int)lsBelow(ls, 2);
+        uint32_t status = release ? 0 : (lsBelow(ls, 2) ? 200 : 500);
+        oa = th_resolve(&ls->a, ls->now, tenant, key, release, status, "decided");
+        ob = th_resolve(&ls->b, ls->now, tenant, key, release, status, "decided");
+    } else {
+        uint8_t buf[256];
+        uint64_t kind;
+        size_t n = lsMakeGarbage(ls, buf, sizeof(buf), &kind);
+        oa = fsm_apply(ls->a.f, ls->a.index++, buf, n, &ls->a.r);
+        ob = fsm_apply(ls->b.f, ls->b.index++, buf, n, &ls->b.r);
+        /* Random bytes could, in theory, spell a valid command; the others never do. */
+        LS_CHECK(ls, kind == 0 || oa == INVALID);
+    }
+    LS_CHECK(ls, oa == ob);
+    lsSameResult(ls);
+
+    /* The clock: max(clock, now) for every valid command, untouched by an invalid one. */
+    if (oa == INVALID) {
+        uint8_t digest_after[16];
+        fsm_digest(ls->a.f, digest_after);
+        LS_CHECK(ls, memcmp(digest_before, digest_after, 16) == 0);
+        LS_CHECK(ls, fsm_clock(ls->a.f) == before);
+    } else {
+        ls->clock = ls->now > before ? ls->now : before;
+    }
+    LS_CHECK(ls, fsm_clock(ls->a.f) == ls->clock);
+
+    if (is_claim && oa == ACQ) {
+        lsCheckAcquired(ls, slot, index, attempt);
+    } else {
+        LS_CHECK(ls, !ls->a.r.takeover);
+    }
+    if (is_claim && oa == REPLAY) {
+        LS_CHECK(ls, ls->a.r.token == ls->cur[slot]);
+    }
+    if (uses_token && oa == OK) {
+        /* Only the key's current holder's token is ever accepted. */
+        LS_CHECK(ls, token == ls->cur[slot]);
+    }
+    lsSameState(ls);
+}
+
+static void test_randomized_lockstep_with_snapshots(void **state)
+{
+    (void)state;
+    struct lockstep *ls = calloc(1, sizeof(*ls));
+    assert_non_null(ls);
+    ls->seed = lsSeed();
+    print_message("lockstep seed %llu (IDEM_SEED=%llu replays this run)\n", ls->seed, ls->seed);
+    ls->rng = ls->seed;
+    th_init(&ls->a);
+    th_init(&ls->b);
+    ls->now = 1000000;
+    ls->owner_cap = 4 * (size_t)LS_STEPS + (size_t)LS_STEPS / LS_AUDIT_EVERY * 2 * LS_SLOTS + 16;
+    ls->owner = calloc(ls->owner_cap, sizeof(*ls->owner));
+    assert_non_null(ls->owner);
+    for (ls->step = 1; ls->step <= LS_STEPS; ls->step++) {
+        lsStep(ls);
+        if (lsBelow(ls, 150) == 0) {
+            lsSnapshotRestore(ls);
+        }
+        if (ls->step % LS_AUDIT_EVERY == 0) {
+            lsAudit(ls);
+        }
+    }
+    print_message("lockstep: %d steps, %u restores, %u tokens granted, %u attempt-id retries\n",
+                  LS_STEPS, ls->restores, ls->grants, ls->reacquires);
+    th_close(&ls->a);
+    th_close(&ls->b);
+    free(ls->owner);
+    free(ls);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -654,6 +1489,15 @@ int main(void)
         cmocka_unit_test(test_invalid_commands_change_nothing),
         cmocka_unit_test(test_body_ref_response),
         cmocka_unit_test(test_digest_is_deterministic),
+        cmocka_unit_test(test_lease_deadline_boundaries),
+        cmocka_unit_test(test_clock_steps_back_for_every_op),
+        cmocka_unit_test(test_get_reports_completion_and_creation),
+        cmocka_unit_test(test_expiry_order_follows_changes),
+        cmocka_unit_test(test_quota_boundaries),
+        cmocka_unit_test(test_digest_covers_every_field),
+        cmocka_unit_test(test_table_churn_keeps_keys_reachable),
+        cmocka_unit_test(test_many_tenants),
+        cmocka_unit_test(test_randomized_lockstep_with_snapshots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

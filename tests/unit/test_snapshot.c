@@ -181,27 +181,43 @@ static void sLE(struct sbuf *s, uint64_t v, int bytes)
 static void sMsg(struct sbuf *s, const ProtobufCMessage *m)
 {
     uint8_t tmp[1024];
+    assert_true(protobuf_c_message_get_packed_size(m) <= sizeof(tmp));
     size_t n = protobuf_c_message_pack(m, tmp);
-    assert_true(n < 128);
-    uint8_t len = (uint8_t)n;
-    sPut(s, &len, 1);
+    /* The varint length. */
+    for (size_t v = n;; v >>= 7) {
+        uint8_t b = (uint8_t)(v & 0x7f);
+        if (v >= 0x80) {
+            b |= 0x80;
+        }
+        sPut(s, &b, 1);
+        if (v < 0x80) {
+            break;
+        }
+    }
     sPut(s, tmp, n);
 }
 
-static void sStart(struct sbuf *s, uint64_t count, uint64_t last_index)
+/* Starts a snapshot whose header holds the given tenants and format. */
+static void sStartHeader(struct sbuf *s, uint64_t count, uint64_t last_index, char **tenants,
+                         size_t n_tenants, uint32_t format)
 {
     s->n = 0;
     sPut(s, "IDEMSNAP", 8);
     sLE(s, 1, 4);
     Idem__SnapshotHeader h = IDEM__SNAPSHOT_HEADER__INIT;
-    char *tenants[] = {"acme"};
-    h.format = 1;
+    h.format = format;
     h.clock_ms = 100;
     h.record_count = count;
-    h.n_tenants = 1;
+    h.n_tenants = n_tenants;
     h.tenants = tenants;
     h.last_index = last_index;
     sMsg(s, &h.base);
+}
+
+static void sStart(struct sbuf *s, uint64_t count, uint64_t last_index)
+{
+    char *tenants[] = {"acme"};
+    sStartHeader(s, count, last_index, tenants, 1, 1);
 }
 
 static void sFinish(struct sbuf *s)
@@ -314,6 +330,8 @@ static void test_refuses_bad_snapshots(void **state)
         "token beyond last index", "response while processing",
         "completed without response", "zero tombstone ttl",
         "bad attempt digest",     "malformed response",
+        "unknown completion",     "response with status out of range",
+        "zero token",             "state unspecified",
     };
     for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++) {
         sStart(&s, 1, 5);
@@ -334,11 +352,53 @@ static void test_refuses_bad_snapshots(void **state)
         case 8: r.attempt_digest.data = junk; r.attempt_digest.len = 3; break;
         case 9: r.state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
                 r.response.data = junk; r.response.len = 3; break;
+        case 10: r.completion = (Idem__Completion)7; break;
+        case 11: /* a well-formed StoredResponse with status 99 */
+            r.state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
+            r.response.data = (uint8_t *)"\x08\x63";
+            r.response.len = 2;
+            break;
+        case 12: r.token = 0; break;
+        case 13: r.state = IDEM__RECORD_STATE__RECORD_STATE_UNSPECIFIED; break;
         }
         sMsg(&s, &r.base);
         sFinish(&s);
         expectRestore(&s, -1, labels[i]);
     }
+
+    /* Header rules: tenant names non-empty, at most 128 bytes and distinct; the header's
+     * own format number; a record count that the bytes could hold. */
+    char longName[130];
+    memset(longName, 'n', 129);
+    longName[129] = '\0';
+    char *repeated[] = {"acme", "acme"};
+    char *empty[] = {""};
+    char *tooLong[] = {longName};
+    char *fine[] = {"acme"};
+    struct {
+        const char *label;
+        char **tenants;
+        size_t n;
+        uint32_t format;
+        uint64_t count;
+    } headers[] = {
+        {"repeated tenant", repeated, 2, 1, 0},
+        {"empty tenant", empty, 1, 1, 0},
+        {"tenant name of 129 bytes", tooLong, 1, 1, 0},
+        {"header format 2", fine, 1, 2, 0},
+        {"record count far beyond the bytes", fine, 1, 1, UINT64_C(1) << 50},
+    };
+    for (size_t i = 0; i < sizeof(headers) / sizeof(headers[0]); i++) {
+        sStartHeader(&s, headers[i].count, 5, headers[i].tenants, headers[i].n,
+                     headers[i].format);
+        sFinish(&s);
+        expectRestore(&s, -1, headers[i].label);
+    }
+    /* A name of exactly 128 bytes is allowed. */
+    longName[128] = '\0';
+    sStartHeader(&s, 0, 5, tooLong, 1, 1);
+    sFinish(&s);
+    expectRestore(&s, 0, "tenant name of 128 bytes");
 
     /* Cut anywhere: always refused, never a crash. */
     sStart(&s, 1, 5);
