@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "idem.pb-c.h"
+#include "transport.h"
 
 #define TICK_MS 100
 #define SLOT_BITS 16
@@ -66,7 +67,7 @@ struct cluster {
     struct cluster_config cfg;
     char *raft_address, *rpc_address, *http_address, *data_dir;
     struct cluster_ops ops;
-    struct raft_uv_transport transport;
+    struct transport transport;
     struct raft_io io;
     struct raft_fsm fsm;
     struct raft raft;
@@ -641,12 +642,12 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
                 cfg->bootstrap[i].http_address);
     }
 
-    int rv = raft_uv_tcp_init(&c->transport, loop);
+    int rv = transport_init(&c->transport, loop);
     if (rv != 0) {
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         goto err_free;
     }
-    rv = raft_uv_init(&c->io, loop, c->data_dir, &c->transport);
+    rv = raft_uv_init(&c->io, loop, c->data_dir, &c->transport.outer);
     if (rv != 0) {
         snprintf(err, errlen, "raft storage in %s: %s", c->data_dir,
                  c->io.errmsg[0] ? c->io.errmsg : raft_strerror(rv));
@@ -707,7 +708,7 @@ err_raft:
 err_io:
     raft_uv_close(&c->io);
 err_transport:
-    raft_uv_tcp_close(&c->transport);
+    transport_close(&c->transport);
 err_free:
     free(c->raft_address);
     free(c->rpc_address);
@@ -731,7 +732,7 @@ int cluster_start(struct cluster *c)
 static void clusterFree(struct cluster *c)
 {
     raft_uv_close(&c->io);
-    raft_uv_tcp_close(&c->transport);
+    transport_close(&c->transport);
     cluster_close_cb cb = c->close_cb;
     void *data = c->close_data;
     resetOpenBatch(c);
