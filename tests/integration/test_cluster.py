@@ -1,15 +1,17 @@
 """Integration tests of the three-node cluster: real idemd processes on loopback, idemctl as
 the client (issue #3). Run: python3 -m unittest -v tests/integration/test_cluster.py
 """
+import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, fp, wait_for  # noqa: E402
+from harness import BIN, Cluster, fp, wait_for  # noqa: E402
 
 ACQ = "acquired"
 
@@ -181,6 +183,28 @@ class TestFailures(ClusterTest):
             self.assertEqual(out["outcome"], ACQ, out)
 
 
+class TestExpiry(ClusterTest):
+    cluster_opts = dict(expiry_ms=100)
+
+    def test_leader_expires_records_into_tombstones(self):
+        rc, a = self.claim("short-lived", ttl=800)
+        self.assertEqual(a["outcome"], ACQ)
+        self.complete("short-lived", a["token"], "done")
+        rc, out = self.claim("short-lived")
+        self.assertEqual(out["outcome"], "replay")
+        # The leader's ticker proposes an expire entry once the ttl passed: a retry of the
+        # expired key gets 'expired' (410) instead of running again; a new key is unaffected.
+        wait_for(lambda: self.claim("short-lived")[1]["outcome"] == "expired", 15,
+                 "the record to become a tombstone")
+        rc, out = self.claim("brand-new")
+        self.assertEqual(out["outcome"], ACQ)
+        # Followers learn the commit index with the next heartbeat: all converge.
+        wait_for(lambda: all(n["records"] == 2 and n["tombstones"] == 1
+                             for n in (self.c.status() or {"nodes": [{}]})["nodes"]
+                             if "records" in n) and len(self.c.status()["nodes"]) == 3,
+                 10, "every replica to hold the tombstone and the new record")
+
+
 class TestSnapshots(ClusterTest):
     cluster_opts = dict(snapshot_threshold=64, snapshot_trailing=16)
 
@@ -210,6 +234,25 @@ class TestSnapshots(ClusterTest):
 
 class TestMembership(ClusterTest):
     def test_add_fourth_and_remove_one_under_load(self):
+        # Load for the whole change: idem-bench claims and completes fresh keys meanwhile.
+        lid0 = self.c.leader()
+        bench = subprocess.Popen(
+            [os.path.join(BIN, "idem-bench"), "--cluster", self.c.nodes[lid0].rpc,
+             "--token", self.c.token, "--workload", "claim-complete", "--concurrency", "4",
+             "--duration", "8", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            self._membership_change()
+        finally:
+            try:
+                out, err = bench.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                bench.kill()
+                out, err = bench.communicate()
+        report = json.loads(out) if out.strip() else {}
+        self.assertGreater(report.get("ops", 0), 0, err)
+        self.assertEqual(report.get("errors"), 0, report)
+
+    def _membership_change(self):
         new = self.c.add_node(4)
         rc, out = self.c.ctl("members", "add", 4, new.raft, new.rpc, new.http)
         self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
