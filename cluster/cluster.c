@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "idem.pb-c.h"
+#include "io.h"
 #include "transport.h"
 
 #define TICK_MS 100
@@ -68,7 +69,7 @@ struct cluster {
     char *raft_address, *rpc_address, *http_address, *data_dir;
     struct cluster_ops ops;
     struct transport transport;
-    struct raft_io io;
+    struct io io;
     struct raft_fsm fsm;
     struct raft raft;
     uv_check_t flush;
@@ -647,14 +648,15 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         goto err_free;
     }
-    rv = raft_uv_init(&c->io, loop, c->data_dir, &c->transport.outer);
+    rv = raft_uv_init(&c->io.inner, loop, c->data_dir, &c->transport.outer);
     if (rv != 0) {
         snprintf(err, errlen, "raft storage in %s: %s", c->data_dir,
-                 c->io.errmsg[0] ? c->io.errmsg : raft_strerror(rv));
+                 c->io.inner.errmsg[0] ? c->io.inner.errmsg : raft_strerror(rv));
         goto err_transport;
     }
-    raft_uv_set_connect_retry_delay(&c->io, 100);
-    raft_uv_set_snapshot_compression(&c->io, false);
+    raft_uv_set_connect_retry_delay(&c->io.inner, 100);
+    raft_uv_set_snapshot_compression(&c->io.inner, false);
+    io_wrap(&c->io);
 
     c->fsm.version = 2;
     c->fsm.data = c;
@@ -662,7 +664,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->fsm.snapshot = fsmSnapshot;
     c->fsm.restore = fsmRestore;
     c->fsm.snapshot_finalize = fsmSnapshotFinalize;
-    rv = raft_init(&c->raft, &c->io, &c->fsm, cfg->id, c->raft_address);
+    rv = raft_init(&c->raft, &c->io.outer, &c->fsm, cfg->id, c->raft_address);
     if (rv != 0) {
         snprintf(err, errlen, "raft: %s", raft_errmsg(&c->raft));
         goto err_io;
@@ -706,7 +708,7 @@ err_raft:
     raft_close(&c->raft, NULL);
     uv_run(loop, UV_RUN_NOWAIT);
 err_io:
-    raft_uv_close(&c->io);
+    raft_uv_close(&c->io.inner);
 err_transport:
     transport_close(&c->transport);
 err_free:
@@ -731,7 +733,7 @@ int cluster_start(struct cluster *c)
 
 static void clusterFree(struct cluster *c)
 {
-    raft_uv_close(&c->io);
+    raft_uv_close(&c->io.inner);
     transport_close(&c->transport);
     cluster_close_cb cb = c->close_cb;
     void *data = c->close_data;

@@ -1,0 +1,36 @@
+/* io: raft's disk and network I/O (raft_uv) behind a thin wrapper that corrects one bug of
+ * libraft 0.15's follower.
+ *
+ * The bug (found by tests/sim, see its comment for the replay seed): a follower that accepts
+ * an AppendEntries without writing anything (a heartbeat, or entries it already holds)
+ * answers with last_log_index = its last *stored* index. When its log still ends with
+ * entries of an older term past those the RPC covered, the leader takes them as matching
+ * its own and may commit an entry that only it holds; a later leader overwrites it, and
+ * replicas apply different commands at the same index. Raft's rule (Figure 2 of the paper)
+ * is that a success answer vouches only for prev_log_index + the RPC's entries; the fork
+ * cowsql/raft answers exactly that. This wrapper applies that rule to every answer raft
+ * sends from inside its handling of an AppendEntries: those are the answers that report
+ * without an append. (An answer sent after an append is right already: the append
+ * truncated any conflicting suffix first.) */
+#ifndef IDEM_CLUSTER_IO_H
+#define IDEM_CLUSTER_IO_H
+
+#include <raft.h>
+#include <stdbool.h>
+
+struct io {
+    struct raft_io outer; /* first member; hand &outer to raft_init */
+    struct raft_io inner; /* raft_uv_init() it; raft_uv_set_*() and raft_uv_close() on it */
+    raft_io_tick_cb raft_tick;
+    raft_io_recv_cb raft_recv;
+    raft_io_close_cb close_cb;
+    bool in_append_entries;
+    raft_id ae_from;
+    raft_index ae_end;
+    unsigned long corrected; /* answers clamped so far */
+};
+
+/* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(). */
+void io_wrap(struct io *io);
+
+#endif
