@@ -240,10 +240,13 @@ static bool limitsAllow(const Idem__TenantLimits *lim, const struct tenant *tn,
     if (lim == NULL) {
         return true;
     }
-    if (lim->max_records != 0 && tn->records + add_records > lim->max_records) {
+    /* Only a dimension the command grows can refuse it: a tenant already over a quota
+     * (lowered by the leader, or grown by an operator's resolve) must still be able to
+     * complete what it holds, or an unknown outcome could not be recorded. */
+    if (add_records > 0 && lim->max_records != 0 && tn->records + add_records > lim->max_records) {
         return false;
     }
-    if (lim->max_bytes != 0 && tn->bytes + add_bytes > lim->max_bytes) {
+    if (add_bytes > 0 && lim->max_bytes != 0 && tn->bytes + add_bytes > lim->max_bytes) {
         return false;
     }
     return true;
@@ -602,8 +605,10 @@ static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__Ex
         case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
             /* Nothing re-runs on a guess (CONTRACT.md §2, unknown): a quarantined record
              * outlives its ttl until resolve; it is re-armed for another tombstone ttl
-             * (which is positive: the ttl when not given). */
-            r->expires_at = addSat(r->expires_at, r->tombstone_ttl);
+             * (positive: the ttl when not given) from now, so that a clock jump does not
+             * make it use up the batch. */
+            r->expires_at = addSat(r->expires_at > f->clock ? r->expires_at : f->clock,
+                                   r->tombstone_ttl);
             expiry_update(&f->t.heap, r);
             break;
         case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:

@@ -62,7 +62,7 @@ struct fsm_record_view {
  * valid until the next fsm_apply(), fsm_restore() or fsm_close(). */
 struct fsm_result {
     Idem__Outcome outcome;
-    uint64_t token;             /* acquired; previous holder's with lease_lost */
+    uint64_t token;             /* acquired, replay, ok; 0 otherwise */
     uint64_t lease_deadline_ms; /* acquired, renew */
     uint64_t expires_at_ms;     /* acquired, replay */
     uint64_t retry_after_ms;    /* in_progress */

@@ -200,6 +200,28 @@ static const char *restoreRecord(struct fsm *f, const Idem__Record *m, struct ar
     if ((unsigned)m->completion > IDEM__COMPLETION__COMPLETION_UNKNOWN) {
         return "record completion invalid";
     }
+    /* The completion must be one that apply can have left with this state. */
+    switch (m->state) {
+    case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
+    case IDEM__RECORD_STATE__RECORD_STATE_RELEASED:
+        if (m->completion != IDEM__COMPLETION__COMPLETION_UNSPECIFIED) {
+            return "record completion does not fit its state";
+        }
+        break;
+    case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
+        if (m->completion != IDEM__COMPLETION__COMPLETION_SUCCEEDED &&
+            m->completion != IDEM__COMPLETION__COMPLETION_FAILED_FINAL) {
+            return "record completion does not fit its state";
+        }
+        break;
+    case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
+        if (m->completion != IDEM__COMPLETION__COMPLETION_UNKNOWN) {
+            return "record completion does not fit its state";
+        }
+        break;
+    default:
+        break; /* a tombstone keeps the completion it had */
+    }
     if (m->attempt_digest.len != 0 && m->attempt_digest.len != 16) {
         return "record attempt digest not 16 bytes";
     }

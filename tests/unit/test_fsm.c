@@ -3,7 +3,9 @@
  * The first test is a table of scenarios: each is a list of steps (an operation, the leader
  * clock, and the expected outcome), where a step may use the token granted by an earlier
  * step. The tests after it check properties that a table cannot say well: token values,
- * retry-after, stored bytes, expiry order, quotas, and malformed input. */
+ * retry-after, stored bytes, expiry order, quotas, and malformed input. The last one applies
+ * thousands of random commands to two state machines in lockstep, one of them restored from
+ * snapshots of itself, and checks that they never disagree (IDEM_SEED replays a run). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -15,6 +17,9 @@
 #include <time.h>
 
 #include <cmocka.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "fsm_helpers.h"
 
@@ -964,53 +969,134 @@ static void test_digest_covers_every_field(void **state)
     }
 }
 
-/* The record table is open addressing with backward-shift deletion. With it about two
- * thirds full (700 records in 1024 slots), probe runs are long and wrap around the end of
- * the slot array; deleting and re-inserting keys at random must keep every present key
- * reachable and every deleted key absent. */
+/* The home slot of (tenant, key) in a table of `slots` slots, computed the way table.c does
+ * (XXH3 of the key, seeded with XXH3 of the tenant). The churn test below uses it only to
+ * pick keys that crowd around the end of the slot array; if the table ever hashes otherwise,
+ * the test still holds, it merely exercises less. */
+static size_t homeSlot(const char *tenant, const char *key, size_t slots)
+{
+    uint64_t seed = XXH3_64bits(tenant, strlen(tenant));
+    return (size_t)(XXH3_64bits_withSeed(key, strlen(key), seed) & (slots - 1));
+}
+
+/* The record table is open addressing with linear probing and backward-shift deletion.
+ * Forty keys whose home is one of the last 16 slots and forty whose home is one of the
+ * first 8 make one long probe run that wraps around the end of the 1024-slot array, among
+ * 500 keys elsewhere. Deleting and re-inserting keys of the run at random must keep every
+ * present key reachable and every deleted key absent, wherever the hole falls. */
 static void test_table_churn_keeps_keys_reachable(void **state)
 {
     (void)state;
-    enum { N = 700 };
+    enum { EDGE = 80, FILL = 500, N = EDGE + FILL };
+    static char keys[N][16];
+    int tail = 0, head = 0, fill = 0;
+    for (int c = 0; tail + head < EDGE || fill < FILL; c++) {
+        char key[16];
+        snprintf(key, sizeof(key), "w%d", c);
+        size_t home = homeSlot("t1", key, 1024);
+        if (home >= 1024 - 16 && tail < EDGE / 2) {
+            strcpy(keys[tail++], key);
+        } else if (home < 8 && head < EDGE / 2) {
+            strcpy(keys[EDGE / 2 + head++], key);
+        } else if (home >= 64 && home < 1024 - 64 && fill < FILL) {
+            strcpy(keys[EDGE + fill++], key);
+        }
+    }
     struct th h;
     th_init(&h);
     bool present[N];
-    char key[16];
-    uint64_t x = 0x2545f4914f6cdd1dULL;
     for (int i = 0; i < N; i++) {
-        snprintf(key, sizeof(key), "churn-%d", i);
-        assert_int_equal(th_claim(&h, 0, key, 1, NULL), ACQ);
-        present[i] = true;
+        /* Interleave the two ends so that the run mixes their homes. */
+        int k = i < EDGE ? (i % 2 ? EDGE / 2 + i / 2 : i / 2) : i;
+        assert_int_equal(th_claim(&h, 0, keys[k], 1, NULL), ACQ);
+        present[k] = true;
     }
-    for (int round = 0; round < 6; round++) {
-        for (int i = 0; i < N; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if (x % 3 != 0) {
-                continue;
-            }
-            snprintf(key, sizeof(key), "churn-%d", i);
-            if (present[i]) {
-                assert_int_equal(th_resolve(&h, 0, "t1", key, 1, 0, NULL), OK);
-            } else {
-                assert_int_equal(th_claim(&h, 0, key, 1, NULL), ACQ);
-            }
-            present[i] = !present[i];
+    uint64_t x = 0x2545f4914f6cdd1dULL;
+    for (int step = 0; step < 400; step++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        int k = (int)(x % EDGE);
+        if (present[k]) {
+            assert_int_equal(th_resolve(&h, 0, "t1", keys[k], 1, 0, NULL), OK);
+        } else {
+            assert_int_equal(th_claim(&h, 0, keys[k], 1, NULL), ACQ);
         }
+        present[k] = !present[k];
+        int upto = step % 50 == 49 ? N : EDGE;
         size_t live = 0;
-        for (int i = 0; i < N; i++) {
-            snprintf(key, sizeof(key), "churn-%d", i);
-            Idem__Outcome o = th_get(&h, 0, "t1", key);
+        for (int i = 0; i < upto; i++) {
+            Idem__Outcome o = th_get(&h, 0, "t1", keys[i]);
             if (o != (present[i] ? OK : NOTFOUND)) {
-                fail_msg("round %d: key %s answers %d", round, key, (int)o);
+                fail_msg("step %d: key %s (home %zu) answers %d", step, keys[i],
+                         homeSlot("t1", keys[i], 1024), (int)o);
             }
             live += present[i];
         }
-        struct fsm_stats st;
-        fsm_get_stats(h.f, &st);
-        assert_int_equal(st.records, live);
+        if (upto == N) {
+            struct fsm_stats st;
+            fsm_get_stats(h.f, &st);
+            assert_int_equal(st.records, live);
+        }
     }
+    th_close(&h);
+}
+
+struct tenantHash {
+    uint64_t bits; /* the home slot in 1024 and the 16-bit tag of key "k" */
+    int tenant;
+};
+
+static int tenantHashCmp(const void *a, const void *b)
+{
+    const struct tenantHash *x = a, *y = b;
+    return x->bits < y->bits ? -1 : x->bits > y->bits;
+}
+
+/* Two tenants whose hashes of the same key collide in the home slot and in the 16-bit tag
+ * that the table keeps in each slot (found by a birthday search over tenant names) still
+ * never see each other's record: the table compares the tenant, not just hash and key. */
+static void test_tenants_separate_when_hashes_collide(void **state)
+{
+    (void)state;
+    enum { M = 60000 };
+    struct tenantHash *hs = malloc(M * sizeof(*hs));
+    assert_non_null(hs);
+    char name[16];
+    for (int i = 0; i < M; i++) {
+        snprintf(name, sizeof(name), "tenant%d", i);
+        uint64_t h = XXH3_64bits_withSeed("k", 1, XXH3_64bits(name, strlen(name)));
+        hs[i].bits = (h >> 48) << 10 | (h & 1023);
+        hs[i].tenant = i;
+    }
+    qsort(hs, M, sizeof(*hs), tenantHashCmp);
+    int a = -1, b = -1;
+    for (int i = 1; i < M && a < 0; i++) {
+        if (hs[i].bits == hs[i - 1].bits) {
+            a = hs[i - 1].tenant;
+            b = hs[i].tenant;
+        }
+    }
+    free(hs);
+    assert_true(a >= 0);
+    char ta[16], tb[16];
+    snprintf(ta, sizeof(ta), "tenant%d", a);
+    snprintf(tb, sizeof(tb), "tenant%d", b);
+
+    struct th h;
+    th_init(&h);
+    struct th_claim oa = {.tenant = ta}, ob = {.tenant = tb};
+    assert_int_equal(th_claim(&h, 0, "k", 1, &oa), ACQ);
+    uint64_t tokA = h.r.token;
+    assert_int_equal(th_get(&h, 1, tb, "k"), NOTFOUND);
+    assert_int_equal(th_claim(&h, 2, "k", 2, &ob), ACQ);
+    uint64_t tokB = h.r.token;
+    assert_int_equal(th_complete(&h, 3, tb, "k", tokA, SUCCEEDED, 200, "B", 0), LOST);
+    assert_int_equal(th_complete(&h, 4, tb, "k", tokB, SUCCEEDED, 200, "B", 0), OK);
+    assert_int_equal(th_claim(&h, 5, "k", 1, &oa), INPROG);
+    assert_int_equal(th_resolve(&h, 6, ta, "k", 1, 0, NULL), OK);
+    assert_int_equal(th_claim(&h, 7, "k", 2, &ob), REPLAY);
+    assert_string_equal(th_body(h.r.response, h.r.response_len), "B");
     th_close(&h);
 }
 
@@ -1472,6 +1558,78 @@ static void test_randomized_lockstep_with_snapshots(void **state)
     free(ls);
 }
 
+/* Applies a complete of (t1, key) with the given limits; status 0: no response. */
+static Idem__Outcome completeWithLimits(struct th *h, uint64_t now, const char *key,
+                                        uint64_t token, Idem__Completion outcome,
+                                        uint32_t status, uint64_t max_records,
+                                        uint64_t max_bytes)
+{
+    Idem__CompleteCmd c = IDEM__COMPLETE_CMD__INIT;
+    Idem__StoredResponse resp = IDEM__STORED_RESPONSE__INIT;
+    Idem__TenantLimits lim = IDEM__TENANT_LIMITS__INIT;
+    c.tenant = "t1";
+    c.key.data = (uint8_t *)key;
+    c.key.len = strlen(key);
+    c.token = token;
+    c.outcome = outcome;
+    if (status != 0) {
+        resp.status = status;
+        c.response = &resp;
+    }
+    lim.max_records = max_records;
+    lim.max_bytes = max_bytes;
+    c.limits = &lim;
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    cmd.now_ms = now;
+    cmd.op_case = IDEM__COMMAND__OP_COMPLETE;
+    cmd.complete = &c;
+    return th_apply(h, &cmd);
+}
+
+/* A completion adds no record, so a records quota cannot refuse it; and a completion that
+ * adds no bytes cannot be refused by a bytes quota, even when the tenant is already over it
+ * (the leader lowered the quota, or an operator's resolve, which bypasses quotas, grew it).
+ * Otherwise an unknown outcome cannot be recorded, the record stays processing, and after
+ * the lease a takeover runs the business again on a guess. */
+static void test_complete_not_refused_by_a_quota_it_does_not_grow(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    assert_int_equal(th_claim(&h, 0, "a", 1, NULL), ACQ);
+    uint64_t ta = h.r.token;
+    assert_int_equal(th_claim(&h, 0, "b", 1, NULL), ACQ);
+    uint64_t tb = h.r.token;
+    /* Two records held; the leader's records quota is now 1. */
+    assert_int_equal(completeWithLimits(&h, 1, "a", ta, SUCCEEDED, 200, 1, 0), OK);
+    /* 2 x 33 bytes held plus a's response; the bytes quota is now 40. */
+    assert_int_equal(completeWithLimits(&h, 2, "b", tb, UNKNOWN_C, 0, 0, 40), OK);
+    struct th_claim take = {.policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER};
+    assert_int_equal(th_claim(&h, 5000, "b", 1, &take), UNKNOWN);
+    th_close(&h);
+}
+
+/* Re-arming a quarantined record must not depend on how far the clock jumped: one expire
+ * command with room for every due record turns the completed record into a tombstone,
+ * instead of spending its whole batch re-arming the quarantined one, one tombstone ttl at
+ * a time. */
+static void test_quarantine_rearm_does_not_eat_the_batch(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    struct th_claim q = {.ttl_ms = 10, .tombstone_ttl_ms = 1};
+    assert_int_equal(th_claim(&h, 0, "q", 1, &q), ACQ);
+    assert_int_equal(th_complete(&h, 0, "t1", "q", h.r.token, UNKNOWN_C, 0, NULL, 0), OK);
+    struct th_claim p = {.ttl_ms = 100000, .tombstone_ttl_ms = 1000000};
+    assert_int_equal(th_claim(&h, 0, "p", 1, &p), ACQ);
+    assert_int_equal(th_complete(&h, 0, "t1", "p", h.r.token, SUCCEEDED, 200, "x", 0), OK);
+    assert_int_equal(th_expire(&h, 200000, 100), OK);
+    assert_int_equal(h.r.expired, 1);
+    assert_false(h.r.more);
+    th_close(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1489,6 +1647,8 @@ int main(void)
         cmocka_unit_test(test_invalid_commands_change_nothing),
         cmocka_unit_test(test_body_ref_response),
         cmocka_unit_test(test_digest_is_deterministic),
+        cmocka_unit_test(test_complete_not_refused_by_a_quota_it_does_not_grow),
+        cmocka_unit_test(test_quarantine_rearm_does_not_eat_the_batch),
         cmocka_unit_test(test_lease_deadline_boundaries),
         cmocka_unit_test(test_clock_steps_back_for_every_op),
         cmocka_unit_test(test_get_reports_completion_and_creation),
@@ -1496,6 +1656,7 @@ int main(void)
         cmocka_unit_test(test_quota_boundaries),
         cmocka_unit_test(test_digest_covers_every_field),
         cmocka_unit_test(test_table_churn_keeps_keys_reachable),
+        cmocka_unit_test(test_tenants_separate_when_hashes_collide),
         cmocka_unit_test(test_many_tenants),
         cmocka_unit_test(test_randomized_lockstep_with_snapshots),
     };
