@@ -35,6 +35,7 @@
 #include <jansson.h>
 #include <openssl/rand.h>
 
+#include "cli.h"
 #include "idem.h"
 
 #define EXIT_RAN 0
@@ -200,41 +201,6 @@ static const char usageText[] =
     "\n"
     "Exit status: 0 it ran, 2 usage error, 3 nothing could be reached, 1 setup failed.\n";
 
-static void usageError(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void usageError(const char *fmt, ...)
-{
-    va_list ap;
-    fputs("idem-bench: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputs("\nTry 'idem-bench --help'.\n", stderr);
-    exit(EXIT_USAGE);
-}
-
-static uint64_t parseU64(const char *what, const char *s, uint64_t min, uint64_t max)
-{
-    uint64_t v = 0;
-    if (s[0] == '\0') {
-        usageError("%s: expected a number, got an empty value", what);
-    }
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9') {
-            usageError("%s: \"%s\" is not a number", what, s);
-        }
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (UINT64_MAX - d) / 10) {
-            usageError("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min, max);
-        }
-        v = v * 10 + d;
-    }
-    if (v < min || v > max) {
-        usageError("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min, max);
-    }
-    return v;
-}
-
 /* Matches "--name value" or "--name=value" at argv[*i]; consumes it. */
 static bool optValue(int argc, char **argv, int *i, const char *name, const char **val)
 {
@@ -252,7 +218,7 @@ static bool optValue(int argc, char **argv, int *i, const char *name, const char
         return false;
     }
     if (*i + 1 >= argc) {
-        usageError("option %s needs a value", name);
+        cli_usage_error("option %s needs a value", name);
     }
     *val = argv[*i + 1];
     *i += 2;
@@ -290,23 +256,23 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
         } else if (optValue(argc, argv, &i, "--token", &v)) {
             cfg->token = v;
         } else if (optValue(argc, argv, &i, "--concurrency", &v)) {
-            cfg->concurrency = (unsigned)parseU64("--concurrency", v, 1, MAX_CONCURRENCY);
+            cfg->concurrency = (unsigned)cli_parse_u64("--concurrency", v, 1, MAX_CONCURRENCY);
         } else if (optValue(argc, argv, &i, "--duration", &v)) {
-            cfg->duration_s = (unsigned)parseU64("--duration", v, 1, MAX_DURATION_S);
+            cfg->duration_s = (unsigned)cli_parse_u64("--duration", v, 1, MAX_DURATION_S);
         } else if (optValue(argc, argv, &i, "--requests", &v)) {
-            cfg->requests = parseU64("--requests", v, 1, UINT64_MAX / 2);
+            cfg->requests = cli_parse_u64("--requests", v, 1, UINT64_MAX / 2);
         } else if (optValue(argc, argv, &i, "--deadline", &v)) {
-            cfg->deadline_ms = (uint32_t)parseU64("--deadline", v, 1, 600000);
+            cfg->deadline_ms = (uint32_t)cli_parse_u64("--deadline", v, 1, 600000);
         } else if (optValue(argc, argv, &i, "--workload", &v)) {
             workload = v;
         } else if (arg[0] == '-') {
-            usageError("unknown option %s", arg);
+            cli_usage_error("unknown option %s", arg);
         } else {
-            usageError("unexpected argument \"%s\"", arg);
+            cli_usage_error("unexpected argument \"%s\"", arg);
         }
     }
     if (workload == NULL) {
-        usageError("missing --workload fresh|replay|claim-complete");
+        cli_usage_error("missing --workload fresh|replay|claim-complete");
     }
     bool found = false;
     for (size_t w = 0; w < sizeof workloadNames / sizeof workloadNames[0]; w++) {
@@ -316,17 +282,17 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
         }
     }
     if (!found) {
-        usageError("--workload must be fresh, replay or claim-complete, got \"%s\"", workload);
+        cli_usage_error("--workload must be fresh, replay or claim-complete, got \"%s\"", workload);
     }
     if (cfg->cluster == NULL) {
-        usageError("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     char why[160];
     if (idem_seeds_check(cfg->cluster, why, sizeof why) != IDEM_OK) {
-        usageError("bad --cluster: %s", why);
+        cli_usage_error("bad --cluster: %s", why);
     }
     if (cfg->token == NULL) {
-        usageError("no token: pass --token T or set IDEM_TOKEN");
+        cli_usage_error("no token: pass --token T or set IDEM_TOKEN");
     }
 }
 
@@ -648,6 +614,7 @@ static double round3(double v)
 
 int main(int argc, char **argv)
 {
+    cli_set_prog("idem-bench");
     struct bench *b = calloc(1, sizeof *b);
     if (b == NULL) {
         fputs("idem-bench: out of memory\n", stderr);

@@ -23,6 +23,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 
+#include "cli.h"
 #include "idem.h"
 
 #define EXIT_ANSWERED 0
@@ -91,19 +92,6 @@ struct args {
 
 /* ---- errors -------------------------------------------------------------------------- */
 
-static void usageError(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void usageError(const char *fmt, ...)
-{
-    va_list ap;
-    fputs("idemctl: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputs("\nTry 'idemctl --help'.\n", stderr);
-    exit(EXIT_USAGE);
-}
-
 static void oom(void) __attribute__((noreturn));
 
 static void oom(void)
@@ -113,29 +101,6 @@ static void oom(void)
 }
 
 /* ---- numbers and values -------------------------------------------------------------- */
-
-/* Parses a plain decimal number in [min, max] or exits with a usage error naming `what`. */
-static uint64_t parseU64(const char *what, const char *s, uint64_t min, uint64_t max)
-{
-    uint64_t v = 0;
-    if (s[0] == '\0') {
-        usageError("%s: expected a number, got an empty value", what);
-    }
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9') {
-            usageError("%s: \"%s\" is not a number", what, s);
-        }
-        unsigned d = (unsigned)(*p - '0');
-        if (v > (UINT64_MAX - d) / 10) {
-            usageError("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min, max);
-        }
-        v = v * 10 + d;
-    }
-    if (v < min || v > max) {
-        usageError("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min, max);
-    }
-    return v;
-}
 
 static int hexVal(char ch)
 {
@@ -179,7 +144,7 @@ static bool optValue(struct args *a, const char *name, const char **val)
         return false;
     }
     if (a->i + 1 >= a->argc) {
-        usageError("%s%soption %s needs a value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
+        cli_usage_error("%s%soption %s needs a value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
                    name);
     }
     *val = a->argv[a->i + 1];
@@ -199,7 +164,7 @@ static bool optFlag(struct args *a, const char *name)
         return false;
     }
     if (arg[n] == '=') {
-        usageError("%s%soption %s takes no value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
+        cli_usage_error("%s%soption %s takes no value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
                    name);
     }
     if (arg[n] != '\0') {
@@ -226,7 +191,7 @@ static bool commonOpt(struct global *g, struct args *a)
         return true;
     }
     if (optValue(a, "--deadline", &v)) {
-        g->deadline_ms = (uint32_t)parseU64("--deadline", v, 1, MAX_DEADLINE_MS);
+        g->deadline_ms = (uint32_t)cli_parse_u64("--deadline", v, 1, MAX_DEADLINE_MS);
         return true;
     }
     if (optFlag(a, "--help") || optFlag(a, "-h")) {
@@ -246,10 +211,10 @@ static void positional(struct args *a, const char **slots, size_t max, size_t *n
         return;
     }
     if (!a->dashdash && isOption(arg)) {
-        usageError("%s: unknown option %s", a->cmd, arg);
+        cli_usage_error("%s: unknown option %s", a->cmd, arg);
     }
     if (*n >= max) {
-        usageError("%s: unexpected argument \"%s\"", a->cmd, arg);
+        cli_usage_error("%s: unexpected argument \"%s\"", a->cmd, arg);
     }
     slots[(*n)++] = arg;
     a->i++;
@@ -655,10 +620,10 @@ static int callAndEmit(const struct global *g, bool admin, const char *node,
 static void requireKey(const char *cmd, const char *key)
 {
     if (key == NULL) {
-        usageError("%s: missing KEY", cmd);
+        cli_usage_error("%s: missing KEY", cmd);
     }
     if (key[0] == '\0') {
-        usageError("%s: KEY is empty", cmd);
+        cli_usage_error("%s: KEY is empty", cmd);
     }
 }
 
@@ -679,17 +644,17 @@ static int cmdClaim(struct global *g, struct args *a)
     }
     requireKey("claim", npos ? pos[0] : NULL);
     if (fp == NULL) {
-        usageError("claim: missing --fingerprint HEX64");
+        cli_usage_error("claim: missing --fingerprint HEX64");
     }
     uint8_t fpb[32];
     if (strlen(fp) != 64) {
-        usageError("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
+        cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
                    strlen(fp));
     }
     for (size_t i = 0; i < 32; i++) {
         int hi = hexVal(fp[2 * i]), lo = hexVal(fp[2 * i + 1]);
         if (hi < 0 || lo < 0) {
-            usageError("claim: --fingerprint must be 64 hex digits (SHA-256)");
+            cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256)");
         }
         fpb[i] = (uint8_t)(hi << 4 | lo);
     }
@@ -701,7 +666,7 @@ static int cmdClaim(struct global *g, struct args *a)
         }
         attempt = attempt_buf;
     } else if (strlen(attempt) > ATTEMPT_MAX) {
-        usageError("claim: --attempt is longer than %d bytes", ATTEMPT_MAX);
+        cli_usage_error("claim: --attempt is longer than %d bytes", ATTEMPT_MAX);
     }
     Idem__ClaimRequest cr = IDEM__CLAIM_REQUEST__INIT;
     cr.key.data = (uint8_t *)pos[0];
@@ -710,8 +675,8 @@ static int cmdClaim(struct global *g, struct args *a)
     cr.fingerprint.len = sizeof fpb;
     cr.attempt_id.data = (uint8_t *)attempt;
     cr.attempt_id.len = strlen(attempt);
-    cr.lease_ms = lease ? parseU64("--lease", lease, 1, MAX_DURATION_MS) : 0;
-    cr.ttl_ms = ttl ? parseU64("--ttl", ttl, 1, MAX_DURATION_MS) : 0;
+    cr.lease_ms = lease ? cli_parse_u64("--lease", lease, 1, MAX_DURATION_MS) : 0;
+    cr.ttl_ms = ttl ? cli_parse_u64("--ttl", ttl, 1, MAX_DURATION_MS) : 0;
     if (policy == NULL) {
         cr.policy = IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED;
     } else if (strcmp(policy, "conflict") == 0) {
@@ -719,7 +684,7 @@ static int cmdClaim(struct global *g, struct args *a)
     } else if (strcmp(policy, "takeover") == 0) {
         cr.policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER;
     } else {
-        usageError("claim: --policy must be conflict or takeover, got \"%s\"", policy);
+        cli_usage_error("claim: --policy must be conflict or takeover, got \"%s\"", policy);
     }
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_CLAIM;
@@ -734,7 +699,7 @@ static void storedResponseFill(Idem__StoredResponse *sr, const char *cmd, const 
                                const char *body)
 {
     (void)cmd;
-    sr->status = (uint32_t)parseU64("--status", status, 100, 599);
+    sr->status = (uint32_t)cli_parse_u64("--status", status, 100, 599);
     if (body != NULL) {
         sr->body.data = (uint8_t *)body;
         sr->body.len = strlen(body);
@@ -756,17 +721,17 @@ static int cmdComplete(struct global *g, struct args *a)
     }
     requireKey("complete", npos ? pos[0] : NULL);
     if (token == NULL) {
-        usageError("complete: missing --token N (the fencing token from claim)");
+        cli_usage_error("complete: missing --token N (the fencing token from claim)");
     }
     if (status == NULL) {
-        usageError("complete: missing --status CODE");
+        cli_usage_error("complete: missing --status CODE");
     }
     Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
     storedResponseFill(&sr, "complete", status, body);
     Idem__CompleteRequest cr = IDEM__COMPLETE_REQUEST__INIT;
     cr.key.data = (uint8_t *)pos[0];
     cr.key.len = strlen(pos[0]);
-    cr.token = parseU64("--token", token, 1, UINT64_MAX);
+    cr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
     cr.response = &sr;
     if (outcome == NULL || strcmp(outcome, "succeeded") == 0) {
         cr.outcome = IDEM__COMPLETION__COMPLETION_SUCCEEDED;
@@ -775,7 +740,7 @@ static int cmdComplete(struct global *g, struct args *a)
     } else if (strcmp(outcome, "unknown") == 0) {
         cr.outcome = IDEM__COMPLETION__COMPLETION_UNKNOWN;
     } else {
-        usageError("complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"",
+        cli_usage_error("complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"",
                    outcome);
     }
     Idem__Request req = IDEM__REQUEST__INIT;
@@ -797,12 +762,12 @@ static int cmdRelease(struct global *g, struct args *a)
     }
     requireKey("release", npos ? pos[0] : NULL);
     if (token == NULL) {
-        usageError("release: missing --token N (the fencing token from claim)");
+        cli_usage_error("release: missing --token N (the fencing token from claim)");
     }
     Idem__ReleaseRequest rr = IDEM__RELEASE_REQUEST__INIT;
     rr.key.data = (uint8_t *)pos[0];
     rr.key.len = strlen(pos[0]);
-    rr.token = parseU64("--token", token, 1, UINT64_MAX);
+    rr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_RELEASE;
     req.release = &rr;
@@ -823,13 +788,13 @@ static int cmdRenew(struct global *g, struct args *a)
     }
     requireKey("renew", npos ? pos[0] : NULL);
     if (token == NULL) {
-        usageError("renew: missing --token N (the fencing token from claim)");
+        cli_usage_error("renew: missing --token N (the fencing token from claim)");
     }
     Idem__RenewRequest rr = IDEM__RENEW_REQUEST__INIT;
     rr.key.data = (uint8_t *)pos[0];
     rr.key.len = strlen(pos[0]);
-    rr.token = parseU64("--token", token, 1, UINT64_MAX);
-    rr.lease_ms = lease ? parseU64("--lease", lease, 1, MAX_DURATION_MS) : 0;
+    rr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
+    rr.lease_ms = lease ? cli_parse_u64("--lease", lease, 1, MAX_DURATION_MS) : 0;
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_RENEW;
     req.renew = &rr;
@@ -877,13 +842,13 @@ static int cmdResolve(struct global *g, struct args *a)
     }
     requireKey("resolve", npos ? pos[0] : NULL);
     if (tenant == NULL || tenant[0] == '\0') {
-        usageError("resolve: missing --tenant NAME");
+        cli_usage_error("resolve: missing --tenant NAME");
     }
     if (release == (status != NULL)) {
-        usageError("resolve: give exactly one of --release and --status CODE");
+        cli_usage_error("resolve: give exactly one of --release and --status CODE");
     }
     if (release && body != NULL) {
-        usageError("resolve: --body goes with --status, not --release");
+        cli_usage_error("resolve: --body goes with --status, not --release");
     }
     Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
     Idem__ResolveRequest rr = IDEM__RESOLVE_REQUEST__INIT;
@@ -912,7 +877,7 @@ static int cmdTransfer(struct global *g, struct args *a)
         positional(a, pos, 1, &npos);
     }
     Idem__TransferRequest tr = IDEM__TRANSFER_REQUEST__INIT;
-    tr.id = npos ? parseU64("transfer NODE_ID", pos[0], 1, UINT64_MAX) : 0;
+    tr.id = npos ? cli_parse_u64("transfer NODE_ID", pos[0], 1, UINT64_MAX) : 0;
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_TRANSFER;
     req.transfer = &tr;
@@ -933,7 +898,7 @@ static int cmdSnapshot(struct global *g, struct args *a)
     if (node != NULL) {
         char why[160];
         if (idem_seeds_check(node, why, sizeof why) != IDEM_OK || strchr(node, ',') != NULL) {
-            usageError("snapshot: bad --node address: %s",
+            cli_usage_error("snapshot: bad --node address: %s",
                        strchr(node, ',') ? "give one address" : why);
         }
         if (g->cluster == NULL) {
@@ -941,7 +906,7 @@ static int cmdSnapshot(struct global *g, struct args *a)
         }
     }
     if (g->cluster == NULL) {
-        usageError("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     Idem__SnapshotRequest sn = IDEM__SNAPSHOT_REQUEST__INIT;
     Idem__Request req = IDEM__REQUEST__INIT;
@@ -980,20 +945,20 @@ static int cmdMembers(struct global *g, struct args *a)
     Idem__MembersRequest mr = IDEM__MEMBERS_REQUEST__INIT;
     if (strcmp(action, "list") == 0) {
         if (npos > 1) {
-            usageError("members list: unexpected argument \"%s\"", pos[1]);
+            cli_usage_error("members list: unexpected argument \"%s\"", pos[1]);
         }
         mr.action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST;
     } else if (strcmp(action, "add") == 0) {
         if (npos < 4) {
-            usageError("members add: expected ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]");
+            cli_usage_error("members add: expected ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]");
         }
         mr.action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD;
-        mr.id = parseU64("members add ID", pos[1], 1, (uint64_t)INT64_MAX + 1);
+        mr.id = cli_parse_u64("members add ID", pos[1], 1, (uint64_t)INT64_MAX + 1);
         char why[160];
         for (size_t i = 2; i < npos; i++) {
             if (idem_seeds_check(pos[i], why, sizeof why) != IDEM_OK ||
                 strchr(pos[i], ',') != NULL) {
-                usageError("members add: bad address %s",
+                cli_usage_error("members add: bad address %s",
                            strchr(pos[i], ',') ? "(one address each)" : why);
             }
         }
@@ -1004,13 +969,13 @@ static int cmdMembers(struct global *g, struct args *a)
         }
     } else if (strcmp(action, "promote") == 0 || strcmp(action, "remove") == 0) {
         if (npos != 2) {
-            usageError("members %s: expected ID", action);
+            cli_usage_error("members %s: expected ID", action);
         }
         mr.action = action[1] == 'r' ? IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE
                                      : IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE;
-        mr.id = parseU64("members ID", pos[1], 1, (uint64_t)INT64_MAX + 1);
+        mr.id = cli_parse_u64("members ID", pos[1], 1, (uint64_t)INT64_MAX + 1);
     } else {
-        usageError("members: unknown action \"%s\" (list, add, promote or remove)", action);
+        cli_usage_error("members: unknown action \"%s\" (list, add, promote or remove)", action);
     }
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_MEMBERS;
@@ -1094,7 +1059,7 @@ static size_t splitCluster(const char *cluster, struct probe *probes, size_t max
             e--;
         }
         if ((size_t)(e - b) >= sizeof probes[n].addr) {
-            usageError("--cluster: address too long");
+            cli_usage_error("--cluster: address too long");
         }
         memcpy(probes[n].addr, b, (size_t)(e - b));
         probes[n].addr[e - b] = '\0';
@@ -1286,6 +1251,7 @@ static const char *envOrNull(const char *name)
 
 int main(int argc, char **argv)
 {
+    cli_set_prog("idemctl");
     struct global g = {
         .cluster = envOrNull("IDEM_CLUSTER"),
         .token = envOrNull("IDEM_TOKEN"),
@@ -1303,11 +1269,11 @@ int main(int argc, char **argv)
         } else if (optValue(&a, "--admin-token", &v)) {
             g.admin_token = v;
         } else if (!commonOpt(&g, &a)) {
-            usageError("unknown option %s", argv[a.i]);
+            cli_usage_error("unknown option %s", argv[a.i]);
         }
     }
     if (a.i >= argc) {
-        usageError("no command given");
+        cli_usage_error("no command given");
     }
     const char *word = argv[a.i++];
     const struct command *cmd = NULL;
@@ -1317,7 +1283,7 @@ int main(int argc, char **argv)
         }
     }
     if (cmd == NULL) {
-        usageError("unknown command \"%s\"", word);
+        cli_usage_error("unknown command \"%s\"", word);
     }
     a.cmd = cmd->name;
 
@@ -1326,7 +1292,7 @@ int main(int argc, char **argv)
     if (g.cluster != NULL) {
         char why[160];
         if (idem_seeds_check(g.cluster, why, sizeof why) != IDEM_OK) {
-            usageError("bad --cluster: %s", why);
+            cli_usage_error("bad --cluster: %s", why);
         }
     } else if (strcmp(cmd->name, "snapshot") != 0) {
         /* Let --help after the command still work without a cluster. */
@@ -1335,7 +1301,7 @@ int main(int argc, char **argv)
                 printHelp();
             }
         }
-        usageError("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     const char *tok = bearer(&g, cmd->admin);
     if (tok == NULL || tok[0] == '\0') {
@@ -1344,7 +1310,7 @@ int main(int argc, char **argv)
                 printHelp();
             }
         }
-        usageError(cmd->admin ? "%s needs the admin token: pass --admin-token T (before the "
+        cli_usage_error(cmd->admin ? "%s needs the admin token: pass --admin-token T (before the "
                                 "command) or set IDEM_ADMIN_TOKEN"
                               : "%s needs a bearer token: pass --token T (before the "
                                 "command) or set IDEM_TOKEN",
