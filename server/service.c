@@ -357,24 +357,24 @@ static void expiryArm(struct service *s, uint64_t delay_ms)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
-static const struct config_tenant *authTenant(const struct service *s, const ProtobufCBinaryData *tok)
+/* SHA-256 of a bearer token into h (OUT); false for an empty token. */
+static bool tokenHash(const ProtobufCBinaryData *tok, uint8_t h[32])
+{
+    unsigned int hl = 0;
+    return tok->len > 0 && EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) == 1;
+}
+
+static const struct config_tenant *authTenant(const struct service *s,
+                                              const ProtobufCBinaryData *tok)
 {
     uint8_t h[32];
-    unsigned int hl = 0;
-    if (tok->len == 0 || EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) != 1) {
-        return NULL;
-    }
-    return config_tenant_by_token_hash(s->cfg, h);
+    return tokenHash(tok, h) ? config_tenant_by_token_hash(s->cfg, h) : NULL;
 }
 
 static bool authAdmin(const struct service *s, const ProtobufCBinaryData *tok)
 {
     uint8_t h[32];
-    unsigned int hl = 0;
-    if (tok->len == 0 || EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) != 1) {
-        return false;
-    }
-    return config_is_admin_hash(s->cfg, h);
+    return tokenHash(tok, h) && config_is_admin_hash(s->cfg, h);
 }
 
 static uint32_t deadlineOf(const struct service *s, const Idem__Request *req)
