@@ -519,7 +519,7 @@ static const char *memberRole(int role)
 
 /* Answers with the node's status and/or the member list. */
 static void answerStatus(struct service *s, uint64_t request_id, bool with_status,
-                         service_done_cb cb, void *data)
+                         bool with_digest, service_done_cb cb, void *data)
 {
     struct cluster_member ms[CLUSTER_MEMBERS_MAX];
     size_t n = cluster_members(s->cluster, ms, CLUSTER_MEMBERS_MAX);
@@ -570,6 +570,11 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.n_members = n;
         st.members = memp;
         st.version = IDEM_VERSION;
+        char digest[33];
+        if (with_digest) {
+            fsm_digest_hex(s->fsm, digest);
+            st.digest = digest;
+        }
         resp.status = &st;
     }
     cb(data, &resp);
@@ -615,7 +620,7 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
     struct adminOp *a = NULL;
     switch (req->op_case) {
     case IDEM__REQUEST__OP_STATUS:
-        answerStatus(s, req->request_id, true, cb, data);
+        answerStatus(s, req->request_id, true, req->status->digest, cb, data);
         return;
     case IDEM__REQUEST__OP_SNAPSHOT:
         rc = cluster_snapshot_now(s->cluster);
@@ -650,7 +655,7 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
     }
     if (req->op_case == IDEM__REQUEST__OP_MEMBERS &&
         req->members->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST) {
-        answerStatus(s, req->request_id, false, cb, data);
+        answerStatus(s, req->request_id, false, false, cb, data);
         return;
     }
     a = xcalloc(1, sizeof(*a));

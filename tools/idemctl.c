@@ -51,7 +51,8 @@ static const char usageText[] =
     "Flags win over the environment. --json and --deadline are accepted after COMMAND too.\n"
     "\n"
     "Commands:\n"
-    "  status                 ask every node of --cluster about itself\n"
+    "  status [--digest]      ask every node of --cluster about itself (--digest: and the\n"
+    "                         digest of its state, equal on replicas at the same applied index)\n"
     "  claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
     "        [--policy conflict|takeover]\n"
     "                         claim KEY; without --attempt a random attempt id is used\n"
@@ -1014,6 +1015,7 @@ static int cmdMembers(struct global *g, struct args *a)
 struct probe {
     char addr[256];
     const char *token;
+    bool digest;
     uint32_t deadline_ms;
     int rv;
     Idem__Response *resp;
@@ -1032,6 +1034,7 @@ static void *probeRun(void *arg)
         return NULL;
     }
     Idem__StatusRequest sr = IDEM__STATUS_REQUEST__INIT;
+    sr.digest = p->digest;
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_STATUS;
     req.status = &sr;
@@ -1100,6 +1103,9 @@ static json_t *nodeJson(const struct probe *p, bool *reachable, uint64_t *leader
         jset(o, "raft_address", jstr(st->raft_address));
         jset(o, "http_address", jstr(st->http_address));
         jset(o, "version", jstr(st->version));
+        if (st->digest != NULL && st->digest[0] != '\0') {
+            jset(o, "digest", jstr(st->digest));
+        }
     } else if (p->rv == IDEM_OK) {
         /* Reached, but it refused (e.g. a wrong admin token) or sent no status. */
         char msg[640];
@@ -1120,8 +1126,14 @@ static int cmdStatus(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
+    bool digest = false;
     while (a->i < a->argc) {
         if (commonOpt(g, a)) {
+            continue;
+        }
+        if (strcmp(a->argv[a->i], "--digest") == 0) {
+            digest = true;
+            a->i++;
             continue;
         }
         positional(a, pos, 0, &npos);
@@ -1133,6 +1145,7 @@ static int cmdStatus(struct global *g, struct args *a)
     size_t n = splitCluster(g->cluster, probes, IDEM_NODES_MAX);
     for (size_t i = 0; i < n; i++) {
         probes[i].token = g->admin_token;
+        probes[i].digest = digest;
         probes[i].deadline_ms = g->deadline_ms;
         probes[i].started = pthread_create(&probes[i].thread, NULL, probeRun, &probes[i]) == 0;
         if (!probes[i].started) {

@@ -199,6 +199,21 @@ class Cluster:
         st = self.status(ids)
         return st and st.get("leader_id")
 
+    def wait_converged(self, n, timeout=30):
+        """Waits until n nodes answer with the same applied index and the same state digest
+        (the replicas hold identical tables); returns that status."""
+        def cond():
+            rc, st = self.ctl("status", "--digest")
+            if rc != 0 or not st:
+                return None
+            nodes = [x for x in st["nodes"] if x.get("digest")]
+            if len(nodes) != n:
+                return None
+            if len({x["applied_index"] for x in nodes}) != 1:
+                return None
+            return st if len({x["digest"] for x in nodes}) == 1 else None
+        return wait_for(cond, timeout, "%d replicas with equal applied index and digest" % n)
+
     def wait_leader(self, timeout=15, ids=None, exclude=None):
         def cond():
             lid = self.leader(ids)

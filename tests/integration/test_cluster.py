@@ -146,10 +146,9 @@ class TestFailures(ClusterTest):
             rc, out = self.claim(key, n=i)
             self.assertEqual(out["outcome"], "replay", key)
             self.assertEqual(out["response"]["body"], body)
-        # The killed node comes back and catches up.
+        # The killed node comes back, catches up, and all three hold identical tables.
         self.c.start(lid)
-        wait_for(lambda: len([n for n in (self.c.status() or {}).get("nodes", [])
-                              if n["role"] in ("leader", "follower")]) == 3, 20, "3 nodes up")
+        self.c.wait_converged(3)
 
     def test_no_quorum_fails_closed_then_resumes(self):
         rc, a = self.claim("before-outage")
@@ -227,6 +226,7 @@ class TestSnapshots(ClusterTest):
             recs = {n["id"]: n["records"] for n in st["nodes"] if n.get("id")}
             return len(recs) == 3 and len(set(recs.values())) == 1 and recs[victim] == 250
         wait_for(caught_up, 30, "the wiped node to catch up by snapshot")
+        self.c.wait_converged(3)
         # It serves as a full member: stop the two others' leader and it takes part.
         rc, out = self.claim("snap-5", n=5)
         self.assertEqual(out["outcome"], "in_progress")
@@ -277,6 +277,7 @@ class TestMembership(ClusterTest):
         self.assertEqual(out["outcome"], "in_progress")
         rc, out = self.c.ctl("members", "list")
         self.assertEqual(sorted(m["id"] for m in out["members"]), sorted({1, 2, 3, 4} - {victim}))
+        self.c.wait_converged(3)
 
     def test_transfer_leadership(self):
         lid = self.c.leader()
