@@ -117,21 +117,6 @@ __attribute__((format(printf, 4, 5))) static int failFile(char *err, size_t errl
     return -1;
 }
 
-/* The value of a hex digit, or -1. */
-static int hexDigit(char ch)
-{
-    if (ch >= '0' && ch <= '9') {
-        return ch - '0';
-    }
-    if (ch >= 'a' && ch <= 'f') {
-        return ch - 'a' + 10;
-    }
-    if (ch >= 'A' && ch <= 'F') {
-        return ch - 'A' + 10;
-    }
-    return -1;
-}
-
 /* Writes s (len bytes) into out as a double-quoted string for a message: printable ASCII as
  * is, other bytes as \xNN, at most QUOTE_MAX bytes of s and then "...". Returns out.
  * Never call it on a token hash field. It also hides, as "<hex>", every run of 16 or more hex
@@ -147,7 +132,7 @@ static const char *quote(char out[QUOTE_SIZE], const char *s, size_t len)
     while (i < len && i < QUOTE_MAX) {
         size_t run = 0;
         bool letter = false;
-        while (i + run < len && hexDigit(s[i + run]) >= 0) {
+        while (i + run < len && OPENSSL_hexchar2int((unsigned char)s[i + run]) >= 0) {
             letter = letter || s[i + run] > '9';
             run++;
         }
@@ -523,8 +508,8 @@ static int hashValue(struct ctx *c, const yaml_node_t *v, const char *name,
                         name, len);
     }
     for (size_t i = 0; i < CONFIG_HASH_LEN; i++) {
-        int hi = hexDigit(s[2 * i]);
-        int lo = hexDigit(s[2 * i + 1]);
+        int hi = OPENSSL_hexchar2int((unsigned char)s[2 * i]);
+        int lo = OPENSSL_hexchar2int((unsigned char)s[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             return failNode(c, v,
                             "%s: expected 64 hex digits (a SHA-256 digest); the value "

@@ -11,6 +11,7 @@
  * Exit status: 0 the call was answered, whatever the outcome; 1 internal error (out of
  * memory, no random source); 2 usage or configuration error; 3 unavailable (no leader, no
  * quorum, deadline passed, nothing reachable). Bearer tokens are never printed. */
+#include <openssl/crypto.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -102,20 +103,6 @@ static void oom(void)
 }
 
 /* ---- numbers and values -------------------------------------------------------------- */
-
-static int hexVal(char ch)
-{
-    if (ch >= '0' && ch <= '9') {
-        return ch - '0';
-    }
-    if (ch >= 'a' && ch <= 'f') {
-        return ch - 'a' + 10;
-    }
-    if (ch >= 'A' && ch <= 'F') {
-        return ch - 'A' + 10;
-    }
-    return -1;
-}
 
 /* ---- argument cursor ----------------------------------------------------------------- */
 
@@ -653,7 +640,8 @@ static int cmdClaim(struct global *g, struct args *a)
                    strlen(fp));
     }
     for (size_t i = 0; i < 32; i++) {
-        int hi = hexVal(fp[2 * i]), lo = hexVal(fp[2 * i + 1]);
+        int hi = OPENSSL_hexchar2int((unsigned char)fp[2 * i]);
+        int lo = OPENSSL_hexchar2int((unsigned char)fp[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256)");
         }
