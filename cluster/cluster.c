@@ -169,15 +169,37 @@ static struct memberMeta *metaFind(struct cluster *c, uint64_t id)
     return NULL;
 }
 
+/* A slot whose member left the configuration (the lowest such id, so that replicas that
+ * applied the same entries pick the same one), or NULL. */
+static struct memberMeta *metaRecycle(struct cluster *c)
+{
+    const struct raft_configuration *conf = &c->raft.configuration;
+    struct memberMeta *pick = NULL;
+    for (size_t i = 0; i < c->n_meta; i++) {
+        bool member = false;
+        for (unsigned j = 0; j < conf->n; j++) {
+            member = member || conf->servers[j].id == c->meta[i].m.id;
+        }
+        if (!member && (pick == NULL || c->meta[i].m.id < pick->m.id)) {
+            pick = &c->meta[i];
+        }
+    }
+    return pick;
+}
+
 static struct memberMeta *metaPut(struct cluster *c, uint64_t id, const char *rpc,
                                   const char *http)
 {
     struct memberMeta *mm = metaFind(c, id);
     if (mm == NULL) {
         if (c->n_meta == CLUSTER_MEMBERS_MAX) {
-            return NULL;
+            mm = metaRecycle(c);
+            if (mm == NULL) {
+                return NULL;
+            }
+        } else {
+            mm = &c->meta[c->n_meta++];
         }
-        mm = &c->meta[c->n_meta++];
         memset(mm, 0, sizeof(*mm));
         mm->m.id = id;
         mm->m.role = -1;
@@ -919,6 +941,15 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
     if (m->id == 0 || m->raft_address[0] == '\0' || m->rpc_address[0] == '\0') {
         return CLUSTER_EINVAL;
     }
+    /* Refuse what raft would refuse before the addresses reach the log: a MemberInfo for
+     * an existing member would overwrite its addresses everywhere. */
+    const struct raft_configuration *conf = &c->raft.configuration;
+    for (unsigned i = 0; i < conf->n; i++) {
+        if (conf->servers[i].id == m->id || strcmp(conf->servers[i].address, m->raft_address) == 0) {
+            setErr(c, "", "a member with this id or raft address exists already");
+            return CLUSTER_EINVAL;
+        }
+    }
     struct memberMeta *mm = metaPut(c, m->id, m->rpc_address, m->http_address);
     if (mm == NULL) {
         setErr(c, "", "too many members");
@@ -960,7 +991,7 @@ static void transferCb(struct raft_transfer *req)
     raft_id lid = 0;
     const char *addr = NULL;
     raft_leader(&c->raft, &lid, &addr);
-    bool moved = lid != c->cfg.id;
+    bool moved = lid != 0 && lid != c->cfg.id;
     tr->cb(tr->data, moved ? 0 : RAFT_NOTLEADER, moved ? "" : "leadership did not move");
     free(tr);
 }

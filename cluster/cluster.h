@@ -24,7 +24,7 @@
 #include <uv.h>
 
 #define CLUSTER_ADDR_MAX 264
-#define CLUSTER_MEMBERS_MAX 16
+#define CLUSTER_MEMBERS_MAX 64
 
 enum cluster_rc {
     CLUSTER_OK = 0,

@@ -67,6 +67,13 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     io->in_append_entries = true;
     io->ae_from = msg->server_id;
     io->ae_end = msg->append_entries.prev_log_index + msg->append_entries.n_entries;
+    /* The same flaw on the commit side: libraft 0.15's follower commits up to
+     * min(leader_commit, its last stored index), which may be a stale suffix the RPC did
+     * not cover. Figure 2: commit up to min(leaderCommit, index of last new entry). */
+    if (msg->append_entries.leader_commit > io->ae_end) {
+        msg->append_entries.leader_commit = io->ae_end;
+        io->corrected++;
+    }
     io->raft_recv(&io->outer, msg);
     io->in_append_entries = false;
 }

@@ -11,7 +11,10 @@
  * cowsql/raft answers exactly that. This wrapper applies that rule to every answer raft
  * sends from inside its handling of an AppendEntries: those are the answers that report
  * without an append. (An answer sent after an append is right already: the append
- * truncated any conflicting suffix first.) */
+ * truncated any conflicting suffix first.) The follower side has the same flaw when it
+ * advances its commit index (min(leader_commit, last stored index)); the wrapper lowers an
+ * incoming AppendEntries' leader_commit to prev_log_index + n_entries, so that a follower
+ * commits only entries the RPC proved to match the leader's log. */
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
@@ -27,7 +30,7 @@ struct io {
     bool in_append_entries;
     raft_id ae_from;
     raft_index ae_end;
-    unsigned long corrected; /* answers clamped so far */
+    unsigned long corrected; /* answers and commit indexes clamped so far */
 };
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(). */

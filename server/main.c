@@ -134,13 +134,15 @@ int main(int argc, char **argv)
         uv_loop_close(&d.loop);
         return 1;
     }
-    if (service_start(d.svc, err, sizeof(err)) != 0) {
-        log_error("%s", err);
-        return 1;
-    }
+    /* Bind the RPC port before Raft starts, so that a node that cannot serve never joins
+     * an election. */
     d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, d.svc, err,
                            sizeof(err));
     if (d.rpc == NULL) {
+        log_error("%s", err);
+        return 1;
+    }
+    if (service_start(d.svc, err, sizeof(err)) != 0) {
         log_error("%s", err);
         return 1;
     }

@@ -1,9 +1,13 @@
 /* rpc: connections and frames.
  *
  * A connection is freed when its handle is closed and no request it sent is still owed an
- * answer by the service (conn.refs counts both). Untrusted bytes: a frame's length is checked
- * against max_frame_bytes before anything is buffered for it, the request is decoded by
- * protobuf-c, and nothing from it is logged. */
+ * answer by the service (conn.refs counts the handle, each request and each write).
+ * Draining: after a bad frame, and when the server stops, a connection reads no more but
+ * stays open until every request it already sent is answered and every answer written;
+ * then it closes. Back-pressure: a connection with too many requests in flight, or too many
+ * answer bytes queued, is not read until that drops. Untrusted bytes: a frame's length is
+ * checked against max_frame_bytes before anything is buffered for it, the request is decoded
+ * by protobuf-c, and nothing from it is logged. */
 #include "rpc.h"
 
 #include <stdio.h>
@@ -12,15 +16,21 @@
 
 #include "xmalloc.h"
 
+#define CONN_MAX_INFLIGHT 4096          /* requests awaiting an answer */
+#define CONN_MAX_QUEUED (16u << 20)     /* answer bytes waiting to be written */
+
 struct conn {
     uv_tcp_t tcp;
     struct rpc_server *srv;
     uint8_t *buf;
     size_t len;
     size_t cap;
-    int refs;      /* the open handle + requests awaiting an answer */
-    bool closing;  /* no more reads, no more answers */
-    bool close_after_write;
+    int refs;          /* the open handle + requests awaiting an answer + writes */
+    unsigned inflight; /* requests awaiting an answer */
+    unsigned writes;   /* answers being written */
+    bool closing;      /* the handle is closing: no more reads, no more answers */
+    bool draining;     /* no more reads; close once everything owed is written */
+    bool paused;       /* reading stopped by back-pressure */
     struct conn *prev, *next;
 };
 
@@ -90,12 +100,54 @@ static void connClose(struct conn *c)
     uv_close((uv_handle_t *)&c->tcp, connClosed);
 }
 
+/* Closes a draining connection once nothing is owed to it any more. */
+static void connMaybeFinishDrain(struct conn *c)
+{
+    if (c->draining && !c->closing && c->inflight == 0 && c->writes == 0) {
+        connClose(c);
+    }
+}
+
+static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+/* Stops or resumes reading by back-pressure. */
+static void connFlowControl(struct conn *c)
+{
+    if (c->closing || c->draining) {
+        return;
+    }
+    bool full = c->inflight >= CONN_MAX_INFLIGHT ||
+                uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >= CONN_MAX_QUEUED;
+    if (full && !c->paused) {
+        c->paused = true;
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    } else if (!full && c->paused) {
+        c->paused = false;
+        uv_read_start((uv_stream_t *)&c->tcp, allocCb, readCb);
+    }
+}
+
+static void connDrain(struct conn *c)
+{
+    if (c->closing || c->draining) {
+        return;
+    }
+    c->draining = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    connMaybeFinishDrain(c);
+}
+
 static void writeCb(uv_write_t *req, int status)
 {
     struct writeReq *w = (struct writeReq *)req;
     struct conn *c = w->c;
-    if (status != 0 || c->close_after_write) {
+    c->writes--;
+    if (status != 0) {
         connClose(c);
+    } else {
+        connMaybeFinishDrain(c);
+        connFlowControl(c);
     }
     free(w);
     connUnref(c);
@@ -117,9 +169,11 @@ static void connSend(struct conn *c, const Idem__Response *resp)
     w->c = c;
     uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(4 + n));
     c->refs++;
+    c->writes++;
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, writeCb) != 0) {
         free(w);
         c->refs--;
+        c->writes--;
         connClose(c);
     }
 }
@@ -127,11 +181,15 @@ static void connSend(struct conn *c, const Idem__Response *resp)
 static void answeredCb(void *data, const Idem__Response *resp)
 {
     struct conn *c = data;
+    c->inflight--;
     connSend(c, resp);
+    connMaybeFinishDrain(c);
+    connFlowControl(c);
     connUnref(c); /* the request's reference */
 }
 
-/* Answers a frame we cannot serve and closes the connection once the answer is out. */
+/* Answers a frame we cannot serve; the connection then drains: requests it sent before
+ * still get their answers, and it closes once they are written. */
 static void badFrame(struct conn *c, uint64_t request_id, const char *why)
 {
     Idem__Result res = IDEM__RESULT__INIT;
@@ -140,12 +198,8 @@ static void badFrame(struct conn *c, uint64_t request_id, const char *why)
     resp.request_id = request_id;
     resp.result = &res;
     resp.error = (char *)why;
-    c->close_after_write = true;
-    uv_read_stop((uv_stream_t *)&c->tcp);
     connSend(c, &resp);
-    if (!c->closing && c->refs == 1) {
-        connClose(c); /* the write failed at once */
-    }
+    connDrain(c);
 }
 
 /* Handles every complete frame in the buffer. */
@@ -153,7 +207,7 @@ static void connProcess(struct conn *c)
 {
     size_t off = 0;
     const uint32_t max = c->srv->cfg->max_frame_bytes;
-    while (!c->close_after_write && !c->closing && c->len - off >= 4) {
+    while (!c->draining && !c->closing && c->len - off >= 4) {
         const uint8_t *p = c->buf + off;
         uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
         if (n > max) {
@@ -175,9 +229,11 @@ static void connProcess(struct conn *c)
             return;
         }
         c->refs++;
+        c->inflight++;
         service_handle(c->srv->svc, req, answeredCb, c);
         idem__request__free_unpacked(req, NULL);
     }
+    connFlowControl(c);
     if (off > 0) {
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
@@ -286,6 +342,6 @@ void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
     r->close_data = data;
     uv_close((uv_handle_t *)&r->listener, listenerClosed);
     for (struct conn *c = r->conns; c != NULL; c = c->next) {
-        connClose(c);
+        connDrain(c);
     }
 }

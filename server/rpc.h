@@ -19,8 +19,9 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
                                   const struct config_rpc *cfg, struct service *svc, char *err,
                                   size_t errlen);
 
-/* Stops accepting and closes every connection; answers still owed by the service are
- * dropped. The server is freed once its last connection is; then cb(data) runs. */
+/* Stops accepting and reading; every connection closes once the answers it is owed are
+ * written (call service_close() next: it answers every waiting request). The server is
+ * freed once its last connection is; then cb(data) runs. */
 void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data);
 
 #endif

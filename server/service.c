@@ -538,6 +538,7 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         memp[i] = &mem[i];
     }
     Idem__NodeStatus st = IDEM__NODE_STATUS__INIT;
+    char digest[33]; /* st.digest points here until cb returns */
     Idem__Result res = IDEM__RESULT__INIT;
     Idem__Response resp = IDEM__RESPONSE__INIT;
     res.outcome = IDEM__OUTCOME__OUTCOME_OK;
@@ -570,7 +571,6 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.n_members = n;
         st.members = memp;
         st.version = IDEM_VERSION;
-        char digest[33];
         if (with_digest) {
             fsm_digest_hex(s->fsm, digest);
             st.digest = digest;

@@ -150,6 +150,34 @@ class TestFailures(ClusterTest):
         self.c.start(lid)
         self.c.wait_converged(3)
 
+    def test_sigterm_answers_waiting_requests(self):
+        lid = self.c.leader()
+        for n in [n for n in self.c.nodes if n != lid]:
+            self.c.kill(n, 9)
+        host, port = self.c.nodes[lid].rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=30)
+        claim = _field(1, b"waiting-key") + _field(2, bytes(32))
+        body = (bytes([0x08, 5]) + bytes([0x10]) + _uvarint(60000)
+                + _field(3, self.c.token.encode()) + _field(10, claim))
+        # A status request behind the claim is answered at once: once its answer is read,
+        # the node has read the claim too (frames are handled in order).
+        status = bytes([0x08, 6]) + _field(3, self.c.admin.encode()) + _field(20, b"")
+        s.sendall(_frame(body) + _frame(status))
+        answers = {}
+        resp = _read_response(s)
+        answers[resp[0]] = resp[1]
+        if 6 not in answers:  # the claim was refused at once (no leader known): also fine
+            resp = _read_response(s)
+            answers[resp[0]] = resp[1]
+        self.assertEqual(answers.get(6), 8, "status answers ok")
+        self.assertEqual(self.c.stop(lid), 0)
+        if 5 not in answers:
+            resp = _read_response(s)
+            self.assertIsNotNone(resp, "the waiting claim must be answered before the node exits")
+            answers[resp[0]] = resp[1]
+        s.close()
+        self.assertEqual(answers[5], 13, "unavailable")
+
     def test_no_quorum_fails_closed_then_resumes(self):
         rc, a = self.claim("before-outage")
         self.complete("before-outage", a["token"], "pre")
@@ -233,6 +261,16 @@ class TestSnapshots(ClusterTest):
 
 
 class TestMembership(ClusterTest):
+    def test_refused_add_leaves_existing_member_alone(self):
+        rc, before = self.c.ctl("members", "list")
+        n1 = self.c.nodes[1]
+        rc, out = self.c.ctl("members", "add", 1, "127.0.0.1:1", "10.9.9.9:7777")
+        self.assertEqual(out["outcome"], "invalid", out)
+        rc, after = self.c.ctl("members", "list")
+        m1 = [m for m in after["members"] if m["id"] == 1][0]
+        self.assertEqual((m1["raft_address"], m1["rpc_address"]), (n1.raft, n1.rpc))
+        self.assertEqual(before["members"], after["members"])
+
     def test_add_fourth_and_remove_one_under_load(self):
         # Load for the whole change: idem-bench claims and completes fresh keys meanwhile.
         lid0 = self.c.leader()
@@ -285,6 +323,18 @@ class TestMembership(ClusterTest):
         rc, out = self.c.ctl("transfer", target)
         self.assertEqual(out["outcome"], "ok", out)
         wait_for(lambda: self.c.leader() == target, 10, "leadership to move")
+
+
+def _uvarint(v):
+    out = b""
+    while v >= 0x80:
+        out += bytes([(v & 0x7F) | 0x80])
+        v >>= 7
+    return out + bytes([v])
+
+
+def _field(num, payload):
+    return _uvarint((num << 3) | 2) + _uvarint(len(payload)) + payload
 
 
 def _frame(payload):
@@ -356,6 +406,28 @@ class TestBadFrames(ClusterTest):
             return s.recv(1) == b""
         except ConnectionResetError:
             return True
+
+    def _get_frame(self, request_id, key):
+        def field(num, payload):
+            return bytes([(num << 3) | 2, len(payload)]) + payload
+        get = field(1, key.encode())
+        body = bytes([0x08, request_id]) + field(3, self.c.token.encode()) + field(14, get)
+        return _frame(body)
+
+    def test_requests_before_a_bad_frame_are_still_answered(self):
+        s = self._conn()
+        s.sendall(b"".join(self._get_frame(i, "pipelined-%d" % i) for i in (1, 2, 3))
+                  + _frame(b"\xff" * 11))
+        answers = {}
+        for _ in range(4):
+            resp = _read_response(s)
+            self.assertIsNotNone(resp, "connection closed before every answer was written")
+            answers[resp[0]] = resp[1]
+        self.assertEqual(answers[0], OUTCOME_INVALID)
+        for i in (1, 2, 3):
+            self.assertEqual(answers[i], 10, "get of an unknown key answers not_found")
+        self.assertTrue(self._closed(s))
+        s.close()
 
     def test_bad_frames_close_only_their_connection(self):
         good = self._conn()

@@ -17,6 +17,7 @@ static struct raft_message lastSent;
 static int sends;
 static raft_index lastStored;   /* what the fake raft reports */
 static bool answerRejected;
+static raft_index seenCommit; /* leader_commit as the fake raft received it */
 
 static int fakeStart(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick,
                      raft_io_recv_cb recv)
@@ -42,6 +43,7 @@ static int fakeSend(struct raft_io *io, struct raft_io_send *req,
 /* The fake raft: answers every AppendEntries at once with its last stored index. */
 static void raftRecv(struct raft_io *io, struct raft_message *msg)
 {
+    seenCommit = msg->append_entries.leader_commit;
     struct raft_message res;
     memset(&res, 0, sizeof(res));
     res.type = RAFT_IO_APPEND_ENTRIES_RESULT;
@@ -57,7 +59,8 @@ static void raftTick(struct raft_io *io)
     (void)io;
 }
 
-static void deliverAppendEntries(raft_id from, raft_index prev, unsigned n)
+static void deliverAppendEntriesCommit(raft_id from, raft_index prev, unsigned n,
+                                       raft_index commit)
 {
     struct raft_message m;
     memset(&m, 0, sizeof(m));
@@ -65,7 +68,13 @@ static void deliverAppendEntries(raft_id from, raft_index prev, unsigned n)
     m.server_id = from;
     m.append_entries.prev_log_index = prev;
     m.append_entries.n_entries = n;
+    m.append_entries.leader_commit = commit;
     innerRecv(&theIo.inner, &m);
+}
+
+static void deliverAppendEntries(raft_id from, raft_index prev, unsigned n)
+{
+    deliverAppendEntriesCommit(from, prev, n, 0);
 }
 
 static int setup(void **state)
@@ -119,11 +128,23 @@ static void test_other_answers_are_untouched(void **state)
     assert_int_equal(theIo.corrected, 0);
 }
 
+/* A follower learns a commit index only as far as the RPC proved its log matches. */
+static void test_leader_commit_is_clamped(void **state)
+{
+    (void)state;
+    lastStored = 13;
+    deliverAppendEntriesCommit(2, 10, 0, 12);
+    assert_int_equal(seenCommit, 10);
+    deliverAppendEntriesCommit(2, 10, 5, 12);
+    assert_int_equal(seenCommit, 12);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_heartbeat_answer_is_clamped, setup),
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
+        cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
