@@ -12,6 +12,9 @@ void log_set_node(uint64_t id)
 }
 
 static void logLine(const char *level, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+
+static void logLine(const char *level, const char *fmt, va_list ap)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
