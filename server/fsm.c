@@ -138,6 +138,19 @@ static bool completionValid(Idem__Completion c)
 
 bool fsm_response_valid(const Idem__StoredResponse *resp, const char **why)
 {
+    /* protobuf-c keeps unknown fields and writes them back when the response is stored,
+     * in a form it may then refuse to read (a tag 0 written over-long): a stored response
+     * must be exactly what this schema knows. */
+    if (resp->base.n_unknown_fields != 0) {
+        *why = "response has fields this version does not know";
+        return false;
+    }
+    for (size_t i = 0; i < resp->n_headers; i++) {
+        if (resp->headers[i] != NULL && resp->headers[i]->base.n_unknown_fields != 0) {
+            *why = "response header has fields this version does not know";
+            return false;
+        }
+    }
     if (resp->status < 100 || resp->status > 599) {
         *why = "response status out of range 100-599";
         return false;
@@ -691,6 +704,11 @@ Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_
     /* The command lives in the arena until the next reset; results point into the table,
      * never into the command. */
     return fsm_apply_command(f, index, cmd, out);
+}
+
+bool fsm_response_check(const Idem__StoredResponse *resp, const char **why)
+{
+    return fsm_response_valid(resp, why);
 }
 
 /* ---- stats and digest ---------------------------------------------------------------- */

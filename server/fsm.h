@@ -110,6 +110,11 @@ Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_
 Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Command *cmd,
                                 struct fsm_result *out);
 
+/* Front-end side: whether a stored response (borrowed) would be accepted by complete and
+ * resolve, so that a bad one is refused before it costs a log entry. *why (OUT) is a static
+ * description when it would not. */
+bool fsm_response_check(const Idem__StoredResponse *resp, const char **why);
+
 /* Leader side: the earliest time (ms) at which an expire command would find something to
  * do, or UINT64_MAX when the table holds nothing that expires. */
 uint64_t fsm_next_expiry(const struct fsm *f);

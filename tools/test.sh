@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds idemd and runs every test: once in a normal build (gcc) and once under
 # AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included); then builds with
-# clang (warnings are errors there too) and runs the unit tests. Exits non-zero on any failure.
+# clang and libFuzzer (warnings are errors there too), runs the unit tests again and every
+# fuzzer over its seed corpus for a bounded run. Exits non-zero on any failure.
 # Benchmarks (label `bench`) are programs, not tests: run them with
 #   ctest --test-dir build -L bench --verbose   or   build/bin/fsm-bench
 set -euo pipefail
@@ -26,7 +27,7 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON
 
-echo "== clang build (warnings as errors; unit tests)"
-CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+echo "== clang build with libFuzzer targets (unit tests, then each fuzzer for a bounded run)"
+CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug -DIDEM_FUZZ=ON >/dev/null
 cmake --build build-clang -j "$jobs"
-ctest --test-dir build-clang --output-on-failure --no-tests=error -L unit -j "$jobs"
+ctest --test-dir build-clang --output-on-failure --no-tests=error -L 'unit|fuzz' -j "$jobs"

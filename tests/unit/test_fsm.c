@@ -1630,6 +1630,42 @@ static void test_quarantine_rearm_does_not_eat_the_batch(void **state)
     th_close(&h);
 }
 
+/* A stored response must be exactly what the schema knows: protobuf-c would write unknown
+ * fields back in a form it may refuse to read again (found by fuzz_rpc_request). */
+static void test_response_with_unknown_fields_refused(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    assert_int_equal(th_claim(&h, 0, "k", 1, NULL), ACQ);
+    Idem__StoredResponse good = IDEM__STORED_RESPONSE__INIT;
+    good.status = 201;
+    uint8_t buf[64];
+    size_t n = idem__stored_response__pack(&good, buf);
+    const uint8_t unknown[] = {0x98, 0x06, 0x01}; /* field 99, varint 1 */
+    memcpy(buf + n, unknown, sizeof(unknown));
+    Idem__StoredResponse *odd = idem__stored_response__unpack(NULL, n + sizeof(unknown), buf);
+    assert_non_null(odd);
+    assert_int_equal(odd->base.n_unknown_fields, 1);
+    const char *why = NULL;
+    assert_false(fsm_response_check(odd, &why));
+    assert_non_null(why);
+    Idem__CompleteCmd c = IDEM__COMPLETE_CMD__INIT;
+    c.tenant = "t1";
+    c.key.data = (uint8_t *)"k";
+    c.key.len = 1;
+    c.token = h.r.token;
+    c.outcome = SUCCEEDED;
+    c.response = odd;
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    cmd.op_case = IDEM__COMMAND__OP_COMPLETE;
+    cmd.complete = &c;
+    assert_int_equal(th_apply(&h, &cmd), INVALID);
+    assert_true(fsm_response_check(&good, &why));
+    idem__stored_response__free_unpacked(odd, NULL);
+    th_close(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1649,6 +1685,7 @@ int main(void)
         cmocka_unit_test(test_digest_is_deterministic),
         cmocka_unit_test(test_complete_not_refused_by_a_quota_it_does_not_grow),
         cmocka_unit_test(test_quarantine_rearm_does_not_eat_the_batch),
+        cmocka_unit_test(test_response_with_unknown_fields_refused),
         cmocka_unit_test(test_lease_deadline_boundaries),
         cmocka_unit_test(test_clock_steps_back_for_every_op),
         cmocka_unit_test(test_get_reports_completion_and_creation),
