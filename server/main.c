@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "http.h"
 #include "log.h"
 #include "rpc.h"
 #include "service.h"
@@ -22,6 +23,8 @@ struct daemon {
     struct config cfg;
     struct service *svc;
     struct rpc_server *rpc;
+    struct http_server *http; /* NULL when node.http_address is empty */
+    int closing;              /* parts (rpc, service, http) still closing */
     bool stopping;
 };
 
@@ -32,17 +35,32 @@ static void usage(FILE *out)
                  "       idemd --version\n");
 }
 
+/* Once rpc, service and http have all closed: h2o's context keeps uv_run from returning,
+ * so stop the loop; main then frees the gateway outside it (docs/h2o-notes.md §5). */
+static void partClosed(struct daemon *d)
+{
+    if (--d->closing == 0 && d->http != NULL) {
+        uv_stop(&d->loop);
+    }
+}
+
 static void serviceClosed(void *data)
 {
     struct daemon *d = data;
     log_info("raft closed");
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
+    partClosed(d);
 }
 
 static void rpcClosed(void *data)
 {
-    (void)data;
+    partClosed(data);
+}
+
+static void httpClosed(void *data)
+{
+    partClosed(data);
 }
 
 static void signalCb(uv_signal_t *h, int signum)
@@ -53,6 +71,10 @@ static void signalCb(uv_signal_t *h, int signum)
     }
     d->stopping = true;
     log_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    d->closing = d->http != NULL ? 3 : 2;
+    if (d->http != NULL) {
+        http_server_stop(d->http, httpClosed, d);
+    }
     rpc_server_close(d->rpc, rpcClosed, d);
     service_close(d->svc, serviceClosed, d);
 }
@@ -142,6 +164,13 @@ int main(int argc, char **argv)
         log_error("%s", err);
         return 1;
     }
+    if (d.cfg.node.http_address.text[0] != '\0') {
+        d.http = http_server_new(&d.loop, &d.cfg, d.svc, err, sizeof(err));
+        if (d.http == NULL) {
+            log_error("%s", err);
+            return 1;
+        }
+    }
     if (service_start(d.svc, err, sizeof(err)) != 0) {
         log_error("%s", err);
         return 1;
@@ -155,6 +184,10 @@ int main(int argc, char **argv)
     log_info("serving rpc on %s, raft on %s", d.cfg.node.rpc_address.text,
              d.cfg.node.raft_address.text);
     uv_run(&d.loop, UV_RUN_DEFAULT);
+    if (d.http != NULL) {
+        http_server_free(d.http);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+    }
     int rc = uv_loop_close(&d.loop);
     log_info("%s", rc == 0 ? "stopped" : "stopped with handles still open");
     config_free(&d.cfg);

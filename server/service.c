@@ -481,6 +481,12 @@ static void handleData(struct service *s, const Idem__Request *req, service_done
                      NULL);
         return;
     }
+    const char *why = NULL;
+    if (req->op_case == IDEM__REQUEST__OP_COMPLETE && complete.response != NULL &&
+        !fsm_response_check(complete.response, &why)) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
+        return;
+    }
     const char *kerr = keyError(t, key);
     if (kerr != NULL) {
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, kerr, NULL);
@@ -633,6 +639,11 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
         return;
     case IDEM__REQUEST__OP_RESOLVE: {
         const Idem__ResolveRequest *r = req->resolve;
+        const char *why = NULL;
+        if (r->response != NULL && !fsm_response_check(r->response, &why)) {
+            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
+            return;
+        }
         Idem__ResolveCmd rc_cmd = IDEM__RESOLVE_CMD__INIT;
         rc_cmd.tenant = r->tenant;
         rc_cmd.key = r->key;
@@ -835,4 +846,17 @@ void service_close(struct service *s, void (*cb)(void *data), void *data)
 void service_get_stats(const struct service *s, struct service_stats *out)
 {
     *out = s->stats;
+}
+
+const struct config_tenant *service_tenant_for_token(const struct service *s,
+                                                     const uint8_t *token, size_t len)
+{
+    ProtobufCBinaryData tok = {len, (uint8_t *)token};
+    return authTenant(s, &tok);
+}
+
+void service_get_info(const struct service *s, struct service_info *out)
+{
+    cluster_get_status(s->cluster, &out->cluster);
+    fsm_get_stats(s->fsm, &out->fsm);
 }

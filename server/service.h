@@ -46,4 +46,18 @@ struct service_stats {
 };
 void service_get_stats(const struct service *s, struct service_stats *out);
 
+/* The tenant that owns a bearer token (its SHA-256 compared in constant time, as for every
+ * request), or NULL for an empty or unknown token. `token` is borrowed for the call; the
+ * result borrows the service's config and is valid as long as the service. */
+const struct config_tenant *service_tenant_for_token(const struct service *s,
+                                                     const uint8_t *token, size_t len);
+
+/* Raft and state machine figures for health checks and metrics (OUT). The cluster status's
+ * leader_rpc_address borrows the cluster's memory until the next loop turn. */
+struct service_info {
+    struct cluster_status cluster;
+    struct fsm_stats fsm;
+};
+void service_get_info(const struct service *s, struct service_info *out);
+
 #endif

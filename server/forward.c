@@ -1,0 +1,431 @@
+/* forward: RPC client connections and calls (see forward.h).
+ *
+ * Happy path: forward_call packs the request once (without a request id) and attaches a
+ * call to the connection for its address, opening it if there is none; the frame goes out
+ * once the connection is open (calls made while connecting are queued on it), with the
+ * forwarder's own request id prepended as protobuf field 1 (the packed body omits a zero
+ * id, and a repeated scalar field's last value wins anyway). The answer is matched by id;
+ * the call's callback runs and the call is freed once its deadline timer is closed.
+ *
+ * Failure modes: the connection cannot be opened, is reset, closed by the peer, or sends a
+ * frame that is too large or does not decode: every call on it fails with a reason and the
+ * connection is dropped (the next call opens a new one). The deadline passes: the call
+ * fails; a late answer for its id is ignored. NOT_LEADER naming another address: the call
+ * moves to that address once. forwarder_close: every call fails, every connection closes.
+ * Nothing from a request or answer is logged. */
+#include "forward.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "xmalloc.h"
+
+struct fwdCall;
+
+struct fwdConn {
+    struct forwarder *f;
+    char addr[CONFIG_ADDR_MAX + 1];
+    uv_tcp_t tcp;
+    uv_connect_t connect;
+    bool open;    /* connected; frames may be written */
+    bool closing; /* the handle is closing; freed in its close callback */
+    uint8_t *buf;
+    size_t len, cap;
+    struct fwdCall *calls; /* calls waiting for an answer on this connection */
+    struct fwdConn *prev, *next;
+};
+
+struct fwdCall {
+    struct forwarder *f;
+    struct fwdConn *conn; /* NULL once finished */
+    uint64_t id;          /* the forwarder's request id on the wire */
+    uint64_t orig_id;     /* the caller's request id, restored in the answer */
+    uint8_t *body;        /* packed Request without request_id; owned */
+    size_t body_len;
+    bool written;
+    bool done;
+    int redirects_left;
+    uv_timer_t timer;
+    forward_cb cb;
+    void *data;
+    struct fwdCall *prev, *next; /* on conn->calls */
+};
+
+struct forwarder {
+    uv_loop_t *loop;
+    uint32_t max_frame;
+    uint64_t next_id;
+    struct fwdConn *conns;
+    size_t n_calls; /* calls not yet freed (their timers close asynchronously) */
+    bool closing;
+    void (*close_cb)(void *data);
+    void *close_data;
+};
+
+struct fwdWrite {
+    uv_write_t req;
+    uint8_t data[];
+};
+
+static void forwarderMaybeFree(struct forwarder *f)
+{
+    if (f->closing && f->conns == NULL && f->n_calls == 0) {
+        void (*cb)(void *) = f->close_cb;
+        void *data = f->close_data;
+        free(f);
+        if (cb) {
+            cb(data);
+        }
+    }
+}
+
+/* ---- calls ----------------------------------------------------------------------------- */
+
+static void callTimerClosedCb(uv_handle_t *h)
+{
+    struct fwdCall *c = h->data;
+    struct forwarder *f = c->f;
+    free(c->body);
+    free(c);
+    f->n_calls--;
+    forwarderMaybeFree(f);
+}
+
+static void callUnlink(struct fwdCall *c)
+{
+    struct fwdConn *k = c->conn;
+    if (k == NULL) {
+        return;
+    }
+    if (c->prev) {
+        c->prev->next = c->next;
+    } else {
+        k->calls = c->next;
+    }
+    if (c->next) {
+        c->next->prev = c->prev;
+    }
+    c->prev = c->next = NULL;
+    c->conn = NULL;
+}
+
+/* Answers the call exactly once and frees it (after its timer closes). */
+static void callFinish(struct fwdCall *c, const Idem__Response *resp, const char *err)
+{
+    if (c->done) {
+        return;
+    }
+    c->done = true;
+    callUnlink(c);
+    uv_timer_stop(&c->timer);
+    uv_close((uv_handle_t *)&c->timer, callTimerClosedCb);
+    c->cb(c->data, resp, err);
+}
+
+static void callDeadlineCb(uv_timer_t *t)
+{
+    callFinish(t->data, NULL, "deadline passed");
+}
+
+/* ---- connections ----------------------------------------------------------------------- */
+
+static void connClosedCb(uv_handle_t *h)
+{
+    struct fwdConn *k = h->data;
+    struct forwarder *f = k->f;
+    if (k->prev) {
+        k->prev->next = k->next;
+    } else {
+        f->conns = k->next;
+    }
+    if (k->next) {
+        k->next->prev = k->prev;
+    }
+    free(k->buf);
+    free(k);
+    forwarderMaybeFree(f);
+}
+
+/* Fails every call on the connection and closes it. */
+static void connFail(struct fwdConn *k, const char *why)
+{
+    if (k->closing) {
+        return;
+    }
+    k->closing = true;
+    k->open = false;
+    while (k->calls != NULL) {
+        callFinish(k->calls, NULL, why);
+    }
+    uv_close((uv_handle_t *)&k->tcp, connClosedCb);
+}
+
+static void writeCb(uv_write_t *req, int status)
+{
+    struct fwdConn *k = req->data;
+    free(req);
+    if (status != 0 && status != UV_ECANCELED) {
+        connFail(k, "connection to the leader failed");
+    }
+}
+
+/* Writes the call's frame: length, field 1 (request id), then the packed body. */
+static void connSend(struct fwdConn *k, struct fwdCall *c)
+{
+    uint8_t idbuf[11];
+    size_t n = 0;
+    idbuf[n++] = 0x08; /* field 1, varint */
+    uint64_t v = c->id;
+    do {
+        uint8_t b = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        idbuf[n++] = (uint8_t)(b | (v ? 0x80 : 0));
+    } while (v);
+    size_t len = n + c->body_len;
+    struct fwdWrite *w = xmalloc(sizeof(*w) + 4 + len);
+    w->data[0] = (uint8_t)(len >> 24);
+    w->data[1] = (uint8_t)(len >> 16);
+    w->data[2] = (uint8_t)(len >> 8);
+    w->data[3] = (uint8_t)len;
+    memcpy(w->data + 4, idbuf, n);
+    if (c->body_len > 0) {
+        memcpy(w->data + 4 + n, c->body, c->body_len);
+    }
+    w->req.data = k;
+    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(4 + len));
+    c->written = true;
+    if (uv_write(&w->req, (uv_stream_t *)&k->tcp, &b, 1, writeCb) != 0) {
+        free(w);
+        connFail(k, "connection to the leader failed");
+    }
+}
+
+static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n);
+
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct fwdConn *k = h->data;
+    (void)suggested;
+    if (k->cap - k->len < 16384) {
+        size_t want = k->cap ? k->cap * 2 : 65536;
+        size_t limit = (size_t)k->f->max_frame + 4 + 65536;
+        if (want > limit) {
+            want = limit;
+        }
+        if (want > k->cap) {
+            k->buf = xrealloc(k->buf, want);
+            k->cap = want;
+        }
+    }
+    *buf = uv_buf_init((char *)k->buf + k->len, (unsigned)(k->cap - k->len));
+}
+
+static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct fwdConn *k = s->data;
+    (void)buf;
+    if (nread < 0) {
+        connFail(k, nread == UV_EOF ? "the leader closed the connection"
+                                    : "connection to the leader failed");
+        return;
+    }
+    k->len += (size_t)nread;
+    size_t off = 0;
+    while (!k->closing && k->len - off >= 4) {
+        const uint8_t *p = k->buf + off;
+        uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        if (n > k->f->max_frame) {
+            connFail(k, "the leader sent a frame larger than max_frame_bytes");
+            return;
+        }
+        if (k->len - off - 4 < n) {
+            break;
+        }
+        off += 4 + (size_t)n;
+        connDeliver(k, p + 4, n);
+    }
+    if (k->closing) {
+        return;
+    }
+    if (off > 0) {
+        memmove(k->buf, k->buf + off, k->len - off);
+        k->len -= off;
+    }
+}
+
+static void connectCb(uv_connect_t *req, int status)
+{
+    struct fwdConn *k = req->data;
+    if (k->closing) {
+        return;
+    }
+    if (status != 0) {
+        connFail(k, "cannot connect to the leader");
+        return;
+    }
+    k->open = true;
+    uv_tcp_nodelay(&k->tcp, 1);
+    if (uv_read_start((uv_stream_t *)&k->tcp, allocCb, readCb) != 0) {
+        connFail(k, "cannot read from the leader");
+        return;
+    }
+    for (struct fwdCall *c = k->calls; c != NULL && !k->closing;) {
+        struct fwdCall *next = c->next;
+        if (!c->written) {
+            connSend(k, c);
+        }
+        c = next;
+    }
+}
+
+/* The open (or opening) connection to addr, created when there is none. NULL when addr is
+ * not an IPv4 "host:port" literal; *why (OUT) then says so. */
+static struct fwdConn *connFor(struct forwarder *f, const char *addr, const char **why)
+{
+    for (struct fwdConn *k = f->conns; k != NULL; k = k->next) {
+        if (!k->closing && strcmp(k->addr, addr) == 0) {
+            return k;
+        }
+    }
+    const char *colon = strrchr(addr, ':');
+    char host[CONFIG_HOST_MAX + 1];
+    struct sockaddr_in sa;
+    if (colon == NULL || (size_t)(colon - addr) > CONFIG_HOST_MAX ||
+        strlen(addr) > CONFIG_ADDR_MAX) {
+        *why = "bad leader address";
+        return NULL;
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    char *end = NULL;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (end == colon + 1 || *end != '\0' || port == 0 || port > 65535 ||
+        uv_ip4_addr(host, (int)port, &sa) != 0) {
+        *why = "bad leader address";
+        return NULL;
+    }
+    struct fwdConn *k = xcalloc(1, sizeof(*k));
+    k->f = f;
+    snprintf(k->addr, sizeof(k->addr), "%s", addr);
+    uv_tcp_init(f->loop, &k->tcp);
+    k->tcp.data = k;
+    k->connect.data = k;
+    k->next = f->conns;
+    if (f->conns) {
+        f->conns->prev = k;
+    }
+    f->conns = k;
+    if (uv_tcp_connect(&k->connect, &k->tcp, (const struct sockaddr *)&sa, connectCb) != 0) {
+        k->closing = true;
+        uv_close((uv_handle_t *)&k->tcp, connClosedCb);
+        *why = "cannot connect to the leader";
+        return NULL;
+    }
+    return k;
+}
+
+/* Attaches the call to the connection for addr and sends it when the connection is open.
+ * Fails the call when no connection can be made. */
+static void callAttach(struct fwdCall *c, const char *addr)
+{
+    const char *why = NULL;
+    struct fwdConn *k = connFor(c->f, addr, &why);
+    if (k == NULL) {
+        callFinish(c, NULL, why);
+        return;
+    }
+    c->id = ++c->f->next_id;
+    c->written = false;
+    c->conn = k;
+    c->prev = NULL;
+    c->next = k->calls;
+    if (k->calls) {
+        k->calls->prev = c;
+    }
+    k->calls = c;
+    if (k->open) {
+        connSend(k, c);
+    }
+}
+
+/* One answer frame from the connection. */
+static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n)
+{
+    Idem__Response *resp = idem__response__unpack(NULL, n, p);
+    if (resp == NULL) {
+        connFail(k, "the leader sent a frame that does not decode");
+        return;
+    }
+    struct fwdCall *c = k->calls;
+    while (c != NULL && c->id != resp->request_id) {
+        c = c->next;
+    }
+    if (c == NULL) {
+        /* The call's deadline passed already (or the id is unknown): drop the answer. */
+        idem__response__free_unpacked(resp, NULL);
+        return;
+    }
+    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
+        c->redirects_left > 0 && resp->leader_rpc_address != NULL &&
+        resp->leader_rpc_address[0] != '\0' && strcmp(resp->leader_rpc_address, k->addr) != 0) {
+        c->redirects_left--;
+        callUnlink(c);
+        char addr[CONFIG_ADDR_MAX + 1];
+        snprintf(addr, sizeof(addr), "%s", resp->leader_rpc_address);
+        idem__response__free_unpacked(resp, NULL);
+        callAttach(c, addr);
+        return;
+    }
+    resp->request_id = c->orig_id;
+    callFinish(c, resp, NULL);
+    idem__response__free_unpacked(resp, NULL);
+}
+
+/* ---- public ---------------------------------------------------------------------------- */
+
+struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes)
+{
+    struct forwarder *f = xcalloc(1, sizeof(*f));
+    f->loop = loop;
+    f->max_frame = max_frame_bytes;
+    return f;
+}
+
+void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,
+                  uint32_t deadline_ms, forward_cb cb, void *data)
+{
+    if (f->closing) {
+        cb(data, NULL, "forwarder closed");
+        return;
+    }
+    struct fwdCall *c = xcalloc(1, sizeof(*c));
+    c->f = f;
+    c->cb = cb;
+    c->data = data;
+    c->orig_id = req->request_id;
+    c->redirects_left = 1;
+    Idem__Request copy = *req;
+    copy.request_id = 0; /* the wire id is prepended per send */
+    c->body_len = idem__request__get_packed_size(&copy);
+    c->body = xmalloc(c->body_len ? c->body_len : 1);
+    idem__request__pack(&copy, c->body);
+    f->n_calls++;
+    uv_timer_init(f->loop, &c->timer);
+    c->timer.data = c;
+    uv_timer_start(&c->timer, callDeadlineCb, deadline_ms ? deadline_ms : 1, 0);
+    callAttach(c, addr);
+}
+
+void forwarder_close(struct forwarder *f, void (*cb)(void *data), void *data)
+{
+    f->closing = true;
+    f->close_cb = cb;
+    f->close_data = data;
+    for (struct fwdConn *k = f->conns; k != NULL; k = k->next) {
+        connFail(k, "forwarder closed");
+    }
+    forwarderMaybeFree(f);
+}

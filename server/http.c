@@ -1,0 +1,1297 @@
+/* http: routes, JSON translation, asynchronous answers, metrics and shutdown (see http.h).
+ *
+ * A JSON API request: route → body cap (413) → bearer token → tenant (401) → key (400) →
+ * body (400 invalid_request, nothing proposed) → an Idem__Request handed to service_handle()
+ * in a job. The job keeps the h2o request and a back-reference allocated in the request's
+ * pool (docs/h2o-notes.md §3): if h2o disposes the request first, the reference clears
+ * job->req and the answer is only counted. A follower's service answers not_leader; the job
+ * then forwards the same request once to the leader's RPC address (forward.c) and answers
+ * from the leader's response. The service's deadline (rpc.default_deadline_ms) and the
+ * forward's own deadline guarantee that every job is answered.
+ *
+ * Status mapping: CONTRACT.md §3. Nothing here logs a key or a token; metric labels are a
+ * fixed route name, a status number and an outcome name. */
+#include "http.h"
+
+#include <h2o.h>
+#include <jansson.h>
+#include <openssl/rand.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include "fingerprint.h"
+#include "forward.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define HTTP_BODY_MAX (1u << 20)          /* our own 413 above this (CONTRACT.md §3) */
+#define HTTP_H2O_ENTITY_MAX (2u << 20)    /* h2o's own cap, so that our handler sees 1 MiB + 1 */
+#define HTTP_STOP_POLL_MS 20
+#define HTTP_STOP_GRACE_MS 3000           /* after this, busy connections are closed too */
+#define HTTP_ATTEMPT_ID_MAX 64
+
+enum route {
+    R_HEALTHZ,
+    R_READYZ,
+    R_METRICS,
+    R_CLAIM,
+    R_COMPLETE,
+    R_RELEASE,
+    R_RENEW,
+    R_GET,
+    R_OTHER,
+    R_N
+};
+
+static const char *const routeNames[R_N] = {"healthz", "readyz",  "metrics", "claim", "complete",
+                                            "release", "renew",   "get",     "other"};
+
+#define N_OUTCOMES 17
+static const char *const outcomeNames[N_OUTCOMES] = {
+    "unspecified",  "acquired",  "replay",    "in_progress",     "mismatch",       "lease_expired",
+    "outcome_unknown", "expired", "ok",       "lease_lost",      "not_found",      "quota_exceeded",
+    "invalid",      "unavailable", "not_leader", "unauthenticated", "forbidden"};
+
+static const double histBounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                    0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
+#define N_BUCKETS (sizeof(histBounds) / sizeof(histBounds[0]))
+
+struct httpMetrics {
+    uint64_t http[R_N][600];           /* by route and status */
+    uint64_t outcomes[N_OUTCOMES];     /* the gateway's answers by service outcome */
+    uint64_t claim_buckets[N_BUCKETS]; /* non-cumulative */
+    uint64_t claim_count;
+    double claim_sum;
+    uint64_t fail_closed;
+};
+
+struct httpJob;
+
+struct http_server {
+    uv_loop_t *loop;
+    const struct config *cfg;
+    struct service *svc;
+    struct forwarder *fwd;
+    h2o_globalconf_t conf;
+    h2o_context_t ctx; /* must not move: embeds uv handles */
+    h2o_accept_ctx_t accept_ctx;
+    uv_tcp_t listener;
+    uv_timer_t stop_timer;
+    bool ctx_ready;
+    bool stopping;
+    bool listener_closed;
+    bool fwd_closed;
+    uint64_t stop_started_ms;
+    void (*stop_cb)(void *data);
+    void *stop_data;
+    struct httpJob *jobs;
+    struct httpMetrics m;
+};
+
+struct httpHandler {
+    h2o_handler_t super;
+    struct http_server *h;
+};
+
+/* Lives in the request's pool; cleared by whichever side goes first (notes §3). */
+struct jobRef {
+    struct httpJob *job;
+};
+
+struct httpJob {
+    struct http_server *h;
+    h2o_req_t *req;     /* NULL once h2o disposed the request, or once answered */
+    struct jobRef *ref; /* in req->pool; NULL with req */
+    enum route route;
+    h2o_iovec_t rid;    /* in req->pool */
+    uint64_t start_ns;
+    uint8_t *packed;    /* the packed Idem__Request, for forwarding; owned */
+    size_t packed_len;
+    bool forwarded;
+    struct httpJob *prev, *next;
+};
+
+/* An extra response header; name and value are copied into the request's pool. */
+struct hdr {
+    const char *name; /* lower case */
+    const char *orig; /* case printed on HTTP/1, or NULL */
+    const char *value;
+    size_t value_len;
+};
+
+/* ---- answering ------------------------------------------------------------------------- */
+
+static const char *reasonOf(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 413: return "Payload Too Large";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    }
+}
+
+/* Sends one complete answer and counts it. req may be NULL (the client is gone): then the
+ * answer is only counted. */
+static void sendRaw(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                    int status, const char *ctype, const char *body, size_t len,
+                    const struct hdr *extra, size_t n_extra)
+{
+    if (status >= 100 && status < 600) {
+        h->m.http[route][status]++;
+    }
+    if (req == NULL) {
+        return;
+    }
+    req->res.status = status;
+    req->res.reason = reasonOf(status);
+    req->res.content_length = len;
+    if (ctype != NULL) {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, "Content-Type", ctype,
+                       strlen(ctype));
+    }
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0,
+                          "X-Request-Id", rid.base, rid.len);
+    for (size_t i = 0; i < n_extra; i++) {
+        h2o_iovec_t n = h2o_strdup(&req->pool, extra[i].name, strlen(extra[i].name));
+        h2o_iovec_t v = h2o_strdup(&req->pool, extra[i].value, extra[i].value_len);
+        h2o_add_header_by_str(&req->pool, &req->res.headers, n.base, n.len, 1, extra[i].orig,
+                              v.base, v.len);
+    }
+    h2o_send_inline(req, body, len);
+}
+
+/* Sends a JSON body (stolen) with the given status. */
+static void sendJson(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                     int status, json_t *body, const struct hdr *extra, size_t n_extra)
+{
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (s == NULL) {
+        static const char oom[] = "{\"code\":\"internal\",\"message\":\"out of memory\"}";
+        sendRaw(h, req, route, rid, 500, "application/json", oom, sizeof(oom) - 1, NULL, 0);
+        return;
+    }
+    sendRaw(h, req, route, rid, status, "application/json", s, strlen(s), extra, n_extra);
+    free(s);
+}
+
+/* Sends the error body of CONTRACT.md §3; retry_after_s > 0 adds Retry-After. */
+static void sendError(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                      int status, const char *code, const char *message, uint64_t retry_after_s)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "code", json_string(code));
+    json_t *msg = json_string(message ? message : code);
+    json_object_set_new(o, "message", msg ? msg : json_string(code));
+    json_object_set_new(o, "request_id", json_stringn(rid.base, rid.len));
+    char ra[24];
+    struct hdr extra[2];
+    size_t n = 0;
+    if (retry_after_s > 0) {
+        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);
+        extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
+    }
+    if (status == 405) {
+        const char *allow = (route == R_CLAIM || route == R_COMPLETE || route == R_RELEASE ||
+                             route == R_RENEW)
+                                ? "POST"
+                                : "GET";
+        extra[n++] = (struct hdr){"allow", "Allow", allow, strlen(allow)};
+    }
+    if (status == 503) {
+        h->m.fail_closed++;
+    }
+    sendJson(h, req, route, rid, status, o, extra, n);
+}
+
+static json_t *jsonBytes(const uint8_t *p, size_t len)
+{
+    json_t *s = json_stringn((const char *)p, len);
+    return s ? s : json_null(); /* not UTF-8: jansson refuses it */
+}
+
+static json_t *storedToJson(const Idem__StoredResponse *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_integer(r->status));
+    json_t *hs = json_object();
+    for (size_t i = 0; i < r->n_headers; i++) {
+        json_object_set_new(hs, r->headers[i]->name,
+                            jsonBytes(r->headers[i]->value.data, r->headers[i]->value.len));
+    }
+    json_object_set_new(o, "headers", hs);
+    json_object_set_new(o, "body", jsonBytes(r->body.data, r->body.len));
+    return o;
+}
+
+/* Header names a replay never copies from the stored response: hop-by-hop, framing, and
+ * the ones the gateway sets itself. */
+static bool replaySkips(const char *name)
+{
+    static const char *const skip[] = {"content-length", "transfer-encoding", "connection",
+                                       "keep-alive",     "upgrade",           "te",
+                                       "trailer",        "date",              "server",
+                                       "x-request-id",   "idempotency-replayed"};
+    for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
+        if (strcasecmp(name, skip[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
+                       h2o_iovec_t rid, const Idem__StoredResponse *r)
+{
+    int status = r->status >= 100 && r->status < 600 ? (int)r->status : 200;
+    size_t n = 0;
+    struct hdr *extra = xcalloc(r->n_headers + 1, sizeof(*extra));
+    for (size_t i = 0; i < r->n_headers; i++) {
+        const Idem__Header *hd = r->headers[i];
+        if (hd->name == NULL || hd->name[0] == '\0' || replaySkips(hd->name)) {
+            continue;
+        }
+        extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};
+    }
+    extra[n++] = (struct hdr){"idempotency-replayed", "Idempotency-Replayed", "true", 4};
+    sendRaw(h, req, route, rid, status, NULL, (const char *)r->body.data, r->body.len, extra,
+            n);
+    free(extra);
+}
+
+static const char *stateName(Idem__RecordState s)
+{
+    switch (s) {
+    case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING: return "processing";
+    case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED: return "completed";
+    case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED: return "quarantined";
+    case IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE: return "tombstone";
+    case IDEM__RECORD_STATE__RECORD_STATE_RELEASED: return "released";
+    default: return "unspecified";
+    }
+}
+
+static json_t *recordToJson(const Idem__Record *rec)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "state", json_string(stateName(rec->state)));
+    json_object_set_new(o, "token", json_integer((json_int_t)rec->token));
+    if (rec->fingerprint.len == FP_LEN) {
+        char hex[FP_HEX12_SIZE];
+        fp_hex12(rec->fingerprint.data, hex);
+        json_object_set_new(o, "fingerprint_prefix", json_string(hex));
+    }
+    json_object_set_new(o, "created_at", json_integer((json_int_t)rec->created_at_ms));
+    json_object_set_new(o, "expires_at", json_integer((json_int_t)rec->expires_at_ms));
+    json_object_set_new(o, "lease_expires_at", json_integer((json_int_t)rec->lease_deadline_ms));
+    if (rec->response.len > 0) {
+        Idem__StoredResponse *r =
+            idem__stored_response__unpack(NULL, rec->response.len, rec->response.data);
+        if (r != NULL) {
+            json_object_set_new(o, "response", storedToJson(r));
+            idem__stored_response__free_unpacked(r, NULL);
+        }
+    }
+    return o;
+}
+
+static json_t *okBody(void)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "outcome", json_string("ok"));
+    return o;
+}
+
+/* Answers from the service's (or the leader's) Response, CONTRACT.md §3. */
+static void answerResponse(struct http_server *h, h2o_req_t *req, enum route route,
+                           h2o_iovec_t rid, const Idem__Response *resp)
+{
+    const Idem__Result *res = resp->result;
+    Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    if ((unsigned)oc < N_OUTCOMES) {
+        h->m.outcomes[oc]++;
+    }
+    const char *detail = resp->error && resp->error[0] ? resp->error
+                         : res && res->detail && res->detail[0] ? res->detail
+                                                                : NULL;
+    json_t *o;
+    switch (oc) {
+    case IDEM__OUTCOME__OUTCOME_ACQUIRED:
+        o = json_object();
+        json_object_set_new(o, "outcome", json_string("acquired"));
+        json_object_set_new(o, "token", json_integer((json_int_t)res->token));
+        json_object_set_new(o, "lease_expires_at", json_integer((json_int_t)res->lease_deadline_ms));
+        json_object_set_new(o, "expires_at", json_integer((json_int_t)res->expires_at_ms));
+        json_object_set_new(o, "takeover", json_boolean(res->takeover));
+        json_object_set_new(o, "previous_token", json_integer((json_int_t)res->previous_token));
+        sendJson(h, req, route, rid, 200, o, NULL, 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_REPLAY:
+        if (res->response != NULL) {
+            sendReplay(h, req, route, rid, res->response);
+        } else {
+            sendError(h, req, route, rid, 500, "internal", "replay without a stored response", 0);
+        }
+        return;
+    case IDEM__OUTCOME__OUTCOME_IN_PROGRESS: {
+        uint64_t s = (res->retry_after_ms + 999) / 1000;
+        sendError(h, req, route, rid, 409, "idempotency_request_in_progress",
+                  "another attempt holds the key's lease", s ? s : 1);
+        return;
+    }
+    case IDEM__OUTCOME__OUTCOME_MISMATCH:
+        sendError(h, req, route, rid, 409, "idempotency_key_reused",
+                  "the key was used with a different request", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_LEASE_EXPIRED:
+        sendError(h, req, route, rid, 409, "idempotency_lease_expired",
+                  "the holder's lease passed", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN:
+        sendError(h, req, route, rid, 409, "idempotency_outcome_unknown",
+                  "the outcome of an earlier attempt is unknown", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_EXPIRED:
+        sendError(h, req, route, rid, 410, "idempotency_key_expired", "the key expired", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_OK:
+        if (route == R_GET) {
+            if (res->record == NULL ||
+                res->record->state == IDEM__RECORD_STATE__RECORD_STATE_RELEASED) {
+                sendError(h, req, route, rid, 404, "not_found", "no such key", 0);
+                return;
+            }
+            o = okBody();
+            json_object_set_new(o, "record", recordToJson(res->record));
+        } else {
+            o = okBody();
+            if (route == R_RENEW) {
+                json_object_set_new(o, "lease_expires_at",
+                                    json_integer((json_int_t)res->lease_deadline_ms));
+            }
+        }
+        sendJson(h, req, route, rid, 200, o, NULL, 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_LEASE_LOST:
+        sendError(h, req, route, rid, 409, "idempotency_lease_lost",
+                  "the token is not the current holder's", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_NOT_FOUND:
+        sendError(h, req, route, rid, 404, "not_found", "no such key", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED:
+        sendError(h, req, route, rid, 429, "idempotency_quota_exceeded",
+                  "the tenant's quota is exhausted", 0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_INVALID:
+        if (detail && (strcmp(detail, "idempotency_key_missing") == 0 ||
+                       strcmp(detail, "idempotency_key_invalid") == 0)) {
+            sendError(h, req, route, rid, 400, detail, "bad idempotency key", 0);
+        } else {
+            sendError(h, req, route, rid, 400, "invalid_request", detail, 0);
+        }
+        return;
+    case IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED:
+        sendError(h, req, route, rid, 401, "unauthenticated", "unknown or missing bearer token",
+                  0);
+        return;
+    case IDEM__OUTCOME__OUTCOME_FORBIDDEN:
+        sendError(h, req, route, rid, 403, "forbidden", "forbidden", 0);
+        return;
+    default: /* unavailable, not_leader without a leader, anything unexpected */
+        sendError(h, req, route, rid, 503, "idempotency_unavailable",
+                  "no quorum or no leader; retry with the same key", 1);
+        return;
+    }
+}
+
+/* ---- jobs ------------------------------------------------------------------------------ */
+
+static void jobRefDisposeCb(void *p)
+{
+    struct jobRef *ref = p;
+    if (ref->job != NULL) {
+        ref->job->req = NULL;
+        ref->job->ref = NULL;
+        ref->job = NULL;
+    }
+}
+
+static void httpMaybeStopped(struct http_server *h);
+
+/* Answers a job (resp, or err when the forward failed) and frees it. */
+static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char *err)
+{
+    struct http_server *h = j->h;
+    h2o_req_t *req = j->req;
+    if (req != NULL) { /* detach first: the send may dispose the request (notes §3) */
+        j->ref->job = NULL;
+        j->ref = NULL;
+        j->req = NULL;
+    }
+    if (j->route == R_CLAIM) {
+        double secs = (double)(uv_hrtime() - j->start_ns) / 1e9;
+        h->m.claim_count++;
+        h->m.claim_sum += secs;
+        for (size_t i = 0; i < N_BUCKETS; i++) {
+            if (secs <= histBounds[i]) {
+                h->m.claim_buckets[i]++;
+                break;
+            }
+        }
+    }
+    if (resp != NULL) {
+        answerResponse(h, req, j->route, j->rid, resp);
+    } else {
+        (void)err; /* a static reason from forward.c; it carries no key or token */
+        h->m.outcomes[IDEM__OUTCOME__OUTCOME_UNAVAILABLE]++;
+        sendError(h, req, j->route, j->rid, 503, "idempotency_unavailable",
+                  "the leader could not be reached; retry with the same key", 1);
+    }
+    if (j->prev) {
+        j->prev->next = j->next;
+    } else {
+        h->jobs = j->next;
+    }
+    if (j->next) {
+        j->next->prev = j->prev;
+    }
+    free(j->packed);
+    free(j);
+    httpMaybeStopped(h);
+}
+
+static void forwardDoneCb(void *data, const Idem__Response *resp, const char *err)
+{
+    jobFinish(data, resp, err);
+}
+
+static void serviceDoneCb(void *data, const Idem__Response *resp)
+{
+    struct httpJob *j = data;
+    struct http_server *h = j->h;
+    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
+        !j->forwarded && resp->leader_rpc_address != NULL &&
+        resp->leader_rpc_address[0] != '\0') {
+        j->forwarded = true;
+        Idem__Request *rq = idem__request__unpack(NULL, j->packed_len, j->packed);
+        if (rq == NULL) {
+            jobFinish(j, NULL, "cannot decode the request again");
+            return;
+        }
+        /* j may be finished (and freed) inside forward_call. */
+        forward_call(h->fwd, resp->leader_rpc_address, rq, h->cfg->rpc.default_deadline_ms,
+                     forwardDoneCb, j);
+        idem__request__free_unpacked(rq, NULL);
+        return;
+    }
+    jobFinish(j, resp, NULL);
+}
+
+/* Hands rq to the service in a new job; the answer goes to req unless h2o disposes it. */
+static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                     const Idem__Request *rq)
+{
+    struct httpJob *j = xcalloc(1, sizeof(*j));
+    j->h = h;
+    j->req = req;
+    j->route = route;
+    j->rid = rid;
+    j->start_ns = uv_hrtime();
+    j->packed_len = idem__request__get_packed_size(rq);
+    j->packed = xmalloc(j->packed_len ? j->packed_len : 1);
+    idem__request__pack(rq, j->packed);
+    struct jobRef *ref = h2o_mem_alloc_shared(&req->pool, sizeof(*ref), jobRefDisposeCb);
+    ref->job = j;
+    j->ref = ref;
+    j->next = h->jobs;
+    if (h->jobs) {
+        h->jobs->prev = j;
+    }
+    h->jobs = j;
+    /* j may be finished (and freed) before service_handle returns. */
+    service_handle(h->svc, rq, serviceDoneCb, j);
+}
+
+/* ---- request parsing ------------------------------------------------------------------- */
+
+static bool hexVal(char c, uint8_t *v)
+{
+    if (c >= '0' && c <= '9') {
+        *v = (uint8_t)(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+        *v = (uint8_t)(c - 'a' + 10);
+    } else if (c >= 'A' && c <= 'F') {
+        *v = (uint8_t)(c - 'A' + 10);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* An optional non-negative integer field. False when present with the wrong type. */
+static bool getU64(json_t *o, const char *name, uint64_t *out, bool *present)
+{
+    json_t *v = json_object_get(o, name);
+    if (present) {
+        *present = v != NULL;
+    }
+    if (v == NULL) {
+        return true;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        return false;
+    }
+    *out = (uint64_t)json_integer_value(v);
+    return true;
+}
+
+/* An optional string field without NUL bytes. False when present with the wrong type. */
+static bool getStr(json_t *o, const char *name, const char **out)
+{
+    json_t *v = json_object_get(o, name);
+    *out = NULL;
+    if (v == NULL) {
+        return true;
+    }
+    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
+        return false;
+    }
+    *out = json_string_value(v);
+    return true;
+}
+
+static bool headerNameOk(const char *s)
+{
+    if (*s == '\0') {
+        return false;
+    }
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("!#$%&'*+-.^_`|~", c) != NULL)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool headerValueOk(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0') {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* What a handler built for the service; freed after service_handle returned. */
+struct scratch {
+    json_t *body;
+    char *canon; /* canonical JSON of a request body */
+    Idem__Header *hdrs;
+    Idem__Header **hdrp;
+    char *names; /* lower-cased header names, NUL-separated */
+};
+
+static void scratchFree(struct scratch *s)
+{
+    json_decref(s->body);
+    free(s->canon);
+    free(s->hdrs);
+    free(s->hdrp);
+    free(s->names);
+}
+
+/* Fills a StoredResponse from {"status", "headers", "body"}. False on a wrong shape. */
+static bool parseStored(json_t *o, Idem__StoredResponse *r, struct scratch *sc)
+{
+    if (!json_is_object(o)) {
+        return false;
+    }
+    uint64_t status = 0;
+    bool has_status = false;
+    if (!getU64(o, "status", &status, &has_status) || !has_status || status < 100 ||
+        status > 599) {
+        return false;
+    }
+    r->status = (uint32_t)status;
+    json_t *hs = json_object_get(o, "headers");
+    if (hs != NULL && !json_is_null(hs)) {
+        if (!json_is_object(hs)) {
+            return false;
+        }
+        size_t n = json_object_size(hs), total = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(hs, k, v) {
+            if (!json_is_string(v) || !headerNameOk(k) ||
+                !headerValueOk(json_string_value(v), json_string_length(v))) {
+                return false;
+            }
+            total += strlen(k) + 1;
+        }
+        sc->hdrs = xcalloc(n ? n : 1, sizeof(*sc->hdrs));
+        sc->hdrp = xcalloc(n ? n : 1, sizeof(*sc->hdrp));
+        sc->names = xmalloc(total ? total : 1);
+        size_t i = 0, off = 0;
+        json_object_foreach(hs, k, v) {
+            char *name = sc->names + off;
+            size_t kl = strlen(k);
+            for (size_t c = 0; c <= kl; c++) {
+                name[c] = (char)((k[c] >= 'A' && k[c] <= 'Z') ? k[c] - 'A' + 'a' : k[c]);
+            }
+            off += kl + 1;
+            idem__header__init(&sc->hdrs[i]);
+            sc->hdrs[i].name = name;
+            sc->hdrs[i].value.data = (uint8_t *)json_string_value(v);
+            sc->hdrs[i].value.len = json_string_length(v);
+            sc->hdrp[i] = &sc->hdrs[i];
+            i++;
+        }
+        r->n_headers = n;
+        r->headers = sc->hdrp;
+    }
+    json_t *b = json_object_get(o, "body");
+    if (b != NULL && !json_is_null(b)) {
+        if (!json_is_string(b)) {
+            return false;
+        }
+        r->body.data = (uint8_t *)json_string_value(b);
+        r->body.len = json_string_length(b);
+    }
+    return true;
+}
+
+/* Parses the request body as a JSON object into sc->body. */
+static bool parseBody(h2o_req_t *req, struct scratch *sc)
+{
+    if (req->entity.base == NULL || req->entity.len == 0) {
+        return false;
+    }
+    json_error_t e;
+    sc->body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &e);
+    return sc->body != NULL && json_is_object(sc->body);
+}
+
+/* The claim body: fingerprint or request, and the optional fields. 0, or a message. */
+static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__ClaimRequest *cl,
+                              uint8_t fp[FP_LEN], struct scratch *sc)
+{
+    const char *fph = NULL;
+    if (!getStr(b, "fingerprint", &fph)) {
+        return "fingerprint must be a string";
+    }
+    json_t *rq = json_object_get(b, "request");
+    if ((fph == NULL) == (rq == NULL)) {
+        return "exactly one of fingerprint and request is required";
+    }
+    if (fph != NULL) {
+        if (strlen(fph) != 2 * FP_LEN) {
+            return "fingerprint must be 64 hex digits";
+        }
+        for (size_t i = 0; i < FP_LEN; i++) {
+            uint8_t hi, lo;
+            if (!hexVal(fph[2 * i], &hi) || !hexVal(fph[2 * i + 1], &lo)) {
+                return "fingerprint must be 64 hex digits";
+            }
+            fp[i] = (uint8_t)(hi << 4 | lo);
+        }
+    } else {
+        const char *method = NULL, *path = NULL;
+        if (!json_is_object(rq) || !getStr(rq, "method", &method) || !getStr(rq, "path", &path) ||
+            method == NULL || path == NULL || method[0] == '\0' || path[0] == '\0') {
+            return "request must be an object with method and path strings";
+        }
+        struct fp_input in = {.method = method, .path = path, .tenant = t->name};
+        json_t *body = json_object_get(rq, "body");
+        if (body != NULL && json_is_string(body)) {
+            in.content_type = "text/plain";
+            in.body = (const uint8_t *)json_string_value(body);
+            in.body_len = json_string_length(body);
+        } else if (body != NULL) {
+            sc->canon = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+            if (sc->canon == NULL) {
+                return "request body cannot be encoded";
+            }
+            in.content_type = "application/json";
+            in.body = (const uint8_t *)sc->canon;
+            in.body_len = strlen(sc->canon);
+        }
+        if (fp_compute(&in, fp) != FP_OK) {
+            return "cannot compute the fingerprint";
+        }
+    }
+    cl->fingerprint.data = fp;
+    cl->fingerprint.len = FP_LEN;
+    const char *attempt = NULL, *policy = NULL;
+    if (!getU64(b, "lease_ms", &cl->lease_ms, NULL) || !getU64(b, "ttl_ms", &cl->ttl_ms, NULL)) {
+        return "lease_ms and ttl_ms must be non-negative integers";
+    }
+    if (!getStr(b, "attempt_id", &attempt) ||
+        (attempt != NULL && strlen(attempt) > HTTP_ATTEMPT_ID_MAX)) {
+        return "attempt_id must be a string of at most 64 bytes";
+    }
+    if (attempt != NULL) {
+        cl->attempt_id.data = (uint8_t *)attempt;
+        cl->attempt_id.len = strlen(attempt);
+    }
+    if (!getStr(b, "policy", &policy)) {
+        return "policy must be \"conflict\" or \"takeover\"";
+    }
+    if (policy != NULL) {
+        if (strcmp(policy, "conflict") == 0) {
+            cl->policy = IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT;
+        } else if (strcmp(policy, "takeover") == 0) {
+            cl->policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER;
+        } else {
+            return "policy must be \"conflict\" or \"takeover\"";
+        }
+    }
+    return NULL;
+}
+
+/* The token field, required. */
+static bool getToken(json_t *b, uint64_t *token)
+{
+    bool present = false;
+    return getU64(b, "token", token, &present) && present;
+}
+
+/* ---- routes ---------------------------------------------------------------------------- */
+
+static h2o_iovec_t requestId(h2o_req_t *req)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-request-id"), -1);
+    if (i >= 0) {
+        h2o_iovec_t v = req->headers.entries[i].value;
+        bool ok = v.len >= 1 && v.len <= 64;
+        for (size_t k = 0; ok && k < v.len; k++) {
+            char c = v.base[k];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '-';
+        }
+        if (ok) {
+            return h2o_strdup(&req->pool, v.base, v.len);
+        }
+    }
+    uint8_t rnd[8];
+    char hex[17];
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+        memset(rnd, 0, sizeof(rnd));
+    }
+    for (size_t k = 0; k < sizeof(rnd); k++) {
+        snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
+    }
+    return h2o_strdup(&req->pool, hex, 16);
+}
+
+static bool isMethod(h2o_req_t *req, const char *m)
+{
+    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
+}
+
+/* The route of a raw path (without its query); *key (OUT) is the key segment, if any. */
+static enum route routeOf(const char *p, size_t len, h2o_iovec_t *key)
+{
+    *key = h2o_iovec_init(NULL, 0);
+#define IS(s) (len == sizeof(s) - 1 && memcmp(p, s, len) == 0)
+    if (IS("/healthz")) {
+        return R_HEALTHZ;
+    }
+    if (IS("/readyz")) {
+        return R_READYZ;
+    }
+    if (IS("/metrics")) {
+        return R_METRICS;
+    }
+    if (IS("/v1/claims")) {
+        return R_CLAIM;
+    }
+#undef IS
+    static const char pre[] = "/v1/claims/";
+    if (len < sizeof(pre) - 1 || memcmp(p, pre, sizeof(pre) - 1) != 0) {
+        return R_OTHER;
+    }
+    const char *k = p + sizeof(pre) - 1, *end = p + len;
+    const char *slash = memchr(k, '/', (size_t)(end - k));
+    if (slash == NULL) {
+        *key = h2o_iovec_init(k, (size_t)(end - k));
+        return R_GET;
+    }
+    *key = h2o_iovec_init(k, (size_t)(slash - k));
+    const char *a = slash + 1;
+    size_t alen = (size_t)(end - a);
+    if (alen == 8 && memcmp(a, "complete", 8) == 0) {
+        return R_COMPLETE;
+    }
+    if (alen == 7 && memcmp(a, "release", 7) == 0) {
+        return R_RELEASE;
+    }
+    if (alen == 5 && memcmp(a, "renew", 5) == 0) {
+        return R_RENEW;
+    }
+    return R_OTHER;
+}
+
+static void answerReadyz(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
+{
+    struct service_info si;
+    service_get_info(h->svc, &si);
+    int st = si.cluster.state;
+    bool ready = si.cluster.leader_id != 0 && (st == RAFT_LEADER || st == RAFT_FOLLOWER);
+    json_t *o = json_object();
+    json_object_set_new(o, "ready", json_boolean(ready));
+    json_object_set_new(o, "role", json_string(st == RAFT_LEADER     ? "leader"
+                                               : st == RAFT_FOLLOWER  ? "follower"
+                                               : st == RAFT_CANDIDATE ? "candidate"
+                                                                      : "unavailable"));
+    json_object_set_new(o, "leader_id", json_integer((json_int_t)si.cluster.leader_id));
+    json_object_set_new(o, "term", json_integer((json_int_t)si.cluster.term));
+    json_object_set_new(o, "commit_index", json_integer((json_int_t)si.cluster.commit_index));
+    json_object_set_new(o, "applied_index", json_integer((json_int_t)si.cluster.applied_index));
+    sendJson(h, req, R_READYZ, rid, ready ? 200 : 503, o, NULL, 0);
+}
+
+/* A growable text buffer for /metrics. */
+struct textBuf {
+    char *p;
+    size_t len, cap;
+};
+
+__attribute__((format(printf, 2, 3))) static void tbPrintf(struct textBuf *b, const char *fmt,
+                                                            ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        b->cap = (b->cap + (size_t)n + 1) * 2;
+        b->p = xrealloc(b->p, b->cap);
+    }
+}
+
+static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
+{
+    struct service_info si;
+    service_get_info(h->svc, &si);
+    struct textBuf b = {xmalloc(8192), 0, 8192};
+    b.p[0] = '\0';
+    const struct httpMetrics *m = &h->m;
+    tbPrintf(&b, "# HELP idem_http_requests_total HTTP requests answered by the gateway.\n"
+                 "# TYPE idem_http_requests_total counter\n");
+    for (int r = 0; r < R_N; r++) {
+        for (int s = 100; s < 600; s++) {
+            if (m->http[r][s]) {
+                tbPrintf(&b, "idem_http_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+                         routeNames[r], s, (unsigned long long)m->http[r][s]);
+            }
+        }
+    }
+    tbPrintf(&b, "# HELP idem_requests_total Gateway answers by service outcome.\n"
+                 "# TYPE idem_requests_total counter\n");
+    for (int o = 1; o < N_OUTCOMES; o++) {
+        tbPrintf(&b, "idem_requests_total{outcome=\"%s\"} %llu\n", outcomeNames[o],
+                 (unsigned long long)m->outcomes[o]);
+    }
+    tbPrintf(&b, "# HELP idem_claim_duration_seconds Time from an HTTP claim to its answer.\n"
+                 "# TYPE idem_claim_duration_seconds histogram\n");
+    uint64_t cum = 0;
+    for (size_t i = 0; i < N_BUCKETS; i++) {
+        cum += m->claim_buckets[i];
+        tbPrintf(&b, "idem_claim_duration_seconds_bucket{le=\"%g\"} %llu\n", histBounds[i],
+                 (unsigned long long)cum);
+    }
+    tbPrintf(&b,
+             "idem_claim_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+             "idem_claim_duration_seconds_sum %.6f\n"
+             "idem_claim_duration_seconds_count %llu\n",
+             (unsigned long long)m->claim_count, m->claim_sum,
+             (unsigned long long)m->claim_count);
+    struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } g[] = {
+        {"idem_raft_term", "gauge", "Current Raft term.", si.cluster.term},
+        {"idem_raft_commit_index", "gauge", "Raft commit index.", si.cluster.commit_index},
+        {"idem_raft_applied_index", "gauge", "Raft applied index.", si.cluster.applied_index},
+        {"idem_raft_leader_changes_total", "counter", "Leader changes seen by this node.",
+         si.cluster.leader_changes},
+        {"idem_records", "gauge", "Records held (released markers excluded).",
+         si.fsm.records - si.fsm.released},
+        {"idem_tombstones", "gauge", "Tombstones held.", si.fsm.tombstones},
+        {"idem_quarantined", "gauge", "Quarantined records.", si.fsm.quarantined},
+        {"idem_bytes", "gauge", "Bytes counted against quotas.", si.fsm.bytes},
+        {"idem_fail_closed_total", "counter", "Unavailable (503) answers of the gateway.",
+         m->fail_closed},
+    };
+    for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); i++) {
+        tbPrintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", g[i].name, g[i].help, g[i].name,
+                 g[i].type, g[i].name, (unsigned long long)g[i].v);
+    }
+    sendRaw(h, req, R_METRICS, rid, 200, "text/plain; version=0.0.4", b.p, b.len, NULL, 0);
+    free(b.p);
+}
+
+/* The JSON API routes, after method and body-size checks. */
+static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                      h2o_iovec_t pathKey)
+{
+    /* Authentication: CONTRACT.md §1, the tenant comes from the token only. */
+    ssize_t ai = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
+    const struct config_tenant *t = NULL;
+    h2o_iovec_t tok = h2o_iovec_init(NULL, 0);
+    if (ai >= 0) {
+        h2o_iovec_t v = req->headers.entries[ai].value;
+        if (v.len > 7 && strncasecmp(v.base, "bearer ", 7) == 0) {
+            tok = h2o_iovec_init(v.base + 7, v.len - 7);
+            while (tok.len > 0 && tok.base[0] == ' ') {
+                tok.base++;
+                tok.len--;
+            }
+            while (tok.len > 0 && tok.base[tok.len - 1] == ' ') {
+                tok.len--;
+            }
+            t = service_tenant_for_token(h->svc, (const uint8_t *)tok.base, tok.len);
+        }
+    }
+    if (t == NULL) {
+        sendError(h, req, route, rid, 401, "unauthenticated", "unknown or missing bearer token",
+                  0);
+        return;
+    }
+    h2o_iovec_t key = pathKey;
+    if (route == R_CLAIM) {
+        ssize_t ki = h2o_find_header_by_str(&req->headers, H2O_STRLIT("idempotency-key"), -1);
+        key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
+    }
+    switch (key_validate((const uint8_t *)key.base, key.len, t->key_max_len)) {
+    case KEY_OK:
+        break;
+    case KEY_MISSING:
+        sendError(h, req, route, rid, 400, "idempotency_key_missing",
+                  "the Idempotency-Key is missing", 0);
+        return;
+    default:
+        sendError(h, req, route, rid, 400, "idempotency_key_invalid",
+                  "the idempotency key is malformed", 0);
+        return;
+    }
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    Idem__ClaimRequest cl = IDEM__CLAIM_REQUEST__INIT;
+    Idem__CompleteRequest co = IDEM__COMPLETE_REQUEST__INIT;
+    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
+    Idem__ReleaseRequest re = IDEM__RELEASE_REQUEST__INIT;
+    Idem__RenewRequest rn = IDEM__RENEW_REQUEST__INIT;
+    Idem__GetRequest ge = IDEM__GET_REQUEST__INIT;
+    struct scratch sc = {0};
+    uint8_t fp[FP_LEN];
+    ProtobufCBinaryData kb = {key.len, (uint8_t *)key.base};
+    rq.auth_token.data = (uint8_t *)tok.base;
+    rq.auth_token.len = tok.len;
+    rq.deadline_ms = h->cfg->rpc.default_deadline_ms;
+    const char *bad = NULL;
+    if (route != R_GET && !parseBody(req, &sc)) {
+        bad = "the body must be a JSON object";
+    } else {
+        switch (route) {
+        case R_CLAIM:
+            bad = parseClaim(sc.body, t, &cl, fp, &sc);
+            cl.key = kb;
+            rq.op_case = IDEM__REQUEST__OP_CLAIM;
+            rq.claim = &cl;
+            break;
+        case R_COMPLETE: {
+            const char *oc = NULL;
+            json_t *r = json_object_get(sc.body, "response");
+            if (!getToken(sc.body, &co.token)) {
+                bad = "token must be a non-negative integer";
+            } else if (!getStr(sc.body, "outcome", &oc)) {
+                bad = "outcome must be a string";
+            } else if (oc == NULL || strcmp(oc, "succeeded") == 0) {
+                co.outcome = IDEM__COMPLETION__COMPLETION_SUCCEEDED;
+            } else if (strcmp(oc, "failed_final") == 0) {
+                co.outcome = IDEM__COMPLETION__COMPLETION_FAILED_FINAL;
+            } else if (strcmp(oc, "unknown") == 0) {
+                co.outcome = IDEM__COMPLETION__COMPLETION_UNKNOWN;
+            } else {
+                bad = "outcome must be succeeded, failed_final or unknown";
+            }
+            if (bad == NULL && r != NULL && !json_is_null(r)) {
+                if (!parseStored(r, &sr, &sc)) {
+                    bad = "response must be {status, headers, body}";
+                } else {
+                    co.response = &sr;
+                }
+            }
+            co.key = kb;
+            rq.op_case = IDEM__REQUEST__OP_COMPLETE;
+            rq.complete = &co;
+            break;
+        }
+        case R_RELEASE:
+            if (!getToken(sc.body, &re.token)) {
+                bad = "token must be a non-negative integer";
+            }
+            re.key = kb;
+            rq.op_case = IDEM__REQUEST__OP_RELEASE;
+            rq.release = &re;
+            break;
+        case R_RENEW:
+            if (!getToken(sc.body, &rn.token)) {
+                bad = "token must be a non-negative integer";
+            } else if (!getU64(sc.body, "lease_ms", &rn.lease_ms, NULL)) {
+                bad = "lease_ms must be a non-negative integer";
+            }
+            rn.key = kb;
+            rq.op_case = IDEM__REQUEST__OP_RENEW;
+            rq.renew = &rn;
+            break;
+        default: /* R_GET */
+            ge.key = kb;
+            rq.op_case = IDEM__REQUEST__OP_GET;
+            rq.get = &ge;
+            break;
+        }
+    }
+    if (bad != NULL) {
+        sendError(h, req, route, rid, 400, "invalid_request", bad, 0);
+    } else {
+        jobStart(h, req, route, rid, &rq);
+    }
+    scratchFree(&sc);
+}
+
+static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
+{
+    struct http_server *h = ((struct httpHandler *)self)->h;
+    h2o_iovec_t rid = requestId(req);
+    size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    h2o_iovec_t key;
+    enum route route = routeOf(req->path.base, plen, &key);
+    bool post = route == R_CLAIM || route == R_COMPLETE || route == R_RELEASE || route == R_RENEW;
+    if (route == R_OTHER) {
+        sendError(h, req, route, rid, 404, "not_found", "no such route", 0);
+        return 0;
+    }
+    if (!isMethod(req, post ? "POST" : "GET")) {
+        sendError(h, req, route, rid, 405, "method_not_allowed", "method not allowed", 0);
+        return 0;
+    }
+    if (route == R_HEALTHZ) {
+        json_t *o = json_object();
+        json_object_set_new(o, "status", json_string("ok"));
+        sendJson(h, req, route, rid, 200, o, NULL, 0);
+        return 0;
+    }
+    if (h->stopping && route == R_READYZ) {
+        json_t *o = json_object();
+        json_object_set_new(o, "ready", json_false());
+        json_object_set_new(o, "role", json_string("stopping"));
+        sendJson(h, req, route, rid, 503, o, NULL, 0);
+        return 0;
+    }
+    if (h->stopping) {
+        sendError(h, req, route, rid, 503, "idempotency_unavailable", "node shutting down", 1);
+        return 0;
+    }
+    if (route == R_READYZ) {
+        answerReadyz(h, req, rid);
+        return 0;
+    }
+    if (route == R_METRICS) {
+        answerMetrics(h, req, rid);
+        return 0;
+    }
+    if (req->entity.len > HTTP_BODY_MAX) {
+        sendError(h, req, route, rid, 413, "payload_too_large", "the body exceeds 1 MiB", 0);
+        return 0;
+    }
+    handleApi(h, req, route, rid, key);
+    return 0;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+static void freeHandleCb(uv_handle_t *handle)
+{
+    free(handle);
+}
+
+static void acceptCb(uv_stream_t *l, int status)
+{
+    struct http_server *h = l->data;
+    if (status != 0 || h->stopping) {
+        return;
+    }
+    uv_tcp_t *c = xmalloc(sizeof(*c));
+    uv_tcp_init(h->loop, c);
+    if (uv_accept(l, (uv_stream_t *)c) != 0) {
+        uv_close((uv_handle_t *)c, freeHandleCb);
+        return;
+    }
+    uv_tcp_nodelay(c, 1);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)c, freeHandleCb);
+    h2o_accept(&h->accept_ctx, sock);
+}
+
+struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
+                                    struct service *svc, char *err, size_t errlen)
+{
+    const struct config_addr *addr = &cfg->node.http_address;
+    struct sockaddr_in sa;
+    int rv = uv_ip4_addr(addr->host, addr->port, &sa);
+    if (rv != 0) {
+        snprintf(err, errlen, "http address %s: %s", addr->text, uv_strerror(rv));
+        return NULL;
+    }
+    struct http_server *h = xcalloc(1, sizeof(*h));
+    h->loop = loop;
+    h->cfg = cfg;
+    h->svc = svc;
+    uv_tcp_init(loop, &h->listener);
+    h->listener.data = h;
+    rv = uv_tcp_bind(&h->listener, (const struct sockaddr *)&sa, 0);
+    if (rv == 0) {
+        rv = uv_listen((uv_stream_t *)&h->listener, 511, acceptCb);
+    }
+    if (rv != 0) {
+        snprintf(err, errlen, "http listen on %s: %s", addr->text, uv_strerror(rv));
+        uv_close((uv_handle_t *)&h->listener, NULL);
+        uv_run(loop, UV_RUN_NOWAIT); /* the struct must outlive the close */
+        free(h);
+        return NULL;
+    }
+    h2o_config_init(&h->conf);
+    h->conf.http1.upgrade_to_http2 = 0;
+    h->conf.max_request_entity_size = HTTP_H2O_ENTITY_MAX;
+    h->conf.server_name = h2o_iovec_init(H2O_STRLIT("idemd"));
+    h2o_hostconf_t *host =
+        h2o_config_register_host(&h->conf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    struct httpHandler *hh = (struct httpHandler *)h2o_create_handler(path, sizeof(*hh));
+    hh->super.on_req = onReqCb;
+    hh->h = h;
+    h2o_context_init(&h->ctx, loop, &h->conf);
+    h->ctx_ready = true;
+    h->accept_ctx.ctx = &h->ctx;
+    h->accept_ctx.hosts = h->conf.hosts;
+    h->fwd = forwarder_new(loop, cfg->rpc.max_frame_bytes);
+    uv_timer_init(loop, &h->stop_timer);
+    h->stop_timer.data = h;
+    log_info("serving http on %s", addr->text);
+    return h;
+}
+
+static void stopTimerClosedCb(uv_handle_t *t)
+{
+    struct http_server *h = t->data;
+    void (*cb)(void *) = h->stop_cb;
+    h->stop_cb = NULL;
+    if (cb) {
+        cb(h->stop_data);
+    }
+}
+
+static bool httpIdle(struct http_server *h)
+{
+    return h->listener_closed && h->fwd_closed && h->jobs == NULL &&
+           h2o_linklist_is_empty(&h->ctx.http1._conns) &&
+           h2o_linklist_is_empty(&h->ctx.http2._conns);
+}
+
+static void httpMaybeStopped(struct http_server *h)
+{
+    if (h->stopping && h->stop_cb != NULL && httpIdle(h) &&
+        !uv_is_closing((uv_handle_t *)&h->stop_timer)) {
+        uv_timer_stop(&h->stop_timer);
+        uv_close((uv_handle_t *)&h->stop_timer, stopTimerClosedCb);
+    }
+}
+
+/* Closes idle keep-alive connections (h2o has no API for it, notes §5); after the grace
+ * period, every connection. */
+static int closeIdleCb(h2o_req_t *req, void *data)
+{
+    bool all = *(bool *)data;
+    if (req->version == 0 || all) {
+        h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+        if (sock != NULL) {
+            shutdown(h2o_socket_get_fd(sock), SHUT_RDWR);
+        }
+    }
+    return 0;
+}
+
+static void stopPollCb(uv_timer_t *t)
+{
+    struct http_server *h = t->data;
+    bool all = uv_now(h->loop) - h->stop_started_ms >= HTTP_STOP_GRACE_MS;
+    h->conf.http1.callbacks.foreach_request(&h->ctx, closeIdleCb, &all);
+    httpMaybeStopped(h);
+}
+
+static void listenerClosedCb(uv_handle_t *l)
+{
+    struct http_server *h = l->data;
+    h->listener_closed = true;
+    httpMaybeStopped(h);
+}
+
+static void forwarderClosedCb(void *data)
+{
+    struct http_server *h = data;
+    h->fwd = NULL;
+    h->fwd_closed = true;
+    httpMaybeStopped(h);
+}
+
+void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
+{
+    h->stopping = true;
+    h->stop_cb = cb;
+    h->stop_data = data;
+    h->stop_started_ms = uv_now(h->loop);
+    uv_close((uv_handle_t *)&h->listener, listenerClosedCb);
+    h2o_context_request_shutdown(&h->ctx);
+    forwarder_close(h->fwd, forwarderClosedCb, h);
+    uv_timer_start(&h->stop_timer, stopPollCb, 0, HTTP_STOP_POLL_MS);
+}
+
+void http_server_free(struct http_server *h)
+{
+    if (h2o_timeout_is_linked(&h->ctx.http2._graceful_shutdown_timeout)) {
+        h2o_timeout_unlink(&h->ctx.http2._graceful_shutdown_timeout);
+    }
+    h2o_context_dispose(&h->ctx);
+    /* h2o's handles close on the loop; the context must outlive their callbacks. */
+    uv_run(h->loop, UV_RUN_DEFAULT);
+    h2o_config_dispose(&h->conf);
+    free(h);
+}

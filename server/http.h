@@ -1,0 +1,32 @@
+/* http: the HTTP/1.1 gateway (JSON API, /metrics, /healthz, /readyz) on node.http_address,
+ * served by h2o 2.2.5 on the node's libuv loop (docs/h2o-notes.md). */
+#ifndef IDEM_SERVER_HTTP_H
+#define IDEM_SERVER_HTTP_H
+
+#include <stddef.h>
+#include <uv.h>
+
+#include "config.h"
+#include "service.h"
+
+struct http_server;
+
+/* Binds cfg->node.http_address on `loop` and serves the gateway. `loop`, `cfg` and `svc`
+ * are borrowed: cfg must outlive the server, and svc must stay alive until every request
+ * the gateway handed it was answered (service_close does that) and is not called once
+ * http_server_stop() was called. Returns NULL with a message in err on failure. */
+struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
+                                    struct service *svc, char *err, size_t errlen);
+
+/* Stops (docs/h2o-notes.md §5): closes the listener, asks h2o to shut down, answers new
+ * requests 503, closes the forwarder, force-closes idle keep-alive connections, and calls
+ * cb(data) once no connection and no pending request is left. Pending requests are answered
+ * as the service answers them (service_close answers every one). Call once. */
+void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data);
+
+/* Frees the server after http_server_stop's callback ran and uv_run returned (h2o's
+ * context keeps uv_run from returning: the caller uv_stop()s it). Disposes h2o's context
+ * outside the loop, runs the loop until its handles are closed, then frees everything. */
+void http_server_free(struct http_server *h);
+
+#endif

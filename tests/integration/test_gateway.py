@@ -1,0 +1,1011 @@
+"""Integration tests of the HTTP gateway (JSON API, health, metrics): real three-node clusters on
+127.0.0.1 (harness.Cluster), driven over HTTP/1.1 with http.client; idemctl only finds the
+leader. Each class can run as its own ctest:
+
+    IDEM_BIN_DIR=build/bin python3 -m unittest -v test_gateway.TestGatewayBasics
+
+Classes: TestGatewayBasics (claim/complete/replay/release/renew/get, fingerprints, tenants,
+forwarding from followers), TestGatewayErrors (every error code of CONTRACT.md §3 that a
+healthy cluster can produce), TestGatewayOps (healthz, readyz, metrics), TestGatewayFailover
+(leader killed under load, no quorum), TestGatewayExpiry (ttl into tombstone: 410).
+Waits poll a condition with a generous bound; nothing sleeps for a fixed time.
+"""
+import http.client
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Cluster, fp, wait_for  # noqa: E402
+
+ACQ = "acquired"
+TIMEOUT = 10.0
+MiB = 1024 * 1024
+_NO_AUTH = object()
+
+
+# ---- HTTP helper ---------------------------------------------------------------------------
+
+def request(addr, method, path, body=None, token=_NO_AUTH, headers=None, timeout=TIMEOUT,
+            raw=None):
+    """One HTTP/1.1 request on a fresh connection. body: a JSON-able object (sent as
+    application/json) or None; raw: bytes sent as they are (overrides body).
+    Returns (status, headers with lower-cased names, parsed JSON or the raw body text)."""
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        return _exchange(conn, method, path, body, token, headers, raw)
+    finally:
+        conn.close()
+
+
+def _exchange(conn, method, path, body=None, token=_NO_AUTH, headers=None, raw=None):
+    hdrs = {}
+    if token is not _NO_AUTH and token is not None:
+        hdrs["Authorization"] = "Bearer %s" % token
+    data = None
+    if raw is not None:
+        data = raw
+        hdrs["Content-Type"] = "application/json"
+    elif body is not None:
+        data = json.dumps(body).encode()
+        hdrs["Content-Type"] = "application/json"
+    if headers:
+        hdrs.update(headers)
+    try:
+        conn.request(method, path, body=data, headers=hdrs)
+    except (BrokenPipeError, ConnectionResetError):
+        # The server may answer (413) and close before reading a large body: read the answer.
+        pass
+    resp = conn.getresponse()
+    payload = resp.read()
+    rh = {k.lower(): v for k, v in resp.getheaders()}
+    text = payload.decode("utf-8", errors="replace")
+    parsed = text
+    if text.strip():
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = text
+    return Resp(resp.status, rh, parsed, text)
+
+
+class Resp(tuple):
+    """(status, headers, parsed body); .raw is the body text exactly as received."""
+    def __new__(cls, status, headers, parsed, raw):
+        r = super().__new__(cls, (status, headers, parsed))
+        r.raw = raw
+        return r
+
+
+class GatewayTest(unittest.TestCase):
+    """Base: a cluster per test (setUp) unless shared_cluster is set (one per class)."""
+    cluster_opts = {}
+    shared_cluster = False
+    # A leader change on a loaded machine may answer 503 to a test that does not expect one:
+    # call() retries it (same request: safe, complete/release/renew are idempotent) unless
+    # the test is about 503 itself.
+    retry_503 = True
+
+    # ---- cluster lifecycle ----------------------------------------------------------------
+
+    @classmethod
+    def _start_cluster(cls):
+        c = Cluster(**cls.cluster_opts)
+        try:
+            c.wait_leader(timeout=30)
+            for node in c.nodes.values():
+                wait_for(lambda: _status_or_none(node.http, "/healthz") == 200, 30,
+                         "the gateway of node %d to answer /healthz" % node.id)
+            for node in c.nodes.values():
+                wait_for(lambda: _status_or_none(node.http, "/readyz") == 200, 30,
+                         "node %d to be ready (knows a leader)" % node.id)
+        except BaseException:
+            print(c.logs())
+            c.close()
+            raise
+        return c
+
+    @classmethod
+    def setUpClass(cls):
+        cls.shared = cls._start_cluster() if cls.shared_cluster else None
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.shared is not None:
+            cls.shared.close()
+            cls.shared = None
+
+    def setUp(self):
+        self.c = self.shared if self.shared_cluster else self._start_cluster()
+
+    def tearDown(self):
+        result = self._outcome.result
+        failed = any(t is self for t, _ in result.failures + result.errors)
+        if failed:
+            print(self.c.logs())
+        if not self.shared_cluster:
+            self.c.close()
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def key(self, prefix="k"):
+        """A fresh key, unique per call (shared clusters see many tests)."""
+        return "%s-%s" % (prefix, secrets.token_hex(6))
+
+    def addr(self, nid=None):
+        """The http address of node nid, default the leader."""
+        if nid is None:
+            nid = self.c.wait_leader(timeout=20)
+        return self.c.nodes[nid].http
+
+    def follower_ids(self):
+        lid = self.c.wait_leader(timeout=20)
+        return [n for n in sorted(self.c.nodes) if n != lid and self.c.nodes[n].proc is not None]
+
+    def call(self, addr, method, path, body=None, token=None, **kw):
+        """request() with the tenant alpha's token unless told otherwise (token=_NO_AUTH:
+        no Authorization header)."""
+        if token is None:
+            token = self.c.token
+        resp = request(addr, method, path, body=body, token=token, **kw)
+        deadline = time.monotonic() + 30
+        while self.retry_503 and resp[0] == 503 and time.monotonic() < deadline:
+            self.assertRetryAfter(resp)
+            time.sleep(0.2)
+            resp = request(addr, method, path, body=body, token=token, **kw)
+        return resp
+
+    def claim(self, addr, key, fingerprint=None, req=None, token=None, headers=None,
+              timeout=TIMEOUT, **opts):
+        body = {}
+        if fingerprint is not None:
+            body["fingerprint"] = fingerprint
+        if req is not None:
+            body["request"] = req
+        body.update(opts)
+        h = {"Idempotency-Key": key}
+        if headers:
+            h.update(headers)
+        return self.call(addr, "POST", "/v1/claims", body, token=token, headers=h,
+                         timeout=timeout)
+
+    def complete(self, addr, key, tok, body_text='{"ok":true}', status=201, outcome="succeeded",
+                 token=None, response=True):
+        body = {"token": tok, "outcome": outcome}
+        if response:
+            body["response"] = {"status": status,
+                                "headers": {"content-type": "application/json"},
+                                "body": body_text}
+        return self.call(addr, "POST", "/v1/claims/%s/complete" % key, body, token=token)
+
+    def release(self, addr, key, tok, token=None):
+        return self.call(addr, "POST", "/v1/claims/%s/release" % key, {"token": tok}, token=token)
+
+    def renew(self, addr, key, tok, lease_ms, token=None):
+        return self.call(addr, "POST", "/v1/claims/%s/renew" % key,
+                         {"token": tok, "lease_ms": lease_ms}, token=token)
+
+    def get(self, addr, key, token=None):
+        return self.call(addr, "GET", "/v1/claims/%s" % key, token=token)
+
+    def non503(self, fn, timeout=30):
+        """Calls fn() until it answers something other than 503 (bounded)."""
+        def cond():
+            r = fn()
+            return r if r[0] != 503 else None
+        return wait_for(cond, timeout, "an answer other than 503")
+
+    def assertAcquired(self, resp):
+        st, h, b = resp
+        self.assertEqual(st, 200, resp)
+        self.assertIsInstance(b, dict, resp)
+        self.assertEqual(b.get("outcome"), ACQ, resp)
+        for f in ("token", "lease_expires_at", "expires_at", "takeover"):
+            self.assertIn(f, b, resp)
+        self.assertIsInstance(b["token"], int, resp)
+        self.assertGreater(b["token"], 0, resp)
+        self.assertIn("x-request-id", h, resp)
+        self.assertTrue(h["x-request-id"], resp)
+        return b["token"]
+
+    def assertOk(self, resp):
+        st, h, b = resp
+        self.assertEqual(st, 200, resp)
+        self.assertIsInstance(b, dict, resp)
+        self.assertEqual(b.get("outcome"), "ok", resp)
+        self.assertTrue(h.get("x-request-id"), resp)
+        return b
+
+    def assertError(self, resp, status, code):
+        """An error answer: the status, the code, and {code, message, request_id} with the
+        request id equal to the X-Request-Id header."""
+        st, h, b = resp
+        self.assertEqual(st, status, resp)
+        self.assertIsInstance(b, dict, "error body must be JSON: %r" % (resp,))
+        self.assertEqual(b.get("code"), code, resp)
+        self.assertIn("message", b, resp)
+        self.assertIsInstance(b["message"], str, resp)
+        self.assertIn("request_id", b, resp)
+        self.assertTrue(h.get("x-request-id"), "X-Request-Id missing: %r" % (resp,))
+        self.assertEqual(str(b["request_id"]), h["x-request-id"], resp)
+        return b
+
+    def assertRetryAfter(self, resp):
+        st, h, b = resp
+        self.assertIn("retry-after", h, resp)
+        self.assertGreaterEqual(int(h["retry-after"]), 1, resp)
+
+    def assertReplay(self, resp, body_text, status=201):
+        st, h, b = resp
+        self.assertEqual(st, status, resp)
+        self.assertEqual(h.get("idempotency-replayed", "").lower(), "true", resp)
+        self.assertTrue(h.get("x-request-id"), resp)
+        self.assertIn("application/json", h.get("content-type", ""), resp)
+        # The stored body comes back byte for byte.
+        raw = getattr(resp, "raw", None)
+        if raw is not None:
+            self.assertEqual(raw, body_text, resp)
+        elif isinstance(b, str):
+            self.assertEqual(b, body_text, resp)
+        else:
+            self.assertEqual(b, json.loads(body_text), resp)
+
+
+def _status_or_none(addr, path):
+    try:
+        return request(addr, "GET", path, timeout=5)[0]
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+# ---- basics ---------------------------------------------------------------------------------
+
+class TestGatewayBasics(GatewayTest):
+    shared_cluster = True
+
+    def _basic_flow(self, addr, other):
+        key = self.key("order")
+        f1, f2 = fp("b1-" + key), fp("b2-" + key)
+        tok = self.assertAcquired(self.claim(addr, key, f1))
+        st, h, b = self.claim(addr, key, f1)  # a retry while processing
+        self.assertError((st, h, b), 409, "idempotency_request_in_progress")
+        self.assertRetryAfter((st, h, b))
+        self.assertOk(self.complete(addr, key, tok, '{"id":42}'))
+        # Replays, from this node and another one, with the stored status, headers and body.
+        self.assertReplay(self.claim(addr, key, f1), '{"id":42}')
+        self.assertReplay(self.claim(other, key, f1), '{"id":42}')
+        # Another fingerprint: mismatch, and the stored record is untouched.
+        self.assertError(self.claim(addr, key, f2), 409, "idempotency_key_reused")
+        self.assertReplay(self.claim(addr, key, f1), '{"id":42}')
+        st, h, b = self.get(addr, key)
+        self.assertEqual(st, 200, (st, h, b))
+        self.assertEqual(b.get("outcome"), "ok", b)
+        rec = b["record"]
+        self.assertEqual(rec.get("token"), tok, b)
+        self.assertEqual(rec.get("fingerprint_prefix"), f1[:12], b)
+        self.assertIn("state", rec)
+        self.assertTrue(h.get("x-request-id"))
+        # complete is idempotent for the same token; release after complete is refused and
+        # keeps the stored response (README, "Release").
+        self.assertOk(self.complete(addr, key, tok, '{"id":42}'))
+        self.assertError(self.release(addr, key, tok), 409, "idempotency_lease_lost")
+        self.assertReplay(self.claim(addr, key, f1), '{"id":42}')
+
+    def test_basic_flow_via_leader(self):
+        lid = self.c.wait_leader(timeout=20)
+        other = self.c.nodes[self.follower_ids()[0]].http
+        self._basic_flow(self.c.nodes[lid].http, other)
+
+    def test_basic_flow_via_each_follower(self):
+        lid = self.c.wait_leader(timeout=20)
+        for nid in self.follower_ids():
+            with self.subTest(follower=nid):
+                self._basic_flow(self.c.nodes[nid].http, self.c.nodes[lid].http)
+
+    def test_get_record_states(self):
+        for nid in sorted(self.c.nodes):
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("get")
+                self.assertError(self.get(addr, key), 404, "not_found")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+                st, h, b = self.get(addr, key)
+                self.assertEqual(st, 200, (st, h, b))
+                processing_state = b["record"]["state"]
+                self.assertEqual(b["record"]["token"], tok)
+                self.assertEqual(b["record"]["fingerprint_prefix"], fp(key)[:12])
+                self.assertOk(self.complete(addr, key, tok, "done"))
+                st, h, b = self.get(addr, key)
+                self.assertEqual(st, 200, (st, h, b))
+                self.assertNotEqual(b["record"]["state"], processing_state,
+                                    "state must change on complete: %r" % (b,))
+
+    def test_request_fingerprint_is_canonical(self):
+        for nid in [self.c.wait_leader(timeout=20)] + self.follower_ids():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("canon")
+                req1 = {"method": "POST", "path": "/orders?b=2&a=1",
+                        "body": {"amount": 10, "currency": "EUR"}}
+                req2 = {"method": "POST", "path": "/orders?a=1&b=2",
+                        "body": {"currency": "EUR", "amount": 10}}
+                req3 = {"method": "POST", "path": "/orders?a=1&b=2",
+                        "body": {"currency": "EUR", "amount": 11}}
+                tok = self.assertAcquired(self.claim(addr, key, req=req1))
+                self.assertOk(self.complete(addr, key, tok, '{"order":7}'))
+                self.assertReplay(self.claim(addr, key, req=req2), '{"order":7}')
+                self.assertError(self.claim(addr, key, req=req3), 409, "idempotency_key_reused")
+                self.assertReplay(self.claim(addr, key, req=req1), '{"order":7}')
+                st, h, b = self.get(addr, key)
+                self.assertEqual(st, 200)
+                self.assertRegex(b["record"]["fingerprint_prefix"], r"^[0-9a-f]{12}$")
+
+    def test_release_then_claim_again(self):
+        for nid in sorted(self.c.nodes):
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("rel")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+                self.assertOk(self.release(addr, key, tok))
+                self.assertOk(self.release(addr, key, tok))  # idempotent for the same token
+                tok2 = self.assertAcquired(self.claim(addr, key, fp(key)))
+                self.assertGreater(tok2, tok)
+
+    def test_renew_extends_lease(self):
+        for nid in sorted(self.c.nodes):
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("renew")
+                st, h, b = self.claim(addr, key, fp(key), lease_ms=5000)
+                tok = self.assertAcquired((st, h, b))
+                before = b["lease_expires_at"]
+                st, h, r = self.renew(addr, key, tok, 120000)
+                self.assertEqual(st, 200, (st, h, r))
+                self.assertEqual(r.get("outcome"), "ok", r)
+                self.assertIn("lease_expires_at", r)
+                self.assertGreater(r["lease_expires_at"], before, r)
+                self.assertTrue(h.get("x-request-id"))
+
+    def test_attempt_id_retry_gets_same_token(self):
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("att")
+        t1 = self.assertAcquired(self.claim(addr, key, fp(key), attempt_id="try-1"))
+        t2 = self.assertAcquired(self.claim(addr, key, fp(key), attempt_id="try-1"))
+        self.assertEqual(t1, t2)
+        resp = self.claim(addr, key, fp(key), attempt_id="try-2")
+        self.assertError(resp, 409, "idempotency_request_in_progress")
+        self.assertRetryAfter(resp)
+
+    def test_failed_final_replays(self):
+        addr = self.addr()
+        key = self.key("ff")
+        tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+        self.assertOk(self.complete(addr, key, tok, '{"error":"card declined"}', status=402,
+                                    outcome="failed_final"))
+        self.assertReplay(self.claim(addr, key, fp(key)), '{"error":"card declined"}', status=402)
+
+    def test_tenants_are_separate(self):
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("shared")
+        ta = self.assertAcquired(self.claim(addr, key, fp("alpha-" + key)))
+        self.assertOk(self.complete(addr, key, ta, '{"tenant":"alpha"}'))
+        # beta, same key, other fingerprint: its own record, not a mismatch nor a replay.
+        tb = self.assertAcquired(self.claim(addr, key, fp("beta-" + key), token=self.c.token2))
+        self.assertNotEqual(ta, tb)
+        st, h, b = self.get(addr, key, token=self.c.token2)
+        self.assertEqual(st, 200, b)
+        self.assertEqual(b["record"]["token"], tb)
+        self.assertEqual(b["record"]["fingerprint_prefix"], fp("beta-" + key)[:12])
+        st, h, b = self.get(addr, key)
+        self.assertEqual(b["record"]["token"], ta)
+        self.assertReplay(self.claim(addr, key, fp("alpha-" + key)), '{"tenant":"alpha"}')
+        # beta's complete with alpha's token is a stale token for beta's record.
+        self.assertError(self.complete(addr, key, ta, "x", token=self.c.token2), 409,
+                         "idempotency_lease_lost")
+        # a key only beta has is not found for alpha
+        key2 = self.key("beta-only")
+        self.assertAcquired(self.claim(addr, key2, fp(key2), token=self.c.token2))
+        self.assertError(self.get(addr, key2), 404, "not_found")
+
+    def test_request_ids_are_unique(self):
+        addr = self.addr(self.follower_ids()[0])
+        ids = set()
+        for i in range(10):
+            key = self.key("rid")
+            for resp in (self.claim(addr, key, fp(key)), self.get(addr, key),
+                         self.claim(addr, "bad key!", fp(1)),
+                         request(addr, "GET", "/healthz")):
+                rid = resp[1].get("x-request-id")
+                self.assertTrue(rid, resp)
+                self.assertNotIn(rid, ids, "X-Request-Id repeated")
+                ids.add(rid)
+
+    def test_keep_alive_connection(self):
+        host, port = self.addr().rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        try:
+            key = self.key("ka")
+            st, h, b = _exchange(conn, "GET", "/healthz")
+            self.assertEqual(st, 200)
+            resp = _exchange(conn, "POST", "/v1/claims", {"fingerprint": fp(key)},
+                             token=self.c.token, headers={"Idempotency-Key": key})
+            tok = self.assertAcquired(resp)
+            self.assertOk(_exchange(conn, "POST", "/v1/claims/%s/complete" % key,
+                                    {"token": tok, "outcome": "succeeded",
+                                     "response": {"status": 200, "headers": {
+                                         "content-type": "application/json"}, "body": "{}"}},
+                                    token=self.c.token))
+            st, h, b = _exchange(conn, "GET", "/v1/claims/%s" % key, token=self.c.token)
+            self.assertEqual(st, 200, b)
+        finally:
+            conn.close()
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+class TestGatewayErrors(GatewayTest):
+    shared_cluster = True
+
+    def targets(self):
+        lid = self.c.wait_leader(timeout=20)
+        return [lid] + self.follower_ids()
+
+    def test_unauthenticated(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("auth")
+                self.assertError(self.claim(addr, key, fp(1), token=_NO_AUTH), 401,
+                                 "unauthenticated")
+                self.assertError(self.claim(addr, key, fp(1), token="not-a-token"), 401,
+                                 "unauthenticated")
+                self.assertError(self.claim(addr, key, fp(1), token=""), 401,
+                                 "unauthenticated")
+                self.assertError(self.call(addr, "POST", "/v1/claims", {"fingerprint": fp(1)},
+                                           token=_NO_AUTH,
+                                           headers={"Idempotency-Key": key,
+                                                    "Authorization": "Basic Zm9vOmJhcg=="}),
+                                 401, "unauthenticated")
+                self.assertError(self.get(addr, key, token="nope"), 401, "unauthenticated")
+                self.assertError(self.complete(addr, key, 1, token=_NO_AUTH), 401,
+                                 "unauthenticated")
+                self.assertError(self.release(addr, key, 1, token=_NO_AUTH), 401,
+                                 "unauthenticated")
+                self.assertError(self.renew(addr, key, 1, 1000, token=_NO_AUTH), 401,
+                                 "unauthenticated")
+                # Nothing was created by the refused claims.
+                self.assertError(self.get(addr, key), 404, "not_found")
+
+    def test_key_missing_and_invalid(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                self.assertError(self.call(addr, "POST", "/v1/claims", {"fingerprint": fp(1)}),
+                                 400, "idempotency_key_missing")
+                self.assertError(self.claim(addr, "bad key!", fp(1)), 400,
+                                 "idempotency_key_invalid")
+                self.assertError(self.claim(addr, "x" * 256, fp(1)), 400,
+                                 "idempotency_key_invalid")
+                self.assertError(self.claim(addr, "a/b", fp(1)), 400, "idempotency_key_invalid")
+                # An empty key is either missing or malformed: a 400 with one of the two codes.
+                r = self.claim(addr, "", fp(1))
+                self.assertEqual(r[0], 400, r)
+                self.assertIn(r[2].get("code"), ("idempotency_key_missing",
+                                                 "idempotency_key_invalid"), r)
+                self.assertError(r, 400, r[2].get("code"))
+                # The bounds are valid: 255 bytes and every allowed character.
+                long_key = ("L%s" % secrets.token_hex(8)).ljust(255, "x")
+                self.assertAcquired(self.claim(addr, long_key, fp(1)))
+                odd = "Az09._:~-" + secrets.token_hex(4)
+                tok = self.assertAcquired(self.claim(addr, odd, fp(1)))
+                self.assertOk(self.complete(addr, odd, tok, "odd"))
+                self.assertReplay(self.claim(addr, odd, fp(1)), "odd")
+
+    def test_malformed_json_body(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("json")
+                h = {"Idempotency-Key": key}
+                for raw in (b'{"fingerprint": ', b"not json", b'["a"]'):
+                    self.assertError(self.call(addr, "POST", "/v1/claims", raw=raw, headers=h),
+                                     400, "invalid_request")
+                # Nothing was created.
+                self.assertError(self.get(addr, key), 404, "not_found")
+                # Well-formed JSON that is not a valid claim is an invalid request too: a bad
+                # fingerprint, neither fingerprint nor request, an unknown policy.
+                self.assertError(self.claim(addr, key, "zz"), 400, "invalid_request")
+                self.assertError(self.claim(addr, key), 400, "invalid_request")
+                self.assertError(self.claim(addr, key, fp(key), policy="sometimes"), 400,
+                                 "invalid_request")
+                self.assertError(self.get(addr, key), 404, "not_found")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+                self.assertError(self.call(addr, "POST", "/v1/claims/%s/complete" % key,
+                                           raw=b'{"token": '), 400, "invalid_request")
+                self.assertError(self.call(addr, "POST", "/v1/claims/%s/complete" % key,
+                                           {"outcome": "succeeded"}), 400, "invalid_request")
+                self.assertOk(self.complete(addr, key, tok, "fine"))
+
+    def test_payload_too_large(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("big")
+                pad = "x" * (MiB + 16)
+                raw = json.dumps({"fingerprint": fp(1), "pad": pad}).encode()
+                self.assertGreater(len(raw), MiB)
+                self.assertError(self.call(addr, "POST", "/v1/claims", raw=raw,
+                                           headers={"Idempotency-Key": key}, timeout=30),
+                                 413, "payload_too_large")
+                # The node still serves afterwards.
+                self.assertAcquired(self.claim(addr, key, fp(key)))
+
+    def test_payload_too_large_chunked(self):
+        # Without Content-Length (chunked transfer encoding) the 1 MiB cap still holds.
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("bigc")
+        host, port = addr.rsplit(":", 1)
+        head = json.dumps({"fingerprint": fp(1), "pad": ""})[:-2].encode()
+
+        def chunks():
+            yield head
+            for _ in range(20):
+                yield b"y" * 65536
+            yield b'"}'
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            try:
+                conn.request("POST", "/v1/claims", body=chunks(), encode_chunked=True,
+                             headers={"Authorization": "Bearer %s" % self.c.token,
+                                      "Idempotency-Key": key,
+                                      "Content-Type": "application/json"})
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            resp = conn.getresponse()
+            payload = resp.read()
+            rh = {k.lower(): v for k, v in resp.getheaders()}
+            try:
+                b = json.loads(payload)
+            except ValueError:
+                b = payload.decode(errors="replace")
+        finally:
+            conn.close()
+        self.assertError((resp.status, rh, b), 413, "payload_too_large")
+        self.assertError(self.get(addr, key), 404, "not_found")
+
+    def test_stale_token_lease_lost(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("stale")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+                self.assertError(self.complete(addr, key, tok + 1, "x"), 409,
+                                 "idempotency_lease_lost")
+                self.assertError(self.renew(addr, key, tok - 1, 1000), 409,
+                                 "idempotency_lease_lost")
+                self.assertOk(self.complete(addr, key, tok, "real"))
+                self.assertError(self.complete(addr, key, tok + 7, "x"), 409,
+                                 "idempotency_lease_lost")
+                self.assertReplay(self.claim(addr, key, fp(key)), "real")
+
+    def test_unknown_key_not_found(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("nf")
+                self.assertError(self.complete(addr, key, 12345, "x"), 404, "not_found")
+                self.assertError(self.release(addr, key, 12345), 404, "not_found")
+                self.assertError(self.renew(addr, key, 12345, 1000), 404, "not_found")
+                self.assertError(self.get(addr, key), 404, "not_found")
+
+    def test_mismatch_keeps_record(self):
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("mm")
+        tok = self.assertAcquired(self.claim(addr, key, fp("one")))
+        # A mismatch while processing, and after completion: the record does not move.
+        self.assertError(self.claim(addr, key, fp("two")), 409, "idempotency_key_reused")
+        self.assertOk(self.complete(addr, key, tok, '{"v":1}'))
+        for _ in range(3):
+            self.assertError(self.claim(addr, key, fp("two")), 409, "idempotency_key_reused")
+        st, h, b = self.get(addr, key)
+        self.assertEqual(b["record"]["fingerprint_prefix"], fp("one")[:12])
+        self.assertEqual(b["record"]["token"], tok)
+        self.assertReplay(self.claim(addr, key, fp("one")), '{"v":1}')
+
+    def test_outcome_unknown_quarantines(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("unk")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+                self.assertOk(self.complete(addr, key, tok, outcome="unknown", response=False))
+                for _ in range(2):
+                    self.assertError(self.claim(addr, key, fp(key)), 409,
+                                     "idempotency_outcome_unknown")
+                # takeover policy does not re-run a quarantined record either
+                self.assertError(self.claim(addr, key, fp(key), policy="takeover"), 409,
+                                 "idempotency_outcome_unknown")
+
+    def test_lease_expired_conflict_then_takeover(self):
+        for nid in self.targets():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("lease")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key), lease_ms=300))
+                # Until the lease passes: in_progress; then, with policy conflict (default and
+                # explicit): lease_expired.
+                def lease_expired():
+                    r = self.claim(addr, key, fp(key))
+                    if r[0] == 409 and isinstance(r[2], dict) and \
+                            r[2].get("code") == "idempotency_request_in_progress":
+                        return None
+                    return r
+                resp = wait_for(lease_expired, 20, "the lease to pass")
+                self.assertError(resp, 409, "idempotency_lease_expired")
+                self.assertError(self.claim(addr, key, fp(key), policy="conflict"), 409,
+                                 "idempotency_lease_expired")
+                st, h, b = self.claim(addr, key, fp(key), policy="takeover")
+                tok2 = self.assertAcquired((st, h, b))
+                self.assertIs(b["takeover"], True, b)
+                self.assertEqual(b.get("previous_token"), tok, b)
+                self.assertGreater(tok2, tok)
+                # The old holder is fenced off.
+                self.assertError(self.complete(addr, key, tok, "old"), 409,
+                                 "idempotency_lease_lost")
+                self.assertOk(self.complete(addr, key, tok2, "new"))
+                self.assertReplay(self.claim(addr, key, fp(key)), "new")
+
+    def test_unknown_route(self):
+        addr = self.addr()
+        st, h, b = self.call(addr, "GET", "/v1/no-such-route")
+        self.assertEqual(st, 404, (st, h, b))
+        self.assertTrue(h.get("x-request-id"), (st, h, b))
+        if isinstance(b, dict):
+            self.assertEqual(str(b.get("request_id")), h["x-request-id"])
+
+
+# ---- ops: health, readiness, metrics --------------------------------------------------------
+
+_METRICS = ("idem_http_requests_total", "idem_requests_total", "idem_claim_duration_seconds_bucket",
+            "idem_claim_duration_seconds_sum", "idem_claim_duration_seconds_count",
+            "idem_raft_term", "idem_raft_commit_index", "idem_raft_applied_index",
+            "idem_raft_leader_changes_total", "idem_records", "idem_tombstones",
+            "idem_quarantined", "idem_bytes", "idem_fail_closed_total")
+
+
+def parse_metrics(text):
+    """Prometheus text → {name: [(labels text, float value)]}."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            labels, rest = rest.rsplit("}", 1)
+        else:
+            name, rest = line.split(None, 1)
+            labels = ""
+        value = rest.split()[0]
+        out.setdefault(name.strip(), []).append((labels, float(value)))
+    return out
+
+
+class TestGatewayOps(GatewayTest):
+    def test_healthz_every_node(self):
+        for nid, node in sorted(self.c.nodes.items()):
+            st, h, b = request(node.http, "GET", "/healthz")
+            self.assertEqual(st, 200, (nid, st, b))
+            self.assertEqual(b, {"status": "ok"}, (nid, b))
+            self.assertTrue(h.get("x-request-id"), (nid, h))
+
+    def test_readyz_then_not_ready_when_alone(self):
+        for nid, node in sorted(self.c.nodes.items()):
+            st, h, b = request(node.http, "GET", "/readyz")
+            self.assertEqual(st, 200, (nid, st, b))
+            self.assertIs(b.get("ready"), True, (nid, b))
+            self.assertTrue(h.get("x-request-id"), (nid, h))
+        lid = self.c.wait_leader(timeout=20)
+        # The leader loses both peers: once it notices, it is not ready (503, ready false);
+        # health stays ok: the process is alive.
+        for n in [n for n in self.c.nodes if n != lid]:
+            self.c.kill(n, 9)
+        addr = self.c.nodes[lid].http
+
+        def not_ready():
+            r = request(addr, "GET", "/readyz")
+            return r if r[0] == 503 else None
+        st, h, b = wait_for(not_ready, 30, "the lone node to report not ready")
+        self.assertIs(b.get("ready"), False, b)
+        self.assertTrue(h.get("x-request-id"), h)
+        st, h, b = request(addr, "GET", "/healthz")
+        self.assertEqual((st, b), (200, {"status": "ok"}))
+
+    def test_metrics(self):
+        lid = self.c.wait_leader(timeout=20)
+        fol = self.follower_ids()[0]
+        keys = []
+        for i, nid in enumerate((lid, fol)):
+            addr = self.addr(nid)
+            k = "metrics-secret-%s" % secrets.token_hex(8)
+            keys.append(k)
+            tok = self.assertAcquired(self.claim(addr, k, fp(k)))
+            self.assertOk(self.complete(addr, k, tok, '{"m":%d}' % i))
+            self.assertReplay(self.claim(addr, k, fp(k)), '{"m":%d}' % i)
+            self.assertError(self.claim(addr, k, fp("other")), 409, "idempotency_key_reused")
+            self.claim(addr, k, fp(k), token="wrong-token-%s" % secrets.token_hex(8))
+            kq = "metrics-q-%s" % secrets.token_hex(8)
+            keys.append(kq)
+            tq = self.assertAcquired(self.claim(addr, kq, fp(kq)))
+            self.assertOk(self.complete(addr, kq, tq, outcome="unknown", response=False))
+            self.get(addr, k)
+        secrets_used = keys + [self.c.token, self.c.token2, self.c.admin]
+        for nid, node in sorted(self.c.nodes.items()):
+            with self.subTest(node=nid):
+                st, h, text = request(node.http, "GET", "/metrics")
+                self.assertEqual(st, 200, (st, text))
+                self.assertIsInstance(text, str)
+                self.assertIn("text/plain", h.get("content-type", ""), h)
+                self.assertTrue(h.get("x-request-id"), h)
+                m = parse_metrics(text)
+                for name in _METRICS:
+                    self.assertIn(name, m, "metric %s missing on node %d" % (name, nid))
+                for s in secrets_used:
+                    self.assertNotIn(s, text, "a key or token appears in /metrics")
+                self.assertTrue(any('le="+Inf"' in lb
+                                    for lb, _ in m["idem_claim_duration_seconds_bucket"]))
+                self.assertGreaterEqual(max(v for _, v in m["idem_raft_term"]), 1)
+                self.assertGreaterEqual(max(v for _, v in m["idem_raft_commit_index"]), 1)
+                self.assertGreater(sum(v for _, v in m["idem_http_requests_total"]), 0)
+        # The leader's table: the records and the quarantined ones are counted.
+        laddr = self.c.nodes[lid].http
+
+        def counted():
+            m = parse_metrics(request(laddr, "GET", "/metrics")[2])
+            return (sum(v for _, v in m.get("idem_records", [])) >= 4 and
+                    sum(v for _, v in m.get("idem_quarantined", [])) >= 2 and
+                    sum(v for _, v in m.get("idem_bytes", [])) > 0)
+        wait_for(counted, 15, "idem_records/idem_quarantined/idem_bytes on the leader")
+        st, h, text = request(laddr, "GET", "/metrics")
+        m = parse_metrics(text)
+        self.assertGreater(sum(v for _, v in m["idem_claim_duration_seconds_count"]), 0)
+        self.assertGreater(sum(v for _, v in m["idem_requests_total"]), 0)
+
+
+# ---- failover and no quorum -----------------------------------------------------------------
+
+ALLOWED = (200, 409, 503)
+
+
+class TestGatewayFailover(GatewayTest):
+    retry_503 = False  # these tests are about 503: they see every one of them
+
+    def test_kill_leader_under_load_loses_nothing(self):
+        lid = self.c.wait_leader(timeout=20)
+        survivors = self.follower_ids()
+        state = dict(killed_at=None, first_ack_after=None, acked_after=0)
+        acked = {}          # key -> (fingerprint, body)
+        granted = {}        # key -> set of tokens answered "acquired"
+        answers = []        # every (phase, op, status, code)
+        problems = []       # answers outside the contract, requests without an answer
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def send(op, fn):
+            try:
+                r = fn()
+            except (OSError, http.client.HTTPException) as e:
+                with lock:
+                    problems.append((op, "no HTTP answer", repr(e)))
+                return None
+            code = r[2].get("code") if isinstance(r[2], dict) else None
+            with lock:
+                answers.append(("after" if state["killed_at"] else "before", op, r[0], code))
+                if r[0] not in ALLOWED:
+                    problems.append((op, r))
+                elif r[0] == 503 and (code != "idempotency_unavailable"
+                                      or int(r[1].get("retry-after", "0")) < 1):
+                    problems.append((op, "503 without its code or Retry-After", r))
+            if r[0] == 503:
+                time.sleep(0.05)
+            return r
+
+        def one_key(addr, key, n):
+            f = fp(key)
+            body = '{"n":"%s"}' % key
+            tok = None
+            # A 503 is ambiguous: retry with the same key and attempt id (bounded).
+            t_end = time.monotonic() + 30
+            while time.monotonic() < t_end:
+                r = send("claim", lambda: self.claim(addr, key, f, attempt_id="a-" + key))
+                if r is None or r[0] == 503:
+                    continue
+                if r[0] == 200:
+                    if r[2].get("outcome") != ACQ:
+                        with lock:
+                            problems.append(("claim", "200 without acquired", r))
+                        return
+                    tok = r[2]["token"]
+                    with lock:
+                        granted.setdefault(key, set()).add(tok)
+                break  # 409: nothing granted to us
+            if tok is None:
+                return
+            t_end = time.monotonic() + 30
+            while time.monotonic() < t_end:
+                r = send("complete", lambda: self.complete(addr, key, tok, body))
+                if r is None or r[0] == 503:
+                    continue
+                if r[0] == 200 and r[2].get("outcome") == "ok":
+                    with lock:
+                        acked[key] = (f, body)
+                        if state["killed_at"] is not None:
+                            state["acked_after"] += 1
+                            if state["first_ack_after"] is None:
+                                state["first_ack_after"] = time.monotonic() - state["killed_at"]
+                else:
+                    with lock:
+                        problems.append(("complete", "refused", key, r))
+                return
+
+        def worker(wid):
+            addr = self.c.nodes[survivors[wid % len(survivors)]].http
+            n = 0
+            while not stop.is_set():
+                one_key(addr, "fo-%d-%d-%s" % (wid, n, secrets.token_hex(3)), n)
+                n += 1
+
+        threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            # Kill the leader while requests are in flight, once the load is established.
+            wait_for(lambda: len(acked) >= 30 or problems, 60, "30 acknowledged keys")
+            self.c.kill(lid, 9)
+            with lock:
+                state["killed_at"] = time.monotonic()
+            wait_for(lambda: state["acked_after"] >= 30 or problems, 90,
+                     "30 keys acknowledged after the leader was killed")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=120)
+        self.assertEqual(problems, [], "answers outside the contract")
+        for key, toks in granted.items():
+            self.assertEqual(len(toks), 1, "key %s granted twice: %r" % (key, toks))
+        self.assertLess(state["first_ack_after"], 30, "a new leader must serve through the gateway")
+        print("\nfailover: %d keys granted, %d acknowledged (%d after the kill, first %.2fs "
+              "after it), answers: %d x 503, %d x 409" % (
+                  len(granted), len(acked), state["acked_after"], state["first_ack_after"],
+                  len([a for a in answers if a[2] == 503]),
+                  len([a for a in answers if a[2] == 409])))
+        # Every acknowledged completion replays, with its body, from both survivors; none of
+        # them is ever acquired again.
+        for key, (f, body) in sorted(acked.items()):
+            for nid in survivors:
+                r = self.non503(lambda: self.claim(self.c.nodes[nid].http, key, f))
+                self.assertReplay(r, body)
+        # The survivors saw the leader change.
+        for nid in survivors:
+            m = parse_metrics(request(self.c.nodes[nid].http, "GET", "/metrics")[2])
+            self.assertGreaterEqual(sum(v for _, v in m["idem_raft_leader_changes_total"]), 1,
+                                    "node %d" % nid)
+        # The killed node comes back and serves the same answers.
+        self.c.start(lid)
+        wait_for(lambda: _status_or_none(self.c.nodes[lid].http, "/readyz") == 200, 30,
+                 "the restarted node to be ready")
+        some = sorted(acked.items())[:: max(1, len(acked) // 10)]
+        for key, (f, body) in some:
+            r = self.non503(lambda: self.claim(self.c.nodes[lid].http, key, f))
+            self.assertReplay(r, body)
+
+    def test_no_quorum_on_follower_answers_503(self):
+        # A follower left alone (leader and the other follower killed) answers 503 too,
+        # within the request's deadline, and is not ready.
+        lid = self.c.wait_leader(timeout=20)
+        fol = self.follower_ids()
+        addr = self.c.nodes[fol[0]].http
+        key0 = self.key("pre")
+        tok = self.assertAcquired(self.claim(addr, key0, fp(key0)))
+        self.assertOk(self.complete(addr, key0, tok, '{"pre":2}'))
+        self.c.kill(lid, 9)
+        self.c.kill(fol[1], 9)
+        for i in range(3):
+            k = self.key("during")
+            t0 = time.monotonic()
+            r = self.claim(addr, k, fp(k), attempt_id="att-" + k, timeout=60)
+            self.assertError(r, 503, "idempotency_unavailable")
+            self.assertRetryAfter(r)
+            self.assertLess(time.monotonic() - t0, 30)
+        self.assertError(self.claim(addr, key0, fp(key0), timeout=60), 503,
+                         "idempotency_unavailable")
+        self.assertError(self.call(addr, "GET", "/v1/claims/%s" % key0, timeout=60), 503,
+                         "idempotency_unavailable")
+        self.assertError(self.complete(addr, key0, tok, '{"pre":2}'), 503,
+                         "idempotency_unavailable")
+        wait_for(lambda: request(addr, "GET", "/readyz")[0] == 503, 30,
+                 "the lone follower to report not ready")
+        # Errors that need no quorum are still answered as such.
+        self.assertError(self.claim(addr, key0, fp(key0), token="nope"), 401, "unauthenticated")
+        self.assertError(self.claim(addr, "bad key!", fp(1)), 400, "idempotency_key_invalid")
+
+    def test_no_quorum_answers_503(self):
+        lid = self.c.wait_leader(timeout=20)
+        addr = self.c.nodes[lid].http
+        key0 = self.key("pre")
+        tok = self.assertAcquired(self.claim(addr, key0, fp(key0)))
+        self.assertOk(self.complete(addr, key0, tok, '{"pre":1}'))
+        others = [n for n in self.c.nodes if n != lid]
+        for n in others:
+            self.c.kill(n, 9)
+        # Fail closed: no acquired, no replay, no get without a committed entry.
+        for i in range(3):
+            k = self.key("during")
+            t0 = time.monotonic()
+            r = self.claim(addr, k, fp(k), attempt_id="att-" + k, timeout=60)
+            self.assertError(r, 503, "idempotency_unavailable")
+            self.assertRetryAfter(r)
+            self.assertLess(time.monotonic() - t0, 30)
+        r = self.claim(addr, key0, fp(key0), timeout=60)
+        self.assertError(r, 503, "idempotency_unavailable")
+        r = self.call(addr, "GET", "/v1/claims/%s" % key0, timeout=60)
+        self.assertError(r, 503, "idempotency_unavailable")
+        # The fail-closed answers are counted.
+        m = parse_metrics(request(addr, "GET", "/metrics")[2])
+        self.assertGreater(sum(v for _, v in m.get("idem_fail_closed_total", [(0, 0)])), 0)
+        # Quorum back: the stored answer again.
+        for n in others:
+            self.c.start(n)
+        self.c.wait_leader(timeout=30)
+
+        def replayed():
+            r = self.claim(addr, key0, fp(key0))
+            return r if r[0] != 503 else None
+        self.assertReplay(wait_for(replayed, 30, "service after quorum is back"), '{"pre":1}')
+
+
+# ---- expiry ---------------------------------------------------------------------------------
+
+class TestGatewayExpiry(GatewayTest):
+    cluster_opts = dict(expiry_ms=100)
+
+    def test_ttl_expiry_gives_410(self):
+        lid = self.c.wait_leader(timeout=20)
+        for nid in [lid, self.follower_ids()[0]]:
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("short")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key), ttl_ms=800))
+                self.assertOk(self.complete(addr, key, tok, '{"short":1}'))
+                first = self.claim(addr, key, fp(key))
+                if first[0] != 410:  # on a slow machine the ttl may already have passed
+                    self.assertReplay(first, '{"short":1}')
+
+                def expired():
+                    r = self.claim(addr, key, fp(key))
+                    return r if r[0] == 410 else None
+                r = wait_for(expired, 20, "the record to become a tombstone (410)")
+                self.assertError(r, 410, "idempotency_key_expired")
+                # A new key is unaffected.
+                k2 = self.key("fresh")
+                self.assertAcquired(self.claim(addr, k2, fp(k2)))
+                # A tombstone keeps no body: the record reads as a tombstone or is gone.
+                st, h, b = self.get(addr, key)
+                if st == 200:
+                    self.assertEqual(b["record"].get("state"), "tombstone", b)
+                    self.assertNotIn("body", json.dumps(b.get("record", {}).get("response") or {}))
+                else:
+                    self.assertError((st, h, b), 404, "not_found")
+        laddr = self.c.nodes[self.c.wait_leader(timeout=20)].http
+        wait_for(lambda: sum(v for _, v in parse_metrics(
+            request(laddr, "GET", "/metrics")[2]).get("idem_tombstones", [])) >= 2, 15,
+            "idem_tombstones to count the two tombstones")
+
+
+if __name__ == "__main__":
+    unittest.main()
