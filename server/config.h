@@ -7,7 +7,7 @@
  * keys, YAML aliases and values out of range are errors; nothing is silently ignored.
  * Error messages never contain a token hash, only the name of the field that holds it.
  *
- * Not covered yet: gateway routes for proxy mode (the gateway arrives later). The TLS files
+ * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS files
  * are not opened here; whoever sets up TLS reports a missing or unreadable file. */
 #ifndef IDEM_SERVER_CONFIG_H
 #define IDEM_SERVER_CONFIG_H
@@ -107,6 +107,55 @@ struct config_tenant {
     enum config_lease_policy lease_policy; /* default conflict */
 };
 
+/* Methods a proxy route may list (bits of config_proxy_route.methods). */
+enum config_method {
+    CONFIG_M_GET = 1u << 0,
+    CONFIG_M_HEAD = 1u << 1,
+    CONFIG_M_POST = 1u << 2,
+    CONFIG_M_PUT = 1u << 3,
+    CONFIG_M_PATCH = 1u << 4,
+    CONFIG_M_DELETE = 1u << 5,
+    CONFIG_M_OPTIONS = 1u << 6,
+};
+
+/* The bit of a method name (exact, upper case), or 0 when it is not one of the above. */
+unsigned config_method_bit(const char *m, size_t len);
+
+/* One route of a proxy listener: requests whose method is in `methods` and whose path starts
+ * with `path_prefix` go through the idempotency protocol on behalf of `tenant`; other
+ * methods under the prefix pass through to the upstream unchecked. */
+struct config_proxy_route {
+    unsigned methods;             /* CONFIG_M_* bits, default POST|PUT|PATCH|DELETE */
+    char *path_prefix;            /* owned, starts with '/', default "/" */
+    char *upstream;               /* owned, as written, e.g. "http://127.0.0.1:9999" */
+    char upstream_host[16];       /* IPv4 literal ("localhost" is stored as 127.0.0.1) */
+    uint16_t upstream_port;       /* default 80 */
+    char *upstream_hostport;      /* owned, the Host header sent upstream, e.g. "127.0.0.1:9999" */
+    size_t tenant;                /* index into config.tenants */
+    uint64_t lease_ms;            /* 0: the tenant's default */
+    uint64_t ttl_ms;              /* 0: the tenant's default */
+    bool lease_policy_set;        /* false: the tenant's policy */
+    enum config_lease_policy lease_policy;
+    uint32_t mismatch_status;     /* 409 or 422, default 409 */
+    uint32_t in_progress_status;  /* 409 or 425, default 409 */
+    char **fingerprint_headers;   /* owned, lower-cased names; n_fingerprint_headers */
+    size_t n_fingerprint_headers;
+    bool store_4xx;               /* default false: 4xx answers are released */
+    bool on_timeout_unknown;      /* on_timeout: unknown (default, true) or release */
+    uint32_t upstream_timeout_ms; /* 1..3600000, default 10000 */
+    char **response_headers;      /* owned, lower-cased names; default ["content-type"] */
+    size_t n_response_headers;
+    uint64_t max_inline_body;     /* bytes, 0..64 MiB, default 1 MiB */
+    bool key_required;            /* default true */
+};
+
+/* One proxy listener. */
+struct config_proxy {
+    struct config_addr address;
+    struct config_proxy_route *routes; /* owned array of n_routes, >= 1 */
+    size_t n_routes;
+};
+
 /* Everything one node's configuration file holds. Zero-initialise it (or let a failed load
  * leave it zeroed) and release it with config_free(). */
 struct config {
@@ -120,6 +169,8 @@ struct config {
     uint8_t admin_token_sha256[CONFIG_HASH_LEN];
     struct config_tenant *tenants; /* owned array of n_tenants, >= 1 */
     size_t n_tenants;
+    struct config_proxy *proxies; /* owned array of n_proxies; NULL when there is none */
+    size_t n_proxies;
 };
 
 /* Reads and validates the file at path. Returns 0 and fills *out, or -1 with a

@@ -15,6 +15,8 @@
 
 #include <h2o.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "fingerprint.h"
 #include "forward.h"
@@ -43,12 +46,13 @@ enum route {
     R_RELEASE,
     R_RENEW,
     R_GET,
+    R_PROXY,
     R_OTHER,
     R_N
 };
 
-static const char *const routeNames[R_N] = {"healthz", "readyz",  "metrics", "claim", "complete",
-                                            "release", "renew",   "get",     "other"};
+static const char *const routeNames[R_N] = {"healthz", "readyz", "metrics", "claim", "complete",
+                                            "release", "renew",  "get",     "proxy", "other"};
 
 #define N_OUTCOMES 17
 static const char *const outcomeNames[N_OUTCOMES] = {
@@ -70,6 +74,15 @@ struct httpMetrics {
 };
 
 struct httpJob;
+struct proxyJob;
+struct http_server;
+
+/* A proxy listener (cfg->proxies[i]). */
+struct proxyListener {
+    uv_tcp_t tcp;
+    const struct config_proxy *cfg;
+    struct sockaddr_in sa;
+};
 
 struct http_server {
     uv_loop_t *loop;
@@ -79,11 +92,17 @@ struct http_server {
     h2o_globalconf_t conf;
     h2o_context_t ctx; /* must not move: embeds uv handles */
     h2o_accept_ctx_t accept_ctx;
-    uv_tcp_t listener;
+    uv_tcp_t listener;          /* node.http_address; bound when has_listener */
+    bool has_listener;
+    struct proxyListener *plisteners; /* cfg->n_proxies */
+    size_t n_plisteners;
+    int open_listeners;         /* listeners not yet closed */
+    h2o_timeout_t io_timeout;   /* http1client's per-phase timeout (proxy mode) */
+    h2o_http1client_ctx_t client_ctx;
+    struct proxyJob *pjobs;
     uv_timer_t stop_timer;
     bool ctx_ready;
     bool stopping;
-    bool listener_closed;
     bool fwd_closed;
     uint64_t stop_started_ms;
     void (*stop_cb)(void *data);
@@ -140,9 +159,13 @@ static const char *reasonOf(int status)
     case 410: return "Gone";
     case 413: return "Payload Too Large";
     case 422: return "Unprocessable Content";
+    case 425: return "Too Early";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
     default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
     }
 }
@@ -1088,10 +1111,877 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
     scratchFree(&sc);
 }
 
+/* ---- proxy mode (issue #4 item 2) -------------------------------------------------------
+ *
+ * A request on a proxy listener: route by path prefix → key (400) → fingerprint → claim
+ * through service_handle_as() on behalf of the route's tenant → on acquired, the request goes
+ * to the upstream with http1client (docs/h2o-notes.md §4) under a total deadline → the
+ * upstream's answer is recorded (complete or release, CONTRACT.md §4) and then passed on.
+ * Everything a job needs after the claim is copied into the job, so that it can finish
+ * (and record the upstream's answer) even when h2o disposed the request first. A follower
+ * does not forward proxy claims yet: it answers 503 idempotency_unavailable. */
+
+struct upHdr {
+    char *name; /* lower case, owned */
+    char *value; /* owned */
+    size_t value_len;
+};
+
+enum pjAfter {
+    PJ_AFTER_UPSTREAM, /* pass the upstream's answer on */
+    PJ_AFTER_ERROR,    /* answer err_status / err_code */
+};
+
+struct proxyJob;
+
+struct pjobRef {
+    struct proxyJob *job;
+};
+
+struct proxyJob {
+    struct http_server *h;
+    const struct config_proxy_route *route;
+    const struct config_tenant *tenant;
+    h2o_req_t *req;       /* NULL once h2o disposed the request, or once answered */
+    struct pjobRef *ref;  /* in req->pool; NULL with req */
+    char rid[72];
+    bool idem;            /* the protocol applies (else: plain pass-through) */
+    char *method;         /* owned copies of the request */
+    char *path;
+    uint8_t *body;
+    size_t body_len;
+    bool has_body;
+    char *key;
+    size_t key_len;
+    char *fwd;            /* the caller's headers to forward, serialised */
+    size_t fwd_len;
+    uint64_t token;
+    uint64_t expires_at_ms; /* 0: unknown */
+    /* upstream */
+    h2o_http1client_t *client;
+    uv_timer_t timer;
+    bool in_upstream;
+    bool sent;
+    char *head;
+    h2o_iovec_t reqbufs[2];
+    int up_status;
+    struct upHdr *up_hdrs;
+    size_t n_up_hdrs;
+    uint8_t *up_body;
+    size_t up_len, up_cap;
+    uint64_t up_total;
+    bool too_large;
+    EVP_MD_CTX *sha;
+    uint8_t sha_out[32];
+    /* what to answer once the record op is done */
+    enum pjAfter after;
+    int err_status;
+    const char *err_code;
+    const char *err_msg;
+    struct proxyJob *prev, *next;
+};
+
+static void pjRefDisposeCb(void *p)
+{
+    struct pjobRef *ref = p;
+    if (ref->job != NULL) {
+        ref->job->req = NULL;
+        ref->job->ref = NULL;
+        ref->job = NULL;
+    }
+}
+
+/* Detaches and returns the request to answer, or NULL when the client is gone. */
+static h2o_req_t *pjTakeReq(struct proxyJob *j)
+{
+    h2o_req_t *req = j->req;
+    if (req != NULL) {
+        j->ref->job = NULL;
+        j->ref = NULL;
+        j->req = NULL;
+    }
+    return req;
+}
+
+static h2o_iovec_t pjRid(struct proxyJob *j)
+{
+    return h2o_iovec_init(j->rid, strlen(j->rid));
+}
+
+/* RFC 9110 IMF-fixdate of a Unix time in ms into out; false when unknown. */
+static bool imfDate(uint64_t ms, char out[40])
+{
+    if (ms == 0) {
+        return false;
+    }
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    if (gmtime_r(&t, &tm) == NULL) {
+        return false;
+    }
+    static const char *const wd[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+    static const char *const mo[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    snprintf(out, 40, "%s, %02d %s %04d %02d:%02d:%02d GMT", wd[tm.tm_wday], tm.tm_mday,
+             mo[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    return true;
+}
+
+/* Adds Idempotency-Expires to extra when known; returns the new count. date is the caller's. */
+static size_t pjExpires(const struct proxyJob *j, struct hdr *extra, size_t n, char date[40])
+{
+    if (j->idem && imfDate(j->expires_at_ms, date)) {
+        extra[n++] = (struct hdr){"idempotency-expires", "Idempotency-Expires", date, strlen(date)};
+    }
+    return n;
+}
+
+static void pjSendError(struct proxyJob *j, int status, const char *code, const char *message,
+                        uint64_t retry_after_s)
+{
+    struct http_server *h = j->h;
+    h2o_req_t *req = pjTakeReq(j);
+    json_t *o = json_object();
+    json_object_set_new(o, "code", json_string(code));
+    json_t *msg = json_string(message ? message : code);
+    json_object_set_new(o, "message", msg ? msg : json_string(code));
+    json_object_set_new(o, "request_id", json_string(j->rid));
+    char ra[24], date[40];
+    struct hdr extra[2];
+    size_t n = 0;
+    if (retry_after_s > 0) {
+        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);
+        extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
+    }
+    n = pjExpires(j, extra, n, date);
+    if (status == 503) {
+        h->m.fail_closed++;
+    }
+    sendJson(h, req, R_PROXY, pjRid(j), status, o, extra, n);
+}
+
+/* Whether a stored response is the marker of an upstream answer that was too large to keep
+ * (an empty inline body with the SHA-256 of a non-empty one): replaying it would be a
+ * silently truncated answer. */
+static bool storedTooLarge(const Idem__StoredResponse *r)
+{
+    static const uint8_t emptySha[32] = {
+        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+        0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+    return r->body.len == 0 && r->body_sha256.len == 32 &&
+           (r->body_ref == NULL || r->body_ref[0] == '\0') &&
+           memcmp(r->body_sha256.data, emptySha, 32) != 0;
+}
+
+static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
+{
+    if (storedTooLarge(r)) {
+        pjSendError(j, 502, "upstream_response_too_large",
+                    "the upstream's answer exceeded the route's max_inline_body and was not kept",
+                    0);
+        return;
+    }
+    h2o_req_t *req = pjTakeReq(j);
+    int status = r->status >= 100 && r->status < 600 ? (int)r->status : 200;
+    size_t n = 0;
+    char date[40];
+    struct hdr *extra = xcalloc(r->n_headers + 2, sizeof(*extra));
+    for (size_t i = 0; i < r->n_headers; i++) {
+        const Idem__Header *hd = r->headers[i];
+        if (hd->name == NULL || hd->name[0] == '\0' || replaySkips(hd->name) ||
+            strcasecmp(hd->name, "idempotency-expires") == 0) {
+            continue;
+        }
+        extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};
+    }
+    extra[n++] = (struct hdr){"idempotency-replayed", "Idempotency-Replayed", "true", 4};
+    n = pjExpires(j, extra, n, date);
+    sendRaw(j->h, req, R_PROXY, pjRid(j), status, NULL, (const char *)r->body.data, r->body.len,
+            extra, n);
+    free(extra);
+}
+
+/* Passes the upstream's answer on (every end-to-end header). */
+static void pjSendUpstream(struct proxyJob *j)
+{
+    h2o_req_t *req = pjTakeReq(j);
+    size_t n = 0;
+    char date[40];
+    struct hdr *extra = xcalloc(j->n_up_hdrs + 1, sizeof(*extra));
+    for (size_t i = 0; i < j->n_up_hdrs; i++) {
+        const struct upHdr *u = &j->up_hdrs[i];
+        if (replaySkips(u->name) || strcmp(u->name, "idempotency-expires") == 0 ||
+            strcmp(u->name, "proxy-connection") == 0) {
+            continue;
+        }
+        extra[n++] = (struct hdr){u->name, NULL, u->value, u->value_len};
+    }
+    n = pjExpires(j, extra, n, date);
+    sendRaw(j->h, req, R_PROXY, pjRid(j), j->up_status, NULL, (const char *)j->up_body, j->up_len,
+            extra, n);
+    free(extra);
+}
+
+static void pjClosedCb(uv_handle_t *t)
+{
+    struct proxyJob *j = t->data;
+    struct http_server *h = j->h;
+    if (j->prev) {
+        j->prev->next = j->next;
+    } else {
+        h->pjobs = j->next;
+    }
+    if (j->next) {
+        j->next->prev = j->prev;
+    }
+    free(j->method);
+    free(j->path);
+    free(j->body);
+    free(j->key);
+    free(j->fwd);
+    free(j->head);
+    for (size_t i = 0; i < j->n_up_hdrs; i++) {
+        free(j->up_hdrs[i].name);
+        free(j->up_hdrs[i].value);
+    }
+    free(j->up_hdrs);
+    free(j->up_body);
+    EVP_MD_CTX_free(j->sha);
+    free(j);
+    httpMaybeStopped(h);
+}
+
+/* Ends a job that has answered (or whose client is gone). */
+static void pjFinish(struct proxyJob *j)
+{
+    if (j->req != NULL) { /* every path answers; this is a safety net */
+        pjSendError(j, 500, "internal", "no answer", 0);
+    }
+    uv_timer_stop(&j->timer);
+    uv_close((uv_handle_t *)&j->timer, pjClosedCb);
+}
+
+/* Calls the service on behalf of the route's tenant; after http_server_stop() the service is
+ * no longer called and cb gets unavailable. */
+static void pjCall(struct proxyJob *j, Idem__Request *rq, service_done_cb cb)
+{
+    rq->deadline_ms = j->h->cfg->rpc.default_deadline_ms;
+    if (j->h->stopping) {
+        Idem__Result res = IDEM__RESULT__INIT;
+        Idem__Response resp = IDEM__RESPONSE__INIT;
+        res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+        resp.result = &res;
+        cb(j, &resp);
+        return;
+    }
+    service_handle_as(j->h->svc, j->tenant->name, rq, cb, j);
+}
+
+static void pjAnswerAfter(struct proxyJob *j)
+{
+    if (j->after == PJ_AFTER_UPSTREAM) {
+        pjSendUpstream(j);
+    } else {
+        pjSendError(j, j->err_status, j->err_code, j->err_msg, 0);
+    }
+    pjFinish(j);
+}
+
+static void pjRecordDoneCb(void *data, const Idem__Response *resp)
+{
+    struct proxyJob *j = data;
+    Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    if (oc != IDEM__OUTCOME__OUTCOME_OK) {
+        char kd[FP_HEX12_SIZE];
+        key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
+        log_warn("proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
+                 (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?");
+    }
+    pjAnswerAfter(j);
+}
+
+static void pjRelease(struct proxyJob *j)
+{
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    Idem__ReleaseRequest re = IDEM__RELEASE_REQUEST__INIT;
+    re.key.data = (uint8_t *)j->key;
+    re.key.len = j->key_len;
+    re.token = j->token;
+    rq.op_case = IDEM__REQUEST__OP_RELEASE;
+    rq.release = &re;
+    pjCall(j, &rq, pjRecordDoneCb);
+}
+
+static void pjComplete(struct proxyJob *j, Idem__Completion outcome, Idem__StoredResponse *sr)
+{
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    Idem__CompleteRequest co = IDEM__COMPLETE_REQUEST__INIT;
+    co.key.data = (uint8_t *)j->key;
+    co.key.len = j->key_len;
+    co.token = j->token;
+    co.outcome = outcome;
+    co.response = sr;
+    rq.op_case = IDEM__REQUEST__OP_COMPLETE;
+    rq.complete = &co;
+    pjCall(j, &rq, pjRecordDoneCb);
+}
+
+static void pjSetError(struct proxyJob *j, int status, const char *code, const char *msg)
+{
+    j->after = PJ_AFTER_ERROR;
+    j->err_status = status;
+    j->err_code = code;
+    j->err_msg = msg;
+}
+
+/* The upstream call failed: sent says whether the request may have reached it. */
+static void pjUpstreamFailed(struct proxyJob *j, bool sent, bool timeout)
+{
+    j->in_upstream = false;
+    uv_timer_stop(&j->timer);
+    if (!sent) {
+        pjSetError(j, 502, "upstream_unavailable", "the upstream could not be reached");
+    } else if (timeout) {
+        pjSetError(j, 504, "upstream_timeout", "the upstream did not answer in time");
+    } else {
+        pjSetError(j, 502, "upstream_unavailable", "the upstream connection failed");
+    }
+    if (!j->idem) {
+        pjAnswerAfter(j);
+    } else if (!sent || !j->route->on_timeout_unknown) {
+        pjRelease(j); /* nothing was sent, or the route says release */
+    } else {
+        pjComplete(j, IDEM__COMPLETION__COMPLETION_UNKNOWN, NULL); /* quarantine */
+    }
+}
+
+static bool storedHeaderAllowed(const struct config_proxy_route *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_response_headers; i++) {
+        if (strcmp(r->response_headers[i], name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The upstream answered completely. */
+static void pjUpstreamDone(struct proxyJob *j)
+{
+    j->in_upstream = false;
+    uv_timer_stop(&j->timer);
+    unsigned int sl = 0;
+    if (EVP_DigestFinal_ex(j->sha, j->sha_out, &sl) != 1) {
+        memset(j->sha_out, 0, sizeof(j->sha_out));
+    }
+    j->after = PJ_AFTER_UPSTREAM;
+    if (j->too_large) {
+        pjSetError(j, 502, "upstream_response_too_large",
+                   "the upstream's answer exceeds the route's max_inline_body");
+    }
+    if (!j->idem) {
+        pjAnswerAfter(j);
+        return;
+    }
+    if (j->up_status >= 400 && j->up_status < 500 && !j->route->store_4xx) {
+        pjRelease(j);
+        return;
+    }
+    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
+    Idem__Header *hs = xcalloc(j->n_up_hdrs + 1, sizeof(*hs));
+    Idem__Header **hp = xcalloc(j->n_up_hdrs + 1, sizeof(*hp));
+    size_t n = 0;
+    for (size_t i = 0; i < j->n_up_hdrs; i++) {
+        if (!storedHeaderAllowed(j->route, j->up_hdrs[i].name)) {
+            continue;
+        }
+        idem__header__init(&hs[n]);
+        hs[n].name = j->up_hdrs[i].name;
+        hs[n].value.data = (uint8_t *)j->up_hdrs[i].value;
+        hs[n].value.len = j->up_hdrs[i].value_len;
+        hp[n] = &hs[n];
+        n++;
+    }
+    sr.status = (uint32_t)j->up_status;
+    sr.n_headers = n;
+    sr.headers = hp;
+    if (!j->too_large) {
+        sr.body.data = j->up_body;
+        sr.body.len = j->up_len;
+    } else { /* no body, only its digest: a replay answers 502, never a truncated body */
+        sr.body_sha256.data = j->sha_out;
+        sr.body_sha256.len = sizeof(j->sha_out);
+    }
+    Idem__Completion oc = j->up_status < 500 && !j->too_large
+                              ? IDEM__COMPLETION__COMPLETION_SUCCEEDED
+                              : IDEM__COMPLETION__COMPLETION_FAILED_FINAL;
+    pjComplete(j, oc, &sr); /* sr is borrowed for the call only */
+    free(hs);
+    free(hp);
+}
+
+static bool isTimeoutErr(const char *errstr)
+{
+    return errstr != NULL && strstr(errstr, "timeout") != NULL;
+}
+
+static void pjAppend(struct proxyJob *j, const char *p, size_t len)
+{
+    if (len == 0) {
+        return;
+    }
+    EVP_DigestUpdate(j->sha, p, len);
+    j->up_total += len;
+    if (j->too_large || j->up_total > j->route->max_inline_body) {
+        j->too_large = true;
+        free(j->up_body);
+        j->up_body = NULL;
+        j->up_len = j->up_cap = 0;
+        return;
+    }
+    if (j->up_len + len > j->up_cap) {
+        size_t cap = j->up_cap ? j->up_cap : 4096;
+        while (cap < j->up_len + len) {
+            cap *= 2;
+        }
+        j->up_body = xrealloc(j->up_body, cap);
+        j->up_cap = cap;
+    }
+    memcpy(j->up_body + j->up_len, p, len);
+    j->up_len += len;
+}
+
+static int pjOnBody(h2o_http1client_t *client, const char *errstr)
+{
+    struct proxyJob *j = client->data;
+    h2o_buffer_t *in = client->sock != NULL ? client->sock->input : NULL;
+    if (in != NULL && in->size > 0) {
+        pjAppend(j, in->bytes, in->size);
+        h2o_buffer_consume(&client->sock->input, in->size);
+    }
+    if (errstr == NULL) {
+        return 0;
+    }
+    j->client = NULL; /* freed by the library after this returns */
+    if (errstr == h2o_http1client_error_is_eos) {
+        pjUpstreamDone(j);
+    } else {
+        pjUpstreamFailed(j, true, isTimeoutErr(errstr));
+    }
+    return 0;
+}
+
+static h2o_http1client_body_cb pjOnHead(h2o_http1client_t *client, const char *errstr,
+                                        int minor_version, int status, h2o_iovec_t msg,
+                                        h2o_header_t *headers, size_t num_headers, int rlen)
+{
+    (void)minor_version;
+    (void)msg;
+    (void)rlen;
+    struct proxyJob *j = client->data;
+    if (errstr != NULL && errstr != h2o_http1client_error_is_eos) {
+        j->client = NULL;
+        pjUpstreamFailed(j, true, isTimeoutErr(errstr));
+        return NULL;
+    }
+    j->up_status = status >= 100 && status < 600 ? status : 502;
+    j->up_hdrs = xcalloc(num_headers ? num_headers : 1, sizeof(*j->up_hdrs));
+    for (size_t i = 0; i < num_headers; i++) {
+        h2o_iovec_t *nm = headers[i].name;
+        if (nm->len == 0 || h2o_memis(nm->base, nm->len, H2O_STRLIT("content-length"))) {
+            continue;
+        }
+        struct upHdr *u = &j->up_hdrs[j->n_up_hdrs++];
+        u->name = xmalloc(nm->len + 1);
+        for (size_t k = 0; k < nm->len; k++) {
+            char c = nm->base[k];
+            u->name[k] = (char)(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+        }
+        u->name[nm->len] = '\0';
+        u->value = xmalloc(headers[i].value.len + 1);
+        memcpy(u->value, headers[i].value.base, headers[i].value.len);
+        u->value[headers[i].value.len] = '\0';
+        u->value_len = headers[i].value.len;
+    }
+    if (errstr == h2o_http1client_error_is_eos) {
+        j->client = NULL;
+        pjUpstreamDone(j);
+        return NULL;
+    }
+    return pjOnBody;
+}
+
+static h2o_http1client_head_cb pjOnConnect(h2o_http1client_t *client, const char *errstr,
+                                           h2o_iovec_t **reqbufs, size_t *reqbufcnt,
+                                           int *method_is_head)
+{
+    struct proxyJob *j = client->data;
+    if (errstr != NULL) {
+        j->client = NULL;
+        pjUpstreamFailed(j, false, false);
+        return NULL;
+    }
+    j->sent = true;
+    *reqbufs = j->reqbufs;
+    *reqbufcnt = j->body_len > 0 ? 2 : 1;
+    *method_is_head = strcmp(j->method, "HEAD") == 0;
+    return pjOnHead;
+}
+
+static void pjDeadlineCb(uv_timer_t *t)
+{
+    struct proxyJob *j = t->data;
+    if (!j->in_upstream) {
+        return;
+    }
+    if (j->client != NULL) { /* not inside a client callback: cancelling is safe */
+        h2o_http1client_cancel(j->client);
+        j->client = NULL;
+    }
+    pjUpstreamFailed(j, j->sent, true);
+}
+
+/* Header names never forwarded to the upstream: hop-by-hop, framing, and the protocol's own
+ * (the fence and the key are set by the proxy). */
+static bool forwardSkips(const char *name, size_t len)
+{
+    static const char *const skip[] = {"host",          "content-length",   "transfer-encoding",
+                                       "connection",    "keep-alive",       "proxy-connection",
+                                       "upgrade",       "te",               "trailer",
+                                       "expect",        "http2-settings",   "idempotency-fence",
+                                       "idempotency-key", "x-request-id"};
+    for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
+        if (strlen(skip[i]) == len && strncasecmp(name, skip[i], len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Sends the request to the upstream; j may be finished before this returns. */
+static void pjUpstreamStart(struct proxyJob *j)
+{
+    struct http_server *h = j->h;
+    const struct config_proxy_route *r = j->route;
+    struct textBuf b = {xmalloc(1024), 0, 1024};
+    b.p[0] = '\0';
+    tbPrintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nX-Request-Id: %s\r\n", j->method, j->path,
+             r->upstream_hostport, j->rid);
+    if (j->fwd_len > 0) {
+        tbPrintf(&b, "%.*s", (int)j->fwd_len, j->fwd);
+    }
+    if (j->idem) {
+        tbPrintf(&b, "Idempotency-Key: %.*s\r\nIdempotency-Fence: %llu\r\n", (int)j->key_len,
+                 j->key, (unsigned long long)j->token);
+    }
+    if (j->has_body || j->body_len > 0) {
+        tbPrintf(&b, "Content-Length: %zu\r\n", j->body_len);
+    }
+    tbPrintf(&b, "Connection: close\r\n\r\n");
+    j->head = b.p;
+    j->reqbufs[0] = h2o_iovec_init(b.p, b.len);
+    j->reqbufs[1] = h2o_iovec_init(j->body, j->body_len);
+    j->in_upstream = true;
+    j->sha = EVP_MD_CTX_new();
+    if (j->sha == NULL || EVP_DigestInit_ex(j->sha, EVP_sha256(), NULL) != 1) {
+        j->in_upstream = false;
+        pjSetError(j, 500, "internal", "cannot hash");
+        if (j->idem) {
+            pjRelease(j);
+        } else {
+            pjAnswerAfter(j);
+        }
+        return;
+    }
+    uv_timer_start(&j->timer, pjDeadlineCb, r->upstream_timeout_ms, 0);
+    h2o_http1client_connect(&j->client, j, &h->client_ctx,
+                            h2o_iovec_init(r->upstream_host, strlen(r->upstream_host)),
+                            r->upstream_port, 0, pjOnConnect);
+}
+
+static void pjClaimDoneCb(void *data, const Idem__Response *resp)
+{
+    struct proxyJob *j = data;
+    struct http_server *h = j->h;
+    const Idem__Result *res = resp->result;
+    Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    if ((unsigned)oc < N_OUTCOMES) {
+        h->m.outcomes[oc]++;
+    }
+    if (res != NULL && res->expires_at_ms != 0) {
+        j->expires_at_ms = res->expires_at_ms;
+    }
+    const struct config_proxy_route *r = j->route;
+    switch (oc) {
+    case IDEM__OUTCOME__OUTCOME_ACQUIRED:
+        j->token = res->token;
+        pjUpstreamStart(j);
+        return;
+    case IDEM__OUTCOME__OUTCOME_REPLAY:
+        if (res->response != NULL) {
+            pjSendReplay(j, res->response);
+        } else {
+            pjSendError(j, 500, "internal", "replay without a stored response", 0);
+        }
+        break;
+    case IDEM__OUTCOME__OUTCOME_IN_PROGRESS: {
+        uint64_t s = (res->retry_after_ms + 999) / 1000;
+        pjSendError(j, (int)r->in_progress_status, "idempotency_request_in_progress",
+                    "another attempt holds the key's lease", s ? s : 1);
+        break;
+    }
+    case IDEM__OUTCOME__OUTCOME_MISMATCH:
+        pjSendError(j, (int)r->mismatch_status, "idempotency_key_reused",
+                    "the key was used with a different request", 0);
+        break;
+    case IDEM__OUTCOME__OUTCOME_LEASE_EXPIRED:
+        pjSendError(j, 409, "idempotency_lease_expired", "the holder's lease passed", 0);
+        break;
+    case IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN:
+        pjSendError(j, 409, "idempotency_outcome_unknown",
+                    "the outcome of an earlier attempt is unknown", 0);
+        break;
+    case IDEM__OUTCOME__OUTCOME_EXPIRED:
+        pjSendError(j, 410, "idempotency_key_expired", "the key expired", 0);
+        break;
+    case IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED:
+        pjSendError(j, 429, "idempotency_quota_exceeded", "the tenant's quota is exhausted", 0);
+        break;
+    case IDEM__OUTCOME__OUTCOME_INVALID: {
+        const char *d = res->detail && res->detail[0] ? res->detail : resp->error;
+        if (d && (strcmp(d, "idempotency_key_missing") == 0 ||
+                  strcmp(d, "idempotency_key_invalid") == 0)) {
+            pjSendError(j, 400, d, "bad idempotency key", 0);
+        } else {
+            pjSendError(j, 400, "invalid_request", d && d[0] ? d : "invalid request", 0);
+        }
+        break;
+    }
+    case IDEM__OUTCOME__OUTCOME_NOT_LEADER:
+        pjSendError(j, 503, "idempotency_unavailable",
+                    "this node is not the leader (proxy mode does not forward yet); retry", 1);
+        break;
+    default:
+        pjSendError(j, 503, "idempotency_unavailable",
+                    "no quorum or no leader; retry with the same key", 1);
+        break;
+    }
+    pjFinish(j);
+}
+
+static char *dupMem(const char *p, size_t len)
+{
+    char *s = xmalloc(len + 1);
+    if (len > 0) {
+        memcpy(s, p, len);
+    }
+    s[len] = '\0';
+    return s;
+}
+
+/* The route for a request: the first whose prefix matches and whose methods include the
+ * request's (*idem = true); else the first whose prefix matches (pass-through); else NULL. */
+static const struct config_proxy_route *proxyRoute(const struct config_proxy *p, h2o_req_t *req,
+                                                   bool *idem)
+{
+    unsigned bit = config_method_bit(req->method.base, req->method.len);
+    const struct config_proxy_route *any = NULL;
+    for (size_t i = 0; i < p->n_routes; i++) {
+        const struct config_proxy_route *r = &p->routes[i];
+        size_t pl = strlen(r->path_prefix);
+        if (req->path.len < pl || memcmp(req->path.base, r->path_prefix, pl) != 0) {
+            continue;
+        }
+        if (bit != 0 && (r->methods & bit)) {
+            *idem = true;
+            return r;
+        }
+        if (any == NULL) {
+            any = r;
+        }
+    }
+    *idem = false;
+    return any;
+}
+
+static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o_req_t *req,
+                        h2o_iovec_t rid)
+{
+    bool idem = false;
+    const struct config_proxy_route *r = proxyRoute(p, req, &idem);
+    struct proxyJob tmp = {.h = h, .req = NULL};
+    snprintf(tmp.rid, sizeof(tmp.rid), "%.*s", (int)rid.len, rid.base);
+    if (r == NULL) {
+        sendError(h, req, R_PROXY, rid, 404, "not_found", "no proxy route for this path", 0);
+        return;
+    }
+    if (h->stopping) {
+        sendError(h, req, R_PROXY, rid, 503, "idempotency_unavailable", "node shutting down", 1);
+        return;
+    }
+    if (req->entity.len > HTTP_BODY_MAX) {
+        sendError(h, req, R_PROXY, rid, 413, "payload_too_large", "the body exceeds 1 MiB", 0);
+        return;
+    }
+    const struct config_tenant *t = &h->cfg->tenants[r->tenant];
+    h2o_iovec_t key = h2o_iovec_init(NULL, 0);
+    if (idem) {
+        ssize_t ki = h2o_find_header_by_str(&req->headers, H2O_STRLIT("idempotency-key"), -1);
+        key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
+        switch (key_validate((const uint8_t *)key.base, key.len, t->key_max_len)) {
+        case KEY_OK:
+            break;
+        case KEY_MISSING:
+            if (r->key_required) {
+                sendError(h, req, R_PROXY, rid, 400, "idempotency_key_missing",
+                          "the Idempotency-Key is missing", 0);
+                return;
+            }
+            idem = false; /* optional key: pass through without the protocol */
+            break;
+        default:
+            sendError(h, req, R_PROXY, rid, 400, "idempotency_key_invalid",
+                      "the idempotency key is malformed", 0);
+            return;
+        }
+    }
+    struct proxyJob *j = xcalloc(1, sizeof(*j));
+    j->h = h;
+    j->route = r;
+    j->tenant = t;
+    j->idem = idem;
+    memcpy(j->rid, tmp.rid, sizeof(j->rid));
+    j->method = dupMem(req->method.base, req->method.len);
+    j->path = dupMem(req->path.base, req->path.len);
+    j->has_body = req->entity.base != NULL;
+    j->body_len = req->entity.len;
+    j->body = (uint8_t *)dupMem(req->entity.base, req->entity.len);
+    if (idem) {
+        j->key = dupMem(key.base, key.len);
+        j->key_len = key.len;
+    }
+    /* The caller's end-to-end headers, serialised for the upstream. */
+    struct textBuf fb = {xmalloc(1024), 0, 1024};
+    fb.p[0] = '\0';
+    for (size_t i = 0; i < req->headers.size; i++) {
+        const h2o_header_t *hd = &req->headers.entries[i];
+        if (forwardSkips(hd->name->base, hd->name->len)) {
+            continue;
+        }
+        tbPrintf(&fb, "%.*s: %.*s\r\n", (int)hd->name->len, hd->name->base, (int)hd->value.len,
+                 hd->value.base);
+    }
+    j->fwd = fb.p;
+    j->fwd_len = fb.len;
+    uv_timer_init(h->loop, &j->timer);
+    j->timer.data = j;
+    j->req = req;
+    j->ref = h2o_mem_alloc_shared(&req->pool, sizeof(*j->ref), pjRefDisposeCb);
+    j->ref->job = j;
+    j->next = h->pjobs;
+    if (h->pjobs) {
+        h->pjobs->prev = j;
+    }
+    h->pjobs = j;
+    if (!idem) {
+        pjUpstreamStart(j);
+        return;
+    }
+    /* Fingerprint: method, path with query, tenant, content type, body, named headers. */
+    ssize_t ci = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    char *ctype = ci >= 0 ? dupMem(req->headers.entries[ci].value.base,
+                                   req->headers.entries[ci].value.len)
+                          : NULL;
+    size_t nfh = 0;
+    struct fp_header *fh = xcalloc(req->headers.size + 1, sizeof(*fh));
+    for (size_t k = 0; k < r->n_fingerprint_headers; k++) {
+        const char *name = r->fingerprint_headers[k];
+        for (ssize_t i = -1;
+             (i = h2o_find_header_by_str(&req->headers, name, strlen(name), i)) >= 0;) {
+            fh[nfh++] = (struct fp_header){name, (const uint8_t *)req->headers.entries[i].value.base,
+                                           req->headers.entries[i].value.len};
+        }
+    }
+    struct fp_input in = {.method = j->method,
+                          .path = j->path,
+                          .tenant = t->name,
+                          .content_type = ctype,
+                          .body = j->body,
+                          .body_len = j->body_len,
+                          .headers = fh,
+                          .n_headers = nfh};
+    uint8_t fp[FP_LEN];
+    int rc = fp_compute(&in, fp);
+    free(ctype);
+    free(fh);
+    if (rc != FP_OK) {
+        pjSendError(j, rc == FP_EINVAL_JSON ? 400 : 500,
+                    rc == FP_EINVAL_JSON ? "invalid_request" : "internal", fp_strerror(rc), 0);
+        pjFinish(j);
+        return;
+    }
+    uint8_t rnd[8];
+    char attempt[17];
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+        pjSendError(j, 500, "internal", "no randomness for the attempt id", 0);
+        pjFinish(j);
+        return;
+    }
+    for (size_t k = 0; k < sizeof(rnd); k++) {
+        snprintf(attempt + 2 * k, 3, "%02x", rnd[k]);
+    }
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    Idem__ClaimRequest cl = IDEM__CLAIM_REQUEST__INIT;
+    cl.key.data = (uint8_t *)j->key;
+    cl.key.len = j->key_len;
+    cl.fingerprint.data = fp;
+    cl.fingerprint.len = FP_LEN;
+    cl.attempt_id.data = (uint8_t *)attempt;
+    cl.attempt_id.len = 16;
+    cl.lease_ms = r->lease_ms;
+    cl.ttl_ms = r->ttl_ms;
+    if (r->lease_policy_set) {
+        cl.policy = r->lease_policy == CONFIG_LEASE_TAKEOVER
+                        ? IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER
+                        : IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT;
+    }
+    rq.op_case = IDEM__REQUEST__OP_CLAIM;
+    rq.claim = &cl;
+    /* j may be finished before this returns. */
+    pjCall(j, &rq, pjClaimDoneCb);
+}
+
+/* The proxy listener a request arrived on, or NULL for the gateway's own listener. */
+static const struct config_proxy *proxyOf(struct http_server *h, h2o_req_t *req)
+{
+    if (h->n_plisteners == 0 || req->conn->callbacks->get_sockname == NULL) {
+        return NULL;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = req->conn->callbacks->get_sockname(req->conn, (struct sockaddr *)&ss);
+    if (sl == 0 || ss.ss_family != AF_INET) {
+        return NULL;
+    }
+    const struct sockaddr_in *sin = (const struct sockaddr_in *)&ss;
+    for (size_t i = 0; i < h->n_plisteners; i++) {
+        const struct sockaddr_in *a = &h->plisteners[i].sa;
+        if (a->sin_port == sin->sin_port &&
+            (a->sin_addr.s_addr == INADDR_ANY || a->sin_addr.s_addr == sin->sin_addr.s_addr)) {
+            return h->plisteners[i].cfg;
+        }
+    }
+    return NULL;
+}
+
 static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 {
     struct http_server *h = ((struct httpHandler *)self)->h;
     h2o_iovec_t rid = requestId(req);
+    const struct config_proxy *proxy = proxyOf(h, req);
+    if (proxy != NULL) {
+        handleProxy(h, proxy, req, rid);
+        return 0;
+    }
     size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     h2o_iovec_t key;
     enum route route = routeOf(req->path.base, plen, &key);
@@ -1161,32 +2051,71 @@ static void acceptCb(uv_stream_t *l, int status)
     h2o_accept(&h->accept_ctx, sock);
 }
 
+static void listenerClosedCb(uv_handle_t *l);
+
+/* Binds and listens on addr with handle tcp (initialised here). 0 or a libuv error. */
+static int listenOn(struct http_server *h, uv_tcp_t *tcp, const struct config_addr *addr,
+                    struct sockaddr_in *sa)
+{
+    int rv = uv_ip4_addr(addr->host, addr->port, sa);
+    if (rv != 0) {
+        return rv;
+    }
+    uv_tcp_init(h->loop, tcp);
+    tcp->data = h;
+    h->open_listeners++;
+    rv = uv_tcp_bind(tcp, (const struct sockaddr *)sa, 0);
+    if (rv == 0) {
+        rv = uv_listen((uv_stream_t *)tcp, 511, acceptCb);
+    }
+    return rv;
+}
+
+/* Closes whatever listenOn() opened, after a failure in http_server_new. */
+static void closeListenersNow(struct http_server *h)
+{
+    if (h->has_listener) {
+        uv_close((uv_handle_t *)&h->listener, NULL);
+    }
+    for (size_t i = 0; i < h->n_plisteners; i++) {
+        uv_close((uv_handle_t *)&h->plisteners[i].tcp, NULL);
+    }
+    uv_run(h->loop, UV_RUN_NOWAIT); /* the structs must outlive the close */
+    free(h->plisteners);
+    free(h);
+}
+
 struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
                                     struct service *svc, char *err, size_t errlen)
 {
     const struct config_addr *addr = &cfg->node.http_address;
     struct sockaddr_in sa;
-    int rv = uv_ip4_addr(addr->host, addr->port, &sa);
-    if (rv != 0) {
-        snprintf(err, errlen, "http address %s: %s", addr->text, uv_strerror(rv));
-        return NULL;
-    }
     struct http_server *h = xcalloc(1, sizeof(*h));
     h->loop = loop;
     h->cfg = cfg;
     h->svc = svc;
-    uv_tcp_init(loop, &h->listener);
-    h->listener.data = h;
-    rv = uv_tcp_bind(&h->listener, (const struct sockaddr *)&sa, 0);
-    if (rv == 0) {
-        rv = uv_listen((uv_stream_t *)&h->listener, 511, acceptCb);
+    int rv;
+    if (addr->text[0] != '\0') {
+        h->has_listener = true;
+        rv = listenOn(h, &h->listener, addr, &sa);
+        if (rv != 0) {
+            snprintf(err, errlen, "http listen on %s: %s", addr->text, uv_strerror(rv));
+            closeListenersNow(h);
+            return NULL;
+        }
     }
-    if (rv != 0) {
-        snprintf(err, errlen, "http listen on %s: %s", addr->text, uv_strerror(rv));
-        uv_close((uv_handle_t *)&h->listener, NULL);
-        uv_run(loop, UV_RUN_NOWAIT); /* the struct must outlive the close */
-        free(h);
-        return NULL;
+    h->plisteners = xcalloc(cfg->n_proxies ? cfg->n_proxies : 1, sizeof(*h->plisteners));
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        struct proxyListener *pl = &h->plisteners[i];
+        pl->cfg = &cfg->proxies[i];
+        h->n_plisteners = i + 1;
+        rv = listenOn(h, &pl->tcp, &pl->cfg->address, &pl->sa);
+        if (rv != 0) {
+            snprintf(err, errlen, "proxy listen on %s: %s", pl->cfg->address.text,
+                     uv_strerror(rv));
+            closeListenersNow(h);
+            return NULL;
+        }
     }
     h2o_config_init(&h->conf);
     h->conf.http1.upgrade_to_http2 = 0;
@@ -1202,10 +2131,29 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     h->ctx_ready = true;
     h->accept_ctx.ctx = &h->ctx;
     h->accept_ctx.hosts = h->conf.hosts;
+    /* http1client: one per-phase io timeout no shorter than any route's total deadline, so
+     * that the route's own deadline timer decides (docs/h2o-notes.md §4). */
+    uint64_t io_ms = 1000;
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        for (size_t k = 0; k < cfg->proxies[i].n_routes; k++) {
+            uint64_t t = cfg->proxies[i].routes[k].upstream_timeout_ms;
+            io_ms = t > io_ms ? t : io_ms;
+        }
+    }
+    h2o_timeout_init(loop, &h->io_timeout, io_ms);
+    h->client_ctx.loop = loop;
+    h->client_ctx.getaddr_receiver = &h->ctx.receivers.hostinfo_getaddr;
+    h->client_ctx.io_timeout = &h->io_timeout;
     h->fwd = forwarder_new(loop, cfg->rpc.max_frame_bytes);
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
-    log_info("serving http on %s", addr->text);
+    if (h->has_listener) {
+        log_info("serving http on %s", addr->text);
+    }
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        log_info("serving proxy on %s (%zu routes)", cfg->proxies[i].address.text,
+                 cfg->proxies[i].n_routes);
+    }
     return h;
 }
 
@@ -1221,7 +2169,7 @@ static void stopTimerClosedCb(uv_handle_t *t)
 
 static bool httpIdle(struct http_server *h)
 {
-    return h->listener_closed && h->fwd_closed && h->jobs == NULL &&
+    return h->open_listeners == 0 && h->fwd_closed && h->jobs == NULL && h->pjobs == NULL &&
            h2o_linklist_is_empty(&h->ctx.http1._conns) &&
            h2o_linklist_is_empty(&h->ctx.http2._conns);
 }
@@ -1260,7 +2208,7 @@ static void stopPollCb(uv_timer_t *t)
 static void listenerClosedCb(uv_handle_t *l)
 {
     struct http_server *h = l->data;
-    h->listener_closed = true;
+    h->open_listeners--;
     httpMaybeStopped(h);
 }
 
@@ -1278,7 +2226,12 @@ void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
     h->stop_cb = cb;
     h->stop_data = data;
     h->stop_started_ms = uv_now(h->loop);
-    uv_close((uv_handle_t *)&h->listener, listenerClosedCb);
+    if (h->has_listener) {
+        uv_close((uv_handle_t *)&h->listener, listenerClosedCb);
+    }
+    for (size_t i = 0; i < h->n_plisteners; i++) {
+        uv_close((uv_handle_t *)&h->plisteners[i].tcp, listenerClosedCb);
+    }
     h2o_context_request_shutdown(&h->ctx);
     forwarder_close(h->fwd, forwarderClosedCb, h);
     uv_timer_start(&h->stop_timer, stopPollCb, 0, HTTP_STOP_POLL_MS);
@@ -1286,6 +2239,7 @@ void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
 
 void http_server_free(struct http_server *h)
 {
+    h2o_timeout_dispose(h->loop, &h->io_timeout); /* every client finished with its job */
     if (h2o_timeout_is_linked(&h->ctx.http2._graceful_shutdown_timeout)) {
         h2o_timeout_unlink(&h->ctx.http2._graceful_shutdown_timeout);
     }
@@ -1293,5 +2247,6 @@ void http_server_free(struct http_server *h)
     /* h2o's handles close on the loop; the context must outlive their callbacks. */
     uv_run(h->loop, UV_RUN_DEFAULT);
     h2o_config_dispose(&h->conf);
+    free(h->plisteners);
     free(h);
 }

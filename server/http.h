@@ -1,5 +1,6 @@
 /* http: the HTTP/1.1 gateway (JSON API, /metrics, /healthz, /readyz) on node.http_address,
- * served by h2o 2.2.5 on the node's libuv loop (docs/h2o-notes.md). */
+ * and the proxy-mode listeners of cfg->proxies (CONTRACT.md §3, proxy mode), served by h2o
+ * 2.2.5 on the node's libuv loop (docs/h2o-notes.md). */
 #ifndef IDEM_SERVER_HTTP_H
 #define IDEM_SERVER_HTTP_H
 
@@ -11,7 +12,7 @@
 
 struct http_server;
 
-/* Binds cfg->node.http_address on `loop` and serves the gateway. `loop`, `cfg` and `svc`
+/* Binds cfg->node.http_address (when set) and every proxy listener on `loop` and serves them. `loop`, `cfg` and `svc`
  * are borrowed: cfg must outlive the server, and svc must stay alive until every request
  * the gateway handed it was answered (service_close does that) and is not called once
  * http_server_stop() was called. Returns NULL with a message in err on failure. */

@@ -23,7 +23,7 @@ struct daemon {
     struct config cfg;
     struct service *svc;
     struct rpc_server *rpc;
-    struct http_server *http; /* NULL when node.http_address is empty */
+    struct http_server *http; /* NULL when node.http_address is empty and no proxy is set */
     int closing;              /* parts (rpc, service, http) still closing */
     bool stopping;
 };
@@ -164,7 +164,7 @@ int main(int argc, char **argv)
         log_error("%s", err);
         return 1;
     }
-    if (d.cfg.node.http_address.text[0] != '\0') {
+    if (d.cfg.node.http_address.text[0] != '\0' || d.cfg.n_proxies > 0) {
         d.http = http_server_new(&d.loop, &d.cfg, d.svc, err, sizeof(err));
         if (d.http == NULL) {
             log_error("%s", err);

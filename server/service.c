@@ -395,16 +395,10 @@ static const char *keyError(const struct config_tenant *t, const ProtobufCBinary
     }
 }
 
-static void handleData(struct service *s, const Idem__Request *req, service_done_cb cb,
-                       void *data)
+/* A data op on behalf of tenant t (authenticated by the caller). */
+static void handleDataAs(struct service *s, const struct config_tenant *t,
+                         const Idem__Request *req, service_done_cb cb, void *data)
 {
-    const struct config_tenant *t = authTenant(s, &req->auth_token);
-    if (t == NULL) {
-        s->stats.unauthenticated++;
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
-                     "unknown or missing bearer token", NULL);
-        return;
-    }
     Idem__Command cmd = IDEM__COMMAND__INIT;
     Idem__ClaimCmd claim = IDEM__CLAIM_CMD__INIT;
     Idem__CompleteCmd complete = IDEM__COMPLETE_CMD__INIT;
@@ -493,6 +487,19 @@ static void handleData(struct service *s, const Idem__Request *req, service_done
         return;
     }
     proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
+}
+
+static void handleData(struct service *s, const Idem__Request *req, service_done_cb cb,
+                       void *data)
+{
+    const struct config_tenant *t = authTenant(s, &req->auth_token);
+    if (t == NULL) {
+        s->stats.unauthenticated++;
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
+                     "unknown or missing bearer token", NULL);
+        return;
+    }
+    handleDataAs(s, t, req, cb, data);
 }
 
 static const char *roleName(int state)
@@ -732,6 +739,42 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
     default:
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
                      NULL);
+    }
+}
+
+void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,
+                       service_done_cb cb, void *data)
+{
+    s->stats.requests++;
+    if (s->closing) {
+        s->stats.unavailable++;
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                     "node shutting down", NULL);
+        return;
+    }
+    const struct config_tenant *t = NULL;
+    for (size_t i = 0; i < s->cfg->n_tenants && t == NULL; i++) {
+        if (strcmp(s->cfg->tenants[i].name, tenant_name) == 0) {
+            t = &s->cfg->tenants[i];
+        }
+    }
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_CLAIM:
+    case IDEM__REQUEST__OP_COMPLETE:
+    case IDEM__REQUEST__OP_RELEASE:
+    case IDEM__REQUEST__OP_RENEW:
+    case IDEM__REQUEST__OP_GET:
+        if (t == NULL) {
+            s->stats.unauthenticated++;
+            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
+                         "unknown tenant", NULL);
+            return;
+        }
+        handleDataAs(s, t, req, cb, data);
+        return;
+    default:
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
+                     "only data ops on behalf of a tenant", NULL);
     }
 }
 

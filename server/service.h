@@ -33,6 +33,15 @@ int service_start(struct service *s, char *err, size_t errlen);
 void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
                     void *data);
 
+/* Handles one data op (claim, complete, release, renew, get) on behalf of the configured
+ * tenant `tenant_name`, authorised by the node's configuration (a proxy route), not by a
+ * bearer token: req->auth_token is ignored. Admin ops are answered forbidden; an unknown
+ * tenant unauthenticated. Otherwise as service_handle(): cb is called exactly once, possibly
+ * before this returns; tenant_name and req are borrowed for the call. A follower answers
+ * not_leader (the caller decides what to do: proxy mode answers 503). */
+void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,
+                       service_done_cb cb, void *data);
+
 /* Stops: every request still waiting is answered unavailable, then Raft closes; cb(data)
  * runs once everything is freed. */
 void service_close(struct service *s, void (*cb)(void *data), void *data);

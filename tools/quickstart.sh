@@ -4,6 +4,11 @@
 #
 #   tools/quickstart.sh           start (a second run reuses the data: restart from disk)
 #   tools/quickstart.sh --fresh   wipe ./.idem first
+#   tools/quickstart.sh --upstream http://127.0.0.1:9999
+#                                 also run proxy mode: node N serves a proxy listener on
+#                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
+#                                 to the upstream for tenant demo (only the leader serves
+#                                 claims; followers answer 503 with Retry-After)
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
 # 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and (gateway, later) HTTP on
@@ -14,13 +19,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fresh=0
-for arg in "$@"; do
-  case "$arg" in
+upstream=
+while [ $# -gt 0 ]; do
+  case "$1" in
     --fresh) fresh=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "quickstart: unknown argument $arg" >&2; exit 2 ;;
+    --upstream)
+      [ $# -ge 2 ] || { echo "quickstart: --upstream needs a URL" >&2; exit 2; }
+      upstream=$2; shift ;;
+    --upstream=*) upstream=${1#--upstream=} ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "quickstart: unknown argument $1" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$upstream" in
+  ''|http://*) ;;
+  *) echo "quickstart: --upstream must be an http:// URL" >&2; exit 2 ;;
+esac
 
 tools/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -72,6 +87,14 @@ tenants:
   - name: demo
     token_sha256: $token_hash
 YAML
+  if [ -n "$upstream" ]; then
+    cat >> "$dir/node$n.yaml" <<YAML
+proxy:
+  - address: 127.0.0.1:810$n
+    routes:
+      - {methods: [POST, PUT, PATCH, DELETE], path_prefix: /, upstream: "$upstream", tenant: demo}
+YAML
+  fi
 done
 
 pids=()
@@ -113,6 +136,16 @@ Tenant "demo"; its token and the admin token are in $dir/env. Try:
   build/bin/idemctl claim order-1 --fingerprint $(printf %064d 2)     # mismatch
   build/bin/idemctl status
 
+MSG
+if [ -n "$upstream" ]; then
+  cat <<MSG
+Proxy mode: 127.0.0.1:8101-8103 forward to $upstream for tenant demo. On the leader's:
+  curl -i -X POST http://127.0.0.1:810<leader id>/orders -H 'Idempotency-Key: order-1' \\
+       -H 'Content-Type: application/json' -d '{"sku":"a"}'     # twice: the second replays
+
+MSG
+fi
+cat <<MSG
 Ctrl-C stops all three nodes; a second run restarts them from their data.
 MSG
 wait

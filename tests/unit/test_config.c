@@ -525,6 +525,74 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:8:5: ", "cluster.bootstrap: node.id 1 is not in the list"},
     {"bootstrap not a list", NODE_OK "cluster:\n  bootstrap: {id: 1}\n",
      "x.yaml:7:14: ", "cluster.bootstrap: expected a list, got a mapping"},
+
+    /* Proxy mode (lines 11 on follow MINIMAL's 10). */
+    {"proxy unknown tenant",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'http://127.0.0.1:9999', tenant: nobody}\n",
+     "x.yaml:14:53: ", "proxy[0].routes[0].tenant: unknown tenant \"nobody\""},
+    {"proxy https upstream",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'https://127.0.0.1:9999', tenant: demo}\n",
+     "x.yaml:14:20: ", "proxy[0].routes[0].upstream: expected http://HOST:PORT (http only)"},
+    {"proxy upstream host name",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'http://example.com:80', tenant: demo}\n",
+     "x.yaml:14:20: ", "the host must be an IPv4 address or localhost"},
+    {"proxy upstream path",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'http://127.0.0.1:9999/api', tenant: demo}\n",
+     "x.yaml:14:20: ", "must not have a path"},
+    {"proxy missing upstream",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {tenant: demo}\n",
+     "x.yaml:14:9: ", "missing required key \"upstream\" in proxy[0].routes[0]"},
+    {"proxy mismatch_status",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        mismatch_status: 400\n",
+     "x.yaml:16:26: ", "proxy[0].routes[0].mismatch_status: expected 409 or 422, got 400"},
+    {"proxy in_progress_status",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        in_progress_status: 422\n",
+     "x.yaml:16:29: ", "expected 409 or 425, got 422"},
+    {"proxy bad method",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        methods: [POST, post]\n",
+     "x.yaml:16:25: ", "proxy[0].routes[0].methods[1]: expected GET, HEAD, POST"},
+    {"proxy on_timeout",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        on_timeout: retry\n",
+     "x.yaml:16:21: ", "expected unknown or release, got \"retry\""},
+    {"proxy bad header name",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        response_headers: [content-type, 'a b']\n",
+     "x.yaml:16:42: ", "proxy[0].routes[0].response_headers[1]: not a valid header name"},
+    {"proxy path_prefix",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'http://127.0.0.1:9999', tenant: demo, path_prefix: api}\n",
+     "x.yaml:14:72: ", "proxy[0].routes[0].path_prefix: must start with '/'"},
+    {"proxy no routes",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes: []\n",
+     "x.yaml:13:13: ", "proxy[0].routes: at least one route is required"},
+    {"proxy duplicate address",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n"
+             "    routes: [{upstream: 'http://127.0.0.1:1', tenant: demo}]\n"
+             "  - address: 127.0.0.1:8101\n"
+             "    routes: [{upstream: 'http://127.0.0.1:1', tenant: demo}]\n",
+     "x.yaml:14:14: ", "proxy[1].address: the address is already used by proxy[0]"},
+    {"proxy unknown key",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'http://127.0.0.1:1', tenant: demo, store_5xx: true}\n",
+     "x.yaml:14:56: ", "unknown key \"store_5xx\" in proxy[0].routes[0]"},
+    {"proxy store_4xx not a bool",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - {upstream: 'http://127.0.0.1:1', tenant: demo, store_4xx: 1}\n",
+     "x.yaml:14:67: ", "proxy[0].routes[0].store_4xx: expected true or false"},
 };
 
 /* A message must never quote a token hash, even a malformed one. */
@@ -674,6 +742,8 @@ static void test_example_file(void **state)
     assert_int_equal(c.cluster.n_bootstrap, 3);
     assert_false(c.tls.enabled); /* the example leaves the TLS files empty */
     assert_int_equal(c.n_tenants, 1);
+    assert_int_equal(c.n_proxies, 1); /* the example documents proxy mode too */
+    assert_int_equal(c.proxies[0].n_routes, 1);
 
     /* The example documents which tokens its hashes belong to. */
     uint8_t h[CONFIG_HASH_LEN];
@@ -723,6 +793,99 @@ static void test_load_error_names_the_file(void **state)
     assert_int_equal(remove(path), 0);
 }
 
+/* ---- proxy mode -------------------------------------------------------------------------- */
+
+static void test_proxy(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(MINIMAL "proxy:\n"
+                    "  - address: 127.0.0.1:8101\n"
+                    "    routes:\n"
+                    "      - upstream: http://127.0.0.1:9999\n"
+                    "        tenant: demo\n"
+                    "      - methods: [POST, PUT]\n"
+                    "        path_prefix: /payments\n"
+                    "        upstream: http://localhost:9000/\n"
+                    "        tenant: demo\n"
+                    "        lease_ms: 5000\n"
+                    "        ttl_ms: 60000\n"
+                    "        lease_policy: takeover\n"
+                    "        mismatch_status: 422\n"
+                    "        in_progress_status: 425\n"
+                    "        fingerprint_headers: [X-Account]\n"
+                    "        store_4xx: true\n"
+                    "        on_timeout: release\n"
+                    "        upstream_timeout_ms: 2500\n"
+                    "        response_headers: [Content-Type, Location]\n"
+                    "        max_inline_body: 4096\n"
+                    "        key_required: false\n"
+                    "  - address: 127.0.0.1:8102\n"
+                    "    routes: [{upstream: 'http://10.1.2.3', tenant: demo}]\n",
+            &c);
+    assert_int_equal(c.n_proxies, 2);
+    const struct config_proxy *p = &c.proxies[0];
+    assertAddr(&p->address, "127.0.0.1:8101", "127.0.0.1", 8101);
+    assert_int_equal(p->n_routes, 2);
+    const struct config_proxy_route *r = &p->routes[0];
+    assert_int_equal(r->methods, CONFIG_M_POST | CONFIG_M_PUT | CONFIG_M_PATCH | CONFIG_M_DELETE);
+    assert_string_equal(r->path_prefix, "/");
+    assert_string_equal(r->upstream_host, "127.0.0.1");
+    assert_int_equal(r->upstream_port, 9999);
+    assert_string_equal(r->upstream_hostport, "127.0.0.1:9999");
+    assert_int_equal(r->tenant, 0);
+    assert_int_equal(r->lease_ms, 0);
+    assert_int_equal(r->ttl_ms, 0);
+    assert_false(r->lease_policy_set);
+    assert_int_equal(r->mismatch_status, 409);
+    assert_int_equal(r->in_progress_status, 409);
+    assert_int_equal(r->n_fingerprint_headers, 0);
+    assert_false(r->store_4xx);
+    assert_true(r->on_timeout_unknown);
+    assert_int_equal(r->upstream_timeout_ms, 10000);
+    assert_int_equal(r->n_response_headers, 1);
+    assert_string_equal(r->response_headers[0], "content-type");
+    assert_int_equal(r->max_inline_body, 1u << 20);
+    assert_true(r->key_required);
+    r = &p->routes[1];
+    assert_int_equal(r->methods, CONFIG_M_POST | CONFIG_M_PUT);
+    assert_string_equal(r->path_prefix, "/payments");
+    assert_string_equal(r->upstream, "http://localhost:9000/");
+    assert_string_equal(r->upstream_host, "127.0.0.1");
+    assert_int_equal(r->upstream_port, 9000);
+    assert_string_equal(r->upstream_hostport, "localhost:9000");
+    assert_int_equal(r->lease_ms, 5000);
+    assert_int_equal(r->ttl_ms, 60000);
+    assert_true(r->lease_policy_set);
+    assert_int_equal(r->lease_policy, CONFIG_LEASE_TAKEOVER);
+    assert_int_equal(r->mismatch_status, 422);
+    assert_int_equal(r->in_progress_status, 425);
+    assert_int_equal(r->n_fingerprint_headers, 1);
+    assert_string_equal(r->fingerprint_headers[0], "x-account");
+    assert_true(r->store_4xx);
+    assert_false(r->on_timeout_unknown);
+    assert_int_equal(r->upstream_timeout_ms, 2500);
+    assert_int_equal(r->n_response_headers, 2);
+    assert_string_equal(r->response_headers[1], "location");
+    assert_int_equal(r->max_inline_body, 4096);
+    assert_false(r->key_required);
+    r = &c.proxies[1].routes[0];
+    assert_int_equal(r->upstream_port, 80);
+    assert_string_equal(r->upstream_hostport, "10.1.2.3:80");
+    config_free(&c);
+    config_free(&c); /* twice is safe */
+
+    parseOk(MINIMAL "proxy: []\n", &c);
+    assert_int_equal(c.n_proxies, 0);
+    assert_null(c.proxies);
+    config_free(&c);
+    parseOk(MINIMAL, &c);
+    assert_int_equal(c.n_proxies, 0);
+    config_free(&c);
+    assert_int_equal(config_method_bit("DELETE", 6), CONFIG_M_DELETE);
+    assert_int_equal(config_method_bit("delete", 6), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -735,6 +898,7 @@ int main(void)
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_unreadable_file),
         cmocka_unit_test(test_load_error_names_the_file),
+        cmocka_unit_test(test_proxy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
