@@ -11,7 +11,7 @@
 #                                 claims; followers answer 503 with Retry-After)
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
-# 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and (gateway, later) HTTP on
+# 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and for HTTP (JSON API, health, metrics) on
 # 127.0.0.1:800N; its data is in .idem/nodeN, its log in .idem/nodeN.log, its PID in
 # .idem/nodeN.pid. .idem/env holds IDEM_CLUSTER, IDEM_TOKEN (tenant "demo") and
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
