@@ -6,6 +6,7 @@ poll a condition with a generous bound; nothing sleeps for a fixed time to let s
 happen. idemctl (--json) is the client, so the tests exercise it too.
 """
 import hashlib
+import http.client
 import json
 import os
 import secrets
@@ -42,6 +43,60 @@ def wait_for(cond, timeout, what, interval=0.05):
             return last
         time.sleep(interval)
     raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
+
+
+class Resp(tuple):
+    """(status, headers with lower-cased names, parsed JSON or the body text); .raw is the
+    body text exactly as received."""
+    def __new__(cls, status, headers, parsed, raw):
+        r = super().__new__(cls, (status, headers, parsed))
+        r.raw = raw
+        return r
+
+    def __repr__(self):
+        body = self.raw if len(self.raw) < 300 else self.raw[:300] + "...(%d bytes)" % len(self.raw)
+        return "Resp(%d, %r, %r)" % (self[0], self[1], body)
+
+
+def http_exchange(conn, method, path, body=None, headers=None, raw=None):
+    """One request on an open http.client connection. body: a JSON-able object (sent as
+    application/json) or None; raw: bytes sent as they are (overrides body)."""
+    hdrs = {}
+    data = None
+    if raw is not None:
+        data = raw
+        hdrs["Content-Type"] = "application/json"
+    elif body is not None:
+        data = json.dumps(body).encode()
+        hdrs["Content-Type"] = "application/json"
+    if headers:
+        hdrs.update(headers)
+    try:
+        conn.request(method, path, body=data, headers=hdrs)
+    except (BrokenPipeError, ConnectionResetError):
+        # The server may answer (413) and close before reading a large body: read the answer.
+        pass
+    resp = conn.getresponse()
+    payload = resp.read()
+    rh = {k.lower(): v for k, v in resp.getheaders()}
+    text = payload.decode("utf-8", errors="replace")
+    parsed = text
+    if text.strip():
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = text
+    return Resp(resp.status, rh, parsed, text)
+
+
+def http_request(addr, method, path, body=None, headers=None, timeout=10, raw=None):
+    """http_exchange() on a fresh connection to addr ("host:port"), closed afterwards."""
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        return http_exchange(conn, method, path, body, headers, raw)
+    finally:
+        conn.close()
 
 
 class Node:

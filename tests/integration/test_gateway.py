@@ -20,7 +20,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, fp, wait_for  # noqa: E402
+from harness import Cluster, fp, http_exchange, http_request, wait_for  # noqa: E402
 
 ACQ = "acquired"
 TIMEOUT = 10.0
@@ -30,56 +30,23 @@ _NO_AUTH = object()
 
 # ---- HTTP helper ---------------------------------------------------------------------------
 
-def request(addr, method, path, body=None, token=_NO_AUTH, headers=None, timeout=TIMEOUT,
-            raw=None):
-    """One HTTP/1.1 request on a fresh connection. body: a JSON-able object (sent as
-    application/json) or None; raw: bytes sent as they are (overrides body).
-    Returns (status, headers with lower-cased names, parsed JSON or the raw body text)."""
-    host, port = addr.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        return _exchange(conn, method, path, body, token, headers, raw)
-    finally:
-        conn.close()
-
-
-def _exchange(conn, method, path, body=None, token=_NO_AUTH, headers=None, raw=None):
+def _auth(token, headers):
     hdrs = {}
     if token is not _NO_AUTH and token is not None:
         hdrs["Authorization"] = "Bearer %s" % token
-    data = None
-    if raw is not None:
-        data = raw
-        hdrs["Content-Type"] = "application/json"
-    elif body is not None:
-        data = json.dumps(body).encode()
-        hdrs["Content-Type"] = "application/json"
     if headers:
         hdrs.update(headers)
-    try:
-        conn.request(method, path, body=data, headers=hdrs)
-    except (BrokenPipeError, ConnectionResetError):
-        # The server may answer (413) and close before reading a large body: read the answer.
-        pass
-    resp = conn.getresponse()
-    payload = resp.read()
-    rh = {k.lower(): v for k, v in resp.getheaders()}
-    text = payload.decode("utf-8", errors="replace")
-    parsed = text
-    if text.strip():
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = text
-    return Resp(resp.status, rh, parsed, text)
+    return hdrs
 
 
-class Resp(tuple):
-    """(status, headers, parsed body); .raw is the body text exactly as received."""
-    def __new__(cls, status, headers, parsed, raw):
-        r = super().__new__(cls, (status, headers, parsed))
-        r.raw = raw
-        return r
+def request(addr, method, path, body=None, token=_NO_AUTH, headers=None, timeout=TIMEOUT,
+            raw=None):
+    """harness.http_request() with an optional bearer token."""
+    return http_request(addr, method, path, body, _auth(token, headers), timeout, raw)
+
+
+def _exchange(conn, method, path, body=None, token=_NO_AUTH, headers=None, raw=None):
+    return http_exchange(conn, method, path, body, _auth(token, headers), raw)
 
 
 class GatewayTest(unittest.TestCase):

@@ -181,51 +181,10 @@ class ProxyCluster(harness.Cluster):
 # ---- HTTP helper ---------------------------------------------------------------------------
 
 def request(addr, method, path, body=None, headers=None, timeout=TIMEOUT, raw=None):
-    """One HTTP/1.1 request on a fresh connection. body: JSON-able (sent as application/json);
-    raw: bytes sent as they are. Returns Resp (status, lower-cased headers, parsed JSON or text)
-    with .raw the body text exactly as received."""
-    host, port = addr.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        return exchange(conn, method, path, body, headers, raw)
-    finally:
-        conn.close()
+    return harness.http_request(addr, method, path, body, headers, timeout, raw)
 
 
-def exchange(conn, method, path, body=None, headers=None, raw=None):
-    hdrs = {}
-    data = None
-    if raw is not None:
-        data = raw
-        hdrs["Content-Type"] = "application/json"
-    elif body is not None:
-        data = json.dumps(body).encode()
-        hdrs["Content-Type"] = "application/json"
-    if headers:
-        hdrs.update(headers)
-    conn.request(method, path, body=data, headers=hdrs)
-    resp = conn.getresponse()
-    payload = resp.read()
-    rh = {k.lower(): v for k, v in resp.getheaders()}
-    text = payload.decode("utf-8", errors="replace")
-    parsed = text
-    if text.strip():
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = text
-    return Resp(resp.status, rh, parsed, text)
-
-
-class Resp(tuple):
-    def __new__(cls, status, headers, parsed, raw):
-        r = super().__new__(cls, (status, headers, parsed))
-        r.raw = raw
-        return r
-
-    def __repr__(self):
-        body = self.raw if len(self.raw) < 300 else self.raw[:300] + "...(%d bytes)" % len(self.raw)
-        return "Resp(%d, %r, %r)" % (self[0], self[1], body)
+exchange = harness.http_exchange
 
 
 def _status_or_none(addr, path):
