@@ -1539,13 +1539,17 @@ static void statusWarnings(json_t *nodes, const struct clusterView *v, uint64_t 
             if (json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
                            "%s lags: applied index %" JSON_INTEGER_FORMAT
-                           " is %" JSON_INTEGER_FORMAT
-                           " entries behind the leader's %" PRIu64 " (more than --max-lag %" PRIu64
-                           ")",
+                           " is %" JSON_INTEGER_FORMAT " entr%s behind the leader's %" PRIu64
+                           " (more than --max-lag %" PRIu64 ")",
                            name, json_integer_value(json_object_get(x, "applied_index")),
-                           json_integer_value(lag), v->leader_st->applied_index, max_lag);
+                           json_integer_value(lag), json_integer_value(lag) == 1 ? "y" : "ies",
+                           v->leader_st->applied_index, max_lag);
             }
         }
+    }
+    if (v->members_of == NULL) {
+        addWarning(warnings, "cluster state unknown: no node answered with its status");
+        return;
     }
     if (v->unreachable_leader != 0) {
         addWarning(warnings,
@@ -1556,9 +1560,7 @@ static void statusWarnings(json_t *nodes, const struct clusterView *v, uint64_t 
         addWarning(warnings, "no leader: no majority of the reachable nodes agrees on one; "
                              "requests answer unavailable until one is elected");
     }
-    if (v->members_of == NULL) {
-        addWarning(warnings, "no quorum: no node answered");
-    } else if (2 * v->reachable_voters <= v->voters) {
+    if (2 * v->reachable_voters <= v->voters) {
         addWarning(warnings,
                    "no quorum: %zu of %zu voters reachable; the cluster cannot commit, "
                    "requests answer unavailable",
