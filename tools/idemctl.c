@@ -42,13 +42,13 @@
 #define EXIT_UNAVAILABLE 3
 
 #define DEFAULT_DEADLINE_MS 5000u
-#define MAX_DEADLINE_MS 600000u          /* the server's own ceiling (rpc.max_deadline_ms) */
-#define MAX_DURATION_MS 315360000000ull  /* lease and ttl: at most ten years */
-#define ATTEMPT_MAX 64                   /* bytes of attempt id (idem.proto ClaimCmd) */
-#define TENANT_MAX 128                   /* bytes of tenant name (server/fsm.h) */
-#define DEFAULT_MAX_LAG 1000u            /* status: entries a node may trail the leader by */
-#define QUARANTINE_DEFAULT_LIMIT 100u    /* quarantine list --limit (the server's default) */
-#define QUARANTINE_MAX_LIMIT 1000u       /* the server's ceiling */
+#define MAX_DEADLINE_MS 600000u         /* the server's own ceiling (rpc.max_deadline_ms) */
+#define MAX_DURATION_MS 315360000000ull /* lease and ttl: at most ten years */
+#define ATTEMPT_MAX 64                  /* bytes of attempt id (idem.proto ClaimCmd) */
+#define TENANT_MAX 128                  /* bytes of tenant name (server/fsm.h) */
+#define DEFAULT_MAX_LAG 1000u           /* status: entries a node may trail the leader by */
+#define QUARANTINE_DEFAULT_LIMIT 100u   /* quarantine list --limit (the server's default) */
+#define QUARANTINE_MAX_LIMIT 1000u      /* the server's ceiling */
 
 static const char usageText[] =
     "Usage: idemctl [GLOBAL OPTIONS] COMMAND [SUBCOMMAND] [ARGUMENTS] [OPTIONS]\n"
@@ -121,7 +121,8 @@ static const struct help helps[] = {
      "    (default 1000);\n"
      "  - no leader: no majority of the reachable nodes agrees on one;\n"
      "  - no quorum: a majority of the voters is unreachable.\n"
-     "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": [...],\n"
+     "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": "
+     "[...],\n"
      "\"members\": [...], \"warnings\": [...]}.\n"
      "  --digest       also ask each node for the digest of its state (equal on replicas\n"
      "                 at the same applied index)\n"
@@ -160,14 +161,13 @@ static const struct help helps[] = {
      "\n"
      "Takes a Raft snapshot at the next applied entry on ADDR (default: the leader, or the\n"
      "node that answers). --node may stand in for --cluster. Needs the admin token.\n"},
-    {"key",
-     "Usage: idemctl key get TENANT KEY [--reveal]\n"
-     "       idemctl key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
-     "       idemctl key purge TENANT KEY\n"
-     "\n"
-     "One record of any tenant, by the operator. Each goes through the Raft log on the\n"
-     "leader, like every operation: no answer comes from a replica that may be stale.\n"
-     "Needs the admin token; a tenant's token is answered forbidden.\n"},
+    {"key", "Usage: idemctl key get TENANT KEY [--reveal]\n"
+            "       idemctl key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
+            "       idemctl key purge TENANT KEY\n"
+            "\n"
+            "One record of any tenant, by the operator. Each goes through the Raft log on the\n"
+            "leader, like every operation: no answer comes from a replica that may be stale.\n"
+            "Needs the admin token; a tenant's token is answered forbidden.\n"},
     {"key get",
      "Usage: idemctl key get TENANT KEY [--reveal]\n"
      "\n"
@@ -194,11 +194,10 @@ static const struct help helps[] = {
      "with a new and larger fencing token. Answers ok with the purged record's token, or\n"
      "not_found when there is nothing to delete (so a repeated purge changes nothing).\n"
      "Needs the admin token.\n"},
-    {"quarantine",
-     "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
-     "\n"
-     "Quarantined records: completed with outcome unknown, answered 409\n"
-     "idempotency_outcome_unknown until `idemctl key resolve`.\n"},
+    {"quarantine", "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
+                   "\n"
+                   "Quarantined records: completed with outcome unknown, answered 409\n"
+                   "idempotency_outcome_unknown until `idemctl key resolve`.\n"},
     {"quarantine list",
      "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
      "\n"
@@ -227,10 +226,9 @@ static const struct help helps[] = {
      "\n"
      "Stores the response of the attempt holding fencing token N (default outcome\n"
      "succeeded). --outcome unknown quarantines the record. ok, lease_lost or not_found.\n"},
-    {"release",
-     "Usage: idemctl release KEY --token N\n"
-     "\n"
-     "Gives KEY up after a failure that changed nothing: the next claim runs again.\n"},
+    {"release", "Usage: idemctl release KEY --token N\n"
+                "\n"
+                "Gives KEY up after a failure that changed nothing: the next claim runs again.\n"},
     {"renew", "Usage: idemctl renew KEY --token N [--lease MS]\n\nExtends the lease of "
               "fencing token N (default: the tenant's lease).\n"},
     {"get", "Usage: idemctl get KEY\n\nThe record of KEY for the tenant of --token, read "
@@ -303,7 +301,7 @@ static bool optValue(struct args *a, const char *name, const char **val)
     }
     if (a->i + 1 >= a->argc) {
         cli_usage_error("%s%soption %s needs a value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
-                   name);
+                        name);
     }
     *val = a->argv[a->i + 1];
     a->i += 2;
@@ -323,7 +321,7 @@ static bool optFlag(struct args *a, const char *name)
     }
     if (arg[n] == '=') {
         cli_usage_error("%s%soption %s takes no value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
-                   name);
+                        name);
     }
     if (arg[n] != '\0') {
         return false;
@@ -870,7 +868,7 @@ static int cmdClaim(struct global *g, struct args *a)
     uint8_t fpb[32];
     if (strlen(fp) != 64) {
         cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
-                   strlen(fp));
+                        strlen(fp));
     }
     for (size_t i = 0; i < 32; i++) {
         int hi = OPENSSL_hexchar2int((unsigned char)fp[2 * i]);
@@ -934,9 +932,8 @@ static int cmdComplete(struct global *g, struct args *a)
     size_t npos = 0;
     const char *token = NULL, *status = NULL, *body = NULL, *outcome = NULL;
     while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--token", &token) ||
-            optValue(a, "--status", &status) || optValue(a, "--body", &body) ||
-            optValue(a, "--outcome", &outcome)) {
+        if (commonOpt(g, a) || optValue(a, "--token", &token) || optValue(a, "--status", &status) ||
+            optValue(a, "--body", &body) || optValue(a, "--outcome", &outcome)) {
             continue;
         }
         positional(a, pos, 1, &npos);
@@ -962,8 +959,8 @@ static int cmdComplete(struct global *g, struct args *a)
     } else if (strcmp(outcome, "unknown") == 0) {
         cr.outcome = IDEM__COMPLETION__COMPLETION_UNKNOWN;
     } else {
-        cli_usage_error("complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"",
-                   outcome);
+        cli_usage_error(
+            "complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"", outcome);
     }
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_COMPLETE;
@@ -1002,8 +999,7 @@ static int cmdRenew(struct global *g, struct args *a)
     size_t npos = 0;
     const char *token = NULL, *lease = NULL;
     while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--token", &token) ||
-            optValue(a, "--lease", &lease)) {
+        if (commonOpt(g, a) || optValue(a, "--token", &token) || optValue(a, "--lease", &lease)) {
             continue;
         }
         positional(a, pos, 1, &npos);
@@ -1130,7 +1126,7 @@ static int cmdSnapshot(struct global *g, struct args *a)
         char why[160];
         if (idem_seeds_check(node, why, sizeof why) != IDEM_OK || strchr(node, ',') != NULL) {
             cli_usage_error("snapshot: bad --node address: %s",
-                       strchr(node, ',') ? "give one address" : why);
+                            strchr(node, ',') ? "give one address" : why);
         }
         if (g->cluster == NULL) {
             g->cluster = node;
@@ -1190,7 +1186,7 @@ static int cmdMembers(struct global *g, struct args *a)
             if (idem_seeds_check(pos[i], why, sizeof why) != IDEM_OK ||
                 strchr(pos[i], ',') != NULL) {
                 cli_usage_error("members add: bad address %s",
-                           strchr(pos[i], ',') ? "(one address each)" : why);
+                                strchr(pos[i], ',') ? "(one address each)" : why);
             }
         }
         mr.raft_address = (char *)pos[2];
@@ -1395,8 +1391,7 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
             v->leader_st = st;
         }
         if (v->members_of == NULL || st->term > v->members_of->term ||
-            (st->term == v->members_of->term &&
-             st->applied_index > v->members_of->applied_index)) {
+            (st->term == v->members_of->term && st->applied_index > v->members_of->applied_index)) {
             v->members_of = st;
         }
     }
@@ -1495,7 +1490,8 @@ static int nodeCmp(const void *a, const void *b)
                   json_string_value(json_object_get(y, "rpc_address")));
 }
 
-static void addWarning(json_t *warnings, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void addWarning(json_t *warnings, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 static void addWarning(json_t *warnings, const char *fmt, ...)
 {
@@ -1599,13 +1595,20 @@ static void printStatusTable(const json_t *o)
         const char *title, *field;
         int width;
     } cols[] = {
-        {"ID", "id", 4},          {"RPC_ADDRESS", "rpc_address", 21},
-        {"ROLE", "role", 11},     {"MEMBER", "member_role", 7},
-        {"TERM", "term", 5},      {"LEADER", "leader_id", 6},
-        {"COMMIT", "commit_index", 9}, {"APPLIED", "applied_index", 9},
-        {"LAG", "lag", 6},        {"SNAPSHOT", "last_snapshot_index", 9},
-        {"RECORDS", "records", 9}, {"TOMBSTONES", "tombstones", 10},
-        {"QUARANTINED", "quarantined", 11}, {"BYTES", "bytes", 0},
+        {"ID", "id", 4},
+        {"RPC_ADDRESS", "rpc_address", 21},
+        {"ROLE", "role", 11},
+        {"MEMBER", "member_role", 7},
+        {"TERM", "term", 5},
+        {"LEADER", "leader_id", 6},
+        {"COMMIT", "commit_index", 9},
+        {"APPLIED", "applied_index", 9},
+        {"LAG", "lag", 6},
+        {"SNAPSHOT", "last_snapshot_index", 9},
+        {"RECORDS", "records", 9},
+        {"TOMBSTONES", "tombstones", 10},
+        {"QUARANTINED", "quarantined", 11},
+        {"BYTES", "bytes", 0},
     };
     const size_t ncols = sizeof cols / sizeof cols[0];
     for (size_t c = 0; c < ncols; c++) {
@@ -1698,8 +1701,8 @@ static int cmdStatus(struct global *g, struct args *a)
 
     json_t *o = jobj();
     jset(o, "leader_id", v.leader ? ju64(v.leader) : json_null());
-    jset(o, "quorum", json_boolean(v.leader != 0 && v.members_of != NULL &&
-                                   2 * v.reachable_voters > v.voters));
+    jset(o, "quorum",
+         json_boolean(v.leader != 0 && v.members_of != NULL && 2 * v.reachable_voters > v.voters));
     jset(o, "voters", v.members_of ? ju64(v.voters) : json_null());
     jset(o, "reachable_voters", ju64(v.reachable_voters));
     jset(o, "max_lag", ju64(max_lag));
@@ -1755,7 +1758,8 @@ static json_t *adminRecordJson(const Idem__AdminRecord *ar, bool reveal, bool wi
         jsetBytes(o, "key", r->key.data, r->key.len);
     }
     jset(o, "state", json_string(stateName(r->state)));
-    jset(o, "fingerprint_prefix", jhex(r->fingerprint.data, r->fingerprint.len < 6 ? r->fingerprint.len : 6));
+    jset(o, "fingerprint_prefix",
+         jhex(r->fingerprint.data, r->fingerprint.len < 6 ? r->fingerprint.len : 6));
     jset(o, "token", ju64(r->token));
     jset(o, "created_at_ms", ju64(r->created_at_ms));
     jset(o, "lease_deadline_ms", ju64(r->lease_deadline_ms));
@@ -1870,8 +1874,7 @@ static int cmdKey(struct global *g, struct args *a)
     const char *status = NULL, *body = NULL;
     bool release = false, reveal = false;
     while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--status", &status) ||
-            optValue(a, "--body", &body)) {
+        if (commonOpt(g, a) || optValue(a, "--status", &status) || optValue(a, "--body", &body)) {
             continue;
         }
         if (optFlag(a, "--release")) {
@@ -1920,8 +1923,7 @@ static int cmdQuarantine(struct global *g, struct args *a)
     const char *tenant = NULL, *limit = NULL;
     bool reveal = false;
     while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--tenant", &tenant) ||
-            optValue(a, "--limit", &limit)) {
+        if (commonOpt(g, a) || optValue(a, "--tenant", &tenant) || optValue(a, "--limit", &limit)) {
             continue;
         }
         if (optFlag(a, "--reveal")) {
@@ -1985,7 +1987,7 @@ static int cmdQuarantine(struct global *g, struct args *a)
             char when[40];
             isoTime((uint64_t)json_integer_value(json_object_get(r, "since_ms")), when,
                     sizeof when);
-            printf("%-20s %-12s %-20" JSON_INTEGER_FORMAT " %-24s", 
+            printf("%-20s %-12s %-20" JSON_INTEGER_FORMAT " %-24s",
                    json_string_value(json_object_get(r, "tenant")),
                    json_string_value(json_object_get(r, "key_digest")),
                    json_integer_value(json_object_get(r, "token")), when);
@@ -2066,12 +2068,18 @@ struct command {
 };
 
 static const struct command commands[] = {
-    {"status", cmdStatus, true},       {"claim", cmdClaim, false},
-    {"complete", cmdComplete, false},  {"release", cmdRelease, false},
-    {"renew", cmdRenew, false},        {"get", cmdGet, false},
-    {"members", cmdMembers, true},     {"transfer", cmdTransfer, true},
-    {"snapshot", cmdSnapshot, true},   {"resolve", cmdResolve, true},
-    {"key", cmdKey, true},             {"quarantine", cmdQuarantine, true},
+    {"status", cmdStatus, true},
+    {"claim", cmdClaim, false},
+    {"complete", cmdComplete, false},
+    {"release", cmdRelease, false},
+    {"renew", cmdRenew, false},
+    {"get", cmdGet, false},
+    {"members", cmdMembers, true},
+    {"transfer", cmdTransfer, true},
+    {"snapshot", cmdSnapshot, true},
+    {"resolve", cmdResolve, true},
+    {"key", cmdKey, true},
+    {"quarantine", cmdQuarantine, true},
 };
 
 static const char *envOrNull(const char *name)

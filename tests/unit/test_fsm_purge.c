@@ -312,9 +312,8 @@ static void test_quarantined_listing(void **state)
     /* Quarantine in reverse order: the listing follows tokens, not completion order. */
     for (int i = 5; i >= 0; i--) {
         snprintf(key, sizeof(key), "q%d", i);
-        assert_int_equal(th_complete(&h, 10, i % 2 ? "t2" : "t1", key, tokens[i], UNKNOWN_C, 0,
-                                     NULL, 0),
-                         OK);
+        assert_int_equal(
+            th_complete(&h, 10, i % 2 ? "t2" : "t1", key, tokens[i], UNKNOWN_C, 0, NULL, 0), OK);
     }
     assert_int_equal(th_complete(&h, 10, "t1", "n0", tokens[0] + 1, SUCCEEDED, 200, "ok", 0), OK);
 

@@ -22,7 +22,8 @@ _idemctl_flags_of() {
         release) echo "--token $common" ;;
         renew) echo "--token --lease $common" ;;
         get) echo "$common" ;;
-        bench) echo "--cluster --token --workload --concurrency --duration --requests --deadline --json --help" ;;
+        bench) echo "--cluster --token --workload --concurrency --duration --requests" \
+                    "--deadline --json --help" ;;
     esac
 }
 
@@ -30,7 +31,8 @@ _idemctl() {
     local cur prev commands globals
     cur=${COMP_WORDS[COMP_CWORD]}
     prev=${COMP_WORDS[COMP_CWORD-1]}
-    commands="status members transfer snapshot key quarantine claim complete release renew get resolve bench help"
+    commands="status members transfer snapshot key quarantine claim complete release renew get"
+    commands="$commands resolve bench help"
     globals="--cluster --token --admin-token --json --deadline --help"
     COMPREPLY=()
 

@@ -40,6 +40,7 @@ check "--max-lag" idemctl status --m
 check "conflict takeover" idemctl claim k --policy ""
 check "failed_final" idemctl complete k --outcome fa
 check "claim-complete" idemctl bench --workload cl
+check "--concurrency" idemctl bench --con
 check "" idemctl claim k --fingerprint ""
 check "get purge resolve" idemctl help key ""
 check "status" idemctl help st
