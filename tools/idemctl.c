@@ -1836,7 +1836,9 @@ static int keyGet(struct global *g, const char *tenant, const char *key, bool re
     }
     json_t *o = outcomeJson(resp);
     if (resp->n_records > 0 && resp->records[0] != NULL) {
-        json_object_update(o, adminRecordJson(resp->records[0], reveal, true));
+        json_t *rec = adminRecordJson(resp->records[0], reveal, true);
+        json_object_update(o, rec);
+        json_decref(rec);
     }
     emit(g, o);
     idem__response__free_unpacked(resp, NULL);
