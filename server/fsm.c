@@ -595,6 +595,91 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__R
     return out->outcome;
 }
 
+/* ---- purge and admin reads ----------------------------------------------------------- */
+
+/* An operator's last resort: deletes a record in any visible state, tombstones included,
+ * with its tenant usage and its place in the expiry index (recRemove). A released marker is
+ * invisible to every client, so it counts as absent and is left alone. The record's token
+ * is answered, so the operator can tell which attempt was dropped; a later claim of the key
+ * gets a new, larger token, so a fenced downstream still rejects the purged holder. */
+static Idem__Outcome applyPurge(struct fsm *f, uint64_t now_cmd, const Idem__PurgeCmd *c,
+                                struct fsm_result *out)
+{
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "purge: tenant or key missing or invalid");
+    }
+    advanceClock(f, now_cmd);
+    struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (!isLive(r)) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    out->token = r->token;
+    recRemove(f, r);
+    out->outcome = IDEM__OUTCOME__OUTCOME_OK;
+    return out->outcome;
+}
+
+struct quarantineAcc {
+    int tenant; /* -1: every tenant */
+    const struct rec **recs;
+    size_t n, cap;
+};
+
+static void quarantineCollect(const struct rec *r, void *arg)
+{
+    struct quarantineAcc *acc = arg;
+    if (r->state == IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED &&
+        (acc->tenant < 0 || r->tenant == acc->tenant) && acc->n < acc->cap) {
+        acc->recs[acc->n++] = r;
+    }
+}
+
+static int recTokenCmp(const void *a, const void *b)
+{
+    const struct rec *x = *(const struct rec *const *)a, *y = *(const struct rec *const *)b;
+    return x->token < y->token ? -1 : x->token > y->token;
+}
+
+size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_record_view *out,
+                       size_t cap)
+{
+    struct quarantineAcc acc = {.tenant = -1, .recs = NULL, .n = 0, .cap = 0};
+    if (tenant != NULL && tenant[0] != '\0') {
+        acc.tenant = table_tenant_find(&f->t, tenant, strlen(tenant));
+        if (acc.tenant < 0) {
+            return 0;
+        }
+    }
+    acc.cap = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED];
+    if (acc.cap == 0) {
+        return 0;
+    }
+    acc.recs = xmalloc(acc.cap * sizeof(*acc.recs));
+    table_foreach(&f->t, quarantineCollect, &acc);
+    /* Tokens are unique among records, so the order is the same on every replica. */
+    qsort(acc.recs, acc.n, sizeof(*acc.recs), recTokenCmp);
+    for (size_t i = 0; i < acc.n && i < cap; i++) {
+        const struct rec *r = acc.recs[i];
+        struct fsm_record_view *v = &out[i];
+        v->tenant = f->t.tenants[r->tenant].name;
+        v->key = r->key;
+        v->key_len = r->key_len;
+        v->fingerprint = r->fp;
+        v->state = (Idem__RecordState)r->state;
+        v->completion = (Idem__Completion)r->completion;
+        v->token = r->token;
+        v->created_at_ms = r->created_at;
+        v->lease_deadline_ms = r->lease_deadline;
+        v->expires_at_ms = r->expires_at;
+        v->response_len = fsm_rec_response_len(r);
+        v->response = r->response ? r->response + sizeof(uint32_t) : NULL;
+    }
+    size_t n = acc.n;
+    free(acc.recs);
+    return n;
+}
+
 /* ---- expire -------------------------------------------------------------------------- */
 
 static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__ExpireCmd *c,
@@ -682,6 +767,9 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
         break;
     case IDEM__COMMAND__OP_EXPIRE:
         o = applyExpire(f, cmd->now_ms, cmd->expire, out);
+        break;
+    case IDEM__COMMAND__OP_PURGE:
+        o = applyPurge(f, cmd->now_ms, cmd->purge, out);
         break;
     default:
         return invalid(out, "unknown op");

@@ -106,6 +106,10 @@ void fsm_close(struct fsm *f);
 Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_t len,
                         struct fsm_result *out);
 
+/* A Command with no op is answered invalid and changes nothing (the clock included), like
+ * every invalid command; the service proposes one as a read barrier (service.c, quarantine
+ * list), and tests/unit/test_fsm.c holds it to that. */
+
 /* The same, for a command the caller has already unpacked (borrowed). */
 Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Command *cmd,
                                 struct fsm_result *out);
@@ -123,6 +127,15 @@ uint64_t fsm_next_expiry(const struct fsm *f);
 uint64_t fsm_clock(const struct fsm *f);
 
 void fsm_get_stats(const struct fsm *f, struct fsm_stats *out /* OUT */);
+
+/* Admin read: fills out[0..min(n, cap)) (OUT) with the quarantined records of `tenant`
+ * (borrowed; NULL or "" for every tenant), lowest token (oldest claim) first, and returns
+ * n, how many records match in all (more than cap when some were left out). The views
+ * borrow the state machine's memory (see fsm_record_view). One pass over the table: the
+ * caller is an operator's command, not a request path. Reads nothing but replicated state,
+ * so every replica that applied the same commands answers the same. */
+size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_record_view *out,
+                       size_t cap);
 
 /* A 16-byte digest of the whole replicated state (every record, the clock and the last
  * index). It does not depend on insertion order, hash-table layout or memory addresses:

@@ -24,7 +24,14 @@
 
 #define IDEM_VERSION "0.1.0"
 
-enum opKind { OP_CLIENT, OP_EXPIRE };
+/* OP_CLIENT answers with the command's result; OP_KEY_GET with the record as an operator
+ * sees it (AdminRecord); OP_QUARANTINE_LIST is a read barrier (an op-less command, which
+ * every replica applies as a no-op, fsm.h) whose answer is read from this node's state
+ * machine when the barrier applies here; OP_EXPIRE is the leader's ticker. */
+enum opKind { OP_CLIENT, OP_EXPIRE, OP_KEY_GET, OP_QUARANTINE_LIST };
+
+#define QUARANTINE_LIST_DEFAULT 100u
+#define QUARANTINE_LIST_MAX 1000u
 
 struct op {
     struct service *s;
@@ -36,6 +43,8 @@ struct op {
     bool answered;   /* cb was called */
     bool in_cluster; /* the cluster holds this op as a waiter */
     bool timer_open;
+    char *tenant;   /* OP_QUARANTINE_LIST: owned; NULL for every tenant */
+    uint32_t limit; /* OP_QUARANTINE_LIST */
     struct op *prev, *next; /* live ops, for shutdown */
 };
 
@@ -100,6 +109,7 @@ static void opMaybeFree(struct op *o)
     if (o->next) {
         o->next->prev = o->prev;
     }
+    free(o->tenant);
     free(o);
     if (s->closing) {
         serviceMaybeFinish(s);
@@ -179,6 +189,60 @@ static void resultToProto(const struct fsm_result *r, Idem__Result *out,
     }
 }
 
+/* ---- admin reads --------------------------------------------------------------------- */
+
+/* Answers a quarantine list from this node's state machine. Called when the op's read
+ * barrier applies on the node that proposed it, so the state holds every command committed
+ * before the request arrived (CONTRACT.md §4: never from a replica that may be stale).
+ * Stored responses are left out: the listing names records, `key get` shows one. */
+static void answerQuarantineList(struct service *s, struct op *o)
+{
+    uint32_t cap = o->limit;
+    struct fsm_record_view *views = xcalloc(cap, sizeof(*views));
+    size_t total = fsm_quarantined(s->fsm, o->tenant, views, cap);
+    size_t n = total < cap ? total : cap;
+    Idem__AdminRecord *ars = xcalloc(n ? n : 1, sizeof(*ars));
+    Idem__AdminRecord **arps = xcalloc(n ? n : 1, sizeof(*arps));
+    Idem__Record *recs = xcalloc(n ? n : 1, sizeof(*recs));
+    char(*digests)[FP_HEX12_SIZE] = xcalloc(n ? n : 1, sizeof(*digests));
+    for (size_t i = 0; i < n; i++) {
+        const struct fsm_record_view *v = &views[i];
+        Idem__Record *rec = &recs[i];
+        idem__record__init(rec);
+        rec->tenant = (char *)v->tenant;
+        rec->key.data = (uint8_t *)v->key;
+        rec->key.len = v->key_len;
+        rec->fingerprint.data = (uint8_t *)v->fingerprint;
+        rec->fingerprint.len = FSM_FINGERPRINT_LEN;
+        rec->state = v->state;
+        rec->token = v->token;
+        rec->created_at_ms = v->created_at_ms;
+        rec->lease_deadline_ms = v->lease_deadline_ms;
+        rec->expires_at_ms = v->expires_at_ms;
+        rec->completion = v->completion;
+        key_digest(v->tenant, v->key, v->key_len, digests[i]);
+        idem__admin_record__init(&ars[i]);
+        ars[i].record = rec;
+        ars[i].key_digest = digests[i];
+        arps[i] = &ars[i];
+    }
+    Idem__Result res = IDEM__RESULT__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_OK;
+    res.detail = "";
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    resp.request_id = o->request_id;
+    resp.result = &res;
+    resp.n_records = n;
+    resp.records = arps;
+    resp.more = total > n;
+    o->cb(o->data, &resp);
+    free(digests);
+    free(recs);
+    free(arps);
+    free(ars);
+    free(views);
+}
+
 /* ---- cluster callbacks --------------------------------------------------------------- */
 
 static void expiryArm(struct service *s, uint64_t delay_ms);
@@ -199,6 +263,9 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         if (r.outcome == IDEM__OUTCOME__OUTCOME_OK && r.more) {
             expiryArm(s, 0);
         }
+    } else if (!o->answered && o->kind == OP_QUARANTINE_LIST) {
+        o->answered = true;
+        answerQuarantineList(s, o);
     } else if (!o->answered) {
         o->answered = true;
         Idem__Result res = IDEM__RESULT__INIT;
@@ -208,6 +275,18 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         Idem__Response resp = IDEM__RESPONSE__INIT;
         resp.request_id = o->request_id;
         resp.result = &res;
+        /* key get: the record goes in records[0] with its key_digest, not in result. */
+        Idem__AdminRecord ar = IDEM__ADMIN_RECORD__INIT;
+        Idem__AdminRecord *arp = &ar;
+        char digest[FP_HEX12_SIZE];
+        if (o->kind == OP_KEY_GET && res.record != NULL) {
+            key_digest(rec.tenant, rec.key.data, rec.key.len, digest);
+            ar.record = res.record;
+            ar.key_digest = digest;
+            res.record = NULL;
+            resp.n_records = 1;
+            resp.records = &arp;
+        }
         o->cb(o->data, &resp);
         if (stored != NULL) {
             idem__stored_response__free_unpacked(stored, NULL);
@@ -275,9 +354,11 @@ static struct op *opNew(struct service *s, enum opKind kind)
     return o;
 }
 
-/* Proposes a packed command for a client. On any refusal, answers at once. */
-static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t request_id,
-                          uint32_t deadline_ms, service_done_cb cb, void *data)
+/* Proposes a packed command for a client, answered as `kind` says. On any refusal,
+ * answers at once and returns NULL; otherwise returns the op (the cluster holds it). */
+static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum opKind kind,
+                            uint64_t request_id, uint32_t deadline_ms, service_done_cb cb,
+                            void *data)
 {
     const char *leader = "";
     if (!cluster_is_leader(s->cluster)) {
@@ -291,13 +372,13 @@ static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t 
             answerSimple(cb, data, request_id, IDEM__OUTCOME__OUTCOME_NOT_LEADER, "not the leader",
                          leader);
         }
-        return;
+        return NULL;
     }
     size_t n = idem__command__get_packed_size(cmd);
     uint8_t stackbuf[1024];
     uint8_t *buf = n <= sizeof(stackbuf) ? stackbuf : xmalloc(n);
     idem__command__pack(cmd, buf);
-    struct op *o = opNew(s, OP_CLIENT);
+    struct op *o = opNew(s, kind);
     o->cb = cb;
     o->data = data;
     o->request_id = request_id;
@@ -312,13 +393,20 @@ static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t 
                                                                  : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
                      cluster_strerror(rc), NULL);
         opMaybeFree(o);
-        return;
+        return NULL;
     }
     o->in_cluster = true;
     uv_timer_init(s->loop, &o->timer);
     o->timer.data = o;
     o->timer_open = true;
     uv_timer_start(&o->timer, opDeadlineCb, deadline_ms, 0);
+    return o;
+}
+
+static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t request_id,
+                          uint32_t deadline_ms, service_done_cb cb, void *data)
+{
+    proposeOp(s, cmd, OP_CLIENT, request_id, deadline_ms, cb, data);
 }
 
 /* ---- expiry ticker ------------------------------------------------------------------- */
@@ -620,10 +708,96 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
                  NULL);
 }
 
+/* The tenant and key an operator names: any tenant name (records of a tenant that left
+ * the configuration can still be read and purged), a key of CONTRACT.md §1's alphabet.
+ * Returns NULL or what is wrong (never quoting the key). */
+static const char *adminKeyError(const char *tenant, const ProtobufCBinaryData *key)
+{
+    size_t tl = tenant ? strnlen(tenant, FSM_TENANT_MAX + 1) : 0;
+    if (tl == 0 || tl > FSM_TENANT_MAX) {
+        return "tenant missing or longer than 128 bytes";
+    }
+    switch (key_validate(key->data, key->len, KEY_MAX_LEN)) {
+    case KEY_OK:
+        return NULL;
+    case KEY_MISSING:
+        return "idempotency_key_missing";
+    default:
+        return "idempotency_key_invalid";
+    }
+}
+
+/* key get, purge and quarantine list (admin token checked by the caller): each one goes
+ * through the log, so a stale node can answer none of them (CONTRACT.md §4). */
+static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,
+                           void *data)
+{
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    Idem__GetCmd get = IDEM__GET_CMD__INIT;
+    Idem__PurgeCmd purge = IDEM__PURGE_CMD__INIT;
+    cmd.now_ms = nowMs();
+    const char *why = NULL;
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_KEY_GET:
+        why = adminKeyError(req->key_get->tenant, &req->key_get->key);
+        if (why == NULL) {
+            get.tenant = req->key_get->tenant;
+            get.key = req->key_get->key;
+            cmd.op_case = IDEM__COMMAND__OP_GET;
+            cmd.get = &get;
+            proposeOp(s, &cmd, OP_KEY_GET, req->request_id, deadlineOf(s, req), cb, data);
+            return;
+        }
+        break;
+    case IDEM__REQUEST__OP_PURGE:
+        why = adminKeyError(req->purge->tenant, &req->purge->key);
+        if (why == NULL) {
+            purge.tenant = req->purge->tenant;
+            purge.key = req->purge->key;
+            cmd.op_case = IDEM__COMMAND__OP_PURGE;
+            cmd.purge = &purge;
+            proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
+            return;
+        }
+        break;
+    case IDEM__REQUEST__OP_QUARANTINE_LIST: {
+        const Idem__QuarantineListRequest *q = req->quarantine_list;
+        const char *tenant = q->tenant != NULL && q->tenant[0] != '\0' ? q->tenant : NULL;
+        if (tenant != NULL && strnlen(tenant, FSM_TENANT_MAX + 1) > FSM_TENANT_MAX) {
+            why = "tenant longer than 128 bytes";
+            break;
+        }
+        if (q->limit > QUARANTINE_LIST_MAX) {
+            why = "limit out of range 1-1000";
+            break;
+        }
+        /* The barrier: a command with the leader's clock and no op (fsm.h). */
+        struct op *o = proposeOp(s, &cmd, OP_QUARANTINE_LIST, req->request_id,
+                                 deadlineOf(s, req), cb, data);
+        if (o != NULL) {
+            o->tenant = tenant != NULL ? xstrndup(tenant, strlen(tenant)) : NULL;
+            o->limit = q->limit ? q->limit : QUARANTINE_LIST_DEFAULT;
+        }
+        return;
+    }
+    default:
+        why = "unknown op";
+        break;
+    }
+    answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
+}
+
 static void handleAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,
                         void *data)
 {
     if (!authAdmin(s, &req->auth_token)) {
+        /* A tenant's own token is known but not allowed here: forbidden (403), not
+         * unauthenticated (401), as CONTRACT.md §3 tells them apart. */
+        if (authTenant(s, &req->auth_token) != NULL) {
+            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
+                         "admin operations need the admin token, not a tenant's", NULL);
+            return;
+        }
         s->stats.unauthenticated++;
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
                      "admin operations need the admin token", NULL);
@@ -663,6 +837,11 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
         proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
         return;
     }
+    case IDEM__REQUEST__OP_KEY_GET:
+    case IDEM__REQUEST__OP_PURGE:
+    case IDEM__REQUEST__OP_QUARANTINE_LIST:
+        handleKeyAdmin(s, req, cb, data);
+        return;
     case IDEM__REQUEST__OP_MEMBERS:
     case IDEM__REQUEST__OP_TRANSFER:
         break;
@@ -734,6 +913,9 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
     case IDEM__REQUEST__OP_TRANSFER:
     case IDEM__REQUEST__OP_SNAPSHOT:
     case IDEM__REQUEST__OP_RESOLVE:
+    case IDEM__REQUEST__OP_KEY_GET:
+    case IDEM__REQUEST__OP_PURGE:
+    case IDEM__REQUEST__OP_QUARANTINE_LIST:
         handleAdmin(s, req, cb, data);
         return;
     default:

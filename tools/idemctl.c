@@ -1,18 +1,25 @@
 /* idemctl: the command-line client of idemd, for operators and for debugging: cluster
- * status and membership, and every data operation of CONTRACT.md §2 by hand.
+ * status and membership, records of any tenant (key get, resolve, purge), the quarantine
+ * list, and every data operation of CONTRACT.md §2 by hand. docs/idemctl.md is its manual.
  *
- * Shape: global options, then one command word, then the command's arguments and options.
- * The flag --token is overloaded on purpose (it is what each side calls a token): before
- * the command it is the bearer token, after it (complete, release, renew) the fencing token.
- * Every command builds one Idem__Request, sends it with libidem (to the leader, or with
- * idem_call_node() to one given node), and prints the answer: `key: value` lines by default,
- * exactly one JSON object on stdout with --json (built with jansson).
+ * Shape: global options, then one command word (and for key/quarantine/members a
+ * subcommand), then the command's arguments and options. The flag --token is overloaded on
+ * purpose (it is what each side calls a token): before the command it is the bearer token,
+ * after it (complete, release, renew) the fencing token. Every command builds one
+ * Idem__Request, sends it with libidem (to the leader, or with idem_call_node() to one
+ * given node), and prints the answer: `key: value` lines or a table by default, exactly one
+ * JSON object on stdout with --json (built with jansson).
+ *
+ * Keys are secrets (CONTRACT.md §1): the admin commands that show records of any tenant
+ * (key get, quarantine list) print a record's key_digest, never its key, unless --reveal.
  *
  * Exit status: 0 the call was answered, whatever the outcome; 1 internal error (out of
  * memory, no random source); 2 usage or configuration error; 3 unavailable (no leader, no
  * quorum, deadline passed, nothing reachable). Bearer tokens are never printed. */
 #include <openssl/crypto.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -20,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <openssl/evp.h>
@@ -33,47 +42,206 @@
 #define EXIT_UNAVAILABLE 3
 
 #define DEFAULT_DEADLINE_MS 5000u
-#define MAX_DEADLINE_MS 600000u          /* the server's own ceiling (rpc.max_deadline_ms) */
-#define MAX_DURATION_MS 315360000000ull  /* lease and ttl: at most ten years */
-#define ATTEMPT_MAX 64                   /* bytes of attempt id (idem.proto ClaimCmd) */
+#define MAX_DEADLINE_MS 600000u         /* the server's own ceiling (rpc.max_deadline_ms) */
+#define MAX_DURATION_MS 315360000000ull /* lease and ttl: at most ten years */
+#define ATTEMPT_MAX 64                  /* bytes of attempt id (idem.proto ClaimCmd) */
+#define TENANT_MAX 128                  /* bytes of tenant name (server/fsm.h) */
+#define DEFAULT_MAX_LAG 1000u           /* status: entries a node may trail the leader by */
+#define QUARANTINE_DEFAULT_LIMIT 100u   /* quarantine list --limit (the server's default) */
+#define QUARANTINE_MAX_LIMIT 1000u      /* the server's ceiling */
 
 static const char usageText[] =
-    "Usage: idemctl [GLOBAL OPTIONS] COMMAND [ARGUMENTS] [COMMAND OPTIONS]\n"
+    "Usage: idemctl [GLOBAL OPTIONS] COMMAND [SUBCOMMAND] [ARGUMENTS] [OPTIONS]\n"
+    "       idemctl COMMAND [SUBCOMMAND] --help     (or: idemctl help COMMAND [SUBCOMMAND])\n"
     "\n"
     "Global options (before COMMAND):\n"
     "  --cluster H:P,H:P,...  RPC addresses of the nodes (env IDEM_CLUSTER)\n"
-    "  --token T              tenant bearer token (env IDEM_TOKEN)\n"
-    "  --admin-token T        admin bearer token, for status, members, transfer, snapshot\n"
-    "                         and resolve (env IDEM_ADMIN_TOKEN)\n"
+    "  --token T              tenant bearer token, for the data commands (env IDEM_TOKEN)\n"
+    "  --admin-token T        admin bearer token, for the admin commands\n"
+    "                         (env IDEM_ADMIN_TOKEN)\n"
     "  --json                 print exactly one JSON object on stdout\n"
     "  --deadline MS          time allowed for the whole call, retries included\n"
     "                         (default 5000, at most 600000)\n"
     "  --help                 print this help and exit\n"
     "Flags win over the environment. --json and --deadline are accepted after COMMAND too.\n"
     "\n"
-    "Commands:\n"
-    "  status [--digest]      ask every node of --cluster about itself (--digest: and the\n"
-    "                         digest of its state, equal on replicas at the same applied index)\n"
-    "  claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
-    "        [--policy conflict|takeover]\n"
-    "                         claim KEY; without --attempt a random attempt id is used\n"
-    "                         (printed, so that the claim can be retried with it)\n"
-    "  complete KEY --token N --status CODE [--body TEXT]\n"
-    "        [--outcome succeeded|failed_final|unknown]   (default succeeded)\n"
-    "  release KEY --token N\n"
-    "  renew KEY --token N [--lease MS]\n"
-    "  get KEY\n"
+    "Admin commands (admin token):\n"
+    "  status [--digest] [--max-lag N]\n"
+    "                         every node: role, term, leader, indexes, records; warnings\n"
+    "                         when a node lags or is unreachable, or there is no quorum\n"
     "  members [list | add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR] | promote ID | remove ID]\n"
     "  transfer [NODE_ID]     hand leadership over (default: the most up-to-date voter)\n"
     "  snapshot [--node ADDR] take a snapshot on ADDR (default: the node that answers)\n"
-    "  resolve KEY --tenant NAME (--release | --status CODE [--body TEXT])\n"
+    "  key get TENANT KEY [--reveal]\n"
+    "                         one record of any tenant; the key shows as its key_digest\n"
+    "  key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
     "                         end a quarantine after checking the business system\n"
+    "  key purge TENANT KEY   delete a record or tombstone outright (last resort)\n"
+    "  quarantine list [--tenant T] [--limit N] [--reveal]\n"
+    "                         every quarantined record, oldest first\n"
+    "Data commands (tenant token):\n"
+    "  claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
+    "        [--policy conflict|takeover]\n"
+    "  complete KEY --token N --status CODE [--body TEXT]\n"
+    "        [--outcome succeeded|failed_final|unknown]\n"
+    "  release KEY --token N\n"
+    "  renew KEY --token N [--lease MS]\n"
+    "  get KEY\n"
+    "Other:\n"
+    "  bench [ARGS...]        run idem-bench (next to idemctl) with ARGS\n"
+    "  help [COMMAND [SUBCOMMAND]]\n"
+    "Alias: resolve KEY --tenant NAME ... is key resolve NAME KEY ...\n"
     "After COMMAND, --token N is the fencing token returned by claim, not the bearer token.\n"
     "Use -- to end options (for a key that starts with '-').\n"
     "\n"
-    "Exit status: 0 the call was answered (whatever the outcome), 2 usage or configuration\n"
-    "error, 3 unavailable (no leader, no quorum, deadline passed, nothing reachable),\n"
-    "1 internal error.\n";
+    "Exit status:\n"
+    "  0  the call was answered, whatever the outcome: not_found, forbidden, mismatch,\n"
+    "     in_progress ... are answers (see \"outcome\"); status: at least one node answered\n"
+    "  1  internal error (out of memory, no random source, idem-bench not found)\n"
+    "  2  usage or configuration error (bad arguments, no cluster, no token)\n"
+    "  3  unavailable: no leader, no quorum, deadline passed, nothing reachable\n";
+
+/* Help of one command or subcommand: `idemctl CMD [SUB] --help`. */
+struct help {
+    const char *name; /* "status", "key get", ... */
+    const char *text;
+};
+
+static const struct help helps[] = {
+    {"status",
+     "Usage: idemctl status [--digest] [--max-lag N] [--json]\n"
+     "\n"
+     "Asks every node of --cluster, and every member those nodes know of, about itself (in\n"
+     "parallel, one deadline each round) and prints one line per node: id, RPC address,\n"
+     "role, membership, term, the leader it follows, commit and applied index, how far its\n"
+     "applied index trails the leader's, last snapshot index, records, tombstones,\n"
+     "quarantined records and bytes. Then a warning line for each problem:\n"
+     "  - a node is unreachable, or refused (wrong admin token);\n"
+     "  - a node's applied index trails the leader's by more than --max-lag entries\n"
+     "    (default 1000);\n"
+     "  - no leader: no majority of the reachable nodes agrees on one;\n"
+     "  - no quorum: a majority of the voters is unreachable.\n"
+     "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": "
+     "[...],\n"
+     "\"members\": [...], \"warnings\": [...]}.\n"
+     "  --digest       also ask each node for the digest of its state (equal on replicas\n"
+     "                 at the same applied index)\n"
+     "  --max-lag N    entries a node may trail the leader's applied index by (default 1000)\n"
+     "Exit status: 0 when at least one node answered (warnings included), 3 when none did.\n"
+     "Needs the admin token.\n"},
+    {"members",
+     "Usage: idemctl members [list]\n"
+     "       idemctl members add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]\n"
+     "       idemctl members promote ID\n"
+     "       idemctl members remove ID\n"
+     "\n"
+     "list: the Raft configuration with every member's addresses and role (voter, standby,\n"
+     "spare). add: records the new node's addresses in the log and adds it as a spare (start\n"
+     "the node first, with an empty bootstrap list); promote: makes it a voter once it caught\n"
+     "up; remove: takes a member out. Changes go to the leader. Needs the admin token.\n"},
+    {"members list", "Usage: idemctl members list\n\nThe Raft configuration: id, role, "
+                     "addresses. Needs the admin token.\n"},
+    {"members add",
+     "Usage: idemctl members add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]\n"
+     "\n"
+     "Adds node ID as a spare (it receives the log but does not vote); then run\n"
+     "`idemctl members promote ID`. Start the new node first, with an empty bootstrap list.\n"
+     "Needs the admin token.\n"},
+    {"members promote", "Usage: idemctl members promote ID\n\nMakes member ID a voter (raft "
+                        "catches it up first). Needs the admin token.\n"},
+    {"members remove", "Usage: idemctl members remove ID\n\nTakes member ID out of the Raft "
+                       "configuration. Needs the admin token.\n"},
+    {"transfer",
+     "Usage: idemctl transfer [NODE_ID]\n"
+     "\n"
+     "Hands leadership to NODE_ID, or to the most up-to-date voter when none is given.\n"
+     "`idemctl status` shows the new leader. Needs the admin token.\n"},
+    {"snapshot",
+     "Usage: idemctl snapshot [--node ADDR]\n"
+     "\n"
+     "Takes a Raft snapshot at the next applied entry on ADDR (default: the leader, or the\n"
+     "node that answers). --node may stand in for --cluster. Needs the admin token.\n"},
+    {"key", "Usage: idemctl key get TENANT KEY [--reveal]\n"
+            "       idemctl key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
+            "       idemctl key purge TENANT KEY\n"
+            "\n"
+            "One record of any tenant, by the operator. Each goes through the Raft log on the\n"
+            "leader, like every operation: no answer comes from a replica that may be stale.\n"
+            "Needs the admin token; a tenant's token is answered forbidden.\n"},
+    {"key get",
+     "Usage: idemctl key get TENANT KEY [--reveal]\n"
+     "\n"
+     "Shows the record of (TENANT, KEY): state, the first 12 hex of its fingerprint, fencing\n"
+     "token, creation, lease deadline and expiry times, completion and the stored response's\n"
+     "status and size. The key is a secret (CONTRACT.md §1): it is shown only as its\n"
+     "key_digest (what idemd's logs carry) unless --reveal, which also shows the stored body.\n"
+     "Outcome ok, or not_found. Needs the admin token.\n"},
+    {"key resolve",
+     "Usage: idemctl key resolve TENANT KEY --release\n"
+     "       idemctl key resolve TENANT KEY --status CODE [--body TEXT]\n"
+     "\n"
+     "Ends a quarantine (CONTRACT.md §2, resolve) once the business system was checked:\n"
+     "--release deletes the record, so the next retry runs the request again (the attempt\n"
+     "had no effect); --status stores a final response that every retry replays (it had).\n"
+     "Outcome ok, or not_found. The older form `idemctl resolve KEY --tenant TENANT ...` is\n"
+     "an alias. Needs the admin token.\n"},
+    {"key purge",
+     "Usage: idemctl key purge TENANT KEY\n"
+     "\n"
+     "Deletes the record or tombstone of (TENANT, KEY) outright, on every replica (a log\n"
+     "command), with its quota usage and its expiry: an operator's last resort, for instance\n"
+     "after a refund on the business side. The next claim of the key runs the request again,\n"
+     "with a new and larger fencing token. Answers ok with the purged record's token, or\n"
+     "not_found when there is nothing to delete (so a repeated purge changes nothing).\n"
+     "Needs the admin token.\n"},
+    {"quarantine", "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
+                   "\n"
+                   "Quarantined records: completed with outcome unknown, answered 409\n"
+                   "idempotency_outcome_unknown until `idemctl key resolve`.\n"},
+    {"quarantine list",
+     "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
+     "\n"
+     "Every quarantined record (of tenant T, or of all tenants), lowest token (oldest claim)\n"
+     "first: tenant, key_digest, token, since. `since` is when the attempt that ended in\n"
+     "quarantine claimed the key (the record does not keep the time of its completion).\n"
+     "Read on the leader after a read barrier through the Raft log, so the list is current;\n"
+     "without a leader it fails (exit 3). At most --limit records (default 100, at most\n"
+     "1000); when more exist, a last line says so (JSON: \"more\": true). --reveal adds keys.\n"
+     "Needs the admin token.\n"},
+    {"resolve",
+     "Usage: idemctl resolve KEY --tenant NAME (--release | --status CODE [--body TEXT])\n"
+     "\n"
+     "Alias of `idemctl key resolve NAME KEY ...` (see its help).\n"},
+    {"claim",
+     "Usage: idemctl claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
+     "                     [--policy conflict|takeover]\n"
+     "\n"
+     "Claims KEY for the tenant of --token: acquired (fencing token, lease deadline), replay,\n"
+     "in_progress, mismatch, lease_expired, outcome_unknown, expired, quota_exceeded. Without\n"
+     "--attempt a random attempt id is used and printed, so the claim can be retried with it.\n"
+     "Lease and ttl default to the tenant's settings.\n"},
+    {"complete",
+     "Usage: idemctl complete KEY --token N --status CODE [--body TEXT]\n"
+     "                        [--outcome succeeded|failed_final|unknown]\n"
+     "\n"
+     "Stores the response of the attempt holding fencing token N (default outcome\n"
+     "succeeded). --outcome unknown quarantines the record. ok, lease_lost or not_found.\n"},
+    {"release", "Usage: idemctl release KEY --token N\n"
+                "\n"
+                "Gives KEY up after a failure that changed nothing: the next claim runs again.\n"},
+    {"renew", "Usage: idemctl renew KEY --token N [--lease MS]\n\nExtends the lease of "
+              "fencing token N (default: the tenant's lease).\n"},
+    {"get", "Usage: idemctl get KEY\n\nThe record of KEY for the tenant of --token, read "
+            "through the log.\n"},
+    {"bench",
+     "Usage: idemctl bench [ARGS...]\n"
+     "\n"
+     "Runs idem-bench from idemctl's own directory with ARGS (idemctl's --cluster, --token\n"
+     "and --json, when given before `bench`, are passed on first). `idemctl bench --help`\n"
+     "prints idem-bench's own help.\n"},
+    {"help", "Usage: idemctl help [COMMAND [SUBCOMMAND]]\n\nPrints the help of idemctl, or of "
+             "one command.\n"},
+};
 
 struct global {
     const char *cluster;
@@ -81,6 +249,7 @@ struct global {
     const char *admin_token;
     bool json;
     uint32_t deadline_ms;
+    bool deadline_set;
 };
 
 /* The arguments after the command word. */
@@ -91,7 +260,6 @@ struct args {
     bool dashdash; /* "--" seen: everything after it is positional */
     const char *cmd;
 };
-
 /* ---- errors -------------------------------------------------------------------------- */
 
 static void oom(void) __attribute__((noreturn));
@@ -133,7 +301,7 @@ static bool optValue(struct args *a, const char *name, const char **val)
     }
     if (a->i + 1 >= a->argc) {
         cli_usage_error("%s%soption %s needs a value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
-                   name);
+                        name);
     }
     *val = a->argv[a->i + 1];
     a->i += 2;
@@ -153,7 +321,7 @@ static bool optFlag(struct args *a, const char *name)
     }
     if (arg[n] == '=') {
         cli_usage_error("%s%soption %s takes no value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
-                   name);
+                        name);
     }
     if (arg[n] != '\0') {
         return false;
@@ -162,11 +330,39 @@ static bool optFlag(struct args *a, const char *name)
     return true;
 }
 
-static void printHelp(void) __attribute__((noreturn));
-
-static void printHelp(void)
+static const char *findHelp(const char *cmd, const char *sub)
 {
-    fputs(usageText, stdout);
+    char name[64];
+    if (cmd == NULL) {
+        return NULL;
+    }
+    if (sub != NULL) {
+        snprintf(name, sizeof name, "%s %s", cmd, sub);
+        for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+            if (strcmp(helps[i].name, name) == 0) {
+                return helps[i].text;
+            }
+        }
+    }
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        if (strcmp(helps[i].name, cmd) == 0) {
+            return helps[i].text;
+        }
+    }
+    return NULL;
+}
+
+static void printHelp(const char *cmd, const char *sub) __attribute__((noreturn));
+
+/* Prints the help of `cmd sub`, of `cmd`, or idemctl's (cmd NULL or unknown) on stdout,
+ * and exits 0. */
+static void printHelp(const char *cmd, const char *sub)
+{
+    const char *text = findHelp(cmd, sub);
+    fputs(text != NULL ? text : usageText, stdout);
+    if (text != NULL) {
+        fputs("\nGlobal options, environment and exit status: idemctl --help\n", stdout);
+    }
     exit(EXIT_ANSWERED);
 }
 
@@ -180,10 +376,11 @@ static bool commonOpt(struct global *g, struct args *a)
     }
     if (optValue(a, "--deadline", &v)) {
         g->deadline_ms = (uint32_t)cli_parse_u64("--deadline", v, 1, MAX_DEADLINE_MS);
+        g->deadline_set = true;
         return true;
     }
     if (optFlag(a, "--help") || optFlag(a, "-h")) {
-        printHelp();
+        printHelp(a->cmd, NULL);
     }
     return false;
 }
@@ -491,6 +688,35 @@ static void printScalar(const json_t *v)
     }
 }
 
+/* Writes Unix ms as an RFC 3339 UTC time ("2026-11-30T07:02:11.123Z") into out (OUT). */
+static void isoTime(uint64_t ms, char *out, size_t len)
+{
+    time_t secs = (time_t)(ms / 1000u);
+    struct tm tm;
+    char buf[32];
+    if (ms / 1000u > (uint64_t)INT32_MAX * 64u || gmtime_r(&secs, &tm) == NULL ||
+        strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm) == 0) {
+        snprintf(out, len, "-");
+        return;
+    }
+    snprintf(out, len, "%s.%03uZ", buf, (unsigned)(ms % 1000u));
+}
+
+/* Whether a field holds a Unix ms time, shown with its UTC time in human output. */
+static bool isTimeField(const char *path)
+{
+    static const char *const names[] = {"created_at_ms", "lease_deadline_ms", "expires_at_ms",
+                                        "since_ms"};
+    size_t n = strlen(path);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t m = strlen(names[i]);
+        if (n >= m && strcmp(path + n - m, names[i]) == 0 && (n == m || path[n - m - 1] == '.')) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Human output: one `path: value` line per scalar, nested keys joined with dots. */
 static void printFlat(const json_t *v, const char *prefix)
 {
@@ -517,6 +743,11 @@ static void printFlat(const json_t *v, const char *prefix)
     }
     printf("%s: ", prefix);
     printScalar(v);
+    if (json_is_integer(v) && json_integer_value(v) >= 1000000000000 && isTimeField(prefix)) {
+        char when[40];
+        isoTime((uint64_t)json_integer_value(v), when, sizeof when);
+        printf(" (%s)", when);
+    }
     putchar('\n');
 }
 
@@ -637,7 +868,7 @@ static int cmdClaim(struct global *g, struct args *a)
     uint8_t fpb[32];
     if (strlen(fp) != 64) {
         cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
-                   strlen(fp));
+                        strlen(fp));
     }
     for (size_t i = 0; i < 32; i++) {
         int hi = OPENSSL_hexchar2int((unsigned char)fp[2 * i]);
@@ -701,9 +932,8 @@ static int cmdComplete(struct global *g, struct args *a)
     size_t npos = 0;
     const char *token = NULL, *status = NULL, *body = NULL, *outcome = NULL;
     while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--token", &token) ||
-            optValue(a, "--status", &status) || optValue(a, "--body", &body) ||
-            optValue(a, "--outcome", &outcome)) {
+        if (commonOpt(g, a) || optValue(a, "--token", &token) || optValue(a, "--status", &status) ||
+            optValue(a, "--body", &body) || optValue(a, "--outcome", &outcome)) {
             continue;
         }
         positional(a, pos, 1, &npos);
@@ -729,8 +959,8 @@ static int cmdComplete(struct global *g, struct args *a)
     } else if (strcmp(outcome, "unknown") == 0) {
         cr.outcome = IDEM__COMPLETION__COMPLETION_UNKNOWN;
     } else {
-        cli_usage_error("complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"",
-                   outcome);
+        cli_usage_error(
+            "complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"", outcome);
     }
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_COMPLETE;
@@ -769,8 +999,7 @@ static int cmdRenew(struct global *g, struct args *a)
     size_t npos = 0;
     const char *token = NULL, *lease = NULL;
     while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--token", &token) ||
-            optValue(a, "--lease", &lease)) {
+        if (commonOpt(g, a) || optValue(a, "--token", &token) || optValue(a, "--lease", &lease)) {
             continue;
         }
         positional(a, pos, 1, &npos);
@@ -812,6 +1041,34 @@ static int cmdGet(struct global *g, struct args *a)
 
 /* ---- admin commands ------------------------------------------------------------------ */
 
+/* Sends a resolve of (tenant, key): --release, or a final response from --status/--body
+ * (all borrowed). `cmd` names the command in usage errors. */
+static int resolveCall(struct global *g, const char *cmd, const char *tenant, const char *key,
+                       bool release, const char *status, const char *body)
+{
+    if (release == (status != NULL)) {
+        cli_usage_error("%s: give exactly one of --release and --status CODE", cmd);
+    }
+    if (release && body != NULL) {
+        cli_usage_error("%s: --body goes with --status, not --release", cmd);
+    }
+    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
+    Idem__ResolveRequest rr = IDEM__RESOLVE_REQUEST__INIT;
+    rr.tenant = (char *)tenant;
+    rr.key.data = (uint8_t *)key;
+    rr.key.len = strlen(key);
+    rr.release = release;
+    if (!release) {
+        storedResponseFill(&sr, cmd, status, body);
+        rr.response = &sr;
+    }
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_RESOLVE;
+    req.resolve = &rr;
+    return callAndEmit(g, true, NULL, &req, NULL);
+}
+
+/* resolve KEY --tenant NAME ...: the older spelling of `key resolve NAME KEY ...`. */
 static int cmdResolve(struct global *g, struct args *a)
 {
     const char *pos[1];
@@ -833,26 +1090,7 @@ static int cmdResolve(struct global *g, struct args *a)
     if (tenant == NULL || tenant[0] == '\0') {
         cli_usage_error("resolve: missing --tenant NAME");
     }
-    if (release == (status != NULL)) {
-        cli_usage_error("resolve: give exactly one of --release and --status CODE");
-    }
-    if (release && body != NULL) {
-        cli_usage_error("resolve: --body goes with --status, not --release");
-    }
-    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
-    Idem__ResolveRequest rr = IDEM__RESOLVE_REQUEST__INIT;
-    rr.tenant = (char *)tenant;
-    rr.key.data = (uint8_t *)pos[0];
-    rr.key.len = strlen(pos[0]);
-    rr.release = release;
-    if (!release) {
-        storedResponseFill(&sr, "resolve", status, body);
-        rr.response = &sr;
-    }
-    Idem__Request req = IDEM__REQUEST__INIT;
-    req.op_case = IDEM__REQUEST__OP_RESOLVE;
-    req.resolve = &rr;
-    return callAndEmit(g, true, NULL, &req, NULL);
+    return resolveCall(g, "resolve", tenant, pos[0], release, status, body);
 }
 
 static int cmdTransfer(struct global *g, struct args *a)
@@ -888,7 +1126,7 @@ static int cmdSnapshot(struct global *g, struct args *a)
         char why[160];
         if (idem_seeds_check(node, why, sizeof why) != IDEM_OK || strchr(node, ',') != NULL) {
             cli_usage_error("snapshot: bad --node address: %s",
-                       strchr(node, ',') ? "give one address" : why);
+                            strchr(node, ',') ? "give one address" : why);
         }
         if (g->cluster == NULL) {
             g->cluster = node;
@@ -948,7 +1186,7 @@ static int cmdMembers(struct global *g, struct args *a)
             if (idem_seeds_check(pos[i], why, sizeof why) != IDEM_OK ||
                 strchr(pos[i], ',') != NULL) {
                 cli_usage_error("members add: bad address %s",
-                           strchr(pos[i], ',') ? "(one address each)" : why);
+                                strchr(pos[i], ',') ? "(one address each)" : why);
             }
         }
         mr.raft_address = (char *)pos[2];
@@ -998,8 +1236,12 @@ static int cmdMembers(struct global *g, struct args *a)
     return EXIT_ANSWERED;
 }
 
+/* ---- status -------------------------------------------------------------------------- */
+
 /* status: every address of --cluster is asked in parallel, each by its own client (a
- * client is not thread-safe), so that a silent node costs one deadline, not one each. */
+ * client is not thread-safe), so that a silent node costs one deadline, not one each. A
+ * second round asks the members those answers name that --cluster did not list, so that
+ * the report covers the whole cluster. */
 struct probe {
     char addr[256];
     const char *token;
@@ -1030,6 +1272,22 @@ static void *probeRun(void *arg)
     snprintf(p->err, sizeof p->err, "%s", idem_client_errmsg(c));
     idem_client_close(c);
     return NULL;
+}
+
+/* Asks probes[from..to) in parallel and waits for every answer. */
+static void probeAll(struct probe *probes, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        probes[i].started = pthread_create(&probes[i].thread, NULL, probeRun, &probes[i]) == 0;
+        if (!probes[i].started) {
+            probeRun(&probes[i]); /* no thread: ask it from here */
+        }
+    }
+    for (size_t i = from; i < to; i++) {
+        if (probes[i].started) {
+            pthread_join(probes[i].thread, NULL);
+        }
+    }
 }
 
 /* Splits the (checked) cluster list into trimmed addresses; returns how many. */
@@ -1063,25 +1321,129 @@ static size_t splitCluster(const char *cluster, struct probe *probes, size_t max
     return n;
 }
 
-static json_t *nodeJson(const struct probe *p, bool *reachable, uint64_t *leader_seen)
+/* The node's own status when it answered one, else NULL. */
+static const Idem__NodeStatus *probeStatus(const struct probe *p)
+{
+    if (p->rv != IDEM_OK || p->resp == NULL || p->resp->status == NULL) {
+        return NULL;
+    }
+    Idem__Outcome o = idem_response_outcome(p->resp);
+    return o == IDEM__OUTCOME__OUTCOME_OK || o == IDEM__OUTCOME__OUTCOME_UNSPECIFIED
+               ? p->resp->status
+               : NULL;
+}
+
+/* What status concluded about the cluster. */
+struct clusterView {
+    uint64_t leader;                    /* agreed by a majority of reachable nodes, and it
+                                         * answered as leader; 0: none */
+    uint64_t unreachable_leader;        /* agreed on, but it did not answer as leader */
+    const Idem__NodeStatus *leader_st;  /* the leader's own status, when it answered */
+    const Idem__NodeStatus *members_of; /* whose member list is the configuration shown */
+    size_t voters, reachable_voters;
+};
+
+static const Idem__Member *viewMember(const struct clusterView *v, uint64_t id,
+                                      const char *rpc_address)
+{
+    if (v->members_of == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < v->members_of->n_members; i++) {
+        const Idem__Member *m = v->members_of->members[i];
+        if ((id != 0 && m->id == id) ||
+            (id == 0 && rpc_address != NULL && strcmp(m->rpc_address, rpc_address) == 0)) {
+            return m;
+        }
+    }
+    return NULL;
+}
+
+static void buildView(const struct probe *probes, size_t n, struct clusterView *v)
+{
+    memset(v, 0, sizeof *v);
+    /* The leader is the id that a majority of the reachable nodes report. */
+    size_t reachable = 0;
+    for (size_t i = 0; i < n; i++) {
+        reachable += probeStatus(&probes[i]) != NULL;
+    }
+    for (size_t i = 0; i < n && v->leader == 0; i++) {
+        const Idem__NodeStatus *si = probeStatus(&probes[i]);
+        if (si == NULL || si->leader_id == 0) {
+            continue;
+        }
+        size_t votes = 0;
+        for (size_t j = 0; j < n; j++) {
+            const Idem__NodeStatus *sj = probeStatus(&probes[j]);
+            votes += sj != NULL && sj->leader_id == si->leader_id;
+        }
+        if (2 * votes > reachable) {
+            v->leader = si->leader_id;
+        }
+    }
+    /* The configuration: the leader's, else the most advanced reachable node's. */
+    for (size_t i = 0; i < n; i++) {
+        const Idem__NodeStatus *st = probeStatus(&probes[i]);
+        if (st == NULL) {
+            continue;
+        }
+        if (v->leader != 0 && st->id == v->leader) {
+            v->leader_st = st;
+        }
+        if (v->members_of == NULL || st->term > v->members_of->term ||
+            (st->term == v->members_of->term && st->applied_index > v->members_of->applied_index)) {
+            v->members_of = st;
+        }
+    }
+    if (v->leader_st != NULL && strcmp(v->leader_st->role, "leader") == 0) {
+        v->members_of = v->leader_st;
+    } else {
+        /* Followers remember a leader for an election timeout after it died. */
+        v->unreachable_leader = v->leader;
+        v->leader = 0;
+        v->leader_st = NULL;
+    }
+    if (v->members_of == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < v->members_of->n_members; i++) {
+        const Idem__Member *m = v->members_of->members[i];
+        if (strcmp(m->role, "voter") != 0) {
+            continue;
+        }
+        v->voters++;
+        for (size_t j = 0; j < n; j++) {
+            const Idem__NodeStatus *st = probeStatus(&probes[j]);
+            if (st != NULL && st->id == m->id) {
+                v->reachable_voters++;
+                break;
+            }
+        }
+    }
+}
+
+static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
 {
     json_t *o = jobj();
-    const Idem__NodeStatus *st = p->resp != NULL ? p->resp->status : NULL;
-    Idem__Outcome outcome = idem_response_outcome(p->resp);
-    bool ok = p->rv == IDEM_OK && st != NULL &&
-              (outcome == IDEM__OUTCOME__OUTCOME_OK ||
-               outcome == IDEM__OUTCOME__OUTCOME_UNSPECIFIED);
-    *reachable = ok;
-    *leader_seen = ok ? st->leader_id : 0;
-    jset(o, "id", ok ? ju64(st->id) : json_null());
+    const Idem__NodeStatus *st = probeStatus(p);
+    const Idem__Member *m = viewMember(v, st ? st->id : 0, p->addr);
+    uint64_t id = st ? st->id : m ? m->id : 0;
+    jset(o, "id", id ? ju64(id) : json_null());
     jset(o, "rpc_address", jstr(p->addr));
-    jset(o, "role", jstr(ok ? st->role : "unreachable"));
-    jset(o, "term", ok ? ju64(st->term) : json_null());
-    jset(o, "commit_index", ok ? ju64(st->commit_index) : json_null());
-    jset(o, "applied_index", ok ? ju64(st->applied_index) : json_null());
-    jset(o, "records", ok ? ju64(st->records) : json_null());
-    if (ok) {
+    jset(o, "role", jstr(st ? st->role : "unreachable"));
+    jset(o, "member_role", m ? jstr(m->role) : json_null());
+    jset(o, "term", st ? ju64(st->term) : json_null());
+    jset(o, "commit_index", st ? ju64(st->commit_index) : json_null());
+    jset(o, "applied_index", st ? ju64(st->applied_index) : json_null());
+    jset(o, "records", st ? ju64(st->records) : json_null());
+    if (st != NULL) {
         jset(o, "leader_id", st->leader_id ? ju64(st->leader_id) : json_null());
+        if (v->leader_st != NULL) {
+            uint64_t la = v->leader_st->applied_index;
+            jset(o, "lag", ju64(la > st->applied_index ? la - st->applied_index : 0));
+        } else {
+            jset(o, "lag", json_null());
+        }
         jset(o, "last_snapshot_index", ju64(st->last_snapshot_index));
         jset(o, "processing", ju64(st->processing));
         jset(o, "completed", ju64(st->completed));
@@ -1096,13 +1458,15 @@ static json_t *nodeJson(const struct probe *p, bool *reachable, uint64_t *leader
         }
     } else if (p->rv == IDEM_OK) {
         /* Reached, but it refused (e.g. a wrong admin token) or sent no status. */
+        Idem__Outcome outcome = idem_response_outcome(p->resp);
         char msg[640];
         const char *detail = p->resp->error != NULL ? p->resp->error : "";
         snprintf(msg, sizeof msg, "%s%s%s",
-                 st == NULL && outcome == IDEM__OUTCOME__OUTCOME_OK
+                 p->resp->status == NULL && outcome == IDEM__OUTCOME__OUTCOME_OK
                      ? "answered without a status"
                      : idem_outcome_name((int)outcome),
                  detail[0] ? ": " : "", detail);
+        jset(o, "role", jstr("refused"));
         jset(o, "error", jstr(msg));
     } else {
         jset(o, "error", jstr(p->err[0] ? p->err : idem_strerror(p->rv)));
@@ -1110,122 +1474,591 @@ static json_t *nodeJson(const struct probe *p, bool *reachable, uint64_t *leader
     return o;
 }
 
+/* Sorts nodes by id, nodes without one last (by address). */
+static int nodeCmp(const void *a, const void *b)
+{
+    const json_t *x = *(const json_t *const *)a, *y = *(const json_t *const *)b;
+    json_int_t ix = json_integer_value(json_object_get(x, "id"));
+    json_int_t iy = json_integer_value(json_object_get(y, "id"));
+    if ((ix == 0) != (iy == 0)) {
+        return ix == 0 ? 1 : -1;
+    }
+    if (ix != iy) {
+        return ix < iy ? -1 : 1;
+    }
+    return strcmp(json_string_value(json_object_get(x, "rpc_address")),
+                  json_string_value(json_object_get(y, "rpc_address")));
+}
+
+static void addWarning(json_t *warnings, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void addWarning(json_t *warnings, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    jpush(warnings, jstr(buf));
+}
+
+/* A node's name in warnings: "node 2 (127.0.0.1:7002)" or "the node at 127.0.0.1:7002". */
+static void nodeName(const json_t *node, char *out, size_t len)
+{
+    const char *addr = json_string_value(json_object_get(node, "rpc_address"));
+    json_int_t id = json_integer_value(json_object_get(node, "id"));
+    if (id != 0) {
+        snprintf(out, len, "node %" JSON_INTEGER_FORMAT " (%s)", id, addr);
+    } else {
+        snprintf(out, len, "the node at %s", addr);
+    }
+}
+
+static void statusWarnings(json_t *nodes, const struct clusterView *v, uint64_t max_lag,
+                           json_t *warnings)
+{
+    size_t i;
+    json_t *x;
+    char name[320];
+    json_array_foreach(nodes, i, x)
+    {
+        nodeName(x, name, sizeof name);
+        const char *role = json_string_value(json_object_get(x, "role"));
+        const char *err = json_string_value(json_object_get(x, "error"));
+        if (strcmp(role, "unreachable") == 0) {
+            addWarning(warnings, "%s is unreachable: %s", name, err ? err : "no answer");
+        } else if (strcmp(role, "refused") == 0) {
+            addWarning(warnings, "%s refused status: %s", name, err ? err : "");
+        } else {
+            json_t *lag = json_object_get(x, "lag");
+            if (json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
+                addWarning(warnings,
+                           "%s lags: applied index %" JSON_INTEGER_FORMAT
+                           " is %" JSON_INTEGER_FORMAT " entr%s behind the leader's %" PRIu64
+                           " (more than --max-lag %" PRIu64 ")",
+                           name, json_integer_value(json_object_get(x, "applied_index")),
+                           json_integer_value(lag), json_integer_value(lag) == 1 ? "y" : "ies",
+                           v->leader_st->applied_index, max_lag);
+            }
+        }
+    }
+    if (v->members_of == NULL) {
+        addWarning(warnings, "cluster state unknown: no node answered with its status");
+        return;
+    }
+    if (v->unreachable_leader != 0) {
+        addWarning(warnings,
+                   "no leader: the reachable nodes follow node %" PRIu64 ", which does not "
+                   "answer as leader; requests answer unavailable until one is elected",
+                   v->unreachable_leader);
+    } else if (v->leader == 0) {
+        addWarning(warnings, "no leader: no majority of the reachable nodes agrees on one; "
+                             "requests answer unavailable until one is elected");
+    }
+    if (2 * v->reachable_voters <= v->voters) {
+        addWarning(warnings,
+                   "no quorum: %zu of %zu voters reachable; the cluster cannot commit, "
+                   "requests answer unavailable",
+                   v->reachable_voters, v->voters);
+    }
+}
+
+static void printCell(const json_t *v, int width)
+{
+    if (json_is_integer(v)) {
+        printf("%-*" JSON_INTEGER_FORMAT " ", width, json_integer_value(v));
+    } else if (json_is_string(v)) {
+        printf("%-*s ", width, json_string_value(v));
+    } else {
+        printf("%-*s ", width, "-");
+    }
+}
+
+static void printStatusTable(const json_t *o)
+{
+    json_t *leader = json_object_get(o, "leader_id");
+    json_t *voters = json_object_get(o, "voters");
+    if (json_is_integer(leader)) {
+        printf("leader: %" JSON_INTEGER_FORMAT, json_integer_value(leader));
+    } else {
+        printf("leader: none");
+    }
+    printf("   quorum: %s", json_is_true(json_object_get(o, "quorum")) ? "yes" : "NO");
+    if (json_is_integer(voters)) {
+        printf(" (%" JSON_INTEGER_FORMAT " of %" JSON_INTEGER_FORMAT " voters reachable)",
+               json_integer_value(json_object_get(o, "reachable_voters")),
+               json_integer_value(voters));
+    }
+    putchar('\n');
+    static const struct {
+        const char *title, *field;
+        int width;
+    } cols[] = {
+        {"ID", "id", 4},
+        {"RPC_ADDRESS", "rpc_address", 21},
+        {"ROLE", "role", 11},
+        {"MEMBER", "member_role", 7},
+        {"TERM", "term", 5},
+        {"LEADER", "leader_id", 6},
+        {"COMMIT", "commit_index", 9},
+        {"APPLIED", "applied_index", 9},
+        {"LAG", "lag", 6},
+        {"SNAPSHOT", "last_snapshot_index", 9},
+        {"RECORDS", "records", 9},
+        {"TOMBSTONES", "tombstones", 10},
+        {"QUARANTINED", "quarantined", 11},
+        {"BYTES", "bytes", 0},
+    };
+    const size_t ncols = sizeof cols / sizeof cols[0];
+    for (size_t c = 0; c < ncols; c++) {
+        printf("%-*s%s", cols[c].width, cols[c].title, c + 1 < ncols ? " " : "\n");
+    }
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(o, "nodes"), i, x)
+    {
+        const char *err = json_string_value(json_object_get(x, "error"));
+        for (size_t c = 0; c < ncols; c++) {
+            if (err != NULL && c >= 4) {
+                printf("%s", err);
+                break;
+            }
+            printCell(json_object_get(x, cols[c].field), cols[c].width);
+        }
+        putchar('\n');
+    }
+    json_array_foreach(json_object_get(o, "warnings"), i, x)
+    {
+        printf("warning: %s\n", json_string_value(x));
+    }
+}
+
 static int cmdStatus(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
     bool digest = false;
+    const char *lag = NULL;
     while (a->i < a->argc) {
-        if (commonOpt(g, a)) {
+        if (commonOpt(g, a) || optValue(a, "--max-lag", &lag)) {
             continue;
         }
-        if (strcmp(a->argv[a->i], "--digest") == 0) {
+        if (optFlag(a, "--digest")) {
             digest = true;
-            a->i++;
             continue;
         }
         positional(a, pos, 0, &npos);
     }
+    uint64_t max_lag = lag ? cli_parse_u64("--max-lag", lag, 0, UINT64_MAX) : DEFAULT_MAX_LAG;
     struct probe *probes = calloc(IDEM_NODES_MAX, sizeof *probes);
     if (probes == NULL) {
         oom();
     }
     size_t n = splitCluster(g->cluster, probes, IDEM_NODES_MAX);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < IDEM_NODES_MAX; i++) {
         probes[i].token = g->admin_token;
         probes[i].digest = digest;
         probes[i].deadline_ms = g->deadline_ms;
-        probes[i].started = pthread_create(&probes[i].thread, NULL, probeRun, &probes[i]) == 0;
-        if (!probes[i].started) {
-            probeRun(&probes[i]); /* no thread: ask it from here */
+    }
+    probeAll(probes, 0, n);
+    /* Second round: members the answers name that --cluster did not list. */
+    size_t listed = n;
+    for (size_t i = 0; i < listed; i++) {
+        const Idem__NodeStatus *st = probeStatus(&probes[i]);
+        for (size_t k = 0; st != NULL && k < st->n_members && n < IDEM_NODES_MAX; k++) {
+            const char *addr = st->members[k]->rpc_address;
+            bool known = addr[0] == '\0' || strlen(addr) >= sizeof probes[n].addr;
+            for (size_t j = 0; j < n && !known; j++) {
+                known = strcmp(probes[j].addr, addr) == 0;
+            }
+            if (!known) {
+                snprintf(probes[n++].addr, sizeof probes[0].addr, "%s", addr);
+            }
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        if (probes[i].started) {
-            pthread_join(probes[i].thread, NULL);
-        }
-    }
+    probeAll(probes, listed, n);
 
+    struct clusterView v;
+    buildView(probes, n, &v);
+    json_t **rows = calloc(n ? n : 1, sizeof *rows);
+    if (rows == NULL) {
+        oom();
+    }
+    size_t answered = 0;
+    for (size_t i = 0; i < n; i++) {
+        rows[i] = nodeJson(&probes[i], &v);
+        answered += probes[i].rv == IDEM_OK;
+    }
+    qsort(rows, n, sizeof *rows, nodeCmp);
     json_t *nodes = jarr();
-    uint64_t seen[IDEM_NODES_MAX];
-    size_t reachable = 0, refused = 0;
     for (size_t i = 0; i < n; i++) {
-        bool ok;
-        jpush(nodes, nodeJson(&probes[i], &ok, &seen[reachable]));
-        if (ok) {
-            reachable++;
-        } else if (probes[i].rv == IDEM_OK) {
-            refused++;
-        }
+        jpush(nodes, rows[i]);
     }
-    /* The leader is the id that a majority of the reachable nodes report. */
-    uint64_t leader = 0;
-    for (size_t i = 0; i < reachable && leader == 0; i++) {
-        size_t votes = 0;
-        for (size_t j = 0; j < reachable; j++) {
-            votes += seen[j] == seen[i];
-        }
-        if (seen[i] != 0 && 2 * votes > reachable) {
-            leader = seen[i];
-        }
-    }
-    json_t *o = jobj();
-    jset(o, "leader_id", leader ? ju64(leader) : json_null());
-    jset(o, "nodes", nodes);
+    free(rows);
+    json_t *warnings = jarr();
+    statusWarnings(nodes, &v, max_lag, warnings);
 
+    json_t *o = jobj();
+    jset(o, "leader_id", v.leader ? ju64(v.leader) : json_null());
+    jset(o, "quorum",
+         json_boolean(v.leader != 0 && v.members_of != NULL && 2 * v.reachable_voters > v.voters));
+    jset(o, "voters", v.members_of ? ju64(v.voters) : json_null());
+    jset(o, "reachable_voters", ju64(v.reachable_voters));
+    jset(o, "max_lag", ju64(max_lag));
+    jset(o, "nodes", nodes);
+    json_t *ms = jarr();
+    for (size_t i = 0; v.members_of != NULL && i < v.members_of->n_members; i++) {
+        jpush(ms, memberJson(v.members_of->members[i]));
+    }
+    jset(o, "members", ms);
+    jset(o, "warnings", warnings);
     if (g->json) {
         printJson(o);
     } else {
-        if (leader) {
-            printf("leader: %" PRIu64 "\n", leader);
-        } else {
-            printf("leader: none (no majority of reachable nodes agrees on one)\n");
-        }
-        printf("%-6s %-22s %-11s %-6s %-10s %-10s %-9s %s\n", "ID", "RPC_ADDRESS", "ROLE",
-               "TERM", "COMMIT", "APPLIED", "RECORDS", "NOTE");
-        size_t i;
-        json_t *x;
-        json_array_foreach(nodes, i, x)
-        {
-            json_t *id = json_object_get(x, "id");
-            if (json_is_null(id)) {
-                printf("%-6s %-22s %-11s %s\n", "-",
-                       json_string_value(json_object_get(x, "rpc_address")), "unreachable",
-                       json_string_value(json_object_get(x, "error")));
-                continue;
-            }
-            printf("%-6" JSON_INTEGER_FORMAT " %-22s %-11s %-6" JSON_INTEGER_FORMAT
-                   " %-10" JSON_INTEGER_FORMAT " %-10" JSON_INTEGER_FORMAT
-                   " %-9" JSON_INTEGER_FORMAT " %s\n",
-                   json_integer_value(id), json_string_value(json_object_get(x, "rpc_address")),
-                   json_string_value(json_object_get(x, "role")),
-                   json_integer_value(json_object_get(x, "term")),
-                   json_integer_value(json_object_get(x, "commit_index")),
-                   json_integer_value(json_object_get(x, "applied_index")),
-                   json_integer_value(json_object_get(x, "records")),
-                   json_string_value(json_object_get(x, "version")));
-        }
+        printStatusTable(o);
     }
     json_decref(o);
     for (size_t i = 0; i < n; i++) {
-        if (probes[i].rv != IDEM_OK) {
-            if (probes[i].err[0] != '\0') {
-                fprintf(stderr, "idemctl: %s\n", probes[i].err); /* names the address */
-            } else {
-                fprintf(stderr, "idemctl: %s: %s\n", probes[i].addr, idem_strerror(probes[i].rv));
-            }
-        } else if (probes[i].resp != NULL && probes[i].resp->status == NULL) {
-            fprintf(stderr, "idemctl: %s refused status: %s%s%s\n", probes[i].addr,
-                    idem_outcome_name((int)idem_response_outcome(probes[i].resp)),
-                    probes[i].resp->error[0] ? ": " : "", probes[i].resp->error);
-        }
         if (probes[i].resp != NULL) {
             idem__response__free_unpacked(probes[i].resp, NULL);
         }
     }
     free(probes);
     /* Answered when any node answered, even with a refusal; 3 when none was reachable. */
-    return reachable + refused > 0 ? EXIT_ANSWERED : EXIT_UNAVAILABLE;
+    return answered > 0 ? EXIT_ANSWERED : EXIT_UNAVAILABLE;
+}
+
+/* ---- records of any tenant (admin) --------------------------------------------------- */
+
+static void requireTenant(const char *cmd, const char *tenant)
+{
+    if (tenant == NULL) {
+        cli_usage_error("%s: missing TENANT", cmd);
+    }
+    if (tenant[0] == '\0' || strlen(tenant) > TENANT_MAX) {
+        cli_usage_error("%s: TENANT must be 1-%d bytes", cmd, TENANT_MAX);
+    }
+}
+
+/* A record as an operator sees it: the key only with `reveal`, the fingerprint as the
+ * 12-hex prefix logs carry, the stored response's status and size (its body only with
+ * `reveal`), and no stored response at all when `with_response` is false. */
+static json_t *adminRecordJson(const Idem__AdminRecord *ar, bool reveal, bool with_response)
+{
+    json_t *o = jobj();
+    const Idem__Record *r = ar->record;
+    if (r == NULL) {
+        jset(o, "key_digest", jstr(ar->key_digest));
+        return o;
+    }
+    jset(o, "tenant", jstr(r->tenant));
+    jset(o, "key_digest", jstr(ar->key_digest));
+    if (reveal) {
+        jsetBytes(o, "key", r->key.data, r->key.len);
+    }
+    jset(o, "state", json_string(stateName(r->state)));
+    jset(o, "fingerprint_prefix",
+         jhex(r->fingerprint.data, r->fingerprint.len < 6 ? r->fingerprint.len : 6));
+    jset(o, "token", ju64(r->token));
+    jset(o, "created_at_ms", ju64(r->created_at_ms));
+    jset(o, "lease_deadline_ms", ju64(r->lease_deadline_ms));
+    jset(o, "expires_at_ms", ju64(r->expires_at_ms));
+    jset(o, "completion", completionJson(r->completion));
+    if (!with_response) {
+        return o;
+    }
+    Idem__StoredResponse *sr =
+        r->response.len > 0 ? idem__stored_response__unpack(NULL, r->response.len, r->response.data)
+                            : NULL;
+    if (sr == NULL) {
+        jset(o, "response", json_null());
+        if (r->response.len > 0) {
+            jset(o, "response_error", json_string("stored response does not decode"));
+        }
+        return o;
+    }
+    json_t *rj = jobj();
+    jset(rj, "status", ju64(sr->status));
+    jset(rj, "body_bytes", ju64(sr->body.len));
+    if (reveal) {
+        jsetBytes(rj, "body", sr->body.data, sr->body.len);
+    }
+    if (sr->n_headers > 0) {
+        json_t *hs = jarr();
+        for (size_t i = 0; i < sr->n_headers; i++) {
+            json_t *h = jobj();
+            jset(h, "name", jstr(sr->headers[i]->name));
+            jsetBytes(h, "value", sr->headers[i]->value.data, sr->headers[i]->value.len);
+            jpush(hs, h);
+        }
+        jset(rj, "headers", hs);
+    }
+    if (sr->body_ref != NULL && sr->body_ref[0] != '\0') {
+        jset(rj, "body_ref", jstr(sr->body_ref));
+    }
+    if (sr->body_sha256.len > 0) {
+        jset(rj, "body_sha256", jhex(sr->body_sha256.data, sr->body_sha256.len));
+    }
+    idem__stored_response__free_unpacked(sr, NULL);
+    jset(o, "response", rj);
+    return o;
+}
+
+/* The outcome, and the node's note or refusal if any (never a record: no key bytes). */
+static json_t *outcomeJson(const Idem__Response *resp)
+{
+    json_t *o = jobj();
+    Idem__Outcome outcome = idem_response_outcome(resp);
+    jset(o, "outcome", json_string(idem_outcome_name((int)outcome)));
+    if (resp->result != NULL && resp->result->detail != NULL && resp->result->detail[0] != '\0') {
+        jset(o, "detail", jstr(resp->result->detail));
+    }
+    if (resp->error != NULL && resp->error[0] != '\0') {
+        jset(o, outcome == IDEM__OUTCOME__OUTCOME_OK ? "message" : "error", jstr(resp->error));
+    }
+    return o;
+}
+
+static int keyGet(struct global *g, const char *tenant, const char *key, bool reveal)
+{
+    Idem__KeyGetRequest kg = IDEM__KEY_GET_REQUEST__INIT;
+    kg.tenant = (char *)tenant;
+    kg.key.data = (uint8_t *)key;
+    kg.key.len = strlen(key);
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_KEY_GET;
+    req.key_get = &kg;
+    Idem__Response *resp = NULL;
+    int code = call(g, true, NULL, &req, &resp);
+    if (code != EXIT_ANSWERED) {
+        return code;
+    }
+    json_t *o = outcomeJson(resp);
+    if (resp->n_records > 0 && resp->records[0] != NULL) {
+        json_t *rec = adminRecordJson(resp->records[0], reveal, true);
+        json_object_update(o, rec);
+        json_decref(rec);
+    }
+    emit(g, o);
+    idem__response__free_unpacked(resp, NULL);
+    return EXIT_ANSWERED;
+}
+
+static int keyPurge(struct global *g, const char *tenant, const char *key)
+{
+    Idem__PurgeRequest pr = IDEM__PURGE_REQUEST__INIT;
+    pr.tenant = (char *)tenant;
+    pr.key.data = (uint8_t *)key;
+    pr.key.len = strlen(key);
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_PURGE;
+    req.purge = &pr;
+    Idem__Response *resp = NULL;
+    int code = call(g, true, NULL, &req, &resp);
+    if (code != EXIT_ANSWERED) {
+        return code;
+    }
+    json_t *o = outcomeJson(resp);
+    if (idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK && resp->result != NULL) {
+        jset(o, "purged_token", ju64(resp->result->token));
+    }
+    emit(g, o);
+    idem__response__free_unpacked(resp, NULL);
+    return EXIT_ANSWERED;
+}
+
+/* key get|resolve|purge TENANT KEY [options] */
+static int cmdKey(struct global *g, struct args *a)
+{
+    const char *pos[3];
+    size_t npos = 0;
+    const char *status = NULL, *body = NULL;
+    bool release = false, reveal = false;
+    while (a->i < a->argc) {
+        if (commonOpt(g, a) || optValue(a, "--status", &status) || optValue(a, "--body", &body)) {
+            continue;
+        }
+        if (optFlag(a, "--release")) {
+            release = true;
+            continue;
+        }
+        if (optFlag(a, "--reveal")) {
+            reveal = true;
+            continue;
+        }
+        positional(a, pos, 3, &npos);
+    }
+    if (npos == 0) {
+        cli_usage_error("key: missing subcommand (get, resolve or purge)");
+    }
+    const char *sub = pos[0];
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "key %s", sub);
+    bool is_get = strcmp(sub, "get") == 0, is_resolve = strcmp(sub, "resolve") == 0,
+         is_purge = strcmp(sub, "purge") == 0;
+    if (!is_get && !is_resolve && !is_purge) {
+        cli_usage_error("key: unknown subcommand \"%s\" (get, resolve or purge)", sub);
+    }
+    requireTenant(cmd, npos > 1 ? pos[1] : NULL);
+    requireKey(cmd, npos > 2 ? pos[2] : NULL);
+    if (reveal && !is_get) {
+        cli_usage_error("%s: --reveal goes with key get", cmd);
+    }
+    if (!is_resolve && (release || status != NULL || body != NULL)) {
+        cli_usage_error("%s: --release, --status and --body go with key resolve", cmd);
+    }
+    if (is_get) {
+        return keyGet(g, pos[1], pos[2], reveal);
+    }
+    if (is_purge) {
+        return keyPurge(g, pos[1], pos[2]);
+    }
+    return resolveCall(g, cmd, pos[1], pos[2], release, status, body);
+}
+
+/* quarantine [list] [--tenant T] [--limit N] [--reveal] */
+static int cmdQuarantine(struct global *g, struct args *a)
+{
+    const char *pos[1];
+    size_t npos = 0;
+    const char *tenant = NULL, *limit = NULL;
+    bool reveal = false;
+    while (a->i < a->argc) {
+        if (commonOpt(g, a) || optValue(a, "--tenant", &tenant) || optValue(a, "--limit", &limit)) {
+            continue;
+        }
+        if (optFlag(a, "--reveal")) {
+            reveal = true;
+            continue;
+        }
+        positional(a, pos, 1, &npos);
+    }
+    if (npos > 0 && strcmp(pos[0], "list") != 0) {
+        cli_usage_error("quarantine: unknown subcommand \"%s\" (list)", pos[0]);
+    }
+    if (tenant != NULL) {
+        requireTenant("quarantine list --tenant", tenant);
+    }
+    Idem__QuarantineListRequest ql = IDEM__QUARANTINE_LIST_REQUEST__INIT;
+    ql.tenant = (char *)(tenant ? tenant : "");
+    ql.limit = limit ? (uint32_t)cli_parse_u64("--limit", limit, 1, QUARANTINE_MAX_LIMIT)
+                     : QUARANTINE_DEFAULT_LIMIT;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_QUARANTINE_LIST;
+    req.quarantine_list = &ql;
+    Idem__Response *resp = NULL;
+    int code = call(g, true, NULL, &req, &resp);
+    if (code != EXIT_ANSWERED) {
+        return code;
+    }
+    json_t *o = outcomeJson(resp);
+    if (idem_response_outcome(resp) != IDEM__OUTCOME__OUTCOME_OK) {
+        emit(g, o);
+        idem__response__free_unpacked(resp, NULL);
+        return EXIT_ANSWERED;
+    }
+    json_t *recs = jarr();
+    for (size_t i = 0; i < resp->n_records; i++) {
+        json_t *r = adminRecordJson(resp->records[i], reveal, false);
+        /* The record keeps no quarantine time: since is when its attempt claimed the key. */
+        json_t *created = json_object_get(r, "created_at_ms");
+        if (created != NULL) {
+            jset(r, "since_ms", json_copy(created));
+        }
+        jpush(recs, r);
+    }
+    jset(o, "count", ju64(resp->n_records));
+    jset(o, "more", json_boolean(resp->more));
+    jset(o, "limit", ju64(ql.limit));
+    jset(o, "records", recs);
+    if (g->json) {
+        printJson(o);
+    } else {
+        if (resp->n_records == 0) {
+            printf("no quarantined records%s%s\n", tenant ? " of tenant " : "",
+                   tenant ? tenant : "");
+        } else {
+            printf("%-20s %-12s %-20s %-24s%s\n", "TENANT", "KEY_DIGEST", "TOKEN",
+                   "SINCE (claimed, UTC)", reveal ? " KEY" : "");
+        }
+        size_t i;
+        json_t *r;
+        json_array_foreach(recs, i, r)
+        {
+            char when[40];
+            isoTime((uint64_t)json_integer_value(json_object_get(r, "since_ms")), when,
+                    sizeof when);
+            printf("%-20s %-12s %-20" JSON_INTEGER_FORMAT " %-24s",
+                   json_string_value(json_object_get(r, "tenant")),
+                   json_string_value(json_object_get(r, "key_digest")),
+                   json_integer_value(json_object_get(r, "token")), when);
+            if (reveal) {
+                const char *k = json_string_value(json_object_get(r, "key"));
+                printf(" %s", k ? k : "(not UTF-8)");
+            }
+            putchar('\n');
+        }
+        if (resp->more) {
+            printf("... more quarantined records than --limit %" PRIu32 " (not shown)\n", ql.limit);
+        }
+    }
+    json_decref(o);
+    idem__response__free_unpacked(resp, NULL);
+    return EXIT_ANSWERED;
+}
+
+/* ---- bench and help ------------------------------------------------------------------ */
+
+static void execBench(const struct global *g, int argc, char **argv) __attribute__((noreturn));
+
+/* Replaces idemctl with idem-bench from idemctl's own directory, passing idemctl's global
+ * --cluster, --token, --json and --deadline first and then argv[0..argc) unchanged. */
+static void execBench(const struct global *g, int argc, char **argv)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "idemctl: cannot find my own directory: %s\n", strerror(errno));
+        exit(EXIT_INTERNAL);
+    }
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%.*s/idem-bench", slash ? (int)(slash - self) : 0, self);
+    char **av = calloc((size_t)argc + 10, sizeof *av);
+    if (av == NULL) {
+        oom();
+    }
+    size_t k = 0;
+    char deadline[16];
+    av[k++] = path;
+    /* From the flags only: idem-bench reads IDEM_CLUSTER and IDEM_TOKEN itself. */
+    if (g->cluster != NULL && g->cluster != getenv("IDEM_CLUSTER")) {
+        av[k++] = (char *)"--cluster";
+        av[k++] = (char *)g->cluster;
+    }
+    if (g->token != NULL && g->token != getenv("IDEM_TOKEN")) {
+        av[k++] = (char *)"--token";
+        av[k++] = (char *)g->token;
+    }
+    if (g->json) {
+        av[k++] = (char *)"--json";
+    }
+    if (g->deadline_set) {
+        snprintf(deadline, sizeof deadline, "%" PRIu32, g->deadline_ms);
+        av[k++] = (char *)"--deadline";
+        av[k++] = deadline;
+    }
+    for (int i = 0; i < argc; i++) {
+        av[k++] = argv[i];
+    }
+    av[k] = NULL;
+    fflush(stdout);
+    execv(path, av);
+    fprintf(stderr, "idemctl: cannot run %s: %s\n", path, strerror(errno));
+    free(av);
+    exit(EXIT_INTERNAL);
 }
 
 /* ---- main ---------------------------------------------------------------------------- */
@@ -1237,17 +2070,42 @@ struct command {
 };
 
 static const struct command commands[] = {
-    {"status", cmdStatus, true},     {"claim", cmdClaim, false},
-    {"complete", cmdComplete, false}, {"release", cmdRelease, false},
-    {"renew", cmdRenew, false},       {"get", cmdGet, false},
-    {"members", cmdMembers, true},    {"transfer", cmdTransfer, true},
-    {"snapshot", cmdSnapshot, true},  {"resolve", cmdResolve, true},
+    {"status", cmdStatus, true},
+    {"claim", cmdClaim, false},
+    {"complete", cmdComplete, false},
+    {"release", cmdRelease, false},
+    {"renew", cmdRenew, false},
+    {"get", cmdGet, false},
+    {"members", cmdMembers, true},
+    {"transfer", cmdTransfer, true},
+    {"snapshot", cmdSnapshot, true},
+    {"resolve", cmdResolve, true},
+    {"key", cmdKey, true},
+    {"quarantine", cmdQuarantine, true},
 };
 
 static const char *envOrNull(const char *name)
 {
     const char *v = getenv(name);
     return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+/* If --help or -h comes before "--" in argv[from..), prints the help of `cmd` (and of its
+ * subcommand, the first argument that is not an option) and exits 0. */
+static void helpIfAsked(const char *cmd, int argc, char **argv, int from)
+{
+    const char *sub = NULL;
+    bool asked = false;
+    for (int i = from; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            asked = true;
+        } else if (sub == NULL && !isOption(argv[i])) {
+            sub = argv[i];
+        }
+    }
+    if (asked) {
+        printHelp(cmd, sub);
+    }
 }
 
 int main(int argc, char **argv)
@@ -1259,6 +2117,7 @@ int main(int argc, char **argv)
         .admin_token = envOrNull("IDEM_ADMIN_TOKEN"),
         .json = false,
         .deadline_ms = DEFAULT_DEADLINE_MS,
+        .deadline_set = false,
     };
     struct args a = {.argc = argc, .argv = argv, .i = 1, .dashdash = false, .cmd = NULL};
     while (a.i < argc && isOption(argv[a.i])) {
@@ -1277,6 +2136,15 @@ int main(int argc, char **argv)
         cli_usage_error("no command given");
     }
     const char *word = argv[a.i++];
+    if (strcmp(word, "help") == 0) {
+        if (a.i < argc && findHelp(argv[a.i], NULL) == NULL) {
+            cli_usage_error("help: unknown command \"%s\"", argv[a.i]);
+        }
+        printHelp(a.i < argc ? argv[a.i] : NULL, a.i + 1 < argc ? argv[a.i + 1] : NULL);
+    }
+    if (strcmp(word, "bench") == 0) {
+        execBench(&g, argc - a.i, argv + a.i);
+    }
     const struct command *cmd = NULL;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(word, commands[i].name) == 0) {
@@ -1287,6 +2155,8 @@ int main(int argc, char **argv)
         cli_usage_error("unknown command \"%s\"", word);
     }
     a.cmd = cmd->name;
+    /* --help after the command works without a cluster or a token. */
+    helpIfAsked(cmd->name, argc, argv, a.i);
 
     /* Configuration errors are reported before the command's own arguments are parsed
      * only where they do not depend on them (snapshot --node may stand in for --cluster). */
@@ -1296,26 +2166,15 @@ int main(int argc, char **argv)
             cli_usage_error("bad --cluster: %s", why);
         }
     } else if (strcmp(cmd->name, "snapshot") != 0) {
-        /* Let --help after the command still work without a cluster. */
-        for (int i = a.i; i < argc && strcmp(argv[i], "--") != 0; i++) {
-            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-                printHelp();
-            }
-        }
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     const char *tok = bearer(&g, cmd->admin);
     if (tok == NULL || tok[0] == '\0') {
-        for (int i = a.i; i < argc && strcmp(argv[i], "--") != 0; i++) {
-            if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-                printHelp();
-            }
-        }
         cli_usage_error(cmd->admin ? "%s needs the admin token: pass --admin-token T (before the "
-                                "command) or set IDEM_ADMIN_TOKEN"
-                              : "%s needs a bearer token: pass --token T (before the "
-                                "command) or set IDEM_TOKEN",
-                   cmd->name);
+                                     "command) or set IDEM_ADMIN_TOKEN"
+                                   : "%s needs a bearer token: pass --token T (before the "
+                                     "command) or set IDEM_TOKEN",
+                        cmd->name);
     }
     int code = cmd->run(&g, &a);
     fflush(stdout);

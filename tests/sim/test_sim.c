@@ -11,8 +11,8 @@
  *
  * A run loops a bounded number of rounds; a round either injects a fault (with a small
  * probability drawn per run) or raft_apply()s one log entry of 1-8 random commands (claim,
- * complete, release, renew, get, resolve, expire over 30 keys in 2 tenants, 2 fingerprints,
- * leader clocks that sometimes go backwards) on a server in leader state, then steps the
+ * complete, release, renew, get, resolve, purge, expire over 30 keys in 2 tenants, 2
+ * fingerprints, leader clocks that sometimes go backwards) on a server in leader state, then steps the
  * fixture 1-4 events. Snapshot threshold 32 and trailing 8 make servers snapshot often and
  * lagging ones receive InstallSnapshot.
  *
@@ -257,6 +257,9 @@ static uint16_t commandKey(const uint8_t *buf, size_t len)
         break;
     case IDEM__COMMAND__OP_RESOLVE:
         tenant = c->resolve->tenant, key = c->resolve->key;
+        break;
+    case IDEM__COMMAND__OP_PURGE:
+        tenant = c->purge->tenant, key = c->purge->key;
         break;
     default:
         break;
@@ -552,6 +555,7 @@ static void genCommand(struct sim *s, uint8_t **out, size_t *len)
     Idem__GetCmd get = IDEM__GET_CMD__INIT;
     Idem__ResolveCmd resolve = IDEM__RESOLVE_CMD__INIT;
     Idem__ExpireCmd expire = IDEM__EXPIRE_CMD__INIT;
+    Idem__PurgeCmd purge = IDEM__PURGE_CMD__INIT;
     unsigned op = rngBelow(r, 100);
     if (op < 40) {
         cmd.op_case = IDEM__COMMAND__OP_CLAIM;
@@ -593,11 +597,16 @@ static void genCommand(struct sim *s, uint8_t **out, size_t *len)
         renew.key = keyBytes;
         renew.token = pickToken(s, key);
         renew.lease_ms = 50 + rngBelow(r, 451);
-    } else if (op < 92) {
+    } else if (op < 90) {
         cmd.op_case = IDEM__COMMAND__OP_GET;
         cmd.get = &get;
         get.tenant = tenant;
         get.key = keyBytes;
+    } else if (op < 92) {
+        cmd.op_case = IDEM__COMMAND__OP_PURGE;
+        cmd.purge = &purge;
+        purge.tenant = tenant;
+        purge.key = keyBytes;
     } else if (op < 95) {
         cmd.op_case = IDEM__COMMAND__OP_RESOLVE;
         cmd.resolve = &resolve;

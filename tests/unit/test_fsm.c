@@ -1129,7 +1129,7 @@ static void test_many_tenants(void **state)
 /* ---- randomized lockstep ------------------------------------------------------------- */
 
 /* Two state machines apply the same random commands (claim, complete, release, renew, get,
- * expire, resolve and malformed bytes over 50 keys of 2 tenants, with a leader clock that
+ * expire, resolve, purge and malformed bytes over 50 keys of 2 tenants, with a leader clock that
  * mostly advances and sometimes steps back). One of them is now and then replaced by a
  * snapshot and restore of itself. After every command both must have answered the same and
  * hold the same digest, their counters must add up, and no fencing token may be granted
@@ -1391,6 +1391,20 @@ static size_t lsMakeGarbage(struct lockstep *ls, uint8_t *buf, size_t cap, uint6
     return n;
 }
 
+/* An operator's purge of (tenant, key). */
+static Idem__Outcome lsPurge(struct th *h, uint64_t now, const char *tenant, const char *key)
+{
+    Idem__PurgeCmd c = IDEM__PURGE_CMD__INIT;
+    c.tenant = (char *)tenant;
+    c.key.data = (uint8_t *)key;
+    c.key.len = strlen(key);
+    Idem__Command cmd = IDEM__COMMAND__INIT;
+    cmd.now_ms = now;
+    cmd.op_case = IDEM__COMMAND__OP_PURGE;
+    cmd.purge = &c;
+    return th_apply(h, &cmd);
+}
+
 static void lsStep(struct lockstep *ls)
 {
     /* The leader's clock: mostly forward, sometimes a jump that lets records expire, and
@@ -1484,11 +1498,14 @@ static void lsStep(struct lockstep *ls)
         uint32_t batch = lsBelow(ls, 30) == 0 ? 0 : (uint32_t)(1 + lsBelow(ls, 8));
         oa = th_expire(&ls->a, ls->now, batch);
         ob = th_expire(&ls->b, ls->now, batch);
-    } else if (op < 95) {
+    } else if (op < 93) {
         int release = (int)lsBelow(ls, 2);
         uint32_t status = release ? 0 : (lsBelow(ls, 2) ? 200 : 500);
         oa = th_resolve(&ls->a, ls->now, tenant, key, release, status, "decided");
         ob = th_resolve(&ls->b, ls->now, tenant, key, release, status, "decided");
+    } else if (op < 95) {
+        oa = lsPurge(&ls->a, ls->now, tenant, key);
+        ob = lsPurge(&ls->b, ls->now, tenant, key);
     } else {
         uint8_t buf[256];
         uint64_t kind;

@@ -1,0 +1,526 @@
+"""Integration tests of idemctl, the admin CLI (issue #5 item 2): status with its warnings,
+membership and transfer seen through status, key get/resolve/purge, quarantine list, the
+admin token, --help on every command, usage errors, the bench alias and the environment.
+Real idemd processes on loopback (harness.py). Every --json output is parsed.
+Run: python3 -m unittest -v tests/integration/test_idemctl.py
+"""
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import IDEMCTL, Cluster, fp, wait_for  # noqa: E402
+
+ACQ = "acquired"
+
+
+def key_digest(tenant, key):
+    """CONTRACT.md §1: the first 12 hex of SHA-256 over the framed tenant and key (4-byte
+    big-endian length, then the bytes, for each), as server/fingerprint.c computes it."""
+    h = hashlib.sha256()
+    for part in (tenant.encode(), key.encode()):
+        h.update(struct.pack(">I", len(part)) + part)
+    return h.hexdigest()[:12]
+
+
+def run_ctl(args, env=None, timeout=60):
+    """idemctl with exactly these arguments (no flags added); returns (rc, stdout, stderr)."""
+    e = dict(os.environ)
+    for k in ("IDEM_CLUSTER", "IDEM_TOKEN", "IDEM_ADMIN_TOKEN"):
+        e.pop(k, None)
+    if env:
+        e.update(env)
+    p = subprocess.run([IDEMCTL] + [str(a) for a in args], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, env=e, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+class CtlTest(unittest.TestCase):
+    cluster_opts = {}
+
+    def setUp(self):
+        self.c = Cluster(**self.cluster_opts)
+        try:
+            self.c.wait_leader(timeout=30)
+        except AssertionError:
+            print(self.c.logs())
+            self.c.close()
+            raise
+
+    def tearDown(self):
+        result = self._outcome.result
+        if any(t is self for t, _ in result.failures + result.errors):
+            print(self.c.logs())
+        self.c.close()
+
+    # helpers ---------------------------------------------------------------------------
+
+    def ok(self, *args, **kw):
+        """idemctl --json ...; asserts exit 0 and returns the parsed answer."""
+        rc, out = self.c.ctl(*args, **kw)
+        self.assertEqual(rc, 0, (args, out))
+        self.assertIsNotNone(out, args)
+        return out
+
+    def human(self, *args, admin=None, ids=None, deadline=None):
+        """idemctl without --json; returns (rc, stdout, stderr)."""
+        a = ["--cluster", self.c.addrs(ids), "--token", self.c.token,
+             "--admin-token", admin or self.c.admin]
+        if deadline is not None:
+            a += ["--deadline", deadline]
+        return run_ctl(a + list(args))
+
+    def claim(self, key, n=1, ttl=None):
+        extra = ["--ttl", ttl] if ttl is not None else []
+        return self.ok("claim", key, "--fingerprint", fp(n), *extra)
+
+    def status(self, *extra, ids=None):
+        return self.ok("status", *extra, ids=ids)
+
+
+class TestIdemctlStatus(CtlTest):
+    def test_healthy_cluster(self):
+        st = self.status()
+        self.assertTrue(st["quorum"], st)
+        self.assertEqual((st["voters"], st["reachable_voters"]), (3, 3))
+        self.assertEqual(st["warnings"], [])
+        self.assertEqual(len(st["nodes"]), 3)
+        self.assertEqual(sorted(m["id"] for m in st["members"]), [1, 2, 3])
+        self.assertEqual(sorted(n["role"] for n in st["nodes"]), ["follower", "follower", "leader"])
+        for n in st["nodes"]:
+            for field in ("id", "rpc_address", "role", "member_role", "term", "leader_id",
+                          "commit_index", "applied_index", "lag", "last_snapshot_index",
+                          "records", "tombstones", "quarantined", "bytes"):
+                self.assertIn(field, n)
+            self.assertEqual(n["leader_id"], st["leader_id"])
+            self.assertEqual(n["member_role"], "voter")
+        # Records, tombstones, quarantined and bytes count what the table holds.
+        out = self.claim("status-q")
+        self.ok("complete", "status-q", "--token", out["token"], "--status", 200,
+                "--outcome", "unknown")
+        self.c.wait_converged(3)
+        for n in self.status()["nodes"]:
+            self.assertEqual((n["records"], n["quarantined"], n["tombstones"]), (1, 1, 0), n)
+            # key + fingerprint + the stored response (status 200: 3 packed bytes)
+            self.assertEqual(n["bytes"], len("status-q") + 32 + 3)
+        rc, text, err = self.human("status")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("leader: %d" % st["leader_id"], text)
+        self.assertIn("quorum: yes (3 of 3 voters reachable)", text)
+        self.assertNotIn("warning", text)
+        for header in ("ROLE", "TERM", "LEADER", "COMMIT", "APPLIED", "SNAPSHOT", "RECORDS",
+                       "TOMBSTONES", "QUARANTINED", "BYTES"):
+            self.assertIn(header, text)
+
+    def test_one_node_killed(self):
+        lid = self.c.leader()
+        victim = [n for n in self.c.nodes if n != lid][0]
+        self.c.kill(victim)
+        # Only the survivors are listed: status finds the dead member through the others.
+        st = self.status()
+        self.assertTrue(st["quorum"], st)
+        self.assertEqual((st["voters"], st["reachable_voters"]), (3, 2))
+        dead = [n for n in st["nodes"] if n["id"] == victim]
+        self.assertEqual(len(dead), 1, st)
+        self.assertEqual(dead[0]["role"], "unreachable")
+        self.assertEqual(len(st["warnings"]), 1, st["warnings"])
+        self.assertIn("node %d" % victim, st["warnings"][0])
+        self.assertIn("unreachable", st["warnings"][0])
+        rc, text, err = self.human("status")
+        self.assertEqual(rc, 0, err)
+        warnings = [l for l in text.splitlines() if l.startswith("warning:")]
+        self.assertEqual(len(warnings), 1, text)
+        self.assertIn("node %d" % victim, warnings[0])
+        # Still serving.
+        self.assertEqual(self.claim("after-one-kill")["outcome"], ACQ)
+
+    def test_two_killed_no_quorum(self):
+        self.claim("before-outage")
+        for nid in sorted(self.c.nodes)[1:]:
+            self.c.kill(nid)
+        st = self.status()
+        self.assertFalse(st["quorum"], st)
+        self.assertEqual((st["voters"], st["reachable_voters"]), (3, 1))
+        self.assertTrue(any(w.startswith("no quorum: 1 of 3 voters") for w in st["warnings"]),
+                        st["warnings"])
+        rc, text, err = self.human("status")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("quorum: NO", text)
+        self.assertIn("warning: no quorum", text)
+        # Once the survivor's election timeout passed, it follows nobody: no leader either.
+        wait_for(lambda: self.status()["leader_id"] is None, 15, "no leader")
+        self.assertTrue(any(w.startswith("no leader") for w in self.status()["warnings"]))
+        # Fail closed: every data and key command is unavailable (exit 3), never answered.
+        for args in (["claim", "x", "--fingerprint", fp(1)], ["get", "before-outage"],
+                     ["key", "get", "alpha", "before-outage"],
+                     ["key", "purge", "alpha", "before-outage"],
+                     ["key", "resolve", "alpha", "before-outage", "--release"],
+                     ["quarantine", "list"]):
+            rc, out = self.c.ctl(*args, deadline=1500)
+            self.assertEqual(rc, 3, (args, out))
+            self.assertEqual(out["outcome"], "unavailable", (args, out))
+
+
+class TestIdemctlLag(CtlTest):
+    # A slow heartbeat: followers learn the leader's commit index only with the next one, so
+    # right after a claim they trail the leader's applied index by one entry.
+    cluster_opts = dict(heartbeat_ms=1000, election_ms=5000)
+
+    def test_lag_warning(self):
+        lagging = None
+        for i in range(10):
+            self.claim("lag-%d" % i)
+            st = self.status("--max-lag", "0")
+            lagging = [w for w in st["warnings"] if " lags: " in w]
+            if lagging:
+                break
+        self.assertTrue(lagging, "no follower seen behind the leader in 10 tries")
+        self.assertIn("behind the leader's", lagging[0])
+        behind = [n for n in st["nodes"] if n["lag"] and n["lag"] > 0]
+        self.assertTrue(behind, st)
+        for n in behind:
+            self.assertTrue(any("node %d " % n["id"] in w for w in lagging), (n, lagging))
+        # The default threshold (1000 entries) tolerates one entry.
+        self.assertEqual([w for w in self.status()["warnings"] if " lags: " in w], [])
+        # Once the followers caught up, even --max-lag 0 is quiet.
+        wait_for(lambda: not [w for w in self.status("--max-lag", "0")["warnings"]], 10,
+                 "followers to catch up")
+
+
+class TestIdemctlMembership(CtlTest):
+    def test_add_fourth_then_remove(self):
+        new = self.c.add_node(4)
+        out = self.ok("members", "add", 4, new.raft, new.rpc, new.http)
+        self.assertEqual(out["outcome"], "ok", out)
+        out = self.ok("members", "promote", 4)
+        self.assertEqual(out["outcome"], "ok", out)
+
+        def four_voters():
+            st = self.status(ids=[1, 2, 3])
+            n4 = [n for n in st["nodes"] if n["id"] == 4]
+            if (st["voters"] == 4 and st["reachable_voters"] == 4 and n4 and
+                    n4[0]["role"] == "follower" and n4[0]["member_role"] == "voter"):
+                return st
+            return None
+        st = wait_for(four_voters, 30, "node 4 to be a voting follower in status")
+        self.assertEqual(st["warnings"], [])
+        self.assertEqual(len(st["nodes"]), 4)  # found through the members list
+        out = self.ok("members", "remove", 4)
+        self.assertEqual(out["outcome"], "ok", out)
+
+        def three_voters():
+            st = self.status(ids=[1, 2, 3])
+            ids = sorted(m["id"] for m in st["members"])
+            return st if ids == [1, 2, 3] and st["voters"] == 3 else None
+        st = wait_for(three_voters, 30, "node 4 to leave the configuration")
+        self.assertNotIn(4, [n["id"] for n in st["nodes"]])
+        self.assertEqual(self.claim("after-remove")["outcome"], ACQ)
+
+    def test_transfer_to_named_node(self):
+        lid = self.c.leader()
+        target = [n for n in sorted(self.c.nodes) if n != lid][-1]
+        out = self.ok("transfer", target)
+        self.assertEqual(out["outcome"], "ok", out)
+        st = wait_for(lambda: (lambda s: s if s["leader_id"] == target else None)(self.status()),
+                      20, "node %d to lead" % target)
+        roles = {n["id"]: n["role"] for n in st["nodes"]}
+        self.assertEqual(roles[target], "leader")
+        self.assertTrue(st["quorum"])
+
+
+class TestIdemctlKeys(CtlTest):
+    def test_key_get_shows_digest_not_key(self):
+        key = "very-secret-key-4711"
+        out = self.claim(key, n=7)
+        token = out["token"]
+        self.ok("complete", key, "--token", token, "--status", 201, "--body", "body-of-4711")
+        for fmt in ("json", "human"):
+            if fmt == "json":
+                rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--admin-token",
+                                         self.c.admin, "--json", "key", "get", "alpha", key])
+                rec = json.loads(text)
+            else:
+                rc, text, err = self.human("key", "get", "alpha", key)
+            self.assertEqual(rc, 0, err)
+            self.assertNotIn(key, text + err)
+            self.assertNotIn("very-secret", text + err)
+            self.assertNotIn("body-of", text + err)  # nor the stored body
+            self.assertIn(key_digest("alpha", key), text)
+        self.assertEqual(rec["outcome"], "ok")
+        self.assertEqual(rec["tenant"], "alpha")
+        self.assertEqual(rec["key_digest"], key_digest("alpha", key))
+        self.assertNotIn("key", rec)
+        self.assertEqual(rec["state"], "completed")
+        self.assertEqual(rec["completion"], "succeeded")
+        self.assertEqual(rec["token"], token)
+        self.assertEqual(rec["fingerprint_prefix"], fp(7)[:12])
+        self.assertEqual(rec["response"]["status"], 201)
+        self.assertEqual(rec["response"]["body_bytes"], len("body-of-4711"))
+        self.assertNotIn("body", rec["response"])
+        for t in ("created_at_ms", "lease_deadline_ms", "expires_at_ms"):
+            self.assertGreater(rec[t], 1600000000000)
+        self.assertLess(rec["created_at_ms"], rec["expires_at_ms"])
+        # --reveal shows the key and the stored body.
+        rev = self.ok("key", "get", "alpha", key, "--reveal")
+        self.assertEqual(rev["key"], key)
+        self.assertEqual(rev["response"]["body"], "body-of-4711")
+        rc, text, err = self.human("key", "get", "alpha", key, "--reveal")
+        self.assertIn("key: %s" % key, text)
+        # Tenants stay apart; an unknown key is not_found (an answer: exit 0).
+        self.assertEqual(self.ok("key", "get", "beta", key)["outcome"], "not_found")
+        self.assertEqual(self.ok("key", "get", "alpha", "nope")["outcome"], "not_found")
+
+    def test_quarantine_list_and_resolve(self):
+        self.assertEqual(self.ok("quarantine", "list"),
+                         {"outcome": "ok", "count": 0, "more": False, "limit": 100,
+                          "records": []})
+        rc, text, err = self.human("quarantine", "list")
+        self.assertEqual((rc, text.strip()), (0, "no quarantined records"), err)
+        key = "payment-timeout-1"
+        a = self.claim(key, n=1)
+        self.ok("claim", "done-key", "--fingerprint", fp(2))
+        out = self.ok("complete", key, "--token", a["token"], "--status", 504, "--outcome",
+                      "unknown")
+        self.assertEqual(out["outcome"], "ok")
+        self.assertEqual(self.claim(key, n=1)["outcome"], "outcome_unknown")
+        lst = self.ok("quarantine", "list")
+        self.assertEqual((lst["count"], lst["more"]), (1, False), lst)
+        r = lst["records"][0]
+        self.assertEqual((r["tenant"], r["key_digest"], r["token"], r["state"]),
+                         ("alpha", key_digest("alpha", key), a["token"], "quarantined"))
+        self.assertEqual(r["since_ms"], r["created_at_ms"])
+        self.assertNotIn("key", r)
+        self.assertEqual(self.ok("quarantine", "list", "--tenant", "beta")["records"], [])
+        self.assertEqual(self.ok("quarantine", "list", "--tenant", "alpha")["count"], 1)
+        rc, text, err = self.human("quarantine", "list")
+        self.assertEqual(rc, 0, err)
+        self.assertIn(key_digest("alpha", key), text)
+        self.assertNotIn(key, text)
+        self.assertEqual(self.ok("quarantine", "list", "--reveal")["records"][0]["key"], key)
+        # key resolve with a final response ends it: the list is empty, retries replay.
+        out = self.ok("key", "resolve", "alpha", key, "--status", 200, "--body", "refunded")
+        self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(self.ok("quarantine", "list")["records"], [])
+        out = self.claim(key, n=1)
+        self.assertEqual(out["outcome"], "replay")
+        self.assertEqual(out["response"]["body"], "refunded")
+        # The older spelling still works (alias), here with --release: the key runs again.
+        b = self.claim("payment-timeout-2", n=3)
+        self.ok("complete", "payment-timeout-2", "--token", b["token"], "--status", 504,
+                "--outcome", "unknown")
+        self.assertEqual(self.ok("quarantine", "list")["count"], 1)
+        out = self.ok("resolve", "payment-timeout-2", "--tenant", "alpha", "--release")
+        self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(self.ok("quarantine", "list")["count"], 0)
+        self.assertEqual(self.claim("payment-timeout-2", n=3)["outcome"], ACQ)
+        self.assertEqual(self.ok("key", "resolve", "alpha", "never-seen", "--release")["outcome"],
+                         "not_found")
+
+    def test_quarantine_list_limit(self):
+        tokens = []
+        for i, tenant_token in enumerate([self.c.token, self.c.token2, self.c.token]):
+            rc, a = self.c.ctl("claim", "q-%d" % i, "--fingerprint", fp(i), token=tenant_token)
+            self.assertEqual(a["outcome"], ACQ)
+            tokens.append(a["token"])
+            rc, out = self.c.ctl("complete", "q-%d" % i, "--token", a["token"], "--status", 500,
+                                 "--outcome", "unknown", token=tenant_token)
+            self.assertEqual(out["outcome"], "ok")
+        lst = self.ok("quarantine", "list")
+        self.assertEqual([r["token"] for r in lst["records"]], tokens)  # oldest first
+        self.assertEqual([r["tenant"] for r in lst["records"]], ["alpha", "beta", "alpha"])
+        lst = self.ok("quarantine", "list", "--limit", 2)
+        self.assertEqual((lst["count"], lst["more"], lst["limit"]), (2, True, 2))
+        self.assertEqual([r["token"] for r in lst["records"]], tokens[:2])
+        rc, text, err = self.human("quarantine", "list", "--limit", "2")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("more quarantined records than --limit 2", text.splitlines()[-1])
+        lst = self.ok("quarantine", "list", "--limit", 3)
+        self.assertEqual((lst["count"], lst["more"]), (3, False))
+
+    def test_purge(self):
+        a = self.claim("refunded-order", n=1)
+        self.ok("complete", "refunded-order", "--token", a["token"], "--status", 201,
+                "--body", "x" * 100)
+        self.c.wait_converged(3)
+        before = {n["id"]: (n["records"], n["bytes"]) for n in self.status()["nodes"]}
+        self.assertEqual(set(before.values()), {(1, len("refunded-order") + 32 + 100 + 5)},
+                         before)
+        out = self.ok("key", "purge", "alpha", "refunded-order")
+        self.assertEqual(out, {"outcome": "ok", "purged_token": a["token"]})
+        self.assertEqual(self.ok("key", "get", "alpha", "refunded-order")["outcome"], "not_found")
+        self.assertEqual(self.ok("get", "refunded-order")["outcome"], "not_found")
+        # Every replica deleted it, usage included.
+        st = self.c.wait_converged(3)
+        for n in st["nodes"]:
+            self.assertEqual((n["records"], n["bytes"]), (0, 0), n)
+        # Idempotent: nothing left to delete.
+        self.assertEqual(self.ok("key", "purge", "alpha", "refunded-order")["outcome"],
+                         "not_found")
+        # The key is new again: a claim runs, with a larger fencing token.
+        b = self.claim("refunded-order", n=2)
+        self.assertEqual(b["outcome"], ACQ)
+        self.assertGreater(b["token"], a["token"])
+
+    def test_purge_tombstone(self):
+        a = self.claim("short-lived", ttl=800)
+        self.ok("complete", "short-lived", "--token", a["token"], "--status", 200, "--body", "ok")
+        wait_for(lambda: self.ok("key", "get", "alpha", "short-lived")["state"] == "tombstone",
+                 15, "the record to become a tombstone")
+        self.assertEqual(self.claim("short-lived")["outcome"], "expired")
+        self.assertEqual(self.ok("key", "purge", "alpha", "short-lived")["outcome"], "ok")
+        self.assertEqual(self.claim("short-lived")["outcome"], ACQ)
+        st = self.c.wait_converged(3)
+        for n in st["nodes"]:
+            self.assertEqual((n["records"], n["tombstones"]), (1, 0), n)
+
+    def test_tenant_token_is_forbidden(self):
+        a = self.claim("guarded", n=1)
+        self.ok("complete", "guarded", "--token", a["token"], "--status", 504, "--outcome",
+                "unknown")
+        self.c.wait_converged(3)
+        digest_before = self.c.wait_converged(3)["nodes"][0]["digest"]
+        for args in (["key", "get", "alpha", "guarded"], ["key", "purge", "alpha", "guarded"],
+                     ["key", "resolve", "alpha", "guarded", "--release"],
+                     ["resolve", "guarded", "--tenant", "alpha", "--status", 200],
+                     ["quarantine", "list"], ["members", "list"], ["members", "remove", 3],
+                     ["transfer"], ["snapshot"]):
+            rc, out = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", self.c.token]
+                                   + args)
+            self.assertEqual(rc, 0, (args, out))
+            self.assertEqual(out["outcome"], "forbidden", (args, out))
+            self.assertNotIn("records", out)
+        rc, out = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", "not-a-token",
+                                "key", "get", "alpha", "guarded"])
+        self.assertEqual((rc, out["outcome"]), (0, "unauthenticated"))
+        # status: every node refuses, each with a warning; still an answer.
+        rc, st = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", self.c.token,
+                               "status"])
+        self.assertEqual(rc, 0)
+        self.assertEqual({n["role"] for n in st["nodes"]}, {"refused"})
+        self.assertEqual(len(st["warnings"]), 4, st["warnings"])  # 3 refusals, state unknown
+        # Nothing changed: the same state everywhere, still quarantined, still 3 members.
+        st = self.c.wait_converged(3)
+        self.assertEqual({n["digest"] for n in st["nodes"]}, {digest_before})
+        self.assertEqual(self.ok("key", "get", "alpha", "guarded")["state"], "quarantined")
+        self.assertEqual(len(self.ok("members", "list")["members"]), 3)
+
+    def test_environment_instead_of_flags(self):
+        env = {"IDEM_CLUSTER": self.c.addrs(), "IDEM_TOKEN": self.c.token,
+               "IDEM_ADMIN_TOKEN": self.c.admin}
+        rc, text, err = run_ctl(["--json", "claim", "env-key", "--fingerprint", fp(1)], env=env)
+        self.assertEqual(json.loads(text)["outcome"], ACQ, err)
+        rc, text, err = run_ctl(["--json", "key", "get", "alpha", "env-key"], env=env)
+        self.assertEqual((rc, json.loads(text)["outcome"]), (0, "ok"), err)
+        rc, text, err = run_ctl(["status", "--json"], env=env)
+        self.assertEqual((rc, json.loads(text)["quorum"]), (0, True), err)
+        # Flags win over the environment.
+        rc, text, err = run_ctl(["--admin-token", self.c.token, "--json", "key", "get", "alpha",
+                                 "env-key"], env=env)
+        self.assertEqual(json.loads(text)["outcome"], "forbidden")
+
+    def test_bench_alias(self):
+        rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token", self.c.token, "bench",
+                                 "--workload", "fresh", "--concurrency", "2", "--requests", "20",
+                                 "--json"])
+        self.assertEqual(rc, 0, err)
+        report = json.loads(text)
+        self.assertEqual(report.get("errors"), 0, report)
+        self.assertGreaterEqual(report.get("ops", 0), 20, report)
+
+
+def run_ctl_json(args):
+    rc, text, err = run_ctl(["--json"] + args)
+    try:
+        return rc, json.loads(text)
+    except ValueError:
+        raise AssertionError("idemctl printed non-JSON: %r (stderr %r)" % (text, err))
+
+
+# Every command and subcommand, for --help.
+HELP_COMMANDS = [
+    ["status"], ["members"], ["members", "list"], ["members", "add"], ["members", "promote"],
+    ["members", "remove"], ["transfer"], ["snapshot"], ["key"], ["key", "get"],
+    ["key", "resolve"], ["key", "purge"], ["quarantine"], ["quarantine", "list"], ["resolve"],
+    ["claim"], ["complete"], ["release"], ["renew"], ["get"],
+]
+
+
+class TestIdemctlUsage(unittest.TestCase):
+    """No cluster needed: help and usage errors exit before any call (port 1 refuses)."""
+
+    def test_help_on_every_command(self):
+        rc, text, err = run_ctl(["--help"])
+        self.assertEqual(rc, 0)
+        self.assertTrue(text.startswith("Usage: idemctl"), text)
+        for word in ("Exit status", "IDEM_CLUSTER", "IDEM_TOKEN", "IDEM_ADMIN_TOKEN",
+                     "key purge", "quarantine list", "bench"):
+            self.assertIn(word, text)
+        for code in ("0  ", "1  ", "2  ", "3  "):
+            self.assertIn("\n  " + code, text)
+        for cmd in HELP_COMMANDS:
+            for flag in ("--help", "-h"):
+                rc, text, err = run_ctl(cmd + [flag])  # no cluster, no token
+                self.assertEqual(rc, 0, (cmd, err))
+                self.assertTrue(text.startswith("Usage: idemctl " + cmd[0]), (cmd, text))
+                self.assertIn(" ".join(cmd), text)
+                self.assertEqual(err, "")
+            rc, text2, err = run_ctl(["help"] + cmd)
+            self.assertEqual((rc, text2), (0, text), cmd)
+        # A subcommand's own help, not only its command's.
+        rc, text, err = run_ctl(["key", "purge", "--help"])
+        self.assertIn("Deletes the record", text)
+        rc, text, err = run_ctl(["quarantine", "list", "--help"])
+        self.assertIn("--limit", text)
+        rc, text, err = run_ctl(["bench", "--help"])
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(text.startswith("Usage: idem-bench"), text)
+
+    def test_bad_usage_exits_2(self):
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a"]
+        cases = [
+            [], ["nope"], ["help", "nope"], ["--bogus", "status"],
+            ["key"], ["key", "frob", "alpha", "k"], ["key", "get"], ["key", "get", "alpha"],
+            ["key", "get", "alpha", "k", "extra"], ["key", "get", "", "k"],
+            ["key", "get", "t" * 129, "k"], ["key", "get", "alpha", "k", "--release"],
+            ["key", "purge", "alpha", "k", "--reveal"], ["key", "resolve", "alpha", "k"],
+            ["key", "resolve", "alpha", "k", "--release", "--status", "200"],
+            ["key", "resolve", "alpha", "k", "--status", "99"], ["key", "get", "alpha", "k", "--x"],
+            ["quarantine", "nope"], ["quarantine", "list", "--limit", "0"],
+            ["quarantine", "list", "--limit", "1001"], ["quarantine", "list", "--limit"],
+            ["quarantine", "list", "--tenant", ""], ["status", "--max-lag", "x"],
+            ["status", "extra"], ["members", "frob"], ["transfer", "x"],
+            ["resolve", "k", "--release"],
+        ]
+        for args in cases:
+            rc, text, err = run_ctl(c + args)
+            self.assertEqual(rc, 2, (args, text, err))
+            self.assertIn("idemctl:", err, args)
+            self.assertEqual(text, "", args)
+        # Without a cluster or an admin token.
+        self.assertEqual(run_ctl(["--admin-token", "a", "key", "get", "alpha", "k"])[0], 2)
+        rc, text, err = run_ctl(["--cluster", "127.0.0.1:1", "--token", "t", "quarantine", "list"])
+        self.assertEqual(rc, 2)
+        self.assertIn("admin token", err)
+
+    def test_nothing_reachable_exits_3(self):
+        c = ["--cluster", "127.0.0.1:1", "--admin-token", "a", "--deadline", "300"]
+        for args in (["key", "get", "alpha", "k"], ["key", "purge", "alpha", "k"],
+                     ["key", "resolve", "alpha", "k", "--release"], ["quarantine", "list"],
+                     ["status"]):
+            rc, text, err = run_ctl(c + ["--json"] + args)
+            self.assertEqual(rc, 3, (args, err))
+            out = json.loads(text)
+            if args[0] == "status":
+                self.assertFalse(out["quorum"])
+                self.assertEqual([n["role"] for n in out["nodes"]], ["unreachable"])
+                self.assertEqual(len(out["warnings"]), 2, out)  # unreachable, state unknown
+            else:
+                self.assertEqual(out["outcome"], "unavailable", args)
+
+
+if __name__ == "__main__":
+    unittest.main()

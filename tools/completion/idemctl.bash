@@ -1,0 +1,107 @@
+# bash completion for idemctl (commands, subcommands, flags and the values of a few flags).
+# Install: copy to /usr/share/bash-completion/completions/idemctl (cmake --install does), or
+# `source tools/completion/idemctl.bash` in a shell. docs/idemctl.md is the manual.
+
+_idemctl_flags_of() {
+    # The flags of one command word (and its subcommand), --json --deadline --help included.
+    local cmd=$1 sub=$2 common="--json --deadline --help"
+    case "$cmd" in
+        status) echo "--digest --max-lag $common" ;;
+        members|transfer) echo "$common" ;;
+        snapshot) echo "--node $common" ;;
+        key)
+            case "$sub" in
+                get) echo "--reveal $common" ;;
+                resolve) echo "--release --status --body $common" ;;
+                *) echo "$common" ;;
+            esac ;;
+        quarantine) echo "--tenant --limit --reveal $common" ;;
+        resolve) echo "--tenant --release --status --body $common" ;;
+        claim) echo "--fingerprint --attempt --lease --ttl --policy $common" ;;
+        complete) echo "--token --status --body --outcome $common" ;;
+        release) echo "--token $common" ;;
+        renew) echo "--token --lease $common" ;;
+        get) echo "$common" ;;
+        bench) echo "--cluster --token --workload --concurrency --duration --requests" \
+                    "--deadline --json --help" ;;
+    esac
+}
+
+_idemctl() {
+    local cur prev commands globals
+    cur=${COMP_WORDS[COMP_CWORD]}
+    prev=${COMP_WORDS[COMP_CWORD-1]}
+    commands="status members transfer snapshot key quarantine claim complete release renew get"
+    commands="$commands resolve bench help"
+    globals="--cluster --token --admin-token --json --deadline --help"
+    COMPREPLY=()
+
+    # Values of flags: suggest what is known, nothing for free text.
+    case "$prev" in
+        --policy) COMPREPLY=($(compgen -W "conflict takeover" -- "$cur")); return 0 ;;
+        --outcome) COMPREPLY=($(compgen -W "succeeded failed_final unknown" -- "$cur")); return 0 ;;
+        --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete" -- "$cur")); return 0 ;;
+        --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
+        --status|--body|--fingerprint|--attempt|--lease|--ttl|--concurrency|--duration|\
+        --requests)
+            return 0 ;;
+    esac
+
+    # The command word: the first word after the global options (and their values).
+    local i=1 cmd="" cmd_at=0 sub="" w
+    while [ $i -lt $COMP_CWORD ]; do
+        w=${COMP_WORDS[i]}
+        case "$w" in
+            --cluster|--token|--admin-token|--deadline) i=$((i + 2)); continue ;;
+            -*) i=$((i + 1)); continue ;;
+        esac
+        cmd=$w
+        cmd_at=$i
+        break
+    done
+    if [ -z "$cmd" ]; then
+        if [[ "$cur" == -* ]]; then
+            COMPREPLY=($(compgen -W "$globals" -- "$cur"))
+        else
+            COMPREPLY=($(compgen -W "$commands" -- "$cur"))
+        fi
+        return 0
+    fi
+
+    # The subcommand: the first word after the command that is not an option.
+    i=$((cmd_at + 1))
+    local sub_at=0
+    while [ $i -lt $COMP_CWORD ]; do
+        w=${COMP_WORDS[i]}
+        if [[ "$w" != -* ]]; then
+            sub=$w
+            sub_at=$i
+            break
+        fi
+        i=$((i + 1))
+    done
+
+    if [[ "$cur" == -* ]]; then
+        COMPREPLY=($(compgen -W "$(_idemctl_flags_of "$cmd" "$sub")" -- "$cur"))
+        return 0
+    fi
+    if [ "$sub_at" -eq 0 ]; then
+        case "$cmd" in
+            members) COMPREPLY=($(compgen -W "list add promote remove" -- "$cur")) ;;
+            key) COMPREPLY=($(compgen -W "get resolve purge" -- "$cur")) ;;
+            quarantine) COMPREPLY=($(compgen -W "list" -- "$cur")) ;;
+            help) COMPREPLY=($(compgen -W "$commands" -- "$cur")) ;;
+        esac
+        return 0
+    fi
+    if [ "$cmd" = help ] && [ "$sub_at" -eq $((COMP_CWORD - 1)) ]; then
+        case "$sub" in
+            members) COMPREPLY=($(compgen -W "list add promote remove" -- "$cur")) ;;
+            key) COMPREPLY=($(compgen -W "get resolve purge" -- "$cur")) ;;
+            quarantine) COMPREPLY=($(compgen -W "list" -- "$cur")) ;;
+        esac
+    fi
+    return 0
+}
+
+complete -F _idemctl idemctl

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Checks tools/completion/idemctl.bash: what it completes for a few command lines. Each case
+# is the words typed (the last one being completed) and the completions expected, sorted.
+# Run: bash tools/completion/test_idemctl_completion.sh (ctest runs it as tools.idemctl.completion).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=idemctl.bash
+. "$here/idemctl.bash"
+
+fails=0
+check() {
+    local expect=$1
+    shift
+    COMP_WORDS=("$@")
+    COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+    COMPREPLY=()
+    _idemctl
+    local got
+    got=$(printf '%s\n' "${COMPREPLY[@]}" | sort | tr '\n' ' ' | sed 's/ *$//')
+    if [ "$got" != "$expect" ]; then
+        echo "FAIL: [$*] -> '$got', expected '$expect'"
+        fails=$((fails + 1))
+    fi
+}
+
+check "key" idemctl ke
+check "quarantine" idemctl --cluster 127.0.0.1:7001 --json qu
+check "--admin-token --cluster --deadline --help --json --token" idemctl --
+check "get purge resolve" idemctl key ""
+check "purge" idemctl --admin-token x key pu
+check "--reveal" idemctl key get alpha k --rev
+check "--release" idemctl key resolve alpha k --re
+check "--body --deadline --help --json --release --status" idemctl key resolve alpha k --
+check "list" idemctl quarantine ""
+check "--limit" idemctl quarantine list --li
+check "--tenant" idemctl quarantine list --t
+check "add list promote remove" idemctl members ""
+check "--digest" idemctl status --di
+check "--max-lag" idemctl status --m
+check "conflict takeover" idemctl claim k --policy ""
+check "failed_final" idemctl complete k --outcome fa
+check "claim-complete" idemctl bench --workload cl
+check "--concurrency" idemctl bench --con
+check "" idemctl claim k --fingerprint ""
+check "get purge resolve" idemctl help key ""
+check "status" idemctl help st
+
+if [ "$fails" -ne 0 ]; then
+    echo "$fails completion case(s) failed"
+    exit 1
+fi
+echo "completion: all cases passed"
