@@ -714,21 +714,26 @@ static int parseExpiry(struct ctx *c, yaml_node_t *map, struct config_expiry *e)
 
 static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
 {
-    enum { CERT, KEY, CA, N };
-    static const char *const keys[N] = {"cert_file", "key_file", "ca_file"};
+    enum { CERT, KEY, CA, RPC, N };
+    static const char *const keys[N] = {"cert_file", "key_file", "ca_file", "rpc"};
     struct field f[N];
     if (mapFields(c, map, "tls", "tls", keys, N, f) != 0 ||
         getPath(c, &f[CERT], &t->cert_file) != 0 || getPath(c, &f[KEY], &t->key_file) != 0 ||
-        getPath(c, &f[CA], &t->ca_file) != 0) {
+        getPath(c, &f[CA], &t->ca_file) != 0 || getBool(c, &f[RPC], &t->rpc) != 0) {
         return -1;
     }
-    int given = (t->cert_file != NULL) + (t->key_file != NULL) + (t->ca_file != NULL);
-    if (given != 0 && given != N) {
-        return failNode(c, map, "tls: cert_file, key_file and ca_file go together; missing%s%s%s",
-                        t->cert_file ? "" : " cert_file", t->key_file ? "" : " key_file",
-                        t->ca_file ? "" : " ca_file");
+    if ((t->cert_file != NULL) != (t->key_file != NULL)) {
+        return failNode(c, map, "tls: cert_file and key_file go together; missing %s",
+                        t->cert_file ? "key_file" : "cert_file");
     }
-    t->enabled = given == N;
+    if (t->ca_file != NULL && t->cert_file == NULL) {
+        return failNode(c, map, "tls: ca_file needs cert_file and key_file");
+    }
+    t->enabled = t->cert_file != NULL;
+    if (t->rpc && !t->enabled) {
+        return failNode(c, f[RPC].val, "tls.rpc: TLS on the RPC listener needs cert_file and "
+                                       "key_file");
+    }
     return 0;
 }
 
