@@ -13,7 +13,9 @@
  * (no "coordinated omission"); when every thread is busy the operations fall behind
  * schedule and that wait counts. The service time (send to answer) is reported next to it,
  * and so is the largest lag of a send behind its schedule: a lag that grows means R is
- * more than the cluster (or C threads) can sustain.
+ * more than the cluster (or C threads) can sustain. Operations scheduled before the end
+ * that are still unsent when --duration passes are sent afterwards, for at most one
+ * --deadline more; any left then are reported as "unsent", never silently dropped.
  *
  * Workloads:
  *   fresh           claim a new key every time: expected outcome acquired.
@@ -695,6 +697,7 @@ struct totals {
     uint64_t ops, errors, transport, answered;
     uint64_t outcomes[OUTC_N];
     const char *first_error;
+    uint64_t unsent; /* open loop: scheduled but never sent before the run ended */
     double elapsed_s;
     unsigned threads;
 };
@@ -731,6 +734,7 @@ static void printJson(struct bench *b, const struct totals *t)
     if (b->cfg.rate) {
         jset(o, "service_p50_ms", jnum(round3(ms(hist_percentile(t->svc, 50)))));
         jset(o, "service_p99_ms", jnum(round3(ms(hist_percentile(t->svc, 99)))));
+        jset(o, "unsent", json_integer((json_int_t)t->unsent));
         jset(o, "max_lag_ms",
              jnum(round3(ms(atomic_load_explicit(&b->max_lag,
                                                  memory_order_relaxed)))));
@@ -809,6 +813,7 @@ static void printText(struct bench *b, const struct totals *t)
     if (b->cfg.rate) {
         printf("service ms   p50 %.3f  p99 %.3f  (send to answer)\n",
                ms(hist_percentile(t->svc, 50)), ms(hist_percentile(t->svc, 99)));
+        printf("unsent       %" PRIu64 " (scheduled, but the run ended first)\n", t->unsent);
         printf("max lag      %.3f ms behind schedule\n",
                ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
     }
@@ -889,9 +894,18 @@ int main(int argc, char **argv)
     /* The workers stop themselves at end_us or after --requests; progress meanwhile. */
     uint64_t last_print = nowUs();
     uint64_t last_done = 0;
-    while (nowUs() < b->end_us) {
-        if (b->cfg.requests != 0 &&
-            atomic_load_explicit(&b->done, memory_order_relaxed) >= b->cfg.requests) {
+    /* Open loop: operations scheduled before the end but not sent yet (the run fell
+     * behind) are still sent, for at most one call deadline more; what is left then is
+     * reported as unsent. */
+    uint64_t expected = b->cfg.requests;
+    uint64_t until = b->end_us;
+    if (b->cfg.rate) {
+        uint64_t scheduled = b->cfg.rate * b->cfg.duration_s;
+        expected = expected == 0 || scheduled < expected ? scheduled : expected;
+        until += (uint64_t)b->cfg.deadline_ms * 1000u;
+    }
+    while (nowUs() < until) {
+        if (expected != 0 && atomic_load_explicit(&b->done, memory_order_relaxed) >= expected) {
             break;
         }
         sleepUntilUs(nowUs() + 50000u);
@@ -944,6 +958,9 @@ int main(int argc, char **argv)
         if (t.first_error == NULL && ws[i].first_error[0] != '\0') {
             t.first_error = ws[i].first_error;
         }
+    }
+    if (b->cfg.rate) {
+        t.unsent = expected > t.ops + t.errors ? expected - t.ops - t.errors : 0;
     }
     if (b->cfg.json) {
         printJson(b, &t);

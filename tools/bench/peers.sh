@@ -108,6 +108,7 @@ declare -A OPS P50 P99 NOTE
 # wrk runner, as tools/bench/http.sh: run_wrk NAME URL SCRIPT [ENV=...]
 run_wrk() {
   local name=$1 url=$2 script=$3; shift 3
+  note_load "$name"
   local out=$TMP/wrk-$name.txt
   env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-$name" "$@" \
     timeout $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
@@ -136,8 +137,11 @@ verify_wrk() {  # verify_wrk NAME URL SCRIPT EXPECT [ENV=...]: every body of a 1
   if ! grep -q '^VERIFY ok=[1-9][0-9]* bad=0$' "$out"; then cat "$out" >&2; die "check $name failed"; fi
 }
 # idem-bench runner: run_bench NAME ARGS...: --json, records OPS/P50/P99 and errors.
+LOADS=""
+note_load() { LOADS="$LOADS $1 $(cut -d' ' -f1 /proc/loadavg)"; }
 run_bench() {
   local name=$1; shift
+  note_load "$name"
   local out=$TMP/bench-$name.json
   timeout $((DURATION + 30)) "$BIN/idem-bench" --cluster "$CLUSTER" --token "$TOKEN" \
     --duration "$DURATION" --json "$@" >"$out" 2>"$TMP/bench-$name.log" \
@@ -209,6 +213,7 @@ log "idemd RPC, fresh keys, open loop at half the measured max: idem-bench --rat
 run_bench idem_open --workload fresh --rate "$HALF" --concurrency 128
 OPEN_SVC_P99=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["service_p99_ms"])' "$TMP/bench-idem_open.json")
 OPEN_LAG=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["max_lag_ms"])' "$TMP/bench-idem_open.json")
+OPEN_UNSENT=$(jget "$TMP/bench-idem_open.json" unsent)
 stop_all
 
 # ================================================================================================
@@ -282,6 +287,7 @@ cal=$(csv_field "$TMP/redis-cal.csv" rps)
 N=$(awk -v r="$cal" -v d="$DURATION" 'BEGIN { n = int(r * d); if (n < 10000) n = 10000; print n }')
 "${RCLI[@]}" flushall >/dev/null
 log "redis $REVER SET NX PX, random keys: redis-benchmark -c $CONNS -n $N -r 100000000"
+note_load redis
 redis_run "$N" "$TMP/redis.csv"
 sed 's/^/    /' "$TMP/redis.csv" >&2
 OPS[redis]=$(csv_field "$TMP/redis.csv" rps | awk '{printf "%.0f", $1}')
@@ -304,6 +310,7 @@ row() {  # row LABEL NAME
 }
 echo
 echo "== claim / create-if-absent, fresh keys: $CONNS callers, ${DURATION}s each, $(nproc) cores, loopback, fsync on =="
+echo "   load average before each run (other processes share the machine): $LOADS"
 printf '%-46s %9s %8s %8s   %s\n' "system" "ops/s" "p50 ms" "p99 ms" "check"
 row "idemd 3 nodes, binary RPC (idem-bench)" idem_rpc
 row "idemd 3 nodes, HTTP JSON API (wrk)" idem_http
@@ -319,4 +326,4 @@ echo
 echo "open loop, idemd RPC at half the measured max (idem-bench --rate $HALF, fresh keys):"
 echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 ${P50[idem_open]} ms, p99 ${P99[idem_open]} ms" \
      "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" 'BEGIN { print (p <= 5.0) ? "met" : "NOT met" }'));" \
-     "service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms"
+     "service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
