@@ -4,9 +4,10 @@
  * only walks it. Each mapping is read by mapFields(), which knows the keys the mapping may
  * hold and rejects unknown and duplicate ones, and each value by a typed getter (integer,
  * boolean, string, address, hash) that checks its range. Cross-field rules (heartbeat below
- * election, all TLS files or none, unique tenant names, ids and token hashes) come after the
- * fields they relate. Every failure writes one message "FILE:LINE:COLUMN: ..." and returns
- * -1 up to config_parse(), which frees whatever was already built.
+ * election, TLS cert and key together and required by a TLS listener, unique tenant names,
+ * ids and token hashes) come after the fields they relate. Every failure writes one message
+ * "FILE:LINE:COLUMN: ..." and returns -1 up to config_parse(), which frees whatever was
+ * already built.
  *
  * YAML aliases are refused: the document API resolves an alias to the node it names, so the
  * walker notices a node reached twice and reports it, at the anchored node (the alias's own

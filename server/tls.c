@@ -101,6 +101,9 @@ struct tls_ctx *tls_ctx_new(const struct config_tls *cfg, enum tls_role role, ch
         SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
         SSL_CTX_set_num_tickets(c, 0);
     }
+    /* TLS 1.2 renegotiation would let a write wait for a read; refuse it (TLS 1.3 has
+     * none). */
+    SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_mode(c, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     ERR_clear_error();
     struct tls_ctx *ctx = xmalloc(sizeof *ctx);
