@@ -4,9 +4,10 @@
  * only walks it. Each mapping is read by mapFields(), which knows the keys the mapping may
  * hold and rejects unknown and duplicate ones, and each value by a typed getter (integer,
  * boolean, string, address, hash) that checks its range. Cross-field rules (heartbeat below
- * election, all TLS files or none, unique tenant names, ids and token hashes) come after the
- * fields they relate. Every failure writes one message "FILE:LINE:COLUMN: ..." and returns
- * -1 up to config_parse(), which frees whatever was already built.
+ * election, TLS cert and key together and required by a TLS listener, unique tenant names,
+ * ids and token hashes) come after the fields they relate. Every failure writes one message
+ * "FILE:LINE:COLUMN: ..." and returns -1 up to config_parse(), which frees whatever was
+ * already built.
  *
  * YAML aliases are refused: the document API resolves an alias to the node it names, so the
  * walker notices a node reached twice and reports it, at the anchored node (the alias's own
@@ -714,21 +715,26 @@ static int parseExpiry(struct ctx *c, yaml_node_t *map, struct config_expiry *e)
 
 static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
 {
-    enum { CERT, KEY, CA, N };
-    static const char *const keys[N] = {"cert_file", "key_file", "ca_file"};
+    enum { CERT, KEY, CA, RPC, N };
+    static const char *const keys[N] = {"cert_file", "key_file", "ca_file", "rpc"};
     struct field f[N];
     if (mapFields(c, map, "tls", "tls", keys, N, f) != 0 ||
         getPath(c, &f[CERT], &t->cert_file) != 0 || getPath(c, &f[KEY], &t->key_file) != 0 ||
-        getPath(c, &f[CA], &t->ca_file) != 0) {
+        getPath(c, &f[CA], &t->ca_file) != 0 || getBool(c, &f[RPC], &t->rpc) != 0) {
         return -1;
     }
-    int given = (t->cert_file != NULL) + (t->key_file != NULL) + (t->ca_file != NULL);
-    if (given != 0 && given != N) {
-        return failNode(c, map, "tls: cert_file, key_file and ca_file go together; missing%s%s%s",
-                        t->cert_file ? "" : " cert_file", t->key_file ? "" : " key_file",
-                        t->ca_file ? "" : " ca_file");
+    if ((t->cert_file != NULL) != (t->key_file != NULL)) {
+        return failNode(c, map, "tls: cert_file and key_file go together; missing %s",
+                        t->cert_file ? "key_file" : "cert_file");
     }
-    t->enabled = given == N;
+    if (t->ca_file != NULL && t->cert_file == NULL) {
+        return failNode(c, map, "tls: ca_file needs cert_file and key_file");
+    }
+    t->enabled = t->cert_file != NULL;
+    if (t->rpc && !t->enabled) {
+        return failNode(c, f[RPC].val, "tls.rpc: TLS on the RPC listener needs cert_file and "
+                                       "key_file");
+    }
     return 0;
 }
 

@@ -8,7 +8,8 @@
  * Error messages never contain a token hash, only the name of the field that holds it.
  *
  * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS files
- * are not opened here; whoever sets up TLS reports a missing or unreadable file. */
+ * are not opened here; whoever sets up TLS reports a missing or unreadable file (server/tls.c
+ * does, at startup, for tls.rpc). */
 #ifndef IDEM_SERVER_CONFIG_H
 #define IDEM_SERVER_CONFIG_H
 
@@ -81,12 +82,16 @@ struct config_expiry {
     uint32_t batch;       /* records per expire entry, 1..65536, default 1024 */
 };
 
-/* All three files or none. */
+/* TLS files and the listeners that use them. cert_file and key_file go together; ca_file is
+ * optional: when set, a TLS listener asks every client for a certificate signed by it (and a
+ * TLS client verifies the server's against it). `enabled` says the files are there; each
+ * listener has its own switch (only the RPC listener has one so far). */
 struct config_tls {
-    bool enabled;
+    bool enabled;    /* cert_file and key_file are set */
     char *cert_file; /* owned; NULL when TLS is off */
     char *key_file;  /* owned; NULL when TLS is off */
-    char *ca_file;   /* owned; NULL when TLS is off */
+    char *ca_file;   /* owned; NULL when not given */
+    bool rpc;        /* serve the binary RPC over TLS; default false (plain TCP) */
 };
 
 enum config_lease_policy {

@@ -158,8 +158,8 @@ int main(int argc, char **argv)
     }
     /* Bind the RPC port before Raft starts, so that a node that cannot serve never joins
      * an election. */
-    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, d.svc, err,
-                           sizeof(err));
+    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, &d.cfg.tls, d.svc,
+                           err, sizeof(err));
     if (d.rpc == NULL) {
         log_error("%s", err);
         return 1;

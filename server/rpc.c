@@ -7,17 +7,29 @@
  * then it closes. Back-pressure: a connection with too many requests in flight, or too many
  * answer bytes queued, is not read until that drops. Untrusted bytes: a frame's length is
  * checked against max_frame_bytes before anything is buffered for it, the request is decoded
- * by protobuf-c, and nothing from it is logged. */
+ * by protobuf-c, and nothing from it is logged.
+ *
+ * TLS (tls.rpc in the config): the same connection with a tls_conn between the socket and
+ * the frame buffer. Reads land in a ciphertext buffer, are fed to the TLS engine and
+ * decrypted into the frame buffer (the same limits apply to the plaintext); every answer
+ * frame is encrypted and the resulting records written. Whatever the engine produces on its
+ * own (handshake messages, alerts) is written after each read. A TLS failure (a plain-TCP
+ * client, a bad or missing client certificate, a corrupt record) closes that connection
+ * only, after a best-effort write of the alert; the peer's close_notify is an end of
+ * stream like EOF. A closing connection sends its own close_notify when it can. */
 #include "rpc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+#include "tls.h"
 #include "xmalloc.h"
 
 #define CONN_MAX_INFLIGHT 4096          /* requests awaiting an answer */
 #define CONN_MAX_QUEUED (16u << 20)     /* answer bytes waiting to be written */
+#define CONN_TLS_READ 65536             /* ciphertext read buffer of a TLS connection */
 
 struct conn {
     uv_tcp_t tcp;
@@ -31,6 +43,9 @@ struct conn {
     bool closing;      /* the handle is closing: no more reads, no more answers */
     bool draining;     /* no more reads; close once everything owed is written */
     bool paused;       /* reading stopped by back-pressure */
+    struct tls_conn *tls; /* NULL on a plain-TCP listener */
+    uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
+    bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
     struct conn *prev, *next;
 };
 
@@ -39,6 +54,7 @@ struct rpc_server {
     uv_loop_t *loop;
     const struct config_rpc *cfg;
     struct service *svc;
+    struct tls_ctx *tls; /* NULL: plain TCP */
     struct conn *conns;
     size_t n_conns;
     bool closing;
@@ -58,6 +74,7 @@ static void serverMaybeFree(struct rpc_server *r)
     if (r->closing && r->listener_closed && r->conns == NULL) {
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
+        tls_ctx_free(r->tls);
         free(r);
         if (cb) {
             cb(data);
@@ -80,6 +97,8 @@ static void connUnref(struct conn *c)
         c->next->prev = c->prev;
     }
     r->n_conns--;
+    tls_conn_free(c->tls);
+    free(c->cipher);
     free(c->buf);
     free(c);
     serverMaybeFree(r);
@@ -90,6 +109,20 @@ static void connClosed(uv_handle_t *h)
     connUnref(h->data);
 }
 
+/* Closing: writes what the TLS engine has queued (an alert, close_notify) if the socket
+ * takes it at once; nothing waits for it. */
+static void tlsTryFlush(struct conn *c)
+{
+    uint8_t out[4096];
+    size_t n;
+    while ((n = tls_conn_take(c->tls, out, sizeof out)) > 0) {
+        uv_buf_t b = uv_buf_init((char *)out, (unsigned)n);
+        if (uv_try_write((uv_stream_t *)&c->tcp, &b, 1) != (int)n) {
+            return;
+        }
+    }
+}
+
 static void connClose(struct conn *c)
 {
     if (c->closing) {
@@ -97,6 +130,12 @@ static void connClose(struct conn *c)
     }
     c->closing = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
+    if (c->tls != NULL) {
+        if (!c->tls_failed) {
+            tls_conn_shutdown(c->tls);
+        }
+        tlsTryFlush(c);
+    }
     uv_close((uv_handle_t *)&c->tcp, connClosed);
 }
 
@@ -153,6 +192,41 @@ static void writeCb(uv_write_t *req, int status)
     connUnref(c);
 }
 
+/* Writes n bytes (a response frame, or TLS records) that w->data holds; w is consumed. */
+static void connWrite(struct conn *c, struct writeReq *w, size_t n)
+{
+    w->c = c;
+    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
+    c->refs++;
+    c->writes++;
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, writeCb) != 0) {
+        free(w);
+        c->refs--;
+        c->writes--;
+        connClose(c);
+    }
+}
+
+/* Writes every byte the TLS engine has for the network, as one write. */
+static void tlsFlush(struct conn *c)
+{
+    size_t n = tls_conn_pending(c->tls);
+    if (n == 0 || c->closing) {
+        return;
+    }
+    struct writeReq *w = xmalloc(sizeof(*w) + n);
+    size_t got = tls_conn_take(c->tls, w->data, n);
+    connWrite(c, w, got);
+}
+
+/* A TLS failure: this connection only, logged without any peer bytes. */
+static void tlsFail(struct conn *c, const char *what)
+{
+    log_warn("rpc: TLS connection closed: %s: %s", what, tls_conn_errmsg(c->tls));
+    c->tls_failed = true;
+    connClose(c);
+}
+
 /* Packs and writes one response frame. */
 static void connSend(struct conn *c, const Idem__Response *resp)
 {
@@ -166,16 +240,17 @@ static void connSend(struct conn *c, const Idem__Response *resp)
     w->data[2] = (uint8_t)(n >> 8);
     w->data[3] = (uint8_t)n;
     idem__response__pack(resp, w->data + 4);
-    w->c = c;
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(4 + n));
-    c->refs++;
-    c->writes++;
-    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, writeCb) != 0) {
-        free(w);
-        c->refs--;
-        c->writes--;
-        connClose(c);
+    if (c->tls == NULL) {
+        connWrite(c, w, 4 + n);
+        return;
     }
+    int rv = tls_conn_write(c->tls, w->data, 4 + n);
+    free(w);
+    if (rv != 0) {
+        tlsFail(c, "write");
+        return;
+    }
+    tlsFlush(c);
 }
 
 static void answeredCb(void *data, const Idem__Response *resp)
@@ -240,12 +315,11 @@ static void connProcess(struct conn *c)
     }
 }
 
-static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* Makes room for at least 16 KiB more in the frame buffer, within its limit: never more
+ * than one frame's worth ahead of what is parsed. */
+static void connReserve(struct conn *c)
 {
-    struct conn *c = h->data;
-    (void)suggested;
     if (c->cap - c->len < 16384) {
-        /* Never more than one frame's worth ahead of what is parsed. */
         size_t want = c->cap ? c->cap * 2 : 65536;
         size_t limit = (size_t)c->srv->cfg->max_frame_bytes + 4 + 65536;
         if (want > limit) {
@@ -256,15 +330,79 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
             c->cap = want;
         }
     }
+}
+
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct conn *c = h->data;
+    (void)suggested;
+    if (c->tls != NULL) {
+        if (c->cipher == NULL) {
+            c->cipher = xmalloc(CONN_TLS_READ);
+        }
+        *buf = uv_buf_init((char *)c->cipher, CONN_TLS_READ);
+        return;
+    }
+    connReserve(c);
     *buf = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len));
+}
+
+/* TLS: feeds what was read and decrypts everything available into the frame buffer,
+ * handing complete frames to connProcess() whenever the buffer fills up. */
+static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
+{
+    tls_conn_feed(c->tls, data, n);
+    for (;;) {
+        if (c->closing || c->draining) {
+            break;
+        }
+        connReserve(c);
+        if (c->cap == c->len) {
+            /* Full: the frames in it are complete (the limit leaves room for the largest
+             * frame), so processing frees space. */
+            connProcess(c);
+            if (c->closing || c->draining) {
+                break;
+            }
+            connReserve(c);
+            if (c->cap == c->len) {
+                badFrame(c, 0, "frame buffer full");
+                break;
+            }
+        }
+        int got = tls_conn_read(c->tls, c->buf + c->len, c->cap - c->len);
+        if (got > 0) {
+            c->len += (size_t)got;
+            continue;
+        }
+        if (got == TLS_WANT) {
+            break;
+        }
+        tlsFlush(c); /* an alert, if the engine made one */
+        if (got == TLS_CLOSED) {
+            connClose(c);
+        } else {
+            tlsFail(c, tls_conn_established(c->tls) ? "read" : "handshake");
+        }
+        return;
+    }
+    tlsFlush(c);
+    if (!c->closing) {
+        connProcess(c);
+    }
 }
 
 static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
-    (void)buf;
     if (nread < 0) {
         connClose(c);
+        return;
+    }
+    if (c->tls != NULL) {
+        if (nread > 0) {
+            tlsRead(c, (const uint8_t *)buf->base, (size_t)nread);
+        }
         return;
     }
     c->len += (size_t)nread;
@@ -293,23 +431,35 @@ static void acceptCb(uv_stream_t *l, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    if (r->tls != NULL) {
+        c->tls = tls_conn_new(r->tls, NULL);
+    }
     uv_read_start((uv_stream_t *)&c->tcp, allocCb, readCb);
 }
 
 struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,
-                                  const struct config_rpc *cfg, struct service *svc, char *err,
-                                  size_t errlen)
+                                  const struct config_rpc *cfg, const struct config_tls *tls,
+                                  struct service *svc, char *err, size_t errlen)
 {
+    struct tls_ctx *tctx = NULL;
+    if (tls != NULL && tls->rpc) {
+        tctx = tls_ctx_new(tls, TLS_SERVER, err, errlen);
+        if (tctx == NULL) {
+            return NULL;
+        }
+    }
     struct sockaddr_in sa;
     int rv = uv_ip4_addr(addr->host, addr->port, &sa);
     if (rv != 0) {
         snprintf(err, errlen, "rpc address %s: %s", addr->text, uv_strerror(rv));
+        tls_ctx_free(tctx);
         return NULL;
     }
     struct rpc_server *r = xcalloc(1, sizeof(*r));
     r->loop = loop;
     r->cfg = cfg;
     r->svc = svc;
+    r->tls = tctx;
     uv_tcp_init(loop, &r->listener);
     r->listener.data = r;
     rv = uv_tcp_bind(&r->listener, (const struct sockaddr *)&sa, 0);
@@ -322,6 +472,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         uv_close((uv_handle_t *)&r->listener, NULL);
         /* The handle is closed on the next loop turn; the struct must outlive it. */
         uv_run(loop, UV_RUN_NOWAIT);
+        tls_ctx_free(tctx);
         free(r);
         return NULL;
     }

@@ -14,10 +14,13 @@
 struct rpc_server;
 
 /* Binds host:port on `loop` and serves requests to `svc` (borrowed; must outlive the RPC
- * server). `cfg` is borrowed and must outlive it. NULL with a message in err on failure. */
+ * server). `cfg` is borrowed and must outlive it. `tls` (borrowed for the call; may be NULL)
+ * with tls->rpc set makes the listener speak TLS (server/tls.h); its files are read here,
+ * so a missing file, a bad certificate or a key that does not match fail here. NULL with a
+ * message in err on failure. */
 struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,
-                                  const struct config_rpc *cfg, struct service *svc, char *err,
-                                  size_t errlen);
+                                  const struct config_rpc *cfg, const struct config_tls *tls,
+                                  struct service *svc, char *err, size_t errlen);
 
 /* Stops accepting and reading; every connection closes once the answers it is owed are
  * written (call service_close() next: it answers every waiting request). The server is

@@ -13,6 +13,7 @@ packages=(
   libcmocka-dev
   clang libclang-rt-14-dev
   python3
+  openssl
 )
 
 missing=()

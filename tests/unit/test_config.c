@@ -133,6 +133,7 @@ static const char full_text[] =
     "  cert_file: /etc/idem/node.crt\n"
     "  key_file: '/etc/idem/node.key'\n"
     "  ca_file: \"/etc/idem/ca.crt\"\n"
+    "  rpc: true\n"
     "admin:\n"
     "  token_sha256: " HASH_ADMIN "\n"
     "tenants:\n"
@@ -193,6 +194,7 @@ static void test_full(void **state)
     assert_string_equal(c.tls.cert_file, "/etc/idem/node.crt");
     assert_string_equal(c.tls.key_file, "/etc/idem/node.key");
     assert_string_equal(c.tls.ca_file, "/etc/idem/ca.crt");
+    assert_true(c.tls.rpc);
 
     static const uint8_t admin[CONFIG_HASH_LEN] = {
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45,
@@ -397,9 +399,15 @@ static const struct bad_case bad_cases[] = {
     {"default deadline above max", NODE_OK "rpc:\n  default_deadline_ms: 70000\n",
      "x.yaml:7:24: ", "rpc.default_deadline_ms must not exceed max_deadline_ms"},
     {"tls with only cert_file", NODE_OK "tls:\n  cert_file: /c.pem\n",
-     "x.yaml:7:3: ", "tls: cert_file, key_file and ca_file go together; missing key_file ca_file"},
-    {"tls without ca_file", NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n",
-     "x.yaml:7:3: ", "missing ca_file"},
+     "x.yaml:7:3: ", "tls: cert_file and key_file go together; missing key_file"},
+    {"tls with only key_file", NODE_OK "tls:\n  key_file: /k.pem\n",
+     "x.yaml:7:3: ", "tls: cert_file and key_file go together; missing cert_file"},
+    {"tls with only ca_file", NODE_OK "tls:\n  ca_file: /ca.pem\n",
+     "x.yaml:7:3: ", "tls: ca_file needs cert_file and key_file"},
+    {"tls on rpc without files", NODE_OK "tls:\n  rpc: true\n",
+     "x.yaml:7:8: ", "tls.rpc: TLS on the RPC listener needs cert_file and key_file"},
+    {"tls rpc not a bool", NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: 3\n",
+     "x.yaml:9:8: ", "tls.rpc"},
 
     /* Required keys. */
     {"missing node.id",
