@@ -16,6 +16,7 @@
 #include <h2o.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdarg.h>
@@ -100,6 +101,7 @@ struct http_server {
     h2o_timeout_t io_timeout;   /* http1client's per-phase timeout (proxy mode) */
     h2o_http1client_ctx_t client_ctx;
     struct proxyJob *pjobs;
+    uint64_t secret_warned_ms; /* last warning about a refused cluster secret */
     uv_timer_t stop_timer;
     bool ctx_ready;
     bool stopping;
@@ -1118,8 +1120,27 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
  * to the upstream with http1client (docs/h2o-notes.md §4) under a total deadline → the
  * upstream's answer is recorded (complete or release, CONTRACT.md §4) and then passed on.
  * Everything a job needs after the claim is copied into the job, so that it can finish
- * (and record the upstream's answer) even when h2o disposed the request first. A follower
- * does not forward proxy claims yet: it answers 503 idempotency_unavailable. */
+ * (and record the upstream's answer) even when h2o disposed the request first.
+ *
+ * Followers (pjCall): every record op (claim, renew, complete, release) goes to the local
+ * service first; a follower answers not_leader, and the op is then forwarded to the leader's
+ * RPC address (forward.c, one redirect) with Request.as_tenant and the cluster secret
+ * (rpc.cluster_secret_file) as its auth_token. The upstream is always called from the node
+ * the caller reached. Without a secret a follower answers 503 with Retry-After.
+ *
+ * Retries: a claim that finds no leader (unavailable, a forward that failed) is sent again
+ * with the same attempt id (so a claim that committed but whose answer was lost gets its own
+ * lease back, CONTRACT.md §2) for up to rpc.default_deadline_ms, then answered 503. A
+ * complete or release after the upstream answered is retried the same way (both are
+ * idempotent for one token) for up to max(lease, 3 × rpc.default_deadline_ms), so that a
+ * leader change during the upstream call does not leave the record processing.
+ *
+ * Lease renewal: while the upstream call runs, the lease is renewed every third of it. If a
+ * renewal answers lease_lost or not_found (the lease passed during a stall and another
+ * attempt took the key over, or the record is gone), the upstream's answer is passed on to
+ * the caller but not recorded: the record belongs to its new holder (CONTRACT.md §2: only
+ * the current token may complete; the fence told the upstream that this holder was stale),
+ * and a retry with the same key gets the new holder's outcome. */
 
 struct upHdr {
     char *name; /* lower case, owned */
@@ -1131,6 +1152,17 @@ enum pjAfter {
     PJ_AFTER_UPSTREAM, /* pass the upstream's answer on */
     PJ_AFTER_ERROR,    /* answer err_status / err_code */
 };
+
+/* What the job records once the upstream call ended. */
+enum pjRecord {
+    PJ_REC_NONE,    /* nothing (pass-through) */
+    PJ_REC_RELEASE, /* release: nothing happened, or a 4xx */
+    PJ_REC_UNKNOWN, /* complete with outcome unknown: quarantine */
+    PJ_REC_STORE,   /* complete with the upstream's answer */
+};
+
+#define PJ_RETRY_FIRST_MS 50
+#define PJ_RETRY_MAX_MS 500
 
 struct proxyJob;
 
@@ -1178,6 +1210,21 @@ struct proxyJob {
     int err_status;
     const char *err_code;
     const char *err_msg;
+    /* the one service call in flight (pjCall), kept packed for retries and forwarding */
+    service_done_cb call_cb;
+    uint8_t *call_packed; /* owned; holds the cluster secret when one is configured */
+    size_t call_len;
+    bool call_in_flight;
+    bool call_retry;      /* retried while no leader answers, until call_deadline */
+    uint64_t call_deadline; /* uv_now() bound of the retries */
+    uint64_t call_backoff_ms;
+    /* lease renewal */
+    uv_timer_t renew_timer;
+    uint64_t lease_ms;
+    bool lease_lost;      /* a renewal found another holder: the answer is not recorded */
+    enum pjRecord record;
+    bool record_waiting;  /* the upstream ended while a renewal was in flight */
+    int open_handles;
     struct proxyJob *prev, *next;
 };
 
@@ -1326,6 +1373,9 @@ static void pjClosedCb(uv_handle_t *t)
 {
     struct proxyJob *j = t->data;
     struct http_server *h = j->h;
+    if (--j->open_handles > 0) {
+        return;
+    }
     if (j->prev) {
         j->prev->next = j->next;
     } else {
@@ -1347,6 +1397,10 @@ static void pjClosedCb(uv_handle_t *t)
     free(j->up_hdrs);
     free(j->up_body);
     EVP_MD_CTX_free(j->sha);
+    if (j->call_packed != NULL) {
+        OPENSSL_cleanse(j->call_packed, j->call_len);
+        free(j->call_packed);
+    }
     free(j);
     httpMaybeStopped(h);
 }
@@ -1358,23 +1412,140 @@ static void pjFinish(struct proxyJob *j)
         pjSendError(j, 500, "internal", "no answer", 0);
     }
     uv_timer_stop(&j->timer);
+    uv_timer_stop(&j->renew_timer);
+    j->open_handles = 2;
     uv_close((uv_handle_t *)&j->timer, pjClosedCb);
+    uv_close((uv_handle_t *)&j->renew_timer, pjClosedCb);
 }
 
-/* Calls the service on behalf of the route's tenant; after http_server_stop() the service is
- * no longer called and cb gets unavailable. */
-static void pjCall(struct proxyJob *j, Idem__Request *rq, service_done_cb cb)
+/* ---- service calls: local, else forwarded to the leader --------------------------------- */
+
+static void pjCallSend(struct proxyJob *j);
+
+/* Answers the call in flight with a synthetic outcome (no service answer). */
+static void pjCallSynth(struct proxyJob *j, Idem__Outcome oc, const char *why)
 {
-    rq->deadline_ms = j->h->cfg->rpc.default_deadline_ms;
-    if (j->h->stopping) {
-        Idem__Result res = IDEM__RESULT__INIT;
-        Idem__Response resp = IDEM__RESPONSE__INIT;
-        res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
-        resp.result = &res;
-        cb(j, &resp);
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = oc;
+    resp.result = &res;
+    resp.error = (char *)why;
+    j->call_in_flight = false;
+    service_done_cb cb = j->call_cb;
+    j->call_cb = NULL;
+    cb(j, &resp);
+}
+
+static void pjRetryCb(uv_timer_t *t)
+{
+    pjCallSend(t->data);
+}
+
+/* The call's answer: retried after a pause while no leader answers (and the call allows
+ * it), else handed to the call's callback. */
+static void pjCallDone(struct proxyJob *j, const Idem__Response *resp)
+{
+    struct http_server *h = j->h;
+    Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    bool noLeader = oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE ||
+                    oc == IDEM__OUTCOME__OUTCOME_NOT_LEADER ||
+                    oc == IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    uint64_t now = uv_now(h->loop);
+    if (noLeader && j->call_retry && !h->stopping && now + j->call_backoff_ms < j->call_deadline) {
+        uv_timer_start(&j->timer, pjRetryCb, j->call_backoff_ms, 0);
+        j->call_backoff_ms = j->call_backoff_ms * 2 > PJ_RETRY_MAX_MS ? PJ_RETRY_MAX_MS
+                                                                      : j->call_backoff_ms * 2;
         return;
     }
-    service_handle_as(j->h->svc, j->tenant->name, rq, cb, j);
+    j->call_in_flight = false;
+    service_done_cb cb = j->call_cb;
+    j->call_cb = NULL;
+    cb(j, resp);
+}
+
+static void pjForwardDoneCb(void *data, const Idem__Response *resp, const char *err)
+{
+    struct proxyJob *j = data;
+    if (resp != NULL) {
+        pjCallDone(j, resp);
+        return;
+    }
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response r = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+    r.result = &res;
+    r.error = (char *)(err ? err : "");
+    pjCallDone(j, &r);
+}
+
+/* The local service's answer: a follower's not_leader goes to the leader when this node has
+ * a cluster secret. */
+static void pjServiceDoneCb(void *data, const Idem__Response *resp)
+{
+    struct proxyJob *j = data;
+    struct http_server *h = j->h;
+    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
+        h->cfg->rpc.cluster_secret.set && !h->stopping && h->fwd != NULL &&
+        resp->leader_rpc_address != NULL && resp->leader_rpc_address[0] != '\0') {
+        Idem__Request *rq = idem__request__unpack(NULL, j->call_len, j->call_packed);
+        if (rq == NULL) {
+            pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "cannot decode the request again");
+            return;
+        }
+        /* j may be answered (and finished) inside forward_call. */
+        forward_call(h->fwd, resp->leader_rpc_address, rq, h->cfg->rpc.default_deadline_ms,
+                     pjForwardDoneCb, j);
+        idem__request__free_unpacked(rq, NULL);
+        return;
+    }
+    pjCallDone(j, resp);
+}
+
+/* Sends the packed call to the local service (again, for a retry). */
+static void pjCallSend(struct proxyJob *j)
+{
+    struct http_server *h = j->h;
+    if (h->stopping) {
+        pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "node shutting down");
+        return;
+    }
+    Idem__Request *rq = idem__request__unpack(NULL, j->call_len, j->call_packed);
+    if (rq == NULL) {
+        pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "cannot decode the request again");
+        return;
+    }
+    /* j may be answered (and finished) before this returns. */
+    service_handle_as(h->svc, j->tenant->name, rq, pjServiceDoneCb, j);
+    idem__request__free_unpacked(rq, NULL);
+}
+
+/* Calls the service on behalf of the route's tenant (one call at a time per job); on a
+ * follower the call goes to the leader (see above). retry_ms > 0: a call that finds no
+ * leader is sent again for up to retry_ms. After http_server_stop() the service is no
+ * longer called and cb gets unavailable. cb may run before this returns. */
+static void pjCall(struct proxyJob *j, Idem__Request *rq, service_done_cb cb, uint64_t retry_ms)
+{
+    struct http_server *h = j->h;
+    const struct config_secret *sec = &h->cfg->rpc.cluster_secret;
+    rq->deadline_ms = h->cfg->rpc.default_deadline_ms;
+    if (sec->set) { /* read only by the leader, when the call is forwarded */
+        rq->as_tenant = (char *)j->tenant->name;
+        rq->auth_token.data = sec->value;
+        rq->auth_token.len = sec->len;
+    }
+    if (j->call_packed != NULL) {
+        OPENSSL_cleanse(j->call_packed, j->call_len);
+        free(j->call_packed);
+    }
+    j->call_len = idem__request__get_packed_size(rq);
+    j->call_packed = xmalloc(j->call_len ? j->call_len : 1);
+    idem__request__pack(rq, j->call_packed);
+    j->call_cb = cb;
+    j->call_in_flight = true;
+    j->call_retry = retry_ms > 0;
+    j->call_deadline = uv_now(h->loop) + retry_ms;
+    j->call_backoff_ms = PJ_RETRY_FIRST_MS;
+    pjCallSend(j);
 }
 
 static void pjAnswerAfter(struct proxyJob *j)
@@ -1400,6 +1571,13 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
     pjAnswerAfter(j);
 }
 
+/* How long a complete or release is retried while no leader answers. */
+static uint64_t pjRecordRetryMs(const struct proxyJob *j)
+{
+    uint64_t d = 3 * (uint64_t)j->h->cfg->rpc.default_deadline_ms;
+    return j->lease_ms > d ? j->lease_ms : d;
+}
+
 static void pjRelease(struct proxyJob *j)
 {
     Idem__Request rq = IDEM__REQUEST__INIT;
@@ -1409,7 +1587,7 @@ static void pjRelease(struct proxyJob *j)
     re.token = j->token;
     rq.op_case = IDEM__REQUEST__OP_RELEASE;
     rq.release = &re;
-    pjCall(j, &rq, pjRecordDoneCb);
+    pjCall(j, &rq, pjRecordDoneCb, pjRecordRetryMs(j));
 }
 
 static void pjComplete(struct proxyJob *j, Idem__Completion outcome, Idem__StoredResponse *sr)
@@ -1423,7 +1601,87 @@ static void pjComplete(struct proxyJob *j, Idem__Completion outcome, Idem__Store
     co.response = sr;
     rq.op_case = IDEM__REQUEST__OP_COMPLETE;
     rq.complete = &co;
-    pjCall(j, &rq, pjRecordDoneCb);
+    pjCall(j, &rq, pjRecordDoneCb, pjRecordRetryMs(j));
+}
+
+static void pjCompleteStored(struct proxyJob *j);
+
+/* Records what the upstream call ended with (j->record), unless the lease was lost: then the
+ * answer is only passed on (see the section comment). Waits for a renewal in flight. */
+static void pjRecordNow(struct proxyJob *j)
+{
+    j->record_waiting = false;
+    if (j->lease_lost) {
+        char kd[FP_HEX12_SIZE];
+        key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
+        log_warn("proxy: the lease was lost during the upstream call; its answer is passed on "
+                 "but not recorded (key_digest %s, fence %llu)",
+                 kd, (unsigned long long)j->token);
+        pjAnswerAfter(j);
+        return;
+    }
+    switch (j->record) {
+    case PJ_REC_RELEASE:
+        pjRelease(j);
+        return;
+    case PJ_REC_UNKNOWN:
+        pjComplete(j, IDEM__COMPLETION__COMPLETION_UNKNOWN, NULL); /* quarantine */
+        return;
+    case PJ_REC_STORE:
+        pjCompleteStored(j);
+        return;
+    default:
+        pjAnswerAfter(j);
+        return;
+    }
+}
+
+static void pjRecord(struct proxyJob *j, enum pjRecord what)
+{
+    j->record = what;
+    uv_timer_stop(&j->renew_timer);
+    if (j->call_in_flight) { /* a renewal: its answer may say the lease is lost */
+        j->record_waiting = true;
+        return;
+    }
+    pjRecordNow(j);
+}
+
+static void pjRenewDoneCb(void *data, const Idem__Response *resp)
+{
+    struct proxyJob *j = data;
+    Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    if (oc == IDEM__OUTCOME__OUTCOME_LEASE_LOST || oc == IDEM__OUTCOME__OUTCOME_NOT_FOUND) {
+        j->lease_lost = true;
+        uv_timer_stop(&j->renew_timer);
+    } else if (oc != IDEM__OUTCOME__OUTCOME_OK) {
+        char kd[FP_HEX12_SIZE];
+        key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
+        log_warn("proxy: renewing the lease failed, trying again in a third of it (key_digest "
+                 "%s, outcome %s)",
+                 kd, (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?");
+    }
+    if (j->record_waiting) {
+        pjRecordNow(j);
+    }
+}
+
+/* Every third of the lease while the upstream call runs. */
+static void pjRenewTickCb(uv_timer_t *t)
+{
+    struct proxyJob *j = t->data;
+    if (!j->in_upstream || j->call_in_flight || j->lease_lost) {
+        return;
+    }
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    Idem__RenewRequest rn = IDEM__RENEW_REQUEST__INIT;
+    rn.key.data = (uint8_t *)j->key;
+    rn.key.len = j->key_len;
+    rn.token = j->token;
+    rn.lease_ms = j->lease_ms;
+    rq.op_case = IDEM__REQUEST__OP_RENEW;
+    rq.renew = &rn;
+    pjCall(j, &rq, pjRenewDoneCb, 0);
 }
 
 static void pjSetError(struct proxyJob *j, int status, const char *code, const char *msg)
@@ -1449,9 +1707,9 @@ static void pjUpstreamFailed(struct proxyJob *j, bool sent, bool timeout)
     if (!j->idem) {
         pjAnswerAfter(j);
     } else if (!sent || !j->route->on_timeout_unknown) {
-        pjRelease(j); /* nothing was sent, or the route says release */
+        pjRecord(j, PJ_REC_RELEASE); /* nothing was sent, or the route says release */
     } else {
-        pjComplete(j, IDEM__COMPLETION__COMPLETION_UNKNOWN, NULL); /* quarantine */
+        pjRecord(j, PJ_REC_UNKNOWN);
     }
 }
 
@@ -1484,9 +1742,16 @@ static void pjUpstreamDone(struct proxyJob *j)
         return;
     }
     if (j->up_status >= 400 && j->up_status < 500 && !j->route->store_4xx) {
-        pjRelease(j);
+        pjRecord(j, PJ_REC_RELEASE);
         return;
     }
+    pjRecord(j, PJ_REC_STORE);
+}
+
+/* Completes with the upstream's answer: its status, the route's stored headers, and the body
+ * (or only its digest when it was too large). */
+static void pjCompleteStored(struct proxyJob *j)
+{
     Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
     Idem__Header *hs = xcalloc(j->n_up_hdrs + 1, sizeof(*hs));
     Idem__Header **hp = xcalloc(j->n_up_hdrs + 1, sizeof(*hp));
@@ -1694,6 +1959,10 @@ static void pjUpstreamStart(struct proxyJob *j)
         return;
     }
     uv_timer_start(&j->timer, pjDeadlineCb, r->upstream_timeout_ms, 0);
+    if (j->idem) {
+        uint64_t every = j->lease_ms / 3 ? j->lease_ms / 3 : 1;
+        uv_timer_start(&j->renew_timer, pjRenewTickCb, every, every);
+    }
     h2o_http1client_connect(&j->client, j, &h->client_ctx,
                             h2o_iovec_init(r->upstream_host, strlen(r->upstream_host)),
                             r->upstream_port, 0, pjOnConnect);
@@ -1759,8 +2028,26 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     }
     case IDEM__OUTCOME__OUTCOME_NOT_LEADER:
         pjSendError(j, 503, "idempotency_unavailable",
-                    "this node is not the leader (proxy mode does not forward yet); retry", 1);
+                    h->cfg->rpc.cluster_secret.set
+                        ? "the leader could not be reached; retry with the same key"
+                        : "this node is not the leader and has no cluster secret "
+                          "(rpc.cluster_secret_file) to forward proxy claims with; retry, "
+                          "or use the leader's proxy",
+                    1);
         break;
+    case IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED:
+    case IDEM__OUTCOME__OUTCOME_FORBIDDEN: {
+        /* Locally the tenant is configured: only the leader refuses, for the secret. */
+        uint64_t now = uv_now(h->loop);
+        if (h->secret_warned_ms == 0 || now - h->secret_warned_ms >= 10000) {
+            h->secret_warned_ms = now ? now : 1;
+            log_warn("proxy: the leader refused this node's cluster secret; check "
+                     "rpc.cluster_secret_file on every node");
+        }
+        pjSendError(j, 503, "idempotency_unavailable",
+                    "the leader refused this node's cluster secret; retry on another node", 1);
+        break;
+    }
     default:
         pjSendError(j, 503, "idempotency_unavailable",
                     "no quorum or no leader; retry with the same key", 1);
@@ -1875,6 +2162,9 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
     j->fwd_len = fb.len;
     uv_timer_init(h->loop, &j->timer);
     j->timer.data = j;
+    uv_timer_init(h->loop, &j->renew_timer);
+    j->renew_timer.data = j;
+    j->lease_ms = r->lease_ms ? r->lease_ms : t->lease_ms;
     j->req = req;
     j->ref = h2o_mem_alloc_shared(&req->pool, sizeof(*j->ref), pjRefDisposeCb);
     j->ref->job = j;
@@ -1948,7 +2238,7 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
     rq.op_case = IDEM__REQUEST__OP_CLAIM;
     rq.claim = &cl;
     /* j may be finished before this returns. */
-    pjCall(j, &rq, pjClaimDoneCb);
+    pjCall(j, &rq, pjClaimDoneCb, h->cfg->rpc.default_deadline_ms);
 }
 
 /* The proxy listener a request arrived on, or NULL for the gateway's own listener. */
