@@ -1447,9 +1447,10 @@ static void pjCallDone(struct proxyJob *j, const Idem__Response *resp)
 {
     struct http_server *h = j->h;
     Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    /* Without a secret a follower's not_leader is final: it cannot forward. */
     bool noLeader = oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE ||
-                    oc == IDEM__OUTCOME__OUTCOME_NOT_LEADER ||
-                    oc == IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+                    oc == IDEM__OUTCOME__OUTCOME_UNSPECIFIED ||
+                    (oc == IDEM__OUTCOME__OUTCOME_NOT_LEADER && h->cfg->rpc.cluster_secret.set);
     uint64_t now = uv_now(h->loop);
     if (noLeader && j->call_retry && !h->stopping && now + j->call_backoff_ms < j->call_deadline) {
         uv_timer_start(&j->timer, pjRetryCb, j->call_backoff_ms, 0);
