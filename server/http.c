@@ -37,6 +37,10 @@
 #define HTTP_STOP_POLL_MS 20
 #define HTTP_STOP_GRACE_MS 3000           /* after this, busy connections are closed too */
 #define HTTP_ATTEMPT_ID_MAX 64
+/* Idle keep-alive connections to an upstream are closed after this; it must stay below the
+ * upstreams' own idle timeouts (nginx 75 s, gunicorn 2 s), so that a pooled connection is
+ * rarely closed by the upstream just as a request goes out on it. */
+#define HTTP_POOL_IDLE_MS 1000
 
 enum route {
     R_HEALTHZ,
@@ -78,6 +82,13 @@ struct httpJob;
 struct proxyJob;
 struct http_server;
 
+/* Keep-alive connections to one upstream (host, port), shared by the routes that name it. */
+struct upstreamPool {
+    const char *host; /* borrows the config */
+    uint16_t port;
+    h2o_socketpool_t pool;
+};
+
 /* A proxy listener (cfg->proxies[i]). */
 struct proxyListener {
     uv_tcp_t tcp;
@@ -100,6 +111,8 @@ struct http_server {
     int open_listeners;         /* listeners not yet closed */
     h2o_timeout_t io_timeout;   /* http1client's per-phase timeout (proxy mode) */
     h2o_http1client_ctx_t client_ctx;
+    struct upstreamPool *pools; /* one per distinct upstream of the proxy routes */
+    size_t n_pools;
     struct proxyJob *pjobs;
     uint64_t secret_warned_ms; /* last warning about a refused cluster secret */
     uv_timer_t stop_timer;
@@ -1943,7 +1956,7 @@ static void pjUpstreamStart(struct proxyJob *j)
     if (j->has_body || j->body_len > 0) {
         tbPrintf(&b, "Content-Length: %zu\r\n", j->body_len);
     }
-    tbPrintf(&b, "Connection: close\r\n\r\n");
+    tbPrintf(&b, "Connection: keep-alive\r\n\r\n");
     j->head = b.p;
     j->reqbufs[0] = h2o_iovec_init(b.p, b.len);
     j->reqbufs[1] = h2o_iovec_init(j->body, j->body_len);
@@ -1964,9 +1977,19 @@ static void pjUpstreamStart(struct proxyJob *j)
         uint64_t every = j->lease_ms / 3 ? j->lease_ms / 3 : 1;
         uv_timer_start(&j->renew_timer, pjRenewTickCb, every, every);
     }
-    h2o_http1client_connect(&j->client, j, &h->client_ctx,
-                            h2o_iovec_init(r->upstream_host, strlen(r->upstream_host)),
-                            r->upstream_port, 0, pjOnConnect);
+    struct upstreamPool *pool = NULL;
+    for (size_t i = 0; i < h->n_pools && pool == NULL; i++) {
+        if (h->pools[i].port == r->upstream_port && strcmp(h->pools[i].host, r->upstream_host) == 0) {
+            pool = &h->pools[i];
+        }
+    }
+    if (pool != NULL) { /* always, as every route's upstream has a pool */
+        h2o_http1client_connect_with_pool(&j->client, j, &h->client_ctx, &pool->pool, pjOnConnect);
+    } else {
+        h2o_http1client_connect(&j->client, j, &h->client_ctx,
+                                h2o_iovec_init(r->upstream_host, strlen(r->upstream_host)),
+                                r->upstream_port, 0, pjOnConnect);
+    }
 }
 
 static void pjClaimDoneCb(void *data, const Idem__Response *resp)
@@ -2432,6 +2455,32 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
         }
     }
     h2o_timeout_init(loop, &h->io_timeout, io_ms);
+    size_t n_routes = 0;
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        n_routes += cfg->proxies[i].n_routes;
+    }
+    h->pools = xcalloc(n_routes ? n_routes : 1, sizeof(*h->pools));
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        for (size_t k = 0; k < cfg->proxies[i].n_routes; k++) {
+            const struct config_proxy_route *r = &cfg->proxies[i].routes[k];
+            bool seen = false;
+            for (size_t p = 0; p < h->n_pools && !seen; p++) {
+                seen = h->pools[p].port == r->upstream_port &&
+                       strcmp(h->pools[p].host, r->upstream_host) == 0;
+            }
+            if (seen) {
+                continue;
+            }
+            struct upstreamPool *up = &h->pools[h->n_pools++];
+            up->host = r->upstream_host;
+            up->port = r->upstream_port;
+            /* capacity is not enforced by h2o 2.2.5 (docs/h2o-notes.md §4) */
+            h2o_socketpool_init_by_hostport(&up->pool,
+                                            h2o_iovec_init(up->host, strlen(up->host)),
+                                            up->port, 0, 1024);
+            h2o_socketpool_set_timeout(&up->pool, loop, HTTP_POOL_IDLE_MS);
+        }
+    }
     h->client_ctx.loop = loop;
     h->client_ctx.getaddr_receiver = &h->ctx.receivers.hostinfo_getaddr;
     h->client_ctx.io_timeout = &h->io_timeout;
@@ -2530,6 +2579,9 @@ void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
 
 void http_server_free(struct http_server *h)
 {
+    for (size_t i = 0; i < h->n_pools; i++) { /* closes the idle pooled connections */
+        h2o_socketpool_dispose(&h->pools[i].pool);
+    }
     h2o_timeout_dispose(h->loop, &h->io_timeout); /* every client finished with its job */
     if (h2o_timeout_is_linked(&h->ctx.http2._graceful_shutdown_timeout)) {
         h2o_timeout_unlink(&h->ctx.http2._graceful_shutdown_timeout);
@@ -2538,6 +2590,7 @@ void http_server_free(struct http_server *h)
     /* h2o's handles close on the loop; the context must outlive their callbacks. */
     uv_run(h->loop, UV_RUN_DEFAULT);
     h2o_config_dispose(&h->conf);
+    free(h->pools); /* after the loop ran the close callbacks of their timers */
     free(h->plisteners);
     free(h);
 }

@@ -538,6 +538,15 @@ class TestProxyBasics(ProxyTest):
             conn.close()
         self.assertEqual(self.svc.count(key), 1)
 
+    def test_upstream_connections_are_reused(self):
+        """Keep-alive to the upstream: sequential requests share pooled connections."""
+        keys = [self.key("pool%d" % i) for i in range(6)]
+        for k in keys:
+            self.assertFresh(self.order(k))
+        ports = [self.svc.executions(k)[0]["peer_port"] for k in keys]
+        self.assertLess(len(set(ports)), len(ports), "no upstream connection was reused: %r"
+                        % ports)
+
     def test_key_is_never_logged(self):
         """CONTRACT.md §1: the key is a secret; logs carry key_digest only."""
         key = "secret-%s" % secrets.token_hex(12)
