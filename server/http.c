@@ -2287,6 +2287,83 @@ static const struct config_proxy *proxyOf(struct http_server *h, h2o_req_t *req)
     return NULL;
 }
 
+/* ---- h2o's own error answers -------------------------------------------------------------
+ *
+ * h2o answers some requests itself before any handler runs: a body above
+ * max_request_entity_size (413, HTTP_H2O_ENTITY_MAX), broken chunked encoding or
+ * Content-Length (400). Those answers are bound to the host's fallback path; a filter there
+ * turns their text/plain body into the JSON error body of CONTRACT.md §3, with X-Request-Id.
+ * h2o still closes the connection after them. */
+
+struct h2oErrFilter {
+    h2o_filter_t super;
+    struct http_server *h;
+};
+
+struct h2oErrOstream {
+    h2o_ostream_t super;
+    h2o_iovec_t body; /* in req->pool */
+};
+
+static const struct config_proxy *proxyOf(struct http_server *h, h2o_req_t *req);
+
+/* Sends the JSON body in place of h2o's text (none for HEAD: h2o sends no buffers then). */
+static void h2oErrSendCb(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *inbufs,
+                         size_t inbufcnt, h2o_send_state_t state)
+{
+    struct h2oErrOstream *o = (struct h2oErrOstream *)self;
+    (void)inbufs;
+    if (inbufcnt > 0 && o->body.len > 0) {
+        h2o_iovec_t b = o->body;
+        o->body.len = 0;
+        h2o_ostream_send_next(&o->super, req, &b, 1, state);
+    } else {
+        h2o_ostream_send_next(&o->super, req, NULL, 0, state);
+    }
+}
+
+static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    struct http_server *h = ((struct h2oErrFilter *)self)->h;
+    int st = req->res.status;
+    const char *code = st == 413 ? "payload_too_large" : st == 400 ? "invalid_request" : "http_error";
+    const char *msg = st == 413 ? "the body exceeds the gateway's limit"
+                      : req->res.reason != NULL ? req->res.reason
+                                                : code;
+    h2o_iovec_t rid = requestId(req);
+    json_t *o = json_object();
+    json_object_set_new(o, "code", json_string(code));
+    json_t *m = json_string(msg);
+    json_object_set_new(o, "message", m ? m : json_string(code));
+    json_object_set_new(o, "request_id", json_stringn(rid.base, rid.len));
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (text == NULL) { /* out of memory: h2o's own text goes out */
+        h2o_setup_next_ostream(req, slot);
+        return;
+    }
+    h2o_iovec_t body = h2o_strdup(&req->pool, text, strlen(text));
+    free(text);
+    ssize_t ci = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    if (ci >= 0) {
+        req->res.headers.entries[ci].value = h2o_iovec_init(H2O_STRLIT("application/json"));
+    } else {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, "Content-Type",
+                       H2O_STRLIT("application/json"));
+    }
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0,
+                          "X-Request-Id", rid.base, rid.len);
+    req->res.content_length = body.len;
+    if (st >= 100 && st < 600) {
+        h->m.http[proxyOf(h, req) != NULL ? R_PROXY : R_OTHER][st]++;
+    }
+    struct h2oErrOstream *os =
+        (struct h2oErrOstream *)h2o_add_ostream(req, sizeof(*os), slot);
+    os->super.do_send = h2oErrSendCb;
+    os->body = body;
+    h2o_setup_next_ostream(req, &os->super.next);
+}
+
 static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 {
     struct http_server *h = ((struct httpHandler *)self)->h;
@@ -2441,6 +2518,10 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     struct httpHandler *hh = (struct httpHandler *)h2o_create_handler(path, sizeof(*hh));
     hh->super.on_req = onReqCb;
     hh->h = h;
+    struct h2oErrFilter *ef =
+        (struct h2oErrFilter *)h2o_create_filter(&host->fallback_path, sizeof(*ef));
+    ef->super.on_setup_ostream = h2oErrSetupCb;
+    ef->h = h;
     h2o_context_init(&h->ctx, loop, &h->conf);
     h->ctx_ready = true;
     h->accept_ctx.ctx = &h->ctx;

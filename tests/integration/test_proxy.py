@@ -547,6 +547,40 @@ class TestProxyBasics(ProxyTest):
         self.assertLess(len(set(ports)), len(ports), "no upstream connection was reused: %r"
                         % ports)
 
+    def _too_large(self, chunked):
+        """A 3 MiB body (above h2o's own 2 MiB cap) through the proxy: h2o refuses it before
+        any handler runs; the answer is still the JSON error body with X-Request-Id."""
+        host, port = self.paddr().rsplit(":", 1)
+        key = self.key("huge")
+        head = ("POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Idempotency-Key: %s\r\n" % key)
+        head += "Transfer-Encoding: chunked\r\n\r\n" if chunked else \
+            "Content-Length: %d\r\n\r\n" % (3 * MiB)
+        chunk = b"x" * (64 * 1024)
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
+            try:
+                sock.sendall(head.encode())
+                for _ in range(48):
+                    sock.sendall(b"10000\r\n" + chunk + b"\r\n" if chunked else chunk)
+                if chunked:
+                    sock.sendall(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered and closed before reading everything
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            text = resp.read().decode()
+            headers = {k.lower(): v for k, v in resp.getheaders()}
+        r = harness.Resp(resp.status, headers, json.loads(text), text)
+        self.assertError(r, 413, "payload_too_large")
+        self.assertIn("application/json", headers.get("content-type", ""), r)
+        self.assertEqual(self.svc.count(key), 0)
+
+    def test_body_above_h2o_cap_is_json_413(self):
+        self._too_large(chunked=False)
+
+    def test_chunked_body_above_h2o_cap_is_json_413(self):
+        self._too_large(chunked=True)
+
     def test_key_is_never_logged(self):
         """CONTRACT.md §1: the key is a secret; logs carry key_digest only."""
         key = "secret-%s" % secrets.token_hex(12)
