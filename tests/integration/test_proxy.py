@@ -1142,6 +1142,35 @@ class TestProxyFailover(ProxyTest):
             self.assertEqual(by_key.get(key, 0), 1, (key, self.svc.executions(key)))
 
 
+class TestProxyShutdown(ProxyTest):
+    """SIGTERM after proxy traffic (forwarded claims, renewals, pooled upstream connections,
+    h2o's own 413): every node exits 0, and a sanitizer build reports nothing."""
+    cluster_opts = dict(secret=SECRET)
+
+    @classmethod
+    def routes(cls, upstream):
+        return [route(upstream, lease_ms=600, lease_policy="takeover")]
+
+    def test_clean_exit_after_traffic(self):
+        fid = self.follower_ids()[0]
+        lid = self.c.wait_leader(timeout=30)
+        for nid in (fid, lid):
+            key = self.key("sd")
+            first = self.assertFresh(self.order_via(nid, key, path="/slow?ms=700"))  # renewed
+            self.assertReplayOf(self.order_via(nid, key, path="/slow?ms=700"), first)
+            r = request(self.c.nodes[nid].proxy, "GET", "/orders/1")
+            self.assertEqual(r[0], 200, r)
+        self.assertEqual(request(self.c.nodes[fid].proxy, "POST", "/orders", raw=b"x" * (3 * MiB),
+                                 headers={"Idempotency-Key": self.key("big")})[0], 413)
+        for nid in sorted(self.c.nodes):
+            self.assertEqual(self.c.stop(nid), 0, "node %d did not exit cleanly" % nid)
+        for node in self.c.nodes.values():
+            with open(node.log, "rb") as f:
+                text = f.read()
+            self.assertNotIn(b"Sanitizer", text, "node %d: %s" % (node.id, text[-3000:]))
+            self.assertNotIn(b"runtime error", text, "node %d: %s" % (node.id, text[-3000:]))
+
+
 # ---- expiry ---------------------------------------------------------------------------------
 
 class TestProxyExpiry(ProxyTest):
