@@ -1684,7 +1684,7 @@ static void pjRenewDoneCb(void *data, const Idem__Response *resp)
 static void pjRenewTickCb(uv_timer_t *t)
 {
     struct proxyJob *j = t->data;
-    if (!j->in_upstream || j->call_in_flight || j->lease_lost) {
+    if (!j->in_upstream || j->call_in_flight || j->lease_lost || j->h->stopping) {
         return;
     }
     Idem__Request rq = IDEM__REQUEST__INIT;
