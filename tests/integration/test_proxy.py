@@ -680,9 +680,9 @@ class TestProxyFailures(ProxyTest):
 
     @classmethod
     def routes(cls, upstream):
-        return [route(upstream, path_prefix="/tk/", lease_ms=1000, lease_policy="takeover",
+        return [route(upstream, path_prefix="/tk/", lease_ms=1500, lease_policy="takeover",
                       upstream_timeout_ms=15000),
-                route(upstream, path_prefix="/cf/", lease_ms=1000, lease_policy="conflict",
+                route(upstream, path_prefix="/cf/", lease_ms=1500, lease_policy="conflict",
                       upstream_timeout_ms=15000),
                 route(upstream, path_prefix="/rl/", on_timeout="release"),
                 route(upstream)]
@@ -837,7 +837,7 @@ class TestProxyFailures(ProxyTest):
         self.assertEqual(self.svc.count(key), 1)
 
     def test_slow_upstream_keeps_its_lease(self):
-        """A slow upstream within the route's timeout keeps its lease (lease 1 s, takeover
+        """A slow upstream within the route's timeout keeps its lease (lease 1.5 s, takeover
         policy, 4 s call): every retry meanwhile is in-progress, never a takeover."""
         key = self.key("slow")
         path = "/tk/slow?ms=4000"
