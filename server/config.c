@@ -20,6 +20,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,10 @@
 #define QUOTE_MAX 40
 #define QUOTE_SIZE (QUOTE_MAX * 4 + 8)
 
+/* Bounds of the cluster secret (rpc.cluster_secret_file), in bytes after trimming. */
+#define SECRET_MIN 16
+#define SECRET_MAX 4096
+
 #define NODE_ID_MAX (UINT64_C(1) << 63)
 #define DAY_MS UINT64_C(86400000)
 
@@ -52,6 +57,8 @@ struct ctx {
     size_t n_nodes;
     char *err;
     size_t errlen;
+    const yaml_node_t *secret_node; /* rpc.cluster_secret_file's value, for the checks that
+                                     * follow the tenants */
 };
 
 /* One key of a mapping, as mapFields() found it. */
@@ -664,18 +671,72 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
     return 0;
 }
 
+/* Reads the cluster secret from the file named by field f (present, a path) into *out.
+ * Messages quote the path, never the file's bytes. */
+static int readSecret(struct ctx *c, const struct field *f, const char *path,
+                      struct config_secret *out)
+{
+    char q[QUOTE_SIZE];
+    quote(q, path, strlen(path));
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) {
+        return failNode(c, f->val, "%s: cannot read %s: %s", f->name, q, strerror(errno));
+    }
+    uint8_t buf[SECRET_MAX + 2];
+    size_t len = fread(buf, 1, sizeof buf, fp);
+    int rerr = ferror(fp) ? errno : 0;
+    fclose(fp);
+    int rc = 0;
+    while (len > 0 && len <= SECRET_MAX &&
+           (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ' ||
+            buf[len - 1] == '\t')) {
+        len--;
+    }
+    unsigned int hl = 0;
+    if (rerr != 0) {
+        rc = failNode(c, f->val, "%s: cannot read %s: %s", f->name, q, strerror(rerr));
+    } else if (len > SECRET_MAX) {
+        rc = failNode(c, f->val, "%s: %s holds more than %u bytes", f->name, q, SECRET_MAX);
+    } else if (len < SECRET_MIN) {
+        rc = failNode(c, f->val,
+                      "%s: %s holds %zu bytes (without trailing whitespace); the cluster secret "
+                      "needs at least %u",
+                      f->name, q, len, SECRET_MIN);
+    } else if ((out->value = malloc(len)) == NULL) {
+        rc = failNode(c, f->val, "%s: out of memory", f->name);
+    } else if (EVP_Digest(buf, len, out->sha256, &hl, EVP_sha256(), NULL) != 1) {
+        rc = failNode(c, f->val, "%s: cannot hash the secret", f->name);
+    } else {
+        memcpy(out->value, buf, len);
+        out->len = len;
+        out->set = true;
+        c->secret_node = f->val;
+    }
+    OPENSSL_cleanse(buf, sizeof buf);
+    return rc;
+}
+
 static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
 {
-    enum { FRAME, DEFAULT_DEADLINE, MAX_DEADLINE, CONNECTIONS, N };
+    enum { FRAME, DEFAULT_DEADLINE, MAX_DEADLINE, CONNECTIONS, SECRET, N };
     static const char *const keys[N] = {"max_frame_bytes", "default_deadline_ms", "max_deadline_ms",
-                                        "max_connections"};
+                                        "max_connections", "cluster_secret_file"};
     struct field f[N];
+    char *secret_path = NULL;
     if (mapFields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
         getU32(c, &f[FRAME], 1024, 64u << 20, &r->max_frame_bytes) != 0 ||
         getU32(c, &f[DEFAULT_DEADLINE], 1, 600000, &r->default_deadline_ms) != 0 ||
         getU32(c, &f[MAX_DEADLINE], 1, 600000, &r->max_deadline_ms) != 0 ||
-        getU32(c, &f[CONNECTIONS], 1, 1u << 20, &r->max_connections) != 0) {
+        getU32(c, &f[CONNECTIONS], 1, 1u << 20, &r->max_connections) != 0 ||
+        getPath(c, &f[SECRET], &secret_path) != 0) {
         return -1;
+    }
+    if (secret_path != NULL) {
+        int rc = readSecret(c, &f[SECRET], secret_path, &r->cluster_secret);
+        free(secret_path);
+        if (rc != 0) {
+            return -1;
+        }
     }
     if (r->default_deadline_ms > r->max_deadline_ms) {
         const yaml_node_t *at = present(&f[DEFAULT_DEADLINE]) ? f[DEFAULT_DEADLINE].val
@@ -1319,6 +1380,29 @@ static int parseProxies(struct ctx *c, const struct field *f, struct config *cfg
     return 0;
 }
 
+/* The cluster secret must not also be a token: whoever holds that token could then act for
+ * any tenant. */
+static int checkSecret(struct ctx *c, const struct config *cfg)
+{
+    const struct config_secret *sec = &cfg->rpc.cluster_secret;
+    if (!sec->set) {
+        return 0;
+    }
+    if (config_is_admin_hash(cfg, sec->sha256)) {
+        return failNode(c, c->secret_node,
+                        "rpc.cluster_secret_file: the secret is the admin token; it must differ "
+                        "from every token");
+    }
+    const struct config_tenant *t = config_tenant_by_token_hash(cfg, sec->sha256);
+    if (t != NULL) {
+        return failNode(c, c->secret_node,
+                        "rpc.cluster_secret_file: the secret is a token of tenant \"%s\"; it must "
+                        "differ from every token",
+                        t->name);
+    }
+    return 0;
+}
+
 static void setDefaults(struct config *cfg)
 {
     cfg->raft.election_timeout_ms = 600;
@@ -1361,7 +1445,7 @@ static int parseRoot(struct ctx *c, yaml_node_t *root, struct config *cfg)
         (present(&f[PROXY]) && parseProxies(c, &f[PROXY], cfg) != 0)) {
         return -1;
     }
-    return 0;
+    return checkSecret(c, cfg);
 }
 
 /* Reports a libyaml parser failure with its problem text and position. */
@@ -1529,6 +1613,10 @@ void config_free(struct config *c)
     free(c->tls.cert_file);
     free(c->tls.key_file);
     free(c->tls.ca_file);
+    if (c->rpc.cluster_secret.value != NULL) {
+        OPENSSL_cleanse(c->rpc.cluster_secret.value, c->rpc.cluster_secret.len);
+        free(c->rpc.cluster_secret.value);
+    }
     for (size_t i = 0; i < c->n_tenants; i++) {
         free(c->tenants[i].token_hashes);
     }
@@ -1569,6 +1657,12 @@ const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
         }
     }
     return found;
+}
+
+bool config_is_cluster_secret_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN])
+{
+    return c->rpc.cluster_secret.set &&
+           CRYPTO_memcmp(c->rpc.cluster_secret.sha256, hash, CONFIG_HASH_LEN) == 0;
 }
 
 bool config_is_admin_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN])

@@ -65,11 +65,23 @@ struct config_raft {
     bool pre_vote;                 /* default true */
 };
 
+/* The cluster secret (rpc.cluster_secret_file): shared by every node; a follower's proxy
+ * listener sends it as the auth_token of the requests it forwards to the leader on behalf of
+ * a configured tenant (Request.as_tenant). The file's bytes, without trailing whitespace,
+ * 16..4096 bytes; never printed. */
+struct config_secret {
+    bool set;                         /* false: no file configured (the default) */
+    uint8_t *value;                   /* owned; len bytes (not NUL-terminated); NULL when unset */
+    size_t len;
+    uint8_t sha256[CONFIG_HASH_LEN];  /* SHA-256 of value, compared in constant time */
+};
+
 struct config_rpc {
     uint32_t max_frame_bytes;     /* 1024..64 MiB, default 4 MiB + 128 KiB */
     uint32_t default_deadline_ms; /* 1..600000 and <= max_deadline_ms, default 2000 */
     uint32_t max_deadline_ms;     /* 1..600000, default 60000 */
     uint32_t max_connections;     /* 1..1048576, default 1024 */
+    struct config_secret cluster_secret; /* optional; must differ from every token */
 };
 
 struct config_batch {
@@ -203,6 +215,10 @@ void config_free(struct config *c);
  * is valid until config_free(c). */
 const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
                                                         const uint8_t hash[CONFIG_HASH_LEN]);
+
+/* Whether hash equals the cluster secret's hash, compared in constant time
+ * (CRYPTO_memcmp); false when no secret is configured. */
+bool config_is_cluster_secret_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN]);
 
 /* Whether hash equals the admin token hash, compared in constant time (CRYPTO_memcmp).
  * c and hash are borrowed for the duration of the call. */

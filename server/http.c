@@ -16,6 +16,7 @@
 #include <h2o.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdarg.h>
@@ -36,6 +37,10 @@
 #define HTTP_STOP_POLL_MS 20
 #define HTTP_STOP_GRACE_MS 3000           /* after this, busy connections are closed too */
 #define HTTP_ATTEMPT_ID_MAX 64
+/* Idle keep-alive connections to an upstream are closed after this; it must stay below the
+ * upstreams' own idle timeouts (nginx 75 s, gunicorn 2 s), so that a pooled connection is
+ * rarely closed by the upstream just as a request goes out on it. */
+#define HTTP_POOL_IDLE_MS 1000
 
 enum route {
     R_HEALTHZ,
@@ -77,6 +82,13 @@ struct httpJob;
 struct proxyJob;
 struct http_server;
 
+/* Keep-alive connections to one upstream (host, port), shared by the routes that name it. */
+struct upstreamPool {
+    const char *host; /* borrows the config */
+    uint16_t port;
+    h2o_socketpool_t pool;
+};
+
 /* A proxy listener (cfg->proxies[i]). */
 struct proxyListener {
     uv_tcp_t tcp;
@@ -99,7 +111,10 @@ struct http_server {
     int open_listeners;         /* listeners not yet closed */
     h2o_timeout_t io_timeout;   /* http1client's per-phase timeout (proxy mode) */
     h2o_http1client_ctx_t client_ctx;
+    struct upstreamPool *pools; /* one per distinct upstream of the proxy routes */
+    size_t n_pools;
     struct proxyJob *pjobs;
+    uint64_t secret_warned_ms; /* last warning about a refused cluster secret */
     uv_timer_t stop_timer;
     bool ctx_ready;
     bool stopping;
@@ -1118,8 +1133,27 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
  * to the upstream with http1client (docs/h2o-notes.md §4) under a total deadline → the
  * upstream's answer is recorded (complete or release, CONTRACT.md §4) and then passed on.
  * Everything a job needs after the claim is copied into the job, so that it can finish
- * (and record the upstream's answer) even when h2o disposed the request first. A follower
- * does not forward proxy claims yet: it answers 503 idempotency_unavailable. */
+ * (and record the upstream's answer) even when h2o disposed the request first.
+ *
+ * Followers (pjCall): every record op (claim, renew, complete, release) goes to the local
+ * service first; a follower answers not_leader, and the op is then forwarded to the leader's
+ * RPC address (forward.c, one redirect) with Request.as_tenant and the cluster secret
+ * (rpc.cluster_secret_file) as its auth_token. The upstream is always called from the node
+ * the caller reached. Without a secret a follower answers 503 with Retry-After.
+ *
+ * Retries: a claim that finds no leader (unavailable, a forward that failed) is sent again
+ * with the same attempt id (so a claim that committed but whose answer was lost gets its own
+ * lease back, CONTRACT.md §2) for up to rpc.default_deadline_ms, then answered 503. A
+ * complete or release after the upstream answered is retried the same way (both are
+ * idempotent for one token) for up to max(lease, 3 × rpc.default_deadline_ms), so that a
+ * leader change during the upstream call does not leave the record processing.
+ *
+ * Lease renewal: while the upstream call runs, the lease is renewed every third of it. If a
+ * renewal answers lease_lost or not_found (the lease passed during a stall and another
+ * attempt took the key over, or the record is gone), the upstream's answer is passed on to
+ * the caller but not recorded: the record belongs to its new holder (CONTRACT.md §2: only
+ * the current token may complete; the fence told the upstream that this holder was stale),
+ * and a retry with the same key gets the new holder's outcome. */
 
 struct upHdr {
     char *name; /* lower case, owned */
@@ -1131,6 +1165,17 @@ enum pjAfter {
     PJ_AFTER_UPSTREAM, /* pass the upstream's answer on */
     PJ_AFTER_ERROR,    /* answer err_status / err_code */
 };
+
+/* What the job records once the upstream call ended. */
+enum pjRecord {
+    PJ_REC_NONE,    /* nothing (pass-through) */
+    PJ_REC_RELEASE, /* release: nothing happened, or a 4xx */
+    PJ_REC_UNKNOWN, /* complete with outcome unknown: quarantine */
+    PJ_REC_STORE,   /* complete with the upstream's answer */
+};
+
+#define PJ_RETRY_FIRST_MS 50
+#define PJ_RETRY_MAX_MS 500
 
 struct proxyJob;
 
@@ -1178,6 +1223,21 @@ struct proxyJob {
     int err_status;
     const char *err_code;
     const char *err_msg;
+    /* the one service call in flight (pjCall), kept packed for retries and forwarding */
+    service_done_cb call_cb;
+    uint8_t *call_packed; /* owned; holds the cluster secret when one is configured */
+    size_t call_len;
+    bool call_in_flight;
+    bool call_retry;      /* retried while no leader answers, until call_deadline */
+    uint64_t call_deadline; /* uv_now() bound of the retries */
+    uint64_t call_backoff_ms;
+    /* lease renewal */
+    uv_timer_t renew_timer;
+    uint64_t lease_ms;
+    bool lease_lost;      /* a renewal found another holder: the answer is not recorded */
+    enum pjRecord record;
+    bool record_waiting;  /* the upstream ended while a renewal was in flight */
+    int open_handles;
     struct proxyJob *prev, *next;
 };
 
@@ -1326,6 +1386,9 @@ static void pjClosedCb(uv_handle_t *t)
 {
     struct proxyJob *j = t->data;
     struct http_server *h = j->h;
+    if (--j->open_handles > 0) {
+        return;
+    }
     if (j->prev) {
         j->prev->next = j->next;
     } else {
@@ -1347,6 +1410,10 @@ static void pjClosedCb(uv_handle_t *t)
     free(j->up_hdrs);
     free(j->up_body);
     EVP_MD_CTX_free(j->sha);
+    if (j->call_packed != NULL) {
+        OPENSSL_cleanse(j->call_packed, j->call_len);
+        free(j->call_packed);
+    }
     free(j);
     httpMaybeStopped(h);
 }
@@ -1358,23 +1425,141 @@ static void pjFinish(struct proxyJob *j)
         pjSendError(j, 500, "internal", "no answer", 0);
     }
     uv_timer_stop(&j->timer);
+    uv_timer_stop(&j->renew_timer);
+    j->open_handles = 2;
     uv_close((uv_handle_t *)&j->timer, pjClosedCb);
+    uv_close((uv_handle_t *)&j->renew_timer, pjClosedCb);
 }
 
-/* Calls the service on behalf of the route's tenant; after http_server_stop() the service is
- * no longer called and cb gets unavailable. */
-static void pjCall(struct proxyJob *j, Idem__Request *rq, service_done_cb cb)
+/* ---- service calls: local, else forwarded to the leader --------------------------------- */
+
+static void pjCallSend(struct proxyJob *j);
+
+/* Answers the call in flight with a synthetic outcome (no service answer). */
+static void pjCallSynth(struct proxyJob *j, Idem__Outcome oc, const char *why)
 {
-    rq->deadline_ms = j->h->cfg->rpc.default_deadline_ms;
-    if (j->h->stopping) {
-        Idem__Result res = IDEM__RESULT__INIT;
-        Idem__Response resp = IDEM__RESPONSE__INIT;
-        res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
-        resp.result = &res;
-        cb(j, &resp);
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = oc;
+    resp.result = &res;
+    resp.error = (char *)why;
+    j->call_in_flight = false;
+    service_done_cb cb = j->call_cb;
+    j->call_cb = NULL;
+    cb(j, &resp);
+}
+
+static void pjRetryCb(uv_timer_t *t)
+{
+    pjCallSend(t->data);
+}
+
+/* The call's answer: retried after a pause while no leader answers (and the call allows
+ * it), else handed to the call's callback. */
+static void pjCallDone(struct proxyJob *j, const Idem__Response *resp)
+{
+    struct http_server *h = j->h;
+    Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    /* Without a secret a follower's not_leader is final: it cannot forward. */
+    bool noLeader = oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE ||
+                    oc == IDEM__OUTCOME__OUTCOME_UNSPECIFIED ||
+                    (oc == IDEM__OUTCOME__OUTCOME_NOT_LEADER && h->cfg->rpc.cluster_secret.set);
+    uint64_t now = uv_now(h->loop);
+    if (noLeader && j->call_retry && !h->stopping && now + j->call_backoff_ms < j->call_deadline) {
+        uv_timer_start(&j->timer, pjRetryCb, j->call_backoff_ms, 0);
+        j->call_backoff_ms = j->call_backoff_ms * 2 > PJ_RETRY_MAX_MS ? PJ_RETRY_MAX_MS
+                                                                      : j->call_backoff_ms * 2;
         return;
     }
-    service_handle_as(j->h->svc, j->tenant->name, rq, cb, j);
+    j->call_in_flight = false;
+    service_done_cb cb = j->call_cb;
+    j->call_cb = NULL;
+    cb(j, resp);
+}
+
+static void pjForwardDoneCb(void *data, const Idem__Response *resp, const char *err)
+{
+    struct proxyJob *j = data;
+    if (resp != NULL) {
+        pjCallDone(j, resp);
+        return;
+    }
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response r = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+    r.result = &res;
+    r.error = (char *)(err ? err : "");
+    pjCallDone(j, &r);
+}
+
+/* The local service's answer: a follower's not_leader goes to the leader when this node has
+ * a cluster secret. */
+static void pjServiceDoneCb(void *data, const Idem__Response *resp)
+{
+    struct proxyJob *j = data;
+    struct http_server *h = j->h;
+    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
+        h->cfg->rpc.cluster_secret.set && !h->stopping && h->fwd != NULL &&
+        resp->leader_rpc_address != NULL && resp->leader_rpc_address[0] != '\0') {
+        Idem__Request *rq = idem__request__unpack(NULL, j->call_len, j->call_packed);
+        if (rq == NULL) {
+            pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "cannot decode the request again");
+            return;
+        }
+        /* j may be answered (and finished) inside forward_call. */
+        forward_call(h->fwd, resp->leader_rpc_address, rq, h->cfg->rpc.default_deadline_ms,
+                     pjForwardDoneCb, j);
+        idem__request__free_unpacked(rq, NULL);
+        return;
+    }
+    pjCallDone(j, resp);
+}
+
+/* Sends the packed call to the local service (again, for a retry). */
+static void pjCallSend(struct proxyJob *j)
+{
+    struct http_server *h = j->h;
+    if (h->stopping) {
+        pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "node shutting down");
+        return;
+    }
+    Idem__Request *rq = idem__request__unpack(NULL, j->call_len, j->call_packed);
+    if (rq == NULL) {
+        pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "cannot decode the request again");
+        return;
+    }
+    /* j may be answered (and finished) before this returns. */
+    service_handle_as(h->svc, j->tenant->name, rq, pjServiceDoneCb, j);
+    idem__request__free_unpacked(rq, NULL);
+}
+
+/* Calls the service on behalf of the route's tenant (one call at a time per job); on a
+ * follower the call goes to the leader (see above). retry_ms > 0: a call that finds no
+ * leader is sent again for up to retry_ms. After http_server_stop() the service is no
+ * longer called and cb gets unavailable. cb may run before this returns. */
+static void pjCall(struct proxyJob *j, Idem__Request *rq, service_done_cb cb, uint64_t retry_ms)
+{
+    struct http_server *h = j->h;
+    const struct config_secret *sec = &h->cfg->rpc.cluster_secret;
+    rq->deadline_ms = h->cfg->rpc.default_deadline_ms;
+    if (sec->set) { /* read only by the leader, when the call is forwarded */
+        rq->as_tenant = (char *)j->tenant->name;
+        rq->auth_token.data = sec->value;
+        rq->auth_token.len = sec->len;
+    }
+    if (j->call_packed != NULL) {
+        OPENSSL_cleanse(j->call_packed, j->call_len);
+        free(j->call_packed);
+    }
+    j->call_len = idem__request__get_packed_size(rq);
+    j->call_packed = xmalloc(j->call_len ? j->call_len : 1);
+    idem__request__pack(rq, j->call_packed);
+    j->call_cb = cb;
+    j->call_in_flight = true;
+    j->call_retry = retry_ms > 0;
+    j->call_deadline = uv_now(h->loop) + retry_ms;
+    j->call_backoff_ms = PJ_RETRY_FIRST_MS;
+    pjCallSend(j);
 }
 
 static void pjAnswerAfter(struct proxyJob *j)
@@ -1400,6 +1585,13 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
     pjAnswerAfter(j);
 }
 
+/* How long a complete or release is retried while no leader answers. */
+static uint64_t pjRecordRetryMs(const struct proxyJob *j)
+{
+    uint64_t d = 3 * (uint64_t)j->h->cfg->rpc.default_deadline_ms;
+    return j->lease_ms > d ? j->lease_ms : d;
+}
+
 static void pjRelease(struct proxyJob *j)
 {
     Idem__Request rq = IDEM__REQUEST__INIT;
@@ -1409,7 +1601,7 @@ static void pjRelease(struct proxyJob *j)
     re.token = j->token;
     rq.op_case = IDEM__REQUEST__OP_RELEASE;
     rq.release = &re;
-    pjCall(j, &rq, pjRecordDoneCb);
+    pjCall(j, &rq, pjRecordDoneCb, pjRecordRetryMs(j));
 }
 
 static void pjComplete(struct proxyJob *j, Idem__Completion outcome, Idem__StoredResponse *sr)
@@ -1423,7 +1615,87 @@ static void pjComplete(struct proxyJob *j, Idem__Completion outcome, Idem__Store
     co.response = sr;
     rq.op_case = IDEM__REQUEST__OP_COMPLETE;
     rq.complete = &co;
-    pjCall(j, &rq, pjRecordDoneCb);
+    pjCall(j, &rq, pjRecordDoneCb, pjRecordRetryMs(j));
+}
+
+static void pjCompleteStored(struct proxyJob *j);
+
+/* Records what the upstream call ended with (j->record), unless the lease was lost: then the
+ * answer is only passed on (see the section comment). Waits for a renewal in flight. */
+static void pjRecordNow(struct proxyJob *j)
+{
+    j->record_waiting = false;
+    if (j->lease_lost) {
+        char kd[FP_HEX12_SIZE];
+        key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
+        log_warn("proxy: the lease was lost during the upstream call; its answer is passed on "
+                 "but not recorded (key_digest %s, fence %llu)",
+                 kd, (unsigned long long)j->token);
+        pjAnswerAfter(j);
+        return;
+    }
+    switch (j->record) {
+    case PJ_REC_RELEASE:
+        pjRelease(j);
+        return;
+    case PJ_REC_UNKNOWN:
+        pjComplete(j, IDEM__COMPLETION__COMPLETION_UNKNOWN, NULL); /* quarantine */
+        return;
+    case PJ_REC_STORE:
+        pjCompleteStored(j);
+        return;
+    default:
+        pjAnswerAfter(j);
+        return;
+    }
+}
+
+static void pjRecord(struct proxyJob *j, enum pjRecord what)
+{
+    j->record = what;
+    uv_timer_stop(&j->renew_timer);
+    if (j->call_in_flight) { /* a renewal: its answer may say the lease is lost */
+        j->record_waiting = true;
+        return;
+    }
+    pjRecordNow(j);
+}
+
+static void pjRenewDoneCb(void *data, const Idem__Response *resp)
+{
+    struct proxyJob *j = data;
+    Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    if (oc == IDEM__OUTCOME__OUTCOME_LEASE_LOST || oc == IDEM__OUTCOME__OUTCOME_NOT_FOUND) {
+        j->lease_lost = true;
+        uv_timer_stop(&j->renew_timer);
+    } else if (oc != IDEM__OUTCOME__OUTCOME_OK) {
+        char kd[FP_HEX12_SIZE];
+        key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
+        log_warn("proxy: renewing the lease failed, trying again in a third of it (key_digest "
+                 "%s, outcome %s)",
+                 kd, (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?");
+    }
+    if (j->record_waiting) {
+        pjRecordNow(j);
+    }
+}
+
+/* Every third of the lease while the upstream call runs. */
+static void pjRenewTickCb(uv_timer_t *t)
+{
+    struct proxyJob *j = t->data;
+    if (!j->in_upstream || j->call_in_flight || j->lease_lost || j->h->stopping) {
+        return;
+    }
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    Idem__RenewRequest rn = IDEM__RENEW_REQUEST__INIT;
+    rn.key.data = (uint8_t *)j->key;
+    rn.key.len = j->key_len;
+    rn.token = j->token;
+    rn.lease_ms = j->lease_ms;
+    rq.op_case = IDEM__REQUEST__OP_RENEW;
+    rq.renew = &rn;
+    pjCall(j, &rq, pjRenewDoneCb, 0);
 }
 
 static void pjSetError(struct proxyJob *j, int status, const char *code, const char *msg)
@@ -1449,9 +1721,9 @@ static void pjUpstreamFailed(struct proxyJob *j, bool sent, bool timeout)
     if (!j->idem) {
         pjAnswerAfter(j);
     } else if (!sent || !j->route->on_timeout_unknown) {
-        pjRelease(j); /* nothing was sent, or the route says release */
+        pjRecord(j, PJ_REC_RELEASE); /* nothing was sent, or the route says release */
     } else {
-        pjComplete(j, IDEM__COMPLETION__COMPLETION_UNKNOWN, NULL); /* quarantine */
+        pjRecord(j, PJ_REC_UNKNOWN);
     }
 }
 
@@ -1484,9 +1756,16 @@ static void pjUpstreamDone(struct proxyJob *j)
         return;
     }
     if (j->up_status >= 400 && j->up_status < 500 && !j->route->store_4xx) {
-        pjRelease(j);
+        pjRecord(j, PJ_REC_RELEASE);
         return;
     }
+    pjRecord(j, PJ_REC_STORE);
+}
+
+/* Completes with the upstream's answer: its status, the route's stored headers, and the body
+ * (or only its digest when it was too large). */
+static void pjCompleteStored(struct proxyJob *j)
+{
     Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
     Idem__Header *hs = xcalloc(j->n_up_hdrs + 1, sizeof(*hs));
     Idem__Header **hp = xcalloc(j->n_up_hdrs + 1, sizeof(*hp));
@@ -1677,7 +1956,7 @@ static void pjUpstreamStart(struct proxyJob *j)
     if (j->has_body || j->body_len > 0) {
         tbPrintf(&b, "Content-Length: %zu\r\n", j->body_len);
     }
-    tbPrintf(&b, "Connection: close\r\n\r\n");
+    tbPrintf(&b, "Connection: keep-alive\r\n\r\n");
     j->head = b.p;
     j->reqbufs[0] = h2o_iovec_init(b.p, b.len);
     j->reqbufs[1] = h2o_iovec_init(j->body, j->body_len);
@@ -1694,9 +1973,23 @@ static void pjUpstreamStart(struct proxyJob *j)
         return;
     }
     uv_timer_start(&j->timer, pjDeadlineCb, r->upstream_timeout_ms, 0);
-    h2o_http1client_connect(&j->client, j, &h->client_ctx,
-                            h2o_iovec_init(r->upstream_host, strlen(r->upstream_host)),
-                            r->upstream_port, 0, pjOnConnect);
+    if (j->idem) {
+        uint64_t every = j->lease_ms / 3 ? j->lease_ms / 3 : 1;
+        uv_timer_start(&j->renew_timer, pjRenewTickCb, every, every);
+    }
+    struct upstreamPool *pool = NULL;
+    for (size_t i = 0; i < h->n_pools && pool == NULL; i++) {
+        if (h->pools[i].port == r->upstream_port && strcmp(h->pools[i].host, r->upstream_host) == 0) {
+            pool = &h->pools[i];
+        }
+    }
+    if (pool != NULL) { /* always, as every route's upstream has a pool */
+        h2o_http1client_connect_with_pool(&j->client, j, &h->client_ctx, &pool->pool, pjOnConnect);
+    } else {
+        h2o_http1client_connect(&j->client, j, &h->client_ctx,
+                                h2o_iovec_init(r->upstream_host, strlen(r->upstream_host)),
+                                r->upstream_port, 0, pjOnConnect);
+    }
 }
 
 static void pjClaimDoneCb(void *data, const Idem__Response *resp)
@@ -1759,8 +2052,26 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     }
     case IDEM__OUTCOME__OUTCOME_NOT_LEADER:
         pjSendError(j, 503, "idempotency_unavailable",
-                    "this node is not the leader (proxy mode does not forward yet); retry", 1);
+                    h->cfg->rpc.cluster_secret.set
+                        ? "the leader could not be reached; retry with the same key"
+                        : "this node is not the leader and has no cluster secret "
+                          "(rpc.cluster_secret_file) to forward proxy claims with; retry, "
+                          "or use the leader's proxy",
+                    1);
         break;
+    case IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED:
+    case IDEM__OUTCOME__OUTCOME_FORBIDDEN: {
+        /* Locally the tenant is configured: only the leader refuses, for the secret. */
+        uint64_t now = uv_now(h->loop);
+        if (h->secret_warned_ms == 0 || now - h->secret_warned_ms >= 10000) {
+            h->secret_warned_ms = now ? now : 1;
+            log_warn("proxy: the leader refused this node's cluster secret; check "
+                     "rpc.cluster_secret_file on every node");
+        }
+        pjSendError(j, 503, "idempotency_unavailable",
+                    "the leader refused this node's cluster secret; retry on another node", 1);
+        break;
+    }
     default:
         pjSendError(j, 503, "idempotency_unavailable",
                     "no quorum or no leader; retry with the same key", 1);
@@ -1875,6 +2186,9 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
     j->fwd_len = fb.len;
     uv_timer_init(h->loop, &j->timer);
     j->timer.data = j;
+    uv_timer_init(h->loop, &j->renew_timer);
+    j->renew_timer.data = j;
+    j->lease_ms = r->lease_ms ? r->lease_ms : t->lease_ms;
     j->req = req;
     j->ref = h2o_mem_alloc_shared(&req->pool, sizeof(*j->ref), pjRefDisposeCb);
     j->ref->job = j;
@@ -1948,7 +2262,7 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
     rq.op_case = IDEM__REQUEST__OP_CLAIM;
     rq.claim = &cl;
     /* j may be finished before this returns. */
-    pjCall(j, &rq, pjClaimDoneCb);
+    pjCall(j, &rq, pjClaimDoneCb, h->cfg->rpc.default_deadline_ms);
 }
 
 /* The proxy listener a request arrived on, or NULL for the gateway's own listener. */
@@ -1971,6 +2285,83 @@ static const struct config_proxy *proxyOf(struct http_server *h, h2o_req_t *req)
         }
     }
     return NULL;
+}
+
+/* ---- h2o's own error answers -------------------------------------------------------------
+ *
+ * h2o answers some requests itself before any handler runs: a body above
+ * max_request_entity_size (413, HTTP_H2O_ENTITY_MAX), broken chunked encoding or
+ * Content-Length (400). Those answers are bound to the host's fallback path; a filter there
+ * turns their text/plain body into the JSON error body of CONTRACT.md §3, with X-Request-Id.
+ * h2o still closes the connection after them. */
+
+struct h2oErrFilter {
+    h2o_filter_t super;
+    struct http_server *h;
+};
+
+struct h2oErrOstream {
+    h2o_ostream_t super;
+    h2o_iovec_t body; /* in req->pool */
+};
+
+static const struct config_proxy *proxyOf(struct http_server *h, h2o_req_t *req);
+
+/* Sends the JSON body in place of h2o's text (none for HEAD: h2o sends no buffers then). */
+static void h2oErrSendCb(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *inbufs,
+                         size_t inbufcnt, h2o_send_state_t state)
+{
+    struct h2oErrOstream *o = (struct h2oErrOstream *)self;
+    (void)inbufs;
+    if (inbufcnt > 0 && o->body.len > 0) {
+        h2o_iovec_t b = o->body;
+        o->body.len = 0;
+        h2o_ostream_send_next(&o->super, req, &b, 1, state);
+    } else {
+        h2o_ostream_send_next(&o->super, req, NULL, 0, state);
+    }
+}
+
+static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    struct http_server *h = ((struct h2oErrFilter *)self)->h;
+    int st = req->res.status;
+    const char *code = st == 413 ? "payload_too_large" : st == 400 ? "invalid_request" : "http_error";
+    const char *msg = st == 413 ? "the body exceeds the gateway's limit"
+                      : req->res.reason != NULL ? req->res.reason
+                                                : code;
+    h2o_iovec_t rid = requestId(req);
+    json_t *o = json_object();
+    json_object_set_new(o, "code", json_string(code));
+    json_t *m = json_string(msg);
+    json_object_set_new(o, "message", m ? m : json_string(code));
+    json_object_set_new(o, "request_id", json_stringn(rid.base, rid.len));
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (text == NULL) { /* out of memory: h2o's own text goes out */
+        h2o_setup_next_ostream(req, slot);
+        return;
+    }
+    h2o_iovec_t body = h2o_strdup(&req->pool, text, strlen(text));
+    free(text);
+    ssize_t ci = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    if (ci >= 0) {
+        req->res.headers.entries[ci].value = h2o_iovec_init(H2O_STRLIT("application/json"));
+    } else {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, "Content-Type",
+                       H2O_STRLIT("application/json"));
+    }
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0,
+                          "X-Request-Id", rid.base, rid.len);
+    req->res.content_length = body.len;
+    if (st >= 100 && st < 600) {
+        h->m.http[proxyOf(h, req) != NULL ? R_PROXY : R_OTHER][st]++;
+    }
+    struct h2oErrOstream *os =
+        (struct h2oErrOstream *)h2o_add_ostream(req, sizeof(*os), slot);
+    os->super.do_send = h2oErrSendCb;
+    os->body = body;
+    h2o_setup_next_ostream(req, &os->super.next);
 }
 
 static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
@@ -2127,6 +2518,10 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     struct httpHandler *hh = (struct httpHandler *)h2o_create_handler(path, sizeof(*hh));
     hh->super.on_req = onReqCb;
     hh->h = h;
+    struct h2oErrFilter *ef =
+        (struct h2oErrFilter *)h2o_create_filter(&host->fallback_path, sizeof(*ef));
+    ef->super.on_setup_ostream = h2oErrSetupCb;
+    ef->h = h;
     h2o_context_init(&h->ctx, loop, &h->conf);
     h->ctx_ready = true;
     h->accept_ctx.ctx = &h->ctx;
@@ -2141,6 +2536,32 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
         }
     }
     h2o_timeout_init(loop, &h->io_timeout, io_ms);
+    size_t n_routes = 0;
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        n_routes += cfg->proxies[i].n_routes;
+    }
+    h->pools = xcalloc(n_routes ? n_routes : 1, sizeof(*h->pools));
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        for (size_t k = 0; k < cfg->proxies[i].n_routes; k++) {
+            const struct config_proxy_route *r = &cfg->proxies[i].routes[k];
+            bool seen = false;
+            for (size_t p = 0; p < h->n_pools && !seen; p++) {
+                seen = h->pools[p].port == r->upstream_port &&
+                       strcmp(h->pools[p].host, r->upstream_host) == 0;
+            }
+            if (seen) {
+                continue;
+            }
+            struct upstreamPool *up = &h->pools[h->n_pools++];
+            up->host = r->upstream_host;
+            up->port = r->upstream_port;
+            /* capacity is not enforced by h2o 2.2.5 (docs/h2o-notes.md §4) */
+            h2o_socketpool_init_by_hostport(&up->pool,
+                                            h2o_iovec_init(up->host, strlen(up->host)),
+                                            up->port, 0, 1024);
+            h2o_socketpool_set_timeout(&up->pool, loop, HTTP_POOL_IDLE_MS);
+        }
+    }
     h->client_ctx.loop = loop;
     h->client_ctx.getaddr_receiver = &h->ctx.receivers.hostinfo_getaddr;
     h->client_ctx.io_timeout = &h->io_timeout;
@@ -2239,6 +2660,9 @@ void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
 
 void http_server_free(struct http_server *h)
 {
+    for (size_t i = 0; i < h->n_pools; i++) { /* closes the idle pooled connections */
+        h2o_socketpool_dispose(&h->pools[i].pool);
+    }
     h2o_timeout_dispose(h->loop, &h->io_timeout); /* every client finished with its job */
     if (h2o_timeout_is_linked(&h->ctx.http2._graceful_shutdown_timeout)) {
         h2o_timeout_unlink(&h->ctx.http2._graceful_shutdown_timeout);
@@ -2247,6 +2671,7 @@ void http_server_free(struct http_server *h)
     /* h2o's handles close on the loop; the context must outlive their callbacks. */
     uv_run(h->loop, UV_RUN_DEFAULT);
     h2o_config_dispose(&h->conf);
+    free(h->pools); /* after the loop ran the close callbacks of their timers */
     free(h->plisteners);
     free(h);
 }

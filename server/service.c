@@ -890,6 +890,35 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
     }
 }
 
+static void handleAs(struct service *s, const char *tenant_name, const Idem__Request *req,
+                     service_done_cb cb, void *data);
+
+/* A request with as_tenant: a follower's proxy on behalf of a configured tenant. Only the
+ * cluster secret may ask for it (its SHA-256 compared in constant time); a known tenant or
+ * admin token is forbidden, anything else unauthenticated. */
+static void handleAsTenant(struct service *s, const Idem__Request *req, service_done_cb cb,
+                           void *data)
+{
+    uint8_t h[32];
+    bool hashed = tokenHash(&req->auth_token, h);
+    if (hashed && config_is_cluster_secret_hash(s->cfg, h)) {
+        handleAs(s, req->as_tenant, req, cb, data);
+        return;
+    }
+    s->stats.unauthenticated++;
+    if (hashed && (config_tenant_by_token_hash(s->cfg, h) != NULL ||
+                   config_is_admin_hash(s->cfg, h))) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
+                     "as_tenant needs the cluster secret", NULL);
+        return;
+    }
+    answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
+                 s->cfg->rpc.cluster_secret.set ? "as_tenant needs the cluster secret"
+                                                : "as_tenant needs the cluster secret, and this "
+                                                  "node has none (rpc.cluster_secret_file)",
+                 NULL);
+}
+
 void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
                     void *data)
 {
@@ -898,6 +927,10 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
         s->stats.unavailable++;
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
                      "node shutting down", NULL);
+        return;
+    }
+    if (req->as_tenant != NULL && req->as_tenant[0] != '\0') {
+        handleAsTenant(s, req, cb, data);
         return;
     }
     switch (req->op_case) {
@@ -934,6 +967,12 @@ void service_handle_as(struct service *s, const char *tenant_name, const Idem__R
                      "node shutting down", NULL);
         return;
     }
+    handleAs(s, tenant_name, req, cb, data);
+}
+
+static void handleAs(struct service *s, const char *tenant_name, const Idem__Request *req,
+                     service_done_cb cb, void *data)
+{
     const struct config_tenant *t = NULL;
     for (size_t i = 0; i < s->cfg->n_tenants && t == NULL; i++) {
         if (strcmp(s->cfg->tenants[i].name, tenant_name) == 0) {

@@ -29,7 +29,11 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
 /* Starts Raft and the expiry ticker. 0 or -1 with a message in err. */
 int service_start(struct service *s, char *err, size_t errlen);
 
-/* Handles one request. `req` is borrowed for the duration of the call only. */
+/* Handles one request. `req` is borrowed for the duration of the call only. A request with
+ * as_tenant set is handled as service_handle_as(as_tenant) when its auth_token is the
+ * cluster secret (rpc.cluster_secret_file; SHA-256 compared in constant time), and refused
+ * otherwise: forbidden for a tenant's or the admin's token, unauthenticated for any other
+ * (or when the node has no secret). */
 void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
                     void *data);
 
@@ -38,7 +42,8 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
  * bearer token: req->auth_token is ignored. Admin ops are answered forbidden; an unknown
  * tenant unauthenticated. Otherwise as service_handle(): cb is called exactly once, possibly
  * before this returns; tenant_name and req are borrowed for the call. A follower answers
- * not_leader (the caller decides what to do: proxy mode answers 503). */
+ * not_leader (the caller decides what to do: proxy mode forwards to the leader with
+ * Request.as_tenant and the cluster secret, or answers 503 without a secret). */
 void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,
                        service_done_cb cb, void *data);
 

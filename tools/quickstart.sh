@@ -7,14 +7,16 @@
 #   tools/quickstart.sh --upstream http://127.0.0.1:9999
 #                                 also run proxy mode: node N serves a proxy listener on
 #                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
-#                                 to the upstream for tenant demo (only the leader serves
-#                                 claims; followers answer 503 with Retry-After)
+#                                 to the upstream for tenant demo (every node's proxy serves:
+#                                 followers forward to the leader with the cluster secret)
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
 # 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and for HTTP (JSON API, health, metrics) on
 # 127.0.0.1:800N; its data is in .idem/nodeN, its log in .idem/nodeN.log, its PID in
 # .idem/nodeN.pid. .idem/env holds IDEM_CLUSTER, IDEM_TOKEN (tenant "demo") and
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
+# .idem/cluster.secret (mode 600) is the cluster secret every node's rpc.cluster_secret_file
+# names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || { echo "quickstart: --upstream needs a URL" >&2; exit 2; }
       upstream=$2; shift ;;
     --upstream=*) upstream=${1#--upstream=} ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "quickstart: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -62,6 +64,9 @@ if [ ! -f "$dir/env" ]; then
   } > "$dir/env"
   chmod 600 "$dir/env"
 fi
+if [ ! -s "$dir/cluster.secret" ]; then
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/cluster.secret")
+fi
 # shellcheck disable=SC1091
 . "$dir/env"
 token_hash=$(printf %s "$IDEM_TOKEN" | sha256sum | cut -d' ' -f1)
@@ -81,6 +86,8 @@ cluster:
     - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001, http_address: 127.0.0.1:8001}
     - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: 127.0.0.1:7002, http_address: 127.0.0.1:8002}
     - {id: 3, raft_address: 127.0.0.1:9003, rpc_address: 127.0.0.1:7003, http_address: 127.0.0.1:8003}
+rpc:
+  cluster_secret_file: $PWD/$dir/cluster.secret
 admin:
   token_sha256: $admin_hash
 tenants:
@@ -139,9 +146,9 @@ Tenant "demo"; its token and the admin token are in $dir/env. Try:
 MSG
 if [ -n "$upstream" ]; then
   cat <<MSG
-Proxy mode: 127.0.0.1:8101-8103 forward to $upstream for tenant demo. On the leader's:
-  curl -i -X POST http://127.0.0.1:810<leader id>/orders -H 'Idempotency-Key: order-1' \\
-       -H 'Content-Type: application/json' -d '{"sku":"a"}'     # twice: the second replays
+Proxy mode: 127.0.0.1:8101-8103 forward to $upstream for tenant demo (any node):
+  curl -i -X POST http://127.0.0.1:8101/orders -H 'Idempotency-Key: order-1' \\
+       -H 'Content-Type: application/json' -d '{"sku":"a"}'     # again on 8102: a replay
 
 MSG
 fi

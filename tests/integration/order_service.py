@@ -5,8 +5,8 @@ in test_proxy.py. Python 3 stdlib only.
     python3 order_service.py [--port N] [--log FILE]
 
 Listens on 127.0.0.1 (port 0: any free one) and prints the port on stdout, one line, once it
-accepts connections. Every business request is appended to --log (one JSON line, flushed
-before the answer is sent) so that executions survive a kill and a restart; on start the log
+accepts connections. Every business request is appended to --log (one JSON line with the
+caller's TCP port as peer_port, flushed before the answer is sent) so that executions survive a kill and a restart; on start the log
 is read back, so GET /stats counts executions across restarts.
 
 Business endpoints (dispatched on the last path segment, so any route prefix works):
@@ -170,7 +170,8 @@ class Handler(BaseHTTPRequestHandler):
         action = st.pop_action()
         seq = st.record({"method": method, "path": self.path, "key": key, "fence": fence,
                          "body": body.decode("utf-8", "replace")[:256],
-                         "action": action and action.get("action")})
+                         "action": action and action.get("action"),
+                         "peer_port": self.client_address[1]})
         if action:
             a = action.get("action")
             if a == "hang":

@@ -6,14 +6,18 @@ run as its own ctest:
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_proxy.TestProxyBasics
 
 Classes: TestProxyBasics (replay, mismatch, canonical JSON, pass-through, key errors, route
-statuses 422/425, followers answer 503), TestProxyConcurrency (50 identical requests: one
-execution), TestProxyFailures (upstream killed / hanging / closing / refusing, 4xx, 5xx, too
-large, lease expiry with takeover and conflict), TestProxyExpiry (ttl into tombstone: 410).
+statuses 422/425, followers without a cluster secret answer 503), TestProxyConcurrency (50
+identical requests: one execution), TestProxyFailures (upstream killed / hanging / closing /
+refusing, 4xx, 5xx, too large, lease renewal during a slow upstream, lease expiry of a
+stalled holder with takeover and conflict), TestProxyFollowers (followers' proxies forward
+to the leader with the cluster secret; RPC as_tenant needs the secret), TestProxyWrongSecret
+(a follower with another secret answers 503), TestProxyFailover (kill -9 of the leader under
+load through every node's proxy), TestProxyExpiry (ttl into tombstone: 410).
 
-Proxy traffic goes to the leader's proxy listener: in this first version a follower's proxy
-answers 503 idempotency_unavailable. Executions are counted from the order service's own
-log file (flushed before it answers), which survives a kill and a restart of the service.
-Waits poll a condition with a generous bound; nothing sleeps for a fixed time.
+Most traffic goes to the leader's proxy listener; the follower classes use every node's.
+Executions are counted from the order service's own log file (flushed before it answers),
+which survives a kill and a restart of the service. Waits poll a condition with a generous
+bound; nothing sleeps for a fixed time.
 """
 import email.utils
 import http.client
@@ -22,6 +26,7 @@ import os
 import secrets
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -153,17 +158,29 @@ def _yaml_value(v):
 
 
 class ProxyCluster(harness.Cluster):
-    """harness.Cluster plus a `proxy:` section (one listener per node, on node.proxy)."""
+    """harness.Cluster plus a `proxy:` section (one listener per node, on node.proxy) and,
+    with secret, an `rpc.cluster_secret_file` (node_secrets: per-node overrides, None for no
+    secret on that node) so that followers' proxies forward to the leader."""
 
-    def __init__(self, routes, **kw):
+    def __init__(self, routes, secret=None, node_secrets=None, **kw):
         self.routes = routes
+        self.secret = secret
+        self.node_secrets = node_secrets or {}
         super().__init__(**kw)
 
     def _write_config(self, node, bootstrap):
         super()._write_config(node, bootstrap)
         if not getattr(node, "proxy", None):
             node.proxy = "127.0.0.1:%d" % free_port()
-        lines = ["proxy:", "  - address: %s" % node.proxy, "    routes:"]
+        lines = []
+        sec = self.node_secrets.get(node.id, self.secret)
+        if sec is not None:
+            path = os.path.join(self.root, "node%d.secret" % node.id)
+            with open(path, "w") as f:
+                f.write(sec + "\n")
+            os.chmod(path, 0o600)
+            lines += ["rpc:", "  cluster_secret_file: %s" % path]
+        lines += ["proxy:", "  - address: %s" % node.proxy, "    routes:"]
         order = ["methods", "path_prefix", "upstream", "tenant"]
         for r in self.routes:
             keys = order + sorted(k for k in r if k not in order)
@@ -292,6 +309,30 @@ class ProxyTest(unittest.TestCase):
 
     def order(self, key, body=None, path="/orders", **kw):
         return self.send("POST", path, key=key, body=ORDER if body is None else body, **kw)
+
+    def order_via(self, nid, key, body=None, path="/orders", timeout=TIMEOUT, retry_503=True):
+        """POST through node nid's proxy; a 503 (election on a loaded machine) is retried."""
+        deadline = time.monotonic() + 30
+        while True:
+            r = request(self.c.nodes[nid].proxy, "POST", path,
+                        body=ORDER if body is None else body,
+                        headers={"Idempotency-Key": key}, timeout=timeout)
+            if not (retry_503 and r[0] == 503 and time.monotonic() < deadline):
+                return r
+            self.assertRetryAfter(r)
+            time.sleep(0.2)
+
+    def paused(self, nid):
+        """A context manager: node nid is stopped (SIGSTOP) inside, continued after."""
+        node = self.c.nodes[nid]
+
+        class Paused:
+            def __enter__(s):
+                os.kill(node.proc.pid, signal.SIGSTOP)
+
+            def __exit__(s, *exc):
+                os.kill(node.proc.pid, signal.SIGCONT)
+        return Paused()
 
     def in_thread(self, fn):
         """Runs fn() in a thread; returns (thread, box) where box gets 'resp' or 'exc'."""
@@ -497,6 +538,49 @@ class TestProxyBasics(ProxyTest):
             conn.close()
         self.assertEqual(self.svc.count(key), 1)
 
+    def test_upstream_connections_are_reused(self):
+        """Keep-alive to the upstream: sequential requests share pooled connections."""
+        keys = [self.key("pool%d" % i) for i in range(6)]
+        for k in keys:
+            self.assertFresh(self.order(k))
+        ports = [self.svc.executions(k)[0]["peer_port"] for k in keys]
+        self.assertLess(len(set(ports)), len(ports), "no upstream connection was reused: %r"
+                        % ports)
+
+    def _too_large(self, chunked):
+        """A 3 MiB body (above h2o's own 2 MiB cap) through the proxy: h2o refuses it before
+        any handler runs; the answer is still the JSON error body with X-Request-Id."""
+        host, port = self.paddr().rsplit(":", 1)
+        key = self.key("huge")
+        head = ("POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Idempotency-Key: %s\r\n" % key)
+        head += "Transfer-Encoding: chunked\r\n\r\n" if chunked else \
+            "Content-Length: %d\r\n\r\n" % (3 * MiB)
+        chunk = b"x" * (64 * 1024)
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
+            try:
+                sock.sendall(head.encode())
+                for _ in range(48):
+                    sock.sendall(b"10000\r\n" + chunk + b"\r\n" if chunked else chunk)
+                if chunked:
+                    sock.sendall(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered and closed before reading everything
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            text = resp.read().decode()
+            headers = {k.lower(): v for k, v in resp.getheaders()}
+        r = harness.Resp(resp.status, headers, json.loads(text), text)
+        self.assertError(r, 413, "payload_too_large")
+        self.assertIn("application/json", headers.get("content-type", ""), r)
+        self.assertEqual(self.svc.count(key), 0)
+
+    def test_body_above_h2o_cap_is_json_413(self):
+        self._too_large(chunked=False)
+
+    def test_chunked_body_above_h2o_cap_is_json_413(self):
+        self._too_large(chunked=True)
+
     def test_key_is_never_logged(self):
         """CONTRACT.md §1: the key is a secret; logs carry key_digest only."""
         key = "secret-%s" % secrets.token_hex(12)
@@ -513,13 +597,14 @@ class TestProxyBasics(ProxyTest):
             self.assertNotIn(k2, text, "node %d logged the key" % node.id)
 
     def test_follower_proxy_answers_503(self):
-        """Current behaviour of the first version: only the leader's proxy serves."""
+        """Without a cluster secret only the leader's proxy serves claims."""
         before = self.svc.count()
         for nid in self.follower_ids():
             with self.subTest(follower=nid):
                 r = request(self.c.nodes[nid].proxy, "POST", "/orders", body=ORDER,
                             headers={"Idempotency-Key": self.key("fol")})
-                self.assertError(r, 503, "idempotency_unavailable")
+                b = self.assertError(r, 503, "idempotency_unavailable")
+                self.assertIn("cluster secret", b["message"], r)
                 self.assertRetryAfter(r)
         self.assertEqual(self.svc.count(), before, "a follower must not call the upstream")
 
@@ -591,11 +676,13 @@ class TestProxyConcurrency(ProxyTest):
 # ---- failures -------------------------------------------------------------------------------
 
 class TestProxyFailures(ProxyTest):
+    cluster_opts = dict(secret="failures-" + secrets.token_hex(16))
+
     @classmethod
     def routes(cls, upstream):
-        return [route(upstream, path_prefix="/tk/", lease_ms=1000, lease_policy="takeover",
+        return [route(upstream, path_prefix="/tk/", lease_ms=1500, lease_policy="takeover",
                       upstream_timeout_ms=15000),
-                route(upstream, path_prefix="/cf/", lease_ms=1000, lease_policy="conflict",
+                route(upstream, path_prefix="/cf/", lease_ms=1500, lease_policy="conflict",
                       upstream_timeout_ms=15000),
                 route(upstream, path_prefix="/rl/", on_timeout="release"),
                 route(upstream)]
@@ -688,49 +775,400 @@ class TestProxyFailures(ProxyTest):
             self.assertError(again, 409, "idempotency_outcome_unknown")
         self.assertEqual(self.svc.count(key), 1, "a too-large answer must not re-execute")
 
+    # The proxy renews the lease while the upstream call runs, so a lease only passes when
+    # its holder stalls: the first attempt goes through a follower's proxy, which is stopped
+    # (SIGSTOP) while the upstream works on it, and continued after the lease passed.
+
+    def _stalled_first_attempt(self, key, path):
+        fid = self.follower_ids()[0]
+        others = [n for n in sorted(self.c.nodes) if n != fid]
+        self.svc.next_action("delay", ms=5000)
+        t, box = self.in_thread(lambda: self.order_via(fid, key, path=path, timeout=40))
+        wait_for(lambda: self.svc.count(key) >= 1, 20, "the first attempt to reach the upstream")
+        return fid, others, t, box
+
+    def _second_attempt(self, nids, key, path):
+        """Retries through the other nodes until the answer is not in-progress."""
+        def done():
+            for nid in nids:
+                r = self.order_via(nid, key, path=path)
+                if r[0] == 409 and isinstance(r[2], dict) and \
+                        r[2].get("code") == "idempotency_request_in_progress":
+                    continue
+                return r
+            return None
+        return wait_for(done, 30, "the lease to pass", interval=0.1)
+
     def test_lease_expiry_takeover_gets_higher_fence(self):
         key = self.key("tk")
-        self.svc.next_action("delay", ms=6000)
-        t, box = self.in_thread(lambda: self.order(key, path="/tk/orders", timeout=40))
-        wait_for(lambda: self.svc.count(key) >= 1, 20, "the first attempt to reach the upstream")
+        path = "/tk/orders"
+        fid, others, t, box = self._stalled_first_attempt(key, path)
         f1 = self.svc.fences(key)[0]
-
-        def taken_over():
-            r = self.order(key, path="/tk/orders")
-            if r[0] == 409 and isinstance(r[2], dict) and \
-                    r[2].get("code") == "idempotency_request_in_progress":
-                return None
-            return r
-        second = wait_for(taken_over, 30, "the lease to pass and the takeover", interval=0.1)
-        second = self.assertFresh(second)
+        with self.paused(fid):
+            second = self.assertFresh(self._second_attempt(others, key, path))
         fences = self.svc.fences(key)
         self.assertEqual(len(fences), 2, self.svc.executions(key))
         self.assertIsInstance(f1, int)
         self.assertGreater(fences[1], f1, "the taker must carry a higher Idempotency-Fence")
         t.join(40)
         self.assertIn("resp", box, box)
-        # The stale holder cannot overwrite the taker's stored answer.
-        self.assertReplayOf(self.order(key, path="/tk/orders"), second)
+        # The stale holder's answer is passed on, but not recorded: its lease was lost.
+        first = box["resp"]
+        self.assertEqual(first[0], 201, first)
+        self.assertFalse(_replayed(first), first)
+        self.assertNotEqual(first[2].get("id"), second[2].get("id"), (first, second))
+        for nid in sorted(self.c.nodes):
+            self.assertReplayOf(self.order_via(nid, key, path=path), second)
         self.assertEqual(self.svc.count(key), 2)
 
     def test_lease_expiry_conflict(self):
         key = self.key("cf")
-        self.svc.next_action("delay", ms=6000)
-        t, box = self.in_thread(lambda: self.order(key, path="/cf/orders", timeout=40))
-        wait_for(lambda: self.svc.count(key) >= 1, 20, "the first attempt to reach the upstream")
-
-        def expired():
-            r = self.order(key, path="/cf/orders")
-            if r[0] == 409 and isinstance(r[2], dict) and \
-                    r[2].get("code") == "idempotency_request_in_progress":
-                return None
-            return r
-        r = wait_for(expired, 30, "the lease to pass", interval=0.1)
-        self.assertError(r, 409, "idempotency_lease_expired")
-        self.assertEqual(self.svc.count(key), 1, "policy conflict: nothing runs again")
+        path = "/cf/orders"
+        fid, others, t, box = self._stalled_first_attempt(key, path)
+        with self.paused(fid):
+            r = self._second_attempt(others, key, path)
+            self.assertError(r, 409, "idempotency_lease_expired")
+            self.assertEqual(self.svc.count(key), 1, "policy conflict: nothing runs again")
         t.join(40)
         self.assertIn("resp", box, box)
+        first = self.assertFresh(box["resp"])
+        # Nobody took the key over: the continued holder renews and records its answer.
+        self.assertReplayOf(self.order_via(others[0], key, path=path), first)
         self.assertEqual(self.svc.count(key), 1)
+
+    def test_slow_upstream_keeps_its_lease(self):
+        """A slow upstream within the route's timeout keeps its lease (lease 1.5 s, takeover
+        policy, 4 s call): every retry meanwhile is in-progress, never a takeover."""
+        key = self.key("slow")
+        path = "/tk/slow?ms=4000"
+        fid = self.follower_ids()[0]
+        t, box = self.in_thread(lambda: self.order_via(fid, key, path=path, timeout=40))
+        wait_for(lambda: self.svc.count(key) >= 1, 20, "the request to reach the upstream")
+        seen = 0
+        while "resp" not in box and "exc" not in box:
+            for nid in sorted(self.c.nodes):
+                r = self.order_via(nid, key, path=path)
+                if r[0] == 201 and _replayed(r):
+                    break  # the first attempt finished meanwhile
+                self.assertInProgress(r)
+                seen += 1
+            if seen > 200:
+                break
+            time.sleep(0.1)
+        t.join(40)
+        self.assertIn("resp", box, box)
+        first = self.assertFresh(box["resp"])
+        self.assertGreater(seen, 3, "retries must have run while the upstream worked")
+        self.assertEqual(self.svc.count(key), 1, self.svc.executions(key))
+        self.assertReplayOf(self.order_via(fid, key, path=path), first)
+
+
+# ---- followers (cluster secret) ---------------------------------------------------------------
+
+SECRET = "cluster-" + secrets.token_hex(20)
+
+
+def _rpc_call(addr, payload, timeout=10):
+    """One raw RPC frame to addr; returns (outcome, error text) of the answer."""
+    import test_cluster  # the frame helpers; its test classes are not run from here
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(test_cluster._frame(payload))
+        hdr = b""
+        while len(hdr) < 4:
+            chunk = s.recv(4 - len(hdr))
+            if not chunk:
+                raise AssertionError("the node closed the connection")
+            hdr += chunk
+        n = int.from_bytes(hdr, "big")
+        body = b""
+        while len(body) < n:
+            chunk = s.recv(n - len(body))
+            if not chunk:
+                raise AssertionError("the node closed the connection")
+            body += chunk
+    fields = test_cluster._fields(body)
+    result = test_cluster._fields(fields.get(2, b""))
+    return result.get(1, 0), fields.get(4, b"").decode(errors="replace")
+
+
+def _claim_as(tenant, auth, key, fingerprint):
+    """A Request {request_id 7, auth_token, as_tenant, claim {key, fingerprint}}."""
+    import test_cluster
+    f = test_cluster._field
+    claim = f(1, key.encode()) + f(2, bytes.fromhex(fingerprint))
+    return (b"\x08\x07" + f(3, auth.encode()) + f(5, tenant.encode()) + f(10, claim))
+
+
+OUTCOME_ACQUIRED, OUTCOME_NOT_LEADER = 1, 14
+OUTCOME_UNAUTHENTICATED, OUTCOME_FORBIDDEN = 15, 16
+
+
+class TestProxyFollowers(ProxyTest):
+    cluster_opts = dict(secret=SECRET)
+
+    def test_follower_runs_once_and_every_node_replays(self):
+        f1, f2 = self.follower_ids()[:2]
+        lid = self.c.wait_leader(timeout=30)
+        key = self.key("fol")
+        first = self.assertFresh(self.order_via(f1, key))
+        self.assertCommonHeaders(first)
+        self.assertEqual(self.svc.count(key), 1)
+        fence = self.svc.fences(key)[0]
+        self.assertIsInstance(fence, int, "the follower must send Idempotency-Fence")
+        again = self.order_via(f2, key)
+        self.assertReplayOf(again, first)
+        self.assertCommonHeaders(again)
+        self.assertReplayOf(self.order_via(lid, key), first)
+        self.assertReplayOf(self.order_via(f1, key), first)
+        changed = self.order_via(f2, key, body={"amount": 5, "currency": "EUR"})
+        self.assertError(changed, 409, "idempotency_key_reused")
+        self.assertEqual(self.svc.count(key), 1, self.svc.executions(key))
+
+    def test_follower_released_and_quarantined_outcomes(self):
+        """release (4xx) and complete-unknown (upstream closes) are forwarded too."""
+        fid = self.follower_ids()[0]
+        key = self.key("fbad")
+        self.assertFresh(self.order_via(fid, key, path="/bad"), 400)
+        self.assertFresh(self.order_via(fid, key, path="/bad"), 400)
+        self.assertEqual(self.svc.count(key), 2, "released: the retry runs again")
+        key2 = self.key("fclose")
+        self.svc.next_action("close")
+        r = self.order_via(fid, key2)
+        self.assertIn(r[0], (502, 504), r)
+        for nid in sorted(self.c.nodes):
+            self.assertError(self.order_via(nid, key2), 409, "idempotency_outcome_unknown")
+        self.assertEqual(self.svc.count(key2), 1)
+
+    def test_concurrent_identical_requests_across_nodes_run_once(self):
+        key = self.key("xnode")
+        nids = sorted(self.c.nodes)
+        results = [None] * 12
+        barrier = threading.Barrier(len(results))
+
+        def worker(i):
+            try:
+                barrier.wait(30)
+                results[i] = request(self.c.nodes[nids[i % len(nids)]].proxy, "POST",
+                                     "/slow?ms=300", body=ORDER,
+                                     headers={"Idempotency-Key": key}, timeout=60)
+            except BaseException as e:  # noqa: BLE001
+                results[i] = e
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True)
+                   for i in range(len(results))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        fresh = [r for r in results if isinstance(r, tuple) and r[0] == 201 and not _replayed(r)]
+        for r in results:
+            self.assertIsInstance(r, tuple, r)
+            if r[0] == 409:
+                self.assertInProgress(r)
+            elif r[0] == 503:
+                self.assertError(r, 503, "idempotency_unavailable")
+            else:
+                self.assertEqual(r[0], 201, r)
+        self.assertLessEqual(len(fresh), 1, fresh)
+        self.assertEqual(self.svc.count(key), 1, self.svc.executions(key))
+
+    def test_rpc_as_tenant_needs_the_cluster_secret(self):
+        lid = self.c.wait_leader(timeout=30)
+        addr = self.c.nodes[lid].rpc
+        key = self.key("astenant")
+        fp = harness.fp(key)
+        # A tenant's token (alpha's, asking to act as beta or as itself), the admin token, an
+        # unknown token: refused, and nothing is proposed.
+        for auth, tenant, want in ((self.c.token, "beta", OUTCOME_FORBIDDEN),
+                                   (self.c.token, "alpha", OUTCOME_FORBIDDEN),
+                                   (self.c.admin, "beta", OUTCOME_FORBIDDEN),
+                                   ("not-a-token-" + secrets.token_hex(8), "beta",
+                                    OUTCOME_UNAUTHENTICATED),
+                                   ("", "beta", OUTCOME_UNAUTHENTICATED)):
+            with self.subTest(tenant=tenant, want=want):
+                oc, err = _rpc_call(addr, _claim_as(tenant, auth, key, fp))
+                self.assertEqual(oc, want, err)
+                self.assertIn("cluster secret", err)
+        for tok in (self.c.token, self.c.token2):
+            rc, out = self.c.ctl("get", key, token=tok)
+            self.assertEqual(rc, 0, out)
+            self.assertEqual(out.get("outcome"), "not_found", out)
+        # The cluster secret is accepted (the control: the refusals above were for the token).
+        oc, err = _rpc_call(addr, _claim_as("beta", SECRET, key, fp))
+        self.assertEqual(oc, OUTCOME_ACQUIRED, err)
+        rc, out = self.c.ctl("get", key, token=self.c.token2)
+        self.assertEqual(out.get("outcome"), "ok", out)
+        self.assertEqual(out["record"]["state"], "processing", out)
+        rc, out = self.c.ctl("get", key, token=self.c.token)
+        self.assertEqual(out.get("outcome"), "not_found", "the record is beta's, not alpha's")
+
+    def test_secret_is_never_logged(self):
+        self.assertFresh(self.order_via(self.follower_ids()[0], self.key("log")))
+        for node in self.c.nodes.values():
+            with open(node.log, "rb") as f:
+                self.assertNotIn(SECRET.encode(), f.read(), "node %d logged the secret" % node.id)
+
+
+class TestProxyWrongSecret(ProxyTest):
+    """Nodes 1 and 2 share the secret, node 3 has another one; node 1 leads. Node 3's
+    forwarded claims are refused by the leader (a node without any secret does not forward
+    at all: TestProxyBasics.test_follower_proxy_answers_503)."""
+    cluster_opts = dict(secret=SECRET, node_secrets={3: "wrong-" + secrets.token_hex(20)})
+
+    def setUp(self):
+        super().setUp()
+        if self.c.wait_leader(timeout=30) != 1:
+            rc, out = self.c.ctl("transfer", 1)
+            self.assertEqual(rc, 0, out)
+            wait_for(lambda: self.c.leader() == 1, 20, "leadership to move to node 1")
+        type(self).lid = 1
+
+    def test_wrong_secret_follower_answers_503(self):
+        before = self.svc.count()
+        key = self.key("wrong")
+        for _ in range(3):
+            r = request(self.c.nodes[3].proxy, "POST", "/orders", body=ORDER,
+                        headers={"Idempotency-Key": key})
+            b = self.assertError(r, 503, "idempotency_unavailable")
+            self.assertIn("cluster secret", b["message"], r)
+            self.assertRetryAfter(r)
+        self.assertEqual(self.svc.count(), before, "nothing may reach the upstream")
+        rc, out = self.c.ctl("get", key)
+        self.assertEqual(out.get("outcome"), "not_found", out)
+        with open(self.c.nodes[3].log, "rb") as f:
+            self.assertIn(b"refused this node's cluster secret", f.read())
+        # The same key through node 2 (the right secret) runs once.
+        first = self.assertFresh(self.order_via(2, key))
+        self.assertReplayOf(self.order_via(1, key), first)
+        self.assertEqual(self.svc.count(key), 1)
+
+
+class TestProxyFailover(ProxyTest):
+    """kill -9 of the leader while clients load every node's proxy."""
+    cluster_opts = dict(secret=SECRET)
+    CLIENTS = 8
+    KEYS_PER_CLIENT = 8
+    KEY_BOUND_S = 12.0  # each key is retried for at most this long (< the lease)
+
+    @classmethod
+    def routes(cls, upstream):
+        return [route(upstream, lease_ms=20000, lease_policy="conflict",
+                      upstream_timeout_ms=8000)]
+
+    def test_leader_killed_mid_load(self):
+        lid = self.c.wait_leader(timeout=30)
+        dead = set()
+        lock = threading.Lock()
+        answers = []           # (key, status, code or None, replayed)
+        first_2xx = {}         # key -> Resp
+        errors = []
+        rnd = __import__("random").Random(7)
+
+        def targets():
+            with lock:
+                ids = [n for n in sorted(self.c.nodes) if n not in dead]
+            rnd_ids = ids[:]
+            rnd.shuffle(rnd_ids)
+            return rnd_ids
+
+        def run_key(key, path):
+            end = time.monotonic() + self.KEY_BOUND_S
+            while time.monotonic() < end:
+                for nid in targets():
+                    try:
+                        r = request(self.c.nodes[nid].proxy, "POST", path, body=ORDER,
+                                    headers={"Idempotency-Key": key}, timeout=15)
+                    except (OSError, http.client.HTTPException):
+                        continue  # the node died under us: the next one
+                    code = r[2].get("code") if isinstance(r[2], dict) else None
+                    with lock:
+                        answers.append((key, r[0], code, _replayed(r)))
+                    if 200 <= r[0] < 300:
+                        with lock:
+                            first_2xx.setdefault(key, r)
+                        return
+                    if r[0] not in (409, 503):
+                        return  # recorded; checked below
+                    break
+                time.sleep(0.1)
+
+        def client(ci):
+            try:
+                for k in range(self.KEYS_PER_CLIENT):
+                    path = "/slow?ms=150" if k % 2 else "/orders"
+                    run_key("fo-%d-%d-%s" % (ci, k, secrets.token_hex(4)), path)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        base = self.svc.count()
+        threads = [threading.Thread(target=client, args=(i,), daemon=True)
+                   for i in range(self.CLIENTS)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: self.svc.count() - base >= self.CLIENTS, 30, "load to reach the upstream")
+        with lock:
+            dead.add(lid)
+        self.c.kill(lid)
+        for t in threads:
+            t.join(self.KEYS_PER_CLIENT * self.KEY_BOUND_S + 60)
+        self.assertFalse(any(t.is_alive() for t in threads), "clients did not finish")
+        self.assertEqual(errors, [])
+        summary = {}
+        for _, st, code, rep in answers:
+            k = "%d%s" % (st, " replay" if rep else "") if st < 300 else "%d %s" % (st, code)
+            summary[k] = summary.get(k, 0) + 1
+        print("\nfailover: %d keys, %d with a 2xx; answers %r" % (
+            len({a[0] for a in answers}), len(first_2xx), summary), file=sys.stderr)
+        # Answers: only 2xx (fresh or replayed), 409 in-progress, or 503 unavailable.
+        for key, st, code, rep in answers:
+            ok = (200 <= st < 300) or (st == 409 and code == "idempotency_request_in_progress") \
+                or (st == 503 and code == "idempotency_unavailable")
+            self.assertTrue(ok, "unexpected answer for %s: %d %s" % (key, st, code))
+        # At most once per key.
+        by_key = self.svc.stats()["by_key"]
+        keys = {a[0] for a in answers}
+        for key in keys:
+            self.assertLessEqual(by_key.get(key, 0), 1, (key, self.svc.executions(key)))
+        self.assertGreater(len(first_2xx), len(keys) // 2, "most keys must have succeeded")
+        # Every key that got a 2xx replays the same answer through every surviving node.
+        survivors = [n for n in sorted(self.c.nodes) if n != lid]
+        for key, first in sorted(first_2xx.items()):
+            path = "/slow?ms=150" if first[2].get("slept") is not None else "/orders"
+            for nid in survivors:
+                r = self.order_via(nid, key, path=path)
+                self.assertEqual(r[0], first[0], (key, r, first))
+                self.assertEqual(r.raw, first.raw, (key, r, first))
+                self.assertTrue(_replayed(r), (key, r))
+            self.assertEqual(by_key.get(key, 0), 1, (key, self.svc.executions(key)))
+
+
+class TestProxyShutdown(ProxyTest):
+    """SIGTERM after proxy traffic (forwarded claims, renewals, pooled upstream connections,
+    h2o's own 413): every node exits 0, and a sanitizer build reports nothing."""
+    cluster_opts = dict(secret=SECRET)
+
+    @classmethod
+    def routes(cls, upstream):
+        return [route(upstream, lease_ms=600, lease_policy="takeover")]
+
+    def test_clean_exit_after_traffic(self):
+        fid = self.follower_ids()[0]
+        lid = self.c.wait_leader(timeout=30)
+        for nid in (fid, lid):
+            key = self.key("sd")
+            first = self.assertFresh(self.order_via(nid, key, path="/slow?ms=700"))  # renewed
+            self.assertReplayOf(self.order_via(nid, key, path="/slow?ms=700"), first)
+            r = request(self.c.nodes[nid].proxy, "GET", "/orders/1")
+            self.assertEqual(r[0], 200, r)
+        self.assertEqual(request(self.c.nodes[fid].proxy, "POST", "/orders", raw=b"x" * (3 * MiB),
+                                 headers={"Idempotency-Key": self.key("big")})[0], 413)
+        for nid in sorted(self.c.nodes):
+            self.assertEqual(self.c.stop(nid), 0, "node %d did not exit cleanly" % nid)
+        for node in self.c.nodes.values():
+            with open(node.log, "rb") as f:
+                text = f.read()
+            self.assertNotIn(b"Sanitizer", text, "node %d: %s" % (node.id, text[-3000:]))
+            self.assertNotIn(b"runtime error", text, "node %d: %s" % (node.id, text[-3000:]))
 
 
 # ---- expiry ---------------------------------------------------------------------------------

@@ -894,6 +894,115 @@ static void test_proxy(void **state)
     assert_int_equal(config_method_bit("delete", 6), 0);
 }
 
+/* ---- the cluster secret (rpc.cluster_secret_file) ------------------------------------------ */
+
+/* Writes len bytes of data into a new temporary file; its path into path (a mkstemp
+ * template the caller removes). */
+static void writeTemp(char path[64], const char *data, size_t len)
+{
+    snprintf(path, 64, "/tmp/idem-secret-test-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *fp = fdopen(fd, "w");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, len, fp), len);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* Parses NODE_OK + "rpc:\n  cluster_secret_file: <value>\n" + admin (hash admin_hex, or
+ * HASH_ADMIN) + tenant demo (hash tenant_hex, or HASH_A); returns config_parse()'s result. */
+static int parseSecret(const char *value, const char *admin_hex, const char *tenant_hex,
+                       struct config *c, char *err, size_t errlen)
+{
+    char text[2048];
+    int n = snprintf(text, sizeof text,
+                     NODE_OK "rpc:\n  cluster_secret_file: %s\n"
+                             "admin:\n  token_sha256: %s\n"
+                             "tenants:\n  - name: demo\n    token_sha256: %s\n",
+                     value, admin_hex ? admin_hex : HASH_ADMIN, tenant_hex ? tenant_hex : HASH_A);
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    return parseStr(text, c, err, errlen);
+}
+
+static void expectSecretError(const char *value, const char *admin_hex, const char *tenant_hex,
+                              const char *want, const char *secret)
+{
+    struct config c;
+    char err[512];
+    assert_int_equal(parseSecret(value, admin_hex, tenant_hex, &c, err, sizeof err), -1);
+    if (strncmp(err, "x.yaml:7:24: rpc.cluster_secret_file: ", 38) != 0 ||
+        strstr(err, want) == NULL) {
+        fail_msg("got %s, expected x.yaml:7:24: rpc.cluster_secret_file: ...%s", err, want);
+    }
+    if (secret != NULL && strstr(err, secret) != NULL) {
+        fail_msg("the message quotes the secret: %s", err);
+    }
+    assert_false(c.rpc.cluster_secret.set);
+    assert_null(c.rpc.cluster_secret.value);
+    config_free(&c);
+}
+
+static void test_cluster_secret(void **state)
+{
+    (void)state;
+    struct config c;
+    uint8_t h[CONFIG_HASH_LEN];
+    char hex[2 * CONFIG_HASH_LEN + 1];
+
+    /* Not configured: the default. */
+    parseOk(MINIMAL, &c);
+    assert_false(c.rpc.cluster_secret.set);
+    hashOf("", h);
+    assert_false(config_is_cluster_secret_hash(&c, h));
+    config_free(&c);
+    parseOk(NODE_OK "rpc:\n  cluster_secret_file: \"\"\n" ADMIN_OK TENANTS_OK, &c);
+    assert_false(c.rpc.cluster_secret.set);
+    config_free(&c);
+
+    /* A secret with a trailing newline (as `echo` writes it): trimmed. */
+    static const char secret[] = "secret-of-the-cluster-0123";
+    char path[64];
+    writeTemp(path, "secret-of-the-cluster-0123\r\n\n", sizeof secret - 1 + 3);
+    char err[512];
+    if (parseSecret(path, NULL, NULL, &c, err, sizeof err) != 0) {
+        fail_msg("%s", err);
+    }
+    assert_true(c.rpc.cluster_secret.set);
+    assert_int_equal(c.rpc.cluster_secret.len, sizeof secret - 1);
+    assert_memory_equal(c.rpc.cluster_secret.value, secret, sizeof secret - 1);
+    hashOf(secret, h);
+    assert_memory_equal(c.rpc.cluster_secret.sha256, h, CONFIG_HASH_LEN);
+    assert_true(config_is_cluster_secret_hash(&c, h));
+    hashOf("secret-of-the-cluster-0124", h);
+    assert_false(config_is_cluster_secret_hash(&c, h));
+    config_free(&c);
+
+    /* The secret must not be a token: the admin's or a tenant's. */
+    hashOf(secret, h);
+    hexOf(h, hex);
+    expectSecretError(path, hex, NULL, "the secret is the admin token", secret);
+    expectSecretError(path, NULL, hex, "the secret is a token of tenant \"demo\"", secret);
+    assert_int_equal(remove(path), 0);
+
+    /* Too short (after trimming), too long, unreadable, not a string. */
+    writeTemp(path, "fifteen-bytes-x\n", 16);
+    expectSecretError(path, NULL, NULL, "holds 15 bytes (without trailing whitespace)",
+                      "fifteen-bytes-x");
+    assert_int_equal(remove(path), 0);
+    writeTemp(path, "", 0);
+    expectSecretError(path, NULL, NULL, "holds 0 bytes", NULL);
+    assert_int_equal(remove(path), 0);
+    static char big[5000];
+    memset(big, 's', sizeof big);
+    writeTemp(path, big, sizeof big);
+    expectSecretError(path, NULL, NULL, "holds more than 4096 bytes", NULL);
+    assert_int_equal(remove(path), 0);
+    expectSecretError("/nonexistent/idem.secret", NULL, NULL,
+                      "cannot read \"/nonexistent/idem.secret\": No such file or directory", NULL);
+    expectSecretError("/", NULL, NULL, "cannot read \"/\": Is a directory", NULL);
+    expectSecretError("[a, b]", NULL, NULL, "expected a string, got a list", NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -907,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_unreadable_file),
         cmocka_unit_test(test_load_error_names_the_file),
         cmocka_unit_test(test_proxy),
+        cmocka_unit_test(test_cluster_secret),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
