@@ -36,7 +36,7 @@
 #include <openssl/rand.h>
 
 #include "cli.h"
-#include "idem.h"
+#include "idem_rpc.h"
 
 #define EXIT_RAN 0
 #define EXIT_SETUP 1

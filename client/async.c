@@ -1,0 +1,1 @@
+/* async.c: placeholder */
