@@ -26,14 +26,23 @@
  *   the connection, the timers and the reconnect timer close, and the close callback runs
  *   once the last handle's close callback ran (libuv frees nothing of ours before that).
  *
- * Limits (known): seeds and learned leader addresses must be numeric (IPv4 or [IPv6]):
- * no name resolution on the loop yet; no TLS yet (idem_async_open refuses TLS options). */
+ * TLS: OpenSSL on memory BIOs. Bytes read from the socket go into the session's read BIO;
+ * whatever the session writes (handshake, records) is taken from its write BIO and written
+ * to the socket. The connection counts as up (requests are written) once the handshake
+ * finished and the server's certificate and name were verified; a failed handshake is a
+ * failed connection (next seed, backoff).
+ *
+ * Names: a numeric host is connected at once; a name is resolved with uv_getaddrinfo (on
+ * libuv's thread pool) and its first address is used. A connection object is freed only
+ * once both its TCP handle closed and its resolution (if any) called back. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/x509.h>
 #include <uv.h>
 
 #include "internal.h"
@@ -63,10 +72,17 @@ struct aconn {
     struct idem_async *a;
     uv_tcp_t tcp;
     uv_connect_t connect_req;
+    uv_getaddrinfo_t gai;
     size_t node;
-    bool connected;
+    bool connected; /* TCP up and, with TLS, the handshake done: requests may be written */
     bool closing;
-    uint8_t *rbuf; /* bytes read and not yet parsed; owned */
+    bool resolving; /* a uv_getaddrinfo is outstanding (it holds a reference) */
+    bool tcp_closed;
+    SSL *ssl;       /* with TLS; owns rbio and wbio */
+    BIO *rbio;      /* network bytes in */
+    BIO *wbio;      /* network bytes out */
+    uint8_t *cbuf;  /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf;  /* plaintext read and not yet parsed; owned */
     size_t rlen, rcap;
 };
 
@@ -86,6 +102,8 @@ struct idem_async {
     uint8_t *token;
     size_t token_len;
     uint32_t default_deadline_ms;
+    SSL_CTX *tls;          /* NULL: plain TCP */
+    char *tls_server_name; /* owned; NULL: each node's host */
     uint64_t next_id;
     uint64_t rng;
     uint64_t backoff;   /* the next reconnect delay after a failure */
@@ -116,6 +134,8 @@ static void asyncFree(struct idem_async *a)
         OPENSSL_cleanse(a->token, a->token_len);
     }
     free(a->token);
+    SSL_CTX_free(a->tls);
+    free(a->tls_server_name);
     free(a);
 }
 
@@ -140,7 +160,7 @@ static void handleClosedCb(uv_handle_t *h)
 
 /* ---- addresses ------------------------------------------------------------------------- */
 
-/* Whether the node's host is a numeric address (the async client does not resolve). */
+/* Whether the node's host is a numeric address; fills *ss when it is. */
 static bool numericNode(const struct idem_node *n, struct sockaddr_storage *ss)
 {
     int port = atoi(n->port);
@@ -159,13 +179,7 @@ static size_t nodeFindOrAdd(struct idem_async *a, const char *addr)
         return IDEM_NODES_MAX;
     }
     char why[128];
-    struct sockaddr_storage ss;
-    struct idem_node *n = &a->nodes[a->n_nodes];
-    if (IdemNodeInit(n, addr, strlen(addr), why, sizeof why) != IDEM_OK) {
-        return IDEM_NODES_MAX;
-    }
-    if (!numericNode(n, &ss)) {
-        IdemNodeFree(n);
+    if (IdemNodeInit(&a->nodes[a->n_nodes], addr, strlen(addr), why, sizeof why) != IDEM_OK) {
         return IDEM_NODES_MAX;
     }
     return a->n_nodes++;
@@ -236,10 +250,6 @@ static void reqDeadlineCb(uv_timer_t *t)
             r->deadline_ms, last);
 }
 
-/* Writes `r` on the current, connected connection. A write that fails at once drops the
- * connection (which puts `r` back to waiting). */
-static void reqSend(struct idem_async *a, struct areq *r);
-
 static void writeCb(uv_write_t *w, int status)
 {
     struct awrite *wr = (struct awrite *)w;
@@ -253,6 +263,46 @@ static void writeCb(uv_write_t *w, int status)
     }
 }
 
+/* Hands `wr` (taken) to the socket. On failure drops the connection and returns false. */
+static bool connWrite(struct aconn *conn, struct awrite *wr)
+{
+    struct idem_async *a = conn->a;
+    wr->conn = conn;
+    uv_buf_t buf = uv_buf_init((char *)wr->data, (unsigned)wr->len);
+    int rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
+    if (rv != 0) {
+        free(wr);
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+                 uv_strerror(rv));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return false;
+    }
+    return true;
+}
+
+/* TLS: writes whatever the session has produced (handshake messages, records) to the
+ * socket. Returns false when the connection was dropped. */
+static bool tlsFlushOut(struct aconn *conn)
+{
+    size_t n = BIO_ctrl_pending(conn->wbio);
+    if (n == 0) {
+        return true;
+    }
+    struct awrite *wr = malloc(sizeof *wr + n);
+    if (wr == NULL) {
+        struct idem_async *a = conn->a;
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing to %s",
+                 a->nodes[conn->node].addr);
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return false;
+    }
+    int got = BIO_read(conn->wbio, wr->data, (int)n);
+    wr->len = got > 0 ? (size_t)got : 0;
+    return connWrite(conn, wr);
+}
+
+/* Writes `r` on the current, connected connection. A write that fails drops the
+ * connection (which puts `r` back to waiting). */
 static void reqSend(struct idem_async *a, struct areq *r)
 {
     struct aconn *conn = a->conn;
@@ -273,7 +323,6 @@ static void reqSend(struct idem_async *a, struct areq *r)
         reqFail(r, IDEM_ENOMEM, "out of memory writing a request");
         return;
     }
-    wr->conn = conn;
     wr->len = 4 + body;
     wr->data[0] = (uint8_t)(body >> 24);
     wr->data[1] = (uint8_t)(body >> 16);
@@ -283,14 +332,21 @@ static void reqSend(struct idem_async *a, struct areq *r)
     memcpy(wr->data + 4 + pre_len, r->body, r->body_len);
     r->state = AREQ_SENT;
     r->sent_on = conn;
-    uv_buf_t buf = uv_buf_init((char *)wr->data, (unsigned)wr->len);
-    int rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
-    if (rv != 0) {
-        free(wr);
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
-                 uv_strerror(rv));
-        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+    if (conn->ssl == NULL) {
+        (void)connWrite(conn, wr);
+        return;
     }
+    size_t written = 0;
+    int ok = SSL_write_ex(conn->ssl, wr->data, wr->len, &written);
+    free(wr);
+    if (ok != 1) {
+        char ebuf[256];
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls write: %s", a->nodes[conn->node].addr,
+                 IdemTlsError(ebuf, sizeof ebuf));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return;
+    }
+    (void)tlsFlushOut(conn);
 }
 
 /* Writes every waiting request, in acceptance order, if a connection is up; starts one
@@ -321,12 +377,22 @@ static void flush(struct idem_async *a)
 
 /* ---- the connection -------------------------------------------------------------------- */
 
+static void connFree(struct aconn *conn)
+{
+    SSL_free(conn->ssl); /* frees rbio and wbio */
+    free(conn->cbuf);
+    free(conn->rbuf);
+    free(conn);
+}
+
 static void connClosedCb(uv_handle_t *h)
 {
     struct aconn *conn = h->data;
     struct idem_async *a = conn->a;
-    free(conn->rbuf);
-    free(conn);
+    conn->tcp_closed = true;
+    if (!conn->resolving) {
+        connFree(conn);
+    }
     a->handles--;
     maybeFinish(a);
 }
@@ -337,6 +403,9 @@ static void connClose(struct aconn *conn)
         return;
     }
     conn->closing = true;
+    if (conn->resolving) {
+        (void)uv_cancel((uv_req_t *)&conn->gai); /* its callback runs either way */
+    }
     uv_close((uv_handle_t *)&conn->tcp, connClosedCb);
 }
 
@@ -376,11 +445,17 @@ static void connDrop(struct idem_async *a, struct aconn *conn, size_t next, uint
     }
 }
 
+#define READ_CHUNK 65536
+
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct aconn *conn = h->data;
     (void)suggested;
-    size_t want = conn->rlen + 65536;
+    if (conn->cbuf != NULL) {
+        *buf = uv_buf_init((char *)conn->cbuf, READ_CHUNK);
+        return;
+    }
+    size_t want = conn->rlen + READ_CHUNK;
     if (want > conn->rcap) {
         uint8_t *p = realloc(conn->rbuf, want);
         if (p == NULL) {
@@ -391,6 +466,95 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         conn->rcap = want;
     }
     *buf = uv_buf_init((char *)conn->rbuf + conn->rlen, (unsigned)(conn->rcap - conn->rlen));
+}
+
+/* Drops the connection after a TLS failure, saying what failed. */
+static void tlsFail(struct aconn *conn, const char *what)
+{
+    struct idem_async *a = conn->a;
+    char ebuf[256];
+    long vr = conn->ssl != NULL ? SSL_get_verify_result(conn->ssl) : X509_V_OK;
+    if (vr != X509_V_OK) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls: certificate verification failed: %s",
+                 a->nodes[conn->node].addr, X509_verify_cert_error_string(vr));
+    } else {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr, what,
+                 IdemTlsError(ebuf, sizeof ebuf));
+    }
+    connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+}
+
+/* Advances the handshake; once done, the connection is up and waiting requests are
+ * written. Returns false when the connection was dropped. */
+static bool tlsHandshakeStep(struct aconn *conn)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(conn->ssl);
+    if (r == 1) {
+        if (!tlsFlushOut(conn)) {
+            return false;
+        }
+        conn->connected = true;
+        flush(conn->a);
+        return !conn->closing;
+    }
+    int e = SSL_get_error(conn->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        return tlsFlushOut(conn);
+    }
+    tlsFail(conn, "tls handshake");
+    return false;
+}
+
+/* TLS: feeds `n` ciphertext bytes to the session and appends the plaintext to conn->rbuf.
+ * Returns false when the connection was dropped. */
+static bool tlsRead(struct aconn *conn, size_t n)
+{
+    struct idem_async *a = conn->a;
+    if (BIO_write(conn->rbio, conn->cbuf, (int)n) != (int)n) {
+        tlsFail(conn, "tls read");
+        return false;
+    }
+    if (!conn->connected) {
+        if (!tlsHandshakeStep(conn)) {
+            return false;
+        }
+        if (!conn->connected) {
+            return true; /* more handshake to come */
+        }
+    }
+    for (;;) {
+        if (conn->rcap - conn->rlen < 16384) {
+            uint8_t *p = realloc(conn->rbuf, conn->rcap + READ_CHUNK);
+            if (p == NULL) {
+                IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory reading");
+                connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+                return false;
+            }
+            conn->rbuf = p;
+            conn->rcap += READ_CHUNK;
+        }
+        size_t got = 0;
+        ERR_clear_error();
+        int ok = SSL_read_ex(conn->ssl, conn->rbuf + conn->rlen, conn->rcap - conn->rlen, &got);
+        if (ok == 1) {
+            conn->rlen += got;
+            continue;
+        }
+        int e = SSL_get_error(conn->ssl, ok);
+        if (e == SSL_ERROR_WANT_READ) {
+            break;
+        }
+        if (e == SSL_ERROR_ZERO_RETURN) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connection closed by the node",
+                     a->nodes[conn->node].addr);
+            connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+            return false;
+        }
+        tlsFail(conn, "tls read");
+        return false;
+    }
+    return tlsFlushOut(conn); /* e.g. answers to post-handshake messages */
 }
 
 static struct areq *findSent(struct idem_async *a, struct aconn *conn, uint64_t id)
@@ -468,7 +632,13 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
         return;
     }
-    conn->rlen += (size_t)nread;
+    if (conn->ssl != NULL) {
+        if (!tlsRead(conn, (size_t)nread)) {
+            return;
+        }
+    } else {
+        conn->rlen += (size_t)nread;
+    }
     size_t off = 0;
     while (conn->rlen - off >= 4 && !conn->closing) {
         const uint8_t *p = conn->rbuf + off;
@@ -501,6 +671,29 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     conn->rlen -= off;
 }
 
+/* TLS: a session on memory BIOs for `conn`, verifying the server's name. */
+static bool tlsSetup(struct aconn *conn)
+{
+    struct idem_async *a = conn->a;
+    conn->cbuf = malloc(READ_CHUNK);
+    conn->ssl = SSL_new(a->tls);
+    if (conn->cbuf == NULL || conn->ssl == NULL) {
+        return false;
+    }
+    conn->rbio = BIO_new(BIO_s_mem());
+    conn->wbio = BIO_new(BIO_s_mem());
+    if (conn->rbio == NULL || conn->wbio == NULL) {
+        BIO_free(conn->rbio);
+        BIO_free(conn->wbio);
+        conn->rbio = conn->wbio = NULL;
+        return false;
+    }
+    SSL_set_bio(conn->ssl, conn->rbio, conn->wbio); /* the session owns both now */
+    SSL_set_connect_state(conn->ssl);
+    return IdemTlsSetPeer(conn->ssl, a->tls_server_name ? a->tls_server_name
+                                                        : a->nodes[conn->node].host);
+}
+
 static void connectCb(uv_connect_t *req, int status)
 {
     struct aconn *conn = req->data;
@@ -510,6 +703,10 @@ static void connectCb(uv_connect_t *req, int status)
     }
     const char *addr = a->nodes[conn->node].addr;
     int rv = status;
+    if (rv == 0 && a->tls != NULL && !tlsSetup(conn)) {
+        tlsFail(conn, "tls setup");
+        return;
+    }
     if (rv == 0) {
         rv = uv_read_start((uv_stream_t *)&conn->tcp, allocCb, readCb);
     }
@@ -519,11 +716,42 @@ static void connectCb(uv_connect_t *req, int status)
         return;
     }
     (void)uv_tcp_nodelay(&conn->tcp, 1);
+    if (conn->ssl != NULL) {
+        (void)tlsHandshakeStep(conn); /* the ClientHello; up once the server answered */
+        return;
+    }
     conn->connected = true;
     flush(a);
 }
 
-/* Opens a connection to a->current. */
+static void gaiCb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct aconn *conn = req->data;
+    struct idem_async *a = conn->a;
+    conn->resolving = false;
+    a->handles--;
+    if (conn->closing) {
+        uv_freeaddrinfo(res);
+        if (conn->tcp_closed) {
+            connFree(conn);
+        }
+        maybeFinish(a);
+        return;
+    }
+    int rv = status < 0 ? status : (res == NULL ? UV_EAI_NONAME : 0);
+    if (rv == 0) {
+        rv = uv_tcp_connect(&conn->connect_req, &conn->tcp, res->ai_addr, connectCb);
+    }
+    uv_freeaddrinfo(res);
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr,
+                 status < 0 ? "resolve" : "connect", uv_strerror(rv));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+    }
+}
+
+/* Opens a connection to a->current: at once for a numeric address, after resolving a
+ * name otherwise. */
 static void connStart(struct idem_async *a)
 {
     struct aconn *conn = calloc(1, sizeof *conn);
@@ -543,17 +771,31 @@ static void connStart(struct idem_async *a)
     }
     conn->tcp.data = conn;
     conn->connect_req.data = conn;
+    conn->gai.data = conn;
     a->handles++;
     a->conn = conn;
+    const struct idem_node *n = &a->nodes[conn->node];
     struct sockaddr_storage ss;
-    int rv = UV_EINVAL;
-    if (numericNode(&a->nodes[conn->node], &ss)) {
+    int rv;
+    const char *what = "connect";
+    if (numericNode(n, &ss)) {
         rv = uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss,
                             connectCb);
+    } else {
+        struct addrinfo hints;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        what = "resolve";
+        rv = uv_getaddrinfo(a->loop, &conn->gai, gaiCb, n->host, n->port, &hints);
+        if (rv == 0) {
+            conn->resolving = true;
+            a->handles++;
+        }
     }
     if (rv != 0) {
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connect: %s", a->nodes[conn->node].addr,
-                 uv_strerror(rv));
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", n->addr, what, uv_strerror(rv));
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
     }
 }
@@ -572,10 +814,6 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
         IdemWhyf(why, why_len, "NULL loop or options");
         return IDEM_EINVAL;
     }
-    if (IdemTlsWanted(opts)) {
-        IdemWhyf(why, why_len, "TLS is not implemented in the asynchronous client yet");
-        return IDEM_EINVAL;
-    }
     struct idem_async *a = calloc(1, sizeof *a);
     if (a == NULL) {
         return IDEM_ENOMEM;
@@ -587,14 +825,15 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
         return rv;
     }
     a->n_seeds = a->n_nodes;
-    for (size_t i = 0; i < a->n_nodes; i++) {
-        struct sockaddr_storage ss;
-        if (!numericNode(&a->nodes[i], &ss)) {
-            IdemWhyf(why, why_len,
-                     "\"%s\": the asynchronous client needs a numeric address (no DNS yet)",
-                     a->nodes[i].addr);
+    if (IdemTlsWanted(opts)) {
+        rv = IdemTlsContext(opts, &a->tls, why, why_len);
+        if (rv == IDEM_OK && opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
+            a->tls_server_name = strdup(opts->tls_server_name);
+            rv = a->tls_server_name == NULL ? IDEM_ENOMEM : IDEM_OK;
+        }
+        if (rv != IDEM_OK) {
             asyncFree(a);
-            return IDEM_EINVAL;
+            return rv;
         }
     }
     if (opts->token != NULL && opts->token[0] != '\0') {

@@ -395,12 +395,14 @@ typedef void (*idem_async_cb)(struct idem_async *a, int status, struct idem_resu
  * is freed right after this returns. */
 typedef void (*idem_async_close_cb)(struct idem_async *a, void *data);
 
-/* Creates an asynchronous client on `loop` (borrowed; must outlive the client). Requests
- * are pipelined over one connection to the leader, answered out of order, with the same
- * leader-following, retry and deadline rules as the synchronous calls. TLS options are
- * refused with IDEM_EINVAL (not implemented in the asynchronous client yet). Returns
- * IDEM_OK and *out (OUT; freed through idem_async_close()), or IDEM_EINVAL / IDEM_ENOMEM
- * with `why` (may be NULL) describing the problem. */
+/* Creates an asynchronous client on `loop` (borrowed; must outlive the client), with the
+ * same options as idem_client_open() (`opts` borrowed; TLS included). Requests are
+ * pipelined over one connection to the leader and answered out of order, with the same
+ * leader-following, retry and deadline rules as the synchronous calls. Host names are
+ * resolved on libuv's thread pool (uv_getaddrinfo; the first address is used). No
+ * connection is made before the first request. Returns IDEM_OK and *out (OUT; freed
+ * through idem_async_close()), or IDEM_EINVAL / IDEM_ETLS / IDEM_ENOMEM with `why` (may
+ * be NULL) describing the problem. */
 IDEM_API int idem_async_open(struct uv_loop_s *loop, const struct idem_options *opts,
                              struct idem_async **out, char *why, size_t why_len);
 

@@ -5,7 +5,7 @@
  *
  *   client_driver SCENARIO SEEDS TOKEN [ARGS...]
  *
- * Scenarios (see each function): attempt, loop, deadline, async-many, async-close,
+ * Scenarios (see each function): attempt, loop, deadline, async-many, async-tls, async-close,
  * run-once, run-retryable, run-slow, run-unknown, tls. */
 #include <inttypes.h>
 #include <pthread.h>
@@ -22,6 +22,8 @@
 
 static const char *g_seeds;
 static const char *g_token;
+static const char *g_tls_ca;   /* async-tls: TLS for the async client */
+static const char *g_tls_name;
 
 static uint64_t nowMs(void)
 {
@@ -375,7 +377,8 @@ static void closeCb(struct idem_async *a, void *data)
 static struct idem_async *asyncOpen(uv_loop_t *loop, uint32_t deadline_ms)
 {
     struct idem_options o = {.seeds = g_seeds, .token = g_token,
-                             .default_deadline_ms = deadline_ms};
+                             .default_deadline_ms = deadline_ms,
+                             .tls_ca_file = g_tls_ca, .tls_server_name = g_tls_name};
     struct idem_async *a = NULL;
     char why[256];
     int rv = idem_async_open(loop, &o, &a, why, sizeof why);
@@ -702,6 +705,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(sc, "async-many") == 0) {
         return scAsyncMany(argc, argv);
+    }
+    if (strcmp(sc, "async-tls") == 0 && argc >= 4) {
+        /* async-tls PREFIX N DEADLINE CA [SERVER_NAME] */
+        g_tls_ca = argv[3];
+        g_tls_name = argc > 4 && argv[4][0] ? argv[4] : NULL;
+        return scAsyncMany(3, argv);
     }
     if (strcmp(sc, "async-close") == 0) {
         return scAsyncClose(argc, argv);

@@ -501,6 +501,22 @@ class TestClientTls(ClientTest):
                          self.p("client.key"), seeds=addr)
         self.assertEqual((out["rv"], out["outcome"]), (0, "acquired"), out)
 
+    def test_async_claims_over_tls(self):
+        addr = self.relay_to_leader()
+        out = self.drive("async-tls", "atls", 200, 10000, self.p("ca.pem"), seeds=addr)
+        self.assertEqual((out["exactly_once"], out["acquired"]), (200, 200), out)
+        self.assertEqual(out["loop_close"], 0, out)
+        # By name (resolved on the loop's thread pool), verified against idem.test.
+        named = addr.replace("127.0.0.1", "localhost")
+        out = self.drive("async-tls", "atls-n", 20, 10000, self.p("ca.pem"), "idem.test",
+                         seeds=named)
+        self.assertEqual((out["exactly_once"], out["acquired"]), (20, 20), out)
+        # An untrusted server: nothing is sent; every request runs into its deadline.
+        out = self.drive("async-tls", "atls-bad", 20, 800, self.p("other-ca.pem"), seeds=addr)
+        self.assertEqual((out["exactly_once"], out["unavailable"]), (20, 20), out)
+        rc, got = self.c.ctl("get", "atls-bad-0")
+        self.assertEqual(got["outcome"], "not_found", got)
+
     def test_bad_tls_files(self):
         out = self.drive("tls", "tls-5", self.p("missing.pem"), seeds="127.0.0.1:1")
         self.assertEqual(out["open"], -8, out)  # IDEM_ETLS
