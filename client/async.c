@@ -320,7 +320,9 @@ static void reqSend(struct idem_async *a, struct areq *r)
     size_t body = pre_len + r->body_len;
     struct awrite *wr = malloc(sizeof *wr + 4 + body);
     if (wr == NULL) {
-        reqFail(r, IDEM_ENOMEM, "out of memory writing a request");
+        /* Stays waiting: written at the next flush, or failed by its deadline (a callback
+         * from here could run inside idem_async_*(), which the API rules out). */
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing a request");
         return;
     }
     wr->len = 4 + body;

@@ -863,7 +863,11 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
             return IDEM_ENOMEM;
         }
         if (r == RT_TIMEOUT) {
-            memcpy(last, k->errmsg, sizeof last);
+            /* The deadline cut this attempt short: an earlier attempt's failure (refused,
+             * certificate, unavailable) says more about why nothing answered. */
+            if (last[0] == '\0') {
+                memcpy(last, k->errmsg, sizeof last);
+            }
             break;
         }
         bool follow = false;

@@ -368,10 +368,12 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
  *   acquired, token.
  * - replay: fn is not called; out holds the stored response (outcome replay).
  * - any other outcome (in_progress, mismatch, ...): fn is not called; returned as is.
- * Returns IDEM_OK, or a negative code: before fn ran, as idem_claim; after fn ran
- * (out->ran = 1, the rest of *out filled), the error of the complete or release, which
- * was retried until its deadline: the outcome is then recorded only once it is retried
- * (the lease expires otherwise). idem_result_free(out) in every case. */
+ * Returns IDEM_OK, or a negative code: before fn ran, as idem_claim (fn did not run);
+ * after fn ran, the error of the complete or release (IDEM_EUNAVAILABLE once retried until
+ * the deadline), with out->ran = 1, out->token and out->response (fn's) filled: the record
+ * stays processing until the caller retries idem_complete() / idem_release() with that
+ * token, or its lease expires. The deadline of opts applies to each call separately.
+ * Call idem_result_free(out) in every case. */
 IDEM_API int idem_run(struct idem_client *c, const char *key,
                       const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
                       const struct idem_claim_opts *opts, idem_run_fn fn, void *arg,
