@@ -614,6 +614,7 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
     }
     a->backoff = IDEM_BACKOFF_MIN_MS;
     a->redirects = 0;
+    a->errmsg[0] = '\0'; /* a leader answered: earlier failures are history */
     struct idem_result res;
     int rv = IdemResultFill(&res, m);
     reqFinish(r, rv, &res);
