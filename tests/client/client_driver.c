@@ -5,8 +5,8 @@
  *
  *   client_driver SCENARIO SEEDS TOKEN [ARGS...]
  *
- * Scenarios (see each function): attempt, loop, deadline, async-many, async-tls, async-close,
- * run-once, run-retryable, run-slow, run-unknown, tls. */
+ * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
+ * async-close, async-ops, run-once, run-retryable, run-slow, run-unknown, tls. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -100,6 +100,85 @@ static int scAttempt(int argc, char **argv)
     idem_result_free(&r2);
     idem_result_free(&r3);
     idem_client_close(c);
+    return 0;
+}
+
+/* ---- ops: every synchronous call and its outcomes --------------------------------------- */
+
+static int scOps(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    const char *key = argv[0];
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN], fp2[IDEM_FINGERPRINT_LEN];
+    fpOf("ops", fp);
+    fpOf("ops-other", fp2);
+    struct idem_result r;
+    int rv;
+    printf("{");
+#define STEP(name, call)                                                                       \
+    do {                                                                                       \
+        rv = (call);                                                                           \
+        if (rv != IDEM_OK) {                                                                   \
+            die(name, rv, &r);                                                                 \
+        }                                                                                      \
+        printf("\"%s\": \"%s\", ", name, idem_outcome_name(r.outcome));                        \
+    } while (0)
+    struct idem_claim_opts co = {.lease_ms = 5000};
+    STEP("claim", idem_claim(c, key, fp, &co, &r));
+    uint64_t token = r.token, lease1 = r.lease_deadline_ms;
+    idem_result_free(&r);
+    STEP("renew", idem_renew(c, key, token, 60000, 0, &r));
+    printf("\"renew_extends\": %s, ", r.lease_deadline_ms > lease1 ? "true" : "false");
+    idem_result_free(&r);
+    STEP("renew_wrong_token", idem_renew(c, key, token + 1, 0, 0, &r));
+    idem_result_free(&r);
+    STEP("get_processing", idem_get(c, key, 0, &r));
+    printf("\"state\": %d, \"get_token_matches\": %s, \"get_fp_matches\": %s, ", r.record.state,
+           r.record.token == token ? "true" : "false",
+           r.record.fingerprint_len == 32 && memcmp(r.record.fingerprint, fp, 32) == 0 ? "true"
+                                                                                      : "false");
+    idem_result_free(&r);
+    STEP("claim_mismatch", idem_claim(c, key, fp2, NULL, &r));
+    idem_result_free(&r);
+    struct idem_header h[2] = {
+        {.name = "content-type", .value = (const uint8_t *)"application/json", .value_len = 16},
+        {.name = "location", .value = (const uint8_t *)"/orders/7", .value_len = 9}};
+    struct idem_response resp = {.status = 201, .headers = h, .n_headers = 2,
+                                 .body = (const uint8_t *)"order=7", .body_len = 7};
+    STEP("complete", idem_complete(c, key, token, IDEM_COMPLETION_SUCCEEDED, &resp, 0, &r));
+    idem_result_free(&r);
+    STEP("complete_again", idem_complete(c, key, token, IDEM_COMPLETION_SUCCEEDED, &resp, 0, &r));
+    idem_result_free(&r);
+    STEP("release_after_complete", idem_release(c, key, token, 0, &r));
+    idem_result_free(&r);
+    STEP("get_completed", idem_get(c, key, 0, &r));
+    printf("\"state2\": %d, \"stored_status\": %u, \"stored_body\": \"%.*s\", "
+           "\"stored_headers\": %zu, \"stored_h1\": \"%s\", ",
+           r.record.state, r.response.status, (int)r.response.body_len,
+           (const char *)r.response.body, r.response.n_headers,
+           r.response.n_headers > 1 ? r.response.headers[1].name : "");
+    idem_result_free(&r);
+    STEP("claim_replay", idem_claim(c, key, fp, NULL, &r));
+    printf("\"replay_body\": \"%.*s\", ", (int)r.response.body_len, (const char *)r.response.body);
+    idem_result_free(&r);
+    STEP("release_unknown_key", idem_release(c, "ops-never-claimed", 1, 0, &r));
+    idem_result_free(&r);
+    STEP("get_unknown_key", idem_get(c, "ops-never-claimed", 0, &r));
+    idem_result_free(&r);
+    STEP("claim_bad_key", idem_claim(c, "bad key with spaces", fp, NULL, &r));
+    printf("\"bad_key_detail\": \"%s\", ", r.detail);
+    idem_result_free(&r);
+    idem_client_close(c);
+    struct idem_options o = {.seeds = g_seeds, .token = "not-a-token"};
+    c = openClient(&o);
+    STEP("claim_unauthenticated", idem_claim(c, key, fp, NULL, &r));
+    idem_result_free(&r);
+    idem_client_close(c);
+#undef STEP
+    printf("\"done\": true}\n");
     return 0;
 }
 
@@ -535,6 +614,101 @@ static int scAsyncClose(int argc, char **argv)
     return 0;
 }
 
+/* ---- async-ops: claim → renew → get → complete → get → release on one loop, chained -- */
+
+struct chain {
+    struct idem_async *a;
+    const char *key;
+    uint64_t token;
+    int step;
+    int bad;
+    char log[512];
+    struct idem_result kept; /* moved out of the last callback */
+};
+
+static void chainCb(struct idem_async *a, int status, struct idem_result *res, void *data);
+
+static void chainNext(struct chain *ch)
+{
+    static const struct idem_response resp = {.status = 200, .body = (const uint8_t *)"async",
+                                               .body_len = 5};
+    int rv = IDEM_OK;
+    switch (ch->step) {
+    case 1:
+        rv = idem_async_renew(ch->a, ch->key, ch->token, 30000, 0, chainCb, ch);
+        break;
+    case 2:
+        rv = idem_async_get(ch->a, ch->key, 0, chainCb, ch);
+        break;
+    case 3:
+        rv = idem_async_complete(ch->a, ch->key, ch->token, IDEM_COMPLETION_FAILED_FINAL, &resp, 0,
+                                 chainCb, ch);
+        break;
+    case 4:
+        rv = idem_async_get(ch->a, ch->key, 0, chainCb, ch);
+        break;
+    case 5:
+        rv = idem_async_release(ch->a, ch->key, ch->token, 0, chainCb, ch);
+        break;
+    default:
+        return;
+    }
+    if (rv != IDEM_OK) {
+        ch->bad++;
+    }
+}
+
+static void chainCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    struct chain *ch = data;
+    size_t n = strlen(ch->log);
+    snprintf(ch->log + n, sizeof ch->log - n, "%s%s", n ? "," : "",
+             status == IDEM_OK ? idem_outcome_name(res->outcome) : idem_strerror(status));
+    if (status != IDEM_OK) {
+        ch->bad++;
+        return;
+    }
+    if (ch->step == 0) {
+        ch->token = res->token;
+    }
+    if (ch->step == 4) {
+        idem_result_move(&ch->kept, res); /* freed by the scenario, not the library */
+    }
+    ch->step++;
+    chainNext(ch);
+}
+
+static int scAsyncOps(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct chain ch = {.key = argv[0]};
+    ch.a = asyncOpen(&loop, 10000);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("async-ops", fp);
+    if (idem_async_claim(ch.a, ch.key, fp, NULL, chainCb, &ch) != IDEM_OK) {
+        return 1;
+    }
+    while (idem_async_pending(ch.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    struct asyncRun run = {0};
+    idem_async_close(ch.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    printf("{\"log\": \"%s\", \"bad\": %d, \"kept_state\": %d, \"kept_completion\": %d, "
+           "\"kept_body\": \"%.*s\", \"close_calls\": %d, \"loop_close\": %d}\n",
+           ch.log, ch.bad, ch.kept.record.state, ch.kept.record.completion,
+           (int)ch.kept.response.body_len,
+           ch.kept.response.body ? (const char *)ch.kept.response.body : "", run.close_calls,
+           uv_loop_close(&loop));
+    idem_result_free(&ch.kept);
+    return 0;
+}
+
 /* ---- idem_run scenarios ------------------------------------------------------------------ */
 
 struct business {
@@ -696,6 +870,12 @@ int main(int argc, char **argv)
     argv += 4;
     if (strcmp(sc, "attempt") == 0) {
         return scAttempt(argc, argv);
+    }
+    if (strcmp(sc, "ops") == 0) {
+        return scOps(argc, argv);
+    }
+    if (strcmp(sc, "async-ops") == 0) {
+        return scAsyncOps(argc, argv);
     }
     if (strcmp(sc, "loop") == 0) {
         return scLoop(argc, argv);

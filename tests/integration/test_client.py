@@ -80,6 +80,23 @@ class TestClientCalls(ClientTest):
         lid = self.c.leader()
         self.assertEqual(out["leader"], self.c.nodes[lid].rpc, out)
 
+    def test_every_call_and_its_outcomes(self):
+        out = self.drive("ops", "ops-1", seeds=self.follower_first())
+        expect = {
+            "claim": "acquired", "renew": "ok", "renew_extends": True,
+            "renew_wrong_token": "lease_lost", "get_processing": "ok", "state": 1,
+            "get_token_matches": True, "get_fp_matches": True, "claim_mismatch": "mismatch",
+            "complete": "ok", "complete_again": "ok", "release_after_complete": "lease_lost",
+            "get_completed": "ok", "state2": 2, "stored_status": 201,
+            "stored_body": "order=7", "stored_headers": 2, "stored_h1": "location",
+            "claim_replay": "replay", "replay_body": "order=7",
+            "release_unknown_key": "not_found", "get_unknown_key": "not_found",
+            "claim_bad_key": "invalid", "claim_unauthenticated": "unauthenticated",
+        }
+        for k, v in expect.items():
+            self.assertEqual(out[k], v, "%s: %r" % (k, out))
+        self.assertNotIn("spaces", out["bad_key_detail"])  # the key is never echoed
+
     def test_threads_share_one_client(self):
         p = subprocess.Popen([DRIVER, "loop", self.follower_first(), self.c.token, "thr", "4"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -196,6 +213,15 @@ class TestClientAsync(ClientTest):
         self.assertEqual(out["dup_tokens"], 0, out)
         self.assertEqual(out["close_calls"], 1, out)
         self.assertEqual(out["loop_close"], 0, out)  # no handle left on the loop
+
+    def test_every_call_chained_from_callbacks(self):
+        out = self.drive("async-ops", "aops-1", seeds=self.follower_first())
+        self.assertEqual(out["log"], "acquired,ok,ok,ok,ok,lease_lost", out)
+        self.assertEqual(out["bad"], 0, out)
+        # The result moved out of a callback outlives it.
+        self.assertEqual((out["kept_state"], out["kept_completion"], out["kept_body"]),
+                         (2, 2, "async"), out)
+        self.assertEqual((out["close_calls"], out["loop_close"]), (1, 0), out)
 
     def test_close_before_the_loop_runs(self):
         out = self.drive("async-close", "now", "cl-now", 200)
