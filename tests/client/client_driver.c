@@ -6,7 +6,7 @@
  *   client_driver SCENARIO SEEDS TOKEN [ARGS...]
  *
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
- * async-close, async-ops, run-once, run-retryable, run-slow, run-unknown, tls. */
+ * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -433,6 +433,7 @@ struct asyncRun {
     int answered;
     int close_calls;
     int after_close_rv;
+    int submit_failed;
     struct idem_async *a;
 };
 
@@ -498,10 +499,11 @@ static void asyncReport(struct asyncRun *run, uv_loop_t *loop, size_t max_pendin
     int loop_close = uv_loop_close(loop);
     printf("{\"n\": %d, \"exactly_once\": %d, \"acquired\": %d, \"canceled\": %d, "
            "\"unavailable\": %d, \"other\": %d, \"dup_tokens\": %d, \"max_pending\": %zu, "
-           "\"close_calls\": %d, \"after_close_rv\": %d, \"loop_close\": %d, "
+           "\"close_calls\": %d, \"after_close_rv\": %d, \"submit_failed\": %d, "
+           "\"loop_close\": %d, "
            "\"elapsed_ms\": %" PRIu64 "}\n",
            run->n, once, acquired, canceled, unavailable, other, dups, max_pending,
-           run->close_calls, run->after_close_rv, loop_close, elapsed);
+           run->close_calls, run->after_close_rv, run->submit_failed, loop_close, elapsed);
 }
 
 static int scAsyncMany(int argc, char **argv)
@@ -709,6 +711,115 @@ static int scAsyncOps(int argc, char **argv)
     return 0;
 }
 
+/* ---- async-stream: a window of claims kept in flight until "stop" on stdin ---------------- *
+ * The test changes the leader meanwhile: every request must still be answered exactly once,
+ * acquired, with a token of its own. Bounded: STREAM_MAX requests, 120 s. */
+
+#define STREAM_MAX 200000
+#define STREAM_MAX_MS 120000u
+
+struct stream {
+    struct idem_async *a;
+    struct asyncReq *reqs;
+    const char *prefix;
+    int window;
+    int submitted;
+    int answered;
+    int failed;
+    atomic_bool stop;
+    uint64_t start;
+    uv_timer_t tick;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+};
+
+static void streamCb(struct idem_async *a, int status, struct idem_result *res, void *data);
+
+static void streamSubmit(struct stream *st)
+{
+    while (!atomic_load(&st->stop) && st->submitted < STREAM_MAX &&
+           st->submitted - st->answered < st->window) {
+        char key[96];
+        snprintf(key, sizeof key, "%s-%d", st->prefix, st->submitted);
+        struct asyncReq *q = &st->reqs[st->submitted];
+        if (idem_async_claim(st->a, key, st->fp, NULL, streamCb, q) != IDEM_OK) {
+            st->failed++;
+            return;
+        }
+        st->submitted++;
+    }
+}
+
+static struct stream *g_stream;
+
+static void streamCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    asyncCb(a, status, res, data);
+    struct stream *st = g_stream;
+    st->answered++;
+    if (status != IDEM_OK || res->outcome != IDEM_OUTCOME_ACQUIRED) {
+        fprintf(stderr, "stream: %s / %s: %s\n", idem_strerror(status),
+                idem_outcome_name(res->outcome), res->detail);
+    }
+    streamSubmit(st);
+}
+
+static void streamTickCb(uv_timer_t *t)
+{
+    struct stream *st = t->data;
+    printf("progress %d\n", st->answered);
+    if (nowMs() - st->start > STREAM_MAX_MS) {
+        atomic_store(&st->stop, true);
+    }
+}
+
+static void *streamStdin(void *arg)
+{
+    struct stream *st = arg;
+    char line[64];
+    while (fgets(line, sizeof line, stdin) != NULL && strncmp(line, "stop", 4) != 0) {
+    }
+    atomic_store(&st->stop, true);
+    return NULL;
+}
+
+static int scAsyncStream(int argc, char **argv)
+{
+    if (argc < 2) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    static struct stream st;
+    g_stream = &st;
+    st.prefix = argv[0];
+    st.window = atoi(argv[1]);
+    if (st.window < 1 || st.window > 10000) {
+        return 2;
+    }
+    st.reqs = calloc(STREAM_MAX, sizeof *st.reqs);
+    st.a = asyncOpen(&loop, 15000);
+    st.start = nowMs();
+    fpOf("stream", st.fp);
+    pthread_t th;
+    pthread_create(&th, NULL, streamStdin, &st);
+    pthread_detach(th);
+    uv_timer_init(&loop, &st.tick);
+    st.tick.data = &st;
+    uv_timer_start(&st.tick, streamTickCb, 50, 50);
+    streamSubmit(&st);
+    /* Until "stop" and every answer is in (the tick wakes the loop every 50 ms). */
+    while (!atomic_load(&st.stop) || idem_async_pending(st.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uv_close((uv_handle_t *)&st.tick, NULL);
+    struct asyncRun run = {.n = st.submitted, .reqs = st.reqs, .submit_failed = st.failed};
+    idem_async_close(st.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    asyncReport(&run, &loop, (size_t)st.window, nowMs() - st.start);
+    free(st.reqs);
+    return 0;
+}
+
 /* ---- idem_run scenarios ------------------------------------------------------------------ */
 
 struct business {
@@ -873,6 +984,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(sc, "ops") == 0) {
         return scOps(argc, argv);
+    }
+    if (strcmp(sc, "async-stream") == 0) {
+        return scAsyncStream(argc, argv);
     }
     if (strcmp(sc, "async-ops") == 0) {
         return scAsyncOps(argc, argv);

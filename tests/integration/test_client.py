@@ -241,6 +241,47 @@ class TestClientAsync(ClientTest):
         self.assertEqual(out["close_calls"], 1, out)
         self.assertEqual(out["loop_close"], 0, out)
 
+    def stream_through(self, change):
+        p = subprocess.Popen([DRIVER, "async-stream", self.seeds(), self.c.token, "st", "200"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            before = wait_progress(p, 500)
+            change()
+            wait_progress(p, before + 1000)
+            p.stdin.write(b"stop\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        res = json.loads(out.decode().strip().splitlines()[-1])
+        self.assertGreater(res["n"], before + 1000, res)
+        self.assertEqual(res["exactly_once"], res["n"], res)
+        self.assertEqual(res["acquired"], res["n"], res)
+        self.assertEqual(res["dup_tokens"], 0, res)
+        self.assertEqual(res["submit_failed"], 0, res)
+        self.assertEqual((res["close_calls"], res["loop_close"]), (1, 0), res)
+
+    def test_pipelined_claims_through_a_leader_kill(self):
+        old = self.c.leader()
+
+        def change():
+            self.c.kill(old, 9)
+            self.c.wait_leader(timeout=30, exclude=old)
+        self.stream_through(change)
+
+    def test_pipelined_claims_through_a_leader_transfer(self):
+        old = self.c.leader()
+
+        def change():
+            rc, out = self.c.ctl("transfer")
+            self.assertEqual(rc, 0, out)
+            self.c.wait_leader(timeout=30, exclude=old)
+        self.stream_through(change)
+
     def test_dead_leader_first_in_the_seeds(self):
         lid = self.c.leader()
         ids = [lid] + [i for i in self.c.nodes if i != lid]
