@@ -12,7 +12,7 @@
  * - Every call has a deadline (milliseconds, relative; 0 takes the client's default). A
  *   connection failure or an `unavailable` answer (no quorum, no leader, election) is
  *   retried after a bounded backoff (10 ms doubling to 200 ms, jittered), always with the
- *   same request: same key, same attempt id, same token. Every idemd operation is
+ *   same request: same key, same attempt id, same bearer token. Every idemd operation is
  *   retry-safe that way (CONTRACT.md §2, §4), so a retry after an ambiguous failure never
  *   runs anything twice, and a claim whose answer was lost gets its own lease back
  *   (`acquired`, same token) instead of `in_progress`.
@@ -29,16 +29,19 @@
  * It keeps a pool of connection sets (one TCP or TLS connection per node in each); a call
  * takes a free set from the pool (or opens a new one) for its duration and puts it back
  * afterwards, so concurrent calls run in parallel over separate connections and share what
- * the client learned about the leader. A `struct idem_async` belongs to its libuv loop: call
- * it only from the loop's thread.
+ * the client learned about the leader. The pool grows to the largest number of concurrent
+ * calls seen; its connections stay open until idem_client_close(). A `struct idem_async`
+ * belongs to its libuv loop: call it only from the loop's thread.
  *
  * Ownership, in short: strings and buffers passed in are borrowed for the duration of the
  * call (the library copies what it keeps); results are filled into caller-provided structs
  * whose inner pointers belong to the library until idem_result_free().
  *
  * Wire: idemd's binary RPC (proto/idem.proto): a 4-byte big-endian length, then a packed
- * protobuf message, over TCP or (struct idem_options.tls_*) TLS 1.2+. Name resolution
- * (getaddrinfo) is not bounded by the deadline: use numeric addresses where that matters. */
+ * protobuf message, over TCP or (struct idem_options.tls_*) TLS 1.2+. In the synchronous
+ * client, name resolution (getaddrinfo) is not bounded by the deadline: use numeric
+ * addresses where that matters (the asynchronous client resolves off the loop, and its
+ * deadlines do bound it). */
 #ifndef IDEM_H
 #define IDEM_H
 
