@@ -890,8 +890,8 @@ static int scRun(const char *mode, int argc, char **argv)
     } else if (strcmp(mode, "run-unknown") == 0) {
         b.cls[0] = IDEM_RUN_UNKNOWN;
     } else if (strcmp(mode, "run-slow") == 0) {
-        o.lease_ms = 300;
-        b.sleep_ms = 1200; /* four leases */
+        o.lease_ms = 800;
+        b.sleep_ms = 2500; /* three leases and more */
     }
     struct idem_result r1, r2;
     int rv1 = idem_run(c, key, fp, &o, businessFn, &b, &r1);
@@ -910,13 +910,13 @@ static int scRun(const char *mode, int argc, char **argv)
          * lease_expired), so the in_progress above is the renewals' doing. */
         char ctl[128];
         snprintf(ctl, sizeof ctl, "%s-control", key);
-        struct idem_claim_opts co = {.lease_ms = 300};
+        struct idem_claim_opts co = {.lease_ms = 800};
         struct idem_result a, bb;
         int rv = idem_claim(c, ctl, fp, &co, &a);
         if (rv != IDEM_OK) {
             die("control claim", rv, &a);
         }
-        sleepMs(1200);
+        sleepMs(2500);
         rv = idem_claim(c, ctl, fp, NULL, &bb);
         if (rv != IDEM_OK) {
             die("control claim 2", rv, &bb);

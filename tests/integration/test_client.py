@@ -340,7 +340,7 @@ class TestClientRun(ClientTest):
         out = self.drive("run-slow", "run-4")
         f, s = out["first"], out["second"]
         self.assertEqual((f["outcome"], f["ran"], f["finish"]), ("acquired", 1, "ok"), out)
-        # Four leases later, another attempt still finds the key in progress...
+        # Three leases later, another attempt still finds the key in progress...
         self.assertEqual(out["concurrent"], "in_progress", out)
         # ...where the same lease without renewals has lapsed.
         self.assertEqual(out["control_first"], "acquired", out)
