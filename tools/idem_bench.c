@@ -58,7 +58,7 @@
 
 #include "cli.h"
 #include "hist.h"
-#include "idem.h"
+#include "idem_rpc.h"
 
 #define EXIT_RAN 0
 #define EXIT_SETUP 1

@@ -34,7 +34,7 @@
 #include <openssl/evp.h>
 
 #include "cli.h"
-#include "idem.h"
+#include "idem_rpc.h"
 
 #define EXIT_ANSWERED 0
 #define EXIT_INTERNAL 1

@@ -1,45 +1,77 @@
-/* idem: libidem, the synchronous C client of idemd's binary RPC; this header is its whole
- * public API.
+/* idem: libidem, the C client of idemd; this header is its whole public API.
  *
- * A client holds a list of nodes (the seeds it was given, plus leaders it learned from
- * redirects) and at most one TCP connection to each. idem_call() sends one Idem__Request to
- * the leader and returns its Idem__Response: it finds the leader by trying the seeds in
- * order, follows OUTCOME_NOT_LEADER redirects, and on a connection failure or an
- * OUTCOME_UNAVAILABLE answer backs off (10 ms doubling to 200 ms) and retries the same
- * request (same request id, key and attempt id; only Request.deadline_ms shrinks to the
- * time left) on the next candidate, until the call's deadline passes. Every idemd
- * operation is retry-safe with the same key and attempt id (CONTRACT.md §2, §4), so a retry
- * after an ambiguous failure never runs anything twice. idem_call_node() asks one given
- * node, without redirects or retries (idemctl's `status` asks every node itself).
+ * Link with `pkg-config --cflags --libs idem` (libidem.so, or libidem.a with
+ * `pkg-config --static`). The header needs no other header than the C library's: the
+ * asynchronous API takes libuv's loop as `struct uv_loop_s *` (uv_loop_t), so only programs
+ * that use it include <uv.h> themselves.
  *
- * Wire format (proto/idem.proto, above `message Request`): a 4-byte big-endian length,
- * then a packed Request or Response of that many bytes. The socket is a blocking TCP
- * socket; every wait on it is a poll() bounded by the call's deadline. Name resolution
- * (getaddrinfo) happens on connect and is not bounded by the deadline: use numeric
- * addresses where that matters.
+ * What a client does for every call (synchronous and asynchronous alike):
+ * - It holds a list of nodes: the seeds it was given, plus leaders it learned from
+ *   redirects. It sends each request to the node it believes leads, trying the seeds in
+ *   order until one answers, and follows `not_leader` redirects to the leader's address.
+ * - Every call has a deadline (milliseconds, relative; 0 takes the client's default). A
+ *   connection failure or an `unavailable` answer (no quorum, no leader, election) is
+ *   retried after a bounded backoff (10 ms doubling to 200 ms, jittered), always with the
+ *   same request: same key, same attempt id, same bearer token. Every idemd operation is
+ *   retry-safe that way (CONTRACT.md §2, §4), so a retry after an ambiguous failure never
+ *   runs anything twice, and a claim whose answer was lost gets its own lease back
+ *   (`acquired`, same token) instead of `in_progress`.
+ * - When the deadline passes without an answer from a leader, the call fails with
+ *   IDEM_EUNAVAILABLE. The request may or may not have been applied: retry it with the same
+ *   key (and, for a claim, the same attempt id).
  *
- * Threads. A client is not thread-safe: use one client per thread (they share nothing;
- * the library has no global state). Different clients may be used concurrently.
+ * Errors. Functions return IDEM_OK (0) or a negative IDEM_E* code; idem_strerror() names
+ * it. An answer from the cluster, whatever its outcome (acquired, replay, mismatch,
+ * lease_lost, unauthenticated, quota_exceeded, ...), is IDEM_OK with the outcome in
+ * `struct idem_result`: branch on `result.outcome`.
  *
- * Known limits: no TLS yet (DESIGN.md lists it for client/); requests are not pipelined
- * (one outstanding request per client). */
+ * Threads. A `struct idem_client` is thread-safe: any number of threads may call it at once.
+ * It keeps a pool of connection sets (one TCP or TLS connection per node in each); a call
+ * takes a free set from the pool (or opens a new one) for its duration and puts it back
+ * afterwards, so concurrent calls run in parallel over separate connections and share what
+ * the client learned about the leader. The pool grows to the largest number of concurrent
+ * calls seen; its connections stay open until idem_client_close(). A `struct idem_async`
+ * belongs to its libuv loop: call it only from the loop's thread.
+ *
+ * Ownership, in short: strings and buffers passed in are borrowed for the duration of the
+ * call (the library copies what it keeps); results are filled into caller-provided structs
+ * whose inner pointers belong to the library until idem_result_free().
+ *
+ * Wire: idemd's binary RPC (proto/idem.proto): a 4-byte big-endian length, then a packed
+ * protobuf message, over TCP or (struct idem_options.tls_*) TLS 1.2+. In the synchronous
+ * client, name resolution (getaddrinfo) is not bounded by the deadline: use numeric
+ * addresses where that matters (the asynchronous client resolves off the loop, and its
+ * deadlines do bound it). */
 #ifndef IDEM_H
 #define IDEM_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "idem.pb-c.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
 
-/* Error codes returned by every function of this API, with their idem_strerror() text. */
+#if defined(__GNUC__)
+#define IDEM_API __attribute__((visibility("default")))
+#else
+#define IDEM_API
+#endif
+
+/* ---- errors -------------------------------------------------------------------------- */
+
+/* Error codes (negative; IDEM_OK is 0), with their idem_strerror() text. */
 #define IDEM_ERRNO_MAP(X)                                                                     \
     X(IDEM_OK, 0, "ok")                                                                       \
-    X(IDEM_EINVAL, 1, "invalid argument")                                                     \
-    X(IDEM_ENOMEM, 2, "out of memory")                                                        \
-    X(IDEM_EUNAVAILABLE, 3, "unavailable: no answer before the deadline")                    \
-    X(IDEM_EPROTO, 4, "protocol error: the peer sent a frame that does not decode")           \
-    X(IDEM_ETOOBIG, 5, "message larger than IDEM_MAX_FRAME")                                  \
-    X(IDEM_ESYS, 6, "system error")
+    X(IDEM_EINVAL, -1, "invalid argument")                                                    \
+    X(IDEM_ENOMEM, -2, "out of memory")                                                       \
+    X(IDEM_EUNAVAILABLE, -3, "unavailable: no answer from a leader before the deadline")     \
+    X(IDEM_EPROTO, -4, "protocol error: the peer sent a frame that does not decode")          \
+    X(IDEM_ETOOBIG, -5, "message larger than IDEM_MAX_FRAME")                                 \
+    X(IDEM_ESYS, -6, "system error")                                                          \
+    X(IDEM_ECANCELED, -7, "canceled: the client was closed before an answer")                 \
+    X(IDEM_ETLS, -8, "TLS setup failed (certificate, key or CA file)")                        \
+    X(IDEM_ECLOSED, -9, "the client is closing")
 
 enum idem_error {
 #define IDEM__ERRNO_ENUM(name, value, text) name = value,
@@ -47,91 +79,369 @@ enum idem_error {
 #undef IDEM__ERRNO_ENUM
 };
 
+/* A static description of `err` (one of enum idem_error); "unknown error" for anything
+ * else. Never NULL. */
+IDEM_API const char *idem_strerror(int err);
+
+/* ---- limits -------------------------------------------------------------------------- */
+
 /* The largest frame (packed message, without the 4-byte length) the client sends or
  * accepts. A larger incoming length is a protocol error and closes the connection. */
 #define IDEM_MAX_FRAME (16u << 20)
 
-/* At most this many nodes (seeds plus learned leaders) per client. */
+/* At most this many nodes (seeds plus learned leaders) per client. Once the table is full,
+ * redirects to further unknown addresses are ignored (the call keeps trying the seeds). */
 #define IDEM_NODES_MAX 64
 
 /* Length of an attempt id made by idem_attempt_id_new(), without the NUL. */
 #define IDEM_ATTEMPT_ID_HEX 32
 
-struct idem_client;
+/* Length of a fingerprint: SHA-256. */
+#define IDEM_FINGERPRINT_LEN 32
 
-/* A static description of `err` (one of enum idem_error); "unknown error" for anything
- * else. Never NULL. */
-const char *idem_strerror(int err);
+/* ---- outcomes and enums (numbered as in proto/idem.proto) ----------------------------- */
+
+/* What the cluster answered (CONTRACT.md §2). */
+enum idem_outcome {
+    IDEM_OUTCOME_UNSPECIFIED = 0,
+    IDEM_OUTCOME_ACQUIRED = 1,        /* claim: run the business now (token, lease) */
+    IDEM_OUTCOME_REPLAY = 2,          /* claim: the stored response (result.response) */
+    IDEM_OUTCOME_IN_PROGRESS = 3,     /* claim: another attempt holds the lease (retry_after) */
+    IDEM_OUTCOME_MISMATCH = 4,        /* claim: same key, different fingerprint */
+    IDEM_OUTCOME_LEASE_EXPIRED = 5,   /* claim: the holder's lease passed, policy conflict */
+    IDEM_OUTCOME_OUTCOME_UNKNOWN = 6, /* claim: quarantined until an operator resolves it */
+    IDEM_OUTCOME_EXPIRED = 7,         /* claim: the key's record expired (tombstone) */
+    IDEM_OUTCOME_OK = 8,              /* complete, release, renew */
+    IDEM_OUTCOME_LEASE_LOST = 9,      /* complete, release, renew: not the holder's token */
+    IDEM_OUTCOME_NOT_FOUND = 10,      /* complete, release, renew, get */
+    IDEM_OUTCOME_QUOTA_EXCEEDED = 11, /* claim, complete: the tenant's quota */
+    IDEM_OUTCOME_INVALID = 12,        /* the request is malformed (result.detail says why) */
+    IDEM_OUTCOME_UNAVAILABLE = 13,    /* never in a result: retried, then IDEM_EUNAVAILABLE */
+    IDEM_OUTCOME_NOT_LEADER = 14,     /* never in a result: redirects are followed */
+    IDEM_OUTCOME_UNAUTHENTICATED = 15,
+    IDEM_OUTCOME_FORBIDDEN = 16,
+};
+
+/* The name of an outcome: "acquired", "replay", "in_progress", "mismatch",
+ * "lease_expired", "outcome_unknown", "expired", "ok", "lease_lost", "not_found",
+ * "quota_exceeded", "invalid", "unavailable", "not_leader", "unauthenticated",
+ * "forbidden"; "unspecified" for 0 and "unrecognized" for values this library does not
+ * know. A static string, never NULL. */
+IDEM_API const char *idem_outcome_name(int outcome);
+
+/* How an attempt ended, for idem_complete() (CONTRACT.md §4). */
+enum idem_completion {
+    IDEM_COMPLETION_SUCCEEDED = 1,    /* replayed to every retry */
+    IDEM_COMPLETION_FAILED_FINAL = 2, /* a failure with side effects: replayed as well */
+    IDEM_COMPLETION_UNKNOWN = 3,      /* side effects unknown: quarantined until resolved */
+};
+
+/* What a claim does when it finds a processing record whose lease passed. */
+enum idem_policy {
+    IDEM_POLICY_DEFAULT = 0, /* the server's default: conflict */
+    IDEM_POLICY_CONFLICT = 1,
+    IDEM_POLICY_TAKEOVER = 2,
+};
+
+/* The state of a record (idem_get). */
+enum idem_state {
+    IDEM_STATE_UNSPECIFIED = 0,
+    IDEM_STATE_PROCESSING = 1,
+    IDEM_STATE_COMPLETED = 2,
+    IDEM_STATE_QUARANTINED = 3,
+    IDEM_STATE_TOMBSTONE = 4,
+    IDEM_STATE_RELEASED = 5,
+};
+
+/* ---- plain data ---------------------------------------------------------------------- */
+
+/* One stored response header. Names are lower case. */
+struct idem_header {
+    const char *name;
+    const uint8_t *value;
+    size_t value_len;
+};
+
+/* A response as the cluster stores and replays it. As an input (idem_complete, idem_run's
+ * business function) every pointer is the caller's and is only read; in a result every
+ * pointer belongs to the result (see idem_result_free). */
+struct idem_response {
+    uint32_t status;                   /* e.g. an HTTP status */
+    const struct idem_header *headers; /* n_headers entries; NULL when 0 */
+    size_t n_headers;
+    const uint8_t *body; /* inline body; NULL when body_len is 0 */
+    size_t body_len;
+    const char *body_ref;       /* where a large body lives instead; NULL or "" when none */
+    const uint8_t *body_sha256; /* 32 bytes, or NULL */
+};
+
+/* The record of a key, as idem_get returns it. */
+struct idem_record {
+    int state; /* enum idem_state */
+    uint64_t token;
+    uint64_t created_at_ms;     /* Unix ms, leader's clock */
+    uint64_t lease_deadline_ms; /* Unix ms */
+    uint64_t expires_at_ms;     /* Unix ms */
+    int completion;             /* enum idem_completion, or 0 */
+    uint8_t fingerprint[IDEM_FINGERPRINT_LEN];
+    size_t fingerprint_len; /* 32, or 0 when the record carries none */
+};
+
+/* The answer to one call. The caller provides the struct (e.g. on its stack); the library
+ * fills it and owns what its pointers point to; idem_result_free() releases that. A
+ * function that fails (returns a negative code) leaves the result zeroed, with `detail`
+ * describing the failure where there is one. */
+struct idem_result {
+    int outcome;                /* enum idem_outcome */
+    uint64_t token;             /* acquired: the fencing token (strictly increasing) */
+    uint64_t lease_deadline_ms; /* acquired, renew: the lease's end, Unix ms */
+    uint64_t retry_after_ms;    /* in_progress: when a retry may succeed */
+    uint64_t expires_at_ms;     /* when the record's ttl ends, Unix ms */
+    int takeover;               /* acquired by takeover of an expired lease */
+    uint64_t previous_token;    /* with takeover: the token that was fenced off */
+    int has_response;           /* replay, get, idem_run: `response` is set */
+    struct idem_response response;
+    int has_record; /* get: `record` is set */
+    struct idem_record record;
+    /* idem_run only: whether the business function ran, what it said (enum
+     * idem_run_class) and the outcome of the complete or release that followed. */
+    int ran;
+    int run_class;
+    int finish_outcome;
+    /* The server's or the library's explanation ("" when none). Never contains the key. */
+    char detail[256];
+    void *priv_; /* the library's; do not touch */
+};
+
+/* Frees what `r` points to and zeroes it. Accepts NULL and a zeroed or already freed
+ * result. */
+IDEM_API void idem_result_free(struct idem_result *r);
+
+/* Moves a result: *dst takes everything `src` owned and `src` is zeroed. Used in an async
+ * callback to keep the result beyond the callback. Neither may be NULL. */
+IDEM_API void idem_result_move(struct idem_result *dst, struct idem_result *src);
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+/* Writes a fresh random attempt id (IDEM_ATTEMPT_ID_HEX lowercase hex characters and a
+ * NUL) into `out` (OUT). Returns IDEM_OK, or IDEM_ESYS when the random source failed. */
+IDEM_API int idem_attempt_id_new(char out[IDEM_ATTEMPT_ID_HEX + 1]);
+
+/* out (OUT) = SHA-256 of the `len` bytes at `data` (borrowed): a fingerprint of whatever
+ * canonical form of the business request the caller chooses (every retry of one intent
+ * must produce the same bytes). Returns IDEM_OK, or IDEM_EINVAL when data is NULL and len
+ * is not 0. */
+IDEM_API int idem_fingerprint(const void *data, size_t len,
+                              uint8_t out[IDEM_FINGERPRINT_LEN]);
 
 /* Checks a seed list without creating a client: returns IDEM_OK, or IDEM_EINVAL and a
  * description of the first problem ("entry 2 \"localhost\": missing :port") in `why`
  * (OUT, caller's buffer of `why_len` bytes, always NUL-terminated; may be NULL). `seeds`
  * is borrowed. */
-int idem_seeds_check(const char *seeds, char *why, size_t why_len);
+IDEM_API int idem_seeds_check(const char *seeds, char *why, size_t why_len);
 
-/* Creates a client. `seeds` is "host:port,host:port,..." (IPv6 as "[addr]:port"; spaces
- * around commas are ignored; at most IDEM_NODES_MAX entries); `token` is the bearer token
- * sent with every request whose own auth_token is empty (NULL or "" sends none). Both
- * strings are borrowed: the client copies what it keeps. No connection is made yet. On
- * success returns IDEM_OK and stores the client in *out (OUT; the caller owns it and frees
- * it with idem_client_close()). Returns IDEM_EINVAL for a malformed seed list (use
- * idem_seeds_check() for the reason) and IDEM_ENOMEM on allocation failure; *out is then
+/* ---- clients ------------------------------------------------------------------------- */
+
+/* How to reach the cluster. Every string is borrowed by idem_client_open() and
+ * idem_async_open(), which copy or load what they keep; NULL means "not set". */
+struct idem_options {
+    /* "host:port,host:port,...": the seeds (IPv6 as "[addr]:port"; spaces around commas
+     * ignored; at most IDEM_NODES_MAX). Required. */
+    const char *seeds;
+    /* The tenant's (or admin's) bearer token, sent with every request. */
+    const char *token;
+    /* Deadline of calls that pass 0; 0 here means 5000 ms. */
+    uint32_t default_deadline_ms;
+    /* TLS: on when `tls` is non-zero or any tls_* file is set. The server certificate is
+     * verified against tls_ca_file (PEM; NULL: the system's default CA store) and its name
+     * against the node's host (DNS name or IP address), or against tls_server_name when set.
+     * tls_cert_file + tls_key_file (PEM) present a client certificate. */
+    int tls;
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_server_name;
+};
+
+struct idem_client;
+
+/* Creates a thread-safe synchronous client from `opts` (borrowed). No connection is made
+ * yet. On success returns IDEM_OK and stores the client in *out (OUT; the caller owns it
+ * and frees it with idem_client_close()). Returns IDEM_EINVAL for a malformed seed list
+ * (idem_seeds_check() says why) or options, IDEM_ETLS when a TLS file cannot be loaded
+ * (`why`, may be NULL, receives the reason, always NUL-terminated), IDEM_ENOMEM; *out is
+ * then NULL. */
+IDEM_API int idem_client_open(const struct idem_options *opts, struct idem_client **out,
+                              char *why, size_t why_len);
+
+/* Shorthand for idem_client_open() with only seeds and token (plain TCP). */
+IDEM_API int idem_client_new(const char *seeds, const char *token, struct idem_client **out);
+
+/* Closes every connection and frees the client. No call may be running on it. Accepts
  * NULL. */
-int idem_client_new(const char *seeds, const char *token, struct idem_client **out);
-
-/* Closes every connection and frees the client. Accepts NULL. */
-void idem_client_close(struct idem_client *c);
-
-/* Sends `req` to the leader and waits for its answer, for at most `deadline_ms` (> 0)
- * milliseconds in all. `req` is borrowed for the duration of the call and not modified;
- * the client fills request_id, deadline_ms and (when req->auth_token is empty) auth_token
- * in its own copy. Returns:
- * - IDEM_OK with *resp (OUT) set to the answer, whatever its outcome (acquired, replay,
- *   mismatch, unauthenticated, ...) except the two below. The caller owns *resp and frees
- *   it with idem__response__free_unpacked(*resp, NULL). (*resp)->result may be NULL if
- *   the server sent none: use idem_response_outcome().
- * - IDEM_EUNAVAILABLE when no leader answered before the deadline: every candidate failed
- *   to connect, answered OUTCOME_UNAVAILABLE or OUTCOME_NOT_LEADER without a usable
- *   leader address, or stayed silent. *resp is NULL. The request may or may not have been
- *   applied: retry it with the same key and attempt id (CONTRACT.md §4).
- * - IDEM_EINVAL (bad arguments), IDEM_ETOOBIG (request too large), IDEM_ENOMEM.
- * idem_client_errmsg() says what happened last, and where. */
-int idem_call(struct idem_client *c, const Idem__Request *req, uint32_t deadline_ms,
-              Idem__Response **resp);
-
-/* Sends `req` to the node at `addr` ("host:port", borrowed) only: no redirects, no
- * retries, apart from one immediate reconnect when a kept-alive connection turns out to
- * be closed. The node does not need to be one of the seeds. Same ownership and result
- * rules as idem_call(), except that every answer is returned with IDEM_OK (including
- * OUTCOME_NOT_LEADER and OUTCOME_UNAVAILABLE); IDEM_EUNAVAILABLE means the node could not
- * be reached or did not answer before the deadline, IDEM_EPROTO that it sent bytes that
- * do not decode (the connection is closed). */
-int idem_call_node(struct idem_client *c, const char *addr, const Idem__Request *req,
-                   uint32_t deadline_ms, Idem__Response **resp);
+IDEM_API void idem_client_close(struct idem_client *c);
 
 /* A description of the last failure on this client, naming the node ("127.0.0.1:7001:
  * connect: Connection refused"); "" when there was none. Borrowed: valid until the next
- * call on the client. Never contains the bearer token. */
-const char *idem_client_errmsg(const struct idem_client *c);
+ * call on the client; with several threads it may describe another thread's call (each
+ * call's own explanation is in its result's `detail`). Never contains the bearer token. */
+IDEM_API const char *idem_client_errmsg(const struct idem_client *c);
 
-/* The address of the node that answered the last successful idem_call() (the leader, as
- * far as the client knows), or NULL before any. Borrowed: valid until the client is
- * closed. */
-const char *idem_client_leader(const struct idem_client *c);
+/* The address of the node that answered the last successful call (the leader, as far as
+ * the client knows), or NULL before any. Borrowed: valid until the client is closed. */
+IDEM_API const char *idem_client_leader(const struct idem_client *c);
 
-/* The outcome of a response: resp->result->outcome, or OUTCOME_UNSPECIFIED when resp or
- * its result is NULL. `resp` is borrowed. */
-Idem__Outcome idem_response_outcome(const Idem__Response *resp);
+/* ---- synchronous calls --------------------------------------------------------------- */
+/* Each returns IDEM_OK with `*out` (OUT, caller-provided, need not be initialised) filled
+ * with the cluster's answer, or a negative code with *out zeroed (detail set): IDEM_EINVAL
+ * (NULL client/key/out, an empty key, a missing fingerprint or response),
+ * IDEM_EUNAVAILABLE (no leader answered before the deadline: retry with the same key and
+ * attempt id), IDEM_ETOOBIG, IDEM_ENOMEM, IDEM_EPROTO. After IDEM_OK the caller frees *out
+ * with idem_result_free(). `key` is a NUL-terminated string of 1-255 bytes (the server
+ * checks its alphabet and answers IDEM_OUTCOME_INVALID). Keys never appear in `detail` or
+ * idem_client_errmsg(). */
 
-/* The name of an outcome as idemctl --json prints it: "acquired", "replay",
- * "in_progress", "mismatch", "lease_expired", "outcome_unknown", "expired", "ok",
- * "lease_lost", "not_found", "quota_exceeded", "invalid", "unavailable", "not_leader",
- * "unauthenticated", "forbidden"; "unspecified" for 0 and "unrecognized" for values this
- * library does not know. A static string, never NULL. */
-const char *idem_outcome_name(int outcome);
+/* Options of a claim; a NULL pointer means all defaults. */
+struct idem_claim_opts {
+    /* The attempt id (0-64 bytes, NUL-terminated). NULL: the call makes a fresh one and
+     * keeps it across its own retries; pass your own (idem_attempt_id_new) to retry the
+     * claim yourself after IDEM_EUNAVAILABLE and get the same lease back. */
+    const char *attempt_id;
+    uint64_t lease_ms; /* 0: the tenant's default */
+    uint64_t ttl_ms;   /* 0: the tenant's default */
+    int policy;        /* enum idem_policy */
+    uint32_t deadline_ms;
+};
 
-/* Writes a fresh random attempt id (IDEM_ATTEMPT_ID_HEX lowercase hex characters and a
- * NUL) into `out` (OUT). Returns IDEM_OK, or IDEM_ESYS when the random source failed. */
-int idem_attempt_id_new(char out[IDEM_ATTEMPT_ID_HEX + 1]);
+/* Claims `key` for a request whose fingerprint is `fingerprint` (32 bytes, borrowed).
+ * Outcomes: acquired (token, lease_deadline_ms; takeover/previous_token), replay
+ * (response), in_progress (retry_after_ms), mismatch, lease_expired, outcome_unknown,
+ * expired, quota_exceeded, invalid, unauthenticated, forbidden. */
+IDEM_API int idem_claim(struct idem_client *c, const char *key,
+                        const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
+                        const struct idem_claim_opts *opts, struct idem_result *out);
+
+/* Completes the attempt holding `token` with `completion` (enum idem_completion) and the
+ * response to store (`response`, borrowed, required). Outcomes: ok, lease_lost, not_found,
+ * quota_exceeded, invalid. Repeating it with the same token answers ok. */
+IDEM_API int idem_complete(struct idem_client *c, const char *key, uint64_t token,
+                           int completion, const struct idem_response *response,
+                           uint32_t deadline_ms, struct idem_result *out);
+
+/* Releases the attempt holding `token` (its failure changed nothing; the next claim runs
+ * the business again). Outcomes: ok, lease_lost, not_found. */
+IDEM_API int idem_release(struct idem_client *c, const char *key, uint64_t token,
+                          uint32_t deadline_ms, struct idem_result *out);
+
+/* Extends the lease of `token` to now + lease_ms (0: the tenant's default). Outcomes: ok
+ * (lease_deadline_ms), lease_lost, not_found. */
+IDEM_API int idem_renew(struct idem_client *c, const char *key, uint64_t token,
+                        uint64_t lease_ms, uint32_t deadline_ms, struct idem_result *out);
+
+/* Reads the record of `key` (linearizable: through the leader's log). Outcomes: ok
+ * (record, and response when one is stored), not_found. */
+IDEM_API int idem_get(struct idem_client *c, const char *key, uint32_t deadline_ms,
+                      struct idem_result *out);
+
+/* ---- running a business function under a claim ----------------------------------------- */
+
+/* How the business function classifies what it did (CONTRACT.md §4). */
+enum idem_run_class {
+    IDEM_RUN_SUCCEEDED = 1,    /* complete(succeeded): retries replay the response */
+    IDEM_RUN_FAILED_FINAL = 2, /* complete(failed_final): a failure with side effects */
+    IDEM_RUN_RETRYABLE = 3,    /* release: nothing happened; the next try runs again */
+    IDEM_RUN_UNKNOWN = 4,      /* complete(unknown): quarantined until resolved */
+};
+
+/* The business function: does the work and fills `response` (OUT, zeroed on entry) with
+ * what retries should get back (ignored for IDEM_RUN_RETRYABLE). The memory the response
+ * points to is the function's (e.g. in `arg`) and must stay valid until idem_run()
+ * returns; idem_run() copies it into its result. `token` is the fencing token, to pass to
+ * downstream systems that reject stale holders. Returns an enum idem_run_class; anything
+ * else counts as IDEM_RUN_UNKNOWN. It runs on the thread that called idem_run(). */
+typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *response);
+
+/* Runs `fn` at most once per key, across every process that uses the same key:
+ * claim (opts as in idem_claim; lease_ms 0 means the tenant's default) →
+ * - acquired: calls fn while a background thread renews the lease every third of it (so
+ *   a slow fn keeps its claim; if a renewal answers lease_lost the result's detail says
+ *   so); then, by fn's class, complete (succeeded / failed_final / unknown, with fn's
+ *   response) or release (retryable). out->ran = 1, run_class, finish_outcome (ok, or
+ *   lease_lost when another holder took over), response = fn's (copied), outcome
+ *   acquired, token.
+ * - replay: fn is not called; out holds the stored response (outcome replay).
+ * - any other outcome (in_progress, mismatch, ...): fn is not called; returned as is.
+ * Returns IDEM_OK, or a negative code: before fn ran, as idem_claim (fn did not run);
+ * after fn ran, the error of the complete or release (IDEM_EUNAVAILABLE once retried until
+ * the deadline), with out->ran = 1, out->token and out->response (fn's) filled: the record
+ * stays processing until the caller retries idem_complete() / idem_release() with that
+ * token, or its lease expires. The deadline of opts applies to each call separately.
+ * Call idem_result_free(out) in every case. */
+IDEM_API int idem_run(struct idem_client *c, const char *key,
+                      const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
+                      const struct idem_claim_opts *opts, idem_run_fn fn, void *arg,
+                      struct idem_result *out);
+
+/* ---- asynchronous calls on a libuv loop ------------------------------------------------- */
+
+struct uv_loop_s; /* uv_loop_t */
+struct idem_async;
+
+/* Called exactly once per accepted request, on the loop's thread: status IDEM_OK with
+ * `result` set (as for the synchronous call), or a negative code (IDEM_EUNAVAILABLE when
+ * the deadline passed, IDEM_ECANCELED when idem_async_close() ran first, ...) with
+ * `result` zeroed and its detail set. `result` belongs to the library and is freed after
+ * the callback returns, unless the callback moves it out with idem_result_move(). The
+ * callback may issue new requests, and may call idem_async_close(). */
+typedef void (*idem_async_cb)(struct idem_async *a, int status, struct idem_result *result,
+                              void *data);
+
+/* Called once when idem_async_close() finished: every handle is closed; the memory of `a`
+ * is freed right after this returns. */
+typedef void (*idem_async_close_cb)(struct idem_async *a, void *data);
+
+/* Creates an asynchronous client on `loop` (borrowed; must outlive the client), with the
+ * same options as idem_client_open() (`opts` borrowed; TLS included). Requests are
+ * pipelined over one connection to the leader and answered out of order, with the same
+ * leader-following, retry and deadline rules as the synchronous calls. Host names are
+ * resolved on libuv's thread pool (uv_getaddrinfo; the first address is used). No
+ * connection is made before the first request. Returns IDEM_OK and *out (OUT; freed
+ * through idem_async_close()), or IDEM_EINVAL / IDEM_ETLS / IDEM_ENOMEM with `why` (may
+ * be NULL) describing the problem. */
+IDEM_API int idem_async_open(struct uv_loop_s *loop, const struct idem_options *opts,
+                             struct idem_async **out, char *why, size_t why_len);
+
+/* The asynchronous calls. Arguments as for the synchronous ones (borrowed, copied before
+ * return). Return IDEM_OK when the request was accepted (cb will be called exactly once,
+ * never from within this call), or a negative code (IDEM_EINVAL, IDEM_ENOMEM,
+ * IDEM_ETOOBIG, IDEM_ECLOSED after idem_async_close) and cb is never called. */
+IDEM_API int idem_async_claim(struct idem_async *a, const char *key,
+                              const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
+                              const struct idem_claim_opts *opts, idem_async_cb cb,
+                              void *data);
+IDEM_API int idem_async_complete(struct idem_async *a, const char *key, uint64_t token,
+                                 int completion, const struct idem_response *response,
+                                 uint32_t deadline_ms, idem_async_cb cb, void *data);
+IDEM_API int idem_async_release(struct idem_async *a, const char *key, uint64_t token,
+                                uint32_t deadline_ms, idem_async_cb cb, void *data);
+IDEM_API int idem_async_renew(struct idem_async *a, const char *key, uint64_t token,
+                              uint64_t lease_ms, uint32_t deadline_ms, idem_async_cb cb,
+                              void *data);
+IDEM_API int idem_async_get(struct idem_async *a, const char *key, uint32_t deadline_ms,
+                            idem_async_cb cb, void *data);
+
+/* The number of requests accepted and not yet called back. */
+IDEM_API size_t idem_async_pending(const struct idem_async *a);
+
+/* Starts closing: every pending request's callback is called with IDEM_ECANCELED (exactly
+ * once; before this function returns), then the connection and timers close on the loop
+ * and close_cb (may be NULL) is called; `a` is freed after it. New requests are refused
+ * with IDEM_ECLOSED from now on. Calling it twice is a no-op. */
+IDEM_API void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb,
+                               void *data);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* IDEM_H */

@@ -1,0 +1,1019 @@
+/* async.c: libidem's asynchronous client on a caller's libuv loop (see include/idem.h).
+ *
+ * Shape: one TCP connection at a time, to the node believed to lead. Every request is
+ * packed once (request id, token, operation) when it is accepted; each send prefixes the
+ * time left as Request.deadline_ms (protobuf lets a field come first; the body never
+ * carries it). Requests are written as they come (pipelined) and answers, matched by
+ * request id, may come back in any order.
+ *
+ * The happy path: accept → (connect) → write → answer with our id → callback → close the
+ * request's deadline timer → free the request in the timer's close callback.
+ *
+ * Failure modes, and what happens to the requests:
+ * - connect fails, the connection breaks, a frame does not decode or is too large: the
+ *   connection is closed; every request written on it goes back to waiting (same id, same
+ *   key, same attempt id), and a reconnect to the next seed is scheduled after a backoff
+ *   (10 ms doubling to 200 ms, jittered; reset by the next answer from a leader).
+ * - OUTCOME_NOT_LEADER with the leader's address: the leader becomes the candidate; the
+ *   connection is replaced (at once for the first redirect since the last answer, after a
+ *   backoff for the following ones, so that two nodes pointing at each other cannot spin);
+ *   every request written on it is sent again to the leader.
+ * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: as a broken connection
+ *   (next seed, after a backoff).
+ * - a request's deadline passes: its callback gets IDEM_EUNAVAILABLE; an answer that comes
+ *   later finds no request with its id and is dropped.
+ * - idem_async_close(): every pending callback gets IDEM_ECANCELED before it returns; then
+ *   the connection, the timers and the reconnect timer close, and the close callback runs
+ *   once the last handle's close callback ran (libuv frees nothing of ours before that).
+ *
+ * TLS: OpenSSL on memory BIOs. Bytes read from the socket go into the session's read BIO;
+ * whatever the session writes (handshake, records) is taken from its write BIO and written
+ * to the socket. The connection counts as up (requests are written) once the handshake
+ * finished and the server's certificate and name were verified; a failed handshake is a
+ * failed connection (next seed, backoff).
+ *
+ * Names: a numeric host is connected at once; a name is resolved with uv_getaddrinfo (on
+ * libuv's thread pool) and its first address is used. A connection object is freed only
+ * once both its TCP handle closed and its resolution (if any) called back. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/x509.h>
+#include <uv.h>
+
+#include "internal.h"
+
+enum areqState {
+    AREQ_WAITING, /* to be written when a connection is up */
+    AREQ_SENT,    /* written on `sent_on`, waiting for the answer */
+    AREQ_DONE,    /* called back; its timer is closing */
+};
+
+struct areq {
+    struct idem_async *a;
+    struct areq *prev, *next; /* in a->pending list, in acceptance order */
+    uint64_t id;
+    uint8_t *body; /* packed Request without deadline_ms; owned */
+    size_t body_len;
+    uint64_t deadline; /* uv_now() ms */
+    uint32_t deadline_ms;
+    enum areqState state;
+    struct aconn *sent_on;
+    uv_timer_t timer; /* the deadline */
+    idem_async_cb cb;
+    void *data;
+};
+
+struct aconn {
+    struct idem_async *a;
+    uv_tcp_t tcp;
+    uv_connect_t connect_req;
+    uv_getaddrinfo_t gai;
+    size_t node;
+    bool connected; /* TCP up and, with TLS, the handshake done: requests may be written */
+    bool closing;
+    bool resolving; /* a uv_getaddrinfo is outstanding (it holds a reference) */
+    bool tcp_closed;
+    SSL *ssl;       /* with TLS; owns rbio and wbio */
+    BIO *rbio;      /* network bytes in */
+    BIO *wbio;      /* network bytes out */
+    uint8_t *cbuf;  /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf;  /* plaintext read and not yet parsed; owned */
+    size_t rlen, rcap;
+};
+
+struct awrite {
+    uv_write_t w;
+    struct aconn *conn;
+    size_t len;
+    uint8_t data[]; /* the frame */
+};
+
+struct idem_async {
+    uv_loop_t *loop;
+    struct idem_node nodes[IDEM_NODES_MAX]; /* seeds, then learned leaders */
+    size_t n_nodes, n_seeds;
+    size_t current;   /* the node to connect to next */
+    size_t next_seed; /* the seed after `current` in rotation */
+    uint8_t *token;
+    size_t token_len;
+    uint32_t default_deadline_ms;
+    SSL_CTX *tls;          /* NULL: plain TCP */
+    char *tls_server_name; /* owned; NULL: each node's host */
+    uint64_t next_id;
+    uint64_t rng;
+    uint64_t backoff;   /* the next reconnect delay after a failure */
+    unsigned redirects; /* since the last answer from a leader */
+    struct aconn *conn; /* NULL: none */
+    uv_timer_t reconnect;
+    bool reconnect_armed;
+    struct areq *head, *tail;
+    size_t pending;
+    unsigned handles; /* open uv handles we own: reconnect timer, request timers, conns */
+    bool closing;
+    idem_async_close_cb close_cb;
+    void *close_data;
+    char errmsg[IDEM_ERRMSG_LEN]; /* what the last connection failure was */
+};
+
+static void connStart(struct idem_async *a);
+static void connDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay);
+
+/* ---- lifetime ------------------------------------------------------------------------ */
+
+static void asyncFree(struct idem_async *a)
+{
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        IdemNodeFree(&a->nodes[i]);
+    }
+    if (a->token != NULL) {
+        OPENSSL_cleanse(a->token, a->token_len);
+    }
+    free(a->token);
+    SSL_CTX_free(a->tls);
+    free(a->tls_server_name);
+    free(a);
+}
+
+/* Once closing and the last handle closed: the close callback, then the memory. */
+static void maybeFinish(struct idem_async *a)
+{
+    if (!a->closing || a->handles > 0) {
+        return;
+    }
+    if (a->close_cb != NULL) {
+        a->close_cb(a, a->close_data);
+    }
+    asyncFree(a);
+}
+
+static void handleClosedCb(uv_handle_t *h)
+{
+    struct idem_async *a = h->data;
+    a->handles--;
+    maybeFinish(a);
+}
+
+/* ---- addresses ------------------------------------------------------------------------- */
+
+/* Whether the node's host is a numeric address; fills *ss when it is. */
+static bool numericNode(const struct idem_node *n, struct sockaddr_storage *ss)
+{
+    int port = atoi(n->port);
+    return uv_ip4_addr(n->host, port, (struct sockaddr_in *)ss) == 0 ||
+           uv_ip6_addr(n->host, port, (struct sockaddr_in6 *)ss) == 0;
+}
+
+static size_t nodeFindOrAdd(struct idem_async *a, const char *addr)
+{
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        if (strcmp(a->nodes[i].addr, addr) == 0) {
+            return i;
+        }
+    }
+    if (a->n_nodes == IDEM_NODES_MAX) {
+        return IDEM_NODES_MAX;
+    }
+    char why[128];
+    if (IdemNodeInit(&a->nodes[a->n_nodes], addr, strlen(addr), why, sizeof why) != IDEM_OK) {
+        return IDEM_NODES_MAX;
+    }
+    return a->n_nodes++;
+}
+
+/* ---- requests -------------------------------------------------------------------------- */
+
+static void reqFreeCb(uv_handle_t *h)
+{
+    struct areq *r = h->data;
+    struct idem_async *a = r->a;
+    free(r->body);
+    free(r);
+    a->handles--;
+    maybeFinish(a);
+}
+
+static void reqUnlink(struct idem_async *a, struct areq *r)
+{
+    if (r->prev != NULL) {
+        r->prev->next = r->next;
+    } else {
+        a->head = r->next;
+    }
+    if (r->next != NULL) {
+        r->next->prev = r->prev;
+    } else {
+        a->tail = r->prev;
+    }
+    r->prev = r->next = NULL;
+    a->pending--;
+}
+
+/* Calls the request back (exactly once) with `status` and `res` (freed afterwards unless
+ * the callback moved it), and frees the request once its timer closed. */
+static void reqFinish(struct areq *r, int status, struct idem_result *res)
+{
+    struct idem_async *a = r->a;
+    reqUnlink(a, r);
+    r->state = AREQ_DONE;
+    uv_timer_stop(&r->timer);
+    r->cb(a, status, res, r->data);
+    idem_result_free(res);
+    uv_close((uv_handle_t *)&r->timer, reqFreeCb);
+}
+
+static void reqFail(struct areq *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void reqFail(struct areq *r, int status, const char *fmt, ...)
+{
+    struct idem_result res;
+    memset(&res, 0, sizeof res);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res.detail, sizeof res.detail, fmt, ap);
+    va_end(ap);
+    reqFinish(r, status, &res);
+}
+
+static void reqDeadlineCb(uv_timer_t *t)
+{
+    struct areq *r = t->data;
+    struct idem_async *a = r->a;
+    char last[IDEM_ERRMSG_LEN];
+    snprintf(last, sizeof last, "%s", a->errmsg[0] ? a->errmsg : "no answer");
+    reqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.200s)",
+            r->deadline_ms, last);
+}
+
+static void writeCb(uv_write_t *w, int status)
+{
+    struct awrite *wr = (struct awrite *)w;
+    struct aconn *conn = wr->conn;
+    free(wr);
+    if (status < 0 && !conn->closing && conn->a->conn == conn) {
+        struct idem_async *a = conn->a;
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+                 uv_strerror(status));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+    }
+}
+
+/* Hands `wr` (taken) to the socket. On failure drops the connection and returns false. */
+static bool connWrite(struct aconn *conn, struct awrite *wr)
+{
+    struct idem_async *a = conn->a;
+    wr->conn = conn;
+    uv_buf_t buf = uv_buf_init((char *)wr->data, (unsigned)wr->len);
+    int rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
+    if (rv != 0) {
+        free(wr);
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+                 uv_strerror(rv));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return false;
+    }
+    return true;
+}
+
+/* TLS: writes whatever the session has produced (handshake messages, records) to the
+ * socket. Returns false when the connection was dropped. */
+static bool tlsFlushOut(struct aconn *conn)
+{
+    size_t n = BIO_ctrl_pending(conn->wbio);
+    if (n == 0) {
+        return true;
+    }
+    struct awrite *wr = malloc(sizeof *wr + n);
+    if (wr == NULL) {
+        struct idem_async *a = conn->a;
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing to %s",
+                 a->nodes[conn->node].addr);
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return false;
+    }
+    int got = BIO_read(conn->wbio, wr->data, (int)n);
+    wr->len = got > 0 ? (size_t)got : 0;
+    return connWrite(conn, wr);
+}
+
+/* Writes `r` on the current, connected connection. A write that fails drops the
+ * connection (which puts `r` back to waiting). */
+static void reqSend(struct idem_async *a, struct areq *r)
+{
+    struct aconn *conn = a->conn;
+    uint64_t now = uv_now(a->loop);
+    uint64_t rem = r->deadline > now ? r->deadline - now : 1;
+    uint32_t dl = rem > UINT32_MAX ? UINT32_MAX : (uint32_t)rem;
+    uint8_t pre[6];
+    size_t pre_len = 0;
+    pre[pre_len++] = 0x10; /* field 2 (deadline_ms), varint */
+    do {
+        uint8_t b = dl & 0x7f;
+        dl >>= 7;
+        pre[pre_len++] = (uint8_t)(b | (dl ? 0x80 : 0));
+    } while (dl != 0);
+    size_t body = pre_len + r->body_len;
+    struct awrite *wr = malloc(sizeof *wr + 4 + body);
+    if (wr == NULL) {
+        /* Stays waiting: written at the next flush, or failed by its deadline (a callback
+         * from here could run inside idem_async_*(), which the API rules out). */
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing a request");
+        return;
+    }
+    wr->len = 4 + body;
+    wr->data[0] = (uint8_t)(body >> 24);
+    wr->data[1] = (uint8_t)(body >> 16);
+    wr->data[2] = (uint8_t)(body >> 8);
+    wr->data[3] = (uint8_t)body;
+    memcpy(wr->data + 4, pre, pre_len);
+    memcpy(wr->data + 4 + pre_len, r->body, r->body_len);
+    r->state = AREQ_SENT;
+    r->sent_on = conn;
+    if (conn->ssl == NULL) {
+        (void)connWrite(conn, wr);
+        return;
+    }
+    size_t written = 0;
+    int ok = SSL_write_ex(conn->ssl, wr->data, wr->len, &written);
+    free(wr);
+    if (ok != 1) {
+        char ebuf[256];
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls write: %s", a->nodes[conn->node].addr,
+                 IdemTlsError(ebuf, sizeof ebuf));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return;
+    }
+    (void)tlsFlushOut(conn);
+}
+
+/* Writes every waiting request, in acceptance order, if a connection is up; starts one
+ * otherwise (unless a reconnect is already scheduled). */
+static void flush(struct idem_async *a)
+{
+    if (a->closing) {
+        return;
+    }
+    if (a->conn == NULL) {
+        if (!a->reconnect_armed && a->head != NULL) {
+            connStart(a);
+        }
+        return;
+    }
+    if (!a->conn->connected) {
+        return;
+    }
+    struct aconn *conn = a->conn;
+    for (struct areq *r = a->head; r != NULL && a->conn == conn;) {
+        struct areq *next = r->next;
+        if (r->state == AREQ_WAITING) {
+            reqSend(a, r);
+        }
+        r = next;
+    }
+}
+
+/* ---- the connection -------------------------------------------------------------------- */
+
+static void connFree(struct aconn *conn)
+{
+    SSL_free(conn->ssl); /* frees rbio and wbio */
+    free(conn->cbuf);
+    free(conn->rbuf);
+    free(conn);
+}
+
+static void connClosedCb(uv_handle_t *h)
+{
+    struct aconn *conn = h->data;
+    struct idem_async *a = conn->a;
+    conn->tcp_closed = true;
+    if (!conn->resolving) {
+        connFree(conn);
+    }
+    a->handles--;
+    maybeFinish(a);
+}
+
+static void connClose(struct aconn *conn)
+{
+    if (conn->closing) {
+        return;
+    }
+    conn->closing = true;
+    if (conn->resolving) {
+        (void)uv_cancel((uv_req_t *)&conn->gai); /* its callback runs either way */
+    }
+    uv_close((uv_handle_t *)&conn->tcp, connClosedCb);
+}
+
+static void reconnectCb(uv_timer_t *t)
+{
+    struct idem_async *a = t->data;
+    a->reconnect_armed = false;
+    if (!a->closing && a->conn == NULL && a->head != NULL) {
+        connStart(a);
+    }
+}
+
+/* Drops `conn` (the current one): its sent requests wait again; the next connection goes
+ * to node `next` after `delay` ms (0: on the next loop turn). */
+static void connDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay)
+{
+    if (a->conn == conn) {
+        a->conn = NULL;
+    }
+    for (struct areq *r = a->head; r != NULL; r = r->next) {
+        if (r->state == AREQ_SENT && r->sent_on == conn) {
+            r->state = AREQ_WAITING;
+            r->sent_on = NULL;
+        }
+    }
+    connClose(conn);
+    if (a->closing) {
+        return;
+    }
+    a->current = next < a->n_nodes ? next : 0;
+    if (a->current < a->n_seeds) {
+        a->next_seed = (a->current + 1) % a->n_seeds;
+    }
+    if (a->head != NULL && !a->reconnect_armed) {
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, delay, 0);
+    }
+}
+
+#define READ_CHUNK 65536
+
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct aconn *conn = h->data;
+    (void)suggested;
+    if (conn->cbuf != NULL) {
+        *buf = uv_buf_init((char *)conn->cbuf, READ_CHUNK);
+        return;
+    }
+    size_t want = conn->rlen + READ_CHUNK;
+    if (want > conn->rcap) {
+        uint8_t *p = realloc(conn->rbuf, want);
+        if (p == NULL) {
+            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+            return;
+        }
+        conn->rbuf = p;
+        conn->rcap = want;
+    }
+    *buf = uv_buf_init((char *)conn->rbuf + conn->rlen, (unsigned)(conn->rcap - conn->rlen));
+}
+
+/* Drops the connection after a TLS failure, saying what failed. */
+static void tlsFail(struct aconn *conn, const char *what)
+{
+    struct idem_async *a = conn->a;
+    char ebuf[256];
+    long vr = conn->ssl != NULL ? SSL_get_verify_result(conn->ssl) : X509_V_OK;
+    if (vr != X509_V_OK) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls: certificate verification failed: %s",
+                 a->nodes[conn->node].addr, X509_verify_cert_error_string(vr));
+    } else {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr, what,
+                 IdemTlsError(ebuf, sizeof ebuf));
+    }
+    connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+}
+
+/* Advances the handshake; once done, the connection is up and waiting requests are
+ * written. Returns false when the connection was dropped. */
+static bool tlsHandshakeStep(struct aconn *conn)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(conn->ssl);
+    if (r == 1) {
+        if (!tlsFlushOut(conn)) {
+            return false;
+        }
+        conn->connected = true;
+        flush(conn->a);
+        return !conn->closing;
+    }
+    int e = SSL_get_error(conn->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        return tlsFlushOut(conn);
+    }
+    tlsFail(conn, "tls handshake");
+    return false;
+}
+
+/* TLS: feeds `n` ciphertext bytes to the session and appends the plaintext to conn->rbuf.
+ * Returns false when the connection was dropped. */
+static bool tlsRead(struct aconn *conn, size_t n)
+{
+    struct idem_async *a = conn->a;
+    if (BIO_write(conn->rbio, conn->cbuf, (int)n) != (int)n) {
+        tlsFail(conn, "tls read");
+        return false;
+    }
+    if (!conn->connected) {
+        if (!tlsHandshakeStep(conn)) {
+            return false;
+        }
+        if (!conn->connected) {
+            return true; /* more handshake to come */
+        }
+    }
+    for (;;) {
+        if (conn->rcap - conn->rlen < 16384) {
+            uint8_t *p = realloc(conn->rbuf, conn->rcap + READ_CHUNK);
+            if (p == NULL) {
+                IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory reading");
+                connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+                return false;
+            }
+            conn->rbuf = p;
+            conn->rcap += READ_CHUNK;
+        }
+        size_t got = 0;
+        ERR_clear_error();
+        int ok = SSL_read_ex(conn->ssl, conn->rbuf + conn->rlen, conn->rcap - conn->rlen, &got);
+        if (ok == 1) {
+            conn->rlen += got;
+            continue;
+        }
+        int e = SSL_get_error(conn->ssl, ok);
+        if (e == SSL_ERROR_WANT_READ) {
+            break;
+        }
+        if (e == SSL_ERROR_ZERO_RETURN) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connection closed by the node",
+                     a->nodes[conn->node].addr);
+            connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+            return false;
+        }
+        tlsFail(conn, "tls read");
+        return false;
+    }
+    return tlsFlushOut(conn); /* e.g. answers to post-handshake messages */
+}
+
+static struct areq *findSent(struct idem_async *a, struct aconn *conn, uint64_t id)
+{
+    for (struct areq *r = a->head; r != NULL; r = r->next) {
+        if (r->id == id) {
+            return r->state == AREQ_SENT && r->sent_on == conn ? r : NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Handles one answer. Returns false when the connection was dropped. */
+static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Response *m)
+{
+    const char *addr = a->nodes[conn->node].addr;
+    if (m->request_id == 0) {
+        /* The node could not read one of our frames and closes the connection. */
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: refused a request frame: %.200s", addr,
+                 m->error ? m->error : "");
+        idem__response__free_unpacked(m, NULL);
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return false;
+    }
+    struct areq *r = findSent(a, conn, m->request_id);
+    if (r == NULL) {
+        idem__response__free_unpacked(m, NULL); /* its deadline passed; dropped */
+        return true;
+    }
+    Idem__Outcome outcome = idem_response_outcome(m);
+    if (outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER ||
+        outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE) {
+        size_t to = IDEM_NODES_MAX;
+        if (outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER && m->leader_rpc_address != NULL &&
+            m->leader_rpc_address[0] != '\0' && strcmp(m->leader_rpc_address, addr) != 0) {
+            to = nodeFindOrAdd(a, m->leader_rpc_address);
+        }
+        if (to < IDEM_NODES_MAX) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: not the leader; redirected to %s", addr,
+                     a->nodes[to].addr);
+            uint64_t delay = a->redirects++ < IDEM_REDIRECTS_FREE
+                                 ? 0
+                                 : IdemBackoffNext(&a->backoff, &a->rng);
+            idem__response__free_unpacked(m, NULL);
+            connDrop(a, conn, to, delay);
+        } else {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s%s%.200s", addr,
+                     outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE ? "unavailable"
+                                                                   : "not the leader",
+                     m->error && m->error[0] ? ": " : "", m->error ? m->error : "");
+            idem__response__free_unpacked(m, NULL);
+            connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        }
+        return false;
+    }
+    a->backoff = IDEM_BACKOFF_MIN_MS;
+    a->redirects = 0;
+    a->errmsg[0] = '\0'; /* a leader answered: earlier failures are history */
+    struct idem_result res;
+    int rv = IdemResultFill(&res, m);
+    reqFinish(r, rv, &res);
+    return !conn->closing;
+}
+
+static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    struct aconn *conn = s->data;
+    struct idem_async *a = conn->a;
+    if (conn->closing || a->conn != conn) {
+        return;
+    }
+    if (nread < 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s", a->nodes[conn->node].addr,
+                 nread == UV_EOF ? "connection closed by the node" : uv_strerror((int)nread));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return;
+    }
+    if (conn->ssl != NULL) {
+        if (!tlsRead(conn, (size_t)nread)) {
+            return;
+        }
+    } else {
+        conn->rlen += (size_t)nread;
+    }
+    size_t off = 0;
+    while (conn->rlen - off >= 4 && !conn->closing) {
+        const uint8_t *p = conn->rbuf + off;
+        uint32_t len = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        if (len > IDEM_MAX_FRAME) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: frame of %u bytes exceeds the limit",
+                     a->nodes[conn->node].addr, len);
+            connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+            return;
+        }
+        if (conn->rlen - off - 4 < len) {
+            break;
+        }
+        Idem__Response *m = idem__response__unpack(NULL, len, p + 4);
+        off += 4 + (size_t)len;
+        if (m == NULL) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: a %u-byte response does not decode",
+                     a->nodes[conn->node].addr, len);
+            connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+            return;
+        }
+        if (!handleAnswer(a, conn, m)) {
+            return;
+        }
+    }
+    if (conn->closing) {
+        return;
+    }
+    memmove(conn->rbuf, conn->rbuf + off, conn->rlen - off);
+    conn->rlen -= off;
+}
+
+/* TLS: a session on memory BIOs for `conn`, verifying the server's name. */
+static bool tlsSetup(struct aconn *conn)
+{
+    struct idem_async *a = conn->a;
+    conn->cbuf = malloc(READ_CHUNK);
+    conn->ssl = SSL_new(a->tls);
+    if (conn->cbuf == NULL || conn->ssl == NULL) {
+        return false;
+    }
+    conn->rbio = BIO_new(BIO_s_mem());
+    conn->wbio = BIO_new(BIO_s_mem());
+    if (conn->rbio == NULL || conn->wbio == NULL) {
+        BIO_free(conn->rbio);
+        BIO_free(conn->wbio);
+        conn->rbio = conn->wbio = NULL;
+        return false;
+    }
+    SSL_set_bio(conn->ssl, conn->rbio, conn->wbio); /* the session owns both now */
+    SSL_set_connect_state(conn->ssl);
+    return IdemTlsSetPeer(conn->ssl, a->tls_server_name ? a->tls_server_name
+                                                        : a->nodes[conn->node].host);
+}
+
+static void connectCb(uv_connect_t *req, int status)
+{
+    struct aconn *conn = req->data;
+    struct idem_async *a = conn->a;
+    if (conn->closing || a->conn != conn) {
+        return;
+    }
+    const char *addr = a->nodes[conn->node].addr;
+    int rv = status;
+    if (rv == 0 && a->tls != NULL && !tlsSetup(conn)) {
+        tlsFail(conn, "tls setup");
+        return;
+    }
+    if (rv == 0) {
+        rv = uv_read_start((uv_stream_t *)&conn->tcp, allocCb, readCb);
+    }
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connect: %s", addr, uv_strerror(rv));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+        return;
+    }
+    (void)uv_tcp_nodelay(&conn->tcp, 1);
+    if (conn->ssl != NULL) {
+        (void)tlsHandshakeStep(conn); /* the ClientHello; up once the server answered */
+        return;
+    }
+    conn->connected = true;
+    flush(a);
+}
+
+static void gaiCb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct aconn *conn = req->data;
+    struct idem_async *a = conn->a;
+    conn->resolving = false;
+    a->handles--;
+    if (conn->closing) {
+        uv_freeaddrinfo(res);
+        if (conn->tcp_closed) {
+            connFree(conn);
+        }
+        maybeFinish(a);
+        return;
+    }
+    int rv = status < 0 ? status : (res == NULL ? UV_EAI_NONAME : 0);
+    if (rv == 0) {
+        rv = uv_tcp_connect(&conn->connect_req, &conn->tcp, res->ai_addr, connectCb);
+    }
+    uv_freeaddrinfo(res);
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr,
+                 status < 0 ? "resolve" : "connect", uv_strerror(rv));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+    }
+}
+
+/* Opens a connection to a->current: at once for a numeric address, after resolving a
+ * name otherwise. */
+static void connStart(struct idem_async *a)
+{
+    struct aconn *conn = calloc(1, sizeof *conn);
+    if (conn == NULL) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory opening a connection");
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
+        return;
+    }
+    conn->a = a;
+    conn->node = a->current;
+    if (uv_tcp_init(a->loop, &conn->tcp) != 0) {
+        free(conn);
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
+        return;
+    }
+    conn->tcp.data = conn;
+    conn->connect_req.data = conn;
+    conn->gai.data = conn;
+    a->handles++;
+    a->conn = conn;
+    const struct idem_node *n = &a->nodes[conn->node];
+    struct sockaddr_storage ss;
+    int rv;
+    const char *what = "connect";
+    if (numericNode(n, &ss)) {
+        rv = uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss,
+                            connectCb);
+    } else {
+        struct addrinfo hints;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        what = "resolve";
+        rv = uv_getaddrinfo(a->loop, &conn->gai, gaiCb, n->host, n->port, &hints);
+        if (rv == 0) {
+            conn->resolving = true;
+            a->handles++;
+        }
+    }
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", n->addr, what, uv_strerror(rv));
+        connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+    }
+}
+
+/* ---- the API --------------------------------------------------------------------------- */
+
+int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct idem_async **out,
+                    char *why, size_t why_len)
+{
+    IdemWhyf(why, why_len, "%s", "");
+    if (out == NULL) {
+        return IDEM_EINVAL;
+    }
+    *out = NULL;
+    if (loop == NULL || opts == NULL) {
+        IdemWhyf(why, why_len, "NULL loop or options");
+        return IDEM_EINVAL;
+    }
+    struct idem_async *a = calloc(1, sizeof *a);
+    if (a == NULL) {
+        return IDEM_ENOMEM;
+    }
+    a->loop = loop;
+    int rv = IdemSeedsParse(opts->seeds, a->nodes, &a->n_nodes, why, why_len);
+    if (rv != IDEM_OK) {
+        free(a);
+        return rv;
+    }
+    a->n_seeds = a->n_nodes;
+    if (IdemTlsWanted(opts)) {
+        rv = IdemTlsContext(opts, &a->tls, why, why_len);
+        if (rv == IDEM_OK && opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
+            a->tls_server_name = strdup(opts->tls_server_name);
+            rv = a->tls_server_name == NULL ? IDEM_ENOMEM : IDEM_OK;
+        }
+        if (rv != IDEM_OK) {
+            asyncFree(a);
+            return rv;
+        }
+    }
+    if (opts->token != NULL && opts->token[0] != '\0') {
+        a->token_len = strlen(opts->token);
+        a->token = malloc(a->token_len);
+        if (a->token == NULL) {
+            asyncFree(a);
+            return IDEM_ENOMEM;
+        }
+        memcpy(a->token, opts->token, a->token_len);
+    }
+    a->default_deadline_ms =
+        opts->default_deadline_ms ? opts->default_deadline_ms : IDEM_DEFAULT_DEADLINE_MS;
+    a->next_id = 1;
+    a->rng = IdemRngSeed();
+    a->backoff = IDEM_BACKOFF_MIN_MS;
+    a->next_seed = a->n_seeds > 1 ? 1 : 0;
+    if (uv_timer_init(loop, &a->reconnect) != 0) {
+        asyncFree(a);
+        return IDEM_ESYS;
+    }
+    a->reconnect.data = a;
+    a->handles = 1;
+    *out = a;
+    return IDEM_OK;
+}
+
+size_t idem_async_pending(const struct idem_async *a)
+{
+    return a == NULL ? 0 : a->pending;
+}
+
+static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadline_ms,
+                  idem_async_cb cb, void *data)
+{
+    if (a == NULL || cb == NULL) {
+        return IDEM_EINVAL;
+    }
+    if (a->closing) {
+        return IDEM_ECLOSED;
+    }
+    struct idem_built b;
+    char why[256];
+    int rv = IdemOpBuild(op, &b, why, sizeof why);
+    if (rv != IDEM_OK) {
+        IdemBuiltFree(&b);
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s", why);
+        return rv;
+    }
+    struct areq *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        IdemBuiltFree(&b);
+        return IDEM_ENOMEM;
+    }
+    r->a = a;
+    r->id = a->next_id++;
+    b.req.request_id = r->id;
+    b.req.deadline_ms = 0; /* prefixed per send */
+    b.req.auth_token.data = a->token;
+    b.req.auth_token.len = a->token_len;
+    r->body_len = idem__request__get_packed_size(&b.req);
+    if (r->body_len > IDEM_MAX_FRAME - 8) {
+        IdemBuiltFree(&b);
+        free(r);
+        return IDEM_ETOOBIG;
+    }
+    r->body = malloc(r->body_len ? r->body_len : 1);
+    if (r->body == NULL) {
+        IdemBuiltFree(&b);
+        free(r);
+        return IDEM_ENOMEM;
+    }
+    idem__request__pack(&b.req, r->body);
+    IdemBuiltFree(&b);
+    if (uv_timer_init(a->loop, &r->timer) != 0) {
+        free(r->body);
+        free(r);
+        return IDEM_ESYS;
+    }
+    a->handles++;
+    r->timer.data = r;
+    r->cb = cb;
+    r->data = data;
+    r->deadline_ms = deadline_ms ? deadline_ms : a->default_deadline_ms;
+    r->deadline = uv_now(a->loop) + r->deadline_ms;
+    r->state = AREQ_WAITING;
+    uv_timer_start(&r->timer, reqDeadlineCb, r->deadline_ms, 0);
+    r->prev = a->tail;
+    if (a->tail != NULL) {
+        a->tail->next = r;
+    } else {
+        a->head = r;
+    }
+    a->tail = r;
+    a->pending++;
+    /* Writes now when connected; never calls a callback from here: a write that fails at
+     * once only puts requests back to waiting. */
+    flush(a);
+    return IDEM_OK;
+}
+
+int idem_async_claim(struct idem_async *a, const char *key,
+                     const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
+                     const struct idem_claim_opts *opts, idem_async_cb cb, void *data)
+{
+    static const struct idem_claim_opts none;
+    if (opts == NULL) {
+        opts = &none;
+    }
+    char attempt[IDEM_ATTEMPT_ID_HEX + 1];
+    const char *aid = opts->attempt_id;
+    if (aid == NULL) {
+        if (idem_attempt_id_new(attempt) != IDEM_OK) {
+            return IDEM_ESYS;
+        }
+        aid = attempt;
+    }
+    struct idem_op op = {.kind = IDEM_OP_CLAIM,
+                         .key = key,
+                         .fingerprint = fingerprint,
+                         .attempt_id = aid,
+                         .lease_ms = opts->lease_ms,
+                         .ttl_ms = opts->ttl_ms,
+                         .policy = opts->policy};
+    return submit(a, &op, opts->deadline_ms, cb, data);
+}
+
+int idem_async_complete(struct idem_async *a, const char *key, uint64_t token, int completion,
+                        const struct idem_response *response, uint32_t deadline_ms,
+                        idem_async_cb cb, void *data)
+{
+    struct idem_op op = {.kind = IDEM_OP_COMPLETE,
+                         .key = key,
+                         .token = token,
+                         .completion = completion,
+                         .response = response};
+    return submit(a, &op, deadline_ms, cb, data);
+}
+
+int idem_async_release(struct idem_async *a, const char *key, uint64_t token,
+                       uint32_t deadline_ms, idem_async_cb cb, void *data)
+{
+    struct idem_op op = {.kind = IDEM_OP_RELEASE, .key = key, .token = token};
+    return submit(a, &op, deadline_ms, cb, data);
+}
+
+int idem_async_renew(struct idem_async *a, const char *key, uint64_t token, uint64_t lease_ms,
+                     uint32_t deadline_ms, idem_async_cb cb, void *data)
+{
+    struct idem_op op = {.kind = IDEM_OP_RENEW, .key = key, .token = token, .lease_ms = lease_ms};
+    return submit(a, &op, deadline_ms, cb, data);
+}
+
+int idem_async_get(struct idem_async *a, const char *key, uint32_t deadline_ms,
+                   idem_async_cb cb, void *data)
+{
+    struct idem_op op = {.kind = IDEM_OP_GET, .key = key};
+    return submit(a, &op, deadline_ms, cb, data);
+}
+
+void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb, void *data)
+{
+    if (a == NULL || a->closing) {
+        return;
+    }
+    a->closing = true;
+    a->close_cb = close_cb;
+    a->close_data = data;
+    /* Callbacks may call idem_async_* (refused: closing) or close again (a no-op). */
+    while (a->head != NULL) {
+        reqFail(a->head, IDEM_ECANCELED, "the client was closed before an answer");
+    }
+    if (a->conn != NULL) {
+        struct aconn *conn = a->conn;
+        a->conn = NULL;
+        connClose(conn);
+    }
+    uv_timer_stop(&a->reconnect);
+    uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
+}

@@ -1,0 +1,117 @@
+/* internal: what libidem's files share (addresses, request building, results, TLS); not
+ * installed, not part of the API. */
+#ifndef IDEM_CLIENT_INTERNAL_H
+#define IDEM_CLIENT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <openssl/ssl.h>
+
+#include "idem_rpc.h"
+
+#define IDEM_ERRMSG_LEN 512
+#define IDEM_BACKOFF_MIN_MS 10
+#define IDEM_BACKOFF_MAX_MS 200
+#define IDEM_REDIRECTS_FREE 1 /* redirects followed without backing off, per call */
+#define IDEM_DEFAULT_DEADLINE_MS 5000u
+
+/* ---- messages (idem.c) ---- */
+void IdemWhyf(char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- addresses (addr.c) ---- */
+
+/* One node. Immutable once published in a client's table (the strings are freed only
+ * when the client is). */
+struct idem_node {
+    char *addr; /* "host:port" as given (trimmed); owned */
+    char *host; /* without brackets; owned */
+    char *port; /* owned */
+};
+
+/* Splits "host:port" / "[v6]:port" (len bytes at s). With host/port non-NULL stores
+ * malloc'd copies (OUT). IDEM_OK, IDEM_EINVAL (why), IDEM_ENOMEM. */
+int IdemAddrSplit(const char *s, size_t len, char **host, char **port, char *why,
+                  size_t why_len);
+/* Parses a seed list into nodes[0..*n) (OUT). On error nothing is kept. */
+int IdemSeedsParse(const char *seeds, struct idem_node *nodes, size_t *n, char *why,
+                   size_t why_len);
+/* Fills `n` from the `len` bytes at `s`. On error `n` holds nothing. */
+int IdemNodeInit(struct idem_node *n, const char *s, size_t len, char *why, size_t why_len);
+void IdemNodeFree(struct idem_node *n);
+
+/* ---- time and randomness (idem.c) ---- */
+uint64_t IdemNowMs(void);                    /* CLOCK_MONOTONIC */
+uint64_t IdemRemainingMs(uint64_t deadline); /* 0 once passed */
+uint64_t IdemRngSeed(void);                  /* never 0 */
+uint64_t IdemRngNext(uint64_t *state);
+/* The jittered sleep for *backoff ms (a quarter at most shaved off), then doubles it. */
+uint64_t IdemBackoffNext(uint64_t *backoff, uint64_t *rng);
+
+/* ---- TLS (tls.c) ---- */
+
+/* Whether opts ask for TLS. */
+bool IdemTlsWanted(const struct idem_options *opts);
+/* A client SSL_CTX from opts (OUT *ctx; caller frees with SSL_CTX_free). IDEM_ETLS with
+ * the reason in `why`. */
+int IdemTlsContext(const struct idem_options *opts, SSL_CTX **ctx, char *why, size_t why_len);
+/* Sets SNI and the name (DNS or IP) the peer certificate must carry on `ssl`. Returns
+ * false on allocation failure. */
+bool IdemTlsSetPeer(SSL *ssl, const char *host);
+/* The last OpenSSL error as text into buf; returns buf. */
+const char *IdemTlsError(char *buf, size_t len);
+
+/* ---- operations (ops.c) ---- */
+
+enum idem_op_kind { IDEM_OP_CLAIM = 1, IDEM_OP_COMPLETE, IDEM_OP_RELEASE, IDEM_OP_RENEW, IDEM_OP_GET };
+
+/* One operation, every pointer borrowed. */
+struct idem_op {
+    enum idem_op_kind kind;
+    const char *key;
+    const uint8_t *fingerprint; /* claim */
+    const char *attempt_id;     /* claim */
+    uint64_t lease_ms;          /* claim, renew */
+    uint64_t ttl_ms;            /* claim */
+    int policy;                 /* claim */
+    uint64_t token;             /* complete, release, renew */
+    int completion;             /* complete */
+    const struct idem_response *response; /* complete */
+};
+
+/* A Request built from an op; the messages borrow the op's memory. */
+struct idem_built {
+    Idem__Request req;
+    Idem__ClaimRequest claim;
+    Idem__CompleteRequest complete;
+    Idem__ReleaseRequest release;
+    Idem__RenewRequest renew;
+    Idem__GetRequest get;
+    Idem__StoredResponse sr;
+    Idem__Header *hdrs;      /* owned */
+    Idem__Header **hdr_ptrs; /* owned */
+};
+
+/* Checks an op (IDEM_EINVAL with the reason in `why`) and builds its request into *b;
+ * IdemBuiltFree() afterwards, also after an error. */
+int IdemOpBuild(const struct idem_op *op, struct idem_built *b, char *why, size_t why_len);
+void IdemBuiltFree(struct idem_built *b);
+
+/* Fills *out from an answer, taking ownership of `m` (freed by idem_result_free).
+ * IDEM_OK or IDEM_ENOMEM (m freed, *out zeroed). */
+int IdemResultFill(struct idem_result *out, Idem__Response *m);
+/* Replaces out's response by a copy of `r` (borrowed) that out owns. IDEM_OK/ENOMEM. */
+int IdemResultCopyResponse(struct idem_result *out, const struct idem_response *r);
+/* Zeroes *out and sets its detail. */
+void IdemResultFail(struct idem_result *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The sync client's call with its own error text (into `err`, may be NULL): the core of
+ * idem_call, used by the typed calls. */
+int IdemClientCall(struct idem_client *c, const Idem__Request *req, uint32_t deadline_ms,
+                   Idem__Response **resp, char *err, size_t err_len);
+uint32_t IdemClientDefaultDeadline(const struct idem_client *c);
+
+#endif /* IDEM_CLIENT_INTERNAL_H */

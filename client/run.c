@@ -1,0 +1,193 @@
+/* run.c: idem_run(), a business function run at most once per key: claim, run with the
+ * lease renewed by a background thread, then complete or release by the function's own
+ * classification (CONTRACT.md §4). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+#define RENEW_MIN_INTERVAL_MS 20
+#define LEASE_GUESS_MS 1000 /* when the lease cannot be estimated */
+
+struct renewer {
+    struct idem_client *c;
+    const char *key; /* borrowed from idem_run's caller, for the run's duration */
+    uint64_t token;
+    uint64_t lease_ms; /* sent with each renewal; 0: the tenant's default */
+    uint64_t interval_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC */
+    bool stop;
+    bool lost;           /* a renewal answered lease_lost or not_found */
+    unsigned renewals;   /* answered ok */
+    int last_error;      /* of the last failed renewal call, or IDEM_OK */
+};
+
+static void deadlineIn(struct timespec *ts, uint64_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)(ms / 1000);
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *renewerMain(void *arg)
+{
+    struct renewer *r = arg;
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop && !r->lost) {
+        struct timespec at;
+        deadlineIn(&at, r->interval_ms);
+        int w = 0;
+        while (!r->stop && w != ETIMEDOUT) {
+            w = pthread_cond_timedwait(&r->cond, &r->mu, &at);
+        }
+        if (r->stop) {
+            break;
+        }
+        pthread_mutex_unlock(&r->mu);
+        struct idem_result res;
+        /* Each renewal may take at most one interval, so that the next one starts on time. */
+        uint32_t dl = r->interval_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)r->interval_ms;
+        int rv = idem_renew(r->c, r->key, r->token, r->lease_ms, dl, &res);
+        pthread_mutex_lock(&r->mu);
+        if (rv != IDEM_OK) {
+            r->last_error = rv; /* try again at the next interval */
+        } else if (res.outcome == IDEM_OUTCOME_OK) {
+            r->renewals++;
+        } else if (res.outcome == IDEM_OUTCOME_LEASE_LOST ||
+                   res.outcome == IDEM_OUTCOME_NOT_FOUND) {
+            r->lost = true;
+        }
+        idem_result_free(&res);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static uint64_t realtimeMs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int completionOf(int cls)
+{
+    switch (cls) {
+    case IDEM_RUN_SUCCEEDED:
+        return IDEM_COMPLETION_SUCCEEDED;
+    case IDEM_RUN_FAILED_FINAL:
+        return IDEM_COMPLETION_FAILED_FINAL;
+    default:
+        return IDEM_COMPLETION_UNKNOWN;
+    }
+}
+
+int idem_run(struct idem_client *c, const char *key,
+             const uint8_t fingerprint[IDEM_FINGERPRINT_LEN], const struct idem_claim_opts *opts,
+             idem_run_fn fn, void *arg, struct idem_result *out)
+{
+    if (out == NULL) {
+        return IDEM_EINVAL;
+    }
+    if (fn == NULL) {
+        IdemResultFail(out, "NULL business function");
+        return IDEM_EINVAL;
+    }
+    static const struct idem_claim_opts none;
+    struct idem_claim_opts o = opts != NULL ? *opts : none;
+    char attempt[IDEM_ATTEMPT_ID_HEX + 1];
+    if (o.attempt_id == NULL) {
+        if (idem_attempt_id_new(attempt) != IDEM_OK) {
+            IdemResultFail(out, "no random attempt id");
+            return IDEM_ESYS;
+        }
+        o.attempt_id = attempt;
+    }
+    int rv = idem_claim(c, key, fingerprint, &o, out);
+    if (rv != IDEM_OK || out->outcome != IDEM_OUTCOME_ACQUIRED) {
+        return rv; /* replay, in_progress, mismatch, ...: fn does not run */
+    }
+    uint64_t token = out->token;
+    uint32_t deadline_ms = o.deadline_ms;
+
+    /* The renewal interval: a third of the lease, as asked for or as estimated from the
+     * lease deadline (the leader's clock) and ours. */
+    uint64_t lease = o.lease_ms;
+    if (lease == 0) {
+        uint64_t now = realtimeMs();
+        lease = out->lease_deadline_ms > now ? out->lease_deadline_ms - now : LEASE_GUESS_MS;
+    }
+    struct renewer r = {.c = c, .key = key, .token = token, .lease_ms = o.lease_ms};
+    r.interval_ms = lease / 3 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : lease / 3;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r.cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, renewerMain, &r) != 0) {
+        /* Without renewals a slow fn could lose its lease unnoticed: give the claim back. */
+        struct idem_result rel;
+        (void)idem_release(c, key, token, deadline_ms, &rel);
+        idem_result_free(&rel);
+        pthread_cond_destroy(&r.cond);
+        pthread_mutex_destroy(&r.mu);
+        idem_result_free(out);
+        IdemResultFail(out, "cannot start the lease renewal thread; claim released");
+        return IDEM_ESYS;
+    }
+
+    struct idem_response resp;
+    memset(&resp, 0, sizeof resp);
+    int cls = fn(arg, token, &resp);
+    if (cls < IDEM_RUN_SUCCEEDED || cls > IDEM_RUN_UNKNOWN) {
+        cls = IDEM_RUN_UNKNOWN;
+    }
+
+    pthread_mutex_lock(&r.mu);
+    r.stop = true;
+    pthread_cond_signal(&r.cond);
+    pthread_mutex_unlock(&r.mu);
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&r.cond);
+    pthread_mutex_destroy(&r.mu);
+
+    out->ran = 1;
+    out->run_class = cls;
+    if (r.lost) {
+        snprintf(out->detail, sizeof out->detail,
+                 "the lease was lost while the function ran (a renewal answered lease_lost)");
+    }
+    if (cls != IDEM_RUN_RETRYABLE && IdemResultCopyResponse(out, &resp) != IDEM_OK) {
+        /* The complete below still stores fn's response; only our copy is missing. */
+        snprintf(out->detail, sizeof out->detail, "out of memory copying the response");
+    }
+    struct idem_result fin;
+    if (cls == IDEM_RUN_RETRYABLE) {
+        rv = idem_release(c, key, token, deadline_ms, &fin);
+    } else {
+        rv = idem_complete(c, key, token, completionOf(cls), &resp, deadline_ms, &fin);
+    }
+    if (rv != IDEM_OK) {
+        IdemWhyf(out->detail, sizeof out->detail, "%s after the function ran: %s",
+                 cls == IDEM_RUN_RETRYABLE ? "release" : "complete", fin.detail);
+        return rv;
+    }
+    out->finish_outcome = fin.outcome;
+    if (fin.outcome != IDEM_OUTCOME_OK && !r.lost) {
+        snprintf(out->detail, sizeof out->detail, "%s answered %s",
+                 cls == IDEM_RUN_RETRYABLE ? "release" : "complete",
+                 idem_outcome_name(fin.outcome));
+    }
+    idem_result_free(&fin);
+    return IDEM_OK;
+}

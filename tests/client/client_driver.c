@@ -1,0 +1,1020 @@
+/* client_driver: scenarios of libidem against a real cluster, driven by
+ * tests/integration/test_client.py. Each scenario does its calls, checks what only the
+ * client can see (callbacks counted per request, tokens per attempt id, fn calls) and
+ * prints one JSON object on its last line, which the Python test asserts on.
+ *
+ *   client_driver SCENARIO SEEDS TOKEN [ARGS...]
+ *
+ * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
+ * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <uv.h>
+
+#include "idem.h"
+
+static const char *g_seeds;
+static const char *g_token;
+static const char *g_tls_ca;   /* async-tls: TLS for the async client */
+static const char *g_tls_name;
+
+static uint64_t nowMs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleepMs(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void fpOf(const char *s, uint8_t fp[IDEM_FINGERPRINT_LEN])
+{
+    idem_fingerprint(s, strlen(s), fp);
+}
+
+static struct idem_client *openClient(const struct idem_options *extra)
+{
+    struct idem_options o = {.seeds = g_seeds, .token = g_token, .default_deadline_ms = 10000};
+    if (extra != NULL) {
+        o = *extra;
+    }
+    struct idem_client *c = NULL;
+    char why[256];
+    int rv = idem_client_open(&o, &c, why, sizeof why);
+    if (rv != IDEM_OK) {
+        fprintf(stderr, "client_driver: open: %s: %s\n", idem_strerror(rv), why);
+        exit(2);
+    }
+    return c;
+}
+
+static void die(const char *what, int rv, const struct idem_result *r)
+{
+    fprintf(stderr, "client_driver: %s: %s: %s\n", what, idem_strerror(rv), r ? r->detail : "");
+    exit(1);
+}
+
+/* ---- attempt: a claim retried with the same attempt id gets its own lease back --------- */
+
+static int scAttempt(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    const char *key = argv[0];
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("attempt", fp);
+    char aid[IDEM_ATTEMPT_ID_HEX + 1];
+    idem_attempt_id_new(aid);
+    struct idem_claim_opts o = {.attempt_id = aid};
+    struct idem_result r1, r2, r3;
+    int rv = idem_claim(c, key, fp, &o, &r1);
+    if (rv != IDEM_OK) {
+        die("claim 1", rv, &r1);
+    }
+    rv = idem_claim(c, key, fp, &o, &r2);
+    if (rv != IDEM_OK) {
+        die("claim 2", rv, &r2);
+    }
+    rv = idem_claim(c, key, fp, NULL, &r3); /* a fresh attempt id */
+    if (rv != IDEM_OK) {
+        die("claim 3", rv, &r3);
+    }
+    printf("{\"first\": \"%s\", \"first_token\": %" PRIu64 ", \"second\": \"%s\", "
+           "\"second_token\": %" PRIu64 ", \"other_attempt\": \"%s\", \"leader\": \"%s\"}\n",
+           idem_outcome_name(r1.outcome), r1.token, idem_outcome_name(r2.outcome), r2.token,
+           idem_outcome_name(r3.outcome), idem_client_leader(c) ? idem_client_leader(c) : "");
+    idem_result_free(&r1);
+    idem_result_free(&r2);
+    idem_result_free(&r3);
+    idem_client_close(c);
+    return 0;
+}
+
+/* ---- ops: every synchronous call and its outcomes --------------------------------------- */
+
+static int scOps(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    const char *key = argv[0];
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN], fp2[IDEM_FINGERPRINT_LEN];
+    fpOf("ops", fp);
+    fpOf("ops-other", fp2);
+    struct idem_result r;
+    int rv;
+    printf("{");
+#define STEP(name, call)                                                                       \
+    do {                                                                                       \
+        rv = (call);                                                                           \
+        if (rv != IDEM_OK) {                                                                   \
+            die(name, rv, &r);                                                                 \
+        }                                                                                      \
+        printf("\"%s\": \"%s\", ", name, idem_outcome_name(r.outcome));                        \
+    } while (0)
+    struct idem_claim_opts co = {.lease_ms = 5000};
+    STEP("claim", idem_claim(c, key, fp, &co, &r));
+    uint64_t token = r.token, lease1 = r.lease_deadline_ms;
+    idem_result_free(&r);
+    STEP("renew", idem_renew(c, key, token, 60000, 0, &r));
+    printf("\"renew_extends\": %s, ", r.lease_deadline_ms > lease1 ? "true" : "false");
+    idem_result_free(&r);
+    STEP("renew_wrong_token", idem_renew(c, key, token + 1, 0, 0, &r));
+    idem_result_free(&r);
+    STEP("get_processing", idem_get(c, key, 0, &r));
+    printf("\"state\": %d, \"get_token_matches\": %s, \"get_fp_matches\": %s, ", r.record.state,
+           r.record.token == token ? "true" : "false",
+           r.record.fingerprint_len == 32 && memcmp(r.record.fingerprint, fp, 32) == 0 ? "true"
+                                                                                      : "false");
+    idem_result_free(&r);
+    STEP("claim_mismatch", idem_claim(c, key, fp2, NULL, &r));
+    idem_result_free(&r);
+    struct idem_header h[2] = {
+        {.name = "content-type", .value = (const uint8_t *)"application/json", .value_len = 16},
+        {.name = "location", .value = (const uint8_t *)"/orders/7", .value_len = 9}};
+    struct idem_response resp = {.status = 201, .headers = h, .n_headers = 2,
+                                 .body = (const uint8_t *)"order=7", .body_len = 7};
+    STEP("complete", idem_complete(c, key, token, IDEM_COMPLETION_SUCCEEDED, &resp, 0, &r));
+    idem_result_free(&r);
+    STEP("complete_again", idem_complete(c, key, token, IDEM_COMPLETION_SUCCEEDED, &resp, 0, &r));
+    idem_result_free(&r);
+    STEP("release_after_complete", idem_release(c, key, token, 0, &r));
+    idem_result_free(&r);
+    STEP("get_completed", idem_get(c, key, 0, &r));
+    printf("\"state2\": %d, \"stored_status\": %u, \"stored_body\": \"%.*s\", "
+           "\"stored_headers\": %zu, \"stored_h1\": \"%s\", ",
+           r.record.state, r.response.status, (int)r.response.body_len,
+           (const char *)r.response.body, r.response.n_headers,
+           r.response.n_headers > 1 ? r.response.headers[1].name : "");
+    idem_result_free(&r);
+    STEP("claim_replay", idem_claim(c, key, fp, NULL, &r));
+    printf("\"replay_body\": \"%.*s\", ", (int)r.response.body_len, (const char *)r.response.body);
+    idem_result_free(&r);
+    STEP("release_unknown_key", idem_release(c, "ops-never-claimed", 1, 0, &r));
+    idem_result_free(&r);
+    STEP("get_unknown_key", idem_get(c, "ops-never-claimed", 0, &r));
+    idem_result_free(&r);
+    STEP("claim_bad_key", idem_claim(c, "bad key with spaces", fp, NULL, &r));
+    printf("\"bad_key_detail\": \"%s\", ", r.detail);
+    idem_result_free(&r);
+    idem_client_close(c);
+    struct idem_options o = {.seeds = g_seeds, .token = "not-a-token"};
+    c = openClient(&o);
+    STEP("claim_unauthenticated", idem_claim(c, key, fp, NULL, &r));
+    idem_result_free(&r);
+    idem_client_close(c);
+#undef STEP
+    printf("\"done\": true}\n");
+    return 0;
+}
+
+/* ---- loop: several threads on one client, claim → complete → claim again ------------- *
+ * Each thread takes fresh keys PREFIX-t-i: claim (own attempt id; on IDEM_EUNAVAILABLE the
+ * same claim again, same attempt id), complete, then a claim with a fresh attempt id that
+ * must be a replay. Runs until a "stop" line on stdin (bounded: MAX_OPS per thread, 120 s).
+ * Prints "progress N" lines (N = keys done) so the test can act mid-run. */
+
+#define LOOP_MAX_KEYS 20000
+#define LOOP_MAX_MS 120000u
+#define LOOP_RETRIES 5
+
+struct loopShared {
+    struct idem_client *c;
+    const char *prefix;
+    atomic_bool stop;
+    atomic_uint_fast64_t keys_done;
+    atomic_uint_fast64_t errors;          /* a call that failed even after LOOP_RETRIES */
+    atomic_uint_fast64_t retried;         /* claims repeated after IDEM_EUNAVAILABLE */
+    atomic_uint_fast64_t not_acquired;    /* first claim of a fresh key not acquired */
+    atomic_uint_fast64_t token_changed;   /* a repeated claim (same attempt) got another token */
+    atomic_uint_fast64_t second_acquired; /* a fresh attempt after complete got acquired */
+    atomic_uint_fast64_t not_replay;      /* ... or anything else than replay */
+    uint64_t start;
+    pthread_mutex_t mu;
+    uint64_t *tokens; /* every acquired token, to check uniqueness */
+    size_t n_tokens;
+};
+
+struct loopThread {
+    struct loopShared *s;
+    int id;
+};
+
+static void *loopMain(void *arg)
+{
+    struct loopThread *t = arg;
+    struct loopShared *s = t->s;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("loop", fp);
+    for (int i = 0; i < LOOP_MAX_KEYS && !atomic_load(&s->stop); i++) {
+        if (nowMs() - s->start > LOOP_MAX_MS) {
+            break;
+        }
+        char key[96];
+        snprintf(key, sizeof key, "%s-%d-%d", s->prefix, t->id, i);
+        char aid[IDEM_ATTEMPT_ID_HEX + 1];
+        idem_attempt_id_new(aid);
+        struct idem_claim_opts o = {.attempt_id = aid, .deadline_ms = 10000};
+        struct idem_result r;
+        int rv = IDEM_EUNAVAILABLE;
+        uint64_t first_token = 0;
+        bool acquired = false;
+        for (int k = 0; k < LOOP_RETRIES; k++) {
+            rv = idem_claim(s->c, key, fp, &o, &r);
+            if (rv == IDEM_OK) {
+                if (r.outcome == IDEM_OUTCOME_ACQUIRED) {
+                    if (acquired && r.token != first_token) {
+                        atomic_fetch_add(&s->token_changed, 1);
+                    }
+                    acquired = true;
+                    first_token = r.token;
+                } else {
+                    atomic_fetch_add(&s->not_acquired, 1);
+                    fprintf(stderr, "loop: %s: claim answered %s (%s)\n", key,
+                            idem_outcome_name(r.outcome), r.detail);
+                }
+                idem_result_free(&r);
+                break;
+            }
+            atomic_fetch_add(&s->retried, 1);
+            fprintf(stderr, "loop: %s: claim: %s: %s (retrying)\n", key, idem_strerror(rv),
+                    r.detail);
+        }
+        if (rv != IDEM_OK) {
+            atomic_fetch_add(&s->errors, 1);
+            continue;
+        }
+        if (!acquired) {
+            continue;
+        }
+        pthread_mutex_lock(&s->mu);
+        s->tokens[s->n_tokens++] = first_token;
+        pthread_mutex_unlock(&s->mu);
+        struct idem_response resp = {.status = 200, .body = (const uint8_t *)key,
+                                     .body_len = strlen(key)};
+        for (int k = 0; k < LOOP_RETRIES; k++) {
+            rv = idem_complete(s->c, key, first_token, IDEM_COMPLETION_SUCCEEDED, &resp, 10000,
+                               &r);
+            if (rv == IDEM_OK) {
+                if (r.outcome != IDEM_OUTCOME_OK) {
+                    fprintf(stderr, "loop: complete answered %s\n", idem_outcome_name(r.outcome));
+                    atomic_fetch_add(&s->errors, 1);
+                }
+                idem_result_free(&r);
+                break;
+            }
+        }
+        if (rv != IDEM_OK) {
+            atomic_fetch_add(&s->errors, 1);
+            continue;
+        }
+        struct idem_claim_opts o2 = {.deadline_ms = 10000};
+        for (int k = 0; k < LOOP_RETRIES; k++) {
+            rv = idem_claim(s->c, key, fp, &o2, &r);
+            if (rv == IDEM_OK) {
+                if (r.outcome == IDEM_OUTCOME_ACQUIRED) {
+                    atomic_fetch_add(&s->second_acquired, 1);
+                } else if (r.outcome != IDEM_OUTCOME_REPLAY || r.response.body_len != strlen(key) ||
+                           memcmp(r.response.body, key, strlen(key)) != 0) {
+                    atomic_fetch_add(&s->not_replay, 1);
+                }
+                idem_result_free(&r);
+                break;
+            }
+        }
+        if (rv != IDEM_OK) {
+            atomic_fetch_add(&s->errors, 1);
+            continue;
+        }
+        atomic_fetch_add(&s->keys_done, 1);
+    }
+    return NULL;
+}
+
+static void *stdinWatch(void *arg)
+{
+    struct loopShared *s = arg;
+    char line[64];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        if (strncmp(line, "stop", 4) == 0) {
+            break;
+        }
+    }
+    atomic_store(&s->stop, true); /* "stop" or EOF */
+    return NULL;
+}
+
+static int cmpU64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int scLoop(int argc, char **argv)
+{
+    if (argc < 2) {
+        return 2;
+    }
+    struct loopShared s;
+    memset(&s, 0, sizeof s);
+    s.prefix = argv[0];
+    int threads = atoi(argv[1]);
+    if (threads < 1 || threads > 16) {
+        return 2;
+    }
+    s.c = openClient(NULL);
+    s.start = nowMs();
+    pthread_mutex_init(&s.mu, NULL);
+    s.tokens = calloc((size_t)threads * LOOP_MAX_KEYS, sizeof *s.tokens);
+    struct loopThread lt[16];
+    pthread_t th[16], watch;
+    pthread_create(&watch, NULL, stdinWatch, &s);
+    pthread_detach(watch);
+    for (int i = 0; i < threads; i++) {
+        lt[i] = (struct loopThread){.s = &s, .id = i};
+        pthread_create(&th[i], NULL, loopMain, &lt[i]);
+    }
+    uint64_t last = 0;
+    const char *leaders[8]; /* distinct leaders the client followed (sampled) */
+    int n_leaders = 0;
+    for (;;) {
+        sleepMs(20);
+        const char *l = idem_client_leader(s.c);
+        bool seen = l == NULL;
+        for (int i = 0; i < n_leaders && !seen; i++) {
+            seen = strcmp(leaders[i], l) == 0;
+        }
+        if (!seen && n_leaders < 8) {
+            leaders[n_leaders++] = l;
+        }
+        uint64_t done = atomic_load(&s.keys_done);
+        if (done / 20 != last / 20) {
+            printf("progress %" PRIu64 "\n", done);
+            fflush(stdout);
+        }
+        last = done;
+        if (atomic_load(&s.stop) || nowMs() - s.start > LOOP_MAX_MS + 30000) {
+            break;
+        }
+    }
+    for (int i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+    }
+    qsort(s.tokens, s.n_tokens, sizeof *s.tokens, cmpU64);
+    uint64_t dup_tokens = 0;
+    for (size_t i = 1; i < s.n_tokens; i++) {
+        dup_tokens += s.tokens[i] == s.tokens[i - 1];
+    }
+    printf("{\"keys_done\": %" PRIu64 ", \"errors\": %" PRIu64 ", \"retried\": %" PRIu64
+           ", \"not_acquired\": %" PRIu64 ", \"token_changed\": %" PRIu64
+           ", \"second_acquired\": %" PRIu64 ", \"not_replay\": %" PRIu64
+           ", \"acquired\": %zu, \"dup_tokens\": %" PRIu64 ", \"leaders_seen\": %d}\n",
+           (uint64_t)atomic_load(&s.keys_done), (uint64_t)atomic_load(&s.errors),
+           (uint64_t)atomic_load(&s.retried), (uint64_t)atomic_load(&s.not_acquired),
+           (uint64_t)atomic_load(&s.token_changed), (uint64_t)atomic_load(&s.second_acquired),
+           (uint64_t)atomic_load(&s.not_replay), s.n_tokens, dup_tokens, n_leaders);
+    fflush(stdout);
+    free(s.tokens);
+    idem_client_close(s.c);
+    pthread_mutex_destroy(&s.mu);
+    return 0;
+}
+
+/* ---- deadline: one claim against a cluster without quorum ------------------------------ */
+
+static int scDeadline(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    uint32_t dl = (uint32_t)atoi(argv[0]);
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("deadline", fp);
+    struct idem_claim_opts o = {.deadline_ms = dl};
+    struct idem_result r;
+    uint64_t t0 = nowMs();
+    int rv = idem_claim(c, "deadline-key", fp, &o, &r);
+    uint64_t took = nowMs() - t0;
+    printf("{\"rv\": %d, \"error\": \"%s\", \"elapsed_ms\": %" PRIu64 ", \"outcome\": \"%s\"}\n",
+           rv, idem_strerror(rv), took, idem_outcome_name(r.outcome));
+    fprintf(stderr, "deadline: %s\n", r.detail);
+    idem_result_free(&r);
+    idem_client_close(c);
+    return 0;
+}
+
+/* ---- async-many: N pipelined claims on one loop ---------------------------------------- */
+
+struct asyncReq {
+    int calls;
+    int status;
+    int outcome;
+    uint64_t token;
+};
+
+struct asyncRun {
+    struct asyncReq *reqs;
+    int n;
+    int answered;
+    int close_calls;
+    int after_close_rv;
+    int submit_failed;
+    struct idem_async *a;
+};
+
+static void asyncCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    struct asyncReq *q = data;
+    (void)a;
+    q->calls++;
+    q->status = status;
+    q->outcome = res->outcome;
+    q->token = res->token;
+}
+
+static void closeCb(struct idem_async *a, void *data)
+{
+    (void)a;
+    struct asyncRun *run = data;
+    run->close_calls++;
+}
+
+static struct idem_async *asyncOpen(uv_loop_t *loop, uint32_t deadline_ms)
+{
+    struct idem_options o = {.seeds = g_seeds, .token = g_token,
+                             .default_deadline_ms = deadline_ms,
+                             .tls_ca_file = g_tls_ca, .tls_server_name = g_tls_name};
+    struct idem_async *a = NULL;
+    char why[256];
+    int rv = idem_async_open(loop, &o, &a, why, sizeof why);
+    if (rv != IDEM_OK) {
+        fprintf(stderr, "client_driver: async open: %s: %s\n", idem_strerror(rv), why);
+        exit(2);
+    }
+    return a;
+}
+
+/* Counts what came back: per request exactly one call, how many of each status. */
+static void asyncReport(struct asyncRun *run, uv_loop_t *loop, size_t max_pending,
+                        uint64_t elapsed)
+{
+    int once = 0, acquired = 0, canceled = 0, unavailable = 0, other = 0;
+    uint64_t *tokens = calloc((size_t)run->n, sizeof *tokens);
+    size_t nt = 0;
+    for (int i = 0; i < run->n; i++) {
+        struct asyncReq *q = &run->reqs[i];
+        once += q->calls == 1;
+        if (q->status == IDEM_OK && q->outcome == IDEM_OUTCOME_ACQUIRED) {
+            acquired++;
+            tokens[nt++] = q->token;
+        } else if (q->status == IDEM_ECANCELED) {
+            canceled++;
+        } else if (q->status == IDEM_EUNAVAILABLE) {
+            unavailable++;
+        } else {
+            other++;
+        }
+    }
+    qsort(tokens, nt, sizeof *tokens, cmpU64);
+    int dups = 0;
+    for (size_t i = 1; i < nt; i++) {
+        dups += tokens[i] == tokens[i - 1];
+    }
+    free(tokens);
+    int loop_close = uv_loop_close(loop);
+    printf("{\"n\": %d, \"exactly_once\": %d, \"acquired\": %d, \"canceled\": %d, "
+           "\"unavailable\": %d, \"other\": %d, \"dup_tokens\": %d, \"max_pending\": %zu, "
+           "\"close_calls\": %d, \"after_close_rv\": %d, \"submit_failed\": %d, "
+           "\"loop_close\": %d, "
+           "\"elapsed_ms\": %" PRIu64 "}\n",
+           run->n, once, acquired, canceled, unavailable, other, dups, max_pending,
+           run->close_calls, run->after_close_rv, run->submit_failed, loop_close, elapsed);
+}
+
+static int scAsyncMany(int argc, char **argv)
+{
+    if (argc < 2) {
+        return 2;
+    }
+    const char *prefix = argv[0];
+    int n = atoi(argv[1]);
+    uint32_t dl = argc > 2 ? (uint32_t)atoi(argv[2]) : 20000;
+    if (n < 1 || n > 100000) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct asyncRun run = {.n = n, .reqs = calloc((size_t)n, sizeof(struct asyncReq))};
+    run.a = asyncOpen(&loop, dl);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("async", fp);
+    uint64_t t0 = nowMs();
+    for (int i = 0; i < n; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "%s-%d", prefix, i);
+        int rv = idem_async_claim(run.a, key, fp, NULL, asyncCb, &run.reqs[i]);
+        if (rv != IDEM_OK) {
+            fprintf(stderr, "submit %d: %s\n", i, idem_strerror(rv));
+            return 1;
+        }
+    }
+    size_t max_pending = idem_async_pending(run.a);
+    /* Every request was accepted before the loop ran: they are all in flight at once. */
+    while (idem_async_pending(run.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uint64_t elapsed = nowMs() - t0;
+    idem_async_close(run.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    asyncReport(&run, &loop, max_pending, elapsed);
+    free(run.reqs);
+    return 0;
+}
+
+/* ---- async-close: close with requests pending ------------------------------------------ *
+ * MODE "now": close before the loop ever ran; "mid": after the first answer, from within
+ * its callback; "dead": against a dead cluster, close after a few loop turns. */
+
+struct midCtx {
+    struct asyncRun *run;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+};
+
+static struct midCtx g_mid;
+
+static void midCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    asyncCb(a, status, res, data);
+    struct asyncRun *run = g_mid.run;
+    run->answered++;
+    if (run->answered == 1 && status == IDEM_OK) {
+        idem_async_close(a, closeCb, run);
+        /* Refused from now on, and its callback never runs. */
+        run->after_close_rv = idem_async_claim(a, "after-close", g_mid.fp, NULL, asyncCb,
+                                               &run->reqs[0]);
+    }
+}
+
+static int scAsyncClose(int argc, char **argv)
+{
+    if (argc < 3) {
+        return 2;
+    }
+    const char *mode = argv[0];
+    const char *prefix = argv[1];
+    int n = atoi(argv[2]);
+    if (n < 1 || n > 100000) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct asyncRun run = {.n = n, .reqs = calloc((size_t)n, sizeof(struct asyncReq))};
+    run.a = asyncOpen(&loop, 20000);
+    g_mid.run = &run;
+    fpOf("async-close", g_mid.fp);
+    for (int i = 0; i < n; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "%s-%d", prefix, i);
+        int rv = idem_async_claim(run.a, key, g_mid.fp, NULL,
+                                  strcmp(mode, "mid") == 0 ? midCb : asyncCb, &run.reqs[i]);
+        if (rv != IDEM_OK) {
+            fprintf(stderr, "submit %d: %s\n", i, idem_strerror(rv));
+            return 1;
+        }
+    }
+    size_t max_pending = idem_async_pending(run.a);
+    uint64_t t0 = nowMs();
+    if (strcmp(mode, "now") == 0) {
+        idem_async_close(run.a, closeCb, &run);
+        run.after_close_rv = idem_async_claim(run.a, "after-close", g_mid.fp, NULL, asyncCb,
+                                              &run.reqs[0]);
+    } else if (strcmp(mode, "dead") == 0) {
+        for (int i = 0; i < 20; i++) {
+            uv_run(&loop, UV_RUN_NOWAIT);
+            sleepMs(5);
+        }
+        idem_async_close(run.a, closeCb, &run);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    asyncReport(&run, &loop, max_pending, nowMs() - t0);
+    free(run.reqs);
+    return 0;
+}
+
+/* ---- async-ops: claim → renew → get → complete → get → release on one loop, chained -- */
+
+struct chain {
+    struct idem_async *a;
+    const char *key;
+    uint64_t token;
+    int step;
+    int bad;
+    char log[512];
+    struct idem_result kept; /* moved out of the last callback */
+};
+
+static void chainCb(struct idem_async *a, int status, struct idem_result *res, void *data);
+
+static void chainNext(struct chain *ch)
+{
+    static const struct idem_response resp = {.status = 200, .body = (const uint8_t *)"async",
+                                               .body_len = 5};
+    int rv = IDEM_OK;
+    switch (ch->step) {
+    case 1:
+        rv = idem_async_renew(ch->a, ch->key, ch->token, 30000, 0, chainCb, ch);
+        break;
+    case 2:
+        rv = idem_async_get(ch->a, ch->key, 0, chainCb, ch);
+        break;
+    case 3:
+        rv = idem_async_complete(ch->a, ch->key, ch->token, IDEM_COMPLETION_FAILED_FINAL, &resp, 0,
+                                 chainCb, ch);
+        break;
+    case 4:
+        rv = idem_async_get(ch->a, ch->key, 0, chainCb, ch);
+        break;
+    case 5:
+        rv = idem_async_release(ch->a, ch->key, ch->token, 0, chainCb, ch);
+        break;
+    default:
+        return;
+    }
+    if (rv != IDEM_OK) {
+        ch->bad++;
+    }
+}
+
+static void chainCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    struct chain *ch = data;
+    size_t n = strlen(ch->log);
+    snprintf(ch->log + n, sizeof ch->log - n, "%s%s", n ? "," : "",
+             status == IDEM_OK ? idem_outcome_name(res->outcome) : idem_strerror(status));
+    if (status != IDEM_OK) {
+        ch->bad++;
+        return;
+    }
+    if (ch->step == 0) {
+        ch->token = res->token;
+    }
+    if (ch->step == 4) {
+        idem_result_move(&ch->kept, res); /* freed by the scenario, not the library */
+    }
+    ch->step++;
+    chainNext(ch);
+}
+
+static int scAsyncOps(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct chain ch = {.key = argv[0]};
+    ch.a = asyncOpen(&loop, 10000);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("async-ops", fp);
+    if (idem_async_claim(ch.a, ch.key, fp, NULL, chainCb, &ch) != IDEM_OK) {
+        return 1;
+    }
+    while (idem_async_pending(ch.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    struct asyncRun run = {0};
+    idem_async_close(ch.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    printf("{\"log\": \"%s\", \"bad\": %d, \"kept_state\": %d, \"kept_completion\": %d, "
+           "\"kept_body\": \"%.*s\", \"close_calls\": %d, \"loop_close\": %d}\n",
+           ch.log, ch.bad, ch.kept.record.state, ch.kept.record.completion,
+           (int)ch.kept.response.body_len,
+           ch.kept.response.body ? (const char *)ch.kept.response.body : "", run.close_calls,
+           uv_loop_close(&loop));
+    idem_result_free(&ch.kept);
+    return 0;
+}
+
+/* ---- async-stream: a window of claims kept in flight until "stop" on stdin ---------------- *
+ * The test changes the leader meanwhile: every request must still be answered exactly once,
+ * acquired, with a token of its own. Bounded: STREAM_MAX requests, 120 s. */
+
+#define STREAM_MAX 200000
+#define STREAM_MAX_MS 120000u
+
+struct stream {
+    struct idem_async *a;
+    struct asyncReq *reqs;
+    const char *prefix;
+    int window;
+    int submitted;
+    int answered;
+    int failed;
+    atomic_bool stop;
+    uint64_t start;
+    uv_timer_t tick;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+};
+
+static void streamCb(struct idem_async *a, int status, struct idem_result *res, void *data);
+
+static void streamSubmit(struct stream *st)
+{
+    while (!atomic_load(&st->stop) && st->submitted < STREAM_MAX &&
+           st->submitted - st->answered < st->window) {
+        char key[96];
+        snprintf(key, sizeof key, "%s-%d", st->prefix, st->submitted);
+        struct asyncReq *q = &st->reqs[st->submitted];
+        if (idem_async_claim(st->a, key, st->fp, NULL, streamCb, q) != IDEM_OK) {
+            st->failed++;
+            return;
+        }
+        st->submitted++;
+    }
+}
+
+static struct stream *g_stream;
+
+static void streamCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    asyncCb(a, status, res, data);
+    struct stream *st = g_stream;
+    st->answered++;
+    if (status != IDEM_OK || res->outcome != IDEM_OUTCOME_ACQUIRED) {
+        fprintf(stderr, "stream: %s / %s: %s\n", idem_strerror(status),
+                idem_outcome_name(res->outcome), res->detail);
+    }
+    streamSubmit(st);
+}
+
+static void streamTickCb(uv_timer_t *t)
+{
+    struct stream *st = t->data;
+    printf("progress %d\n", st->answered);
+    if (nowMs() - st->start > STREAM_MAX_MS) {
+        atomic_store(&st->stop, true);
+    }
+}
+
+static void *streamStdin(void *arg)
+{
+    struct stream *st = arg;
+    char line[64];
+    while (fgets(line, sizeof line, stdin) != NULL && strncmp(line, "stop", 4) != 0) {
+    }
+    atomic_store(&st->stop, true);
+    return NULL;
+}
+
+static int scAsyncStream(int argc, char **argv)
+{
+    if (argc < 2) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    static struct stream st;
+    g_stream = &st;
+    st.prefix = argv[0];
+    st.window = atoi(argv[1]);
+    if (st.window < 1 || st.window > 10000) {
+        return 2;
+    }
+    st.reqs = calloc(STREAM_MAX, sizeof *st.reqs);
+    st.a = asyncOpen(&loop, 15000);
+    st.start = nowMs();
+    fpOf("stream", st.fp);
+    pthread_t th;
+    pthread_create(&th, NULL, streamStdin, &st);
+    pthread_detach(th);
+    uv_timer_init(&loop, &st.tick);
+    st.tick.data = &st;
+    uv_timer_start(&st.tick, streamTickCb, 50, 50);
+    streamSubmit(&st);
+    /* Until "stop" and every answer is in (the tick wakes the loop every 50 ms). */
+    while (!atomic_load(&st.stop) || idem_async_pending(st.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uv_close((uv_handle_t *)&st.tick, NULL);
+    struct asyncRun run = {.n = st.submitted, .reqs = st.reqs, .submit_failed = st.failed};
+    idem_async_close(st.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    asyncReport(&run, &loop, (size_t)st.window, nowMs() - st.start);
+    free(st.reqs);
+    return 0;
+}
+
+/* ---- idem_run scenarios ------------------------------------------------------------------ */
+
+struct business {
+    int calls;
+    int cls[4]; /* what to return on call 1, 2, ... */
+    unsigned sleep_ms;
+    char body[128];
+    /* run-slow: a concurrent claim while fn sleeps */
+    const char *key;
+    int concurrent_outcome;
+};
+
+static int businessFn(void *arg, uint64_t token, struct idem_response *resp)
+{
+    struct business *b = arg;
+    int call = b->calls++;
+    snprintf(b->body, sizeof b->body, "charged once, call %d, fence %" PRIu64, call + 1, token);
+    if (b->sleep_ms > 0) {
+        /* Sleep past the lease, then claim the same key as another attempt would. */
+        sleepMs(b->sleep_ms);
+        struct idem_client *other = openClient(NULL);
+        uint8_t fp[IDEM_FINGERPRINT_LEN];
+        fpOf("run", fp);
+        struct idem_result r;
+        int rv = idem_claim(other, b->key, fp, NULL, &r);
+        b->concurrent_outcome = rv == IDEM_OK ? r.outcome : rv;
+        idem_result_free(&r);
+        idem_client_close(other);
+    }
+    resp->status = 201;
+    resp->body = (const uint8_t *)b->body;
+    resp->body_len = strlen(b->body);
+    static const struct idem_header hdr = {.name = "content-type",
+                                           .value = (const uint8_t *)"text/plain",
+                                           .value_len = 10};
+    resp->headers = &hdr;
+    resp->n_headers = 1;
+    return b->cls[call < 4 ? call : 3];
+}
+
+static void printRun(const char *name, int rv, const struct idem_result *r, const char *sep)
+{
+    printf("\"%s\": {\"rv\": %d, \"outcome\": \"%s\", \"ran\": %d, \"run_class\": %d, "
+           "\"finish\": \"%s\", \"status\": %u, \"body\": \"%.*s\", \"headers\": %zu, "
+           "\"token\": %" PRIu64 "}%s",
+           name, rv, idem_outcome_name(r->outcome), r->ran, r->run_class,
+           idem_outcome_name(r->finish_outcome), r->has_response ? r->response.status : 0,
+           r->has_response ? (int)r->response.body_len : 0,
+           r->has_response && r->response.body ? (const char *)r->response.body : "",
+           r->has_response ? r->response.n_headers : 0, r->token, sep);
+}
+
+static int scRun(const char *mode, int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    const char *key = argv[0];
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("run", fp);
+    struct business b = {.cls = {IDEM_RUN_SUCCEEDED, IDEM_RUN_SUCCEEDED, IDEM_RUN_SUCCEEDED,
+                                 IDEM_RUN_SUCCEEDED},
+                         .key = key};
+    struct idem_claim_opts o = {0};
+    if (strcmp(mode, "run-retryable") == 0) {
+        b.cls[0] = IDEM_RUN_RETRYABLE;
+    } else if (strcmp(mode, "run-unknown") == 0) {
+        b.cls[0] = IDEM_RUN_UNKNOWN;
+    } else if (strcmp(mode, "run-slow") == 0) {
+        o.lease_ms = 800;
+        b.sleep_ms = 2500; /* three leases and more */
+    }
+    struct idem_result r1, r2;
+    int rv1 = idem_run(c, key, fp, &o, businessFn, &b, &r1);
+    int calls_after_first = b.calls;
+    b.sleep_ms = 0;
+    int rv2 = idem_run(c, key, fp, &o, businessFn, &b, &r2);
+    printf("{");
+    printRun("first", rv1, &r1, ", ");
+    printRun("second", rv2, &r2, ", ");
+    printf("\"calls_after_first\": %d, \"calls\": %d, \"concurrent\": \"%s\"",
+           calls_after_first, b.calls, idem_outcome_name(b.concurrent_outcome));
+    idem_result_free(&r1);
+    idem_result_free(&r2);
+    if (strcmp(mode, "run-slow") == 0) {
+        /* The control: the same lease without renewals does lapse (the other attempt sees
+         * lease_expired), so the in_progress above is the renewals' doing. */
+        char ctl[128];
+        snprintf(ctl, sizeof ctl, "%s-control", key);
+        struct idem_claim_opts co = {.lease_ms = 800};
+        struct idem_result a, bb;
+        int rv = idem_claim(c, ctl, fp, &co, &a);
+        if (rv != IDEM_OK) {
+            die("control claim", rv, &a);
+        }
+        sleepMs(2500);
+        rv = idem_claim(c, ctl, fp, NULL, &bb);
+        if (rv != IDEM_OK) {
+            die("control claim 2", rv, &bb);
+        }
+        printf(", \"control_first\": \"%s\", \"control_second\": \"%s\"",
+               idem_outcome_name(a.outcome), idem_outcome_name(bb.outcome));
+        idem_result_free(&a);
+        idem_result_free(&bb);
+    }
+    printf("}\n");
+    idem_client_close(c);
+    return 0;
+}
+
+/* ---- tls: a claim and a get over TLS ------------------------------------------------------ */
+
+static int scTls(int argc, char **argv)
+{
+    if (argc < 2) {
+        return 2;
+    }
+    const char *key = argv[0];
+    struct idem_options o = {.seeds = g_seeds, .token = g_token, .tls = 1,
+                             .tls_ca_file = argv[1], .default_deadline_ms = 3000};
+    if (argc > 2 && argv[2][0] != '\0') {
+        o.tls_server_name = argv[2];
+    }
+    if (argc > 4) {
+        o.tls_cert_file = argv[3];
+        o.tls_key_file = argv[4];
+    }
+    struct idem_client *c = NULL;
+    char why[256];
+    int rv = idem_client_open(&o, &c, why, sizeof why);
+    if (rv != IDEM_OK) {
+        printf("{\"open\": %d, \"why\": \"%s\"}\n", rv, why);
+        return 0;
+    }
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("tls", fp);
+    struct idem_result r;
+    rv = idem_claim(c, key, fp, NULL, &r);
+    printf("{\"open\": 0, \"rv\": %d, \"outcome\": \"%s\", \"token\": %" PRIu64
+           ", \"errmsg\": \"%s\"}\n",
+           rv, idem_outcome_name(r.outcome), r.token, rv == IDEM_OK ? "" : r.detail);
+    idem_result_free(&r);
+    idem_client_close(c);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: client_driver SCENARIO SEEDS TOKEN [ARGS...]\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *sc = argv[1];
+    g_seeds = argv[2];
+    g_token = argv[3];
+    argc -= 4;
+    argv += 4;
+    if (strcmp(sc, "attempt") == 0) {
+        return scAttempt(argc, argv);
+    }
+    if (strcmp(sc, "ops") == 0) {
+        return scOps(argc, argv);
+    }
+    if (strcmp(sc, "async-stream") == 0) {
+        return scAsyncStream(argc, argv);
+    }
+    if (strcmp(sc, "async-ops") == 0) {
+        return scAsyncOps(argc, argv);
+    }
+    if (strcmp(sc, "loop") == 0) {
+        return scLoop(argc, argv);
+    }
+    if (strcmp(sc, "deadline") == 0) {
+        return scDeadline(argc, argv);
+    }
+    if (strcmp(sc, "async-many") == 0) {
+        return scAsyncMany(argc, argv);
+    }
+    if (strcmp(sc, "async-tls") == 0 && argc >= 4) {
+        /* async-tls PREFIX N DEADLINE CA [SERVER_NAME] */
+        g_tls_ca = argv[3];
+        g_tls_name = argc > 4 && argv[4][0] ? argv[4] : NULL;
+        return scAsyncMany(3, argv);
+    }
+    if (strcmp(sc, "async-close") == 0) {
+        return scAsyncClose(argc, argv);
+    }
+    if (strncmp(sc, "run-", 4) == 0) {
+        return scRun(sc, argc, argv);
+    }
+    if (strcmp(sc, "tls") == 0) {
+        return scTls(argc, argv);
+    }
+    fprintf(stderr, "client_driver: unknown scenario %s\n", sc);
+    return 2;
+}

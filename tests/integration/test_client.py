@@ -1,0 +1,594 @@
+"""Integration tests of libidem (client/) against real idemd clusters: the C scenarios of
+tests/client/client_driver.c (built as build/bin/client_driver) print one JSON line that
+these tests assert on; the install test builds examples/claim_run.c against an installed
+copy of the library with pkg-config; the TLS tests put Python's ssl module in front of the
+plain RPC listeners as a terminating relay.
+
+Run: IDEM_BIN_DIR=build/bin IDEM_BUILD_DIR=build python3 -m unittest -v test_client
+"""
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BIN, Cluster, free_port, wait_for  # noqa: E402
+
+DRIVER = os.path.join(BIN, "client_driver")
+BUILD = os.environ.get("IDEM_BUILD_DIR") or os.path.join(BIN, "..")
+SOURCE = os.environ.get("IDEM_SOURCE_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..")
+EUNAVAILABLE = -3
+ECLOSED = -9
+
+
+class ClientTest(unittest.TestCase):
+    cluster_opts = {}
+
+    def setUp(self):
+        self.c = Cluster(**self.cluster_opts)
+        try:
+            self.c.wait_leader(timeout=20)
+        except AssertionError:
+            print(self.c.logs())
+            self.c.close()
+            raise
+
+    def tearDown(self):
+        result = self._outcome.result
+        if any(t is self for t, _ in result.failures + result.errors):
+            print(self.c.logs())
+        self.c.close()
+
+    def seeds(self, ids=None):
+        """Every node's RPC address (dead ones too), or those of `ids`."""
+        return self.c.addrs(ids if ids is not None else sorted(self.c.nodes))
+
+    def follower_first(self):
+        """Seeds with a follower first, so that the first answer is a redirect."""
+        lid = self.c.leader()
+        ids = sorted(self.c.nodes, key=lambda i: i == lid)
+        return self.seeds(ids)
+
+    def drive(self, *args, seeds=None, token=None, timeout=180):
+        cmd = [DRIVER, args[0], seeds or self.seeds(), token or self.c.token] + \
+            [str(a) for a in args[1:]]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        self.assertEqual(p.returncode, 0, "driver %r: %s" % (args, p.stderr.decode()[-3000:]))
+        last = p.stdout.decode().strip().splitlines()[-1]
+        try:
+            return json.loads(last)
+        except ValueError:
+            raise AssertionError("driver printed %r (stderr %r)" % (last, p.stderr[-2000:]))
+
+
+class TestClientCalls(ClientTest):
+    def test_retry_with_the_same_attempt_id_gets_the_same_token(self):
+        out = self.drive("attempt", "attempt-1", seeds=self.follower_first())
+        self.assertEqual(out["first"], "acquired", out)
+        self.assertEqual(out["second"], "acquired", out)
+        self.assertEqual(out["first_token"], out["second_token"], out)
+        self.assertEqual(out["other_attempt"], "in_progress", out)
+        # The redirect was followed: the node that answered is the leader.
+        lid = self.c.leader()
+        self.assertEqual(out["leader"], self.c.nodes[lid].rpc, out)
+
+    def test_every_call_and_its_outcomes(self):
+        out = self.drive("ops", "ops-1", seeds=self.follower_first())
+        expect = {
+            "claim": "acquired", "renew": "ok", "renew_extends": True,
+            "renew_wrong_token": "lease_lost", "get_processing": "ok", "state": 1,
+            "get_token_matches": True, "get_fp_matches": True, "claim_mismatch": "mismatch",
+            "complete": "ok", "complete_again": "ok", "release_after_complete": "lease_lost",
+            "get_completed": "ok", "state2": 2, "stored_status": 201,
+            "stored_body": "order=7", "stored_headers": 2, "stored_h1": "location",
+            "claim_replay": "replay", "replay_body": "order=7",
+            "release_unknown_key": "not_found", "get_unknown_key": "not_found",
+            "claim_bad_key": "invalid", "claim_unauthenticated": "unauthenticated",
+        }
+        for k, v in expect.items():
+            self.assertEqual(out[k], v, "%s: %r" % (k, out))
+        self.assertNotIn("spaces", out["bad_key_detail"])  # the key is never echoed
+
+    def test_threads_share_one_client(self):
+        p = subprocess.Popen([DRIVER, "loop", self.follower_first(), self.c.token, "thr", "4"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            self._wait_progress(p, 80)
+            p.stdin.write(b"stop\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        res = json.loads(out.decode().strip().splitlines()[-1])
+        self.assert_loop_clean(res)
+
+    def _wait_progress(self, p, n):
+        return wait_progress(p, n)
+
+    def assert_loop_clean(self, res):
+        self.assertEqual(res["errors"], 0, res)
+        self.assertEqual(res["not_acquired"], 0, res)
+        self.assertEqual(res["token_changed"], 0, res)
+        self.assertEqual(res["second_acquired"], 0, res)
+        self.assertEqual(res["not_replay"], 0, res)
+        self.assertEqual(res["dup_tokens"], 0, res)
+        self.assertEqual(res["acquired"], res["keys_done"], res)
+
+
+def wait_progress(p, n, timeout=120):
+    """Reads the driver's "progress N" lines until N >= n; returns N."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError("driver ended early: %r" % p.stderr.read()[-2000:])
+        if line.startswith(b"progress "):
+            done = int(line.split()[1])
+            if done >= n:
+                return done
+    raise AssertionError("no progress to %d within %ds" % (n, timeout))
+
+
+class TestClientFailover(ClientTest):
+    """A loop of synchronous calls (4 threads, one client) while the leader changes: every
+    call succeeds after retrying, no key is acquired twice, retried claims keep their
+    token."""
+
+    def run_loop_through(self, change):
+        p = subprocess.Popen([DRIVER, "loop", self.seeds(), self.c.token, "fo", "4"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            before = wait_progress(p, 40)
+            change()
+            wait_progress(p, before + 80)
+            p.stdin.write(b"stop\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        res = json.loads(out.decode().strip().splitlines()[-1])
+        TestClientCalls.assert_loop_clean(self, res)
+        self.assertGreater(res["keys_done"], before, res)
+        # The calls followed the leader to its new node.
+        self.assertGreaterEqual(res["leaders_seen"], 2, res)
+        return res, err.decode()
+
+    def test_leader_killed_during_calls(self):
+        old = self.c.leader()
+
+        def change():
+            self.c.kill(old, 9)
+            self.c.wait_leader(timeout=30, exclude=old)
+        self.run_loop_through(change)
+
+    def test_leader_transferred_during_calls(self):
+        old = self.c.leader()
+
+        def change():
+            rc, out = self.c.ctl("transfer")
+            self.assertEqual(rc, 0, out)
+            self.c.wait_leader(timeout=30, exclude=old)
+        self.run_loop_through(change)
+
+    def test_deadline_without_quorum(self):
+        lid = self.c.leader()
+        followers = [i for i in self.c.nodes if i != lid]
+        for i in followers:
+            self.c.kill(i, 9)
+        out = self.drive("deadline", 1500)
+        self.assertEqual(out["rv"], EUNAVAILABLE, out)
+        self.assertGreaterEqual(out["elapsed_ms"], 1400, out)
+        self.assertLessEqual(out["elapsed_ms"], 1500 + 1500, out)
+        # And with every node gone (connections refused): the same error, same bound.
+        self.c.kill(lid, 9)
+        out = self.drive("deadline", 800)
+        self.assertEqual(out["rv"], EUNAVAILABLE, out)
+        self.assertGreaterEqual(out["elapsed_ms"], 750, out)
+        self.assertLessEqual(out["elapsed_ms"], 800 + 1500, out)
+
+
+class TestClientAsync(ClientTest):
+    def test_1000_pipelined_claims(self):
+        out = self.drive("async-many", "pipe", 1000, seeds=self.follower_first())
+        self.assertEqual(out["n"], 1000)
+        self.assertEqual(out["max_pending"], 1000, out)  # all in flight at once
+        self.assertEqual(out["exactly_once"], 1000, out)
+        self.assertEqual(out["acquired"], 1000, out)
+        self.assertEqual(out["dup_tokens"], 0, out)
+        self.assertEqual(out["close_calls"], 1, out)
+        self.assertEqual(out["loop_close"], 0, out)  # no handle left on the loop
+
+    def test_every_call_chained_from_callbacks(self):
+        out = self.drive("async-ops", "aops-1", seeds=self.follower_first())
+        self.assertEqual(out["log"], "acquired,ok,ok,ok,ok,lease_lost", out)
+        self.assertEqual(out["bad"], 0, out)
+        # The result moved out of a callback outlives it.
+        self.assertEqual((out["kept_state"], out["kept_completion"], out["kept_body"]),
+                         (2, 2, "async"), out)
+        self.assertEqual((out["close_calls"], out["loop_close"]), (1, 0), out)
+
+    def test_close_before_the_loop_runs(self):
+        out = self.drive("async-close", "now", "cl-now", 200)
+        self.assertEqual(out["exactly_once"], 200, out)
+        self.assertEqual(out["canceled"], 200, out)
+        self.assertEqual(out["after_close_rv"], ECLOSED, out)
+        self.assertEqual(out["close_calls"], 1, out)
+        self.assertEqual(out["loop_close"], 0, out)
+
+    def test_close_from_a_callback_with_requests_pending(self):
+        out = self.drive("async-close", "mid", "cl-mid", 1000)
+        self.assertEqual(out["exactly_once"], 1000, out)
+        self.assertGreaterEqual(out["acquired"], 1, out)
+        self.assertGreaterEqual(out["canceled"], 1, out)
+        self.assertEqual(out["acquired"] + out["canceled"], 1000, out)
+        self.assertEqual(out["after_close_rv"], ECLOSED, out)
+        self.assertEqual(out["close_calls"], 1, out)
+        self.assertEqual(out["loop_close"], 0, out)
+
+    def stream_through(self, change):
+        p = subprocess.Popen([DRIVER, "async-stream", self.seeds(), self.c.token, "st", "200"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            before = wait_progress(p, 500)
+            change()
+            wait_progress(p, before + 1000)
+            p.stdin.write(b"stop\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        res = json.loads(out.decode().strip().splitlines()[-1])
+        self.assertGreater(res["n"], before + 1000, res)
+        self.assertEqual(res["exactly_once"], res["n"], res)
+        self.assertEqual(res["acquired"], res["n"], res)
+        self.assertEqual(res["dup_tokens"], 0, res)
+        self.assertEqual(res["submit_failed"], 0, res)
+        self.assertEqual((res["close_calls"], res["loop_close"]), (1, 0), res)
+
+    def test_pipelined_claims_through_a_leader_kill(self):
+        old = self.c.leader()
+
+        def change():
+            self.c.kill(old, 9)
+            self.c.wait_leader(timeout=30, exclude=old)
+        self.stream_through(change)
+
+    def test_pipelined_claims_through_a_leader_transfer(self):
+        old = self.c.leader()
+
+        def change():
+            rc, out = self.c.ctl("transfer")
+            self.assertEqual(rc, 0, out)
+            self.c.wait_leader(timeout=30, exclude=old)
+        self.stream_through(change)
+
+    def test_dead_leader_first_in_the_seeds(self):
+        lid = self.c.leader()
+        ids = [lid] + [i for i in self.c.nodes if i != lid]
+        seeds = self.seeds(ids)
+        self.c.kill(lid, 9)
+        out = self.drive("async-many", "dead-leader", 300, 20000, seeds=seeds)
+        self.assertEqual(out["exactly_once"], 300, out)
+        self.assertEqual(out["acquired"], 300, out)
+        self.assertEqual(out["dup_tokens"], 0, out)
+        self.assertEqual(out["loop_close"], 0, out)
+
+    def test_deadline_and_close_without_a_cluster(self):
+        for i in list(self.c.nodes):
+            self.c.kill(i, 9)
+        out = self.drive("async-many", "none", 50, 600)
+        self.assertEqual(out["exactly_once"], 50, out)
+        self.assertEqual(out["unavailable"], 50, out)
+        self.assertGreaterEqual(out["elapsed_ms"], 550, out)
+        self.assertLessEqual(out["elapsed_ms"], 600 + 1500, out)
+        out = self.drive("async-close", "dead", "dead", 50)
+        self.assertEqual(out["exactly_once"], 50, out)
+        self.assertEqual(out["canceled"], 50, out)
+        self.assertEqual(out["loop_close"], 0, out)
+
+
+class TestClientRun(ClientTest):
+    def test_runs_once_then_replays(self):
+        out = self.drive("run-once", "run-1")
+        f, s = out["first"], out["second"]
+        self.assertEqual((f["rv"], f["outcome"], f["ran"], f["finish"]), (0, "acquired", 1, "ok"), out)
+        self.assertEqual(f["status"], 201)
+        self.assertTrue(f["body"].startswith("charged once, call 1"), out)
+        self.assertEqual((s["rv"], s["outcome"], s["ran"]), (0, "replay", 0), out)
+        self.assertEqual((s["status"], s["body"], s["headers"]), (201, f["body"], 1), out)
+        self.assertEqual(out["calls"], 1, out)
+
+    def test_retryable_is_released_and_runs_again(self):
+        out = self.drive("run-retryable", "run-2")
+        f, s = out["first"], out["second"]
+        self.assertEqual((f["outcome"], f["ran"], f["run_class"], f["finish"]),
+                         ("acquired", 1, 3, "ok"), out)
+        self.assertEqual((s["outcome"], s["ran"], s["run_class"], s["finish"]),
+                         ("acquired", 1, 1, "ok"), out)
+        self.assertGreater(s["token"], f["token"], out)
+        self.assertTrue(s["body"].startswith("charged once, call 2"), out)
+        self.assertEqual(out["calls"], 2, out)
+
+    def test_unknown_is_quarantined(self):
+        out = self.drive("run-unknown", "run-3")
+        f, s = out["first"], out["second"]
+        self.assertEqual((f["ran"], f["run_class"], f["finish"]), (1, 4, "ok"), out)
+        self.assertEqual((s["outcome"], s["ran"]), ("outcome_unknown", 0), out)
+        self.assertEqual(out["calls"], 1, out)
+
+    def test_slow_function_keeps_its_lease(self):
+        out = self.drive("run-slow", "run-4")
+        f, s = out["first"], out["second"]
+        self.assertEqual((f["outcome"], f["ran"], f["finish"]), ("acquired", 1, "ok"), out)
+        # Three leases later, another attempt still finds the key in progress...
+        self.assertEqual(out["concurrent"], "in_progress", out)
+        # ...where the same lease without renewals has lapsed.
+        self.assertEqual(out["control_first"], "acquired", out)
+        self.assertEqual(out["control_second"], "lease_expired", out)
+        self.assertEqual((s["outcome"], s["ran"]), ("replay", 0), out)
+        self.assertEqual(out["calls"], 1, out)
+
+
+class TestClientInstall(ClientTest):
+    """`cmake --install` to a temporary prefix; examples/claim_run.c built against the
+    installed copy with pkg-config (shared and static), run against the cluster."""
+
+    def setUp(self):
+        super().setUp()
+        self.prefix = tempfile.mkdtemp(prefix="idem-install-")
+
+    def tearDown(self):
+        shutil.rmtree(self.prefix, ignore_errors=True)
+        super().tearDown()
+
+    def test_install_and_build_the_example(self):
+        subprocess.run(["cmake", "--install", BUILD, "--prefix", self.prefix], check=True,
+                       stdout=subprocess.DEVNULL)
+        inc = os.path.join(self.prefix, "include")
+        self.assertEqual(sorted(os.listdir(inc)), ["idem.h"])
+        libdir = os.path.join(self.prefix, "lib")
+        libs = sorted(os.listdir(libdir))
+        self.assertIn("libidem.a", libs)
+        self.assertIn("libidem.so.0", libs)
+        self.assertIn("libidem.so", libs)
+        env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(libdir, "pkgconfig"))
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "idem"], env=env, check=True,
+                               stdout=subprocess.PIPE).stdout.decode().split()
+        self.assertIn(inc, [os.path.normpath(f[2:]) for f in flags if f.startswith("-I")])
+        self.assertIn("-lidem", flags)
+        extra = os.environ.get("IDEM_EXAMPLE_CFLAGS", "").split()
+        src = os.path.join(SOURCE, "examples", "claim_run.c")
+        shared = os.path.join(self.prefix, "claim_run")
+        subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror"] + extra +
+                       [src, "-o", shared] + flags, check=True)
+        # Static: libidem.a and the private dependencies pkg-config lists for it.
+        sflags = subprocess.run(["pkg-config", "--static", "--libs", "idem"], env=env,
+                                check=True, stdout=subprocess.PIPE).stdout.decode().split()
+        sflags = [f for f in sflags if f != "-lidem"]
+        static = os.path.join(self.prefix, "claim_run_static")
+        subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror"] + extra +
+                       [src, "-I" + inc, "-o", static, os.path.join(libdir, "libidem.a")] +
+                       sflags, check=True)
+        needed = subprocess.run(["readelf", "-d", static], stdout=subprocess.PIPE,
+                                check=True).stdout.decode()
+        self.assertNotIn("libidem", needed)
+        needed = subprocess.run(["readelf", "-d", shared], stdout=subprocess.PIPE,
+                                check=True).stdout.decode()
+        self.assertIn("libidem.so.0", needed)
+
+        run_env = dict(os.environ, LD_LIBRARY_PATH=libdir, IDEM_CLUSTER=self.seeds(),
+                       IDEM_TOKEN=self.c.token)
+
+        def run(prog, key, amount):
+            p = subprocess.run([prog, key, amount], env=run_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=60)
+            lines = dict(l.split(": ", 1) for l in p.stdout.decode().splitlines() if ": " in l)
+            return p.returncode, lines, p.stderr.decode()
+
+        rc, out, err = run(shared, "order-1", "10 EUR")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((out["outcome"], out["ran"], out["status"]), ("acquired", "yes", "201"))
+        self.assertIn("charging 10 EUR", err)
+        rc, again, err = run(static, "order-1", "10 EUR")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((again["outcome"], again["ran"]), ("replay", "no"))
+        self.assertEqual(again["body"], out["body"])
+        self.assertNotIn("charging", err)
+        rc, other, err = run(shared, "order-1", "99 EUR")
+        self.assertEqual(rc, 1, err)
+        self.assertEqual((other["outcome"], other["ran"]), ("mismatch", "no"))
+        # Usage errors and a bad seed list are reported, with exit 2.
+        p = subprocess.run([shared, "only-one-arg"], env=run_env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("usage", p.stderr.decode())
+        bad_env = dict(run_env, IDEM_CLUSTER="nowhere")
+        p = subprocess.run([shared, "k", "1"], env=bad_env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("missing :port", p.stderr.decode())
+
+
+# ---- TLS ------------------------------------------------------------------------------------
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+def make_pki(d):
+    """A CA, a server certificate for IP 127.0.0.1 and DNS idem.test, a client certificate,
+    and an unrelated CA."""
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca + ".key",
+                "-out", ca + ".pem", "-days", "2", "-subj", "/CN=" + ca, cwd=d)
+    with open(os.path.join(d, "san.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:idem.test\n")
+    for name, ext in (("server", ["-extfile", "san.ext"]), ("client", [])):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key", "-out",
+                name + ".csr", "-subj", "/CN=" + name, cwd=d)
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", name + ".pem", "-days", "2", *ext, cwd=d)
+
+
+class TlsRelay:
+    """Terminates TLS on 127.0.0.1:<free port> and relays the bytes to a plain address."""
+
+    def __init__(self, upstream, certfile, keyfile, cafile=None):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(certfile, keyfile)
+        if cafile:
+            self.ctx.verify_mode = ssl.CERT_REQUIRED
+            self.ctx.load_verify_locations(cafile)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.closed = False
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw):
+        try:
+            raw.settimeout(10)
+            tls = self.ctx.wrap_socket(raw, server_side=True)
+            tls.settimeout(None)
+            up = socket.create_connection(self.upstream, timeout=10)
+            up.settimeout(None)
+        except (OSError, ssl.SSLError):
+            raw.close()
+            return
+        self.conns += [tls, up]
+
+        def pump(src, dst):
+            try:
+                while True:
+                    data = src.recv(65536)
+                    if not data:
+                        break
+                    dst.sendall(data)
+            except (OSError, ssl.SSLError):
+                pass
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+        threading.Thread(target=pump, args=(tls, up), daemon=True).start()
+        threading.Thread(target=pump, args=(up, tls), daemon=True).start()
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+        for s in self.conns:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+class TestClientTls(ClientTest):
+    def setUp(self):
+        super().setUp()
+        self.pki = tempfile.mkdtemp(prefix="idem-pki-")
+        make_pki(self.pki)
+        self.relays = []
+
+    def tearDown(self):
+        for r in self.relays:
+            r.close()
+        shutil.rmtree(self.pki, ignore_errors=True)
+        super().tearDown()
+
+    def p(self, name):
+        return os.path.join(self.pki, name)
+
+    def relay_to_leader(self, client_ca=None):
+        lid = self.c.leader()
+        r = TlsRelay(self.c.nodes[lid].rpc, self.p("server.pem"), self.p("server.key"),
+                     client_ca)
+        self.relays.append(r)
+        return r.addr
+
+    def test_claim_over_tls(self):
+        addr = self.relay_to_leader()
+        out = self.drive("tls", "tls-1", self.p("ca.pem"), seeds=addr)
+        self.assertEqual((out["open"], out["rv"], out["outcome"]), (0, 0, "acquired"), out)
+        # The server name can be given instead of the address (idem.test is in the SAN).
+        out = self.drive("tls", "tls-2", self.p("ca.pem"), "idem.test", seeds=addr)
+        self.assertEqual((out["rv"], out["outcome"]), (0, "acquired"), out)
+
+    def test_untrusted_or_misnamed_server_is_refused(self):
+        addr = self.relay_to_leader()
+        out = self.drive("tls", "tls-3", self.p("other-ca.pem"), seeds=addr)
+        self.assertEqual(out["rv"], EUNAVAILABLE, out)
+        self.assertIn("certificate verification failed", out["errmsg"])
+        out = self.drive("tls", "tls-3", self.p("ca.pem"), "not-idem.test", seeds=addr)
+        self.assertEqual(out["rv"], EUNAVAILABLE, out)
+        self.assertIn("certificate verification failed", out["errmsg"])
+        # Nothing was claimed by the refused attempts.
+        rc, got = self.c.ctl("get", "tls-3")
+        self.assertEqual(got["outcome"], "not_found", got)
+
+    def test_client_certificate(self):
+        addr = self.relay_to_leader(client_ca=self.p("ca.pem"))
+        out = self.drive("tls", "tls-4", self.p("ca.pem"), "", seeds=addr)
+        self.assertEqual(out["rv"], EUNAVAILABLE, out)  # no client certificate: refused
+        out = self.drive("tls", "tls-4", self.p("ca.pem"), "", self.p("client.pem"),
+                         self.p("client.key"), seeds=addr)
+        self.assertEqual((out["rv"], out["outcome"]), (0, "acquired"), out)
+
+    def test_async_claims_over_tls(self):
+        addr = self.relay_to_leader()
+        out = self.drive("async-tls", "atls", 200, 10000, self.p("ca.pem"), seeds=addr)
+        self.assertEqual((out["exactly_once"], out["acquired"]), (200, 200), out)
+        self.assertEqual(out["loop_close"], 0, out)
+        # By name (resolved on the loop's thread pool), verified against idem.test.
+        named = addr.replace("127.0.0.1", "localhost")
+        out = self.drive("async-tls", "atls-n", 20, 10000, self.p("ca.pem"), "idem.test",
+                         seeds=named)
+        self.assertEqual((out["exactly_once"], out["acquired"]), (20, 20), out)
+        # An untrusted server: nothing is sent; every request runs into its deadline.
+        out = self.drive("async-tls", "atls-bad", 20, 800, self.p("other-ca.pem"), seeds=addr)
+        self.assertEqual((out["exactly_once"], out["unavailable"]), (20, 20), out)
+        rc, got = self.c.ctl("get", "atls-bad-0")
+        self.assertEqual(got["outcome"], "not_found", got)
+
+    def test_bad_tls_files(self):
+        out = self.drive("tls", "tls-5", self.p("missing.pem"), seeds="127.0.0.1:1")
+        self.assertEqual(out["open"], -8, out)  # IDEM_ETLS
+        self.assertIn("missing.pem", out["why"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,343 @@
+/* test_client: libidem's parts that need no cluster: names, argument checks, building
+ * requests from the typed API, results, and the deadline against an address where nothing
+ * listens (synchronous and asynchronous, including close with pending requests). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "internal.h"
+
+static uint64_t nowMs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_string_equal(idem_strerror(IDEM_OK), "ok");
+    assert_true(IDEM_EUNAVAILABLE < 0 && IDEM_ECANCELED < 0);
+    assert_string_equal(idem_strerror(IDEM_ECANCELED),
+                        "canceled: the client was closed before an answer");
+    assert_string_equal(idem_strerror(12345), "unknown error");
+    assert_string_equal(idem_outcome_name(IDEM_OUTCOME_ACQUIRED), "acquired");
+    assert_string_equal(idem_outcome_name(IDEM_OUTCOME_OUTCOME_UNKNOWN), "outcome_unknown");
+    assert_string_equal(idem_outcome_name(IDEM_OUTCOME_FORBIDDEN), "forbidden");
+    assert_string_equal(idem_outcome_name(0), "unspecified");
+    assert_string_equal(idem_outcome_name(17), "unrecognized");
+    assert_string_equal(idem_outcome_name(-1), "unrecognized");
+    /* The public enum mirrors the wire's numbers. */
+    assert_int_equal(IDEM_OUTCOME_FORBIDDEN, IDEM__OUTCOME__OUTCOME_FORBIDDEN);
+    assert_int_equal(IDEM_OUTCOME_LEASE_LOST, IDEM__OUTCOME__OUTCOME_LEASE_LOST);
+    assert_int_equal(IDEM_STATE_RELEASED, IDEM__RECORD_STATE__RECORD_STATE_RELEASED);
+    assert_int_equal(IDEM_COMPLETION_UNKNOWN, IDEM__COMPLETION__COMPLETION_UNKNOWN);
+    assert_int_equal(IDEM_POLICY_TAKEOVER, IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER);
+}
+
+static void test_fingerprint_and_attempt(void **state)
+{
+    (void)state;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    assert_int_equal(idem_fingerprint("abc", 3, fp), IDEM_OK);
+    static const uint8_t abc[4] = {0xba, 0x78, 0x16, 0xbf}; /* SHA-256("abc") */
+    assert_memory_equal(fp, abc, 4);
+    assert_int_equal(idem_fingerprint(NULL, 0, fp), IDEM_OK);
+    assert_int_equal(idem_fingerprint(NULL, 3, fp), IDEM_EINVAL);
+    char a[IDEM_ATTEMPT_ID_HEX + 1], b[IDEM_ATTEMPT_ID_HEX + 1];
+    assert_int_equal(idem_attempt_id_new(a), IDEM_OK);
+    assert_int_equal(idem_attempt_id_new(b), IDEM_OK);
+    assert_int_equal(strlen(a), IDEM_ATTEMPT_ID_HEX);
+    assert_string_not_equal(a, b);
+}
+
+static void test_open_checks(void **state)
+{
+    (void)state;
+    struct idem_client *c = (struct idem_client *)1;
+    char why[256];
+    struct idem_options o = {.seeds = "localhost"};
+    assert_int_equal(idem_client_open(&o, &c, why, sizeof why), IDEM_EINVAL);
+    assert_null(c);
+    assert_non_null(strstr(why, "missing :port"));
+    o.seeds = "127.0.0.1:1";
+    o.tls_cert_file = "/nonexistent/cert.pem";
+    assert_int_equal(idem_client_open(&o, &c, why, sizeof why), IDEM_EINVAL);
+    assert_non_null(strstr(why, "both cert and key"));
+    o.tls_key_file = "/nonexistent/key.pem";
+    assert_int_equal(idem_client_open(&o, &c, why, sizeof why), IDEM_ETLS);
+    assert_non_null(strstr(why, "/nonexistent/cert.pem"));
+    o.tls_cert_file = o.tls_key_file = NULL;
+    o.tls_ca_file = "/nonexistent/ca.pem";
+    assert_int_equal(idem_client_open(&o, &c, why, sizeof why), IDEM_ETLS);
+    assert_null(c);
+    assert_int_equal(idem_client_open(NULL, &c, why, sizeof why), IDEM_EINVAL);
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_async *a = (struct idem_async *)1;
+    o = (struct idem_options){.seeds = "127.0.0.1:7001,nope"};
+    assert_int_equal(idem_async_open(&loop, &o, &a, why, sizeof why), IDEM_EINVAL);
+    assert_null(a);
+    assert_non_null(strstr(why, "missing :port"));
+    o = (struct idem_options){.seeds = "127.0.0.1:7001", .tls_ca_file = "/nonexistent/ca"};
+    assert_int_equal(idem_async_open(&loop, &o, &a, why, sizeof why), IDEM_ETLS);
+    assert_null(a);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+static void test_build_requests(void **state)
+{
+    (void)state;
+    char why[256];
+    struct idem_built b;
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {1};
+    struct idem_op op = {.kind = IDEM_OP_CLAIM, .key = "k-1", .fingerprint = fp,
+                         .attempt_id = "a1", .lease_ms = 5, .policy = IDEM_POLICY_TAKEOVER};
+    assert_int_equal(IdemOpBuild(&op, &b, why, sizeof why), IDEM_OK);
+    assert_int_equal(b.req.op_case, IDEM__REQUEST__OP_CLAIM);
+    assert_int_equal(b.req.claim->key.len, 3);
+    assert_int_equal(b.req.claim->fingerprint.len, 32);
+    assert_int_equal(b.req.claim->attempt_id.len, 2);
+    assert_int_equal(b.req.claim->policy, IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER);
+    IdemBuiltFree(&b);
+
+    op.key = "";
+    assert_int_equal(IdemOpBuild(&op, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+    op.key = "k";
+    op.fingerprint = NULL;
+    assert_int_equal(IdemOpBuild(&op, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+    op.fingerprint = fp;
+    op.policy = 7;
+    assert_int_equal(IdemOpBuild(&op, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+    op.policy = 0;
+    op.attempt_id = "0123456789012345678901234567890123456789012345678901234567890123456789";
+    assert_int_equal(IdemOpBuild(&op, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+
+    struct idem_header h[2] = {{.name = "content-type", .value = (const uint8_t *)"a/b",
+                                .value_len = 3},
+                               {.name = "x", .value = NULL, .value_len = 0}};
+    struct idem_response resp = {.status = 201, .headers = h, .n_headers = 2,
+                                 .body = (const uint8_t *)"{}", .body_len = 2};
+    struct idem_op cop = {.kind = IDEM_OP_COMPLETE, .key = "k", .token = 9,
+                          .completion = IDEM_COMPLETION_FAILED_FINAL, .response = &resp};
+    assert_int_equal(IdemOpBuild(&cop, &b, why, sizeof why), IDEM_OK);
+    assert_int_equal(b.req.complete->response->n_headers, 2);
+    assert_string_equal(b.req.complete->response->headers[0]->name, "content-type");
+    assert_int_equal(b.req.complete->outcome, IDEM__COMPLETION__COMPLETION_FAILED_FINAL);
+    IdemBuiltFree(&b);
+    cop.completion = 0;
+    assert_int_equal(IdemOpBuild(&cop, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+    cop.completion = IDEM_COMPLETION_SUCCEEDED;
+    h[1].name = NULL;
+    assert_int_equal(IdemOpBuild(&cop, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+    cop.response = NULL;
+    assert_int_equal(IdemOpBuild(&cop, &b, why, sizeof why), IDEM_EINVAL);
+    IdemBuiltFree(&b);
+}
+
+/* A Response as the server would send it, through pack/unpack, into a result. */
+static void test_result_fill(void **state)
+{
+    (void)state;
+    Idem__Header h = IDEM__HEADER__INIT;
+    h.name = "content-type";
+    h.value.data = (uint8_t *)"text/plain";
+    h.value.len = 10;
+    Idem__Header *hp = &h;
+    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
+    sr.status = 201;
+    sr.n_headers = 1;
+    sr.headers = &hp;
+    sr.body.data = (uint8_t *)"hello";
+    sr.body.len = 5;
+    Idem__Result res = IDEM__RESULT__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_REPLAY;
+    res.response = &sr;
+    res.expires_at_ms = 77;
+    Idem__Response m = IDEM__RESPONSE__INIT;
+    m.request_id = 3;
+    m.result = &res;
+    uint8_t buf[512];
+    size_t n = idem__response__pack(&m, buf);
+    Idem__Response *u = idem__response__unpack(NULL, n, buf);
+    assert_non_null(u);
+    struct idem_result r;
+    assert_int_equal(IdemResultFill(&r, u), IDEM_OK);
+    assert_int_equal(r.outcome, IDEM_OUTCOME_REPLAY);
+    assert_int_equal(r.has_response, 1);
+    assert_int_equal(r.response.status, 201);
+    assert_int_equal(r.response.body_len, 5);
+    assert_memory_equal(r.response.body, "hello", 5);
+    assert_int_equal(r.response.n_headers, 1);
+    assert_string_equal(r.response.headers[0].name, "content-type");
+    assert_int_equal(r.expires_at_ms, 77);
+    struct idem_result moved;
+    idem_result_move(&moved, &r);
+    assert_null(r.priv_);
+    idem_result_free(&r); /* zeroed: a no-op */
+    /* idem_run's copy of a business response replaces the stored one. */
+    struct idem_response mine = {.status = 500, .body = (const uint8_t *)"x", .body_len = 1,
+                                 .body_ref = "s3://b/k"};
+    assert_int_equal(IdemResultCopyResponse(&moved, &mine), IDEM_OK);
+    assert_int_equal(moved.response.status, 500);
+    assert_string_equal(moved.response.body_ref, "s3://b/k");
+    assert_ptr_not_equal(moved.response.body, mine.body);
+    idem_result_free(&moved);
+    idem_result_free(&moved);
+    idem_result_free(NULL);
+
+    /* get: the record carries its response packed. */
+    uint8_t packed[256];
+    size_t pn = idem__stored_response__pack(&sr, packed);
+    Idem__Record rec = IDEM__RECORD__INIT;
+    rec.state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
+    rec.token = 42;
+    rec.response.data = packed;
+    rec.response.len = pn;
+    uint8_t fpb[32] = {9};
+    rec.fingerprint.data = fpb;
+    rec.fingerprint.len = 32;
+    Idem__Result gres = IDEM__RESULT__INIT;
+    gres.outcome = IDEM__OUTCOME__OUTCOME_OK;
+    gres.record = &rec;
+    m.result = &gres;
+    n = idem__response__pack(&m, buf);
+    u = idem__response__unpack(NULL, n, buf);
+    assert_non_null(u);
+    assert_int_equal(IdemResultFill(&r, u), IDEM_OK);
+    assert_int_equal(r.has_record, 1);
+    assert_int_equal(r.record.state, IDEM_STATE_COMPLETED);
+    assert_int_equal(r.record.token, 42);
+    assert_int_equal(r.record.fingerprint_len, 32);
+    assert_int_equal(r.record.fingerprint[0], 9);
+    assert_int_equal(r.has_response, 1);
+    assert_memory_equal(r.response.body, "hello", 5);
+    idem_result_free(&r);
+}
+
+/* Nothing listens on 127.0.0.1:1 (refused at once): the call retries until its deadline,
+ * then answers IDEM_EUNAVAILABLE, with the reason. */
+static void test_sync_deadline(void **state)
+{
+    (void)state;
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new("127.0.0.1:1", "t", &c), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_claim_opts o = {.deadline_ms = 300};
+    struct idem_result r;
+    uint64_t t0 = nowMs();
+    assert_int_equal(idem_claim(c, "k", fp, &o, &r), IDEM_EUNAVAILABLE);
+    uint64_t took = nowMs() - t0;
+    assert_true(took >= 290);
+    assert_true(took < 300 + 2000);
+    assert_non_null(strstr(r.detail, "no leader answered within 300 ms"));
+    assert_non_null(strstr(r.detail, "Connection refused"));
+    assert_null(r.priv_);
+    idem_result_free(&r);
+    assert_int_equal(idem_claim(c, NULL, fp, &o, &r), IDEM_EINVAL);
+    assert_int_equal(idem_complete(c, "k", 1, IDEM_COMPLETION_SUCCEEDED, NULL, 100, &r),
+                     IDEM_EINVAL);
+    assert_int_equal(idem_claim(NULL, "k", fp, &o, &r), IDEM_EINVAL);
+    assert_int_equal(idem_run(c, "k", fp, &o, NULL, NULL, &r), IDEM_EINVAL);
+    idem_client_close(c);
+}
+
+struct slot {
+    int calls;
+    int status;
+};
+
+struct counts {
+    struct slot s[8];
+    int closed;
+};
+
+static void countCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    (void)res;
+    struct slot *slot = data;
+    slot->calls++;
+    slot->status = status;
+}
+
+static void closedCb(struct idem_async *a, void *data)
+{
+    (void)a;
+    ((struct counts *)data)->closed++;
+}
+
+static void test_async_deadline_and_close(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    /* "localhost" goes through uv_getaddrinfo; port 1 refuses. */
+    struct idem_options o = {.seeds = "localhost:1,127.0.0.1:1", .token = "t",
+                             .default_deadline_ms = 200};
+    struct idem_async *a = NULL;
+    char why[128];
+    assert_int_equal(idem_async_open(&loop, &o, &a, why, sizeof why), IDEM_OK);
+    struct counts k;
+    memset(&k, 0, sizeof k);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(idem_async_claim(a, "k", fp, NULL, countCb, &k.s[i]), IDEM_OK);
+    }
+    assert_int_equal(idem_async_claim(a, "", fp, NULL, countCb, &k.s[7]), IDEM_EINVAL);
+    assert_int_equal(idem_async_pending(a), 4);
+    uint64_t t0 = nowMs();
+    while (idem_async_pending(a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uint64_t took = nowMs() - t0;
+    assert_true(took >= 190 && took < 200 + 2000);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(k.s[i].calls, 1);
+        assert_int_equal(k.s[i].status, IDEM_EUNAVAILABLE);
+    }
+    /* Two more, then close before any answer: each called back once, canceled. */
+    assert_int_equal(idem_async_claim(a, "k", fp, NULL, countCb, &k.s[4]), IDEM_OK);
+    assert_int_equal(idem_async_get(a, "k", 0, countCb, &k.s[5]), IDEM_OK);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    idem_async_close(a, closedCb, &k);
+    assert_int_equal(k.s[4].calls, 1);
+    assert_int_equal(k.s[4].status, IDEM_ECANCELED);
+    assert_int_equal(k.s[5].calls, 1);
+    assert_int_equal(k.s[5].status, IDEM_ECANCELED);
+    assert_int_equal(idem_async_claim(a, "k", fp, NULL, countCb, &k.s[6]), IDEM_ECLOSED);
+    assert_int_equal(k.closed, 0);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(k.closed, 1);
+    assert_int_equal(k.s[6].calls, 0);
+    assert_int_equal(k.s[7].calls, 0);
+    assert_int_equal(uv_loop_close(&loop), 0); /* no handle left open */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_fingerprint_and_attempt),
+        cmocka_unit_test(test_open_checks),
+        cmocka_unit_test(test_build_requests),
+        cmocka_unit_test(test_result_fill),
+        cmocka_unit_test(test_sync_deadline),
+        cmocka_unit_test(test_async_deadline_and_close),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
