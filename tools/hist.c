@@ -78,11 +78,16 @@ uint64_t hist_percentile(const struct hist *h, double p)
     if (h->total == 0) {
         return 0;
     }
-    double want = p / 100.0 * (double)h->total;
-    uint64_t rank = (uint64_t)want;
-    if ((double)rank < want) {
-        rank++;
+    /* rank = ceil(p% of total) in integers: p in millionths of the whole, so that 99.9 of
+     * 1000 samples is rank 999 and not 1000 (99.9 / 100 * 1000 is 999.0000000000001). */
+    if (p < 0) {
+        p = 0;
     }
+    if (p > 100) {
+        p = 100;
+    }
+    uint64_t ppm = (uint64_t)(p * 10000.0 + 0.5);
+    uint64_t rank = (ppm * h->total + 999999u) / 1000000u;
     if (rank == 0) {
         rank = 1;
     }

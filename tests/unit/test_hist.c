@@ -55,6 +55,28 @@ static void test_exact_small(void **state)
     assert_true(hist_mean(&h) > 50.49 && hist_mean(&h) < 50.51);
 }
 
+/* p99.9 of exactly 1000 (10^4, 10^5) samples is the 999th (9990th, ...) value, not the
+ * maximum: the rank is computed without floating-point rounding up (99.9 / 100 * 1000 is
+ * 999.0000000000001 in doubles). */
+static void test_rank_of_round_totals(void **state)
+{
+    (void)state;
+    for (uint64_t total = 1000; total <= 100000; total *= 10) {
+        struct hist h;
+        hist_init(&h);
+        uint64_t slow = total / 1000;
+        for (uint64_t i = 0; i < total - slow; i++) {
+            hist_record(&h, 10);
+        }
+        for (uint64_t i = 0; i < slow; i++) {
+            hist_record(&h, 100);
+        }
+        assert_int_equal(hist_percentile(&h, 99.9), 10);
+        assert_int_equal(hist_percentile(&h, 99.95), 100);
+        assert_int_equal(hist_percentile(&h, 100), 100);
+    }
+}
+
 /* The reported value v for a true percentile t obeys t <= v <= t + t/64. */
 static void assertNear(uint64_t got, uint64_t truth)
 {
@@ -199,6 +221,7 @@ int main(void)
         cmocka_unit_test(test_uniform),        cmocka_unit_test(test_bimodal),
         cmocka_unit_test(test_against_sorted), cmocka_unit_test(test_empty_and_clamp),
         cmocka_unit_test(test_ascii),
+        cmocka_unit_test(test_rank_of_round_totals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
