@@ -144,9 +144,19 @@ static void callFinish(struct fwdCall *c, const Idem__Response *resp, const char
     c->cb(c->data, resp, err);
 }
 
+static void connFail(struct fwdConn *k, const char *why);
+
+/* A call's deadline passed. When it was the last call waiting on a connection that never
+ * opened (a connect or TLS handshake that hangs), that connection is dropped too, so that
+ * the next call starts a fresh one instead of queueing behind it. */
 static void callDeadlineCb(uv_timer_t *t)
 {
-    callFinish(t->data, NULL, "deadline passed");
+    struct fwdCall *c = t->data;
+    struct fwdConn *k = c->conn;
+    callFinish(c, NULL, "deadline passed");
+    if (k != NULL && !k->open && !k->closing && k->calls == NULL) {
+        connFail(k, "deadline passed");
+    }
 }
 
 /* ---- connections ----------------------------------------------------------------------- */

@@ -463,6 +463,13 @@ class TlsForwardTest(unittest.TestCase):
                 return r
             time.sleep(0.2)
 
+    def driver(self, scenario, seeds, *args):
+        p = subprocess.run([os.path.join(BIN, "client_driver"), scenario, seeds, self.c.token]
+                           + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=120, env=_env_without_tls())
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace")[-2000:])
+        return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
     def bench(self, *args, tls=None):
         cmd = [IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token, "--json"]
         cmd += self.c.tls_args() if tls is None else tls
@@ -567,6 +574,32 @@ class TlsForwardCases:
         self.assertIn("/nonexistent/ca.crt", err)
         p = self.bench("--workload", "fresh", "--requests", 5, tls=["--tls-ca", "/nonexistent/ca.crt"])
         self.assertEqual(p.returncode, 2, p.stderr)
+
+    def test_libidem_against_tls_nodes(self):
+        """libidem's synchronous client (tests/client/client_driver.c, scenario tls) and, where
+        no client certificate is needed, its asynchronous one (async-tls) against the real TLS
+        listeners. A follower comes first in the seeds: its not_leader redirect is followed
+        to the leader over TLS too."""
+        lid = self.c.wait_leader(timeout=30)
+        seeds = ",".join(self.c.nodes[n].rpc for n in self.follower_ids() + [lid])
+        ca = os.path.join(self.c.pki, "ca.crt")
+        args = [ca, ""]
+        if self.mutual:
+            args += [os.path.join(self.c.pki, "client.crt"), os.path.join(self.c.pki, "client.key")]
+        key = self.key("tls-lib")
+        out = self.driver("tls", seeds, key, *args)
+        self.assertEqual((out["open"], out["rv"], out["outcome"]), (0, 0, "acquired"), out)
+        self.assertGreater(out["token"], 0, out)
+        # The same key again: the lease is held (in_progress), proving the first claim stuck.
+        out = self.driver("tls", seeds, key, *args)
+        self.assertEqual((out["rv"], out["outcome"]), (0, "in_progress"), out)
+        out = self.driver("tls", seeds, key, os.path.join(self.c.pki, "other-ca.crt"), "", *args[2:])
+        self.assertEqual(out["rv"], -3, out)  # IDEM_EUNAVAILABLE
+        self.assertIn("certificate verification failed", out["errmsg"])
+        if not self.mutual:
+            out = self.driver("async-tls", seeds, self.key("tls-async"), 50, 10000, ca)
+            self.assertEqual((out["exactly_once"], out["acquired"]), (50, 50), out)
+            self.assertEqual(out["loop_close"], 0, out)
 
     def test_zz_clean_shutdown(self):
         """Runs last (name order): every node ends with status 0 on SIGTERM, followers first
