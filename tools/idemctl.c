@@ -778,6 +778,11 @@ static int failCall(const struct global *g, int rv, const char *msg)
                         "signed the nodes' certificates), --tls-server-name, and --tls-cert/"
                         "--tls-key where the nodes require client certificates\n");
     }
+    if (rv == IDEM_EUNAVAILABLE && !cli_tls_wanted(&g->tls) &&
+        strstr(msg, "closed by the node") != NULL) {
+        fprintf(stderr, "idemctl: a node closed the connection: if the nodes serve the RPC "
+                        "over TLS (tls.rpc: true), pass --tls-ca\n");
+    }
     int code = EXIT_INTERNAL;
     if (rv == IDEM_EUNAVAILABLE || rv == IDEM_EPROTO) {
         code = EXIT_UNAVAILABLE;

@@ -568,6 +568,7 @@ class TlsForwardCases:
         # Plain TCP against a TLS listener: unavailable too.
         rc, out, err = self.c.run_ctl("--deadline", 1500, "get", "k", tls=[])
         self.assertEqual(rc, 3, err)
+        self.assertIn("pass --tls-ca", err)
         # A CA file that does not exist is a configuration error.
         rc, out, err = self.c.run_ctl("get", "k", tls=["--tls-ca", "/nonexistent/ca.crt"])
         self.assertEqual(rc, 2, err)
