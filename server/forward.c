@@ -12,7 +12,17 @@
  * connection is dropped (the next call opens a new one). The deadline passes: the call
  * fails; a late answer for its id is ignored. NOT_LEADER naming another address: the call
  * moves to that address once. forwarder_close: every call fails, every connection closes.
- * Nothing from a request or answer is logged. */
+ * Nothing from a request or answer is logged.
+ *
+ * TLS (a forwarder made with a tls_ctx): each connection has a tls_conn (tls.h) between the
+ * socket and the frame buffer, checking that the leader's certificate names the IP address
+ * it is reached at. Once TCP is connected the client's handshake starts; frames are
+ * written only once it has finished (calls made before then wait on the connection, as
+ * while connecting). Reads land in a ciphertext buffer, are fed to the engine and
+ * decrypted into the frame buffer; every frame written is encrypted and the engine's
+ * output written as one write. A handshake or verification failure fails the connection's
+ * calls like any connection failure, and is logged with OpenSSL's reason (never peer
+ * bytes). Closing sends close_notify when the socket can take it at once. */
 #include "forward.h"
 
 #include <stdbool.h>
@@ -21,7 +31,11 @@
 #include <string.h>
 
 #include "config.h"
+#include "log.h"
+#include "tls.h"
 #include "xmalloc.h"
+
+#define FWD_TLS_READ 65536 /* ciphertext read buffer of a TLS connection */
 
 struct fwdCall;
 
@@ -30,10 +44,13 @@ struct fwdConn {
     char addr[CONFIG_ADDR_MAX + 1];
     uv_tcp_t tcp;
     uv_connect_t connect;
-    bool open;    /* connected; frames may be written */
+    bool open;    /* connected (and with TLS, handshake done); frames may be written */
     bool closing; /* the handle is closing; freed in its close callback */
     uint8_t *buf;
     size_t len, cap;
+    struct tls_conn *tls;  /* NULL without TLS */
+    uint8_t *cipher;       /* TLS only: FWD_TLS_READ bytes that reads land in */
+    bool tls_failed;       /* TLS only: the stream is broken, no close_notify */
     struct fwdCall *calls; /* calls waiting for an answer on this connection */
     struct fwdConn *prev, *next;
 };
@@ -57,6 +74,7 @@ struct fwdCall {
 struct forwarder {
     uv_loop_t *loop;
     uint32_t max_frame;
+    struct tls_ctx *tls; /* owned; NULL: plain TCP */
     uint64_t next_id;
     struct fwdConn *conns;
     size_t n_calls; /* calls not yet freed (their timers close asynchronously) */
@@ -75,6 +93,7 @@ static void forwarderMaybeFree(struct forwarder *f)
     if (f->closing && f->conns == NULL && f->n_calls == 0) {
         void (*cb)(void *) = f->close_cb;
         void *data = f->close_data;
+        tls_ctx_free(f->tls);
         free(f);
         if (cb) {
             cb(data);
@@ -125,9 +144,19 @@ static void callFinish(struct fwdCall *c, const Idem__Response *resp, const char
     c->cb(c->data, resp, err);
 }
 
+static void connFail(struct fwdConn *k, const char *why);
+
+/* A call's deadline passed. When it was the last call waiting on a connection that never
+ * opened (a connect or TLS handshake that hangs), that connection is dropped too, so that
+ * the next call starts a fresh one instead of queueing behind it. */
 static void callDeadlineCb(uv_timer_t *t)
 {
-    callFinish(t->data, NULL, "deadline passed");
+    struct fwdCall *c = t->data;
+    struct fwdConn *k = c->conn;
+    callFinish(c, NULL, "deadline passed");
+    if (k != NULL && !k->open && !k->closing && k->calls == NULL) {
+        connFail(k, "deadline passed");
+    }
 }
 
 /* ---- connections ----------------------------------------------------------------------- */
@@ -144,9 +173,27 @@ static void connClosedCb(uv_handle_t *h)
     if (k->next) {
         k->next->prev = k->prev;
     }
+    tls_conn_free(k->tls);
+    free(k->cipher);
     free(k->buf);
     free(k);
     forwarderMaybeFree(f);
+}
+
+/* TLS: before closing, writes a close_notify if the socket takes it at once (a best
+ * effort: the peer treats a plain EOF the same way). */
+static void connTlsGoodbye(struct fwdConn *k)
+{
+    if (k->tls == NULL || k->tls_failed || !tls_conn_established(k->tls) ||
+        tls_conn_shutdown(k->tls) != 0) {
+        return;
+    }
+    uint8_t out[512];
+    size_t n = tls_conn_take(k->tls, out, sizeof out);
+    if (n > 0) {
+        uv_buf_t b = uv_buf_init((char *)out, (unsigned)n);
+        (void)uv_try_write((uv_stream_t *)&k->tcp, &b, 1);
+    }
 }
 
 /* Fails every call on the connection and closes it. */
@@ -155,12 +202,26 @@ static void connFail(struct fwdConn *k, const char *why)
     if (k->closing) {
         return;
     }
+    bool was_open = k->open;
     k->closing = true;
     k->open = false;
     while (k->calls != NULL) {
         callFinish(k->calls, NULL, why);
     }
+    if (was_open) {
+        connTlsGoodbye(k);
+    }
     uv_close((uv_handle_t *)&k->tcp, connClosedCb);
+}
+
+/* A TLS failure on k: logged with OpenSSL's reason and the leader's address, then every
+ * call on k fails with `why` (static). */
+static void connTlsFail(struct fwdConn *k, const char *what, const char *why)
+{
+    log_warn("forward: TLS connection to %s failed: %s: %s", k->addr, what,
+             tls_conn_errmsg(k->tls));
+    k->tls_failed = true;
+    connFail(k, why);
 }
 
 static void writeCb(uv_write_t *req, int status)
@@ -170,6 +231,30 @@ static void writeCb(uv_write_t *req, int status)
     if (status != 0 && status != UV_ECANCELED) {
         connFail(k, "connection to the leader failed");
     }
+}
+
+/* Writes the n bytes at w->data; w is consumed. */
+static void connWrite(struct fwdConn *k, struct fwdWrite *w, size_t n)
+{
+    w->req.data = k;
+    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
+    if (uv_write(&w->req, (uv_stream_t *)&k->tcp, &b, 1, writeCb) != 0) {
+        free(w);
+        connFail(k, "connection to the leader failed");
+    }
+}
+
+/* TLS: writes every byte the engine has for the network (handshake messages, records,
+ * alerts) as one write. */
+static void connTlsFlush(struct fwdConn *k)
+{
+    size_t n = tls_conn_pending(k->tls);
+    if (n == 0 || k->closing) {
+        return;
+    }
+    struct fwdWrite *w = xmalloc(sizeof(*w) + n);
+    size_t got = tls_conn_take(k->tls, w->data, n);
+    connWrite(k, w, got);
 }
 
 /* Writes the call's frame: length, field 1 (request id), then the packed body. */
@@ -194,21 +279,26 @@ static void connSend(struct fwdConn *k, struct fwdCall *c)
     if (c->body_len > 0) {
         memcpy(w->data + 4 + n, c->body, c->body_len);
     }
-    w->req.data = k;
-    uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)(4 + len));
     c->written = true;
-    if (uv_write(&w->req, (uv_stream_t *)&k->tcp, &b, 1, writeCb) != 0) {
+    if (k->tls != NULL) {
+        int rv = tls_conn_write(k->tls, w->data, 4 + len);
         free(w);
-        connFail(k, "connection to the leader failed");
+        if (rv != 0) {
+            connTlsFail(k, "write", "TLS connection to the leader failed");
+            return;
+        }
+        connTlsFlush(k);
+        return;
     }
+    connWrite(k, w, 4 + len);
 }
 
 static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n);
 
-static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* Makes room for at least 16 KiB more in the frame buffer, up to one largest frame plus
+ * slack. */
+static void connGrow(struct fwdConn *k)
 {
-    struct fwdConn *k = h->data;
-    (void)suggested;
     if (k->cap - k->len < 16384) {
         size_t want = k->cap ? k->cap * 2 : 65536;
         size_t limit = (size_t)k->f->max_frame + 4 + 65536;
@@ -220,19 +310,26 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
             k->cap = want;
         }
     }
+}
+
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct fwdConn *k = h->data;
+    (void)suggested;
+    if (k->tls != NULL) {
+        if (k->cipher == NULL) {
+            k->cipher = xmalloc(FWD_TLS_READ);
+        }
+        *buf = uv_buf_init((char *)k->cipher, FWD_TLS_READ);
+        return;
+    }
+    connGrow(k);
     *buf = uv_buf_init((char *)k->buf + k->len, (unsigned)(k->cap - k->len));
 }
 
-static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+/* Delivers every whole frame in the frame buffer and keeps the rest. */
+static void connFrames(struct fwdConn *k)
 {
-    struct fwdConn *k = s->data;
-    (void)buf;
-    if (nread < 0) {
-        connFail(k, nread == UV_EOF ? "the leader closed the connection"
-                                    : "connection to the leader failed");
-        return;
-    }
-    k->len += (size_t)nread;
     size_t off = 0;
     while (!k->closing && k->len - off >= 4) {
         const uint8_t *p = k->buf + off;
@@ -256,6 +353,74 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
 }
 
+static void connSendQueued(struct fwdConn *k)
+{
+    for (struct fwdCall *c = k->calls; c != NULL && !k->closing;) {
+        struct fwdCall *next = c->next;
+        if (!c->written) {
+            connSend(k, c);
+        }
+        c = next;
+    }
+}
+
+/* TLS: feeds n ciphertext bytes, finishes the handshake (then sends the queued calls),
+ * and decrypts everything available into the frame buffer. */
+static void connTlsRead(struct fwdConn *k, const uint8_t *data, size_t n)
+{
+    tls_conn_feed(k->tls, data, n);
+    if (!k->open) {
+        int rv = tls_conn_handshake(k->tls);
+        connTlsFlush(k);
+        if (rv == TLS_ERROR) {
+            connTlsFail(k, "handshake", "TLS handshake with the leader failed");
+            return;
+        }
+        if (rv != 0 || k->closing) {
+            return;
+        }
+        k->open = true;
+        connSendQueued(k);
+    }
+    while (!k->closing) {
+        connGrow(k);
+        int got = tls_conn_read(k->tls, k->buf + k->len, k->cap - k->len);
+        if (got > 0) {
+            k->len += (size_t)got;
+            connFrames(k);
+            continue;
+        }
+        connTlsFlush(k); /* an alert, if the engine made one */
+        if (got == TLS_CLOSED) {
+            connFail(k, "the leader closed the connection");
+        } else if (got == TLS_ERROR) {
+            connTlsFail(k, "read", "TLS connection to the leader failed");
+        }
+        return;
+    }
+}
+
+static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct fwdConn *k = s->data;
+    if (nread < 0) {
+        if (k->tls != NULL && !k->open) {
+            log_warn("forward: TLS connection to %s closed during the handshake", k->addr);
+        }
+        connFail(k, nread == UV_EOF ? "the leader closed the connection"
+                                    : "connection to the leader failed");
+        return;
+    }
+    if (k->tls != NULL) {
+        if (nread > 0) {
+            connTlsRead(k, (const uint8_t *)buf->base, (size_t)nread);
+        }
+        return;
+    }
+    k->len += (size_t)nread;
+    connFrames(k);
+}
+
 static void connectCb(uv_connect_t *req, int status)
 {
     struct fwdConn *k = req->data;
@@ -266,19 +431,22 @@ static void connectCb(uv_connect_t *req, int status)
         connFail(k, "cannot connect to the leader");
         return;
     }
-    k->open = true;
     uv_tcp_nodelay(&k->tcp, 1);
     if (uv_read_start((uv_stream_t *)&k->tcp, allocCb, readCb) != 0) {
         connFail(k, "cannot read from the leader");
         return;
     }
-    for (struct fwdCall *c = k->calls; c != NULL && !k->closing;) {
-        struct fwdCall *next = c->next;
-        if (!c->written) {
-            connSend(k, c);
+    if (k->tls != NULL) {
+        /* The ClientHello; the calls wait for the handshake (connTlsRead). */
+        if (tls_conn_handshake(k->tls) == TLS_ERROR) {
+            connTlsFail(k, "handshake", "TLS handshake with the leader failed");
+            return;
         }
-        c = next;
+        connTlsFlush(k);
+        return;
     }
+    k->open = true;
+    connSendQueued(k);
 }
 
 /* The open (or opening) connection to addr, created when there is none. NULL when addr is
@@ -310,6 +478,10 @@ static struct fwdConn *connFor(struct forwarder *f, const char *addr, const char
     struct fwdConn *k = xcalloc(1, sizeof(*k));
     k->f = f;
     snprintf(k->addr, sizeof(k->addr), "%s", addr);
+    if (f->tls != NULL) {
+        /* The leader's certificate must carry the address it is reached at. */
+        k->tls = tls_conn_new(f->tls, host);
+    }
     uv_tcp_init(f->loop, &k->tcp);
     k->tcp.data = k;
     k->connect.data = k;
@@ -386,11 +558,12 @@ static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n)
 
 /* ---- public ---------------------------------------------------------------------------- */
 
-struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes)
+struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes, struct tls_ctx *tls)
 {
     struct forwarder *f = xcalloc(1, sizeof(*f));
     f->loop = loop;
     f->max_frame = max_frame_bytes;
+    f->tls = tls;
     return f;
 }
 

@@ -9,6 +9,7 @@
 #include "idem.pb-c.h"
 
 struct forwarder;
+struct tls_ctx;
 
 /* Called exactly once per forward_call(), possibly before it returns: with the leader's
  * Response (resp != NULL, err == NULL; its request_id is the caller's), or with resp == NULL
@@ -17,14 +18,17 @@ struct forwarder;
 typedef void (*forward_cb)(void *data, const Idem__Response *resp, const char *err);
 
 /* Creates a forwarder on `loop` (borrowed; must outlive it). Frames larger than
- * max_frame_bytes from a peer fail that connection. The caller owns the result and ends it
- * with forwarder_close(). Never returns NULL (aborts on allocation failure). */
-struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes);
+ * max_frame_bytes from a peer fail that connection. `tls` (taken: the forwarder frees it;
+ * NULL for plain TCP) is a TLS_CLIENT context (tls.h): every connection then speaks TLS and
+ * checks that the server's certificate was issued by the context's CA and carries the IP
+ * address the connection goes to (an IP subjectAltName). The caller owns the result and
+ * ends it with forwarder_close(). Never returns NULL (aborts on allocation failure). */
+struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes, struct tls_ctx *tls);
 
 /* Sends `req` to the RPC server at addr ("a.b.c.d:port", an IPv4 literal) over one lazily
- * opened, reused and pipelined TCP connection per address, with the forwarder's own request
- * ids. `addr` and `req` are borrowed for the duration of the call only: the request is packed
- * before forward_call returns. `deadline_ms` bounds the whole call; the answer is then
+ * opened, reused and pipelined TCP (or TLS) connection per address, with the forwarder's own
+ * request ids. `addr` and `req` are borrowed for the duration of the call only: the request is
+ * packed before forward_call returns. `deadline_ms` bounds the whole call; the answer is then
  * "deadline passed". A NOT_LEADER answer that names another leader is followed once more,
  * within the same deadline. */
 void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,

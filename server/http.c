@@ -30,6 +30,7 @@
 #include "fingerprint.h"
 #include "forward.h"
 #include "log.h"
+#include "tls.h"
 #include "xmalloc.h"
 
 #define HTTP_BODY_MAX (1u << 20)          /* our own 413 above this (CONTRACT.md §3) */
@@ -2481,6 +2482,18 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
 {
     const struct config_addr *addr = &cfg->node.http_address;
     struct sockaddr_in sa;
+    /* With TLS on the RPC, forwarding to the leader speaks TLS too: the leader is verified
+     * against tls.ca_file (else the system CA store), and this node's certificate is its
+     * client certificate where the leader asks for one (forward.h). */
+    struct tls_ctx *fwd_tls = NULL;
+    if (cfg->tls.rpc) {
+        char terr[400];
+        fwd_tls = tls_ctx_new(&cfg->tls, TLS_CLIENT, terr, sizeof(terr));
+        if (fwd_tls == NULL) {
+            snprintf(err, errlen, "forwarding to the leader: %s", terr);
+            return NULL;
+        }
+    }
     struct http_server *h = xcalloc(1, sizeof(*h));
     h->loop = loop;
     h->cfg = cfg;
@@ -2492,6 +2505,7 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
         if (rv != 0) {
             snprintf(err, errlen, "http listen on %s: %s", addr->text, uv_strerror(rv));
             closeListenersNow(h);
+            tls_ctx_free(fwd_tls);
             return NULL;
         }
     }
@@ -2505,6 +2519,7 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
             snprintf(err, errlen, "proxy listen on %s: %s", pl->cfg->address.text,
                      uv_strerror(rv));
             closeListenersNow(h);
+            tls_ctx_free(fwd_tls);
             return NULL;
         }
     }
@@ -2565,7 +2580,7 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     h->client_ctx.loop = loop;
     h->client_ctx.getaddr_receiver = &h->ctx.receivers.hostinfo_getaddr;
     h->client_ctx.io_timeout = &h->io_timeout;
-    h->fwd = forwarder_new(loop, cfg->rpc.max_frame_bytes);
+    h->fwd = forwarder_new(loop, cfg->rpc.max_frame_bytes, fwd_tls);
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {

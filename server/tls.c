@@ -49,10 +49,6 @@ struct tls_ctx *tls_ctx_new(const struct config_tls *cfg, enum tls_role role, ch
         snprintf(err, errlen, "tls: a TLS listener needs cert_file and key_file");
         return NULL;
     }
-    if (role == TLS_CLIENT && cfg->ca_file == NULL) {
-        snprintf(err, errlen, "tls: a TLS client needs ca_file to verify the server");
-        return NULL;
-    }
     SSL_CTX *c = SSL_CTX_new(role == TLS_SERVER ? TLS_server_method() : TLS_client_method());
     if (c == NULL) {
         ctxFail(err, errlen, "context", NULL);
@@ -94,6 +90,15 @@ struct tls_ctx *tls_ctx_new(const struct config_tls *cfg, enum tls_role role, ch
                 SSL_CTX_set_client_CA_list(c, names);
             }
         }
+    } else if (role == TLS_CLIENT) {
+        /* No ca_file: the server is verified against the system's default CA store
+         * (OpenSSL's default paths; the SSL_CERT_FILE and SSL_CERT_DIR environment
+         * variables override them). */
+        if (SSL_CTX_set_default_verify_paths(c) != 1) {
+            ctxFail(err, errlen, "system CA store", NULL);
+            goto fail;
+        }
+        SSL_CTX_set_verify(c, SSL_VERIFY_PEER, NULL);
     }
     /* No session resumption state to keep between connections: RPC connections are long
      * lived, and this keeps memory use flat under connection churn. */

@@ -16,9 +16,11 @@
  * Contexts: one tls_ctx per role and configuration, shared by many connections (a
  * tls_conn holds a reference, so the ctx may be freed first). Server: cert_file and key_file
  * (checked against each other), TLS 1.2 or later; with ca_file every client must present a
- * certificate signed by it. Client: verifies the server's certificate against ca_file
- * (required), presents cert_file/key_file when given, and checks the peer's name or IP
- * address given to tls_conn_new().
+ * certificate signed by it. Client: verifies the server's certificate against ca_file, or
+ * without one against the system's default CA store (OpenSSL's default paths, which the
+ * SSL_CERT_FILE / SSL_CERT_DIR environment variables override), presents cert_file/key_file
+ * when given (sent only when the server asks for a client certificate), and checks the
+ * peer's name or IP address given to tls_conn_new().
  *
  * Not thread-safe per connection (like everything on the node's loop); contexts may be
  * shared between threads for creating connections. */
@@ -47,7 +49,7 @@ enum {
 /* Creates a context from cfg (borrowed; the files are read now, not later). Returns NULL
  * with "tls: cert_file /path: <reason>" (or key_file, ca_file, "key does not match") in err
  * (caller's buffer of errlen bytes) on failure. The caller owns the result and frees it
- * with tls_ctx_free(). TLS_CLIENT needs cfg->ca_file. */
+ * with tls_ctx_free(). TLS_CLIENT without cfg->ca_file uses the system CA store. */
 struct tls_ctx *tls_ctx_new(const struct config_tls *cfg, enum tls_role role, char *err,
                             size_t errlen);
 

@@ -4,6 +4,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "idem.h"
 
 static const char *cliProg = "idem";
 
@@ -44,4 +47,72 @@ uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t m
         cli_usage_error("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min, max);
     }
     return v;
+}
+
+static const char *envOrNull(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+void cli_tls_from_env(struct cli_tls *t)
+{
+    const char *on = envOrNull("IDEM_TLS");
+    t->on = on != NULL && strcmp(on, "0") != 0 && strcmp(on, "false") != 0 &&
+            strcmp(on, "no") != 0;
+    t->ca_file = envOrNull("IDEM_TLS_CA");
+    t->cert_file = envOrNull("IDEM_TLS_CERT");
+    t->key_file = envOrNull("IDEM_TLS_KEY");
+    t->server_name = envOrNull("IDEM_TLS_SERVER_NAME");
+}
+
+bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i)
+{
+    static const char *const names[] = {"--tls-ca", "--tls-cert", "--tls-key",
+                                        "--tls-server-name"};
+    const char **slots[] = {&t->ca_file, &t->cert_file, &t->key_file, &t->server_name};
+    const char *arg = argv[*i];
+    if (strcmp(arg, "--tls") == 0) {
+        t->on = true;
+        (*i)++;
+        return true;
+    }
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        size_t n = strlen(names[k]);
+        if (strncmp(arg, names[k], n) != 0 || (arg[n] != '\0' && arg[n] != '=')) {
+            continue;
+        }
+        const char *v;
+        if (arg[n] == '=') {
+            v = arg + n + 1;
+            (*i)++;
+        } else {
+            if (*i + 1 >= argc) {
+                cli_usage_error("option %s needs a value", names[k]);
+            }
+            v = argv[*i + 1];
+            *i += 2;
+        }
+        if (v[0] == '\0') {
+            cli_usage_error("%s: empty value", names[k]);
+        }
+        *slots[k] = v;
+        return true;
+    }
+    return false;
+}
+
+bool cli_tls_wanted(const struct cli_tls *t)
+{
+    return t->on || t->ca_file != NULL || t->cert_file != NULL || t->key_file != NULL ||
+           t->server_name != NULL;
+}
+
+void cli_tls_options(const struct cli_tls *t, struct idem_options *o)
+{
+    o->tls = cli_tls_wanted(t) ? 1 : 0;
+    o->tls_ca_file = t->ca_file;
+    o->tls_cert_file = t->cert_file;
+    o->tls_key_file = t->key_file;
+    o->tls_server_name = t->server_name;
 }

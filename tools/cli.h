@@ -2,7 +2,10 @@
 #ifndef IDEM_TOOLS_CLI_H
 #define IDEM_TOOLS_CLI_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+struct idem_options;
 
 #define CLI_EXIT_USAGE 2
 
@@ -15,5 +18,43 @@ void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), 
 /* Parses a plain decimal number in [min, max], or exits with a usage error naming `what`.
  * `what` and `s` are borrowed. */
 uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max);
+
+/* TLS to the nodes' RPC listeners (tls.rpc on the nodes), the same flags and environment
+ * for idemctl and idem-bench. Every string is borrowed from argv or the environment. */
+struct cli_tls {
+    bool on;                 /* --tls (or IDEM_TLS=1): TLS with the system CA store */
+    const char *ca_file;     /* --tls-ca FILE (IDEM_TLS_CA) */
+    const char *cert_file;   /* --tls-cert FILE (IDEM_TLS_CERT) */
+    const char *key_file;    /* --tls-key FILE (IDEM_TLS_KEY) */
+    const char *server_name; /* --tls-server-name NAME (IDEM_TLS_SERVER_NAME) */
+};
+
+/* The --help lines of the TLS flags. */
+#define CLI_TLS_HELP                                                                               \
+    "  --tls                  speak TLS to the nodes (implied by any --tls-* flag); the\n"         \
+    "                         nodes' certificates are checked against the system CA store\n"       \
+    "                         unless --tls-ca is given (env IDEM_TLS=1)\n"                         \
+    "  --tls-ca FILE          CA certificate(s) (PEM) that signed the nodes' certificates\n"       \
+    "                         (env IDEM_TLS_CA)\n"                                                 \
+    "  --tls-cert FILE        client certificate (PEM), for nodes that require one; with\n"        \
+    "                         --tls-key (env IDEM_TLS_CERT)\n"                                     \
+    "  --tls-key FILE         its private key (PEM) (env IDEM_TLS_KEY)\n"                          \
+    "  --tls-server-name NAME the name (or IP) every node's certificate must carry, instead\n"     \
+    "                         of the host of its address (env IDEM_TLS_SERVER_NAME)\n"
+
+/* Fills t from the environment (IDEM_TLS, IDEM_TLS_CA, IDEM_TLS_CERT, IDEM_TLS_KEY,
+ * IDEM_TLS_SERVER_NAME; empty values count as unset). */
+void cli_tls_from_env(struct cli_tls *t);
+
+/* If argv[*i] is one of the TLS flags ("--tls-ca FILE" or "--tls-ca=FILE", ... or "--tls"),
+ * stores it in t, advances *i past it (and its value) and returns true. A flag without its
+ * value is a usage error. */
+bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i);
+
+/* Whether TLS is on (--tls or any file or name set). */
+bool cli_tls_wanted(const struct cli_tls *t);
+
+/* Copies t into the TLS fields of o (borrowed pointers). */
+void cli_tls_options(const struct cli_tls *t, struct idem_options *o);
 
 #endif

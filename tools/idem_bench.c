@@ -99,6 +99,7 @@ struct config {
     bool json;
     bool no_histogram;
     uint32_t deadline_ms;
+    struct cli_tls tls;
 };
 
 static const char usageText[] =
@@ -107,6 +108,8 @@ static const char usageText[] =
     "                  [--concurrency N | --rate R [--concurrency N]] [--keys N]\n"
     "                  [--duration SECONDS] [--requests N] [--deadline MS]\n"
     "                  [--no-histogram] [--json]\n"
+    "                  [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
+    "                  [--tls-server-name NAME]\n"
     "\n"
     "  --cluster H:P,...   RPC addresses of the nodes (env IDEM_CLUSTER)\n"
     "  --token T           tenant bearer token (env IDEM_TOKEN)\n"
@@ -130,9 +133,12 @@ static const char usageText[] =
     "                      p50_ms, p90_ms, p99_ms, p999_ms, max_ms, outcomes, histogram\n"
     "                      (every non-empty bucket as [lo_us, hi_us, count]) and more\n"
     "  --help              print this help and exit\n"
+    "TLS (nodes with tls.rpc: true):\n" CLI_TLS_HELP
     "\n"
     "A progress line is printed to stderr once per second when stderr is a terminal.\n"
-    "Exit status: 0 it ran, 2 usage error, 3 nothing could be reached, 1 setup failed.\n";
+    "Exit status: 0 it ran, 2 usage error (also: a TLS file that cannot be loaded), 3\n"
+    "nothing could be reached (also: every node's certificate refused by --tls-ca), 1 setup\n"
+    "failed.\n";
 
 /* Matches "--name value" or "--name=value" at argv[*i]; consumes it. */
 static bool optValue(int argc, char **argv, int *i, const char *name, const char **val)
@@ -178,6 +184,7 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     cfg->json = false;
     cfg->no_histogram = false;
     cfg->deadline_ms = DEFAULT_DEADLINE_MS;
+    cli_tls_from_env(&cfg->tls);
     int i = 1;
     while (i < argc) {
         const char *v;
@@ -210,6 +217,8 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
             cfg->deadline_ms = (uint32_t)cli_parse_u64("--deadline", v, 1, 600000);
         } else if (optValue(argc, argv, &i, "--workload", &v)) {
             workload = v;
+        } else if (cli_tls_flag(&cfg->tls, argc, argv, &i)) {
+            continue;
         } else if (arg[0] == '-') {
             cli_usage_error("unknown option %s", arg);
         } else {
@@ -250,6 +259,20 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     if (cfg->token == NULL) {
         cli_usage_error("no token: pass --token T or set IDEM_TOKEN");
     }
+    if ((cfg->tls.cert_file == NULL) != (cfg->tls.key_file == NULL)) {
+        cli_usage_error("--tls-cert and --tls-key go together");
+    }
+}
+
+/* A client of the cluster with the run's token and TLS options; why (OUT) on failure. */
+static int clientOpen(const struct config *cfg, struct idem_client **c, char *why,
+                      size_t why_len)
+{
+    struct idem_options o = {0};
+    o.seeds = cfg->cluster;
+    o.token = cfg->token;
+    cli_tls_options(&cfg->tls, &o);
+    return idem_client_open(&o, c, why, why_len);
 }
 
 /* ---- the run ------------------------------------------------------------------------- */
@@ -543,9 +566,10 @@ static void *workerRun(void *arg)
     struct worker *w = arg;
     struct bench *b = w->b;
     struct idem_client *c = NULL;
-    int rv = idem_client_new(b->cfg.cluster, b->cfg.token, &c);
+    char why[256];
+    int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
-        noteError(w, "client: %s", idem_strerror(rv));
+        noteError(w, "client: %s: %s", idem_strerror(rv), why);
         w->errors++;
         return NULL;
     }
@@ -841,11 +865,12 @@ int main(int argc, char **argv)
     atomic_init(&b->stop, false);
 
     struct idem_client *c = NULL;
-    int rv = idem_client_new(b->cfg.cluster, b->cfg.token, &c);
+    char why[256];
+    int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
-        fprintf(stderr, "idem-bench: %s\n", idem_strerror(rv));
+        fprintf(stderr, "idem-bench: %s: %s\n", idem_strerror(rv), why);
         free(b);
-        return rv == IDEM_EINVAL ? EXIT_USAGE : EXIT_SETUP;
+        return rv == IDEM_EINVAL || rv == IDEM_ETLS ? EXIT_USAGE : EXIT_SETUP;
     }
     int code = probe(b, c);
     if (code == EXIT_RAN && (b->cfg.workload == WL_REPLAY || b->cfg.workload == WL_CONTENTION)) {

@@ -63,6 +63,7 @@ static const char usageText[] =
     "  --deadline MS          time allowed for the whole call, retries included\n"
     "                         (default 5000, at most 600000)\n"
     "  --help                 print this help and exit\n"
+    "TLS, for nodes whose RPC listener has tls.rpc: true (before COMMAND):\n" CLI_TLS_HELP
     "Flags win over the environment. --json and --deadline are accepted after COMMAND too.\n"
     "\n"
     "Admin commands (admin token):\n"
@@ -98,8 +99,11 @@ static const char usageText[] =
     "  0  the call was answered, whatever the outcome: not_found, forbidden, mismatch,\n"
     "     in_progress ... are answers (see \"outcome\"); status: at least one node answered\n"
     "  1  internal error (out of memory, no random source, idem-bench not found)\n"
-    "  2  usage or configuration error (bad arguments, no cluster, no token)\n"
-    "  3  unavailable: no leader, no quorum, deadline passed, nothing reachable\n";
+    "  2  usage or configuration error (bad arguments, no cluster, no token, a TLS file\n"
+    "     that cannot be loaded)\n"
+    "  3  unavailable: no leader, no quorum, deadline passed, nothing reachable (a node\n"
+    "     whose certificate fails verification, or that refuses ours, counts as\n"
+    "     unreachable: the message names the TLS failure)\n";
 
 /* Help of one command or subcommand: `idemctl CMD [SUB] --help`. */
 struct help {
@@ -250,6 +254,8 @@ struct global {
     bool json;
     uint32_t deadline_ms;
     bool deadline_set;
+    struct cli_tls tls;       /* flags and IDEM_TLS* */
+    struct cli_tls tls_flags; /* the flags alone (passed on to idem-bench) */
 };
 
 /* The arguments after the command word. */
@@ -767,10 +773,20 @@ static int failCall(const struct global *g, int rv, const char *msg)
 {
     const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
     fprintf(stderr, "idemctl: %s%s%s\n", what, msg[0] ? ": " : "", msg);
+    if (rv == IDEM_EUNAVAILABLE && strstr(msg, ": tls") != NULL) {
+        fprintf(stderr, "idemctl: the TLS connection failed: check --tls-ca (the CA that "
+                        "signed the nodes' certificates), --tls-server-name, and --tls-cert/"
+                        "--tls-key where the nodes require client certificates\n");
+    }
+    if (rv == IDEM_EUNAVAILABLE && !cli_tls_wanted(&g->tls) &&
+        strstr(msg, "closed by the node") != NULL) {
+        fprintf(stderr, "idemctl: a node closed the connection: if the nodes serve the RPC "
+                        "over TLS (tls.rpc: true), pass --tls-ca\n");
+    }
     int code = EXIT_INTERNAL;
     if (rv == IDEM_EUNAVAILABLE || rv == IDEM_EPROTO) {
         code = EXIT_UNAVAILABLE;
-    } else if (rv == IDEM_EINVAL || rv == IDEM_ETOOBIG) {
+    } else if (rv == IDEM_EINVAL || rv == IDEM_ETOOBIG || rv == IDEM_ETLS) {
         code = EXIT_USAGE;
     }
     if (g->json) {
@@ -784,6 +800,17 @@ static int failCall(const struct global *g, int rv, const char *msg)
 }
 
 /* ---- calling ------------------------------------------------------------------------- */
+
+/* A client of `seeds` with `token` and the TLS options; why (OUT) on failure. */
+static int clientOpen(const struct global *g, const char *seeds, const char *token,
+                      struct idem_client **c, char *why, size_t why_len)
+{
+    struct idem_options o = {0};
+    o.seeds = seeds;
+    o.token = token;
+    cli_tls_options(&g->tls, &o);
+    return idem_client_open(&o, c, why, why_len);
+}
 
 static const char *bearer(const struct global *g, bool admin)
 {
@@ -799,9 +826,10 @@ static int call(const struct global *g, bool admin, const char *node, const Idem
 {
     *resp = NULL;
     struct idem_client *c = NULL;
-    int rv = idem_client_new(g->cluster, bearer(g, admin), &c);
+    char why[256];
+    int rv = clientOpen(g, g->cluster, bearer(g, admin), &c, why, sizeof why);
     if (rv != IDEM_OK) {
-        return failCall(g, rv, "cannot create the client");
+        return failCall(g, rv, why[0] ? why : "cannot create the client");
     }
     if (node != NULL) {
         rv = idem_call_node(c, node, req, g->deadline_ms, resp);
@@ -1244,6 +1272,7 @@ static int cmdMembers(struct global *g, struct args *a)
  * the report covers the whole cluster. */
 struct probe {
     char addr[256];
+    const struct global *g;
     const char *token;
     bool digest;
     uint32_t deadline_ms;
@@ -1258,9 +1287,10 @@ static void *probeRun(void *arg)
 {
     struct probe *p = arg;
     struct idem_client *c = NULL;
-    p->rv = idem_client_new(p->addr, p->token, &c);
+    char why[256];
+    p->rv = clientOpen(p->g, p->addr, p->token, &c, why, sizeof why);
     if (p->rv != IDEM_OK) {
-        snprintf(p->err, sizeof p->err, "%s", idem_strerror(p->rv));
+        snprintf(p->err, sizeof p->err, "%s: %s", idem_strerror(p->rv), why);
         return NULL;
     }
     Idem__StatusRequest sr = IDEM__STATUS_REQUEST__INIT;
@@ -1657,6 +1687,7 @@ static int cmdStatus(struct global *g, struct args *a)
     }
     size_t n = splitCluster(g->cluster, probes, IDEM_NODES_MAX);
     for (size_t i = 0; i < IDEM_NODES_MAX; i++) {
+        probes[i].g = g;
         probes[i].token = g->admin_token;
         probes[i].digest = digest;
         probes[i].deadline_ms = g->deadline_ms;
@@ -2026,7 +2057,7 @@ static void execBench(const struct global *g, int argc, char **argv)
     char *slash = strrchr(self, '/');
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%.*s/idem-bench", slash ? (int)(slash - self) : 0, self);
-    char **av = calloc((size_t)argc + 10, sizeof *av);
+    char **av = calloc((size_t)argc + 20, sizeof *av);
     if (av == NULL) {
         oom();
     }
@@ -2044,6 +2075,19 @@ static void execBench(const struct global *g, int argc, char **argv)
     }
     if (g->json) {
         av[k++] = (char *)"--json";
+    }
+    /* TLS: from the flags only too (idem-bench reads IDEM_TLS* itself). */
+    if (g->tls_flags.on) {
+        av[k++] = (char *)"--tls";
+    }
+    const char *tls_names[] = {"--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"};
+    const char *tls_vals[] = {g->tls_flags.ca_file, g->tls_flags.cert_file,
+                              g->tls_flags.key_file, g->tls_flags.server_name};
+    for (size_t t = 0; t < 4; t++) {
+        if (tls_vals[t] != NULL) {
+            av[k++] = (char *)tls_names[t];
+            av[k++] = (char *)tls_vals[t];
+        }
     }
     if (g->deadline_set) {
         snprintf(deadline, sizeof deadline, "%" PRIu32, g->deadline_ms);
@@ -2119,6 +2163,7 @@ int main(int argc, char **argv)
         .deadline_ms = DEFAULT_DEADLINE_MS,
         .deadline_set = false,
     };
+    cli_tls_from_env(&g.tls);
     struct args a = {.argc = argc, .argv = argv, .i = 1, .dashdash = false, .cmd = NULL};
     while (a.i < argc && isOption(argv[a.i])) {
         const char *v;
@@ -2128,10 +2173,18 @@ int main(int argc, char **argv)
             g.token = v;
         } else if (optValue(&a, "--admin-token", &v)) {
             g.admin_token = v;
+        } else if (cli_tls_flag(&g.tls_flags, argc, argv, &a.i)) {
+            continue;
         } else if (!commonOpt(&g, &a)) {
             cli_usage_error("unknown option %s", argv[a.i]);
         }
     }
+    /* Each TLS flag wins over its variable. */
+    g.tls.on = g.tls.on || g.tls_flags.on;
+    g.tls.ca_file = g.tls_flags.ca_file ? g.tls_flags.ca_file : g.tls.ca_file;
+    g.tls.cert_file = g.tls_flags.cert_file ? g.tls_flags.cert_file : g.tls.cert_file;
+    g.tls.key_file = g.tls_flags.key_file ? g.tls_flags.key_file : g.tls.key_file;
+    g.tls.server_name = g.tls_flags.server_name ? g.tls_flags.server_name : g.tls.server_name;
     if (a.i >= argc) {
         cli_usage_error("no command given");
     }
@@ -2167,6 +2220,20 @@ int main(int argc, char **argv)
         }
     } else if (strcmp(cmd->name, "snapshot") != 0) {
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+    }
+    if ((g.tls.cert_file == NULL) != (g.tls.key_file == NULL)) {
+        cli_usage_error("--tls-cert and --tls-key go together");
+    }
+    if (g.cluster != NULL && cli_tls_wanted(&g.tls)) {
+        /* A TLS file that cannot be loaded is a configuration error (exit 2), reported
+         * before anything is sent; opening a client connects to nothing. */
+        struct idem_client *c = NULL;
+        char why[256];
+        int rv = clientOpen(&g, g.cluster, "-", &c, why, sizeof why);
+        idem_client_close(c);
+        if (rv != IDEM_OK) {
+            return failCall(&g, rv, why);
+        }
     }
     const char *tok = bearer(&g, cmd->admin);
     if (tok == NULL || tok[0] == '\0') {

@@ -9,6 +9,11 @@
 #                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
 #                                 to the upstream for tenant demo (every node's proxy serves:
 #                                 followers forward to the leader with the cluster secret)
+#   tools/quickstart.sh --tls     serve the binary RPC over mutual TLS: a CA, a certificate
+#                                 for the nodes (IP 127.0.0.1; server and client use) and one
+#                                 for idemctl are made in .idem/pki with openssl (kept across
+#                                 runs); .idem/env then also sets IDEM_TLS_CA, IDEM_TLS_CERT
+#                                 and IDEM_TLS_KEY. A run without --tls drops them again.
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
 # 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and for HTTP (JSON API, health, metrics) on
@@ -21,6 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fresh=0
+tls=0
 upstream=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,7 +35,8 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || { echo "quickstart: --upstream needs a URL" >&2; exit 2; }
       upstream=$2; shift ;;
     --upstream=*) upstream=${1#--upstream=} ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --tls) tls=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "quickstart: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -67,6 +74,42 @@ fi
 if [ ! -s "$dir/cluster.secret" ]; then
   (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/cluster.secret")
 fi
+# TLS: the PKI once, and the env's TLS lines matching this run.
+tls_yaml=
+if [ "$tls" = 1 ]; then
+  pki=$PWD/$dir/pki
+  if [ ! -s "$pki/client.key" ]; then
+    mkdir -p "$pki"
+    (
+      cd "$pki"
+      umask 077
+      ossl() { openssl "$@" >/dev/null 2>&1 || { echo "quickstart: openssl $1 failed" >&2; exit 1; }; }
+      ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
+        -out ca.crt -days 365 -subj "/CN=idem quickstart CA"
+      printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > node.ext
+      printf 'extendedKeyUsage=clientAuth\n' > client.ext
+      for name in node client; do
+        ossl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$name.key" \
+          -out "$name.csr" -subj "/CN=idem quickstart $name"
+        ossl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
+          -out "$name.crt" -days 365 -extfile "$name.ext"
+      done
+    )
+  fi
+  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true}"
+fi
+grep -v '^IDEM_TLS\|^export IDEM_TLS' "$dir/env" > "$dir/env.tmp" || true
+if [ "$tls" = 1 ]; then
+  {
+    echo "IDEM_TLS_CA=$pki/ca.crt"
+    echo "IDEM_TLS_CERT=$pki/client.crt"
+    echo "IDEM_TLS_KEY=$pki/client.key"
+    echo "export IDEM_TLS_CA IDEM_TLS_CERT IDEM_TLS_KEY"
+  } >> "$dir/env.tmp"
+fi
+chmod 600 "$dir/env.tmp"
+mv "$dir/env.tmp" "$dir/env"
+unset IDEM_TLS_CA IDEM_TLS_CERT IDEM_TLS_KEY
 # shellcheck disable=SC1091
 . "$dir/env"
 token_hash=$(printf %s "$IDEM_TOKEN" | sha256sum | cut -d' ' -f1)
@@ -93,6 +136,7 @@ admin:
 tenants:
   - name: demo
     token_sha256: $token_hash
+$tls_yaml
 YAML
   if [ -n "$upstream" ]; then
     cat >> "$dir/node$n.yaml" <<YAML
@@ -149,6 +193,13 @@ if [ -n "$upstream" ]; then
 Proxy mode: 127.0.0.1:8101-8103 forward to $upstream for tenant demo (any node):
   curl -i -X POST http://127.0.0.1:8101/orders -H 'Idempotency-Key: order-1' \\
        -H 'Content-Type: application/json' -d '{"sku":"a"}'     # again on 8102: a replay
+
+MSG
+fi
+if [ "$tls" = 1 ]; then
+  cat <<MSG
+TLS: the RPC listeners (700N) speak mutual TLS; $dir/env points idemctl and idem-bench at
+$dir/pki (CA, client certificate and key). Followers forward to the leader over TLS too.
 
 MSG
 fi

@@ -3,7 +3,15 @@
 TLS: certificates are made at test time with the openssl CLI in the cluster's temp dir
 (nothing is committed). A one-node cluster serves the RPC over TLS (tls.rpc: true); the
 tests speak the framing through Python's ssl module. Readiness is asked over HTTP
-(/readyz), because idemctl (libidem) has no TLS yet.
+(/readyz).
+
+TLS clusters (TestTlsForward, TestTlsForwardMutual, TestTlsForwardUntrusted): three nodes
+with tls.rpc on, a cluster secret and a proxy listener each, in front of
+test_proxy.OrderService. A follower's gateway forwards JSON API requests and proxy claims
+to the leader over TLS (server/forward.c), verifying the leader's certificate against
+tls.ca_file, or without one against the system store (here: SSL_CERT_FILE pointing at the
+test CA, in the nodes' environment). idemctl (libidem's synchronous client) and idem-bench
+reach the nodes with --tls-ca / --tls-cert / --tls-key; a wrong CA is refused with exit 3.
 
 idem-bench: closed and open loop, every workload, the JSON output's consistency, and the
 progress line that appears only when stderr is a terminal.
@@ -18,8 +26,9 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, Cluster, fp, http_request, wait_for
+from harness import BIN, IDEMCTL, Cluster, fp, http_request, wait_for
 from test_cluster import _fields, _frame, _read_response
+from test_proxy import ORDER, OrderService, ProxyCluster, route
 
 IDEM_BENCH = os.path.join(BIN, "idem-bench")
 
@@ -77,8 +86,12 @@ def make_pki(d):
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=idem test CA",
              cwd=d)
+    # "node": a cluster node's certificate, served by its RPC listener and presented by its
+    # forwarder as a client certificate (hence both key usages).
     for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
-                      ("client", "extendedKeyUsage=clientAuth\n")):
+                      ("client", "extendedKeyUsage=clientAuth\n"),
+                      ("node", "subjectAltName=IP:127.0.0.1\n"
+                               "extendedKeyUsage=serverAuth,clientAuth\n")):
         _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                  "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name, cwd=d)
         with open(os.path.join(d, name + ".ext"), "w") as f:
@@ -88,6 +101,10 @@ def make_pki(d):
                  cwd=d)
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
              "-out", "other.key", cwd=d)
+    # A CA that signed nothing here: a client that trusts only it refuses every node.
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", "other-ca.key", "-out", "other-ca.crt", "-days", "2",
+             "-subj", "/CN=another CA", cwd=d)
 
 
 class TlsCluster(Cluster):
@@ -295,6 +312,354 @@ class TestTlsBadConfig(unittest.TestCase):
         self._start_fails(lambda pki: ["cert_file: %s/server.crt" % pki, "key_file: %s/server.key" % pki,
                                        "ca_file: %s/missing-ca.crt" % pki, "rpc: true"],
                           "tls: ca_file ")
+
+
+# ---- TLS clusters: forwarding, idemctl, idem-bench -------------------------------------------
+
+class TlsProxyCluster(ProxyCluster):
+    """Three nodes with tls.rpc on (node certificates for 127.0.0.1), a cluster secret and a
+    proxy listener each. mutual: tls.ca_file is set (the nodes require client certificates
+    and verify each other against it); otherwise trust_env decides whether the nodes find
+    the test CA through SSL_CERT_FILE (the system store's override) or not at all. The
+    harness's idemctl calls (status, leader) carry the TLS flags."""
+
+    def __init__(self, routes, mutual, trust_env, **kw):
+        self.mutual = mutual
+        self.trust_env = trust_env
+        self.pki = None
+        super().__init__(routes, **kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        if self.pki is None:
+            self.pki = os.path.join(self.root, "pki")
+            os.makedirs(self.pki, exist_ok=True)
+            make_pki(self.pki)
+        lines = ["tls:", "  cert_file: %s/node.crt" % self.pki, "  key_file: %s/node.key" % self.pki,
+                 "  rpc: true"]
+        if self.mutual:
+            lines.append("  ca_file: %s/ca.crt" % self.pki)
+        with open(node.cfg, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def start(self, nid):
+        node = self.nodes[nid]
+        env = dict(os.environ)
+        env.pop("SSL_CERT_FILE", None)
+        env.pop("SSL_CERT_DIR", None)
+        if self.trust_env:
+            env["SSL_CERT_FILE"] = os.path.join(self.pki, "ca.crt")
+        log = open(node.log, "ab")
+        node.proc = subprocess.Popen([harness_idemd(), "--config", node.cfg], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        log.close()
+
+    def tls_args(self, ca="ca.crt", cert=True):
+        args = ["--tls-ca", os.path.join(self.pki, ca)]
+        if self.mutual and cert:
+            args += ["--tls-cert", os.path.join(self.pki, "client.crt"),
+                     "--tls-key", os.path.join(self.pki, "client.key")]
+        return args
+
+    def run_ctl(self, *args, tls=None, token=None, timeout=60):
+        """idemctl --json with the TLS flags (tls: a list to use instead); returns
+        (exit code, parsed JSON or None, stderr text)."""
+        cmd = [IDEMCTL, "--cluster", self.addrs(), "--token", token or self.token,
+               "--admin-token", self.admin, "--json"]
+        cmd += self.tls_args() if tls is None else tls
+        cmd += [str(a) for a in args]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                           env=_env_without_tls())
+        out = json.loads(p.stdout) if p.stdout.strip() else None
+        return p.returncode, out, p.stderr.decode(errors="replace")
+
+    def ctl(self, *args, ids=None, token=None, deadline=None, timeout=60):
+        cmd = [IDEMCTL, "--cluster", self.addrs(ids), "--token", token or self.token,
+               "--admin-token", self.admin, "--json"] + self.tls_args()
+        if deadline is not None:
+            cmd += ["--deadline", str(deadline)]
+        cmd += [str(a) for a in args]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                           env=_env_without_tls())
+        out = json.loads(p.stdout) if p.stdout.strip() else None
+        return p.returncode, out
+
+
+def harness_idemd():
+    return os.path.join(BIN, "idemd")
+
+
+def _env_without_tls():
+    """The test's environment without IDEM_TLS* and SSL_CERT_* (so that only the flags count)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("IDEM_TLS") and not k.startswith("SSL_CERT_")}
+
+
+def _replayed(resp):
+    return resp[1].get("idempotency-replayed", "").lower() == "true"
+
+
+class TlsForwardTest(unittest.TestCase):
+    """A shared TLS cluster and order service per class."""
+    mutual = False
+    trust_env = True
+    secret = "tls-cluster-" + "5e" * 16
+
+    @classmethod
+    def setUpClass(cls):
+        cls.svc = OrderService()
+        try:
+            cls.c = TlsProxyCluster([route(cls.svc.url)], cls.mutual, cls.trust_env,
+                                    secret=cls.secret)
+        except BaseException:
+            cls.svc.close()
+            raise
+        try:
+            cls.c.wait_leader(timeout=60)
+        except BaseException:
+            print(cls.c.logs())
+            cls.c.close()
+            cls.svc.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.svc.close()
+
+    def setUp(self):
+        self.svc.ensure_running()
+
+    def tearDown(self):
+        result = self._outcome.result
+        if any(getattr(t, "test_case", t) is self for t, _ in result.failures + result.errors):
+            print(self.c.logs())
+
+    def key(self, prefix):
+        return "%s-%s" % (prefix, os.urandom(6).hex())
+
+    def follower_ids(self):
+        lid = self.c.wait_leader(timeout=30)
+        return [n for n in sorted(self.c.nodes) if n != lid]
+
+    def api(self, nid, method, path, body=None, headers=None, retry_503=True):
+        """A JSON API call on node nid's gateway; a 503 (an election on a loaded machine) is
+        retried for a bounded time with the same request."""
+        h = {"Authorization": "Bearer %s" % self.c.token}
+        h.update(headers or {})
+        deadline = time.monotonic() + 30
+        while True:
+            r = http_request(self.c.nodes[nid].http, method, path, body=body, headers=h, timeout=20)
+            if not (retry_503 and r[0] == 503 and time.monotonic() < deadline):
+                return r
+            time.sleep(0.2)
+
+    def order_via(self, nid, key, retry_503=True):
+        deadline = time.monotonic() + 30
+        while True:
+            r = http_request(self.c.nodes[nid].proxy, "POST", "/orders", body=ORDER,
+                             headers={"Idempotency-Key": key}, timeout=20)
+            if not (retry_503 and r[0] == 503 and time.monotonic() < deadline):
+                return r
+            time.sleep(0.2)
+
+    def driver(self, scenario, seeds, *args):
+        p = subprocess.run([os.path.join(BIN, "client_driver"), scenario, seeds, self.c.token]
+                           + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=120, env=_env_without_tls())
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace")[-2000:])
+        return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
+    def bench(self, *args, tls=None):
+        cmd = [IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token, "--json"]
+        cmd += self.c.tls_args() if tls is None else tls
+        cmd += [str(a) for a in args]
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                              env=_env_without_tls())
+
+
+class TlsForwardCases:
+    """What every trusted TLS cluster must do (mutual or not); mixed into a TlsForwardTest."""
+
+    def test_json_claim_through_each_follower(self):
+        for nid in self.follower_ids():
+            with self.subTest(follower=nid):
+                key = self.key("tls-json")
+                hk = {"Idempotency-Key": key}
+                r = self.api(nid, "POST", "/v1/claims", {"fingerprint": fp(key)}, hk)
+                self.assertEqual(r[0], 200, r)
+                self.assertEqual(r[2].get("outcome"), "acquired", r)
+                tok = r[2]["token"]
+                self.assertGreater(tok, 0)
+                body = {"token": tok, "outcome": "succeeded",
+                        "response": {"status": 201, "headers": {"content-type": "application/json"},
+                                     "body": '{"id":7}'}}
+                r = self.api(nid, "POST", "/v1/claims/%s/complete" % key, body)
+                self.assertEqual((r[0], r[2].get("outcome")), (200, "ok"), r)
+                # Replays, through this follower and every other node.
+                for other in sorted(self.c.nodes):
+                    r = self.api(other, "POST", "/v1/claims", {"fingerprint": fp(key)}, hk)
+                    self.assertEqual(r[0], 201, r)
+                    self.assertTrue(_replayed(r), r)
+                    self.assertEqual(r.raw, '{"id":7}', r)
+
+    def test_proxy_claim_through_follower_runs_once(self):
+        f1, f2 = self.follower_ids()[:2]
+        lid = self.c.wait_leader(timeout=30)
+        key = self.key("tls-proxy")
+        first = self.order_via(f1, key)
+        self.assertEqual(first[0], 201, first)
+        self.assertFalse(_replayed(first), first)
+        self.assertEqual(self.svc.count(key), 1)
+        for nid in (f2, lid, f1):
+            again = self.order_via(nid, key)
+            self.assertEqual(again[0], 201, again)
+            self.assertTrue(_replayed(again), again)
+            self.assertEqual(again.raw, first.raw)
+        self.assertEqual(self.svc.count(key), 1, self.svc.executions(key))
+
+    def test_idemctl_status_and_data_commands(self):
+        rc, st, err = self.c.run_ctl("status")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len([n for n in st["nodes"] if n.get("role")]), 3, st)
+        key = self.key("tls-ctl")
+        rc, out, err = self.c.run_ctl("claim", key, "--fingerprint", fp(key))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out["outcome"], "acquired", out)
+        rc, out2, err = self.c.run_ctl("complete", key, "--token", out["token"], "--status", 200,
+                                       "--body", "done")
+        self.assertEqual((rc, out2["outcome"]), (0, "ok"), (out2, err))
+        rc, out3, err = self.c.run_ctl("claim", key, "--fingerprint", fp(key))
+        self.assertEqual((rc, out3["outcome"]), (0, "replay"), (out3, err))
+        # The same with the environment instead of the flags.
+        env = _env_without_tls()
+        env["IDEM_TLS_CA"] = os.path.join(self.c.pki, "ca.crt")
+        if self.mutual:
+            env["IDEM_TLS_CERT"] = os.path.join(self.c.pki, "client.crt")
+            env["IDEM_TLS_KEY"] = os.path.join(self.c.pki, "client.key")
+        p = subprocess.run([IDEMCTL, "--cluster", self.c.addrs(), "--token", self.c.token, "--json",
+                            "get", key], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60,
+                           env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["outcome"], "ok", p.stdout)
+
+    def test_idem_bench_over_tls(self):
+        p = self.bench("--workload", "claim-complete", "--concurrency", 4, "--requests", 200,
+                       "--duration", 60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual((out["ops"], out["errors"]), (200, 0), out)
+        self.assertEqual(out["outcomes"], {"acquired": 200})
+
+    def test_wrong_ca_is_refused(self):
+        bad = self.c.tls_args(ca="other-ca.crt")
+        rc, out, err = self.c.run_ctl("--deadline", 1500, "claim", self.key("tls-bad"),
+                                      "--fingerprint", fp(1), tls=bad)
+        self.assertEqual(rc, 3, err)
+        self.assertEqual(out["outcome"], "unavailable", out)
+        self.assertIn("certificate verification failed", err)
+        self.assertIn("check --tls-ca", err)
+        rc, out, err = self.c.run_ctl("--deadline", 1500, "status", tls=bad)
+        self.assertEqual(rc, 3, err)
+        self.assertIn("certificate verification failed", json.dumps(out))
+        p = self.bench("--workload", "fresh", "--requests", 5, "--deadline", 1500, tls=bad)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn(b"certificate verification failed", p.stderr)
+        # Plain TCP against a TLS listener: unavailable too.
+        rc, out, err = self.c.run_ctl("--deadline", 1500, "get", "k", tls=[])
+        self.assertEqual(rc, 3, err)
+        self.assertIn("pass --tls-ca", err)
+        # A CA file that does not exist is a configuration error.
+        rc, out, err = self.c.run_ctl("get", "k", tls=["--tls-ca", "/nonexistent/ca.crt"])
+        self.assertEqual(rc, 2, err)
+        self.assertIn("/nonexistent/ca.crt", err)
+        p = self.bench("--workload", "fresh", "--requests", 5, tls=["--tls-ca", "/nonexistent/ca.crt"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+
+    def test_libidem_against_tls_nodes(self):
+        """libidem's synchronous client (tests/client/client_driver.c, scenario tls) and, where
+        no client certificate is needed, its asynchronous one (async-tls) against the real TLS
+        listeners. A follower comes first in the seeds: its not_leader redirect is followed
+        to the leader over TLS too."""
+        lid = self.c.wait_leader(timeout=30)
+        seeds = ",".join(self.c.nodes[n].rpc for n in self.follower_ids() + [lid])
+        ca = os.path.join(self.c.pki, "ca.crt")
+        args = [ca, ""]
+        if self.mutual:
+            args += [os.path.join(self.c.pki, "client.crt"), os.path.join(self.c.pki, "client.key")]
+        key = self.key("tls-lib")
+        out = self.driver("tls", seeds, key, *args)
+        self.assertEqual((out["open"], out["rv"], out["outcome"]), (0, 0, "acquired"), out)
+        self.assertGreater(out["token"], 0, out)
+        # The same key again: the lease is held (in_progress), proving the first claim stuck.
+        out = self.driver("tls", seeds, key, *args)
+        self.assertEqual((out["rv"], out["outcome"]), (0, "in_progress"), out)
+        out = self.driver("tls", seeds, key, os.path.join(self.c.pki, "other-ca.crt"), "", *args[2:])
+        self.assertEqual(out["rv"], -3, out)  # IDEM_EUNAVAILABLE
+        self.assertIn("certificate verification failed", out["errmsg"])
+        if not self.mutual:
+            out = self.driver("async-tls", seeds, self.key("tls-async"), 50, 10000, ca)
+            self.assertEqual((out["exactly_once"], out["acquired"]), (50, 50), out)
+            self.assertEqual(out["loop_close"], 0, out)
+
+    def test_zz_clean_shutdown(self):
+        """Runs last (name order): every node ends with status 0 on SIGTERM, followers first
+        (their forwarders hold TLS connections to the leader), and in the ASan build without
+        leaks."""
+        key = self.key("tls-last")
+        fid = self.follower_ids()[0]
+        self.assertEqual(self.order_via(fid, key)[0], 201)
+        lid = self.c.wait_leader(timeout=30)
+        for nid in sorted(self.c.nodes, key=lambda n: n == lid):
+            self.assertEqual(self.c.stop(nid), 0, "node %d" % nid)
+        for node in self.c.nodes.values():
+            with open(node.log, "rb") as f:
+                log = f.read()
+            self.assertNotIn(key.encode(), log, "keys are never logged")
+            self.assertNotIn(b"AddressSanitizer", log)
+            self.assertNotIn(b"LeakSanitizer", log)
+
+
+class TestTlsForward(TlsForwardCases, TlsForwardTest):
+    """No ca_file: the nodes verify each other against the system store (SSL_CERT_FILE)."""
+    mutual = False
+
+
+class TestTlsForwardMutual(TlsForwardCases, TlsForwardTest):
+    """ca_file set: every RPC client (nodes' forwarders included) presents a certificate."""
+    mutual = True
+    trust_env = False
+
+    def test_client_without_certificate_is_refused(self):
+        rc, out, err = self.c.run_ctl("--deadline", 1500, "get", "k",
+                                      tls=self.c.tls_args(cert=False))
+        self.assertEqual(rc, 3, err)
+        self.assertEqual(out["outcome"], "unavailable", out)
+
+
+class TestTlsForwardUntrusted(TlsForwardTest):
+    """No ca_file and a system store without the test CA: a follower cannot verify the leader,
+    so its gateway answers 503 (fail closed) and says why in its log; the leader serves."""
+    trust_env = False
+
+    def test_follower_refuses_an_unverified_leader(self):
+        lid = self.c.wait_leader(timeout=30)
+        fid = self.follower_ids()[0]
+        key = self.key("tls-untrusted")
+        r = self.api(fid, "POST", "/v1/claims", {"fingerprint": fp(key)},
+                     {"Idempotency-Key": key}, retry_503=False)
+        self.assertEqual(r[0], 503, r)
+        before = self.svc.count()
+        r = self.order_via(fid, self.key("tls-untrusted-proxy"), retry_503=False)
+        self.assertEqual(r[0], 503, r)
+        self.assertEqual(self.svc.count(), before, "nothing may run without the leader")
+        with open(self.c.nodes[fid].log, "rb") as f:
+            log = f.read().decode(errors="replace")
+        self.assertIn("forward: TLS connection to %s failed: handshake" % self.c.nodes[lid].rpc, log)
+        self.assertIn("certificate verify failed", log)
+        self.assertNotIn(key, log)
+        r = self.api(lid, "POST", "/v1/claims", {"fingerprint": fp(key)}, {"Idempotency-Key": key})
+        self.assertEqual((r[0], r[2].get("outcome")), (200, "acquired"), r)
 
 
 class TestBench(unittest.TestCase):

@@ -34,6 +34,7 @@ _idemctl() {
     commands="status members transfer snapshot key quarantine claim complete release renew get"
     commands="$commands resolve bench help"
     globals="--cluster --token --admin-token --json --deadline --help"
+    globals="$globals --tls --tls-ca --tls-cert --tls-key --tls-server-name"
     COMPREPLY=()
 
     # Values of flags: suggest what is known, nothing for free text.
@@ -41,9 +42,10 @@ _idemctl() {
         --policy) COMPREPLY=($(compgen -W "conflict takeover" -- "$cur")); return 0 ;;
         --outcome) COMPREPLY=($(compgen -W "succeeded failed_final unknown" -- "$cur")); return 0 ;;
         --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete" -- "$cur")); return 0 ;;
+        --tls-ca|--tls-cert|--tls-key) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
         --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
         --status|--body|--fingerprint|--attempt|--lease|--ttl|--concurrency|--duration|\
-        --requests)
+        --requests|--tls-server-name)
             return 0 ;;
     esac
 
@@ -52,7 +54,8 @@ _idemctl() {
     while [ $i -lt $COMP_CWORD ]; do
         w=${COMP_WORDS[i]}
         case "$w" in
-            --cluster|--token|--admin-token|--deadline) i=$((i + 2)); continue ;;
+            --cluster|--token|--admin-token|--deadline|--tls-ca|--tls-cert|--tls-key|\
+            --tls-server-name) i=$((i + 2)); continue ;;
             -*) i=$((i + 1)); continue ;;
         esac
         cmd=$w

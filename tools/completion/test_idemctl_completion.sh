@@ -25,7 +25,8 @@ check() {
 
 check "key" idemctl ke
 check "quarantine" idemctl --cluster 127.0.0.1:7001 --json qu
-check "--admin-token --cluster --deadline --help --json --token" idemctl --
+check "--admin-token --cluster --deadline --help --json --tls --tls-ca --tls-cert --tls-key --tls-server-name --token" idemctl --
+check "quarantine" idemctl --tls-ca /etc/ca.pem --tls-server-name n1 qu
 check "get purge resolve" idemctl key ""
 check "purge" idemctl --admin-token x key pu
 check "--reveal" idemctl key get alpha k --rev
