@@ -685,8 +685,9 @@ class TestBench(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertNotIn(b"\r[", p.stderr, "progress line although stderr is not a terminal")
         out = json.loads(p.stdout)
-        # The histogram holds every successful operation; percentiles are ordered.
-        self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"])
+        # The histogram holds every operation sent, failed ones included; percentiles are
+        # ordered.
+        self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"] + out["errors"])
         for lo, hi, n in out["histogram"]:
             self.assertLessEqual(lo, hi)
             self.assertGreater(n, 0)
@@ -712,6 +713,31 @@ class TestBench(unittest.TestCase):
         self.assertGreaterEqual(out["p99_ms"] + 0.001, out["service_p50_ms"])
         out = self.bench("--workload", "fresh", "--rate", 50, "--requests", 30, "--duration", 30)
         self.assertEqual((out["ops"], out["errors"]), (30, 0))
+
+    def test_failed_operations_count_in_latency(self):
+        # Quorum lost mid-run: the operations that then fail waited their whole deadline,
+        # and the latency figures must show that wait (not only the fast successes).
+        lid = self.c.wait_leader(timeout=20)
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json", "--workload", "fresh", "--concurrency", "2",
+                              "--duration", "4", "--deadline", "400"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.5)
+            for nid in list(self.c.nodes):
+                if nid != lid:
+                    self.c.kill(nid)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        out = json.loads(stdout)
+        self.assertGreater(out["ops"], 0, out)
+        self.assertGreater(out["errors"], 0, out)
+        self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"] + out["errors"])
+        self.assertGreaterEqual(out["max_ms"], 350, out)
 
     def test_contention_and_replay(self):
         out = self.bench("--workload", "contention", "--keys", 2, "--concurrency", 8, "--requests", 200)
