@@ -894,6 +894,12 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     c->close_data = data;
     failWaiters(c, c->waiters, c->n_cmds, RAFT_SHUTDOWN);
     resetOpenBatch(c);
+    if (c->snap.view != NULL) {
+        /* raft's I/O closes once the pool thread is done with it (io.c), then raft
+         * finalizes the snapshot and the view is released. */
+        fprintf(stderr, "idemd: closing with a snapshot in flight (index %llu); waiting for it\n",
+                (unsigned long long)c->snap.index);
+    }
     uv_check_stop(&c->flush);
     uv_timer_stop(&c->tick);
     uv_close((uv_handle_t *)&c->flush, handleClosed);

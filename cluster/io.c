@@ -200,7 +200,9 @@ static void ioWorkDone(struct raft_io_async_work *req, int status)
     raft_io_async_work_cb cb = w->cb;
     free(w);
     io->works--;
-    cb(outer, status);
+    /* After raft_close, a finished work is reported canceled: raft then releases the
+     * snapshot (snapshot_finalize) instead of starting to store it on a closing node. */
+    cb(outer, io->closing ? RAFT_CANCELED : status);
     if (io->close_deferred && io->works == 0) {
         io->close_deferred = false;
         io->inner.close(&io->inner, ioCloseCb);
