@@ -97,6 +97,19 @@ struct cluster {
 
     uint64_t last_snapshot_index;
     unsigned saved_threshold; /* nonzero while a forced snapshot is pending */
+    /* The snapshot in flight when asynchronous (fsmSnapshot → fsmSnapshotAsync on a pool
+     * thread → fsmSnapshotFinalize). The pool thread writes only write_us / written; libuv's
+     * work queue orders those writes before the loop reads them. */
+    struct {
+        void *view;
+        uint64_t index;
+        uint64_t pause_us;
+        uint64_t write_us;
+        size_t bytes;
+        bool written;
+    } snap;
+    uint64_t snapshots;
+    uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
     uint64_t seen_leader;
     uint64_t leader_changes;
     bool change_in_flight;
@@ -497,9 +510,25 @@ static void putBE32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)v;
 }
 
+static uint64_t monoUs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static bool snapshotAsync(const struct cluster *c)
+{
+    return c->ops.snapshot_freeze != NULL;
+}
+
+/* raft calls this on the loop. Synchronous: the whole snapshot. Asynchronous: the member
+ * metadata (small) and a frozen view of the application state; the application's bytes
+ * are written by fsmSnapshotAsync. */
 static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
     struct cluster *c = fsm->data;
+    uint64_t t0 = monoUs();
     Idem__ClusterSnapshot cs = IDEM__CLUSTER_SNAPSHOT__INIT;
     Idem__MemberInfo infos[CLUSTER_MEMBERS_MAX];
     Idem__MemberInfo *ptrs[CLUSTER_MEMBERS_MAX];
@@ -531,18 +560,39 @@ static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigne
     }
     putBE32(b[0].base, (uint32_t)meta_len);
     idem__cluster_snapshot__pack(&cs, (uint8_t *)b[0].base + 4);
-    uint8_t *app = NULL;
-    size_t app_len = 0;
-    if (c->ops.snapshot(c->ops.data, &app, &app_len) != 0) {
-        raft_free(b[0].base);
-        raft_free(b);
-        return RAFT_IOERR;
+    if (snapshotAsync(c)) {
+        void *view = NULL;
+        if (c->snap.view != NULL || c->ops.snapshot_freeze(c->ops.data, &view) != 0) {
+            raft_free(b[0].base);
+            raft_free(b);
+            return RAFT_BUSY; /* raft takes it as transient and retries later */
+        }
+        memset(&c->snap, 0, sizeof(c->snap));
+        c->snap.view = view;
+        c->snap.index = raft_last_applied(&c->raft);
+        b[1].base = NULL; /* fsmSnapshotAsync fills it */
+        b[1].len = 0;
+    } else {
+        uint8_t *app = NULL;
+        size_t app_len = 0;
+        if (c->ops.snapshot(c->ops.data, &app, &app_len) != 0) {
+            raft_free(b[0].base);
+            raft_free(b);
+            return RAFT_IOERR;
+        }
+        b[1].base = app;
+        b[1].len = app_len;
     }
-    b[1].base = app;
-    b[1].len = app_len;
     *bufs = b;
     *n_bufs = 2;
     c->last_snapshot_index = raft_last_applied(&c->raft);
+    uint64_t pause = monoUs() - t0;
+    c->snap.pause_us = pause;
+    c->snapshots++;
+    c->snapshot_pause_us_last = pause;
+    if (pause > c->snapshot_pause_us_max) {
+        c->snapshot_pause_us_max = pause;
+    }
     if (c->saved_threshold != 0) {
         raft_set_snapshot_threshold(&c->raft, c->saved_threshold);
         c->saved_threshold = 0;
@@ -550,18 +600,54 @@ static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigne
     return 0;
 }
 
+/* raft calls this on a thread of raft_uv's pool (io->async_work), after fsmSnapshot
+ * succeeded, while the loop goes on. It touches the view and c->snap's write fields only. */
+static int fsmSnapshotAsync(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+    struct cluster *c = fsm->data;
+    if (*bufs == NULL || *n_bufs != 2 || c->snap.view == NULL) {
+        return RAFT_INVALID;
+    }
+    uint64_t t0 = monoUs();
+    uint8_t *app = NULL;
+    size_t app_len = 0;
+    if (c->ops.snapshot_write(c->snap.view, &app, &app_len) != 0) {
+        return RAFT_IOERR;
+    }
+    (*bufs)[1].base = app;
+    (*bufs)[1].len = app_len;
+    c->snap.write_us = monoUs() - t0;
+    c->snap.bytes = app_len;
+    c->snap.written = true;
+    return 0;
+}
+
+/* raft calls this on the loop once it is done with the snapshot's buffers, whether they
+ * were stored or not (and after a failed fsmSnapshotAsync or async_work). */
 static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
                                unsigned *n_bufs)
 {
-    (void)fsm;
-    if (*bufs == NULL) {
-        return 0;
+    struct cluster *c = fsm->data;
+    if (*bufs != NULL) {
+        raft_free((*bufs)[0].base);
+        free((*bufs)[1].base); /* the application's buffer is malloc'd (NULL if not written) */
+        raft_free(*bufs);
+        *bufs = NULL;
+        *n_bufs = 0;
     }
-    raft_free((*bufs)[0].base);
-    free((*bufs)[1].base); /* the application's buffer is malloc'd */
-    raft_free(*bufs);
-    *bufs = NULL;
-    *n_bufs = 0;
+    if (c->snap.view != NULL) {
+        struct cluster_snapshot_info info = {
+            .index = c->snap.index,
+            .pause_us = c->snap.pause_us,
+            .write_us = c->snap.write_us,
+            .bytes = c->snap.bytes,
+            .written = c->snap.written,
+        };
+        void *view = c->snap.view;
+        c->snap.view = NULL;
+        c->snapshot_write_us_last = info.write_us;
+        c->ops.snapshot_release(c->ops.data, view, &info);
+    }
     return 0;
 }
 
@@ -634,8 +720,11 @@ static void tickCb(uv_timer_t *t)
 struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
                             const struct cluster_ops *ops, char *err, size_t errlen)
 {
+    unsigned async_ops = (ops->snapshot_freeze != NULL) + (ops->snapshot_write != NULL) +
+                         (ops->snapshot_release != NULL);
     if (cfg->id == 0 || cfg->batch_max_commands == 0 ||
-        cfg->batch_max_commands > ((1u << SLOT_BITS) - 1) || cfg->batch_max_bytes == 0) {
+        cfg->batch_max_commands > ((1u << SLOT_BITS) - 1) || cfg->batch_max_bytes == 0 ||
+        (async_ops != 0 && async_ops != 3) || (async_ops == 0 && ops->snapshot == NULL)) {
         snprintf(err, errlen, "cluster: invalid configuration");
         return NULL;
     }
@@ -686,6 +775,10 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->fsm.snapshot = fsmSnapshot;
     c->fsm.restore = fsmRestore;
     c->fsm.snapshot_finalize = fsmSnapshotFinalize;
+    if (snapshotAsync(c)) {
+        c->fsm.version = 3;
+        c->fsm.snapshot_async = fsmSnapshotAsync;
+    }
     rv = raft_init(&c->raft, &c->io.outer, &c->fsm, cfg->id, c->raft_address);
     if (rv != 0) {
         snprintf(err, errlen, "raft: %s", raft_errmsg(&c->raft));
@@ -801,6 +894,12 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     c->close_data = data;
     failWaiters(c, c->waiters, c->n_cmds, RAFT_SHUTDOWN);
     resetOpenBatch(c);
+    if (c->snap.view != NULL) {
+        /* raft's I/O closes once the pool thread is done with it (io.c), then raft
+         * finalizes the snapshot and the view is released. */
+        fprintf(stderr, "idemd: closing with a snapshot in flight (index %llu); waiting for it\n",
+                (unsigned long long)c->snap.index);
+    }
     uv_check_stop(&c->flush);
     uv_timer_stop(&c->tick);
     uv_close((uv_handle_t *)&c->flush, handleClosed);
@@ -842,6 +941,10 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->applied_index = raft_last_applied(r);
     out->last_snapshot_index = c->last_snapshot_index;
     out->leader_changes = c->leader_changes;
+    out->snapshots = c->snapshots;
+    out->snapshot_pause_us_last = c->snapshot_pause_us_last;
+    out->snapshot_pause_us_max = c->snapshot_pause_us_max;
+    out->snapshot_write_us_last = c->snapshot_write_us_last;
 }
 
 size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap)

@@ -61,6 +61,15 @@ struct cluster_config {
     size_t batch_max_bytes;
 };
 
+/* What one snapshot taken off the loop cost (cluster_ops.snapshot_release). */
+struct cluster_snapshot_info {
+    uint64_t index;    /* the raft index it covers */
+    uint64_t pause_us; /* the loop's part: snapshot_freeze and the member metadata */
+    uint64_t write_us; /* snapshot_write on the pool thread (0 when it did not run) */
+    size_t bytes;      /* what snapshot_write produced */
+    bool written;      /* snapshot_write ran and succeeded */
+};
+
 struct cluster_ops {
     void *data;
     /* Applies one committed command. cmd_index = raft index << 16 | position in the entry.
@@ -71,6 +80,17 @@ struct cluster_ops {
     void (*fail)(void *data, void *waiter, int status);
     /* Serialises the application state into a malloc'd buffer (OUT, the cluster frees). */
     int (*snapshot)(void *data, uint8_t **buf, size_t *len);
+    /* Optional, all three or none: snapshots serialised off the loop (raft's asynchronous
+     * snapshots, fsm version 3); `snapshot` is then unused. snapshot_freeze runs on the loop
+     * and must be short: it hands back an opaque view of the state (OUT) and returns 0, or
+     * -1 to skip this snapshot (raft retries later). snapshot_write then runs on a thread
+     * of libuv's pool while the loop goes on applying commands; it may read the view and
+     * nothing else, and hands back a malloc'd buffer (OUT, the cluster frees it).
+     * snapshot_release runs on the loop once raft is done with the snapshot (stored,
+     * failed, or abandoned at shutdown), exactly once per successful freeze. */
+    int (*snapshot_freeze)(void *data, void **view);
+    int (*snapshot_write)(void *view, uint8_t **buf, size_t *len);
+    void (*snapshot_release)(void *data, void *view, const struct cluster_snapshot_info *info);
     /* Replaces the application state; `buf` is borrowed. Returns 0 or -1. */
     int (*restore)(void *data, const uint8_t *buf, size_t len);
     /* Optional: the known leader changed (0: none known); is_me when it is this node. */
@@ -86,6 +106,10 @@ struct cluster_status {
     uint64_t applied_index;
     uint64_t last_snapshot_index;
     uint64_t leader_changes; /* times this node saw the leader change */
+    uint64_t snapshots;      /* snapshots taken by this node since it started */
+    uint64_t snapshot_pause_us_last; /* the loop's part of the last one (see cluster_ops) */
+    uint64_t snapshot_pause_us_max;
+    uint64_t snapshot_write_us_last; /* its serialisation, off the loop when asynchronous */
 };
 
 struct cluster_batch;

@@ -1,5 +1,6 @@
 #include "io.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static struct io *fromOuter(struct raft_io *o)
@@ -39,6 +40,13 @@ static void ioClose(struct raft_io *o, raft_io_close_cb cb)
 {
     struct io *io = fromOuter(o);
     io->close_cb = cb;
+    io->closing = true;
+    if (io->works > 0) {
+        /* raft is unavailable from now on: it ignores ticks and frees received messages
+         * until the inner close completes. */
+        io->close_deferred = true;
+        return;
+    }
     io->inner.close(&io->inner, ioCloseCb);
 }
 
@@ -169,18 +177,73 @@ static int ioRandom(struct raft_io *o, int min, int max)
     return io->inner.random(&io->inner, min, max);
 }
 
+/* One async_work in flight: raft's request, wrapped so that the wrapper sees it end. */
+struct ioWork {
+    struct raft_io_async_work req; /* handed to the inner io */
+    struct raft_io_async_work *outer;
+    raft_io_async_work_cb cb;
+    struct io *io;
+};
+
+/* On a pool thread: raft's work function, nothing else. */
+static int ioWorkRun(struct raft_io_async_work *req)
+{
+    struct ioWork *w = req->data;
+    return w->outer->work(w->outer);
+}
+
+static void ioWorkDone(struct raft_io_async_work *req, int status)
+{
+    struct ioWork *w = req->data;
+    struct io *io = w->io;
+    struct raft_io_async_work *outer = w->outer;
+    raft_io_async_work_cb cb = w->cb;
+    free(w);
+    io->works--;
+    /* After raft_close, a finished work is reported canceled: raft then releases the
+     * snapshot (snapshot_finalize) instead of starting to store it on a closing node. */
+    cb(outer, io->closing ? RAFT_CANCELED : status);
+    if (io->close_deferred && io->works == 0) {
+        io->close_deferred = false;
+        io->inner.close(&io->inner, ioCloseCb);
+    }
+}
+
 static int ioAsyncWork(struct raft_io *o, struct raft_io_async_work *req,
                        raft_io_async_work_cb cb)
 {
     struct io *io = fromOuter(o);
-    return passErr(io, io->inner.async_work(&io->inner, req, cb));
+    if (io->closing) {
+        return RAFT_CANCELED;
+    }
+    struct ioWork *w = malloc(sizeof(*w));
+    if (w == NULL) {
+        return RAFT_NOMEM;
+    }
+    memset(w, 0, sizeof(*w));
+    w->req.data = w;
+    w->req.work = ioWorkRun;
+    w->outer = req;
+    w->cb = cb;
+    w->io = io;
+    req->cb = cb;
+    int rv = io->inner.async_work(&io->inner, &w->req, ioWorkDone);
+    if (rv != 0) {
+        free(w);
+        return passErr(io, rv);
+    }
+    io->works++;
+    return 0;
 }
 
 void io_wrap(struct io *io)
 {
     struct raft_io *o = &io->outer;
     memset(o, 0, sizeof(*o));
-    o->version = io->inner.version;
+    /* libraft 0.15's raft_uv implements async_work (version 2 of raft_io) but still says
+     * version 1, and raft_init refuses asynchronous snapshots over a version 1 io: the
+     * wrapper, which implements version 2, says so when the inner io has the method. */
+    o->version = io->inner.async_work != NULL && io->inner.version < 2 ? 2 : io->inner.version;
     o->init = ioInit;
     o->close = ioClose;
     o->load = ioLoad;
@@ -196,7 +259,10 @@ void io_wrap(struct io *io)
     o->snapshot_get = ioSnapshotGet;
     o->time = ioTime;
     o->random = ioRandom;
-    o->async_work = io->inner.version >= 2 && io->inner.async_work ? ioAsyncWork : NULL;
+    o->async_work = io->inner.async_work != NULL ? ioAsyncWork : NULL;
     io->in_append_entries = false;
     io->corrected = 0;
+    io->works = 0;
+    io->closing = false;
+    io->close_deferred = false;
 }

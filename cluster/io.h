@@ -14,7 +14,12 @@
  * truncated any conflicting suffix first.) The follower side has the same flaw when it
  * advances its commit index (min(leader_commit, last stored index)); the wrapper lowers an
  * incoming AppendEntries' leader_commit to prev_log_index + n_entries, so that a follower
- * commits only entries the RPC proved to match the leader's log. */
+ * commits only entries the RPC proved to match the leader's log.
+ *
+ * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
+ * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
+ * such work has called back: raft_uv would otherwise be closed, and freed by the cluster,
+ * under a work still running on a pool thread. */
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
@@ -31,6 +36,9 @@ struct io {
     raft_id ae_from;
     raft_index ae_end;
     unsigned long corrected; /* answers and commit indexes clamped so far */
+    unsigned works;          /* async_work requests in flight (raft's async snapshots) */
+    bool closing;            /* raft called close */
+    bool close_deferred;     /* ... while works > 0: inner close waits for the last one */
 };
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(). */

@@ -45,6 +45,9 @@ void fsm_close(struct fsm *f)
     if (f == NULL) {
         return;
     }
+    if (f->frozen != NULL) {
+        fsm_thaw(f, f->frozen);
+    }
     table_close(&f->t);
     arena_close(&f->arena);
     free(f);
@@ -110,10 +113,41 @@ static void recSetResponse(struct rec *r, uint8_t *stored)
     r->response = stored;
 }
 
+/* ---- copy-on-write while a view is frozen (fsm.h, fsm_freeze) ------------------------
+ *
+ * Every write to a record goes through recWritable() first, and every removal through
+ * recRemove(): with no view frozen they cost one test of f->frozen. */
+
+bool fsm_rec_frozen(const struct fsm *f, const struct rec *r)
+{
+    const struct fsm_frozen *z = f->frozen;
+    if (z == NULL || z->detached) {
+        return false;
+    }
+    return table_slots_hold(z->slots, z->mask, table_rec_hash(&f->t, r), r);
+}
+
+/* The record to modify in r's place: r itself, or, when the frozen view holds r, a copy
+ * that replaces r in the table (r goes to the view, untouched). */
+static struct rec *recWritable(struct fsm *f, struct rec *r)
+{
+    if (!fsm_rec_frozen(f, r)) {
+        return r;
+    }
+    struct rec *c = table_clone(&f->t, r, table_rec_hash(&f->t, r));
+    fsm_frozen_retire(f->frozen, r);
+    return c;
+}
+
 static void recRemove(struct fsm *f, struct rec *r)
 {
     recUncount(f, r);
-    table_remove(&f->t, r);
+    if (fsm_rec_frozen(f, r)) {
+        table_unlink(&f->t, r);
+        fsm_frozen_retire(f->frozen, r);
+    } else {
+        table_remove(&f->t, r);
+    }
 }
 
 /* ---- validation helpers -------------------------------------------------------------- */
@@ -320,6 +354,7 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
         if (fresh) {
             r = table_insert(&f->t, tn, h, c->key.data, c->key.len);
         } else {
+            r = recWritable(f, r);
             recUncount(f, r);
         }
         memcpy(r->fp, c->fingerprint.data, FSM_FINGERPRINT_LEN);
@@ -376,6 +411,7 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
             /* The holder's own retry (its answer was lost): same token. If its lease ran
              * out meanwhile and nobody took over, it gets a fresh one. */
             if (now >= r->lease_deadline) {
+                r = recWritable(f, r);
                 r->lease_deadline = addSat(now, c->lease_ms);
             }
             out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
@@ -395,6 +431,7 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
         out->lease_deadline_ms = r->lease_deadline;
         return out->outcome;
     }
+    r = recWritable(f, r);
     out->previous_token = r->token;
     grantLease(r, index, now, c);
     expiry_update(&f->t.heap, r); /* the token is part of the expiry order */
@@ -447,6 +484,7 @@ static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__
         out->outcome = IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED;
         return out->outcome;
     }
+    r = recWritable(f, r);
     recUncount(f, r);
     recSetResponse(r, stored);
     r->completion = (uint8_t)c->outcome;
@@ -487,6 +525,7 @@ static Idem__Outcome applyRelease(struct fsm *f, uint64_t now_cmd, const Idem__R
         out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
         return out->outcome;
     }
+    r = recWritable(f, r);
     recUncount(f, r);
     r->state = IDEM__RECORD_STATE__RECORD_STATE_RELEASED;
     recSetResponse(r, NULL);
@@ -521,6 +560,7 @@ static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__Ren
     }
     /* A holder whose lease passed but that nobody took over is still the holder (its
      * token is current), so it may renew. */
+    r = recWritable(f, r);
     r->lease_deadline = addSat(f->clock, c->lease_ms);
     out->outcome = IDEM__OUTCOME__OUTCOME_OK;
     out->token = r->token;
@@ -585,6 +625,7 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__R
     }
     /* An operator's decision is final and bypasses quotas. */
     size_t n = 0;
+    r = recWritable(f, r);
     recUncount(f, r);
     recSetResponse(r, responseStore(c->response, &n));
     r->state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
@@ -705,12 +746,14 @@ static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__Ex
              * outlives its ttl until resolve; it is re-armed for another tombstone ttl
              * (positive: the ttl when not given) from now, so that a clock jump does not
              * make it use up the batch. */
+            r = recWritable(f, r);
             r->expires_at = addSat(r->expires_at > f->clock ? r->expires_at : f->clock,
                                    r->tombstone_ttl);
             expiry_update(&f->t.heap, r);
             break;
         case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
         case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
+            r = recWritable(f, r);
             recUncount(f, r);
             recSetResponse(r, NULL);
             r->state = IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE;

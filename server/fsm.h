@@ -154,4 +154,38 @@ int fsm_snapshot(const struct fsm *f, uint8_t **out, size_t *out_len);
  * case the state machine is unchanged. */
 int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why);
 
+/* ---- snapshots off the apply path ---------------------------------------------------
+ *
+ * fsm_snapshot() serialises the whole table in one call: at a million records that is most
+ * of a second during which the owner can apply nothing. A frozen view splits it: the owner
+ * freezes the state (a bounded copy: the hash table's slot array, 8 bytes a slot, and the
+ * tenant names' addresses; no record is read or copied), hands the view to another thread
+ * that serialises it, and goes on applying commands meanwhile. Until the view is thawed the
+ * state machine is copy-on-write at record level: an apply that would modify a record the
+ * view holds modifies a copy that takes its place in the table, and a record the view holds
+ * is unlinked rather than freed; fsm_thaw() frees what the view alone still held. The bytes
+ * are those fsm_snapshot() would have written at the moment of the freeze.
+ *
+ * Threads: fsm_freeze, fsm_thaw, fsm_apply*, fsm_restore and fsm_close run on the owner's
+ * thread; fsm_frozen_write may run on any one thread between the freeze and the thaw (the
+ * caller orders the hand-over, e.g. libuv's work queue does). The state machine starts no
+ * thread and takes no lock. */
+struct fsm_frozen;
+
+/* Freezes the current state. Returns the view (owned by the state machine until
+ * fsm_thaw()), or NULL when a view is frozen already (one at a time). */
+struct fsm_frozen *fsm_freeze(struct fsm *f);
+
+/* Serialises the view into a malloc'd buffer (OUT, the caller frees it), exactly as
+ * fsm_snapshot() would have at freeze time. Reads only the view and the records it holds.
+ * Returns 0; aborts on allocation failure. */
+int fsm_frozen_write(const struct fsm_frozen *z, uint8_t **out, size_t *out_len);
+
+/* Records the view holds (for logs). */
+uint64_t fsm_frozen_records(const struct fsm_frozen *z);
+
+/* Ends the freeze and frees the view and the records only it still held. No
+ * fsm_frozen_write() of it may be running. fsm_close() thaws a view that is still frozen. */
+void fsm_thaw(struct fsm *f, struct fsm_frozen *z);
+
 #endif /* IDEM_SERVER_FSM_H */

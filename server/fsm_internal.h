@@ -8,8 +8,28 @@
 
 #define FSM_STATES 6 /* Idem__RecordState values, UNSPECIFIED included */
 
+/* A frozen view (fsm.h, fsm_freeze). The first part is the view, constant from the freeze
+ * to the thaw and read by fsm_frozen_write on any thread; the rest belongs to the owner. */
+struct fsm_frozen {
+    uintptr_t *slots;        /* copy of the table's slot array at the freeze */
+    size_t mask;
+    uint64_t count;
+    char **names;            /* tenant names (the table's strings), by tenant index */
+    size_t n_tenants;
+    uint64_t clock;
+    uint64_t last_index;
+    uint64_t bytes;
+    /* Owner only. */
+    bool detached;           /* a restore replaced the table: no live record is the view's */
+    struct rec **retired;    /* records of the view no longer in the table */
+    size_t n_retired, cap_retired;
+    struct table *graves;    /* tables a restore replaced during the freeze */
+    size_t n_graves;
+};
+
 struct fsm {
     struct table t;
+    struct fsm_frozen *frozen; /* the view in flight, or NULL */
     struct arena arena;      /* protobuf-c decoding scratch, reset per command */
     uint64_t clock;          /* max leader timestamp applied (CONTRACT.md §2) */
     uint64_t last_index;     /* command index of the last valid command */
@@ -22,6 +42,13 @@ size_t fsm_rec_response_len(const struct rec *r);
 
 /* Adds r to its tenant's usage and the state counters (fsm.c). */
 void fsm_rec_count(struct fsm *f, const struct rec *r);
+
+/* Hands a record of the view that left the table to the view, which frees it at the
+ * thaw (fsm_snapshot.c). */
+void fsm_frozen_retire(struct fsm_frozen *z, struct rec *r);
+
+/* Whether a record of the live table is held by the frozen view (false when none is). */
+bool fsm_rec_frozen(const struct fsm *f, const struct rec *r);
 
 /* Whether a stored response is acceptable; *why (OUT) says why not. */
 bool fsm_response_valid(const Idem__StoredResponse *resp, const char **why);

@@ -103,35 +103,136 @@ static void snapRecord(const struct rec *r, void *arg)
     bufMessage(b, &m.base);
 }
 
-int fsm_snapshot(const struct fsm *f, uint8_t **out, size_t *out_len)
+/* What a snapshot is written from: the live table (fsm_snapshot) or a frozen view. */
+struct snapView {
+    const uintptr_t *slots;
+    size_t mask;
+    uint64_t count;
+    char **names;
+    size_t n_tenants;
+    uint64_t clock;
+    uint64_t last_index;
+    uint64_t bytes;
+};
+
+static void writeView(const struct snapView *v, uint8_t **out, size_t *out_len)
 {
     struct snapBuf b = {NULL, 0, 0};
     /* A record packs to about 60 bytes plus key, fingerprint and response: reserve that
      * up front so that the buffer is not copied while it grows. */
-    bufReserve(&b, 4096 + f->t.count * 112 + (size_t)f->bytes);
+    bufReserve(&b, 4096 + v->count * 112 + (size_t)v->bytes);
     memcpy(b.p, SNAP_MAGIC, SNAP_MAGIC_LEN);
     b.len = SNAP_MAGIC_LEN;
     bufLE(&b, SNAP_FORMAT, 4);
 
     Idem__SnapshotHeader h = IDEM__SNAPSHOT_HEADER__INIT;
-    char **names = xcalloc(f->t.n_tenants, sizeof(*names));
-    for (size_t i = 0; i < f->t.n_tenants; i++) {
-        names[i] = f->t.tenants[i].name;
-    }
     h.format = SNAP_FORMAT;
-    h.clock_ms = f->clock;
-    h.record_count = f->t.count;
-    h.n_tenants = f->t.n_tenants;
-    h.tenants = names;
-    h.last_index = f->last_index;
+    h.clock_ms = v->clock;
+    h.record_count = v->count;
+    h.n_tenants = v->n_tenants;
+    h.tenants = v->names;
+    h.last_index = v->last_index;
     bufMessage(&b, &h.base);
-    free(names);
 
-    table_foreach(&f->t, snapRecord, &b);
+    table_slots_foreach(v->slots, v->mask, snapRecord, &b);
     bufLE(&b, XXH3_64bits(b.p, b.len), SNAP_TRAILER);
     *out = b.p;
     *out_len = b.len;
+}
+
+int fsm_snapshot(const struct fsm *f, uint8_t **out, size_t *out_len)
+{
+    char **names = xcalloc(f->t.n_tenants ? f->t.n_tenants : 1, sizeof(*names));
+    for (size_t i = 0; i < f->t.n_tenants; i++) {
+        names[i] = f->t.tenants[i].name;
+    }
+    struct snapView v = {
+        .slots = f->t.slots,
+        .mask = f->t.mask,
+        .count = f->t.count,
+        .names = names,
+        .n_tenants = f->t.n_tenants,
+        .clock = f->clock,
+        .last_index = f->last_index,
+        .bytes = f->bytes,
+    };
+    writeView(&v, out, out_len);
+    free(names);
     return 0;
+}
+
+/* ---- frozen views (fsm.h, fsm_freeze) ------------------------------------------------ */
+
+struct fsm_frozen *fsm_freeze(struct fsm *f)
+{
+    if (f->frozen != NULL) {
+        return NULL;
+    }
+    struct fsm_frozen *z = xcalloc(1, sizeof(*z));
+    size_t n = f->t.mask + 1;
+    z->slots = xmalloc(n * sizeof(*z->slots));
+    memcpy(z->slots, f->t.slots, n * sizeof(*z->slots));
+    z->mask = f->t.mask;
+    z->count = f->t.count;
+    /* Tenant names are never freed nor changed while the table lives (a restore during the
+     * freeze keeps the old table until the thaw), so their addresses are enough. */
+    z->n_tenants = f->t.n_tenants;
+    z->names = xmalloc((z->n_tenants ? z->n_tenants : 1) * sizeof(*z->names));
+    for (size_t i = 0; i < z->n_tenants; i++) {
+        z->names[i] = f->t.tenants[i].name;
+    }
+    z->clock = f->clock;
+    z->last_index = f->last_index;
+    z->bytes = f->bytes;
+    f->frozen = z;
+    return z;
+}
+
+int fsm_frozen_write(const struct fsm_frozen *z, uint8_t **out, size_t *out_len)
+{
+    struct snapView v = {
+        .slots = z->slots,
+        .mask = z->mask,
+        .count = z->count,
+        .names = z->names,
+        .n_tenants = z->n_tenants,
+        .clock = z->clock,
+        .last_index = z->last_index,
+        .bytes = z->bytes,
+    };
+    writeView(&v, out, out_len);
+    return 0;
+}
+
+uint64_t fsm_frozen_records(const struct fsm_frozen *z)
+{
+    return z->count;
+}
+
+void fsm_frozen_retire(struct fsm_frozen *z, struct rec *r)
+{
+    if (z->n_retired == z->cap_retired) {
+        z->cap_retired = z->cap_retired ? z->cap_retired * 2 : 256;
+        z->retired = xrealloc(z->retired, z->cap_retired * sizeof(*z->retired));
+    }
+    z->retired[z->n_retired++] = r;
+}
+
+void fsm_thaw(struct fsm *f, struct fsm_frozen *z)
+{
+    assert(f->frozen == z);
+    for (size_t i = 0; i < z->n_retired; i++) {
+        table_rec_free(z->retired[i]);
+    }
+    for (size_t i = 0; i < z->n_graves; i++) {
+        table_close(&z->graves[i]);
+    }
+    free(z->retired);
+    free(z->graves);
+    free(z->slots);
+    free(z->names);
+    free(z);
+    f->frozen = NULL;
 }
 
 /* ---- reader -------------------------------------------------------------------------- */
@@ -385,7 +486,17 @@ int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why)
     f->last_index = fresh->last_index;
     memcpy(f->n_state, fresh->n_state, sizeof(f->n_state));
     f->bytes = fresh->bytes;
-    fresh->t = tmp.t;
+    if (f->frozen != NULL) {
+        /* The frozen view still reads the old table's records and tenant names: keep the
+         * old table until the thaw. No record of the new one is the view's. */
+        struct fsm_frozen *z = f->frozen;
+        z->graves = xrealloc(z->graves, (z->n_graves + 1) * sizeof(*z->graves));
+        z->graves[z->n_graves++] = tmp.t;
+        z->detached = true;
+        table_init(&fresh->t);
+    } else {
+        fresh->t = tmp.t;
+    }
     fsm_close(fresh);
     return 0;
 }

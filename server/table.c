@@ -227,6 +227,18 @@ struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8
 
 void table_remove(struct table *t, struct rec *r)
 {
+    table_unlink(t, r);
+    table_rec_free(r);
+}
+
+void table_rec_free(struct rec *r)
+{
+    free(r->response);
+    free(r);
+}
+
+void table_unlink(struct table *t, struct rec *r)
+{
     size_t i = recHash(t, r) & t->mask;
     while (slotRec(t->slots[i]) != r) {
         assert(t->slots[i] != 0);
@@ -253,8 +265,6 @@ void table_remove(struct table *t, struct rec *r)
         expiry_remove(&t->heap, r);
     }
     t->count--;
-    free(r->response);
-    free(r);
 }
 
 void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg),
@@ -265,4 +275,59 @@ void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *
             fn(slotRec(t->slots[i]), arg);
         }
     }
+}
+
+/* ---- copy-on-write support ----------------------------------------------------------- */
+
+uint64_t table_rec_hash(const struct table *t, const struct rec *r)
+{
+    return recHash(t, r);
+}
+
+bool table_slots_hold(const uintptr_t *slots, size_t mask, uint64_t hash, const struct rec *r)
+{
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+        uintptr_t slot = slots[i];
+        if (slot == 0) {
+            return false;
+        }
+        if (slotRec(slot) == r) {
+            return true;
+        }
+    }
+}
+
+void table_slots_foreach(const uintptr_t *slots, size_t mask,
+                         void (*fn)(const struct rec *r, void *arg), void *arg)
+{
+    for (size_t i = 0; i <= mask; i++) {
+        if (slots[i] != 0) {
+            fn(slotRec(slots[i]), arg);
+        }
+    }
+}
+
+struct rec *table_clone(struct table *t, struct rec *r, uint64_t hash)
+{
+    size_t size = table_rec_size(r->key_len);
+    struct rec *c = xmalloc(size);
+    memcpy(c, r, size);
+    if (r->response != NULL) {
+        uint32_t n;
+        memcpy(&n, r->response, sizeof(n));
+        c->response = xmalloc(sizeof(uint32_t) + n);
+        memcpy(c->response, r->response, sizeof(uint32_t) + n);
+    }
+    size_t i = hash & t->mask;
+    while (slotRec(t->slots[i]) != r) {
+        assert(t->slots[i] != 0);
+        i = (i + 1) & t->mask;
+    }
+    t->slots[i] = slotMake(c, hash);
+    if (r->heap_pos != UINT32_MAX) {
+        /* The copy takes the original's place in the expiry index: same keys, same order. */
+        assert(r->heap_pos < t->heap.len && t->heap.items[r->heap_pos] == r);
+        t->heap.items[r->heap_pos] = c;
+    }
+    return c;
 }

@@ -92,4 +92,34 @@ void table_remove(struct table *t, struct rec *r);
 void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg),
                    void *arg);
 
+/* ---- copy-on-write support for frozen snapshots (fsm_freeze, fsm.h) -------------------
+ *
+ * A frozen view is a copy of the slot array: it shares the records with the live table.
+ * While it exists the state machine must neither modify nor free a record the copy holds:
+ * it clones the record first (table_clone) or unlinks it without freeing it
+ * (table_unlink), and frees it once the view is gone (table_rec_free). */
+
+/* The hash of a record of this table (what table_find was called with). */
+uint64_t table_rec_hash(const struct table *t, const struct rec *r);
+
+/* Whether the slot array `slots` (mask + 1 entries, a copy of a table's) holds r, whose hash
+ * is `hash`. Compares addresses only: it never reads a record. */
+bool table_slots_hold(const uintptr_t *slots, size_t mask, uint64_t hash, const struct rec *r);
+
+/* Calls fn(r, arg) for every record of a slot array (a table's or a copy of one). */
+void table_slots_foreach(const uintptr_t *slots, size_t mask,
+                         void (*fn)(const struct rec *r, void *arg), void *arg);
+
+/* Replaces r in the hash table and in the expiry index by a new copy of it (its stored
+ * response copied too) and returns the copy; r itself is left untouched and is no longer
+ * the table's: the caller frees it with table_rec_free. `hash` is r's. */
+struct rec *table_clone(struct table *t, struct rec *r, uint64_t hash);
+
+/* Unlinks the record from the hash table and the expiry index without freeing it; the
+ * caller frees it with table_rec_free. */
+void table_unlink(struct table *t, struct rec *r);
+
+/* Frees a record that is no longer the table's (its response too). */
+void table_rec_free(struct rec *r);
+
 #endif

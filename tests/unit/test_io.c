@@ -1,5 +1,7 @@
-/* Unit test of cluster/io.c: the correction of libraft 0.15's AppendEntries answers. A fake
- * raft_uv below the wrapper records what is sent; a fake raft above it answers the way
+/* Unit test of cluster/io.c: the correction of libraft 0.15's AppendEntries answers, and the
+ * forwarding of async_work (asynchronous snapshots) with raft's close held back until the
+ * last work has called back. A fake raft_uv below the wrapper records what is sent and
+ * holds async works until the test completes them; a fake raft above it answers the way
  * libraft 0.15 does (its last stored index). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -139,12 +141,123 @@ static void test_leader_commit_is_clamped(void **state)
     assert_int_equal(seenCommit, 12);
 }
 
+/* ---- async_work and close ----------------------------------------------------------- */
+
+static struct raft_io_async_work *innerWork; /* the work the wrapper handed to "raft_uv" */
+static raft_io_async_work_cb innerWorkCb;
+static int innerCloses;
+static raft_io_close_cb innerCloseCb;
+static int workRuns, workCbs, workStatus, outerCloses;
+
+static int fakeAsyncWork(struct raft_io *io, struct raft_io_async_work *req,
+                         raft_io_async_work_cb cb)
+{
+    (void)io;
+    innerWork = req;
+    innerWorkCb = cb;
+    req->cb = cb;
+    return 0;
+}
+
+static void fakeClose(struct raft_io *io, raft_io_close_cb cb)
+{
+    (void)io;
+    innerCloses++;
+    innerCloseCb = cb;
+}
+
+static int raftWork(struct raft_io_async_work *req)
+{
+    (void)req;
+    workRuns++;
+    return 0;
+}
+
+static void raftWorkDone(struct raft_io_async_work *req, int status)
+{
+    (void)req;
+    workCbs++;
+    workStatus = status;
+}
+
+static void raftClosed(struct raft_io *io)
+{
+    assert_ptr_equal(io, &theIo.outer);
+    outerCloses++;
+}
+
+static int setupWork(void **state)
+{
+    setup(state);
+    theIo.inner.async_work = fakeAsyncWork;
+    theIo.inner.close = fakeClose;
+    io_wrap(&theIo);
+    innerWork = NULL;
+    innerCloses = workRuns = workCbs = outerCloses = 0;
+    workStatus = -1;
+    return 0;
+}
+
+/* libraft 0.15's raft_uv has async_work but says version 1: the wrapper says 2. */
+static void test_async_work_is_forwarded(void **state)
+{
+    (void)state;
+    assert_int_equal(theIo.outer.version, 2);
+    assert_non_null(theIo.outer.async_work);
+    struct raft_io_async_work req = {.data = NULL, .work = raftWork, .cb = NULL};
+    assert_int_equal(theIo.outer.async_work(&theIo.outer, &req, raftWorkDone), 0);
+    assert_non_null(innerWork);
+    assert_int_equal(theIo.works, 1);
+    /* The pool thread runs raft's function; the loop then gets raft's callback. */
+    assert_int_equal(innerWork->work(innerWork), 0);
+    assert_int_equal(workRuns, 1);
+    innerWorkCb(innerWork, 0);
+    assert_int_equal(workCbs, 1);
+    assert_int_equal(workStatus, 0);
+    assert_int_equal(theIo.works, 0);
+    /* A failure is passed on as it is. */
+    assert_int_equal(theIo.outer.async_work(&theIo.outer, &req, raftWorkDone), 0);
+    innerWorkCb(innerWork, RAFT_IOERR);
+    assert_int_equal(workStatus, RAFT_IOERR);
+    /* No work in flight: close goes through at once. */
+    theIo.outer.close(&theIo.outer, raftClosed);
+    assert_int_equal(innerCloses, 1);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+}
+
+/* raft_close while a work runs on the pool: raft_uv is closed only once the work called
+ * back (else the cluster frees it under the running work), and the late work is reported
+ * canceled so that raft does not start storing a snapshot on a closing node. */
+static void test_close_waits_for_async_work(void **state)
+{
+    (void)state;
+    struct raft_io_async_work req = {.data = NULL, .work = raftWork, .cb = NULL};
+    assert_int_equal(theIo.outer.async_work(&theIo.outer, &req, raftWorkDone), 0);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    assert_int_equal(innerCloses, 0);
+    assert_true(theIo.close_deferred);
+    /* Closing: no new work is accepted. */
+    struct raft_io_async_work other = {.data = NULL, .work = raftWork, .cb = NULL};
+    assert_int_equal(theIo.outer.async_work(&theIo.outer, &other, raftWorkDone), RAFT_CANCELED);
+    innerWork->work(innerWork);
+    innerWorkCb(innerWork, 0);
+    assert_int_equal(workCbs, 1);
+    assert_int_equal(workStatus, RAFT_CANCELED);
+    assert_int_equal(innerCloses, 1);
+    assert_int_equal(outerCloses, 0);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_heartbeat_answer_is_clamped, setup),
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
+        cmocka_unit_test_setup(test_async_work_is_forwarded, setupWork),
+        cmocka_unit_test_setup(test_close_waits_for_async_work, setupWork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -486,6 +486,219 @@ static void test_every_byte_flip_refused(void **state)
     th_close(&h);
 }
 
+/* ---- frozen views (fsm_freeze): snapshots taken while applies go on ------------------ */
+
+/* One deterministic mutating command for step i: claims (fresh keys in an extra tenant, so
+ * the table grows and rehashes and the tenant array grows; takeovers of lapsed leases;
+ * re-claims of released keys), completes, releases, renews, resolves (with a response, and
+ * releases that free records) and expires (tombstones, drops). It reads the record first
+ * with a get so that it aims at the state the record is in. */
+static Idem__Outcome mutateStep(struct th *h, int i, int populated)
+{
+    static const char *tenants[] = {"acme", "globex", "initech"};
+    char key[32];
+    uint64_t now = 1200 + (uint64_t)i / 3;
+    int k = (int)(((unsigned)i * 7919u) % (unsigned)populated);
+    const char *tenant = tenants[k % 3];
+    snprintf(key, sizeof(key), "order-%07d", k);
+    switch (i % 7) {
+    case 0: {
+        /* A fresh key in a tenant the frozen view does not know. */
+        snprintf(key, sizeof(key), "fresh-%07d", i);
+        struct th_claim opt = {.tenant = i % 2 ? "newco" : "acme", .ttl_ms = 20000 + (uint64_t)(i % 5) * 100};
+        return th_claim(h, now, key, 3, &opt);
+    }
+    case 1: {
+        struct th_claim opt = {.tenant = tenant,
+                               .policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER};
+        return th_claim(h, now, key, (uint8_t)(k % 251), &opt);
+    }
+    case 2:
+    case 3:
+    case 4:
+        if (th_get(h, now, tenant, key) != IDEM__OUTCOME__OUTCOME_OK) {
+            return th_expire(h, now, 50);
+        }
+        if (h->r.record.state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+            uint64_t tok = h->r.record.token;
+            if (i % 7 == 2) {
+                return th_complete(h, now, tenant, key, tok, SUCCEEDED, 200, "{\"late\":1}", 0);
+            }
+            if (i % 7 == 3) {
+                return th_release(h, now, tenant, key, tok);
+            }
+            return th_renew(h, now, tenant, key, tok, 700);
+        }
+        if (h->r.record.state == IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED) {
+            return th_resolve(h, now, tenant, key, 0, 409, "{\"resolved\":1}");
+        }
+        if (h->r.record.state == IDEM__RECORD_STATE__RECORD_STATE_COMPLETED) {
+            return th_resolve(h, now, tenant, key, 1, 0, NULL); /* frees the record */
+        }
+        return th_expire(h, now, 50);
+    case 5:
+        return th_expire(h, now + 500, 300);
+    default:
+        return th_resolve(h, now, tenant, key, 1, 0, NULL);
+    }
+}
+
+/* Applies step i to both and checks that they answered alike. */
+static void mutateBoth(struct th *a, struct th *b, int i, int populated)
+{
+    Idem__Outcome oa = mutateStep(a, i, populated);
+    Idem__Outcome ob = mutateStep(b, i, populated);
+    assert_int_equal(oa, ob);
+    assert_int_equal(a->r.token, b->r.token);
+    assert_int_equal(a->r.expired, b->r.expired);
+    assert_int_equal(a->r.dropped, b->r.dropped);
+    assert_int_equal(a->r.response_len, b->r.response_len);
+}
+
+static void restoredDigest(const uint8_t *snap, size_t len, char out[33])
+{
+    struct fsm *x = fsm_new();
+    const char *why = NULL;
+    assert_int_equal(fsm_restore(x, snap, len, &why), 0);
+    fsm_digest_hex(x, out);
+    fsm_close(x);
+}
+
+/* A view frozen before many applies serialises to exactly the state at the freeze, while
+ * the live state machine goes on exactly as one that never froze anything (its twin). */
+static void test_frozen_view_under_applies(void **state)
+{
+    (void)state;
+    enum { POPULATED = 3000, STEPS = 42000 };
+    struct th a, twin;
+    th_init(&a);
+    th_init(&twin);
+    populate(&a, POPULATED);
+    populate(&twin, POPULATED);
+    assertSameState(a.f, twin.f);
+
+    char at_freeze[33];
+    fsm_digest_hex(a.f, at_freeze);
+    struct fsm_stats before;
+    fsm_get_stats(a.f, &before);
+    uint8_t *sync_snap = NULL;
+    size_t sync_len = 0;
+    fsm_snapshot(a.f, &sync_snap, &sync_len);
+
+    struct fsm_frozen *z = fsm_freeze(a.f);
+    assert_non_null(z);
+    assert_null(fsm_freeze(a.f)); /* one view at a time */
+    assert_int_equal(fsm_frozen_records(z), before.records);
+
+    uint64_t dropped = 0, expired = 0;
+    for (int i = 0; i < STEPS; i++) {
+        mutateBoth(&a, &twin, i, POPULATED);
+        dropped += a.r.dropped;
+        expired += a.r.expired;
+    }
+    struct fsm_stats after;
+    fsm_get_stats(a.f, &after);
+    /* The workload did what it claims: the table grew well past the slot array it had at
+     * the freeze (rehashes), a tenant was added, records expired and were dropped. */
+    assert_true(after.records > 2 * before.records);
+    assert_true(after.tenants > before.tenants);
+    assert_true(expired > 0 && dropped > 0);
+    assertSameState(a.f, twin.f);
+
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    assert_int_equal(fsm_frozen_write(z, &snap, &len), 0);
+    /* Byte for byte what fsm_snapshot wrote at the freeze. */
+    assert_int_equal(len, sync_len);
+    assert_memory_equal(snap, sync_snap, len);
+    char from_view[33], live[33], twin_d[33];
+    restoredDigest(snap, len, from_view);
+    assert_string_equal(from_view, at_freeze);
+    fsm_digest_hex(a.f, live);
+    fsm_digest_hex(twin.f, twin_d);
+    assert_string_equal(live, twin_d);
+    assert_string_not_equal(live, at_freeze);
+    free(snap);
+    free(sync_snap);
+
+    fsm_thaw(a.f, z);
+    assertSameState(a.f, twin.f);
+    /* After the thaw: more applies, a second freeze, and the live state still matches. */
+    for (int i = STEPS; i < STEPS + 3000; i++) {
+        mutateBoth(&a, &twin, i, POPULATED);
+    }
+    fsm_digest_hex(a.f, at_freeze);
+    z = fsm_freeze(a.f);
+    assert_non_null(z);
+    for (int i = STEPS + 3000; i < STEPS + 6000; i++) {
+        mutateBoth(&a, &twin, i, POPULATED);
+    }
+    fsm_frozen_write(z, &snap, &len);
+    restoredDigest(snap, len, from_view);
+    assert_string_equal(from_view, at_freeze);
+    free(snap);
+    fsm_thaw(a.f, z);
+    assertSameState(a.f, twin.f);
+    th_close(&a);
+    th_close(&twin);
+}
+
+/* A restore while a view is frozen replaces the live table; the view still serialises the
+ * state at its freeze, and the old table is freed at the thaw (LSan checks). */
+static void test_frozen_view_survives_restore(void **state)
+{
+    (void)state;
+    struct th a, other;
+    th_init(&a);
+    th_init(&other);
+    populate(&a, 2000);
+    populate(&other, 500);
+    th_claim(&other, 50, "only-in-other", 1, NULL);
+    char at_freeze[33];
+    fsm_digest_hex(a.f, at_freeze);
+    struct fsm_frozen *z = fsm_freeze(a.f);
+    assert_non_null(z);
+    for (int i = 0; i < 3000; i++) {
+        mutateStep(&a, i, 2000);
+    }
+    uint8_t *osnap = NULL;
+    size_t olen = 0;
+    fsm_snapshot(other.f, &osnap, &olen);
+    assert_int_equal(fsm_restore(a.f, osnap, olen, NULL), 0);
+    free(osnap);
+    assertSameState(a.f, other.f);
+    /* Applies on the restored table (none of its records is the view's). */
+    a.index = other.index;
+    for (int i = 0; i < 2000; i++) {
+        mutateBoth(&a, &other, i, 500);
+    }
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    fsm_frozen_write(z, &snap, &len);
+    char from_view[33];
+    restoredDigest(snap, len, from_view);
+    assert_string_equal(from_view, at_freeze);
+    free(snap);
+    fsm_thaw(a.f, z);
+    assertSameState(a.f, other.f);
+    th_close(&a);
+    th_close(&other);
+}
+
+/* fsm_close with a view still frozen frees everything (LSan checks). */
+static void test_close_while_frozen(void **state)
+{
+    (void)state;
+    struct th a;
+    th_init(&a);
+    populate(&a, 500);
+    assert_non_null(fsm_freeze(a.f));
+    for (int i = 0; i < 2000; i++) {
+        mutateStep(&a, i, 500);
+    }
+    th_close(&a);
+}
+
 int main(void)
 {
     memset(goodFp, 7, sizeof(goodFp));
@@ -496,6 +709,9 @@ int main(void)
         cmocka_unit_test(test_handmade_good_snapshot),
         cmocka_unit_test(test_refuses_bad_snapshots),
         cmocka_unit_test(test_every_byte_flip_refused),
+        cmocka_unit_test(test_frozen_view_under_applies),
+        cmocka_unit_test(test_frozen_view_survives_restore),
+        cmocka_unit_test(test_close_while_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
