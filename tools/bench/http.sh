@@ -16,7 +16,8 @@
 # Order of execution: 1, 2, 4 (idemd and the upstream), then idemd is stopped and 3 runs
 # with etcd alone on the machine, so neither system competes with the other's idle nodes.
 # Every process started is killed by PID on exit; the temp dir is removed.
-# Env: DURATION (seconds per wrk run, default 10), CONNS (64), THREADS (2).
+# Env: DURATION (seconds per wrk run, default 10), CONNS (64), THREADS (2),
+#      UPSTREAM (nginx, the default, or python: tests/integration/order_service.py).
 set -euo pipefail
 
 # The whole run is bounded: rerun ourselves under timeout(1) (TERM -> trap -> cleanup).
@@ -61,6 +62,13 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 HAVE_NGINX=1
 command -v nginx >/dev/null || HAVE_NGINX=0
+# UPSTREAM=python puts tests/integration/order_service.py (a small threaded Python service,
+# i.e. an upstream that does some work per request) behind the proxy instead of nginx.
+case "${UPSTREAM:-nginx}" in
+  nginx) ;;
+  python) HAVE_NGINX=0 ;;
+  *) die "UPSTREAM must be nginx or python" ;;
+esac
 
 # ---- processes and cleanup -----------------------------------------------------------------
 TMP=$(mktemp -d /tmp/idem-http-bench.XXXXXX)
