@@ -10,8 +10,8 @@
  * by protobuf-c, and nothing from it is logged.
  *
  * A frame longer than max_frame_bytes is not buffered: its request id is read from its
- * first bytes (protobuf wire format: the leading varint fields, at most FRAME_PEEK bytes,
- * no length from it trusted), it is answered OUTCOME_INVALID with result detail
+ * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
+ * no length from the frame trusted; at most 22 bytes looked at), it is answered OUTCOME_INVALID with result detail
  * "frame_too_large" under that id, and its bytes are skipped as they arrive; the
  * connection carries on. When no request id can be read it is answered under id 0 and
  * the connection drains, as after any undecodable frame.
@@ -43,7 +43,6 @@
 #define CONN_MAX_INFLIGHT 4096          /* requests awaiting an answer */
 #define CONN_MAX_QUEUED (16u << 20)     /* answer bytes waiting to be written */
 #define CONN_TLS_READ 65536             /* ciphertext read buffer of a TLS connection */
-#define FRAME_PEEK 32                   /* bytes of an oversized frame read for its id */
 #define SWEEP_MS 250                    /* how often timeouts are checked */
 #define TLS_WARN_EVERY_MS 10000         /* at most one TLS failure warning per this */
 
@@ -318,47 +317,47 @@ static void badFrame(struct conn *c, uint64_t request_id, const char *why)
     connDrain(c);
 }
 
-/* One varint of at most 10 bytes from p[*i..len); false when it does not end in time. */
-static bool peekVarint(const uint8_t *p, size_t len, size_t *i, uint64_t *v)
-{
-    *v = 0;
-    for (unsigned shift = 0; shift < 70 && *i < len; shift += 7) {
-        uint8_t b = p[(*i)++];
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if ((b & 0x80) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Request.request_id (field 1, a varint) from the first `len` bytes of a packed Request,
- * looked for among the leading varint fields only (clients put the request id and the
- * deadline first); 0 when not found there. */
-static uint64_t peekRequestId(const uint8_t *p, size_t len)
+/* Request.request_id from the first `len` bytes of a packed Request: looked for only among
+ * the leading fields 1 (request_id) and 2 (deadline_ms), both varints, which is how every
+ * client starts a request. 1: *id found (non-zero); 0: not there (another field first, a
+ * varint too long, id 0); -1: the bytes so far begin such a field: wait for more. */
+static int peekRequestId(const uint8_t *p, size_t len, uint64_t *id)
 {
     size_t i = 0;
-    while (i < len) {
-        uint64_t tag, v;
-        if (!peekVarint(p, len, &i, &tag) || (tag & 7) != 0) {
+    for (int field = 0; field < 2; field++) {
+        if (i >= len) {
+            return -1;
+        }
+        uint8_t tag = p[i++];
+        if (tag != 0x08 && tag != 0x10) {
             return 0;
         }
-        if (!peekVarint(p, len, &i, &v)) {
+        uint64_t v = 0;
+        bool ended = false;
+        for (unsigned shift = 0; shift < 64 && !ended; shift += 7) {
+            if (i >= len) {
+                return -1;
+            }
+            uint8_t b = p[i++];
+            v |= (uint64_t)(b & 0x7f) << shift;
+            ended = (b & 0x80) == 0;
+        }
+        if (!ended) {
             return 0;
         }
-        if (tag >> 3 == 1) {
-            return v;
+        if (tag == 0x08) {
+            *id = v;
+            return v != 0 ? 1 : 0;
         }
     }
     return 0;
 }
 
-/* Answers a frame larger than max_frame_bytes (n bytes, `have` of them at p): with its
- * request id when one can be read, and then skips it; under id 0 and draining otherwise.
- * Returns the bytes consumed from p (0 when draining). */
-static size_t tooLarge(struct conn *c, const uint8_t *p, size_t have, uint32_t n)
+/* Answers a frame larger than max_frame_bytes (n bytes, `have` of them at p) under `id`;
+ * with an id the frame is then skipped, without one (0) the connection drains. Returns
+ * the bytes consumed from p (0 when draining). */
+static size_t tooLarge(struct conn *c, size_t have, uint32_t n, uint64_t id)
 {
-    uint64_t id = peekRequestId(p, have < FRAME_PEEK ? have : FRAME_PEEK);
     Idem__Result res = IDEM__RESULT__INIT;
     Idem__Response resp = IDEM__RESPONSE__INIT;
     res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
@@ -398,10 +397,12 @@ static void connProcess(struct conn *c)
         uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
         if (n > max) {
             size_t have = c->len - off - 4;
-            if (have < FRAME_PEEK) {
-                break; /* n > max >= 1024: FRAME_PEEK bytes of it will come */
+            uint64_t id = 0;
+            int found = peekRequestId(p + 4, have < n ? have : n, &id);
+            if (found < 0 && have < n) {
+                break; /* the request id may be in the bytes still to come */
             }
-            size_t took = tooLarge(c, p + 4, have, n);
+            size_t took = tooLarge(c, have, n, found > 0 ? id : 0);
             if (took == 0) {
                 return;
             }
