@@ -21,7 +21,15 @@
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: as a broken connection
  *   (next seed, after a backoff).
  * - a request's deadline passes: its callback gets IDEM_EUNAVAILABLE; an answer that comes
- *   later finds no request with its id and is dropped.
+ *   later finds no request with its id and is dropped. Deadlines count from the submit
+ *   (the loop's time is updated there, so a slow callback before it costs nothing).
+ * - a connection that does not come up (connect, resolution, TLS handshake), or on which
+ *   requests are outstanding but nothing arrives, for an attempt's share of their time
+ *   (max(remaining / 3, IDEM_ATTEMPT_MIN_MS)): dropped by the stall watch (watchCb), its
+ *   requests wait again and the next seed is tried at once: a leader that accepts but
+ *   does not answer (stopped, frozen, blackholed) is left.
+ * - an answer that a request exceeded the node's max_frame_bytes (IDEM_FRAME_TOO_LARGE):
+ *   that request alone fails with IDEM_ETOOBIG; the connection and the others go on.
  * - idem_async_close(): every pending callback gets IDEM_ECANCELED before it returns; then
  *   the connection, the timers and the reconnect timer close, and the close callback runs
  *   once the last handle's close callback ran (libuv frees nothing of ours before that).

@@ -17,16 +17,23 @@
  *   (learned as a node if it is not a seed), without backing off the first time; repeated
  *   redirects back off, so that two nodes pointing at each other cannot spin.
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: back off, next seed.
- * - no answer: the call's deadline bounds every poll(); when it passes, the connection
- *   (which still has our request outstanding) is closed and the call returns
- *   IDEM_EUNAVAILABLE.
+ * - no answer: each attempt on one node (connect, TLS handshake, write, answer) gets
+ *   min(remaining, max(remaining / 3, IDEM_ATTEMPT_MIN_MS)) of the call's time. When that
+ *   passes, the connection (which still has our request outstanding) is closed and the
+ *   next seed is tried with the same request (same request id, same attempt id), and the
+ *   client stops starting calls on that node; so a leader that accepts connections but
+ *   does not answer (stopped, frozen, blackholed) costs a third of a call, not all of it.
+ *   When the call's deadline passes, it returns IDEM_EUNAVAILABLE.
+ * - an answer that our frame exceeded the node's max_frame_bytes (IDEM_FRAME_TOO_LARGE):
+ *   IDEM_ETOOBIG at once (definite); the connection stays.
  * Every loop is bounded by the call's deadline. Backoff: 10 ms doubling to 200 ms, each
  * sleep shortened by up to a quarter at random so that clients do not retry in lockstep,
  * and never past the deadline.
  *
  * Threads: the client's mutex guards its node table (append-only: a published node never
  * changes until the client is freed), the leader hint, the request id counter, the jitter
- * state, the last error message and the pool. Sockets and buffers belong to a connection
+ * state, the last error message (idem_client_errmsg copies it out under the mutex) and the
+ * pool. Frame buffers that held the bearer token are wiped before they are freed. Sockets and buffers belong to a connection
  * set, which belongs to one call at a time, so no I/O happens under the mutex. */
 #include "internal.h"
 

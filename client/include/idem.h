@@ -16,6 +16,11 @@
  *   retry-safe that way (CONTRACT.md §2, §4), so a retry after an ambiguous failure never
  *   runs anything twice, and a claim whose answer was lost gets its own lease back
  *   (`acquired`, same token) instead of `in_progress`.
+ * - A node that accepts the connection but does not answer (a stopped or frozen process, a
+ *   blackholed host) is given one attempt's share of the time left -- a third of it, at
+ *   least 250 ms -- for connect, TLS handshake and answer; then the client closes that
+ *   connection and tries the next seed with the same request. So such a leader costs part
+ *   of a call's deadline, and calls reach the new leader once one is elected.
  * - When the deadline passes without an answer from a leader, the call fails with
  *   IDEM_EUNAVAILABLE. The request may or may not have been applied: retry it with the same
  *   key (and, for a claim, the same attempt id).
@@ -312,7 +317,8 @@ IDEM_API const char *idem_client_leader(const struct idem_client *c);
  * with the cluster's answer, or a negative code with *out zeroed (detail set): IDEM_EINVAL
  * (NULL client/key/out, an empty key, a missing fingerprint or response),
  * IDEM_EUNAVAILABLE (no leader answered before the deadline: retry with the same key and
- * attempt id), IDEM_ETOOBIG, IDEM_ENOMEM, IDEM_EPROTO. After IDEM_OK the caller frees *out
+ * attempt id), IDEM_ETOOBIG (larger than the client's max_frame_bytes, or refused as
+ * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO. After IDEM_OK the caller frees *out
  * with idem_result_free(). `key` is a NUL-terminated string of 1-255 bytes (the server
  * checks its alphabet and answers IDEM_OUTCOME_INVALID). Keys never appear in `detail` or
  * idem_client_errmsg(). */
@@ -408,7 +414,8 @@ struct idem_async;
 
 /* Called exactly once per accepted request, on the loop's thread: status IDEM_OK with
  * `result` set (as for the synchronous call), or a negative code (IDEM_EUNAVAILABLE when
- * the deadline passed, IDEM_ECANCELED when idem_async_close() ran first, ...) with
+ * the deadline passed, IDEM_ECANCELED when idem_async_close() ran first, IDEM_ETOOBIG when
+ * the node refused the request as larger than its max_frame_bytes, ...) with
  * `result` zeroed and its detail set. `result` belongs to the library and is freed after
  * the callback returns, unless the callback moves it out with idem_result_move(). The
  * callback may issue new requests, and may call idem_async_close(). */
