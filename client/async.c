@@ -874,11 +874,11 @@ static void watchCb(uv_timer_t *t)
     if (now - conn->quiet_since < limit) {
         return;
     }
+    const char *what = conn->connected ? "no answer"
+                       : a->tls != NULL ? "not connected (connect or tls handshake)"
+                                        : "not connected";
     IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s within %" PRIu64 " ms",
-             a->nodes[conn->node].addr,
-             conn->connected ? "no answer" : (a->tls != NULL ? "not connected (connect or tls handshake)"
-                                                             : "not connected"),
-             limit);
+             a->nodes[conn->node].addr, what, limit);
     connDrop(a, conn, a->next_seed, 0);
 }
 

@@ -33,8 +33,9 @@
  * Threads: the client's mutex guards its node table (append-only: a published node never
  * changes until the client is freed), the leader hint, the request id counter, the jitter
  * state, the last error message (idem_client_errmsg copies it out under the mutex) and the
- * pool. Frame buffers that held the bearer token are wiped before they are freed. Sockets and buffers belong to a connection
- * set, which belongs to one call at a time, so no I/O happens under the mutex. */
+ * pool. Frame buffers that held the bearer token are wiped before they are freed. Sockets
+ * and buffers belong to a connection set, which belongs to one call at a time, so no I/O
+ * happens under the mutex. */
 #include "internal.h"
 
 #include <errno.h>
