@@ -21,7 +21,15 @@
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: as a broken connection
  *   (next seed, after a backoff).
  * - a request's deadline passes: its callback gets IDEM_EUNAVAILABLE; an answer that comes
- *   later finds no request with its id and is dropped.
+ *   later finds no request with its id and is dropped. Deadlines count from the submit
+ *   (the loop's time is updated there, so a slow callback before it costs nothing).
+ * - a connection that does not come up (connect, resolution, TLS handshake), or on which
+ *   requests are outstanding but nothing arrives, for an attempt's share of their time
+ *   (max(remaining / 3, IDEM_ATTEMPT_MIN_MS)): dropped by the stall watch (watchCb), its
+ *   requests wait again and the next seed is tried at once: a leader that accepts but
+ *   does not answer (stopped, frozen, blackholed) is left.
+ * - an answer that a request exceeded the node's max_frame_bytes (IDEM_FRAME_TOO_LARGE):
+ *   that request alone fails with IDEM_ETOOBIG; the connection and the others go on.
  * - idem_async_close(): every pending callback gets IDEM_ECANCELED before it returns; then
  *   the connection, the timers and the reconnect timer close, and the close callback runs
  *   once the last handle's close callback ran (libuv frees nothing of ours before that).
@@ -35,6 +43,7 @@
  * Names: a numeric host is connected at once; a name is resolved with uv_getaddrinfo (on
  * libuv's thread pool) and its first address is used. A connection object is freed only
  * once both its TCP handle closed and its resolution (if any) called back. */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +93,8 @@ struct aconn {
     uint8_t *cbuf;  /* TLS: ciphertext read buffer; owned */
     uint8_t *rbuf;  /* plaintext read and not yet parsed; owned */
     size_t rlen, rcap;
+    uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
+                           * last moment nothing was owed): the stall watch's reference */
 };
 
 struct awrite {
@@ -111,6 +122,8 @@ struct idem_async {
     struct aconn *conn; /* NULL: none */
     uv_timer_t reconnect;
     bool reconnect_armed;
+    uv_timer_t watch; /* the stall watch; runs (unreferenced) while requests are pending */
+    uint32_t max_frame; /* the largest request body accepted */
     struct areq *head, *tail;
     size_t pending;
     unsigned handles; /* open uv handles we own: reconnect timer, request timers, conns */
@@ -191,6 +204,7 @@ static void reqFreeCb(uv_handle_t *h)
 {
     struct areq *r = h->data;
     struct idem_async *a = r->a;
+    OPENSSL_cleanse(r->body, r->body_len); /* it carries the token */
     free(r->body);
     free(r);
     a->handles--;
@@ -254,6 +268,7 @@ static void writeCb(uv_write_t *w, int status)
 {
     struct awrite *wr = (struct awrite *)w;
     struct aconn *conn = wr->conn;
+    OPENSSL_cleanse(wr->data, wr->len); /* a request frame carries the token */
     free(wr);
     if (status < 0 && !conn->closing && conn->a->conn == conn) {
         struct idem_async *a = conn->a;
@@ -271,6 +286,7 @@ static bool connWrite(struct aconn *conn, struct awrite *wr)
     uv_buf_t buf = uv_buf_init((char *)wr->data, (unsigned)wr->len);
     int rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
     if (rv != 0) {
+        OPENSSL_cleanse(wr->data, wr->len);
         free(wr);
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
                  uv_strerror(rv));
@@ -340,6 +356,7 @@ static void reqSend(struct idem_async *a, struct areq *r)
     }
     size_t written = 0;
     int ok = SSL_write_ex(conn->ssl, wr->data, wr->len, &written);
+    OPENSSL_cleanse(wr->data, wr->len);
     free(wr);
     if (ok != 1) {
         char ebuf[256];
@@ -587,6 +604,13 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
         return true;
     }
     Idem__Outcome outcome = idem_response_outcome(m);
+    if (IdemFrameTooLarge(m)) {
+        /* Definite: the node skipped this frame unread; sending it again cannot help. The
+         * connection stays usable for the others. */
+        idem__response__free_unpacked(m, NULL);
+        reqFail(r, IDEM_ETOOBIG, "the request is larger than the node's max_frame_bytes");
+        return !conn->closing;
+    }
     if (outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER ||
         outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE) {
         size_t to = IDEM_NODES_MAX;
@@ -634,6 +658,9 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                  nread == UV_EOF ? "connection closed by the node" : uv_strerror((int)nread));
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
         return;
+    }
+    if (nread > 0) {
+        conn->quiet_since = uv_now(a->loop);
     }
     if (conn->ssl != NULL) {
         if (!tlsRead(conn, (size_t)nread)) {
@@ -766,6 +793,7 @@ static void connStart(struct idem_async *a)
     }
     conn->a = a;
     conn->node = a->current;
+    conn->quiet_since = uv_now(a->loop);
     if (uv_tcp_init(a->loop, &conn->tcp) != 0) {
         free(conn);
         a->reconnect_armed = true;
@@ -801,6 +829,57 @@ static void connStart(struct idem_async *a)
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", n->addr, what, uv_strerror(rv));
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
     }
+}
+
+/* The stall watch: a connection that has not connected (connect, TLS handshake) or, with
+ * requests outstanding on it, has read nothing for an attempt's share of their time --
+ * max(remaining / 3, IDEM_ATTEMPT_MIN_MS), remaining counted from when the silence began,
+ * the smallest over those requests -- is dropped: its requests wait again (same ids) and
+ * the next seed is tried at once. This is what moves the client off a leader that
+ * accepts connections but does not answer (stopped, frozen, blackholed). */
+#define WATCH_PERIOD_MS 50
+
+static void watchCb(uv_timer_t *t)
+{
+    struct idem_async *a = t->data;
+    if (a->closing) {
+        return;
+    }
+    if (a->head == NULL) {
+        uv_timer_stop(&a->watch);
+        return;
+    }
+    struct aconn *conn = a->conn;
+    if (conn == NULL || conn->closing) {
+        return;
+    }
+    uint64_t now = uv_now(a->loop);
+    uint64_t limit = UINT64_MAX;
+    for (struct areq *r = a->head; r != NULL; r = r->next) {
+        bool owed = conn->connected ? (r->state == AREQ_SENT && r->sent_on == conn)
+                                    : r->state == AREQ_WAITING;
+        if (!owed) {
+            continue;
+        }
+        uint64_t rem = r->deadline > conn->quiet_since ? r->deadline - conn->quiet_since : 0;
+        uint64_t share = rem / 3 > IDEM_ATTEMPT_MIN_MS ? rem / 3 : IDEM_ATTEMPT_MIN_MS;
+        if (share < limit) {
+            limit = share;
+        }
+    }
+    if (limit == UINT64_MAX) {
+        conn->quiet_since = now; /* nothing owed: silence is normal */
+        return;
+    }
+    if (now - conn->quiet_since < limit) {
+        return;
+    }
+    const char *what = conn->connected ? "no answer"
+                       : a->tls != NULL ? "not connected (connect or tls handshake)"
+                                        : "not connected";
+    IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s within %" PRIu64 " ms",
+             a->nodes[conn->node].addr, what, limit);
+    connDrop(a, conn, a->next_seed, 0);
 }
 
 /* ---- the API --------------------------------------------------------------------------- */
@@ -850,6 +929,7 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     }
     a->default_deadline_ms =
         opts->default_deadline_ms ? opts->default_deadline_ms : IDEM_DEFAULT_DEADLINE_MS;
+    a->max_frame = IdemMaxFrame(opts);
     a->next_id = 1;
     a->rng = IdemRngSeed();
     a->backoff = IDEM_BACKOFF_MIN_MS;
@@ -860,6 +940,14 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     }
     a->reconnect.data = a;
     a->handles = 1;
+    if (uv_timer_init(loop, &a->watch) != 0) {
+        a->closing = true; /* the reconnect timer's close callback frees `a` */
+        uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
+        return IDEM_ESYS;
+    }
+    a->watch.data = a;
+    uv_unref((uv_handle_t *)&a->watch); /* never what keeps the caller's loop running */
+    a->handles++;
     *out = a;
     return IDEM_OK;
 }
@@ -898,7 +986,7 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     b.req.auth_token.data = a->token;
     b.req.auth_token.len = a->token_len;
     r->body_len = idem__request__get_packed_size(&b.req);
-    if (r->body_len > IDEM_MAX_FRAME - 8) {
+    if (r->body_len > a->max_frame - 8) {
         IdemBuiltFree(&b);
         free(r);
         return IDEM_ETOOBIG;
@@ -921,6 +1009,9 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     r->cb = cb;
     r->data = data;
     r->deadline_ms = deadline_ms ? deadline_ms : a->default_deadline_ms;
+    /* The loop's cached time is as old as the start of this loop turn, which may have
+     * been long (a slow callback): count the deadline from now. */
+    uv_update_time(a->loop);
     r->deadline = uv_now(a->loop) + r->deadline_ms;
     r->state = AREQ_WAITING;
     uv_timer_start(&r->timer, reqDeadlineCb, r->deadline_ms, 0);
@@ -932,6 +1023,12 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     }
     a->tail = r;
     a->pending++;
+    if (!uv_is_active((uv_handle_t *)&a->watch)) {
+        if (a->conn != NULL) {
+            a->conn->quiet_since = uv_now(a->loop);
+        }
+        uv_timer_start(&a->watch, watchCb, WATCH_PERIOD_MS, WATCH_PERIOD_MS);
+    }
     /* Writes now when connected; never calls a callback from here: a write that fails at
      * once only puts requests back to waiting. */
     flush(a);
@@ -1016,4 +1113,6 @@ void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb, void *
     }
     uv_timer_stop(&a->reconnect);
     uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
+    uv_timer_stop(&a->watch);
+    uv_close((uv_handle_t *)&a->watch, handleClosedCb);
 }

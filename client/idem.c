@@ -17,17 +17,25 @@
  *   (learned as a node if it is not a seed), without backing off the first time; repeated
  *   redirects back off, so that two nodes pointing at each other cannot spin.
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: back off, next seed.
- * - no answer: the call's deadline bounds every poll(); when it passes, the connection
- *   (which still has our request outstanding) is closed and the call returns
- *   IDEM_EUNAVAILABLE.
+ * - no answer: each attempt on one node (connect, TLS handshake, write, answer) gets
+ *   min(remaining, max(remaining / 3, IDEM_ATTEMPT_MIN_MS)) of the call's time. When that
+ *   passes, the connection (which still has our request outstanding) is closed and the
+ *   next seed is tried with the same request (same request id, same attempt id), and the
+ *   client stops starting calls on that node; so a leader that accepts connections but
+ *   does not answer (stopped, frozen, blackholed) costs a third of a call, not all of it.
+ *   When the call's deadline passes, it returns IDEM_EUNAVAILABLE.
+ * - an answer that our frame exceeded the node's max_frame_bytes (IDEM_FRAME_TOO_LARGE):
+ *   IDEM_ETOOBIG at once (definite); the connection stays.
  * Every loop is bounded by the call's deadline. Backoff: 10 ms doubling to 200 ms, each
  * sleep shortened by up to a quarter at random so that clients do not retry in lockstep,
  * and never past the deadline.
  *
  * Threads: the client's mutex guards its node table (append-only: a published node never
  * changes until the client is freed), the leader hint, the request id counter, the jitter
- * state, the last error message and the pool. Sockets and buffers belong to a connection
- * set, which belongs to one call at a time, so no I/O happens under the mutex. */
+ * state, the last error message (idem_client_errmsg copies it out under the mutex) and the
+ * pool. Frame buffers that held the bearer token are wiped before they are freed. Sockets
+ * and buffers belong to a connection set, which belongs to one call at a time, so no I/O
+ * happens under the mutex. */
 #include "internal.h"
 
 #include <errno.h>
@@ -71,6 +79,7 @@ struct idem_client {
     uint8_t *token;  /* owned; NULL when token_len == 0 */
     size_t token_len;
     uint32_t default_deadline_ms;
+    uint32_t max_frame;    /* the largest request body sent */
     SSL_CTX *tls;          /* NULL: plain TCP */
     char *tls_server_name; /* owned; NULL: each node's host */
     uint64_t next_request_id;
@@ -178,6 +187,24 @@ static const char *errnoText(int err, char *buf, size_t len)
         snprintf(buf, len, "error %d", err);
     }
     return buf;
+}
+
+/* ---- frames -------------------------------------------------------------------------- */
+
+uint32_t IdemMaxFrame(const struct idem_options *opts)
+{
+    uint32_t m = opts != NULL ? opts->max_frame_bytes : 0;
+    if (m == 0 || m > IDEM_MAX_FRAME) {
+        return IDEM_MAX_FRAME;
+    }
+    return m < 1024 ? 1024 : m;
+}
+
+bool IdemFrameTooLarge(const Idem__Response *m)
+{
+    return m != NULL && m->result != NULL &&
+           m->result->outcome == IDEM__OUTCOME__OUTCOME_INVALID && m->result->detail != NULL &&
+           strcmp(m->result->detail, IDEM_FRAME_TOO_LARGE) == 0;
 }
 
 /* ---- time and randomness ------------------------------------------------------------- */
@@ -327,6 +354,9 @@ static void connsFree(struct idem_conns *k)
     for (size_t i = 0; i < IDEM_NODES_MAX; i++) {
         connClose(k, i);
     }
+    if (k->wbuf != NULL) {
+        OPENSSL_cleanse(k->wbuf, k->wbuf_cap); /* the last frame carried the token */
+    }
     free(k->wbuf);
     free(k->rbuf);
     free(k);
@@ -370,6 +400,7 @@ int idem_client_open(const struct idem_options *opts, struct idem_client **out, 
     }
     c->default_deadline_ms =
         opts->default_deadline_ms ? opts->default_deadline_ms : IDEM_DEFAULT_DEADLINE_MS;
+    c->max_frame = IdemMaxFrame(opts);
     if (IdemTlsWanted(opts)) {
         rv = IdemTlsContext(opts, &c->tls, why, why_len);
         if (rv != IDEM_OK) {
@@ -423,9 +454,19 @@ void idem_client_close(struct idem_client *c)
     free(c);
 }
 
-const char *idem_client_errmsg(const struct idem_client *c)
+const char *idem_client_errmsg(const struct idem_client *cc)
 {
-    return c == NULL ? "" : c->errmsg;
+    /* Calls on other threads write c->errmsg (under the mutex): hand out a copy taken
+     * under it, in a buffer of the calling thread's own. */
+    static _Thread_local char copy[IDEM_ERRMSG_LEN];
+    if (cc == NULL) {
+        return "";
+    }
+    struct idem_client *c = (struct idem_client *)cc; /* the mutex is not state */
+    pthread_mutex_lock(&c->mu);
+    memcpy(copy, c->errmsg, sizeof copy);
+    pthread_mutex_unlock(&c->mu);
+    return copy;
 }
 
 const char *idem_client_leader(const struct idem_client *cc)
@@ -760,8 +801,8 @@ static int frameBuild(struct idem_client *c, struct idem_conns *k, const Idem__R
         r.auth_token.len = c->token_len;
     }
     size_t body = idem__request__get_packed_size(&r);
-    if (body > IDEM_MAX_FRAME) {
-        connErrf(k, "request of %zu bytes exceeds the limit of %u", body, IDEM_MAX_FRAME);
+    if (body > c->max_frame) {
+        connErrf(k, "request of %zu bytes exceeds the limit of %u", body, c->max_frame);
         return IDEM_ETOOBIG;
     }
     if (!bufReserve(&k->wbuf, &k->wbuf_cap, body + 4)) {
@@ -835,6 +876,17 @@ static int checkArgs(struct idem_client *c, const Idem__Request *req, uint32_t d
     return IDEM_OK;
 }
 
+/* The deadline of one attempt (connect, TLS handshake, write, read) on one node: a share
+ * of what is left, so that a node that accepts but never answers costs only part of the
+ * call: min(remaining, max(remaining / 3, IDEM_ATTEMPT_MIN_MS)). */
+static uint64_t attemptDeadline(uint64_t deadline)
+{
+    uint64_t now = IdemNowMs();
+    uint64_t rem = deadline > now ? deadline - now : 0;
+    uint64_t share = rem / 3 > IDEM_ATTEMPT_MIN_MS ? rem / 3 : IDEM_ATTEMPT_MIN_MS;
+    return now + (share < rem ? share : rem);
+}
+
 /* The leader-following loop; `k` is this call's connection set. */
 static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__Request *req,
                       uint32_t deadline_ms, Idem__Response **resp)
@@ -858,19 +910,41 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
         }
         const char *addr = c->nodes[cand].addr;
         Idem__Response *m = NULL;
-        enum rt_result r = nodeRoundTrip(c, k, cand, frame_len, id, deadline, &m);
+        uint64_t attempt_deadline = attemptDeadline(deadline);
+        enum rt_result r = nodeRoundTrip(c, k, cand, frame_len, id, attempt_deadline, &m);
         if (r == RT_NOMEM) {
             return IDEM_ENOMEM;
         }
         if (r == RT_TIMEOUT) {
-            /* The deadline cut this attempt short: an earlier attempt's failure (refused,
-             * certificate, unavailable) says more about why nothing answered. */
-            if (last[0] == '\0') {
-                memcpy(last, k->errmsg, sizeof last);
+            if (IdemRemainingMs(deadline) == 0) {
+                /* The call's deadline cut this attempt short: an earlier attempt's
+                 * failure (refused, certificate, unavailable) says more about why
+                 * nothing answered. */
+                if (last[0] == '\0') {
+                    memcpy(last, k->errmsg, sizeof last);
+                }
+                break;
             }
-            break;
+            /* The node accepted but did not answer in time (stopped, frozen, blackholed):
+             * the connection is closed; try the next seed with the same request id, and
+             * stop starting calls on this node. */
+            memcpy(last, k->errmsg, sizeof last);
+            pthread_mutex_lock(&c->mu);
+            if (c->current == cand) {
+                c->current = next_seed;
+                c->answered = false;
+            }
+            pthread_mutex_unlock(&c->mu);
+            cand = next_seed;
+            next_seed = (next_seed + 1) % n_seeds;
+            continue;
         }
         bool follow = false;
+        if (r == RT_OK && IdemFrameTooLarge(m)) {
+            connErrf(k, "%s: the request is larger than the node's max_frame_bytes", addr);
+            idem__response__free_unpacked(m, NULL);
+            return IDEM_ETOOBIG;
+        }
         if (r == RT_OK) {
             Idem__Outcome outcome = idem_response_outcome(m);
             if (outcome != IDEM__OUTCOME__OUTCOME_NOT_LEADER &&

@@ -16,6 +16,10 @@
 #define IDEM_BACKOFF_MAX_MS 200
 #define IDEM_REDIRECTS_FREE 1 /* redirects followed without backing off, per call */
 #define IDEM_DEFAULT_DEADLINE_MS 5000u
+/* The shortest time one attempt on one node (connect, TLS handshake, write, answer) gets
+ * before the call moves on to another node: each attempt gets a third of what is left of
+ * the call, but at least this (and never more than what is left). */
+#define IDEM_ATTEMPT_MIN_MS 250u
 
 /* ---- messages (idem.c) ---- */
 void IdemWhyf(char *why, size_t why_len, const char *fmt, ...)
@@ -41,6 +45,15 @@ int IdemSeedsParse(const char *seeds, struct idem_node *nodes, size_t *n, char *
 /* Fills `n` from the `len` bytes at `s`. On error `n` holds nothing. */
 int IdemNodeInit(struct idem_node *n, const char *s, size_t len, char *why, size_t why_len);
 void IdemNodeFree(struct idem_node *n);
+
+/* ---- frames (idem.c) ---- */
+
+/* The largest request body the client sends: opts->max_frame_bytes, or IDEM_MAX_FRAME
+ * when 0 or larger (at least 1024). */
+uint32_t IdemMaxFrame(const struct idem_options *opts);
+/* Whether `m` is a node's answer that our request frame exceeded its max_frame_bytes
+ * (outcome INVALID, result detail "frame_too_large"): a definite IDEM_ETOOBIG. */
+bool IdemFrameTooLarge(const Idem__Response *m);
 
 /* ---- time and randomness (idem.c) ---- */
 uint64_t IdemNowMs(void);                    /* CLOCK_MONOTONIC */

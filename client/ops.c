@@ -254,6 +254,7 @@ int IdemResultFill(struct idem_result *out, Idem__Response *m)
     out->outcome = (int)res->outcome;
     out->token = res->token;
     out->lease_deadline_ms = res->lease_deadline_ms;
+    out->lease_ms = res->lease_ms;
     out->retry_after_ms = res->retry_after_ms;
     out->expires_at_ms = res->expires_at_ms;
     out->takeover = res->takeover ? 1 : 0;

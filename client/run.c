@@ -71,13 +71,6 @@ static void *renewerMain(void *arg)
     return NULL;
 }
 
-static uint64_t realtimeMs(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static int completionOf(int cls)
 {
     switch (cls) {
@@ -118,13 +111,11 @@ int idem_run(struct idem_client *c, const char *key,
     uint64_t token = out->token;
     uint32_t deadline_ms = o.deadline_ms;
 
-    /* The renewal interval: a third of the lease, as asked for or as estimated from the
-     * lease deadline (the leader's clock) and ours. */
-    uint64_t lease = o.lease_ms;
-    if (lease == 0) {
-        uint64_t now = realtimeMs();
-        lease = out->lease_deadline_ms > now ? out->lease_deadline_ms - now : LEASE_GUESS_MS;
-    }
+    /* The renewal interval: a third of the lease the node says it granted (Result.lease_ms),
+     * or of the one asked for, or of LEASE_GUESS_MS from a node that does not say. Never
+     * from lease_deadline_ms: that is the leader's wall clock, and ours may be skewed. The
+     * renewer times itself on CLOCK_MONOTONIC. */
+    uint64_t lease = out->lease_ms ? out->lease_ms : o.lease_ms ? o.lease_ms : LEASE_GUESS_MS;
     struct renewer r = {.c = c, .key = key, .token = token, .lease_ms = o.lease_ms};
     r.interval_ms = lease / 3 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : lease / 3;
     pthread_condattr_t ca;
@@ -166,6 +157,27 @@ int idem_run(struct idem_client *c, const char *key,
     if (r.lost) {
         snprintf(out->detail, sizeof out->detail,
                  "the lease was lost while the function ran (a renewal answered lease_lost)");
+    }
+    if (cls != IDEM_RUN_RETRYABLE) {
+        /* Checked before anything is copied or sent: a response that cannot be stored
+         * (a NULL header name, a NULL body with a length) changes nothing; the claim stays
+         * held until its lease ends or the caller completes it with out->token. */
+        struct idem_op op = {.kind = IDEM_OP_COMPLETE,
+                             .key = key,
+                             .token = token,
+                             .completion = completionOf(cls),
+                             .response = &resp};
+        struct idem_built b;
+        char why[256];
+        int vrv = IdemOpBuild(&op, &b, why, sizeof why);
+        IdemBuiltFree(&b);
+        if (vrv != IDEM_OK) {
+            IdemWhyf(out->detail, sizeof out->detail,
+                     "the function's response cannot be stored (%s); nothing was completed, "
+                     "the claim is held until its lease ends",
+                     why);
+            return vrv == IDEM_ENOMEM ? IDEM_ENOMEM : IDEM_EINVAL;
+        }
     }
     if (cls != IDEM_RUN_RETRYABLE && IdemResultCopyResponse(out, &resp) != IDEM_OK) {
         /* The complete below still stores fn's response; only our copy is missing. */

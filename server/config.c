@@ -718,9 +718,10 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path,
 
 static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
 {
-    enum { FRAME, DEFAULT_DEADLINE, MAX_DEADLINE, CONNECTIONS, SECRET, N };
+    enum { FRAME, DEFAULT_DEADLINE, MAX_DEADLINE, CONNECTIONS, SECRET, IDLE, HANDSHAKE, N };
     static const char *const keys[N] = {"max_frame_bytes", "default_deadline_ms", "max_deadline_ms",
-                                        "max_connections", "cluster_secret_file"};
+                                        "max_connections", "cluster_secret_file",
+                                        "idle_timeout_ms", "handshake_timeout_ms"};
     struct field f[N];
     char *secret_path = NULL;
     if (mapFields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
@@ -728,6 +729,8 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         getU32(c, &f[DEFAULT_DEADLINE], 1, 600000, &r->default_deadline_ms) != 0 ||
         getU32(c, &f[MAX_DEADLINE], 1, 600000, &r->max_deadline_ms) != 0 ||
         getU32(c, &f[CONNECTIONS], 1, 1u << 20, &r->max_connections) != 0 ||
+        getU32(c, &f[IDLE], 100, 86400000, &r->idle_timeout_ms) != 0 ||
+        getU32(c, &f[HANDSHAKE], 100, 600000, &r->handshake_timeout_ms) != 0 ||
         getPath(c, &f[SECRET], &secret_path) != 0) {
         return -1;
     }
@@ -1414,6 +1417,8 @@ static void setDefaults(struct config *cfg)
     cfg->rpc.default_deadline_ms = 2000;
     cfg->rpc.max_deadline_ms = 60000;
     cfg->rpc.max_connections = 1024;
+    cfg->rpc.idle_timeout_ms = 300000;
+    cfg->rpc.handshake_timeout_ms = 5000;
     cfg->batch.max_commands = 256;
     cfg->batch.max_bytes = 1u << 20;
     cfg->expiry.interval_ms = 1000;

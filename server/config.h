@@ -81,6 +81,9 @@ struct config_rpc {
     uint32_t default_deadline_ms; /* 1..600000 and <= max_deadline_ms, default 2000 */
     uint32_t max_deadline_ms;     /* 1..600000, default 60000 */
     uint32_t max_connections;     /* 1..1048576, default 1024 */
+    uint32_t idle_timeout_ms;     /* 100..86400000, default 300000: a connection owed
+                                   * nothing that completed no frame for this long closes */
+    uint32_t handshake_timeout_ms; /* 100..600000, default 5000: TLS handshake bound */
     struct config_secret cluster_secret; /* optional; must differ from every token */
 };
 

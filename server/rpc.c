@@ -9,6 +9,19 @@
  * checked against max_frame_bytes before anything is buffered for it, the request is decoded
  * by protobuf-c, and nothing from it is logged.
  *
+ * A frame longer than max_frame_bytes is not buffered: its request id is read from its
+ * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
+ * no length from the frame trusted; at most 22 bytes looked at), it is answered OUTCOME_INVALID with result detail
+ * "frame_too_large" under that id, and its bytes are skipped as they arrive; the
+ * connection carries on. When no request id can be read it is answered under id 0 and
+ * the connection drains, as after any undecodable frame.
+ *
+ * Timeouts (a sweep every SWEEP_MS): a TLS connection whose handshake has not finished
+ * rpc.handshake_timeout_ms after it was accepted, and a connection owed nothing (no request
+ * in flight, no answer being written) that has not completed a frame for
+ * rpc.idle_timeout_ms, are closed, so that silent or trickling peers cannot hold the
+ * max_connections slots.
+ *
  * TLS (tls.rpc in the config): the same connection with a tls_conn between the socket and
  * the frame buffer. Reads land in a ciphertext buffer, are fed to the TLS engine and
  * decrypted into the frame buffer (the same limits apply to the plaintext); every answer
@@ -30,6 +43,8 @@
 #define CONN_MAX_INFLIGHT 4096          /* requests awaiting an answer */
 #define CONN_MAX_QUEUED (16u << 20)     /* answer bytes waiting to be written */
 #define CONN_TLS_READ 65536             /* ciphertext read buffer of a TLS connection */
+#define SWEEP_MS 250                    /* how often timeouts are checked */
+#define TLS_WARN_EVERY_MS 10000         /* at most one TLS failure warning per this */
 
 struct conn {
     uv_tcp_t tcp;
@@ -46,6 +61,9 @@ struct conn {
     struct tls_conn *tls; /* NULL on a plain-TCP listener */
     uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
     bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
+    uint64_t skip;        /* bytes of an oversized frame still to discard */
+    uint64_t accepted_ms; /* uv_now() at accept */
+    uint64_t progress_ms; /* uv_now() at accept, at each complete frame, each answer written */
     struct conn *prev, *next;
 };
 
@@ -59,6 +77,11 @@ struct rpc_server {
     size_t n_conns;
     bool closing;
     bool listener_closed;
+    uv_timer_t sweep;     /* the timeouts */
+    bool sweep_closed;
+    uint64_t tls_warn_ms;      /* uv_now() of the last TLS failure warning */
+    uint64_t tls_suppressed;   /* TLS failures not logged since then */
+    bool tls_warned;
     void (*close_cb)(void *data);
     void *close_data;
 };
@@ -71,7 +94,7 @@ struct writeReq {
 
 static void serverMaybeFree(struct rpc_server *r)
 {
-    if (r->closing && r->listener_closed && r->conns == NULL) {
+    if (r->closing && r->listener_closed && r->sweep_closed && r->conns == NULL) {
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
         tls_ctx_free(r->tls);
@@ -182,6 +205,7 @@ static void writeCb(uv_write_t *req, int status)
     struct writeReq *w = (struct writeReq *)req;
     struct conn *c = w->c;
     c->writes--;
+    c->progress_ms = uv_now(c->srv->loop);
     if (status != 0) {
         connClose(c);
     } else {
@@ -219,10 +243,26 @@ static void tlsFlush(struct conn *c)
     connWrite(c, w, got);
 }
 
-/* A TLS failure: this connection only, logged without any peer bytes. */
+/* A TLS failure: this connection only, logged without any peer bytes, and at most once
+ * per TLS_WARN_EVERY_MS (with the count of failures not logged since), so that a flood of
+ * bad handshakes cannot flood the log. */
 static void tlsFail(struct conn *c, const char *what)
 {
-    log_warn("rpc: TLS connection closed: %s: %s", what, tls_conn_errmsg(c->tls));
+    struct rpc_server *r = c->srv;
+    uint64_t now = uv_now(r->loop);
+    if (!r->tls_warned || now - r->tls_warn_ms >= TLS_WARN_EVERY_MS) {
+        if (r->tls_suppressed > 0) {
+            log_warn("rpc: TLS connection closed: %s: %s (%llu more TLS failures not logged)",
+                     what, tls_conn_errmsg(c->tls), (unsigned long long)r->tls_suppressed);
+        } else {
+            log_warn("rpc: TLS connection closed: %s: %s", what, tls_conn_errmsg(c->tls));
+        }
+        r->tls_warned = true;
+        r->tls_warn_ms = now;
+        r->tls_suppressed = 0;
+    } else {
+        r->tls_suppressed++;
+    }
     c->tls_failed = true;
     connClose(c);
 }
@@ -277,23 +317,104 @@ static void badFrame(struct conn *c, uint64_t request_id, const char *why)
     connDrain(c);
 }
 
+/* Request.request_id from the first `len` bytes of a packed Request: looked for only among
+ * the leading fields 1 (request_id) and 2 (deadline_ms), both varints, which is how every
+ * client starts a request. 1: *id found (non-zero); 0: not there (another field first, a
+ * varint too long, id 0); -1: the bytes so far begin such a field: wait for more. */
+static int peekRequestId(const uint8_t *p, size_t len, uint64_t *id)
+{
+    size_t i = 0;
+    for (int field = 0; field < 2; field++) {
+        if (i >= len) {
+            return -1;
+        }
+        uint8_t tag = p[i++];
+        if (tag != 0x08 && tag != 0x10) {
+            return 0;
+        }
+        uint64_t v = 0;
+        bool ended = false;
+        for (unsigned shift = 0; shift < 64 && !ended; shift += 7) {
+            if (i >= len) {
+                return -1;
+            }
+            uint8_t b = p[i++];
+            v |= (uint64_t)(b & 0x7f) << shift;
+            ended = (b & 0x80) == 0;
+        }
+        if (!ended) {
+            return 0;
+        }
+        if (tag == 0x08) {
+            *id = v;
+            return v != 0 ? 1 : 0;
+        }
+    }
+    return 0;
+}
+
+/* Answers a frame larger than max_frame_bytes (n bytes, `have` of them at p) under `id`;
+ * with an id the frame is then skipped, without one (0) the connection drains. Returns
+ * the bytes consumed from p (0 when draining). */
+static size_t tooLarge(struct conn *c, size_t have, uint32_t n, uint64_t id)
+{
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    res.detail = (char *)"frame_too_large";
+    resp.request_id = id;
+    resp.result = &res;
+    resp.error = (char *)"frame larger than max_frame_bytes";
+    connSend(c, &resp);
+    if (id == 0) {
+        connDrain(c);
+        return 0;
+    }
+    size_t take = have < n ? have : n;
+    c->skip = (uint64_t)n - take;
+    return take;
+}
+
 /* Handles every complete frame in the buffer. */
 static void connProcess(struct conn *c)
 {
     size_t off = 0;
     const uint32_t max = c->srv->cfg->max_frame_bytes;
-    while (!c->draining && !c->closing && c->len - off >= 4) {
+    while (!c->draining && !c->closing && c->len - off > 0) {
+        if (c->skip > 0) {
+            size_t d = c->len - off < c->skip ? c->len - off : (size_t)c->skip;
+            off += d;
+            c->skip -= d;
+            if (c->skip == 0) {
+                c->progress_ms = uv_now(c->srv->loop);
+            }
+            continue;
+        }
+        if (c->len - off < 4) {
+            break;
+        }
         const uint8_t *p = c->buf + off;
         uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
         if (n > max) {
-            badFrame(c, 0, "frame larger than max_frame_bytes");
-            return;
+            size_t have = c->len - off - 4;
+            uint64_t id = 0;
+            int found = peekRequestId(p + 4, have < n ? have : n, &id);
+            if (found < 0 && have < n) {
+                break; /* the request id may be in the bytes still to come */
+            }
+            size_t took = tooLarge(c, have, n, found > 0 ? id : 0);
+            if (took == 0) {
+                return;
+            }
+            off += 4 + took;
+            continue;
         }
         if (c->len - off - 4 < n) {
             break;
         }
         Idem__Request *req = idem__request__unpack(NULL, n, p + 4);
         off += 4 + (size_t)n;
+        c->progress_ms = uv_now(c->srv->loop);
         if (req == NULL) {
             badFrame(c, 0, "frame does not decode as a Request");
             return;
@@ -409,6 +530,33 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     connProcess(c);
 }
 
+/* Closes connections past their handshake or idle timeout. */
+static void sweepCb(uv_timer_t *t)
+{
+    struct rpc_server *r = t->data;
+    uint64_t now = uv_now(r->loop);
+    for (struct conn *c = r->conns; c != NULL; c = c->next) {
+        if (c->closing) {
+            continue;
+        }
+        if (c->tls != NULL && !tls_conn_established(c->tls) &&
+            now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
+            c->tls_failed = true; /* nothing to say to it */
+            connClose(c);
+        } else if (c->inflight == 0 && c->writes == 0 &&
+                   now - c->progress_ms >= r->cfg->idle_timeout_ms) {
+            connClose(c);
+        }
+    }
+}
+
+static void sweepClosed(uv_handle_t *h)
+{
+    struct rpc_server *r = h->data;
+    r->sweep_closed = true;
+    serverMaybeFree(r);
+}
+
 static void acceptCb(uv_stream_t *l, int status)
 {
     struct rpc_server *r = l->data;
@@ -431,6 +579,7 @@ static void acceptCb(uv_stream_t *l, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    c->accepted_ms = c->progress_ms = uv_now(r->loop);
     if (r->tls != NULL) {
         c->tls = tls_conn_new(r->tls, NULL);
     }
@@ -466,6 +615,12 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     if (rv == 0) {
         rv = uv_listen((uv_stream_t *)&r->listener, 511, acceptCb);
     }
+    if (rv == 0) {
+        uv_timer_init(loop, &r->sweep);
+        r->sweep.data = r;
+        uv_timer_start(&r->sweep, sweepCb, SWEEP_MS, SWEEP_MS);
+        uv_unref((uv_handle_t *)&r->sweep);
+    }
     if (rv != 0) {
         snprintf(err, errlen, "rpc listen on %s: %s", addr->text, uv_strerror(rv));
         r->closing = true;
@@ -492,6 +647,8 @@ void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
     r->close_cb = cb;
     r->close_data = data;
     uv_close((uv_handle_t *)&r->listener, listenerClosed);
+    uv_timer_stop(&r->sweep);
+    uv_close((uv_handle_t *)&r->sweep, sweepClosed);
     for (struct conn *c = r->conns; c != NULL; c = c->next) {
         connDrain(c);
     }

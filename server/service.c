@@ -45,6 +45,7 @@ struct op {
     bool timer_open;
     char *tenant;   /* OP_QUARANTINE_LIST: owned; NULL for every tenant */
     uint32_t limit; /* OP_QUARANTINE_LIST */
+    uint64_t lease_ms; /* claim, renew: the lease asked for (Result.lease_ms when granted) */
     struct op *prev, *next; /* live ops, for shutdown */
 };
 
@@ -272,6 +273,10 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         Idem__Record rec = IDEM__RECORD__INIT;
         Idem__StoredResponse *stored = NULL;
         resultToProto(&r, &res, &stored, &rec);
+        if (o->lease_ms > 0 && (r.outcome == IDEM__OUTCOME__OUTCOME_ACQUIRED ||
+                                r.outcome == IDEM__OUTCOME__OUTCOME_OK)) {
+            res.lease_ms = o->lease_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)o->lease_ms;
+        }
         Idem__Response resp = IDEM__RESPONSE__INIT;
         resp.request_id = o->request_id;
         resp.result = &res;
@@ -610,7 +615,12 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, kerr, NULL);
         return;
     }
-    proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
+    struct op *o = proposeOp(s, &cmd, OP_CLIENT, req->request_id, deadlineOf(s, req), cb, data);
+    if (o != NULL) {
+        o->lease_ms = cmd.op_case == IDEM__COMMAND__OP_CLAIM   ? claim.lease_ms
+                      : cmd.op_case == IDEM__COMMAND__OP_RENEW ? renew.lease_ms
+                                                               : 0;
+    }
 }
 
 static void handleData(struct service *s, const Idem__Request *req, service_done_cb cb,

@@ -16,6 +16,11 @@
  *   retry-safe that way (CONTRACT.md §2, §4), so a retry after an ambiguous failure never
  *   runs anything twice, and a claim whose answer was lost gets its own lease back
  *   (`acquired`, same token) instead of `in_progress`.
+ * - A node that accepts the connection but does not answer (a stopped or frozen process, a
+ *   blackholed host) is given one attempt's share of the time left -- a third of it, at
+ *   least 250 ms -- for connect, TLS handshake and answer; then the client closes that
+ *   connection and tries the next seed with the same request. So such a leader costs part
+ *   of a call's deadline, and calls reach the new leader once one is elected.
  * - When the deadline passes without an answer from a leader, the call fails with
  *   IDEM_EUNAVAILABLE. The request may or may not have been applied: retry it with the same
  *   key (and, for a claim, the same attempt id).
@@ -67,7 +72,7 @@ extern "C" {
     X(IDEM_ENOMEM, -2, "out of memory")                                                       \
     X(IDEM_EUNAVAILABLE, -3, "unavailable: no answer from a leader before the deadline")     \
     X(IDEM_EPROTO, -4, "protocol error: the peer sent a frame that does not decode")          \
-    X(IDEM_ETOOBIG, -5, "message larger than IDEM_MAX_FRAME")                                 \
+    X(IDEM_ETOOBIG, -5, "request larger than the frame limit (client's or node's)")          \
     X(IDEM_ESYS, -6, "system error")                                                          \
     X(IDEM_ECANCELED, -7, "canceled: the client was closed before an answer")                 \
     X(IDEM_ETLS, -8, "TLS setup failed (certificate, key or CA file)")                        \
@@ -88,6 +93,12 @@ IDEM_API const char *idem_strerror(int err);
 /* The largest frame (packed message, without the 4-byte length) the client sends or
  * accepts. A larger incoming length is a protocol error and closes the connection. */
 #define IDEM_MAX_FRAME (16u << 20)
+
+/* The result detail (with IDEM_OUTCOME_INVALID) of a node's answer to a request frame
+ * larger than its max_frame_bytes. The node skips that frame and keeps the connection;
+ * libidem turns the answer into IDEM_ETOOBIG for that request only: it is definite, the
+ * same request will never fit. */
+#define IDEM_FRAME_TOO_LARGE "frame_too_large"
 
 /* At most this many nodes (seeds plus learned leaders) per client. Once the table is full,
  * redirects to further unknown addresses are ignored (the call keeps trying the seeds). */
@@ -195,6 +206,8 @@ struct idem_result {
     int outcome;                /* enum idem_outcome */
     uint64_t token;             /* acquired: the fencing token (strictly increasing) */
     uint64_t lease_deadline_ms; /* acquired, renew: the lease's end, Unix ms */
+    uint64_t lease_ms;          /* acquired, renew: the lease granted, ms (0: the node did
+                                 * not say); unlike lease_deadline_ms, free of clock skew */
     uint64_t retry_after_ms;    /* in_progress: when a retry may succeed */
     uint64_t expires_at_ms;     /* when the record's ttl ends, Unix ms */
     int takeover;               /* acquired by takeover of an expired lease */
@@ -261,6 +274,12 @@ struct idem_options {
     const char *tls_cert_file;
     const char *tls_key_file;
     const char *tls_server_name;
+    /* The largest request (packed, without the 4-byte length) the client sends; larger
+     * ones fail at once with IDEM_ETOOBIG. 0: IDEM_MAX_FRAME (also the cap; at least 1024).
+     * Set it to the servers' rpc.max_frame_bytes to refuse such requests without a round
+     * trip; a node refusing one answers with IDEM_FRAME_TOO_LARGE, which libidem reports
+     * as IDEM_ETOOBIG too. */
+    uint32_t max_frame_bytes;
 };
 
 struct idem_client;
@@ -282,9 +301,11 @@ IDEM_API int idem_client_new(const char *seeds, const char *token, struct idem_c
 IDEM_API void idem_client_close(struct idem_client *c);
 
 /* A description of the last failure on this client, naming the node ("127.0.0.1:7001:
- * connect: Connection refused"); "" when there was none. Borrowed: valid until the next
- * call on the client; with several threads it may describe another thread's call (each
- * call's own explanation is in its result's `detail`). Never contains the bearer token. */
+ * connect: Connection refused"); "" when there was none. A copy in a buffer of the calling
+ * thread's own, taken under the client's lock (safe while other threads make calls):
+ * valid until this thread calls idem_client_errmsg() again. With several threads it may
+ * describe another thread's call (each call's own explanation is in its result's
+ * `detail`). Never contains the bearer token. */
 IDEM_API const char *idem_client_errmsg(const struct idem_client *c);
 
 /* The address of the node that answered the last successful call (the leader, as far as
@@ -296,7 +317,8 @@ IDEM_API const char *idem_client_leader(const struct idem_client *c);
  * with the cluster's answer, or a negative code with *out zeroed (detail set): IDEM_EINVAL
  * (NULL client/key/out, an empty key, a missing fingerprint or response),
  * IDEM_EUNAVAILABLE (no leader answered before the deadline: retry with the same key and
- * attempt id), IDEM_ETOOBIG, IDEM_ENOMEM, IDEM_EPROTO. After IDEM_OK the caller frees *out
+ * attempt id), IDEM_ETOOBIG (larger than the client's max_frame_bytes, or refused as
+ * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO. After IDEM_OK the caller frees *out
  * with idem_result_free(). `key` is a NUL-terminated string of 1-255 bytes (the server
  * checks its alphabet and answers IDEM_OUTCOME_INVALID). Keys never appear in `detail` or
  * idem_client_errmsg(). */
@@ -375,7 +397,10 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
  * after fn ran, the error of the complete or release (IDEM_EUNAVAILABLE once retried until
  * the deadline), with out->ran = 1, out->token and out->response (fn's) filled: the record
  * stays processing until the caller retries idem_complete() / idem_release() with that
- * token, or its lease expires. The deadline of opts applies to each call separately.
+ * token, or its lease expires. A response from fn that cannot be stored (a NULL or empty
+ * header name, NULL data with a non-zero length) gives IDEM_EINVAL after fn ran: nothing
+ * is copied or completed (out->ran = 1, out->token set, detail says why), and the record
+ * stays processing as above. The deadline of opts applies to each call separately.
  * Call idem_result_free(out) in every case. */
 IDEM_API int idem_run(struct idem_client *c, const char *key,
                       const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
@@ -389,7 +414,8 @@ struct idem_async;
 
 /* Called exactly once per accepted request, on the loop's thread: status IDEM_OK with
  * `result` set (as for the synchronous call), or a negative code (IDEM_EUNAVAILABLE when
- * the deadline passed, IDEM_ECANCELED when idem_async_close() ran first, ...) with
+ * the deadline passed, IDEM_ECANCELED when idem_async_close() ran first, IDEM_ETOOBIG when
+ * the node refused the request as larger than its max_frame_bytes, ...) with
  * `result` zeroed and its detail set. `result` belongs to the library and is freed after
  * the callback returns, unless the callback moves it out with idem_result_move(). The
  * callback may issue new requests, and may call idem_async_close(). */

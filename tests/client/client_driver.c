@@ -6,7 +6,8 @@
  *   client_driver SCENARIO SEEDS TOKEN [ARGS...]
  *
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
- * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls. */
+ * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls,
+ * claims, big, async-blocked, run-badresp, lease. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -967,6 +968,286 @@ static int scTls(int argc, char **argv)
     return 0;
 }
 
+/* ---- claims: N synchronous claims in turn, then each key claimed again ------------------ *
+ * claims PREFIX N DEADLINE_MS. Every claim has its own attempt id; the second round (fresh
+ * attempt ids) must find every key held (in_progress): a key acquired twice shows there.
+ * Reports the slowest call, so that the test can see each finished within its deadline. */
+
+static int scClaims(int argc, char **argv)
+{
+    if (argc < 3) {
+        return 2;
+    }
+    const char *prefix = argv[0];
+    int n = atoi(argv[1]);
+    uint32_t dl = (uint32_t)atoi(argv[2]);
+    if (n < 1 || n > 10000 || dl == 0) {
+        return 2;
+    }
+    struct idem_options oo = {.seeds = g_seeds, .token = g_token, .default_deadline_ms = dl};
+    struct idem_client *c = openClient(&oo);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("claims", fp);
+    int acquired = 0, failed = 0, held = 0, second_acquired = 0;
+    uint64_t max_ms = 0;
+    char last[256] = "";
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < n; i++) {
+            char key[96];
+            snprintf(key, sizeof key, "%s-%d", prefix, i);
+            struct idem_result r;
+            uint64_t t0 = nowMs();
+            int rv = idem_claim(c, key, fp, NULL, &r);
+            uint64_t took = nowMs() - t0;
+            if (round == 0 && took > max_ms) {
+                max_ms = took;
+            }
+            if (rv != IDEM_OK) {
+                failed++;
+                snprintf(last, sizeof last, "%s: %.200s", idem_strerror(rv), r.detail);
+            } else if (round == 0) {
+                acquired += r.outcome == IDEM_OUTCOME_ACQUIRED;
+            } else {
+                held += r.outcome == IDEM_OUTCOME_IN_PROGRESS;
+                second_acquired += r.outcome == IDEM_OUTCOME_ACQUIRED;
+            }
+            idem_result_free(&r);
+        }
+    }
+    const char *leader = idem_client_leader(c);
+    printf("{\"n\": %d, \"acquired\": %d, \"failed\": %d, \"held\": %d, "
+           "\"second_acquired\": %d, \"max_ms\": %" PRIu64 ", \"leader\": \"%s\", "
+           "\"last_error\": \"%s\"}\n",
+           n, acquired, failed, held, second_acquired, max_ms, leader ? leader : "", last);
+    idem_client_close(c);
+    return 0;
+}
+
+/* ---- big: a request larger than the node's max_frame_bytes among small ones ------------- *
+ * big PREFIX BIG_BYTES. Async: a complete carrying a BIG_BYTES body, then 20 claims, all
+ * pipelined on one connection; sync: the same complete, then a claim on the same client.
+ * Then both again with max_frame_bytes set to 1 MiB on the client: refused before sending. */
+
+#define BIG_SMALL 20
+
+static int scBig(int argc, char **argv)
+{
+    if (argc < 2) {
+        return 2;
+    }
+    const char *prefix = argv[0];
+    size_t big = (size_t)atol(argv[1]);
+    if (big == 0 || big > (15u << 20)) {
+        return 2;
+    }
+    uint8_t *body = calloc(1, big);
+    if (body == NULL) {
+        return 1;
+    }
+    struct idem_response resp = {.status = 200, .body = body, .body_len = big};
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("big", fp);
+    char key[96];
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct asyncRun run = {.n = BIG_SMALL, .reqs = calloc(BIG_SMALL, sizeof(struct asyncReq))};
+    struct asyncReq bigreq = {0};
+    run.a = asyncOpen(&loop, 10000);
+    snprintf(key, sizeof key, "%s-async-big", prefix);
+    int big_submit = idem_async_complete(run.a, key, 1, IDEM_COMPLETION_SUCCEEDED, &resp, 0,
+                                         asyncCb, &bigreq);
+    for (int i = 0; i < BIG_SMALL; i++) {
+        snprintf(key, sizeof key, "%s-async-%d", prefix, i);
+        if (idem_async_claim(run.a, key, fp, NULL, asyncCb, &run.reqs[i]) != IDEM_OK) {
+            run.submit_failed++;
+        }
+    }
+    uint64_t t0 = nowMs();
+    while (idem_async_pending(run.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uint64_t async_ms = nowMs() - t0;
+    idem_async_close(run.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    int async_acquired = 0;
+    for (int i = 0; i < BIG_SMALL; i++) {
+        async_acquired += run.reqs[i].calls == 1 && run.reqs[i].status == IDEM_OK &&
+                          run.reqs[i].outcome == IDEM_OUTCOME_ACQUIRED;
+    }
+
+    struct idem_client *c = openClient(NULL);
+    struct idem_result r;
+    snprintf(key, sizeof key, "%s-sync-big", prefix);
+    int sync_big = idem_complete(c, key, 1, IDEM_COMPLETION_SUCCEEDED, &resp, 10000, &r);
+    idem_result_free(&r);
+    snprintf(key, sizeof key, "%s-sync-after", prefix);
+    int sync_after = idem_claim(c, key, fp, NULL, &r);
+    const char *sync_after_outcome = idem_outcome_name(r.outcome);
+    idem_result_free(&r);
+    idem_client_close(c);
+
+    /* The client's own limit. */
+    struct idem_options lo = {.seeds = g_seeds, .token = g_token, .max_frame_bytes = 1u << 20};
+    c = openClient(&lo);
+    int limited_sync = idem_complete(c, key, 1, IDEM_COMPLETION_SUCCEEDED, &resp, 10000, &r);
+    idem_result_free(&r);
+    idem_client_close(c);
+    struct idem_async *la = NULL;
+    char why[256];
+    int limited_async = idem_async_open(&loop, &lo, &la, why, sizeof why);
+    if (limited_async == IDEM_OK) {
+        struct asyncReq q = {0};
+        limited_async = idem_async_complete(la, key, 1, IDEM_COMPLETION_SUCCEEDED, &resp, 0,
+                                            asyncCb, &q);
+        idem_async_close(la, NULL, NULL);
+        uv_run(&loop, UV_RUN_DEFAULT);
+    }
+    printf("{\"big_submit\": %d, \"big_calls\": %d, \"big_status\": %d, "
+           "\"async_acquired\": %d, \"submit_failed\": %d, \"async_ms\": %" PRIu64 ", "
+           "\"sync_big\": %d, \"sync_after\": %d, \"sync_after_outcome\": \"%s\", "
+           "\"limited_sync\": %d, \"limited_async\": %d, \"loop_close\": %d}\n",
+           big_submit, bigreq.calls, bigreq.status, async_acquired, run.submit_failed, async_ms,
+           sync_big, sync_after, sync_after_outcome, limited_sync, limited_async,
+           uv_loop_close(&loop));
+    free(run.reqs);
+    free(body);
+    return 0;
+}
+
+/* ---- async-blocked: a callback blocks the loop, then submits ----------------------------- *
+ * async-blocked KEY BLOCK_MS DEADLINE_MS: the first claim's callback sleeps BLOCK_MS (the
+ * loop's cached time falls behind) and then submits a claim with DEADLINE_MS, which must
+ * get its whole deadline, not fail at once. */
+
+struct blocked {
+    struct idem_async *a;
+    const char *key;
+    unsigned block_ms;
+    uint32_t deadline_ms;
+    struct asyncReq second;
+    int submit_rv;
+    uint64_t submitted_at;
+    uint64_t answered_at;
+};
+
+static void blockedSecondCb(struct idem_async *a, int status, struct idem_result *res,
+                            void *data)
+{
+    struct blocked *b = data;
+    asyncCb(a, status, res, &b->second);
+    b->answered_at = nowMs();
+}
+
+static void blockedFirstCb(struct idem_async *a, int status, struct idem_result *res,
+                           void *data)
+{
+    (void)status;
+    (void)res;
+    struct blocked *b = data;
+    sleepMs(b->block_ms);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("blocked", fp);
+    char key[128];
+    snprintf(key, sizeof key, "%s-second", b->key);
+    struct idem_claim_opts o = {.deadline_ms = b->deadline_ms};
+    b->submitted_at = nowMs();
+    b->submit_rv = idem_async_claim(a, key, fp, &o, blockedSecondCb, b);
+}
+
+static int scAsyncBlocked(int argc, char **argv)
+{
+    if (argc < 3) {
+        return 2;
+    }
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct blocked b = {.key = argv[0],
+                        .block_ms = (unsigned)atoi(argv[1]),
+                        .deadline_ms = (uint32_t)atoi(argv[2])};
+    b.a = asyncOpen(&loop, 10000);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("blocked", fp);
+    if (idem_async_claim(b.a, b.key, fp, NULL, blockedFirstCb, &b) != IDEM_OK) {
+        return 1;
+    }
+    while (idem_async_pending(b.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    struct asyncRun run = {0};
+    idem_async_close(b.a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    printf("{\"submit_rv\": %d, \"calls\": %d, \"status\": %d, \"outcome\": \"%s\", "
+           "\"answer_ms\": %" PRIu64 ", \"loop_close\": %d}\n",
+           b.submit_rv, b.second.calls, b.second.status, idem_outcome_name(b.second.outcome),
+           b.answered_at - b.submitted_at, uv_loop_close(&loop));
+    return 0;
+}
+
+/* ---- run-badresp: fn answers a header without a name ------------------------------------ *
+ * idem_run must refuse it (IDEM_EINVAL after fn ran) without crashing and without
+ * completing: the record stays processing. */
+
+static int badRespFn(void *arg, uint64_t token, struct idem_response *response)
+{
+    (void)arg;
+    (void)token;
+    static const struct idem_header h[1] = {{.name = NULL, .value = NULL, .value_len = 0}};
+    response->status = 200;
+    response->headers = h;
+    response->n_headers = 1;
+    return IDEM_RUN_SUCCEEDED;
+}
+
+static int scRunBadResp(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("badresp", fp);
+    struct idem_result r, g;
+    int rv = idem_run(c, argv[0], fp, NULL, badRespFn, NULL, &r);
+    int grv = idem_get(c, argv[0], 0, &g);
+    printf("{\"rv\": %d, \"ran\": %d, \"has_response\": %d, \"token\": %" PRIu64
+           ", \"get_rv\": %d, \"state\": %d, \"detail\": \"%s\"}\n",
+           rv, r.ran, r.has_response, r.token, grv, g.has_record ? g.record.state : -1,
+           r.detail);
+    idem_result_free(&r);
+    idem_result_free(&g);
+    idem_client_close(c);
+    return 0;
+}
+
+/* ---- lease: Result.lease_ms of claims and renewals ---------------------------------------- */
+
+static int scLease(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("lease", fp);
+    char key[128];
+    struct idem_result a, b, rn;
+    snprintf(key, sizeof key, "%s-asked", argv[0]);
+    struct idem_claim_opts o = {.lease_ms = 4321};
+    int rv1 = idem_claim(c, key, fp, &o, &a);
+    int rv3 = idem_renew(c, key, a.token, 7654, 0, &rn);
+    snprintf(key, sizeof key, "%s-default", argv[0]);
+    int rv2 = idem_claim(c, key, fp, NULL, &b);
+    printf("{\"rv\": [%d, %d, %d], \"asked\": %" PRIu64 ", \"default\": %" PRIu64
+           ", \"renewed\": %" PRIu64 ", \"renew_outcome\": \"%s\"}\n",
+           rv1, rv2, rv3, a.lease_ms, b.lease_ms, rn.lease_ms, idem_outcome_name(rn.outcome));
+    idem_result_free(&a);
+    idem_result_free(&b);
+    idem_result_free(&rn);
+    idem_client_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -1009,11 +1290,26 @@ int main(int argc, char **argv)
     if (strcmp(sc, "async-close") == 0) {
         return scAsyncClose(argc, argv);
     }
+    if (strcmp(sc, "run-badresp") == 0) {
+        return scRunBadResp(argc, argv);
+    }
     if (strncmp(sc, "run-", 4) == 0) {
         return scRun(sc, argc, argv);
     }
     if (strcmp(sc, "tls") == 0) {
         return scTls(argc, argv);
+    }
+    if (strcmp(sc, "claims") == 0) {
+        return scClaims(argc, argv);
+    }
+    if (strcmp(sc, "big") == 0) {
+        return scBig(argc, argv);
+    }
+    if (strcmp(sc, "async-blocked") == 0) {
+        return scAsyncBlocked(argc, argv);
+    }
+    if (strcmp(sc, "lease") == 0) {
+        return scLease(argc, argv);
     }
     fprintf(stderr, "client_driver: unknown scenario %s\n", sc);
     return 2;

@@ -9,6 +9,7 @@ Run: IDEM_BIN_DIR=build/bin IDEM_BUILD_DIR=build python3 -m unittest -v test_cli
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -25,7 +26,9 @@ DRIVER = os.path.join(BIN, "client_driver")
 BUILD = os.environ.get("IDEM_BUILD_DIR") or os.path.join(BIN, "..")
 SOURCE = os.environ.get("IDEM_SOURCE_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..")
+EINVAL = -1
 EUNAVAILABLE = -3
+ETOOBIG = -5
 ECLOSED = -9
 
 
@@ -186,6 +189,43 @@ class TestClientFailover(ClientTest):
             self.c.wait_leader(timeout=30, exclude=old)
         self.run_loop_through(change)
 
+    def stop_leader(self):
+        """SIGSTOPs the leader (it keeps accepting TCP connections, answers nothing);
+        returns the seeds with it first. SIGCONT at cleanup, before the cluster kills it."""
+        lid = self.c.leader()
+        proc = self.c.nodes[lid].proc
+        seeds = self.seeds([lid] + [i for i in sorted(self.c.nodes) if i != lid])
+        proc.send_signal(signal.SIGSTOP)
+
+        def cont():
+            try:
+                proc.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.addCleanup(cont)
+        return lid, seeds
+
+    def test_stopped_leader_sync(self):
+        lid, seeds = self.stop_leader()
+        out = self.drive("claims", "stopped-sync", 5, 8000, seeds=seeds)
+        # Every call succeeded (so within its 8 s deadline), on another node.
+        self.assertEqual((out["failed"], out["acquired"]), (0, 5), out)
+        self.assertLessEqual(out["max_ms"], 8000, out)
+        self.assertNotEqual(out["leader"], self.c.nodes[lid].rpc, out)
+        # No key was acquired twice: fresh attempts find every key held.
+        self.assertEqual((out["held"], out["second_acquired"]), (5, 0), out)
+
+    def test_stopped_leader_async(self):
+        lid, seeds = self.stop_leader()
+        out = self.drive("async-many", "stopped-async", 50, 8000, seeds=seeds)
+        self.assertEqual(out["exactly_once"], 50, out)
+        self.assertEqual(out["acquired"], 50, out)
+        self.assertEqual(out["dup_tokens"], 0, out)
+        self.assertEqual(out["loop_close"], 0, out)
+        # Fresh attempts acquire none of those keys: each was acquired once.
+        out = self.drive("claims", "stopped-async", 50, 8000, seeds=seeds)
+        self.assertEqual((out["failed"], out["acquired"]), (0, 0), out)
+
     def test_deadline_without_quorum(self):
         lid = self.c.leader()
         followers = [i for i in self.c.nodes if i != lid]
@@ -293,6 +333,27 @@ class TestClientAsync(ClientTest):
         self.assertEqual(out["dup_tokens"], 0, out)
         self.assertEqual(out["loop_close"], 0, out)
 
+    def test_oversized_request_fails_alone(self):
+        # 5 MiB > the server's default max_frame_bytes (4 MiB + 128 KiB).
+        out = self.drive("big", "big", 5 << 20)
+        # Async: the big complete fails definitely; the 20 claims behind it succeed.
+        self.assertEqual((out["big_submit"], out["big_calls"], out["big_status"]),
+                         (0, 1, ETOOBIG), out)
+        self.assertEqual((out["async_acquired"], out["submit_failed"]), (20, 0), out)
+        # Sync: the same, and the client goes on.
+        self.assertEqual(out["sync_big"], ETOOBIG, out)
+        self.assertEqual((out["sync_after"], out["sync_after_outcome"]), (0, "acquired"), out)
+        # With the client's own limit, refused before anything is sent.
+        self.assertEqual((out["limited_sync"], out["limited_async"]), (ETOOBIG, ETOOBIG), out)
+        self.assertEqual(out["loop_close"], 0, out)
+
+    def test_deadline_counts_from_submit_after_a_blocked_loop(self):
+        # The first callback blocks the loop 2 s, then submits a claim with 2000 ms.
+        out = self.drive("async-blocked", "blocked", 2000, 2000)
+        self.assertEqual(out["submit_rv"], 0, out)
+        self.assertEqual((out["calls"], out["status"], out["outcome"]), (1, 0, "acquired"), out)
+        self.assertEqual(out["loop_close"], 0, out)
+
     def test_deadline_and_close_without_a_cluster(self):
         for i in list(self.c.nodes):
             self.c.kill(i, 9)
@@ -347,6 +408,21 @@ class TestClientRun(ClientTest):
         self.assertEqual(out["control_second"], "lease_expired", out)
         self.assertEqual((s["outcome"], s["ran"]), ("replay", 0), out)
         self.assertEqual(out["calls"], 1, out)
+
+
+    def test_unstorable_response_is_refused(self):
+        out = self.drive("run-badresp", "badresp-1")
+        self.assertEqual((out["rv"], out["ran"], out["has_response"]), (EINVAL, 1, 0), out)
+        self.assertGreater(out["token"], 0, out)
+        # Nothing was completed: the record is still processing.
+        self.assertEqual((out["get_rv"], out["state"]), (0, 1), out)
+
+    def test_lease_ms_is_reported(self):
+        out = self.drive("lease", "lease")
+        self.assertEqual(out["rv"], [0, 0, 0], out)
+        self.assertEqual(out["asked"], 4321, out)
+        self.assertEqual(out["default"], 30000, out)  # the tenant default
+        self.assertEqual((out["renew_outcome"], out["renewed"]), ("ok", 7654), out)
 
 
 class TestClientInstall(ClientTest):

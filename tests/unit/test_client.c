@@ -1,10 +1,12 @@
 /* test_client: libidem's parts that need no cluster: names, argument checks, building
  * requests from the typed API, results, and the deadline against an address where nothing
  * listens (synchronous and asynchronous, including close with pending requests). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -328,6 +330,81 @@ static void test_async_deadline_and_close(void **state)
     assert_int_equal(uv_loop_close(&loop), 0); /* no handle left open */
 }
 
+/* The client's frame limit and the node's frame_too_large answer. */
+static void test_frame_limit(void **state)
+{
+    (void)state;
+    struct idem_options o = {.seeds = "127.0.0.1:1"};
+    assert_int_equal(IdemMaxFrame(&o), IDEM_MAX_FRAME);
+    o.max_frame_bytes = 100;
+    assert_int_equal(IdemMaxFrame(&o), 1024);
+    o.max_frame_bytes = 1u << 20;
+    assert_int_equal(IdemMaxFrame(&o), 1u << 20);
+    o.max_frame_bytes = IDEM_MAX_FRAME + 1;
+    assert_int_equal(IdemMaxFrame(&o), IDEM_MAX_FRAME);
+
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response m = IDEM__RESPONSE__INIT;
+    assert_false(IdemFrameTooLarge(&m)); /* no result */
+    m.result = &res;
+    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    res.detail = (char *)"key too long";
+    assert_false(IdemFrameTooLarge(&m));
+    res.detail = (char *)IDEM_FRAME_TOO_LARGE;
+    assert_true(IdemFrameTooLarge(&m));
+    res.outcome = IDEM__OUTCOME__OUTCOME_OK;
+    assert_false(IdemFrameTooLarge(&m));
+
+    /* A request over the client's limit fails at once, nothing sent. */
+    o.max_frame_bytes = 1024;
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_open(&o, &c, NULL, 0), IDEM_OK);
+    static uint8_t body[2048];
+    struct idem_response resp = {.status = 200, .body = body, .body_len = sizeof body};
+    struct idem_result r;
+    assert_int_equal(idem_complete(c, "k", 1, IDEM_COMPLETION_SUCCEEDED, &resp, 1000, &r),
+                     IDEM_ETOOBIG);
+    idem_result_free(&r);
+    idem_client_close(c);
+}
+
+struct errmsgArg {
+    struct idem_client *c;
+    const char *ptr;
+    char text[IDEM_ERRMSG_LEN];
+};
+
+static void *errmsgThread(void *arg)
+{
+    struct errmsgArg *e = arg;
+    e->ptr = idem_client_errmsg(e->c);
+    snprintf(e->text, sizeof e->text, "%s", e->ptr);
+    return NULL;
+}
+
+/* idem_client_errmsg() hands each thread its own copy: another thread's call cannot
+ * change the text under a reader. */
+static void test_errmsg_is_a_per_thread_copy(void **state)
+{
+    (void)state;
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new("127.0.0.1:1", NULL, &c), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_result r;
+    assert_int_equal(idem_claim(c, "k", fp, &(struct idem_claim_opts){.deadline_ms = 50}, &r),
+                     IDEM_EUNAVAILABLE);
+    idem_result_free(&r);
+    const char *mine = idem_client_errmsg(c);
+    assert_true(strlen(mine) > 0);
+    struct errmsgArg e = {.c = c};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, errmsgThread, &e), 0);
+    pthread_join(th, NULL);
+    assert_ptr_not_equal(e.ptr, mine);
+    assert_string_equal(e.text, mine);
+    idem_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -338,6 +415,8 @@ int main(void)
         cmocka_unit_test(test_result_fill),
         cmocka_unit_test(test_sync_deadline),
         cmocka_unit_test(test_async_deadline_and_close),
+        cmocka_unit_test(test_frame_limit),
+        cmocka_unit_test(test_errmsg_is_a_per_thread_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -253,6 +253,8 @@ static void test_defaults(void **state)
     assert_int_equal(c.rpc.default_deadline_ms, 2000);
     assert_int_equal(c.rpc.max_deadline_ms, 60000);
     assert_int_equal(c.rpc.max_connections, 1024);
+    assert_int_equal(c.rpc.idle_timeout_ms, 300000);
+    assert_int_equal(c.rpc.handshake_timeout_ms, 5000);
     assert_int_equal(c.batch.max_commands, 256);
     assert_int_equal(c.batch.max_bytes, 1024 * 1024);
     assert_int_equal(c.expiry.interval_ms, 1000);
@@ -371,6 +373,10 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:24: ", "without leading zeros"},
     {"plus sign", "node:\n  id: +1\n", "x.yaml:2:7: ", "expected an integer"},
     {"quoted integer", "node:\n  id: \"1\"\n", "x.yaml:2:7: ", "quoted string"},
+    {"idle timeout below the minimum", NODE_OK "rpc:\n  idle_timeout_ms: 99\n",
+     "x.yaml:7:20: ", "rpc.idle_timeout_ms: \"99\" is out of range (100..86400000)"},
+    {"handshake timeout above the maximum", NODE_OK "rpc:\n  handshake_timeout_ms: 600001\n",
+     "x.yaml:7:25: ", "rpc.handshake_timeout_ms: \"600001\" is out of range (100..600000)"},
     {"below the minimum", NODE_OK "raft:\n  snapshot_threshold: 15\n",
      "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
     {"above the maximum", NODE_OK "batch:\n  max_commands: 65536\n",

@@ -1,0 +1,217 @@
+"""The RPC listener's limits (server/rpc.c): a frame larger than max_frame_bytes is answered
+under its request id and skipped (the connection carries on), and connections that stay
+silent (no TLS handshake, no complete frame) are closed after rpc.handshake_timeout_ms /
+rpc.idle_timeout_ms, so that they cannot hold the max_connections slots. One-node
+clusters; raw sockets speak the framing (and Python's ssl module the TLS).
+
+Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_limits
+"""
+import os
+import socket
+import ssl
+import struct
+import time
+import unittest
+
+from harness import Cluster, fp, http_request, wait_for
+from test_cluster import _fields, _frame
+from test_tls_bench import make_pki
+
+MAX_FRAME = 4325376  # the default rpc.max_frame_bytes
+OUTCOME_ACQUIRED = 1
+OUTCOME_NOT_FOUND = 10
+OUTCOME_INVALID = 12
+
+
+def _pb(num, payload):
+    return bytes([(num << 3) | 2]) + _varint(len(payload)) + payload
+
+
+def _varint(x):
+    out = b""
+    while True:
+        b = x & 0x7F
+        x >>= 7
+        if x:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def _get_frame(request_id, token, key):
+    body = b"\x08" + _varint(request_id) + _pb(3, token.encode()) + _pb(14, _pb(1, key.encode()))
+    return _frame(body)
+
+
+def _claim_frame(request_id, token, key):
+    claim = _pb(1, key.encode()) + _pb(2, bytes.fromhex(fp(key))) + _pb(3, b"attempt-1")
+    body = b"\x08" + _varint(request_id) + _pb(3, token.encode()) + _pb(10, claim)
+    return _frame(body)
+
+
+def _read_answer(sock):
+    """One response frame: (request_id, outcome, result detail), or None at EOF."""
+    data = b""
+    while len(data) < 4:
+        chunk = sock.recv(4 - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    (n,) = struct.unpack(">I", data)
+    body = b""
+    while len(body) < n:
+        chunk = sock.recv(n - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    f = _fields(body)
+    res = _fields(f.get(2, b""))
+    return f.get(1, 0), res.get(1, 0), res.get(13, b"").decode()
+
+
+def _closed(sock, timeout=15):
+    """Whether the peer closes the connection within `timeout` s."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLError):
+        return True
+    except socket.timeout:
+        return False
+
+
+class LimitCluster(Cluster):
+    """A harness cluster with extra rpc: settings and, optionally, TLS on the RPC."""
+
+    def __init__(self, rpc_lines, tls=False, **kw):
+        self._rpc_lines = rpc_lines
+        self._tls = tls
+        super().__init__(**kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        lines = ["rpc:"] + ["  " + ln for ln in self._rpc_lines]
+        if self._tls:
+            if not hasattr(self, "pki"):
+                self.pki = os.path.join(self.root, "pki")
+                os.makedirs(self.pki, exist_ok=True)
+                make_pki(self.pki)
+            lines += ["tls:", "  cert_file: %s/server.crt" % self.pki,
+                      "  key_file: %s/server.key" % self.pki, "  rpc: true"]
+        with open(node.cfg, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+class LimitTest(unittest.TestCase):
+    rpc_lines = []
+    tls = False
+
+    def setUp(self):
+        self.c = LimitCluster(self.rpc_lines, tls=self.tls, n=1)
+        self.node = self.c.nodes[1]
+
+        def ready():
+            try:
+                return http_request(self.node.http, "GET", "/readyz", timeout=2)[0] == 200
+            except OSError:
+                return False
+        try:
+            wait_for(ready, 30, "node 1 ready")
+        except AssertionError:
+            print(self.c.logs())
+            self.c.close()
+            raise
+        host, port = self.node.rpc.split(":")
+        self.addr = (host, int(port))
+
+    def tearDown(self):
+        result = self._outcome.result
+        if any(t is self for t, _ in result.failures + result.errors):
+            print(self.c.logs())
+        self.c.close()
+
+    def connect(self):
+        s = socket.create_connection(self.addr, timeout=15)
+        if not self.tls:
+            return s
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                         cafile=os.path.join(self.c.pki, "ca.crt"))
+        return ctx.wrap_socket(s, server_hostname="127.0.0.1")
+
+    def oversized_is_skipped(self):
+        n = MAX_FRAME + 1000
+        # As libidem's sync client lays a request out (request_id first) and as its async
+        # client does (deadline_ms first, then request_id).
+        for rid, lead in ((42, b"\x08\x2a\x10\xe8\x07"), (300, b"\x10\xe8\x07\x08\xac\x02")):
+            s = self.connect()
+            big = struct.pack(">I", n) + lead + b"\x00" * (n - len(lead))
+            s.sendall(big + _get_frame(rid + 1, self.c.token, "after-big"))
+            self.assertEqual(_read_answer(s), (rid, OUTCOME_INVALID, "frame_too_large"))
+            self.assertEqual(_read_answer(s), (rid + 1, OUTCOME_NOT_FOUND, ""))
+            # The connection carries on.
+            s.sendall(_claim_frame(rid + 2, self.c.token, "big-then-claim-%d" % rid))
+            self.assertEqual(_read_answer(s)[:2], (rid + 2, OUTCOME_ACQUIRED))
+            s.close()
+
+
+class TestRpcLimits(LimitTest):
+    rpc_lines = ["max_connections: 4", "idle_timeout_ms: 1500"]
+
+    def test_oversized_frame_is_answered_under_its_id_and_skipped(self):
+        self.oversized_is_skipped()
+
+    def test_silent_and_trickling_connections_are_closed(self):
+        silent = [socket.create_connection(self.addr, timeout=15) for _ in range(4)]
+        # One trickles a frame it never finishes; one sends nothing at all.
+        silent[1].sendall(struct.pack(">I", 100) + b"\x08\x01")
+        time.sleep(0.3)
+        # Every slot is taken: a fifth connection is closed at once.
+        extra = socket.create_connection(self.addr, timeout=15)
+        self.assertTrue(_closed(extra, timeout=5), "connection beyond max_connections")
+        extra.close()
+        silent[1].sendall(b"\x10")  # bytes, but no complete frame: still idle
+        for i, s in enumerate(silent):
+            self.assertTrue(_closed(s), "silent connection %d was not closed" % i)
+            s.close()
+        # And a legitimate client gets in.
+        s = self.connect()
+        s.sendall(_claim_frame(9, self.c.token, "after-idle"))
+        self.assertEqual(_read_answer(s)[:2], (9, OUTCOME_ACQUIRED))
+        s.close()
+
+
+class TestRpcTlsLimits(LimitTest):
+    tls = True
+    rpc_lines = ["max_connections: 3", "handshake_timeout_ms: 1000", "idle_timeout_ms: 600000"]
+
+    def test_oversized_frame_is_skipped_over_tls(self):
+        self.oversized_is_skipped()
+
+    def test_connections_without_a_handshake_are_closed(self):
+        raw = [socket.create_connection(self.addr, timeout=15) for _ in range(3)]
+        time.sleep(0.3)
+        for i, s in enumerate(raw):
+            self.assertTrue(_closed(s), "connection %d without a handshake was not closed" % i)
+            s.close()
+        s = self.connect()
+        s.sendall(_claim_frame(3, self.c.token, "after-handshake-timeout"))
+        self.assertEqual(_read_answer(s)[:2], (3, OUTCOME_ACQUIRED))
+        s.close()
+
+    def test_tls_failures_are_logged_at_most_once_per_10s(self):
+        for _ in range(5):
+            s = socket.create_connection(self.addr, timeout=15)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")  # not TLS: the handshake fails
+            self.assertTrue(_closed(s))
+            s.close()
+        s = self.connect()  # and TLS still works
+        s.sendall(_claim_frame(4, self.c.token, "after-tls-failures"))
+        self.assertEqual(_read_answer(s)[:2], (4, OUTCOME_ACQUIRED))
+        s.close()
+        with open(self.node.log, errors="replace") as f:
+            lines = [ln for ln in f if "TLS connection closed" in ln]
+        self.assertEqual(len(lines), 1, lines)
+
+
+if __name__ == "__main__":
+    unittest.main()
