@@ -37,108 +37,24 @@ THREADS=${THREADS:-2}
 FP=$(printf 'bench' | sha256sum | cut -c1-64)   # the fingerprint of every JSON API claim
 RUN=p$(date +%s)-$$                        # prefix that makes every key of this run new
 
-log() { printf '[peers.sh] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+BENCH_NAME=peers.sh
+. "$ROOT/tools/bench/lib.sh"
 
 [ -x "$BIN/idemd" ] && [ -x "$BIN/idemctl" ] && [ -x "$BIN/idem-bench" ] \
   || die "no $BIN/idemd, idemctl or idem-bench: build first"
 
-# ---- dependencies (idempotent) -------------------------------------------------------------
-# Installing must not start system services: if the image has no policy-rc.d, a temporary
-# one (exit 101) is put in place and removed afterwards.
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v etcdctl >/dev/null || need+=(etcd-client)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-benchmark >/dev/null || need+=(redis-tools)
-command -v python3 >/dev/null || need+=(python3)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]}"
-  own_policy=
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
-    own_policy=1
-  fi
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"; } \
-    >/dev/null 2>&1 || { if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi; die "apt-get install ${need[*]} failed"; }
-  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
-fi
+bench_install wrk:wrk etcd:etcd-server etcdctl:etcd-client redis-server:redis-server \
+  redis-benchmark:redis-tools python3:python3
+bench_tmp idem-peers-bench
 
-# ---- processes and cleanup -----------------------------------------------------------------
-TMP=$(mktemp -d /tmp/idem-peers-bench.XXXXXX)
-PIDS=()
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  if [ $rc -ne 0 ] && [ -d "$TMP" ]; then
-    for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done >&2
-  fi
-  rm -rf "$TMP"
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 143' INT TERM
-stop_all() {  # kills what runs now, so that the next system has the machine to itself
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  PIDS=()
-}
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-sha() { printf '%s' "$1" | sha256sum | cut -c1-64; }
-wait_until() {  # wait_until SECONDS WHAT CMD...: poll CMD until it succeeds.
-  local limit=$1 what=$2; shift 2
-  local end=$((SECONDS + limit))
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $end ] || die "timed out waiting for $what"
-    sleep 0.1
-  done
-}
 jget() {  # jget FILE FIELD: one field of a JSON object
   python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))[sys.argv[2]]; print(v)' "$1" "$2"
 }
 
-# ---- result rows: OPS[name], P50[name], P99[name] (ms), NOTE[name] ------------------------------
-declare -A OPS P50 P99 NOTE
-
-# wrk runner, as tools/bench/http.sh: run_wrk NAME URL SCRIPT [ENV=...]
-run_wrk() {
-  local name=$1 url=$2 script=$3; shift 3
-  note_load "$name"
-  local out=$TMP/wrk-$name.txt
-  env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-$name" "$@" \
-    timeout $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
-    --latency -s "$WRKDIR/$script" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk $name failed"; }
-  sed 's/^/    /' "$out" >&2
-  OPS[$name]=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$out")
-  P50[$name]=$(awk '$1=="50%" {print $2}' "$out" | to_ms)
-  P99[$name]=$(awk '$1=="99%" {print $2}' "$out" | to_ms)
-  local non2xx errs
-  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out"); non2xx=${non2xx:-0}
-  errs=$(awk -F'[ ,]+' '/Socket errors:/ {print $4+$6+$8+$10}' "$out"); errs=${errs:-0}
-  NOTE[$name]="non-2xx $non2xx, socket errors $errs"
-}
-to_ms() {
-  awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)}
-        else if (v ~ /m$/) {sub(/m$/,"",v); v*=60000} else if (v ~ /s$/) {sub(/s$/,"",v); v*=1000}
-        printf "%.2f", v}'
-}
-verify_wrk() {  # verify_wrk NAME URL SCRIPT EXPECT [ENV=...]: every body of a 1 s run holds EXPECT
-  local name=$1 url=$2 script=$3 expect=$4; shift 4
-  local out=$TMP/verify-$name.txt
-  env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-$name" VERIFY="$expect" "$@" \
-    timeout 20 wrk -t1 -c1 -d1s -s "$WRKDIR/$script" "$url" >"$out" 2>&1 || true
-  local line; line=$(grep '^VERIFY ok=' "$out" || true)
-  log "check $name (expect '$expect' in every body): ${line:-no result}"
-  if ! grep -q '^VERIFY ok=[1-9][0-9]* bad=0$' "$out"; then cat "$out" >&2; die "check $name failed"; fi
-}
+# ---- result rows: OPS[name], P50[name], P99[name] (ms) as lib.sh's run_wrk, NOTE[name] ---------
+declare -A NOTE
+wrk_note() { NOTE[$1]="non-2xx ${NON2XX[$1]}, socket errors ${ERRS[$1]}"; }
 # idem-bench runner: run_bench NAME ARGS...: --json, records OPS/P50/P99 and errors.
-LOADS=""
-note_load() { LOADS="$LOADS $1 $(cut -d' ' -f1 /proc/loadavg)"; }
 run_bench() {
   local name=$1; shift
   note_load "$name"
@@ -157,44 +73,7 @@ run_bench() {
 # ================================================================================================
 # 1. idemd: three nodes, generated configs (as tests/integration/harness.py)
 # ================================================================================================
-TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-ADMIN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-declare -A RAFT RPC HTTP
-for i in 1 2 3; do
-  RAFT[$i]=127.0.0.1:$(free_port); RPC[$i]=127.0.0.1:$(free_port); HTTP[$i]=127.0.0.1:$(free_port)
-done
-for i in 1 2 3; do
-  {
-    echo "node:"
-    echo "  id: $i"
-    echo "  raft_address: ${RAFT[$i]}"
-    echo "  rpc_address: ${RPC[$i]}"
-    echo "  http_address: ${HTTP[$i]}"
-    echo "  data_dir: $TMP/node$i"
-    echo "cluster:"
-    echo "  bootstrap:"
-    for j in 1 2 3; do
-      echo "    - {id: $j, raft_address: ${RAFT[$j]}, rpc_address: ${RPC[$j]}, http_address: ${HTTP[$j]}}"
-    done
-    echo "admin:"
-    echo "  token_sha256: $(sha "$ADMIN")"
-    echo "tenants:"
-    echo "  - name: alpha"
-    echo "    token_sha256: $(sha "$TOKEN")"
-  } >"$TMP/node$i.yaml"
-done
-for i in 1 2 3; do
-  "$BIN/idemd" --config "$TMP/node$i.yaml" >"$TMP/node$i.log" 2>&1 </dev/null &
-  PIDS+=($!)
-done
-CLUSTER="${RPC[1]},${RPC[2]},${RPC[3]}"
-idem_leader() {
-  "$BIN/idemctl" --cluster "$CLUSTER" --token "$TOKEN" --admin-token "$ADMIN" --json status 2>/dev/null \
-    | python3 -c 'import json,sys; l=json.load(sys.stdin).get("leader_id"); print(l) if l else sys.exit(1)'
-}
-wait_until 30 "an idemd leader" idem_leader
-LID=$(idem_leader)
-LHTTP=${HTTP[$LID]}
+idem_start
 log "idemd leader: node $LID, RPC ${RPC[$LID]}, JSON API http://$LHTTP"
 
 log "idemd RPC, fresh keys, closed loop: idem-bench --concurrency $CONNS -d ${DURATION}s"
@@ -206,6 +85,7 @@ wait_until 20 "the leader's gateway to acquire a claim" sh -c "curl -s -X POST h
 verify_wrk idem_check "http://$LHTTP" idem_claim.lua '"acquired"' IDEM_TOKEN="$TOKEN" FP="$FP" MODE=fresh
 log "idemd JSON API, fresh keys: wrk -t$THREADS -c$CONNS -d${DURATION}s"
 run_wrk idem_http "http://$LHTTP" idem_claim.lua IDEM_TOKEN="$TOKEN" FP="$FP" MODE=fresh
+wrk_note idem_http
 
 HALF=$(( ${OPS[idem_rpc]} / 2 ))
 [ "$HALF" -ge 1 ] || die "idem-bench measured no throughput"
@@ -219,42 +99,11 @@ stop_all
 # ================================================================================================
 # 2. etcd 3.4 (Debian): three members, fsync on; txn create-if-absent on the leader
 # ================================================================================================
-declare -A ECLIENT EPEER
-for i in 1 2 3; do ECLIENT[$i]=http://127.0.0.1:$(free_port); EPEER[$i]=http://127.0.0.1:$(free_port); done
-INITIAL="n1=${EPEER[1]},n2=${EPEER[2]},n3=${EPEER[3]}"
-for i in 1 2 3; do
-  etcd --name "n$i" --data-dir "$TMP/etcd$i" \
-    --listen-client-urls "${ECLIENT[$i]}" --advertise-client-urls "${ECLIENT[$i]}" \
-    --listen-peer-urls "${EPEER[$i]}" --initial-advertise-peer-urls "${EPEER[$i]}" \
-    --initial-cluster "$INITIAL" --initial-cluster-state new --initial-cluster-token "$RUN" \
-    --logger zap --log-level warn >"$TMP/etcd$i.log" 2>&1 </dev/null &
-  PIDS+=($!)
-done
-EPS="${ECLIENT[1]},${ECLIENT[2]},${ECLIENT[3]}"
-etcd_leader() {  # prints the client URL of the member whose id is the leader id
-  ETCDCTL_API=3 etcdctl --endpoints "$EPS" --command-timeout=2s endpoint status -w json 2>/dev/null \
-    | python3 -c '
-import json, sys
-for e in json.load(sys.stdin):
-    st = e["Status"]
-    if st.get("leader") and st["header"]["member_id"] == st["leader"]:
-        print(e["Endpoint"]); sys.exit(0)
-sys.exit(1)'
-}
-wait_until 30 "an etcd leader" etcd_leader
-ELEADER=$(etcd_leader)
-EVER=$(etcd --version | awk 'NR==1{print $3}')
-log "etcd $EVER leader: $ELEADER"
-verify_wrk etcd_check "$ELEADER" etcd_txn.lua '"succeeded":true'
-# The Lua base64 of the keys must decode to the keys: count them back by prefix with etcdctl.
-n_ok=$(sed -n 's/^VERIFY ok=\([0-9]*\) .*/\1/p' "$TMP/verify-etcd_check.txt")
-n_keys=$(ETCDCTL_API=3 etcdctl --endpoints "$ELEADER" get "$RUN-etcd_check-1-" --prefix --keys-only \
-  | grep -c "^$RUN-etcd_check-1-[0-9]*\$" || true)
-log "etcd keys under $RUN-etcd_check-1-: $n_keys (successful txns: $n_ok)"
-[ "$n_keys" -ge "$n_ok" ] && [ "$n_keys" -le $((n_ok + 1)) ] \
-  || die "etcd holds $n_keys keys for $n_ok txns: the Lua base64 is wrong"
+etcd_start
+etcd_check
 log "etcd txn create-if-absent, fresh keys: wrk -t$THREADS -c$CONNS -d${DURATION}s"
 run_wrk etcd_txn "$ELEADER" etcd_txn.lua
+wrk_note etcd_txn
 stop_all
 
 # ================================================================================================
@@ -304,7 +153,6 @@ stop_all
 # ================================================================================================
 # 4. the table
 # ================================================================================================
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 row() {  # row LABEL NAME
   printf '%-46s %9s %8s %8s   %s\n' "$1" "${OPS[$2]}" "${P50[$2]}" "${P99[$2]}" "${NOTE[$2]}"
 }
