@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import unittest
 
 BIN = os.environ.get("IDEM_BIN_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "bin")
@@ -276,3 +277,33 @@ class Cluster:
                 return lid
             return None
         return wait_for(cond, timeout, "a leader")
+
+
+class ClusterTestCase(unittest.TestCase):
+    """A test with a cluster of its own (self.c): made by make_cluster() (by default
+    Cluster(**cluster_opts)), ready when cluster_ready() returns (by default: a leader within
+    leader_timeout seconds); its logs are printed when the test failed, and it is closed
+    (every process killed by PID, its temp dir removed) after the test."""
+    cluster_opts = {}
+    leader_timeout = 20
+
+    def make_cluster(self):
+        return Cluster(**self.cluster_opts)
+
+    def cluster_ready(self):
+        self.c.wait_leader(timeout=self.leader_timeout)
+
+    def setUp(self):
+        self.c = self.make_cluster()
+        try:
+            self.cluster_ready()
+        except AssertionError:
+            print(self.c.logs())
+            self.c.close()
+            raise
+
+    def tearDown(self):
+        result = self._outcome.result
+        if any(t is self for t, _ in result.failures + result.errors):
+            print(self.c.logs())
+        self.c.close()

@@ -20,7 +20,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, Cluster, free_port, wait_for  # noqa: E402
+from harness import ClusterTestCase, BIN, Cluster, free_port, wait_for  # noqa: E402
 
 DRIVER = os.path.join(BIN, "client_driver")
 BUILD = os.environ.get("IDEM_BUILD_DIR") or os.path.join(BIN, "..")
@@ -32,23 +32,8 @@ ETOOBIG = -5
 ECLOSED = -9
 
 
-class ClientTest(unittest.TestCase):
+class ClientTest(ClusterTestCase):
     cluster_opts = {}
-
-    def setUp(self):
-        self.c = Cluster(**self.cluster_opts)
-        try:
-            self.c.wait_leader(timeout=20)
-        except AssertionError:
-            print(self.c.logs())
-            self.c.close()
-            raise
-
-    def tearDown(self):
-        result = self._outcome.result
-        if any(t is self for t, _ in result.failures + result.errors):
-            print(self.c.logs())
-        self.c.close()
 
     def seeds(self, ids=None):
         """Every node's RPC address (dead ones too), or those of `ids`."""

@@ -11,28 +11,13 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, Cluster, fp, wait_for  # noqa: E402
+from harness import ClusterTestCase, BIN, Cluster, fp, wait_for  # noqa: E402
 
 ACQ = "acquired"
 
 
-class ClusterTest(unittest.TestCase):
+class ClusterTest(ClusterTestCase):
     cluster_opts = {}
-
-    def setUp(self):
-        self.c = Cluster(**self.cluster_opts)
-        try:
-            self.c.wait_leader(timeout=20)
-        except AssertionError:
-            print(self.c.logs())
-            self.c.close()
-            raise
-
-    def tearDown(self):
-        result = self._outcome.result
-        if any(t is self for t, _ in result.failures + result.errors):
-            print(self.c.logs())
-        self.c.close()
 
     # helpers ---------------------------------------------------------------------------
 

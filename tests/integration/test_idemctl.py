@@ -13,7 +13,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import IDEMCTL, Cluster, fp, wait_for  # noqa: E402
+from harness import ClusterTestCase, IDEMCTL, Cluster, fp, wait_for  # noqa: E402
 
 ACQ = "acquired"
 
@@ -39,23 +39,10 @@ def run_ctl(args, env=None, timeout=60):
     return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
 
-class CtlTest(unittest.TestCase):
+class CtlTest(ClusterTestCase):
     cluster_opts = {}
 
-    def setUp(self):
-        self.c = Cluster(**self.cluster_opts)
-        try:
-            self.c.wait_leader(timeout=30)
-        except AssertionError:
-            print(self.c.logs())
-            self.c.close()
-            raise
-
-    def tearDown(self):
-        result = self._outcome.result
-        if any(t is self for t, _ in result.failures + result.errors):
-            print(self.c.logs())
-        self.c.close()
+    leader_timeout = 30
 
     # helpers ---------------------------------------------------------------------------
 

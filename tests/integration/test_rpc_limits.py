@@ -13,7 +13,7 @@ import struct
 import time
 import unittest
 
-from harness import Cluster, fp, http_request, wait_for
+from harness import Cluster, ClusterTestCase, fp, http_request, wait_for
 from test_cluster import _fields, _frame
 from test_tls_bench import make_pki
 
@@ -102,12 +102,14 @@ class LimitCluster(Cluster):
             f.write("\n".join(lines) + "\n")
 
 
-class LimitTest(unittest.TestCase):
+class LimitTest(ClusterTestCase):
     rpc_lines = []
     tls = False
 
-    def setUp(self):
-        self.c = LimitCluster(self.rpc_lines, tls=self.tls, n=1)
+    def make_cluster(self):
+        return LimitCluster(self.rpc_lines, tls=self.tls, n=1)
+
+    def cluster_ready(self):
         self.node = self.c.nodes[1]
 
         def ready():
@@ -115,20 +117,9 @@ class LimitTest(unittest.TestCase):
                 return http_request(self.node.http, "GET", "/readyz", timeout=2)[0] == 200
             except OSError:
                 return False
-        try:
-            wait_for(ready, 30, "node 1 ready")
-        except AssertionError:
-            print(self.c.logs())
-            self.c.close()
-            raise
+        wait_for(ready, 30, "node 1 ready")
         host, port = self.node.rpc.split(":")
         self.addr = (host, int(port))
-
-    def tearDown(self):
-        result = self._outcome.result
-        if any(t is self for t, _ in result.failures + result.errors):
-            print(self.c.logs())
-        self.c.close()
 
     def connect(self):
         s = socket.create_connection(self.addr, timeout=15)
