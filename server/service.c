@@ -150,6 +150,23 @@ static void opDeadlineCb(uv_timer_t *t)
     opStopTimer(o);
 }
 
+/* Fills rec's fields (all but the stored response) from a record view; rec borrows v's
+ * memory. */
+static void recordFromView(const struct fsm_record_view *v, Idem__Record *rec)
+{
+    rec->tenant = (char *)v->tenant;
+    rec->key.data = (uint8_t *)v->key;
+    rec->key.len = v->key_len;
+    rec->fingerprint.data = (uint8_t *)v->fingerprint;
+    rec->fingerprint.len = FSM_FINGERPRINT_LEN;
+    rec->state = v->state;
+    rec->token = v->token;
+    rec->created_at_ms = v->created_at_ms;
+    rec->lease_deadline_ms = v->lease_deadline_ms;
+    rec->expires_at_ms = v->expires_at_ms;
+    rec->completion = v->completion;
+}
+
 /* Fills an Idem__Result from the state machine's result. Nested messages it needs are
  * unpacked into *resp_out / *rec_out (freed by the caller). */
 static void resultToProto(const struct fsm_result *r, Idem__Result *out,
@@ -172,20 +189,9 @@ static void resultToProto(const struct fsm_result *r, Idem__Result *out,
         out->response = *resp_out;
     }
     if (r->has_record) {
-        const struct fsm_record_view *v = &r->record;
-        rec->tenant = (char *)v->tenant;
-        rec->key.data = (uint8_t *)v->key;
-        rec->key.len = v->key_len;
-        rec->fingerprint.data = (uint8_t *)v->fingerprint;
-        rec->fingerprint.len = FSM_FINGERPRINT_LEN;
-        rec->state = v->state;
-        rec->token = v->token;
-        rec->created_at_ms = v->created_at_ms;
-        rec->lease_deadline_ms = v->lease_deadline_ms;
-        rec->expires_at_ms = v->expires_at_ms;
-        rec->completion = v->completion;
-        rec->response.data = (uint8_t *)v->response;
-        rec->response.len = v->response_len;
+        recordFromView(&r->record, rec);
+        rec->response.data = (uint8_t *)r->record.response;
+        rec->response.len = r->record.response_len;
         out->record = rec;
     }
 }
@@ -210,17 +216,7 @@ static void answerQuarantineList(struct service *s, struct op *o)
         const struct fsm_record_view *v = &views[i];
         Idem__Record *rec = &recs[i];
         idem__record__init(rec);
-        rec->tenant = (char *)v->tenant;
-        rec->key.data = (uint8_t *)v->key;
-        rec->key.len = v->key_len;
-        rec->fingerprint.data = (uint8_t *)v->fingerprint;
-        rec->fingerprint.len = FSM_FINGERPRINT_LEN;
-        rec->state = v->state;
-        rec->token = v->token;
-        rec->created_at_ms = v->created_at_ms;
-        rec->lease_deadline_ms = v->lease_deadline_ms;
-        rec->expires_at_ms = v->expires_at_ms;
-        rec->completion = v->completion;
+        recordFromView(v, rec);
         key_digest(v->tenant, v->key, v->key_len, digests[i]);
         idem__admin_record__init(&ars[i]);
         ars[i].record = rec;

@@ -540,11 +540,18 @@ static json_t *completionJson(Idem__Completion c)
     }
 }
 
-static json_t *storedResponseJson(const Idem__StoredResponse *sr)
+/* A stored response as JSON: status, headers, body reference and digest; the body itself
+ * when `body`, its length when `size`. */
+static json_t *storedResponseJsonAs(const Idem__StoredResponse *sr, bool body, bool size)
 {
     json_t *o = jobj();
     jset(o, "status", ju64(sr->status));
-    jsetBytes(o, "body", sr->body.data, sr->body.len);
+    if (size) {
+        jset(o, "body_bytes", ju64(sr->body.len));
+    }
+    if (body) {
+        jsetBytes(o, "body", sr->body.data, sr->body.len);
+    }
     if (sr->n_headers > 0) {
         json_t *hs = jarr();
         for (size_t i = 0; i < sr->n_headers; i++) {
@@ -562,6 +569,11 @@ static json_t *storedResponseJson(const Idem__StoredResponse *sr)
         jset(o, "body_sha256", jhex(sr->body_sha256.data, sr->body_sha256.len));
     }
     return o;
+}
+
+static json_t *storedResponseJson(const Idem__StoredResponse *sr)
+{
+    return storedResponseJsonAs(sr, true, false);
 }
 
 static json_t *recordJson(const Idem__Record *r)
@@ -1809,28 +1821,7 @@ static json_t *adminRecordJson(const Idem__AdminRecord *ar, bool reveal, bool wi
         }
         return o;
     }
-    json_t *rj = jobj();
-    jset(rj, "status", ju64(sr->status));
-    jset(rj, "body_bytes", ju64(sr->body.len));
-    if (reveal) {
-        jsetBytes(rj, "body", sr->body.data, sr->body.len);
-    }
-    if (sr->n_headers > 0) {
-        json_t *hs = jarr();
-        for (size_t i = 0; i < sr->n_headers; i++) {
-            json_t *h = jobj();
-            jset(h, "name", jstr(sr->headers[i]->name));
-            jsetBytes(h, "value", sr->headers[i]->value.data, sr->headers[i]->value.len);
-            jpush(hs, h);
-        }
-        jset(rj, "headers", hs);
-    }
-    if (sr->body_ref != NULL && sr->body_ref[0] != '\0') {
-        jset(rj, "body_ref", jstr(sr->body_ref));
-    }
-    if (sr->body_sha256.len > 0) {
-        jset(rj, "body_sha256", jhex(sr->body_sha256.data, sr->body_sha256.len));
-    }
+    json_t *rj = storedResponseJsonAs(sr, reveal, true);
     idem__stored_response__free_unpacked(sr, NULL);
     jset(o, "response", rj);
     return o;
