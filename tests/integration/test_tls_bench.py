@@ -714,6 +714,68 @@ class TestBench(unittest.TestCase):
         out = self.bench("--workload", "fresh", "--rate", 50, "--requests", 30, "--duration", 30)
         self.assertEqual((out["ops"], out["errors"]), (30, 0))
 
+    def test_open_loop_is_single_threaded(self):
+        # The open loop sends from one thread (a libuv loop with asynchronous clients), so
+        # that the load generator does not compete for the CPU with the cluster it measures;
+        # before, it ran --concurrency threads (64 by default). The cluster's addresses are
+        # numeric, so libuv's thread pool (getaddrinfo) is never started: one thread. The
+        # bound leaves room for one more thread of a library, far from 64.
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json", "--workload", "claim-complete", "--rate", "500",
+                              "--concurrency", "64", "--connections", "2", "--duration", "3"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        samples = []
+        try:
+            end = time.monotonic() + 30
+            while p.poll() is None and time.monotonic() < end:
+                try:
+                    with open("/proc/%d/status" % p.pid) as f:
+                        for line in f:
+                            if line.startswith("Threads:"):
+                                samples.append(int(line.split()[1]))
+                except (FileNotFoundError, ProcessLookupError):
+                    break
+                time.sleep(0.05)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        out = json.loads(stdout)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (1500, 0, 0), out)
+        self.assertEqual(out["connections"], 2)
+        # Sampled all through the run (3 s at 50 ms: dozens of samples).
+        self.assertGreater(len(samples), 20, samples)
+        self.assertLessEqual(max(samples), 2, samples)
+
+    def test_open_loop_sends_exactly_the_schedule(self):
+        # R × duration operations are scheduled, and on a healthy cluster every one is sent
+        # and answered: none unsent, none failed, each fresh key acquired once.
+        out = self.bench("--workload", "fresh", "--rate", 1000, "--duration", 3)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (3000, 0, 0), out)
+        self.assertEqual(out["outcomes"], {"acquired": 3000})
+        self.assertEqual(out["connections"], 1)
+        # The other workloads run in the open loop too.
+        out = self.bench("--workload", "replay", "--keys", 4, "--rate", 200, "--duration", 1)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (200, 0, 0), out)
+        self.assertEqual(out["outcomes"], {"replay": 200})
+        out = self.bench("--workload", "contention", "--keys", 2, "--rate", 200, "--duration", 1,
+                         "--connections", 3)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (200, 0, 0), out)
+        self.assertLessEqual(set(out["outcomes"]), {"acquired", "in_progress"})
+        self.assertEqual(sum(out["outcomes"].values()), 200)
+        self.assertGreater(out["outcomes"].get("acquired", 0), 0)
+
+    def test_open_loop_in_flight_cap(self):
+        # --concurrency 1 in the open loop: one operation in flight at a time; the ones due
+        # meanwhile wait (their lag counts) but are all sent, and the run still ends.
+        out = self.bench("--workload", "claim-complete", "--rate", 400, "--concurrency", 1,
+                         "--duration", 1)
+        self.assertEqual(out["concurrency"], 1)
+        self.assertEqual(out["ops"] + out["errors"] + out["unsent"], 400, out)
+        self.assertEqual(out["errors"], 0, out)
+
     def test_failed_operations_count_in_latency(self):
         # Quorum lost mid-run: the operations that then fail waited their whole deadline,
         # and the latency figures must show that wait (not only the fast successes).
@@ -752,7 +814,9 @@ class TestBench(unittest.TestCase):
 
     def test_usage_errors(self):
         for args in (["--workload", "fresh", "--rate", "0"], ["--workload", "fresh", "--keys", "3"],
-                     ["--workload", "contention", "--keys", "0"]):
+                     ["--workload", "contention", "--keys", "0"],
+                     ["--workload", "fresh", "--connections", "2"],
+                     ["--workload", "fresh", "--rate", "10", "--connections", "0"]):
             p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token] + args,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
             self.assertEqual(p.returncode, 2, args)
