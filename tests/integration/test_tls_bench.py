@@ -550,6 +550,14 @@ class TlsForwardCases:
         out = json.loads(p.stdout)
         self.assertEqual((out["ops"], out["errors"]), (200, 0), out)
         self.assertEqual(out["outcomes"], {"acquired": 200})
+        # The open loop's asynchronous clients take the same TLS options (client
+        # certificate included, in the mutual-TLS cluster).
+        p = self.bench("--workload", "claim-complete", "--rate", 200, "--duration", 1,
+                       "--connections", 2)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual((out["mode"], out["ops"], out["errors"], out["unsent"]),
+                         ("open", 200, 0, 0), out)
 
     def test_wrong_ca_is_refused(self):
         bad = self.c.tls_args(ca="other-ca.crt")
