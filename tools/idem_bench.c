@@ -17,9 +17,10 @@
  * measured from the scheduled time, not from the actual send, so that a stall of the
  * cluster shows up in the latency of every operation that should have been sent during it
  * (no "coordinated omission"); when C operations are in flight the next ones fall behind
- * schedule and that wait counts (so does the timer's granularity, up to about 1 ms). The service time (send to answer) is reported next to it,
- * and so is the largest lag of a send behind its schedule: a lag that grows means R is
- * more than the cluster (or C in flight) can sustain. Operations scheduled before the end
+ * schedule and that wait counts (so does the timer's granularity, up to about 1 ms). The
+ * service time (send to answer) is reported next to it, and so is the largest lag of a
+ * send behind its schedule: a lag that grows means R is more than the cluster (or C in
+ * flight) can sustain. Operations scheduled before the end
  * that are still unsent when --duration passes are sent afterwards, for at most one
  * --deadline more; any left then are reported as "unsent", never silently dropped.
  *
@@ -31,15 +32,15 @@
  *                   ok; the pair counts as one operation and one latency sample.
  *   contention      claim one of --keys keys (default 8) with its fingerprint and a fresh
  *                   attempt id: acquired (then released at once, expected ok, the pair one
- *                   operation) or in_progress (another thread holds it) are both expected;
+ *                   operation) or in_progress (another operation holds it) are both expected;
  *                   the split is printed with the other outcomes.
  * Keys are "bench-<run id>-...", the run id random, so that reruns against the same cluster
  * never collide; fresh keys get a random 32-byte fingerprint.
  *
- * Latencies (µs) go into per-thread log-linear histograms (tools/hist.h), merged at the
- * end. Errors are operations that got an unexpected outcome,
- * or no answer at all (transport: the client's own retries ran out of deadline); they are
- * counted, not timed. The run ends after --duration seconds or --requests operations,
+ * Latencies (µs) go into per-worker log-linear histograms (tools/hist.h), merged at the
+ * end. Errors are operations that got an unexpected outcome, or no answer at all
+ * (transport: the client's own retries ran out of deadline); they are counted, and timed
+ * like the others. The run ends after --duration seconds or --requests operations,
  * whichever comes first.
  *
  * Output: a summary, the percentiles p50/p90/p99/p99.9/max (of every operation sent, failed
