@@ -9,7 +9,9 @@
  * earlier ones were answered. One thread runs a libuv loop with --connections asynchronous
  * clients (default 1; each pipelines its requests over one connection to the leader, used
  * round robin); a 1 ms timer sends every operation that is due while fewer than C
- * (--concurrency, default 64 here) are in flight, and an answer that frees a slot sends
+ * (--concurrency, default 1024 here: an operation in flight costs a slot of memory, not a
+ * thread, and a lower cap turns every stall of the cluster into lag of the generator)
+ * are in flight, and an answer that frees a slot sends
  * the next due one at once. (The load generator must not compete for the CPU with the
  * cluster it measures: earlier, C threads with a synchronous client each did, and their
  * scheduling showed up as latency.) Before the schedule starts, each client makes one
@@ -82,7 +84,7 @@
 #define MAX_RATE 10000000
 #define DEFAULT_DEADLINE_MS 5000u
 #define DEFAULT_CLOSED_CONCURRENCY 8
-#define DEFAULT_OPEN_CONCURRENCY 64
+#define DEFAULT_OPEN_CONCURRENCY 1024
 #define DEFAULT_CONNECTIONS 1
 
 /* Outcome counters: indexes are Idem__Outcome values; OUTC_NONE counts calls with no
@@ -132,7 +134,7 @@ static const char usageText[] =
     "                      (expects acquired, then releases it, or in_progress)\n"
     "  --concurrency N     closed loop (the default mode): N threads, one client and one\n"
     "                      request in flight each (default 8). With --rate: the most\n"
-    "                      operations in flight at once (default 64). At most 1024.\n"
+    "                      operations in flight at once (default 1024). At most 1024.\n"
     "  --rate R            open loop: schedule R operations per second whatever the answers;\n"
     "                      latency counts from each operation's scheduled time\n"
     "                      (latency figures include failed operations, in every mode);\n"
