@@ -809,6 +809,34 @@ class TestBench(unittest.TestCase):
         self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"] + out["errors"])
         self.assertGreaterEqual(out["max_ms"], 350, out)
 
+    def test_open_loop_failed_operations_count_in_latency(self):
+        # The same in the open loop: quorum lost mid-run, the operations sent then wait their
+        # deadline and fail; they are timed (from their schedule) and counted, and whatever
+        # was scheduled is accounted for: answered, failed, or unsent.
+        lid = self.c.wait_leader(timeout=20)
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json", "--workload", "claim-complete", "--rate", "100",
+                              "--duration", "4", "--deadline", "400"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.5)
+            for nid in list(self.c.nodes):
+                if nid != lid:
+                    self.c.kill(nid)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        out = json.loads(stdout)
+        self.assertGreater(out["ops"], 0, out)
+        self.assertGreater(out["errors"], 0, out)
+        self.assertGreater(out["transport_errors"], 0, out)
+        self.assertEqual(out["ops"] + out["errors"] + out["unsent"], 400, out)
+        self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"] + out["errors"])
+        self.assertGreaterEqual(out["max_ms"], 350, out)
+
     def test_contention_and_replay(self):
         out = self.bench("--workload", "contention", "--keys", 2, "--concurrency", 8, "--requests", 200)
         self.assertEqual((out["ops"], out["errors"]), (200, 0))
@@ -829,11 +857,11 @@ class TestBench(unittest.TestCase):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
             self.assertEqual(p.returncode, 2, args)
 
-    def test_progress_on_a_terminal_and_text_report(self):
+    def run_on_terminal(self, *args):
+        """Runs idem-bench with stderr on a pseudo-terminal; returns (stdout text, stderr)."""
         master, slave = pty.openpty()
-        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
-                              "--workload", "fresh", "--concurrency", "2", "--duration", "3"],
-                             stdout=subprocess.PIPE, stderr=slave)
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token]
+                             + [str(a) for a in args], stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
         err = b""
         end = time.monotonic() + 60
@@ -852,12 +880,23 @@ class TestBench(unittest.TestCase):
         out, _ = p.communicate(timeout=60)
         os.close(master)
         self.assertEqual(p.returncode, 0, err)
+        return out.decode(), err
+
+    def test_progress_on_a_terminal_and_text_report(self):
+        text, err = self.run_on_terminal("--workload", "fresh", "--concurrency", "2", "--duration", "3")
         self.assertRegex(err, rb"\r\[ +\d+s\] \d+ ops, \d+ ops/s, 0 errors")
-        text = out.decode()
         self.assertRegex(text, r"latency ms   p50 [\d.]+  p90 [\d.]+  p99 [\d.]+  p99\.9 [\d.]+  max")
         self.assertIn("distribution (latency ms", text)
         self.assertRegex(text, r"\|#+\n")
-
+        # The open loop's progress line (from its event loop) and report.
+        text, err = self.run_on_terminal("--workload", "fresh", "--rate", "200", "--duration", "3",
+                                         "--connections", "2")
+        self.assertRegex(err, rb"\r\[ +\d+s\] \d+ ops, \d+ ops/s, 0 errors, max lag [\d.]+ ms")
+        self.assertIn("open loop, target 200 ops/s, at most 1024 in flight, 2 connections", text)
+        self.assertRegex(text, r"ops          600\n")
+        self.assertRegex(text, r"unsent       0 ")
+        self.assertRegex(text, r"service ms   p50 [\d.]+  p99 [\d.]+")
+        self.assertIn("distribution (latency ms", text)
 
 if __name__ == "__main__":
     unittest.main()
