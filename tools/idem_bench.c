@@ -6,14 +6,23 @@
  * gives C synchronous callers.
  *
  * Open loop (--rate R): operation i is *scheduled* at start + i/R seconds, whether or not
- * earlier ones were answered. C threads (--concurrency, default 64 here) take the next
- * scheduled operation, wait for its time if it is still ahead, and send it. Latency is
+ * earlier ones were answered. One thread runs a libuv loop with --connections asynchronous
+ * clients (default 1; each pipelines its requests over one connection to the leader, used
+ * round robin); a 1 ms timer sends every operation that is due while fewer than C
+ * (--concurrency, default 1024 here: an operation in flight costs a slot of memory, not a
+ * thread, and a lower cap turns every stall of the cluster into lag of the generator)
+ * are in flight, and an answer that frees a slot sends
+ * the next due one at once. (The load generator must not compete for the CPU with the
+ * cluster it measures: earlier, C threads with a synchronous client each did, and their
+ * scheduling showed up as latency.) Before the schedule starts, each client makes one
+ * call (a get) so that its connection to the leader is up. Latency is
  * measured from the scheduled time, not from the actual send, so that a stall of the
  * cluster shows up in the latency of every operation that should have been sent during it
- * (no "coordinated omission"); when every thread is busy the operations fall behind
- * schedule and that wait counts. The service time (send to answer) is reported next to it,
- * and so is the largest lag of a send behind its schedule: a lag that grows means R is
- * more than the cluster (or C threads) can sustain. Operations scheduled before the end
+ * (no "coordinated omission"); when C operations are in flight the next ones fall behind
+ * schedule and that wait counts (so does the timer's granularity, up to about 1 ms). The
+ * service time (send to answer) is reported next to it, and so is the largest lag of a
+ * send behind its schedule: a lag that grows means R is more than the cluster (or C in
+ * flight) can sustain. Operations scheduled before the end
  * that are still unsent when --duration passes are sent afterwards, for at most one
  * --deadline more; any left then are reported as "unsent", never silently dropped.
  *
@@ -25,15 +34,15 @@
  *                   ok; the pair counts as one operation and one latency sample.
  *   contention      claim one of --keys keys (default 8) with its fingerprint and a fresh
  *                   attempt id: acquired (then released at once, expected ok, the pair one
- *                   operation) or in_progress (another thread holds it) are both expected;
+ *                   operation) or in_progress (another operation holds it) are both expected;
  *                   the split is printed with the other outcomes.
  * Keys are "bench-<run id>-...", the run id random, so that reruns against the same cluster
  * never collide; fresh keys get a random 32-byte fingerprint.
  *
- * Latencies (µs) of successful operations go into per-thread log-linear histograms
- * (tools/hist.h), merged at the end. Errors are operations that got an unexpected outcome,
- * or no answer at all (transport: the client's own retries ran out of deadline); they are
- * counted, not timed. The run ends after --duration seconds or --requests operations,
+ * Latencies (µs) go into per-worker log-linear histograms (tools/hist.h), merged at the
+ * end. Errors are operations that got an unexpected outcome, or no answer at all
+ * (transport: the client's own retries ran out of deadline); they are counted, and timed
+ * like the others. The run ends after --duration seconds or --requests operations,
  * whichever comes first.
  *
  * Output: a summary, the percentiles p50/p90/p99/p99.9/max (of every operation sent, failed
@@ -55,6 +64,7 @@
 
 #include <jansson.h>
 #include <openssl/rand.h>
+#include <uv.h>
 
 #include "cli.h"
 #include "hist.h"
@@ -69,11 +79,13 @@
 #define DEFAULT_CONTENTION_KEYS 8
 #define MAX_KEYS 100000
 #define MAX_CONCURRENCY 1024
+#define MAX_CONNECTIONS 64
 #define MAX_DURATION_S 3600
 #define MAX_RATE 10000000
 #define DEFAULT_DEADLINE_MS 5000u
 #define DEFAULT_CLOSED_CONCURRENCY 8
-#define DEFAULT_OPEN_CONCURRENCY 64
+#define DEFAULT_OPEN_CONCURRENCY 1024
+#define DEFAULT_CONNECTIONS 1
 
 /* Outcome counters: indexes are Idem__Outcome values; OUTC_NONE counts calls with no
  * answer, OUTC_OTHER outcomes this program does not know. */
@@ -94,6 +106,7 @@ struct config {
     unsigned duration_s;
     uint64_t requests; /* 0: unbounded */
     uint64_t rate;     /* operations per second; 0: closed loop */
+    unsigned connections; /* open loop: asynchronous clients (connections) on the loop */
     unsigned keys;     /* replay and contention key set */
     enum workload workload;
     bool json;
@@ -105,7 +118,8 @@ struct config {
 static const char usageText[] =
     "Usage: idem-bench --cluster H:P,... --token T\n"
     "                  --workload fresh|replay|claim-complete|contention\n"
-    "                  [--concurrency N | --rate R [--concurrency N]] [--keys N]\n"
+    "                  [--concurrency N | --rate R [--concurrency N] [--connections N]]\n"
+    "                  [--keys N]\n"
     "                  [--duration SECONDS] [--requests N] [--deadline MS]\n"
     "                  [--no-histogram] [--json]\n"
     "                  [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
@@ -120,10 +134,13 @@ static const char usageText[] =
     "                      (expects acquired, then releases it, or in_progress)\n"
     "  --concurrency N     closed loop (the default mode): N threads, one client and one\n"
     "                      request in flight each (default 8). With --rate: the most\n"
-    "                      operations in flight at once (default 64). At most 1024.\n"
+    "                      operations in flight at once (default 1024). At most 1024.\n"
     "  --rate R            open loop: schedule R operations per second whatever the answers;\n"
     "                      latency counts from each operation's scheduled time\n"
-    "                      (latency figures include failed operations, in every mode)\n"
+    "                      (latency figures include failed operations, in every mode);\n"
+    "                      sent from one thread (libuv loop, asynchronous clients)\n"
+    "  --connections N     open loop: asynchronous clients, each one pipelined connection\n"
+    "                      to the leader, used round robin (default 1, at most 64)\n"
     "  --keys N            key set of replay (default 64) and contention (default 8),\n"
     "                      1..100000\n"
     "  --duration SECONDS  how long to run (default 10, at most 3600)\n"
@@ -181,6 +198,7 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     cfg->duration_s = 10;
     cfg->requests = 0;
     cfg->rate = 0;
+    cfg->connections = 0;
     cfg->keys = 0;
     cfg->json = false;
     cfg->no_histogram = false;
@@ -208,6 +226,9 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
             concurrency_set = true;
         } else if (optValue(argc, argv, &i, "--rate", &v)) {
             cfg->rate = cli_parse_u64("--rate", v, 1, MAX_RATE);
+        } else if (optValue(argc, argv, &i, "--connections", &v)) {
+            cfg->connections =
+                (unsigned)cli_parse_u64("--connections", v, 1, MAX_CONNECTIONS);
         } else if (optValue(argc, argv, &i, "--keys", &v)) {
             cfg->keys = (unsigned)cli_parse_u64("--keys", v, 1, MAX_KEYS);
         } else if (optValue(argc, argv, &i, "--duration", &v)) {
@@ -249,6 +270,12 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     }
     if (cfg->rate != 0 && !concurrency_set) {
         cfg->concurrency = DEFAULT_OPEN_CONCURRENCY;
+    }
+    if (cfg->connections != 0 && cfg->rate == 0) {
+        cli_usage_error("--connections applies to the open loop (--rate) only");
+    }
+    if (cfg->connections == 0) {
+        cfg->connections = DEFAULT_CONNECTIONS;
     }
     if (cfg->cluster == NULL) {
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
@@ -536,30 +563,23 @@ static bool workerOp(struct worker *w, struct idem_client *c)
     return true;
 }
 
-/* Takes the next operation. Closed loop: returns false once --requests were started or
- * the run is over; *sched_us (OUT) is 0. Open loop: the operation's scheduled time in
- * *sched_us, false when it falls after the end of the run or beyond --requests. */
-static bool nextTicket(struct bench *b, uint64_t *sched_us)
+/* Closed loop: takes the next operation; false once --requests were started or the run is
+ * over. */
+static bool nextTicket(struct bench *b)
 {
-    *sched_us = 0;
-    if (atomic_load_explicit(&b->stop, memory_order_relaxed)) {
+    if (atomic_load_explicit(&b->stop, memory_order_relaxed) || nowUs() >= b->end_us) {
         return false;
     }
-    if (b->cfg.rate == 0) {
-        if (nowUs() >= b->end_us) {
-            return false;
-        }
-        return b->cfg.requests == 0 ||
-               atomic_fetch_add_explicit(&b->tickets, 1, memory_order_relaxed) < b->cfg.requests;
-    }
-    uint64_t i = atomic_fetch_add_explicit(&b->tickets, 1, memory_order_relaxed);
-    if (b->cfg.requests != 0 && i >= b->cfg.requests) {
-        return false;
-    }
-    /* i / rate seconds after the start, in µs, without overflow for any i we can reach. */
-    uint64_t off = i / b->cfg.rate * 1000000u + (i % b->cfg.rate) * 1000000u / b->cfg.rate;
-    *sched_us = b->start_us + off;
-    return *sched_us < b->end_us;
+    return b->cfg.requests == 0 ||
+           atomic_fetch_add_explicit(&b->tickets, 1, memory_order_relaxed) < b->cfg.requests;
+}
+
+/* Open loop: the scheduled time of operation i, i / rate seconds after the start, in µs,
+ * without overflow for any i we can reach. */
+static uint64_t schedUs(const struct bench *b, uint64_t i)
+{
+    uint64_t r = b->cfg.rate;
+    return b->start_us + i / r * 1000000u + (i % r) * 1000000u / r;
 }
 
 static void *workerRun(void *arg)
@@ -574,29 +594,13 @@ static void *workerRun(void *arg)
         w->errors++;
         return NULL;
     }
-    uint64_t sched;
-    while (nextTicket(b, &sched)) {
-        if (sched != 0 && nowUs() < sched) {
-            sleepUntilUs(sched);
-        }
+    while (nextTicket(b)) {
         uint64_t t0 = nowUs();
-        if (sched != 0 && t0 > sched) {
-            uint64_t lag = t0 - sched;
-            uint64_t seen = atomic_load_explicit(&b->max_lag, memory_order_relaxed);
-            while (lag > seen && !atomic_compare_exchange_weak_explicit(
-                                     &b->max_lag, &seen, lag, memory_order_relaxed,
-                                     memory_order_relaxed)) {
-            }
-        }
         bool ok = workerOp(w, c);
-        uint64_t t1 = nowUs();
         /* Every operation sent counts in the latency figures, failed ones too: a request
          * that timed out during a failover waited its whole deadline, and leaving it out
          * would make the tail look better than what callers saw. */
-        hist_record(&w->hist, t1 - (sched != 0 ? sched : t0));
-        if (sched != 0) {
-            hist_record(&w->service, t1 - t0);
-        }
+        hist_record(&w->hist, nowUs() - t0);
         if (ok) {
             w->ops++;
         } else {
@@ -607,6 +611,386 @@ static void *workerRun(void *arg)
     }
     idem_client_close(c);
     return NULL;
+}
+
+/* ---- open loop: one thread, one libuv loop, asynchronous clients ------------------------ */
+
+/* The open loop sends from a single thread: a libuv loop with --connections asynchronous
+ * clients (each pipelines its requests over one connection to the leader), used round
+ * robin. A 1 ms timer sends every operation that is due (scheduled at or before now) while
+ * fewer than --concurrency are in flight; an answer that frees a slot sends the next due
+ * operation at once. So the generator adds no runnable threads of its own next to the
+ * cluster it measures: what it reports is the cluster's, not the scheduler's. */
+
+#define OPEN_TICK_MS 1
+
+struct open_loop;
+
+/* One operation in flight; a pool of --concurrency of them. */
+struct open_op {
+    struct open_loop *L;
+    struct idem_async *a; /* the client it went out on (the pair's second call too) */
+    struct open_op *next_free;
+    const struct set_key *sk; /* replay, contention: the key; else NULL (own key below) */
+    uint64_t sched_us;
+    uint64_t sent_us;
+    uint64_t token;
+    char key[96];
+};
+
+struct open_loop {
+    struct bench *b;
+    uv_loop_t loop;
+    uv_timer_t tick;
+    uv_timer_t progress;
+    bool progress_on;
+    struct idem_async **conns;
+    unsigned nconns;
+    unsigned rr;
+    unsigned closing; /* clients whose close has not finished */
+    struct open_op *ops;
+    struct open_op *free_ops;
+    unsigned inflight;
+    unsigned warming; /* warm-up calls not answered yet */
+    bool started;     /* the schedule runs */
+    bool finishing;   /* no more sends; close once nothing is in flight */
+    bool closed;      /* the clients and timers are closing */
+    bool pumping;     /* openPump is running (an operation refused at once re-enters) */
+    uint64_t next;     /* the next operation to send */
+    uint64_t expected; /* operations scheduled in all */
+    uint64_t until_us; /* the end of the run plus one deadline: stop sending then */
+    uint64_t last_print, last_done;
+    struct worker w; /* the counters and histograms, as one closed-loop worker's */
+};
+
+static void openPump(struct open_loop *L);
+static double ms(uint64_t us);
+
+static void openCloseCb(struct idem_async *a, void *data)
+{
+    (void)a;
+    struct open_loop *L = data;
+    L->closing--;
+}
+
+/* Stops the timers and closes the clients; the loop ends when they are closed. */
+static void openFinish(struct open_loop *L)
+{
+    L->finishing = true;
+    if (L->closed || L->inflight > 0 || L->warming > 0) {
+        return; /* every call ends by its deadline; the last one comes back here */
+    }
+    L->closed = true;
+    uv_timer_stop(&L->tick);
+    uv_timer_stop(&L->progress);
+    L->closing = L->nconns;
+    for (unsigned i = 0; i < L->nconns; i++) {
+        idem_async_close(L->conns[i], openCloseCb, L);
+    }
+    uv_close((uv_handle_t *)&L->tick, NULL);
+    uv_close((uv_handle_t *)&L->progress, NULL);
+}
+
+/* An operation ended (ok: every call got its expected outcome): it is timed and its slot
+ * freed. */
+static void openDone(struct open_op *op, bool ok)
+{
+    struct open_loop *L = op->L;
+    struct worker *w = &L->w;
+    uint64_t t1 = nowUs();
+    /* As in the closed loop, failed operations count in the latency too. */
+    hist_record(&w->hist, t1 - op->sched_us);
+    hist_record(&w->service, t1 - op->sent_us);
+    if (ok) {
+        w->ops++;
+    } else {
+        w->errors++;
+        atomic_fetch_add_explicit(&L->b->failed, 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&L->b->done, 1, memory_order_relaxed);
+    op->next_free = L->free_ops;
+    L->free_ops = op;
+    L->inflight--;
+    if (L->finishing) {
+        openFinish(L);
+    } else {
+        openPump(L);
+    }
+}
+
+/* Counts one call's end; on anything but `want` notes the first error and returns false. */
+static bool openCall(struct open_op *op, const char *what, int status,
+                     const struct idem_result *r, int want, bool first)
+{
+    struct worker *w = &op->L->w;
+    countCall(w, status);
+    if (first) {
+        w->outcomes[outcomeSlot(status, status == IDEM_OK ? (Idem__Outcome)r->outcome
+                                                          : IDEM__OUTCOME__OUTCOME_UNSPECIFIED)]++;
+    }
+    if (status != IDEM_OK) {
+        noteError(w, "%s: %s: %s", what, idem_strerror(status), r->detail);
+        return false;
+    }
+    if (r->outcome != want) {
+        noteError(w, "%s: %s%s%s", what, idem_outcome_name(r->outcome),
+                  r->detail[0] ? ": " : "", r->detail);
+        return false;
+    }
+    return true;
+}
+
+static void openSecondCb(struct idem_async *a, int status, struct idem_result *r, void *data)
+{
+    (void)a;
+    struct open_op *op = data;
+    const char *what = op->L->b->cfg.workload == WL_CONTENTION ? "release" : "complete";
+    openDone(op, openCall(op, what, status, r, IDEM_OUTCOME_OK, false));
+}
+
+static void openClaimCb(struct idem_async *a, int status, struct idem_result *r, void *data)
+{
+    struct open_op *op = data;
+    struct open_loop *L = op->L;
+    enum workload wl = L->b->cfg.workload;
+    uint32_t dl = L->b->cfg.deadline_ms;
+    if (wl == WL_CONTENTION && status == IDEM_OK && r->outcome == IDEM_OUTCOME_IN_PROGRESS) {
+        openCall(op, "claim", status, r, IDEM_OUTCOME_IN_PROGRESS, true);
+        openDone(op, true);
+        return;
+    }
+    int want = wl == WL_REPLAY ? IDEM_OUTCOME_REPLAY : IDEM_OUTCOME_ACQUIRED;
+    if (!openCall(op, "claim", status, r, want, true)) {
+        openDone(op, false);
+        return;
+    }
+    if (wl == WL_REPLAY || wl == WL_FRESH) {
+        openDone(op, true);
+        return;
+    }
+    op->token = r->token;
+    const char *key = op->sk != NULL ? op->sk->key : op->key;
+    int rv;
+    if (wl == WL_CLAIM_COMPLETE) {
+        static const uint8_t body[] = "ok";
+        struct idem_response resp = {.status = 200, .body = body, .body_len = 2};
+        rv = idem_async_complete(a, key, op->token, IDEM_COMPLETION_SUCCEEDED, &resp, dl,
+                                 openSecondCb, op);
+    } else {
+        rv = idem_async_release(a, key, op->token, dl, openSecondCb, op);
+    }
+    if (rv != IDEM_OK) {
+        countCall(&L->w, rv);
+        noteError(&L->w, "%s: %s", wl == WL_CLAIM_COMPLETE ? "complete" : "release",
+                  idem_strerror(rv));
+        openDone(op, false);
+    }
+}
+
+/* Sends operation L->next (due now) on the next client. */
+static void openSend(struct open_loop *L, uint64_t sched, uint64_t now)
+{
+    struct bench *b = L->b;
+    struct worker *w = &L->w;
+    struct open_op *op = L->free_ops;
+    L->free_ops = op->next_free;
+    uint64_t i = L->next++;
+    op->a = L->conns[L->rr++ % L->nconns];
+    op->sched_us = sched;
+    op->sent_us = now;
+    op->token = 0;
+    if (now - sched > atomic_load_explicit(&b->max_lag, memory_order_relaxed)) {
+        atomic_store_explicit(&b->max_lag, now - sched, memory_order_relaxed);
+    }
+    char attempt[48];
+    uint8_t fpbuf[32];
+    const uint8_t *fp;
+    const char *key;
+    if (b->cfg.workload == WL_REPLAY || b->cfg.workload == WL_CONTENTION) {
+        op->sk = &b->set[rngNext(&w->rng) % b->cfg.keys];
+        key = op->sk->key;
+        fp = op->sk->fp;
+        snprintf(attempt, sizeof attempt, "r-%" PRIu64 "-%016" PRIx64, i, rngNext(&w->rng));
+    } else {
+        op->sk = NULL;
+        snprintf(op->key, sizeof op->key, "bench-%s-o-%" PRIu64, b->run_id, i);
+        snprintf(attempt, sizeof attempt, "a-%" PRIu64, i);
+        randomFill(&w->rng, fpbuf, sizeof fpbuf);
+        key = op->key;
+        fp = fpbuf;
+    }
+    struct idem_claim_opts co = {.attempt_id = attempt, .deadline_ms = b->cfg.deadline_ms};
+    L->inflight++;
+    int rv = idem_async_claim(op->a, key, fp, &co, openClaimCb, op);
+    if (rv != IDEM_OK) {
+        countCall(w, rv);
+        w->outcomes[OUTC_NONE]++;
+        noteError(w, "claim: %s", idem_strerror(rv));
+        openDone(op, false);
+    }
+}
+
+/* Sends every operation that is due while the in-flight cap allows; finishes the run when
+ * everything was sent and answered, or when it is over. */
+static void openPump(struct open_loop *L)
+{
+    if (!L->started || L->finishing || L->pumping) {
+        return;
+    }
+    uint64_t now = nowUs();
+    if (now >= L->until_us) {
+        openFinish(L);
+        return;
+    }
+    /* openSend may end an operation at once (a refused request), which calls back here:
+     * the guard makes that a no-op, and this loop goes on. */
+    L->pumping = true;
+    while (L->next < L->expected && L->free_ops != NULL && !L->finishing) {
+        uint64_t sched = schedUs(L->b, L->next);
+        if (sched > now) {
+            break;
+        }
+        openSend(L, sched, now);
+        now = nowUs();
+    }
+    L->pumping = false;
+    if (L->next >= L->expected && L->inflight == 0) {
+        openFinish(L);
+    }
+}
+
+static void openTickCb(uv_timer_t *t)
+{
+    openPump(t->data);
+}
+
+static void openProgressCb(uv_timer_t *t)
+{
+    struct open_loop *L = t->data;
+    struct bench *b = L->b;
+    uint64_t now = nowUs();
+    uint64_t d = atomic_load_explicit(&b->done, memory_order_relaxed);
+    uint64_t f = atomic_load_explicit(&b->failed, memory_order_relaxed);
+    double el = now > b->start_us ? (double)(now - b->start_us) / 1e6 : 0;
+    fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors, max lag %.1f ms   ",
+            el, d, (double)(d - L->last_done) * 1e6 / (double)(now - L->last_print), f,
+            ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
+    L->last_print = now;
+    L->last_done = d;
+}
+
+/* Starts the schedule once every client has its connection to the leader. */
+static void openStart(struct open_loop *L)
+{
+    struct bench *b = L->b;
+    L->started = true;
+    b->start_us = nowUs() + 1000u;
+    b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
+    L->until_us = b->end_us + (uint64_t)b->cfg.deadline_ms * 1000u;
+    L->last_print = b->start_us;
+    uv_timer_start(&L->tick, openTickCb, OPEN_TICK_MS, OPEN_TICK_MS);
+    if (L->progress_on) {
+        uv_timer_start(&L->progress, openProgressCb, 1000, 1000);
+    }
+}
+
+/* The warm-up call of a client (a get of the probe key) came back: its connection to the
+ * leader is up (or the call failed, and the run will show why). */
+static void openWarmCb(struct idem_async *a, int status, struct idem_result *r, void *data)
+{
+    (void)a;
+    (void)status;
+    (void)r;
+    struct open_loop *L = data;
+    if (--L->warming == 0) {
+        if (L->finishing) {
+            openFinish(L);
+        } else {
+            openStart(L);
+        }
+    }
+}
+
+/* Runs the open loop on this thread; fills w (OUT, initialised by the caller) and returns
+ * EXIT_RAN, or EXIT_USAGE / EXIT_SETUP when a client cannot be made. */
+static int runOpen(struct bench *b, struct worker *w, bool progress)
+{
+    struct open_loop *L = calloc(1, sizeof *L);
+    int code = EXIT_SETUP;
+    if (L == NULL) {
+        fputs("idem-bench: out of memory\n", stderr);
+        return EXIT_SETUP;
+    }
+    L->b = b;
+    L->w = *w;
+    L->progress_on = progress;
+    uint64_t scheduled = b->cfg.rate * b->cfg.duration_s;
+    L->expected = b->cfg.requests == 0 || scheduled < b->cfg.requests ? scheduled
+                                                                        : b->cfg.requests;
+    L->ops = calloc(b->cfg.concurrency, sizeof *L->ops);
+    L->conns = calloc(b->cfg.connections, sizeof *L->conns);
+    if (L->ops == NULL || L->conns == NULL || uv_loop_init(&L->loop) != 0) {
+        fputs("idem-bench: out of memory\n", stderr);
+        free(L->ops);
+        free(L->conns);
+        free(L);
+        return EXIT_SETUP;
+    }
+    for (unsigned i = b->cfg.concurrency; i-- > 0;) {
+        L->ops[i].L = L;
+        L->ops[i].next_free = L->free_ops;
+        L->free_ops = &L->ops[i];
+    }
+    uv_timer_init(&L->loop, &L->tick);
+    uv_timer_init(&L->loop, &L->progress);
+    L->tick.data = L;
+    L->progress.data = L;
+    struct idem_options o = {0};
+    o.seeds = b->cfg.cluster;
+    o.token = b->cfg.token;
+    o.default_deadline_ms = b->cfg.deadline_ms;
+    cli_tls_options(&b->cfg.tls, &o);
+    char why[256], probe_key[96];
+    snprintf(probe_key, sizeof probe_key, "bench-%s-probe", b->run_id);
+    int rv = IDEM_OK;
+    for (unsigned i = 0; i < b->cfg.connections; i++) {
+        rv = idem_async_open(&L->loop, &o, &L->conns[i], why, sizeof why);
+        if (rv != IDEM_OK) {
+            fprintf(stderr, "idem-bench: %s: %s\n", idem_strerror(rv), why);
+            code = rv == IDEM_EINVAL || rv == IDEM_ETLS ? EXIT_USAGE : EXIT_SETUP;
+            break;
+        }
+        L->nconns++;
+    }
+    if (rv == IDEM_OK) {
+        for (unsigned i = 0; i < L->nconns; i++) {
+            if (idem_async_get(L->conns[i], probe_key, b->cfg.deadline_ms, openWarmCb, L) ==
+                IDEM_OK) {
+                L->warming++;
+            }
+        }
+        if (L->warming == 0) {
+            openStart(L);
+        }
+        code = EXIT_RAN;
+    } else {
+        L->finishing = true;
+    }
+    if (L->finishing) {
+        openFinish(L);
+    }
+    uv_run(&L->loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&L->loop) != 0) {
+        fputs("idem-bench: the event loop did not close cleanly\n", stderr);
+    }
+    if (code == EXIT_RAN) {
+        *w = L->w;
+        w->b = b;
+    }
+    free(L->ops);
+    free(L->conns);
+    free(L);
+    return code;
 }
 
 /* Asks the cluster once before the run (a get of a key nobody has) so that an unreachable
@@ -747,6 +1131,7 @@ static void printJson(struct bench *b, const struct totals *t)
     jset(o, "concurrency", json_integer((json_int_t)t->threads));
     if (b->cfg.rate) {
         jset(o, "target_rate", json_integer((json_int_t)b->cfg.rate));
+        jset(o, "connections", json_integer((json_int_t)b->cfg.connections));
     }
     jset(o, "ops_per_sec", jnum(round3(ops_s)));
     jset(o, "ops", json_integer((json_int_t)t->ops));
@@ -818,8 +1203,9 @@ static void printText(struct bench *b, const struct totals *t)
     }
     printf("\n");
     if (b->cfg.rate) {
-        printf("mode         open loop, target %" PRIu64 " ops/s, at most %u in flight\n",
-               b->cfg.rate, t->threads);
+        printf("mode         open loop, target %" PRIu64 " ops/s, at most %u in flight, "
+               "%u connection%s\n",
+               b->cfg.rate, t->threads, b->cfg.connections, b->cfg.connections == 1 ? "" : "s");
     } else {
         printf("mode         closed loop, concurrency %u\n", t->threads);
     }
@@ -887,7 +1273,8 @@ int main(int argc, char **argv)
         return code;
     }
 
-    unsigned n = b->cfg.concurrency;
+    /* Open loop: one worker's counters, filled by the loop on this thread. */
+    unsigned n = b->cfg.rate ? 1 : b->cfg.concurrency;
     struct worker *ws = calloc(n, sizeof *ws);
     if (ws == NULL) {
         fputs("idem-bench: out of memory\n", stderr);
@@ -896,67 +1283,71 @@ int main(int argc, char **argv)
         return EXIT_SETUP;
     }
     bool progress = isatty(STDERR_FILENO) == 1;
-    /* Open loop: the schedule starts a little ahead so that every thread is up by then. */
-    b->start_us = nowUs() + (b->cfg.rate ? 20000u : 0u);
-    b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
-    unsigned running = 0;
     for (unsigned i = 0; i < n; i++) {
         ws[i].b = b;
         ws[i].index = i;
         ws[i].rng = seedFromRandom();
         hist_init(&ws[i].hist);
         hist_init(&ws[i].service);
-        ws[i].started = pthread_create(&ws[i].thread, NULL, workerRun, &ws[i]) == 0;
-        if (!ws[i].started) {
-            fprintf(stderr, "idem-bench: could not start thread %u; running with %u\n", i + 1,
-                    running);
-            break;
-        }
-        running++;
     }
-    if (running == 0) {
-        free(ws);
-        free(b->set);
-        free(b);
-        return EXIT_SETUP;
-    }
-    /* The workers stop themselves at end_us or after --requests; progress meanwhile. */
-    uint64_t last_print = nowUs();
-    uint64_t last_done = 0;
+    unsigned running = 0;
     /* Open loop: operations scheduled before the end but not sent yet (the run fell
      * behind) are still sent, for at most one call deadline more; what is left then is
      * reported as unsent. */
     uint64_t expected = b->cfg.requests;
-    uint64_t until = b->end_us;
     if (b->cfg.rate) {
         uint64_t scheduled = b->cfg.rate * b->cfg.duration_s;
         expected = expected == 0 || scheduled < expected ? scheduled : expected;
-        until += (uint64_t)b->cfg.deadline_ms * 1000u;
-    }
-    while (nowUs() < until) {
-        if (expected != 0 && atomic_load_explicit(&b->done, memory_order_relaxed) >= expected) {
-            break;
+        code = runOpen(b, &ws[0], progress);
+        if (code != EXIT_RAN) {
+            free(ws);
+            free(b->set);
+            free(b);
+            return code;
         }
-        sleepUntilUs(nowUs() + 50000u);
-        uint64_t now = nowUs();
-        if (progress && now - last_print >= 1000000u) {
-            uint64_t d = atomic_load_explicit(&b->done, memory_order_relaxed);
-            uint64_t f = atomic_load_explicit(&b->failed, memory_order_relaxed);
-            double el = now > b->start_us ? (double)(now - b->start_us) / 1e6 : 0;
-            fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors", el, d,
-                    (double)(d - last_done) * 1e6 / (double)(now - last_print), f);
-            if (b->cfg.rate) {
-                fprintf(stderr, ", max lag %.1f ms",
-                        ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
+        running = 1;
+    } else {
+        b->start_us = nowUs();
+        b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
+        for (unsigned i = 0; i < n; i++) {
+            ws[i].started = pthread_create(&ws[i].thread, NULL, workerRun, &ws[i]) == 0;
+            if (!ws[i].started) {
+                fprintf(stderr, "idem-bench: could not start thread %u; running with %u\n",
+                        i + 1, running);
+                break;
             }
-            fputs("   ", stderr);
-            last_print = now;
-            last_done = d;
+            running++;
         }
-    }
-    atomic_store(&b->stop, true);
-    for (unsigned i = 0; i < running; i++) {
-        pthread_join(ws[i].thread, NULL);
+        if (running == 0) {
+            free(ws);
+            free(b->set);
+            free(b);
+            return EXIT_SETUP;
+        }
+        /* The workers stop themselves at end_us or after --requests; progress meanwhile. */
+        uint64_t last_print = nowUs();
+        uint64_t last_done = 0;
+        while (nowUs() < b->end_us) {
+            if (expected != 0 &&
+                atomic_load_explicit(&b->done, memory_order_relaxed) >= expected) {
+                break;
+            }
+            sleepUntilUs(nowUs() + 50000u);
+            uint64_t now = nowUs();
+            if (progress && now - last_print >= 1000000u) {
+                uint64_t d = atomic_load_explicit(&b->done, memory_order_relaxed);
+                uint64_t f = atomic_load_explicit(&b->failed, memory_order_relaxed);
+                double el = now > b->start_us ? (double)(now - b->start_us) / 1e6 : 0;
+                fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors   ",
+                        el, d, (double)(d - last_done) * 1e6 / (double)(now - last_print), f);
+                last_print = now;
+                last_done = d;
+            }
+        }
+        atomic_store(&b->stop, true);
+        for (unsigned i = 0; i < running; i++) {
+            pthread_join(ws[i].thread, NULL);
+        }
     }
     uint64_t t_end = nowUs();
     if (progress) {
@@ -972,7 +1363,7 @@ int main(int argc, char **argv)
     }
     hist_init(t.lat);
     hist_init(t.svc);
-    t.threads = running;
+    t.threads = b->cfg.rate ? b->cfg.concurrency : running;
     t.elapsed_s = t_end > b->start_us ? (double)(t_end - b->start_us) / 1e6 : 0;
     for (unsigned i = 0; i < running; i++) {
         hist_merge(t.lat, &ws[i].hist);

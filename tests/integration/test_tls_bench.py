@@ -550,6 +550,14 @@ class TlsForwardCases:
         out = json.loads(p.stdout)
         self.assertEqual((out["ops"], out["errors"]), (200, 0), out)
         self.assertEqual(out["outcomes"], {"acquired": 200})
+        # The open loop's asynchronous clients take the same TLS options (client
+        # certificate included, in the mutual-TLS cluster).
+        p = self.bench("--workload", "claim-complete", "--rate", 200, "--duration", 1,
+                       "--connections", 2)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual((out["mode"], out["ops"], out["errors"], out["unsent"]),
+                         ("open", 200, 0, 0), out)
 
     def test_wrong_ca_is_refused(self):
         bad = self.c.tls_args(ca="other-ca.crt")
@@ -714,6 +722,68 @@ class TestBench(unittest.TestCase):
         out = self.bench("--workload", "fresh", "--rate", 50, "--requests", 30, "--duration", 30)
         self.assertEqual((out["ops"], out["errors"]), (30, 0))
 
+    def test_open_loop_is_single_threaded(self):
+        # The open loop sends from one thread (a libuv loop with asynchronous clients), so
+        # that the load generator does not compete for the CPU with the cluster it measures;
+        # before, it ran --concurrency threads (64 by default). The cluster's addresses are
+        # numeric, so libuv's thread pool (getaddrinfo) is never started: one thread. The
+        # bound leaves room for one more thread of a library, far from 64.
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json", "--workload", "claim-complete", "--rate", "500",
+                              "--concurrency", "64", "--connections", "2", "--duration", "3"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        samples = []
+        try:
+            end = time.monotonic() + 30
+            while p.poll() is None and time.monotonic() < end:
+                try:
+                    with open("/proc/%d/status" % p.pid) as f:
+                        for line in f:
+                            if line.startswith("Threads:"):
+                                samples.append(int(line.split()[1]))
+                except (FileNotFoundError, ProcessLookupError):
+                    break
+                time.sleep(0.05)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        out = json.loads(stdout)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (1500, 0, 0), out)
+        self.assertEqual(out["connections"], 2)
+        # Sampled all through the run (3 s at 50 ms: dozens of samples).
+        self.assertGreater(len(samples), 20, samples)
+        self.assertLessEqual(max(samples), 2, samples)
+
+    def test_open_loop_sends_exactly_the_schedule(self):
+        # R × duration operations are scheduled, and on a healthy cluster every one is sent
+        # and answered: none unsent, none failed, each fresh key acquired once.
+        out = self.bench("--workload", "fresh", "--rate", 1000, "--duration", 3)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (3000, 0, 0), out)
+        self.assertEqual(out["outcomes"], {"acquired": 3000})
+        self.assertEqual(out["connections"], 1)
+        # The other workloads run in the open loop too.
+        out = self.bench("--workload", "replay", "--keys", 4, "--rate", 200, "--duration", 1)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (200, 0, 0), out)
+        self.assertEqual(out["outcomes"], {"replay": 200})
+        out = self.bench("--workload", "contention", "--keys", 2, "--rate", 200, "--duration", 1,
+                         "--connections", 3)
+        self.assertEqual((out["ops"], out["errors"], out["unsent"]), (200, 0, 0), out)
+        self.assertLessEqual(set(out["outcomes"]), {"acquired", "in_progress"})
+        self.assertEqual(sum(out["outcomes"].values()), 200)
+        self.assertGreater(out["outcomes"].get("acquired", 0), 0)
+
+    def test_open_loop_in_flight_cap(self):
+        # --concurrency 1 in the open loop: one operation in flight at a time; the ones due
+        # meanwhile wait (their lag counts) but are all sent, and the run still ends.
+        out = self.bench("--workload", "claim-complete", "--rate", 400, "--concurrency", 1,
+                         "--duration", 1)
+        self.assertEqual(out["concurrency"], 1)
+        self.assertEqual(out["ops"] + out["errors"] + out["unsent"], 400, out)
+        self.assertEqual(out["errors"], 0, out)
+
     def test_failed_operations_count_in_latency(self):
         # Quorum lost mid-run: the operations that then fail waited their whole deadline,
         # and the latency figures must show that wait (not only the fast successes).
@@ -739,6 +809,34 @@ class TestBench(unittest.TestCase):
         self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"] + out["errors"])
         self.assertGreaterEqual(out["max_ms"], 350, out)
 
+    def test_open_loop_failed_operations_count_in_latency(self):
+        # The same in the open loop: quorum lost mid-run, the operations sent then wait their
+        # deadline and fail; they are timed (from their schedule) and counted, and whatever
+        # was scheduled is accounted for: answered, failed, or unsent.
+        lid = self.c.wait_leader(timeout=20)
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json", "--workload", "claim-complete", "--rate", "100",
+                              "--duration", "4", "--deadline", "400"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.5)
+            for nid in list(self.c.nodes):
+                if nid != lid:
+                    self.c.kill(nid)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        out = json.loads(stdout)
+        self.assertGreater(out["ops"], 0, out)
+        self.assertGreater(out["errors"], 0, out)
+        self.assertGreater(out["transport_errors"], 0, out)
+        self.assertEqual(out["ops"] + out["errors"] + out["unsent"], 400, out)
+        self.assertEqual(sum(b[2] for b in out["histogram"]), out["ops"] + out["errors"])
+        self.assertGreaterEqual(out["max_ms"], 350, out)
+
     def test_contention_and_replay(self):
         out = self.bench("--workload", "contention", "--keys", 2, "--concurrency", 8, "--requests", 200)
         self.assertEqual((out["ops"], out["errors"]), (200, 0))
@@ -752,16 +850,18 @@ class TestBench(unittest.TestCase):
 
     def test_usage_errors(self):
         for args in (["--workload", "fresh", "--rate", "0"], ["--workload", "fresh", "--keys", "3"],
-                     ["--workload", "contention", "--keys", "0"]):
+                     ["--workload", "contention", "--keys", "0"],
+                     ["--workload", "fresh", "--connections", "2"],
+                     ["--workload", "fresh", "--rate", "10", "--connections", "0"]):
             p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token] + args,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
             self.assertEqual(p.returncode, 2, args)
 
-    def test_progress_on_a_terminal_and_text_report(self):
+    def run_on_terminal(self, *args):
+        """Runs idem-bench with stderr on a pseudo-terminal; returns (stdout text, stderr)."""
         master, slave = pty.openpty()
-        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
-                              "--workload", "fresh", "--concurrency", "2", "--duration", "3"],
-                             stdout=subprocess.PIPE, stderr=slave)
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token]
+                             + [str(a) for a in args], stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
         err = b""
         end = time.monotonic() + 60
@@ -780,12 +880,23 @@ class TestBench(unittest.TestCase):
         out, _ = p.communicate(timeout=60)
         os.close(master)
         self.assertEqual(p.returncode, 0, err)
+        return out.decode(), err
+
+    def test_progress_on_a_terminal_and_text_report(self):
+        text, err = self.run_on_terminal("--workload", "fresh", "--concurrency", "2", "--duration", "3")
         self.assertRegex(err, rb"\r\[ +\d+s\] \d+ ops, \d+ ops/s, 0 errors")
-        text = out.decode()
         self.assertRegex(text, r"latency ms   p50 [\d.]+  p90 [\d.]+  p99 [\d.]+  p99\.9 [\d.]+  max")
         self.assertIn("distribution (latency ms", text)
         self.assertRegex(text, r"\|#+\n")
-
+        # The open loop's progress line (from its event loop) and report.
+        text, err = self.run_on_terminal("--workload", "fresh", "--rate", "200", "--duration", "3",
+                                         "--connections", "2")
+        self.assertRegex(err, rb"\r\[ +\d+s\] \d+ ops, \d+ ops/s, 0 errors, max lag [\d.]+ ms")
+        self.assertIn("open loop, target 200 ops/s, at most 1024 in flight, 2 connections", text)
+        self.assertRegex(text, r"ops          600\n")
+        self.assertRegex(text, r"unsent       0 ")
+        self.assertRegex(text, r"service ms   p50 [\d.]+  p99 [\d.]+")
+        self.assertIn("distribution (latency ms", text)
 
 if __name__ == "__main__":
     unittest.main()

@@ -90,7 +90,7 @@ wrk_note idem_http
 HALF=$(( ${OPS[idem_rpc]} / 2 ))
 [ "$HALF" -ge 1 ] || die "idem-bench measured no throughput"
 log "idemd RPC, fresh keys, open loop at half the measured max: idem-bench --rate $HALF"
-run_bench idem_open --workload fresh --rate "$HALF" --concurrency 128
+run_bench idem_open --workload fresh --rate "$HALF"
 OPEN_SVC_P99=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["service_p99_ms"])' "$TMP/bench-idem_open.json")
 OPEN_LAG=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["max_lag_ms"])' "$TMP/bench-idem_open.json")
 OPEN_UNSENT=$(jget "$TMP/bench-idem_open.json" unsent)
