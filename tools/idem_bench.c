@@ -1,9 +1,12 @@
 /* idem-bench: load generator for an idemd cluster over libidem, closed or open loop.
  *
- * Closed loop (default, --concurrency C): C threads, each with its own client (a client is
- * not thread-safe), each sending one operation at a time and the next as soon as the
- * answer arrives. Latency is measured from send to answer; throughput is what the cluster
- * gives C synchronous callers.
+ * Closed loop (default, --concurrency C): C operations in flight at all times, the next one
+ * sent as soon as one is answered, i.e. what C synchronous callers would do. It runs on the
+ * open loop's engine below (one thread, a libuv loop, --connections asynchronous clients),
+ * so that the load generator leaves the cores to the cluster it measures. Latency is
+ * measured from send to answer. With --threads the closed loop runs as before instead: C
+ * threads, each with its own synchronous client (what a thread-per-request service sees,
+ * and the generator's own threads compete for the CPU).
  *
  * Open loop (--rate R): operation i is *scheduled* at start + i/R seconds, whether or not
  * earlier ones were answered. One thread runs a libuv loop with --connections asynchronous
@@ -106,7 +109,8 @@ struct config {
     unsigned duration_s;
     uint64_t requests; /* 0: unbounded */
     uint64_t rate;     /* operations per second; 0: closed loop */
-    unsigned connections; /* open loop: asynchronous clients (connections) on the loop */
+    unsigned connections; /* asynchronous clients (connections) on the loop */
+    bool threads;         /* closed loop on --concurrency threads with synchronous clients */
     unsigned keys;     /* replay and contention key set */
     enum workload workload;
     bool json;
@@ -118,7 +122,8 @@ struct config {
 static const char usageText[] =
     "Usage: idem-bench --cluster H:P,... --token T\n"
     "                  --workload fresh|replay|claim-complete|contention\n"
-    "                  [--concurrency N | --rate R [--concurrency N] [--connections N]]\n"
+    "                  [--concurrency N [--threads] | --rate R [--concurrency N]]\n"
+    "                  [--connections N]\n"
     "                  [--keys N]\n"
     "                  [--duration SECONDS] [--requests N] [--deadline MS]\n"
     "                  [--no-histogram] [--json]\n"
@@ -132,14 +137,16 @@ static const char usageText[] =
     "                      claim-complete: claim then complete a new key (one op per pair);\n"
     "                      contention: claim one of --keys keys with a fresh attempt id\n"
     "                      (expects acquired, then releases it, or in_progress)\n"
-    "  --concurrency N     closed loop (the default mode): N threads, one client and one\n"
-    "                      request in flight each (default 8). With --rate: the most\n"
-    "                      operations in flight at once (default 1024). At most 1024.\n"
+    "  --concurrency N     closed loop (the default mode): N operations in flight, the next\n"
+    "                      sent when one is answered (default 8), from one thread. With\n"
+    "                      --rate: the most operations in flight at once (default 1024).\n"
+    "                      At most 1024.\n"
+    "  --threads           closed loop on N threads, each with its own synchronous client\n"
     "  --rate R            open loop: schedule R operations per second whatever the answers;\n"
     "                      latency counts from each operation's scheduled time\n"
     "                      (latency figures include failed operations, in every mode);\n"
     "                      sent from one thread (libuv loop, asynchronous clients)\n"
-    "  --connections N     open loop: asynchronous clients, each one pipelined connection\n"
+    "  --connections N     asynchronous clients, each one pipelined connection\n"
     "                      to the leader, used round robin (default 1, at most 64)\n"
     "  --keys N            key set of replay (default 64) and contention (default 8),\n"
     "                      1..100000\n"
@@ -214,6 +221,9 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
         } else if (strcmp(arg, "--json") == 0) {
             cfg->json = true;
             i++;
+        } else if (strcmp(arg, "--threads") == 0) {
+            cfg->threads = true;
+            i++;
         } else if (strcmp(arg, "--no-histogram") == 0) {
             cfg->no_histogram = true;
             i++;
@@ -271,8 +281,11 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     if (cfg->rate != 0 && !concurrency_set) {
         cfg->concurrency = DEFAULT_OPEN_CONCURRENCY;
     }
-    if (cfg->connections != 0 && cfg->rate == 0) {
-        cli_usage_error("--connections applies to the open loop (--rate) only");
+    if (cfg->threads && cfg->rate != 0) {
+        cli_usage_error("--threads applies to the closed loop only (not with --rate)");
+    }
+    if (cfg->connections != 0 && cfg->threads) {
+        cli_usage_error("--connections does not apply with --threads (one client per thread)");
     }
     if (cfg->connections == 0) {
         cfg->connections = DEFAULT_CONNECTIONS;
@@ -838,7 +851,10 @@ static void openPump(struct open_loop *L)
         return;
     }
     uint64_t now = nowUs();
-    if (now >= L->until_us) {
+    bool closed = L->b->cfg.rate == 0;
+    /* The closed loop sends nothing after the end; the open loop still sends what was
+     * scheduled before it, for one deadline more. */
+    if (now >= (closed ? L->b->end_us : L->until_us)) {
         openFinish(L);
         return;
     }
@@ -846,7 +862,7 @@ static void openPump(struct open_loop *L)
      * the guard makes that a no-op, and this loop goes on. */
     L->pumping = true;
     while (L->next < L->expected && L->free_ops != NULL && !L->finishing) {
-        uint64_t sched = schedUs(L->b, L->next);
+        uint64_t sched = closed ? now : schedUs(L->b, L->next);
         if (sched > now) {
             break;
         }
@@ -924,7 +940,8 @@ static int runOpen(struct bench *b, struct worker *w, bool progress)
     L->b = b;
     L->w = *w;
     L->progress_on = progress;
-    uint64_t scheduled = b->cfg.rate * b->cfg.duration_s;
+    /* Closed loop: as many as the run's time allows, or --requests. */
+    uint64_t scheduled = b->cfg.rate ? b->cfg.rate * b->cfg.duration_s : UINT64_MAX;
     L->expected = b->cfg.requests == 0 || scheduled < b->cfg.requests ? scheduled
                                                                         : b->cfg.requests;
     L->ops = calloc(b->cfg.concurrency, sizeof *L->ops);
@@ -1131,6 +1148,9 @@ static void printJson(struct bench *b, const struct totals *t)
     jset(o, "concurrency", json_integer((json_int_t)t->threads));
     if (b->cfg.rate) {
         jset(o, "target_rate", json_integer((json_int_t)b->cfg.rate));
+    }
+    jset(o, "threads", json_boolean(b->cfg.threads));
+    if (!b->cfg.threads) {
         jset(o, "connections", json_integer((json_int_t)b->cfg.connections));
     }
     jset(o, "ops_per_sec", jnum(round3(ops_s)));
@@ -1207,7 +1227,13 @@ static void printText(struct bench *b, const struct totals *t)
                "%u connection%s\n",
                b->cfg.rate, t->threads, b->cfg.connections, b->cfg.connections == 1 ? "" : "s");
     } else {
-        printf("mode         closed loop, concurrency %u\n", t->threads);
+        if (b->cfg.threads) {
+            printf("mode         closed loop, %u threads with a synchronous client each\n",
+                   t->threads);
+        } else {
+            printf("mode         closed loop, %u in flight, %u connection%s\n", t->threads,
+                   b->cfg.connections, b->cfg.connections == 1 ? "" : "s");
+        }
     }
     printf("duration     %.2f s\n", t->elapsed_s);
     printf("ops          %" PRIu64 "\n", t->ops);
@@ -1274,7 +1300,8 @@ int main(int argc, char **argv)
     }
 
     /* Open loop: one worker's counters, filled by the loop on this thread. */
-    unsigned n = b->cfg.rate ? 1 : b->cfg.concurrency;
+    bool on_loop = b->cfg.rate != 0 || !b->cfg.threads;
+    unsigned n = on_loop ? 1 : b->cfg.concurrency;
     struct worker *ws = calloc(n, sizeof *ws);
     if (ws == NULL) {
         fputs("idem-bench: out of memory\n", stderr);
@@ -1295,9 +1322,11 @@ int main(int argc, char **argv)
      * behind) are still sent, for at most one call deadline more; what is left then is
      * reported as unsent. */
     uint64_t expected = b->cfg.requests;
-    if (b->cfg.rate) {
-        uint64_t scheduled = b->cfg.rate * b->cfg.duration_s;
-        expected = expected == 0 || scheduled < expected ? scheduled : expected;
+    if (on_loop) {
+        if (b->cfg.rate) {
+            uint64_t scheduled = b->cfg.rate * b->cfg.duration_s;
+            expected = expected == 0 || scheduled < expected ? scheduled : expected;
+        }
         code = runOpen(b, &ws[0], progress);
         if (code != EXIT_RAN) {
             free(ws);
@@ -1363,7 +1392,7 @@ int main(int argc, char **argv)
     }
     hist_init(t.lat);
     hist_init(t.svc);
-    t.threads = b->cfg.rate ? b->cfg.concurrency : running;
+    t.threads = on_loop ? b->cfg.concurrency : running;
     t.elapsed_s = t_end > b->start_us ? (double)(t_end - b->start_us) / 1e6 : 0;
     for (unsigned i = 0; i < running; i++) {
         hist_merge(t.lat, &ws[i].hist);

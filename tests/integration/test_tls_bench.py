@@ -706,8 +706,19 @@ class TestBench(unittest.TestCase):
     def test_closed_loop_fresh(self):
         out = self.bench("--workload", "fresh", "--concurrency", 4, "--requests", 300)
         self.assertEqual(out["mode"], "closed")
+        self.assertEqual((out["threads"], out["connections"]), (False, 1))
         self.assertEqual((out["ops"], out["errors"]), (300, 0))
         self.assertEqual(out["outcomes"], {"acquired": 300})
+        # The same on threads with a synchronous client each (--threads).
+        out = self.bench("--workload", "fresh", "--concurrency", 4, "--threads", "--requests", 300)
+        self.assertEqual((out["mode"], out["threads"]), ("closed", True))
+        self.assertNotIn("connections", out)
+        self.assertEqual((out["ops"], out["errors"]), (300, 0))
+        self.assertEqual(out["outcomes"], {"acquired": 300})
+        # claim-complete pairs over two connections, closed loop.
+        out = self.bench("--workload", "claim-complete", "--concurrency", 16, "--connections", 2,
+                         "--requests", 200)
+        self.assertEqual((out["ops"], out["errors"], out["connections"]), (200, 0, 2))
 
     def test_open_loop_claim_complete(self):
         # 100 operations per second for 2 s: exactly 200 are scheduled.
@@ -722,15 +733,11 @@ class TestBench(unittest.TestCase):
         out = self.bench("--workload", "fresh", "--rate", 50, "--requests", 30, "--duration", 30)
         self.assertEqual((out["ops"], out["errors"]), (30, 0))
 
-    def test_open_loop_is_single_threaded(self):
-        # The open loop sends from one thread (a libuv loop with asynchronous clients), so
-        # that the load generator does not compete for the CPU with the cluster it measures;
-        # before, it ran --concurrency threads (64 by default). The cluster's addresses are
-        # numeric, so libuv's thread pool (getaddrinfo) is never started: one thread. The
-        # bound leaves room for one more thread of a library, far from 64.
+    def threads_during(self, *args):
+        """Runs idem-bench --json ARGS, sampling its thread count every 50 ms; returns
+        (parsed output, samples)."""
         p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
-                              "--json", "--workload", "claim-complete", "--rate", "500",
-                              "--concurrency", "64", "--connections", "2", "--duration", "3"],
+                              "--json"] + list(args),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         samples = []
         try:
@@ -750,12 +757,33 @@ class TestBench(unittest.TestCase):
                 p.kill()
                 p.wait()
         self.assertEqual(p.returncode, 0, stderr)
-        out = json.loads(stdout)
+        return json.loads(stdout), samples
+
+    def test_loops_are_single_threaded(self):
+        # Both loops send from one thread (a libuv loop with asynchronous clients), so that
+        # the load generator does not compete for the CPU with the cluster it measures;
+        # before, they ran --concurrency threads. The cluster's addresses are numeric, so
+        # libuv's thread pool (getaddrinfo) is never started: one thread. The bound leaves
+        # room for one more thread of a library, far from 64.
+        out, samples = self.threads_during("--workload", "claim-complete", "--rate", "500",
+                                           "--concurrency", "64", "--connections", "2",
+                                           "--duration", "3")
         self.assertEqual((out["ops"], out["errors"], out["unsent"]), (1500, 0, 0), out)
         self.assertEqual(out["connections"], 2)
         # Sampled all through the run (3 s at 50 ms: dozens of samples).
         self.assertGreater(len(samples), 20, samples)
         self.assertLessEqual(max(samples), 2, samples)
+        out, samples = self.threads_during("--workload", "fresh", "--concurrency", "64",
+                                           "--duration", "3")
+        self.assertEqual((out["mode"], out["errors"]), ("closed", 0), out)
+        self.assertGreater(out["ops"], 0, out)
+        self.assertGreater(len(samples), 20, samples)
+        self.assertLessEqual(max(samples), 2, samples)
+        # --threads: the closed loop on 64 threads, as before (so the sampling does see them).
+        out, samples = self.threads_during("--workload", "fresh", "--concurrency", "64",
+                                           "--threads", "--duration", "3")
+        self.assertEqual(out["errors"], 0, out)
+        self.assertGreaterEqual(max(samples), 64, samples)
 
     def test_open_loop_sends_exactly_the_schedule(self):
         # R × duration operations are scheduled, and on a healthy cluster every one is sent
@@ -851,7 +879,8 @@ class TestBench(unittest.TestCase):
     def test_usage_errors(self):
         for args in (["--workload", "fresh", "--rate", "0"], ["--workload", "fresh", "--keys", "3"],
                      ["--workload", "contention", "--keys", "0"],
-                     ["--workload", "fresh", "--connections", "2"],
+                     ["--workload", "fresh", "--threads", "--connections", "2"],
+                     ["--workload", "fresh", "--threads", "--rate", "10"],
                      ["--workload", "fresh", "--rate", "10", "--connections", "0"]):
             p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token] + args,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)

@@ -9,7 +9,8 @@
 # One run, all on 127.0.0.1 with free ephemeral ports (never the quick start's 700N/800N/900N),
 # in a temp dir, bounded to 5 minutes:
 #   1. idemd, 3 nodes (fsync on, the default):
-#      a. idem-bench over the binary RPC, closed loop, fresh keys (each claim one Raft write);
+#      a. idem-bench over the binary RPC, closed loop (CONNS in flight from one thread), fresh
+#         keys (each claim one Raft write);
 #      b. wrk on the leader's JSON API, POST /v1/claims with fresh keys;
 #      c. idem-bench open loop (--rate) at half the ops/s measured in (a): its p99, counted
 #         from each request's scheduled send time (target: p99 <= 5 ms).
