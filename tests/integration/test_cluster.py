@@ -326,8 +326,8 @@ def _frame(payload):
     return struct.pack(">I", len(payload)) + payload
 
 
-def _read_response(sock):
-    """Reads one frame; returns (request_id, outcome) decoded from fields 1 and 2.1."""
+def _read_frame(sock):
+    """Reads one response frame; returns (its fields, its Result's fields), or None at EOF."""
     hdr = b""
     while len(hdr) < 4:
         chunk = sock.recv(4 - len(hdr))
@@ -342,8 +342,13 @@ def _read_response(sock):
             return None
         body += chunk
     fields = _fields(body)
-    result = _fields(fields.get(2, b""))
-    return fields.get(1, 0), result.get(1, 0)
+    return fields, _fields(fields.get(2, b""))
+
+
+def _read_response(sock):
+    """Reads one frame; returns (request_id, outcome) decoded from fields 1 and 2.1."""
+    r = _read_frame(sock)
+    return None if r is None else (r[0].get(1, 0), r[1].get(1, 0))
 
 
 def _varint(buf, i):

@@ -14,7 +14,7 @@ import time
 import unittest
 
 from harness import Cluster, ClusterTestCase, fp, http_request, wait_for
-from test_cluster import _fields, _frame
+from test_cluster import _frame, _read_frame
 from test_tls_bench import make_pki
 
 MAX_FRAME = 4325376  # the default rpc.max_frame_bytes
@@ -51,22 +51,8 @@ def _claim_frame(request_id, token, key):
 
 def _read_answer(sock):
     """One response frame: (request_id, outcome, result detail), or None at EOF."""
-    data = b""
-    while len(data) < 4:
-        chunk = sock.recv(4 - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    (n,) = struct.unpack(">I", data)
-    body = b""
-    while len(body) < n:
-        chunk = sock.recv(n - len(body))
-        if not chunk:
-            return None
-        body += chunk
-    f = _fields(body)
-    res = _fields(f.get(2, b""))
-    return f.get(1, 0), res.get(1, 0), res.get(13, b"").decode()
+    r = _read_frame(sock)
+    return None if r is None else (r[0].get(1, 0), r[1].get(1, 0), r[1].get(13, b"").decode())
 
 
 def _closed(sock, timeout=15):
