@@ -35,6 +35,25 @@ ECLOSED = -9
 class ClientTest(ClusterTestCase):
     cluster_opts = {}
 
+    def leader_killer(self):
+        """A function that kill -9s the current leader and waits for another one."""
+        old = self.c.leader()
+
+        def change():
+            self.c.kill(old, 9)
+            self.c.wait_leader(timeout=30, exclude=old)
+        return change
+
+    def leader_transferrer(self):
+        """A function that transfers the leadership (idemctl transfer) and waits for it."""
+        old = self.c.leader()
+
+        def change():
+            rc, out = self.c.ctl("transfer")
+            self.assertEqual(rc, 0, out)
+            self.c.wait_leader(timeout=30, exclude=old)
+        return change
+
     def seeds(self, ids=None):
         """Every node's RPC address (dead ones too), or those of `ids`."""
         return self.c.addrs(ids if ids is not None else sorted(self.c.nodes))
@@ -158,21 +177,10 @@ class TestClientFailover(ClientTest):
         return res, err.decode()
 
     def test_leader_killed_during_calls(self):
-        old = self.c.leader()
-
-        def change():
-            self.c.kill(old, 9)
-            self.c.wait_leader(timeout=30, exclude=old)
-        self.run_loop_through(change)
+        self.run_loop_through(self.leader_killer())
 
     def test_leader_transferred_during_calls(self):
-        old = self.c.leader()
-
-        def change():
-            rc, out = self.c.ctl("transfer")
-            self.assertEqual(rc, 0, out)
-            self.c.wait_leader(timeout=30, exclude=old)
-        self.run_loop_through(change)
+        self.run_loop_through(self.leader_transferrer())
 
     def stop_leader(self):
         """SIGSTOPs the leader (it keeps accepting TCP connections, answers nothing);
@@ -291,21 +299,10 @@ class TestClientAsync(ClientTest):
         self.assertEqual((res["close_calls"], res["loop_close"]), (1, 0), res)
 
     def test_pipelined_claims_through_a_leader_kill(self):
-        old = self.c.leader()
-
-        def change():
-            self.c.kill(old, 9)
-            self.c.wait_leader(timeout=30, exclude=old)
-        self.stream_through(change)
+        self.stream_through(self.leader_killer())
 
     def test_pipelined_claims_through_a_leader_transfer(self):
-        old = self.c.leader()
-
-        def change():
-            rc, out = self.c.ctl("transfer")
-            self.assertEqual(rc, 0, out)
-            self.c.wait_leader(timeout=30, exclude=old)
-        self.stream_through(change)
+        self.stream_through(self.leader_transferrer())
 
     def test_dead_leader_first_in_the_seeds(self):
         lid = self.c.leader()

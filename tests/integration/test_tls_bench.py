@@ -26,7 +26,7 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, IDEMCTL, Cluster, fp, http_request, wait_for
+from harness import BIN, IDEMCTL, Cluster, ClusterTestCase, fp, http_request, wait_for
 from test_cluster import _frame, _read_frame, _read_response
 from test_proxy import ORDER, OrderService, ProxyCluster, route
 
@@ -656,21 +656,7 @@ class TestTlsForwardUntrusted(TlsForwardTest):
         self.assertEqual((r[0], r[2].get("outcome")), (200, "acquired"), r)
 
 
-class TestBench(unittest.TestCase):
-    def setUp(self):
-        self.c = Cluster()
-        try:
-            self.c.wait_leader(timeout=20)
-        except AssertionError:
-            print(self.c.logs())
-            self.c.close()
-            raise
-
-    def tearDown(self):
-        result = self._outcome.result
-        if any(t is self for t, _ in result.failures + result.errors):
-            print(self.c.logs())
-        self.c.close()
+class TestBench(ClusterTestCase):
 
     def bench(self, *args, timeout=120):
         p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token, "--json"]
