@@ -522,23 +522,41 @@ static void forwardDoneCb(void *data, const Idem__Response *resp, const char *er
     jobFinish(data, resp, err);
 }
 
+/* The leader's RPC address when resp is a follower's not_leader that names one, else NULL. */
+static const char *leaderOf(const Idem__Response *resp)
+{
+    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
+        resp->leader_rpc_address != NULL && resp->leader_rpc_address[0] != '\0') {
+        return resp->leader_rpc_address;
+    }
+    return NULL;
+}
+
+/* Sends the packed request (packed, len) once to the leader at addr with the forwarder; cb
+ * gets the answer, possibly before this returns. false, and nothing sent, when the bytes do
+ * not decode. */
+static bool forwardPacked(struct http_server *h, const char *addr, const uint8_t *packed,
+                          size_t len, forward_cb cb, void *data)
+{
+    Idem__Request *rq = idem__request__unpack(NULL, len, packed);
+    if (rq == NULL) {
+        return false;
+    }
+    forward_call(h->fwd, addr, rq, h->cfg->rpc.default_deadline_ms, cb, data);
+    idem__request__free_unpacked(rq, NULL);
+    return true;
+}
+
 static void serviceDoneCb(void *data, const Idem__Response *resp)
 {
     struct httpJob *j = data;
-    struct http_server *h = j->h;
-    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
-        !j->forwarded && resp->leader_rpc_address != NULL &&
-        resp->leader_rpc_address[0] != '\0') {
+    const char *leader = j->forwarded ? NULL : leaderOf(resp);
+    if (leader != NULL) {
         j->forwarded = true;
-        Idem__Request *rq = idem__request__unpack(NULL, j->packed_len, j->packed);
-        if (rq == NULL) {
+        /* j may be finished (and freed) inside forwardPacked. */
+        if (!forwardPacked(j->h, leader, j->packed, j->packed_len, forwardDoneCb, j)) {
             jobFinish(j, NULL, "cannot decode the request again");
-            return;
         }
-        /* j may be finished (and freed) inside forward_call. */
-        forward_call(h->fwd, resp->leader_rpc_address, rq, h->cfg->rpc.default_deadline_ms,
-                     forwardDoneCb, j);
-        idem__request__free_unpacked(rq, NULL);
         return;
     }
     jobFinish(j, resp, NULL);
@@ -1499,18 +1517,12 @@ static void pjServiceDoneCb(void *data, const Idem__Response *resp)
 {
     struct proxyJob *j = data;
     struct http_server *h = j->h;
-    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
-        h->cfg->rpc.cluster_secret.set && !h->stopping && h->fwd != NULL &&
-        resp->leader_rpc_address != NULL && resp->leader_rpc_address[0] != '\0') {
-        Idem__Request *rq = idem__request__unpack(NULL, j->call_len, j->call_packed);
-        if (rq == NULL) {
+    const char *leader = leaderOf(resp);
+    if (leader != NULL && h->cfg->rpc.cluster_secret.set && !h->stopping && h->fwd != NULL) {
+        /* j may be answered (and finished) inside forwardPacked. */
+        if (!forwardPacked(h, leader, j->call_packed, j->call_len, pjForwardDoneCb, j)) {
             pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "cannot decode the request again");
-            return;
         }
-        /* j may be answered (and finished) inside forward_call. */
-        forward_call(h->fwd, resp->leader_rpc_address, rq, h->cfg->rpc.default_deadline_ms,
-                     pjForwardDoneCb, j);
-        idem__request__free_unpacked(rq, NULL);
         return;
     }
     pjCallDone(j, resp);
