@@ -568,19 +568,9 @@ static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__Ren
     return out->outcome;
 }
 
-static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCmd *c,
-                              struct fsm_result *out)
+/* Fills v (OUT) with r's fields; v borrows r's memory until the next command. */
+static void recView(const struct fsm *f, const struct rec *r, struct fsm_record_view *v)
 {
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
-        return invalid(out, "get: tenant or key missing or invalid");
-    }
-    advanceClock(f, now_cmd);
-    const struct rec *r = findRecord(f, c->tenant, &c->key);
-    if (!isLive(r)) {
-        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
-        return out->outcome;
-    }
-    struct fsm_record_view *v = &out->record;
     v->tenant = f->t.tenants[r->tenant].name;
     v->key = r->key;
     v->key_len = r->key_len;
@@ -593,6 +583,21 @@ static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCm
     v->expires_at_ms = r->expires_at;
     v->response_len = fsm_rec_response_len(r);
     v->response = r->response ? r->response + sizeof(uint32_t) : NULL;
+}
+
+static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCmd *c,
+                              struct fsm_result *out)
+{
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return invalid(out, "get: tenant or key missing or invalid");
+    }
+    advanceClock(f, now_cmd);
+    const struct rec *r = findRecord(f, c->tenant, &c->key);
+    if (!isLive(r)) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
+    }
+    recView(f, r, &out->record);
     out->has_record = true;
     out->outcome = IDEM__OUTCOME__OUTCOME_OK;
     out->token = r->token;
@@ -701,20 +706,7 @@ size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_recor
     /* Tokens are unique among records, so the order is the same on every replica. */
     qsort(acc.recs, acc.n, sizeof(*acc.recs), recTokenCmp);
     for (size_t i = 0; i < acc.n && i < cap; i++) {
-        const struct rec *r = acc.recs[i];
-        struct fsm_record_view *v = &out[i];
-        v->tenant = f->t.tenants[r->tenant].name;
-        v->key = r->key;
-        v->key_len = r->key_len;
-        v->fingerprint = r->fp;
-        v->state = (Idem__RecordState)r->state;
-        v->completion = (Idem__Completion)r->completion;
-        v->token = r->token;
-        v->created_at_ms = r->created_at;
-        v->lease_deadline_ms = r->lease_deadline;
-        v->expires_at_ms = r->expires_at;
-        v->response_len = fsm_rec_response_len(r);
-        v->response = r->response ? r->response + sizeof(uint32_t) : NULL;
+        recView(f, acc.recs[i], &out[i]);
     }
     size_t n = acc.n;
     free(acc.recs);
