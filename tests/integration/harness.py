@@ -23,10 +23,21 @@ IDEMD = os.path.join(BIN, "idemd")
 IDEMCTL = os.path.join(BIN, "idemctl")
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never one this process handed out before: the
+    kernel may return a port again once the probing socket is closed, and two nodes of one
+    cluster were once given the same Raft port that way."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+    raise RuntimeError("no fresh loopback port after 1000 tries")
 
 
 def fp(n):
