@@ -16,6 +16,7 @@
 #include "cluster.h"
 
 #include <assert.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,12 @@ struct cluster {
     } snap;
     uint64_t snapshots;
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
+    /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
+     * applied since the threshold was last set, and that threshold. */
+    uint64_t applied_entries, applied_bytes;
+    uint64_t entries_measured, bytes_measured; /* the window the threshold came from */
+    unsigned threshold;
+    uint64_t snapshot_bytes_last;
     uint64_t seen_leader;
     uint64_t leader_changes;
     bool change_in_flight;
@@ -463,6 +470,8 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     /* raft advances last_applied after this call returns. */
     uint64_t index = raft_last_applied(&c->raft) + 1;
     *result = NULL;
+    c->applied_entries++;
+    c->applied_bytes += buf->len;
     size_t plen = 0;
     const uint8_t *payload = entryPayload(buf, &plen);
     Idem__LogEntry *e = payload ? idem__log_entry__unpack(NULL, plen, payload) : NULL;
@@ -520,6 +529,93 @@ static uint64_t monoUs(void)
 static bool snapshotAsync(const struct cluster *c)
 {
     return c->ops.snapshot_freeze != NULL;
+}
+
+unsigned cluster_snapshot_threshold(unsigned min, unsigned percent, uint64_t max_log_bytes,
+                                    uint64_t snapshot_bytes, uint64_t entries,
+                                    uint64_t entry_bytes)
+{
+    if (percent == 0 || snapshot_bytes == 0 || entries == 0 || entry_bytes == 0) {
+        return min;
+    }
+    /* Doubles: no overflow, and the threshold is each node's own, not replicated state. */
+    double log_bytes = (double)snapshot_bytes * (double)percent / 100.0;
+    if (max_log_bytes != 0 && log_bytes > (double)max_log_bytes) {
+        log_bytes = (double)max_log_bytes;
+    }
+    double n = log_bytes * (double)entries / (double)entry_bytes;
+    if (n < (double)min) {
+        return min;
+    }
+    return n >= (double)UINT_MAX ? UINT_MAX : (unsigned)n;
+}
+
+/* This node's place among the n voters of the configuration (the same order on every node):
+ * *k in 0..n-1, or n = 0 when it is not a voter. */
+static void voterPlace(const struct cluster *c, unsigned *k, unsigned *n)
+{
+    const struct raft_configuration *conf = &c->raft.configuration;
+    unsigned seen = 0;
+    bool me = false;
+    *k = 0;
+    for (unsigned i = 0; i < conf->n; i++) {
+        if (conf->servers[i].role != RAFT_VOTER) {
+            continue;
+        }
+        if (conf->servers[i].id == c->cfg.id) {
+            *k = seen;
+            me = true;
+        }
+        seen++;
+    }
+    *n = me ? seen : 0;
+}
+
+unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k, unsigned n)
+{
+    if (n < 2 || threshold < 2 * n) {
+        return threshold;
+    }
+    uint64_t t = threshold;
+    uint64_t phase = t * k / n;
+    uint64_t j0 = index + t / 2;
+    uint64_t j = j0 + (phase + t - j0 % t) % t;
+    return (unsigned)(j - index);
+}
+
+/* After a snapshot of `bytes` at `index` was taken or restored: the next one comes after
+ * cluster_snapshot_threshold() entries (T), measured on the entries applied since the
+ * threshold was last set (or, with too few of those, on the window measured before), at
+ * this node's own phase (cluster_snapshot_stagger). T is rounded down to a power of two so
+ * that replicas, whose measures differ a little, agree on it and so on the phases. */
+static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
+{
+    c->snapshot_bytes_last = bytes;
+    if (c->applied_entries >= 64 || c->entries_measured == 0) {
+        c->entries_measured = c->applied_entries;
+        c->bytes_measured = c->applied_bytes;
+    }
+    c->applied_entries = 0;
+    c->applied_bytes = 0;
+    unsigned t = cluster_snapshot_threshold(
+        c->cfg.snapshot_threshold, c->cfg.snapshot_log_percent, c->cfg.snapshot_log_max_bytes,
+        bytes, c->entries_measured, c->bytes_measured);
+    if (c->cfg.snapshot_log_percent != 0 && t > c->cfg.snapshot_threshold) {
+        unsigned p = 1;
+        while (p <= t / 2) {
+            p *= 2;
+        }
+        t = p > c->cfg.snapshot_threshold ? p : c->cfg.snapshot_threshold;
+        unsigned k, n;
+        voterPlace(c, &k, &n);
+        t = cluster_snapshot_stagger(t, index, k, n);
+    }
+    c->threshold = t;
+    if (c->saved_threshold != 0) {
+        c->saved_threshold = c->threshold; /* a forced snapshot is pending: set after it */
+    } else {
+        raft_set_snapshot_threshold(&c->raft, c->threshold);
+    }
 }
 
 /* raft calls this on the loop. Synchronous: the whole snapshot. Asynchronous: the member
@@ -629,6 +725,9 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
 {
     struct cluster *c = fsm->data;
     if (*bufs != NULL) {
+        if (*n_bufs == 2 && (*bufs)[1].base != NULL) {
+            adaptThreshold(c, (*bufs)[0].len + (*bufs)[1].len, c->last_snapshot_index);
+        }
         raft_free((*bufs)[0].base);
         free((*bufs)[1].base); /* the application's buffer is malloc'd (NULL if not written) */
         raft_free(*bufs);
@@ -642,6 +741,7 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
             .write_us = c->snap.write_us,
             .bytes = c->snap.bytes,
             .written = c->snap.written,
+            .next_threshold = c->threshold,
         };
         void *view = c->snap.view;
         c->snap.view = NULL;
@@ -679,6 +779,7 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     }
     idem__cluster_snapshot__free_unpacked(cs, NULL);
     c->last_snapshot_index = raft_last_applied(&c->raft);
+    adaptThreshold(c, buf->len, raft_last_applied(&c->raft));
     raft_free(buf->base);
     return 0;
 }
@@ -767,6 +868,12 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     }
     raft_uv_set_connect_retry_delay(&c->io.inner, 100);
     raft_uv_set_snapshot_compression(&c->io.inner, true);
+    /* raft_uv destroys a segment's AIO context on the loop when it closes the segment, and
+     * io_destroy(2) waits 30-40 ms here (perf: the loop in D state in io_destroy); bigger
+     * segments close less often. */
+    if (cfg->segment_size != 0) {
+        raft_uv_set_segment_size(&c->io.inner, cfg->segment_size);
+    }
     io_wrap(&c->io);
 
     c->fsm.version = 2;
@@ -789,6 +896,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     raft_set_election_timeout(&c->raft, cfg->election_timeout_ms);
     raft_set_heartbeat_timeout(&c->raft, cfg->heartbeat_timeout_ms);
     raft_set_snapshot_threshold(&c->raft, cfg->snapshot_threshold);
+    c->threshold = cfg->snapshot_threshold;
     raft_set_snapshot_trailing(&c->raft, cfg->snapshot_trailing);
     raft_set_pre_vote(&c->raft, cfg->pre_vote);
 
@@ -945,6 +1053,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->snapshot_pause_us_last = c->snapshot_pause_us_last;
     out->snapshot_pause_us_max = c->snapshot_pause_us_max;
     out->snapshot_write_us_last = c->snapshot_write_us_last;
+    out->snapshot_threshold = c->threshold;
+    out->snapshot_bytes_last = c->snapshot_bytes_last;
 }
 
 size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap)

@@ -345,9 +345,10 @@ static void svcSnapshotRelease(void *data, void *view,
     fsm_thaw(s->fsm, view);
     if (info->written) {
         log_info("snapshot at index %llu: %llu records, %zu bytes; loop paused %.3f ms, "
-                 "written off the loop in %.1f ms",
+                 "written off the loop in %.1f ms; next after %u entries",
                  (unsigned long long)info->index, (unsigned long long)records, info->bytes,
-                 (double)info->pause_us / 1000.0, (double)info->write_us / 1000.0);
+                 (double)info->pause_us / 1000.0, (double)info->write_us / 1000.0,
+                 info->next_threshold);
     } else {
         log_warn("snapshot at index %llu abandoned (loop paused %.3f ms)",
                  (unsigned long long)info->index, (double)info->pause_us / 1000.0);
@@ -702,6 +703,8 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.commit_index = cs.commit_index;
         st.applied_index = cs.applied_index;
         st.last_snapshot_index = cs.last_snapshot_index;
+        st.snapshot_threshold = cs.snapshot_threshold;
+        st.snapshot_bytes = cs.snapshot_bytes_last;
         st.records = fs.records - fs.released;
         st.processing = fs.processing;
         st.completed = fs.completed;
@@ -1071,6 +1074,9 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .heartbeat_timeout_ms = cfg->raft.heartbeat_timeout_ms,
         .snapshot_threshold = cfg->raft.snapshot_threshold,
         .snapshot_trailing = cfg->raft.snapshot_trailing,
+        .snapshot_log_percent = cfg->raft.snapshot_log_percent,
+        .snapshot_log_max_bytes = (uint64_t)cfg->raft.snapshot_log_max_mb << 20,
+        .segment_size = (size_t)cfg->raft.segment_size_mb << 20,
         .pre_vote = cfg->raft.pre_vote,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,

@@ -1487,6 +1487,8 @@ static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
             jset(o, "lag", json_null());
         }
         jset(o, "last_snapshot_index", ju64(st->last_snapshot_index));
+        jset(o, "snapshot_threshold", ju64(st->snapshot_threshold));
+        jset(o, "snapshot_bytes", ju64(st->snapshot_bytes));
         jset(o, "processing", ju64(st->processing));
         jset(o, "completed", ju64(st->completed));
         jset(o, "quarantined", ju64(st->quarantined));

@@ -125,14 +125,17 @@ class Node:
 
 class Cluster:
     def __init__(self, n=3, snapshot_threshold=8192, snapshot_trailing=2048,
-                 election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000):
+                 election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
+                 snapshot_log_percent=None, segment_size_mb=8):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         self.token = secrets.token_hex(16)
         self.token2 = secrets.token_hex(16)
         self.admin = secrets.token_hex(16)
         self.opts = dict(snapshot_threshold=snapshot_threshold,
                          snapshot_trailing=snapshot_trailing, election_ms=election_ms,
-                         heartbeat_ms=heartbeat_ms, expiry_ms=expiry_ms)
+                         heartbeat_ms=heartbeat_ms, expiry_ms=expiry_ms,
+                         snapshot_log_percent=snapshot_log_percent,
+                         segment_size_mb=segment_size_mb)
         self.nodes = {}
         self.bootstrap = []
         for i in range(1, n + 1):
@@ -169,6 +172,13 @@ class Cluster:
             "  heartbeat_timeout_ms: %d" % o["heartbeat_ms"],
             "  snapshot_threshold: %d" % o["snapshot_threshold"],
             "  snapshot_trailing: %d" % o["snapshot_trailing"],
+        ]
+        # None: the server's default. Tests keep raft_uv's small segments (8 MiB, three
+        # preallocated per node) unless they ask: CI machines can be short of disk.
+        for opt in ("snapshot_log_percent", "segment_size_mb"):
+            if o[opt] is not None:
+                lines.append("  %s: %d" % (opt, o[opt]))
+        lines += [
             "expiry:",
             "  interval_ms: %d" % o["expiry_ms"],
             "admin:",

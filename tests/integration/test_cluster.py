@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ClusterTestCase, BIN, Cluster, fp, wait_for  # noqa: E402
@@ -243,6 +244,75 @@ class TestSnapshots(ClusterTest):
         # It serves as a full member: stop the two others' leader and it takes part.
         rc, out = self.claim("snap-5", n=5)
         self.assertEqual(out["outcome"], "in_progress")
+
+
+class TestSnapshotSchedule(ClusterTest):
+    """raft.snapshot_log_percent: the interval between snapshots follows the table's size."""
+    cluster_opts = dict(snapshot_threshold=16, snapshot_trailing=4, snapshot_log_percent=100,
+                        segment_size_mb=None)  # the default segment size too
+
+    def fill(self, n):
+        """n fresh claims, one at a time (one Raft entry each)."""
+        out = subprocess.run(
+            [os.path.join(BIN, "idem-bench"), "--cluster", self.c.addrs(), "--token",
+             self.c.token, "--workload", "fresh", "--concurrency", "1", "--requests", str(n),
+             "--duration", "60", "--json"], capture_output=True, timeout=90)
+        report = json.loads(out.stdout)
+        self.assertEqual((report["ops"], report["errors"]), (n, 0), out.stderr)
+
+    def metric(self, node, name):
+        with urllib.request.urlopen("http://%s/metrics" % node.http, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return int(line.split()[1])
+        return None
+
+    def test_interval_grows_with_the_table(self):
+        self.fill(1500)
+
+        def grown():
+            st = self.c.status()
+            nodes = [n for n in (st or {}).get("nodes", []) if "snapshot_threshold" in n]
+            return len(nodes) == 3 and all(
+                n["snapshot_threshold"] > 16 and n["snapshot_bytes"] > 0
+                and n["last_snapshot_index"] > 0 for n in nodes) and nodes
+        nodes = wait_for(grown, 30, "every node to adapt its snapshot interval")
+        for n in nodes:
+            # 1500 records take well over 16 entries' worth of log: the interval grew with
+            # the snapshot (each claim, one entry, is smaller than its record in a snapshot
+            # is large, so interval ~ records), and /metrics says the same.
+            self.assertGreater(n["snapshot_threshold"], 100, n)
+            node = self.c.nodes[n["id"]]
+            self.assertEqual(self.metric(node, "idem_raft_snapshot_threshold"),
+                             n["snapshot_threshold"])
+            self.assertEqual(self.metric(node, "idem_raft_snapshot_bytes"), n["snapshot_bytes"])
+        # Snapshots still happen as the table grows, and the replicas stay equal.
+        before = {n["id"]: n["last_snapshot_index"] for n in nodes}
+        self.fill(3000)
+        st = wait_for(lambda: (lambda s: s if s and all(
+            n.get("last_snapshot_index", 0) > before[n["id"]] for n in s["nodes"]) else None)(
+                self.c.status()), 30, "a later snapshot on every node")
+        self.c.wait_converged(3)
+        # A node restarted from its snapshot and log comes back with the same table.
+        victim = [n["id"] for n in st["nodes"] if n["id"] != st["leader_id"]][0]
+        self.c.kill(victim, 15)
+        self.c.start(victim)
+        self.c.wait_converged(3)
+
+
+class TestSnapshotScheduleFixed(ClusterTest):
+    fill = TestSnapshotSchedule.fill
+    """raft.snapshot_log_percent: 0 keeps the fixed interval."""
+    cluster_opts = dict(snapshot_threshold=16, snapshot_trailing=4, snapshot_log_percent=0)
+
+    def test_interval_stays_fixed(self):
+        self.fill(1500)
+        st = wait_for(lambda: (lambda s: s if s and len(s["nodes"]) == 3 and all(
+            n.get("last_snapshot_index", 0) > 0 for n in s["nodes"]) else None)(self.c.status()),
+            30, "a snapshot on every node")
+        for n in st["nodes"]:
+            self.assertEqual(n["snapshot_threshold"], 16, n)
+            self.assertGreater(n["snapshot_bytes"], 0, n)
 
 
 class TestMembership(ClusterTest):

@@ -117,6 +117,9 @@ static const char full_text[] =
     "  heartbeat_timeout_ms: 150\n"
     "  snapshot_threshold: 100000\n"
     "  snapshot_trailing: 0\n"
+    "  snapshot_log_percent: 0\n"
+    "  snapshot_log_max_mb: 1024\n"
+    "  segment_size_mb: 8\n"
     "  pre_vote: no\n"
     "rpc:\n"
     "  max_frame_bytes: 1048576\n"
@@ -177,6 +180,9 @@ static void test_full(void **state)
     assert_int_equal(c.raft.heartbeat_timeout_ms, 150);
     assert_int_equal(c.raft.snapshot_threshold, 100000);
     assert_int_equal(c.raft.snapshot_trailing, 0);
+    assert_int_equal(c.raft.snapshot_log_percent, 0);
+    assert_int_equal(c.raft.snapshot_log_max_mb, 1024);
+    assert_int_equal(c.raft.segment_size_mb, 8);
     assert_false(c.raft.pre_vote);
 
     assert_int_equal(c.rpc.max_frame_bytes, 1048576);
@@ -248,6 +254,9 @@ static void test_defaults(void **state)
     assert_int_equal(c.raft.heartbeat_timeout_ms, 100);
     assert_int_equal(c.raft.snapshot_threshold, 8192);
     assert_int_equal(c.raft.snapshot_trailing, 2048);
+    assert_int_equal(c.raft.snapshot_log_percent, 100);
+    assert_int_equal(c.raft.snapshot_log_max_mb, 256);
+    assert_int_equal(c.raft.segment_size_mb, 64);
     assert_true(c.raft.pre_vote);
     assert_int_equal(c.rpc.max_frame_bytes, 4 * 1024 * 1024 + 128 * 1024);
     assert_int_equal(c.rpc.default_deadline_ms, 2000);
@@ -379,6 +388,12 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:25: ", "rpc.handshake_timeout_ms: \"600001\" is out of range (100..600000)"},
     {"below the minimum", NODE_OK "raft:\n  snapshot_threshold: 15\n",
      "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
+    {"snapshot log percent above the maximum", NODE_OK "raft:\n  snapshot_log_percent: 10001\n",
+     "x.yaml:7:25: ", "raft.snapshot_log_percent: \"10001\" is out of range (0..10000)"},
+    {"snapshot log cap zero", NODE_OK "raft:\n  snapshot_log_max_mb: 0\n",
+     "x.yaml:7:24: ", "raft.snapshot_log_max_mb: \"0\" is out of range (1..65536)"},
+    {"segment size above the maximum", NODE_OK "raft:\n  segment_size_mb: 1025\n",
+     "x.yaml:7:20: ", "raft.segment_size_mb: \"1025\" is out of range (1..1024)"},
     {"above the maximum", NODE_OK "batch:\n  max_commands: 65536\n",
      "x.yaml:7:17: ", "out of range (1..65535)"},
     {"key_max_len too large", NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 256\n",

@@ -1,0 +1,113 @@
+/* Unit tests of the snapshot schedule (cluster_snapshot_threshold, cluster_snapshot_stagger):
+ * how many entries a node lets pass between two snapshots, and at which indexes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <limits.h>
+
+#include <cmocka.h>
+
+#include "cluster.h"
+
+#define MIB (UINT64_C(1) << 20)
+
+static void fixedWithoutMeasure(void **state)
+{
+    (void)state;
+    /* percent 0: the configured threshold, whatever the sizes. */
+    assert_int_equal(cluster_snapshot_threshold(8192, 0, 256 * MIB, 100 * MIB, 1000, 100000),
+                     8192);
+    /* Nothing measured yet (first snapshot, restart): the configured threshold. */
+    assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 100 * MIB, 0, 0), 8192);
+    assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 0, 1000, 100000), 8192);
+}
+
+static void logMatchesSnapshotSize(void **state)
+{
+    (void)state;
+    /* 1000-byte entries, 100 MiB snapshot, 100%: the next one after 100 MiB of log. */
+    assert_int_equal(cluster_snapshot_threshold(16, 100, 256 * MIB, 100 * MIB, 1000, 1000000),
+                     (unsigned)(100 * MIB / 1000));
+    /* 50%: half as many. */
+    assert_int_equal(cluster_snapshot_threshold(16, 50, 256 * MIB, 100 * MIB, 1000, 1000000),
+                     (unsigned)(50 * MIB / 1000));
+    /* 300%: three times, as long as under the cap. */
+    assert_int_equal(cluster_snapshot_threshold(16, 300, 1024 * MIB, 100 * MIB, 1000, 1000000),
+                     (unsigned)(300 * MIB / 1000));
+}
+
+static void boundedBothWays(void **state)
+{
+    (void)state;
+    /* The cap: at most max_log_bytes of log... */
+    assert_int_equal(cluster_snapshot_threshold(16, 100, 10 * MIB, 100 * MIB, 1000, 1000000),
+                     (unsigned)(10 * MIB / 1000));
+    /* ... unless the configured minimum asks for more. */
+    assert_int_equal(cluster_snapshot_threshold(20000, 100, 10 * MIB, 100 * MIB, 1000, 1000000),
+                     20000);
+    /* A small table: the minimum. */
+    assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 4096, 1000, 1000000),
+                     8192);
+    /* Saturates instead of wrapping. */
+    assert_int_equal(cluster_snapshot_threshold(16, 10000, 0, UINT64_MAX / 2, 1000000, 1),
+                     UINT_MAX);
+}
+
+static void staggerPutsEachVoterOnItsPhase(void **state)
+{
+    (void)state;
+    const unsigned t = 65536;
+    for (unsigned n = 2; n <= 5; n++) {
+        for (unsigned k = 0; k < n; k++) {
+            uint64_t index = 12345 + 977 * k; /* wherever the last snapshot was */
+            for (int round = 0; round < 4; round++) {
+                unsigned th = cluster_snapshot_stagger(t, index, k, n);
+                assert_true(th >= t / 2 && th < t + t / 2);
+                index += th;
+                /* The next snapshot lands on the voter's phase: k * t / n (mod t). */
+                assert_int_equal(index % t, (uint64_t)t * k / n);
+            }
+        }
+    }
+}
+
+static void staggerPhasesDiffer(void **state)
+{
+    (void)state;
+    /* Three voters that all snapshotted at 100000: their next ones fall a third of the
+     * threshold apart, each on its own phase. */
+    const unsigned t = 3 * 8192;
+    uint64_t next[3];
+    for (unsigned k = 0; k < 3; k++) {
+        next[k] = 100000 + cluster_snapshot_stagger(t, 100000, k, 3);
+        assert_int_equal(next[k] % t, (uint64_t)k * t / 3);
+    }
+    for (unsigned a = 0; a < 3; a++) {
+        for (unsigned b = a + 1; b < 3; b++) {
+            uint64_t gap = next[a] > next[b] ? next[a] - next[b] : next[b] - next[a];
+            assert_true(gap == t / 3 || gap == 2 * t / 3);
+        }
+    }
+}
+
+static void staggerLeavesSmallOrAloneAsIs(void **state)
+{
+    (void)state;
+    assert_int_equal(cluster_snapshot_stagger(8192, 777, 0, 1), 8192); /* one voter */
+    assert_int_equal(cluster_snapshot_stagger(8192, 777, 0, 0), 8192); /* not a voter */
+    assert_int_equal(cluster_snapshot_stagger(4, 777, 1, 3), 4);       /* too small */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fixedWithoutMeasure),
+        cmocka_unit_test(logMatchesSnapshotSize),
+        cmocka_unit_test(boundedBothWays),
+        cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
+        cmocka_unit_test(staggerPhasesDiffer),
+        cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
