@@ -767,7 +767,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     }
     raft_uv_set_connect_retry_delay(&c->io.inner, 100);
     raft_uv_set_snapshot_compression(&c->io.inner, true);
-    io_wrap(&c->io);
+    io_wrap(&c->io, loop);
 
     c->fsm.version = 2;
     c->fsm.data = c;
