@@ -874,7 +874,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     if (cfg->segment_size != 0) {
         raft_uv_set_segment_size(&c->io.inner, cfg->segment_size);
     }
-    io_wrap(&c->io);
+    io_wrap(&c->io, loop);
 
     c->fsm.version = 2;
     c->fsm.data = c;

@@ -1,5 +1,5 @@
 /* io: raft's disk and network I/O (raft_uv) behind a thin wrapper that corrects one bug of
- * libraft 0.15's follower.
+ * libraft 0.15's follower and keeps raft's close clear of a crash in libraft 0.15.
  *
  * The bug (found by tests/sim, see its comment for the replay seed): a follower that accepts
  * an AppendEntries without writing anything (a heartbeat, or entries it already holds)
@@ -19,16 +19,26 @@
  * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
  * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
  * such work has called back: raft_uv would otherwise be closed, and freed by the cluster,
- * under a work still running on a pool thread. */
+ * under a work still running on a pool thread.
+ *
+ * It holds raft's close back, too, while disk writes raft started are in flight (appends
+ * and snapshot puts), for at most close_wait_ms: libraft 0.15 crashes when raft_uv is
+ * closed with more than one append still queued (canonical/raft #338; io.c explains). Past
+ * that bound it closes anyway and says so on stderr; async works are always waited for. */
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
 #include <raft.h>
 #include <stdbool.h>
+#include <uv.h>
+
+/* How long raft's close waits for disk writes in flight, by default. */
+#define IO_CLOSE_WAIT_MS 2000
 
 struct io {
     struct raft_io outer; /* first member; hand &outer to raft_init */
     struct raft_io inner; /* raft_uv_init() it; raft_uv_set_*() and raft_uv_close() on it */
+    uv_loop_t *loop;      /* raft_uv's loop: the close bound's timer runs on it */
     raft_io_tick_cb raft_tick;
     raft_io_recv_cb raft_recv;
     raft_io_close_cb close_cb;
@@ -37,11 +47,18 @@ struct io {
     raft_index ae_end;
     unsigned long corrected; /* answers and commit indexes clamped so far */
     unsigned works;          /* async_work requests in flight (raft's async snapshots) */
+    unsigned disk;           /* appends and snapshot puts in flight */
     bool closing;            /* raft called close */
-    bool close_deferred;     /* ... while works > 0: inner close waits for the last one */
+    bool close_deferred;     /* ... and the inner close waits for works and disk writes */
+    bool inner_closing;      /* the inner close has been called */
+    bool disk_wait_over;     /* close_wait_ms passed: the close waits for works only */
+    unsigned close_wait_ms;  /* IO_CLOSE_WAIT_MS unless a test sets it after io_wrap() */
+    uv_timer_t *close_timer; /* while the close waits: bounds it, then runs it */
+    unsigned long late_failures; /* appends that ended failed or canceled after close */
 };
 
-/* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(). */
-void io_wrap(struct io *io);
+/* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
+ * the loop raft_uv runs on (the io does not own it). */
+void io_wrap(struct io *io, uv_loop_t *loop);
 
 #endif
