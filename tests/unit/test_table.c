@@ -464,6 +464,51 @@ static void test_reserve_and_settle_mid_migration(void **state)
     modelClose(&m);
 }
 
+/* Arrays of 128 Ki slots and more are mapped from the kernel, and the one being migrated
+ * from gives its memory back chunk by chunk (madvise) as the cursor passes: two growths
+ * (131072 to 262144 to 524288 slots) with removals, unlinks and clones all along, checked
+ * every 256 operations while a migration is in progress. */
+static void test_large_mapped_arrays(void **state)
+{
+    (void)state;
+    enum { N = 300000 };
+    struct model m;
+    modelInit(&m, N);
+    size_t *keys = malloc(N * sizeof(*keys));
+    assert_non_null(keys);
+    for (size_t i = 0; i < N; i++) {
+        keys[i] = i;
+    }
+    uint64_t x = 0x2545f4914f6cdd1dULL;
+    size_t checks = 0, growths = 0;
+    for (size_t c = 0; c < N; c++) {
+        size_t mask = m.t.mask;
+        insert(&m, c);
+        growths += mask != m.t.mask && m.t.mask >= 262143;
+        size_t k = (size_t)(xorshift(&x) % (c + 1));
+        if (m.rec[k] != NULL) {
+            unsigned r = (unsigned)(xorshift(&x) % 8);
+            if (r == 0) {
+                removeKey(&m, k);
+            } else if (r == 1) {
+                unlinkKey(&m, k);
+            } else if (r == 2) {
+                cloneKey(&m, k);
+            }
+        }
+        if (m.t.old != NULL && m.t.old_mask >= 131071 && c % 256 == 0) {
+            check(&m, keys, c + 1);
+            checks++;
+        }
+    }
+    check(&m, keys, N);
+    assert_int_equal(growths, 2);
+    assert_true(checks >= 10);
+    assert_true(m.seen_moved > 0);
+    free(keys);
+    modelClose(&m);
+}
+
 /* Through the state machine: a synchronous snapshot taken mid-migration restores to the
  * same digest; a freeze mid-migration settles the table, and records the view holds are
  * then cloned and unlinked while the live table grows again with its own migration; the
@@ -538,6 +583,7 @@ int main(void)
         cmocka_unit_test(test_random_ops_across_growths),
         cmocka_unit_test(test_runs_across_the_cursor),
         cmocka_unit_test(test_reserve_and_settle_mid_migration),
+        cmocka_unit_test(test_large_mapped_arrays),
         cmocka_unit_test(test_fsm_snapshot_and_freeze_mid_migration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
