@@ -48,14 +48,17 @@ struct tenant {
  * user-space addresses fitting in 48 bits (x86-64 and aarch64 Linux); table_insert checks.
  *
  * Growth is incremental: when the array is full, a twice larger one becomes `slots` and
- * the previous one becomes `old`, whose slots then move over a few at a time (each insert
- * and removal moves TABLE_MIGRATE_STEP positions, zeroing them in `old`). New records go
- * to `slots` only, and every record is in exactly one place: `slots`, or the part of `old`
- * not migrated yet. The migration starts right after an empty slot of `old` (a probe-run
- * boundary) and moves positions mig_first, mig_first + 1, ... circularly; the migrated
- * positions are the mig_done ones from mig_first. A key whose home lies there is looked
- * for from the cursor (mig_first + mig_done) on: its run used to be contiguous from its
- * home to it, and the part from the cursor on is untouched. */
+ * the previous one becomes `old`, whose slots then move over a few at a time: each insert
+ * moves TABLE_MIGRATE_STEP positions, zeroing them in `old` (lookups and removals move
+ * none, so that table_find stays read-only). New records go to `slots` only, and every
+ * record is in exactly one place: `slots`, or the part of `old` not migrated yet. Lookups
+ * try `slots`, then `old`. The migration starts right after an empty slot of `old` (a
+ * probe-run boundary) and moves positions mig_first, mig_first + 1, ... circularly; the
+ * migrated positions are the mig_done ones from mig_first. A key whose home lies there is
+ * looked for from the cursor (mig_first + mig_done) on: its run used to be contiguous from
+ * its home to it, and the part from the cursor on is untouched. A migration ends after
+ * (old slots) / TABLE_MIGRATE_STEP inserts, long before the 3/4 * (old slots) inserts
+ * that fill the new array; the next growth would finish it at once otherwise. */
 #define TABLE_MIGRATE_STEP 64
 
 struct table {
