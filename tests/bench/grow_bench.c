@@ -90,7 +90,7 @@ struct pass {
     uint64_t worst_ns[WORST]; /* descending */
     size_t worst_at[WORST];   /* records in the table before that apply */
     size_t over_1ms;
-    uint64_t growth_ns;       /* the worst apply that found the table full (768 << k) */
+    uint64_t growth_ns; /* the worst apply that found the table full (768 << k) */
     size_t unexpected;
 };
 
@@ -163,8 +163,9 @@ int main(int argc, char **argv)
         runPass(&p, &s);
         bad += s.unexpected;
         printf("  %-5s total %.3f s (%.0f applies/s), >1 ms: %zu, worst at a growth %.3f ms, "
-               "worst:", run == 0 ? "cold" : "warm", s.total_s, (double)n / s.total_s,
-               s.over_1ms, (double)s.growth_ns / 1e6);
+               "worst:",
+               run == 0 ? "cold" : "warm", s.total_s, (double)n / s.total_s, s.over_1ms,
+               (double)s.growth_ns / 1e6);
         for (int k = 0; k < WORST; k++) {
             printf(" %.3f ms @%zu", (double)s.worst_ns[k] / 1e6, s.worst_at[k]);
         }

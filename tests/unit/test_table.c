@@ -355,8 +355,7 @@ static void test_runs_across_the_cursor(void **state)
     assert_int_equal(m.t.mask, 1023);
     assert_null(m.t.old);
     for (size_t p = 0; p < 1024; p++) {
-        bool full = p <= 175 || (p >= 300 && p <= 449) || p >= 1000 ||
-                    (p >= 500 && home_used[p]);
+        bool full = p <= 175 || (p >= 300 && p <= 449) || p >= 1000 || (p >= 500 && home_used[p]);
         assert_int_equal(m.t.slots[p] != 0, full);
     }
     check(&m, keys, n_keys);
