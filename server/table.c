@@ -245,8 +245,7 @@ static size_t slotsLocate(const uintptr_t *slots, size_t mask, size_t start, con
 }
 
 /* The slot of the table that holds r, whose hash is `hash`, in `slots` or in `old`. */
-static uintptr_t *tableLocate(struct table *t, const struct rec *r, uint64_t hash,
-                              bool *in_old)
+static uintptr_t *tableLocate(struct table *t, const struct rec *r, uint64_t hash, bool *in_old)
 {
     size_t i = slotsLocate(t->slots, t->mask, hash & t->mask, r);
     if (i != SIZE_MAX) {
@@ -292,8 +291,7 @@ static void tableMigrate(struct table *t, size_t n)
             /* A whole chunk migrated (it does not hold mig_first): give its pages back
              * now, so that the final munmap has little left to free. They read as zero
              * again, as migrated slots do. */
-            madvise(&t->old[i + 1 - SLOTS_CHUNK], SLOTS_CHUNK * sizeof(uintptr_t),
-                    MADV_DONTNEED);
+            madvise(&t->old[i + 1 - SLOTS_CHUNK], SLOTS_CHUNK * sizeof(uintptr_t), MADV_DONTNEED);
         }
         i = (i + 1) & t->old_mask;
     }
