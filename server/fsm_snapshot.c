@@ -107,6 +107,8 @@ static void snapRecord(const struct rec *r, void *arg)
 struct snapView {
     const uintptr_t *slots;
     size_t mask;
+    const uintptr_t *old;    /* the live table's array being migrated from, or NULL */
+    size_t old_mask;
     uint64_t count;
     char **names;
     size_t n_tenants;
@@ -135,6 +137,9 @@ static void writeView(const struct snapView *v, uint8_t **out, size_t *out_len)
     bufMessage(&b, &h.base);
 
     table_slots_foreach(v->slots, v->mask, snapRecord, &b);
+    if (v->old != NULL) {
+        table_slots_foreach(v->old, v->old_mask, snapRecord, &b);
+    }
     bufLE(&b, XXH3_64bits(b.p, b.len), SNAP_TRAILER);
     *out = b.p;
     *out_len = b.len;
@@ -149,6 +154,8 @@ int fsm_snapshot(const struct fsm *f, uint8_t **out, size_t *out_len)
     struct snapView v = {
         .slots = f->t.slots,
         .mask = f->t.mask,
+        .old = f->t.old,
+        .old_mask = f->t.old_mask,
         .count = f->t.count,
         .names = names,
         .n_tenants = f->t.n_tenants,
@@ -168,6 +175,8 @@ struct fsm_frozen *fsm_freeze(struct fsm *f)
     if (f->frozen != NULL) {
         return NULL;
     }
+    /* The view is one slot array: a growth in progress is finished first (table.h). */
+    table_settle(&f->t);
     struct fsm_frozen *z = xcalloc(1, sizeof(*z));
     size_t n = f->t.mask + 1;
     z->slots = xmalloc(n * sizeof(*z->slots));

@@ -1,10 +1,15 @@
+/* MAP_ANONYMOUS (slotsAlloc) is not in POSIX.1-2008: glibc shows it with _DEFAULT_SOURCE. */
+#define _DEFAULT_SOURCE
+
 #include "table.h"
 
 #include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -17,6 +22,41 @@ _Static_assert(offsetof(struct rec, key) == 74 + 32, "record overhead grew: upda
 #define TABLE_MIN_SLOTS 1024
 #define SLOT_TAG_SHIFT 48
 #define SLOT_PTR_MASK ((UINT64_C(1) << SLOT_TAG_SHIFT) - 1)
+
+/* Slot arrays of at least this many bytes (128 Ki slots) are mapped from the kernel
+ * directly: fresh pages are zero and are faulted in as the array fills, where calloc may
+ * clear reused heap memory at once (3 ms for the 32 MiB array of a growth at 1.5M records,
+ * measured with grow-bench on the dev VM: the whole stall left at that growth). */
+#define SLOTS_MAP_MIN_BYTES ((size_t)1 << 20)
+/* A mapped array being migrated from gives back its memory by chunks of this many slots
+ * (64 KiB: whole pages for 4, 16 and 64 KiB pages), instead of all at the migration's end
+ * (1.3 ms to unmap 16 MiB). */
+#define SLOTS_CHUNK ((size_t)8192)
+
+static uintptr_t *slotsAlloc(size_t n)
+{
+    size_t bytes = n * sizeof(uintptr_t);
+    if (bytes < SLOTS_MAP_MIN_BYTES) {
+        return xcalloc(n, sizeof(uintptr_t));
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "idemd: out of memory mapping %zu bytes\n", bytes);
+        abort();
+    }
+    return p;
+}
+
+/* Frees an array of n slots from slotsAlloc. */
+static void slotsRelease(uintptr_t *slots, size_t n)
+{
+    size_t bytes = n * sizeof(uintptr_t);
+    if (bytes < SLOTS_MAP_MIN_BYTES) {
+        free(slots);
+    } else {
+        munmap(slots, bytes);
+    }
+}
 
 static struct rec *slotRec(uintptr_t slot)
 {
@@ -40,23 +80,31 @@ static bool slotTagMatches(uintptr_t slot, uint64_t hash)
 void table_init(struct table *t)
 {
     memset(t, 0, sizeof(*t));
-    t->slots = xcalloc(TABLE_MIN_SLOTS, sizeof(*t->slots));
+    t->slots = slotsAlloc(TABLE_MIN_SLOTS);
     t->mask = TABLE_MIN_SLOTS - 1;
     t->tenant_mask = 15;
     t->tenant_slots = xcalloc(t->tenant_mask + 1, sizeof(*t->tenant_slots));
     expiry_init(&t->heap);
 }
 
-void table_close(struct table *t)
+static void slotsFree(uintptr_t *slots, size_t mask)
 {
-    for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i] != 0) {
-            struct rec *r = slotRec(t->slots[i]);
+    for (size_t i = 0; i <= mask; i++) {
+        if (slots[i] != 0) {
+            struct rec *r = slotRec(slots[i]);
             free(r->response);
             free(r);
         }
     }
-    free(t->slots);
+    slotsRelease(slots, mask + 1);
+}
+
+void table_close(struct table *t)
+{
+    slotsFree(t->slots, t->mask);
+    if (t->old != NULL) {
+        slotsFree(t->old, t->old_mask);
+    }
     for (size_t i = 0; i < t->n_tenants; i++) {
         free(t->tenants[i].name);
     }
@@ -144,11 +192,22 @@ static uint64_t recHash(const struct table *t, const struct rec *r)
     return table_hash(t, r->tenant, r->key, r->key_len);
 }
 
-struct rec *table_find(const struct table *t, int tenant, uint64_t hash, const uint8_t *key,
-                       size_t len)
+/* Where to start looking in `old` for a key whose hash is `hash`: its home, or the
+ * migration cursor when the home has been migrated (see table.h). */
+static size_t oldStart(const struct table *t, uint64_t hash)
 {
-    for (size_t i = hash & t->mask;; i = (i + 1) & t->mask) {
-        uintptr_t slot = t->slots[i];
+    size_t home = hash & t->old_mask;
+    if (((home - t->mig_first) & t->old_mask) < t->mig_done) {
+        return (t->mig_first + t->mig_done) & t->old_mask;
+    }
+    return home;
+}
+
+static struct rec *slotsFind(const uintptr_t *slots, size_t mask, size_t start, int tenant,
+                             uint64_t hash, const uint8_t *key, size_t len)
+{
+    for (size_t i = start;; i = (i + 1) & mask) {
+        uintptr_t slot = slots[i];
         if (slot == 0) {
             return NULL;
         }
@@ -161,6 +220,45 @@ struct rec *table_find(const struct table *t, int tenant, uint64_t hash, const u
     }
 }
 
+struct rec *table_find(const struct table *t, int tenant, uint64_t hash, const uint8_t *key,
+                       size_t len)
+{
+    struct rec *r = slotsFind(t->slots, t->mask, hash & t->mask, tenant, hash, key, len);
+    if (r == NULL && t->old != NULL) {
+        r = slotsFind(t->old, t->old_mask, oldStart(t, hash), tenant, hash, key, len);
+    }
+    return r;
+}
+
+/* The position of r in the probe run of `slots` that starts at `start`, or SIZE_MAX. */
+static size_t slotsLocate(const uintptr_t *slots, size_t mask, size_t start, const struct rec *r)
+{
+    for (size_t i = start;; i = (i + 1) & mask) {
+        uintptr_t slot = slots[i];
+        if (slot == 0) {
+            return SIZE_MAX;
+        }
+        if (slotRec(slot) == r) {
+            return i;
+        }
+    }
+}
+
+/* The slot of the table that holds r, whose hash is `hash`, in `slots` or in `old`. */
+static uintptr_t *tableLocate(struct table *t, const struct rec *r, uint64_t hash, bool *in_old)
+{
+    size_t i = slotsLocate(t->slots, t->mask, hash & t->mask, r);
+    if (i != SIZE_MAX) {
+        *in_old = false;
+        return &t->slots[i];
+    }
+    assert(t->old != NULL);
+    i = slotsLocate(t->old, t->old_mask, oldStart(t, hash), r);
+    assert(i != SIZE_MAX);
+    *in_old = true;
+    return &t->old[i];
+}
+
 static void slotsPut(uintptr_t *slots, size_t mask, uintptr_t slot, uint64_t hash)
 {
     size_t i = hash & mask;
@@ -170,19 +268,71 @@ static void slotsPut(uintptr_t *slots, size_t mask, uintptr_t slot, uint64_t has
     slots[i] = slot;
 }
 
-/* Rebuilds the slot array with `n` slots. Not incremental: at 1M records this rehashes
- * every key once, a stall of tens of milliseconds on the apply path (see README, Limits). */
-static void tableResize(struct table *t, size_t n)
+/* Moves up to `n` positions of `old` to `slots`, and frees `old` once all are. */
+static void tableMigrate(struct table *t, size_t n)
 {
-    uintptr_t *slots = xcalloc(n, sizeof(*slots));
-    for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i] != 0) {
-            slotsPut(slots, n - 1, t->slots[i], recHash(t, slotRec(t->slots[i])));
-        }
+    if (t->old == NULL) {
+        return;
     }
-    free(t->slots);
-    t->slots = slots;
+    size_t left = t->old_mask + 1 - t->mig_done;
+    if (n > left) {
+        n = left;
+    }
+    bool mapped = (t->old_mask + 1) * sizeof(uintptr_t) >= SLOTS_MAP_MIN_BYTES;
+    size_t first_chunk = t->mig_first / SLOTS_CHUNK;
+    size_t i = (t->mig_first + t->mig_done) & t->old_mask;
+    for (size_t k = 0; k < n; k++) {
+        uintptr_t slot = t->old[i];
+        if (slot != 0) {
+            slotsPut(t->slots, t->mask, slot, recHash(t, slotRec(slot)));
+            t->old[i] = 0;
+        }
+        if (mapped && (i + 1) % SLOTS_CHUNK == 0 && i / SLOTS_CHUNK != first_chunk) {
+            /* A whole chunk migrated (it does not hold mig_first): give its pages back
+             * now, so that the final munmap has little left to free. They read as zero
+             * again, as migrated slots do. */
+            madvise(&t->old[i + 1 - SLOTS_CHUNK], SLOTS_CHUNK * sizeof(uintptr_t), MADV_DONTNEED);
+        }
+        i = (i + 1) & t->old_mask;
+    }
+    t->mig_done += n;
+    if (t->mig_done == t->old_mask + 1) {
+        slotsRelease(t->old, t->old_mask + 1);
+        t->old = NULL;
+        t->old_mask = 0;
+        t->mig_first = 0;
+        t->mig_done = 0;
+    }
+}
+
+void table_settle(struct table *t)
+{
+    tableMigrate(t, SIZE_MAX);
+}
+
+/* Makes a slot array of `n` slots the table's, and the current one `old`, to be migrated
+ * by tableMigrate (see table.h). Finishes the previous migration first. */
+static void tableGrow(struct table *t, size_t n)
+{
+    table_settle(t);
+    uintptr_t *old = t->slots;
+    size_t old_mask = t->mask;
+    t->slots = slotsAlloc(n);
     t->mask = n - 1;
+    if (t->count == 0) {
+        slotsRelease(old, old_mask + 1);
+        return;
+    }
+    /* Start right after an empty slot, where no probe run crosses; one exists since the
+     * array is at most 3/4 full. */
+    size_t e = 0;
+    while (old[e] != 0) {
+        e++;
+    }
+    t->old = old;
+    t->old_mask = old_mask;
+    t->mig_first = (e + 1) & old_mask;
+    t->mig_done = 0;
 }
 
 static bool tableFits(size_t slots, size_t records)
@@ -192,12 +342,14 @@ static bool tableFits(size_t slots, size_t records)
 
 void table_reserve(struct table *t, size_t n)
 {
+    table_settle(t);
     size_t slots = t->mask + 1;
     while (!tableFits(slots, n)) {
         slots *= 2;
     }
     if (slots != t->mask + 1) {
-        tableResize(t, slots);
+        tableGrow(t, slots);
+        table_settle(t);
     }
 }
 
@@ -212,8 +364,12 @@ struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8
     assert(len > 0 && len <= 255);
     assert(tenant >= 0 && (size_t)tenant < t->n_tenants);
     if (!tableFits(t->mask + 1, t->count + 1)) {
-        tableResize(t, (t->mask + 1) * 2);
+        /* A migration still in progress here is finished at once; with TABLE_MIGRATE_STEP
+         * positions per insert it ends long before: after (old slots) / STEP inserts of
+         * the 3/4 * (old slots) that fill the new array. */
+        tableGrow(t, (t->mask + 1) * 2);
     }
+    tableMigrate(t, TABLE_MIGRATE_STEP);
     struct rec *r = xmalloc(table_rec_size(len));
     memset(r, 0, offsetof(struct rec, key));
     memcpy(r->key, key, len);
@@ -237,30 +393,42 @@ void table_rec_free(struct rec *r)
     free(r);
 }
 
-void table_unlink(struct table *t, struct rec *r)
+/* Empties slots[i] by backward-shift deletion: pulls later members of the probe run into
+ * the hole when their home slot does not lie cyclically in (hole, their slot].
+ *
+ * In `old` during a migration, the hole and the run after it lie in the part not migrated
+ * yet (the run ends at the latest at the empty slot before mig_first, which stays empty).
+ * A member whose home was migrated is pulled into the hole, as it must be: its home lies
+ * cyclically before the hole, so not in (hole, its slot], and it is then looked for from
+ * the cursor, which is at or before the hole. */
+static void slotsDelete(const struct table *t, uintptr_t *slots, size_t mask, size_t i)
 {
-    size_t i = recHash(t, r) & t->mask;
-    while (slotRec(t->slots[i]) != r) {
-        assert(t->slots[i] != 0);
-        i = (i + 1) & t->mask;
-    }
-    /* Backward-shift deletion: pull later members of the probe run into the hole when
-     * their home slot does not lie cyclically in (hole, their slot]. */
     size_t j = i;
     for (;;) {
-        j = (j + 1) & t->mask;
-        uintptr_t slot = t->slots[j];
+        j = (j + 1) & mask;
+        uintptr_t slot = slots[j];
         if (slot == 0) {
             break;
         }
-        size_t home = recHash(t, slotRec(slot)) & t->mask;
+        size_t home = recHash(t, slotRec(slot)) & mask;
         bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
         if (!stays) {
-            t->slots[i] = slot;
+            slots[i] = slot;
             i = j;
         }
     }
-    t->slots[i] = 0;
+    slots[i] = 0;
+}
+
+void table_unlink(struct table *t, struct rec *r)
+{
+    bool in_old;
+    uintptr_t *p = tableLocate(t, r, recHash(t, r), &in_old);
+    if (in_old) {
+        slotsDelete(t, t->old, t->old_mask, (size_t)(p - t->old));
+    } else {
+        slotsDelete(t, t->slots, t->mask, (size_t)(p - t->slots));
+    }
     if (r->heap_pos != UINT32_MAX) {
         expiry_remove(&t->heap, r);
     }
@@ -270,10 +438,9 @@ void table_unlink(struct table *t, struct rec *r)
 void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg),
                    void *arg)
 {
-    for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i] != 0) {
-            fn(slotRec(t->slots[i]), arg);
-        }
+    table_slots_foreach(t->slots, t->mask, fn, arg);
+    if (t->old != NULL) {
+        table_slots_foreach(t->old, t->old_mask, fn, arg);
     }
 }
 
@@ -286,15 +453,7 @@ uint64_t table_rec_hash(const struct table *t, const struct rec *r)
 
 bool table_slots_hold(const uintptr_t *slots, size_t mask, uint64_t hash, const struct rec *r)
 {
-    for (size_t i = hash & mask;; i = (i + 1) & mask) {
-        uintptr_t slot = slots[i];
-        if (slot == 0) {
-            return false;
-        }
-        if (slotRec(slot) == r) {
-            return true;
-        }
-    }
+    return slotsLocate(slots, mask, hash & mask, r) != SIZE_MAX;
 }
 
 void table_slots_foreach(const uintptr_t *slots, size_t mask,
@@ -318,12 +477,8 @@ struct rec *table_clone(struct table *t, struct rec *r, uint64_t hash)
         c->response = xmalloc(sizeof(uint32_t) + n);
         memcpy(c->response, r->response, sizeof(uint32_t) + n);
     }
-    size_t i = hash & t->mask;
-    while (slotRec(t->slots[i]) != r) {
-        assert(t->slots[i] != 0);
-        i = (i + 1) & t->mask;
-    }
-    t->slots[i] = slotMake(c, hash);
+    bool in_old;
+    *tableLocate(t, r, hash, &in_old) = slotMake(c, hash);
     if (r->heap_pos != UINT32_MAX) {
         /* The copy takes the original's place in the expiry index: same keys, same order. */
         assert(r->heap_pos < t->heap.len && t->heap.items[r->heap_pos] == r);

@@ -1,5 +1,6 @@
-/* table: the record table of the state machine: records keyed by (tenant, key) in a chained
- * hash table (XXH3), tenants interned with their usage counters, and the expiry index.
+/* table: the record table of the state machine: records keyed by (tenant, key) in an
+ * open-addressing hash table (XXH3), tenants interned with their usage counters, and the
+ * expiry index.
  *
  * The table is an internal structure of fsm.c: nothing outside the state machine touches
  * it, and nothing the state machine decides depends on its iteration order. */
@@ -44,11 +45,30 @@ struct tenant {
 /* Records live in an open-addressing hash table (linear probing, backward-shift deletion,
  * at most 3/4 full). A slot is 0 or a record pointer with the top 16 bits of the record's
  * hash in its top 16 bits, so most probes that miss never touch a record. This relies on
- * user-space addresses fitting in 48 bits (x86-64 and aarch64 Linux); table_insert checks. */
+ * user-space addresses fitting in 48 bits (x86-64 and aarch64 Linux); table_insert checks.
+ *
+ * Growth is incremental: when the array is full, a twice larger one becomes `slots` and
+ * the previous one becomes `old`, whose slots then move over a few at a time: each insert
+ * moves TABLE_MIGRATE_STEP positions, zeroing them in `old` (lookups and removals move
+ * none, so that table_find stays read-only). New records go to `slots` only, and every
+ * record is in exactly one place: `slots`, or the part of `old` not migrated yet. Lookups
+ * try `slots`, then `old`. The migration starts right after an empty slot of `old` (a
+ * probe-run boundary) and moves positions mig_first, mig_first + 1, ... circularly; the
+ * migrated positions are the mig_done ones from mig_first. A key whose home lies there is
+ * looked for from the cursor (mig_first + mig_done) on: its run used to be contiguous from
+ * its home to it, and the part from the cursor on is untouched. A migration ends after
+ * (old slots) / TABLE_MIGRATE_STEP inserts, long before the 3/4 * (old slots) inserts
+ * that fill the new array; the next growth would finish it at once otherwise. */
+#define TABLE_MIGRATE_STEP 64
+
 struct table {
     uintptr_t *slots;
     size_t mask;             /* slots - 1; a power of two */
-    size_t count;            /* records, released markers included */
+    size_t count;            /* records in both arrays, released markers included */
+    uintptr_t *old;          /* the array being migrated from, or NULL */
+    size_t old_mask;
+    size_t mig_first;        /* first position of `old` migrated (right after an empty one) */
+    size_t mig_done;         /* positions of `old` migrated so far */
     struct tenant *tenants;
     size_t n_tenants;
     size_t cap_tenants;
@@ -76,8 +96,14 @@ struct rec *table_find(const struct table *t, int tenant, uint64_t hash, const u
 /* Bytes of one record with a key of key_len bytes. */
 size_t table_rec_size(size_t key_len);
 
-/* Makes room for `n` records in all without growing again. */
+/* Makes room for `n` records in all without growing again. Finishes any migration, and
+ * rehashes synchronously (it is meant for a restore, on an empty table). */
 void table_reserve(struct table *t, size_t n);
+
+/* Finishes a migration in progress at once, so that `slots` alone holds every record (a
+ * no-op when none is). fsm_freeze calls it: the one rehash left on the apply path that is
+ * not incremental, only when a snapshot starts while a growth is in progress. */
+void table_settle(struct table *t);
 
 /* Allocates a zeroed record holding a copy of `key` (borrowed), links it into the hash
  * table (not the expiry index) and returns it; the table owns it. The caller makes sure
@@ -102,11 +128,13 @@ void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *
 /* The hash of a record of this table (what table_find was called with). */
 uint64_t table_rec_hash(const struct table *t, const struct rec *r);
 
-/* Whether the slot array `slots` (mask + 1 entries, a copy of a table's) holds r, whose hash
- * is `hash`. Compares addresses only: it never reads a record. */
+/* Whether the slot array `slots` (mask + 1 entries, a copy of a settled table's: see
+ * table_settle) holds r, whose hash is `hash`. Compares addresses only: it never reads a
+ * record. */
 bool table_slots_hold(const uintptr_t *slots, size_t mask, uint64_t hash, const struct rec *r);
 
-/* Calls fn(r, arg) for every record of a slot array (a table's or a copy of one). */
+/* Calls fn(r, arg) for every record of a slot array (a table's `slots` or `old`, or a copy
+ * of a settled table's `slots`). */
 void table_slots_foreach(const uintptr_t *slots, size_t mask,
                          void (*fn)(const struct rec *r, void *arg), void *arg);
 
