@@ -173,8 +173,16 @@ int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why)
 struct fsm_frozen;
 
 /* Freezes the current state. Returns the view (owned by the state machine until
- * fsm_thaw()), or NULL when a view is frozen already (one at a time). */
+ * fsm_thaw()), or NULL when a view is frozen already (one at a time). A growth of the table
+ * still in progress is finished first, at once (tens of ms at 1M records): call
+ * fsm_freeze_ready() until it says true to spread that over several calls. */
 struct fsm_frozen *fsm_freeze(struct fsm *f);
+
+/* Moves a growth of the table in progress forward by a bounded step (FSM_SETTLE_STEP slot
+ * positions, a millisecond or two at 1M records); true when none is left, so that
+ * fsm_freeze() copies one slot array without a rehash. */
+#define FSM_SETTLE_STEP 16384
+bool fsm_freeze_ready(struct fsm *f);
 
 /* Serialises the view into a malloc'd buffer (OUT, the caller frees it), exactly as
  * fsm_snapshot() would have at freeze time. Reads only the view and the records it holds.

@@ -170,6 +170,11 @@ int fsm_snapshot(const struct fsm *f, uint8_t **out, size_t *out_len)
 
 /* ---- frozen views (fsm.h, fsm_freeze) ------------------------------------------------ */
 
+bool fsm_freeze_ready(struct fsm *f)
+{
+    return table_settle_step(&f->t, FSM_SETTLE_STEP);
+}
+
 struct fsm_frozen *fsm_freeze(struct fsm *f)
 {
     if (f->frozen != NULL) {

@@ -324,6 +324,11 @@ static int svcSnapshot(void *data, uint8_t **buf, size_t *len)
 static int svcSnapshotFreeze(void *data, void **view)
 {
     struct service *s = data;
+    /* A table growth in progress: move it on a step and let raft try again at its next
+     * apply (it takes the refusal as transient), rather than finish it here at once. */
+    if (!fsm_freeze_ready(s->fsm)) {
+        return -1;
+    }
     struct fsm_frozen *z = fsm_freeze(s->fsm);
     if (z == NULL) {
         return -1;

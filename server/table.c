@@ -310,6 +310,12 @@ void table_settle(struct table *t)
     tableMigrate(t, SIZE_MAX);
 }
 
+bool table_settle_step(struct table *t, size_t n)
+{
+    tableMigrate(t, n);
+    return t->old == NULL;
+}
+
 /* Makes a slot array of `n` slots the table's, and the current one `old`, to be migrated
  * by tableMigrate (see table.h). Finishes the previous migration first. */
 static void tableGrow(struct table *t, size_t n)

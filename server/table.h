@@ -105,6 +105,9 @@ void table_reserve(struct table *t, size_t n);
  * not incremental, only when a snapshot starts while a growth is in progress. */
 void table_settle(struct table *t);
 
+/* Moves a migration in progress forward by up to n positions; true when none is left. */
+bool table_settle_step(struct table *t, size_t n);
+
 /* Allocates a zeroed record holding a copy of `key` (borrowed), links it into the hash
  * table (not the expiry index) and returns it; the table owns it. The caller makes sure
  * no record for (tenant, key) exists. */

@@ -576,6 +576,52 @@ static void test_fsm_snapshot_and_freeze_mid_migration(void **state)
     th_close(&h);
 }
 
+/* fsm_freeze_ready spreads the rest of a migration over calls of FSM_SETTLE_STEP
+ * positions each, says true once none is left, and the freeze that follows is the state. */
+static void test_freeze_ready_steps(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    char key[32];
+    int n = 0;
+    /* Grow to an old array of at least 4 steps, stopping right after a growth. */
+    while (h.f->t.old == NULL || h.f->t.old_mask + 1 < 4 * FSM_SETTLE_STEP) {
+        snprintf(key, sizeof(key), "r%07d", n++);
+        assert_int_equal(th_claim(&h, 1, key, 1, NULL), IDEM__OUTCOME__OUTCOME_ACQUIRED);
+    }
+    size_t left = h.f->t.old_mask + 1 - h.f->t.mig_done;
+    size_t calls = 0;
+    while (!fsm_freeze_ready(h.f)) {
+        calls++;
+        assert_non_null(h.f->t.old);
+        assert_int_equal(h.f->t.old_mask + 1 - h.f->t.mig_done, left - calls * FSM_SETTLE_STEP);
+    }
+    assert_null(h.f->t.old);
+    assert_int_equal(calls, (left - 1) / FSM_SETTLE_STEP);
+    assert_true(calls >= 3);
+    assert_true(fsm_freeze_ready(h.f)); /* nothing left: stays true */
+    char d_live[33], d_restored[33];
+    fsm_digest_hex(h.f, d_live);
+    struct fsm_frozen *z = fsm_freeze(h.f);
+    assert_non_null(z);
+    uint8_t *snap;
+    size_t len;
+    assert_int_equal(fsm_frozen_write(z, &snap, &len), 0);
+    fsm_thaw(h.f, z);
+    struct fsm *x = fsm_new();
+    assert_int_equal(fsm_restore(x, snap, len, NULL), 0);
+    fsm_digest_hex(x, d_restored);
+    assert_string_equal(d_live, d_restored);
+    for (int i = 0; i < n; i += 997) {
+        snprintf(key, sizeof(key), "r%07d", i);
+        assert_int_equal(th_get(&h, 2, "t1", key), IDEM__OUTCOME__OUTCOME_OK);
+    }
+    fsm_close(x);
+    free(snap);
+    th_close(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -584,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_reserve_and_settle_mid_migration),
         cmocka_unit_test(test_large_mapped_arrays),
         cmocka_unit_test(test_fsm_snapshot_and_freeze_mid_migration),
+        cmocka_unit_test(test_freeze_ready_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
