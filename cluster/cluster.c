@@ -532,8 +532,7 @@ static bool snapshotAsync(const struct cluster *c)
 }
 
 unsigned cluster_snapshot_threshold(unsigned min, unsigned percent, uint64_t max_log_bytes,
-                                    uint64_t snapshot_bytes, uint64_t entries,
-                                    uint64_t entry_bytes)
+                                    uint64_t snapshot_bytes, uint64_t entries, uint64_t entry_bytes)
 {
     if (percent == 0 || snapshot_bytes == 0 || entries == 0 || entry_bytes == 0) {
         return min;
@@ -597,9 +596,9 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
     }
     c->applied_entries = 0;
     c->applied_bytes = 0;
-    unsigned t = cluster_snapshot_threshold(
-        c->cfg.snapshot_threshold, c->cfg.snapshot_log_percent, c->cfg.snapshot_log_max_bytes,
-        bytes, c->entries_measured, c->bytes_measured);
+    unsigned t = cluster_snapshot_threshold(c->cfg.snapshot_threshold, c->cfg.snapshot_log_percent,
+                                            c->cfg.snapshot_log_max_bytes, bytes,
+                                            c->entries_measured, c->bytes_measured);
     if (c->cfg.snapshot_log_percent != 0 && t > c->cfg.snapshot_threshold) {
         unsigned p = 1;
         while (p <= t / 2) {

@@ -648,10 +648,9 @@ static int parseCluster(struct ctx *c, yaml_node_t *map, uint64_t self, struct c
 static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
 {
     enum { ELECTION, HEARTBEAT, THRESHOLD, TRAILING, LOG_PERCENT, LOG_MAX, SEGMENT, PRE_VOTE, N };
-    static const char *const keys[N] = {"election_timeout_ms",  "heartbeat_timeout_ms",
-                                        "snapshot_threshold",   "snapshot_trailing",
-                                        "snapshot_log_percent", "snapshot_log_max_mb",
-                                        "segment_size_mb",      "pre_vote"};
+    static const char *const keys[N] = {
+        "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold", "snapshot_trailing",
+        "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",    "pre_vote"};
     struct field f[N];
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
         getU32(c, &f[ELECTION], 100, 60000, &r->election_timeout_ms) != 0 ||

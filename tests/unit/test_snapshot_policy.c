@@ -16,8 +16,7 @@ static void fixedWithoutMeasure(void **state)
 {
     (void)state;
     /* percent 0: the configured threshold, whatever the sizes. */
-    assert_int_equal(cluster_snapshot_threshold(8192, 0, 256 * MIB, 100 * MIB, 1000, 100000),
-                     8192);
+    assert_int_equal(cluster_snapshot_threshold(8192, 0, 256 * MIB, 100 * MIB, 1000, 100000), 8192);
     /* Nothing measured yet (first snapshot, restart): the configured threshold. */
     assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 100 * MIB, 0, 0), 8192);
     assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 0, 1000, 100000), 8192);
@@ -47,8 +46,7 @@ static void boundedBothWays(void **state)
     assert_int_equal(cluster_snapshot_threshold(20000, 100, 10 * MIB, 100 * MIB, 1000, 1000000),
                      20000);
     /* A small table: the minimum. */
-    assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 4096, 1000, 1000000),
-                     8192);
+    assert_int_equal(cluster_snapshot_threshold(8192, 100, 256 * MIB, 4096, 1000, 1000000), 8192);
     /* Saturates instead of wrapping. */
     assert_int_equal(cluster_snapshot_threshold(16, 10000, 0, UINT64_MAX / 2, 1000000, 1),
                      UINT_MAX);
@@ -102,12 +100,9 @@ static void staggerLeavesSmallOrAloneAsIs(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(fixedWithoutMeasure),
-        cmocka_unit_test(logMatchesSnapshotSize),
-        cmocka_unit_test(boundedBothWays),
-        cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
-        cmocka_unit_test(staggerPhasesDiffer),
-        cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
+        cmocka_unit_test(fixedWithoutMeasure), cmocka_unit_test(logMatchesSnapshotSize),
+        cmocka_unit_test(boundedBothWays),     cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
+        cmocka_unit_test(staggerPhasesDiffer), cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
