@@ -116,6 +116,10 @@ struct cluster {
     uint64_t applied_entries, applied_bytes;
     uint64_t entries_measured, bytes_measured; /* the window the threshold came from */
     unsigned threshold;
+    unsigned interval;        /* the interval adaptThreshold computed, before phase/leader */
+    uint64_t interval_from;   /* ... after the snapshot at this index */
+    uint64_t interval_cap;    /* entries that make snapshot_log_max_bytes of log */
+    bool threshold_as_leader; /* the threshold set counts this node as the leader */
     uint64_t snapshot_bytes_last;
     uint64_t seen_leader;
     uint64_t leader_changes;
@@ -582,11 +586,47 @@ unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k
     return (unsigned)(j - index);
 }
 
+unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
+                                           uint64_t max_entries)
+{
+    for (unsigned extra = 2; extra > 0; extra--) {
+        uint64_t th = (uint64_t)staggered + (uint64_t)extra * interval;
+        if (th <= max_entries && th <= UINT_MAX) {
+            return (unsigned)th;
+        }
+    }
+    return staggered;
+}
+
+/* Sets raft's threshold from the schedule adaptThreshold() computed: this voter's phase of
+ * the interval, and on the leader two intervals more when the log cap allows. Called again
+ * when this node becomes or stops being the leader. */
+static void applyThreshold(struct cluster *c)
+{
+    unsigned t = c->interval;
+    c->threshold_as_leader = raft_state(&c->raft) == RAFT_LEADER;
+    if (c->cfg.snapshot_log_percent != 0 && t > c->cfg.snapshot_threshold) {
+        unsigned k, n;
+        voterPlace(c, &k, &n);
+        t = cluster_snapshot_stagger(t, c->interval_from, k, n);
+        if (c->threshold_as_leader && n >= 2) {
+            t = cluster_snapshot_leader_threshold(t, c->interval, c->interval_cap);
+        }
+    }
+    c->threshold = t;
+    if (c->saved_threshold != 0) {
+        c->saved_threshold = c->threshold; /* a forced snapshot is pending: set after it */
+    } else {
+        raft_set_snapshot_threshold(&c->raft, c->threshold);
+    }
+}
+
 /* After a snapshot of `bytes` at `index` was taken or restored: the next one comes after
- * cluster_snapshot_threshold() entries (T), measured on the entries applied since the
- * threshold was last set (or, with too few of those, on the window measured before), at
- * this node's own phase (cluster_snapshot_stagger). T is rounded down to a power of two so
- * that replicas, whose measures differ a little, agree on it and so on the phases. */
+ * cluster_snapshot_threshold() entries (the interval), measured on the entries applied
+ * since the threshold was last set (or, with too few of those, on the window measured
+ * before), at this node's own phase (cluster_snapshot_stagger). The interval is rounded
+ * down to a power of two so that replicas, whose measures differ a little, agree on it and
+ * so on the phases. */
 static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
 {
     c->snapshot_bytes_last = bytes;
@@ -605,16 +645,14 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
             p *= 2;
         }
         t = p > c->cfg.snapshot_threshold ? p : c->cfg.snapshot_threshold;
-        unsigned k, n;
-        voterPlace(c, &k, &n);
-        t = cluster_snapshot_stagger(t, index, k, n);
     }
-    c->threshold = t;
-    if (c->saved_threshold != 0) {
-        c->saved_threshold = c->threshold; /* a forced snapshot is pending: set after it */
-    } else {
-        raft_set_snapshot_threshold(&c->raft, c->threshold);
-    }
+    c->interval = t;
+    c->interval_from = index;
+    c->interval_cap = c->bytes_measured == 0 ? UINT64_MAX
+                                             : (uint64_t)((double)c->cfg.snapshot_log_max_bytes *
+                                                          (double)c->entries_measured /
+                                                          (double)c->bytes_measured);
+    applyThreshold(c);
 }
 
 /* raft calls this on the loop. Synchronous: the whole snapshot. Asynchronous: the member
@@ -799,6 +837,9 @@ static void tickCb(uv_timer_t *t)
         if (c->ops.leader_changed != NULL) {
             c->ops.leader_changed(c->ops.data, lid, lid == c->cfg.id);
         }
+    }
+    if ((raft_state(&c->raft) == RAFT_LEADER) != c->threshold_as_leader && c->interval != 0) {
+        applyThreshold(c);
     }
     if (raft_state(&c->raft) != RAFT_LEADER) {
         return;

@@ -141,6 +141,15 @@ unsigned cluster_snapshot_threshold(unsigned min, unsigned percent, uint64_t max
  * that lands the next one on that phase. threshold itself when n < 2 or it is too small. */
 unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k, unsigned n);
 
+/* The leader's snapshot write delays its own log fsyncs, on the commit path of every
+ * request; a follower's delays that follower only, while the other followers' answers carry
+ * the commit. So the leader lets two more intervals pass (one when only that fits within
+ * max_entries, the entries that make raft.snapshot_log_max_mb of log; none when neither
+ * does), which keeps its phase. Returns the leader's threshold for a follower's
+ * `staggered` one. */
+unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
+                                           uint64_t max_entries);
+
 struct cluster_batch;
 struct cluster;
 

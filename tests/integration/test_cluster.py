@@ -337,6 +337,22 @@ class TestSnapshotSchedule(ClusterTest):
             self.assertEqual(self.metric(node, "idem_raft_snapshot_threshold"),
                              n["snapshot_threshold"])
             self.assertEqual(self.metric(node, "idem_raft_snapshot_bytes"), n["snapshot_bytes"])
+        # The leader, whose snapshot writes would delay its own log fsyncs (the commit
+        # path), waits two intervals more than any follower; after a leadership transfer
+        # the new leader does, and the old one is back on the followers' schedule.
+        def leader_waits_longest(st):
+            th = {n["id"]: n.get("snapshot_threshold", 0) for n in st["nodes"]}
+            lid = st["leader_id"]
+            return lid and len(th) == 3 and all(th[lid] > v for i, v in th.items() if i != lid)
+        st = self.c.status()
+        self.assertTrue(leader_waits_longest(st), st)
+        old = st["leader_id"]
+        target = [n["id"] for n in st["nodes"] if n["id"] != old][0]
+        rc, out = self.c.ctl("transfer", target)
+        self.assertEqual(rc, 0, out)
+        st = wait_for(lambda: (lambda s: s if s and s.get("leader_id") == target
+                               and leader_waits_longest(s) else None)(self.c.status()),
+                      30, "the new leader to take the leader's schedule")
         # Snapshots still happen as the table grows, and the replicas stay equal.
         before = {n["id"]: n["last_snapshot_index"] for n in nodes}
         self.fill(3000)

@@ -97,12 +97,27 @@ static void staggerLeavesSmallOrAloneAsIs(void **state)
     assert_int_equal(cluster_snapshot_stagger(4, 777, 1, 3), 4);       /* too small */
 }
 
+static void leaderWaitsTwoIntervalsMore(void **state)
+{
+    (void)state;
+    /* Room for two more intervals: both, so the leader keeps its phase. */
+    assert_int_equal(cluster_snapshot_leader_threshold(40000, 32768, UINT64_MAX), 40000 + 65536);
+    /* Room for one only. */
+    assert_int_equal(cluster_snapshot_leader_threshold(40000, 32768, 80000), 40000 + 32768);
+    /* None: as a follower. */
+    assert_int_equal(cluster_snapshot_leader_threshold(40000, 32768, 50000), 40000);
+    /* Saturation guard. */
+    assert_int_equal(cluster_snapshot_leader_threshold(UINT_MAX - 5, 32768, UINT64_MAX),
+                     UINT_MAX - 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fixedWithoutMeasure), cmocka_unit_test(logMatchesSnapshotSize),
         cmocka_unit_test(boundedBothWays),     cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
         cmocka_unit_test(staggerPhasesDiffer), cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
+        cmocka_unit_test(leaderWaitsTwoIntervalsMore),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
