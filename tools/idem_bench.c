@@ -116,6 +116,7 @@ struct config {
     bool json;
     bool no_histogram;
     uint32_t deadline_ms;
+    unsigned timeline_ms; /* 0: no timeline */
     struct cli_tls tls;
 };
 
@@ -126,7 +127,7 @@ static const char usageText[] =
     "                  [--connections N]\n"
     "                  [--keys N]\n"
     "                  [--duration SECONDS] [--requests N] [--deadline MS]\n"
-    "                  [--no-histogram] [--json]\n"
+    "                  [--no-histogram] [--timeline MS] [--json]\n"
     "                  [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
     "                  [--tls-server-name NAME]\n"
     "\n"
@@ -154,6 +155,9 @@ static const char usageText[] =
     "  --requests N        stop after N operations (default: no limit)\n"
     "  --deadline MS       deadline of each call, retries included (default 5000)\n"
     "  --no-histogram      leave the ASCII latency distribution out of the text output\n"
+    "  --timeline MS       also report latency per MS milliseconds of the run (operations\n"
+    "                      counted in the interval they end in): ops, p50, p99, max;\n"
+    "                      shows when a tail happened. 10..60000; not with --threads\n"
     "  --json              print one JSON object: mode, workload, ops, ops_per_sec, errors,\n"
     "                      p50_ms, p90_ms, p99_ms, p999_ms, max_ms, outcomes, histogram\n"
     "                      (every non-empty bucket as [lo_us, hi_us, count]) and more\n"
@@ -247,6 +251,8 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
             cfg->requests = cli_parse_u64("--requests", v, 1, UINT64_MAX / 2);
         } else if (optValue(argc, argv, &i, "--deadline", &v)) {
             cfg->deadline_ms = (uint32_t)cli_parse_u64("--deadline", v, 1, 600000);
+        } else if (optValue(argc, argv, &i, "--timeline", &v)) {
+            cfg->timeline_ms = (unsigned)cli_parse_u64("--timeline", v, 10, 60000);
         } else if (optValue(argc, argv, &i, "--workload", &v)) {
             workload = v;
         } else if (cli_tls_flag(&cfg->tls, argc, argv, &i)) {
@@ -283,6 +289,9 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     }
     if (cfg->threads && cfg->rate != 0) {
         cli_usage_error("--threads applies to the closed loop only (not with --rate)");
+    }
+    if (cfg->timeline_ms != 0 && cfg->threads) {
+        cli_usage_error("--timeline does not apply with --threads");
     }
     if (cfg->connections != 0 && cfg->threads) {
         cli_usage_error("--connections does not apply with --threads (one client per thread)");
@@ -335,6 +344,15 @@ struct bench {
     atomic_uint_fast64_t failed;  /* of those, errors, for progress */
     atomic_uint_fast64_t max_lag; /* open loop: largest send lag behind schedule, µs */
     atomic_bool stop;
+    struct tl_row *timeline; /* --timeline: one row per interval, on the loop's thread */
+    size_t n_timeline, cap_timeline;
+};
+
+/* --timeline: what one interval of the run saw. */
+struct tl_row {
+    uint64_t end_ms; /* since the start of the run */
+    uint64_t ops;    /* operations that ended in it, failed ones included */
+    uint64_t p50_us, p99_us, max_us;
 };
 
 struct worker {
@@ -674,10 +692,43 @@ struct open_loop {
     uint64_t until_us; /* the end of the run plus one deadline: stop sending then */
     uint64_t last_print, last_done;
     struct worker w; /* the counters and histograms, as one closed-loop worker's */
+    uv_timer_t timeline; /* --timeline: closes an interval */
+    struct hist tl_hist; /* the interval's latencies */
 };
 
 static void openPump(struct open_loop *L);
 static double ms(uint64_t us);
+
+/* Ends the current --timeline interval: its row is appended (even when empty, so that a
+ * stall shows as rows without operations). */
+static void timelineRoll(struct open_loop *L)
+{
+    struct bench *b = L->b;
+    if (b->n_timeline == b->cap_timeline) {
+        size_t cap = b->cap_timeline ? b->cap_timeline * 2 : 64;
+        struct tl_row *rows = realloc(b->timeline, cap * sizeof *rows);
+        if (rows == NULL) {
+            return; /* the timeline stops growing; the run goes on */
+        }
+        b->timeline = rows;
+        b->cap_timeline = cap;
+    }
+    const struct hist *h = &L->tl_hist;
+    uint64_t now = nowUs();
+    b->timeline[b->n_timeline++] = (struct tl_row){
+        .end_ms = now > b->start_us ? (now - b->start_us + 500) / 1000 : 0,
+        .ops = h->total,
+        .p50_us = hist_percentile(h, 50),
+        .p99_us = hist_percentile(h, 99),
+        .max_us = h->total ? h->max : 0,
+    };
+    hist_init(&L->tl_hist);
+}
+
+static void timelineCb(uv_timer_t *t)
+{
+    timelineRoll(t->data);
+}
 
 static void openCloseCb(struct idem_async *a, void *data)
 {
@@ -696,6 +747,13 @@ static void openFinish(struct open_loop *L)
     L->closed = true;
     uv_timer_stop(&L->tick);
     uv_timer_stop(&L->progress);
+    if (L->b->cfg.timeline_ms != 0 && L->started) {
+        uv_timer_stop(&L->timeline);
+        if (L->tl_hist.total > 0) {
+            timelineRoll(L); /* the last, partial interval */
+        }
+    }
+    uv_close((uv_handle_t *)&L->timeline, NULL);
     L->closing = L->nconns;
     for (unsigned i = 0; i < L->nconns; i++) {
         idem_async_close(L->conns[i], openCloseCb, L);
@@ -714,6 +772,9 @@ static void openDone(struct open_op *op, bool ok)
     /* As in the closed loop, failed operations count in the latency too. */
     hist_record(&w->hist, t1 - op->sched_us);
     hist_record(&w->service, t1 - op->sent_us);
+    if (L->b->cfg.timeline_ms != 0) {
+        hist_record(&L->tl_hist, t1 - op->sched_us);
+    }
     if (ok) {
         w->ops++;
     } else {
@@ -908,6 +969,9 @@ static void openStart(struct open_loop *L)
     if (L->progress_on) {
         uv_timer_start(&L->progress, openProgressCb, 1000, 1000);
     }
+    if (b->cfg.timeline_ms != 0) {
+        uv_timer_start(&L->timeline, timelineCb, b->cfg.timeline_ms, b->cfg.timeline_ms);
+    }
 }
 
 /* The warm-up call of a client (a get of the probe key) came back: its connection to the
@@ -960,8 +1024,11 @@ static int runOpen(struct bench *b, struct worker *w, bool progress)
     }
     uv_timer_init(&L->loop, &L->tick);
     uv_timer_init(&L->loop, &L->progress);
+    uv_timer_init(&L->loop, &L->timeline);
     L->tick.data = L;
     L->progress.data = L;
+    L->timeline.data = L;
+    hist_init(&L->tl_hist);
     struct idem_options o = {0};
     o.seeds = b->cfg.cluster;
     o.token = b->cfg.token;
@@ -1202,6 +1269,27 @@ static void printJson(struct bench *b, const struct totals *t)
         jappend(hb, row);
     }
     jset(o, "histogram", hb);
+    if (b->cfg.timeline_ms != 0) {
+        json_t *tl = json_array();
+        if (tl == NULL) {
+            exit(EXIT_SETUP);
+        }
+        for (size_t i = 0; i < b->n_timeline; i++) {
+            const struct tl_row *r = &b->timeline[i];
+            json_t *row = json_object();
+            if (row == NULL) {
+                exit(EXIT_SETUP);
+            }
+            jset(row, "end_ms", json_integer((json_int_t)r->end_ms));
+            jset(row, "ops", json_integer((json_int_t)r->ops));
+            jset(row, "p50_ms", jnum(round3(ms(r->p50_us))));
+            jset(row, "p99_ms", jnum(round3(ms(r->p99_us))));
+            jset(row, "max_ms", jnum(round3(ms(r->max_us))));
+            jappend(tl, row);
+        }
+        jset(o, "timeline_ms", json_integer((json_int_t)b->cfg.timeline_ms));
+        jset(o, "timeline", tl);
+    }
     jset(o, "run_id", json_string(b->run_id));
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12) | JSON_COMPACT);
     if (s == NULL) {
@@ -1260,6 +1348,15 @@ static void printText(struct bench *b, const struct totals *t)
     if (!b->cfg.no_histogram) {
         printf("distribution (latency ms, count, share, cumulative):\n");
         hist_print_ascii(stdout, h, 1000.0, "ms", 50);
+    }
+    if (b->cfg.timeline_ms != 0) {
+        printf("timeline (every %u ms, by the time operations ended):\n", b->cfg.timeline_ms);
+        printf("  %10s %9s %9s %9s %9s\n", "until ms", "ops", "p50 ms", "p99 ms", "max ms");
+        for (size_t i = 0; i < b->n_timeline; i++) {
+            const struct tl_row *r = &b->timeline[i];
+            printf("  %10" PRIu64 " %9" PRIu64 " %9.3f %9.3f %9.3f\n", r->end_ms, r->ops,
+                   ms(r->p50_us), ms(r->p99_us), ms(r->max_us));
+        }
     }
 }
 
@@ -1427,6 +1524,7 @@ int main(int argc, char **argv)
     free(t.svc);
     free(ws);
     free(b->set);
+    free(b->timeline);
     free(b);
     return code;
 }

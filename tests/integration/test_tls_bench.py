@@ -705,6 +705,44 @@ class TestBench(ClusterTestCase):
         out = self.bench("--workload", "fresh", "--rate", 50, "--requests", 30, "--duration", 30)
         self.assertEqual((out["ops"], out["errors"]), (30, 0))
 
+    def check_timeline(self, out, every):
+        rows = out["timeline"]
+        self.assertEqual(out["timeline_ms"], every)
+        # Every operation ended in exactly one interval; intervals follow each other.
+        self.assertEqual(sum(r["ops"] for r in rows), out["ops"] + out["errors"])
+        ends = [r["end_ms"] for r in rows]
+        self.assertEqual(ends, sorted(ends))
+        for r in rows:
+            if r["ops"]:
+                self.assertLessEqual(r["p50_ms"], r["p99_ms"])
+                self.assertLessEqual(r["p99_ms"], r["max_ms"])
+                self.assertLessEqual(r["max_ms"], out["max_ms"] + 0.001)
+        # The run's maximum is some interval's.
+        self.assertAlmostEqual(max(r["max_ms"] for r in rows), out["max_ms"], delta=0.002)
+        return rows
+
+    def test_timeline(self):
+        # Open loop, 2 s at 200/s in 250 ms intervals: 8 full ones (and a last partial one
+        # for the answers that come after the schedule's end).
+        out = self.bench("--workload", "fresh", "--rate", 200, "--duration", 2,
+                         "--timeline", 250)
+        rows = self.check_timeline(out, 250)
+        self.assertIn(len(rows), (8, 9))
+        self.assertTrue(all(r["ops"] > 0 for r in rows[:7]), rows)
+        # Closed loop, bounded by --requests.
+        out = self.bench("--workload", "fresh", "--concurrency", 4, "--requests", 300,
+                         "--timeline", 100)
+        self.check_timeline(out, 100)
+        self.assertEqual(out["ops"], 300)
+        # Text output: a table after the distribution.
+        p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                            "--workload", "fresh", "--requests", "50", "--timeline", "50"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(b"timeline (every 50 ms", p.stdout)
+        # Without the flag, no timeline.
+        self.assertNotIn("timeline", self.bench("--workload", "fresh", "--requests", 20))
+
     def threads_during(self, *args):
         """Runs idem-bench --json ARGS, sampling its thread count every 50 ms; returns
         (parsed output, samples)."""
@@ -841,7 +879,9 @@ class TestBench(ClusterTestCase):
                      ["--workload", "contention", "--keys", "0"],
                      ["--workload", "fresh", "--threads", "--connections", "2"],
                      ["--workload", "fresh", "--threads", "--rate", "10"],
-                     ["--workload", "fresh", "--rate", "10", "--connections", "0"]):
+                     ["--workload", "fresh", "--rate", "10", "--connections", "0"],
+                     ["--workload", "fresh", "--threads", "--timeline", "100"],
+                     ["--workload", "fresh", "--timeline", "9"]):
             p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token] + args,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
             self.assertEqual(p.returncode, 2, args)

@@ -65,7 +65,7 @@ run_bench() {
   timeout $((DURATION + 30)) "$BIN/idem-bench" --cluster "$CLUSTER" --token "$TOKEN" \
     --duration "$DURATION" --json "$@" >"$out" 2>"$TMP/bench-$name.log" \
     || { cat "$TMP/bench-$name.log" >&2; die "idem-bench $name failed"; }
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("histogram"); print("    " + json.dumps(d))' "$out" >&2
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("histogram"); d.pop("timeline", None); print("    " + json.dumps(d))' "$out" >&2
   OPS[$name]=$(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["ops_per_sec"])' "$out")
   P50[$name]=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["p50_ms"])' "$out")
   P99[$name]=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["p99_ms"])' "$out")
@@ -93,7 +93,12 @@ wrk_note idem_http
 HALF=$(( ${OPS[idem_rpc]} / 2 ))
 [ "$HALF" -ge 1 ] || die "idem-bench measured no throughput"
 log "idemd RPC, fresh keys, open loop at half the measured max: idem-bench --rate $HALF"
-DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF"
+DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF" --timeline 100
+# Where the tail came from: the 100 ms intervals with the highest p99.
+OPEN_WORST=$(python3 -c 'import json,sys
+rows = json.load(open(sys.argv[1]))["timeline"]
+slow = sorted(rows, key=lambda r: -r["p99_ms"])[:3]
+print(", ".join("%.1f s: p99 %.1f ms, max %.1f ms (%d ops)" % (r["end_ms"] / 1000, r["p99_ms"], r["max_ms"], r["ops"]) for r in slow))' "$TMP/bench-idem_open.json")
 OPEN_P999=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.2f ms, max %.2f" % (d["p999_ms"], d["max_ms"]))' "$TMP/bench-idem_open.json")
 OPEN_SVC_P99=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["service_p99_ms"])' "$TMP/bench-idem_open.json")
 OPEN_LAG=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["max_lag_ms"])' "$TMP/bench-idem_open.json")
@@ -179,3 +184,4 @@ echo "open loop, idemd RPC at half the measured max (idem-bench --rate $HALF, fr
 echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 ${P50[idem_open]} ms, p99 ${P99[idem_open]} ms" \
      "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" 'BEGIN { print (p <= 5.0) ? "met" : "NOT met" }'));" \
      "p99.9 $OPEN_P999 ms; service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
+echo "  worst 100 ms intervals (by the time operations ended): $OPEN_WORST"
