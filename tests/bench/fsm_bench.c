@@ -22,12 +22,7 @@
 #include <time.h>
 
 #include "fsm.h"
-
-struct packed {
-    uint8_t *buf;
-    size_t *off; /* n + 1 offsets */
-    size_t n;
-};
+#include "packed.h"
 
 static double nowSec(void)
 {
@@ -52,80 +47,17 @@ static void *xmallocOrDie(size_t n)
     return p;
 }
 
-static void keyOf(char *out, size_t cap, size_t i)
-{
-    snprintf(out, cap, "order-%010zu", i);
-}
-
-static void packAppend(struct packed *p, size_t *cap, const Idem__Command *cmd)
-{
-    size_t need = idem__command__get_packed_size(cmd);
-    size_t at = p->off[p->n];
-    if (at + need > *cap) {
-        while (at + need > *cap) {
-            *cap *= 2;
-        }
-        p->buf = realloc(p->buf, *cap);
-        if (p->buf == NULL) {
-            fprintf(stderr, "fsm-bench: out of memory\n");
-            exit(1);
-        }
-    }
-    idem__command__pack(cmd, p->buf + at);
-    p->n++;
-    p->off[p->n] = at + need;
-}
-
-static void packInit(struct packed *p, size_t n, size_t *cap)
-{
-    *cap = n * 96 + 4096;
-    p->buf = xmallocOrDie(*cap);
-    p->off = xmallocOrDie((n + 1) * sizeof(size_t));
-    p->off[0] = 0;
-    p->n = 0;
-}
-
-static void packFree(struct packed *p)
-{
-    free(p->buf);
-    free(p->off);
-}
-
 static uint8_t fingerprint[32];
 
-static void packClaims(struct packed *p, size_t n)
-{
-    size_t cap;
-    packInit(p, n, &cap);
-    char key[32];
-    for (size_t i = 0; i < n; i++) {
-        keyOf(key, sizeof(key), i);
-        Idem__ClaimCmd c = IDEM__CLAIM_CMD__INIT;
-        c.tenant = "bench";
-        c.key.data = (uint8_t *)key;
-        c.key.len = strlen(key);
-        c.fingerprint.data = fingerprint;
-        c.fingerprint.len = sizeof(fingerprint);
-        c.lease_ms = 30000;
-        c.ttl_ms = 86400000;
-        Idem__Command cmd = IDEM__COMMAND__INIT;
-        cmd.now_ms = 1700000000000ull + i / 1000;
-        cmd.op_case = IDEM__COMMAND__OP_CLAIM;
-        cmd.claim = &c;
-        packAppend(p, &cap, &cmd);
-    }
-}
-
-/* Completes key i with token tokens[i] and a body of body_len bytes. */
 static void packCompletes(struct packed *p, size_t n, const uint64_t *tokens, size_t body_len)
 {
     size_t cap;
-    packInit(p, n, &cap);
+    pack_init(p, n, &cap);
     char key[32];
     uint8_t *body = xmallocOrDie(body_len + 1);
     memset(body, 'x', body_len);
     for (size_t i = 0; i < n; i++) {
-        keyOf(key, sizeof(key), i);
+        pack_key(key, sizeof(key), i);
         Idem__CompleteCmd c = IDEM__COMPLETE_CMD__INIT;
         Idem__StoredResponse resp = IDEM__STORED_RESPONSE__INIT;
         resp.status = 201;
@@ -141,7 +73,7 @@ static void packCompletes(struct packed *p, size_t n, const uint64_t *tokens, si
         cmd.now_ms = 1700000001000ull;
         cmd.op_case = IDEM__COMMAND__OP_COMPLETE;
         cmd.complete = &c;
-        packAppend(p, &cap, &cmd);
+        pack_append(p, &cap, &cmd);
     }
     free(body);
 }
@@ -186,7 +118,7 @@ int main(int argc, char **argv)
     }
     memset(fingerprint, 0x5a, sizeof(fingerprint));
     char key[32];
-    keyOf(key, sizeof(key), 0);
+    pack_key(key, sizeof(key), 0);
     const size_t key_len = strlen(key);
     uint64_t *tokens = xmallocOrDie(n * sizeof(uint64_t));
     size_t bad = 0, bad_total = 0;
@@ -198,7 +130,7 @@ int main(int argc, char **argv)
     /* 1. Claims on fresh keys (no body): a cold pass, then a warm pass that is measured for
      * time and memory. */
     struct packed claims, completes, completes1k;
-    packClaims(&claims, n);
+    pack_claims(&claims, n, fingerprint);
     struct fsm *f = fsm_new();
     uint64_t index = 1;
     double t_claim_cold = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens,
@@ -242,7 +174,7 @@ int main(int argc, char **argv)
     free(snap);
     fsm_close(g);
     fsm_close(f);
-    packFree(&completes);
+    pack_free(&completes);
 
     /* 4b. The same snapshot taken off the apply path (fsm_freeze): the owner's pause is the
      * freeze; then completes applied while the view is frozen (the worst case of
@@ -270,7 +202,7 @@ int main(int argc, char **argv)
     double t_freeze2 = nowSec() - t0;
     fsm_thaw(f, z);
     fsm_close(f);
-    packFree(&completes);
+    pack_free(&completes);
 
     /* 5. Memory with a 1 KiB body: a fresh table, claims then completes. */
     f = fsm_new();
@@ -285,8 +217,8 @@ int main(int argc, char **argv)
     bad_total += bad;
     size_t mem_1k = heapBytes() - mem0 - pack_mem;
     fsm_close(f);
-    packFree(&completes1k);
-    packFree(&claims);
+    pack_free(&completes1k);
+    pack_free(&claims);
     free(tokens);
 
     double per_rec = (double)mem_claimed / (double)n;

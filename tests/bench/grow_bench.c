@@ -22,65 +22,13 @@
 #include <time.h>
 
 #include "fsm.h"
+#include "packed.h"
 
 static uint64_t nowNs(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what)
-{
-    fprintf(stderr, "grow-bench: %s\n", what);
-    exit(1);
-}
-
-struct packed {
-    uint8_t *buf;
-    size_t *off; /* n + 1 offsets */
-    size_t n;
-};
-
-static void packClaims(struct packed *p, size_t n)
-{
-    static uint8_t fingerprint[32];
-    memset(fingerprint, 0x5a, sizeof(fingerprint));
-    size_t cap = 64 * n + 64;
-    p->buf = malloc(cap);
-    p->off = malloc((n + 1) * sizeof(*p->off));
-    if (p->buf == NULL || p->off == NULL) {
-        die("out of memory");
-    }
-    p->off[0] = 0;
-    p->n = 0;
-    char key[32];
-    for (size_t i = 0; i < n; i++) {
-        snprintf(key, sizeof(key), "order-%010zu", i);
-        Idem__ClaimCmd c = IDEM__CLAIM_CMD__INIT;
-        c.tenant = "bench";
-        c.key.data = (uint8_t *)key;
-        c.key.len = strlen(key);
-        c.fingerprint.data = fingerprint;
-        c.fingerprint.len = sizeof(fingerprint);
-        c.lease_ms = 30000;
-        c.ttl_ms = 86400000;
-        Idem__Command cmd = IDEM__COMMAND__INIT;
-        cmd.now_ms = 1700000000000ull + i / 1000;
-        cmd.op_case = IDEM__COMMAND__OP_CLAIM;
-        cmd.claim = &c;
-        size_t need = idem__command__get_packed_size(&cmd);
-        if (p->off[p->n] + need > cap) {
-            cap *= 2;
-            p->buf = realloc(p->buf, cap);
-            if (p->buf == NULL) {
-                die("out of memory");
-            }
-        }
-        idem__command__pack(&cmd, p->buf + p->off[p->n]);
-        p->off[p->n + 1] = p->off[p->n] + need;
-        p->n++;
-    }
 }
 
 #define WORST 5
@@ -153,8 +101,10 @@ int main(int argc, char **argv)
         mallopt(M_TRIM_THRESHOLD, INT32_MAX);
         mallopt(M_MMAP_THRESHOLD, 1 << 30);
     }
+    static uint8_t fingerprint[32];
+    memset(fingerprint, 0x5a, sizeof(fingerprint));
     struct packed p;
-    packClaims(&p, n);
+    pack_claims(&p, n, fingerprint);
     printf("grow-bench: %zu claims on fresh keys, each fsm_apply() timed%s\n", n,
            tune_malloc ? "" : " (malloc as is)");
     size_t bad = 0;
@@ -171,8 +121,7 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    free(p.buf);
-    free(p.off);
+    pack_free(&p);
     if (bad != 0) {
         fprintf(stderr, "grow-bench: %zu unexpected outcomes\n", bad);
         return 1;
