@@ -622,6 +622,46 @@ static void test_freeze_ready_steps(void **state)
     th_close(&h);
 }
 
+/* The expiry index past the size where its array is mapped and grows with mremap: every
+ * record comes out in (expires_at, token) order, after removals in between. */
+static void test_expiry_index_across_mapped_growth(void **state)
+{
+    (void)state;
+    enum { N = 300000 }; /* 300000 pointers: 2.4 MB, mapped from 1 MiB on */
+    struct rec *recs = calloc(N, sizeof(*recs));
+    assert_non_null(recs);
+    struct expiry e;
+    expiry_init(&e);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < N; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        recs[i].expires_at = x % 100000;
+        recs[i].token = i + 1;
+        expiry_push(&e, &recs[i]);
+    }
+    assert_true(e.cap * sizeof(*e.items) >= ((size_t)1 << 20));
+    for (size_t i = 0; i < N; i += 3) {
+        expiry_remove(&e, &recs[i]);
+    }
+    size_t popped = 0;
+    const struct rec *prev = NULL;
+    for (struct rec *r = expiry_min(&e); r != NULL; r = expiry_min(&e)) {
+        if (prev != NULL) {
+            assert_true(prev->expires_at < r->expires_at ||
+                        (prev->expires_at == r->expires_at && prev->token < r->token));
+        }
+        assert_int_not_equal((r->token - 1) % 3, 0);
+        prev = r;
+        expiry_remove(&e, r);
+        popped++;
+    }
+    assert_int_equal(popped, N - (N + 2) / 3);
+    expiry_close(&e);
+    free(recs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -631,6 +671,7 @@ int main(void)
         cmocka_unit_test(test_large_mapped_arrays),
         cmocka_unit_test(test_fsm_snapshot_and_freeze_mid_migration),
         cmocka_unit_test(test_freeze_ready_steps),
+        cmocka_unit_test(test_expiry_index_across_mapped_growth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
