@@ -1,14 +1,8 @@
-/* mremap and MREMAP_MAYMOVE are Linux's: glibc shows them with _GNU_SOURCE. */
-#define _GNU_SOURCE
-
 #include "expiry.h"
 
 #include <assert.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 
 #include "table.h"
 #include "xmalloc.h"
@@ -68,48 +62,9 @@ void expiry_init(struct expiry *e)
     e->cap = 0;
 }
 
-/* Arrays of this many bytes or more are mapped, and grow with mremap(2): the kernel moves
- * page-table entries instead of realloc copying the array (1-5 ms at 1M records, on the
- * apply path of every replica at the same index; grow-bench). */
-#define ITEMS_MAP_MIN_BYTES ((size_t)1 << 20)
-
-static void *mapOrDie(void *p, size_t bytes)
-{
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "idemd: out of memory mapping %zu bytes\n", bytes);
-        abort();
-    }
-    return p;
-}
-
-/* Grows e->items to `cap` entries, keeping the first e->len. */
-static void itemsGrow(struct expiry *e, size_t cap)
-{
-    size_t old_bytes = e->cap * sizeof(*e->items);
-    size_t bytes = cap * sizeof(*e->items);
-    if (bytes < ITEMS_MAP_MIN_BYTES) {
-        e->items = xrealloc(e->items, bytes);
-    } else if (old_bytes < ITEMS_MAP_MIN_BYTES) {
-        struct rec **items = mapOrDie(
-            mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), bytes);
-        if (e->len > 0) {
-            memcpy(items, e->items, e->len * sizeof(*e->items));
-        }
-        free(e->items);
-        e->items = items;
-    } else {
-        e->items = mapOrDie(mremap(e->items, old_bytes, bytes, MREMAP_MAYMOVE), bytes);
-    }
-    e->cap = cap;
-}
-
 void expiry_close(struct expiry *e)
 {
-    if (e->cap * sizeof(*e->items) >= ITEMS_MAP_MIN_BYTES) {
-        munmap(e->items, e->cap * sizeof(*e->items));
-    } else {
-        free(e->items);
-    }
+    xbig_free(e->items, e->cap * sizeof(*e->items));
     expiry_init(e);
 }
 
@@ -118,7 +73,10 @@ void expiry_append(struct expiry *e, struct rec *r)
     if (e->len == e->cap) {
         size_t cap = e->cap ? e->cap * 2 : 64;
         assert(cap <= UINT32_MAX);
-        itemsGrow(e, cap);
+        /* Mapped from 1 MiB on: a doubling moves page tables instead of copying the array
+         * (1-5 ms at 1M records with realloc, on every replica at the same index). */
+        e->items = xbig_grow(e->items, e->cap * sizeof(*e->items), cap * sizeof(*e->items));
+        e->cap = cap;
     }
     e->items[e->len] = r;
     r->heap_pos = (uint32_t)e->len;

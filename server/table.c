@@ -1,4 +1,4 @@
-/* MAP_ANONYMOUS (slotsAlloc) is not in POSIX.1-2008: glibc shows it with _DEFAULT_SOURCE. */
+/* madvise's MADV_DONTNEED is not in POSIX.1-2008: glibc shows it with _DEFAULT_SOURCE. */
 #define _DEFAULT_SOURCE
 
 #include "table.h"
@@ -7,7 +7,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -23,39 +22,19 @@ _Static_assert(offsetof(struct rec, key) == 74 + 32, "record overhead grew: upda
 #define SLOT_TAG_SHIFT 48
 #define SLOT_PTR_MASK ((UINT64_C(1) << SLOT_TAG_SHIFT) - 1)
 
-/* Slot arrays of at least this many bytes (128 Ki slots) are mapped from the kernel
- * directly: fresh pages are zero and are faulted in as the array fills, where calloc may
- * clear reused heap memory at once (3 ms for the 32 MiB array of a growth at 1.5M records,
- * measured with grow-bench on the dev VM: the whole stall left at that growth). */
-#define SLOTS_MAP_MIN_BYTES ((size_t)1 << 20)
-/* A mapped array being migrated from gives back its memory by chunks of this many slots
- * (64 KiB: whole pages for 4, 16 and 64 KiB pages), instead of all at the migration's end
- * (1.3 ms to unmap 16 MiB). */
+/* A mapped slot array (xbig_zalloc) being migrated from gives back its memory by chunks of
+ * this many slots (64 KiB: whole pages for 4, 16 and 64 KiB pages), instead of all at the
+ * migration's end (1.3 ms to unmap 16 MiB). */
 #define SLOTS_CHUNK ((size_t)8192)
 
 static uintptr_t *slotsAlloc(size_t n)
 {
-    size_t bytes = n * sizeof(uintptr_t);
-    if (bytes < SLOTS_MAP_MIN_BYTES) {
-        return xcalloc(n, sizeof(uintptr_t));
-    }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "idemd: out of memory mapping %zu bytes\n", bytes);
-        abort();
-    }
-    return p;
+    return xbig_zalloc(n * sizeof(uintptr_t));
 }
 
-/* Frees an array of n slots from slotsAlloc. */
 static void slotsRelease(uintptr_t *slots, size_t n)
 {
-    size_t bytes = n * sizeof(uintptr_t);
-    if (bytes < SLOTS_MAP_MIN_BYTES) {
-        free(slots);
-    } else {
-        munmap(slots, bytes);
-    }
+    xbig_free(slots, n * sizeof(uintptr_t));
 }
 
 static struct rec *slotRec(uintptr_t slot)
@@ -278,7 +257,7 @@ static void tableMigrate(struct table *t, size_t n)
     if (n > left) {
         n = left;
     }
-    bool mapped = (t->old_mask + 1) * sizeof(uintptr_t) >= SLOTS_MAP_MIN_BYTES;
+    bool mapped = (t->old_mask + 1) * sizeof(uintptr_t) >= XBIG_MAP_MIN_BYTES;
     size_t first_chunk = t->mig_first / SLOTS_CHUNK;
     size_t i = (t->mig_first + t->mig_done) & t->old_mask;
     for (size_t k = 0; k < n; k++) {

@@ -1,8 +1,12 @@
+/* MAP_ANONYMOUS and mremap are not in POSIX.1-2008: glibc shows them with _GNU_SOURCE. */
+#define _GNU_SOURCE
+
 #include "xmalloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static void oom(size_t n)
 {
@@ -52,4 +56,47 @@ char *xstrndup(const char *s, size_t n)
     memcpy(q, s, n);
     q[n] = '\0';
     return q;
+}
+
+static void *mapped(void *p, size_t bytes)
+{
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "idemd: out of memory mapping %zu bytes\n", bytes);
+        abort();
+    }
+    return p;
+}
+
+void *xbig_zalloc(size_t bytes)
+{
+    if (bytes < XBIG_MAP_MIN_BYTES) {
+        return xcalloc(1, bytes);
+    }
+    return mapped(mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+                  bytes);
+}
+
+void *xbig_grow(void *p, size_t old_bytes, size_t bytes)
+{
+    if (bytes < XBIG_MAP_MIN_BYTES) {
+        return xrealloc(p, bytes);
+    }
+    if (old_bytes >= XBIG_MAP_MIN_BYTES) {
+        return mapped(mremap(p, old_bytes, bytes, MREMAP_MAYMOVE), bytes);
+    }
+    void *q = xbig_zalloc(bytes);
+    if (old_bytes > 0) {
+        memcpy(q, p, old_bytes);
+    }
+    free(p);
+    return q;
+}
+
+void xbig_free(void *p, size_t bytes)
+{
+    if (bytes < XBIG_MAP_MIN_BYTES) {
+        free(p);
+    } else {
+        munmap(p, bytes);
+    }
 }

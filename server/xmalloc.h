@@ -11,4 +11,14 @@ void *xrealloc(void *p, size_t n);
 void *xmemdup(const void *p, size_t n);
 char *xstrndup(const char *s, size_t n);
 
+/* Big arrays (the record table's slots, the expiry index). From XBIG_MAP_MIN_BYTES on they
+ * are mapped from the kernel: fresh pages are zero and faulted in as they are used, where
+ * calloc may clear reused heap memory at once (3 ms for 32 MiB here), and they grow with
+ * mremap(2), which moves page-table entries instead of copying (realloc: 1-5 ms at 8 MiB).
+ * Below, the heap. The caller keeps the size: every call takes the current one. */
+#define XBIG_MAP_MIN_BYTES ((size_t)1 << 20)
+void *xbig_zalloc(size_t bytes);                            /* zeroed */
+void *xbig_grow(void *p, size_t old_bytes, size_t bytes);   /* keeps the first old_bytes */
+void xbig_free(void *p, size_t bytes);                      /* p may be NULL */
+
 #endif
