@@ -118,7 +118,6 @@ struct cluster {
     unsigned threshold;
     unsigned interval;        /* the interval adaptThreshold computed, before phase/leader */
     uint64_t interval_from;   /* ... after the snapshot at this index */
-    uint64_t interval_cap;    /* entries that make snapshot_log_max_bytes of log */
     bool threshold_as_leader; /* the threshold set counts this node as the leader */
     uint64_t snapshot_bytes_last;
     uint64_t seen_leader;
@@ -610,7 +609,12 @@ static void applyThreshold(struct cluster *c)
         voterPlace(c, &k, &n);
         t = cluster_snapshot_stagger(t, c->interval_from, k, n);
         if (c->threshold_as_leader && n >= 2) {
-            t = cluster_snapshot_leader_threshold(t, c->interval, c->interval_cap);
+            /* Entries that make snapshot_log_max_bytes of log, at the measured entry size
+             * (measured: t > snapshot_threshold needs it). */
+            double cap = (double)c->cfg.snapshot_log_max_bytes * (double)c->entries_measured /
+                         (double)c->bytes_measured;
+            t = cluster_snapshot_leader_threshold(
+                t, c->interval, cap >= (double)UINT64_MAX ? UINT64_MAX : (uint64_t)cap);
         }
     }
     c->threshold = t;
@@ -648,10 +652,6 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
     }
     c->interval = t;
     c->interval_from = index;
-    c->interval_cap = c->bytes_measured == 0 ? UINT64_MAX
-                                             : (uint64_t)((double)c->cfg.snapshot_log_max_bytes *
-                                                          (double)c->entries_measured /
-                                                          (double)c->bytes_measured);
     applyThreshold(c);
 }
 
