@@ -318,24 +318,49 @@ struct ioDisk {
     struct io *io;
 };
 
-static struct ioDisk *diskNew(struct io *io)
+/* A wrapper for a request about to go to raft_uv, counted in io->disk; NULL (nothing
+ * counted) when out of memory. */
+static struct ioDisk *diskBegin(struct io *io)
 {
     struct ioDisk *d = malloc(sizeof(*d));
     if (d != NULL) {
         memset(d, 0, sizeof(*d));
         d->io = io;
+        io->disk++;
     }
     return d;
+}
+
+/* raft_uv answered the submission with rv. libuv's rule: an error means no callback, so d
+ * is dropped. (raft_uv 0.15 breaks the rule in one case: when the write of a queued append
+ * cannot be submitted, the request stays queued. raft frees its own request on the error
+ * too, so that case is broken above us already.) */
+static int diskSubmitted(struct ioDisk *d, int rv)
+{
+    if (rv != 0) {
+        struct io *io = d->io;
+        io->disk--;
+        free(d);
+        return passErr(io, rv);
+    }
+    return 0;
+}
+
+/* The request's callback came: d is freed and no longer counted. Returns its io. */
+static struct io *diskEnd(struct ioDisk *d)
+{
+    struct io *io = d->io;
+    free(d);
+    io->disk--;
+    return io;
 }
 
 static void ioAppendDone(struct raft_io_append *req, int status)
 {
     struct ioDisk *d = req->data;
-    struct io *io = d->io;
     struct raft_io_append *outer = d->outer.append;
     raft_io_append_cb cb = d->cb.append;
-    free(d);
-    io->disk--;
+    struct io *io = diskEnd(d);
     if (io->closing && status != 0) {
         io->late_failures++;
         status = 0; /* see the comment above ioCloseCb */
@@ -351,7 +376,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     if (io->inner_closing) {
         return RAFT_CANCELED; /* raft_uv asserts that it is not closing */
     }
-    struct ioDisk *d = diskNew(io);
+    struct ioDisk *d = diskBegin(io);
     if (d == NULL) {
         return RAFT_NOMEM;
     }
@@ -359,27 +384,16 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
-    /* libuv's rule: an error means no callback. (raft_uv 0.15 breaks it in one case: when
-     * the write of a queued request cannot be submitted, the request stays queued. raft
-     * frees its own request on the error too, so that case is broken above us already.) */
-    io->disk++;
-    int rv = io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone);
-    if (rv != 0) {
-        io->disk--;
-        free(d);
-        return passErr(io, rv);
-    }
-    return 0;
+    return diskSubmitted(d, io->inner.append(&io->inner, &d->req.append, entries, n,
+                                             ioAppendDone));
 }
 
 static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
 {
     struct ioDisk *d = req->data;
-    struct io *io = d->io;
     struct raft_io_snapshot_put *outer = d->outer.put;
     raft_io_snapshot_put_cb cb = d->cb.put;
-    free(d);
-    io->disk--;
+    struct io *io = diskEnd(d);
     cb(outer, status);
     maybeCloseInnerLater(io);
 }
@@ -391,7 +405,7 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     if (io->inner_closing) {
         return RAFT_CANCELED; /* what raft_uv answers while closing */
     }
-    struct ioDisk *d = diskNew(io);
+    struct ioDisk *d = diskBegin(io);
     if (d == NULL) {
         return RAFT_NOMEM;
     }
@@ -399,14 +413,8 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     d->outer.put = req;
     d->cb.put = cb;
     req->cb = cb;
-    io->disk++;
-    int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot, ioSnapshotPutDone);
-    if (rv != 0) {
-        io->disk--;
-        free(d);
-        return passErr(io, rv);
-    }
-    return 0;
+    return diskSubmitted(d, io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
+                                                   ioSnapshotPutDone));
 }
 
 /* One async_work in flight: raft's request, wrapped so that the wrapper sees it end. */
