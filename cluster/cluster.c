@@ -915,6 +915,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
         raft_uv_set_segment_size(&c->io.inner, cfg->segment_size);
     }
     io_wrap(&c->io, loop);
+    c->io.snap_dir = c->data_dir; /* snapshot data paced, in files of our own (snapstore.h) */
 
     c->fsm.version = 2;
     c->fsm.data = c;

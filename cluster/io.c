@@ -1,8 +1,11 @@
 #include "io.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "snapstore.h"
 
 static struct io *fromOuter(struct raft_io *o)
 {
@@ -29,13 +32,72 @@ static int ioInit(struct raft_io *o, raft_id id, const char *address)
     return passErr(io, io->inner.init(&io->inner, id, address));
 }
 
+/* Frees a snapshot as raft_uv hands it over (raft owns it otherwise). */
+static void snapshotFree(struct raft_snapshot *s)
+{
+    raft_configuration_close(&s->configuration);
+    for (unsigned i = 0; i < s->n_bufs; i++) {
+        raft_free(s->bufs[i].base);
+    }
+    raft_free(s->bufs);
+    raft_free(s);
+}
+
+/* If snapshot is a snapstore reference, puts the data it names in its place (1 buffer,
+ * raft_malloc()ed, as raft_uv's own). Returns 0, or -1 with a message in err. */
+static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *err, size_t errlen)
+{
+    struct snapstore_ref r;
+    if (snapshot->n_bufs != 1 ||
+        !snapstore_ref_decode(snapshot->bufs[0].base, snapshot->bufs[0].len, &r)) {
+        return 0; /* raft_uv holds the data itself (written before snapstore) */
+    }
+    if (r.term != snapshot->term || r.index != snapshot->index) {
+        snprintf(err, errlen,
+                 "snapshot %llu/%llu refers to the data of snapshot %llu/%llu (term/index)",
+                 (unsigned long long)snapshot->term, (unsigned long long)snapshot->index,
+                 (unsigned long long)r.term, (unsigned long long)r.index);
+        return -1;
+    }
+    void *data = NULL;
+    if (snapstore_read(io->snap_dir, &r, &data, err, errlen) != 0) {
+        return -1;
+    }
+    raft_free(snapshot->bufs[0].base);
+    snapshot->bufs[0].base = data;
+    snapshot->bufs[0].len = (size_t)r.size;
+    return 0;
+}
+
 static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
                   struct raft_snapshot **snapshot, raft_index *start_index,
                   struct raft_entry *entries[], size_t *n_entries)
 {
     struct io *io = fromOuter(o);
-    return passErr(io, io->inner.load(&io->inner, term, voted_for, snapshot, start_index,
-                                      entries, n_entries));
+    int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
+    if (rv != 0 || io->snap_dir == NULL || *snapshot == NULL) {
+        return passErr(io, rv);
+    }
+    char err[sizeof(io->outer.errmsg)];
+    if (snapshotResolve(io, *snapshot, err, sizeof(err)) != 0) {
+        /* raft does not free what a failed load returned. */
+        snapshotFree(*snapshot);
+        *snapshot = NULL;
+        void *batch = NULL;
+        for (size_t i = 0; i < *n_entries; i++) {
+            if ((*entries)[i].batch != batch) {
+                batch = (*entries)[i].batch;
+                raft_free(batch);
+            }
+        }
+        raft_free(*entries);
+        *entries = NULL;
+        *n_entries = 0;
+        snprintf(io->outer.errmsg, sizeof(io->outer.errmsg), "%s", err);
+        return RAFT_CORRUPT;
+    }
+    io->snap_last = (*snapshot)->index;
+    return 0;
 }
 
 static void ioTickCb(struct raft_io *i)
@@ -123,11 +185,94 @@ static int ioTruncate(struct raft_io *o, raft_index index)
     return passErr(io, io->inner.truncate(&io->inner, index));
 }
 
+/* A snapshot_get through snapstore: raft_uv reads the reference, a pool thread the data. */
+struct ioGet {
+    struct raft_io_snapshot_get req; /* handed to the inner io */
+    struct raft_io_snapshot_get *outer;
+    raft_io_snapshot_get_cb cb;
+    struct io *io;
+    uv_work_t work;
+    struct raft_snapshot *snapshot; /* raft_uv's, with the reference */
+    int rv;
+    char err[256];
+};
+
+static void snapGetWork(uv_work_t *w)
+{
+    struct ioGet *g = w->data;
+    g->rv = snapshotResolve(g->io, g->snapshot, g->err, sizeof(g->err));
+}
+
+static void maybeCloseInnerLater(struct io *io);
+
+static void snapGetAfter(uv_work_t *w, int status)
+{
+    struct ioGet *g = w->data;
+    struct io *io = g->io;
+    io->works--;
+    struct raft_snapshot *snapshot = g->snapshot;
+    int rv = 0;
+    if (status != 0 || g->rv != 0) {
+        fprintf(stderr, "idemd: snapshot for a follower: %s\n",
+                status != 0 ? uv_strerror(status) : g->err);
+        snapshotFree(snapshot);
+        snapshot = NULL;
+        rv = RAFT_IOERR;
+    }
+    struct raft_io_snapshot_get *outer = g->outer;
+    raft_io_snapshot_get_cb cb = g->cb;
+    free(g);
+    cb(outer, snapshot, rv);
+    maybeCloseInnerLater(io);
+}
+
+static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snapshot *snapshot,
+                              int status)
+{
+    struct ioGet *g = req->data;
+    struct io *io = g->io;
+    struct snapstore_ref r;
+    if (status == 0 && snapshot != NULL && snapshot->n_bufs == 1 &&
+        snapstore_ref_decode(snapshot->bufs[0].base, snapshot->bufs[0].len, &r)) {
+        g->snapshot = snapshot;
+        g->work.data = g;
+        int rv = uv_queue_work(io->loop, &g->work, snapGetWork, snapGetAfter);
+        if (rv == 0) {
+            io->works++;
+            return;
+        }
+        fprintf(stderr, "idemd: snapshot for a follower: %s\n", uv_strerror(rv));
+        snapshotFree(snapshot);
+        snapshot = NULL;
+        status = RAFT_IOERR;
+    }
+    struct raft_io_snapshot_get *outer = g->outer;
+    raft_io_snapshot_get_cb cb = g->cb;
+    free(g);
+    cb(outer, snapshot, status);
+}
+
 static int ioSnapshotGet(struct raft_io *o, struct raft_io_snapshot_get *req,
                          raft_io_snapshot_get_cb cb)
 {
     struct io *io = fromOuter(o);
-    return passErr(io, io->inner.snapshot_get(&io->inner, req, cb));
+    if (io->snap_dir == NULL) {
+        return passErr(io, io->inner.snapshot_get(&io->inner, req, cb));
+    }
+    struct ioGet *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return RAFT_NOMEM;
+    }
+    g->req.data = g;
+    g->outer = req;
+    g->cb = cb;
+    g->io = io;
+    req->cb = cb;
+    int rv = io->inner.snapshot_get(&io->inner, &g->req, ioSnapshotGetDone);
+    if (rv != 0) {
+        free(g);
+    }
+    return passErr(io, rv);
 }
 
 static raft_time ioTime(struct raft_io *o)
@@ -316,6 +461,28 @@ struct ioDisk {
         raft_io_snapshot_put_cb put;
     } cb;
     struct io *io;
+    struct ioSnapJob *job; /* a put through snapstore */
+};
+
+/* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
+ * raft_uv stores the reference (snapWriteAfter), then old files go (snapGc). */
+struct ioSnapJob {
+    uv_work_t work;
+    struct ioDisk *d;
+    unsigned trailing;
+    const struct raft_snapshot *snapshot; /* raft's, alive until the put calls back */
+    struct raft_snapshot ref_snapshot;    /* what raft_uv stores: the same, but the data */
+    struct raft_buffer ref_buf;
+    uint8_t ref[SNAPSTORE_REF_SIZE];
+    struct snapstore_ref r;
+    int rv;
+    char err[256];
+};
+
+struct ioSnapGc {
+    uv_work_t work;
+    struct io *io;
+    uint64_t older, newest;
 };
 
 /* A wrapper for a request about to go to raft_uv, counted in io->disk; NULL (nothing
@@ -388,14 +555,104 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
                                              ioAppendDone));
 }
 
+static void snapGcWork(uv_work_t *w)
+{
+    struct ioSnapGc *g = w->data;
+    snapstore_gc(g->io->snap_dir, g->older, g->newest);
+}
+
+static void snapGcAfter(uv_work_t *w, int status)
+{
+    (void)status;
+    struct ioSnapGc *g = w->data;
+    struct io *io = g->io;
+    free(g);
+    io->works--;
+    maybeCloseInnerLater(io);
+}
+
+/* A snapshot at `index` is stored: the files of all older ones but the one before it
+ * (raft_uv keeps that one too) can go, off the loop. */
+static void snapStored(struct io *io, uint64_t index)
+{
+    uint64_t older = io->snap_last;
+    io->snap_last = index;
+    io->snap_refs++;
+    if (io->closing) {
+        return; /* the next start removes them */
+    }
+    struct ioSnapGc *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        return;
+    }
+    g->work.data = g;
+    g->io = io;
+    g->older = older;
+    g->newest = index;
+    if (uv_queue_work(io->loop, &g->work, snapGcWork, snapGcAfter) != 0) {
+        free(g);
+        return;
+    }
+    io->works++;
+}
+
 static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
 {
     struct ioDisk *d = req->data;
     struct raft_io_snapshot_put *outer = d->outer.put;
     raft_io_snapshot_put_cb cb = d->cb.put;
+    struct ioSnapJob *j = d->job;
     struct io *io = diskEnd(d);
+    if (j != NULL) {
+        if (status == 0 && j->rv == 0) {
+            snapStored(io, j->r.index);
+        }
+        free(j);
+    }
     cb(outer, status);
     maybeCloseInnerLater(io);
+}
+
+static void snapWriteWork(uv_work_t *w)
+{
+    struct ioSnapJob *j = w->data;
+    struct io *io = j->d->io;
+    j->rv = snapstore_write(io->snap_dir, j->snapshot->term, j->snapshot->index, j->snapshot->bufs,
+                            j->snapshot->n_bufs, io->snap_pause_us, &j->r, j->err, sizeof(j->err));
+}
+
+static void snapWriteAfter(uv_work_t *w, int status)
+{
+    struct ioSnapJob *j = w->data;
+    struct ioDisk *d = j->d;
+    struct io *io = d->io;
+    io->works--;
+    int rv;
+    if (status != 0 || j->rv != 0) {
+        fprintf(stderr, "idemd: snapshot store: %s\n", status != 0 ? uv_strerror(status) : j->err);
+        j->rv = -1;
+        rv = RAFT_IOERR;
+    } else if (io->closing) {
+        j->rv = -1; /* written but not referenced: the next start removes it */
+        rv = RAFT_CANCELED;
+    } else {
+        snapstore_ref_encode(&j->r, j->ref);
+        j->ref_buf.base = j->ref;
+        j->ref_buf.len = sizeof(j->ref);
+        j->ref_snapshot = *j->snapshot;
+        j->ref_snapshot.bufs = &j->ref_buf;
+        j->ref_snapshot.n_bufs = 1;
+        rv = io->inner.snapshot_put(&io->inner, j->trailing, &d->req.put, &j->ref_snapshot,
+                                    ioSnapshotPutDone);
+        if (rv == 0) {
+            maybeCloseInnerLater(io);
+            return;
+        }
+        fprintf(stderr, "idemd: snapshot store: raft_uv refused the reference: %s\n",
+                io->inner.errmsg[0] ? io->inner.errmsg : raft_strerror(rv));
+        j->rv = -1;
+    }
+    ioSnapshotPutDone(&d->req.put, rv);
 }
 
 static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_snapshot_put *req,
@@ -413,8 +670,29 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     d->outer.put = req;
     d->cb.put = cb;
     req->cb = cb;
-    return diskSubmitted(d, io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
-                                                   ioSnapshotPutDone));
+    if (io->snap_dir == NULL) {
+        return diskSubmitted(d, io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
+                                                       ioSnapshotPutDone));
+    }
+    struct ioSnapJob *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        diskEnd(d);
+        return RAFT_NOMEM;
+    }
+    j->work.data = j;
+    j->d = d;
+    j->trailing = trailing;
+    j->snapshot = snapshot;
+    d->job = j;
+    int rv = uv_queue_work(io->loop, &j->work, snapWriteWork, snapWriteAfter);
+    if (rv != 0) {
+        free(j);
+        diskEnd(d);
+        snprintf(io->outer.errmsg, sizeof(io->outer.errmsg), "snapshot store: %s", uv_strerror(rv));
+        return RAFT_IOERR;
+    }
+    io->works++;
+    return 0;
 }
 
 /* One async_work in flight: raft's request, wrapped so that the wrapper sees it end. */
@@ -509,4 +787,8 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->close_wait_ms = IO_CLOSE_WAIT_MS;
     io->close_timer = NULL;
     io->late_failures = 0;
+    io->snap_dir = NULL;
+    io->snap_pause_us = SNAPSTORE_PAUSE_US;
+    io->snap_last = 0;
+    io->snap_refs = 0;
 }

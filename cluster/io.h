@@ -24,7 +24,11 @@
  * It holds raft's close back, too, while disk writes raft started are in flight (appends
  * and snapshot puts), for at most close_wait_ms: libraft 0.15 crashes when raft_uv is
  * closed with more than one append still queued (canonical/raft #338; io.c explains). Past
- * that bound it closes anyway and says so on stderr; async works are always waited for. */
+ * that bound it closes anyway and says so on stderr; async works are always waited for.
+ *
+ * With snap_dir set, it keeps the snapshot's data in a file of its own, written paced, and
+ * hands raft_uv a small reference in its place (snapstore.h says why); load and
+ * snapshot_get put the data back, so raft above and raft_uv below see nothing different. */
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
@@ -55,6 +59,13 @@ struct io {
     unsigned close_wait_ms;  /* IO_CLOSE_WAIT_MS unless a test sets it after io_wrap() */
     uv_timer_t *close_timer; /* while the close waits: bounds it, then runs it */
     unsigned long late_failures; /* appends that ended failed or canceled after close */
+    /* Snapshot data through snapstore (snapstore.h): set snap_dir (raft_uv's directory,
+     * alive as long as the io) after io_wrap(); NULL passes snapshots to raft_uv as they
+     * are. Its pool work is counted in works. */
+    const char *snap_dir;
+    unsigned snap_pause_us;  /* SNAPSTORE_PAUSE_US unless a test sets it */
+    uint64_t snap_last;      /* index of the last snapshot stored or loaded */
+    unsigned long snap_refs; /* snapshots stored as references so far */
 };
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with

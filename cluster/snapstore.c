@@ -1,0 +1,273 @@
+#define _GNU_SOURCE /* sync_file_range */
+#include "snapstore.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+static const char MAGIC[8] = {'I', 'D', 'E', 'M', 'S', 'N', 'P', '1'};
+#define PREFIX "idem-snapshot-"
+
+static void putU64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static uint64_t getU64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = v << 8 | p[i];
+    }
+    return v;
+}
+
+void snapstore_ref_encode(const struct snapstore_ref *r, uint8_t out[SNAPSTORE_REF_SIZE])
+{
+    memcpy(out, MAGIC, sizeof(MAGIC));
+    putU64(out + 8, r->term);
+    putU64(out + 16, r->index);
+    putU64(out + 24, r->size);
+    putU64(out + 32, r->hash);
+    putU64(out + 40, 0);
+}
+
+bool snapstore_ref_decode(const void *buf, size_t len, struct snapstore_ref *r)
+{
+    const uint8_t *p = buf;
+    if (buf == NULL || len != SNAPSTORE_REF_SIZE || memcmp(p, MAGIC, sizeof(MAGIC)) != 0 ||
+        getU64(p + 40) != 0) {
+        return false;
+    }
+    r->term = getU64(p + 8);
+    r->index = getU64(p + 16);
+    r->size = getU64(p + 24);
+    r->hash = getU64(p + 32);
+    return true;
+}
+
+static int fail(char *err, size_t errlen, const char *what, const char *path)
+{
+    snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+    return -1;
+}
+
+static int pathOf(char *out, size_t cap, const char *dir, uint64_t term, uint64_t index,
+                  const char *suffix)
+{
+    int n = snprintf(out, cap, "%s/" PREFIX "%" PRIu64 "-%" PRIu64 "%s", dir, term, index, suffix);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+static int writeAll(int fd, const uint8_t *p, size_t n, off_t off)
+{
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+static void pause_(unsigned us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct raft_buffer bufs[],
+                    unsigned n, unsigned pause_us, struct snapstore_ref *out, char *err,
+                    size_t errlen)
+{
+    char tmp[PATH_MAX], path[PATH_MAX];
+    if (pathOf(tmp, sizeof(tmp), dir, term, index, ".tmp") != 0 ||
+        pathOf(path, sizeof(path), dir, term, index, "") != 0) {
+        snprintf(err, errlen, "snapshot path in %s: too long", dir);
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return fail(err, errlen, "create", tmp);
+    }
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    off_t off = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const uint8_t *p = bufs[i].base;
+        size_t left = bufs[i].len;
+        while (left > 0) {
+            /* Chunks are aligned to file offsets, so every push but the last is a full one. */
+            size_t c = SNAPSTORE_CHUNK - (size_t)(off % SNAPSTORE_CHUNK);
+            if (c > left) {
+                c = left;
+            }
+            if (writeAll(fd, p, c, off) != 0) {
+                goto err_io;
+            }
+            XXH3_64bits_update(&st, p, c);
+            p += c;
+            left -= c;
+            off += (off_t)c;
+            if (off % SNAPSTORE_CHUNK == 0) {
+                /* Push this chunk to the disk and wait for it, then give the log's writes
+                 * the disk for a moment. */
+                if (sync_file_range(fd, off - SNAPSTORE_CHUNK, SNAPSTORE_CHUNK,
+                                    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                        SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
+                    goto err_io;
+                }
+                if (pause_us != 0) {
+                    pause_(pause_us);
+                }
+            }
+        }
+    }
+    if (fdatasync(fd) != 0) {
+        goto err_io;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        goto err_io;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        fail(err, errlen, "rename", tmp);
+        unlink(tmp);
+        return -1;
+    }
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        return fail(err, errlen, "open", dir);
+    }
+    int rv = fsync(dfd);
+    int e = errno;
+    close(dfd);
+    if (rv != 0) {
+        errno = e;
+        return fail(err, errlen, "fsync", dir);
+    }
+    out->term = term;
+    out->index = index;
+    out->size = (uint64_t)off;
+    out->hash = XXH3_64bits_digest(&st);
+    return 0;
+
+err_io:
+    fail(err, errlen, "write", tmp);
+    if (fd >= 0) {
+        close(fd);
+    }
+    unlink(tmp);
+    return -1;
+}
+
+int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, char *err,
+                   size_t errlen)
+{
+    char path[PATH_MAX];
+    if (pathOf(path, sizeof(path), dir, r->term, r->index, "") != 0) {
+        snprintf(err, errlen, "snapshot path in %s: too long", dir);
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return fail(err, errlen, "open", path);
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        fail(err, errlen, "stat", path);
+        close(fd);
+        return -1;
+    }
+    if ((uint64_t)sb.st_size != r->size || r->size > SIZE_MAX) {
+        snprintf(err, errlen, "%s: %lld bytes, the reference says %" PRIu64, path,
+                 (long long)sb.st_size, r->size);
+        close(fd);
+        return -1;
+    }
+    uint8_t *buf = raft_malloc(r->size > 0 ? (size_t)r->size : 1);
+    if (buf == NULL) {
+        snprintf(err, errlen, "%s: out of memory for %" PRIu64 " bytes", path, r->size);
+        close(fd);
+        return -1;
+    }
+    size_t got = 0;
+    while (got < r->size) {
+        ssize_t n = pread(fd, buf + got, (size_t)r->size - got, (off_t)got);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            if (n == 0) {
+                errno = EIO;
+            }
+            fail(err, errlen, "read", path);
+            raft_free(buf);
+            close(fd);
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    if (XXH3_64bits(buf, (size_t)r->size) != r->hash) {
+        snprintf(err, errlen, "%s: content does not match its hash (corrupt)", path);
+        raft_free(buf);
+        return -1;
+    }
+    *data = buf;
+    return 0;
+}
+
+int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return 0;
+    }
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        uint64_t term, index;
+        int end = 0;
+        if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0 ||
+            sscanf(e->d_name + strlen(PREFIX), "%" SCNu64 "-%" SCNu64 "%n", &term, &index, &end) !=
+                2) {
+            continue;
+        }
+        const char *rest = e->d_name + strlen(PREFIX) + end;
+        bool tmp = strcmp(rest, ".tmp") == 0;
+        if (!tmp && rest[0] != '\0') {
+            continue; /* not ours */
+        }
+        /* Files past the newest kept one belong to a snapshot being written now. */
+        if (index >= keep_newest || (!tmp && index == keep_older)) {
+            continue;
+        }
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            removed++;
+        }
+    }
+    closedir(d);
+    return removed;
+}

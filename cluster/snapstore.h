@@ -1,0 +1,62 @@
+/* snapstore: the snapshot's data in a file of our own, written paced, with raft_uv storing
+ * only a small reference to it.
+ *
+ * Why: raft_uv 0.15 writes a snapshot file in one go and fsyncs it. The whole file then goes
+ * to the disk at once, and every log write (O_DIRECT, RWF_DSYNC) on the same disk queues
+ * behind it: tens of milliseconds on each node sharing the disk (measured; README, Limits).
+ * Here the data is written in SNAPSTORE_CHUNK pieces, each pushed to the disk and waited for
+ * (sync_file_range) before the next, with a pause between them, so a log write waits behind
+ * one chunk at most.
+ *
+ * Layout, in raft_uv's directory:
+ *   idem-snapshot-<term>-<index>        the data, as raft handed it (bufs concatenated);
+ *   idem-snapshot-<term>-<index>.tmp    while it is written (renamed once durable).
+ * The reference raft_uv stores (SNAPSTORE_REF_SIZE bytes, little-endian):
+ *   "IDEMSNP1", term, index, size, XXH3-64 of the data, 0.
+ * The file is durable (fdatasync, rename, directory fsync) before raft_uv is handed the
+ * reference, so a reference raft_uv holds always names a complete file; reading checks its
+ * size and hash and refuses anything else.
+ *
+ * All functions are blocking: call them on a pool thread, or at startup. They return 0 or
+ * -1 with a message in err. */
+#ifndef IDEM_CLUSTER_SNAPSTORE_H
+#define IDEM_CLUSTER_SNAPSTORE_H
+
+#include <raft.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SNAPSTORE_REF_SIZE 48
+#define SNAPSTORE_CHUNK (128 * 1024) /* bytes pushed to the disk at a time */
+#define SNAPSTORE_PAUSE_US 1000      /* pause between chunks, by default */
+
+struct snapstore_ref {
+    uint64_t term;
+    uint64_t index;
+    uint64_t size; /* bytes of data */
+    uint64_t hash; /* XXH3-64 of the data */
+};
+
+void snapstore_ref_encode(const struct snapstore_ref *r, uint8_t out[SNAPSTORE_REF_SIZE]);
+
+/* True if buf is a reference (exactly SNAPSTORE_REF_SIZE bytes with the magic); fills r. */
+bool snapstore_ref_decode(const void *buf, size_t len, struct snapstore_ref *r);
+
+/* Writes bufs to dir/idem-snapshot-<term>-<index>, paced by pause_us between chunks, and
+ * makes it durable; fills out. */
+int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct raft_buffer bufs[],
+                    unsigned n, unsigned pause_us, struct snapstore_ref *out, char *err,
+                    size_t errlen);
+
+/* Reads the file r names into a raft_malloc()ed buffer of r->size bytes (*data), after
+ * checking its size and hash. */
+int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, char *err,
+                   size_t errlen);
+
+/* Removes the idem-snapshot-* files (and leftover .tmp) below index keep_newest, but for
+ * keep_older's (raft_uv keeps the snapshot before the newest too). Files at or past
+ * keep_newest are left: one may be written now. Returns the number of files removed. */
+int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest);
+
+#endif
