@@ -12,20 +12,24 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "io.h"
+#include "snapstore.h"
 
 static uv_loop_t loop; /* the close bound's timer runs on it */
 static struct io theIo;
 static raft_io_recv_cb innerRecv; /* what the wrapper registered with the "raft_uv" */
 static struct raft_message lastSent;
 static int sends;
-static raft_index lastStored;   /* what the fake raft reports */
+static raft_index lastStored; /* what the fake raft reports */
 static bool answerRejected;
 static raft_index seenCommit; /* leader_commit as the fake raft received it */
 
-static int fakeStart(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick,
-                     raft_io_recv_cb recv)
+static int fakeStart(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick, raft_io_recv_cb recv)
 {
     (void)io;
     (void)msecs;
@@ -64,8 +68,7 @@ static void raftTick(struct raft_io *io)
     (void)io;
 }
 
-static void deliverAppendEntriesCommit(raft_id from, raft_index prev, unsigned n,
-                                       raft_index commit)
+static void deliverAppendEntriesCommit(raft_id from, raft_index prev, unsigned n, raft_index commit)
 {
     struct raft_message m;
     memset(&m, 0, sizeof(m));
@@ -313,12 +316,14 @@ static int fakeAppend(struct raft_io *io, struct raft_io_append *req,
     return 0;
 }
 
+static const struct raft_snapshot *innerPutSnapshot; /* as raft_uv got it */
+
 static int fakeSnapshotPut(struct raft_io *io, unsigned trailing, struct raft_io_snapshot_put *req,
                            const struct raft_snapshot *snapshot, raft_io_snapshot_put_cb cb)
 {
     (void)io;
     (void)trailing;
-    (void)snapshot;
+    innerPutSnapshot = snapshot;
     assert_false(innerClosed);
     assert_null(innerPut);
     req->cb = cb;
@@ -546,6 +551,401 @@ static void test_close_waits_for_work_then_append(void **state)
     drainLoop();
 }
 
+/* ---- snapshot data through snapstore --------------------------------------------------- */
+
+static char snapDir[64];
+
+static int setupStore(void **state)
+{
+    setupDisk(state);
+    strcpy(snapDir, "/tmp/idem-test-io-XXXXXX");
+    assert_non_null(mkdtemp(snapDir));
+    theIo.snap_dir = snapDir;
+    theIo.snap_pause_us = 0;
+    innerPutSnapshot = NULL;
+    return 0;
+}
+
+static int teardownStore(void **state)
+{
+    (void)state;
+    DIR *d = opendir(snapDir);
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] != '.') {
+            unlinkat(dirfd(d), e->d_name, 0);
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    rmdir(snapDir);
+    return 0;
+}
+
+static bool snapFileExists(uint64_t term, uint64_t index)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/idem-snapshot-%llu-%llu", snapDir, (unsigned long long)term,
+             (unsigned long long)index);
+    return access(path, F_OK) == 0;
+}
+
+/* Runs the loop until cond holds (the pool thread's work and its callback ran). */
+#define RUN_UNTIL(cond)                                                                            \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < 100000 && !(cond); i_++) {                                           \
+            uv_run(&loop, UV_RUN_ONCE);                                                            \
+        }                                                                                          \
+        assert_true(cond);                                                                         \
+    } while (0)
+
+static uint8_t bigData[300 * 1024];
+
+static void fillSnapshot(struct raft_snapshot *snap, struct raft_buffer bufs[2], uint64_t index)
+{
+    for (size_t i = 0; i < sizeof(bigData); i++) {
+        bigData[i] = (uint8_t)(i * 31 + index);
+    }
+    memset(snap, 0, sizeof(*snap));
+    snap->term = 2;
+    snap->index = index;
+    bufs[0].base = bigData;
+    bufs[0].len = 1000;
+    bufs[1].base = bigData + 1000;
+    bufs[1].len = sizeof(bigData) - 1000;
+    snap->bufs = bufs;
+    snap->n_bufs = 2;
+}
+
+/* Puts a snapshot at index and lets it through to the end: raft_uv stores the reference,
+ * the files of older snapshots but the one before go. */
+static void putThrough(uint64_t index)
+{
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, index);
+    int before = putCbs;
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 10, &put, &snap, raftPutDone), 0);
+    assert_null(innerPut); /* the data is written first, on the pool */
+    assert_int_equal(theIo.works, 1);
+    assert_int_equal(theIo.disk, 1);
+    RUN_UNTIL(innerPut != NULL);
+    /* raft_uv gets the same snapshot with a reference for its data. */
+    assert_non_null(innerPutSnapshot);
+    assert_int_equal(innerPutSnapshot->index, index);
+    assert_int_equal(innerPutSnapshot->term, 2);
+    assert_int_equal(innerPutSnapshot->n_bufs, 1);
+    struct snapstore_ref r;
+    assert_true(
+        snapstore_ref_decode(innerPutSnapshot->bufs[0].base, innerPutSnapshot->bufs[0].len, &r));
+    assert_int_equal(r.index, index);
+    assert_int_equal(r.size, sizeof(bigData));
+    void *data = NULL;
+    char err[256];
+    assert_int_equal(snapstore_read(snapDir, &r, &data, err, sizeof(err)), 0);
+    assert_memory_equal(data, bigData, sizeof(bigData));
+    raft_free(data);
+    assert_int_equal(putCbs, before); /* raft hears of it once raft_uv is done */
+    completePut(0);
+    assert_int_equal(putCbs, before + 1);
+    assert_int_equal(putStatus, 0);
+    assert_int_equal(theIo.snap_last, index);
+    assert_int_equal(theIo.disk, 0);
+    RUN_UNTIL(theIo.works == 0); /* the clean-up of old files */
+}
+
+static void test_snapshot_put_stores_a_reference(void **state)
+{
+    (void)state;
+    putThrough(100);
+    putThrough(200);
+    assert_true(snapFileExists(2, 100));
+    putThrough(300);
+    assert_false(snapFileExists(2, 100)); /* raft_uv keeps two snapshots: so do we */
+    assert_true(snapFileExists(2, 200));
+    assert_true(snapFileExists(2, 300));
+    assert_int_equal(theIo.snap_refs, 3);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    assert_int_equal(innerCloses, 1);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+    drainLoop();
+}
+
+/* A failed write reaches raft as an I/O error and raft_uv never sees a reference. */
+static void test_snapshot_put_write_failure(void **state)
+{
+    (void)state;
+    theIo.snap_dir = "/nonexistent/idem-test-io";
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 100);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 10, &put, &snap, raftPutDone), 0);
+    RUN_UNTIL(putCbs == 1);
+    assert_int_equal(putStatus, RAFT_IOERR);
+    assert_null(innerPutSnapshot);
+    assert_int_equal(theIo.disk, 0);
+    assert_int_equal(theIo.works, 0);
+    assert_int_equal(theIo.snap_last, 0);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    innerCloseCb(&theIo.inner);
+    drainLoop();
+}
+
+/* raft_close while the data is being written: the close waits for the pool thread, raft
+ * hears the put was canceled, raft_uv never gets the reference. */
+static void test_close_during_snapshot_write(void **state)
+{
+    (void)state;
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 100);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 10, &put, &snap, raftPutDone), 0);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    assert_int_equal(innerCloses, 0);
+    RUN_UNTIL(putCbs == 1);
+    assert_int_equal(putStatus, RAFT_CANCELED);
+    assert_null(innerPutSnapshot);
+    RUN_UNTIL(innerCloses == 1);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+    drainLoop();
+}
+
+/* What the fake raft_uv's load returns: a snapshot whose single buffer is `ref` (or plain
+ * data), and one entry. */
+static const struct raft_buffer *loadBuf;
+static uint64_t loadIndex;
+
+static int fakeLoad(struct raft_io *io, raft_term *term, raft_id *voted_for,
+                    struct raft_snapshot **snapshot, raft_index *start_index,
+                    struct raft_entry *entries[], size_t *n_entries)
+{
+    (void)io;
+    *term = 3;
+    *voted_for = 1;
+    struct raft_snapshot *s = raft_calloc(1, sizeof(*s));
+    s->term = 2;
+    s->index = loadIndex;
+    raft_configuration_init(&s->configuration);
+    assert_int_equal(raft_configuration_add(&s->configuration, 1, "127.0.0.1:1", RAFT_VOTER), 0);
+    s->bufs = raft_malloc(sizeof(*s->bufs));
+    s->bufs[0].base = raft_malloc(loadBuf->len);
+    memcpy(s->bufs[0].base, loadBuf->base, loadBuf->len);
+    s->bufs[0].len = loadBuf->len;
+    s->n_bufs = 1;
+    *snapshot = s;
+    *start_index = loadIndex + 1;
+    *entries = raft_calloc(1, sizeof(**entries));
+    (*entries)[0].term = 3;
+    (*entries)[0].type = RAFT_COMMAND;
+    (*entries)[0].batch = raft_malloc(16);
+    (*entries)[0].buf.base = (*entries)[0].batch;
+    (*entries)[0].buf.len = 16;
+    *n_entries = 1;
+    return 0;
+}
+
+static void freeLoaded(struct raft_snapshot *s, struct raft_entry *entries)
+{
+    raft_configuration_close(&s->configuration);
+    raft_free(s->bufs[0].base);
+    raft_free(s->bufs);
+    raft_free(s);
+    raft_free(entries[0].batch);
+    raft_free(entries);
+}
+
+/* Writes the file for a snapshot at index 100 and sets the fake's load to refer to it. */
+static void storeForLoad(struct snapstore_ref *r, uint8_t ref[SNAPSTORE_REF_SIZE],
+                         struct raft_buffer *refBuf)
+{
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 100);
+    char err[256];
+    assert_int_equal(snapstore_write(snapDir, 2, 100, bufs, 2, 0, r, err, sizeof(err)), 0);
+    snapstore_ref_encode(r, ref);
+    refBuf->base = ref;
+    refBuf->len = SNAPSTORE_REF_SIZE;
+    loadBuf = refBuf;
+    loadIndex = 100;
+    theIo.inner.load = fakeLoad;
+}
+
+static void flipByte(uint64_t index, long offset)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/idem-snapshot-2-%llu", snapDir, (unsigned long long)index);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, offset, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, offset, SEEK_SET), 0);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+}
+
+static void test_load_puts_the_data_back(void **state)
+{
+    (void)state;
+    struct snapstore_ref r;
+    uint8_t ref[SNAPSTORE_REF_SIZE];
+    struct raft_buffer refBuf;
+    storeForLoad(&r, ref, &refBuf);
+    raft_term term;
+    raft_id vote;
+    struct raft_snapshot *s = NULL;
+    raft_index start;
+    struct raft_entry *entries = NULL;
+    size_t n = 0;
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n), 0);
+    assert_non_null(s);
+    assert_int_equal(s->n_bufs, 1);
+    assert_int_equal(s->bufs[0].len, sizeof(bigData));
+    assert_memory_equal(s->bufs[0].base, bigData, sizeof(bigData));
+    assert_int_equal(n, 1);
+    assert_int_equal(theIo.snap_last, 100);
+    freeLoaded(s, entries);
+
+    /* A snapshot raft_uv holds itself (stored before snapstore) passes as it is. */
+    static const char plain[] = "plain snapshot data";
+    struct raft_buffer plainBuf = {.base = (void *)plain, .len = sizeof(plain)};
+    loadBuf = &plainBuf;
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n), 0);
+    assert_int_equal(s->bufs[0].len, sizeof(plain));
+    assert_memory_equal(s->bufs[0].base, plain, sizeof(plain));
+    freeLoaded(s, entries);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    innerCloseCb(&theIo.inner);
+    drainLoop();
+}
+
+/* A damaged or missing data file makes the load fail with a message that names it: the
+ * node does not start on a state it cannot vouch for. Nothing leaks (ASan). */
+static void test_load_refuses_a_damaged_file(void **state)
+{
+    (void)state;
+    struct snapstore_ref r;
+    uint8_t ref[SNAPSTORE_REF_SIZE];
+    struct raft_buffer refBuf;
+    storeForLoad(&r, ref, &refBuf);
+    flipByte(100, 150 * 1024);
+    raft_term term;
+    raft_id vote;
+    struct raft_snapshot *s = NULL;
+    raft_index start;
+    struct raft_entry *entries = NULL;
+    size_t n = 0;
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n),
+                     RAFT_CORRUPT);
+    assert_null(s);
+    assert_null(entries);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(theIo.outer.errmsg, "idem-snapshot-2-100"));
+    assert_non_null(strstr(theIo.outer.errmsg, "hash"));
+
+    /* A reference for another snapshot than the one raft_uv loaded. */
+    flipByte(100, 150 * 1024); /* repaired */
+    loadIndex = 101;
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n),
+                     RAFT_CORRUPT);
+    assert_non_null(strstr(theIo.outer.errmsg, "refers to"));
+
+    /* The file is gone. */
+    loadIndex = 100;
+    char path[128];
+    snprintf(path, sizeof(path), "%s/idem-snapshot-2-100", snapDir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n),
+                     RAFT_CORRUPT);
+    assert_non_null(strstr(theIo.outer.errmsg, "idem-snapshot-2-100"));
+    theIo.outer.close(&theIo.outer, raftClosed);
+    innerCloseCb(&theIo.inner);
+    drainLoop();
+}
+
+/* snapshot_get (a follower to catch up): raft_uv reads the reference, the wrapper the data,
+ * on the pool. */
+static struct raft_io_snapshot_get *innerGet;
+static raft_io_snapshot_get_cb innerGetCb;
+static int getCbs, getStatus;
+static struct raft_snapshot *gotSnapshot;
+
+static int fakeSnapshotGet(struct raft_io *io, struct raft_io_snapshot_get *req,
+                           raft_io_snapshot_get_cb cb)
+{
+    (void)io;
+    innerGet = req;
+    innerGetCb = cb;
+    return 0;
+}
+
+static void raftGetDone(struct raft_io_snapshot_get *req, struct raft_snapshot *snapshot,
+                        int status)
+{
+    (void)req;
+    getCbs++;
+    getStatus = status;
+    gotSnapshot = snapshot;
+}
+
+/* The fake raft_uv answers the get with what its load would return. */
+static void answerGet(void)
+{
+    raft_term term;
+    raft_id vote;
+    struct raft_snapshot *s = NULL;
+    raft_index start;
+    struct raft_entry *entries = NULL;
+    size_t n = 0;
+    fakeLoad(&theIo.inner, &term, &vote, &s, &start, &entries, &n);
+    raft_free(entries[0].batch);
+    raft_free(entries);
+    innerGetCb(innerGet, s, 0);
+}
+
+static void test_snapshot_get_puts_the_data_back(void **state)
+{
+    (void)state;
+    struct snapstore_ref r;
+    uint8_t ref[SNAPSTORE_REF_SIZE];
+    struct raft_buffer refBuf;
+    storeForLoad(&r, ref, &refBuf);
+    theIo.inner.snapshot_get = fakeSnapshotGet;
+    getCbs = 0;
+    struct raft_io_snapshot_get get;
+    assert_int_equal(theIo.outer.snapshot_get(&theIo.outer, &get, raftGetDone), 0);
+    answerGet();
+    assert_int_equal(getCbs, 0); /* the data is read on the pool */
+    assert_int_equal(theIo.works, 1);
+    RUN_UNTIL(getCbs == 1);
+    assert_int_equal(getStatus, 0);
+    assert_non_null(gotSnapshot);
+    assert_int_equal(gotSnapshot->bufs[0].len, sizeof(bigData));
+    assert_memory_equal(gotSnapshot->bufs[0].base, bigData, sizeof(bigData));
+    raft_configuration_close(&gotSnapshot->configuration);
+    raft_free(gotSnapshot->bufs[0].base);
+    raft_free(gotSnapshot->bufs);
+    raft_free(gotSnapshot);
+
+    /* Damaged: raft gets an I/O error and no snapshot (the wrapper frees raft_uv's). */
+    flipByte(100, 7);
+    assert_int_equal(theIo.outer.snapshot_get(&theIo.outer, &get, raftGetDone), 0);
+    answerGet();
+    RUN_UNTIL(getCbs == 2);
+    assert_int_equal(getStatus, RAFT_IOERR);
+    assert_null(gotSnapshot);
+    assert_int_equal(theIo.works, 0);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    innerCloseCb(&theIo.inner);
+    drainLoop();
+}
+
 int main(void)
 {
     assert_int_equal(uv_loop_init(&loop), 0);
@@ -561,6 +961,16 @@ int main(void)
         cmocka_unit_test_setup(test_close_wait_is_bounded, setupDisk),
         cmocka_unit_test_setup(test_close_bound_still_waits_for_work, setupDisk),
         cmocka_unit_test_setup(test_close_waits_for_work_then_append, setupDisk),
+        cmocka_unit_test_setup_teardown(test_snapshot_put_stores_a_reference, setupStore,
+                                        teardownStore),
+        cmocka_unit_test_setup_teardown(test_snapshot_put_write_failure, setupStore, teardownStore),
+        cmocka_unit_test_setup_teardown(test_close_during_snapshot_write, setupStore,
+                                        teardownStore),
+        cmocka_unit_test_setup_teardown(test_load_puts_the_data_back, setupStore, teardownStore),
+        cmocka_unit_test_setup_teardown(test_load_refuses_a_damaged_file, setupStore,
+                                        teardownStore),
+        cmocka_unit_test_setup_teardown(test_snapshot_get_puts_the_data_back, setupStore,
+                                        teardownStore),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Every test closed what it opened on the loop. */
