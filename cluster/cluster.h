@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "io.h" /* IO_APPEND_BUCKETS */
+
 #define CLUSTER_ADDR_MAX 264
 #define CLUSTER_MEMBERS_MAX 64
 
@@ -116,6 +118,10 @@ struct cluster_status {
     uint64_t snapshot_write_us_last; /* its serialisation, off the loop when asynchronous */
     uint64_t snapshot_threshold;     /* entries between snapshots, as adapted now */
     uint64_t snapshot_bytes_last;    /* the FSM's part of the last snapshot taken or restored */
+    /* Log appends on this node by duration (io.h: IO_APPEND_BOUND_US), non-cumulative. */
+    uint64_t append_buckets[IO_APPEND_BUCKETS];
+    uint64_t append_count;
+    uint64_t append_sum_us;
 };
 
 /* Entries between two snapshots (raft_set_snapshot_threshold) after a snapshot of

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "snapstore.h"
 
@@ -462,6 +463,7 @@ struct ioDisk {
     } cb;
     struct io *io;
     struct ioSnapJob *job; /* a put through snapstore */
+    uint64_t start_us;     /* appends: when raft asked (appendTimed) */
 };
 
 /* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
@@ -522,12 +524,37 @@ static struct io *diskEnd(struct ioDisk *d)
     return io;
 }
 
+static uint64_t monoUs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* The append's time in the histogram: what an operator compares with etcd's WAL fsync
+ * duration, and the part of a claim's latency the disk is responsible for. */
+static void appendTimed(struct io *io, uint64_t start_us)
+{
+    uint64_t us = monoUs() - start_us;
+    unsigned i = 0;
+    while (i + 1 < IO_APPEND_BUCKETS && us > IO_APPEND_BOUND_US(i)) {
+        i++;
+    }
+    io->append_buckets[i]++;
+    io->append_count++;
+    io->append_sum_us += us;
+}
+
 static void ioAppendDone(struct raft_io_append *req, int status)
 {
     struct ioDisk *d = req->data;
     struct raft_io_append *outer = d->outer.append;
     raft_io_append_cb cb = d->cb.append;
+    uint64_t start_us = d->start_us;
     struct io *io = diskEnd(d);
+    if (status == 0) {
+        appendTimed(io, start_us);
+    }
     if (io->closing && status != 0) {
         io->late_failures++;
         status = 0; /* see the comment above ioCloseCb */
@@ -548,6 +575,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
         return RAFT_NOMEM;
     }
     d->req.append.data = d;
+    d->start_us = monoUs();
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
@@ -791,4 +819,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->snap_pause_us = SNAPSTORE_PAUSE_US;
     io->snap_last = 0;
     io->snap_refs = 0;
+    memset(io->append_buckets, 0, sizeof(io->append_buckets));
+    io->append_count = 0;
+    io->append_sum_us = 0;
 }

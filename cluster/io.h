@@ -36,6 +36,11 @@
 #include <stdbool.h>
 #include <uv.h>
 
+/* Log appends timed (raft's append to raft_uv's callback: the write and its sync), in
+ * buckets bounded by IO_APPEND_BOUND_US(i) = 0.5 ms << i, the last one unbounded. */
+#define IO_APPEND_BUCKETS 14
+#define IO_APPEND_BOUND_US(i) (500ull << (i))
+
 /* How long raft's close waits for disk writes in flight, by default. */
 #define IO_CLOSE_WAIT_MS 2000
 
@@ -66,6 +71,9 @@ struct io {
     unsigned snap_pause_us;  /* SNAPSTORE_PAUSE_US unless a test sets it */
     uint64_t snap_last;      /* index of the last snapshot stored or loaded */
     unsigned long snap_refs; /* snapshots stored as references so far */
+    uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
+    uint64_t append_count;
+    uint64_t append_sum_us;
 };
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with

@@ -991,6 +991,21 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_claim_duration_seconds_count %llu\n",
              (unsigned long long)m->claim_count, m->claim_sum,
              (unsigned long long)m->claim_count);
+    tbPrintf(&b, "# HELP idem_raft_append_duration_seconds Time to write and sync a Raft log "
+                 "append on this node (raft's append to its completion).\n"
+                 "# TYPE idem_raft_append_duration_seconds histogram\n");
+    cum = 0;
+    for (size_t i = 0; i + 1 < IO_APPEND_BUCKETS; i++) {
+        cum += si.cluster.append_buckets[i];
+        tbPrintf(&b, "idem_raft_append_duration_seconds_bucket{le=\"%g\"} %llu\n",
+                 (double)IO_APPEND_BOUND_US(i) / 1e6, (unsigned long long)cum);
+    }
+    tbPrintf(&b,
+             "idem_raft_append_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+             "idem_raft_append_duration_seconds_sum %.6f\n"
+             "idem_raft_append_duration_seconds_count %llu\n",
+             (unsigned long long)si.cluster.append_count, (double)si.cluster.append_sum_us / 1e6,
+             (unsigned long long)si.cluster.append_count);
     struct {
         const char *name, *type, *help;
         uint64_t v;

@@ -642,7 +642,9 @@ _METRICS = ("idem_http_requests_total", "idem_requests_total", "idem_claim_durat
             "idem_claim_duration_seconds_sum", "idem_claim_duration_seconds_count",
             "idem_raft_term", "idem_raft_commit_index", "idem_raft_applied_index",
             "idem_raft_leader_changes_total", "idem_records", "idem_tombstones",
-            "idem_quarantined", "idem_bytes", "idem_fail_closed_total")
+            "idem_quarantined", "idem_bytes", "idem_fail_closed_total",
+            "idem_raft_append_duration_seconds_bucket", "idem_raft_append_duration_seconds_sum",
+            "idem_raft_append_duration_seconds_count")
 
 
 def parse_metrics(text):
@@ -729,6 +731,16 @@ class TestGatewayOps(GatewayTest):
                 self.assertGreaterEqual(max(v for _, v in m["idem_raft_term"]), 1)
                 self.assertGreaterEqual(max(v for _, v in m["idem_raft_commit_index"]), 1)
                 self.assertGreater(sum(v for _, v in m["idem_http_requests_total"]), 0)
+                # Every node wrote the claims to its log: the append histogram counts them,
+                # cumulative buckets ending at +Inf == count.
+                app = m["idem_raft_append_duration_seconds_bucket"]
+                counts = [v for _, v in app]
+                self.assertEqual(counts, sorted(counts), app)
+                self.assertEqual(app[-1][0], 'le="+Inf"')
+                total = m["idem_raft_append_duration_seconds_count"][0][1]
+                self.assertEqual(app[-1][1], total)
+                self.assertGreater(total, 0)
+                self.assertGreater(m["idem_raft_append_duration_seconds_sum"][0][1], 0)
         # The leader's table: the records and the quarantined ones are counted.
         laddr = self.c.nodes[lid].http
 

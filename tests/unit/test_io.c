@@ -416,6 +416,14 @@ static void test_append_is_forwarded(void **state)
     assert_int_equal(theIo.outer.append(&theIo.outer, &req, &oneEntry, 1, raftAppendDone), 0);
     completeAppend(0);
     assert_int_equal(appendStatus, 0);
+    /* Only the append that succeeded is timed, in the histogram. */
+    assert_int_equal(theIo.append_count, 1);
+    uint64_t inBuckets = 0;
+    for (int i = 0; i < IO_APPEND_BUCKETS; i++) {
+        inBuckets += theIo.append_buckets[i];
+    }
+    assert_int_equal(inBuckets, 1);
+    assert_int_equal(theIo.append_buckets[0], 1); /* completed at once: under 0.5 ms */
     theIo.outer.close(&theIo.outer, raftClosed);
     assert_int_equal(innerCloses, 1); /* nothing in flight: at once */
     innerCloseCb(&theIo.inner);
