@@ -1,6 +1,7 @@
 """Integration tests of the three-node cluster: real idemd processes on loopback, idemctl as
 the client (issue #3). Run: python3 -m unittest -v tests/integration/test_cluster.py
 """
+import errno
 import json
 import os
 import re
@@ -441,12 +442,48 @@ class TestSnapshots(ClusterTest):
             f.write(good[:len(good) // 2])
         self.start_refused(victim, "%d bytes, the reference says %d" % (len(good) // 2, len(good)))
 
+        # Gone: the reference names a file that is not there.
+        os.unlink(path)
+        self.start_refused(victim, os.strerror(errno.ENOENT))
+
         # Restored, the node starts, loads it and catches up.
         with open(path, "wb") as f:
             f.write(good)
         self.c.start(victim)
         self.wait_records(200)
         self.assertIsNone(self.c.nodes[victim].proc.poll())
+
+    def test_leftover_data_files_go_with_the_next_snapshot(self):
+        """Files a crash can leave (a .tmp being written, a data file written but never
+        referenced by raft_uv) are removed once a newer snapshot is stored; files that are
+        not snapstore's are left alone."""
+        self.claims(0, 100)
+        self.wait_records(100)
+        lid = self.c.leader()
+        victim = [n for n in self.c.nodes if n != lid][0]
+        self.c.kill(victim, 9)
+        d = self.c.nodes[victim].dir
+        metas, _, _, _ = self.snapshot_files(d)
+        term, index = max(metas)
+        planted = ["idem-snapshot-%d-%d.tmp" % (term, index + 1),
+                   "idem-snapshot-%d-%d" % (term, index + 2)]
+        foreign = ["idem-snapshot-%d-%d.bak" % (term, index), "notes.txt"]
+        for f in planted + foreign:
+            with open(os.path.join(d, f), "wb") as fh:
+                fh.write(b"left over")
+        self.c.start(victim)
+        # Enough entries for every node to take two more snapshots.
+        self.claims(100, 250)
+        self.wait_records(250)
+
+        def cleaned():
+            metas, ours, _, tmps = self.snapshot_files(d)
+            return metas and metas == ours and not tmps and max(metas)[1] > index + 2
+        wait_for(cleaned, 30, "node %d's leftover snapshot files to go" % victim)
+        for f in planted:
+            self.assertFalse(os.path.exists(os.path.join(d, f)), f)
+        for f in foreign:
+            self.assertTrue(os.path.exists(os.path.join(d, f)), f)
 
 
 class TestSnapshotSchedule(ClusterTest):
