@@ -1,8 +1,10 @@
 """Integration tests of the three-node cluster: real idemd processes on loopback, idemctl as
 the client (issue #3). Run: python3 -m unittest -v tests/integration/test_cluster.py
 """
+import errno
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -295,6 +297,193 @@ class TestSnapshots(ClusterTest):
         # It serves as a full member: stop the two others' leader and it takes part.
         rc, out = self.claim("snap-5", n=5)
         self.assertEqual(out["outcome"], "in_progress")
+
+    # snapstore (cluster/snapstore.h): the snapshot's data is in idem-snapshot-<term>-<index>
+    # in the node's data dir; raft_uv's snapshot-<term>-<index>-<ts> holds only a reference.
+
+    def claims(self, start, end):
+        for i in range(start, end):
+            rc, out = self.claim("snap-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+
+    def wait_records(self, n, timeout=30):
+        """Waits until every node reports n records and the replicas are identical."""
+        def cond():
+            st = self.c.status()
+            recs = [x.get("records") for x in (st or {}).get("nodes", [])]
+            return len(recs) == len(self.c.nodes) and all(r == n for r in recs) and recs
+        wait_for(cond, timeout, "every node to hold %d records" % n)
+        self.c.wait_converged(len(self.c.nodes))
+
+    @staticmethod
+    def snapshot_files(d):
+        """((term, index) of raft_uv's snapshot-*.meta, (term, index) of idem-snapshot-*,
+        {name: size} of raft_uv's snapshot files, names of idem-snapshot-*.tmp) in d."""
+        metas, ours, raft_files, tmps = set(), set(), {}, []
+        for f in os.listdir(d):
+            m = re.fullmatch(r"snapshot-(\d+)-(\d+)-(\d+)(\.meta)?", f)
+            if m:
+                if m.group(4):
+                    metas.add((int(m.group(1)), int(m.group(2))))
+                else:
+                    raft_files[f] = os.path.getsize(os.path.join(d, f))
+                continue
+            m = re.fullmatch(r"idem-snapshot-(\d+)-(\d+)(\.tmp)?", f)
+            if m:
+                if m.group(3):
+                    tmps.append(f)
+                else:
+                    ours.add((int(m.group(1)), int(m.group(2))))
+        return metas, ours, raft_files, tmps
+
+    def newest_data_file(self, nid):
+        """The idem-snapshot file raft_uv's load will ask for: the one of the newest
+        snapshot-<term>-<index>-<ts>.meta (raft_uv 0.15 loads the last of its snapshots
+        ordered by term, index, timestamp)."""
+        d = self.c.nodes[nid].dir
+        newest = None
+        for f in os.listdir(d):
+            m = re.fullmatch(r"snapshot-(\d+)-(\d+)-(\d+)\.meta", f)
+            if m:
+                key = tuple(int(x) for x in m.groups())
+                newest = key if newest is None or key > newest else newest
+        self.assertIsNotNone(newest, "node %d has no snapshot: %r" % (nid, os.listdir(d)))
+        return os.path.join(d, "idem-snapshot-%d-%d" % newest[:2])
+
+    def start_refused(self, nid, why):
+        """Starts node nid, which must refuse to start: exits non-zero within 30 s, its log
+        (stdout and stderr) naming its newest snapshot data file and saying `why`."""
+        node = self.c.nodes[nid]
+        path = self.newest_data_file(nid)
+        log_start = os.path.getsize(node.log)
+        self.c.start(nid)
+        try:
+            rc = node.proc.wait(timeout=30)
+        finally:
+            if node.proc.poll() is None:
+                node.proc.kill()
+                node.proc.wait(timeout=30)
+            node.proc = None
+        with open(node.log, "rb") as f:
+            f.seek(log_start)
+            log = f.read().decode(errors="replace")
+        self.assertNotEqual(rc, 0, "a node with a bad snapshot must not start:\n" + log)
+        self.assertIn(path, log)
+        self.assertIn(why, log)
+        for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            self.assertNotIn(marker, log)
+
+    def test_snapshot_data_in_own_files_and_restart(self):
+        self.claims(0, 200)
+        self.wait_records(200)
+
+        def stored():
+            # Once no snapshot is being written: every snapshot raft_uv holds has its data
+            # file, no other data file or .tmp is left, raft_uv's own files are small.
+            out = {}
+            for nid, node in self.c.nodes.items():
+                metas, ours, raft_files, tmps = self.snapshot_files(node.dir)
+                if not metas or metas != ours or tmps or len(raft_files) != len(metas):
+                    return None
+                out[nid] = (metas, raft_files)
+            return out
+        files = wait_for(stored, 30, "every node's snapshots in idem-snapshot files")
+        for nid, (metas, raft_files) in files.items():
+            for name, size in raft_files.items():
+                # Only the 48-byte reference (LZ4-compressed by raft_uv), not the data.
+                self.assertLess(size, 200, "node %d: %s" % (nid, name))
+            for term, index in metas:
+                size = os.path.getsize(os.path.join(self.c.nodes[nid].dir,
+                                                    "idem-snapshot-%d-%d" % (term, index)))
+                self.assertGreater(size, 1000, "node %d: the data of %d records" % (nid, index))
+        # A follower killed and restarted loads its snapshot (and the log after it) and comes
+        # back with every record.
+        lid = self.c.leader()
+        victim = [n for n in self.c.nodes if n != lid][0]
+        self.c.kill(victim, 9)
+        self.c.start(victim)
+        self.wait_records(200)
+        # The whole cluster killed at once: each node has only its own snapshot and log.
+        for nid in self.c.nodes:
+            self.c.kill(nid, 9)
+        for nid in self.c.nodes:
+            self.c.start(nid)
+        self.c.wait_leader(timeout=20)
+        self.wait_records(200)
+        rc, out = self.claim("snap-7", n=7)
+        self.assertEqual(out["outcome"], "in_progress", out)
+        self.claims(200, 210)
+        self.wait_records(210)
+
+    def test_corrupt_snapshot_data_refuses_start(self):
+        self.claims(0, 150)
+        self.wait_records(150)
+        lid = self.c.leader()
+        victim = [n for n in self.c.nodes if n != lid][0]
+        self.assertEqual(self.c.stop(victim), 0)
+        path = self.newest_data_file(victim)
+        with open(path, "rb") as f:
+            good = f.read()
+        self.assertGreater(len(good), 1000)
+        # The others go on without it.
+        self.claims(150, 200)
+
+        # One byte flipped in the middle: the hash does not match.
+        bad = bytearray(good)
+        bad[len(bad) // 2] ^= 0x01
+        with open(path, "wb") as f:
+            f.write(bad)
+        self.start_refused(victim, "hash")
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), bytes(bad), "the refused start changed the file")
+
+        # Cut short: the size does not match.
+        with open(path, "wb") as f:
+            f.write(good[:len(good) // 2])
+        self.start_refused(victim, "%d bytes, the reference says %d" % (len(good) // 2, len(good)))
+
+        # Gone: the reference names a file that is not there.
+        os.unlink(path)
+        self.start_refused(victim, os.strerror(errno.ENOENT))
+
+        # Restored, the node starts, loads it and catches up.
+        with open(path, "wb") as f:
+            f.write(good)
+        self.c.start(victim)
+        self.wait_records(200)
+        self.assertIsNone(self.c.nodes[victim].proc.poll())
+
+    def test_leftover_data_files_go_with_the_next_snapshot(self):
+        """Files a crash can leave (a .tmp being written, a data file written but never
+        referenced by raft_uv) are removed once a newer snapshot is stored; files that are
+        not snapstore's are left alone."""
+        self.claims(0, 100)
+        self.wait_records(100)
+        lid = self.c.leader()
+        victim = [n for n in self.c.nodes if n != lid][0]
+        self.c.kill(victim, 9)
+        d = self.c.nodes[victim].dir
+        metas, _, _, _ = self.snapshot_files(d)
+        term, index = max(metas)
+        planted = ["idem-snapshot-%d-%d.tmp" % (term, index + 1),
+                   "idem-snapshot-%d-%d" % (term, index + 2)]
+        foreign = ["idem-snapshot-%d-%d.bak" % (term, index), "notes.txt"]
+        for f in planted + foreign:
+            with open(os.path.join(d, f), "wb") as fh:
+                fh.write(b"left over")
+        self.c.start(victim)
+        # Enough entries for every node to take two more snapshots.
+        self.claims(100, 250)
+        self.wait_records(250)
+
+        def cleaned():
+            metas, ours, _, tmps = self.snapshot_files(d)
+            return metas and metas == ours and not tmps and max(metas)[1] > index + 2
+        wait_for(cleaned, 30, "node %d's leftover snapshot files to go" % victim)
+        for f in planted:
+            self.assertFalse(os.path.exists(os.path.join(d, f)), f)
+        for f in foreign:
+            self.assertTrue(os.path.exists(os.path.join(d, f)), f)
 
 
 class TestSnapshotSchedule(ClusterTest):
