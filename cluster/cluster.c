@@ -988,7 +988,9 @@ int cluster_start(struct cluster *c)
 {
     int rv = raft_start(&c->raft);
     if (rv != 0) {
-        setErr(c, "raft start: ", raft_errmsg(&c->raft));
+        /* raft says nothing when the state machine refused the snapshot (it logged why). */
+        const char *m = raft_errmsg(&c->raft);
+        setErr(c, "raft start: ", m != NULL && m[0] != '\0' ? m : raft_strerror(rv));
         return CLUSTER_ERAFT;
     }
     uv_timer_start(&c->tick, tickCb, TICK_MS, TICK_MS);

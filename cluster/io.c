@@ -128,8 +128,7 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     io->in_append_entries = false;
 }
 
-static int ioStart(struct raft_io *o, unsigned msecs, raft_io_tick_cb tick,
-                   raft_io_recv_cb recv)
+static int ioStart(struct raft_io *o, unsigned msecs, raft_io_tick_cb tick, raft_io_recv_cb recv)
 {
     struct io *io = fromOuter(o);
     io->raft_tick = tick;
@@ -198,19 +197,30 @@ struct ioGet {
     char err[256];
 };
 
+static void maybeCloseInnerLater(struct io *io);
+
+/* A get is counted in works from its submission to raft's callback: raft_uv 0.15 fires its
+ * close callback right after a get's callback, and raft must hear of the get first. */
+static void getEnd(struct ioGet *g, struct raft_snapshot *snapshot, int status)
+{
+    struct io *io = g->io;
+    struct raft_io_snapshot_get *outer = g->outer;
+    raft_io_snapshot_get_cb cb = g->cb;
+    free(g);
+    cb(outer, snapshot, status);
+    io->works--;
+    maybeCloseInnerLater(io);
+}
+
 static void snapGetWork(uv_work_t *w)
 {
     struct ioGet *g = w->data;
     g->rv = snapshotResolve(g->io, g->snapshot, g->err, sizeof(g->err));
 }
 
-static void maybeCloseInnerLater(struct io *io);
-
 static void snapGetAfter(uv_work_t *w, int status)
 {
     struct ioGet *g = w->data;
-    struct io *io = g->io;
-    io->works--;
     struct raft_snapshot *snapshot = g->snapshot;
     int rv = 0;
     if (status != 0 || g->rv != 0) {
@@ -220,11 +230,7 @@ static void snapGetAfter(uv_work_t *w, int status)
         snapshot = NULL;
         rv = RAFT_IOERR;
     }
-    struct raft_io_snapshot_get *outer = g->outer;
-    raft_io_snapshot_get_cb cb = g->cb;
-    free(g);
-    cb(outer, snapshot, rv);
-    maybeCloseInnerLater(io);
+    getEnd(g, snapshot, rv);
 }
 
 static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snapshot *snapshot,
@@ -239,7 +245,6 @@ static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snap
         g->work.data = g;
         int rv = uv_queue_work(io->loop, &g->work, snapGetWork, snapGetAfter);
         if (rv == 0) {
-            io->works++;
             return;
         }
         fprintf(stderr, "idemd: snapshot for a follower: %s\n", uv_strerror(rv));
@@ -247,10 +252,7 @@ static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snap
         snapshot = NULL;
         status = RAFT_IOERR;
     }
-    struct raft_io_snapshot_get *outer = g->outer;
-    raft_io_snapshot_get_cb cb = g->cb;
-    free(g);
-    cb(outer, snapshot, status);
+    getEnd(g, snapshot, status);
 }
 
 static int ioSnapshotGet(struct raft_io *o, struct raft_io_snapshot_get *req,
@@ -269,8 +271,10 @@ static int ioSnapshotGet(struct raft_io *o, struct raft_io_snapshot_get *req,
     g->cb = cb;
     g->io = io;
     req->cb = cb;
+    io->works++;
     int rv = io->inner.snapshot_get(&io->inner, &g->req, ioSnapshotGetDone);
     if (rv != 0) {
+        io->works--;
         free(g);
     }
     return passErr(io, rv);
@@ -579,8 +583,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
-    return diskSubmitted(d, io->inner.append(&io->inner, &d->req.append, entries, n,
-                                             ioAppendDone));
+    return diskSubmitted(d, io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone));
 }
 
 static void snapGcWork(uv_work_t *w)
@@ -607,7 +610,7 @@ static void snapStored(struct io *io, uint64_t index)
     io->snap_last = index;
     io->snap_refs++;
     if (io->closing) {
-        return; /* the next start removes them */
+        return; /* the next stored snapshot removes them */
     }
     struct ioSnapGc *g = calloc(1, sizeof(*g));
     if (g == NULL) {
@@ -661,7 +664,7 @@ static void snapWriteAfter(uv_work_t *w, int status)
         j->rv = -1;
         rv = RAFT_IOERR;
     } else if (io->closing) {
-        j->rv = -1; /* written but not referenced: the next start removes it */
+        j->rv = -1; /* written but not referenced: the next stored snapshot removes it */
         rv = RAFT_CANCELED;
     } else {
         snapstore_ref_encode(&j->r, j->ref);
@@ -752,8 +755,7 @@ static void ioWorkDone(struct raft_io_async_work *req, int status)
     maybeCloseInnerLater(io);
 }
 
-static int ioAsyncWork(struct raft_io *o, struct raft_io_async_work *req,
-                       raft_io_async_work_cb cb)
+static int ioAsyncWork(struct raft_io *o, struct raft_io_async_work *req, raft_io_async_work_cb cb)
 {
     struct io *io = fromOuter(o);
     if (io->closing) {

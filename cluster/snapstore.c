@@ -239,6 +239,38 @@ int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, 
     return 0;
 }
 
+/* A decimal number as pathOf() writes it: digits only, no sign, no leading zero. */
+static const char *parseU64(const char *p, uint64_t *v)
+{
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) {
+        return NULL;
+    }
+    uint64_t x = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (x > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) {
+            return NULL;
+        }
+        x = x * 10 + (uint64_t)(*p - '0');
+    }
+    *v = x;
+    return p;
+}
+
+/* "<term>-<index>" and what follows it, for names this module wrote. */
+static bool parseName(const char *p, uint64_t *term, uint64_t *index, const char **rest)
+{
+    p = parseU64(p, term);
+    if (p == NULL || *p != '-') {
+        return false;
+    }
+    p = parseU64(p + 1, index);
+    if (p == NULL) {
+        return false;
+    }
+    *rest = p;
+    return true;
+}
+
 int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest)
 {
     DIR *d = opendir(dir);
@@ -249,13 +281,11 @@ int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest)
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         uint64_t term, index;
-        int end = 0;
+        const char *rest = NULL;
         if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0 ||
-            sscanf(e->d_name + strlen(PREFIX), "%" SCNu64 "-%" SCNu64 "%n", &term, &index, &end) !=
-                2) {
+            !parseName(e->d_name + strlen(PREFIX), &term, &index, &rest)) {
             continue;
         }
-        const char *rest = e->d_name + strlen(PREFIX) + end;
         bool tmp = strcmp(rest, ".tmp") == 0;
         if (!tmp && rest[0] != '\0') {
             continue; /* not ours */

@@ -466,10 +466,12 @@ static void test_gc_removes_old_files_only(void **state)
     (void)state;
     static const char *snaps[] = {"idem-snapshot-1-1", "idem-snapshot-1-2", "idem-snapshot-2-3",
                                   "idem-snapshot-2-4", "idem-snapshot-3-5", "idem-snapshot-3-6"};
-    static const char *unrelated[] = {"snapshot-1-2-3",         "snapshot-1-2-3.meta",
-                                      "idem-snapshot-x",        "idem-snapshot-1-2.bak",
-                                      "idem-snapshot-1-1.tmp~", "idem-snapshot-1",
-                                      "idem-snapshot-1-",       "open-1"};
+    static const char *unrelated[] = {
+        "snapshot-1-2-3", "snapshot-1-2-3.meta", "idem-snapshot-x", "idem-snapshot-1-2.bak",
+        "idem-snapshot-1-1.tmp~", "idem-snapshot-1", "idem-snapshot-1-", "open-1",
+        /* names snapstore never writes (sscanf would take them) */
+        "idem-snapshot--1-2", "idem-snapshot-+1-2", "idem-snapshot- 1-2", "idem-snapshot-01-02",
+        "idem-snapshot-1-99999999999999999999999"};
     for (size_t i = 0; i < sizeof(snaps) / sizeof(snaps[0]); i++) {
         touch(snaps[i]);
     }
