@@ -482,6 +482,7 @@ struct ioSnapJob {
     uint8_t ref[SNAPSTORE_REF_SIZE];
     struct snapstore_ref r;
     int rv;
+    bool shielded; /* segments were linked into the trash before raft_uv's put */
     char err[256];
 };
 
@@ -589,7 +590,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
 static void snapGcWork(uv_work_t *w)
 {
     struct ioSnapGc *g = w->data;
-    snapstore_gc(g->io->snap_dir, g->older, g->newest);
+    snapstore_gc(g->io->snap_dir, g->older, g->newest, g->io->snap_delete_pause_us);
 }
 
 static void snapGcAfter(uv_work_t *w, int status)
@@ -604,11 +605,9 @@ static void snapGcAfter(uv_work_t *w, int status)
 
 /* A snapshot at `index` is stored: the files of all older ones but the one before it
  * (raft_uv keeps that one too) can go, off the loop. */
-static void snapStored(struct io *io, uint64_t index)
+/* Queues snapstore_gc(older, newest) on the pool; (0, 0) only empties the trash. */
+static void snapGcQueue(struct io *io, uint64_t older, uint64_t newest)
 {
-    uint64_t older = io->snap_last;
-    io->snap_last = index;
-    io->snap_refs++;
     if (io->closing) {
         return; /* the next stored snapshot removes them */
     }
@@ -619,12 +618,20 @@ static void snapStored(struct io *io, uint64_t index)
     g->work.data = g;
     g->io = io;
     g->older = older;
-    g->newest = index;
+    g->newest = newest;
     if (uv_queue_work(io->loop, &g->work, snapGcWork, snapGcAfter) != 0) {
         free(g);
         return;
     }
     io->works++;
+}
+
+static void snapStored(struct io *io, uint64_t index)
+{
+    uint64_t older = io->snap_last;
+    io->snap_last = index;
+    io->snap_refs++;
+    snapGcQueue(io, older, index);
 }
 
 static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
@@ -637,6 +644,9 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     if (j != NULL) {
         if (status == 0 && j->rv == 0) {
             snapStored(io, j->r.index);
+        } else if (j->shielded) {
+            /* Whatever raft_uv deleted before failing is freed; nothing of ours goes. */
+            snapGcQueue(io, 0, 0);
         }
         free(j);
     }
@@ -650,6 +660,10 @@ static void snapWriteWork(uv_work_t *w)
     struct io *io = j->d->io;
     j->rv = snapstore_write(io->snap_dir, j->snapshot->term, j->snapshot->index, j->snapshot->bufs,
                             j->snapshot->n_bufs, io->snap_pause_us, &j->r, j->err, sizeof(j->err));
+    if (j->rv == 0) {
+        /* raft_uv deletes the log segments this snapshot covers: let it drop only names. */
+        j->shielded = snapstore_shield(io->snap_dir, j->snapshot->index, j->trailing) > 0;
+    }
 }
 
 static void snapWriteAfter(uv_work_t *w, int status)
@@ -819,6 +833,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->late_failures = 0;
     io->snap_dir = NULL;
     io->snap_pause_us = SNAPSTORE_PAUSE_US;
+    io->snap_delete_pause_us = SNAPSTORE_DELETE_PAUSE_US;
     io->snap_last = 0;
     io->snap_refs = 0;
     memset(io->append_buckets, 0, sizeof(io->append_buckets));

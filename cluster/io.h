@@ -54,23 +54,24 @@ struct io {
     bool in_append_entries;
     raft_id ae_from;
     raft_index ae_end;
-    unsigned long corrected; /* answers and commit indexes clamped so far */
-    unsigned works;          /* async_work requests in flight (raft's async snapshots) */
-    unsigned disk;           /* appends and snapshot puts in flight */
-    bool closing;            /* raft called close */
-    bool close_deferred;     /* ... and the inner close waits for works and disk writes */
-    bool inner_closing;      /* the inner close has been called */
-    bool disk_wait_over;     /* close_wait_ms passed: the close waits for works only */
-    unsigned close_wait_ms;  /* IO_CLOSE_WAIT_MS unless a test sets it after io_wrap() */
-    uv_timer_t *close_timer; /* while the close waits: bounds it, then runs it */
+    unsigned long corrected;     /* answers and commit indexes clamped so far */
+    unsigned works;              /* async_work requests in flight (raft's async snapshots) */
+    unsigned disk;               /* appends and snapshot puts in flight */
+    bool closing;                /* raft called close */
+    bool close_deferred;         /* ... and the inner close waits for works and disk writes */
+    bool inner_closing;          /* the inner close has been called */
+    bool disk_wait_over;         /* close_wait_ms passed: the close waits for works only */
+    unsigned close_wait_ms;      /* IO_CLOSE_WAIT_MS unless a test sets it after io_wrap() */
+    uv_timer_t *close_timer;     /* while the close waits: bounds it, then runs it */
     unsigned long late_failures; /* appends that ended failed or canceled after close */
     /* Snapshot data through snapstore (snapstore.h): set snap_dir (raft_uv's directory,
      * alive as long as the io) after io_wrap(); NULL passes snapshots to raft_uv as they
      * are. Its pool work is counted in works. */
     const char *snap_dir;
-    unsigned snap_pause_us;  /* SNAPSTORE_PAUSE_US unless a test sets it */
-    uint64_t snap_last;      /* index of the last snapshot stored or loaded */
-    unsigned long snap_refs; /* snapshots stored as references so far */
+    unsigned snap_pause_us;        /* SNAPSTORE_PAUSE_US unless a test sets it */
+    unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
+    uint64_t snap_last;            /* index of the last snapshot stored or loaded */
+    unsigned long snap_refs;       /* snapshots stored as references so far */
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
     uint64_t append_count;
     uint64_t append_sum_us;

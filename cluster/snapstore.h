@@ -10,7 +10,9 @@
  *
  * Layout, in raft_uv's directory:
  *   idem-snapshot-<term>-<index>        the data, as raft handed it (bufs concatenated);
- *   idem-snapshot-<term>-<index>.tmp    while it is written (renamed once durable).
+ *   idem-snapshot-<term>-<index>.tmp    while it is written (renamed once durable);
+ *   idem-trash/                         links to the log segments raft_uv is about to delete,
+ *                                       freed paced afterwards (snapstore_shield).
  * The reference raft_uv stores (SNAPSTORE_REF_SIZE bytes, little-endian):
  *   "IDEMSNP1", term, index, size, XXH3-64 of the data, 0.
  * The file is durable (fdatasync, rename, directory fsync) before raft_uv is handed the
@@ -28,8 +30,11 @@
 #include <stdint.h>
 
 #define SNAPSTORE_REF_SIZE 48
-#define SNAPSTORE_CHUNK (128 * 1024) /* bytes pushed to the disk at a time */
-#define SNAPSTORE_PAUSE_US 1000      /* pause between chunks, by default */
+#define SNAPSTORE_CHUNK (128 * 1024)            /* bytes pushed to the disk at a time */
+#define SNAPSTORE_PAUSE_US 1000                 /* pause between chunks, by default */
+#define SNAPSTORE_DELETE_STEP (4 * 1024 * 1024) /* bytes freed at a time (snapstore_gc) */
+#define SNAPSTORE_DELETE_PAUSE_US 20000         /* pause between those steps, by default */
+#define SNAPSTORE_TRASH "idem-trash"
 
 struct snapstore_ref {
     uint64_t term;
@@ -56,7 +61,16 @@ int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, 
 
 /* Removes the idem-snapshot-* files (and leftover .tmp) below index keep_newest, but for
  * keep_older's (raft_uv keeps the snapshot before the newest too). Files at or past
- * keep_newest are left: one may be written now. Returns the number of files removed. */
-int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest);
+ * keep_newest are left: one may be written now. Then empties the trash (snapstore_shield).
+ * A file that goes is first shrunk SNAPSTORE_DELETE_STEP at a time with pause_us between
+ * steps (0: unlinked at once). Returns the number of files whose data went. */
+int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, unsigned pause_us);
+
+/* Before raft_uv stores a snapshot at `index` keeping `trailing` entries (it then deletes
+ * the closed log segments that end before index - trailing + 1): links those segments into
+ * dir/idem-trash, so that raft_uv's unlink only drops a name and snapstore_gc frees their
+ * blocks paced. Returns the number linked, -1 if the trash cannot be made (nothing breaks:
+ * the segments are then freed at once, as before). */
+int snapstore_shield(const char *dir, uint64_t index, uint64_t trailing);
 
 #endif

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* nftw */
 /* Unit test of cluster/io.c: the correction of libraft 0.15's AppendEntries answers, the
  * forwarding of async_work (asynchronous snapshots) with raft's close held back until the
  * last work has called back, and raft's close held back (for a bounded time) while appends
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <ftw.h>
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -570,25 +572,24 @@ static int setupStore(void **state)
     assert_non_null(mkdtemp(snapDir));
     theIo.snap_dir = snapDir;
     theIo.snap_pause_us = 0;
+    theIo.snap_delete_pause_us = 0;
     innerPutSnapshot = NULL;
     return 0;
+}
+
+static int rmEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
 }
 
 static int teardownStore(void **state)
 {
     (void)state;
-    DIR *d = opendir(snapDir);
-    struct dirent *e;
-    while (d != NULL && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] != '.') {
-            unlinkat(dirfd(d), e->d_name, 0);
-        }
-    }
-    if (d != NULL) {
-        closedir(d);
-    }
-    rmdir(snapDir);
-    return 0;
+    /* The directory and what snapstore made in it (idem-trash/ too). */
+    return nftw(snapDir, rmEntry, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 static bool snapFileExists(uint64_t term, uint64_t index)
@@ -994,6 +995,53 @@ static void test_close_waits_for_snapshot_get(void **state)
     drainLoop();
 }
 
+/* The log segments raft_uv deletes once the snapshot is stored are linked into the trash
+ * before its put and freed by the clean-up after it; a failed put empties the trash too. */
+static void test_segments_raft_uv_deletes_go_through_the_trash(void **state)
+{
+    (void)state;
+    char seg[128], link[160];
+    snprintf(seg, sizeof(seg), "%s/0000000000000001-0000000000000050", snapDir);
+    snprintf(link, sizeof(link), "%s/%s/0000000000000001-0000000000000050", snapDir,
+             SNAPSTORE_TRASH);
+    FILE *f = fopen(seg, "wb");
+    assert_non_null(f);
+    fputs("entries", f);
+    fclose(f);
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 100);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 10, &put, &snap, raftPutDone), 0);
+    RUN_UNTIL(innerPut != NULL);
+    assert_int_equal(access(link, F_OK), 0); /* linked before raft_uv got the put */
+    assert_int_equal(unlink(seg), 0);        /* raft_uv deletes the segment */
+    completePut(0);
+    RUN_UNTIL(theIo.works == 0);
+    assert_int_not_equal(access(link, F_OK), 0);
+
+    /* A put that fails: the segment raft_uv kept keeps its data, the link goes. */
+    f = fopen(seg, "wb");
+    assert_non_null(f);
+    fputs("entries", f);
+    fclose(f);
+    fillSnapshot(&snap, bufs, 200);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 10, &put, &snap, raftPutDone), 0);
+    RUN_UNTIL(innerPut != NULL);
+    assert_int_equal(access(link, F_OK), 0);
+    completePut(RAFT_IOERR);
+    assert_int_equal(putStatus, RAFT_IOERR);
+    RUN_UNTIL(theIo.works == 0);
+    assert_int_not_equal(access(link, F_OK), 0);
+    struct stat sb;
+    assert_int_equal(stat(seg, &sb), 0);
+    assert_int_equal(sb.st_size, 7);
+    assert_int_equal(theIo.snap_last, 100);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    innerCloseCb(&theIo.inner);
+    drainLoop();
+}
+
 int main(void)
 {
     assert_int_equal(uv_loop_init(&loop), 0);
@@ -1021,6 +1069,8 @@ int main(void)
                                         teardownStore),
         cmocka_unit_test_setup_teardown(test_close_waits_for_snapshot_get, setupStore,
                                         teardownStore),
+        cmocka_unit_test_setup_teardown(test_segments_raft_uv_deletes_go_through_the_trash,
+                                        setupStore, teardownStore),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Every test closed what it opened on the loop. */

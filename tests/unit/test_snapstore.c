@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* nftw */
 /* Unit test of cluster/snapstore.c: the reference raft_uv stores (encode/decode), the data
  * file written in chunks and made durable (exact content, no .tmp left, size and XXH3-64 in
  * the reference), reading it back with its size and hash checked (and refused, with a
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <ftw.h>
 #include <xxhash.h>
 
 #include "snapstore.h"
@@ -31,21 +33,19 @@ static int setup(void **state)
 }
 
 /* Removes every file in dir (the tests make no subdirectories), then dir. */
+static int rmEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(dir);
-    if (d == NULL) {
-        return -1;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-            unlinkat(dirfd(d), e->d_name, 0);
-        }
-    }
-    closedir(d);
-    return rmdir(dir);
+    /* The directory and what snapstore made in it (idem-trash/ too). */
+    return nftw(dir, rmEntry, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 static void pathOf(char *out, size_t cap, const char *name)
@@ -482,7 +482,7 @@ static void test_gc_removes_old_files_only(void **state)
     touch("idem-snapshot-2-3.tmp"); /* keep_older's data is kept, a leftover .tmp of it not */
     touch("idem-snapshot-3-7.tmp");
 
-    assert_int_equal(snapstore_gc(dir, 3, 5), 5);
+    assert_int_equal(snapstore_gc(dir, 3, 5, 0), 5);
 
     assert_false(exists("idem-snapshot-1-1"));
     assert_false(exists("idem-snapshot-1-2"));
@@ -500,16 +500,84 @@ static void test_gc_removes_old_files_only(void **state)
     }
 
     /* Again: nothing left to remove. */
-    assert_int_equal(snapstore_gc(dir, 3, 5), 0);
+    assert_int_equal(snapstore_gc(dir, 3, 5, 0), 0);
     /* A missing directory: nothing removed, no failure. */
     char missing[128];
     pathOf(missing, sizeof(missing), "no-such-dir");
-    assert_int_equal(snapstore_gc(missing, 3, 5), 0);
+    assert_int_equal(snapstore_gc(missing, 3, 5, 0), 0);
+}
+
+/* raft_uv's segments that a snapshot makes it delete are linked into idem-trash first; gc
+ * frees those whose last name the trash holds (paced), and only drops the link of those
+ * raft_uv kept, never shrinking a file that has another name. */
+static void writeBytes(const char *name, size_t n, uint8_t seed)
+{
+    char path[256];
+    pathOf(path, sizeof(path), name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++) {
+        fputc((int)(uint8_t)(i * 7 + seed), f);
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+static void test_shield_links_the_segments_raft_uv_deletes(void **state)
+{
+    (void)state;
+    const char *seg1 = "0000000000000001-0000000000000100";
+    const char *seg2 = "0000000000000101-0000000000000200";
+    const char *seg3 = "0000000000000201-0000000000000300";
+    writeBytes(seg1, 9u << 20, 1); /* over two delete steps */
+    writeBytes(seg2, 5u << 20, 2);
+    writeBytes(seg3, 1000, 3);
+    touch("open-1");
+    touch("0000000000000001-00000000000000100"); /* 17 digits: not raft_uv's */
+    touch("000000000000000a-0000000000000100");
+
+    /* No segment goes while the snapshot is within the trailing entries. */
+    assert_int_equal(snapstore_shield(dir, 50, 50), 0);
+    assert_false(exists(SNAPSTORE_TRASH));
+
+    /* At 260 keeping 50, raft_uv keeps from 211: segments ending at 100 and 200 go. */
+    assert_int_equal(snapstore_shield(dir, 260, 50), 2);
+    char t1[128], t2[128], t3[128];
+    snprintf(t1, sizeof(t1), "%s/%s", SNAPSTORE_TRASH, seg1);
+    snprintf(t2, sizeof(t2), "%s/%s", SNAPSTORE_TRASH, seg2);
+    snprintf(t3, sizeof(t3), "%s/%s", SNAPSTORE_TRASH, seg3);
+    assert_true(exists(t1));
+    assert_true(exists(t2));
+    assert_false(exists(t3));
+    /* Linking again (a retried snapshot) is harmless. */
+    assert_int_equal(snapstore_shield(dir, 260, 50), 0);
+
+    /* raft_uv deletes the first; the second stays (say its put failed). */
+    char path[256];
+    pathOf(path, sizeof(path), seg1);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(snapstore_gc(dir, 0, 1, 1), 1); /* the first's data went */
+    assert_false(exists(t1));
+    assert_false(exists(t2));
+    size_t n = 0;
+    uint8_t *b = slurp(seg2, &n);
+    assert_int_equal(n, 5u << 20); /* untouched: it still had raft_uv's name */
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] != (uint8_t)(i * 7 + 2)) {
+            fail_msg("segment kept by raft_uv changed at byte %zu", i);
+        }
+    }
+    free(b);
+    assert_true(exists(seg3));
+    assert_true(exists("open-1"));
+    assert_true(exists("0000000000000001-00000000000000100"));
+    assert_true(exists("000000000000000a-0000000000000100"));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_shield_links_the_segments_raft_uv_deletes, setup,
+                                        teardown),
         cmocka_unit_test(test_ref_round_trip),
         cmocka_unit_test(test_ref_decode_refuses),
         cmocka_unit_test_setup_teardown(test_write_read_across_chunks, setup, teardown),

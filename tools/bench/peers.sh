@@ -93,7 +93,30 @@ wrk_note idem_http
 HALF=$(( ${OPS[idem_rpc]} / 2 ))
 [ "$HALF" -ge 1 ] || die "idem-bench measured no throughput"
 log "idemd RPC, fresh keys, open loop at half the measured max: idem-bench --rate $HALF"
+# Each node's log append histogram (idem_raft_append_duration_seconds) before and after: how
+# many appends the disk held up during the open loop, per node.
+append_hist() {  # append_hist OUT: "node le count" lines of every node's cumulative buckets
+  for i in 1 2 3; do
+    curl -s "http://${HTTP[$i]}/metrics" | sed -n "s/^idem_raft_append_duration_seconds_bucket{le=\"\([^\"]*\)\"} \(.*\)/$i \1 \2/p"
+  done >"$1"
+}
+append_hist "$TMP/append-before"
 DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF" --timeline 100
+append_hist "$TMP/append-after"
+OPEN_DISK=$(python3 -c 'import sys,collections
+def load(p):
+    d = collections.defaultdict(dict)
+    for l in open(p):
+        n, le, c = l.split(); d[n][le] = float(c)
+    return d
+a, b = load(sys.argv[1]), load(sys.argv[2])
+out = []
+for n in sorted(b):
+    tot = b[n]["+Inf"] - a[n].get("+Inf", 0)
+    slow = tot - (b[n].get("0.008", 0) - a[n].get("0.008", 0))
+    worst = max((float(le) for le in b[n] if le != "+Inf" and b[n][le] - a[n].get(le, 0) < tot), default=0)
+    out.append("node %s: %d appends, %d over 8 ms, slowest up to %g ms" % (n, tot, slow, worst * 2000 if worst else 0.5))
+print("; ".join(out))' "$TMP/append-before" "$TMP/append-after")
 # Where the tail came from: the 100 ms intervals with the highest p99.
 OPEN_WORST=$(python3 -c 'import json,sys
 rows = json.load(open(sys.argv[1]))["timeline"]
@@ -185,3 +208,4 @@ echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 $
      "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" 'BEGIN { print (p <= 5.0) ? "met" : "NOT met" }'));" \
      "p99.9 $OPEN_P999 ms; service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
 echo "  worst 100 ms intervals (by the time operations ended): $OPEN_WORST"
+echo "  log appends (write + sync) during the open loop: $OPEN_DISK"
