@@ -9,6 +9,7 @@ import hashlib
 import http.client
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -26,17 +27,29 @@ IDEMCTL = os.path.join(BIN, "idemctl")
 _PORTS_GIVEN = set()
 
 
+_RANDOM = random.SystemRandom()
+
+
 def free_port():
     """A loopback port nothing listens on, never one this process handed out before: the
     kernel may return a port again once the probing socket is closed, and two nodes of one
     cluster were once given the same Raft port that way."""
+    # Drawn at random below the kernel's ephemeral range (32768-60999), not from bind(0):
+    # under ctest -j2 the kernel handed a killed node's port to another test's node, and a
+    # client following a stale leader hint reached that node (an "unauthenticated" answer
+    # in integration.idemctl_status). Client sockets take their ports from the ephemeral
+    # range, so they never hold one of these.
     for _ in range(1000):
+        port = _RANDOM.randrange(10000, 32768)
+        if port in _PORTS_GIVEN:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
     raise RuntimeError("no fresh loopback port after 1000 tries")
 
 
