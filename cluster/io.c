@@ -212,6 +212,14 @@ static void getEnd(struct ioGet *g, struct raft_snapshot *snapshot, int status)
     maybeCloseInnerLater(io);
 }
 
+/* The data could not be put back: raft gets an I/O error and no snapshot. */
+static void getFail(struct ioGet *g, struct raft_snapshot *snapshot, const char *why)
+{
+    fprintf(stderr, "idemd: snapshot for a follower: %s\n", why);
+    snapshotFree(snapshot);
+    getEnd(g, NULL, RAFT_IOERR);
+}
+
 static void snapGetWork(uv_work_t *w)
 {
     struct ioGet *g = w->data;
@@ -222,15 +230,11 @@ static void snapGetAfter(uv_work_t *w, int status)
 {
     struct ioGet *g = w->data;
     struct raft_snapshot *snapshot = g->snapshot;
-    int rv = 0;
     if (status != 0 || g->rv != 0) {
-        fprintf(stderr, "idemd: snapshot for a follower: %s\n",
-                status != 0 ? uv_strerror(status) : g->err);
-        snapshotFree(snapshot);
-        snapshot = NULL;
-        rv = RAFT_IOERR;
+        getFail(g, snapshot, status != 0 ? uv_strerror(status) : g->err);
+        return;
     }
-    getEnd(g, snapshot, rv);
+    getEnd(g, snapshot, 0);
 }
 
 static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snapshot *snapshot,
@@ -244,13 +248,10 @@ static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snap
         g->snapshot = snapshot;
         g->work.data = g;
         int rv = uv_queue_work(io->loop, &g->work, snapGetWork, snapGetAfter);
-        if (rv == 0) {
-            return;
+        if (rv != 0) {
+            getFail(g, snapshot, uv_strerror(rv));
         }
-        fprintf(stderr, "idemd: snapshot for a follower: %s\n", uv_strerror(rv));
-        snapshotFree(snapshot);
-        snapshot = NULL;
-        status = RAFT_IOERR;
+        return;
     }
     getEnd(g, snapshot, status);
 }

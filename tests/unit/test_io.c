@@ -213,6 +213,14 @@ static void drainLoop(void)
     assert_int_equal(uv_loop_alive(&loop), 0);
 }
 
+/* raft closes the io with nothing in flight: raft_uv closes at once, the loop empties. */
+static void closeIo(void)
+{
+    theIo.outer.close(&theIo.outer, raftClosed);
+    innerCloseCb(&theIo.inner);
+    drainLoop();
+}
+
 /* One turn of the loop: the close the wrapper put off to it runs. */
 static void turnLoop(void)
 {
@@ -699,9 +707,7 @@ static void test_snapshot_put_write_failure(void **state)
     assert_int_equal(theIo.disk, 0);
     assert_int_equal(theIo.works, 0);
     assert_int_equal(theIo.snap_last, 0);
-    theIo.outer.close(&theIo.outer, raftClosed);
-    innerCloseCb(&theIo.inner);
-    drainLoop();
+    closeIo();
 }
 
 /* raft_close while the data is being written: the close waits for the pool thread, raft
@@ -829,9 +835,7 @@ static void test_load_puts_the_data_back(void **state)
     assert_int_equal(s->bufs[0].len, sizeof(plain));
     assert_memory_equal(s->bufs[0].base, plain, sizeof(plain));
     freeLoaded(s, entries);
-    theIo.outer.close(&theIo.outer, raftClosed);
-    innerCloseCb(&theIo.inner);
-    drainLoop();
+    closeIo();
 }
 
 /* A damaged or missing data file makes the load fail with a message that names it: the
@@ -873,9 +877,7 @@ static void test_load_refuses_a_damaged_file(void **state)
     assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n),
                      RAFT_CORRUPT);
     assert_non_null(strstr(theIo.outer.errmsg, "idem-snapshot-2-100"));
-    theIo.outer.close(&theIo.outer, raftClosed);
-    innerCloseCb(&theIo.inner);
-    drainLoop();
+    closeIo();
 }
 
 /* snapshot_get (a follower to catch up): raft_uv reads the reference, the wrapper the data,
@@ -950,9 +952,7 @@ static void test_snapshot_get_puts_the_data_back(void **state)
     assert_int_equal(getStatus, RAFT_IOERR);
     assert_null(gotSnapshot);
     assert_int_equal(theIo.works, 0);
-    theIo.outer.close(&theIo.outer, raftClosed);
-    innerCloseCb(&theIo.inner);
-    drainLoop();
+    closeIo();
 }
 
 /* raft_close while raft_uv reads a snapshot for a follower: raft_uv 0.15 fires its close
@@ -1037,9 +1037,7 @@ static void test_segments_raft_uv_deletes_go_through_the_trash(void **state)
     assert_int_equal(stat(seg, &sb), 0);
     assert_int_equal(sb.st_size, 7);
     assert_int_equal(theIo.snap_last, 100);
-    theIo.outer.close(&theIo.outer, raftClosed);
-    innerCloseCb(&theIo.inner);
-    drainLoop();
+    closeIo();
 }
 
 int main(void)
