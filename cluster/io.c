@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "snapstore.h"
 
@@ -530,18 +529,11 @@ static struct io *diskEnd(struct ioDisk *d)
     return io;
 }
 
-static uint64_t monoUs(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* The append's time in the histogram: what an operator compares with etcd's WAL fsync
  * duration, and the part of a claim's latency the disk is responsible for. */
 static void appendTimed(struct io *io, uint64_t start_us)
 {
-    uint64_t us = monoUs() - start_us;
+    uint64_t us = uv_hrtime() / 1000u - start_us;
     unsigned i = 0;
     while (i + 1 < IO_APPEND_BUCKETS && us > IO_APPEND_BOUND_US(i)) {
         i++;
@@ -581,7 +573,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
         return RAFT_NOMEM;
     }
     d->req.append.data = d;
-    d->start_us = monoUs();
+    d->start_us = uv_hrtime() / 1000u;
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
@@ -604,8 +596,6 @@ static void snapGcAfter(uv_work_t *w, int status)
     maybeCloseInnerLater(io);
 }
 
-/* A snapshot at `index` is stored: the files of all older ones but the one before it
- * (raft_uv keeps that one too) can go, off the loop. */
 /* Queues snapstore_gc(older, newest) on the pool; (0, 0) only empties the trash. */
 static void snapGcQueue(struct io *io, uint64_t older, uint64_t newest)
 {
@@ -627,6 +617,8 @@ static void snapGcQueue(struct io *io, uint64_t older, uint64_t newest)
     io->works++;
 }
 
+/* A snapshot at `index` is stored: the files of all older ones but the one before it
+ * (raft_uv keeps that one too) can go, off the loop. */
 static void snapStored(struct io *io, uint64_t index)
 {
     uint64_t older = io->snap_last;
@@ -643,7 +635,7 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     struct ioSnapJob *j = d->job;
     struct io *io = diskEnd(d);
     if (j != NULL) {
-        if (status == 0 && j->rv == 0) {
+        if (status == 0) { /* only raft_uv's put, after our write, answers 0 */
             snapStored(io, j->r.index);
         } else if (j->shielded) {
             /* Whatever raft_uv deleted before failing is freed; nothing of ours goes. */
@@ -676,11 +668,9 @@ static void snapWriteAfter(uv_work_t *w, int status)
     int rv;
     if (status != 0 || j->rv != 0) {
         fprintf(stderr, "idemd: snapshot store: %s\n", status != 0 ? uv_strerror(status) : j->err);
-        j->rv = -1;
         rv = RAFT_IOERR;
     } else if (io->closing) {
-        j->rv = -1; /* written but not referenced: the next stored snapshot removes it */
-        rv = RAFT_CANCELED;
+        rv = RAFT_CANCELED; /* written, not referenced: the next stored snapshot removes it */
     } else {
         snapstore_ref_encode(&j->r, j->ref);
         j->ref_buf.base = j->ref;
@@ -696,7 +686,6 @@ static void snapWriteAfter(uv_work_t *w, int status)
         }
         fprintf(stderr, "idemd: snapshot store: raft_uv refused the reference: %s\n",
                 io->inner.errmsg[0] ? io->inner.errmsg : raft_strerror(rv));
-        j->rv = -1;
     }
     ioSnapshotPutDone(&d->req.put, rv);
 }

@@ -765,31 +765,42 @@ static int fakeLoad(struct raft_io *io, raft_term *term, raft_id *voted_for,
     return 0;
 }
 
-static void freeLoaded(struct raft_snapshot *s, struct raft_entry *entries)
+static void freeSnapshot(struct raft_snapshot *s)
 {
     raft_configuration_close(&s->configuration);
     raft_free(s->bufs[0].base);
     raft_free(s->bufs);
     raft_free(s);
+}
+
+static void freeLoaded(struct raft_snapshot *s, struct raft_entry *entries)
+{
+    freeSnapshot(s);
     raft_free(entries[0].batch);
     raft_free(entries);
 }
 
 /* Writes the file for a snapshot at index 100 and sets the fake's load to refer to it. */
-static void storeForLoad(struct snapstore_ref *r, uint8_t ref[SNAPSTORE_REF_SIZE],
-                         struct raft_buffer *refBuf)
+static int fakeSnapshotGet(struct raft_io *io, struct raft_io_snapshot_get *req,
+                           raft_io_snapshot_get_cb cb);
+
+/* Writes the file for a snapshot at index 100 and sets the fake's load (and get) to refer
+ * to it. */
+static void storeForLoad(void)
 {
+    static uint8_t ref[SNAPSTORE_REF_SIZE];
+    static struct raft_buffer refBuf = {.base = ref, .len = sizeof(ref)};
     struct raft_snapshot snap;
     struct raft_buffer bufs[2];
     fillSnapshot(&snap, bufs, 100);
+    struct snapstore_ref r;
     char err[256];
-    assert_int_equal(snapstore_write(snapDir, 2, 100, bufs, 2, 0, r, err, sizeof(err)), 0);
-    snapstore_ref_encode(r, ref);
-    refBuf->base = ref;
-    refBuf->len = SNAPSTORE_REF_SIZE;
-    loadBuf = refBuf;
+    assert_int_equal(snapstore_write(snapDir, 2, 100, bufs, 2, 0, &r, err, sizeof(err)), 0);
+    snapstore_ref_encode(&r, ref);
+    loadBuf = &refBuf;
     loadIndex = 100;
     theIo.inner.load = fakeLoad;
+    theIo.inner.snapshot_get = fakeSnapshotGet;
 }
 
 static void flipByte(uint64_t index, long offset)
@@ -808,10 +819,7 @@ static void flipByte(uint64_t index, long offset)
 static void test_load_puts_the_data_back(void **state)
 {
     (void)state;
-    struct snapstore_ref r;
-    uint8_t ref[SNAPSTORE_REF_SIZE];
-    struct raft_buffer refBuf;
-    storeForLoad(&r, ref, &refBuf);
+    storeForLoad();
     raft_term term;
     raft_id vote;
     struct raft_snapshot *s = NULL;
@@ -843,10 +851,7 @@ static void test_load_puts_the_data_back(void **state)
 static void test_load_refuses_a_damaged_file(void **state)
 {
     (void)state;
-    struct snapstore_ref r;
-    uint8_t ref[SNAPSTORE_REF_SIZE];
-    struct raft_buffer refBuf;
-    storeForLoad(&r, ref, &refBuf);
+    storeForLoad();
     flipByte(100, 150 * 1024);
     raft_term term;
     raft_id vote;
@@ -923,11 +928,7 @@ static void answerGet(void)
 static void test_snapshot_get_puts_the_data_back(void **state)
 {
     (void)state;
-    struct snapstore_ref r;
-    uint8_t ref[SNAPSTORE_REF_SIZE];
-    struct raft_buffer refBuf;
-    storeForLoad(&r, ref, &refBuf);
-    theIo.inner.snapshot_get = fakeSnapshotGet;
+    storeForLoad();
     getCbs = 0;
     struct raft_io_snapshot_get get;
     assert_int_equal(theIo.outer.snapshot_get(&theIo.outer, &get, raftGetDone), 0);
@@ -939,10 +940,7 @@ static void test_snapshot_get_puts_the_data_back(void **state)
     assert_non_null(gotSnapshot);
     assert_int_equal(gotSnapshot->bufs[0].len, sizeof(bigData));
     assert_memory_equal(gotSnapshot->bufs[0].base, bigData, sizeof(bigData));
-    raft_configuration_close(&gotSnapshot->configuration);
-    raft_free(gotSnapshot->bufs[0].base);
-    raft_free(gotSnapshot->bufs);
-    raft_free(gotSnapshot);
+    freeSnapshot(gotSnapshot);
 
     /* Damaged: raft gets an I/O error and no snapshot (the wrapper frees raft_uv's). */
     flipByte(100, 7);
@@ -969,11 +967,7 @@ static void raftClosedCountingGets(struct raft_io *io)
 static void test_close_waits_for_snapshot_get(void **state)
 {
     (void)state;
-    struct snapstore_ref r;
-    uint8_t ref[SNAPSTORE_REF_SIZE];
-    struct raft_buffer refBuf;
-    storeForLoad(&r, ref, &refBuf);
-    theIo.inner.snapshot_get = fakeSnapshotGet;
+    storeForLoad();
     getCbs = 0;
     struct raft_io_snapshot_get get;
     assert_int_equal(theIo.outer.snapshot_get(&theIo.outer, &get, raftGetDone), 0);
@@ -984,10 +978,7 @@ static void test_close_waits_for_snapshot_get(void **state)
     RUN_UNTIL(getCbs == 1);
     assert_int_equal(getStatus, 0);
     assert_int_equal(theIo.works, 0);
-    raft_configuration_close(&gotSnapshot->configuration);
-    raft_free(gotSnapshot->bufs[0].base);
-    raft_free(gotSnapshot->bufs);
-    raft_free(gotSnapshot);
+    freeSnapshot(gotSnapshot);
     RUN_UNTIL(innerCloses == 1);
     innerCloseCb(&theIo.inner);
     assert_int_equal(outerCloses, 1);
