@@ -907,6 +907,9 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
         goto err_transport;
     }
     raft_uv_set_connect_retry_delay(&c->io.inner, 100);
+    /* raft_uv's snapshot files now hold only snapstore's 48-byte reference (io.h), so
+     * compression saves nothing there; left as it was, unchanged for data directories
+     * written before snapstore. */
     raft_uv_set_snapshot_compression(&c->io.inner, true);
     /* raft_uv destroys a segment's AIO context on the loop when it closes the segment, and
      * io_destroy(2) waits 30-40 ms here (perf: the loop in D state in io_destroy); bigger
