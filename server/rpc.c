@@ -1,7 +1,15 @@
 /* rpc: connections and frames.
  *
  * A connection is freed when its handle is closed and no request it sent is still owed an
- * answer by the service (conn.refs counts the handle, each request and each write).
+ * answer by the service (conn.refs counts the handle, each request, each write and a
+ * place in the flush list).
+ *
+ * Answers are coalesced: an answer frame is appended to its connection's output buffer,
+ * and the connections with output are written once per loop turn, one write each, from a
+ * check handle (after the loop's I/O callbacks, where answers are made). While any output
+ * waits, an idle handle keeps the loop's poll from blocking, so an answer made in a timer
+ * callback is written in the same turn too. Under load, one write carries every answer
+ * that one commit of the log produced for that connection instead of one system call each.
  * Draining: after a bad frame, and when the server stops, a connection reads no more but
  * stays open until every request it already sent is answered and every answer written;
  * then it closes. Back-pressure: a connection with too many requests in flight, or too many
@@ -11,14 +19,14 @@
  *
  * A frame longer than max_frame_bytes is not buffered: its request id is read from its
  * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
- * no length from the frame trusted; at most 22 bytes looked at), it is answered OUTCOME_INVALID with result detail
- * "frame_too_large" under that id, and its bytes are skipped as they arrive; the
+ * no length from the frame trusted; at most 22 bytes looked at), it is answered OUTCOME_INVALID
+ * with result detail "frame_too_large" under that id, and its bytes are skipped as they arrive; the
  * connection carries on. When no request id can be read it is answered under id 0 and
  * the connection drains, as after any undecodable frame.
  *
  * Timeouts (a sweep every SWEEP_MS): a TLS connection whose handshake has not finished
  * rpc.handshake_timeout_ms after it was accepted, and a connection owed nothing (no request
- * in flight, no answer being written) that has not completed a frame for
+ * in flight, no answer waiting or being written) that has not completed a frame for
  * rpc.idle_timeout_ms, are closed, so that silent or trickling peers cannot hold the
  * max_connections slots.
  *
@@ -40,11 +48,12 @@
 #include "tls.h"
 #include "xmalloc.h"
 
-#define CONN_MAX_INFLIGHT 4096          /* requests awaiting an answer */
-#define CONN_MAX_QUEUED (16u << 20)     /* answer bytes waiting to be written */
-#define CONN_TLS_READ 65536             /* ciphertext read buffer of a TLS connection */
-#define SWEEP_MS 250                    /* how often timeouts are checked */
-#define TLS_WARN_EVERY_MS 10000         /* at most one TLS failure warning per this */
+#define CONN_MAX_INFLIGHT 4096      /* requests awaiting an answer */
+#define CONN_MAX_QUEUED (16u << 20) /* answer bytes waiting to be written */
+#define CONN_TLS_READ 65536         /* ciphertext read buffer of a TLS connection */
+#define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
+#define SWEEP_MS 250                /* how often timeouts are checked */
+#define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
 
 struct conn {
     uv_tcp_t tcp;
@@ -52,12 +61,13 @@ struct conn {
     uint8_t *buf;
     size_t len;
     size_t cap;
-    int refs;          /* the open handle + requests awaiting an answer + writes */
-    unsigned inflight; /* requests awaiting an answer */
-    unsigned writes;   /* answers being written */
-    bool closing;      /* the handle is closing: no more reads, no more answers */
-    bool draining;     /* no more reads; close once everything owed is written */
-    bool paused;       /* reading stopped by back-pressure */
+    int refs;             /* the open handle + requests awaiting an answer + writes + a place on the
+                           * flush list */
+    unsigned inflight;    /* requests awaiting an answer */
+    unsigned writes;      /* answers being written */
+    bool closing;         /* the handle is closing: no more reads, no more answers */
+    bool draining;        /* no more reads; close once everything owed is written */
+    bool paused;          /* reading stopped by back-pressure */
     struct tls_conn *tls; /* NULL on a plain-TCP listener */
     uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
     bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
@@ -65,6 +75,11 @@ struct conn {
     uint64_t accepted_ms; /* uv_now() at accept */
     uint64_t progress_ms; /* uv_now() at accept, at each complete frame, each answer written */
     struct conn *prev, *next;
+    struct writeReq *out; /* answer frames not yet written (plain TCP), out_len bytes */
+    size_t out_len;
+    size_t out_cap;
+    bool queued; /* on the server's flush list (holds a reference) */
+    struct conn *flush_next;
 };
 
 struct rpc_server {
@@ -77,11 +92,16 @@ struct rpc_server {
     size_t n_conns;
     bool closing;
     bool listener_closed;
-    uv_timer_t sweep;     /* the timeouts */
+    uv_timer_t sweep; /* the timeouts */
     bool sweep_closed;
-    uint64_t tls_warn_ms;      /* uv_now() of the last TLS failure warning */
-    uint64_t tls_suppressed;   /* TLS failures not logged since then */
+    uint64_t tls_warn_ms;    /* uv_now() of the last TLS failure warning */
+    uint64_t tls_suppressed; /* TLS failures not logged since then */
     bool tls_warned;
+    struct conn *flush;  /* connections with answers to write this loop turn */
+    uv_check_t flusher;  /* writes them, after the turn's I/O callbacks */
+    uv_idle_t awake;     /* active while anything waits: the poll does not block */
+    int handles_closing; /* flusher and awake, once every connection is gone */
+    bool handles_closed;
     void (*close_cb)(void *data);
     void *close_data;
 };
@@ -92,9 +112,21 @@ struct writeReq {
     uint8_t data[];
 };
 
+static void flushHandleClosed(uv_handle_t *h);
+
 static void serverMaybeFree(struct rpc_server *r)
 {
-    if (r->closing && r->listener_closed && r->sweep_closed && r->conns == NULL) {
+    if (r->closing && r->conns == NULL && !r->handles_closed) {
+        /* The flush handles outlive every connection: draining ones still write. */
+        if (r->handles_closing == 0) {
+            r->handles_closing = 2;
+            uv_close((uv_handle_t *)&r->flusher, flushHandleClosed);
+            uv_close((uv_handle_t *)&r->awake, flushHandleClosed);
+        }
+        return;
+    }
+    if (r->closing && r->listener_closed && r->sweep_closed && r->conns == NULL &&
+        r->handles_closed) {
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
         tls_ctx_free(r->tls);
@@ -123,8 +155,25 @@ static void connUnref(struct conn *c)
     tls_conn_free(c->tls);
     free(c->cipher);
     free(c->buf);
+    free(c->out);
     free(c);
     serverMaybeFree(r);
+}
+
+static void flushHandleClosed(uv_handle_t *h)
+{
+    struct rpc_server *r = h->data;
+    if (--r->handles_closing == 0) {
+        r->handles_closed = true;
+        serverMaybeFree(r);
+    }
+}
+
+static void flushCb(uv_check_t *h);
+
+static void awakeCb(uv_idle_t *h)
+{
+    (void)h; /* only keeps the poll from blocking while answers wait */
 }
 
 static void connClosed(uv_handle_t *h)
@@ -165,7 +214,7 @@ static void connClose(struct conn *c)
 /* Closes a draining connection once nothing is owed to it any more. */
 static void connMaybeFinishDrain(struct conn *c)
 {
-    if (c->draining && !c->closing && c->inflight == 0 && c->writes == 0) {
+    if (c->draining && !c->closing && c->inflight == 0 && c->writes == 0 && !c->queued) {
         connClose(c);
     }
 }
@@ -180,7 +229,9 @@ static void connFlowControl(struct conn *c)
         return;
     }
     bool full = c->inflight >= CONN_MAX_INFLIGHT ||
-                uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >= CONN_MAX_QUEUED;
+                uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
+                        (c->tls != NULL ? tls_conn_pending(c->tls) : 0) >=
+                    CONN_MAX_QUEUED;
     if (full && !c->paused) {
         c->paused = true;
         uv_read_stop((uv_stream_t *)&c->tcp);
@@ -216,7 +267,7 @@ static void writeCb(uv_write_t *req, int status)
     connUnref(c);
 }
 
-/* Writes n bytes (a response frame, or TLS records) that w->data holds; w is consumed. */
+/* Writes n bytes (answer frames, or TLS records) that w->data holds; w is consumed. */
 static void connWrite(struct conn *c, struct writeReq *w, size_t n)
 {
     w->c = c;
@@ -252,8 +303,8 @@ static void tlsFail(struct conn *c, const char *what)
     uint64_t now = uv_now(r->loop);
     if (!r->tls_warned || now - r->tls_warn_ms >= TLS_WARN_EVERY_MS) {
         if (r->tls_suppressed > 0) {
-            log_warn("rpc: TLS connection closed: %s: %s (%llu more TLS failures not logged)",
-                     what, tls_conn_errmsg(c->tls), (unsigned long long)r->tls_suppressed);
+            log_warn("rpc: TLS connection closed: %s: %s (%llu more TLS failures not logged)", what,
+                     tls_conn_errmsg(c->tls), (unsigned long long)r->tls_suppressed);
         } else {
             log_warn("rpc: TLS connection closed: %s: %s", what, tls_conn_errmsg(c->tls));
         }
@@ -267,30 +318,111 @@ static void tlsFail(struct conn *c, const char *what)
     connClose(c);
 }
 
-/* Packs and writes one response frame. */
+/* Puts c on the flush list (once per turn), waking the flush handles if it was empty. */
+static void connQueue(struct conn *c)
+{
+    if (c->queued) {
+        return;
+    }
+    struct rpc_server *r = c->srv;
+    if (r->flush == NULL) {
+        uv_check_start(&r->flusher, flushCb);
+        uv_idle_start(&r->awake, awakeCb);
+    }
+    c->queued = true;
+    c->refs++;
+    c->flush_next = r->flush;
+    r->flush = c;
+}
+
+/* Writes what c has gathered this turn: its output buffer, or the TLS engine's records. */
+static void connFlush(struct conn *c)
+{
+    if (c->closing) {
+        return;
+    }
+    if (c->tls != NULL) {
+        tlsFlush(c);
+    } else if (c->out_len > 0) {
+        struct writeReq *w = c->out;
+        size_t n = c->out_len;
+        c->out = NULL;
+        c->out_len = c->out_cap = 0;
+        connWrite(c, w, n);
+    }
+}
+
+static void flushCb(uv_check_t *h)
+{
+    struct rpc_server *r = h->data;
+    struct conn *list = r->flush;
+    r->flush = NULL;
+    while (list != NULL) {
+        struct conn *c = list;
+        list = c->flush_next;
+        c->queued = false;
+        connFlush(c);
+        connMaybeFinishDrain(c);
+        connFlowControl(c);
+        connUnref(c);
+    }
+    if (r->flush == NULL) {
+        uv_check_stop(&r->flusher);
+        uv_idle_stop(&r->awake);
+    }
+}
+
+/* Packs one response frame into c's output for this turn. */
 static void connSend(struct conn *c, const Idem__Response *resp)
 {
     if (c->closing) {
         return;
     }
     size_t n = idem__response__get_packed_size(resp);
-    struct writeReq *w = xmalloc(sizeof(*w) + 4 + n);
-    w->data[0] = (uint8_t)(n >> 24);
-    w->data[1] = (uint8_t)(n >> 16);
-    w->data[2] = (uint8_t)(n >> 8);
-    w->data[3] = (uint8_t)n;
-    idem__response__pack(resp, w->data + 4);
-    if (c->tls == NULL) {
-        connWrite(c, w, 4 + n);
+    if (c->tls != NULL) {
+        uint8_t *frame = xmalloc(4 + n);
+        frame[0] = (uint8_t)(n >> 24);
+        frame[1] = (uint8_t)(n >> 16);
+        frame[2] = (uint8_t)(n >> 8);
+        frame[3] = (uint8_t)n;
+        idem__response__pack(resp, frame + 4);
+        int rv = tls_conn_write(c->tls, frame, 4 + n);
+        free(frame);
+        if (rv != 0) {
+            tlsFail(c, "write");
+            return;
+        }
+        connQueue(c);
         return;
     }
-    int rv = tls_conn_write(c->tls, w->data, 4 + n);
-    free(w);
-    if (rv != 0) {
-        tlsFail(c, "write");
-        return;
+    if (c->out_len > 0 && c->out_len + 4 + n > CONN_OUT_BATCH) {
+        /* A turn's answers are written in pieces of about CONN_OUT_BATCH (stored responses
+         * run to megabytes): the gathered ones go now, in order, this one starts anew. */
+        struct writeReq *w = c->out;
+        size_t len = c->out_len;
+        c->out = NULL;
+        c->out_len = c->out_cap = 0;
+        connWrite(c, w, len);
+        if (c->closing) {
+            return;
+        }
     }
-    tlsFlush(c);
+    if (c->out_cap - c->out_len < 4 + n) {
+        size_t want = c->out_cap ? c->out_cap : 4096;
+        while (want - c->out_len < 4 + n) {
+            want *= 2;
+        }
+        c->out = xrealloc(c->out, sizeof(*c->out) + want);
+        c->out_cap = want;
+    }
+    uint8_t *p = c->out->data + c->out_len;
+    p[0] = (uint8_t)(n >> 24);
+    p[1] = (uint8_t)(n >> 16);
+    p[2] = (uint8_t)(n >> 8);
+    p[3] = (uint8_t)n;
+    idem__response__pack(resp, p + 4);
+    c->out_len += 4 + n;
+    connQueue(c);
 }
 
 static void answeredCb(void *data, const Idem__Response *resp)
@@ -517,6 +649,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
     if (nread < 0) {
+        connFlush(c); /* answers made this turn, before the end of the stream */
         connClose(c);
         return;
     }
@@ -543,7 +676,7 @@ static void sweepCb(uv_timer_t *t)
             now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
             c->tls_failed = true; /* nothing to say to it */
             connClose(c);
-        } else if (c->inflight == 0 && c->writes == 0 &&
+        } else if (c->inflight == 0 && c->writes == 0 && !c->queued &&
                    now - c->progress_ms >= r->cfg->idle_timeout_ms) {
             connClose(c);
         }
@@ -616,6 +749,10 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         rv = uv_listen((uv_stream_t *)&r->listener, 511, acceptCb);
     }
     if (rv == 0) {
+        uv_check_init(loop, &r->flusher);
+        r->flusher.data = r;
+        uv_idle_init(loop, &r->awake);
+        r->awake.data = r;
         uv_timer_init(loop, &r->sweep);
         r->sweep.data = r;
         uv_timer_start(&r->sweep, sweepCb, SWEEP_MS, SWEEP_MS);

@@ -115,6 +115,30 @@ class LimitTest(ClusterTestCase):
                                          cafile=os.path.join(self.c.pki, "ca.crt"))
         return ctx.wrap_socket(s, server_hostname="127.0.0.1")
 
+    def claim_when_a_slot_frees(self, rid, key):
+        """A claim on a new connection once the server has freed a max_connections slot.
+        A slot is free once the server has finished closing the connection (its close
+        callback, at the end of that loop turn), which may come a moment after the client
+        saw the end of the stream: a refused attempt (reset, also mid-TLS-handshake) is
+        retried, for 5 s at most. Returns the answer."""
+        end = time.monotonic() + 5
+        while True:
+            answer = None
+            try:
+                s = self.connect()
+                try:
+                    s.sendall(_claim_frame(rid, self.c.token, key))
+                    answer = _read_answer(s)
+                finally:
+                    s.close()
+            except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError):
+                pass
+            if answer is not None or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertIsNotNone(answer, "no slot freed within 5 s of the connections' close")
+        return answer
+
     def oversized_is_skipped(self):
         n = MAX_FRAME + 1000
         # As libidem's sync client lays a request out (request_id first) and as its async
@@ -130,12 +154,66 @@ class LimitTest(ClusterTestCase):
             self.assertEqual(_read_answer(s)[:2], (rid + 2, OUTCOME_ACQUIRED))
             s.close()
 
+    def burst_then_bad_frame(self):
+        """Answers made in one loop turn are written together (server/rpc.c coalesces
+        them); a burst of pipelined requests ending in an undecodable frame still gets
+        every answer, then the bad frame's, then the close (the drain waits for output
+        not yet written as for writes in flight)."""
+        s = self.connect()
+        n = 300
+        burst = b"".join(_claim_frame(i, self.c.token, "burst-%d" % (i % 150)) if i % 2
+                         else _get_frame(i, self.c.token, "burst-none-%d" % i)
+                         for i in range(1, n + 1))
+        s.sendall(burst + _frame(b"\xff\xff\xff"))
+        answers = {}
+        for _ in range(n + 1):
+            a = _read_answer(s)
+            self.assertIsNotNone(a, "closed after %d answers of %d" % (len(answers), n + 1))
+            answers[a[0]] = a[1]
+        self.assertEqual(answers.pop(0), OUTCOME_INVALID)
+        self.assertEqual(sorted(answers), list(range(1, n + 1)))
+        gets = {answers[i] for i in range(2, n + 1, 2)}
+        self.assertEqual(gets, {OUTCOME_NOT_FOUND})
+        # Each of the 150 keys was claimed once; its second claim (same attempt id) is
+        # answered as a retry of the first, so every claim answers ACQUIRED.
+        self.assertEqual({answers[i] for i in range(1, n + 1, 2)}, {OUTCOME_ACQUIRED})
+        self.assertTrue(_closed(s), "the connection did not close after its bad frame")
+        s.close()
+
+    def large_answers_in_one_turn(self):
+        """Gets of a key whose stored response is 200 KB, pipelined: one turn's answers
+        run past the 256 KiB a write gathers (server/rpc.c cuts them into several writes),
+        and every answer arrives whole, in the order of the requests."""
+        auth = {"Authorization": "Bearer " + self.c.token}
+        r = http_request(self.node.http, "POST", "/v1/claims", {"fingerprint": fp("large")},
+                         headers=dict(auth, **{"Idempotency-Key": "large"}))
+        self.assertEqual((r[0], r[2]["outcome"]), (200, "acquired"), r)
+        text = "x" * 200000
+        r = http_request(self.node.http, "POST", "/v1/claims/large/complete",
+                         {"token": r[2]["token"], "outcome": "succeeded",
+                          "response": {"status": 200, "body": text}}, headers=auth)
+        self.assertEqual(r[0], 200, r)
+        s = self.connect()
+        n = 12
+        s.sendall(b"".join(_get_frame(i, self.c.token, "large") for i in range(1, n + 1)))
+        for i in range(1, n + 1):
+            fields, result = _read_frame(s)
+            self.assertEqual(fields.get(1, 0), i)
+            self.assertIn(text.encode(), result.get(9, b""))  # Result.record
+        s.close()
+
 
 class TestRpcLimits(LimitTest):
     rpc_lines = ["max_connections: 4", "idle_timeout_ms: 1500"]
 
     def test_oversized_frame_is_answered_under_its_id_and_skipped(self):
         self.oversized_is_skipped()
+
+    def test_burst_answers_all_written_before_drain_close(self):
+        self.burst_then_bad_frame()
+
+    def test_large_answers_cut_into_writes_arrive_whole_and_in_order(self):
+        self.large_answers_in_one_turn()
 
     def test_silent_and_trickling_connections_are_closed(self):
         silent = [socket.create_connection(self.addr, timeout=15) for _ in range(4)]
@@ -150,24 +228,8 @@ class TestRpcLimits(LimitTest):
         for i, s in enumerate(silent):
             self.assertTrue(_closed(s), "silent connection %d was not closed" % i)
             s.close()
-        # And a legitimate client gets in. A slot is free once the server has finished
-        # closing the connection (its close callback), which may come a moment after the
-        # client saw the end of the stream: a refused attempt is retried, for 5 s at most.
-        end = time.monotonic() + 5
-        while True:
-            s = self.connect()
-            try:
-                s.sendall(_claim_frame(9, self.c.token, "after-idle"))
-                answer = _read_answer(s)
-            except (ConnectionResetError, BrokenPipeError):
-                answer = None
-            finally:
-                s.close()
-            if answer is not None or time.monotonic() > end:
-                break
-            time.sleep(0.1)
-        self.assertIsNotNone(answer, "no slot freed within 5 s of the idle connections' close")
-        self.assertEqual(answer[:2], (9, OUTCOME_ACQUIRED))
+        # And a legitimate client gets in.
+        self.assertEqual(self.claim_when_a_slot_frees(9, "after-idle")[:2], (9, OUTCOME_ACQUIRED))
 
 
 class TestRpcTlsLimits(LimitTest):
@@ -179,16 +241,17 @@ class TestRpcTlsLimits(LimitTest):
     def test_oversized_frame_is_skipped_over_tls(self):
         self.oversized_is_skipped()
 
+    def test_burst_answers_all_written_before_drain_close_over_tls(self):
+        self.burst_then_bad_frame()
+
     def test_connections_without_a_handshake_are_closed(self):
         raw = [socket.create_connection(self.addr, timeout=15) for _ in range(3)]
         time.sleep(0.3)
         for i, s in enumerate(raw):
             self.assertTrue(_closed(s), "connection %d without a handshake was not closed" % i)
             s.close()
-        s = self.connect()
-        s.sendall(_claim_frame(3, self.c.token, "after-handshake-timeout"))
-        self.assertEqual(_read_answer(s)[:2], (3, OUTCOME_ACQUIRED))
-        s.close()
+        self.assertEqual(self.claim_when_a_slot_frees(3, "after-handshake-timeout")[:2],
+                         (3, OUTCOME_ACQUIRED))
 
     def test_tls_failures_are_logged_at_most_once_per_10s(self):
         for _ in range(5):
