@@ -3,8 +3,10 @@
  * Shape: one TCP connection at a time, to the node believed to lead. Every request is
  * packed once (request id, token, operation) when it is accepted; each send prefixes the
  * time left as Request.deadline_ms (protobuf lets a field come first; the body never
- * carries it). Requests are written as they come (pipelined) and answers, matched by
- * request id, may come back in any order.
+ * carries it). Requests are pipelined and answers, matched by request id, may come back in
+ * any order. Submits are coalesced: a submit arms a zero-delay timer (`kick`), and the
+ * requests accepted until it fires (at the latest in the next loop turn's timers) go out
+ * together, in writes of about BATCH_BYTES (plain TCP) or as a batch of records (TLS).
  *
  * The happy path: accept → (connect) → write → answer with our id → callback → close the
  * request's deadline timer → free the request in the timer's close callback.
@@ -87,11 +89,11 @@ struct aconn {
     bool closing;
     bool resolving; /* a uv_getaddrinfo is outstanding (it holds a reference) */
     bool tcp_closed;
-    SSL *ssl;       /* with TLS; owns rbio and wbio */
-    BIO *rbio;      /* network bytes in */
-    BIO *wbio;      /* network bytes out */
-    uint8_t *cbuf;  /* TLS: ciphertext read buffer; owned */
-    uint8_t *rbuf;  /* plaintext read and not yet parsed; owned */
+    SSL *ssl;      /* with TLS; owns rbio and wbio */
+    BIO *rbio;     /* network bytes in */
+    BIO *wbio;     /* network bytes out */
+    uint8_t *cbuf; /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf; /* plaintext read and not yet parsed; owned */
     size_t rlen, rcap;
     uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
                            * last moment nothing was owed): the stall watch's reference */
@@ -122,11 +124,13 @@ struct idem_async {
     struct aconn *conn; /* NULL: none */
     uv_timer_t reconnect;
     bool reconnect_armed;
-    uv_timer_t watch; /* the stall watch; runs (unreferenced) while requests are pending */
+    uv_timer_t watch;   /* the stall watch; runs (unreferenced) while requests are pending */
+    uv_timer_t kick;    /* zero-delay: writes the requests submitted since it was armed */
     uint32_t max_frame; /* the largest request body accepted */
     struct areq *head, *tail;
     size_t pending;
-    unsigned handles; /* open uv handles we own: reconnect timer, request timers, conns */
+    unsigned handles; /* open uv handles we own: the reconnect, watch and kick timers,
+                       * request timers, conns (with a resolution pending, one more) */
     bool closing;
     idem_async_close_cb close_cb;
     void *close_data;
@@ -260,8 +264,8 @@ static void reqDeadlineCb(uv_timer_t *t)
     struct idem_async *a = r->a;
     char last[IDEM_ERRMSG_LEN];
     snprintf(last, sizeof last, "%s", a->errmsg[0] ? a->errmsg : "no answer");
-    reqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.200s)",
-            r->deadline_ms, last);
+    reqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.200s)", r->deadline_ms,
+            last);
 }
 
 static void writeCb(uv_write_t *w, int status)
@@ -317,16 +321,24 @@ static bool tlsFlushOut(struct aconn *conn)
     return connWrite(conn, wr);
 }
 
-/* Writes `r` on the current, connected connection. A write that fails drops the
- * connection (which puts `r` back to waiting). */
-static void reqSend(struct idem_async *a, struct areq *r)
+/* The most bytes a request frame adds to its body: the length and deadline_ms. */
+#define FRAME_OVERHEAD (4 + 6)
+/* A batch of requests is cut into writes of about this many bytes. */
+#define BATCH_BYTES 65536
+/* After an allocation failure, the waiting requests are tried again this much later. */
+#define KICK_RETRY_MS 10
+
+static void kickCb(uv_timer_t *t);
+
+/* Lays out `r`'s frame at `dst` (room for FRAME_OVERHEAD + body_len) with the time it has
+ * left as deadline_ms; returns its length. */
+static size_t reqFrame(struct idem_async *a, const struct areq *r, uint8_t *dst)
 {
-    struct aconn *conn = a->conn;
     uint64_t now = uv_now(a->loop);
     uint64_t rem = r->deadline > now ? r->deadline - now : 1;
     uint32_t dl = rem > UINT32_MAX ? UINT32_MAX : (uint32_t)rem;
-    uint8_t pre[6];
     size_t pre_len = 0;
+    uint8_t *pre = dst + 4;
     pre[pre_len++] = 0x10; /* field 2 (deadline_ms), varint */
     do {
         uint8_t b = dl & 0x7f;
@@ -334,25 +346,54 @@ static void reqSend(struct idem_async *a, struct areq *r)
         pre[pre_len++] = (uint8_t)(b | (dl ? 0x80 : 0));
     } while (dl != 0);
     size_t body = pre_len + r->body_len;
-    struct awrite *wr = malloc(sizeof *wr + 4 + body);
-    if (wr == NULL) {
-        /* Stays waiting: written at the next flush, or failed by its deadline (a callback
-         * from here could run inside idem_async_*(), which the API rules out). */
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing a request");
-        return;
+    dst[0] = (uint8_t)(body >> 24);
+    dst[1] = (uint8_t)(body >> 16);
+    dst[2] = (uint8_t)(body >> 8);
+    dst[3] = (uint8_t)body;
+    memcpy(pre + pre_len, r->body, r->body_len);
+    return 4 + body;
+}
+
+/* Writes waiting requests from `*from` on, in acceptance order, as one write of about
+ * BATCH_BYTES (at least one request) on the current, connected connection; `*from`
+ * moves past them. A write that fails drops the connection (which puts every request
+ * written on it back to waiting); returns false then, or when out of memory: the
+ * requests stay waiting and the kick is armed to try again in KICK_RETRY_MS (their
+ * deadlines still hold; failing them from here could call back inside idem_async_*(),
+ * which the API rules out). */
+static bool sendBatch(struct idem_async *a, struct areq **from)
+{
+    struct aconn *conn = a->conn;
+    size_t cap = 0;
+    struct areq *end = *from;
+    for (; end != NULL && (cap == 0 || cap + FRAME_OVERHEAD + end->body_len <= BATCH_BYTES);
+         end = end->next) {
+        if (end->state == AREQ_WAITING) {
+            cap += FRAME_OVERHEAD + end->body_len;
+        }
     }
-    wr->len = 4 + body;
-    wr->data[0] = (uint8_t)(body >> 24);
-    wr->data[1] = (uint8_t)(body >> 16);
-    wr->data[2] = (uint8_t)(body >> 8);
-    wr->data[3] = (uint8_t)body;
-    memcpy(wr->data + 4, pre, pre_len);
-    memcpy(wr->data + 4 + pre_len, r->body, r->body_len);
-    r->state = AREQ_SENT;
-    r->sent_on = conn;
+    struct areq *start = *from;
+    *from = end;
+    if (cap == 0) {
+        return true;
+    }
+    struct awrite *wr = malloc(sizeof *wr + cap);
+    if (wr == NULL) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing a request");
+        uv_timer_start(&a->kick, kickCb, KICK_RETRY_MS, 0);
+        return false;
+    }
+    size_t len = 0;
+    for (struct areq *r = start; r != end; r = r->next) {
+        if (r->state == AREQ_WAITING) {
+            len += reqFrame(a, r, wr->data + len);
+            r->state = AREQ_SENT;
+            r->sent_on = conn;
+        }
+    }
+    wr->len = len;
     if (conn->ssl == NULL) {
-        (void)connWrite(conn, wr);
-        return;
+        return connWrite(conn, wr);
     }
     size_t written = 0;
     int ok = SSL_write_ex(conn->ssl, wr->data, wr->len, &written);
@@ -363,9 +404,9 @@ static void reqSend(struct idem_async *a, struct areq *r)
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls write: %s", a->nodes[conn->node].addr,
                  IdemTlsError(ebuf, sizeof ebuf));
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
-        return;
+        return false;
     }
-    (void)tlsFlushOut(conn);
+    return tlsFlushOut(conn);
 }
 
 /* Writes every waiting request, in acceptance order, if a connection is up; starts one
@@ -384,14 +425,14 @@ static void flush(struct idem_async *a)
     if (!a->conn->connected) {
         return;
     }
-    struct aconn *conn = a->conn;
-    for (struct areq *r = a->head; r != NULL && a->conn == conn;) {
-        struct areq *next = r->next;
-        if (r->state == AREQ_WAITING) {
-            reqSend(a, r);
-        }
-        r = next;
+    struct areq *from = a->head;
+    while (from != NULL && sendBatch(a, &from)) {
     }
+}
+
+static void kickCb(uv_timer_t *t)
+{
+    flush(t->data);
 }
 
 /* ---- the connection -------------------------------------------------------------------- */
@@ -621,9 +662,8 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
         if (to < IDEM_NODES_MAX) {
             IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: not the leader; redirected to %s", addr,
                      a->nodes[to].addr);
-            uint64_t delay = a->redirects++ < IDEM_REDIRECTS_FREE
-                                 ? 0
-                                 : IdemBackoffNext(&a->backoff, &a->rng);
+            uint64_t delay =
+                a->redirects++ < IDEM_REDIRECTS_FREE ? 0 : IdemBackoffNext(&a->backoff, &a->rng);
             idem__response__free_unpacked(m, NULL);
             connDrop(a, conn, to, delay);
         } else {
@@ -720,8 +760,8 @@ static bool tlsSetup(struct aconn *conn)
     }
     SSL_set_bio(conn->ssl, conn->rbio, conn->wbio); /* the session owns both now */
     SSL_set_connect_state(conn->ssl);
-    return IdemTlsSetPeer(conn->ssl, a->tls_server_name ? a->tls_server_name
-                                                        : a->nodes[conn->node].host);
+    return IdemTlsSetPeer(conn->ssl,
+                          a->tls_server_name ? a->tls_server_name : a->nodes[conn->node].host);
 }
 
 static void connectCb(uv_connect_t *req, int status)
@@ -810,8 +850,8 @@ static void connStart(struct idem_async *a)
     int rv;
     const char *what = "connect";
     if (numericNode(n, &ss)) {
-        rv = uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss,
-                            connectCb);
+        rv =
+            uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss, connectCb);
     } else {
         struct addrinfo hints;
         memset(&hints, 0, sizeof hints);
@@ -874,11 +914,11 @@ static void watchCb(uv_timer_t *t)
     if (now - conn->quiet_since < limit) {
         return;
     }
-    const char *what = conn->connected ? "no answer"
+    const char *what = conn->connected  ? "no answer"
                        : a->tls != NULL ? "not connected (connect or tls handshake)"
                                         : "not connected";
-    IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s within %" PRIu64 " ms",
-             a->nodes[conn->node].addr, what, limit);
+    IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s within %" PRIu64 " ms", a->nodes[conn->node].addr,
+             what, limit);
     connDrop(a, conn, a->next_seed, 0);
 }
 
@@ -947,6 +987,14 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     }
     a->watch.data = a;
     uv_unref((uv_handle_t *)&a->watch); /* never what keeps the caller's loop running */
+    a->handles++;
+    if (uv_timer_init(loop, &a->kick) != 0) {
+        a->closing = true; /* the last close callback frees `a` */
+        uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
+        uv_close((uv_handle_t *)&a->watch, handleClosedCb);
+        return IDEM_ESYS;
+    }
+    a->kick.data = a;
     a->handles++;
     *out = a;
     return IDEM_OK;
@@ -1029,9 +1077,17 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
         }
         uv_timer_start(&a->watch, watchCb, WATCH_PERIOD_MS, WATCH_PERIOD_MS);
     }
-    /* Writes now when connected; never calls a callback from here: a write that fails at
-     * once only puts requests back to waiting. */
-    flush(a);
+    /* Connected: written by the kick, with whatever else is submitted before it fires (at
+     * the latest in the timers of the next loop turn; a due timer keeps the poll from
+     * blocking). Not connected: starts a connection. Never calls a callback from here: a
+     * write that fails at once only puts requests back to waiting. */
+    if (a->conn != NULL && a->conn->connected) {
+        if (!uv_is_active((uv_handle_t *)&a->kick)) {
+            uv_timer_start(&a->kick, kickCb, 0, 0);
+        }
+    } else {
+        flush(a);
+    }
     return IDEM_OK;
 }
 
@@ -1073,8 +1129,8 @@ int idem_async_complete(struct idem_async *a, const char *key, uint64_t token, i
     return submit(a, &op, deadline_ms, cb, data);
 }
 
-int idem_async_release(struct idem_async *a, const char *key, uint64_t token,
-                       uint32_t deadline_ms, idem_async_cb cb, void *data)
+int idem_async_release(struct idem_async *a, const char *key, uint64_t token, uint32_t deadline_ms,
+                       idem_async_cb cb, void *data)
 {
     struct idem_op op = {.kind = IDEM_OP_RELEASE, .key = key, .token = token};
     return submit(a, &op, deadline_ms, cb, data);
@@ -1087,8 +1143,8 @@ int idem_async_renew(struct idem_async *a, const char *key, uint64_t token, uint
     return submit(a, &op, deadline_ms, cb, data);
 }
 
-int idem_async_get(struct idem_async *a, const char *key, uint32_t deadline_ms,
-                   idem_async_cb cb, void *data)
+int idem_async_get(struct idem_async *a, const char *key, uint32_t deadline_ms, idem_async_cb cb,
+                   void *data)
 {
     struct idem_op op = {.kind = IDEM_OP_GET, .key = key};
     return submit(a, &op, deadline_ms, cb, data);
@@ -1115,4 +1171,6 @@ void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb, void *
     uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
     uv_timer_stop(&a->watch);
     uv_close((uv_handle_t *)&a->watch, handleClosedCb);
+    uv_timer_stop(&a->kick);
+    uv_close((uv_handle_t *)&a->kick, handleClosedCb);
 }

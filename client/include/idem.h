@@ -428,7 +428,8 @@ typedef void (*idem_async_close_cb)(struct idem_async *a, void *data);
 
 /* Creates an asynchronous client on `loop` (borrowed; must outlive the client), with the
  * same options as idem_client_open() (`opts` borrowed; TLS included). Requests are
- * pipelined over one connection to the leader and answered out of order, with the same
+ * pipelined over one connection to the leader and answered out of order (the requests
+ * submitted before the loop next runs its timers are written together), with the same
  * leader-following, retry and deadline rules as the synchronous calls. Host names are
  * resolved on libuv's thread pool (uv_getaddrinfo; the first address is used). No
  * connection is made before the first request. Returns IDEM_OK and *out (OUT; freed
