@@ -52,8 +52,33 @@ stop_all() {  # kills what runs now, so that the next system has the machine to 
   PIDS=()
 }
 
+# free_port: a loopback port nothing listens on, drawn at random below the kernel's
+# ephemeral range (32768-60999) and never one this run handed out before ($TMP/ports).
+# Not bind(0): that hands out ephemeral ports, which the benchmarks' own client sockets
+# also take, and one run's node failed with "address already in use" that way.
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 - "${TMP:?bench_tmp first}/ports" <<'PY'
+import random, socket, sys
+path = sys.argv[1]
+try:
+    given = set(open(path).read().split())
+except FileNotFoundError:
+    given = set()
+for _ in range(1000):
+    port = random.randrange(10000, 32768)
+    if str(port) in given:
+        continue
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    with open(path, "a") as f:
+        f.write("%d\n" % port)
+    print(port)
+    sys.exit(0)
+sys.exit("free_port: no free port found in 10000-32767")
+PY
 }
 sha() { printf '%s' "$1" | sha256sum | cut -c1-64; }
 # wait_until SECONDS WHAT CMD...: poll CMD until it succeeds.

@@ -6,8 +6,8 @@
 #
 #   tools/bench/peers.sh           (root on Debian 12; needs build/bin from a normal build)
 #
-# One run, all on 127.0.0.1 with free ephemeral ports (never the quick start's 700N/800N/900N),
-# in a temp dir, bounded to 5 minutes:
+# One run, all on 127.0.0.1 with free ports below the ephemeral range (never the quick
+# start's 700N/800N/900N), in a temp dir, bounded to 5 minutes:
 #   1. idemd, 3 nodes (fsync on, the default):
 #      a. idem-bench over the binary RPC, closed loop (CONNS in flight from one thread), fresh
 #         keys (each claim one Raft write);
