@@ -1,4 +1,4 @@
-#define _GNU_SOURCE /* nftw */
+#define _GNU_SOURCE /* mkdtemp */
 /* Unit test of cluster/io.c: the correction of libraft 0.15's AppendEntries answers, the
  * forwarding of async_work (asynchronous snapshots) with raft's close held back until the
  * last work has called back, and raft's close held back (for a bounded time) while appends
@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <ftw.h>
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -21,6 +20,7 @@
 
 #include "io.h"
 #include "snapstore.h"
+#include "tmpdir.h"
 
 static uv_loop_t loop; /* the close bound's timer runs on it */
 static struct io theIo;
@@ -217,7 +217,9 @@ static void drainLoop(void)
 static void closeIo(void)
 {
     theIo.outer.close(&theIo.outer, raftClosed);
+    assert_int_equal(innerCloses, 1);
     innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
     drainLoop();
 }
 
@@ -260,11 +262,7 @@ static void test_async_work_is_forwarded(void **state)
     assert_int_equal(theIo.outer.async_work(&theIo.outer, &req, raftWorkDone), 0);
     completeWork(RAFT_IOERR);
     assert_int_equal(workStatus, RAFT_IOERR);
-    /* No work in flight: close goes through at once. */
-    theIo.outer.close(&theIo.outer, raftClosed);
-    assert_int_equal(innerCloses, 1);
-    innerCloseCb(&theIo.inner);
-    assert_int_equal(outerCloses, 1);
+    closeIo(); /* no work in flight: close goes through at once */
 }
 
 /* raft_close while a work runs on the pool: raft_uv is closed only once the work called
@@ -434,11 +432,7 @@ static void test_append_is_forwarded(void **state)
     }
     assert_int_equal(inBuckets, 1);
     assert_int_equal(theIo.append_buckets[0], 1); /* completed at once: under 0.5 ms */
-    theIo.outer.close(&theIo.outer, raftClosed);
-    assert_int_equal(innerCloses, 1); /* nothing in flight: at once */
-    innerCloseCb(&theIo.inner);
-    assert_int_equal(outerCloses, 1);
-    drainLoop();
+    closeIo();                                    /* nothing in flight: at once */
 }
 
 /* raft_close with two appends queued: raft_uv 0.15 would cancel both from inside its close
@@ -585,19 +579,11 @@ static int setupStore(void **state)
     return 0;
 }
 
-static int rmEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int teardownStore(void **state)
 {
     (void)state;
     /* The directory and what snapstore made in it (idem-trash/ too). */
-    return nftw(snapDir, rmEntry, 8, FTW_DEPTH | FTW_PHYS);
+    return tmpdir_remove(snapDir);
 }
 
 static bool snapFileExists(uint64_t term, uint64_t index)
@@ -684,11 +670,7 @@ static void test_snapshot_put_stores_a_reference(void **state)
     assert_true(snapFileExists(2, 200));
     assert_true(snapFileExists(2, 300));
     assert_int_equal(theIo.snap_refs, 3);
-    theIo.outer.close(&theIo.outer, raftClosed);
-    assert_int_equal(innerCloses, 1);
-    innerCloseCb(&theIo.inner);
-    assert_int_equal(outerCloses, 1);
-    drainLoop();
+    closeIo();
 }
 
 /* A failed write reaches raft as an I/O error and raft_uv never sees a reference. */

@@ -1,4 +1,4 @@
-#define _GNU_SOURCE /* nftw */
+#define _GNU_SOURCE /* mkdtemp */
 /* Unit test of cluster/snapstore.c: the reference raft_uv stores (encode/decode), the data
  * file written in chunks and made durable (exact content, no .tmp left, size and XXH3-64 in
  * the reference), reading it back with its size and hash checked (and refused, with a
@@ -18,10 +18,10 @@
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <ftw.h>
 #include <xxhash.h>
 
 #include "snapstore.h"
+#include "tmpdir.h"
 
 static char dir[64];
 
@@ -32,20 +32,11 @@ static int setup(void **state)
     return mkdtemp(dir) != NULL ? 0 : -1;
 }
 
-/* Removes every file in dir (the tests make no subdirectories), then dir. */
-static int rmEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int teardown(void **state)
 {
     (void)state;
     /* The directory and what snapstore made in it (idem-trash/ too). */
-    return nftw(dir, rmEntry, 8, FTW_DEPTH | FTW_PHYS);
+    return tmpdir_remove(dir);
 }
 
 static void pathOf(char *out, size_t cap, const char *name)

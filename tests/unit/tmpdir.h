@@ -1,0 +1,9 @@
+/* tmpdir: the unit tests' temporary directories. */
+#ifndef IDEM_TESTS_TMPDIR_H
+#define IDEM_TESTS_TMPDIR_H
+
+/* Removes `dir` and everything under it (files and directories, symlinks not followed).
+ * Returns 0, or -1 with errno set. */
+int tmpdir_remove(const char *dir);
+
+#endif
