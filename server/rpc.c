@@ -335,6 +335,16 @@ static void connQueue(struct conn *c)
     r->flush = c;
 }
 
+/* Plain TCP: hands the gathered answer frames to the socket; c->out starts anew. */
+static void connWriteOut(struct conn *c)
+{
+    struct writeReq *w = c->out;
+    size_t n = c->out_len;
+    c->out = NULL;
+    c->out_len = c->out_cap = 0;
+    connWrite(c, w, n);
+}
+
 /* Writes what c has gathered this turn: its output buffer, or the TLS engine's records. */
 static void connFlush(struct conn *c)
 {
@@ -344,11 +354,7 @@ static void connFlush(struct conn *c)
     if (c->tls != NULL) {
         tlsFlush(c);
     } else if (c->out_len > 0) {
-        struct writeReq *w = c->out;
-        size_t n = c->out_len;
-        c->out = NULL;
-        c->out_len = c->out_cap = 0;
-        connWrite(c, w, n);
+        connWriteOut(c);
     }
 }
 
@@ -372,6 +378,16 @@ static void flushCb(uv_check_t *h)
     }
 }
 
+/* Lays out resp (n bytes packed) as a frame at p: 4-byte big-endian length, then resp. */
+static void packFrame(uint8_t *p, const Idem__Response *resp, size_t n)
+{
+    p[0] = (uint8_t)(n >> 24);
+    p[1] = (uint8_t)(n >> 16);
+    p[2] = (uint8_t)(n >> 8);
+    p[3] = (uint8_t)n;
+    idem__response__pack(resp, p + 4);
+}
+
 /* Packs one response frame into c's output for this turn. */
 static void connSend(struct conn *c, const Idem__Response *resp)
 {
@@ -381,11 +397,7 @@ static void connSend(struct conn *c, const Idem__Response *resp)
     size_t n = idem__response__get_packed_size(resp);
     if (c->tls != NULL) {
         uint8_t *frame = xmalloc(4 + n);
-        frame[0] = (uint8_t)(n >> 24);
-        frame[1] = (uint8_t)(n >> 16);
-        frame[2] = (uint8_t)(n >> 8);
-        frame[3] = (uint8_t)n;
-        idem__response__pack(resp, frame + 4);
+        packFrame(frame, resp, n);
         int rv = tls_conn_write(c->tls, frame, 4 + n);
         free(frame);
         if (rv != 0) {
@@ -398,11 +410,7 @@ static void connSend(struct conn *c, const Idem__Response *resp)
     if (c->out_len > 0 && c->out_len + 4 + n > CONN_OUT_BATCH) {
         /* A turn's answers are written in pieces of about CONN_OUT_BATCH (stored responses
          * run to megabytes): the gathered ones go now, in order, this one starts anew. */
-        struct writeReq *w = c->out;
-        size_t len = c->out_len;
-        c->out = NULL;
-        c->out_len = c->out_cap = 0;
-        connWrite(c, w, len);
+        connWriteOut(c);
         if (c->closing) {
             return;
         }
@@ -415,12 +423,7 @@ static void connSend(struct conn *c, const Idem__Response *resp)
         c->out = xrealloc(c->out, sizeof(*c->out) + want);
         c->out_cap = want;
     }
-    uint8_t *p = c->out->data + c->out_len;
-    p[0] = (uint8_t)(n >> 24);
-    p[1] = (uint8_t)(n >> 16);
-    p[2] = (uint8_t)(n >> 8);
-    p[3] = (uint8_t)n;
-    idem__response__pack(resp, p + 4);
+    packFrame(c->out->data + c->out_len, resp, n);
     c->out_len += 4 + n;
     connQueue(c);
 }
