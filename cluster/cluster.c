@@ -907,10 +907,10 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
         goto err_transport;
     }
     raft_uv_set_connect_retry_delay(&c->io.inner, 100);
-    /* raft_uv's snapshot files now hold only snapstore's 48-byte reference (io.h), so
-     * compression saves nothing there; left as it was, unchanged for data directories
-     * written before snapstore. */
-    raft_uv_set_snapshot_compression(&c->io.inner, true);
+    /* raft_uv's snapshot files hold only snapstore's 48-byte reference (io.h): an LZ4 frame
+     * would only make it larger. Snapshots that raft_uv compressed before snapstore still
+     * load: raft_uv recognises an LZ4 frame by its magic whatever this setting. */
+    raft_uv_set_snapshot_compression(&c->io.inner, false);
     /* raft_uv destroys a segment's AIO context on the loop when it closes the segment, and
      * io_destroy(2) waits 30-40 ms here (perf: the loop in D state in io_destroy); bigger
      * segments close less often. */

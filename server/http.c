@@ -1019,7 +1019,7 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          "Entries between snapshots now (adapted to the last snapshot's size).",
          si.cluster.snapshot_threshold},
         {"idem_raft_snapshot_bytes", "gauge",
-         "Size of the last snapshot taken or restored, before compression.",
+         "Size of the last snapshot taken or restored (its serialised data).",
          si.cluster.snapshot_bytes_last},
         {"idem_records", "gauge", "Records held (released markers excluded).",
          si.fsm.records - si.fsm.released},
