@@ -330,7 +330,7 @@ static int ioRandom(struct raft_io *o, int min, int max)
  * appends as above; a put that completes instead reaches takeSnapshotCb (compacts the
  * in-memory log, finalizes the snapshot) or installSnapshotCb (discards the result of a
  * raft that is unavailable) on a raft that is still whole. Holding it costs at most the
- * bound below.
+ * bound below, but for snapstore's data write, which is pool work (io.h).
  *
  * The wait for disk writes is bounded (close_wait_ms), so that a stuck disk cannot hang
  * shutdown; past it, raft_uv is closed anyway and one line goes to stderr. An append that
@@ -471,7 +471,7 @@ struct ioDisk {
 };
 
 /* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
- * raft_uv stores the reference (snapWriteAfter), then old files go (snapGc). */
+ * raft_uv stores the reference (snapWriteAfter), then old files go (snapGcQueue). */
 struct ioSnapJob {
     uv_work_t work;
     struct ioDisk *d;
@@ -623,7 +623,6 @@ static void snapStored(struct io *io, uint64_t index)
 {
     uint64_t older = io->snap_last;
     io->snap_last = index;
-    io->snap_refs++;
     snapGcQueue(io, older, index);
 }
 
@@ -825,7 +824,6 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->snap_pause_us = SNAPSTORE_PAUSE_US;
     io->snap_delete_pause_us = SNAPSTORE_DELETE_PAUSE_US;
     io->snap_last = 0;
-    io->snap_refs = 0;
     memset(io->append_buckets, 0, sizeof(io->append_buckets));
     io->append_count = 0;
     io->append_sum_us = 0;
