@@ -954,6 +954,22 @@ __attribute__((format(printf, 2, 3))) static void tbPrintf(struct textBuf *b, co
     }
 }
 
+/* A Prometheus histogram: buckets[i] (not cumulative) counts observations up to bounds[i]
+ * seconds; count includes those above the last bound; sum in seconds. */
+static void tbHistogram(struct textBuf *b, const char *name, const char *help,
+                        const double bounds[], const uint64_t buckets[], size_t n, uint64_t count,
+                        double sum)
+{
+    tbPrintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += buckets[i];
+        tbPrintf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cum);
+    }
+    tbPrintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+             (unsigned long long)count, name, sum, name, (unsigned long long)count);
+}
+
 static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
 {
     struct service_info si;
@@ -977,35 +993,18 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         tbPrintf(&b, "idem_requests_total{outcome=\"%s\"} %llu\n", outcomeNames[o],
                  (unsigned long long)m->outcomes[o]);
     }
-    tbPrintf(&b, "# HELP idem_claim_duration_seconds Time from an HTTP claim to its answer.\n"
-                 "# TYPE idem_claim_duration_seconds histogram\n");
-    uint64_t cum = 0;
-    for (size_t i = 0; i < N_BUCKETS; i++) {
-        cum += m->claim_buckets[i];
-        tbPrintf(&b, "idem_claim_duration_seconds_bucket{le=\"%g\"} %llu\n", histBounds[i],
-                 (unsigned long long)cum);
-    }
-    tbPrintf(&b,
-             "idem_claim_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
-             "idem_claim_duration_seconds_sum %.6f\n"
-             "idem_claim_duration_seconds_count %llu\n",
-             (unsigned long long)m->claim_count, m->claim_sum,
-             (unsigned long long)m->claim_count);
-    tbPrintf(&b, "# HELP idem_raft_append_duration_seconds Time to write and sync a Raft log "
-                 "append on this node (raft's append to its completion).\n"
-                 "# TYPE idem_raft_append_duration_seconds histogram\n");
-    cum = 0;
+    tbHistogram(&b, "idem_claim_duration_seconds", "Time from an HTTP claim to its answer.",
+                histBounds, m->claim_buckets, N_BUCKETS, m->claim_count, m->claim_sum);
+    /* The last of io's buckets has no bound: it counts in +Inf (the count) only. */
+    double appendBounds[IO_APPEND_BUCKETS - 1];
     for (size_t i = 0; i + 1 < IO_APPEND_BUCKETS; i++) {
-        cum += si.cluster.append_buckets[i];
-        tbPrintf(&b, "idem_raft_append_duration_seconds_bucket{le=\"%g\"} %llu\n",
-                 (double)IO_APPEND_BOUND_US(i) / 1e6, (unsigned long long)cum);
+        appendBounds[i] = (double)IO_APPEND_BOUND_US(i) / 1e6;
     }
-    tbPrintf(&b,
-             "idem_raft_append_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
-             "idem_raft_append_duration_seconds_sum %.6f\n"
-             "idem_raft_append_duration_seconds_count %llu\n",
-             (unsigned long long)si.cluster.append_count, (double)si.cluster.append_sum_us / 1e6,
-             (unsigned long long)si.cluster.append_count);
+    tbHistogram(&b, "idem_raft_append_duration_seconds",
+                "Time to write and sync a Raft log append on this node (raft's append to its "
+                "completion).",
+                appendBounds, si.cluster.append_buckets, IO_APPEND_BUCKETS - 1,
+                si.cluster.append_count, (double)si.cluster.append_sum_us / 1e6);
     struct {
         const char *name, *type, *help;
         uint64_t v;
