@@ -61,6 +61,7 @@ struct cluster_config {
     unsigned snapshot_log_percent;   /* 0: snapshot every snapshot_threshold entries */
     uint64_t snapshot_log_max_bytes; /* see cluster_snapshot_threshold() */
     size_t segment_size;             /* raft_uv's log segment size; 0: raft_uv's default */
+    unsigned snapshot_nice;          /* cluster_run_niced's increment for snapshot_write */
     bool pre_vote;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
@@ -70,7 +71,7 @@ struct cluster_config {
 struct cluster_snapshot_info {
     uint64_t index;    /* the raft index it covers */
     uint64_t pause_us; /* the loop's part: snapshot_freeze and the member metadata */
-    uint64_t write_us; /* snapshot_write on the pool thread (0 when it did not run) */
+    uint64_t write_us; /* snapshot_write off the loop (0 when it did not run) */
     size_t bytes;      /* what snapshot_write produced */
     bool written;      /* snapshot_write ran and succeeded */
     unsigned next_threshold; /* entries until the next one (cluster_snapshot_threshold) */
@@ -89,9 +90,10 @@ struct cluster_ops {
     /* Optional, all three or none: snapshots serialised off the loop (raft's asynchronous
      * snapshots, fsm version 3); `snapshot` is then unused. snapshot_freeze runs on the loop
      * and must be short: it hands back an opaque view of the state (OUT) and returns 0, or
-     * -1 to skip this snapshot (raft retries later). snapshot_write then runs on a thread
-     * of libuv's pool while the loop goes on applying commands; it may read the view and
-     * nothing else, and hands back a malloc'd buffer (OUT, the cluster frees it).
+     * -1 to skip this snapshot (raft retries later). snapshot_write then runs off the loop,
+     * at cfg.snapshot_nice (cluster_run_niced), while the loop goes on applying commands; it
+     * may read the view and nothing else, and hands back a malloc'd buffer (OUT, the
+     * cluster frees it).
      * snapshot_release runs on the loop once raft is done with the snapshot (stored,
      * failed, or abandoned at shutdown), exactly once per successful freeze. */
     int (*snapshot_freeze)(void *data, void **view);
@@ -155,6 +157,15 @@ unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k
  * `staggered` one. */
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
                                            uint64_t max_entries);
+
+/* Runs fn(arg) on a thread of its own whose nice value is the caller's plus `nice` (at most
+ * 19, the lowest priority; Linux keeps a nice value per thread), and waits for it; on the
+ * calling thread when no thread can be started. Returns fn's value. For CPU work off the
+ * loop that must not take the cores the loops need: a snapshot's serialisation is a second
+ * or more of one core at a million records, and at normal priority it took a share of the
+ * CPU from the nodes' loops, whose requests waited (README, Limits). At nice 19 it runs on
+ * what the loops leave. */
+int cluster_run_niced(unsigned nice, int (*fn)(void *arg), void *arg);
 
 struct cluster_batch;
 struct cluster;

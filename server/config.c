@@ -647,10 +647,22 @@ static int parseCluster(struct ctx *c, yaml_node_t *map, uint64_t self, struct c
 
 static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
 {
-    enum { ELECTION, HEARTBEAT, THRESHOLD, TRAILING, LOG_PERCENT, LOG_MAX, SEGMENT, PRE_VOTE, N };
+    enum {
+        ELECTION,
+        HEARTBEAT,
+        THRESHOLD,
+        TRAILING,
+        LOG_PERCENT,
+        LOG_MAX,
+        SEGMENT,
+        PRE_VOTE,
+        SNAP_NICE,
+        N
+    };
     static const char *const keys[N] = {
         "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold", "snapshot_trailing",
-        "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",    "pre_vote"};
+        "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",    "pre_vote",
+        "snapshot_nice"};
     struct field f[N];
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
         getU32(c, &f[ELECTION], 100, 60000, &r->election_timeout_ms) != 0 ||
@@ -660,6 +672,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[LOG_PERCENT], 0, 10000, &r->snapshot_log_percent) != 0 ||
         getU32(c, &f[LOG_MAX], 1, 65536, &r->snapshot_log_max_mb) != 0 ||
         getU32(c, &f[SEGMENT], 1, 1024, &r->segment_size_mb) != 0 ||
+        getU32(c, &f[SNAP_NICE], 0, 19, &r->snapshot_nice) != 0 ||
         getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0) {
         return -1;
     }
@@ -1419,6 +1432,7 @@ static void setDefaults(struct config *cfg)
     cfg->raft.snapshot_log_percent = 100;
     cfg->raft.snapshot_log_max_mb = 256;
     cfg->raft.segment_size_mb = 64;
+    cfg->raft.snapshot_nice = 19;
     cfg->raft.pre_vote = true;
     cfg->rpc.max_frame_bytes = (4u << 20) + (128u << 10);
     cfg->rpc.default_deadline_ms = 2000;

@@ -66,6 +66,7 @@ struct config_raft {
                                     * this % of its size; 0..10000, default 100, 0: off */
     uint32_t snapshot_log_max_mb;  /* ... or this much log; 1..65536, default 256 */
     uint32_t segment_size_mb;      /* log segment files; 1..1024, default 64 */
+    uint32_t snapshot_nice;        /* added to the serialising thread's nice; 0..19, default 19 */
     bool pre_vote;                 /* default true */
 };
 

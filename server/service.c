@@ -1082,6 +1082,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .snapshot_log_percent = cfg->raft.snapshot_log_percent,
         .snapshot_log_max_bytes = (uint64_t)cfg->raft.snapshot_log_max_mb << 20,
         .segment_size = (size_t)cfg->raft.segment_size_mb << 20,
+        .snapshot_nice = cfg->raft.snapshot_nice,
         .pre_vote = cfg->raft.pre_vote,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,

@@ -121,6 +121,7 @@ static const char full_text[] =
     "  snapshot_log_max_mb: 1024\n"
     "  segment_size_mb: 8\n"
     "  pre_vote: no\n"
+    "  snapshot_nice: 0\n"
     "rpc:\n"
     "  max_frame_bytes: 1048576\n"
     "  default_deadline_ms: 500\n"
@@ -184,6 +185,7 @@ static void test_full(void **state)
     assert_int_equal(c.raft.snapshot_log_max_mb, 1024);
     assert_int_equal(c.raft.segment_size_mb, 8);
     assert_false(c.raft.pre_vote);
+    assert_int_equal(c.raft.snapshot_nice, 0);
 
     assert_int_equal(c.rpc.max_frame_bytes, 1048576);
     assert_int_equal(c.rpc.default_deadline_ms, 500);
@@ -258,6 +260,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.raft.snapshot_log_max_mb, 256);
     assert_int_equal(c.raft.segment_size_mb, 64);
     assert_true(c.raft.pre_vote);
+    assert_int_equal(c.raft.snapshot_nice, 19);
     assert_int_equal(c.rpc.max_frame_bytes, 4 * 1024 * 1024 + 128 * 1024);
     assert_int_equal(c.rpc.default_deadline_ms, 2000);
     assert_int_equal(c.rpc.max_deadline_ms, 60000);
@@ -390,6 +393,8 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
     {"snapshot log percent above the maximum", NODE_OK "raft:\n  snapshot_log_percent: 10001\n",
      "x.yaml:7:25: ", "raft.snapshot_log_percent: \"10001\" is out of range (0..10000)"},
+    {"snapshot nice above 19", NODE_OK "raft:\n  snapshot_nice: 20\n", "x.yaml:7:18: ",
+     "raft.snapshot_nice: \"20\" is out of range (0..19)"},
     {"snapshot log cap zero", NODE_OK "raft:\n  snapshot_log_max_mb: 0\n",
      "x.yaml:7:24: ", "raft.snapshot_log_max_mb: \"0\" is out of range (1..65536)"},
     {"segment size above the maximum", NODE_OK "raft:\n  segment_size_mb: 1025\n",

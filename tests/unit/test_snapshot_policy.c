@@ -1,10 +1,14 @@
 /* Unit tests of the snapshot schedule (cluster_snapshot_threshold, cluster_snapshot_stagger):
- * how many entries a node lets pass between two snapshots, and at which indexes. */
+ * how many entries a node lets pass between two snapshots, and at which indexes; and of the
+ * low-priority thread the serialisation runs on (cluster_run_niced). */
+#define _GNU_SOURCE /* gettid */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <limits.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -111,6 +115,45 @@ static void leaderWaitsTwoIntervalsMore(void **state)
                      UINT_MAX - 5);
 }
 
+struct prioProbe {
+    pid_t tid;
+    int nice;
+    int calls;
+    int rv;
+};
+
+static int probePriority(void *arg)
+{
+    struct prioProbe *p = arg;
+    p->tid = gettid();
+    p->nice = getpriority(PRIO_PROCESS, (id_t)p->tid);
+    p->calls++;
+    return p->rv;
+}
+
+static void nicedRunsOnItsOwnThreadAtTheIncrement(void **state)
+{
+    (void)state;
+    int before = getpriority(PRIO_PROCESS, (id_t)gettid());
+    assert_true(before <= 0); /* otherwise the test shows nothing */
+    struct prioProbe p = {.rv = 42};
+    assert_int_equal(cluster_run_niced(19, probePriority, &p), 42);
+    assert_int_equal(p.calls, 1);
+    assert_int_not_equal(p.tid, gettid());
+    assert_int_equal(p.nice, before + 19);
+    /* The caller (raft_uv's pool thread, in idemd) keeps its priority. */
+    assert_int_equal(getpriority(PRIO_PROCESS, (id_t)gettid()), before);
+
+    p.rv = -1; /* fn's failure comes back as it is */
+    assert_int_equal(cluster_run_niced(5, probePriority, &p), -1);
+    assert_int_equal(p.nice, before + 5);
+    assert_int_equal(cluster_run_niced(0, probePriority, &p), -1);
+    assert_int_equal(p.nice, before);
+    assert_int_equal(cluster_run_niced(1000, probePriority, &p), -1);
+    assert_int_equal(p.nice, before + 19); /* the increment is at most 19 */
+    assert_int_equal(p.calls, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -118,6 +161,7 @@ int main(void)
         cmocka_unit_test(boundedBothWays),     cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
         cmocka_unit_test(staggerPhasesDiffer), cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
         cmocka_unit_test(leaderWaitsTwoIntervalsMore),
+        cmocka_unit_test(nicedRunsOnItsOwnThreadAtTheIncrement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
