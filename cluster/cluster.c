@@ -13,21 +13,18 @@
  * failed with RAFT_SHUTDOWN. A proposer's batch is recognised in fsmApply by (proposer id,
  * epoch, proposal number), never by index alone, so that an entry another leader wrote at the
  * same index can never complete our waiters. */
-#define _GNU_SOURCE /* gettid */
 #include "cluster.h"
 
 #include <assert.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "idem.pb-c.h"
 #include "io.h"
+#include "niced.h"
 #include "transport.h"
 
 #define TICK_MS 100
@@ -737,37 +734,6 @@ static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigne
     return 0;
 }
 
-struct nicedRun {
-    unsigned nice;
-    int (*fn)(void *arg);
-    void *arg;
-    int rv;
-};
-
-static void *nicedMain(void *arg)
-{
-    struct nicedRun *r = arg;
-    /* A new thread starts with its creator's nice value. Raising one's own needs no
-     * privilege: setpriority fails only on a bad thread id or value, neither possible. */
-    id_t self = (id_t)gettid();
-    int now = getpriority(PRIO_PROCESS, self);
-    int want = now + (int)(r->nice < 19 ? r->nice : 19);
-    (void)setpriority(PRIO_PROCESS, self, want < 19 ? want : 19);
-    r->rv = r->fn(r->arg);
-    return NULL;
-}
-
-int cluster_run_niced(unsigned nice, int (*fn)(void *arg), void *arg)
-{
-    struct nicedRun r = {.nice = nice, .fn = fn, .arg = arg, .rv = -1};
-    pthread_t th;
-    if (pthread_create(&th, NULL, nicedMain, &r) != 0) {
-        return fn(arg);
-    }
-    pthread_join(th, NULL);
-    return r.rv;
-}
-
 struct snapshotWriteRun {
     struct cluster *c;
     uint8_t *app;
@@ -791,7 +757,7 @@ static int fsmSnapshotAsync(struct raft_fsm *fsm, struct raft_buffer *bufs[], un
     }
     uint64_t t0 = monoUs();
     struct snapshotWriteRun w = {.c = c};
-    if (cluster_run_niced(c->cfg.snapshot_nice, snapshotWriteMain, &w) != 0) {
+    if (niced_run(c->cfg.snapshot_nice, snapshotWriteMain, &w) != 0) {
         return RAFT_IOERR;
     }
     (*bufs)[1].base = w.app;
@@ -966,6 +932,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     }
     io_wrap(&c->io, loop);
     c->io.snap_dir = c->data_dir; /* snapshot data paced, in files of our own (snapstore.h) */
+    c->io.snap_nice = c->cfg.snapshot_nice;
 
     c->fsm.version = 2;
     c->fsm.data = c;

@@ -61,7 +61,7 @@ struct cluster_config {
     unsigned snapshot_log_percent;   /* 0: snapshot every snapshot_threshold entries */
     uint64_t snapshot_log_max_bytes; /* see cluster_snapshot_threshold() */
     size_t segment_size;             /* raft_uv's log segment size; 0: raft_uv's default */
-    unsigned snapshot_nice;          /* cluster_run_niced's increment for snapshot_write */
+    unsigned snapshot_nice;          /* niced_run increment: snapshot_write, data write */
     bool pre_vote;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
@@ -91,7 +91,7 @@ struct cluster_ops {
      * snapshots, fsm version 3); `snapshot` is then unused. snapshot_freeze runs on the loop
      * and must be short: it hands back an opaque view of the state (OUT) and returns 0, or
      * -1 to skip this snapshot (raft retries later). snapshot_write then runs off the loop,
-     * at cfg.snapshot_nice (cluster_run_niced), while the loop goes on applying commands; it
+     * at cfg.snapshot_nice (niced.h), while the loop goes on applying commands; it
      * may read the view and nothing else, and hands back a malloc'd buffer (OUT, the
      * cluster frees it).
      * snapshot_release runs on the loop once raft is done with the snapshot (stored,
@@ -157,15 +157,6 @@ unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k
  * `staggered` one. */
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
                                            uint64_t max_entries);
-
-/* Runs fn(arg) on a thread of its own whose nice value is the caller's plus `nice` (at most
- * 19, the lowest priority; Linux keeps a nice value per thread), and waits for it; on the
- * calling thread when no thread can be started. Returns fn's value. For CPU work off the
- * loop that must not take the cores the loops need: a snapshot's serialisation is a second
- * or more of one core at a million records, and at normal priority it took a share of the
- * CPU from the nodes' loops, whose requests waited (README, Limits). At nice 19 it runs on
- * what the loops leave. */
-int cluster_run_niced(unsigned nice, int (*fn)(void *arg), void *arg);
 
 struct cluster_batch;
 struct cluster;

@@ -72,6 +72,7 @@ struct io {
      * are. Its pool work is counted in works. */
     const char *snap_dir;
     unsigned snap_pause_us;        /* SNAPSTORE_PAUSE_US unless a test sets it */
+    unsigned snap_nice;            /* the data write runs niced by this (niced.h); 0 */
     unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */

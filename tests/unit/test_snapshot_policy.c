@@ -1,6 +1,6 @@
 /* Unit tests of the snapshot schedule (cluster_snapshot_threshold, cluster_snapshot_stagger):
  * how many entries a node lets pass between two snapshots, and at which indexes; and of the
- * low-priority thread the serialisation runs on (cluster_run_niced). */
+ * low-priority thread the serialisation runs on (niced_run). */
 #define _GNU_SOURCE /* gettid */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "cluster.h"
+#include "niced.h"
 
 #define MIB (UINT64_C(1) << 20)
 
@@ -137,7 +138,7 @@ static void nicedRunsOnItsOwnThreadAtTheIncrement(void **state)
     int before = getpriority(PRIO_PROCESS, (id_t)gettid());
     assert_true(before <= 0); /* otherwise the test shows nothing */
     struct prioProbe p = {.rv = 42};
-    assert_int_equal(cluster_run_niced(19, probePriority, &p), 42);
+    assert_int_equal(niced_run(19, probePriority, &p), 42);
     assert_int_equal(p.calls, 1);
     assert_int_not_equal(p.tid, gettid());
     assert_int_equal(p.nice, before + 19);
@@ -145,11 +146,12 @@ static void nicedRunsOnItsOwnThreadAtTheIncrement(void **state)
     assert_int_equal(getpriority(PRIO_PROCESS, (id_t)gettid()), before);
 
     p.rv = -1; /* fn's failure comes back as it is */
-    assert_int_equal(cluster_run_niced(5, probePriority, &p), -1);
+    assert_int_equal(niced_run(5, probePriority, &p), -1);
     assert_int_equal(p.nice, before + 5);
-    assert_int_equal(cluster_run_niced(0, probePriority, &p), -1);
+    assert_int_equal(niced_run(0, probePriority, &p), -1);
     assert_int_equal(p.nice, before);
-    assert_int_equal(cluster_run_niced(1000, probePriority, &p), -1);
+    assert_int_equal(p.tid, gettid()); /* nothing to lower: no thread */
+    assert_int_equal(niced_run(1000, probePriority, &p), -1);
     assert_int_equal(p.nice, before + 19); /* the increment is at most 19 */
     assert_int_equal(p.calls, 4);
 }
