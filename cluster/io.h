@@ -29,9 +29,10 @@
  * deletions (a write in flight at close is finished, then discarded: 1-3 s per 100 MB of
  * snapshot in logs of a 2-core VM; a deletion takes 0.5 s per 100 MB by its pacing).
  *
- * With snap_dir set, it keeps the snapshot's data in a file of its own, written paced, and
- * hands raft_uv a small reference in its place (snapstore.h says why); load and
- * snapshot_get put the data back, so raft above and raft_uv below see nothing different. */
+ * With snap_dir set, it keeps the snapshot's data in a file of its own, written paced (and
+ * niced by snap_nice, niced.h), and hands raft_uv a small reference in its place
+ * (snapstore.h says why); load and snapshot_get put the data back, so raft above and
+ * raft_uv below see nothing different. */
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
