@@ -100,8 +100,8 @@ struct cluster {
     uint64_t last_snapshot_index;
     unsigned saved_threshold; /* nonzero while a forced snapshot is pending */
     /* The snapshot in flight when asynchronous (fsmSnapshot → fsmSnapshotAsync on a pool
-     * thread → fsmSnapshotFinalize). The pool thread writes only write_us / written; libuv's
-     * work queue orders those writes before the loop reads them. */
+     * thread → fsmSnapshotFinalize). The pool thread writes only write_us / written / nice;
+     * libuv's work queue orders those writes before the loop reads them. */
     struct {
         void *view;
         uint64_t index;
@@ -109,6 +109,7 @@ struct cluster {
         uint64_t write_us;
         size_t bytes;
         bool written;
+        int nice; /* the nice value snapshot_write ran at */
     } snap;
     uint64_t snapshots;
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
@@ -757,7 +758,7 @@ static int fsmSnapshotAsync(struct raft_fsm *fsm, struct raft_buffer *bufs[], un
     }
     uint64_t t0 = monoUs();
     struct snapshotWriteRun w = {.c = c};
-    if (niced_run(c->cfg.snapshot_nice, snapshotWriteMain, &w) != 0) {
+    if (niced_run(c->cfg.snapshot_nice, &c->snap.nice, snapshotWriteMain, &w) != 0) {
         return RAFT_IOERR;
     }
     (*bufs)[1].base = w.app;
@@ -791,6 +792,7 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
             .write_us = c->snap.write_us,
             .bytes = c->snap.bytes,
             .written = c->snap.written,
+            .nice = c->snap.nice,
             .next_threshold = c->threshold,
         };
         void *view = c->snap.view;
@@ -932,7 +934,6 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     }
     io_wrap(&c->io, loop);
     c->io.snap_dir = c->data_dir; /* snapshot data paced, in files of our own (snapstore.h) */
-    c->io.snap_nice = c->cfg.snapshot_nice;
 
     c->fsm.version = 2;
     c->fsm.data = c;

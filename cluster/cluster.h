@@ -74,6 +74,7 @@ struct cluster_snapshot_info {
     uint64_t write_us; /* snapshot_write off the loop (0 when it did not run) */
     size_t bytes;      /* what snapshot_write produced */
     bool written;      /* snapshot_write ran and succeeded */
+    int nice;          /* the nice value it ran at (cfg.snapshot_nice over the process's) */
     unsigned next_threshold; /* entries until the next one (cluster_snapshot_threshold) */
 };
 

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "niced.h"
 #include "snapstore.h"
 
 static struct io *fromOuter(struct raft_io *o)
@@ -647,21 +646,12 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     maybeCloseInnerLater(io);
 }
 
-/* The write proper: copying the data into the page cache is CPU work as big as the
- * serialisation's, so it runs niced too (niced.h). */
-static int snapWriteNiced(void *arg)
-{
-    struct ioSnapJob *j = arg;
-    struct io *io = j->d->io;
-    return snapstore_write(io->snap_dir, j->snapshot->term, j->snapshot->index, j->snapshot->bufs,
-                           j->snapshot->n_bufs, io->snap_pause_us, &j->r, j->err, sizeof(j->err));
-}
-
 static void snapWriteWork(uv_work_t *w)
 {
     struct ioSnapJob *j = w->data;
     struct io *io = j->d->io;
-    j->rv = niced_run(io->snap_nice, snapWriteNiced, j);
+    j->rv = snapstore_write(io->snap_dir, j->snapshot->term, j->snapshot->index, j->snapshot->bufs,
+                            j->snapshot->n_bufs, io->snap_pause_us, &j->r, j->err, sizeof(j->err));
     if (j->rv == 0) {
         /* raft_uv deletes the log segments this snapshot covers: let it drop only names. */
         j->shielded = snapstore_shield(io->snap_dir, j->snapshot->index, j->trailing) > 0;
@@ -832,7 +822,6 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->late_failures = 0;
     io->snap_dir = NULL;
     io->snap_pause_us = SNAPSTORE_PAUSE_US;
-    io->snap_nice = 0;
     io->snap_delete_pause_us = SNAPSTORE_DELETE_PAUSE_US;
     io->snap_last = 0;
     memset(io->append_buckets, 0, sizeof(io->append_buckets));

@@ -29,10 +29,9 @@
  * deletions (a write in flight at close is finished, then discarded: 1-3 s per 100 MB of
  * snapshot in logs of a 2-core VM; a deletion takes 0.5 s per 100 MB by its pacing).
  *
- * With snap_dir set, it keeps the snapshot's data in a file of its own, written paced (and
- * niced by snap_nice, niced.h), and hands raft_uv a small reference in its place
- * (snapstore.h says why); load and snapshot_get put the data back, so raft above and
- * raft_uv below see nothing different. */
+ * With snap_dir set, it keeps the snapshot's data in a file of its own, written paced, and
+ * hands raft_uv a small reference in its place (snapstore.h says why); load and
+ * snapshot_get put the data back, so raft above and raft_uv below see nothing different. */
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
@@ -73,7 +72,6 @@ struct io {
      * are. Its pool work is counted in works. */
     const char *snap_dir;
     unsigned snap_pause_us;        /* SNAPSTORE_PAUSE_US unless a test sets it */
-    unsigned snap_nice;            /* the data write runs niced by this (niced.h); 0 */
     unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */

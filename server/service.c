@@ -350,9 +350,9 @@ static void svcSnapshotRelease(void *data, void *view,
     fsm_thaw(s->fsm, view);
     if (info->written) {
         log_info("snapshot at index %llu: %llu records, %zu bytes; loop paused %.3f ms, "
-                 "written off the loop in %.1f ms; next after %u entries",
+                 "written off the loop in %.1f ms at nice %d; next after %u entries",
                  (unsigned long long)info->index, (unsigned long long)records, info->bytes,
-                 (double)info->pause_us / 1000.0, (double)info->write_us / 1000.0,
+                 (double)info->pause_us / 1000.0, (double)info->write_us / 1000.0, info->nice,
                  info->next_threshold);
     } else {
         log_warn("snapshot at index %llu abandoned (loop paused %.3f ms)",

@@ -139,7 +139,7 @@ class Node:
 class Cluster:
     def __init__(self, n=3, snapshot_threshold=8192, snapshot_trailing=2048,
                  election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
-                 snapshot_log_percent=None, segment_size_mb=8):
+                 snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         self.token = secrets.token_hex(16)
         self.token2 = secrets.token_hex(16)
@@ -148,7 +148,7 @@ class Cluster:
                          snapshot_trailing=snapshot_trailing, election_ms=election_ms,
                          heartbeat_ms=heartbeat_ms, expiry_ms=expiry_ms,
                          snapshot_log_percent=snapshot_log_percent,
-                         segment_size_mb=segment_size_mb)
+                         segment_size_mb=segment_size_mb, snapshot_nice=snapshot_nice)
         self.nodes = {}
         self.bootstrap = []
         for i in range(1, n + 1):
@@ -188,7 +188,7 @@ class Cluster:
         ]
         # None: the server's default. Tests keep raft_uv's small segments (8 MiB, three
         # preallocated per node) unless they ask: CI machines can be short of disk.
-        for opt in ("snapshot_log_percent", "segment_size_mb"):
+        for opt in ("snapshot_log_percent", "segment_size_mb", "snapshot_nice"):
             if o[opt] is not None:
                 lines.append("  %s: %d" % (opt, o[opt]))
         lines += [

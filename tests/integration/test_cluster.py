@@ -271,6 +271,13 @@ class TestExpiry(ClusterTest):
                  10, "every replica to hold the tombstone and the new record")
 
 
+def snapshot_nices(node):
+    """The nice values a node's snapshots were serialised at, from its log."""
+    with open(node.log, errors="replace") as f:
+        return [int(m.group(1)) for m in
+                re.finditer(r"written off the loop in [0-9.]+ ms at nice (-?[0-9]+);", f.read())]
+
+
 class TestSnapshots(ClusterTest):
     cluster_opts = dict(snapshot_threshold=64, snapshot_trailing=16)
 
@@ -388,6 +395,12 @@ class TestSnapshots(ClusterTest):
                 out[nid] = (metas, raft_files)
             return out
         files = wait_for(stored, 30, "every node's snapshots in idem-snapshot files")
+        # Serialised at raft.snapshot_nice (default 19) over idemd's own nice value, which
+        # it inherits from this test.
+        for nid in self.c.nodes:
+            nices = snapshot_nices(self.c.nodes[nid])
+            self.assertTrue(nices, "node %d logged no snapshot" % nid)
+            self.assertEqual(set(nices), {min(os.nice(0) + 19, 19)}, "node %d" % nid)
         for nid, (metas, raft_files) in files.items():
             for name, size in raft_files.items():
                 # Only the 48-byte reference (stored uncompressed), not the data.
@@ -576,8 +589,10 @@ class TestSnapshotSchedule(ClusterTest):
 
 class TestSnapshotScheduleFixed(ClusterTest):
     fill = TestSnapshotSchedule.fill
-    """raft.snapshot_log_percent: 0 keeps the fixed interval."""
-    cluster_opts = dict(snapshot_threshold=16, snapshot_trailing=4, snapshot_log_percent=0)
+    """raft.snapshot_log_percent: 0 keeps the fixed interval. (And raft.snapshot_nice: 0
+    serialises at idemd's own priority.)"""
+    cluster_opts = dict(snapshot_threshold=16, snapshot_trailing=4, snapshot_log_percent=0,
+                        snapshot_nice=0)
 
     def test_interval_stays_fixed(self):
         self.fill(1500)
@@ -587,6 +602,10 @@ class TestSnapshotScheduleFixed(ClusterTest):
         for n in st["nodes"]:
             self.assertEqual(n["snapshot_threshold"], 16, n)
             self.assertGreater(n["snapshot_bytes"], 0, n)
+        for nid in self.c.nodes:
+            nices = wait_for(lambda: snapshot_nices(self.c.nodes[nid]), 10,
+                             "node %d's snapshot logged" % nid)
+            self.assertEqual(set(nices), {os.nice(0)}, "node %d" % nid)
 
 
 class TestMembership(ClusterTest):

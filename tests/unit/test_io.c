@@ -575,7 +575,6 @@ static int setupStore(void **state)
     theIo.snap_dir = snapDir;
     theIo.snap_pause_us = 0;
     theIo.snap_delete_pause_us = 0;
-    theIo.snap_nice = 19; /* as idemd's default: the data written on a thread of its own */
     innerPutSnapshot = NULL;
     return 0;
 }
