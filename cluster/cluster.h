@@ -61,7 +61,7 @@ struct cluster_config {
     unsigned snapshot_log_percent;   /* 0: snapshot every snapshot_threshold entries */
     uint64_t snapshot_log_max_bytes; /* see cluster_snapshot_threshold() */
     size_t segment_size;             /* raft_uv's log segment size; 0: raft_uv's default */
-    unsigned snapshot_nice;          /* niced_run increment: snapshot_write, data write */
+    unsigned snapshot_nice;          /* niced_run increment for snapshot_write */
     bool pre_vote;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
