@@ -587,6 +587,19 @@ unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k
     return (unsigned)(j - index);
 }
 
+unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, unsigned k,
+                                          unsigned n)
+{
+    if (n < 2 || threshold < 2 * n) {
+        return threshold;
+    }
+    uint64_t t = threshold;
+    uint64_t phase = t * k / n;
+    uint64_t j0 = index + t;
+    uint64_t j = j0 + (phase + t - j0 % t) % t;
+    return (unsigned)(j - index);
+}
+
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
                                            uint64_t max_entries)
 {
@@ -606,13 +619,17 @@ static void applyThreshold(struct cluster *c)
 {
     unsigned t = c->interval;
     c->threshold_as_leader = raft_state(&c->raft) == RAFT_LEADER;
-    if (c->cfg.snapshot_log_percent != 0 && t > c->cfg.snapshot_threshold) {
+    if (c->cfg.snapshot_log_percent != 0) {
         unsigned k, n;
         voterPlace(c, &k, &n);
-        t = cluster_snapshot_stagger(t, c->interval_from, k, n);
-        if (c->threshold_as_leader && n >= 2) {
+        /* At the configured minimum (a young or small table), phases that only ever come
+         * later: no snapshot sooner than that minimum. */
+        t = t <= c->cfg.snapshot_threshold
+                ? cluster_snapshot_stagger_forward(t, c->interval_from, k, n)
+                : cluster_snapshot_stagger(t, c->interval_from, k, n);
+        if (c->threshold_as_leader && n >= 2 && c->interval > c->cfg.snapshot_threshold) {
             /* Entries that make snapshot_log_max_bytes of log, at the measured entry size
-             * (measured: t > snapshot_threshold needs it). */
+             * (measured: an interval above snapshot_threshold needs it). */
             double cap = (double)c->cfg.snapshot_log_max_bytes * (double)c->entries_measured /
                          (double)c->bytes_measured;
             t = cluster_snapshot_leader_threshold(
@@ -853,7 +870,15 @@ static void tickCb(uv_timer_t *t)
             c->ops.leader_changed(c->ops.data, lid, lid == c->cfg.id);
         }
     }
-    if ((raft_state(&c->raft) == RAFT_LEADER) != c->threshold_as_leader && c->interval != 0) {
+    if (c->interval == 0 && c->cfg.snapshot_log_percent != 0 &&
+        raft_state(&c->raft) != RAFT_UNAVAILABLE && c->raft.configuration.n > 1) {
+        /* No snapshot taken nor restored yet, and the voters are known: the first one
+         * comes at this voter's phase too, not at the same index on every replica. */
+        c->interval = c->cfg.snapshot_threshold;
+        c->interval_from = 0;
+        applyThreshold(c);
+    } else if ((raft_state(&c->raft) == RAFT_LEADER) != c->threshold_as_leader &&
+               c->interval != 0) {
         applyThreshold(c);
     }
     if (raft_state(&c->raft) != RAFT_LEADER) {

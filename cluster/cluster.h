@@ -150,6 +150,14 @@ unsigned cluster_snapshot_threshold(unsigned min, unsigned percent, uint64_t max
  * that lands the next one on that phase. threshold itself when n < 2 or it is too small. */
 unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k, unsigned n);
 
+/* The same phases when threshold is the configured minimum, which no snapshot may come
+ * sooner than: the threshold to set after a snapshot at `index` (0: none yet), between
+ * threshold and 2*threshold, that lands the next one on voter k's phase. So the replicas
+ * of a young cluster do not all write their first snapshots at the same moment. threshold
+ * itself when n < 2 or it is too small. */
+unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, unsigned k,
+                                          unsigned n);
+
 /* The leader's snapshot write delays its own log fsyncs, on the commit path of every
  * request; a follower's delays that follower only, while the other followers' answers carry
  * the commit. So the leader lets two more intervals pass (one when only that fits within

@@ -380,6 +380,28 @@ class TestSnapshots(ClusterTest):
         for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
             self.assertNotIn(marker, log)
 
+    def test_first_snapshots_staggered(self):
+        # raft.snapshot_log_percent (default 100) staggers snapshots across the voters, and
+        # a young cluster's first ones too: each voter takes its first at its own phase of
+        # snapshot_threshold (64 here: at 64, ~85 and ~106 entries), never sooner than the
+        # threshold, so the three replicas do not write theirs at the same moment.
+        self.claims(0, 200)  # one entry each
+        self.wait_records(200)
+
+        def first_index(node):
+            with open(node.log, errors="replace") as f:
+                m = re.search(r"snapshot at index ([0-9]+):", f.read())
+            return int(m.group(1)) if m else None
+        firsts = sorted(wait_for(lambda: first_index(self.c.nodes[nid]), 10,
+                                 "node %d's first snapshot logged" % nid)
+                        for nid in self.c.nodes)
+        # (A follower may apply a few entries at once under load, so a snapshot can land a
+        # few entries past its phase: the phases span 2/3 of the threshold, the overshoot
+        # does not.)
+        self.assertGreaterEqual(firsts[0], 64, firsts)
+        self.assertEqual(len(set(firsts)), 3, firsts)
+        self.assertGreaterEqual(firsts[2] - firsts[0], 64 // 3, firsts)
+
     def test_snapshot_data_in_own_files_and_restart(self):
         self.claims(0, 200)
         self.wait_records(200)

@@ -1,4 +1,5 @@
-/* Unit tests of the snapshot schedule (cluster_snapshot_threshold, cluster_snapshot_stagger):
+/* Unit tests of the snapshot schedule (cluster_snapshot_threshold, cluster_snapshot_stagger,
+ * cluster_snapshot_stagger_forward):
  * how many entries a node lets pass between two snapshots, and at which indexes; and of the
  * low-priority thread the serialisation runs on (niced_run). */
 #define _GNU_SOURCE /* gettid */
@@ -102,6 +103,34 @@ static void staggerLeavesSmallOrAloneAsIs(void **state)
     assert_int_equal(cluster_snapshot_stagger(4, 777, 1, 3), 4);       /* too small */
 }
 
+static void staggerForwardNeverComesSooner(void **state)
+{
+    (void)state;
+    const unsigned t = 8192;
+    for (unsigned n = 2; n <= 5; n++) {
+        for (unsigned k = 0; k < n; k++) {
+            uint64_t index = k == 1 ? 5000 : 0; /* no snapshot yet, or one off phase */
+            for (int round = 0; round < 4; round++) {
+                unsigned th = cluster_snapshot_stagger_forward(t, index, k, n);
+                /* Never under the configured minimum, and at most one interval later. */
+                assert_true(th >= t && th < 2 * t);
+                index += th;
+                assert_int_equal(index % t, (uint64_t)t * k / n);
+                if (round > 0) {
+                    assert_int_equal(th, t); /* once on its phase, every t entries */
+                }
+            }
+        }
+    }
+    /* A young three-voter cluster: the first snapshots are a third of t apart, not at the
+     * same index on every replica. */
+    assert_int_equal(cluster_snapshot_stagger_forward(t, 0, 0, 3), t);
+    assert_int_equal(cluster_snapshot_stagger_forward(t, 0, 1, 3), t + t / 3);
+    assert_int_equal(cluster_snapshot_stagger_forward(t, 0, 2, 3), t + 2 * t / 3);
+    assert_int_equal(cluster_snapshot_stagger_forward(t, 777, 0, 1), t); /* one voter */
+    assert_int_equal(cluster_snapshot_stagger_forward(4, 777, 1, 3), 4); /* too small */
+}
+
 static void leaderWaitsTwoIntervalsMore(void **state)
 {
     (void)state;
@@ -172,9 +201,13 @@ static void nicedRunsOnItsOwnThreadAtTheIncrement(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(fixedWithoutMeasure), cmocka_unit_test(logMatchesSnapshotSize),
-        cmocka_unit_test(boundedBothWays),     cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
-        cmocka_unit_test(staggerPhasesDiffer), cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
+        cmocka_unit_test(fixedWithoutMeasure),
+        cmocka_unit_test(logMatchesSnapshotSize),
+        cmocka_unit_test(boundedBothWays),
+        cmocka_unit_test(staggerPutsEachVoterOnItsPhase),
+        cmocka_unit_test(staggerPhasesDiffer),
+        cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
+        cmocka_unit_test(staggerForwardNeverComesSooner),
         cmocka_unit_test(leaderWaitsTwoIntervalsMore),
         cmocka_unit_test(nicedRunsOnItsOwnThreadAtTheIncrement),
     };
