@@ -34,12 +34,16 @@ PIDS=()
 bench_cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # Children first (Redis forks one to rewrite its AOF, which writes into TMP), then the
+  # processes themselves.
+  for p in "${PIDS[@]}"; do pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ $rc -ne 0 ] && [ -d "$TMP" ]; then
     for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done >&2
   fi
-  rm -rf "$TMP"
+  # A process killed a moment ago may still be closing files: retry briefly.
+  for _ in 1 2 3 4 5; do rm -rf "$TMP" 2>/dev/null && break; sleep 0.2; done
+  [ ! -e "$TMP" ] || echo "$BENCH_NAME: could not remove $TMP" >&2
   exit $rc
 }
 bench_tmp() {
@@ -48,7 +52,9 @@ bench_tmp() {
   trap 'exit 143' INT TERM
 }
 stop_all() {  # kills what runs now, so that the next system has the machine to itself
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do
+    pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+  done
   PIDS=()
 }
 
