@@ -575,16 +575,19 @@ static void voterPlace(const struct cluster *c, unsigned *k, unsigned *n)
     *n = me ? seen : 0;
 }
 
+/* The first index at or after j0 on voter k of n's phase of interval t: k * t / n (mod t). */
+static uint64_t onPhase(uint64_t t, uint64_t j0, unsigned k, unsigned n)
+{
+    uint64_t phase = t * k / n;
+    return j0 + (phase + t - j0 % t) % t;
+}
+
 unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k, unsigned n)
 {
     if (n < 2 || threshold < 2 * n) {
         return threshold;
     }
-    uint64_t t = threshold;
-    uint64_t phase = t * k / n;
-    uint64_t j0 = index + t / 2;
-    uint64_t j = j0 + (phase + t - j0 % t) % t;
-    return (unsigned)(j - index);
+    return (unsigned)(onPhase(threshold, index + threshold / 2, k, n) - index);
 }
 
 unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, unsigned k,
@@ -593,11 +596,7 @@ unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, un
     if (n < 2 || threshold < 2 * n) {
         return threshold;
     }
-    uint64_t t = threshold;
-    uint64_t phase = t * k / n;
-    uint64_t j0 = index + t;
-    uint64_t j = j0 + (phase + t - j0 % t) % t;
-    return (unsigned)(j - index);
+    return (unsigned)(onPhase(threshold, index + threshold, k, n) - index);
 }
 
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
