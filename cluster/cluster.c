@@ -575,11 +575,13 @@ static void voterPlace(const struct cluster *c, unsigned *k, unsigned *n)
     *n = me ? seen : 0;
 }
 
-/* The first index at or after j0 on voter k of n's phase of interval t: k * t / n (mod t). */
-static uint64_t onPhase(uint64_t t, uint64_t j0, unsigned k, unsigned n)
+/* The entries from index to the first index at or after j0 on voter k of n's phase of
+ * interval t (k * t / n, mod t), as a threshold: at most UINT_MAX. */
+static unsigned onPhase(uint64_t t, uint64_t index, uint64_t j0, unsigned k, unsigned n)
 {
     uint64_t phase = t * k / n;
-    return j0 + (phase + t - j0 % t) % t;
+    uint64_t th = j0 + (phase + t - j0 % t) % t - index;
+    return th > UINT_MAX ? UINT_MAX : (unsigned)th;
 }
 
 unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k, unsigned n)
@@ -587,7 +589,7 @@ unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k
     if (n < 2 || threshold < 2 * n) {
         return threshold;
     }
-    return (unsigned)(onPhase(threshold, index + threshold / 2, k, n) - index);
+    return onPhase(threshold, index, index + threshold / 2, k, n);
 }
 
 unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, unsigned k,
@@ -596,7 +598,7 @@ unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, un
     if (n < 2 || threshold < 2 * n) {
         return threshold;
     }
-    return (unsigned)(onPhase(threshold, index + threshold, k, n) - index);
+    return onPhase(threshold, index, index + threshold, k, n);
 }
 
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
@@ -626,6 +628,9 @@ static void applyThreshold(struct cluster *c)
         t = t <= c->cfg.snapshot_threshold
                 ? cluster_snapshot_stagger_forward(t, c->interval_from, k, n)
                 : cluster_snapshot_stagger(t, c->interval_from, k, n);
+        if (t < c->cfg.snapshot_threshold) {
+            t = c->cfg.snapshot_threshold; /* an interval under twice the minimum, staggered */
+        }
         if (c->threshold_as_leader && n >= 2 && c->interval > c->cfg.snapshot_threshold) {
             /* Entries that make snapshot_log_max_bytes of log, at the measured entry size
              * (measured: an interval above snapshot_threshold needs it). */
@@ -870,12 +875,17 @@ static void tickCb(uv_timer_t *t)
         }
     }
     if (c->interval == 0 && c->cfg.snapshot_log_percent != 0 &&
-        raft_state(&c->raft) != RAFT_UNAVAILABLE && c->raft.configuration.n > 1) {
-        /* No snapshot taken nor restored yet, and the voters are known: the first one
-         * comes at this voter's phase too, not at the same index on every replica. */
-        c->interval = c->cfg.snapshot_threshold;
-        c->interval_from = 0;
-        applyThreshold(c);
+        raft_state(&c->raft) != RAFT_UNAVAILABLE) {
+        /* No snapshot taken nor restored yet: once this node is one of two or more voters
+         * (a spare waits for its promotion), the first one comes at this voter's phase
+         * too, not at the same index on every replica. */
+        unsigned k, n;
+        voterPlace(c, &k, &n);
+        if (n >= 2) {
+            c->interval = c->cfg.snapshot_threshold;
+            c->interval_from = 0;
+            applyThreshold(c);
+        }
     } else if ((raft_state(&c->raft) == RAFT_LEADER) != c->threshold_as_leader &&
                c->interval != 0) {
         applyThreshold(c);

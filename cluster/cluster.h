@@ -147,14 +147,15 @@ unsigned cluster_snapshot_threshold(unsigned min, unsigned percent, uint64_t max
  * snapshot being written delays the log's fsyncs behind it (the leader's most). So voter k
  * of n takes its snapshots at indexes = k * threshold / n (mod threshold): returns the
  * threshold to set after a snapshot at `index`, between threshold/2 and 3*threshold/2,
- * that lands the next one on that phase. threshold itself when n < 2 or it is too small. */
+ * that lands the next one on that phase (at most UINT_MAX). threshold itself when n < 2 or it
+ * is too small. */
 unsigned cluster_snapshot_stagger(unsigned threshold, uint64_t index, unsigned k, unsigned n);
 
 /* The same phases when threshold is the configured minimum, which no snapshot may come
  * sooner than: the threshold to set after a snapshot at `index` (0: none yet), between
- * threshold and 2*threshold, that lands the next one on voter k's phase. So the replicas
- * of a young cluster do not all write their first snapshots at the same moment. threshold
- * itself when n < 2 or it is too small. */
+ * threshold and 2*threshold (at most UINT_MAX), that lands the next one on voter k's phase.
+ * So the replicas of a young cluster do not all write their first snapshots at the same
+ * moment. threshold itself when n < 2 or it is too small. */
 unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, unsigned k,
                                           unsigned n);
 

@@ -129,6 +129,11 @@ static void staggerForwardNeverComesSooner(void **state)
     assert_int_equal(cluster_snapshot_stagger_forward(t, 0, 2, 3), t + 2 * t / 3);
     assert_int_equal(cluster_snapshot_stagger_forward(t, 777, 0, 1), t); /* one voter */
     assert_int_equal(cluster_snapshot_stagger_forward(4, 777, 1, 3), 4); /* too small */
+    /* Near the largest threshold the config takes, the result saturates instead of
+     * wrapping around to a threshold smaller than the minimum. */
+    assert_int_equal(cluster_snapshot_stagger_forward(3000000000u, 0, 2, 3), UINT_MAX);
+    assert_int_equal(cluster_snapshot_stagger(3000000000u, 1500000001u, 0, 3), UINT_MAX);
+    assert_true(cluster_snapshot_stagger_forward(3000000000u, 0, 0, 3) == 3000000000u);
 }
 
 static void leaderWaitsTwoIntervalsMore(void **state)
