@@ -41,7 +41,7 @@ BENCH_NAME=http.sh
 [ -x "$BIN/idemd" ] && [ -x "$BIN/idemctl" ] || die "no $BIN/idemd or idemctl: build first"
 
 # wrk, etcd and nginx from Debian.
-bench_install wrk:wrk etcd:etcd-server etcdctl:etcd-client nginx:nginx-light curl:curl
+bench_install pkill:procps wrk:wrk etcd:etcd-server etcdctl:etcd-client nginx:nginx-light curl:curl
 HAVE_NGINX=1
 command -v nginx >/dev/null || HAVE_NGINX=0
 # UPSTREAM=python puts tests/integration/order_service.py (a small threaded Python service,

@@ -36,7 +36,10 @@ bench_cleanup() {
   trap - EXIT INT TERM
   # Children first (Redis forks one to rewrite its AOF, which writes into TMP), then the
   # processes themselves.
-  for p in "${PIDS[@]}"; do pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do
+    kill -STOP "$p" 2>/dev/null || true  # it forks no more while its children go
+    pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true
+  done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ $rc -ne 0 ] && [ -d "$TMP" ]; then
     for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done >&2
@@ -53,6 +56,7 @@ bench_tmp() {
 }
 stop_all() {  # kills what runs now, so that the next system has the machine to itself
   for p in "${PIDS[@]}"; do
+    kill -STOP "$p" 2>/dev/null || true
     pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
   done
   PIDS=()

@@ -46,7 +46,7 @@ BENCH_NAME=peers.sh
 [ -x "$BIN/idemd" ] && [ -x "$BIN/idemctl" ] && [ -x "$BIN/idem-bench" ] \
   || die "no $BIN/idemd, idemctl or idem-bench: build first"
 
-bench_install wrk:wrk etcd:etcd-server etcdctl:etcd-client redis-server:redis-server \
+bench_install pkill:procps wrk:wrk etcd:etcd-server etcdctl:etcd-client redis-server:redis-server \
   redis-benchmark:redis-tools python3:python3
 bench_tmp idem-peers-bench
 
