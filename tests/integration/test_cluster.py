@@ -271,11 +271,18 @@ class TestExpiry(ClusterTest):
                  10, "every replica to hold the tombstone and the new record")
 
 
+def snapshots_logged(node):
+    """(index, nice) of each snapshot a node logged, in order: the raft index it covers and
+    the nice value it was serialised at."""
+    with open(node.log, errors="replace") as f:
+        return [(int(m.group(1)), int(m.group(2))) for m in re.finditer(
+            r"snapshot at index ([0-9]+):[^\n]* written off the loop in [0-9.]+ ms "
+            r"at nice (-?[0-9]+);", f.read())]
+
+
 def snapshot_nices(node):
     """The nice values a node's snapshots were serialised at, from its log."""
-    with open(node.log, errors="replace") as f:
-        return [int(m.group(1)) for m in
-                re.finditer(r"written off the loop in [0-9.]+ ms at nice (-?[0-9]+);", f.read())]
+    return [nice for _, nice in snapshots_logged(node)]
 
 
 class TestSnapshots(ClusterTest):
@@ -393,13 +400,10 @@ class TestSnapshots(ClusterTest):
         self.claims(0, 200)  # one entry each
         self.wait_records(200)
 
-        def first_index(node):
-            with open(node.log, errors="replace") as f:
-                m = re.search(r"snapshot at index ([0-9]+):", f.read())
-            return int(m.group(1)) if m else None
         for nid in self.c.nodes:
-            first = wait_for(lambda: first_index(self.c.nodes[nid]), 10,
-                             "node %d's first snapshot logged" % nid)
+            logged = wait_for(lambda: snapshots_logged(self.c.nodes[nid]), 10,
+                              "node %d's first snapshot logged" % nid)
+            first = logged[0][0]
             # raft took it once that many entries were applied, not sooner (a follower may
             # apply a few entries at once under load, so possibly a little later).
             self.assertGreaterEqual(first, th[nid], "node %d" % nid)

@@ -31,15 +31,17 @@ bench_install() {
 # bench_tmp PREFIX: makes TMP and arms the cleanup: every PID in PIDS is killed on exit (and on
 # INT/TERM), the tail of every log is shown when the run failed, TMP is removed.
 PIDS=()
+# kill_tree PID: its children first (Redis forks one to rewrite its AOF, which writes into
+# TMP), stopped so that it forks no more meanwhile, then the process itself.
+kill_tree() {
+  kill -STOP "$1" 2>/dev/null || true
+  pkill -9 -P "$1" 2>/dev/null || true
+  kill -9 "$1" 2>/dev/null || true
+}
 bench_cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  # Children first (Redis forks one to rewrite its AOF, which writes into TMP), then the
-  # processes themselves.
-  for p in "${PIDS[@]}"; do
-    kill -STOP "$p" 2>/dev/null || true  # it forks no more while its children go
-    pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true
-  done
+  for p in "${PIDS[@]}"; do kill_tree "$p"; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   if [ $rc -ne 0 ] && [ -d "$TMP" ]; then
     for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done >&2
@@ -55,10 +57,7 @@ bench_tmp() {
   trap 'exit 143' INT TERM
 }
 stop_all() {  # kills what runs now, so that the next system has the machine to itself
-  for p in "${PIDS[@]}"; do
-    kill -STOP "$p" 2>/dev/null || true
-    pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
-  done
+  for p in "${PIDS[@]}"; do kill_tree "$p"; wait "$p" 2>/dev/null || true; done
   PIDS=()
 }
 
