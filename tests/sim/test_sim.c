@@ -34,8 +34,8 @@
  * Known limits: raft_fixture's kill keeps the server's memory (it models a long partition,
  * not a restart from disk: integration covers restarts); the sim does not check lease
  * safety across keys (chaos's checker does); raft membership changes are not exercised; two
- * workarounds below adapt libraft 0.15 (simIoTruncate: a fixture bug; simIoSend: a raft
- * bug, which the daemon's raft has too). */
+ * workarounds below adapt libraft 0.15 (simIoTruncate: a fixture bug; simIoSend, simIoRecv
+ * and holdResult: two raft bugs, which the daemon corrects the same way in cluster/io.c). */
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -153,12 +153,15 @@ struct simNode {
     int (*io_start)(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick, raft_io_recv_cb recv);
     int (*io_send)(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
                    raft_io_send_cb cb);
-    raft_io_recv_cb raft_recv; /* raft's own receive callback */
-    bool in_append_entries;    /* inside raft's handling of an AppendEntries RPC ... */
-    raft_id ae_from;           /* ... from this leader ... */
-    raft_index ae_end;         /* ... whose entries end at this index */
-    unsigned results_clamped;  /* AppendEntries results corrected (see simIoSend) */
-    char error[160];           /* set by a callback when something impossible happened */
+    raft_io_recv_cb raft_recv;  /* raft's own receive callback */
+    bool in_append_entries;     /* inside raft's handling of an AppendEntries RPC ... */
+    raft_id ae_from;            /* ... from this leader ... */
+    raft_index ae_end;          /* ... whose entries end at this index */
+    unsigned results_clamped;   /* AppendEntries results corrected (see simIoSend) */
+    unsigned commits_clamped;   /* AppendEntries leader_commit lowered (see simIoRecv) */
+    unsigned results_held;      /* AppendEntries results held back on a leader (holdResult) */
+    raft_term first_entry_term; /* the term this server, as leader, proposed its first in */
+    char error[160];            /* set by a callback when something impossible happened */
 };
 
 struct sim {
@@ -174,7 +177,7 @@ struct sim {
     uint64_t seen[SEEN_MAX];
     unsigned n_seen;
     uint64_t proposal;
-    bool raw_raft;     /* IDEM_SIM_RAW_RAFT: run libraft without the result correction */
+    bool raw_raft;     /* IDEM_SIM_RAW_RAFT: run libraft without the corrections */
     bool trace;        /* IDEM_SIM_TRACE: one line of raft state per round on stderr */
     bool pre_vote;     /* raft's pre-vote, drawn per run */
     unsigned inflight; /* raft_apply requests whose callback has not fired */
@@ -506,8 +509,11 @@ static int simIoTruncate(struct raft_io *io, raft_index index)
  * Raft's rule (Figure 2) is that a success answer vouches only for prev_log_index plus the
  * RPC's entries; cowsql/raft (the fork) answers exactly that. The sim applies that rule to the
  * answers raft sends from inside its handling of an AppendEntries (the path that reports
- * without an append), so that the sim tests idemd rather than this raft bug. Known issue:
- * the daemon links the same libraft 0.15 and has no such correction (cluster/). */
+ * without an append), so that the sim tests idemd rather than this raft bug. The follower
+ * has the same flaw where it advances its commit index (min(leader_commit, its last stored
+ * index)), so the sim also lowers an incoming AppendEntries' leader_commit to the last index
+ * the RPC covered (simIoRecv). The daemon's raft I/O wrapper makes both corrections the same
+ * way (cluster/io.h). */
 
 static int simIoSend(struct raft_io *io, struct raft_io_send *req,
                      const struct raft_message *message, raft_io_send_cb cb)
@@ -526,9 +532,44 @@ static int simIoSend(struct raft_io *io, struct raft_io_send *req,
     return nd->io_send(io, req, message, cb);
 }
 
+/* The term of the entry at `index` in raft's in-memory log (libraft 0.15's struct raft_log
+ * is public), 0 if it holds none there. */
+static raft_term logTermAt(const struct raft *r, raft_index index)
+{
+    const struct raft_log *l = &r->log;
+    if (index != 0 && index == l->snapshot.last_index) {
+        return l->snapshot.last_term;
+    }
+    size_t n = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
+    if (index <= l->offset || index > l->offset + n) {
+        return 0;
+    }
+    return l->entries[(l->front + (index - l->offset - 1)) % l->size].term;
+}
+
+/* The leader's side of the correction (cluster/io.h: libraft 0.15 commits its last stored
+ * entry once a majority holds it, whatever its term, Figure 8 of the paper): until this
+ * server has stored an entry of its current term, a successful AppendEntries result reaches
+ * raft with last_log_index 0 (a sign of life that matches nothing new). The daemon's
+ * wrapper tracks the same from the terms it sets and the entries it stores. The sim found
+ * this one as a divergence: IDEM_SEED=388010982150 IDEM_SIM_RAW_RAFT=1 replays one. */
+static void holdResult(struct simNode *nd, struct raft_message *msg)
+{
+    const struct raft *r = &nd->s->f.servers[nd - nd->s->nodes].raft;
+    if (!nd->s->raw_raft && msg->append_entries_result.rejected == 0 &&
+        msg->append_entries_result.last_log_index != 0 &&
+        logTermAt(r, r->last_stored) != r->current_term) {
+        msg->append_entries_result.last_log_index = 0;
+        nd->results_held++;
+    }
+}
+
 static void simIoRecv(struct raft_io *io, struct raft_message *msg)
 {
     struct simNode *nd = nodeOfIo(io);
+    if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT) {
+        holdResult(nd, msg);
+    }
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
         nd->raft_recv(io, msg);
         return;
@@ -536,6 +577,10 @@ static void simIoRecv(struct raft_io *io, struct raft_message *msg)
     nd->in_append_entries = true;
     nd->ae_from = msg->server_id;
     nd->ae_end = msg->append_entries.prev_log_index + msg->append_entries.n_entries;
+    if (!nd->s->raw_raft && msg->append_entries.leader_commit > nd->ae_end) {
+        msg->append_entries.leader_commit = nd->ae_end;
+        nd->commits_clamped++;
+    }
     nd->raft_recv(io, msg);
     nd->in_append_entries = false;
 }
@@ -1010,6 +1055,25 @@ static void simInit(struct sim *s, unsigned n, uint64_t seed)
     assert_int_equal(raft_fixture_start(&s->f), 0);
 }
 
+/* What cluster.c does on election (it proposes a barrier): a new leader's first entry of its
+ * own term, so that holdResult lets the followers' answers count again without waiting for
+ * the next command. Here it is one more command (the checks follow every command, and a
+ * barrier would leave a gap in the indexes each server applies). */
+static void leaderFirstEntries(struct sim *s)
+{
+    if (s->raw_raft) {
+        return;
+    }
+    for (unsigned i = 0; i < s->n; i++) {
+        struct raft *r = raft_fixture_get(&s->f, i);
+        struct simNode *nd = &s->nodes[i];
+        if (raft_state(r) == RAFT_LEADER && nd->first_entry_term != r->current_term) {
+            nd->first_entry_term = r->current_term;
+            propose(s, i, 1);
+        }
+    }
+}
+
 static void simClose(struct sim *s)
 {
     raft_fixture_close(&s->f);
@@ -1022,6 +1086,7 @@ static void simClose(struct sim *s)
 static void simStep(struct sim *s)
 {
     raft_fixture_step(&s->f);
+    leaderFirstEntries(s);
     for (unsigned i = 0; i < s->n; i++) {
         if (s->nodes[i].error[0] != '\0') {
             simFail(s, "%s", s->nodes[i].error);
@@ -1041,12 +1106,14 @@ static int appliedCmp(const void *pa, const void *pb)
 }
 
 struct allDone {
+    struct sim *s;
     raft_index index;
 };
 
 static bool allApplied(struct raft_fixture *f, void *arg)
 {
     const struct allDone *d = arg;
+    leaderFirstEntries(d->s);
     for (unsigned i = 0; i < raft_fixture_n(f); i++) {
         if (raft_last_applied(raft_fixture_get(f, i)) < d->index) {
             return false;
@@ -1056,6 +1123,12 @@ static bool allApplied(struct raft_fixture *f, void *arg)
 }
 
 static void traceRound(struct sim *s, unsigned round);
+
+static bool hasLeader(struct raft_fixture *f, void *arg)
+{
+    leaderFirstEntries(arg);
+    return raft_fixture_leader_index(f) < raft_fixture_n(f);
+}
 
 /* Heals everything and steps until every server applied one last entry. Returns its
  * index, 0 if the cluster did not converge within HEAL_MS of fixture time per attempt. */
@@ -1078,7 +1151,7 @@ static raft_index simConverge(struct sim *s)
             fprintf(stderr, "converge attempt %d\n", attempt);
             traceRound(s, 0);
         }
-        if (!raft_fixture_step_until_has_leader(&s->f, HEAL_MS)) {
+        if (!raft_fixture_step_until(&s->f, hasLeader, s, HEAL_MS)) {
             continue;
         }
         unsigned l = raft_fixture_leader_index(&s->f);
@@ -1086,7 +1159,7 @@ static raft_index simConverge(struct sim *s)
         if (index == 0) {
             continue;
         }
-        struct allDone d = {index};
+        struct allDone d = {s, index};
         if (!raft_fixture_step_until(&s->f, allApplied, &d, HEAL_MS)) {
             continue;
         }
@@ -1262,10 +1335,10 @@ static void simCheck(struct sim *s, raft_index last)
         checked += s->nodes[i].views_checked;
         while_frozen += s->nodes[i].applied_while_frozen;
     }
-    /* 6. Snapshots went through the asynchronous path, and were checked. */
-    if (snaps > 0 && checked == 0) {
-        simFail(s, "%u snapshots taken, no frozen view serialised and checked", snaps);
-    }
+    /* 6. Snapshots went through the asynchronous path, and were checked: over all the runs
+     * of a test (its end asserts simTotals), not in each run. A run may take a few snapshots
+     * whose serialisation never completes (the server is deposed or cut off meanwhile); one
+     * run in ~200 took 4 that way (IDEM_SEED=464398789323 replays one). */
     simTotals.snapshots += snaps;
     simTotals.views_checked += checked;
     simTotals.applied_while_frozen += while_frozen;
@@ -1333,16 +1406,19 @@ static void traceRound(struct sim *s, unsigned round)
 
 static void printSummary(struct sim *s)
 {
-    unsigned skipped = 0, clamped = 0;
+    unsigned skipped = 0, clamped = 0, commits = 0, held = 0;
     for (unsigned i = 0; i < s->n; i++) {
         skipped += s->nodes[i].io_truncates_skipped;
         clamped += s->nodes[i].results_clamped;
+        commits += s->nodes[i].commits_clamped;
+        held += s->nodes[i].results_held;
     }
     print_message("sim:   fixture time %" PRIu64 " ms | entries: %u committed, %u failed, %u "
                   "refused | workarounds: fixture truncates skipped %u, AppendEntries results "
-                  "corrected %u%s | faults:",
+                  "corrected %u, leader_commit lowered %u, results held by a leader %u%s | "
+                  "faults:",
                   (uint64_t)raft_fixture_time(&s->f), s->applied_ok, s->apply_failed,
-                  s->apply_refused, skipped, clamped, s->raw_raft ? " (off)" : "");
+                  s->apply_refused, skipped, clamped, commits, held, s->raw_raft ? " (off)" : "");
     for (unsigned f = 0; f < 8; f++) {
         print_message(" %s %u", faultNames[f], s->faults[f]);
     }
