@@ -123,6 +123,7 @@ struct cluster {
     bool threshold_as_leader; /* the threshold set counts this node as the leader */
     uint64_t snapshot_bytes_last;
     uint64_t seen_leader;
+    raft_term barrier_term; /* the term this node, as leader, proposed its barrier in */
     uint64_t leader_changes;
     bool change_in_flight;
     char errmsg[256];
@@ -857,6 +858,8 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     return 0;
 }
 
+static void barrierCb(struct raft_barrier *req, int status);
+
 /* ---- tick: leader changes and member metadata ---------------------------------------- */
 
 static void tickCb(uv_timer_t *t)
@@ -872,6 +875,17 @@ static void tickCb(uv_timer_t *t)
         c->seen_leader = lid;
         if (c->ops.leader_changed != NULL) {
             c->ops.leader_changed(c->ops.data, lid, lid == c->cfg.id);
+        }
+    }
+    if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
+        /* A new leader's first entry of its own term: until it is stored, no follower's
+         * answer counts towards a commit (io.h: libraft 0.15's Figure 8 flaw), and once it
+         * commits, the entries of older terms before it commit with it, with or without
+         * client traffic. */
+        c->barrier_term = c->raft.current_term;
+        struct raft_barrier *b = xcalloc1(sizeof(*b));
+        if (raft_barrier(&c->raft, b, barrierCb) != 0) {
+            free(b);
         }
     }
     if (c->interval == 0 && c->cfg.snapshot_log_percent != 0 &&

@@ -16,6 +16,20 @@
  * incoming AppendEntries' leader_commit to prev_log_index + n_entries, so that a follower
  * commits only entries the RPC proved to match the leader's log.
  *
+ * A second flaw of libraft 0.15, on the leader's side (the sim found it too): the leader
+ * commits its last stored entry once a majority holds it, whatever that entry's term
+ * (replicationQuorum has no check of the term). A new leader whose log ends with entries of
+ * an older term, which it has not yet followed with one of its own, commits them by
+ * counting replicas; a server whose log ends in a later term than theirs can still win the
+ * next election and overwrite them: the case of Figure 8 of the Raft paper, where a
+ * committed entry is lost and replicas apply different commands at one index. Raft's rule
+ * (section 5.4.2) is to commit by counting replicas only entries of the current term. The
+ * wrapper keeps that rule: until this server has stored an entry of its current term
+ * (stored_term == term), a successful AppendEntries result reaches raft with
+ * last_log_index 0, which raft takes as a sign of life that matches nothing new; the
+ * leader's first entry (the cluster proposes a barrier on election, cluster.c) then
+ * commits the older ones with it, as the paper does.
+ *
  * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
  * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
  * such work has called back: raft_uv would otherwise be closed, and freed by the cluster,
@@ -58,6 +72,9 @@ struct io {
     raft_id ae_from;
     raft_index ae_end;
     unsigned long corrected;     /* answers and commit indexes clamped so far */
+    raft_term term;              /* the current term, as loaded and as raft sets it */
+    raft_term stored_term;       /* the term of the last entry stored (appended, loaded) */
+    unsigned long results_held;  /* AppendEntries results that counted for nothing (io.h) */
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */
     bool closing;                /* raft called close */

@@ -1013,6 +1013,127 @@ static void test_segments_raft_uv_deletes_go_through_the_trash(void **state)
     closeIo();
 }
 
+/* ---- the leader's side: no commit by counting replicas before an entry of its term ---- */
+
+static struct raft_message lastRecv; /* what the fake raft received */
+static int recvs;
+
+static void raftRecvRecording(struct raft_io *io, struct raft_message *msg)
+{
+    (void)io;
+    lastRecv = *msg;
+    recvs++;
+}
+
+static int fakeSetTerm(struct raft_io *io, raft_term term)
+{
+    (void)io;
+    (void)term;
+    return 0;
+}
+
+static int holdLoadTerm; /* the term fakeHoldLoad loads */
+static int holdLoadLast; /* the term of the last entry it loads (0: no entry) */
+
+static int fakeHoldLoad(struct raft_io *io, raft_term *term, raft_id *voted_for,
+                        struct raft_snapshot **snapshot, raft_index *start_index,
+                        struct raft_entry *entries[], size_t *n_entries)
+{
+    (void)io;
+    *term = (raft_term)holdLoadTerm;
+    *voted_for = 0;
+    *snapshot = NULL;
+    *start_index = 1;
+    *entries = NULL;
+    *n_entries = 0;
+    if (holdLoadLast != 0) {
+        *entries = raft_calloc(1, sizeof(**entries));
+        (*entries)[0].term = (raft_term)holdLoadLast;
+        (*entries)[0].type = RAFT_COMMAND;
+        *n_entries = 1;
+    }
+    return 0;
+}
+
+/* A result from follower 2 as the leader's raft receives it. */
+static struct raft_append_entries_result resultSeen(raft_index last, raft_index rejected)
+{
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_APPEND_ENTRIES_RESULT;
+    m.server_id = 2;
+    m.append_entries_result.term = 4;
+    m.append_entries_result.rejected = rejected;
+    m.append_entries_result.last_log_index = last;
+    int before = recvs;
+    innerRecv(&theIo.inner, &m);
+    assert_int_equal(recvs, before + 1);
+    assert_int_equal(lastRecv.type, RAFT_IO_APPEND_ENTRIES_RESULT);
+    return lastRecv.append_entries_result;
+}
+
+/* libraft 0.15 commits a leader's last stored entry once a majority holds it, whatever its
+ * term (Figure 8 of the paper). Until this server has stored an entry of its current term,
+ * a successful result counts for nothing (last_log_index 0); rejections pass as they are. */
+static void test_results_count_only_after_an_entry_of_the_term(void **state)
+{
+    (void)state;
+    theIo.inner.set_term = fakeSetTerm;
+    theIo.inner.load = fakeHoldLoad;
+    assert_int_equal(theIo.outer.start(&theIo.outer, 100, raftTick, raftRecvRecording), 0);
+    recvs = 0;
+    /* Restarted with entries up to term 2, term 3 on disk: then elected in term 4. */
+    holdLoadTerm = 3;
+    holdLoadLast = 2;
+    raft_term term;
+    raft_id vote;
+    struct raft_snapshot *snap;
+    raft_index start;
+    struct raft_entry *entries;
+    size_t n;
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &snap, &start, &entries, &n), 0);
+    raft_free(entries);
+    assert_int_equal(theIo.outer.set_term(&theIo.outer, 4), 0);
+
+    struct raft_append_entries_result r = resultSeen(10, 0);
+    assert_int_equal(r.last_log_index, 0);
+    assert_int_equal(r.rejected, 0);
+    assert_int_equal(theIo.results_held, 1);
+    r = resultSeen(10, 7); /* a rejection: as it is */
+    assert_int_equal(r.rejected, 7);
+    assert_int_equal(r.last_log_index, 10);
+    assert_int_equal(theIo.results_held, 1);
+
+    /* An entry of term 4 whose write failed does not count; one that was stored does. */
+    struct raft_entry e4 = {.term = 4, .type = RAFT_BARRIER};
+    struct raft_io_append req;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &e4, 1, raftAppendDone), 0);
+    r = resultSeen(11, 0); /* submitted, not yet stored */
+    assert_int_equal(r.last_log_index, 0);
+    completeAppend(RAFT_IOERR);
+    r = resultSeen(11, 0);
+    assert_int_equal(r.last_log_index, 0);
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &e4, 1, raftAppendDone), 0);
+    completeAppend(0);
+    r = resultSeen(11, 0);
+    assert_int_equal(r.last_log_index, 11);
+    assert_int_equal(theIo.results_held, 3);
+
+    /* A new term (this server votes, or is elected again): held until its own entry. */
+    assert_int_equal(theIo.outer.set_term(&theIo.outer, 5), 0);
+    r = resultSeen(12, 0);
+    assert_int_equal(r.last_log_index, 0);
+
+    /* Loaded with its log ending in the term it was last in: passes. */
+    holdLoadTerm = 6;
+    holdLoadLast = 6;
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &snap, &start, &entries, &n), 0);
+    raft_free(entries);
+    r = resultSeen(12, 0);
+    assert_int_equal(r.last_log_index, 12);
+    closeIo();
+}
+
 int main(void)
 {
     assert_int_equal(uv_loop_init(&loop), 0);
@@ -1042,6 +1163,7 @@ int main(void)
                                         teardownStore),
         cmocka_unit_test_setup_teardown(test_segments_raft_uv_deletes_go_through_the_trash,
                                         setupStore, teardownStore),
+        cmocka_unit_test_setup(test_results_count_only_after_an_entry_of_the_term, setupDisk),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Every test closed what it opened on the loop. */
