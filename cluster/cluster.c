@@ -858,7 +858,20 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     return 0;
 }
 
-static void barrierCb(struct raft_barrier *req, int status);
+struct leaderBarrier {
+    struct raft_barrier req;
+    struct cluster *c;
+    raft_term term;
+};
+
+static void leaderBarrierCb(struct raft_barrier *req, int status)
+{
+    struct leaderBarrier *lb = req->data;
+    if (status != 0 && lb->c->barrier_term == lb->term) {
+        lb->c->barrier_term = 0; /* the next tick proposes another while still leader */
+    }
+    free(lb);
+}
 
 /* ---- tick: leader changes and member metadata ---------------------------------------- */
 
@@ -881,11 +894,16 @@ static void tickCb(uv_timer_t *t)
         /* A new leader's first entry of its own term: until it is stored, no follower's
          * answer counts towards a commit (io.h: libraft 0.15's Figure 8 flaw), and once it
          * commits, the entries of older terms before it commit with it, with or without
-         * client traffic. */
-        c->barrier_term = c->raft.current_term;
-        struct raft_barrier *b = xcalloc1(sizeof(*b));
-        if (raft_barrier(&c->raft, b, barrierCb) != 0) {
-            free(b);
+         * client traffic. Tried again on the next tick if raft refuses it (a leadership
+         * transfer pending) or it fails. */
+        struct leaderBarrier *lb = xcalloc1(sizeof(*lb));
+        lb->req.data = lb;
+        lb->c = c;
+        lb->term = c->raft.current_term;
+        if (raft_barrier(&c->raft, &lb->req, leaderBarrierCb) == 0) {
+            c->barrier_term = lb->term;
+        } else {
+            free(lb);
         }
     }
     if (c->interval == 0 && c->cfg.snapshot_log_percent != 0 &&
@@ -998,6 +1016,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
         snprintf(err, errlen, "raft: %s", raft_errmsg(&c->raft));
         goto err_io;
     }
+    c->io.raft = &c->raft; /* the leader's commit rule (io.h) */
     c->raft.data = c;
     c->raft_open = true;
     raft_set_election_timeout(&c->raft, cfg->election_timeout_ms);

@@ -75,12 +75,6 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
 {
     struct io *io = fromOuter(o);
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
-    if (rv == 0) {
-        io->term = *term;
-        io->stored_term = *n_entries > 0      ? (*entries)[*n_entries - 1].term
-                          : *snapshot != NULL ? (*snapshot)->term
-                                              : 0;
-    }
     if (rv != 0 || io->snap_dir == NULL || *snapshot == NULL) {
         return passErr(io, rv);
     }
@@ -112,15 +106,42 @@ static void ioTickCb(struct raft_io *i)
     io->raft_tick(&io->outer);
 }
 
+/* The term of the entry at `index` in raft's in-memory log (libraft 0.15's struct raft_log
+ * is public), 0 if the log does not hold it. */
+static raft_term logTermAt(const struct raft *r, raft_index index)
+{
+    const struct raft_log *l = &r->log;
+    if (index != 0 && index == l->snapshot.last_index) {
+        return l->snapshot.last_term;
+    }
+    size_t n = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
+    if (index <= l->offset || index - l->offset > n) {
+        return 0;
+    }
+    return l->entries[(l->front + (size_t)(index - l->offset - 1)) % l->size].term;
+}
+
+bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res)
+{
+    if (res->rejected != 0 || r->last_stored == 0 ||
+        logTermAt(r, r->last_stored) == r->current_term) {
+        return false;
+    }
+    /* Never below the commit index: a follower that installed a snapshot still leaves
+     * the snapshot state. */
+    raft_index cap = r->last_stored - 1 > r->commit_index ? r->last_stored - 1 : r->commit_index;
+    if (res->last_log_index <= cap) {
+        return false;
+    }
+    res->last_log_index = cap;
+    return true;
+}
+
 static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
 {
     struct io *io = fromInner(i);
-    if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && msg->append_entries_result.rejected == 0 &&
-        io->stored_term != io->term && msg->append_entries_result.last_log_index != 0) {
-        /* The leader's side (io.h): no follower counts towards a commit until this leader
-         * has stored an entry of its own term. Index 0 matches nothing new: raft only
-         * notes that it heard from the follower. */
-        msg->append_entries_result.last_log_index = 0;
+    if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->raft != NULL &&
+        io_hold_result(io->raft, &msg->append_entries_result)) {
         io->results_held++;
     }
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
@@ -164,11 +185,7 @@ static int ioRecover(struct raft_io *o, const struct raft_configuration *conf)
 static int ioSetTerm(struct raft_io *o, raft_term term)
 {
     struct io *io = fromOuter(o);
-    int rv = io->inner.set_term(&io->inner, term);
-    if (rv == 0) {
-        io->term = term;
-    }
-    return passErr(io, rv);
+    return passErr(io, io->inner.set_term(&io->inner, term));
 }
 
 static int ioSetVote(struct raft_io *o, raft_id server_id)
@@ -486,7 +503,6 @@ struct ioDisk {
     struct io *io;
     struct ioSnapJob *job; /* a put through snapstore */
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
-    raft_term last_term;   /* appends: the term of the last entry */
 };
 
 /* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
@@ -568,11 +584,9 @@ static void ioAppendDone(struct raft_io_append *req, int status)
     struct raft_io_append *outer = d->outer.append;
     raft_io_append_cb cb = d->cb.append;
     uint64_t start_us = d->start_us;
-    raft_term last_term = d->last_term;
     struct io *io = diskEnd(d);
     if (status == 0) {
         appendTimed(io, start_us);
-        io->stored_term = last_term;
     }
     if (io->closing && status != 0) {
         io->late_failures++;
@@ -595,7 +609,6 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     }
     d->req.append.data = d;
     d->start_us = uv_hrtime() / 1000u;
-    d->last_term = n > 0 ? entries[n - 1].term : io->stored_term;
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
@@ -832,8 +845,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     o->async_work = io->inner.async_work != NULL ? ioAsyncWork : NULL;
     io->in_append_entries = false;
     io->corrected = 0;
-    io->term = 0;
-    io->stored_term = 0;
+    io->raft = NULL;
     io->results_held = 0;
     io->loop = loop;
     io->works = 0;

@@ -24,11 +24,13 @@
  * next election and overwrite them: the case of Figure 8 of the Raft paper, where a
  * committed entry is lost and replicas apply different commands at one index. Raft's rule
  * (section 5.4.2) is to commit by counting replicas only entries of the current term. The
- * wrapper keeps that rule: until this server has stored an entry of its current term
- * (stored_term == term), a successful AppendEntries result reaches raft with
- * last_log_index 0, which raft takes as a sign of life that matches nothing new; the
- * leader's first entry (the cluster proposes a barrier on election, cluster.c) then
- * commits the older ones with it, as the paper does.
+ * wrapper keeps that rule: while the last entry raft has stored is not of its current term
+ * (it reads raft's log through io->raft), a successful AppendEntries result reaches raft
+ * lowered to one below that entry (never below the commit index), so no follower's match
+ * reaches it and raft's progress tracking still moves on; the leader's first entry (the
+ * cluster proposes a barrier within a tick of the election, cluster.c) then commits the
+ * older ones with it, as the paper does. libraft fixed this after 0.15 (canonical/raft
+ * #220, #336).
  *
  * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
  * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
@@ -72,9 +74,8 @@ struct io {
     raft_id ae_from;
     raft_index ae_end;
     unsigned long corrected;     /* answers and commit indexes clamped so far */
-    raft_term term;              /* the current term, as loaded and as raft sets it */
-    raft_term stored_term;       /* the term of the last entry stored (appended, loaded) */
-    unsigned long results_held;  /* AppendEntries results that counted for nothing (io.h) */
+    const struct raft *raft;     /* set after raft_init(): the leader's hold reads its log */
+    unsigned long results_held;  /* AppendEntries results lowered by the hold */
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */
     bool closing;                /* raft called close */
@@ -95,6 +96,12 @@ struct io {
     uint64_t append_count;
     uint64_t append_sum_us;
 };
+
+/* The leader's commit rule (above), on one AppendEntries result about to reach the raft r
+ * of a leader: while the last entry r has stored is not of its current term, a success
+ * answer is lowered to one below that entry, or to r's commit index if higher. Returns true
+ * if it lowered it. io_wrap's wrapper applies it once io->raft is set; the sim too. */
+bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res);
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
  * the loop raft_uv runs on (the io does not own it). */

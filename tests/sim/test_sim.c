@@ -57,6 +57,7 @@
 #include <xxhash.h>
 
 #include "fsm.h"
+#include "io.h"
 #include "idem.pb-c.h"
 
 #define TENANTS 2
@@ -532,34 +533,16 @@ static int simIoSend(struct raft_io *io, struct raft_io_send *req,
     return nd->io_send(io, req, message, cb);
 }
 
-/* The term of the entry at `index` in raft's in-memory log (libraft 0.15's struct raft_log
- * is public), 0 if it holds none there. */
-static raft_term logTermAt(const struct raft *r, raft_index index)
-{
-    const struct raft_log *l = &r->log;
-    if (index != 0 && index == l->snapshot.last_index) {
-        return l->snapshot.last_term;
-    }
-    size_t n = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
-    if (index <= l->offset || index > l->offset + n) {
-        return 0;
-    }
-    return l->entries[(l->front + (index - l->offset - 1)) % l->size].term;
-}
-
 /* The leader's side of the correction (cluster/io.h: libraft 0.15 commits its last stored
- * entry once a majority holds it, whatever its term, Figure 8 of the paper): until this
- * server has stored an entry of its current term, a successful AppendEntries result reaches
- * raft with last_log_index 0 (a sign of life that matches nothing new). The daemon's
- * wrapper tracks the same from the terms it sets and the entries it stores. The sim found
- * this one as a divergence: IDEM_SEED=388010982150 IDEM_SIM_RAW_RAFT=1 replays one. */
+ * entry once a majority holds it, whatever its term, Figure 8 of the paper), the daemon's
+ * own rule (io_hold_result): while the last entry raft has stored is not of its current
+ * term, a successful AppendEntries result is lowered to one below it (never below the
+ * commit index). The sim found this one as a divergence: IDEM_SEED=388010982150
+ * IDEM_SIM_RAW_RAFT=1 replays one. */
 static void holdResult(struct simNode *nd, struct raft_message *msg)
 {
     const struct raft *r = &nd->s->f.servers[nd - nd->s->nodes].raft;
-    if (!nd->s->raw_raft && msg->append_entries_result.rejected == 0 &&
-        msg->append_entries_result.last_log_index != 0 &&
-        logTermAt(r, r->last_stored) != r->current_term) {
-        msg->append_entries_result.last_log_index = 0;
+    if (!nd->s->raw_raft && io_hold_result(r, &msg->append_entries_result)) {
         nd->results_held++;
     }
 }
@@ -1055,10 +1038,10 @@ static void simInit(struct sim *s, unsigned n, uint64_t seed)
     assert_int_equal(raft_fixture_start(&s->f), 0);
 }
 
-/* What cluster.c does on election (it proposes a barrier): a new leader's first entry of its
- * own term, so that holdResult lets the followers' answers count again without waiting for
- * the next command. Here it is one more command (the checks follow every command, and a
- * barrier would leave a gap in the indexes each server applies). */
+/* What cluster.c does on election (it proposes a barrier within a tick): a new leader's
+ * first entry of its own term, so that holdResult lets the followers' answers count again
+ * without waiting for the next command. Here it is one more command (the checks follow
+ * every command, and a barrier would leave a gap in the indexes each server applies). */
 static void leaderFirstEntries(struct sim *s)
 {
     if (s->raw_raft) {
