@@ -587,6 +587,16 @@ static void ioAppendDone(struct raft_io_append *req, int status)
     struct io *io = diskEnd(d);
     if (status == 0) {
         appendTimed(io, start_us);
+    } else if (!io->closing && io->raft != NULL && io->raft->state == RAFT_LEADER) {
+        /* libraft 0.15's leader, told that a log write failed, truncates those entries
+         * from its log and stays leader: its next entries take the same indexes in the
+         * same term, while followers may already hold the first ones (sent before the
+         * write ended) and keep them, since they match by index and term. Replicas would
+         * then apply different commands at one index. Stop instead: the node restarts
+         * from what its disk holds, and another leader takes over meanwhile. */
+        fprintf(stderr, "idemd: raft log write failed on the leader (%s); stopping\n",
+                raft_strerror(status));
+        abort();
     }
     if (io->closing && status != 0) {
         io->late_failures++;

@@ -32,6 +32,11 @@
  * older ones with it, as the paper does. libraft fixed this after 0.15 (canonical/raft
  * #220, #336).
  *
+ * A third, found in review: a 0.15 leader told that a log write failed truncates those
+ * entries from its log and stays leader, so its next entries take the same indexes in the
+ * same term while followers may hold the first ones. A leader's failed write (outside
+ * close) stops the process instead (io.c, ioAppendDone).
+ *
  * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
  * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
  * such work has called back: raft_uv would otherwise be closed, and freed by the cluster,

@@ -15,7 +15,9 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "io.h"
@@ -1116,6 +1118,38 @@ static void test_results_cannot_commit_older_terms(void **state)
     closeIo();
 }
 
+/* libraft 0.15's leader would truncate the entries of a failed log write and reuse their
+ * indexes in the same term: the wrapper stops the process instead. A follower's failed
+ * write goes to raft as it is (raft rejects the entries; the leader sends them again). */
+static void test_failed_leader_write_stops_the_node(void **state)
+{
+    (void)state;
+    struct raft r;
+    memset(&r, 0, sizeof(r));
+    r.state = RAFT_FOLLOWER;
+    theIo.raft = &r;
+    struct raft_io_append req;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &oneEntry, 1, raftAppendDone), 0);
+    completeAppend(RAFT_IOERR);
+    assert_int_equal(appendStatus, RAFT_IOERR);
+
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        r.state = RAFT_LEADER;
+        theIo.outer.append(&theIo.outer, &req, &oneEntry, 1, raftAppendDone);
+        completeAppend(RAFT_IOERR);
+        _exit(0); /* not reached when the wrapper stops the process */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+    theIo.raft = NULL;
+    closeIo();
+}
+
 int main(void)
 {
     assert_int_equal(uv_loop_init(&loop), 0);
@@ -1146,6 +1180,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_segments_raft_uv_deletes_go_through_the_trash,
                                         setupStore, teardownStore),
         cmocka_unit_test_setup(test_results_cannot_commit_older_terms, setupDisk),
+        cmocka_unit_test_setup(test_failed_leader_write_stops_the_node, setupDisk),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Every test closed what it opened on the loop. */
