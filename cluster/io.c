@@ -137,6 +137,19 @@ bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res
     return true;
 }
 
+bool io_clamp_commit(struct raft_append_entries *ae)
+{
+    /* libraft 0.15's follower commits up to min(leader_commit, its last stored index),
+     * which may be a stale suffix the RPC did not cover. Figure 2: commit up to
+     * min(leaderCommit, index of last new entry). */
+    raft_index end = ae->prev_log_index + ae->n_entries;
+    if (ae->leader_commit <= end) {
+        return false;
+    }
+    ae->leader_commit = end;
+    return true;
+}
+
 static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
 {
     struct io *io = fromInner(i);
@@ -151,11 +164,7 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     io->in_append_entries = true;
     io->ae_from = msg->server_id;
     io->ae_end = msg->append_entries.prev_log_index + msg->append_entries.n_entries;
-    /* The same flaw on the commit side: libraft 0.15's follower commits up to
-     * min(leader_commit, its last stored index), which may be a stale suffix the RPC did
-     * not cover. Figure 2: commit up to min(leaderCommit, index of last new entry). */
-    if (msg->append_entries.leader_commit > io->ae_end) {
-        msg->append_entries.leader_commit = io->ae_end;
+    if (io_clamp_commit(&msg->append_entries)) {
         io->corrected++;
     }
     io->raft_recv(&io->outer, msg);

@@ -102,6 +102,11 @@ struct io {
     uint64_t append_sum_us;
 };
 
+/* The follower's commit rule (above), on one incoming AppendEntries: lowers its
+ * leader_commit to prev_log_index + n_entries. Returns true if it lowered it. The wrapper
+ * applies it to every AppendEntries; the sim too. */
+bool io_clamp_commit(struct raft_append_entries *ae);
+
 /* The leader's commit rule (above), on one AppendEntries result about to reach the raft r
  * of a leader: while the last entry r has stored is not of its current term, a success
  * answer is lowered to one below that entry, or to r's commit index if higher. Returns true

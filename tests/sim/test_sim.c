@@ -506,15 +506,15 @@ static int simIoTruncate(struct raft_io *io, raft_index index)
  * and Leader Completeness are broken: one replica applies a command the others never
  * apply; raft itself notices only when the old leader meets the new one and shuts down:
  * "conflicting terms ... -> shutdown"). Without the correction about one run in 100 hits
- * it, more often with pre-vote on: IDEM_SEED=15 IDEM_SIM_RAW_RAFT=1 test_sim replays one.
- * Raft's rule (Figure 2) is that a success answer vouches only for prev_log_index plus the
+ * it, more often with pre-vote on (IDEM_SEED=15 IDEM_SIM_RAW_RAFT=1 replayed one when this
+ * was found; the runs have changed since and it no longer does). Raft's rule (Figure 2) is that a success answer vouches only for prev_log_index plus the
  * RPC's entries; cowsql/raft (the fork) answers exactly that. The sim applies that rule to the
  * answers raft sends from inside its handling of an AppendEntries (the path that reports
  * without an append), so that the sim tests idemd rather than this raft bug. The follower
  * has the same flaw where it advances its commit index (min(leader_commit, its last stored
  * index)), so the sim also lowers an incoming AppendEntries' leader_commit to the last index
- * the RPC covered (simIoRecv). The daemon's raft I/O wrapper makes both corrections the same
- * way (cluster/io.h). */
+ * the RPC covered, with the daemon's own io_clamp_commit (simIoRecv). The daemon's raft I/O
+ * wrapper makes both corrections (cluster/io.h). */
 
 static int simIoSend(struct raft_io *io, struct raft_io_send *req,
                      const struct raft_message *message, raft_io_send_cb cb)
@@ -560,8 +560,7 @@ static void simIoRecv(struct raft_io *io, struct raft_message *msg)
     nd->in_append_entries = true;
     nd->ae_from = msg->server_id;
     nd->ae_end = msg->append_entries.prev_log_index + msg->append_entries.n_entries;
-    if (!nd->s->raw_raft && msg->append_entries.leader_commit > nd->ae_end) {
-        msg->append_entries.leader_commit = nd->ae_end;
+    if (!nd->s->raw_raft && io_clamp_commit(&msg->append_entries)) {
         nd->commits_clamped++;
     }
     nd->raft_recv(io, msg);
@@ -1319,9 +1318,10 @@ static void simCheck(struct sim *s, raft_index last)
         while_frozen += s->nodes[i].applied_while_frozen;
     }
     /* 6. Snapshots went through the asynchronous path, and were checked: over all the runs
-     * of a test (its end asserts simTotals), not in each run. A run may take a few snapshots
-     * whose serialisation never completes (the server is deposed or cut off meanwhile); one
-     * run in ~200 took 4 that way (IDEM_SEED=464398789323 replays one). */
+     * (test_several_seeds, the last test, asserts simTotals), not in each run. A run may
+     * take a few snapshots whose serialisation never completes (the server is deposed or cut
+     * off meanwhile); one run in ~200 took 4 that way (IDEM_SEED=464398789323 replayed one
+     * before the Figure 8 correction changed the runs). */
     simTotals.snapshots += snaps;
     simTotals.views_checked += checked;
     simTotals.applied_while_frozen += while_frozen;
