@@ -150,6 +150,56 @@ bool io_clamp_commit(struct raft_append_entries *ae)
     return true;
 }
 
+/* Frees the batches that entries[0, k) use and no entry of entries[k, n) does. An
+ * AppendEntries' entries point into batches that raft frees with the message (one per
+ * message from raft_uv); entries of one batch are contiguous, as raft itself assumes. */
+static void freeDroppedBatches(struct raft_entry *entries, unsigned k, unsigned n)
+{
+    void *last = NULL;
+    for (unsigned i = 0; i < k; i++) {
+        void *batch = entries[i].batch;
+        if (batch == NULL || batch == last) {
+            continue;
+        }
+        last = batch;
+        bool kept = false;
+        for (unsigned j = k; j < n && !kept; j++) {
+            kept = entries[j].batch == batch;
+        }
+        if (!kept) {
+            raft_free(batch);
+        }
+    }
+}
+
+bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae)
+{
+    raft_index snap = r->log.snapshot.last_index;
+    if (snap == 0 || ae->prev_log_index >= snap || ae->term < r->current_term) {
+        return false;
+    }
+    /* Every entry up to snap is committed, so the leader of this term holds the same
+     * ones (Leader Completeness): the RPC can start at snap. */
+    raft_index covered = snap - ae->prev_log_index;
+    if (covered >= ae->n_entries) {
+        freeDroppedBatches(ae->entries, ae->n_entries, ae->n_entries);
+        raft_free(ae->entries);
+        ae->entries = NULL;
+        ae->n_entries = 0;
+        ae->prev_log_term = r->log.snapshot.last_term;
+    } else {
+        unsigned k = (unsigned)covered;
+        /* The leader's own term for snap: should it differ from ours, raft sees a
+         * conflict at a committed index and stops, as it must. */
+        ae->prev_log_term = ae->entries[k - 1].term;
+        freeDroppedBatches(ae->entries, k, ae->n_entries);
+        memmove(ae->entries, ae->entries + k, (ae->n_entries - k) * sizeof(*ae->entries));
+        ae->n_entries -= k;
+    }
+    ae->prev_log_index = snap;
+    return true;
+}
+
 static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
 {
     struct io *io = fromInner(i);
@@ -160,6 +210,9 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
         io->raft_recv(&io->outer, msg);
         return;
+    }
+    if (io->raft != NULL && io_skip_snapshotted(io->raft, &msg->append_entries)) {
+        io->skipped++;
     }
     io->in_append_entries = true;
     io->ae_from = msg->server_id;

@@ -1,5 +1,5 @@
-/* io: raft's disk and network I/O (raft_uv) behind a thin wrapper that corrects one bug of
- * libraft 0.15's follower and keeps raft's close clear of a crash in libraft 0.15.
+/* io: raft's disk and network I/O (raft_uv) behind a thin wrapper that corrects bugs of
+ * libraft 0.15 (four, below) and keeps raft's close clear of a crash in libraft 0.15.
  *
  * The bug (found by tests/sim, see its comment for the replay seed): a follower that accepts
  * an AppendEntries without writing anything (a heartbeat, or entries it already holds)
@@ -36,6 +36,22 @@
  * entries from its log and stays leader, so its next entries take the same indexes in the
  * same term while followers may hold the first ones. A leader's failed write (outside
  * close) stops the process instead (io.c, ioAppendDone).
+ *
+ * A fourth, on the follower's side (the sim found it as a crash in removeSuffix; the
+ * integration test test_new_leader_sends_from_index_one_to_a_snapshotted_follower shows it
+ * on raft_uv): a 0.15 follower handed an AppendEntries that starts below its snapshot,
+ * where its log no longer holds the entries, takes them for new ones. With prev_log_index 0
+ * (the only such RPC it does not reject: it has nothing to compare) it appends them after
+ * its last entry and then stops raft for good ("No log entries found at index 1": the node
+ * is left unavailable until restarted) or, in the sim's in-memory I/O, crashes. A leader
+ * sends one whenever a send to a follower it has no match index for fails (a leader
+ * elected while that follower was down): raft then restarts the follower's replication at
+ * match index + 1 = 1, and on a leader that has not snapshotted yet index 1 is still in its
+ * log. The wrapper cuts such an RPC (of the follower's term or later) to start at the
+ * follower's snapshot: every entry up to it is committed, so the leader of that term holds
+ * the same ones (Leader Completeness), and the follower's answer then vouches for the
+ * snapshot's index (io_skip_snapshotted). etcd's raft, for comparison, answers an RPC that
+ * starts below its commit index with that commit index and appends nothing.
  *
  * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
  * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
@@ -81,6 +97,7 @@ struct io {
     unsigned long corrected;     /* answers and commit indexes clamped so far */
     const struct raft *raft;     /* set after raft_init(): the leader's hold reads its log */
     unsigned long results_held;  /* AppendEntries results lowered by the hold */
+    unsigned long skipped;       /* AppendEntries that started below the snapshot, cut */
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */
     bool closing;                /* raft called close */
@@ -112,6 +129,14 @@ bool io_clamp_commit(struct raft_append_entries *ae);
  * answer is lowered to one below that entry, or to r's commit index if higher. Returns true
  * if it lowered it. io_wrap's wrapper applies it once io->raft is set; the sim too. */
 bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res);
+
+/* The follower's rule for entries its snapshot covers (above), on one incoming
+ * AppendEntries about to reach the raft r: when the RPC starts below r's last snapshot
+ * index (and is of r's term or later), its entries up to that index are dropped (their
+ * batches freed) and prev_log_index/prev_log_term become that index and the leader's term
+ * for it (the snapshot's term when the RPC ends before it). Returns true if it changed the
+ * RPC. io_wrap's wrapper applies it once io->raft is set; the sim too. */
+bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
  * the loop raft_uv runs on (the io does not own it). */

@@ -1150,6 +1150,147 @@ static void test_failed_leader_write_stops_the_node(void **state)
     closeIo();
 }
 
+/* ---- the follower's side: entries its snapshot covers -------------------------------- */
+
+static struct raft_append_entries seenAe; /* the AppendEntries as the fake raft got it */
+static raft_term seenTerms[32];
+
+/* Records the AppendEntries, then answers like raftRecv. */
+static void raftRecvAe(struct raft_io *io, struct raft_message *msg)
+{
+    seenAe = msg->append_entries;
+    for (unsigned i = 0; i < seenAe.n_entries && i < 32; i++) {
+        seenTerms[i] = seenAe.entries[i].term;
+    }
+    raftRecv(io, msg);
+}
+
+/* An AppendEntries of term 3 carrying entries prev+1 .. prev+n, the one at index i of term
+ * termOf(i), in raft_malloc'd memory as raft_uv hands it: one entries array, and one batch
+ * (two when split > 0: entries up to index prev + split in the first). */
+static raft_term termOf(raft_index i)
+{
+    return i <= 1 ? 1 : i <= 22 ? 2 : 3;
+}
+
+static void deliverCovered(raft_index prev, unsigned n, unsigned split, void **batches)
+{
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_APPEND_ENTRIES;
+    m.server_id = 1;
+    m.append_entries.term = 3;
+    m.append_entries.prev_log_index = prev;
+    m.append_entries.prev_log_term = prev == 0 ? 0 : termOf(prev);
+    m.append_entries.leader_commit = prev + n;
+    m.append_entries.n_entries = n;
+    struct raft_entry *entries = raft_calloc(n, sizeof(*entries));
+    assert_non_null(entries);
+    batches[0] = raft_malloc(8 * n);
+    batches[1] = split > 0 ? raft_malloc(8 * n) : NULL;
+    assert_non_null(batches[0]);
+    for (unsigned i = 0; i < n; i++) {
+        void *batch = split > 0 && i >= split ? batches[1] : batches[0];
+        entries[i] = (struct raft_entry){.term = termOf(prev + 1 + i),
+                                         .type = RAFT_COMMAND,
+                                         .buf = {.base = (char *)batch + 8 * i, .len = 8},
+                                         .batch = batch};
+    }
+    m.append_entries.entries = entries;
+    memset(&seenAe, 0, sizeof(seenAe));
+    innerRecv(&theIo.inner, &m);
+}
+
+/* libraft 0.15's follower takes the entries of an AppendEntries that starts below its
+ * snapshot, whose indexes its log no longer holds, for new ones: it appends them after its
+ * last entry and then crashes (in removeSuffix) or corrupts its log. A leader sends such an
+ * RPC from index 1 after a failed send to a follower it has no match index for. The wrapper
+ * starts the RPC at the snapshot instead: the entries up to it are committed, hence the
+ * same on the leader, and their batches are freed unless a kept entry uses them. */
+static void test_snapshotted_entries_are_cut(void **state)
+{
+    (void)state;
+    assert_int_equal(theIo.outer.start(&theIo.outer, 100, raftTick, raftRecvAe), 0);
+    struct raft r;
+    memset(&r, 0, sizeof(r));
+    r.state = RAFT_FOLLOWER;
+    r.current_term = 3;
+    r.log.offset = 12; /* entries 13-25 in memory (none needed here), snapshot at 20 */
+    r.log.snapshot.last_index = 20;
+    r.log.snapshot.last_term = 2;
+    lastStored = 25;
+    void *batches[2];
+
+    /* Before raft_init: as it is. */
+    deliverCovered(0, 30, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 0);
+    assert_int_equal(seenAe.n_entries, 30);
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+    theIo.raft = &r;
+
+    /* From index 1 past the snapshot: starts at 21, the batch is kept. */
+    deliverCovered(0, 30, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.prev_log_term, 2);
+    assert_int_equal(seenAe.n_entries, 10);
+    assert_int_equal(seenTerms[0], termOf(21));
+    assert_int_equal(seenTerms[9], termOf(30));
+    assert_ptr_equal(seenAe.entries[0].batch, batches[0]);
+    assert_ptr_equal(seenAe.entries[0].buf.base, (char *)batches[0] + 8 * 20);
+    assert_int_equal(seenAe.leader_commit, 30);
+    assert_int_equal(theIo.skipped, 1);
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+
+    /* Two batches, the first one only in the snapshot: it is freed, the second kept (ASan
+     * and LSan see the rest). */
+    deliverCovered(0, 30, 10, batches);
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.n_entries, 10);
+    assert_ptr_equal(seenAe.entries[0].batch, batches[1]);
+    raft_free(batches[1]);
+    raft_free(seenAe.entries);
+
+    /* Every entry in the snapshot: a heartbeat at the snapshot, with its term; the entries
+     * are freed; the success answer vouches for 20, not the follower's 25. */
+    sends = 0;
+    deliverCovered(5, 10, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.prev_log_term, 2);
+    assert_int_equal(seenAe.n_entries, 0);
+    assert_null(seenAe.entries);
+    assert_int_equal(seenAe.leader_commit, 15); /* not raised */
+    assert_int_equal(sends, 1);
+    assert_int_equal(lastSent.append_entries_result.last_log_index, 20);
+    assert_int_equal(theIo.skipped, 3);
+
+    /* Left as they are: RPCs from the snapshot on or past it, RPCs of an older term (raft
+     * refuses them), and a follower without a snapshot. */
+    deliverCovered(20, 5, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.n_entries, 5);
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+    r.current_term = 4;
+    deliverCovered(0, 30, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 0);
+    assert_int_equal(seenAe.n_entries, 30);
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+    r.current_term = 3;
+    r.log.snapshot.last_index = 0;
+    r.log.snapshot.last_term = 0;
+    r.log.offset = 0;
+    deliverCovered(0, 30, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 0);
+    assert_int_equal(seenAe.n_entries, 30);
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+    assert_int_equal(theIo.skipped, 3);
+    theIo.raft = NULL;
+}
+
 int main(void)
 {
     assert_int_equal(uv_loop_init(&loop), 0);
@@ -1181,6 +1322,7 @@ int main(void)
                                         setupStore, teardownStore),
         cmocka_unit_test_setup(test_results_cannot_commit_older_terms, setupDisk),
         cmocka_unit_test_setup(test_failed_leader_write_stops_the_node, setupDisk),
+        cmocka_unit_test_setup(test_snapshotted_entries_are_cut, setup),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Every test closed what it opened on the loop. */
