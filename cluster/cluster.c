@@ -79,6 +79,7 @@ struct cluster {
     int handles_open;
     bool raft_open; /* raft_init succeeded and raft_close has not completed */
     bool stopping;
+    bool stopped_logged; /* raft became unavailable outside close, and we said so */
     cluster_close_cb close_cb;
     void *close_data;
 
@@ -889,6 +890,15 @@ static void tickCb(uv_timer_t *t)
         if (c->ops.leader_changed != NULL) {
             c->ops.leader_changed(c->ops.data, lid, lid == c->cfg.id);
         }
+    }
+    if (raft_state(&c->raft) == RAFT_UNAVAILABLE && !c->stopping && !c->stopped_logged) {
+        /* raft gave up on an error (libraft stops taking part rather than crash); the
+         * node still answers status and /readyz says 503, but only a restart brings it
+         * back. */
+        c->stopped_logged = true;
+        fprintf(stderr, "idemd: raft stopped on this node (%s); it takes no part in the cluster "
+                        "until it is restarted\n",
+                raft_errmsg(&c->raft));
     }
     if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
         /* A new leader's first entry of its own term: until it is stored, no follower's
