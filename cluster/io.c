@@ -182,11 +182,15 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae)
      * ones (Leader Completeness): the RPC can start at snap. */
     raft_index covered = snap - ae->prev_log_index;
     if (covered >= ae->n_entries) {
+        /* The leader's term for snap when the RPC reaches it (a conflict then stops raft,
+         * as below); else only the snapshot's own is known. */
+        ae->prev_log_term = covered == ae->n_entries && ae->n_entries > 0
+                                ? ae->entries[ae->n_entries - 1].term
+                                : r->log.snapshot.last_term;
         freeDroppedBatches(ae->entries, ae->n_entries, ae->n_entries);
         raft_free(ae->entries);
         ae->entries = NULL;
         ae->n_entries = 0;
-        ae->prev_log_term = r->log.snapshot.last_term;
     } else {
         unsigned k = (unsigned)covered;
         /* The leader's own term for snap: should it differ from ours, raft sees a
@@ -919,6 +923,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->corrected = 0;
     io->raft = NULL;
     io->results_held = 0;
+    io->skipped = 0;
     io->loop = loop;
     io->works = 0;
     io->disk = 0;

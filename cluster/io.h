@@ -134,7 +134,7 @@ bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res
  * AppendEntries about to reach the raft r: when the RPC starts below r's last snapshot
  * index (and is of r's term or later), its entries up to that index are dropped (their
  * batches freed) and prev_log_index/prev_log_term become that index and the leader's term
- * for it (the snapshot's term when the RPC ends before it). Returns true if it changed the
+ * for it (the snapshot's own term when the RPC ends before it). Returns true if it changed the
  * RPC. io_wrap's wrapper applies it once io->raft is set; the sim too. */
 bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
 

@@ -1265,6 +1265,33 @@ static void test_snapshotted_entries_are_cut(void **state)
     assert_int_equal(lastSent.append_entries_result.last_log_index, 20);
     assert_int_equal(theIo.skipped, 3);
 
+    /* From inside the snapshot, as the sim sees them most: starts at 21. */
+    deliverCovered(10, 15, 0, batches);
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.n_entries, 5);
+    assert_int_equal(seenTerms[0], termOf(21));
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+
+    /* prev_log_term is the leader's term for the snapshot's index whenever the RPC carries
+     * that entry (should it differ from the snapshot's, raft sees the conflict), and the
+     * snapshot's own term only when the RPC ends before it. (A snapshot term the leader
+     * disagrees with, here, to tell the two apart.) */
+    r.log.snapshot.last_term = 9;
+    deliverCovered(10, 15, 0, batches); /* carries 20 and more */
+    assert_int_equal(seenAe.prev_log_term, termOf(20));
+    raft_free(batches[0]);
+    raft_free(seenAe.entries);
+    deliverCovered(10, 10, 0, batches); /* ends at 20 */
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.n_entries, 0);
+    assert_int_equal(seenAe.prev_log_term, termOf(20));
+    deliverCovered(10, 5, 0, batches); /* ends before 20 */
+    assert_int_equal(seenAe.prev_log_index, 20);
+    assert_int_equal(seenAe.prev_log_term, 9);
+    r.log.snapshot.last_term = 2;
+    assert_int_equal(theIo.skipped, 7);
+
     /* Left as they are: RPCs from the snapshot on or past it, RPCs of an older term (raft
      * refuses them), and a follower without a snapshot. */
     deliverCovered(20, 5, 0, batches);
@@ -1287,7 +1314,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     assert_int_equal(seenAe.n_entries, 30);
     raft_free(batches[0]);
     raft_free(seenAe.entries);
-    assert_int_equal(theIo.skipped, 3);
+    assert_int_equal(theIo.skipped, 7);
     theIo.raft = NULL;
 }
 
