@@ -896,9 +896,11 @@ static void tickCb(uv_timer_t *t)
          * node still answers status and /readyz says 503, but only a restart brings it
          * back. */
         c->stopped_logged = true;
-        fprintf(stderr, "idemd: raft stopped on this node (%s); it takes no part in the cluster "
-                        "until it is restarted\n",
-                raft_errmsg(&c->raft));
+        /* raft does not always set its message when it stops: it may be empty or older. */
+        const char *m = raft_errmsg(&c->raft);
+        fprintf(stderr, "idemd: raft stopped on this node (raft's last error message: %s%s%s); "
+                        "it takes no part in the cluster until it is restarted\n",
+                m[0] != '\0' ? "\"" : "", m[0] != '\0' ? m : "none", m[0] != '\0' ? "\"" : "");
     }
     if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
         /* A new leader's first entry of its own term: until it is stored, no follower's
@@ -1196,6 +1198,9 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     memcpy(out->append_buckets, c->io.append_buckets, sizeof(out->append_buckets));
     out->append_count = c->io.append_count;
     out->append_sum_us = c->io.append_sum_us;
+    out->raft_clamped = c->io.corrected;
+    out->raft_held = c->io.results_held;
+    out->raft_cut = c->io.skipped;
 }
 
 size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap)

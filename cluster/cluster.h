@@ -125,6 +125,11 @@ struct cluster_status {
     uint64_t append_buckets[IO_APPEND_BUCKETS];
     uint64_t append_count;
     uint64_t append_sum_us;
+    /* The raft I/O wrapper's corrections of libraft 0.15 (io.h) on this node: answers and
+     * commit indexes clamped, results held by a leader, RPCs cut at the snapshot. */
+    uint64_t raft_clamped;
+    uint64_t raft_held;
+    uint64_t raft_cut;
 };
 
 /* Entries between two snapshots (raft_set_snapshot_threshold) after a snapshot of

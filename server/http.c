@@ -1032,6 +1032,16 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         tbPrintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", g[i].name, g[i].help, g[i].name,
                  g[i].type, g[i].name, (unsigned long long)g[i].v);
     }
+    tbPrintf(&b,
+             "# HELP idem_raft_corrections_total Corrections of libraft 0.15 made by this node's "
+             "raft I/O wrapper (cluster/io.h): answers and commit indexes clamped, results held "
+             "by a leader, AppendEntries cut at the snapshot.\n"
+             "# TYPE idem_raft_corrections_total counter\n"
+             "idem_raft_corrections_total{kind=\"clamp\"} %llu\n"
+             "idem_raft_corrections_total{kind=\"hold\"} %llu\n"
+             "idem_raft_corrections_total{kind=\"cut\"} %llu\n",
+             (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
+             (unsigned long long)si.cluster.raft_cut);
     sendRaw(h, req, R_METRICS, rid, 200, "text/plain; version=0.0.4", b.p, b.len, NULL, 0);
     free(b.p);
 }
