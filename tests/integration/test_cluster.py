@@ -33,6 +33,13 @@ class ClusterTest(ClusterTestCase):
             args += ["--" + k, v]
         return self.c.ctl(*args, ids=ids, deadline=deadline)
 
+    def metric(self, node, name):
+        with urllib.request.urlopen("http://%s/metrics" % node.http, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return int(line.split()[1])
+        return None
+
     def complete(self, key, token, body, ids=None):
         return self.c.ctl("complete", key, "--token", token, "--status", 201, "--body", body,
                           ids=ids)
@@ -350,8 +357,9 @@ class TestSnapshots(ClusterTest):
         wait_for(lambda: self.c.leader() == target, 20, "node %d to lead" % target)
         self.assertEqual(snapshots().get(target), 0)
         # raft_uv fails a send to a peer it cannot reach once a few are queued (heartbeats
-        # every 100 ms); nothing observable says when, so give it two seconds.
-        time.sleep(2)
+        # every 100 ms); nothing observable says when, so give it three seconds (the cut
+        # counter checked at the end says whether it happened).
+        time.sleep(3)
         self.claims(i, i + 5)
         self.c.start(b)
         self.c.wait_converged(3)
@@ -361,6 +369,9 @@ class TestSnapshots(ClusterTest):
         self.assertEqual({n["records"] for n in st["nodes"]}, {i + 5}, st)
         with open(self.c.nodes[b].log, "rb") as f:
             self.assertNotIn(b"raft stopped", f.read())
+        # And it rejoined through the cut (so the test did reach the case).
+        cut = self.metric(self.c.nodes[b], 'idem_raft_corrections_total{kind="cut"}')
+        self.assertGreater(cut, 0)
 
     # snapstore (cluster/snapstore.h): the snapshot's data is in idem-snapshot-<term>-<index>
     # in the node's data dir; raft_uv's snapshot-<term>-<index>-<ts> holds only a reference.
@@ -592,13 +603,6 @@ class TestSnapshotSchedule(ClusterTest):
              "--duration", "60", "--json"], capture_output=True, timeout=90)
         report = json.loads(out.stdout)
         self.assertEqual((report["ops"], report["errors"]), (n, 0), out.stderr)
-
-    def metric(self, node, name):
-        with urllib.request.urlopen("http://%s/metrics" % node.http, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return int(line.split()[1])
-        return None
 
     def metrics_agree(self, node_id, tries=20):
         """/metrics against `idemctl status` for one node. A snapshot finishing between the
