@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "tls.h"
+#include "tmpdir.h"
 
 static char dir[] = "/tmp/idem-tls-unit.XXXXXX";
 static char paths[8][256];
@@ -71,9 +72,7 @@ static int setupPki(void **state)
 static int teardownPki(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmpdir_remove(dir);
 }
 
 static struct config_tls tlsCfg(const char *cert, const char *key, const char *ca)
