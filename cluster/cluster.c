@@ -898,9 +898,9 @@ static void tickCb(uv_timer_t *t)
         c->stopped_logged = true;
         /* raft does not always set its message when it stops: it may be empty or older. */
         const char *m = raft_errmsg(&c->raft);
-        fprintf(stderr, "idemd: raft stopped on this node (raft's last error message: %s%s%s); "
-                        "it takes no part in the cluster until it is restarted\n",
-                m[0] != '\0' ? "\"" : "", m[0] != '\0' ? m : "none", m[0] != '\0' ? "\"" : "");
+        fprintf(stderr, "idemd: raft stopped on this node (raft's last error message: %s); it "
+                        "takes no part in the cluster until it is restarted\n",
+                m[0] != '\0' ? m : "none");
     }
     if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
         /* A new leader's first entry of its own term: until it is stored, no follower's

@@ -371,6 +371,7 @@ class TestSnapshots(ClusterTest):
             self.assertNotIn(b"raft stopped", f.read())
         # And it rejoined through the cut (so the test did reach the case).
         cut = self.metric(self.c.nodes[b], 'idem_raft_corrections_total{kind="cut"}')
+        self.assertIsNotNone(cut, "no cut counter in node %d's /metrics" % b)
         self.assertGreater(cut, 0)
 
     # snapstore (cluster/snapstore.h): the snapshot's data is in idem-snapshot-<term>-<index>

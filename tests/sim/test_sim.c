@@ -508,8 +508,9 @@ static int simIoTruncate(struct raft_io *io, raft_index index)
  * apply; raft itself notices only when the old leader meets the new one and shuts down:
  * "conflicting terms ... -> shutdown"). Without the correction about one run in 100 hits
  * it, more often with pre-vote on (IDEM_SEED=15 IDEM_SIM_RAW_RAFT=1 replayed one when this
- * was found; the runs have changed since and it no longer does). Raft's rule (Figure 2) is that a success answer vouches only for prev_log_index plus the
- * RPC's entries; cowsql/raft (the fork) answers exactly that. The sim applies that rule to the
+ * was found; the runs have changed since and it no longer does). Raft's rule (Figure 2) is
+ * that a success answer vouches only for prev_log_index plus the RPC's entries;
+ * cowsql/raft (the fork) answers exactly that. The sim applies that rule to the
  * answers raft sends from inside its handling of an AppendEntries (the path that reports
  * without an append), so that the sim tests idemd rather than this raft bug. The follower
  * has the same flaw where it advances its commit index (min(leader_commit, its last stored
@@ -542,7 +543,7 @@ static int simIoSend(struct raft_io *io, struct raft_io_send *req,
  * IDEM_SIM_RAW_RAFT=1 replays one. */
 static void holdResult(struct simNode *nd, struct raft_message *msg)
 {
-    const struct raft *r = &nd->s->f.servers[nd - nd->s->nodes].raft;
+    const struct raft *r = &nd->s->f.servers[nd->i].raft;
     if (!nd->s->raw_raft && io_hold_result(r, &msg->append_entries_result)) {
         nd->results_held++;
     }

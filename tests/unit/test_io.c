@@ -1201,6 +1201,13 @@ static void deliverCovered(raft_index prev, unsigned n, unsigned split, void **b
     innerRecv(&theIo.inner, &m);
 }
 
+/* Frees what the fake raft kept of an RPC that reached it with entries (raft would). */
+static void freeSeen(void *batch)
+{
+    raft_free(batch);
+    raft_free(seenAe.entries);
+}
+
 /* libraft 0.15's follower takes the entries of an AppendEntries that starts below its
  * snapshot, whose indexes its log no longer holds, for new ones: it appends them after its
  * last entry and then crashes (in removeSuffix) or corrupts its log. A leader sends such an
@@ -1225,8 +1232,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     deliverCovered(0, 30, 0, batches);
     assert_int_equal(seenAe.prev_log_index, 0);
     assert_int_equal(seenAe.n_entries, 30);
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
     theIo.raft = &r;
 
     /* From index 1 past the snapshot: starts at 21, the batch is kept. */
@@ -1240,8 +1246,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     assert_ptr_equal(seenAe.entries[0].buf.base, (char *)batches[0] + 8 * 20);
     assert_int_equal(seenAe.leader_commit, 30);
     assert_int_equal(theIo.skipped, 1);
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
 
     /* Two batches, the first one only in the snapshot: it is freed, the second kept (ASan
      * and LSan see the rest). */
@@ -1249,8 +1254,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     assert_int_equal(seenAe.prev_log_index, 20);
     assert_int_equal(seenAe.n_entries, 10);
     assert_ptr_equal(seenAe.entries[0].batch, batches[1]);
-    raft_free(batches[1]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[1]);
 
     /* Every entry in the snapshot: a heartbeat at the snapshot, with its term; the entries
      * are freed; the success answer vouches for 20, not the follower's 25. */
@@ -1270,8 +1274,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     assert_int_equal(seenAe.prev_log_index, 20);
     assert_int_equal(seenAe.n_entries, 5);
     assert_int_equal(seenTerms[0], termOf(21));
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
 
     /* prev_log_term is the leader's term for the snapshot's index whenever the RPC carries
      * that entry (should it differ from the snapshot's, raft sees the conflict), and the
@@ -1280,8 +1283,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     r.log.snapshot.last_term = 9;
     deliverCovered(10, 15, 0, batches); /* carries 20 and more */
     assert_int_equal(seenAe.prev_log_term, termOf(20));
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
     deliverCovered(10, 10, 0, batches); /* ends at 20 */
     assert_int_equal(seenAe.prev_log_index, 20);
     assert_int_equal(seenAe.n_entries, 0);
@@ -1297,14 +1299,12 @@ static void test_snapshotted_entries_are_cut(void **state)
     deliverCovered(20, 5, 0, batches);
     assert_int_equal(seenAe.prev_log_index, 20);
     assert_int_equal(seenAe.n_entries, 5);
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
     r.current_term = 4;
     deliverCovered(0, 30, 0, batches);
     assert_int_equal(seenAe.prev_log_index, 0);
     assert_int_equal(seenAe.n_entries, 30);
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
     r.current_term = 3;
     r.log.snapshot.last_index = 0;
     r.log.snapshot.last_term = 0;
@@ -1312,8 +1312,7 @@ static void test_snapshotted_entries_are_cut(void **state)
     deliverCovered(0, 30, 0, batches);
     assert_int_equal(seenAe.prev_log_index, 0);
     assert_int_equal(seenAe.n_entries, 30);
-    raft_free(batches[0]);
-    raft_free(seenAe.entries);
+    freeSeen(batches[0]);
     assert_int_equal(theIo.skipped, 7);
     theIo.raft = NULL;
 }
