@@ -48,6 +48,7 @@ void fsm_close(struct fsm *f)
     if (f->frozen != NULL) {
         fsm_thaw(f, f->frozen);
     }
+    free(f->spare_slots);
     table_close(&f->t);
     arena_close(&f->arena);
     free(f);
@@ -849,6 +850,7 @@ void fsm_get_stats(const struct fsm *f, struct fsm_stats *out)
     out->tenants = f->t.n_tenants;
     out->clock_ms = f->clock;
     out->last_index = f->last_index;
+    out->snapshot_spare_bytes = f->spare_n * sizeof(*f->spare_slots);
 }
 
 struct digestAcc {

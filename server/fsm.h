@@ -89,6 +89,7 @@ struct fsm_stats {
     uint64_t tenants;
     uint64_t clock_ms;
     uint64_t last_index;
+    uint64_t snapshot_spare_bytes; /* the last snapshot's slot copy, kept for the next one */
 };
 
 /* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).
@@ -193,7 +194,10 @@ int fsm_frozen_write(const struct fsm_frozen *z, uint8_t **out, size_t *out_len)
 uint64_t fsm_frozen_records(const struct fsm_frozen *z);
 
 /* Ends the freeze and frees the view and the records only it still held. No
- * fsm_frozen_write() of it may be running. fsm_close() thaws a view that is still frozen. */
+ * fsm_frozen_write() of it may be running. fsm_close() thaws a view that is still frozen.
+ * The view's slot copy is kept for the next fsm_freeze() to copy into (memory already
+ * mapped: a fraction of the copy's time on the owner's thread), until fsm_close(); the
+ * stats' snapshot_spare_bytes count it. */
 void fsm_thaw(struct fsm *f, struct fsm_frozen *z);
 
 #endif /* IDEM_SERVER_FSM_H */

@@ -12,6 +12,7 @@
  * to the thaw and read by fsm_frozen_write on any thread; the rest belongs to the owner. */
 struct fsm_frozen {
     uintptr_t *slots;        /* copy of the table's slot array at the freeze */
+    size_t slots_cap;        /* slots allocated (at least mask + 1: a reused copy, fsm_freeze) */
     size_t mask;
     uint64_t count;
     char **names;            /* tenant names (the table's strings), by tenant index */
@@ -30,6 +31,8 @@ struct fsm_frozen {
 struct fsm {
     struct table t;
     struct fsm_frozen *frozen; /* the view in flight, or NULL */
+    uintptr_t *spare_slots;  /* the last view's slot copy, kept for the next freeze */
+    size_t spare_n;          /* slots it has room for */
     struct arena arena;      /* protobuf-c decoding scratch, reset per command */
     uint64_t clock;          /* max leader timestamp applied (CONTRACT.md §2) */
     uint64_t last_index;     /* command index of the last valid command */

@@ -623,22 +623,40 @@ static void test_frozen_view_under_applies(void **state)
 
     fsm_thaw(a.f, z);
     assertSameState(a.f, twin.f);
-    /* After the thaw: more applies, a second freeze, and the live state still matches. */
-    for (int i = STEPS; i < STEPS + 3000; i++) {
-        mutateBoth(&a, &twin, i, POPULATED);
+    /* The thaw kept the view's slot copy for the next freeze. */
+    struct fsm_stats st;
+    fsm_get_stats(a.f, &st);
+    uint64_t spare1 = st.snapshot_spare_bytes;
+    assert_true(spare1 > 0);
+    /* After the thaw: more applies, a second freeze, and the live state still matches. The
+     * table outgrew the first copy, so this one is a new, larger one; a third freeze at the
+     * same table size copies into the second's (stale slots left there must not show). */
+    for (int round = 0; round < 2; round++) {
+        int from = STEPS + round * 6000;
+        for (int i = from; i < from + 3000; i++) {
+            mutateBoth(&a, &twin, i, POPULATED);
+        }
+        fsm_digest_hex(a.f, at_freeze);
+        z = fsm_freeze(a.f);
+        assert_non_null(z);
+        for (int i = from + 3000; i < from + 6000; i++) {
+            mutateBoth(&a, &twin, i, POPULATED);
+        }
+        fsm_frozen_write(z, &snap, &len);
+        restoredDigest(snap, len, from_view);
+        assert_string_equal(from_view, at_freeze);
+        free(snap);
+        fsm_thaw(a.f, z);
+        assertSameState(a.f, twin.f);
+        uint64_t before_round = spare1;
+        fsm_get_stats(a.f, &st);
+        spare1 = st.snapshot_spare_bytes;
+        if (round == 0) {
+            assert_true(spare1 > before_round); /* a new copy, for the grown table */
+        } else {
+            assert_int_equal(spare1, before_round); /* the same one again */
+        }
     }
-    fsm_digest_hex(a.f, at_freeze);
-    z = fsm_freeze(a.f);
-    assert_non_null(z);
-    for (int i = STEPS + 3000; i < STEPS + 6000; i++) {
-        mutateBoth(&a, &twin, i, POPULATED);
-    }
-    fsm_frozen_write(z, &snap, &len);
-    restoredDigest(snap, len, from_view);
-    assert_string_equal(from_view, at_freeze);
-    free(snap);
-    fsm_thaw(a.f, z);
-    assertSameState(a.f, twin.f);
     th_close(&a);
     th_close(&twin);
 }
@@ -681,6 +699,22 @@ static void test_frozen_view_survives_restore(void **state)
     free(snap);
     fsm_thaw(a.f, z);
     assertSameState(a.f, other.f);
+    /* The copy kept from the view is the big table's; the restored one is a quarter of it,
+     * so the next freeze makes a copy of its own size and keeps that instead. */
+    struct fsm_stats st;
+    fsm_get_stats(a.f, &st);
+    uint64_t big = st.snapshot_spare_bytes;
+    assert_true(big > 0);
+    fsm_digest_hex(a.f, at_freeze);
+    z = fsm_freeze(a.f);
+    assert_non_null(z);
+    fsm_frozen_write(z, &snap, &len);
+    restoredDigest(snap, len, from_view);
+    assert_string_equal(from_view, at_freeze);
+    free(snap);
+    fsm_thaw(a.f, z);
+    fsm_get_stats(a.f, &st);
+    assert_true(st.snapshot_spare_bytes > 0 && st.snapshot_spare_bytes * 4 <= big);
     th_close(&a);
     th_close(&other);
 }
