@@ -626,8 +626,8 @@ static void test_frozen_view_under_applies(void **state)
     /* The thaw kept the view's slot copy for the next freeze. */
     struct fsm_stats st;
     fsm_get_stats(a.f, &st);
-    uint64_t spare1 = st.snapshot_spare_bytes;
-    assert_true(spare1 > 0);
+    uint64_t spare = st.snapshot_spare_bytes;
+    assert_true(spare > 0);
     /* After the thaw: more applies, a second freeze, and the live state still matches. The
      * table outgrew the first copy, so this one is a new, larger one; a third freeze at the
      * same table size copies into the second's (stale slots left there must not show). */
@@ -648,13 +648,13 @@ static void test_frozen_view_under_applies(void **state)
         free(snap);
         fsm_thaw(a.f, z);
         assertSameState(a.f, twin.f);
-        uint64_t before_round = spare1;
+        uint64_t before_round = spare;
         fsm_get_stats(a.f, &st);
-        spare1 = st.snapshot_spare_bytes;
+        spare = st.snapshot_spare_bytes;
         if (round == 0) {
-            assert_true(spare1 > before_round); /* a new copy, for the grown table */
+            assert_true(spare > before_round); /* a new copy, for the grown table */
         } else {
-            assert_int_equal(spare1, before_round); /* the same one again */
+            assert_int_equal(spare, before_round); /* the same size again */
         }
     }
     th_close(&a);
@@ -699,24 +699,52 @@ static void test_frozen_view_survives_restore(void **state)
     free(snap);
     fsm_thaw(a.f, z);
     assertSameState(a.f, other.f);
-    /* The copy kept from the view is the big table's; the restored one is a quarter of it,
-     * so the next freeze makes a copy of its own size and keeps that instead. */
-    struct fsm_stats st;
-    fsm_get_stats(a.f, &st);
-    uint64_t big = st.snapshot_spare_bytes;
-    assert_true(big > 0);
-    fsm_digest_hex(a.f, at_freeze);
-    z = fsm_freeze(a.f);
+    th_close(&a);
+    th_close(&other);
+}
+
+/* Replaces a's state with a fresh one of n records, freezes it, checks the view against the
+ * state at the freeze, thaws, and returns the bytes kept for the next freeze. */
+static uint64_t freezeAfterRestore(struct th *a, int n)
+{
+    struct th src;
+    th_init(&src);
+    populate(&src, n);
+    uint8_t *snap = NULL;
+    size_t len = 0;
+    fsm_snapshot(src.f, &snap, &len);
+    assert_int_equal(fsm_restore(a->f, snap, len, NULL), 0);
+    free(snap);
+    th_close(&src);
+    char at_freeze[33], from_view[33];
+    fsm_digest_hex(a->f, at_freeze);
+    struct fsm_frozen *z = fsm_freeze(a->f);
     assert_non_null(z);
     fsm_frozen_write(z, &snap, &len);
     restoredDigest(snap, len, from_view);
     assert_string_equal(from_view, at_freeze);
     free(snap);
-    fsm_thaw(a.f, z);
-    fsm_get_stats(a.f, &st);
-    assert_true(st.snapshot_spare_bytes > 0 && st.snapshot_spare_bytes * 4 <= big);
+    fsm_thaw(a->f, z);
+    struct fsm_stats st;
+    fsm_get_stats(a->f, &st);
+    return st.snapshot_spare_bytes;
+}
+
+/* The thaw keeps the view's slot copy and the next freeze copies into it: a table half the
+ * size still uses it (so the bytes kept stay those of the larger copy, which a new copy of
+ * the table's own size would halve); one a quarter of the size or less gets a copy of its
+ * own, and that replaces the over-large one. Each view is checked against its state. */
+static void test_freeze_reuses_kept_copy(void **state)
+{
+    (void)state;
+    struct th a;
+    th_init(&a);
+    uint64_t big = freezeAfterRestore(&a, 2000);
+    assert_true(big > 0);
+    assert_int_equal(freezeAfterRestore(&a, 1000), big);
+    uint64_t small = freezeAfterRestore(&a, 500);
+    assert_true(small > 0 && small * 4 <= big);
     th_close(&a);
-    th_close(&other);
 }
 
 /* fsm_close with a view still frozen frees everything (LSan checks). */
@@ -745,6 +773,7 @@ int main(void)
         cmocka_unit_test(test_every_byte_flip_refused),
         cmocka_unit_test(test_frozen_view_under_applies),
         cmocka_unit_test(test_frozen_view_survives_restore),
+        cmocka_unit_test(test_freeze_reuses_kept_copy),
         cmocka_unit_test(test_close_while_frozen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
