@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "aio_reap.h"
 #include "idem.pb-c.h"
 #include "io.h"
 #include "niced.h"
@@ -1138,6 +1139,7 @@ int cluster_start(struct cluster *c)
 static void clusterFree(struct cluster *c)
 {
     raft_uv_close(&c->io.inner);
+    aio_reap_stop(); /* raft_uv's AIO contexts, destroyed off the loop, are gone */
     transport_close(&c->transport);
     cluster_close_cb cb = c->close_cb;
     void *data = c->close_data;

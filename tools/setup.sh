@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git
-  libraft-dev libuv1-dev
+  libraft-dev liblz4-dev libuv1-dev
   libprotobuf-c-dev protobuf-c-compiler
   libssl-dev libyaml-dev libjansson-dev libxxhash-dev
   libh2o-dev
