@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "aio_reap.h"
 #include "fingerprint.h"
 #include "forward.h"
 #include "log.h"
@@ -1042,6 +1043,22 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_corrections_total{kind=\"cut\"} %llu\n",
              (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
              (unsigned long long)si.cluster.raft_cut);
+    struct aio_reap_stats ar;
+    aio_reap_get_stats(&ar);
+    tbPrintf(&b,
+             "# HELP idem_raft_aio_contexts_destroyed_total Kernel AIO contexts of raft's log "
+             "writer destroyed, by the thread that waited for io_destroy: the reaper thread "
+             "(cluster/aio_reap.h), or the caller's (the loop) when the reaper could not "
+             "take one.\n"
+             "# TYPE idem_raft_aio_contexts_destroyed_total counter\n"
+             "idem_raft_aio_contexts_destroyed_total{thread=\"reaper\"} %llu\n"
+             "idem_raft_aio_contexts_destroyed_total{thread=\"caller\"} %llu\n"
+             "# HELP idem_raft_aio_destroy_failures_total io_destroy calls of the reaper "
+             "thread that failed.\n"
+             "# TYPE idem_raft_aio_destroy_failures_total counter\n"
+             "idem_raft_aio_destroy_failures_total %llu\n",
+             (unsigned long long)ar.destroyed, (unsigned long long)ar.inline_runs,
+             (unsigned long long)ar.failed);
     sendRaw(h, req, R_METRICS, rid, 200, "text/plain; version=0.0.4", b.p, b.len, NULL, 0);
     free(b.p);
 }
