@@ -4,7 +4,10 @@
  * call to the connection for its address, opening it if there is none; the frame goes out
  * once the connection is open (calls made while connecting are queued on it), with the
  * forwarder's own request id prepended as protobuf field 1 (the packed body omits a zero
- * id, and a repeated scalar field's last value wins anyway). The answer is matched by id;
+ * id, and a repeated scalar field's last value wins anyway). Frames are gathered per
+ * connection and written once per loop turn, after its I/O callbacks (a uv_check handle),
+ * as the RPC server writes its answers: a follower forwarding a burst of HTTP claims makes
+ * one system call for all of them, not one each. The answer is matched by id;
  * the call's callback runs and the call is freed once its deadline timer is closed.
  *
  * Failure modes: the connection cannot be opened, is reset, closed by the peer, or sends a
@@ -52,6 +55,10 @@ struct fwdConn {
     uint8_t *cipher;       /* TLS only: FWD_TLS_READ bytes that reads land in */
     bool tls_failed;       /* TLS only: the stream is broken, no close_notify */
     struct fwdCall *calls; /* calls waiting for an answer on this connection */
+    struct fwdWrite *out;  /* plain TCP: frames gathered this loop turn, not written yet */
+    size_t out_len, out_cap;
+    bool queued; /* on f->flush: frames (or TLS records) to write this loop turn */
+    struct fwdConn *flush_next;
     struct fwdConn *prev, *next;
 };
 
@@ -78,6 +85,10 @@ struct forwarder {
     uint64_t next_id;
     struct fwdConn *conns;
     size_t n_calls; /* calls not yet freed (their timers close asynchronously) */
+    struct fwdConn *flush; /* connections with frames to write this loop turn */
+    uv_check_t flusher;    /* writes them, after the turn's I/O callbacks */
+    uv_idle_t awake;       /* active while any wait: the poll does not block */
+    int handles_open;      /* flusher and awake, until forwarder_close closes them */
     bool closing;
     void (*close_cb)(void *data);
     void *close_data;
@@ -90,7 +101,7 @@ struct fwdWrite {
 
 static void forwarderMaybeFree(struct forwarder *f)
 {
-    if (f->closing && f->conns == NULL && f->n_calls == 0) {
+    if (f->closing && f->conns == NULL && f->n_calls == 0 && f->handles_open == 0) {
         void (*cb)(void *) = f->close_cb;
         void *data = f->close_data;
         tls_ctx_free(f->tls);
@@ -165,6 +176,14 @@ static void connClosedCb(uv_handle_t *h)
 {
     struct fwdConn *k = h->data;
     struct forwarder *f = k->f;
+    if (k->queued) {
+        struct fwdConn **pp = &f->flush;
+        while (*pp != k) {
+            pp = &(*pp)->flush_next;
+        }
+        *pp = k->flush_next;
+    }
+    free(k->out);
     if (k->prev) {
         k->prev->next = k->next;
     } else {
@@ -257,7 +276,72 @@ static void connTlsFlush(struct fwdConn *k)
     connWrite(k, w, got);
 }
 
-/* Writes the call's frame: length, field 1 (request id), then the packed body. */
+static void flushCb(uv_check_t *h);
+
+static void awakeCb(uv_idle_t *h)
+{
+    (void)h; /* only keeps the poll from blocking while frames wait */
+}
+
+/* Puts k on the flush list (once per turn), waking the flush handles if it was empty. */
+static void connQueue(struct fwdConn *k)
+{
+    if (k->queued) {
+        return;
+    }
+    struct forwarder *f = k->f;
+    if (f->flush == NULL) {
+        uv_check_start(&f->flusher, flushCb);
+        uv_idle_start(&f->awake, awakeCb);
+    }
+    k->queued = true;
+    k->flush_next = f->flush;
+    f->flush = k;
+}
+
+/* Writes what k gathered this turn, as one write: its frames, or the TLS engine's records. */
+static void connFlush(struct fwdConn *k)
+{
+    if (k->closing) {
+        return;
+    }
+    if (k->tls != NULL) {
+        connTlsFlush(k);
+        return;
+    }
+    if (k->out_len == 0) {
+        return;
+    }
+    struct fwdWrite *w = k->out;
+    size_t n = k->out_len;
+    k->out = NULL;
+    k->out_len = k->out_cap = 0;
+    connWrite(k, w, n);
+}
+
+/* After the turn's I/O callbacks: every connection's frames of this turn go out in one
+ * write each, not one system call per frame. A write that fails fails its connection's
+ * calls, whose callbacks may queue new frames: those go out on the next turn. */
+static void flushCb(uv_check_t *h)
+{
+    struct forwarder *f = h->data;
+    struct fwdConn *list = f->flush;
+    f->flush = NULL;
+    while (list != NULL) {
+        struct fwdConn *k = list;
+        list = k->flush_next;
+        k->queued = false;
+        k->flush_next = NULL;
+        connFlush(k);
+    }
+    if (f->flush == NULL) {
+        uv_check_stop(&f->flusher);
+        uv_idle_stop(&f->awake);
+    }
+}
+
+/* Gathers the call's frame for this turn's write: length, field 1 (request id), then the
+ * packed body. */
 static void connSend(struct fwdConn *k, struct fwdCall *c)
 {
     uint8_t idbuf[11];
@@ -270,27 +354,40 @@ static void connSend(struct fwdConn *k, struct fwdCall *c)
         idbuf[n++] = (uint8_t)(b | (v ? 0x80 : 0));
     } while (v);
     size_t len = n + c->body_len;
-    struct fwdWrite *w = xmalloc(sizeof(*w) + 4 + len);
-    w->data[0] = (uint8_t)(len >> 24);
-    w->data[1] = (uint8_t)(len >> 16);
-    w->data[2] = (uint8_t)(len >> 8);
-    w->data[3] = (uint8_t)len;
-    memcpy(w->data + 4, idbuf, n);
+    uint8_t *frame;
+    uint8_t *tmp = NULL;
+    if (k->tls != NULL) {
+        frame = tmp = xmalloc(4 + len);
+    } else {
+        if (k->out_cap - k->out_len < 4 + len) {
+            size_t cap = k->out_cap ? k->out_cap * 2 : 4096;
+            while (cap - k->out_len < 4 + len) {
+                cap *= 2;
+            }
+            k->out = xrealloc(k->out, sizeof(*k->out) + cap);
+            k->out_cap = cap;
+        }
+        frame = k->out->data + k->out_len;
+        k->out_len += 4 + len;
+    }
+    frame[0] = (uint8_t)(len >> 24);
+    frame[1] = (uint8_t)(len >> 16);
+    frame[2] = (uint8_t)(len >> 8);
+    frame[3] = (uint8_t)len;
+    memcpy(frame + 4, idbuf, n);
     if (c->body_len > 0) {
-        memcpy(w->data + 4 + n, c->body, c->body_len);
+        memcpy(frame + 4 + n, c->body, c->body_len);
     }
     c->written = true;
-    if (k->tls != NULL) {
-        int rv = tls_conn_write(k->tls, w->data, 4 + len);
-        free(w);
+    if (tmp != NULL) {
+        int rv = tls_conn_write(k->tls, tmp, 4 + len);
+        free(tmp);
         if (rv != 0) {
             connTlsFail(k, "write", "TLS connection to the leader failed");
             return;
         }
-        connTlsFlush(k);
-        return;
     }
-    connWrite(k, w, 4 + len);
+    connQueue(k);
 }
 
 static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n);
@@ -558,12 +655,24 @@ static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n)
 
 /* ---- public ---------------------------------------------------------------------------- */
 
+static void handleClosedCb(uv_handle_t *h)
+{
+    struct forwarder *f = h->data;
+    f->handles_open--;
+    forwarderMaybeFree(f);
+}
+
 struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes, struct tls_ctx *tls)
 {
     struct forwarder *f = xcalloc(1, sizeof(*f));
     f->loop = loop;
     f->max_frame = max_frame_bytes;
     f->tls = tls;
+    uv_check_init(loop, &f->flusher);
+    uv_idle_init(loop, &f->awake);
+    f->flusher.data = f;
+    f->awake.data = f;
+    f->handles_open = 2;
     return f;
 }
 
@@ -600,5 +709,6 @@ void forwarder_close(struct forwarder *f, void (*cb)(void *data), void *data)
     for (struct fwdConn *k = f->conns; k != NULL; k = k->next) {
         connFail(k, "forwarder closed");
     }
-    forwarderMaybeFree(f);
+    uv_close((uv_handle_t *)&f->flusher, handleClosedCb);
+    uv_close((uv_handle_t *)&f->awake, handleClosedCb);
 }

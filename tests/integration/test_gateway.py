@@ -274,6 +274,52 @@ class TestGatewayBasics(GatewayTest):
             with self.subTest(follower=nid):
                 self._basic_flow(self.c.nodes[nid].http, self.c.nodes[lid].http)
 
+    def test_burst_through_a_follower_each_answered_once(self):
+        # A follower gathers the frames it forwards and writes them once per loop turn
+        # (server/forward.c): many claims arriving together must still each reach the
+        # leader once, as their own command, and get their own answer back.
+        lid = self.c.wait_leader(timeout=20)
+        addr = self.addr(self.follower_ids()[0])
+        solo = [self.key("burst") for _ in range(48)]
+        shared = [self.key("burst-shared") for _ in range(8)]
+        jobs = [(k, 0) for k in solo] + [(k, i) for k in shared for i in range(4)]
+        results = {}
+        lock = threading.Lock()
+        gate = threading.Barrier(len(jobs))
+
+        def one(job):
+            key, i = job
+            gate.wait(timeout=30)
+            r = self.claim(addr, key, fp(key))
+            with lock:
+                results[(key, i)] = r
+
+        threads = [threading.Thread(target=one, args=(j,), daemon=True) for j in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        self.assertEqual(len(results), len(jobs))
+        tokens = {}
+        for key in solo:
+            tokens[key] = self.assertAcquired(results[(key, 0)])
+        for key in shared:
+            answers = [results[(key, i)] for i in range(4)]
+            won = [a for a in answers if a[0] == 200]
+            self.assertEqual(len(won), 1, answers)
+            tokens[key] = self.assertAcquired(won[0])
+            for a in answers:
+                if a[0] != 200:
+                    self.assertError(a, 409, "idempotency_request_in_progress")
+        self.assertEqual(len(set(tokens.values())), len(tokens), "a token answered twice")
+        # The leader holds each key as its own claim: its fingerprint and its token.
+        leader = self.c.nodes[lid].http
+        for key, tok in tokens.items():
+            st, h, b = self.get(leader, key)
+            self.assertEqual(st, 200, (key, st, b))
+            self.assertEqual(b["record"]["token"], tok, key)
+            self.assertEqual(b["record"]["fingerprint_prefix"], fp(key)[:12], key)
+
     def test_get_record_states(self):
         for nid in sorted(self.c.nodes):
             with self.subTest(node=nid):
