@@ -1,5 +1,5 @@
 /* aio_reap: libraft's AIO contexts destroyed off the loop (aio_reap.h explains why). */
-#define _GNU_SOURCE /* syscall */
+#define _GNU_SOURCE /* syscall, gettid */
 #include "aio_reap.h"
 
 #include <errno.h>
@@ -20,8 +20,9 @@ static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;    /* the thread: work, o
 static pthread_cond_t stopped = PTHREAD_COND_INITIALIZER; /* a second aio_reap_stop */
 static aio_context_t queue[QUEUE_CAP];
 static unsigned head, count;
-static bool running;  /* the thread exists (and is not joined yet) */
-static bool stopping; /* aio_reap_stop waits for it to empty the queue and exit */
+static bool running;     /* the thread exists (and is not joined yet) */
+static bool stopping;    /* aio_reap_stop waits for it to empty the queue and exit */
+static bool inline_only; /* aio_reap_set_inline */
 static pthread_t thread;
 static struct aio_reap_stats stats;
 
@@ -49,6 +50,7 @@ static void *reaper(void *arg)
         int rv = destroyNow(ctx);
         pthread_mutex_lock(&mu);
         stats.destroyed++;
+        stats.last_tid = gettid();
         if (rv != 0) {
             stats.failed++;
         }
@@ -73,17 +75,29 @@ static bool startLocked(void)
 int __wrap_UvOsIoDestroy(aio_context_t ctx)
 {
     pthread_mutex_lock(&mu);
-    bool queued = !stopping && count < QUEUE_CAP && (running || startLocked());
+    bool queued = !inline_only && !stopping && count < QUEUE_CAP && (running || startLocked());
     if (queued) {
         queue[(head + count) % QUEUE_CAP] = ctx;
         count++;
         stats.queued++;
         pthread_cond_signal(&wake);
-    } else {
-        stats.inline_runs++;
+        pthread_mutex_unlock(&mu);
+        return 0;
     }
     pthread_mutex_unlock(&mu);
-    return queued ? 0 : destroyNow(ctx);
+    int rv = destroyNow(ctx);
+    pthread_mutex_lock(&mu);
+    stats.inline_runs++;
+    stats.last_tid = gettid();
+    pthread_mutex_unlock(&mu);
+    return rv;
+}
+
+void aio_reap_set_inline(bool on)
+{
+    pthread_mutex_lock(&mu);
+    inline_only = on;
+    pthread_mutex_unlock(&mu);
 }
 
 void aio_reap_stop(void)
@@ -108,6 +122,14 @@ void aio_reap_stop(void)
     stopping = false;
     pthread_cond_broadcast(&stopped);
     pthread_mutex_unlock(&mu);
+}
+
+bool aio_reap_inline(void)
+{
+    pthread_mutex_lock(&mu);
+    bool on = inline_only;
+    pthread_mutex_unlock(&mu);
+    return on;
 }
 
 void aio_reap_get_stats(struct aio_reap_stats *s)

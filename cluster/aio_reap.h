@@ -27,7 +27,9 @@
 #define IDEM_CLUSTER_AIO_REAP_H
 
 #include <linux/aio_abi.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* What libraft calls instead of UvOsIoDestroy (its declaration in libraft's uv_os.h).
  * Returns 0, or the negative errno of io_destroy when it ran on the caller's thread. */
@@ -39,11 +41,20 @@ int __wrap_UvOsIoDestroy(aio_context_t ctx);
  * about 32 ms per context still queued. */
 void aio_reap_stop(void);
 
+/* on: from now on every context is destroyed on the caller's thread, as raft_uv would,
+ * until called again with false. io.c turns it on when it closes raft_uv with log writes
+ * still in the kernel (past its bounded wait for a disk that does not answer): raft_uv
+ * frees such a write's buffer only after io_destroy returns, which waits for the write;
+ * returning at once would free the buffer under the kernel. Process-wide. */
+void aio_reap_set_inline(bool on);
+bool aio_reap_inline(void);
+
 struct aio_reap_stats {
     uint64_t queued;      /* contexts handed to the thread */
     uint64_t destroyed;   /* ... and destroyed by it */
     uint64_t failed;      /* ... of which io_destroy refused (the context stays) */
     uint64_t inline_runs; /* contexts destroyed on the caller's thread instead */
+    pid_t last_tid;       /* the thread (gettid) that destroyed the last context */
 };
 
 void aio_reap_get_stats(struct aio_reap_stats *s);

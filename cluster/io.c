@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "aio_reap.h"
 #include "snapstore.h"
 
 static struct io *fromOuter(struct raft_io *o)
@@ -471,6 +472,11 @@ static void closeInner(struct io *io)
 {
     io->close_deferred = false;
     io->inner_closing = true;
+    if (io->disk > 0) {
+        /* Writes still in the kernel: raft_uv's io_destroy must wait for them before it
+         * frees their buffers, on this thread as raft_uv does (aio_reap.h). */
+        aio_reap_set_inline(true);
+    }
     if (io->close_timer != NULL) {
         uv_close((uv_handle_t *)io->close_timer, closeTimerClosed);
         io->close_timer = NULL;

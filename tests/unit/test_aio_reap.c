@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -51,6 +52,7 @@ static void test_queued_context_is_destroyed(void **state)
     assert_int_equal(b.destroyed - a.destroyed, 3);
     assert_int_equal(b.failed - a.failed, 0);
     assert_int_equal(b.inline_runs - a.inline_runs, 0);
+    assert_true(b.last_tid != 0 && b.last_tid != gettid()); /* not on this thread */
     for (int i = 0; i < 3; i++) {
         assert_true(contextGone(ctx[i]));
     }
@@ -79,10 +81,42 @@ static void test_refused_destroy_is_counted(void **state)
     assert_int_equal(b.failed - a.failed, 1);
 }
 
+/* Inline (io.c, closing with writes in the kernel): destroyed before the wrapper returns,
+ * on the caller's thread, and nothing is queued. */
+static void test_inline_destroys_before_returning(void **state)
+{
+    (void)state;
+    struct aio_reap_stats a, b;
+    aio_reap_get_stats(&a);
+    aio_reap_set_inline(true);
+    aio_context_t ctx = newContext();
+    assert_int_equal(__wrap_UvOsIoDestroy(ctx), 0);
+    assert_true(contextGone(ctx)); /* no aio_reap_stop needed */
+    aio_reap_get_stats(&b);
+    assert_int_equal(b.inline_runs - a.inline_runs, 1);
+    assert_int_equal(b.queued - a.queued, 0);
+    assert_int_equal(b.last_tid, gettid());
+    aio_reap_set_inline(false);
+}
+
 /* raft_uv itself: its capability probe and the writer of its open segment each set up an
  * AIO context. Every one it destroys goes through the reaper (the link's --wrap), none on
  * the loop, and none is left when it is closed. */
 static bool appended, closed;
+static char dir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof(dir), "/tmp/idem-aio-reap-XXXXXX");
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tmpdir_remove(dir);
+}
 
 static void appendCb(struct raft_io_append *req, int status)
 {
@@ -100,8 +134,6 @@ static void closeCb(struct raft_io *io)
 static void test_raft_uv_contexts_go_to_the_reaper(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/idem-aio-reap-XXXXXX";
-    assert_non_null(mkdtemp(dir));
     aio_reap_stop();
     struct aio_reap_stats a, b;
     aio_reap_get_stats(&a);
@@ -153,7 +185,6 @@ static void test_raft_uv_contexts_go_to_the_reaper(void **state)
     assert_int_equal(b.destroyed - a.destroyed, b.queued - a.queued);
     assert_int_equal(b.failed - a.failed, 0);
     assert_int_equal(b.inline_runs - a.inline_runs, 0);
-    assert_int_equal(tmpdir_remove(dir), 0);
 }
 
 int main(void)
@@ -161,7 +192,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queued_context_is_destroyed),
         cmocka_unit_test(test_refused_destroy_is_counted),
-        cmocka_unit_test(test_raft_uv_contexts_go_to_the_reaper),
+        cmocka_unit_test(test_inline_destroys_before_returning),
+        cmocka_unit_test_setup_teardown(test_raft_uv_contexts_go_to_the_reaper, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
