@@ -203,8 +203,11 @@ static void connClosedCb(uv_handle_t *h)
  * effort: the peer treats a plain EOF the same way). */
 static void connTlsGoodbye(struct fwdConn *k)
 {
+    /* Records of this turn's frames still in the engine (their calls have just failed):
+     * sending them would run those calls on the leader, and a close_notify without them
+     * would be out of sequence; the leader gets a plain close instead. */
     if (k->tls == NULL || k->tls_failed || !tls_conn_established(k->tls) ||
-        tls_conn_shutdown(k->tls) != 0) {
+        tls_conn_pending(k->tls) > 0 || tls_conn_shutdown(k->tls) != 0) {
         return;
     }
     uint8_t out[512];
