@@ -532,6 +532,9 @@ static void ioClose(struct raft_io *o, raft_io_close_cb cb)
     io->close_cb = cb;
     io->closing = true;
     io->close_deferred = true;
+    /* A snapshot write in flight would be discarded (snapWriteAfter), and a deletion can
+     * wait for the next snapshot: neither keeps the close waiting (snapstore.h). */
+    atomic_store(&io->snap_stop, true);
     if (closeMayGo(io)) {
         closeInner(io);
         return;
@@ -700,7 +703,8 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
 static void snapGcWork(uv_work_t *w)
 {
     struct ioSnapGc *g = w->data;
-    snapstore_gc(g->io->snap_dir, g->older, g->newest, g->io->snap_delete_pause_us);
+    snapstore_gc(g->io->snap_dir, g->older, g->newest, g->io->snap_delete_pause_us,
+                 &g->io->snap_stop);
 }
 
 static void snapGcAfter(uv_work_t *w, int status)
@@ -768,7 +772,8 @@ static void snapWriteWork(uv_work_t *w)
     struct ioSnapJob *j = w->data;
     struct io *io = j->d->io;
     j->rv = snapstore_write(io->snap_dir, j->snapshot->term, j->snapshot->index, j->snapshot->bufs,
-                            j->snapshot->n_bufs, io->snap_pause_us, &j->r, j->err, sizeof(j->err));
+                            j->snapshot->n_bufs, io->snap_pause_us, &io->snap_stop, &j->r, j->err,
+                            sizeof(j->err));
     if (j->rv == 0) {
         /* raft_uv deletes the log segments this snapshot covers: let it drop only names. */
         j->shielded = snapstore_shield(io->snap_dir, j->snapshot->index, j->trailing) > 0;
@@ -782,7 +787,9 @@ static void snapWriteAfter(uv_work_t *w, int status)
     struct io *io = d->io;
     io->works--;
     int rv;
-    if (status != 0 || j->rv != 0) {
+    if (status == 0 && j->rv == SNAPSTORE_STOPPED) {
+        rv = RAFT_CANCELED; /* raft is closing: the write stopped, nothing of it is left */
+    } else if (status != 0 || j->rv != 0) {
         fprintf(stderr, "idemd: snapshot store: %s\n", status != 0 ? uv_strerror(status) : j->err);
         rv = RAFT_IOERR;
     } else if (io->closing) {
@@ -942,6 +949,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->late_failures = 0;
     io->snap_dir = NULL;
     io->snap_pause_us = SNAPSTORE_PAUSE_US;
+    atomic_init(&io->snap_stop, false);
     io->snap_delete_pause_us = SNAPSTORE_DELETE_PAUSE_US;
     io->snap_last = 0;
     memset(io->append_buckets, 0, sizeof(io->append_buckets));

@@ -73,6 +73,7 @@
 #define IDEM_CLUSTER_IO_H
 
 #include <raft.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <uv.h>
 
@@ -113,6 +114,7 @@ struct io {
     const char *snap_dir;
     unsigned snap_pause_us;        /* SNAPSTORE_PAUSE_US unless a test sets it */
     unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
+    atomic_bool snap_stop;         /* set by raft's close: snapstore's pool work stops early */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
     uint64_t append_count;

@@ -89,6 +89,11 @@ static int writeAll(int fd, const uint8_t *p, size_t n, off_t off)
     return 0;
 }
 
+static bool stopped(const atomic_bool *stop)
+{
+    return stop != NULL && atomic_load_explicit(stop, memory_order_relaxed);
+}
+
 static void pause_(unsigned us)
 {
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
@@ -97,8 +102,8 @@ static void pause_(unsigned us)
 }
 
 int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct raft_buffer bufs[],
-                    unsigned n, unsigned pause_us, struct snapstore_ref *out, char *err,
-                    size_t errlen)
+                    unsigned n, unsigned pause_us, const atomic_bool *stop,
+                    struct snapstore_ref *out, char *err, size_t errlen)
 {
     char tmp[PATH_MAX], path[PATH_MAX];
     if (pathOf(tmp, sizeof(tmp), dir, term, index, ".tmp") != 0 ||
@@ -117,6 +122,12 @@ int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct
         const uint8_t *p = bufs[i].base;
         size_t left = bufs[i].len;
         while (left > 0) {
+            if (off % SNAPSTORE_CHUNK == 0 && stopped(stop)) {
+                close(fd);
+                unlink(tmp);
+                snprintf(err, errlen, "snapshot write stopped: the node is closing");
+                return SNAPSTORE_STOPPED;
+            }
             /* Chunks are aligned to file offsets, so every push but the last is a full one. */
             size_t c = SNAPSTORE_CHUNK - (size_t)(off % SNAPSTORE_CHUNK);
             if (c > left) {
@@ -275,8 +286,11 @@ static bool parseName(const char *p, uint64_t *term, uint64_t *index, const char
  * on the machine measured) the device trims them while every log write on it waits: one
  * 100 MB unlink held the cluster's appends up ~40 ms. Shrinking the file step by step first
  * spreads that out. Only a file with no other name is shrunk (its data is nobody else's). */
-static int pacedUnlinkAt(int dfd, const char *name, unsigned pause_us)
+static int pacedUnlinkAt(int dfd, const char *name, unsigned pause_us, const atomic_bool *stop)
 {
+    if (stopped(stop)) {
+        return -1;
+    }
     if (pause_us != 0) {
         int fd = openat(dfd, name, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
         if (fd >= 0) {
@@ -284,6 +298,10 @@ static int pacedUnlinkAt(int dfd, const char *name, unsigned pause_us)
             if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_nlink == 1) {
                 off_t size = sb.st_size;
                 while (size > SNAPSTORE_DELETE_STEP) {
+                    if (stopped(stop)) {
+                        close(fd);
+                        return -1; /* left for the next gc */
+                    }
                     size -= SNAPSTORE_DELETE_STEP;
                     if (ftruncate(fd, size) != 0) {
                         break;
@@ -353,7 +371,7 @@ int snapstore_shield(const char *dir, uint64_t index, uint64_t trailing)
 
 /* The trash: a link whose file still has another name is only a name (raft_uv kept the
  * segment); one that is the last name goes paced. */
-static int emptyTrash(const char *dir, unsigned pause_us)
+static int emptyTrash(const char *dir, unsigned pause_us, const atomic_bool *stop)
 {
     char trash[PATH_MAX];
     if (snprintf(trash, sizeof(trash), "%s/%s", dir, SNAPSTORE_TRASH) >= (int)sizeof(trash)) {
@@ -365,14 +383,14 @@ static int emptyTrash(const char *dir, unsigned pause_us)
     }
     int freed = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
+    while (!stopped(stop) && (e = readdir(d)) != NULL) {
         struct stat sb;
         if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
             continue;
         }
         if (sb.st_nlink > 1) {
             unlinkat(dirfd(d), e->d_name, 0);
-        } else if (pacedUnlinkAt(dirfd(d), e->d_name, pause_us) == 0) {
+        } else if (pacedUnlinkAt(dirfd(d), e->d_name, pause_us, stop) == 0) {
             freed++;
         }
     }
@@ -380,7 +398,8 @@ static int emptyTrash(const char *dir, unsigned pause_us)
     return freed;
 }
 
-int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, unsigned pause_us)
+int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, unsigned pause_us,
+                 const atomic_bool *stop)
 {
     DIR *d = opendir(dir);
     if (d == NULL) {
@@ -388,7 +407,7 @@ int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, uns
     }
     int removed = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
+    while (!stopped(stop) && (e = readdir(d)) != NULL) {
         uint64_t term, index;
         const char *rest = NULL;
         if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0 ||
@@ -403,10 +422,10 @@ int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, uns
         if (index >= keep_newest || (!tmp && index == keep_older)) {
             continue;
         }
-        if (pacedUnlinkAt(dirfd(d), e->d_name, pause_us) == 0) {
+        if (pacedUnlinkAt(dirfd(d), e->d_name, pause_us, stop) == 0) {
             removed++;
         }
     }
     closedir(d);
-    return removed + emptyTrash(dir, pause_us);
+    return removed + emptyTrash(dir, pause_us, stop);
 }

@@ -25,6 +25,7 @@
 #define IDEM_CLUSTER_SNAPSTORE_H
 
 #include <raft.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,11 +49,16 @@ void snapstore_ref_encode(const struct snapstore_ref *r, uint8_t out[SNAPSTORE_R
 /* True if buf is a reference (exactly SNAPSTORE_REF_SIZE bytes with the magic); fills r. */
 bool snapstore_ref_decode(const void *buf, size_t len, struct snapstore_ref *r);
 
+#define SNAPSTORE_STOPPED 1 /* snapstore_write: *stop was set; none of the file is left */
+
 /* Writes bufs to dir/idem-snapshot-<term>-<index>, paced by pause_us between chunks, and
- * makes it durable; fills out. */
+ * makes it durable; fills out. stop (may be NULL) is read before each chunk: once it is
+ * set (the node is closing, and would discard the file anyway: io.c), the partial file is
+ * removed and SNAPSTORE_STOPPED returned, so that a close does not wait for a paced write
+ * of 1-3 s per 100 MB. */
 int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct raft_buffer bufs[],
-                    unsigned n, unsigned pause_us, struct snapstore_ref *out, char *err,
-                    size_t errlen);
+                    unsigned n, unsigned pause_us, const atomic_bool *stop,
+                    struct snapstore_ref *out, char *err, size_t errlen);
 
 /* Reads the file r names into a raft_malloc()ed buffer of r->size bytes (*data), after
  * checking its size and hash. */
@@ -63,8 +69,11 @@ int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, 
  * keep_older's (raft_uv keeps the snapshot before the newest too). Files at or past
  * keep_newest are left: one may be written now. Then empties the trash (snapstore_shield).
  * A file that goes is first shrunk SNAPSTORE_DELETE_STEP at a time with pause_us between
- * steps (0: unlinked at once). Returns the number of files whose data went. */
-int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, unsigned pause_us);
+ * steps (0: unlinked at once). Once *stop (may be NULL) is set, it stops between steps and
+ * leaves the rest (a shrunk file too) to the next snapshot's gc. Returns the number of
+ * files whose data went. */
+int snapstore_gc(const char *dir, uint64_t keep_older, uint64_t keep_newest, unsigned pause_us,
+                 const atomic_bool *stop);
 
 /* Before raft_uv stores a snapshot at `index` keeping `trailing` entries (it then deletes
  * the closed log segments that end before index - trailing + 1): links those segments into

@@ -227,7 +227,7 @@ static uint8_t *writeChecked(uint64_t term, uint64_t index, const size_t *sizes,
     }
     char err[256] = "";
     memset(ref, 0, sizeof(*ref));
-    int rv = snapstore_write(dir, term, index, bufs, n, pause_us, ref, err, sizeof(err));
+    int rv = snapstore_write(dir, term, index, bufs, n, pause_us, NULL, ref, err, sizeof(err));
     assert_int_equal(rv, 0);
     assert_int_equal(ref->term, term);
     assert_int_equal(ref->index, index);
@@ -334,7 +334,7 @@ static void test_write_into_missing_dir_fails(void **state)
     struct raft_buffer buf = {.base = data, .len = sizeof(data)};
     struct snapstore_ref ref = {9, 9, 9, 9};
     char err[256] = "";
-    assert_int_equal(snapstore_write(missing, 1, 5, &buf, 1, 0, &ref, err, sizeof(err)), -1);
+    assert_int_equal(snapstore_write(missing, 1, 5, &buf, 1, 0, NULL, &ref, err, sizeof(err)), -1);
     assert_non_null(strstr(err, missing));
     assert_non_null(strstr(err, strerror(ENOENT)));
     /* out is untouched. */
@@ -473,7 +473,7 @@ static void test_gc_removes_old_files_only(void **state)
     touch("idem-snapshot-2-3.tmp"); /* keep_older's data is kept, a leftover .tmp of it not */
     touch("idem-snapshot-3-7.tmp");
 
-    assert_int_equal(snapstore_gc(dir, 3, 5, 0), 5);
+    assert_int_equal(snapstore_gc(dir, 3, 5, 0, NULL), 5);
 
     assert_false(exists("idem-snapshot-1-1"));
     assert_false(exists("idem-snapshot-1-2"));
@@ -491,11 +491,11 @@ static void test_gc_removes_old_files_only(void **state)
     }
 
     /* Again: nothing left to remove. */
-    assert_int_equal(snapstore_gc(dir, 3, 5, 0), 0);
+    assert_int_equal(snapstore_gc(dir, 3, 5, 0, NULL), 0);
     /* A missing directory: nothing removed, no failure. */
     char missing[128];
     pathOf(missing, sizeof(missing), "no-such-dir");
-    assert_int_equal(snapstore_gc(missing, 3, 5, 0), 0);
+    assert_int_equal(snapstore_gc(missing, 3, 5, 0, NULL), 0);
 }
 
 /* raft_uv's segments that a snapshot makes it delete are linked into idem-trash first; gc
@@ -546,7 +546,7 @@ static void test_shield_links_the_segments_raft_uv_deletes(void **state)
     char path[256];
     pathOf(path, sizeof(path), seg1);
     assert_int_equal(unlink(path), 0);
-    assert_int_equal(snapstore_gc(dir, 0, 1, 1), 1); /* the first's data went */
+    assert_int_equal(snapstore_gc(dir, 0, 1, 1, NULL), 1); /* the first's data went */
     assert_false(exists(t1));
     assert_false(exists(t2));
     size_t n = 0;
@@ -562,6 +562,55 @@ static void test_shield_links_the_segments_raft_uv_deletes(void **state)
     assert_true(exists("open-1"));
     assert_true(exists("0000000000000001-00000000000000100"));
     assert_true(exists("000000000000000a-0000000000000100"));
+}
+
+/* A write asked to stop (the node is closing, io.c) leaves nothing, not even its .tmp;
+ * the same write not asked to stop goes through. */
+static void test_write_stops_when_asked(void **state)
+{
+    (void)state;
+    size_t sum = 3 * SNAPSTORE_CHUNK + 17;
+    uint8_t *all = malloc(sum);
+    assert_non_null(all);
+    fill(all, sum, 7);
+    struct raft_buffer buf = {.base = all, .len = sum};
+    atomic_bool stop;
+    atomic_init(&stop, true);
+    struct snapstore_ref ref;
+    char err[256] = "";
+    assert_int_equal(snapstore_write(dir, 1, 9, &buf, 1, 0, &stop, &ref, err, sizeof(err)),
+                     SNAPSTORE_STOPPED);
+    assert_non_null(strstr(err, "stopped"));
+    assert_false(exists("idem-snapshot-1-9"));
+    assert_false(exists("idem-snapshot-1-9.tmp"));
+    atomic_store(&stop, false);
+    assert_int_equal(snapstore_write(dir, 1, 9, &buf, 1, 0, &stop, &ref, err, sizeof(err)), 0);
+    assert_true(exists("idem-snapshot-1-9"));
+    assert_int_equal(ref.size, sum);
+    free(all);
+}
+
+/* gc asked to stop leaves every file, old snapshots and the trash, to the next gc. */
+static void test_gc_stops_when_asked(void **state)
+{
+    (void)state;
+    touch("idem-snapshot-1-1");
+    touch("idem-snapshot-1-2");
+    char trash[256];
+    pathOf(trash, sizeof(trash), SNAPSTORE_TRASH);
+    assert_int_equal(mkdir(trash, 0700), 0);
+    writeBytes(SNAPSTORE_TRASH "/0000000000000001-0000000000000100", 5u << 20, 1);
+    atomic_bool stop;
+    atomic_init(&stop, true);
+    assert_int_equal(snapstore_gc(dir, 0, 5, 1, &stop), 0);
+    assert_true(exists("idem-snapshot-1-1"));
+    assert_true(exists("idem-snapshot-1-2"));
+    assert_true(exists(SNAPSTORE_TRASH "/0000000000000001-0000000000000100"));
+    atomic_store(&stop, false);
+    assert_int_equal(snapstore_gc(dir, 0, 5, 1, &stop), 3);
+    assert_false(exists("idem-snapshot-1-1"));
+    assert_false(exists("idem-snapshot-1-2"));
+    assert_false(exists(SNAPSTORE_TRASH "/0000000000000001-0000000000000100"));
 }
 
 int main(void)
@@ -581,6 +630,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_read_refuses_missing_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_refuses_wrong_hash_in_ref, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_removes_old_files_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_stops_when_asked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gc_stops_when_asked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
