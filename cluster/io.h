@@ -61,10 +61,12 @@
  * It holds raft's close back, too, while disk writes raft started are in flight (appends
  * and snapshot puts), for at most close_wait_ms: libraft 0.15 crashes when raft_uv is
  * closed with more than one append still queued (canonical/raft #338; io.c explains). Past
- * that bound it closes anyway and says so on stderr. Pool work is always waited for, without
- * a bound: async works, and with snap_dir the paced snapshot data writes, reads and
- * deletions (a write in flight at close is finished, then discarded: 1-3 s per 100 MB of
- * snapshot in logs of a 2-core VM; a deletion takes 0.5 s per 100 MB by its pacing).
+ * that bound it closes anyway and says so on stderr (a log write the kernel still holds is
+ * then waited for all the same, by raft_uv's io_destroy of its AIO context: aio_reap.h).
+ * Pool work is always waited for, without a bound: async works, and with snap_dir the paced
+ * snapshot data writes, reads and deletions; the close sets snap_stop, so a write stops at
+ * its next chunk and removes its file (the close would discard it anyway), and a deletion
+ * stops at its next step and leaves the rest to the next snapshot's gc (snapstore.h).
  *
  * With snap_dir set, it keeps the snapshot's data in a file of its own, written paced, and
  * hands raft_uv a small reference in its place (snapstore.h says why); load and

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -613,6 +615,41 @@ static void test_gc_stops_when_asked(void **state)
     assert_false(exists(SNAPSTORE_TRASH "/0000000000000001-0000000000000100"));
 }
 
+struct stopLater {
+    atomic_bool *stop;
+    long ms;
+};
+
+static void *stopLaterMain(void *arg)
+{
+    struct stopLater *sl = arg;
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = sl->ms * 1000000L};
+    nanosleep(&ts, NULL);
+    atomic_store(sl->stop, true);
+    return NULL;
+}
+
+/* ... and between the steps of a paced deletion: a 9 MiB file, paced 500 ms a step, asked to
+ * stop 50 ms into the first pause, stays, shrunk by a step (without the check between steps
+ * it would be shrunk to 1 MiB and unlinked). */
+static void test_gc_stops_between_steps(void **state)
+{
+    (void)state;
+    writeBytes("idem-snapshot-1-1", 9u << 20, 1);
+    atomic_bool stop;
+    atomic_init(&stop, false);
+    struct stopLater sl = {.stop = &stop, .ms = 50};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, stopLaterMain, &sl), 0);
+    assert_int_equal(snapstore_gc(dir, 0, 5, 500000, &stop), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    char path[256];
+    pathOf(path, sizeof(path), "idem-snapshot-1-1");
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(sb.st_size < (off_t)(9u << 20));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -632,6 +669,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gc_removes_old_files_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_stops_when_asked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_stops_when_asked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gc_stops_between_steps, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
