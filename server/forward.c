@@ -55,7 +55,7 @@ struct fwdConn {
     uint8_t *cipher;       /* TLS only: FWD_TLS_READ bytes that reads land in */
     bool tls_failed;       /* TLS only: the stream is broken, no close_notify */
     struct fwdCall *calls; /* calls waiting for an answer on this connection */
-    struct fwdWrite *out;  /* plain TCP: frames gathered this loop turn, not written yet */
+    struct fwdWrite *out;  /* frames gathered this loop turn, not written (nor encrypted) yet */
     size_t out_len, out_cap;
     bool queued; /* on f->flush: frames (or TLS records) to write this loop turn */
     struct fwdConn *flush_next;
@@ -203,11 +203,10 @@ static void connClosedCb(uv_handle_t *h)
  * effort: the peer treats a plain EOF the same way). */
 static void connTlsGoodbye(struct fwdConn *k)
 {
-    /* Records of this turn's frames still in the engine (their calls have just failed):
-     * sending them would run those calls on the leader, and a close_notify without them
-     * would be out of sequence; the leader gets a plain close instead. */
+    /* The engine holds nothing here (every write into it is flushed at once); the turn's
+     * frames wait unencrypted in k->out and are dropped with it (their calls have failed). */
     if (k->tls == NULL || k->tls_failed || !tls_conn_established(k->tls) ||
-        tls_conn_pending(k->tls) > 0 || tls_conn_shutdown(k->tls) != 0) {
+        tls_conn_shutdown(k->tls) != 0) {
         return;
     }
     uint8_t out[512];
@@ -309,6 +308,16 @@ static void connFlush(struct fwdConn *k)
         return;
     }
     if (k->tls != NULL) {
+        /* The turn's frames as TLS records, then the engine's output as one write; the
+         * buffer stays for the next turn. */
+        if (k->out_len > 0) {
+            int rv = tls_conn_write(k->tls, k->out->data, k->out_len);
+            k->out_len = 0;
+            if (rv != 0) {
+                connTlsFail(k, "write", "TLS connection to the leader failed");
+                return;
+            }
+        }
         connTlsFlush(k);
         return;
     }
@@ -357,22 +366,16 @@ static void connSend(struct fwdConn *k, struct fwdCall *c)
         idbuf[n++] = (uint8_t)(b | (v ? 0x80 : 0));
     } while (v);
     size_t len = n + c->body_len;
-    uint8_t *frame;
-    uint8_t *tmp = NULL;
-    if (k->tls != NULL) {
-        frame = tmp = xmalloc(4 + len);
-    } else {
-        if (k->out_cap - k->out_len < 4 + len) {
-            size_t cap = k->out_cap ? k->out_cap * 2 : 4096;
-            while (cap - k->out_len < 4 + len) {
-                cap *= 2;
-            }
-            k->out = xrealloc(k->out, sizeof(*k->out) + cap);
-            k->out_cap = cap;
+    if (k->out_cap - k->out_len < 4 + len) {
+        size_t cap = k->out_cap ? k->out_cap * 2 : 4096;
+        while (cap - k->out_len < 4 + len) {
+            cap *= 2;
         }
-        frame = k->out->data + k->out_len;
-        k->out_len += 4 + len;
+        k->out = xrealloc(k->out, sizeof(*k->out) + cap);
+        k->out_cap = cap;
     }
+    uint8_t *frame = k->out->data + k->out_len;
+    k->out_len += 4 + len;
     frame[0] = (uint8_t)(len >> 24);
     frame[1] = (uint8_t)(len >> 16);
     frame[2] = (uint8_t)(len >> 8);
@@ -382,14 +385,6 @@ static void connSend(struct fwdConn *k, struct fwdCall *c)
         memcpy(frame + 4 + n, c->body, c->body_len);
     }
     c->written = true;
-    if (tmp != NULL) {
-        int rv = tls_conn_write(k->tls, tmp, 4 + len);
-        free(tmp);
-        if (rv != 0) {
-            connTlsFail(k, "write", "TLS connection to the leader failed");
-            return;
-        }
-    }
     connQueue(k);
 }
 
