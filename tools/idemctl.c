@@ -1108,6 +1108,8 @@ static int resolveCall(struct global *g, const char *cmd, const char *tenant, co
     return callAndEmit(g, true, NULL, &req, NULL);
 }
 
+static void requireTenant(const char *cmd, const char *tenant);
+
 /* resolve KEY --tenant NAME ...: the older spelling of `key resolve NAME KEY ...`. */
 static int cmdResolve(struct global *g, struct args *a)
 {
@@ -1130,6 +1132,7 @@ static int cmdResolve(struct global *g, struct args *a)
     if (tenant == NULL || tenant[0] == '\0') {
         cli_usage_error("resolve: missing --tenant NAME");
     }
+    requireTenant("resolve --tenant", tenant);
     return resolveCall(g, "resolve", tenant, pos[0], release, status, body);
 }
 
@@ -2127,8 +2130,27 @@ static const char *envOrNull(const char *name)
     return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
-/* If --help or -h comes before "--" in argv[from..), prints the help of `cmd` (and of its
- * subcommand, the first argument that is not an option) and exits 0. */
+/* Options that take a value as the next argument (any command's, and the global ones):
+ * what follows them is a value, not --help nor a subcommand. */
+static bool takesValue(const char *arg)
+{
+    static const char *const names[] = {
+        "--cluster", "--token",  "--admin-token", "--deadline", "--tenant",
+        "--status",  "--body",   "--fingerprint", "--attempt",  "--lease",
+        "--ttl",     "--policy", "--outcome",     "--node",     "--max-lag",
+        "--limit",   "--tls-ca", "--tls-cert",    "--tls-key",  "--tls-server-name",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(arg, names[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* If --help or -h comes as an option before "--" in argv[from..), prints the help of `cmd`
+ * (and of its subcommand, the first argument that is not an option nor an option's value)
+ * and exits 0. */
 static void helpIfAsked(const char *cmd, int argc, char **argv, int from)
 {
     const char *sub = NULL;
@@ -2136,6 +2158,8 @@ static void helpIfAsked(const char *cmd, int argc, char **argv, int from)
     for (int i = from; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             asked = true;
+        } else if (takesValue(argv[i])) {
+            i++; /* its value */
         } else if (sub == NULL && !isOption(argv[i])) {
             sub = argv[i];
         }
@@ -2183,6 +2207,9 @@ int main(int argc, char **argv)
     }
     const char *word = argv[a.i++];
     if (strcmp(word, "help") == 0) {
+        if (a.i < argc && (strcmp(argv[a.i], "--help") == 0 || strcmp(argv[a.i], "-h") == 0)) {
+            printHelp(NULL, NULL);
+        }
         if (a.i < argc && findHelp(argv[a.i], NULL) == NULL) {
             cli_usage_error("help: unknown command \"%s\"", argv[a.i]);
         }

@@ -466,6 +466,21 @@ class TestIdemctlUsage(unittest.TestCase):
         rc, text, err = run_ctl(["bench", "--help"])
         self.assertEqual(rc, 0, err)
         self.assertTrue(text.startswith("Usage: idem-bench"), text)
+        # `help --help` is idemctl's own help, as `help` alone is.
+        rc, top, err = run_ctl(["--help"])
+        for flag in ("--help", "-h"):
+            self.assertEqual(run_ctl(["help", flag]), (0, top, ""))
+
+    def test_help_in_an_options_value_is_a_value(self):
+        # "-h" as the value of --body (or --token) is that value, not a request for help:
+        # the command goes on and, with nothing listening, exits 3 without printing help.
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--deadline", "300"]
+        for args in (["complete", "k", "--token", "1", "--status", "200", "--body", "-h"],
+                     ["complete", "k", "--token", "1", "--status", "200", "--body", "--help"],
+                     ["claim", "k", "--fingerprint", "ab" * 32, "--attempt", "-h"]):
+            rc, text, err = run_ctl(c + args)
+            self.assertEqual(rc, 3, (args, text, err))
+            self.assertNotIn("Usage:", text + err, args)
 
     def test_bad_usage_exits_2(self):
         c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a"]
@@ -481,7 +496,7 @@ class TestIdemctlUsage(unittest.TestCase):
             ["quarantine", "list", "--limit", "1001"], ["quarantine", "list", "--limit"],
             ["quarantine", "list", "--tenant", ""], ["status", "--max-lag", "x"],
             ["status", "extra"], ["members", "frob"], ["transfer", "x"],
-            ["resolve", "k", "--release"],
+            ["resolve", "k", "--release"], ["resolve", "k", "--tenant", "t" * 129, "--release"],
         ]
         for args in cases:
             rc, text, err = run_ctl(c + args)

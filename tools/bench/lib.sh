@@ -118,7 +118,9 @@ run_wrk() {
   P50[$name]=$(awk '$1=="50%" {print $2}' "$out" | to_ms)
   P99[$name]=$(awk '$1=="99%" {print $2}' "$out" | to_ms)
   NON2XX[$name]=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out"); NON2XX[$name]=${NON2XX[$name]:-0}
-  ERRS[$name]=$(awk -F'[ ,]+' '/Socket errors:/ {print $4+$6+$8+$10}' "$out"); ERRS[$name]=${ERRS[$name]:-0}
+  # "  Socket errors: connect 3, read 5, write 0, timeout 7" (indented): add up its numbers.
+  ERRS[$name]=$(awk '/Socket errors:/ {n = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) n += $i + 0; print n}' "$out")
+  ERRS[$name]=${ERRS[$name]:-0}
 }
 # wrk prints latencies as 812.00us / 1.23ms / 1.02s: convert to ms.
 to_ms() {

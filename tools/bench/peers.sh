@@ -205,7 +205,7 @@ echo "  idemd HTTP / redis:   $(ratio "${OPS[idem_http]}" "${OPS[redis]}")"
 echo
 echo "open loop, idemd RPC at half the measured max (idem-bench --rate $HALF, fresh keys, ${OPEN_DURATION}s):"
 echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 ${P50[idem_open]} ms, p99 ${P99[idem_open]} ms" \
-     "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" 'BEGIN { print (p <= 5.0) ? "met" : "NOT met" }'));" \
+     "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" -v u="$OPEN_UNSENT" 'BEGIN { print (p <= 5.0 && u == 0) ? "met" : "NOT met" }'));" \
      "p99.9 $OPEN_P999 ms; service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
 echo "  worst 100 ms intervals (by the time operations ended): $OPEN_WORST"
 echo "  log appends (write + sync) during the open loop: $OPEN_DISK"

@@ -22,8 +22,10 @@ _idemctl_flags_of() {
         release) echo "--token $common" ;;
         renew) echo "--token --lease $common" ;;
         get) echo "$common" ;;
-        bench) echo "--cluster --token --workload --concurrency --duration --requests" \
-                    "--deadline --json --help" ;;
+        bench) echo "--cluster --token --workload --concurrency --threads --rate" \
+                    "--connections --keys --duration --requests --deadline --no-histogram" \
+                    "--timeline --json --tls --tls-ca --tls-cert --tls-key --tls-server-name" \
+                    "--help" ;;
     esac
 }
 
@@ -41,11 +43,12 @@ _idemctl() {
     case "$prev" in
         --policy) COMPREPLY=($(compgen -W "conflict takeover" -- "$cur")); return 0 ;;
         --outcome) COMPREPLY=($(compgen -W "succeeded failed_final unknown" -- "$cur")); return 0 ;;
-        --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete" -- "$cur")); return 0 ;;
+        --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete mixed contention" \
+                                 -- "$cur")); return 0 ;;
         --tls-ca|--tls-cert|--tls-key) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
         --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
         --status|--body|--fingerprint|--attempt|--lease|--ttl|--concurrency|--duration|\
-        --requests|--tls-server-name)
+        --requests|--rate|--connections|--keys|--timeline|--tls-server-name)
             return 0 ;;
     esac
 
@@ -71,11 +74,18 @@ _idemctl() {
         return 0
     fi
 
-    # The subcommand: the first word after the command that is not an option.
+    # The subcommand: the first word after the command that is neither an option nor the
+    # value of one.
     i=$((cmd_at + 1))
     local sub_at=0
     while [ $i -lt $COMP_CWORD ]; do
         w=${COMP_WORDS[i]}
+        case "$w" in
+            --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
+            --status|--body|--fingerprint|--attempt|--lease|--ttl|--policy|--outcome|\
+            --tls-ca|--tls-cert|--tls-key|--tls-server-name)
+                i=$((i + 2)); continue ;;
+        esac
         if [[ "$w" != -* ]]; then
             sub=$w
             sub_at=$i

@@ -41,7 +41,13 @@ check "--max-lag" idemctl status --m
 check "conflict takeover" idemctl claim k --policy ""
 check "failed_final" idemctl complete k --outcome fa
 check "claim-complete" idemctl bench --workload cl
-check "--concurrency" idemctl bench --con
+check "contention" idemctl bench --workload con
+check "mixed" idemctl bench --workload m
+check "--rate" idemctl bench --ra
+check "--threads --timeline --tls --tls-ca --tls-cert --tls-key --tls-server-name --token" idemctl bench --t
+check "get purge resolve" idemctl key --deadline 100 ""
+check "list" idemctl quarantine --deadline 5000 ""
+check "--concurrency --connections" idemctl bench --con
 check "" idemctl claim k --fingerprint ""
 check "get purge resolve" idemctl help key ""
 check "status" idemctl help st
