@@ -45,11 +45,13 @@
  * Names: a numeric host is connected at once; a name is resolved with uv_getaddrinfo (on
  * libuv's thread pool) and its first address is used. A connection object is freed only
  * once both its TCP handle closed and its resolution (if any) called back. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <openssl/crypto.h>
 #include <openssl/err.h>
@@ -97,6 +99,7 @@ struct aconn {
     size_t rlen, rcap;
     uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
                            * last moment nothing was owed): the stall watch's reference */
+    unsigned writes;      /* uv_write()s not called back yet (flush writes when none is) */
 };
 
 struct awrite {
@@ -268,36 +271,79 @@ static void reqDeadlineCb(uv_timer_t *t)
             last);
 }
 
+static void flush(struct idem_async *a);
+
 static void writeCb(uv_write_t *w, int status)
 {
     struct awrite *wr = (struct awrite *)w;
     struct aconn *conn = wr->conn;
     OPENSSL_cleanse(wr->data, wr->len); /* a request frame carries the token */
     free(wr);
-    if (status < 0 && !conn->closing && conn->a->conn == conn) {
-        struct idem_async *a = conn->a;
+    conn->writes--;
+    if (conn->closing || conn->a->conn != conn) {
+        return;
+    }
+    struct idem_async *a = conn->a;
+    if (status < 0) {
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
                  uv_strerror(status));
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+    } else if (conn->writes == 0) {
+        flush(a); /* what was submitted meanwhile */
     }
 }
 
-/* Hands `wr` (taken) to the socket. On failure drops the connection and returns false. */
-static bool connWrite(struct aconn *conn, struct awrite *wr)
+/* Hands `wr` (taken) to the socket. When nothing is queued before it, it is sent at once
+ * with send(MSG_NOSIGNAL); what the socket does not take then (or all of it, behind a
+ * queued write) goes to libuv's queue, written as the socket drains. libuv writes with
+ * write(2), and a write to a connection the node has closed raises SIGPIPE (EPIPE, once
+ * its reset came back), which kills a program that does not ignore it: in the loop libuv
+ * reads a connection's end before it writes to it again, but a write from a callback or a
+ * submit would come before that read. On failure drops the connection and returns
+ * W_FAILED. */
+enum writeResult { W_SENT, W_QUEUED, W_FAILED };
+
+static enum writeResult connWrite(struct aconn *conn, struct awrite *wr)
 {
     struct idem_async *a = conn->a;
     wr->conn = conn;
-    uv_buf_t buf = uv_buf_init((char *)wr->data, (unsigned)wr->len);
-    int rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
+    size_t off = 0;
+    int rv = 0;
+    uv_os_fd_t fd;
+    if (conn->writes == 0 && uv_fileno((uv_handle_t *)&conn->tcp, &fd) == 0) {
+        while (off < wr->len) {
+            ssize_t n = send(fd, wr->data + off, wr->len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                off += (size_t)n;
+            } else if (n < 0 && errno == EINTR) {
+                continue;
+            } else {
+                if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                    rv = n == 0 ? UV_EIO : -errno;
+                }
+                break;
+            }
+        }
+        if (rv == 0 && off == wr->len) {
+            OPENSSL_cleanse(wr->data, wr->len); /* a request frame carries the token */
+            free(wr);
+            return W_SENT;
+        }
+    }
+    if (rv == 0) {
+        uv_buf_t buf = uv_buf_init((char *)wr->data + off, (unsigned)(wr->len - off));
+        rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
+    }
     if (rv != 0) {
         OPENSSL_cleanse(wr->data, wr->len);
         free(wr);
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
                  uv_strerror(rv));
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
-        return false;
+        return W_FAILED;
     }
-    return true;
+    conn->writes++;
+    return W_QUEUED;
 }
 
 /* TLS: writes whatever the session has produced (handshake messages, records) to the
@@ -318,7 +364,7 @@ static bool tlsFlushOut(struct aconn *conn)
     }
     int got = BIO_read(conn->wbio, wr->data, (int)n);
     wr->len = got > 0 ? (size_t)got : 0;
-    return connWrite(conn, wr);
+    return connWrite(conn, wr) != W_FAILED;
 }
 
 /* The most bytes a request frame adds to its body: the length and deadline_ms. */
@@ -393,7 +439,7 @@ static bool sendBatch(struct idem_async *a, struct areq **from)
     }
     wr->len = len;
     if (conn->ssl == NULL) {
-        return connWrite(conn, wr);
+        return connWrite(conn, wr) == W_SENT;
     }
     size_t written = 0;
     int ok = SSL_write_ex(conn->ssl, wr->data, wr->len, &written);
@@ -406,11 +452,13 @@ static bool sendBatch(struct idem_async *a, struct areq **from)
         connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
         return false;
     }
-    return tlsFlushOut(conn);
+    return tlsFlushOut(conn) && conn->writes == 0;
 }
 
-/* Writes every waiting request, in acceptance order, if a connection is up; starts one
- * otherwise (unless a reconnect is already scheduled). */
+/* Writes waiting requests, in acceptance order, if a connection is up: batch after batch
+ * (BATCH_BYTES each) while the socket takes them at once; once one waits in libuv's queue,
+ * the rest wait for its writeCb. Starts a connection otherwise (unless a reconnect is
+ * already scheduled). */
 static void flush(struct idem_async *a)
 {
     if (a->closing) {
@@ -422,7 +470,7 @@ static void flush(struct idem_async *a)
         }
         return;
     }
-    if (!a->conn->connected) {
+    if (!a->conn->connected || a->conn->writes > 0) {
         return;
     }
     struct areq *from = a->head;
@@ -1048,6 +1096,7 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     idem__request__pack(&b.req, r->body);
     IdemBuiltFree(&b);
     if (uv_timer_init(a->loop, &r->timer) != 0) {
+        OPENSSL_cleanse(r->body, r->body_len); /* it carries the token */
         free(r->body);
         free(r);
         return IDEM_ESYS;

@@ -350,6 +350,44 @@ class TestClientAsync(ClientTest):
         self.assertEqual(out["loop_close"], 0, out)
 
 
+class TestClientClosingNode(unittest.TestCase):
+    """No cluster: a listener that accepts each connection and closes it at once, as a node
+    does over rpc.max_connections or while it stops."""
+
+    def test_connection_closed_at_once_does_not_raise_sigpipe(self):
+        # 3000 claims with 200-byte keys wait (about 700 KB of frames) when the connection
+        # comes up: writing them all to a socket the peer has already closed got EPIPE,
+        # and libuv's write(2) raised SIGPIPE, which killed the process (exit -13). Each
+        # claim must instead come back unavailable at its deadline.
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(64)
+        stop = threading.Event()
+
+        def closer():
+            ls.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    c, _ = ls.accept()
+                except socket.timeout:
+                    continue
+                c.close()
+        t = threading.Thread(target=closer, daemon=True)
+        t.start()
+        try:
+            addr = "127.0.0.1:%d" % ls.getsockname()[1]
+            p = subprocess.run([DRIVER, "async-many", addr, "token", "k" * 200, "3000", "1500"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        finally:
+            stop.set()
+            t.join(timeout=10)
+            ls.close()
+        self.assertEqual(p.returncode, 0, "driver: rc %d, %s" % (p.returncode, p.stderr[-2000:]))
+        out = json.loads(p.stdout.decode().strip().splitlines()[-1])
+        self.assertEqual((out["exactly_once"], out["unavailable"]), (3000, 3000), out)
+
+
 class TestClientRun(ClientTest):
     def test_runs_once_then_replays(self):
         out = self.drive("run-once", "run-1")
