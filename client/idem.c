@@ -734,9 +734,16 @@ static bool bufReserve(uint8_t **buf, size_t *cap, size_t need)
     while (n < need) {
         n *= 2;
     }
-    uint8_t *p = realloc(*buf, n);
+    /* Not realloc: the old block may hold a frame with the bearer token, wiped before it
+     * is freed. */
+    uint8_t *p = malloc(n);
     if (p == NULL) {
         return false;
+    }
+    if (*buf != NULL) {
+        memcpy(p, *buf, *cap);
+        OPENSSL_cleanse(*buf, *cap);
+        free(*buf);
     }
     *buf = p;
     *cap = n;

@@ -12,38 +12,61 @@
 #define RENEW_MIN_INTERVAL_MS 20
 #define LEASE_GUESS_MS 1000 /* when the lease cannot be estimated */
 
+void IdemRenewPlan(uint64_t now, uint64_t lease_ms, uint64_t lease_end, uint64_t last_ok,
+                   bool failed, uint64_t *at, uint32_t *deadline_ms)
+{
+    uint64_t interval = lease_ms / 3 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : lease_ms / 3;
+    /* After a failure the next try comes soon, not a whole interval later: the lease may
+     * have only that long left. */
+    uint64_t retry = interval / 8 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : interval / 8;
+    uint64_t when = failed ? now + retry : last_ok + interval;
+    *at = when < now ? now : when;
+    /* A renewal may take the time left on the lease (less a margin for the trip back), at
+     * most one interval and RENEW_ATTEMPT_MAX_MS, at least RENEW_MIN_DEADLINE_MS: a node
+     * that does not answer costs one short attempt, and the next one goes elsewhere in
+     * time; and idem_run waits at most that long for a renewal in flight when fn returns. */
+    uint64_t left = lease_end > *at ? lease_end - *at : 0;
+    uint64_t dl = left > retry ? left - retry : left;
+    dl = dl < interval ? dl : interval;
+    dl = dl < RENEW_ATTEMPT_MAX_MS ? dl : RENEW_ATTEMPT_MAX_MS;
+    dl = dl > RENEW_MIN_DEADLINE_MS ? dl : RENEW_MIN_DEADLINE_MS;
+    *deadline_ms = (uint32_t)dl;
+}
+
 struct renewer {
     struct idem_client *c;
     const char *key; /* borrowed from idem_run's caller, for the run's duration */
     uint64_t token;
-    uint64_t lease_ms; /* sent with each renewal; 0: the tenant's default */
-    uint64_t interval_ms;
+    uint64_t lease_ms;     /* sent with each renewal; 0: the tenant's default */
+    uint64_t lease_est_ms; /* the lease granted (or asked for, or guessed): the schedule's */
+    uint64_t lease_end;    /* IdemNowMs() by which the lease ends at the latest */
+    uint64_t last_ok;      /* IdemNowMs() when the last renewal that succeeded was sent */
     pthread_mutex_t mu;
     pthread_cond_t cond; /* CLOCK_MONOTONIC */
     bool stop;
     bool lost;           /* a renewal answered lease_lost or not_found */
+    bool lapsed;         /* the lease ended with no renewal answered in time */
     unsigned renewals;   /* answered ok */
     int last_error;      /* of the last failed renewal call, or IDEM_OK */
 };
 
-static void deadlineIn(struct timespec *ts, uint64_t ms)
+static void monotonicAt(struct timespec *ts, uint64_t at_ms)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)(ms / 1000);
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
+    ts->tv_sec = (time_t)(at_ms / 1000);
+    ts->tv_nsec = (long)(at_ms % 1000) * 1000000L;
 }
 
 static void *renewerMain(void *arg)
 {
     struct renewer *r = arg;
+    bool failed = false;
     pthread_mutex_lock(&r->mu);
     while (!r->stop && !r->lost) {
+        uint64_t at_ms;
+        uint32_t dl;
+        IdemRenewPlan(IdemNowMs(), r->lease_est_ms, r->lease_end, r->last_ok, failed, &at_ms, &dl);
         struct timespec at;
-        deadlineIn(&at, r->interval_ms);
+        monotonicAt(&at, at_ms);
         int w = 0;
         while (!r->stop && w != ETIMEDOUT) {
             w = pthread_cond_timedwait(&r->cond, &r->mu, &at);
@@ -53,19 +76,33 @@ static void *renewerMain(void *arg)
         }
         pthread_mutex_unlock(&r->mu);
         struct idem_result res;
-        /* Each renewal may take at most one interval, so that the next one starts on time. */
-        uint32_t dl = r->interval_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)r->interval_ms;
+        uint64_t sent = IdemNowMs();
         int rv = idem_renew(r->c, r->key, r->token, r->lease_ms, dl, &res);
+        uint64_t back = IdemNowMs();
         pthread_mutex_lock(&r->mu);
+        failed = rv != IDEM_OK;
         if (rv != IDEM_OK) {
-            r->last_error = rv; /* try again at the next interval */
+            r->last_error = rv; /* tried again soon (IdemRenewPlan) */
         } else if (res.outcome == IDEM_OUTCOME_OK) {
             r->renewals++;
+            if (back > r->lease_end) {
+                r->lapsed = true; /* renewed, but after the lease had ended */
+            }
+            /* The lease now runs from when the node applied the renewal, after it was
+             * sent: counting from the send is on the safe side. */
+            r->last_ok = sent;
+            r->lease_end = sent + r->lease_est_ms;
         } else if (res.outcome == IDEM_OUTCOME_LEASE_LOST ||
                    res.outcome == IDEM_OUTCOME_NOT_FOUND) {
             r->lost = true;
+        } else {
+            failed = true; /* e.g. unavailable (no quorum) answered by a node */
+            r->last_error = IDEM_EUNAVAILABLE;
         }
         idem_result_free(&res);
+    }
+    if (!r->lost && IdemNowMs() > r->lease_end) {
+        r->lapsed = true;
     }
     pthread_mutex_unlock(&r->mu);
     return NULL;
@@ -104,6 +141,7 @@ int idem_run(struct idem_client *c, const char *key,
         }
         o.attempt_id = attempt;
     }
+    uint64_t claim_sent = IdemNowMs();
     int rv = idem_claim(c, key, fingerprint, &o, out);
     if (rv != IDEM_OK || out->outcome != IDEM_OUTCOME_ACQUIRED) {
         return rv; /* replay, in_progress, mismatch, ...: fn does not run */
@@ -116,8 +154,13 @@ int idem_run(struct idem_client *c, const char *key,
      * from lease_deadline_ms: that is the leader's wall clock, and ours may be skewed. The
      * renewer times itself on CLOCK_MONOTONIC. */
     uint64_t lease = out->lease_ms ? out->lease_ms : o.lease_ms ? o.lease_ms : LEASE_GUESS_MS;
-    struct renewer r = {.c = c, .key = key, .token = token, .lease_ms = o.lease_ms};
-    r.interval_ms = lease / 3 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : lease / 3;
+    struct renewer r = {.c = c,
+                        .key = key,
+                        .token = token,
+                        .lease_ms = o.lease_ms,
+                        .lease_est_ms = lease,
+                        .lease_end = claim_sent + lease,
+                        .last_ok = claim_sent};
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -157,6 +200,11 @@ int idem_run(struct idem_client *c, const char *key,
     if (r.lost) {
         snprintf(out->detail, sizeof out->detail,
                  "the lease was lost while the function ran (a renewal answered lease_lost)");
+    } else if (r.lapsed) {
+        IdemWhyf(out->detail, sizeof out->detail,
+                 "the lease may have lapsed while the function ran: no renewal was answered "
+                 "before it ended (last renewal error: %s)",
+                 r.last_error != IDEM_OK ? idem_strerror(r.last_error) : "none");
     }
     if (cls != IDEM_RUN_RETRYABLE) {
         /* Checked before anything is copied or sent: a response that cannot be stored

@@ -318,8 +318,9 @@ IDEM_API const char *idem_client_leader(const struct idem_client *c);
  * (NULL client/key/out, an empty key, a missing fingerprint or response),
  * IDEM_EUNAVAILABLE (no leader answered before the deadline: retry with the same key and
  * attempt id), IDEM_ETOOBIG (larger than the client's max_frame_bytes, or refused as
- * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO. After IDEM_OK the caller frees *out
- * with idem_result_free(). `key` is a NUL-terminated string of 1-255 bytes (the server
+ * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO, IDEM_ESYS
+ * (idem_claim without an attempt id: the random source failed). After IDEM_OK the caller
+ * frees *out with idem_result_free(). `key` is a NUL-terminated string of 1-255 bytes (the server
  * checks its alphabet and answers IDEM_OUTCOME_INVALID). Keys never appear in `detail` or
  * idem_client_errmsg(). */
 
@@ -386,11 +387,12 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
 /* Runs `fn` at most once per key, across every process that uses the same key:
  * claim (opts as in idem_claim; lease_ms 0 means the tenant's default) →
  * - acquired: calls fn while a background thread renews the lease every third of it (so
- *   a slow fn keeps its claim; if a renewal answers lease_lost the result's detail says
- *   so); then, by fn's class, complete (succeeded / failed_final / unknown, with fn's
- *   response) or release (retryable). out->ran = 1, run_class, finish_outcome (ok, or
- *   lease_lost when another holder took over), response = fn's (copied), outcome
- *   acquired, token.
+ *   a slow fn keeps its claim; a renewal that fails is tried again an eighth of that
+ *   later, each try bounded by the lease left and 2 s; if a renewal answers lease_lost, or
+ *   none was answered before the lease ended, the result's detail says so); then, by fn's
+ *   class, complete (succeeded / failed_final / unknown, with fn's response) or release
+ *   (retryable). out->ran = 1, run_class, finish_outcome (ok, or lease_lost when another
+ *   holder took over), response = fn's (copied), outcome acquired, token.
  * - replay: fn is not called; out holds the stored response (outcome replay).
  * - any other outcome (in_progress, mismatch, ...): fn is not called; returned as is.
  * Returns IDEM_OK, or a negative code: before fn ran, as idem_claim (fn did not run);
@@ -441,7 +443,8 @@ IDEM_API int idem_async_open(struct uv_loop_s *loop, const struct idem_options *
 /* The asynchronous calls. Arguments as for the synchronous ones (borrowed, copied before
  * return). Return IDEM_OK when the request was accepted (cb will be called exactly once,
  * never from within this call), or a negative code (IDEM_EINVAL, IDEM_ENOMEM,
- * IDEM_ETOOBIG, IDEM_ECLOSED after idem_async_close) and cb is never called. */
+ * IDEM_ETOOBIG, IDEM_ECLOSED after idem_async_close, IDEM_ESYS when the random source (a
+ * claim without an attempt id) or the request's timer failed) and cb is never called. */
 IDEM_API int idem_async_claim(struct idem_async *a, const char *key,
                               const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
                               const struct idem_claim_opts *opts, idem_async_cb cb,

@@ -405,6 +405,70 @@ static void test_errmsg_is_a_per_thread_copy(void **state)
     idem_client_close(c);
 }
 
+/* Renewals that all fail, each after its whole deadline (a node that never answers), from a
+ * claim at time 0 with a `lease`-ms lease: how many ended before the lease did. */
+static int failedRenewalsBeforeEnd(uint64_t lease)
+{
+    uint64_t now = 0, end = lease;
+    int n = 0;
+    bool failed = false;
+    for (int i = 0; i < 100; i++) {
+        uint64_t at;
+        uint32_t dl;
+        IdemRenewPlan(now, lease, end, 0, failed, &at, &dl);
+        assert_true(at >= now);
+        if (at >= end) {
+            break;
+        }
+        now = at + dl;
+        failed = true;
+        n += now <= end;
+    }
+    return n;
+}
+
+/* idem_run's renewal schedule: a third of the lease after the last success; after a
+ * failure another try soon, not a whole interval later (when the lease may have ended);
+ * each try's deadline within the lease left, a third of it and 2 s. */
+static void test_renew_plan(void **state)
+{
+    (void)state;
+    uint64_t at;
+    uint32_t dl;
+    /* A 30 s lease claimed at t=1000: the first renewal at 11000, for at most 2 s. */
+    IdemRenewPlan(1000, 30000, 31000, 1000, false, &at, &dl);
+    assert_int_equal(at, 11000);
+    assert_int_equal(dl, RENEW_ATTEMPT_MAX_MS);
+    /* It failed at 13000: the next at 13000 + 30000/3/8. */
+    IdemRenewPlan(13000, 30000, 31000, 1000, true, &at, &dl);
+    assert_int_equal(at, 14250);
+    assert_int_equal(dl, RENEW_ATTEMPT_MAX_MS);
+    /* A success sent at 14250 moves both: next at 24250. */
+    IdemRenewPlan(14300, 30000, 44250, 14250, false, &at, &dl);
+    assert_int_equal(at, 24250);
+    /* Close to the end the deadline shrinks to what is left less the margin (all of it
+     * when that is less than the margin)... */
+    IdemRenewPlan(27000, 30000, 31000, 1000, true, &at, &dl);
+    assert_int_equal(at, 28250);
+    assert_int_equal(dl, 1500); /* 2750 left - 1250 */
+    IdemRenewPlan(29000, 30000, 31000, 1000, true, &at, &dl);
+    assert_int_equal(at, 30250);
+    assert_int_equal(dl, 750);
+    /* ...and past the end it is the floor. */
+    IdemRenewPlan(40000, 30000, 31000, 1000, true, &at, &dl);
+    assert_int_equal(at, 41250);
+    assert_int_equal(dl, RENEW_MIN_DEADLINE_MS);
+    /* A 600 ms lease whose node never answers: two tries end before the lease does (the
+     * schedule before this one made a single try, and the next started at the lease's end);
+     * a 30 s lease gets many. */
+    assert_int_equal(failedRenewalsBeforeEnd(600), 2);
+    assert_true(failedRenewalsBeforeEnd(30000) >= 6);
+    /* The smallest intervals are bounded. */
+    IdemRenewPlan(0, 30, 30, 0, false, &at, &dl);
+    assert_int_equal(at, 20);
+    assert_int_equal(dl, RENEW_MIN_DEADLINE_MS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -417,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_async_deadline_and_close),
         cmocka_unit_test(test_frame_limit),
         cmocka_unit_test(test_errmsg_is_a_per_thread_copy),
+        cmocka_unit_test(test_renew_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
