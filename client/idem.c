@@ -45,6 +45,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -505,6 +506,51 @@ static int waitFd(int fd, short events, uint64_t deadline)
     }
 }
 
+/* SIGPIPE around OpenSSL's socket I/O. OpenSSL's socket BIO writes with write(2), and a
+ * write to a connection whose reset came back (a node that closed it) raises SIGPIPE, which
+ * kills a program that does not ignore it; the plain path sends with MSG_NOSIGNAL instead.
+ * So around each TLS call SIGPIPE is blocked in this thread, and one that the call raised
+ * (it is sent to the writing thread) is taken back before the old mask returns, unless one
+ * was already pending before (as libpq does). */
+struct pipeGuard {
+    sigset_t old;
+    bool blocked;
+    bool pending_before;
+};
+
+static bool pipePending(void)
+{
+    sigset_t pending;
+    return sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+}
+
+static void pipeBlock(struct pipeGuard *g)
+{
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    g->pending_before = pipePending();
+    g->blocked = pthread_sigmask(SIG_BLOCK, &pipe, &g->old) == 0;
+}
+
+static void pipeRestore(struct pipeGuard *g)
+{
+    if (!g->blocked) {
+        return;
+    }
+    int saved = errno;
+    if (!g->pending_before && pipePending()) {
+        sigset_t pipe;
+        sigemptyset(&pipe);
+        sigaddset(&pipe, SIGPIPE);
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+    errno = saved;
+}
+
 /* Runs the TLS handshake on node i's fresh socket within the deadline. */
 static enum rt_result tlsHandshake(struct idem_client *c, struct idem_conns *k, size_t i,
                                    uint64_t deadline)
@@ -521,7 +567,10 @@ static enum rt_result tlsHandshake(struct idem_client *c, struct idem_conns *k, 
     k->ssl[i] = ssl;
     for (;;) {
         ERR_clear_error();
+        struct pipeGuard g;
+        pipeBlock(&g);
         int r = SSL_connect(ssl);
+        pipeRestore(&g);
         if (r == 1) {
             return RT_OK;
         }
@@ -628,7 +677,10 @@ static enum rt_result nodeWrite(struct idem_client *c, struct idem_conns *k, siz
         if (k->ssl[i] != NULL) {
             ERR_clear_error();
             size_t w = 0;
+            struct pipeGuard g;
+            pipeBlock(&g);
             int r = SSL_write_ex(k->ssl[i], buf + done, len - done, &w);
+            pipeRestore(&g);
             if (r == 1) {
                 done += w;
                 continue;
@@ -677,7 +729,10 @@ static enum rt_result nodeRead(struct idem_client *c, struct idem_conns *k, size
         size_t r = 0;
         if (k->ssl[i] != NULL) {
             ERR_clear_error();
+            struct pipeGuard g; /* a read may write too (TLS 1.3 key updates) */
+            pipeBlock(&g);
             int ok = SSL_read_ex(k->ssl[i], buf + done, len - done, &r);
+            pipeRestore(&g);
             if (ok != 1) {
                 int e = SSL_get_error(k->ssl[i], ok);
                 if (e == SSL_ERROR_ZERO_RETURN) {

@@ -388,6 +388,52 @@ class TestClientClosingNode(unittest.TestCase):
         self.assertEqual((out["exactly_once"], out["unavailable"]), (3000, 3000), out)
 
 
+    def test_tls_connection_closed_at_once_does_not_raise_sigpipe(self):
+        # The synchronous client over TLS: the node completes the handshake and closes.
+        # OpenSSL writes a 100 KB frame as several records with write(2); once the reset
+        # came back the next one got EPIPE and SIGPIPE killed idemctl (exit -13). It must
+        # answer unavailable (exit 3).
+        d = tempfile.mkdtemp(prefix="idem-sigpipe-")
+        try:
+            make_pki(d)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(os.path.join(d, "server.pem"), os.path.join(d, "server.key"))
+            ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            ls.bind(("127.0.0.1", 0))
+            ls.listen(16)
+            ls.settimeout(0.1)
+            stop = threading.Event()
+
+            def closer():
+                while not stop.is_set():
+                    try:
+                        c, _ = ls.accept()
+                    except socket.timeout:
+                        continue
+                    try:
+                        c.settimeout(5)
+                        ctx.wrap_socket(c, server_side=True).close()
+                    except (OSError, ssl.SSLError):
+                        c.close()
+            t = threading.Thread(target=closer, daemon=True)
+            t.start()
+            try:
+                p = subprocess.run(
+                    [os.path.join(BIN, "idemctl"), "--cluster",
+                     "127.0.0.1:%d" % ls.getsockname()[1], "--token", "t", "--tls", "--tls-ca",
+                     os.path.join(d, "ca.pem"), "--deadline", "1000", "complete", "k", "--token",
+                     "1", "--status", "200", "--body", "a" * 100000],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+            finally:
+                stop.set()
+                t.join(timeout=10)
+                ls.close()
+            self.assertEqual(p.returncode, 3, "idemctl: rc %d, %s" % (p.returncode, p.stderr))
+            self.assertIn(b"unavailable", p.stderr)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class TestClientRun(ClientTest):
     def test_runs_once_then_replays(self):
         out = self.drive("run-once", "run-1")
