@@ -25,10 +25,13 @@
  * the connection drains, as after any undecodable frame.
  *
  * Timeouts (a sweep every SWEEP_MS): a TLS connection whose handshake has not finished
- * rpc.handshake_timeout_ms after it was accepted, and a connection owed nothing (no request
+ * rpc.handshake_timeout_ms after it was accepted, a connection owed nothing (no request
  * in flight, no answer waiting or being written) that has not completed a frame for
- * rpc.idle_timeout_ms, are closed, so that silent or trickling peers cannot hold the
- * max_connections slots.
+ * rpc.idle_timeout_ms, and one with a write outstanding that has not moved for
+ * rpc.idle_timeout_ms (a peer that sends but does not read) are closed, so that silent,
+ * trickling or deaf peers cannot hold the max_connections slots. A connection with more
+ * than CONN_MAX_BUFFERED answer bytes waiting is closed. After rpc_server_close, draining
+ * connections get CLOSE_GRACE_MS, then are closed, so that a peer cannot hold the exit.
  *
  * TLS (tls.rpc in the config): the same connection with a tls_conn between the socket and
  * the frame buffer. Reads land in a ciphertext buffer, are fed to the TLS engine and
@@ -49,7 +52,15 @@
 #include "xmalloc.h"
 
 #define CONN_MAX_INFLIGHT 4096      /* requests awaiting an answer */
-#define CONN_MAX_QUEUED (16u << 20) /* answer bytes waiting to be written */
+#define CONN_MAX_QUEUED (16u << 20) /* answer bytes waiting to be written: reading pauses */
+/* Answer bytes waiting to be written past which the connection is closed: reading pauses at
+ * CONN_MAX_QUEUED, but the answers to requests already taken (up to CONN_MAX_INFLIGHT, each
+ * up to a stored response's size) still come; a peer that does not read them is cut off
+ * instead of having gigabytes buffered for it. */
+#define CONN_MAX_BUFFERED (64u << 20)
+/* After rpc_server_close, connections still draining this long are closed (a peer that does
+ * not read its last answers must not hold the node's exit). */
+#define CLOSE_GRACE_MS 2000
 #define CONN_TLS_READ 65536         /* ciphertext read buffer of a TLS connection */
 #define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
 #define SWEEP_MS 250                /* how often timeouts are checked */
@@ -74,6 +85,8 @@ struct conn {
     uint64_t skip;        /* bytes of an oversized frame still to discard */
     uint64_t accepted_ms; /* uv_now() at accept */
     uint64_t progress_ms; /* uv_now() at accept, at each complete frame, each answer written */
+    uint64_t wprogress_ms; /* uv_now() when a write last completed, or when one started with
+                            * none outstanding: a write stuck since is the peer's not reading */
     struct conn *prev, *next;
     struct writeReq *out; /* answer frames not yet written (plain TCP), out_len bytes */
     size_t out_len;
@@ -92,8 +105,10 @@ struct rpc_server {
     size_t n_conns;
     bool closing;
     bool listener_closed;
-    uv_timer_t sweep; /* the timeouts */
+    uv_timer_t sweep; /* the timeouts; after rpc_server_close, the drain's grace period */
+    bool sweep_closing;
     bool sweep_closed;
+    uint64_t close_ms;       /* uv_now() at rpc_server_close */
     uint64_t tls_warn_ms;    /* uv_now() of the last TLS failure warning */
     uint64_t tls_suppressed; /* TLS failures not logged since then */
     bool tls_warned;
@@ -113,11 +128,18 @@ struct writeReq {
 };
 
 static void flushHandleClosed(uv_handle_t *h);
+static void sweepClosed(uv_handle_t *h);
 
 static void serverMaybeFree(struct rpc_server *r)
 {
     if (r->closing && r->conns == NULL && !r->handles_closed) {
-        /* The flush handles outlive every connection: draining ones still write. */
+        /* The flush handles and the sweep outlive every connection: draining ones still
+         * write, and the sweep ends their grace period. */
+        if (!r->sweep_closing) {
+            r->sweep_closing = true;
+            uv_timer_stop(&r->sweep);
+            uv_close((uv_handle_t *)&r->sweep, sweepClosed);
+        }
         if (r->handles_closing == 0) {
             r->handles_closing = 2;
             uv_close((uv_handle_t *)&r->flusher, flushHandleClosed);
@@ -256,7 +278,7 @@ static void writeCb(uv_write_t *req, int status)
     struct writeReq *w = (struct writeReq *)req;
     struct conn *c = w->c;
     c->writes--;
-    c->progress_ms = uv_now(c->srv->loop);
+    c->progress_ms = c->wprogress_ms = uv_now(c->srv->loop);
     if (status != 0) {
         connClose(c);
     } else {
@@ -272,6 +294,9 @@ static void connWrite(struct conn *c, struct writeReq *w, size_t n)
 {
     w->c = c;
     uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
+    if (c->writes == 0) {
+        c->wprogress_ms = uv_now(c->srv->loop);
+    }
     c->refs++;
     c->writes++;
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, writeCb) != 0) {
@@ -433,6 +458,12 @@ static void answeredCb(void *data, const Idem__Response *resp)
     struct conn *c = data;
     c->inflight--;
     connSend(c, resp);
+    if (!c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
+                               (c->tls != NULL ? tls_conn_pending(c->tls) : 0) >
+                           CONN_MAX_BUFFERED) {
+        c->tls_failed = true; /* no close_notify behind megabytes it does not read */
+        connClose(c);
+    }
     connMaybeFinishDrain(c);
     connFlowControl(c);
     connUnref(c); /* the request's reference */
@@ -666,7 +697,9 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     connProcess(c);
 }
 
-/* Closes connections past their handshake or idle timeout. */
+/* Closes connections past their handshake or idle timeout, those whose peer has not taken
+ * any of an answer for rpc.idle_timeout_ms (a write outstanding all along), and, once the
+ * server is closing, those still draining CLOSE_GRACE_MS after it began. */
 static void sweepCb(uv_timer_t *t)
 {
     struct rpc_server *r = t->data;
@@ -675,8 +708,18 @@ static void sweepCb(uv_timer_t *t)
         if (c->closing) {
             continue;
         }
-        if (c->tls != NULL && !tls_conn_established(c->tls) &&
-            now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
+        if (r->closing) {
+            if (now - r->close_ms >= CLOSE_GRACE_MS) {
+                c->tls_failed = true;
+                connClose(c);
+            }
+            continue;
+        }
+        if (c->writes > 0 && now - c->wprogress_ms >= r->cfg->idle_timeout_ms) {
+            c->tls_failed = true; /* it reads nothing: no close_notify either */
+            connClose(c);
+        } else if (c->tls != NULL && !tls_conn_established(c->tls) &&
+                   now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
             c->tls_failed = true; /* nothing to say to it */
             connClose(c);
         } else if (c->inflight == 0 && c->writes == 0 && !c->queued &&
@@ -786,10 +829,10 @@ void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
     r->closing = true;
     r->close_cb = cb;
     r->close_data = data;
+    r->close_ms = uv_now(r->loop);
     uv_close((uv_handle_t *)&r->listener, listenerClosed);
-    uv_timer_stop(&r->sweep);
-    uv_close((uv_handle_t *)&r->sweep, sweepClosed);
     for (struct conn *c = r->conns; c != NULL; c = c->next) {
         connDrain(c);
     }
+    serverMaybeFree(r); /* closes the sweep at once when no connection is left */
 }

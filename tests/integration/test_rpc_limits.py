@@ -10,6 +10,7 @@ import os
 import socket
 import ssl
 import struct
+import threading
 import time
 import unittest
 
@@ -64,6 +65,58 @@ def _closed(sock, timeout=15):
         return True
     except socket.timeout:
         return False
+
+
+def _ends(sock, timeout=15):
+    """Reads whatever comes until the peer closes (True) or `timeout` s pass (False);
+    returns (closed, bytes read)."""
+    end = time.monotonic() + timeout
+    got = 0
+    while time.monotonic() < end:
+        sock.settimeout(max(0.05, end - time.monotonic()))
+        try:
+            data = sock.recv(1 << 20)
+        except (ConnectionResetError, ssl.SSLError):
+            return True, got
+        except socket.timeout:
+            return False, got
+        if not data:
+            return True, got
+        got += len(data)
+    return False, got
+
+
+def _flood(socks, frame, seconds=6):
+    """Sends copies of `frame` on every socket at once, reading nothing, for `seconds` (a
+    socket the peer stops reading from just stops taking them); returns the bytes sent on
+    each. The answers, about four times the requests' size, are more than the sockets'
+    buffers hold, so the server is left with writes it cannot finish."""
+    chunk = frame * (65536 // len(frame) + 1)
+    sent = [0] * len(socks)
+
+    def one(i):
+        end = time.monotonic() + seconds
+        socks[i].settimeout(0.5)
+        while time.monotonic() < end:
+            try:
+                sent[i] += socks[i].send(chunk)
+            except socket.timeout:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                return
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(socks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sent
+
+
+def _small_rcvbuf(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(addr)
+    return s
 
 
 class LimitCluster(Cluster):
@@ -230,6 +283,54 @@ class TestRpcLimits(LimitTest):
             s.close()
         # And a legitimate client gets in.
         self.assertEqual(self.claim_when_a_slot_frees(9, "after-idle")[:2], (9, OUTCOME_ACQUIRED))
+
+
+    def test_peers_that_do_not_read_their_answers_are_cut_off(self):
+        # Four peers (every slot) send requests without a token and never read the
+        # "unauthenticated" answers: their sockets fill, the answers wait in the server, and
+        # once no write has moved for idle_timeout_ms (1.5 s) the server closes them (the
+        # idle sweep skipped any connection with a write outstanding, so they held their
+        # slots for ever).
+        peers = [_small_rcvbuf(self.addr) for _ in range(4)]
+        sent = _flood(peers, _get_frame(7, "", "k"))
+        self.assertGreater(min(sent), 1 << 20, sent)
+        # Still reading nothing from them, a legitimate client gets a slot (reading would
+        # let the writes finish, and the plain idle timeout close them).
+        self.assertEqual(self.claim_when_a_slot_frees(11, "after-flood")[:2],
+                         (11, OUTCOME_ACQUIRED))
+        for i, s in enumerate(peers):
+            closed, _ = _ends(s, timeout=20)
+            self.assertTrue(closed, "peer %d that reads nothing was not cut off" % i)
+            s.close()
+
+    def test_answers_past_64_mib_close_the_connection(self):
+        # 100 pipelined gets of a 1 MB stored response, not read: reading stops at 16 MiB
+        # queued, but the 100 answers owed still come; past 64 MiB the connection is
+        # closed instead of buffering all of them (the server's memory grew by 400 MB for
+        # 400 such gets before).
+        auth = {"Authorization": "Bearer " + self.c.token}
+        r = http_request(self.node.http, "POST", "/v1/claims", {"fingerprint": fp("mb")},
+                         headers=dict(auth, **{"Idempotency-Key": "mb"}))
+        self.assertEqual((r[0], r[2]["outcome"]), (200, "acquired"), r)
+        r = http_request(self.node.http, "POST", "/v1/claims/mb/complete",
+                         {"token": r[2]["token"], "outcome": "succeeded",
+                          "response": {"status": 200, "body": "x" * 1000000}}, headers=auth)
+        self.assertEqual(r[0], 200, r)
+        s = _small_rcvbuf(self.addr)
+        s.sendall(b"".join(_get_frame(i, self.c.token, "mb") for i in range(1, 101)))
+        time.sleep(2)  # the answers are made and queued; nothing is read
+        closed, got = _ends(s, timeout=20)
+        s.close()
+        self.assertTrue(closed, "the connection was not closed")
+        self.assertLess(got, 80 * 1000000, "%d bytes of answers came" % got)
+
+    def test_sigterm_does_not_wait_for_a_peer_that_does_not_read(self):
+        s = _small_rcvbuf(self.addr)
+        self.assertGreater(_flood([s], _get_frame(7, "", "k"), seconds=4)[0], 1 << 20)
+        t0 = time.monotonic()
+        self.assertEqual(self.c.stop(1), 0)
+        self.assertLess(time.monotonic() - t0, 10, "idemd's exit waited for the peer")
+        s.close()
 
 
 class TestRpcTlsLimits(LimitTest):
