@@ -45,7 +45,8 @@ struct op {
     bool timer_open;
     char *tenant;   /* OP_QUARANTINE_LIST: owned; NULL for every tenant */
     uint32_t limit; /* OP_QUARANTINE_LIST */
-    uint64_t lease_ms; /* claim, renew: the lease asked for (Result.lease_ms when granted) */
+    uint64_t lease_ms; /* claim, renew: the lease asked for */
+    uint64_t now_ms;   /* claim, renew: the command's clock (Result.lease_ms: the lease left) */
     struct op *prev, *next; /* live ops, for shutdown */
 };
 
@@ -271,7 +272,12 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         resultToProto(&r, &res, &stored, &rec);
         if (o->lease_ms > 0 && (r.outcome == IDEM__OUTCOME__OUTCOME_ACQUIRED ||
                                 r.outcome == IDEM__OUTCOME__OUTCOME_OK)) {
-            res.lease_ms = o->lease_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)o->lease_ms;
+            /* The lease granted, as of the command's clock: what was asked for, or less on a
+             * holder's own retry of a claim, which keeps the lease it has (a client that
+             * times its renewals from this must not think it has more). */
+            uint64_t left = r.lease_deadline_ms > o->now_ms ? r.lease_deadline_ms - o->now_ms : 0;
+            uint64_t granted = left < o->lease_ms ? left : o->lease_ms;
+            res.lease_ms = granted > UINT32_MAX ? UINT32_MAX : (uint32_t)granted;
         }
         Idem__Response resp = IDEM__RESPONSE__INIT;
         resp.request_id = o->request_id;
@@ -622,6 +628,7 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
         o->lease_ms = cmd.op_case == IDEM__COMMAND__OP_CLAIM   ? claim.lease_ms
                       : cmd.op_case == IDEM__COMMAND__OP_RENEW ? renew.lease_ms
                                                                : 0;
+        o->now_ms = cmd.now_ms;
     }
 }
 

@@ -1238,12 +1238,24 @@ static int scLease(int argc, char **argv)
     int rv3 = idem_renew(c, key, a.token, 7654, 0, &rn);
     snprintf(key, sizeof key, "%s-default", argv[0]);
     int rv2 = idem_claim(c, key, fp, NULL, &b);
-    printf("{\"rv\": [%d, %d, %d], \"asked\": %" PRIu64 ", \"default\": %" PRIu64
-           ", \"renewed\": %" PRIu64 ", \"renew_outcome\": \"%s\"}\n",
-           rv1, rv2, rv3, a.lease_ms, b.lease_ms, rn.lease_ms, idem_outcome_name(rn.outcome));
+    /* The holder's own retry 1 s into a 3 s lease keeps that lease: 2 s left. */
+    struct idem_result r1, r2;
+    snprintf(key, sizeof key, "%s-retry", argv[0]);
+    struct idem_claim_opts ro = {.lease_ms = 3000, .attempt_id = "retry-attempt"};
+    int rv4 = idem_claim(c, key, fp, &ro, &r1);
+    sleepMs(1000);
+    int rv5 = idem_claim(c, key, fp, &ro, &r2);
+    printf("{\"rv\": [%d, %d, %d, %d, %d], \"asked\": %" PRIu64 ", \"default\": %" PRIu64
+           ", \"renewed\": %" PRIu64 ", \"renew_outcome\": \"%s\", \"first\": %" PRIu64
+           ", \"retry\": %" PRIu64 ", \"retry_outcome\": \"%s\", \"same_token\": %d}\n",
+           rv1, rv2, rv3, rv4, rv5, a.lease_ms, b.lease_ms, rn.lease_ms,
+           idem_outcome_name(rn.outcome), r1.lease_ms, r2.lease_ms, idem_outcome_name(r2.outcome),
+           r1.token == r2.token && r1.token != 0);
     idem_result_free(&a);
     idem_result_free(&b);
     idem_result_free(&rn);
+    idem_result_free(&r1);
+    idem_result_free(&r2);
     idem_client_close(c);
     return 0;
 }

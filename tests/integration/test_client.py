@@ -485,10 +485,17 @@ class TestClientRun(ClientTest):
 
     def test_lease_ms_is_reported(self):
         out = self.drive("lease", "lease")
-        self.assertEqual(out["rv"], [0, 0, 0], out)
+        self.assertEqual(out["rv"], [0, 0, 0, 0, 0], out)
         self.assertEqual(out["asked"], 4321, out)
         self.assertEqual(out["default"], 30000, out)  # the tenant default
         self.assertEqual((out["renew_outcome"], out["renewed"]), ("ok", 7654), out)
+        # A holder's own retry of its claim 1 s into a 3 s lease: the same lease, so the
+        # lease reported is what is left of it, not the 3 s asked for again (idem_run times
+        # its renewals from it).
+        self.assertEqual(out["first"], 3000, out)
+        self.assertEqual((out["retry_outcome"], out["same_token"]), ("acquired", 1), out)
+        self.assertLessEqual(out["retry"], 2000, out)
+        self.assertGreater(out["retry"], 1000, out)
 
 
 class TestClientInstall(ClientTest):
