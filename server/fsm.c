@@ -830,9 +830,52 @@ Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_
     return fsm_apply_command(f, index, cmd, out);
 }
 
+bool fsm_header_name_ok(const char *name)
+{
+    if (name == NULL || *name == '\0') {
+        return false;
+    }
+    for (const char *s = name; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("!#$%&'*+-.^_`|~", c) != NULL)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool fsm_header_value_ok(const uint8_t *value, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (value[i] == '\r' || value[i] == '\n' || value[i] == '\0') {
+            return false;
+        }
+    }
+    return true;
+}
+
 bool fsm_response_check(const Idem__StoredResponse *resp, const char **why)
 {
-    return fsm_response_valid(resp, why);
+    if (!fsm_response_valid(resp, why)) {
+        return false;
+    }
+    if (resp->status < 200) {
+        *why = "response status must be a final one (200-599)";
+        return false;
+    }
+    for (size_t i = 0; i < resp->n_headers; i++) {
+        const Idem__Header *h = resp->headers[i];
+        if (!fsm_header_name_ok(h->name)) {
+            *why = "response header name is not an HTTP token";
+            return false;
+        }
+        if (!fsm_header_value_ok(h->value.data, h->value.len)) {
+            *why = "response header value holds CR, LF or NUL";
+            return false;
+        }
+    }
+    return true;
 }
 
 /* ---- stats and digest ---------------------------------------------------------------- */

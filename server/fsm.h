@@ -116,9 +116,17 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
                                 struct fsm_result *out);
 
 /* Front-end side: whether a stored response (borrowed) would be accepted by complete and
- * resolve, so that a bad one is refused before it costs a log entry. *why (OUT) is a static
- * description when it would not. */
+ * resolve, so that a bad one is refused before it costs a log entry, and whether it can be
+ * replayed as an HTTP response as it is: a final status (200-599: an informational one
+ * cannot carry a response), header names that are HTTP tokens and values without CR, LF or
+ * NUL (else a replay could inject headers or split the response). The last two are checked
+ * here only, not when a command applies, so that log entries already written apply as they
+ * did. *why (OUT) is a static description when it would not. */
 bool fsm_response_check(const Idem__StoredResponse *resp, const char **why);
+
+/* An HTTP header name (an RFC 9110 token) / a value without CR, LF or NUL. */
+bool fsm_header_name_ok(const char *name);
+bool fsm_header_value_ok(const uint8_t *value, size_t len);
 
 /* Leader side: the earliest time (ms) at which an expire command would find something to
  * do, or UINT64_MAX when the table holds nothing that expires. */

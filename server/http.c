@@ -297,22 +297,44 @@ static bool replaySkips(const char *name)
     return false;
 }
 
+/* A stored response as it is replayed: its status (a stored one outside 200-599, which
+ * fsm_response_check now refuses but an older version stored, replays as 200), whether a
+ * body may go with it (not with 204 or 304), and whether a stored header may go out (a
+ * name that is not a token or a value with CR, LF or NUL, stored before those were
+ * refused, would inject headers: dropped). */
+static int replayStatus(const Idem__StoredResponse *r)
+{
+    return r->status >= 200 && r->status < 600 ? (int)r->status : 200;
+}
+
+static bool replayBody(int status)
+{
+    return status != 204 && status != 304;
+}
+
+static bool replayHeaderOk(const Idem__Header *hd)
+{
+    return hd->name != NULL && fsm_header_name_ok(hd->name) &&
+           fsm_header_value_ok(hd->value.data, hd->value.len) && !replaySkips(hd->name);
+}
+
 static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
                        h2o_iovec_t rid, const Idem__StoredResponse *r)
 {
-    int status = r->status >= 100 && r->status < 600 ? (int)r->status : 200;
+    int status = replayStatus(r);
     size_t n = 0;
     struct hdr *extra = xcalloc(r->n_headers + 1, sizeof(*extra));
     for (size_t i = 0; i < r->n_headers; i++) {
         const Idem__Header *hd = r->headers[i];
-        if (hd->name == NULL || hd->name[0] == '\0' || replaySkips(hd->name)) {
+        if (!replayHeaderOk(hd)) {
             continue;
         }
         extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};
     }
     extra[n++] = (struct hdr){"idempotency-replayed", "Idempotency-Replayed", "true", 4};
-    sendRaw(h, req, route, rid, status, NULL, (const char *)r->body.data, r->body.len, extra,
-            n);
+    bool body = replayBody(status);
+    sendRaw(h, req, route, rid, status, NULL, body ? (const char *)r->body.data : "",
+            body ? r->body.len : 0, extra, n);
     free(extra);
 }
 
@@ -636,30 +658,6 @@ static bool getStr(json_t *o, const char *name, const char **out)
     return true;
 }
 
-static bool headerNameOk(const char *s)
-{
-    if (*s == '\0') {
-        return false;
-    }
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              strchr("!#$%&'*+-.^_`|~", c) != NULL)) {
-            return false;
-        }
-    }
-    return true;
-}
-
-static bool headerValueOk(const char *s, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0') {
-            return false;
-        }
-    }
-    return true;
-}
 
 /* What a handler built for the service; freed after service_handle returned. */
 struct scratch {
@@ -687,7 +685,7 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct scratch *sc)
     }
     uint64_t status = 0;
     bool has_status = false;
-    if (!getU64(o, "status", &status, &has_status) || !has_status || status < 100 ||
+    if (!getU64(o, "status", &status, &has_status) || !has_status || status < 200 ||
         status > 599) {
         return false;
     }
@@ -701,8 +699,9 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct scratch *sc)
         const char *k;
         json_t *v;
         json_object_foreach(hs, k, v) {
-            if (!json_is_string(v) || !headerNameOk(k) ||
-                !headerValueOk(json_string_value(v), json_string_length(v))) {
+            if (!json_is_string(v) || !fsm_header_name_ok(k) ||
+                !fsm_header_value_ok((const uint8_t *)json_string_value(v),
+                                     json_string_length(v))) {
                 return false;
             }
             total += strlen(k) + 1;
@@ -1408,22 +1407,22 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
         return;
     }
     h2o_req_t *req = pjTakeReq(j);
-    int status = r->status >= 100 && r->status < 600 ? (int)r->status : 200;
+    int status = replayStatus(r);
     size_t n = 0;
     char date[40];
     struct hdr *extra = xcalloc(r->n_headers + 2, sizeof(*extra));
     for (size_t i = 0; i < r->n_headers; i++) {
         const Idem__Header *hd = r->headers[i];
-        if (hd->name == NULL || hd->name[0] == '\0' || replaySkips(hd->name) ||
-            strcasecmp(hd->name, "idempotency-expires") == 0) {
+        if (!replayHeaderOk(hd) || strcasecmp(hd->name, "idempotency-expires") == 0) {
             continue;
         }
         extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};
     }
     extra[n++] = (struct hdr){"idempotency-replayed", "Idempotency-Replayed", "true", 4};
     n = pjExpires(j, extra, n, date);
-    sendRaw(j->h, req, R_PROXY, pjRid(j), status, NULL, (const char *)r->body.data, r->body.len,
-            extra, n);
+    bool body = replayBody(status);
+    sendRaw(j->h, req, R_PROXY, pjRid(j), status, NULL, body ? (const char *)r->body.data : "",
+            body ? r->body.len : 0, extra, n);
     free(extra);
 }
 

@@ -573,6 +573,14 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
         }
         break;
     case IDEM__REQUEST__OP_COMPLETE:
+        if (req->complete->response != NULL) {
+            const char *why = NULL;
+            if (!fsm_response_check(req->complete->response, &why)) {
+                answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why,
+                             NULL);
+                return;
+            }
+        }
         key = &req->complete->key;
         complete.tenant = tenant;
         complete.key = req->complete->key;

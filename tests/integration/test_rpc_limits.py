@@ -6,6 +6,7 @@ clusters; raw sockets speak the framing (and Python's ssl module the TLS).
 
 Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_limits
 """
+import json
 import os
 import socket
 import ssl
@@ -331,6 +332,70 @@ class TestRpcLimits(LimitTest):
         self.assertEqual(self.c.stop(1), 0)
         self.assertLess(time.monotonic() - t0, 10, "idemd's exit waited for the peer")
         s.close()
+
+
+    def test_responses_a_replay_could_not_send_as_they_are_are_refused(self):
+        # A stored response is replayed as an HTTP response: a header name with CR LF in it,
+        # a value with CR LF, or an informational status would let a completion inject
+        # headers or split the replay. complete over the RPC answers invalid and stores
+        # nothing; the JSON API refuses status 150 too.
+        s = self.connect()
+        s.sendall(_claim_frame(1, self.c.token, "inject"))
+        rid, outcome, _ = _read_answer(s)
+        self.assertEqual((rid, outcome), (1, OUTCOME_ACQUIRED))
+        token = self.c.ctl("claim", "inject", "--fingerprint", fp("inject"), "--attempt",
+                           "attempt-1", ids=[1])[1]["token"]
+
+        def complete(rid, status, name, value):
+            hdr = _pb(1, name.encode()) + _pb(2, value.encode())
+            resp = b"\x08" + _varint(status) + _pb(2, hdr) + _pb(3, b"body")
+            comp = (_pb(1, b"inject") + b"\x10" + _varint(token) + b"\x18\x01" + _pb(4, resp))
+            body = b"\x08" + _varint(rid) + _pb(3, self.c.token.encode()) + _pb(11, comp)
+            s.sendall(_frame(body))
+            return _read_answer(s)
+        for rid, status, name, value in ((2, 200, "x-b\r\nx-evil: yes\r\nx-c", "1"),
+                                         (3, 200, "x-b", "1\r\nset-cookie: injected=1"),
+                                         (4, 200, "x b", "1"), (5, 150, "x-b", "1")):
+            a = complete(rid, status, name, value)
+            self.assertEqual(a[:2], (rid, OUTCOME_INVALID), (name, value, status, a))
+        # Nothing was stored: the record still waits for its completion, which a clean
+        # response then gets.
+        a = complete(6, 201, "x-b", "fine")
+        self.assertEqual(a[:2], (6, 8), a)  # OUTCOME_OK
+        s.close()
+        rc, out = self.c.ctl("claim", "inject", "--fingerprint", fp("inject"), ids=[1])
+        self.assertEqual((out["outcome"], out["response"]["status"]), ("replay", 201), out)
+        auth = {"Authorization": "Bearer " + self.c.token}
+        r = http_request(self.node.http, "POST", "/v1/claims", {"fingerprint": fp("info")},
+                         headers=dict(auth, **{"Idempotency-Key": "info"}))
+        self.assertEqual((r[0], r[2]["outcome"]), (200, "acquired"), r)
+        info_token = r[2]["token"]
+        r = http_request(self.node.http, "POST", "/v1/claims/info/complete",
+                         {"token": info_token, "outcome": "succeeded",
+                          "response": {"status": 150, "body": "x"}}, headers=auth)
+        self.assertIn(r[0], (400, 422), r)
+        # A 204 stored with a body replays without it (HTTP gives a 204 none; sent, it would
+        # be read as the start of the next response on the connection).
+        r = http_request(self.node.http, "POST", "/v1/claims/info/complete",
+                         {"token": info_token, "outcome": "succeeded",
+                          "response": {"status": 204, "body": "stray"}}, headers=auth)
+        self.assertEqual(r[0], 200, r)
+        body = json.dumps({"fingerprint": fp("info")}).encode()
+        host, port = self.node.http.rsplit(":", 1)
+        h = socket.create_connection((host, int(port)), timeout=10)
+        h.sendall(b"POST /v1/claims HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer "
+                  + self.c.token.encode() + b"\r\nIdempotency-Key: info\r\n"
+                  b"Content-Type: application/json\r\nConnection: close\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while True:
+            chunk = h.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        h.close()
+        self.assertTrue(got.startswith(b"HTTP/1.1 204"), got)
+        self.assertNotIn(b"stray", got)
 
 
 class TestRpcTlsLimits(LimitTest):
