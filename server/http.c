@@ -658,7 +658,6 @@ static bool getStr(json_t *o, const char *name, const char **out)
     return true;
 }
 
-
 /* What a handler built for the service; freed after service_handle returned. */
 struct scratch {
     json_t *body;
@@ -685,8 +684,7 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct scratch *sc)
     }
     uint64_t status = 0;
     bool has_status = false;
-    if (!getU64(o, "status", &status, &has_status) || !has_status || status < 200 ||
-        status > 599) {
+    if (!getU64(o, "status", &status, &has_status) || !has_status || status < 200 || status > 599) {
         return false;
     }
     r->status = (uint32_t)status;
