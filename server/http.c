@@ -1629,10 +1629,28 @@ static void pjAnswerAfter(struct proxyJob *j)
     pjFinish(j);
 }
 
+static void pjCompleteStored(struct proxyJob *j);
+
 static void pjRecordDoneCb(void *data, const Idem__Response *resp)
 {
     struct proxyJob *j = data;
     Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    if ((oc == IDEM__OUTCOME__OUTCOME_INVALID || oc == IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED) &&
+        j->record == PJ_REC_STORE && !j->too_large) {
+        /* The answer could not be stored as it is (larger than a log entry takes, past the
+         * tenant's bytes quota, ...), and that will not change: the record would stay
+         * processing and a retry could run the upstream again once the lease ends. Its
+         * digest-only marker is stored instead (a replay answers 502), as for an answer
+         * over max_inline_body; this caller still gets the upstream's answer. */
+        char kd[FP_HEX12_SIZE];
+        key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
+        log_warn("proxy: the upstream's answer cannot be stored (outcome %s); its digest is "
+                 "recorded instead, replays answer 502 (key_digest %s)",
+                 (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?", kd);
+        j->too_large = true;
+        pjCompleteStored(j);
+        return;
+    }
     if (oc != IDEM__OUTCOME__OUTCOME_OK) {
         char kd[FP_HEX12_SIZE];
         key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
@@ -1674,8 +1692,6 @@ static void pjComplete(struct proxyJob *j, Idem__Completion outcome, Idem__Store
     rq.complete = &co;
     pjCall(j, &rq, pjRecordDoneCb, pjRecordRetryMs(j));
 }
-
-static void pjCompleteStored(struct proxyJob *j);
 
 /* Records what the upstream call ended with (j->record), unless the lease was lost: then the
  * answer is only passed on (see the section comment). Waits for a renewal in flight. */

@@ -15,6 +15,8 @@ Business endpoints (dispatched on the last path segment, so any route prefix wor
   POST /bad           400 {"error": ...}
   POST /boom          500 {"error": ...}
   POST /big           201 with a 2 MiB body
+  POST /mib           201 with a body of exactly 1 MiB (within max_inline_body's default,
+                      too large for a log entry with the rest of the completion)
   any other method/path: 200 echo of method, path and the idempotency headers seen (a GET
                       is counted under "gets", not as an execution)
 Test-only endpoints (never sent through the proxy):
@@ -204,6 +206,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(500, {"error": "boom", "id": oid})
         if seg == "big":
             return self._send(201, raw=b"x" * (2 * MiB), headers={"X-Order-Id": oid})
+        if seg == "mib":
+            return self._send(201, raw=b"y" * MiB, headers={"X-Order-Id": oid})
         return self._send(200, {"method": method, "path": self.path, "id": oid},
                           headers={"X-Order-Id": oid})
 

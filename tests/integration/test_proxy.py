@@ -775,6 +775,20 @@ class TestProxyFailures(ProxyTest):
             self.assertError(again, 409, "idempotency_outcome_unknown")
         self.assertEqual(self.svc.count(key), 1, "a too-large answer must not re-execute")
 
+    def test_answer_that_cannot_be_stored_records_its_digest(self):
+        # 1 MiB: not over max_inline_body (1 MiB), but the completion with it does not fit a
+        # log entry (batch.max_bytes, 1 MiB), so complete answers invalid. The caller gets
+        # the upstream's answer, and the record takes the digest-only marker: a retry
+        # replays 502 instead of finding the record still processing (and, once the lease
+        # passed, running the upstream a second time under takeover).
+        key = self.key("mib")
+        r = self.order(key, path="/mib", timeout=30)
+        self.assertEqual(r[0], 201, r)
+        self.assertEqual(len(r.raw), 1 << 20)
+        again = self.order(key, path="/mib", timeout=30)
+        self.assertError(again, 502, "upstream_response_too_large")
+        self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
+
     # The proxy renews the lease while the upstream call runs, so a lease only passes when
     # its holder stalls: the first attempt goes through a follower's proxy, which is stopped
     # (SIGSTOP) while the upstream works on it, and continued after the lease passed.
