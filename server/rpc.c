@@ -682,6 +682,13 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
 static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
+    if (nread == UV_EOF && c->tls == NULL) {
+        /* The peer is done sending, maybe not reading (a half-close after its last
+         * request): the requests it sent still get their answers, then the connection
+         * closes (connDrain; a peer that does not read them is cut off by the sweep). */
+        connDrain(c);
+        return;
+    }
     if (nread < 0) {
         connFlush(c); /* answers made this turn, before the end of the stream */
         connClose(c);

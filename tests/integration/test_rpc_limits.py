@@ -334,6 +334,17 @@ class TestRpcLimits(LimitTest):
         s.close()
 
 
+    def test_half_closed_connection_gets_its_answers(self):
+        # A client that sends its requests, then shuts its side down and reads: the
+        # answers still come (the end of the stream closed the connection at once before,
+        # dropping answers whose log entries were still being committed), then the close.
+        s = self.connect()
+        s.sendall(b"".join(_claim_frame(i, self.c.token, "half-%d" % i) for i in range(1, 21)))
+        s.shutdown(socket.SHUT_WR)
+        got = sorted(a[:2] for a in iter(lambda: _read_answer(s), None))
+        s.close()
+        self.assertEqual(got, [(i, OUTCOME_ACQUIRED) for i in range(1, 21)])
+
     def test_responses_a_replay_could_not_send_as_they_are_are_refused(self):
         # A stored response is replayed as an HTTP response: a header name with CR LF in it,
         # a value with CR LF, or an informational status would let a completion inject
