@@ -318,12 +318,41 @@ static bool replayHeaderOk(const Idem__Header *hd)
            fsm_header_value_ok(hd->value.data, hd->value.len) && !replaySkips(hd->name);
 }
 
+static bool storedTooLarge(const Idem__StoredResponse *r);
+
+/* A body stored by reference (body_ref, with its SHA-256) is not fetched: the replay has no
+ * body and says where it is, in Idempotency-Body-Ref and Idempotency-Body-SHA256 (hex).
+ * Appends those headers to extra[n..] (room for two; hex: 65 bytes); returns the new n. */
+static size_t replayBodyRef(const Idem__StoredResponse *r, struct hdr *extra, size_t n, char *hex)
+{
+    if (r->body_ref == NULL || r->body_ref[0] == '\0' ||
+        !fsm_header_value_ok((const uint8_t *)r->body_ref, strlen(r->body_ref))) {
+        return n;
+    }
+    extra[n++] = (struct hdr){"idempotency-body-ref", "Idempotency-Body-Ref", r->body_ref,
+                              strlen(r->body_ref)};
+    if (r->body_sha256.len == 32) {
+        for (size_t i = 0; i < 32; i++) {
+            snprintf(hex + 2 * i, 3, "%02x", r->body_sha256.data[i]);
+        }
+        extra[n++] = (struct hdr){"idempotency-body-sha256", "Idempotency-Body-SHA256", hex, 64};
+    }
+    return n;
+}
+
 static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
                        h2o_iovec_t rid, const Idem__StoredResponse *r)
 {
+    if (storedTooLarge(r)) {
+        /* The proxy's marker of an answer it could not keep: as its own replay says. */
+        sendError(h, req, route, rid, 502, "upstream_response_too_large",
+                  "the stored answer was too large to keep; only its digest was recorded", 0);
+        return;
+    }
     int status = replayStatus(r);
     size_t n = 0;
-    struct hdr *extra = xcalloc(r->n_headers + 1, sizeof(*extra));
+    char hex[65];
+    struct hdr *extra = xcalloc(r->n_headers + 3, sizeof(*extra));
     for (size_t i = 0; i < r->n_headers; i++) {
         const Idem__Header *hd = r->headers[i];
         if (!replayHeaderOk(hd)) {
@@ -331,6 +360,7 @@ static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
         }
         extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};
     }
+    n = replayBodyRef(r, extra, n, hex);
     extra[n++] = (struct hdr){"idempotency-replayed", "Idempotency-Replayed", "true", 4};
     bool body = replayBody(status);
     sendRaw(h, req, route, rid, status, NULL, body ? (const char *)r->body.data : "",
@@ -1407,8 +1437,8 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
     h2o_req_t *req = pjTakeReq(j);
     int status = replayStatus(r);
     size_t n = 0;
-    char date[40];
-    struct hdr *extra = xcalloc(r->n_headers + 2, sizeof(*extra));
+    char date[40], hex[65];
+    struct hdr *extra = xcalloc(r->n_headers + 4, sizeof(*extra));
     for (size_t i = 0; i < r->n_headers; i++) {
         const Idem__Header *hd = r->headers[i];
         if (!replayHeaderOk(hd) || strcasecmp(hd->name, "idempotency-expires") == 0) {
@@ -1416,6 +1446,7 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
         }
         extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};
     }
+    n = replayBodyRef(r, extra, n, hex);
     extra[n++] = (struct hdr){"idempotency-replayed", "Idempotency-Replayed", "true", 4};
     n = pjExpires(j, extra, n, date);
     bool body = replayBody(status);

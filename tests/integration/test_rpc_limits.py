@@ -334,6 +334,28 @@ class TestRpcLimits(LimitTest):
         s.close()
 
 
+    def test_body_stored_by_reference_replays_where_it_is(self):
+        # complete with body_ref and its SHA-256 (the body lives elsewhere): an HTTP replay
+        # has no body and says where it is, instead of an empty 201 that looks complete.
+        s = self.connect()
+        s.sendall(_claim_frame(1, self.c.token, "by-ref"))
+        self.assertEqual(_read_answer(s)[:2], (1, OUTCOME_ACQUIRED))
+        token = self.c.ctl("claim", "by-ref", "--fingerprint", fp("by-ref"), "--attempt",
+                           "attempt-1", ids=[1])[1]["token"]
+        sha = bytes(range(32))
+        resp = b"\x08" + _varint(201) + _pb(4, b"s3://bucket/obj-1") + _pb(5, sha)
+        comp = _pb(1, b"by-ref") + b"\x10" + _varint(token) + b"\x18\x01" + _pb(4, resp)
+        s.sendall(_frame(b"\x08\x02" + _pb(3, self.c.token.encode()) + _pb(11, comp)))
+        self.assertEqual(_read_answer(s)[:2], (2, 8))  # OUTCOME_OK
+        s.close()
+        auth = {"Authorization": "Bearer " + self.c.token}
+        r = http_request(self.node.http, "POST", "/v1/claims", {"fingerprint": fp("by-ref")},
+                         headers=dict(auth, **{"Idempotency-Key": "by-ref"}))
+        self.assertEqual(r[0], 201, r)
+        self.assertEqual(r[1].get("idempotency-replayed"), "true", r)
+        self.assertEqual(r[1].get("idempotency-body-ref"), "s3://bucket/obj-1", r)
+        self.assertEqual(r[1].get("idempotency-body-sha256"), sha.hex(), r)
+
     def test_half_closed_connection_gets_its_answers(self):
         # A client that sends its requests, then shuts its side down and reads: the
         # answers still come (the end of the stream closed the connection at once before,
