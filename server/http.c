@@ -167,6 +167,12 @@ static const char *reasonOf(int status)
     case 200: return "OK";
     case 201: return "Created";
     case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 303: return "See Other";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -183,7 +189,11 @@ static const char *reasonOf(int status)
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
-    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    default:
+        return status < 300   ? "OK"
+               : status < 400 ? "Redirection"
+               : status < 500 ? "Client Error"
+                              : "Server Error";
     }
 }
 
@@ -1455,6 +1465,33 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
     free(extra);
 }
 
+/* Whether `name` is one of the comma-separated tokens of the upstream's Connection
+ * header(s): those are hop-by-hop too (RFC 9110 §7.6.1), not passed on. */
+static bool upConnectionNames(const struct proxyJob *j, const char *name)
+{
+    size_t nl = strlen(name);
+    for (size_t i = 0; i < j->n_up_hdrs; i++) {
+        const struct upHdr *u = &j->up_hdrs[i];
+        if (strcmp(u->name, "connection") != 0) {
+            continue;
+        }
+        const char *p = u->value, *end = u->value + u->value_len;
+        while (p < end) {
+            while (p < end && (*p == ',' || *p == ' ' || *p == '\t')) {
+                p++;
+            }
+            const char *t = p;
+            while (p < end && *p != ',' && *p != ' ' && *p != '\t') {
+                p++;
+            }
+            if ((size_t)(p - t) == nl && strncasecmp(t, name, nl) == 0) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* Passes the upstream's answer on (every end-to-end header). */
 static void pjSendUpstream(struct proxyJob *j)
 {
@@ -1465,7 +1502,7 @@ static void pjSendUpstream(struct proxyJob *j)
     for (size_t i = 0; i < j->n_up_hdrs; i++) {
         const struct upHdr *u = &j->up_hdrs[i];
         if (replaySkips(u->name) || strcmp(u->name, "idempotency-expires") == 0 ||
-            strcmp(u->name, "proxy-connection") == 0) {
+            strcmp(u->name, "proxy-connection") == 0 || upConnectionNames(j, u->name)) {
             continue;
         }
         extra[n++] = (struct hdr){u->name, NULL, u->value, u->value_len};
@@ -2280,8 +2317,8 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
     fb.p[0] = '\0';
     for (size_t i = 0; i < req->headers.size; i++) {
         const h2o_header_t *hd = &req->headers.entries[i];
-        if (forwardSkips(hd->name->base, hd->name->len)) {
-            continue;
+        if (hd->name->len == 0 || forwardSkips(hd->name->base, hd->name->len)) {
+            continue; /* a nameless one: the continuation line of a folded header */
         }
         tbPrintf(&fb, "%.*s: %.*s\r\n", (int)hd->name->len, hd->name->base, (int)hd->value.len,
                  hd->value.base);

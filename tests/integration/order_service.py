@@ -15,6 +15,8 @@ Business endpoints (dispatched on the last path segment, so any route prefix wor
   POST /bad           400 {"error": ...}
   POST /boom          500 {"error": ...}
   POST /big           201 with a 2 MiB body
+  POST /conn          201 with "Connection: keep-alive, X-Secret" and an X-Secret header
+                      (hop-by-hop by that naming: a proxy must not pass it on)
   POST /mib           201 with a body of exactly 1 MiB (within max_inline_body's default,
                       too large for a log entry with the rest of the completion)
   any other method/path: 200 echo of method, path and the idempotency headers seen (a GET
@@ -206,6 +208,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(500, {"error": "boom", "id": oid})
         if seg == "big":
             return self._send(201, raw=b"x" * (2 * MiB), headers={"X-Order-Id": oid})
+        if seg == "conn":
+            return self._send(201, {"id": oid}, headers={"X-Order-Id": oid, "X-Secret": "s3cret",
+                                                         "Connection": "keep-alive, X-Secret"})
         if seg == "mib":
             return self._send(201, raw=b"y" * MiB, headers={"X-Order-Id": oid})
         return self._send(200, {"method": method, "path": self.path, "id": oid},

@@ -775,6 +775,14 @@ class TestProxyFailures(ProxyTest):
             self.assertError(again, 409, "idempotency_outcome_unknown")
         self.assertEqual(self.svc.count(key), 1, "a too-large answer must not re-execute")
 
+    def test_headers_named_by_connection_are_not_passed_on(self):
+        # The upstream's "Connection: keep-alive, X-Secret" makes X-Secret hop-by-hop: the
+        # proxy's answer carries X-Order-Id but neither Connection's token nor X-Secret.
+        r = self.order(self.key("conn"), path="/conn")
+        self.assertEqual(r[0], 201, r)
+        self.assertIn("x-order-id", r[1])
+        self.assertNotIn("x-secret", r[1], r)
+
     def test_answer_that_cannot_be_stored_records_its_digest(self):
         # 1 MiB: not over max_inline_body (1 MiB), but the completion with it does not fit a
         # log entry (batch.max_bytes, 1 MiB), so complete answers invalid. The caller gets
