@@ -785,7 +785,10 @@ static int failCall(const struct global *g, int rv, const char *msg)
 {
     const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
     fprintf(stderr, "idemctl: %s%s%s\n", what, msg[0] ? ": " : "", msg);
-    if (rv == IDEM_EUNAVAILABLE && strstr(msg, ": tls") != NULL) {
+    if (rv == IDEM_EUNAVAILABLE &&
+        (strstr(msg, ": tls handshake") != NULL || strstr(msg, ": tls: certificate") != NULL)) {
+        /* Not after a read or write on an established TLS connection: a node that closed it
+         * is not a certificate problem. */
         fprintf(stderr, "idemctl: the TLS connection failed: check --tls-ca (the CA that "
                         "signed the nodes' certificates), --tls-server-name, and --tls-cert/"
                         "--tls-key where the nodes require client certificates\n");
