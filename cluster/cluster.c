@@ -133,7 +133,13 @@ struct cluster {
 
 static void setErr(struct cluster *c, const char *prefix, const char *detail)
 {
-    snprintf(c->errmsg, sizeof(c->errmsg), "%s%s", prefix, detail);
+    /* Cut to the buffer (the detail can be raft's own 256-byte message). */
+    size_t cap = sizeof(c->errmsg);
+    size_t n = strnlen(prefix, cap - 1);
+    memcpy(c->errmsg, prefix, n);
+    size_t d = strnlen(detail, cap - 1 - n);
+    memcpy(c->errmsg + n, detail, d);
+    c->errmsg[n + d] = '\0';
 }
 
 const char *cluster_errmsg(const struct cluster *c)
@@ -1125,10 +1131,21 @@ err_free:
 
 int cluster_start(struct cluster *c)
 {
+    c->transport.outer.errmsg[0] = '\0';
     int rv = raft_start(&c->raft);
     if (rv != 0) {
-        /* raft says nothing when the state machine refused the snapshot (it logged why). */
-        const char *m = raft_errmsg(&c->raft);
+        /* libraft 0.15 does not pass on why its io failed to start, and its own message
+         * may be empty or left over from loading ("metadata contains term 2"): a failed
+         * listen says why in the transport's message (transport.c; a Raft address in use,
+         * say), then the io's, then raft's. raft says nothing when the state machine
+         * refused the snapshot (it logged why). */
+        const char *m = c->transport.outer.errmsg;
+        if (m[0] == '\0' && c->raft.io != NULL) {
+            m = c->raft.io->errmsg;
+        }
+        if (m[0] == '\0') {
+            m = raft_errmsg(&c->raft);
+        }
         setErr(c, "raft start: ", m != NULL && m[0] != '\0' ? m : raft_strerror(rv));
         return CLUSTER_ERAFT;
     }

@@ -1,7 +1,12 @@
 #include "transport.h"
 
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 /* raft_uv owns outer.data (it stores itself there), so the wrapper is found from `outer`
  * being the first member of struct transport. */
@@ -24,6 +29,7 @@ static void noDelay(struct uv_stream_s *stream)
 static int transportInit(struct raft_uv_transport *o, raft_id id, const char *address)
 {
     struct transport *t = fromOuter(o);
+    snprintf(t->address, sizeof(t->address), "%s", address);
     return t->inner.init(&t->inner, id, address);
 }
 
@@ -39,7 +45,30 @@ static int transportListen(struct raft_uv_transport *o, raft_uv_accept_cb cb)
 {
     struct transport *t = fromOuter(o);
     t->accept_cb = cb;
-    return t->inner.listen(&t->inner, acceptCb);
+    int rv = t->inner.listen(&t->inner, acceptCb);
+    if (rv != 0) {
+        /* raft_uv_tcp says nothing of why, and libraft only "I/O error": a bind of our own
+         * finds the reason (an address in use, most often) for the operator. */
+        const char *why = "cannot listen";
+        char host[64];
+        const char *colon = strrchr(t->address, ':');
+        struct sockaddr_in sa;
+        if (colon != NULL && (size_t)(colon - t->address) < sizeof(host)) {
+            memcpy(host, t->address, (size_t)(colon - t->address));
+            host[colon - t->address] = '\0';
+            if (uv_ip4_addr(host, atoi(colon + 1), &sa) == 0) {
+                int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fd >= 0) {
+                    if (bind(fd, (const struct sockaddr *)&sa, sizeof(sa)) != 0) {
+                        why = strerror(errno);
+                    }
+                    close(fd);
+                }
+            }
+        }
+        snprintf(o->errmsg, sizeof(o->errmsg), "raft address %s: %s", t->address, why);
+    }
+    return rv;
 }
 
 static void connectCb(struct raft_uv_connect *req, struct uv_stream_s *stream, int status)

@@ -14,6 +14,7 @@ struct transport {
     struct raft_uv_transport inner; /* raft_uv_tcp */
     raft_uv_accept_cb accept_cb;
     raft_uv_transport_close_cb close_cb;
+    char address[64]; /* this node's Raft address, for listen's error message */
 };
 
 /* Initialises both layers on `loop`. 0 or a RAFT_* code. */

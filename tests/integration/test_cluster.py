@@ -100,6 +100,28 @@ class TestServe(ClusterTest):
         self.assertEqual(c["outcome"], "in_progress")
         self.assertGreater(c["retry_after_ms"], 0)
 
+    def test_raft_address_in_use_is_named(self):
+        """A node whose Raft address is taken exits 1 and says so: libraft 0.15 only says
+        "I/O error" (transport.c finds the reason)."""
+        node = self.c.nodes[3]
+        self.c.kill(3)
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            host, port = node.raft.rsplit(":", 1)
+            # (its old connections may still be in TIME_WAIT; a listener still excludes idemd)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind((host, int(port)))
+            holder.listen(1)
+            self.c.start(3)
+            rc = node.proc.wait(timeout=30)
+            node.proc = None
+        finally:
+            holder.close()
+        self.assertEqual(rc, 1)
+        with open(node.log) as f:
+            log = f.read()
+        self.assertIn("raft start: raft address %s: Address already in use" % node.raft, log)
+
     def test_sigterm_is_clean_and_restart_keeps_data(self):
         rc, a = self.claim("durable-1")
         self.complete("durable-1", a["token"], "kept")
