@@ -328,13 +328,27 @@ class ClusterTestCase(unittest.TestCase):
         self.c.wait_leader(timeout=self.leader_timeout)
 
     def setUp(self):
-        self.c = self.make_cluster()
-        try:
-            self.cluster_ready()
-        except AssertionError:
-            print(self.c.logs())
-            self.c.close()
-            raise
+        # free_port() picks a port that nothing holds, then the node binds it: under tests
+        # run in parallel another process can take it in between, and that node exits at
+        # start ("... Address already in use"). Such a cluster is made again, with new
+        # ports, once; any other failure to come up fails the test.
+        for attempt in (1, 2):
+            self.c = self.make_cluster()
+            try:
+                self.cluster_ready()
+            except AssertionError:
+                logs = self.c.logs()
+                self.c.close()
+                if attempt == 1 and "Address already in use" in logs:
+                    continue
+                print(logs)
+                raise
+            dead = [n for n in self.c.nodes.values()
+                    if n.proc is not None and n.proc.poll() is not None]
+            if attempt == 1 and dead and "Address already in use" in self.c.logs():
+                self.c.close()
+                continue
+            return
 
     def tearDown(self):
         result = self._outcome.result
