@@ -343,6 +343,10 @@ class ClusterTestCase(unittest.TestCase):
                     continue
                 print(logs)
                 raise
+            except BaseException:
+                # Anything else (idemctl missing, an interrupt): no process may outlive it.
+                self.c.close()
+                raise
             dead = [n for n in self.c.nodes.values()
                     if n.proc is not None and n.proc.poll() is not None]
             if attempt == 1 and dead and "Address already in use" in self.c.logs():
