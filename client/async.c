@@ -315,14 +315,16 @@ static enum writeResult connWrite(struct aconn *conn, struct awrite *wr)
             ssize_t n = send(fd, wr->data + off, wr->len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (n > 0) {
                 off += (size_t)n;
-            } else if (n < 0 && errno == EINTR) {
                 continue;
-            } else {
-                if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                    rv = n == 0 ? UV_EIO : -errno;
-                }
-                break;
             }
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                break; /* the rest goes to libuv's queue */
+            }
+            rv = n < 0 ? -errno : UV_EIO; /* 0 of a non-empty write: not a TCP socket's answer */
+            break;
         }
         if (rv == 0 && off == wr->len) {
             OPENSSL_cleanse(wr->data, wr->len); /* a request frame carries the token */

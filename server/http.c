@@ -328,6 +328,14 @@ static bool replayHeaderOk(const Idem__Header *hd)
            fsm_header_value_ok(hd->value.data, hd->value.len) && !replaySkips(hd->name);
 }
 
+/* Lower-case hex of n bytes into out (room for 2n + 1). */
+static void toHex(const uint8_t *p, size_t n, char *out)
+{
+    for (size_t k = 0; k < n; k++) {
+        snprintf(out + 2 * k, 3, "%02x", p[k]);
+    }
+}
+
 static bool storedTooLarge(const Idem__StoredResponse *r);
 
 /* A body stored by reference (body_ref, with its SHA-256) is not fetched: the replay has no
@@ -342,9 +350,7 @@ static size_t replayBodyRef(const Idem__StoredResponse *r, struct hdr *extra, si
     extra[n++] = (struct hdr){"idempotency-body-ref", "Idempotency-Body-Ref", r->body_ref,
                               strlen(r->body_ref)};
     if (r->body_sha256.len == 32) {
-        for (size_t i = 0; i < 32; i++) {
-            snprintf(hex + 2 * i, 3, "%02x", r->body_sha256.data[i]);
-        }
+        toHex(r->body_sha256.data, 32, hex);
         extra[n++] = (struct hdr){"idempotency-body-sha256", "Idempotency-Body-SHA256", hex, 64};
     }
     return n;
@@ -893,9 +899,7 @@ static h2o_iovec_t requestId(h2o_req_t *req)
     if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
         memset(rnd, 0, sizeof(rnd));
     }
-    for (size_t k = 0; k < sizeof(rnd); k++) {
-        snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
-    }
+    toHex(rnd, sizeof(rnd), hex);
     return h2o_strdup(&req->pool, hex, 16);
 }
 
@@ -2382,9 +2386,7 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
         pjFinish(j);
         return;
     }
-    for (size_t k = 0; k < sizeof(rnd); k++) {
-        snprintf(attempt + 2 * k, 3, "%02x", rnd[k]);
-    }
+    toHex(rnd, sizeof(rnd), attempt);
     Idem__Request rq = IDEM__REQUEST__INIT;
     Idem__ClaimRequest cl = IDEM__CLAIM_REQUEST__INIT;
     cl.key.data = (uint8_t *)j->key;

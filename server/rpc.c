@@ -244,16 +244,21 @@ static void connMaybeFinishDrain(struct conn *c)
 static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
+/* Answer bytes waiting to be written: in libuv's queue, gathered this turn, in the TLS
+ * engine. */
+static size_t connQueuedBytes(struct conn *c)
+{
+    return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
+           (c->tls != NULL ? tls_conn_pending(c->tls) : 0);
+}
+
 /* Stops or resumes reading by back-pressure. */
 static void connFlowControl(struct conn *c)
 {
     if (c->closing || c->draining) {
         return;
     }
-    bool full = c->inflight >= CONN_MAX_INFLIGHT ||
-                uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
-                        (c->tls != NULL ? tls_conn_pending(c->tls) : 0) >=
-                    CONN_MAX_QUEUED;
+    bool full = c->inflight >= CONN_MAX_INFLIGHT || connQueuedBytes(c) >= CONN_MAX_QUEUED;
     if (full && !c->paused) {
         c->paused = true;
         uv_read_stop((uv_stream_t *)&c->tcp);
@@ -458,9 +463,7 @@ static void answeredCb(void *data, const Idem__Response *resp)
     struct conn *c = data;
     c->inflight--;
     connSend(c, resp);
-    if (!c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
-                               (c->tls != NULL ? tls_conn_pending(c->tls) : 0) >
-                           CONN_MAX_BUFFERED) {
+    if (!c->closing && connQueuedBytes(c) > CONN_MAX_BUFFERED) {
         c->tls_failed = true; /* no close_notify behind megabytes it does not read */
         connClose(c);
     }
