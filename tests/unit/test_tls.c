@@ -14,65 +14,20 @@
 #include <cmocka.h>
 
 #include "tls.h"
-#include "tmpdir.h"
+#include "pki.h"
 
-static char dir[] = "/tmp/idem-tls-unit.XXXXXX";
-static char paths[8][256];
-enum { CA_CRT, SRV_CRT, SRV_KEY, CLI_CRT, CLI_KEY, OTHER_CA, NPATHS };
-
-static int run(const char *cmd)
-{
-    char full[2048];
-    snprintf(full, sizeof full, "cd %s && %s >/dev/null 2>&1", dir, cmd);
-    return system(full);
-}
+static struct pki pki;
 
 static int setupPki(void **state)
 {
     (void)state;
-    if (mkdtemp(dir) == NULL) {
-        return -1;
-    }
-    char ext[300];
-    snprintf(ext, sizeof ext, "%s/srv.ext", dir);
-    FILE *f = fopen(ext, "w");
-    if (f == NULL) {
-        return -1;
-    }
-    fputs("subjectAltName=IP:127.0.0.1,DNS:node1.test\n", f);
-    fclose(f);
-    static const char *const cmds[] = {
-        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key "
-        "-out ca.crt -days 2 -subj /CN=ca",
-        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout o.key "
-        "-out other-ca.crt -days 2 -subj /CN=other",
-        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out "
-        "srv.csr -subj /CN=srv",
-        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt "
-        "-days 2 -extfile srv.ext",
-        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout cli.key -out "
-        "cli.csr -subj /CN=cli",
-        "openssl x509 -req -in cli.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out cli.crt "
-        "-days 2",
-    };
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
-        if (run(cmds[i]) != 0) {
-            fprintf(stderr, "failed: %s\n", cmds[i]);
-            return -1;
-        }
-    }
-    static const char *const names[NPATHS] = {"ca.crt",  "srv.crt", "srv.key",
-                                              "cli.crt", "cli.key", "other-ca.crt"};
-    for (int i = 0; i < NPATHS; i++) {
-        snprintf(paths[i], sizeof paths[i], "%s/%s", dir, names[i]);
-    }
-    return 0;
+    return pki_make(&pki, "idem-tls-unit");
 }
 
 static int teardownPki(void **state)
 {
     (void)state;
-    return tmpdir_remove(dir);
+    return pki_remove(&pki);
 }
 
 static struct config_tls tlsCfg(const char *cert, const char *key, const char *ca)
@@ -156,8 +111,8 @@ static void pairClose(struct pair *p)
 static void test_exchange(void **state)
 {
     (void)state;
-    struct config_tls s = tlsCfg(paths[SRV_CRT], paths[SRV_KEY], NULL);
-    struct config_tls c = tlsCfg(NULL, NULL, paths[CA_CRT]);
+    struct config_tls s = tlsCfg(pki.paths[PKI_SRV_CRT], pki.paths[PKI_SRV_KEY], NULL);
+    struct config_tls c = tlsCfg(NULL, NULL, pki.paths[PKI_CA_CRT]);
     static const char *const peers[] = {"127.0.0.1", "node1.test"};
     for (size_t k = 0; k < 2; k++) {
         struct pair p;
@@ -205,8 +160,8 @@ static void test_exchange(void **state)
 static void test_wrong_peer_name_or_ca(void **state)
 {
     (void)state;
-    struct config_tls s = tlsCfg(paths[SRV_CRT], paths[SRV_KEY], NULL);
-    struct config_tls c = tlsCfg(NULL, NULL, paths[CA_CRT]);
+    struct config_tls s = tlsCfg(pki.paths[PKI_SRV_CRT], pki.paths[PKI_SRV_KEY], NULL);
+    struct config_tls c = tlsCfg(NULL, NULL, pki.paths[PKI_CA_CRT]);
     struct pair p;
     int srv_rv;
     pairOpen(&p, &s, &c, "127.0.0.2"); /* not in the certificate */
@@ -216,7 +171,7 @@ static void test_wrong_peer_name_or_ca(void **state)
     pairOpen(&p, &s, &c, "node2.test");
     assert_int_equal(handshake(p.cli, p.srv, &srv_rv), TLS_ERROR);
     pairClose(&p);
-    struct config_tls other = tlsCfg(NULL, NULL, paths[OTHER_CA]);
+    struct config_tls other = tlsCfg(NULL, NULL, pki.paths[PKI_OTHER_CA]);
     pairOpen(&p, &s, &other, "127.0.0.1");
     assert_int_equal(handshake(p.cli, p.srv, &srv_rv), TLS_ERROR);
     assert_non_null(strstr(tls_conn_errmsg(p.cli), "certificate"));
@@ -232,9 +187,11 @@ static void test_wrong_peer_name_or_ca(void **state)
 static void test_client_certificates(void **state)
 {
     (void)state;
-    struct config_tls s = tlsCfg(paths[SRV_CRT], paths[SRV_KEY], paths[CA_CRT]);
-    struct config_tls with = tlsCfg(paths[CLI_CRT], paths[CLI_KEY], paths[CA_CRT]);
-    struct config_tls without = tlsCfg(NULL, NULL, paths[CA_CRT]);
+    struct config_tls s =
+        tlsCfg(pki.paths[PKI_SRV_CRT], pki.paths[PKI_SRV_KEY], pki.paths[PKI_CA_CRT]);
+    struct config_tls with =
+        tlsCfg(pki.paths[PKI_CLI_CRT], pki.paths[PKI_CLI_KEY], pki.paths[PKI_CA_CRT]);
+    struct config_tls without = tlsCfg(NULL, NULL, pki.paths[PKI_CA_CRT]);
     struct pair p;
     int srv_rv;
     pairOpen(&p, &s, &with, "127.0.0.1");
@@ -250,7 +207,7 @@ static void test_client_certificates(void **state)
 static void test_garbage(void **state)
 {
     (void)state;
-    struct config_tls s = tlsCfg(paths[SRV_CRT], paths[SRV_KEY], NULL);
+    struct config_tls s = tlsCfg(pki.paths[PKI_SRV_CRT], pki.paths[PKI_SRV_KEY], NULL);
     char err[512];
     struct tls_ctx *ctx = tls_ctx_new(&s, TLS_SERVER, err, sizeof err);
     assert_non_null(ctx);
@@ -269,13 +226,13 @@ static void test_ctx_errors(void **state)
 {
     (void)state;
     char err[512];
-    struct config_tls bad = tlsCfg("/nonexistent/x.crt", paths[SRV_KEY], NULL);
+    struct config_tls bad = tlsCfg("/nonexistent/x.crt", pki.paths[PKI_SRV_KEY], NULL);
     assert_null(tls_ctx_new(&bad, TLS_SERVER, err, sizeof err));
     assert_non_null(strstr(err, "tls: cert_file /nonexistent/x.crt: "));
-    bad = tlsCfg(paths[SRV_CRT], paths[CLI_KEY], NULL);
+    bad = tlsCfg(pki.paths[PKI_SRV_CRT], pki.paths[PKI_CLI_KEY], NULL);
     assert_null(tls_ctx_new(&bad, TLS_SERVER, err, sizeof err));
     assert_non_null(strstr(err, "tls: key_file "));
-    bad = tlsCfg(paths[SRV_CRT], paths[SRV_KEY], "/nonexistent/ca.crt");
+    bad = tlsCfg(pki.paths[PKI_SRV_CRT], pki.paths[PKI_SRV_KEY], "/nonexistent/ca.crt");
     assert_null(tls_ctx_new(&bad, TLS_SERVER, err, sizeof err));
     assert_non_null(strstr(err, "tls: ca_file /nonexistent/ca.crt: "));
     bad = tlsCfg(NULL, NULL, NULL);
