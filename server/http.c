@@ -31,6 +31,7 @@
 #include "fingerprint.h"
 #include "forward.h"
 #include "log.h"
+#include "rpc.h"
 #include "tls.h"
 #include "xmalloc.h"
 
@@ -1016,6 +1017,8 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
 {
     struct service_info si;
     service_get_info(h->svc, &si);
+    struct rpc_stats rs;
+    rpc_get_stats(&rs);
     struct textBuf b = {xmalloc(8192), 0, 8192};
     b.p[0] = '\0';
     const struct httpMetrics *m = &h->m;
@@ -1069,6 +1072,13 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_bytes", "gauge", "Bytes counted against quotas.", si.fsm.bytes},
         {"idem_fail_closed_total", "counter", "Unavailable (503) answers of the gateway.",
          m->fail_closed},
+        {"idem_rpc_connections", "gauge", "Open connections of the binary RPC listener.",
+         rs.connections},
+        {"idem_rpc_inflight_requests", "gauge",
+         "RPC requests taken that await their answer (at most 4096 per connection).", rs.inflight},
+        {"idem_rpc_frame_buffer_bytes", "gauge",
+         "Memory held by the RPC connections' frame buffers (64 KiB each when idle).",
+         rs.frame_buffer_bytes},
     };
     for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); i++) {
         tbPrintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", g[i].name, g[i].help, g[i].name,

@@ -62,6 +62,7 @@
  * not read its last answers must not hold the node's exit). */
 #define CLOSE_GRACE_MS 2000
 #define CONN_TLS_READ 65536         /* ciphertext read buffer of a TLS connection */
+#define CONN_BUF_MIN 65536          /* a frame buffer's first size, and what it shrinks back to */
 #define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
 #define SWEEP_MS 250                /* how often timeouts are checked */
 #define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
@@ -75,6 +76,9 @@ struct conn {
     int refs;             /* the open handle + requests awaiting an answer + writes + a place on the
                            * flush list */
     unsigned inflight;    /* requests awaiting an answer */
+    bool backlog;         /* frames taken from the socket wait for inflight to fall below
+                           * CONN_MAX_INFLIGHT (in the frame buffer, or in the TLS engine): reading
+                           * stays paused, and the flush handle takes them up */
     unsigned writes;      /* answers being written */
     bool closing;         /* the handle is closing: no more reads, no more answers */
     bool draining;        /* no more reads; close once everything owed is written */
@@ -130,6 +134,14 @@ struct writeReq {
 static void flushHandleClosed(uv_handle_t *h);
 static void sweepClosed(uv_handle_t *h);
 
+/* Every listener's figures in this process (rpc_get_stats). */
+static struct rpc_stats stats;
+
+void rpc_get_stats(struct rpc_stats *out)
+{
+    *out = stats;
+}
+
 static void serverMaybeFree(struct rpc_server *r)
 {
     if (r->closing && r->conns == NULL && !r->handles_closed) {
@@ -174,6 +186,8 @@ static void connUnref(struct conn *c)
         c->next->prev = c->prev;
     }
     r->n_conns--;
+    stats.connections--;
+    stats.frame_buffer_bytes -= c->cap;
     tls_conn_free(c->tls);
     free(c->cipher);
     free(c->buf);
@@ -243,6 +257,9 @@ static void connMaybeFinishDrain(struct conn *c)
 
 static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void connQueue(struct conn *c);
+static void connProcess(struct conn *c);
+static void tlsRead(struct conn *c, const uint8_t *data, size_t n);
 
 /* Answer bytes waiting to be written: in libuv's queue, gathered this turn, in the TLS
  * engine. */
@@ -252,13 +269,25 @@ static size_t connQueuedBytes(struct conn *c)
            (c->tls != NULL ? tls_conn_pending(c->tls) : 0);
 }
 
-/* Stops or resumes reading by back-pressure. */
+/* Whether c has as many requests and answers outstanding as it may. */
+static bool connOverloaded(struct conn *c)
+{
+    return c->inflight >= CONN_MAX_INFLIGHT || connQueuedBytes(c) >= CONN_MAX_QUEUED;
+}
+
+/* Stops or resumes reading by back-pressure. Frames already taken in (c->backlog) go first:
+ * once c may take requests again, the flush handle hands them on (flushCb), and reading
+ * resumes only after them. */
 static void connFlowControl(struct conn *c)
 {
     if (c->closing || c->draining) {
         return;
     }
-    bool full = c->inflight >= CONN_MAX_INFLIGHT || connQueuedBytes(c) >= CONN_MAX_QUEUED;
+    bool over = connOverloaded(c);
+    if (c->backlog && !over) {
+        connQueue(c);
+    }
+    bool full = over || c->backlog;
     if (full && !c->paused) {
         c->paused = true;
         uv_read_stop((uv_stream_t *)&c->tcp);
@@ -399,6 +428,14 @@ static void flushCb(uv_check_t *h)
         c->queued = false;
         connFlush(c);
         connMaybeFinishDrain(c);
+        if (c->backlog && !c->closing && !c->draining && !connOverloaded(c)) {
+            c->backlog = false;
+            if (c->tls != NULL) {
+                tlsRead(c, NULL, 0); /* what the engine still holds, then the buffer */
+            } else {
+                connProcess(c);
+            }
+        }
         connFlowControl(c);
         connUnref(c);
     }
@@ -462,6 +499,7 @@ static void answeredCb(void *data, const Idem__Response *resp)
 {
     struct conn *c = data;
     c->inflight--;
+    stats.inflight--;
     connSend(c, resp);
     if (!c->closing && connQueuedBytes(c) > CONN_MAX_BUFFERED) {
         c->tls_failed = true; /* no close_notify behind megabytes it does not read */
@@ -544,7 +582,20 @@ static size_t tooLarge(struct conn *c, size_t have, uint32_t n, uint64_t id)
     return take;
 }
 
-/* Handles every complete frame in the buffer. */
+/* Gives back a frame buffer that a large frame grew, once what is left in it is small: an
+ * idle connection holds CONN_BUF_MIN, not the largest frame it ever sent (up to
+ * max_frame_bytes, for each of max_connections). */
+static void connShrink(struct conn *c)
+{
+    if (c->cap > CONN_BUF_MIN && c->len <= CONN_BUF_MIN / 4) {
+        c->buf = xrealloc(c->buf, CONN_BUF_MIN);
+        stats.frame_buffer_bytes -= c->cap - CONN_BUF_MIN;
+        c->cap = CONN_BUF_MIN;
+    }
+}
+
+/* Handles the complete frames in the buffer, up to CONN_MAX_INFLIGHT requests awaiting an
+ * answer (c->backlog then says that frames were left). */
 static void connProcess(struct conn *c)
 {
     size_t off = 0;
@@ -560,6 +611,12 @@ static void connProcess(struct conn *c)
             continue;
         }
         if (c->len - off < 4) {
+            break;
+        }
+        if (c->inflight >= CONN_MAX_INFLIGHT) {
+            /* The cap holds per request, not per read: one read of a full buffer can bring
+             * tens of thousands of small frames. The rest wait where they are. */
+            c->backlog = true;
             break;
         }
         const uint8_t *p = c->buf + off;
@@ -595,6 +652,7 @@ static void connProcess(struct conn *c)
         }
         c->refs++;
         c->inflight++;
+        stats.inflight++;
         service_handle(c->srv->svc, req, answeredCb, c);
         idem__request__free_unpacked(req, NULL);
     }
@@ -603,6 +661,7 @@ static void connProcess(struct conn *c)
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
     }
+    connShrink(c);
 }
 
 /* Makes room for at least 16 KiB more in the frame buffer, within its limit: never more
@@ -610,13 +669,14 @@ static void connProcess(struct conn *c)
 static void connReserve(struct conn *c)
 {
     if (c->cap - c->len < 16384) {
-        size_t want = c->cap ? c->cap * 2 : 65536;
+        size_t want = c->cap ? c->cap * 2 : CONN_BUF_MIN;
         size_t limit = (size_t)c->srv->cfg->max_frame_bytes + 4 + 65536;
         if (want > limit) {
             want = limit;
         }
         if (want > c->cap) {
             c->buf = xrealloc(c->buf, want);
+            stats.frame_buffer_bytes += want - c->cap;
             c->cap = want;
         }
     }
@@ -651,8 +711,8 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
             /* Full: the frames in it are complete (the limit leaves room for the largest
              * frame), so processing frees space. */
             connProcess(c);
-            if (c->closing || c->draining) {
-                break;
+            if (c->closing || c->draining || c->backlog) {
+                break; /* backlog: the rest stays in the engine until flushCb resumes */
             }
             connReserve(c);
             if (c->cap == c->len) {
@@ -763,6 +823,7 @@ static void acceptCb(uv_stream_t *l, int status)
     }
     r->conns = c;
     r->n_conns++;
+    stats.connections++;
     if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || r->n_conns > r->cfg->max_connections) {
         connClose(c);
         return;

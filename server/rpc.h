@@ -22,6 +22,15 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
                                   const struct config_rpc *cfg, const struct config_tls *tls,
                                   struct service *svc, char *err, size_t errlen);
 
+/* Figures of every RPC listener in this process, for /metrics. Read them on the loop's
+ * thread (the listeners update them there). */
+struct rpc_stats {
+    uint64_t connections;        /* connections open */
+    uint64_t inflight;           /* requests taken that await their answer */
+    uint64_t frame_buffer_bytes; /* memory held by the connections' frame buffers */
+};
+void rpc_get_stats(struct rpc_stats *out);
+
 /* Stops accepting and reading; every connection closes once the answers it is owed are
  * written (call service_close() next: it answers every waiting request). The server is
  * freed once its last connection is; then cb(data) runs. */

@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -690,7 +691,8 @@ _METRICS = ("idem_http_requests_total", "idem_requests_total", "idem_claim_durat
             "idem_raft_leader_changes_total", "idem_records", "idem_tombstones",
             "idem_quarantined", "idem_bytes", "idem_fail_closed_total",
             "idem_raft_append_duration_seconds_bucket", "idem_raft_append_duration_seconds_sum",
-            "idem_raft_append_duration_seconds_count")
+            "idem_raft_append_duration_seconds_count", "idem_rpc_connections",
+            "idem_rpc_inflight_requests", "idem_rpc_frame_buffer_bytes")
 
 
 def parse_metrics(text):
@@ -800,6 +802,28 @@ class TestGatewayOps(GatewayTest):
         m = parse_metrics(text)
         self.assertGreater(sum(v for _, v in m["idem_claim_duration_seconds_count"]), 0)
         self.assertGreater(sum(v for _, v in m["idem_requests_total"]), 0)
+        # The RPC listener's gauges: two more connections, that sent a byte each (which
+        # gives each its 64 KiB frame buffer), then as before. (The followers' gateways
+        # forward over RPC too: their connections are in the base.)
+        host, port = self.c.nodes[lid].rpc.rsplit(":", 1)
+
+        def rpc_gauges():
+            g = parse_metrics(request(laddr, "GET", "/metrics")[2])
+            return tuple(int(g[n][0][1]) for n in ("idem_rpc_connections",
+                                                   "idem_rpc_frame_buffer_bytes",
+                                                   "idem_rpc_inflight_requests"))
+        base = rpc_gauges()
+        self.assertEqual(base[2], 0, base)
+        socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+        try:
+            for s in socks:
+                s.sendall(b"\x00")
+            want = (base[0] + 2, base[1] + 2 * 65536, 0)
+            wait_for(lambda: rpc_gauges() == want, 15, "RPC gauges %r (base %r)" % (want, base))
+        finally:
+            for s in socks:
+                s.close()
+        wait_for(lambda: rpc_gauges() == base, 15, "the RPC gauges back to %r" % (base,))
 
 
 # ---- failover and no quorum -----------------------------------------------------------------
