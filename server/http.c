@@ -198,11 +198,12 @@ static const char *reasonOf(int status)
     }
 }
 
-/* Sends one complete answer and counts it. req may be NULL (the client is gone): then the
- * answer is only counted. */
-static void sendRaw(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                    int status, const char *ctype, const char *body, size_t len,
-                    const struct hdr *extra, size_t n_extra)
+/* Sends one complete answer and counts it, with Content-Length: content_length (for a
+ * HEAD request, which h2o answers without the body, the length a GET would have). req may
+ * be NULL (the client is gone): then the answer is only counted. */
+static void sendRawAs(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                      int status, const char *ctype, const char *body, size_t len,
+                      size_t content_length, const struct hdr *extra, size_t n_extra)
 {
     if (status >= 100 && status < 600) {
         h->m.http[route][status]++;
@@ -212,7 +213,7 @@ static void sendRaw(struct http_server *h, h2o_req_t *req, enum route route, h2o
     }
     req->res.status = status;
     req->res.reason = reasonOf(status);
-    req->res.content_length = len;
+    req->res.content_length = content_length;
     if (ctype != NULL) {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, "Content-Type", ctype,
                        strlen(ctype));
@@ -226,6 +227,14 @@ static void sendRaw(struct http_server *h, h2o_req_t *req, enum route route, h2o
                               v.base, v.len);
     }
     h2o_send_inline(req, body, len);
+}
+
+/* Sends one complete answer and counts it (sendRawAs, Content-Length the body's). */
+static void sendRaw(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                    int status, const char *ctype, const char *body, size_t len,
+                    const struct hdr *extra, size_t n_extra)
+{
+    sendRawAs(h, req, route, rid, status, ctype, body, len, len, extra, n_extra);
 }
 
 /* Sends a JSON body (stolen) with the given status. */
@@ -1327,6 +1336,7 @@ struct proxyJob {
     char *head;
     h2o_iovec_t reqbufs[2];
     int up_status;
+    size_t up_head_length; /* a HEAD's answer: the upstream's Content-Length (else 0) */
     struct upHdr *up_hdrs;
     size_t n_up_hdrs;
     uint8_t *up_body;
@@ -1522,8 +1532,9 @@ static void pjSendUpstream(struct proxyJob *j)
         extra[n++] = (struct hdr){u->name, NULL, u->value, u->value_len};
     }
     n = pjExpires(j, extra, n, date);
-    sendRaw(j->h, req, R_PROXY, pjRid(j), j->up_status, NULL, (const char *)j->up_body, j->up_len,
-            extra, n);
+    size_t clen = strcmp(j->method, "HEAD") == 0 ? j->up_head_length : j->up_len;
+    sendRawAs(j->h, req, R_PROXY, pjRid(j), j->up_status, NULL, (const char *)j->up_body, j->up_len,
+              clen, extra, n);
     free(extra);
 }
 
@@ -2023,6 +2034,11 @@ static h2o_http1client_body_cb pjOnHead(h2o_http1client_t *client, const char *e
     for (size_t i = 0; i < num_headers; i++) {
         h2o_iovec_t *nm = headers[i].name;
         if (nm->len == 0 || h2o_memis(nm->base, nm->len, H2O_STRLIT("content-length"))) {
+            if (nm->len > 0 && strcmp(j->method, "HEAD") == 0) {
+                /* The answer has no body, but says how long a GET's would be. */
+                size_t v = h2o_strtosize(headers[i].value.base, headers[i].value.len);
+                j->up_head_length = v != SIZE_MAX ? v : 0;
+            }
             continue;
         }
         struct upHdr *u = &j->up_hdrs[j->n_up_hdrs++];

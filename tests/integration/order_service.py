@@ -140,6 +140,16 @@ class Handler(BaseHTTPRequestHandler):
                          "saw_fence": self.headers.get("Idempotency-Fence")},
                    headers={"X-Echo": "get"})
 
+    def do_HEAD(self):
+        # A GET's headers, Content-Length included, and no body.
+        data = json.dumps({"method": "GET", "path": self.path}, separators=(",", ":")).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Echo", "head")
+        self.end_headers()
+        self.wfile.flush()
+
     def do_POST(self):
         self._business("POST")
 

@@ -494,6 +494,26 @@ class TestProxyBasics(ProxyTest):
         self.assertFalse(_replayed(r2), r2)
         self.assertEqual(self.svc.stats()["gets"], before + 2, "each GET reaches the upstream")
 
+    def test_head_passes_through_with_the_upstreams_length(self):
+        # HEAD has no body, but its Content-Length is the upstream's (what a GET would
+        # carry); the keep-alive connection carries on after it.
+        host, port = self.paddr().rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        try:
+            conn.request("HEAD", "/orders/7")
+            resp = conn.getresponse()
+            body = resp.read()
+            self.assertEqual(resp.status, 200)
+            self.assertEqual(body, b"")
+            want = len(b'{"method":"GET","path":"/orders/7"}')
+            self.assertEqual(resp.getheader("content-length"), str(want), resp.getheaders())
+            self.assertEqual(resp.getheader("x-echo"), "head", resp.getheaders())
+            r = exchange(conn, "GET", "/orders/8")
+            self.assertEqual(r[0], 200, r)
+            self.assertEqual(r[2].get("path"), "/orders/8", r)
+        finally:
+            conn.close()
+
     def test_other_methods_use_the_protocol(self):
         key = self.key("del")
         first = self.assertFresh(self.send("DELETE", "/orders/55", key=key), 200)
