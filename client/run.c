@@ -197,15 +197,20 @@ int idem_run(struct idem_client *c, const char *key,
 
     out->ran = 1;
     out->run_class = cls;
+    /* What the renewals saw; kept at the head of detail whatever the complete or release
+     * answers (a lease most often lapses in an outage, when they fail too). */
+    char lease_note[200] = "";
     if (r.lost) {
-        snprintf(out->detail, sizeof out->detail,
+        snprintf(lease_note, sizeof lease_note,
                  "the lease was lost while the function ran (a renewal answered lease_lost)");
     } else if (r.lapsed) {
-        IdemWhyf(out->detail, sizeof out->detail,
+        IdemWhyf(lease_note, sizeof lease_note,
                  "the lease may have lapsed while the function ran: no renewal was answered "
                  "before it ended (last renewal error: %s)",
                  r.last_error != IDEM_OK ? idem_strerror(r.last_error) : "none");
     }
+    const char *sep = lease_note[0] != '\0' ? "; " : "";
+    snprintf(out->detail, sizeof out->detail, "%s", lease_note);
     if (cls != IDEM_RUN_RETRYABLE) {
         /* Checked before anything is copied or sent: a response that cannot be stored
          * (a NULL header name, a NULL body with a length) changes nothing; the claim stays
@@ -238,13 +243,13 @@ int idem_run(struct idem_client *c, const char *key,
         rv = idem_complete(c, key, token, completionOf(cls), &resp, deadline_ms, &fin);
     }
     if (rv != IDEM_OK) {
-        IdemWhyf(out->detail, sizeof out->detail, "%s after the function ran: %s",
-                 cls == IDEM_RUN_RETRYABLE ? "release" : "complete", fin.detail);
+        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s after the function ran: %s", lease_note,
+                 sep, cls == IDEM_RUN_RETRYABLE ? "release" : "complete", fin.detail);
         return rv;
     }
     out->finish_outcome = fin.outcome;
     if (fin.outcome != IDEM_OUTCOME_OK && !r.lost) {
-        snprintf(out->detail, sizeof out->detail, "%s answered %s",
+        snprintf(out->detail, sizeof out->detail, "%s%s%s answered %s", lease_note, sep,
                  cls == IDEM_RUN_RETRYABLE ? "release" : "complete",
                  idem_outcome_name(fin.outcome));
     }

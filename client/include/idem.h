@@ -389,7 +389,8 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
  * - acquired: calls fn while a background thread renews the lease every third of it (so
  *   a slow fn keeps its claim; a renewal that fails is tried again an eighth of that
  *   later, each try bounded by the lease left and 2 s; if a renewal answers lease_lost, or
- *   none was answered before the lease ended, the result's detail says so); then, by fn's
+ *   none was answered before the lease ended, the result's detail says so, also when the
+ *   complete or release that follows fails or answers otherwise); then, by fn's
  *   class, complete (succeeded / failed_final / unknown, with fn's response) or release
  *   (retryable). out->ran = 1, run_class, finish_outcome (ok, or lease_lost when another
  *   holder took over), response = fn's (copied), outcome acquired, token.

@@ -7,7 +7,7 @@
  *
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
  * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls,
- * claims, big, async-blocked, run-badresp, lease. */
+ * claims, big, async-blocked, run-badresp, run-lapse, lease. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -932,6 +932,47 @@ static int scRun(const char *mode, int argc, char **argv)
     return 0;
 }
 
+/* ---- run-lapse: the lease ends while fn runs ------------------------------------------------
+ * fn prints "running" and waits for a line on stdin: the test stops every node meanwhile,
+ * for longer than the 1 s lease, and sends the line while they are still stopped. */
+
+static int lapseFn(void *arg, uint64_t token, struct idem_response *resp)
+{
+    (void)arg;
+    (void)token;
+    printf("running\n");
+    fflush(stdout);
+    char line[16];
+    if (fgets(line, sizeof line, stdin) == NULL) {
+        return IDEM_RUN_RETRYABLE;
+    }
+    resp->status = 201;
+    resp->body = (const uint8_t *)"done";
+    resp->body_len = 4;
+    return IDEM_RUN_SUCCEEDED;
+}
+
+static int scRunLapse(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("run", fp);
+    struct idem_claim_opts o = {.lease_ms = 1000, .deadline_ms = 1500};
+    struct idem_result r;
+    int rv = idem_run(c, argv[0], fp, &o, lapseFn, NULL, &r);
+    printf("{\"rv\": %d, \"ran\": %d, \"detail\": \"", rv, r.ran);
+    for (const char *p = r.detail; *p; p++) { /* JSON: quotes and backslashes escaped */
+        printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    }
+    printf("\"}\n");
+    idem_result_free(&r);
+    idem_client_close(c);
+    return 0;
+}
+
 /* ---- tls: a claim and a get over TLS ------------------------------------------------------ */
 
 static int scTls(int argc, char **argv)
@@ -1304,6 +1345,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(sc, "run-badresp") == 0) {
         return scRunBadResp(argc, argv);
+    }
+    if (strcmp(sc, "run-lapse") == 0) {
+        return scRunLapse(argc, argv);
     }
     if (strncmp(sc, "run-", 4) == 0) {
         return scRun(sc, argc, argv);

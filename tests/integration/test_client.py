@@ -8,6 +8,7 @@ Run: IDEM_BIN_DIR=build/bin IDEM_BUILD_DIR=build python3 -m unittest -v test_cli
 """
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -477,6 +478,39 @@ class TestClientRun(ClientTest):
         self.assertEqual((s["outcome"], s["ran"]), ("replay", 0), out)
         self.assertEqual(out["calls"], 1, out)
 
+
+    def test_lease_that_lapses_is_reported(self):
+        # Every node is stopped (SIGSTOP) while fn runs, for over two 1 s leases, and fn
+        # returns before they resume: no renewal could be answered, so the lease may have
+        # ended; the complete that follows fails too, and detail says both.
+        p = subprocess.Popen([DRIVER, "run-lapse", self.seeds(), self.c.token, "lapse-1"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        stopped = []
+        try:
+            ready, _, _ = select.select([p.stdout], [], [], 60)
+            self.assertTrue(ready, "fn did not start")
+            self.assertEqual(p.stdout.readline(), b"running\n")
+            for nid, node in sorted(self.c.nodes.items()):
+                node.proc.send_signal(signal.SIGSTOP)
+                stopped.append(node)
+            time.sleep(2.5)
+            p.stdin.write(b"go\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=60)
+        finally:
+            for node in stopped:
+                node.proc.send_signal(signal.SIGCONT)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, err.decode()[-2000:])
+        res = json.loads(out.decode().strip().splitlines()[-1])
+        self.assertLess(res["rv"], 0, res)
+        self.assertEqual(res["ran"], 1, res)
+        self.assertIn("complete after the function ran", res["detail"], res)
+        self.assertIn("the lease may have lapsed while the function ran", res["detail"], res)
+        self.c.wait_leader(timeout=30)
 
     def test_unstorable_response_is_refused(self):
         out = self.drive("run-badresp", "badresp-1")
