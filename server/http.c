@@ -1336,7 +1336,8 @@ struct proxyJob {
     char *head;
     h2o_iovec_t reqbufs[2];
     int up_status;
-    size_t up_head_length; /* a HEAD's answer: the upstream's Content-Length (else 0) */
+    size_t up_head_length; /* a HEAD's answer: the upstream's Content-Length; SIZE_MAX:
+                            * none (or not a number), and then none is sent either */
     struct upHdr *up_hdrs;
     size_t n_up_hdrs;
     uint8_t *up_body;
@@ -1532,7 +1533,12 @@ static void pjSendUpstream(struct proxyJob *j)
         extra[n++] = (struct hdr){u->name, NULL, u->value, u->value_len};
     }
     n = pjExpires(j, extra, n, date);
-    size_t clen = strcmp(j->method, "HEAD") == 0 ? j->up_head_length : j->up_len;
+    size_t clen = j->up_len;
+    if (strcmp(j->method, "HEAD") == 0) {
+        /* The upstream's length, or none (SIZE_MAX: h2o then sends no Content-Length, and
+         * never chunks a HEAD); none either where a length is not allowed (1xx, 204). */
+        clen = j->up_status < 200 || j->up_status == 204 ? SIZE_MAX : j->up_head_length;
+    }
     sendRawAs(j->h, req, R_PROXY, pjRid(j), j->up_status, NULL, (const char *)j->up_body, j->up_len,
               clen, extra, n);
     free(extra);
@@ -2030,14 +2036,14 @@ static h2o_http1client_body_cb pjOnHead(h2o_http1client_t *client, const char *e
         return NULL;
     }
     j->up_status = status >= 100 && status < 600 ? status : 502;
+    j->up_head_length = SIZE_MAX;
     j->up_hdrs = xcalloc(num_headers ? num_headers : 1, sizeof(*j->up_hdrs));
     for (size_t i = 0; i < num_headers; i++) {
         h2o_iovec_t *nm = headers[i].name;
         if (nm->len == 0 || h2o_memis(nm->base, nm->len, H2O_STRLIT("content-length"))) {
             if (nm->len > 0 && strcmp(j->method, "HEAD") == 0) {
                 /* The answer has no body, but says how long a GET's would be. */
-                size_t v = h2o_strtosize(headers[i].value.base, headers[i].value.len);
-                j->up_head_length = v != SIZE_MAX ? v : 0;
+                j->up_head_length = h2o_strtosize(headers[i].value.base, headers[i].value.len);
             }
             continue;
         }

@@ -141,11 +141,12 @@ class Handler(BaseHTTPRequestHandler):
                    headers={"X-Echo": "get"})
 
     def do_HEAD(self):
-        # A GET's headers, Content-Length included, and no body.
+        # A GET's headers, Content-Length included (/nolen: left out), and no body.
         data = json.dumps({"method": "GET", "path": self.path}, separators=(",", ":")).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        if not self.path.startswith("/nolen"):
+            self.send_header("Content-Length", str(len(data)))
         self.send_header("X-Echo", "head")
         self.end_headers()
         self.wfile.flush()

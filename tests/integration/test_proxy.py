@@ -496,7 +496,8 @@ class TestProxyBasics(ProxyTest):
 
     def test_head_passes_through_with_the_upstreams_length(self):
         # HEAD has no body, but its Content-Length is the upstream's (what a GET would
-        # carry); the keep-alive connection carries on after it.
+        # carry), or none when the upstream gives none; the keep-alive connection carries on
+        # after it.
         host, port = self.paddr().rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
         try:
@@ -511,6 +512,13 @@ class TestProxyBasics(ProxyTest):
             r = exchange(conn, "GET", "/orders/8")
             self.assertEqual(r[0], 200, r)
             self.assertEqual(r[2].get("path"), "/orders/8", r)
+            # An upstream that gives no length: none is made up (h2o does not chunk a HEAD).
+            conn.request("HEAD", "/nolen/1")
+            resp = conn.getresponse()
+            self.assertEqual((resp.status, resp.read()), (200, b""))
+            self.assertIsNone(resp.getheader("content-length"), resp.getheaders())
+            self.assertIsNone(resp.getheader("transfer-encoding"), resp.getheaders())
+            self.assertEqual(resp.getheader("x-echo"), "head", resp.getheaders())
         finally:
             conn.close()
 
