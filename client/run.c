@@ -197,16 +197,17 @@ int idem_run(struct idem_client *c, const char *key,
 
     out->ran = 1;
     out->run_class = cls;
-    /* What the renewals saw; kept at the head of detail whatever the complete or release
-     * answers (a lease most often lapses in an outage, when they fail too). */
-    char lease_note[200] = "";
+    /* What the renewals saw: at the head of detail whatever follows (a lease most often
+     * lapses in an outage, when the complete or release fails too), kept short so that what
+     * follows has room. */
+    char lease_note[160] = "";
     if (r.lost) {
         snprintf(lease_note, sizeof lease_note,
-                 "the lease was lost while the function ran (a renewal answered lease_lost)");
+                 "lease lost while fn ran (a renewal answered lease_lost)");
     } else if (r.lapsed) {
         IdemWhyf(lease_note, sizeof lease_note,
-                 "the lease may have lapsed while the function ran: no renewal was answered "
-                 "before it ended (last renewal error: %s)",
+                 "lease may have lapsed while fn ran: no renewal answered in time (last "
+                 "renewal error: %s)",
                  r.last_error != IDEM_OK ? idem_strerror(r.last_error) : "none");
     }
     const char *sep = lease_note[0] != '\0' ? "; " : "";
@@ -226,15 +227,19 @@ int idem_run(struct idem_client *c, const char *key,
         IdemBuiltFree(&b);
         if (vrv != IDEM_OK) {
             IdemWhyf(out->detail, sizeof out->detail,
-                     "the function's response cannot be stored (%s); nothing was completed, "
-                     "the claim is held until its lease ends",
-                     why);
+                     "%s%sthe function's response cannot be stored (%s); nothing was "
+                     "completed, the claim is held until its lease ends",
+                     lease_note, sep, why);
             return vrv == IDEM_ENOMEM ? IDEM_ENOMEM : IDEM_EINVAL;
         }
     }
     if (cls != IDEM_RUN_RETRYABLE && IdemResultCopyResponse(out, &resp) != IDEM_OK) {
         /* The complete below still stores fn's response; only our copy is missing. */
-        snprintf(out->detail, sizeof out->detail, "out of memory copying the response");
+        size_t n = strlen(lease_note);
+        snprintf(lease_note + n, sizeof lease_note - n, "%sout of memory copying the response",
+                 sep);
+        sep = "; ";
+        snprintf(out->detail, sizeof out->detail, "%s", lease_note);
     }
     struct idem_result fin;
     if (cls == IDEM_RUN_RETRYABLE) {
