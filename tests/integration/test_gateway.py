@@ -802,13 +802,15 @@ class TestGatewayOps(GatewayTest):
         m = parse_metrics(text)
         self.assertGreater(sum(v for _, v in m["idem_claim_duration_seconds_count"]), 0)
         self.assertGreater(sum(v for _, v in m["idem_requests_total"]), 0)
-        # The RPC listener's gauges: two more connections, that sent a byte each (which
-        # gives each its 64 KiB frame buffer), then as before. (The followers' gateways
-        # forward over RPC too: their connections are in the base.)
-        host, port = self.c.nodes[lid].rpc.rsplit(":", 1)
+        # The RPC listener's gauges, on a follower (the leader's count the other gateways'
+        # forwarding connections, which an idle timeout can close at any time): two more
+        # connections, that sent a byte each (which gives each its 64 KiB frame buffer),
+        # then as before.
+        host, port = self.c.nodes[fol].rpc.rsplit(":", 1)
+        faddr = self.c.nodes[fol].http
 
         def rpc_gauges():
-            g = parse_metrics(request(laddr, "GET", "/metrics")[2])
+            g = parse_metrics(request(faddr, "GET", "/metrics")[2])
             return tuple(int(g[n][0][1]) for n in ("idem_rpc_connections",
                                                    "idem_rpc_frame_buffer_bytes",
                                                    "idem_rpc_inflight_requests"))
