@@ -902,6 +902,9 @@ void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
     r->close_data = data;
     r->close_ms = uv_now(r->loop);
     uv_close((uv_handle_t *)&r->listener, listenerClosed);
+    /* Requests taken get their answers; frames still waiting for the in-flight cap
+     * (c->backlog) get none, as bytes not read yet: the peer sees the close and retries
+     * elsewhere with the same key and attempt id. */
     for (struct conn *c = r->conns; c != NULL; c = c->next) {
         connDrain(c);
     }
