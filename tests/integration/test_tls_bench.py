@@ -828,14 +828,16 @@ class TestBench(ClusterTestCase):
         # still unsent when the run ends (one --deadline after --duration) counts in the
         # latency with its wait from its scheduled time, at least that deadline, so the
         # percentiles cannot leave out the operations that waited longest.
+        # (A deadline of 1 s, not less: on a loaded machine one claim once took over 200 ms
+        # and failed the run's no-error check.)
         out = self.bench("--workload", "fresh", "--rate", 20000, "--concurrency", 1,
-                         "--duration", 1, "--deadline", 200)
+                         "--duration", 1, "--deadline", 1000)
         self.assertGreater(out["unsent"], 10000, out)
         self.assertEqual(out["errors"], 0, out)
         self.assertEqual(out["ops"] + out["unsent"], 20000, out)
         self.assertEqual(sum(b[2] for b in out["histogram"]), 20000)
-        # Over half the schedule is unsent, each having waited 200 ms or more.
-        self.assertGreaterEqual(out["p50_ms"], 200, out)
+        # Over half the schedule is unsent, each having waited 1 s or more.
+        self.assertGreaterEqual(out["p50_ms"], 1000, out)
         self.assertEqual(out["outcomes"], {"acquired": out["ops"]})
 
     def bench_losing_quorum(self, *args):
