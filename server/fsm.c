@@ -624,6 +624,21 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__R
         out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
         return out->outcome;
     }
+    if (c->unsettled_only) {
+        /* Resolve ends an unknown outcome; it must not overwrite a known one (retries would
+         * replay the operator's answer, or run again after a release) nor take a key from a
+         * holder that may still complete it. Purge is the last resort for those. */
+        if (r->state == IDEM__RECORD_STATE__RECORD_STATE_COMPLETED) {
+            return invalid(out, "resolve: the record is completed, its outcome is known "
+                                "(only a quarantined record, or one whose lease has ended, "
+                                "is resolved)");
+        }
+        if (r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING &&
+            f->clock < r->lease_deadline) {
+            return invalid(out, "resolve: the record's lease is live, its holder may still "
+                                "complete it (resolve once the lease has ended)");
+        }
+    }
     out->outcome = IDEM__OUTCOME__OUTCOME_OK;
     if (c->release) {
         recRemove(f, r);

@@ -895,6 +895,7 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
         rc_cmd.key = r->key;
         rc_cmd.release = r->release;
         rc_cmd.response = r->response;
+        rc_cmd.unsettled_only = true;
         Idem__Command cmd = IDEM__COMMAND__INIT;
         cmd.now_ms = nowMs();
         cmd.op_case = IDEM__COMMAND__OP_RESOLVE;

@@ -307,6 +307,19 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual(self.claim("payment-timeout-2", n=3)["outcome"], ACQ)
         self.assertEqual(self.ok("key", "resolve", "alpha", "never-seen", "--release")["outcome"],
                          "not_found")
+        # Resolve ends an unknown outcome only: a claim whose lease is live stays its
+        # holder's, and a completed record keeps its answer (invalid, nothing changed).
+        c = self.claim("settled-1", n=4)
+        out = self.ok("key", "resolve", "alpha", "settled-1", "--release")
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("lease is live", out["detail"], out)
+        self.ok("complete", "settled-1", "--token", c["token"], "--status", 201, "--body", "paid")
+        for args in (["--release"], ["--status", 200, "--body", "operator"]):
+            out = self.ok("key", "resolve", "alpha", "settled-1", *args)
+            self.assertEqual(out["outcome"], "invalid", out)
+            self.assertIn("completed", out["detail"], out)
+        out = self.claim("settled-1", n=4)
+        self.assertEqual((out["outcome"], out["response"]["body"]), ("replay", "paid"), out)
 
     def test_quarantine_list_limit(self):
         tokens = []

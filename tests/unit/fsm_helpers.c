@@ -145,10 +145,11 @@ Idem__Outcome th_get(struct th *h, uint64_t now, const char *tenant, const char 
     return th_apply(h, &cmd);
 }
 
-Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const char *key,
-                         int release, uint32_t status, const char *body)
+static Idem__Outcome resolveCmd(struct th *h, uint64_t now, const char *tenant, const char *key,
+                                int release, uint32_t status, const char *body, bool unsettled_only)
 {
     Idem__ResolveCmd c = IDEM__RESOLVE_CMD__INIT;
+    c.unsettled_only = unsettled_only;
     Idem__StoredResponse resp = IDEM__STORED_RESPONSE__INIT;
     c.tenant = (char *)tenant;
     c.key = bin(key);
@@ -163,6 +164,18 @@ Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const c
     cmd.op_case = IDEM__COMMAND__OP_RESOLVE;
     cmd.resolve = &c;
     return th_apply(h, &cmd);
+}
+
+Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const char *key,
+                         int release, uint32_t status, const char *body)
+{
+    return resolveCmd(h, now, tenant, key, release, status, body, false);
+}
+
+Idem__Outcome th_resolve_unsettled(struct th *h, uint64_t now, const char *tenant, const char *key,
+                                   int release, uint32_t status, const char *body)
+{
+    return resolveCmd(h, now, tenant, key, release, status, body, true);
 }
 
 Idem__Outcome th_expire(struct th *h, uint64_t now, uint32_t max_batch)

@@ -48,6 +48,9 @@ Idem__Outcome th_renew(struct th *h, uint64_t now, const char *tenant, const cha
 Idem__Outcome th_get(struct th *h, uint64_t now, const char *tenant, const char *key);
 Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const char *key,
                          int release, uint32_t status, const char *body);
+/* th_resolve as today's leaders propose it (ResolveCmd.unsettled_only set). */
+Idem__Outcome th_resolve_unsettled(struct th *h, uint64_t now, const char *tenant, const char *key,
+                                   int release, uint32_t status, const char *body);
 Idem__Outcome th_expire(struct th *h, uint64_t now, uint32_t max_batch);
 
 /* Packs cmd and applies it (the lower layer of the functions above). */

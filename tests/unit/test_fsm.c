@@ -502,6 +502,52 @@ static void test_quarantine_survives_ttl(void **state)
     th_close(&h);
 }
 
+/* What today's leaders propose (ResolveCmd.unsettled_only): a quarantined record, or one
+ * whose lease has ended, is resolved; a completed one, or one whose lease is live, is
+ * refused and left as it was. Entries of older leaders (the flag unset) still resolve any
+ * live record, as they did when first applied. */
+static void test_resolve_only_what_is_unsettled(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    /* Quarantined: resolved. */
+    assert_int_equal(th_claim(&h, 0, "q", 1, NULL), ACQ);
+    assert_int_equal(th_complete(&h, 1, "t1", "q", h.r.token, UNKNOWN_C, 0, NULL, 0), OK);
+    assert_int_equal(th_resolve_unsettled(&h, 2, "t1", "q", 0, 201, "operator"), OK);
+    assert_int_equal(th_claim(&h, 3, "q", 1, NULL), REPLAY);
+    assert_string_equal(th_body(h.r.response, h.r.response_len), "operator");
+    /* Completed: refused either way; the stored answer stays. */
+    assert_int_equal(th_claim(&h, 10, "c", 1, NULL), ACQ);
+    uint64_t tok = h.r.token;
+    assert_int_equal(th_complete(&h, 11, "t1", "c", tok, SUCCEEDED, 200, "done", 0), OK);
+    assert_int_equal(th_resolve_unsettled(&h, 12, "t1", "c", 0, 201, "operator"), INVALID);
+    assert_non_null(strstr(h.r.detail, "completed"));
+    assert_int_equal(th_resolve_unsettled(&h, 13, "t1", "c", 1, 0, NULL), INVALID);
+    assert_int_equal(th_claim(&h, 14, "c", 1, NULL), REPLAY);
+    assert_string_equal(th_body(h.r.response, h.r.response_len), "done");
+    assert_int_equal(th_complete(&h, 15, "t1", "c", tok, SUCCEEDED, 200, "done", 0), OK);
+    /* Processing with a live lease (1000 ms from 20): refused, the holder completes;
+     * another once its lease has ended: resolved. (The state machine's clock never goes
+     * back: each command's time is at least the last one's.) */
+    assert_int_equal(th_claim(&h, 20, "p", 1, NULL), ACQ);
+    tok = h.r.token;
+    assert_int_equal(th_resolve_unsettled(&h, 1019, "t1", "p", 1, 0, NULL), INVALID);
+    assert_non_null(strstr(h.r.detail, "lease is live"));
+    assert_int_equal(th_claim(&h, 1019, "p", 1, NULL), INPROG);
+    assert_int_equal(th_complete(&h, 1019, "t1", "p", tok, SUCCEEDED, 200, "held", 0), OK);
+    assert_int_equal(th_claim(&h, 1100, "e", 1, NULL), ACQ);
+    assert_int_equal(th_resolve_unsettled(&h, 2100, "t1", "e", 0, 200, "decided"), OK);
+    assert_int_equal(th_claim(&h, 2101, "e", 1, NULL), REPLAY);
+    assert_string_equal(th_body(h.r.response, h.r.response_len), "decided");
+    /* An older leader's entry (no flag) on a completed record: applied as it was then. */
+    assert_int_equal(th_resolve(&h, 2200, "t1", "c", 1, 0, NULL), OK);
+    assert_int_equal(th_claim(&h, 2201, "c", 1, NULL), ACQ);
+    /* Nothing left to resolve: not found, as before. */
+    assert_int_equal(th_resolve_unsettled(&h, 2300, "t1", "none", 1, 0, NULL), NOTFOUND);
+    th_close(&h);
+}
+
 static void test_released_marker_goes_away(void **state)
 {
     (void)state;
@@ -1695,6 +1741,7 @@ int main(void)
         cmocka_unit_test(test_clock_never_goes_backwards),
         cmocka_unit_test(test_expiry_order_and_batch_bound),
         cmocka_unit_test(test_quarantine_survives_ttl),
+        cmocka_unit_test(test_resolve_only_what_is_unsettled),
         cmocka_unit_test(test_released_marker_goes_away),
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_invalid_commands_change_nothing),
