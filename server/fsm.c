@@ -473,7 +473,17 @@ static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__
         return out->outcome;
     }
     if (r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
-        /* Completed or quarantined by this very token: a repeat changes nothing. */
+        /* Completed or quarantined by this very token. With the same outcome, a repeat (a
+         * retry whose first answer was lost) changes nothing and answers ok; its response is
+         * not compared, the first one stays. Another outcome is no repeat: lease_lost, as a
+         * release after complete, so that nobody believes a quarantine ended, or an outcome
+         * changed, when it did not. */
+        if (r->completion != (uint8_t)c->outcome) {
+            out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+            out->detail = "complete: this token already completed the record with another "
+                          "outcome, which stays (resolve ends a quarantine)";
+            return out->outcome;
+        }
         out->outcome = IDEM__OUTCOME__OUTCOME_OK;
         out->token = r->token;
         return out->outcome;
@@ -605,8 +615,8 @@ static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCm
     return out->outcome;
 }
 
-static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__ResolveCmd *c,
-                                  struct fsm_result *out)
+static Idem__Outcome applyResolve(struct fsm *f, uint64_t index, uint64_t now_cmd,
+                                  const Idem__ResolveCmd *c, struct fsm_result *out)
 {
     const char *why = NULL;
     if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
@@ -618,26 +628,28 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__R
     if (c->response != NULL && !fsm_response_valid(c->response, &why)) {
         return invalid(out, why);
     }
-    advanceClock(f, now_cmd);
     struct rec *r = findRecord(f, c->tenant, &c->key);
-    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
-        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
-        return out->outcome;
-    }
-    if (c->unsettled_only) {
+    bool found = isLive(r) && r->state != IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE;
+    if (c->unsettled_only && found) {
         /* Resolve ends an unknown outcome; it must not overwrite a known one (retries would
          * replay the operator's answer, or run again after a release) nor take a key from a
-         * holder that may still complete it. Purge is the last resort for those. */
+         * holder that may still complete it. Purge is the last resort for those. Checked
+         * before the clock moves: an invalid command changes nothing. */
+        uint64_t now = now_cmd > f->clock ? now_cmd : f->clock;
         if (r->state == IDEM__RECORD_STATE__RECORD_STATE_COMPLETED) {
             return invalid(out, "resolve: the record is completed, its outcome is known "
                                 "(only a quarantined record, or one whose lease has ended, "
                                 "is resolved)");
         }
-        if (r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING &&
-            f->clock < r->lease_deadline) {
+        if (r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING && now < r->lease_deadline) {
             return invalid(out, "resolve: the record's lease is live, its holder may still "
                                 "complete it (resolve once the lease has ended)");
         }
+    }
+    advanceClock(f, now_cmd);
+    if (!found) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return out->outcome;
     }
     out->outcome = IDEM__OUTCOME__OUTCOME_OK;
     if (c->release) {
@@ -647,6 +659,12 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t now_cmd, const Idem__R
     /* An operator's decision is final and bypasses quotas. */
     size_t n = 0;
     r = recWritable(f, r);
+    if (c->unsettled_only && r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+        /* The holder whose lease ended is fenced off, as by a takeover: its late complete,
+         * renew or release answers lease_lost instead of an ok that would change nothing. */
+        r->token = index;
+        expiry_update(&f->t.heap, r); /* the token is part of the expiry order */
+    }
     recUncount(f, r);
     recSetResponse(r, responseStore(c->response, &n));
     r->state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
@@ -814,7 +832,7 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
         o = applyGet(f, cmd->now_ms, cmd->get, out);
         break;
     case IDEM__COMMAND__OP_RESOLVE:
-        o = applyResolve(f, cmd->now_ms, cmd->resolve, out);
+        o = applyResolve(f, index, cmd->now_ms, cmd->resolve, out);
         break;
     case IDEM__COMMAND__OP_EXPIRE:
         o = applyExpire(f, cmd->now_ms, cmd->expire, out);

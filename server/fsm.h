@@ -75,7 +75,8 @@ struct fsm_result {
     uint32_t expired;           /* expire: records turned into tombstones */
     uint32_t dropped;           /* expire: tombstones and released markers removed */
     bool more;                  /* expire: more records are already due */
-    const char *detail;         /* invalid: a static description; never holds key bytes */
+    const char *detail;         /* invalid (and a complete's lease_lost by its own token):
+                                 * a static description; never holds key bytes */
 };
 
 struct fsm_stats {

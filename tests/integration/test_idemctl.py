@@ -275,6 +275,15 @@ class TestIdemctlKeys(CtlTest):
                       "unknown")
         self.assertEqual(out["outcome"], "ok")
         self.assertEqual(self.claim(key, n=1)["outcome"], "outcome_unknown")
+        # Its own token cannot end the quarantine with another outcome (lease_lost, as a
+        # release after complete); the same outcome again is a repeat (ok).
+        out = self.ok("complete", key, "--token", a["token"], "--status", 200, "--body", "x")
+        self.assertEqual(out["outcome"], "lease_lost", out)
+        self.assertIn("another outcome", out["detail"], out)
+        out = self.ok("complete", key, "--token", a["token"], "--status", 504, "--outcome",
+                      "unknown")
+        self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(self.claim(key, n=1)["outcome"], "outcome_unknown")
         lst = self.ok("quarantine", "list")
         self.assertEqual((lst["count"], lst["more"]), (1, False), lst)
         r = lst["records"][0]

@@ -114,12 +114,19 @@ static const struct scenario scenarios[] = {
       {RESOLVE_RESP, 20, 0, NULL, 0, 0, 0, OK},
       {CLAIM, 30, 1, NULL, 0, 0, 0, REPLAY}}},
     {"resolve of an unknown key", {{RESOLVE_REL, 0, 0, NULL, 0, 0, 0, NOTFOUND}}},
-    {"complete is idempotent for the same token",
+    {"complete is idempotent for the same token; another outcome is refused",
      {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
       {COMPLETE, 10, 0, NULL, 0, 1, SUCCEEDED, OK},
       {COMPLETE, 20, 0, NULL, 0, 1, SUCCEEDED, OK},
-      {COMPLETE, 30, 0, NULL, 0, 1, FAILED, OK},
+      {COMPLETE, 30, 0, NULL, 0, 1, FAILED, LOST},
+      {COMPLETE, 35, 0, NULL, 0, 1, UNKNOWN_C, LOST},
       {CLAIM, 40, 1, NULL, 0, 0, 0, REPLAY}}},
+    {"a quarantine is not ended by its own token completing otherwise",
+     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
+      {COMPLETE, 10, 0, NULL, 0, 1, UNKNOWN_C, OK},
+      {COMPLETE, 20, 0, NULL, 0, 1, UNKNOWN_C, OK},
+      {COMPLETE, 30, 0, NULL, 0, 1, SUCCEEDED, LOST},
+      {CLAIM, 40, 1, NULL, 0, 0, 0, UNKNOWN}}},
     {"complete with a stale token is lease_lost",
      {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ}, {COMPLETE, 10, 0, NULL, 0, 0, SUCCEEDED, LOST}}},
     {"complete of an unknown key", {{COMPLETE, 0, 0, NULL, 0, 0, SUCCEEDED, NOTFOUND}}},
@@ -156,8 +163,7 @@ static const struct scenario scenarios[] = {
       {RENEW, 20, 0, NULL, 0, 1, 0, LOST}}},
     {"renew of an unknown key", {{RENEW, 0, 0, NULL, 0, 0, 0, NOTFOUND}}},
     {"get of an unknown key", {{GET, 0, 0, NULL, 0, 0, 0, NOTFOUND}}},
-    {"get of a claimed key",
-     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ}, {GET, 10, 0, NULL, 0, 0, 0, OK}}},
+    {"get of a claimed key", {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ}, {GET, 10, 0, NULL, 0, 0, 0, OK}}},
     {"ttl passed: tombstone answers expired, then the key is new again",
      {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
       {COMPLETE, 10, 0, NULL, 0, 1, SUCCEEDED, OK},
@@ -185,12 +191,7 @@ static const struct scenario scenarios[] = {
      {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
       {RENEW, 1500, 0, NULL, 0, 1, 0, OK},
       {CLAIM, 2000, 1, NULL, TAKEOVER, 0, 0, INPROG}}},
-    {"complete is idempotent for a quarantined record",
-     {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
-      {COMPLETE, 10, 0, NULL, 0, 1, UNKNOWN_C, OK},
-      {COMPLETE, 20, 0, NULL, 0, 1, UNKNOWN_C, OK},
-      {COMPLETE, 30, 0, NULL, 0, 1, SUCCEEDED, OK},
-      {CLAIM, 40, 1, NULL, 0, 0, 0, UNKNOWN}}},
+
     {"a quarantined record refuses release and renew",
      {{CLAIM, 0, 1, NULL, 0, 0, 0, ACQ},
       {COMPLETE, 10, 0, NULL, 0, 1, UNKNOWN_C, OK},
@@ -537,8 +538,17 @@ static void test_resolve_only_what_is_unsettled(void **state)
     assert_int_equal(th_claim(&h, 1019, "p", 1, NULL), INPROG);
     assert_int_equal(th_complete(&h, 1019, "t1", "p", tok, SUCCEEDED, 200, "held", 0), OK);
     assert_int_equal(th_claim(&h, 1100, "e", 1, NULL), ACQ);
+    tok = h.r.token;
     assert_int_equal(th_resolve_unsettled(&h, 2100, "t1", "e", 0, 200, "decided"), OK);
+    assert_true(h.r.token > tok);
     assert_int_equal(th_claim(&h, 2101, "e", 1, NULL), REPLAY);
+    assert_string_equal(th_body(h.r.response, h.r.response_len), "decided");
+    /* ...and its holder is fenced off, as by a takeover: lease_lost, not an ok that would
+     * drop its answer. */
+    assert_int_equal(th_complete(&h, 2102, "t1", "e", tok, FAILED, 500, "late", 0), LOST);
+    assert_int_equal(th_renew(&h, 2103, "t1", "e", tok, 1000), LOST);
+    assert_int_equal(th_release(&h, 2104, "t1", "e", tok), LOST);
+    assert_int_equal(th_claim(&h, 2105, "e", 1, NULL), REPLAY);
     assert_string_equal(th_body(h.r.response, h.r.response_len), "decided");
     /* An older leader's entry (no flag) on a completed record: applied as it was then. */
     assert_int_equal(th_resolve(&h, 2200, "t1", "c", 1, 0, NULL), OK);
@@ -1547,8 +1557,22 @@ static void lsStep(struct lockstep *ls)
     } else if (op < 93) {
         int release = (int)lsBelow(ls, 2);
         uint32_t status = release ? 0 : (lsBelow(ls, 2) ? 200 : 500);
-        oa = th_resolve(&ls->a, ls->now, tenant, key, release, status, "decided");
-        ob = th_resolve(&ls->b, ls->now, tenant, key, release, status, "decided");
+        if (lsBelow(ls, 2)) { /* as today's leaders propose it, or as older ones did */
+            oa = th_resolve_unsettled(&ls->a, ls->now, tenant, key, release, status, "decided");
+            ob = th_resolve_unsettled(&ls->b, ls->now, tenant, key, release, status, "decided");
+        } else {
+            oa = th_resolve(&ls->a, ls->now, tenant, key, release, status, "decided");
+            ob = th_resolve(&ls->b, ls->now, tenant, key, release, status, "decided");
+        }
+        if (oa == OK && !release && ls->a.r.token != ls->cur[slot]) {
+            /* Resolving a claim whose lease ended fences its holder off: a new token, as
+             * a grant's. */
+            LS_CHECK(ls, ls->a.r.token == index && index > ls->max_token);
+            LS_CHECK(ls, index < ls->owner_cap && ls->owner[index] == 0);
+            ls->owner[index] = (uint16_t)(slot + 1);
+            ls->cur[slot] = index;
+            ls->max_token = index;
+        }
     } else if (op < 95) {
         oa = lsPurge(&ls->a, ls->now, tenant, key);
         ob = lsPurge(&ls->b, ls->now, tenant, key);
