@@ -1399,6 +1399,26 @@ int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, 
     if (rc != CLUSTER_OK) {
         return rc;
     }
+    /* libraft 0.15 removes the last voter too: the cluster could then never elect a leader
+     * again, restarts included, and every record would be out of reach for good. */
+    const struct raft_configuration *conf = &c->raft.configuration;
+    unsigned voters = 0;
+    bool target_votes = false;
+    for (unsigned i = 0; i < conf->n; i++) {
+        if (conf->servers[i].role == RAFT_VOTER) {
+            voters++;
+            target_votes = target_votes || conf->servers[i].id == id;
+        }
+    }
+    if (target_votes && voters == 1) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "node %llu is the last voter: the cluster would have none (add and promote "
+                 "another node first)",
+                 (unsigned long long)id);
+        setErr(c, "", why);
+        return CLUSTER_EINVAL;
+    }
     struct changeReq *cr = changeNew(c, cb, data);
     return changeStarted(c, cr, raft_remove(&c->raft, &cr->req, id, changeCb));
 }

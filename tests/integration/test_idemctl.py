@@ -208,6 +208,23 @@ class TestIdemctlMembership(CtlTest):
         self.assertNotIn(4, [n["id"] for n in st["nodes"]])
         self.assertEqual(self.claim("after-remove")["outcome"], ACQ)
 
+    def test_last_voter_is_not_removed(self):
+        # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
+        # cluster without voters never elects a leader again, restarts included).
+        lid = self.c.leader()
+        for n, left in zip([n for n in sorted(self.c.nodes) if n != lid], (2, 1)):
+            out = self.ok("members", "remove", n, ids=[lid])
+            self.assertEqual(out["outcome"], "ok", out)
+            wait_for(lambda: self.status(ids=[lid])["voters"] == left, 30,
+                     "%d voter(s) left" % left)
+        out = self.ok("members", "remove", lid, ids=[lid])
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("node %d is the last voter" % lid, out.get("error", ""), out)
+        st = self.status(ids=[lid])
+        self.assertEqual((st["voters"], st["leader_id"]), (1, lid), st)
+        self.assertEqual(self.ok("claim", "after-refusal", "--fingerprint", fp(1),
+                                 ids=[lid])["outcome"], ACQ)
+
     def test_transfer_to_named_node(self):
         lid = self.c.leader()
         target = [n for n in sorted(self.c.nodes) if n != lid][-1]
