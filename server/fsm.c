@@ -778,6 +778,17 @@ static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__Ex
             expiry_update(&f->t.heap, r);
             break;
         case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
+            if (c->keep_live_leases && r->lease_deadline > f->clock) {
+                /* Its holder may still be running (a lease longer than the ttl, or renewed
+                 * past it): a tombstone now would fence it off with not_found and let
+                 * another attempt run once the tombstone goes. Looked at again when the
+                 * lease ends, unless it is renewed or completed before. */
+                r = recWritable(f, r);
+                r->expires_at = r->lease_deadline;
+                expiry_update(&f->t.heap, r);
+                break;
+            }
+            /* fall through */
         case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
             r = recWritable(f, r);
             recUncount(f, r);

@@ -470,6 +470,7 @@ static void expiryTick(uv_timer_t *t)
     }
     Idem__ExpireCmd e = IDEM__EXPIRE_CMD__INIT;
     e.max_batch = s->cfg->expiry.batch;
+    e.keep_live_leases = true;
     Idem__Command cmd = IDEM__COMMAND__INIT;
     cmd.now_ms = now;
     cmd.op_case = IDEM__COMMAND__OP_EXPIRE;

@@ -347,6 +347,22 @@ class TestIdemctlKeys(CtlTest):
         out = self.claim("settled-1", n=4)
         self.assertEqual((out["outcome"], out["response"]["body"]), ("replay", "paid"), out)
 
+    def test_live_lease_outlasts_the_ttl(self):
+        # A 60 s lease on a 1 s ttl: at the ttl the claim stays its holder's (not a
+        # tombstone); the control with a 1 s lease is tombstoned in the same time, so the
+        # expiry did run.
+        live = self.ok("claim", "long-job", "--fingerprint", fp(1), "--lease", 60000,
+                       "--ttl", 1000)
+        self.ok("claim", "short-job", "--fingerprint", fp(1), "--lease", 1000, "--ttl", 1000)
+        wait_for(lambda: self.claim("short-job")["outcome"] == "expired", 30,
+                 "the control to expire")
+        self.assertEqual(self.claim("long-job")["outcome"], "in_progress")
+        out = self.ok("renew", "long-job", "--token", live["token"], "--lease", 60000)
+        self.assertEqual(out["outcome"], "ok", out)
+        out = self.ok("complete", "long-job", "--token", live["token"], "--status", 200,
+                      "--body", "ran")
+        self.assertEqual(out["outcome"], "ok", out)
+
     def test_quarantine_list_limit(self):
         tokens = []
         for i, tenant_token in enumerate([self.c.token, self.c.token2, self.c.token]):

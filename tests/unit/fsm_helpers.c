@@ -180,8 +180,14 @@ Idem__Outcome th_resolve_unsettled(struct th *h, uint64_t now, const char *tenan
 
 Idem__Outcome th_expire(struct th *h, uint64_t now, uint32_t max_batch)
 {
+    return th_expire_as(h, now, max_batch, false);
+}
+
+Idem__Outcome th_expire_as(struct th *h, uint64_t now, uint32_t max_batch, bool keep_live_leases)
+{
     Idem__ExpireCmd c = IDEM__EXPIRE_CMD__INIT;
     c.max_batch = max_batch;
+    c.keep_live_leases = keep_live_leases;
     Idem__Command cmd = IDEM__COMMAND__INIT;
     cmd.now_ms = now;
     cmd.op_case = IDEM__COMMAND__OP_EXPIRE;

@@ -52,6 +52,8 @@ Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const c
 Idem__Outcome th_resolve_unsettled(struct th *h, uint64_t now, const char *tenant, const char *key,
                                    int release, uint32_t status, const char *body);
 Idem__Outcome th_expire(struct th *h, uint64_t now, uint32_t max_batch);
+/* th_expire with ExpireCmd.keep_live_leases (set by today's leaders). */
+Idem__Outcome th_expire_as(struct th *h, uint64_t now, uint32_t max_batch, bool keep_live_leases);
 
 /* Packs cmd and applies it (the lower layer of the functions above). */
 Idem__Outcome th_apply(struct th *h, const Idem__Command *cmd);

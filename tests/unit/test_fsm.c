@@ -558,6 +558,37 @@ static void test_resolve_only_what_is_unsettled(void **state)
     th_close(&h);
 }
 
+/* The lease, not the ttl, bounds how long a holder may run: today's leaders' expire leaves
+ * a processing record with a live lease alone until the lease ends (renewals move it on);
+ * entries of older leaders tombstone it at its ttl, as they did. */
+static void test_expire_keeps_live_leases(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    struct th_claim o = {.lease_ms = 60000, .ttl_ms = 1000};
+    assert_int_equal(th_claim(&h, 0, "k", 1, &o), ACQ);
+    uint64_t tok = h.r.token;
+    assert_int_equal(th_expire_as(&h, 1500, 100, true), OK);
+    assert_int_equal(h.r.expired, 0);
+    assert_int_equal(th_claim(&h, 1600, "k", 1, NULL), INPROG);
+    assert_int_equal(th_renew(&h, 50000, "t1", "k", tok, 60000), OK);
+    assert_int_equal(th_expire_as(&h, 61000, 100, true), OK); /* the first lease's end */
+    assert_int_equal(h.r.expired, 0);
+    assert_int_equal(th_complete(&h, 70000, "t1", "k", tok, SUCCEEDED, 200, "ran", 0), OK);
+    assert_int_equal(th_claim(&h, 70001, "k", 1, NULL), REPLAY);
+    /* Once the lease has ended, the ttl applies (a tombstone kept long enough to see). */
+    struct th_claim t = {.lease_ms = 60000, .ttl_ms = 1000, .tombstone_ttl_ms = 1000000};
+    assert_int_equal(th_claim(&h, 70002, "e", 1, &t), ACQ);
+    assert_int_equal(th_expire_as(&h, 130003, 100, true), OK);
+    assert_int_equal(th_claim(&h, 130004, "e", 1, NULL), EXPIRED);
+    /* An older leader's entry: the ttl, as before. */
+    assert_int_equal(th_claim(&h, 130005, "o", 1, &t), ACQ);
+    assert_int_equal(th_expire(&h, 131006, 100), OK);
+    assert_int_equal(th_claim(&h, 131007, "o", 1, NULL), EXPIRED);
+    th_close(&h);
+}
+
 static void test_released_marker_goes_away(void **state)
 {
     (void)state;
@@ -1552,8 +1583,9 @@ static void lsStep(struct lockstep *ls)
         ob = th_get(&ls->b, ls->now, tenant, key);
     } else if (op < 88) {
         uint32_t batch = lsBelow(ls, 30) == 0 ? 0 : (uint32_t)(1 + lsBelow(ls, 8));
-        oa = th_expire(&ls->a, ls->now, batch);
-        ob = th_expire(&ls->b, ls->now, batch);
+        bool keep = lsBelow(ls, 2) == 0; /* as today's leaders propose it, or older ones */
+        oa = th_expire_as(&ls->a, ls->now, batch, keep);
+        ob = th_expire_as(&ls->b, ls->now, batch, keep);
     } else if (op < 93) {
         int release = (int)lsBelow(ls, 2);
         uint32_t status = release ? 0 : (lsBelow(ls, 2) ? 200 : 500);
@@ -1766,6 +1798,7 @@ int main(void)
         cmocka_unit_test(test_expiry_order_and_batch_bound),
         cmocka_unit_test(test_quarantine_survives_ttl),
         cmocka_unit_test(test_resolve_only_what_is_unsettled),
+        cmocka_unit_test(test_expire_keeps_live_leases),
         cmocka_unit_test(test_released_marker_goes_away),
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_invalid_commands_change_nothing),
