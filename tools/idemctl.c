@@ -222,7 +222,8 @@ static const struct help helps[] = {
      "\n"
      "Claims KEY for the tenant of --token: acquired (fencing token, lease deadline), replay,\n"
      "in_progress, mismatch, lease_expired, outcome_unknown, expired, quota_exceeded. Without\n"
-     "--attempt a random attempt id is used and printed, so the claim can be retried with it.\n"
+     "--attempt a random attempt id is used and printed, so the claim can be retried with it\n"
+     "(--attempt takes 1-64 bytes).\n"
      "Lease and ttl default to the tenant's settings.\n"},
     {"complete",
      "Usage: idemctl complete KEY --token N --status CODE [--body TEXT]\n"
@@ -928,6 +929,10 @@ static int cmdClaim(struct global *g, struct args *a)
             return EXIT_INTERNAL;
         }
         attempt = attempt_buf;
+    } else if (attempt[0] == '\0') {
+        /* An empty attempt id makes the claim not retry-safe: refused like other empty
+         * values. */
+        cli_usage_error("claim: --attempt is empty (leave it out for a random attempt id)");
     } else if (strlen(attempt) > ATTEMPT_MAX) {
         cli_usage_error("claim: --attempt is longer than %d bytes", ATTEMPT_MAX);
     }

@@ -579,6 +579,25 @@ class TestIdemctlUsage(unittest.TestCase):
             else:
                 self.assertEqual(out["outcome"], "unavailable", args)
 
+    def assert_usage_error(self, args):
+        rc, text, err = run_ctl(args)
+        self.assertEqual(rc, 2, (args, text, err))
+        self.assertIn("idemctl:", err, args)
+        self.assertEqual(text, "", args)
+        return err
+
+    def assert_sent(self, args):
+        """Not a usage error: sent, and with nothing listening, exit 3."""
+        rc, text, err = run_ctl(args)
+        self.assertEqual(rc, 3, (args, text, err))
+
+    def test_empty_attempt_is_a_usage_error(self):
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--deadline", "300", "claim", "k",
+             "--fingerprint", "ab" * 32]
+        for attempt in (["--attempt", ""], ["--attempt="]):
+            self.assertIn("--attempt", self.assert_usage_error(c + attempt))
+        self.assert_sent(c + ["--attempt", "a"])
+
 
 if __name__ == "__main__":
     unittest.main()
