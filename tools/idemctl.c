@@ -186,7 +186,8 @@ static const struct help helps[] = {
      "\n"
      "Ends a quarantine (CONTRACT.md §2, resolve) once the business system was checked:\n"
      "--release deletes the record, so the next retry runs the request again (the attempt\n"
-     "had no effect); --status stores a final response that every retry replays (it had).\n"
+     "had no effect); --status stores a final response that every retry replays (it had;\n"
+     "CODE 200-599).\n"
      "Outcome ok, or not_found. The older form `idemctl resolve KEY --tenant TENANT ...` is\n"
      "an alias. Needs the admin token.\n"},
     {"key purge",
@@ -230,7 +231,8 @@ static const struct help helps[] = {
      "                        [--outcome succeeded|failed_final|unknown]\n"
      "\n"
      "Stores the response of the attempt holding fencing token N (default outcome\n"
-     "succeeded). --outcome unknown quarantines the record. ok, lease_lost or not_found.\n"},
+     "succeeded); CODE is a final HTTP status, 200-599. --outcome unknown quarantines the\n"
+     "record. ok, lease_lost or not_found.\n"},
     {"release", "Usage: idemctl release KEY --token N\n"
                 "\n"
                 "Gives KEY up after a failure that changed nothing: the next claim runs again.\n"},
@@ -962,12 +964,14 @@ static int cmdClaim(struct global *g, struct args *a)
     return callAndEmit(g, false, NULL, &req, extra);
 }
 
-/* Fills a stored response from --status and --body (both borrowed). */
+/* Fills a stored response from --status and --body (both borrowed). The status must be a
+ * final one, 200-599, as the nodes require of a stored response (1xx answer invalid). */
 static void storedResponseFill(Idem__StoredResponse *sr, const char *cmd, const char *status,
                                const char *body)
 {
-    (void)cmd;
-    sr->status = (uint32_t)cli_parse_u64("--status", status, 100, 599);
+    char what[48];
+    snprintf(what, sizeof what, "%s --status", cmd);
+    sr->status = (uint32_t)cli_parse_u64(what, status, 200, 599);
     if (body != NULL) {
         sr->body.data = (uint8_t *)body;
         sr->body.len = strlen(body);

@@ -598,6 +598,18 @@ class TestIdemctlUsage(unittest.TestCase):
             self.assertIn("--attempt", self.assert_usage_error(c + attempt))
         self.assert_sent(c + ["--attempt", "a"])
 
+    def test_response_status_is_200_to_599(self):
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a", "--deadline",
+             "300"]
+        for code in ("100", "199", "600"):
+            for args in (["complete", "k", "--token", "1", "--status", code],
+                         ["key", "resolve", "alpha", "k", "--status", code],
+                         ["resolve", "k", "--tenant", "alpha", "--status", code]):
+                self.assertIn("200..599", self.assert_usage_error(c + args))
+        for code in ("200", "599"):
+            self.assert_sent(c + ["complete", "k", "--token", "1", "--status", code])
+            self.assert_sent(c + ["key", "resolve", "alpha", "k", "--status", code])
+
 
 if __name__ == "__main__":
     unittest.main()
