@@ -882,6 +882,12 @@ static int callAndEmit(const struct global *g, bool admin, const char *node,
     return EXIT_ANSWERED;
 }
 
+/* A node ID: 1..INT64_MAX, the IDs a JSON integer (and status) can show. */
+static uint64_t parseNodeId(const char *what, const char *s)
+{
+    return cli_parse_u64(what, s, 1, (uint64_t)INT64_MAX);
+}
+
 static void requireKey(const char *cmd, const char *key)
 {
     if (key == NULL) {
@@ -1159,7 +1165,7 @@ static int cmdTransfer(struct global *g, struct args *a)
         positional(a, pos, 1, &npos);
     }
     Idem__TransferRequest tr = IDEM__TRANSFER_REQUEST__INIT;
-    tr.id = npos ? cli_parse_u64("transfer NODE_ID", pos[0], 1, UINT64_MAX) : 0;
+    tr.id = npos ? parseNodeId("transfer NODE_ID", pos[0]) : 0;
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_TRANSFER;
     req.transfer = &tr;
@@ -1235,7 +1241,7 @@ static int cmdMembers(struct global *g, struct args *a)
             cli_usage_error("members add: expected ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]");
         }
         mr.action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD;
-        mr.id = cli_parse_u64("members add ID", pos[1], 1, (uint64_t)INT64_MAX + 1);
+        mr.id = parseNodeId("members add ID", pos[1]);
         char why[160];
         for (size_t i = 2; i < npos; i++) {
             if (idem_seeds_check(pos[i], why, sizeof why) != IDEM_OK ||
@@ -1255,7 +1261,7 @@ static int cmdMembers(struct global *g, struct args *a)
         }
         mr.action = action[1] == 'r' ? IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE
                                      : IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE;
-        mr.id = cli_parse_u64("members ID", pos[1], 1, (uint64_t)INT64_MAX + 1);
+        mr.id = parseNodeId("members ID", pos[1]);
     } else {
         cli_usage_error("members: unknown action \"%s\" (list, add, promote or remove)", action);
     }

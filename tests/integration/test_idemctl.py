@@ -610,6 +610,17 @@ class TestIdemctlUsage(unittest.TestCase):
             self.assert_sent(c + ["complete", "k", "--token", "1", "--status", code])
             self.assert_sent(c + ["key", "resolve", "alpha", "k", "--status", code])
 
+    def test_node_ids_fit_in_int64(self):
+        c = ["--cluster", "127.0.0.1:1", "--admin-token", "a", "--deadline", "300"]
+        addrs = ["127.0.0.1:9004", "127.0.0.1:7004"]
+        for nid in ("0", "9223372036854775808", "18446744073709551615"):
+            for args in (["members", "add", nid] + addrs, ["members", "promote", nid],
+                         ["members", "remove", nid], ["transfer", nid]):
+                self.assertIn("1..9223372036854775807", self.assert_usage_error(c + args))
+        for args in (["members", "add", "9223372036854775807"] + addrs,
+                     ["transfer", "9223372036854775807"]):
+            self.assert_sent(c + args)
+
 
 if __name__ == "__main__":
     unittest.main()
