@@ -496,11 +496,12 @@ static json_t *jbase64(const uint8_t *d, size_t n)
     return v;
 }
 
-/* Puts bytes under `key` as a string when they are UTF-8, else under `key`_base64 (and
- * `key` is null). */
+/* Puts bytes under `key` as a string when they are UTF-8 (no bytes: ""), else under
+ * `key`_base64 (and `key` is null). */
 static void jsetBytes(json_t *o, const char *key, const uint8_t *d, size_t n)
 {
-    json_t *v = json_stringn((const char *)d, n);
+    /* protobuf-c leaves no pointer for empty bytes, and json_stringn(NULL, 0) fails. */
+    json_t *v = n == 0 ? json_string("") : json_stringn((const char *)d, n);
     if (v != NULL) {
         jset(o, key, v);
         return;
@@ -689,7 +690,8 @@ static void printScalar(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_STRING:
-        fputs(json_string_value(v), stdout);
+        /* An empty string (an empty body, say) would look like a missing value. */
+        fputs(json_string_length(v) > 0 ? json_string_value(v) : "(empty)", stdout);
         break;
     case JSON_INTEGER:
         printf("%" JSON_INTEGER_FORMAT, json_integer_value(v));

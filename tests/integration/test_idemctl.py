@@ -451,6 +451,23 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual(self.ok("key", "get", "alpha", "guarded")["state"], "quarantined")
         self.assertEqual(len(self.ok("members", "list")["members"]), 3)
 
+    def test_empty_body_is_an_empty_string(self):
+        a = self.claim("no-content", n=1)
+        self.ok("complete", "no-content", "--token", a["token"], "--status", 204)
+        out = self.claim("no-content", n=1)
+        self.assertEqual(out["outcome"], "replay", out)
+        self.assertEqual(out["response"]["body"], "", out)
+        self.assertNotIn("body_base64", out["response"])
+        rec = self.ok("key", "get", "alpha", "no-content", "--reveal")
+        self.assertEqual((rec["response"]["body"], rec["response"]["body_bytes"]), ("", 0), rec)
+        self.assertNotIn("body_base64", rec["response"])
+        for args in (["key", "get", "alpha", "no-content", "--reveal"],
+                     ["claim", "no-content", "--fingerprint", fp(1)]):
+            rc, text, err = self.human(*args)
+            self.assertEqual(rc, 0, err)
+            self.assertIn("response.body: (empty)\n", text, args)
+            self.assertNotIn("body_base64", text, args)
+
     def test_environment_instead_of_flags(self):
         env = {"IDEM_CLUSTER": self.c.addrs(), "IDEM_TOKEN": self.c.token,
                "IDEM_ADMIN_TOKEN": self.c.admin}
