@@ -128,8 +128,8 @@ static const struct help helps[] = {
      "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": "
      "[...],\n"
      "\"members\": [...], \"warnings\": [...]}.\n"
-     "  --digest       also ask each node for the digest of its state (equal on replicas\n"
-     "                 at the same applied index)\n"
+     "  --digest       also ask each node for the digest of its state, shown in a DIGEST\n"
+     "                 column (equal on replicas at the same applied index)\n"
      "  --max-lag N    entries a node may trail the leader's applied index by (default 1000)\n"
      "Exit status: 0 when at least one node answered (warnings included), 3 when none did.\n"
      "Needs the admin token.\n"},
@@ -1642,7 +1642,8 @@ static void printCell(const json_t *v, int width)
     }
 }
 
-static void printStatusTable(const json_t *o)
+/* `digest`: the nodes were asked for their digests (status --digest), shown last. */
+static void printStatusTable(const json_t *o, bool digest)
 {
     json_t *leader = json_object_get(o, "leader_id");
     json_t *voters = json_object_get(o, "voters");
@@ -1658,7 +1659,7 @@ static void printStatusTable(const json_t *o)
                json_integer_value(voters));
     }
     putchar('\n');
-    static const struct {
+    struct {
         const char *title, *field;
         int width;
     } cols[] = {
@@ -1676,8 +1677,14 @@ static void printStatusTable(const json_t *o)
         {"TOMBSTONES", "tombstones", 10},
         {"QUARANTINED", "quarantined", 11},
         {"BYTES", "bytes", 0},
+        {"DIGEST", "digest", 0},
     };
-    const size_t ncols = sizeof cols / sizeof cols[0];
+    size_t ncols = sizeof cols / sizeof cols[0];
+    if (digest) {
+        cols[ncols - 2].width = 12;
+    } else {
+        ncols--;
+    }
     for (size_t c = 0; c < ncols; c++) {
         printf("%-*s%s", cols[c].width, cols[c].title, c + 1 < ncols ? " " : "\n");
     }
@@ -1784,7 +1791,7 @@ static int cmdStatus(struct global *g, struct args *a)
     if (g->json) {
         printJson(o);
     } else {
-        printStatusTable(o);
+        printStatusTable(o, digest);
     }
     json_decref(o);
     for (size_t i = 0; i < n; i++) {

@@ -151,6 +151,19 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual(rc, 3, (args, out))
             self.assertEqual(out["outcome"], "unavailable", (args, out))
 
+    def test_digest_in_human_output(self):
+        st = self.c.wait_converged(3)
+        rc, text, err = self.human("status", "--digest")
+        self.assertEqual(rc, 0, err)
+        lines = text.splitlines()
+        self.assertIn("DIGEST", lines[1])
+        for n in st["nodes"]:
+            row = [l for l in lines if n["rpc_address"] in l]
+            self.assertEqual(len(row), 1, text)
+            self.assertIn(n["digest"], row[0])
+        rc, text, err = self.human("status")
+        self.assertNotIn("DIGEST", text)
+
 
 class TestIdemctlLag(CtlTest):
     # A slow heartbeat: followers learn the leader's commit index only with the next one, so
