@@ -1355,7 +1355,8 @@ static void probeAll(struct probe *probes, size_t from, size_t to)
     }
 }
 
-/* Splits the (checked) cluster list into trimmed addresses; returns how many. */
+/* Splits the (checked) cluster list into trimmed addresses, each once (an address listed
+ * twice would count twice); returns how many. */
 static size_t splitCluster(const char *cluster, struct probe *probes, size_t max)
 {
     size_t n = 0;
@@ -1372,12 +1373,19 @@ static size_t splitCluster(const char *cluster, struct probe *probes, size_t max
         while (e > b && (e[-1] == ' ' || e[-1] == '\t')) {
             e--;
         }
-        if ((size_t)(e - b) >= sizeof probes[n].addr) {
+        size_t len = (size_t)(e - b);
+        if (len >= sizeof probes[n].addr) {
             cli_usage_error("--cluster: address too long");
         }
-        memcpy(probes[n].addr, b, (size_t)(e - b));
-        probes[n].addr[e - b] = '\0';
-        n++;
+        bool seen = false;
+        for (size_t j = 0; j < n && !seen; j++) {
+            seen = strlen(probes[j].addr) == len && memcmp(probes[j].addr, b, len) == 0;
+        }
+        if (!seen) {
+            memcpy(probes[n].addr, b, len);
+            probes[n].addr[len] = '\0';
+            n++;
+        }
         if (*end == '\0') {
             break;
         }
@@ -1396,6 +1404,40 @@ static const Idem__NodeStatus *probeStatus(const struct probe *p)
     return o == IDEM__OUTCOME__OUTCOME_OK || o == IDEM__OUTCOME__OUTCOME_UNSPECIFIED
                ? p->resp->status
                : NULL;
+}
+
+/* Keeps one probe per node ID, since two addresses can name one node ("localhost:7001"
+ * and "127.0.0.1:7001"): the one at the node's own rpc_address, else the first. Frees the
+ * others' answers; returns how many are left. */
+static size_t dropDuplicateIds(struct probe *probes, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Idem__NodeStatus *si = probeStatus(&probes[i]);
+        size_t j = 0;
+        while (si != NULL && j < k &&
+               (probeStatus(&probes[j]) == NULL || probeStatus(&probes[j])->id != si->id)) {
+            j++;
+        }
+        if (si == NULL || j == k) {
+            if (k != i) {
+                probes[k] = probes[i];
+            }
+            k++;
+            continue;
+        }
+        if (strcmp(probes[j].addr, probeStatus(&probes[j])->rpc_address) != 0 &&
+            strcmp(probes[i].addr, si->rpc_address) == 0) {
+            struct probe keep = probes[i];
+            probes[i] = probes[j];
+            probes[j] = keep;
+        }
+        if (probes[i].resp != NULL) {
+            idem__response__free_unpacked(probes[i].resp, NULL);
+            probes[i].resp = NULL;
+        }
+    }
+    return k;
 }
 
 /* What status concluded about the cluster. */
@@ -1485,6 +1527,63 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
             }
         }
     }
+}
+
+/* What status found: every node asked (d.probes[0..n)) and the view built from them. */
+struct discovery {
+    struct probe *probes;
+    size_t n;
+    struct clusterView v;
+};
+
+/* Asks every node of --cluster (each address once), then the members their answers name
+ * that --cluster did not list, for its status (with its digest when `digest`), keeps one
+ * answer per node ID and builds the view. Free with discoveryFree(). */
+static void discover(const struct global *g, bool digest, struct discovery *d)
+{
+    struct probe *probes = calloc(IDEM_NODES_MAX, sizeof *probes);
+    if (probes == NULL) {
+        oom();
+    }
+    size_t n = splitCluster(g->cluster, probes, IDEM_NODES_MAX);
+    for (size_t i = 0; i < IDEM_NODES_MAX; i++) {
+        probes[i].g = g;
+        probes[i].token = g->admin_token;
+        probes[i].digest = digest;
+        probes[i].deadline_ms = g->deadline_ms;
+    }
+    probeAll(probes, 0, n);
+    /* Second round: members the answers name that --cluster did not list. */
+    size_t listed = n;
+    for (size_t i = 0; i < listed; i++) {
+        const Idem__NodeStatus *st = probeStatus(&probes[i]);
+        for (size_t k = 0; st != NULL && k < st->n_members && n < IDEM_NODES_MAX; k++) {
+            const char *addr = st->members[k]->rpc_address;
+            bool known = addr[0] == '\0' || strlen(addr) >= sizeof probes[n].addr;
+            for (size_t j = 0; j < n && !known; j++) {
+                known = strcmp(probes[j].addr, addr) == 0;
+            }
+            if (!known) {
+                snprintf(probes[n++].addr, sizeof probes[0].addr, "%s", addr);
+            }
+        }
+    }
+    probeAll(probes, listed, n);
+    d->probes = probes;
+    d->n = dropDuplicateIds(probes, n);
+    buildView(probes, d->n, &d->v);
+}
+
+static void discoveryFree(struct discovery *d)
+{
+    for (size_t i = 0; i < d->n; i++) {
+        if (d->probes[i].resp != NULL) {
+            idem__response__free_unpacked(d->probes[i].resp, NULL);
+        }
+    }
+    free(d->probes);
+    d->probes = NULL;
+    d->n = 0;
 }
 
 static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
@@ -1725,37 +1824,11 @@ static int cmdStatus(struct global *g, struct args *a)
         positional(a, pos, 0, &npos);
     }
     uint64_t max_lag = lag ? cli_parse_u64("--max-lag", lag, 0, UINT64_MAX) : DEFAULT_MAX_LAG;
-    struct probe *probes = calloc(IDEM_NODES_MAX, sizeof *probes);
-    if (probes == NULL) {
-        oom();
-    }
-    size_t n = splitCluster(g->cluster, probes, IDEM_NODES_MAX);
-    for (size_t i = 0; i < IDEM_NODES_MAX; i++) {
-        probes[i].g = g;
-        probes[i].token = g->admin_token;
-        probes[i].digest = digest;
-        probes[i].deadline_ms = g->deadline_ms;
-    }
-    probeAll(probes, 0, n);
-    /* Second round: members the answers name that --cluster did not list. */
-    size_t listed = n;
-    for (size_t i = 0; i < listed; i++) {
-        const Idem__NodeStatus *st = probeStatus(&probes[i]);
-        for (size_t k = 0; st != NULL && k < st->n_members && n < IDEM_NODES_MAX; k++) {
-            const char *addr = st->members[k]->rpc_address;
-            bool known = addr[0] == '\0' || strlen(addr) >= sizeof probes[n].addr;
-            for (size_t j = 0; j < n && !known; j++) {
-                known = strcmp(probes[j].addr, addr) == 0;
-            }
-            if (!known) {
-                snprintf(probes[n++].addr, sizeof probes[0].addr, "%s", addr);
-            }
-        }
-    }
-    probeAll(probes, listed, n);
-
-    struct clusterView v;
-    buildView(probes, n, &v);
+    struct discovery d;
+    discover(g, digest, &d);
+    struct probe *probes = d.probes;
+    size_t n = d.n;
+    struct clusterView v = d.v;
     json_t **rows = calloc(n ? n : 1, sizeof *rows);
     if (rows == NULL) {
         oom();
@@ -1794,12 +1867,7 @@ static int cmdStatus(struct global *g, struct args *a)
         printStatusTable(o, digest);
     }
     json_decref(o);
-    for (size_t i = 0; i < n; i++) {
-        if (probes[i].resp != NULL) {
-            idem__response__free_unpacked(probes[i].resp, NULL);
-        }
-    }
-    free(probes);
+    discoveryFree(&d);
     /* Answered when any node answered, even with a refusal; 3 when none was reachable. */
     return answered > 0 ? EXIT_ANSWERED : EXIT_UNAVAILABLE;
 }

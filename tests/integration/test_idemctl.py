@@ -164,6 +164,18 @@ class TestIdemctlStatus(CtlTest):
         rc, text, err = self.human("status")
         self.assertNotIn("DIGEST", text)
 
+    def test_duplicate_addresses_count_once(self):
+        addrs = [self.c.nodes[i].rpc for i in sorted(self.c.nodes)]
+        local = "localhost:" + addrs[0].rsplit(":", 1)[1]  # node 1 under another name
+        for cluster in (addrs + [addrs[0]], addrs + [local], [local], [addrs[1], addrs[1]]):
+            rc, st = run_ctl_json(["--cluster", ",".join(cluster), "--admin-token",
+                                   self.c.admin, "status"])
+            self.assertEqual(rc, 0, st)
+            self.assertEqual(sorted(n["id"] for n in st["nodes"]), [1, 2, 3], (cluster, st))
+            self.assertEqual(sorted(n["rpc_address"] for n in st["nodes"]), sorted(addrs))
+            self.assertEqual((st["voters"], st["reachable_voters"]), (3, 3), st)
+            self.assertEqual(st["warnings"], [], st)
+
 
 class TestIdemctlLag(CtlTest):
     # A slow heartbeat: followers learn the leader's commit index only with the next one, so
