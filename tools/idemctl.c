@@ -100,7 +100,7 @@ static const char usageText[] =
     "     in_progress ... are answers (see \"outcome\"); status: at least one node answered\n"
     "  1  internal error (out of memory, no random source, idem-bench not found)\n"
     "  2  usage or configuration error (bad arguments, no cluster, no token, a TLS file\n"
-    "     that cannot be loaded)\n"
+    "     that cannot be loaded); status: every node that answered refused the admin token\n"
     "  3  unavailable: no leader, no quorum, deadline passed, nothing reachable (a node\n"
     "     whose certificate fails verification, or that refuses ours, counts as\n"
     "     unreachable: the message names the TLS failure)\n";
@@ -120,7 +120,7 @@ static const struct help helps[] = {
      "role, membership, term, the leader it follows, commit and applied index, how far its\n"
      "applied index trails the leader's, last snapshot index, records, tombstones,\n"
      "quarantined records and bytes. Then a warning line for each problem:\n"
-     "  - a node is unreachable, or refused (wrong admin token);\n"
+     "  - a node is unreachable, or refused (a wrong admin token on that node);\n"
      "  - a node's applied index trails the leader's by more than --max-lag entries\n"
      "    (default 1000);\n"
      "  - no leader: no majority of the reachable nodes agrees on one;\n"
@@ -131,7 +131,8 @@ static const struct help helps[] = {
      "  --digest       also ask each node for the digest of its state, shown in a DIGEST\n"
      "                 column (equal on replicas at the same applied index)\n"
      "  --max-lag N    entries a node may trail the leader's applied index by (default 1000)\n"
-     "Exit status: 0 when at least one node answered (warnings included), 3 when none did.\n"
+     "Exit status: 0 when at least one node answered (warnings included), 3 when none did,\n"
+     "2 when every node that answered refused the admin token (said on stderr).\n"
      "Needs the admin token.\n"},
     {"members",
      "Usage: idemctl members [list]\n"
@@ -1406,6 +1407,16 @@ static const Idem__NodeStatus *probeStatus(const struct probe *p)
                : NULL;
 }
 
+/* Whether the node answered, refusing the admin token (unauthenticated or forbidden). */
+static bool probeRefused(const struct probe *p)
+{
+    if (p->rv != IDEM_OK || p->resp == NULL) {
+        return false;
+    }
+    Idem__Outcome o = idem_response_outcome(p->resp);
+    return o == IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED || o == IDEM__OUTCOME__OUTCOME_FORBIDDEN;
+}
+
 /* Keeps one probe per node ID, since two addresses can name one node ("localhost:7001"
  * and "127.0.0.1:7001"): the one at the node's own rpc_address, else the first. Frees the
  * others' answers; returns how many are left. */
@@ -1443,11 +1454,11 @@ static size_t dropDuplicateIds(struct probe *probes, size_t n)
 /* What status concluded about the cluster. */
 struct clusterView {
     uint64_t leader;                    /* agreed by a majority of reachable nodes, and it
-                                         * answered as leader; 0: none */
+                                         * answered as leader (or refused the token); 0: none */
     uint64_t unreachable_leader;        /* agreed on, but it did not answer as leader */
     const Idem__NodeStatus *leader_st;  /* the leader's own status, when it answered */
     const Idem__NodeStatus *members_of; /* whose member list is the configuration shown */
-    size_t voters, reachable_voters;
+    size_t voters, reachable_voters;    /* reachable: answered, with a status or a refusal */
 };
 
 static const Idem__Member *viewMember(const struct clusterView *v, uint64_t id,
@@ -1502,8 +1513,17 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
             v->members_of = st;
         }
     }
+    /* A node that refused the token is known by its address in the configuration. */
+    bool leader_refused = false;
+    for (size_t i = 0; i < n && v->leader != 0 && v->leader_st == NULL; i++) {
+        const Idem__Member *m = viewMember(v, 0, probes[i].addr);
+        leader_refused =
+            leader_refused || (probeRefused(&probes[i]) && m != NULL && m->id == v->leader);
+    }
     if (v->leader_st != NULL && strcmp(v->leader_st->role, "leader") == 0) {
         v->members_of = v->leader_st;
+    } else if (leader_refused) {
+        /* The others follow it and it is up, but it cannot be asked with this token. */
     } else {
         /* Followers remember a leader for an election timeout after it died. */
         v->unreachable_leader = v->leader;
@@ -1521,7 +1541,8 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
         v->voters++;
         for (size_t j = 0; j < n; j++) {
             const Idem__NodeStatus *st = probeStatus(&probes[j]);
-            if (st != NULL && st->id == m->id) {
+            if ((st != NULL && st->id == m->id) ||
+                (probeRefused(&probes[j]) && strcmp(probes[j].addr, m->rpc_address) == 0)) {
                 v->reachable_voters++;
                 break;
             }
@@ -1695,7 +1716,11 @@ static void statusWarnings(json_t *nodes, const struct clusterView *v, uint64_t 
         if (strcmp(role, "unreachable") == 0) {
             addWarning(warnings, "%s is unreachable: %s", name, err ? err : "no answer");
         } else if (strcmp(role, "refused") == 0) {
-            addWarning(warnings, "%s refused status: %s", name, err ? err : "");
+            /* The row's error starts with the outcome's name (nodeJson). */
+            bool token = err != NULL && (strncmp(err, "unauthenticated", 15) == 0 ||
+                                         strncmp(err, "forbidden", 9) == 0);
+            addWarning(warnings, "%s %s: %s", name,
+                       token ? "refused the admin token" : "refused status", err ? err : "");
         } else {
             json_t *lag = json_object_get(x, "lag");
             if (json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
@@ -1807,6 +1832,44 @@ static void printStatusTable(const json_t *o, bool digest)
     }
 }
 
+/* status when every node that answered refused the admin token: says so on stderr (with
+ * --json also as {"outcome", "error", "nodes"} on stdout) and returns EXIT_USAGE, a
+ * credential error. Takes `nodes`. */
+static int statusRefused(const struct global *g, json_t *nodes, size_t n, size_t refused,
+                         size_t unauthenticated)
+{
+    const char *why = unauthenticated == refused ? "unauthenticated"
+                      : unauthenticated == 0     ? "forbidden"
+                                                 : "unauthenticated or forbidden";
+    char msg[256];
+    if (refused == n) {
+        snprintf(msg, sizeof msg, "the admin token was refused by every node (%s)", why);
+    } else {
+        snprintf(msg, sizeof msg,
+                 "the admin token was refused by every node that answered, %zu of %zu (%s); "
+                 "the others are unreachable",
+                 refused, n, why);
+    }
+    fprintf(stderr, "idemctl: status: %s\n", msg);
+    fprintf(stderr, "idemctl: %s\n",
+            unauthenticated == 0
+                ? "that is a tenant's token: status needs the admin token (--admin-token or "
+                  "IDEM_ADMIN_TOKEN)"
+                : "check --admin-token (or IDEM_ADMIN_TOKEN): the nodes know the admin token "
+                  "by its SHA-256 (admin.token_sha256)");
+    if (g->json) {
+        json_t *o = jobj();
+        jset(o, "outcome", json_string(unauthenticated > 0 ? "unauthenticated" : "forbidden"));
+        jset(o, "error", jstr(msg));
+        jset(o, "nodes", nodes);
+        printJson(o);
+        json_decref(o);
+    } else {
+        json_decref(nodes);
+    }
+    return EXIT_USAGE;
+}
+
 static int cmdStatus(struct global *g, struct args *a)
 {
     const char *pos[1];
@@ -1833,10 +1896,13 @@ static int cmdStatus(struct global *g, struct args *a)
     if (rows == NULL) {
         oom();
     }
-    size_t answered = 0;
+    size_t answered = 0, refused = 0, unauthenticated = 0;
     for (size_t i = 0; i < n; i++) {
         rows[i] = nodeJson(&probes[i], &v);
         answered += probes[i].rv == IDEM_OK;
+        refused += probeRefused(&probes[i]);
+        unauthenticated += probeRefused(&probes[i]) && idem_response_outcome(probes[i].resp) ==
+                                                           IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED;
     }
     qsort(rows, n, sizeof *rows, nodeCmp);
     json_t *nodes = jarr();
@@ -1844,6 +1910,11 @@ static int cmdStatus(struct global *g, struct args *a)
         jpush(nodes, rows[i]);
     }
     free(rows);
+    if (refused > 0 && refused == answered) {
+        /* Nothing is known of the cluster but that the token is wrong: not "no quorum". */
+        discoveryFree(&d);
+        return statusRefused(g, nodes, n, refused, unauthenticated);
+    }
     json_t *warnings = jarr();
     statusWarnings(nodes, &v, max_lag, warnings);
 

@@ -39,6 +39,10 @@ def run_ctl(args, env=None, timeout=60):
     return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
 
+def sha256_hex(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class CtlTest(ClusterTestCase):
     cluster_opts = {}
 
@@ -150,6 +154,57 @@ class TestIdemctlStatus(CtlTest):
             rc, out = self.c.ctl(*args, deadline=1500)
             self.assertEqual(rc, 3, (args, out))
             self.assertEqual(out["outcome"], "unavailable", (args, out))
+
+    def test_refused_token(self):
+        # Refused by every node: a credential error (exit 2) that says so, not "no quorum".
+        for token, outcome in (("not-a-token", "unauthenticated"), (self.c.token, "forbidden")):
+            rc, text, err = self.human("status", admin=token)
+            self.assertEqual((rc, text), (2, ""), err)
+            self.assertIn("status: the admin token was refused by every node (%s)" % outcome,
+                          err)
+            rc, st = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", token,
+                                   "status"])
+            self.assertEqual(rc, 2, st)
+            self.assertEqual(st["outcome"], outcome, st)
+            self.assertIn("refused by every node", st["error"])
+            self.assertNotIn("quorum", st)
+            self.assertEqual({n["role"] for n in st["nodes"]}, {"refused"})
+        # Refused by one node (its admin token differs): shown as refused, not unreachable,
+        # and still a reachable voter.
+        node = self.c.nodes[3]
+        self.c.kill(3)
+        with open(node.cfg) as f:
+            cfg = f.read()
+        self.assertIn(sha256_hex(self.c.admin), cfg)
+        with open(node.cfg, "w") as f:
+            f.write(cfg.replace(sha256_hex(self.c.admin), sha256_hex("another-admin-token")))
+        self.c.start(3)
+
+        def refused_by_3():
+            st = self.status()
+            row = [n for n in st["nodes"] if n["rpc_address"] == node.rpc]
+            return st if row and row[0]["role"] == "refused" and st["leader_id"] else None
+        st = wait_for(refused_by_3, 30, "node 3 to refuse the admin token")
+        row = [n for n in st["nodes"] if n["rpc_address"] == node.rpc][0]
+        self.assertEqual(row["id"], 3, row)
+        self.assertIn("unauthenticated", row["error"])
+        self.assertTrue(st["quorum"], st)
+        self.assertEqual((st["voters"], st["reachable_voters"]), (3, 3), st)
+        self.assertEqual(len(st["warnings"]), 1, st["warnings"])
+        self.assertIn("node 3 ", st["warnings"][0])
+        self.assertIn("refused", st["warnings"][0])
+        self.assertNotIn("unreachable", st["warnings"][0])
+        rc, text, err = self.human("status")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("quorum: yes", text)
+        self.assertNotIn("unreachable", text)
+        # Even as the leader: the others follow it; it cannot be asked, but it leads.
+        if st["leader_id"] != 3:
+            self.assertEqual(self.ok("transfer", 3)["outcome"], "ok")
+        st = wait_for(lambda: (lambda s: s if s["leader_id"] == 3 else None)(self.status()),
+                      30, "node 3 to lead")
+        self.assertTrue(st["quorum"], st)
+        self.assertFalse([w for w in st["warnings"] if w.startswith("no ")], st["warnings"])
 
     def test_digest_in_human_output(self):
         st = self.c.wait_converged(3)
@@ -464,12 +519,11 @@ class TestIdemctlKeys(CtlTest):
         rc, out = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", "not-a-token",
                                 "key", "get", "alpha", "guarded"])
         self.assertEqual((rc, out["outcome"]), (0, "unauthenticated"))
-        # status: every node refuses, each with a warning; still an answer.
+        # status: every node refuses, a credential error (exit 2, test_refused_token).
         rc, st = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", self.c.token,
                                "status"])
-        self.assertEqual(rc, 0)
+        self.assertEqual((rc, st["outcome"]), (2, "forbidden"), st)
         self.assertEqual({n["role"] for n in st["nodes"]}, {"refused"})
-        self.assertEqual(len(st["warnings"]), 4, st["warnings"])  # 3 refusals, state unknown
         # Nothing changed: the same state everywhere, still quarantined, still 3 members.
         st = self.c.wait_converged(3)
         self.assertEqual({n["digest"] for n in st["nodes"]}, {digest_before})
