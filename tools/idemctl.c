@@ -72,7 +72,7 @@ static const char usageText[] =
     "                         when a node lags or is unreachable, or there is no quorum\n"
     "  members [list | add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR] | promote ID | remove ID]\n"
     "  transfer [NODE_ID]     hand leadership over (default: the most up-to-date voter)\n"
-    "  snapshot [--node ADDR] take a snapshot on ADDR (default: the node that answers)\n"
+    "  snapshot [--node ADDR] take a snapshot on ADDR (default: the leader)\n"
     "  key get TENANT KEY [--reveal]\n"
     "                         one record of any tenant; the key shows as its key_digest\n"
     "  key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
@@ -164,8 +164,10 @@ static const struct help helps[] = {
     {"snapshot",
      "Usage: idemctl snapshot [--node ADDR]\n"
      "\n"
-     "Takes a Raft snapshot at the next applied entry on ADDR (default: the leader, or the\n"
-     "node that answers). --node may stand in for --cluster. Needs the admin token.\n"},
+     "Takes a Raft snapshot at the next applied entry on ADDR, or on the leader, found as\n"
+     "`idemctl status` finds it (without a leader: exit 3). Prints the node that took it\n"
+     "(node, and node_id for the leader). --node may stand in for --cluster. Needs the\n"
+     "admin token.\n"},
     {"key", "Usage: idemctl key get TENANT KEY [--reveal]\n"
             "       idemctl key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
             "       idemctl key purge TENANT KEY\n"
@@ -1175,42 +1177,6 @@ static int cmdTransfer(struct global *g, struct args *a)
     return callAndEmit(g, true, NULL, &req, NULL);
 }
 
-static int cmdSnapshot(struct global *g, struct args *a)
-{
-    const char *pos[1];
-    size_t npos = 0;
-    const char *node = NULL;
-    while (a->i < a->argc) {
-        if (commonOpt(g, a) || optValue(a, "--node", &node)) {
-            continue;
-        }
-        positional(a, pos, 0, &npos);
-    }
-    if (node != NULL) {
-        char why[160];
-        if (idem_seeds_check(node, why, sizeof why) != IDEM_OK || strchr(node, ',') != NULL) {
-            cli_usage_error("snapshot: bad --node address: %s",
-                            strchr(node, ',') ? "give one address" : why);
-        }
-        if (g->cluster == NULL) {
-            g->cluster = node;
-        }
-    }
-    if (g->cluster == NULL) {
-        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
-    }
-    Idem__SnapshotRequest sn = IDEM__SNAPSHOT_REQUEST__INIT;
-    Idem__Request req = IDEM__REQUEST__INIT;
-    req.op_case = IDEM__REQUEST__OP_SNAPSHOT;
-    req.snapshot = &sn;
-    json_t *extra = NULL;
-    if (node != NULL) {
-        extra = jobj();
-        jset(extra, "node", jstr(node));
-    }
-    return callAndEmit(g, true, node, &req, extra);
-}
-
 static void printMembersTable(const Idem__Response *resp)
 {
     printf("%-6s %-8s %-22s %-22s %s\n", "ID", "ROLE", "RAFT_ADDRESS", "RPC_ADDRESS",
@@ -1306,8 +1272,10 @@ static int cmdMembers(struct global *g, struct args *a)
  * client is not thread-safe), so that a silent node costs one deadline, not one each. A
  * second round asks the members those answers name that --cluster did not list, so that
  * the report covers the whole cluster. */
+#define ADDR_MAX 256 /* a node's address, with its NUL */
+
 struct probe {
-    char addr[256];
+    char addr[ADDR_MAX];
     const struct global *g;
     const char *token;
     bool digest;
@@ -1941,6 +1909,107 @@ static int cmdStatus(struct global *g, struct args *a)
     discoveryFree(&d);
     /* Answered when any node answered, even with a refusal; 3 when none was reachable. */
     return answered > 0 ? EXIT_ANSWERED : EXIT_UNAVAILABLE;
+}
+
+/* ---- commands that find the leader first ------------------------------------------- */
+
+/* The probe of the leader discover() found (it answered as leader, or refused the token),
+ * or NULL. */
+static const struct probe *leaderProbe(const struct discovery *d)
+{
+    for (size_t i = 0; d->v.leader != 0 && i < d->n; i++) {
+        const struct probe *p = &d->probes[i];
+        const Idem__NodeStatus *st = probeStatus(p);
+        const Idem__Member *m = viewMember(&d->v, 0, p->addr);
+        if ((st != NULL && st->id == d->v.leader) ||
+            (probeRefused(p) && m != NULL && m->id == d->v.leader)) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* snapshot without --node when status found no leader: the nodes' refusal of the token is
+ * the answer (exit 0, as for every admin command); otherwise exit 3. */
+static int snapshotNoLeader(const struct global *g, const struct discovery *d)
+{
+    size_t statuses = 0, answered = 0;
+    const struct probe *refused = NULL, *silent = NULL;
+    for (size_t i = 0; i < d->n; i++) {
+        const struct probe *p = &d->probes[i];
+        statuses += probeStatus(p) != NULL;
+        answered += p->rv == IDEM_OK;
+        refused = refused == NULL && probeRefused(p) ? p : refused;
+        silent = silent == NULL && p->rv != IDEM_OK ? p : silent;
+    }
+    if (refused != NULL && statuses == 0) {
+        emit(g, resultJson(refused->resp));
+        return EXIT_ANSWERED;
+    }
+    char msg[600];
+    if (answered == 0 && silent != NULL) {
+        snprintf(msg, sizeof msg, "no node answered (%s)",
+                 silent->err[0] ? silent->err : idem_strerror(silent->rv));
+    } else {
+        snprintf(msg, sizeof msg,
+                 "snapshot: no leader (as status shows); pass --node ADDR to take a snapshot "
+                 "on one node");
+    }
+    return failCall(g, IDEM_EUNAVAILABLE, msg);
+}
+
+/* snapshot [--node ADDR]: on ADDR, else on the leader that status finds. */
+static int cmdSnapshot(struct global *g, struct args *a)
+{
+    const char *pos[1];
+    size_t npos = 0;
+    const char *node = NULL;
+    while (a->i < a->argc) {
+        if (commonOpt(g, a) || optValue(a, "--node", &node)) {
+            continue;
+        }
+        positional(a, pos, 0, &npos);
+    }
+    if (node != NULL) {
+        char why[160];
+        if (idem_seeds_check(node, why, sizeof why) != IDEM_OK || strchr(node, ',') != NULL) {
+            cli_usage_error("snapshot: bad --node address: %s",
+                            strchr(node, ',') ? "give one address" : why);
+        }
+        if (g->cluster == NULL) {
+            g->cluster = node;
+        }
+    }
+    if (g->cluster == NULL) {
+        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+    }
+    /* Any node takes a snapshot when asked: find the leader as status does. */
+    char leader_addr[ADDR_MAX];
+    uint64_t leader_id = 0;
+    if (node == NULL) {
+        struct discovery d;
+        discover(g, false, &d);
+        const struct probe *lp = leaderProbe(&d);
+        if (lp == NULL) {
+            int code = snapshotNoLeader(g, &d);
+            discoveryFree(&d);
+            return code;
+        }
+        snprintf(leader_addr, sizeof leader_addr, "%s", lp->addr);
+        leader_id = d.v.leader;
+        discoveryFree(&d);
+        node = leader_addr;
+    }
+    Idem__SnapshotRequest sn = IDEM__SNAPSHOT_REQUEST__INIT;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_SNAPSHOT;
+    req.snapshot = &sn;
+    json_t *extra = jobj();
+    jset(extra, "node", jstr(node));
+    if (leader_id != 0) {
+        jset(extra, "node_id", ju64(leader_id));
+    }
+    return callAndEmit(g, true, node, &req, extra);
 }
 
 /* ---- records of any tenant (admin) --------------------------------------------------- */

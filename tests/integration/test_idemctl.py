@@ -316,6 +316,29 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(roles[target], "leader")
         self.assertTrue(st["quorum"])
 
+    def test_snapshot_goes_to_the_leader(self):
+        lid = self.c.leader()
+        followers = [n for n in sorted(self.c.nodes) if n != lid]
+        order = followers + [lid]  # --cluster names a follower first
+        rc, out = self.c.ctl("snapshot", ids=order)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual((out["node_id"], out["node"]), (lid, self.c.nodes[lid].rpc), out)
+        self.claim("after-snapshot")  # an applied entry, on every node
+        wait_for(lambda: {n["id"]: n for n in self.status()["nodes"]}[lid]
+                 ["last_snapshot_index"] > 0, 20, "the leader's snapshot")
+        for n in self.c.wait_converged(3)["nodes"]:
+            if n["id"] != lid:
+                self.assertEqual(n["last_snapshot_index"], 0, n)
+        rc, text, err = self.human("snapshot", ids=order)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("node: %s\n" % self.c.nodes[lid].rpc, text)
+        self.assertIn("node_id: %d\n" % lid, text)
+        # --node still picks the node.
+        rc, out = self.c.ctl("snapshot", "--node", self.c.nodes[followers[0]].rpc)
+        self.assertEqual((rc, out["outcome"], out["node"]),
+                         (0, "ok", self.c.nodes[followers[0]].rpc), out)
+
 
 class TestIdemctlKeys(CtlTest):
     def test_key_get_shows_digest_not_key(self):
