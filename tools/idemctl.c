@@ -160,7 +160,9 @@ static const struct help helps[] = {
      "Usage: idemctl transfer [NODE_ID]\n"
      "\n"
      "Hands leadership to NODE_ID, or to the most up-to-date voter when none is given.\n"
-     "`idemctl status` shows the new leader. Needs the admin token.\n"},
+     "`idemctl status` shows the new leader. When the leader refuses NODE_ID (invalid), the\n"
+     "error says why: already the leader, not a voter, or not a member. Needs the admin\n"
+     "token.\n"},
     {"snapshot",
      "Usage: idemctl snapshot [--node ADDR]\n"
      "\n"
@@ -1159,24 +1161,6 @@ static int cmdResolve(struct global *g, struct args *a)
     return resolveCall(g, "resolve", tenant, pos[0], release, status, body);
 }
 
-static int cmdTransfer(struct global *g, struct args *a)
-{
-    const char *pos[1];
-    size_t npos = 0;
-    while (a->i < a->argc) {
-        if (commonOpt(g, a)) {
-            continue;
-        }
-        positional(a, pos, 1, &npos);
-    }
-    Idem__TransferRequest tr = IDEM__TRANSFER_REQUEST__INIT;
-    tr.id = npos ? parseNodeId("transfer NODE_ID", pos[0]) : 0;
-    Idem__Request req = IDEM__REQUEST__INIT;
-    req.op_case = IDEM__REQUEST__OP_TRANSFER;
-    req.transfer = &tr;
-    return callAndEmit(g, true, NULL, &req, NULL);
-}
-
 static void printMembersTable(const Idem__Response *resp)
 {
     printf("%-6s %-8s %-22s %-22s %s\n", "ID", "ROLE", "RAFT_ADDRESS", "RPC_ADDRESS",
@@ -1956,6 +1940,74 @@ static int snapshotNoLeader(const struct global *g, const struct discovery *d)
                  "on one node");
     }
     return failCall(g, IDEM_EUNAVAILABLE, msg);
+}
+
+/* Why the leader refused to hand leadership to `id` (it answered invalid, and raft says
+ * only "server ID is not valid"): what status shows of the node, in why (OUT). False when
+ * status does not tell. */
+static bool transferRefusal(const struct global *g, uint64_t id, char *why, size_t len)
+{
+    struct discovery d;
+    discover(g, false, &d);
+    const struct clusterView *v = &d.v;
+    const Idem__Member *m = viewMember(v, id, NULL);
+    bool known = v->members_of != NULL;
+    if (!known) {
+        /* nothing to say */
+    } else if (m == NULL) {
+        size_t k = (size_t)snprintf(why, len, "node %" PRIu64 " is not a member (members:", id);
+        for (size_t i = 0; i < v->members_of->n_members && k < len; i++) {
+            k += (size_t)snprintf(why + k, len - k, "%s %" PRIu64, i ? "," : "",
+                                  v->members_of->members[i]->id);
+        }
+        if (k < len) {
+            snprintf(why + k, len - k, ")");
+        }
+    } else if (id == v->leader) {
+        snprintf(why, len, "node %" PRIu64 " is already the leader", id);
+    } else if (strcmp(m->role, "voter") != 0) {
+        snprintf(why, len, "node %" PRIu64 " is not a voter (role %s)", id, m->role);
+    } else {
+        known = false;
+    }
+    discoveryFree(&d);
+    return known;
+}
+
+/* transfer [NODE_ID]: sent to the leader; a refusal of NODE_ID is explained from status. */
+static int cmdTransfer(struct global *g, struct args *a)
+{
+    const char *pos[1];
+    size_t npos = 0;
+    while (a->i < a->argc) {
+        if (commonOpt(g, a)) {
+            continue;
+        }
+        positional(a, pos, 1, &npos);
+    }
+    Idem__TransferRequest tr = IDEM__TRANSFER_REQUEST__INIT;
+    tr.id = npos ? parseNodeId("transfer NODE_ID", pos[0]) : 0;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_TRANSFER;
+    req.transfer = &tr;
+    Idem__Response *resp = NULL;
+    int code = call(g, true, NULL, &req, &resp);
+    if (code != EXIT_ANSWERED) {
+        return code;
+    }
+    json_t *o = resultJson(resp);
+    char why[256];
+    if (tr.id != 0 && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID &&
+        transferRefusal(g, tr.id, why, sizeof why)) {
+        json_t *said = json_object_get(o, "error");
+        if (said != NULL) {
+            jset(o, "node_error", json_copy(said)); /* the leader's own words */
+        }
+        jset(o, "error", jstr(why));
+    }
+    emit(g, o);
+    idem__response__free_unpacked(resp, NULL);
+    return EXIT_ANSWERED;
 }
 
 /* snapshot [--node ADDR]: on ADDR, else on the leader that status finds. */

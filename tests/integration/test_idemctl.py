@@ -316,6 +316,28 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(roles[target], "leader")
         self.assertTrue(st["quorum"])
 
+    def test_transfer_refusals_say_why(self):
+        lid = self.c.leader()
+        for fmt in ("json", "human"):
+            if fmt == "json":
+                out = self.ok("transfer", lid)
+                self.assertEqual(out["outcome"], "invalid", out)
+                text = out["error"]
+            else:
+                rc, text, err = self.human("transfer", str(lid))
+                self.assertEqual(rc, 0, err)
+            self.assertIn("node %d is already the leader" % lid, text)
+        new = self.c.add_node(4)
+        self.assertEqual(self.ok("members", "add", 4, new.raft, new.rpc, new.http)["outcome"],
+                         "ok")
+        out = self.ok("transfer", 4)
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("node 4 is not a voter (role spare)", out["error"])
+        out = self.ok("transfer", 9)
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("node 9 is not a member", out["error"])
+        self.assertEqual(self.c.leader(), lid)
+
     def test_snapshot_goes_to_the_leader(self):
         lid = self.c.leader()
         followers = [n for n in sorted(self.c.nodes) if n != lid]
