@@ -790,23 +790,84 @@ static void emit(const struct global *g, json_t *o)
     json_decref(o);
 }
 
-/* Reports a call that got no answer; returns the exit status. */
-static int failCall(const struct global *g, int rv, const char *msg)
+/* libidem reads the first 4 bytes of an answer as the frame's length: from an HTTP
+ * listener they are "HTTP" (0x48545450), reported as a frame of 1213486160 bytes. */
+#define HTTP_AS_FRAME "frame of 1213486160 bytes exceeds the limit"
+
+/* Copies libidem's error text `msg` into out (OUT), saying what it means where its words
+ * mislead: an address that answers HTTP. */
+static void explainError(const char *msg, char *out, size_t len)
 {
-    const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
-    fprintf(stderr, "idemctl: %s%s%s\n", what, msg[0] ? ": " : "", msg);
-    if (rv == IDEM_EUNAVAILABLE &&
-        (strstr(msg, ": tls handshake") != NULL || strstr(msg, ": tls: certificate") != NULL)) {
+    const char *h = strstr(msg, HTTP_AS_FRAME);
+    if (h == NULL) {
+        snprintf(out, len, "%s", msg);
+        return;
+    }
+    const char *rest = h + strlen(HTTP_AS_FRAME);
+    if (strncmp(rest, " of ", 4) == 0) {
+        rest += 4;
+        while (*rest >= '0' && *rest <= '9') {
+            rest++;
+        }
+    }
+    snprintf(out, len,
+             "%.*sanswers HTTP, not the idemd binary RPC (an http_address? --cluster takes the "
+             "nodes' rpc_address)%s",
+             (int)(h - msg), msg, rest);
+}
+
+enum {
+    HINT_TLS_CERT = 1,     /* a handshake or certificate failure */
+    HINT_NOT_TLS = 2,      /* --tls against a plaintext listener */
+    HINT_TLS_LISTENER = 4, /* plaintext against a TLS listener */
+};
+
+/* The hints that a connection failure's text (explained) calls for. */
+static unsigned hintsFor(const struct global *g, const char *msg)
+{
+    unsigned h = 0;
+    if (cli_tls_wanted(&g->tls) && strstr(msg, "wrong version number") != NULL) {
+        /* OpenSSL's words when the answer to its ClientHello is no TLS record. */
+        h |= HINT_NOT_TLS;
+    } else if (strstr(msg, ": tls handshake") != NULL ||
+               strstr(msg, ": tls: certificate") != NULL) {
         /* Not after a read or write on an established TLS connection: a node that closed it
          * is not a certificate problem. */
+        h |= HINT_TLS_CERT;
+    }
+    if (!cli_tls_wanted(&g->tls) && strstr(msg, "closed by the node") != NULL) {
+        h |= HINT_TLS_LISTENER;
+    }
+    return h;
+}
+
+static void printHints(unsigned h)
+{
+    if (h & HINT_NOT_TLS) {
+        fprintf(stderr, "idemctl: the node may not speak TLS (tls.rpc off): it answered the TLS "
+                        "handshake with something else; drop --tls and the --tls-* options "
+                        "(and IDEM_TLS*) for such nodes\n");
+    }
+    if (h & HINT_TLS_CERT) {
         fprintf(stderr, "idemctl: the TLS connection failed: check --tls-ca (the CA that "
                         "signed the nodes' certificates), --tls-server-name, and --tls-cert/"
                         "--tls-key where the nodes require client certificates\n");
     }
-    if (rv == IDEM_EUNAVAILABLE && !cli_tls_wanted(&g->tls) &&
-        strstr(msg, "closed by the node") != NULL) {
+    if (h & HINT_TLS_LISTENER) {
         fprintf(stderr, "idemctl: a node closed the connection: if the nodes serve the RPC "
                         "over TLS (tls.rpc: true), pass --tls-ca\n");
+    }
+}
+
+/* Reports a call that got no answer; returns the exit status. */
+static int failCall(const struct global *g, int rv, const char *why)
+{
+    const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
+    char msg[768];
+    explainError(why, msg, sizeof msg);
+    fprintf(stderr, "idemctl: %s%s%s\n", what, msg[0] ? ": " : "", msg);
+    if (rv == IDEM_EUNAVAILABLE) {
+        printHints(hintsFor(g, msg));
     }
     int code = EXIT_INTERNAL;
     if (rv == IDEM_EUNAVAILABLE || rv == IDEM_EPROTO) {
@@ -1287,7 +1348,7 @@ static void *probeRun(void *arg)
     req.op_case = IDEM__REQUEST__OP_STATUS;
     req.status = &sr;
     p->rv = idem_call_node(c, p->addr, &req, p->deadline_ms, &p->resp);
-    snprintf(p->err, sizeof p->err, "%s", idem_client_errmsg(c));
+    explainError(idem_client_errmsg(c), p->err, sizeof p->err);
     idem_client_close(c);
     return NULL;
 }
@@ -1890,6 +1951,14 @@ static int cmdStatus(struct global *g, struct args *a)
         printStatusTable(o, digest);
     }
     json_decref(o);
+    if (answered == 0) {
+        /* What the failures have in common (a TLS mismatch, say) is worth a hint. */
+        unsigned hints = 0;
+        for (size_t i = 0; i < n; i++) {
+            hints |= hintsFor(g, probes[i].err);
+        }
+        printHints(hints);
+    }
     discoveryFree(&d);
     /* Answered when any node answered, even with a refusal; 3 when none was reachable. */
     return answered > 0 ? EXIT_ANSWERED : EXIT_UNAVAILABLE;

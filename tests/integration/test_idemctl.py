@@ -231,6 +231,24 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual((st["voters"], st["reachable_voters"]), (3, 3), st)
             self.assertEqual(st["warnings"], [], st)
 
+    def test_wrong_listener_says_what_it_is(self):
+        # An HTTP port: the first bytes read are "HTTP/1.1 ...", not a frame length.
+        http = self.c.nodes[1].http
+        for args in (["status"], ["members"], ["--json", "members"]):
+            rc, text, err = run_ctl(["--cluster", http, "--admin-token", self.c.admin,
+                                     "--deadline", "1000"] + args)
+            self.assertEqual(rc, 3, (args, text, err))
+            self.assertIn("answers HTTP, not the idemd binary RPC", text + err, args)
+            self.assertNotIn("1213486160", text + err, args)
+        # TLS against plaintext listeners: not a certificate problem.
+        for args in (["status"], ["members"]):
+            rc, text, err = run_ctl(["--tls", "--cluster", self.c.addrs(), "--admin-token",
+                                     self.c.admin, "--deadline", "1000"] + args)
+            self.assertEqual(rc, 3, (args, text, err))
+            self.assertIn("wrong version number", text + err, args)
+            self.assertIn("may not speak TLS (tls.rpc off)", err, args)
+            self.assertNotIn("--tls-cert", err, args)
+
 
 class TestIdemctlLag(CtlTest):
     # A slow heartbeat: followers learn the leader's commit index only with the next one, so
