@@ -167,7 +167,8 @@ static const char usageText[] =
     "  --help              print this help and exit\n"
     "TLS (nodes with tls.rpc: true):\n" CLI_TLS_HELP
     "\n"
-    "A progress line is printed to stderr once per second when stderr is a terminal.\n"
+    "A progress line is printed to stderr once per second when stderr is a terminal (with\n"
+    "--rate it also shows the largest lag of a send behind its schedule).\n"
     "Exit status: 0 it ran, 2 usage error (also: a TLS file that cannot be loaded), 3\n"
     "nothing could be reached (also: every node's certificate refused by --tls-ca), 1 setup\n"
     "failed.\n";
@@ -973,9 +974,15 @@ static void openProgressCb(uv_timer_t *t)
     uint64_t d = atomic_load_explicit(&b->done, memory_order_relaxed);
     uint64_t f = atomic_load_explicit(&b->failed, memory_order_relaxed);
     double el = now > b->start_us ? (double)(now - b->start_us) / 1e6 : 0;
-    fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors, max lag %.1f ms   ",
-            el, d, (double)(d - L->last_done) * 1e6 / (double)(now - L->last_print), f,
-            ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
+    fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors", el, d,
+            (double)(d - L->last_done) * 1e6 / (double)(now - L->last_print), f);
+    /* The lag behind the schedule: there is one only with --rate (this loop also runs the
+     * closed loop without --threads). */
+    if (b->cfg.rate != 0) {
+        fprintf(stderr, ", max lag %.1f ms",
+                ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
+    }
+    fputs("   ", stderr);
     L->last_print = now;
     L->last_done = d;
 }

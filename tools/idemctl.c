@@ -248,9 +248,11 @@ static const struct help helps[] = {
     {"bench",
      "Usage: idemctl bench [ARGS...]\n"
      "\n"
-     "Runs idem-bench from idemctl's own directory with ARGS (idemctl's --cluster, --token\n"
-     "and --json, when given before `bench`, are passed on first). `idemctl bench --help`\n"
-     "prints idem-bench's own help.\n"},
+     "Runs idem-bench from idemctl's own directory with ARGS. idemctl's --cluster, --token,\n"
+     "--json, --deadline and TLS options (--tls, --tls-ca, --tls-cert, --tls-key,\n"
+     "--tls-server-name), when given as flags before `bench`, are passed on first; the\n"
+     "environment (IDEM_CLUSTER, IDEM_TOKEN, IDEM_TLS*) idem-bench reads itself.\n"
+     "`idemctl bench --help` prints idem-bench's own help.\n"},
     {"help", "Usage: idemctl help [COMMAND [SUBCOMMAND]]\n\nPrints the help of idemctl, or of "
              "one command.\n"},
 };

@@ -7,6 +7,8 @@ Run: python3 -m unittest -v tests/integration/test_idemctl.py
 import hashlib
 import json
 import os
+import pty
+import select
 import struct
 import subprocess
 import sys
@@ -41,6 +43,38 @@ def run_ctl(args, env=None, timeout=60):
 
 def sha256_hex(text):
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_with_tty_stderr(args, timeout=60):
+    """idemctl with stderr on a pseudo-terminal (idem-bench prints its progress line only
+    to a terminal); returns (rc, stdout, what the terminal got)."""
+    master, slave = pty.openpty()
+    e = dict(os.environ)
+    for k in ("IDEM_CLUSTER", "IDEM_TOKEN", "IDEM_ADMIN_TOKEN"):
+        e.pop(k, None)
+    p = subprocess.Popen([IDEMCTL] + [str(a) for a in args], stdout=subprocess.PIPE,
+                         stderr=slave, stdin=subprocess.DEVNULL, env=e)
+    os.close(slave)
+    got = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], timeout)
+            if not ready:
+                break
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: every holder of the terminal's other side is gone
+                break
+            if not data:
+                break
+            got += data
+        out, _ = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(master)
+    return p.returncode, out.decode(errors="replace"), got.decode(errors="replace")
 
 
 class CtlTest(ClusterTestCase):
@@ -633,6 +667,18 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual(report.get("errors"), 0, report)
         self.assertGreaterEqual(report.get("ops", 0), 20, report)
 
+    def test_bench_progress_line(self):
+        base = ["--cluster", self.c.addrs(), "--token", self.c.token, "bench", "--workload",
+                "fresh", "--duration", "3", "--no-histogram"]
+        # Closed loop: nothing is scheduled, so there is no lag behind a schedule to show.
+        rc, out, tty = run_with_tty_stderr(base + ["--concurrency", "2"])
+        self.assertEqual(rc, 0, tty)
+        self.assertIn("ops/s", tty)
+        self.assertNotIn("lag", tty)
+        rc, out, tty = run_with_tty_stderr(base + ["--rate", "50"])
+        self.assertEqual(rc, 0, tty)
+        self.assertIn("max lag", tty)
+
 
 def run_ctl_json(args):
     rc, text, err = run_ctl(["--json"] + args)
@@ -779,6 +825,13 @@ class TestIdemctlUsage(unittest.TestCase):
         for args in (["members", "add", "9223372036854775807"] + addrs,
                      ["transfer", "9223372036854775807"]):
             self.assert_sent(c + args)
+
+    def test_help_of_bench_names_what_is_passed_on(self):
+        rc, text, err = run_ctl(["help", "bench"])
+        self.assertEqual(rc, 0, err)
+        for flag in ("--cluster", "--token", "--json", "--deadline", "--tls", "--tls-ca",
+                     "--tls-cert", "--tls-key", "--tls-server-name"):
+            self.assertIn(flag, text, flag)
 
 
 if __name__ == "__main__":
