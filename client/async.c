@@ -764,8 +764,15 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         const uint8_t *p = conn->rbuf + off;
         uint32_t len = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
         if (len > IDEM_MAX_FRAME) {
-            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: frame of %u bytes exceeds the limit",
-                     a->nodes[conn->node].addr, len);
+            if (IdemLooksHttp(p)) {
+                IdemWhyf(a->errmsg, sizeof a->errmsg,
+                         "%s answers HTTP, not the idemd binary RPC (an http_address? seeds "
+                         "are the nodes' rpc_address)",
+                         a->nodes[conn->node].addr);
+            } else {
+                IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: frame of %u bytes exceeds the limit",
+                         a->nodes[conn->node].addr, len);
+            }
             connDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
             return;
         }

@@ -821,8 +821,15 @@ static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, siz
         uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 |
                        (uint32_t)hdr[2] << 8 | (uint32_t)hdr[3];
         if (len > IDEM_MAX_FRAME) {
-            connErrf(k, "%s: frame of %u bytes exceeds the limit of %u", addr, len,
-                     IDEM_MAX_FRAME);
+            if (IdemLooksHttp(hdr)) {
+                connErrf(k,
+                         "%s answers HTTP, not the idemd binary RPC (an http_address? "
+                         "seeds are the nodes' rpc_address)",
+                         addr);
+            } else {
+                connErrf(k, "%s: frame of %u bytes exceeds the limit of %u", addr, len,
+                         IDEM_MAX_FRAME);
+            }
             return RT_PROTO;
         }
         if (!bufReserve(&k->rbuf, &k->rbuf_cap, len)) {

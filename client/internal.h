@@ -25,6 +25,13 @@
 void IdemWhyf(char *why, size_t why_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Whether the 4 bytes read where a frame's length belongs are "HTTP": the start of an
+ * HTTP status line, from an address that is a node's HTTP listener, not its RPC one. */
+static inline bool IdemLooksHttp(const uint8_t hdr[4])
+{
+    return hdr[0] == 'H' && hdr[1] == 'T' && hdr[2] == 'T' && hdr[3] == 'P';
+}
+
 /* ---- addresses (addr.c) ---- */
 
 /* One node. Immutable once published in a client's table (the strings are freed only

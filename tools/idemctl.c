@@ -792,32 +792,6 @@ static void emit(const struct global *g, json_t *o)
     json_decref(o);
 }
 
-/* libidem reads the first 4 bytes of an answer as the frame's length: from an HTTP
- * listener they are "HTTP" (0x48545450), reported as a frame of 1213486160 bytes. */
-#define HTTP_AS_FRAME "frame of 1213486160 bytes exceeds the limit"
-
-/* Copies libidem's error text `msg` into out (OUT), saying what it means where its words
- * mislead: an address that answers HTTP. */
-static void explainError(const char *msg, char *out, size_t len)
-{
-    const char *h = strstr(msg, HTTP_AS_FRAME);
-    if (h == NULL) {
-        snprintf(out, len, "%s", msg);
-        return;
-    }
-    const char *rest = h + strlen(HTTP_AS_FRAME);
-    if (strncmp(rest, " of ", 4) == 0) {
-        rest += 4;
-        while (*rest >= '0' && *rest <= '9') {
-            rest++;
-        }
-    }
-    snprintf(out, len,
-             "%.*sanswers HTTP, not the idemd binary RPC (an http_address? --cluster takes the "
-             "nodes' rpc_address)%s",
-             (int)(h - msg), msg, rest);
-}
-
 enum {
     HINT_TLS_CERT = 1,     /* a handshake or certificate failure */
     HINT_NOT_TLS = 2,      /* --tls against a plaintext listener */
@@ -865,11 +839,9 @@ static void printHints(unsigned h)
 static int failCall(const struct global *g, int rv, const char *why)
 {
     const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
-    char msg[768];
-    explainError(why, msg, sizeof msg);
-    fprintf(stderr, "idemctl: %s%s%s\n", what, msg[0] ? ": " : "", msg);
+    fprintf(stderr, "idemctl: %s%s%s\n", what, why[0] ? ": " : "", why);
     if (rv == IDEM_EUNAVAILABLE) {
-        printHints(hintsFor(g, msg));
+        printHints(hintsFor(g, why));
     }
     int code = EXIT_INTERNAL;
     if (rv == IDEM_EUNAVAILABLE || rv == IDEM_EPROTO) {
@@ -880,7 +852,7 @@ static int failCall(const struct global *g, int rv, const char *why)
     if (g->json) {
         json_t *o = jobj();
         jset(o, "outcome", json_string(code == EXIT_UNAVAILABLE ? "unavailable" : "error"));
-        jset(o, "error", jstr(msg[0] ? msg : idem_strerror(rv)));
+        jset(o, "error", jstr(why[0] ? why : idem_strerror(rv)));
         printJson(o);
         json_decref(o);
     }
@@ -1350,7 +1322,7 @@ static void *probeRun(void *arg)
     req.op_case = IDEM__REQUEST__OP_STATUS;
     req.status = &sr;
     p->rv = idem_call_node(c, p->addr, &req, p->deadline_ms, &p->resp);
-    explainError(idem_client_errmsg(c), p->err, sizeof p->err);
+    snprintf(p->err, sizeof p->err, "%s", idem_client_errmsg(c));
     idem_client_close(c);
     return NULL;
 }
