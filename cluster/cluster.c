@@ -1444,6 +1444,12 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
     if (!cluster_is_leader(c)) {
         return CLUSTER_ENOTLEADER;
     }
+    if (c->raft.transfer != NULL) {
+        /* raft_transfer would answer RAFT_NOTLEADER, which a client takes for a redirect
+         * to this very node, over and over until its deadline. */
+        setErr(c, "", "a leadership transfer is already in progress");
+        return CLUSTER_EBUSY;
+    }
     struct transferReq *tr = xcalloc1(sizeof(*tr));
     tr->c = c;
     tr->cb = cb;
