@@ -334,8 +334,8 @@ static bool replayBody(int status)
 
 static bool replayHeaderOk(const Idem__Header *hd)
 {
-    return hd->name != NULL && fsm_header_name_ok(hd->name) &&
-           fsm_header_value_ok(hd->value.data, hd->value.len) && !replaySkips(hd->name);
+    return fsm_header_name_ok(hd->name) && fsm_header_value_ok(hd->value.data, hd->value.len) &&
+           !replaySkips(hd->name);
 }
 
 /* Lower-case hex of n bytes into out (room for 2n + 1). */
