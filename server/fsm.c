@@ -48,7 +48,7 @@ void fsm_close(struct fsm *f)
     if (f->frozen != NULL) {
         fsm_thaw(f, f->frozen);
     }
-    free(f->spare_slots);
+    xbig_free(f->spare_slots, f->spare_n * sizeof(*f->spare_slots));
     table_close(&f->t);
     arena_close(&f->arena);
     free(f);
@@ -354,6 +354,7 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
         bool fresh = r == NULL;
         if (fresh) {
             r = table_insert(&f->t, tn, h, c->key.data, c->key.len);
+            fsm_spare_step(f);
         } else {
             r = recWritable(f, r);
             recUncount(f, r);

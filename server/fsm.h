@@ -90,7 +90,8 @@ struct fsm_stats {
     uint64_t tenants;
     uint64_t clock_ms;
     uint64_t last_index;
-    uint64_t snapshot_spare_bytes; /* the last snapshot's slot copy, kept for the next one */
+    uint64_t snapshot_spare_bytes; /* the slot copy kept for the next snapshot: the last
+                                    * one's, or one made ahead of it (mapped sizes) */
 };
 
 /* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).
@@ -206,7 +207,10 @@ uint64_t fsm_frozen_records(const struct fsm_frozen *z);
  * fsm_frozen_write() of it may be running. fsm_close() thaws a view that is still frozen.
  * The view's slot copy is kept for the next fsm_freeze() to copy into (memory already
  * mapped: a fraction of the copy's time on the owner's thread), until fsm_close(); the
- * stats' snapshot_spare_bytes count it. */
+ * stats' snapshot_spare_bytes count it. From the size where slot arrays are mapped
+ * (XBIG_MAP_MIN_BYTES), fresh claims also grow it ahead of a table growth and fault it in
+ * a page at a time, so that the first freeze after a growth does not copy into fresh memory
+ * either. */
 void fsm_thaw(struct fsm *f, struct fsm_frozen *z);
 
 #endif /* IDEM_SERVER_FSM_H */

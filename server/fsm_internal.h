@@ -31,14 +31,22 @@ struct fsm_frozen {
 struct fsm {
     struct table t;
     struct fsm_frozen *frozen; /* the view in flight, or NULL */
-    uintptr_t *spare_slots;  /* the last view's slot copy, kept for the next freeze */
+    uintptr_t *spare_slots;  /* the last view's slot copy, kept for the next freeze, or one
+                              * made ahead of it (fsm_spare_step); xbig_zalloc'ed */
     size_t spare_n;          /* slots it has room for */
+    size_t spare_faulted;    /* bytes of it known to be faulted in */
     struct arena arena;      /* protobuf-c decoding scratch, reset per command */
     uint64_t clock;          /* max leader timestamp applied (CONTRACT.md §2) */
     uint64_t last_index;     /* command index of the last valid command */
     uint64_t n_state[FSM_STATES];
     uint64_t bytes;          /* sum of tenants' bytes */
 };
+
+/* Called after each insert: keeps a spare slot copy (for the next fsm_freeze) as large as
+ * the table's slot array, or as its next growth's when that is allocated ahead
+ * (table_next_bytes), and faults one page of it in per call, so that the freeze copies
+ * into memory already mapped. Mapped arrays only (XBIG_MAP_MIN_BYTES); none while frozen. */
+void fsm_spare_step(struct fsm *f);
 
 /* Length of the packed StoredResponse a record holds (0 when none). */
 size_t fsm_rec_response_len(const struct rec *r);

@@ -193,12 +193,13 @@ struct fsm_frozen *fsm_freeze(struct fsm *f)
         z->slots = f->spare_slots;
         z->slots_cap = f->spare_n;
     } else {
-        free(f->spare_slots);
-        z->slots = xmalloc(n * sizeof(*z->slots));
+        xbig_free(f->spare_slots, f->spare_n * sizeof(*f->spare_slots));
+        z->slots = xbig_zalloc(n * sizeof(*z->slots));
         z->slots_cap = n;
     }
     f->spare_slots = NULL;
     f->spare_n = 0;
+    f->spare_faulted = 0;
     memcpy(z->slots, f->t.slots, n * sizeof(*z->slots));
     z->mask = f->t.mask;
     z->count = f->t.count;
@@ -214,6 +215,37 @@ struct fsm_frozen *fsm_freeze(struct fsm *f)
     z->bytes = f->bytes;
     f->frozen = z;
     return z;
+}
+
+void fsm_spare_step(struct fsm *f)
+{
+    size_t n = f->t.mask + 1;
+    size_t next = table_next_bytes(&f->t) / sizeof(*f->spare_slots);
+    if (next > n) {
+        n = next;
+    }
+    size_t bytes = n * sizeof(*f->spare_slots);
+    if (f->frozen != NULL || bytes < XBIG_MAP_MIN_BYTES) {
+        return;
+    }
+    if (f->spare_n < n) {
+        /* Grown in place where it can be: mremap(2) moves the pages already faulted in
+         * instead of freeing them (an 8 MiB munmap took ~1 ms). Its content is never read
+         * before a freeze's copy overwrites it. */
+        size_t had = f->spare_n * sizeof(*f->spare_slots);
+        f->spare_slots = xbig_grow(f->spare_slots, had, bytes);
+        f->spare_n = n;
+        if (had < XBIG_MAP_MIN_BYTES) {
+            f->spare_faulted = 0;
+        } else if (f->spare_faulted > had) {
+            f->spare_faulted = had;
+        }
+    }
+    if (f->spare_faulted < f->spare_n * sizeof(*f->spare_slots)) {
+        /* A write: a read would map the shared zero page (table.c, tablePrefault). */
+        ((volatile unsigned char *)f->spare_slots)[f->spare_faulted] = 0;
+        f->spare_faulted += TABLE_PAGE;
+    }
 }
 
 int fsm_frozen_write(const struct fsm_frozen *z, uint8_t **out, size_t *out_len)
@@ -259,6 +291,7 @@ void fsm_thaw(struct fsm *f, struct fsm_frozen *z)
     free(z->graves);
     f->spare_slots = z->slots; /* for the next freeze; none is kept meanwhile (fsm_freeze) */
     f->spare_n = z->slots_cap;
+    f->spare_faulted = (z->mask + 1) * sizeof(*z->slots); /* what the freeze copied */
     free(z->names);
     free(z);
     f->frozen = NULL;

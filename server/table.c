@@ -78,8 +78,29 @@ static void slotsFree(uintptr_t *slots, size_t mask)
     slotsRelease(slots, mask + 1);
 }
 
+/* The size of the array the next growth makes. */
+static size_t nextSlots(const struct table *t)
+{
+    return (t->mask + 1) * 2;
+}
+
+size_t table_next_bytes(const struct table *t)
+{
+    return t->next != NULL ? nextSlots(t) * sizeof(uintptr_t) : 0;
+}
+
+static void nextDrop(struct table *t)
+{
+    if (t->next != NULL) {
+        slotsRelease(t->next, nextSlots(t));
+        t->next = NULL;
+        t->next_faulted = 0;
+    }
+}
+
 void table_close(struct table *t)
 {
+    nextDrop(t);
     slotsFree(t->slots, t->mask);
     if (t->old != NULL) {
         slotsFree(t->old, t->old_mask);
@@ -247,6 +268,12 @@ static void slotsPut(uintptr_t *slots, size_t mask, uintptr_t slot, uint64_t has
     slots[i] = slot;
 }
 
+/* Positions tableMigrate moves as one batch: it first prefetches the batch's records, then
+ * hashes them and prefetches their new homes, then puts them, so that the cache misses of
+ * a batch overlap instead of costing one full memory latency each (grow-bench: ~8x the
+ * cost of a plain insert per migrating insert without it). */
+#define MIGRATE_BATCH 16
+
 /* Moves up to `n` positions of `old` to `slots`, and frees `old` once all are. */
 static void tableMigrate(struct table *t, size_t n)
 {
@@ -260,19 +287,40 @@ static void tableMigrate(struct table *t, size_t n)
     bool mapped = (t->old_mask + 1) * sizeof(uintptr_t) >= XBIG_MAP_MIN_BYTES;
     size_t first_chunk = t->mig_first / SLOTS_CHUNK;
     size_t i = (t->mig_first + t->mig_done) & t->old_mask;
-    for (size_t k = 0; k < n; k++) {
-        uintptr_t slot = t->old[i];
-        if (slot != 0) {
-            slotsPut(t->slots, t->mask, slot, recHash(t, slotRec(slot)));
-            t->old[i] = 0;
+    for (size_t done = 0; done < n;) {
+        size_t m = n - done < MIGRATE_BATCH ? n - done : MIGRATE_BATCH;
+        uintptr_t batch[MIGRATE_BATCH];
+        uint64_t hash[MIGRATE_BATCH];
+        for (size_t k = 0; k < m; k++) {
+            batch[k] = t->old[(i + k) & t->old_mask];
+            if (batch[k] != 0) {
+                /* The fields recHash reads: tenant and key_len, then the key. */
+                const char *r = (const char *)slotRec(batch[k]);
+                __builtin_prefetch(r + offsetof(struct rec, tenant));
+                __builtin_prefetch(r + offsetof(struct rec, key) + 32);
+            }
         }
-        if (mapped && (i + 1) % SLOTS_CHUNK == 0 && i / SLOTS_CHUNK != first_chunk) {
-            /* A whole chunk migrated (it does not hold mig_first): give its pages back
-             * now, so that the final munmap has little left to free. They read as zero
-             * again, as migrated slots do. */
-            madvise(&t->old[i + 1 - SLOTS_CHUNK], SLOTS_CHUNK * sizeof(uintptr_t), MADV_DONTNEED);
+        for (size_t k = 0; k < m; k++) {
+            if (batch[k] != 0) {
+                hash[k] = recHash(t, slotRec(batch[k]));
+                __builtin_prefetch(&t->slots[hash[k] & t->mask], 1);
+            }
         }
-        i = (i + 1) & t->old_mask;
+        for (size_t k = 0; k < m; k++) {
+            if (batch[k] != 0) {
+                slotsPut(t->slots, t->mask, batch[k], hash[k]);
+                t->old[i] = 0;
+            }
+            if (mapped && (i + 1) % SLOTS_CHUNK == 0 && i / SLOTS_CHUNK != first_chunk) {
+                /* A whole chunk migrated (it does not hold mig_first): give its pages back
+                 * now, so that the final munmap has little left to free. They read as zero
+                 * again, as migrated slots do. */
+                madvise(&t->old[i + 1 - SLOTS_CHUNK], SLOTS_CHUNK * sizeof(uintptr_t),
+                        MADV_DONTNEED);
+            }
+            i = (i + 1) & t->old_mask;
+        }
+        done += m;
     }
     t->mig_done += n;
     if (t->mig_done == t->old_mask + 1) {
@@ -300,9 +348,16 @@ bool table_settle_step(struct table *t, size_t n)
 static void tableGrow(struct table *t, size_t n)
 {
     table_settle(t);
+    uintptr_t *fresh = NULL;
+    if (t->next != NULL && n == nextSlots(t)) {
+        fresh = t->next; /* zero: nothing was written but zeroes */
+        t->next = NULL;
+        t->next_faulted = 0;
+    }
+    nextDrop(t);
     uintptr_t *old = t->slots;
     size_t old_mask = t->mask;
-    t->slots = slotsAlloc(n);
+    t->slots = fresh != NULL ? fresh : slotsAlloc(n);
     t->mask = n - 1;
     if (t->count == 0) {
         slotsRelease(old, old_mask + 1);
@@ -338,6 +393,26 @@ void table_reserve(struct table *t, size_t n)
     }
 }
 
+/* Allocates the next growth's array once a mapped array is 5/8 full and faults in one page
+ * of it per call (table.h, TABLE_PAGE). */
+static void tablePrefault(struct table *t)
+{
+    size_t bytes = nextSlots(t) * sizeof(uintptr_t);
+    if (bytes < XBIG_MAP_MIN_BYTES || t->count < (t->mask + 1) / 8 * 5) {
+        return;
+    }
+    if (t->next == NULL) {
+        t->next = slotsAlloc(nextSlots(t));
+        t->next_faulted = 0;
+    }
+    if (t->next_faulted < bytes) {
+        /* A write, so that the page is the process's own (a read would map the shared
+         * zero page, and the first real write would fault again). */
+        ((volatile unsigned char *)t->next)[t->next_faulted] = 0;
+        t->next_faulted += TABLE_PAGE;
+    }
+}
+
 size_t table_rec_size(size_t key_len)
 {
     return offsetof(struct rec, key) + key_len;
@@ -355,6 +430,7 @@ struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8
         tableGrow(t, (t->mask + 1) * 2);
     }
     tableMigrate(t, TABLE_MIGRATE_STEP);
+    tablePrefault(t);
     struct rec *r = xmalloc(table_rec_size(len));
     memset(r, 0, offsetof(struct rec, key));
     memcpy(r->key, key, len);

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "fsm.h"
+#include "table.h"
 #include "packed.h"
 
 static uint64_t nowNs(void)
@@ -40,9 +41,15 @@ struct pass {
     size_t over_1ms;
     uint64_t growth_ns; /* the worst apply that found the table full (768 << k) */
     size_t unexpected;
+    /* The last growth with its whole migration inside the run: the table full at
+     * mig_at records; the applies of its migration (mig_len of them: the old array's
+     * slots / TABLE_MIGRATE_STEP) took mig_ns in all, the mig_len applies before it
+     * pre_ns. */
+    size_t mig_at, mig_len;
+    uint64_t mig_ns, pre_ns;
 };
 
-static void runPass(const struct packed *p, struct pass *out)
+static void runPass(const struct packed *p, uint64_t *dts, struct pass *out)
 {
     memset(out, 0, sizeof(*out));
     struct fsm *f = fsm_new();
@@ -52,6 +59,7 @@ static void runPass(const struct packed *p, struct pass *out)
         uint64_t t0 = nowNs();
         Idem__Outcome o = fsm_apply(f, i + 1, p->buf + p->off[i], p->off[i + 1] - p->off[i], &r);
         uint64_t dt = nowNs() - t0;
+        dts[i] = dt;
         if (o != IDEM__OUTCOME__OUTCOME_ACQUIRED) {
             out->unexpected++;
         }
@@ -74,6 +82,18 @@ static void runPass(const struct packed *p, struct pass *out)
     }
     out->total_s = (double)(nowNs() - t_start) / 1e9;
     fsm_close(f);
+    for (size_t g = 768; g <= p->n; g *= 2) {
+        size_t len = g / 3 * 4 / TABLE_MIGRATE_STEP; /* the old array has g * 4/3 slots */
+        if (g + len <= p->n && len <= g) {
+            out->mig_at = g;
+            out->mig_len = len;
+        }
+    }
+    out->mig_ns = out->pre_ns = 0;
+    for (size_t i = 0; i < out->mig_len; i++) {
+        out->mig_ns += dts[out->mig_at + i];
+        out->pre_ns += dts[out->mig_at - out->mig_len + i];
+    }
 }
 
 int main(int argc, char **argv)
@@ -105,12 +125,17 @@ int main(int argc, char **argv)
     memset(fingerprint, 0x5a, sizeof(fingerprint));
     struct packed p;
     pack_claims(&p, n, fingerprint);
+    uint64_t *dts = calloc(n, sizeof *dts);
+    if (dts == NULL) {
+        fprintf(stderr, "grow-bench: out of memory\n");
+        return 1;
+    }
     printf("grow-bench: %zu claims on fresh keys, each fsm_apply() timed%s\n", n,
            tune_malloc ? "" : " (malloc as is)");
     size_t bad = 0;
     for (int run = 0; run <= runs; run++) {
         struct pass s;
-        runPass(&p, &s);
+        runPass(&p, dts, &s);
         bad += s.unexpected;
         printf("  %-5s total %.3f s (%.0f applies/s), >1 ms: %zu, worst at a growth %.3f ms, "
                "worst:",
@@ -120,7 +145,13 @@ int main(int argc, char **argv)
             printf(" %.3f ms @%zu", (double)s.worst_ns[k] / 1e6, s.worst_at[k]);
         }
         printf("\n");
+        if (s.mig_len > 0) {
+            printf("        migration from %zu records: its %zu applies %.3f ms, the %zu before "
+                   "%.3f ms\n",
+                   s.mig_at, s.mig_len, (double)s.mig_ns / 1e6, s.mig_len, (double)s.pre_ns / 1e6);
+        }
     }
+    free(dts);
     pack_free(&p);
     if (bad != 0) {
         fprintf(stderr, "grow-bench: %zu unexpected outcomes\n", bad);

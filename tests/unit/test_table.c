@@ -9,6 +9,7 @@
  * looked for from the migration cursor), and a run that wraps around the array's end. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include "fsm_helpers.h"
 #include "fsm_internal.h"
 #include "table.h"
+#include "xmalloc.h"
 
 #define KEY_LEN 9 /* "k" + 8 digits */
 
@@ -479,11 +481,35 @@ static void test_large_mapped_arrays(void **state)
         keys[i] = i;
     }
     uint64_t x = 0x2545f4914f6cdd1dULL;
-    size_t checks = 0, growths = 0;
+    size_t checks = 0, growths = 0, ahead = 0;
     for (size_t c = 0; c < N; c++) {
         size_t mask = m.t.mask;
+        uintptr_t *next = m.t.next;
+        size_t next_faulted = m.t.next_faulted;
         insert(&m, c);
         growths += mask != m.t.mask && m.t.mask >= 262143;
+        if (mask != m.t.mask && m.t.mask >= 131071) {
+            /* The growth took the array allocated ahead (table.h, TABLE_PAGE), wholly
+             * faulted in by then, and the next one is not begun yet. */
+            assert_ptr_equal(m.t.slots, next);
+            assert_true(next_faulted >= (m.t.mask + 1) * sizeof(uintptr_t));
+            assert_null(m.t.next);
+            ahead++;
+        } else if (m.t.next != NULL && next != NULL) {
+            assert_ptr_equal(m.t.next, next);
+            size_t bytes = (m.t.mask + 1) * 2 * sizeof(uintptr_t);
+            assert_int_equal(m.t.next_faulted,
+                             next_faulted < bytes ? next_faulted + TABLE_PAGE : bytes);
+        }
+        /* Allocated ahead by an insert that found the table 5/8 full, and only for an
+         * array that will be mapped. */
+        bool mapped_next = (m.t.mask + 1) * 2 * sizeof(uintptr_t) >= XBIG_MAP_MIN_BYTES;
+        if (mask == m.t.mask && mapped_next && m.t.count - 1 >= (m.t.mask + 1) / 8 * 5) {
+            assert_non_null(m.t.next);
+        }
+        if (!mapped_next) {
+            assert_null(m.t.next);
+        }
         size_t k = (size_t)(xorshift(&x) % (c + 1));
         if (m.rec[k] != NULL) {
             unsigned r = (unsigned)(xorshift(&x) % 8);
@@ -502,6 +528,7 @@ static void test_large_mapped_arrays(void **state)
     }
     check(&m, keys, N);
     assert_int_equal(growths, 2);
+    assert_int_equal(ahead, 3); /* to 131072, 262144 and 524288 slots */
     assert_true(checks >= 10);
     assert_true(m.seen_moved > 0);
     free(keys);
@@ -571,6 +598,64 @@ static void test_fsm_snapshot_and_freeze_mid_migration(void **state)
     assert_int_equal(fsm_restore(x, snap, len, NULL), 0);
     fsm_digest_hex(x, d_restored);
     assert_string_equal(d_freeze, d_restored);
+    fsm_close(x);
+    free(snap);
+    th_close(&h);
+}
+
+/* The spare slot copy a freeze copies into is made ahead of it: once the table's next
+ * growth will be mapped, each fresh claim keeps the spare as large as that growth's array
+ * and faults one more page of it in (fsm_spare_step), so the freeze finds it whole and
+ * copies into it instead of into fresh memory; the thaw keeps it for the next one. */
+static void test_fsm_spare_made_ahead_of_the_freeze(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    char key[32];
+    int n = 0;
+    while (h.f->t.next == NULL) {
+        snprintf(key, sizeof(key), "s%07d", n++);
+        assert_int_equal(th_claim(&h, 1, key, 1, NULL), IDEM__OUTCOME__OUTCOME_ACQUIRED);
+        if (h.f->t.next == NULL) {
+            assert_null(h.f->spare_slots); /* none before a mapped size */
+        }
+    }
+    size_t want = table_next_bytes(&h.f->t);
+    assert_true(want >= XBIG_MAP_MIN_BYTES);
+    assert_int_equal(h.f->spare_n * sizeof(uintptr_t), want);
+    size_t faulted = h.f->spare_faulted;
+    while (h.f->spare_faulted < want) {
+        snprintf(key, sizeof(key), "s%07d", n++);
+        assert_int_equal(th_claim(&h, 1, key, 1, NULL), IDEM__OUTCOME__OUTCOME_ACQUIRED);
+        assert_int_equal(h.f->spare_faulted, faulted + TABLE_PAGE);
+        faulted = h.f->spare_faulted;
+    }
+    /* A claim of a key already there inserts nothing and faults nothing. */
+    assert_int_equal(th_claim(&h, 1, "s0000000", 1, NULL), IDEM__OUTCOME__OUTCOME_IN_PROGRESS);
+    assert_int_equal(h.f->spare_faulted, faulted);
+    uintptr_t *spare = h.f->spare_slots;
+    char d_live[33], d_restored[33];
+    fsm_digest_hex(h.f, d_live);
+    assert_true(fsm_freeze_ready(h.f));
+    struct fsm_frozen *z = fsm_freeze(h.f);
+    assert_non_null(z);
+    assert_ptr_equal(z->slots, spare);
+    assert_null(h.f->spare_slots);
+    /* None is made while the view is out: a claim now changes nothing of it. */
+    snprintf(key, sizeof(key), "s%07d", n++);
+    assert_int_equal(th_claim(&h, 1, key, 1, NULL), IDEM__OUTCOME__OUTCOME_ACQUIRED);
+    assert_null(h.f->spare_slots);
+    uint8_t *snap;
+    size_t len;
+    assert_int_equal(fsm_frozen_write(z, &snap, &len), 0);
+    fsm_thaw(h.f, z);
+    assert_ptr_equal(h.f->spare_slots, spare);
+    assert_int_equal(h.f->spare_n * sizeof(uintptr_t), want);
+    struct fsm *x = fsm_new();
+    assert_int_equal(fsm_restore(x, snap, len, NULL), 0);
+    fsm_digest_hex(x, d_restored);
+    assert_string_equal(d_live, d_restored);
     fsm_close(x);
     free(snap);
     th_close(&h);
@@ -670,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_reserve_and_settle_mid_migration),
         cmocka_unit_test(test_large_mapped_arrays),
         cmocka_unit_test(test_fsm_snapshot_and_freeze_mid_migration),
+        cmocka_unit_test(test_fsm_spare_made_ahead_of_the_freeze),
         cmocka_unit_test(test_freeze_ready_steps),
         cmocka_unit_test(test_expiry_index_across_mapped_growth),
     };
