@@ -211,9 +211,10 @@ static const struct help helps[] = {
     {"quarantine list",
      "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
      "\n"
-     "Every quarantined record (of tenant T, or of all tenants), lowest token (oldest claim)\n"
-     "first: tenant, key_digest, token, since. `since` is when the attempt that ended in\n"
-     "quarantine claimed the key (the record does not keep the time of its completion).\n"
+     "Every quarantined record (of tenant T, or of all tenants), lowest token (oldest grant)\n"
+     "first: tenant, key_digest, token, since. `since` is when the key was first claimed;\n"
+     "a takeover keeps that time (the record keeps neither a takeover's time nor the\n"
+     "completion's), and its token is the takeover's.\n"
      "Read on the leader after a read barrier through the Raft log, so the list is current;\n"
      "without a leader it fails (exit 3). At most --limit records (default 100, at most\n"
      "1000); when more exist, a last line says so (JSON: \"more\": true). --reveal adds keys.\n"
@@ -2318,7 +2319,7 @@ static int cmdQuarantine(struct global *g, struct args *a)
     json_t *recs = jarr();
     for (size_t i = 0; i < resp->n_records; i++) {
         json_t *r = adminRecordJson(resp->records[i], reveal, false);
-        /* The record keeps no quarantine time: since is when its attempt claimed the key. */
+        /* The record keeps no quarantine time: since is when the key was first claimed\n         * (a takeover keeps created_at). */
         json_t *created = json_object_get(r, "created_at_ms");
         if (created != NULL) {
             jset(r, "since_ms", json_copy(created));
