@@ -44,7 +44,8 @@
 #define SECRET_MIN 16
 #define SECRET_MAX 4096
 
-#define NODE_ID_MAX (UINT64_C(1) << 63)
+/* The IDs a JSON integer can carry exactly, and idemctl can name (docs/idemctl.md). */
+#define NODE_ID_MAX ((uint64_t)INT64_MAX)
 #define DAY_MS UINT64_C(86400000)
 
 /* One walk over one parsed document. */

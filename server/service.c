@@ -922,6 +922,14 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
         answerStatus(s, req->request_id, false, false, cb, data);
         return;
     }
+    /* Node IDs are 1..INT64_MAX, as in the configuration: the IDs a JSON integer carries
+     * exactly (transfer's 0 means "any"). */
+    uint64_t id = req->op_case == IDEM__REQUEST__OP_TRANSFER ? req->transfer->id : req->members->id;
+    if (id > (uint64_t)INT64_MAX) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
+                     "node id out of range (1..9223372036854775807)", NULL);
+        return;
+    }
     a = xcalloc(1, sizeof(*a));
     a->s = s;
     a->cb = cb;

@@ -100,14 +100,14 @@ static void assertHashFilled(const uint8_t h[CONFIG_HASH_LEN], uint8_t byte)
 static const char full_text[] =
     "# every field, none at its default\n"
     "node:\n"
-    "  id: 9223372036854775808\n"
+    "  id: 9223372036854775807\n"
     "  raft_address: node-1.example.com:9001\n"
     "  rpc_address: 10.0.0.1:7001\n"
     "  http_address: 10.0.0.1:8001\n"
     "  data_dir: /var/lib/idem/node1\n"
     "cluster:\n"
     "  bootstrap:\n"
-    "    - {id: 9223372036854775808, raft_address: node-1.example.com:9001,\n"
+    "    - {id: 9223372036854775807, raft_address: node-1.example.com:9001,\n"
     "       rpc_address: 10.0.0.1:7001, http_address: 10.0.0.1:8001}\n"
     "    - id: 2\n"
     "      raft_address: 10.0.0.2:9001\n"
@@ -160,14 +160,14 @@ static void test_full(void **state)
     struct config c;
     parseOk(full_text, &c);
 
-    assert_true(c.node.id == UINT64_C(1) << 63);
+    assert_true(c.node.id == (uint64_t)INT64_MAX);
     assertAddr(&c.node.raft_address, "node-1.example.com:9001", "node-1.example.com", 9001);
     assertAddr(&c.node.rpc_address, "10.0.0.1:7001", "10.0.0.1", 7001);
     assertAddr(&c.node.http_address, "10.0.0.1:8001", "10.0.0.1", 8001);
     assert_string_equal(c.node.data_dir, "/var/lib/idem/node1");
 
     assert_int_equal(c.cluster.n_bootstrap, 2);
-    assert_true(c.cluster.bootstrap[0].id == UINT64_C(1) << 63);
+    assert_true(c.cluster.bootstrap[0].id == (uint64_t)INT64_MAX);
     assertAddr(&c.cluster.bootstrap[0].raft_address, "node-1.example.com:9001",
                "node-1.example.com", 9001);
     assertAddr(&c.cluster.bootstrap[0].rpc_address, "10.0.0.1:7001", "10.0.0.1", 7001);
@@ -376,8 +376,8 @@ static const struct bad_case bad_cases[] = {
     {"negative number", NODE_OK "raft:\n  election_timeout_ms: -5\n",
      "x.yaml:7:24: ", "raft.election_timeout_ms: must not be negative"},
     {"overflow of 64 bits", "node:\n  id: 99999999999999999999\n",
-     "x.yaml:2:7: ", "node.id: \"99999999999999999999\" is out of range (1..9223372036854775808)"},
-    {"id above 2^63", "node:\n  id: 9223372036854775809\n", "x.yaml:2:7: ", "out of range"},
+     "x.yaml:2:7: ", "node.id: \"99999999999999999999\" is out of range (1..9223372036854775807)"},
+    {"id 2^63", "node:\n  id: 9223372036854775808\n", "x.yaml:2:7: ", "out of range"},
     {"id zero", "node:\n  id: 0\n", "x.yaml:2:7: ", "out of range"},
     {"trailing junk", "node:\n  id: 12abc\n", "x.yaml:2:7: ", "expected an integer"},
     {"hex integer", "node:\n  id: 0x10\n", "x.yaml:2:7: ", "expected an integer"},
