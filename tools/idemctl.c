@@ -1344,6 +1344,17 @@ static void probeAll(struct probe *probes, size_t from, size_t to)
     }
 }
 
+/* Whether probes[0..n) list the address of `len` bytes at addr. */
+static bool addrListed(const struct probe *probes, size_t n, const char *addr, size_t len)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strlen(probes[i].addr) == len && memcmp(probes[i].addr, addr, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Splits the (checked) cluster list into trimmed addresses, each once (an address listed
  * twice would count twice); returns how many. */
 static size_t splitCluster(const char *cluster, struct probe *probes, size_t max)
@@ -1366,11 +1377,7 @@ static size_t splitCluster(const char *cluster, struct probe *probes, size_t max
         if (len >= sizeof probes[n].addr) {
             cli_usage_error("--cluster: address too long");
         }
-        bool seen = false;
-        for (size_t j = 0; j < n && !seen; j++) {
-            seen = strlen(probes[j].addr) == len && memcmp(probes[j].addr, b, len) == 0;
-        }
-        if (!seen) {
+        if (!addrListed(probes, n, b, len)) {
             memcpy(probes[n].addr, b, len);
             probes[n].addr[len] = '\0';
             n++;
@@ -1465,6 +1472,32 @@ static const Idem__Member *viewMember(const struct clusterView *v, uint64_t id,
     return NULL;
 }
 
+/* A probe's node ID: from its status answer, else (a node that refused the admin token,
+ * or did not answer) from its address in the configuration; 0 when neither tells. */
+static uint64_t probeId(const struct probe *p, const struct clusterView *v)
+{
+    const Idem__NodeStatus *st = probeStatus(p);
+    if (st != NULL) {
+        return st->id;
+    }
+    const Idem__Member *m = viewMember(v, 0, p->addr);
+    return m != NULL ? m->id : 0;
+}
+
+/* The probe of node `id` that answered, with its status or refusing the admin token; NULL
+ * when none did (or `id` is 0). */
+static const struct probe *nodeProbe(const struct probe *probes, size_t n,
+                                     const struct clusterView *v, uint64_t id)
+{
+    for (size_t i = 0; id != 0 && i < n; i++) {
+        const struct probe *p = &probes[i];
+        if ((probeStatus(p) != NULL || probeRefused(p)) && probeId(p, v) == id) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
 static void buildView(const struct probe *probes, size_t n, struct clusterView *v)
 {
     memset(v, 0, sizeof *v);
@@ -1501,17 +1534,11 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
             v->members_of = st;
         }
     }
-    /* A node that refused the token is known by its address in the configuration. */
-    bool leader_refused = false;
-    for (size_t i = 0; i < n && v->leader != 0 && v->leader_st == NULL; i++) {
-        const Idem__Member *m = viewMember(v, 0, probes[i].addr);
-        leader_refused =
-            leader_refused || (probeRefused(&probes[i]) && m != NULL && m->id == v->leader);
-    }
     if (v->leader_st != NULL && strcmp(v->leader_st->role, "leader") == 0) {
         v->members_of = v->leader_st;
-    } else if (leader_refused) {
-        /* The others follow it and it is up, but it cannot be asked with this token. */
+    } else if (v->leader_st == NULL && nodeProbe(probes, n, v, v->leader) != NULL) {
+        /* It refused the token: the others follow it and it is up, but it cannot be asked
+         * with this token. */
     } else {
         /* Followers remember a leader for an election timeout after it died. */
         v->unreachable_leader = v->leader;
@@ -1527,6 +1554,8 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
             continue;
         }
         v->voters++;
+        /* By address, not by probeId(): two members may share an RPC address (members add
+         * does not refuse it), and a refusal there counts for both. */
         for (size_t j = 0; j < n; j++) {
             const Idem__NodeStatus *st = probeStatus(&probes[j]);
             if ((st != NULL && st->id == m->id) ||
@@ -1568,11 +1597,8 @@ static void discover(const struct global *g, bool digest, struct discovery *d)
         const Idem__NodeStatus *st = probeStatus(&probes[i]);
         for (size_t k = 0; st != NULL && k < st->n_members && n < IDEM_NODES_MAX; k++) {
             const char *addr = st->members[k]->rpc_address;
-            bool known = addr[0] == '\0' || strlen(addr) >= sizeof probes[n].addr;
-            for (size_t j = 0; j < n && !known; j++) {
-                known = strcmp(probes[j].addr, addr) == 0;
-            }
-            if (!known) {
+            size_t len = strlen(addr);
+            if (len > 0 && len < sizeof probes[n].addr && !addrListed(probes, n, addr, len)) {
                 snprintf(probes[n++].addr, sizeof probes[0].addr, "%s", addr);
             }
         }
@@ -1600,7 +1626,7 @@ static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
     json_t *o = jobj();
     const Idem__NodeStatus *st = probeStatus(p);
     const Idem__Member *m = viewMember(v, st ? st->id : 0, p->addr);
-    uint64_t id = st ? st->id : m ? m->id : 0;
+    uint64_t id = probeId(p, v);
     jset(o, "id", id ? ju64(id) : json_null());
     jset(o, "rpc_address", jstr(p->addr));
     jset(o, "role", jstr(st ? st->role : "unreachable"));
@@ -1649,10 +1675,17 @@ static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
     return o;
 }
 
-/* Sorts nodes by id, nodes without one last (by address). */
+/* A line of status: a node's JSON (nodeJson()) and the probe it shows. */
+struct statusRow {
+    json_t *node;
+    const struct probe *p;
+};
+
+/* Sorts rows by node id, nodes without one last (by address). */
 static int nodeCmp(const void *a, const void *b)
 {
-    const json_t *x = *(const json_t *const *)a, *y = *(const json_t *const *)b;
+    const json_t *x = ((const struct statusRow *)a)->node;
+    const json_t *y = ((const struct statusRow *)b)->node;
     json_int_t ix = json_integer_value(json_object_get(x, "id"));
     json_int_t iy = json_integer_value(json_object_get(y, "id"));
     if ((ix == 0) != (iy == 0)) {
@@ -1690,25 +1723,21 @@ static void nodeName(const json_t *node, char *out, size_t len)
     }
 }
 
-static void statusWarnings(json_t *nodes, const struct clusterView *v, uint64_t max_lag,
-                           json_t *warnings)
+static void statusWarnings(const struct statusRow *rows, size_t n, const struct clusterView *v,
+                           uint64_t max_lag, json_t *warnings)
 {
-    size_t i;
-    json_t *x;
     char name[320];
-    json_array_foreach(nodes, i, x)
-    {
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = rows[i].node;
         nodeName(x, name, sizeof name);
         const char *role = json_string_value(json_object_get(x, "role"));
         const char *err = json_string_value(json_object_get(x, "error"));
         if (strcmp(role, "unreachable") == 0) {
             addWarning(warnings, "%s is unreachable: %s", name, err ? err : "no answer");
         } else if (strcmp(role, "refused") == 0) {
-            /* The row's error starts with the outcome's name (nodeJson). */
-            bool token = err != NULL && (strncmp(err, "unauthenticated", 15) == 0 ||
-                                         strncmp(err, "forbidden", 9) == 0);
             addWarning(warnings, "%s %s: %s", name,
-                       token ? "refused the admin token" : "refused status", err ? err : "");
+                       probeRefused(rows[i].p) ? "refused the admin token" : "refused status",
+                       err ? err : "");
         } else {
             json_t *lag = json_object_get(x, "lag");
             if (json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
@@ -1880,13 +1909,14 @@ static int cmdStatus(struct global *g, struct args *a)
     struct probe *probes = d.probes;
     size_t n = d.n;
     struct clusterView v = d.v;
-    json_t **rows = calloc(n ? n : 1, sizeof *rows);
+    struct statusRow *rows = calloc(n ? n : 1, sizeof *rows);
     if (rows == NULL) {
         oom();
     }
     size_t answered = 0, refused = 0, unauthenticated = 0;
     for (size_t i = 0; i < n; i++) {
-        rows[i] = nodeJson(&probes[i], &v);
+        rows[i].node = nodeJson(&probes[i], &v);
+        rows[i].p = &probes[i];
         answered += probes[i].rv == IDEM_OK;
         refused += probeRefused(&probes[i]);
         unauthenticated += probeRefused(&probes[i]) && idem_response_outcome(probes[i].resp) ==
@@ -1895,16 +1925,17 @@ static int cmdStatus(struct global *g, struct args *a)
     qsort(rows, n, sizeof *rows, nodeCmp);
     json_t *nodes = jarr();
     for (size_t i = 0; i < n; i++) {
-        jpush(nodes, rows[i]);
+        jpush(nodes, rows[i].node);
     }
-    free(rows);
     if (refused > 0 && refused == answered) {
         /* Nothing is known of the cluster but that the token is wrong: not "no quorum". */
+        free(rows);
         discoveryFree(&d);
         return statusRefused(g, nodes, n, refused, unauthenticated);
     }
     json_t *warnings = jarr();
-    statusWarnings(nodes, &v, max_lag, warnings);
+    statusWarnings(rows, n, &v, max_lag, warnings);
+    free(rows);
 
     json_t *o = jobj();
     jset(o, "leader_id", v.leader ? ju64(v.leader) : json_null());
@@ -1940,22 +1971,6 @@ static int cmdStatus(struct global *g, struct args *a)
 }
 
 /* ---- commands that find the leader first ------------------------------------------- */
-
-/* The probe of the leader discover() found (it answered as leader, or refused the token),
- * or NULL. */
-static const struct probe *leaderProbe(const struct discovery *d)
-{
-    for (size_t i = 0; d->v.leader != 0 && i < d->n; i++) {
-        const struct probe *p = &d->probes[i];
-        const Idem__NodeStatus *st = probeStatus(p);
-        const Idem__Member *m = viewMember(&d->v, 0, p->addr);
-        if ((st != NULL && st->id == d->v.leader) ||
-            (probeRefused(p) && m != NULL && m->id == d->v.leader)) {
-            return p;
-        }
-    }
-    return NULL;
-}
 
 /* snapshot without --node when status found no leader: the nodes' refusal of the token is
  * the answer (exit 0, as for every admin command); otherwise exit 3. */
@@ -2085,7 +2100,8 @@ static int cmdSnapshot(struct global *g, struct args *a)
     if (node == NULL) {
         struct discovery d;
         discover(g, false, &d);
-        const struct probe *lp = leaderProbe(&d);
+        /* The leader answered as leader, or refused the token (buildView()). */
+        const struct probe *lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
         if (lp == NULL) {
             int code = snapshotNoLeader(g, &d);
             discoveryFree(&d);
