@@ -236,16 +236,10 @@ void fsm_spare_step(struct fsm *f)
         f->spare_slots = xbig_grow(f->spare_slots, had, bytes);
         f->spare_n = n;
         if (had < XBIG_MAP_MIN_BYTES) {
-            f->spare_faulted = 0;
-        } else if (f->spare_faulted > had) {
-            f->spare_faulted = had;
+            f->spare_faulted = 0; /* copied into a fresh mapping */
         }
     }
-    if (f->spare_faulted < f->spare_n * sizeof(*f->spare_slots)) {
-        /* A write: a read would map the shared zero page (table.c, tablePrefault). */
-        ((volatile unsigned char *)f->spare_slots)[f->spare_faulted] = 0;
-        f->spare_faulted += TABLE_PAGE;
-    }
+    xbig_fault_step(f->spare_slots, f->spare_n * sizeof(*f->spare_slots), &f->spare_faulted);
 }
 
 int fsm_frozen_write(const struct fsm_frozen *z, uint8_t **out, size_t *out_len)

@@ -353,8 +353,9 @@ static void tableGrow(struct table *t, size_t n)
         fresh = t->next; /* zero: nothing was written but zeroes */
         t->next = NULL;
         t->next_faulted = 0;
+    } else {
+        nextDrop(t);
     }
-    nextDrop(t);
     uintptr_t *old = t->slots;
     size_t old_mask = t->mask;
     t->slots = fresh != NULL ? fresh : slotsAlloc(n);
@@ -394,7 +395,7 @@ void table_reserve(struct table *t, size_t n)
 }
 
 /* Allocates the next growth's array once a mapped array is 5/8 full and faults in one page
- * of it per call (table.h, TABLE_PAGE). */
+ * of it per call (table.h, struct table's `next`). */
 static void tablePrefault(struct table *t)
 {
     size_t bytes = nextSlots(t) * sizeof(uintptr_t);
@@ -405,12 +406,7 @@ static void tablePrefault(struct table *t)
         t->next = slotsAlloc(nextSlots(t));
         t->next_faulted = 0;
     }
-    if (t->next_faulted < bytes) {
-        /* A write, so that the page is the process's own (a read would map the shared
-         * zero page, and the first real write would fault again). */
-        ((volatile unsigned char *)t->next)[t->next_faulted] = 0;
-        t->next_faulted += TABLE_PAGE;
-    }
+    xbig_fault_step(t->next, bytes, &t->next_faulted);
 }
 
 size_t table_rec_size(size_t key_len)

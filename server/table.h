@@ -61,15 +61,14 @@ struct tenant {
  * that fill the new array; the next growth would finish it at once otherwise. */
 #define TABLE_MIGRATE_STEP 64
 
-/* The next growth's array is faulted in ahead of it. Fresh pages cost 2-4 us each to fault
- * in on the 2-core VM (16 MiB: 7-16 ms), and a migration writes each insert's ~48 moved
- * records to random places of the new array, so all its pages used to fault within the
- * first hundred inserts of the migration: tens of ms of one apply batch on every node at
- * the same index. Now, when a mapped array is 5/8 full (the growth comes at 3/4), the next
- * one (twice its size) is allocated and each insert faults in one page of it (TABLE_PAGE
+/* The next growth's array (`next` below) is faulted in ahead of it. Fresh pages cost 2-4
+ * us each to fault in on the 2-core VM (16 MiB: 7-16 ms), and a migration writes each
+ * insert's ~48 moved records to random places of the new array, so all its pages used to
+ * fault within the first hundred inserts of the migration: tens of ms of one apply batch on
+ * every node at the same index. Now, when a mapped array is 5/8 full (the growth comes at 3/4), the next
+ * one (twice its size) is allocated and each insert faults in one page of it (XBIG_PAGE
  * bytes), so the array is ready long before it is needed: 4,096 pages of a 2M-slot array
  * over the 131,072 inserts between 5/8 and 3/4 of 1M slots. */
-#define TABLE_PAGE 4096
 
 struct table {
     uintptr_t *slots;

@@ -92,6 +92,14 @@ void *xbig_grow(void *p, size_t old_bytes, size_t bytes)
     return q;
 }
 
+void xbig_fault_step(void *p, size_t bytes, size_t *faulted)
+{
+    if (*faulted < bytes) {
+        ((volatile unsigned char *)p)[*faulted] = 0;
+        *faulted += XBIG_PAGE;
+    }
+}
+
 void xbig_free(void *p, size_t bytes)
 {
     if (bytes < XBIG_MAP_MIN_BYTES) {

@@ -20,5 +20,11 @@ char *xstrndup(const char *s, size_t n);
 void *xbig_zalloc(size_t bytes);                            /* zeroed */
 void *xbig_grow(void *p, size_t old_bytes, size_t bytes);   /* keeps the first old_bytes */
 void xbig_free(void *p, size_t bytes);                      /* p may be NULL */
+/* Faults in the page of mapped array p at byte *faulted, if *faulted < bytes, and moves
+ * *faulted on by XBIG_PAGE: one step of getting an array ready ahead of its use. It writes
+ * a zero byte (a read would map the shared zero page, and the first real write would fault
+ * again), so it is only for arrays whose content is still zero or does not matter. */
+#define XBIG_PAGE ((size_t)4096)
+void xbig_fault_step(void *p, size_t bytes, size_t *faulted);
 
 #endif

@@ -489,7 +489,7 @@ static void test_large_mapped_arrays(void **state)
         insert(&m, c);
         growths += mask != m.t.mask && m.t.mask >= 262143;
         if (mask != m.t.mask && m.t.mask >= 131071) {
-            /* The growth took the array allocated ahead (table.h, TABLE_PAGE), wholly
+            /* The growth took the array allocated ahead (table.h, XBIG_PAGE), wholly
              * faulted in by then, and the next one is not begun yet. */
             assert_ptr_equal(m.t.slots, next);
             assert_true(next_faulted >= (m.t.mask + 1) * sizeof(uintptr_t));
@@ -499,7 +499,7 @@ static void test_large_mapped_arrays(void **state)
             assert_ptr_equal(m.t.next, next);
             size_t bytes = (m.t.mask + 1) * 2 * sizeof(uintptr_t);
             assert_int_equal(m.t.next_faulted,
-                             next_faulted < bytes ? next_faulted + TABLE_PAGE : bytes);
+                             next_faulted < bytes ? next_faulted + XBIG_PAGE : bytes);
         }
         /* Allocated ahead by an insert that found the table 5/8 full, and only for an
          * array that will be mapped. */
@@ -628,7 +628,7 @@ static void test_fsm_spare_made_ahead_of_the_freeze(void **state)
     while (h.f->spare_faulted < want) {
         snprintf(key, sizeof(key), "s%07d", n++);
         assert_int_equal(th_claim(&h, 1, key, 1, NULL), IDEM__OUTCOME__OUTCOME_ACQUIRED);
-        assert_int_equal(h.f->spare_faulted, faulted + TABLE_PAGE);
+        assert_int_equal(h.f->spare_faulted, faulted + XBIG_PAGE);
         faulted = h.f->spare_faulted;
     }
     /* A claim of a key already there inserts nothing and faults nothing. */
