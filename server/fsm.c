@@ -939,6 +939,11 @@ void fsm_get_stats(const struct fsm *f, struct fsm_stats *out)
     out->clock_ms = f->clock;
     out->last_index = f->last_index;
     out->snapshot_spare_bytes = f->spare_n * sizeof(*f->spare_slots);
+    struct table_index_bytes ib;
+    table_get_index_bytes(&f->t, &ib);
+    out->index_slots_bytes = ib.slots;
+    out->index_migrating_bytes = ib.migrating;
+    out->index_ahead_bytes = ib.ahead;
 }
 
 struct digestAcc {

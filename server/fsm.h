@@ -92,6 +92,9 @@ struct fsm_stats {
     uint64_t last_index;
     uint64_t snapshot_spare_bytes; /* the slot copy kept for the next snapshot: the last
                                     * one's, or one made ahead of it (mapped sizes) */
+    uint64_t index_slots_bytes;     /* the record table's slot arrays: table_index_bytes */
+    uint64_t index_migrating_bytes;
+    uint64_t index_ahead_bytes;
 };
 
 /* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).

@@ -1103,6 +1103,20 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_corrections_total{kind=\"cut\"} %llu\n",
              (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
              (unsigned long long)si.cluster.raft_cut);
+    tbPrintf(&b,
+             "# HELP idem_table_index_bytes Memory of the record table's slot arrays (the "
+             "records themselves are not counted): the array in use, the part of the one "
+             "being migrated from during a growth, the part of the next growth's array "
+             "faulted in ahead of it, and the slot copy kept for the next snapshot.\n"
+             "# TYPE idem_table_index_bytes gauge\n"
+             "idem_table_index_bytes{array=\"slots\"} %llu\n"
+             "idem_table_index_bytes{array=\"migrating\"} %llu\n"
+             "idem_table_index_bytes{array=\"ahead\"} %llu\n"
+             "idem_table_index_bytes{array=\"snapshot_spare\"} %llu\n",
+             (unsigned long long)si.fsm.index_slots_bytes,
+             (unsigned long long)si.fsm.index_migrating_bytes,
+             (unsigned long long)si.fsm.index_ahead_bytes,
+             (unsigned long long)si.fsm.snapshot_spare_bytes);
     struct aio_reap_stats ar;
     aio_reap_get_stats(&ar);
     tbPrintf(&b,

@@ -89,6 +89,14 @@ size_t table_next_bytes(const struct table *t)
     return t->next != NULL ? nextSlots(t) * sizeof(uintptr_t) : 0;
 }
 
+void table_get_index_bytes(const struct table *t, struct table_index_bytes *out)
+{
+    out->slots = (uint64_t)(t->mask + 1) * sizeof(uintptr_t);
+    out->migrating =
+        t->old != NULL ? (uint64_t)(t->old_mask + 1 - t->mig_done) * sizeof(uintptr_t) : 0;
+    out->ahead = t->next != NULL ? t->next_faulted : 0;
+}
+
 static void nextDrop(struct table *t)
 {
     if (t->next != NULL) {

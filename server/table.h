@@ -119,6 +119,14 @@ void table_settle(struct table *t);
 /* Bytes held by `next`, the next growth's array allocated ahead (0 when none). */
 size_t table_next_bytes(const struct table *t);
 
+/* Memory of the table's slot arrays, in bytes. */
+struct table_index_bytes {
+    uint64_t slots;     /* the array in use */
+    uint64_t migrating; /* the part of `old` not migrated yet (migrated chunks are given back) */
+    uint64_t ahead;     /* the part of `next` faulted in so far */
+};
+void table_get_index_bytes(const struct table *t, struct table_index_bytes *out);
+
 /* Moves a migration in progress forward by up to n positions; true when none is left. */
 bool table_settle_step(struct table *t, size_t n);
 

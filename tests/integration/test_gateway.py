@@ -692,7 +692,7 @@ _METRICS = ("idem_http_requests_total", "idem_requests_total", "idem_claim_durat
             "idem_quarantined", "idem_bytes", "idem_fail_closed_total",
             "idem_raft_append_duration_seconds_bucket", "idem_raft_append_duration_seconds_sum",
             "idem_raft_append_duration_seconds_count", "idem_rpc_connections",
-            "idem_rpc_inflight_requests", "idem_rpc_frame_buffer_bytes")
+            "idem_rpc_inflight_requests", "idem_rpc_frame_buffer_bytes", "idem_table_index_bytes")
 
 
 def parse_metrics(text):
@@ -789,6 +789,14 @@ class TestGatewayOps(GatewayTest):
                 self.assertEqual(app[-1][1], total)
                 self.assertGreater(total, 0)
                 self.assertGreater(m["idem_raft_append_duration_seconds_sum"][0][1], 0)
+                # A small table: one slot array of the minimum size (1,024 slots of 8
+                # bytes), no growth under way, nothing allocated ahead (only arrays that
+                # are mapped, 1 MiB or more, are).
+                index = dict(m["idem_table_index_bytes"])
+                self.assertEqual(sorted(index), ['array="ahead"', 'array="migrating"',
+                                                 'array="slots"', 'array="snapshot_spare"'])
+                self.assertEqual((index['array="slots"'], index['array="migrating"'],
+                                  index['array="ahead"']), (8192, 0, 0), index)
         # The leader's table: the records and the quarantined ones are counted.
         laddr = self.c.nodes[lid].http
 

@@ -482,6 +482,7 @@ static void test_large_mapped_arrays(void **state)
     }
     uint64_t x = 0x2545f4914f6cdd1dULL;
     size_t checks = 0, growths = 0, ahead = 0;
+    uint64_t last_migrating = 0;
     for (size_t c = 0; c < N; c++) {
         size_t mask = m.t.mask;
         uintptr_t *next = m.t.next;
@@ -510,6 +511,21 @@ static void test_large_mapped_arrays(void **state)
         if (!mapped_next) {
             assert_null(m.t.next);
         }
+        /* What /metrics shows of the arrays (idem_table_index_bytes): the array in use;
+         * during a migration, the old array's part not migrated yet, shrinking with each
+         * insert; the next array's pages faulted in so far. */
+        struct table_index_bytes ib;
+        table_get_index_bytes(&m.t, &ib);
+        assert_int_equal(ib.slots, (m.t.mask + 1) * sizeof(uintptr_t));
+        assert_int_equal(ib.ahead, m.t.next != NULL ? m.t.next_faulted : 0);
+        if (m.t.old != NULL) {
+            assert_true(ib.migrating > 0);
+            assert_true(ib.migrating <= (m.t.old_mask + 1) * sizeof(uintptr_t));
+            assert_true(mask != m.t.mask || ib.migrating < last_migrating);
+        } else {
+            assert_int_equal(ib.migrating, 0);
+        }
+        last_migrating = ib.migrating;
         size_t k = (size_t)(xorshift(&x) % (c + 1));
         if (m.rec[k] != NULL) {
             unsigned r = (unsigned)(xorshift(&x) % 8);
