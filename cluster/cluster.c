@@ -162,6 +162,8 @@ const char *cluster_strerror(int rc)
         return "a membership change is already in flight";
     case CLUSTER_EINVAL:
         return "invalid argument";
+    case CLUSTER_EUNREACHABLE:
+        return "the node named is not reachable from the leader";
     case CLUSTER_ERAFT:
         return "raft error";
     }
@@ -1449,6 +1451,52 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
          * to this very node, over and over until its deadline. */
         setErr(c, "", "a leadership transfer is already in progress");
         return CLUSTER_EBUSY;
+    }
+    /* libraft 0.15 starts a transfer to a voter that is down, too (and picks one for "any"
+     * when it holds the most entries): the leader then takes no proposals until the
+     * transfer times out, and the cluster was seen without a leader for an election
+     * timeout after it (test_transfer_to_a_down_node). Only a voter
+     * this node has heard from within an election timeout is asked to take over; for
+     * "any", the first such one in the configuration. */
+    const struct raft_configuration *conf = &c->raft.configuration;
+    uint64_t fresh_ms = c->cfg.election_timeout_ms;
+    if (id == 0) {
+        for (unsigned i = 0; i < conf->n && id == 0; i++) {
+            const struct raft_server *sv = &conf->servers[i];
+            if (sv->role == RAFT_VOTER && sv->id != c->cfg.id &&
+                io_heard_ago_ms(&c->io, sv->id) <= fresh_ms) {
+                id = sv->id;
+            }
+        }
+        if (id == 0) {
+            char why[160];
+            snprintf(why, sizeof why,
+                     "no other voter has been heard from in the last %llu ms",
+                     (unsigned long long)fresh_ms);
+            setErr(c, "", why);
+            return CLUSTER_EUNREACHABLE;
+        }
+    } else if (id != c->cfg.id) {
+        for (unsigned i = 0; i < conf->n; i++) {
+            uint64_t ago = io_heard_ago_ms(&c->io, id);
+            if (conf->servers[i].id == id && conf->servers[i].role == RAFT_VOTER &&
+                ago > fresh_ms) {
+                char why[200];
+                if (ago == UINT64_MAX) {
+                    snprintf(why, sizeof why,
+                             "node %llu has not been heard from since this node started: it "
+                             "looks down or unreachable",
+                             (unsigned long long)id);
+                } else {
+                    snprintf(why, sizeof why,
+                             "node %llu has not been heard from for %llu ms: it looks down "
+                             "or unreachable",
+                             (unsigned long long)id, (unsigned long long)ago);
+                }
+                setErr(c, "", why);
+                return CLUSTER_EUNREACHABLE;
+            }
+        }
     }
     struct transferReq *tr = xcalloc1(sizeof(*tr));
     tr->c = c;

@@ -36,6 +36,7 @@ enum cluster_rc {
     CLUSTER_EBUSY = -4,      /* a membership change is already in flight */
     CLUSTER_EINVAL = -5,
     CLUSTER_ERAFT = -6,      /* raft refused; see cluster_errmsg() */
+    CLUSTER_EUNREACHABLE = -7, /* transfer: the voter named (or every other) is not heard from */
 };
 
 struct cluster_member {
@@ -213,7 +214,9 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
                        cluster_change_cb cb, void *data);
 int cluster_member_promote(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
 int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
-/* Leadership transfer to `id` (0: raft picks the most up-to-date voter). */
+/* Leadership transfer to `id` (0: the first voter in the configuration heard from within
+ * an election timeout). CLUSTER_EUNREACHABLE, nothing started, when `id` is a voter this
+ * node has not heard from within an election timeout, or for 0 when no other voter is. */
 int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
 /* Takes a snapshot at the next applied entry (a barrier makes one on the leader). */
 int cluster_snapshot_now(struct cluster *c);

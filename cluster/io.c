@@ -205,9 +205,41 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae)
     return true;
 }
 
+/* Notes that a message from `id` arrived now: its own entry, else an unused one, else the
+ * one heard from longest ago. */
+static void noteHeard(struct io *io, raft_id id)
+{
+    raft_time now = io->inner.time(&io->inner);
+    size_t pick = 0;
+    for (size_t k = 0; k < IO_PEERS_MAX; k++) {
+        if (io->heard[k].id == id) {
+            pick = k;
+            break;
+        }
+        if (io->heard[pick].id != 0 &&
+            (io->heard[k].id == 0 || io->heard[k].at_ms < io->heard[pick].at_ms)) {
+            pick = k;
+        }
+    }
+    io->heard[pick].id = id;
+    io->heard[pick].at_ms = now;
+}
+
+uint64_t io_heard_ago_ms(const struct io *io, raft_id id)
+{
+    for (size_t k = 0; k < IO_PEERS_MAX; k++) {
+        if (io->heard[k].id == id && id != 0) {
+            raft_time now = io->inner.time((struct raft_io *)&io->inner);
+            return now >= io->heard[k].at_ms ? now - io->heard[k].at_ms : 0;
+        }
+    }
+    return UINT64_MAX;
+}
+
 static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
 {
     struct io *io = fromInner(i);
+    noteHeard(io, msg->server_id);
     if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->raft != NULL &&
         io_hold_result(io->raft, &msg->append_entries_result)) {
         io->results_held++;
@@ -953,6 +985,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->snap_delete_pause_us = SNAPSTORE_DELETE_PAUSE_US;
     io->snap_last = 0;
     memset(io->append_buckets, 0, sizeof(io->append_buckets));
+    memset(io->heard, 0, sizeof(io->heard));
     io->append_count = 0;
     io->append_sum_us = 0;
 }

@@ -84,6 +84,9 @@
 #define IO_APPEND_BUCKETS 14
 #define IO_APPEND_BOUND_US(i) (500ull << (i))
 
+/* Peers whose last message is kept (io_heard_ago_ms): more than a cluster has members. */
+#define IO_PEERS_MAX 64
+
 /* How long raft's close waits for disk writes in flight, by default. */
 #define IO_CLOSE_WAIT_MS 2000
 
@@ -118,6 +121,10 @@ struct io {
     unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
     atomic_bool snap_stop;         /* set by raft's close: snapstore's pool work stops early */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
+    struct {
+        raft_id id;       /* 0: unused */
+        raft_time at_ms;  /* raft_io's clock when a message from it last arrived */
+    } heard[IO_PEERS_MAX];
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
     uint64_t append_count;
     uint64_t append_sum_us;
@@ -145,5 +152,11 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
  * the loop raft_uv runs on (the io does not own it). */
 void io_wrap(struct io *io, uv_loop_t *loop);
+
+/* Milliseconds since the last raft message from server `id` arrived, or UINT64_MAX when
+ * none has since this node started (or since IO_PEERS_MAX other servers were heard from
+ * after it). The leader hears from every follower at least once a heartbeat while that
+ * follower is up and connected. */
+uint64_t io_heard_ago_ms(const struct io *io, raft_id id);
 
 #endif

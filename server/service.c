@@ -756,6 +756,27 @@ static void adminChangeCb(void *data, int status, const char *errmsg)
     free(a);
 }
 
+/* A transfer's end. One that did not move leadership to a reachable voter (it did not win
+ * its election in time: a node still catching up, say) may well succeed again: the answer
+ * says so with retry_after_ms, an election timeout, which idemctl waits before it asks
+ * again. A refusal up front (a voter not heard from) carries none. */
+static void transferDoneCb(void *data, int status, const char *errmsg)
+{
+    struct adminOp *a = data;
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+    if (status != 0) {
+        res.retry_after_ms = a->s->cfg->raft.election_timeout_ms;
+    }
+    resp.request_id = a->request_id;
+    resp.result = &res;
+    resp.error = (char *)(errmsg ? errmsg : "");
+    resp.leader_rpc_address = "";
+    a->cb(a->data, &resp);
+    free(a);
+}
+
 static void answerClusterRc(struct service *s, int rc, uint64_t request_id, service_done_cb cb,
                             void *data)
 {
@@ -936,7 +957,7 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
     a->data = data;
     a->request_id = req->request_id;
     if (req->op_case == IDEM__REQUEST__OP_TRANSFER) {
-        rc = cluster_transfer(s->cluster, req->transfer->id, adminChangeCb, a);
+        rc = cluster_transfer(s->cluster, req->transfer->id, transferDoneCb, a);
     } else {
         const Idem__MembersRequest *m = req->members;
         struct cluster_member cm;

@@ -71,7 +71,7 @@ static const char usageText[] =
     "                         every node: role, term, leader, indexes, records; warnings\n"
     "                         when a node lags or is unreachable, or there is no quorum\n"
     "  members [list | add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR] | promote ID | remove ID]\n"
-    "  transfer [NODE_ID]     hand leadership over (default: the most up-to-date voter)\n"
+    "  transfer [NODE_ID]     hand leadership over (default: a voter the leader hears from)\n"
     "  snapshot [--node ADDR] take a snapshot on ADDR (default: the leader)\n"
     "  key get TENANT KEY [--reveal]\n"
     "                         one record of any tenant; the key shows as its key_digest\n"
@@ -153,16 +153,19 @@ static const struct help helps[] = {
      "`idemctl members promote ID`. Start the new node first, with an empty bootstrap list.\n"
      "Needs the admin token.\n"},
     {"members promote", "Usage: idemctl members promote ID\n\nMakes member ID a voter (raft "
-                        "catches it up first). Needs the admin token.\n"},
+                        "catches it up first: a node that is down makes it time out). Sent to "
+                        "the leader once, not retried. Needs the admin token.\n"},
     {"members remove", "Usage: idemctl members remove ID\n\nTakes member ID out of the Raft "
                        "configuration. Needs the admin token.\n"},
     {"transfer",
      "Usage: idemctl transfer [NODE_ID]\n"
      "\n"
-     "Hands leadership to NODE_ID, or to the most up-to-date voter when none is given.\n"
+     "Hands leadership to NODE_ID, or to a voter the leader hears from when none is given.\n"
      "`idemctl status` shows the new leader. When the leader refuses NODE_ID (invalid), the\n"
-     "error says why: already the leader, not a voter, or not a member. Needs the admin\n"
-     "token.\n"},
+     "error says why: already the leader, not a voter, or not a member. A voter the leader\n"
+     "has not heard from within an election timeout is refused (unavailable, exit 3). Sent\n"
+     "to the leader once; asked again only when the leader answers that leadership did not\n"
+     "move and may next time. Needs the admin token.\n"},
     {"snapshot",
      "Usage: idemctl snapshot [--node ADDR]\n"
      "\n"
@@ -837,6 +840,13 @@ static void printHints(unsigned h)
 }
 
 /* Reports a call that got no answer; returns the exit status. */
+static uint64_t nowMs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 static int failCall(const struct global *g, int rv, const char *why)
 {
     const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
@@ -1208,6 +1218,9 @@ static void printMembersTable(const Idem__Response *resp)
     }
 }
 
+static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
+                      const Idem__Request *req, Idem__Response **resp, uint64_t *node_id);
+
 static int cmdMembers(struct global *g, struct args *a)
 {
     const char *pos[5];
@@ -1258,7 +1271,13 @@ static int cmdMembers(struct global *g, struct args *a)
     req.op_case = IDEM__REQUEST__OP_MEMBERS;
     req.members = &mr;
     Idem__Response *resp = NULL;
-    int code = call(g, true, NULL, &req, &resp);
+    uint64_t leader_id = 0;
+    int code = mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST
+                   ? call(g, true, NULL, &req, &resp)
+                   : leaderCall(g, "members",
+                                mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ? mr.id
+                                                                                          : 0,
+                                &req, &resp, &leader_id);
     if (code != EXIT_ANSWERED) {
         return code;
     }
@@ -1974,18 +1993,33 @@ static int cmdStatus(struct global *g, struct args *a)
 
 /* snapshot without --node when status found no leader: the nodes' refusal of the token is
  * the answer (exit 0, as for every admin command); otherwise exit 3. */
-static int snapshotNoLeader(const struct global *g, const struct discovery *d)
+/* No leader in a discovery: the refusal when every node that answered refused the token,
+ * else exit 3 with why (`what`: the command; `hint`: what to do instead, or ""). */
+/* The probe of a node that refused the token, when no node answered with a status; NULL
+ * otherwise. */
+static const struct probe *everyNodeRefused(const struct discovery *d)
 {
-    size_t statuses = 0, answered = 0;
-    const struct probe *refused = NULL, *silent = NULL;
+    size_t statuses = 0;
+    const struct probe *refused = NULL;
     for (size_t i = 0; i < d->n; i++) {
         const struct probe *p = &d->probes[i];
         statuses += probeStatus(p) != NULL;
-        answered += p->rv == IDEM_OK;
         refused = refused == NULL && probeRefused(p) ? p : refused;
+    }
+    return statuses == 0 ? refused : NULL;
+}
+
+static int noLeader(const struct global *g, const struct discovery *d, const char *what,
+                    const char *hint)
+{
+    size_t answered = 0;
+    const struct probe *refused = everyNodeRefused(d), *silent = NULL;
+    for (size_t i = 0; i < d->n; i++) {
+        const struct probe *p = &d->probes[i];
+        answered += p->rv == IDEM_OK;
         silent = silent == NULL && p->rv != IDEM_OK ? p : silent;
     }
-    if (refused != NULL && statuses == 0) {
+    if (refused != NULL) {
         emit(g, resultJson(refused->resp));
         return EXIT_ANSWERED;
     }
@@ -1994,11 +2028,98 @@ static int snapshotNoLeader(const struct global *g, const struct discovery *d)
         snprintf(msg, sizeof msg, "no node answered (%s)",
                  silent->err[0] ? silent->err : idem_strerror(silent->rv));
     } else {
-        snprintf(msg, sizeof msg,
-                 "snapshot: no leader (as status shows); pass --node ADDR to take a snapshot "
-                 "on one node");
+        snprintf(msg, sizeof msg, "%s: no leader (as status shows)%s%s", what,
+                 hint[0] ? "; " : "", hint);
     }
     return failCall(g, IDEM_EUNAVAILABLE, msg);
+}
+
+/* Sends `req` (admin) once to the leader that status finds, following one redirect should
+ * leadership move in between, and without retries: a membership change or a transfer
+ * that failed or timed out is not started again behind the operator's back (a transfer to
+ * a node that cannot take over cost the cluster an election each time). On an answer
+ * returns EXIT_ANSWERED with *resp (OUT; free with idem__response__free_unpacked), and
+ * *node_id (OUT) the leader's ID as status found it; an `unavailable` answer is reported
+ * as exit 3 with the leader's own words. `promotee` (0: none) is a node to be promoted:
+ * when it did not answer idemctl either, a warning says so before the request goes. */
+static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
+                      const Idem__Request *req, Idem__Response **resp, uint64_t *node_id)
+{
+    *resp = NULL;
+    *node_id = 0;
+    if (g->cluster == NULL) {
+        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+    }
+    char addr[ADDR_MAX];
+    struct discovery d;
+    discover(g, false, &d);
+    /* The leader answered as leader, or refused the token (buildView()). */
+    const struct probe *lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
+    if (lp == NULL) {
+        /* A token every node refused: that node's answer to the request itself (forbidden
+         * or unauthenticated, nothing changed). */
+        lp = everyNodeRefused(&d);
+    }
+    if (lp == NULL) {
+        int code = noLeader(g, &d, what, "");
+        discoveryFree(&d);
+        return code;
+    }
+    snprintf(addr, sizeof addr, "%s", lp->addr);
+    *node_id = probeStatus(lp) != NULL ? d.v.leader : 0;
+    for (size_t i = 0; promotee != 0 && i < d.n; i++) {
+        const struct probe *p = &d.probes[i];
+        if (p->rv != IDEM_OK && probeId(p, &d.v) == promotee) {
+            fprintf(stderr,
+                    "idemctl: warning: node %" PRIu64 " (%s) did not answer: %s; Raft catches a "
+                    "node up before it votes, so a node that is down makes the promote time "
+                    "out\n",
+                    promotee, p->addr, p->err[0] ? p->err : idem_strerror(p->rv));
+        }
+    }
+    discoveryFree(&d);
+    uint64_t end = nowMs() + g->deadline_ms;
+    struct global once = *g;
+    for (int hop = 0;; hop++) {
+        int code = call(&once, true, addr, req, resp);
+        if (code != EXIT_ANSWERED) {
+            return code;
+        }
+        Idem__Outcome out = idem_response_outcome(*resp);
+        uint64_t wait = (*resp)->result != NULL ? (*resp)->result->retry_after_ms : 0;
+        uint64_t now = nowMs();
+        if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && wait > 0 && now + wait + 1 < end) {
+            /* A transfer that did not move leadership, to a voter the leader hears from:
+             * asked again (same node: a new leader answers not_leader, followed below). */
+            struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            once.deadline_ms = (uint32_t)(end - nowMs());
+            idem__response__free_unpacked(*resp, NULL);
+            *resp = NULL;
+            hop = -1;
+            continue;
+        }
+        const char *redirect = (*resp)->leader_rpc_address;
+        if (out == IDEM__OUTCOME__OUTCOME_NOT_LEADER && hop == 0 && redirect != NULL &&
+            redirect[0] != '\0' && strlen(redirect) < sizeof addr) {
+            snprintf(addr, sizeof addr, "%s", redirect);
+            *node_id = 0;
+            idem__response__free_unpacked(*resp, NULL);
+            *resp = NULL;
+            continue;
+        }
+        if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE || out == IDEM__OUTCOME__OUTCOME_NOT_LEADER) {
+            const char *said = (*resp)->error != NULL ? (*resp)->error : "";
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s: %s%s", addr,
+                     out == IDEM__OUTCOME__OUTCOME_NOT_LEADER ? "leadership moved twice: " : "",
+                     said[0] ? said : "unavailable");
+            idem__response__free_unpacked(*resp, NULL);
+            *resp = NULL;
+            return failCall(g, IDEM_EUNAVAILABLE, msg);
+        }
+        return EXIT_ANSWERED;
+    }
 }
 
 /* Why the leader refused to hand leadership to `id` (it answered invalid, and raft says
@@ -2050,7 +2171,8 @@ static int cmdTransfer(struct global *g, struct args *a)
     req.op_case = IDEM__REQUEST__OP_TRANSFER;
     req.transfer = &tr;
     Idem__Response *resp = NULL;
-    int code = call(g, true, NULL, &req, &resp);
+    uint64_t leader_id = 0;
+    int code = leaderCall(g, "transfer", 0, &req, &resp, &leader_id);
     if (code != EXIT_ANSWERED) {
         return code;
     }
@@ -2103,7 +2225,7 @@ static int cmdSnapshot(struct global *g, struct args *a)
         /* The leader answered as leader, or refused the token (buildView()). */
         const struct probe *lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
         if (lp == NULL) {
-            int code = snapshotNoLeader(g, &d);
+            int code = noLeader(g, &d, "snapshot", "pass --node ADDR to take a snapshot on one node");
             discoveryFree(&d);
             return code;
         }

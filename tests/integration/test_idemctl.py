@@ -12,10 +12,11 @@ import select
 import struct
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, IDEMCTL, Cluster, fp, wait_for  # noqa: E402
+from harness import ClusterTestCase, IDEMCTL, Cluster, Node, fp, wait_for  # noqa: E402
 
 ACQ = "acquired"
 
@@ -339,6 +340,49 @@ class TestIdemctlMembership(CtlTest):
         st = wait_for(three_voters, 30, "node 4 to leave the configuration")
         self.assertNotIn(4, [n["id"] for n in st["nodes"]])
         self.assertEqual(self.claim("after-remove")["outcome"], ACQ)
+
+    def test_transfer_to_a_down_node_is_refused(self):
+        # libraft 0.15 starts a transfer to a voter that is down: the leader stops taking
+        # proposals until it times out, and the cluster was then without a leader for an
+        # election (and idemctl, retrying the unavailable answer, started it again until
+        # its deadline). The leader now refuses a voter it has not heard from.
+        lid = self.c.leader()
+        dead, live = [n for n in sorted(self.c.nodes) if n != lid]
+        def leader_term():
+            st = self.status()
+            return st["leader_id"], [n["term"] for n in st["nodes"] if n["role"] == "leader"]
+        before = leader_term()
+        self.c.kill(dead)
+        time.sleep(1.5)  # over an election timeout (600 ms here) without a word from it
+        rc, out = self.c.ctl("transfer", dead, deadline=10000)
+        self.assertEqual(rc, 3, out)
+        self.assertEqual(out["outcome"], "unavailable", out)
+        self.assertIn("node %d has not been heard from for " % dead, out["error"])
+        self.assertIn("down or unreachable", out["error"])
+        self.assertEqual(leader_term(), before)
+        self.assertNotIn("no leader known", self.c.logs())
+        self.assertEqual(self.claim("after-refused-transfer")["outcome"], ACQ)
+        # "Any voter" goes to the one that is up.
+        out = self.ok("transfer")
+        self.assertEqual(out["outcome"], "ok", out)
+        wait_for(lambda: self.c.leader() == live, 20, "node %d to lead" % live)
+
+    def test_promote_of_a_node_that_is_down_warns(self):
+        # Node 4 is added but never started: the promote times out (Raft cannot catch it
+        # up), is not sent again, and a warning says why before it goes.
+        ghost = Node(4, self.c.root)
+        out = self.ok("members", "add", 4, ghost.raft, ghost.rpc, ghost.http)
+        self.assertEqual(out["outcome"], "ok", out)
+        rc, text, err = self.human("members", "promote", "4", deadline=2000)
+        self.assertEqual(rc, 3, (text, err))
+        self.assertIn("warning: node 4 (%s) did not answer" % ghost.rpc, err)
+        self.assertIn("a node that is down makes the promote time out", err)
+        # Raft gives the catch-up up after a few rounds; then node 4 can be removed.
+        wait_for(lambda: self.c.ctl("members", "remove", 4, deadline=2000)[0] == 0, 30,
+                 "the promote to end and node 4 to be removed")
+        st = wait_for(lambda: (lambda s: s if sorted(m["id"] for m in s["members"]) == [1, 2, 3]
+                               else None)(self.status()), 20, "node 4 out of the configuration")
+        self.assertEqual(st["voters"], 3)
 
     def test_last_voter_is_not_removed(self):
         # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
