@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "aio_reap.h"
+#include "wire_check.h"
 #include "fingerprint.h"
 #include "forward.h"
 #include "log.h"
@@ -1133,6 +1134,13 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_aio_destroy_failures_total %llu\n",
              (unsigned long long)ar.destroyed, (unsigned long long)ar.inline_runs,
              (unsigned long long)ar.failed);
+    tbPrintf(&b,
+             "# HELP idem_raft_messages_refused_total Raft messages from peers refused before "
+             "libraft decoded them (malformed: cluster/wire_check.h); each closed its "
+             "connection.\n"
+             "# TYPE idem_raft_messages_refused_total counter\n"
+             "idem_raft_messages_refused_total %llu\n",
+             (unsigned long long)wire_check_refused());
     sendRaw(h, req, R_METRICS, rid, 200, "text/plain; version=0.0.4", b.p, b.len, NULL, 0);
     free(b.p);
 }
