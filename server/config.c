@@ -783,6 +783,17 @@ static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
                : 0;
 }
 
+static int parseHttp(struct ctx *c, yaml_node_t *map, struct config_http *h)
+{
+    enum { CONNECTIONS, N };
+    static const char *const keys[N] = {"max_connections"};
+    struct field f[N];
+    return mapFields(c, map, "http", "http", keys, N, f) != 0 ||
+                   getU32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0
+               ? -1
+               : 0;
+}
+
 static int parseExpiry(struct ctx *c, yaml_node_t *map, struct config_expiry *e)
 {
     enum { INTERVAL, BATCH, N };
@@ -1443,6 +1454,7 @@ static void setDefaults(struct config *cfg)
     cfg->rpc.handshake_timeout_ms = 5000;
     cfg->batch.max_commands = 256;
     cfg->batch.max_bytes = 1u << 20;
+    cfg->http.max_connections = 1024;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;
 }
@@ -1451,9 +1463,9 @@ static void setDefaults(struct config *cfg)
  * node before cluster), whatever their order in the file. */
 static int parseRoot(struct ctx *c, yaml_node_t *root, struct config *cfg)
 {
-    enum { NODE, CLUSTER, RAFT, RPC, BATCH, EXPIRY, TLS, ADMIN, TENANTS, PROXY, N };
-    static const char *const keys[N] = {"node",   "cluster", "raft",  "rpc",     "batch",
-                                        "expiry", "tls",     "admin", "tenants", "proxy"};
+    enum { NODE, CLUSTER, RAFT, RPC, BATCH, HTTP, EXPIRY, TLS, ADMIN, TENANTS, PROXY, N };
+    static const char *const keys[N] = {"node", "cluster", "raft",  "rpc",     "batch", "http",
+                                        "expiry", "tls",   "admin", "tenants", "proxy"};
     struct field f[N];
     if (root->type != YAML_MAPPING_NODE) {
         return failNode(c, root, "expected a mapping at the top level, got %s", kindName(root));
@@ -1465,6 +1477,7 @@ static int parseRoot(struct ctx *c, yaml_node_t *root, struct config *cfg)
         (present(&f[RAFT]) && parseRaft(c, f[RAFT].val, &cfg->raft) != 0) ||
         (present(&f[RPC]) && parseRpc(c, f[RPC].val, &cfg->rpc) != 0) ||
         (present(&f[BATCH]) && parseBatch(c, f[BATCH].val, &cfg->batch) != 0) ||
+        (present(&f[HTTP]) && parseHttp(c, f[HTTP].val, &cfg->http) != 0) ||
         (present(&f[EXPIRY]) && parseExpiry(c, f[EXPIRY].val, &cfg->expiry) != 0) ||
         (present(&f[TLS]) && parseTls(c, f[TLS].val, &cfg->tls) != 0) ||
         required(c, &f[ADMIN]) != 0 || parseAdmin(c, f[ADMIN].val, cfg->admin_token_sha256) != 0 ||
@@ -1695,4 +1708,23 @@ bool config_is_cluster_secret_hash(const struct config *c, const uint8_t hash[CO
 bool config_is_admin_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN])
 {
     return CRYPTO_memcmp(c->admin_token_sha256, hash, CONFIG_HASH_LEN) == 0;
+}
+
+bool config_fd_budget(const struct config *c, uint64_t limit, uint32_t *rpc, uint32_t *http)
+{
+    uint64_t r = c->rpc.max_connections;
+    uint64_t h = c->http.max_connections;
+    uint64_t per_http = c->n_proxies > 0 ? 2 : 1; /* a proxied request's upstream socket */
+    *rpc = (uint32_t)r;
+    *http = (uint32_t)h;
+    if (r + h * per_http + CONFIG_FD_RESERVE <= limit) {
+        return false;
+    }
+    uint64_t room = limit > CONFIG_FD_RESERVE ? limit - CONFIG_FD_RESERVE : 0;
+    uint64_t want = r + h * per_http;
+    uint64_t nr = room * r / want;
+    uint64_t nh = room * h / want;
+    *rpc = (uint32_t)(nr > 0 ? nr : 1);
+    *http = (uint32_t)(nh > 0 ? nh : 1);
+    return true;
 }

@@ -97,6 +97,11 @@ struct config_batch {
     uint32_t max_bytes;    /* bytes per log entry, 1024..64 MiB, default 1 MiB */
 };
 
+struct config_http {
+    uint32_t max_connections; /* open connections of the gateway and proxy listeners together,
+                               * 1..1048576, default 1024 */
+};
+
 struct config_expiry {
     uint32_t interval_ms; /* 1..3600000, default 1000 */
     uint32_t batch;       /* records per expire entry, 1..65536, default 1024 */
@@ -189,6 +194,7 @@ struct config {
     struct config_raft raft;
     struct config_rpc rpc;
     struct config_batch batch;
+    struct config_http http;
     struct config_expiry expiry;
     struct config_tls tls;
     uint8_t admin_token_sha256[CONFIG_HASH_LEN];
@@ -211,6 +217,17 @@ int config_load(const char *path, struct config *out, char *err, size_t errlen);
  * message; out and err are as for config_load(). */
 int config_parse(const char *name, const char *text, size_t len, struct config *out, char *err,
                  size_t errlen);
+
+/* File descriptors a node keeps for itself besides its client connections: Raft's peer
+ * connections, log segments, snapshots, the loop's own. */
+#define CONFIG_FD_RESERVE 256
+
+/* Fits the connection caps to a file descriptor limit: the RPC connections, the HTTP ones
+ * and, with proxy routes, one upstream connection per HTTP one, plus CONFIG_FD_RESERVE,
+ * must fit in `limit`. Sets *rpc and *http (OUT) to the caps to use: the configured ones
+ * when they fit, else both lowered in proportion (at least 1 each). Returns true when it
+ * lowered them. */
+bool config_fd_budget(const struct config *c, uint64_t limit, uint32_t *rpc, uint32_t *http);
 
 /* Frees what c owns and zeroes it, so that freeing twice is safe. c is the caller's
  * struct, borrowed; the struct itself is not freed. Accepts NULL. */

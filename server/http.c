@@ -80,6 +80,8 @@ struct httpMetrics {
     uint64_t claim_count;
     double claim_sum;
     uint64_t fail_closed;
+    uint64_t connections;         /* open connections of the gateway and proxy listeners */
+    uint64_t connections_refused; /* closed at once: http.max_connections were open */
 };
 
 struct httpJob;
@@ -1084,6 +1086,13 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          m->fail_closed},
         {"idem_rpc_connections", "gauge", "Open connections of the binary RPC listener.",
          rs.connections},
+        {"idem_http_connections", "gauge",
+         "Open connections of the HTTP gateway and proxy listeners (at most "
+         "http.max_connections).",
+         m->connections},
+        {"idem_http_connections_refused_total", "counter",
+         "HTTP connections closed on accept because http.max_connections were open.",
+         m->connections_refused},
         {"idem_rpc_inflight_requests", "gauge",
          "RPC requests taken that await their answer (at most 4096 per connection).", rs.inflight},
         {"idem_rpc_frame_buffer_bytes", "gauge",
@@ -2617,25 +2626,43 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 
 /* ---- lifecycle ------------------------------------------------------------------------- */
 
-static void freeHandleCb(uv_handle_t *handle)
+/* One accepted connection of the gateway or a proxy listener; h2o owns tcp.data. */
+struct httpConn {
+    uv_tcp_t tcp; /* first member: the close callback gets &tcp */
+    struct http_server *h;
+};
+
+static void connClosedCb(uv_handle_t *handle)
 {
-    free(handle);
+    struct httpConn *c = (struct httpConn *)handle;
+    c->h->m.connections--;
+    free(c);
 }
 
+/* Past http.max_connections a connection is accepted and closed at once (left in the
+ * backlog it would only wait there): each holds a file descriptor, and a node out of them
+ * cannot open its next log segment, which stops a leader (README, Limits). */
 static void acceptCb(uv_stream_t *l, int status)
 {
     struct http_server *h = l->data;
     if (status != 0 || h->stopping) {
         return;
     }
-    uv_tcp_t *c = xmalloc(sizeof(*c));
-    uv_tcp_init(h->loop, c);
-    if (uv_accept(l, (uv_stream_t *)c) != 0) {
-        uv_close((uv_handle_t *)c, freeHandleCb);
+    struct httpConn *c = xmalloc(sizeof(*c));
+    c->h = h;
+    h->m.connections++;
+    uv_tcp_init(h->loop, &c->tcp);
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
+        uv_close((uv_handle_t *)&c->tcp, connClosedCb);
         return;
     }
-    uv_tcp_nodelay(c, 1);
-    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)c, freeHandleCb);
+    if (h->m.connections > h->cfg->http.max_connections) {
+        h->m.connections_refused++;
+        uv_close((uv_handle_t *)&c->tcp, connClosedCb);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, connClosedCb);
     h2o_accept(&h->accept_ctx, sock);
 }
 

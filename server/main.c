@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <uv.h>
 
@@ -104,6 +105,35 @@ static int ensureDir(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/* Raises the soft limit on open files to the hard one, then lowers the connection caps if
+ * they still do not fit with the node's own reserve: a node out of file descriptors cannot
+ * open its next log segment, and a leader whose log write fails stops (README, Limits). */
+static void fitFileLimit(struct config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return;
+    }
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = rl;
+        up.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) {
+            rl = up;
+        }
+    }
+    uint64_t limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+    uint32_t rpc, http;
+    if (config_fd_budget(cfg, limit, &rpc, &http)) {
+        log_warn("open files are limited to %llu: rpc.max_connections %u and "
+                 "http.max_connections %u lowered to %u and %u (%d kept for raft, logs and "
+                 "snapshots); raise the limit (ulimit -n, systemd LimitNOFILE) to keep them",
+                 (unsigned long long)limit, cfg->rpc.max_connections,
+                 cfg->http.max_connections, rpc, http, CONFIG_FD_RESERVE);
+        cfg->rpc.max_connections = rpc;
+        cfg->http.max_connections = http;
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL;
@@ -148,6 +178,7 @@ int main(int argc, char **argv)
         config_free(&d.cfg);
         return 1;
     }
+    fitFileLimit(&d.cfg);
     uv_loop_init(&d.loop);
     d.svc = service_new(&d.loop, &d.cfg, err, sizeof(err));
     if (d.svc == NULL) {

@@ -8,13 +8,16 @@ Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_limits
 """
 import json
 import os
+import resource
 import socket
 import ssl
 import struct
+import subprocess
 import threading
 import time
 import unittest
 
+import harness
 from harness import Cluster, ClusterTestCase, fp, http_request, wait_for
 from test_cluster import _frame, _read_frame
 from test_tls_bench import make_pki
@@ -458,6 +461,104 @@ class TestRpcLimits(LimitTest):
         s.close()
         rc, out = self.c.ctl("members", "list", ids=[1])
         self.assertEqual([m["id"] for m in out["members"]], [1], out)
+
+
+class FdCluster(LimitCluster):
+    """One node with http: settings and its open files limited (soft and hard) to `nofile`."""
+
+    def __init__(self, http_lines, nofile, **kw):
+        self._http_lines = http_lines
+        self._nofile = nofile
+        super().__init__([], **kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        with open(node.cfg, "a") as f:
+            f.write("\n".join(["http:"] + ["  " + ln for ln in self._http_lines]) + "\n")
+
+    def start(self, nid):
+        node = self.nodes[nid]
+        log = open(node.log, "ab")
+        limit = self._nofile
+
+        def cap():
+            if limit:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+        node.proc = subprocess.Popen([harness.IDEMD, "--config", node.cfg], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=cap)
+        log.close()
+
+
+def _idle_connections(addr, n):
+    host, port = addr.rsplit(":", 1)
+    return [socket.create_connection((host, int(port)), timeout=10) for _ in range(n)]
+
+
+def _metric(addr, name):
+    text = http_request(addr, "GET", "/metrics").raw
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError("%s not in /metrics" % name)
+
+
+class TestHttpConnectionCap(LimitTest):
+    def make_cluster(self):
+        return FdCluster(["max_connections: 4"], 0, n=1)
+
+    def test_connections_past_the_cap_are_closed(self):
+        held = _idle_connections(self.node.http, 4)
+        try:
+            extra = _idle_connections(self.node.http, 1)[0]
+            self.assertTrue(_closed(extra), "a connection past http.max_connections stayed open")
+            extra.close()
+        finally:
+            for s in held:
+                s.close()
+        # Once the idle ones are gone, the listener serves again and counted the refusal.
+        wait_for(lambda: _metric(self.node.http, "idem_http_connections") == 1, 15,
+                 "the idle connections to be gone")
+        self.assertGreaterEqual(_metric(self.node.http, "idem_http_connections_refused_total"), 1)
+
+
+class TestFileLimit(LimitTest):
+    # 400 open files: the default caps (1024 RPC + 1024 HTTP + 256 kept) do not fit, so the
+    # node lowers them to 72 each. Connections past them are refused, and the leader keeps
+    # the descriptors it needs for its log and snapshots (before, clients could take them
+    # all, and the leader stopped at its next segment or snapshot: "raft log write failed").
+    def make_cluster(self):
+        return FdCluster(["max_connections: 1024"], 400, n=1)
+
+    def test_caps_fit_the_limit_and_the_leader_survives_a_flood(self):
+        self.assertTrue(self.c.logs_contain(
+            "open files are limited to 400: rpc.max_connections 1024 and http.max_connections "
+            "1024 lowered to 72 and 72"), self.c.logs())
+        rpc_flood = _idle_connections(self.node.rpc, 150)
+        http_flood = []
+        try:
+            wait_for(lambda: _metric(self.node.http, "idem_rpc_connections") <= 72, 15,
+                     "the RPC connections past the cap to be closed")
+            http_flood = _idle_connections(self.node.http, 150)
+            # Room for idemctl on the RPC port again; the HTTP port stays flooded.
+            for s in rpc_flood[:10]:
+                s.close()
+            time.sleep(0.5)
+            # The leader still writes its log and a snapshot, and answers.
+            for i in range(20):
+                rc, out = self.c.ctl("claim", "flood-%d" % i, "--fingerprint", fp(i))
+                self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+            rc, out = self.c.ctl("snapshot")
+            self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+            wait_for(lambda: (self.c.status() or {"nodes": [{}]})["nodes"][0].get(
+                "last_snapshot_index", 0) > 0, 20, "the snapshot to be taken")
+        finally:
+            for s in rpc_flood + http_flood:
+                s.close()
+        self.assertIsNone(self.node.proc.poll(), self.c.logs())
+        self.assertFalse(self.c.logs_contain("raft log write failed"))
+        wait_for(lambda: _metric(self.node.http, "idem_http_connections") == 1, 15,
+                 "the flood's connections to be gone")
 
 
 class TestRpcTlsLimits(LimitTest):

@@ -263,6 +263,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.raft.snapshot_nice, 19);
     assert_int_equal(c.rpc.max_frame_bytes, 4 * 1024 * 1024 + 128 * 1024);
     assert_int_equal(c.rpc.default_deadline_ms, 2000);
+    assert_int_equal(c.http.max_connections, 1024);
     assert_int_equal(c.rpc.max_deadline_ms, 60000);
     assert_int_equal(c.rpc.max_connections, 1024);
     assert_int_equal(c.rpc.idle_timeout_ms, 300000);
@@ -393,6 +394,9 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
     {"snapshot log percent above the maximum", NODE_OK "raft:\n  snapshot_log_percent: 10001\n",
      "x.yaml:7:25: ", "raft.snapshot_log_percent: \"10001\" is out of range (0..10000)"},
+    {"http connections zero", NODE_OK "http:\n  max_connections: 0\n", "x.yaml:7:20: ",
+     "http.max_connections: \"0\" is out of range (1..1048576)"},
+    {"unknown http key", NODE_OK "http:\n  max_conns: 5\n", "x.yaml:7:3: ", "max_conns"},
     {"snapshot nice above 19", NODE_OK "raft:\n  snapshot_nice: 20\n", "x.yaml:7:18: ",
      "raft.snapshot_nice: \"20\" is out of range (0..19)"},
     {"snapshot log cap zero", NODE_OK "raft:\n  snapshot_log_max_mb: 0\n",
@@ -682,6 +686,36 @@ static void test_bad_inputs(void **state)
 }
 
 /* Messages are cut to the buffer and stay NUL-terminated; no buffer at all is fine too. */
+/* The connection caps fit the open-files limit with the node's own reserve; lowered in
+ * proportion otherwise (a proxied HTTP request also holds an upstream socket). */
+static void test_fd_budget(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(MINIMAL "rpc:\n  max_connections: 1024\nhttp:\n  max_connections: 512\n", &c);
+    assert_int_equal(c.http.max_connections, 512);
+    uint32_t rpc = 0, http = 0;
+    assert_false(config_fd_budget(&c, 1024 + 512 + CONFIG_FD_RESERVE, &rpc, &http));
+    assert_int_equal(rpc, 1024);
+    assert_int_equal(http, 512);
+    assert_false(config_fd_budget(&c, UINT64_MAX, &rpc, &http));
+    assert_true(config_fd_budget(&c, 1024 + 512 + CONFIG_FD_RESERVE - 1, &rpc, &http));
+    assert_true(rpc + http + CONFIG_FD_RESERVE <= 1024 + 512 + CONFIG_FD_RESERVE - 1);
+    assert_true(config_fd_budget(&c, CONFIG_FD_RESERVE + 300, &rpc, &http));
+    assert_int_equal(rpc, 200); /* 2:1, as configured */
+    assert_int_equal(http, 100);
+    assert_true(config_fd_budget(&c, 10, &rpc, &http)); /* nothing left: one each */
+    assert_int_equal(rpc, 1);
+    assert_int_equal(http, 1);
+    /* With proxy routes each HTTP connection counts twice. */
+    c.n_proxies = 1;
+    assert_true(config_fd_budget(&c, 1024 + 512 + CONFIG_FD_RESERVE, &rpc, &http));
+    assert_true(rpc + 2 * http + CONFIG_FD_RESERVE <= 1024 + 512 + CONFIG_FD_RESERVE);
+    assert_false(config_fd_budget(&c, 1024 + 1024 + CONFIG_FD_RESERVE, &rpc, &http));
+    c.n_proxies = 0;
+    config_free(&c);
+}
+
 static void test_small_error_buffer(void **state)
 {
     (void)state;
@@ -1037,6 +1071,7 @@ int main(void)
         cmocka_unit_test(test_empty_values_are_defaults),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_small_error_buffer),
+        cmocka_unit_test(test_fd_budget),
         cmocka_unit_test(test_tenant_by_token_hash),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_unreadable_file),
