@@ -46,7 +46,7 @@
 
 /* The IDs a JSON integer can carry exactly, and idemctl can name (docs/idemctl.md). */
 #define NODE_ID_MAX ((uint64_t)INT64_MAX)
-#define DAY_MS UINT64_C(86400000)
+#define DAY_MS CONFIG_LEASE_MAX_MS
 
 /* One walk over one parsed document. */
 struct ctx {

@@ -218,6 +218,10 @@ int config_load(const char *path, struct config *out, char *err, size_t errlen);
 int config_parse(const char *name, const char *text, size_t len, struct config *out, char *err,
                  size_t errlen);
 
+/* The longest lease and ttl a tenant's defaults, a proxy route or a request may set. */
+#define CONFIG_LEASE_MAX_MS UINT64_C(86400000)           /* 24 h */
+#define CONFIG_TTL_MAX_MS (UINT64_C(365) * 86400000)     /* 365 days */
+
 /* File descriptors a node keeps for itself besides its client connections: Raft's peer
  * connections, log segments, snapshots, the loop's own. */
 #define CONFIG_FD_RESERVE 256

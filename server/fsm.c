@@ -312,28 +312,38 @@ static void grantLease(struct rec *r, uint64_t index, uint64_t now, const Idem__
     }
 }
 
-static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
-                                const Idem__ClaimCmd *c, struct fsm_result *out)
+/* The checks of a claim that need no state (fsm_command_check). NULL when it passes. */
+static const char *claimCheck(const Idem__ClaimCmd *c)
 {
     if (!tenantValid(c->tenant)) {
-        return invalid(out, "claim: tenant missing or too long");
+        return "claim: tenant missing or too long";
     }
     if (!keyValid(&c->key)) {
-        return invalid(out, "claim: key missing or invalid");
+        return "claim: key missing or invalid";
     }
     if (c->fingerprint.len != FSM_FINGERPRINT_LEN) {
-        return invalid(out, "claim: fingerprint must be 32 bytes");
+        return "claim: fingerprint must be 32 bytes";
     }
     if (c->attempt_id.len > FSM_ATTEMPT_MAX) {
-        return invalid(out, "claim: attempt id longer than 64 bytes");
+        return "claim: attempt id longer than 64 bytes";
     }
     if (c->lease_ms == 0 || c->ttl_ms == 0) {
-        return invalid(out, "claim: lease_ms and ttl_ms must be positive");
+        return "claim: lease_ms and ttl_ms must be positive";
     }
     if (c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED &&
         c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT &&
         c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER) {
-        return invalid(out, "claim: unknown lease policy");
+        return "claim: unknown lease policy";
+    }
+    return NULL;
+}
+
+static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
+                                const Idem__ClaimCmd *c, struct fsm_result *out)
+{
+    const char *bad = claimCheck(c);
+    if (bad != NULL) {
+        return invalid(out, bad);
     }
     int tn = table_tenant_intern(&f->t, c->tenant, strlen(c->tenant));
     if (tn < 0) {
@@ -447,21 +457,30 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
 
 /* ---- complete, release, renew, get, resolve ------------------------------------------ */
 
-static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__CompleteCmd *c,
-                                   struct fsm_result *out)
+static const char *completeCheck(const Idem__CompleteCmd *c)
 {
     const char *why = NULL;
     if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
-        return invalid(out, "complete: tenant or key missing or invalid");
+        return "complete: tenant or key missing or invalid";
     }
     if (!completionValid(c->outcome)) {
-        return invalid(out, "complete: outcome must be succeeded, failed_final or unknown");
+        return "complete: outcome must be succeeded, failed_final or unknown";
     }
     if (c->response == NULL && c->outcome != IDEM__COMPLETION__COMPLETION_UNKNOWN) {
-        return invalid(out, "complete: a final outcome needs a response");
+        return "complete: a final outcome needs a response";
     }
     if (c->response != NULL && !fsm_response_valid(c->response, &why)) {
-        return invalid(out, why);
+        return why;
+    }
+    return NULL;
+}
+
+static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__CompleteCmd *c,
+                                   struct fsm_result *out)
+{
+    const char *bad = completeCheck(c);
+    if (bad != NULL) {
+        return invalid(out, bad);
     }
     advanceClock(f, now_cmd);
     struct rec *r = findRecord(f, c->tenant, &c->key);
@@ -551,14 +570,23 @@ static Idem__Outcome applyRelease(struct fsm *f, uint64_t now_cmd, const Idem__R
     return out->outcome;
 }
 
+static const char *renewCheck(const Idem__RenewCmd *c)
+{
+    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+        return "renew: tenant or key missing or invalid";
+    }
+    if (c->lease_ms == 0) {
+        return "renew: lease_ms must be positive";
+    }
+    return NULL;
+}
+
 static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__RenewCmd *c,
                                 struct fsm_result *out)
 {
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
-        return invalid(out, "renew: tenant or key missing or invalid");
-    }
-    if (c->lease_ms == 0) {
-        return invalid(out, "renew: lease_ms must be positive");
+    const char *bad = renewCheck(c);
+    if (bad != NULL) {
+        return invalid(out, bad);
     }
     advanceClock(f, now_cmd);
     struct rec *r = findRecord(f, c->tenant, &c->key);
@@ -616,18 +644,27 @@ static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCm
     return out->outcome;
 }
 
-static Idem__Outcome applyResolve(struct fsm *f, uint64_t index, uint64_t now_cmd,
-                                  const Idem__ResolveCmd *c, struct fsm_result *out)
+static const char *resolveCheck(const Idem__ResolveCmd *c)
 {
     const char *why = NULL;
     if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
-        return invalid(out, "resolve: tenant or key missing or invalid");
+        return "resolve: tenant or key missing or invalid";
     }
     if (c->release == (c->response != NULL)) {
-        return invalid(out, "resolve: exactly one of release and response");
+        return "resolve: exactly one of release and response";
     }
     if (c->response != NULL && !fsm_response_valid(c->response, &why)) {
-        return invalid(out, why);
+        return why;
+    }
+    return NULL;
+}
+
+static Idem__Outcome applyResolve(struct fsm *f, uint64_t index, uint64_t now_cmd,
+                                  const Idem__ResolveCmd *c, struct fsm_result *out)
+{
+    const char *bad = resolveCheck(c);
+    if (bad != NULL) {
+        return invalid(out, bad);
     }
     struct rec *r = findRecord(f, c->tenant, &c->key);
     bool found = isLive(r) && r->state != IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE;
@@ -859,6 +896,30 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
         f->last_index = index;
     }
     return o;
+}
+
+const char *fsm_command_check(const Idem__Command *cmd)
+{
+    switch (cmd->op_case) {
+    case IDEM__COMMAND__OP_CLAIM:
+        return claimCheck(cmd->claim);
+    case IDEM__COMMAND__OP_COMPLETE:
+        return completeCheck(cmd->complete);
+    case IDEM__COMMAND__OP_RENEW:
+        return renewCheck(cmd->renew);
+    case IDEM__COMMAND__OP_RESOLVE:
+        return resolveCheck(cmd->resolve);
+    case IDEM__COMMAND__OP_RELEASE:
+        return tenantValid(cmd->release->tenant) && keyValid(&cmd->release->key)
+                   ? NULL
+                   : "release: tenant or key missing or invalid";
+    case IDEM__COMMAND__OP_GET:
+        return tenantValid(cmd->get->tenant) && keyValid(&cmd->get->key)
+                   ? NULL
+                   : "get: tenant or key missing or invalid";
+    default:
+        return NULL;
+    }
 }
 
 Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_t len,

@@ -112,6 +112,14 @@ void fsm_close(struct fsm *f);
 Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_t len,
                         struct fsm_result *out);
 
+/* The checks fsm_apply makes of a claim, complete, renew, release, get or resolve that need
+ * no state (field presence and sizes, known enum values, a well-formed response): NULL
+ * when `cmd` (borrowed) passes them, else why (a static string, never key bytes), the
+ * detail fsm_apply would answer with OUTCOME_INVALID. The service runs them before it
+ * proposes, so that a command the state machine would refuse never becomes a log entry.
+ * Other ops pass (NULL). */
+const char *fsm_command_check(const Idem__Command *cmd);
+
 /* A Command with no op is answered invalid and changes nothing (the clock included), like
  * every invalid command; the service proposes one as a read barrier (service.c, quarantine
  * list), and tests/unit/test_fsm.c holds it to that. */

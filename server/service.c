@@ -632,6 +632,26 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, kerr, NULL);
         return;
     }
+    /* A lease or ttl a request asks for is held to the bounds of the tenant's own (a
+     * lease of 2^64-1 ms never expired, and kept its record from expiry for good). */
+    if ((cmd.op_case == IDEM__COMMAND__OP_CLAIM && claim.lease_ms > CONFIG_LEASE_MAX_MS) ||
+        (cmd.op_case == IDEM__COMMAND__OP_RENEW && renew.lease_ms > CONFIG_LEASE_MAX_MS)) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
+                     "lease_ms above the maximum (86400000: 24 h)", NULL);
+        return;
+    }
+    if (cmd.op_case == IDEM__COMMAND__OP_CLAIM && claim.ttl_ms > CONFIG_TTL_MAX_MS) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
+                     "ttl_ms above the maximum (31536000000: 365 days)", NULL);
+        return;
+    }
+    /* Whatever the state machine refuses without looking at its state is refused here,
+     * before it becomes a log entry that every node writes and syncs. */
+    const char *bad = fsm_command_check(&cmd);
+    if (bad != NULL) {
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, bad, NULL);
+        return;
+    }
     struct op *o = proposeOp(s, &cmd, OP_CLIENT, req->request_id, deadlineOf(s, req), cb, data);
     if (o != NULL) {
         o->lease_ms = cmd.op_case == IDEM__COMMAND__OP_CLAIM   ? claim.lease_ms
@@ -922,6 +942,16 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
         cmd.now_ms = nowMs();
         cmd.op_case = IDEM__COMMAND__OP_RESOLVE;
         cmd.resolve = &rc_cmd;
+        /* As key get and purge check theirs: a bad tenant or key is refused here, not
+         * written to the log for the state machine to refuse. */
+        const char *bad = adminKeyError(r->tenant, &r->key);
+        if (bad == NULL) {
+            bad = fsm_command_check(&cmd);
+        }
+        if (bad != NULL) {
+            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, bad, NULL);
+            return;
+        }
         proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
         return;
     }

@@ -561,6 +561,51 @@ class TestFileLimit(LimitTest):
                  "the flood's connections to be gone")
 
 
+def _vfield(num, value):
+    return _varint(num << 3) + _varint(value)
+
+
+class TestInvalidRequestsStayOutOfTheLog(LimitTest):
+    # What the state machine refuses without looking at its state is refused before it is
+    # proposed: before, each such request answered invalid but became a log entry every
+    # node wrote and synced (a 900 kB attempt id too, whatever the tenant's max_bytes), and
+    # a lease or ttl of 2^64-1 ms was taken as given (the record never expired).
+    def test_refused_without_a_log_entry(self):
+        key = b"bad-1"
+        good_fp = _pb(2, bytes.fromhex(fp("bad-1")))
+        claims = {
+            "attempt id of 100 bytes": _pb(1, key) + good_fp + _pb(3, b"a" * 100),
+            "attempt id of 900 kB": _pb(1, key) + good_fp + _pb(3, b"a" * 900000),
+            "unknown lease policy": _pb(1, key) + good_fp + _vfield(6, 7),
+            "lease of 2^64-1 ms": _pb(1, key) + good_fp + _vfield(4, (1 << 64) - 1),
+            "lease past 24 h": _pb(1, key) + good_fp + _vfield(4, 86400001),
+            "ttl of 2^64-1 ms": _pb(1, key) + good_fp + _vfield(5, (1 << 64) - 1),
+        }
+        tok = self.c.token.encode()
+        frames = [("claim: " + name, b"\x08" + _varint(1) + _pb(3, tok) + _pb(10, body))
+                  for name, body in claims.items()]
+        frames.append(("complete with outcome 9", b"\x08" + _varint(1) + _pb(3, tok)
+                       + _pb(11, _pb(1, key) + _vfield(2, 5) + _vfield(3, 9))))
+        frames.append(("renew past 24 h", b"\x08" + _varint(1) + _pb(3, tok)
+                       + _pb(13, _pb(1, key) + _vfield(2, 5) + _vfield(3, 86400001))))
+        frames.append(("resolve of a bad key", b"\x08" + _varint(1) + _pb(3, self.c.admin.encode())
+                       + _pb(24, _pb(1, b"alpha") + _pb(2, b"bad key!") + _vfield(3, 1))))
+        before = _metric(self.node.http, "idem_raft_commit_index")
+        s = self.connect()
+        try:
+            for name, body in frames:
+                s.sendall(_frame(body))
+                a = _read_answer(s)
+                self.assertEqual(a[1], OUTCOME_INVALID, (name, a))
+        finally:
+            s.close()
+        self.assertEqual(_metric(self.node.http, "idem_raft_commit_index"), before)
+        # A valid claim still goes through the log.
+        rc, out = self.c.ctl("claim", "bad-1", "--fingerprint", fp("bad-1"))
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        self.assertGreater(_metric(self.node.http, "idem_raft_commit_index"), before)
+
+
 class TestRpcTlsLimits(LimitTest):
     tls = True
     # 3 s, not less: under a loaded CI (ASan, tests in parallel) a real TLS handshake once
