@@ -63,6 +63,7 @@
 #define CLOSE_GRACE_MS 2000
 #define CONN_TLS_READ 65536         /* ciphertext read buffer of a TLS connection */
 #define CONN_BUF_MIN 65536          /* a frame buffer's first size, and what it shrinks back to */
+#define CONN_READ_SLACK 16384       /* room kept past a large frame, for the next read */
 #define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
 #define SWEEP_MS 250                /* how often timeouts are checked */
 #define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
@@ -259,6 +260,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void connQueue(struct conn *c);
 static void connProcess(struct conn *c);
+static bool connHoldFrame(struct conn *c, size_t off, uint32_t n);
 static void tlsRead(struct conn *c, const uint8_t *data, size_t n);
 
 /* Answer bytes waiting to be written: in libuv's queue, gathered this turn, in the TLS
@@ -560,18 +562,19 @@ static int peekRequestId(const uint8_t *p, size_t len, uint64_t *id)
     return 0;
 }
 
-/* Answers a frame larger than max_frame_bytes (n bytes, `have` of them at p) under `id`;
- * with an id the frame is then skipped, without one (0) the connection drains. Returns
- * the bytes consumed from p (0 when draining). */
-static size_t tooLarge(struct conn *c, size_t have, uint32_t n, uint64_t id)
+/* Answers a frame that is not taken in (n bytes, `have` of them at p) under `id`, with
+ * `outcome`, `detail` and `why`; with an id the frame is then skipped, without one (0)
+ * the connection drains. Returns the bytes consumed from p (0 when draining). */
+static size_t refuseFrame(struct conn *c, size_t have, uint32_t n, uint64_t id,
+                          Idem__Outcome outcome, const char *detail, const char *why)
 {
     Idem__Result res = IDEM__RESULT__INIT;
     Idem__Response resp = IDEM__RESPONSE__INIT;
-    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
-    res.detail = (char *)"frame_too_large";
+    res.outcome = outcome;
+    res.detail = (char *)detail;
     resp.request_id = id;
     resp.result = &res;
-    resp.error = (char *)"frame larger than max_frame_bytes";
+    resp.error = (char *)why;
     connSend(c, &resp);
     if (id == 0) {
         connDrain(c);
@@ -582,11 +585,27 @@ static size_t tooLarge(struct conn *c, size_t have, uint32_t n, uint64_t id)
     return take;
 }
 
+/* The length a frame buffer's first frame declares, 0 when it holds less than its prefix. */
+static uint32_t firstFrameLen(const struct conn *c)
+{
+    if (c->skip > 0 || c->len < 4) {
+        return 0;
+    }
+    const uint8_t *p = c->buf;
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 /* Gives back a frame buffer that a large frame grew, once what is left in it is small: an
  * idle connection holds CONN_BUF_MIN, not the largest frame it ever sent (up to
- * max_frame_bytes, for each of max_connections). */
+ * max_frame_bytes, for each of max_connections). Not while the frame it was grown for is
+ * still arriving. */
 static void connShrink(struct conn *c)
 {
+    uint32_t first = firstFrameLen(c);
+    if (first != 0 && first <= c->srv->cfg->max_frame_bytes &&
+        (size_t)first + 4 + CONN_READ_SLACK > CONN_BUF_MIN) {
+        return;
+    }
     if (c->cap > CONN_BUF_MIN && c->len <= CONN_BUF_MIN / 4) {
         c->buf = xrealloc(c->buf, CONN_BUF_MIN);
         stats.frame_buffer_bytes -= c->cap - CONN_BUF_MIN;
@@ -628,7 +647,9 @@ static void connProcess(struct conn *c)
             if (found < 0 && have < n) {
                 break; /* the request id may be in the bytes still to come */
             }
-            size_t took = tooLarge(c, have, n, found > 0 ? id : 0);
+            size_t took = refuseFrame(c, have, n, found > 0 ? id : 0,
+                                      IDEM__OUTCOME__OUTCOME_INVALID, "frame_too_large",
+                                      "frame larger than max_frame_bytes");
             if (took == 0) {
                 return;
             }
@@ -636,7 +657,28 @@ static void connProcess(struct conn *c)
             continue;
         }
         if (c->len - off - 4 < n) {
-            break;
+            if (connHoldFrame(c, off, n)) {
+                break;
+            }
+            /* Every connection's buffers together hold rpc.max_frame_buffer_mb already
+             * (say, many peers that each started a large frame and stopped): this frame is
+             * answered unavailable (a client may send it again) and skipped as it comes. */
+            size_t have = c->len - off - 4;
+            uint64_t id = 0;
+            int found = peekRequestId(p + 4, have, &id);
+            if (found < 0) {
+                break; /* its request id is in the bytes still to come: it fits here */
+            }
+            stats.frames_refused++;
+            size_t took = refuseFrame(c, have, n, found > 0 ? id : 0,
+                                      IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "",
+                                      "the node's frame buffers are full "
+                                      "(rpc.max_frame_buffer_mb): send it again later");
+            if (took == 0) {
+                return;
+            }
+            off += 4 + took;
+            continue;
         }
         Idem__Request *req = idem__request__unpack(NULL, n, p + 4);
         off += 4 + (size_t)n;
@@ -664,22 +706,35 @@ static void connProcess(struct conn *c)
     connShrink(c);
 }
 
-/* Makes room for at least 16 KiB more in the frame buffer, within its limit: never more
- * than one frame's worth ahead of what is parsed. */
+/* The frame buffer's first CONN_BUF_MIN bytes. It grows past them only for a frame whose
+ * length is known (connHoldFrame), so that every byte a connection buffers is counted
+ * against rpc.max_frame_buffer_mb before it is taken. */
 static void connReserve(struct conn *c)
 {
-    if (c->cap - c->len < 16384) {
-        size_t want = c->cap ? c->cap * 2 : CONN_BUF_MIN;
-        size_t limit = (size_t)c->srv->cfg->max_frame_bytes + 4 + 65536;
-        if (want > limit) {
-            want = limit;
-        }
-        if (want > c->cap) {
-            c->buf = xrealloc(c->buf, want);
-            stats.frame_buffer_bytes += want - c->cap;
-            c->cap = want;
-        }
+    if (c->cap == 0) {
+        c->buf = xmalloc(CONN_BUF_MIN);
+        stats.frame_buffer_bytes += CONN_BUF_MIN;
+        c->cap = CONN_BUF_MIN;
     }
+}
+
+/* Makes room for the frame of n bytes (its prefix at c->buf + off, n <= max_frame_bytes)
+ * and CONN_READ_SLACK more, within every connection's budget together. False, nothing
+ * changed, when that would take the buffers past rpc.max_frame_buffer_mb. */
+static bool connHoldFrame(struct conn *c, size_t off, uint32_t n)
+{
+    size_t need = off + 4 + (size_t)n + CONN_READ_SLACK;
+    if (need <= c->cap) {
+        return true;
+    }
+    uint64_t budget = (uint64_t)c->srv->cfg->max_frame_buffer_mb << 20;
+    if (stats.frame_buffer_bytes + (need - c->cap) > budget) {
+        return false;
+    }
+    c->buf = xrealloc(c->buf, need);
+    stats.frame_buffer_bytes += need - c->cap;
+    c->cap = need;
+    return true;
 }
 
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)

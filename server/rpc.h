@@ -28,6 +28,7 @@ struct rpc_stats {
     uint64_t connections;        /* connections open */
     uint64_t inflight;           /* requests taken that await their answer */
     uint64_t frame_buffer_bytes; /* memory held by the connections' frame buffers */
+    uint64_t frames_refused;     /* frames answered unavailable: rpc.max_frame_buffer_mb */
 };
 void rpc_get_stats(struct rpc_stats *out);
 

@@ -606,6 +606,46 @@ class TestInvalidRequestsStayOutOfTheLog(LimitTest):
         self.assertGreater(_metric(self.node.http, "idem_raft_commit_index"), before)
 
 
+class TestFrameBufferBudget(LimitTest):
+    # Every connection's frame buffers together hold at most rpc.max_frame_buffer_mb.
+    # Before, peers that each started a large frame and stopped held up to max_frame_bytes
+    # each (4.4 MB x 1024 connections at the defaults, before any authentication).
+    rpc_lines = ["max_frame_buffer_mb: 8"]
+
+    def test_frames_past_the_budget_are_refused(self):
+        frame = 4 * 1024 * 1024
+        head = b"\x08" + _varint(7) + _pb(3, self.c.token.encode())
+        socks = []
+        try:
+            answers = []
+            for i in range(3):
+                s = self.connect()
+                socks.append(s)
+                # A 4 MiB frame's prefix and its first 1 MiB, then nothing.
+                s.sendall(struct.pack(">I", frame) + head + b"\x00" * (1024 * 1024))
+                time.sleep(0.3)
+            # The first fits (4 MiB + its slack, with three 64 KiB buffers); the second
+            # would take them past 8 MiB: answered unavailable under its request id.
+            for s in socks[1:]:
+                s.settimeout(10)
+                answers.append(_read_answer(s))
+            self.assertEqual([a[:2] for a in answers], [(7, 13), (7, 13)], answers)
+            held = _metric(self.node.http, "idem_rpc_frame_buffer_bytes")
+            self.assertLessEqual(held, 8 * 1024 * 1024)
+            self.assertGreater(held, 4 * 1024 * 1024)  # the first one's frame is held
+            self.assertEqual(_metric(self.node.http, "idem_rpc_frames_refused_total"), 2)
+            # A connection that finishes its refused frame goes on: its next request is
+            # answered (the rest of the frame was skipped as it came).
+            socks[1].sendall(b"\x00" * (frame - len(head) - 1024 * 1024))
+            socks[1].sendall(_get_frame(8, self.c.token, "after-budget"))
+            self.assertEqual(_read_answer(socks[1])[:2], (8, OUTCOME_NOT_FOUND))
+        finally:
+            for s in socks:
+                s.close()
+        wait_for(lambda: _metric(self.node.http, "idem_rpc_frame_buffer_bytes") == 0, 15,
+                 "the buffers to be given back")
+
+
 class TestRpcTlsLimits(LimitTest):
     tls = True
     # 3 s, not less: under a loaded CI (ASan, tests in parallel) a real TLS handshake once
