@@ -1,4 +1,4 @@
-"""Malformed messages on the Raft port (cluster/wire_check.h): libraft 0.15's decoder trusts
+"""Malformed handshakes and messages on the Raft port (cluster/transport.h, wire_check.h): libraft 0.15's decoder trusts
 a peer's bytes, and one AppendEntries with an entry of an invalid type crashed the node
 (a NULL dereference in uvDecodeMessage). Each malformed message is now refused and its
 connection closed; the node keeps serving. Raw sockets speak raft_uv's framing: a
@@ -69,6 +69,51 @@ class TestRaftPort(ClusterTestCase):
                 pass
         finally:
             s.close()
+
+    def _closed_at_once(self, addr, payload, timeout=5):
+        host, port = addr.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            if payload:
+                s.sendall(payload)
+            s.settimeout(timeout)
+            try:
+                return s.recv(1) == b""
+            except ConnectionResetError:
+                return True
+            except socket.timeout:
+                return False
+        finally:
+            s.close()
+
+    def test_handshakes_are_bounded(self):
+        # raft_uv_tcp took a handshake's address length as given (2^40 bytes: allocated)
+        # and waited for it for ever; the listener is now idemd's (cluster/transport.h).
+        node = self.c.nodes[[n for n in sorted(self.c.nodes) if n != self.c.leader()][0]]
+        self.assertTrue(self._closed_at_once(node.raft, _u64(1, 99, 1 << 40)))
+        self.assertTrue(self._closed_at_once(node.raft, _u64(2, 99, 16) + b"127.0.0.1:1\x00" * 2))
+        self.assertTrue(self._closed_at_once(node.raft, _u64(1, 99, 8) + b"12345678"))
+        # At most 64 handshakes at once: the 65th connection is closed at once.
+        host, port = node.raft.rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
+        try:
+            self.assertTrue(self._closed_at_once(node.raft, b""))
+            # A handshake unfinished after 10 s is closed.
+            silent[0].settimeout(20)
+            self.assertEqual(silent[0].recv(1), b"")
+        finally:
+            for s in silent:
+                s.close()
+        logs = self.c.logs()
+        for why in ("handshake address length out of range", "unknown handshake protocol",
+                    "handshake address not terminated", "too many handshakes in progress",
+                    "no handshake within 10 s"):
+            self.assertTrue(self.c.logs_contain("raft connection refused: " + why), why)
+        self.assertIsNone(node.proc.poll(), logs)
+        # The peers' own connections were never refused: the cluster commits.
+        rc, out = self.c.ctl("claim", "after-handshakes", "--fingerprint", "b" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        self.c.wait_converged(3)
 
     def test_malformed_messages_are_refused_and_the_node_serves_on(self):
         lid = self.c.leader()
