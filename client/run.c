@@ -9,17 +9,22 @@
 
 #include "internal.h"
 
-#define RENEW_MIN_INTERVAL_MS 20
 #define LEASE_GUESS_MS 1000 /* when the lease cannot be estimated */
 
 void IdemRenewPlan(uint64_t now, uint64_t lease_ms, uint64_t lease_end, uint64_t last_ok,
-                   bool failed, uint64_t *at, uint32_t *deadline_ms)
+                   bool failed, bool first, uint64_t *at, uint32_t *deadline_ms)
 {
     uint64_t interval = lease_ms / 3 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : lease_ms / 3;
     /* After a failure the next try comes soon, not a whole interval later: the lease may
      * have only that long left. */
     uint64_t retry = interval / 8 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : interval / 8;
     uint64_t when = failed ? now + retry : last_ok + interval;
+    if (first && !failed && (lease_end <= now || lease_end - now < RENEW_MIN_INTERVAL_MS)) {
+        /* The claim left less than the floor (a holder's own retry of its claim answers
+         * with the lease it has left): renew at once, not after the lease ended. Only for
+         * the claim's lease: a granted lease that short would have us renew back to back. */
+        when = now;
+    }
     *at = when < now ? now : when;
     /* A renewal may take the time left on the lease (less a margin for the trip back), at
      * most one interval and RENEW_ATTEMPT_MAX_MS, at least RENEW_MIN_DEADLINE_MS: a node
@@ -64,7 +69,8 @@ static void *renewerMain(void *arg)
     while (!r->stop && !r->lost) {
         uint64_t at_ms;
         uint32_t dl;
-        IdemRenewPlan(IdemNowMs(), r->lease_est_ms, r->lease_end, r->last_ok, failed, &at_ms, &dl);
+        IdemRenewPlan(IdemNowMs(), r->lease_est_ms, r->lease_end, r->last_ok, failed,
+                      r->renewals == 0, &at_ms, &dl);
         struct timespec at;
         monotonicAt(&at, at_ms);
         int w = 0;
@@ -87,6 +93,14 @@ static void *renewerMain(void *arg)
             r->renewals++;
             if (back > r->lease_end) {
                 r->lapsed = true; /* renewed, but after the lease had ended */
+            }
+            /* The schedule follows the lease this renewal granted (the claim's answer may
+             * have been only what was left of a lease, on a holder's own retry): as the
+             * node says, else as asked, else as before. */
+            if (res.lease_ms != 0) {
+                r->lease_est_ms = res.lease_ms;
+            } else if (r->lease_ms != 0) {
+                r->lease_est_ms = r->lease_ms;
             }
             /* The lease now runs from when the node applied the renewal, after it was
              * sent: counting from the send is on the safe side. */
@@ -149,10 +163,12 @@ int idem_run(struct idem_client *c, const char *key,
     uint64_t token = out->token;
     uint32_t deadline_ms = o.deadline_ms;
 
-    /* The renewal interval: a third of the lease the node says it granted (Result.lease_ms),
-     * or of the one asked for, or of LEASE_GUESS_MS from a node that does not say. Never
-     * from lease_deadline_ms: that is the leader's wall clock, and ours may be skewed. The
-     * renewer times itself on CLOCK_MONOTONIC. */
+    /* The renewal interval: a third of the lease the node says it granted (Result.lease_ms;
+     * on a holder's own retry of its claim, what is left of its lease), or of the one asked
+     * for, or of LEASE_GUESS_MS from a node that does not say; from the first renewal on, a
+     * third of the lease each renewal granted. Never from lease_deadline_ms: that is the
+     * leader's wall clock, and ours may be skewed. The renewer times itself on
+     * CLOCK_MONOTONIC. */
     uint64_t lease = out->lease_ms ? out->lease_ms : o.lease_ms ? o.lease_ms : LEASE_GUESS_MS;
     struct renewer r = {.c = c,
                         .key = key,

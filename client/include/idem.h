@@ -387,7 +387,10 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
 /* Runs `fn` at most once per key, across every process that uses the same key:
  * claim (opts as in idem_claim; lease_ms 0 means the tenant's default) →
  * - acquired: calls fn while a background thread renews the lease every third of it (so
- *   a slow fn keeps its claim; a renewal that fails is tried again an eighth of that
+ *   a slow fn keeps its claim): the first renewal a third of the lease the claim answered
+ *   with (lease_ms; on a holder's own retry of a claim, with the same attempt id, what is
+ *   left of its lease), at once when that is under 20 ms; the next ones a third of the
+ *   lease the last renewal granted. A renewal that fails is tried again an eighth of that
  *   later, each try bounded by the lease left and 2 s; if a renewal answers lease_lost, or
  *   none was answered before the lease ended, the result's detail says so, also when the
  *   complete or release that follows fails or answers otherwise); then, by fn's

@@ -7,7 +7,7 @@
  *
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
  * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls,
- * claims, big, async-blocked, run-badresp, run-lapse, lease. */
+ * claims, big, async-blocked, run-badresp, run-lapse, lease, run-renewals. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1301,6 +1301,63 @@ static int scLease(int argc, char **argv)
     return 0;
 }
 
+/* ---- run-renewals: idem_run on a holder's own retry of a claim with little lease left -----
+ *   run-renewals KEY LEASE_MS LEFT_MS FN_MS
+ * Claims KEY (attempt id of its own, LEASE_MS), waits until about LEFT_MS of that lease are
+ * left, then idem_run()s KEY with the same attempt id: the claim answers acquired with the
+ * lease left (Result.lease_ms), and fn sleeps FN_MS. The test counts the renewals in the
+ * Raft log: each renewal grants the whole lease, so they come every third of it, however
+ * little was left when fn started. */
+
+static int sleepFn(void *arg, uint64_t token, struct idem_response *resp)
+{
+    (void)token;
+    sleepMs(*(const unsigned *)arg);
+    resp->status = 200;
+    resp->body = (const uint8_t *)"slept";
+    resp->body_len = 5;
+    return IDEM_RUN_SUCCEEDED;
+}
+
+static int scRunRenewals(int argc, char **argv)
+{
+    if (argc < 4) {
+        return 2;
+    }
+    const char *key = argv[0];
+    uint64_t lease = strtoull(argv[1], NULL, 10);
+    uint64_t left = strtoull(argv[2], NULL, 10);
+    unsigned fn_ms = (unsigned)strtoul(argv[3], NULL, 10);
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("renewals", fp);
+    char aid[IDEM_ATTEMPT_ID_HEX + 1];
+    if (idem_attempt_id_new(aid) != IDEM_OK) {
+        die("attempt id", IDEM_ESYS, NULL);
+    }
+    struct idem_claim_opts o = {.lease_ms = lease, .attempt_id = aid};
+    struct idem_result first, r;
+    uint64_t t0 = nowMs();
+    int rv = idem_claim(c, key, fp, &o, &first);
+    if (rv != IDEM_OK) {
+        die("claim", rv, &first);
+    }
+    uint64_t now = nowMs();
+    if (t0 + lease > now + left) {
+        sleepMs((unsigned)(t0 + lease - left - now));
+    }
+    rv = idem_run(c, key, fp, &o, sleepFn, &fn_ms, &r);
+    printf("{\"first\": \"%s\", \"rv\": %d, \"outcome\": \"%s\", \"ran\": %d, "
+           "\"finish\": \"%s\", \"same_token\": %d, \"retry_lease_ms\": %" PRIu64 "}\n",
+           idem_outcome_name(first.outcome), rv, idem_outcome_name(r.outcome), r.ran,
+           idem_outcome_name(r.finish_outcome), r.token == first.token && r.token != 0,
+           r.lease_ms);
+    idem_result_free(&first);
+    idem_result_free(&r);
+    idem_client_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -1348,6 +1405,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(sc, "run-lapse") == 0) {
         return scRunLapse(argc, argv);
+    }
+    if (strcmp(sc, "run-renewals") == 0) {
+        return scRunRenewals(argc, argv);
     }
     if (strncmp(sc, "run-", 4) == 0) {
         return scRun(sc, argc, argv);

@@ -437,6 +437,129 @@ class TestClientClosingNode(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _varint(b, i):
+    v = shift = 0
+    while True:
+        x = b[i]
+        i += 1
+        v |= (x & 0x7f) << shift
+        shift += 7
+        if x < 0x80:
+            return v, i
+
+
+# Request's op fields (proto/idem.proto) by number.
+_OPS = {10: "claim", 11: "complete", 12: "release", 13: "renew", 14: "get"}
+
+
+def request_op(body):
+    """The name of a packed idem.Request's operation (its top-level field 10 and up)."""
+    i = 0
+    while i < len(body):
+        key, i = _varint(body, i)
+        field, wire = key >> 3, key & 7
+        if field >= 10:
+            return _OPS.get(field, "op%d" % field)
+        if wire == 0:
+            _, i = _varint(body, i)
+        elif wire == 2:
+            n, i = _varint(body, i)
+            i += n
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            break
+    return "none"
+
+
+class CountingRelay:
+    """Relays 127.0.0.1:<free port> to a node's plain RPC address and counts the requests
+    that pass, by operation."""
+
+    def __init__(self, upstream):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.closed = False
+        self.conns = []
+        self.lock = threading.Lock()
+        self.counts = {}
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def ops(self):
+        with self.lock:
+            return dict(self.counts)
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                down, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                up = socket.create_connection(self.upstream, timeout=10)
+                up.settimeout(None)
+            except OSError:
+                down.close()
+                continue
+            with self.lock:
+                self.conns += [down, up]
+            for src, dst, count in ((down, up, True), (up, down, False)):
+                t = threading.Thread(target=self._pump, args=(src, dst, count), daemon=True)
+                t.start()
+                self.threads.append(t)  # joined in close(), after this thread ended
+
+    def _pump(self, src, dst, count):
+        buf = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if count:
+                    buf += data
+                    while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+                        n = int.from_bytes(buf[:4], "big")
+                        op = request_op(buf[4:4 + n])
+                        buf = buf[4 + n:]
+                        with self.lock:
+                            self.counts[op] = self.counts.get(op, 0) + 1
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (Linux)
+        except OSError:
+            pass
+        self.threads[0].join(timeout=10)
+        self.sock.close()
+        with self.lock:
+            conns = list(self.conns)
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self.threads[1:]:
+            t.join(timeout=10)
+        for s in conns:
+            s.close()
+
+
 class TestClientRun(ClientTest):
     def test_runs_once_then_replays(self):
         out = self.drive("run-once", "run-1")
@@ -511,6 +634,40 @@ class TestClientRun(ClientTest):
         self.assertIn("complete after the function ran", res["detail"], res)
         self.assertTrue(res["detail"].startswith("lease may have lapsed while fn ran"), res)
         self.c.wait_leader(timeout=30)
+
+    def test_renewals_follow_the_granted_lease(self):
+        # A holder's own retry of its claim answers acquired with the lease it has left:
+        # here ~100 ms of a 3 s lease. idem_run then renews while fn runs for 2 s, and each
+        # renewal grants the whole 3 s again, so the renewals come every third of it. The
+        # schedule used to stay at a third of what the claim had left (floored at 20 ms):
+        # ~60 renewals, each a Raft log entry, in place of ~3. They are counted as the
+        # requests the client sends (a relay in front of the leader), not in the Raft log,
+        # where the cluster's own entries (a new leader's barrier, member metadata) land too.
+        lease, fn_ms = 3000, 2000
+        for attempt in range(5):
+            relay = CountingRelay(self.c.nodes[self.c.leader()].rpc)
+            try:
+                out = self.drive("run-renewals", "renewals-%d" % attempt, lease, 100, fn_ms,
+                                 seeds=relay.addr)
+            finally:
+                relay.close()
+            self.assertEqual(out["first"], "acquired", out)
+            # The scenario needs the retry to land within the lease, with little of it left;
+            # on a machine too slow for that (the lease passed, or much more was left), try
+            # again with a fresh key.
+            if out["outcome"] == "acquired" and 0 < out["retry_lease_ms"] <= 500:
+                break
+        else:
+            self.fail("the retry never landed in the last 500 ms of the lease: %r" % out)
+        self.assertEqual((out["rv"], out["ran"], out["finish"], out["same_token"]),
+                         (0, 1, "ok", 1), out)
+        ops = relay.ops()
+        self.assertEqual((ops.get("claim"), ops.get("complete")), (2, 1), (ops, out))
+        # One renewal per third of the lease while fn runs, one soon for the little left,
+        # and one of slack: 4. The old schedule (a third of <= 500 ms) made >= 12.
+        renewals = ops.get("renew", 0)
+        self.assertGreaterEqual(renewals, 1, (ops, out))
+        self.assertLessEqual(renewals, fn_ms // (lease // 3) + 2, (ops, out))
 
     def test_unstorable_response_is_refused(self):
         out = self.drive("run-badresp", "badresp-1")
