@@ -5,7 +5,9 @@
  *
  * Run it twice with the same key and amount: the first run charges and prints the
  * receipt; the second prints the same receipt, replayed, without charging again. A
- * different amount with the same key is refused (mismatch). Build it against an installed
+ * different amount with the same key is refused (mismatch). Exit status: 0 charged or
+ * replayed, 1 any other outcome, 2 usage or setup, 3 nothing ran (retry later with the same
+ * key), 4 charged but not recorded (do not charge again). Build it against an installed
  * libidem with:
  *
  *   cc claim_run.c $(pkg-config --cflags --libs idem) -o claim_run */
@@ -71,10 +73,31 @@ int main(int argc, char **argv)
     struct idem_claim_opts copts = {.lease_ms = 10000};
     struct idem_result res;
     rv = idem_run(client, key, fp, &copts, chargeCard, &ch, &res);
+    /* An error after the charge ran (res.ran): its complete did not land (e.g. no leader
+     * answered before the deadline), and the key stays in progress until the lease ends,
+     * then answers lease_expired: running again would never replay the receipt. Store it
+     * with the claim's token instead, a few times. (chargeCard only succeeds; a function
+     * that also fails would complete with its class's completion, or release.) */
+    for (int i = 0; i < 3 && rv != IDEM_OK && res.ran && res.has_response; i++) {
+        fprintf(stderr, "claim_run: the charge ran but was not recorded (%s: %s); retrying\n",
+                idem_strerror(rv), res.detail);
+        struct idem_result done;
+        rv = idem_complete(client, key, res.token, IDEM_COMPLETION_SUCCEEDED, &res.response, 0,
+                           &done);
+        res.finish_outcome = done.outcome;
+        snprintf(res.detail, sizeof res.detail, "%s", done.detail);
+        idem_result_free(&done);
+    }
     int code = 0;
-    if (rv != IDEM_OK) {
-        /* Unavailable: nothing is known to have happened; retrying with the same key is
-         * safe (a charge that did run replays). */
+    if (rv != IDEM_OK && res.ran) {
+        /* Still not recorded. Do not charge again: complete with this token later, or have
+         * an operator resolve the key. */
+        fprintf(stderr, "claim_run: %s: %s; the charge ran (fencing token %llu), not recorded\n",
+                idem_strerror(rv), res.detail, (unsigned long long)res.token);
+        code = 4;
+    } else if (rv != IDEM_OK) {
+        /* Before the charge ran (e.g. unavailable): nothing ran here, and retrying with the
+         * same key is safe (it never charges twice; a charge that was recorded replays). */
         fprintf(stderr, "claim_run: %s: %s\n", idem_strerror(rv), res.detail);
         code = 3;
     } else {
@@ -84,10 +107,20 @@ int main(int argc, char **argv)
             printf("status: %u\nbody: %.*s\n", res.response.status, (int)res.response.body_len,
                    (const char *)res.response.body);
         }
+        if (res.ran) {
+            printf("finish: %s\n", idem_outcome_name(res.finish_outcome));
+        }
         if (res.outcome == IDEM_OUTCOME_IN_PROGRESS) {
             printf("retry_after_ms: %llu\n", (unsigned long long)res.retry_after_ms);
         }
-        if (res.outcome != IDEM_OUTCOME_ACQUIRED && res.outcome != IDEM_OUTCOME_REPLAY) {
+        if (res.ran && res.finish_outcome != IDEM_OUTCOME_OK) {
+            /* lease_lost: another attempt took the key over while the charge ran; this
+             * receipt was not stored. */
+            fprintf(stderr, "claim_run: the charge ran but its receipt was not stored: "
+                            "complete answered %s\n",
+                    idem_outcome_name(res.finish_outcome));
+            code = 1;
+        } else if (res.outcome != IDEM_OUTCOME_ACQUIRED && res.outcome != IDEM_OUTCOME_REPLAY) {
             code = 1;
         }
     }

@@ -475,10 +475,12 @@ def request_op(body):
 
 
 class CountingRelay:
-    """Relays 127.0.0.1:<free port> to a node's plain RPC address and counts the requests
-    that pass, by operation."""
+    """Relays 127.0.0.1:<free port> to a node's plain RPC address, request frame by request
+    frame, and counts the requests that pass, by operation. A request whose operation is in
+    `block` is not passed on: the relay closes that connection instead, as a node that dies
+    before the request lands, until unblock()."""
 
-    def __init__(self, upstream):
+    def __init__(self, upstream, block=()):
         host, port = upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -489,12 +491,18 @@ class CountingRelay:
         self.conns = []
         self.lock = threading.Lock()
         self.counts = {}
+        self.blocked = set(block)
+        self.dropped = 0
         self.threads = [threading.Thread(target=self._accept, daemon=True)]
         self.threads[0].start()
 
     def ops(self):
         with self.lock:
             return dict(self.counts)
+
+    def unblock(self):
+        with self.lock:
+            self.blocked = set()
 
     def _accept(self):
         while not self.closed:
@@ -510,27 +518,39 @@ class CountingRelay:
                 continue
             with self.lock:
                 self.conns += [down, up]
-            for src, dst, count in ((down, up, True), (up, down, False)):
-                t = threading.Thread(target=self._pump, args=(src, dst, count), daemon=True)
+            for src, dst, requests in ((down, up, True), (up, down, False)):
+                t = threading.Thread(target=self._pump, args=(src, dst, requests),
+                                     daemon=True)
                 t.start()
                 self.threads.append(t)  # joined in close(), after this thread ended
 
-    def _pump(self, src, dst, count):
+    def _pass(self, frame):
+        """Whether to pass on a request frame (counted if so)."""
+        op = request_op(frame[4:])
+        with self.lock:
+            if op in self.blocked:
+                self.dropped += 1
+                return False
+            self.counts[op] = self.counts.get(op, 0) + 1
+            return True
+
+    def _pump(self, src, dst, requests):
         buf = b""
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                if count:
-                    buf += data
-                    while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
-                        n = int.from_bytes(buf[:4], "big")
-                        op = request_op(buf[4:4 + n])
-                        buf = buf[4 + n:]
-                        with self.lock:
-                            self.counts[op] = self.counts.get(op, 0) + 1
-                dst.sendall(data)
+                if not requests:
+                    dst.sendall(data)
+                    continue
+                buf += data
+                while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+                    n = 4 + int.from_bytes(buf[:4], "big")
+                    frame, buf = buf[:n], buf[n:]
+                    if not self._pass(frame):
+                        raise OSError("blocked")
+                    dst.sendall(frame)
         except OSError:
             pass
         for s in (src, dst):
@@ -693,7 +713,8 @@ class TestClientRun(ClientTest):
 
 class TestClientInstall(ClientTest):
     """`cmake --install` to a temporary prefix; examples/claim_run.c built against the
-    installed copy with pkg-config (shared and static), run against the cluster."""
+    installed copy with pkg-config (shared and static), run against the cluster; and the
+    example (build/bin/claim_run) when its complete does not land."""
 
     def setUp(self):
         super().setUp()
@@ -769,6 +790,79 @@ class TestClientInstall(ClientTest):
                            stderr=subprocess.PIPE, timeout=30)
         self.assertEqual(p.returncode, 2)
         self.assertIn("missing :port", p.stderr.decode())
+
+
+    def example(self, key, amount, seeds):
+        env = dict(os.environ, IDEM_CLUSTER=seeds, IDEM_TOKEN=self.c.token)
+        p = subprocess.Popen([os.path.join(BIN, "claim_run"), key, amount], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        return p
+
+    def wait_stderr(self, p, what, timeout=60):
+        """Reads p's stderr lines until one contains `what`; returns the lines read."""
+        lines = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([p.stderr], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            line = p.stderr.readline()
+            if not line:
+                break
+            lines.append(line.decode())
+            if what in lines[-1]:
+                return lines
+        self.fail("no %r on the example's stderr: %r" % (what, lines))
+
+    def finish(self, p):
+        out, err = p.communicate(timeout=120)
+        lines = dict(l.split(": ", 1) for l in out.decode().splitlines() if ": " in l)
+        return p.returncode, lines, err.decode()
+
+    def test_example_completes_a_charge_whose_complete_was_lost(self):
+        # Every complete is cut off (the relay closes the connection on it, as a leader
+        # killed before the complete lands) until the example says it retries: idem_run
+        # fails after the charge ran (ran = 1), and the example completes with res.token
+        # rather than telling the caller to run again with the key (which finds the key in
+        # progress, then lease_expired: the receipt never replays).
+        relay = CountingRelay(self.c.nodes[self.c.leader()].rpc, block={"complete"})
+        self.addCleanup(relay.close)
+        p = self.example("order-lost", "10 EUR", relay.addr)
+        err = self.wait_stderr(p, "charging 10 EUR")
+        err += self.wait_stderr(p, "not recorded")
+        self.assertGreaterEqual(relay.dropped, 1)
+        relay.unblock()
+        rc, out, rest = self.finish(p)
+        self.assertEqual(rc, 0, "".join(err) + rest)
+        self.assertEqual((out["outcome"], out["ran"], out["finish"]), ("acquired", "yes", "ok"),
+                         out)
+        self.assertEqual(relay.ops().get("complete"), 1, relay.ops())
+        # The receipt replays, and nothing is charged again.
+        p = self.example("order-lost", "10 EUR", self.seeds())
+        rc, again, err = self.finish(p)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((again["outcome"], again["ran"], again["body"]),
+                         ("replay", "no", out["body"]), again)
+        self.assertNotIn("charging", err)
+
+    def test_example_reports_a_receipt_that_was_not_stored(self):
+        # While the charge's complete is held back, the key changes hands (an operator
+        # purges it and another attempt claims it): the complete answers lease_lost. The
+        # example says the receipt was not stored and exits 1, not "acquired" with 0.
+        relay = CountingRelay(self.c.nodes[self.c.leader()].rpc, block={"complete"})
+        self.addCleanup(relay.close)
+        p = self.example("order-taken", "10 EUR", relay.addr)
+        err = self.wait_stderr(p, "charging 10 EUR")
+        rc, got = self.c.ctl("key", "purge", "alpha", "order-taken")
+        self.assertEqual((rc, got["outcome"]), (0, "ok"), got)
+        rc, got = self.c.ctl("claim", "order-taken", "--fingerprint", "ab" * 32)
+        self.assertEqual((rc, got["outcome"]), (0, "acquired"), got)
+        relay.unblock()
+        rc, out, rest = self.finish(p)
+        self.assertEqual(rc, 1, "".join(err) + rest)
+        self.assertEqual((out["ran"], out["finish"]), ("yes", "lease_lost"), out)
+        self.assertIn("receipt was not stored", rest)
 
 
 # ---- TLS ------------------------------------------------------------------------------------
