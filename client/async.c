@@ -12,10 +12,12 @@
  * request's deadline timer → free the request in the timer's close callback.
  *
  * Failure modes, and what happens to the requests:
- * - connect fails, the connection breaks, a frame does not decode or is too large: the
- *   connection is closed; every request written on it goes back to waiting (same id, same
- *   key, same attempt id), and a reconnect to the next seed is scheduled after a backoff
- *   (10 ms doubling to 200 ms, jittered; reset by the next answer from a leader).
+ * - connect fails, the connection breaks, a frame does not decode or is too large, or the
+ *   node answers with request id 0 (it could not read one of our frames, which one it does
+ *   not say, and closes the connection): the connection is closed; every request written
+ *   on it goes back to waiting (same id, same key, same attempt id), and a reconnect to the
+ *   next seed is scheduled after a backoff (10 ms doubling to 200 ms, jittered; reset by
+ *   the next answer from a leader).
  * - OUTCOME_NOT_LEADER with the leader's address: the leader becomes the candidate; the
  *   connection is replaced (at once for the first redirect since the last answer, after a
  *   backoff for the following ones, so that two nodes pointing at each other cannot spin);
@@ -32,6 +34,8 @@
  *   does not answer (stopped, frozen, blackholed) is left.
  * - an answer that a request exceeded the node's max_frame_bytes (IDEM_FRAME_TOO_LARGE):
  *   that request alone fails with IDEM_ETOOBIG; the connection and the others go on.
+ * - an answer without a result: that request fails with IDEM_EPROTO (IdemResultFill), as
+ *   a synchronous call does; the connection and the others go on.
  * - idem_async_close(): every pending callback gets IDEM_ECANCELED before it returns; then
  *   the connection, the timers and the reconnect timer close, and the close callback runs
  *   once the last handle's close callback ran (libuv frees nothing of ours before that).

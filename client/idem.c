@@ -9,8 +9,9 @@
  *
  * Failure modes, and what the call does about each:
  * - connect refused, reset, EOF, write error, a TLS handshake or verification failure, a
- *   frame that does not decode: the connection is closed; the call backs off and tries
- *   the next candidate.
+ *   frame that does not decode, an answer with request id 0 (the node could not read our
+ *   frame, applied nothing and closes the connection): the connection is closed; the call
+ *   backs off and tries the next candidate.
  * - a kept-alive connection that the server closed while idle: noticed on the first
  *   write or read of the call; the call reconnects to the same node once, at once.
  * - OUTCOME_NOT_LEADER with leader_rpc_address: the leader becomes the next candidate
@@ -1009,6 +1010,15 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
             continue;
         }
         bool follow = false;
+        if (r == RT_OK && m->request_id == 0) {
+            /* The node could not read our request frame (idem.proto, above `message
+             * Request`): it applied nothing and closes the connection (nodeRoundTrip closed
+             * ours). As a broken connection: the same request again, to the next seed. */
+            connErrf(k, "%s: refused a request frame: %.200s", addr,
+                     m->error != NULL ? m->error : "");
+            idem__response__free_unpacked(m, NULL);
+            r = RT_PROTO;
+        }
         if (r == RT_OK && IdemFrameTooLarge(m)) {
             connErrf(k, "%s: the request is larger than the node's max_frame_bytes", addr);
             idem__response__free_unpacked(m, NULL);

@@ -249,7 +249,14 @@ int IdemResultFill(struct idem_result *out, Idem__Response *m)
     }
     const Idem__Result *res = m->result;
     if (res == NULL) {
-        return IDEM_OK; /* outcome unspecified */
+        /* Every answer of idemd to a data operation carries a result: without one the
+         * outcome is unknown (the request may have been applied). */
+        char said[sizeof out->detail];
+        memcpy(said, out->detail, sizeof said);
+        idem_result_free(out);
+        IdemResultFail(out, "the node's answer carries no result%s%.200s", said[0] ? ": " : "",
+                       said);
+        return IDEM_EPROTO;
     }
     out->outcome = (int)res->outcome;
     out->token = res->token;

@@ -21,9 +21,19 @@
  *   least 250 ms -- for connect, TLS handshake and answer; then the client closes that
  *   connection and tries the next seed with the same request. So such a leader costs part
  *   of a call's deadline, and calls reach the new leader once one is elected.
+ * - An answer with request id 0 says that the node could not read the request frame (it
+ *   does not decode; proto/idem.proto, above `message Request`): the node applied nothing
+ *   it could not read and closes the connection. The client takes it as a broken
+ *   connection: the same request again, to the next seed after a backoff (the
+ *   asynchronous client resends every request that was written on that connection and not
+ *   answered, since it cannot tell which frame the node could not read); at the deadline
+ *   IDEM_EUNAVAILABLE, with the node's refusal in `detail`.
  * - When the deadline passes without an answer from a leader, the call fails with
  *   IDEM_EUNAVAILABLE. The request may or may not have been applied: retry it with the same
  *   key (and, for a claim, the same attempt id).
+ * - An answer to the request that carries no result (idemd always sends one) fails the
+ *   call with IDEM_EPROTO: the outcome is unknown, the request may have been applied;
+ *   retrying with the same key (and attempt id) is safe.
  *
  * Errors. Functions return IDEM_OK (0) or a negative IDEM_E* code; idem_strerror() names
  * it. An answer from the cluster, whatever its outcome (acquired, replay, mismatch,
@@ -71,7 +81,7 @@ extern "C" {
     X(IDEM_EINVAL, -1, "invalid argument")                                                    \
     X(IDEM_ENOMEM, -2, "out of memory")                                                       \
     X(IDEM_EUNAVAILABLE, -3, "unavailable: no answer from a leader before the deadline")     \
-    X(IDEM_EPROTO, -4, "protocol error: the peer sent a frame that does not decode")          \
+    X(IDEM_EPROTO, -4, "protocol error: an answer that does not decode or has no result")     \
     X(IDEM_ETOOBIG, -5, "request larger than the frame limit (client's or node's)")          \
     X(IDEM_ESYS, -6, "system error")                                                          \
     X(IDEM_ECANCELED, -7, "canceled: the client was closed before an answer")                 \
@@ -318,8 +328,10 @@ IDEM_API const char *idem_client_leader(const struct idem_client *c);
  * (NULL client/key/out, an empty key, a missing fingerprint or response),
  * IDEM_EUNAVAILABLE (no leader answered before the deadline: retry with the same key and
  * attempt id), IDEM_ETOOBIG (larger than the client's max_frame_bytes, or refused as
- * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO, IDEM_ESYS
- * (idem_claim without an attempt id: the random source failed). After IDEM_OK the caller
+ * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO (the node's
+ * answer carries no result, or, idem_get, a stored response that does not decode; the
+ * request may have been applied: retry with the same key), IDEM_ESYS (idem_claim without
+ * an attempt id: the random source failed). After IDEM_OK the caller
  * frees *out with idem_result_free(). `key` is a NUL-terminated string of 1-255 bytes (the server
  * checks its alphabet and answers IDEM_OUTCOME_INVALID). Keys never appear in `detail` or
  * idem_client_errmsg(). */
@@ -421,7 +433,8 @@ struct idem_async;
 /* Called exactly once per accepted request, on the loop's thread: status IDEM_OK with
  * `result` set (as for the synchronous call), or a negative code (IDEM_EUNAVAILABLE when
  * the deadline passed, IDEM_ECANCELED when idem_async_close() ran first, IDEM_ETOOBIG when
- * the node refused the request as larger than its max_frame_bytes, ...) with
+ * the node refused the request as larger than its max_frame_bytes, IDEM_EPROTO as for the
+ * synchronous calls, ...) with
  * `result` zeroed and its detail set. `result` belongs to the library and is freed after
  * the callback returns, unless the callback moves it out with idem_result_move(). The
  * callback may issue new requests, and may call idem_async_close(). */

@@ -22,7 +22,9 @@ extern "C" {
  * - IDEM_OK with *resp (OUT) set to the answer, whatever its outcome (acquired, replay,
  *   mismatch, unauthenticated, ...) except the two below. The caller owns *resp and frees
  *   it with idem__response__free_unpacked(*resp, NULL). (*resp)->result may be NULL if
- *   the server sent none: use idem_response_outcome().
+ *   the server sent none: use idem_response_outcome() (the typed calls of idem.h fail
+ *   such an answer with IDEM_EPROTO). An answer with request_id 0 (the node could not read
+ *   the request frame) is never returned: it counts as a broken connection, retried.
  * - IDEM_EUNAVAILABLE when no leader answered before the deadline: every candidate failed
  *   to connect, answered OUTCOME_UNAVAILABLE or OUTCOME_NOT_LEADER without a usable
  *   leader address, or stayed silent. *resp is NULL. The request may or may not have been

@@ -1,14 +1,22 @@
 /* test_client: libidem's parts that need no cluster: names, argument checks, building
- * requests from the typed API, results, and the deadline against an address where nothing
- * listens (synchronous and asynchronous, including close with pending requests). */
+ * requests from the typed API, results, the deadline against an address where nothing
+ * listens (synchronous and asynchronous, including close with pending requests), and
+ * answers no idemd node sends but a client must survive, from a fake node on 127.0.0.1. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <uv.h>
@@ -486,6 +494,235 @@ static void test_renew_plan(void **state)
     assert_int_equal(at, 1033);
 }
 
+/* ---- a fake node ------------------------------------------------------------------------ */
+
+/* How the fake node answers each request frame it reads. */
+enum fakeMode {
+    FAKE_NO_RESULT,  /* a Response with the request's id and no result */
+    FAKE_UNREADABLE, /* request_id 0 and INVALID (the node could not read the frame), then
+                      * the connection closed, as idemd does */
+};
+
+struct fakeNode {
+    int lfd;
+    char addr[32];
+    enum fakeMode mode;
+    atomic_int requests; /* request frames read */
+    atomic_bool stop;
+    pthread_t th;
+    uint8_t frame[1 << 16]; /* the request being read */
+};
+
+/* Reads n bytes from fd; false on EOF, an error or stop. */
+static bool fakeRead(struct fakeNode *f, int fd, uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pf, 1, 50);
+        if (atomic_load(&f->stop)) {
+            return false;
+        }
+        if (pr <= 0) {
+            continue;
+        }
+        ssize_t got = recv(fd, p, n, 0);
+        if (got <= 0) {
+            return false;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return true;
+}
+
+/* (cmocka's asserts are for the test's own thread: the fake node's thread returns false.) */
+static bool fakeSend(int fd, const Idem__Response *m)
+{
+    uint8_t buf[512];
+    size_t n = idem__response__get_packed_size(m);
+    if (n + 4 > sizeof buf) {
+        return false;
+    }
+    buf[0] = (uint8_t)(n >> 24);
+    buf[1] = (uint8_t)(n >> 16);
+    buf[2] = (uint8_t)(n >> 8);
+    buf[3] = (uint8_t)n;
+    idem__response__pack(m, buf + 4);
+    return send(fd, buf, n + 4, MSG_NOSIGNAL) == (ssize_t)(n + 4);
+}
+
+/* Serves one connection until it ends (or, unreadable, after the first answer). */
+static void fakeServe(struct fakeNode *f, int fd)
+{
+    uint8_t *frame = f->frame;
+    for (;;) {
+        uint8_t hdr[4];
+        if (!fakeRead(f, fd, hdr, sizeof hdr)) {
+            return;
+        }
+        uint32_t n = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 |
+                     (uint32_t)hdr[3];
+        if (n > sizeof f->frame || !fakeRead(f, fd, frame, n)) {
+            return;
+        }
+        Idem__Request *req = idem__request__unpack(NULL, n, frame);
+        if (req == NULL) {
+            return; /* not a libidem frame: the test sees too few requests */
+        }
+        atomic_fetch_add(&f->requests, 1);
+        Idem__Response resp = IDEM__RESPONSE__INIT;
+        Idem__Result res = IDEM__RESULT__INIT;
+        if (f->mode == FAKE_NO_RESULT) {
+            resp.request_id = req->request_id;
+            resp.error = (char *)"nothing to say";
+        } else {
+            res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+            resp.result = &res;
+            resp.error = (char *)"frame does not decode as a Request";
+        }
+        idem__request__free_unpacked(req, NULL);
+        if (!fakeSend(fd, &resp) || f->mode == FAKE_UNREADABLE) {
+            return;
+        }
+    }
+}
+
+static void *fakeMain(void *arg)
+{
+    struct fakeNode *f = arg;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd pf = {.fd = f->lfd, .events = POLLIN};
+        if (poll(&pf, 1, 50) <= 0) {
+            continue;
+        }
+        int fd = accept(f->lfd, NULL, NULL);
+        if (fd >= 0) {
+            fakeServe(f, fd);
+            close(fd);
+        }
+    }
+    return NULL;
+}
+
+static struct fakeNode *fakeStart(enum fakeMode mode)
+{
+    struct fakeNode *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->mode = mode;
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(f->lfd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f->lfd, 16), 0);
+    socklen_t sl = sizeof sa;
+    assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&sa, &sl), 0);
+    snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+    assert_int_equal(pthread_create(&f->th, NULL, fakeMain, f), 0);
+    return f;
+}
+
+static void fakeStop(struct fakeNode *f)
+{
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+    free(f);
+}
+
+struct asyncOne {
+    int calls;
+    int status;
+    char detail[256];
+};
+
+static void asyncOneCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    struct asyncOne *o = data;
+    o->calls++;
+    o->status = status;
+    snprintf(o->detail, sizeof o->detail, "%s", res->detail);
+    assert_null(res->priv_); /* a failure: zeroed but for detail */
+}
+
+/* One async claim against `addr`: its callback's status and detail in *o. */
+static void asyncClaimOnce(const char *addr, uint32_t deadline_ms, struct asyncOne *o)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_options opts = {.seeds = addr, .token = "t", .default_deadline_ms = deadline_ms};
+    struct idem_async *a = NULL;
+    assert_int_equal(idem_async_open(&loop, &opts, &a, NULL, 0), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    memset(o, 0, sizeof *o);
+    assert_int_equal(idem_async_claim(a, "k", fp, NULL, asyncOneCb, o), IDEM_OK);
+    while (idem_async_pending(a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    idem_async_close(a, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(o->calls, 1);
+}
+
+/* An answer to our request without a result: no outcome is known, so the call fails with
+ * IDEM_EPROTO, synchronous and asynchronous alike (the synchronous call answered IDEM_OK
+ * with outcome "unspecified", which no call lists). */
+static void test_answer_without_a_result(void **state)
+{
+    (void)state;
+    struct fakeNode *f = fakeStart(FAKE_NO_RESULT);
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new(f->addr, "t", &c), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_result r;
+    struct idem_claim_opts o = {.deadline_ms = 5000};
+    assert_int_equal(idem_claim(c, "k", fp, &o, &r), IDEM_EPROTO);
+    assert_null(r.priv_);
+    assert_int_equal(r.outcome, IDEM_OUTCOME_UNSPECIFIED);
+    assert_non_null(strstr(r.detail, "carries no result: nothing to say"));
+    idem_result_free(&r);
+    assert_int_equal(idem_get(c, "k", 5000, &r), IDEM_EPROTO);
+    idem_result_free(&r);
+    idem_client_close(c);
+
+    struct asyncOne ao;
+    asyncClaimOnce(f->addr, 5000, &ao);
+    assert_int_equal(ao.status, IDEM_EPROTO);
+    assert_non_null(strstr(ao.detail, "carries no result"));
+    assert_int_equal(atomic_load(&f->requests), 3); /* each sent once */
+    fakeStop(f);
+}
+
+/* request_id 0: the node could not read the request frame (it applied nothing) and closes
+ * the connection. Both clients take it as a broken connection: the request is sent again
+ * until the deadline, then IDEM_EUNAVAILABLE naming the refusal (the synchronous call
+ * answered IDEM_OK with outcome "invalid" at once; the asynchronous one resent). */
+static void test_unreadable_request(void **state)
+{
+    (void)state;
+    struct fakeNode *f = fakeStart(FAKE_UNREADABLE);
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new(f->addr, "t", &c), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_result r;
+    struct idem_claim_opts o = {.deadline_ms = 500};
+    assert_int_equal(idem_claim(c, "k", fp, &o, &r), IDEM_EUNAVAILABLE);
+    assert_null(r.priv_);
+    assert_non_null(strstr(r.detail, "refused a request frame: frame does not decode"));
+    idem_result_free(&r);
+    idem_client_close(c);
+    int sync_sent = atomic_load(&f->requests);
+    assert_true(sync_sent >= 2); /* sent again */
+
+    struct asyncOne ao;
+    asyncClaimOnce(f->addr, 500, &ao);
+    assert_int_equal(ao.status, IDEM_EUNAVAILABLE);
+    assert_non_null(strstr(ao.detail, "refused a request frame: frame does not decode"));
+    assert_true(atomic_load(&f->requests) >= sync_sent + 2);
+    fakeStop(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +736,8 @@ int main(void)
         cmocka_unit_test(test_frame_limit),
         cmocka_unit_test(test_errmsg_is_a_per_thread_copy),
         cmocka_unit_test(test_renew_plan),
+        cmocka_unit_test(test_answer_without_a_result),
+        cmocka_unit_test(test_unreadable_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
