@@ -999,6 +999,7 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     }
     struct idem_async *a = calloc(1, sizeof *a);
     if (a == NULL) {
+        IdemWhyf(why, why_len, "out of memory");
         return IDEM_ENOMEM;
     }
     a->loop = loop;
@@ -1013,6 +1014,9 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
         if (rv == IDEM_OK && opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
             a->tls_server_name = strdup(opts->tls_server_name);
             rv = a->tls_server_name == NULL ? IDEM_ENOMEM : IDEM_OK;
+            if (rv != IDEM_OK) {
+                IdemWhyf(why, why_len, "out of memory");
+            }
         }
         if (rv != IDEM_OK) {
             asyncFree(a);
@@ -1024,6 +1028,7 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
         a->token = malloc(a->token_len);
         if (a->token == NULL) {
             asyncFree(a);
+            IdemWhyf(why, why_len, "out of memory");
             return IDEM_ENOMEM;
         }
         memcpy(a->token, opts->token, a->token_len);
@@ -1035,24 +1040,30 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     a->rng = IdemRngSeed();
     a->backoff = IDEM_BACKOFF_MIN_MS;
     a->next_seed = a->n_seeds > 1 ? 1 : 0;
-    if (uv_timer_init(loop, &a->reconnect) != 0) {
+    int uv = uv_timer_init(loop, &a->reconnect);
+    if (uv != 0) {
         asyncFree(a);
+        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
         return IDEM_ESYS;
     }
     a->reconnect.data = a;
     a->handles = 1;
-    if (uv_timer_init(loop, &a->watch) != 0) {
+    uv = uv_timer_init(loop, &a->watch);
+    if (uv != 0) {
         a->closing = true; /* the reconnect timer's close callback frees `a` */
         uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
+        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
         return IDEM_ESYS;
     }
     a->watch.data = a;
     uv_unref((uv_handle_t *)&a->watch); /* never what keeps the caller's loop running */
     a->handles++;
-    if (uv_timer_init(loop, &a->kick) != 0) {
+    uv = uv_timer_init(loop, &a->kick);
+    if (uv != 0) {
         a->closing = true; /* the last close callback frees `a` */
         uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
         uv_close((uv_handle_t *)&a->watch, handleClosedCb);
+        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
         return IDEM_ESYS;
     }
     a->kick.data = a;

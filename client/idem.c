@@ -380,10 +380,15 @@ int idem_client_open(const struct idem_options *opts, struct idem_client **out, 
     }
     struct idem_client *c = calloc(1, sizeof *c);
     if (c == NULL) {
+        IdemWhyf(why, why_len, "out of memory");
         return IDEM_ENOMEM;
     }
-    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+    int mrv = pthread_mutex_init(&c->mu, NULL);
+    if (mrv != 0) {
         free(c);
+        char ebuf[128];
+        IdemWhyf(why, why_len, "cannot initialise the client's mutex: %s",
+                 errnoText(mrv, ebuf, sizeof ebuf));
         return IDEM_ESYS;
     }
     int rv = IdemSeedsParse(opts->seeds, c->nodes, &c->n_nodes, why, why_len);
@@ -395,6 +400,7 @@ int idem_client_open(const struct idem_options *opts, struct idem_client **out, 
         c->token_len = strlen(opts->token);
         c->token = malloc(c->token_len);
         if (c->token == NULL) {
+            IdemWhyf(why, why_len, "out of memory");
             rv = IDEM_ENOMEM;
             goto err;
         }
@@ -411,6 +417,7 @@ int idem_client_open(const struct idem_options *opts, struct idem_client **out, 
         if (opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
             c->tls_server_name = strdup(opts->tls_server_name);
             if (c->tls_server_name == NULL) {
+                IdemWhyf(why, why_len, "out of memory");
                 rv = IDEM_ENOMEM;
                 goto err;
             }

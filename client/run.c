@@ -185,14 +185,26 @@ int idem_run(struct idem_client *c, const char *key,
     pthread_mutex_init(&r.mu, NULL);
     pthread_t th;
     if (pthread_create(&th, NULL, renewerMain, &r) != 0) {
-        /* Without renewals a slow fn could lose its lease unnoticed: give the claim back. */
+        /* Without renewals a slow fn could lose its lease unnoticed: fn does not run, and
+         * the claim is given back. */
         struct idem_result rel;
-        (void)idem_release(c, key, token, deadline_ms, &rel);
+        int rrv = idem_release(c, key, token, deadline_ms, &rel);
+        bool released = rrv == IDEM_OK && rel.outcome == IDEM_OUTCOME_OK;
+        char rwhy[96];
+        snprintf(rwhy, sizeof rwhy, "%s",
+                 rrv != IDEM_OK ? idem_strerror(rrv) : idem_outcome_name(rel.outcome));
         idem_result_free(&rel);
         pthread_cond_destroy(&r.cond);
         pthread_mutex_destroy(&r.mu);
         idem_result_free(out);
-        IdemResultFail(out, "cannot start the lease renewal thread; claim released");
+        if (released) {
+            IdemResultFail(out, "cannot start the lease renewal thread; claim released");
+        } else {
+            IdemResultFail(out,
+                           "cannot start the lease renewal thread; the release answered %s: "
+                           "the claim is held until its lease ends",
+                           rwhy);
+        }
         return IDEM_ESYS;
     }
 

@@ -297,9 +297,10 @@ struct idem_client;
 /* Creates a thread-safe synchronous client from `opts` (borrowed). No connection is made
  * yet. On success returns IDEM_OK and stores the client in *out (OUT; the caller owns it
  * and frees it with idem_client_close()). Returns IDEM_EINVAL for a malformed seed list
- * (idem_seeds_check() says why) or options, IDEM_ETLS when a TLS file cannot be loaded
- * (`why`, may be NULL, receives the reason, always NUL-terminated), IDEM_ENOMEM; *out is
- * then NULL. */
+ * (idem_seeds_check() says why) or options, IDEM_ETLS when a TLS file cannot be loaded,
+ * IDEM_ENOMEM, IDEM_ESYS when the client's mutex cannot be initialised
+ * (pthread_mutex_init); *out is then NULL, and `why` (may be NULL) receives the reason,
+ * always NUL-terminated. */
 IDEM_API int idem_client_open(const struct idem_options *opts, struct idem_client **out,
                               char *why, size_t why_len);
 
@@ -412,7 +413,10 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
  * - replay: fn is not called; out holds the stored response (outcome replay).
  * - any other outcome (in_progress, mismatch, ...): fn is not called; returned as is.
  * Returns IDEM_OK, or a negative code: before fn ran, as idem_claim (fn did not run);
- * after fn ran, the error of the complete or release (IDEM_EUNAVAILABLE once retried until
+ * IDEM_ESYS when the claim was acquired but the lease renewal thread cannot be started
+ * (pthread_create): fn does not run (out->ran = 0) and the claim is released (detail says
+ * whether the release succeeded; if not, the key is held until its lease ends); after fn
+ * ran, the error of the complete or release (IDEM_EUNAVAILABLE once retried until
  * the deadline), with out->ran = 1, out->token and out->response (fn's) filled: the record
  * stays processing until the caller retries idem_complete() / idem_release() with that
  * token, or its lease expires. A response from fn that cannot be stored (a NULL or empty
@@ -452,8 +456,11 @@ typedef void (*idem_async_close_cb)(struct idem_async *a, void *data);
  * leader-following, retry and deadline rules as the synchronous calls. Host names are
  * resolved on libuv's thread pool (uv_getaddrinfo; the first address is used). No
  * connection is made before the first request. Returns IDEM_OK and *out (OUT; freed
- * through idem_async_close()), or IDEM_EINVAL / IDEM_ETLS / IDEM_ENOMEM with `why` (may
- * be NULL) describing the problem. */
+ * through idem_async_close()), or IDEM_EINVAL / IDEM_ETLS / IDEM_ENOMEM / IDEM_ESYS (one
+ * of its libuv timers cannot be created: uv_timer_init) with `why` (may be NULL)
+ * describing the problem and *out NULL. After IDEM_ESYS the timers made before the one
+ * that failed are closing on `loop`: run it (e.g. uv_run(loop, UV_RUN_NOWAIT)) before
+ * uv_loop_close(), which frees them. */
 IDEM_API int idem_async_open(struct uv_loop_s *loop, const struct idem_options *opts,
                              struct idem_async **out, char *why, size_t why_len);
 

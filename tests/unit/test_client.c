@@ -3,6 +3,7 @@
  * listens (synchronous and asynchronous, including close with pending requests), and
  * answers no idemd node sends but a client must survive, from a fake node on 127.0.0.1. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -501,13 +502,18 @@ enum fakeMode {
     FAKE_NO_RESULT,  /* a Response with the request's id and no result */
     FAKE_UNREADABLE, /* request_id 0 and INVALID (the node could not read the frame), then
                       * the connection closed, as idemd does */
+    FAKE_GRANT,      /* claim: acquired (token FAKE_TOKEN); release: release_outcome */
 };
+
+#define FAKE_TOKEN 7
 
 struct fakeNode {
     int lfd;
     char addr[32];
     enum fakeMode mode;
     atomic_int requests; /* request frames read */
+    Idem__Outcome release_outcome;
+    atomic_int releases;               /* FAKE_GRANT: releases of FAKE_TOKEN */
     atomic_bool stop;
     pthread_t th;
     uint8_t frame[1 << 16]; /* the request being read */
@@ -572,7 +578,21 @@ static void fakeServe(struct fakeNode *f, int fd)
         atomic_fetch_add(&f->requests, 1);
         Idem__Response resp = IDEM__RESPONSE__INIT;
         Idem__Result res = IDEM__RESULT__INIT;
-        if (f->mode == FAKE_NO_RESULT) {
+        if (f->mode == FAKE_GRANT) {
+            resp.request_id = req->request_id;
+            resp.result = &res;
+            res.outcome = IDEM__OUTCOME__OUTCOME_OK;
+            if (req->op_case == IDEM__REQUEST__OP_CLAIM) {
+                res.outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
+                res.token = FAKE_TOKEN;
+                res.lease_ms = 1000;
+            } else if (req->op_case == IDEM__REQUEST__OP_RELEASE) {
+                res.outcome = f->release_outcome;
+                if (req->release->token == FAKE_TOKEN) {
+                    atomic_fetch_add(&f->releases, 1);
+                }
+            }
+        } else if (f->mode == FAKE_NO_RESULT) {
             resp.request_id = req->request_id;
             resp.error = (char *)"nothing to say";
         } else {
@@ -609,6 +629,7 @@ static struct fakeNode *fakeStart(enum fakeMode mode)
     struct fakeNode *f = calloc(1, sizeof *f);
     assert_non_null(f);
     f->mode = mode;
+    f->release_outcome = IDEM__OUTCOME__OUTCOME_OK;
     f->lfd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(f->lfd >= 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -723,6 +744,109 @@ static void test_unreadable_request(void **state)
     fakeStop(f);
 }
 
+/* ---- system failures ------------------------------------------------------------------
+ * test_client links with -Wl,--wrap for these (tests/CMakeLists.txt): libidem's calls go
+ * through the wrappers, which fail on demand and otherwise call the real function. */
+
+int __real_uv_timer_init(uv_loop_t *loop, uv_timer_t *t);
+int __wrap_uv_timer_init(uv_loop_t *loop, uv_timer_t *t);
+int __real_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *),
+                          void *arg);
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *),
+                          void *arg);
+int __real_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr);
+int __wrap_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr);
+
+static atomic_int g_timer_fail_in; /* > 0: the n-th uv_timer_init from now fails */
+static atomic_bool g_thread_fail;  /* pthread_create fails */
+static atomic_bool g_mutex_fail;   /* pthread_mutex_init fails */
+
+int __wrap_uv_timer_init(uv_loop_t *loop, uv_timer_t *t)
+{
+    if (atomic_load(&g_timer_fail_in) > 0 && atomic_fetch_sub(&g_timer_fail_in, 1) == 1) {
+        return UV_EINVAL;
+    }
+    return __real_uv_timer_init(loop, t);
+}
+
+int __wrap_pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *),
+                          void *arg)
+{
+    return atomic_load(&g_thread_fail) ? EAGAIN : __real_pthread_create(th, attr, fn, arg);
+}
+
+int __wrap_pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr)
+{
+    return atomic_load(&g_mutex_fail) ? ENOMEM : __real_pthread_mutex_init(m, attr);
+}
+
+static int countCallsFn(void *arg, uint64_t token, struct idem_response *response)
+{
+    (void)token;
+    (void)response;
+    (*(int *)arg)++;
+    return IDEM_RUN_SUCCEEDED;
+}
+
+/* The IDEM_ESYS returns of idem.h: idem_client_open (its mutex), idem_async_open (each of
+ * its three timers: `why` says so, *out is NULL, and the timers made before close on the
+ * loop) and idem_run (no renewal thread: fn does not run, the claim is released, and the
+ * detail says whether that worked). */
+static void test_system_failures(void **state)
+{
+    (void)state;
+    struct idem_options o = {.seeds = "127.0.0.1:1"};
+    char why[128] = "";
+    struct idem_client *c = NULL;
+    atomic_store(&g_mutex_fail, true);
+    int rv = idem_client_open(&o, &c, why, sizeof why);
+    atomic_store(&g_mutex_fail, false);
+    assert_int_equal(rv, IDEM_ESYS);
+    assert_null(c);
+    assert_non_null(strstr(why, "cannot initialise the client's mutex"));
+
+    for (int n = 1; n <= 3; n++) {
+        uv_loop_t loop;
+        uv_loop_init(&loop);
+        struct idem_async *a = NULL;
+        why[0] = '\0';
+        atomic_store(&g_timer_fail_in, n);
+        rv = idem_async_open(&loop, &o, &a, why, sizeof why);
+        atomic_store(&g_timer_fail_in, 0);
+        assert_int_equal(rv, IDEM_ESYS);
+        assert_null(a);
+        assert_non_null(strstr(why, "cannot create a libuv timer"));
+        uv_run(&loop, UV_RUN_NOWAIT); /* closes what was made; frees the client */
+        assert_int_equal(uv_loop_close(&loop), 0);
+    }
+
+    for (int ok = 1; ok >= 0; ok--) {
+        struct fakeNode *f = fakeStart(FAKE_GRANT);
+        f->release_outcome = ok ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+        assert_int_equal(idem_client_new(f->addr, "t", &c), IDEM_OK);
+        uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+        struct idem_result r;
+        int calls = 0;
+        atomic_store(&g_thread_fail, true);
+        rv = idem_run(c, "k", fp, NULL, countCallsFn, &calls, &r);
+        atomic_store(&g_thread_fail, false);
+        assert_int_equal(rv, IDEM_ESYS);
+        assert_int_equal(calls, 0);
+        assert_int_equal(r.ran, 0);
+        assert_null(r.priv_);
+        assert_int_equal(atomic_load(&f->releases), 1);
+        assert_non_null(strstr(r.detail, "cannot start the lease renewal thread"));
+        if (ok) {
+            assert_non_null(strstr(r.detail, "; claim released"));
+        } else {
+            assert_non_null(strstr(r.detail, "the release answered lease_lost"));
+        }
+        idem_result_free(&r);
+        idem_client_close(c);
+        fakeStop(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -738,6 +862,7 @@ int main(void)
         cmocka_unit_test(test_renew_plan),
         cmocka_unit_test(test_answer_without_a_result),
         cmocka_unit_test(test_unreadable_request),
+        cmocka_unit_test(test_system_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
