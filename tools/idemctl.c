@@ -124,7 +124,8 @@ static const struct help helps[] = {
      "  - a node's applied index trails the leader's by more than --max-lag entries\n"
      "    (default 1000);\n"
      "  - no leader: no majority of the reachable nodes agrees on one;\n"
-     "  - no quorum: a majority of the voters is unreachable.\n"
+     "  - no quorum: no majority of the voters is reachable (a cluster\n"
+     "    without a leader may still have its quorum, and elect one).\n"
      "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": "
      "[...],\n"
      "\"members\": [...], \"warnings\": [...]}.\n"
@@ -1958,8 +1959,10 @@ static int cmdStatus(struct global *g, struct args *a)
 
     json_t *o = jobj();
     jset(o, "leader_id", v.leader ? ju64(v.leader) : json_null());
-    jset(o, "quorum",
-         json_boolean(v.leader != 0 && v.members_of != NULL && 2 * v.reachable_voters > v.voters));
+    /* Quorum: a majority of the voters answered (with a status, or refusing the token). A
+     * cluster between two leaders has one (it can elect the next); the leader's absence is
+     * leader_id and the "no leader" warning. Without any status the voters are unknown. */
+    jset(o, "quorum", json_boolean(v.members_of != NULL && 2 * v.reachable_voters > v.voters));
     jset(o, "voters", v.members_of ? ju64(v.voters) : json_null());
     jset(o, "reachable_voters", ju64(v.reachable_voters));
     jset(o, "max_lag", ju64(max_lag));

@@ -311,6 +311,33 @@ class TestIdemctlLag(CtlTest):
         wait_for(lambda: not [w for w in self.status("--max-lag", "0")["warnings"]], 10,
                  "followers to catch up")
 
+    def test_leaderless_cluster_keeps_its_quorum(self):
+        # The leader is killed: until the survivors elect another one, there is no leader,
+        # but two of three voters answer, so the cluster has its quorum (an election can
+        # succeed); only "no leader" is warned about. (This class's election timeout is
+        # 5 s, so the survivors go on following the dead leader meanwhile.)
+        lid = self.c.leader()
+        self.c.kill(lid)
+        st = self.status()
+        rc, text, err = self.human("status")
+        self.assertEqual(rc, 0, err)
+        self.assertIsNone(st["leader_id"], st)
+        self.assertTrue(st["quorum"], st)
+        self.assertEqual((st["voters"], st["reachable_voters"]), (3, 2), st)
+        self.assertTrue(any(w.startswith("no leader") for w in st["warnings"]), st["warnings"])
+        self.assertFalse(any(w.startswith("no quorum") for w in st["warnings"]),
+                         st["warnings"])
+        self.assertIn("leader: none   quorum: yes (2 of 3 voters reachable)", text)
+        self.assertIn("warning: no leader", text)
+        self.assertNotIn("no quorum", text)
+        # A second voter down: no quorum.
+        self.c.kill([n for n in sorted(self.c.nodes) if n != lid][0])
+        st = self.status()
+        self.assertFalse(st["quorum"], st)
+        self.assertEqual((st["voters"], st["reachable_voters"]), (3, 1), st)
+        self.assertTrue(any(w.startswith("no quorum: 1 of 3 voters") for w in st["warnings"]),
+                        st["warnings"])
+
 
 class TestIdemctlMembership(CtlTest):
     def test_add_fourth_then_remove(self):
