@@ -31,7 +31,10 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <openssl/evp.h>
+#include <sys/socket.h>
 
 #include "cli.h"
 #include "idem_rpc.h"
@@ -1466,6 +1469,135 @@ static size_t dropDuplicateIds(struct probe *probes, size_t n)
     return k;
 }
 
+/* Splits "host:port" or "[v6]:port" into host and port (OUT); false when it is neither. */
+static bool splitHostPort(const char *addr, char *host, size_t hlen, char *port, size_t plen)
+{
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || colon[1] == '\0') {
+        return false;
+    }
+    const char *h = addr;
+    size_t len = (size_t)(colon - addr);
+    if (len >= 2 && h[0] == '[' && h[len - 1] == ']') {
+        h++;
+        len -= 2;
+    }
+    if (len == 0 || len >= hlen || strlen(colon + 1) >= plen) {
+        return false;
+    }
+    memcpy(host, h, len);
+    host[len] = '\0';
+    snprintf(port, plen, "%s", colon + 1);
+    return true;
+}
+
+/* Whether two sockaddrs are the same IP address and port. */
+static bool sameSockaddr(const struct sockaddr *x, const struct sockaddr *y)
+{
+    if (x->sa_family != y->sa_family) {
+        return false;
+    }
+    if (x->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)(const void *)x;
+        const struct sockaddr_in *b = (const struct sockaddr_in *)(const void *)y;
+        return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
+    }
+    if (x->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)(const void *)x;
+        const struct sockaddr_in6 *b = (const struct sockaddr_in6 *)(const void *)y;
+        return a->sin6_port == b->sin6_port &&
+               memcmp(&a->sin6_addr, &b->sin6_addr, sizeof a->sin6_addr) == 0;
+    }
+    return false;
+}
+
+/* Whether the addresses a and b ("host:port") name a common endpoint, as getaddrinfo()
+ * resolves them ("localhost:7003" and "127.0.0.1:7003"; numeric IPs as they are). */
+static bool sameEndpoint(const char *a, const char *b)
+{
+    char ha[ADDR_MAX], pa[16], hb[ADDR_MAX], pb[16];
+    if (!splitHostPort(a, ha, sizeof ha, pa, sizeof pa) ||
+        !splitHostPort(b, hb, sizeof hb, pb, sizeof pb)) {
+        return false;
+    }
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    struct addrinfo *ra = NULL, *rb = NULL;
+    bool same = false;
+    if (getaddrinfo(ha, pa, &hints, &ra) == 0 && getaddrinfo(hb, pb, &hints, &rb) == 0) {
+        for (const struct addrinfo *x = ra; x != NULL && !same; x = x->ai_next) {
+            for (const struct addrinfo *y = rb; y != NULL && !same; y = y->ai_next) {
+                same = sameSockaddr(x->ai_addr, y->ai_addr);
+            }
+        }
+    }
+    if (ra != NULL) {
+        freeaddrinfo(ra);
+    }
+    if (rb != NULL) {
+        freeaddrinfo(rb);
+    }
+    return same;
+}
+
+/* Whether `addr` is the rpc_address of a member in any status of probes[0..n). */
+static bool memberAddress(const struct probe *probes, size_t n, const char *addr)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Idem__NodeStatus *st = probeStatus(&probes[i]);
+        for (size_t k = 0; st != NULL && k < st->n_members; k++) {
+            if (strcmp(st->members[k]->rpc_address, addr) == 0) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* Drops each probe that got no status (a node that is down, or refused the token) at an
+ * address that is no member's rpc_address but names the same endpoint as a member's that
+ * was asked too: "localhost:7003" in --cluster for the member at "127.0.0.1:7003" (the
+ * second round asks that one). No node ID tells that they are one node, and it would show
+ * twice. The member's probe is kept; a refusal is not dropped for a probe that got no
+ * answer. Frees the dropped answers; returns how many are left. */
+static size_t dropAliases(struct probe *probes, size_t n)
+{
+    bool *drop = calloc(n ? n : 1, sizeof *drop);
+    if (drop == NULL) {
+        oom();
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct probe *p = &probes[i];
+        if (probeStatus(p) != NULL || memberAddress(probes, n, p->addr)) {
+            continue;
+        }
+        for (size_t j = 0; j < n && !drop[i]; j++) {
+            const struct probe *q = &probes[j];
+            drop[i] = j != i && !drop[j] && !(probeRefused(p) && q->rv != IDEM_OK) &&
+                      memberAddress(probes, n, q->addr) && sameEndpoint(p->addr, q->addr);
+        }
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (drop[i]) {
+            if (probes[i].resp != NULL) {
+                idem__response__free_unpacked(probes[i].resp, NULL);
+                probes[i].resp = NULL;
+            }
+            continue;
+        }
+        if (k != i) {
+            probes[k] = probes[i];
+        }
+        k++;
+    }
+    free(drop);
+    return k;
+}
+
 /* What status concluded about the cluster. */
 struct clusterView {
     uint64_t leader;                    /* agreed by a majority of reachable nodes, and it
@@ -1625,7 +1757,8 @@ static void discover(const struct global *g, bool digest, struct discovery *d)
     }
     probeAll(probes, listed, n);
     d->probes = probes;
-    d->n = dropDuplicateIds(probes, n);
+    n = dropDuplicateIds(probes, n);
+    d->n = dropAliases(probes, n);
     buildView(probes, d->n, &d->v);
 }
 

@@ -266,6 +266,33 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual((st["voters"], st["reachable_voters"]), (3, 3), st)
             self.assertEqual(st["warnings"], [], st)
 
+    def test_down_node_under_another_spelling_counts_once(self):
+        # The members' rpc_address is 127.0.0.1:P; --cluster says localhost:P. A node that
+        # is down answers no node ID, so only its address can tell that it is the member
+        # at 127.0.0.1:P: it is shown once, at its member address, with one warning.
+        self.c.kill(3)
+        addrs = [self.c.nodes[i].rpc for i in sorted(self.c.nodes)]
+        local = ["localhost:" + a.rsplit(":", 1)[1] for a in addrs]
+        for cluster in (local, addrs[:2] + local[2:]):
+            rc, st = run_ctl_json(["--cluster", ",".join(cluster), "--admin-token",
+                                   self.c.admin, "status"])
+            self.assertEqual(rc, 0, st)
+            self.assertEqual([(n["id"], n["rpc_address"]) for n in st["nodes"]],
+                             list(zip([1, 2, 3], addrs)), (cluster, st))
+            self.assertEqual(st["nodes"][2]["role"], "unreachable", st)
+            self.assertEqual((st["voters"], st["reachable_voters"]), (3, 2), st)
+            self.assertEqual(len(st["warnings"]), 1, st["warnings"])
+            self.assertIn("node 3 (%s) is unreachable" % addrs[2], st["warnings"][0])
+            rc, text, err = run_ctl(["--cluster", ",".join(cluster), "--admin-token",
+                                     self.c.admin, "status"])
+            self.assertEqual(rc, 0, err)
+            port3 = ":" + addrs[2].rsplit(":", 1)[1]
+            rows = [l for l in text.splitlines() if port3 in l and not l.startswith("warning")]
+            self.assertEqual(len(rows), 1, text)
+            self.assertTrue(rows[0].startswith("3 "), text)
+            self.assertEqual(len([l for l in text.splitlines() if l.startswith("warning:")]), 1,
+                             text)
+
     def test_wrong_listener_says_what_it_is(self):
         # An HTTP port: the first bytes read are "HTTP/1.1 ...", not a frame length.
         http = self.c.nodes[1].http
