@@ -96,7 +96,7 @@ static const char usageText[] =
     "  help [COMMAND [SUBCOMMAND]]\n"
     "Alias: resolve KEY --tenant NAME ... is key resolve NAME KEY ...\n"
     "After COMMAND, --token N is the fencing token returned by claim, not the bearer token.\n"
-    "Use -- to end options (for a key that starts with '-').\n"
+    "Use -- to end options, before a KEY that starts with '-' (the options go before --).\n"
     "\n"
     "Exit status:\n"
     "  0  the call was answered, whatever the outcome: not_found, forbidden, mismatch,\n"
@@ -283,6 +283,11 @@ struct args {
     int i;         /* next argument */
     bool dashdash; /* "--" seen: everything after it is positional */
     const char *cmd;
+    int first; /* argv index of the first argument after the command word */
+    /* Commands with a KEY operand: their operands (as "TENANT KEY"), and how a KEY that
+     * starts with '-' is given. NULL for the others. A KEY is a secret (CONTRACT.md §1):
+     * where one may stand, usage errors name the argument's position, never its text. */
+    const char *key_operands, *key_form;
 };
 /* ---- errors -------------------------------------------------------------------------- */
 
@@ -410,19 +415,35 @@ static bool commonOpt(struct global *g, struct args *a)
 }
 
 /* Takes the current argument as positional number *n (of at most `max`), or exits on an
- * unknown option or one argument too many. */
+ * unknown option or one argument too many; where a KEY may stand (a->key_operands), the
+ * message names the argument by its position (1: the first after the command word). */
 static void positional(struct args *a, const char **slots, size_t max, size_t *n)
 {
     const char *arg = a->argv[a->i];
+    int at = a->i - a->first + 1;
     if (!a->dashdash && strcmp(arg, "--") == 0) {
         a->dashdash = true;
         a->i++;
         return;
     }
     if (!a->dashdash && isOption(arg)) {
+        if (a->key_operands != NULL) {
+            cli_usage_error("%s: argument %d after the command is no option of %s (not shown: "
+                            "it may be a KEY); a KEY that starts with '-' goes after --, with "
+                            "every option before it: idemctl %s",
+                            a->cmd, at, a->cmd, a->key_form);
+        }
         cli_usage_error("%s: unknown option %s", a->cmd, arg);
     }
     if (*n >= max) {
+        if (a->key_operands != NULL) {
+            cli_usage_error("%s: argument %d after the command is one argument too many (not "
+                            "shown: it may be a KEY): %s takes %s%s",
+                            a->cmd, at, a->cmd, a->key_operands,
+                            a->dashdash ? "; after -- every argument is an operand, so the "
+                                          "options go before --"
+                                        : "");
+        }
         cli_usage_error("%s: unexpected argument \"%s\"", a->cmd, arg);
     }
     slots[(*n)++] = arg;
@@ -2712,21 +2733,24 @@ struct command {
     const char *name;
     int (*run)(struct global *g, struct args *a);
     bool admin;
+    const char *key_operands, *key_form; /* struct args; NULL: no KEY operand */
 };
 
 static const struct command commands[] = {
-    {"status", cmdStatus, true},
-    {"claim", cmdClaim, false},
-    {"complete", cmdComplete, false},
-    {"release", cmdRelease, false},
-    {"renew", cmdRenew, false},
-    {"get", cmdGet, false},
-    {"members", cmdMembers, true},
-    {"transfer", cmdTransfer, true},
-    {"snapshot", cmdSnapshot, true},
-    {"resolve", cmdResolve, true},
-    {"key", cmdKey, true},
-    {"quarantine", cmdQuarantine, true},
+    {"status", cmdStatus, true, NULL, NULL},
+    {"claim", cmdClaim, false, "KEY", "claim --fingerprint HEX64 [OPTIONS] -- KEY"},
+    {"complete", cmdComplete, false, "KEY", "complete --token N --status CODE [OPTIONS] -- KEY"},
+    {"release", cmdRelease, false, "KEY", "release --token N -- KEY"},
+    {"renew", cmdRenew, false, "KEY", "renew --token N [--lease MS] -- KEY"},
+    {"get", cmdGet, false, "KEY", "get -- KEY"},
+    {"members", cmdMembers, true, NULL, NULL},
+    {"transfer", cmdTransfer, true, NULL, NULL},
+    {"snapshot", cmdSnapshot, true, NULL, NULL},
+    {"resolve", cmdResolve, true, "KEY",
+     "resolve --tenant NAME (--release | --status CODE [--body TEXT]) -- KEY"},
+    {"key", cmdKey, true, "get|resolve|purge TENANT KEY",
+     "key get|resolve|purge TENANT [OPTIONS] -- KEY"},
+    {"quarantine", cmdQuarantine, true, NULL, NULL},
 };
 
 static const char *envOrNull(const char *name)
@@ -2786,7 +2810,8 @@ int main(int argc, char **argv)
         .deadline_set = false,
     };
     cli_tls_from_env(&g.tls);
-    struct args a = {.argc = argc, .argv = argv, .i = 1, .dashdash = false, .cmd = NULL};
+    struct args a = {.argc = argc, .argv = argv, .i = 1, .dashdash = false, .cmd = NULL,
+                     .first = 1, .key_operands = NULL, .key_form = NULL};
     while (a.i < argc && isOption(argv[a.i])) {
         const char *v;
         if (optValue(&a, "--cluster", &v)) {
@@ -2833,6 +2858,9 @@ int main(int argc, char **argv)
         cli_usage_error("unknown command \"%s\"", word);
     }
     a.cmd = cmd->name;
+    a.first = a.i;
+    a.key_operands = cmd->key_operands;
+    a.key_form = cmd->key_form;
     /* --help after the command works without a cluster or a token. */
     helpIfAsked(cmd->name, argc, argv, a.i);
 

@@ -924,6 +924,59 @@ class TestIdemctlUsage(unittest.TestCase):
                      ["transfer", "9223372036854775807"]):
             self.assert_sent(c + args)
 
+    # A KEY may start with '-' (the key alphabet allows it) and may stand where an option or
+    # one argument too many was: usage errors name its position, never its text.
+    SECRET = "-s3cr3t-4711"
+
+    def key_commands(self, key, extra=()):
+        """Every command that takes a KEY, with `key` as the KEY and `extra` after it."""
+        fpx = "ab" * 32
+        return [
+            ["key", "get", "alpha", key] + list(extra),
+            ["key", "purge", "alpha", key] + list(extra),
+            ["key", "resolve", "alpha", key, "--release"] + list(extra),
+            ["resolve", key, "--tenant", "alpha", "--release"] + list(extra),
+            ["claim", key, "--fingerprint", fpx] + list(extra),
+            ["complete", key, "--token", "1", "--status", "200"] + list(extra),
+            ["release", key, "--token", "1"] + list(extra),
+            ["renew", key, "--token", "1"] + list(extra),
+            ["get", key] + list(extra),
+        ]
+
+    def test_usage_errors_never_show_a_key(self):
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a", "--deadline",
+             "300"]
+        secret = self.SECRET
+        # The KEY taken for an unknown option; a KEY (or anything) one argument too many.
+        cases = ([(args, "option") for args in self.key_commands(secret)] +
+                 [(args, "too many") for args in self.key_commands("k", [secret[1:]])] +
+                 [(args, "too many") for args in self.key_commands(secret[1:], ["k"])])
+        for args, kind in cases:
+            rc, text, err = run_ctl(c + args)
+            self.assertEqual(rc, 2, (args, text, err))
+            self.assertNotIn("s3cr3t", text + err, args)
+            self.assertIn("idemctl: %s: argument " % args[0], err, args)
+            if kind == "option":
+                self.assertIn("(not shown", err, args)
+                self.assertIn("--", err.split("(not shown", 1)[1], args)
+            else:
+                self.assertIn("one argument too many", err, args)
+        # After --, a KEY that starts with '-' is a KEY: sent (nothing listens: exit 3).
+        for args in self.key_commands("-k"):
+            key_at = args.index("-k")
+            args = args[:key_at] + args[key_at + 1:] + ["--", "-k"]
+            self.assert_sent(c + args)
+        # After --, every argument is an operand: an option there is one too many, and the
+        # message says so without showing it.
+        rc, text, err = run_ctl(c + ["get", "--", secret, "--json"])
+        self.assertEqual((rc, text), (2, ""), err)
+        self.assertIn("options go before --", err)
+        self.assertNotIn("s3cr3t", err)
+        # Commands without a KEY still quote what was wrong.
+        rc, text, err = run_ctl(c + ["members", "list", "bogus"])
+        self.assertEqual(rc, 2)
+        self.assertIn('"bogus"', err)
+
     def test_help_of_bench_names_what_is_passed_on(self):
         rc, text, err = run_ctl(["help", "bench"])
         self.assertEqual(rc, 0, err)
