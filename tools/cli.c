@@ -6,23 +6,62 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "idem.h"
 
 static const char *cliProg = "idem";
+static bool cliJson = false;
 
 void cli_set_prog(const char *prog)
 {
     cliProg = prog;
 }
 
+void cli_set_json(bool on)
+{
+    cliJson = on;
+}
+
+/* Prints {"outcome": "usage", "error": msg} on stdout; bytes that are not UTF-8 (from an
+ * argument quoted in msg) as '?'. */
+static void usageJson(char *msg)
+{
+    json_t *s = json_string(msg);
+    if (s == NULL) {
+        for (char *p = msg; *p; p++) {
+            if ((unsigned char)*p >= 0x80) {
+                *p = '?';
+            }
+        }
+        s = json_string(msg);
+    }
+    json_t *o = json_object();
+    char *text = NULL;
+    if (o != NULL && s != NULL && json_object_set_new(o, "outcome", json_string("usage")) == 0 &&
+        json_object_set(o, "error", s) == 0) {
+        text = json_dumps(o, JSON_PRESERVE_ORDER);
+    }
+    if (text != NULL) {
+        puts(text);
+        fflush(stdout);
+    }
+    free(text);
+    json_decref(s);
+    json_decref(o);
+}
+
 void cli_usage_error(const char *fmt, ...)
 {
+    char msg[1024];
     va_list ap;
-    fprintf(stderr, "%s: ", cliProg);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\nTry '%s --help'.\n", cliProg);
+    fprintf(stderr, "%s: %s\nTry '%s --help'.\n", cliProg, msg, cliProg);
+    if (cliJson) {
+        usageJson(msg);
+    }
     exit(CLI_EXIT_USAGE);
 }
 

@@ -12,7 +12,12 @@ struct idem_options;
 /* The program name used in messages ("idemctl"); a static string, borrowed. */
 void cli_set_prog(const char *prog);
 
-/* Prints "PROG: message" and a pointer to --help on stderr, exits with CLI_EXIT_USAGE. */
+/* Whether usage errors also print {"outcome": "usage", "error": "message"} on stdout (the
+ * program's --json); off until set. */
+void cli_set_json(bool on);
+
+/* Prints "PROG: message" and a pointer to --help on stderr (and with cli_set_json(true)
+ * the JSON object above on stdout), exits with CLI_EXIT_USAGE. */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 /* Parses a plain decimal number in [min, max], or exits with a usage error naming `what`.

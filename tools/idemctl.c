@@ -103,7 +103,8 @@ static const char usageText[] =
     "     in_progress ... are answers (see \"outcome\"); status: at least one node answered\n"
     "  1  internal error (out of memory, no random source, idem-bench not found)\n"
     "  2  usage or configuration error (bad arguments, no cluster, no token, a TLS file\n"
-    "     that cannot be loaded); status: every node that answered refused the admin token\n"
+    "     that cannot be loaded; with --json also {\"outcome\": \"usage\", \"error\"} on\n"
+    "     stdout); status: every node that answered refused the admin token\n"
     "  3  unavailable: no leader, no quorum, deadline passed, nothing reachable (a node\n"
     "     whose certificate fails verification, or that refuses ours, counts as\n"
     "     unreachable: the message names the TLS failure)\n";
@@ -2798,14 +2799,39 @@ static void helpIfAsked(const char *cmd, int argc, char **argv, int from)
     }
 }
 
+/* Whether --json comes as an option anywhere in argv[1..): before "--", not as an option's
+ * value, and before `bench` (whose arguments are idem-bench's). Set before anything is
+ * parsed, so that every usage error (and a TLS file that cannot be loaded) prints its JSON
+ * object, also one found before --json itself, or after the command's --json was given. */
+static bool jsonAsked(int argc, char **argv)
+{
+    bool command = false;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            return true;
+        }
+        if (takesValue(argv[i])) {
+            i++; /* its value */
+        } else if (!command && !isOption(argv[i])) {
+            if (strcmp(argv[i], "bench") == 0) {
+                return false;
+            }
+            command = true;
+        }
+    }
+    return false;
+}
+
 int main(int argc, char **argv)
 {
     cli_set_prog("idemctl");
+    bool json = jsonAsked(argc, argv);
+    cli_set_json(json);
     struct global g = {
         .cluster = envOrNull("IDEM_CLUSTER"),
         .token = envOrNull("IDEM_TOKEN"),
         .admin_token = envOrNull("IDEM_ADMIN_TOKEN"),
-        .json = false,
+        .json = json,
         .deadline_ms = DEFAULT_DEADLINE_MS,
         .deadline_set = false,
     };

@@ -952,15 +952,18 @@ class TestIdemctlUsage(unittest.TestCase):
                  [(args, "too many") for args in self.key_commands("k", [secret[1:]])] +
                  [(args, "too many") for args in self.key_commands(secret[1:], ["k"])])
         for args, kind in cases:
-            rc, text, err = run_ctl(c + args)
-            self.assertEqual(rc, 2, (args, text, err))
-            self.assertNotIn("s3cr3t", text + err, args)
-            self.assertIn("idemctl: %s: argument " % args[0], err, args)
-            if kind == "option":
-                self.assertIn("(not shown", err, args)
-                self.assertIn("--", err.split("(not shown", 1)[1], args)
-            else:
-                self.assertIn("one argument too many", err, args)
+            for json_flag in ([], ["--json"]):
+                rc, text, err = run_ctl(c + json_flag + args)
+                self.assertEqual(rc, 2, (args, text, err))
+                self.assertNotIn("s3cr3t", text + err, args)
+                self.assertIn("idemctl: %s: argument " % args[0], err, args)
+                if kind == "option":
+                    self.assertIn("(not shown", err, args)
+                    self.assertIn("--", err.split("(not shown", 1)[1], args)
+                else:
+                    self.assertIn("one argument too many", err, args)
+                if json_flag:
+                    self.assertEqual(json.loads(text)["outcome"], "usage", (args, text))
         # After --, a KEY that starts with '-' is a KEY: sent (nothing listens: exit 3).
         for args in self.key_commands("-k"):
             key_at = args.index("-k")
@@ -976,6 +979,38 @@ class TestIdemctlUsage(unittest.TestCase):
         rc, text, err = run_ctl(c + ["members", "list", "bogus"])
         self.assertEqual(rc, 2)
         self.assertIn('"bogus"', err)
+
+    def test_usage_errors_with_json_print_one_object(self):
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a"]
+        cases = [
+            c + ["--json", "key", "get", "alpha"],           # found after --json was parsed
+            c + ["key", "get", "alpha", "--json"],           # --json after the command
+            c + ["--bogus", "--json", "status"],             # found before --json
+            c + ["status", "--max-lag", "x", "--json"],
+            c + ["--json", "nope"], c + ["--json"], ["--json", "--token", "t", "get", "k"],
+            c + ["--json", "quarantine", "list", "--limit", "0"],
+            c + ["--json", "transfer", "0"],
+            ["--cluster", "127.0.0.1:1", "--json", "status"],  # no admin token
+            ["--cluster", "127.0.0.1:1", "--json", "--tls-cert", "x.pem", "status"],
+        ]
+        for args in cases:
+            rc, text, err = run_ctl(args)
+            self.assertEqual(rc, 2, (args, text, err))
+            self.assertEqual(len(text.splitlines()), 1, (args, text))
+            out = json.loads(text)
+            self.assertEqual(sorted(out), ["error", "outcome"], (args, out))
+            self.assertEqual(out["outcome"], "usage", (args, out))
+            # The same words as stderr's first line.
+            self.assertEqual("idemctl: " + out["error"], err.splitlines()[0], args)
+        # A TLS file that cannot be loaded: a configuration error, one object too.
+        rc, text, err = run_ctl(c + ["--json", "--tls-ca", "/nonexistent/ca.pem", "status"])
+        self.assertEqual(rc, 2, err)
+        self.assertEqual(json.loads(text)["outcome"], "error", text)
+        # "--json" as an option's value, or after --, is no --json: stdout stays empty.
+        for args in (c + ["complete", "k", "--token", "1", "--status", "99", "--body", "--json"],
+                     c + ["get", "--", "k", "--json"]):
+            rc, text, err = run_ctl(args)
+            self.assertEqual((rc, text), (2, ""), (args, err))
 
     def test_help_of_bench_names_what_is_passed_on(self):
         rc, text, err = run_ctl(["help", "bench"])
