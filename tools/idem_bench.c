@@ -52,7 +52,8 @@
  *
  * Output: a summary, the percentiles p50/p90/p99/p99.9/max (of every operation sent, failed
  * ones included), the outcome counts and an ASCII distribution of the latencies; --json prints one object instead. While it runs, a
- * progress line is written once per second to stderr when stderr is a terminal.
+ * progress line is written once per second to stderr when stderr is a terminal, with ops
+ * (the expected outcome) and errors counted as the summary counts them.
  * Exit status: 0 it ran; 2 usage error; 3 nothing could be reached (the probe before the
  * run got no answer, or not one operation was answered); 1 setup failed otherwise. */
 #include <inttypes.h>
@@ -167,8 +168,9 @@ static const char usageText[] =
     "  --help              print this help and exit\n"
     "TLS (nodes with tls.rpc: true):\n" CLI_TLS_HELP
     "\n"
-    "A progress line is printed to stderr once per second when stderr is a terminal (with\n"
-    "--rate it also shows the largest lag of a send behind its schedule).\n"
+    "A progress line is printed to stderr once per second when stderr is a terminal: ops\n"
+    "and ops/s as the summary counts them (the expected outcome), errors apart; with --rate\n"
+    "also the largest lag of a send behind its schedule.\n"
     "Exit status: 0 it ran, 2 usage error (also: a TLS file that cannot be loaded), 3\n"
     "nothing could be reached (also: every node's certificate refused by --tls-ca), 1 setup\n"
     "failed.\n";
@@ -348,8 +350,9 @@ struct bench {
     uint64_t start_us;
     uint64_t end_us;
     atomic_uint_fast64_t tickets; /* operations started (closed) or scheduled (open) */
-    atomic_uint_fast64_t done;    /* operations finished, for progress */
-    atomic_uint_fast64_t failed;  /* of those, errors, for progress */
+    atomic_uint_fast64_t done;    /* operations finished, failed ones included (--requests) */
+    atomic_uint_fast64_t succeeded; /* of those, the expected outcome: the summary's ops */
+    atomic_uint_fast64_t failed;  /* of those, errors: the summary's errors */
     atomic_uint_fast64_t max_lag; /* open loop: largest send lag behind schedule, µs */
     atomic_bool stop;
     struct tl_row *timeline; /* --timeline: one row per interval, on the loop's thread */
@@ -642,6 +645,7 @@ static void *workerRun(void *arg)
         hist_record(&w->hist, nowUs() - t0);
         if (ok) {
             w->ops++;
+            atomic_fetch_add_explicit(&b->succeeded, 1, memory_order_relaxed);
         } else {
             w->errors++;
             atomic_fetch_add_explicit(&b->failed, 1, memory_order_relaxed);
@@ -698,7 +702,7 @@ struct open_loop {
     uint64_t next;     /* the next operation to send */
     uint64_t expected; /* operations scheduled in all */
     uint64_t until_us; /* the end of the run plus one deadline: stop sending then */
-    uint64_t last_print, last_done;
+    uint64_t last_print, last_done; /* progress: when, and the ops (succeeded) then */
     struct worker w; /* the counters and histograms, as one closed-loop worker's */
     uv_timer_t timeline; /* --timeline: closes an interval */
     struct hist tl_hist; /* the interval's latencies */
@@ -802,6 +806,7 @@ static void openDone(struct open_op *op, bool ok)
     }
     if (ok) {
         w->ops++;
+        atomic_fetch_add_explicit(&L->b->succeeded, 1, memory_order_relaxed);
     } else {
         w->errors++;
         atomic_fetch_add_explicit(&L->b->failed, 1, memory_order_relaxed);
@@ -971,7 +976,8 @@ static void openProgressCb(uv_timer_t *t)
     struct open_loop *L = t->data;
     struct bench *b = L->b;
     uint64_t now = nowUs();
-    uint64_t d = atomic_load_explicit(&b->done, memory_order_relaxed);
+    /* ops as the summary counts them: the expected outcome; errors apart. */
+    uint64_t d = atomic_load_explicit(&b->succeeded, memory_order_relaxed);
     uint64_t f = atomic_load_explicit(&b->failed, memory_order_relaxed);
     double el = now > b->start_us ? (double)(now - b->start_us) / 1e6 : 0;
     fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors", el, d,
@@ -1406,6 +1412,7 @@ int main(int argc, char **argv)
     snprintf(b->run_id, sizeof b->run_id, "%016" PRIx64, rngNext(&run_seed));
     atomic_init(&b->tickets, 0);
     atomic_init(&b->done, 0);
+    atomic_init(&b->succeeded, 0);
     atomic_init(&b->failed, 0);
     atomic_init(&b->max_lag, 0);
     atomic_init(&b->stop, false);
@@ -1494,7 +1501,7 @@ int main(int argc, char **argv)
             sleepUntilUs(nowUs() + 50000u);
             uint64_t now = nowUs();
             if (progress && now - last_print >= 1000000u) {
-                uint64_t d = atomic_load_explicit(&b->done, memory_order_relaxed);
+                uint64_t d = atomic_load_explicit(&b->succeeded, memory_order_relaxed);
                 uint64_t f = atomic_load_explicit(&b->failed, memory_order_relaxed);
                 double el = now > b->start_us ? (double)(now - b->start_us) / 1e6 : 0;
                 fprintf(stderr, "\r[%4.0fs] %" PRIu64 " ops, %.0f ops/s, %" PRIu64 " errors   ",

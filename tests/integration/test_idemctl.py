@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -776,6 +777,42 @@ class TestIdemctlKeys(CtlTest):
         rc, out, tty = run_with_tty_stderr(base + ["--rate", "50"])
         self.assertEqual(rc, 0, tty)
         self.assertIn("max lag", tty)
+
+
+    def test_bench_progress_counts_answered_ops_only(self):
+        # Tenant beta may hold 10 records: a fresh run gets 10 acquired, then only
+        # quota_exceeded (errors). The progress line's ops are what the summary calls ops
+        # (answered as expected), its errors the summary's errors: a failure is never an op.
+        for nid in sorted(self.c.nodes):
+            self.c.kill(nid)
+        for node in self.c.nodes.values():
+            with open(node.cfg) as f:
+                cfg = f.read()
+            beta = "    token_sha256: %s\n" % sha256_hex(self.c.token2)
+            self.assertIn(beta, cfg)
+            with open(node.cfg, "w") as f:
+                f.write(cfg.replace(beta, beta + "    max_records: 10\n"))
+        for nid in sorted(self.c.nodes):
+            self.c.start(nid)
+        self.c.wait_leader(timeout=30)
+        # The loop, then the threads (the 10 records are held by then: no op at all).
+        for extra, acquired in (([], 10), (["--threads"], 0)):
+            rc, out, tty = run_with_tty_stderr(["--cluster", self.c.addrs(), "--token",
+                                                self.c.token2, "bench", "--workload", "fresh",
+                                                "--duration", "3", "--concurrency", "2",
+                                                "--json"] + extra)
+            self.assertEqual(rc, 0, tty)
+            report = json.loads(out)
+            self.assertEqual(report["ops"], acquired, report)
+            self.assertGreater(report["errors"], 0, report)
+            self.assertEqual(report["outcomes"].get("quota_exceeded"), report["errors"], report)
+            lines = re.findall(r"\[\s*\d+s\] (\d+) ops, \d+ ops/s, (\d+) errors", tty)
+            self.assertTrue(lines, tty)
+            for ops, errors in lines:
+                self.assertLessEqual(int(ops), report["ops"], (extra, lines, report))
+                self.assertLessEqual(int(errors), report["errors"], (extra, lines, report))
+            # Counted once the quota ran out (the first line comes a second in).
+            self.assertTrue(any(int(e) > 0 for _, e in lines), (extra, lines, report))
 
 
 def run_ctl_json(args):
