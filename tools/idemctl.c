@@ -149,8 +149,13 @@ static const struct help helps[] = {
      "spare). add: records the new node's addresses in the log and adds it as a spare (start\n"
      "the node first, with an empty bootstrap list); promote: makes it a voter once it caught\n"
      "up; remove: takes a member out. Changes go to the leader. Needs the admin token.\n"},
-    {"members list", "Usage: idemctl members list\n\nThe Raft configuration: id, role, "
-                     "addresses. Needs the admin token.\n"},
+    {"members list",
+     "Usage: idemctl members list\n"
+     "\n"
+     "The Raft configuration (id, role, addresses) as the first node of --cluster that\n"
+     "answers holds it, and that node: node (its address), node_id, node_role and\n"
+     "leader_id, the leader it follows (none: a note on stderr says that the configuration\n"
+     "may be stale). Needs the admin token.\n"},
     {"members add",
      "Usage: idemctl members add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]\n"
      "\n"
@@ -916,12 +921,16 @@ static const char *bearer(const struct global *g, bool admin)
 
 /* Sends `req` to the leader, or to `node` when it is not NULL, with the tenant or the admin
  * token. On an answer returns EXIT_ANSWERED with *resp (OUT, caller frees it with
- * idem__response__free_unpacked); otherwise reports the failure and returns the exit
+ * idem__response__free_unpacked) and, when `from` is not NULL, the address of the node that
+ * answered in from (OUT, "" if unknown); otherwise reports the failure and returns the exit
  * status. */
-static int call(const struct global *g, bool admin, const char *node, const Idem__Request *req,
-                Idem__Response **resp)
+static int callFrom(const struct global *g, bool admin, const char *node,
+                    const Idem__Request *req, Idem__Response **resp, char *from, size_t from_len)
 {
     *resp = NULL;
+    if (from != NULL && from_len > 0) {
+        from[0] = '\0';
+    }
     struct idem_client *c = NULL;
     char why[256];
     int rv = clientOpen(g, g->cluster, bearer(g, admin), &c, why, sizeof why);
@@ -936,9 +945,18 @@ static int call(const struct global *g, bool admin, const char *node, const Idem
     int code = EXIT_ANSWERED;
     if (rv != IDEM_OK) {
         code = failCall(g, rv, idem_client_errmsg(c));
+    } else if (from != NULL && from_len > 0) {
+        const char *addr = node != NULL ? node : idem_client_leader(c);
+        snprintf(from, from_len, "%s", addr != NULL ? addr : "");
     }
     idem_client_close(c);
     return code;
+}
+
+static int call(const struct global *g, bool admin, const char *node, const Idem__Request *req,
+                Idem__Response **resp)
+{
+    return callFrom(g, admin, node, req, resp, NULL, 0);
 }
 
 /* Prints the generic view of an answer (plus `extra`, taken, may be NULL). */
@@ -1296,22 +1314,46 @@ static int cmdMembers(struct global *g, struct args *a)
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_MEMBERS;
     req.members = &mr;
+    Idem__StatusRequest sr = IDEM__STATUS_REQUEST__INIT;
+    bool is_list = mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST;
+    if (is_list) {
+        /* Any node answers the list with its own configuration, a lone candidate's too: the
+         * node's status carries the same list (the nodes answer both from one place) and who
+         * the node is and whom it follows, so that the output can say so. */
+        req.op_case = IDEM__REQUEST__OP_STATUS;
+        req.status = &sr;
+    }
     Idem__Response *resp = NULL;
     uint64_t leader_id = 0;
-    int code = mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST
-                   ? call(g, true, NULL, &req, &resp)
-                   : leaderCall(g, "members",
-                                mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ? mr.id
-                                                                                          : 0,
-                                &req, &resp, &leader_id);
+    char from[256];
+    int code = is_list ? callFrom(g, true, NULL, &req, &resp, from, sizeof from)
+                       : leaderCall(g, "members",
+                                    mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE
+                                        ? mr.id
+                                        : 0,
+                                    &req, &resp, &leader_id);
     if (code != EXIT_ANSWERED) {
         return code;
     }
     json_t *o = resultJson(resp);
     /* The list is the answer to `list`; add, promote and remove answer only an outcome
      * (an empty list there would read as "no members"). */
-    bool list = mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST &&
-                idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK;
+    bool list = is_list && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK;
+    const Idem__NodeStatus *st = list ? resp->status : NULL;
+    if (st != NULL) {
+        const char *node = from[0] ? from : st->rpc_address;
+        jset(o, "node", jstr(node));
+        jset(o, "node_id", ju64(st->id));
+        jset(o, "node_role", jstr(st->role));
+        jset(o, "leader_id", st->leader_id ? ju64(st->leader_id) : json_null());
+        if (st->leader_id == 0) {
+            fprintf(stderr,
+                    "idemctl: note: node %" PRIu64 " (%s) knows no leader (role %s): this is "
+                    "its own configuration, which may be stale; `idemctl status` asks every "
+                    "node\n",
+                    st->id, node, st->role);
+        }
+    }
     if (list || resp->n_members > 0) {
         json_t *ms = jarr();
         for (size_t i = 0; i < resp->n_members; i++) {

@@ -294,6 +294,47 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual(len([l for l in text.splitlines() if l.startswith("warning:")]), 1,
                              text)
 
+    def test_members_list_says_who_answered(self):
+        lid = self.c.leader()
+        follower = [n for n in sorted(self.c.nodes) if n != lid][0]
+        rpc = self.c.nodes[follower].rpc
+        # A follower that knows the leader: its ID, address and the leader it follows.
+        rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin, "--json",
+                                 "members", "list"])
+        self.assertEqual(rc, 0, err)
+        out = json.loads(text)
+        self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(sorted(m["id"] for m in out["members"]), [1, 2, 3])  # as before
+        self.assertEqual((out["node"], out["node_id"], out["leader_id"]), (rpc, follower, lid),
+                         out)
+        self.assertEqual(out["node_role"], "follower", out)
+        self.assertEqual(err, "")
+        rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin, "members"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("node: %s\n" % rpc, text)
+        self.assertIn("node_id: %d\n" % follower, text)
+        self.assertIn("leader_id: %d\n" % lid, text)
+        self.assertIn("RAFT_ADDRESS", text)
+        # A lone node knows no leader: its configuration may be stale, and a note says so.
+        for nid in [n for n in sorted(self.c.nodes) if n != follower]:
+            self.c.kill(nid)
+        def alone():
+            row = [n for n in self.status(ids=[follower])["nodes"] if n["id"] == follower]
+            return row and "leader_id" in row[0] and row[0]["leader_id"] is None
+        wait_for(alone, 30, "node %d to follow nobody" % follower)
+        for fmt in ("json", "human"):
+            rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin]
+                                    + (["--json"] if fmt == "json" else []) + ["members"])
+            self.assertEqual(rc, 0, err)
+            self.assertIn("node %d (%s) knows no leader" % (follower, rpc), err)
+            self.assertIn("may be stale", err)
+            if fmt == "json":
+                out = json.loads(text)
+                self.assertEqual((out["node_id"], out["leader_id"]), (follower, None), out)
+                self.assertEqual(len(out["members"]), 3, out)
+            else:
+                self.assertIn("leader_id: -\n", text)
+
     def test_wrong_listener_says_what_it_is(self):
         # An HTTP port: the first bytes read are "HTTP/1.1 ...", not a frame length.
         http = self.c.nodes[1].http
