@@ -349,11 +349,11 @@ struct bench {
     struct set_key *set; /* cfg.keys entries for replay and contention, else NULL */
     uint64_t start_us;
     uint64_t end_us;
-    atomic_uint_fast64_t tickets; /* operations started (closed) or scheduled (open) */
-    atomic_uint_fast64_t done;    /* operations finished, failed ones included (--requests) */
+    atomic_uint_fast64_t tickets;   /* operations started (closed) or scheduled (open) */
+    atomic_uint_fast64_t done;      /* operations finished, failed ones included (--requests) */
     atomic_uint_fast64_t succeeded; /* of those, the expected outcome: the summary's ops */
-    atomic_uint_fast64_t failed;  /* of those, errors: the summary's errors */
-    atomic_uint_fast64_t max_lag; /* open loop: largest send lag behind schedule, µs */
+    atomic_uint_fast64_t failed;    /* of those, errors: the summary's errors */
+    atomic_uint_fast64_t max_lag;   /* open loop: largest send lag behind schedule, µs */
     atomic_bool stop;
     struct tl_row *timeline; /* --timeline: one row per interval, on the loop's thread */
     size_t n_timeline, cap_timeline;
@@ -702,7 +702,8 @@ struct open_loop {
     uint64_t next;     /* the next operation to send */
     uint64_t expected; /* operations scheduled in all */
     uint64_t until_us; /* the end of the run plus one deadline: stop sending then */
-    uint64_t last_print, last_done; /* progress: when, and the ops (succeeded) then */
+    /* progress: when it was last printed, and the ops (succeeded) then */
+    uint64_t last_print, last_done;
     struct worker w; /* the counters and histograms, as one closed-loop worker's */
     uv_timer_t timeline; /* --timeline: closes an interval */
     struct hist tl_hist; /* the interval's latencies */

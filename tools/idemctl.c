@@ -924,8 +924,8 @@ static const char *bearer(const struct global *g, bool admin)
  * idem__response__free_unpacked) and, when `from` is not NULL, the address of the node that
  * answered in from (OUT, "" if unknown); otherwise reports the failure and returns the exit
  * status. */
-static int callFrom(const struct global *g, bool admin, const char *node,
-                    const Idem__Request *req, Idem__Response **resp, char *from, size_t from_len)
+static int callFrom(const struct global *g, bool admin, const char *node, const Idem__Request *req,
+                    Idem__Response **resp, char *from, size_t from_len)
 {
     *resp = NULL;
     if (from != NULL && from_len > 0) {
@@ -1326,12 +1326,11 @@ static int cmdMembers(struct global *g, struct args *a)
     Idem__Response *resp = NULL;
     uint64_t leader_id = 0;
     char from[256];
-    int code = is_list ? callFrom(g, true, NULL, &req, &resp, from, sizeof from)
-                       : leaderCall(g, "members",
-                                    mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE
-                                        ? mr.id
-                                        : 0,
-                                    &req, &resp, &leader_id);
+    int code =
+        is_list ? callFrom(g, true, NULL, &req, &resp, from, sizeof from)
+                : leaderCall(g, "members",
+                             mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ? mr.id : 0,
+                             &req, &resp, &leader_id);
     if (code != EXIT_ANSWERED) {
         return code;
     }
@@ -2878,8 +2877,14 @@ int main(int argc, char **argv)
         .deadline_set = false,
     };
     cli_tls_from_env(&g.tls);
-    struct args a = {.argc = argc, .argv = argv, .i = 1, .dashdash = false, .cmd = NULL,
-                     .first = 1, .key_operands = NULL, .key_form = NULL};
+    struct args a = {.argc = argc,
+                     .argv = argv,
+                     .i = 1,
+                     .dashdash = false,
+                     .cmd = NULL,
+                     .first = 1,
+                     .key_operands = NULL,
+                     .key_form = NULL};
     while (a.i < argc && isOption(argv[a.i])) {
         const char *v;
         if (optValue(&a, "--cluster", &v)) {
