@@ -270,27 +270,33 @@ class TestIdemctlStatus(CtlTest):
     def test_down_node_under_another_spelling_counts_once(self):
         # The members' rpc_address is 127.0.0.1:P; --cluster says localhost:P. A node that
         # is down answers no node ID, so only its address can tell that it is the member
-        # at 127.0.0.1:P: it is shown once, at its member address, with one warning.
-        self.c.kill(3)
-        addrs = [self.c.nodes[i].rpc for i in sorted(self.c.nodes)]
+        # at 127.0.0.1:P: it is shown once, at its member address, with one warning. (A
+        # follower: the leader's death would add a "no leader" warning.)
+        victim = max(n for n in self.c.nodes if n != self.c.leader())
+        self.c.kill(victim)
+        ids = sorted(self.c.nodes)
+        addrs = [self.c.nodes[i].rpc for i in ids]
         local = ["localhost:" + a.rsplit(":", 1)[1] for a in addrs]
-        for cluster in (local, addrs[:2] + local[2:]):
+        dead = self.c.nodes[victim].rpc
+        for cluster in (local, [a if a != dead else "localhost:" + dead.rsplit(":", 1)[1]
+                                for a in addrs]):
             rc, st = run_ctl_json(["--cluster", ",".join(cluster), "--admin-token",
                                    self.c.admin, "status"])
             self.assertEqual(rc, 0, st)
             self.assertEqual([(n["id"], n["rpc_address"]) for n in st["nodes"]],
-                             list(zip([1, 2, 3], addrs)), (cluster, st))
-            self.assertEqual(st["nodes"][2]["role"], "unreachable", st)
+                             list(zip(ids, addrs)), (cluster, st))
+            self.assertEqual([n["role"] for n in st["nodes"] if n["id"] == victim],
+                             ["unreachable"], st)
             self.assertEqual((st["voters"], st["reachable_voters"]), (3, 2), st)
             self.assertEqual(len(st["warnings"]), 1, st["warnings"])
-            self.assertIn("node 3 (%s) is unreachable" % addrs[2], st["warnings"][0])
+            self.assertIn("node %d (%s) is unreachable" % (victim, dead), st["warnings"][0])
             rc, text, err = run_ctl(["--cluster", ",".join(cluster), "--admin-token",
                                      self.c.admin, "status"])
             self.assertEqual(rc, 0, err)
-            port3 = ":" + addrs[2].rsplit(":", 1)[1]
-            rows = [l for l in text.splitlines() if port3 in l and not l.startswith("warning")]
+            port = ":" + dead.rsplit(":", 1)[1]
+            rows = [l for l in text.splitlines() if port in l and not l.startswith("warning")]
             self.assertEqual(len(rows), 1, text)
-            self.assertTrue(rows[0].startswith("3 "), text)
+            self.assertTrue(rows[0].startswith("%d " % victim), text)
             self.assertEqual(len([l for l in text.splitlines() if l.startswith("warning:")]), 1,
                              text)
 
