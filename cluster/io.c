@@ -209,7 +209,7 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae)
  * one heard from longest ago. */
 static void noteHeard(struct io *io, raft_id id)
 {
-    raft_time now = io->inner.time(&io->inner);
+    raft_time now = uv_now(io->loop);
     size_t pick = 0;
     for (size_t k = 0; k < IO_PEERS_MAX; k++) {
         if (io->heard[k].id == id) {
@@ -229,7 +229,7 @@ uint64_t io_heard_ago_ms(const struct io *io, raft_id id)
 {
     for (size_t k = 0; k < IO_PEERS_MAX; k++) {
         if (io->heard[k].id == id && id != 0) {
-            raft_time now = io->inner.time((struct raft_io *)&io->inner);
+            raft_time now = uv_now(io->loop);
             return now >= io->heard[k].at_ms ? now - io->heard[k].at_ms : 0;
         }
     }

@@ -123,7 +123,7 @@ struct io {
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
     struct {
         raft_id id;       /* 0: unused */
-        raft_time at_ms;  /* raft_io's clock when a message from it last arrived */
+        raft_time at_ms;  /* uv_now() of the loop when a message from it last arrived */
     } heard[IO_PEERS_MAX];
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
     uint64_t append_count;

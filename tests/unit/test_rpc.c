@@ -257,7 +257,8 @@ static void runBurst(bool tls)
                              .max_deadline_ms = 60000,
                              .max_connections = 16,
                              .idle_timeout_ms = 300000,
-                             .handshake_timeout_ms = 5000};
+                             .handshake_timeout_ms = 5000,
+                             .max_frame_buffer_mb = 256};
     struct config_tls tcfg = {.enabled = tls, .rpc = tls};
     tcfg.cert_file = pki.paths[PKI_SRV_CRT];
     tcfg.key_file = pki.paths[PKI_SRV_KEY];
