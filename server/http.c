@@ -2575,10 +2575,30 @@ static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **sl
     h2o_setup_next_ostream(req, &os->super.next);
 }
 
+/* Whether the request has a folded header line (obs-fold, RFC 9112 5.2: a line that begins
+ * with a space or tab continues the one before). h2o 2.2.5 takes such a line as a header
+ * without a name: a folded "Idempotency-Key: ab" + " cd" was the key "ab" here, and "ab cd"
+ * or a refusal at a front proxy that unfolds it. */
+static bool hasFoldedHeader(const h2o_req_t *req)
+{
+    for (size_t i = 0; i < req->headers.size; i++) {
+        if (req->headers.entries[i].name->len == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 {
     struct http_server *h = ((struct httpHandler *)self)->h;
     h2o_iovec_t rid = requestId(req);
+    if (hasFoldedHeader(req)) {
+        req->http1_is_persistent = 0; /* what follows on the connection is not trusted */
+        sendError(h, req, R_OTHER, rid, 400, "invalid_request",
+                  "folded header lines (obs-fold) are not accepted", 0);
+        return 0;
+    }
     const struct config_proxy *proxy = proxyOf(h, req);
     if (proxy != NULL) {
         handleProxy(h, proxy, req, rid);
