@@ -474,6 +474,14 @@ def request_op(body):
     return "none"
 
 
+
+def _listen_local():
+    """A listening socket on 127.0.0.1 at a free port, and its "host:port"."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock, "127.0.0.1:%d" % sock.getsockname()[1]
+
 class CountingRelay:
     """Relays 127.0.0.1:<free port> to a node's plain RPC address, request frame by request
     frame, and counts the requests that pass, by operation. A request whose operation is in
@@ -483,10 +491,7 @@ class CountingRelay:
     def __init__(self, upstream, block=()):
         host, port = upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.sock, self.addr = _listen_local()
         self.closed = False
         self.conns = []
         self.lock = threading.Lock()
@@ -898,10 +903,7 @@ class TlsRelay:
         if cafile:
             self.ctx.verify_mode = ssl.CERT_REQUIRED
             self.ctx.load_verify_locations(cafile)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.sock, self.addr = _listen_local()
         self.closed = False
         self.conns = []
         threading.Thread(target=self._accept, daemon=True).start()
