@@ -1096,12 +1096,12 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_rpc_inflight_requests", "gauge",
          "RPC requests taken that await their answer (at most 4096 per connection).", rs.inflight},
         {"idem_rpc_frame_buffer_bytes", "gauge",
-         "Memory held by the RPC connections' frame buffers (64 KiB each when idle; at most "
-         "rpc.max_frame_buffer_mb together).",
+         "Memory held by the RPC connections' frame buffers (64 KiB each when idle; their "
+         "growth past that at most rpc.max_frame_buffer_mb together).",
          rs.frame_buffer_bytes},
         {"idem_rpc_frames_refused_total", "counter",
-         "RPC frames answered unavailable and skipped: the frame buffers held "
-         "rpc.max_frame_buffer_mb.",
+         "RPC frames answered unavailable and skipped: the frame buffers' growth had "
+         "reached rpc.max_frame_buffer_mb.",
          rs.frames_refused},
     };
     for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); i++) {

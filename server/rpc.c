@@ -138,6 +138,15 @@ static void sweepClosed(uv_handle_t *h);
 /* Every listener's figures in this process (rpc_get_stats). */
 static struct rpc_stats stats;
 
+/* What frame buffers hold past their first CONN_BUF_MIN bytes, every connection's
+ * together: what rpc.max_frame_buffer_mb bounds (connHoldFrame). */
+static uint64_t frame_buffer_grown;
+
+static uint64_t grownBytes(const struct conn *c)
+{
+    return c->cap > CONN_BUF_MIN ? c->cap - CONN_BUF_MIN : 0;
+}
+
 void rpc_get_stats(struct rpc_stats *out)
 {
     *out = stats;
@@ -189,6 +198,7 @@ static void connUnref(struct conn *c)
     r->n_conns--;
     stats.connections--;
     stats.frame_buffer_bytes -= c->cap;
+    frame_buffer_grown -= grownBytes(c);
     tls_conn_free(c->tls);
     free(c->cipher);
     free(c->buf);
@@ -260,7 +270,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void connQueue(struct conn *c);
 static void connProcess(struct conn *c);
-static bool connHoldFrame(struct conn *c, size_t off, uint32_t n);
+static bool connHoldFrame(struct conn *c, uint32_t n);
 static void tlsRead(struct conn *c, const uint8_t *data, size_t n);
 
 /* Answer bytes waiting to be written: in libuv's queue, gathered this turn, in the TLS
@@ -609,6 +619,7 @@ static void connShrink(struct conn *c)
     if (c->cap > CONN_BUF_MIN && c->len <= CONN_BUF_MIN / 4) {
         c->buf = xrealloc(c->buf, CONN_BUF_MIN);
         stats.frame_buffer_bytes -= c->cap - CONN_BUF_MIN;
+        frame_buffer_grown -= c->cap - CONN_BUF_MIN;
         c->cap = CONN_BUF_MIN;
     }
 }
@@ -657,7 +668,7 @@ static void connProcess(struct conn *c)
             continue;
         }
         if (c->len - off - 4 < n) {
-            if (connHoldFrame(c, off, n)) {
+            if (connHoldFrame(c, n)) {
                 break;
             }
             /* Every connection's buffers together hold rpc.max_frame_buffer_mb already
@@ -718,19 +729,23 @@ static void connReserve(struct conn *c)
     }
 }
 
-/* Makes room for the frame of n bytes (its prefix at c->buf + off, n <= max_frame_bytes)
- * and CONN_READ_SLACK more, within every connection's budget together. False, nothing
- * changed, when that would take the buffers past rpc.max_frame_buffer_mb. */
-static bool connHoldFrame(struct conn *c, size_t off, uint32_t n)
+/* Makes room for the frame of n bytes (n <= max_frame_bytes) and CONN_READ_SLACK more,
+ * once it is at the buffer's front (connProcess moves what is left there before the next
+ * read), within every connection's budget together: the growth of frame buffers past
+ * their first CONN_BUF_MIN bytes is at most rpc.max_frame_buffer_mb. False, nothing
+ * changed, when it would go past. */
+static bool connHoldFrame(struct conn *c, uint32_t n)
 {
-    size_t need = off + 4 + (size_t)n + CONN_READ_SLACK;
+    size_t need = 4 + (size_t)n + CONN_READ_SLACK;
     if (need <= c->cap) {
         return true;
     }
     uint64_t budget = (uint64_t)c->srv->cfg->max_frame_buffer_mb << 20;
-    if (stats.frame_buffer_bytes + (need - c->cap) > budget) {
+    uint64_t more = need - (c->cap > CONN_BUF_MIN ? c->cap : CONN_BUF_MIN);
+    if (frame_buffer_grown + more > budget) {
         return false;
     }
+    frame_buffer_grown += more;
     c->buf = xrealloc(c->buf, need);
     stats.frame_buffer_bytes += need - c->cap;
     c->cap = need;

@@ -621,7 +621,7 @@ class TestFrameBufferBudget(LimitTest):
     rpc_lines = ["max_frame_buffer_mb: 8"]
 
     def test_frames_past_the_budget_are_refused(self):
-        frame = 4 * 1024 * 1024
+        frame = 4300000  # under max_frame_bytes; two of them grow the buffers past 8 MiB
         head = b"\x08" + _varint(7) + _pb(3, self.c.token.encode())
         socks = []
         try:
@@ -632,15 +632,16 @@ class TestFrameBufferBudget(LimitTest):
                 # A 4 MiB frame's prefix and its first 1 MiB, then nothing.
                 s.sendall(struct.pack(">I", frame) + head + b"\x00" * (1024 * 1024))
                 time.sleep(0.3)
-            # The first fits (4 MiB + its slack, with three 64 KiB buffers); the second
-            # would take them past 8 MiB: answered unavailable under its request id.
+            # The first fits (its buffer grows by ~4.25 MB past its first 64 KiB); the
+            # second would take the growth past 8 MiB: answered unavailable under its
+            # request id, and so is the third.
             for s in socks[1:]:
                 s.settimeout(10)
                 answers.append(_read_answer(s))
             self.assertEqual([a[:2] for a in answers], [(7, 13), (7, 13)], answers)
             held = _metric(self.node.http, "idem_rpc_frame_buffer_bytes")
-            self.assertLessEqual(held, 8 * 1024 * 1024)
-            self.assertGreater(held, 4 * 1024 * 1024)  # the first one's frame is held
+            self.assertLessEqual(held, 8 * 1024 * 1024 + 3 * 65536)
+            self.assertGreater(held, frame)  # the first one's frame is held
             self.assertEqual(_metric(self.node.http, "idem_rpc_frames_refused_total"), 2)
             # A connection that finishes its refused frame goes on: its next request is
             # answered (the rest of the frame was skipped as it came).
