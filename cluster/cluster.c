@@ -1455,20 +1455,28 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
     /* libraft 0.15 starts a transfer to a voter that is down, too (and picks one for "any"
      * when it holds the most entries): the leader then takes no proposals until the
      * transfer times out, and the cluster was seen without a leader for an election
-     * timeout after it (test_transfer_to_a_down_node). Only a voter
-     * this node has heard from within an election timeout is asked to take over; for
-     * "any", the first such one in the configuration. */
+     * timeout after it (test_transfer_to_a_down_node_is_refused). Only a voter
+     * this node has heard from within an election timeout is asked to take over. For
+     * "any", raft's own pick (the one with the most entries) while every other voter is
+     * heard from, else the first one that is. */
     const struct raft_configuration *conf = &c->raft.configuration;
     uint64_t fresh_ms = c->cfg.election_timeout_ms;
     if (id == 0) {
-        for (unsigned i = 0; i < conf->n && id == 0; i++) {
+        raft_id first_fresh = 0;
+        bool all_fresh = true;
+        for (unsigned i = 0; i < conf->n; i++) {
             const struct raft_server *sv = &conf->servers[i];
-            if (sv->role == RAFT_VOTER && sv->id != c->cfg.id &&
-                io_heard_ago_ms(&c->io, sv->id) <= fresh_ms) {
-                id = sv->id;
+            if (sv->role != RAFT_VOTER || sv->id == c->cfg.id) {
+                continue;
+            }
+            bool fresh = io_heard_ago_ms(&c->io, sv->id) <= fresh_ms;
+            all_fresh = all_fresh && fresh;
+            if (fresh && first_fresh == 0) {
+                first_fresh = sv->id;
             }
         }
-        if (id == 0) {
+        id = all_fresh ? 0 : first_fresh;
+        if (first_fresh == 0) {
             char why[160];
             snprintf(why, sizeof why,
                      "no other voter has been heard from in the last %llu ms",
@@ -1477,8 +1485,8 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
             return CLUSTER_EUNREACHABLE;
         }
     } else if (id != c->cfg.id) {
+        uint64_t ago = io_heard_ago_ms(&c->io, id);
         for (unsigned i = 0; i < conf->n; i++) {
-            uint64_t ago = io_heard_ago_ms(&c->io, id);
             if (conf->servers[i].id == id && conf->servers[i].role == RAFT_VOTER &&
                 ago > fresh_ms) {
                 char why[200];

@@ -214,8 +214,9 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
                        cluster_change_cb cb, void *data);
 int cluster_member_promote(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
 int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
-/* Leadership transfer to `id` (0: the first voter in the configuration heard from within
- * an election timeout). CLUSTER_EUNREACHABLE, nothing started, when `id` is a voter this
+/* Leadership transfer to `id` (0: raft's pick, the voter with the most entries, when
+ * every other voter was heard from within an election timeout; else the first one that
+ * was). CLUSTER_EUNREACHABLE, nothing started, when `id` is a voter this
  * node has not heard from within an election timeout, or for 0 when no other voter is. */
 int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
 /* Takes a snapshot at the next applied entry (a barrier makes one on the leader). */

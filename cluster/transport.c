@@ -182,9 +182,9 @@ static void listenCb(uv_stream_t *l, int status)
     struct incoming *in = calloc(1, sizeof(*in));
     uv_tcp_t *tcp = raft_malloc(sizeof(*tcp));
     if (in == NULL || tcp == NULL) {
-        free(in);
-        raft_free(tcp);
-        return;
+        /* Returning without uv_accept() would leave the listener unpolled for good. */
+        fprintf(stderr, "idemd: out of memory\n");
+        abort();
     }
     in->t = t;
     in->tcp = tcp;

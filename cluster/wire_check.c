@@ -114,11 +114,22 @@ int wire_check_message(uint64_t type, const uint8_t *header, size_t len, char *w
             return fail(why, why_len, what, type, len);
         }
         for (uint64_t i = 0; i < n; i++) {
-            uint8_t t = header[40 + 16 * i + 8];
+            const uint8_t *e = header + 40 + 16 * i;
+            uint8_t t = e[8];
+            uint32_t data = (uint32_t)e[12] | (uint32_t)e[13] << 8 | (uint32_t)e[14] << 16 |
+                            (uint32_t)e[15] << 24;
+            char what[96];
             if (t != RAFT_COMMAND && t != RAFT_BARRIER && t != RAFT_CHANGE) {
-                char what[96];
                 snprintf(what, sizeof what, "entry %llu has type %u",
                          (unsigned long long)i, (unsigned)t);
+                return fail(why, why_len, what, type, len);
+            }
+            /* raft_uv receives the sum of the lengths and then walks it with each length
+             * rounded up to 8: an unaligned one points the next entry past the payload.
+             * Every sender pads (idemd's commands, raft's barriers and configurations). */
+            if (data % 8 != 0) {
+                snprintf(what, sizeof what, "entry %llu's data length %u is not a multiple of 8",
+                         (unsigned long long)i, (unsigned)data);
                 return fail(why, why_len, what, type, len);
             }
         }

@@ -17,13 +17,16 @@
  *
  * What is checked (the encoding is raft_uv's, little endian, uv_encoding.c): every fixed
  * field lies inside the header; an AppendEntries' entry count fits the header (16 bytes
- * per entry header) and every entry is a command, a barrier or a configuration change; an
+ * per entry header) and every entry is a command, a barrier or a configuration change
+ * whose data length is a multiple of 8 (raft_uv walks the payload in 8-byte steps); an
  * InstallSnapshot's configuration (a format byte, a server count, then per server an ID,
  * a NUL-terminated address and a role byte) lies inside the length it declares, which
  * lies inside the header. What is not: the sizes a header declares for the payload that
  * follows (entries' data, snapshot data) and for the header itself, which raft_uv
- * allocates as a peer says; a peer that can reach the Raft port can still make a node
- * allocate memory. Keep the Raft port on a network only the members reach. */
+ * allocates as a peer says, and the entries' data itself (a configuration change's is
+ * decoded by libraft as it comes); a peer that can reach the Raft port can still make a
+ * node allocate memory, and pose as a leader. Keep the Raft port on a network only the
+ * members reach. */
 #ifndef IDEM_CLUSTER_WIRE_CHECK_H
 #define IDEM_CLUSTER_WIRE_CHECK_H
 

@@ -43,6 +43,7 @@
 #define EXIT_INTERNAL 1
 #define EXIT_USAGE 2
 #define EXIT_UNAVAILABLE 3
+#define EXIT_MOVED (-1) /* leaderCall only: a transfer took effect after all; never an exit status */
 
 #define DEFAULT_DEADLINE_MS 5000u
 #define MAX_DEADLINE_MS 600000u         /* the server's own ceiling (rpc.max_deadline_ms) */
@@ -2239,7 +2240,9 @@ static int noLeader(const struct global *g, const struct discovery *d, const cha
  * a node that cannot take over cost the cluster an election each time). On an answer
  * returns EXIT_ANSWERED with *resp (OUT; free with idem__response__free_unpacked), and
  * *node_id (OUT) the leader's ID as status found it; an `unavailable` answer is reported
- * as exit 3 with the leader's own words. `promotee` (0: none) is a node to be promoted:
+ * as exit 3 with the leader's own words, except that a transfer answered "did not move"
+ * which leadership then left all the same returns EXIT_MOVED with *node_id the new
+ * leader. `promotee` (0: none) is a node to be promoted:
  * when it did not answer idemctl either, a warning says so before the request goes. */
 static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
                       const Idem__Request *req, Idem__Response **resp, uint64_t *node_id)
@@ -2288,13 +2291,34 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
         uint64_t wait = (*resp)->result != NULL ? (*resp)->result->retry_after_ms : 0;
         uint64_t now = nowMs();
         if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && wait > 0 && now + wait + 1 < end) {
-            /* A transfer that did not move leadership, to a voter the leader hears from:
-             * asked again (same node: a new leader answers not_leader, followed below). */
+            /* A transfer that did not move leadership, to a voter the leader hears from. The
+             * election may still end with the new leader after raft's timeout: status
+             * tells, and the request goes again only to a leader that is still the one
+             * asked (a new one would move leadership a second time, or refuse NODE_ID as
+             * already the leader). */
             struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
             nanosleep(&ts, NULL);
-            once.deadline_ms = (uint32_t)(end - nowMs());
             idem__response__free_unpacked(*resp, NULL);
             *resp = NULL;
+            uint64_t asked = *node_id;
+            struct global probe = *g;
+            probe.deadline_ms = (uint32_t)(end > nowMs() + 1 ? end - nowMs() : 1);
+            discover(&probe, false, &d);
+            const struct probe *now_lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
+            uint64_t leader = now_lp != NULL ? d.v.leader : 0;
+            if (now_lp != NULL) {
+                snprintf(addr, sizeof addr, "%s", now_lp->addr);
+            }
+            discoveryFree(&d);
+            if (leader != 0 && asked != 0 && leader != asked) {
+                *node_id = leader;
+                return EXIT_MOVED;
+            }
+            if (nowMs() + 1 >= end) {
+                return failCall(g, IDEM_EUNAVAILABLE, "leadership did not move before the "
+                                                      "deadline");
+            }
+            once.deadline_ms = (uint32_t)(end - nowMs());
             hop = -1;
             continue;
         }
@@ -2372,6 +2396,19 @@ static int cmdTransfer(struct global *g, struct args *a)
     Idem__Response *resp = NULL;
     uint64_t leader_id = 0;
     int code = leaderCall(g, "transfer", 0, &req, &resp, &leader_id);
+    if (code == EXIT_MOVED) {
+        json_t *o = jobj();
+        jset(o, "outcome", jstr("ok"));
+        jset(o, "leader_id", ju64(leader_id));
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "leadership moved to node %" PRIu64 " after the leader had answered that it "
+                 "did not",
+                 leader_id);
+        jset(o, "message", jstr(msg));
+        emit(g, o);
+        return EXIT_ANSWERED;
+    }
     if (code != EXIT_ANSWERED) {
         return code;
     }

@@ -38,6 +38,11 @@ MALFORMED = {
     # The crash: one entry of type 9 (not a command, barrier or change).
     "entry of an invalid type": _message(RAFT_IO_APPEND_ENTRIES,
                                          _u64(1, 0, 0, 0, 1) + _entry(1, 9, 0)),
+    # Two entries of 1 and 8 bytes: raft_uv takes a 9-byte payload and walks it in 8-byte
+    # steps, the second entry past its end.
+    "entry data length not padded": _message(RAFT_IO_APPEND_ENTRIES,
+                                             _u64(1, 0, 0, 0, 2) + _entry(1, 1, 1)
+                                             + _entry(1, 1, 8)),
     # Four entries declared, no room for their headers.
     "more entries than the header holds": _message(RAFT_IO_APPEND_ENTRIES,
                                                    _u64(1, 0, 0, 0, 4)),
@@ -131,6 +136,7 @@ class TestRaftPort(ClusterTestCase):
                                 2 * len(MALFORMED), logs)
         self.assertIn("entry 0 has type 9", logs)
         self.assertIn("4 entries declared, room for 0", logs)
+        self.assertTrue(self.c.logs_contain("entry 0's data length 1 is not a multiple of 8"))
         # /metrics counts them, on each node that got them.
         for target in (fid, lid):
             text = http_request(self.c.nodes[target].http, "GET", "/metrics").raw
