@@ -1,4 +1,5 @@
 #include "transport.h"
+#include "wire_check.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -50,15 +51,6 @@ struct incoming {
     bool handed;    /* the stream went to raft: only the timer closes here */
     struct incoming *prev, *next;
 };
-
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = v << 8 | p[i];
-    }
-    return v;
-}
 
 static void maybeClosed(struct transport *t);
 
@@ -142,8 +134,8 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (!in->in_address) {
-        uint64_t protocol = le64(in->pre);
-        uint64_t len = le64(in->pre + 16);
+        uint64_t protocol = wire_le(in->pre, 8);
+        uint64_t len = wire_le(in->pre + 16, 8);
         if (protocol != TRANSPORT_HANDSHAKE_PROTOCOL) {
             incomingEnd(in, "unknown handshake protocol");
             return;
@@ -162,7 +154,7 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     uv_read_stop(s);
-    raft_id id = le64(in->pre + 8);
+    raft_id id = wire_le(in->pre + 8, 8);
     struct transport *t = in->t;
     in->handed = true;
     uv_stream_t *stream = (uv_stream_t *)in->tcp;

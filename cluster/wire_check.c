@@ -15,15 +15,6 @@ uint64_t wire_check_refused(void)
     return atomic_load_explicit(&refused, memory_order_relaxed);
 }
 
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = v << 8 | p[i];
-    }
-    return v;
-}
-
 static int fail(char *why, size_t why_len, const char *what, uint64_t type, size_t len)
 {
     snprintf(why, why_len, "raft message of type %llu, header %zu bytes: %s",
@@ -48,7 +39,7 @@ static int checkConfiguration(const uint8_t *p, size_t len, char *why, size_t wh
         snprintf(why, why_len, "configuration: bad format or too short");
         return -1;
     }
-    uint64_t n = le64(p + 1);
+    uint64_t n = wire_le(p + 1, 8);
     size_t at = 9;
     /* Each server takes at least 10 bytes: the count cannot exceed what is there. */
     if (n > (len - at) / 10) {
@@ -106,7 +97,7 @@ int wire_check_message(uint64_t type, const uint8_t *header, size_t len, char *w
         if (len < 40) {
             return fail(why, why_len, "shorter than its fields", type, len);
         }
-        uint64_t n = le64(header + 32);
+        uint64_t n = wire_le(header + 32, 8);
         if (n > (len - 40) / 16) {
             char what[96];
             snprintf(what, sizeof what, "%llu entries declared, room for %zu",
@@ -116,8 +107,7 @@ int wire_check_message(uint64_t type, const uint8_t *header, size_t len, char *w
         for (uint64_t i = 0; i < n; i++) {
             const uint8_t *e = header + 40 + 16 * i;
             uint8_t t = e[8];
-            uint32_t data = (uint32_t)e[12] | (uint32_t)e[13] << 8 | (uint32_t)e[14] << 16 |
-                            (uint32_t)e[15] << 24;
+            uint32_t data = (uint32_t)wire_le(e + 12, 4);
             char what[96];
             if (t != RAFT_COMMAND && t != RAFT_BARRIER && t != RAFT_CHANGE) {
                 snprintf(what, sizeof what, "entry %llu has type %u",
@@ -141,7 +131,7 @@ int wire_check_message(uint64_t type, const uint8_t *header, size_t len, char *w
         if (len < 48) {
             return fail(why, why_len, "shorter than its fields", type, len);
         }
-        uint64_t conf = le64(header + 32);
+        uint64_t conf = wire_le(header + 32, 8);
         if (conf > len - 48) {
             return fail(why, why_len, "configuration longer than the header", type, len);
         }

@@ -35,6 +35,17 @@
 #include <stdint.h>
 #include <uv.h>
 
+/* The little-endian integer of `bytes` bytes at p: raft_uv's byte order on the wire, for
+ * this check and for the handshake transport.c reads. */
+static inline uint64_t wire_le(const uint8_t *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--) {
+        v = v << 8 | p[i];
+    }
+    return v;
+}
+
 /* Messages refused by the wrapper since the process started (all clusters). */
 uint64_t wire_check_refused(void);
 
