@@ -621,12 +621,6 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
                      NULL);
         return;
     }
-    const char *why = NULL;
-    if (req->op_case == IDEM__REQUEST__OP_COMPLETE && complete.response != NULL &&
-        !fsm_response_check(complete.response, &why)) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
-        return;
-    }
     const char *kerr = keyError(t, key);
     if (kerr != NULL) {
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, kerr, NULL);
