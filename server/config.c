@@ -60,6 +60,7 @@ struct ctx {
     size_t errlen;
     const yaml_node_t *secret_node; /* rpc.cluster_secret_file's value, for the checks that
                                      * follow the tenants */
+    const yaml_node_t *raft_secret_node; /* raft.secret_file's, likewise */
 };
 
 /* One key of a mapping, as mapFields() found it. */
@@ -646,6 +647,9 @@ static int parseCluster(struct ctx *c, yaml_node_t *map, uint64_t self, struct c
     return 0;
 }
 
+static int readSecret(struct ctx *c, const struct field *f, const char *path,
+                      struct config_secret *out);
+
 static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
 {
     enum {
@@ -658,13 +662,15 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         SEGMENT,
         PRE_VOTE,
         SNAP_NICE,
+        SECRET,
         N
     };
     static const char *const keys[N] = {
         "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold", "snapshot_trailing",
         "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",    "pre_vote",
-        "snapshot_nice"};
+        "snapshot_nice",        "secret_file"};
     struct field f[N];
+    char *secret_path = NULL;
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
         getU32(c, &f[ELECTION], 100, 60000, &r->election_timeout_ms) != 0 ||
         getU32(c, &f[HEARTBEAT], 10, 10000, &r->heartbeat_timeout_ms) != 0 ||
@@ -674,8 +680,17 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[LOG_MAX], 1, 65536, &r->snapshot_log_max_mb) != 0 ||
         getU32(c, &f[SEGMENT], 1, 1024, &r->segment_size_mb) != 0 ||
         getU32(c, &f[SNAP_NICE], 0, 19, &r->snapshot_nice) != 0 ||
-        getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0) {
+        getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0 ||
+        getPath(c, &f[SECRET], &secret_path) != 0) {
         return -1;
+    }
+    if (secret_path != NULL) {
+        int rc = readSecret(c, &f[SECRET], secret_path, &r->secret);
+        free(secret_path);
+        if (rc != 0) {
+            return -1;
+        }
+        c->raft_secret_node = f[SECRET].val;
     }
     if (r->heartbeat_timeout_ms >= r->election_timeout_ms) {
         const yaml_node_t *at = present(&f[HEARTBEAT])  ? f[HEARTBEAT].val
@@ -717,8 +732,8 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path,
         rc = failNode(c, f->val, "%s: %s holds more than %u bytes", f->name, q, SECRET_MAX);
     } else if (len < SECRET_MIN) {
         rc = failNode(c, f->val,
-                      "%s: %s holds %zu bytes (without trailing whitespace); the cluster secret "
-                      "needs at least %u",
+                      "%s: %s holds %zu bytes (without trailing whitespace); a secret needs at "
+                      "least %u",
                       f->name, q, len, SECRET_MIN);
     } else if ((out->value = malloc(len)) == NULL) {
         rc = failNode(c, f->val, "%s: out of memory", f->name);
@@ -728,7 +743,6 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path,
         memcpy(out->value, buf, len);
         out->len = len;
         out->set = true;
-        c->secret_node = f->val;
     }
     OPENSSL_cleanse(buf, sizeof buf);
     return rc;
@@ -757,6 +771,7 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
     if (secret_path != NULL) {
         int rc = readSecret(c, &f[SECRET], secret_path, &r->cluster_secret);
         free(secret_path);
+        c->secret_node = f[SECRET].val;
         if (rc != 0) {
             return -1;
         }
@@ -1414,27 +1429,37 @@ static int parseProxies(struct ctx *c, const struct field *f, struct config *cfg
     return 0;
 }
 
-/* The cluster secret must not also be a token: whoever holds that token could then act for
- * any tenant. */
-static int checkSecret(struct ctx *c, const struct config *cfg)
+/* Neither secret may also be a token: whoever holds that token could then act for any
+ * tenant (the cluster secret) or speak Raft to every node (the Raft secret). The two may be
+ * the same: both are shared by the members alone. */
+static int checkOneSecret(struct ctx *c, const struct config *cfg,
+                          const struct config_secret *sec, const yaml_node_t *at,
+                          const char *name)
 {
-    const struct config_secret *sec = &cfg->rpc.cluster_secret;
     if (!sec->set) {
         return 0;
     }
     if (config_is_admin_hash(cfg, sec->sha256)) {
-        return failNode(c, c->secret_node,
-                        "rpc.cluster_secret_file: the secret is the admin token; it must differ "
-                        "from every token");
+        return failNode(c, at, "%s: the secret is the admin token; it must differ from every token",
+                        name);
     }
     const struct config_tenant *t = config_tenant_by_token_hash(cfg, sec->sha256);
     if (t != NULL) {
-        return failNode(c, c->secret_node,
-                        "rpc.cluster_secret_file: the secret is a token of tenant \"%s\"; it must "
-                        "differ from every token",
-                        t->name);
+        return failNode(c, at,
+                        "%s: the secret is a token of tenant \"%s\"; it must differ from every "
+                        "token",
+                        name, t->name);
     }
     return 0;
+}
+
+static int checkSecret(struct ctx *c, const struct config *cfg)
+{
+    if (checkOneSecret(c, cfg, &cfg->rpc.cluster_secret, c->secret_node,
+                       "rpc.cluster_secret_file") != 0) {
+        return -1;
+    }
+    return checkOneSecret(c, cfg, &cfg->raft.secret, c->raft_secret_node, "raft.secret_file");
 }
 
 static void setDefaults(struct config *cfg)
@@ -1656,9 +1681,12 @@ void config_free(struct config *c)
     free(c->tls.cert_file);
     free(c->tls.key_file);
     free(c->tls.ca_file);
-    if (c->rpc.cluster_secret.value != NULL) {
-        OPENSSL_cleanse(c->rpc.cluster_secret.value, c->rpc.cluster_secret.len);
-        free(c->rpc.cluster_secret.value);
+    const struct config_secret *secrets[] = {&c->rpc.cluster_secret, &c->raft.secret};
+    for (size_t i = 0; i < sizeof secrets / sizeof secrets[0]; i++) {
+        if (secrets[i]->value != NULL) {
+            OPENSSL_cleanse(secrets[i]->value, secrets[i]->len);
+            free(secrets[i]->value);
+        }
     }
     for (size_t i = 0; i < c->n_tenants; i++) {
         free(c->tenants[i].token_hashes);

@@ -57,6 +57,18 @@ struct config_cluster {
     size_t n_bootstrap;
 };
 
+/* A secret read from a file: the file's bytes, without trailing whitespace, 16..4096 bytes;
+ * never printed. The cluster secret (rpc.cluster_secret_file) is shared by every node; a
+ * follower's proxy listener sends it as the auth_token of the requests it forwards to the
+ * leader on behalf of a configured tenant (Request.as_tenant). The Raft secret
+ * (raft.secret_file) authenticates the Raft connections. */
+struct config_secret {
+    bool set;                         /* false: no file configured (the default) */
+    uint8_t *value;                   /* owned; len bytes (not NUL-terminated); NULL when unset */
+    size_t len;
+    uint8_t sha256[CONFIG_HASH_LEN];  /* SHA-256 of value, compared in constant time */
+};
+
 struct config_raft {
     uint32_t election_timeout_ms;  /* 100..60000, default 600 */
     uint32_t heartbeat_timeout_ms; /* 10..10000 and < election, default 100 */
@@ -68,17 +80,10 @@ struct config_raft {
     uint32_t segment_size_mb;      /* log segment files; 1..1024, default 64 */
     uint32_t snapshot_nice;        /* added to the serialising thread's nice; 0..19, default 19 */
     bool pre_vote;                 /* default true */
-};
-
-/* The cluster secret (rpc.cluster_secret_file): shared by every node; a follower's proxy
- * listener sends it as the auth_token of the requests it forwards to the leader on behalf of
- * a configured tenant (Request.as_tenant). The file's bytes, without trailing whitespace,
- * 16..4096 bytes; never printed. */
-struct config_secret {
-    bool set;                         /* false: no file configured (the default) */
-    uint8_t *value;                   /* owned; len bytes (not NUL-terminated); NULL when unset */
-    size_t len;
-    uint8_t sha256[CONFIG_HASH_LEN];  /* SHA-256 of value, compared in constant time */
+    /* raft.secret_file: when set, every Raft connection is authenticated both ways with it
+     * (cluster/transport.h); every member needs the same one. Must differ from every token;
+     * may be the cluster secret's file. */
+    struct config_secret secret;
 };
 
 struct config_rpc {

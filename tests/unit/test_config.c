@@ -1063,6 +1063,76 @@ static void test_cluster_secret(void **state)
     expectSecretError("[a, b]", NULL, NULL, "expected a string, got a list", NULL);
 }
 
+/* ---- the Raft secret (raft.secret_file) ---------------------------------------------------- */
+
+static void test_raft_secret(void **state)
+{
+    (void)state;
+    struct config c;
+    char err[512];
+    parseOk(MINIMAL, &c);
+    assert_false(c.raft.secret.set);
+    assert_null(c.raft.secret.value);
+    config_free(&c);
+
+    static const char secret[] = "secret-of-the-raft-port-42";
+    char path[64];
+    writeTemp(path, "secret-of-the-raft-port-42\n", sizeof secret);
+    char text[2048];
+    snprintf(text, sizeof text, NODE_OK "raft:\n  secret_file: %s\n" ADMIN_OK TENANTS_OK, path);
+    if (parseStr(text, &c, err, sizeof err) != 0) {
+        fail_msg("%s", err);
+    }
+    assert_true(c.raft.secret.set);
+    assert_int_equal(c.raft.secret.len, sizeof secret - 1);
+    assert_memory_equal(c.raft.secret.value, secret, sizeof secret - 1);
+    /* Not the cluster secret: that one stays unset. */
+    assert_false(c.rpc.cluster_secret.set);
+    config_free(&c);
+
+    /* The same file for both secrets is allowed: both are the members' own. */
+    snprintf(text, sizeof text,
+             NODE_OK "raft:\n  secret_file: %s\nrpc:\n  cluster_secret_file: %s\n" ADMIN_OK
+                     TENANTS_OK,
+             path, path);
+    if (parseStr(text, &c, err, sizeof err) != 0) {
+        fail_msg("%s", err);
+    }
+    assert_true(c.raft.secret.set && c.rpc.cluster_secret.set);
+    config_free(&c);
+
+    /* A token of a tenant as the Raft secret: refused where the file is named. */
+    uint8_t h[CONFIG_HASH_LEN];
+    char hex[2 * CONFIG_HASH_LEN + 1];
+    hashOf(secret, h);
+    hexOf(h, hex);
+    snprintf(text, sizeof text,
+             NODE_OK "raft:\n  secret_file: %s\nadmin:\n  token_sha256: " HASH_ADMIN
+                     "\ntenants:\n  - name: demo\n    token_sha256: %s\n",
+             path, hex);
+    assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
+    static const char want[] =
+        "x.yaml:7:16: raft.secret_file: the secret is a token of tenant \"demo\"";
+    if (strncmp(err, want, sizeof want - 1) != 0 ||
+        strstr(err, secret) != NULL) {
+        fail_msg("got %s", err);
+    }
+    config_free(&c);
+    assert_int_equal(remove(path), 0);
+
+    /* Too short: the file:line:column of the value, never the bytes. */
+    writeTemp(path, "short-secret\n", 13);
+    snprintf(text, sizeof text, NODE_OK "raft:\n  secret_file: %s\n" ADMIN_OK TENANTS_OK, path);
+    assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
+    if (strncmp(err, "x.yaml:7:16: raft.secret_file: ", 31) != 0 ||
+        strstr(err, "holds 12 bytes") == NULL || strstr(err, "short-secret") != NULL) {
+        fail_msg("got %s", err);
+    }
+    assert_false(c.raft.secret.set);
+    config_free(&c);
+    assert_int_equal(remove(path), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1078,6 +1148,7 @@ int main(void)
         cmocka_unit_test(test_load_error_names_the_file),
         cmocka_unit_test(test_proxy),
         cmocka_unit_test(test_cluster_secret),
+        cmocka_unit_test(test_raft_secret),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
