@@ -1038,7 +1038,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
                 cfg->bootstrap[i].http_address);
     }
 
-    int rv = transport_init(&c->transport, loop);
+    int rv = transport_init(&c->transport, loop, cfg->raft_secret, cfg->raft_secret_len);
     if (rv != 0) {
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         goto err_free;

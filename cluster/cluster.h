@@ -64,6 +64,10 @@ struct cluster_config {
     size_t segment_size;             /* raft_uv's log segment size; 0: raft_uv's default */
     unsigned snapshot_nice;          /* niced_run increment for snapshot_write */
     bool pre_vote;
+    /* Borrowed for cluster_new only; NULL: Raft connections are not authenticated
+     * (transport.h). */
+    const uint8_t *raft_secret;
+    size_t raft_secret_len;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
 };

@@ -3,6 +3,10 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +20,106 @@ static struct transport *fromOuter(struct raft_uv_transport *o)
     return (struct transport *)o;
 }
 
-struct connectReq {
-    struct raft_uv_connect inner;
-    struct raft_uv_connect *outer;
+static uint64_t refusedTotal;   /* transport_refused_total() */
+static uint64_t authFailedTotal; /* transport_auth_failed_total() */
+
+uint64_t transport_refused_total(void)
+{
+    return refusedTotal;
+}
+
+uint64_t transport_auth_failed_total(void)
+{
+    return authFailedTotal;
+}
+
+/* Says why a connection was closed: at once the first time for each reason, then at most
+ * once per TRANSPORT_LOG_INTERVAL_MS with how many were not said meanwhile (a misconfigured
+ * peer reconnects every 100 ms). `what` names the side: "refused" (incoming) or "to node N
+ * failed"; `why` is one of this file's string constants. */
+static void refusalLog(struct transport *t, const char *what, const char *why)
+{
+    uint64_t now = uv_now(t->loop);
+    size_t i = 0;
+    while (i < TRANSPORT_LOG_REASONS && t->logged[i].why != NULL && t->logged[i].why != why) {
+        i++;
+    }
+    if (i == TRANSPORT_LOG_REASONS) {
+        i = 0; /* not reached: fewer reasons than slots */
+    }
+    if (t->logged[i].why == why && now - t->logged[i].log_ms < TRANSPORT_LOG_INTERVAL_MS) {
+        t->logged[i].unlogged++;
+        return;
+    }
+    if (t->logged[i].why == why && t->logged[i].unlogged > 0) {
+        fprintf(stderr, "idemd: raft connection %s: %s (%llu more in the last %u s)\n", what,
+                why, (unsigned long long)t->logged[i].unlogged, TRANSPORT_LOG_INTERVAL_MS / 1000);
+    } else {
+        fprintf(stderr, "idemd: raft connection %s: %s\n", what, why);
+    }
+    t->logged[i].why = why;
+    t->logged[i].log_ms = now;
+    t->logged[i].unlogged = 0;
+}
+
+/* ---- authentication ------------------------------------------------------------------- */
+
+/* mac = HMAC(t->key, label 0 nonce_l nonce_c id address): the connector's (label
+ * "connector") or the listener's ("listener") proof, bound to both nonces and to the
+ * connector's ID and address as its handshake gives them. */
+static bool authMac(const struct transport *t, const char *label, const uint8_t *nonce_l,
+                    const uint8_t *nonce_c, raft_id id, const char *address,
+                    uint8_t mac[TRANSPORT_MAC_LEN])
+{
+    uint8_t msg[16 + 2 * TRANSPORT_NONCE_LEN + 8 + TRANSPORT_ADDRESS_MAX];
+    size_t label_len = strlen(label) + 1; /* with its NUL */
+    size_t addr_len = strnlen(address, TRANSPORT_ADDRESS_MAX);
+    size_t n = 0;
+    memcpy(msg, label, label_len);
+    n += label_len;
+    memcpy(msg + n, nonce_l, TRANSPORT_NONCE_LEN);
+    n += TRANSPORT_NONCE_LEN;
+    memcpy(msg + n, nonce_c, TRANSPORT_NONCE_LEN);
+    n += TRANSPORT_NONCE_LEN;
+    for (int i = 0; i < 8; i++) {
+        msg[n++] = (uint8_t)(id >> (8 * i));
+    }
+    memcpy(msg + n, address, addr_len);
+    n += addr_len;
+    unsigned int len = 0;
+    return HMAC(EVP_sha256(), t->key, sizeof(t->key), msg, n, mac, &len) != NULL &&
+           len == TRANSPORT_MAC_LEN;
+}
+
+/* One write of `len` bytes (copied) on a stream that may be handed to raft, or closed,
+ * before it completes: the request is its own allocation, freed by its callback. */
+struct authWrite {
+    uv_write_t req;
+    uint8_t data[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN + 8];
 };
+
+static void authWriteCb(uv_write_t *req, int status)
+{
+    (void)status; /* a failed write shows as the peer's silence or a closed connection */
+    free(req->data);
+}
+
+static bool authSend(uv_stream_t *stream, const uint8_t *data, size_t len)
+{
+    struct authWrite *w = malloc(sizeof(*w));
+    if (w == NULL || len > sizeof(w->data)) {
+        free(w);
+        return false;
+    }
+    memcpy(w->data, data, len);
+    w->req.data = w;
+    uv_buf_t buf = uv_buf_init((char *)w->data, (unsigned)len);
+    if (uv_write(&w->req, stream, &buf, 1, authWriteCb) != 0) {
+        free(w);
+        return false;
+    }
+    return true;
+}
 
 static void noDelay(struct uv_stream_s *stream)
 {
@@ -31,6 +131,7 @@ static int transportInit(struct raft_uv_transport *o, raft_id id, const char *ad
 {
     struct transport *t = fromOuter(o);
     snprintf(t->address, sizeof(t->address), "%s", address);
+    t->id = id;
     return t->inner.init(&t->inner, id, address);
 }
 
@@ -44,9 +145,11 @@ struct incoming {
     uv_timer_t timer;
     uint8_t pre[24];
     char addr[TRANSPORT_ADDRESS_MAX];
-    size_t want;    /* bytes of the part being read: 24, then the address length */
+    uint8_t auth[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN]; /* nonce_c, the connector's MAC */
+    uint8_t nonce_l[TRANSPORT_NONCE_LEN];
+    size_t want;    /* bytes of the part being read: 24, the address length, then 64 */
     size_t got;
-    bool in_address;
+    enum { PART_PRE, PART_ADDRESS, PART_AUTH } part;
     int closing;    /* handles (tcp, timer) still to close */
     bool handed;    /* the stream went to raft: only the timer closes here */
     struct incoming *prev, *next;
@@ -88,9 +191,8 @@ static void incomingEnd(struct incoming *in, const char *why)
     struct transport *t = in->t;
     if (why != NULL) {
         t->refused++;
-        if (t->refused <= 100) {
-            fprintf(stderr, "idemd: raft connection refused: %s\n", why);
-        }
+        refusedTotal++;
+        refusalLog(t, "refused", why);
     }
     incomingUnlink(in);
     t->n_closing_incoming++;
@@ -114,7 +216,9 @@ static void incomingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     (void)suggested;
     /* Exactly what the handshake has left: the peer's first message stays in the socket
      * for raft_uv, which starts reading once it has the stream. */
-    uint8_t *base = in->in_address ? (uint8_t *)in->addr : in->pre;
+    uint8_t *base = in->part == PART_PRE       ? in->pre
+                    : in->part == PART_ADDRESS ? (uint8_t *)in->addr
+                                               : in->auth;
     *buf = uv_buf_init((char *)base + in->got, (unsigned)(in->want - in->got));
 }
 
@@ -133,7 +237,8 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (in->got < in->want) {
         return;
     }
-    if (!in->in_address) {
+    struct transport *t = in->t;
+    if (in->part == PART_PRE) {
         uint64_t protocol = wire_le(in->pre, 8);
         uint64_t len = wire_le(in->pre + 16, 8);
         if (protocol != TRANSPORT_HANDSHAKE_PROTOCOL) {
@@ -144,18 +249,39 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             incomingEnd(in, "handshake address length out of range");
             return;
         }
-        in->in_address = true;
+        in->part = PART_ADDRESS;
         in->want = (size_t)len;
         in->got = 0;
         return;
     }
-    if (memchr(in->addr, '\0', in->want) == NULL) {
-        incomingEnd(in, "handshake address not terminated");
-        return;
+    raft_id id = wire_le(in->pre + 8, 8);
+    if (in->part == PART_ADDRESS) {
+        if (memchr(in->addr, '\0', in->want) == NULL) {
+            incomingEnd(in, "handshake address not terminated");
+            return;
+        }
+        if (t->auth) {
+            in->part = PART_AUTH;
+            in->want = sizeof(in->auth);
+            in->got = 0;
+            return;
+        }
+    } else {
+        uint8_t want[TRANSPORT_MAC_LEN], mine[TRANSPORT_MAC_LEN];
+        const uint8_t *nonce_c = in->auth;
+        if (!authMac(t, "connector", in->nonce_l, nonce_c, id, in->addr, want) ||
+            CRYPTO_memcmp(want, in->auth + TRANSPORT_NONCE_LEN, sizeof(want)) != 0) {
+            incomingEnd(in, "authentication failed (the peer has another raft.secret_file, "
+                            "or none)");
+            return;
+        }
+        if (!authMac(t, "listener", in->nonce_l, nonce_c, id, in->addr, mine) ||
+            !authSend(s, mine, sizeof(mine))) {
+            incomingEnd(in, "cannot answer the authentication");
+            return;
+        }
     }
     uv_read_stop(s);
-    raft_id id = wire_le(in->pre + 8, 8);
-    struct transport *t = in->t;
     in->handed = true;
     uv_stream_t *stream = (uv_stream_t *)in->tcp;
     char addr[TRANSPORT_ADDRESS_MAX];
@@ -200,6 +326,19 @@ static void listenCb(uv_stream_t *l, int status)
         return;
     }
     uv_timer_start(&in->timer, incomingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
+    if (t->auth) {
+        uint8_t hello[8 + TRANSPORT_NONCE_LEN];
+        memcpy(hello, TRANSPORT_AUTH_MAGIC, 8);
+        if (RAND_bytes(in->nonce_l, sizeof(in->nonce_l)) != 1) {
+            incomingEnd(in, "no random bytes for the authentication");
+            return;
+        }
+        memcpy(hello + 8, in->nonce_l, sizeof(in->nonce_l));
+        if (!authSend((uv_stream_t *)tcp, hello, sizeof(hello))) {
+            incomingEnd(in, "cannot start the authentication");
+            return;
+        }
+    }
     uv_read_start((uv_stream_t *)tcp, incomingAllocCb, incomingReadCb);
 }
 
@@ -238,38 +377,210 @@ static int transportListen(struct raft_uv_transport *o, raft_uv_accept_cb cb)
     if (rv != 0) {
         /* libraft would say only "I/O error": the operator gets the reason (an address in
          * use, most often). libuv's codes are negative errno values. */
-        snprintf(o->errmsg, sizeof(o->errmsg), "raft address %s: %s", t->address,
+        snprintf(o->errmsg, sizeof(o->errmsg), "raft address %.200s: %s", t->address,
                  strerror(-rv));
         return RAFT_IOERR;
     }
     return 0;
 }
 
+/* ---- outgoing connections: raft_uv_tcp's, then the authentication ------------------- */
+
+/* One connection raft_uv_tcp made (its handshake written) whose authentication is being
+ * read and answered before raft gets it. */
+struct outgoing {
+    struct transport *t;
+    struct raft_uv_connect inner;
+    struct raft_uv_connect *outer;
+    raft_id peer;
+    uv_stream_t *stream; /* raft_uv_tcp's (raft_malloc'd) */
+    uv_timer_t timer;
+    uint8_t buf[8 + TRANSPORT_NONCE_LEN]; /* magic and nonce_l, then the listener's MAC */
+    uint8_t nonce_l[TRANSPORT_NONCE_LEN];
+    uint8_t nonce_c[TRANSPORT_NONCE_LEN];
+    size_t want;
+    size_t got;
+    bool greeted;  /* magic and nonce_l read, our MAC sent */
+    int status;    /* for raft's callback when it failed: RAFT_NOCONNECTION or _CANCELED */
+    int closing;   /* handles (stream, timer) still to close */
+    struct outgoing *prev, *next;
+};
+
+static void outgoingClosedCb(uv_handle_t *h)
+{
+    struct outgoing *og = h->data;
+    if (h == (uv_handle_t *)og->stream) {
+        raft_free(og->stream);
+    }
+    if (--og->closing == 0) {
+        struct transport *t = og->t;
+        struct raft_uv_connect *outer = og->outer;
+        /* raft_uv's clients take only RAFT_CANCELED once they are closing (uvSendClose
+         * comes before the transport's close). */
+        int status = t->closing ? RAFT_CANCELED : og->status;
+        free(og);
+        t->n_closing_outgoing--;
+        outer->cb(outer, NULL, status);
+        maybeClosed(t);
+    }
+}
+
+static void outgoingUnlink(struct outgoing *og)
+{
+    struct transport *t = og->t;
+    if (og->prev != NULL) {
+        og->prev->next = og->next;
+    } else {
+        t->outgoing = og->next;
+    }
+    if (og->next != NULL) {
+        og->next->prev = og->prev;
+    }
+}
+
+/* Ends an authentication that failed (why) or was cancelled (why NULL): closes the
+ * connection, then tells raft, which tries again after its retry delay. */
+static void outgoingFail(struct outgoing *og, const char *why)
+{
+    struct transport *t = og->t;
+    og->status = RAFT_NOCONNECTION;
+    if (why != NULL) {
+        authFailedTotal++;
+        char what[48];
+        snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)og->peer);
+        refusalLog(t, what, why);
+    } else {
+        og->status = RAFT_CANCELED;
+    }
+    outgoingUnlink(og);
+    t->n_closing_outgoing++;
+    og->closing = 2;
+    uv_timer_stop(&og->timer);
+    uv_close((uv_handle_t *)&og->timer, outgoingClosedCb);
+    uv_close((uv_handle_t *)og->stream, outgoingClosedCb);
+}
+
+static void outgoingTimerClosedCb(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void outgoingTimeoutCb(uv_timer_t *timer)
+{
+    outgoingFail(timer->data, "no authentication from the peer within 10 s (has it the same "
+                              "raft.secret_file?)");
+}
+
+static void outgoingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct outgoing *og = h->data;
+    (void)suggested;
+    *buf = uv_buf_init((char *)og->buf + og->got, (unsigned)(og->want - og->got));
+}
+
+static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct outgoing *og = s->data;
+    struct transport *t = og->t;
+    (void)buf;
+    if (nread == 0) {
+        return;
+    }
+    if (nread < 0) {
+        outgoingFail(og, "the peer closed the connection during the authentication (has it "
+                         "the same raft.secret_file?)");
+        return;
+    }
+    og->got += (size_t)nread;
+    if (og->got < og->want) {
+        return;
+    }
+    if (!og->greeted) {
+        if (memcmp(og->buf, TRANSPORT_AUTH_MAGIC, 8) != 0) {
+            outgoingFail(og, "the peer does not authenticate Raft connections");
+            return;
+        }
+        memcpy(og->nonce_l, og->buf + 8, sizeof(og->nonce_l));
+        uint8_t answer[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN];
+        if (RAND_bytes(og->nonce_c, sizeof(og->nonce_c)) != 1 ||
+            !authMac(t, "connector", og->nonce_l, og->nonce_c, t->id, t->address,
+                     answer + TRANSPORT_NONCE_LEN)) {
+            outgoingFail(og, "cannot compute the authentication");
+            return;
+        }
+        memcpy(answer, og->nonce_c, sizeof(og->nonce_c));
+        if (!authSend(s, answer, sizeof(answer))) {
+            outgoingFail(og, "cannot send the authentication");
+            return;
+        }
+        og->greeted = true;
+        og->want = TRANSPORT_MAC_LEN;
+        og->got = 0;
+        return;
+    }
+    uint8_t want[TRANSPORT_MAC_LEN];
+    if (!authMac(t, "listener", og->nonce_l, og->nonce_c, t->id, t->address, want) ||
+        CRYPTO_memcmp(want, og->buf, sizeof(want)) != 0) {
+        outgoingFail(og, "the peer's authentication is wrong (it has another "
+                         "raft.secret_file)");
+        return;
+    }
+    /* Authenticated: the stream is raft's from here (it sets stream->data); the rest of
+     * this request goes with the timer's close. */
+    uv_read_stop(s);
+    outgoingUnlink(og);
+    struct raft_uv_connect *outer = og->outer;
+    uv_stream_t *stream = og->stream;
+    uv_timer_stop(&og->timer);
+    og->timer.data = og;
+    uv_close((uv_handle_t *)&og->timer, outgoingTimerClosedCb);
+    outer->cb(outer, stream, 0);
+}
+
 static void connectCb(struct raft_uv_connect *req, struct uv_stream_s *stream, int status)
 {
-    struct connectReq *w = req->data;
-    struct raft_uv_connect *outer = w->outer;
-    free(w);
-    if (status == 0) {
-        noDelay(stream);
+    struct outgoing *og = req->data;
+    struct transport *t = og->t;
+    struct raft_uv_connect *outer = og->outer;
+    if (status != 0 || !t->auth) {
+        free(og);
+        if (status == 0) {
+            noDelay(stream);
+        }
+        outer->cb(outer, stream, status);
+        return;
     }
-    outer->cb(outer, stream, status);
+    noDelay(stream);
+    og->stream = stream;
+    stream->data = og;
+    og->want = sizeof(og->buf);
+    uv_timer_init(t->loop, &og->timer);
+    og->timer.data = og;
+    og->next = t->outgoing;
+    if (t->outgoing != NULL) {
+        t->outgoing->prev = og;
+    }
+    t->outgoing = og;
+    uv_timer_start(&og->timer, outgoingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
+    uv_read_start(stream, outgoingAllocCb, outgoingReadCb);
 }
 
 static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect *req,
                             raft_id id, const char *address, raft_uv_connect_cb cb)
 {
     struct transport *t = fromOuter(o);
-    struct connectReq *w = calloc(1, sizeof(*w));
-    if (w == NULL) {
+    struct outgoing *og = calloc(1, sizeof(*og));
+    if (og == NULL) {
         return RAFT_NOMEM;
     }
-    w->outer = req;
+    og->t = t;
+    og->outer = req;
+    og->peer = id;
     req->cb = cb;
-    w->inner.data = w;
-    int rv = t->inner.connect(&t->inner, &w->inner, id, address, connectCb);
+    og->inner.data = og;
+    int rv = t->inner.connect(&t->inner, &og->inner, id, address, connectCb);
     if (rv != 0) {
-        free(w);
+        free(og);
     }
     return rv;
 }
@@ -278,7 +589,8 @@ static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect 
 static void maybeClosed(struct transport *t)
 {
     if (t->closing && t->inner_closed && !t->listener_open && t->incoming == NULL &&
-        t->n_closing_incoming == 0 && t->close_cb != NULL) {
+        t->n_closing_incoming == 0 && t->outgoing == NULL && t->n_closing_outgoing == 0 &&
+        t->close_cb != NULL) {
         raft_uv_transport_close_cb cb = t->close_cb;
         t->close_cb = NULL;
         cb(&t->outer);
@@ -300,16 +612,29 @@ static void transportClose(struct raft_uv_transport *o, raft_uv_transport_close_
     while (t->incoming != NULL) {
         incomingEnd(t->incoming, NULL);
     }
+    while (t->outgoing != NULL) {
+        outgoingFail(t->outgoing, NULL);
+    }
     if (t->listener_open && !uv_is_closing((uv_handle_t *)&t->listener)) {
         uv_close((uv_handle_t *)&t->listener, listenerClosedCb);
     }
     t->inner.close(&t->inner, closeCb);
 }
 
-int transport_init(struct transport *t, uv_loop_t *loop)
+int transport_init(struct transport *t, uv_loop_t *loop, const uint8_t *secret,
+                   size_t secret_len)
 {
     memset(t, 0, sizeof(*t));
     t->loop = loop;
+    if (secret != NULL) {
+        unsigned int len = 0;
+        if (HMAC(EVP_sha256(), secret, (int)secret_len, (const uint8_t *)TRANSPORT_AUTH_LABEL,
+                 strlen(TRANSPORT_AUTH_LABEL), t->key, &len) == NULL ||
+            len != sizeof(t->key)) {
+            return RAFT_INVALID;
+        }
+        t->auth = true;
+    }
     int rv = raft_uv_tcp_init(&t->inner, loop);
     if (rv != 0) {
         return rv;
@@ -324,5 +649,6 @@ int transport_init(struct transport *t, uv_loop_t *loop)
 
 void transport_close(struct transport *t)
 {
+    OPENSSL_cleanse(t->key, sizeof(t->key));
     raft_uv_tcp_close(&t->inner);
 }

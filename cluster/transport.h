@@ -13,7 +13,25 @@
  * within TRANSPORT_HANDSHAKE_TIMEOUT_MS, at most TRANSPORT_HANDSHAKES_MAX at once; a
  * connection that breaks a rule is closed (and said so on stderr, 100 times at most).
  * Then it hands the stream to raft_uv, as raft_uv_tcp does, having read nothing past the
- * handshake. Messages themselves are checked by wire_check.h. */
+ * handshake. Messages themselves are checked by wire_check.h.
+ *
+ * With a secret (raft.secret_file), every connection is authenticated both ways before
+ * raft has it, with HMAC-SHA256 under a key derived from the secret (K = HMAC(secret,
+ * TRANSPORT_AUTH_LABEL)). A connection goes:
+ *   listener  -> connector: TRANSPORT_AUTH_MAGIC (8 bytes), nonce_l (32), sent on accept;
+ *   connector -> listener:  raft_uv_tcp's handshake, as without a secret;
+ *   connector -> listener:  nonce_c (32), HMAC(K, "connector" 0 nonce_l nonce_c id address);
+ *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id address),
+ * where id (u64 little endian) and address (without its NUL) are the connector's, from the
+ * handshake. The listener hands the stream to raft once the connector's MAC is right; the
+ * connector hands it to raft (which then sends its first message) once the listener's is.
+ * Whoever does not hold the secret gets no stream into raft, and a connector does not send
+ * raft's messages to a listener that does not hold it. A wrong MAC, a peer that closes,
+ * or no answer within TRANSPORT_HANDSHAKE_TIMEOUT_MS closes the connection; raft_uv
+ * retries its connections every 100 ms, so each reason for a refusal is logged at most once
+ * per TRANSPORT_LOG_INTERVAL_MS with a count. What this does not cover: the messages after the
+ * exchange are neither encrypted nor signed, so whoever can read or inject packets on the
+ * path between two members still can. */
 #ifndef IDEM_CLUSTER_TRANSPORT_H
 #define IDEM_CLUSTER_TRANSPORT_H
 
@@ -23,11 +41,20 @@
 #include <uv.h>
 
 #define TRANSPORT_HANDSHAKE_PROTOCOL 1      /* raft_uv_tcp's */
-#define TRANSPORT_ADDRESS_MAX 256           /* a peer's address in the handshake, padded */
+/* A peer's address in the handshake, NUL-terminated and padded to 8 bytes: the longest
+ * address a config takes (host:port, 259 bytes) fits. */
+#define TRANSPORT_ADDRESS_MAX 264
 #define TRANSPORT_HANDSHAKE_TIMEOUT_MS 10000
 #define TRANSPORT_HANDSHAKES_MAX 64
+#define TRANSPORT_AUTH_MAGIC "IDRAFTA1"  /* 8 bytes, no NUL on the wire */
+#define TRANSPORT_AUTH_LABEL "idemd raft transport 1"
+#define TRANSPORT_NONCE_LEN 32
+#define TRANSPORT_MAC_LEN 32
+#define TRANSPORT_LOG_INTERVAL_MS 10000
+#define TRANSPORT_LOG_REASONS 16 /* more than transport.c has */
 
 struct incoming;
+struct outgoing;
 
 struct transport {
     struct raft_uv_transport outer; /* first member; hand &outer to raft_uv_init */
@@ -35,20 +62,37 @@ struct transport {
     uv_loop_t *loop;
     raft_uv_accept_cb accept_cb;
     raft_uv_transport_close_cb close_cb;
-    char address[64]; /* this node's Raft address */
+    char address[TRANSPORT_ADDRESS_MAX]; /* this node's Raft address */
     uv_tcp_t listener;
     bool listener_open;
     struct incoming *incoming; /* handshakes being read */
     size_t n_incoming;
     size_t n_closing_incoming; /* ended, their handles closing */
+    struct outgoing *outgoing; /* connected, authenticating */
+    size_t n_closing_outgoing; /* ended, their handles closing */
+    raft_id id;                /* this node's */
+    bool auth;                 /* a secret was given */
+    uint8_t key[TRANSPORT_MAC_LEN];
     uint64_t refused;          /* connections closed for breaking the handshake's rules */
+    struct {
+        const char *why;       /* a string constant of transport.c; NULL: free */
+        uint64_t log_ms;       /* uv_now when it was last logged */
+        uint64_t unlogged;     /* refusals for it since */
+    } logged[TRANSPORT_LOG_REASONS];
     bool closing;
     bool inner_closed;
 };
 
-/* Initialises both layers on `loop`. 0 or a RAFT_* code. */
-int transport_init(struct transport *t, uv_loop_t *loop);
+/* Initialises both layers on `loop`. secret (secret_len bytes, copied; NULL for none)
+ * turns authentication on. 0 or a RAFT_* code. */
+int transport_init(struct transport *t, uv_loop_t *loop, const uint8_t *secret,
+                   size_t secret_len);
 /* Releases raft_uv_tcp's memory (after raft_uv closed the transport). */
 void transport_close(struct transport *t);
+
+/* Since start: incoming connections closed for breaking the handshake's rules or failing
+ * authentication, and outgoing ones whose peer failed it (or never answered it). */
+uint64_t transport_refused_total(void);
+uint64_t transport_auth_failed_total(void);
 
 #endif

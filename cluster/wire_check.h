@@ -6,7 +6,8 @@
  * an entry's type is invalid, uvDecodeBatchHeader frees the entries and sets them to NULL
  * but leaves the count, which uvDecodeMessage then walks through the NULL pointer. One
  * 112-byte message to the Raft port (an AppendEntries with one entry of type 9) crashed
- * the node, no authentication needed (the Raft port has none: README, Limits).
+ * the node, no authentication needed (without raft.secret_file the Raft port has none:
+ * README, Limits; with it, only a holder of the secret gets this far, transport.h).
  *
  * idemd links libraft statically and the linker sends raft_uv's call of its internal
  * uvDecodeMessage() to __wrap_uvDecodeMessage() below (cluster/CMakeLists.txt, `--wrap`,
@@ -24,9 +25,9 @@
  * lies inside the header. What is not: the sizes a header declares for the payload that
  * follows (entries' data, snapshot data) and for the header itself, which raft_uv
  * allocates as a peer says, and the entries' data itself (a configuration change's is
- * decoded by libraft as it comes); a peer that can reach the Raft port can still make a
- * node allocate memory, and pose as a leader. Keep the Raft port on a network only the
- * members reach. */
+ * decoded by libraft as it comes); a peer that gets a connection into raft (anyone who
+ * reaches the port without raft.secret_file, a member with it) can still make a node
+ * allocate memory, and pose as a leader. */
 #ifndef IDEM_CLUSTER_WIRE_CHECK_H
 #define IDEM_CLUSTER_WIRE_CHECK_H
 

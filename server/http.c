@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "aio_reap.h"
+#include "transport.h"
 #include "wire_check.h"
 #include "fingerprint.h"
 #include "forward.h"
@@ -1153,8 +1154,19 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "libraft decoded them (malformed: cluster/wire_check.h); each closed its "
              "connection.\n"
              "# TYPE idem_raft_messages_refused_total counter\n"
-             "idem_raft_messages_refused_total %llu\n",
-             (unsigned long long)wire_check_refused());
+             "idem_raft_messages_refused_total %llu\n"
+             "# HELP idem_raft_connections_refused_total Raft connections from peers closed "
+             "before raft had them: a handshake that broke its rules, or an authentication "
+             "that failed (raft.secret_file; cluster/transport.h).\n"
+             "# TYPE idem_raft_connections_refused_total counter\n"
+             "idem_raft_connections_refused_total %llu\n"
+             "# HELP idem_raft_connect_auth_failures_total Raft connections to peers closed "
+             "because the peer's authentication was wrong or missing.\n"
+             "# TYPE idem_raft_connect_auth_failures_total counter\n"
+             "idem_raft_connect_auth_failures_total %llu\n",
+             (unsigned long long)wire_check_refused(),
+             (unsigned long long)transport_refused_total(),
+             (unsigned long long)transport_auth_failed_total());
     sendRaw(h, req, R_METRICS, rid, 200, "text/plain; version=0.0.4", b.p, b.len, NULL, 0);
     free(b.p);
 }

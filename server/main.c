@@ -179,6 +179,11 @@ int main(int argc, char **argv)
         return 1;
     }
     fitFileLimit(&d.cfg);
+    if (!d.cfg.raft.secret.set) {
+        log_warn("raft.secret_file is not set: the Raft port (%s) takes connections from "
+                 "anyone who reaches it; keep it on a network of the members only",
+                 d.cfg.node.raft_address.text);
+    }
     uv_loop_init(&d.loop);
     d.svc = service_new(&d.loop, &d.cfg, err, sizeof(err));
     if (d.svc == NULL) {

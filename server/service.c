@@ -1154,6 +1154,8 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .segment_size = (size_t)cfg->raft.segment_size_mb << 20,
         .snapshot_nice = cfg->raft.snapshot_nice,
         .pre_vote = cfg->raft.pre_vote,
+        .raft_secret = cfg->raft.secret.value,
+        .raft_secret_len = cfg->raft.secret.len,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,
     };

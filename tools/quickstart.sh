@@ -21,7 +21,7 @@
 # .idem/nodeN.pid. .idem/env holds IDEM_CLUSTER, IDEM_TOKEN (tenant "demo") and
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
 # .idem/cluster.secret (mode 600) is the cluster secret every node's rpc.cluster_secret_file
-# names.
+# names, and the secret that authenticates their Raft connections (raft.secret_file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -129,6 +129,8 @@ cluster:
     - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001, http_address: 127.0.0.1:8001}
     - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: 127.0.0.1:7002, http_address: 127.0.0.1:8002}
     - {id: 3, raft_address: 127.0.0.1:9003, rpc_address: 127.0.0.1:7003, http_address: 127.0.0.1:8003}
+raft:
+  secret_file: $PWD/$dir/cluster.secret
 rpc:
   cluster_secret_file: $PWD/$dir/cluster.secret
 admin:

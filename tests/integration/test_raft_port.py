@@ -1,17 +1,33 @@
-"""Malformed handshakes and messages on the Raft port (cluster/transport.h, wire_check.h): libraft 0.15's decoder trusts
-a peer's bytes, and one AppendEntries with an entry of an invalid type crashed the node
-(a NULL dereference in uvDecodeMessage). Each malformed message is now refused and its
-connection closed; the node keeps serving. Raw sockets speak raft_uv's framing: a
-handshake (protocol 1, the sender's ID, its address), then messages of a type, a header
-length and the header, all little endian.
+"""The Raft port (cluster/transport.h, wire_check.h): its authentication, and malformed
+handshakes and messages.
+
+Every node of the harness's clusters has the same raft.secret_file: a connection gets
+into raft only after both ends proved they hold it (HMAC-SHA256 over both ends' nonces and
+the connector's ID and address). Without it, or with another secret, a connection is
+closed before raft reads a byte of it, and a node with another secret cannot join.
+
+libraft 0.15's decoder trusts a peer's bytes: one AppendEntries with an entry of an
+invalid type crashed the node (a NULL dereference in uvDecodeMessage). Each malformed
+message is now refused and its connection closed; the node keeps serving. Raw sockets
+speak raft_uv's framing: a handshake (protocol 1, the sender's ID, its address), then
+messages of a type, a header length and the header, all little endian; here the
+authentication comes between the two, as a member's would.
 
 Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_raft_port
 """
+import hashlib
+import hmac
+import os
+import secrets
 import socket
 import struct
+import time
 import unittest
 
 from harness import ClusterTestCase, http_request, wait_for
+
+AUTH_MAGIC = b"IDRAFTA1"
+AUTH_LABEL = b"idemd raft transport 1"
 
 RAFT_IO_APPEND_ENTRIES = 1
 RAFT_IO_REQUEST_VOTE = 3
@@ -32,6 +48,61 @@ def _message(mtype, header):
 
 def _entry(term, etype, length):
     return _u64(term) + bytes([etype, 0, 0, 0]) + struct.pack("<I", length)
+
+
+def _recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            return buf
+        buf += chunk
+    return buf
+
+
+def _mac(secret, label, nonce_l, nonce_c, sender_id, address):
+    key = hmac.new(secret.encode(), AUTH_LABEL, hashlib.sha256).digest()
+    msg = label + b"\x00" + nonce_l + nonce_c + struct.pack("<Q", sender_id) + address
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def _connect(addr, secret, sender_id=99, address=b"127.0.0.1:1", mac_secret=None):
+    """A connection to a node's Raft port that did what a member does before raft's first
+    message: read the greeting, send the handshake and our MAC (under mac_secret if given),
+    read and check the node's. Returns (socket, the node's MAC or b"" if it closed)."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    hello = _recv_exact(s, 8 + 32)
+    assert hello[:8] == AUTH_MAGIC, hello
+    nonce_l, nonce_c = hello[8:], os.urandom(32)
+    mine = _mac(mac_secret or secret, b"connector", nonce_l, nonce_c, sender_id, address)
+    s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + mine)
+    theirs = _recv_exact(s, 32)
+    if theirs:
+        assert theirs == _mac(secret, b"listener", nonce_l, nonce_c, sender_id, address), \
+            "the node's MAC is not the listener's"
+    return s, theirs
+
+
+def _closed(s, timeout):
+    """Whether the peer closes s within timeout, whatever it sent before (its greeting)."""
+    s.settimeout(timeout)
+    end = time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            if s.recv(4096) == b"":
+                return True
+        return False
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def _metric(addr, name):
+    text = http_request(addr, "GET", "/metrics").raw
+    line = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return int(line[0].split()[1]) if line else None
 
 
 MALFORMED = {
@@ -62,13 +133,13 @@ class TestRaftPort(ClusterTestCase):
     malformed_raft_expected = True
 
     def _send(self, addr, payload):
-        host, port = addr.rsplit(":", 1)
-        s = socket.create_connection((host, int(port)), timeout=10)
+        s, theirs = _connect(addr, self.c.raft_secret)
         try:
-            s.sendall(_handshake() + payload)
+            self.assertEqual(len(theirs), 32, "authenticated with the cluster's secret")
+            s.sendall(payload)
             s.settimeout(10)
             try:
-                # The node closes the connection (EOF), it sends nothing on it.
+                # The node closes the connection (EOF), it sends nothing more on it.
                 self.assertEqual(s.recv(1), b"")
             except ConnectionResetError:
                 pass
@@ -81,13 +152,7 @@ class TestRaftPort(ClusterTestCase):
         try:
             if payload:
                 s.sendall(payload)
-            s.settimeout(timeout)
-            try:
-                return s.recv(1) == b""
-            except ConnectionResetError:
-                return True
-            except socket.timeout:
-                return False
+            return _closed(s, timeout)
         finally:
             s.close()
 
@@ -103,9 +168,8 @@ class TestRaftPort(ClusterTestCase):
         silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
         try:
             self.assertTrue(self._closed_at_once(node.raft, b""))
-            # A handshake unfinished after 10 s is closed.
-            silent[0].settimeout(20)
-            self.assertEqual(silent[0].recv(1), b"")
+            # A handshake unfinished after 10 s is closed (after the greeting it sent).
+            self.assertTrue(_closed(silent[0], 20))
         finally:
             for s in silent:
                 s.close()
@@ -149,6 +213,148 @@ class TestRaftPort(ClusterTestCase):
         self.assertEqual(self.c.leader(), lid)
         wait_for(lambda: all(n.proc.poll() is None for n in self.c.nodes.values()), 5,
                  "every node alive")
+        self.c.wait_converged(3)
+
+    def test_connections_without_the_secret_get_nothing_into_raft(self):
+        lid = self.c.leader()
+        node = self.c.nodes[lid]
+        crash = MALFORMED["entry of an invalid type"]
+        before = _metric(node.http, "idem_raft_connections_refused_total")
+        # raft_uv's own handshake and the message that crashed libraft 0.15, with no
+        # authentication: closed before raft reads it.
+        self.assertTrue(self._closed_at_once(node.raft, _handshake() + crash))
+        # The authentication under another secret: the node does not answer it with its
+        # own MAC, and closes.
+        s, theirs = _connect(node.raft, self.c.raft_secret, mac_secret="another-" + "x" * 20)
+        try:
+            self.assertEqual(theirs, b"")
+            s.sendall(crash)
+            self.assertTrue(_closed(s, 5))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            s.close()
+        # The same with the right secret but a MAC for another sender than the handshake
+        # names (the MAC binds the connector's ID).
+        host, port = node.raft.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            nonce_l, nonce_c = _recv_exact(s, 40)[8:], os.urandom(32)
+            mac = _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c, 98, b"127.0.0.1:1")
+            s.sendall(_handshake(99) + nonce_c + mac)
+            self.assertTrue(_closed(s, 5))
+        finally:
+            s.close()
+        self.assertIsNone(node.proc.poll(), self.c.logs())
+        wait_for(lambda: self.c.logs_contain("raft connection refused: authentication failed"),
+                 5, "the refusal in the log")
+        self.assertEqual(_metric(node.http, "idem_raft_connections_refused_total"), before + 3)
+        # Nothing got as far as raft's decoder: no message was refused there.
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 0)
+        self.assertFalse(self.c.logs_contain("refused a malformed raft message"))
+        self.assertEqual(self.c.leader(), lid)
+        rc, out = self.c.ctl("claim", "after-unauthenticated", "--fingerprint", "c" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+
+    def test_a_member_sends_nothing_to_a_listener_without_the_secret(self):
+        # A stand-in on a stopped follower's Raft address: it greets as idemd does, checks
+        # the leader's MAC (the leader computes it as transport.h says), then answers a
+        # wrong one. The leader must close without sending raft a byte.
+        lid = self.c.leader()
+        fid = [n for n in sorted(self.c.nodes) if n != lid][0]
+        self.c.kill(fid)
+        host, port = self.c.nodes[fid].raft.rsplit(":", 1)
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((host, int(port)))
+        srv.listen(8)
+        srv.settimeout(10)
+        leader = self.c.nodes[lid]
+        before = _metric(leader.http, "idem_raft_connect_auth_failures_total")
+        try:
+            conn, _ = srv.accept()  # the leader reconnects every 100 ms
+            try:
+                conn.settimeout(10)
+                nonce_l = os.urandom(32)
+                conn.sendall(AUTH_MAGIC + nonce_l)
+                pre = _recv_exact(conn, 24)
+                proto, sender, alen = struct.unpack("<QQQ", pre)
+                self.assertEqual((proto, sender), (1, lid))
+                addr = _recv_exact(conn, alen).rstrip(b"\x00")
+                self.assertEqual(addr, leader.raft.encode())
+                auth = _recv_exact(conn, 64)
+                nonce_c, mac = auth[:32], auth[32:]
+                self.assertEqual(mac, _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c,
+                                           lid, addr))
+                conn.sendall(os.urandom(32))
+                # Closed, and not one byte of a raft message came first.
+                self.assertEqual(conn.recv(1), b"")
+            finally:
+                conn.close()
+        finally:
+            srv.close()
+        wait_for(lambda: self.c.logs_contain("failed: the peer's authentication is wrong"), 5,
+                 "the failure in the leader's log")
+        self.assertGreater(_metric(leader.http, "idem_raft_connect_auth_failures_total"),
+                           before)
+        # The real follower again: it catches up over an authenticated connection.
+        self.c.start(fid)
+        self.c.wait_converged(3)
+
+
+class TestRaftSecretMismatch(ClusterTestCase):
+    """Node 3 starts with another raft.secret_file than nodes 1 and 2: it gets nothing of
+    theirs and they nothing of its, both ways refused; with none at all likewise. With the
+    right one it catches up."""
+    cluster_opts = dict(node_raft_secrets={3: "wrong-" + secrets.token_hex(20)})
+
+    def cluster_ready(self):
+        self.c.wait_leader(timeout=self.leader_timeout, ids=[1, 2])
+
+    def _isolated(self, what):
+        for i in range(5):
+            rc, out = self.c.ctl("claim", "%s-%d" % (what, i), "--fingerprint", "d" * 64,
+                                 ids=[1, 2])
+            self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        # Node 3 never hears of a leader nor applies an entry.
+        time.sleep(1.5)
+        st = self.c.status(ids=[3])
+        self.assertIsNotNone(st)
+        n3 = [x for x in st["nodes"] if x.get("id") == 3]
+        self.assertEqual(len(n3), 1, st)
+        # Its own status: no leader, nothing applied past the bootstrap configuration.
+        self.assertIsNone(n3[0]["leader_id"], st)
+        self.assertLessEqual(n3[0]["applied_index"], 1, st)
+        self.assertNotEqual(n3[0]["role"], "follower", st)
+
+    def test_a_node_with_another_secret_or_none_cannot_join(self):
+        self._isolated("wrong")
+        self.assertTrue(self.c.logs_contain("raft connection refused: authentication failed"))
+        # Node 3, a candidate, keeps asking both for votes: both refuse it. The leader's
+        # connections to node 3 are refused there.
+        for nid in (1, 2):
+            http = self.c.nodes[nid].http
+            self.assertGreater(_metric(http, "idem_raft_connections_refused_total"), 0)
+        lid = self.c.leader(ids=[1, 2])
+        self.assertGreater(_metric(self.c.nodes[lid].http,
+                                   "idem_raft_connect_auth_failures_total"), 0)
+        # Each reason is logged once per 10 s with a count, not once per 100 ms retry.
+        with open(self.c.nodes[1].log, "rb") as f:
+            self.assertLess(f.read().count(b"raft connection"), 10)
+
+        # No secret at all on node 3: still refused both ways, and it warns at start.
+        self.c.stop(3)
+        self.c.node_raft_secrets[3] = None
+        self.c._write_config(self.c.nodes[3], self.c.bootstrap)
+        self.c.start(3)
+        wait_for(lambda: self.c.logs_contain("raft.secret_file is not set"), 10, "the warning")
+        self._isolated("none")
+
+        # The right secret: node 3 catches up with everything committed meanwhile.
+        self.c.stop(3)
+        del self.c.node_raft_secrets[3]
+        self.c._write_config(self.c.nodes[3], self.c.bootstrap)
+        self.c.start(3)
         self.c.wait_converged(3)
 
 

@@ -152,6 +152,9 @@ idem_start() {
   ADMIN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   declare -gA RAFT RPC HTTP PROXY
   local i j
+  # Raft connections authenticated, as tools/quickstart.sh sets them up.
+  head -c32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/raft.secret"
+  chmod 600 "$TMP/raft.secret"
   for i in 1 2 3; do
     RAFT[$i]=127.0.0.1:$(free_port); RPC[$i]=127.0.0.1:$(free_port)
     HTTP[$i]=127.0.0.1:$(free_port); PROXY[$i]=127.0.0.1:$(free_port)
@@ -169,6 +172,8 @@ idem_start() {
       for j in 1 2 3; do
         echo "    - {id: $j, raft_address: ${RAFT[$j]}, rpc_address: ${RPC[$j]}, http_address: ${HTTP[$j]}}"
       done
+      echo "raft:"
+      echo "  secret_file: $TMP/raft.secret"
       echo "admin:"
       echo "  token_sha256: $(sha "$ADMIN")"
       echo "tenants:"
