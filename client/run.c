@@ -134,6 +134,32 @@ static int completionOf(int cls)
     }
 }
 
+/* Sets up r's lock and its condition (timed on CLOCK_MONOTONIC, as renewerMain waits) and
+ * starts the renewer on *th. False if any of it failed; nothing is left to destroy then. */
+static bool renewerStart(struct renewer *r, pthread_t *th)
+{
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        return false;
+    }
+    bool ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+              pthread_cond_init(&r->cond, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!ok) {
+        return false;
+    }
+    if (pthread_mutex_init(&r->mu, NULL) != 0) {
+        pthread_cond_destroy(&r->cond);
+        return false;
+    }
+    if (pthread_create(th, NULL, renewerMain, r) != 0) {
+        pthread_cond_destroy(&r->cond);
+        pthread_mutex_destroy(&r->mu);
+        return false;
+    }
+    return true;
+}
+
 int idem_run(struct idem_client *c, const char *key,
              const uint8_t fingerprint[IDEM_FINGERPRINT_LEN], const struct idem_claim_opts *opts,
              idem_run_fn fn, void *arg, struct idem_result *out)
@@ -177,14 +203,8 @@ int idem_run(struct idem_client *c, const char *key,
                         .lease_est_ms = lease,
                         .lease_end = claim_sent + lease,
                         .last_ok = claim_sent};
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r.cond, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&r.mu, NULL);
     pthread_t th;
-    if (pthread_create(&th, NULL, renewerMain, &r) != 0) {
+    if (!renewerStart(&r, &th)) {
         /* Without renewals a slow fn could lose its lease unnoticed: fn does not run, and
          * the claim is given back. */
         struct idem_result rel;
@@ -194,8 +214,6 @@ int idem_run(struct idem_client *c, const char *key,
         snprintf(rwhy, sizeof rwhy, "%s",
                  rrv != IDEM_OK ? idem_strerror(rrv) : idem_outcome_name(rel.outcome));
         idem_result_free(&rel);
-        pthread_cond_destroy(&r.cond);
-        pthread_mutex_destroy(&r.mu);
         idem_result_free(out);
         if (released) {
             IdemResultFail(out, "cannot start the lease renewal thread; claim released");
