@@ -1430,8 +1430,7 @@ static int parseProxies(struct ctx *c, const struct field *f, struct config *cfg
 }
 
 /* Neither secret may also be a token: whoever holds that token could then act for any
- * tenant (the cluster secret) or speak Raft to every node (the Raft secret). The two may be
- * the same: both are shared by the members alone. */
+ * tenant (the cluster secret) or speak Raft to every node (the Raft secret). */
 static int checkOneSecret(struct ctx *c, const struct config *cfg,
                           const struct config_secret *sec, const yaml_node_t *at,
                           const char *name)
@@ -1459,7 +1458,21 @@ static int checkSecret(struct ctx *c, const struct config *cfg)
                        "rpc.cluster_secret_file") != 0) {
         return -1;
     }
-    return checkOneSecret(c, cfg, &cfg->raft.secret, c->raft_secret_node, "raft.secret_file");
+    if (checkOneSecret(c, cfg, &cfg->raft.secret, c->raft_secret_node, "raft.secret_file") != 0) {
+        return -1;
+    }
+    /* Nor may the two secrets be one: followers send the cluster secret to the leader as a
+     * bearer token, in the clear unless tls.rpc is on, while the Raft secret never leaves a
+     * node (transport.h sends only MACs made with it). */
+    if (cfg->raft.secret.set && cfg->rpc.cluster_secret.set &&
+        CRYPTO_memcmp(cfg->raft.secret.sha256, cfg->rpc.cluster_secret.sha256,
+                      CONFIG_HASH_LEN) == 0) {
+        return failNode(c, c->raft_secret_node,
+                        "raft.secret_file: the secret is the cluster secret "
+                        "(rpc.cluster_secret_file), which followers send to the leader as a "
+                        "token; it must differ");
+    }
+    return 0;
 }
 
 static void setDefaults(struct config *cfg)

@@ -81,8 +81,8 @@ struct config_raft {
     uint32_t snapshot_nice;        /* added to the serialising thread's nice; 0..19, default 19 */
     bool pre_vote;                 /* default true */
     /* raft.secret_file: when set, every Raft connection is authenticated both ways with it
-     * (cluster/transport.h); every member needs the same one. Must differ from every token;
-     * may be the cluster secret's file. */
+     * (cluster/transport.h); every member needs the same one. Must differ from every token
+     * and from the cluster secret (which is sent over the RPC). */
     struct config_secret secret;
 };
 

@@ -21,7 +21,8 @@
 # .idem/nodeN.pid. .idem/env holds IDEM_CLUSTER, IDEM_TOKEN (tenant "demo") and
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
 # .idem/cluster.secret (mode 600) is the cluster secret every node's rpc.cluster_secret_file
-# names, and the secret that authenticates their Raft connections (raft.secret_file).
+# names; .idem/raft.secret (mode 600) the one that authenticates their Raft connections
+# (raft.secret_file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,6 +74,9 @@ if [ ! -f "$dir/env" ]; then
 fi
 if [ ! -s "$dir/cluster.secret" ]; then
   (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/cluster.secret")
+fi
+if [ ! -s "$dir/raft.secret" ]; then
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/raft.secret")
 fi
 # TLS: the PKI once, and the env's TLS lines matching this run.
 tls_yaml=
@@ -130,7 +134,7 @@ cluster:
     - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: 127.0.0.1:7002, http_address: 127.0.0.1:8002}
     - {id: 3, raft_address: 127.0.0.1:9003, rpc_address: 127.0.0.1:7003, http_address: 127.0.0.1:8003}
 raft:
-  secret_file: $PWD/$dir/cluster.secret
+  secret_file: $PWD/$dir/raft.secret
 rpc:
   cluster_secret_file: $PWD/$dir/cluster.secret
 admin:
