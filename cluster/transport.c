@@ -1,6 +1,7 @@
 #include "transport.h"
 #include "wire_check.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
@@ -33,45 +34,58 @@ uint64_t transport_auth_failed_total(void)
     return authFailedTotal;
 }
 
-/* Says why a connection was closed: at once the first time for each reason, then at most
- * once per TRANSPORT_LOG_INTERVAL_MS with how many were not said meanwhile (a misconfigured
- * peer reconnects every 100 ms). `what` names the side: "refused" (incoming) or "to node N
- * failed"; `why` is one of this file's string constants. */
-static void refusalLog(struct transport *t, const char *what, const char *why)
+/* Says why a connection was closed: at once the first time for each reason and peer, then
+ * at most once per TRANSPORT_LOG_INTERVAL_MS with how many were not said meanwhile (a
+ * misconfigured peer reconnects every 100 ms). `what` names the side: "refused from
+ * ADDRESS" (incoming; peer 0) or "to node N failed"; `why` is one of this file's string
+ * constants. */
+static void refusalLog(struct transport *t, raft_id peer, const char *what, const char *why)
 {
     uint64_t now = uv_now(t->loop);
     size_t i = 0;
-    while (i < TRANSPORT_LOG_REASONS && t->logged[i].why != NULL && t->logged[i].why != why) {
+    while (i < TRANSPORT_LOG_REASONS && t->logged[i].why != NULL &&
+           (t->logged[i].why != why || t->logged[i].peer != peer)) {
         i++;
     }
     if (i == TRANSPORT_LOG_REASONS) {
-        i = 0; /* not reached: fewer reasons than slots */
+        i = 0;
     }
-    if (t->logged[i].why == why && now - t->logged[i].log_ms < TRANSPORT_LOG_INTERVAL_MS) {
+    bool same = t->logged[i].why == why && t->logged[i].peer == peer;
+    if (same && now - t->logged[i].log_ms < TRANSPORT_LOG_INTERVAL_MS) {
         t->logged[i].unlogged++;
         return;
     }
-    if (t->logged[i].why == why && t->logged[i].unlogged > 0) {
+    if (same && t->logged[i].unlogged > 0) {
         fprintf(stderr, "idemd: raft connection %s: %s (%llu more in the last %u s)\n", what,
                 why, (unsigned long long)t->logged[i].unlogged, TRANSPORT_LOG_INTERVAL_MS / 1000);
     } else {
         fprintf(stderr, "idemd: raft connection %s: %s\n", what, why);
     }
     t->logged[i].why = why;
+    t->logged[i].peer = peer;
     t->logged[i].log_ms = now;
     t->logged[i].unlogged = 0;
 }
 
 /* ---- authentication ------------------------------------------------------------------- */
 
-/* mac = HMAC(t->key, label 0 nonce_l nonce_c id address): the connector's (label
- * "connector") or the listener's ("listener") proof, bound to both nonces and to the
- * connector's ID and address as its handshake gives them. */
+static size_t putLe64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+    return 8;
+}
+
+/* mac = HMAC(t->key, label 0 nonce_l nonce_c id target address): the connector's (label
+ * "connector") or the listener's ("listener") proof, bound to both nonces, to the
+ * connector's ID and address as its handshake gives them, and to the node it connects to
+ * (target). */
 static bool authMac(const struct transport *t, const char *label, const uint8_t *nonce_l,
-                    const uint8_t *nonce_c, raft_id id, const char *address,
+                    const uint8_t *nonce_c, raft_id id, raft_id target, const char *address,
                     uint8_t mac[TRANSPORT_MAC_LEN])
 {
-    uint8_t msg[16 + 2 * TRANSPORT_NONCE_LEN + 8 + TRANSPORT_ADDRESS_MAX];
+    uint8_t msg[16 + 2 * TRANSPORT_NONCE_LEN + 16 + TRANSPORT_ADDRESS_MAX];
     size_t label_len = strlen(label) + 1; /* with its NUL */
     size_t addr_len = strnlen(address, TRANSPORT_ADDRESS_MAX);
     size_t n = 0;
@@ -81,9 +95,8 @@ static bool authMac(const struct transport *t, const char *label, const uint8_t 
     n += TRANSPORT_NONCE_LEN;
     memcpy(msg + n, nonce_c, TRANSPORT_NONCE_LEN);
     n += TRANSPORT_NONCE_LEN;
-    for (int i = 0; i < 8; i++) {
-        msg[n++] = (uint8_t)(id >> (8 * i));
-    }
+    n += putLe64(msg + n, id);
+    n += putLe64(msg + n, target);
     memcpy(msg + n, address, addr_len);
     n += addr_len;
     unsigned int len = 0;
@@ -192,7 +205,17 @@ static void incomingEnd(struct incoming *in, const char *why)
     if (why != NULL) {
         t->refused++;
         refusedTotal++;
-        refusalLog(t, "refused", why);
+        char what[80] = "refused";
+        struct sockaddr_storage sa;
+        int len = sizeof(sa);
+        char ip[INET6_ADDRSTRLEN];
+        if (uv_tcp_getpeername(in->tcp, (struct sockaddr *)&sa, &len) == 0 &&
+            sa.ss_family == AF_INET &&
+            uv_ip4_name((const struct sockaddr_in *)&sa, ip, sizeof(ip)) == 0) {
+            snprintf(what, sizeof(what), "refused from %s:%u", ip,
+                     (unsigned)ntohs(((const struct sockaddr_in *)&sa)->sin_port));
+        }
+        refusalLog(t, 0, what, why);
     }
     incomingUnlink(in);
     t->n_closing_incoming++;
@@ -269,13 +292,13 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     } else {
         uint8_t want[TRANSPORT_MAC_LEN], mine[TRANSPORT_MAC_LEN];
         const uint8_t *nonce_c = in->auth;
-        if (!authMac(t, "connector", in->nonce_l, nonce_c, id, in->addr, want) ||
+        if (!authMac(t, "connector", in->nonce_l, nonce_c, id, t->id, in->addr, want) ||
             CRYPTO_memcmp(want, in->auth + TRANSPORT_NONCE_LEN, sizeof(want)) != 0) {
             incomingEnd(in, "authentication failed (the peer has another raft.secret_file, "
                             "or none)");
             return;
         }
-        if (!authMac(t, "listener", in->nonce_l, nonce_c, id, in->addr, mine) ||
+        if (!authMac(t, "listener", in->nonce_l, nonce_c, id, t->id, in->addr, mine) ||
             !authSend(s, mine, sizeof(mine))) {
             incomingEnd(in, "cannot answer the authentication");
             return;
@@ -322,8 +345,13 @@ static void listenCb(uv_stream_t *l, int status)
         return;
     }
     if (t->n_incoming > TRANSPORT_HANDSHAKES_MAX) {
-        incomingEnd(in, "too many handshakes in progress");
-        return;
+        /* The oldest unfinished handshake goes, not the new one: connections that are held
+         * open cannot keep the members (who finish in a round trip) out. */
+        struct incoming *oldest = t->incoming;
+        while (oldest->next != NULL) {
+            oldest = oldest->next;
+        }
+        incomingEnd(oldest, "too many handshakes in progress (the oldest closed)");
     }
     uv_timer_start(&in->timer, incomingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
     if (t->auth) {
@@ -448,7 +476,7 @@ static void outgoingFail(struct outgoing *og, const char *why)
         authFailedTotal++;
         char what[48];
         snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)og->peer);
-        refusalLog(t, what, why);
+        refusalLog(t, og->peer, what, why);
     } else {
         og->status = RAFT_CANCELED;
     }
@@ -460,9 +488,14 @@ static void outgoingFail(struct outgoing *og, const char *why)
     uv_close((uv_handle_t *)og->stream, outgoingClosedCb);
 }
 
+/* The timer of an authentication that succeeded: the stream is raft's already. */
 static void outgoingTimerClosedCb(uv_handle_t *h)
 {
-    free(h->data);
+    struct outgoing *og = h->data;
+    struct transport *t = og->t;
+    free(og);
+    t->n_closing_outgoing--;
+    maybeClosed(t);
 }
 
 static void outgoingTimeoutCb(uv_timer_t *timer)
@@ -503,7 +536,7 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         memcpy(og->nonce_l, og->buf + 8, sizeof(og->nonce_l));
         uint8_t answer[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN];
         if (RAND_bytes(og->nonce_c, sizeof(og->nonce_c)) != 1 ||
-            !authMac(t, "connector", og->nonce_l, og->nonce_c, t->id, t->address,
+            !authMac(t, "connector", og->nonce_l, og->nonce_c, t->id, og->peer, t->address,
                      answer + TRANSPORT_NONCE_LEN)) {
             outgoingFail(og, "cannot compute the authentication");
             return;
@@ -519,7 +552,7 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     uint8_t want[TRANSPORT_MAC_LEN];
-    if (!authMac(t, "listener", og->nonce_l, og->nonce_c, t->id, t->address, want) ||
+    if (!authMac(t, "listener", og->nonce_l, og->nonce_c, t->id, og->peer, t->address, want) ||
         CRYPTO_memcmp(want, og->buf, sizeof(want)) != 0) {
         outgoingFail(og, "the peer's authentication is wrong (it has another "
                          "raft.secret_file)");
@@ -532,7 +565,7 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     struct raft_uv_connect *outer = og->outer;
     uv_stream_t *stream = og->stream;
     uv_timer_stop(&og->timer);
-    og->timer.data = og;
+    t->n_closing_outgoing++;
     uv_close((uv_handle_t *)&og->timer, outgoingTimerClosedCb);
     outer->cb(outer, stream, 0);
 }
@@ -637,6 +670,7 @@ int transport_init(struct transport *t, uv_loop_t *loop, const uint8_t *secret,
     }
     int rv = raft_uv_tcp_init(&t->inner, loop);
     if (rv != 0) {
+        OPENSSL_cleanse(t->key, sizeof(t->key));
         return rv;
     }
     t->inner.data = t;

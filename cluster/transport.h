@@ -10,28 +10,34 @@
  * as given), with no time limit and no cap on connections that have not finished one:
  * anyone who reached the Raft port could hold memory and file descriptors. Ours reads the
  * same handshake with the address at most TRANSPORT_ADDRESS_MAX bytes and NUL-terminated,
- * within TRANSPORT_HANDSHAKE_TIMEOUT_MS, at most TRANSPORT_HANDSHAKES_MAX at once; a
- * connection that breaks a rule is closed (and said so on stderr, 100 times at most).
- * Then it hands the stream to raft_uv, as raft_uv_tcp does, having read nothing past the
- * handshake. Messages themselves are checked by wire_check.h.
+ * within TRANSPORT_HANDSHAKE_TIMEOUT_MS, at most TRANSPORT_HANDSHAKES_MAX at once (a new
+ * connection past that closes the oldest unfinished one: whoever holds the slots open
+ * cannot lock the members out, who finish theirs in a round trip); a connection that
+ * breaks a rule is closed and said so on stderr (below). Then it hands the stream to
+ * raft_uv, as raft_uv_tcp does, having read nothing past the handshake. Messages
+ * themselves are checked by wire_check.h.
  *
  * With a secret (raft.secret_file), every connection is authenticated both ways before
  * raft has it, with HMAC-SHA256 under a key derived from the secret (K = HMAC(secret,
  * TRANSPORT_AUTH_LABEL)). A connection goes:
  *   listener  -> connector: TRANSPORT_AUTH_MAGIC (8 bytes), nonce_l (32), sent on accept;
  *   connector -> listener:  raft_uv_tcp's handshake, as without a secret;
- *   connector -> listener:  nonce_c (32), HMAC(K, "connector" 0 nonce_l nonce_c id address);
- *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id address),
+ *   connector -> listener:  nonce_c (32), HMAC(K, "connector" 0 nonce_l nonce_c id target
+ *                           address);
+ *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id target address),
  * where id (u64 little endian) and address (without its NUL) are the connector's, from the
- * handshake. The listener hands the stream to raft once the connector's MAC is right; the
+ * handshake, and target (u64 little endian) the ID of the node it means to reach: a
+ * connection one member opened to another cannot be passed on to a third (whoever took a
+ * stopped member's port could otherwise relay a member's MACs to a live node). The
+ * listener hands the stream to raft once the connector's MAC is right; the
  * connector hands it to raft (which then sends its first message) once the listener's is.
  * Whoever does not hold the secret gets no stream into raft, and a connector does not send
  * raft's messages to a listener that does not hold it. A wrong MAC, a peer that closes,
  * or no answer within TRANSPORT_HANDSHAKE_TIMEOUT_MS closes the connection; raft_uv
- * retries its connections every 100 ms, so each reason for a refusal is logged at most once
- * per TRANSPORT_LOG_INTERVAL_MS with a count. What this does not cover: the messages after the
- * exchange are neither encrypted nor signed, so whoever can read or inject packets on the
- * path between two members still can. */
+ * retries its connections every 100 ms, so each reason (per peer, for connections we made)
+ * is logged at most once per TRANSPORT_LOG_INTERVAL_MS with a count. What this does not
+ * cover: the messages after the exchange are neither encrypted nor signed, so whoever can
+ * read, divert or inject packets on the path between two members still can. */
 #ifndef IDEM_CLUSTER_TRANSPORT_H
 #define IDEM_CLUSTER_TRANSPORT_H
 
@@ -51,7 +57,7 @@
 #define TRANSPORT_NONCE_LEN 32
 #define TRANSPORT_MAC_LEN 32
 #define TRANSPORT_LOG_INTERVAL_MS 10000
-#define TRANSPORT_LOG_REASONS 16 /* more than transport.c has */
+#define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses its first slot */
 
 struct incoming;
 struct outgoing;
@@ -76,6 +82,7 @@ struct transport {
     uint64_t refused;          /* connections closed for breaking the handshake's rules */
     struct {
         const char *why;       /* a string constant of transport.c; NULL: free */
+        raft_id peer;          /* the node we connected to; 0 for incoming connections */
         uint64_t log_ms;       /* uv_now when it was last logged */
         uint64_t unlogged;     /* refusals for it since */
     } logged[TRANSPORT_LOG_REASONS];

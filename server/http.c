@@ -1161,7 +1161,9 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "# TYPE idem_raft_connections_refused_total counter\n"
              "idem_raft_connections_refused_total %llu\n"
              "# HELP idem_raft_connect_auth_failures_total Raft connections to peers closed "
-             "because the peer's authentication was wrong or missing.\n"
+             "before raft had them: the peer's authentication was wrong, or it closed the "
+             "connection or did not answer within 10 s (another secret, none, or it "
+             "stopped).\n"
              "# TYPE idem_raft_connect_auth_failures_total counter\n"
              "idem_raft_connect_auth_failures_total %llu\n",
              (unsigned long long)wire_check_refused(),

@@ -379,14 +379,21 @@ class ClusterTestCase(unittest.TestCase):
 
     # Tests that send malformed Raft messages on purpose (test_raft_port) set this.
     malformed_raft_expected = False
+    # And those that make Raft authentication fail on purpose (a wrong raft.secret_file).
+    raft_auth_failure_expected = False
 
     def tearDown(self):
         result = self._outcome.result
         if any(t is self for t, _ in result.failures + result.errors):
             print(self.c.logs())
         refused = self.c.logs_contain("refused a malformed raft message")
+        # A wrong MAC is never a race: between members with one secret it would be a bug.
+        auth_failed = (self.c.logs_contain(": authentication failed (")
+                       or self.c.logs_contain("the peer's authentication is wrong"))
         self.c.close()
         # Between the nodes themselves every Raft message is well formed: a refusal by the
         # check in front of libraft's decoder (cluster/wire_check.h) would be its bug.
         if not self.malformed_raft_expected:
             self.assertFalse(refused, "a node refused a Raft message from its peers")
+        if not self.raft_auth_failure_expected:
+            self.assertFalse(auth_failed, "Raft authentication failed between the members")

@@ -60,27 +60,31 @@ def _recv_exact(s, n):
     return buf
 
 
-def _mac(secret, label, nonce_l, nonce_c, sender_id, address):
+def _mac(secret, label, nonce_l, nonce_c, sender_id, target_id, address):
     key = hmac.new(secret.encode(), AUTH_LABEL, hashlib.sha256).digest()
-    msg = label + b"\x00" + nonce_l + nonce_c + struct.pack("<Q", sender_id) + address
+    msg = (label + b"\x00" + nonce_l + nonce_c + struct.pack("<QQ", sender_id, target_id)
+           + address)
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
-def _connect(addr, secret, sender_id=99, address=b"127.0.0.1:1", mac_secret=None):
-    """A connection to a node's Raft port that did what a member does before raft's first
-    message: read the greeting, send the handshake and our MAC (under mac_secret if given),
-    read and check the node's. Returns (socket, the node's MAC or b"" if it closed)."""
+def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_secret=None,
+             mac_target=None):
+    """A connection to node target_id's Raft port that did what a member does before raft's
+    first message: read the greeting, send the handshake and our MAC (under mac_secret, for
+    mac_target, if given), read and check the node's. Returns (socket, the node's MAC or b""
+    if it closed)."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
     hello = _recv_exact(s, 8 + 32)
     assert hello[:8] == AUTH_MAGIC, hello
     nonce_l, nonce_c = hello[8:], os.urandom(32)
-    mine = _mac(mac_secret or secret, b"connector", nonce_l, nonce_c, sender_id, address)
+    mine = _mac(mac_secret or secret, b"connector", nonce_l, nonce_c, sender_id,
+                target_id if mac_target is None else mac_target, address)
     s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + mine)
     theirs = _recv_exact(s, 32)
     if theirs:
-        assert theirs == _mac(secret, b"listener", nonce_l, nonce_c, sender_id, address), \
-            "the node's MAC is not the listener's"
+        assert theirs == _mac(secret, b"listener", nonce_l, nonce_c, sender_id, target_id,
+                              address), "the node's MAC is not the listener's"
     return s, theirs
 
 
@@ -131,9 +135,10 @@ MALFORMED = {
 
 class TestRaftPort(ClusterTestCase):
     malformed_raft_expected = True
+    raft_auth_failure_expected = True
 
-    def _send(self, addr, payload):
-        s, theirs = _connect(addr, self.c.raft_secret)
+    def _send(self, nid, payload):
+        s, theirs = _connect(self.c.nodes[nid].raft, self.c.raft_secret, nid)
         try:
             self.assertEqual(len(theirs), 32, "authenticated with the cluster's secret")
             s.sendall(payload)
@@ -163,21 +168,32 @@ class TestRaftPort(ClusterTestCase):
         self.assertTrue(self._closed_at_once(node.raft, _u64(1, 99, 1 << 40)))
         self.assertTrue(self._closed_at_once(node.raft, _u64(2, 99, 16) + b"127.0.0.1:1\x00" * 2))
         self.assertTrue(self._closed_at_once(node.raft, _u64(1, 99, 8) + b"12345678"))
-        # At most 64 handshakes at once: the 65th connection is closed at once.
+        # At most 64 handshakes at once: the 65th connection closes the oldest unfinished
+        # one, so connections held open cannot lock the members out.
         host, port = node.raft.rsplit(":", 1)
         silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
         try:
-            self.assertTrue(self._closed_at_once(node.raft, b""))
+            time.sleep(0.2)  # every one accepted, in order
+            newest = socket.create_connection((host, int(port)), timeout=10)
+            silent.append(newest)
+            self.assertTrue(_closed(silent[0], 5))
+            self.assertFalse(_closed(silent[1], 0.2))
+            # A member still gets in while they are held: the cluster commits.
+            rc, out = self.c.ctl("claim", "while-held", "--fingerprint", "e" * 64)
+            self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
             # A handshake unfinished after 10 s is closed (after the greeting it sent).
-            self.assertTrue(_closed(silent[0], 20))
+            self.assertTrue(_closed(newest, 20))
         finally:
             for s in silent:
                 s.close()
         logs = self.c.logs()
         for why in ("handshake address length out of range", "unknown handshake protocol",
-                    "handshake address not terminated", "too many handshakes in progress",
+                    "handshake address not terminated",
+                    "too many handshakes in progress (the oldest closed)",
                     "no handshake within 10 s"):
-            self.assertTrue(self.c.logs_contain("raft connection refused: " + why), why)
+            self.assertTrue(self.c.logs_contain(": " + why), why)
+        # Each refusal names the peer it came from.
+        self.assertTrue(self.c.logs_contain("raft connection refused from 127.0.0.1:"))
         self.assertIsNone(node.proc.poll(), logs)
         # The peers' own connections were never refused: the cluster commits.
         rc, out = self.c.ctl("claim", "after-handshakes", "--fingerprint", "b" * 64)
@@ -191,7 +207,7 @@ class TestRaftPort(ClusterTestCase):
             node = self.c.nodes[target]
             for name, payload in MALFORMED.items():
                 with self.subTest(node=target, message=name):
-                    self._send(node.raft, payload)
+                    self._send(target, payload)
                     self.assertIsNone(node.proc.poll(), "node %d died on: %s\n%s"
                                       % (target, name, self.c.logs()))
         # Every message was refused and said so (never the bytes themselves).
@@ -225,7 +241,8 @@ class TestRaftPort(ClusterTestCase):
         self.assertTrue(self._closed_at_once(node.raft, _handshake() + crash))
         # The authentication under another secret: the node does not answer it with its
         # own MAC, and closes.
-        s, theirs = _connect(node.raft, self.c.raft_secret, mac_secret="another-" + "x" * 20)
+        s, theirs = _connect(node.raft, self.c.raft_secret, lid,
+                             mac_secret="another-" + "x" * 20)
         try:
             self.assertEqual(theirs, b"")
             s.sendall(crash)
@@ -240,15 +257,24 @@ class TestRaftPort(ClusterTestCase):
         s = socket.create_connection((host, int(port)), timeout=10)
         try:
             nonce_l, nonce_c = _recv_exact(s, 40)[8:], os.urandom(32)
-            mac = _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c, 98, b"127.0.0.1:1")
+            mac = _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c, 98, lid,
+                       b"127.0.0.1:1")
             s.sendall(_handshake(99) + nonce_c + mac)
             self.assertTrue(_closed(s, 5))
         finally:
             s.close()
+        # And a MAC made for a connection to another node (the MAC binds the target): one
+        # member's connection to a second cannot be relayed to a third.
+        other = [n for n in sorted(self.c.nodes) if n != lid][0]
+        s, theirs = _connect(node.raft, self.c.raft_secret, lid, mac_target=other)
+        try:
+            self.assertEqual(theirs, b"")
+        finally:
+            s.close()
         self.assertIsNone(node.proc.poll(), self.c.logs())
-        wait_for(lambda: self.c.logs_contain("raft connection refused: authentication failed"),
+        wait_for(lambda: self.c.logs_contain(": authentication failed ("),
                  5, "the refusal in the log")
-        self.assertEqual(_metric(node.http, "idem_raft_connections_refused_total"), before + 3)
+        self.assertEqual(_metric(node.http, "idem_raft_connections_refused_total"), before + 4)
         # Nothing got as far as raft's decoder: no message was refused there.
         self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 0)
         self.assertFalse(self.c.logs_contain("refused a malformed raft message"))
@@ -285,7 +311,7 @@ class TestRaftPort(ClusterTestCase):
                 auth = _recv_exact(conn, 64)
                 nonce_c, mac = auth[:32], auth[32:]
                 self.assertEqual(mac, _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c,
-                                           lid, addr))
+                                           lid, fid, addr))
                 conn.sendall(os.urandom(32))
                 # Closed, and not one byte of a raft message came first.
                 self.assertEqual(conn.recv(1), b"")
@@ -302,11 +328,40 @@ class TestRaftPort(ClusterTestCase):
         self.c.wait_converged(3)
 
 
+class TestRaftWithoutSecret(ClusterTestCase):
+    """Without raft.secret_file (the default): raft_uv's own handshake, no authentication;
+    the nodes warn at start, the cluster commits, and what reaches raft is still checked."""
+    cluster_opts = dict(raft_secret=None)
+    malformed_raft_expected = True
+
+    def test_a_cluster_without_the_secret_serves(self):
+        rc, out = self.c.ctl("claim", "no-secret", "--fingerprint", "f" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        self.c.wait_converged(3)
+        self.assertTrue(self.c.logs_contain("raft.secret_file is not set"))
+        lid = self.c.leader()
+        node = self.c.nodes[lid]
+        # No greeting: the node waits for the handshake, and the malformed message gets as
+        # far as the check in front of libraft's decoder.
+        host, port = node.raft.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            s.sendall(_handshake() + MALFORMED["entry of an invalid type"])
+            self.assertTrue(_closed(s, 5))
+        finally:
+            s.close()
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 1)
+        self.assertEqual(_metric(node.http, "idem_raft_connections_refused_total"), 0)
+        self.assertIsNone(node.proc.poll())
+        self.assertEqual(self.c.leader(), lid)
+
+
 class TestRaftSecretMismatch(ClusterTestCase):
     """Node 3 starts with another raft.secret_file than nodes 1 and 2: it gets nothing of
     theirs and they nothing of its, both ways refused; with none at all likewise. With the
     right one it catches up."""
     cluster_opts = dict(node_raft_secrets={3: "wrong-" + secrets.token_hex(20)})
+    raft_auth_failure_expected = True
 
     def cluster_ready(self):
         self.c.wait_leader(timeout=self.leader_timeout, ids=[1, 2])
@@ -329,7 +384,7 @@ class TestRaftSecretMismatch(ClusterTestCase):
 
     def test_a_node_with_another_secret_or_none_cannot_join(self):
         self._isolated("wrong")
-        self.assertTrue(self.c.logs_contain("raft connection refused: authentication failed"))
+        self.assertTrue(self.c.logs_contain(": authentication failed ("))
         # Node 3, a candidate, keeps asking both for votes: both refuse it. The leader's
         # connections to node 3 are refused there.
         for nid in (1, 2):
