@@ -1038,7 +1038,16 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
                 cfg->bootstrap[i].http_address);
     }
 
-    int rv = transport_init(&c->transport, loop, cfg->raft_secret, cfg->raft_secret_len);
+    struct transport_secret secrets[TRANSPORT_KEYS_MAX];
+    size_t n_secrets = 0;
+    if (cfg->raft_secret != NULL) {
+        secrets[n_secrets++] = (struct transport_secret){cfg->raft_secret, cfg->raft_secret_len};
+        if (cfg->raft_previous_secret != NULL) {
+            secrets[n_secrets++] = (struct transport_secret){cfg->raft_previous_secret,
+                                                             cfg->raft_previous_secret_len};
+        }
+    }
+    int rv = transport_init(&c->transport, loop, secrets, n_secrets);
     if (rv != 0) {
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         goto err_free;

@@ -65,9 +65,12 @@ struct cluster_config {
     unsigned snapshot_nice;          /* niced_run increment for snapshot_write */
     bool pre_vote;
     /* Borrowed for cluster_new only; NULL: Raft connections are not authenticated
-     * (transport.h). */
+     * (transport.h). The previous secret (or NULL) is accepted too, and used to connect to
+     * peers that do not have the current one yet. */
     const uint8_t *raft_secret;
     size_t raft_secret_len;
+    const uint8_t *raft_previous_secret;
+    size_t raft_previous_secret_len;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
 };

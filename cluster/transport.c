@@ -77,11 +77,11 @@ static size_t putLe64(uint8_t *p, uint64_t v)
     return 8;
 }
 
-/* mac = HMAC(t->key, label 0 nonce_l nonce_c id target address): the connector's (label
+/* mac = HMAC(key, label 0 nonce_l nonce_c id target address): the connector's (label
  * "connector") or the listener's ("listener") proof, bound to both nonces, to the
  * connector's ID and address as its handshake gives them, and to the node it connects to
  * (target). */
-static bool authMac(const struct transport *t, const char *label, const uint8_t *nonce_l,
+static bool authMac(const uint8_t key[TRANSPORT_MAC_LEN], const char *label, const uint8_t *nonce_l,
                     const uint8_t *nonce_c, raft_id id, raft_id target, const char *address,
                     uint8_t mac[TRANSPORT_MAC_LEN])
 {
@@ -100,7 +100,7 @@ static bool authMac(const struct transport *t, const char *label, const uint8_t 
     memcpy(msg + n, address, addr_len);
     n += addr_len;
     unsigned int len = 0;
-    return HMAC(EVP_sha256(), t->key, sizeof(t->key), msg, n, mac, &len) != NULL &&
+    return HMAC(EVP_sha256(), key, TRANSPORT_MAC_LEN, msg, n, mac, &len) != NULL &&
            len == TRANSPORT_MAC_LEN;
 }
 
@@ -108,7 +108,8 @@ static bool authMac(const struct transport *t, const char *label, const uint8_t 
  * before it completes: the request is its own allocation, freed by its callback. */
 struct authWrite {
     uv_write_t req;
-    uint8_t data[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN + 8];
+    uint8_t data[TRANSPORT_GREETING_LEN > TRANSPORT_ANSWER_LEN ? TRANSPORT_GREETING_LEN
+                                                               : TRANSPORT_ANSWER_LEN];
 };
 
 static void authWriteCb(uv_write_t *req, int status)
@@ -158,9 +159,9 @@ struct incoming {
     uv_timer_t timer;
     uint8_t pre[24];
     char addr[TRANSPORT_ADDRESS_MAX];
-    uint8_t auth[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN]; /* nonce_c, the connector's MAC */
+    uint8_t auth[TRANSPORT_ANSWER_LEN]; /* nonce_c, KID, the connector's MAC */
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
-    size_t want;    /* bytes of the part being read: 24, the address length, then 64 */
+    size_t want;    /* bytes of the part being read: 24, the address length, then 72 */
     size_t got;
     enum { PART_PRE, PART_ADDRESS, PART_AUTH } part;
     int closing;    /* handles (tcp, timer) still to close */
@@ -292,13 +293,20 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     } else {
         uint8_t want[TRANSPORT_MAC_LEN], mine[TRANSPORT_MAC_LEN];
         const uint8_t *nonce_c = in->auth;
-        if (!authMac(t, "connector", in->nonce_l, nonce_c, id, t->id, in->addr, want) ||
-            CRYPTO_memcmp(want, in->auth + TRANSPORT_NONCE_LEN, sizeof(want)) != 0) {
+        const uint8_t *kid = in->auth + TRANSPORT_NONCE_LEN;
+        const uint8_t *mac = kid + TRANSPORT_KID_LEN;
+        size_t k = 0;
+        while (k < t->n_keys && memcmp(t->kid[k], kid, TRANSPORT_KID_LEN) != 0) {
+            k++;
+        }
+        if (k == t->n_keys ||
+            !authMac(t->key[k], "connector", in->nonce_l, nonce_c, id, t->id, in->addr, want) ||
+            CRYPTO_memcmp(want, mac, sizeof(want)) != 0) {
             incomingEnd(in, "authentication failed (the peer has another raft.secret_file, "
                             "or none)");
             return;
         }
-        if (!authMac(t, "listener", in->nonce_l, nonce_c, id, t->id, in->addr, mine) ||
+        if (!authMac(t->key[k], "listener", in->nonce_l, nonce_c, id, t->id, in->addr, mine) ||
             !authSend(s, mine, sizeof(mine))) {
             incomingEnd(in, "cannot answer the authentication");
             return;
@@ -355,13 +363,17 @@ static void listenCb(uv_stream_t *l, int status)
     }
     uv_timer_start(&in->timer, incomingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
     if (t->auth) {
-        uint8_t hello[8 + TRANSPORT_NONCE_LEN];
+        uint8_t hello[TRANSPORT_GREETING_LEN] = {0};
         memcpy(hello, TRANSPORT_AUTH_MAGIC, 8);
         if (RAND_bytes(in->nonce_l, sizeof(in->nonce_l)) != 1) {
             incomingEnd(in, "no random bytes for the authentication");
             return;
         }
         memcpy(hello + 8, in->nonce_l, sizeof(in->nonce_l));
+        for (size_t k = 0; k < t->n_keys; k++) {
+            memcpy(hello + 8 + TRANSPORT_NONCE_LEN + k * TRANSPORT_KID_LEN, t->kid[k],
+                   TRANSPORT_KID_LEN);
+        }
         if (!authSend((uv_stream_t *)tcp, hello, sizeof(hello))) {
             incomingEnd(in, "cannot start the authentication");
             return;
@@ -423,12 +435,13 @@ struct outgoing {
     raft_id peer;
     uv_stream_t *stream; /* raft_uv_tcp's (raft_malloc'd) */
     uv_timer_t timer;
-    uint8_t buf[8 + TRANSPORT_NONCE_LEN]; /* magic and nonce_l, then the listener's MAC */
+    uint8_t buf[TRANSPORT_GREETING_LEN]; /* the greeting, then the listener's MAC */
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
     uint8_t nonce_c[TRANSPORT_NONCE_LEN];
     size_t want;
     size_t got;
-    bool greeted;  /* magic and nonce_l read, our MAC sent */
+    bool greeted;  /* the greeting read, our MAC sent */
+    size_t key;    /* the key both have: t->key[key] */
     int status;    /* for raft's callback when it failed: RAFT_NOCONNECTION or _CANCELED */
     int closing;   /* handles (stream, timer) still to close */
     struct outgoing *prev, *next;
@@ -534,14 +547,33 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         memcpy(og->nonce_l, og->buf + 8, sizeof(og->nonce_l));
-        uint8_t answer[TRANSPORT_NONCE_LEN + TRANSPORT_MAC_LEN];
+        /* Our newest key that the listener has. */
+        static const uint8_t none[TRANSPORT_KID_LEN];
+        size_t k = 0;
+        bool found = false;
+        for (; k < t->n_keys && !found; k++) {
+            for (size_t j = 0; j < TRANSPORT_KEYS_MAX && !found; j++) {
+                const uint8_t *theirs = og->buf + 8 + TRANSPORT_NONCE_LEN + j * TRANSPORT_KID_LEN;
+                found = memcmp(theirs, none, TRANSPORT_KID_LEN) != 0 &&
+                        memcmp(theirs, t->kid[k], TRANSPORT_KID_LEN) == 0;
+            }
+        }
+        if (!found) {
+            outgoingFail(og, "the peer has none of this node's raft secrets (another "
+                             "raft.secret_file)");
+            return;
+        }
+        og->key = k - 1;
+        uint8_t answer[TRANSPORT_ANSWER_LEN];
+        uint8_t *mac = answer + TRANSPORT_NONCE_LEN + TRANSPORT_KID_LEN;
         if (RAND_bytes(og->nonce_c, sizeof(og->nonce_c)) != 1 ||
-            !authMac(t, "connector", og->nonce_l, og->nonce_c, t->id, og->peer, t->address,
-                     answer + TRANSPORT_NONCE_LEN)) {
+            !authMac(t->key[og->key], "connector", og->nonce_l, og->nonce_c, t->id, og->peer,
+                     t->address, mac)) {
             outgoingFail(og, "cannot compute the authentication");
             return;
         }
         memcpy(answer, og->nonce_c, sizeof(og->nonce_c));
+        memcpy(answer + TRANSPORT_NONCE_LEN, t->kid[og->key], TRANSPORT_KID_LEN);
         if (!authSend(s, answer, sizeof(answer))) {
             outgoingFail(og, "cannot send the authentication");
             return;
@@ -552,7 +584,8 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     uint8_t want[TRANSPORT_MAC_LEN];
-    if (!authMac(t, "listener", og->nonce_l, og->nonce_c, t->id, og->peer, t->address, want) ||
+    if (!authMac(t->key[og->key], "listener", og->nonce_l, og->nonce_c, t->id, og->peer,
+                 t->address, want) ||
         CRYPTO_memcmp(want, og->buf, sizeof(want)) != 0) {
         outgoingFail(og, "the peer's authentication is wrong (it has another "
                          "raft.secret_file)");
@@ -654,18 +687,30 @@ static void transportClose(struct raft_uv_transport *o, raft_uv_transport_close_
     t->inner.close(&t->inner, closeCb);
 }
 
-int transport_init(struct transport *t, uv_loop_t *loop, const uint8_t *secret,
-                   size_t secret_len)
+int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_secret *secrets,
+                   size_t n_secrets)
 {
     memset(t, 0, sizeof(*t));
     t->loop = loop;
-    if (secret != NULL) {
-        unsigned int len = 0;
-        if (HMAC(EVP_sha256(), secret, (int)secret_len, (const uint8_t *)TRANSPORT_AUTH_LABEL,
-                 strlen(TRANSPORT_AUTH_LABEL), t->key, &len) == NULL ||
-            len != sizeof(t->key)) {
+    if (n_secrets > TRANSPORT_KEYS_MAX) {
+        return RAFT_INVALID;
+    }
+    for (size_t k = 0; k < n_secrets; k++) {
+        unsigned int len = 0, idlen = 0;
+        uint8_t id[TRANSPORT_MAC_LEN];
+        static const char idLabel[] = "key id";
+        if (HMAC(EVP_sha256(), secrets[k].value, (int)secrets[k].len,
+                 (const uint8_t *)TRANSPORT_AUTH_LABEL, strlen(TRANSPORT_AUTH_LABEL), t->key[k],
+                 &len) == NULL ||
+            len != TRANSPORT_MAC_LEN ||
+            HMAC(EVP_sha256(), t->key[k], TRANSPORT_MAC_LEN, (const uint8_t *)idLabel,
+                 sizeof(idLabel) - 1, id, &idlen) == NULL ||
+            idlen != TRANSPORT_MAC_LEN) {
+            OPENSSL_cleanse(t->key, sizeof(t->key));
             return RAFT_INVALID;
         }
+        memcpy(t->kid[k], id, TRANSPORT_KID_LEN);
+        t->n_keys = k + 1;
         t->auth = true;
     }
     int rv = raft_uv_tcp_init(&t->inner, loop);

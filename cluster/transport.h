@@ -19,11 +19,16 @@
  *
  * With a secret (raft.secret_file), every connection is authenticated both ways before
  * raft has it, with HMAC-SHA256 under a key derived from the secret (K = HMAC(secret,
- * TRANSPORT_AUTH_LABEL)). A connection goes:
- *   listener  -> connector: TRANSPORT_AUTH_MAGIC (8 bytes), nonce_l (32), sent on accept;
+ * TRANSPORT_AUTH_LABEL)). A node may hold a second, older secret
+ * (raft.previous_secret_file) while the members move from one to the other: it accepts
+ * both, and connects with the newest its peer knows. Each key is named by its ID,
+ * KID = the first 8 bytes of HMAC(K, "key id"). A connection goes:
+ *   listener  -> connector: TRANSPORT_AUTH_MAGIC (8 bytes), nonce_l (32), the KIDs of the
+ *                           listener's keys (8 each, TRANSPORT_KEYS_MAX of them; zeros for
+ *                           none), sent on accept;
  *   connector -> listener:  raft_uv_tcp's handshake, as without a secret;
- *   connector -> listener:  nonce_c (32), HMAC(K, "connector" 0 nonce_l nonce_c id target
- *                           address);
+ *   connector -> listener:  nonce_c (32), KID (8) of its first key the listener has,
+ *                           HMAC(K, "connector" 0 nonce_l nonce_c id target address);
  *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id target address),
  * where id (u64 little endian) and address (without its NUL) are the connector's, from the
  * handshake, and target (u64 little endian) the ID of the node it means to reach: a
@@ -56,11 +61,21 @@
 #define TRANSPORT_AUTH_LABEL "idemd raft transport 1"
 #define TRANSPORT_NONCE_LEN 32
 #define TRANSPORT_MAC_LEN 32
+#define TRANSPORT_KID_LEN 8
+#define TRANSPORT_KEYS_MAX 2 /* the current secret and the previous one */
+#define TRANSPORT_GREETING_LEN (8 + TRANSPORT_NONCE_LEN + TRANSPORT_KEYS_MAX * TRANSPORT_KID_LEN)
+#define TRANSPORT_ANSWER_LEN (TRANSPORT_NONCE_LEN + TRANSPORT_KID_LEN + TRANSPORT_MAC_LEN)
 #define TRANSPORT_LOG_INTERVAL_MS 10000
 #define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses its first slot */
 
 struct incoming;
 struct outgoing;
+
+/* A secret's bytes, borrowed for transport_init only. */
+struct transport_secret {
+    const uint8_t *value;
+    size_t len;
+};
 
 struct transport {
     struct raft_uv_transport outer; /* first member; hand &outer to raft_uv_init */
@@ -78,7 +93,9 @@ struct transport {
     size_t n_closing_outgoing; /* ended, their handles closing */
     raft_id id;                /* this node's */
     bool auth;                 /* a secret was given */
-    uint8_t key[TRANSPORT_MAC_LEN];
+    size_t n_keys;             /* 1..TRANSPORT_KEYS_MAX when auth; the first connects */
+    uint8_t key[TRANSPORT_KEYS_MAX][TRANSPORT_MAC_LEN];
+    uint8_t kid[TRANSPORT_KEYS_MAX][TRANSPORT_KID_LEN];
     uint64_t refused;          /* connections closed for breaking the handshake's rules */
     struct {
         const char *why;       /* a string constant of transport.c; NULL: free */
@@ -90,10 +107,11 @@ struct transport {
     bool inner_closed;
 };
 
-/* Initialises both layers on `loop`. secret (secret_len bytes, copied; NULL for none)
- * turns authentication on. 0 or a RAFT_* code. */
-int transport_init(struct transport *t, uv_loop_t *loop, const uint8_t *secret,
-                   size_t secret_len);
+/* Initialises both layers on `loop`. n_secrets (0..TRANSPORT_KEYS_MAX) secrets, newest
+ * first, turn authentication on: connections are made with the first the peer has, and
+ * accepted with any. 0 or a RAFT_* code. */
+int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_secret *secrets,
+                   size_t n_secrets);
 /* Releases raft_uv_tcp's memory (after raft_uv closed the transport). */
 void transport_close(struct transport *t);
 

@@ -61,6 +61,7 @@ struct ctx {
     const yaml_node_t *secret_node; /* rpc.cluster_secret_file's value, for the checks that
                                      * follow the tenants */
     const yaml_node_t *raft_secret_node; /* raft.secret_file's, likewise */
+    const yaml_node_t *raft_previous_node; /* raft.previous_secret_file's */
 };
 
 /* One key of a mapping, as mapFields() found it. */
@@ -663,14 +664,15 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         PRE_VOTE,
         SNAP_NICE,
         SECRET,
+        PREVIOUS,
         N
     };
     static const char *const keys[N] = {
         "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold", "snapshot_trailing",
         "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",    "pre_vote",
-        "snapshot_nice",        "secret_file"};
+        "snapshot_nice",        "secret_file",          "previous_secret_file"};
     struct field f[N];
-    char *secret_path = NULL;
+    char *secret_path = NULL, *previous_path = NULL;
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
         getU32(c, &f[ELECTION], 100, 60000, &r->election_timeout_ms) != 0 ||
         getU32(c, &f[HEARTBEAT], 10, 10000, &r->heartbeat_timeout_ms) != 0 ||
@@ -681,16 +683,37 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[SEGMENT], 1, 1024, &r->segment_size_mb) != 0 ||
         getU32(c, &f[SNAP_NICE], 0, 19, &r->snapshot_nice) != 0 ||
         getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0 ||
-        getPath(c, &f[SECRET], &secret_path) != 0) {
+        getPath(c, &f[SECRET], &secret_path) != 0 ||
+        getPath(c, &f[PREVIOUS], &previous_path) != 0) {
+        free(secret_path);
         return -1;
     }
     if (secret_path != NULL) {
         int rc = readSecret(c, &f[SECRET], secret_path, &r->secret);
         free(secret_path);
         if (rc != 0) {
+            free(previous_path);
             return -1;
         }
         c->raft_secret_node = f[SECRET].val;
+    }
+    if (previous_path != NULL) {
+        int rc = readSecret(c, &f[PREVIOUS], previous_path, &r->previous_secret);
+        free(previous_path);
+        if (rc != 0) {
+            return -1;
+        }
+        c->raft_previous_node = f[PREVIOUS].val;
+        if (!r->secret.set) {
+            return failNode(c, f[PREVIOUS].val,
+                            "raft.previous_secret_file needs raft.secret_file (the secret the "
+                            "members move to)");
+        }
+        if (CRYPTO_memcmp(r->secret.sha256, r->previous_secret.sha256, CONFIG_HASH_LEN) == 0) {
+            return failNode(c, f[PREVIOUS].val,
+                            "raft.previous_secret_file: the secret is raft.secret_file's; drop "
+                            "previous_secret_file, or name the old secret");
+        }
     }
     if (r->heartbeat_timeout_ms >= r->election_timeout_ms) {
         const yaml_node_t *at = present(&f[HEARTBEAT])  ? f[HEARTBEAT].val
@@ -1458,19 +1481,27 @@ static int checkSecret(struct ctx *c, const struct config *cfg)
                        "rpc.cluster_secret_file") != 0) {
         return -1;
     }
-    if (checkOneSecret(c, cfg, &cfg->raft.secret, c->raft_secret_node, "raft.secret_file") != 0) {
-        return -1;
-    }
-    /* Nor may the two secrets be one: followers send the cluster secret to the leader as a
-     * bearer token, in the clear unless tls.rpc is on, while the Raft secret never leaves a
-     * node (transport.h sends only MACs made with it). */
-    if (cfg->raft.secret.set && cfg->rpc.cluster_secret.set &&
-        CRYPTO_memcmp(cfg->raft.secret.sha256, cfg->rpc.cluster_secret.sha256,
-                      CONFIG_HASH_LEN) == 0) {
-        return failNode(c, c->raft_secret_node,
-                        "raft.secret_file: the secret is the cluster secret "
-                        "(rpc.cluster_secret_file), which followers send to the leader as a "
-                        "token; it must differ");
+    const struct {
+        const struct config_secret *sec;
+        const yaml_node_t *at;
+        const char *name;
+    } raft[] = {{&cfg->raft.secret, c->raft_secret_node, "raft.secret_file"},
+                {&cfg->raft.previous_secret, c->raft_previous_node, "raft.previous_secret_file"}};
+    for (size_t i = 0; i < sizeof raft / sizeof raft[0]; i++) {
+        if (checkOneSecret(c, cfg, raft[i].sec, raft[i].at, raft[i].name) != 0) {
+            return -1;
+        }
+        /* Nor may a Raft secret be the cluster secret: followers send that one to the leader
+         * as a bearer token, in the clear unless tls.rpc is on, while a Raft secret never
+         * leaves a node (transport.h sends only MACs made with it). */
+        if (raft[i].sec->set && cfg->rpc.cluster_secret.set &&
+            CRYPTO_memcmp(raft[i].sec->sha256, cfg->rpc.cluster_secret.sha256,
+                          CONFIG_HASH_LEN) == 0) {
+            return failNode(c, raft[i].at,
+                            "%s: the secret is the cluster secret (rpc.cluster_secret_file), "
+                            "which followers send to the leader as a token; it must differ",
+                            raft[i].name);
+        }
     }
     return 0;
 }
@@ -1694,7 +1725,8 @@ void config_free(struct config *c)
     free(c->tls.cert_file);
     free(c->tls.key_file);
     free(c->tls.ca_file);
-    const struct config_secret *secrets[] = {&c->rpc.cluster_secret, &c->raft.secret};
+    const struct config_secret *secrets[] = {&c->rpc.cluster_secret, &c->raft.secret,
+                                             &c->raft.previous_secret};
     for (size_t i = 0; i < sizeof secrets / sizeof secrets[0]; i++) {
         if (secrets[i]->value != NULL) {
             OPENSSL_cleanse(secrets[i]->value, secrets[i]->len);

@@ -84,6 +84,10 @@ struct config_raft {
      * (cluster/transport.h); every member needs the same one. Must differ from every token
      * and from the cluster secret (which is sent over the RPC). */
     struct config_secret secret;
+    /* raft.previous_secret_file: while the members move to a new secret, the old one, still
+     * accepted and used to connect to peers that do not have the new one yet. Needs
+     * secret_file; differs from it, from every token and from the cluster secret. */
+    struct config_secret previous_secret;
 };
 
 struct config_rpc {

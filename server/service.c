@@ -1156,6 +1156,8 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .pre_vote = cfg->raft.pre_vote,
         .raft_secret = cfg->raft.secret.value,
         .raft_secret_len = cfg->raft.secret.len,
+        .raft_previous_secret = cfg->raft.previous_secret.value,
+        .raft_previous_secret_len = cfg->raft.previous_secret.len,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,
     };

@@ -140,12 +140,14 @@ class Cluster:
     def __init__(self, n=3, snapshot_threshold=8192, snapshot_trailing=2048,
                  election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
-                 raft_secret=True, node_raft_secrets=None):
+                 raft_secret=True, node_raft_secrets=None, node_raft_previous=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
         self.raft_secret = secrets.token_hex(24) if raft_secret is True else raft_secret
         self.node_raft_secrets = node_raft_secrets or {}
+        # Per-node raft.previous_secret_file (a secret being moved away from).
+        self.node_raft_previous = node_raft_previous or {}
         self.token = secrets.token_hex(16)
         self.token2 = secrets.token_hex(16)
         self.admin = secrets.token_hex(16)
@@ -203,6 +205,13 @@ class Cluster:
                 f.write(sec + "\n")
             os.chmod(path, 0o600)
             lines.append("  secret_file: %s" % path)
+        prev = self.node_raft_previous.get(node.id)
+        if prev is not None:
+            path = os.path.join(self.root, "node%d.raft-previous-secret" % node.id)
+            with open(path, "w") as f:
+                f.write(prev + "\n")
+            os.chmod(path, 0o600)
+            lines.append("  previous_secret_file: %s" % path)
         lines += [
             "expiry:",
             "  interval_ms: %d" % o["expiry_ms"],

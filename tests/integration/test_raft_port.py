@@ -28,6 +28,7 @@ from harness import ClusterTestCase, http_request, wait_for
 
 AUTH_MAGIC = b"IDRAFTA1"
 AUTH_LABEL = b"idemd raft transport 1"
+GREETING = 8 + 32 + 2 * 8  # magic, nonce_l, the listener's two key IDs
 
 RAFT_IO_APPEND_ENTRIES = 1
 RAFT_IO_REQUEST_VOTE = 3
@@ -60,8 +61,16 @@ def _recv_exact(s, n):
     return buf
 
 
+def _key(secret):
+    return hmac.new(secret.encode(), AUTH_LABEL, hashlib.sha256).digest()
+
+
+def _kid(secret):
+    return hmac.new(_key(secret), b"key id", hashlib.sha256).digest()[:8]
+
+
 def _mac(secret, label, nonce_l, nonce_c, sender_id, target_id, address):
-    key = hmac.new(secret.encode(), AUTH_LABEL, hashlib.sha256).digest()
+    key = _key(secret)
     msg = (label + b"\x00" + nonce_l + nonce_c + struct.pack("<QQ", sender_id, target_id)
            + address)
     return hmac.new(key, msg, hashlib.sha256).digest()
@@ -75,12 +84,13 @@ def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_
     if it closed)."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
-    hello = _recv_exact(s, 8 + 32)
+    hello = _recv_exact(s, GREETING)
     assert hello[:8] == AUTH_MAGIC, hello
-    nonce_l, nonce_c = hello[8:], os.urandom(32)
+    assert _kid(secret) in (hello[40:48], hello[48:56]), "the node names its key"
+    nonce_l, nonce_c = hello[8:40], os.urandom(32)
     mine = _mac(mac_secret or secret, b"connector", nonce_l, nonce_c, sender_id,
                 target_id if mac_target is None else mac_target, address)
-    s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + mine)
+    s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + _kid(secret) + mine)
     theirs = _recv_exact(s, 32)
     if theirs:
         assert theirs == _mac(secret, b"listener", nonce_l, nonce_c, sender_id, target_id,
@@ -256,10 +266,10 @@ class TestRaftPort(ClusterTestCase):
         host, port = node.raft.rsplit(":", 1)
         s = socket.create_connection((host, int(port)), timeout=10)
         try:
-            nonce_l, nonce_c = _recv_exact(s, 40)[8:], os.urandom(32)
+            nonce_l, nonce_c = _recv_exact(s, GREETING)[8:40], os.urandom(32)
             mac = _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c, 98, lid,
                        b"127.0.0.1:1")
-            s.sendall(_handshake(99) + nonce_c + mac)
+            s.sendall(_handshake(99) + nonce_c + _kid(self.c.raft_secret) + mac)
             self.assertTrue(_closed(s, 5))
         finally:
             s.close()
@@ -302,14 +312,15 @@ class TestRaftPort(ClusterTestCase):
             try:
                 conn.settimeout(10)
                 nonce_l = os.urandom(32)
-                conn.sendall(AUTH_MAGIC + nonce_l)
+                conn.sendall(AUTH_MAGIC + nonce_l + _kid(self.c.raft_secret) + bytes(8))
                 pre = _recv_exact(conn, 24)
                 proto, sender, alen = struct.unpack("<QQQ", pre)
                 self.assertEqual((proto, sender), (1, lid))
                 addr = _recv_exact(conn, alen).rstrip(b"\x00")
                 self.assertEqual(addr, leader.raft.encode())
-                auth = _recv_exact(conn, 64)
-                nonce_c, mac = auth[:32], auth[32:]
+                auth = _recv_exact(conn, 72)
+                nonce_c, kid, mac = auth[:32], auth[32:40], auth[40:]
+                self.assertEqual(kid, _kid(self.c.raft_secret))
                 self.assertEqual(mac, _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c,
                                            lid, fid, addr))
                 conn.sendall(os.urandom(32))
@@ -384,15 +395,14 @@ class TestRaftSecretMismatch(ClusterTestCase):
 
     def test_a_node_with_another_secret_or_none_cannot_join(self):
         self._isolated("wrong")
-        self.assertTrue(self.c.logs_contain(": authentication failed ("))
-        # Node 3, a candidate, keeps asking both for votes: both refuse it. The leader's
-        # connections to node 3 are refused there.
-        for nid in (1, 2):
-            http = self.c.nodes[nid].http
-            self.assertGreater(_metric(http, "idem_raft_connections_refused_total"), 0)
+        # Each side sees from the other's greeting that they share no key, and closes: the
+        # leader's connections to node 3, and node 3's (a candidate's) to both.
+        self.assertTrue(self.c.logs_contain("failed: the peer has none of this node's raft "
+                                            "secrets"))
         lid = self.c.leader(ids=[1, 2])
-        self.assertGreater(_metric(self.c.nodes[lid].http,
-                                   "idem_raft_connect_auth_failures_total"), 0)
+        for nid in (lid, 3):
+            self.assertGreater(_metric(self.c.nodes[nid].http,
+                                       "idem_raft_connect_auth_failures_total"), 0, nid)
         # Each reason is logged once per 10 s with a count, not once per 100 ms retry.
         with open(self.c.nodes[1].log, "rb") as f:
             self.assertLess(f.read().count(b"raft connection"), 10)
@@ -404,6 +414,13 @@ class TestRaftSecretMismatch(ClusterTestCase):
         self.c.start(3)
         wait_for(lambda: self.c.logs_contain("raft.secret_file is not set"), 10, "the warning")
         self._isolated("none")
+        # Its raft_uv handshake and messages, without authentication, are refused by both
+        # (once 72 bytes of messages came, taken for an answer; or at the 10 s limit).
+        wait_for(lambda: self.c.logs_contain(": authentication failed (")
+                 or self.c.logs_contain(": no handshake within 10 s"), 15, "the refusal")
+        for nid in (1, 2):
+            self.assertGreater(_metric(self.c.nodes[nid].http,
+                                       "idem_raft_connections_refused_total"), 0, nid)
 
         # The right secret: node 3 catches up with everything committed meanwhile.
         self.c.stop(3)
@@ -411,6 +428,41 @@ class TestRaftSecretMismatch(ClusterTestCase):
         self.c._write_config(self.c.nodes[3], self.c.bootstrap)
         self.c.start(3)
         self.c.wait_converged(3)
+
+
+class TestRaftSecretRotation(ClusterTestCase):
+    """Moving every member to a new raft.secret_file without an outage: one node at a time
+    gets the new secret with the old one as raft.previous_secret_file (it accepts both and
+    connects with the newest its peer has), then one at a time drops the old one."""
+
+    def test_rolling_move_to_a_new_secret(self):
+        old, new = self.c.raft_secret, "new-" + secrets.token_hex(20)
+        for i in range(4):
+            rc, out = self.c.ctl("claim", "before-%d" % i, "--fingerprint", "1" * 64)
+            self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        steps = [(nid, new, old) for nid in (1, 2, 3)] + [(nid, new, None) for nid in (1, 2, 3)]
+        for n, (nid, sec, prev) in enumerate(steps):
+            with self.subTest(step=n, node=nid):
+                self.c.stop(nid)
+                self.c.node_raft_secrets[nid] = sec
+                self.c.node_raft_previous[nid] = prev
+                self.c._write_config(self.c.nodes[nid], self.c.bootstrap)
+                self.c.start(nid)
+                # The restarted node is back in the cluster, and writes commit on all three.
+                self.c.wait_leader(timeout=20)
+                rc, out = self.c.ctl("claim", "step-%d" % n, "--fingerprint", "2" * 64)
+                self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+                self.c.wait_converged(3)
+        # Every node now has only the new secret: the old one is refused.
+        node = self.c.nodes[self.c.leader()]
+        host, port = node.raft.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            hello = _recv_exact(s, GREETING)
+            self.assertEqual((hello[40:48], hello[48:56]), (_kid(new), bytes(8)))
+        finally:
+            s.close()
+        self.assertFalse(self.c.logs_contain(": authentication failed ("))
 
 
 if __name__ == "__main__":

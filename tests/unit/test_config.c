@@ -1119,6 +1119,39 @@ static void test_raft_secret(void **state)
         fail_msg("got %s", err);
     }
     config_free(&c);
+
+    /* The previous secret: with the current one, and not the same. */
+    char path2[64];
+    writeTemp(path2, "the-old-secret-of-the-raft-port\n", 32);
+    snprintf(text, sizeof text,
+             NODE_OK "raft:\n  secret_file: %s\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
+             path, path2);
+    if (parseStr(text, &c, err, sizeof err) != 0) {
+        fail_msg("%s", err);
+    }
+    assert_true(c.raft.secret.set && c.raft.previous_secret.set);
+    assert_int_equal(c.raft.previous_secret.len, 31);
+    config_free(&c);
+    snprintf(text, sizeof text, NODE_OK "raft:\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
+             path2);
+    assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
+    static const char alone[] =
+        "x.yaml:7:25: raft.previous_secret_file needs raft.secret_file";
+    if (strncmp(err, alone, sizeof alone - 1) != 0) {
+        fail_msg("got %s", err);
+    }
+    config_free(&c);
+    snprintf(text, sizeof text,
+             NODE_OK "raft:\n  secret_file: %s\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
+             path2, path2);
+    assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
+    static const char twice[] =
+        "x.yaml:8:25: raft.previous_secret_file: the secret is raft.secret_file's";
+    if (strncmp(err, twice, sizeof twice - 1) != 0) {
+        fail_msg("got %s", err);
+    }
+    config_free(&c);
+    assert_int_equal(remove(path2), 0);
     assert_int_equal(remove(path), 0);
 
     /* Too short: the file:line:column of the value, never the bytes. */
