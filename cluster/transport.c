@@ -34,23 +34,29 @@ uint64_t transport_auth_failed_total(void)
     return authFailedTotal;
 }
 
-/* Says why a connection was closed: at once the first time for each reason and peer, then
- * at most once per TRANSPORT_LOG_INTERVAL_MS with how many were not said meanwhile (a
+/* Says why a connection was closed: at once the first time for each reason and peer (a
+ * node we connected to, or the address an incoming connection came from), then at most
+ * once per TRANSPORT_LOG_INTERVAL_MS with how many were not said meanwhile (a
  * misconfigured peer reconnects every 100 ms). `what` names the side: "refused from
- * ADDRESS" (incoming; peer 0) or "to node N failed"; `why` is one of this file's string
- * constants. */
-static void refusalLog(struct transport *t, raft_id peer, const char *what, const char *why)
+ * ADDRESS" or "to node N failed"; `why` is one of this file's string constants. A full
+ * table gives the slot logged longest ago to the new reason. */
+static void refusalLog(struct transport *t, raft_id peer, uint32_t ip, const char *what,
+                       const char *why)
 {
     uint64_t now = uv_now(t->loop);
-    size_t i = 0;
+    size_t i = 0, oldest = 0;
     while (i < TRANSPORT_LOG_REASONS && t->logged[i].why != NULL &&
-           (t->logged[i].why != why || t->logged[i].peer != peer)) {
+           (t->logged[i].why != why || t->logged[i].peer != peer || t->logged[i].ip != ip)) {
+        if (t->logged[i].log_ms < t->logged[oldest].log_ms) {
+            oldest = i;
+        }
         i++;
     }
     if (i == TRANSPORT_LOG_REASONS) {
-        i = 0;
+        i = oldest;
+        t->logged[i].why = NULL;
     }
-    bool same = t->logged[i].why == why && t->logged[i].peer == peer;
+    bool same = t->logged[i].why == why;
     if (same && now - t->logged[i].log_ms < TRANSPORT_LOG_INTERVAL_MS) {
         t->logged[i].unlogged++;
         return;
@@ -63,11 +69,10 @@ static void refusalLog(struct transport *t, raft_id peer, const char *what, cons
     }
     t->logged[i].why = why;
     t->logged[i].peer = peer;
+    t->logged[i].ip = ip;
     t->logged[i].log_ms = now;
     t->logged[i].unlogged = 0;
 }
-
-/* ---- authentication ------------------------------------------------------------------- */
 
 static size_t putLe64(uint8_t *p, uint64_t v)
 {
@@ -77,15 +82,18 @@ static size_t putLe64(uint8_t *p, uint64_t v)
     return 8;
 }
 
-/* mac = HMAC(key, label 0 nonce_l nonce_c id target address): the connector's (label
- * "connector") or the listener's ("listener") proof, bound to both nonces, to the
- * connector's ID and address as its handshake gives them, and to the node it connects to
- * (target). */
+/* The connector's MACs, one per key it has (zeros past them), as it sends them. */
+#define AUTH_MACS_LEN (TRANSPORT_KEYS_MAX * TRANSPORT_MAC_LEN)
+
+/* mac = HMAC(key, label 0 nonce_l nonce_c id target macs address): the connector's (label
+ * "connector", macs NULL) or the listener's ("listener", macs the connector's) proof, bound
+ * to both nonces, to the connector's ID and address as its handshake gives them, to the
+ * node it connects to (target) and, for the listener's, to what the connector sent. */
 static bool authMac(const uint8_t key[TRANSPORT_MAC_LEN], const char *label, const uint8_t *nonce_l,
-                    const uint8_t *nonce_c, raft_id id, raft_id target, const char *address,
-                    uint8_t mac[TRANSPORT_MAC_LEN])
+                    const uint8_t *nonce_c, raft_id id, raft_id target, const uint8_t *macs,
+                    const char *address, uint8_t mac[TRANSPORT_MAC_LEN])
 {
-    uint8_t msg[16 + 2 * TRANSPORT_NONCE_LEN + 16 + TRANSPORT_ADDRESS_MAX];
+    uint8_t msg[16 + 2 * TRANSPORT_NONCE_LEN + 16 + AUTH_MACS_LEN + TRANSPORT_ADDRESS_MAX];
     size_t label_len = strlen(label) + 1; /* with its NUL */
     size_t addr_len = strnlen(address, TRANSPORT_ADDRESS_MAX);
     size_t n = 0;
@@ -97,6 +105,10 @@ static bool authMac(const uint8_t key[TRANSPORT_MAC_LEN], const char *label, con
     n += TRANSPORT_NONCE_LEN;
     n += putLe64(msg + n, id);
     n += putLe64(msg + n, target);
+    if (macs != NULL) {
+        memcpy(msg + n, macs, AUTH_MACS_LEN);
+        n += AUTH_MACS_LEN;
+    }
     memcpy(msg + n, address, addr_len);
     n += addr_len;
     unsigned int len = 0;
@@ -159,7 +171,7 @@ struct incoming {
     uv_timer_t timer;
     uint8_t pre[24];
     char addr[TRANSPORT_ADDRESS_MAX];
-    uint8_t auth[TRANSPORT_ANSWER_LEN]; /* nonce_c, KID, the connector's MAC */
+    uint8_t auth[TRANSPORT_ANSWER_LEN]; /* nonce_c, the connector's MACs */
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
     size_t want;    /* bytes of the part being read: 24, the address length, then 72 */
     size_t got;
@@ -210,13 +222,16 @@ static void incomingEnd(struct incoming *in, const char *why)
         struct sockaddr_storage sa;
         int len = sizeof(sa);
         char ip[INET6_ADDRSTRLEN];
+        uint32_t ip4 = 0;
         if (uv_tcp_getpeername(in->tcp, (struct sockaddr *)&sa, &len) == 0 &&
             sa.ss_family == AF_INET &&
             uv_ip4_name((const struct sockaddr_in *)&sa, ip, sizeof(ip)) == 0) {
+            const struct sockaddr_in *sin = (const struct sockaddr_in *)&sa;
+            ip4 = ntohl(sin->sin_addr.s_addr);
             snprintf(what, sizeof(what), "refused from %s:%u", ip,
-                     (unsigned)ntohs(((const struct sockaddr_in *)&sa)->sin_port));
+                     (unsigned)ntohs(sin->sin_port));
         }
-        refusalLog(t, 0, what, why);
+        refusalLog(t, 0, ip4, what, why);
     }
     incomingUnlink(in);
     t->n_closing_incoming++;
@@ -293,20 +308,26 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     } else {
         uint8_t want[TRANSPORT_MAC_LEN], mine[TRANSPORT_MAC_LEN];
         const uint8_t *nonce_c = in->auth;
-        const uint8_t *kid = in->auth + TRANSPORT_NONCE_LEN;
-        const uint8_t *mac = kid + TRANSPORT_KID_LEN;
+        const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
+        /* Our newest key that one of the connector's MACs was made with. */
         size_t k = 0;
-        while (k < t->n_keys && memcmp(t->kid[k], kid, TRANSPORT_KID_LEN) != 0) {
-            k++;
+        bool found = false;
+        for (; k < t->n_keys && !found; k++) {
+            if (!authMac(t->key[k], "connector", in->nonce_l, nonce_c, id, t->id, NULL, in->addr,
+                         want)) {
+                break;
+            }
+            for (size_t j = 0; j < TRANSPORT_KEYS_MAX; j++) {
+                found |= CRYPTO_memcmp(want, macs + j * TRANSPORT_MAC_LEN, sizeof(want)) == 0;
+            }
         }
-        if (k == t->n_keys ||
-            !authMac(t->key[k], "connector", in->nonce_l, nonce_c, id, t->id, in->addr, want) ||
-            CRYPTO_memcmp(want, mac, sizeof(want)) != 0) {
+        if (!found) {
             incomingEnd(in, "authentication failed (the peer has another raft.secret_file, "
                             "or none)");
             return;
         }
-        if (!authMac(t->key[k], "listener", in->nonce_l, nonce_c, id, t->id, in->addr, mine) ||
+        if (!authMac(t->key[k - 1], "listener", in->nonce_l, nonce_c, id, t->id, macs, in->addr,
+                     mine) ||
             !authSend(s, mine, sizeof(mine))) {
             incomingEnd(in, "cannot answer the authentication");
             return;
@@ -370,10 +391,6 @@ static void listenCb(uv_stream_t *l, int status)
             return;
         }
         memcpy(hello + 8, in->nonce_l, sizeof(in->nonce_l));
-        for (size_t k = 0; k < t->n_keys; k++) {
-            memcpy(hello + 8 + TRANSPORT_NONCE_LEN + k * TRANSPORT_KID_LEN, t->kid[k],
-                   TRANSPORT_KID_LEN);
-        }
         if (!authSend((uv_stream_t *)tcp, hello, sizeof(hello))) {
             incomingEnd(in, "cannot start the authentication");
             return;
@@ -440,8 +457,8 @@ struct outgoing {
     uint8_t nonce_c[TRANSPORT_NONCE_LEN];
     size_t want;
     size_t got;
-    bool greeted;  /* the greeting read, our MAC sent */
-    size_t key;    /* the key both have: t->key[key] */
+    bool greeted;  /* the greeting read, our MACs sent */
+    uint8_t macs[AUTH_MACS_LEN]; /* as sent: the listener's MAC covers them */
     int status;    /* for raft's callback when it failed: RAFT_NOCONNECTION or _CANCELED */
     int closing;   /* handles (stream, timer) still to close */
     struct outgoing *prev, *next;
@@ -489,7 +506,7 @@ static void outgoingFail(struct outgoing *og, const char *why)
         authFailedTotal++;
         char what[48];
         snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)og->peer);
-        refusalLog(t, og->peer, what, why);
+        refusalLog(t, og->peer, 0, what, why);
     } else {
         og->status = RAFT_CANCELED;
     }
@@ -547,33 +564,19 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         memcpy(og->nonce_l, og->buf + 8, sizeof(og->nonce_l));
-        /* Our newest key that the listener has. */
-        static const uint8_t none[TRANSPORT_KID_LEN];
-        size_t k = 0;
-        bool found = false;
-        for (; k < t->n_keys && !found; k++) {
-            for (size_t j = 0; j < TRANSPORT_KEYS_MAX && !found; j++) {
-                const uint8_t *theirs = og->buf + 8 + TRANSPORT_NONCE_LEN + j * TRANSPORT_KID_LEN;
-                found = memcmp(theirs, none, TRANSPORT_KID_LEN) != 0 &&
-                        memcmp(theirs, t->kid[k], TRANSPORT_KID_LEN) == 0;
-            }
+        uint8_t answer[TRANSPORT_ANSWER_LEN] = {0};
+        uint8_t *macs = answer + TRANSPORT_NONCE_LEN;
+        bool ok = RAND_bytes(og->nonce_c, sizeof(og->nonce_c)) == 1;
+        for (size_t k = 0; ok && k < t->n_keys; k++) {
+            ok = authMac(t->key[k], "connector", og->nonce_l, og->nonce_c, t->id, og->peer, NULL,
+                         t->address, macs + k * TRANSPORT_MAC_LEN);
         }
-        if (!found) {
-            outgoingFail(og, "the peer has none of this node's raft secrets (another "
-                             "raft.secret_file)");
-            return;
-        }
-        og->key = k - 1;
-        uint8_t answer[TRANSPORT_ANSWER_LEN];
-        uint8_t *mac = answer + TRANSPORT_NONCE_LEN + TRANSPORT_KID_LEN;
-        if (RAND_bytes(og->nonce_c, sizeof(og->nonce_c)) != 1 ||
-            !authMac(t->key[og->key], "connector", og->nonce_l, og->nonce_c, t->id, og->peer,
-                     t->address, mac)) {
+        if (!ok) {
             outgoingFail(og, "cannot compute the authentication");
             return;
         }
         memcpy(answer, og->nonce_c, sizeof(og->nonce_c));
-        memcpy(answer + TRANSPORT_NONCE_LEN, t->kid[og->key], TRANSPORT_KID_LEN);
+        memcpy(og->macs, macs, sizeof(og->macs));
         if (!authSend(s, answer, sizeof(answer))) {
             outgoingFail(og, "cannot send the authentication");
             return;
@@ -583,10 +586,15 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         og->got = 0;
         return;
     }
-    uint8_t want[TRANSPORT_MAC_LEN];
-    if (!authMac(t->key[og->key], "listener", og->nonce_l, og->nonce_c, t->id, og->peer,
-                 t->address, want) ||
-        CRYPTO_memcmp(want, og->buf, sizeof(want)) != 0) {
+    /* Made with one of our keys: the newest the listener has. */
+    bool found = false;
+    for (size_t k = 0; k < t->n_keys && !found; k++) {
+        uint8_t want[TRANSPORT_MAC_LEN];
+        found = authMac(t->key[k], "listener", og->nonce_l, og->nonce_c, t->id, og->peer,
+                        og->macs, t->address, want) &&
+                CRYPTO_memcmp(want, og->buf, sizeof(want)) == 0;
+    }
+    if (!found) {
         outgoingFail(og, "the peer's authentication is wrong (it has another "
                          "raft.secret_file)");
         return;
@@ -696,20 +704,14 @@ int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_
         return RAFT_INVALID;
     }
     for (size_t k = 0; k < n_secrets; k++) {
-        unsigned int len = 0, idlen = 0;
-        uint8_t id[TRANSPORT_MAC_LEN];
-        static const char idLabel[] = "key id";
+        unsigned int len = 0;
         if (HMAC(EVP_sha256(), secrets[k].value, (int)secrets[k].len,
                  (const uint8_t *)TRANSPORT_AUTH_LABEL, strlen(TRANSPORT_AUTH_LABEL), t->key[k],
                  &len) == NULL ||
-            len != TRANSPORT_MAC_LEN ||
-            HMAC(EVP_sha256(), t->key[k], TRANSPORT_MAC_LEN, (const uint8_t *)idLabel,
-                 sizeof(idLabel) - 1, id, &idlen) == NULL ||
-            idlen != TRANSPORT_MAC_LEN) {
+            len != TRANSPORT_MAC_LEN) {
             OPENSSL_cleanse(t->key, sizeof(t->key));
             return RAFT_INVALID;
         }
-        memcpy(t->kid[k], id, TRANSPORT_KID_LEN);
         t->n_keys = k + 1;
         t->auth = true;
     }

@@ -21,28 +21,33 @@
  * raft has it, with HMAC-SHA256 under a key derived from the secret (K = HMAC(secret,
  * TRANSPORT_AUTH_LABEL)). A node may hold a second, older secret
  * (raft.previous_secret_file) while the members move from one to the other: it accepts
- * both, and connects with the newest its peer knows. Each key is named by its ID,
- * KID = the first 8 bytes of HMAC(K, "key id"). A connection goes:
- *   listener  -> connector: TRANSPORT_AUTH_MAGIC (8 bytes), nonce_l (32), the KIDs of the
- *                           listener's keys (8 each, TRANSPORT_KEYS_MAX of them; zeros for
- *                           none), sent on accept;
+ * both, and a connection uses the newest key both ends have. A connection goes:
+ *   listener  -> connector: TRANSPORT_AUTH_MAGIC (8 bytes), nonce_l (32), sent on accept;
  *   connector -> listener:  raft_uv_tcp's handshake, as without a secret;
- *   connector -> listener:  nonce_c (32), KID (8) of its first key the listener has,
+ *   connector -> listener:  nonce_c (32), then for each of its keys, newest first,
+ *                           TRANSPORT_KEYS_MAX in all (zeros where it has fewer):
  *                           HMAC(K, "connector" 0 nonce_l nonce_c id target address);
- *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id target address),
- * where id (u64 little endian) and address (without its NUL) are the connector's, from the
- * handshake, and target (u64 little endian) the ID of the node it means to reach: a
- * connection one member opened to another cannot be passed on to a third (whoever took a
- * stopped member's port could otherwise relay a member's MACs to a live node). The
- * listener hands the stream to raft once the connector's MAC is right; the
- * connector hands it to raft (which then sends its first message) once the listener's is.
- * Whoever does not hold the secret gets no stream into raft, and a connector does not send
- * raft's messages to a listener that does not hold it. A wrong MAC, a peer that closes,
- * or no answer within TRANSPORT_HANDSHAKE_TIMEOUT_MS closes the connection; raft_uv
- * retries its connections every 100 ms, so each reason (per peer, for connections we made)
- * is logged at most once per TRANSPORT_LOG_INTERVAL_MS with a count. What this does not
- * cover: the messages after the exchange are neither encrypted nor signed, so whoever can
- * read, divert or inject packets on the path between two members still can. */
+ *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id target address C),
+ * where K is the listener's newest key that one of the connector's MACs was made with, id
+ * (u64 little endian) and address (without its NUL) are the connector's, from the
+ * handshake, target (u64 little endian) the ID of the node it means to reach, and C the
+ * connector's MACs as sent (so none can be struck out on the way to force an older key).
+ * Binding the target means a connection one member opened to another cannot be passed on
+ * to a third (whoever took a stopped member's port could otherwise relay a member's MACs
+ * to a live node). Nothing derived from a secret goes to a peer before it proved it holds
+ * one: the listener's greeting is a nonce, and its MAC follows the connector's. (A
+ * connector's MACs do go to whatever listens at a member's address, which could test
+ * guesses of the secret against them offline: the secret must be random, at least
+ * TRANSPORT_SECRET_MIN bytes.) The listener hands the stream to raft once the
+ * connector's MAC is right; the connector hands it to raft (which then sends its first
+ * message) once the listener's is. Whoever does not hold the secret gets no stream into
+ * raft, and a connector does not send raft's messages to a listener that does not hold it.
+ * A wrong MAC, a peer that closes, or no answer within TRANSPORT_HANDSHAKE_TIMEOUT_MS
+ * closes the connection; raft_uv retries its connections every 100 ms, so each reason is
+ * logged at most once per TRANSPORT_LOG_INTERVAL_MS per peer (node, or address for
+ * incoming connections) with a count. What this does not cover: the messages after the
+ * exchange are neither encrypted nor signed, so whoever can read, divert or inject packets
+ * on the path between two members still can. */
 #ifndef IDEM_CLUSTER_TRANSPORT_H
 #define IDEM_CLUSTER_TRANSPORT_H
 
@@ -61,12 +66,12 @@
 #define TRANSPORT_AUTH_LABEL "idemd raft transport 1"
 #define TRANSPORT_NONCE_LEN 32
 #define TRANSPORT_MAC_LEN 32
-#define TRANSPORT_KID_LEN 8
 #define TRANSPORT_KEYS_MAX 2 /* the current secret and the previous one */
-#define TRANSPORT_GREETING_LEN (8 + TRANSPORT_NONCE_LEN + TRANSPORT_KEYS_MAX * TRANSPORT_KID_LEN)
-#define TRANSPORT_ANSWER_LEN (TRANSPORT_NONCE_LEN + TRANSPORT_KID_LEN + TRANSPORT_MAC_LEN)
+#define TRANSPORT_SECRET_MIN 32 /* bytes; config.c refuses shorter Raft secrets */
+#define TRANSPORT_GREETING_LEN (8 + TRANSPORT_NONCE_LEN)
+#define TRANSPORT_ANSWER_LEN (TRANSPORT_NONCE_LEN + TRANSPORT_KEYS_MAX * TRANSPORT_MAC_LEN)
 #define TRANSPORT_LOG_INTERVAL_MS 10000
-#define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses its first slot */
+#define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses the oldest slot */
 
 struct incoming;
 struct outgoing;
@@ -95,11 +100,11 @@ struct transport {
     bool auth;                 /* a secret was given */
     size_t n_keys;             /* 1..TRANSPORT_KEYS_MAX when auth; the first connects */
     uint8_t key[TRANSPORT_KEYS_MAX][TRANSPORT_MAC_LEN];
-    uint8_t kid[TRANSPORT_KEYS_MAX][TRANSPORT_KID_LEN];
     uint64_t refused;          /* connections closed for breaking the handshake's rules */
     struct {
         const char *why;       /* a string constant of transport.c; NULL: free */
         raft_id peer;          /* the node we connected to; 0 for incoming connections */
+        uint32_t ip;           /* incoming: the peer's IPv4 address (host order), or 0 */
         uint64_t log_ms;       /* uv_now when it was last logged */
         uint64_t unlogged;     /* refusals for it since */
     } logged[TRANSPORT_LOG_REASONS];

@@ -43,6 +43,9 @@
 /* Bounds of the cluster secret (rpc.cluster_secret_file), in bytes after trimming. */
 #define SECRET_MIN 16
 #define SECRET_MAX 4096
+/* Raft secrets: a peer that listens at a member's address gets MACs made with them, so they
+ * must not be guessable (cluster/transport.h, TRANSPORT_SECRET_MIN). */
+#define RAFT_SECRET_MIN 32
 
 /* The IDs a JSON integer can carry exactly, and idemctl can name (docs/idemctl.md). */
 #define NODE_ID_MAX ((uint64_t)INT64_MAX)
@@ -648,7 +651,7 @@ static int parseCluster(struct ctx *c, yaml_node_t *map, uint64_t self, struct c
     return 0;
 }
 
-static int readSecret(struct ctx *c, const struct field *f, const char *path,
+static int readSecret(struct ctx *c, const struct field *f, const char *path, size_t min,
                       struct config_secret *out);
 
 static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
@@ -689,7 +692,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         return -1;
     }
     if (secret_path != NULL) {
-        int rc = readSecret(c, &f[SECRET], secret_path, &r->secret);
+        int rc = readSecret(c, &f[SECRET], secret_path, RAFT_SECRET_MIN, &r->secret);
         free(secret_path);
         if (rc != 0) {
             free(previous_path);
@@ -698,7 +701,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         c->raft_secret_node = f[SECRET].val;
     }
     if (previous_path != NULL) {
-        int rc = readSecret(c, &f[PREVIOUS], previous_path, &r->previous_secret);
+        int rc = readSecret(c, &f[PREVIOUS], previous_path, RAFT_SECRET_MIN, &r->previous_secret);
         free(previous_path);
         if (rc != 0) {
             return -1;
@@ -729,7 +732,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
 
 /* Reads the cluster secret from the file named by field f (present, a path) into *out.
  * Messages quote the path, never the file's bytes. */
-static int readSecret(struct ctx *c, const struct field *f, const char *path,
+static int readSecret(struct ctx *c, const struct field *f, const char *path, size_t min,
                       struct config_secret *out)
 {
     char q[QUOTE_SIZE];
@@ -753,11 +756,11 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path,
         rc = failNode(c, f->val, "%s: cannot read %s: %s", f->name, q, strerror(rerr));
     } else if (len > SECRET_MAX) {
         rc = failNode(c, f->val, "%s: %s holds more than %u bytes", f->name, q, SECRET_MAX);
-    } else if (len < SECRET_MIN) {
+    } else if (len < min) {
         rc = failNode(c, f->val,
-                      "%s: %s holds %zu bytes (without trailing whitespace); a secret needs at "
-                      "least %u",
-                      f->name, q, len, SECRET_MIN);
+                      "%s: %s holds %zu bytes (without trailing whitespace); this secret needs "
+                      "at least %zu",
+                      f->name, q, len, min);
     } else if ((out->value = malloc(len)) == NULL) {
         rc = failNode(c, f->val, "%s: out of memory", f->name);
     } else if (EVP_Digest(buf, len, out->sha256, &hl, EVP_sha256(), NULL) != 1) {
@@ -792,7 +795,7 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         return -1;
     }
     if (secret_path != NULL) {
-        int rc = readSecret(c, &f[SECRET], secret_path, &r->cluster_secret);
+        int rc = readSecret(c, &f[SECRET], secret_path, SECRET_MIN, &r->cluster_secret);
         free(secret_path);
         c->secret_node = f[SECRET].val;
         if (rc != 0) {

@@ -28,7 +28,7 @@ from harness import ClusterTestCase, http_request, wait_for
 
 AUTH_MAGIC = b"IDRAFTA1"
 AUTH_LABEL = b"idemd raft transport 1"
-GREETING = 8 + 32 + 2 * 8  # magic, nonce_l, the listener's two key IDs
+GREETING = 8 + 32  # magic, nonce_l
 
 RAFT_IO_APPEND_ENTRIES = 1
 RAFT_IO_REQUEST_VOTE = 3
@@ -65,36 +65,36 @@ def _key(secret):
     return hmac.new(secret.encode(), AUTH_LABEL, hashlib.sha256).digest()
 
 
-def _kid(secret):
-    return hmac.new(_key(secret), b"key id", hashlib.sha256).digest()[:8]
-
-
-def _mac(secret, label, nonce_l, nonce_c, sender_id, target_id, address):
+def _mac(secret, label, nonce_l, nonce_c, sender_id, target_id, address, macs=b""):
+    """The connector's MAC, or (label b"listener", macs the connector's 64 bytes) the
+    listener's, as cluster/transport.h defines them."""
     key = _key(secret)
     msg = (label + b"\x00" + nonce_l + nonce_c + struct.pack("<QQ", sender_id, target_id)
-           + address)
+           + macs + address)
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
-def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_secret=None,
-             mac_target=None):
+def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_secrets=None,
+             mac_target=None, expect_secret=None):
     """A connection to node target_id's Raft port that did what a member does before raft's
-    first message: read the greeting, send the handshake and our MAC (under mac_secret, for
-    mac_target, if given), read and check the node's. Returns (socket, the node's MAC or b""
-    if it closed)."""
+    first message: read the greeting, send the handshake and our MACs (under mac_secrets,
+    newest first, for mac_target, if given; else under secret), read and check the node's
+    (made with expect_secret, else secret). Returns (socket, the node's MAC or b"" if it
+    closed)."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
     hello = _recv_exact(s, GREETING)
     assert hello[:8] == AUTH_MAGIC, hello
-    assert _kid(secret) in (hello[40:48], hello[48:56]), "the node names its key"
     nonce_l, nonce_c = hello[8:40], os.urandom(32)
-    mine = _mac(mac_secret or secret, b"connector", nonce_l, nonce_c, sender_id,
-                target_id if mac_target is None else mac_target, address)
-    s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + _kid(secret) + mine)
+    macs = b"".join(_mac(sec, b"connector", nonce_l, nonce_c, sender_id,
+                         target_id if mac_target is None else mac_target, address)
+                    for sec in (mac_secrets or [secret]))
+    macs = macs.ljust(64, b"\x00")
+    s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + macs)
     theirs = _recv_exact(s, 32)
     if theirs:
-        assert theirs == _mac(secret, b"listener", nonce_l, nonce_c, sender_id, target_id,
-                              address), "the node's MAC is not the listener's"
+        assert theirs == _mac(expect_secret or secret, b"listener", nonce_l, nonce_c, sender_id,
+                              target_id, address, macs), "the node's MAC is not the listener's"
     return s, theirs
 
 
@@ -180,7 +180,9 @@ class TestRaftPort(ClusterTestCase):
         self.assertTrue(self._closed_at_once(node.raft, _u64(1, 99, 8) + b"12345678"))
         # At most 64 handshakes at once: the 65th connection closes the oldest unfinished
         # one, so connections held open cannot lock the members out.
-        host, port = node.raft.rsplit(":", 1)
+        # Held on the leader: a follower restarted meanwhile must connect to it anew.
+        lid = self.c.leader()
+        host, port = self.c.nodes[lid].raft.rsplit(":", 1)
         silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
         try:
             time.sleep(0.2)  # every one accepted, in order
@@ -188,9 +190,17 @@ class TestRaftPort(ClusterTestCase):
             silent.append(newest)
             self.assertTrue(_closed(silent[0], 5))
             self.assertFalse(_closed(silent[1], 0.2))
-            # A member still gets in while they are held: the cluster commits.
+            # A member still gets in while they are held: a restarted follower catches up
+            # (its answers to the leader go over a connection of its own, which pushes out
+            # the oldest held one), and the cluster commits.
+            other = [n for n in sorted(self.c.nodes) if n != lid][-1]
+            self.c.kill(other)
             rc, out = self.c.ctl("claim", "while-held", "--fingerprint", "e" * 64)
             self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+            self.c.start(other)
+            # Before the held ones' 10 s run out (without the eviction it would wait for
+            # them).
+            self.c.wait_converged(3, timeout=7)
             # A handshake unfinished after 10 s is closed (after the greeting it sent).
             self.assertTrue(_closed(newest, 20))
         finally:
@@ -248,11 +258,12 @@ class TestRaftPort(ClusterTestCase):
         before = _metric(node.http, "idem_raft_connections_refused_total")
         # raft_uv's own handshake and the message that crashed libraft 0.15, with no
         # authentication: closed before raft reads it.
-        self.assertTrue(self._closed_at_once(node.raft, _handshake() + crash))
+        # (twice: what follows the handshake is taken for the 96-byte answer)
+        self.assertTrue(self._closed_at_once(node.raft, _handshake() + crash * 2))
         # The authentication under another secret: the node does not answer it with its
         # own MAC, and closes.
         s, theirs = _connect(node.raft, self.c.raft_secret, lid,
-                             mac_secret="another-" + "x" * 20)
+                             mac_secrets=["another-" + "x" * 30])
         try:
             self.assertEqual(theirs, b"")
             s.sendall(crash)
@@ -269,7 +280,7 @@ class TestRaftPort(ClusterTestCase):
             nonce_l, nonce_c = _recv_exact(s, GREETING)[8:40], os.urandom(32)
             mac = _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c, 98, lid,
                        b"127.0.0.1:1")
-            s.sendall(_handshake(99) + nonce_c + _kid(self.c.raft_secret) + mac)
+            s.sendall(_handshake(99) + nonce_c + mac + bytes(32))
             self.assertTrue(_closed(s, 5))
         finally:
             s.close()
@@ -312,15 +323,16 @@ class TestRaftPort(ClusterTestCase):
             try:
                 conn.settimeout(10)
                 nonce_l = os.urandom(32)
-                conn.sendall(AUTH_MAGIC + nonce_l + _kid(self.c.raft_secret) + bytes(8))
+                conn.sendall(AUTH_MAGIC + nonce_l)
                 pre = _recv_exact(conn, 24)
                 proto, sender, alen = struct.unpack("<QQQ", pre)
                 self.assertEqual((proto, sender), (1, lid))
                 addr = _recv_exact(conn, alen).rstrip(b"\x00")
                 self.assertEqual(addr, leader.raft.encode())
-                auth = _recv_exact(conn, 72)
-                nonce_c, kid, mac = auth[:32], auth[32:40], auth[40:]
-                self.assertEqual(kid, _kid(self.c.raft_secret))
+                auth = _recv_exact(conn, 96)
+                # One key: its MAC, then zeros.
+                nonce_c, mac, rest = auth[:32], auth[32:64], auth[64:]
+                self.assertEqual(rest, bytes(32))
                 self.assertEqual(mac, _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c,
                                            lid, fid, addr))
                 conn.sendall(os.urandom(32))
@@ -395,11 +407,16 @@ class TestRaftSecretMismatch(ClusterTestCase):
 
     def test_a_node_with_another_secret_or_none_cannot_join(self):
         self._isolated("wrong")
-        # Each side sees from the other's greeting that they share no key, and closes: the
-        # leader's connections to node 3, and node 3's (a candidate's) to both.
-        self.assertTrue(self.c.logs_contain("failed: the peer has none of this node's raft "
-                                            "secrets"))
+        # Each listener finds no MAC made with its key and closes: node 3 refuses the
+        # leader's connections, and nodes 1 and 2 those of node 3 (a candidate); each
+        # connector sees its peer close during the authentication.
+        self.assertTrue(self.c.logs_contain(": authentication failed ("))
+        self.assertTrue(self.c.logs_contain("failed: the peer closed the connection during the "
+                                            "authentication"))
         lid = self.c.leader(ids=[1, 2])
+        for nid in (1, 2, 3):
+            self.assertGreater(_metric(self.c.nodes[nid].http,
+                                       "idem_raft_connections_refused_total"), 0, nid)
         for nid in (lid, 3):
             self.assertGreater(_metric(self.c.nodes[nid].http,
                                        "idem_raft_connect_auth_failures_total"), 0, nid)
@@ -415,12 +432,13 @@ class TestRaftSecretMismatch(ClusterTestCase):
         wait_for(lambda: self.c.logs_contain("raft.secret_file is not set"), 10, "the warning")
         self._isolated("none")
         # Its raft_uv handshake and messages, without authentication, are refused by both
-        # (once 72 bytes of messages came, taken for an answer; or at the 10 s limit).
-        wait_for(lambda: self.c.logs_contain(": authentication failed (")
-                 or self.c.logs_contain(": no handshake within 10 s"), 15, "the refusal")
-        for nid in (1, 2):
-            self.assertGreater(_metric(self.c.nodes[nid].http,
-                                       "idem_raft_connections_refused_total"), 0, nid)
+        # (once 96 bytes of messages came, taken for an answer; or at the 10 s limit), and
+        # its own listener sends no greeting: the others' connections to it time out.
+        before = {nid: _metric(self.c.nodes[nid].http, "idem_raft_connections_refused_total")
+                  for nid in (1, 2)}
+        wait_for(lambda: all(_metric(self.c.nodes[nid].http,
+                                     "idem_raft_connections_refused_total") > before[nid]
+                             for nid in (1, 2)), 15, "both to refuse node 3 again")
 
         # The right secret: node 3 catches up with everything committed meanwhile.
         self.c.stop(3)
@@ -431,6 +449,8 @@ class TestRaftSecretMismatch(ClusterTestCase):
 
 
 class TestRaftSecretRotation(ClusterTestCase):
+    raft_auth_failure_expected = True  # the old secret is refused at the end, on purpose
+
     """Moving every member to a new raft.secret_file without an outage: one node at a time
     gets the new secret with the old one as raft.previous_secret_file (it accepts both and
     connects with the newest its peer has), then one at a time drops the old one."""
@@ -453,16 +473,54 @@ class TestRaftSecretRotation(ClusterTestCase):
                 rc, out = self.c.ctl("claim", "step-%d" % n, "--fingerprint", "2" * 64)
                 self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
                 self.c.wait_converged(3)
-        # Every node now has only the new secret: the old one is refused.
-        node = self.c.nodes[self.c.leader()]
-        host, port = node.raft.rsplit(":", 1)
+        # Every node now has only the new secret: the old one is refused, the new taken.
+        lid = self.c.leader()
+        node = self.c.nodes[lid]
+        s, theirs = _connect(node.raft, old, lid)
+        s.close()
+        self.assertEqual(theirs, b"")
+        s, theirs = _connect(node.raft, new, lid)
+        s.close()
+        self.assertEqual(len(theirs), 32)
+        self.assertTrue(self.c.logs_contain(": authentication failed ("))
+
+    def test_the_newest_common_key_is_used(self):
+        old, new = self.c.raft_secret, "new-" + secrets.token_hex(20)
+        lid = self.c.leader()
+        fid = [n for n in sorted(self.c.nodes) if n != lid][0]
+        self.c.stop(fid)
+        self.c.node_raft_secrets[fid] = new
+        self.c.node_raft_previous[fid] = old
+        self.c._write_config(self.c.nodes[fid], self.c.bootstrap)
+        self.c.start(fid)
+        self.c.wait_converged(3)
+        addr = self.c.nodes[fid].raft
+        # A peer with both: answered with the new one, whatever their order.
+        for order in ([new, old], [old, new]):
+            s, theirs = _connect(addr, new, fid, mac_secrets=order, expect_secret=new)
+            s.close()
+            self.assertEqual(len(theirs), 32)
+        # A peer with the old one only: answered with it.
+        s, theirs = _connect(addr, old, fid)
+        s.close()
+        self.assertEqual(len(theirs), 32)
+        # The answer covers the MACs as sent: one struck out (zeroed) on the way would make
+        # the connector check against what it did not send, and refuse.
+        host, port = addr.rsplit(":", 1)
         s = socket.create_connection((host, int(port)), timeout=10)
         try:
-            hello = _recv_exact(s, GREETING)
-            self.assertEqual((hello[40:48], hello[48:56]), (_kid(new), bytes(8)))
+            nonce_l, nonce_c = _recv_exact(s, GREETING)[8:40], os.urandom(32)
+            sent = (_mac(new, b"connector", nonce_l, nonce_c, 99, fid, b"127.0.0.1:1")
+                    + _mac(old, b"connector", nonce_l, nonce_c, 99, fid, b"127.0.0.1:1"))
+            stripped = bytes(32) + sent[32:]
+            s.sendall(_handshake(99) + nonce_c + stripped)
+            theirs = _recv_exact(s, 32)
+            self.assertEqual(theirs, _mac(old, b"listener", nonce_l, nonce_c, 99, fid,
+                                          b"127.0.0.1:1", stripped))
+            self.assertNotEqual(theirs, _mac(old, b"listener", nonce_l, nonce_c, 99, fid,
+                                             b"127.0.0.1:1", sent))
         finally:
             s.close()
-        self.assertFalse(self.c.logs_contain(": authentication failed ("))
 
 
 if __name__ == "__main__":

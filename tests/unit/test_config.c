@@ -1075,9 +1075,9 @@ static void test_raft_secret(void **state)
     assert_null(c.raft.secret.value);
     config_free(&c);
 
-    static const char secret[] = "secret-of-the-raft-port-42";
+    static const char secret[] = "secret-of-the-raft-port-0123456789abcdef";
     char path[64];
-    writeTemp(path, "secret-of-the-raft-port-42\n", sizeof secret);
+    writeTemp(path, "secret-of-the-raft-port-0123456789abcdef\n", sizeof secret);
     char text[2048];
     snprintf(text, sizeof text, NODE_OK "raft:\n  secret_file: %s\n" ADMIN_OK TENANTS_OK, path);
     if (parseStr(text, &c, err, sizeof err) != 0) {
@@ -1122,7 +1122,7 @@ static void test_raft_secret(void **state)
 
     /* The previous secret: with the current one, and not the same. */
     char path2[64];
-    writeTemp(path2, "the-old-secret-of-the-raft-port\n", 32);
+    writeTemp(path2, "the-old-secret-of-the-raft-port-0123456789\n", 43);
     snprintf(text, sizeof text,
              NODE_OK "raft:\n  secret_file: %s\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
              path, path2);
@@ -1130,7 +1130,7 @@ static void test_raft_secret(void **state)
         fail_msg("%s", err);
     }
     assert_true(c.raft.secret.set && c.raft.previous_secret.set);
-    assert_int_equal(c.raft.previous_secret.len, 31);
+    assert_int_equal(c.raft.previous_secret.len, 42);
     config_free(&c);
     snprintf(text, sizeof text, NODE_OK "raft:\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
              path2);
@@ -1151,6 +1151,18 @@ static void test_raft_secret(void **state)
         fail_msg("got %s", err);
     }
     config_free(&c);
+    /* The previous secret may not be the cluster secret either. */
+    snprintf(text, sizeof text,
+             NODE_OK "raft:\n  secret_file: %s\n  previous_secret_file: %s\nrpc:\n"
+                     "  cluster_secret_file: %s\n" ADMIN_OK TENANTS_OK,
+             path, path2, path2);
+    assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
+    static const char cluster[] =
+        "x.yaml:8:25: raft.previous_secret_file: the secret is the cluster secret";
+    if (strncmp(err, cluster, sizeof cluster - 1) != 0) {
+        fail_msg("got %s", err);
+    }
+    config_free(&c);
     assert_int_equal(remove(path2), 0);
     assert_int_equal(remove(path), 0);
 
@@ -1159,7 +1171,8 @@ static void test_raft_secret(void **state)
     snprintf(text, sizeof text, NODE_OK "raft:\n  secret_file: %s\n" ADMIN_OK TENANTS_OK, path);
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
     if (strncmp(err, "x.yaml:7:16: raft.secret_file: ", 31) != 0 ||
-        strstr(err, "holds 12 bytes") == NULL || strstr(err, "short-secret") != NULL) {
+        strstr(err, "holds 12 bytes") == NULL || strstr(err, "needs at least 32") == NULL ||
+        strstr(err, "short-secret") != NULL) {
         fail_msg("got %s", err);
     }
     assert_false(c.raft.secret.set);
