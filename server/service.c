@@ -782,6 +782,10 @@ static void transferDoneCb(void *data, int status, const char *errmsg)
     res.outcome = status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
     if (status != 0) {
         res.retry_after_ms = a->s->cfg->raft.election_timeout_ms;
+        log_warn("a leadership transfer ended without moving leadership (%s); the caller may "
+                 "ask again after %u ms",
+                 errmsg && errmsg[0] ? errmsg : "no reason given",
+                 (unsigned)res.retry_after_ms);
     }
     resp.request_id = a->request_id;
     resp.result = &res;
