@@ -252,7 +252,11 @@ static int mapFields(struct ctx *c, yaml_node_t *map, const char *where, const c
     for (size_t i = 0; i < nkeys; i++) {
         struct field *f = &fields[i];
         f->key = keys[i];
-        snprintf(f->name, sizeof f->name, "%s%s%s", prefix, *prefix ? "." : "", keys[i]);
+        if (snprintf(f->name, sizeof f->name, "%s%s%s", prefix, *prefix ? "." : "", keys[i]) >=
+            (int)sizeof f->name) {
+            /* Cut (it is only shown in messages), and seen to be. */
+            memcpy(f->name + sizeof f->name - 4, "...", 4);
+        }
         f->where = where;
         f->map = map;
         f->knode = NULL;
@@ -395,6 +399,7 @@ static int getBool(struct ctx *c, const struct field *f, bool *out)
 static int stringValue(struct ctx *c, const struct field *f, const char **s)
 {
     const yaml_node_t *v = f->val;
+    *s = ""; /* on every path: gcc -O3 cannot tell that failNode() never returns 0 */
     if (v->type != YAML_SCALAR_NODE) {
         return failNode(c, v, "%s: expected a string, got %s", f->name, kindName(v));
     }

@@ -266,7 +266,7 @@ static void sendError(struct http_server *h, h2o_req_t *req, enum route route, h
     json_object_set_new(o, "message", msg ? msg : json_string(code));
     json_object_set_new(o, "request_id", json_stringn(rid.base, rid.len));
     char ra[24];
-    struct hdr extra[2];
+    struct hdr extra[2] = {{0}};
     size_t n = 0;
     if (retry_after_s > 0) {
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);

@@ -2,7 +2,9 @@
 # Builds idemd and runs every test: once in a normal build (gcc) and once under
 # AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included); then builds with
 # clang and libFuzzer (warnings are errors there too), runs the unit tests again and every
-# fuzzer over its seed corpus for a bounded run. Exits non-zero on any failure.
+# fuzzer over its seed corpus for a bounded run; last, builds the Release configuration
+# (-O3, whose flow analysis warns where -O2's does not; built, not run). Exits non-zero on
+# any failure.
 # Benchmarks (label `bench`) are programs, not tests: run them with
 #   ctest --test-dir build -L bench --verbose   or   build/bin/fsm-bench
 set -euo pipefail
@@ -31,3 +33,7 @@ echo "== clang build with libFuzzer targets (unit tests, then each fuzzer for a 
 CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Debug -DIDEM_FUZZ=ON >/dev/null
 cmake --build build-clang -j "$jobs"
 ctest --test-dir build-clang --output-on-failure --no-tests=error -L 'unit|fuzz' -j "$jobs"
+
+echo "== release build (-O3; built, not run: its warnings are errors too)"
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-release -j "$jobs"

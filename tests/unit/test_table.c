@@ -41,7 +41,9 @@ struct model {
 
 static void keyOf(char out[KEY_LEN + 1], size_t c)
 {
-    snprintf(out, KEY_LEN + 1, "k%08zu", c);
+    if (snprintf(out, KEY_LEN + 1, "k%08zu", c) > KEY_LEN) {
+        fail_msg("key number %zu does not fit %d characters", c, KEY_LEN);
+    }
 }
 
 static uint64_t hashOf(const struct model *m, size_t c)
