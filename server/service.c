@@ -20,6 +20,7 @@
 
 #include "fingerprint.h"
 #include "log.h"
+#include "transport.h"
 #include "xmalloc.h"
 
 #define IDEM_VERSION "0.1.0"
@@ -740,6 +741,9 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.last_snapshot_index = cs.last_snapshot_index;
         st.snapshot_threshold = cs.snapshot_threshold;
         st.snapshot_bytes = cs.snapshot_bytes_last;
+        st.raft_authenticated = s->cfg->raft.secret.set;
+        st.raft_connections_refused = transport_refused_total();
+        st.raft_connect_auth_failures = transport_auth_failed_total();
         st.records = fs.records - fs.released;
         st.processing = fs.processing;
         st.completed = fs.completed;

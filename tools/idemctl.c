@@ -130,7 +130,8 @@ static const struct help helps[] = {
      "    (default 1000);\n"
      "  - no leader: no majority of the reachable nodes agrees on one;\n"
      "  - no quorum: no majority of the voters is reachable (a cluster\n"
-     "    without a leader may still have its quorum, and elect one).\n"
+     "    without a leader may still have its quorum, and elect one);\n"
+     "  - Raft authentication differs: some nodes have raft.secret_file, some not.\n"
      "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": "
      "[...],\n"
      "\"members\": [...], \"warnings\": [...]}.\n"
@@ -1863,6 +1864,9 @@ static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
         jset(o, "last_snapshot_index", ju64(st->last_snapshot_index));
         jset(o, "snapshot_threshold", ju64(st->snapshot_threshold));
         jset(o, "snapshot_bytes", ju64(st->snapshot_bytes));
+        jset(o, "raft_authenticated", json_boolean(st->raft_authenticated));
+        jset(o, "raft_connections_refused", ju64(st->raft_connections_refused));
+        jset(o, "raft_connect_auth_failures", ju64(st->raft_connect_auth_failures));
         jset(o, "processing", ju64(st->processing));
         jset(o, "completed", ju64(st->completed));
         jset(o, "quarantined", ju64(st->quarantined));
@@ -1967,6 +1971,27 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                            v->leader_st->applied_index, max_lag);
             }
         }
+    }
+    /* Members with raft.secret_file and members without it cannot talk at all. */
+    char with[160] = "", without[160] = "";
+    for (size_t i = 0; i < n; i++) {
+        const json_t *auth = json_object_get(rows[i].node, "raft_authenticated");
+        const json_t *id = json_object_get(rows[i].node, "id");
+        if (!json_is_boolean(auth) || !json_is_integer(id)) {
+            continue;
+        }
+        char *list = json_is_true(auth) ? with : without;
+        size_t len = strlen(list);
+        if (len + 24 < sizeof with) {
+            snprintf(list + len, sizeof with - len, "%s%" JSON_INTEGER_FORMAT, len ? ", " : "",
+                     json_integer_value(id));
+        }
+    }
+    if (with[0] != '\0' && without[0] != '\0') {
+        addWarning(warnings,
+                   "Raft authentication differs: node(s) %s authenticate their Raft connections "
+                   "(raft.secret_file) and node(s) %s do not; those cannot talk to each other",
+                   with, without);
     }
     if (v->members_of == NULL) {
         addWarning(warnings, "cluster state unknown: no node answered with its status");

@@ -439,6 +439,15 @@ class TestRaftSecretMismatch(ClusterTestCase):
         wait_for(lambda: all(_metric(self.c.nodes[nid].http,
                                      "idem_raft_connections_refused_total") > before[nid]
                              for nid in (1, 2)), 15, "both to refuse node 3 again")
+        # idemctl status says so, and shows each node's setting and counts.
+        st = self.c.status()
+        nodes = {x["id"]: x for x in st["nodes"]}
+        self.assertEqual({i: nodes[i]["raft_authenticated"] for i in (1, 2, 3)},
+                         {1: True, 2: True, 3: False}, st)
+        for nid in (1, 2):
+            self.assertGreater(nodes[nid]["raft_connections_refused"], 0, st)
+        self.assertIn("Raft authentication differs: node(s) 1, 2 authenticate their Raft "
+                      "connections (raft.secret_file) and node(s) 3 do not", " ".join(st["warnings"]))
 
         # The right secret: node 3 catches up with everything committed meanwhile.
         self.c.stop(3)
