@@ -198,20 +198,13 @@ class Cluster:
         for opt in ("snapshot_log_percent", "segment_size_mb", "snapshot_nice"):
             if o[opt] is not None:
                 lines.append("  %s: %d" % (opt, o[opt]))
-        sec = self.node_raft_secrets.get(node.id, self.raft_secret)
-        if sec is not None:
-            path = os.path.join(self.root, "node%d.raft-secret" % node.id)
-            with open(path, "w") as f:
-                f.write(sec + "\n")
-            os.chmod(path, 0o600)
-            lines.append("  secret_file: %s" % path)
-        prev = self.node_raft_previous.get(node.id)
-        if prev is not None:
-            path = os.path.join(self.root, "node%d.raft-previous-secret" % node.id)
-            with open(path, "w") as f:
-                f.write(prev + "\n")
-            os.chmod(path, 0o600)
-            lines.append("  previous_secret_file: %s" % path)
+        raft_secrets = (
+            ("secret_file", "raft-secret", self.node_raft_secrets.get(node.id, self.raft_secret)),
+            ("previous_secret_file", "raft-previous-secret", self.node_raft_previous.get(node.id)),
+        )
+        for field, name, sec in raft_secrets:
+            if sec is not None:
+                lines.append("  %s: %s" % (field, self.secret_file(node, name, sec)))
         lines += [
             "expiry:",
             "  interval_ms: %d" % o["expiry_ms"],
@@ -225,6 +218,15 @@ class Cluster:
         ]
         with open(node.cfg, "w") as f:
             f.write("\n".join(lines) + "\n")
+
+    def secret_file(self, node, name, value):
+        """Writes value (and a newline, as `echo` would) to a mode-600 file of node's in the
+        cluster's directory; returns its path."""
+        path = os.path.join(self.root, "node%d.%s" % (node.id, name))
+        with open(path, "w") as f:
+            f.write(value + "\n")
+        os.chmod(path, 0o600)
+        return path
 
     def add_node(self, nid):
         """A new node with an empty bootstrap list: it waits to be added as a member."""

@@ -175,11 +175,7 @@ class ProxyCluster(harness.Cluster):
         lines = []
         sec = self.node_secrets.get(node.id, self.secret)
         if sec is not None:
-            path = os.path.join(self.root, "node%d.secret" % node.id)
-            with open(path, "w") as f:
-                f.write(sec + "\n")
-            os.chmod(path, 0o600)
-            lines += ["rpc:", "  cluster_secret_file: %s" % path]
+            lines += ["rpc:", "  cluster_secret_file: %s" % self.secret_file(node, "secret", sec)]
         lines += ["proxy:", "  - address: %s" % node.proxy, "    routes:"]
         order = ["methods", "path_prefix", "upstream", "tenant"]
         for r in self.routes:
