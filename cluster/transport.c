@@ -173,7 +173,7 @@ struct incoming {
     char addr[TRANSPORT_ADDRESS_MAX];
     uint8_t auth[TRANSPORT_ANSWER_LEN]; /* nonce_c, the connector's MACs */
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
-    size_t want;    /* bytes of the part being read: 24, the address length, then 72 */
+    size_t want;    /* bytes of the part being read: 24, the address length, then TRANSPORT_ANSWER_LEN */
     size_t got;
     enum { PART_PRE, PART_ADDRESS, PART_AUTH } part;
     int closing;    /* handles (tcp, timer) still to close */
@@ -216,7 +216,6 @@ static void incomingEnd(struct incoming *in, const char *why)
 {
     struct transport *t = in->t;
     if (why != NULL) {
-        t->refused++;
         refusedTotal++;
         char what[80] = "refused";
         struct sockaddr_storage sa;
@@ -246,7 +245,7 @@ static void incomingEnd(struct incoming *in, const char *why)
 
 static void incomingTimeoutCb(uv_timer_t *timer)
 {
-    incomingEnd(timer->data, "no handshake within 10 s");
+    incomingEnd(timer->data, "no handshake (or authentication) within 10 s");
 }
 
 static void incomingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)

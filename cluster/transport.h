@@ -27,7 +27,7 @@
  *   connector -> listener:  nonce_c (32), then for each of its keys, newest first,
  *                           TRANSPORT_KEYS_MAX in all (zeros where it has fewer):
  *                           HMAC(K, "connector" 0 nonce_l nonce_c id target address);
- *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id target address C),
+ *   listener  -> connector: HMAC(K, "listener" 0 nonce_l nonce_c id target C address),
  * where K is the listener's newest key that one of the connector's MACs was made with, id
  * (u64 little endian) and address (without its NUL) are the connector's, from the
  * handshake, target (u64 little endian) the ID of the node it means to reach, and C the
@@ -98,9 +98,8 @@ struct transport {
     size_t n_closing_outgoing; /* ended, their handles closing */
     raft_id id;                /* this node's */
     bool auth;                 /* a secret was given */
-    size_t n_keys;             /* 1..TRANSPORT_KEYS_MAX when auth; the first connects */
+    size_t n_keys;             /* 1..TRANSPORT_KEYS_MAX when auth, newest first */
     uint8_t key[TRANSPORT_KEYS_MAX][TRANSPORT_MAC_LEN];
-    uint64_t refused;          /* connections closed for breaking the handshake's rules */
     struct {
         const char *why;       /* a string constant of transport.c; NULL: free */
         raft_id peer;          /* the node we connected to; 0 for incoming connections */
@@ -113,8 +112,8 @@ struct transport {
 };
 
 /* Initialises both layers on `loop`. n_secrets (0..TRANSPORT_KEYS_MAX) secrets, newest
- * first, turn authentication on: connections are made with the first the peer has, and
- * accepted with any. 0 or a RAFT_* code. */
+ * first, turn authentication on: a connector offers a MAC under each, a listener answers
+ * under its newest that matches. 0 or a RAFT_* code. */
 int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_secret *secrets,
                    size_t n_secrets);
 /* Releases raft_uv_tcp's memory (after raft_uv closed the transport). */

@@ -735,8 +735,8 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
     return 0;
 }
 
-/* Reads the cluster secret from the file named by field f (present, a path) into *out.
- * Messages quote the path, never the file's bytes. */
+/* Reads a secret of at least `min` bytes from the file named by field f (present, a path)
+ * into *out. Messages quote the path, never the file's bytes. */
 static int readSecret(struct ctx *c, const struct field *f, const char *path, size_t min,
                       struct config_secret *out)
 {

@@ -57,8 +57,8 @@ struct config_cluster {
     size_t n_bootstrap;
 };
 
-/* A secret read from a file: the file's bytes, without trailing whitespace, 16..4096 bytes;
- * never printed. The cluster secret (rpc.cluster_secret_file) is shared by every node; a
+/* A secret read from a file: the file's bytes, without trailing whitespace, at least 16
+ * (the cluster secret) or 32 (the Raft secrets) and at most 4096 bytes; never printed. The cluster secret (rpc.cluster_secret_file) is shared by every node; a
  * follower's proxy listener sends it as the auth_token of the requests it forwards to the
  * leader on behalf of a configured tenant (Request.as_tenant). The Raft secret
  * (raft.secret_file) authenticates the Raft connections. */

@@ -210,7 +210,7 @@ class TestRaftPort(ClusterTestCase):
         for why in ("handshake address length out of range", "unknown handshake protocol",
                     "handshake address not terminated",
                     "too many handshakes in progress (the oldest closed)",
-                    "no handshake within 10 s"):
+                    "no handshake (or authentication) within 10 s"):
             self.assertTrue(self.c.logs_contain(": " + why), why)
         # Each refusal names the peer it came from.
         self.assertTrue(self.c.logs_contain("raft connection refused from 127.0.0.1:"))
@@ -458,11 +458,10 @@ class TestRaftSecretMismatch(ClusterTestCase):
 
 
 class TestRaftSecretRotation(ClusterTestCase):
-    raft_auth_failure_expected = True  # the old secret is refused at the end, on purpose
-
     """Moving every member to a new raft.secret_file without an outage: one node at a time
     gets the new secret with the old one as raft.previous_secret_file (it accepts both and
-    connects with the newest its peer has), then one at a time drops the old one."""
+    offers a MAC under each), then one at a time drops the old one."""
+    raft_auth_failure_expected = True  # the old secret is refused at the end, on purpose
 
     def test_rolling_move_to_a_new_secret(self):
         old, new = self.c.raft_secret, "new-" + secrets.token_hex(20)
@@ -482,6 +481,11 @@ class TestRaftSecretRotation(ClusterTestCase):
                 rc, out = self.c.ctl("claim", "step-%d" % n, "--fingerprint", "2" * 64)
                 self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
                 self.c.wait_converged(3)
+        # Between the members themselves no MAC was ever wrong, at any step (a node with
+        # both secrets that offered only its newest would be refused by one with the old).
+        self.assertFalse(self.c.logs_contain(": authentication failed (")
+                         or self.c.logs_contain("the peer's authentication is wrong"),
+                         self.c.logs())
         # Every node now has only the new secret: the old one is refused, the new taken.
         lid = self.c.leader()
         node = self.c.nodes[lid]
