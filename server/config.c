@@ -45,7 +45,6 @@
 #define SECRET_MAX 4096
 /* Raft secrets: a peer that listens at a member's address gets MACs made with them, so they
  * must not be guessable (cluster/transport.h, TRANSPORT_SECRET_MIN). */
-#define RAFT_SECRET_MIN 32
 
 /* The IDs a JSON integer can carry exactly, and idemctl can name (docs/idemctl.md). */
 #define NODE_ID_MAX ((uint64_t)INT64_MAX)
@@ -697,7 +696,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         return -1;
     }
     if (secret_path != NULL) {
-        int rc = readSecret(c, &f[SECRET], secret_path, RAFT_SECRET_MIN, &r->secret);
+        int rc = readSecret(c, &f[SECRET], secret_path, CONFIG_RAFT_SECRET_MIN, &r->secret);
         free(secret_path);
         if (rc != 0) {
             free(previous_path);
@@ -706,7 +705,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         c->raft_secret_node = f[SECRET].val;
     }
     if (previous_path != NULL) {
-        int rc = readSecret(c, &f[PREVIOUS], previous_path, RAFT_SECRET_MIN, &r->previous_secret);
+        int rc = readSecret(c, &f[PREVIOUS], previous_path, CONFIG_RAFT_SECRET_MIN, &r->previous_secret);
         free(previous_path);
         if (rc != 0) {
             return -1;

@@ -21,6 +21,9 @@
 #include "fingerprint.h"
 #include "log.h"
 #include "transport.h"
+
+_Static_assert(CONFIG_RAFT_SECRET_MIN == TRANSPORT_SECRET_MIN,
+               "config.c and transport.h must agree on a Raft secret's least length");
 #include "xmalloc.h"
 
 #define IDEM_VERSION "0.1.0"

@@ -58,6 +58,17 @@ def fp(n):
     return hashlib.sha256(str(n).encode()).hexdigest()
 
 
+def recv_exact(sock, n):
+    """Reads n bytes from sock; fewer (b"" at once) if the peer closes first."""
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
 def wait_for(cond, timeout, what, interval=0.05):
     """Polls cond() until it returns a truthy value; fails after timeout seconds."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, BIN, Cluster, fp, wait_for  # noqa: E402
+from harness import ClusterTestCase, BIN, Cluster, fp, recv_exact, wait_for  # noqa: E402
 
 ACQ = "acquired"
 
@@ -825,19 +825,13 @@ def _claim_body(token, key, deadline_ms=60000):
 
 def _read_frame(sock):
     """Reads one response frame; returns (its fields, its Result's fields), or None at EOF."""
-    hdr = b""
-    while len(hdr) < 4:
-        chunk = sock.recv(4 - len(hdr))
-        if not chunk:
-            return None
-        hdr += chunk
+    hdr = recv_exact(sock, 4)
+    if len(hdr) < 4:
+        return None
     (n,) = struct.unpack(">I", hdr)
-    body = b""
-    while len(body) < n:
-        chunk = sock.recv(n - len(body))
-        if not chunk:
-            return None
-        body += chunk
+    body = recv_exact(sock, n)
+    if len(body) < n:
+        return None
     fields = _fields(body)
     return fields, _fields(fields.get(2, b""))
 

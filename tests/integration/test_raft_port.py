@@ -24,7 +24,7 @@ import struct
 import time
 import unittest
 
-from harness import ClusterTestCase, http_request, wait_for
+from harness import ClusterTestCase, http_request, recv_exact, wait_for
 
 AUTH_MAGIC = b"IDRAFTA1"
 AUTH_LABEL = b"idemd raft transport 1"
@@ -51,16 +51,6 @@ def _entry(term, etype, length):
     return _u64(term) + bytes([etype, 0, 0, 0]) + struct.pack("<I", length)
 
 
-def _recv_exact(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            return buf
-        buf += chunk
-    return buf
-
-
 def _key(secret):
     return hmac.new(secret.encode(), AUTH_LABEL, hashlib.sha256).digest()
 
@@ -83,7 +73,7 @@ def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_
     closed)."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
-    hello = _recv_exact(s, GREETING)
+    hello = recv_exact(s, GREETING)
     assert hello[:8] == AUTH_MAGIC, hello
     nonce_l, nonce_c = hello[8:40], os.urandom(32)
     macs = b"".join(_mac(sec, b"connector", nonce_l, nonce_c, sender_id,
@@ -91,7 +81,7 @@ def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_
                     for sec in (mac_secrets or [secret]))
     macs = macs.ljust(64, b"\x00")
     s.sendall(_handshake(sender_id, address + b"\x00") + nonce_c + macs)
-    theirs = _recv_exact(s, 32)
+    theirs = recv_exact(s, 32)
     if theirs:
         assert theirs == _mac(expect_secret or secret, b"listener", nonce_l, nonce_c, sender_id,
                               target_id, address, macs), "the node's MAC is not the listener's"
@@ -277,7 +267,7 @@ class TestRaftPort(ClusterTestCase):
         host, port = node.raft.rsplit(":", 1)
         s = socket.create_connection((host, int(port)), timeout=10)
         try:
-            nonce_l, nonce_c = _recv_exact(s, GREETING)[8:40], os.urandom(32)
+            nonce_l, nonce_c = recv_exact(s, GREETING)[8:40], os.urandom(32)
             mac = _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c, 98, lid,
                        b"127.0.0.1:1")
             s.sendall(_handshake(99) + nonce_c + mac + bytes(32))
@@ -324,12 +314,12 @@ class TestRaftPort(ClusterTestCase):
                 conn.settimeout(10)
                 nonce_l = os.urandom(32)
                 conn.sendall(AUTH_MAGIC + nonce_l)
-                pre = _recv_exact(conn, 24)
+                pre = recv_exact(conn, 24)
                 proto, sender, alen = struct.unpack("<QQQ", pre)
                 self.assertEqual((proto, sender), (1, lid))
-                addr = _recv_exact(conn, alen).rstrip(b"\x00")
+                addr = recv_exact(conn, alen).rstrip(b"\x00")
                 self.assertEqual(addr, leader.raft.encode())
-                auth = _recv_exact(conn, 96)
+                auth = recv_exact(conn, 96)
                 # One key: its MAC, then zeros.
                 nonce_c, mac, rest = auth[:32], auth[32:64], auth[64:]
                 self.assertEqual(rest, bytes(32))
@@ -522,12 +512,12 @@ class TestRaftSecretRotation(ClusterTestCase):
         host, port = addr.rsplit(":", 1)
         s = socket.create_connection((host, int(port)), timeout=10)
         try:
-            nonce_l, nonce_c = _recv_exact(s, GREETING)[8:40], os.urandom(32)
+            nonce_l, nonce_c = recv_exact(s, GREETING)[8:40], os.urandom(32)
             sent = (_mac(new, b"connector", nonce_l, nonce_c, 99, fid, b"127.0.0.1:1")
                     + _mac(old, b"connector", nonce_l, nonce_c, 99, fid, b"127.0.0.1:1"))
             stripped = bytes(32) + sent[32:]
             s.sendall(_handshake(99) + nonce_c + stripped)
-            theirs = _recv_exact(s, 32)
+            theirs = recv_exact(s, 32)
             self.assertEqual(theirs, _mac(old, b"listener", nonce_l, nonce_c, 99, fid,
                                           b"127.0.0.1:1", stripped))
             self.assertNotEqual(theirs, _mac(old, b"listener", nonce_l, nonce_c, 99, fid,
