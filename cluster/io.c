@@ -694,15 +694,25 @@ static void ioAppendDone(struct raft_io_append *req, int status)
     struct io *io = diskEnd(d);
     if (status == 0) {
         appendTimed(io, start_us);
-    } else if (!io->closing && io->raft != NULL && io->raft->state == RAFT_LEADER) {
-        /* libraft 0.15's leader, told that a log write failed, truncates those entries
-         * from its log and stays leader: its next entries take the same indexes in the
-         * same term, while followers may already hold the first ones (sent before the
-         * write ended) and keep them, since they match by index and term. Replicas would
-         * then apply different commands at one index. Stop instead: the node restarts
-         * from what its disk holds, and another leader takes over meanwhile. */
-        fprintf(stderr, "idemd: raft log write failed on the leader (%s); stopping\n",
-                raft_strerror(status));
+    } else if (!io->closing) {
+        /* A failed log write, on any node, stops it: neither libraft 0.15 nor raft_uv can go
+         * on safely after one. The leader truncates those entries from its log and stays
+         * leader, so its next entries take the same indexes in the same term, while
+         * followers may already hold the first ones (sent before the write ended) and keep
+         * them, since they match by index and term. A follower keeps the entries in its
+         * in-memory log, and raft_uv, whose segments give no entry its index (an entry's
+         * place in the segment is its index), writes the next ones where the failed write
+         * should have gone: the disk then holds entries at the wrong indexes, which the
+         * follower loads as the leader's own (same term) after a restart and acknowledges
+         * (seen with a follower's RLIMIT_FSIZE lowered and raised again: it restarted at
+         * the leader's index with 56 records fewer). Stopping at the first failure leaves
+         * the disk with what was written before it, which the node restarts from, while
+         * the others go on (another leader takes over). */
+        fprintf(stderr,
+                "idemd: raft log write failed on this node (%s%s%s); stopping: restarted, "
+                "it resumes from what its disk holds\n",
+                raft_strerror(status), io->inner.errmsg[0] != '\0' ? ": " : "",
+                io->inner.errmsg[0] != '\0' ? io->inner.errmsg : "");
         abort();
     }
     if (io->closing && status != 0) {

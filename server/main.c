@@ -173,6 +173,9 @@ int main(int argc, char **argv)
     }
     log_set_node(d.cfg.node.id);
     signal(SIGPIPE, SIG_IGN);
+    /* A write past RLIMIT_FSIZE then fails with EFBIG, as any failed write, and is reported
+     * (a failed log write: io.c) instead of killing the node without a word. */
+    signal(SIGXFSZ, SIG_IGN);
     if (ensureDir(d.cfg.node.data_dir, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemd: %s\n", err);
         config_free(&d.cfg);

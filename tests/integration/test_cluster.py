@@ -5,6 +5,8 @@ import errno
 import json
 import os
 import re
+import resource
+import signal
 import socket
 import struct
 import subprocess
@@ -276,6 +278,83 @@ class TestFailures(ClusterTest):
         for i in range(5):
             rc, out = self.claim("during-outage-%d" % i, attempt="outage-attempt-%d" % i)
             self.assertEqual(out["outcome"], ACQ, out)
+
+
+class TestDiskFailures(ClusterTest):
+    """A node whose log writes fail (here: RLIMIT_FSIZE lowered on the running process, so
+    its next write past 4 KiB fails with EFBIG; idemd ignores SIGXFSZ) stops at the first
+    failure, whatever its role, and restarted, resumes from what its disk holds. Writing on
+    after a failure would put entries at the wrong indexes (cluster/io.c, ioAppendDone)."""
+
+    def fail_writes(self, nid):
+        # raft_uv prepares its open segments ahead (fallocate): wait until it has, so that
+        # what fails is a write of entries, not a segment's creation.
+        d = self.c.nodes[nid].dir
+        wait_for(lambda: len([f for f in os.listdir(d) if f.startswith("open-")]) >= 2, 20,
+                 "node %d to prepare its open segments" % nid)
+        pid = self.c.nodes[nid].proc.pid
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY))
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    def wait_stopped(self, nid, keys):
+        """Sends claims (through the other nodes) until nid exits; returns the claims
+        acknowledged as acquired, {key: (n, token)}."""
+        proc = self.c.nodes[nid].proc
+        others = [n for n in self.c.nodes if n != nid]
+        acked = {}
+        deadline = time.monotonic() + 30
+        i = 0
+        while proc.poll() is None and time.monotonic() < deadline and i < 400:
+            key = "%s-%d" % (keys, i)
+            rc, out = self.claim(key, n=i, ids=others, deadline=3000, lease="600000")
+            if rc == 0 and out["outcome"] == ACQ:
+                acked[key] = (i, out["token"])
+            i += 1
+        self.assertIsNotNone(proc.poll(), "node %d went on after its log writes failed" % nid)
+        self.assertEqual(proc.returncode, -signal.SIGABRT)
+        self.c.nodes[nid].proc = None
+        with open(self.c.nodes[nid].log) as f:
+            log = f.read()
+        self.assertIn("raft log write failed on this node", log)
+        self.assertIn("stopping", log)
+        self.assertNotIn("create segment", log)
+        return acked
+
+    def test_follower_stops_and_restarts_from_its_disk(self):
+        lid = self.c.leader()
+        f = [n for n in self.c.nodes if n != lid][0]
+        self.fail_writes(f)
+        acked = self.wait_stopped(f, "f")
+        self.assertGreater(len(acked), 0)
+        # The other two went on; restarted (its limits as before), the follower catches up
+        # to a replica identical to theirs.
+        for i in range(len(acked), len(acked) + 20):
+            rc, out = self.claim("after-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        self.c.start(f)
+        st = self.c.wait_converged(3)
+        self.assertEqual({n["records"] for n in st["nodes"]}, {len(acked) + 20}, st)
+        for key, (i, token) in acked.items():
+            rc, out = self.claim(key, n=i, ids=[f])
+            self.assertEqual((rc, out["outcome"]), (0, "in_progress"), (key, out))
+
+    def test_leader_stops_and_another_takes_over(self):
+        lid = self.c.leader()
+        self.fail_writes(lid)
+        acked = self.wait_stopped(lid, "l")
+        new = self.c.wait_leader(exclude=lid)
+        self.assertNotEqual(new, lid)
+        rc, out = self.claim("after", n=1)
+        self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        self.c.start(lid)
+        st = self.c.wait_converged(3)
+        self.assertEqual({n["records"] for n in st["nodes"]}, {len(acked) + 1}, st)
+        # Nothing acknowledged was lost or granted twice: each one is still held, by its
+        # first claimant, on every node.
+        for key, (i, token) in acked.items():
+            for nid in self.c.nodes:
+                rc, out = self.claim(key, n=i, ids=[nid])
+                self.assertEqual((rc, out["outcome"]), (0, "in_progress"), (key, nid, out))
 
 
 class TestExpiry(ClusterTest):
