@@ -14,6 +14,7 @@ packages=(
   clang libclang-rt-14-dev
   python3
   openssl
+  systemd
 )
 
 missing=()
