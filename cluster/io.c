@@ -610,6 +610,7 @@ struct ioDisk {
     struct io *io;
     struct ioSnapJob *job; /* a put through snapstore */
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
+    bool install;          /* puts: of a snapshot the leader sent (isInstall) */
 };
 
 /* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
@@ -789,13 +790,44 @@ static void snapStored(struct io *io, uint64_t index)
     snapGcQueue(io, older, index);
 }
 
+/* Whether req, as raft submits it, is the put of a snapshot sent by the leader, not of one
+ * of its own. libraft 0.15 uses its one request (raft->snapshot.put) for both, with trailing
+ * 0 for an install (which snapshot_trailing may be too); its data is raft itself for its own
+ * snapshot (takeSnapshot), the install's request for an install
+ * (replicationInstallSnapshot). */
+static bool isInstall(const struct io *io, const struct raft_io_snapshot_put *req)
+{
+    return io->raft != NULL && req->data != (void *)io->raft;
+}
+
+/* A snapshot sent by the leader could not be stored. libraft 0.15 has by then dropped its
+ * in-memory log for the snapshot's and set nothing back: to the leader's next
+ * InstallSnapshot it answers that it has a more recent one, and it takes the entries after
+ * the snapshot, which raft_uv writes after its own last entry on disk, so at the wrong
+ * indexes (seen: such a follower, restarted, matched the leader at one of them and applied
+ * the wrong commands; made leader, it granted 57 claims that were held a second time).
+ * Stop instead: the disk still holds the log and snapshot from before (the snapshot's data
+ * is written first, and raft_uv's own put only after it), which the node restarts from. */
+static void installFailed(int status, const char *why)
+{
+    fprintf(stderr,
+            "idemd: storing the leader's snapshot failed on this node (%s%s%s); stopping: "
+            "restarted, it resumes from what its disk holds\n",
+            raft_strerror(status), why[0] != '\0' ? ": " : "", why);
+    abort();
+}
+
 static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
 {
     struct ioDisk *d = req->data;
     struct raft_io_snapshot_put *outer = d->outer.put;
     raft_io_snapshot_put_cb cb = d->cb.put;
     struct ioSnapJob *j = d->job;
+    bool install = d->install;
     struct io *io = diskEnd(d);
+    if (status != 0 && !io->closing && install) {
+        installFailed(status, j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg);
+    }
     if (j != NULL) {
         if (status == 0) { /* only raft_uv's put, after our write, answers 0 */
             snapStored(io, j->r.index);
@@ -869,10 +901,15 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     d->req.put.data = d;
     d->outer.put = req;
     d->cb.put = cb;
+    d->install = isInstall(io, req);
     req->cb = cb;
     if (io->snap_dir == NULL) {
-        return diskSubmitted(d, io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
-                                                       ioSnapshotPutDone));
+        int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
+                                        ioSnapshotPutDone);
+        if (rv != 0 && d->install) {
+            installFailed(rv, io->inner.errmsg);
+        }
+        return diskSubmitted(d, rv);
     }
     struct ioSnapJob *j = calloc(1, sizeof(*j));
     if (j == NULL) {
@@ -889,6 +926,9 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
         free(j);
         diskEnd(d);
         snprintf(io->outer.errmsg, sizeof(io->outer.errmsg), "snapshot store: %s", uv_strerror(rv));
+        if (isInstall(io, req)) {
+            installFailed(RAFT_IOERR, io->outer.errmsg);
+        }
         return RAFT_IOERR;
     }
     io->works++;

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import random
+import resource
 import secrets
 import shutil
 import socket
@@ -247,11 +248,19 @@ class Cluster:
         self.start(nid)
         return node
 
-    def start(self, nid):
+    def start(self, nid, fsize=None):
+        """Starts node nid; with fsize, its writes past that many bytes into a file fail
+        (RLIMIT_FSIZE; idemd ignores SIGXFSZ, so they fail with EFBIG) and it dumps no core."""
         node = self.nodes[nid]
         log = open(node.log, "ab")
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+            resource.setrlimit(resource.RLIMIT_FSIZE,
+                               (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         node.proc = subprocess.Popen([IDEMD, "--config", node.cfg], stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=limit if fsize is not None else None)
         log.close()
 
     def kill(self, nid, sig=9):

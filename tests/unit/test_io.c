@@ -700,6 +700,63 @@ static void test_snapshot_put_write_failure(void **state)
     closeIo();
 }
 
+/* A put of a snapshot sent by the leader that fails, in the data's write (the first child)
+ * or in raft_uv's put (the second), stops the process: libraft 0.15 has dropped its log for
+ * the snapshot's by then and would take the next entries on top of nothing. A put of the
+ * node's own snapshot that fails reaches raft. libraft submits both with its one request,
+ * r.snapshot.put, whose data tells them apart (raft itself for its own). */
+static void installFails(struct raft *r, bool inData)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (inData) {
+            theIo.snap_dir = "/nonexistent/idem-test-io";
+        }
+        static int installRequest;       /* libraft's request of an install, not raft */
+        struct raft_io_snapshot_put *put = &r->snapshot.put;
+        put->data = &installRequest;
+        struct raft_snapshot snap;
+        struct raft_buffer bufs[2];
+        fillSnapshot(&snap, bufs, 100);
+        theIo.outer.snapshot_put(&theIo.outer, 0, put, &snap, raftPutDone);
+        for (int i = 0; i < 100000 && putCbs == 0 && innerPut == NULL; i++) {
+            uv_run(&loop, UV_RUN_ONCE);
+        }
+        if (innerPut != NULL) {
+            completePut(RAFT_IOERR);
+        }
+        _exit(putCbs == 1 ? 1 : 2); /* not reached when the wrapper stops the process */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+}
+
+static void test_failed_install_stops_the_node(void **state)
+{
+    (void)state;
+    struct raft r;
+    memset(&r, 0, sizeof(r));
+    r.state = RAFT_FOLLOWER;
+    theIo.raft = &r;
+    installFails(&r, true);
+    installFails(&r, false);
+    theIo.snap_dir = "/nonexistent/idem-test-io";
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 100);
+    r.snapshot.put.data = &r; /* the node's own snapshot (trailing 0 too, as configured) */
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 0, &r.snapshot.put, &snap, raftPutDone),
+                     0);
+    RUN_UNTIL(putCbs == 1);
+    assert_int_equal(putStatus, RAFT_IOERR);
+    theIo.raft = NULL;
+    closeIo();
+}
+
 /* raft_close while the data is being written: the close waits for the pool thread, raft
  * hears the put was canceled, raft_uv never gets the reference. The write stops at its
  * next chunk instead of finishing a file nobody will use: with a 500 ms pause after each
@@ -1376,6 +1433,8 @@ int main(void)
                                         setupStore, teardownStore),
         cmocka_unit_test_setup(test_results_cannot_commit_older_terms, setupDisk),
         cmocka_unit_test_setup(test_failed_write_stops_the_node, setupDisk),
+        cmocka_unit_test_setup_teardown(test_failed_install_stops_the_node, setupStore,
+                                        teardownStore),
         cmocka_unit_test_setup(test_snapshotted_entries_are_cut, setup),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
