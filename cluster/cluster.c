@@ -80,7 +80,6 @@ struct cluster {
     int handles_open;
     bool raft_open; /* raft_init succeeded and raft_close has not completed */
     bool stopping;
-    bool stopped_logged; /* raft became unavailable outside close, and we said so */
     cluster_close_cb close_cb;
     void *close_data;
 
@@ -941,16 +940,21 @@ static void tickCb(uv_timer_t *t)
             c->ops.leader_changed(c->ops.data, lid, lid == c->cfg.id);
         }
     }
-    if (raft_state(&c->raft) == RAFT_UNAVAILABLE && !c->stopping && !c->stopped_logged) {
-        /* raft gave up on an error (libraft stops taking part rather than crash); the
-         * node still answers status and /readyz says 503, but only a restart brings it
-         * back. */
-        c->stopped_logged = true;
-        /* raft does not always set its message when it stops: it may be empty or older. */
+    if (raft_state(&c->raft) == RAFT_UNAVAILABLE && !c->stopping) {
+        /* raft gave up on an error (libraft stops taking part rather than crash: a term or
+         * vote it could not store, say) and only a restart brings it back. A node that stayed
+         * up so would answer status and nothing else, and count as a voter that never
+         * votes: with another node down, the cluster had no leader until someone restarted
+         * it. Stop, so that a supervisor restarts it (Restart=on-failure). */
+        /* raft does not always set its message when it stops: it may be empty or older;
+         * the I/O's last message (a failed write of the term, say) tells more then. */
         const char *m = raft_errmsg(&c->raft);
-        fprintf(stderr, "idemd: raft stopped on this node (raft's last error message: %s); it "
-                        "takes no part in the cluster until it is restarted\n",
-                m[0] != '\0' ? m : "none");
+        const char *iom = c->io.outer.errmsg;
+        fprintf(stderr,
+                "idemd: raft stopped on this node (raft's last error message: %s; its I/O's: "
+                "%s); stopping: restarted, it resumes from what its disk holds\n",
+                m[0] != '\0' ? m : "none", iom[0] != '\0' ? iom : "none");
+        abort();
     }
     if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
         /* A new leader's first entry of its own term: until it is stored, no follower's

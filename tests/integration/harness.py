@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -146,6 +147,7 @@ class Node:
         self.cfg = os.path.join(root, "node%d.yaml" % nid)
         self.log = os.path.join(root, "node%d.log" % nid)
         self.proc = None
+        self.copier = None  # the thread that copies its output to log (Cluster.start: pipe)
 
 
 class Cluster:
@@ -248,9 +250,11 @@ class Cluster:
         self.start(nid)
         return node
 
-    def start(self, nid, fsize=None):
+    def start(self, nid, fsize=None, pipe=False):
         """Starts node nid; with fsize, its writes past that many bytes into a file fail
-        (RLIMIT_FSIZE; idemd ignores SIGXFSZ, so they fail with EFBIG) and it dumps no core."""
+        (RLIMIT_FSIZE; idemd ignores SIGXFSZ, so they fail with EFBIG) and it dumps no core.
+        With pipe (or fsize), its output reaches its log through a pipe, which no limit on
+        its file sizes (set now or later) keeps it from writing."""
         node = self.nodes[nid]
         log = open(node.log, "ab")
 
@@ -258,10 +262,32 @@ class Cluster:
             resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
             resource.setrlimit(resource.RLIMIT_FSIZE,
                                (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-        node.proc = subprocess.Popen([IDEMD, "--config", node.cfg], stdout=log,
+        pipe = pipe or fsize is not None
+        node.proc = subprocess.Popen([IDEMD, "--config", node.cfg],
+                                     stdout=subprocess.PIPE if pipe else log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      preexec_fn=limit if fsize is not None else None)
-        log.close()
+        if pipe:
+            def copy(src, dst):
+                with src, dst:
+                    for chunk in iter(lambda: src.read1(65536), b""):
+                        dst.write(chunk)
+                        dst.flush()
+            node.copier = threading.Thread(target=copy, args=(node.proc.stdout, log), daemon=True)
+            node.copier.start()
+        else:
+            log.close()
+
+    def wait_exit(self, nid, timeout=30):
+        """Waits until node nid's process has exited by itself (its log all written);
+        returns its exit status (negative: the signal)."""
+        node = self.nodes[nid]
+        wait_for(lambda: node.proc.poll() is not None, timeout, "node %d to stop" % nid)
+        if node.copier is not None:
+            node.copier.join(timeout=10)
+            node.copier = None
+        rc, node.proc = node.proc.returncode, None
+        return rc
 
     def kill(self, nid, sig=9):
         node = self.nodes[nid]

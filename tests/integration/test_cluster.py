@@ -338,6 +338,37 @@ class TestDiskFailures(ClusterTest):
             rc, out = self.claim(key, n=i, ids=[f])
             self.assertEqual((rc, out["outcome"]), (0, "in_progress"), (key, out))
 
+    def test_term_write_failure_stops_the_node(self):
+        # libraft stops taking part (raft stopped, the process up) when it cannot store a
+        # new term or vote: the node stops instead, so that its supervisor restarts it.
+        lid = self.c.leader()
+        a, b = [n for n in self.c.nodes if n != lid]
+        for i in range(10):
+            rc, out = self.claim("t-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        self.c.kill(a)
+        self.c.start(a, pipe=True)  # its log is written to a file of the harness's
+        self.c.wait_converged(3)
+        # raft_uv's term and vote files are 32 bytes, written whole: a 16-byte limit fails
+        # the next one. Nothing is appended without a leader.
+        pid = self.c.nodes[a].proc.pid
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY))
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (16, resource.RLIM_INFINITY))
+        self.c.kill(lid, 9)
+        self.assertEqual(self.c.wait_exit(a), -signal.SIGABRT)
+        with open(self.c.nodes[a].log) as f:
+            log = f.read()
+        self.assertIn("idemd: raft stopped on this node (", log)
+        self.assertIn("); stopping", log)
+        # Restarted, it and b elect a leader again, without lid.
+        self.c.start(a)
+        self.c.wait_leader(exclude=lid, ids=[a, b])
+        rc, out = self.claim("after", n=99, ids=[a, b])
+        self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        self.c.start(lid)
+        st = self.c.wait_converged(3)
+        self.assertEqual({n["records"] for n in st["nodes"]}, {11}, st)
+
     def test_leader_stops_and_another_takes_over(self):
         lid = self.c.leader()
         self.fail_writes(lid)
