@@ -113,6 +113,12 @@ struct cluster {
         int nice; /* the nice value snapshot_write ran at */
     } snap;
     uint64_t snapshots;
+    /* The io's own_puts when the snapshot being taken began: fsmSnapshotFinalize tells from
+     * it whether that snapshot's put ended, and how. */
+    unsigned long puts_before;
+    /* Entries added to raft's threshold after a snapshot that could not be stored: raft
+     * measures from its last stored snapshot, so it would try again at every apply. */
+    unsigned retry_extra;
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
      * applied since the threshold was last set, and that threshold. */
@@ -651,10 +657,11 @@ static void applyThreshold(struct cluster *c)
         }
     }
     c->threshold = t;
+    unsigned withRetry = t > UINT_MAX - c->retry_extra ? UINT_MAX : t + c->retry_extra;
     if (c->saved_threshold != 0) {
-        c->saved_threshold = c->threshold; /* a forced snapshot is pending: set after it */
+        c->saved_threshold = withRetry; /* a forced snapshot is pending: set after it */
     } else {
-        raft_set_snapshot_threshold(&c->raft, c->threshold);
+        raft_set_snapshot_threshold(&c->raft, withRetry);
     }
 }
 
@@ -695,6 +702,7 @@ static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigne
 {
     struct cluster *c = fsm->data;
     uint64_t t0 = monoUs();
+    c->puts_before = c->io.own_puts;
     Idem__ClusterSnapshot cs = IDEM__CLUSTER_SNAPSHOT__INIT;
     Idem__MemberInfo infos[CLUSTER_MEMBERS_MAX];
     Idem__MemberInfo *ptrs[CLUSTER_MEMBERS_MAX];
@@ -845,6 +853,16 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
                                unsigned *n_bufs)
 {
     struct cluster *c = fsm->data;
+    /* Whether raft_uv stored it: finalize comes after the put's end (takeSnapshotCb). */
+    bool put_ended = c->io.own_puts != c->puts_before;
+    bool stored = put_ended && c->io.own_put_status == 0;
+    if (put_ended) {
+        /* Stored: as scheduled. Not stored: the next attempt a whole threshold after this
+         * one, not at once (raft counts from its last stored snapshot, which is older). */
+        uint64_t from = c->raft.log.snapshot.last_index;
+        uint64_t extra = stored || c->last_snapshot_index <= from ? 0 : c->last_snapshot_index - from;
+        c->retry_extra = extra > UINT_MAX ? UINT_MAX : (unsigned)extra;
+    }
     if (*bufs != NULL) {
         if (*n_bufs == 2 && (*bufs)[1].base != NULL) {
             adaptThreshold(c, (*bufs)[0].len + (*bufs)[1].len, c->last_snapshot_index);
@@ -864,6 +882,8 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
             .write_us = c->snap.write_us,
             .bytes = c->snap.bytes,
             .written = c->snap.written,
+            .stored = stored,
+            .store_error = stored ? "" : c->io.own_put_err,
             .nice = c->snap.nice,
             .next_threshold = c->threshold,
         };
@@ -1262,7 +1282,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->leader_id = cluster_leader(c, &out->leader_rpc_address);
     out->commit_index = r->commit_index;
     out->applied_index = raft_last_applied(r);
-    out->last_snapshot_index = c->last_snapshot_index;
+    out->last_snapshot_index = c->io.snap_last; /* stored (or loaded), not only taken */
+    out->snapshot_store_failures = c->io.own_put_failures;
     out->leader_changes = c->leader_changes;
     out->snapshots = c->snapshots;
     out->snapshot_pause_us_last = c->snapshot_pause_us_last;

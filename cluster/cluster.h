@@ -82,6 +82,8 @@ struct cluster_snapshot_info {
     uint64_t write_us; /* snapshot_write off the loop (0 when it did not run) */
     size_t bytes;      /* what snapshot_write produced */
     bool written;      /* snapshot_write ran and succeeded */
+    bool stored;       /* ... and raft_uv stored it */
+    const char *store_error; /* why it was not stored, when written ("" if unknown) */
     int nice;          /* the nice value it ran at (cfg.snapshot_nice over the process's) */
     unsigned next_threshold; /* entries until the next one (cluster_snapshot_threshold) */
 };
@@ -121,7 +123,8 @@ struct cluster_status {
     const char *leader_rpc_address; /* "" when unknown; valid until the next loop turn */
     uint64_t commit_index;
     uint64_t applied_index;
-    uint64_t last_snapshot_index;
+    uint64_t last_snapshot_index;     /* the last one stored (or loaded at start) */
+    uint64_t snapshot_store_failures; /* this node's own that could not be stored */
     uint64_t leader_changes; /* times this node saw the leader change */
     uint64_t snapshots;      /* snapshots taken by this node since it started */
     uint64_t snapshot_pause_us_last; /* the loop's part of the last one (see cluster_ops) */

@@ -825,8 +825,19 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     struct ioSnapJob *j = d->job;
     bool install = d->install;
     struct io *io = diskEnd(d);
+    const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
-        installFailed(status, j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg);
+        installFailed(status, why);
+    }
+    if (!io->closing && !install) {
+        io->own_puts++;
+        io->own_put_status = status;
+        io->own_put_err[0] = '\0';
+        if (status != 0) {
+            io->own_put_failures++;
+            snprintf(io->own_put_err, sizeof(io->own_put_err), "%s",
+                     why[0] != '\0' ? why : raft_strerror(status));
+        }
     }
     if (j != NULL) {
         if (status == 0) { /* only raft_uv's put, after our write, answers 0 */

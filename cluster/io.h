@@ -121,6 +121,11 @@ struct io {
     unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
     atomic_bool snap_stop;         /* set by raft's close: snapstore's pool work stops early */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
+    /* The node's own snapshot puts (not installs) that ended while raft was open: how
+     * many, how many of them failed, and the last one's status and message. */
+    unsigned long own_puts, own_put_failures;
+    int own_put_status;
+    char own_put_err[256];
     struct {
         raft_id id;       /* 0: unused */
         raft_time at_ms;  /* uv_now() of the loop when a message from it last arrived */

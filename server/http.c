@@ -1078,6 +1078,13 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_raft_snapshot_bytes", "gauge",
          "Size of the last snapshot taken or restored (its serialised data).",
          si.cluster.snapshot_bytes_last},
+        {"idem_raft_snapshot_index", "gauge",
+         "Index of the last snapshot stored on this node (or loaded at start).",
+         si.cluster.last_snapshot_index},
+        {"idem_raft_snapshot_store_failures_total", "counter",
+         "Snapshots of this node's own that could not be stored (the log keeps its entries; "
+         "the next attempt comes a snapshot threshold later).",
+         si.cluster.snapshot_store_failures},
         {"idem_records", "gauge", "Records held (released markers excluded).",
          si.fsm.records - si.fsm.released},
         {"idem_tombstones", "gauge", "Tombstones held.", si.fsm.tombstones},

@@ -358,7 +358,14 @@ static void svcSnapshotRelease(void *data, void *view,
     struct service *s = data;
     uint64_t records = fsm_frozen_records(view);
     fsm_thaw(s->fsm, view);
-    if (info->written) {
+    if (info->written && !info->stored) {
+        log_warn("snapshot at index %llu (%llu records, %zu bytes) could not be stored (%s); "
+                 "the log keeps its entries; next attempt after %u entries",
+                 (unsigned long long)info->index, (unsigned long long)records, info->bytes,
+                 info->store_error != NULL && info->store_error[0] != '\0' ? info->store_error
+                                                                           : "no reason given",
+                 info->next_threshold);
+    } else if (info->written) {
         log_info("snapshot at index %llu: %llu records, %zu bytes; loop paused %.3f ms, "
                  "written off the loop in %.1f ms at nice %d; next after %u entries",
                  (unsigned long long)info->index, (unsigned long long)records, info->bytes,

@@ -388,27 +388,78 @@ class TestDiskFailures(ClusterTest):
                 self.assertEqual((rc, out["outcome"]), (0, "in_progress"), (key, nid, out))
 
 
-class TestSnapshotInstallFailure(ClusterTest):
-    """A follower that cannot store the snapshot the leader sends it stops (cluster/io.c,
-    installFailed); restarted, it catches up to an identical replica, and made leader it
-    grants none of the claims held a second time. Without the stop it went on from a log
-    it had dropped, writing the next entries at the wrong indexes."""
+class TestSnapshotStoreFailures(ClusterTest):
+    """Snapshots that cannot be stored. One the leader sent: the follower stops
+    (cluster/io.c, installFailed); restarted, it catches up to an identical replica, and
+    made leader it grants none of the claims held a second time (without the stop it went
+    on from a log it had dropped, writing the next entries at the wrong indexes). One of
+    the node's own: the node goes on with its log, says so, and tries again a snapshot
+    threshold later, not at every apply."""
     # 1 MiB segments and a state of ~1.6 MB: with writes limited to 1.25 MiB a file, the
     # log's writes pass and the snapshot's data does not.
     cluster_opts = dict(snapshot_threshold=64, snapshot_trailing=16, segment_size_mb=1,
                         snapshot_log_percent=0)
     LIMIT = (1 << 20) + (256 << 10)
 
+    BODY = "b" * 100000
+
+    def big_records(self):
+        for i in range(16):
+            rc, out = self.claim("big-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+            rc, out = self.complete("big-%d" % i, out["token"], self.BODY)
+            self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+
+    def node_status(self, nid):
+        st = self.c.status() or {"nodes": []}
+        return next((n for n in st["nodes"] if n["id"] == nid), {})
+
+    def test_own_snapshot_not_stored_then_stored(self):
+        lid = self.c.leader()
+        f = [n for n in self.c.nodes if n != lid][0]
+        # f restarted with its files limited (its log's 1 MiB segments fit; the snapshot's
+        # 1.6 MB do not), before there is anything to snapshot: it catches up from the log.
+        self.c.kill(f)
+        self.c.start(f, fsize=self.LIMIT)
+        self.c.wait_converged(3)
+        self.big_records()
+        for i in range(100, 300):
+            rc, out = self.claim("c-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        self.c.wait_converged(3)
+        self.assertIsNone(self.c.nodes[f].proc.poll(), "node %d stopped" % f)
+        node = self.c.nodes[f]
+        failures = self.metric(node, "idem_raft_snapshot_store_failures_total")
+        # ~216 entries at a threshold of 64: three or four attempts (at every apply batch,
+        # as before, there were 35 in 200 entries).
+        self.assertGreaterEqual(failures, 2)
+        self.assertLessEqual(failures, 5)
+        self.assertEqual(self.node_status(f).get("last_snapshot_index", 0), 0)
+        self.assertGreater(self.node_status(lid).get("last_snapshot_index", 0), 100)
+        with open(node.log) as fh:
+            log = fh.read()
+        self.assertIn(") could not be stored (", log)
+        self.assertIn("File too large", log)
+        self.assertIn("the log keeps its entries; next attempt after 64 entries", log)
+        # With room again, the next attempt stores it.
+        resource.prlimit(node.proc.pid, resource.RLIMIT_FSIZE,
+                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        i = 300
+        while self.node_status(f).get("last_snapshot_index", 0) == 0 and i < 500:
+            rc, out = self.claim("d-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+            i += 1
+        self.assertGreater(self.node_status(f).get("last_snapshot_index", 0), 200)
+        self.assertEqual(self.metric(node, "idem_raft_snapshot_store_failures_total"), failures)
+        self.assertEqual(self.metric(node, "idem_raft_snapshot_index"),
+                         self.node_status(f)["last_snapshot_index"])
+        self.c.wait_converged(3)
+
     def test_follower_stops_and_catches_up_after_a_restart(self):
         lid = self.c.leader()
         f = [n for n in self.c.nodes if n != lid][0]
         others = [n for n in self.c.nodes if n != f]
-        body = "b" * 100000
-        for i in range(16):
-            rc, out = self.claim("big-%d" % i, n=i)
-            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
-            rc, out = self.complete("big-%d" % i, out["token"], body)
-            self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+        self.big_records()
         self.c.kill(f, 9)
         # Until the leader's newest snapshot is far past what f holds (its log then starts
         # after f's last entry, so f can only catch up from a snapshot).
