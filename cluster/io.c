@@ -76,6 +76,8 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
 {
     struct io *io = fromOuter(o);
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
+    /* Where raft_uv writes the next entry (an empty log: not known until the first). */
+    io->disk_next = rv == 0 && *n_entries > 0 ? *start_index + *n_entries : 0;
     if (rv != 0 || io->snap_dir == NULL || *snapshot == NULL) {
         return passErr(io, rv);
     }
@@ -315,7 +317,49 @@ static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft
 static int ioTruncate(struct raft_io *o, raft_index index)
 {
     struct io *io = fromOuter(o);
-    return passErr(io, io->inner.truncate(&io->inner, index));
+    int rv = io->inner.truncate(&io->inner, index);
+    if (rv == 0 && io->disk_next > index) {
+        io->disk_next = index;
+    }
+    return passErr(io, rv);
+}
+
+/* The index raft gives the first of entries[0, n) it asks to append: they are the tail of
+ * its in-memory log (libraft 0.15 appends them there first, leader and follower alike).
+ * 0 when that cannot be confirmed (the entry at that index is not entries[0]). */
+static raft_index appendIndex(const struct raft *r, const struct raft_entry entries[], unsigned n)
+{
+    const struct raft_log *l = &r->log;
+    size_t held = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
+    if (n == 0 || held < n || l->size == 0) {
+        return 0;
+    }
+    raft_index first = l->offset + held - n + 1;
+    const struct raft_entry *e = &l->entries[(l->front + (size_t)(first - l->offset - 1)) % l->size];
+    return e->buf.base == entries[0].buf.base && e->term == entries[0].term ? first : 0;
+}
+
+/* raft_uv's segments give entries no index of their own: an entry's index is its place on
+ * disk. Entries raft asks to append at another index than the next one there would be
+ * stored at the wrong one (libraft 0.15 did so after a failed log write and after a failed
+ * snapshot install; both now stop the node before): stop before writing them. */
+static void checkAppendIndex(struct io *io, const struct raft_entry entries[], unsigned n)
+{
+    raft_index first = io->raft != NULL ? appendIndex(io->raft, entries, n) : 0;
+    if (first == 0) {
+        io->disk_next = 0; /* not known from here on */
+        return;
+    }
+    if (io->disk_next != 0 && first != io->disk_next) {
+        fprintf(stderr,
+                "idemd: raft asked to append entries %llu-%llu while this node's log on disk "
+                "ends at %llu: they would be stored at the wrong indexes; stopping: restarted, "
+                "it resumes from what its disk holds\n",
+                (unsigned long long)first, (unsigned long long)(first + n - 1),
+                (unsigned long long)(io->disk_next - 1));
+        abort();
+    }
+    io->disk_next = first + n;
 }
 
 /* A snapshot_get through snapstore: raft_uv reads the reference, a pool thread the data. */
@@ -611,6 +655,8 @@ struct ioDisk {
     struct ioSnapJob *job; /* a put through snapstore */
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
     bool install;          /* puts: of a snapshot the leader sent (isInstall) */
+    unsigned trailing;     /* puts: as raft asked (0: raft_uv drops the whole log) */
+    uint64_t index;        /* puts: the snapshot's index */
 };
 
 /* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
@@ -731,6 +777,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     if (io->inner_closing) {
         return RAFT_CANCELED; /* raft_uv asserts that it is not closing */
     }
+    checkAppendIndex(io, entries, n);
     struct ioDisk *d = diskBegin(io);
     if (d == NULL) {
         return RAFT_NOMEM;
@@ -824,7 +871,14 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     raft_io_snapshot_put_cb cb = d->cb.put;
     struct ioSnapJob *j = d->job;
     bool install = d->install;
+    unsigned d_trailing = d->trailing;
+    uint64_t d_index = d->index;
     struct io *io = diskEnd(d);
+    if (status == 0 && d_trailing == 0) {
+        /* raft_uv drops the whole log for a put without trailing entries (it takes it for
+         * an install, whoever asked) and appends the next entry at the snapshot's index + 1. */
+        io->disk_next = d_index + 1;
+    }
     const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
         installFailed(status, why);
@@ -913,6 +967,8 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     d->outer.put = req;
     d->cb.put = cb;
     d->install = isInstall(io, req);
+    d->trailing = trailing;
+    d->index = snapshot->index;
     req->cb = cb;
     if (io->snap_dir == NULL) {
         int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,

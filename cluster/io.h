@@ -121,6 +121,9 @@ struct io {
     unsigned snap_delete_pause_us; /* SNAPSTORE_DELETE_PAUSE_US unless a test sets it */
     atomic_bool snap_stop;         /* set by raft's close: snapstore's pool work stops early */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
+    /* Index raft_uv stores the next appended entry at (its log's last + 1), 0 if not known:
+     * appends asked at another index stop the node (io.c, checkAppendIndex). */
+    uint64_t disk_next;
     /* The node's own snapshot puts (not installs) that ended while raft was open: how
      * many, how many of them failed, and the last one's status and message. */
     unsigned long own_puts, own_put_failures;

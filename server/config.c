@@ -684,7 +684,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[ELECTION], 100, 60000, &r->election_timeout_ms) != 0 ||
         getU32(c, &f[HEARTBEAT], 10, 10000, &r->heartbeat_timeout_ms) != 0 ||
         getU32(c, &f[THRESHOLD], 16, UINT32_MAX, &r->snapshot_threshold) != 0 ||
-        getU32(c, &f[TRAILING], 0, UINT32_MAX, &r->snapshot_trailing) != 0 ||
+        getU32(c, &f[TRAILING], 1, UINT32_MAX, &r->snapshot_trailing) != 0 ||
         getU32(c, &f[LOG_PERCENT], 0, 10000, &r->snapshot_log_percent) != 0 ||
         getU32(c, &f[LOG_MAX], 1, 65536, &r->snapshot_log_max_mb) != 0 ||
         getU32(c, &f[SEGMENT], 1, 1024, &r->segment_size_mb) != 0 ||

@@ -1235,6 +1235,73 @@ static void test_failed_write_stops_the_node(void **state)
     closeIo();
 }
 
+/* raft_uv stores an entry at the index its place on disk gives it: an append that raft
+ * asks at another index than the disk's next stops the process before anything is
+ * written (after a snapshot without trailing entries, raft_uv's next is the snapshot's
+ * index + 1; libraft 0.15 still appended after its last stored entry). */
+static char bufA, bufB, bufC;
+
+static int fakeTruncate(struct raft_io *io, raft_index index)
+{
+    (void)io;
+    (void)index;
+    return 0;
+}
+
+static void appendAt(struct raft *r, uint64_t diskNext)
+{
+    theIo.disk_next = diskNext;
+    struct raft_io_append req;
+    /* raft's log holds 5, 6, 7 (the last two just added): it asks for 6-7. */
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &r->log.entries[1], 2, raftAppendDone),
+                     0);
+    completeAppend(0);
+}
+
+static void test_append_at_the_wrong_index_stops_the_node(void **state)
+{
+    (void)state;
+    struct raft r;
+    const raft_term terms[] = {2, 2, 3};
+    fakeLeader(&r, terms, 3, 0);
+    r.log.offset = 4; /* entries 5, 6, 7 */
+    fakeLog[0].buf.base = &bufA;
+    fakeLog[1].buf.base = &bufB;
+    fakeLog[2].buf.base = &bufC;
+    theIo.raft = &r;
+    appendAt(&r, 6);
+    assert_int_equal(appendStatus, 0);
+    assert_int_equal(theIo.disk_next, 8);
+    appendAt(&r, 0); /* not known (an empty log at start): taken from raft */
+    assert_int_equal(theIo.disk_next, 8);
+    /* Entries that are not raft's tail: not checked, and the next index is not known. */
+    struct raft_io_append req;
+    struct raft_entry other = {.term = 2, .buf = {.base = &bufC}};
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &other, 1, raftAppendDone), 0);
+    completeAppend(0);
+    assert_int_equal(theIo.disk_next, 0);
+    /* A truncation moves the disk's next back. */
+    theIo.inner.truncate = fakeTruncate;
+    theIo.disk_next = 8;
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 6), 0);
+    assert_int_equal(theIo.disk_next, 6);
+
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        appendStatus = -1;
+        appendAt(&r, 8); /* raft's 6-7 where the disk's next is 8 */
+        _exit(appendStatus == -1 ? 2 : 1); /* not reached when the wrapper stops the process */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+    theIo.raft = NULL;
+    closeIo();
+}
+
 /* ---- the follower's side: entries its snapshot covers -------------------------------- */
 
 static struct raft_append_entries seenAe; /* the AppendEntries as the fake raft got it */
@@ -1433,6 +1500,7 @@ int main(void)
                                         setupStore, teardownStore),
         cmocka_unit_test_setup(test_results_cannot_commit_older_terms, setupDisk),
         cmocka_unit_test_setup(test_failed_write_stops_the_node, setupDisk),
+        cmocka_unit_test_setup(test_append_at_the_wrong_index_stops_the_node, setupDisk),
         cmocka_unit_test_setup_teardown(test_failed_install_stops_the_node, setupStore,
                                         teardownStore),
         cmocka_unit_test_setup(test_snapshotted_entries_are_cut, setup),
