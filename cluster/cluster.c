@@ -882,6 +882,7 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
             .write_us = c->snap.write_us,
             .bytes = c->snap.bytes,
             .written = c->snap.written,
+            .put_ended = put_ended,
             .stored = stored,
             .store_error = stored ? "" : c->io.own_put_err,
             .nice = c->snap.nice,
@@ -923,6 +924,7 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     }
     idem__cluster_snapshot__free_unpacked(cs, NULL);
     c->last_snapshot_index = raft_last_applied(&c->raft);
+    c->retry_extra = 0; /* a snapshot of the leader's stands for this node's */
     adaptThreshold(c, buf->len, raft_last_applied(&c->raft));
     raft_free(buf->base);
     return 0;

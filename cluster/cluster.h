@@ -82,6 +82,7 @@ struct cluster_snapshot_info {
     uint64_t write_us; /* snapshot_write off the loop (0 when it did not run) */
     size_t bytes;      /* what snapshot_write produced */
     bool written;      /* snapshot_write ran and succeeded */
+    bool put_ended;    /* ... and raft's put of it ended while raft was open */
     bool stored;       /* ... and raft_uv stored it */
     const char *store_error; /* why it was not stored, when written ("" if unknown) */
     int nice;          /* the nice value it ran at (cfg.snapshot_nice over the process's) */

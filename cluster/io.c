@@ -318,8 +318,8 @@ static int ioTruncate(struct raft_io *o, raft_index index)
 {
     struct io *io = fromOuter(o);
     int rv = io->inner.truncate(&io->inner, index);
-    if (rv == 0 && io->disk_next > index) {
-        io->disk_next = index;
+    if (rv == 0) {
+        io->disk_next = index; /* raft_uv appends at index next */
     }
     return passErr(io, rv);
 }
@@ -343,14 +343,10 @@ static raft_index appendIndex(const struct raft *r, const struct raft_entry entr
  * disk. Entries raft asks to append at another index than the next one there would be
  * stored at the wrong one (libraft 0.15 did so after a failed log write and after a failed
  * snapshot install; both now stop the node before): stop before writing them. */
-static void checkAppendIndex(struct io *io, const struct raft_entry entries[], unsigned n)
+static raft_index checkAppendIndex(struct io *io, const struct raft_entry entries[], unsigned n)
 {
     raft_index first = io->raft != NULL ? appendIndex(io->raft, entries, n) : 0;
-    if (first == 0) {
-        io->disk_next = 0; /* not known from here on */
-        return;
-    }
-    if (io->disk_next != 0 && first != io->disk_next) {
+    if (first != 0 && io->disk_next != 0 && first != io->disk_next) {
         fprintf(stderr,
                 "idemd: raft asked to append entries %llu-%llu while this node's log on disk "
                 "ends at %llu: they would be stored at the wrong indexes; stopping: restarted, "
@@ -359,7 +355,7 @@ static void checkAppendIndex(struct io *io, const struct raft_entry entries[], u
                 (unsigned long long)(io->disk_next - 1));
         abort();
     }
-    io->disk_next = first + n;
+    return first;
 }
 
 /* A snapshot_get through snapstore: raft_uv reads the reference, a pool thread the data. */
@@ -655,8 +651,6 @@ struct ioDisk {
     struct ioSnapJob *job; /* a put through snapstore */
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
     bool install;          /* puts: of a snapshot the leader sent (isInstall) */
-    unsigned trailing;     /* puts: as raft asked (0: raft_uv drops the whole log) */
-    uint64_t index;        /* puts: the snapshot's index */
 };
 
 /* A snapshot put through snapstore: a pool thread writes the data (snapWriteWork), then
@@ -777,7 +771,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     if (io->inner_closing) {
         return RAFT_CANCELED; /* raft_uv asserts that it is not closing */
     }
-    checkAppendIndex(io, entries, n);
+    raft_index first = checkAppendIndex(io, entries, n);
     struct ioDisk *d = diskBegin(io);
     if (d == NULL) {
         return RAFT_NOMEM;
@@ -787,7 +781,12 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
-    return diskSubmitted(d, io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone));
+    int rv = io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone);
+    if (rv == 0) {
+        /* Taken: raft_uv stores them next (0: where is not known from here on). */
+        io->disk_next = first != 0 ? first + n : 0;
+    }
+    return diskSubmitted(d, rv);
 }
 
 static void snapGcWork(uv_work_t *w)
@@ -837,6 +836,16 @@ static void snapStored(struct io *io, uint64_t index)
     snapGcQueue(io, older, index);
 }
 
+/* raft_uv took a snapshot put (rv 0). Without trailing entries it takes it for an install,
+ * whoever asked: it drops the whole log and, from the put's submission on, appends the next
+ * entry at the snapshot's index + 1 (later appends wait behind the put). */
+static void putSubmitted(struct io *io, int rv, unsigned trailing, uint64_t index)
+{
+    if (rv == 0 && trailing == 0) {
+        io->disk_next = index + 1;
+    }
+}
+
 /* Whether req, as raft submits it, is the put of a snapshot sent by the leader, not of one
  * of its own. libraft 0.15 uses its one request (raft->snapshot.put) for both, with trailing
  * 0 for an install (which snapshot_trailing may be too); its data is raft itself for its own
@@ -871,14 +880,7 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     raft_io_snapshot_put_cb cb = d->cb.put;
     struct ioSnapJob *j = d->job;
     bool install = d->install;
-    unsigned d_trailing = d->trailing;
-    uint64_t d_index = d->index;
     struct io *io = diskEnd(d);
-    if (status == 0 && d_trailing == 0) {
-        /* raft_uv drops the whole log for a put without trailing entries (it takes it for
-         * an install, whoever asked) and appends the next entry at the snapshot's index + 1. */
-        io->disk_next = d_index + 1;
-    }
     const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
         installFailed(status, why);
@@ -942,6 +944,7 @@ static void snapWriteAfter(uv_work_t *w, int status)
         j->ref_snapshot.n_bufs = 1;
         rv = io->inner.snapshot_put(&io->inner, j->trailing, &d->req.put, &j->ref_snapshot,
                                     ioSnapshotPutDone);
+        putSubmitted(io, rv, j->trailing, j->ref_snapshot.index);
         if (rv == 0) {
             maybeCloseInnerLater(io);
             return;
@@ -967,8 +970,6 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     d->outer.put = req;
     d->cb.put = cb;
     d->install = isInstall(io, req);
-    d->trailing = trailing;
-    d->index = snapshot->index;
     req->cb = cb;
     if (io->snap_dir == NULL) {
         int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
@@ -976,6 +977,7 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
         if (rv != 0 && d->install) {
             installFailed(rv, io->inner.errmsg);
         }
+        putSubmitted(io, rv, trailing, snapshot->index);
         return diskSubmitted(d, rv);
     }
     struct ioSnapJob *j = calloc(1, sizeof(*j));

@@ -358,7 +358,11 @@ static void svcSnapshotRelease(void *data, void *view,
     struct service *s = data;
     uint64_t records = fsm_frozen_records(view);
     fsm_thaw(s->fsm, view);
-    if (info->written && !info->stored) {
+    if (info->written && !info->put_ended) {
+        log_info("snapshot at index %llu not stored (raft did not store it: shutting down, or "
+                 "it refused the put)",
+                 (unsigned long long)info->index);
+    } else if (info->written && !info->stored) {
         log_warn("snapshot at index %llu (%llu records, %zu bytes) could not be stored (%s); "
                  "the log keeps its entries; next attempt after %u entries",
                  (unsigned long long)info->index, (unsigned long long)records, info->bytes,

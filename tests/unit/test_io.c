@@ -700,6 +700,46 @@ static void test_snapshot_put_write_failure(void **state)
     closeIo();
 }
 
+/* Forks with the child's stderr into a pipe (*fd, the parent's end): 0 in the child. */
+static pid_t forkCapturing(int *fd)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        dup2(p[1], STDERR_FILENO);
+        close(p[1]);
+        return 0;
+    }
+    close(p[1]);
+    *fd = p[0];
+    return pid;
+}
+
+/* The child stopped the way the wrapper stops a node (abort) and said `msg` first (so that
+ * no other abort, an assert's say, passes for it). */
+static void expectStopped(pid_t pid, int fd, const char *msg)
+{
+    char out[4096];
+    size_t len = 0;
+    ssize_t k;
+    while ((k = read(fd, out + len, sizeof(out) - 1 - len)) > 0) {
+        len += (size_t)k;
+    }
+    close(fd);
+    out[len] = '\0';
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+    if (strstr(out, msg) == NULL) {
+        fail_msg("the child said %s, not %s", out, msg);
+    }
+}
+
 /* A put of a snapshot sent by the leader that fails, in the data's write (the first child)
  * or in raft_uv's put (the second), stops the process: libraft 0.15 has dropped its log for
  * the snapshot's by then and would take the next entries on top of nothing. A put of the
@@ -707,9 +747,8 @@ static void test_snapshot_put_write_failure(void **state)
  * r.snapshot.put, whose data tells them apart (raft itself for its own). */
 static void installFails(struct raft *r, bool inData)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    int fd;
+    pid_t pid = forkCapturing(&fd);
     if (pid == 0) {
         if (inData) {
             theIo.snap_dir = "/nonexistent/idem-test-io";
@@ -729,10 +768,7 @@ static void installFails(struct raft *r, bool inData)
         }
         _exit(putCbs == 1 ? 1 : 2); /* not reached when the wrapper stops the process */
     }
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status));
-    assert_int_equal(WTERMSIG(status), SIGABRT);
+    expectStopped(pid, fd, "storing the leader's snapshot failed on this node");
 }
 
 static void test_failed_install_stops_the_node(void **state)
@@ -1198,9 +1234,8 @@ static void failedWriteStops(unsigned short role)
     memset(&r, 0, sizeof(r));
     r.state = role;
     theIo.raft = &r;
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    int fd;
+    pid_t pid = forkCapturing(&fd);
     if (pid == 0) {
         struct raft_io_append req;
         appendStatus = -1;
@@ -1208,10 +1243,7 @@ static void failedWriteStops(unsigned short role)
         completeAppend(RAFT_IOERR);
         _exit(appendStatus == -1 ? 0 : 1); /* not reached when the wrapper stops the process */
     }
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status));
-    assert_int_equal(WTERMSIG(status), SIGABRT);
+    expectStopped(pid, fd, "raft log write failed on this node");
     theIo.raft = NULL;
 }
 
@@ -1286,18 +1318,15 @@ static void test_append_at_the_wrong_index_stops_the_node(void **state)
     assert_int_equal(theIo.outer.truncate(&theIo.outer, 6), 0);
     assert_int_equal(theIo.disk_next, 6);
 
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    int fd;
+    pid_t pid = forkCapturing(&fd);
     if (pid == 0) {
         appendStatus = -1;
         appendAt(&r, 8); /* raft's 6-7 where the disk's next is 8 */
         _exit(appendStatus == -1 ? 2 : 1); /* not reached when the wrapper stops the process */
     }
-    int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status));
-    assert_int_equal(WTERMSIG(status), SIGABRT);
+    expectStopped(pid, fd,
+                  "raft asked to append entries 6-7 while this node's log on disk ends at 7");
     theIo.raft = NULL;
     closeIo();
 }
