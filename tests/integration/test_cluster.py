@@ -348,6 +348,9 @@ class TestDiskFailures(ClusterTest):
             self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
         self.c.kill(a)
         self.c.start(a, pipe=True)  # its log is written to a file of the harness's
+        for i in range(10, 15):  # so that a appends, and prepares its next segments
+            rc, out = self.claim("t-%d" % i, n=i)
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
         self.c.wait_converged(3)
         # raft_uv's term and vote files are 32 bytes, written whole: a 16-byte limit fails
         # the next one. Nothing is appended without a leader.
@@ -365,7 +368,7 @@ class TestDiskFailures(ClusterTest):
         self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
         self.c.start(lid)
         st = self.c.wait_converged(3)
-        self.assertEqual({n["records"] for n in st["nodes"]}, {11}, st)
+        self.assertEqual({n["records"] for n in st["nodes"]}, {16}, st)
 
     def test_leader_stops_and_another_takes_over(self):
         lid = self.c.leader()
