@@ -119,6 +119,7 @@ struct cluster {
     /* Entries added to raft's threshold after a snapshot that could not be stored: raft
      * measures from its last stored snapshot, so it would try again at every apply. */
     unsigned retry_extra;
+    uint64_t stuck_append_warned_us; /* when tickCb last warned of an append in flight long */
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
      * applied since the threshold was last set, and that threshold. */
@@ -978,6 +979,21 @@ static void tickCb(uv_timer_t *t)
                 m[0] != '\0' ? m : "none", iom[0] != '\0' ? iom : "none");
         abort();
     }
+    uint64_t oldest = io_oldest_append_us(&c->io), now = uv_hrtime() / 1000u;
+    if (oldest != 0 && now - oldest >= CLUSTER_STUCK_APPEND_US &&
+        now - c->stuck_append_warned_us >= CLUSTER_STUCK_APPEND_US * 2) {
+        /* A disk that does not answer holds every commit of this node (of the cluster, on
+         * the leader: its heartbeats still go out, so no other node takes over); raft_uv
+         * gives no time-out. Said every 10 s while it lasts; idem_raft_append_oldest_seconds
+         * has it at any time. */
+        c->stuck_append_warned_us = now;
+        fprintf(stderr,
+                "idemd: a Raft log write has been in flight for %.1f s on this node (%s): its "
+                "disk is slow or not answering\n",
+                (double)(now - oldest) / 1e6,
+                raft_state(&c->raft) == RAFT_LEADER ? "the leader: nothing commits meanwhile"
+                                                    : "a follower");
+    }
     if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
         /* A new leader's first entry of its own term: until it is stored, no follower's
          * answer counts towards a commit (io.h: libraft 0.15's Figure 8 flaw), and once it
@@ -1296,6 +1312,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     memcpy(out->append_buckets, c->io.append_buckets, sizeof(out->append_buckets));
     out->append_count = c->io.append_count;
     out->append_sum_us = c->io.append_sum_us;
+    uint64_t oldest = io_oldest_append_us(&c->io), now = uv_hrtime() / 1000u;
+    out->append_oldest_us = oldest != 0 && now > oldest ? now - oldest : 0;
     out->raft_clamped = c->io.corrected;
     out->raft_held = c->io.results_held;
     out->raft_cut = c->io.skipped;

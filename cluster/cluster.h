@@ -76,6 +76,9 @@ struct cluster_config {
 };
 
 /* What one snapshot taken off the loop cost (cluster_ops.snapshot_release). */
+/* A log append in flight this long is warned of (tickCb), again every twice as long. */
+#define CLUSTER_STUCK_APPEND_US 5000000u
+
 struct cluster_snapshot_info {
     uint64_t index;    /* the raft index it covers */
     uint64_t pause_us; /* the loop's part: snapshot_freeze and the member metadata */
@@ -137,6 +140,7 @@ struct cluster_status {
     uint64_t append_buckets[IO_APPEND_BUCKETS];
     uint64_t append_count;
     uint64_t append_sum_us;
+    uint64_t append_oldest_us; /* age of the oldest append in flight, 0 when none */
     /* The raft I/O wrapper's corrections of libraft 0.15 (io.h) on this node: answers and
      * commit indexes clamped, results held by a leader, RPCs cut at the snapshot. */
     uint64_t raft_clamped;

@@ -90,6 +90,8 @@
 /* How long raft's close waits for disk writes in flight, by default. */
 #define IO_CLOSE_WAIT_MS 2000
 
+struct ioDisk; /* io.c: a disk request in flight */
+
 struct io {
     struct raft_io outer; /* first member; hand &outer to raft_init */
     struct raft_io inner; /* raft_uv_init() it; raft_uv_set_*() and raft_uv_close() on it */
@@ -124,6 +126,7 @@ struct io {
     /* Index raft_uv stores the next appended entry at (its log's last + 1), 0 if not known:
      * appends asked at another index stop the node (io.c, checkAppendIndex). */
     uint64_t disk_next;
+    struct ioDisk *appends_head, *appends_tail; /* appends in flight, oldest first */
     /* The node's own snapshot puts (not installs) that ended while raft was open: how
      * many, how many of them failed, and the last one's status and message. */
     unsigned long own_puts, own_put_failures;
@@ -166,5 +169,9 @@ void io_wrap(struct io *io, uv_loop_t *loop);
  * after it). The leader hears from every follower at least once a heartbeat while that
  * follower is up and connected. */
 uint64_t io_heard_ago_ms(const struct io *io, raft_id id);
+
+/* When (uv_hrtime() in µs) the oldest log append still in flight was asked for, 0 when none
+ * is. A disk that stops answering shows here: such an append never reaches the histogram. */
+uint64_t io_oldest_append_us(const struct io *io);
 
 #endif

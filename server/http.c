@@ -1063,6 +1063,13 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
                 "completion).",
                 appendBounds, si.cluster.append_buckets, IO_APPEND_BUCKETS - 1,
                 si.cluster.append_count, (double)si.cluster.append_sum_us / 1e6);
+    tbPrintf(&b,
+             "# HELP idem_raft_append_oldest_seconds Age of the oldest Raft log append still in "
+             "flight on this node (0: none). An append that never ends (a disk that stopped "
+             "answering) shows here, never in idem_raft_append_duration_seconds.\n"
+             "# TYPE idem_raft_append_oldest_seconds gauge\n"
+             "idem_raft_append_oldest_seconds %.6f\n",
+             (double)si.cluster.append_oldest_us / 1e6);
     struct {
         const char *name, *type, *help;
         uint64_t v;

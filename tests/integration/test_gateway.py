@@ -719,7 +719,9 @@ _METRICS = ("idem_http_requests_total", "idem_requests_total", "idem_claim_durat
             "idem_raft_leader_changes_total", "idem_records", "idem_tombstones",
             "idem_quarantined", "idem_bytes", "idem_fail_closed_total",
             "idem_raft_append_duration_seconds_bucket", "idem_raft_append_duration_seconds_sum",
-            "idem_raft_append_duration_seconds_count", "idem_rpc_connections",
+            "idem_raft_append_duration_seconds_count", "idem_raft_append_oldest_seconds",
+            "idem_raft_snapshot_index", "idem_raft_snapshot_store_failures_total",
+            "idem_rpc_connections",
             "idem_rpc_inflight_requests", "idem_rpc_frame_buffer_bytes", "idem_table_index_bytes")
 
 
@@ -817,6 +819,10 @@ class TestGatewayOps(GatewayTest):
                 self.assertEqual(app[-1][1], total)
                 self.assertGreater(total, 0)
                 self.assertGreater(m["idem_raft_append_duration_seconds_sum"][0][1], 0)
+                # An appended claim ended long ago: nothing in flight for seconds (a disk
+                # that stopped answering would show here).
+                self.assertLess(m["idem_raft_append_oldest_seconds"][0][1], 1.0)
+                self.assertEqual(m["idem_raft_snapshot_store_failures_total"][0][1], 0)
                 # A small table: one slot array of the minimum size (1,024 slots of 8
                 # bytes), no growth under way, nothing allocated ahead (only arrays that
                 # are mapped, 1 MiB or more, are).
