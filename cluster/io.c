@@ -650,7 +650,7 @@ struct ioDisk {
     struct io *io;
     struct ioSnapJob *job; /* a put through snapstore */
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
-    struct ioDisk *prev, *next; /* appends: in flight, oldest first (io->appends) */
+    TAILQ_ENTRY(ioDisk) link; /* appends: in io->appends */
     bool install;          /* puts: of a snapshot the leader sent (isInstall) */
 };
 
@@ -727,43 +727,18 @@ static void appendTimed(struct io *io, uint64_t start_us)
     io->append_sum_us += us;
 }
 
-/* Appends in flight, oldest first: raft_uv writes them in order, so the head is the one
- * that waits longest (io_oldest_append_us). */
-static void appendLink(struct io *io, struct ioDisk *d)
-{
-    d->next = NULL;
-    d->prev = io->appends_tail;
-    if (io->appends_tail != NULL) {
-        io->appends_tail->next = d;
-    } else {
-        io->appends_head = d;
-    }
-    io->appends_tail = d;
-}
-
-static void appendUnlink(struct io *io, struct ioDisk *d)
-{
-    if (d->prev != NULL) {
-        d->prev->next = d->next;
-    } else {
-        io->appends_head = d->next;
-    }
-    if (d->next != NULL) {
-        d->next->prev = d->prev;
-    } else {
-        io->appends_tail = d->prev;
-    }
-}
-
+/* Appends in flight (io->appends) are kept oldest first: raft_uv writes them in order, so
+ * the first is the one that waits longest. */
 uint64_t io_oldest_append_us(const struct io *io)
 {
-    return io->appends_head != NULL ? io->appends_head->start_us : 0;
+    const struct ioDisk *d = TAILQ_FIRST(&io->appends);
+    return d != NULL ? d->start_us : 0;
 }
 
 static void ioAppendDone(struct raft_io_append *req, int status)
 {
     struct ioDisk *d = req->data;
-    appendUnlink(d->io, d);
+    TAILQ_REMOVE(&d->io->appends, d, link);
     struct raft_io_append *outer = d->outer.append;
     raft_io_append_cb cb = d->cb.append;
     uint64_t start_us = d->start_us;
@@ -816,10 +791,10 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
-    appendLink(io, d);
+    TAILQ_INSERT_TAIL(&io->appends, d, link);
     int rv = io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone);
     if (rv != 0) {
-        appendUnlink(io, d);
+        TAILQ_REMOVE(&io->appends, d, link);
     }
     if (rv == 0) {
         /* Taken: raft_uv stores them next (0: where is not known from here on). */
@@ -1130,6 +1105,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->loop = loop;
     io->works = 0;
     io->disk = 0;
+    TAILQ_INIT(&io->appends);
     io->closing = false;
     io->close_deferred = false;
     io->inner_closing = false;

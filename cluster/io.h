@@ -74,6 +74,7 @@
 #ifndef IDEM_CLUSTER_IO_H
 #define IDEM_CLUSTER_IO_H
 
+#include <sys/queue.h>
 #include <raft.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -126,7 +127,7 @@ struct io {
     /* Index raft_uv stores the next appended entry at (its log's last + 1), 0 if not known:
      * appends asked at another index stop the node (io.c, checkAppendIndex). */
     uint64_t disk_next;
-    struct ioDisk *appends_head, *appends_tail; /* appends in flight, oldest first */
+    TAILQ_HEAD(ioAppends, ioDisk) appends; /* appends in flight, oldest first */
     /* The node's own snapshot puts (not installs) that ended while raft was open: how
      * many, how many of them failed, and the last one's status and message. */
     unsigned long own_puts, own_put_failures;

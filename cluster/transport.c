@@ -178,7 +178,7 @@ struct incoming {
     enum { PART_PRE, PART_ADDRESS, PART_AUTH } part;
     int closing;    /* handles (tcp, timer) still to close */
     bool handed;    /* the stream went to raft: only the timer closes here */
-    struct incoming *prev, *next;
+    TAILQ_ENTRY(incoming) link; /* in t->incoming */
 };
 
 static void maybeClosed(struct transport *t);
@@ -186,14 +186,7 @@ static void maybeClosed(struct transport *t);
 static void incomingUnlink(struct incoming *in)
 {
     struct transport *t = in->t;
-    if (in->prev != NULL) {
-        in->prev->next = in->next;
-    } else {
-        t->incoming = in->next;
-    }
-    if (in->next != NULL) {
-        in->next->prev = in->prev;
-    }
+    TAILQ_REMOVE(&t->incoming, in, link);
     t->n_incoming--;
 }
 
@@ -362,11 +355,7 @@ static void listenCb(uv_stream_t *l, int status)
     tcp->data = in;
     uv_timer_init(t->loop, &in->timer);
     in->timer.data = in;
-    in->next = t->incoming;
-    if (t->incoming != NULL) {
-        t->incoming->prev = in;
-    }
-    t->incoming = in;
+    TAILQ_INSERT_TAIL(&t->incoming, in, link);
     t->n_incoming++;
     if (uv_accept(l, (uv_stream_t *)tcp) != 0) {
         incomingEnd(in, NULL);
@@ -375,11 +364,8 @@ static void listenCb(uv_stream_t *l, int status)
     if (t->n_incoming > TRANSPORT_HANDSHAKES_MAX) {
         /* The oldest unfinished handshake goes, not the new one: connections that are held
          * open cannot keep the members (who finish in a round trip) out. */
-        struct incoming *oldest = t->incoming;
-        while (oldest->next != NULL) {
-            oldest = oldest->next;
-        }
-        incomingEnd(oldest, "too many handshakes in progress (the oldest closed)");
+        incomingEnd(TAILQ_FIRST(&t->incoming),
+                    "too many handshakes in progress (the oldest closed)");
     }
     uv_timer_start(&in->timer, incomingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
     if (t->auth) {
@@ -460,7 +446,7 @@ struct outgoing {
     uint8_t macs[AUTH_MACS_LEN]; /* as sent: the listener's MAC covers them */
     int status;    /* for raft's callback when it failed: RAFT_NOCONNECTION or _CANCELED */
     int closing;   /* handles (stream, timer) still to close */
-    struct outgoing *prev, *next;
+    TAILQ_ENTRY(outgoing) link; /* in t->outgoing */
 };
 
 static void outgoingClosedCb(uv_handle_t *h)
@@ -484,15 +470,7 @@ static void outgoingClosedCb(uv_handle_t *h)
 
 static void outgoingUnlink(struct outgoing *og)
 {
-    struct transport *t = og->t;
-    if (og->prev != NULL) {
-        og->prev->next = og->next;
-    } else {
-        t->outgoing = og->next;
-    }
-    if (og->next != NULL) {
-        og->next->prev = og->prev;
-    }
+    TAILQ_REMOVE(&og->t->outgoing, og, link);
 }
 
 /* Ends an authentication that failed (why) or was cancelled (why NULL): closes the
@@ -629,11 +607,7 @@ static void connectCb(struct raft_uv_connect *req, struct uv_stream_s *stream, i
     og->want = sizeof(og->buf);
     uv_timer_init(t->loop, &og->timer);
     og->timer.data = og;
-    og->next = t->outgoing;
-    if (t->outgoing != NULL) {
-        t->outgoing->prev = og;
-    }
-    t->outgoing = og;
+    TAILQ_INSERT_TAIL(&t->outgoing, og, link);
     uv_timer_start(&og->timer, outgoingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
     uv_read_start(stream, outgoingAllocCb, outgoingReadCb);
 }
@@ -661,8 +635,8 @@ static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect 
 /* raft's close callback, once raft_uv_tcp, our listener and every handshake are closed. */
 static void maybeClosed(struct transport *t)
 {
-    if (t->closing && t->inner_closed && !t->listener_open && t->incoming == NULL &&
-        t->n_closing_incoming == 0 && t->outgoing == NULL && t->n_closing_outgoing == 0 &&
+    if (t->closing && t->inner_closed && !t->listener_open && TAILQ_EMPTY(&t->incoming) &&
+        t->n_closing_incoming == 0 && TAILQ_EMPTY(&t->outgoing) && t->n_closing_outgoing == 0 &&
         t->close_cb != NULL) {
         raft_uv_transport_close_cb cb = t->close_cb;
         t->close_cb = NULL;
@@ -682,11 +656,11 @@ static void transportClose(struct raft_uv_transport *o, raft_uv_transport_close_
     struct transport *t = fromOuter(o);
     t->close_cb = cb;
     t->closing = true;
-    while (t->incoming != NULL) {
-        incomingEnd(t->incoming, NULL);
+    while (!TAILQ_EMPTY(&t->incoming)) {
+        incomingEnd(TAILQ_FIRST(&t->incoming), NULL);
     }
-    while (t->outgoing != NULL) {
-        outgoingFail(t->outgoing, NULL);
+    while (!TAILQ_EMPTY(&t->outgoing)) {
+        outgoingFail(TAILQ_FIRST(&t->outgoing), NULL);
     }
     if (t->listener_open && !uv_is_closing((uv_handle_t *)&t->listener)) {
         uv_close((uv_handle_t *)&t->listener, listenerClosedCb);
@@ -698,6 +672,8 @@ int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_
                    size_t n_secrets)
 {
     memset(t, 0, sizeof(*t));
+    TAILQ_INIT(&t->incoming);
+    TAILQ_INIT(&t->outgoing);
     t->loop = loop;
     if (n_secrets > TRANSPORT_KEYS_MAX) {
         return RAFT_INVALID;

@@ -51,6 +51,7 @@
 #ifndef IDEM_CLUSTER_TRANSPORT_H
 #define IDEM_CLUSTER_TRANSPORT_H
 
+#include <sys/queue.h>
 #include <raft/uv.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -91,10 +92,10 @@ struct transport {
     char address[TRANSPORT_ADDRESS_MAX]; /* this node's Raft address */
     uv_tcp_t listener;
     bool listener_open;
-    struct incoming *incoming; /* handshakes being read */
+    TAILQ_HEAD(incomingList, incoming) incoming; /* handshakes being read, oldest first */
     size_t n_incoming;
     size_t n_closing_incoming; /* ended, their handles closing */
-    struct outgoing *outgoing; /* connected, authenticating */
+    TAILQ_HEAD(outgoingList, outgoing) outgoing; /* connected, authenticating */
     size_t n_closing_outgoing; /* ended, their handles closing */
     raft_id id;                /* this node's */
     bool auth;                 /* a secret was given */

@@ -257,16 +257,16 @@ class Cluster:
         its file sizes (set now or later) keeps it from writing."""
         node = self.nodes[nid]
         log = open(node.log, "ab")
-
-        def limit():
-            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-            resource.setrlimit(resource.RLIMIT_FSIZE,
-                               (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         pipe = pipe or fsize is not None
         node.proc = subprocess.Popen([IDEMD, "--config", node.cfg],
                                      stdout=subprocess.PIPE if pipe else log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=limit if fsize is not None else None)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if fsize is not None:
+            # Set from here (not with preexec_fn, unsafe while the log-copying threads run),
+            # within the node's first milliseconds: before it has anything to snapshot.
+            inf = resource.RLIM_INFINITY
+            resource.prlimit(node.proc.pid, resource.RLIMIT_CORE, (0, inf))
+            resource.prlimit(node.proc.pid, resource.RLIMIT_FSIZE, (fsize, inf))
         if pipe:
             def copy(src, dst):
                 with src, dst:
