@@ -1113,6 +1113,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     }
     io_wrap(&c->io, loop);
     c->io.snap_dir = c->data_dir; /* snapshot data paced, in files of our own (snapstore.h) */
+    c->io.log_dir = c->data_dir;  /* truncations marked and checked (logdir.h) */
 
     c->fsm.version = 2;
     c->fsm.data = c;

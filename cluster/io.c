@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "aio_reap.h"
+#include "logdir.h"
 #include "snapstore.h"
 
 static struct io *fromOuter(struct raft_io *o)
@@ -75,6 +76,16 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
                   struct raft_entry *entries[], size_t *n_entries)
 {
     struct io *io = fromOuter(o);
+    if (io->log_dir != NULL) {
+        char msg[sizeof(io->outer.errmsg)];
+        if (logdir_recover(io->log_dir, msg, sizeof(msg)) != 0) {
+            snprintf(io->outer.errmsg, sizeof(io->outer.errmsg), "%s", msg);
+            return RAFT_IOERR;
+        }
+        if (msg[0] != '\0') {
+            fprintf(stderr, "idemd: %s\n", msg);
+        }
+    }
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
     /* Where raft_uv writes the next entry (an empty log: not known until the first). */
     io->disk_next = rv == 0 && *n_entries > 0 ? *start_index + *n_entries : 0;
@@ -314,14 +325,63 @@ static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft
     return passErr(io, io->inner.send(&io->inner, req, message, cb));
 }
 
+/* raft_uv's truncation fails silently (logdir.h): it is marked before, and checked when
+ * the first append after it ends (truncationChecked). */
 static int ioTruncate(struct raft_io *o, raft_index index)
 {
     struct io *io = fromOuter(o);
+    char err[512];
+    if (io->log_dir != NULL && logdir_truncate_begin(io->log_dir, index, err, sizeof(err)) != 0) {
+        fprintf(stderr,
+                "idemd: cannot mark the log truncation from index %llu (%s); stopping before "
+                "it: restarted, the node resumes from what its disk holds\n",
+                (unsigned long long)index, err);
+        abort();
+    }
     int rv = io->inner.truncate(&io->inner, index);
     if (rv == 0) {
         io->disk_next = index; /* raft_uv appends at index next */
+        if (io->trunc_last != 0 && io->trunc_last != index) {
+            /* No append came after the one before (from a later index, since the log then
+             * ended before it): the check of this one covers both. */
+            if (logdir_truncate_end(io->log_dir, io->trunc_last, err, sizeof(err)) != 0) {
+                fprintf(stderr, "idemd: %s; stopping\n", err);
+                abort();
+            }
+        }
+        io->trunc_last = io->log_dir != NULL ? index : 0;
+    } else if (io->log_dir != NULL) {
+        /* Nothing was done (raft_uv could not queue it): the mark is left for the next start,
+         * which finds the log as it was (logdir_recover). */
+        fprintf(stderr,
+                "idemd: raft_uv refused the log truncation from index %llu (%s); stopping: "
+                "restarted, the node resumes from what its disk holds\n",
+                (unsigned long long)index, raft_strerror(rv));
+        abort();
     }
     return passErr(io, rv);
+}
+
+/* The first append after a truncation ended: raft_uv did the truncation before it wrote it.
+ * Checked before raft hears of it, so that nothing written since is acknowledged unless the
+ * truncation was done; otherwise the node stops and its next start moves those entries
+ * aside (logdir_recover). */
+static void truncationChecked(struct io *io, uint64_t index)
+{
+    char err[512];
+    int done = logdir_truncate_done(io->log_dir, index, err, sizeof(err));
+    if (done != 1) {
+        fprintf(stderr,
+                "idemd: the log truncation from index %llu %s (%s): the entries written since "
+                "would be read back at the wrong indexes; stopping: restarted, the node moves "
+                "them aside and resumes from its log as it was before\n",
+                (unsigned long long)index, done == 0 ? "was not done" : "cannot be checked", err);
+        abort();
+    }
+    if (logdir_truncate_end(io->log_dir, index, err, sizeof(err)) != 0) {
+        fprintf(stderr, "idemd: %s; stopping\n", err);
+        abort();
+    }
 }
 
 /* The index raft gives the first of entries[0, n) it asks to append: they are the tail of
@@ -651,6 +711,7 @@ struct ioDisk {
     struct ioSnapJob *job; /* a put through snapstore */
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
     TAILQ_ENTRY(ioDisk) link; /* appends: in io->appends */
+    uint64_t trunc;           /* appends: the truncation checked when it ends (0: none) */
     bool install;          /* puts: of a snapshot the leader sent (isInstall) */
 };
 
@@ -742,9 +803,13 @@ static void ioAppendDone(struct raft_io_append *req, int status)
     struct raft_io_append *outer = d->outer.append;
     raft_io_append_cb cb = d->cb.append;
     uint64_t start_us = d->start_us;
+    uint64_t trunc = d->trunc;
     struct io *io = diskEnd(d);
     if (status == 0) {
         appendTimed(io, start_us);
+        if (trunc != 0) {
+            truncationChecked(io, trunc);
+        }
     } else if (!io->closing) {
         /* A failed log write, on any node, stops it: neither libraft 0.15 nor raft_uv can go
          * on safely after one. The leader truncates those entries from its log and stays
@@ -791,6 +856,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
+    d->trunc = io->trunc_last;
     TAILQ_INSERT_TAIL(&io->appends, d, link);
     int rv = io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone);
     if (rv != 0) {
@@ -799,6 +865,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     if (rv == 0) {
         /* Taken: raft_uv stores them next (0: where is not known from here on). */
         io->disk_next = first != 0 ? first + n : 0;
+        io->trunc_last = 0; /* this append carries its check */
     }
     return diskSubmitted(d, rv);
 }
@@ -1118,6 +1185,8 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     atomic_init(&io->snap_stop, false);
     io->snap_delete_pause_us = SNAPSTORE_DELETE_PAUSE_US;
     io->snap_last = 0;
+    io->log_dir = NULL;
+    io->trunc_last = 0;
     memset(io->append_buckets, 0, sizeof(io->append_buckets));
     memset(io->heard, 0, sizeof(io->heard));
     io->append_count = 0;

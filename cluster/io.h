@@ -127,6 +127,10 @@ struct io {
     /* Index raft_uv stores the next appended entry at (its log's last + 1), 0 if not known:
      * appends asked at another index stop the node (io.c, checkAppendIndex). */
     uint64_t disk_next;
+    /* raft_uv's directory, where truncations are marked and checked (logdir.h); NULL: they
+     * are not. Set after io_wrap(), alive as long as the io. */
+    const char *log_dir;
+    uint64_t trunc_last; /* the last truncation marked, until an append carries its check */
     TAILQ_HEAD(ioAppends, ioDisk) appends; /* appends in flight, oldest first */
     /* The node's own snapshot puts (not installs) that ended while raft was open: how
      * many, how many of them failed, and the last one's status and message. */

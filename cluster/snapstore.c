@@ -1,6 +1,8 @@
 #define _GNU_SOURCE /* sync_file_range */
 #include "snapstore.h"
 
+#include "logdir.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -315,26 +317,6 @@ static int pacedUnlinkAt(int dfd, const char *name, unsigned pause_us, const ato
     return unlinkat(dfd, name, 0);
 }
 
-/* raft_uv's closed segment name: 16 digits, '-', 16 digits; its last index in *end. */
-static bool closedSegment(const char *name, uint64_t *end)
-{
-    for (int i = 0; i < 33; i++) {
-        bool digit = name[i] >= '0' && name[i] <= '9';
-        if (i == 16 ? name[i] != '-' : !digit) {
-            return false;
-        }
-    }
-    if (name[33] != '\0') {
-        return false;
-    }
-    uint64_t v = 0;
-    for (int i = 17; i < 33; i++) {
-        v = v * 10 + (uint64_t)(name[i] - '0');
-    }
-    *end = v;
-    return true;
-}
-
 int snapstore_shield(const char *dir, uint64_t index, uint64_t trailing)
 {
     if (index <= trailing) {
@@ -358,8 +340,8 @@ int snapstore_shield(const char *dir, uint64_t index, uint64_t trailing)
     int linked = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        uint64_t end;
-        if (closedSegment(e->d_name, &end) && end < retain &&
+        uint64_t first, end;
+        if (logdir_closed_segment(e->d_name, &first, &end) && end < retain &&
             linkat(dirfd(d), e->d_name, tfd, e->d_name, 0) == 0) {
             linked++;
         }

@@ -503,6 +503,83 @@ class TestSnapshotStoreFailures(ClusterTest):
             self.assertEqual((rc, out["outcome"]), (0, "in_progress"), (key, out))
 
 
+class TestTruncation(ClusterTest):
+    """A follower whose log truncation fails. raft_uv (libraft 0.15) only sets a flag when
+    it does, and writes the next entries in a new open segment: restarted, the node read
+    them at the wrong indexes (seen: 186 records against the others' 200, the leader's
+    entries taken where the removed ones had been). Here the truncation fails because the
+    file it would write exists already (a stand-in for a disk that cannot take it). The node
+    stops before acknowledging anything written after it (cluster/logdir.h); restarted, it
+    moves those entries aside, starts from its log as it was before the truncation, and
+    converges to a replica identical to the others'."""
+
+    def claim_all(self, prefix, count, ids=None):
+        for i in range(count):
+            rc, out = self.claim("%s-%d" % (prefix, i), ids=ids, lease="600000")
+            self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+
+    def test_failed_truncation_stops_the_node_and_restarts_whole(self):
+        lid = self.c.leader()
+        others = [n for n in self.c.nodes if n != lid]
+        self.claim_all("pre", 20)
+        x = self.c.wait_converged(3)["nodes"][0]["applied_index"]
+        d = self.c.nodes[lid].dir
+        # The whole log after the bootstrap entry is in the leader's first open segment,
+        # which raft_uv names 2-<last> when it closes it.
+        self.assertEqual([f for f in os.listdir(d) if re.fullmatch(r"\d{16}-\d{16}", f)],
+                         ["%016d-%016d" % (1, 1)])
+
+        # Entries only the leader has: its followers are stopped, then killed (what the
+        # leader had sent them is lost with their sockets), so they come back without them.
+        for f in others:
+            self.c.nodes[f].proc.send_signal(signal.SIGSTOP)
+        threads = [threading.Thread(target=self.claim, args=("stale-%d" % i,),
+                                    kwargs=dict(ids=[lid], deadline=400))
+                   for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.c.nodes[lid].proc.send_signal(signal.SIGSTOP)
+        for f in others:
+            self.c.kill(f)
+            self.c.start(f)
+        new = self.c.wait_leader(timeout=20, ids=others)
+        self.assertIn(new, others)
+        self.claim_all("new", 10, ids=others)
+
+        # The old leader's log is truncated from x + 1 on (the new leader's first entry is
+        # there): raft_uv writes the entries before it as 2-<x>, and cannot when that file
+        # exists (a few indexes either side, in case x is not exact).
+        decoys = [os.path.join(d, "%016d-%016d" % (2, i)) for i in range(x - 3, x + 4)]
+        for path in decoys:
+            open(path, "x").close()
+        self.c.nodes[lid].proc.send_signal(signal.SIGCONT)
+        self.assertEqual(self.c.wait_exit(lid), -signal.SIGABRT)
+        with open(self.c.nodes[lid].log) as f:
+            log = f.read()
+        self.assertRegex(log, r"the log truncation from index \d+ was not done \(a closed "
+                              r"segment still ends at \d+")
+        marks = [f for f in os.listdir(d) if f.startswith("idem-truncate-")]
+        self.assertEqual(len(marks), 1, os.listdir(d))
+
+        # The disk takes it again; restarted, the node moves the entries written after the
+        # truncation aside and starts from its log as it was before it.
+        for path in decoys:
+            os.unlink(path)
+        self.c.start(lid)
+        self.claim_all("after", 5, ids=others)
+        st = self.c.wait_converged(3)
+        self.assertEqual({n["records"] for n in st["nodes"]}, {20 + 10 + 5}, st)
+        with open(self.c.nodes[lid].log) as f:
+            log = f.read()
+        self.assertIn("had not been done when this node stopped: moved the 1 open segment", log)
+        self.assertEqual([f for f in os.listdir(d) if f.startswith("idem-truncate-")], [])
+        self.assertEqual(len(os.listdir(os.path.join(d, "idem-untruncated"))), 1)
+        # The claims only the old leader had were never granted: anyone may take them.
+        self.claim_all("stale", 10, ids=[lid])
+
+
 class TestExpiry(ClusterTest):
     cluster_opts = dict(expiry_ms=100)
 

@@ -1,0 +1,328 @@
+#include "logdir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int fail(char *err, size_t errlen, const char *what, const char *path)
+{
+    snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
+    return -1;
+}
+
+bool logdir_closed_segment(const char *name, uint64_t *first, uint64_t *end)
+{
+    for (int i = 0; i < 33; i++) {
+        bool digit = name[i] >= '0' && name[i] <= '9';
+        if (i == 16 ? name[i] != '-' : !digit) {
+            return false;
+        }
+    }
+    if (name[33] != '\0') {
+        return false;
+    }
+    uint64_t a = 0;
+    uint64_t b = 0;
+    for (int i = 0; i < 16; i++) {
+        a = a * 10 + (uint64_t)(name[i] - '0');
+        b = b * 10 + (uint64_t)(name[17 + i] - '0');
+    }
+    *first = a;
+    *end = b;
+    return true;
+}
+
+/* raft_uv's open segment name: "open-" and its counter. */
+static bool openSegment(const char *name)
+{
+    if (strncmp(name, "open-", 5) != 0 || name[5] == '\0') {
+        return false;
+    }
+    for (const char *p = name + 5; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A mark's name: the prefix and the index, 20 digits. */
+static bool markIndex(const char *name, uint64_t *index)
+{
+    size_t n = strlen(LOGDIR_MARK_PREFIX);
+    if (strncmp(name, LOGDIR_MARK_PREFIX, n) != 0 || strlen(name + n) != 20) {
+        return false;
+    }
+    uint64_t v = 0;
+    for (const char *p = name + n; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10) {
+            return false;
+        }
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *index = v;
+    return true;
+}
+
+/* An open segment holds entries once raft_uv wrote its first block, which starts with the
+ * format version (non-zero); one it prepared and has not used is zeros (its loader removes
+ * those). 1 holds entries, 0 does not, -1 error. */
+static int openHolds(int dfd, const char *name)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        return -1;
+    }
+    uint8_t head[8];
+    ssize_t n = pread(fd, head, sizeof(head), 0);
+    int saved = errno;
+    close(fd);
+    if (n < 0) {
+        errno = saved;
+        return -1;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        if (head[i] != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+struct scan {
+    bool any_closed;
+    uint64_t closed_end; /* the last index of the closed segment that ends last */
+    unsigned opens_held; /* open segments holding entries */
+    uint64_t mark;       /* the lowest marked index (0: no mark) */
+};
+
+static int scanDir(const char *dir, struct scan *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof(*s));
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return fail(err, errlen, "list", dir);
+    }
+    struct dirent *e;
+    errno = 0;
+    while ((e = readdir(d)) != NULL) {
+        uint64_t a, b;
+        if (logdir_closed_segment(e->d_name, &a, &b)) {
+            if (!s->any_closed || b > s->closed_end) {
+                s->closed_end = b;
+            }
+            s->any_closed = true;
+        } else if (markIndex(e->d_name, &a)) {
+            if (s->mark == 0 || a < s->mark) {
+                s->mark = a;
+            }
+        } else if (openSegment(e->d_name)) {
+            int held = openHolds(dirfd(d), e->d_name);
+            if (held < 0) {
+                int saved = errno;
+                closedir(d);
+                errno = saved;
+                return fail(err, errlen, "read open segment in", dir);
+            }
+            s->opens_held += held == 1;
+        }
+        errno = 0;
+    }
+    int saved = errno;
+    closedir(d);
+    if (saved != 0) {
+        errno = saved;
+        return fail(err, errlen, "list", dir);
+    }
+    return 0;
+}
+
+static int syncDir(const char *dir, char *err, size_t errlen)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return fail(err, errlen, "open", dir);
+    }
+    int rv = fsync(fd);
+    int saved = errno;
+    close(fd);
+    if (rv != 0) {
+        errno = saved;
+        return fail(err, errlen, "fsync", dir);
+    }
+    return 0;
+}
+
+static int markPath(char *path, size_t len, const char *dir, uint64_t index)
+{
+    int n = snprintf(path, len, "%s/" LOGDIR_MARK_PREFIX "%020" PRIu64, dir, index);
+    return n > 0 && (size_t)n < len ? 0 : -1;
+}
+
+int logdir_truncate_begin(const char *dir, uint64_t index, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    if (markPath(path, sizeof(path), dir, index) != 0) {
+        snprintf(err, errlen, "data directory path too long: %s", dir);
+        return -1;
+    }
+    if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+        return fail(err, errlen, "mkdir " LOGDIR_MARK_PREFIX "... in", dir);
+    }
+    return syncDir(dir, err, errlen);
+}
+
+int logdir_truncate_done(const char *dir, uint64_t index, char *err, size_t errlen)
+{
+    struct scan s;
+    if (scanDir(dir, &s, err, errlen) != 0) {
+        return -1;
+    }
+    if (s.any_closed && s.closed_end >= index) {
+        snprintf(err, errlen,
+                 "a closed segment still ends at %" PRIu64 ", at or past the truncation point",
+                 s.closed_end);
+        return 0;
+    }
+    if (s.opens_held > 1) {
+        snprintf(err, errlen,
+                 "%u open segments hold entries (one is the segment raft_uv could not close "
+                 "before the truncation)",
+                 s.opens_held);
+        return 0;
+    }
+    return 1;
+}
+
+int logdir_truncate_end(const char *dir, uint64_t index, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return fail(err, errlen, "list", dir);
+    }
+    int rv = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        uint64_t at;
+        if (markIndex(e->d_name, &at) && (index == 0 || at == index) &&
+            unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+            rv = fail(err, errlen, "remove the mark in", dir);
+            break;
+        }
+    }
+    closedir(d);
+    /* Durable before raft hears of the entries written since: a mark that came back after
+     * a crash would have them moved aside although acknowledged. */
+    return rv == 0 ? syncDir(dir, err, errlen) : rv;
+}
+
+/* Moves every open segment that holds entries into LOGDIR_UNTRUNCATED/. */
+static int moveOpens(const char *dir, unsigned *moved, char *err, size_t errlen)
+{
+    char aside[PATH_MAX];
+    if (snprintf(aside, sizeof(aside), "%s/%s", dir, LOGDIR_UNTRUNCATED) >= (int)sizeof(aside)) {
+        snprintf(err, errlen, "data directory path too long: %s", dir);
+        return -1;
+    }
+    if (mkdir(aside, 0700) != 0 && errno != EEXIST) {
+        return fail(err, errlen, "mkdir " LOGDIR_UNTRUNCATED " in", dir);
+    }
+    int afd = open(aside, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (afd < 0) {
+        return fail(err, errlen, "open " LOGDIR_UNTRUNCATED " in", dir);
+    }
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        close(afd);
+        return fail(err, errlen, "list", dir);
+    }
+    int rv = 0;
+    struct dirent *e;
+    while (rv == 0 && (e = readdir(d)) != NULL) {
+        if (!openSegment(e->d_name)) {
+            continue;
+        }
+        int held = openHolds(dirfd(d), e->d_name);
+        if (held < 0) {
+            rv = fail(err, errlen, "read open segment in", dir);
+        } else if (held == 1) {
+            /* An earlier start's segment of the same name is kept under a longer one. */
+            char to[NAME_MAX + 1];
+            snprintf(to, sizeof(to), "%s", e->d_name);
+            for (unsigned k = 1; faccessat(afd, to, F_OK, AT_SYMLINK_NOFOLLOW) == 0; k++) {
+                snprintf(to, sizeof(to), "%.200s.%u", e->d_name, k);
+            }
+            if (renameat(dirfd(d), e->d_name, afd, to) != 0) {
+                rv = fail(err, errlen, "move an open segment into " LOGDIR_UNTRUNCATED " in", dir);
+            } else {
+                (*moved)++;
+            }
+        }
+    }
+    closedir(d);
+    if (rv == 0 && fsync(afd) != 0) {
+        rv = fail(err, errlen, "fsync " LOGDIR_UNTRUNCATED " in", dir);
+    }
+    close(afd);
+    return rv == 0 ? syncDir(dir, err, errlen) : rv;
+}
+
+int logdir_recover(const char *dir, char *msg, size_t msglen)
+{
+    msg[0] = '\0';
+    struct scan s;
+    char err[512];
+    if (scanDir(dir, &s, err, sizeof(err)) != 0) {
+        snprintf(msg, msglen, "cannot check the log for a truncation left undone: %s", err);
+        return -1;
+    }
+    if (s.mark == 0) {
+        return 0;
+    }
+    unsigned moved = 0;
+    if (s.any_closed && s.closed_end + 1 >= s.mark) {
+        if (moveOpens(dir, &moved, err, sizeof(err)) != 0) {
+            snprintf(msg, msglen,
+                     "the log truncation from index %" PRIu64
+                     " was not done, and the entries written after it cannot be moved "
+                     "aside: %s",
+                     s.mark, err);
+            return -1;
+        }
+    } else if (s.opens_held > 1) {
+        snprintf(msg, msglen,
+                 "the log truncation from index %" PRIu64
+                 " was not checked before this node stopped, and its log cannot be put right "
+                 "from here (its closed segments end at %" PRIu64
+                 ", %u open segments hold entries): remove the data directory %s and start "
+                 "the node again; it rejoins from the leader's snapshot",
+                 s.mark, s.closed_end, s.opens_held, dir);
+        return -1;
+    }
+    if (logdir_truncate_end(dir, 0, err, sizeof(err)) != 0) {
+        snprintf(msg, msglen, "%s", err);
+        return -1;
+    }
+    if (moved > 0) {
+        snprintf(msg, msglen,
+                 "the log truncation from index %" PRIu64
+                 " had not been done when this node stopped: moved the %u open segment%s "
+                 "written after it (never acknowledged) into %s/%s; the node starts from its "
+                 "log as it was before the truncation",
+                 s.mark, moved, moved == 1 ? "" : "s", dir, LOGDIR_UNTRUNCATED);
+    } else {
+        snprintf(msg, msglen,
+                 "a log truncation from index %" PRIu64
+                 " was marked but not checked when this node stopped; its log is whole (closed "
+                 "segments end at %" PRIu64 ")",
+                 s.mark, s.any_closed ? s.closed_end : 0);
+    }
+    return 0;
+}
