@@ -77,9 +77,12 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
 {
     struct io *io = fromOuter(o);
     if (io->log_dir != NULL) {
-        char msg[sizeof(io->outer.errmsg)];
+        char msg[1024];
         if (logdir_recover(io->log_dir, msg, sizeof(msg)) != 0) {
-            snprintf(io->outer.errmsg, sizeof(io->outer.errmsg), "%s", msg);
+            /* Whole on stderr: raft's message holds 256 bytes. */
+            fprintf(stderr, "idemd: %s\n", msg);
+            snprintf(io->outer.errmsg, sizeof(io->outer.errmsg),
+                     "a log truncation was left undone (the message above says what to do)");
             return RAFT_IOERR;
         }
         if (msg[0] != '\0') {
@@ -370,6 +373,13 @@ static void truncationChecked(struct io *io, uint64_t index)
 {
     char err[512];
     int done = logdir_truncate_done(io->log_dir, index, err, sizeof(err));
+    /* Not told yet: raft_uv is closing an open segment on its pool. The loop waits (a
+     * moment, not the node's answers: nothing goes on until this is told) for it to end,
+     * so that a node that stops here leaves a log its next start can put right. */
+    for (int i = 0; done == 2 && i < 40; i++) {
+        uv_sleep(50);
+        done = logdir_truncate_done(io->log_dir, index, err, sizeof(err));
+    }
     if (done != 1) {
         fprintf(stderr,
                 "idemd: the log truncation from index %llu %s (%s): the entries written since "

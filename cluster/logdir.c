@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* renameat2 */
 #include "logdir.h"
 
 #include <dirent.h>
@@ -101,6 +102,7 @@ struct scan {
     uint64_t closed_end; /* the last index of the closed segment that ends last */
     unsigned opens_held; /* open segments holding entries */
     uint64_t mark;       /* the lowest marked index (0: no mark) */
+    bool raced;          /* an open segment went while listed (raft_uv closing it) */
 };
 
 static int scanDir(const char *dir, struct scan *s, char *err, size_t errlen)
@@ -125,7 +127,9 @@ static int scanDir(const char *dir, struct scan *s, char *err, size_t errlen)
             }
         } else if (openSegment(e->d_name)) {
             int held = openHolds(dirfd(d), e->d_name);
-            if (held < 0) {
+            if (held < 0 && errno == ENOENT) {
+                s->raced = true; /* renamed to a closed segment since readdir */
+            } else if (held < 0) {
                 int saved = errno;
                 closedir(d);
                 errno = saved;
@@ -185,17 +189,20 @@ int logdir_truncate_done(const char *dir, uint64_t index, char *err, size_t errl
     if (scanDir(dir, &s, err, errlen) != 0) {
         return -1;
     }
+    if (s.raced) {
+        snprintf(err, errlen, "an open segment was being closed while the log was listed");
+        return 2;
+    }
+    if (s.opens_held > 1) {
+        snprintf(err, errlen,
+                 "%u open segments hold entries: one is a segment raft_uv has not closed",
+                 s.opens_held);
+        return 2;
+    }
     if (s.any_closed && s.closed_end >= index) {
         snprintf(err, errlen,
                  "a closed segment still ends at %" PRIu64 ", at or past the truncation point",
                  s.closed_end);
-        return 0;
-    }
-    if (s.opens_held > 1) {
-        snprintf(err, errlen,
-                 "%u open segments hold entries (one is the segment raft_uv could not close "
-                 "before the truncation)",
-                 s.opens_held);
         return 0;
     }
     return 1;
@@ -203,27 +210,56 @@ int logdir_truncate_done(const char *dir, uint64_t index, char *err, size_t errl
 
 int logdir_truncate_end(const char *dir, uint64_t index, char *err, size_t errlen)
 {
-    DIR *d = opendir(dir);
-    if (d == NULL) {
-        return fail(err, errlen, "list", dir);
-    }
-    int rv = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        uint64_t at;
-        if (markIndex(e->d_name, &at) && (index == 0 || at == index) &&
-            unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
-            rv = fail(err, errlen, "remove the mark in", dir);
-            break;
+    if (index != 0) {
+        char path[PATH_MAX];
+        if (markPath(path, sizeof(path), dir, index) != 0) {
+            snprintf(err, errlen, "data directory path too long: %s", dir);
+            return -1;
+        }
+        if (rmdir(path) != 0 && errno != ENOENT) {
+            return fail(err, errlen, "remove the truncation mark in", dir);
+        }
+    } else {
+        DIR *d = opendir(dir);
+        if (d == NULL) {
+            return fail(err, errlen, "list", dir);
+        }
+        struct dirent *e;
+        errno = 0;
+        while ((e = readdir(d)) != NULL) {
+            uint64_t at;
+            if (markIndex(e->d_name, &at) && unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 &&
+                errno != ENOENT) {
+                int saved = errno;
+                closedir(d);
+                errno = saved;
+                return fail(err, errlen, "remove a truncation mark in", dir);
+            }
+            errno = 0;
+        }
+        int saved = errno;
+        closedir(d);
+        if (saved != 0) {
+            errno = saved;
+            return fail(err, errlen, "list", dir);
+        }
+        struct scan s;
+        if (scanDir(dir, &s, err, errlen) != 0) {
+            return -1;
+        }
+        if (s.mark != 0) {
+            snprintf(err, errlen, "the truncation mark at %" PRIu64 " in %s is still there", s.mark,
+                     dir);
+            return -1;
         }
     }
-    closedir(d);
     /* Durable before raft hears of the entries written since: a mark that came back after
      * a crash would have them moved aside although acknowledged. */
-    return rv == 0 ? syncDir(dir, err, errlen) : rv;
+    return syncDir(dir, err, errlen);
 }
 
-/* Moves every open segment that holds entries into LOGDIR_UNTRUNCATED/. */
+/* Moves every open segment that holds entries into LOGDIR_UNTRUNCATED/ (one of an earlier
+ * start's of the same name is kept, the new one under a longer name). */
 static int moveOpens(const char *dir, unsigned *moved, char *err, size_t errlen)
 {
     char aside[PATH_MAX];
@@ -252,18 +288,23 @@ static int moveOpens(const char *dir, unsigned *moved, char *err, size_t errlen)
         int held = openHolds(dirfd(d), e->d_name);
         if (held < 0) {
             rv = fail(err, errlen, "read open segment in", dir);
-        } else if (held == 1) {
-            /* An earlier start's segment of the same name is kept under a longer one. */
-            char to[NAME_MAX + 1];
-            snprintf(to, sizeof(to), "%s", e->d_name);
-            for (unsigned k = 1; faccessat(afd, to, F_OK, AT_SYMLINK_NOFOLLOW) == 0; k++) {
-                snprintf(to, sizeof(to), "%.200s.%u", e->d_name, k);
-            }
-            if (renameat(dirfd(d), e->d_name, afd, to) != 0) {
-                rv = fail(err, errlen, "move an open segment into " LOGDIR_UNTRUNCATED " in", dir);
-            } else {
-                (*moved)++;
-            }
+            break;
+        }
+        if (held == 0) {
+            continue;
+        }
+        char to[NAME_MAX + 1];
+        snprintf(to, sizeof(to), "%s", e->d_name);
+        int r;
+        for (unsigned k = 1; (r = renameat2(dirfd(d), e->d_name, afd, to, RENAME_NOREPLACE)) != 0 &&
+                             errno == EEXIST && k < 1000;
+             k++) {
+            snprintf(to, sizeof(to), "%.200s.%u", e->d_name, k);
+        }
+        if (r != 0) {
+            rv = fail(err, errlen, "move an open segment into " LOGDIR_UNTRUNCATED " in", dir);
+        } else {
+            (*moved)++;
         }
     }
     closedir(d);
@@ -271,7 +312,88 @@ static int moveOpens(const char *dir, unsigned *moved, char *err, size_t errlen)
         rv = fail(err, errlen, "fsync " LOGDIR_UNTRUNCATED " in", dir);
     }
     close(afd);
-    return rv == 0 ? syncDir(dir, err, errlen) : rv;
+    if (rv == 0) {
+        rv = syncDir(dir, err, errlen);
+    }
+    struct scan s;
+    if (rv == 0 && scanDir(dir, &s, err, errlen) == 0 && (s.opens_held != 0 || s.raced)) {
+        snprintf(err, errlen, "open segments holding entries are still in %s", dir);
+        rv = -1;
+    }
+    return rv;
+}
+
+struct closed {
+    uint64_t first, end;
+    char name[34];
+};
+
+static int byFirstThenLongest(const void *pa, const void *pb)
+{
+    const struct closed *a = pa;
+    const struct closed *b = pb;
+    if (a->first != b->first) {
+        return a->first < b->first ? -1 : 1;
+    }
+    return a->end > b->end ? -1 : a->end < b->end ? 1 : 0;
+}
+
+/* What a truncation stopped halfway leaves (raft_uv writes the kept part of the segment
+ * under a new name, then deletes that segment and the later ones): two closed segments
+ * from one first index, or segments that start at or past the mark. Entries from the mark
+ * on are neither committed nor acknowledged since (the mark says so), so the longer of two
+ * (the one raft_uv had not deleted yet, whole) is kept and those past the mark go: the
+ * log is then as it was before the truncation, or as after it. */
+static int dropHalfTruncated(const char *dir, uint64_t mark, unsigned *dropped, char *err,
+                             size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return fail(err, errlen, "list", dir);
+    }
+    struct closed *list = NULL;
+    size_t n = 0, cap = 0;
+    int rv = 0;
+    struct dirent *e;
+    errno = 0;
+    while ((e = readdir(d)) != NULL) {
+        struct closed c;
+        if (!logdir_closed_segment(e->d_name, &c.first, &c.end)) {
+            errno = 0;
+            continue;
+        }
+        if (n == cap) {
+            size_t ncap = cap == 0 ? 64 : cap * 2;
+            struct closed *bigger = realloc(list, ncap * sizeof(*list));
+            if (bigger == NULL) {
+                rv = fail(err, errlen, "list", dir);
+                break;
+            }
+            list = bigger;
+            cap = ncap;
+        }
+        memcpy(c.name, e->d_name, sizeof(c.name));
+        list[n++] = c;
+        errno = 0;
+    }
+    if (rv == 0 && errno != 0) {
+        rv = fail(err, errlen, "list", dir);
+    }
+    if (rv == 0 && n > 0) {
+        qsort(list, n, sizeof(*list), byFirstThenLongest);
+        for (size_t i = 0; i < n && rv == 0; i++) {
+            bool past = list[i].first >= mark && mark > 1;
+            bool shorter = i > 0 && list[i].first == list[i - 1].first;
+            if ((past || shorter) && unlinkat(dirfd(d), list[i].name, 0) != 0) {
+                rv = fail(err, errlen, "remove a segment of a halfway truncation in", dir);
+            } else if (past || shorter) {
+                (*dropped)++;
+            }
+        }
+    }
+    free(list);
+    closedir(d);
+    return rv == 0 && *dropped > 0 ? syncDir(dir, err, errlen) : rv;
 }
 
 int logdir_recover(const char *dir, char *msg, size_t msglen)
@@ -285,6 +407,13 @@ int logdir_recover(const char *dir, char *msg, size_t msglen)
     }
     if (s.mark == 0) {
         return 0;
+    }
+    unsigned dropped = 0;
+    if (dropHalfTruncated(dir, s.mark, &dropped, err, sizeof(err)) != 0 ||
+        scanDir(dir, &s, err, sizeof(err)) != 0) {
+        snprintf(msg, msglen, "the log truncation from index %" PRIu64 " was left undone, and: %s",
+                 s.mark, err);
+        return -1;
     }
     unsigned moved = 0;
     if (s.any_closed && s.closed_end + 1 >= s.mark) {
@@ -310,13 +439,14 @@ int logdir_recover(const char *dir, char *msg, size_t msglen)
         snprintf(msg, msglen, "%s", err);
         return -1;
     }
-    if (moved > 0) {
+    if (moved > 0 || dropped > 0) {
         snprintf(msg, msglen,
                  "the log truncation from index %" PRIu64
                  " had not been done when this node stopped: moved the %u open segment%s "
-                 "written after it (never acknowledged) into %s/%s; the node starts from its "
+                 "written after it (never acknowledged) into %s/%s%s; the node starts from its "
                  "log as it was before the truncation",
-                 s.mark, moved, moved == 1 ? "" : "s", dir, LOGDIR_UNTRUNCATED);
+                 s.mark, moved, moved == 1 ? "" : "s", dir, LOGDIR_UNTRUNCATED,
+                 dropped > 0 ? ", and removed what it had left halfway" : "");
     } else {
         snprintf(msg, msglen,
                  "a log truncation from index %" PRIu64

@@ -20,8 +20,10 @@
  * more than one open segment may hold entries (the one written since; another would be the
  * open segment raft_uv failed to close, whose entries a successful truncation leaves in
  * place all the same). Then the mark goes. When the check fails, the node stops, and at its
- * next start, before raft_uv loads the log, logdir_recover finds the mark: with a closed
- * segment ending at or past index - 1 every open segment holds only entries past the
+ * next start, before raft_uv loads the log, logdir_recover finds the mark. It first removes
+ * what a truncation stopped halfway leaves (the shorter of two closed segments from one
+ * first index, closed segments from the mark on: entries there are not committed). Then with a
+ * closed segment ending at or past index - 1 every open segment holds only entries past the
  * truncation point (none committed; those written after it were never acknowledged), so
  * they are moved into idem-untruncated/ and the node starts from its log as it was before
  * the truncation, which the leader asks for again. Otherwise, with more than one open
@@ -47,8 +49,9 @@ bool logdir_closed_segment(const char *name, uint64_t *first, uint64_t *end);
 /* Marks a truncation of the log from index on (durable when this returns 0). */
 int logdir_truncate_begin(const char *dir, uint64_t index, char *err, size_t errlen);
 
-/* 1 when the truncation from index on is done (see above), 0 when it is not, -1 when that
- * cannot be told; why in err for 0 and -1. */
+/* 1 when the truncation from index on is done (see above), 0 when it is not, 2 when that
+ * cannot be told yet (raft_uv is closing an open segment: two hold entries, or one went
+ * while listed), -1 on an error; why in err unless 1. */
 int logdir_truncate_done(const char *dir, uint64_t index, char *err, size_t errlen);
 
 /* Removes the mark of the truncation from index (0: every mark), durably. */

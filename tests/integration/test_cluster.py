@@ -507,11 +507,14 @@ class TestTruncation(ClusterTest):
     """A follower whose log truncation fails. raft_uv (libraft 0.15) only sets a flag when
     it does, and writes the next entries in a new open segment: restarted, the node read
     them at the wrong indexes (seen: 186 records against the others' 200, the leader's
-    entries taken where the removed ones had been). Here the truncation fails because the
-    file it would write exists already (a stand-in for a disk that cannot take it). The node
+    entries taken where the removed ones had been). Here the truncation fails because files
+    of the names it uses are there already (stand-ins for a disk that cannot take it). The node
     stops before acknowledging anything written after it (cluster/logdir.h); restarted, it
     moves those entries aside, starts from its log as it was before the truncation, and
     converges to a replica identical to the others'."""
+    # The leader cut off from its followers takes claims until it steps down, an election
+    # timeout later: long enough for some of them on a loaded machine.
+    cluster_opts = dict(election_ms=1500)
 
     def claim_all(self, prefix, count, ids=None):
         for i in range(count):
@@ -550,7 +553,8 @@ class TestTruncation(ClusterTest):
 
         # The old leader's log is truncated from x + 1 on (the new leader's first entry is
         # there): raft_uv writes the entries before it as 2-<x>, and cannot when that file
-        # exists (a few indexes either side, in case x is not exact).
+        # exists (empty files, a few indexes either side in case x is not exact; when one
+        # has the name its open segment is closed under, the closing replaces it).
         decoys = [os.path.join(d, "%016d-%016d" % (2, i)) for i in range(x - 3, x + 4)]
         for path in decoys:
             open(path, "x").close()
@@ -566,7 +570,8 @@ class TestTruncation(ClusterTest):
         # The disk takes it again; restarted, the node moves the entries written after the
         # truncation aside and starts from its log as it was before it.
         for path in decoys:
-            os.unlink(path)
+            if os.path.getsize(path) == 0:
+                os.unlink(path)
         self.c.start(lid)
         self.claim_all("after", 5, ids=others)
         st = self.c.wait_converged(3)

@@ -22,6 +22,7 @@
 
 #include "aio_reap.h"
 #include "io.h"
+#include "logdir.h"
 #include "snapstore.h"
 #include "tmpdir.h"
 
@@ -1352,6 +1353,98 @@ static void test_append_at_the_wrong_index_stops_the_node(void **state)
     closeIo();
 }
 
+/* ---- truncations: marked, then checked when the first append after one ends --------- */
+
+static bool markThere(uint64_t index)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/" LOGDIR_MARK_PREFIX "%020llu", snapDir,
+             (unsigned long long)index);
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static void closedIn(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/%s", snapDir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("segment", f);
+    fclose(f);
+}
+
+static int refusedTruncate(struct raft_io *io, raft_index index)
+{
+    (void)io;
+    (void)index;
+    return RAFT_NOMEM;
+}
+
+/* A truncation raft_uv did: its mark goes when the next append ends, before raft hears of
+ * it; a second one before any append takes the first one's place. */
+static void test_truncation_is_marked_and_checked(void **state)
+{
+    (void)state;
+    theIo.log_dir = snapDir;
+    theIo.inner.truncate = fakeTruncate;
+    closedIn("0000000000000001-0000000000000005");
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 9), 0);
+    assert_true(markThere(9));
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 6), 0);
+    assert_false(markThere(9));
+    assert_true(markThere(6));
+    struct raft_io_append req;
+    appendStatus = -1;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &oneEntry, 1, raftAppendDone), 0);
+    assert_true(markThere(6)); /* not before it ended */
+    completeAppend(0);
+    assert_false(markThere(6));
+    assert_int_equal(appendStatus, 0);
+    /* Later appends carry nothing. */
+    appendCbs = 0;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &req, &oneEntry, 1, raftAppendDone), 0);
+    completeAppend(0);
+    assert_int_equal(appendCbs, 1);
+    closeIo();
+}
+
+/* One raft_uv did not do (a closed segment still holds entries from the index on): the node
+ * stops before raft hears that the append ended, its mark left for the next start. One
+ * raft_uv refused at once: the node stops too. */
+static void test_truncation_not_done_stops_the_node(void **state)
+{
+    (void)state;
+    theIo.log_dir = snapDir;
+    theIo.inner.truncate = fakeTruncate;
+    closedIn("0000000000000002-0000000000000009");
+    int fd;
+    pid_t pid = forkCapturing(&fd);
+    if (pid == 0) {
+        struct raft_io_append req;
+        appendCbs = 0;
+        if (theIo.outer.truncate(&theIo.outer, 6) != 0 ||
+            theIo.outer.append(&theIo.outer, &req, &oneEntry, 1, raftAppendDone) != 0) {
+            _exit(1);
+        }
+        completeAppend(0);
+        _exit(appendCbs == 0 ? 2 : 3); /* not reached when the wrapper stops the process */
+    }
+    expectStopped(pid, fd,
+                  "the log truncation from index 6 was not done (a closed segment still ends "
+                  "at 9");
+    assert_true(markThere(6));
+
+    theIo.inner.truncate = refusedTruncate;
+    pid = forkCapturing(&fd);
+    if (pid == 0) {
+        theIo.outer.truncate(&theIo.outer, 7);
+        _exit(1);
+    }
+    expectStopped(pid, fd, "raft_uv refused the log truncation from index 7");
+    closeIo();
+}
+
 /* ---- the follower's side: entries its snapshot covers -------------------------------- */
 
 static struct raft_append_entries seenAe; /* the AppendEntries as the fake raft got it */
@@ -1552,6 +1645,10 @@ int main(void)
         cmocka_unit_test_setup(test_failed_write_stops_the_node, setupDisk),
         cmocka_unit_test_setup(test_oldest_append_in_flight, setupDisk),
         cmocka_unit_test_setup(test_append_at_the_wrong_index_stops_the_node, setupDisk),
+        cmocka_unit_test_setup_teardown(test_truncation_is_marked_and_checked, setupStore,
+                                        teardownStore),
+        cmocka_unit_test_setup_teardown(test_truncation_not_done_stops_the_node, setupStore,
+                                        teardownStore),
         cmocka_unit_test_setup_teardown(test_failed_install_stops_the_node, setupStore,
                                         teardownStore),
         cmocka_unit_test_setup(test_snapshotted_entries_are_cut, setup),

@@ -132,8 +132,25 @@ static void test_two_open_segments_holding_entries_are_not_done(void **state)
     closedSeg(1, 105);
     segment("open-1", 1);
     segment("open-2", 1);
-    assert_int_equal(logdir_truncate_done(dir, 106, err, sizeof(err)), 0);
+    assert_int_equal(logdir_truncate_done(dir, 106, err, sizeof(err)), 2);
     assert_non_null(strstr(err, "2 open segments"));
+}
+
+/* The boundaries: a closed segment ending at the index is not done; an open segment too
+ * short for raft_uv's format word holds nothing. */
+static void test_done_boundaries(void **state)
+{
+    (void)state;
+    char err[256], path[256];
+    closedSeg(1, 106);
+    assert_int_equal(logdir_truncate_done(dir, 106, err, sizeof(err)), 0);
+    assert_int_equal(logdir_truncate_done(dir, 107, err, sizeof(err)), 1);
+    segment("open-1", 1);
+    pathOf(path, sizeof(path), "open-2");
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(logdir_truncate_done(dir, 107, err, sizeof(err)), 1);
 }
 
 /* A check removes its own mark; a start's recovery every one. */
@@ -208,6 +225,56 @@ static void test_recover_at_the_point_moves_them_too(void **state)
     assert_true(exists(LOGDIR_UNTRUNCATED "/open-5"));
 }
 
+/* Several marks: the lowest counts (the log holds nothing acknowledged past it). */
+static void test_recover_takes_the_lowest_mark(void **state)
+{
+    (void)state;
+    char err[256], msg[512];
+    closedSeg(1, 104);
+    segment("open-7", 1);
+    assert_int_equal(logdir_truncate_begin(dir, 150, err, sizeof(err)), 0);
+    assert_int_equal(logdir_truncate_begin(dir, 105, err, sizeof(err)), 0);
+    assert_int_equal(logdir_recover(dir, msg, sizeof(msg)), 0);
+    assert_non_null(strstr(msg, "from index 105"));
+    assert_true(exists(LOGDIR_UNTRUNCATED "/open-7"));
+    assert_false(exists(LOGDIR_MARK_PREFIX "00000000000000000150"));
+}
+
+/* A truncation stopped halfway: raft_uv had written the kept part (2-105) and not yet
+ * deleted the segment it came from (2-143) nor a later one (144-150). The whole one is
+ * kept, the rest goes, and the open segment written after is moved aside. */
+static void test_recover_undoes_a_halfway_truncation(void **state)
+{
+    (void)state;
+    char err[256], msg[512];
+    closedSeg(1, 1);
+    closedSeg(2, 105);
+    closedSeg(2, 143);
+    closedSeg(144, 150);
+    segment("open-9", 1);
+    assert_int_equal(logdir_truncate_begin(dir, 106, err, sizeof(err)), 0);
+    assert_int_equal(logdir_recover(dir, msg, sizeof(msg)), 0);
+    assert_non_null(strstr(msg, "removed what it had left halfway"));
+    assert_true(exists("0000000000000001-0000000000000001"));
+    assert_true(exists("0000000000000002-0000000000000143"));
+    assert_false(exists("0000000000000002-0000000000000105"));
+    assert_false(exists("0000000000000144-0000000000000150"));
+    assert_true(exists(LOGDIR_UNTRUNCATED "/open-9"));
+}
+
+/* After a snapshot install raft_uv keeps no closed segment: the one open segment holding
+ * entries is the log after the snapshot, and stays. */
+static void test_recover_without_closed_segments_keeps_the_open_one(void **state)
+{
+    (void)state;
+    char err[256], msg[512];
+    segment("open-3", 1);
+    assert_int_equal(logdir_truncate_begin(dir, 600, err, sizeof(err)), 0);
+    assert_int_equal(logdir_recover(dir, msg, sizeof(msg)), 0);
+    assert_true(exists("open-3"));
+    assert_false(exists(LOGDIR_MARK_PREFIX "00000000000000000600"));
+}
+
 /* The node stopped before raft_uv closed the open segment: it still holds entries before
  * the point (committed ones among them), so it stays; only the mark goes. */
 static void test_recover_keeps_an_open_segment_with_entries_before_the_point(void **state)
@@ -260,6 +327,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_two_open_segments_holding_entries_are_not_done, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_done_boundaries, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_takes_the_lowest_mark, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_undoes_a_halfway_truncation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_without_closed_segments_keeps_the_open_one,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_end_removes_the_one_mark, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recover_without_a_mark_does_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recover_moves_the_entries_written_after, setup,
