@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 
 #include <openssl/crypto.h>
@@ -72,7 +73,7 @@ enum areqState {
 
 struct areq {
     struct idem_async *a;
-    struct areq *prev, *next; /* in a->pending list, in acceptance order */
+    TAILQ_ENTRY(areq) link; /* in a->reqs, in acceptance order */
     uint64_t id;
     uint8_t *body; /* packed Request without deadline_ms; owned */
     size_t body_len;
@@ -134,7 +135,7 @@ struct idem_async {
     uv_timer_t watch;   /* the stall watch; runs (unreferenced) while requests are pending */
     uv_timer_t kick;    /* zero-delay: writes the requests submitted since it was armed */
     uint32_t max_frame; /* the largest request body accepted */
-    struct areq *head, *tail;
+    TAILQ_HEAD(areqs, areq) reqs; /* accepted, not called back yet */
     size_t pending;
     unsigned handles; /* open uv handles we own: the reconnect, watch and kick timers,
                        * request timers, conns (with a resolution pending, one more) */
@@ -224,17 +225,7 @@ static void reqFreeCb(uv_handle_t *h)
 
 static void reqUnlink(struct idem_async *a, struct areq *r)
 {
-    if (r->prev != NULL) {
-        r->prev->next = r->next;
-    } else {
-        a->head = r->next;
-    }
-    if (r->next != NULL) {
-        r->next->prev = r->prev;
-    } else {
-        a->tail = r->prev;
-    }
-    r->prev = r->next = NULL;
+    TAILQ_REMOVE(&a->reqs, r, link);
     a->pending--;
 }
 
@@ -419,7 +410,7 @@ static bool sendBatch(struct idem_async *a, struct areq **from)
     size_t cap = 0;
     struct areq *end = *from;
     for (; end != NULL && (cap == 0 || cap + FRAME_OVERHEAD + end->body_len <= BATCH_BYTES);
-         end = end->next) {
+         end = TAILQ_NEXT(end, link)) {
         if (end->state == AREQ_WAITING) {
             cap += FRAME_OVERHEAD + end->body_len;
         }
@@ -436,7 +427,7 @@ static bool sendBatch(struct idem_async *a, struct areq **from)
         return false;
     }
     size_t len = 0;
-    for (struct areq *r = start; r != end; r = r->next) {
+    for (struct areq *r = start; r != end; r = TAILQ_NEXT(r, link)) {
         if (r->state == AREQ_WAITING) {
             len += reqFrame(a, r, wr->data + len);
             r->state = AREQ_SENT;
@@ -471,7 +462,7 @@ static void flush(struct idem_async *a)
         return;
     }
     if (a->conn == NULL) {
-        if (!a->reconnect_armed && a->head != NULL) {
+        if (!a->reconnect_armed && !TAILQ_EMPTY(&a->reqs)) {
             connStart(a);
         }
         return;
@@ -479,7 +470,7 @@ static void flush(struct idem_async *a)
     if (!a->conn->connected || a->conn->writes > 0) {
         return;
     }
-    struct areq *from = a->head;
+    struct areq *from = TAILQ_FIRST(&a->reqs);
     while (from != NULL && sendBatch(a, &from)) {
     }
 }
@@ -527,7 +518,7 @@ static void reconnectCb(uv_timer_t *t)
 {
     struct idem_async *a = t->data;
     a->reconnect_armed = false;
-    if (!a->closing && a->conn == NULL && a->head != NULL) {
+    if (!a->closing && a->conn == NULL && !TAILQ_EMPTY(&a->reqs)) {
         connStart(a);
     }
 }
@@ -539,7 +530,8 @@ static void connDrop(struct idem_async *a, struct aconn *conn, size_t next, uint
     if (a->conn == conn) {
         a->conn = NULL;
     }
-    for (struct areq *r = a->head; r != NULL; r = r->next) {
+    struct areq *r;
+    TAILQ_FOREACH (r, &a->reqs, link) {
         if (r->state == AREQ_SENT && r->sent_on == conn) {
             r->state = AREQ_WAITING;
             r->sent_on = NULL;
@@ -553,7 +545,7 @@ static void connDrop(struct idem_async *a, struct aconn *conn, size_t next, uint
     if (a->current < a->n_seeds) {
         a->next_seed = (a->current + 1) % a->n_seeds;
     }
-    if (a->head != NULL && !a->reconnect_armed) {
+    if (!TAILQ_EMPTY(&a->reqs) && !a->reconnect_armed) {
         a->reconnect_armed = true;
         uv_timer_start(&a->reconnect, reconnectCb, delay, 0);
     }
@@ -673,7 +665,8 @@ static bool tlsRead(struct aconn *conn, size_t n)
 
 static struct areq *findSent(struct idem_async *a, struct aconn *conn, uint64_t id)
 {
-    for (struct areq *r = a->head; r != NULL; r = r->next) {
+    struct areq *r;
+    TAILQ_FOREACH (r, &a->reqs, link) {
         if (r->id == id) {
             return r->state == AREQ_SENT && r->sent_on == conn ? r : NULL;
         }
@@ -946,7 +939,7 @@ static void watchCb(uv_timer_t *t)
     if (a->closing) {
         return;
     }
-    if (a->head == NULL) {
+    if (TAILQ_EMPTY(&a->reqs)) {
         uv_timer_stop(&a->watch);
         return;
     }
@@ -956,7 +949,8 @@ static void watchCb(uv_timer_t *t)
     }
     uint64_t now = uv_now(a->loop);
     uint64_t limit = UINT64_MAX;
-    for (struct areq *r = a->head; r != NULL; r = r->next) {
+    struct areq *r;
+    TAILQ_FOREACH (r, &a->reqs, link) {
         bool owed = conn->connected ? (r->state == AREQ_SENT && r->sent_on == conn)
                                     : r->state == AREQ_WAITING;
         if (!owed) {
@@ -1003,6 +997,7 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
         return IDEM_ENOMEM;
     }
     a->loop = loop;
+    TAILQ_INIT(&a->reqs);
     int rv = IdemSeedsParse(opts->seeds, a->nodes, &a->n_nodes, why, why_len);
     if (rv != IDEM_OK) {
         free(a);
@@ -1136,13 +1131,7 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     r->deadline = uv_now(a->loop) + r->deadline_ms;
     r->state = AREQ_WAITING;
     uv_timer_start(&r->timer, reqDeadlineCb, r->deadline_ms, 0);
-    r->prev = a->tail;
-    if (a->tail != NULL) {
-        a->tail->next = r;
-    } else {
-        a->head = r;
-    }
-    a->tail = r;
+    TAILQ_INSERT_TAIL(&a->reqs, r, link);
     a->pending++;
     if (!uv_is_active((uv_handle_t *)&a->watch)) {
         if (a->conn != NULL) {
@@ -1232,8 +1221,8 @@ void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb, void *
     a->close_cb = close_cb;
     a->close_data = data;
     /* Callbacks may call idem_async_* (refused: closing) or close again (a no-op). */
-    while (a->head != NULL) {
-        reqFail(a->head, IDEM_ECANCELED, "the client was closed before an answer");
+    while (!TAILQ_EMPTY(&a->reqs)) {
+        reqFail(TAILQ_FIRST(&a->reqs), IDEM_ECANCELED, "the client was closed before an answer");
     }
     if (a->conn != NULL) {
         struct aconn *conn = a->conn;
