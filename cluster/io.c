@@ -328,11 +328,10 @@ static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft
     return passErr(io, io->inner.send(&io->inner, req, message, cb));
 }
 
-/* raft_uv's truncation fails silently (logdir.h): it is marked before, and checked when
- * the first append after it ends (truncationChecked). */
-static int ioTruncate(struct raft_io *o, raft_index index)
+/* Hands raft_uv a truncation. It fails silently (logdir.h): it is marked before, and checked
+ * when the first append after it ends (truncationChecked). */
+static void submitTruncate(struct io *io, raft_index index)
 {
-    struct io *io = fromOuter(o);
     char err[512];
     if (io->log_dir != NULL && logdir_truncate_begin(io->log_dir, index, err, sizeof(err)) != 0) {
         fprintf(stderr,
@@ -342,27 +341,24 @@ static int ioTruncate(struct raft_io *o, raft_index index)
         abort();
     }
     int rv = io->inner.truncate(&io->inner, index);
-    if (rv == 0) {
-        io->disk_next = index; /* raft_uv appends at index next */
-        if (io->trunc_last != 0 && io->trunc_last != index) {
-            /* No append came after the one before (from a later index, since the log then
-             * ended before it): the check of this one covers both. */
-            if (logdir_truncate_end(io->log_dir, io->trunc_last, err, sizeof(err)) != 0) {
-                fprintf(stderr, "idemd: %s; stopping\n", err);
-                abort();
-            }
-        }
-        io->trunc_last = io->log_dir != NULL ? index : 0;
-    } else if (io->log_dir != NULL) {
-        /* Nothing was done (raft_uv could not queue it): the mark is left for the next start,
-         * which finds the log as it was (logdir_recover). */
+    if (rv != 0) {
+        /* Nothing was done (raft_uv could not queue it), and raft goes on as if it had been:
+         * the mark, if any, is left for the next start, which finds the log as it was. */
         fprintf(stderr,
                 "idemd: raft_uv refused the log truncation from index %llu (%s); stopping: "
                 "restarted, the node resumes from what its disk holds\n",
                 (unsigned long long)index, raft_strerror(rv));
         abort();
     }
-    return passErr(io, rv);
+    if (io->trunc_last != 0 && io->trunc_last != index) {
+        /* No append came after the one before (from a later index, since the log then
+         * ended before it): the check of this one covers both. */
+        if (logdir_truncate_end(io->log_dir, io->trunc_last, err, sizeof(err)) != 0) {
+            fprintf(stderr, "idemd: %s; stopping\n", err);
+            abort();
+        }
+    }
+    io->trunc_last = io->log_dir != NULL ? index : 0;
 }
 
 /* The first append after a truncation ended: raft_uv did the truncation before it wrote it.
@@ -722,6 +718,7 @@ struct ioDisk {
     uint64_t start_us;     /* appends: when raft asked (appendTimed) */
     TAILQ_ENTRY(ioDisk) link; /* appends: in io->appends */
     uint64_t trunc;           /* appends: the truncation checked when it ends (0: none) */
+    bool in_inner;            /* puts: raft_uv holds it (io->puts_inner counts it) */
     bool install;          /* puts: of a snapshot the leader sent (isInstall) */
 };
 
@@ -849,6 +846,151 @@ static void ioAppendDone(struct raft_io_append *req, int status)
     maybeCloseInnerLater(io);
 }
 
+/* A truncation or an append held back while raft_uv holds a snapshot put. */
+struct ioHeld {
+    TAILQ_ENTRY(ioHeld) link;
+    struct ioDisk *d;                 /* an append's; NULL: a truncation */
+    raft_index index;                 /* a truncation's */
+    const struct raft_entry *entries; /* an append's (raft's, alive until it is called back) */
+    unsigned n;
+};
+
+static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry entries[],
+                        unsigned n, bool held);
+
+/* libraft 0.15's raft_uv runs no truncation asked while one of its snapshot puts holds
+ * the open segments (the put's barrier): the truncation's own barrier never fires
+ * (canonical/raft #372, fixed after 0.15 by #435). Seen here with raft_uv itself (a
+ * truncation from 8 asked while a put at 6 waited): nothing was truncated, the entries
+ * after it were written on, and the next load refused the log ("closed segment 8-9 is past
+ * last snapshot"); in an open segment they would have been read at the wrong indexes. So
+ * a truncation asked while raft_uv holds a put, and every append after it, wait here until
+ * the put has called back, and then go to raft_uv in the order raft asked them. */
+static void releaseHeld(struct io *io)
+{
+    while (!TAILQ_EMPTY(&io->held) && io->puts_inner == 0) {
+        struct ioHeld *h = TAILQ_FIRST(&io->held);
+        TAILQ_REMOVE(&io->held, h, link);
+        struct ioDisk *d = h->d;
+        const struct raft_entry *entries = h->entries;
+        unsigned n = h->n;
+        raft_index index = h->index;
+        free(h);
+        if (d == NULL) {
+            if (!io->inner_closing) {
+                submitTruncate(io, index);
+            }
+        } else if (io->inner_closing) {
+            ioAppendDone(&d->req.append, RAFT_CANCELED); /* as raft_uv cancels its queue */
+        } else {
+            submitAppend(io, d, entries, n, true);
+        }
+    }
+}
+
+/* The release goes to raft_uv after its put's callback has returned (raft_uv ends the put's
+ * barrier after it: a truncation asked from inside it was not run either): from the loop's
+ * next turn, through the pool (a no-op work; counted in works, which raft's close waits
+ * for). */
+struct ioRelease {
+    uv_work_t work;
+    struct io *io;
+};
+
+static void releaseWork(uv_work_t *w)
+{
+    (void)w;
+}
+
+static void releaseAfter(uv_work_t *w, int status)
+{
+    (void)status;
+    struct ioRelease *r = w->data;
+    struct io *io = r->io;
+    free(r);
+    io->works--;
+    io->release_queued = false;
+    releaseHeld(io);
+    maybeCloseInnerLater(io);
+}
+
+static void releaseLater(struct io *io)
+{
+    if (io->puts_inner > 0 || TAILQ_EMPTY(&io->held) || io->release_queued) {
+        return;
+    }
+    if (io->inner_closing) {
+        releaseHeld(io); /* raft_uv takes nothing more: the appends end canceled, now */
+        return;
+    }
+    struct ioRelease *r = malloc(sizeof(*r));
+    if (r != NULL) {
+        r->work.data = r;
+        r->io = io;
+        if (uv_queue_work(io->loop, &r->work, releaseWork, releaseAfter) == 0) {
+            io->works++;
+            io->release_queued = true;
+            return;
+        }
+        free(r);
+    }
+    releaseHeld(io); /* at once, then: the check after it still stops a node it fails */
+}
+
+static bool holdOp(struct io *io, struct ioDisk *d, raft_index index,
+                   const struct raft_entry *entries, unsigned n)
+{
+    struct ioHeld *h = calloc(1, sizeof(*h));
+    if (h == NULL) {
+        return false;
+    }
+    h->d = d;
+    h->index = index;
+    h->entries = entries;
+    h->n = n;
+    TAILQ_INSERT_TAIL(&io->held, h, link);
+    return true;
+}
+
+static int ioTruncate(struct raft_io *o, raft_index index)
+{
+    struct io *io = fromOuter(o);
+    if (io->inner_closing) {
+        return RAFT_CANCELED; /* raft_uv asserts that it is not closing */
+    }
+    io->disk_next = index; /* raft_uv appends at index next */
+    if (io->puts_inner > 0 || !TAILQ_EMPTY(&io->held)) {
+        if (!holdOp(io, NULL, index, NULL, 0)) {
+            return RAFT_NOMEM;
+        }
+        io->truncs_held++;
+        return 0;
+    }
+    submitTruncate(io, index);
+    return 0;
+}
+
+/* Hands raft_uv an append (held: one held back, which raft was told was taken, so that a
+ * refusal now stops the node). */
+static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry entries[],
+                        unsigned n, bool held)
+{
+    d->trunc = io->trunc_last;
+    int rv = io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone);
+    if (rv == 0) {
+        io->trunc_last = 0; /* this append carries its check */
+        return 0;
+    }
+    if (held) {
+        fprintf(stderr, "idemd: raft_uv refused a log write held back (%s); stopping\n",
+                raft_strerror(rv));
+        abort();
+    }
+    TAILQ_REMOVE(&io->appends, d, link);
+    d->trunc = 0;
+    return rv;
+}
+
 static int ioAppend(struct raft_io *o, struct raft_io_append *req,
                     const struct raft_entry entries[], unsigned n, raft_io_append_cb cb)
 {
@@ -866,16 +1008,20 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     d->outer.append = req;
     d->cb.append = cb;
     req->cb = cb;
-    d->trunc = io->trunc_last;
     TAILQ_INSERT_TAIL(&io->appends, d, link);
-    int rv = io->inner.append(&io->inner, &d->req.append, entries, n, ioAppendDone);
-    if (rv != 0) {
-        TAILQ_REMOVE(&io->appends, d, link);
+    int rv;
+    if (!TAILQ_EMPTY(&io->held)) {
+        /* After a truncation held back: in raft's order. */
+        rv = holdOp(io, d, 0, entries, n) ? 0 : RAFT_NOMEM;
+        if (rv != 0) {
+            TAILQ_REMOVE(&io->appends, d, link);
+        }
+    } else {
+        rv = submitAppend(io, d, entries, n, false);
     }
     if (rv == 0) {
         /* Taken: raft_uv stores them next (0: where is not known from here on). */
         io->disk_next = first != 0 ? first + n : 0;
-        io->trunc_last = 0; /* this append carries its check */
     }
     return diskSubmitted(d, rv);
 }
@@ -930,10 +1076,14 @@ static void snapStored(struct io *io, uint64_t index)
 /* raft_uv took a snapshot put (rv 0). Without trailing entries it takes it for an install,
  * whoever asked: it drops the whole log and, from the put's submission on, appends the next
  * entry at the snapshot's index + 1 (later appends wait behind the put). */
-static void putSubmitted(struct io *io, int rv, unsigned trailing, uint64_t index)
+static void putSubmitted(struct io *io, struct ioDisk *d, int rv, unsigned trailing, uint64_t index)
 {
     if (rv == 0 && trailing == 0) {
         io->disk_next = index + 1;
+    }
+    if (rv == 0) {
+        d->in_inner = true;
+        io->puts_inner++;
     }
 }
 
@@ -971,7 +1121,12 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     raft_io_snapshot_put_cb cb = d->cb.put;
     struct ioSnapJob *j = d->job;
     bool install = d->install;
+    bool in_inner = d->in_inner;
     struct io *io = diskEnd(d);
+    if (in_inner) {
+        io->puts_inner--;
+        releaseLater(io);
+    }
     const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
         installFailed(status, why);
@@ -1035,7 +1190,7 @@ static void snapWriteAfter(uv_work_t *w, int status)
         j->ref_snapshot.n_bufs = 1;
         rv = io->inner.snapshot_put(&io->inner, j->trailing, &d->req.put, &j->ref_snapshot,
                                     ioSnapshotPutDone);
-        putSubmitted(io, rv, j->trailing, j->ref_snapshot.index);
+        putSubmitted(io, d, rv, j->trailing, j->ref_snapshot.index);
         if (rv == 0) {
             maybeCloseInnerLater(io);
             return;
@@ -1068,7 +1223,7 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
         if (rv != 0 && d->install) {
             installFailed(rv, io->inner.errmsg);
         }
-        putSubmitted(io, rv, trailing, snapshot->index);
+        putSubmitted(io, d, rv, trailing, snapshot->index);
         return diskSubmitted(d, rv);
     }
     struct ioSnapJob *j = calloc(1, sizeof(*j));
@@ -1197,6 +1352,10 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->snap_last = 0;
     io->log_dir = NULL;
     io->trunc_last = 0;
+    io->puts_inner = 0;
+    io->truncs_held = 0;
+    io->release_queued = false;
+    TAILQ_INIT(&io->held);
     memset(io->append_buckets, 0, sizeof(io->append_buckets));
     memset(io->heard, 0, sizeof(io->heard));
     io->append_count = 0;

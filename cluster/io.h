@@ -53,6 +53,12 @@
  * snapshot's index (io_skip_snapshotted). etcd's raft, for comparison, answers an RPC that
  * starts below its commit index with that commit index and appends nothing.
  *
+ * Two on raft_uv's truncation of a follower's log: a truncation that fails is only flagged,
+ * and one asked while raft_uv holds a snapshot put never runs at all (canonical/raft #372);
+ * both leave the entries written after it at the wrong indexes on disk. The wrapper holds a
+ * truncation asked during a put, and the appends after it, until the put has called back,
+ * and marks and checks every truncation (logdir.h).
+ *
  * The wrapper also forwards async_work (raft runs the serialising part of an asynchronous
  * snapshot through it, on raft_uv's thread pool) and holds raft's close back until every
  * such work has called back: raft_uv would otherwise be closed, and freed by the cluster,
@@ -92,6 +98,7 @@
 #define IO_CLOSE_WAIT_MS 2000
 
 struct ioDisk; /* io.c: a disk request in flight */
+struct ioHeld; /* io.c: a truncation or append held back */
 
 struct io {
     struct raft_io outer; /* first member; hand &outer to raft_init */
@@ -131,6 +138,12 @@ struct io {
      * are not. Set after io_wrap(), alive as long as the io. */
     const char *log_dir;
     uint64_t trunc_last; /* the last truncation marked, until an append carries its check */
+    /* Snapshot puts raft_uv holds (submitted, not called back), and what waits for them: a
+     * truncation raft asks meanwhile, and every append after it (io.c, holdTruncation). */
+    unsigned puts_inner;
+    unsigned long truncs_held; /* truncations held back so far */
+    bool release_queued;       /* what was held goes to raft_uv at the loop's next turn */
+    TAILQ_HEAD(ioHeldOps, ioHeld) held;
     TAILQ_HEAD(ioAppends, ioDisk) appends; /* appends in flight, oldest first */
     /* The node's own snapshot puts (not installs) that ended while raft was open: how
      * many, how many of them failed, and the last one's status and message. */

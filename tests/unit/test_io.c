@@ -1295,10 +1295,16 @@ static void test_failed_write_stops_the_node(void **state)
  * index + 1; libraft 0.15 still appended after its last stored entry). */
 static char bufA, bufB, bufC;
 
+static int truncCalls;
+static raft_index truncIndex;
+static int appendsAtTrunc; /* appends raft_uv had been handed when the truncation came */
+
 static int fakeTruncate(struct raft_io *io, raft_index index)
 {
     (void)io;
-    (void)index;
+    truncCalls++;
+    truncIndex = index;
+    appendsAtTrunc = nInnerAppends;
     return 0;
 }
 
@@ -1443,6 +1449,109 @@ static void test_truncation_not_done_stops_the_node(void **state)
     }
     expectStopped(pid, fd, "raft_uv refused the log truncation from index 7");
     closeIo();
+}
+
+/* libraft 0.15's raft_uv never runs a truncation asked while it holds a snapshot put
+ * (canonical/raft #372; test_raft_uv shows it on raft_uv itself): the wrapper holds it, and
+ * the appends after it, and hands them over in raft's order once the put has called back,
+ * from the loop's next turn. Appends asked before the truncation go at once. */
+static void test_truncation_waits_for_a_snapshot_put(void **state)
+{
+    (void)state;
+    theIo.inner.truncate = fakeTruncate;
+    truncCalls = 0;
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 6);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &put, &snap, raftPutDone), 0);
+    assert_non_null(innerPut);
+    struct raft_io_append a1, a2, a3;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a1, &oneEntry, 1, raftAppendDone), 0);
+    assert_int_equal(nInnerAppends, 1);
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 8), 0);
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a2, &oneEntry, 1, raftAppendDone), 0);
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a3, &oneEntry, 1, raftAppendDone), 0);
+    assert_int_equal(truncCalls, 0);
+    assert_int_equal(nInnerAppends, 1);
+    assert_int_equal(theIo.truncs_held, 1);
+    completePut(0);
+    assert_int_equal(putCbs, 1);
+    assert_int_equal(truncCalls, 0); /* not from inside raft_uv's callback */
+    RUN_UNTIL(truncCalls == 1);
+    assert_int_equal(truncIndex, 8);
+    assert_int_equal(appendsAtTrunc, 1); /* a1 before it, a2 and a3 after */
+    assert_int_equal(nInnerAppends, 3);
+    assert_int_equal(theIo.works, 0);
+    appendCbs = 0;
+    while (nInnerAppends > 0) {
+        completeAppend(0);
+    }
+    assert_int_equal(appendCbs, 3);
+    /* With no put held, a truncation goes at once. */
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 9), 0);
+    assert_int_equal(truncCalls, 2);
+    closeIo();
+}
+
+/* raft's close while an append is held: the close waits for the put, the append goes to
+ * raft_uv then and is waited for too; with the wait's bound passed, raft_uv's close cancels
+ * the put and the held append ends canceled (reported to raft as done, as raft_uv's own
+ * queue is), before raft_uv's close calls back. */
+static void test_close_with_held_appends(void **state)
+{
+    (void)state;
+    theIo.inner.truncate = fakeTruncate;
+    truncCalls = 0;
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 6);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &put, &snap, raftPutDone), 0);
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 8), 0);
+    struct raft_io_append a;
+    appendCbs = 0;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &oneEntry, 1, raftAppendDone), 0);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    completePut(0);
+    RUN_UNTIL(nInnerAppends == 1);
+    assert_int_equal(truncCalls, 1);
+    assert_int_equal(innerCloses, 0);
+    completeAppend(0);
+    turnLoop();
+    assert_int_equal(innerCloses, 1);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+    assert_int_equal(appendCbs, 1);
+    drainLoop();
+}
+
+static void test_bounded_close_cancels_held_appends(void **state)
+{
+    (void)state;
+    theIo.close_wait_ms = 1;
+    theIo.inner.truncate = fakeTruncate;
+    truncCalls = 0;
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap;
+    struct raft_buffer bufs[2];
+    fillSnapshot(&snap, bufs, 6);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &put, &snap, raftPutDone), 0);
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 8), 0);
+    struct raft_io_append a;
+    appendCbs = 0;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &oneEntry, 1, raftAppendDone), 0);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    drainLoop(); /* the bound's timer: raft_uv closes, cancelling the put */
+    assert_int_equal(innerCloses, 1);
+    assert_int_equal(putCbs, 1);
+    assert_int_equal(appendCbs, 1);
+    assert_int_equal(appendStatus, 0);
+    assert_int_equal(truncCalls, 0);
+    aio_reap_set_inline(false);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+    drainLoop();
 }
 
 /* ---- the follower's side: entries its snapshot covers -------------------------------- */
@@ -1645,6 +1754,9 @@ int main(void)
         cmocka_unit_test_setup(test_failed_write_stops_the_node, setupDisk),
         cmocka_unit_test_setup(test_oldest_append_in_flight, setupDisk),
         cmocka_unit_test_setup(test_append_at_the_wrong_index_stops_the_node, setupDisk),
+        cmocka_unit_test_setup(test_truncation_waits_for_a_snapshot_put, setupDisk),
+        cmocka_unit_test_setup(test_close_with_held_appends, setupDisk),
+        cmocka_unit_test_setup(test_bounded_close_cancels_held_appends, setupDisk),
         cmocka_unit_test_setup_teardown(test_truncation_is_marked_and_checked, setupStore,
                                         teardownStore),
         cmocka_unit_test_setup_teardown(test_truncation_not_done_stops_the_node, setupStore,
