@@ -437,6 +437,7 @@ struct ioGet {
 };
 
 static void maybeCloseInnerLater(struct io *io);
+static void releaseHeld(struct io *io, bool all);
 
 /* A get is counted in works from its submission to raft's callback: raft_uv 0.15 fires its
  * close callback right after a get's callback, and raft must hear of the get first. */
@@ -584,6 +585,9 @@ static int ioRandom(struct raft_io *o, int min, int max)
 static void ioCloseCb(struct raft_io *i)
 {
     struct io *io = fromInner(i);
+    /* Held behind a put raft_uv never called back: they end canceled before raft's close
+     * (raft frees its requests then). */
+    releaseHeld(io, true);
     if (io->late_failures > 0) {
         fprintf(stderr,
                 "idemd: raft I/O: %lu append(s) failed or canceled after close (not "
@@ -849,14 +853,19 @@ static void ioAppendDone(struct raft_io_append *req, int status)
 /* A truncation or an append held back while raft_uv holds a snapshot put. */
 struct ioHeld {
     TAILQ_ENTRY(ioHeld) link;
-    struct ioDisk *d;                 /* an append's; NULL: a truncation */
+    struct ioDisk *d;                 /* an append's or a put's; NULL: a truncation */
     raft_index index;                 /* a truncation's */
     const struct raft_entry *entries; /* an append's (raft's, alive until it is called back) */
     unsigned n;
+    const struct raft_snapshot *snapshot; /* a put's (alive until it is called back) */
+    unsigned trailing;                    /* a put's */
 };
 
 static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry entries[],
                         unsigned n, bool held);
+static int submitPut(struct io *io, struct ioDisk *d, unsigned trailing,
+                     const struct raft_snapshot *snapshot, bool held);
+static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status);
 
 /* libraft 0.15's raft_uv runs no truncation asked while one of its snapshot puts holds
  * the open segments (the put's barrier): the truncation's own barrier never fires
@@ -866,24 +875,29 @@ static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry
  * last snapshot"); in an open segment they would have been read at the wrong indexes. So
  * a truncation asked while raft_uv holds a put, and every append after it, wait here until
  * the put has called back, and then go to raft_uv in the order raft asked them. */
-static void releaseHeld(struct io *io)
+static void releaseHeld(struct io *io, bool all)
 {
-    while (!TAILQ_EMPTY(&io->held) && io->puts_inner == 0) {
+    while (!TAILQ_EMPTY(&io->held) && (io->puts_inner == 0 || all)) {
         struct ioHeld *h = TAILQ_FIRST(&io->held);
         TAILQ_REMOVE(&io->held, h, link);
-        struct ioDisk *d = h->d;
-        const struct raft_entry *entries = h->entries;
-        unsigned n = h->n;
-        raft_index index = h->index;
+        struct ioHeld op = *h;
         free(h);
-        if (d == NULL) {
+        bool put = op.snapshot != NULL;
+        if (op.d == NULL) {
             if (!io->inner_closing) {
-                submitTruncate(io, index);
+                submitTruncate(io, op.index);
             }
         } else if (io->inner_closing) {
-            ioAppendDone(&d->req.append, RAFT_CANCELED); /* as raft_uv cancels its queue */
+            /* As raft_uv's close cancels what it holds. */
+            if (put) {
+                ioSnapshotPutDone(&op.d->req.put, RAFT_CANCELED);
+            } else {
+                ioAppendDone(&op.d->req.append, RAFT_CANCELED);
+            }
+        } else if (put) {
+            submitPut(io, op.d, op.trailing, op.snapshot, true);
         } else {
-            submitAppend(io, d, entries, n, true);
+            submitAppend(io, op.d, op.entries, op.n, true);
         }
     }
 }
@@ -910,7 +924,7 @@ static void releaseAfter(uv_work_t *w, int status)
     free(r);
     io->works--;
     io->release_queued = false;
-    releaseHeld(io);
+    releaseHeld(io, false);
     maybeCloseInnerLater(io);
 }
 
@@ -920,7 +934,7 @@ static void releaseLater(struct io *io)
         return;
     }
     if (io->inner_closing) {
-        releaseHeld(io); /* raft_uv takes nothing more: the appends end canceled, now */
+        releaseHeld(io, false); /* raft_uv takes nothing more: they end canceled, now */
         return;
     }
     struct ioRelease *r = malloc(sizeof(*r));
@@ -934,11 +948,12 @@ static void releaseLater(struct io *io)
         }
         free(r);
     }
-    releaseHeld(io); /* at once, then: the check after it still stops a node it fails */
+    releaseHeld(io, false); /* at once, then: the check after it still stops a node it fails */
 }
 
 static bool holdOp(struct io *io, struct ioDisk *d, raft_index index,
-                   const struct raft_entry *entries, unsigned n)
+                   const struct raft_entry *entries, unsigned n,
+                   const struct raft_snapshot *snapshot, unsigned trailing)
 {
     struct ioHeld *h = calloc(1, sizeof(*h));
     if (h == NULL) {
@@ -948,6 +963,8 @@ static bool holdOp(struct io *io, struct ioDisk *d, raft_index index,
     h->index = index;
     h->entries = entries;
     h->n = n;
+    h->snapshot = snapshot;
+    h->trailing = trailing;
     TAILQ_INSERT_TAIL(&io->held, h, link);
     return true;
 }
@@ -958,15 +975,15 @@ static int ioTruncate(struct raft_io *o, raft_index index)
     if (io->inner_closing) {
         return RAFT_CANCELED; /* raft_uv asserts that it is not closing */
     }
-    io->disk_next = index; /* raft_uv appends at index next */
     if (io->puts_inner > 0 || !TAILQ_EMPTY(&io->held)) {
-        if (!holdOp(io, NULL, index, NULL, 0)) {
+        if (!holdOp(io, NULL, index, NULL, 0, NULL, 0)) {
             return RAFT_NOMEM;
         }
         io->truncs_held++;
-        return 0;
+    } else {
+        submitTruncate(io, index);
     }
-    submitTruncate(io, index);
+    io->disk_next = index; /* raft_uv appends at index next */
     return 0;
 }
 
@@ -1012,7 +1029,7 @@ static int ioAppend(struct raft_io *o, struct raft_io_append *req,
     int rv;
     if (!TAILQ_EMPTY(&io->held)) {
         /* After a truncation held back: in raft's order. */
-        rv = holdOp(io, d, 0, entries, n) ? 0 : RAFT_NOMEM;
+        rv = holdOp(io, d, 0, entries, n, NULL, 0) ? 0 : RAFT_NOMEM;
         if (rv != 0) {
             TAILQ_REMOVE(&io->appends, d, link);
         }
@@ -1123,10 +1140,6 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
     bool install = d->install;
     bool in_inner = d->in_inner;
     struct io *io = diskEnd(d);
-    if (in_inner) {
-        io->puts_inner--;
-        releaseLater(io);
-    }
     const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
         installFailed(status, why);
@@ -1151,6 +1164,12 @@ static void ioSnapshotPutDone(struct raft_io_snapshot_put *req, int status)
         free(j);
     }
     cb(outer, status);
+    if (in_inner) {
+        /* After raft's callback, which may ask a truncation: held too (raft_uv ends the put's
+         * barrier only once this returns). */
+        io->puts_inner--;
+        releaseLater(io);
+    }
     maybeCloseInnerLater(io);
 }
 
@@ -1188,17 +1207,34 @@ static void snapWriteAfter(uv_work_t *w, int status)
         j->ref_snapshot = *j->snapshot;
         j->ref_snapshot.bufs = &j->ref_buf;
         j->ref_snapshot.n_bufs = 1;
-        rv = io->inner.snapshot_put(&io->inner, j->trailing, &d->req.put, &j->ref_snapshot,
-                                    ioSnapshotPutDone);
-        putSubmitted(io, d, rv, j->trailing, j->ref_snapshot.index);
+        rv = submitPut(io, d, j->trailing, &j->ref_snapshot, false);
         if (rv == 0) {
             maybeCloseInnerLater(io);
             return;
         }
+    }
+    ioSnapshotPutDone(&d->req.put, rv);
+}
+
+/* Hands raft_uv a put, or holds it behind what is held (raft's order). A put held, or one
+ * whose data snapstore wrote (j), that raft_uv refuses is called back with the error. */
+static int submitPut(struct io *io, struct ioDisk *d, unsigned trailing,
+                     const struct raft_snapshot *snapshot, bool held)
+{
+    if (!held && !TAILQ_EMPTY(&io->held)) {
+        return holdOp(io, d, 0, NULL, 0, snapshot, trailing) ? 0 : RAFT_NOMEM;
+    }
+    int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot, ioSnapshotPutDone);
+    putSubmitted(io, d, rv, trailing, snapshot->index);
+    if (rv != 0 && d->job != NULL) {
         fprintf(stderr, "idemd: snapshot store: raft_uv refused the reference: %s\n",
                 io->inner.errmsg[0] ? io->inner.errmsg : raft_strerror(rv));
     }
-    ioSnapshotPutDone(&d->req.put, rv);
+    if (rv != 0 && held) {
+        ioSnapshotPutDone(&d->req.put, rv);
+        return 0;
+    }
+    return rv;
 }
 
 static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_snapshot_put *req,
@@ -1218,12 +1254,10 @@ static int ioSnapshotPut(struct raft_io *o, unsigned trailing, struct raft_io_sn
     d->install = isInstall(io, req);
     req->cb = cb;
     if (io->snap_dir == NULL) {
-        int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot,
-                                        ioSnapshotPutDone);
+        int rv = submitPut(io, d, trailing, snapshot, false);
         if (rv != 0 && d->install) {
             installFailed(rv, io->inner.errmsg);
         }
-        putSubmitted(io, d, rv, trailing, snapshot->index);
         return diskSubmitted(d, rv);
     }
     struct ioSnapJob *j = calloc(1, sizeof(*j));

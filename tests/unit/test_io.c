@@ -1302,6 +1302,7 @@ static int appendsAtTrunc; /* appends raft_uv had been handed when the truncatio
 static int fakeTruncate(struct raft_io *io, raft_index index)
 {
     (void)io;
+    assert_false(inInnerCb); /* never from inside one of raft_uv's callbacks */
     truncCalls++;
     truncIndex = index;
     appendsAtTrunc = nInnerAppends;
@@ -1491,6 +1492,50 @@ static void test_truncation_waits_for_a_snapshot_put(void **state)
     /* With no put held, a truncation goes at once. */
     assert_int_equal(theIo.outer.truncate(&theIo.outer, 9), 0);
     assert_int_equal(truncCalls, 2);
+    closeIo();
+}
+
+/* raft asks a truncation from inside its put's callback: held too, since raft_uv ends the
+ * put's barrier only after that callback; and a put raft asks while truncations and
+ * appends are held waits behind them. */
+static int truncInCb; /* the truncation raftPutTruncates asks (0: none) */
+static void raftPutTruncates(struct raft_io_snapshot_put *req, int status)
+{
+    raftPutDone(req, status);
+    if (truncInCb != 0) {
+        assert_int_equal(theIo.outer.truncate(&theIo.outer, truncInCb), 0);
+        truncInCb = 0;
+    }
+}
+
+static void test_truncation_from_the_put_callback_and_a_put_behind(void **state)
+{
+    (void)state;
+    theIo.inner.truncate = fakeTruncate;
+    truncCalls = 0;
+    struct raft_io_snapshot_put put;
+    struct raft_snapshot snap, snap2;
+    struct raft_buffer bufs[2], bufs2[2];
+    fillSnapshot(&snap, bufs, 6);
+    fillSnapshot(&snap2, bufs2, 20);
+    truncInCb = 8;
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &put, &snap, raftPutTruncates), 0);
+    completePut(0);
+    assert_int_equal(truncCalls, 0);
+    assert_int_equal(theIo.truncs_held, 1);
+    struct raft_io_append a;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &oneEntry, 1, raftAppendDone), 0);
+    struct raft_io_snapshot_put put2;
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 0, &put2, &snap2, raftPutDone), 0);
+    assert_null(innerPut); /* behind the truncation and the append */
+    assert_int_equal(nInnerAppends, 0);
+    RUN_UNTIL(innerPut != NULL);
+    assert_int_equal(truncCalls, 1);
+    assert_int_equal(appendsAtTrunc, 0);
+    assert_int_equal(nInnerAppends, 1);
+    completeAppend(0);
+    completePut(0);
+    assert_int_equal(putCbs, 2);
     closeIo();
 }
 
@@ -1755,6 +1800,7 @@ int main(void)
         cmocka_unit_test_setup(test_oldest_append_in_flight, setupDisk),
         cmocka_unit_test_setup(test_append_at_the_wrong_index_stops_the_node, setupDisk),
         cmocka_unit_test_setup(test_truncation_waits_for_a_snapshot_put, setupDisk),
+        cmocka_unit_test_setup(test_truncation_from_the_put_callback_and_a_put_behind, setupDisk),
         cmocka_unit_test_setup(test_close_with_held_appends, setupDisk),
         cmocka_unit_test_setup(test_bounded_close_cancels_held_appends, setupDisk),
         cmocka_unit_test_setup_teardown(test_truncation_is_marked_and_checked, setupStore,
