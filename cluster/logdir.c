@@ -220,37 +220,22 @@ int logdir_truncate_end(const char *dir, uint64_t index, char *err, size_t errle
             return fail(err, errlen, "remove the truncation mark in", dir);
         }
     } else {
-        DIR *d = opendir(dir);
-        if (d == NULL) {
-            return fail(err, errlen, "list", dir);
-        }
-        struct dirent *e;
-        errno = 0;
-        while ((e = readdir(d)) != NULL) {
-            uint64_t at;
-            if (markIndex(e->d_name, &at) && unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 &&
-                errno != ENOENT) {
-                int saved = errno;
-                closedir(d);
-                errno = saved;
-                return fail(err, errlen, "remove a truncation mark in", dir);
-            }
-            errno = 0;
-        }
-        int saved = errno;
-        closedir(d);
-        if (saved != 0) {
-            errno = saved;
-            return fail(err, errlen, "list", dir);
-        }
+        /* Every mark, the lowest first, each removal seen by the next listing. */
         struct scan s;
-        if (scanDir(dir, &s, err, errlen) != 0) {
-            return -1;
-        }
-        if (s.mark != 0) {
-            snprintf(err, errlen, "the truncation mark at %" PRIu64 " in %s is still there", s.mark,
-                     dir);
-            return -1;
+        for (unsigned k = 0;; k++) {
+            if (scanDir(dir, &s, err, errlen) != 0) {
+                return -1;
+            }
+            if (s.mark == 0) {
+                break;
+            }
+            if (k == 100000 || logdir_truncate_end(dir, s.mark, err, errlen) != 0) {
+                if (k == 100000) {
+                    snprintf(err, errlen, "the truncation mark at %" PRIu64 " in %s stays", s.mark,
+                             dir);
+                }
+                return -1;
+            }
         }
     }
     /* Durable before raft hears of the entries written since: a mark that came back after

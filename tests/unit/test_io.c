@@ -1543,20 +1543,29 @@ static void test_truncation_from_the_put_callback_and_a_put_behind(void **state)
  * raft_uv then and is waited for too; with the wait's bound passed, raft_uv's close cancels
  * the put and the held append ends canceled (reported to raft as done, as raft_uv's own
  * queue is), before raft_uv's close calls back. */
+/* A put raft_uv holds, a truncation and an append held behind it. */
+static struct raft_io_snapshot_put heldPut;
+static struct raft_snapshot heldSnap;
+static struct raft_buffer heldBufs[2];
+static struct raft_io_append heldAppend;
+
+static void holdBehindAPut(void)
+{
+    theIo.inner.truncate = fakeTruncate;
+    truncCalls = 0;
+    fillSnapshot(&heldSnap, heldBufs, 6);
+    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &heldPut, &heldSnap, raftPutDone),
+                     0);
+    assert_int_equal(theIo.outer.truncate(&theIo.outer, 8), 0);
+    appendCbs = 0;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &heldAppend, &oneEntry, 1, raftAppendDone),
+                     0);
+}
+
 static void test_close_with_held_appends(void **state)
 {
     (void)state;
-    theIo.inner.truncate = fakeTruncate;
-    truncCalls = 0;
-    struct raft_io_snapshot_put put;
-    struct raft_snapshot snap;
-    struct raft_buffer bufs[2];
-    fillSnapshot(&snap, bufs, 6);
-    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &put, &snap, raftPutDone), 0);
-    assert_int_equal(theIo.outer.truncate(&theIo.outer, 8), 0);
-    struct raft_io_append a;
-    appendCbs = 0;
-    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &oneEntry, 1, raftAppendDone), 0);
+    holdBehindAPut();
     theIo.outer.close(&theIo.outer, raftClosed);
     completePut(0);
     RUN_UNTIL(nInnerAppends == 1);
@@ -1575,17 +1584,7 @@ static void test_bounded_close_cancels_held_appends(void **state)
 {
     (void)state;
     theIo.close_wait_ms = 1;
-    theIo.inner.truncate = fakeTruncate;
-    truncCalls = 0;
-    struct raft_io_snapshot_put put;
-    struct raft_snapshot snap;
-    struct raft_buffer bufs[2];
-    fillSnapshot(&snap, bufs, 6);
-    assert_int_equal(theIo.outer.snapshot_put(&theIo.outer, 2, &put, &snap, raftPutDone), 0);
-    assert_int_equal(theIo.outer.truncate(&theIo.outer, 8), 0);
-    struct raft_io_append a;
-    appendCbs = 0;
-    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &oneEntry, 1, raftAppendDone), 0);
+    holdBehindAPut();
     theIo.outer.close(&theIo.outer, raftClosed);
     drainLoop(); /* the bound's timer: raft_uv closes, cancelling the put */
     assert_int_equal(innerCloses, 1);
