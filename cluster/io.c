@@ -1004,7 +1004,6 @@ static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry
         abort();
     }
     TAILQ_REMOVE(&io->appends, d, link);
-    d->trunc = 0;
     return rv;
 }
 

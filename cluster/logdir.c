@@ -148,7 +148,7 @@ static int scanDir(const char *dir, struct scan *s, char *err, size_t errlen)
     return 0;
 }
 
-static int syncDir(const char *dir, char *err, size_t errlen)
+int logdir_sync(const char *dir, char *err, size_t errlen)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
@@ -180,7 +180,7 @@ int logdir_truncate_begin(const char *dir, uint64_t index, char *err, size_t err
     if (mkdir(path, 0700) != 0 && errno != EEXIST) {
         return fail(err, errlen, "mkdir " LOGDIR_MARK_PREFIX "... in", dir);
     }
-    return syncDir(dir, err, errlen);
+    return logdir_sync(dir, err, errlen);
 }
 
 int logdir_truncate_done(const char *dir, uint64_t index, char *err, size_t errlen)
@@ -240,7 +240,7 @@ int logdir_truncate_end(const char *dir, uint64_t index, char *err, size_t errle
     }
     /* Durable before raft hears of the entries written since: a mark that came back after
      * a crash would have them moved aside although acknowledged. */
-    return syncDir(dir, err, errlen);
+    return logdir_sync(dir, err, errlen);
 }
 
 /* Moves every open segment that holds entries into LOGDIR_UNTRUNCATED/ (one of an earlier
@@ -298,7 +298,7 @@ static int moveOpens(const char *dir, unsigned *moved, char *err, size_t errlen)
     }
     close(afd);
     if (rv == 0) {
-        rv = syncDir(dir, err, errlen);
+        rv = logdir_sync(dir, err, errlen);
     }
     struct scan s;
     if (rv == 0 && scanDir(dir, &s, err, errlen) == 0 && (s.opens_held != 0 || s.raced)) {
@@ -378,7 +378,7 @@ static int dropHalfTruncated(const char *dir, uint64_t mark, unsigned *dropped, 
     }
     free(list);
     closedir(d);
-    return rv == 0 && *dropped > 0 ? syncDir(dir, err, errlen) : rv;
+    return rv == 0 && *dropped > 0 ? logdir_sync(dir, err, errlen) : rv;
 }
 
 int logdir_recover(const char *dir, char *msg, size_t msglen)

@@ -46,6 +46,9 @@
 /* raft_uv's closed segment name: 16 digits, '-', 16 digits (first and last index). */
 bool logdir_closed_segment(const char *name, uint64_t *first, uint64_t *end);
 
+/* fsync of the directory dir (raft_uv's, where snapstore's files are too). */
+int logdir_sync(const char *dir, char *err, size_t errlen);
+
 /* Marks a truncation of the log from index on (durable when this returns 0). */
 int logdir_truncate_begin(const char *dir, uint64_t index, char *err, size_t errlen);
 

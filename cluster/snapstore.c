@@ -169,16 +169,8 @@ int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct
         unlink(tmp);
         return -1;
     }
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        return fail(err, errlen, "open", dir);
-    }
-    int rv = fsync(dfd);
-    int e = errno;
-    close(dfd);
-    if (rv != 0) {
-        errno = e;
-        return fail(err, errlen, "fsync", dir);
+    if (logdir_sync(dir, err, errlen) != 0) {
+        return -1;
     }
     out->term = term;
     out->index = index;
