@@ -26,6 +26,7 @@
 #include "idem.pb-c.h"
 #include "io.h"
 #include "niced.h"
+#include "segfill.h"
 #include "transport.h"
 
 #define TICK_MS 100
@@ -1094,6 +1095,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         goto err_free;
     }
+    segfill_set_enabled(!cfg->segment_prefill_off); /* before raft_uv prepares a segment */
     rv = raft_uv_init(&c->io.inner, loop, c->data_dir, &c->transport.outer);
     if (rv != 0) {
         snprintf(err, errlen, "raft storage in %s: %s", c->data_dir,

@@ -64,6 +64,9 @@ struct cluster_config {
     size_t segment_size;             /* raft_uv's log segment size; 0: raft_uv's default */
     unsigned snapshot_nice;          /* niced_run increment for snapshot_write */
     bool pre_vote;
+    /* true: raft_uv's open segments are left as it allocates them (segfill.h; process-wide:
+     * set from each cluster_new). Zero, the default: written through before use. */
+    bool segment_prefill_off;
     /* Borrowed for cluster_new only; NULL: Raft connections are not authenticated
      * (transport.h). The previous secret (or NULL) is accepted too, and used to connect to
      * peers that do not have the current one yet. */

@@ -672,12 +672,13 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         SNAP_NICE,
         SECRET,
         PREVIOUS,
+        PREFILL,
         N
     };
     static const char *const keys[N] = {
-        "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold", "snapshot_trailing",
-        "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",    "pre_vote",
-        "snapshot_nice",        "secret_file",          "previous_secret_file"};
+        "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold",   "snapshot_trailing",
+        "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",      "pre_vote",
+        "snapshot_nice",        "secret_file",          "previous_secret_file", "prefill_segments"};
     struct field f[N];
     char *secret_path = NULL, *previous_path = NULL;
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
@@ -690,6 +691,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[SEGMENT], 1, 1024, &r->segment_size_mb) != 0 ||
         getU32(c, &f[SNAP_NICE], 0, 19, &r->snapshot_nice) != 0 ||
         getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0 ||
+        getBool(c, &f[PREFILL], &r->prefill_segments) != 0 ||
         getPath(c, &f[SECRET], &secret_path) != 0 ||
         getPath(c, &f[PREVIOUS], &previous_path) != 0) {
         free(secret_path);
@@ -1524,6 +1526,7 @@ static void setDefaults(struct config *cfg)
     cfg->raft.segment_size_mb = 64;
     cfg->raft.snapshot_nice = 19;
     cfg->raft.pre_vote = true;
+    cfg->raft.prefill_segments = true;
     cfg->rpc.max_frame_bytes = (4u << 20) + (128u << 10);
     cfg->rpc.default_deadline_ms = 2000;
     cfg->rpc.max_deadline_ms = 60000;

@@ -84,6 +84,7 @@ struct config_raft {
     uint32_t segment_size_mb;      /* log segment files; 1..1024, default 64 */
     uint32_t snapshot_nice;        /* added to the serialising thread's nice; 0..19, default 19 */
     bool pre_vote;                 /* default true */
+    bool prefill_segments;         /* default true (cluster/segfill.h) */
     /* raft.secret_file: when set, every Raft connection is authenticated both ways with it
      * (cluster/transport.h); every member needs the same one. Must differ from every token
      * and from the cluster secret (which is sent over the RPC). */

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "aio_reap.h"
+#include "segfill.h"
 #include "transport.h"
 #include "wire_check.h"
 #include "fingerprint.h"
@@ -1163,6 +1164,19 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_aio_destroy_failures_total %llu\n",
              (unsigned long long)ar.destroyed, (unsigned long long)ar.inline_runs,
              (unsigned long long)ar.failed);
+    struct segfill_stats sf;
+    segfill_get_stats(&sf);
+    tbPrintf(&b,
+             "# HELP idem_raft_segments_prefilled_total raft's open log segments by what "
+             "happened before their first append (cluster/segfill.h): written through with "
+             "zeros, left as allocated (not ext4 or XFS, or raft.prefill_segments off), or a "
+             "zero write failed (the segment is used as allocated).\n"
+             "# TYPE idem_raft_segments_prefilled_total counter\n"
+             "idem_raft_segments_prefilled_total{result=\"filled\"} %llu\n"
+             "idem_raft_segments_prefilled_total{result=\"skipped\"} %llu\n"
+             "idem_raft_segments_prefilled_total{result=\"failed\"} %llu\n",
+             (unsigned long long)sf.filled, (unsigned long long)(sf.skipped_fs + sf.skipped_off),
+             (unsigned long long)sf.failed);
     tbPrintf(&b,
              "# HELP idem_raft_messages_refused_total Raft messages from peers refused before "
              "libraft decoded them (malformed: cluster/wire_check.h); each closed its "

@@ -1176,6 +1176,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .segment_size = (size_t)cfg->raft.segment_size_mb << 20,
         .snapshot_nice = cfg->raft.snapshot_nice,
         .pre_vote = cfg->raft.pre_vote,
+        .segment_prefill_off = !cfg->raft.prefill_segments,
         .raft_secret = cfg->raft.secret.value,
         .raft_secret_len = cfg->raft.secret.len,
         .raft_previous_secret = cfg->raft.previous_secret.value,

@@ -15,6 +15,7 @@ packages=(
   python3
   openssl
   systemd
+  e2fsprogs
 )
 
 missing=()

@@ -122,6 +122,7 @@ static const char full_text[] =
     "  segment_size_mb: 8\n"
     "  pre_vote: no\n"
     "  snapshot_nice: 0\n"
+    "  prefill_segments: false\n"
     "rpc:\n"
     "  max_frame_bytes: 1048576\n"
     "  default_deadline_ms: 500\n"
@@ -186,6 +187,7 @@ static void test_full(void **state)
     assert_int_equal(c.raft.segment_size_mb, 8);
     assert_false(c.raft.pre_vote);
     assert_int_equal(c.raft.snapshot_nice, 0);
+    assert_false(c.raft.prefill_segments);
 
     assert_int_equal(c.rpc.max_frame_bytes, 1048576);
     assert_int_equal(c.rpc.default_deadline_ms, 500);
@@ -261,6 +263,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.raft.segment_size_mb, 64);
     assert_true(c.raft.pre_vote);
     assert_int_equal(c.raft.snapshot_nice, 19);
+    assert_true(c.raft.prefill_segments);
     assert_int_equal(c.rpc.max_frame_bytes, 4 * 1024 * 1024 + 128 * 1024);
     assert_int_equal(c.rpc.default_deadline_ms, 2000);
     assert_int_equal(c.http.max_connections, 1024);
