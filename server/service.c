@@ -758,6 +758,7 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.raft_authenticated = s->cfg->raft.secret.set;
         st.raft_connections_refused = transport_refused_total();
         st.raft_connect_auth_failures = transport_auth_failed_total();
+        st.append_oldest_ms = cs.append_oldest_us / 1000u;
         st.records = fs.records - fs.released;
         st.processing = fs.processing;
         st.completed = fs.completed;

@@ -50,6 +50,9 @@
 #define MAX_DURATION_MS 315360000000ull /* lease and ttl: at most ten years */
 #define ATTEMPT_MAX 64                  /* bytes of attempt id (idem.proto ClaimCmd) */
 #define TENANT_MAX 128                  /* bytes of tenant name (server/fsm.h) */
+/* A node's oldest log write this old is warned of, as the node itself warns in its log
+ * (CLUSTER_STUCK_APPEND_US, cluster/cluster.h). */
+#define STUCK_WRITE_MS 5000
 #define DEFAULT_MAX_LAG 1000u           /* status: entries a node may trail the leader by */
 #define QUARANTINE_DEFAULT_LIMIT 100u   /* quarantine list --limit (the server's default) */
 #define QUARANTINE_MAX_LIMIT 1000u      /* the server's ceiling */
@@ -128,6 +131,8 @@ static const struct help helps[] = {
      "  - a node is unreachable, or refused (a wrong admin token on that node);\n"
      "  - a node's applied index trails the leader's by more than --max-lag entries\n"
      "    (default 1000);\n"
+     "  - a node's oldest Raft log write has been in flight for 5 s or more (its disk\n"
+     "    is slow or not answering; append_oldest_ms in --json);\n"
      "  - no leader: no majority of the reachable nodes agrees on one;\n"
      "  - no quorum: no majority of the voters is reachable (a cluster\n"
      "    without a leader may still have its quorum, and elect one);\n"
@@ -1867,6 +1872,7 @@ static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
         jset(o, "raft_authenticated", json_boolean(st->raft_authenticated));
         jset(o, "raft_connections_refused", ju64(st->raft_connections_refused));
         jset(o, "raft_connect_auth_failures", ju64(st->raft_connect_auth_failures));
+        jset(o, "append_oldest_ms", ju64(st->append_oldest_ms));
         jset(o, "processing", ju64(st->processing));
         jset(o, "completed", ju64(st->completed));
         jset(o, "quarantined", ju64(st->quarantined));
@@ -1961,6 +1967,16 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                        err ? err : "");
         } else {
             json_t *lag = json_object_get(x, "lag");
+            json_t *stuck = json_object_get(x, "append_oldest_ms");
+            if (json_is_integer(stuck) && json_integer_value(stuck) >= STUCK_WRITE_MS) {
+                addWarning(warnings,
+                           "%s: a Raft log write has been in flight for %.1f s: its disk is "
+                           "slow or not answering (%s)",
+                           name, (double)json_integer_value(stuck) / 1000.0,
+                           strcmp(role, "leader") == 0
+                               ? "the leader: nothing commits meanwhile"
+                               : "the others commit without it, if they are a majority");
+            }
             if (json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
                            "%s lags: applied index %" JSON_INTEGER_FORMAT

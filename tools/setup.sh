@@ -16,6 +16,7 @@ packages=(
   openssl
   systemd
   e2fsprogs
+  python3-fusepy
 )
 
 missing=()

@@ -154,7 +154,8 @@ class Cluster:
     def __init__(self, n=3, snapshot_threshold=8192, snapshot_trailing=2048,
                  election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
-                 raft_secret=True, node_raft_secrets=None, node_raft_previous=None):
+                 raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
+                 data_dirs=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -175,6 +176,10 @@ class Cluster:
         for i in range(1, n + 1):
             self.nodes[i] = Node(i, self.root)
             self.bootstrap.append(self.nodes[i])
+        # data_dirs: {id: path} for nodes whose data lives elsewhere (a test's own file
+        # system); the test creates and removes those, close() leaves them.
+        for i, d in (data_dirs or {}).items():
+            self.nodes[i].dir = d
         for node in self.nodes.values():
             self._write_config(node, self.bootstrap)
         for node in self.nodes.values():

@@ -1,0 +1,203 @@
+"""A follower whose disk stops answering: its log writes are accepted and never completed.
+
+Node 3's data directory is an ext4 file system on a loop device whose backing file is served
+by holdfs.py (FUSE): while the test holds it, every write to that disk waits, so raft_uv's
+log appends are submitted and their completions do not come, as on a device that hangs.
+What must hold: the node itself keeps answering (its loop is not blocked) and says so (the
+stuck-write warning in its log, `idem_raft_append_oldest_seconds` in /metrics, and `idemctl
+status`), the other two commit without it, and once the disk answers again it catches up
+with nothing lost.
+
+Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
+mkfs.ext4 (tools/setup.sh installs the packages); without them the test is skipped, and
+ctest reports it skipped (tests/CMakeLists.txt: SKIP_REGULAR_EXPRESSION).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+from harness import BIN, Cluster, ClusterTestCase, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEBIAN_PYTHON = "/usr/bin/python3"  # where Debian's python3-fusepy is importable
+WARNING = "a Raft log write has been in flight for"
+
+
+def missing_prerequisite():
+    """Why this machine cannot run the test, or None."""
+    if os.geteuid() != 0:
+        return "needs root (loop devices and mounts)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        if shutil.which(tool) is None:
+            return "no %s" % tool
+    if subprocess.run([DEBIAN_PYTHON, "-c", "import fusepy"], capture_output=True).returncode:
+        return "no python3-fusepy for %s" % DEBIAN_PYTHON
+    return None
+
+
+def run(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+class HeldDisk:
+    """An ext4 file system mounted at <dir>/mnt whose writes hold while hold() is on."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="idem-held-disk-")
+        self.fuse = os.path.join(self.dir, "fuse")
+        self.mnt = os.path.join(self.dir, "mnt")
+        self.control = os.path.join(self.dir, "HOLD")
+        self.loop = None
+        self.daemon = None
+        os.mkdir(self.fuse)
+        os.mkdir(self.mnt)
+        backing = os.path.join(self.dir, "backing.img")
+        with open(backing, "wb") as f:
+            f.truncate(256 << 20)
+        with open(os.path.join(self.dir, "holdfs.log"), "w") as log:
+            self.daemon = subprocess.Popen(
+                [DEBIAN_PYTHON, os.path.join(HERE, "holdfs.py"), self.fuse, backing,
+                 self.control], stdout=subprocess.DEVNULL, stderr=log)
+        image = os.path.join(self.fuse, "disk.img")
+        wait_for(lambda: os.path.exists(image) or None, 10, "holdfs mounted")
+        out = run("losetup", "--find", "--show", image)
+        if out.returncode != 0:
+            raise unittest.SkipTest("losetup on a FUSE file failed: " + out.stderr.strip())
+        self.loop = out.stdout.strip()
+        for cmd in (["mkfs.ext4", "-q", "-F", self.loop], ["mount", self.loop, self.mnt]):
+            out = run(*cmd)
+            if out.returncode != 0:
+                raise AssertionError("%s: %s" % (" ".join(cmd), out.stderr))
+
+    def hold(self, on):
+        if on:
+            open(self.control, "w").close()
+        elif os.path.exists(self.control):
+            os.unlink(self.control)
+
+    def close(self):
+        """Everything undone, in order; the writes are let go first so that nothing stays
+        blocked on this disk."""
+        self.hold(False)
+        if os.path.ismount(self.mnt):
+            if run("umount", self.mnt).returncode != 0:
+                run("umount", "-l", self.mnt)
+        if self.loop:
+            run("losetup", "-d", self.loop)
+        if os.path.ismount(self.fuse):
+            if run("umount", self.fuse).returncode != 0:
+                run("umount", "-l", self.fuse)
+        if self.daemon is not None:
+            try:
+                self.daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def metric(node, name):
+    with urllib.request.urlopen("http://%s/metrics" % node.http, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+class TestStalledDisk(ClusterTestCase):
+    STALLED = 3
+
+    def make_cluster(self):
+        why = missing_prerequisite()
+        if why:
+            raise unittest.SkipTest(why)
+        self.disk = HeldDisk()
+        try:
+            return Cluster(data_dirs={self.STALLED: os.path.join(self.disk.mnt, "data")})
+        except BaseException:
+            self.disk.close()
+            raise
+
+    def setUp(self):
+        self.disk = None
+        try:
+            super().setUp()
+        except BaseException:
+            if self.disk is not None:
+                self.disk.close()
+            raise
+
+    def tearDown(self):
+        try:
+            self.disk.hold(False)  # before the nodes are killed: none stays in D state
+            super().tearDown()
+        finally:
+            self.disk.close()
+
+    def bench(self, node, rate, seconds):
+        return subprocess.Popen(
+            [os.path.join(BIN, "idem-bench"), "--cluster", node.rpc, "--token", self.c.token,
+             "--workload", "fresh", "--rate", str(rate), "--duration", str(seconds), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def test_follower_on_a_stalled_disk(self):
+        stalled = self.c.nodes[self.STALLED]
+        if self.c.leader() == self.STALLED:
+            rc, out = self.c.ctl("transfer", 1)
+            self.assertEqual(rc, 0, out)
+            wait_for(lambda: self.c.leader() not in (None, self.STALLED), 20,
+                     "a leader other than node %d" % self.STALLED)
+        lid = self.c.leader()
+        before = self.c.wait_converged(3)["nodes"][0]["applied_index"]
+
+        self.disk.hold(True)
+        bench = self.bench(self.c.nodes[lid], 50, 9)
+        # The node answers while its write is stuck, and says so.
+        age = wait_for(lambda: (lambda v: v if v is not None and v >= 5.0 else None)(
+            metric(stalled, "idem_raft_append_oldest_seconds")), 20,
+            "node %d's oldest append 5 s old" % self.STALLED)
+        self.assertGreaterEqual(age, 5.0)
+        def warned():
+            with open(stalled.log) as f:
+                return WARNING in f.read() or None
+        wait_for(warned, 10, "node %d's stuck-write warning" % self.STALLED)
+        with open(stalled.log) as f:
+            line = [l for l in f if WARNING in l][0]
+        self.assertIn("a follower", line)
+        rc, st = self.c.ctl("status")
+        self.assertEqual(rc, 0, st)
+        row = [n for n in st["nodes"] if n["id"] == self.STALLED][0]
+        self.assertEqual(row["role"], "follower", row)
+        self.assertGreaterEqual(row["append_oldest_ms"], 5000, row)
+        self.assertTrue(any("node %d" % self.STALLED in w and "log write" in w
+                            for w in st.get("warnings", [])), st)
+        # The other two commit without it: every claim answered, none failed.
+        out, err = bench.communicate(timeout=60)
+        report = json.loads(out)
+        self.assertEqual(report["errors"], 0, err)
+        self.assertGreater(report["ops"], 300, report)
+        self.assertEqual(report["outcomes"], {"acquired": report["ops"]}, report)
+        lst = self.c.status(ids=[lid])
+        leader_row = [n for n in lst["nodes"] if n["id"] == lid][0]
+        self.assertGreaterEqual(leader_row["commit_index"], before + 1, leader_row)
+
+        # The disk answers again: the node catches up, with every claim.
+        self.disk.hold(False)
+        wait_for(lambda: metric(stalled, "idem_raft_append_oldest_seconds") == 0.0 or None, 30,
+                 "node %d's appends done" % self.STALLED)
+        st = self.c.wait_converged(3)
+        self.assertEqual(len({n["records"] for n in st["nodes"]}), 1, st)
+        rc, st = self.c.ctl("status")
+        self.assertFalse([w for w in st.get("warnings", []) if "log write" in w], st)
+
+
+if __name__ == "__main__":
+    unittest.main()
