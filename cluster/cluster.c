@@ -121,6 +121,8 @@ struct cluster {
      * measures from its last stored snapshot, so it would try again at every apply. */
     unsigned retry_extra;
     uint64_t stuck_append_warned_us; /* when tickCb last warned of an append in flight long */
+    uint64_t stuck_transfer_us;      /* when tickCb last asked another voter to lead for it */
+    uint64_t stuck_refusal_logged_us; /* ... and last said that it could not */
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
      * applied since the threshold was last set, and that threshold. */
@@ -949,6 +951,56 @@ static void leaderBarrierCb(struct raft_barrier *req, int status)
 
 /* ---- tick: leader changes and member metadata ---------------------------------------- */
 
+/* Said at most every 10 s (the stuck-write warning's period): a leader with no other
+ * voter to hand over to would repeat it every attempt. */
+static void stuckRefusal(struct cluster *c, const char *what, const char *why)
+{
+    uint64_t now = uv_hrtime() / 1000u;
+    if (now - c->stuck_refusal_logged_us < CLUSTER_STUCK_APPEND_US * 2) {
+        return;
+    }
+    c->stuck_refusal_logged_us = now;
+    fprintf(stderr, "idemd: %s (this leader's log write is stuck): %s; asking again\n", what,
+            why[0] != '\0' ? why : "no reason given");
+}
+
+static void stuckTransferCb(void *data, int status, const char *errmsg)
+{
+    struct cluster *c = data;
+    raft_id lid = 0;
+    const char *addr = NULL;
+    raft_leader(&c->raft, &lid, &addr);
+    if (status == 0) {
+        fprintf(stderr, "idemd: leadership moved to node %llu (this node's log write is stuck)\n",
+                (unsigned long long)lid);
+    } else {
+        stuckRefusal(c, "the handover failed", errmsg);
+    }
+}
+
+/* The leader's own log write has been in flight for raft.stuck_write_step_down_ms: ask
+ * another voter to take over (cluster.h). Its followers hold every entry it sent them, so
+ * one of them can lead; while the stuck write is this node's first entry of its term it
+ * commits nothing (that entry must be stored first, io.h), and its heartbeats would keep
+ * every other node from taking over. At most once per two election timeouts, while it
+ * lasts. */
+static void maybeStepDown(struct cluster *c, uint64_t now, uint64_t age_us)
+{
+    if (raft_state(&c->raft) != RAFT_LEADER || c->raft.transfer != NULL || c->stopping ||
+        now - c->stuck_transfer_us < (uint64_t)c->cfg.election_timeout_ms * 2000u) {
+        return;
+    }
+    c->stuck_transfer_us = now;
+    if (cluster_transfer(c, 0, stuckTransferCb, c) != CLUSTER_OK) {
+        stuckRefusal(c, "cannot hand leadership over", c->errmsg);
+        return;
+    }
+    fprintf(stderr,
+            "idemd: this leader's log write has been in flight for %.1f s "
+            "(raft.stuck_write_step_down_ms): asking another voter to take over\n",
+            (double)age_us / 1e6);
+}
+
 static void tickCb(uv_timer_t *t)
 {
     struct cluster *c = t->data;
@@ -984,9 +1036,9 @@ static void tickCb(uv_timer_t *t)
     if (oldest != 0 && now - oldest >= CLUSTER_STUCK_APPEND_US &&
         now - c->stuck_append_warned_us >= CLUSTER_STUCK_APPEND_US * 2) {
         /* A disk that does not answer holds every commit of this node (of the cluster, on
-         * the leader: its heartbeats still go out, so no other node takes over); raft_uv
-         * gives no time-out. Said every 10 s while it lasts; idem_raft_append_oldest_seconds
-         * has it at any time. */
+         * the leader: its heartbeats still go out, so no other node takes over until it
+         * hands over, maybeStepDown); raft_uv gives no time-out. Said every 10 s while it
+         * lasts; idem_raft_append_oldest_seconds has it at any time. */
         c->stuck_append_warned_us = now;
         fprintf(stderr,
                 "idemd: a Raft log write has been in flight for %.1f s on this node (%s): its "
@@ -994,6 +1046,10 @@ static void tickCb(uv_timer_t *t)
                 (double)(now - oldest) / 1e6,
                 raft_state(&c->raft) == RAFT_LEADER ? "the leader: nothing commits meanwhile"
                                                     : "a follower");
+    }
+    if (oldest != 0 && c->cfg.stuck_write_step_down_ms != 0 &&
+        now - oldest >= (uint64_t)c->cfg.stuck_write_step_down_ms * 1000u) {
+        maybeStepDown(c, now, now - oldest);
     }
     if (raft_state(&c->raft) == RAFT_LEADER && c->barrier_term != c->raft.current_term) {
         /* A new leader's first entry of its own term: until it is stored, no follower's

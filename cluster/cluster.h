@@ -67,6 +67,9 @@ struct cluster_config {
     /* true: raft_uv's open segments are left as it allocates them (segfill.h; process-wide:
      * set from each cluster_new). Zero, the default: written through before use. */
     bool segment_prefill_off;
+    /* A leader whose oldest log write has been in flight this long asks another voter to
+     * take over (raft.stuck_write_step_down_ms); 0: never. */
+    unsigned stuck_write_step_down_ms;
     /* Borrowed for cluster_new only; NULL: Raft connections are not authenticated
      * (transport.h). The previous secret (or NULL) is accepted too, and used to connect to
      * peers that do not have the current one yet. */

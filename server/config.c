@@ -673,12 +673,16 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         SECRET,
         PREVIOUS,
         PREFILL,
+        STEP_DOWN,
         N
     };
-    static const char *const keys[N] = {
-        "election_timeout_ms",  "heartbeat_timeout_ms", "snapshot_threshold",   "snapshot_trailing",
-        "snapshot_log_percent", "snapshot_log_max_mb",  "segment_size_mb",      "pre_vote",
-        "snapshot_nice",        "secret_file",          "previous_secret_file", "prefill_segments"};
+    static const char *const keys[N] = {"election_timeout_ms",     "heartbeat_timeout_ms",
+                                        "snapshot_threshold",      "snapshot_trailing",
+                                        "snapshot_log_percent",    "snapshot_log_max_mb",
+                                        "segment_size_mb",         "pre_vote",
+                                        "snapshot_nice",           "secret_file",
+                                        "previous_secret_file",    "prefill_segments",
+                                        "stuck_write_step_down_ms"};
     struct field f[N];
     char *secret_path = NULL, *previous_path = NULL;
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
@@ -692,10 +696,20 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[SNAP_NICE], 0, 19, &r->snapshot_nice) != 0 ||
         getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0 ||
         getBool(c, &f[PREFILL], &r->prefill_segments) != 0 ||
+        getU32(c, &f[STEP_DOWN], 0, 600000, &r->stuck_write_step_down_ms) != 0 ||
         getPath(c, &f[SECRET], &secret_path) != 0 ||
         getPath(c, &f[PREVIOUS], &previous_path) != 0) {
         free(secret_path);
         return -1;
+    }
+    if (r->stuck_write_step_down_ms != 0 && r->stuck_write_step_down_ms < 1000) {
+        /* Under a second is within an ordinary slow fsync: leadership would flap. */
+        free(secret_path);
+        free(previous_path);
+        return failNode(c, f[STEP_DOWN].val,
+                        "raft.stuck_write_step_down_ms: %u is out of range (0, never, or "
+                        "1000..600000)",
+                        (unsigned)r->stuck_write_step_down_ms);
     }
     if (secret_path != NULL) {
         int rc = readSecret(c, &f[SECRET], secret_path, CONFIG_RAFT_SECRET_MIN, &r->secret);
@@ -1527,6 +1541,7 @@ static void setDefaults(struct config *cfg)
     cfg->raft.snapshot_nice = 19;
     cfg->raft.pre_vote = true;
     cfg->raft.prefill_segments = true;
+    cfg->raft.stuck_write_step_down_ms = 5000;
     cfg->rpc.max_frame_bytes = (4u << 20) + (128u << 10);
     cfg->rpc.default_deadline_ms = 2000;
     cfg->rpc.max_deadline_ms = 60000;

@@ -85,6 +85,7 @@ struct config_raft {
     uint32_t snapshot_nice;        /* added to the serialising thread's nice; 0..19, default 19 */
     bool pre_vote;                 /* default true */
     bool prefill_segments;         /* default true (cluster/segfill.h) */
+    uint32_t stuck_write_step_down_ms; /* 0 or 1000..600000, default 5000 (cluster.h) */
     /* raft.secret_file: when set, every Raft connection is authenticated both ways with it
      * (cluster/transport.h); every member needs the same one. Must differ from every token
      * and from the cluster secret (which is sent over the RPC). */

@@ -1178,6 +1178,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .snapshot_nice = cfg->raft.snapshot_nice,
         .pre_vote = cfg->raft.pre_vote,
         .segment_prefill_off = !cfg->raft.prefill_segments,
+        .stuck_write_step_down_ms = cfg->raft.stuck_write_step_down_ms,
         .raft_secret = cfg->raft.secret.value,
         .raft_secret_len = cfg->raft.secret.len,
         .raft_previous_secret = cfg->raft.previous_secret.value,

@@ -1,4 +1,4 @@
-"""A follower whose disk stops answering: its log writes are accepted and never completed.
+"""A node whose disk stops answering: its log writes are accepted and never completed.
 
 Node 3's data directory is an ext4 file system on a loop device whose backing file is served
 by holdfs.py (FUSE): while the test holds it, every write to that disk waits, so raft_uv's
@@ -6,7 +6,8 @@ log appends are submitted and their completions do not come, as on a device that
 What must hold: the node itself keeps answering (its loop is not blocked) and says so (the
 stuck-write warning in its log, `idem_raft_append_oldest_seconds` in /metrics, and `idemctl
 status`), the other two commit without it, and once the disk answers again it catches up
-with nothing lost.
+with nothing lost. A leader so held hands leadership over (raft.stuck_write_step_down_ms)
+instead of holding the whole cluster.
 
 Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
 mkfs.ext4 (tools/setup.sh installs the packages); without them the test is skipped, and
@@ -197,6 +198,55 @@ class TestStalledDisk(ClusterTestCase):
         self.assertEqual(len({n["records"] for n in st["nodes"]}), 1, st)
         rc, st = self.c.ctl("status")
         self.assertFalse([w for w in st.get("warnings", []) if "log write" in w], st)
+
+    def test_leader_on_a_stalled_disk_hands_over(self):
+        # A leader whose write does not complete commits nothing, and its heartbeats keep
+        # the others from electing one of their own: past raft.stuck_write_step_down_ms
+        # (5 s by default) it asks another voter to take over.
+        if self.c.leader() != self.STALLED:
+            rc, out = self.c.ctl("transfer", self.STALLED)
+            self.assertEqual(rc, 0, out)
+            wait_for(lambda: self.c.leader() == self.STALLED, 20,
+                     "node %d to lead" % self.STALLED)
+        self.c.wait_converged(3)
+        stalled = self.c.nodes[self.STALLED]
+        others = [i for i in self.c.nodes if i != self.STALLED]
+
+        self.disk.hold(True)
+        # One claim, so that the leader has a write in flight; its answer is not asserted
+        # (the stalled leader may not get to answer it before its deadline).
+        pending = subprocess.Popen(
+            [os.path.join(BIN, "idemctl"), "--cluster", stalled.rpc, "--token", self.c.token,
+             "--deadline", "20000", "--json", "claim", "stall-k1", "--fingerprint",
+             "a" * 64],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            new = wait_for(lambda: (lambda l: l if l in others else None)(
+                self.c.leader(ids=others)), 40, "a leader among nodes %s" % others)
+
+            def asked():
+                with open(stalled.log) as f:
+                    return [l for l in f if "asking another voter to take over" in l] or None
+            line = wait_for(asked, 10, "node %d's hand-over line" % self.STALLED)[0]
+            age = float(line.split("in flight for ")[1].split(" s")[0])
+            self.assertGreaterEqual(age, 5.0, line)  # not before raft.stuck_write_step_down_ms
+            # The other two commit without it.
+            bench = self.bench(self.c.nodes[new], 50, 3)
+            out, err = bench.communicate(timeout=60)
+            report = json.loads(out)
+            self.assertEqual(report["errors"], 0, err)
+            self.assertEqual(report["outcomes"], {"acquired": report["ops"]}, report)
+            self.assertGreater(report["ops"], 100, report)
+        finally:
+            self.disk.hold(False)
+            try:
+                pending.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pending.kill()
+                pending.wait()
+        st = self.c.wait_converged(3)
+        self.assertEqual(len({n["records"] for n in st["nodes"]}), 1, st)
+        self.assertNotEqual(self.c.leader(), None)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ static const char full_text[] =
     "  pre_vote: no\n"
     "  snapshot_nice: 0\n"
     "  prefill_segments: false\n"
+    "  stuck_write_step_down_ms: 0\n"
     "rpc:\n"
     "  max_frame_bytes: 1048576\n"
     "  default_deadline_ms: 500\n"
@@ -188,6 +189,7 @@ static void test_full(void **state)
     assert_false(c.raft.pre_vote);
     assert_int_equal(c.raft.snapshot_nice, 0);
     assert_false(c.raft.prefill_segments);
+    assert_int_equal(c.raft.stuck_write_step_down_ms, 0);
 
     assert_int_equal(c.rpc.max_frame_bytes, 1048576);
     assert_int_equal(c.rpc.default_deadline_ms, 500);
@@ -264,6 +266,7 @@ static void test_defaults(void **state)
     assert_true(c.raft.pre_vote);
     assert_int_equal(c.raft.snapshot_nice, 19);
     assert_true(c.raft.prefill_segments);
+    assert_int_equal(c.raft.stuck_write_step_down_ms, 5000);
     assert_int_equal(c.rpc.max_frame_bytes, 4 * 1024 * 1024 + 128 * 1024);
     assert_int_equal(c.rpc.default_deadline_ms, 2000);
     assert_int_equal(c.http.max_connections, 1024);
@@ -401,11 +404,11 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:22: ", "raft.snapshot_trailing: \"0\" is out of range (1..4294967295)"},
     {"snapshot log percent above the maximum", NODE_OK "raft:\n  snapshot_log_percent: 10001\n",
      "x.yaml:7:25: ", "raft.snapshot_log_percent: \"10001\" is out of range (0..10000)"},
-    {"http connections zero", NODE_OK "http:\n  max_connections: 0\n", "x.yaml:7:20: ",
-     "http.max_connections: \"0\" is out of range (1..1048576)"},
+    {"http connections zero", NODE_OK "http:\n  max_connections: 0\n",
+     "x.yaml:7:20: ", "http.max_connections: \"0\" is out of range (1..1048576)"},
     {"unknown http key", NODE_OK "http:\n  max_conns: 5\n", "x.yaml:7:3: ", "max_conns"},
-    {"snapshot nice above 19", NODE_OK "raft:\n  snapshot_nice: 20\n", "x.yaml:7:18: ",
-     "raft.snapshot_nice: \"20\" is out of range (0..19)"},
+    {"snapshot nice above 19", NODE_OK "raft:\n  snapshot_nice: 20\n",
+     "x.yaml:7:18: ", "raft.snapshot_nice: \"20\" is out of range (0..19)"},
     {"snapshot log cap zero", NODE_OK "raft:\n  snapshot_log_max_mb: 0\n",
      "x.yaml:7:24: ", "raft.snapshot_log_max_mb: \"0\" is out of range (1..65536)"},
     {"segment size above the maximum", NODE_OK "raft:\n  segment_size_mb: 1025\n",
@@ -416,6 +419,10 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:11:18: ", "tenants[0].key_max_len: \"256\" is out of range (1..255)"},
     {"ttl above a year", NODE_OK ADMIN_OK TENANTS_OK "    ttl_ms: 31536000001\n",
      "x.yaml:11:13: ", "out of range"},
+    {"step-down under a second", NODE_OK "raft:\n  stuck_write_step_down_ms: 500\n",
+     "x.yaml:7:29: ",
+     "raft.stuck_write_step_down_ms: 500 is out of range (0, never, or "
+     "1000..600000)"},
     {"bad boolean", NODE_OK "raft:\n  pre_vote: maybe\n",
      "x.yaml:7:13: ", "raft.pre_vote: expected true or false, got \"maybe\""},
     {"quoted boolean", NODE_OK "raft:\n  pre_vote: 'true'\n", "x.yaml:7:13: ", "quoted string"},
@@ -621,8 +628,7 @@ static const struct bad_case bad_cases[] = {
      MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
              "      - {upstream: 'http://127.0.0.1:9999', tenant: demo, path_prefix: api}\n",
      "x.yaml:14:72: ", "proxy[0].routes[0].path_prefix: must start with '/'"},
-    {"proxy no routes",
-     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes: []\n",
+    {"proxy no routes", MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes: []\n",
      "x.yaml:13:13: ", "proxy[0].routes: at least one route is required"},
     {"proxy duplicate address",
      MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n"
