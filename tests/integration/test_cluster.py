@@ -1021,15 +1021,19 @@ class TestSnapshotScheduleFixed(ClusterTest):
                              "node %d's snapshot logged" % nid)
             self.assertEqual(set(nices), {os.nice(0)}, "node %d" % nid)
 
+    def fill_until_snapshots(self):
+        """200 claims, then waits for a snapshot on every node (each closes a segment)."""
+        self.fill(200)
+        wait_for(lambda: (lambda s: s and len(s["nodes"]) == 3 and all(
+            n.get("last_snapshot_index", 0) > 0 for n in s["nodes"]))(self.c.status()),
+            30, "a snapshot on every node")
+
     def test_aio_contexts_destroyed_off_the_loop(self):
         # raft_uv destroys a segment writer's AIO context when the segment closes (at every
         # snapshot here, every 16 entries); io_destroy waits ~32 ms on some kernels, so the
         # reaper thread does it and the loop never waits (cluster/aio_reap.h). Each node
         # counts one context at start (raft_uv's probe) and one per closed segment.
-        self.fill(200)
-        wait_for(lambda: (lambda s: s and len(s["nodes"]) == 3 and all(
-            n.get("last_snapshot_index", 0) > 0 for n in s["nodes"]))(self.c.status()),
-            30, "a snapshot on every node")
+        self.fill_until_snapshots()
         reaper = 'idem_raft_aio_contexts_destroyed_total{thread="reaper"}'
         caller = 'idem_raft_aio_contexts_destroyed_total{thread="caller"}'
         for nid, node in self.c.nodes.items():
@@ -1047,10 +1051,7 @@ class TestSnapshotScheduleFixed(ClusterTest):
         # append converts an unwritten extent. Snapshots every 16 entries close segments and
         # open new ones; every open segment on disk must then hold no unwritten extent
         # (filefrag -v flags them), and /metrics counts the segments so written.
-        self.fill(200)
-        wait_for(lambda: (lambda s: s and len(s["nodes"]) == 3 and all(
-            n.get("last_snapshot_index", 0) > 0 for n in s["nodes"]))(self.c.status()),
-            30, "a snapshot on every node")
+        self.fill_until_snapshots()
         filled = 'idem_raft_segments_prefilled_total{result="filled"}'
         skipped = 'idem_raft_segments_prefilled_total{result="skipped"}'
         failed = 'idem_raft_segments_prefilled_total{result="failed"}'
