@@ -5,6 +5,7 @@ are tracked by PID and killed (SIGKILL) in close(), which also removes the temp 
 poll a condition with a generous bound; nothing sleeps for a fixed time to let something
 happen. idemctl (--json) is the client, so the tests exercise it too.
 """
+import atexit
 import hashlib
 import http.client
 import json
@@ -31,6 +32,58 @@ _PORTS_GIVEN = set()
 
 _RANDOM = random.SystemRandom()
 
+# Ports handed out are also reserved across the test processes that run at once (ctest -j),
+# for the life of the process that took them: a node a test killed leaves its port free,
+# and that test's other nodes keep dialling it; another test's node given that port
+# refused them ("authentication failed": another cluster's secret) and failed its test
+# (integration.idemctl_keys, beside integration.idemctl_membership). One file per port,
+# holding the owner's PID; a file whose owner is gone is taken over.
+_PORT_DIR = os.path.join(tempfile.gettempdir(), "idem-test-ports")
+_RESERVED = []
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _reserve(port, retry=True):
+    os.makedirs(_PORT_DIR, exist_ok=True)
+    path = os.path.join(_PORT_DIR, str(port))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            with open(path) as f:
+                owner = int(f.read() or 0)
+        except (OSError, ValueError):
+            return False
+        if owner == 0 or owner == os.getpid() or _alive(owner):
+            return False  # taken (0: its owner is writing its PID)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return retry and _reserve(port, retry=False)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    _RESERVED.append(path)
+    return True
+
+
+@atexit.register
+def _release_ports():
+    for path in _RESERVED:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
 
 def free_port():
     """A loopback port nothing listens on, never one this process handed out before: the
@@ -50,6 +103,8 @@ def free_port():
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        if not _reserve(port):
+            continue
         _PORTS_GIVEN.add(port)
         return port
     raise RuntimeError("no fresh loopback port after 1000 tries")
@@ -452,6 +507,9 @@ class ClusterTestCase(unittest.TestCase):
         # A wrong MAC is never a race: between members with one secret it would be a bug.
         auth_failed = (self.c.logs_contain(": authentication failed (")
                        or self.c.logs_contain("the peer's authentication is wrong"))
+        if ((refused and not self.malformed_raft_expected)
+                or (auth_failed and not self.raft_auth_failure_expected)):
+            print(self.c.logs())  # which node refused whom, for the assertion below
         self.c.close()
         # Between the nodes themselves every Raft message is well formed: a refusal by the
         # check in front of libraft's decoder (cluster/wire_check.h) would be its bug.
