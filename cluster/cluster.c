@@ -967,6 +967,9 @@ static void stuckRefusal(struct cluster *c, const char *what, const char *why)
 static void stuckTransferCb(void *data, int status, const char *errmsg)
 {
     struct cluster *c = data;
+    if (c->stopping) {
+        return; /* raft_close ends a pending transfer: nothing to say, nothing to retry */
+    }
     raft_id lid = 0;
     const char *addr = NULL;
     raft_leader(&c->raft, &lid, &addr);

@@ -5,7 +5,7 @@ are tracked by PID and killed (SIGKILL) in close(), which also removes the temp 
 poll a condition with a generous bound; nothing sleeps for a fixed time to let something
 happen. idemctl (--json) is the client, so the tests exercise it too.
 """
-import atexit
+import fcntl
 import hashlib
 import http.client
 import json
@@ -36,53 +36,27 @@ _RANDOM = random.SystemRandom()
 # for the life of the process that took them: a node a test killed leaves its port free,
 # and that test's other nodes keep dialling it; another test's node given that port
 # refused them ("authentication failed": another cluster's secret) and failed its test
-# (integration.idemctl_keys, beside integration.idemctl_membership). One file per port,
-# holding the owner's PID; a file whose owner is gone is taken over.
-_PORT_DIR = os.path.join(tempfile.gettempdir(), "idem-test-ports")
-_RESERVED = []
+# (integration.idemctl_keys, beside integration.idemctl_membership). One file per port in a
+# directory of this user's, locked (flock) by the process that holds the port; the kernel
+# drops the lock when that process ends, however it ends. The files stay (never unlinked:
+# a file removed while another process waits to lock it would let two hold one port).
+_PORT_DIR = os.path.join(tempfile.gettempdir(), "idem-test-ports-%d" % os.getuid())
+_PORT_LOCKS = []  # open files whose locks this process holds
 
 
-def _alive(pid):
+def _reserve(port):
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _reserve(port, retry=True):
-    os.makedirs(_PORT_DIR, exist_ok=True)
-    path = os.path.join(_PORT_DIR, str(port))
+        os.makedirs(_PORT_DIR, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(_PORT_DIR, str(port)), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return True  # no reservation possible here: the bind check above is all there is
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        try:
-            with open(path) as f:
-                owner = int(f.read() or 0)
-        except (OSError, ValueError):
-            return False
-        if owner == 0 or owner == os.getpid() or _alive(owner):
-            return False  # taken (0: its owner is writing its PID)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        return retry and _reserve(port, retry=False)
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
-    _RESERVED.append(path)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False  # held by another test process
+    _PORT_LOCKS.append(fd)
     return True
-
-
-@atexit.register
-def _release_ports():
-    for path in _RESERVED:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def free_port():

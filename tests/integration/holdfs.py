@@ -6,7 +6,7 @@ stops answering (test_stalled_disk.py).
 
 MOUNTPOINT shows one file, `disk.img`, whose bytes are BACKING's. While the file CONTROL
 exists every write and fsync of `disk.img` waits (reads do not); once CONTROL is removed
-they go on, in order. A loop device on `disk.img` with a file system on it is then a disk
+they go on, in order; they also go on once the process that started this one is gone. A loop device on `disk.img` with a file system on it is then a disk
 whose writes are accepted and never completed until the test says so: what a stalled
 device looks like to the kernel's submitters (io_submit returns, the completion does not
 come). Runs in the foreground until MOUNTPOINT is unmounted. Debian's python3-fusepy.
@@ -25,9 +25,12 @@ class HoldFS(Operations):
     def __init__(self, backing, control):
         self.fd = os.open(backing, os.O_RDWR)
         self.control = control
+        self.parent = os.getppid()
 
     def _wait(self):
-        while os.path.exists(self.control):
+        # A test killed while it held the writes must not leave the disk held (its idemd
+        # would wait in the kernel for ever): once the test is gone, the writes go on.
+        while os.path.exists(self.control) and os.getppid() == self.parent:
             time.sleep(0.02)
 
     def getattr(self, path, fh=None):

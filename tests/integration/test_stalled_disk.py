@@ -7,7 +7,8 @@ What must hold: the node itself keeps answering (its loop is not blocked) and sa
 stuck-write warning in its log, `idem_raft_append_oldest_seconds` in /metrics, and `idemctl
 status`), the other two commit without it, and once the disk answers again it catches up
 with nothing lost. A leader so held hands leadership over (raft.stuck_write_step_down_ms)
-instead of holding the whole cluster.
+instead of holding the whole cluster; it then answers nothing until its disk does (raft_uv
+stores the new term with an fsync on the loop).
 
 Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
 mkfs.ext4 (tools/setup.sh installs the packages); without them the test is skipped, and
@@ -58,6 +59,13 @@ class HeldDisk:
         self.control = os.path.join(self.dir, "HOLD")
         self.loop = None
         self.daemon = None
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+
+    def _make(self):
         os.mkdir(self.fuse)
         os.mkdir(self.mnt)
         backing = os.path.join(self.dir, "backing.img")
@@ -93,6 +101,7 @@ class HeldDisk:
                 run("umount", "-l", self.mnt)
         if self.loop:
             run("losetup", "-d", self.loop)
+            self.loop = None  # a second close must not detach a device someone else has now
         if os.path.ismount(self.fuse):
             if run("umount", self.fuse).returncode != 0:
                 run("umount", "-l", self.fuse)
@@ -102,6 +111,7 @@ class HeldDisk:
             except subprocess.TimeoutExpired:
                 self.daemon.kill()
                 self.daemon.wait(timeout=10)
+            self.daemon = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -120,11 +130,14 @@ class TestStalledDisk(ClusterTestCase):
         why = missing_prerequisite()
         if why:
             raise unittest.SkipTest(why)
+        if self.disk is not None:
+            self.disk.close()  # setUp's retry (a port taken meanwhile): a fresh disk too
         self.disk = HeldDisk()
         try:
             return Cluster(data_dirs={self.STALLED: os.path.join(self.disk.mnt, "data")})
         except BaseException:
             self.disk.close()
+            self.disk = None
             raise
 
     def setUp(self):
