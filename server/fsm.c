@@ -48,6 +48,7 @@ void fsm_close(struct fsm *f)
     if (f->frozen != NULL) {
         fsm_thaw(f, f->frozen);
     }
+    xbig_prefault_wait(&f->spare_pf);
     xbig_free(f->spare_slots, f->spare_n * sizeof(*f->spare_slots));
     table_close(&f->t);
     arena_close(&f->arena);

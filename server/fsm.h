@@ -219,9 +219,9 @@ uint64_t fsm_frozen_records(const struct fsm_frozen *z);
  * The view's slot copy is kept for the next fsm_freeze() to copy into (memory already
  * mapped: a fraction of the copy's time on the owner's thread), until fsm_close(); the
  * stats' snapshot_spare_bytes count it. From the size where slot arrays are mapped
- * (XBIG_MAP_MIN_BYTES), fresh claims also grow it ahead of a table growth and fault it in
- * a page at a time, so that the first freeze after a growth does not copy into fresh memory
- * either. */
+ * (XBIG_MAP_MIN_BYTES), fresh claims also grow it ahead of a table growth and have it
+ * faulted in off the loop (xbig_prefault), so that the first freeze after a growth does
+ * not copy into fresh memory either. */
 void fsm_thaw(struct fsm *f, struct fsm_frozen *z);
 
 #endif /* IDEM_SERVER_FSM_H */

@@ -34,7 +34,8 @@ struct fsm {
     uintptr_t *spare_slots;  /* the last view's slot copy, kept for the next freeze, or one
                               * made ahead of it (fsm_spare_step); xbig_zalloc'ed */
     size_t spare_n;          /* slots it has room for */
-    size_t spare_faulted;    /* bytes of it known to be faulted in */
+    size_t spare_faulted;    /* bytes of it faulted in, or being faulted in by spare_pf */
+    struct xbig_prefault spare_pf; /* waited for before the spare is used, moved or freed */
     struct arena arena;      /* protobuf-c decoding scratch, reset per command */
     uint64_t clock;          /* max leader timestamp applied (CONTRACT.md §2) */
     uint64_t last_index;     /* command index of the last valid command */
@@ -44,8 +45,9 @@ struct fsm {
 
 /* Called after each insert: keeps a spare slot copy (for the next fsm_freeze) as large as
  * the table's slot array, or as its next growth's when that is allocated ahead
- * (table_next_bytes), and faults one page of it in per call, so that the freeze copies
- * into memory already mapped. Mapped arrays only (XBIG_MAP_MIN_BYTES); none while frozen. */
+ * (table_next_bytes), and has what it adds faulted in off the loop (xbig_prefault), so
+ * that the freeze copies into memory already mapped. Mapped arrays only
+ * (XBIG_MAP_MIN_BYTES); none while frozen. */
 void fsm_spare_step(struct fsm *f);
 
 /* Length of the packed StoredResponse a record holds (0 when none). */

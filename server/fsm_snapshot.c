@@ -182,6 +182,7 @@ struct fsm_frozen *fsm_freeze(struct fsm *f)
     }
     /* The view is one slot array: a growth in progress is finished first (table.h). */
     table_settle(&f->t);
+    xbig_prefault_wait(&f->spare_pf);
     struct fsm_frozen *z = xcalloc(1, sizeof(*z));
     size_t n = f->t.mask + 1;
     /* Into the last view's copy when it has room (and is not far too big, after a restore
@@ -232,6 +233,7 @@ void fsm_spare_step(struct fsm *f)
         /* Grown in place where it can be: mremap(2) moves the pages already faulted in
          * instead of freeing them (an 8 MiB munmap took ~1 ms). Its content is never read
          * before a freeze's copy overwrites it. */
+        xbig_prefault_wait(&f->spare_pf);
         size_t had = f->spare_n * sizeof(*f->spare_slots);
         f->spare_slots = xbig_grow(f->spare_slots, had, bytes);
         f->spare_n = n;
@@ -239,7 +241,13 @@ void fsm_spare_step(struct fsm *f)
             f->spare_faulted = 0; /* copied into a fresh mapping */
         }
     }
-    xbig_fault_step(f->spare_slots, f->spare_n * sizeof(*f->spare_slots), &f->spare_faulted);
+    /* Faulted in off the loop (xbig_prefault): what a growth added, or what the last view's
+     * copy did not cover. */
+    size_t total = f->spare_n * sizeof(*f->spare_slots);
+    if (f->spare_faulted < total && !xbig_prefault_running(&f->spare_pf)) {
+        xbig_prefault_start(&f->spare_pf, f->spare_slots, f->spare_faulted, total);
+        f->spare_faulted = total;
+    }
 }
 
 int fsm_frozen_write(const struct fsm_frozen *z, uint8_t **out, size_t *out_len)
@@ -283,6 +291,7 @@ void fsm_thaw(struct fsm *f, struct fsm_frozen *z)
     }
     free(z->retired);
     free(z->graves);
+    assert(!xbig_prefault_running(&f->spare_pf)); /* waited for by the freeze */
     f->spare_slots = z->slots; /* for the next freeze; none is kept meanwhile (fsm_freeze) */
     f->spare_n = z->slots_cap;
     f->spare_faulted = (z->mask + 1) * sizeof(*z->slots); /* what the freeze copied */

@@ -94,15 +94,15 @@ void table_get_index_bytes(const struct table *t, struct table_index_bytes *out)
     out->slots = (uint64_t)(t->mask + 1) * sizeof(uintptr_t);
     out->migrating =
         t->old != NULL ? (uint64_t)(t->old_mask + 1 - t->mig_done) * sizeof(uintptr_t) : 0;
-    out->ahead = t->next != NULL ? t->next_faulted : 0;
+    out->ahead = t->next != NULL ? xbig_prefault_done(&t->next_pf) : 0;
 }
 
 static void nextDrop(struct table *t)
 {
     if (t->next != NULL) {
+        xbig_prefault_wait(&t->next_pf);
         slotsRelease(t->next, nextSlots(t));
         t->next = NULL;
-        t->next_faulted = 0;
     }
 }
 
@@ -358,9 +358,9 @@ static void tableGrow(struct table *t, size_t n)
     table_settle(t);
     uintptr_t *fresh = NULL;
     if (t->next != NULL && n == nextSlots(t)) {
+        xbig_prefault_wait(&t->next_pf);
         fresh = t->next; /* zero: nothing was written but zeroes */
         t->next = NULL;
-        t->next_faulted = 0;
     } else {
         nextDrop(t);
     }
@@ -402,8 +402,8 @@ void table_reserve(struct table *t, size_t n)
     }
 }
 
-/* Allocates the next growth's array once a mapped array is 5/8 full and faults in one page
- * of it per call (table.h, struct table's `next`). */
+/* Allocates the next growth's array once a mapped array is 5/8 full and starts faulting it
+ * in off the loop (table.h, struct table's `next`). */
 static void tablePrefault(struct table *t)
 {
     size_t bytes = nextSlots(t) * sizeof(uintptr_t);
@@ -412,9 +412,8 @@ static void tablePrefault(struct table *t)
     }
     if (t->next == NULL) {
         t->next = slotsAlloc(nextSlots(t));
-        t->next_faulted = 0;
+        xbig_prefault_start(&t->next_pf, t->next, 0, bytes);
     }
-    xbig_fault_step(t->next, bytes, &t->next_faulted);
 }
 
 size_t table_rec_size(size_t key_len)
