@@ -12,11 +12,15 @@ stores the new term with an fsync on the loop).
 
 Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
 mkfs.ext4 (tools/setup.sh installs the packages); without them the test is skipped, and
-ctest reports it skipped (tests/CMakeLists.txt: SKIP_REGULAR_EXPRESSION).
+ctest reports it skipped (tests/CMakeLists.txt: SKIP_REGULAR_EXPRESSION). A run killed
+before its close (SIGKILL, ctest's timeout) leaves its disk mounted and attached: the next
+HeldDisk undoes that (sweep_stale_disks; TestStalledDiskSweep shows it).
 """
+import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,11 +53,50 @@ def run(*cmd):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
+PREFIX = "idem-held-disk-"  # then the creating process's PID and "-"
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with open("/proc/%d/stat" % pid) as f:  # a zombie is gone too
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def sweep_stale_disks():
+    """Undoes what HeldDisks of processes that are gone left behind (killed before their
+    close): the ext4 mount, its loop devices, holdfs's mount (holdfs then exits) and the
+    dir. Those of live processes are not touched. Returns the dirs swept."""
+    swept = []
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*-*")):
+        pid = d[len(os.path.join(tempfile.gettempdir(), PREFIX)):].split("-")[0]
+        if not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        mnt, fuse = os.path.join(d, "mnt"), os.path.join(d, "fuse")
+        if os.path.ismount(mnt) and run("umount", mnt).returncode != 0:
+            run("umount", "-l", mnt)
+        out = run("losetup", "--list", "--noheadings", "--raw", "--output", "NAME,BACK-FILE")
+        for line in out.stdout.splitlines():
+            name, _, back = line.partition(" ")
+            if back.startswith(fuse + "/"):
+                run("losetup", "-d", name)
+        if os.path.ismount(fuse) and run("umount", fuse).returncode != 0:
+            run("umount", "-l", fuse)
+        shutil.rmtree(d, ignore_errors=True)
+        swept.append(d)
+    return swept
+
+
 class HeldDisk:
     """An ext4 file system mounted at <dir>/mnt whose writes hold while hold() is on."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="idem-held-disk-")
+        sweep_stale_disks()
+        self.dir = tempfile.mkdtemp(prefix="%s%d-" % (PREFIX, os.getpid()))
         self.fuse = os.path.join(self.dir, "fuse")
         self.mnt = os.path.join(self.dir, "mnt")
         self.control = os.path.join(self.dir, "HOLD")
@@ -279,6 +322,42 @@ class TestStalledDisk(ClusterTestCase):
         st = self.c.wait_converged(3)
         self.assertEqual(len({n["records"] for n in st["nodes"]}), 1, st)
         self.assertNotEqual(self.c.leader(), None)
+
+
+class TestStalledDiskSweep(unittest.TestCase):
+    """A HeldDisk whose process was killed is undone by the next one; a live one is not."""
+
+    def test_a_killed_runs_disk_is_swept(self):
+        why = missing_prerequisite()
+        if why:
+            raise unittest.SkipTest(why)
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time, test_stalled_disk as t; d = t.HeldDisk(); "
+             "print(d.dir, d.loop, d.daemon.pid, flush=True); time.sleep(120)"],
+            cwd=HERE, stdout=subprocess.PIPE, text=True)
+        try:
+            line = child.stdout.readline().split()
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+            child.stdout.close()
+        self.assertEqual(len(line), 3, "the child's HeldDisk: %r" % line)
+        d, loop, holdfs = line[0], line[1], int(line[2])
+        # What a killed run leaves: all of it still there.
+        self.assertTrue(os.path.ismount(os.path.join(d, "mnt")))
+        self.assertTrue(os.path.ismount(os.path.join(d, "fuse")))
+        self.assertIn(d + "/fuse/", run("losetup", "--list", "--raw", loop).stdout)
+        live = HeldDisk()  # sweeps the child's, and must survive a sweep of its own
+        try:
+            self.assertEqual(sweep_stale_disks(), [])
+            self.assertTrue(os.path.ismount(live.mnt))
+        finally:
+            live.close()
+        self.assertFalse(os.path.exists(d))
+        with open("/proc/mounts") as f:
+            self.assertNotIn(d, f.read())
+        self.assertNotIn(d, run("losetup", "--list", "--raw").stdout)
+        wait_for(lambda: not pid_alive(holdfs) or None, 10, "the child's holdfs to exit")
 
 
 if __name__ == "__main__":
