@@ -20,7 +20,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -73,7 +72,7 @@ def sweep_stale_disks():
     dir. Those of live processes are not touched. Returns the dirs swept."""
     swept = []
     for d in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*-*")):
-        pid = d[len(os.path.join(tempfile.gettempdir(), PREFIX)):].split("-")[0]
+        pid = os.path.basename(d)[len(PREFIX):].split("-")[0]
         if not pid.isdigit() or pid_alive(int(pid)):
             continue
         mnt, fuse = os.path.join(d, "mnt"), os.path.join(d, "fuse")
