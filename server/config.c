@@ -796,11 +796,22 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path, si
 
 static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
 {
-    enum { FRAME, DEFAULT_DEADLINE, MAX_DEADLINE, CONNECTIONS, SECRET, IDLE, HANDSHAKE, BUFFERS, N };
-    static const char *const keys[N] = {"max_frame_bytes",     "default_deadline_ms",
-                                        "max_deadline_ms",     "max_connections",
-                                        "cluster_secret_file", "idle_timeout_ms",
-                                        "handshake_timeout_ms", "max_frame_buffer_mb"};
+    enum {
+        FRAME,
+        DEFAULT_DEADLINE,
+        MAX_DEADLINE,
+        CONNECTIONS,
+        SECRET,
+        IDLE,
+        HANDSHAKE,
+        BUFFERS,
+        ANSWERS,
+        N
+    };
+    static const char *const keys[N] = {
+        "max_frame_bytes",      "default_deadline_ms", "max_deadline_ms",
+        "max_connections",      "cluster_secret_file", "idle_timeout_ms",
+        "handshake_timeout_ms", "max_frame_buffer_mb", "max_answer_buffer_mb"};
     struct field f[N];
     char *secret_path = NULL;
     if (mapFields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
@@ -811,6 +822,7 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         getU32(c, &f[IDLE], 100, 86400000, &r->idle_timeout_ms) != 0 ||
         getU32(c, &f[HANDSHAKE], 100, 600000, &r->handshake_timeout_ms) != 0 ||
         getU32(c, &f[BUFFERS], 1, 65536, &r->max_frame_buffer_mb) != 0 ||
+        getU32(c, &f[ANSWERS], 1, 65536, &r->max_answer_buffer_mb) != 0 ||
         getPath(c, &f[SECRET], &secret_path) != 0) {
         return -1;
     }
@@ -1547,6 +1559,7 @@ static void setDefaults(struct config *cfg)
     cfg->rpc.max_deadline_ms = 60000;
     cfg->rpc.max_connections = 1024;
     cfg->rpc.max_frame_buffer_mb = 256;
+    cfg->rpc.max_answer_buffer_mb = 1024;
     cfg->rpc.idle_timeout_ms = 300000;
     cfg->rpc.handshake_timeout_ms = 5000;
     cfg->batch.max_commands = 256;

@@ -100,6 +100,8 @@ struct config_rpc {
     uint32_t max_frame_bytes;     /* 1024..64 MiB, default 4 MiB + 128 KiB */
     uint32_t max_frame_buffer_mb; /* every connection's frame buffers together, past their
                                    * first 64 KiB each: 1..65536 MiB, default 256 */
+    uint32_t max_answer_buffer_mb; /* answers waiting to be written, every connection's
+                                    * together: 1..65536 MiB, default 1024 */
     uint32_t default_deadline_ms; /* 1..600000 and <= max_deadline_ms, default 2000 */
     uint32_t max_deadline_ms;     /* 1..600000, default 60000 */
     uint32_t max_connections;     /* 1..1048576, default 1024 */

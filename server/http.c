@@ -1119,6 +1119,10 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          "RPC frames answered unavailable and skipped: the frame buffers' growth had "
          "reached rpc.max_frame_buffer_mb.",
          rs.frames_refused},
+        {"idem_rpc_answer_buffer_bytes", "gauge",
+         "Answers of the binary RPC waiting to be written, every connection's together (at "
+         "most rpc.max_answer_buffer_mb, and 64 MiB per connection).",
+         rs.answer_buffer_bytes},
     };
     for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); i++) {
         tbPrintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", g[i].name, g[i].help, g[i].name,
@@ -1134,6 +1138,16 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_corrections_total{kind=\"cut\"} %llu\n",
              (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
              (unsigned long long)si.cluster.raft_cut);
+    tbPrintf(&b,
+             "# HELP idem_rpc_connections_cut_total RPC connections closed for the answers "
+             "waiting to be written to them: past 64 MiB of its own (limit=\"connection\"), or "
+             "as the one holding the most when every connection's together passed "
+             "rpc.max_answer_buffer_mb (limit=\"node\").\n"
+             "# TYPE idem_rpc_connections_cut_total counter\n"
+             "idem_rpc_connections_cut_total{limit=\"connection\"} %llu\n"
+             "idem_rpc_connections_cut_total{limit=\"node\"} %llu\n",
+             (unsigned long long)rs.answer_cuts_connection,
+             (unsigned long long)rs.answer_cuts_node);
     tbPrintf(&b,
              "# HELP idem_table_index_bytes Memory of the record table's slot arrays (the "
              "records themselves are not counted): the array in use, the part of the one "

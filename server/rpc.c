@@ -43,6 +43,7 @@
  * stream like EOF. A closing connection sends its own close_notify when it can. */
 #include "rpc.h"
 
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,11 @@
  * up to a stored response's size) still come; a peer that does not read them is cut off
  * instead of having gigabytes buffered for it. */
 #define CONN_MAX_BUFFERED (64u << 20)
+/* Past rpc.max_answer_buffer_mb of answers waiting in every connection together, the
+ * connection holding the most is closed (until they are back under it); from half of it, a
+ * connection with CONN_OUT_BATCH or more waiting stops reading. Without it, 1024 peers
+ * that do not read could make a node hold 64 GiB (CONN_MAX_BUFFERED each). */
+#define SHED_WARN_EVERY_MS 10000 /* at most one warning per this for such closes */
 /* After rpc_server_close, connections still draining this long are closed (a peer that does
  * not read its last answers must not hold the node's exit). */
 #define CLOSE_GRACE_MS 2000
@@ -98,6 +104,7 @@ struct conn {
     size_t out_cap;
     bool queued; /* on the server's flush list (holds a reference) */
     struct conn *flush_next;
+    size_t accounted; /* its answer bytes in answer_bytes, at the last connAccount() */
 };
 
 struct rpc_server {
@@ -117,6 +124,9 @@ struct rpc_server {
     uint64_t tls_warn_ms;    /* uv_now() of the last TLS failure warning */
     uint64_t tls_suppressed; /* TLS failures not logged since then */
     bool tls_warned;
+    uint64_t shed_warn_ms;    /* uv_now() of the last warning of a close for the answer cap */
+    uint64_t shed_suppressed; /* such closes not logged since then */
+    bool shed_warned;
     struct conn *flush;  /* connections with answers to write this loop turn */
     uv_check_t flusher;  /* writes them, after the turn's I/O callbacks */
     uv_idle_t awake;     /* active while anything waits: the poll does not block */
@@ -142,6 +152,9 @@ static struct rpc_stats stats;
  * together: what rpc.max_frame_buffer_mb bounds (connHoldFrame). */
 static uint64_t frame_buffer_grown;
 
+/* Answer bytes waiting to be written, every connection's together (connAccount). */
+static uint64_t answer_bytes;
+
 static uint64_t grownBytes(const struct conn *c)
 {
     return c->cap > CONN_BUF_MIN ? c->cap - CONN_BUF_MIN : 0;
@@ -150,6 +163,7 @@ static uint64_t grownBytes(const struct conn *c)
 void rpc_get_stats(struct rpc_stats *out)
 {
     *out = stats;
+    out->answer_buffer_bytes = answer_bytes;
 }
 
 static void serverMaybeFree(struct rpc_server *r)
@@ -197,6 +211,7 @@ static void connUnref(struct conn *c)
     }
     r->n_conns--;
     stats.connections--;
+    answer_bytes -= c->accounted;
     stats.frame_buffer_bytes -= c->cap;
     frame_buffer_grown -= grownBytes(c);
     tls_conn_free(c->tls);
@@ -217,6 +232,7 @@ static void flushHandleClosed(uv_handle_t *h)
 }
 
 static void flushCb(uv_check_t *h);
+static void connAccount(struct conn *c);
 
 static void awakeCb(uv_idle_t *h)
 {
@@ -248,6 +264,7 @@ static void connClose(struct conn *c)
         return;
     }
     c->closing = true;
+    connAccount(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (c->tls != NULL) {
         if (!c->tls_failed) {
@@ -281,10 +298,29 @@ static size_t connQueuedBytes(struct conn *c)
            (c->tls != NULL ? tls_conn_pending(c->tls) : 0);
 }
 
-/* Whether c has as many requests and answers outstanding as it may. */
+/* Brings answer_bytes up to date with c's answers waiting. A closing connection counts
+ * none: what it holds is freed as its handle closes, and it takes no more. Called wherever
+ * they change: an answer made, a write started or done, the close. */
+static void connAccount(struct conn *c)
+{
+    size_t now = c->closing ? 0 : connQueuedBytes(c);
+    answer_bytes = answer_bytes - c->accounted + now;
+    c->accounted = now;
+}
+
+static uint64_t answerBudget(const struct conn *c)
+{
+    return (uint64_t)c->srv->cfg->max_answer_buffer_mb << 20;
+}
+
+/* Whether c has as many requests and answers outstanding as it may: its own limits, or,
+ * once every connection's answers together hold half the node's budget, CONN_OUT_BATCH of
+ * its own (a peer slow to read stops sending before the budget closes anybody). */
 static bool connOverloaded(struct conn *c)
 {
-    return c->inflight >= CONN_MAX_INFLIGHT || connQueuedBytes(c) >= CONN_MAX_QUEUED;
+    size_t queued = connQueuedBytes(c);
+    return c->inflight >= CONN_MAX_INFLIGHT || queued >= CONN_MAX_QUEUED ||
+           (queued >= CONN_OUT_BATCH && answer_bytes >= answerBudget(c) / 2);
 }
 
 /* Stops or resumes reading by back-pressure. Frames already taken in (c->backlog) go first:
@@ -325,6 +361,7 @@ static void writeCb(uv_write_t *req, int status)
     struct conn *c = w->c;
     c->writes--;
     c->progress_ms = c->wprogress_ms = uv_now(c->srv->loop);
+    connAccount(c);
     if (status != 0) {
         connClose(c);
     } else {
@@ -350,7 +387,9 @@ static void connWrite(struct conn *c, struct writeReq *w, size_t n)
         c->refs--;
         c->writes--;
         connClose(c);
+        return;
     }
+    connAccount(c); /* libuv may have written some of it at once */
 }
 
 /* Writes every byte the TLS engine has for the network, as one write. */
@@ -483,6 +522,7 @@ static void connSend(struct conn *c, const Idem__Response *resp)
             tlsFail(c, "write");
             return;
         }
+        connAccount(c);
         connQueue(c);
         return;
     }
@@ -504,7 +544,56 @@ static void connSend(struct conn *c, const Idem__Response *resp)
     }
     packFrame(c->out->data + c->out_len, resp, n);
     c->out_len += 4 + n;
+    connAccount(c);
     connQueue(c);
+}
+
+/* Every connection's answers together hold more than rpc.max_answer_buffer_mb: closes the
+ * connection that holds the most, until they are back under it (its peer, most likely one
+ * that does not read, loses the answers it was owed; a client sends those requests again
+ * with the same key and attempt id). Logged at most once per SHED_WARN_EVERY_MS, with the
+ * count of closes not logged since. */
+static void serverShed(struct rpc_server *r, uint64_t budget)
+{
+    while (answer_bytes > budget) {
+        struct conn *most = NULL;
+        for (struct conn *c = r->conns; c != NULL; c = c->next) {
+            if (!c->closing && (most == NULL || c->accounted > most->accounted)) {
+                most = c;
+            }
+        }
+        if (most == NULL || most->accounted == 0) {
+            return; /* what is left is other listeners' (none today) */
+        }
+        stats.answer_cuts_node++;
+        uint64_t now = uv_now(r->loop);
+        if (!r->shed_warned || now - r->shed_warn_ms >= SHED_WARN_EVERY_MS) {
+            char peer[64] = "an unknown address";
+            struct sockaddr_storage sa;
+            int len = sizeof sa;
+            if (uv_tcp_getpeername(&most->tcp, (struct sockaddr *)&sa, &len) == 0 &&
+                sa.ss_family == AF_INET) {
+                const struct sockaddr_in *in = (const struct sockaddr_in *)&sa;
+                char ip[INET_ADDRSTRLEN];
+                if (uv_ip4_name(in, ip, sizeof ip) == 0) {
+                    snprintf(peer, sizeof peer, "%s:%u", ip, (unsigned)ntohs(in->sin_port));
+                }
+            }
+            log_warn("rpc: answers waiting to be written hold %llu MiB, over "
+                     "rpc.max_answer_buffer_mb (%u): closed the connection from %s, which held "
+                     "%llu KiB of them (%llu more such closes not logged)",
+                     (unsigned long long)(answer_bytes >> 20), r->cfg->max_answer_buffer_mb, peer,
+                     (unsigned long long)(most->accounted >> 10),
+                     (unsigned long long)r->shed_suppressed);
+            r->shed_warned = true;
+            r->shed_warn_ms = now;
+            r->shed_suppressed = 0;
+        } else {
+            r->shed_suppressed++;
+        }
+        most->tls_failed = true; /* no close_notify behind answers it does not read */
+        connClose(most);
+    }
 }
 
 static void answeredCb(void *data, const Idem__Response *resp)
@@ -514,8 +603,12 @@ static void answeredCb(void *data, const Idem__Response *resp)
     stats.inflight--;
     connSend(c, resp);
     if (!c->closing && connQueuedBytes(c) > CONN_MAX_BUFFERED) {
+        stats.answer_cuts_connection++;
         c->tls_failed = true; /* no close_notify behind megabytes it does not read */
         connClose(c);
+    }
+    if (answer_bytes > answerBudget(c)) {
+        serverShed(c->srv, answerBudget(c));
     }
     connMaybeFinishDrain(c);
     connFlowControl(c);

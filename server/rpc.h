@@ -29,6 +29,10 @@ struct rpc_stats {
     uint64_t inflight;           /* requests taken that await their answer */
     uint64_t frame_buffer_bytes; /* memory held by the connections' frame buffers */
     uint64_t frames_refused;     /* frames answered unavailable: rpc.max_frame_buffer_mb */
+    uint64_t answer_buffer_bytes;    /* answers waiting to be written, every connection's */
+    uint64_t answer_cuts_connection; /* connections closed past 64 MiB of answers waiting */
+    uint64_t answer_cuts_node;       /* closed as the one holding the most, the answers of
+                                      * all together past rpc.max_answer_buffer_mb */
 };
 void rpc_get_stats(struct rpc_stats *out);
 

@@ -655,6 +655,123 @@ class TestFrameBufferBudget(LimitTest):
                  "the buffers to be given back")
 
 
+class TestAnswerBufferBudget(LimitTest):
+    # Every connection's answers waiting to be written hold at most
+    # rpc.max_answer_buffer_mb together: past it, the connection holding the most is closed.
+    # Before, only each connection's own 64 MiB bounded them (64 GiB at 1024 connections).
+    rpc_lines = ["max_answer_buffer_mb: 16"]
+    KEY = "answer-cap-7f3a9c"
+
+    def slow_reader(self):
+        """A connection with a 4 KiB receive buffer (TLS on a TLS listener)."""
+        s = _small_rcvbuf(self.addr)
+        if not self.tls:
+            return s
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                         cafile=os.path.join(self.c.pki, "ca.crt"))
+        return ctx.wrap_socket(s, server_hostname="127.0.0.1")
+
+    def queued(self):
+        return _metric(self.node.http, "idem_rpc_answer_buffer_bytes")
+
+    def cuts(self, limit):
+        return _metric(self.node.http, 'idem_rpc_connections_cut_total{limit="%s"}' % limit)
+
+    def store_large_response(self):
+        """Completes KEY with a 1 MB body; returns the outcome a get of it answers."""
+        auth = {"Authorization": "Bearer " + self.c.token}
+        r = http_request(self.node.http, "POST", "/v1/claims", {"fingerprint": fp(self.KEY)},
+                         headers=dict(auth, **{"Idempotency-Key": self.KEY}))
+        self.assertEqual((r[0], r[2]["outcome"]), (200, "acquired"), r)
+        r = http_request(self.node.http, "POST", "/v1/claims/%s/complete" % self.KEY,
+                         {"token": r[2]["token"], "outcome": "succeeded",
+                          "response": {"status": 200, "body": "x" * 1000000}}, headers=auth)
+        self.assertEqual(r[0], 200, r)
+        return self.get_outcome(self.KEY)
+
+    def get_outcome(self, key):
+        s = self.connect()
+        try:
+            s.sendall(_get_frame(1, self.c.token, key))
+            return _read_answer(s)[1]
+        finally:
+            s.close()
+
+    def test_the_connection_holding_the_most_is_closed(self):
+        budget = 16 << 20
+        outcome = self.store_large_response()
+        # A: 16 gets of the 1 MB answer, read by nobody: what the kernel's buffers do not
+        # take (at most ~4 MB here) waits in the node, under the budget by itself.
+        a = self.slow_reader()
+        a.sendall(b"".join(_get_frame(i, self.c.token, self.KEY) for i in range(1, 17)))
+        wait_for(lambda: self.queued() > 11e6, 15, "A's answers to wait")
+        time.sleep(0.5)
+        held_a = self.queued()
+        self.assertLess(held_a, budget, held_a)
+        self.assertEqual(self.cuts("node"), 0)
+        # B: fewer gets than A has waiting, enough to take both past the budget (whatever
+        # the kernel takes of B's, up to ~4.2 MB): A, holding the most, is closed; B not.
+        k = int((budget + 4.2e6 - held_a) // 1e6) + 2
+        self.assertLess(k * 1000100, held_a, (k, held_a))
+        b = self.slow_reader()
+        b.sendall(b"".join(_get_frame(100 + i, self.c.token, self.KEY) for i in range(k)))
+        wait_for(lambda: self.cuts("node") >= 1, 15, "a connection to be closed")
+        self.assertEqual(self.cuts("node"), 1)
+        self.assertEqual(self.cuts("connection"), 0)
+        self.assertLessEqual(self.queued(), budget)
+        closed, got = _ends(a, timeout=15)
+        a.close()
+        self.assertTrue(closed, "A, which held the most, was not closed")
+        self.assertLess(got, 16 * 1000000, got)
+        # B reads now and gets every answer it asked for, in order.
+        b.settimeout(15)
+        ids = []
+        for _ in range(k):
+            ans = _read_answer(b)
+            self.assertIsNotNone(ans, "B was closed after %d answers" % len(ids))
+            self.assertEqual(ans[1], outcome, ans)
+            ids.append(ans[0])
+        self.assertEqual(ids, [100 + i for i in range(k)])
+        b.close()
+        wait_for(lambda: self.queued() == 0, 15, "the answers' memory to be counted back")
+        self.assertTrue(self.c.logs_contain("over rpc.max_answer_buffer_mb (16): closed the "
+                                            "connection from 127.0.0.1:"), self.c.logs())
+        self.assertFalse(self.c.logs_contain(self.KEY), "the key is in the log")
+
+    def test_from_half_the_budget_a_slow_reader_is_not_read(self):
+        half = 8 << 20
+        outcome = self.store_large_response()
+        # A: 13 gets not read; with what the kernel takes (~3 MB here) it holds over half.
+        a = self.slow_reader()
+        a.sendall(b"".join(_get_frame(i, self.c.token, self.KEY) for i in range(1, 14)))
+        wait_for(lambda: self.queued() > half, 15, "A's answers to wait")
+        # C: 5 gets not read (over 256 KiB of them wait in the node), then a claim.
+        c = self.slow_reader()
+        c.sendall(b"".join(_get_frame(20 + i, self.c.token, self.KEY) for i in range(5)))
+        wait_for(lambda: _metric(self.node.http, "idem_rpc_inflight_requests") == 0, 15,
+                 "C's gets to be answered")
+        time.sleep(0.5)
+        self.assertLess(self.queued(), 16 << 20)
+        self.assertEqual(self.cuts("node"), 0)
+        c.sendall(_claim_frame(30, self.c.token, "after-pause"))
+        time.sleep(1)
+        # Not read: the claim has not been made (a reader on another connection is served).
+        self.assertEqual(self.get_outcome("after-pause"), OUTCOME_NOT_FOUND)
+        # A goes away; C reads what it is owed, and once it has, its claim is read.
+        a.close()
+        wait_for(lambda: self.queued() < half, 15, "A's answers to go")
+        c.settimeout(15)
+        got = [_read_answer(c) for _ in range(6)]
+        self.assertEqual([g[0] for g in got], [20, 21, 22, 23, 24, 30], got)
+        self.assertEqual([g[1] for g in got], [outcome] * 5 + [OUTCOME_ACQUIRED], got)
+        c.close()
+        self.assertEqual(self.cuts("node"), 0)
+
+
+class TestAnswerBufferBudgetTls(TestAnswerBufferBudget):
+    tls = True
+
+
 class TestRpcTlsLimits(LimitTest):
     tls = True
     # 3 s, not less: under a loaded CI (ASan, tests in parallel) a real TLS handshake once

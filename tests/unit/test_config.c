@@ -274,6 +274,8 @@ static void test_defaults(void **state)
     assert_int_equal(c.rpc.max_connections, 1024);
     assert_int_equal(c.rpc.idle_timeout_ms, 300000);
     assert_int_equal(c.rpc.handshake_timeout_ms, 5000);
+    assert_int_equal(c.rpc.max_frame_buffer_mb, 256);
+    assert_int_equal(c.rpc.max_answer_buffer_mb, 1024);
     assert_int_equal(c.batch.max_commands, 256);
     assert_int_equal(c.batch.max_bytes, 1024 * 1024);
     assert_int_equal(c.expiry.interval_ms, 1000);
@@ -396,6 +398,8 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:20: ", "rpc.idle_timeout_ms: \"99\" is out of range (100..86400000)"},
     {"handshake timeout above the maximum", NODE_OK "rpc:\n  handshake_timeout_ms: 600001\n",
      "x.yaml:7:25: ", "rpc.handshake_timeout_ms: \"600001\" is out of range (100..600000)"},
+    {"answer budget of zero", NODE_OK "rpc:\n  max_answer_buffer_mb: 0\n",
+     "x.yaml:7:25: ", "rpc.max_answer_buffer_mb: \"0\" is out of range (1..65536)"},
     {"below the minimum", NODE_OK "raft:\n  snapshot_threshold: 15\n",
      "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
     /* raft_uv takes a snapshot put without trailing entries for an install: it would drop

@@ -258,7 +258,8 @@ static void runBurst(bool tls)
                              .max_connections = 16,
                              .idle_timeout_ms = 300000,
                              .handshake_timeout_ms = 5000,
-                             .max_frame_buffer_mb = 256};
+                             .max_frame_buffer_mb = 256,
+                             .max_answer_buffer_mb = 1024};
     struct config_tls tcfg = {.enabled = tls, .rpc = tls};
     tcfg.cert_file = pki.paths[PKI_SRV_CRT];
     tcfg.key_file = pki.paths[PKI_SRV_KEY];
