@@ -38,6 +38,7 @@ struct cluster_batch {
     struct cluster_batch *next; /* pending list, oldest first */
     struct cluster_batch *prev;
     uint64_t proposal;
+    uint64_t cost;              /* its commands' part of pending_bytes */
     void **waiters;             /* one per command; NULL once handed back */
     unsigned n;
 };
@@ -90,6 +91,9 @@ struct cluster {
     unsigned n_cmds;
     unsigned cap_cmds;
     size_t batch_bytes;
+    uint64_t open_cost;     /* the open batch's part of pending_bytes */
+    uint64_t pending_bytes; /* commands proposed, not yet applied or failed (cluster.h) */
+    uint64_t pending_refused;
 
     /* Pending (proposed, not yet applied or failed) batches. */
     struct cluster_batch *pending_head, *pending_tail;
@@ -175,6 +179,9 @@ const char *cluster_strerror(int rc)
         return "the node named is not reachable from the leader";
     case CLUSTER_ERAFT:
         return "raft error";
+    case CLUSTER_EOVERLOAD:
+        return "the leader holds batch.max_pending_mb of commands not yet committed: send it "
+               "again later";
     }
     return "unknown cluster error";
 }
@@ -288,6 +295,7 @@ static void applyCb(struct raft_apply *req, int status, void *result)
     struct cluster_batch *b = req->data;
     struct cluster *c = b->c;
     pendingUnlink(c, b);
+    c->pending_bytes -= b->cost;
     /* On success every waiter was handed to ops.apply in fsmApply; on failure those not yet
      * applied are failed now. */
     failWaiters(c, b->waiters, b->n, status == 0 ? RAFT_SHUTDOWN : status);
@@ -302,6 +310,8 @@ static void resetOpenBatch(struct cluster *c)
     }
     c->n_cmds = 0;
     c->batch_bytes = 0;
+    c->pending_bytes -= c->open_cost;
+    c->open_cost = 0;
 }
 
 /* Log entry framing. raft_uv stores entries padded to 8 bytes and hands them back padded
@@ -364,10 +374,13 @@ static void batchFlush(struct cluster *c)
 
     struct raft_buffer buf;
     entryEncode(&entry, &buf);
+    uint64_t cost = c->open_cost;
     resetOpenBatch(c);
+    c->pending_bytes += cost; /* now the batch's */
 
     struct cluster_batch *b = xcalloc1(sizeof(*b));
     b->c = c;
+    b->cost = cost;
     b->proposal = batch.proposal;
     b->waiters = waiters;
     b->n = n;
@@ -375,6 +388,7 @@ static void batchFlush(struct cluster *c)
     int rv = raft_apply(&c->raft, &b->req, &buf, 1, applyCb);
     if (rv != 0) {
         raft_free(buf.base);
+        c->pending_bytes -= cost;
         failWaiters(c, waiters, n, rv);
         free(waiters);
         free(b);
@@ -407,6 +421,11 @@ int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wai
     if (len > c->cfg.batch_max_bytes) {
         return CLUSTER_ETOOBIG;
     }
+    uint64_t cost = (uint64_t)len + CLUSTER_COMMAND_OVERHEAD;
+    if (c->pending_bytes + cost > c->cfg.max_pending_bytes) {
+        c->pending_refused++;
+        return CLUSTER_EOVERLOAD;
+    }
     if (c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
                           c->batch_bytes + len > c->cfg.batch_max_bytes)) {
         batchFlush(c);
@@ -434,6 +453,8 @@ int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wai
     c->waiters[c->n_cmds] = waiter;
     c->n_cmds++;
     c->batch_bytes += len;
+    c->open_cost += cost;
+    c->pending_bytes += cost;
     if (c->n_cmds == 1) {
         uv_check_start(&c->flush, flushCb);
     }
@@ -1110,6 +1131,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
                          (ops->snapshot_release != NULL);
     if (cfg->id == 0 || cfg->batch_max_commands == 0 ||
         cfg->batch_max_commands > ((1u << SLOT_BITS) - 1) || cfg->batch_max_bytes == 0 ||
+        cfg->max_pending_bytes < cfg->batch_max_bytes + CLUSTER_COMMAND_OVERHEAD ||
         (async_ops != 0 && async_ops != 3) || (async_ops == 0 && ops->snapshot == NULL)) {
         snprintf(err, errlen, "cluster: invalid configuration");
         return NULL;
@@ -1376,6 +1398,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->append_sum_us = c->io.append_sum_us;
     uint64_t oldest = io_oldest_append_us(&c->io), now = uv_hrtime() / 1000u;
     out->append_oldest_us = oldest != 0 && now > oldest ? now - oldest : 0;
+    out->pending_bytes = c->pending_bytes;
+    out->pending_refused = c->pending_refused;
     out->raft_clamped = c->io.corrected;
     out->raft_held = c->io.results_held;
     out->raft_cut = c->io.skipped;

@@ -35,9 +35,14 @@ enum cluster_rc {
     CLUSTER_ESTOPPING = -3,  /* the node is shutting down */
     CLUSTER_EBUSY = -4,      /* a membership change is already in flight */
     CLUSTER_EINVAL = -5,
-    CLUSTER_ERAFT = -6,      /* raft refused; see cluster_errmsg() */
+    CLUSTER_ERAFT = -6,        /* raft refused; see cluster_errmsg() */
     CLUSTER_EUNREACHABLE = -7, /* transfer: the voter named (or every other) is not heard from */
+    CLUSTER_EOVERLOAD = -8,    /* max_pending_bytes of commands not yet applied: try later */
 };
+
+/* What a proposed command costs against max_pending_bytes beyond its bytes: its waiter, its
+ * copy and its place in raft's entry. */
+#define CLUSTER_COMMAND_OVERHEAD 256
 
 struct cluster_member {
     uint64_t id;
@@ -79,6 +84,11 @@ struct cluster_config {
     size_t raft_previous_secret_len;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
+    /* Commands proposed on this leader and not yet applied or failed, together (each counted
+     * as its bytes + CLUSTER_COMMAND_OVERHEAD): past it cluster_propose() refuses with
+     * CLUSTER_EOVERLOAD. Without it a client sending faster than the log commits (the
+     * deadline frees its slots, not raft's copies) made the leader hold gigabytes. */
+    uint64_t max_pending_bytes;
 };
 
 /* What one snapshot taken off the loop cost (cluster_ops.snapshot_release). */
@@ -149,6 +159,8 @@ struct cluster_status {
     uint64_t append_oldest_us; /* age of the oldest append in flight, 0 when none */
     /* The raft I/O wrapper's corrections of libraft 0.15 (io.h) on this node: answers and
      * commit indexes clamped, results held by a leader, RPCs cut at the snapshot. */
+    uint64_t pending_bytes;   /* commands proposed and not yet applied, as counted above */
+    uint64_t pending_refused; /* proposals refused with CLUSTER_EOVERLOAD */
     uint64_t raft_clamped;
     uint64_t raft_held;
     uint64_t raft_cut;

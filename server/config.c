@@ -848,14 +848,24 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
 
 static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 {
-    enum { COMMANDS, BYTES, N };
-    static const char *const keys[N] = {"max_commands", "max_bytes"};
+    enum { COMMANDS, BYTES, PENDING, N };
+    static const char *const keys[N] = {"max_commands", "max_bytes", "max_pending_mb"};
     struct field f[N];
-    return mapFields(c, map, "batch", "batch", keys, N, f) != 0 ||
-                   getU32(c, &f[COMMANDS], 1, 65535, &b->max_commands) != 0 ||
-                   getU32(c, &f[BYTES], 1024, 64u << 20, &b->max_bytes) != 0
-               ? -1
-               : 0;
+    if (mapFields(c, map, "batch", "batch", keys, N, f) != 0 ||
+        getU32(c, &f[COMMANDS], 1, 65535, &b->max_commands) != 0 ||
+        getU32(c, &f[BYTES], 1024, 64u << 20, &b->max_bytes) != 0 ||
+        getU32(c, &f[PENDING], 1, 65536, &b->max_pending_mb) != 0) {
+        return -1;
+    }
+    if (((uint64_t)b->max_pending_mb << 20) < 2 * (uint64_t)b->max_bytes) {
+        const yaml_node_t *at = present(&f[PENDING]) ? f[PENDING].val
+                                : present(&f[BYTES]) ? f[BYTES].val
+                                                     : map;
+        return failNode(c, at,
+                        "batch.max_pending_mb (%u MiB) must be at least twice max_bytes (%u)",
+                        b->max_pending_mb, b->max_bytes);
+    }
+    return 0;
 }
 
 static int parseHttp(struct ctx *c, yaml_node_t *map, struct config_http *h)
@@ -1564,6 +1574,7 @@ static void setDefaults(struct config *cfg)
     cfg->rpc.handshake_timeout_ms = 5000;
     cfg->batch.max_commands = 256;
     cfg->batch.max_bytes = 1u << 20;
+    cfg->batch.max_pending_mb = 64;
     cfg->http.max_connections = 1024;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;

@@ -1119,6 +1119,13 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          "RPC frames answered unavailable and skipped: the frame buffers' growth had "
          "reached rpc.max_frame_buffer_mb.",
          rs.frames_refused},
+        {"idem_proposals_pending_bytes", "gauge",
+         "Commands this leader proposed that are not yet applied, each counted as its bytes + "
+         "256 (at most batch.max_pending_mb).",
+         si.cluster.pending_bytes},
+        {"idem_proposals_refused_total", "counter",
+         "Commands answered unavailable because batch.max_pending_mb were pending.",
+         si.cluster.pending_refused},
         {"idem_rpc_answer_buffer_bytes", "gauge",
          "Answers of the binary RPC waiting to be written, every connection's together (at "
          "most rpc.max_answer_buffer_mb, and 64 MiB per connection).",

@@ -1185,6 +1185,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .raft_previous_secret_len = cfg->raft.previous_secret.len,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,
+        .max_pending_bytes = (uint64_t)cfg->batch.max_pending_mb << 20,
     };
     struct cluster_ops ops = {
         .data = s,

@@ -772,6 +772,99 @@ class TestAnswerBufferBudgetTls(TestAnswerBufferBudget):
     tls = True
 
 
+class PendingCluster(LimitCluster):
+    """A one-node cluster with batch.max_pending_mb set."""
+
+    def __init__(self, pending_mb, **kw):
+        self._pending_mb = pending_mb
+        super().__init__([], **kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        with open(node.cfg, "a") as f:
+            f.write("batch:\n  max_pending_mb: %d\n" % self._pending_mb)
+
+
+def _complete_frame(request_id, token, key, body):
+    resp = b"\x08" + _varint(200) + _pb(3, body)
+    comp = _pb(1, key.encode()) + b"\x10" + _varint(12345) + b"\x18\x01" + _pb(4, resp)
+    return _frame(b"\x08" + _varint(request_id) + _pb(3, token.encode()) + _pb(11, comp))
+
+
+class TestPendingBudget(LimitTest):
+    # The commands a leader has proposed and not yet applied are at most
+    # batch.max_pending_mb together; past it a command is answered unavailable at once.
+    # Before, nothing bounded them: a tenant sending ~1 MB completes (for a key with no
+    # record: refused only at apply, after the log took them) faster than the log commits
+    # made the leader of a 3-node cluster grow to 2.7 GB in 12 s and lose its leadership.
+    PENDING_MB = 4
+
+    def make_cluster(self):
+        return PendingCluster(self.PENDING_MB, n=1)
+
+    def test_commands_past_the_budget_are_refused_at_once(self):
+        budget = self.PENDING_MB << 20
+        body = b"y" * 900000
+        frames = [_complete_frame(i, self.c.token, "no-such-key", body) for i in range(1, 41)]
+        socks = [self.connect() for _ in range(4)]
+        outcomes = {}
+        errors = set()
+        lock = threading.Lock()
+        stop = time.monotonic() + 5
+
+        def send(s):
+            n = 0
+            while time.monotonic() < stop and n < 400:
+                try:
+                    s.sendall(frames[n % len(frames)])
+                except OSError:
+                    return
+                n += 1
+
+        def read(s):
+            s.settimeout(20)
+            while True:
+                try:
+                    r = _read_frame(s)
+                except OSError:
+                    return
+                if r is None:
+                    return
+                with lock:
+                    o = r[1].get(1, 0)
+                    outcomes[o] = outcomes.get(o, 0) + 1
+                    if o == 13:
+                        errors.add(r[0].get(4, b"").decode())
+
+        threads = [threading.Thread(target=f, args=(s,)) for s in socks for f in (send, read)]
+        for t in threads:
+            t.start()
+        peak = 0
+        while time.monotonic() < stop:
+            peak = max(peak, _metric(self.node.http, "idem_proposals_pending_bytes"))
+            time.sleep(0.1)
+        for s in socks:
+            s.shutdown(socket.SHUT_WR)
+        for t in threads:
+            t.join(30)
+        for s in socks:
+            s.close()
+        refused = _metric(self.node.http, "idem_proposals_refused_total")
+        self.assertGreater(refused, 0, outcomes)
+        self.assertLessEqual(peak, budget)
+        self.assertGreater(outcomes.get(OUTCOME_NOT_FOUND, 0), 0, outcomes)  # some went in
+        self.assertIn("the leader holds batch.max_pending_mb of commands not yet committed: "
+                      "send it again later", errors)
+        self.assertGreaterEqual(outcomes.get(13, 0), refused, (outcomes, refused))
+        # The node serves as before, and nothing is left counted.
+        s = self.connect()
+        s.sendall(_claim_frame(9, self.c.token, "after-flood"))
+        self.assertEqual(_read_answer(s)[:2], (9, OUTCOME_ACQUIRED))
+        s.close()
+        wait_for(lambda: _metric(self.node.http, "idem_proposals_pending_bytes") == 0, 15,
+                 "nothing pending")
+
+
 class TestRpcTlsLimits(LimitTest):
     tls = True
     # 3 s, not less: under a loaded CI (ASan, tests in parallel) a real TLS handshake once

@@ -132,6 +132,7 @@ static const char full_text[] =
     "batch:\n"
     "  max_commands: 64\n"
     "  max_bytes: 65536\n"
+    "  max_pending_mb: 8\n"
     "expiry:\n"
     "  interval_ms: 250\n"
     "  batch: 32\n"
@@ -198,6 +199,7 @@ static void test_full(void **state)
 
     assert_int_equal(c.batch.max_commands, 64);
     assert_int_equal(c.batch.max_bytes, 65536);
+    assert_int_equal(c.batch.max_pending_mb, 8);
 
     assert_int_equal(c.expiry.interval_ms, 250);
     assert_int_equal(c.expiry.batch, 32);
@@ -278,6 +280,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.rpc.max_answer_buffer_mb, 1024);
     assert_int_equal(c.batch.max_commands, 256);
     assert_int_equal(c.batch.max_bytes, 1024 * 1024);
+    assert_int_equal(c.batch.max_pending_mb, 64);
     assert_int_equal(c.expiry.interval_ms, 1000);
     assert_int_equal(c.expiry.batch, 1024);
     assert_false(c.tls.enabled);
@@ -419,6 +422,11 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:20: ", "raft.segment_size_mb: \"1025\" is out of range (1..1024)"},
     {"above the maximum", NODE_OK "batch:\n  max_commands: 65536\n",
      "x.yaml:7:17: ", "out of range (1..65535)"},
+    {"pending budget below two entries",
+     NODE_OK "batch:\n  max_bytes: 1048576\n  max_pending_mb: 1\n",
+     "x.yaml:8:19: ", "batch.max_pending_mb (1 MiB) must be at least twice max_bytes (1048576)"},
+    {"entries too large for the default pending budget", NODE_OK "batch:\n  max_bytes: 67108864\n",
+     "x.yaml:7:14: ", "batch.max_pending_mb (64 MiB) must be at least twice max_bytes (67108864)"},
     {"key_max_len too large", NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 256\n",
      "x.yaml:11:18: ", "tenants[0].key_max_len: \"256\" is out of range (1..255)"},
     {"ttl above a year", NODE_OK ADMIN_OK TENANTS_OK "    ttl_ms: 31536000001\n",
