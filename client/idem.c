@@ -504,7 +504,9 @@ static int waitFd(int fd, short events, uint64_t deadline)
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
         int pr = poll(&pfd, 1, pollTimeout(deadline));
-        if (pr < 0 && errno == EINTR) {
+        if ((pr < 0 && errno == EINTR) || pr == 0) {
+            /* Interrupted, or a wait of pollTimeout's most (60 s) over with the deadline
+             * still ahead: wait again. */
             if (IdemRemainingMs(deadline) == 0) {
                 return 0;
             }

@@ -98,6 +98,12 @@ int IdemOpBuild(const struct idem_op *op, struct idem_built *b, char *why, size_
         b->claim.fingerprint.len = IDEM_FINGERPRINT_LEN;
         if (op->attempt_id != NULL) {
             size_t n = strlen(op->attempt_id);
+            if (n == 0) {
+                /* The server takes a claim without one as a new attempt every time, so a
+                 * retry of it would not get its own lease back (NULL makes one). */
+                IdemWhyf(why, why_len, "claim: empty attempt id (NULL makes a fresh one)");
+                return IDEM_EINVAL;
+            }
             if (n > ATTEMPT_ID_MAX) {
                 IdemWhyf(why, why_len, "claim: attempt id longer than %d bytes", ATTEMPT_ID_MAX);
                 return IDEM_EINVAL;

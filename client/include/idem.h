@@ -326,7 +326,7 @@ IDEM_API const char *idem_client_leader(const struct idem_client *c);
 /* ---- synchronous calls --------------------------------------------------------------- */
 /* Each returns IDEM_OK with `*out` (OUT, caller-provided, need not be initialised) filled
  * with the cluster's answer, or a negative code with *out zeroed (detail set): IDEM_EINVAL
- * (NULL client/key/out, an empty key, a missing fingerprint or response),
+ * (NULL client/key/out, an empty key or attempt id, a missing fingerprint or response),
  * IDEM_EUNAVAILABLE (no leader answered before the deadline: retry with the same key and
  * attempt id), IDEM_ETOOBIG (larger than the client's max_frame_bytes, or refused as
  * larger than the node's: definite, do not retry), IDEM_ENOMEM, IDEM_EPROTO (the node's
@@ -339,9 +339,10 @@ IDEM_API const char *idem_client_leader(const struct idem_client *c);
 
 /* Options of a claim; a NULL pointer means all defaults. */
 struct idem_claim_opts {
-    /* The attempt id (0-64 bytes, NUL-terminated). NULL: the call makes a fresh one and
-     * keeps it across its own retries; pass your own (idem_attempt_id_new) to retry the
-     * claim yourself after IDEM_EUNAVAILABLE and get the same lease back. */
+    /* The attempt id (1-64 bytes, NUL-terminated; "" is IDEM_EINVAL: without one a retry
+     * could not get its own lease back). NULL: the call makes a fresh one and keeps it
+     * across its own retries; pass your own (idem_attempt_id_new) to retry the claim
+     * yourself after IDEM_EUNAVAILABLE and get the same lease back. */
     const char *attempt_id;
     uint64_t lease_ms; /* 0: the tenant's default */
     uint64_t ttl_ms;   /* 0: the tenant's default */
