@@ -287,6 +287,8 @@ struct global {
     bool deadline_set;
     struct cli_tls tls;       /* flags and IDEM_TLS* */
     struct cli_tls tls_flags; /* the flags alone (passed on to idem-bench) */
+    json_t *fail_extra;       /* borrowed, may be NULL: added to a failed call's --json
+                               * object (a claim's attempt id) */
 };
 
 /* The arguments after the command word. */
@@ -902,6 +904,9 @@ static int failCall(const struct global *g, int rv, const char *why)
         json_t *o = jobj();
         jset(o, "outcome", json_string(code == EXIT_UNAVAILABLE ? "unavailable" : "error"));
         jset(o, "error", jstr(why[0] ? why : idem_strerror(rv)));
+        if (g->fail_extra != NULL) {
+            json_object_update(o, g->fail_extra);
+        }
         printJson(o);
         json_decref(o);
     }
@@ -1071,7 +1076,19 @@ static int cmdClaim(struct global *g, struct args *a)
     req.claim = &cr;
     json_t *extra = jobj();
     jset(extra, "attempt_id", jstr(attempt));
-    return callAndEmit(g, false, NULL, &req, extra);
+    /* Unanswered, the claim may still have been applied: only its attempt id gets that
+     * lease back, so it is printed with the failure too. */
+    g->fail_extra = json_incref(extra);
+    int code = callAndEmit(g, false, NULL, &req, extra);
+    json_decref(g->fail_extra);
+    g->fail_extra = NULL;
+    if (code == EXIT_UNAVAILABLE) {
+        fprintf(stderr,
+                "idemctl: the claim may have been applied: send it again with --attempt %s to "
+                "get its lease back\n",
+                attempt);
+    }
+    return code;
 }
 
 /* Fills a stored response from --status and --body (both borrowed). The status must be a

@@ -190,6 +190,18 @@ class TestIdemctlStatus(CtlTest):
             rc, out = self.c.ctl(*args, deadline=1500)
             self.assertEqual(rc, 3, (args, out))
             self.assertEqual(out["outcome"], "unavailable", (args, out))
+        # An unanswered claim may have been applied: its attempt id (made up or given) comes
+        # with the failure, the only way to get that lease back (it was lost before).
+        rc, out = self.c.ctl("claim", "x", "--fingerprint", fp(1), deadline=1500)
+        self.assertEqual((rc, out["outcome"]), (3, "unavailable"), out)
+        self.assertRegex(out["attempt_id"], "^[0-9a-f]{32}$")
+        rc, out = self.c.ctl("claim", "x", "--fingerprint", fp(1), "--attempt", "mine-1",
+                             deadline=1500)
+        self.assertEqual((rc, out["attempt_id"]), (3, "mine-1"), out)
+        rc, text, err = self.human("claim", "x", "--fingerprint", fp(1), "--attempt", "mine-1",
+                                   deadline=1500)
+        self.assertEqual((rc, text), (3, ""), err)
+        self.assertIn("send it again with --attempt mine-1 to get its lease back", err)
 
     def test_refused_token(self):
         # Refused by every node: a credential error (exit 2) that says so, not "no quorum".
