@@ -1222,12 +1222,29 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
     free(b.p);
 }
 
+/* The index of the one header `name` (lower case) of req, -1 when there is none, -2 when
+ * there are more than one: a hop in front that joins repeated headers into one (RFC 9110
+ * allows it for list-valued fields) and this node would then see different values. */
+static ssize_t findSingle(h2o_req_t *req, const char *name, size_t len)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, name, len, -1);
+    if (i >= 0 && h2o_find_header_by_str(&req->headers, name, len, i) >= 0) {
+        return -2;
+    }
+    return i;
+}
+
 /* The JSON API routes, after method and body-size checks. */
 static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                       h2o_iovec_t pathKey)
 {
     /* Authentication: CONTRACT.md §1, the tenant comes from the token only. */
-    ssize_t ai = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
+    ssize_t ai = findSingle(req, H2O_STRLIT("authorization"));
+    if (ai == -2) {
+        sendError(h, req, route, rid, 401, "unauthenticated", "more than one Authorization header",
+                  0);
+        return;
+    }
     const struct config_tenant *t = NULL;
     h2o_iovec_t tok = h2o_iovec_init(NULL, 0);
     if (ai >= 0) {
@@ -1251,7 +1268,12 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
     }
     h2o_iovec_t key = pathKey;
     if (route == R_CLAIM) {
-        ssize_t ki = h2o_find_header_by_str(&req->headers, H2O_STRLIT("idempotency-key"), -1);
+        ssize_t ki = findSingle(req, H2O_STRLIT("idempotency-key"));
+        if (ki == -2) {
+            sendError(h, req, route, rid, 400, "idempotency_key_invalid",
+                      "more than one Idempotency-Key header", 0);
+            return;
+        }
         key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
     }
     switch (key_validate((const uint8_t *)key.base, key.len, t->key_max_len)) {
@@ -2413,7 +2435,12 @@ static void handleProxy(struct http_server *h, const struct config_proxy *p, h2o
     const struct config_tenant *t = &h->cfg->tenants[r->tenant];
     h2o_iovec_t key = h2o_iovec_init(NULL, 0);
     if (idem) {
-        ssize_t ki = h2o_find_header_by_str(&req->headers, H2O_STRLIT("idempotency-key"), -1);
+        ssize_t ki = findSingle(req, H2O_STRLIT("idempotency-key"));
+        if (ki == -2) {
+            sendError(h, req, R_PROXY, rid, 400, "idempotency_key_invalid",
+                      "more than one Idempotency-Key header", 0);
+            return;
+        }
         key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
         switch (key_validate((const uint8_t *)key.base, key.len, t->key_max_len)) {
         case KEY_OK:

@@ -620,6 +620,40 @@ class TestGatewayErrors(GatewayTest):
         self.assertIn(b"folded header lines", got)
         self.assertError(self.get(addr, key), 404, "not_found")
 
+    def _raw(self, addr, head, body):
+        """One request written as given; returns (status, headers, parsed JSON body)."""
+        host, port = addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(head + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                      + body)
+            resp = http.client.HTTPResponse(s)
+            resp.begin()
+            text = resp.read().decode()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, json.loads(text)
+
+    def test_repeated_key_or_authorization_is_refused(self):
+        # Two Idempotency-Key headers took the first one silently, while a hop in front that
+        # joins repeated headers (RFC 9110) would have seen "a, b" (refused as malformed):
+        # the two could disagree on the key. Two Authorization headers the same way.
+        addr = self.addr(self.targets()[0])
+        a, b = self.key("dupA"), self.key("dupB")
+        body = json.dumps({"fingerprint": fp(1)}).encode()
+        auth = b"Authorization: Bearer " + self.c.token.encode() + b"\r\n"
+        head = (b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        r = self._raw(addr, head + auth + b"Idempotency-Key: " + a.encode()
+                      + b"\r\nIdempotency-Key: " + b.encode() + b"\r\n", body)
+        self.assertError(r, 400, "idempotency_key_invalid")
+        self.assertIn("more than one Idempotency-Key", r[2]["message"])
+        r = self._raw(addr, head + auth + auth + b"Idempotency-Key: " + a.encode() + b"\r\n",
+                      body)
+        self.assertError(r, 401, "unauthenticated")
+        self.assertIn("more than one Authorization", r[2]["message"])
+        for k in (a, b):
+            self.assertError(self.get(addr, k), 404, "not_found")
+        # One of each is served as before.
+        self.assertAcquired(self._raw(addr, head + auth + b"Idempotency-Key: " + a.encode()
+                                      + b"\r\n", body))
+
     def test_stale_token_lease_lost(self):
         for nid in self.targets():
             with self.subTest(node=nid):

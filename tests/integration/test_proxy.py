@@ -541,6 +541,27 @@ class TestProxyBasics(ProxyTest):
         self.assertFresh(self.order(longest))
         self.assertEqual(self.svc.count(longest), 1)
 
+    def test_repeated_key_is_refused(self):
+        # Two Idempotency-Key headers: refused, nothing reaches the upstream (the first one
+        # was taken silently, and the upstream never sees which).
+        host, port = self.paddr().rsplit(":", 1)
+        a, b = self.key("dupA"), self.key("dupB")
+        body = ORDER if isinstance(ORDER, bytes) else json.dumps(ORDER).encode()
+        head = ("POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Idempotency-Key: %s\r\nIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n"
+                % (a, b, len(body)))
+        before = self.svc.count()
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
+            sock.sendall(head.encode() + body)
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            text = resp.read().decode()
+            headers = {k.lower(): v for k, v in resp.getheaders()}
+        r = harness.Resp(resp.status, headers, json.loads(text), text)
+        self.assertError(r, 400, "idempotency_key_invalid")
+        self.assertEqual(self.svc.count(), before, "nothing may reach the upstream")
+        self.assertFresh(self.order(a))  # one key is served as before
+
     def test_store_4xx_route_replays_4xx(self):
         key = self.key("s4")
         first = self.assertFresh(self.order(key, path="/s4/bad"), 400)
