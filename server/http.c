@@ -303,6 +303,16 @@ static json_t *storedToJson(const Idem__StoredResponse *r)
     }
     json_object_set_new(o, "headers", hs);
     json_object_set_new(o, "body", jsonBytes(r->body.data, r->body.len));
+    if (r->body_ref != NULL && r->body_ref[0] != '\0') {
+        json_object_set_new(o, "body_ref", json_string(r->body_ref));
+    }
+    if (r->body_sha256.len == 32) {
+        char hex[65];
+        for (size_t i = 0; i < 32; i++) {
+            snprintf(hex + 2 * i, 3, "%02x", r->body_sha256.data[i]);
+        }
+        json_object_set_new(o, "body_sha256", json_string(hex));
+    }
     return o;
 }
 
@@ -726,6 +736,7 @@ struct scratch {
     Idem__Header *hdrs;
     Idem__Header **hdrp;
     char *names; /* lower-cased header names, NUL-separated */
+    uint8_t sha[32]; /* a stored response's body_sha256 */
 };
 
 static void scratchFree(struct scratch *s)
@@ -737,11 +748,49 @@ static void scratchFree(struct scratch *s)
     free(s->names);
 }
 
-/* Fills a StoredResponse from {"status", "headers", "body"}. False on a wrong shape. */
+/* Fills a StoredResponse from {"status", "headers", "body"} or, for a body kept elsewhere,
+ * {"status", "headers", "body_ref", "body_sha256" (64 hex digits)}, as the RPC takes them
+ * (the service checks the combination: fsm_response_valid). False on a wrong shape or a
+ * field it does not know (a misspelt one stored a response without it). */
 static bool parseStored(json_t *o, Idem__StoredResponse *r, struct scratch *sc)
 {
     if (!json_is_object(o)) {
         return false;
+    }
+    static const char *const known[] = {"status", "headers", "body", "body_ref", "body_sha256"};
+    const char *field;
+    json_t *fval;
+    json_object_foreach(o, field, fval)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++) {
+            ok = strcmp(field, known[i]) == 0;
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    const char *ref = NULL, *sha = NULL;
+    if (!getStr(o, "body_ref", &ref) || !getStr(o, "body_sha256", &sha)) {
+        return false;
+    }
+    if (ref != NULL) {
+        r->body_ref = (char *)ref;
+    }
+    if (sha != NULL) {
+        if (strlen(sha) != 64) {
+            return false;
+        }
+        for (size_t i = 0; i < 32; i++) {
+            int hi = OPENSSL_hexchar2int((unsigned char)sha[2 * i]);
+            int lo = OPENSSL_hexchar2int((unsigned char)sha[2 * i + 1]);
+            if (hi < 0 || lo < 0) {
+                return false;
+            }
+            sc->sha[i] = (uint8_t)(hi << 4 | lo);
+        }
+        r->body_sha256.data = sc->sha;
+        r->body_sha256.len = 32;
     }
     uint64_t status = 0;
     bool has_status = false;
@@ -1330,7 +1379,8 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
             }
             if (bad == NULL && r != NULL && !json_is_null(r)) {
                 if (!parseStored(r, &sr, &sc)) {
-                    bad = "response must be {status, headers, body}";
+                    bad = "response must be {status, headers, body} or {status, headers, "
+                          "body_ref, body_sha256 (64 hex digits)}";
                 } else {
                     co.response = &sr;
                 }

@@ -654,6 +654,37 @@ class TestGatewayErrors(GatewayTest):
         self.assertAcquired(self._raw(addr, head + auth + b"Idempotency-Key: " + a.encode()
                                       + b"\r\n", body))
 
+    def test_body_stored_by_reference(self):
+        # CONTRACT.md §2: a response's body inline or a reference + SHA-256. The JSON API
+        # took only the inline body and ignored body_ref (and any unknown field) with "ok":
+        # every replay was then the status with an empty body, as if that were the answer.
+        addr = self.addr(self.targets()[0])
+        key = self.key("byref")
+        tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+        sha = "ab" * 32
+        path = "/v1/claims/%s/complete" % key
+        for bad in ({"status": 201, "bdy": "typo"},
+                    {"status": 201, "body_ref": "s3://b/o"},  # no SHA-256
+                    {"status": 201, "body_ref": "s3://b/o", "body_sha256": "zz" * 32},
+                    {"status": 201, "body_ref": "s3://b/o", "body_sha256": sha[:62]},
+                    {"status": 201, "body": "x", "body_ref": "s3://b/o", "body_sha256": sha}):
+            with self.subTest(response=bad):
+                r = self.call(addr, "POST", path, {"token": tok, "outcome": "succeeded",
+                                                   "response": bad})
+                self.assertError(r, 400, "invalid_request")
+        self.assertOk(self.call(addr, "POST", path, {
+            "token": tok, "outcome": "succeeded",
+            "response": {"status": 201, "body_ref": "s3://b/o", "body_sha256": sha}}))
+        st, h, b = self.claim(addr, key, fp(key))
+        self.assertEqual((st, h.get("idempotency-replayed")), (201, "true"), (st, h, b))
+        self.assertEqual(h.get("idempotency-body-ref"), "s3://b/o", h)
+        self.assertEqual(h.get("idempotency-body-sha256"), sha, h)
+        st, h, b = self.get(addr, key)
+        self.assertEqual(st, 200, b)
+        rec = b["record"]
+        self.assertEqual((rec["response"]["body_ref"], rec["response"]["body_sha256"]),
+                         ("s3://b/o", sha), b)
+
     def test_stale_token_lease_lost(self):
         for nid in self.targets():
             with self.subTest(node=nid):
