@@ -1402,6 +1402,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->pending_refused = c->pending_refused;
     out->raft_clamped = c->io.corrected;
     out->raft_held = c->io.results_held;
+    out->raft_rematched = c->io.rematched;
     out->raft_cut = c->io.skipped;
 }
 

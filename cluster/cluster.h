@@ -163,6 +163,7 @@ struct cluster_status {
     uint64_t pending_refused; /* proposals refused with CLUSTER_EOVERLOAD */
     uint64_t raft_clamped;
     uint64_t raft_held;
+    uint64_t raft_rematched; /* match indexes lowered to an installed snapshot (io.h) */
     uint64_t raft_cut;
 };
 

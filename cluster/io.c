@@ -154,6 +154,30 @@ bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res
     return true;
 }
 
+/* libraft 0.15's progress states (src/progress.h): probe, pipeline, snapshot. */
+#define RAFT015_PROGRESS_SNAPSHOT 2
+
+bool io_snapshot_acked(struct raft *r, raft_id from, const struct raft_append_entries_result *res)
+{
+    if (r->state != RAFT_LEADER || res->rejected != 0 || res->term != r->current_term ||
+        r->leader_state.progress == NULL) {
+        return false;
+    }
+    for (unsigned i = 0; i < r->configuration.n; i++) {
+        if (r->configuration.servers[i].id != from) {
+            continue;
+        }
+        struct raft_progress *p = &r->leader_state.progress[i];
+        if (p->state != RAFT015_PROGRESS_SNAPSHOT || p->snapshot_index == 0 ||
+            res->last_log_index != p->snapshot_index || res->last_log_index > p->match_index) {
+            return false;
+        }
+        p->match_index = res->last_log_index - 1;
+        return true;
+    }
+    return false;
+}
+
 bool io_clamp_commit(struct raft_append_entries *ae)
 {
     /* libraft 0.15's follower commits up to min(leader_commit, its last stored index),
@@ -259,6 +283,15 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->raft != NULL &&
         io_hold_result(io->raft, &msg->append_entries_result)) {
         io->results_held++;
+    }
+    if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->raft != NULL &&
+        io_snapshot_acked(io->raft, msg->server_id, &msg->append_entries_result)) {
+        io->rematched++;
+        fprintf(stderr,
+                "idemd: node %llu acknowledged snapshot %llu below the index it had matched "
+                "before (its data was lost?): replicating to it from the snapshot\n",
+                (unsigned long long)msg->server_id,
+                (unsigned long long)msg->append_entries_result.last_log_index);
     }
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
         io->raft_recv(&io->outer, msg);
@@ -1366,6 +1399,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->corrected = 0;
     io->raft = NULL;
     io->results_held = 0;
+    io->rematched = 0;
     io->skipped = 0;
     io->loop = loop;
     io->works = 0;

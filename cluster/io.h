@@ -1,5 +1,6 @@
 /* io: raft's disk and network I/O (raft_uv) behind a thin wrapper that corrects bugs of
- * libraft 0.15 (four, below) and keeps raft's close clear of a crash in libraft 0.15.
+ * libraft 0.15 (four, below, and a fifth at io_snapshot_acked) and keeps raft's close clear
+ * of a crash in libraft 0.15.
  *
  * The bug (found by tests/sim, see its comment for the replay seed): a follower that accepts
  * an AppendEntries without writing anything (a heartbeat, or entries it already holds)
@@ -111,8 +112,10 @@ struct io {
     raft_id ae_from;
     raft_index ae_end;
     unsigned long corrected;     /* answers and commit indexes clamped so far */
-    const struct raft *raft;     /* set after raft_init(): the leader's hold reads its log */
+    struct raft *raft;           /* set after raft_init(): the leader's hold reads its log,
+                                  * io_snapshot_acked lowers a progress' match index */
     unsigned long results_held;  /* AppendEntries results lowered by the hold */
+    unsigned long rematched;     /* match indexes lowered to an installed snapshot */
     unsigned long skipped;       /* AppendEntries that started below the snapshot, cut */
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */
@@ -169,6 +172,20 @@ bool io_clamp_commit(struct raft_append_entries *ae);
  * answer is lowered to one below that entry, or to r's commit index if higher. Returns true
  * if it lowered it. io_wrap's wrapper applies it once io->raft is set; the sim too. */
 bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res);
+
+/* A leader's view of a follower that lost its data (a wiped data directory): libraft 0.15
+ * keeps the match index that follower reported before, sends it the snapshot it now needs
+ * (the follower's log is empty), and then ignores the follower's acknowledgement of that
+ * snapshot when the snapshot is at or below the old match index (progressMaybeUpdate sees
+ * nothing new, so the progress stays in snapshot mode and every later answer is ignored
+ * too), until raft's install-snapshot timeout (30 s) sends it back to probing. On one
+ * success result from `from` about to reach the leader r: when r's progress of `from` is in
+ * snapshot mode and the result acknowledges exactly that snapshot, at or below the match
+ * index, the match index is lowered to one below it, so that raft takes the
+ * acknowledgement and resumes replication from the snapshot at once. Lowering a match index
+ * never commits anything (a commit index never goes back, and fewer replicas are counted).
+ * Returns true if it lowered it. io_wrap's wrapper applies it once io->raft is set. */
+bool io_snapshot_acked(struct raft *r, raft_id from, const struct raft_append_entries_result *res);
 
 /* The follower's rule for entries its snapshot covers (above), on one incoming
  * AppendEntries about to reach the raft r: when the RPC starts below r's last snapshot

@@ -1187,13 +1187,16 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
     tbPrintf(&b,
              "# HELP idem_raft_corrections_total Corrections of libraft 0.15 made by this node's "
              "raft I/O wrapper (cluster/io.h): answers and commit indexes clamped, results held "
-             "by a leader, AppendEntries cut at the snapshot.\n"
+             "by a leader, AppendEntries cut at the snapshot, a follower's match index lowered to "
+             "the snapshot it installed after losing its data.\n"
              "# TYPE idem_raft_corrections_total counter\n"
              "idem_raft_corrections_total{kind=\"clamp\"} %llu\n"
              "idem_raft_corrections_total{kind=\"hold\"} %llu\n"
-             "idem_raft_corrections_total{kind=\"cut\"} %llu\n",
+             "idem_raft_corrections_total{kind=\"cut\"} %llu\n"
+             "idem_raft_corrections_total{kind=\"rematch\"} %llu\n",
              (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
-             (unsigned long long)si.cluster.raft_cut);
+             (unsigned long long)si.cluster.raft_cut,
+             (unsigned long long)si.cluster.raft_rematched);
     tbPrintf(&b,
              "# HELP idem_rpc_connections_cut_total RPC connections closed for the answers "
              "waiting to be written to them: past 64 MiB of its own (limit=\"connection\"), or "

@@ -1246,6 +1246,82 @@ static void test_results_cannot_commit_older_terms(void **state)
     closeIo();
 }
 
+/* A follower that lost its data acknowledges the snapshot the leader sent it, below the
+ * match index it had reported before: the wrapper lowers that match index to one below the
+ * snapshot, so that libraft 0.15 takes the acknowledgement (it ignored it, and left the
+ * follower in snapshot mode for its 30 s install-snapshot timeout). Nothing else moves it. */
+static void test_snapshot_ack_below_an_old_match(void **state)
+{
+    (void)state;
+    assert_int_equal(theIo.outer.start(&theIo.outer, 100, raftTick, raftRecvRecording), 0);
+    recvs = 0;
+    struct raft r;
+    const raft_term terms[] = {4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
+    fakeLeader(&r, terms, 10, 0); /* entries of the current term: the hold does not act */
+    r.state = RAFT_LEADER;
+    r.commit_index = 10;
+    struct raft_server servers[3] = {{.id = 1}, {.id = 2}, {.id = 3}};
+    r.configuration.servers = servers;
+    r.configuration.n = 3;
+    struct raft_progress progress[3];
+    memset(progress, 0, sizeof(progress));
+    r.leader_state.progress = progress;
+    struct raft_progress *p = &progress[1]; /* server 2, whose results resultSeen() sends */
+    const struct raft_progress snapshotMode = {
+        .state = 2, .next_index = 7, .match_index = 9, .snapshot_index = 6};
+    theIo.raft = &r;
+
+    *p = snapshotMode;
+    assert_int_equal(resultSeen(6, 0).last_log_index, 6); /* the answer itself is unchanged */
+    assert_int_equal(p->match_index, 5);
+    assert_int_equal(theIo.rematched, 1);
+    /* Now below the snapshot: raft takes it as news (its own update is not modelled here). */
+    resultSeen(6, 0);
+    assert_int_equal(p->match_index, 5);
+    assert_int_equal(theIo.rematched, 1);
+
+    /* What it leaves alone: another state, another index than the snapshot's, a match at or
+     * below the snapshot, a rejection, another term, another role. */
+    struct {
+        const char *what;
+        unsigned short st;
+        raft_index last, match, rejected;
+        raft_term term;
+        unsigned short role;
+    } keep[] = {
+        {"probe", 0, 6, 9, 0, 4, RAFT_LEADER},
+        {"pipeline", 1, 6, 9, 0, 4, RAFT_LEADER},
+        {"not the snapshot's index", 2, 7, 9, 0, 4, RAFT_LEADER},
+        {"match below the snapshot", 2, 6, 5, 0, 4, RAFT_LEADER},
+        {"rejection", 2, 6, 9, 6, 4, RAFT_LEADER},
+        {"a result of an older term", 2, 6, 9, 0, 5, RAFT_LEADER},
+        {"not leader", 2, 6, 9, 0, 4, RAFT_FOLLOWER},
+    };
+    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
+        *p = snapshotMode;
+        p->state = keep[i].st;
+        p->match_index = keep[i].match;
+        r.current_term = keep[i].term;
+        r.state = keep[i].role;
+        resultSeen(keep[i].last, keep[i].rejected);
+        if (p->match_index != keep[i].match) {
+            fail_msg("%s: match index moved to %llu", keep[i].what,
+                     (unsigned long long)p->match_index);
+        }
+    }
+    assert_int_equal(theIo.rematched, 1);
+    /* At the snapshot exactly, it is lowered too (raft would see nothing new either). */
+    *p = snapshotMode;
+    p->match_index = 6;
+    r.current_term = 4;
+    r.state = RAFT_LEADER;
+    resultSeen(6, 0);
+    assert_int_equal(p->match_index, 5);
+    assert_int_equal(theIo.rematched, 2);
+    theIo.raft = NULL;
+    closeIo();
+}
+
 /* After a failed log write neither libraft 0.15's leader (it reuses the failed entries'
  * indexes in the same term) nor its follower with raft_uv (it writes the next entries where
  * the failed ones should be, so at the wrong indexes) can go on safely: the wrapper stops
@@ -1772,6 +1848,7 @@ int main(void)
         cmocka_unit_test_setup(test_heartbeat_answer_is_clamped, setup),
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
+        cmocka_unit_test_setup(test_snapshot_ack_below_an_old_match, setupDisk),
         cmocka_unit_test_setup(test_async_work_is_forwarded, setupWork),
         cmocka_unit_test_setup(test_close_waits_for_async_work, setupWork),
         cmocka_unit_test_setup(test_append_is_forwarded, setupDisk),
