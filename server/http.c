@@ -149,7 +149,8 @@ struct httpJob {
     h2o_req_t *req;     /* NULL once h2o disposed the request, or once answered */
     struct jobRef *ref; /* in req->pool; NULL with req */
     enum route route;
-    h2o_iovec_t rid;    /* in req->pool */
+    h2o_iovec_t rid;    /* into rid_buf: the job may outlive the request's pool */
+    char rid_buf[64];   /* requestId(): at most 64 bytes */
     uint64_t start_ns;
     uint8_t *packed;    /* the packed Idem__Request, for forwarding; owned */
     size_t packed_len;
@@ -664,7 +665,9 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     j->h = h;
     j->req = req;
     j->route = route;
-    j->rid = rid;
+    j->rid.len = rid.len < sizeof(j->rid_buf) ? rid.len : sizeof(j->rid_buf);
+    memcpy(j->rid_buf, rid.base, j->rid.len);
+    j->rid.base = j->rid_buf;
     j->start_ns = uv_hrtime();
     j->packed_len = idem__request__get_packed_size(rq);
     j->packed = xmalloc(j->packed_len ? j->packed_len : 1);
