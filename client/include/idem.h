@@ -320,7 +320,9 @@ IDEM_API void idem_client_close(struct idem_client *c);
 IDEM_API const char *idem_client_errmsg(const struct idem_client *c);
 
 /* The address of the node that answered the last successful call (the leader, as far as
- * the client knows), or NULL before any. Borrowed: valid until the client is closed. */
+ * the client knows), or NULL before any, and again once that node let a later call's
+ * attempt time out (the client then tries other nodes). Borrowed: valid until the client
+ * is closed. */
 IDEM_API const char *idem_client_leader(const struct idem_client *c);
 
 /* ---- synchronous calls --------------------------------------------------------------- */
