@@ -2292,6 +2292,52 @@ static int noLeader(const struct global *g, const struct discovery *d, const cha
     return failCall(g, IDEM_EUNAVAILABLE, msg);
 }
 
+/* After a transfer answered "did not move" by the leader `asked` (0: its ID unknown): waits,
+ * until `end` (ms), for status to show a leader. A leader other than `asked` means the
+ * transfer took effect after all: EXIT_MOVED with *node_id that leader. `asked` itself:
+ * EXIT_ANSWERED with its address in addr (the request may go to it again). Otherwise
+ * (no leader by the end, or `asked` unknown so that a move cannot be told apart) the
+ * failure is reported and its exit status returned. */
+static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, char *addr,
+                         size_t addr_len, uint64_t *node_id)
+{
+    for (;;) {
+        struct global probe = *g;
+        probe.deadline_ms = (uint32_t)(end > nowMs() + 1 ? end - nowMs() : 1);
+        struct discovery d;
+        discover(&probe, false, &d);
+        const struct probe *lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
+        uint64_t leader = lp != NULL ? d.v.leader : 0;
+        if (lp != NULL) {
+            snprintf(addr, addr_len, "%s", lp->addr);
+        }
+        discoveryFree(&d);
+        if (leader != 0 && asked != 0 && leader != asked) {
+            *node_id = leader;
+            return EXIT_MOVED;
+        }
+        if (leader != 0 && leader == asked) {
+            return EXIT_ANSWERED;
+        }
+        if (leader != 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "the leader answered that leadership did not move; status now shows node "
+                     "%" PRIu64 " as leader, which may be a move: see status before sending "
+                     "it again",
+                     leader);
+            return failCall(g, IDEM_EUNAVAILABLE, msg);
+        }
+        if (nowMs() + 200 >= end) {
+            return failCall(g, IDEM_EUNAVAILABLE,
+                            "leadership did not move before the "
+                            "deadline");
+        }
+        struct timespec ts = {0, 200 * 1000000L}; /* an election is under way: wait for it */
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Sends `req` (admin) once to the leader that status finds, following one redirect should
  * leadership move in between, and without retries: a membership change or a transfer
  * that failed or timed out is not started again behind the operator's back (a transfer to
@@ -2340,53 +2386,54 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
     discoveryFree(&d);
     uint64_t end = nowMs() + g->deadline_ms;
     struct global once = *g;
-    for (int hop = 0;; hop++) {
+    bool redirected = false, resent = false;
+    for (;;) {
         int code = call(&once, true, addr, req, resp);
         if (code != EXIT_ANSWERED) {
             return code;
         }
         Idem__Outcome out = idem_response_outcome(*resp);
         uint64_t wait = (*resp)->result != NULL ? (*resp)->result->retry_after_ms : 0;
-        uint64_t now = nowMs();
-        if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && wait > 0 && now + wait + 1 < end) {
-            /* A transfer that did not move leadership, to a voter the leader hears from. The
-             * election may still end with the new leader after raft's timeout: status
-             * tells, and the request goes again only to a leader that is still the one
-             * asked (a new one would move leadership a second time, or refuse NODE_ID as
-             * already the leader). */
-            struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
+        const char *redirect = (*resp)->leader_rpc_address;
+        bool not_moved =
+            out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && wait > 0 && nowMs() + wait + 1 < end;
+        if (not_moved || (resent && out == IDEM__OUTCOME__OUTCOME_NOT_LEADER)) {
+            /* A transfer that did not move leadership (to a voter the leader hears from),
+             * or, sent again, found that it had moved since. The election may still end
+             * with a new leader after raft's timeout: status tells, and the request goes
+             * again only to a leader that status shows is still the one asked (a new one
+             * would move leadership a second time, or refuse NODE_ID as already the
+             * leader); never to a redirect. */
+            if (not_moved) {
+                struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
+                nanosleep(&ts, NULL);
+            }
             idem__response__free_unpacked(*resp, NULL);
             *resp = NULL;
             uint64_t asked = *node_id;
+            code = settledLeader(g, end, asked, addr, sizeof addr, node_id);
+            if (code != EXIT_ANSWERED) {
+                return code;
+            }
+            once.deadline_ms = (uint32_t)(end > nowMs() + 1 ? end - nowMs() : 1);
+            resent = true;
+            continue;
+        }
+        if (out == IDEM__OUTCOME__OUTCOME_NOT_LEADER && !redirected && !resent &&
+            redirect != NULL && redirect[0] != '\0' && strlen(redirect) < sizeof addr) {
+            /* Leadership moved between status and the request: the new leader's ID, if
+             * status already shows it there, so that a "did not move" answer from it can
+             * be told from a move. */
+            snprintf(addr, sizeof addr, "%s", redirect);
+            redirected = true;
+            idem__response__free_unpacked(*resp, NULL);
+            *resp = NULL;
             struct global probe = *g;
             probe.deadline_ms = (uint32_t)(end > nowMs() + 1 ? end - nowMs() : 1);
             discover(&probe, false, &d);
-            const struct probe *now_lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
-            uint64_t leader = now_lp != NULL ? d.v.leader : 0;
-            if (now_lp != NULL) {
-                snprintf(addr, sizeof addr, "%s", now_lp->addr);
-            }
+            const Idem__Member *m = viewMember(&d.v, 0, redirect);
+            *node_id = m != NULL && m->id == d.v.leader ? m->id : 0;
             discoveryFree(&d);
-            if (leader != 0 && asked != 0 && leader != asked) {
-                *node_id = leader;
-                return EXIT_MOVED;
-            }
-            if (nowMs() + 1 >= end) {
-                return failCall(g, IDEM_EUNAVAILABLE, "leadership did not move before the "
-                                                      "deadline");
-            }
-            once.deadline_ms = (uint32_t)(end - nowMs());
-            hop = -1;
-            continue;
-        }
-        const char *redirect = (*resp)->leader_rpc_address;
-        if (out == IDEM__OUTCOME__OUTCOME_NOT_LEADER && hop == 0 && redirect != NULL &&
-            redirect[0] != '\0' && strlen(redirect) < sizeof addr) {
-            snprintf(addr, sizeof addr, "%s", redirect);
-            *node_id = 0;
-            idem__response__free_unpacked(*resp, NULL);
-            *resp = NULL;
             continue;
         }
         if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE || out == IDEM__OUTCOME__OUTCOME_NOT_LEADER) {
