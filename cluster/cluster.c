@@ -131,6 +131,7 @@ struct cluster {
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
      * applied since the threshold was last set, and that threshold. */
     uint64_t applied_entries, applied_bytes;
+    uint64_t bytes_forced_at; /* applied_bytes when the log's size last forced a snapshot */
     uint64_t entries_measured, bytes_measured; /* the window the threshold came from */
     unsigned threshold;
     unsigned interval;        /* the interval adaptThreshold computed, before phase/leader */
@@ -518,6 +519,18 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     *result = NULL;
     c->applied_entries++;
     c->applied_bytes += buf->len;
+    if (c->cfg.snapshot_log_max_bytes != 0 && c->applied_bytes > c->cfg.snapshot_log_max_bytes &&
+        c->applied_bytes - c->bytes_forced_at >= c->cfg.snapshot_log_max_bytes / 8 &&
+        c->saved_threshold == 0) {
+        /* The log since the last snapshot (raft holds all of it in memory) reached
+         * snapshot_log_max_bytes before the threshold's count of entries (at least
+         * snapshot_threshold, 8192 by default: 8 GiB of 1 MiB entries): a snapshot now, as
+         * cluster_snapshot_now() asks for one; again after another eighth of it if that
+         * one is not taken. */
+        c->bytes_forced_at = c->applied_bytes;
+        c->saved_threshold = c->raft.snapshot.threshold;
+        raft_set_snapshot_threshold(&c->raft, 1);
+    }
     size_t plen = 0;
     const uint8_t *payload = entryPayload(buf, &plen);
     Idem__LogEntry *e = payload ? idem__log_entry__unpack(NULL, plen, payload) : NULL;
@@ -642,6 +655,24 @@ unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, un
     return onPhase(threshold, index, index + threshold, k, n);
 }
 
+unsigned cluster_trailing_for(const struct raft_log *l, uint64_t index, unsigned trailing,
+                              uint64_t max_bytes)
+{
+    size_t held = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
+    uint64_t bytes = 0;
+    for (unsigned k = 0; k < trailing; k++) {
+        uint64_t i = index - k; /* the k-th entry back from index */
+        if (i == 0 || i <= l->offset || i - l->offset > held) {
+            return trailing; /* no more held: nothing more to keep or free */
+        }
+        bytes += l->entries[(l->front + (size_t)(i - l->offset - 1)) % l->size].buf.len;
+        if (bytes > max_bytes) {
+            return k > 0 ? k : 1;
+        }
+    }
+    return trailing;
+}
+
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
                                            uint64_t max_entries)
 {
@@ -705,6 +736,7 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
     }
     c->applied_entries = 0;
     c->applied_bytes = 0;
+    c->bytes_forced_at = 0;
     unsigned t = cluster_snapshot_threshold(c->cfg.snapshot_threshold, c->cfg.snapshot_log_percent,
                                             c->cfg.snapshot_log_max_bytes, bytes,
                                             c->entries_measured, c->bytes_measured);
@@ -785,6 +817,11 @@ static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigne
     *bufs = b;
     *n_bufs = 2;
     c->last_snapshot_index = raft_last_applied(&c->raft);
+    /* raft keeps this many entries once the snapshot is stored (its put reads it after this
+     * returns), in memory and on disk. */
+    raft_set_snapshot_trailing(&c->raft, cluster_trailing_for(&c->raft.log, c->last_snapshot_index,
+                                                              c->cfg.snapshot_trailing,
+                                                              c->cfg.snapshot_trailing_max_bytes));
     uint64_t pause = monoUs() - t0;
     c->snap.pause_us = pause;
     c->snapshots++;
@@ -1384,6 +1421,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->leader_id = cluster_leader(c, &out->leader_rpc_address);
     out->commit_index = r->commit_index;
     out->applied_index = raft_last_applied(r);
+    const struct raft_log *l = &r->log;
+    out->log_entries = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
     out->last_snapshot_index = c->io.snap_last; /* stored (or loaded), not only taken */
     out->snapshot_store_failures = c->io.own_put_failures;
     out->leader_changes = c->leader_changes;

@@ -64,6 +64,7 @@ struct cluster_config {
     unsigned heartbeat_timeout_ms;
     unsigned snapshot_threshold;     /* the fewest entries between snapshots */
     unsigned snapshot_trailing;
+    uint64_t snapshot_trailing_max_bytes; /* cluster_trailing_for() */
     unsigned snapshot_log_percent;   /* 0: snapshot every snapshot_threshold entries */
     uint64_t snapshot_log_max_bytes; /* see cluster_snapshot_threshold() */
     size_t segment_size;             /* raft_uv's log segment size; 0: raft_uv's default */
@@ -143,6 +144,8 @@ struct cluster_status {
     const char *leader_rpc_address; /* "" when unknown; valid until the next loop turn */
     uint64_t commit_index;
     uint64_t applied_index;
+    uint64_t log_entries; /* entries raft holds in memory: since the last snapshot, and the
+                           * trailing ones kept before it */
     uint64_t last_snapshot_index;     /* the last one stored (or loaded at start) */
     uint64_t snapshot_store_failures; /* this node's own that could not be stored */
     uint64_t leader_changes; /* times this node saw the leader change */
@@ -207,6 +210,14 @@ unsigned cluster_snapshot_stagger_forward(unsigned threshold, uint64_t index, un
  * `staggered` one. */
 unsigned cluster_snapshot_leader_threshold(unsigned staggered, unsigned interval,
                                            uint64_t max_entries);
+
+/* The entries raft is to keep after a snapshot at `index` (in memory, and on disk, where
+ * lagging followers catch up from): `trailing`, but no more of them than the newest ones
+ * up to `index` that `log` (raft's in-memory log) holds within `max_bytes`, and at least
+ * one. libraft 0.15 counts them in entries only, so with large entries (1 MiB completes)
+ * the default 2048 kept 2 GiB of log in every node's memory. */
+unsigned cluster_trailing_for(const struct raft_log *log, uint64_t index, unsigned trailing,
+                              uint64_t max_bytes);
 
 struct cluster_batch;
 struct cluster;

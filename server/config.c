@@ -674,15 +674,23 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         PREVIOUS,
         PREFILL,
         STEP_DOWN,
+        TRAILING_MAX,
         N
     };
-    static const char *const keys[N] = {"election_timeout_ms",     "heartbeat_timeout_ms",
-                                        "snapshot_threshold",      "snapshot_trailing",
-                                        "snapshot_log_percent",    "snapshot_log_max_mb",
-                                        "segment_size_mb",         "pre_vote",
-                                        "snapshot_nice",           "secret_file",
-                                        "previous_secret_file",    "prefill_segments",
-                                        "stuck_write_step_down_ms"};
+    static const char *const keys[N] = {"election_timeout_ms",
+                                        "heartbeat_timeout_ms",
+                                        "snapshot_threshold",
+                                        "snapshot_trailing",
+                                        "snapshot_log_percent",
+                                        "snapshot_log_max_mb",
+                                        "segment_size_mb",
+                                        "pre_vote",
+                                        "snapshot_nice",
+                                        "secret_file",
+                                        "previous_secret_file",
+                                        "prefill_segments",
+                                        "stuck_write_step_down_ms",
+                                        "snapshot_trailing_max_mb"};
     struct field f[N];
     char *secret_path = NULL, *previous_path = NULL;
     if (mapFields(c, map, "raft", "raft", keys, N, f) != 0 ||
@@ -692,6 +700,7 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         getU32(c, &f[TRAILING], 1, UINT32_MAX, &r->snapshot_trailing) != 0 ||
         getU32(c, &f[LOG_PERCENT], 0, 10000, &r->snapshot_log_percent) != 0 ||
         getU32(c, &f[LOG_MAX], 1, 65536, &r->snapshot_log_max_mb) != 0 ||
+        getU32(c, &f[TRAILING_MAX], 1, 65536, &r->snapshot_trailing_max_mb) != 0 ||
         getU32(c, &f[SEGMENT], 1, 1024, &r->segment_size_mb) != 0 ||
         getU32(c, &f[SNAP_NICE], 0, 19, &r->snapshot_nice) != 0 ||
         getBool(c, &f[PRE_VOTE], &r->pre_vote) != 0 ||
@@ -1559,6 +1568,7 @@ static void setDefaults(struct config *cfg)
     cfg->raft.snapshot_trailing = 2048;
     cfg->raft.snapshot_log_percent = 100;
     cfg->raft.snapshot_log_max_mb = 256;
+    cfg->raft.snapshot_trailing_max_mb = 256;
     cfg->raft.segment_size_mb = 64;
     cfg->raft.snapshot_nice = 19;
     cfg->raft.pre_vote = true;

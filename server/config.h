@@ -78,6 +78,8 @@ struct config_raft {
     uint32_t heartbeat_timeout_ms; /* 10..10000 and < election, default 100 */
     uint32_t snapshot_threshold;   /* fewest entries between snapshots, >= 16, default 8192 */
     uint32_t snapshot_trailing;    /* entries kept after a snapshot, default 2048 */
+    uint32_t snapshot_trailing_max_mb; /* ... but no more than this much of them (at least
+                                        * one entry); 1..65536, default 256 */
     uint32_t snapshot_log_percent; /* next snapshot once the log since the last one reaches
                                     * this % of its size; 0..10000, default 100, 0: off */
     uint32_t snapshot_log_max_mb;  /* ... or this much log; 1..65536, default 256 */

@@ -1130,6 +1130,10 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_raft_term", "gauge", "Current Raft term.", si.cluster.term},
         {"idem_raft_commit_index", "gauge", "Raft commit index.", si.cluster.commit_index},
         {"idem_raft_applied_index", "gauge", "Raft applied index.", si.cluster.applied_index},
+        {"idem_raft_log_entries", "gauge",
+         "Log entries raft holds in memory: those since the last snapshot and the trailing "
+         "ones it kept (raft.snapshot_trailing, within raft.snapshot_trailing_max_mb).",
+         si.cluster.log_entries},
         {"idem_raft_leader_changes_total", "counter", "Leader changes seen by this node.",
          si.cluster.leader_changes},
         {"idem_raft_snapshot_threshold", "gauge",

@@ -1172,6 +1172,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .heartbeat_timeout_ms = cfg->raft.heartbeat_timeout_ms,
         .snapshot_threshold = cfg->raft.snapshot_threshold,
         .snapshot_trailing = cfg->raft.snapshot_trailing,
+        .snapshot_trailing_max_bytes = (uint64_t)cfg->raft.snapshot_trailing_max_mb << 20,
         .snapshot_log_percent = cfg->raft.snapshot_log_percent,
         .snapshot_log_max_bytes = (uint64_t)cfg->raft.snapshot_log_max_mb << 20,
         .segment_size = (size_t)cfg->raft.segment_size_mb << 20,

@@ -184,7 +184,7 @@ class Cluster:
                  election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
-                 data_dirs=None):
+                 data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -199,7 +199,9 @@ class Cluster:
                          snapshot_trailing=snapshot_trailing, election_ms=election_ms,
                          heartbeat_ms=heartbeat_ms, expiry_ms=expiry_ms,
                          snapshot_log_percent=snapshot_log_percent,
-                         segment_size_mb=segment_size_mb, snapshot_nice=snapshot_nice)
+                         segment_size_mb=segment_size_mb, snapshot_nice=snapshot_nice,
+                         snapshot_log_max_mb=snapshot_log_max_mb,
+                         snapshot_trailing_max_mb=snapshot_trailing_max_mb)
         self.nodes = {}
         self.bootstrap = []
         for i in range(1, n + 1):
@@ -243,7 +245,8 @@ class Cluster:
         ]
         # None: the server's default. Tests keep raft_uv's small segments (8 MiB, three
         # preallocated per node) unless they ask: CI machines can be short of disk.
-        for opt in ("snapshot_log_percent", "segment_size_mb", "snapshot_nice"):
+        for opt in ("snapshot_log_percent", "segment_size_mb", "snapshot_nice",
+                    "snapshot_log_max_mb", "snapshot_trailing_max_mb"):
             if o[opt] is not None:
                 lines.append("  %s: %d" % (opt, o[opt]))
         raft_secrets = (

@@ -921,6 +921,38 @@ class TestSnapshots(ClusterTest):
 
 
 
+class TestSnapshotLogCap(ClusterTest):
+    # The log raft holds in memory is bounded in bytes, not only in entries: a snapshot comes
+    # once raft.snapshot_log_max_mb of log was applied since the last one, however far the
+    # entry count is from snapshot_threshold (8192 here: 8 GiB of 1 MiB entries before), and
+    # the entries kept after it are at most raft.snapshot_trailing_max_mb (2048 of them
+    # before: 2 GiB of 1 MiB entries in every node's memory).
+    cluster_opts = dict(snapshot_log_max_mb=2, snapshot_trailing_max_mb=1)
+
+    def test_large_entries_are_snapshotted_by_size(self):
+        from test_rpc_limits import _complete_frame, _read_answer
+        lid = self.c.leader()
+        host, port = self.c.nodes[lid].rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=15)
+        try:
+            # 40 completes of ~300 KB, each its own entry (refused at apply: no such key).
+            for i in range(1, 41):
+                s.sendall(_complete_frame(i, self.c.token, "no-such-key", b"q" * 300000))
+                self.assertEqual(_read_answer(s)[:2], (i, 10))  # OUTCOME_NOT_FOUND
+        finally:
+            s.close()
+        self.c.wait_converged(3)
+        for node in self.c.nodes.values():
+            snaps = snapshots_logged(node)
+            # ~12 MB of entries against a 2 MiB cap: snapshots by size, far below 8192.
+            self.assertGreaterEqual(len(snaps), 3, (node.id, snaps))
+            self.assertLess(snaps[-1][0], 100, (node.id, snaps))
+            # Kept after the last one: the 1 MiB of trailing entries (3 of ~300 KB) and
+            # what came since (under 2 MiB: at most 7), a few internal entries aside.
+            held = self.metric(node, "idem_raft_log_entries")
+            self.assertLessEqual(held, 14, (node.id, held, snaps))
+
+
 class TestWipedFollower(ClusterTest):
     # Snapshots every 16 entries: the leader's newest snapshot (it takes its own two intervals
     # after the followers) is then often below what a follower had matched before its data

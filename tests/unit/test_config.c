@@ -281,6 +281,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.batch.max_commands, 256);
     assert_int_equal(c.batch.max_bytes, 1024 * 1024);
     assert_int_equal(c.batch.max_pending_mb, 64);
+    assert_int_equal(c.raft.snapshot_trailing_max_mb, 256);
     assert_int_equal(c.expiry.interval_ms, 1000);
     assert_int_equal(c.expiry.batch, 1024);
     assert_false(c.tls.enabled);

@@ -203,6 +203,33 @@ static void nicedRunsOnItsOwnThreadAtTheIncrement(void **state)
     assert_int_equal(p.calls, 4);
 }
 
+/* Entries kept after a snapshot: snapshot_trailing, but only as many of the newest ones up
+ * to the snapshot's index as fit in max_bytes (at least one); entries the log does not hold
+ * do not count (nothing to free). The fake log holds entries 11..20 (offset 10) in a ring
+ * of 16 slots starting at slot 12, entry i being i KiB. */
+static void trailingKeepsBytesBounded(void **state)
+{
+    (void)state;
+    struct raft_entry entries[16] = {0};
+    struct raft_log l = {0};
+    l.entries = entries;
+    l.size = 16;
+    l.front = 12;
+    l.back = (12 + 10) % 16;
+    l.offset = 10;
+    for (uint64_t i = 11; i <= 20; i++) {
+        entries[(l.front + (size_t)(i - 11)) % l.size].buf.len = (size_t)i << 10;
+    }
+    /* Up to 20: 20 + 19 + 18 = 57 KiB; a fourth (17) makes 74. */
+    assert_int_equal(cluster_trailing_for(&l, 20, 2048, 60 << 10), 3);
+    assert_int_equal(cluster_trailing_for(&l, 20, 2, 60 << 10), 2);      /* the count binds */
+    assert_int_equal(cluster_trailing_for(&l, 20, 2048, 1 << 20), 2048); /* all fit */
+    assert_int_equal(cluster_trailing_for(&l, 20, 2048, 1), 1);          /* at least one */
+    /* A snapshot at 15: 15 + 14 + 13 + 12 = 54 KiB, 11 more = 65. */
+    assert_int_equal(cluster_trailing_for(&l, 15, 2048, 60 << 10), 4);
+    assert_int_equal(cluster_trailing_for(&l, 15, 3, 60 << 10), 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -214,6 +241,7 @@ int main(void)
         cmocka_unit_test(staggerLeavesSmallOrAloneAsIs),
         cmocka_unit_test(staggerForwardNeverComesSooner),
         cmocka_unit_test(leaderWaitsTwoIntervalsMore),
+        cmocka_unit_test(trailingKeepsBytesBounded),
         cmocka_unit_test(nicedRunsOnItsOwnThreadAtTheIncrement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
