@@ -511,6 +511,20 @@ static struct cluster_batch *pendingFind(struct cluster *c, const Idem__CommandB
     return NULL;
 }
 
+static void voterPlace(const struct cluster *c, unsigned *k, unsigned *n);
+
+/* The log applied since the last snapshot past which this node takes one whatever the
+ * entry count: snapshot_log_max_bytes, less k/2n of it on voter k of n, so that when the
+ * cap is what decides (large entries) the replicas do not all write their snapshots at the
+ * same index, as their phases keep them apart otherwise (cluster_snapshot_stagger). */
+static uint64_t logCap(const struct cluster *c)
+{
+    uint64_t max = c->cfg.snapshot_log_max_bytes;
+    unsigned k, n;
+    voterPlace(c, &k, &n);
+    return n >= 2 ? max - max / (2 * n) * k : max;
+}
+
 static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
     struct cluster *c = fsm->data;
@@ -519,14 +533,14 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     *result = NULL;
     c->applied_entries++;
     c->applied_bytes += buf->len;
-    if (c->cfg.snapshot_log_max_bytes != 0 && c->applied_bytes > c->cfg.snapshot_log_max_bytes &&
+    if (c->cfg.snapshot_log_max_bytes != 0 && c->applied_bytes > logCap(c) &&
         c->applied_bytes - c->bytes_forced_at >= c->cfg.snapshot_log_max_bytes / 8 &&
         c->saved_threshold == 0) {
         /* The log since the last snapshot (raft holds all of it in memory) reached
-         * snapshot_log_max_bytes before the threshold's count of entries (at least
-         * snapshot_threshold, 8192 by default: 8 GiB of 1 MiB entries): a snapshot now, as
-         * cluster_snapshot_now() asks for one; again after another eighth of it if that
-         * one is not taken. */
+         * snapshot_log_max_bytes (this voter's share of it) before the threshold's count
+         * of entries (at least snapshot_threshold, 8192 by default: 8 GiB of 1 MiB
+         * entries): a snapshot now, as cluster_snapshot_now() asks for one; again after
+         * another eighth of it if that one is not taken. */
         c->bytes_forced_at = c->applied_bytes;
         c->saved_threshold = c->raft.snapshot.threshold;
         raft_set_snapshot_threshold(&c->raft, 1);
