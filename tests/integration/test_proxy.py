@@ -45,6 +45,15 @@ MiB = 1024 * 1024
 ORDER = {"amount": 100, "currency": "EUR"}
 
 
+def _read_resp(sock):
+    """One HTTP answer read from sock: a harness.Resp with its JSON body parsed."""
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    text = resp.read().decode()
+    headers = {k.lower(): v for k, v in resp.getheaders()}
+    return harness.Resp(resp.status, headers, json.loads(text), text)
+
+
 # ---- the upstream business service -----------------------------------------------------------
 
 class OrderService:
@@ -553,11 +562,7 @@ class TestProxyBasics(ProxyTest):
         before = self.svc.count()
         with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
             sock.sendall(head.encode() + body)
-            resp = http.client.HTTPResponse(sock)
-            resp.begin()
-            text = resp.read().decode()
-            headers = {k.lower(): v for k, v in resp.getheaders()}
-        r = harness.Resp(resp.status, headers, json.loads(text), text)
+            r = _read_resp(sock)
         self.assertError(r, 400, "idempotency_key_invalid")
         self.assertEqual(self.svc.count(), before, "nothing may reach the upstream")
         self.assertFresh(self.order(a))  # one key is served as before
@@ -611,13 +616,9 @@ class TestProxyBasics(ProxyTest):
                     sock.sendall(b"0\r\n\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the server answered and closed before reading everything
-            resp = http.client.HTTPResponse(sock)
-            resp.begin()
-            text = resp.read().decode()
-            headers = {k.lower(): v for k, v in resp.getheaders()}
-        r = harness.Resp(resp.status, headers, json.loads(text), text)
+            r = _read_resp(sock)
         self.assertError(r, 413, "payload_too_large")
-        self.assertIn("application/json", headers.get("content-type", ""), r)
+        self.assertIn("application/json", r[1].get("content-type", ""), r)
         self.assertEqual(self.svc.count(key), 0)
 
     def test_body_above_h2o_cap_is_json_413(self):
