@@ -411,7 +411,19 @@ static void flushCb(uv_check_t *h)
     batchFlush(c);
 }
 
+static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter, bool own);
+
 int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter)
+{
+    return propose(c, cmd, len, waiter, false);
+}
+
+int cluster_propose_own(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter)
+{
+    return propose(c, cmd, len, waiter, true);
+}
+
+static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter, bool own)
 {
     if (c->stopping) {
         return CLUSTER_ESTOPPING;
@@ -423,7 +435,7 @@ int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wai
         return CLUSTER_ETOOBIG;
     }
     uint64_t cost = (uint64_t)len + CLUSTER_COMMAND_OVERHEAD;
-    if (c->pending_bytes + cost > c->cfg.max_pending_bytes) {
+    if (!own && c->pending_bytes + cost > c->cfg.max_pending_bytes) {
         c->pending_refused++;
         return CLUSTER_EOVERLOAD;
     }

@@ -240,8 +240,14 @@ int cluster_start(struct cluster *c);
 void cluster_close(struct cluster *c, cluster_close_cb cb, void *data);
 
 /* Queues one command (copied) for the next log entry. Returns 0, after which the waiter is
- * handed back exactly once; or a negative cluster_rc, after which it never is. */
+ * handed back exactly once; or a negative cluster_rc, after which it never is
+ * (CLUSTER_EOVERLOAD: max_pending_bytes). */
 int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter);
+
+/* The same for a command of the node's own that max_pending_bytes must not keep out (the
+ * leader's expire entries, one at a time): counted like the others, never refused for it,
+ * so that clients that keep the budget full cannot stop leases from expiring. */
+int cluster_propose_own(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter);
 
 bool cluster_is_leader(const struct cluster *c);
 /* The leader's id (0 when unknown) and RPC address (OUT, "" when unknown). */

@@ -493,7 +493,7 @@ static void expiryTick(uv_timer_t *t)
     uint8_t buf[64];
     size_t n = idem__command__pack(&cmd, buf);
     struct op *o = opNew(s, OP_EXPIRE);
-    if (cluster_propose(s->cluster, buf, n, o) != CLUSTER_OK) {
+    if (cluster_propose_own(s->cluster, buf, n, o) != CLUSTER_OK) {
         opMaybeFree(o);
         return;
     }
