@@ -1468,6 +1468,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->raft_clamped = c->io.corrected;
     out->raft_held = c->io.results_held;
     out->raft_rematched = c->io.rematched;
+    out->raft_unaddressed = c->io.unaddressed;
     out->raft_cut = c->io.skipped;
 }
 

@@ -167,6 +167,7 @@ struct cluster_status {
     uint64_t raft_clamped;
     uint64_t raft_held;
     uint64_t raft_rematched; /* match indexes lowered to an installed snapshot (io.h) */
+    uint64_t raft_unaddressed; /* answers not sent: no leader address (io.h) */
     uint64_t raft_cut;
 };
 

@@ -342,10 +342,28 @@ static int ioSetVote(struct raft_io *o, raft_id server_id)
     return passErr(io, io->inner.set_vote(&io->inner, server_id));
 }
 
+bool io_result_unaddressed(const struct raft *r, const struct raft_message *m)
+{
+    if (m->type != RAFT_IO_APPEND_ENTRIES_RESULT) {
+        return false;
+    }
+    return m->server_address == NULL ||
+           (r->state != RAFT_FOLLOWER &&
+            m->server_address == r->follower_state.current_leader.address);
+}
+
 static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft_message *message,
                   raft_io_send_cb cb)
 {
     struct io *io = fromOuter(o);
+    if (io->raft != NULL && io_result_unaddressed(io->raft, message)) {
+        io->unaddressed++;
+        fprintf(stderr,
+                "idemd: raft answered node %llu from a state that has no leader address "
+                "(libraft 0.15, io.h); the answer is dropped\n",
+                (unsigned long long)message->server_id);
+        return RAFT_NOCONNECTION;
+    }
     if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->in_append_entries &&
         message->server_id == io->ae_from) {
         const struct raft_append_entries_result *res = &message->append_entries_result;
@@ -1400,6 +1418,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->raft = NULL;
     io->results_held = 0;
     io->rematched = 0;
+    io->unaddressed = 0;
     io->skipped = 0;
     io->loop = loop;
     io->works = 0;

@@ -116,6 +116,7 @@ struct io {
                                   * io_snapshot_acked lowers a progress' match index */
     unsigned long results_held;  /* AppendEntries results lowered by the hold */
     unsigned long rematched;     /* match indexes lowered to an installed snapshot */
+    unsigned long unaddressed;   /* AppendEntries results not sent: io_result_unaddressed */
     unsigned long skipped;       /* AppendEntries that started below the snapshot, cut */
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */
@@ -186,6 +187,18 @@ bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res
  * never commits anything (a commit index never goes back, and fewer replicas are counted).
  * Returns true if it lowered it. io_wrap's wrapper applies it once io->raft is set. */
 bool io_snapshot_acked(struct raft *r, raft_id from, const struct raft_append_entries_result *res);
+
+/* libraft 0.15 answers an append or a snapshot install that a follower started once it
+ * completes, to r->follower_state.current_leader, without checking that r is still a
+ * follower (a snapshot install's answer only checks that r is not shut down, and some
+ * append paths likewise): a node that became a candidate or leader meanwhile (leader churn)
+ * sends to the address field of a union member it no longer is, whose bytes are then the
+ * candidate's flags or the leader's promotee ID (a reviewer's flood crashed followers in
+ * raft_uv's UvSend, in strlen), and a follower that knows no leader sends to NULL. True
+ * for such an answer (r's state not follower and its address that very field, or no
+ * address at all), which the wrapper then does not send (RAFT_NOCONNECTION; raft frees
+ * the request); an answer to a message, addressed from that message, is not affected. */
+bool io_result_unaddressed(const struct raft *r, const struct raft_message *m);
 
 /* The follower's rule for entries its snapshot covers (above), on one incoming
  * AppendEntries about to reach the raft r: when the RPC starts below r's last snapshot

@@ -1195,15 +1195,17 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "# HELP idem_raft_corrections_total Corrections of libraft 0.15 made by this node's "
              "raft I/O wrapper (cluster/io.h): answers and commit indexes clamped, results held "
              "by a leader, AppendEntries cut at the snapshot, a follower's match index lowered to "
-             "the snapshot it installed after losing its data.\n"
+             "the snapshot it installed after losing its data, an answer without a leader "
+             "address not sent.\n"
              "# TYPE idem_raft_corrections_total counter\n"
              "idem_raft_corrections_total{kind=\"clamp\"} %llu\n"
              "idem_raft_corrections_total{kind=\"hold\"} %llu\n"
              "idem_raft_corrections_total{kind=\"cut\"} %llu\n"
-             "idem_raft_corrections_total{kind=\"rematch\"} %llu\n",
+             "idem_raft_corrections_total{kind=\"rematch\"} %llu\n"
+             "idem_raft_corrections_total{kind=\"unaddressed\"} %llu\n",
              (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
-             (unsigned long long)si.cluster.raft_cut,
-             (unsigned long long)si.cluster.raft_rematched);
+             (unsigned long long)si.cluster.raft_cut, (unsigned long long)si.cluster.raft_rematched,
+             (unsigned long long)si.cluster.raft_unaddressed);
     tbPrintf(&b,
              "# HELP idem_rpc_connections_cut_total RPC connections closed for the answers "
              "waiting to be written to them: past 64 MiB of its own (limit=\"connection\"), or "

@@ -63,6 +63,7 @@ static void raftRecv(struct raft_io *io, struct raft_message *msg)
     memset(&res, 0, sizeof(res));
     res.type = RAFT_IO_APPEND_ENTRIES_RESULT;
     res.server_id = msg->server_id;
+    res.server_address = "127.0.0.1:9001"; /* its leader's, as raft addresses it */
     res.append_entries_result.rejected = answerRejected ? msg->append_entries.prev_log_index : 0;
     res.append_entries_result.last_log_index = lastStored;
     struct raft_io_send req;
@@ -1322,6 +1323,61 @@ static void test_snapshot_ack_below_an_old_match(void **state)
     closeIo();
 }
 
+/* An answer raft 0.15 sends to follower_state.current_leader from a node that is no longer
+ * a follower (the union's bytes are then a candidate's flags or a leader's promotee ID), or
+ * from a follower that knows no leader (NULL), is not handed to raft_uv, whose strlen of the
+ * address crashed; an answer addressed from the message it answers goes as before. */
+static void test_unaddressed_answers_are_not_sent(void **state)
+{
+    (void)state;
+    struct raft r;
+    memset(&r, 0, sizeof(r));
+    theIo.raft = &r;
+    char leader[] = "127.0.0.1:9001", from_msg[] = "127.0.0.1:9003";
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_APPEND_ENTRIES_RESULT;
+    m.server_id = 1;
+    struct raft_io_send req;
+    sends = 0;
+
+    r.state = RAFT_FOLLOWER; /* a follower answering its leader: sent */
+    r.follower_state.current_leader.address = leader;
+    m.server_address = r.follower_state.current_leader.address;
+    assert_int_equal(theIo.outer.send(&theIo.outer, &req, &m, NULL), 0);
+    assert_int_equal(sends, 1);
+
+    r.follower_state.current_leader.address = NULL; /* a follower that knows no leader */
+    m.server_address = r.follower_state.current_leader.address;
+    assert_int_equal(theIo.outer.send(&theIo.outer, &req, &m, NULL), RAFT_NOCONNECTION);
+
+    memset(&r, 0, sizeof(r)); /* a candidate in its pre-vote: the field reads 0x100 */
+    r.state = RAFT_CANDIDATE;
+    r.candidate_state.in_pre_vote = true;
+    m.server_address = r.follower_state.current_leader.address;
+    assert_non_null(m.server_address);
+    assert_int_equal(theIo.outer.send(&theIo.outer, &req, &m, NULL), RAFT_NOCONNECTION);
+
+    memset(&r, 0, sizeof(r)); /* a leader promoting node 2: the field reads 2 */
+    r.state = RAFT_LEADER;
+    r.leader_state.promotee_id = 2;
+    m.server_address = r.follower_state.current_leader.address;
+    assert_int_equal(theIo.outer.send(&theIo.outer, &req, &m, NULL), RAFT_NOCONNECTION);
+    assert_int_equal(sends, 1);
+    assert_int_equal(theIo.unaddressed, 3);
+
+    /* The leader refusing a stale leader's AppendEntries, to that message's address: sent.
+     * Other messages are not looked at. */
+    m.server_address = from_msg;
+    assert_int_equal(theIo.outer.send(&theIo.outer, &req, &m, NULL), 0);
+    m.type = RAFT_IO_REQUEST_VOTE;
+    m.server_address = NULL;
+    assert_int_equal(theIo.outer.send(&theIo.outer, &req, &m, NULL), 0);
+    assert_int_equal(sends, 3);
+    assert_int_equal(theIo.unaddressed, 3);
+    theIo.raft = NULL;
+}
+
 /* After a failed log write neither libraft 0.15's leader (it reuses the failed entries'
  * indexes in the same term) nor its follower with raft_uv (it writes the next entries where
  * the failed ones should be, so at the wrong indexes) can go on safely: the wrapper stops
@@ -1848,6 +1904,7 @@ int main(void)
         cmocka_unit_test_setup(test_heartbeat_answer_is_clamped, setup),
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
+        cmocka_unit_test_setup(test_unaddressed_answers_are_not_sent, setup),
         cmocka_unit_test_setup(test_snapshot_ack_below_an_old_match, setupDisk),
         cmocka_unit_test_setup(test_async_work_is_forwarded, setupWork),
         cmocka_unit_test_setup(test_close_waits_for_async_work, setupWork),
