@@ -131,7 +131,8 @@ struct cluster {
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
      * applied since the threshold was last set, and that threshold. */
     uint64_t applied_entries, applied_bytes;
-    uint64_t bytes_forced_at; /* applied_bytes when the log's size last forced a snapshot */
+    uint64_t log_since_snapshot; /* bytes applied since the last snapshot was taken (at
+                                  * fsmSnapshot) or restored: what logCap() bounds */
     uint64_t entries_measured, bytes_measured; /* the window the threshold came from */
     unsigned threshold;
     unsigned interval;        /* the interval adaptThreshold computed, before phase/leader */
@@ -545,15 +546,17 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     *result = NULL;
     c->applied_entries++;
     c->applied_bytes += buf->len;
-    if (c->cfg.snapshot_log_max_bytes != 0 && c->applied_bytes > logCap(c) &&
-        c->applied_bytes - c->bytes_forced_at >= c->cfg.snapshot_log_max_bytes / 8 &&
+    c->log_since_snapshot += buf->len;
+    if (c->cfg.snapshot_log_max_bytes != 0 && c->log_since_snapshot > logCap(c) &&
         c->saved_threshold == 0) {
         /* The log since the last snapshot (raft holds all of it in memory) reached
          * snapshot_log_max_bytes (this voter's share of it) before the threshold's count
          * of entries (at least snapshot_threshold, 8192 by default: 8 GiB of 1 MiB
-         * entries): a snapshot now, as cluster_snapshot_now() asks for one; again after
-         * another eighth of it if that one is not taken. */
-        c->bytes_forced_at = c->applied_bytes;
+         * entries): a snapshot at the next apply raft can take one, as
+         * cluster_snapshot_now() asks for one. Counted from when the last one was taken
+         * (fsmSnapshot), not stored, so that one still being written does not make the
+         * next come at once; one whose write fails is not asked for again before another
+         * cap's worth of entries. */
         c->saved_threshold = c->raft.snapshot.threshold;
         raft_set_snapshot_threshold(&c->raft, 1);
     }
@@ -762,7 +765,6 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
     }
     c->applied_entries = 0;
     c->applied_bytes = 0;
-    c->bytes_forced_at = 0;
     unsigned t = cluster_snapshot_threshold(c->cfg.snapshot_threshold, c->cfg.snapshot_log_percent,
                                             c->cfg.snapshot_log_max_bytes, bytes,
                                             c->entries_measured, c->bytes_measured);
@@ -843,6 +845,7 @@ static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigne
     *bufs = b;
     *n_bufs = 2;
     c->last_snapshot_index = raft_last_applied(&c->raft);
+    c->log_since_snapshot = 0;
     /* raft keeps this many entries once the snapshot is stored (its put reads it after this
      * returns), in memory and on disk. */
     raft_set_snapshot_trailing(&c->raft, cluster_trailing_for(&c->raft.log, c->last_snapshot_index,
@@ -1012,6 +1015,7 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     }
     idem__cluster_snapshot__free_unpacked(cs, NULL);
     c->last_snapshot_index = raft_last_applied(&c->raft);
+    c->log_since_snapshot = 0;
     c->retry_extra = 0; /* a snapshot of the leader's stands for this node's */
     adaptThreshold(c, buf->len, raft_last_applied(&c->raft));
     raft_free(buf->base);
