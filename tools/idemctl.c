@@ -2431,7 +2431,7 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
             struct global probe = *g;
             probe.deadline_ms = (uint32_t)(end > nowMs() + 1 ? end - nowMs() : 1);
             discover(&probe, false, &d);
-            const Idem__Member *m = viewMember(&d.v, 0, redirect);
+            const Idem__Member *m = viewMember(&d.v, 0, addr); /* *resp, redirect: freed */
             *node_id = m != NULL && m->id == d.v.leader ? m->id : 0;
             discoveryFree(&d);
             continue;
