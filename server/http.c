@@ -1177,7 +1177,8 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          rs.frames_refused},
         {"idem_proposals_pending_bytes", "gauge",
          "Commands this leader proposed that are not yet applied, each counted as its bytes + "
-         "256 (at most batch.max_pending_mb).",
+         "256 (clients' commands are refused past batch.max_pending_mb; the leader's own "
+         "expire entries are not).",
          si.cluster.pending_bytes},
         {"idem_proposals_refused_total", "counter",
          "Commands answered unavailable because batch.max_pending_mb were pending.",
