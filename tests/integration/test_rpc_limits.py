@@ -697,22 +697,53 @@ class TestAnswerBufferBudget(LimitTest):
         finally:
             s.close()
 
+    ANSWER = 1000100  # a get's answer frame: the 1 MB body and its envelope, about
+
+    def answered(self, what):
+        wait_for(lambda: _metric(self.node.http, "idem_rpc_inflight_requests") == 0, 15,
+                 what + " to be answered")
+        time.sleep(0.2)
+
+    def probe(self, sock, first_id, most=48):
+        """Sends gets of KEY on sock one at a time, each once the one before is answered,
+        until answers wait in the node past what the kernel's socket buffers took (~3 MB
+        here, more on hosts with a larger tcp_wmem): then sock's buffers are full. Stops
+        below a third of the budget, where nothing pauses. Returns (gets sent, bytes the
+        kernel took)."""
+        for n in range(1, most + 1):
+            sock.sendall(_get_frame(first_id + n - 1, self.c.token, self.KEY))
+            self.answered("get %d" % n)
+            q = self.queued()
+            if q > 2e6:
+                self.assertLess(q, (16 << 20) // 3, q)
+                return n, n * self.ANSWER - q
+        self.fail("%d gets did not fill the kernel's buffers (queued %d)" % (most, self.queued()))
+
+    def burst(self, sock, first_id, count):
+        """Sends count gets of KEY on sock in one go: read together, before any is answered
+        (from half the budget, a connection with answers waiting is not read further)."""
+        sock.sendall(b"".join(_get_frame(first_id + i, self.c.token, self.KEY)
+                              for i in range(count)))
+        self.answered("%d gets" % count)
+
     def test_the_connection_holding_the_most_is_closed(self):
         budget = 16 << 20
         outcome = self.store_large_response()
-        # A: 16 gets of the 1 MB answer, read by nobody: what the kernel's buffers do not
-        # take (at most ~4 MB here) waits in the node, under the budget by itself.
+        # A: gets of the 1 MB answer, read by nobody, until about 70% of the budget waits in
+        # the node (what the kernel's buffers do not take).
         a = self.slow_reader()
-        a.sendall(b"".join(_get_frame(i, self.c.token, self.KEY) for i in range(1, 17)))
-        wait_for(lambda: self.queued() > 11e6, 15, "A's answers to wait")
-        time.sleep(0.5)
+        n_a, kernel = self.probe(a, 1)
+        more = int((0.7 * budget - self.queued()) // self.ANSWER) + 1
+        self.burst(a, 1 + n_a, more)
+        n_a += more
         held_a = self.queued()
+        self.assertGreater(held_a, budget // 2, held_a)
         self.assertLess(held_a, budget, held_a)
         self.assertEqual(self.cuts("node"), 0)
-        # B: fewer gets than A has waiting, enough to take both past the budget (whatever
-        # the kernel takes of B's, up to ~4.2 MB): A, holding the most, is closed; B not.
-        k = int((budget + 4.2e6 - held_a) // 1e6) + 2
-        self.assertLess(k * 1000100, held_a, (k, held_a))
+        # B: fewer gets than A has waiting, in one go, enough to take both past the budget
+        # whatever the kernel takes of B's: A, holding the most, is closed.
+        k = int((budget - held_a + kernel) // self.ANSWER) + 2
+        self.assertLess(k * self.ANSWER - kernel, held_a, (k, held_a, kernel))
         b = self.slow_reader()
         b.sendall(b"".join(_get_frame(100 + i, self.c.token, self.KEY) for i in range(k)))
         wait_for(lambda: self.cuts("node") >= 1, 15, "a connection to be closed")
@@ -722,7 +753,7 @@ class TestAnswerBufferBudget(LimitTest):
         closed, got = _ends(a, timeout=15)
         a.close()
         self.assertTrue(closed, "A, which held the most, was not closed")
-        self.assertLess(got, 16 * 1000000, got)
+        self.assertLess(got, n_a * self.ANSWER, got)
         # B reads now and gets every answer it asked for, in order.
         b.settimeout(15)
         ids = []
@@ -741,16 +772,18 @@ class TestAnswerBufferBudget(LimitTest):
     def test_from_half_the_budget_a_slow_reader_is_not_read(self):
         half = 8 << 20
         outcome = self.store_large_response()
-        # A: 13 gets not read; with what the kernel takes (~3 MB here) it holds over half.
+        # A: gets not read until over half the budget waits in the node.
         a = self.slow_reader()
-        a.sendall(b"".join(_get_frame(i, self.c.token, self.KEY) for i in range(1, 14)))
-        wait_for(lambda: self.queued() > half, 15, "A's answers to wait")
-        # C: 5 gets not read (over 256 KiB of them wait in the node), then a claim.
+        n_a, kernel = self.probe(a, 1)
+        self.burst(a, 1 + n_a, int((half + 1e6 - self.queued()) // self.ANSWER) + 1)
+        held_a = self.queued()
+        self.assertGreater(held_a, half, held_a)
+        # C: gets in one go, more than the kernel takes (so 256 KiB or more of their answers
+        # wait in the node), then a claim.
         c = self.slow_reader()
-        c.sendall(b"".join(_get_frame(20 + i, self.c.token, self.KEY) for i in range(5)))
-        wait_for(lambda: _metric(self.node.http, "idem_rpc_inflight_requests") == 0, 15,
-                 "C's gets to be answered")
-        time.sleep(0.5)
+        n_c = int(kernel // self.ANSWER) + 2
+        self.burst(c, 100, n_c)
+        self.assertGreater(self.queued() - held_a, 256 << 10, (self.queued(), held_a))
         self.assertLess(self.queued(), 16 << 20)
         self.assertEqual(self.cuts("node"), 0)
         c.sendall(_claim_frame(30, self.c.token, "after-pause"))
@@ -761,9 +794,9 @@ class TestAnswerBufferBudget(LimitTest):
         a.close()
         wait_for(lambda: self.queued() < half, 15, "A's answers to go")
         c.settimeout(15)
-        got = [_read_answer(c) for _ in range(6)]
-        self.assertEqual([g[0] for g in got], [20, 21, 22, 23, 24, 30], got)
-        self.assertEqual([g[1] for g in got], [outcome] * 5 + [OUTCOME_ACQUIRED], got)
+        got = [_read_answer(c) for _ in range(n_c + 1)]
+        self.assertEqual([g[0] for g in got], [100 + i for i in range(n_c)] + [30], got)
+        self.assertEqual([g[1] for g in got], [outcome] * n_c + [OUTCOME_ACQUIRED], got)
         c.close()
         self.assertEqual(self.cuts("node"), 0)
 
