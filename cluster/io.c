@@ -357,11 +357,14 @@ static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft
 {
     struct io *io = fromOuter(o);
     if (io->raft != NULL && io_result_unaddressed(io->raft, message)) {
+        /* In a state other than follower, message->server_id is the union's bytes too. */
         io->unaddressed++;
-        fprintf(stderr,
-                "idemd: raft answered node %llu from a state that has no leader address "
-                "(libraft 0.15, io.h); the answer is dropped\n",
-                (unsigned long long)message->server_id);
+        if ((io->unaddressed & (io->unaddressed - 1)) == 0) { /* the 1st, 2nd, 4th, ... */
+            fprintf(stderr,
+                    "idemd: raft answered a leader from state %d with no leader address "
+                    "(libraft 0.15, io.h); the answer is dropped (%lu so far)\n",
+                    io->raft->state, io->unaddressed);
+        }
         return RAFT_NOCONNECTION;
     }
     if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->in_append_entries &&
