@@ -1017,6 +1017,7 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     c->last_snapshot_index = raft_last_applied(&c->raft);
     c->log_since_snapshot = 0;
     c->retry_extra = 0; /* a snapshot of the leader's stands for this node's */
+    c->saved_threshold = 0; /* and for one forced or asked for: adaptThreshold sets raft's */
     adaptThreshold(c, buf->len, raft_last_applied(&c->raft));
     raft_free(buf->base);
     return 0;
