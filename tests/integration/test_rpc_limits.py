@@ -700,22 +700,30 @@ class TestAnswerBufferBudget(LimitTest):
     ANSWER = 1000100  # a get's answer frame: the 1 MB body and its envelope, about
 
     def answered(self, what):
-        wait_for(lambda: _metric(self.node.http, "idem_rpc_inflight_requests") == 0, 15,
-                 what + " to be answered")
-        time.sleep(0.2)
+        """Waits for every request to be answered and the answers waiting to settle (the
+        same twice, 0.2 s apart: none still being made or written)."""
+        last = [None]
+
+        def settled():
+            if _metric(self.node.http, "idem_rpc_inflight_requests") != 0:
+                last[0] = None
+                return False
+            q, last[0] = last[0], self.queued()
+            time.sleep(0.2)
+            return q == last[0]
+        wait_for(settled, 15, what + " to be answered")
 
     def probe(self, sock, first_id, most=48):
         """Sends gets of KEY on sock one at a time, each once the one before is answered,
         until answers wait in the node past what the kernel's socket buffers took (~3 MB
         here, more on hosts with a larger tcp_wmem): then sock's buffers are full. Stops
-        below a third of the budget, where nothing pauses. Returns (gets sent, bytes the
-        kernel took)."""
+        at about 3 MB waiting, below half the budget, where nothing pauses. Returns (gets
+        sent, bytes the kernel took)."""
         for n in range(1, most + 1):
             sock.sendall(_get_frame(first_id + n - 1, self.c.token, self.KEY))
             self.answered("get %d" % n)
             q = self.queued()
             if q > 2e6:
-                self.assertLess(q, (16 << 20) // 3, q)
                 return n, n * self.ANSWER - q
         self.fail("%d gets did not fill the kernel's buffers (queued %d)" % (most, self.queued()))
 
@@ -742,7 +750,7 @@ class TestAnswerBufferBudget(LimitTest):
         self.assertEqual(self.cuts("node"), 0)
         # B: fewer gets than A has waiting, in one go, enough to take both past the budget
         # whatever the kernel takes of B's: A, holding the most, is closed.
-        k = int((budget - held_a + kernel) // self.ANSWER) + 2
+        k = int((budget - held_a + kernel) // self.ANSWER) + 3
         self.assertLess(k * self.ANSWER - kernel, held_a, (k, held_a, kernel))
         b = self.slow_reader()
         b.sendall(b"".join(_get_frame(100 + i, self.c.token, self.KEY) for i in range(k)))
@@ -775,7 +783,7 @@ class TestAnswerBufferBudget(LimitTest):
         # A: gets not read until over half the budget waits in the node.
         a = self.slow_reader()
         n_a, kernel = self.probe(a, 1)
-        self.burst(a, 1 + n_a, int((half + 1e6 - self.queued()) // self.ANSWER) + 1)
+        self.burst(a, 1 + n_a, int((half + 1.5e6 - self.queued()) // self.ANSWER) + 1)
         held_a = self.queued()
         self.assertGreater(held_a, half, held_a)
         # C: gets in one go, more than the kernel takes (so 256 KiB or more of their answers
