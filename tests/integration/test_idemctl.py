@@ -10,14 +10,18 @@ import os
 import pty
 import re
 import select
+import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, IDEMCTL, Cluster, Node, fp, wait_for  # noqa: E402
+from harness import (ClusterTestCase, IDEMCTL, Cluster, Node, fp, free_port,  # noqa: E402
+                     recv_exact, wait_for)
+from test_cluster import _field, _fields, _frame, _uvarint  # noqa: E402
 
 ACQ = "acquired"
 
@@ -872,6 +876,179 @@ class TestIdemctlKeys(CtlTest):
                 self.assertLessEqual(int(errors), report["errors"], (extra, lines, report))
             # Counted once the quota ran out (the first line comes a second in).
             self.assertTrue(any(int(e) > 0 for _, e in lines), (extra, lines, report))
+
+
+OUTCOME_OK, OUTCOME_UNAVAILABLE, OUTCOME_NOT_LEADER = 8, 13, 14
+
+
+def _u(num, v):
+    return _uvarint(num << 3) + _uvarint(v)
+
+
+class FakeCluster:
+    """Three fake nodes' RPC listeners on loopback that answer status as a shared `leader`
+    says (0: none, an election) and hand every transfer to `on_transfer(fake, node, target)`,
+    which returns (outcome, retry_after_ms, redirect address or "") and may change `leader`.
+    What idemctl transfer does after a leader answered that leadership did not move: a real
+    cluster cannot be made to answer that on demand (raft 0.15 moved it to a SIGSTOPped
+    target all the same). Records each transfer as (node asked, target, leader then)."""
+
+    def __init__(self, on_transfer):
+        self.on_transfer = on_transfer
+        self.leader = 1
+        self.term = 2
+        self.transfers = []
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.listeners = []
+        self.addrs = []
+        for _ in range(3):
+            port = free_port()
+            ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind(("127.0.0.1", port))
+            ls.listen(16)
+            ls.settimeout(0.2)
+            self.listeners.append(ls)
+            self.addrs.append("127.0.0.1:%d" % port)
+        self.threads = [threading.Thread(target=self._accept, args=(i + 1, ls), daemon=True)
+                        for i, ls in enumerate(self.listeners)]
+        for t in self.threads:
+            t.start()
+
+    def set_leader(self, node):
+        with self.lock:
+            if node != self.leader:
+                self.term += 1
+            self.leader = node
+
+    def close(self):
+        self.stopping = True
+        for t in self.threads:
+            t.join(5)
+        for ls in self.listeners:
+            ls.close()
+
+    def _accept(self, node, ls):
+        while not self.stopping:
+            try:
+                conn, _ = ls.accept()
+            except socket.timeout:
+                continue
+            threading.Thread(target=self._serve, args=(node, conn), daemon=True).start()
+
+    def _status(self, node):
+        with self.lock:
+            leader, term = self.leader, self.term
+        members = b"".join(_field(18, _u(1, i + 1) + _field(2, b"127.0.0.1:1")
+                                  + _field(3, a.encode()) + _field(5, b"voter"))
+                           for i, a in enumerate(self.addrs))
+        st = (_u(1, node) + _field(2, b"leader" if node == leader else b"follower")
+              + _u(3, term) + _u(4, leader) + _u(6, 10) + _u(7, 10)
+              + _field(15, self.addrs[node - 1].encode()) + members)
+        if leader:
+            st += _field(5, self.addrs[leader - 1].encode())
+        return _field(2, _u(1, OUTCOME_OK)) + _field(5, st)
+
+    def _serve(self, node, conn):
+        conn.settimeout(10)
+        with conn:
+            while not self.stopping:
+                try:
+                    hdr = recv_exact(conn, 4)
+                    if len(hdr) < 4:
+                        return
+                    body = recv_exact(conn, struct.unpack(">I", hdr)[0])
+                except (OSError, socket.timeout):
+                    return
+                req = _fields(body)
+                if 20 in req:
+                    answer = self._status(node)
+                elif 22 in req:
+                    target = _fields(req[22]).get(1, 0)
+                    with self.lock:
+                        self.transfers.append((node, target, self.leader))
+                    outcome, wait, redirect = self.on_transfer(self, node, target)
+                    result = _u(1, outcome) + (_u(4, wait) if wait else b"")
+                    answer = _field(2, result) + (_field(3, redirect.encode()) if redirect
+                                                  else b"")
+                    if outcome != OUTCOME_OK:
+                        answer += _field(4, b"leadership did not move")
+                else:
+                    answer = _field(2, _u(1, 12))
+                conn.sendall(_frame(_u(1, req.get(1, 0)) + answer))
+
+
+class TestIdemctlTransferSettle(unittest.TestCase):
+    """idemctl transfer after the leader answered "did not move" (an UNAVAILABLE with
+    retry_after_ms): the request goes again only to a leader status shows is the one asked,
+    never to a redirect; a leader that changed means it moved after all; during an election
+    it waits for one. Against FakeCluster (no idemd)."""
+
+    def transfer(self, on_transfer, deadline=5000):
+        fake = FakeCluster(on_transfer)
+        self.addCleanup(fake.close)
+        rc, text, err = run_ctl(["--cluster", ",".join(fake.addrs), "--admin-token", "adm",
+                                 "--deadline", deadline, "--json", "transfer", 2], timeout=30)
+        return fake, rc, json.loads(text) if text.strip() else None, err
+
+    def test_a_late_move_is_not_sent_again(self):
+        def late(fake, node, target):
+            fake.set_leader(2)  # the election the transfer started ends after its answer
+            return OUTCOME_UNAVAILABLE, 100, ""
+        fake, rc, out, err = self.transfer(late)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((out["outcome"], out["leader_id"]), ("ok", 2), out)
+        self.assertIn("after the leader had answered that it did not", out["message"])
+        self.assertEqual(fake.transfers, [(1, 2, 1)])
+
+    def test_the_same_leader_is_asked_again(self):
+        def second_works(fake, node, target):
+            if len(fake.transfers) == 1:
+                return OUTCOME_UNAVAILABLE, 100, ""
+            fake.set_leader(2)
+            return OUTCOME_OK, 0, ""
+        fake, rc, out, err = self.transfer(second_works)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(fake.transfers, [(1, 2, 1), (1, 2, 1)])
+
+    def test_an_election_is_waited_for(self):
+        def election(fake, node, target):
+            if len(fake.transfers) == 1:
+                fake.set_leader(0)  # no leader for 0.8 s, then node 1 again
+                threading.Timer(0.8, fake.set_leader, (1,)).start()
+                return OUTCOME_UNAVAILABLE, 100, ""
+            fake.set_leader(2)
+            return OUTCOME_OK, 0, ""
+        t0 = time.monotonic()
+        fake, rc, out, err = self.transfer(election)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out["outcome"], "ok", out)
+        # Sent again only once node 1 led again: never while no leader was shown.
+        self.assertEqual(fake.transfers, [(1, 2, 1), (1, 2, 1)])
+        self.assertGreaterEqual(time.monotonic() - t0, 0.8)
+
+    def test_a_redirect_after_the_resend_is_not_followed(self):
+        def moved_elsewhere(fake, node, target):
+            if len(fake.transfers) == 1:
+                return OUTCOME_UNAVAILABLE, 100, ""
+            fake.set_leader(3)  # leadership moved since, to another node
+            return OUTCOME_NOT_LEADER, 0, fake.addrs[2]
+        fake, rc, out, err = self.transfer(moved_elsewhere)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((out["outcome"], out["leader_id"]), ("ok", 3), out)
+        self.assertEqual(fake.transfers, [(1, 2, 1), (1, 2, 1)])  # node 3 never asked
+
+    def test_no_leader_by_the_deadline_is_unavailable(self):
+        def gone(fake, node, target):
+            fake.set_leader(0)
+            return OUTCOME_UNAVAILABLE, 100, ""
+        fake, rc, out, err = self.transfer(gone, deadline=1500)
+        self.assertEqual(rc, 3, err)
+        self.assertEqual(out["outcome"], "unavailable", out)
+        self.assertIn("did not move before the deadline", json.dumps(out))
+        self.assertEqual(fake.transfers, [(1, 2, 1)])
 
 
 def run_ctl_json(args):
