@@ -198,8 +198,9 @@ bool io_snapshot_acked(struct raft *r, raft_id from, const struct raft_append_en
  * for such an answer (r's state not follower and its address that very field, or no
  * address at all), which the wrapper then does not send (RAFT_NOCONNECTION; raft frees
  * the request); an answer to a message, addressed from that message, is not affected and
- * must stay so: libraft 0.15's recvAppendEntries frees the entries of a message it answers
- * at once, and recv() frees them again when that send fails (a double free). */
+ * must stay so: as libraft's sources around 0.15 read, recvAppendEntries frees the entries
+ * of a message it answers at once, and recv() frees them again when that send fails (a
+ * double free). */
 bool io_result_unaddressed(const struct raft *r, const struct raft_message *m);
 
 /* The follower's rule for entries its snapshot covers (above), on one incoming

@@ -1,7 +1,8 @@
 """Integration tests of idemctl, the admin CLI (issue #5 item 2): status with its warnings,
 membership and transfer seen through status, key get/resolve/purge, quarantine list, the
 admin token, --help on every command, usage errors, the bench alias and the environment.
-Real idemd processes on loopback (harness.py). Every --json output is parsed.
+Real idemd processes on loopback (harness.py), except for transfer after a "did not move"
+answer, which runs against fake RPC nodes (FakeCluster). Every --json output is parsed.
 Run: python3 -m unittest -v tests/integration/test_idemctl.py
 """
 import hashlib
