@@ -50,6 +50,11 @@
  * like the others. The run ends after --duration seconds or --requests operations,
  * whichever comes first.
  *
+ * --stall-probe runs tools/stallprobe.c beside the run: a thread per CPU at SCHED_FIFO
+ * priority 1 (when allowed) that wakes every millisecond and counts how late, so that a tail
+ * can be told apart from time the machine itself (a hypervisor) kept every thread off the
+ * CPUs. Its totals go in the summary, and with --timeline the longest hold of each interval.
+ *
  * Output: a summary, the percentiles p50/p90/p99/p99.9/max (of every operation sent, failed
  * ones included), the outcome counts and an ASCII distribution of the latencies; --json prints one object instead. While it runs, a
  * progress line is written once per second to stderr when stderr is a terminal, with ops
@@ -75,6 +80,7 @@
 #include "cli.h"
 #include "hist.h"
 #include "idem_rpc.h"
+#include "stallprobe.h"
 
 #define EXIT_RAN 0
 #define EXIT_SETUP 1
@@ -120,6 +126,7 @@ struct config {
     bool no_histogram;
     uint32_t deadline_ms;
     unsigned timeline_ms; /* 0: no timeline */
+    bool stall_probe;     /* --stall-probe: measure how long the CPUs were held off */
     struct cli_tls tls;
 };
 
@@ -130,7 +137,7 @@ static const char usageText[] =
     "                  [--connections N]\n"
     "                  [--keys N]\n"
     "                  [--duration SECONDS] [--requests N] [--deadline MS]\n"
-    "                  [--no-histogram] [--timeline MS] [--json]\n"
+    "                  [--no-histogram] [--timeline MS] [--stall-probe] [--json]\n"
     "                  [--tls] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]\n"
     "                  [--tls-server-name NAME]\n"
     "\n"
@@ -162,6 +169,13 @@ static const char usageText[] =
     "  --timeline MS       also report latency per MS milliseconds of the run (operations\n"
     "                      counted in the interval they end in): ops, p50, p99, max;\n"
     "                      shows when a tail happened. 10..60000; not with --threads\n"
+    "  --stall-probe       also measure how long the machine held this process's threads\n"
+    "                      off its CPUs during the run: a thread per CPU, at SCHED_FIFO\n"
+    "                      priority 1 when allowed (root or CAP_SYS_NICE), wakes every\n"
+    "                      1 ms; a wake-up 1 ms or more late is a hold (a hypervisor that\n"
+    "                      descheduled the virtual CPU, or, without the priority, other\n"
+    "                      threads). Reports the holds per CPU, the longest, and with\n"
+    "                      --timeline the longest in each interval\n"
     "  --json              print one JSON object: mode, workload, ops, ops_per_sec, errors,\n"
     "                      p50_ms, p90_ms, p99_ms, p999_ms, max_ms, outcomes, histogram\n"
     "                      (every non-empty bucket as [lo_us, hi_us, count]) and more\n"
@@ -236,6 +250,9 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
             i++;
         } else if (strcmp(arg, "--no-histogram") == 0) {
             cfg->no_histogram = true;
+            i++;
+        } else if (strcmp(arg, "--stall-probe") == 0) {
+            cfg->stall_probe = true;
             i++;
         } else if (optValue(argc, argv, &i, "--cluster", &v)) {
             cfg->cluster = v;
@@ -357,6 +374,8 @@ struct bench {
     atomic_bool stop;
     struct tl_row *timeline; /* --timeline: one row per interval, on the loop's thread */
     size_t n_timeline, cap_timeline;
+    struct stallprobe *probe; /* --stall-probe: from the run's start (NULL if it failed) */
+    struct stallprobe_stats probe_stats;
 };
 
 /* --timeline: what one interval of the run saw. */
@@ -994,11 +1013,31 @@ static void openProgressCb(uv_timer_t *t)
     L->last_done = d;
 }
 
+/* --stall-probe: started with the run (its intervals those of --timeline); a probe that
+ * cannot start is reported, and the run goes on without it. */
+static void probeStart(struct bench *b)
+{
+    if (!b->cfg.stall_probe) {
+        return;
+    }
+    size_t bins = 0;
+    if (b->cfg.timeline_ms != 0) {
+        /* the run, the answers that come up to one deadline after it, and a spare */
+        bins = ((size_t)b->cfg.duration_s * 1000u + b->cfg.deadline_ms) / b->cfg.timeline_ms + 2;
+    }
+    char err[256];
+    if (stallprobe_start(&b->probe, b->cfg.timeline_ms, bins, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-bench: --stall-probe: %s; running without it\n", err);
+        b->probe = NULL;
+    }
+}
+
 /* Starts the schedule once every client has its connection to the leader. */
 static void openStart(struct open_loop *L)
 {
     struct bench *b = L->b;
     L->started = true;
+    probeStart(b);
     b->start_us = nowUs() + 1000u;
     b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
     L->until_us = b->end_us + (uint64_t)b->cfg.deadline_ms * 1000u;
@@ -1323,10 +1362,29 @@ static void printJson(struct bench *b, const struct totals *t)
             jset(row, "p50_ms", jnum(round3(ms(r->p50_us))));
             jset(row, "p99_ms", jnum(round3(ms(r->p99_us))));
             jset(row, "max_ms", jnum(round3(ms(r->max_us))));
+            if (b->probe != NULL) {
+                jset(row, "held_max_ms", jnum(round3(ms(stallprobe_bin_max_us(b->probe, i)))));
+            }
             jappend(tl, row);
         }
         jset(o, "timeline_ms", json_integer((json_int_t)b->cfg.timeline_ms));
         jset(o, "timeline", tl);
+    }
+    if (b->probe != NULL) {
+        const struct stallprobe_stats *ps = &b->probe_stats;
+        json_t *sp = json_object();
+        if (sp == NULL) {
+            exit(EXIT_SETUP);
+        }
+        jset(sp, "cpus", json_integer((json_int_t)ps->cpus));
+        jset(sp, "scheduling", json_string(ps->fifo ? "fifo" : "normal"));
+        jset(sp, "period_ms", jnum(STALLPROBE_PERIOD_US / 1000.0));
+        jset(sp, "seconds", jnum(round3(ps->seconds)));
+        jset(sp, "wakeups", json_integer((json_int_t)ps->wakeups));
+        jset(sp, "holds", json_integer((json_int_t)ps->holds));
+        jset(sp, "held_ms_per_cpu", jnum(round3(ms(ps->held_us) / ps->cpus)));
+        jset(sp, "held_max_ms", jnum(round3(ms(ps->held_max_us))));
+        jset(o, "stall_probe", sp);
     }
     jset(o, "run_id", json_string(b->run_id));
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12) | JSON_COMPACT);
@@ -1385,17 +1443,29 @@ static void printText(struct bench *b, const struct totals *t)
         printf("max lag      %.3f ms behind schedule\n",
                ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
     }
+    if (b->probe != NULL) {
+        const struct stallprobe_stats *ps = &b->probe_stats;
+        printf("held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64
+               " wake-ups 1 ms or more late, the latest %.3f ms; probe at %s priority)\n",
+               ms(ps->held_us) / ps->cpus, ps->seconds, ps->cpus, ps->holds,
+               ms(ps->held_max_us), ps->fifo ? "SCHED_FIFO 1" : "normal");
+    }
     if (!b->cfg.no_histogram) {
         printf("distribution (latency ms, count, share, cumulative):\n");
         hist_print_ascii(stdout, h, 1000.0, "ms", 50);
     }
     if (b->cfg.timeline_ms != 0) {
         printf("timeline (every %u ms, by the time operations ended):\n", b->cfg.timeline_ms);
-        printf("  %10s %9s %9s %9s %9s\n", "until ms", "ops", "p50 ms", "p99 ms", "max ms");
+        printf("  %10s %9s %9s %9s %9s%s\n", "until ms", "ops", "p50 ms", "p99 ms", "max ms",
+               b->probe != NULL ? "   held ms" : "");
         for (size_t i = 0; i < b->n_timeline; i++) {
             const struct tl_row *r = &b->timeline[i];
-            printf("  %10" PRIu64 " %9" PRIu64 " %9.3f %9.3f %9.3f\n", r->end_ms, r->ops,
+            printf("  %10" PRIu64 " %9" PRIu64 " %9.3f %9.3f %9.3f", r->end_ms, r->ops,
                    ms(r->p50_us), ms(r->p99_us), ms(r->max_us));
+            if (b->probe != NULL) {
+                printf(" %9.3f", ms(stallprobe_bin_max_us(b->probe, i)));
+            }
+            printf("\n");
         }
     }
 }
@@ -1476,6 +1546,7 @@ int main(int argc, char **argv)
     } else {
         b->start_us = nowUs();
         b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
+        probeStart(b);
         for (unsigned i = 0; i < n; i++) {
             ws[i].started = pthread_create(&ws[i].thread, NULL, workerRun, &ws[i]) == 0;
             if (!ws[i].started) {
@@ -1517,6 +1588,9 @@ int main(int argc, char **argv)
         }
     }
     uint64_t t_end = nowUs();
+    if (b->probe != NULL) {
+        stallprobe_stop(b->probe, &b->probe_stats);
+    }
     if (progress) {
         fputs("\n", stderr);
     }
@@ -1566,6 +1640,7 @@ int main(int argc, char **argv)
     free(ws);
     free(b->set);
     free(b->timeline);
+    stallprobe_free(b->probe);
     free(b);
     return code;
 }

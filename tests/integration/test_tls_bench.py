@@ -744,6 +744,37 @@ class TestBench(ClusterTestCase):
         # Without the flag, no timeline.
         self.assertNotIn("timeline", self.bench("--workload", "fresh", "--requests", 20))
 
+    def test_stall_probe(self):
+        # --stall-probe: the machine's holds over the run, and per --timeline interval.
+        out = self.bench("--workload", "fresh", "--rate", 200, "--duration", 2,
+                         "--timeline", 250, "--stall-probe")
+        sp = out["stall_probe"]
+        self.assertEqual(sp["cpus"], len(os.sched_getaffinity(0)), sp)
+        self.assertIn(sp["scheduling"], ("fifo", "normal"))
+        self.assertEqual(sp["period_ms"], 1)
+        # One wake-up a millisecond per CPU, or fewer when held: at least half of them.
+        self.assertGreater(sp["wakeups"], sp["cpus"] * 1000, sp)
+        self.assertLessEqual(sp["holds"], sp["wakeups"])
+        self.assertGreaterEqual(sp["seconds"], 2)
+        if sp["holds"] == 0:
+            self.assertEqual((sp["held_ms_per_cpu"], sp["held_max_ms"]), (0, 0), sp)
+        else:
+            self.assertGreaterEqual(sp["held_max_ms"], 1, sp)
+            self.assertGreaterEqual(sp["held_ms_per_cpu"] * sp["cpus"] + 0.001, sp["held_max_ms"])
+        rows = self.check_timeline(out, 250)
+        for r in rows:
+            self.assertLessEqual(r["held_max_ms"], sp["held_max_ms"] + 0.001, (r, sp))
+            self.assertTrue(r["held_max_ms"] == 0 or r["held_max_ms"] >= 1, r)
+        # Without the flag, none of it; in the text output, a line.
+        plain = self.bench("--workload", "fresh", "--requests", 20, "--timeline", 100)
+        self.assertNotIn("stall_probe", plain)
+        self.assertTrue(all("held_max_ms" not in r for r in plain["timeline"]))
+        p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                            "--workload", "fresh", "--requests", "50", "--stall-probe"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(b"held off     ", p.stdout)
+
     def threads_during(self, *args):
         """Runs idem-bench --json ARGS, sampling its thread count every 50 ms; returns
         (parsed output, samples)."""

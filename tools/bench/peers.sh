@@ -13,7 +13,9 @@
 #         keys (each claim one Raft write);
 #      b. wrk on the leader's JSON API, POST /v1/claims with fresh keys;
 #      c. idem-bench open loop (--rate) at half the ops/s measured in (a): its p99, counted
-#         from each request's scheduled send time (target: p99 <= 5 ms).
+#         from each request's scheduled send time (target: p99 <= 5 ms), and how long the
+#         machine held its CPUs off meanwhile (idem-bench --stall-probe: a thread per CPU at
+#         SCHED_FIFO priority, which no thread of idemd's or the generator's can keep waiting).
 #   2. etcd 3.4 (Debian), 3 members (fsync on): wrk on the leader's JSON gateway, POST
 #      /v3/kv/txn create-if-absent (compare create_revision == 0, then put) with fresh keys.
 #   3. Redis, 1 node (appendonly yes, appendfsync always): redis-benchmark
@@ -101,7 +103,7 @@ append_hist() {  # append_hist OUT: "node le count" lines of every node's cumula
   done >"$1"
 }
 append_hist "$TMP/append-before"
-DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF" --timeline 100
+DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF" --timeline 100 --stall-probe
 append_hist "$TMP/append-after"
 OPEN_DISK=$(python3 -c 'import sys,collections
 def load(p):
@@ -121,7 +123,11 @@ print("; ".join(out))' "$TMP/append-before" "$TMP/append-after")
 OPEN_WORST=$(python3 -c 'import json,sys
 rows = json.load(open(sys.argv[1]))["timeline"]
 slow = sorted(rows, key=lambda r: -r["p99_ms"])[:3]
-print(", ".join("%.1f s: p99 %.1f ms, max %.1f ms (%d ops)" % (r["end_ms"] / 1000, r["p99_ms"], r["max_ms"], r["ops"]) for r in slow))' "$TMP/bench-idem_open.json")
+print(", ".join("%.1f s: p99 %.1f ms, max %.1f ms (%d ops; CPUs held off up to %.1f ms)" % (r["end_ms"] / 1000, r["p99_ms"], r["max_ms"], r["ops"], r.get("held_max_ms", 0)) for r in slow))' "$TMP/bench-idem_open.json")
+# How long the machine itself kept the CPUs from this system (idem-bench --stall-probe).
+OPEN_HELD=$(python3 -c 'import json,sys
+sp = json.load(open(sys.argv[1])).get("stall_probe")
+print("not measured" if sp is None else "%.1f ms per CPU in %d holds of 1 ms or more, the longest %.1f ms (probe at %s priority)" % (sp["held_ms_per_cpu"], sp["holds"], sp["held_max_ms"], "SCHED_FIFO" if sp["scheduling"] == "fifo" else "normal"))' "$TMP/bench-idem_open.json")
 OPEN_P999=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.2f ms, max %.2f" % (d["p999_ms"], d["max_ms"]))' "$TMP/bench-idem_open.json")
 OPEN_SVC_P99=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["service_p99_ms"])' "$TMP/bench-idem_open.json")
 OPEN_LAG=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["max_lag_ms"])' "$TMP/bench-idem_open.json")
@@ -208,4 +214,5 @@ echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 $
      "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" -v u="$OPEN_UNSENT" 'BEGIN { print (p <= 5.0 && u == 0) ? "met" : "NOT met" }'));" \
      "p99.9 $OPEN_P999 ms; service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
 echo "  worst 100 ms intervals (by the time operations ended): $OPEN_WORST"
+echo "  CPUs held off during the open loop by the machine (hypervisor or kernel), not by any thread: $OPEN_HELD"
 echo "  log appends (write + sync) during the open loop: $OPEN_DISK"

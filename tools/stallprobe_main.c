@@ -1,0 +1,134 @@
+/* idem-stallprobe: how long this machine keeps a process's threads off its CPUs, with no
+ * cluster and no load of its own (tools/stallprobe.h). Run it alone to see what a host
+ * does to an idle guest, or beside a load (a cluster, fio, a compile) to see what that
+ * load costs the guest as a whole; idem-bench --stall-probe measures the same during a
+ * benchmark run.
+ *
+ *   idem-stallprobe [--duration SECONDS] [--interval MS] [--json]
+ *
+ * Exit status: 0 it ran; 2 usage error; 1 not one probe thread could be started. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "stallprobe.h"
+
+static const char usageText[] =
+    "Usage: idem-stallprobe [--duration SECONDS] [--interval MS] [--json]\n"
+    "\n"
+    "Measures how long the machine keeps this process's threads off its CPUs: one thread\n"
+    "per CPU, pinned to it, at SCHED_FIFO priority 1 when allowed (root or CAP_SYS_NICE;\n"
+    "else at normal priority, and other threads' use of the CPU counts too), wakes every\n"
+    "1 ms; a wake-up 1 ms or more late is a hold. With SCHED_FIFO, a hold is time the CPU\n"
+    "did not run this system at all: a hypervisor that descheduled or throttled the\n"
+    "virtual CPU, or the kernel itself.\n"
+    "\n"
+    "  --duration SECONDS  how long to measure (default 10, 1..3600)\n"
+    "  --interval MS       also report each interval of MS (default 1000; 0: none,\n"
+    "                      10..60000)\n"
+    "  --json              print one JSON object: cpus, scheduling, seconds, wakeups,\n"
+    "                      holds, held_ms_per_cpu, held_max_ms and intervals (end_ms,\n"
+    "                      held_ms summed over the CPUs, held_max_ms)\n"
+    "  --help              print this help and exit\n"
+    "Exit status: 0 it ran, 2 usage error, 1 the probe could not start.\n";
+
+static double ms(uint64_t us)
+{
+    return (double)us / 1000.0;
+}
+
+static void sleepMs(uint64_t n)
+{
+    struct timespec ts = {.tv_sec = (time_t)(n / 1000), .tv_nsec = (long)(n % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+int main(int argc, char **argv)
+{
+    cli_set_prog("idem-stallprobe");
+    unsigned duration_s = 10, interval_ms = 1000;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usageText, stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+            cli_set_json(true);
+        } else if (strcmp(a, "--duration") == 0 && i + 1 < argc) {
+            duration_s = (unsigned)cli_parse_u64("--duration", argv[++i], 1, 3600);
+        } else if (strcmp(a, "--interval") == 0 && i + 1 < argc) {
+            interval_ms = (unsigned)cli_parse_u64("--interval", argv[++i], 0, 60000);
+            if (interval_ms != 0 && interval_ms < 10) {
+                cli_usage_error("--interval must be 0 or 10..60000");
+            }
+        } else {
+            cli_usage_error("unknown argument '%s'", a);
+        }
+    }
+    size_t bins = interval_ms ? ((size_t)duration_s * 1000u + interval_ms - 1) / interval_ms : 0;
+    struct stallprobe *p = NULL;
+    char err[256];
+    if (stallprobe_start(&p, interval_ms, bins, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-stallprobe: %s\n", err);
+        return 1;
+    }
+    sleepMs((uint64_t)duration_s * 1000u);
+    struct stallprobe_stats st;
+    stallprobe_stop(p, &st);
+    double per_cpu = ms(st.held_us) / st.cpus;
+    if (json) {
+        json_t *o = json_object();
+        json_t *rows = json_array();
+        if (o == NULL || rows == NULL) {
+            fputs("idem-stallprobe: out of memory\n", stderr);
+            return 1;
+        }
+        json_object_set_new(o, "cpus", json_integer((json_int_t)st.cpus));
+        json_object_set_new(o, "scheduling", json_string(st.fifo ? "fifo" : "normal"));
+        json_object_set_new(o, "seconds", json_real(st.seconds));
+        json_object_set_new(o, "wakeups", json_integer((json_int_t)st.wakeups));
+        json_object_set_new(o, "holds", json_integer((json_int_t)st.holds));
+        json_object_set_new(o, "held_ms_per_cpu", json_real(per_cpu));
+        json_object_set_new(o, "held_max_ms", json_real(ms(st.held_max_us)));
+        for (size_t i = 0; i < bins; i++) {
+            json_t *r = json_object();
+            if (r == NULL) {
+                return 1;
+            }
+            json_object_set_new(r, "end_ms", json_integer((json_int_t)((i + 1) * interval_ms)));
+            json_object_set_new(r, "held_ms", json_real(ms(stallprobe_bin_held_us(p, i))));
+            json_object_set_new(r, "held_max_ms", json_real(ms(stallprobe_bin_max_us(p, i))));
+            json_array_append_new(rows, r);
+        }
+        json_object_set_new(o, "intervals", rows);
+        char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
+        if (s == NULL) {
+            return 1;
+        }
+        puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        printf("held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64 " of %" PRIu64
+               " wake-ups 1 ms or more late, the latest %.3f ms; probe at %s priority)\n",
+               per_cpu, st.seconds, st.cpus, st.holds, st.wakeups, ms(st.held_max_us),
+               st.fifo ? "SCHED_FIFO 1" : "normal");
+        if (bins > 0) {
+            printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "latest ms");
+            for (size_t i = 0; i < bins; i++) {
+                printf("  %10zu %14.3f %14.3f\n", (i + 1) * interval_ms,
+                       ms(stallprobe_bin_held_us(p, i)), ms(stallprobe_bin_max_us(p, i)));
+            }
+        }
+    }
+    stallprobe_free(p);
+    return 0;
+}
