@@ -383,6 +383,7 @@ struct tl_row {
     uint64_t end_ms; /* since the start of the run */
     uint64_t ops;    /* operations that ended in it, failed ones included */
     uint64_t p50_us, p99_us, max_us;
+    uint64_t held_max_us; /* --stall-probe: the CPUs' longest hold that ended in it */
 };
 
 struct worker {
@@ -753,6 +754,7 @@ static void timelineRoll(struct open_loop *L)
         .p50_us = hist_percentile(h, 50),
         .p99_us = hist_percentile(h, 99),
         .max_us = h->total ? h->max : 0,
+        .held_max_us = b->probe != NULL ? stallprobe_take_max_us(b->probe) : 0,
     };
     hist_init(&L->tl_hist);
 }
@@ -1013,20 +1015,16 @@ static void openProgressCb(uv_timer_t *t)
     L->last_done = d;
 }
 
-/* --stall-probe: started with the run (its intervals those of --timeline); a probe that
- * cannot start is reported, and the run goes on without it. */
+/* --stall-probe: started with the run; a probe that cannot start is reported, and the run
+ * goes on without it. */
 static void probeStart(struct bench *b)
 {
     if (!b->cfg.stall_probe) {
         return;
     }
-    size_t bins = 0;
-    if (b->cfg.timeline_ms != 0) {
-        /* the run, the answers that come up to one deadline after it, and a spare */
-        bins = ((size_t)b->cfg.duration_s * 1000u + b->cfg.deadline_ms) / b->cfg.timeline_ms + 2;
-    }
     char err[256];
-    if (stallprobe_start(&b->probe, b->cfg.timeline_ms, bins, err, sizeof err) != 0) {
+    /* --timeline rows take the longest hold since the previous row as they close. */
+    if (stallprobe_start(&b->probe, 0, 0, err, sizeof err) != 0) {
         fprintf(stderr, "idem-bench: --stall-probe: %s; running without it\n", err);
         b->probe = NULL;
     }
@@ -1363,7 +1361,7 @@ static void printJson(struct bench *b, const struct totals *t)
             jset(row, "p99_ms", jnum(round3(ms(r->p99_us))));
             jset(row, "max_ms", jnum(round3(ms(r->max_us))));
             if (b->probe != NULL) {
-                jset(row, "held_max_ms", jnum(round3(ms(stallprobe_bin_max_us(b->probe, i)))));
+                jset(row, "held_max_ms", jnum(round3(ms(r->held_max_us))));
             }
             jappend(tl, row);
         }
@@ -1463,7 +1461,7 @@ static void printText(struct bench *b, const struct totals *t)
             printf("  %10" PRIu64 " %9" PRIu64 " %9.3f %9.3f %9.3f", r->end_ms, r->ops,
                    ms(r->p50_us), ms(r->p99_us), ms(r->max_us));
             if (b->probe != NULL) {
-                printf(" %9.3f", ms(stallprobe_bin_max_us(b->probe, i)));
+                printf(" %9.3f", ms(r->held_max_us));
             }
             printf("\n");
         }
@@ -1557,6 +1555,10 @@ int main(int argc, char **argv)
             running++;
         }
         if (running == 0) {
+            if (b->probe != NULL) {
+                stallprobe_stop(b->probe, &b->probe_stats);
+                stallprobe_free(b->probe);
+            }
             free(ws);
             free(b->set);
             free(b);

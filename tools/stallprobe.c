@@ -27,6 +27,7 @@ struct probeThread {
 
 struct stallprobe {
     atomic_bool stop;
+    atomic_uint_fast64_t window_max_us; /* stallprobe_take_max_us */
     uint64_t start_ns;
     uint64_t stop_ns;
     unsigned bin_ms;
@@ -43,8 +44,17 @@ static uint64_t nowNs(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void binAdd(struct stallprobe *p, uint64_t end_ns, uint64_t late_us)
+static void raiseTo(atomic_uint_fast64_t *a, uint64_t v)
 {
+    uint_fast64_t cur = atomic_load_explicit(a, memory_order_relaxed);
+    while (v > cur && !atomic_compare_exchange_weak_explicit(a, &cur, v, memory_order_relaxed,
+                                                             memory_order_relaxed)) {
+    }
+}
+
+static void holdAdd(struct stallprobe *p, uint64_t end_ns, uint64_t late_us)
+{
+    raiseTo(&p->window_max_us, late_us);
     if (p->bin_ms == 0 || end_ns < p->start_ns) {
         return;
     }
@@ -54,11 +64,7 @@ static void binAdd(struct stallprobe *p, uint64_t end_ns, uint64_t late_us)
     }
     struct bin *b = &p->bins[i];
     atomic_fetch_add_explicit(&b->held_us, late_us, memory_order_relaxed);
-    uint_fast64_t cur = atomic_load_explicit(&b->max_us, memory_order_relaxed);
-    while (late_us > cur &&
-           !atomic_compare_exchange_weak_explicit(&b->max_us, &cur, late_us, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-    }
+    raiseTo(&b->max_us, late_us);
 }
 
 static void *probeMain(void *arg)
@@ -82,7 +88,7 @@ static void *probeMain(void *arg)
             if (late_us > t->held_max_us) {
                 t->held_max_us = late_us;
             }
-            binAdd(p, now, late_us);
+            holdAdd(p, now, late_us);
         }
         deadline += STALLPROBE_PERIOD_US * 1000u;
         if (deadline <= now) { /* the periods missed while held are not owed */
@@ -141,6 +147,7 @@ int stallprobe_start(struct stallprobe **out, unsigned bin_ms, size_t n_bins, ch
         return -1;
     }
     atomic_init(&p->stop, false);
+    atomic_init(&p->window_max_us, 0);
     p->bin_ms = n_bins > 0 ? bin_ms : 0;
     p->n_bins = p->bin_ms > 0 ? n_bins : 0;
     if (p->n_bins > 0) {
@@ -216,6 +223,11 @@ uint64_t stallprobe_bin_max_us(const struct stallprobe *p, size_t i)
 uint64_t stallprobe_bin_held_us(const struct stallprobe *p, size_t i)
 {
     return i < p->n_bins ? atomic_load(&p->bins[i].held_us) : 0;
+}
+
+uint64_t stallprobe_take_max_us(struct stallprobe *p)
+{
+    return atomic_exchange(&p->window_max_us, 0);
 }
 
 void stallprobe_free(struct stallprobe *p)

@@ -55,6 +55,11 @@ void stallprobe_stop(struct stallprobe *p, struct stallprobe_stats *stats);
 uint64_t stallprobe_bin_max_us(const struct stallprobe *p, size_t i);
 uint64_t stallprobe_bin_held_us(const struct stallprobe *p, size_t i);
 
+/* The latest wake-up (µs, 0 when none was a hold) since the last call, or since the start;
+ * resets it. For intervals that the caller closes on its own clock (idem-bench's timeline
+ * rows); any thread, while the probe runs or after. */
+uint64_t stallprobe_take_max_us(struct stallprobe *p);
+
 /* Frees a stopped probe (NULL: nothing). */
 void stallprobe_free(struct stallprobe *p);
 

@@ -42,6 +42,13 @@ static double ms(uint64_t us)
     return (double)us / 1000.0;
 }
 
+/* The end of interval i: the run's end for the last, partial one. */
+static uint64_t endMs(size_t i, unsigned interval_ms, unsigned duration_s)
+{
+    uint64_t end = (uint64_t)(i + 1) * interval_ms;
+    return end < (uint64_t)duration_s * 1000u ? end : (uint64_t)duration_s * 1000u;
+}
+
 static void sleepMs(uint64_t n)
 {
     struct timespec ts = {.tv_sec = (time_t)(n / 1000), .tv_nsec = (long)(n % 1000) * 1000000};
@@ -69,6 +76,8 @@ int main(int argc, char **argv)
             if (interval_ms != 0 && interval_ms < 10) {
                 cli_usage_error("--interval must be 0 or 10..60000");
             }
+        } else if (strcmp(a, "--duration") == 0 || strcmp(a, "--interval") == 0) {
+            cli_usage_error("%s needs a value", a);
         } else {
             cli_usage_error("unknown argument '%s'", a);
         }
@@ -103,7 +112,8 @@ int main(int argc, char **argv)
             if (r == NULL) {
                 return 1;
             }
-            json_object_set_new(r, "end_ms", json_integer((json_int_t)((i + 1) * interval_ms)));
+            json_object_set_new(r, "end_ms",
+                                json_integer((json_int_t)endMs(i, interval_ms, duration_s)));
             json_object_set_new(r, "held_ms", json_real(ms(stallprobe_bin_held_us(p, i))));
             json_object_set_new(r, "held_max_ms", json_real(ms(stallprobe_bin_max_us(p, i))));
             json_array_append_new(rows, r);
@@ -124,7 +134,7 @@ int main(int argc, char **argv)
         if (bins > 0) {
             printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "latest ms");
             for (size_t i = 0; i < bins; i++) {
-                printf("  %10zu %14.3f %14.3f\n", (i + 1) * interval_ms,
+                printf("  %10" PRIu64 " %14.3f %14.3f\n", endMs(i, interval_ms, duration_s),
                        ms(stallprobe_bin_held_us(p, i)), ms(stallprobe_bin_max_us(p, i)));
             }
         }

@@ -39,7 +39,7 @@ class TestInstall(unittest.TestCase):
         shutil.rmtree(self.prefix, ignore_errors=True)
 
     def test_files(self):
-        self.assertEqual(sorted(os.listdir(self.bin)), ["idem-bench", "idemctl", "idemd"])
+        self.assertEqual(sorted(os.listdir(self.bin)), ["idem-bench", "idem-stallprobe", "idemctl", "idemd"])
         self.assertEqual(sorted(os.listdir(self.doc)),
                          ["README.md", "idemctl.md", "idemd.example.yaml"])
         p = subprocess.run([os.path.join(self.bin, "idemd"), "--check-config",

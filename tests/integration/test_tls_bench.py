@@ -20,6 +20,7 @@ import json
 import os
 import pty
 import select
+import signal
 import socket
 import ssl
 import subprocess
@@ -752,19 +753,51 @@ class TestBench(ClusterTestCase):
         self.assertEqual(sp["cpus"], len(os.sched_getaffinity(0)), sp)
         self.assertIn(sp["scheduling"], ("fifo", "normal"))
         self.assertEqual(sp["period_ms"], 1)
-        # One wake-up a millisecond per CPU, or fewer when held: at least half of them.
-        self.assertGreater(sp["wakeups"], sp["cpus"] * 1000, sp)
+        # One wake-up a millisecond per CPU, or fewer when held (or, at normal priority
+        # beside a busy test run, kept waiting): a fifth of them at least.
+        self.assertGreater(sp["wakeups"], sp["cpus"] * 400, sp)
         self.assertLessEqual(sp["holds"], sp["wakeups"])
-        self.assertGreaterEqual(sp["seconds"], 2)
+        # From the schedule's start to the last answer (the last operation is scheduled
+        # 5 ms before the 2 s end).
+        self.assertGreaterEqual(sp["seconds"], 1.9)
         if sp["holds"] == 0:
             self.assertEqual((sp["held_ms_per_cpu"], sp["held_max_ms"]), (0, 0), sp)
         else:
             self.assertGreaterEqual(sp["held_max_ms"], 1, sp)
-            self.assertGreaterEqual(sp["held_ms_per_cpu"] * sp["cpus"] + 0.001, sp["held_max_ms"])
+            # held_ms_per_cpu is rounded to 0.001 ms before it is multiplied back.
+            self.assertGreaterEqual(sp["held_ms_per_cpu"] * sp["cpus"] + 0.0005 * sp["cpus"] + 1e-6,
+                                    sp["held_max_ms"])
         rows = self.check_timeline(out, 250)
         for r in rows:
             self.assertLessEqual(r["held_max_ms"], sp["held_max_ms"] + 0.001, (r, sp))
             self.assertTrue(r["held_max_ms"] == 0 or r["held_max_ms"] >= 1, r)
+        # idem-bench itself stopped for 200 ms a second into the run: a hold of about that
+        # long, in the row that closed after it or the next (the probe's thread and the
+        # loop's timer both run at SIGCONT), next to the row whose operations waited.
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json", "--workload", "fresh", "--rate", "200", "--duration", "2",
+                              "--timeline", "250", "--stall-probe"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.2)
+            p.send_signal(signal.SIGSTOP)
+            time.sleep(0.2)
+            p.send_signal(signal.SIGCONT)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        out = json.loads(stdout)
+        sp = out["stall_probe"]
+        self.assertGreaterEqual(sp["held_max_ms"], 150, sp)
+        rows = self.check_timeline(out, 250)
+        held_row = max(range(len(rows)), key=lambda i: rows[i]["held_max_ms"])
+        slow_row = max(range(len(rows)), key=lambda i: rows[i]["max_ms"])
+        self.assertEqual(rows[held_row]["held_max_ms"], sp["held_max_ms"], rows)
+        self.assertLessEqual(abs(held_row - slow_row), 1, rows)
+        self.assertGreaterEqual(rows[slow_row]["max_ms"], 150, rows)
         # Without the flag, none of it; in the text output, a line.
         plain = self.bench("--workload", "fresh", "--requests", 20, "--timeline", 100)
         self.assertNotIn("stall_probe", plain)

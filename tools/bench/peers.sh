@@ -127,7 +127,10 @@ print(", ".join("%.1f s: p99 %.1f ms, max %.1f ms (%d ops; CPUs held off up to %
 # How long the machine itself kept the CPUs from this system (idem-bench --stall-probe).
 OPEN_HELD=$(python3 -c 'import json,sys
 sp = json.load(open(sys.argv[1])).get("stall_probe")
-print("not measured" if sp is None else "%.1f ms per CPU in %d holds of 1 ms or more, the longest %.1f ms (probe at %s priority)" % (sp["held_ms_per_cpu"], sp["holds"], sp["held_max_ms"], "SCHED_FIFO" if sp["scheduling"] == "fifo" else "normal"))' "$TMP/bench-idem_open.json")
+if sp is None:
+    print("not measured")
+else:
+    print("%.1f ms per CPU in %d holds of 1 ms or more, the longest %.1f ms, %s" % (sp["held_ms_per_cpu"], sp["holds"], sp["held_max_ms"], "by the machine (hypervisor or kernel), not by any thread: the probe ran at SCHED_FIFO priority" if sp["scheduling"] == "fifo" else "by the machine or by other threads: the probe ran at normal priority (no CAP_SYS_NICE)"))' "$TMP/bench-idem_open.json")
 OPEN_P999=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.2f ms, max %.2f" % (d["p999_ms"], d["max_ms"]))' "$TMP/bench-idem_open.json")
 OPEN_SVC_P99=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["service_p99_ms"])' "$TMP/bench-idem_open.json")
 OPEN_LAG=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["max_lag_ms"])' "$TMP/bench-idem_open.json")
@@ -214,5 +217,5 @@ echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 $
      "(target p99 <= 5 ms: $(awk -v p="${P99[idem_open]}" -v u="$OPEN_UNSENT" 'BEGIN { print (p <= 5.0 && u == 0) ? "met" : "NOT met" }'));" \
      "p99.9 $OPEN_P999 ms; service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
 echo "  worst 100 ms intervals (by the time operations ended): $OPEN_WORST"
-echo "  CPUs held off during the open loop by the machine (hypervisor or kernel), not by any thread: $OPEN_HELD"
+echo "  CPUs held off during the open loop: $OPEN_HELD"
 echo "  log appends (write + sync) during the open loop: $OPEN_DISK"
