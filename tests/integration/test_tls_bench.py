@@ -677,6 +677,22 @@ class TestBench(ClusterTestCase):
         self.assertEqual(ps, sorted(ps))
         return out
 
+    def bench_while(self, args, during):
+        """Runs idem-bench --json ARGS, calls during() while it runs, and returns its parsed
+        output once it exited 0 (killed if the test fails first)."""
+        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
+                              "--json"] + [str(a) for a in args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            during(p)
+            stdout, stderr = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, stderr)
+        return json.loads(stdout)
+
     def test_closed_loop_fresh(self):
         out = self.bench("--workload", "fresh", "--concurrency", 4, "--requests", 300)
         self.assertEqual(out["mode"], "closed")
@@ -774,22 +790,14 @@ class TestBench(ClusterTestCase):
         # idem-bench itself stopped for 200 ms a second into the run: a hold of about that
         # long, in the row that closed after it or the next (the probe's thread and the
         # loop's timer both run at SIGCONT), next to the row whose operations waited.
-        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
-                              "--json", "--workload", "fresh", "--rate", "200", "--duration", "2",
-                              "--timeline", "250", "--stall-probe"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
+        def stop_200ms(p):
             time.sleep(1.2)
             p.send_signal(signal.SIGSTOP)
             time.sleep(0.2)
             p.send_signal(signal.SIGCONT)
-            stdout, stderr = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        self.assertEqual(p.returncode, 0, stderr)
-        out = json.loads(stdout)
+
+        out = self.bench_while(["--workload", "fresh", "--rate", 200, "--duration", 2,
+                                "--timeline", 250, "--stall-probe"], stop_200ms)
         sp = out["stall_probe"]
         self.assertGreaterEqual(sp["held_max_ms"], 150, sp)
         rows = self.check_timeline(out, 250)
@@ -811,11 +819,9 @@ class TestBench(ClusterTestCase):
     def threads_during(self, *args):
         """Runs idem-bench --json ARGS, sampling its thread count every 50 ms; returns
         (parsed output, samples)."""
-        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
-                              "--json"] + list(args),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         samples = []
-        try:
+
+        def sample(p):
             end = time.monotonic() + 30
             while p.poll() is None and time.monotonic() < end:
                 try:
@@ -826,13 +832,8 @@ class TestBench(ClusterTestCase):
                 except (FileNotFoundError, ProcessLookupError):
                     break
                 time.sleep(0.05)
-            stdout, stderr = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        self.assertEqual(p.returncode, 0, stderr)
-        return json.loads(stdout), samples
+
+        return self.bench_while(list(args), sample), samples
 
     def test_loops_are_single_threaded(self):
         # Both loops send from one thread (a libuv loop with asynchronous clients), so that
@@ -910,21 +911,14 @@ class TestBench(ClusterTestCase):
         wait their whole deadline and fail: the latency figures must show that wait (not
         only the fast successes), and the histogram must hold every operation sent."""
         lid = self.c.wait_leader(timeout=20)
-        p = subprocess.Popen([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token,
-                              "--json", "--duration", "4", "--deadline", "400"] + list(args),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
+
+        def kill_followers(p):
             time.sleep(1.5)
             for nid in list(self.c.nodes):
                 if nid != lid:
                     self.c.kill(nid)
-            stdout, stderr = p.communicate(timeout=60)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        self.assertEqual(p.returncode, 0, stderr)
-        out = json.loads(stdout)
+
+        out = self.bench_while(["--duration", 4, "--deadline", 400] + list(args), kill_followers)
         self.assertGreater(out["ops"], 0, out)
         self.assertGreater(out["errors"], 0, out)
         self.assertEqual(sum(b[2] for b in out["histogram"]),
