@@ -754,8 +754,12 @@ static void timelineRoll(struct open_loop *L)
         .p50_us = hist_percentile(h, 50),
         .p99_us = hist_percentile(h, 99),
         .max_us = h->total ? h->max : 0,
-        .held_max_us = b->probe != NULL ? stallprobe_take_max_us(b->probe) : 0,
     };
+    if (b->probe != NULL) {
+        struct stallprobe_window win;
+        stallprobe_take(b->probe, &win);
+        b->timeline[b->n_timeline - 1].held_max_us = win.max_us;
+    }
     hist_init(&L->tl_hist);
 }
 
@@ -1024,7 +1028,7 @@ static void probeStart(struct bench *b)
     }
     char err[256];
     /* --timeline rows take the longest hold since the previous row as they close. */
-    if (stallprobe_start(&b->probe, 0, 0, err, sizeof err) != 0) {
+    if (stallprobe_start(&b->probe, err, sizeof err) != 0) {
         fprintf(stderr, "idem-bench: --stall-probe: %s; running without it\n", err);
         b->probe = NULL;
     }

@@ -11,11 +11,6 @@
 #include <string.h>
 #include <time.h>
 
-struct bin {
-    atomic_uint_fast64_t max_us;
-    atomic_uint_fast64_t held_us;
-};
-
 struct probeThread {
     struct stallprobe *p;
     pthread_t th;
@@ -27,12 +22,10 @@ struct probeThread {
 
 struct stallprobe {
     atomic_bool stop;
-    atomic_uint_fast64_t window_max_us; /* stallprobe_take_max_us */
+    /* The interval stallprobe_take closes next. */
+    atomic_uint_fast64_t window_max_us;
+    atomic_uint_fast64_t window_held_us;
     uint64_t start_ns;
-    uint64_t stop_ns;
-    unsigned bin_ms;
-    size_t n_bins;
-    struct bin *bins;
     unsigned n_threads;
     struct probeThread threads[];
 };
@@ -44,27 +37,15 @@ static uint64_t nowNs(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void raiseTo(atomic_uint_fast64_t *a, uint64_t v)
+/* Adds a hold to the open interval: its sum first, then its maximum, both sequentially
+ * consistent, so that stallprobe_take (maximum first, then sum) never sees the maximum of a
+ * hold whose lateness went into the interval before. */
+static void holdAdd(struct stallprobe *p, uint64_t late_us)
 {
-    uint_fast64_t cur = atomic_load_explicit(a, memory_order_relaxed);
-    while (v > cur && !atomic_compare_exchange_weak_explicit(a, &cur, v, memory_order_relaxed,
-                                                             memory_order_relaxed)) {
+    atomic_fetch_add(&p->window_held_us, late_us);
+    uint_fast64_t cur = atomic_load(&p->window_max_us);
+    while (late_us > cur && !atomic_compare_exchange_weak(&p->window_max_us, &cur, late_us)) {
     }
-}
-
-static void holdAdd(struct stallprobe *p, uint64_t end_ns, uint64_t late_us)
-{
-    raiseTo(&p->window_max_us, late_us);
-    if (p->bin_ms == 0 || end_ns < p->start_ns) {
-        return;
-    }
-    size_t i = (size_t)((end_ns - p->start_ns) / ((uint64_t)p->bin_ms * 1000000u));
-    if (i >= p->n_bins) {
-        return;
-    }
-    struct bin *b = &p->bins[i];
-    atomic_fetch_add_explicit(&b->held_us, late_us, memory_order_relaxed);
-    raiseTo(&b->max_us, late_us);
 }
 
 static void *probeMain(void *arg)
@@ -88,7 +69,7 @@ static void *probeMain(void *arg)
             if (late_us > t->held_max_us) {
                 t->held_max_us = late_us;
             }
-            holdAdd(p, now, late_us);
+            holdAdd(p, late_us);
         }
         deadline += STALLPROBE_PERIOD_US * 1000u;
         if (deadline <= now) { /* the periods missed while held are not owed */
@@ -129,8 +110,7 @@ static int startThread(struct probeThread *t)
     return rv;
 }
 
-int stallprobe_start(struct stallprobe **out, unsigned bin_ms, size_t n_bins, char *err,
-                     size_t errlen)
+int stallprobe_start(struct stallprobe **out, char *err, size_t errlen)
 {
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
@@ -148,20 +128,7 @@ int stallprobe_start(struct stallprobe **out, unsigned bin_ms, size_t n_bins, ch
     }
     atomic_init(&p->stop, false);
     atomic_init(&p->window_max_us, 0);
-    p->bin_ms = n_bins > 0 ? bin_ms : 0;
-    p->n_bins = p->bin_ms > 0 ? n_bins : 0;
-    if (p->n_bins > 0) {
-        p->bins = calloc(p->n_bins, sizeof(*p->bins));
-        if (p->bins == NULL) {
-            free(p);
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        for (size_t i = 0; i < p->n_bins; i++) {
-            atomic_init(&p->bins[i].max_us, 0);
-            atomic_init(&p->bins[i].held_us, 0);
-        }
-    }
+    atomic_init(&p->window_held_us, 0);
     p->start_ns = nowNs();
     int cpu = 0;
     int last_err = 0;
@@ -185,7 +152,6 @@ int stallprobe_start(struct stallprobe **out, unsigned bin_ms, size_t n_bins, ch
     }
     if (p->n_threads == 0) {
         snprintf(err, errlen, "could not start a probe thread: %s", strerror(last_err));
-        free(p->bins);
         free(p);
         return -1;
     }
@@ -209,25 +175,15 @@ void stallprobe_stop(struct stallprobe *p, struct stallprobe_stats *stats)
         }
         stats->fifo = stats->fifo && t->fifo;
     }
-    p->stop_ns = nowNs();
     stats->cpus = p->n_threads;
-    stats->seconds = (double)(p->stop_ns - p->start_ns) / 1e9;
+    stats->seconds = (double)(nowNs() - p->start_ns) / 1e9;
     p->n_threads = 0; /* joined */
 }
 
-uint64_t stallprobe_bin_max_us(const struct stallprobe *p, size_t i)
+void stallprobe_take(struct stallprobe *p, struct stallprobe_window *w)
 {
-    return i < p->n_bins ? atomic_load(&p->bins[i].max_us) : 0;
-}
-
-uint64_t stallprobe_bin_held_us(const struct stallprobe *p, size_t i)
-{
-    return i < p->n_bins ? atomic_load(&p->bins[i].held_us) : 0;
-}
-
-uint64_t stallprobe_take_max_us(struct stallprobe *p)
-{
-    return atomic_exchange(&p->window_max_us, 0);
+    w->max_us = atomic_exchange(&p->window_max_us, 0);
+    w->held_us = atomic_exchange(&p->window_held_us, 0);
 }
 
 void stallprobe_free(struct stallprobe *p)
@@ -235,6 +191,5 @@ void stallprobe_free(struct stallprobe *p)
     if (p == NULL) {
         return;
     }
-    free(p->bins);
     free(p);
 }

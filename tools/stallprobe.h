@@ -12,8 +12,9 @@
  *
  * A wake-up STALLPROBE_HOLD_US or more late is a "hold": the CPU was held off for that
  * long (at most one period less than the real hold, which may have begun just after the
- * previous wake-up). Holds are summed per run and, with bins, per interval of the run by
- * the time they ended (as idem-bench's timeline counts operations).
+ * previous wake-up). Holds are summed per run and, through stallprobe_take, per interval
+ * that the caller closes on its own clock, by the time they ended (as idem-bench's
+ * timeline counts operations).
  *
  * The probe costs each CPU one short wake-up per period. Not for use from a signal
  * handler; start and stop from one thread. */
@@ -40,25 +41,24 @@ struct stallprobe_stats {
     double seconds;       /* from start to stop */
 };
 
-/* Starts the probe: its threads run until stallprobe_stop. With bin_ms > 0, holds are
- * also counted in n_bins intervals of bin_ms each from the start (holds after the last
- * one count in the totals only). 0, or -1 with a message in err (errlen bytes) when not
- * one thread could be started; *out is the caller's, freed by stallprobe_free. */
-int stallprobe_start(struct stallprobe **out, unsigned bin_ms, size_t n_bins, char *err,
-                     size_t errlen);
+/* The holds that ended in one interval (stallprobe_take). */
+struct stallprobe_window {
+    uint64_t max_us;  /* the latest wake-up, 0 when none was a hold */
+    uint64_t held_us; /* the holds' lateness, summed over every CPU */
+};
+
+/* Starts the probe: its threads run until stallprobe_stop. 0, or -1 with a message in err
+ * (errlen bytes) when not one thread could be started; *out is the caller's, freed by
+ * stallprobe_free. */
+int stallprobe_start(struct stallprobe **out, char *err, size_t errlen);
 
 /* Stops the threads and waits for them (a period at most), then fills *stats. */
 void stallprobe_stop(struct stallprobe *p, struct stallprobe_stats *stats);
 
-/* After stallprobe_stop: interval i's latest wake-up (µs, 0 when none was a hold) and its
- * holds' lateness summed over every CPU (µs). Intervals past n_bins read 0. */
-uint64_t stallprobe_bin_max_us(const struct stallprobe *p, size_t i);
-uint64_t stallprobe_bin_held_us(const struct stallprobe *p, size_t i);
-
-/* The latest wake-up (µs, 0 when none was a hold) since the last call, or since the start;
- * resets it. For intervals that the caller closes on its own clock (idem-bench's timeline
- * rows); any thread, while the probe runs or after. */
-uint64_t stallprobe_take_max_us(struct stallprobe *p);
+/* The holds that ended since the last call (or the start) into *w, and a new interval
+ * begun. A hold whose lateness counts in w->max_us counts in w->held_us too. Any thread,
+ * while the probe runs or after it stopped. */
+void stallprobe_take(struct stallprobe *p, struct stallprobe_window *w);
 
 /* Frees a stopped probe (NULL: nothing). */
 void stallprobe_free(struct stallprobe *p);

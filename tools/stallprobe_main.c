@@ -42,11 +42,11 @@ static double ms(uint64_t us)
     return (double)us / 1000.0;
 }
 
-/* The end of interval i: the run's end for the last, partial one. */
-static uint64_t endMs(size_t i, unsigned interval_ms, unsigned duration_s)
+static uint64_t nowMs(void)
 {
-    uint64_t end = (uint64_t)(i + 1) * interval_ms;
-    return end < (uint64_t)duration_s * 1000u ? end : (uint64_t)duration_s * 1000u;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static void sleepMs(uint64_t n)
@@ -82,21 +82,47 @@ int main(int argc, char **argv)
             cli_usage_error("unknown argument '%s'", a);
         }
     }
-    size_t bins = interval_ms ? ((size_t)duration_s * 1000u + interval_ms - 1) / interval_ms : 0;
-    struct stallprobe *p = NULL;
-    char err[256];
-    if (stallprobe_start(&p, interval_ms, bins, err, sizeof err) != 0) {
-        fprintf(stderr, "idem-stallprobe: %s\n", err);
+    size_t n_rows = interval_ms ? ((size_t)duration_s * 1000u + interval_ms - 1) / interval_ms : 0;
+    struct row {
+        uint64_t end_ms;
+        struct stallprobe_window w;
+    } *rows = calloc(n_rows ? n_rows : 1, sizeof(*rows));
+    if (rows == NULL) {
+        fputs("idem-stallprobe: out of memory\n", stderr);
         return 1;
     }
-    sleepMs((uint64_t)duration_s * 1000u);
+    struct stallprobe *p = NULL;
+    char err[256];
+    uint64_t t0 = nowMs();
+    if (stallprobe_start(&p, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-stallprobe: %s\n", err);
+        free(rows);
+        return 1;
+    }
+    /* Each interval ends on its own schedule from the start (a late wake-up of this thread
+     * shortens the next one), the last one with the run. */
+    uint64_t end = t0 + (uint64_t)duration_s * 1000u;
+    for (size_t i = 0; i < n_rows; i++) {
+        uint64_t until = t0 + (uint64_t)(i + 1) * interval_ms;
+        until = until < end ? until : end;
+        uint64_t now = nowMs();
+        if (until > now) {
+            sleepMs(until - now);
+        }
+        stallprobe_take(p, &rows[i].w);
+        rows[i].end_ms = nowMs() - t0;
+    }
+    if (n_rows == 0) {
+        sleepMs((uint64_t)duration_s * 1000u);
+    }
     struct stallprobe_stats st;
     stallprobe_stop(p, &st);
+    stallprobe_free(p);
     double per_cpu = ms(st.held_us) / st.cpus;
     if (json) {
         json_t *o = json_object();
-        json_t *rows = json_array();
-        if (o == NULL || rows == NULL) {
+        json_t *ja = json_array();
+        if (o == NULL || ja == NULL) {
             fputs("idem-stallprobe: out of memory\n", stderr);
             return 1;
         }
@@ -107,18 +133,17 @@ int main(int argc, char **argv)
         json_object_set_new(o, "holds", json_integer((json_int_t)st.holds));
         json_object_set_new(o, "held_ms_per_cpu", json_real(per_cpu));
         json_object_set_new(o, "held_max_ms", json_real(ms(st.held_max_us)));
-        for (size_t i = 0; i < bins; i++) {
+        for (size_t i = 0; i < n_rows; i++) {
             json_t *r = json_object();
             if (r == NULL) {
                 return 1;
             }
-            json_object_set_new(r, "end_ms",
-                                json_integer((json_int_t)endMs(i, interval_ms, duration_s)));
-            json_object_set_new(r, "held_ms", json_real(ms(stallprobe_bin_held_us(p, i))));
-            json_object_set_new(r, "held_max_ms", json_real(ms(stallprobe_bin_max_us(p, i))));
-            json_array_append_new(rows, r);
+            json_object_set_new(r, "end_ms", json_integer((json_int_t)rows[i].end_ms));
+            json_object_set_new(r, "held_ms", json_real(ms(rows[i].w.held_us)));
+            json_object_set_new(r, "held_max_ms", json_real(ms(rows[i].w.max_us)));
+            json_array_append_new(ja, r);
         }
-        json_object_set_new(o, "intervals", rows);
+        json_object_set_new(o, "intervals", ja);
         char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
         if (s == NULL) {
             return 1;
@@ -131,14 +156,14 @@ int main(int argc, char **argv)
                " wake-ups 1 ms or more late, the latest %.3f ms; probe at %s priority)\n",
                per_cpu, st.seconds, st.cpus, st.holds, st.wakeups, ms(st.held_max_us),
                st.fifo ? "SCHED_FIFO 1" : "normal");
-        if (bins > 0) {
+        if (n_rows > 0) {
             printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "latest ms");
-            for (size_t i = 0; i < bins; i++) {
-                printf("  %10" PRIu64 " %14.3f %14.3f\n", endMs(i, interval_ms, duration_s),
-                       ms(stallprobe_bin_held_us(p, i)), ms(stallprobe_bin_max_us(p, i)));
+            for (size_t i = 0; i < n_rows; i++) {
+                printf("  %10" PRIu64 " %14.3f %14.3f\n", rows[i].end_ms, ms(rows[i].w.held_us),
+                       ms(rows[i].w.max_us));
             }
         }
     }
-    stallprobe_free(p);
+    free(rows);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* Unit tests of tools/stallprobe.c: a process whose threads are all held off the CPUs for a
  * known time (SIGSTOP from its parent, then SIGCONT) reports a hold that long, in the
- * interval it ended in; the counters and intervals are what the header says. */
+ * interval (stallprobe_take) it ended in; the counters and intervals are what the header
+ * says. */
 #define _GNU_SOURCE /* CPU_COUNT */
 #include <sched.h>
 #include <setjmp.h>
@@ -19,8 +20,8 @@
 
 #include "stallprobe.h"
 
-#define BIN_MS 100
-#define N_BINS 12
+#define WINDOW_MS 100
+#define N_WINDOWS 9 /* taken every WINDOW_MS while the probe runs, then one after the stop */
 
 static void sleepMs(unsigned n)
 {
@@ -46,17 +47,15 @@ static unsigned allowedCpus(void)
 
 /* What the child reports through the pipe. */
 struct report {
-    uint64_t start_us;           /* the child's clock just before stallprobe_start */
-    uint64_t take1_us, take2_us; /* stallprobe_take_max_us after the stop, twice */
     struct stallprobe_stats st;
-    uint64_t bin_max_us[N_BINS + 1];
-    uint64_t bin_held_us[N_BINS + 1];
+    struct stallprobe_window w[N_WINDOWS + 2]; /* the last two taken after the stop */
+    uint64_t end_us[N_WINDOWS];                /* when each of the others was taken */
 };
 
-/* The child runs the probe for run_ms with 100 ms intervals; the parent stops it at stop_at_ms
- * for hold_ms. *cont_us: when the parent sent SIGCONT (CLOCK_MONOTONIC, which both share). */
-static void runStopped(unsigned run_ms, unsigned stop_at_ms, unsigned hold_ms, struct report *r,
-                       uint64_t *cont_us)
+/* The child runs the probe for N_WINDOWS intervals of WINDOW_MS; the parent stops it at
+ * stop_at_ms for hold_ms. *cont_us: when the parent sent SIGCONT (CLOCK_MONOTONIC, which
+ * both share). */
+static void runStopped(unsigned stop_at_ms, unsigned hold_ms, struct report *r, uint64_t *cont_us)
 {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -69,8 +68,7 @@ static void runStopped(unsigned run_ms, unsigned stop_at_ms, unsigned hold_ms, s
         close(ready[0]);
         struct stallprobe *p = NULL;
         char err[256];
-        uint64_t start_us = nowUs();
-        if (stallprobe_start(&p, BIN_MS, N_BINS, err, sizeof err) != 0) {
+        if (stallprobe_start(&p, err, sizeof err) != 0) {
             fprintf(stderr, "stallprobe_start: %s\n", err);
             _exit(1);
         }
@@ -78,17 +76,16 @@ static void runStopped(unsigned run_ms, unsigned stop_at_ms, unsigned hold_ms, s
         if (write(ready[1], &c, 1) != 1) {
             _exit(1);
         }
-        sleepMs(run_ms);
         struct report out;
         memset(&out, 0, sizeof(out));
-        stallprobe_stop(p, &out.st);
-        out.start_us = start_us;
-        out.take1_us = stallprobe_take_max_us(p);
-        out.take2_us = stallprobe_take_max_us(p);
-        for (size_t i = 0; i <= N_BINS; i++) { /* N_BINS itself: past the last, reads 0 */
-            out.bin_max_us[i] = stallprobe_bin_max_us(p, i);
-            out.bin_held_us[i] = stallprobe_bin_held_us(p, i);
+        for (size_t i = 0; i < N_WINDOWS; i++) {
+            sleepMs(WINDOW_MS);
+            stallprobe_take(p, &out.w[i]);
+            out.end_us[i] = nowUs();
         }
+        stallprobe_stop(p, &out.st);
+        stallprobe_take(p, &out.w[N_WINDOWS]);     /* what ended between the last and the stop */
+        stallprobe_take(p, &out.w[N_WINDOWS + 1]); /* nothing since */
         stallprobe_free(p);
         _exit(write(fds[1], &out, sizeof(out)) == (ssize_t)sizeof(out) ? 0 : 1);
     }
@@ -116,14 +113,15 @@ static void runStopped(unsigned run_ms, unsigned stop_at_ms, unsigned hold_ms, s
 
 /* Stopped for 150 ms from ~250 ms: every CPU's thread woke about that late (one period
  * less than the stop at most, and a little for the signals to take effect), so as many
- * held ms per CPU at least, and the latest wake-up falls in the interval the stop ended in
- * (the one of SIGCONT, or the next if the threads ran only after its end). */
+ * held ms per CPU at least, and the latest wake-up falls in the interval the stop ended in:
+ * the first one taken after SIGCONT, or the next (the child's thread that takes them was
+ * stopped too, and may run before the probe's at SIGCONT). */
 static void test_stopped_process_is_a_hold(void **state)
 {
     (void)state;
     struct report r;
     uint64_t cont_us;
-    runStopped(900, 250, 150, &r, &cont_us);
+    runStopped(250, 150, &r, &cont_us);
     unsigned cpus = allowedCpus();
     uint64_t at_least_us = (150 - 20) * 1000u;
     assert_int_equal(r.st.cpus, cpus);
@@ -133,35 +131,33 @@ static void test_stopped_process_is_a_hold(void **state)
     assert_true(r.st.seconds >= 0.9);
     size_t worst = 0;
     uint64_t held_sum = 0;
-    for (size_t i = 0; i < N_BINS; i++) {
-        if (r.bin_max_us[i] > r.bin_max_us[worst]) {
+    for (size_t i = 0; i <= N_WINDOWS; i++) {
+        if (r.w[i].max_us > r.w[worst].max_us) {
             worst = i;
         }
-        assert_true(r.bin_held_us[i] >= r.bin_max_us[i]);
-        held_sum += r.bin_held_us[i];
+        assert_true(r.w[i].held_us >= r.w[i].max_us);
+        held_sum += r.w[i].held_us;
     }
-    assert_int_equal(r.bin_max_us[worst], r.st.held_max_us);
-    /* The intervals count from the probe's start, a little after start_us; the threads wake
-     * a little after SIGCONT. */
-    size_t cont_bin = (size_t)((cont_us - r.start_us) / (BIN_MS * 1000u));
-    assert_true(worst + 1 >= cont_bin && worst <= cont_bin + 1);
-    /* Never taken before: the first take is the run's latest wake-up, the next nothing. */
-    assert_int_equal(r.take1_us, r.st.held_max_us);
-    assert_int_equal(r.take2_us, 0);
-    /* Every hold of the run ended within the intervals (0.9 s of 1.2 s). */
+    assert_int_equal(r.w[worst].max_us, r.st.held_max_us);
+    size_t after = 0; /* the first interval taken after SIGCONT */
+    while (after < N_WINDOWS && r.end_us[after] < cont_us) {
+        after++;
+    }
+    assert_true(worst == after || worst == after + 1);
+    /* Every hold of the run is in exactly one interval; nothing after the last take. */
     assert_int_equal(held_sum, r.st.held_us);
-    assert_int_equal(r.bin_max_us[N_BINS], 0);
-    assert_int_equal(r.bin_held_us[N_BINS], 0);
+    assert_int_equal(r.w[N_WINDOWS + 1].max_us, 0);
+    assert_int_equal(r.w[N_WINDOWS + 1].held_us, 0);
 }
 
-/* A probe that was not stopped: each thread woke about once a period (half of them at
- * least, whatever else the machine does), and without intervals every bin reads 0. */
-static void test_wakeups_and_no_bins(void **state)
+/* A probe that was not stopped: each thread woke about once a period, and the holds taken
+ * are the run's. */
+static void test_wakeups(void **state)
 {
     (void)state;
     struct stallprobe *p = NULL;
     char err[256];
-    assert_int_equal(stallprobe_start(&p, 0, 0, err, sizeof err), 0);
+    assert_int_equal(stallprobe_start(&p, err, sizeof err), 0);
     sleepMs(200);
     struct stallprobe_stats st;
     stallprobe_stop(p, &st);
@@ -171,8 +167,10 @@ static void test_wakeups_and_no_bins(void **state)
     assert_true(st.wakeups >= (uint64_t)st.cpus * 40);
     assert_true(st.holds <= st.wakeups);
     assert_true(st.held_max_us <= st.held_us);
-    assert_int_equal(stallprobe_bin_max_us(p, 0), 0);
-    assert_int_equal(stallprobe_bin_held_us(p, 0), 0);
+    struct stallprobe_window w;
+    stallprobe_take(p, &w);
+    assert_int_equal(w.max_us, st.held_max_us);
+    assert_int_equal(w.held_us, st.held_us);
     stallprobe_free(p);
     stallprobe_free(NULL);
 }
@@ -181,7 +179,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stopped_process_is_a_hold),
-        cmocka_unit_test(test_wakeups_and_no_bins),
+        cmocka_unit_test(test_wakeups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
