@@ -26,9 +26,13 @@
  * service time (send to answer) is reported next to it, and so is the largest lag of a
  * send behind its schedule: a lag that grows means R is more than the cluster (or C in
  * flight) can sustain. Operations scheduled before the end
- * that are still unsent when --duration passes are sent afterwards, for at most one
- * --deadline more; any left then are reported as "unsent", never silently dropped, and
- * count in the latency with their wait from the scheduled time to the end.
+ * that are still unsent when --duration passes are sent afterwards, for at most 1 s (or one
+ * --deadline if shorter) more; any left then are reported as "unsent", never silently
+ * dropped, and count in the latency with their wait from the scheduled time to the end.
+ * In every mode a run ends by then: each call's deadline is cut so that it ends by that
+ * time at the latest (a call without an answer by then is an error, timed like the
+ * others), so --duration bounds the run whatever the cluster does. The first call (below)
+ * and the replay workload's setup come before the run and are bounded by --deadline.
  *
  * Workloads:
  *   fresh           claim a new key every time: expected outcome acquired.
@@ -56,9 +60,11 @@
  * CPUs. Its totals go in the summary, and with --timeline the longest hold of each interval.
  *
  * Output: a summary, the percentiles p50/p90/p99/p99.9/max (of every operation sent, failed
- * ones included), the outcome counts and an ASCII distribution of the latencies; --json prints one object instead. While it runs, a
- * progress line is written once per second to stderr when stderr is a terminal, with ops
- * (the expected outcome) and errors counted as the summary counts them.
+ * ones included), the outcome counts and an ASCII distribution of the latencies; --json
+ * prints one object instead (and when the run cannot be made, {"outcome", "error"} as
+ * idemctl does). While it runs, a progress line is written once per second to stderr when
+ * stderr is a terminal, with ops (the expected outcome) and errors counted as the summary
+ * counts them.
  * Exit status: 0 it ran; 2 usage error; 3 nothing could be reached (the probe before the
  * run got no answer, or not one operation was answered); 1 setup failed otherwise. */
 #include <inttypes.h>
@@ -98,6 +104,10 @@
 #define DEFAULT_CLOSED_CONCURRENCY 8
 #define DEFAULT_OPEN_CONCURRENCY 1024
 #define DEFAULT_CONNECTIONS 1
+/* After --duration, calls in flight (and, in the open loop, operations scheduled before the
+ * end but not sent yet) get at most this long, or one --deadline if that is shorter: every
+ * call's deadline is cut to it, so that a run ends by then whatever the cluster does. */
+#define END_GRACE_MS 1000u
 
 /* Outcome counters: indexes are Idem__Outcome values; OUTC_NONE counts calls with no
  * answer, OUTC_OTHER outcomes this program does not know. */
@@ -162,9 +172,15 @@ static const char usageText[] =
     "                      to the leader, used round robin (default 1, at most 64)\n"
     "  --keys N            key set of replay (default 64) and contention (default 8),\n"
     "                      1..100000\n"
-    "  --duration SECONDS  how long to run (default 10, at most 3600)\n"
+    "  --duration SECONDS  how long to run (default 10, at most 3600); then the calls in\n"
+    "                      flight (and with --rate the operations due but unsent) get at\n"
+    "                      most 1 s more, or one --deadline if shorter: a call without an\n"
+    "                      answer by then is an error, so the run ends by then\n"
     "  --requests N        stop after N operations (default: no limit)\n"
-    "  --deadline MS       deadline of each call, retries included (default 5000)\n"
+    "  --deadline MS       deadline of each call, retries included (default 5000); also\n"
+    "                      bounds the first call, which checks the cluster, and each call of\n"
+    "                      the replay workload's setup (before the run, not timed: --keys\n"
+    "                      keys claimed and completed, 16 at a time)\n"
     "  --no-histogram      leave the ASCII latency distribution out of the text output\n"
     "  --timeline MS       also report latency per MS milliseconds of the run (operations\n"
     "                      counted in the interval they end in): ops, p50, p99, max;\n"
@@ -235,6 +251,12 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     cfg->no_histogram = false;
     cfg->deadline_ms = DEFAULT_DEADLINE_MS;
     cli_tls_from_env(&cfg->tls);
+    /* --json anywhere: usage errors found before it is reached print JSON too. */
+    for (int k = 1; k < argc; k++) {
+        if (strcmp(argv[k], "--json") == 0) {
+            cli_set_json(true);
+        }
+    }
     int i = 1;
     while (i < argc) {
         const char *v;
@@ -341,6 +363,56 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     }
 }
 
+/* Why the run could not be made (the first failure reported by benchError). */
+static char failWhy[512];
+
+/* Reports a failure that ends the run before its results: "idem-bench: MESSAGE" on stderr;
+ * the first one is kept for benchExit. */
+static void benchError(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void benchError(const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "idem-bench: %s\n", msg);
+    if (failWhy[0] == '\0') {
+        snprintf(failWhy, sizeof failWhy, "%s", msg);
+    }
+}
+
+/* The exit status of a run that ended before its results; with --json also prints
+ * {"outcome": "unavailable" (status 3), "usage" (2) or "error" (1), "error": why} on stdout,
+ * as idemctl does, so that a script always gets an object. */
+static int benchExit(bool json, int code)
+{
+    if (json) {
+        json_t *o = json_object();
+        json_t *why = json_string(failWhy[0] ? failWhy : "setup failed");
+        if (why == NULL) { /* not UTF-8 (an address or a server's text) */
+            why = json_string("setup failed (the reason is on stderr)");
+        }
+        char *text = NULL;
+        if (o != NULL && why != NULL) {
+            const char *outcome = code == EXIT_UNAVAILABLE ? "unavailable"
+                                  : code == EXIT_USAGE     ? "usage"
+                                                           : "error";
+            json_object_set_new(o, "outcome", json_string(outcome));
+            json_object_set(o, "error", why);
+            text = json_dumps(o, JSON_PRESERVE_ORDER);
+        }
+        if (text != NULL) {
+            puts(text);
+            fflush(stdout);
+        }
+        free(text);
+        json_decref(why);
+        json_decref(o);
+    }
+    return code;
+}
+
 /* A client of the cluster with the run's token and TLS options; why (OUT) on failure. */
 static int clientOpen(const struct config *cfg, struct idem_client **c, char *why,
                       size_t why_len)
@@ -365,7 +437,8 @@ struct bench {
     char run_id[17];
     struct set_key *set; /* cfg.keys entries for replay and contention, else NULL */
     uint64_t start_us;
-    uint64_t end_us;
+    uint64_t end_us;  /* start + --duration; 0 until the run starts */
+    uint64_t last_us; /* end_us + the grace (END_GRACE_MS or --deadline): the run's bound */
     atomic_uint_fast64_t tickets;   /* operations started (closed) or scheduled (open) */
     atomic_uint_fast64_t done;      /* operations finished, failed ones included (--requests) */
     atomic_uint_fast64_t succeeded; /* of those, the expected outcome: the summary's ops */
@@ -418,6 +491,30 @@ static void sleepUntilUs(uint64_t us)
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
         /* EINTR: sleep again. */
     }
+}
+
+/* Sets the run's start, its end (--duration later) and its bound (the grace after it). */
+static void runTimes(struct bench *b, uint64_t start_us)
+{
+    uint32_t grace_ms = b->cfg.deadline_ms < END_GRACE_MS ? b->cfg.deadline_ms : END_GRACE_MS;
+    b->start_us = start_us;
+    b->end_us = start_us + (uint64_t)b->cfg.duration_s * 1000000u;
+    b->last_us = b->end_us + (uint64_t)grace_ms * 1000u;
+}
+
+/* The deadline of a call made now: --deadline, cut so that the call ends by the run's
+ * bound (at least 1 ms); --deadline before the run starts. */
+static uint32_t callDeadline(const struct bench *b)
+{
+    if (b->last_us == 0) {
+        return b->cfg.deadline_ms;
+    }
+    uint64_t now = nowUs();
+    uint64_t left_ms = now < b->last_us ? (b->last_us - now) / 1000u : 0;
+    if (left_ms < 1) {
+        left_ms = 1;
+    }
+    return left_ms < b->cfg.deadline_ms ? (uint32_t)left_ms : b->cfg.deadline_ms;
 }
 
 static uint64_t rngNext(uint64_t *s)
@@ -567,7 +664,6 @@ static void countCall(struct worker *w, int rv)
 static bool workerOp(struct worker *w, struct idem_client *c)
 {
     struct bench *b = w->b;
-    uint32_t dl = b->cfg.deadline_ms;
     char key[96], attempt[48], err[256];
     uint8_t fp[32];
     uint64_t token = 0;
@@ -577,7 +673,7 @@ static bool workerOp(struct worker *w, struct idem_client *c)
         const struct set_key *sk = &b->set[rngNext(&w->rng) % b->cfg.keys];
         snprintf(attempt, sizeof attempt, "r%u-%" PRIu64 "-%016" PRIx64, w->index, w->seq++,
                  rngNext(&w->rng));
-        o = doClaim(c, dl, sk->key, sk->fp, attempt, &token, &rv, err, sizeof err);
+        o = doClaim(c, callDeadline(b), sk->key, sk->fp, attempt, &token, &rv, err, sizeof err);
         countCall(w, rv);
         w->outcomes[outcomeSlot(rv, o)]++;
         if (b->cfg.workload == WL_REPLAY) {
@@ -594,7 +690,7 @@ static bool workerOp(struct worker *w, struct idem_client *c)
             noteError(w, "%s", err);
             return false;
         }
-        o = doRelease(c, dl, sk->key, token, &rv, err, sizeof err);
+        o = doRelease(c, callDeadline(b), sk->key, token, &rv, err, sizeof err);
         countCall(w, rv);
         if (o != IDEM__OUTCOME__OUTCOME_OK) {
             noteError(w, "%s", err);
@@ -606,7 +702,7 @@ static bool workerOp(struct worker *w, struct idem_client *c)
     snprintf(key, sizeof key, "bench-%s-%u-%" PRIu64, b->run_id, w->index, n);
     snprintf(attempt, sizeof attempt, "a%u-%" PRIu64, w->index, n);
     randomFill(&w->rng, fp, sizeof fp);
-    o = doClaim(c, dl, key, fp, attempt, &token, &rv, err, sizeof err);
+    o = doClaim(c, callDeadline(b), key, fp, attempt, &token, &rv, err, sizeof err);
     countCall(w, rv);
     w->outcomes[outcomeSlot(rv, o)]++;
     if (o != IDEM__OUTCOME__OUTCOME_ACQUIRED) {
@@ -616,7 +712,7 @@ static bool workerOp(struct worker *w, struct idem_client *c)
     if (b->cfg.workload == WL_FRESH) {
         return true;
     }
-    o = doComplete(c, dl, key, token, &rv, err, sizeof err);
+    o = doComplete(c, callDeadline(b), key, token, &rv, err, sizeof err);
     countCall(w, rv);
     if (o != IDEM__OUTCOME__OUTCOME_OK) {
         noteError(w, "%s", err);
@@ -721,7 +817,6 @@ struct open_loop {
     bool pumping;     /* openPump is running (an operation refused at once re-enters) */
     uint64_t next;     /* the next operation to send */
     uint64_t expected; /* operations scheduled in all */
-    uint64_t until_us; /* the end of the run plus one deadline: stop sending then */
     /* progress: when it was last printed, and the ops (succeeded) then */
     uint64_t last_print, last_done;
     struct worker w; /* the counters and histograms, as one closed-loop worker's */
@@ -883,7 +978,7 @@ static void openClaimCb(struct idem_async *a, int status, struct idem_result *r,
     struct open_op *op = data;
     struct open_loop *L = op->L;
     enum workload wl = L->b->cfg.workload;
-    uint32_t dl = L->b->cfg.deadline_ms;
+    uint32_t dl = callDeadline(L->b);
     if (wl == WL_CONTENTION && status == IDEM_OK && r->outcome == IDEM_OUTCOME_IN_PROGRESS) {
         openCall(op, "claim", status, r, IDEM_OUTCOME_IN_PROGRESS, true);
         openDone(op, true);
@@ -949,7 +1044,7 @@ static void openSend(struct open_loop *L, uint64_t sched, uint64_t now)
         key = op->key;
         fp = fpbuf;
     }
-    struct idem_claim_opts co = {.attempt_id = attempt, .deadline_ms = b->cfg.deadline_ms};
+    struct idem_claim_opts co = {.attempt_id = attempt, .deadline_ms = callDeadline(b)};
     L->inflight++;
     int rv = idem_async_claim(op->a, key, fp, &co, openClaimCb, op);
     if (rv != IDEM_OK) {
@@ -970,8 +1065,8 @@ static void openPump(struct open_loop *L)
     uint64_t now = nowUs();
     bool closed = L->b->cfg.rate == 0;
     /* The closed loop sends nothing after the end; the open loop still sends what was
-     * scheduled before it, for one deadline more. */
-    if (now >= (closed ? L->b->end_us : L->until_us)) {
+     * scheduled before it, until the run's bound. */
+    if (now >= (closed ? L->b->end_us : L->b->last_us)) {
         openFinish(L);
         return;
     }
@@ -1040,9 +1135,7 @@ static void openStart(struct open_loop *L)
     struct bench *b = L->b;
     L->started = true;
     probeStart(b);
-    b->start_us = nowUs() + 1000u;
-    b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
-    L->until_us = b->end_us + (uint64_t)b->cfg.deadline_ms * 1000u;
+    runTimes(b, nowUs() + 1000u);
     L->last_print = b->start_us;
     uv_timer_start(&L->tick, openTickCb, OPEN_TICK_MS, OPEN_TICK_MS);
     if (L->progress_on) {
@@ -1077,7 +1170,7 @@ static int runOpen(struct bench *b, struct worker *w, bool progress)
     struct open_loop *L = calloc(1, sizeof *L);
     int code = EXIT_SETUP;
     if (L == NULL) {
-        fputs("idem-bench: out of memory\n", stderr);
+        benchError("out of memory");
         return EXIT_SETUP;
     }
     L->b = b;
@@ -1090,7 +1183,7 @@ static int runOpen(struct bench *b, struct worker *w, bool progress)
     L->ops = calloc(b->cfg.concurrency, sizeof *L->ops);
     L->conns = calloc(b->cfg.connections, sizeof *L->conns);
     if (L->ops == NULL || L->conns == NULL || uv_loop_init(&L->loop) != 0) {
-        fputs("idem-bench: out of memory\n", stderr);
+        benchError("out of memory");
         free(L->ops);
         free(L->conns);
         free(L);
@@ -1119,7 +1212,7 @@ static int runOpen(struct bench *b, struct worker *w, bool progress)
     for (unsigned i = 0; i < b->cfg.connections; i++) {
         rv = idem_async_open(&L->loop, &o, &L->conns[i], why, sizeof why);
         if (rv != IDEM_OK) {
-            fprintf(stderr, "idem-bench: %s: %s\n", idem_strerror(rv), why);
+            benchError("%s: %s", idem_strerror(rv), why);
             code = rv == IDEM_EINVAL || rv == IDEM_ETLS ? EXIT_USAGE : EXIT_SETUP;
             break;
         }
@@ -1171,14 +1264,14 @@ static int probe(struct bench *b, struct idem_client *c)
     Idem__Response *resp = NULL;
     int rv = idem_call(c, &req, b->cfg.deadline_ms, &resp);
     if (rv != IDEM_OK) {
-        fprintf(stderr, "idem-bench: cluster unreachable: %s\n",
+        benchError("cluster unreachable: %s",
                 rv == IDEM_EUNAVAILABLE ? idem_client_errmsg(c) : idem_strerror(rv));
         return EXIT_UNAVAILABLE;
     }
     Idem__Outcome o = idem_response_outcome(resp);
     int code = EXIT_RAN;
     if (o == IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED || o == IDEM__OUTCOME__OUTCOME_FORBIDDEN) {
-        fprintf(stderr, "idem-bench: the cluster refused the token: %s%s%s\n",
+        benchError("the cluster refused the token: %s%s%s",
                 idem_outcome_name((int)o), resp->error[0] ? ": " : "", resp->error);
         code = EXIT_USAGE;
     }
@@ -1186,15 +1279,60 @@ static int probe(struct bench *b, struct idem_client *c)
     return code;
 }
 
+/* The replay workload's setup: threads that claim and complete the key set together over
+ * one (thread-safe) client, each taking the next key. */
+#define SETUP_THREADS 16
+
+struct setup {
+    struct bench *b;
+    struct idem_client *c;
+    atomic_uint next;     /* the next key to take */
+    atomic_bool failed;   /* one failed: the others stop */
+    pthread_mutex_t lock; /* guards code */
+    int code;             /* the first failure's exit status, EXIT_RAN while none */
+};
+
+static void *setupRun(void *arg)
+{
+    struct setup *s = arg;
+    struct bench *b = s->b;
+    char err[256], attempt[48];
+    for (;;) {
+        unsigned i = atomic_fetch_add(&s->next, 1);
+        if (i >= b->cfg.keys || atomic_load(&s->failed)) {
+            return NULL;
+        }
+        const struct set_key *sk = &b->set[i];
+        snprintf(attempt, sizeof attempt, "setup-%u", i);
+        uint64_t token = 0;
+        int rv;
+        Idem__Outcome o = doClaim(s->c, b->cfg.deadline_ms, sk->key, sk->fp, attempt, &token,
+                                  &rv, err, sizeof err);
+        if (o == IDEM__OUTCOME__OUTCOME_ACQUIRED) {
+            o = doComplete(s->c, b->cfg.deadline_ms, sk->key, token, &rv, err, sizeof err);
+        }
+        if (o != IDEM__OUTCOME__OUTCOME_OK) {
+            pthread_mutex_lock(&s->lock);
+            if (s->code == EXIT_RAN) {
+                benchError("replay setup, key %u of %u: %s", i + 1, b->cfg.keys, err);
+                s->code = rv == IDEM_EUNAVAILABLE ? EXIT_UNAVAILABLE : EXIT_SETUP;
+            }
+            pthread_mutex_unlock(&s->lock);
+            atomic_store(&s->failed, true);
+            return NULL;
+        }
+    }
+}
+
 /* replay and contention: makes the key set; for replay also claims and completes every key
- * so that the run replays it. */
+ * (SETUP_THREADS at a time; before the run, not timed, each call bounded by --deadline) so
+ * that the run replays it. */
 static int setupSet(struct bench *b, struct idem_client *c)
 {
     uint64_t rng = seedFromRandom();
-    char err[256], attempt[48];
     b->set = calloc(b->cfg.keys, sizeof *b->set);
     if (b->set == NULL) {
-        fputs("idem-bench: out of memory\n", stderr);
+        benchError("out of memory");
         return EXIT_SETUP;
     }
     for (unsigned i = 0; i < b->cfg.keys; i++) {
@@ -1202,24 +1340,32 @@ static int setupSet(struct bench *b, struct idem_client *c)
         snprintf(sk->key, sizeof sk->key, "bench-%s-%s-%u", b->run_id,
                  b->cfg.workload == WL_REPLAY ? "replay" : "hot", i);
         randomFill(&rng, sk->fp, sizeof sk->fp);
-        if (b->cfg.workload != WL_REPLAY) {
-            continue;
-        }
-        snprintf(attempt, sizeof attempt, "setup-%u", i);
-        uint64_t token = 0;
-        int rv;
-        Idem__Outcome o = doClaim(c, b->cfg.deadline_ms, sk->key, sk->fp, attempt, &token, &rv,
-                                  err, sizeof err);
-        if (o == IDEM__OUTCOME__OUTCOME_ACQUIRED) {
-            o = doComplete(c, b->cfg.deadline_ms, sk->key, token, &rv, err, sizeof err);
-        }
-        if (o != IDEM__OUTCOME__OUTCOME_OK) {
-            fprintf(stderr, "idem-bench: replay setup, key %u of %u: %s\n", i + 1, b->cfg.keys,
-                    err);
-            return rv == IDEM_EUNAVAILABLE ? EXIT_UNAVAILABLE : EXIT_SETUP;
-        }
     }
-    return EXIT_RAN;
+    if (b->cfg.workload != WL_REPLAY) {
+        return EXIT_RAN;
+    }
+    if (isatty(STDERR_FILENO) == 1) {
+        fprintf(stderr, "idem-bench: replay setup: claiming and completing %u keys\n",
+                b->cfg.keys);
+    }
+    struct setup s = {.b = b, .c = c, .code = EXIT_RAN};
+    atomic_init(&s.next, 0);
+    atomic_init(&s.failed, false);
+    pthread_mutex_init(&s.lock, NULL);
+    unsigned n = b->cfg.keys < SETUP_THREADS ? b->cfg.keys : SETUP_THREADS;
+    pthread_t th[SETUP_THREADS];
+    unsigned started = 0;
+    while (started < n && pthread_create(&th[started], NULL, setupRun, &s) == 0) {
+        started++;
+    }
+    if (started == 0) {
+        setupRun(&s); /* no thread: this one does it all */
+    }
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+    }
+    pthread_mutex_destroy(&s.lock);
+    return s.code;
 }
 
 static json_t *jnum(double v)
@@ -1448,7 +1594,7 @@ static void printText(struct bench *b, const struct totals *t)
     if (b->probe != NULL) {
         const struct stallprobe_stats *ps = &b->probe_stats;
         printf("held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64
-               " wake-ups 1 ms or more late, the latest %.3f ms; probe at %s priority)\n",
+               " wake-ups 1 ms or more late, the longest %.3f ms; probe at %s priority)\n",
                ms(ps->held_us) / ps->cpus, ps->seconds, ps->cpus, ps->holds,
                ms(ps->held_max_us), ps->fifo ? "SCHED_FIFO 1" : "normal");
     }
@@ -1481,6 +1627,7 @@ int main(int argc, char **argv)
         return EXIT_SETUP;
     }
     parseArgs(argc, argv, &b->cfg);
+    const bool json = b->cfg.json;
     uint64_t run_seed = seedFromRandom();
     snprintf(b->run_id, sizeof b->run_id, "%016" PRIx64, rngNext(&run_seed));
     atomic_init(&b->tickets, 0);
@@ -1494,9 +1641,9 @@ int main(int argc, char **argv)
     char why[256];
     int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
-        fprintf(stderr, "idem-bench: %s: %s\n", idem_strerror(rv), why);
+        benchError("%s: %s", idem_strerror(rv), why);
         free(b);
-        return rv == IDEM_EINVAL || rv == IDEM_ETLS ? EXIT_USAGE : EXIT_SETUP;
+        return benchExit(json, rv == IDEM_EINVAL || rv == IDEM_ETLS ? EXIT_USAGE : EXIT_SETUP);
     }
     int code = probe(b, c);
     if (code == EXIT_RAN && (b->cfg.workload == WL_REPLAY || b->cfg.workload == WL_CONTENTION)) {
@@ -1506,7 +1653,7 @@ int main(int argc, char **argv)
     if (code != EXIT_RAN) {
         free(b->set);
         free(b);
-        return code;
+        return benchExit(json, code);
     }
 
     /* Open loop: one worker's counters, filled by the loop on this thread. */
@@ -1514,10 +1661,10 @@ int main(int argc, char **argv)
     unsigned n = on_loop ? 1 : b->cfg.concurrency;
     struct worker *ws = calloc(n, sizeof *ws);
     if (ws == NULL) {
-        fputs("idem-bench: out of memory\n", stderr);
+        benchError("out of memory");
         free(b->set);
         free(b);
-        return EXIT_SETUP;
+        return benchExit(json, EXIT_SETUP);
     }
     bool progress = isatty(STDERR_FILENO) == 1;
     for (unsigned i = 0; i < n; i++) {
@@ -1542,18 +1689,16 @@ int main(int argc, char **argv)
             free(ws);
             free(b->set);
             free(b);
-            return code;
+            return benchExit(json, code);
         }
         running = 1;
     } else {
-        b->start_us = nowUs();
-        b->end_us = b->start_us + (uint64_t)b->cfg.duration_s * 1000000u;
+        runTimes(b, nowUs());
         probeStart(b);
         for (unsigned i = 0; i < n; i++) {
             ws[i].started = pthread_create(&ws[i].thread, NULL, workerRun, &ws[i]) == 0;
             if (!ws[i].started) {
-                fprintf(stderr, "idem-bench: could not start thread %u; running with %u\n",
-                        i + 1, running);
+                benchError("could not start thread %u; running with %u", i + 1, running);
                 break;
             }
             running++;
@@ -1566,7 +1711,7 @@ int main(int argc, char **argv)
             free(ws);
             free(b->set);
             free(b);
-            return EXIT_SETUP;
+            return benchExit(json, EXIT_SETUP);
         }
         /* The workers stop themselves at end_us or after --requests; progress meanwhile. */
         uint64_t last_print = nowUs();

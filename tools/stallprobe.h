@@ -37,13 +37,13 @@ struct stallprobe_stats {
     uint64_t wakeups;     /* all threads together */
     uint64_t holds;       /* wake-ups STALLPROBE_HOLD_US or more late */
     uint64_t held_us;     /* their lateness, summed over every CPU */
-    uint64_t held_max_us; /* the latest single wake-up */
+    uint64_t held_max_us; /* the longest single hold */
     double seconds;       /* from start to stop */
 };
 
 /* The holds that ended in one interval (stallprobe_take). */
 struct stallprobe_window {
-    uint64_t max_us;  /* the latest wake-up, 0 when none was a hold */
+    uint64_t max_us;  /* the longest hold in the window, 0 when no wake-up was a hold */
     uint64_t held_us; /* the holds' lateness, summed over every CPU */
 };
 

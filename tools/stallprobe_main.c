@@ -61,18 +61,31 @@ int main(int argc, char **argv)
     cli_set_prog("idem-stallprobe");
     unsigned duration_s = 10, interval_ms = 1000;
     bool json = false;
+    /* --json anywhere: usage errors found before it is reached print JSON too. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+            cli_set_json(true);
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const char *v = NULL;
+        if (strncmp(a, "--duration=", 11) == 0 || strncmp(a, "--interval=", 11) == 0) {
+            v = a + 11; /* the --name=value form, as idem-bench takes it */
+        } else if ((strcmp(a, "--duration") == 0 || strcmp(a, "--interval") == 0) &&
+                   i + 1 < argc) {
+            v = argv[++i];
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usageText, stdout);
             return 0;
         } else if (strcmp(a, "--json") == 0) {
-            json = true;
-            cli_set_json(true);
-        } else if (strcmp(a, "--duration") == 0 && i + 1 < argc) {
-            duration_s = (unsigned)cli_parse_u64("--duration", argv[++i], 1, 3600);
-        } else if (strcmp(a, "--interval") == 0 && i + 1 < argc) {
-            interval_ms = (unsigned)cli_parse_u64("--interval", argv[++i], 0, 60000);
+            continue;
+        } else if (v != NULL && strncmp(a, "--duration", 10) == 0) {
+            duration_s = (unsigned)cli_parse_u64("--duration", v, 1, 3600);
+        } else if (v != NULL) {
+            interval_ms = (unsigned)cli_parse_u64("--interval", v, 0, 60000);
             if (interval_ms != 0 && interval_ms < 10) {
                 cli_usage_error("--interval must be 0 or 10..60000");
             }
@@ -153,11 +166,11 @@ int main(int argc, char **argv)
         json_decref(o);
     } else {
         printf("held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64 " of %" PRIu64
-               " wake-ups 1 ms or more late, the latest %.3f ms; probe at %s priority)\n",
+               " wake-ups 1 ms or more late, the longest %.3f ms; probe at %s priority)\n",
                per_cpu, st.seconds, st.cpus, st.holds, st.wakeups, ms(st.held_max_us),
                st.fifo ? "SCHED_FIFO 1" : "normal");
         if (n_rows > 0) {
-            printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "latest ms");
+            printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "longest ms");
             for (size_t i = 0; i < n_rows; i++) {
                 printf("  %10" PRIu64 " %14.3f %14.3f\n", rows[i].end_ms, ms(rows[i].w.held_us),
                        ms(rows[i].w.max_us));

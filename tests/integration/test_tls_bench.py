@@ -27,7 +27,8 @@ import subprocess
 import time
 import unittest
 
-from harness import BIN, IDEMCTL, Cluster, ClusterTestCase, fp, http_request, wait_for
+from harness import (BIN, IDEMCTL, Cluster, ClusterTestCase, fp, free_port, http_request,
+                     wait_for)
 from test_cluster import _frame, _read_frame, _read_response
 from test_proxy import ORDER, OrderService, ProxyCluster, route
 
@@ -890,7 +891,8 @@ class TestBench(ClusterTestCase):
 
     def test_open_loop_unsent_count_in_latency(self):
         # A schedule the cluster cannot keep up with through one operation in flight: what is
-        # still unsent when the run ends (one --deadline after --duration) counts in the
+        # still unsent when the run ends (1 s, or one shorter --deadline, after --duration)
+        # counts in the
         # latency with its wait from its scheduled time, at least that deadline, so the
         # percentiles cannot leave out the operations that waited longest.
         # (A deadline of 1 s, not less: on a loaded machine one claim once took over 200 ms
@@ -939,6 +941,67 @@ class TestBench(ClusterTestCase):
         self.assertGreater(out["transport_errors"], 0, out)
         self.assertEqual(out["ops"] + out["errors"] + out["unsent"], 400, out)
         self.assertGreaterEqual(out["max_ms"], 350, out)
+
+    def bench_bounded(self, *mode):
+        """The followers die 1 s into a 2 s run of MODE with 5 s deadlines: the calls in
+        flight then (and, open loop, those due after) would wait their whole deadline, but
+        --duration bounds the run: every call's deadline is cut to 1 s after the end, where
+        the unanswered ones fail. Returns the parsed output."""
+        lid = self.c.wait_leader(timeout=20)
+
+        def kill_followers(p):
+            time.sleep(1.0)
+            for nid in list(self.c.nodes):
+                if nid != lid:
+                    self.c.kill(nid)
+
+        t0 = time.monotonic()
+        out = self.bench_while(["--duration", 2, "--deadline", 5000] + list(mode), kill_followers)
+        wall = time.monotonic() - t0
+        self.assertGreater(out["ops"], 0, out)
+        self.assertGreater(out["errors"], 0, out)
+        # The run's own clock: 2 s, then at most the 1 s grace (and the loop's close).
+        self.assertGreaterEqual(out["duration_s"], 2.0, out)
+        self.assertLess(out["duration_s"], 3.5, out)
+        # The unanswered calls waited until the cut, not their 5 s deadline.
+        self.assertGreaterEqual(out["max_ms"], 900, out)
+        self.assertLess(out["max_ms"], 3500, out)
+        # With the probe and warm-up before it (on a healthy cluster), the process too ends
+        # well before 2 s + 5 s.
+        self.assertLess(wall, 6.0, (wall, out))
+        return out
+
+    def test_duration_bounds_a_run_that_lost_quorum(self):
+        self.bench_bounded("--workload", "fresh", "--concurrency", "2")
+
+    def test_duration_bounds_a_run_that_lost_quorum_on_threads(self):
+        self.bench_bounded("--workload", "fresh", "--concurrency", "2", "--threads")
+
+    def test_open_loop_duration_bounds_a_run_that_lost_quorum(self):
+        out = self.bench_bounded("--workload", "claim-complete", "--rate", "100")
+        self.assertEqual(out["ops"] + out["errors"] + out["unsent"], 200, out)
+
+    def test_json_when_the_run_cannot_be_made(self):
+        # --json: whatever stops the run before its results is an object too, as idemctl's.
+        p = subprocess.run([IDEM_BENCH, "--workload", "fresh", "--rate", "0", "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual(out["outcome"], "usage", out)
+        self.assertIn("--rate", out["error"])
+        dead = "127.0.0.1:%d" % free_port()
+        p = subprocess.run([IDEM_BENCH, "--cluster", dead, "--token", "t", "--workload", "fresh",
+                            "--deadline", "300", "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual(out["outcome"], "unavailable", out)
+        self.assertIn("cluster unreachable", out["error"])
+        p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", "not-a-token",
+                            "--workload", "fresh", "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["outcome"], "usage")
 
     def test_contention_and_replay(self):
         out = self.bench("--workload", "contention", "--keys", 2, "--concurrency", 8, "--requests", 200)
