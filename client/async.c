@@ -1085,8 +1085,9 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     char why[256];
     int rv = IdemOpBuild(op, &b, why, sizeof why);
     if (rv != IDEM_OK) {
+        /* Refused here, nothing sent: not a connection failure, so not a->errmsg (which a
+         * later request's deadline quotes as the last one). */
         IdemBuiltFree(&b);
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s", why);
         return rv;
     }
     struct areq *r = calloc(1, sizeof *r);

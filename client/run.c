@@ -299,10 +299,21 @@ int idem_run(struct idem_client *c, const char *key,
         return rv;
     }
     out->finish_outcome = fin.outcome;
+    const char *what = cls == IDEM_RUN_RETRYABLE ? "release" : "complete";
+    if (fin.outcome == IDEM_OUTCOME_INVALID) {
+        /* The cluster refused it and changed nothing (e.g. a complete larger than the
+         * leader's batch.max_bytes lets a log entry be): as with a response refused here,
+         * the claim stays held until its lease ends or the caller completes it. */
+        IdemWhyf(out->detail, sizeof out->detail,
+                 "%s%s%s answered invalid (%s): nothing was recorded, the claim is held "
+                 "until its lease ends",
+                 lease_note, sep, what, fin.detail[0] ? fin.detail : "no reason given");
+        idem_result_free(&fin);
+        return IDEM_EINVAL;
+    }
     if (fin.outcome != IDEM_OUTCOME_OK && !r.lost) {
-        snprintf(out->detail, sizeof out->detail, "%s%s%s answered %s", lease_note, sep,
-                 cls == IDEM_RUN_RETRYABLE ? "release" : "complete",
-                 idem_outcome_name(fin.outcome));
+        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s answered %s%s%s", lease_note, sep,
+                 what, idem_outcome_name(fin.outcome), fin.detail[0] ? ": " : "", fin.detail);
     }
     idem_result_free(&fin);
     return IDEM_OK;

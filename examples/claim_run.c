@@ -78,7 +78,8 @@ int main(int argc, char **argv)
      * then answers lease_expired: running again would never replay the receipt. Store it
      * with the claim's token instead, a few times. (chargeCard only succeeds; a function
      * that also fails would complete with its class's completion, or release.) */
-    for (int i = 0; i < 3 && rv != IDEM_OK && res.ran && res.has_response; i++) {
+    for (int i = 0; i < 3 && rv != IDEM_OK && rv != IDEM_EINVAL && res.ran && res.has_response;
+         i++) {
         fprintf(stderr, "claim_run: the charge ran but was not recorded (%s: %s); retrying\n",
                 idem_strerror(rv), res.detail);
         struct idem_result done;
@@ -95,6 +96,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "claim_run: %s: %s; the charge ran (fencing token %llu), not recorded\n",
                 idem_strerror(rv), res.detail, (unsigned long long)res.token);
         code = 4;
+    } else if (rv == IDEM_EINVAL || rv == IDEM_ETOOBIG) {
+        /* Before the charge ran, refused as it stands (e.g. an empty key): the same call
+         * will never succeed. */
+        fprintf(stderr, "claim_run: %s: %s\n", idem_strerror(rv), res.detail);
+        code = 2;
     } else if (rv != IDEM_OK) {
         /* Before the charge ran (e.g. unavailable): nothing ran here, and retrying with the
          * same key is safe (it never charges twice; a charge that was recorded replays). */

@@ -1,9 +1,13 @@
 /* idem: libidem, the C client of idemd; this header is its whole public API.
  *
- * Link with `pkg-config --cflags --libs idem` (libidem.so, or libidem.a with
- * `pkg-config --static`). The header needs no other header than the C library's: the
- * asynchronous API takes libuv's loop as `struct uv_loop_s *` (uv_loop_t), so only programs
- * that use it include <uv.h> themselves.
+ * Link with `pkg-config --cflags --libs idem` (libidem.so; outside the linker's default
+ * paths, add `-Wl,-rpath,$(pkg-config --variable=libdir idem)` or set LD_LIBRARY_PATH). For
+ * a static link name the archive instead of -lidem: `$(pkg-config --variable=libdir
+ * idem)/libidem.a` followed by `pkg-config --static --libs idem` without its -lidem (the
+ * linker takes libidem.so for -lidem whenever both exist; examples/README.md shows both).
+ * The header needs no other header than the C library's: the asynchronous API takes
+ * libuv's loop as `struct uv_loop_s *` (uv_loop_t), so only programs that use it include
+ * <uv.h> themselves.
  *
  * What a client does for every call (synchronous and asynchronous alike):
  * - It holds a list of nodes: the seeds it was given, plus leaders it learned from
@@ -288,7 +292,10 @@ struct idem_options {
      * ones fail at once with IDEM_ETOOBIG. 0: IDEM_MAX_FRAME (also the cap; at least 1024).
      * Set it to the servers' rpc.max_frame_bytes to refuse such requests without a round
      * trip; a node refusing one answers with IDEM_FRAME_TOO_LARGE, which libidem reports
-     * as IDEM_ETOOBIG too. */
+     * as IDEM_ETOOBIG too. A command must also fit one log entry: a complete within the
+     * frame limit but larger than the leader's batch.max_bytes (default 1 MiB, against
+     * rpc.max_frame_bytes' 4 MiB + 128 KiB) is answered with outcome invalid ("command too
+     * large for a log entry"), definite as well. */
     uint32_t max_frame_bytes;
 };
 
@@ -411,8 +418,11 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
  *   none was answered before the lease ended, the result's detail says so, also when the
  *   complete or release that follows fails or answers otherwise); then, by fn's
  *   class, complete (succeeded / failed_final / unknown, with fn's response) or release
- *   (retryable). out->ran = 1, run_class, finish_outcome (ok, or lease_lost when another
- *   holder took over), response = fn's (copied), outcome acquired, token.
+ *   (retryable). out->ran = 1, run_class, finish_outcome (ok; lease_lost when another
+ *   holder took over; or what else the complete answered, e.g. quota_exceeded when the
+ *   tenant's bytes quota has no room for the response: anything but ok means fn's response
+ *   was not recorded, and detail gives the cluster's reason), response = fn's (copied),
+ *   outcome acquired, token.
  * - replay: fn is not called; out holds the stored response (outcome replay).
  * - any other outcome (in_progress, mismatch, ...): fn is not called; returned as is.
  * Returns IDEM_OK, or a negative code: before fn ran, as idem_claim (fn did not run);
@@ -425,7 +435,11 @@ typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *resp
  * token, or its lease expires. A response from fn that cannot be stored (a NULL or empty
  * header name, NULL data with a non-zero length) gives IDEM_EINVAL after fn ran: nothing
  * is copied or completed (out->ran = 1, out->token set, detail says why), and the record
- * stays processing as above. The deadline of opts applies to each call separately.
+ * stays processing as above. So does a complete (or release) that the cluster answers
+ * `invalid` (nothing changed: e.g. a complete larger than the leader's batch.max_bytes,
+ * 1 MiB by default, lets a log entry be): IDEM_EINVAL, out->finish_outcome invalid,
+ * out->response fn's, detail the cluster's reason. The deadline of opts applies to each
+ * call separately.
  * Call idem_result_free(out) in every case. */
 IDEM_API int idem_run(struct idem_client *c, const char *key,
                       const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
@@ -463,7 +477,10 @@ typedef void (*idem_async_close_cb)(struct idem_async *a, void *data);
  * of its libuv timers cannot be created: uv_timer_init) with `why` (may be NULL)
  * describing the problem and *out NULL. After IDEM_ESYS the timers made before the one
  * that failed are closing on `loop`: run it (e.g. uv_run(loop, UV_RUN_NOWAIT)) before
- * uv_loop_close(), which frees them. */
+ * uv_loop_close(), which frees them. Its connection, once made, keeps `loop` alive (as
+ * any open libuv handle does) until idem_async_close() has finished: uv_run(loop,
+ * UV_RUN_DEFAULT) does not return when the last callback has run while the client is
+ * open; close it from that callback, or drive the loop with UV_RUN_ONCE. */
 IDEM_API int idem_async_open(struct uv_loop_s *loop, const struct idem_options *opts,
                              struct idem_async **out, char *why, size_t why_len);
 

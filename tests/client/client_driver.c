@@ -712,6 +712,55 @@ static int scAsyncOps(int argc, char **argv)
     return 0;
 }
 
+/* ---- async-refused: a request refused at submit leaves no trace in later ones ------------- *
+ * A claim without a key is refused (IDEM_EINVAL); a get then sent to seeds that never answer
+ * fails at its deadline with a detail about the connection, not the refused claim's reason. */
+
+struct detailReq {
+    int calls;
+    int status;
+    char detail[256]; /* as struct idem_result's */
+};
+
+static void detailCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    struct detailReq *q = data;
+    q->calls++;
+    q->status = status;
+    snprintf(q->detail, sizeof q->detail, "%s", res->detail);
+}
+
+static int scAsyncRefused(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_async *a = asyncOpen(&loop, 10000);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("async-refused", fp);
+    struct detailReq q = {0};
+    int claim_rv = idem_async_claim(a, NULL, fp, NULL, detailCb, &q);
+    /* 100 ms: before the client gives up on the silent connection (250 ms), which would
+     * write its own reason over the refused claim's. */
+    int get_rv = idem_async_get(a, "k", 100, detailCb, &q);
+    while (idem_async_pending(a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    struct asyncRun run = {0};
+    idem_async_close(a, closeCb, &run);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    printf("{\"claim_rv\": %d, \"get_rv\": %d, \"calls\": %d, \"status\": %d, "
+           "\"detail\": \"",
+           claim_rv, get_rv, q.calls, q.status);
+    for (const char *p = q.detail; *p; p++) { /* JSON: quotes and backslashes escaped */
+        printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    }
+    printf("\", \"loop_close\": %d}\n", uv_loop_close(&loop));
+    return 0;
+}
+
 /* ---- async-stream: a window of claims kept in flight until "stop" on stdin ---------------- *
  * The test changes the leader meanwhile: every request must still be answered exactly once,
  * acquired, with a token of its own. Bounded: STREAM_MAX requests, 120 s. */
@@ -1261,6 +1310,53 @@ static int scRunBadResp(int argc, char **argv)
     return 0;
 }
 
+/* ---- run-bigresp: fn's response is larger than a log entry may be -------------------------
+ * 2 MiB: within the node's frame limit (4 MiB + 128 KiB) but over batch.max_bytes (1 MiB),
+ * so the cluster answers the complete `invalid` and changes nothing. */
+
+#define BIG_RESP_LEN (2u << 20)
+
+static int bigRespFn(void *arg, uint64_t token, struct idem_response *response)
+{
+    (void)token;
+    response->status = 200;
+    response->body = arg;
+    response->body_len = BIG_RESP_LEN;
+    return IDEM_RUN_SUCCEEDED;
+}
+
+static int scRunBigResp(int argc, char **argv)
+{
+    if (argc < 1) {
+        return 2;
+    }
+    uint8_t *body = malloc(BIG_RESP_LEN);
+    if (body == NULL) {
+        return 1;
+    }
+    memset(body, 'x', BIG_RESP_LEN);
+    struct idem_client *c = openClient(NULL);
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fpOf("bigresp", fp);
+    struct idem_result r, g;
+    int rv = idem_run(c, argv[0], fp, NULL, bigRespFn, body, &r);
+    int grv = idem_get(c, argv[0], 0, &g);
+    printf("{\"rv\": %d, \"ran\": %d, \"finish\": \"%s\", \"response_len\": %zu, "
+           "\"token\": %" PRIu64 ", \"get_rv\": %d, \"state\": %d, \"detail\": \"",
+           rv, r.ran, idem_outcome_name(r.finish_outcome),
+           r.has_response ? r.response.body_len : 0, r.token, grv,
+           g.has_record ? g.record.state : -1);
+    for (const char *p = r.detail; *p; p++) { /* JSON: quotes and backslashes escaped */
+        printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    }
+    printf("\"}\n");
+    idem_result_free(&r);
+    idem_result_free(&g);
+    idem_client_close(c);
+    free(body);
+    return 0;
+}
+
 /* ---- lease: Result.lease_ms of claims and renewals ---------------------------------------- */
 
 static int scLease(int argc, char **argv)
@@ -1397,8 +1493,14 @@ int main(int argc, char **argv)
         g_tls_name = argc > 4 && argv[4][0] ? argv[4] : NULL;
         return scAsyncMany(3, argv);
     }
+    if (strcmp(sc, "async-refused") == 0) {
+        return scAsyncRefused(argc, argv);
+    }
     if (strcmp(sc, "async-close") == 0) {
         return scAsyncClose(argc, argv);
+    }
+    if (strcmp(sc, "run-bigresp") == 0) {
+        return scRunBigResp(argc, argv);
     }
     if (strcmp(sc, "run-badresp") == 0) {
         return scRunBadResp(argc, argv);

@@ -257,6 +257,19 @@ class TestClientAsync(ClientTest):
                          (2, 2, "async"), out)
         self.assertEqual((out["close_calls"], out["loop_close"]), (1, 0), out)
 
+    def test_refused_request_leaves_no_trace_in_later_ones(self):
+        # Seeds that take the connection and never answer: the get fails at its deadline,
+        # and its detail is about that, not about the claim refused (no key) before it.
+        silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(silent.close)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        out = self.drive("async-refused", seeds="127.0.0.1:%d" % silent.getsockname()[1])
+        self.assertEqual((out["claim_rv"], out["get_rv"], out["calls"]), (EINVAL, 0, 1), out)
+        self.assertEqual(out["status"], EUNAVAILABLE, out)
+        self.assertNotIn("key", out["detail"], out)
+        self.assertEqual(out["loop_close"], 0, out)
+
     def test_close_before_the_loop_runs(self):
         out = self.drive("async-close", "now", "cl-now", 200)
         self.assertEqual(out["exactly_once"], 200, out)
@@ -701,6 +714,17 @@ class TestClientRun(ClientTest):
         # Nothing was completed: the record is still processing.
         self.assertEqual((out["get_rv"], out["state"]), (0, 1), out)
 
+    def test_response_too_large_for_a_log_entry_is_refused(self):
+        # 2 MiB fits the node's frame but not a log entry (batch.max_bytes, 1 MiB): the
+        # cluster answers the complete invalid and changes nothing. idem_run says so
+        # (IDEM_EINVAL, the cluster's reason), not IDEM_OK beside a key left processing.
+        out = self.drive("run-bigresp", "bigresp-1")
+        self.assertEqual((out["rv"], out["ran"], out["finish"]), (EINVAL, 1, "invalid"), out)
+        self.assertIn("too large for a log entry", out["detail"])
+        self.assertEqual(out["response_len"], 2 << 20, out)
+        self.assertGreater(out["token"], 0, out)
+        self.assertEqual((out["get_rv"], out["state"]), (0, 1), out)
+
     def test_lease_ms_is_reported(self):
         out = self.drive("lease", "lease")
         self.assertEqual(out["rv"], [0, 0, 0, 0, 0], out)
@@ -790,6 +814,12 @@ class TestClientInstall(ClientTest):
                            stderr=subprocess.PIPE, timeout=30)
         self.assertEqual(p.returncode, 2)
         self.assertIn("usage", p.stderr.decode())
+        # A request refused as it stands (an empty key) is exit 2 too, not 3 ("retry later"):
+        # the same call never succeeds.
+        p = subprocess.run([shared, "", "1"], env=run_env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("empty or NULL key", p.stderr.decode())
         bad_env = dict(run_env, IDEM_CLUSTER="nowhere")
         p = subprocess.run([shared, "k", "1"], env=bad_env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=30)
