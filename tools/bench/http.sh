@@ -21,6 +21,8 @@
 set -euo pipefail
 
 # The whole run is bounded: rerun ourselves under timeout(1) (TERM -> trap -> cleanup).
+# Each step's own timeout runs with --foreground, so that it stays in our process group
+# and the TERM ends the step at once (bash runs the trap only once the step is over).
 if [ -z "${HTTP_BENCH_BOUNDED:-}" ]; then
   HTTP_BENCH_BOUNDED=1 exec timeout -s TERM 270 "$0" "$@"
 fi

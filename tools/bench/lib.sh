@@ -111,7 +111,7 @@ run_wrk() {
   note_load "$name"
   local out=$TMP/wrk-$name.txt
   env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-$name" "$@" \
-    timeout $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
+    timeout --foreground $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
     --latency -s "$WRKDIR/$script" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk $name failed"; }
   sed 's/^/    /' "$out" >&2
   OPS[$name]=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$out")
@@ -134,7 +134,7 @@ verify_wrk() {
   local name=$1 url=$2 script=$3 expect=$4; shift 4
   local out=$TMP/verify-$name.txt
   env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-$name" VERIFY="$expect" "$@" \
-    timeout 20 wrk -t1 -c1 -d1s -s "$WRKDIR/$script" "$url" >"$out" 2>&1 || true
+    timeout --foreground 20 wrk -t1 -c1 -d1s -s "$WRKDIR/$script" "$url" >"$out" 2>&1 || true
   local line; line=$(grep '^VERIFY ok=' "$out" || true)
   log "check $name (expect '$expect' in every body): ${line:-no result}"
   if ! grep -q '^VERIFY ok=[1-9][0-9]* bad=0$' "$out"; then cat "$out" >&2; die "check $name failed"; fi

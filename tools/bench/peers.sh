@@ -28,6 +28,8 @@
 set -euo pipefail
 
 # The whole run is bounded: rerun ourselves under timeout(1) (TERM -> trap -> cleanup).
+# Each step's own timeout runs with --foreground, so that it stays in our process group
+# and the TERM ends the step at once (bash runs the trap only once the step is over).
 if [ -z "${PEERS_BENCH_BOUNDED:-}" ]; then
   PEERS_BENCH_BOUNDED=1 exec timeout -s TERM 300 "$0" "$@"
 fi
@@ -64,7 +66,7 @@ run_bench() {
   local name=$1; shift
   note_load "$name"
   local out=$TMP/bench-$name.json
-  timeout $((DURATION + 30)) "$BIN/idem-bench" --cluster "$CLUSTER" --token "$TOKEN" \
+  timeout --foreground $((DURATION + 30)) "$BIN/idem-bench" --cluster "$CLUSTER" --token "$TOKEN" \
     --duration "$DURATION" --json "$@" >"$out" 2>"$TMP/bench-$name.log" \
     || { cat "$TMP/bench-$name.log" >&2; die "idem-bench $name failed"; }
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("histogram"); d.pop("timeline", None); print("    " + json.dumps(d))' "$out" >&2
@@ -162,7 +164,7 @@ wait_until 20 "redis on $RPORT" sh -c "${RCLI[*]} ping | grep -q PONG"
 REVER=$(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
 # redis-benchmark runs a count, not a time: a 2 s calibration sizes the real run to DURATION.
 redis_run() {  # redis_run N OUT: N requests of SET key NX PX on random keys, CSV to OUT
-  timeout $((DURATION * 3 + 30)) redis-benchmark -h 127.0.0.1 -p "$RPORT" -c "$CONNS" -n "$1" \
+  timeout --foreground $((DURATION * 3 + 30)) redis-benchmark -h 127.0.0.1 -p "$RPORT" -c "$CONNS" -n "$1" \
     -r 100000000 --csv SET "$RUN:key:__rand_int__" v NX PX 60000 >"$2" 2>"$TMP/redis-bench.log" \
     || { cat "$2" "$TMP/redis-bench.log" >&2; die "redis-benchmark failed"; }
 }
