@@ -24,15 +24,29 @@ _idemctl_flags_of() {
         get) echo "$common" ;;
         bench) echo "--cluster --token --workload --concurrency --threads --rate" \
                     "--connections --keys --duration --requests --deadline --no-histogram" \
-                    "--timeline --json --tls --tls-ca --tls-cert --tls-key --tls-server-name" \
-                    "--help" ;;
+                    "--timeline --stall-probe --json --tls --tls-ca --tls-cert --tls-key" \
+                    "--tls-server-name --help" ;;
     esac
 }
 
 _idemctl() {
-    local cur prev commands globals
-    cur=${COMP_WORDS[COMP_CWORD]}
-    prev=${COMP_WORDS[COMP_CWORD-1]}
+    local cur prev commands globals words cword
+    # The words typed so far. Bash's COMP_WORDS is split at ':' and '=' too
+    # (COMP_WORDBREAKS), so "--cluster 127.0.0.1:7001" would arrive as four words: take the
+    # line up to the cursor instead, split at blanks only (a "--name=value" stays one word).
+    if [ -n "${COMP_LINE+set}" ] && [ -n "${COMP_POINT+set}" ]; then
+        local line=${COMP_LINE:0:COMP_POINT}
+        read -r -a words <<< "$line"
+        if [ ${#words[@]} -eq 0 ] || [[ "$line" =~ [[:space:]]$ ]]; then
+            words+=("")
+        fi
+    else
+        words=("${COMP_WORDS[@]:0:COMP_CWORD+1}")
+    fi
+    cword=$((${#words[@]} - 1))
+    cur=${words[cword]}
+    prev=""
+    [ "$cword" -gt 0 ] && prev=${words[cword-1]}
     commands="status members transfer snapshot key quarantine claim complete release renew get"
     commands="$commands resolve bench help"
     globals="--cluster --token --admin-token --json --deadline --help"
@@ -54,8 +68,8 @@ _idemctl() {
 
     # The command word: the first word after the global options (and their values).
     local i=1 cmd="" cmd_at=0 sub="" w
-    while [ $i -lt $COMP_CWORD ]; do
-        w=${COMP_WORDS[i]}
+    while [ $i -lt $cword ]; do
+        w=${words[i]}
         case "$w" in
             --cluster|--token|--admin-token|--deadline|--tls-ca|--tls-cert|--tls-key|\
             --tls-server-name) i=$((i + 2)); continue ;;
@@ -78,8 +92,8 @@ _idemctl() {
     # value of one.
     i=$((cmd_at + 1))
     local sub_at=0
-    while [ $i -lt $COMP_CWORD ]; do
-        w=${COMP_WORDS[i]}
+    while [ $i -lt $cword ]; do
+        w=${words[i]}
         case "$w" in
             --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
             --status|--body|--fingerprint|--attempt|--lease|--ttl|--policy|--outcome|\
@@ -107,7 +121,7 @@ _idemctl() {
         esac
         return 0
     fi
-    if [ "$cmd" = help ] && [ "$sub_at" -eq $((COMP_CWORD - 1)) ]; then
+    if [ "$cmd" = help ] && [ "$sub_at" -eq $((cword - 1)) ]; then
         case "$sub" in
             members) COMPREPLY=($(compgen -W "list add promote remove" -- "$cur")) ;;
             key) COMPREPLY=($(compgen -W "get resolve purge" -- "$cur")) ;;

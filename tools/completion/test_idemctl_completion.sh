@@ -23,6 +23,34 @@ check() {
     fi
 }
 
+# As bash calls it: COMP_LINE and COMP_POINT, and COMP_WORDS split at ':' and '=' too.
+check_line() {
+    local expect=$1 line=$2
+    COMP_LINE=$line
+    COMP_POINT=${#line}
+    local IFS=$' \t\n'
+    # COMP_WORDS as bash makes them (COMP_WORDBREAKS includes ':' and '='), for the record.
+    COMP_WORDS=($(printf '%s' "$line" | sed 's/\([:=]\)/ \1 /g'))
+    [[ "$line" =~ [[:space:]]$ ]] && COMP_WORDS+=("")
+    COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+    COMPREPLY=()
+    _idemctl
+    unset COMP_LINE COMP_POINT
+    local got
+    got=$(printf '%s\n' "${COMPREPLY[@]}" | sort | tr '\n' ' ' | sed 's/ *$//')
+    if [ "$got" != "$expect" ]; then
+        echo "FAIL: line [$line] -> '$got', expected '$expect'"
+        fails=$((fails + 1))
+    fi
+}
+
+check_line "key" "idemctl --cluster 127.0.0.1:7001 k"
+check_line "key" "idemctl --cluster=127.0.0.1:7001 k"
+check_line "--deadline --digest" "idemctl --cluster h:1 status --d"
+check_line "get purge resolve" "idemctl --cluster 127.0.0.1:7001,127.0.0.1:7002 key "
+check_line "add list promote remove" "idemctl members "
+check_line "--stall-probe" "idemctl bench --st"
+
 check "key" idemctl ke
 check "quarantine" idemctl --cluster 127.0.0.1:7001 --json qu
 check "--admin-token --cluster --deadline --help --json --tls --tls-ca --tls-cert --tls-key --tls-server-name --token" idemctl --
