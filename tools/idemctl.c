@@ -166,9 +166,9 @@ static const struct help helps[] = {
     {"members add",
      "Usage: idemctl members add ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]\n"
      "\n"
-     "Adds node ID as a spare (it receives the log but does not vote); then run\n"
-     "`idemctl members promote ID`. Start the new node first, with an empty bootstrap list.\n"
-     "Needs the admin token.\n"},
+     "Adds node ID as a spare: it neither votes nor receives the log yet (status shows it at\n"
+     "applied index 0); `idemctl members promote ID` then catches it up and makes it a\n"
+     "voter. Start the new node first, with an empty bootstrap list. Needs the admin token.\n"},
     {"members promote", "Usage: idemctl members promote ID\n\nMakes member ID a voter (raft "
                         "catches it up first: a node that is down makes it time out). Sent to "
                         "the leader once, not retried. Needs the admin token.\n"},
@@ -1994,7 +1994,11 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                                ? "the leader: nothing commits meanwhile"
                                : "the others commit without it, if they are a majority");
             }
-            if (json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
+            /* A spare gets no log until it is promoted (raft replicates to voters and
+             * standbys only): its lag is expected, not a warning. */
+            const char *member = json_string_value(json_object_get(x, "member_role"));
+            bool spare = member != NULL && strcmp(member, "spare") == 0;
+            if (!spare && json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
                            "%s lags: applied index %" JSON_INTEGER_FORMAT
                            " is %" JSON_INTEGER_FORMAT " entr%s behind the leader's %" PRIu64

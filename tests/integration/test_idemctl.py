@@ -436,6 +436,15 @@ class TestIdemctlMembership(CtlTest):
         new = self.c.add_node(4)
         out = self.ok("members", "add", 4, new.raft, new.rpc, new.http)
         self.assertEqual(out["outcome"], "ok", out)
+        # A spare gets no log before its promotion: status shows it behind the leader, and
+        # no lag warning for it (one that could never clear), even with --max-lag 0.
+        def spare_row():
+            st = self.status("--max-lag", "0", ids=[1, 2, 3])
+            n4 = [n for n in st["nodes"] if n["id"] == 4 and n.get("lag") is not None]
+            return (st, n4[0]) if n4 and n4[0]["member_role"] == "spare" else None
+        st, n4 = wait_for(spare_row, 20, "node 4 in status as a spare")
+        self.assertGreater(n4["lag"], 0, n4)
+        self.assertEqual([w for w in st["warnings"] if "node 4" in w], [], st["warnings"])
         out = self.ok("members", "promote", 4)
         self.assertEqual(out["outcome"], "ok", out)
 
