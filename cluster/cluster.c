@@ -1583,6 +1583,36 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
             return CLUSTER_EINVAL;
         }
     }
+    /* And any address of the new member that is already one of a member's (or another of
+     * its own): clients sent to that RPC address would reach the other node, and status,
+     * which finds nodes by address, would not show the new one. */
+    const char *mine[3] = {m->raft_address, m->rpc_address, m->http_address};
+    for (unsigned a = 0; a < 3; a++) {
+        for (unsigned b = a + 1; b < 3; b++) {
+            if (mine[a][0] != '\0' && strcmp(mine[a], mine[b]) == 0) {
+                setErr(c, "", "the new member's raft, rpc and http addresses must differ");
+                return CLUSTER_EINVAL;
+            }
+        }
+    }
+    for (unsigned i = 0; i < conf->n; i++) {
+        const struct memberMeta *om = metaFind(c, conf->servers[i].id);
+        bool self = conf->servers[i].id == c->cfg.id;
+        const char *theirs[3] = {conf->servers[i].address,
+                                 om != NULL ? om->m.rpc_address : self ? c->rpc_address : "",
+                                 om != NULL ? om->m.http_address : self ? c->http_address : ""};
+        for (unsigned a = 0; a < 3; a++) {
+            for (unsigned b = 0; b < 3; b++) {
+                if (mine[a][0] != '\0' && theirs[b] != NULL && strcmp(mine[a], theirs[b]) == 0) {
+                    char why[sizeof c->errmsg];
+                    snprintf(why, sizeof why, "address %.200s is member %llu's already", mine[a],
+                             (unsigned long long)conf->servers[i].id);
+                    setErr(c, "", why);
+                    return CLUSTER_EINVAL;
+                }
+            }
+        }
+    }
     struct memberMeta *mm = metaPut(c, m->id, m->rpc_address, m->http_address);
     if (mm == NULL) {
         setErr(c, "", "too many members");

@@ -469,6 +469,25 @@ class TestIdemctlMembership(CtlTest):
         self.assertNotIn(4, [n["id"] for n in st["nodes"]])
         self.assertEqual(self.claim("after-remove")["outcome"], ACQ)
 
+    def test_add_refuses_an_address_in_use(self):
+        # A new member's addresses must be its own: another member's RPC address (a typo)
+        # would send its clients to that node, and status, which finds nodes by address,
+        # would never show the new one. Nothing is changed.
+        lid = self.c.leader()
+        other = self.c.nodes[lid]
+        new = self.c.add_node(5)
+        for addrs, what in (((new.raft, other.rpc, new.http), other.rpc),
+                            ((new.raft, new.rpc, other.http), other.http),
+                            ((other.rpc, new.rpc, new.http), other.rpc),
+                            ((new.raft, new.rpc, new.rpc), "must differ")):
+            out = self.ok("members", "add", 5, *addrs)
+            self.assertEqual(out["outcome"], "invalid", (addrs, out))
+            self.assertIn(what, out["error"])
+        members = self.ok("members", "list")["members"]
+        self.assertEqual(sorted(m["id"] for m in members), [1, 2, 3], members)
+        self.assertEqual(self.ok("members", "add", 5, new.raft, new.rpc, new.http)["outcome"],
+                         "ok")
+
     def test_transfer_to_a_down_node_is_refused(self):
         # libraft 0.15 starts a transfer to a voter that is down: the leader stops taking
         # proposals until it times out, and the cluster was then without a leader for an
