@@ -835,11 +835,30 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
 /* The tenant and key an operator names: any tenant name (records of a tenant that left
  * the configuration can still be read and purged), a key of CONTRACT.md §1's alphabet.
  * Returns NULL or what is wrong (never quoting the key). */
-static const char *adminKeyError(const char *tenant, const ProtobufCBinaryData *key)
+/* Whether this node's configuration has a tenant of that name. */
+static bool tenantConfigured(const struct service *s, const char *name)
+{
+    for (size_t i = 0; i < s->cfg->n_tenants; i++) {
+        if (strcmp(s->cfg->tenants[i].name, name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The tenant an admin command names must be configured: a mistyped one would otherwise
+ * answer not_found (or an empty quarantine list), as if the record were gone. */
+#define UNKNOWN_TENANT "unknown tenant: not in this node's configuration"
+
+static const char *adminKeyError(const struct service *s, const char *tenant,
+                                 const ProtobufCBinaryData *key)
 {
     size_t tl = tenant ? strnlen(tenant, FSM_TENANT_MAX + 1) : 0;
     if (tl == 0 || tl > FSM_TENANT_MAX) {
         return "tenant missing or longer than 128 bytes";
+    }
+    if (!tenantConfigured(s, tenant)) {
+        return UNKNOWN_TENANT;
     }
     switch (key_validate(key->data, key->len, KEY_MAX_LEN)) {
     case KEY_OK:
@@ -863,7 +882,7 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
     const char *why = NULL;
     switch (req->op_case) {
     case IDEM__REQUEST__OP_KEY_GET:
-        why = adminKeyError(req->key_get->tenant, &req->key_get->key);
+        why = adminKeyError(s, req->key_get->tenant, &req->key_get->key);
         if (why == NULL) {
             get.tenant = req->key_get->tenant;
             get.key = req->key_get->key;
@@ -874,7 +893,7 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
         }
         break;
     case IDEM__REQUEST__OP_PURGE:
-        why = adminKeyError(req->purge->tenant, &req->purge->key);
+        why = adminKeyError(s, req->purge->tenant, &req->purge->key);
         if (why == NULL) {
             purge.tenant = req->purge->tenant;
             purge.key = req->purge->key;
@@ -889,6 +908,10 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
         const char *tenant = q->tenant != NULL && q->tenant[0] != '\0' ? q->tenant : NULL;
         if (tenant != NULL && strnlen(tenant, FSM_TENANT_MAX + 1) > FSM_TENANT_MAX) {
             why = "tenant longer than 128 bytes";
+            break;
+        }
+        if (tenant != NULL && !tenantConfigured(s, tenant)) {
+            why = UNKNOWN_TENANT;
             break;
         }
         if (q->limit > QUARANTINE_LIST_MAX) {
@@ -961,7 +984,7 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
         cmd.resolve = &rc_cmd;
         /* As key get and purge check theirs: a bad tenant or key is refused here, not
          * written to the log for the state machine to refuse. */
-        const char *bad = adminKeyError(r->tenant, &r->key);
+        const char *bad = adminKeyError(s, r->tenant, &r->key);
         if (bad == NULL) {
             bad = fsm_command_check(&cmd);
         }

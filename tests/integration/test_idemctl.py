@@ -776,6 +776,20 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual(b["outcome"], ACQ)
         self.assertGreater(b["token"], a["token"])
 
+    def test_unknown_tenant_is_refused_not_not_found(self):
+        # A mistyped tenant in an admin command: the record of the right one exists, and the
+        # answer must say the tenant is unknown, not not_found (which reads as "gone").
+        self.claim("typo-order", n=1)
+        for args in (["key", "get", "alpah", "typo-order"],
+                     ["key", "purge", "alpah", "typo-order"],
+                     ["key", "resolve", "alpah", "typo-order", "--release"],
+                     ["quarantine", "list", "--tenant", "alpah"]):
+            out = self.ok(*args)
+            self.assertEqual(out["outcome"], "invalid", (args, out))
+            self.assertIn("unknown tenant", out["error"], (args, out))
+        self.assertEqual(self.ok("key", "get", "alpha", "typo-order")["outcome"], "ok")
+        self.assertEqual(self.ok("quarantine", "list", "--tenant", "alpha")["outcome"], "ok")
+
     def test_purge_tombstone(self):
         a = self.claim("short-lived", ttl=800)
         self.ok("complete", "short-lived", "--token", a["token"], "--status", 200, "--body", "ok")
