@@ -1289,6 +1289,9 @@ static void printMembersTable(const Idem__Response *resp)
 static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
                       const Idem__Request *req, Idem__Response **resp, uint64_t *node_id);
 
+static bool idRefusal(const struct global *g, uint64_t id, bool transfer, char *why,
+                      size_t len);
+
 static int cmdMembers(struct global *g, struct args *a)
 {
     const char *pos[5];
@@ -1359,6 +1362,17 @@ static int cmdMembers(struct global *g, struct args *a)
         return code;
     }
     json_t *o = resultJson(resp);
+    char why[256];
+    if ((mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ||
+         mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) &&
+        idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID &&
+        idRefusal(g, mr.id, false, why, sizeof why)) {
+        json_t *said = json_object_get(o, "error");
+        if (said != NULL) {
+            jset(o, "node_error", json_copy(said)); /* the leader's own words */
+        }
+        jset(o, "error", jstr(why));
+    }
     /* The list is the answer to `list`; add, promote and remove answer only an outcome
      * (an empty list there would read as "no members"). */
     bool list = is_list && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK;
@@ -1998,6 +2012,15 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
              * standbys only): its lag is expected, not a warning. */
             const char *member = json_string_value(json_object_get(x, "member_role"));
             bool spare = member != NULL && strcmp(member, "spare") == 0;
+            /* A node that answers but is not in the configuration (removed and still
+             * running, or started and not added yet) keeps calling elections nobody
+             * answers, and is easy to take for a member in the table. */
+            if (member == NULL && v->members_of != NULL) {
+                addWarning(warnings,
+                           "%s answers but is not a member of the Raft configuration "
+                           "(removed, or not added yet): stop it, or `idemctl members add` it",
+                           name);
+            }
             if (!spare && json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
                            "%s lags: applied index %" JSON_INTEGER_FORMAT
@@ -2454,10 +2477,10 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
     }
 }
 
-/* Why the leader refused to hand leadership to `id` (it answered invalid, and raft says
- * only "server ID is not valid"): what status shows of the node, in why (OUT). False when
- * status does not tell. */
-static bool transferRefusal(const struct global *g, uint64_t id, char *why, size_t len)
+/* Why the leader refused to hand leadership to `id`, or (transfer false) to promote or
+ * remove it (it answered invalid, and raft says only "server ID is not valid"): what status
+ * shows of the node, in why (OUT). False when status does not tell. */
+static bool idRefusal(const struct global *g, uint64_t id, bool transfer, char *why, size_t len)
 {
     struct discovery d;
     discover(g, false, &d);
@@ -2475,6 +2498,8 @@ static bool transferRefusal(const struct global *g, uint64_t id, char *why, size
         if (k < len) {
             snprintf(why + k, len - k, ")");
         }
+    } else if (!transfer) {
+        known = false;
     } else if (id == v->leader) {
         snprintf(why, len, "node %" PRIu64 " is already the leader", id);
     } else if (strcmp(m->role, "voter") != 0) {
@@ -2524,7 +2549,7 @@ static int cmdTransfer(struct global *g, struct args *a)
     json_t *o = resultJson(resp);
     char why[256];
     if (tr.id != 0 && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID &&
-        transferRefusal(g, tr.id, why, sizeof why)) {
+        idRefusal(g, tr.id, true, why, sizeof why)) {
         json_t *said = json_object_get(o, "error");
         if (said != NULL) {
             jset(o, "node_error", json_copy(said)); /* the leader's own words */

@@ -467,6 +467,12 @@ class TestIdemctlMembership(CtlTest):
             return st if ids == [1, 2, 3] and st["voters"] == 3 else None
         st = wait_for(three_voters, 30, "node 4 to leave the configuration")
         self.assertNotIn(4, [n["id"] for n in st["nodes"]])
+        # Node 4 still runs: named in --cluster, status shows it and says it is no member.
+        st = self.status(ids=[1, 2, 3, 4])
+        self.assertTrue(any(w.startswith("node 4 (") and "is not a member" in w
+                            for w in st["warnings"]), st["warnings"])
+        self.assertEqual(len([w for w in st["warnings"] if "is not a member" in w]), 1,
+                         st["warnings"])
         self.assertEqual(self.claim("after-remove")["outcome"], ACQ)
 
     def test_add_refuses_an_address_in_use(self):
@@ -579,6 +585,12 @@ class TestIdemctlMembership(CtlTest):
         out = self.ok("transfer", 9)
         self.assertEqual(out["outcome"], "invalid", out)
         self.assertIn("node 9 is not a member", out["error"])
+        # promote and remove of a non-member say so too, not raft's "server ID is not valid".
+        for action in ("promote", "remove"):
+            out = self.ok("members", action, 9)
+            self.assertEqual(out["outcome"], "invalid", out)
+            self.assertIn("node 9 is not a member (members: 1, 2, 3, 4)", out["error"])
+            self.assertIn("node_error", out)
         self.assertEqual(self.c.leader(), lid)
 
     def test_snapshot_goes_to_the_leader(self):
