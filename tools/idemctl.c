@@ -1281,8 +1281,11 @@ static void printMembersTable(const Idem__Response *resp)
            "HTTP_ADDRESS");
     for (size_t i = 0; i < resp->n_members; i++) {
         const Idem__Member *m = resp->members[i];
+        /* An address not known yet (a member just added, whose addresses this node has
+         * not applied) is "-", as one not given. */
         printf("%-6" PRIu64 " %-8s %-22s %-22s %s\n", m->id, m->role, m->raft_address,
-               m->rpc_address, m->http_address[0] ? m->http_address : "-");
+               m->rpc_address[0] ? m->rpc_address : "-",
+               m->http_address[0] ? m->http_address : "-");
     }
 }
 
