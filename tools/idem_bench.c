@@ -25,13 +25,13 @@
  * schedule and that wait counts (so does the timer's granularity, up to about 1 ms). The
  * service time (send to answer) is reported next to it, and so is the largest lag of a
  * send behind its schedule: a lag that grows means R is more than the cluster (or C in
- * flight) can sustain. Operations scheduled before the end
- * that are still unsent when --duration passes are sent afterwards, for at most 1 s (or one
- * --deadline if shorter) more; any left then are reported as "unsent", never silently
- * dropped, and count in the latency with their wait from the scheduled time to the end.
- * In every mode a run ends by then: each call's deadline is cut so that it ends by that
- * time at the latest (a call without an answer by then is an error, timed like the
- * others), so --duration bounds the run whatever the cluster does. The first call (below)
+ * flight) can sustain. After --duration, a grace of 1 s (or one --deadline if shorter)
+ * follows. Operations scheduled before the end that are still unsent then are sent during
+ * its first half; any left after it are reported as "unsent", never silently dropped, and
+ * count in the latency with their wait from the scheduled time to the end. In every mode
+ * the run ends with the grace: each call's deadline is cut so that it ends by then at the
+ * latest (a call without an answer by then is an error, timed like the others), so
+ * --duration bounds the run whatever the cluster does. The first call (below)
  * and the replay workload's setup come before the run and are bounded by --deadline.
  *
  * Workloads:
@@ -173,9 +173,10 @@ static const char usageText[] =
     "  --keys N            key set of replay (default 64) and contention (default 8),\n"
     "                      1..100000\n"
     "  --duration SECONDS  how long to run (default 10, at most 3600); then the calls in\n"
-    "                      flight (and with --rate the operations due but unsent) get at\n"
-    "                      most 1 s more, or one --deadline if shorter: a call without an\n"
-    "                      answer by then is an error, so the run ends by then\n"
+    "                      flight get at most 1 s more, or one --deadline if shorter (with\n"
+    "                      --rate, the operations due but unsent are sent in its first\n"
+    "                      half): a call without an answer by then is an error, so the\n"
+    "                      run ends by then\n"
     "  --requests N        stop after N operations (default: no limit)\n"
     "  --deadline MS       deadline of each call, retries included (default 5000); also\n"
     "                      bounds the first call, which checks the cluster, and each call of\n"
@@ -439,6 +440,9 @@ struct bench {
     uint64_t start_us;
     uint64_t end_us;  /* start + --duration; 0 until the run starts */
     uint64_t last_us; /* end_us + the grace (END_GRACE_MS or --deadline): the run's bound */
+    uint64_t send_until_us; /* open loop: no operation due before the end is sent after this
+                             * (half the grace), so that each one has half the grace or more
+                             * to be answered in, not a deadline cut to nothing */
     atomic_uint_fast64_t tickets;   /* operations started (closed) or scheduled (open) */
     atomic_uint_fast64_t done;      /* operations finished, failed ones included (--requests) */
     atomic_uint_fast64_t succeeded; /* of those, the expected outcome: the summary's ops */
@@ -500,6 +504,7 @@ static void runTimes(struct bench *b, uint64_t start_us)
     b->start_us = start_us;
     b->end_us = start_us + (uint64_t)b->cfg.duration_s * 1000000u;
     b->last_us = b->end_us + (uint64_t)grace_ms * 1000u;
+    b->send_until_us = b->end_us + (uint64_t)grace_ms * 500u;
 }
 
 /* The deadline of a call made now: --deadline, cut so that the call ends by the run's
@@ -1065,8 +1070,8 @@ static void openPump(struct open_loop *L)
     uint64_t now = nowUs();
     bool closed = L->b->cfg.rate == 0;
     /* The closed loop sends nothing after the end; the open loop still sends what was
-     * scheduled before it, until the run's bound. */
-    if (now >= (closed ? L->b->end_us : L->b->last_us)) {
+     * scheduled before it, for half the grace. */
+    if (now >= (closed ? L->b->end_us : L->b->send_until_us)) {
         openFinish(L);
         return;
     }
