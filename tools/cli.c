@@ -23,9 +23,7 @@ void cli_set_json(bool on)
     cliJson = on;
 }
 
-/* Prints {"outcome": "usage", "error": msg} on stdout; bytes that are not UTF-8 (from an
- * argument quoted in msg) as '?'. */
-static void usageJson(char *msg)
+void cli_json_outcome(const char *outcome, char *msg)
 {
     json_t *s = json_string(msg);
     if (s == NULL) {
@@ -38,7 +36,7 @@ static void usageJson(char *msg)
     }
     json_t *o = json_object();
     char *text = NULL;
-    if (o != NULL && s != NULL && json_object_set_new(o, "outcome", json_string("usage")) == 0 &&
+    if (o != NULL && s != NULL && json_object_set_new(o, "outcome", json_string(outcome)) == 0 &&
         json_object_set(o, "error", s) == 0) {
         text = json_dumps(o, JSON_PRESERVE_ORDER);
     }
@@ -60,7 +58,7 @@ void cli_usage_error(const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "%s: %s\nTry '%s --help'.\n", cliProg, msg, cliProg);
     if (cliJson) {
-        usageJson(msg);
+        cli_json_outcome("usage", msg);
     }
     exit(CLI_EXIT_USAGE);
 }

@@ -20,6 +20,11 @@ void cli_set_json(bool on);
  * the JSON object above on stdout), exits with CLI_EXIT_USAGE. */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/* Prints {"outcome": OUTCOME, "error": msg} on stdout (and flushes it); bytes of msg that
+ * are not UTF-8 (from an argument or an address quoted in it) are replaced by '?' in
+ * place. Both borrowed. */
+void cli_json_outcome(const char *outcome, char *msg);
+
 /* Parses a plain decimal number in [min, max], or exits with a usage error naming `what`.
  * `what` and `s` are borrowed. */
 uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max);

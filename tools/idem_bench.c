@@ -389,27 +389,13 @@ static void benchError(const char *fmt, ...)
 static int benchExit(bool json, int code)
 {
     if (json) {
-        json_t *o = json_object();
-        json_t *why = json_string(failWhy[0] ? failWhy : "setup failed");
-        if (why == NULL) { /* not UTF-8 (an address or a server's text) */
-            why = json_string("setup failed (the reason is on stderr)");
+        if (failWhy[0] == '\0') {
+            snprintf(failWhy, sizeof failWhy, "setup failed");
         }
-        char *text = NULL;
-        if (o != NULL && why != NULL) {
-            const char *outcome = code == EXIT_UNAVAILABLE ? "unavailable"
-                                  : code == EXIT_USAGE     ? "usage"
-                                                           : "error";
-            json_object_set_new(o, "outcome", json_string(outcome));
-            json_object_set(o, "error", why);
-            text = json_dumps(o, JSON_PRESERVE_ORDER);
-        }
-        if (text != NULL) {
-            puts(text);
-            fflush(stdout);
-        }
-        free(text);
-        json_decref(why);
-        json_decref(o);
+        cli_json_outcome(code == EXIT_UNAVAILABLE ? "unavailable"
+                         : code == EXIT_USAGE     ? "usage"
+                                                  : "error",
+                         failWhy);
     }
     return code;
 }

@@ -7,7 +7,8 @@
  *
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
  * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls,
- * claims, big, async-blocked, run-badresp, run-lapse, lease, run-renewals. */
+ * claims, big, async-blocked, async-refused, run-badresp, run-bigresp, run-lapse, lease,
+ * run-renewals. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1289,21 +1290,29 @@ static int badRespFn(void *arg, uint64_t token, struct idem_response *response)
     return IDEM_RUN_SUCCEEDED;
 }
 
-static int scRunBadResp(int argc, char **argv)
+/* run-badresp and run-bigresp: idem_run with fn (and arg), then a get of the key; prints
+ * what the run returned and the record's state (1: processing). */
+static int scRunRefused(int argc, char **argv, idem_run_fn fn, void *arg)
 {
     if (argc < 1) {
         return 2;
     }
     struct idem_client *c = openClient(NULL);
     uint8_t fp[IDEM_FINGERPRINT_LEN];
-    fpOf("badresp", fp);
+    fpOf("refused", fp);
     struct idem_result r, g;
-    int rv = idem_run(c, argv[0], fp, NULL, badRespFn, NULL, &r);
+    int rv = idem_run(c, argv[0], fp, NULL, fn, arg, &r);
     int grv = idem_get(c, argv[0], 0, &g);
-    printf("{\"rv\": %d, \"ran\": %d, \"has_response\": %d, \"token\": %" PRIu64
-           ", \"get_rv\": %d, \"state\": %d, \"detail\": \"%s\"}\n",
-           rv, r.ran, r.has_response, r.token, grv, g.has_record ? g.record.state : -1,
-           r.detail);
+    printf("{\"rv\": %d, \"ran\": %d, \"finish\": \"%s\", \"has_response\": %d, "
+           "\"response_len\": %zu, \"token\": %" PRIu64 ", \"get_rv\": %d, \"state\": %d, "
+           "\"detail\": \"",
+           rv, r.ran, idem_outcome_name(r.finish_outcome), r.has_response,
+           r.has_response ? r.response.body_len : 0, r.token, grv,
+           g.has_record ? g.record.state : -1);
+    for (const char *p = r.detail; *p; p++) { /* JSON: quotes and backslashes escaped */
+        printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    }
+    printf("\"}\n");
     idem_result_free(&r);
     idem_result_free(&g);
     idem_client_close(c);
@@ -1327,34 +1336,14 @@ static int bigRespFn(void *arg, uint64_t token, struct idem_response *response)
 
 static int scRunBigResp(int argc, char **argv)
 {
-    if (argc < 1) {
-        return 2;
-    }
     uint8_t *body = malloc(BIG_RESP_LEN);
     if (body == NULL) {
         return 1;
     }
     memset(body, 'x', BIG_RESP_LEN);
-    struct idem_client *c = openClient(NULL);
-    uint8_t fp[IDEM_FINGERPRINT_LEN];
-    fpOf("bigresp", fp);
-    struct idem_result r, g;
-    int rv = idem_run(c, argv[0], fp, NULL, bigRespFn, body, &r);
-    int grv = idem_get(c, argv[0], 0, &g);
-    printf("{\"rv\": %d, \"ran\": %d, \"finish\": \"%s\", \"response_len\": %zu, "
-           "\"token\": %" PRIu64 ", \"get_rv\": %d, \"state\": %d, \"detail\": \"",
-           rv, r.ran, idem_outcome_name(r.finish_outcome),
-           r.has_response ? r.response.body_len : 0, r.token, grv,
-           g.has_record ? g.record.state : -1);
-    for (const char *p = r.detail; *p; p++) { /* JSON: quotes and backslashes escaped */
-        printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-    }
-    printf("\"}\n");
-    idem_result_free(&r);
-    idem_result_free(&g);
-    idem_client_close(c);
+    int rc = scRunRefused(argc, argv, bigRespFn, body);
     free(body);
-    return 0;
+    return rc;
 }
 
 /* ---- lease: Result.lease_ms of claims and renewals ---------------------------------------- */
@@ -1503,7 +1492,7 @@ int main(int argc, char **argv)
         return scRunBigResp(argc, argv);
     }
     if (strcmp(sc, "run-badresp") == 0) {
-        return scRunBadResp(argc, argv);
+        return scRunRefused(argc, argv, badRespFn, NULL);
     }
     if (strcmp(sc, "run-lapse") == 0) {
         return scRunLapse(argc, argv);

@@ -910,20 +910,25 @@ class TestBench(ClusterTestCase):
         self.assertGreaterEqual(out["p50_ms"], 500, out)
         self.assertEqual(out["outcomes"], {"acquired": out["ops"]})
 
+    def followers_killed_after(self, seconds):
+        """A during() for bench_while: kills every follower SECONDS into the run (quorum
+        lost)."""
+        lid = self.c.wait_leader(timeout=20)
+
+        def kill(p):
+            time.sleep(seconds)
+            for nid in list(self.c.nodes):
+                if nid != lid:
+                    self.c.kill(nid)
+        return kill
+
     def bench_losing_quorum(self, *args):
         """Runs idem-bench --json --duration 4 --deadline 400 ARGS and kills every follower
         1.5 s in (quorum lost); returns its parsed output. The operations sent after that
         wait their whole deadline and fail: the latency figures must show that wait (not
         only the fast successes), and the histogram must hold every operation sent."""
-        lid = self.c.wait_leader(timeout=20)
-
-        def kill_followers(p):
-            time.sleep(1.5)
-            for nid in list(self.c.nodes):
-                if nid != lid:
-                    self.c.kill(nid)
-
-        out = self.bench_while(["--duration", 4, "--deadline", 400] + list(args), kill_followers)
+        out = self.bench_while(["--duration", 4, "--deadline", 400] + list(args),
+                               self.followers_killed_after(1.5))
         self.assertGreater(out["ops"], 0, out)
         self.assertGreater(out["errors"], 0, out)
         self.assertEqual(sum(b[2] for b in out["histogram"]),
@@ -950,16 +955,9 @@ class TestBench(ClusterTestCase):
         flight then (and, open loop, those due after) would wait their whole deadline, but
         --duration bounds the run: every call's deadline is cut to 1 s after the end, where
         the unanswered ones fail. Returns the parsed output."""
-        lid = self.c.wait_leader(timeout=20)
-
-        def kill_followers(p):
-            time.sleep(1.0)
-            for nid in list(self.c.nodes):
-                if nid != lid:
-                    self.c.kill(nid)
-
         t0 = time.monotonic()
-        out = self.bench_while(["--duration", 2, "--deadline", 5000] + list(mode), kill_followers)
+        out = self.bench_while(["--duration", 2, "--deadline", 5000] + list(mode),
+                               self.followers_killed_after(1.0))
         wall = time.monotonic() - t0
         self.assertGreater(out["ops"], 0, out)
         self.assertGreater(out["errors"], 0, out)
