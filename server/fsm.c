@@ -760,6 +760,11 @@ static int recTokenCmp(const void *a, const void *b)
     return x->token < y->token ? -1 : x->token > y->token;
 }
 
+bool fsm_tenant_known(const struct fsm *f, const char *name)
+{
+    return table_tenant_find(&f->t, name, strlen(name)) >= 0;
+}
+
 size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_record_view *out,
                        size_t cap)
 {

@@ -159,6 +159,10 @@ void fsm_get_stats(const struct fsm *f, struct fsm_stats *out /* OUT */);
 size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_record_view *out,
                        size_t cap);
 
+/* Whether the replicated state knows a tenant of that name (`name` borrowed): one that had
+ * a record since the state was last restored from a snapshot, or has one in it. */
+bool fsm_tenant_known(const struct fsm *f, const char *name);
+
 /* A 16-byte digest of the whole replicated state (every record, the clock and the last
  * index). It does not depend on insertion order, hash-table layout or memory addresses:
  * replicas, and a state machine restored from a snapshot of another, compare equal. */

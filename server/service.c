@@ -832,24 +832,25 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
                  NULL);
 }
 
-/* The tenant and key an operator names: any tenant name (records of a tenant that left
- * the configuration can still be read and purged), a key of CONTRACT.md §1's alphabet.
- * Returns NULL or what is wrong (never quoting the key). */
-/* Whether this node's configuration has a tenant of that name. */
-static bool tenantConfigured(const struct service *s, const char *name)
+/* Whether an operator's command may name this tenant: one in this node's configuration,
+ * or one the replicated state knows (records of a tenant that left the configuration can
+ * still be read, resolved and purged: a quarantined record never expires). A mistyped name
+ * is neither, and is refused rather than answered not_found (or an empty quarantine list),
+ * which would read as a record that is gone. */
+static bool tenantKnown(const struct service *s, const char *name)
 {
     for (size_t i = 0; i < s->cfg->n_tenants; i++) {
         if (strcmp(s->cfg->tenants[i].name, name) == 0) {
             return true;
         }
     }
-    return false;
+    return fsm_tenant_known(s->fsm, name);
 }
 
-/* The tenant an admin command names must be configured: a mistyped one would otherwise
- * answer not_found (or an empty quarantine list), as if the record were gone. */
-#define UNKNOWN_TENANT "unknown tenant: not in this node's configuration"
+#define UNKNOWN_TENANT "unknown tenant: neither in this node's configuration nor in its records"
 
+/* The tenant and key an operator names: a known tenant (tenantKnown), a key of CONTRACT.md
+ * §1's alphabet. Returns NULL or what is wrong (never quoting the key). */
 static const char *adminKeyError(const struct service *s, const char *tenant,
                                  const ProtobufCBinaryData *key)
 {
@@ -857,7 +858,7 @@ static const char *adminKeyError(const struct service *s, const char *tenant,
     if (tl == 0 || tl > FSM_TENANT_MAX) {
         return "tenant missing or longer than 128 bytes";
     }
-    if (!tenantConfigured(s, tenant)) {
+    if (!tenantKnown(s, tenant)) {
         return UNKNOWN_TENANT;
     }
     switch (key_validate(key->data, key->len, KEY_MAX_LEN)) {
@@ -910,7 +911,7 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
             why = "tenant longer than 128 bytes";
             break;
         }
-        if (tenant != NULL && !tenantConfigured(s, tenant)) {
+        if (tenant != NULL && !tenantKnown(s, tenant)) {
             why = UNKNOWN_TENANT;
             break;
         }

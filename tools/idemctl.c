@@ -1811,7 +1811,8 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
         }
         v->voters++;
         /* By address, not by probeId(): two members may share an RPC address (members add
-         * does not refuse it), and a refusal there counts for both. */
+         * refuses it now, but a cluster configured before may have them), and a refusal
+         * there counts for both. */
         for (size_t j = 0; j < n; j++) {
             const Idem__NodeStatus *st = probeStatus(&probes[j]);
             if ((st != NULL && st->id == m->id) ||

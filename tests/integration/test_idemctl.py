@@ -802,6 +802,37 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual(self.ok("key", "get", "alpha", "typo-order")["outcome"], "ok")
         self.assertEqual(self.ok("quarantine", "list", "--tenant", "alpha")["outcome"], "ok")
 
+    def test_tenant_removed_from_the_configuration_keeps_its_records_in_reach(self):
+        # A quarantined record never expires: once its tenant left the configuration, an
+        # operator must still be able to list, read and resolve (or purge) it. The tenant
+        # is known to the replicated state, so it is no "unknown tenant".
+        key = "left-tenant-order"
+        a = self.ok("claim", key, "--fingerprint", fp(1), token=self.c.token2)
+        self.ok("complete", key, "--token", a["token"], "--status", 504, "--outcome", "unknown",
+                token=self.c.token2)
+        for nid in sorted(self.c.nodes):
+            self.c.kill(nid)
+        for node in self.c.nodes.values():
+            with open(node.cfg) as f:
+                cfg = f.read()
+            beta = "  - name: beta\n    token_sha256: %s\n" % sha256_hex(self.c.token2)
+            self.assertIn(beta, cfg)
+            with open(node.cfg, "w") as f:
+                f.write(cfg.replace(beta, ""))
+        for nid in sorted(self.c.nodes):
+            self.c.start(nid)
+        self.c.wait_leader(timeout=30)
+        lst = wait_for(lambda: (lambda o: o if o["outcome"] == "ok" else None)(
+            self.ok("quarantine", "list", "--tenant", "beta")), 30, "the quarantine list")
+        self.assertEqual(lst["count"], 1, lst)
+        self.assertEqual(self.ok("key", "get", "beta", key)["state"], "quarantined")
+        self.assertEqual(self.ok("key", "resolve", "beta", key, "--release")["outcome"], "ok")
+        self.assertEqual(self.ok("key", "get", "beta", key)["outcome"], "not_found")
+        # A name neither configured nor in the records is still refused.
+        out = self.ok("key", "get", "betta", key)
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("unknown tenant", out["error"])
+
     def test_purge_tombstone(self):
         a = self.claim("short-lived", ttl=800)
         self.ok("complete", "short-lived", "--token", a["token"], "--status", 200, "--body", "ok")
