@@ -106,6 +106,21 @@ class CtlTest(ClusterTestCase):
             a += ["--deadline", deadline]
         return run_ctl(a + list(args))
 
+    def restart_with_config(self, old, new):
+        """Stops every node, replaces `old` (which each config must hold) by `new` in each
+        node's config, starts them again and waits for a leader."""
+        for nid in sorted(self.c.nodes):
+            self.c.kill(nid)
+        for node in self.c.nodes.values():
+            with open(node.cfg) as f:
+                cfg = f.read()
+            self.assertIn(old, cfg)
+            with open(node.cfg, "w") as f:
+                f.write(cfg.replace(old, new))
+        for nid in sorted(self.c.nodes):
+            self.c.start(nid)
+        self.c.wait_leader(timeout=30)
+
     def claim(self, key, n=1, ttl=None):
         extra = ["--ttl", ttl] if ttl is not None else []
         return self.ok("claim", key, "--fingerprint", fp(n), *extra)
@@ -810,18 +825,8 @@ class TestIdemctlKeys(CtlTest):
         a = self.ok("claim", key, "--fingerprint", fp(1), token=self.c.token2)
         self.ok("complete", key, "--token", a["token"], "--status", 504, "--outcome", "unknown",
                 token=self.c.token2)
-        for nid in sorted(self.c.nodes):
-            self.c.kill(nid)
-        for node in self.c.nodes.values():
-            with open(node.cfg) as f:
-                cfg = f.read()
-            beta = "  - name: beta\n    token_sha256: %s\n" % sha256_hex(self.c.token2)
-            self.assertIn(beta, cfg)
-            with open(node.cfg, "w") as f:
-                f.write(cfg.replace(beta, ""))
-        for nid in sorted(self.c.nodes):
-            self.c.start(nid)
-        self.c.wait_leader(timeout=30)
+        beta = "  - name: beta\n    token_sha256: %s\n" % sha256_hex(self.c.token2)
+        self.restart_with_config(beta, "")
         lst = wait_for(lambda: (lambda o: o if o["outcome"] == "ok" else None)(
             self.ok("quarantine", "list", "--tenant", "beta")), 30, "the quarantine list")
         self.assertEqual(lst["count"], 1, lst)
@@ -932,18 +937,8 @@ class TestIdemctlKeys(CtlTest):
         # Tenant beta may hold 10 records: a fresh run gets 10 acquired, then only
         # quota_exceeded (errors). The progress line's ops are what the summary calls ops
         # (answered as expected), its errors the summary's errors: a failure is never an op.
-        for nid in sorted(self.c.nodes):
-            self.c.kill(nid)
-        for node in self.c.nodes.values():
-            with open(node.cfg) as f:
-                cfg = f.read()
-            beta = "    token_sha256: %s\n" % sha256_hex(self.c.token2)
-            self.assertIn(beta, cfg)
-            with open(node.cfg, "w") as f:
-                f.write(cfg.replace(beta, beta + "    max_records: 10\n"))
-        for nid in sorted(self.c.nodes):
-            self.c.start(nid)
-        self.c.wait_leader(timeout=30)
+        beta = "    token_sha256: %s\n" % sha256_hex(self.c.token2)
+        self.restart_with_config(beta, beta + "    max_records: 10\n")
         # The loop, then the threads (the 10 records are held by then: no op at all).
         for extra, acquired in (([], 10), (["--threads"], 0)):
             rc, out, tty = run_with_tty_stderr(["--cluster", self.c.addrs(), "--token",
