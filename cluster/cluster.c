@@ -1596,14 +1596,14 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
         }
     }
     for (unsigned i = 0; i < conf->n; i++) {
+        /* Every member's addresses are in the metadata (this node's own put at start);
+         * one whose MemberInfo was never applied is compared by its raft address only. */
         const struct memberMeta *om = metaFind(c, conf->servers[i].id);
-        bool self = conf->servers[i].id == c->cfg.id;
-        const char *theirs[3] = {conf->servers[i].address,
-                                 om != NULL ? om->m.rpc_address : self ? c->rpc_address : "",
-                                 om != NULL ? om->m.http_address : self ? c->http_address : ""};
+        const char *theirs[3] = {conf->servers[i].address, om != NULL ? om->m.rpc_address : "",
+                                 om != NULL ? om->m.http_address : ""};
         for (unsigned a = 0; a < 3; a++) {
             for (unsigned b = 0; b < 3; b++) {
-                if (mine[a][0] != '\0' && theirs[b] != NULL && strcmp(mine[a], theirs[b]) == 0) {
+                if (mine[a][0] != '\0' && strcmp(mine[a], theirs[b]) == 0) {
                     char why[sizeof c->errmsg];
                     snprintf(why, sizeof why, "address %.200s is member %llu's already", mine[a],
                              (unsigned long long)conf->servers[i].id);
