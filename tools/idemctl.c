@@ -1292,8 +1292,7 @@ static void printMembersTable(const Idem__Response *resp)
 static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
                       const Idem__Request *req, Idem__Response **resp, uint64_t *node_id);
 
-static bool idRefusal(const struct global *g, uint64_t id, bool transfer, char *why,
-                      size_t len);
+static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool transfer);
 
 static int cmdMembers(struct global *g, struct args *a)
 {
@@ -1365,16 +1364,10 @@ static int cmdMembers(struct global *g, struct args *a)
         return code;
     }
     json_t *o = resultJson(resp);
-    char why[256];
     if ((mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ||
          mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) &&
-        idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID &&
-        idRefusal(g, mr.id, false, why, sizeof why)) {
-        json_t *said = json_object_get(o, "error");
-        if (said != NULL) {
-            jset(o, "node_error", json_copy(said)); /* the leader's own words */
-        }
-        jset(o, "error", jstr(why));
+        idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID) {
+        explainRefusal(g, o, mr.id, false);
     }
     /* The list is the answer to `list`; add, promote and remove answer only an outcome
      * (an empty list there would read as "no members"). */
@@ -2515,6 +2508,21 @@ static bool idRefusal(const struct global *g, uint64_t id, bool transfer, char *
     return known;
 }
 
+/* An invalid answer about node `id` (o: its JSON) whose reason status can tell: "error"
+ * becomes that reason, and the leader's own words move to "node_error". */
+static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool transfer)
+{
+    char why[256];
+    if (!idRefusal(g, id, transfer, why, sizeof why)) {
+        return;
+    }
+    json_t *said = json_object_get(o, "error");
+    if (said != NULL) {
+        jset(o, "node_error", json_copy(said));
+    }
+    jset(o, "error", jstr(why));
+}
+
 /* transfer [NODE_ID]: sent to the leader; a refusal of NODE_ID is explained from status. */
 static int cmdTransfer(struct global *g, struct args *a)
 {
@@ -2551,14 +2559,8 @@ static int cmdTransfer(struct global *g, struct args *a)
         return code;
     }
     json_t *o = resultJson(resp);
-    char why[256];
-    if (tr.id != 0 && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID &&
-        idRefusal(g, tr.id, true, why, sizeof why)) {
-        json_t *said = json_object_get(o, "error");
-        if (said != NULL) {
-            jset(o, "node_error", json_copy(said)); /* the leader's own words */
-        }
-        jset(o, "error", jstr(why));
+    if (tr.id != 0 && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID) {
+        explainRefusal(g, o, tr.id, true);
     }
     emit(g, o);
     idem__response__free_unpacked(resp, NULL);
