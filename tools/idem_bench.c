@@ -1583,11 +1583,7 @@ static void printText(struct bench *b, const struct totals *t)
                ms(atomic_load_explicit(&b->max_lag, memory_order_relaxed)));
     }
     if (b->probe != NULL) {
-        const struct stallprobe_stats *ps = &b->probe_stats;
-        printf("held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64
-               " wake-ups 1 ms or more late, the longest %.3f ms; probe at %s priority)\n",
-               ms(ps->held_us) / ps->cpus, ps->seconds, ps->cpus, ps->holds,
-               ms(ps->held_max_us), ps->fifo ? "SCHED_FIFO 1" : "normal");
+        stallprobe_print(stdout, &b->probe_stats);
     }
     if (!b->cfg.no_histogram) {
         printf("distribution (latency ms, count, share, cumulative):\n");

@@ -3,6 +3,7 @@
 #include "stallprobe.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -186,10 +187,16 @@ void stallprobe_take(struct stallprobe *p, struct stallprobe_window *w)
     w->held_us = atomic_exchange(&p->window_held_us, 0);
 }
 
+void stallprobe_print(FILE *f, const struct stallprobe_stats *st)
+{
+    fprintf(f,
+            "held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64 " of %" PRIu64
+            " wake-ups 1 ms or more late, the longest %.3f ms; probe at %s priority)\n",
+            (double)st->held_us / 1000.0 / st->cpus, st->seconds, st->cpus, st->holds,
+            st->wakeups, (double)st->held_max_us / 1000.0, st->fifo ? "SCHED_FIFO 1" : "normal");
+}
+
 void stallprobe_free(struct stallprobe *p)
 {
-    if (p == NULL) {
-        return;
-    }
     free(p);
 }

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define STALLPROBE_PERIOD_US 1000u
 #define STALLPROBE_HOLD_US 1000u
@@ -59,6 +60,10 @@ void stallprobe_stop(struct stallprobe *p, struct stallprobe_stats *stats);
  * begun. A hold whose lateness counts in w->max_us counts in w->held_us too. Any thread,
  * while the probe runs or after it stopped. */
 void stallprobe_take(struct stallprobe *p, struct stallprobe_window *w);
+
+/* Prints the run's summary line to f: "held off  X ms per CPU over S s (N CPUs, H of W
+ * wake-ups 1 ms or more late, the longest M ms; probe at P priority)". */
+void stallprobe_print(FILE *f, const struct stallprobe_stats *st);
 
 /* Frees a stopped probe (NULL: nothing). */
 void stallprobe_free(struct stallprobe *p);

@@ -165,10 +165,7 @@ int main(int argc, char **argv)
         free(s);
         json_decref(o);
     } else {
-        printf("held off     %.1f ms per CPU over %.1f s (%u CPUs, %" PRIu64 " of %" PRIu64
-               " wake-ups 1 ms or more late, the longest %.3f ms; probe at %s priority)\n",
-               per_cpu, st.seconds, st.cpus, st.holds, st.wakeups, ms(st.held_max_us),
-               st.fifo ? "SCHED_FIFO 1" : "normal");
+        stallprobe_print(stdout, &st);
         if (n_rows > 0) {
             printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "longest ms");
             for (size_t i = 0; i < n_rows; i++) {
