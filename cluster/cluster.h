@@ -269,7 +269,8 @@ int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, 
 /* Leadership transfer to `id` (0: raft's pick, the voter with the most entries, when
  * every other voter was heard from within an election timeout; else the first one that
  * was). CLUSTER_EUNREACHABLE, nothing started, when `id` is a voter this
- * node has not heard from within an election timeout, or for 0 when no other voter is. */
+ * node has not heard from within an election timeout, or for 0 when no other voter is.
+ * cb's status is 0 when leadership moved: cluster_leader() then names the new leader. */
 int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data);
 /* Takes a snapshot at the next applied entry (a barrier makes one on the leader). */
 int cluster_snapshot_now(struct cluster *c);

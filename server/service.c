@@ -810,6 +810,11 @@ static void transferDoneCb(void *data, int status, const char *errmsg)
     resp.result = &res;
     resp.error = (char *)(errmsg ? errmsg : "");
     resp.leader_rpc_address = "";
+    if (status == 0) {
+        /* Leadership moved: this node knows the new leader (cluster_transfer). */
+        const char *addr = NULL;
+        resp.leader_id = cluster_leader(a->s->cluster, &addr);
+    }
     a->cb(a->data, &resp);
     free(a);
 }

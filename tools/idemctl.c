@@ -177,8 +177,9 @@ static const struct help helps[] = {
     {"transfer",
      "Usage: idemctl transfer [NODE_ID]\n"
      "\n"
-     "Hands leadership to NODE_ID, or to a voter the leader hears from when none is given.\n"
-     "`idemctl status` shows the new leader. When the leader refuses NODE_ID (invalid), the\n"
+     "Hands leadership to NODE_ID, or to a voter the leader hears from when none is given,\n"
+     "and prints the node that leads afterwards (leader_id). When the leader refuses NODE_ID\n"
+     "(invalid), the\n"
      "error says why: already the leader, not a voter, or not a member. A voter the leader\n"
      "has not heard from within an election timeout is refused (unavailable, exit 3). Sent\n"
      "to the leader once; asked again only when the leader answers that leadership did not\n"
@@ -2559,8 +2560,26 @@ static int cmdTransfer(struct global *g, struct args *a)
         return code;
     }
     json_t *o = resultJson(resp);
-    if (tr.id != 0 && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID) {
+    Idem__Outcome out = idem_response_outcome(resp);
+    if (tr.id != 0 && out == IDEM__OUTCOME__OUTCOME_INVALID) {
         explainRefusal(g, o, tr.id, true);
+    }
+    if (out == IDEM__OUTCOME__OUTCOME_OK) {
+        /* The node that leads now, as the old leader saw it when the transfer ended (a
+         * node older than this field says 0: status is asked instead). */
+        uint64_t now_leader = resp->leader_id;
+        if (now_leader == 0) {
+            struct discovery d;
+            discover(g, false, &d);
+            now_leader = nodeProbe(d.probes, d.n, &d.v, d.v.leader) != NULL ? d.v.leader : 0;
+            discoveryFree(&d);
+        }
+        jset(o, "leader_id", now_leader != 0 ? ju64(now_leader) : json_null());
+        if (now_leader != 0 && json_object_get(o, "message") == NULL) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "node %" PRIu64 " leads now", now_leader);
+            jset(o, "message", jstr(msg));
+        }
     }
     emit(g, o);
     idem__response__free_unpacked(resp, NULL);

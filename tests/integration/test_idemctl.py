@@ -22,7 +22,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (ClusterTestCase, IDEMCTL, Cluster, Node, fp, free_port,  # noqa: E402
                      recv_exact, wait_for)
-from test_cluster import _field, _fields, _frame, _uvarint  # noqa: E402
+from test_cluster import _field, _fields, _frame, _read_frame, _uvarint  # noqa: E402
 
 ACQ = "acquired"
 
@@ -533,6 +533,7 @@ class TestIdemctlMembership(CtlTest):
         # "Any voter" goes to the one that is up.
         out = self.ok("transfer")
         self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(out["leader_id"], live, out)
         wait_for(lambda: self.c.leader() == live, 20, "node %d to lead" % live)
 
     def test_promote_of_a_node_that_is_down_warns(self):
@@ -574,11 +575,40 @@ class TestIdemctlMembership(CtlTest):
         target = [n for n in sorted(self.c.nodes) if n != lid][-1]
         out = self.ok("transfer", target)
         self.assertEqual(out["outcome"], "ok", out)
+        # The answer names the new leader (the old one's view when the transfer ended).
+        self.assertEqual(out["leader_id"], target, out)
+        self.assertEqual(out["message"], "node %d leads now" % target, out)
         st = wait_for(lambda: (lambda s: s if s["leader_id"] == target else None)(self.status()),
                       20, "node %d to lead" % target)
         roles = {n["id"]: n["role"] for n in st["nodes"]}
         self.assertEqual(roles[target], "leader")
         self.assertTrue(st["quorum"])
+        # To any voter, in the human format: the line names the node status then shows.
+        rc, text, err = self.human("transfer")
+        self.assertEqual(rc, 0, err)
+        m = re.search(r"^leader_id: (\d+)$", text, re.M)
+        self.assertIsNotNone(m, text)
+        now = int(m.group(1))
+        self.assertNotEqual(now, target, text)
+        self.assertIn("node %d leads now" % now, text)
+        wait_for(lambda: self.c.leader() == now, 20, "node %d to lead" % now)
+
+    def test_transfer_answer_names_the_new_leader(self):
+        # The node's own answer, not idemctl's fallback to status (for older nodes): a
+        # transfer's ok carries leader_id (Response field 12), the node that leads now.
+        lid = self.c.leader()
+        target = [n for n in sorted(self.c.nodes) if n != lid][0]
+        transfer = bytes([0x08]) + _uvarint(target)
+        body = (bytes([0x08, 7, 0x10]) + _uvarint(10000) + _field(3, self.c.admin.encode())
+                + _field(22, transfer))
+        host, port = self.c.nodes[lid].rpc.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=15) as s:
+            s.sendall(_frame(body))
+            fields, result = _read_frame(s)
+        self.assertEqual(fields.get(1), 7, fields)
+        self.assertEqual(result.get(1, 0), 8, (fields, result))  # OUTCOME_OK
+        self.assertEqual(fields.get(12), target, fields)
+        wait_for(lambda: self.c.leader() == target, 20, "node %d to lead" % target)
 
     def test_transfer_refusals_say_why(self):
         lid = self.c.leader()
