@@ -3,7 +3,7 @@
  *
  * Why: raft_uv 0.15 writes a snapshot file in one go and fsyncs it. The whole file then goes
  * to the disk at once, and every log write (O_DIRECT, RWF_DSYNC) on the same disk queues
- * behind it: tens of milliseconds on each node sharing the disk (measured; README, Limits).
+ * behind it: tens of milliseconds on each node sharing the disk (measured; docs/latency.md).
  * Here the data is written in SNAPSTORE_CHUNK pieces, each pushed to the disk and waited for
  * (sync_file_range) before the next, with a pause between them, so a log write waits behind
  * one chunk at most.

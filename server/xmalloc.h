@@ -26,7 +26,7 @@ void xbig_free(void *p, size_t bytes);                      /* p may be NULL */
  * to fault in on the 2-core VM; done on the loop (one page per insert, as before), the
  * 12,288 pages a 2M-slot table's next growth and snapshot spare need came within 0.25 s of
  * claims on all three nodes at once, and an open loop at 30-40k claims/s had a p99 of
- * 38-265 ms for 0.2-0.6 s there (README, Limits). Now a thread of its own writes a zero byte to
+ * 38-265 ms for 0.2-0.6 s there (docs/latency.md). Now a thread of its own writes a zero byte to
  * each page, at the lowest CPU priority (nice 19 above the caller's): it runs on what the loops
  * leave, and it takes no lock a loop waits for (a page fault takes the lock of its own mapping
  * only, and nothing else uses the array until xbig_prefault_wait). A write, not a read, which would

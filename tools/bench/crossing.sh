@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # crossing.sh: the open loop's latency while the record count crosses a given range, e.g. the
-# table's 5/8 mark where the next growth is prepared (README, Limits: *A stall near 1.31M
+# table's 5/8 mark where the next growth is prepared (docs/latency.md: *A stall near 1.31M
 # records*). A benchmark, not a test: it asserts nothing about speed, only that each load did
 # what it says (no errors, every claim acquired).
 #
