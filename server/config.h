@@ -35,6 +35,13 @@ struct config_addr {
     uint16_t port; /* 1..65535 when set */
 };
 
+/* Parses a node's address, "A.B.C.D:PORT", into *out: an IPv4 address (the listeners bind,
+ * and libraft 0.15 dials its peers, by IPv4 address; names are not resolved) and a port
+ * 1..65535 without leading zeros. inet_pton takes no leading zeros in the address either,
+ * so two addresses parsed here are the same endpoint exactly when their texts are equal.
+ * 0, or -1 with the reason in `why` (which quotes `s` escaped and cut short, never raw). */
+int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t why_len);
+
 /* One member of the initial Raft configuration (cluster.bootstrap). */
 struct config_member {
     uint64_t id;
