@@ -1574,7 +1574,11 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
     if (m->id == 0 || m->raft_address[0] == '\0' || m->rpc_address[0] == '\0') {
         return CLUSTER_EINVAL;
     }
-    /* Refuse what raft would refuse before the addresses reach the log: a MemberInfo for
+    /* Addresses are compared as text: the service takes only those a node's configuration
+     * takes (config_addr_parse: IPv4 address and port, neither with leading zeros), whose
+     * texts are equal exactly when they name the same endpoint.
+     *
+     * Refuse what raft would refuse before the addresses reach the log: a MemberInfo for
      * an existing member would overwrite its addresses everywhere. */
     const struct raft_configuration *conf = &c->raft.configuration;
     for (unsigned i = 0; i < conf->n; i++) {

@@ -1027,6 +1027,27 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
                      "node id out of range (1..9223372036854775807)", NULL);
         return;
     }
+    /* members add: each address as a node's configuration takes it (config_addr_parse: an
+     * IPv4 address, a port without leading zeros), so that the cluster can compare them as
+     * text, and none is cut short to fit. The RPC has other clients than idemctl. */
+    if (req->op_case == IDEM__REQUEST__OP_MEMBERS &&
+        req->members->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD) {
+        const Idem__MembersRequest *m = req->members;
+        const char *given[3] = {m->raft_address, m->rpc_address, m->http_address};
+        static const char *const names[3] = {"raft", "rpc", "http"};
+        for (unsigned i = 0; i < 3; i++) {
+            struct config_addr ca;
+            char why[256], msg[300];
+            if (i == 2 && given[i][0] == '\0') {
+                continue; /* the HTTP address is optional */
+            }
+            if (config_addr_parse(given[i], &ca, why, sizeof why) != 0) {
+                snprintf(msg, sizeof msg, "%s address: %s", names[i], why);
+                answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, msg, NULL);
+                return;
+            }
+        }
+    }
     a = xcalloc(1, sizeof(*a));
     a->s = s;
     a->cb = cb;

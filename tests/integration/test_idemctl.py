@@ -509,6 +509,63 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(self.ok("members", "add", 5, new.raft, new.rpc, new.http)["outcome"],
                          "ok")
 
+    def test_add_refuses_an_address_written_otherwise(self):
+        # Each address must be written as a node's configuration takes it (an IPv4 address
+        # and a port, neither with leading zeros): compared as text, an address in use
+        # written another way (a leading zero, a name, IPv4-mapped IPv6) was taken as a new
+        # one, and names or IPv6 are never reached anyway (Raft dials by IPv4 address).
+        # Every try but the first is another member's address so written; nothing changes.
+        lid = self.c.leader()
+        other = self.c.nodes[lid]
+        raft_port, rpc_port = other.raft.rsplit(":", 1)[1], other.rpc.rsplit(":", 1)[1]
+        http_port = other.http.rsplit(":", 1)[1]
+        before = self.ok("members", "list")["members"]
+        for nid, (given, what) in enumerate((
+                # (free ports have five digits, and idemctl refuses six: a port of four.)
+                ({"rpc": "127.0.0.1:07001"}, "rpc address: the port must be 1..65535"),
+                ({"raft": "127.000.0.1:" + raft_port},
+                 "raft address: the host is not a valid IPv4 address"),
+                ({"raft": "localhost:" + raft_port},
+                 "raft address: the host must be an IPv4 address"),
+                ({"http": "LOCALHOST:" + http_port},
+                 "http address: the host must be an IPv4 address"),
+                ({"rpc": "[::ffff:127.0.0.1]:" + rpc_port},
+                 "rpc address: IPv6 addresses are not supported")), 5):
+            new = Node(nid, self.c.root)  # only its addresses: never started
+            addrs = [given.get(k, getattr(new, k)) for k in ("raft", "rpc", "http")]
+            with self.subTest(addrs=addrs):
+                out = self.ok("members", "add", nid, *addrs)
+                self.assertEqual(out["outcome"], "invalid", out)
+                self.assertIn(what, out["error"])
+        self.assertEqual(self.ok("members", "list")["members"], before)
+
+    def test_add_refuses_a_malformed_address(self):
+        # idemctl checks the addresses' form before it sends them; the leader checks them
+        # itself, for the RPC's other clients: straight over the RPC here. An address longer
+        # than the field was cut short to fit before. Nothing changes.
+        lid = self.c.leader()
+        host, rpc_port = self.c.nodes[lid].rpc.rsplit(":", 1)
+        before = self.ok("members", "list")["members"]
+        for nid, (given, what) in enumerate((
+                ({"rpc": "127.0.0.1"}, "rpc address: expected host:port"),
+                ({"http": "127.0.0.1:0"}, "http address: the port must be 1..65535"),
+                ({"raft": "127.0.0.1:65536"}, "raft address: the port must be 1..65535"),
+                ({"raft": "::1:7001"}, "raft address: IPv6 addresses are not supported"),
+                ({"rpc": "a host:7001"}, "rpc address: the host must be an IPv4 address"),
+                ({"http": "1" * 300 + ":7001"}, "http address: the host is longer than")), 4):
+            new = Node(nid, self.c.root)  # only its addresses: never started
+            addrs = [given.get(k, getattr(new, k)) for k in ("raft", "rpc", "http")]
+            add = _u(1, 1) + _u(2, nid) + b"".join(_field(3 + i, a.encode())
+                                                   for i, a in enumerate(addrs))
+            with socket.create_connection((host, int(rpc_port)), timeout=30) as s:
+                s.sendall(_frame(_u(1, 7) + _field(3, self.c.admin.encode()) + _field(21, add)))
+                fields, result = _read_frame(s)
+            error = fields.get(4, b"").decode()
+            with self.subTest(addrs=addrs):
+                self.assertEqual(result.get(1), 12, error)  # OUTCOME_INVALID
+                self.assertIn(what, error)
+        self.assertEqual(self.ok("members", "list")["members"], before)
+
     def test_transfer_to_a_down_node_is_refused(self):
         # libraft 0.15 starts a transfer to a voter that is down: the leader stops taking
         # proposals until it times out, and the cluster was then without a leader for an
