@@ -29,17 +29,65 @@ _idemctl_flags_of() {
     esac
 }
 
+_idemctl_split() {
+    # Splits $1, the command line up to the cursor, into the caller's array words as the shell
+    # will split it: at blanks outside quotes, the quotes and backslashes removed ('a b', "a b"
+    # and a\ b are each the one word "a b"). The last word is the one being completed, empty
+    # after a blank.
+    # Sets the caller's keep to the start of that last word (unquoted) which bash will NOT
+    # replace with a completion. Readline completes only the text after the last unquoted
+    # COMP_WORDBREAKS character of the word (':' '=' '@' ...), '@' itself included, or the
+    # text after the opening quote if a quote is still open; the completions must hold only
+    # that text (bash-completion's __ltrim_colon_completions does this for ':').
+    local line=$1 i c w="" inword=0 q="" qkeep=0
+    words=()
+    keep=""
+    for ((i = 0; i < ${#line}; i++)); do
+        c=${line:i:1}
+        if [ "$q" = "'" ]; then
+            # Everything is literal in single quotes, up to the closing one.
+            if [ "$c" = "'" ]; then q=""; else w+=$c; fi
+        elif [ "$q" = '"' ]; then
+            # In double quotes a backslash quotes only $ ` " \ (and newline).
+            if [ "$c" = '"' ]; then
+                q=""
+            elif [ "$c" = "\\" ] && [[ "${line:i+1:1}" == [\$\`\"\\$'\n'] ]]; then
+                i=$((i + 1)); w+=${line:i:1}
+            else
+                w+=$c
+            fi
+        elif [[ "$c" == [[:space:]] ]]; then
+            [ "$inword" -eq 1 ] && words+=("$w")
+            w=""; inword=0; keep=""
+        else
+            inword=1
+            if [ "$c" = "\\" ]; then
+                i=$((i + 1)); w+=${line:i:1}
+            elif [ "$c" = "'" ] || [ "$c" = '"' ]; then
+                q=$c; qkeep=${#w}
+            else
+                w+=$c
+                if [ "$c" = "@" ]; then
+                    [[ "${COMP_WORDBREAKS-}" == *@* ]] && keep=${w%@}
+                elif [[ "${COMP_WORDBREAKS-}" == *"$c"* ]]; then
+                    keep=$w
+                fi
+            fi
+        fi
+    done
+    words+=("$w")
+    [ -n "$q" ] && keep=${w:0:qkeep}
+    return 0
+}
+
 _idemctl() {
-    local cur prev commands globals words cword
+    local cur prev words cword keep="" i
     # The words typed so far. Bash's COMP_WORDS is split at ':' and '=' too
     # (COMP_WORDBREAKS), so "--cluster 127.0.0.1:7001" would arrive as four words: take the
-    # line up to the cursor instead, split at blanks only (a "--name=value" stays one word).
+    # line up to the cursor instead and split it at blanks only, as the shell will (a
+    # "--name=value" stays one word, and so does a quoted value with blanks in it).
     if [ -n "${COMP_LINE+set}" ] && [ -n "${COMP_POINT+set}" ]; then
-        local line=${COMP_LINE:0:COMP_POINT}
-        read -r -a words <<< "$line"
-        if [ ${#words[@]} -eq 0 ] || [[ "$line" =~ [[:space:]]$ ]]; then
-            words+=("")
-        fi
+        _idemctl_split "${COMP_LINE:0:COMP_POINT}"
     else
         words=("${COMP_WORDS[@]:0:COMP_CWORD+1}")
     fi
@@ -47,11 +95,26 @@ _idemctl() {
     cur=${words[cword]}
     prev=""
     [ "$cword" -gt 0 ] && prev=${words[cword-1]}
+    COMPREPLY=()
+    _idemctl_complete
+    # Bash puts a completion in place of the text after the last ':' (say) of the word only:
+    # drop what comes before from each, or "./a:b/c" would become "./a:./a:b/ca.pem".
+    if [ -n "$keep" ]; then
+        for i in "${!COMPREPLY[@]}"; do
+            COMPREPLY[i]=${COMPREPLY[i]#"$keep"}
+        done
+    fi
+    return 0
+}
+
+_idemctl_complete() {
+    # Sets COMPREPLY, the completions of cur (the whole word, see _idemctl), from the words
+    # before it: words[0..cword-1], prev being the last of them.
+    local commands globals
     commands="status members transfer snapshot key quarantine claim complete release renew get"
     commands="$commands resolve bench help"
     globals="--cluster --token --admin-token --json --deadline --help"
     globals="$globals --tls --tls-ca --tls-cert --tls-key --tls-server-name"
-    COMPREPLY=()
 
     # Values of flags: suggest what is known, nothing for free text.
     case "$prev" in
@@ -68,7 +131,7 @@ _idemctl() {
 
     # The command word: the first word after the global options (and their values).
     local i=1 cmd="" cmd_at=0 sub="" w
-    while [ $i -lt $cword ]; do
+    while [ "$i" -lt "$cword" ]; do
         w=${words[i]}
         case "$w" in
             --cluster|--token|--admin-token|--deadline|--tls-ca|--tls-cert|--tls-key|\
@@ -92,7 +155,7 @@ _idemctl() {
     # value of one.
     i=$((cmd_at + 1))
     local sub_at=0
-    while [ $i -lt $cword ]; do
+    while [ "$i" -lt "$cword" ]; do
         w=${words[i]}
         case "$w" in
             --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\

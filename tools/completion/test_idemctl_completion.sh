@@ -23,15 +23,52 @@ check() {
     fi
 }
 
+# bash's default COMP_WORDBREAKS, so that the cases do not depend on the caller's.
+COMP_WORDBREAKS=$' \t\n"\'@><=;|&(:'
+
+# COMP_WORDS as bash makes them from a line, for the record (the script reads COMP_LINE):
+# split at blanks and at the other COMP_WORDBREAKS characters outside quotes and backslash
+# escapes, a run of those characters being one word of its own, the quotes kept in the words
+# ("--cluster h:1" gives --cluster h : 1; "--token 'x y'" gives --token 'x y'). Checked against
+# what bash 5.2 puts in COMP_WORDS on a terminal.
+comp_words() {
+    local line=$1 i c w="" q="" inbrk=0 brk=${COMP_WORDBREAKS//[$' \t\n\'"']/}
+    COMP_WORDS=()
+    for ((i = 0; i < ${#line}; i++)); do
+        c=${line:i:1}
+        if [ -n "$q" ]; then
+            w+=$c
+            if [ "$c" = "$q" ]; then
+                q=""
+            elif [ "$q" = '"' ] && [ "$c" = "\\" ]; then
+                i=$((i + 1)); w+=${line:i:1}
+            fi
+        elif [[ "$c" == [[:blank:]] ]]; then
+            [ -n "$w" ] && COMP_WORDS+=("$w")
+            w=""; inbrk=0
+        elif [[ "$brk" == *"$c"* ]]; then
+            [ "$inbrk" -eq 0 ] && [ -n "$w" ] && { COMP_WORDS+=("$w"); w=""; }
+            w+=$c; inbrk=1
+        else
+            [ "$inbrk" -eq 1 ] && { COMP_WORDS+=("$w"); w=""; inbrk=0; }
+            if [ "$c" = "\\" ]; then
+                i=$((i + 1)); c+=${line:i:1}
+            elif [ "$c" = "'" ] || [ "$c" = '"' ]; then
+                q=$c
+            fi
+            w+=$c
+        fi
+    done
+    # The word being completed, empty after a blank.
+    COMP_WORDS+=("$w")
+}
+
 # As bash calls it: COMP_LINE and COMP_POINT, and COMP_WORDS split at ':' and '=' too.
 check_line() {
     local expect=$1 line=$2
     COMP_LINE=$line
     COMP_POINT=${#line}
-    local IFS=$' \t\n'
-    # COMP_WORDS as bash makes them (COMP_WORDBREAKS includes ':' and '='), for the record.
-    COMP_WORDS=($(printf '%s' "$line" | sed 's/\([:=]\)/ \1 /g'))
-    [[ "$line" =~ [[:space:]]$ ]] && COMP_WORDS+=("")
+    comp_words "$line"
     COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
     COMPREPLY=()
     _idemctl
@@ -50,6 +87,34 @@ check_line "--deadline --digest" "idemctl --cluster h:1 status --d"
 check_line "get purge resolve" "idemctl --cluster 127.0.0.1:7001,127.0.0.1:7002 key "
 check_line "add list promote remove" "idemctl members "
 check_line "--stall-probe" "idemctl bench --st"
+
+# A quoted (or backslash-escaped) value with a blank in it is one word, so the command and
+# subcommand after it are found. The word being completed may start with a quote (compgen -W
+# took care of that before, compgen -f did not: see './a:b/c below).
+check_line "key" "idemctl --token 'x y' k"
+check_line "key" "idemctl --admin-token \"x y\" k"
+check_line "key" "idemctl --token x\\ y k"
+check_line "quarantine" "idemctl --tls-ca 'my dir/ca.pem' --tls-server-name n1 qu"
+check_line "list" "idemctl quarantine --tenant 'a b' "
+check_line "list" "idemctl --token \"x y\" quarantine --tenant 'a b' l"
+check_line "conflict" "idemctl claim k --policy 'con"
+
+# A word with ':' (or '=' or '@', the other COMP_WORDBREAKS characters a word may hold): bash
+# replaces only the part after the last one ('@' included), so the completions must hold only
+# that part.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/a:b" "$tmp/k=v" "$tmp/u@h"
+touch "$tmp/a:b/ca.pem" "$tmp/a:b/cert.pem" "$tmp/k=v/ca.pem" "$tmp/u@h/ca.pem"
+cd "$tmp" || exit 1
+check_line "b/ca.pem b/cert.pem" "idemctl --tls-ca ./a:b/c"
+check_line "b/cert.pem" "idemctl --cluster h:1 --tls-cert ./a:b/ce"
+check_line "v/ca.pem" "idemctl --tls-key ./k=v/c"
+check_line "@h/ca.pem" "idemctl --tls-ca ./u@h/c"
+# ... except where the ':' is quoted: bash then replaces the whole word (after an open quote).
+check_line "./a:b/ca.pem ./a:b/cert.pem" "idemctl --tls-ca './a:b/c"
+check_line "./a:b/ca.pem ./a:b/cert.pem" "idemctl --tls-ca ./a\\:b/c"
+cd - >/dev/null || exit 1
 
 check "key" idemctl ke
 check "quarantine" idemctl --cluster 127.0.0.1:7001 --json qu
