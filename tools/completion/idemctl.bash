@@ -107,6 +107,27 @@ _idemctl() {
     return 0
 }
 
+_idemctl_value() {
+    # Completes $2 as the value of option $1: what is known, file names for files, nothing
+    # for free text. Returns 1 when $1 is no option that takes a value.
+    case "$1" in
+        --policy) COMPREPLY=($(compgen -W "conflict takeover" -- "$2")) ;;
+        --outcome) COMPREPLY=($(compgen -W "succeeded failed_final unknown" -- "$2")) ;;
+        --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete mixed contention" \
+                                 -- "$2")) ;;
+        --tls-ca|--tls-cert|--tls-key)
+            # One name a line (a name with a blank stays whole); readline then adds '/' to a
+            # directory and quotes what needs it (outside a completion, compopt just fails).
+            mapfile -t COMPREPLY < <(compgen -f -- "$2")
+            compopt -o filenames 2>/dev/null ;;
+        --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
+        --status|--body|--fingerprint|--attempt|--lease|--ttl|--concurrency|--duration|\
+        --requests|--rate|--connections|--keys|--timeline|--tls-server-name) ;;
+        *) return 1 ;;
+    esac
+    return 0
+}
+
 _idemctl_complete() {
     # Sets COMPREPLY, the completions of cur (the whole word, see _idemctl), from the words
     # before it: words[0..cword-1], prev being the last of them.
@@ -116,18 +137,19 @@ _idemctl_complete() {
     globals="--cluster --token --admin-token --json --deadline --help"
     globals="$globals --tls --tls-ca --tls-cert --tls-key --tls-server-name"
 
-    # Values of flags: suggest what is known, nothing for free text.
-    case "$prev" in
-        --policy) COMPREPLY=($(compgen -W "conflict takeover" -- "$cur")); return 0 ;;
-        --outcome) COMPREPLY=($(compgen -W "succeeded failed_final unknown" -- "$cur")); return 0 ;;
-        --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete mixed contention" \
-                                 -- "$cur")); return 0 ;;
-        --tls-ca|--tls-cert|--tls-key) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
-        --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
-        --status|--body|--fingerprint|--attempt|--lease|--ttl|--concurrency|--duration|\
-        --requests|--rate|--connections|--keys|--timeline|--tls-server-name)
-            return 0 ;;
-    esac
+    # "--name=value" (idemctl takes it as "--name value"): the value is completed as after
+    # "--name", and each completion keeps the "--name=" before it (_idemctl then drops what
+    # bash does not replace). An option that takes no value gets nothing after its '='.
+    if [[ "$cur" == --*=* ]]; then
+        _idemctl_value "${cur%%=*}" "${cur#*=}" || return 0
+        local k
+        for k in "${!COMPREPLY[@]}"; do
+            COMPREPLY[k]="${cur%%=*}=${COMPREPLY[k]}"
+        done
+        return 0
+    fi
+    # The value of the option before it.
+    _idemctl_value "$prev" "$cur" && return 0
 
     # The command word: the first word after the global options (and their values).
     local i=1 cmd="" cmd_at=0 sub="" w

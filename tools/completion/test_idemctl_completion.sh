@@ -114,6 +114,18 @@ check_line "@h/ca.pem" "idemctl --tls-ca ./u@h/c"
 # ... except where the ':' is quoted: bash then replaces the whole word (after an open quote).
 check_line "./a:b/ca.pem ./a:b/cert.pem" "idemctl --tls-ca './a:b/c"
 check_line "./a:b/ca.pem ./a:b/cert.pem" "idemctl --tls-ca ./a\\:b/c"
+# "--name=value": the value completed as after "--name" (bash replaces only what follows
+# the '=', or the last ':' after it); a file name with a blank is one completion.
+mkdir "$tmp/my dir"
+touch "$tmp/my dir/ca.pem"
+check_line "b/ca.pem b/cert.pem" "idemctl --tls-ca=./a:b/c"
+check_line "v/ca.pem" "idemctl --tls-key=./k=v/c"
+check_line "my dir" "idemctl --tls-ca my"
+check_line "my dir/ca.pem" "idemctl --tls-cert 'my dir/c"
+check_line "fresh" "idemctl bench --workload=fr"
+check_line "takeover" "idemctl claim k --policy=t"
+check_line "" "idemctl bench --duration=1"
+check_line "" "idemctl status --json=x"
 cd - >/dev/null || exit 1
 
 check "key" idemctl ke
