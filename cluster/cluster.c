@@ -1582,8 +1582,12 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
      * an existing member would overwrite its addresses everywhere. */
     const struct raft_configuration *conf = &c->raft.configuration;
     for (unsigned i = 0; i < conf->n; i++) {
-        if (conf->servers[i].id == m->id || strcmp(conf->servers[i].address, m->raft_address) == 0) {
-            setErr(c, "", "a member with this id or raft address exists already");
+        bool same_id = conf->servers[i].id == m->id;
+        if (same_id || strcmp(conf->servers[i].address, m->raft_address) == 0) {
+            char why[sizeof c->errmsg];
+            snprintf(why, sizeof why, "member %llu has this %s already",
+                     (unsigned long long)conf->servers[i].id, same_id ? "id" : "raft address");
+            setErr(c, "", why);
             return CLUSTER_EINVAL;
         }
     }

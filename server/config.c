@@ -449,7 +449,11 @@ int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t 
     const char *port = colon + 1;
     size_t portlen = strlen(port);
     if (strspn(port, "0123456789") != portlen || portlen > 5 || port[0] == '0') {
-        snprintf(why, why_len, "the port must be 1..65535, got %s", q);
+        snprintf(why, why_len, "the port must be 1..65535%s, got %s",
+                 portlen > 1 && port[0] == '0' && strspn(port, "0123456789") == portlen
+                     ? " without leading zeros"
+                     : "",
+                 q);
         return -1;
     }
     unsigned long p = strtoul(port, NULL, 10);

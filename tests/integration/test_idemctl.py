@@ -500,10 +500,15 @@ class TestIdemctlMembership(CtlTest):
         for addrs, what in (((new.raft, other.rpc, new.http), other.rpc),
                             ((new.raft, new.rpc, other.http), other.http),
                             ((other.rpc, new.rpc, new.http), other.rpc),
+                            ((other.raft, new.rpc, new.http),
+                             "member %d has this raft address already" % lid),
                             ((new.raft, new.rpc, new.rpc), "must differ")):
             out = self.ok("members", "add", 5, *addrs)
             self.assertEqual(out["outcome"], "invalid", (addrs, out))
             self.assertIn(what, out["error"])
+        out = self.ok("members", "add", lid, new.raft, new.rpc, new.http)
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("member %d has this id already" % lid, out["error"])
         members = self.ok("members", "list")["members"]
         self.assertEqual(sorted(m["id"] for m in members), [1, 2, 3], members)
         self.assertEqual(self.ok("members", "add", 5, new.raft, new.rpc, new.http)["outcome"],
@@ -522,7 +527,8 @@ class TestIdemctlMembership(CtlTest):
         before = self.ok("members", "list")["members"]
         for nid, (given, what) in enumerate((
                 # (free ports have five digits, and idemctl refuses six: a port of four.)
-                ({"rpc": "127.0.0.1:07001"}, "rpc address: the port must be 1..65535"),
+                ({"rpc": "127.0.0.1:07001"},
+                 "rpc address: the port must be 1..65535 without leading zeros"),
                 ({"raft": "127.000.0.1:" + raft_port},
                  "raft address: the host is not a valid IPv4 address"),
                 ({"raft": "localhost:" + raft_port},

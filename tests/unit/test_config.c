@@ -571,7 +571,7 @@ static const struct bad_case bad_cases[] = {
              "rpc_address: 127.0.0.1:7001}\n",
      "x.yaml:8:29: ", "raft_address: the host must be an IPv4 address"},
     {"address with a leading zero in the port", "node:\n  id: 1\n  raft_address: 127.0.0.1:09001\n",
-     "x.yaml:3:17: ", "the port must be 1..65535"},
+     "x.yaml:3:17: ", "the port must be 1..65535 without leading zeros, got \"127.0.0.1:09001\""},
     {"address with a leading zero in the host", "node:\n  id: 1\n  raft_address: 127.0.0.01:9001\n",
      "x.yaml:3:17: ", "not a valid IPv4 address"},
     {"address in IPv6", "node:\n  id: 1\n  raft_address: '[::1]:9001'\n",
