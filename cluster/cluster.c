@@ -1553,10 +1553,25 @@ static int raftRefusal(int rv)
     }
 }
 
+/* libraft 0.15 sets its error message on some refusals only, and never clears it: called
+ * before a raft_* call whose refusal is reported with raftCallErr(), so that a refusal that
+ * set none is not reported with an earlier call's message ("server is already voter" for a
+ * remove of an unknown ID after a promote). */
+static void raftErrClear(struct cluster *c)
+{
+    c->raft.errmsg[0] = '\0';
+}
+
+/* What the raft_* call after raftErrClear() said when it refused with rv. */
+static const char *raftCallErr(struct cluster *c, int rv)
+{
+    return c->raft.errmsg[0] != '\0' ? raft_errmsg(&c->raft) : raft_strerror(rv);
+}
+
 static int changeStarted(struct cluster *c, struct changeReq *cr, int rv)
 {
     if (rv != 0) {
-        setErr(c, "", raft_errmsg(&c->raft));
+        setErr(c, "", raftCallErr(c, rv));
         free(cr);
         return raftRefusal(rv);
     }
@@ -1632,6 +1647,7 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
         mm->proposed = true;
     }
     struct changeReq *cr = changeNew(c, cb, data);
+    raftErrClear(c);
     return changeStarted(c, cr, raft_add(&c->raft, &cr->req, m->id, m->raft_address, changeCb));
 }
 
@@ -1642,6 +1658,7 @@ int cluster_member_promote(struct cluster *c, uint64_t id, cluster_change_cb cb,
         return rc;
     }
     struct changeReq *cr = changeNew(c, cb, data);
+    raftErrClear(c);
     return changeStarted(c, cr, raft_assign(&c->raft, &cr->req, id, RAFT_VOTER, changeCb));
 }
 
@@ -1672,6 +1689,7 @@ int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, 
         return CLUSTER_EINVAL;
     }
     struct changeReq *cr = changeNew(c, cb, data);
+    raftErrClear(c);
     return changeStarted(c, cr, raft_remove(&c->raft, &cr->req, id, changeCb));
 }
 
@@ -1761,9 +1779,10 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
     tr->cb = cb;
     tr->data = data;
     tr->req.data = tr;
+    raftErrClear(c);
     int rv = raft_transfer(&c->raft, &tr->req, id, transferCb);
     if (rv != 0) {
-        setErr(c, "", raft_errmsg(&c->raft));
+        setErr(c, "", raftCallErr(c, rv));
         free(tr);
         return raftRefusal(rv);
     }

@@ -699,6 +699,14 @@ class TestIdemctlMembership(CtlTest):
             self.assertEqual(out["outcome"], "invalid", out)
             self.assertIn("node 9 is not a member (members: 1, 2, 3, 4)", out["error"])
             self.assertIn("node_error", out)
+        # node_error is the leader's answer to this request: libraft 0.15 leaves its last
+        # message in place when a refusal sets none, and the remove's was the promote's.
+        out = self.ok("members", "promote", lid)
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertIn("already", out.get("node_error", "") + out.get("error", ""), out)
+        out = self.ok("members", "remove", 9)
+        self.assertEqual(out["outcome"], "invalid", out)
+        self.assertNotIn("already", out["node_error"], out)
         self.assertEqual(self.c.leader(), lid)
 
     def test_snapshot_goes_to_the_leader(self):
