@@ -1443,6 +1443,30 @@ uint64_t cluster_leader(const struct cluster *c, const char **rpc_address)
     return id;
 }
 
+bool cluster_ready(const struct cluster_status *st, char *why, size_t len)
+{
+    if (st->role < 0) {
+        snprintf(why, len, "this node is not in its Raft configuration");
+        return false;
+    }
+    if (st->leader_id == 0 || (st->state != RAFT_LEADER && st->state != RAFT_FOLLOWER)) {
+        snprintf(why, len, "no leader known");
+        return false;
+    }
+    if (st->state == RAFT_FOLLOWER && st->leader_heard_ms > st->election_timeout_ms) {
+        if (st->leader_heard_ms == UINT64_MAX) {
+            snprintf(why, len, "no word from leader %llu since this node started",
+                     (unsigned long long)st->leader_id);
+        } else {
+            snprintf(why, len, "no word from leader %llu for %llu ms",
+                     (unsigned long long)st->leader_id, (unsigned long long)st->leader_heard_ms);
+        }
+        return false;
+    }
+    why[0] = '\0';
+    return true;
+}
+
 void cluster_get_status(const struct cluster *c, struct cluster_status *out)
 {
     struct raft *r = (struct raft *)&c->raft;
@@ -1450,6 +1474,16 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->state = raft_state(r);
     out->term = r->current_term;
     out->leader_id = cluster_leader(c, &out->leader_rpc_address);
+    out->leader_heard_ms = out->leader_id == 0           ? UINT64_MAX
+                           : out->leader_id == c->cfg.id ? 0
+                                                         : io_heard_ago_ms(&c->io, out->leader_id);
+    out->role = -1;
+    for (unsigned i = 0; i < r->configuration.n; i++) {
+        if (r->configuration.servers[i].id == c->cfg.id) {
+            out->role = r->configuration.servers[i].role;
+        }
+    }
+    out->election_timeout_ms = c->cfg.election_timeout_ms;
     out->commit_index = r->commit_index;
     out->applied_index = raft_last_applied(r);
     const struct raft_log *l = &r->log;

@@ -142,6 +142,12 @@ struct cluster_status {
     uint64_t term;
     uint64_t leader_id;    /* 0: unknown */
     const char *leader_rpc_address; /* "" when unknown; valid until the next loop turn */
+    /* ms since the last raft message from the leader arrived (0 on the leader; UINT64_MAX
+     * when no leader is known or none came since this node started) */
+    uint64_t leader_heard_ms;
+    int role;                     /* this node's in its configuration: RAFT_VOTER, RAFT_STANDBY,
+                                   * RAFT_SPARE, or -1 when it is not in it */
+    unsigned election_timeout_ms; /* as configured */
     uint64_t commit_index;
     uint64_t applied_index;
     uint64_t log_entries; /* entries raft holds in memory: since the last snapshot, and the
@@ -254,6 +260,14 @@ bool cluster_is_leader(const struct cluster *c);
 /* The leader's id (0 when unknown) and RPC address (OUT, "" when unknown). */
 uint64_t cluster_leader(const struct cluster *c, const char **rpc_address);
 void cluster_get_status(const struct cluster *c, struct cluster_status *out);
+
+/* Whether a node with status `st` is ready to serve (its HTTP /readyz): it is in its Raft
+ * configuration and leads, or follows a leader it heard from within an election timeout (a
+ * follower that hears nothing for that long starts an election). A node removed from the
+ * cluster, or one that took a removed member's place and was sent old messages, keeps the
+ * leader it last knew and is not ready; neither is a spare, to which the leader sends
+ * nothing until it is promoted. When not, `why` (len bytes) says why. */
+bool cluster_ready(const struct cluster_status *st, char *why, size_t len);
 
 /* The current configuration with each member's addresses. Fills up to `cap` entries of
  * `out` (OUT) and returns how many members there are. */

@@ -1023,9 +1023,13 @@ static void answerReadyz(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
     struct service_info si;
     service_get_info(h->svc, &si);
     int st = si.cluster.state;
-    bool ready = si.cluster.leader_id != 0 && (st == RAFT_LEADER || st == RAFT_FOLLOWER);
+    char why[128];
+    bool ready = cluster_ready(&si.cluster, why, sizeof why);
     json_t *o = json_object();
     json_object_set_new(o, "ready", json_boolean(ready));
+    if (!ready) {
+        json_object_set_new(o, "reason", json_string(why));
+    }
     json_object_set_new(o, "role", json_string(st == RAFT_LEADER     ? "leader"
                                                : st == RAFT_FOLLOWER  ? "follower"
                                                : st == RAFT_CANDIDATE ? "candidate"

@@ -821,6 +821,7 @@ class TestGatewayOps(GatewayTest):
             st, h, b = request(node.http, "GET", "/readyz")
             self.assertEqual(st, 200, (nid, st, b))
             self.assertIs(b.get("ready"), True, (nid, b))
+            self.assertNotIn("reason", b)
             self.assertTrue(h.get("x-request-id"), (nid, h))
         lid = self.c.wait_leader(timeout=20)
         # The leader loses both peers: once it notices, it is not ready (503, ready false);
@@ -834,6 +835,9 @@ class TestGatewayOps(GatewayTest):
             return r if r[0] == 503 else None
         st, h, b = wait_for(not_ready, 30, "the lone node to report not ready")
         self.assertIs(b.get("ready"), False, b)
+        # Why, in the node's words (cluster_ready; its cases are unit-tested).
+        self.assertRegex(b.get("reason", ""), r"^(no leader known|no word from leader \d+ for \d+ ms)$",
+                         b)
         self.assertTrue(h.get("x-request-id"), h)
         st, h, b = request(addr, "GET", "/healthz")
         self.assertEqual((st, b), (200, {"status": "ok"}))

@@ -21,7 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (ClusterTestCase, IDEMCTL, Cluster, Node, fp, free_port,  # noqa: E402
-                     recv_exact, wait_for)
+                     http_request, recv_exact, wait_for)
 from test_cluster import _field, _fields, _frame, _read_frame, _uvarint  # noqa: E402
 
 ACQ = "acquired"
@@ -598,6 +598,38 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(out["outcome"], "ok", out)
         self.assertEqual(out["leader_id"], live, out)
         wait_for(lambda: self.c.leader() == live, 20, "node %d to lead" % live)
+
+    def test_a_node_in_a_removed_members_place_is_not_ready(self):
+        # Node 5 is added while down, the promote times out (the leader queues the catch-up
+        # for 5's address), 5 is removed, leadership moves; then a fresh node 5 starts at
+        # that address. libraft 0.15 still delivers what it queued: the new node follows
+        # the old leader in the old term with the old entries, and /readyz said ready for
+        # ever (a load balancer would send it traffic). It hears nothing more: not ready.
+        n5 = Node(5, self.c.root)
+        self.c.nodes[5] = n5
+        self.c._write_config(n5, [])
+        self.assertEqual(self.ok("members", "add", 5, n5.raft, n5.rpc, n5.http)["outcome"], "ok")
+        self.assertEqual(self.c.ctl("members", "promote", 5, deadline=2000)[0], 3)
+        wait_for(lambda: self.c.ctl("members", "remove", 5, deadline=2000)[1].get("outcome")
+                 == "ok", 30, "node 5 to be removed")
+        self.assertEqual(self.ok("transfer")["outcome"], "ok")
+        self.c.start(5)
+        deadline = time.monotonic() + 4  # past the election timeout (600 ms) several times
+        seen = []
+        while time.monotonic() < deadline:
+            try:
+                st, _, b = http_request(n5.http, "GET", "/readyz", timeout=2)
+                seen.append((st, b.get("reason")))
+            except OSError:
+                pass  # not listening yet
+            time.sleep(0.2)
+        self.assertTrue(seen, "node 5's gateway never answered")
+        # Whatever came in first, by the end it is not ready and says why.
+        st, reason = seen[-1]
+        self.assertEqual(st, 503, seen)
+        self.assertRegex(reason or "", r"^(no word from leader \d+ for \d+ ms|no leader known|"
+                         r"this node is not in its Raft configuration)$", seen)
+        self.assertEqual([st for st, _ in seen[-5:]], [503] * 5, seen)  # and stays so
 
     def test_promote_of_a_node_that_is_down_warns(self):
         # Node 4 is added but never started: the promote times out (Raft cannot catch it

@@ -1,8 +1,10 @@
 /* Unit tests of the snapshot schedule (cluster_snapshot_threshold, cluster_snapshot_stagger,
  * cluster_snapshot_stagger_forward):
- * how many entries a node lets pass between two snapshots, and at which indexes; and of the
- * low-priority thread the serialisation runs on (niced_run). */
+ * how many entries a node lets pass between two snapshots, and at which indexes; of the
+ * low-priority thread the serialisation runs on (niced_run); and of the readiness a node's
+ * /readyz answers with (cluster_ready). */
 #define _GNU_SOURCE /* gettid */
+#include <raft.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -230,6 +232,52 @@ static void trailingKeepsBytesBounded(void **state)
     assert_int_equal(cluster_trailing_for(&l, 15, 3, 60 << 10), 3);
 }
 
+static void readyOnlyInTouchWithALeader(void **state)
+{
+    (void)state;
+    char why[128];
+    struct cluster_status st = {.state = RAFT_FOLLOWER,
+                                .leader_id = 2,
+                                .leader_heard_ms = 100,
+                                .role = RAFT_VOTER,
+                                .election_timeout_ms = 600};
+    assert_true(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why, "");
+    st.role = RAFT_STANDBY; /* the leader sends it the log */
+    assert_true(cluster_ready(&st, why, sizeof why));
+    st.leader_heard_ms = 600;
+    assert_true(cluster_ready(&st, why, sizeof why));
+    /* A follower that heard nothing for over an election timeout: a leader that is gone, a
+     * node that was removed, or a spare (sent nothing) that kept the leader it last knew. */
+    st.leader_heard_ms = 601;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why, "no word from leader 2 for 601 ms");
+    st.role = RAFT_SPARE;
+    st.leader_heard_ms = 90000;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why, "no word from leader 2 for 90000 ms");
+    st.leader_heard_ms = UINT64_MAX;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why, "no word from leader 2 since this node started");
+    /* Not in its own configuration. */
+    st.role = -1;
+    st.leader_heard_ms = 0;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why, "this node is not in its Raft configuration");
+    /* No leader, or electing one. */
+    st.role = RAFT_VOTER;
+    st.leader_id = 0;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why, "no leader known");
+    st.leader_id = 2;
+    st.state = RAFT_CANDIDATE;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    /* The leader itself (leader_heard_ms 0). */
+    st = (struct cluster_status){
+        .state = RAFT_LEADER, .leader_id = 1, .role = RAFT_VOTER, .election_timeout_ms = 600};
+    assert_true(cluster_ready(&st, why, sizeof why));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +291,7 @@ int main(void)
         cmocka_unit_test(leaderWaitsTwoIntervalsMore),
         cmocka_unit_test(trailingKeepsBytesBounded),
         cmocka_unit_test(nicedRunsOnItsOwnThreadAtTheIncrement),
+        cmocka_unit_test(readyOnlyInTouchWithALeader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
