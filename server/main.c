@@ -166,8 +166,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (check_only) {
-        printf("%s: ok (node %llu, %zu tenants)\n", config_path,
-               (unsigned long long)d.cfg.node.id, d.cfg.n_tenants);
+        printf("%s: ok (node %llu, %zu tenant%s)\n", config_path, (unsigned long long)d.cfg.node.id,
+               d.cfg.n_tenants, d.cfg.n_tenants == 1 ? "" : "s");
         config_free(&d.cfg);
         return 0;
     }
@@ -220,8 +220,18 @@ int main(int argc, char **argv)
     d.sigint.data = &d;
     uv_signal_start(&d.sigterm, signalCb, SIGTERM);
     uv_signal_start(&d.sigint, signalCb, SIGINT);
-    log_info("serving rpc on %s, raft on %s", d.cfg.node.rpc_address.text,
-             d.cfg.node.raft_address.text);
+    /* One line that says what started, from which data: a restart is found in the log by
+     * it, with what the node recovered (the last snapshot, restored, and the entries after
+     * it, which are applied once the commit index is known again). */
+    struct service_info si;
+    service_get_info(d.svc, &si);
+    log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
+             "snapshot at index %llu (%llu records), %llu log entries held",
+             IDEMD_VERSION, d.cfg.node.rpc_address.text, d.cfg.node.raft_address.text,
+             d.cfg.node.http_address.text[0] ? d.cfg.node.http_address.text : "(none)",
+             d.cfg.node.data_dir, (unsigned long long)si.cluster.term,
+             (unsigned long long)si.cluster.last_snapshot_index, (unsigned long long)si.fsm.records,
+             (unsigned long long)si.cluster.log_entries);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (d.http != NULL) {
         http_server_free(d.http);

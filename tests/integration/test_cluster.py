@@ -835,8 +835,23 @@ class TestSnapshots(ClusterTest):
         lid = self.c.leader()
         victim = [n for n in self.c.nodes if n != lid][0]
         self.c.kill(victim, 9)
+        with open(self.c.nodes[victim].log, "rb") as f:
+            logged = len(f.read())
         self.c.start(victim)
         self.wait_records(200)
+        # Its start is logged with what it recovered: the snapshot it restored (the newest
+        # one on its disk), the records in it.
+        index = max(i for _, i in files[victim][0])
+        with open(self.c.nodes[victim].log, "rb") as f:
+            text = f.read()[logged:].decode(errors="replace")
+        m = re.search(r"idemd \S+ started: rpc on %s, raft on %s, http on %s; data in %s: "
+                      r"term \d+, snapshot at index (\d+) \((\d+) records\), \d+ log entries "
+                      r"held" % tuple(re.escape(x) for x in (
+                          self.c.nodes[victim].rpc, self.c.nodes[victim].raft,
+                          self.c.nodes[victim].http, self.c.nodes[victim].dir)), text)
+        self.assertIsNotNone(m, text)
+        self.assertGreaterEqual(int(m.group(1)), index, text)
+        self.assertGreater(int(m.group(2)), 0, text)
         # The whole cluster killed at once: each node has only its own snapshot and log.
         for nid in self.c.nodes:
             self.c.kill(nid, 9)
