@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "aio_reap.h"
+#include "clog.h"
 #include "idem.pb-c.h"
 #include "io.h"
 #include "niced.h"
@@ -192,7 +193,7 @@ static void *xcalloc1(size_t n)
 {
     void *p = calloc(1, n);
     if (p == NULL) {
-        fprintf(stderr, "idemd: out of memory\n");
+        clog_error("out of memory");
         abort();
     }
     return p;
@@ -328,7 +329,7 @@ static void entryEncode(const Idem__LogEntry *e, struct raft_buffer *buf)
     buf->len = (ENTRY_HEADER + n + 7) & ~(size_t)7;
     buf->base = raft_calloc(1, buf->len);
     if (buf->base == NULL) {
-        fprintf(stderr, "idemd: out of memory\n");
+        clog_error("out of memory");
         abort();
     }
     uint8_t *p = buf->base;
@@ -452,13 +453,13 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
         c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
         if (c->cmds == NULL || c->waiters == NULL) {
-            fprintf(stderr, "idemd: out of memory\n");
+            clog_error("out of memory");
             abort();
         }
     }
     uint8_t *copy = malloc(len ? len : 1);
     if (copy == NULL) {
-        fprintf(stderr, "idemd: out of memory\n");
+        clog_error("out of memory");
         abort();
     }
     memcpy(copy, cmd, len);
@@ -565,8 +566,7 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     Idem__LogEntry *e = payload ? idem__log_entry__unpack(NULL, plen, payload) : NULL;
     if (e == NULL) {
         /* Every replica holds the same bytes and skips them alike. */
-        fprintf(stderr, "idemd: log entry %llu does not decode; skipped\n",
-                (unsigned long long)index);
+        clog_error("log entry %llu does not decode; skipped", (unsigned long long)index);
         return 0;
     }
     if (e->kind_case == IDEM__LOG_ENTRY__KIND_BATCH) {
@@ -574,8 +574,8 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
         struct cluster_batch *p = pendingFind(c, b);
         size_t n = b->n_commands;
         if (n > ((size_t)1 << SLOT_BITS)) {
-            fprintf(stderr, "idemd: log entry %llu holds too many commands; skipped\n",
-                    (unsigned long long)index);
+            clog_error("log entry %llu holds too many commands; skipped",
+                       (unsigned long long)index);
             n = 0;
         }
         for (size_t i = 0; i < n; i++) {
@@ -1049,8 +1049,8 @@ static void stuckRefusal(struct cluster *c, const char *what, const char *why)
         return;
     }
     c->stuck_refusal_logged_us = now;
-    fprintf(stderr, "idemd: %s (this leader's log write is stuck): %s; asking again\n", what,
-            why[0] != '\0' ? why : "no reason given");
+    clog_warn("%s (this leader's log write is stuck): %s; asking again", what,
+              why[0] != '\0' ? why : "no reason given");
 }
 
 static void stuckTransferCb(void *data, int status, const char *errmsg)
@@ -1063,8 +1063,8 @@ static void stuckTransferCb(void *data, int status, const char *errmsg)
     const char *addr = NULL;
     raft_leader(&c->raft, &lid, &addr);
     if (status == 0) {
-        fprintf(stderr, "idemd: leadership moved to node %llu (this node's log write is stuck)\n",
-                (unsigned long long)lid);
+        clog_warn("leadership moved to node %llu (this node's log write is stuck)",
+                  (unsigned long long)lid);
     } else {
         stuckRefusal(c, "the handover failed", errmsg);
     }
@@ -1087,10 +1087,9 @@ static void maybeStepDown(struct cluster *c, uint64_t now, uint64_t age_us)
         stuckRefusal(c, "cannot hand leadership over", c->errmsg);
         return;
     }
-    fprintf(stderr,
-            "idemd: this leader's log write has been in flight for %.1f s "
-            "(raft.stuck_write_step_down_ms): asking another voter to take over\n",
-            (double)age_us / 1e6);
+    clog_warn("this leader's log write has been in flight for %.1f s "
+              "(raft.stuck_write_step_down_ms): asking another voter to take over",
+              (double)age_us / 1e6);
 }
 
 static void tickCb(uv_timer_t *t)
@@ -1118,10 +1117,9 @@ static void tickCb(uv_timer_t *t)
          * the I/O's last message (a failed write of the term, say) tells more then. */
         const char *m = raft_errmsg(&c->raft);
         const char *iom = c->io.outer.errmsg;
-        fprintf(stderr,
-                "idemd: raft stopped on this node (raft's last error message: %s; its I/O's: "
-                "%s); stopping: restarted, it resumes from what its disk holds\n",
-                m[0] != '\0' ? m : "none", iom[0] != '\0' ? iom : "none");
+        clog_error("raft stopped on this node (raft's last error message: %s; its I/O's: "
+                   "%s); stopping: restarted, it resumes from what its disk holds",
+                   m[0] != '\0' ? m : "none", iom[0] != '\0' ? iom : "none");
         abort();
     }
     uint64_t oldest = io_oldest_append_us(&c->io), now = uv_hrtime() / 1000u;
@@ -1132,12 +1130,11 @@ static void tickCb(uv_timer_t *t)
          * hands over, maybeStepDown); raft_uv gives no time-out. Said every 10 s while it
          * lasts; idem_raft_append_oldest_seconds has it at any time. */
         c->stuck_append_warned_us = now;
-        fprintf(stderr,
-                "idemd: a Raft log write has been in flight for %.1f s on this node (%s): its "
-                "disk is slow or not answering\n",
-                (double)(now - oldest) / 1e6,
-                raft_state(&c->raft) == RAFT_LEADER ? "the leader: nothing commits meanwhile"
-                                                    : "a follower");
+        clog_warn("a Raft log write has been in flight for %.1f s on this node (%s): its "
+                  "disk is slow or not answering",
+                  (double)(now - oldest) / 1e6,
+                  raft_state(&c->raft) == RAFT_LEADER ? "the leader: nothing commits meanwhile"
+                                                      : "a follower");
     }
     if (oldest != 0 && c->cfg.stuck_write_step_down_ms != 0 &&
         now - oldest >= (uint64_t)c->cfg.stuck_write_step_down_ms * 1000u) {
@@ -1410,8 +1407,8 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     if (c->snap.view != NULL) {
         /* raft's I/O closes once the pool thread is done with it (io.c), then raft
          * finalizes the snapshot and the view is released. */
-        fprintf(stderr, "idemd: closing with a snapshot in flight (index %llu); waiting for it\n",
-                (unsigned long long)c->snap.index);
+        clog_info("closing with a snapshot in flight (index %llu); waiting for it",
+                  (unsigned long long)c->snap.index);
     }
     uv_check_stop(&c->flush);
     uv_timer_stop(&c->tick);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "aio_reap.h"
+#include "clog.h"
 #include "logdir.h"
 #include "snapstore.h"
 
@@ -80,13 +81,13 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
         char msg[1024];
         if (logdir_recover(io->log_dir, msg, sizeof(msg)) != 0) {
             /* Whole on stderr: raft's message holds 256 bytes. */
-            fprintf(stderr, "idemd: %s\n", msg);
+            clog_error("%s", msg);
             snprintf(io->outer.errmsg, sizeof(io->outer.errmsg),
                      "a log truncation was left undone (the message above says what to do)");
             return RAFT_IOERR;
         }
         if (msg[0] != '\0') {
-            fprintf(stderr, "idemd: %s\n", msg);
+            clog_warn("%s", msg);
         }
     }
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
@@ -287,11 +288,10 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->raft != NULL &&
         io_snapshot_acked(io->raft, msg->server_id, &msg->append_entries_result)) {
         io->rematched++;
-        fprintf(stderr,
-                "idemd: node %llu acknowledged snapshot %llu below the index it had matched "
-                "before (its data was lost?): replicating to it from the snapshot\n",
-                (unsigned long long)msg->server_id,
-                (unsigned long long)msg->append_entries_result.last_log_index);
+        clog_warn("node %llu acknowledged snapshot %llu below the index it had matched "
+                  "before (its data was lost?): replicating to it from the snapshot",
+                  (unsigned long long)msg->server_id,
+                  (unsigned long long)msg->append_entries_result.last_log_index);
     }
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
         io->raft_recv(&io->outer, msg);
@@ -360,10 +360,9 @@ static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft
         /* In a state other than follower, message->server_id is the union's bytes too. */
         io->unaddressed++;
         if ((io->unaddressed & (io->unaddressed - 1)) == 0) { /* the 1st, 2nd, 4th, ... */
-            fprintf(stderr,
-                    "idemd: raft answered a leader from state %d with no leader address "
-                    "(libraft 0.15, io.h); the answer is dropped (%lu so far)\n",
-                    io->raft->state, io->unaddressed);
+            clog_warn("raft answered a leader from state %d with no leader address "
+                      "(libraft 0.15, io.h); the answer is dropped (%lu so far)",
+                      io->raft->state, io->unaddressed);
         }
         return RAFT_NOCONNECTION;
     }
@@ -388,27 +387,25 @@ static void submitTruncate(struct io *io, raft_index index)
 {
     char err[512];
     if (io->log_dir != NULL && logdir_truncate_begin(io->log_dir, index, err, sizeof(err)) != 0) {
-        fprintf(stderr,
-                "idemd: cannot mark the log truncation from index %llu (%s); stopping before "
-                "it: restarted, the node resumes from what its disk holds\n",
-                (unsigned long long)index, err);
+        clog_error("cannot mark the log truncation from index %llu (%s); stopping before "
+                   "it: restarted, the node resumes from what its disk holds",
+                   (unsigned long long)index, err);
         abort();
     }
     int rv = io->inner.truncate(&io->inner, index);
     if (rv != 0) {
         /* Nothing was done (raft_uv could not queue it), and raft goes on as if it had been:
          * the mark, if any, is left for the next start, which finds the log as it was. */
-        fprintf(stderr,
-                "idemd: raft_uv refused the log truncation from index %llu (%s); stopping: "
-                "restarted, the node resumes from what its disk holds\n",
-                (unsigned long long)index, raft_strerror(rv));
+        clog_error("raft_uv refused the log truncation from index %llu (%s); stopping: "
+                   "restarted, the node resumes from what its disk holds",
+                   (unsigned long long)index, raft_strerror(rv));
         abort();
     }
     if (io->trunc_last != 0 && io->trunc_last != index) {
         /* No append came after the one before (from a later index, since the log then
          * ended before it): the check of this one covers both. */
         if (logdir_truncate_end(io->log_dir, io->trunc_last, err, sizeof(err)) != 0) {
-            fprintf(stderr, "idemd: %s; stopping\n", err);
+            clog_error("%s; stopping", err);
             abort();
         }
     }
@@ -431,15 +428,15 @@ static void truncationChecked(struct io *io, uint64_t index)
         done = logdir_truncate_done(io->log_dir, index, err, sizeof(err));
     }
     if (done != 1) {
-        fprintf(stderr,
-                "idemd: the log truncation from index %llu %s (%s): the entries written since "
-                "would be read back at the wrong indexes; stopping: restarted, the node moves "
-                "them aside and resumes from its log as it was before\n",
-                (unsigned long long)index, done == 0 ? "was not done" : "cannot be checked", err);
+        clog_error("the log truncation from index %llu %s (%s): the entries written since "
+                   "would be read back at the wrong indexes; stopping: restarted, the node moves "
+                   "them aside and resumes from its log as it was before",
+                   (unsigned long long)index, done == 0 ? "was not done" : "cannot be checked",
+                   err);
         abort();
     }
     if (logdir_truncate_end(io->log_dir, index, err, sizeof(err)) != 0) {
-        fprintf(stderr, "idemd: %s; stopping\n", err);
+        clog_error("%s; stopping", err);
         abort();
     }
 }
@@ -467,12 +464,11 @@ static raft_index checkAppendIndex(struct io *io, const struct raft_entry entrie
 {
     raft_index first = io->raft != NULL ? appendIndex(io->raft, entries, n) : 0;
     if (first != 0 && io->disk_next != 0 && first != io->disk_next) {
-        fprintf(stderr,
-                "idemd: raft asked to append entries %llu-%llu while this node's log on disk "
-                "ends at %llu: they would be stored at the wrong indexes; stopping: restarted, "
-                "it resumes from what its disk holds\n",
-                (unsigned long long)first, (unsigned long long)(first + n - 1),
-                (unsigned long long)(io->disk_next - 1));
+        clog_error("raft asked to append entries %llu-%llu while this node's log on disk "
+                   "ends at %llu: they would be stored at the wrong indexes; stopping: restarted, "
+                   "it resumes from what its disk holds",
+                   (unsigned long long)first, (unsigned long long)(first + n - 1),
+                   (unsigned long long)(io->disk_next - 1));
         abort();
     }
     return first;
@@ -509,7 +505,7 @@ static void getEnd(struct ioGet *g, struct raft_snapshot *snapshot, int status)
 /* The data could not be put back: raft gets an I/O error and no snapshot. */
 static void getFail(struct ioGet *g, struct raft_snapshot *snapshot, const char *why)
 {
-    fprintf(stderr, "idemd: snapshot for a follower: %s\n", why);
+    clog_error("snapshot for a follower: %s", why);
     snapshotFree(snapshot);
     getEnd(g, NULL, RAFT_IOERR);
 }
@@ -643,10 +639,9 @@ static void ioCloseCb(struct raft_io *i)
      * (raft frees its requests then). */
     releaseHeld(io, true);
     if (io->late_failures > 0) {
-        fprintf(stderr,
-                "idemd: raft I/O: %lu append(s) failed or canceled after close (not "
-                "stored; reported to raft as done)\n",
-                io->late_failures);
+        clog_warn("raft I/O: %lu append(s) failed or canceled after close (not "
+                  "stored; reported to raft as done)",
+                  io->late_failures);
     }
     if (io->close_cb != NULL) {
         io->close_cb(&io->outer);
@@ -711,10 +706,9 @@ static void closeBoundCb(uv_timer_t *t)
 {
     struct io *io = t->data;
     if (io->disk > 0) {
-        fprintf(stderr,
-                "idemd: raft I/O: %u disk write(s) still in flight %u ms after close; closing "
-                "the log anyway\n",
-                io->disk, io->close_wait_ms);
+        clog_warn("raft I/O: %u disk write(s) still in flight %u ms after close; closing "
+                  "the log anyway",
+                  io->disk, io->close_wait_ms);
     }
     io->disk_wait_over = true;
     if (closeMayGo(io)) {
@@ -740,9 +734,7 @@ static void ioClose(struct raft_io *o, raft_io_close_cb cb)
     uv_timer_t *t = malloc(sizeof(*t));
     if (t == NULL || uv_timer_init(io->loop, t) != 0) {
         free(t);
-        fprintf(stderr,
-                "idemd: raft I/O: no timer for the close; not waiting for %u disk write(s)\n",
-                io->disk);
+        clog_warn("raft I/O: no timer for the close; not waiting for %u disk write(s)", io->disk);
         io->disk_wait_over = true;
         if (closeMayGo(io)) {
             closeInner(io);
@@ -889,11 +881,10 @@ static void ioAppendDone(struct raft_io_append *req, int status)
          * the leader's index with 56 records fewer). Stopping at the first failure leaves
          * the disk with what was written before it, which the node restarts from, while
          * the others go on (another leader takes over). */
-        fprintf(stderr,
-                "idemd: raft log write failed on this node (%s%s%s); stopping: restarted, "
-                "it resumes from what its disk holds\n",
-                raft_strerror(status), io->inner.errmsg[0] != '\0' ? ": " : "",
-                io->inner.errmsg[0] != '\0' ? io->inner.errmsg : "");
+        clog_error("raft log write failed on this node (%s%s%s); stopping: restarted, "
+                   "it resumes from what its disk holds",
+                   raft_strerror(status), io->inner.errmsg[0] != '\0' ? ": " : "",
+                   io->inner.errmsg[0] != '\0' ? io->inner.errmsg : "");
         abort();
     }
     if (io->closing && status != 0) {
@@ -1053,8 +1044,7 @@ static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry
         return 0;
     }
     if (held) {
-        fprintf(stderr, "idemd: raft_uv refused a log write held back (%s); stopping\n",
-                raft_strerror(rv));
+        clog_error("raft_uv refused a log write held back (%s); stopping", raft_strerror(rv));
         abort();
     }
     TAILQ_REMOVE(&io->appends, d, link);
@@ -1177,10 +1167,9 @@ static bool isInstall(const struct io *io, const struct raft_io_snapshot_put *re
  * is written first, and raft_uv's own put only after it), which the node restarts from. */
 static void installFailed(int status, const char *why)
 {
-    fprintf(stderr,
-            "idemd: storing the leader's snapshot failed on this node (%s%s%s); stopping: "
-            "restarted, it resumes from what its disk holds\n",
-            raft_strerror(status), why[0] != '\0' ? ": " : "", why);
+    clog_error("storing the leader's snapshot failed on this node (%s%s%s); stopping: "
+               "restarted, it resumes from what its disk holds",
+               raft_strerror(status), why[0] != '\0' ? ": " : "", why);
     abort();
 }
 
@@ -1249,7 +1238,7 @@ static void snapWriteAfter(uv_work_t *w, int status)
     if (status == 0 && j->rv == SNAPSTORE_STOPPED) {
         rv = RAFT_CANCELED; /* raft is closing: the write stopped, nothing of it is left */
     } else if (status != 0 || j->rv != 0) {
-        fprintf(stderr, "idemd: snapshot store: %s\n", status != 0 ? uv_strerror(status) : j->err);
+        clog_error("snapshot store: %s", status != 0 ? uv_strerror(status) : j->err);
         rv = RAFT_IOERR;
     } else if (io->closing) {
         rv = RAFT_CANCELED; /* written, not referenced: the next stored snapshot removes it */
@@ -1280,8 +1269,8 @@ static int submitPut(struct io *io, struct ioDisk *d, unsigned trailing,
     int rv = io->inner.snapshot_put(&io->inner, trailing, &d->req.put, snapshot, ioSnapshotPutDone);
     putSubmitted(io, d, rv, trailing, snapshot->index);
     if (rv != 0 && d->job != NULL) {
-        fprintf(stderr, "idemd: snapshot store: raft_uv refused the reference: %s\n",
-                io->inner.errmsg[0] ? io->inner.errmsg : raft_strerror(rv));
+        clog_error("snapshot store: raft_uv refused the reference: %s",
+                   io->inner.errmsg[0] ? io->inner.errmsg : raft_strerror(rv));
     }
     if (rv != 0 && held) {
         ioSnapshotPutDone(&d->req.put, rv);

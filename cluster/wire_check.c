@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clog.h"
+
 /* libraft's own decoder, which the linker's --wrap names __real_. */
 int __real_uvDecodeMessage(uint16_t type, const uv_buf_t *header, struct raft_message *message,
                            size_t *payload_len);
@@ -157,8 +159,9 @@ int __wrap_uvDecodeMessage(uint16_t type, const uv_buf_t *header, struct raft_me
         message->type = (unsigned short)type;
         *payload_len = 0;
         if (atomic_fetch_add_explicit(&refused, 1, memory_order_relaxed) < 100) {
-            fprintf(stderr, "idemd: refused a malformed raft message from a peer (%s); "
-                            "connection closed\n", why);
+            clog_warn("refused a malformed raft message from a peer (%s); "
+                      "connection closed",
+                      why);
         }
         return RAFT_MALFORMED;
     }

@@ -22,7 +22,7 @@ static void logLine(const char *level, const char *fmt, va_list ap)
     gmtime_r(&ts.tv_sec, &tm);
     char when[32];
     strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-    char msg[1024];
+    char msg[1536]; /* the cluster's longest (clog.c) fit whole */
     vsnprintf(msg, sizeof(msg), fmt, ap);
     fprintf(stderr, "%s.%03ldZ idemd[%llu] %s %s\n", when, ts.tv_nsec / 1000000,
             (unsigned long long)logNode, level, msg);

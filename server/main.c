@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <uv.h>
 
+#include "clog.h"
 #include "config.h"
 #include "http.h"
 #include "log.h"
@@ -134,6 +135,18 @@ static void fitFileLimit(struct config *cfg)
     }
 }
 
+/* The cluster's lines (clog.h) go to this process's log, with its time, level and node. */
+static void clusterLogSink(enum clog_level level, const char *msg)
+{
+    if (level == CLOG_ERROR) {
+        log_error("%s", msg);
+    } else if (level == CLOG_WARN) {
+        log_warn("%s", msg);
+    } else {
+        log_info("%s", msg);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL;
@@ -172,6 +185,7 @@ int main(int argc, char **argv)
         return 0;
     }
     log_set_node(d.cfg.node.id);
+    clog_set_sink(clusterLogSink);
     signal(SIGPIPE, SIG_IGN);
     /* A write past RLIMIT_FSIZE then fails with EFBIG, as any failed write, and is reported
      * (a failed log write: io.c) instead of killing the node without a word. */

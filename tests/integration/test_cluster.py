@@ -359,7 +359,9 @@ class TestDiskFailures(ClusterTest):
         self.assertEqual(self.c.wait_exit(a), -signal.SIGABRT)
         with open(self.c.nodes[a].log) as f:
             log = f.read()
-        self.assertIn("idemd: raft stopped on this node (", log)
+        # In the node's log with its time, node and level, as every line (clog.h).
+        self.assertRegex(log, r"(?m)^\d{4}-\d\d-\d\dT[\d:.]+Z idemd\[%d\] error raft stopped on "
+                         r"this node \(" % a)
         self.assertIn("); stopping", log)
         # Restarted, it and b elect a leader again, without lid.
         self.c.start(a)
