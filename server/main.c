@@ -239,12 +239,17 @@ int main(int argc, char **argv)
      * it, which are applied once the commit index is known again). */
     struct service_info si;
     service_get_info(d.svc, &si);
+    char snap[96] = "none";
+    if (si.cluster.last_snapshot_index != 0) {
+        snprintf(snap, sizeof snap, "index %llu (%llu records)",
+                 (unsigned long long)si.cluster.last_snapshot_index,
+                 (unsigned long long)si.fsm.records);
+    }
     log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
-             "snapshot at index %llu (%llu records), %llu log entries held",
+             "snapshot: %s, log entries held: %llu",
              IDEMD_VERSION, d.cfg.node.rpc_address.text, d.cfg.node.raft_address.text,
              d.cfg.node.http_address.text[0] ? d.cfg.node.http_address.text : "(none)",
-             d.cfg.node.data_dir, (unsigned long long)si.cluster.term,
-             (unsigned long long)si.cluster.last_snapshot_index, (unsigned long long)si.fsm.records,
+             d.cfg.node.data_dir, (unsigned long long)si.cluster.term, snap,
              (unsigned long long)si.cluster.log_entries);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (d.http != NULL) {

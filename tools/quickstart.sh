@@ -22,7 +22,9 @@
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
 # .idem/cluster.secret (mode 600) is the cluster secret every node's rpc.cluster_secret_file
 # names; .idem/raft.secret (mode 600) the one that authenticates their Raft connections
-# (raft.secret_file).
+# (raft.secret_file). A node restarted by hand, with the command the script prints, writes its
+# PID to .idem/nodeN.pid: Ctrl-C stops it too. The script runs until Ctrl-C, or until no node
+# is left running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +39,7 @@ while [ $# -gt 0 ]; do
       upstream=$2; shift ;;
     --upstream=*) upstream=${1#--upstream=} ;;
     --tls) tls=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "quickstart: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -154,12 +156,31 @@ YAML
   fi
 done
 
+# The nodes running now: the PIDs in .idem/nodeN.pid that are alive (a node restarted by
+# hand, as the message below shows, writes its own there).
+running() {
+  local n p
+  for n in 1 2 3; do
+    p=$(cat "$dir/node$n.pid" 2>/dev/null) || continue
+    case "$p" in ''|*[!0-9]*) continue ;; esac
+    kill -0 "$p" 2>/dev/null && echo "$p"
+  done
+  return 0
+}
+
 pids=()
 stop() {
   trap - INT TERM
   echo
   echo "quickstart: stopping the cluster"
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  local all p
+  all=$( { printf '%s\n' "${pids[@]}"; running; } | sort -u)
+  for p in $all; do kill -TERM "$p" 2>/dev/null || true; done
+  # SIGTERM stops a node within seconds; those started by hand are not our children.
+  for _ in $(seq 1 300); do
+    [ -z "$(for p in $all; do kill -0 "$p" 2>/dev/null && echo "$p"; done)" ] && break
+    sleep 0.1
+  done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   rm -f "$dir"/node?.pid
   exit 0
@@ -210,6 +231,16 @@ $dir/pki (CA, client certificate and key). Followers forward to the leader over 
 MSG
 fi
 cat <<MSG
-Ctrl-C stops all three nodes; a second run restarts them from their data.
+To see a node fail and come back (node 1 here; \`idemctl status\` meanwhile):
+  kill -9 \$(cat $dir/node1.pid)
+  build/bin/idemd --config $dir/node1.yaml >>$dir/node1.log 2>&1 & echo \$! >$dir/node1.pid
+
+Ctrl-C stops the nodes (those restarted so too); a second run restarts them from their data.
 MSG
-wait
+# Until Ctrl-C, or until no node is left running (each stopped or killed, none restarted).
+while [ -n "$(running)" ]; do
+  sleep 1 &
+  wait $! || true
+done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+echo "quickstart: no node is running any more (logs in $dir/node*.log)"

@@ -847,8 +847,8 @@ class TestSnapshots(ClusterTest):
         with open(self.c.nodes[victim].log, "rb") as f:
             text = f.read()[logged:].decode(errors="replace")
         m = re.search(r"idemd \S+ started: rpc on %s, raft on %s, http on %s; data in %s: "
-                      r"term \d+, snapshot at index (\d+) \((\d+) records\), \d+ log entries "
-                      r"held" % tuple(re.escape(x) for x in (
+                      r"term \d+, snapshot: index (\d+) \((\d+) records\), log entries held: "
+                      r"\d+" % tuple(re.escape(x) for x in (
                           self.c.nodes[victim].rpc, self.c.nodes[victim].raft,
                           self.c.nodes[victim].http, self.c.nodes[victim].dir)), text)
         self.assertIsNotNone(m, text)
