@@ -741,6 +741,8 @@ static Idem__Outcome applyPurge(struct fsm *f, uint64_t now_cmd, const Idem__Pur
 
 struct quarantineAcc {
     int tenant; /* -1: every tenant */
+    bool lease_ended; /* processing records whose lease ended by `clock`, not quarantined */
+    uint64_t clock;
     const struct rec **recs;
     size_t n, cap;
 };
@@ -748,8 +750,10 @@ struct quarantineAcc {
 static void quarantineCollect(const struct rec *r, void *arg)
 {
     struct quarantineAcc *acc = arg;
-    if (r->state == IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED &&
-        (acc->tenant < 0 || r->tenant == acc->tenant) && acc->n < acc->cap) {
+    bool match = acc->lease_ended ? r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING &&
+                                        r->lease_deadline <= acc->clock
+                                  : r->state == IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED;
+    if (match && (acc->tenant < 0 || r->tenant == acc->tenant) && acc->n < acc->cap) {
         acc->recs[acc->n++] = r;
     }
 }
@@ -765,17 +769,23 @@ bool fsm_tenant_known(const struct fsm *f, const char *name)
     return table_tenant_find(&f->t, name, strlen(name)) >= 0;
 }
 
-size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_record_view *out,
-                       size_t cap)
+size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended,
+                       struct fsm_record_view *out, size_t cap)
 {
-    struct quarantineAcc acc = {.tenant = -1, .recs = NULL, .n = 0, .cap = 0};
+    struct quarantineAcc acc = {.tenant = -1,
+                                .lease_ended = lease_ended,
+                                .clock = f->clock,
+                                .recs = NULL,
+                                .n = 0,
+                                .cap = 0};
     if (tenant != NULL && tenant[0] != '\0') {
         acc.tenant = table_tenant_find(&f->t, tenant, strlen(tenant));
         if (acc.tenant < 0) {
             return 0;
         }
     }
-    acc.cap = f->n_state[IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED];
+    acc.cap = f->n_state[lease_ended ? IDEM__RECORD_STATE__RECORD_STATE_PROCESSING
+                                     : IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED];
     if (acc.cap == 0) {
         return 0;
     }

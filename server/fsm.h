@@ -151,13 +151,14 @@ uint64_t fsm_clock(const struct fsm *f);
 void fsm_get_stats(const struct fsm *f, struct fsm_stats *out /* OUT */);
 
 /* Admin read: fills out[0..min(n, cap)) (OUT) with the quarantined records of `tenant`
- * (borrowed; NULL or "" for every tenant), lowest token (oldest claim) first, and returns
+ * (borrowed; NULL or "" for every tenant), or with lease_ended those in processing whose
+ * lease has ended by the state machine's clock, lowest token (oldest claim) first, and returns
  * n, how many records match in all (more than cap when some were left out). The views
  * borrow the state machine's memory (see fsm_record_view). One pass over the table: the
  * caller is an operator's command, not a request path. Reads nothing but replicated state,
  * so every replica that applied the same commands answers the same. */
-size_t fsm_quarantined(const struct fsm *f, const char *tenant, struct fsm_record_view *out,
-                       size_t cap);
+size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended,
+                       struct fsm_record_view *out, size_t cap);
 
 /* Whether the replicated state knows a tenant of that name (`name` borrowed): one that had
  * a record since the state was last restored from a snapshot, or has one in it. */

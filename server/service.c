@@ -49,6 +49,7 @@ struct op {
     bool timer_open;
     char *tenant;   /* OP_QUARANTINE_LIST: owned; NULL for every tenant */
     uint32_t limit; /* OP_QUARANTINE_LIST */
+    bool lease_ended;  /* OP_QUARANTINE_LIST: processing records whose lease ended instead */
     uint64_t lease_ms; /* claim, renew: the lease asked for */
     uint64_t now_ms;   /* claim, renew: the command's clock (Result.lease_ms: the lease left) */
     struct op *prev, *next; /* live ops, for shutdown */
@@ -211,7 +212,7 @@ static void answerQuarantineList(struct service *s, struct op *o)
 {
     uint32_t cap = o->limit;
     struct fsm_record_view *views = xcalloc(cap, sizeof(*views));
-    size_t total = fsm_quarantined(s->fsm, o->tenant, views, cap);
+    size_t total = fsm_quarantined(s->fsm, o->tenant, o->lease_ended, views, cap);
     size_t n = total < cap ? total : cap;
     Idem__AdminRecord *ars = xcalloc(n ? n : 1, sizeof(*ars));
     Idem__AdminRecord **arps = xcalloc(n ? n : 1, sizeof(*arps));
@@ -930,6 +931,7 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
         if (o != NULL) {
             o->tenant = tenant != NULL ? xstrndup(tenant, strlen(tenant)) : NULL;
             o->limit = q->limit ? q->limit : QUARANTINE_LIST_DEFAULT;
+            o->lease_ended = q->lease_ended;
         }
         return;
     }

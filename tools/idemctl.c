@@ -85,8 +85,8 @@ static const char usageText[] =
     "  key resolve TENANT KEY (--release | --status CODE [--body TEXT])\n"
     "                         end a quarantine after checking the business system\n"
     "  key purge TENANT KEY   delete a record or tombstone outright (last resort)\n"
-    "  quarantine list [--tenant T] [--limit N] [--reveal]\n"
-    "                         every quarantined record, oldest first\n"
+    "  quarantine list [--tenant T] [--limit N] [--reveal] [--lease-ended]\n"
+    "                         every quarantined record (or stuck in processing), oldest first\n"
     "Data commands (tenant token):\n"
     "  claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
     "        [--policy conflict|takeover]\n"
@@ -227,12 +227,14 @@ static const struct help helps[] = {
      "with a new and larger fencing token. Answers ok with the purged record's token, or\n"
      "not_found when there is nothing to delete (so a repeated purge changes nothing).\n"
      "Needs the admin token.\n"},
-    {"quarantine", "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
-                   "\n"
-                   "Quarantined records: completed with outcome unknown, answered 409\n"
-                   "idempotency_outcome_unknown until `idemctl key resolve`.\n"},
+    {"quarantine",
+     "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal] [--lease-ended]\n"
+     "\n"
+     "Quarantined records: completed with outcome unknown, answered 409\n"
+     "idempotency_outcome_unknown until `idemctl key resolve`. With --lease-ended, the\n"
+     "records in processing whose lease has ended instead.\n"},
     {"quarantine list",
-     "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal]\n"
+     "Usage: idemctl quarantine list [--tenant T] [--limit N] [--reveal] [--lease-ended]\n"
      "\n"
      "Every quarantined record (of tenant T, or of all tenants), lowest token (oldest grant)\n"
      "first: tenant, key_digest, token, since. `since` is when the key was first claimed;\n"
@@ -241,7 +243,10 @@ static const struct help helps[] = {
      "Read on the leader after a read barrier through the Raft log, so the list is current;\n"
      "without a leader it fails (exit 3). At most --limit records (default 100, at most\n"
      "1000); when more exist, a last line says so (JSON: \"more\": true). --reveal adds keys.\n"
-     "Needs the admin token.\n"},
+     "--lease-ended lists instead the records in processing whose lease has ended (by the\n"
+     "cluster's clock), with when it ended: their holder is presumed gone, and under the\n"
+     "conflict policy every retry answers 409 idempotency_lease_expired until `idemctl key\n"
+     "resolve` (or their ttl) ends them. Needs the admin token.\n"},
     {"resolve",
      "Usage: idemctl resolve KEY --tenant NAME (--release | --status CODE [--body TEXT])\n"
      "\n"
@@ -2810,19 +2815,23 @@ static int cmdKey(struct global *g, struct args *a)
     return resolveCall(g, cmd, pos[1], pos[2], release, status, body);
 }
 
-/* quarantine [list] [--tenant T] [--limit N] [--reveal] */
+/* quarantine [list] [--tenant T] [--limit N] [--reveal] [--lease-ended] */
 static int cmdQuarantine(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
     const char *tenant = NULL, *limit = NULL;
-    bool reveal = false;
+    bool reveal = false, lease_ended = false;
     while (a->i < a->argc) {
         if (commonOpt(g, a) || optValue(a, "--tenant", &tenant) || optValue(a, "--limit", &limit)) {
             continue;
         }
         if (optFlag(a, "--reveal")) {
             reveal = true;
+            continue;
+        }
+        if (optFlag(a, "--lease-ended")) {
+            lease_ended = true;
             continue;
         }
         positional(a, pos, 1, &npos);
@@ -2837,6 +2846,7 @@ static int cmdQuarantine(struct global *g, struct args *a)
     ql.tenant = (char *)(tenant ? tenant : "");
     ql.limit = limit ? (uint32_t)cli_parse_u64("--limit", limit, 1, QUARANTINE_MAX_LIMIT)
                      : QUARANTINE_DEFAULT_LIMIT;
+    ql.lease_ended = lease_ended;
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_QUARANTINE_LIST;
     req.quarantine_list = &ql;
@@ -2854,26 +2864,30 @@ static int cmdQuarantine(struct global *g, struct args *a)
     json_t *recs = jarr();
     for (size_t i = 0; i < resp->n_records; i++) {
         json_t *r = adminRecordJson(resp->records[i], reveal, false);
-        /* The record keeps no quarantine time: since is when the key was first claimed\n         * (a takeover keeps created_at). */
-        json_t *created = json_object_get(r, "created_at_ms");
-        if (created != NULL) {
-            jset(r, "since_ms", json_copy(created));
+        /* The record keeps no quarantine time: since is when the key was first claimed
+         * (a takeover keeps created_at); a lease ended at its deadline. */
+        json_t *since = json_object_get(r, lease_ended ? "lease_deadline_ms" : "created_at_ms");
+        if (since != NULL) {
+            jset(r, "since_ms", json_copy(since));
         }
         jpush(recs, r);
     }
     jset(o, "count", ju64(resp->n_records));
+    jset(o, "lease_ended", json_boolean(lease_ended));
     jset(o, "more", json_boolean(resp->more));
     jset(o, "limit", ju64(ql.limit));
     jset(o, "records", recs);
     if (g->json) {
         printJson(o);
     } else {
+        const char *what =
+            lease_ended ? "records in processing whose lease has ended" : "quarantined records";
         if (resp->n_records == 0) {
-            printf("no quarantined records%s%s\n", tenant ? " of tenant " : "",
-                   tenant ? tenant : "");
+            printf("no %s%s%s\n", what, tenant ? " of tenant " : "", tenant ? tenant : "");
         } else {
             printf("%-20s %-12s %-20s %-24s%s\n", "TENANT", "KEY_DIGEST", "TOKEN",
-                   "SINCE (claimed, UTC)", reveal ? " KEY" : "");
+                   lease_ended ? "LEASE ENDED (UTC)" : "SINCE (claimed, UTC)",
+                   reveal ? " KEY" : "");
         }
         size_t i;
         json_t *r;
@@ -2893,7 +2907,7 @@ static int cmdQuarantine(struct global *g, struct args *a)
             putchar('\n');
         }
         if (resp->more) {
-            printf("... more quarantined records than --limit %" PRIu32 " (not shown)\n", ql.limit);
+            printf("... more %s than --limit %" PRIu32 " (not shown)\n", what, ql.limit);
         }
     }
     json_decref(o);

@@ -809,8 +809,8 @@ class TestIdemctlKeys(CtlTest):
 
     def test_quarantine_list_and_resolve(self):
         self.assertEqual(self.ok("quarantine", "list"),
-                         {"outcome": "ok", "count": 0, "more": False, "limit": 100,
-                          "records": []})
+                         {"outcome": "ok", "count": 0, "lease_ended": False, "more": False,
+                          "limit": 100, "records": []})
         rc, text, err = self.human("quarantine", "list")
         self.assertEqual((rc, text.strip()), (0, "no quarantined records"), err)
         key = "payment-timeout-1"
@@ -874,6 +874,46 @@ class TestIdemctlKeys(CtlTest):
             self.assertIn("completed", out["detail"], out)
         out = self.claim("settled-1", n=4)
         self.assertEqual((out["outcome"], out["response"]["body"]), ("replay", "paid"), out)
+
+    def test_quarantine_list_lease_ended(self):
+        # A claim whose holder went away (no complete, no release) answers every retry
+        # lease_expired (409) under the conflict policy once its lease has ended, until an
+        # operator resolves it; --lease-ended lists such records, oldest first, with when
+        # the lease ended. Live leases, completed and quarantined records are not listed.
+        gone = self.ok("claim", "gone-1", "--fingerprint", fp(1), "--lease", 1000)
+        self.ok("claim", "live-1", "--fingerprint", fp(1), "--lease", 60000)
+        q = self.ok("claim", "quar-1", "--fingerprint", fp(1), "--lease", 1000)
+        self.ok("complete", "quar-1", "--token", q["token"], "--status", 504, "--outcome",
+                "unknown")
+        self.assertEqual(self.ok("quarantine", "list", "--lease-ended")["count"], 0)
+        wait_for(lambda: self.claim("gone-1")["outcome"] == "lease_expired", 30,
+                 "gone-1's lease to end")
+        lst = self.ok("quarantine", "list", "--lease-ended")
+        self.assertEqual((lst["count"], lst["lease_ended"], lst["more"]), (1, True, False), lst)
+        r = lst["records"][0]
+        self.assertEqual((r["tenant"], r["key_digest"], r["token"], r["state"]),
+                         ("alpha", key_digest("alpha", "gone-1"), gone["token"], "processing"))
+        self.assertEqual(r["since_ms"], r["lease_deadline_ms"])
+        self.assertEqual(r["lease_deadline_ms"], gone["lease_deadline_ms"], (r, gone))
+        self.assertEqual(self.ok("quarantine", "list", "--lease-ended", "--reveal")
+                         ["records"][0]["key"], "gone-1")
+        self.assertEqual(self.ok("quarantine", "list", "--lease-ended", "--tenant", "beta")
+                         ["count"], 0)
+        # The quarantined one is on the other list only.
+        self.assertEqual([x["key_digest"] for x in self.ok("quarantine", "list")["records"]],
+                         [key_digest("alpha", "quar-1")])
+        rc, text, err = self.human("quarantine", "list", "--lease-ended")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("LEASE ENDED (UTC)", text)
+        self.assertIn(key_digest("alpha", "gone-1"), text)
+        self.assertNotIn("gone-1", text)
+        # Resolved (it did not run: release), it is off the list and the key runs again.
+        out = self.ok("key", "resolve", "alpha", "gone-1", "--release")
+        self.assertEqual(out["outcome"], "ok", out)
+        rc, text, err = self.human("quarantine", "list", "--lease-ended")
+        self.assertEqual((rc, text.strip()),
+                         (0, "no records in processing whose lease has ended"), err)
+        self.assertEqual(self.claim("gone-1")["outcome"], ACQ)
 
     def test_live_lease_outlasts_the_ttl(self):
         # A 60 s lease on a 1 s ttl: at the ttl the claim stays its holder's (not a

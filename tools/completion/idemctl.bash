@@ -15,7 +15,7 @@ _idemctl_flags_of() {
                 resolve) echo "--release --status --body $common" ;;
                 *) echo "$common" ;;
             esac ;;
-        quarantine) echo "--tenant --limit --reveal $common" ;;
+        quarantine) echo "--tenant --limit --reveal --lease-ended $common" ;;
         resolve) echo "--tenant --release --status --body $common" ;;
         claim) echo "--fingerprint --attempt --lease --ttl --policy $common" ;;
         complete) echo "--token --status --body --outcome $common" ;;

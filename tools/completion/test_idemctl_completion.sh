@@ -139,6 +139,7 @@ check "--release" idemctl key resolve alpha k --re
 check "--body --deadline --help --json --release --status" idemctl key resolve alpha k --
 check "list" idemctl quarantine ""
 check "--limit" idemctl quarantine list --li
+check "--lease-ended" idemctl quarantine list --le
 check "--tenant" idemctl quarantine list --t
 check "add list promote remove" idemctl members ""
 check "--digest" idemctl status --di
