@@ -265,6 +265,13 @@ class TestFailures(ClusterTest):
         # The lone node also refuses reads: nothing is answered from local state.
         rc, out = self.c.ctl("get", "before-outage", ids=[lid], deadline=1000)
         self.assertEqual(rc, 3)
+        # Asked of every node, the error says what each said (two refused connections and
+        # the lone node's own answer), not only the last one tried.
+        rc, out = self.c.ctl("get", "before-outage", deadline=2000, ids=sorted(self.c.nodes))
+        self.assertEqual(rc, 3, out)
+        self.assertIn("each node's last answer: ", out["error"])
+        for n in self.c.nodes:
+            self.assertIn(self.c.nodes[n].rpc + ": ", out["error"])
         self.c.start(others[0])
         self.c.start(others[1])
         self.c.wait_leader(timeout=20)

@@ -261,7 +261,7 @@ static void test_sync_deadline(void **state)
     uint64_t took = nowMs() - t0;
     assert_true(took >= 290);
     assert_true(took < 300 + 2000);
-    assert_non_null(strstr(r.detail, "no leader answered within 300 ms"));
+    assert_non_null(strstr(r.detail, "no leader answered within 300 ms (last: 127.0.0.1:1: "));
     assert_non_null(strstr(r.detail, "Connection refused"));
     assert_null(r.priv_);
     idem_result_free(&r);
@@ -270,6 +270,25 @@ static void test_sync_deadline(void **state)
                      IDEM_EINVAL);
     assert_int_equal(idem_claim(NULL, "k", fp, &o, &r), IDEM_EINVAL);
     assert_int_equal(idem_run(c, "k", fp, &o, NULL, NULL, &r), IDEM_EINVAL);
+    idem_client_close(c);
+}
+
+/* Two seeds, neither listening: the failure names what each said, not only the last one
+ * tried (a lost quorum: refused connections, and a node up that knows no leader). */
+static void test_sync_deadline_names_every_node(void **state)
+{
+    (void)state;
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new("127.0.0.1:1,127.0.0.1:2", "t", &c), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_claim_opts o = {.deadline_ms = 400};
+    struct idem_result r;
+    assert_int_equal(idem_claim(c, "k", fp, &o, &r), IDEM_EUNAVAILABLE);
+    idem_result_free(&r);
+    const char *why = idem_client_errmsg(c);
+    assert_non_null(strstr(why, "no leader answered within 400 ms (each node's last answer: "));
+    assert_non_null(strstr(why, "127.0.0.1:1: connect: Connection refused"));
+    assert_non_null(strstr(why, "; 127.0.0.1:2: connect: Connection refused"));
     idem_client_close(c);
 }
 
@@ -900,6 +919,7 @@ int main(void)
         cmocka_unit_test(test_build_requests),
         cmocka_unit_test(test_result_fill),
         cmocka_unit_test(test_sync_deadline),
+        cmocka_unit_test(test_sync_deadline_names_every_node),
         cmocka_unit_test(test_async_deadline_and_close),
         cmocka_unit_test(test_frame_limit),
         cmocka_unit_test(test_errmsg_is_a_per_thread_copy),
