@@ -38,10 +38,11 @@ uint64_t transport_auth_failed_total(void)
  * node we connected to, or the address an incoming connection came from), then at most
  * once per TRANSPORT_LOG_INTERVAL_MS with how many were not said meanwhile (a
  * misconfigured peer reconnects every 100 ms). `what` names the side: "refused from
- * ADDRESS" or "to node N failed"; `why` is one of this file's string constants. A full
- * table gives the slot logged longest ago to the new reason. */
+ * ADDRESS" or "to node N failed"; `why` is one of this file's string constants, the
+ * reason, and `text` (NULL: `why` itself) what is said of it, with the node IDs it names.
+ * A full table gives the slot logged longest ago to the new reason. */
 static void refusalLog(struct transport *t, raft_id peer, uint32_t ip, const char *what,
-                       const char *why)
+                       const char *why, const char *text)
 {
     uint64_t now = uv_now(t->loop);
     size_t i = 0, oldest = 0;
@@ -61,11 +62,14 @@ static void refusalLog(struct transport *t, raft_id peer, uint32_t ip, const cha
         t->logged[i].unlogged++;
         return;
     }
+    if (text == NULL) {
+        text = why;
+    }
     if (same && t->logged[i].unlogged > 0) {
-        fprintf(stderr, "idemd: raft connection %s: %s (%llu more in the last %u s)\n", what,
-                why, (unsigned long long)t->logged[i].unlogged, TRANSPORT_LOG_INTERVAL_MS / 1000);
+        fprintf(stderr, "idemd: raft connection %s: %s (%llu more in the last %u s)\n", what, text,
+                (unsigned long long)t->logged[i].unlogged, TRANSPORT_LOG_INTERVAL_MS / 1000);
     } else {
-        fprintf(stderr, "idemd: raft connection %s: %s\n", what, why);
+        fprintf(stderr, "idemd: raft connection %s: %s\n", what, text);
     }
     t->logged[i].why = why;
     t->logged[i].peer = peer;
@@ -88,7 +92,9 @@ static size_t putLe64(uint8_t *p, uint64_t v)
 /* mac = HMAC(key, label 0 nonce_l nonce_c id target macs address): the connector's (label
  * "connector", macs NULL) or the listener's ("listener", macs the connector's) proof, bound
  * to both nonces, to the connector's ID and address as its handshake gives them, to the
- * node it connects to (target) and, for the listener's, to what the connector sent. */
+ * node it connects to (target) and, for the listener's, to what the connector sent. A
+ * listener that is another node than the target refuses with "refusal", target its own ID
+ * (transport.h). */
 static bool authMac(const uint8_t key[TRANSPORT_MAC_LEN], const char *label, const uint8_t *nonce_l,
                     const uint8_t *nonce_c, raft_id id, raft_id target, const uint8_t *macs,
                     const char *address, uint8_t mac[TRANSPORT_MAC_LEN])
@@ -204,8 +210,9 @@ static void incomingClosedCb(uv_handle_t *h)
     }
 }
 
-/* Ends a handshake: closes the connection (unless raft has it) and the timer. */
-static void incomingEnd(struct incoming *in, const char *why)
+/* Ends a handshake: closes the connection (unless raft has it) and the timer. `why` (NULL:
+ * nothing to say) and `text` as refusalLog() takes them. */
+static void incomingEndSaying(struct incoming *in, const char *why, const char *text)
 {
     struct transport *t = in->t;
     if (why != NULL) {
@@ -223,7 +230,7 @@ static void incomingEnd(struct incoming *in, const char *why)
             snprintf(what, sizeof(what), "refused from %s:%u", ip,
                      (unsigned)ntohs(sin->sin_port));
         }
-        refusalLog(t, 0, ip4, what, why);
+        refusalLog(t, 0, ip4, what, why, text);
     }
     incomingUnlink(in);
     t->n_closing_incoming++;
@@ -234,6 +241,11 @@ static void incomingEnd(struct incoming *in, const char *why)
         in->closing++;
         uv_close((uv_handle_t *)in->tcp, incomingClosedCb);
     }
+}
+
+static void incomingEnd(struct incoming *in, const char *why)
+{
+    incomingEndSaying(in, why, NULL);
 }
 
 static void incomingTimeoutCb(uv_timer_t *timer)
@@ -251,6 +263,98 @@ static void incomingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
                     : in->part == PART_ADDRESS ? (uint8_t *)in->addr
                                                : in->auth;
     *buf = uv_buf_init((char *)base + in->got, (unsigned)(in->want - in->got));
+}
+
+/* The reasons a listener refuses a connector's MACs (refusalLog()'s `why`). */
+static const char authFailed[] = "authentication failed (the peer has another "
+                                 "raft.secret_file, or none)";
+static const char authFailedUnnamed[] = "authentication failed, target unknown";
+static const char authFailedNamed[] = "authentication failed, another target named";
+static const char wrongNode[] = "a member asked for another node";
+
+/* The ID of the node a connector means to reach, when its nonce names it (idemd's does; an
+ * earlier idemd's is random): *target (OUT). */
+static bool nonceTarget(const uint8_t *nonce_c, raft_id *target)
+{
+    if (memcmp(nonce_c, TRANSPORT_TARGET_MAGIC, 8) != 0) {
+        return false;
+    }
+    *target = wire_le(nonce_c + 8, 8);
+    return true;
+}
+
+/* 1 + the index of our newest key with which one of the connector's MACs was made for a
+ * connection from `id` to `target`; 0 when none was. */
+static size_t connectorKey(const struct transport *t, const struct incoming *in, raft_id id,
+                           raft_id target)
+{
+    const uint8_t *nonce_c = in->auth;
+    const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
+    for (size_t k = 0; k < t->n_keys; k++) {
+        uint8_t want[TRANSPORT_MAC_LEN];
+        if (!authMac(t->key[k], "connector", in->nonce_l, nonce_c, id, target, NULL, in->addr,
+                     want)) {
+            return 0;
+        }
+        bool found = false;
+        for (size_t j = 0; j < TRANSPORT_KEYS_MAX; j++) {
+            found |= CRYPTO_memcmp(want, macs + j * TRANSPORT_MAC_LEN, sizeof(want)) == 0;
+        }
+        if (found) {
+            return k + 1;
+        }
+    }
+    return 0;
+}
+
+/* None of the connector's MACs is right for this node: closes, saying why as well as it
+ * can be told. When the connector's nonce names another node and its MACs are right for
+ * that one, it holds the secret and means to reach that node at our address (its Raft
+ * configuration gives that node our address: `members add` with a wrong ID): the log says
+ * so, and the connector is told our ID under the key it proved (transport.h), so that it
+ * can say so too. Else the MACs prove nothing, and nothing more is sent. */
+static void incomingRefuse(struct incoming *in, uv_stream_t *s, raft_id id)
+{
+    struct transport *t = in->t;
+    const uint8_t *nonce_c = in->auth;
+    const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
+    char text[TRANSPORT_ADDRESS_MAX + 400];
+    raft_id asked = 0;
+    if (!nonceTarget(nonce_c, &asked)) {
+        snprintf(text, sizeof(text),
+                 "authentication failed (the peer has another raft.secret_file, or none; or it "
+                 "runs an earlier idemd and meant to reach another node than this one, node "
+                 "%llu)",
+                 (unsigned long long)t->id);
+        incomingEndSaying(in, authFailedUnnamed, text);
+        return;
+    }
+    size_t k = asked != t->id ? connectorKey(t, in, id, asked) : 0;
+    if (k == 0) {
+        if (asked == t->id) {
+            incomingEnd(in, authFailed);
+            return;
+        }
+        snprintf(text, sizeof(text), "%s; it also asked for node %llu, and this is node %llu",
+                 authFailed, (unsigned long long)asked, (unsigned long long)t->id);
+        incomingEndSaying(in, authFailedNamed, text);
+        return;
+    }
+    uint8_t answer[TRANSPORT_MAC_LEN], mac[TRANSPORT_MAC_LEN];
+    putLe64(answer, t->id);
+    if (authMac(t->key[k - 1], "refusal", in->nonce_l, nonce_c, id, t->id, macs, in->addr, mac)) {
+        memcpy(answer + 8, mac, sizeof(answer) - 8);
+        /* libuv writes it at once (nothing else is queued on the stream), before the close
+         * below; were it lost, the connector would only say less. */
+        authSend(s, answer, sizeof(answer));
+    }
+    snprintf(text, sizeof(text),
+             "node %llu (raft address %s) asked for node %llu, and this is node %llu: its Raft "
+             "configuration gives node %llu this node's raft address (members add with a "
+             "wrong id, or a wrong address?); refused, and told which node this is",
+             (unsigned long long)id, in->addr, (unsigned long long)asked, (unsigned long long)t->id,
+             (unsigned long long)asked);
+    incomingEndSaying(in, wrongNode, text);
 }
 
 static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -298,24 +402,13 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             return;
         }
     } else {
-        uint8_t want[TRANSPORT_MAC_LEN], mine[TRANSPORT_MAC_LEN];
+        uint8_t mine[TRANSPORT_MAC_LEN];
         const uint8_t *nonce_c = in->auth;
         const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
         /* Our newest key that one of the connector's MACs was made with. */
-        size_t k = 0;
-        bool found = false;
-        for (; k < t->n_keys && !found; k++) {
-            if (!authMac(t->key[k], "connector", in->nonce_l, nonce_c, id, t->id, NULL, in->addr,
-                         want)) {
-                break;
-            }
-            for (size_t j = 0; j < TRANSPORT_KEYS_MAX; j++) {
-                found |= CRYPTO_memcmp(want, macs + j * TRANSPORT_MAC_LEN, sizeof(want)) == 0;
-            }
-        }
-        if (!found) {
-            incomingEnd(in, "authentication failed (the peer has another raft.secret_file, "
-                            "or none)");
+        size_t k = connectorKey(t, in, id, t->id);
+        if (k == 0) {
+            incomingRefuse(in, s, id);
             return;
         }
         if (!authMac(t->key[k - 1], "listener", in->nonce_l, nonce_c, id, t->id, macs, in->addr,
@@ -435,6 +528,7 @@ struct outgoing {
     struct raft_uv_connect inner;
     struct raft_uv_connect *outer;
     raft_id peer;
+    char address[TRANSPORT_ADDRESS_MAX]; /* the peer's, as raft gave it */
     uv_stream_t *stream; /* raft_uv_tcp's (raft_malloc'd) */
     uv_timer_t timer;
     uint8_t buf[TRANSPORT_GREETING_LEN]; /* the greeting, then the listener's MAC */
@@ -473,9 +567,10 @@ static void outgoingUnlink(struct outgoing *og)
     TAILQ_REMOVE(&og->t->outgoing, og, link);
 }
 
-/* Ends an authentication that failed (why) or was cancelled (why NULL): closes the
- * connection, then tells raft, which tries again after its retry delay. */
-static void outgoingFail(struct outgoing *og, const char *why)
+/* Ends an authentication that failed (why, and text, as refusalLog() takes them) or was
+ * cancelled (why NULL): closes the connection, then tells raft, which tries again after its
+ * retry delay. */
+static void outgoingFailSaying(struct outgoing *og, const char *why, const char *text)
 {
     struct transport *t = og->t;
     og->status = RAFT_NOCONNECTION;
@@ -483,7 +578,7 @@ static void outgoingFail(struct outgoing *og, const char *why)
         authFailedTotal++;
         char what[48];
         snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)og->peer);
-        refusalLog(t, og->peer, 0, what, why);
+        refusalLog(t, og->peer, 0, what, why, text);
     } else {
         og->status = RAFT_CANCELED;
     }
@@ -493,6 +588,11 @@ static void outgoingFail(struct outgoing *og, const char *why)
     uv_timer_stop(&og->timer);
     uv_close((uv_handle_t *)&og->timer, outgoingClosedCb);
     uv_close((uv_handle_t *)og->stream, outgoingClosedCb);
+}
+
+static void outgoingFail(struct outgoing *og, const char *why)
+{
+    outgoingFailSaying(og, why, NULL);
 }
 
 /* The timer of an authentication that succeeded: the stream is raft's already. */
@@ -511,6 +611,21 @@ static void outgoingTimeoutCb(uv_timer_t *timer)
                               "raft.secret_file?)");
 }
 
+/* Whether the listener's answer is a refusal as another node (transport.h) made with one of
+ * our keys: that node's ID in *other (OUT). */
+static bool refusedAs(const struct transport *t, const struct outgoing *og, raft_id *other)
+{
+    *other = wire_le(og->buf, 8);
+    bool found = false;
+    for (size_t k = 0; k < t->n_keys && !found && *other != og->peer; k++) {
+        uint8_t want[TRANSPORT_MAC_LEN];
+        found = authMac(t->key[k], "refusal", og->nonce_l, og->nonce_c, t->id, *other, og->macs,
+                        t->address, want) &&
+                CRYPTO_memcmp(want, og->buf + 8, TRANSPORT_MAC_LEN - 8) == 0;
+    }
+    return found;
+}
+
 static void outgoingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct outgoing *og = h->data;
@@ -527,8 +642,14 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread < 0) {
-        outgoingFail(og, "the peer closed the connection during the authentication (has it "
-                         "the same raft.secret_file?)");
+        static const char closed[] = "the peer closed the connection during the "
+                                     "authentication";
+        char text[200];
+        snprintf(text, sizeof(text),
+                 "%s (has it the same raft.secret_file? or, running an earlier idemd, is it "
+                 "another node than node %llu?)",
+                 closed, (unsigned long long)og->peer);
+        outgoingFailSaying(og, closed, text);
         return;
     }
     og->got += (size_t)nread;
@@ -543,7 +664,10 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         memcpy(og->nonce_l, og->buf + 8, sizeof(og->nonce_l));
         uint8_t answer[TRANSPORT_ANSWER_LEN] = {0};
         uint8_t *macs = answer + TRANSPORT_NONCE_LEN;
-        bool ok = RAND_bytes(og->nonce_c, sizeof(og->nonce_c)) == 1;
+        /* Our nonce names the node we mean to reach (transport.h), in the clear. */
+        memcpy(og->nonce_c, TRANSPORT_TARGET_MAGIC, 8);
+        putLe64(og->nonce_c + 8, og->peer);
+        bool ok = RAND_bytes(og->nonce_c + 16, sizeof(og->nonce_c) - 16) == 1;
         for (size_t k = 0; ok && k < t->n_keys; k++) {
             ok = authMac(t->key[k], "connector", og->nonce_l, og->nonce_c, t->id, og->peer, NULL,
                          t->address, macs + k * TRANSPORT_MAC_LEN);
@@ -570,6 +694,19 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         found = authMac(t->key[k], "listener", og->nonce_l, og->nonce_c, t->id, og->peer,
                         og->macs, t->address, want) &&
                 CRYPTO_memcmp(want, og->buf, sizeof(want)) == 0;
+    }
+    raft_id other = 0;
+    if (!found && refusedAs(t, og, &other)) {
+        static const char otherNode[] = "the peer is another node";
+        char text[TRANSPORT_ADDRESS_MAX + 300];
+        snprintf(text, sizeof(text),
+                 "the node at %s is node %llu, not node %llu (members add with a wrong id, or a "
+                 "wrong raft address?): remove member %llu, and add the node with its own id "
+                 "and addresses",
+                 og->address, (unsigned long long)other, (unsigned long long)og->peer,
+                 (unsigned long long)og->peer);
+        outgoingFailSaying(og, otherNode, text);
+        return;
     }
     if (!found) {
         outgoingFail(og, "the peer's authentication is wrong (it has another "
@@ -623,6 +760,7 @@ static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect 
     og->t = t;
     og->outer = req;
     og->peer = id;
+    snprintf(og->address, sizeof(og->address), "%s", address);
     req->cb = cb;
     og->inner.data = og;
     int rv = t->inner.connect(&t->inner, &og->inner, id, address, connectCb);

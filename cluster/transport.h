@@ -35,7 +35,25 @@
  * Binding the target means a connection one member opened to another cannot be passed on
  * to a third (whoever took a stopped member's port could otherwise relay a member's MACs
  * to a live node). Nothing derived from a secret goes to a peer before it proved it holds
- * one: the listener's greeting is a nonce, and its MAC follows the connector's. (A
+ * one: the listener's greeting is a nonce, and its MAC follows the connector's.
+ *
+ * A member whose configuration gives node 6 the address of node 5 (`members add 6` with
+ * node 5's addresses) holds the secret, yet its MACs, made for target 6, fail at node 5;
+ * the two logs would blame the secret. So nonce_c names the target in the clear (the ID
+ * is no secret): TRANSPORT_TARGET_MAGIC (8 bytes), target (u64 little endian), then 16
+ * random bytes. A listener none of whose keys makes one of the MACs for itself, whose
+ * nonce_c names another target, checks them for that one; when one is right (the
+ * connector proved it holds the secret, and asked for that node), it logs the wrong ID
+ * and answers, in place of its MAC and as long:
+ *   listener  -> connector: its own ID (u64 little endian), then the first 24 bytes of
+ *                           HMAC(K, "refusal" 0 nonce_l nonce_c id listener C address),
+ * and closes; the connector, finding that answer made with one of its keys, logs which
+ * node answered at the address. A refusal goes only to a connector that proved the key,
+ * and is no listener's MAC (another label): it opens nothing. A listener that cannot tell
+ * (an earlier idemd's nonce_c is 32 random bytes, with TRANSPORT_TARGET_MAGIC once in 2^64)
+ * closes as before, and both ends name the wrong ID as a possible cause. Nodes of the
+ * earlier version interoperate unchanged: the nonce is opaque to them, and the refusal is
+ * sent only to a connector whose nonce names its target, i.e. one of this version. (A
  * connector's MACs do go to whatever listens at a member's address, which could test
  * guesses of the secret against them offline: the secret must be random, at least
  * TRANSPORT_SECRET_MIN bytes.) The listener hands the stream to raft once the
@@ -65,6 +83,7 @@
 #define TRANSPORT_HANDSHAKES_MAX 64
 #define TRANSPORT_AUTH_MAGIC "IDRAFTA1"  /* 8 bytes, no NUL on the wire */
 #define TRANSPORT_AUTH_LABEL "idemd raft transport 1"
+#define TRANSPORT_TARGET_MAGIC "IDTARGET" /* nonce_c's first 8 bytes: the target follows */
 #define TRANSPORT_NONCE_LEN 32
 #define TRANSPORT_MAC_LEN 32
 #define TRANSPORT_KEYS_MAX 2 /* the current secret and the previous one */
@@ -121,7 +140,8 @@ int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_
 void transport_close(struct transport *t);
 
 /* Since start: incoming connections closed for breaking the handshake's rules or failing
- * authentication, and outgoing ones whose peer failed it (or never answered it). */
+ * authentication (or meant for another node), and outgoing ones whose peer failed it (or
+ * never answered it, or refused as another node). */
 uint64_t transport_refused_total(void);
 uint64_t transport_auth_failed_total(void);
 

@@ -29,6 +29,7 @@ from harness import ClusterTestCase, http_request, recv_exact, wait_for
 AUTH_MAGIC = b"IDRAFTA1"
 AUTH_LABEL = b"idemd raft transport 1"
 GREETING = 8 + 32  # magic, nonce_l
+TARGET_MAGIC = b"IDTARGET"  # nonce_c's first 8 bytes when it names the target (transport.h)
 
 RAFT_IO_APPEND_ENTRIES = 1
 RAFT_IO_REQUEST_VOTE = 3
@@ -64,18 +65,26 @@ def _mac(secret, label, nonce_l, nonce_c, sender_id, target_id, address, macs=b"
     return hmac.new(key, msg, hashlib.sha256).digest()
 
 
+def _nonce_c(target_id):
+    """A connector's nonce as idemd makes it: TARGET_MAGIC, the ID of the node it means to
+    reach (u64 little endian), 16 random bytes; an earlier idemd's is 32 random bytes."""
+    return TARGET_MAGIC + struct.pack("<Q", target_id) + os.urandom(16)
+
+
 def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_secrets=None,
-             mac_target=None, expect_secret=None):
+             mac_target=None, expect_secret=None, nonce_names=None):
     """A connection to node target_id's Raft port that did what a member does before raft's
     first message: read the greeting, send the handshake and our MACs (under mac_secrets,
     newest first, for mac_target, if given; else under secret), read and check the node's
-    (made with expect_secret, else secret). Returns (socket, the node's MAC or b"" if it
-    closed)."""
+    (made with expect_secret, else secret). The nonce names node nonce_names, if given (as
+    idemd's names the target), else it is random (as an earlier idemd's). Returns (socket,
+    the node's MAC or b"" if it closed)."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
     hello = recv_exact(s, GREETING)
     assert hello[:8] == AUTH_MAGIC, hello
-    nonce_l, nonce_c = hello[8:40], os.urandom(32)
+    nonce_l = hello[8:40]
+    nonce_c = os.urandom(32) if nonce_names is None else _nonce_c(nonce_names)
     macs = b"".join(_mac(sec, b"connector", nonce_l, nonce_c, sender_id,
                          target_id if mac_target is None else mac_target, address)
                     for sec in (mac_secrets or [secret]))
@@ -293,6 +302,67 @@ class TestRaftPort(ClusterTestCase):
         rc, out = self.c.ctl("claim", "after-unauthenticated", "--fingerprint", "c" * 64)
         self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
 
+    def test_a_connection_meant_for_another_node_is_told_so(self):
+        # A member whose configuration gives node 6 this node's Raft address (`members add
+        # 6` with node N's addresses) holds the secret, but its MACs are for node 6. The
+        # node refuses it as before; its nonce names node 6 (transport.h), so the node
+        # checks the MACs for node 6 as well, and then logs the wrong ID, not the secret,
+        # and answers, under the secret, which node it is, so the connector can say so too.
+        lid = self.c.leader()
+        nid = [n for n in sorted(self.c.nodes) if n != lid][0]
+        node, secret = self.c.nodes[nid], self.c.raft_secret
+        before = _metric(node.http, "idem_raft_connections_refused_total")
+        host, port = node.raft.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            nonce_l, nonce_c = recv_exact(s, GREETING)[8:40], _nonce_c(6)
+            macs = _mac(secret, b"connector", nonce_l, nonce_c, 99, 6, b"127.0.0.1:1")
+            macs = macs.ljust(64, b"\x00")
+            s.sendall(_handshake(99) + nonce_c + macs)
+            refusal = recv_exact(s, 32)
+            # Its ID, then a MAC under the secret over it and everything the MACs cover.
+            self.assertEqual(refusal[:8], struct.pack("<Q", nid))
+            self.assertEqual(refusal[8:], _mac(secret, b"refusal", nonce_l, nonce_c, 99, nid,
+                                               b"127.0.0.1:1", macs)[:24])
+            self.assertTrue(_closed(s, 5))
+        finally:
+            s.close()
+        wait_for(lambda: self.c.logs_contain(
+            ": node 99 (raft address 127.0.0.1:1) asked for node 6, and this is node %d: "
+            % nid), 5, "the wrong ID in the node's log")
+        # Under another secret the MACs prove nothing: closed without an answer, and the
+        # log says both.
+        s, theirs = _connect(node.raft, secret, nid, mac_secrets=["another-" + "x" * 30],
+                             mac_target=6, nonce_names=6)
+        s.close()
+        self.assertEqual(theirs, b"")
+        wait_for(lambda: self.c.logs_contain(
+            ": authentication failed (the peer has another raft.secret_file, or none); it "
+            "also asked for node 6, and this is node %d" % nid), 5, "both in the log")
+        # An earlier idemd's nonce is random: the node cannot tell, closes without an
+        # answer as before, and names the wrong ID as a possible cause.
+        s, theirs = _connect(node.raft, secret, nid, mac_target=6)
+        s.close()
+        self.assertEqual(theirs, b"")
+        wait_for(lambda: self.c.logs_contain(
+            ": authentication failed (the peer has another raft.secret_file, or none; or it "
+            "runs an earlier idemd and meant to reach another node than this one, node %d)"
+            % nid), 5, "the possible cause in the log")
+        # A nonce that names this node, for MACs made for another: nothing more than that.
+        s, theirs = _connect(node.raft, secret, nid, mac_target=6, nonce_names=nid)
+        s.close()
+        self.assertEqual(theirs, b"")
+        self.assertEqual(_metric(node.http, "idem_raft_connections_refused_total"), before + 4)
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 0)
+        self.assertIsNone(node.proc.poll())
+        # The right target still gets in, the nonce naming it or not.
+        for names in (nid, None):
+            s, theirs = _connect(node.raft, secret, nid, nonce_names=names)
+            s.close()
+            self.assertEqual(len(theirs), 32, names)
+        rc, out = self.c.ctl("claim", "after-wrong-target", "--fingerprint", "d" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+
     def test_a_member_sends_nothing_to_a_listener_without_the_secret(self):
         # A stand-in on a stopped follower's Raft address: it greets as idemd does, checks
         # the leader's MAC (the leader computes it as transport.h says), then answers a
@@ -308,25 +378,44 @@ class TestRaftPort(ClusterTestCase):
         srv.settimeout(10)
         leader = self.c.nodes[lid]
         before = _metric(leader.http, "idem_raft_connect_auth_failures_total")
-        try:
+
+        def accept():
+            """The leader's next connection, read up to our answer: (socket, nonce_l,
+            nonce_c, its MACs as sent)."""
             conn, _ = srv.accept()  # the leader reconnects every 100 ms
+            conn.settimeout(10)
+            nonce_l = os.urandom(32)
+            conn.sendall(AUTH_MAGIC + nonce_l)
+            pre = recv_exact(conn, 24)
+            proto, sender, alen = struct.unpack("<QQQ", pre)
+            self.assertEqual((proto, sender), (1, lid))
+            addr = recv_exact(conn, alen).rstrip(b"\x00")
+            self.assertEqual(addr, leader.raft.encode())
+            auth = recv_exact(conn, 96)
+            # One key: its MAC, then zeros.
+            nonce_c, mac, rest = auth[:32], auth[32:64], auth[64:]
+            self.assertEqual(rest, bytes(32))
+            # The nonce names the node it means to reach.
+            self.assertEqual(nonce_c[:16], TARGET_MAGIC + struct.pack("<Q", fid))
+            self.assertEqual(mac, _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c,
+                                       lid, fid, addr))
+            return conn, nonce_l, nonce_c, auth[32:]
+
+        try:
+            conn, _, _, _ = accept()
             try:
-                conn.settimeout(10)
-                nonce_l = os.urandom(32)
-                conn.sendall(AUTH_MAGIC + nonce_l)
-                pre = recv_exact(conn, 24)
-                proto, sender, alen = struct.unpack("<QQQ", pre)
-                self.assertEqual((proto, sender), (1, lid))
-                addr = recv_exact(conn, alen).rstrip(b"\x00")
-                self.assertEqual(addr, leader.raft.encode())
-                auth = recv_exact(conn, 96)
-                # One key: its MAC, then zeros.
-                nonce_c, mac, rest = auth[:32], auth[32:64], auth[64:]
-                self.assertEqual(rest, bytes(32))
-                self.assertEqual(mac, _mac(self.c.raft_secret, b"connector", nonce_l, nonce_c,
-                                           lid, fid, addr))
                 conn.sendall(os.urandom(32))
                 # Closed, and not one byte of a raft message came first.
+                self.assertEqual(conn.recv(1), b"")
+            finally:
+                conn.close()
+            # A listener that holds the secret and is another node (77) says so, under the
+            # secret: the leader logs that, and still sends raft nothing.
+            conn, nonce_l, nonce_c, macs = accept()
+            try:
+                conn.sendall(struct.pack("<Q", 77) + _mac(
+                    self.c.raft_secret, b"refusal", nonce_l, nonce_c, lid, 77,
+                    leader.raft.encode(), macs)[:24])
                 self.assertEqual(conn.recv(1), b"")
             finally:
                 conn.close()
@@ -334,6 +423,9 @@ class TestRaftPort(ClusterTestCase):
             srv.close()
         wait_for(lambda: self.c.logs_contain("failed: the peer's authentication is wrong"), 5,
                  "the failure in the leader's log")
+        wait_for(lambda: self.c.logs_contain(
+            "raft connection to node %d failed: the node at %s is node 77, not node %d "
+            % (fid, self.c.nodes[fid].raft, fid)), 5, "the other node in the leader's log")
         self.assertGreater(_metric(leader.http, "idem_raft_connect_auth_failures_total"),
                            before)
         # The real follower again: it catches up over an authenticated connection.
