@@ -136,6 +136,9 @@ static const struct help helps[] = {
      "  - no leader: no majority of the reachable nodes agrees on one;\n"
      "  - no quorum: no majority of the voters is reachable (a cluster\n"
      "    without a leader may still have its quorum, and elect one);\n"
+     "  - a member's rpc address is answered by another node, or its node listens for\n"
+     "    Raft elsewhere than the configuration says (a wrong id or address given to\n"
+     "    members add: Raft cannot reach the member; the warning says what to run);\n"
      "  - Raft authentication differs: some nodes have raft.secret_file, some not.\n"
      "With --json: {\"leader_id\", \"quorum\", \"voters\", \"reachable_voters\", \"nodes\": "
      "[...],\n"
@@ -1825,6 +1828,88 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
     }
 }
 
+/* The status of the node that answers at `rpc`: asked at that address, else one that
+ * names it as its own rpc_address (asked at another spelling of it); NULL when none did. */
+static const Idem__NodeStatus *answerAt(const struct probe *probes, size_t n, const char *rpc)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (probeStatus(&probes[i]) != NULL && strcmp(probes[i].addr, rpc) == 0) {
+            return probeStatus(&probes[i]);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Idem__NodeStatus *st = probeStatus(&probes[i]);
+        if (st != NULL && strcmp(st->rpc_address, rpc) == 0) {
+            return st;
+        }
+    }
+    return NULL;
+}
+
+/* `idemctl members add ID RAFT RPC [HTTP]` with node st's own addresses, into out. */
+static void addCommand(const Idem__NodeStatus *st, char *out, size_t len)
+{
+    snprintf(out, len, "idemctl members add %" PRIu64 " %s %s%s%s", st->id, st->raft_address,
+             st->rpc_address, st->http_address[0] ? " " : "", st->http_address);
+}
+
+/* Whether a member's configured raft address reaches a node that says it listens at `own`:
+ * the same, or the same port when the node listens on every interface (0.0.0.0). */
+static bool raftAddressReaches(const char *configured, const char *own)
+{
+    const char *c = strrchr(configured, ':');
+    return strcmp(configured, own) == 0 ||
+           (c != NULL && strncmp(own, "0.0.0.0:", 8) == 0 && strcmp(c, own + 7) == 0);
+}
+
+/* Whether member m's addresses are wrong, as the node answering at its rpc address tells:
+ * it is another node (the ID given to `members add`, or the address, is wrong), or it
+ * listens for Raft at another address than m's (a wrong raft address). Either way Raft
+ * does not reach m, and a promote of m times out: what is wrong and what to do go to why
+ * (OUT). Nothing when no node answers there (status says that it is unreachable), nor when
+ * the node follows the leader: then Raft reaches it, whatever its raft address reads (an
+ * address translated on the way). */
+static bool memberMismatch(const struct probe *probes, size_t n, const struct clusterView *v,
+                           const Idem__Member *m, char *why, size_t len)
+{
+    const Idem__NodeStatus *st = answerAt(probes, n, m->rpc_address);
+    if (st == NULL) {
+        return false;
+    }
+    char add[4 * ADDR_MAX];
+    addCommand(st, add, sizeof add);
+    if (st->id != m->id && viewMember(v, st->id, NULL) != NULL) {
+        snprintf(why, len,
+                 "member %" PRIu64 "'s rpc address %s is answered by node %" PRIu64
+                 ", another member: member %" PRIu64 "'s addresses are wrong, and Raft cannot "
+                 "reach member %" PRIu64 " there (a promote times out); `idemctl members remove "
+                 "%" PRIu64 "`, then add the node meant for it with its own id and addresses",
+                 m->id, m->rpc_address, st->id, m->id, m->id, m->id);
+        return true;
+    }
+    if (st->id != m->id) {
+        snprintf(why, len,
+                 "member %" PRIu64 "'s rpc address %s is answered by node %" PRIu64
+                 ": the id given to `members add` (or the address) is wrong, and Raft cannot "
+                 "reach member %" PRIu64 " there (a promote times out); `idemctl members "
+                 "remove %" PRIu64 "`, then `%s` (node %" PRIu64 "'s own addresses)",
+                 m->id, m->rpc_address, st->id, m->id, m->id, add, st->id);
+        return true;
+    }
+    bool follows = v->leader != 0 && st->leader_id == v->leader;
+    if (!raftAddressReaches(m->raft_address, st->raft_address) && !follows) {
+        snprintf(why, len,
+                 "member %" PRIu64 "'s raft address is %s in the Raft configuration, but node "
+                 "%" PRIu64 " (%s) listens for Raft at %s: the raft address given to `members "
+                 "add` is wrong, and Raft cannot reach member %" PRIu64 " (a promote times "
+                 "out); `idemctl members remove %" PRIu64 "`, then `%s`",
+                 m->id, m->raft_address, st->id, m->rpc_address, st->raft_address, m->id, m->id,
+                 add);
+        return true;
+    }
+    return false;
+}
+
 /* What status found: every node asked (d.probes[0..n)) and the view built from them. */
 struct discovery {
     struct probe *probes;
@@ -1966,7 +2051,7 @@ static void addWarning(json_t *warnings, const char *fmt, ...)
 
 static void addWarning(json_t *warnings, const char *fmt, ...)
 {
-    char buf[1024];
+    char buf[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
@@ -1986,8 +2071,39 @@ static void nodeName(const json_t *node, char *out, size_t len)
     }
 }
 
-static void statusWarnings(const struct statusRow *rows, size_t n, const struct clusterView *v,
-                           uint64_t max_lag, json_t *warnings)
+/* For a node that answers (st) but is not a member: the member with another ID whose
+ * addresses it holds, and which (OUT: "rpc", covered by memberMismatch()'s warning, or
+ * "raft" or "http"); NULL when none. `members add` refuses the node's addresses while that
+ * member has them. */
+static const Idem__Member *addressHolder(const struct probe *probes, size_t n,
+                                         const struct clusterView *v, const Idem__NodeStatus *st,
+                                         const char **which)
+{
+    const Idem__Member *held = NULL;
+    for (size_t i = 0; v->members_of != NULL && i < v->members_of->n_members; i++) {
+        const Idem__Member *m = v->members_of->members[i];
+        if (m->id == st->id) {
+            continue;
+        }
+        if (answerAt(probes, n, m->rpc_address) == st) {
+            *which = "rpc";
+            return m;
+        }
+        if (held == NULL && strcmp(m->raft_address, st->raft_address) == 0) {
+            held = m;
+            *which = "raft";
+        } else if (held == NULL && st->http_address[0] != '\0' &&
+                   strcmp(m->http_address, st->http_address) == 0) {
+            held = m;
+            *which = "http";
+        }
+    }
+    return held;
+}
+
+static void statusWarnings(const struct statusRow *rows, size_t n, const struct probe *probes,
+                           size_t n_probes, const struct clusterView *v, uint64_t max_lag,
+                           json_t *warnings)
 {
     char name[320];
     for (size_t i = 0; i < n; i++) {
@@ -2020,11 +2136,29 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
             /* A node that answers but is not in the configuration (removed and still
              * running, or started and not added yet) keeps calling elections nobody
              * answers, and is easy to take for a member in the table. */
-            if (member == NULL && v->members_of != NULL) {
+            /* Unless a member holds its addresses (`members add` with a wrong ID): then
+             * adding it is refused until that member is removed. */
+            const Idem__NodeStatus *st = probeStatus(rows[i].p);
+            const char *which = NULL;
+            const Idem__Member *holder = member == NULL && st != NULL
+                                             ? addressHolder(probes, n_probes, v, st, &which)
+                                             : NULL;
+            if (member == NULL && v->members_of != NULL && holder == NULL) {
                 addWarning(warnings,
                            "%s answers but is not a member of the Raft configuration "
                            "(removed, or not added yet): stop it, or `idemctl members add` it",
                            name);
+            } else if (holder != NULL && strcmp(which, "rpc") != 0) {
+                char add[4 * ADDR_MAX];
+                addCommand(st, add, sizeof add);
+                addWarning(warnings,
+                           "%s answers but is not a member of the Raft configuration, and its "
+                           "%s address %s is member %" PRIu64 "'s there: the id (or address) "
+                           "given to `members add` for member %" PRIu64 " is wrong; `idemctl "
+                           "members remove %" PRIu64 "`, then `%s`",
+                           name, which,
+                           strcmp(which, "raft") == 0 ? st->raft_address : st->http_address,
+                           holder->id, holder->id, holder->id, add);
             }
             if (!spare && json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
@@ -2035,6 +2169,14 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                            json_integer_value(lag), json_integer_value(lag) == 1 ? "y" : "ies",
                            v->leader_st->applied_index, max_lag);
             }
+        }
+    }
+    /* Members whose rpc address is answered by another node, or who listen for Raft
+     * elsewhere than the configuration says: Raft cannot reach them. */
+    for (size_t i = 0; v->members_of != NULL && i < v->members_of->n_members; i++) {
+        char why[2048];
+        if (memberMismatch(probes, n_probes, v, v->members_of->members[i], why, sizeof why)) {
+            addWarning(warnings, "%s", why);
         }
     }
     /* Members with raft.secret_file and members without it cannot talk at all. */
@@ -2241,7 +2383,7 @@ static int cmdStatus(struct global *g, struct args *a)
         return statusRefused(g, nodes, n, refused, unauthenticated);
     }
     json_t *warnings = jarr();
-    statusWarnings(rows, n, &v, max_lag, warnings);
+    statusWarnings(rows, n, probes, n, &v, max_lag, warnings);
     free(rows);
 
     json_t *o = jobj();
@@ -2414,6 +2556,11 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
                     "out\n",
                     promotee, p->addr, p->err[0] ? p->err : idem_strerror(p->rv));
         }
+    }
+    const Idem__Member *pm = promotee != 0 ? viewMember(&d.v, promotee, NULL) : NULL;
+    char why[2048];
+    if (pm != NULL && memberMismatch(d.probes, d.n, &d.v, pm, why, sizeof why)) {
+        fprintf(stderr, "idemctl: warning: %s\n", why);
     }
     discoveryFree(&d);
     uint64_t end = nowMs() + g->deadline_ms;

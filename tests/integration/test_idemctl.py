@@ -648,6 +648,96 @@ class TestIdemctlMembership(CtlTest):
                                else None)(self.status()), 20, "node 4 out of the configuration")
         self.assertEqual(st["voters"], 3)
 
+    def test_a_node_added_under_another_id_is_named(self):
+        # Node 5 started, then `members add 6` with its addresses (the wrong ID): the add is
+        # taken (the addresses are new), but Raft reaches node 5 at member 6's address, and
+        # node 5 refuses connections meant for node 6. status says what is wrong, and does
+        # not advise `members add` for node 5 (refused: its addresses are member 6's now);
+        # the promote warns before it goes, then times out; the logs name the wrong ID, not
+        # the secret (cluster/transport.h).
+        new = self.c.add_node(5)
+        out = self.ok("members", "add", 6, new.raft, new.rpc, new.http)
+        self.assertEqual(out["outcome"], "ok", out)
+        want = ("member 6's rpc address %s is answered by node 5: the id given to `members "
+                "add` (or the address) is wrong, and Raft cannot reach member 6 there"
+                % new.rpc)
+        advice = ("`idemctl members remove 6`, then `idemctl members add 5 %s %s %s`"
+                  % (new.raft, new.rpc, new.http))
+
+        def warned(ids):
+            st = self.status(ids=ids)
+            return st if any(w.startswith(want) for w in st["warnings"]) else None
+        for ids in ([1, 2, 3], [1, 2, 3, 5]):
+            st = wait_for(lambda: warned(ids), 20, "the wrong ID in status's warnings")
+            self.assertIn(advice, [w for w in st["warnings"] if w.startswith(want)][0])
+            self.assertEqual([w for w in st["warnings"] if "is not a member" in w], [],
+                             st["warnings"])
+        rc, text, err = self.human("status", ids=[1, 2, 3, 5])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("\nwarning: " + want, text)
+        self.assertNotIn("is not a member", text)
+        # The promote: warned, sent, timed out.
+        rc, text, err = self.human("members", "promote", "6", deadline=2000)
+        self.assertEqual(rc, 3, (text, err))
+        self.assertIn("idemctl: warning: " + want, err)
+        wait_for(lambda: self.c.logs_contain(
+            "raft connection to node 6 failed: the node at %s is node 5, not node 6 "
+            % new.raft), 15, "the leader's log to name node 5")
+        self.assertTrue(self.c.logs_contain(
+            "asked for node 6, and this is node 5: its Raft configuration gives node 6 this "
+            "node's raft address"), self.c.logs())
+        # What the warning says to do: node 5 joins under its own ID.
+        wait_for(lambda: self.c.ctl("members", "remove", 6, deadline=2000)[0] == 0, 30,
+                 "the promote to end and member 6 to be removed")
+        wait_for(lambda: 6 not in [m["id"] for m in self.ok("members", "list")["members"]], 20,
+                 "member 6 out of the configuration")
+        out = self.ok("members", "add", 5, new.raft, new.rpc, new.http)
+        self.assertEqual(out["outcome"], "ok", out)
+        out = self.ok("members", "promote", 5)
+        self.assertEqual(out["outcome"], "ok", out)
+        st = wait_for(lambda: (lambda s: s if s["voters"] == 4 and s["reachable_voters"] == 4
+                               and not s["warnings"] else None)(self.status(ids=[1, 2, 3])),
+                      30, "node 5 a voter, and no warning")
+        self.assertEqual(sorted(n["id"] for n in st["nodes"]), [1, 2, 3, 5])
+
+    def test_members_added_with_a_wrong_address_are_named(self):
+        # Member 4 added with a wrong raft address (nothing listens there): node 4 answers
+        # at member 4's rpc address, and says where it listens for Raft. Member 6 added with
+        # node 5's raft address and other (unused) rpc and http addresses: node 5 answers
+        # but is no member, and its raft address is member 6's, so adding it is refused
+        # until member 6 goes.
+        n4 = self.c.add_node(4)
+        wrong = Node(99, self.c.root)  # only its addresses: never started
+        out = self.ok("members", "add", 4, wrong.raft, n4.rpc, n4.http)
+        self.assertEqual(out["outcome"], "ok", out)
+        n5 = self.c.add_node(5)
+        out = self.ok("members", "add", 6, n5.raft, wrong.rpc, wrong.http)
+        self.assertEqual(out["outcome"], "ok", out)
+        want4 = ("member 4's raft address is %s in the Raft configuration, but node 4 (%s) "
+                 "listens for Raft at %s: the raft address given to `members add` is wrong, "
+                 "and Raft cannot reach member 4" % (wrong.raft, n4.rpc, n4.raft))
+        advice4 = ("`idemctl members remove 4`, then `idemctl members add 4 %s %s %s`"
+                   % (n4.raft, n4.rpc, n4.http))
+        want5 = ("node 5 (%s) answers but is not a member of the Raft configuration, and its "
+                 "raft address %s is member 6's there" % (n5.rpc, n5.raft))
+        advice5 = ("`idemctl members remove 6`, then `idemctl members add 5 %s %s %s`"
+                   % (n5.raft, n5.rpc, n5.http))
+
+        def warned():
+            st = self.status(ids=[1, 2, 3, 5])
+            w4 = [w for w in st["warnings"] if w.startswith(want4)]
+            w5 = [w for w in st["warnings"] if w.startswith(want5)]
+            return (st, w4[0], w5[0]) if w4 and w5 else None
+        st, w4, w5 = wait_for(warned, 20, "both in status's warnings")
+        self.assertIn(advice4, w4)
+        self.assertIn(advice5, w5)
+        self.assertEqual([w for w in st["warnings"]
+                          if "or `idemctl members add` it" in w], [], st["warnings"])
+        self.assertIn("node 6 (%s) is unreachable" % wrong.rpc, " | ".join(st["warnings"]))
+        rc, text, err = self.human("members", "promote", "4", deadline=2000)
+        self.assertEqual(rc, 3, (text, err))
+        self.assertIn("idemctl: warning: " + want4, err)
+
     def test_last_voter_is_not_removed(self):
         # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
         # cluster without voters never elects a leader again, restarts included).
