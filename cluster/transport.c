@@ -1,5 +1,6 @@
 #include "transport.h"
 #include "wire_check.h"
+#include "clog.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -66,10 +67,10 @@ static void refusalLog(struct transport *t, raft_id peer, uint32_t ip, const cha
         text = why;
     }
     if (same && t->logged[i].unlogged > 0) {
-        fprintf(stderr, "idemd: raft connection %s: %s (%llu more in the last %u s)\n", what, text,
-                (unsigned long long)t->logged[i].unlogged, TRANSPORT_LOG_INTERVAL_MS / 1000);
+        clog_warn("raft connection %s: %s (%llu more in the last %u s)", what, text,
+                  (unsigned long long)t->logged[i].unlogged, TRANSPORT_LOG_INTERVAL_MS / 1000);
     } else {
-        fprintf(stderr, "idemd: raft connection %s: %s\n", what, text);
+        clog_warn("raft connection %s: %s", what, text);
     }
     t->logged[i].why = why;
     t->logged[i].peer = peer;
@@ -438,7 +439,7 @@ static void listenCb(uv_stream_t *l, int status)
     uv_tcp_t *tcp = raft_malloc(sizeof(*tcp));
     if (in == NULL || tcp == NULL) {
         /* Returning without uv_accept() would leave the listener unpolled for good. */
-        fprintf(stderr, "idemd: out of memory\n");
+        clog_error("out of memory");
         abort();
     }
     in->t = t;

@@ -211,8 +211,11 @@ class TestRaftPort(ClusterTestCase):
                     "too many handshakes in progress (the oldest closed)",
                     "no handshake (or authentication) within 10 s"):
             self.assertTrue(self.c.logs_contain(": " + why), why)
-        # Each refusal names the peer it came from.
+        # Each refusal names the peer it came from, in a log line of the node's own format
+        # (time, node, level: clog.h), not a bare "idemd: ..." on stderr.
         self.assertTrue(self.c.logs_contain("raft connection refused from 127.0.0.1:"))
+        self.assertRegex(logs, r"(?m)^\d{4}-\d\d-\d\dT[\d:.]+Z idemd\[\d+\] warn raft "
+                         r"connection refused from 127\.0\.0\.1:")
         self.assertIsNone(node.proc.poll(), logs)
         # The peers' own connections were never refused: the cluster commits.
         rc, out = self.c.ctl("claim", "after-handshakes", "--fingerprint", "b" * 64)
