@@ -1380,6 +1380,24 @@ static int cmdMembers(struct global *g, struct args *a)
         idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID) {
         explainRefusal(g, o, mr.id, false);
     }
+    if (!is_list && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK &&
+        json_object_get(o, "message") == NULL) {
+        /* What it did, and the next step. */
+        char msg[200];
+        if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD) {
+            snprintf(msg, sizeof msg,
+                     "node %" PRIu64
+                     " is a spare now; once it runs, `idemctl members promote %" PRIu64
+                     "` makes it a voter",
+                     mr.id, mr.id);
+        } else if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE) {
+            snprintf(msg, sizeof msg, "node %" PRIu64 " is a voter now", mr.id);
+        } else {
+            snprintf(msg, sizeof msg,
+                     "node %" PRIu64 " is out of the configuration; it can be stopped", mr.id);
+        }
+        jset(o, "message", jstr(msg));
+    }
     /* The list is the answer to `list`; add, promote and remove answer only an outcome
      * (an empty list there would read as "no members"). */
     bool list = is_list && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK;

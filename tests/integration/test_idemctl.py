@@ -451,6 +451,9 @@ class TestIdemctlMembership(CtlTest):
         new = self.c.add_node(4)
         out = self.ok("members", "add", 4, new.raft, new.rpc, new.http)
         self.assertEqual(out["outcome"], "ok", out)
+        # What it did and the next step.
+        self.assertEqual(out["message"], "node 4 is a spare now; once it runs, `idemctl "
+                         "members promote 4` makes it a voter", out)
         # A spare gets no log before its promotion: status shows it behind the leader, and
         # no lag warning for it (one that could never clear), even with --max-lag 0.
         def spare_row():
@@ -462,6 +465,7 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual([w for w in st["warnings"] if "node 4" in w], [], st["warnings"])
         out = self.ok("members", "promote", 4)
         self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(out["message"], "node 4 is a voter now", out)
 
         def four_voters():
             st = self.status(ids=[1, 2, 3])
@@ -475,6 +479,8 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(len(st["nodes"]), 4)  # found through the members list
         out = self.ok("members", "remove", 4)
         self.assertEqual(out["outcome"], "ok", out)
+        self.assertEqual(out["message"], "node 4 is out of the configuration; it can be stopped",
+                         out)
 
         def three_voters():
             st = self.status(ids=[1, 2, 3])
