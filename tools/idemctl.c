@@ -2239,15 +2239,14 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
     }
 }
 
-static void printCell(const json_t *v, int width)
+/* A cell's text: an integer, a string, or "-" for anything else (null, absent). */
+static const char *cellText(const json_t *v, char *buf, size_t len)
 {
     if (json_is_integer(v)) {
-        printf("%-*" JSON_INTEGER_FORMAT " ", width, json_integer_value(v));
-    } else if (json_is_string(v)) {
-        printf("%-*s ", width, json_string_value(v));
-    } else {
-        printf("%-*s ", width, "-");
+        snprintf(buf, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return buf;
     }
+    return json_is_string(v) ? json_string_value(v) : "-";
 }
 
 /* `digest`: the nodes were asked for their digests (status --digest), shown last. */
@@ -2267,46 +2266,66 @@ static void printStatusTable(const json_t *o, bool digest)
                json_integer_value(voters));
     }
     putchar('\n');
-    struct {
+    static const struct {
         const char *title, *field;
-        int width;
     } cols[] = {
-        {"ID", "id", 4},
-        {"RPC_ADDRESS", "rpc_address", 21},
-        {"ROLE", "role", 11},
-        {"MEMBER", "member_role", 7},
-        {"TERM", "term", 5},
-        {"LEADER", "leader_id", 6},
-        {"COMMIT", "commit_index", 9},
-        {"APPLIED", "applied_index", 9},
-        {"LAG", "lag", 6},
-        {"SNAPSHOT", "last_snapshot_index", 9},
-        {"RECORDS", "records", 9},
-        {"TOMBSTONES", "tombstones", 10},
-        {"QUARANTINED", "quarantined", 11},
-        {"BYTES", "bytes", 0},
-        {"DIGEST", "digest", 0},
+        {"ID", "id"},
+        {"RPC_ADDRESS", "rpc_address"},
+        {"ROLE", "role"},
+        {"MEMBER", "member_role"},
+        {"TERM", "term"},
+        {"LEADER", "leader_id"},
+        {"COMMIT", "commit_index"},
+        {"APPLIED", "applied_index"},
+        {"LAG", "lag"},
+        {"SNAPSHOT", "last_snapshot_index"},
+        {"RECORDS", "records"},
+        {"TOMBSTONES", "tombstones"},
+        {"QUARANTINED", "quarantined"},
+        {"BYTES", "bytes"},
+        {"DIGEST", "digest"},
     };
-    size_t ncols = sizeof cols / sizeof cols[0];
-    if (digest) {
-        cols[ncols - 2].width = 12;
-    } else {
-        ncols--;
-    }
+    enum { NCOLS = sizeof cols / sizeof cols[0], ERR_AFTER = 4 };
+    size_t ncols = digest ? NCOLS : NCOLS - 1;
+    /* Each column as wide as its widest cell; a node that did not answer shows its error
+     * after its first ERR_AFTER cells, which alone count for the widths. */
+    int width[NCOLS];
     for (size_t c = 0; c < ncols; c++) {
-        printf("%-*s%s", cols[c].width, cols[c].title, c + 1 < ncols ? " " : "\n");
+        width[c] = (int)strlen(cols[c].title);
     }
+    const json_t *nodes = json_object_get(o, "nodes");
     size_t i;
     json_t *x;
-    json_array_foreach(json_object_get(o, "nodes"), i, x)
+    char buf[32];
+    json_array_foreach(nodes, i, x)
+    {
+        bool err = json_object_get(x, "error") != NULL;
+        for (size_t c = 0; c < ncols && (!err || c < ERR_AFTER); c++) {
+            size_t w = strlen(cellText(json_object_get(x, cols[c].field), buf, sizeof buf));
+            width[c] = w > (size_t)width[c] ? (int)w : width[c];
+        }
+    }
+    for (size_t c = 0; c < ncols; c++) {
+        if (c + 1 < ncols) {
+            printf("%-*s ", width[c], cols[c].title);
+        } else {
+            printf("%s\n", cols[c].title);
+        }
+    }
+    json_array_foreach(nodes, i, x)
     {
         const char *err = json_string_value(json_object_get(x, "error"));
         for (size_t c = 0; c < ncols; c++) {
-            if (err != NULL && c >= 4) {
+            if (err != NULL && c >= ERR_AFTER) {
                 printf("%s", err);
                 break;
             }
-            printCell(json_object_get(x, cols[c].field), cols[c].width);
+            const char *t = cellText(json_object_get(x, cols[c].field), buf, sizeof buf);
+            if (c + 1 < ncols) {
+                printf("%-*s ", width[c], t);
+            } else {
+                printf("%s", t);
+            }
         }
         putchar('\n');
     }
