@@ -1,14 +1,15 @@
 /* forward: RPC client connections and calls (see forward.h).
  *
- * Happy path: forward_call packs the request once (without a request id) and attaches a
- * call to the connection for its address, opening it if there is none; the frame goes out
- * once the connection is open (calls made while connecting are queued on it), with the
- * forwarder's own request id prepended as protobuf field 1 (the packed body omits a zero
- * id, and a repeated scalar field's last value wins anyway). Frames are gathered per
- * connection and written once per loop turn, after its I/O callbacks (a uv_check handle),
- * as the RPC server writes its answers: a follower forwarding a burst of HTTP claims makes
- * one system call for all of them, not one each. The answer is matched by id;
- * the call's callback runs and the call is freed once its deadline timer is closed.
+ * Happy path: forward_call packs the request once (without a request id, with
+ * Request.forwarded set for the leader's metrics) and attaches a call to the connection for
+ * its address, opening it if there is none; the frame goes out once the connection is open
+ * (calls made while connecting are queued on it), with the forwarder's own request id
+ * prepended as protobuf field 1 (the packed body omits a zero id, and a repeated scalar
+ * field's last value wins anyway). Frames are gathered per connection and written once per
+ * loop turn, after its I/O callbacks (a uv_check handle), as the RPC server writes its
+ * answers: a follower forwarding a burst of HTTP claims makes one system call for all of
+ * them, not one each. The answer is matched by id; the call's callback runs and the call is
+ * freed once its deadline timer is closed.
  *
  * Failure modes: the connection cannot be opened, is reset, closed by the peer, or sends a
  * frame that is too large or does not decode: every call on it fails with a reason and the
@@ -689,6 +690,7 @@ void forward_call(struct forwarder *f, const char *addr, const Idem__Request *re
     c->redirects_left = 1;
     Idem__Request copy = *req;
     copy.request_id = 0; /* the wire id is prepended per send */
+    copy.forwarded = true; /* the leader's /metrics: counted by the gateway, not again there */
     c->body_len = idem__request__get_packed_size(&copy);
     c->body = xmalloc(c->body_len ? c->body_len : 1);
     idem__request__pack(&copy, c->body);

@@ -30,7 +30,8 @@ struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes, struc
  * request ids. `addr` and `req` are borrowed for the duration of the call only: the request is
  * packed before forward_call returns. `deadline_ms` bounds the whole call; the answer is then
  * "deadline passed". A NOT_LEADER answer that names another leader is followed once more,
- * within the same deadline. */
+ * within the same deadline. The request goes out with Request.forwarded set: the leader's
+ * /metrics counts it apart, as its client was counted by the caller (reqstats.h). */
 void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,
                   uint32_t deadline_ms, forward_cb cb, void *data);
 

@@ -10,7 +10,9 @@
  * forward's own deadline guarantee that every job is answered.
  *
  * Status mapping: CONTRACT.md §3. Nothing here logs a key or a token; metric labels are a
- * fixed route name, a status number and an outcome name. */
+ * fixed route name, a status number, an outcome name and a transport name. The data-plane
+ * series (reqstats.h) are the gateway's own (transport "http": a forwarded request counted
+ * here, once, with the leader's answer) and the RPC listener's (rpc_get_stats()). */
 #include "http.h"
 
 #include <h2o.h>
@@ -65,23 +67,20 @@ enum route {
 static const char *const routeNames[R_N] = {"healthz", "readyz", "metrics", "claim", "complete",
                                             "release", "renew",  "get",     "proxy", "other"};
 
-#define N_OUTCOMES 17
-static const char *const outcomeNames[N_OUTCOMES] = {
-    "unspecified",  "acquired",  "replay",    "in_progress",     "mismatch",       "lease_expired",
-    "outcome_unknown", "expired", "ok",       "lease_lost",      "not_found",      "quota_exceeded",
-    "invalid",      "unavailable", "not_leader", "unauthenticated", "forbidden"};
-
-static const double histBounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                    0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
-#define N_BUCKETS (sizeof(histBounds) / sizeof(histBounds[0]))
+static const char *const outcomeNames[REQSTATS_OUTCOMES] = {
+    "unspecified",     "acquired",        "replay",  "in_progress", "mismatch",
+    "lease_expired",   "outcome_unknown", "expired", "ok",          "lease_lost",
+    "not_found",       "quota_exceeded",  "invalid", "unavailable", "not_leader",
+    "unauthenticated", "forbidden"};
+_Static_assert(IDEM__OUTCOME__OUTCOME_FORBIDDEN == REQSTATS_OUTCOMES - 1,
+               "outcomeNames and reqstats.h must name every Idem__Outcome");
 
 struct httpMetrics {
-    uint64_t http[R_N][600];           /* by route and status */
-    uint64_t outcomes[N_OUTCOMES];     /* the gateway's answers by service outcome */
-    uint64_t claim_buckets[N_BUCKETS]; /* non-cumulative */
-    uint64_t claim_count;
-    double claim_sum;
-    uint64_t fail_closed;
+    uint64_t http[R_N][600]; /* by route and status */
+    /* The gateway's data-plane figures (transport "http"): answers to JSON API and proxy
+     * requests by service outcome (a forwarded one by the leader's), every 503 (fail_closed),
+     * JSON API claims' durations (forwarding included). */
+    struct reqstats req;
     uint64_t connections;         /* open connections of the gateway and proxy listeners */
     uint64_t connections_refused; /* closed at once: http.max_connections were open */
 };
@@ -282,7 +281,7 @@ static void sendError(struct http_server *h, h2o_req_t *req, enum route route, h
         extra[n++] = (struct hdr){"allow", "Allow", allow, strlen(allow)};
     }
     if (status == 503) {
-        h->m.fail_closed++;
+        h->m.req.fail_closed++;
     }
     sendJson(h, req, route, rid, status, o, extra, n);
 }
@@ -459,9 +458,7 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
 {
     const Idem__Result *res = resp->result;
     Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
-    if ((unsigned)oc < N_OUTCOMES) {
-        h->m.outcomes[oc]++;
-    }
+    reqstats_outcome(&h->m.req, (unsigned)oc);
     const char *detail = resp->error && resp->error[0] ? resp->error
                          : res && res->detail && res->detail[0] ? res->detail
                                                                 : NULL;
@@ -581,21 +578,13 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
         j->req = NULL;
     }
     if (j->route == R_CLAIM) {
-        double secs = (double)(uv_hrtime() - j->start_ns) / 1e9;
-        h->m.claim_count++;
-        h->m.claim_sum += secs;
-        for (size_t i = 0; i < N_BUCKETS; i++) {
-            if (secs <= histBounds[i]) {
-                h->m.claim_buckets[i]++;
-                break;
-            }
-        }
+        reqstats_claim(&h->m.req, (double)(uv_hrtime() - j->start_ns) / 1e9);
     }
     if (resp != NULL) {
         answerResponse(h, req, j->route, j->rid, resp);
     } else {
         (void)err; /* a static reason from forward.c; it carries no key or token */
-        h->m.outcomes[IDEM__OUTCOME__OUTCOME_UNAVAILABLE]++;
+        reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_UNAVAILABLE);
         sendError(h, req, j->route, j->rid, 503, "idempotency_unavailable",
                   "the leader could not be reached; retry with the same key", 1);
     }
@@ -1067,20 +1056,95 @@ __attribute__((format(printf, 2, 3))) static void tbPrintf(struct textBuf *b, co
     }
 }
 
-/* A Prometheus histogram: buckets[i] (not cumulative) counts observations up to bounds[i]
- * seconds; count includes those above the last bound; sum in seconds. */
+/* One series of a Prometheus histogram (after its HELP and TYPE lines): buckets[i] (not
+ * cumulative) counts observations up to bounds[i] seconds; count includes those above the
+ * last bound; sum in seconds. labels: e.g. transport="rpc", or NULL. */
+static void tbHistogramSeries(struct textBuf *b, const char *name, const char *labels,
+                              const double bounds[], const uint64_t buckets[], size_t n,
+                              uint64_t count, double sum)
+{
+    const char *l = labels != NULL ? labels : "", *sep = labels != NULL ? "," : "";
+    uint64_t cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += buckets[i];
+        tbPrintf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, sep, bounds[i],
+                 (unsigned long long)cum);
+    }
+    tbPrintf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, l, sep, (unsigned long long)count);
+    if (labels != NULL) {
+        tbPrintf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, l, sum, name, l,
+                 (unsigned long long)count);
+    } else {
+        tbPrintf(b, "%s_sum %.6f\n%s_count %llu\n", name, sum, name, (unsigned long long)count);
+    }
+}
+
+/* A Prometheus histogram without labels (tbHistogramSeries). */
 static void tbHistogram(struct textBuf *b, const char *name, const char *help,
                         const double bounds[], const uint64_t buckets[], size_t n, uint64_t count,
                         double sum)
 {
     tbPrintf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (size_t i = 0; i < n; i++) {
-        cum += buckets[i];
-        tbPrintf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cum);
+    tbHistogramSeries(b, name, NULL, bounds, buckets, n, count, sum);
+}
+
+/* The data-plane series of both front ends (reqstats.h), with a transport label: the
+ * gateway's (http) and the RPC listener's (rpc), and the requests forwarded to this node. */
+static void tbRequests(struct textBuf *b, const struct reqstats *http, const struct rpc_stats *rs)
+{
+    const struct {
+        const char *name;
+        const struct reqstats *r;
+    } t[] = {{"http", http}, {"rpc", &rs->requests}};
+    const size_t nt = sizeof(t) / sizeof(t[0]);
+    tbPrintf(b, "# HELP idem_requests_total Answers to clients' data ops (claim, complete, "
+                "release, renew, get) by service outcome, by the transport the client used: "
+                "\"http\" the HTTP gateway and proxy listeners, \"rpc\" the binary RPC. A "
+                "request a follower's gateway forwards to the leader is counted once, by that "
+                "gateway, with the leader's answer (the leader counts it in "
+                "idem_forwarded_requests_total). Admin ops are not counted.\n"
+                "# TYPE idem_requests_total counter\n");
+    for (size_t k = 0; k < nt; k++) {
+        for (int o = 1; o < REQSTATS_OUTCOMES; o++) {
+            tbPrintf(b, "idem_requests_total{outcome=\"%s\",transport=\"%s\"} %llu\n",
+                     outcomeNames[o], t[k].name, (unsigned long long)t[k].r->outcomes[o]);
+        }
     }
-    tbPrintf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-             (unsigned long long)count, name, sum, name, (unsigned long long)count);
+    tbPrintf(b, "# HELP idem_fail_closed_total Unavailable answers (fail closed; the client "
+                "retries with the same key), by transport: \"http\" every 503 of the gateway "
+                "and proxy listeners, \"rpc\" every unavailable answer of the binary RPC to a "
+                "client's data op or to a frame it refused unread "
+                "(idem_rpc_frames_refused_total). A forwarded request is counted by the gateway "
+                "that forwarded it.\n"
+                "# TYPE idem_fail_closed_total counter\n");
+    for (size_t k = 0; k < nt; k++) {
+        tbPrintf(b, "idem_fail_closed_total{transport=\"%s\"} %llu\n", t[k].name,
+                 (unsigned long long)t[k].r->fail_closed);
+    }
+    double bounds[REQSTATS_BUCKETS];
+    for (size_t i = 0; i < REQSTATS_BUCKETS; i++) {
+        bounds[i] = reqstats_bound(i);
+    }
+    tbPrintf(b, "# HELP idem_claim_duration_seconds Time from a claim being taken to its answer, "
+                "by transport: \"http\" from the parsed JSON API request (a forward to the "
+                "leader included), \"rpc\" from the decoded frame (forwarded claims not "
+                "included).\n"
+                "# TYPE idem_claim_duration_seconds histogram\n");
+    for (size_t k = 0; k < nt; k++) {
+        char labels[32];
+        snprintf(labels, sizeof(labels), "transport=\"%s\"", t[k].name);
+        tbHistogramSeries(b, "idem_claim_duration_seconds", labels, bounds, t[k].r->claim_buckets,
+                          REQSTATS_BUCKETS, t[k].r->claim_count, t[k].r->claim_sum);
+    }
+    tbPrintf(b, "# HELP idem_forwarded_requests_total Data ops other nodes' gateways forwarded to "
+                "this node's binary RPC, by the outcome this node answered. Their clients are "
+                "counted in idem_requests_total{transport=\"http\"} of the node they reached, "
+                "not here.\n"
+                "# TYPE idem_forwarded_requests_total counter\n");
+    for (int o = 1; o < REQSTATS_OUTCOMES; o++) {
+        tbPrintf(b, "idem_forwarded_requests_total{outcome=\"%s\"} %llu\n", outcomeNames[o],
+                 (unsigned long long)rs->forwarded[o]);
+    }
 }
 
 static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
@@ -1102,14 +1166,7 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
             }
         }
     }
-    tbPrintf(&b, "# HELP idem_requests_total Gateway answers by service outcome.\n"
-                 "# TYPE idem_requests_total counter\n");
-    for (int o = 1; o < N_OUTCOMES; o++) {
-        tbPrintf(&b, "idem_requests_total{outcome=\"%s\"} %llu\n", outcomeNames[o],
-                 (unsigned long long)m->outcomes[o]);
-    }
-    tbHistogram(&b, "idem_claim_duration_seconds", "Time from an HTTP claim to its answer.",
-                histBounds, m->claim_buckets, N_BUCKETS, m->claim_count, m->claim_sum);
+    tbRequests(&b, &m->req, &rs);
     /* The last of io's buckets has no bound: it counts in +Inf (the count) only. */
     double appendBounds[IO_APPEND_BUCKETS - 1];
     for (size_t i = 0; i + 1 < IO_APPEND_BUCKETS; i++) {
@@ -1158,8 +1215,6 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_tombstones", "gauge", "Tombstones held.", si.fsm.tombstones},
         {"idem_quarantined", "gauge", "Quarantined records.", si.fsm.quarantined},
         {"idem_bytes", "gauge", "Bytes counted against quotas.", si.fsm.bytes},
-        {"idem_fail_closed_total", "counter", "Unavailable (503) answers of the gateway.",
-         m->fail_closed},
         {"idem_rpc_connections", "gauge", "Open connections of the binary RPC listener.",
          rs.connections},
         {"idem_http_connections", "gauge",
@@ -1631,7 +1686,7 @@ static void pjSendError(struct proxyJob *j, int status, const char *code, const 
     }
     n = pjExpires(j, extra, n, date);
     if (status == 503) {
-        h->m.fail_closed++;
+        h->m.req.fail_closed++;
     }
     sendJson(h, req, R_PROXY, pjRid(j), status, o, extra, n);
 }
@@ -1933,7 +1988,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
         key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
         log_warn("proxy: the upstream's answer cannot be stored (outcome %s); its digest is "
                  "recorded instead, replays answer 502 (key_digest %s)",
-                 (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?", kd);
+                 (unsigned)oc < REQSTATS_OUTCOMES ? outcomeNames[oc] : "?", kd);
         j->too_large = true;
         pjCompleteStored(j);
         return;
@@ -1942,7 +1997,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
         char kd[FP_HEX12_SIZE];
         key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
         log_warn("proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
-                 (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?");
+                 (unsigned)oc < REQSTATS_OUTCOMES ? outcomeNames[oc] : "?");
     }
     pjAnswerAfter(j);
 }
@@ -2033,7 +2088,7 @@ static void pjRenewDoneCb(void *data, const Idem__Response *resp)
         key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
         log_warn("proxy: renewing the lease failed, trying again in a third of it (key_digest "
                  "%s, outcome %s)",
-                 kd, (unsigned)oc < N_OUTCOMES ? outcomeNames[oc] : "?");
+                 kd, (unsigned)oc < REQSTATS_OUTCOMES ? outcomeNames[oc] : "?");
     }
     if (j->record_waiting) {
         pjRecordNow(j);
@@ -2363,9 +2418,7 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     struct http_server *h = j->h;
     const Idem__Result *res = resp->result;
     Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
-    if ((unsigned)oc < N_OUTCOMES) {
-        h->m.outcomes[oc]++;
-    }
+    reqstats_outcome(&h->m.req, (unsigned)oc);
     if (res != NULL && res->expires_at_ms != 0) {
         j->expires_at_ms = res->expires_at_ms;
     }

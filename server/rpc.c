@@ -17,6 +17,10 @@
  * checked against max_frame_bytes before anything is buffered for it, the request is decoded
  * by protobuf-c, and nothing from it is logged.
  *
+ * Metrics (rpc_get_stats): each request handed to the service carries a struct call, which
+ * says how its answer is counted: a client's data op by outcome (a claim timed too), a data
+ * op another node's gateway forwarded apart, an admin op not at all (reqstats.h).
+ *
  * A frame longer than max_frame_bytes is not buffered: its request id is read from its
  * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
  * no length from the frame trusted; at most 22 bytes looked at), it is answered OUTCOME_INVALID
@@ -596,9 +600,68 @@ static void serverShed(struct rpc_server *r, uint64_t budget)
     }
 }
 
+/* How a request taken from a frame is counted once answered (rpc_stats.requests). */
+enum callKind {
+    CALL_ADMIN,     /* an admin op: not counted */
+    CALL_DATA,      /* a client's data op */
+    CALL_CLAIM,     /* a client's claim: timed too */
+    CALL_FORWARDED, /* a data op another node's gateway forwarded: rpc_stats.forwarded */
+};
+
+/* A request handed to the service, until it is answered. */
+struct call {
+    struct conn *c;
+    enum callKind kind;
+    uint64_t start_ns; /* CALL_CLAIM: uv_hrtime() when it was taken */
+};
+
+static enum callKind callKindOf(const Idem__Request *req)
+{
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_CLAIM:
+    case IDEM__REQUEST__OP_COMPLETE:
+    case IDEM__REQUEST__OP_RELEASE:
+    case IDEM__REQUEST__OP_RENEW:
+    case IDEM__REQUEST__OP_GET:
+        break;
+    default:
+        return CALL_ADMIN;
+    }
+    /* A follower's gateway marks what it forwards (forward.c), and its proxy forwards with
+     * as_tenant: the gateway counts its client's request, this node does not again. */
+    if (req->forwarded || (req->as_tenant != NULL && req->as_tenant[0] != '\0')) {
+        return CALL_FORWARDED;
+    }
+    return req->op_case == IDEM__REQUEST__OP_CLAIM ? CALL_CLAIM : CALL_DATA;
+}
+
+static void callCount(const struct call *k, const Idem__Response *resp)
+{
+    unsigned oc = resp->result != NULL ? (unsigned)resp->result->outcome : 0;
+    if (k->kind == CALL_ADMIN) {
+        return;
+    }
+    if (k->kind == CALL_FORWARDED) {
+        if (oc < REQSTATS_OUTCOMES) {
+            stats.forwarded[oc]++;
+        }
+        return;
+    }
+    if (k->kind == CALL_CLAIM) {
+        reqstats_claim(&stats.requests, (double)(uv_hrtime() - k->start_ns) / 1e9);
+    }
+    reqstats_outcome(&stats.requests, oc);
+    if (oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE) {
+        stats.requests.fail_closed++;
+    }
+}
+
 static void answeredCb(void *data, const Idem__Response *resp)
 {
-    struct conn *c = data;
+    struct call *k = data;
+    struct conn *c = k->c;
+    callCount(k, resp);
+    free(k);
     c->inflight--;
     stats.inflight--;
     connSend(c, resp);
@@ -774,6 +837,7 @@ static void connProcess(struct conn *c)
                 break; /* its request id is in the bytes still to come: it fits here */
             }
             stats.frames_refused++;
+            stats.requests.fail_closed++;
             size_t took = refuseFrame(c, have, n, found > 0 ? id : 0,
                                       IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "",
                                       "the node's frame buffers are full "
@@ -796,10 +860,14 @@ static void connProcess(struct conn *c)
             idem__request__free_unpacked(req, NULL);
             return;
         }
+        struct call *k = xmalloc(sizeof(*k));
+        k->c = c;
+        k->kind = callKindOf(req);
+        k->start_ns = k->kind == CALL_CLAIM ? uv_hrtime() : 0;
         c->refs++;
         c->inflight++;
         stats.inflight++;
-        service_handle(c->srv->svc, req, answeredCb, c);
+        service_handle(c->srv->svc, req, answeredCb, k);
         idem__request__free_unpacked(req, NULL);
     }
     connFlowControl(c);

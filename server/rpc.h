@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "reqstats.h"
 #include "service.h"
 
 struct rpc_server;
@@ -33,6 +34,13 @@ struct rpc_stats {
     uint64_t answer_cuts_connection; /* connections closed past 64 MiB of answers waiting */
     uint64_t answer_cuts_node;       /* closed as the one holding the most, the answers of
                                       * all together past rpc.max_answer_buffer_mb */
+    /* Clients' data ops (claim, complete, release, renew, get) answered, by outcome, with
+     * claim durations (from the frame's decoding to its answer); fail_closed: their
+     * unavailable answers, and those of frames refused unread (frames_refused). Admin ops
+     * are not counted; nor are requests another node's gateway forwarded (Request.forwarded,
+     * or as_tenant): their client is counted by that gateway. */
+    struct reqstats requests;
+    uint64_t forwarded[REQSTATS_OUTCOMES]; /* the forwarded data ops answered, by outcome */
 };
 void rpc_get_stats(struct rpc_stats *out);
 
