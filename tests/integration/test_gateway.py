@@ -13,15 +13,18 @@ Waits poll a condition with a generous bound; nothing sleeps for a fixed time.
 import http.client
 import json
 import os
+import re
 import secrets
 import socket
+import subprocess
 import sys
 import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Cluster, fp, http_exchange, http_request, wait_for  # noqa: E402
+from harness import BIN, Cluster, fp, http_exchange, http_request, wait_for  # noqa: E402
+from test_cluster import _claim_body, _frame, _read_response  # noqa: E402
 
 ACQ = "acquired"
 TIMEOUT = 10.0
@@ -787,7 +790,13 @@ _METRICS = ("idem_http_requests_total", "idem_requests_total", "idem_claim_durat
             "idem_raft_append_duration_seconds_count", "idem_raft_append_oldest_seconds",
             "idem_raft_snapshot_index", "idem_raft_snapshot_store_failures_total",
             "idem_rpc_connections",
-            "idem_rpc_inflight_requests", "idem_rpc_frame_buffer_bytes", "idem_table_index_bytes")
+            "idem_rpc_inflight_requests", "idem_rpc_frame_buffer_bytes", "idem_table_index_bytes",
+            "idem_forwarded_requests_total")
+
+OUTCOMES = ("acquired", "replay", "in_progress", "mismatch", "lease_expired", "outcome_unknown",
+            "expired", "ok", "lease_lost", "not_found", "quota_exceeded", "invalid",
+            "unavailable", "not_leader", "unauthenticated", "forbidden")
+OUTCOME_UNAVAILABLE = 13
 
 
 def parse_metrics(text):
@@ -806,6 +815,57 @@ def parse_metrics(text):
         value = rest.split()[0]
         out.setdefault(name.strip(), []).append((labels, float(value)))
     return out
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_values(text):
+    """Prometheus text → {(name, frozenset of (label, value)): float}, for exact look-ups."""
+    out = {}
+    for name, series in parse_metrics(text).items():
+        for labels, v in series:
+            out[(name, frozenset(_LABEL.findall(labels)))] = v
+    return out
+
+
+def node_metrics(addr):
+    st, _, text = request(addr, "GET", "/metrics")
+    assert st == 200, (st, text)
+    return metric_values(text)
+
+
+def mval(m, name, **labels):
+    """The value of the series name{labels} (exactly those labels); KeyError if absent."""
+    return m[(name, frozenset(labels.items()))]
+
+
+def data_plane(m):
+    """Every data-plane series of one node's metrics: {(name, labels): value}."""
+    out = {}
+    for t in ("http", "rpc"):
+        for o in OUTCOMES:
+            out[("requests", t, o)] = mval(m, "idem_requests_total", outcome=o, transport=t)
+        out[("fail_closed", t)] = mval(m, "idem_fail_closed_total", transport=t)
+        out[("claim_count", t)] = mval(m, "idem_claim_duration_seconds_count", transport=t)
+    for o in OUTCOMES:
+        out[("forwarded", o)] = mval(m, "idem_forwarded_requests_total", outcome=o)
+    return out
+
+
+def delta(before, after):
+    """The data-plane series that changed between two data_plane() snapshots, by how much."""
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def rpc_call(addr, payload, timeout=30):
+    """One raw RPC frame to addr (host:port); returns the answer's outcome."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(_frame(payload))
+        r = _read_response(s)
+    assert r is not None, "the node closed the connection"
+    return r[1]
 
 
 class TestGatewayOps(GatewayTest):
@@ -937,6 +997,61 @@ class TestGatewayOps(GatewayTest):
             for s in socks:
                 s.close()
         wait_for(lambda: rpc_gauges() == base, 15, "the RPC gauges back to %r" % (base,))
+
+    def test_metrics_count_rpc_and_forwarded_requests(self):
+        """The data-plane series count the binary RPC's clients (transport="rpc") beside the
+        gateway's (transport="http"), each request once in the cluster: a claim a follower's
+        gateway forwards is counted by that gateway, and by the leader only in
+        idem_forwarded_requests_total. Admin ops count in none of them."""
+        lid = self.c.wait_leader(timeout=20)
+        fol = self.follower_ids()
+        before = {nid: data_plane(node_metrics(n.http)) for nid, n in self.c.nodes.items()}
+        # N claims of fresh keys over the binary RPC (libidem: idem-bench, then idemctl), to
+        # the leader only (a follower would answer not_leader first, counted there).
+        n_bench, n_ctl = 200, 3
+        p = subprocess.run([os.path.join(BIN, "idem-bench"), "--cluster", self.c.nodes[lid].rpc,
+                            "--token", self.c.token, "--json", "--workload", "fresh",
+                            "--concurrency", "8", "--requests", str(n_bench)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual((out["ops"], out["errors"], out["outcomes"]),
+                         (n_bench, 0, {"acquired": n_bench}), out)
+        keys = [self.key("rpc-metrics-secret") for _ in range(n_ctl)]
+        for k in keys:
+            rc, res = self.c.ctl("claim", k, "--fingerprint", fp(k), ids=[lid])
+            self.assertEqual((rc, res.get("outcome")), (0, "acquired"), res)
+        # Admin ops, to every node: not data-plane requests.
+        for _ in range(3):
+            self.assertIsNotNone(self.c.status())
+        after = {nid: data_plane(node_metrics(n.http)) for nid, n in self.c.nodes.items()}
+        d = delta(before[lid], after[lid])
+        n = n_bench + n_ctl
+        # idem-bench's probe and warm-up calls are gets of a key that does not exist.
+        self.assertGreaterEqual(d.pop(("requests", "rpc", "not_found"), 0), 1, d)
+        self.assertEqual(d, {("requests", "rpc", "acquired"): n, ("claim_count", "rpc"): n}, d)
+        for nid in fol:
+            self.assertEqual(delta(before[nid], after[nid]), {}, "node %d" % nid)
+        # One claim and its completion through a follower's gateway: counted there (http,
+        # with the leader's answers); on the leader, as forwarded only.
+        before = after
+        k = self.key("fwd-metrics-secret")
+        keys.append(k)
+        faddr = self.c.nodes[fol[0]].http
+        tok = self.assertAcquired(self.claim(faddr, k, fp(k)))
+        self.assertOk(self.complete(faddr, k, tok, '{"fwd":1}'))
+        after = {nid: data_plane(node_metrics(n.http)) for nid, n in self.c.nodes.items()}
+        self.assertEqual(delta(before[fol[0]], after[fol[0]]),
+                         {("requests", "http", "acquired"): 1, ("requests", "http", "ok"): 1,
+                          ("claim_count", "http"): 1})
+        self.assertEqual(delta(before[lid], after[lid]),
+                         {("forwarded", "acquired"): 1, ("forwarded", "ok"): 1})
+        self.assertEqual(delta(before[fol[1]], after[fol[1]]), {})
+        # Neither keys nor tokens in any label.
+        for node in self.c.nodes.values():
+            text = request(node.http, "GET", "/metrics")[2]
+            for secret in keys + [self.c.token, self.c.admin]:
+                self.assertNotIn(secret, text)
 
 
 # ---- failover and no quorum -----------------------------------------------------------------
@@ -1105,6 +1220,7 @@ class TestGatewayFailover(GatewayTest):
         others = [n for n in self.c.nodes if n != lid]
         for n in others:
             self.c.kill(n, 9)
+        before = data_plane(node_metrics(addr))
         # Fail closed: no acquired, no replay, no get without a committed entry.
         for i in range(3):
             k = self.key("during")
@@ -1117,9 +1233,16 @@ class TestGatewayFailover(GatewayTest):
         self.assertError(r, 503, "idempotency_unavailable")
         r = self.call(addr, "GET", "/v1/claims/%s" % key0, timeout=60)
         self.assertError(r, 503, "idempotency_unavailable")
-        # The fail-closed answers are counted.
-        m = parse_metrics(request(addr, "GET", "/metrics")[2])
-        self.assertGreater(sum(v for _, v in m.get("idem_fail_closed_total", [(0, 0)])), 0)
+        # The same over the binary RPC: one claim, one unavailable answer.
+        k = self.key("during-rpc")
+        self.assertEqual(rpc_call(self.c.nodes[lid].rpc, _claim_body(self.c.token, k, 3000)),
+                         OUTCOME_UNAVAILABLE)
+        # The fail-closed answers are counted, each once, by the transport it went out on:
+        # five 503s of the gateway (four claims, one get), one of the RPC.
+        d = delta(before, data_plane(node_metrics(addr)))
+        self.assertEqual(d, {("requests", "http", "unavailable"): 5, ("fail_closed", "http"): 5,
+                             ("claim_count", "http"): 4, ("requests", "rpc", "unavailable"): 1,
+                             ("fail_closed", "rpc"): 1, ("claim_count", "rpc"): 1}, d)
         # Quorum back: the stored answer again.
         for n in others:
             self.c.start(n)

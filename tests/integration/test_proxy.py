@@ -976,11 +976,22 @@ class TestProxyFollowers(ProxyTest):
     cluster_opts = dict(secret=SECRET)
 
     def test_follower_runs_once_and_every_node_replays(self):
+        from test_gateway import data_plane, delta, node_metrics
         f1, f2 = self.follower_ids()[:2]
         lid = self.c.wait_leader(timeout=30)
         key = self.key("fol")
+        before = {n: data_plane(node_metrics(self.c.nodes[n].http)) for n in (f1, lid)}
         first = self.assertFresh(self.order_via(f1, key))
         self.assertCommonHeaders(first)
+        # /metrics: the claim is counted once, by the follower's gateway (transport http); the
+        # leader counts its claim and complete forwarded with the cluster secret apart, not
+        # as RPC clients' requests.
+        d = {n: delta(before[n], data_plane(node_metrics(self.c.nodes[n].http)))
+             for n in (f1, lid)}
+        self.assertEqual(d[f1].get(("requests", "http", "acquired")), 1, d[f1])
+        self.assertEqual(d[lid].get(("forwarded", "acquired")), 1, d[lid])
+        self.assertGreaterEqual(d[lid].get(("forwarded", "ok"), 0), 1, d[lid])
+        self.assertEqual({k: v for k, v in d[lid].items() if k[0] != "forwarded"}, {}, d[lid])
         self.assertEqual(self.svc.count(key), 1)
         fence = self.svc.fences(key)[0]
         self.assertIsInstance(fence, int, "the follower must send Idempotency-Fence")
@@ -1047,6 +1058,8 @@ class TestProxyFollowers(ProxyTest):
         fp = harness.fp(key)
         # A tenant's token (alpha's, asking to act as beta or as itself), the admin token, an
         # unknown token: refused, and nothing is proposed.
+        from test_gateway import data_plane, delta, node_metrics
+        before = data_plane(node_metrics(self.c.nodes[lid].http))
         for auth, tenant, want in ((self.c.token, "beta", OUTCOME_FORBIDDEN),
                                    (self.c.token, "alpha", OUTCOME_FORBIDDEN),
                                    (self.c.admin, "beta", OUTCOME_FORBIDDEN),
@@ -1057,6 +1070,10 @@ class TestProxyFollowers(ProxyTest):
                 oc, err = _rpc_call(addr, _claim_as(tenant, auth, key, fp))
                 self.assertEqual(oc, want, err)
                 self.assertIn("cluster secret", err)
+        # /metrics: requests with as_tenant are a follower proxy's forwarded ones, counted
+        # apart (the proxy counts its client's request), refused ones too.
+        d = delta(before, data_plane(node_metrics(self.c.nodes[lid].http)))
+        self.assertEqual(d, {("forwarded", "forbidden"): 3, ("forwarded", "unauthenticated"): 2}, d)
         for tok in (self.c.token, self.c.token2):
             rc, out = self.c.ctl("get", key, token=tok)
             self.assertEqual(rc, 0, out)

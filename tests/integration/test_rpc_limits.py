@@ -643,6 +643,10 @@ class TestFrameBufferBudget(LimitTest):
             self.assertLessEqual(held, 8 * 1024 * 1024 + 3 * 65536)
             self.assertGreater(held, frame)  # the first one's frame is held
             self.assertEqual(_metric(self.node.http, "idem_rpc_frames_refused_total"), 2)
+            # Both unavailable answers are fail-closed answers of the RPC (the node gave no
+            # other); their op is unknown, so no outcome series counts them.
+            self.assertEqual(
+                _metric(self.node.http, 'idem_fail_closed_total{transport="rpc"}'), 2)
             # A connection that finishes its refused frame goes on: its next request is
             # answered (the rest of the frame was skipped as it came).
             socks[1].sendall(b"\x00" * (frame - len(head) - 1024 * 1024))

@@ -3,9 +3,10 @@
  * 4096 requests awaiting an answer, even when one read brings tens of thousands of frames
  * (those wait in the frame buffer, or in the TLS engine, and are taken up as answers go
  * out, with no more bytes from the peer); a frame buffer that one large frame grew goes
- * back to 64 KiB; rpc_get_stats() counts connections, requests and buffer memory. The
- * listener binds 127.0.0.1; the client is a thread with a blocking socket (and OpenSSL for
- * the TLS case, with certificates made in a temporary directory removed at the end). */
+ * back to 64 KiB; rpc_get_stats() counts connections, requests, buffer memory and the
+ * answers by outcome. The listener binds 127.0.0.1; the client is a thread with a blocking
+ * socket (and OpenSSL for the TLS case, with certificates made in a temporary directory
+ * removed at the end). */
 #define _GNU_SOURCE /* usleep */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -250,6 +251,8 @@ static void serverClosed(void *data)
 static void runBurst(bool tls)
 {
     handled = 0;
+    struct rpc_stats before;
+    rpc_get_stats(&before);
     uv_loop_t loop;
     uv_loop_init(&loop);
     struct config_rpc cfg = {.max_frame_bytes = (4u << 20) + (128u << 10),
@@ -336,6 +339,15 @@ static void runBurst(bool tls)
     assert_int_equal(closed.connections, 0);
     assert_int_equal(closed.inflight, 0);
     assert_int_equal(closed.frame_buffer_bytes, 0);
+    /* /metrics: each answer to a client's get counted once, by its outcome; no claim timed,
+     * nothing unavailable, nothing forwarded. */
+    assert_int_equal(closed.requests.outcomes[IDEM__OUTCOME__OUTCOME_NOT_FOUND] -
+                         before.requests.outcomes[IDEM__OUTCOME__OUTCOME_NOT_FOUND],
+                     SMALL_FRAMES + 1);
+    assert_int_equal(closed.requests.claim_count, before.requests.claim_count);
+    assert_int_equal(closed.requests.fail_closed, before.requests.fail_closed);
+    assert_int_equal(closed.forwarded[IDEM__OUTCOME__OUTCOME_NOT_FOUND],
+                     before.forwarded[IDEM__OUTCOME__OUTCOME_NOT_FOUND]);
 }
 
 static void test_inflight_cap_holds_per_frame_and_buffer_shrinks(void **state)
