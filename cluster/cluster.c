@@ -1450,7 +1450,7 @@ bool cluster_ready(const struct cluster_status *st, char *why, size_t len)
         snprintf(why, len, "no leader known");
         return false;
     }
-    if (st->state == RAFT_FOLLOWER && st->leader_heard_ms > st->election_timeout_ms) {
+    if (st->state == RAFT_FOLLOWER && st->leader_heard_ms > 2 * (uint64_t)st->election_timeout_ms) {
         if (st->leader_heard_ms == UINT64_MAX) {
             snprintf(why, len, "no word from leader %llu since this node started",
                      (unsigned long long)st->leader_id);

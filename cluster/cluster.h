@@ -262,9 +262,10 @@ uint64_t cluster_leader(const struct cluster *c, const char **rpc_address);
 void cluster_get_status(const struct cluster *c, struct cluster_status *out);
 
 /* Whether a node with status `st` is ready to serve (its HTTP /readyz): it is in its Raft
- * configuration and leads, or follows a leader it heard from within an election timeout (a
- * follower that hears nothing for that long starts an election). A node removed from the
- * cluster, or one that took a removed member's place and was sent old messages, keeps the
+ * configuration and leads, or follows a leader it heard from within two election timeouts
+ * (a voter that hears nothing for one to two of them starts an election, which clears the
+ * leader; the margin keeps a heartbeat close to the timeout from making it flap). A node removed
+ * from the cluster, or one that took a removed member's place and was sent old messages, keeps the
  * leader it last knew and is not ready; neither is a spare, to which the leader sends
  * nothing until it is promoted. When not, `why` (len bytes) says why. */
 bool cluster_ready(const struct cluster_status *st, char *why, size_t len);

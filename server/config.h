@@ -27,8 +27,9 @@
 /* Longest tenant name in bytes, without the NUL; equals FSM_TENANT_MAX. */
 #define CONFIG_TENANT_NAME_MAX 128
 
-/* A "host:port" address. The host is an IPv4 literal or a host name; IPv6 is not accepted
- * yet. An optional address that is not set has text and host "" and port 0. */
+/* A "host:port" address (config_addr_parse): the host an IPv4 literal (names are not
+ * resolved), IPv6 not accepted yet. An optional address that is not set has text and host ""
+ * and port 0. */
 struct config_addr {
     char text[CONFIG_ADDR_MAX + 1]; /* as written, e.g. "127.0.0.1:9001" */
     char host[CONFIG_HOST_MAX + 1];

@@ -789,6 +789,9 @@ size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended
     if (acc.cap == 0) {
         return 0;
     }
+    /* One pointer per record of that state: for lease_ended, every record in processing,
+     * of which few match; glibc maps a large allocation, so only the pages the matches
+     * touch are faulted in, and the loop pays one pass over the table, not two. */
     acc.recs = xmalloc(acc.cap * sizeof(*acc.recs));
     table_foreach(&f->t, quarantineCollect, &acc);
     /* Tokens are unique among records, so the order is the same on every replica. */

@@ -1138,8 +1138,9 @@ static void tbRequests(struct textBuf *b, const struct reqstats *http, const str
     }
     tbPrintf(b, "# HELP idem_forwarded_requests_total Data ops other nodes' gateways forwarded to "
                 "this node's binary RPC, by the outcome this node answered. Their clients are "
-                "counted in idem_requests_total{transport=\"http\"} of the node they reached, "
-                "not here.\n"
+                "counted by the node they reached, not here: its JSON API's requests in "
+                "idem_requests_total{transport=\"http\"}, its proxy listeners' claims only "
+                "(the proxy's complete, release and renew are counted here alone).\n"
                 "# TYPE idem_forwarded_requests_total counter\n");
     for (int o = 1; o < REQSTATS_OUTCOMES; o++) {
         tbPrintf(b, "idem_forwarded_requests_total{outcome=\"%s\"} %llu\n", outcomeNames[o],

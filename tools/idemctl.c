@@ -248,8 +248,9 @@ static const struct help helps[] = {
      "1000); when more exist, a last line says so (JSON: \"more\": true). --reveal adds keys.\n"
      "--lease-ended lists instead the records in processing whose lease has ended (by the\n"
      "cluster's clock), with when it ended: their holder is presumed gone, and under the\n"
-     "conflict policy every retry answers 409 idempotency_lease_expired until `idemctl key\n"
-     "resolve` (or their ttl) ends them. Needs the admin token.\n"},
+     "conflict policy a retry (but the holder's own, same attempt id) answers 409\n"
+     "idempotency_lease_expired until `idemctl key resolve` (or their ttl) ends them. Needs\n"
+     "the admin token.\n"},
     {"resolve",
      "Usage: idemctl resolve KEY --tenant NAME (--release | --status CODE [--body TEXT])\n"
      "\n"

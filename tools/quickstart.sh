@@ -54,9 +54,27 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
 
 dir=.idem
+# Node N's PID from .idem/nodeN.pid when that process is alive and is node N's idemd (a
+# node restarted by hand, as the message at the end shows, writes its own there; the PID
+# of a node that died may have gone to another process since).
+nodePid() {
+  local p
+  p=$(cat "$dir/node$1.pid" 2>/dev/null) || return 0
+  case "$p" in ''|*[!0-9]*) return 0 ;; esac
+  if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "idemd .*node$1\.yaml"; then
+    echo "$p"
+  fi
+  return 0
+}
+# The nodes running now.
+running() {
+  local n
+  for n in 1 2 3; do nodePid "$n"; done
+}
 for n in 1 2 3; do
-  if [ -f "$dir/node$n.pid" ] && kill -0 "$(cat "$dir/node$n.pid")" 2>/dev/null; then
-    echo "quickstart: node $n is already running (PID $(cat "$dir/node$n.pid")); stop it first" >&2
+  p=$(nodePid "$n")
+  if [ -n "$p" ]; then
+    echo "quickstart: node $n is already running (PID $p); stop it first" >&2
     exit 1
   fi
 done
@@ -156,25 +174,13 @@ YAML
   fi
 done
 
-# The nodes running now: the PIDs in .idem/nodeN.pid that are alive (a node restarted by
-# hand, as the message below shows, writes its own there).
-running() {
-  local n p
-  for n in 1 2 3; do
-    p=$(cat "$dir/node$n.pid" 2>/dev/null) || continue
-    case "$p" in ''|*[!0-9]*) continue ;; esac
-    kill -0 "$p" 2>/dev/null && echo "$p"
-  done
-  return 0
-}
-
 pids=()
 stop() {
   trap - INT TERM
   echo
   echo "quickstart: stopping the cluster"
   local all p
-  all=$( { printf '%s\n' "${pids[@]}"; running; } | sort -u)
+  all=$(running)
   for p in $all; do kill -TERM "$p" 2>/dev/null || true; done
   # SIGTERM stops a node within seconds; those started by hand are not our children.
   for _ in $(seq 1 300); do
@@ -243,4 +249,5 @@ while [ -n "$(running)" ]; do
   wait $! || true
 done
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+rm -f "$dir"/node?.pid
 echo "quickstart: no node is running any more (logs in $dir/node*.log)"

@@ -620,22 +620,24 @@ class TestIdemctlMembership(CtlTest):
                  == "ok", 30, "node 5 to be removed")
         self.assertEqual(self.ok("transfer")["outcome"], "ok")
         self.c.start(5)
-        deadline = time.monotonic() + 4  # past the election timeout (600 ms) several times
-        seen = []
-        while time.monotonic() < deadline:
+
+        def readyz():
             try:
                 st, _, b = http_request(n5.http, "GET", "/readyz", timeout=2)
-                seen.append((st, b.get("reason")))
+                return st, b.get("reason")
             except OSError:
-                pass  # not listening yet
+                return None  # not listening yet
+        wait_for(readyz, 30, "node 5's gateway")
+        # It follows the old leader, from which it hears nothing more: not ready, saying so
+        # (two election timeouts, 1.2 s here, after the old messages), and stays so.
+        st, reason = wait_for(lambda: (lambda r: r if r and r[1] and r[1].startswith(
+            "no word from leader") else None)(readyz()), 30, "node 5 to say it hears no leader")
+        self.assertEqual(st, 503, reason)
+        seen = []
+        for _ in range(10):  # 2 s: over three election timeouts
+            seen.append(readyz())
             time.sleep(0.2)
-        self.assertTrue(seen, "node 5's gateway never answered")
-        # Whatever came in first, by the end it is not ready and says why.
-        st, reason = seen[-1]
-        self.assertEqual(st, 503, seen)
-        self.assertRegex(reason or "", r"^(no word from leader \d+ for \d+ ms|no leader known|"
-                         r"this node is not in its Raft configuration)$", seen)
-        self.assertEqual([st for st, _ in seen[-5:]], [503] * 5, seen)  # and stays so
+        self.assertEqual([r[0] for r in seen], [503] * 10, seen)
 
     def test_promote_of_a_node_that_is_down_warns(self):
         # Node 4 is added but never started: the promote times out (Raft cannot catch it
@@ -972,16 +974,17 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual((out["outcome"], out["response"]["body"]), ("replay", "paid"), out)
 
     def test_quarantine_list_lease_ended(self):
-        # A claim whose holder went away (no complete, no release) answers every retry
-        # lease_expired (409) under the conflict policy once its lease has ended, until an
-        # operator resolves it; --lease-ended lists such records, oldest first, with when
-        # the lease ended. Live leases, completed and quarantined records are not listed.
-        gone = self.ok("claim", "gone-1", "--fingerprint", fp(1), "--lease", 1000)
+        # A claim whose holder went away (no complete, no release) answers a retry (another
+        # attempt's) lease_expired (409) under the conflict policy once its lease has ended,
+        # until an operator resolves it; --lease-ended lists such records, oldest first, with
+        # when the lease ended. Live leases, completed and quarantined records are not listed.
+        # (5 s: the checks before it ends take several idemctl runs on a slow machine.)
+        gone = self.ok("claim", "gone-1", "--fingerprint", fp(1), "--lease", 5000)
+        self.assertEqual(self.ok("quarantine", "list", "--lease-ended")["count"], 0)
         self.ok("claim", "live-1", "--fingerprint", fp(1), "--lease", 60000)
         q = self.ok("claim", "quar-1", "--fingerprint", fp(1), "--lease", 1000)
         self.ok("complete", "quar-1", "--token", q["token"], "--status", 504, "--outcome",
                 "unknown")
-        self.assertEqual(self.ok("quarantine", "list", "--lease-ended")["count"], 0)
         wait_for(lambda: self.claim("gone-1")["outcome"] == "lease_expired", 30,
                  "gone-1's lease to end")
         lst = self.ok("quarantine", "list", "--lease-ended")

@@ -245,13 +245,13 @@ static void readyOnlyInTouchWithALeader(void **state)
     assert_string_equal(why, "");
     st.role = RAFT_STANDBY; /* the leader sends it the log */
     assert_true(cluster_ready(&st, why, sizeof why));
-    st.leader_heard_ms = 600;
+    st.leader_heard_ms = 1200;
     assert_true(cluster_ready(&st, why, sizeof why));
-    /* A follower that heard nothing for over an election timeout: a leader that is gone, a
+    /* A follower that heard nothing for over two election timeouts: a leader that is gone, a
      * node that was removed, or a spare (sent nothing) that kept the leader it last knew. */
-    st.leader_heard_ms = 601;
+    st.leader_heard_ms = 1201;
     assert_false(cluster_ready(&st, why, sizeof why));
-    assert_string_equal(why, "no word from leader 2 for 601 ms");
+    assert_string_equal(why, "no word from leader 2 for 1201 ms");
     st.role = RAFT_SPARE;
     st.leader_heard_ms = 90000;
     assert_false(cluster_ready(&st, why, sizeof why));
