@@ -2179,7 +2179,11 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                            strcmp(which, "raft") == 0 ? st->raft_address : st->http_address,
                            holder->id, holder->id, holder->id, add);
             }
-            if (!spare && json_is_integer(lag) && (uint64_t)json_integer_value(lag) > max_lag) {
+            /* Nor is a non-member's (its warning above says what to do): the leader sends
+             * it nothing. */
+            bool non_member = member == NULL && v->members_of != NULL;
+            if (!spare && !non_member && json_is_integer(lag) &&
+                (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
                            "%s lags: applied index %" JSON_INTEGER_FORMAT
                            " is %" JSON_INTEGER_FORMAT " entr%s behind the leader's %" PRIu64

@@ -495,6 +495,13 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(len([w for w in st["warnings"] if "is not a member" in w]), 1,
                          st["warnings"])
         self.assertEqual(self.claim("after-remove")["outcome"], ACQ)
+        # The leader sends it nothing more: it falls behind, and that is no lag warning
+        # (the one above says what to do with it).
+        st = self.status("--max-lag", "0", ids=[1, 2, 3, 4])
+        n4 = [n for n in st["nodes"] if n["id"] == 4][0]
+        self.assertGreater(n4["lag"], 0, n4)
+        self.assertEqual([w for w in st["warnings"] if w.startswith("node 4 (") and "lags" in w],
+                         [], st["warnings"])
 
     def test_add_refuses_an_address_in_use(self):
         # A new member's addresses must be its own: another member's RPC address (a typo)
