@@ -617,14 +617,7 @@ struct call {
 
 static enum callKind callKindOf(const Idem__Request *req)
 {
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_CLAIM:
-    case IDEM__REQUEST__OP_COMPLETE:
-    case IDEM__REQUEST__OP_RELEASE:
-    case IDEM__REQUEST__OP_RENEW:
-    case IDEM__REQUEST__OP_GET:
-        break;
-    default:
+    if (!service_data_op(req)) {
         return CALL_ADMIN;
     }
     /* A follower's gateway marks what it forwards (forward.c), and its proxy forwards with

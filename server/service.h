@@ -74,4 +74,19 @@ struct service_info {
 };
 void service_get_info(const struct service *s, struct service_info *out);
 
+/* Whether req is a data op (claim, complete, release, renew, get), as opposed to an admin op. */
+static inline bool service_data_op(const Idem__Request *req)
+{
+    switch (req->op_case) {
+    case IDEM__REQUEST__OP_CLAIM:
+    case IDEM__REQUEST__OP_COMPLETE:
+    case IDEM__REQUEST__OP_RELEASE:
+    case IDEM__REQUEST__OP_RENEW:
+    case IDEM__REQUEST__OP_GET:
+        return true;
+    default:
+        return false;
+    }
+}
+
 #endif
