@@ -1128,14 +1128,11 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
         handleAsTenant(s, req, cb, data);
         return;
     }
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_CLAIM:
-    case IDEM__REQUEST__OP_COMPLETE:
-    case IDEM__REQUEST__OP_RELEASE:
-    case IDEM__REQUEST__OP_RENEW:
-    case IDEM__REQUEST__OP_GET:
+    if (service_data_op(req)) {
         handleData(s, req, cb, data);
         return;
+    }
+    switch (req->op_case) {
     case IDEM__REQUEST__OP_STATUS:
     case IDEM__REQUEST__OP_MEMBERS:
     case IDEM__REQUEST__OP_TRANSFER:
