@@ -1171,24 +1171,18 @@ static void handleAs(struct service *s, const char *tenant_name, const Idem__Req
             t = &s->cfg->tenants[i];
         }
     }
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_CLAIM:
-    case IDEM__REQUEST__OP_COMPLETE:
-    case IDEM__REQUEST__OP_RELEASE:
-    case IDEM__REQUEST__OP_RENEW:
-    case IDEM__REQUEST__OP_GET:
-        if (t == NULL) {
-            s->stats.unauthenticated++;
-            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
-                         "unknown tenant", NULL);
-            return;
-        }
-        handleDataAs(s, t, req, cb, data);
-        return;
-    default:
+    if (!service_data_op(req)) {
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
                      "only data ops on behalf of a tenant", NULL);
+        return;
     }
+    if (t == NULL) {
+        s->stats.unauthenticated++;
+        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
+                     "unknown tenant", NULL);
+        return;
+    }
+    handleDataAs(s, t, req, cb, data);
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
