@@ -2157,12 +2157,13 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
              * answers, and is easy to take for a member in the table. */
             /* Unless a member holds its addresses (`members add` with a wrong ID): then
              * adding it is refused until that member is removed. */
+            bool non_member = member == NULL && v->members_of != NULL;
             const Idem__NodeStatus *st = probeStatus(rows[i].p);
             const char *which = NULL;
             const Idem__Member *holder = member == NULL && st != NULL
                                              ? addressHolder(probes, n_probes, v, st, &which)
                                              : NULL;
-            if (member == NULL && v->members_of != NULL && holder == NULL) {
+            if (non_member && holder == NULL) {
                 addWarning(warnings,
                            "%s answers but is not a member of the Raft configuration "
                            "(removed, or not added yet): stop it, or `idemctl members add` it",
@@ -2181,7 +2182,6 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
             }
             /* Nor is a non-member's (its warning above says what to do): the leader sends
              * it nothing. */
-            bool non_member = member == NULL && v->members_of != NULL;
             if (!spare && !non_member && json_is_integer(lag) &&
                 (uint64_t)json_integer_value(lag) > max_lag) {
                 addWarning(warnings,
