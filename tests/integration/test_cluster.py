@@ -634,8 +634,10 @@ class TestSnapshots(ClusterTest):
     cluster_opts = dict(snapshot_threshold=64, snapshot_trailing=16)
 
     def test_wiped_node_rejoins_from_snapshot(self):
+        # Leases long enough to outlast the test on a slow machine: the last check wants the
+        # claim still held (CI once took 33 s for the 250 claims; the default lease is 30 s).
         for i in range(150):
-            rc, out = self.claim("snap-%d" % i, n=i)
+            rc, out = self.claim("snap-%d" % i, n=i, lease="600000")
             self.assertEqual(out["outcome"], ACQ)
         lid = self.c.leader()
         victim = [n for n in self.c.nodes if n != lid][0]
@@ -716,8 +718,9 @@ class TestSnapshots(ClusterTest):
     # in the node's data dir; raft_uv's snapshot-<term>-<index>-<ts> holds only a reference.
 
     def claims(self, start, end):
+        # Leases outlast the test: its checks want earlier claims still held.
         for i in range(start, end):
-            rc, out = self.claim("snap-%d" % i, n=i)
+            rc, out = self.claim("snap-%d" % i, n=i, lease="600000")
             self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
 
     def wait_records(self, n, timeout=30):
@@ -1223,7 +1226,7 @@ class TestMembership(ClusterTest):
         rc, out = self.c.ctl("members", "add", 4, new.raft, new.rpc, new.http)
         self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
         for i in range(20):
-            self.claim("m-%d" % i, n=i)
+            self.claim("m-%d" % i, n=i, lease="600000")
         rc, out = self.c.ctl("members", "promote", 4)
         self.assertEqual(out["outcome"], "ok", out)
         rc, out = self.c.ctl("members", "list")
