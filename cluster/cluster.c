@@ -1506,6 +1506,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->raft_rematched = c->io.rematched;
     out->raft_unaddressed = c->io.unaddressed;
     out->raft_cut = c->io.skipped;
+    out->raft_installs_held = c->io.installs_held;
 }
 
 size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap)

@@ -118,9 +118,62 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
     return 0;
 }
 
+bool io_install_waits(const struct raft *r, const struct raft_message *m)
+{
+    return m->type == RAFT_IO_INSTALL_SNAPSHOT && r->snapshot.pending.term != 0;
+}
+
+/* Frees a held InstallSnapshot that raft will not get. */
+static void heldInstallDrop(struct io *io)
+{
+    if (!io->install_held) {
+        return;
+    }
+    raft_configuration_close(&io->held_install.install_snapshot.conf);
+    raft_free(io->held_install.install_snapshot.data.base);
+    free(io->held_install_addr);
+    io->held_install_addr = NULL;
+    io->install_held = false;
+}
+
+/* Holds `msg` (an InstallSnapshot raft would drop now), in place of an older one held. */
+static void heldInstallKeep(struct io *io, const struct raft_message *msg)
+{
+    char *addr = strdup(msg->server_address != NULL ? msg->server_address : "");
+    if (addr == NULL) {
+        /* Without a copy of the address it cannot be held: raft drops it, as before. */
+        io->raft_recv(&io->outer, (struct raft_message *)msg);
+        return;
+    }
+    heldInstallDrop(io);
+    io->held_install = *msg;
+    io->held_install_addr = addr;
+    io->install_held = true;
+    io->installs_held++;
+    clog_info("the leader's snapshot (index %llu) arrived while this node was taking its "
+              "own: installing it once that one is stored",
+              (unsigned long long)msg->install_snapshot.last_index);
+}
+
+/* Hands the held InstallSnapshot to raft once its own snapshot is stored. */
+static void heldInstallMaybeDeliver(struct io *io)
+{
+    if (!io->install_held || io->raft == NULL || io_install_waits(io->raft, &io->held_install)) {
+        return;
+    }
+    struct raft_message msg = io->held_install;
+    char *addr = io->held_install_addr;
+    io->install_held = false;
+    io->held_install_addr = NULL;
+    msg.server_address = addr;
+    io->raft_recv(&io->outer, &msg); /* raft takes the data and the configuration */
+    free(addr);
+}
+
 static void ioTickCb(struct raft_io *i)
 {
     struct io *io = fromInner(i);
+    heldInstallMaybeDeliver(io);
     io->raft_tick(&io->outer);
 }
 
@@ -292,6 +345,10 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
                   "before (its data was lost?): replicating to it from the snapshot",
                   (unsigned long long)msg->server_id,
                   (unsigned long long)msg->append_entries_result.last_log_index);
+    }
+    if (io->raft != NULL && io_install_waits(io->raft, msg)) {
+        heldInstallKeep(io, msg);
+        return;
     }
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
         io->raft_recv(&io->outer, msg);
@@ -638,6 +695,7 @@ static void ioCloseCb(struct raft_io *i)
     /* Held behind a put raft_uv never called back: they end canceled before raft's close
      * (raft frees its requests then). */
     releaseHeld(io, true);
+    heldInstallDrop(io);
     if (io->late_failures > 0) {
         clog_warn("raft I/O: %lu append(s) failed or canceled after close (not "
                   "stored; reported to raft as done)",
@@ -1412,6 +1470,10 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->rematched = 0;
     io->unaddressed = 0;
     io->skipped = 0;
+    io->install_held = false;
+    memset(&io->held_install, 0, sizeof(io->held_install));
+    io->held_install_addr = NULL;
+    io->installs_held = 0;
     io->loop = loop;
     io->works = 0;
     io->disk = 0;

@@ -1257,16 +1257,18 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "raft I/O wrapper (cluster/io.h): answers and commit indexes clamped, results held "
              "by a leader, AppendEntries cut at the snapshot, a follower's match index lowered to "
              "the snapshot it installed after losing its data, an answer without a leader "
-             "address not sent.\n"
+             "address not sent, the leader's snapshot held while this follower took its own.\n"
              "# TYPE idem_raft_corrections_total counter\n"
              "idem_raft_corrections_total{kind=\"clamp\"} %llu\n"
              "idem_raft_corrections_total{kind=\"hold\"} %llu\n"
              "idem_raft_corrections_total{kind=\"cut\"} %llu\n"
              "idem_raft_corrections_total{kind=\"rematch\"} %llu\n"
-             "idem_raft_corrections_total{kind=\"unaddressed\"} %llu\n",
+             "idem_raft_corrections_total{kind=\"unaddressed\"} %llu\n"
+             "idem_raft_corrections_total{kind=\"install_held\"} %llu\n",
              (unsigned long long)si.cluster.raft_clamped, (unsigned long long)si.cluster.raft_held,
              (unsigned long long)si.cluster.raft_cut, (unsigned long long)si.cluster.raft_rematched,
-             (unsigned long long)si.cluster.raft_unaddressed);
+             (unsigned long long)si.cluster.raft_unaddressed,
+             (unsigned long long)si.cluster.raft_installs_held);
     tbPrintf(&b,
              "# HELP idem_rpc_connections_cut_total RPC connections closed for the answers "
              "waiting to be written to them: past 64 MiB of its own (limit=\"connection\"), or "

@@ -29,6 +29,7 @@
 static uv_loop_t loop; /* the close bound's timer runs on it */
 static struct io theIo;
 static raft_io_recv_cb innerRecv; /* what the wrapper registered with the "raft_uv" */
+static raft_io_tick_cb innerTick;
 static struct raft_message lastSent;
 static int sends;
 static raft_index lastStored; /* what the fake raft reports */
@@ -39,7 +40,7 @@ static int fakeStart(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick, r
 {
     (void)io;
     (void)msecs;
-    (void)tick;
+    innerTick = tick;
     innerRecv = recv;
     return 0;
 }
@@ -55,9 +56,23 @@ static int fakeSend(struct raft_io *io, struct raft_io_send *req,
     return 0;
 }
 
-/* The fake raft: answers every AppendEntries at once with its last stored index. */
+/* InstallSnapshots the fake raft received: how many, the last one's index and sender. */
+static int installsSeen;
+static raft_index installSeenIndex;
+static char installSeenAddr[64];
+
+/* The fake raft: takes an InstallSnapshot (freeing what raft owns then), answers every
+ * AppendEntries at once with its last stored index. */
 static void raftRecv(struct raft_io *io, struct raft_message *msg)
 {
+    if (msg->type == RAFT_IO_INSTALL_SNAPSHOT) {
+        installsSeen++;
+        installSeenIndex = msg->install_snapshot.last_index;
+        snprintf(installSeenAddr, sizeof(installSeenAddr), "%s", msg->server_address);
+        raft_configuration_close(&msg->install_snapshot.conf);
+        raft_free(msg->install_snapshot.data.base);
+        return;
+    }
     seenCommit = msg->append_entries.leader_commit;
     struct raft_message res;
     memset(&res, 0, sizeof(res));
@@ -244,6 +259,110 @@ static int setupWork(void **state)
     innerCloses = workRuns = workCbs = outerCloses = 0;
     workStatus = -1;
     return 0;
+}
+
+/* An InstallSnapshot from `from` of a snapshot at `index`, as raft_uv hands it over: its
+ * data and configuration for raft to own, its sender's address in raft_uv's own buffer,
+ * reused once the callback returned (scribbled over here). */
+static void deliverInstall(raft_id from, raft_index index)
+{
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", 9000u + (unsigned)from);
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_INSTALL_SNAPSHOT;
+    m.server_id = from;
+    m.server_address = addr;
+    m.install_snapshot.term = 2;
+    m.install_snapshot.last_index = index;
+    m.install_snapshot.last_term = 2;
+    raft_configuration_init(&m.install_snapshot.conf);
+    assert_int_equal(
+        raft_configuration_add(&m.install_snapshot.conf, 1, "127.0.0.1:9001", RAFT_VOTER), 0);
+    m.install_snapshot.data.len = 64;
+    m.install_snapshot.data.base = raft_malloc(64);
+    assert_non_null(m.install_snapshot.data.base);
+    memset(m.install_snapshot.data.base, 0xab, 64);
+    innerRecv(&theIo.inner, &m);
+    memset(addr, 'x', sizeof(addr) - 1);
+}
+
+static struct raft takingRaft; /* a follower raft, its own snapshot in progress or not */
+
+static int setupInstall(void **state)
+{
+    setup(state);
+    theIo.inner.close = fakeClose;
+    innerCloses = outerCloses = 0;
+    installsSeen = 0;
+    memset(&takingRaft, 0, sizeof(takingRaft));
+    theIo.raft = &takingRaft;
+    return 0;
+}
+
+/* io_install_waits: only an InstallSnapshot, only while raft's own snapshot is taken. */
+static void test_install_waits_only_for_an_own_snapshot(void **state)
+{
+    (void)state;
+    struct raft r;
+    memset(&r, 0, sizeof(r));
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_INSTALL_SNAPSHOT;
+    assert_false(io_install_waits(&r, &m));
+    r.snapshot.pending.term = 3; /* taking its own */
+    assert_true(io_install_waits(&r, &m));
+    m.type = RAFT_IO_APPEND_ENTRIES;
+    assert_false(io_install_waits(&r, &m));
+    /* Installing one (a put, nothing pending): libraft's own drop of a second install is
+     * kept, the first one answers. */
+    m.type = RAFT_IO_INSTALL_SNAPSHOT;
+    r.snapshot.pending.term = 0;
+    r.snapshot.put.data = &r;
+    assert_false(io_install_waits(&r, &m));
+}
+
+/* The leader's snapshot arriving while the follower takes its own (which libraft 0.15 would
+ * drop, unanswered, for the leader to resend after 30 s) reaches raft at the first tick
+ * after that one is stored; a newer one replaces it meanwhile. */
+static void test_install_held_until_own_snapshot_stored(void **state)
+{
+    (void)state;
+    takingRaft.snapshot.pending.term = 2;
+    deliverInstall(2, 213);
+    assert_int_equal(installsSeen, 0);
+    assert_int_equal(theIo.installs_held, 1);
+    innerTick(&theIo.inner); /* still taking it */
+    assert_int_equal(installsSeen, 0);
+    deliverInstall(2, 277);
+    assert_int_equal(theIo.installs_held, 2);
+    takingRaft.snapshot.pending.term = 0; /* stored */
+    innerTick(&theIo.inner);
+    assert_int_equal(installsSeen, 1);
+    assert_int_equal(installSeenIndex, 277);
+    assert_string_equal(installSeenAddr, "127.0.0.1:9002");
+    innerTick(&theIo.inner);
+    assert_int_equal(installsSeen, 1);
+    /* With no snapshot of its own in progress, one goes to raft at once. */
+    deliverInstall(3, 300);
+    assert_int_equal(installsSeen, 2);
+    assert_int_equal(installSeenIndex, 300);
+    assert_string_equal(installSeenAddr, "127.0.0.1:9003");
+    assert_int_equal(theIo.installs_held, 2);
+    theIo.raft = NULL;
+}
+
+/* One still held at the close is freed (LeakSanitizer would report it otherwise). */
+static void test_close_frees_a_held_install(void **state)
+{
+    (void)state;
+    takingRaft.snapshot.pending.term = 2;
+    deliverInstall(2, 213);
+    assert_true(theIo.install_held);
+    closeIo();
+    assert_false(theIo.install_held);
+    assert_int_equal(installsSeen, 0);
+    theIo.raft = NULL;
 }
 
 /* libraft 0.15's raft_uv has async_work but says version 1: the wrapper says 2. */
@@ -1905,6 +2024,9 @@ int main(void)
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
         cmocka_unit_test_setup(test_unaddressed_answers_are_not_sent, setup),
+        cmocka_unit_test(test_install_waits_only_for_an_own_snapshot),
+        cmocka_unit_test_setup(test_install_held_until_own_snapshot_stored, setupInstall),
+        cmocka_unit_test_setup(test_close_frees_a_held_install, setupInstall),
         cmocka_unit_test_setup(test_snapshot_ack_below_an_old_match, setupDisk),
         cmocka_unit_test_setup(test_async_work_is_forwarded, setupWork),
         cmocka_unit_test_setup(test_close_waits_for_async_work, setupWork),
