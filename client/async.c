@@ -143,6 +143,7 @@ struct idem_async {
     idem_async_close_cb close_cb;
     void *close_data;
     char errmsg[IDEM_ERRMSG_LEN]; /* what the last connection failure was */
+    struct idem_words words;      /* ... and each node's, since a leader last answered */
 };
 
 static void connStart(struct idem_async *a);
@@ -260,6 +261,14 @@ static void reqDeadlineCb(uv_timer_t *t)
 {
     struct areq *r = t->data;
     struct idem_async *a = r->a;
+    if (a->words.n > 1) {
+        char said[IDEM_ERRMSG_LEN];
+        IdemWordsJoin(&a->words, said, sizeof said);
+        reqFail(r, IDEM_EUNAVAILABLE,
+                "no leader answered within %u ms (each node's last answer: %.200s)", r->deadline_ms,
+                said);
+        return;
+    }
     char last[IDEM_ERRMSG_LEN];
     snprintf(last, sizeof last, "%s", a->errmsg[0] ? a->errmsg : "no answer");
     reqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.200s)", r->deadline_ms,
@@ -527,6 +536,9 @@ static void reconnectCb(uv_timer_t *t)
  * to node `next` after `delay` ms (0: on the next loop turn). */
 static void connDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay)
 {
+    if (a->errmsg[0] != '\0') {
+        IdemWordsNote(&a->words, conn->node, a->errmsg); /* what made it drop this one */
+    }
     if (a->conn == conn) {
         a->conn = NULL;
     }
@@ -726,6 +738,7 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
     a->backoff = IDEM_BACKOFF_MIN_MS;
     a->redirects = 0;
     a->errmsg[0] = '\0'; /* a leader answered: earlier failures are history */
+    a->words.n = 0;
     struct idem_result res;
     int rv = IdemResultFill(&res, m);
     reqFinish(r, rv, &res);

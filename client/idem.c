@@ -966,19 +966,8 @@ static uint64_t attemptDeadline(uint64_t deadline)
     return now + (share < rem ? share : rem);
 }
 
-/* The last word of each node a call tried (what connErrf last said of it), in the order
- * first tried, so that a call no leader answered says what every node said, not only the
- * last one tried (during a quorum loss: refused connections, and a node up without a
- * leader). At most IDEM_WORDS_MAX nodes, each cut to IDEM_WORD_LEN bytes. */
-#define IDEM_WORDS_MAX 8
-#define IDEM_WORD_LEN 160
-struct nodeWords {
-    size_t n;
-    size_t node[IDEM_WORDS_MAX];
-    char said[IDEM_WORDS_MAX][IDEM_WORD_LEN];
-};
-
-static void wordsNote(struct nodeWords *w, size_t node, const char *said)
+/* The last word of each node (what was last said of it), in the order first noted. */
+void IdemWordsNote(struct idem_words *w, size_t node, const char *said)
 {
     size_t i = 0;
     while (i < w->n && w->node[i] != node) {
@@ -993,8 +982,7 @@ static void wordsNote(struct nodeWords *w, size_t node, const char *said)
     snprintf(w->said[i], sizeof w->said[i], "%s", said);
 }
 
-/* "A; B; C" into out (len bytes), or "" when nothing was noted. */
-static void wordsJoin(const struct nodeWords *w, char *out, size_t len)
+void IdemWordsJoin(const struct idem_words *w, char *out, size_t len)
 {
     size_t used = 0;
     out[0] = '\0';
@@ -1021,7 +1009,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
     uint64_t backoff = IDEM_BACKOFF_MIN_MS;
     unsigned redirects = 0;
     char last[IDEM_ERRMSG_LEN] = "";
-    struct nodeWords words = {.n = 0};
+    struct idem_words words = {.n = 0};
 
     while (IdemRemainingMs(deadline) > 0) {
         size_t frame_len;
@@ -1044,7 +1032,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
                  * nothing answered. */
                 if (last[0] == '\0') {
                     memcpy(last, k->errmsg, sizeof last);
-                    wordsNote(&words, cand, last);
+                    IdemWordsNote(&words, cand, last);
                 }
                 break;
             }
@@ -1052,7 +1040,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
              * the connection is closed; try the next seed with the same request id, and
              * stop starting calls on this node. */
             memcpy(last, k->errmsg, sizeof last);
-            wordsNote(&words, cand, last);
+            IdemWordsNote(&words, cand, last);
             pthread_mutex_lock(&c->mu);
             if (c->current == cand) {
                 c->current = next_seed;
@@ -1116,7 +1104,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
             idem__response__free_unpacked(m, NULL);
         }
         memcpy(last, k->errmsg, sizeof last);
-        wordsNote(&words, cand_tried, last);
+        IdemWordsNote(&words, cand_tried, last);
         if (follow) {
             if (redirects++ >= IDEM_REDIRECTS_FREE) {
                 backoffSleep(c, &backoff, deadline);
@@ -1129,7 +1117,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
         next_seed = (next_seed + 1) % n_seeds;
     }
     char said[IDEM_ERRMSG_LEN];
-    wordsJoin(&words, said, sizeof said);
+    IdemWordsJoin(&words, said, sizeof said);
     connErrf(k, "no leader answered within %u ms (%s%s)", deadline_ms,
              words.n > 1 ? "each node's last answer: " : "last: ",
              said[0] ? said : "deadline passed before a node was tried");

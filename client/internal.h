@@ -25,6 +25,23 @@
 void IdemWhyf(char *why, size_t why_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The last word of each node tried (what was last said of it), in the order first tried, so
+ * that a call no leader answered says what every node said, not only the last one tried
+ * (during a quorum loss: refused connections, and a node up without a leader). The
+ * synchronous client keeps one per call, the asynchronous one per client since a leader
+ * last answered. At most IDEM_WORDS_MAX nodes, each cut to IDEM_WORD_LEN bytes. */
+#define IDEM_WORDS_MAX 8
+#define IDEM_WORD_LEN 160
+struct idem_words {
+    size_t n;
+    size_t node[IDEM_WORDS_MAX]; /* index in the client's node table */
+    char said[IDEM_WORDS_MAX][IDEM_WORD_LEN];
+};
+/* Notes `said` as node's last word (replacing an earlier one). */
+void IdemWordsNote(struct idem_words *w, size_t node, const char *said);
+/* "A; B; C" into out (len bytes), or "" when nothing was noted. */
+void IdemWordsJoin(const struct idem_words *w, char *out, size_t len);
+
 /* Whether the 4 bytes read where a frame's length belongs are "HTTP": the start of an
  * HTTP status line, from an address that is a node's HTTP listener, not its RPC one. */
 static inline bool IdemLooksHttp(const uint8_t hdr[4])

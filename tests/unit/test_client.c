@@ -364,6 +364,45 @@ static void test_async_deadline_and_close(void **state)
     assert_int_equal(uv_loop_close(&loop), 0); /* no handle left open */
 }
 
+static char detailSeen[256];
+
+static void detailCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    *(int *)data = status;
+    snprintf(detailSeen, sizeof detailSeen, "%s", res->detail);
+}
+
+/* Two seeds, neither listening: the asynchronous client's failure names what each said, as
+ * the synchronous one's does (it named only the last connection's failure). */
+static void test_async_deadline_names_every_node(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_options o = {
+        .seeds = "127.0.0.1:1,127.0.0.1:2", .token = "t", .default_deadline_ms = 400};
+    struct idem_async *a = NULL;
+    char why[128];
+    assert_int_equal(idem_async_open(&loop, &o, &a, why, sizeof why), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    int status = 0;
+    detailSeen[0] = '\0';
+    assert_int_equal(idem_async_claim(a, "k", fp, NULL, detailCb, &status), IDEM_OK);
+    while (idem_async_pending(a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    assert_int_equal(status, IDEM_EUNAVAILABLE);
+    assert_non_null(
+        strstr(detailSeen, "no leader answered within 400 ms (each node's last answer: "));
+    /* libuv's words: uv_strerror(UV_ECONNREFUSED) */
+    assert_non_null(strstr(detailSeen, "127.0.0.1:1: connect: connection refused"));
+    assert_non_null(strstr(detailSeen, "; 127.0.0.1:2: connect: connection refused"));
+    idem_async_close(a, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 /* The client's frame limit and the node's frame_too_large answer. */
 static void test_frame_limit(void **state)
 {
@@ -921,6 +960,7 @@ int main(void)
         cmocka_unit_test(test_sync_deadline),
         cmocka_unit_test(test_sync_deadline_names_every_node),
         cmocka_unit_test(test_async_deadline_and_close),
+        cmocka_unit_test(test_async_deadline_names_every_node),
         cmocka_unit_test(test_frame_limit),
         cmocka_unit_test(test_errmsg_is_a_per_thread_copy),
         cmocka_unit_test(test_renew_plan),
