@@ -120,7 +120,8 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
 
 bool io_install_waits(const struct raft *r, const struct raft_message *m)
 {
-    return m->type == RAFT_IO_INSTALL_SNAPSHOT && r->snapshot.pending.term != 0;
+    return m->type == RAFT_IO_INSTALL_SNAPSHOT &&
+           (r->snapshot.pending.term != 0 || r->snapshot.put.data != NULL);
 }
 
 /* Frees a held InstallSnapshot that raft will not get. */
@@ -150,12 +151,12 @@ static void heldInstallKeep(struct io *io, const struct raft_message *msg)
     io->held_install_addr = addr;
     io->install_held = true;
     io->installs_held++;
-    clog_info("the leader's snapshot (index %llu) arrived while this node was taking its "
-              "own: installing it once that one is stored",
+    clog_info("the leader's snapshot (index %llu) arrived while this node was storing "
+              "another: installing it once that one is stored",
               (unsigned long long)msg->install_snapshot.last_index);
 }
 
-/* Hands the held InstallSnapshot to raft once its own snapshot is stored. */
+/* Hands the held InstallSnapshot to raft once the snapshot being stored is. */
 static void heldInstallMaybeDeliver(struct io *io)
 {
     if (!io->install_held || io->raft == NULL || io_install_waits(io->raft, &io->held_install)) {

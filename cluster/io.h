@@ -118,7 +118,7 @@ struct io {
     unsigned long rematched;     /* match indexes lowered to an installed snapshot */
     unsigned long unaddressed;   /* AppendEntries results not sent: io_result_unaddressed */
     unsigned long skipped;       /* AppendEntries that started below the snapshot, cut */
-    /* An InstallSnapshot held while raft takes its own snapshot (io_install_waits): the
+    /* An InstallSnapshot held while raft stores another snapshot (io_install_waits): the
      * message (its data and configuration owned here until raft gets it) and a copy of its
      * sender's address; how many were held so far. */
     bool install_held;
@@ -218,18 +218,20 @@ bool io_result_unaddressed(const struct raft *r, const struct raft_message *m);
  * RPC. io_wrap's wrapper applies it once io->raft is set; the sim too. */
 bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
 
-/* libraft 0.15's follower drops an InstallSnapshot that arrives while it is taking a
- * snapshot of its own ("already taking or installing snapshot"), without an answer: its
- * leader's progress stays in snapshot mode, ignoring every later answer of that follower,
- * until raft's install-snapshot timeout (30 s) sends the snapshot again. Seen: a follower
- * restarted behind the leader's log took its own snapshot of what it had replayed just as the
- * leader's arrived, and lagged 30 s (with one more node down, the cluster would have had no
- * quorum for that long). True for such a message: an InstallSnapshot reaching r while r's own
- * snapshot is in progress (r->snapshot.pending is set from the take until its put called
- * back; an install in progress leaves it unset, and libraft's own drop of a second install
- * is kept: the first one answers). The wrapper then holds the message (at most one, the
- * newest) and hands it to raft at the first tick after r's snapshot is stored, as a message
- * delayed on the network; at the close a message still held is freed. */
+/* libraft 0.15's follower drops an InstallSnapshot that arrives while it is storing a
+ * snapshot ("already taking or installing snapshot"), without an answer: its leader's
+ * progress stays in snapshot mode, ignoring every later answer of that follower (an answer
+ * for an older snapshot included), until raft's install-snapshot timeout (30 s) sends the
+ * snapshot again. Seen, a follower restarted behind the leader's log lagging 30 s (with one
+ * more node down, the cluster would have had no quorum for that long): (a) it took its own
+ * snapshot of what it had replayed just as the leader's arrived; (b) the leader's older
+ * snapshot, queued while the follower was down, was being installed when the newer one the
+ * leader then waited for arrived. True for such a message: an InstallSnapshot reaching r
+ * while r is storing a snapshot, libraft's own test (its own: r->snapshot.pending is set from
+ * the take until its put called back; an install: the put is set until it called back).
+ * The wrapper then holds the message (at most one, the newest) and hands it to raft at the
+ * first tick after the snapshot is stored, as a message delayed on the network (one no newer
+ * than what was stored is answered as done); at the close a message still held is freed. */
 bool io_install_waits(const struct raft *r, const struct raft_message *m);
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with

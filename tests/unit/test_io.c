@@ -300,7 +300,8 @@ static int setupInstall(void **state)
     return 0;
 }
 
-/* io_install_waits: only an InstallSnapshot, only while raft's own snapshot is taken. */
+/* io_install_waits: only an InstallSnapshot, only while raft stores a snapshot (its own, or
+ * an earlier one of the leader's: libraft's own test). */
 static void test_install_waits_only_for_an_own_snapshot(void **state)
 {
     (void)state;
@@ -314,15 +315,17 @@ static void test_install_waits_only_for_an_own_snapshot(void **state)
     assert_true(io_install_waits(&r, &m));
     m.type = RAFT_IO_APPEND_ENTRIES;
     assert_false(io_install_waits(&r, &m));
-    /* Installing one (a put, nothing pending): libraft's own drop of a second install is
-     * kept, the first one answers. */
+    /* Installing one (a put, nothing pending): the first one's answer is for an older
+     * snapshot than the one its leader then waits for (seen). */
     m.type = RAFT_IO_INSTALL_SNAPSHOT;
     r.snapshot.pending.term = 0;
     r.snapshot.put.data = &r;
+    assert_true(io_install_waits(&r, &m));
+    r.snapshot.put.data = NULL;
     assert_false(io_install_waits(&r, &m));
 }
 
-/* The leader's snapshot arriving while the follower takes its own (which libraft 0.15 would
+/* The leader's snapshot arriving while the follower stores another (which libraft 0.15 would
  * drop, unanswered, for the leader to resend after 30 s) reaches raft at the first tick
  * after that one is stored; a newer one replaces it meanwhile. */
 static void test_install_held_until_own_snapshot_stored(void **state)
@@ -336,7 +339,11 @@ static void test_install_held_until_own_snapshot_stored(void **state)
     assert_int_equal(installsSeen, 0);
     deliverInstall(2, 277);
     assert_int_equal(theIo.installs_held, 2);
-    takingRaft.snapshot.pending.term = 0; /* stored */
+    takingRaft.snapshot.pending.term = 0; /* its own stored; an install of the leader's */
+    takingRaft.snapshot.put.data = &takingRaft;
+    innerTick(&theIo.inner);
+    assert_int_equal(installsSeen, 0);
+    takingRaft.snapshot.put.data = NULL; /* stored too */
     innerTick(&theIo.inner);
     assert_int_equal(installsSeen, 1);
     assert_int_equal(installSeenIndex, 277);
