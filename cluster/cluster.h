@@ -175,7 +175,7 @@ struct cluster_status {
     uint64_t raft_rematched; /* match indexes lowered to an installed snapshot (io.h) */
     uint64_t raft_unaddressed; /* answers not sent: no leader address (io.h) */
     uint64_t raft_cut;
-    uint64_t raft_installs_held; /* leader's snapshots held while taking its own (io.h) */
+    uint64_t raft_installs_held; /* leader's snapshots held while storing another (io.h) */
 };
 
 /* Entries between two snapshots (raft_set_snapshot_threshold) after a snapshot of

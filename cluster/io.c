@@ -127,14 +127,13 @@ bool io_install_waits(const struct raft *r, const struct raft_message *m)
 /* Frees a held InstallSnapshot that raft will not get. */
 static void heldInstallDrop(struct io *io)
 {
-    if (!io->install_held) {
+    if (io->held_install_addr == NULL) {
         return;
     }
     raft_configuration_close(&io->held_install.install_snapshot.conf);
     raft_free(io->held_install.install_snapshot.data.base);
     free(io->held_install_addr);
     io->held_install_addr = NULL;
-    io->install_held = false;
 }
 
 /* Holds `msg` (an InstallSnapshot raft would drop now), in place of an older one held. */
@@ -149,7 +148,6 @@ static void heldInstallKeep(struct io *io, const struct raft_message *msg)
     heldInstallDrop(io);
     io->held_install = *msg;
     io->held_install_addr = addr;
-    io->install_held = true;
     io->installs_held++;
     clog_info("the leader's snapshot (index %llu) arrived while this node was storing "
               "another: installing it once that one is stored",
@@ -159,12 +157,11 @@ static void heldInstallKeep(struct io *io, const struct raft_message *msg)
 /* Hands the held InstallSnapshot to raft once the snapshot being stored is. */
 static void heldInstallMaybeDeliver(struct io *io)
 {
-    if (!io->install_held || io->raft == NULL || io_install_waits(io->raft, &io->held_install)) {
+    char *addr = io->held_install_addr;
+    if (addr == NULL || io->raft == NULL || io_install_waits(io->raft, &io->held_install)) {
         return;
     }
     struct raft_message msg = io->held_install;
-    char *addr = io->held_install_addr;
-    io->install_held = false;
     io->held_install_addr = NULL;
     msg.server_address = addr;
     io->raft_recv(&io->outer, &msg); /* raft takes the data and the configuration */
@@ -1471,7 +1468,6 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->rematched = 0;
     io->unaddressed = 0;
     io->skipped = 0;
-    io->install_held = false;
     memset(&io->held_install, 0, sizeof(io->held_install));
     io->held_install_addr = NULL;
     io->installs_held = 0;

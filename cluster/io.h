@@ -120,8 +120,7 @@ struct io {
     unsigned long skipped;       /* AppendEntries that started below the snapshot, cut */
     /* An InstallSnapshot held while raft stores another snapshot (io_install_waits): the
      * message (its data and configuration owned here until raft gets it) and a copy of its
-     * sender's address; how many were held so far. */
-    bool install_held;
+     * sender's address, non-NULL exactly while one is held; how many were held so far. */
     struct raft_message held_install;
     char *held_install_addr;
     unsigned long installs_held;

@@ -1257,7 +1257,7 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "raft I/O wrapper (cluster/io.h): answers and commit indexes clamped, results held "
              "by a leader, AppendEntries cut at the snapshot, a follower's match index lowered to "
              "the snapshot it installed after losing its data, an answer without a leader "
-             "address not sent, the leader's snapshot held while this follower took its own.\n"
+             "address not sent, the leader's snapshot held while this follower stored another.\n"
              "# TYPE idem_raft_corrections_total counter\n"
              "idem_raft_corrections_total{kind=\"clamp\"} %llu\n"
              "idem_raft_corrections_total{kind=\"hold\"} %llu\n"

@@ -365,9 +365,9 @@ static void test_close_frees_a_held_install(void **state)
     (void)state;
     takingRaft.snapshot.pending.term = 2;
     deliverInstall(2, 213);
-    assert_true(theIo.install_held);
+    assert_non_null(theIo.held_install_addr);
     closeIo();
-    assert_false(theIo.install_held);
+    assert_null(theIo.held_install_addr);
     assert_int_equal(installsSeen, 0);
     theIo.raft = NULL;
 }
