@@ -1446,6 +1446,11 @@ bool cluster_ready(const struct cluster_status *st, char *why, size_t len)
         snprintf(why, len, "this node is not in its Raft configuration");
         return false;
     }
+    if (st->role == RAFT_SPARE) { /* sent nothing, not even heartbeats, until promoted */
+        snprintf(why, len,
+                 "this node is a spare: the leader sends it nothing until it is promoted");
+        return false;
+    }
     if (st->leader_id == 0 || (st->state != RAFT_LEADER && st->state != RAFT_FOLLOWER)) {
         snprintf(why, len, "no leader known");
         return false;

@@ -267,8 +267,9 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out);
  * (a voter that hears nothing for one to two of them starts an election, which clears the
  * leader; the margin keeps a heartbeat close to the timeout from making it flap). A node removed
  * from the cluster, or one that took a removed member's place and was sent old messages, keeps the
- * leader it last knew and is not ready; neither is a spare, to which the leader sends
- * nothing until it is promoted. When not, `why` (len bytes) says why. */
+ * leader it last knew and is not ready; neither is a spare (said as soon as its configuration
+ * makes it one), to which the leader sends nothing until it is promoted. When not, `why` (len
+ * bytes) says why. */
 bool cluster_ready(const struct cluster_status *st, char *why, size_t len);
 
 /* The current configuration with each member's addresses. Fills up to `cap` entries of

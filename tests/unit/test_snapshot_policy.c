@@ -247,15 +247,22 @@ static void readyOnlyInTouchWithALeader(void **state)
     assert_true(cluster_ready(&st, why, sizeof why));
     st.leader_heard_ms = 1200;
     assert_true(cluster_ready(&st, why, sizeof why));
-    /* A follower that heard nothing for over two election timeouts: a leader that is gone, a
-     * node that was removed, or a spare (sent nothing) that kept the leader it last knew. */
+    /* A follower that heard nothing for over two election timeouts: a leader that is gone, or
+     * a node that was removed and kept the leader it last knew. */
     st.leader_heard_ms = 1201;
     assert_false(cluster_ready(&st, why, sizeof why));
     assert_string_equal(why, "no word from leader 2 for 1201 ms");
-    st.role = RAFT_SPARE;
     st.leader_heard_ms = 90000;
     assert_false(cluster_ready(&st, why, sizeof why));
     assert_string_equal(why, "no word from leader 2 for 90000 ms");
+    /* A spare is sent nothing: not ready from the moment it is one, though it heard the
+     * leader a moment ago (a voter just demoted). */
+    st.role = RAFT_SPARE;
+    st.leader_heard_ms = 100;
+    assert_false(cluster_ready(&st, why, sizeof why));
+    assert_string_equal(why,
+                        "this node is a spare: the leader sends it nothing until it is promoted");
+    st.role = RAFT_VOTER;
     st.leader_heard_ms = UINT64_MAX;
     assert_false(cluster_ready(&st, why, sizeof why));
     assert_string_equal(why, "no word from leader 2 since this node started");
