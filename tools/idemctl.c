@@ -177,8 +177,13 @@ static const struct help helps[] = {
     {"members promote", "Usage: idemctl members promote ID\n\nMakes member ID a voter (raft "
                         "catches it up first: a node that is down makes it time out). Sent to "
                         "the leader once, not retried. Needs the admin token.\n"},
-    {"members remove", "Usage: idemctl members remove ID\n\nTakes member ID out of the Raft "
-                       "configuration. Needs the admin token.\n"},
+    {"members remove",
+     "Usage: idemctl members remove ID\n"
+     "\n"
+     "Takes member ID out of the Raft configuration. When ID leads, leadership is handed to\n"
+     "another voter first, as `idemctl transfer` does (a leader removed while leading would\n"
+     "leave the cluster without one until an election); when that fails, nothing is\n"
+     "removed (exit 3). Needs the admin token.\n"},
     {"transfer",
      "Usage: idemctl transfer [NODE_ID]\n"
      "\n"
@@ -1305,6 +1310,7 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
                       const Idem__Request *req, Idem__Response **resp, uint64_t *node_id);
 
 static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool transfer);
+static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to);
 
 static int cmdMembers(struct global *g, struct args *a)
 {
@@ -1365,8 +1371,14 @@ static int cmdMembers(struct global *g, struct args *a)
         req.status = &sr;
     }
     Idem__Response *resp = NULL;
-    uint64_t leader_id = 0;
+    uint64_t leader_id = 0, moved_to = 0;
     char from[256];
+    if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) {
+        int code = leadershipAway(g, mr.id, &moved_to);
+        if (code != EXIT_ANSWERED) {
+            return code;
+        }
+    }
     int code =
         is_list ? callFrom(g, true, NULL, &req, &resp, from, sizeof from)
                 : leaderCall(g, "members",
@@ -1393,11 +1405,19 @@ static int cmdMembers(struct global *g, struct args *a)
                      mr.id, mr.id);
         } else if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE) {
             snprintf(msg, sizeof msg, "node %" PRIu64 " is a voter now", mr.id);
+        } else if (moved_to != 0) {
+            snprintf(msg, sizeof msg,
+                     "node %" PRIu64 " is out of the configuration; it can be stopped "
+                     "(leadership moved to node %" PRIu64 " first)",
+                     mr.id, moved_to);
         } else {
             snprintf(msg, sizeof msg,
                      "node %" PRIu64 " is out of the configuration; it can be stopped", mr.id);
         }
         jset(o, "message", jstr(msg));
+    }
+    if (moved_to != 0) {
+        jset(o, "leader_moved_to", ju64(moved_to));
     }
     /* The list is the answer to `list`; add, promote and remove answer only an outcome
      * (an empty list there would read as "no members"). */
@@ -2718,6 +2738,68 @@ static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool 
         jset(o, "node_error", json_copy(said));
     }
     jset(o, "error", jstr(why));
+}
+
+/* Before `members remove ID`: when ID leads and another voter exists, leadership is handed
+ * to a voter the leader hears from first, as `transfer` does. Removed while leading, the
+ * node steps down only once the change commits, and the cluster has no leader (every
+ * request unavailable) until the others time out and elect one: an election timeout or
+ * two. *moved_to (OUT): the new leader, 0 when nothing moved. EXIT_ANSWERED to go on with
+ * the removal; otherwise the failure was reported (nothing removed) and its exit status is
+ * returned. A last voter is left to the node, which refuses its removal. */
+static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to)
+{
+    *moved_to = 0;
+    if (g->cluster == NULL) {
+        return EXIT_ANSWERED; /* leaderCall says what is missing */
+    }
+    struct discovery d;
+    discover(g, false, &d);
+    bool leads = d.v.leader == id && nodeProbe(d.probes, d.n, &d.v, d.v.leader) != NULL;
+    size_t voters = d.v.voters;
+    discoveryFree(&d);
+    if (!leads || voters < 2) {
+        return EXIT_ANSWERED;
+    }
+    fprintf(stderr,
+            "idemctl: note: node %" PRIu64 " leads: handing leadership to another voter before "
+            "removing it (removed while leading, it would leave the cluster without a leader "
+            "until an election)\n",
+            id);
+    Idem__TransferRequest tr = IDEM__TRANSFER_REQUEST__INIT;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_TRANSFER;
+    req.transfer = &tr;
+    Idem__Response *resp = NULL;
+    uint64_t leader_id = 0;
+    json_t *extra = jobj();
+    jset(extra, "removed", json_false());
+    g->fail_extra = extra;
+    int code = leaderCall(g, "members remove: moving leadership first", 0, &req, &resp, &leader_id);
+    if (code == EXIT_MOVED) {
+        *moved_to = leader_id;
+        code = EXIT_ANSWERED;
+    } else if (code == EXIT_ANSWERED) {
+        Idem__Outcome out = idem_response_outcome(resp);
+        if (out == IDEM__OUTCOME__OUTCOME_OK) {
+            *moved_to = resp->leader_id;
+        } else {
+            char msg[400];
+            snprintf(msg, sizeof msg,
+                     "members remove: node %" PRIu64 " leads, and handing leadership over "
+                     "first was refused (%s: %s); nothing was removed",
+                     id, idem_outcome_name(out),
+                     resp->error != NULL && resp->error[0] ? resp->error : "no reason given");
+            code = failCall(g, IDEM_EUNAVAILABLE, msg);
+        }
+        idem__response__free_unpacked(resp, NULL);
+    }
+    g->fail_extra = NULL;
+    json_decref(extra);
+    if (code != EXIT_ANSWERED) {
+        fprintf(stderr, "idemctl: node %" PRIu64 " was not removed\n", id);
+    }
+    return code;
 }
 
 /* transfer [NODE_ID]: sent to the leader; a refusal of NODE_ID is explained from status. */

@@ -488,6 +488,7 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(out["outcome"], "ok", out)
         self.assertEqual(out["message"], "node 4 is out of the configuration; it can be stopped",
                          out)
+        self.assertNotIn("leader_moved_to", out)  # a follower's removal moves nothing
 
         def three_voters():
             st = self.status(ids=[1, 2, 3])
@@ -760,6 +761,31 @@ class TestIdemctlMembership(CtlTest):
         rc, text, err = self.human("members", "promote", "4", deadline=2000)
         self.assertEqual(rc, 3, (text, err))
         self.assertIn("idemctl: warning: " + want4, err)
+
+    def test_removing_the_leader_moves_leadership_first(self):
+        # Removed while leading, a node steps down once the change commits, and the cluster
+        # had no leader (every request unavailable) for an election: 1.1 s here. idemctl
+        # hands leadership to another voter first, so a leader is there when it returns.
+        lid = self.c.leader()
+        rc, text, err = self.human("members", "remove", str(lid))
+        self.assertEqual(rc, 0, (text, err))
+        st = self.status(ids=[n for n in sorted(self.c.nodes) if n != lid])
+        self.assertNotIn(st["leader_id"], (None, lid), st)
+        self.assertEqual(st["voters"], 2, st)
+        self.assertIn("idemctl: note: node %d leads: handing leadership to another voter "
+                      "before removing it" % lid, err)
+        self.assertIn("message: node %d is out of the configuration; it can be stopped "
+                      "(leadership moved to node %d first)" % (lid, st["leader_id"]), text)
+        self.c.kill(lid)
+        self.assertEqual(self.claim("after-leader-removed")["outcome"], ACQ)
+        # Again, with --json: of two voters, to the last one.
+        second = st["leader_id"]
+        last = [n for n in sorted(self.c.nodes) if n not in (lid, second)][0]
+        out = self.ok("members", "remove", second)
+        self.assertEqual((out["outcome"], out["leader_moved_to"]), ("ok", last), out)
+        st = self.status(ids=[last])
+        self.assertEqual((st["leader_id"], st["voters"]), (last, 1), st)
+        self.assertEqual(self.claim("with-one-voter")["outcome"], ACQ)
 
     def test_last_voter_is_not_removed(self):
         # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
