@@ -1514,10 +1514,17 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->raft_installs_held = c->io.installs_held;
 }
 
+static int memberIdCmp(const void *a, const void *b)
+{
+    uint64_t x = ((const struct cluster_member *)a)->id, y = ((const struct cluster_member *)b)->id;
+    return x < y ? -1 : x > y;
+}
+
 size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap)
 {
     const struct raft_configuration *conf = &c->raft.configuration;
-    for (unsigned i = 0; i < conf->n && i < cap; i++) {
+    unsigned i;
+    for (i = 0; i < conf->n && i < cap; i++) {
         const struct raft_server *s = &conf->servers[i];
         struct cluster_member *m = &out[i];
         memset(m, 0, sizeof(*m));
@@ -1531,6 +1538,8 @@ size_t cluster_members(const struct cluster *c, struct cluster_member *out, size
             }
         }
     }
+    /* Raft keeps them in the order they were added: a member added again comes last. */
+    qsort(out, i, sizeof(*out), memberIdCmp);
     return conf->n;
 }
 

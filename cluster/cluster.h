@@ -272,8 +272,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out);
  * bytes) says why. */
 bool cluster_ready(const struct cluster_status *st, char *why, size_t len);
 
-/* The current configuration with each member's addresses. Fills up to `cap` entries of
- * `out` (OUT) and returns how many members there are. */
+/* The current configuration with each member's addresses, in ID order. Fills up to `cap`
+ * entries of `out` (OUT) and returns how many members there are. */
 size_t cluster_members(const struct cluster *c, struct cluster_member *out, size_t cap);
 
 /* Membership changes (leader only). add: records the member's addresses in the log, then

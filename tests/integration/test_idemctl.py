@@ -511,6 +511,24 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual([w for w in st["warnings"] if w.startswith("node 4 (") and "lags" in w],
                          [], st["warnings"])
 
+    def test_members_in_id_order(self):
+        # Raft keeps members in the order they were added; list and status show them by ID.
+        # Added as spares and never started: nothing else changes.
+        n5, n4 = Node(5, self.c.root), Node(4, self.c.root)
+        for n in (n5, n4):
+            self.assertEqual(self.ok("members", "add", n.id, n.raft, n.rpc, n.http)["outcome"],
+                             "ok")
+        out = self.ok("members", "list")
+        self.assertEqual([m["id"] for m in out["members"]], [1, 2, 3, 4, 5], out)
+        st = self.status(ids=[1, 2, 3])
+        self.assertEqual([m["id"] for m in st["members"]], [1, 2, 3, 4, 5], st["members"])
+        rc, text, err = self.human("members", "list")
+        self.assertEqual(rc, 0, err)
+        rows = [ln.split()[0] for ln in text.splitlines() if re.match(r"^\d+ ", ln)]
+        self.assertEqual(rows, ["1", "2", "3", "4", "5"], text)
+        for n in (4, 5):
+            self.assertEqual(self.ok("members", "remove", n)["outcome"], "ok")
+
     def test_add_refuses_an_address_in_use(self):
         # A new member's addresses must be its own: another member's RPC address (a typo)
         # would send its clients to that node, and status, which finds nodes by address,
