@@ -185,6 +185,8 @@ const char *cluster_strerror(int rc)
     case CLUSTER_EOVERLOAD:
         return "the leader holds batch.max_pending_mb of commands not yet committed: send it "
                "again later";
+    case CLUSTER_ESETTLING:
+        return "the last configuration change is not committed yet";
     }
     return "unknown cluster error";
 }
@@ -1593,7 +1595,10 @@ static int raftRefusal(int rv)
     case RAFT_NOTLEADER:
         return CLUSTER_ENOTLEADER;
     case RAFT_CANTCHANGE:
-        return CLUSTER_EBUSY;
+        /* Not a change of this leader's (changeCheck() refused those): one raft has not
+         * committed yet, such as the last change when this node has only just been
+         * elected; it commits with the leader's first entry. */
+        return CLUSTER_ESETTLING;
     default:
         return CLUSTER_ERAFT;
     }

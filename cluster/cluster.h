@@ -38,6 +38,9 @@ enum cluster_rc {
     CLUSTER_ERAFT = -6,        /* raft refused; see cluster_errmsg() */
     CLUSTER_EUNREACHABLE = -7, /* transfer: the voter named (or every other) is not heard from */
     CLUSTER_EOVERLOAD = -8,    /* max_pending_bytes of commands not yet applied: try later */
+    CLUSTER_ESETTLING = -9,    /* membership: raft holds a configuration it has not committed
+                                * (a leader of a moment ago commits the last one with its first
+                                * entry); nothing was started: try again shortly */
 };
 
 /* What a proposed command costs against max_pending_bytes beyond its bytes: its waiter, its

@@ -831,6 +831,21 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
                      "not the leader", leader);
         return;
     }
+    if (rc == CLUSTER_ESETTLING) {
+        /* Nothing was started: the caller may send the same change again after a
+         * heartbeat (idemctl does, within its deadline). */
+        Idem__Result res = IDEM__RESULT__INIT;
+        Idem__Response resp = IDEM__RESPONSE__INIT;
+        res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+        res.retry_after_ms = s->cfg->raft.heartbeat_timeout_ms;
+        resp.request_id = request_id;
+        resp.result = &res;
+        resp.error = (char *)(cluster_errmsg(s->cluster)[0] ? cluster_errmsg(s->cluster)
+                                                            : cluster_strerror(rc));
+        resp.leader_rpc_address = "";
+        cb(data, &resp);
+        return;
+    }
     answerSimple(cb, data, request_id,
                  rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID
                                       : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,

@@ -1306,11 +1306,15 @@ static void printMembersTable(const Idem__Response *resp)
     }
 }
 
+struct discovery;
 static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
-                      const Idem__Request *req, Idem__Response **resp, uint64_t *node_id);
+                      const Idem__Request *req, Idem__Response **resp, uint64_t *node_id,
+                      const struct discovery *pre);
 
 static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool transfer);
-static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to);
+static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to,
+                          struct discovery **pre);
+static void discoveryFree(struct discovery *d);
 
 static int cmdMembers(struct global *g, struct args *a)
 {
@@ -1373,18 +1377,40 @@ static int cmdMembers(struct global *g, struct args *a)
     Idem__Response *resp = NULL;
     uint64_t leader_id = 0, moved_to = 0;
     char from[256];
+    struct discovery *pre = NULL; /* remove: the one leadershipAway() made, when kept */
+    json_t *moved = NULL;
     if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) {
-        int code = leadershipAway(g, mr.id, &moved_to);
+        int code = leadershipAway(g, mr.id, &moved_to, &pre);
         if (code != EXIT_ANSWERED) {
             return code;
+        }
+        if (moved_to != 0) { /* said with a failure of the removal too */
+            moved = jobj();
+            jset(moved, "leader_moved_to", ju64(moved_to));
+            g->fail_extra = moved;
         }
     }
     int code =
         is_list ? callFrom(g, true, NULL, &req, &resp, from, sizeof from)
                 : leaderCall(g, "members",
                              mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ? mr.id : 0,
-                             &req, &resp, &leader_id);
+                             &req, &resp, &leader_id, pre);
+    if (pre != NULL) {
+        discoveryFree(pre);
+        free(pre);
+    }
+    if (moved != NULL) {
+        g->fail_extra = NULL;
+        json_decref(moved);
+    }
     if (code != EXIT_ANSWERED) {
+        if (moved_to != 0) {
+            fprintf(stderr,
+                    "idemctl: leadership moved to node %" PRIu64 " first, then the removal of "
+                    "node %" PRIu64 " failed (it may still take effect after a timeout): see "
+                    "`idemctl members list`, then remove it again if need be\n",
+                    moved_to, mr.id);
+        }
         return code;
     }
     json_t *o = resultJson(resp);
@@ -2583,9 +2609,15 @@ static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, c
  * as exit 3 with the leader's own words, except that a transfer answered "did not move"
  * which leadership then left all the same returns EXIT_MOVED with *node_id the new
  * leader. `promotee` (0: none) is a node to be promoted:
- * when it did not answer idemctl either, a warning says so before the request goes. */
+ * when it did not answer idemctl either, a warning says so before the request goes.
+ * A membership change answered `unavailable` with retry_after_ms (raft refused it before
+ * starting anything: the last change is not committed yet, as on a leader elected a moment
+ * ago) is sent again after that long, within the deadline. `pre` (NULL: none): a discovery
+ * just made, used instead of a new one (borrowed), so that a node that does not answer
+ * costs one deadline, not two. */
 static int leaderCall(const struct global *g, const char *what, uint64_t promotee,
-                      const Idem__Request *req, Idem__Response **resp, uint64_t *node_id)
+                      const Idem__Request *req, Idem__Response **resp, uint64_t *node_id,
+                      const struct discovery *pre)
 {
     *resp = NULL;
     *node_id = 0;
@@ -2594,7 +2626,11 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
     }
     char addr[ADDR_MAX];
     struct discovery d;
-    discover(g, false, &d);
+    if (pre != NULL) {
+        d = *pre; /* a shallow copy: freed by the caller, never here */
+    } else {
+        discover(g, false, &d);
+    }
     /* The leader answered as leader, or refused the token (buildView()). */
     const struct probe *lp = nodeProbe(d.probes, d.n, &d.v, d.v.leader);
     if (lp == NULL) {
@@ -2604,7 +2640,9 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
     }
     if (lp == NULL) {
         int code = noLeader(g, &d, what, "");
-        discoveryFree(&d);
+        if (pre == NULL) {
+            discoveryFree(&d);
+        }
         return code;
     }
     snprintf(addr, sizeof addr, "%s", lp->addr);
@@ -2624,7 +2662,9 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
     if (pm != NULL && memberMismatch(d.probes, d.n, &d.v, pm, why, sizeof why)) {
         fprintf(stderr, "idemctl: warning: %s\n", why);
     }
-    discoveryFree(&d);
+    if (pre == NULL) {
+        discoveryFree(&d);
+    }
     uint64_t end = nowMs() + g->deadline_ms;
     struct global once = *g;
     bool redirected = false, resent = false;
@@ -2636,8 +2676,19 @@ static int leaderCall(const struct global *g, const char *what, uint64_t promote
         Idem__Outcome out = idem_response_outcome(*resp);
         uint64_t wait = (*resp)->result != NULL ? (*resp)->result->retry_after_ms : 0;
         const char *redirect = (*resp)->leader_rpc_address;
-        bool not_moved =
+        bool later =
             out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && wait > 0 && nowMs() + wait + 1 < end;
+        if (later && req->op_case == IDEM__REQUEST__OP_MEMBERS) {
+            /* Refused before anything started (the last change not committed yet): the
+             * same leader is asked again; a move in between answers not_leader below. */
+            idem__response__free_unpacked(*resp, NULL);
+            *resp = NULL;
+            struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            once.deadline_ms = (uint32_t)(end > nowMs() + 1 ? end - nowMs() : 1);
+            continue;
+        }
+        bool not_moved = later && req->op_case == IDEM__REQUEST__OP_TRANSFER;
         if (not_moved || (resent && out == IDEM__OUTCOME__OUTCOME_NOT_LEADER)) {
             /* A transfer that did not move leadership (to a voter the leader hears from),
              * or, sent again, found that it had moved since. The election may still end
@@ -2744,23 +2795,30 @@ static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool 
  * to a voter the leader hears from first, as `transfer` does. Removed while leading, the
  * node steps down only once the change commits, and the cluster has no leader (every
  * request unavailable) until the others time out and elect one: an election timeout or
- * two. *moved_to (OUT): the new leader, 0 when nothing moved. EXIT_ANSWERED to go on with
- * the removal; otherwise the failure was reported (nothing removed) and its exit status is
- * returned. A last voter is left to the node, which refuses its removal. */
-static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to)
+ * two. *moved_to (OUT): the new leader, 0 when nothing moved; then *pre (OUT) is the
+ * discovery made here, for the removal's leaderCall (free with discoveryFree() and free()),
+ * else NULL. EXIT_ANSWERED to go on with the removal; otherwise the failure was reported
+ * (nothing removed) and its exit status is returned. A last voter is left to the node,
+ * which refuses its removal. */
+static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to, struct discovery **pre)
 {
     *moved_to = 0;
+    *pre = NULL;
     if (g->cluster == NULL) {
         return EXIT_ANSWERED; /* leaderCall says what is missing */
     }
-    struct discovery d;
-    discover(g, false, &d);
-    bool leads = d.v.leader == id && nodeProbe(d.probes, d.n, &d.v, d.v.leader) != NULL;
-    size_t voters = d.v.voters;
-    discoveryFree(&d);
-    if (!leads || voters < 2) {
+    struct discovery *d = calloc(1, sizeof *d);
+    if (d == NULL) {
+        oom();
+    }
+    discover(g, false, d);
+    bool leads = d->v.leader == id && nodeProbe(d->probes, d->n, &d->v, d->v.leader) != NULL;
+    if (!leads || d->v.voters < 2) {
+        *pre = d;
         return EXIT_ANSWERED;
     }
+    discoveryFree(d);
+    free(d);
     fprintf(stderr,
             "idemctl: note: node %" PRIu64 " leads: handing leadership to another voter before "
             "removing it (removed while leading, it would leave the cluster without a leader "
@@ -2775,7 +2833,8 @@ static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to)
     json_t *extra = jobj();
     jset(extra, "removed", json_false());
     g->fail_extra = extra;
-    int code = leaderCall(g, "members remove: moving leadership first", 0, &req, &resp, &leader_id);
+    int code =
+        leaderCall(g, "members remove: moving leadership first", 0, &req, &resp, &leader_id, NULL);
     if (code == EXIT_MOVED) {
         *moved_to = leader_id;
         code = EXIT_ANSWERED;
@@ -2783,6 +2842,15 @@ static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to)
         Idem__Outcome out = idem_response_outcome(resp);
         if (out == IDEM__OUTCOME__OUTCOME_OK) {
             *moved_to = resp->leader_id;
+            if (*moved_to == 0) { /* a node older than that field: as status shows it */
+                struct discovery after;
+                discover(g, false, &after);
+                if (nodeProbe(after.probes, after.n, &after.v, after.v.leader) != NULL &&
+                    after.v.leader != id) {
+                    *moved_to = after.v.leader;
+                }
+                discoveryFree(&after);
+            }
         } else {
             char msg[400];
             snprintf(msg, sizeof msg,
@@ -2820,7 +2888,7 @@ static int cmdTransfer(struct global *g, struct args *a)
     req.transfer = &tr;
     Idem__Response *resp = NULL;
     uint64_t leader_id = 0;
-    int code = leaderCall(g, "transfer", 0, &req, &resp, &leader_id);
+    int code = leaderCall(g, "transfer", 0, &req, &resp, &leader_id, NULL);
     if (code == EXIT_MOVED) {
         json_t *o = jobj();
         jset(o, "outcome", jstr("ok"));
