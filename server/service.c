@@ -87,17 +87,26 @@ static uint64_t nowMs(void)
 
 /* ---- answering ----------------------------------------------------------------------- */
 
-static void answerSimple(service_done_cb cb, void *data, uint64_t request_id,
-                         Idem__Outcome outcome, const char *error, const char *leader)
+/* answerSimple() with Result.retry_after_ms: the caller may send it again after that long. */
+static void answerRetryAfter(service_done_cb cb, void *data, uint64_t request_id,
+                             Idem__Outcome outcome, const char *error, const char *leader,
+                             uint64_t retry_after_ms)
 {
     Idem__Result res = IDEM__RESULT__INIT;
     Idem__Response resp = IDEM__RESPONSE__INIT;
     res.outcome = outcome;
+    res.retry_after_ms = retry_after_ms;
     resp.request_id = request_id;
     resp.result = &res;
     resp.error = (char *)(error ? error : "");
     resp.leader_rpc_address = (char *)(leader ? leader : "");
     cb(data, &resp);
+}
+
+static void answerSimple(service_done_cb cb, void *data, uint64_t request_id, Idem__Outcome outcome,
+                         const char *error, const char *leader)
+{
+    answerRetryAfter(cb, data, request_id, outcome, error, leader, 0);
 }
 
 static void serviceMaybeFinish(struct service *s);
@@ -831,26 +840,13 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
                      "not the leader", leader);
         return;
     }
-    if (rc == CLUSTER_ESETTLING) {
-        /* Nothing was started: the caller may send the same change again after a
-         * heartbeat (idemctl does, within its deadline). */
-        Idem__Result res = IDEM__RESULT__INIT;
-        Idem__Response resp = IDEM__RESPONSE__INIT;
-        res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
-        res.retry_after_ms = s->cfg->raft.heartbeat_timeout_ms;
-        resp.request_id = request_id;
-        resp.result = &res;
-        resp.error = (char *)(cluster_errmsg(s->cluster)[0] ? cluster_errmsg(s->cluster)
-                                                            : cluster_strerror(rc));
-        resp.leader_rpc_address = "";
-        cb(data, &resp);
-        return;
-    }
-    answerSimple(cb, data, request_id,
-                 rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID
-                                      : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                 cluster_errmsg(s->cluster)[0] ? cluster_errmsg(s->cluster) : cluster_strerror(rc),
-                 NULL);
+    /* ESETTLING: nothing was started, and the same change may be sent again after a
+     * heartbeat (idemctl does, within its deadline). */
+    answerRetryAfter(
+        cb, data, request_id,
+        rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+        cluster_errmsg(s->cluster)[0] ? cluster_errmsg(s->cluster) : cluster_strerror(rc), NULL,
+        rc == CLUSTER_ESETTLING ? s->cfg->raft.heartbeat_timeout_ms : 0);
 }
 
 /* Whether an operator's command may name this tenant: one in this node's configuration,

@@ -2791,6 +2791,16 @@ static void explainRefusal(const struct global *g, json_t *o, uint64_t id, bool 
     jset(o, "error", jstr(why));
 }
 
+/* The leader as status shows it (one that answered as leader), 0 when none does. */
+static uint64_t statusLeader(const struct global *g)
+{
+    struct discovery d;
+    discover(g, false, &d);
+    uint64_t leader = nodeProbe(d.probes, d.n, &d.v, d.v.leader) != NULL ? d.v.leader : 0;
+    discoveryFree(&d);
+    return leader;
+}
+
 /* Before `members remove ID`: when ID leads and another voter exists, leadership is handed
  * to a voter the leader hears from first, as `transfer` does. Removed while leading, the
  * node steps down only once the change commits, and the cluster has no leader (every
@@ -2843,13 +2853,8 @@ static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to, str
         if (out == IDEM__OUTCOME__OUTCOME_OK) {
             *moved_to = resp->leader_id;
             if (*moved_to == 0) { /* a node older than that field: as status shows it */
-                struct discovery after;
-                discover(g, false, &after);
-                if (nodeProbe(after.probes, after.n, &after.v, after.v.leader) != NULL &&
-                    after.v.leader != id) {
-                    *moved_to = after.v.leader;
-                }
-                discoveryFree(&after);
+                uint64_t now = statusLeader(g);
+                *moved_to = now != id ? now : 0;
             }
         } else {
             char msg[400];
@@ -2913,13 +2918,7 @@ static int cmdTransfer(struct global *g, struct args *a)
     if (out == IDEM__OUTCOME__OUTCOME_OK) {
         /* The node that leads now, as the old leader saw it when the transfer ended (a
          * node older than this field says 0: status is asked instead). */
-        uint64_t now_leader = resp->leader_id;
-        if (now_leader == 0) {
-            struct discovery d;
-            discover(g, false, &d);
-            now_leader = nodeProbe(d.probes, d.n, &d.v, d.v.leader) != NULL ? d.v.leader : 0;
-            discoveryFree(&d);
-        }
+        uint64_t now_leader = resp->leader_id != 0 ? resp->leader_id : statusLeader(g);
         jset(o, "leader_id", now_leader != 0 ? ju64(now_leader) : json_null());
         if (now_leader != 0 && json_object_get(o, "message") == NULL) {
             char msg[96];
