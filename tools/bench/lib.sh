@@ -102,6 +102,27 @@ wait_until() {
 LOADS=""
 note_load() { LOADS="$LOADS $1 $(cut -d' ' -f1 /proc/loadavg)"; }
 
+# machine_notes DIR: what of the machine itself shapes the tail, on one line. The data
+# directory's file system and whether it trims freed blocks at once (online discard: every
+# write waits behind each trim); and the kernel's DAMON monitors that are on (a monitor
+# that pages out cold memory, left running for minutes, stalled every process here for
+# tens of ms at each sample: docs/latency.md, *2026-12-05: three causes traced*).
+machine_notes() {
+  local fs damon="" k
+  fs=$(findmnt -n -o FSTYPE,OPTIONS -T "$1" 2>/dev/null | awk '{
+    d = ($2 ~ /(^|,)discard(,|$)/) ? "online discard" : "no online discard"; print $1 ", " d; exit }')
+  for k in /sys/kernel/mm/damon/admin/kdamonds/*; do
+    if [ ! -r "$k/state" ] || [ "$(cat "$k/state" 2>/dev/null)" != on ]; then
+      continue
+    fi
+    local c=$k/contexts/0
+    damon="$damon${damon:+; }kdamond ${k##*/} on ($(cat "$c/operations" 2>/dev/null),"
+    damon="$damon sample every $(( $(cat "$c/monitoring_attrs/intervals/sample_us" 2>/dev/null || echo 0) / 1000 )) ms,"
+    damon="$damon action $(cat "$c/schemes/0/action" 2>/dev/null || echo none))"
+  done
+  echo "data dir ${fs:-file system unknown}; DAMON: ${damon:-no monitor on}"
+}
+
 # ---- wrk ---------------------------------------------------------------------------------------
 # run_wrk NAME URL SCRIPT [ENV=...]: one bounded wrk run with --latency; records OPS[NAME]
 # (requests/s), P50[NAME], P99[NAME] (ms), NON2XX[NAME] and ERRS[NAME] from its output.

@@ -202,6 +202,7 @@ row() {  # row LABEL NAME
 echo
 echo "== claim / create-if-absent, fresh keys: $CONNS callers, ${DURATION}s each, $(nproc) cores, loopback, fsync on =="
 echo "   load average before each run (other processes share the machine): $LOADS"
+echo "   machine: $(machine_notes "$TMP")"
 printf '%-46s %9s %8s %8s   %s\n' "system" "ops/s" "p50 ms" "p99 ms" "check"
 row "idemd 3 nodes, binary RPC (idem-bench)" idem_rpc
 row "idemd 3 nodes, HTTP JSON API (wrk)" idem_http
