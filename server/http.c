@@ -31,7 +31,6 @@
 
 #include "aio_reap.h"
 #include "segfill.h"
-#include "segtrim.h"
 #include "transport.h"
 #include "wire_check.h"
 #include "fingerprint.h"
@@ -1323,26 +1322,6 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_segments_prefilled_total{result=\"failed\"} %llu\n",
              (unsigned long long)sf.filled, (unsigned long long)(sf.skipped_fs + sf.skipped_off),
              (unsigned long long)sf.failed);
-    struct segtrim_stats st;
-    segtrim_get_stats(&st);
-    tbPrintf(&b,
-             "# HELP idem_raft_segments_closed_total raft's log segments closed (truncated to "
-             "their entries and renamed) by how their unused rest was freed "
-             "(cluster/segtrim.h): in steps first, or at once (less than a step).\n"
-             "# TYPE idem_raft_segments_closed_total counter\n"
-             "idem_raft_segments_closed_total{rest=\"stepped\"} %llu\n"
-             "idem_raft_segments_closed_total{rest=\"at_once\"} %llu\n"
-             "# HELP idem_raft_segment_rest_freed_bytes_total Bytes of closing segments' unused "
-             "rest freed in steps.\n"
-             "# TYPE idem_raft_segment_rest_freed_bytes_total counter\n"
-             "idem_raft_segment_rest_freed_bytes_total %llu\n"
-             "# HELP idem_raft_segment_rest_step_failures_total Segment closes whose steps "
-             "stopped early (the file could not be opened or shrunk); raft's own truncation "
-             "did the rest.\n"
-             "# TYPE idem_raft_segment_rest_step_failures_total counter\n"
-             "idem_raft_segment_rest_step_failures_total %llu\n",
-             (unsigned long long)st.stepped, (unsigned long long)(st.closed - st.stepped),
-             (unsigned long long)st.step_bytes, (unsigned long long)st.step_failed);
     tbPrintf(&b,
              "# HELP idem_raft_messages_refused_total Raft messages from peers refused before "
              "libraft decoded them (malformed: cluster/wire_check.h); each closed its "

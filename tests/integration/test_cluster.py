@@ -1186,32 +1186,6 @@ class TestSnapshotScheduleFixed(ClusterTest):
                              "node %d" % nid)
 
 
-    def test_closed_segments_rest_freed_in_steps(self):
-        # Each snapshot closes the segment in use while most of it (8 MiB here) is unused.
-        # Its rest is freed 1 MiB at a time before raft_uv truncates it to its entries
-        # (cluster/segtrim.h), so that a disk with online discard trims one step at a time;
-        # /metrics counts those closes, the bytes and any close whose steps stopped early.
-        self.fill_until_snapshots()
-        stepped = 'idem_raft_segments_closed_total{rest="stepped"}'
-        for nid, node in self.c.nodes.items():
-            got = wait_for(lambda: (lambda v: v if v >= 1 else None)(
-                self.metric(node, stepped) or 0), 10, "node %d's closed segments" % nid)
-            self.assertGreaterEqual(got, 1, "node %d" % nid)
-            freed = self.metric(node, "idem_raft_segment_rest_freed_bytes_total")
-            self.assertGreaterEqual(freed, got * (1 << 20), "node %d" % nid)
-            self.assertEqual(self.metric(node, "idem_raft_segment_rest_step_failures_total"),
-                             0, "node %d" % nid)
-            # What raft_uv left: closed segments (first-last) no longer than their entries,
-            # none of them the segment's full 8 MiB.
-            closed = [f for f in os.listdir(node.dir) if re.fullmatch(r"\d+-\d+", f)]
-            self.assertTrue(closed, "node %d has no closed segment" % nid)
-            for f in closed:
-                try:
-                    size = os.path.getsize(os.path.join(node.dir, f))
-                except FileNotFoundError:
-                    continue  # raft_uv removed it meanwhile (below its trailing entries)
-                self.assertLess(size, 1 << 20, "node %d: %s" % (nid, f))
-
     def test_log_segments_written_through(self):
         # raft_uv preallocates each open segment with fallocate; on ext4 and XFS idemd then
         # writes it through with zeros before its first append (cluster/segfill.h), so no

@@ -24,7 +24,7 @@ static void closeCb(struct raft_io *io)
     closed = true;
 }
 
-size_t uvlog_load(struct uvlog *l, const char *dir)
+void uvlog_open(struct uvlog *l, const char *dir)
 {
     *l = (struct uvlog){0};
     assert_int_equal(uv_loop_init(&l->loop), 0);
@@ -39,20 +39,7 @@ size_t uvlog_load(struct uvlog *l, const char *dir)
     size_t n;
     assert_int_equal(l->io.load(&l->io, &term, &vote, &snap, &start, &loaded, &n), 0);
     assert_null(snap);
-    void *batch = NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (loaded[i].batch != batch) {
-            batch = loaded[i].batch;
-            raft_free(batch);
-        }
-    }
-    raft_free(loaded);
-    return n;
-}
-
-void uvlog_open(struct uvlog *l, const char *dir)
-{
-    assert_int_equal(uvlog_load(l, dir), 0);
+    assert_int_equal(n, 0);
 }
 
 void uvlog_append_one(struct uvlog *l, raft_term term)

@@ -16,8 +16,6 @@ struct uvlog {
 
 /* raft_uv on a fresh `dir` (empty: no snapshot, no entries) as server 1. */
 void uvlog_open(struct uvlog *l, const char *dir);
-/* raft_uv on `dir` (no snapshot) as server 1: the number of entries it loaded from it. */
-size_t uvlog_load(struct uvlog *l, const char *dir);
 /* One command entry of `term`, appended and durable before it returns. */
 void uvlog_append_one(struct uvlog *l, raft_term term);
 /* raft_uv and its loop closed, nothing left on the loop. */
