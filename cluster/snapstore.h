@@ -34,8 +34,10 @@
 #define SNAPSTORE_CHUNK (128 * 1024)            /* bytes pushed to the disk at a time */
 #define SNAPSTORE_PAUSE_US 1000                 /* pause between chunks, by default */
 /* Bytes freed at a time (snapstore_gc), and the pause between steps by default: with online
- * discard each step is one trim that the disk's other writes wait behind (on the benchmark
- * machine 0.5-2.1 ms for 1 MiB, ~2 ms for 4 MiB; docs/latency.md). 100 MiB a second. */
+ * discard on ext4 without a journal each step is one trim that the disk's other writes wait
+ * behind (on the benchmark machine 0.5-2.1 ms for 1 MiB, ~2 ms for 4 MiB; docs/latency.md).
+ * With a journal, ext4 trims a transaction's freed ranges, merged, when it commits, so the
+ * steps do not split them there. 100 MiB a second. */
 #define SNAPSTORE_DELETE_STEP (1024 * 1024)
 #define SNAPSTORE_DELETE_PAUSE_US 10000
 #define SNAPSTORE_TRASH "idem-trash"
