@@ -841,7 +841,8 @@ static void answerClusterRc(struct service *s, int rc, uint64_t request_id, serv
         return;
     }
     /* ESETTLING: nothing was started, and the same change may be sent again after a
-     * heartbeat (idemctl does, within its deadline). */
+     * heartbeat (idemctl does, within its deadline; libidem's idem_call retries any
+     * unavailable answer with its own backoff). */
     answerRetryAfter(
         cb, data, request_id,
         rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
