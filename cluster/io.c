@@ -8,6 +8,7 @@
 #include "aio_reap.h"
 #include "clog.h"
 #include "logdir.h"
+#include "segtail.h"
 #include "snapstore.h"
 
 static struct io *fromOuter(struct raft_io *o)
@@ -88,6 +89,21 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
         }
         if (msg[0] != '\0') {
             clog_warn("%s", msg);
+        }
+        /* libraft 0.15's loader aborts on an open segment whose entries end 8 bytes before
+         * its end (segtail.h). */
+        int trimmed = segtail_repair(io->log_dir, msg, sizeof(msg));
+        if (trimmed < 0) {
+            clog_error("%s", msg);
+            snprintf(io->outer.errmsg, sizeof(io->outer.errmsg),
+                     "a log segment cannot be read (the message above says which)");
+            return RAFT_IOERR;
+        }
+        if (trimmed > 0) {
+            clog_warn("log segments %s in %s: their entries ended 8 bytes before the end of "
+                      "the file (this node stopped before raft_uv closed a full segment), which "
+                      "libraft 0.15 cannot load; removed those 8 zero bytes, no entry",
+                      msg, io->log_dir);
         }
     }
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);

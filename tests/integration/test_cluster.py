@@ -643,6 +643,62 @@ class TestTruncation(ClusterTest):
         self.claim_all("stale", 10, ids=[lid])
 
 
+def open_segment_end(path):
+    """Where the batches of raft_uv's open segment at path end (libraft 0.15's format 1,
+    cluster/segtail.h), or None when it holds none."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8 or struct.unpack_from("<Q", data, 0)[0] != 1:
+        return None
+    off = 8
+    while len(data) - off >= 16:
+        n = struct.unpack_from("<Q", data, off + 8)[0]
+        if n == 0:
+            break
+        lens = [struct.unpack_from("<I", data, off + 16 + 16 * i + 12)[0] for i in range(n)]
+        off += 16 + 16 * n + sum((x + 7) & ~7 for x in lens)
+    return off if off > 8 else None
+
+
+class TestOpenSegmentTail(ClusterTest):
+    """A node killed while its open segment's last batch ends exactly 8 bytes before the end
+    of the file (raft_uv had filled it, and the next batch that would have closed it never
+    came). libraft 0.15's loader aborts on that at every start (tests/unit/test_segtail.c);
+    idemd trims those 8 zero bytes before raft_uv loads (cluster/segtail.h), and the node
+    starts with every entry it had."""
+
+    def test_killed_node_with_a_full_open_segment_restarts(self):
+        self.claims_fast("pre", 0, 30)
+        self.c.wait_converged(3)
+        f = [n for n in self.c.nodes if n != self.c.leader()][0]
+        self.c.kill(f)  # SIGKILL: raft_uv closes nothing
+        d = self.c.nodes[f].dir
+        held = []
+        for name in sorted(os.listdir(d)):
+            if re.fullmatch(r"open-\d+", name):
+                end = open_segment_end(os.path.join(d, name))
+                if end is not None:
+                    held.append((name, end))
+        self.assertEqual(len(held), 1, (os.listdir(d), held))
+        name, end = held[0]
+        # The segment as raft_uv leaves it when its last batch ends 8 bytes before the end
+        # (the bytes after the batches are zero: raft_uv found the end there).
+        os.truncate(os.path.join(d, name), end + 8)
+
+        self.c.start(f)
+        self.claims_fast("post", 30, 40)
+        st = self.c.wait_converged(3)
+        self.assertEqual({n["records"] for n in st["nodes"]}, {40}, st)
+        with open(self.c.nodes[f].log) as log:
+            text = log.read()
+        self.assertIn("log segments %s in %s: their entries ended 8 bytes before the end" %
+                      (name, d), text)
+        # The restarted node holds the claims it had before it was killed.
+        for i in (0, 29):
+            rc, out = self.claim("pre-%d" % i, n=i, ids=[f])
+            self.assertEqual((rc, out["outcome"]), (0, "in_progress"), out)
+
+
 class TestExpiry(ClusterTest):
     cluster_opts = dict(expiry_ms=100)
 

@@ -1,0 +1,241 @@
+/* segtail: an open log segment that libraft 0.15 cannot load, made loadable (segtail.h). */
+#include "segtail.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FORMAT_1 1u
+#define PREAMBLE 16u     /* two u32 checksums and the u64 entry count */
+#define ENTRY_HEADER 16u /* u64 term, u8 type, 3 unused bytes, u32 length */
+#define TAIL 8u          /* the one tail raft_uv's loader cannot take */
+
+/* raft_uv's open segment name: "open-" and its counter. */
+static bool openName(const char *name)
+{
+    if (strncmp(name, "open-", 5) != 0 || name[5] == '\0') {
+        return false;
+    }
+    for (const char *p = name + 5; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* pread of exactly len bytes at off: 0, 1 when the file ends first, -1 on an error. */
+static int readAt(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            return -1;
+        }
+        if (n == 0) {
+            return 1;
+        }
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+/* raft_uv's numbers are little endian. */
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = v << 8 | p[i];
+    }
+    return v;
+}
+
+static uint64_t pad8(uint64_t n)
+{
+    return (n + 7u) & ~(uint64_t)7u;
+}
+
+/* The file read forward through a buffer: a 64 MiB segment holds some 300,000 batches, and
+ * two preads per batch took 0.8 s. */
+struct reader {
+    int fd;
+    uint64_t size;
+    uint64_t base; /* the file offset of buf[0] */
+    size_t len;    /* bytes of the file in buf */
+    uint8_t buf[1 << 16];
+};
+
+/* The n bytes (n <= sizeof buf) at off (off + n <= size), or NULL on a read error (errno
+ * set) or when the file ended sooner than its size said (errno 0). */
+static const uint8_t *readerAt(struct reader *r, uint64_t off, size_t n)
+{
+    if (off >= r->base && off + n <= r->base + r->len) {
+        return r->buf + (off - r->base);
+    }
+    size_t want = r->size - off < sizeof(r->buf) ? (size_t)(r->size - off) : sizeof(r->buf);
+    int rv = readAt(r->fd, r->buf, want, off);
+    if (rv != 0) {
+        r->len = 0;
+        if (rv > 0) {
+            errno = 0;
+        }
+        return NULL;
+    }
+    r->base = off;
+    r->len = want;
+    return r->buf;
+}
+
+/* Where the batches of the open segment in r end: 0 with *end set when they end cleanly at
+ * a whole batch (the rest of the file, if any, is the loader's to judge), 1 when the walk
+ * stopped short of that (another format, an entry count of 0, a header or data past the
+ * end: left to the loader), -1 on a read error. */
+static int batchesEnd(struct reader *r, uint64_t *end)
+{
+    if (r->size < 8) {
+        return 1;
+    }
+    const uint8_t *p = readerAt(r, 0, 8);
+    if (p == NULL) {
+        return errno != 0 ? -1 : 1;
+    }
+    if (le64(p) != FORMAT_1) {
+        return 1; /* 0: never written (the loader removes it); others: not this walk's */
+    }
+    uint64_t off = 8;
+    while (r->size - off >= PREAMBLE) {
+        if ((p = readerAt(r, off, PREAMBLE)) == NULL) {
+            return errno != 0 ? -1 : 1;
+        }
+        uint64_t n = le64(p + 8);
+        uint64_t room = r->size - off - PREAMBLE;
+        if (n == 0 || n > room / ENTRY_HEADER) {
+            return 1;
+        }
+        uint64_t headers = n * ENTRY_HEADER;
+        uint64_t data = 0; /* never past room - headers: no overflow */
+        for (uint64_t i = 0; i < n; i++) {
+            p = readerAt(r, off + PREAMBLE + i * ENTRY_HEADER, ENTRY_HEADER);
+            if (p == NULL) {
+                return errno != 0 ? -1 : 1;
+            }
+            uint64_t len = (uint64_t)p[12] | (uint64_t)p[13] << 8 | (uint64_t)p[14] << 16 |
+                           (uint64_t)p[15] << 24;
+            data += pad8(len);
+            if (data > room - headers) {
+                return 1;
+            }
+        }
+        off += PREAMBLE + headers + data;
+    }
+    *end = off;
+    return 0;
+}
+
+/* 1 when the segment name in dir was trimmed, 0 when it was left alone, -1 on an error
+ * (why in err). */
+static int repairOne(int dirfd, const char *name, struct reader *r, char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        snprintf(err, errlen, "stat %s: %s", name, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return 0; /* a directory, a symbolic link...: not a segment raft_uv made */
+    }
+    int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        snprintf(err, errlen, "open %s: %s", name, strerror(errno));
+        return -1;
+    }
+    const char *what = "read";
+    uint64_t end = 0;
+    int rv = fstat(fd, &st);
+    if (rv == 0 && !S_ISREG(st.st_mode)) {
+        rv = 1;
+    } else if (rv == 0) {
+        r->fd = fd;
+        r->size = (uint64_t)st.st_size;
+        r->base = 0;
+        r->len = 0;
+        rv = batchesEnd(r, &end);
+    }
+    /* end is past the format version: at least one batch (raft_uv writes the version
+     * with the first). */
+    if (rv == 0 && end > 8 && (uint64_t)st.st_size - end == TAIL) {
+        static const uint8_t zeros[TAIL];
+        uint8_t tail[TAIL];
+        rv = readAt(fd, tail, sizeof(tail), end);
+        if (rv == 0 && memcmp(tail, zeros, sizeof(tail)) == 0) {
+            what = "trim";
+            rv = ftruncate(fd, (off_t)end) == 0 && fsync(fd) == 0 ? 2 : -1;
+        }
+    }
+    int saved = errno;
+    close(fd);
+    if (rv < 0) {
+        snprintf(err, errlen, "%s %s: %s", what, name, strerror(saved));
+        return -1;
+    }
+    return rv == 2;
+}
+
+int segtail_repair(const char *dir, char *msg, size_t msglen)
+{
+    msg[0] = '\0';
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        snprintf(msg, msglen, "list %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct reader *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        snprintf(msg, msglen, "out of memory");
+        closedir(d);
+        return -1;
+    }
+    int trimmed = 0;
+    size_t used = 0;
+    char err[512];
+    struct dirent *e;
+    errno = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (!openName(e->d_name)) {
+            errno = 0;
+            continue;
+        }
+        int rv = repairOne(dirfd(d), e->d_name, r, err, sizeof(err));
+        if (rv < 0) {
+            snprintf(msg, msglen, "log segment in %s: %s", dir, err);
+            free(r);
+            closedir(d);
+            return -1;
+        }
+        if (rv == 1) {
+            int n = snprintf(msg + used, msglen - used, "%s%s", trimmed ? ", " : "", e->d_name);
+            used = n < 0 || (size_t)n >= msglen - used ? msglen - 1 : used + (size_t)n;
+            trimmed++;
+        }
+        errno = 0;
+    }
+    int saved = errno;
+    free(r);
+    closedir(d);
+    if (saved != 0) {
+        snprintf(msg, msglen, "list %s: %s", dir, strerror(saved));
+        return -1;
+    }
+    return trimmed;
+}
