@@ -96,7 +96,7 @@ static int ioLoad(struct raft_io *o, raft_term *term, raft_id *voted_for,
         if (trimmed < 0) {
             clog_error("%s", msg);
             snprintf(io->outer.errmsg, sizeof(io->outer.errmsg),
-                     "a log segment cannot be read (the message above says which)");
+                     "a log segment cannot be read or trimmed (the message above says which)");
             return RAFT_IOERR;
         }
         if (trimmed > 0) {

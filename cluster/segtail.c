@@ -61,11 +61,6 @@ static uint64_t le64(const uint8_t *p)
     return v;
 }
 
-static uint64_t pad8(uint64_t n)
-{
-    return (n + 7u) & ~(uint64_t)7u;
-}
-
 /* The file read forward through a buffer: a 64 MiB segment holds some 300,000 batches, and
  * two preads per batch took 0.8 s. */
 struct reader {
@@ -132,7 +127,10 @@ static int batchesEnd(struct reader *r, uint64_t *end)
             }
             uint64_t len = (uint64_t)p[12] | (uint64_t)p[13] << 8 | (uint64_t)p[14] << 16 |
                            (uint64_t)p[15] << 24;
-            data += pad8(len);
+            if (len % 8 != 0) {
+                return 1; /* raft_uv pads when it writes, its loader does not when it reads */
+            }
+            data += len;
             if (data > room - headers) {
                 return 1;
             }
@@ -160,9 +158,12 @@ static int repairOne(int dirfd, const char *name, struct reader *r, char *err, s
         snprintf(err, errlen, "open %s: %s", name, strerror(errno));
         return -1;
     }
-    const char *what = "read";
+    const char *what = "stat";
     uint64_t end = 0;
     int rv = fstat(fd, &st);
+    if (rv == 0) {
+        what = "read";
+    }
     if (rv == 0 && !S_ISREG(st.st_mode)) {
         rv = 1;
     } else if (rv == 0) {
@@ -207,35 +208,36 @@ int segtail_repair(const char *dir, char *msg, size_t msglen)
         return -1;
     }
     int trimmed = 0;
+    char names[512] = ""; /* of the segments trimmed */
     size_t used = 0;
-    char err[512];
+    char err[512] = "";
     struct dirent *e;
     errno = 0;
     while ((e = readdir(d)) != NULL) {
-        if (!openName(e->d_name)) {
-            errno = 0;
-            continue;
-        }
-        int rv = repairOne(dirfd(d), e->d_name, r, err, sizeof(err));
+        int rv = openName(e->d_name) ? repairOne(dirfd(d), e->d_name, r, err, sizeof(err)) : 0;
         if (rv < 0) {
-            snprintf(msg, msglen, "log segment in %s: %s", dir, err);
-            free(r);
-            closedir(d);
-            return -1;
+            break;
         }
         if (rv == 1) {
-            int n = snprintf(msg + used, msglen - used, "%s%s", trimmed ? ", " : "", e->d_name);
-            used = n < 0 || (size_t)n >= msglen - used ? msglen - 1 : used + (size_t)n;
+            int n = snprintf(names + used, sizeof(names) - used, "%s%s", trimmed ? ", " : "",
+                             e->d_name);
+            used =
+                n < 0 || (size_t)n >= sizeof(names) - used ? sizeof(names) - 1 : used + (size_t)n;
             trimmed++;
         }
         errno = 0;
     }
-    int saved = errno;
+    if (e == NULL && errno != 0) {
+        snprintf(err, sizeof(err), "list: %s", strerror(errno));
+    }
     free(r);
     closedir(d);
-    if (saved != 0) {
-        snprintf(msg, msglen, "list %s: %s", dir, strerror(saved));
+    if (err[0] != '\0') {
+        snprintf(msg, msglen, "log segment in %s: %s%s%s%s", dir, err,
+                 trimmed ? " (trimmed before that: " : "", trimmed ? names : "",
+                 trimmed ? ")" : "");
         return -1;
     }
+    snprintf(msg, msglen, "%s", names);
     return trimmed;
 }

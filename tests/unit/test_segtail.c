@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,17 +64,17 @@ static int openIo(uv_loop_t *loop, struct raft_uv_transport *t, struct raft_io *
 {
     if (uv_loop_init(loop) != 0 || raft_uv_tcp_init(t, loop) != 0 ||
         raft_uv_init(io, loop, dir, t) != 0) {
-        return 1;
+        return 11;
     }
     raft_uv_set_segment_size(io, SEG);
     if (io->init(io, 1, "127.0.0.1:9") != 0) {
-        return 2;
+        return 12;
     }
     raft_term term;
     raft_id vote;
     struct raft_snapshot *snap;
     raft_index start;
-    return io->load(io, &term, &vote, &snap, &start, entries, n) != 0 ? 3 : 0;
+    return io->load(io, &term, &vote, &snap, &start, entries, n) != 0 ? 13 : 0;
 }
 
 /* One entry appended by raft_uv, whose batch ends `rest` bytes before the end of the open
@@ -89,7 +91,7 @@ static void writeAndDie(size_t rest)
         size_t n;
         int rv = openIo(&loop, &t, &io, &entries, &n);
         if (rv != 0 || n != 0) {
-            _exit(10 + rv);
+            _exit(rv != 0 ? rv : 14);
         }
         static struct raft_entry e = {.term = 1, .type = RAFT_COMMAND};
         e.buf.len = SEG - FORMAT_BYTES - BATCH_FIXED - rest;
@@ -121,6 +123,8 @@ static int loadInChild(size_t rest)
         if (null >= 0) {
             dup2(null, STDERR_FILENO); /* the abort's report */
         }
+        struct rlimit none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none); /* and no core file */
         uv_loop_t loop;
         struct raft_uv_transport t;
         struct raft_io io;
@@ -181,8 +185,11 @@ static void test_tail_of_8_bytes_is_trimmed(void **state)
     int status = loadInChild(8);
     snprintf(dir, sizeof(dir), "%s", keep);
     assert_int_equal(tmpdir_remove(copy), 0);
-    /* If a later libraft loads it, this repair may no longer be needed: see segtail.h. */
-    assert_false(WIFEXITED(status) && WEXITSTATUS(status) == LOADED_OK);
+    /* libraft 0.15 frees what it loaded twice: abort(3) from glibc, or ASan's report and
+     * exit code 1 unless its options say abort. A later libraft that loads this segment,
+     * or fails with an error of its own (13), may no longer need the repair: segtail.h. */
+    assert_true((WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) ||
+                (WIFEXITED(status) && WEXITSTATUS(status) == 1));
 
     char msg[256];
     assert_int_equal(segtail_repair(dir, msg, sizeof(msg)), 1);
@@ -262,16 +269,17 @@ static void test_what_is_left_alone(void **state)
         const char *name;
         size_t len;
     } files[] = {
-        {"open-1", segment(buf, 100, 0, 8, 0xff)},        /* the tail is not zero */
-        {"open-2", 0},                                    /* empty */
-        {"open-3", 5},                                    /* shorter than the version */
-        {"open-4", 16},                                   /* version 0 and 8 zero bytes */
-        {"open-5", 0},                                    /* version 1, no batch, 8 zeros */
-        {"open-6", 0},                                    /* an entry count past the end */
-        {"open-7", 0},                                    /* data past the end */
-        {"open-8", 0},                                    /* a count of 2^63 */
-        {"00000000000000000001-00000000000000000001", 0}, /* closed: not walked */
-        {"open-x", 0},                                    /* not raft_uv's name */
+        {"open-1", segment(buf, 104, 0, 8, 0xff)}, /* the tail is not zero */
+        {"open-2", 0},                             /* empty */
+        {"open-3", 5},                             /* shorter than the version */
+        {"open-4", 16},                            /* version 0 and 8 zero bytes */
+        {"open-5", 0},                             /* version 1, no batch, 8 zeros */
+        {"open-6", 0},                             /* an entry count past the end */
+        {"open-7", 0},                             /* data past the end */
+        {"open-8", 0},                             /* a count of 2^63 */
+        {"open-12", 0},                            /* a length not padded */
+        {"0000000000000001-0000000000000001", 0},  /* closed: not walked */
+        {"open-x", 0},                             /* not raft_uv's name */
     };
     writeFile(files[0].name, buf, files[0].len);
     writeFile(files[1].name, buf, 0);
@@ -280,21 +288,23 @@ static void test_what_is_left_alone(void **state)
     writeFile(files[3].name, buf, 16);
     put64(buf, 1);
     writeFile(files[4].name, buf, files[4].len = 16);
-    files[5].len = segment(buf, 100, 1000, 8, 0);
+    files[5].len = segment(buf, 104, 1000, 8, 0);
     writeFile(files[5].name, buf, files[5].len);
-    files[6].len = segment(buf, 100, 0, 8, 0) - 40;
+    files[6].len = segment(buf, 104, 0, 8, 0) - 40;
     writeFile(files[6].name, buf, files[6].len);
-    files[7].len = segment(buf, 100, UINT64_C(1) << 63, 8, 0);
+    files[7].len = segment(buf, 104, UINT64_C(1) << 63, 8, 0);
     writeFile(files[7].name, buf, files[7].len);
-    files[8].len = segment(buf, 100, 0, 8, 0);
+    files[8].len = segment(buf, 100, 0, 8, 0); /* 100 bytes, padded to 104 */
     writeFile(files[8].name, buf, files[8].len);
-    files[9].len = files[8].len;
+    files[9].len = segment(buf, 104, 0, 8, 0);
     writeFile(files[9].name, buf, files[9].len);
+    files[10].len = files[9].len;
+    writeFile(files[10].name, buf, files[10].len);
     char path[8192];
     snprintf(path, sizeof(path), "%s/open-9", dir);
     assert_int_equal(mkdir(path, 0700), 0); /* a directory of that name */
     snprintf(path, sizeof(path), "%s/open-10", dir);
-    assert_int_equal(symlink("00000000000000000001-00000000000000000001", path), 0);
+    assert_int_equal(symlink("0000000000000001-0000000000000001", path), 0);
 
     char msg[256];
     assert_int_equal(segtail_repair(dir, msg, sizeof(msg)), 0);
@@ -305,7 +315,7 @@ static void test_what_is_left_alone(void **state)
 
     /* The same batch with a zero tail of 8 bytes is trimmed, whatever its (unchecked)
      * checksums. */
-    size_t len = segment(buf, 100, 0, 8, 0);
+    size_t len = segment(buf, 104, 0, 8, 0);
     writeFile("open-11", buf, len);
     assert_int_equal(segtail_repair(dir, msg, sizeof(msg)), 1);
     assert_string_equal(msg, "open-11");
