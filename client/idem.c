@@ -1154,6 +1154,12 @@ int idem_call(struct idem_client *c, const Idem__Request *req, uint32_t deadline
     return IdemClientCall(c, req, deadline_ms, resp, err, sizeof err);
 }
 
+int idem_call_why(struct idem_client *c, const Idem__Request *req, uint32_t deadline_ms,
+                  Idem__Response **resp, char *err, size_t errlen)
+{
+    return IdemClientCall(c, req, deadline_ms, resp, err, errlen);
+}
+
 int idem_call_node(struct idem_client *c, const char *addr, const Idem__Request *req,
                    uint32_t deadline_ms, Idem__Response **resp)
 {

@@ -30,7 +30,8 @@
  * its first half; any left after it are reported as "unsent", never silently dropped, and
  * count in the latency with their wait from the scheduled time to the end. In every mode
  * the run ends with the grace: each call's deadline is cut so that it ends by then at the
- * latest (a call without an answer by then is an error, timed like the others), so
+ * latest (a call without an answer by then is an error, timed like the others; a complete
+ * or release due with less than 1 ms left is not sent, and its operation is an error), so
  * --duration bounds the run whatever the cluster does. The first call (below)
  * and the replay workload's setup come before the run and are bounded by --deadline.
  *
@@ -175,8 +176,9 @@ static const char usageText[] =
     "  --duration SECONDS  how long to run (default 10, at most 3600); then the calls in\n"
     "                      flight get at most 1 s more, or one --deadline if shorter (with\n"
     "                      --rate, the operations due but unsent are sent in its first\n"
-    "                      half): a call without an answer by then is an error, so the\n"
-    "                      run ends by then\n"
+    "                      half): a call without an answer by then is an error (as is\n"
+    "                      a complete or release due with under 1 ms left: not sent), so\n"
+    "                      the run ends by then\n"
     "  --requests N        stop after N operations (default: no limit)\n"
     "  --deadline MS       deadline of each call, retries included (default 5000); also\n"
     "                      bounds the first call, which checks the cluster, and each call of\n"
@@ -197,8 +199,7 @@ static const char usageText[] =
     "                      p50_ms, p90_ms, p99_ms, p999_ms, max_ms, outcomes, histogram\n"
     "                      (every non-empty bucket as [lo_us, hi_us, count]) and more\n"
     "  --help              print this help and exit\n"
-    "TLS (nodes with tls.rpc: true):\n" CLI_TLS_HELP
-    "\n"
+    "TLS (nodes with tls.rpc: true):\n" CLI_TLS_HELP "\n"
     "A progress line is printed to stderr once per second when stderr is a terminal: ops\n"
     "and ops/s as the summary counts them (the expected outcome), errors apart; with --rate\n"
     "also the largest lag of a send behind its schedule.\n"
@@ -230,6 +231,29 @@ static bool optValue(int argc, char **argv, int *i, const char *name, const char
     return true;
 }
 
+/* The options that take a value (the next argument, unless given as --name=value). */
+static const char *const valueOptions[] = {
+    "--cluster",  "--token",    "--concurrency", "--rate",     "--connections",
+    "--keys",     "--duration", "--requests",    "--deadline", "--timeline",
+    "--workload", "--tls-ca",   "--tls-cert",    "--tls-key",  "--tls-server-name"};
+
+/* Whether --json is given as an option: not as another option's value (--token --json). */
+static bool jsonAsked(int argc, char **argv)
+{
+    for (int k = 1; k < argc; k++) {
+        if (strcmp(argv[k], "--json") == 0) {
+            return true;
+        }
+        for (size_t o = 0; o < sizeof valueOptions / sizeof valueOptions[0]; o++) {
+            if (strcmp(argv[k], valueOptions[o]) == 0) {
+                k++; /* its value */
+                break;
+            }
+        }
+    }
+    return false;
+}
+
 static const char *envOrNull(const char *name)
 {
     const char *v = getenv(name);
@@ -253,11 +277,7 @@ static void parseArgs(int argc, char **argv, struct config *cfg)
     cfg->deadline_ms = DEFAULT_DEADLINE_MS;
     cli_tls_from_env(&cfg->tls);
     /* --json anywhere: usage errors found before it is reached print JSON too. */
-    for (int k = 1; k < argc; k++) {
-        if (strcmp(argv[k], "--json") == 0) {
-            cli_set_json(true);
-        }
-    }
+    cli_set_json(jsonAsked(argc, argv));
     int i = 1;
     while (i < argc) {
         const char *v;
@@ -508,6 +528,16 @@ static uint32_t callDeadline(const struct bench *b)
     return left_ms < b->cfg.deadline_ms ? (uint32_t)left_ms : b->cfg.deadline_ms;
 }
 
+/* Whether a complete or release can still follow its claim: not with less than 1 ms left
+ * of the run's bound, when it would go out with callDeadline's 1 ms floor and could be
+ * applied on the node while counted here as an error. */
+static bool followUpFits(const struct bench *b)
+{
+    return b->last_us == 0 || nowUs() + 1000u <= b->last_us;
+}
+
+#define CUT_OFF "not sent: the claim was answered with less than 1 ms left of the run's bound"
+
 static uint64_t rngNext(uint64_t *s)
 {
     /* splitmix64 */
@@ -572,9 +602,10 @@ static Idem__Outcome doClaim(struct idem_client *c, uint32_t deadline_ms, const 
     req.op_case = IDEM__REQUEST__OP_CLAIM;
     req.claim = &cr;
     Idem__Response *resp = NULL;
-    *rv = idem_call(c, &req, deadline_ms, &resp);
+    char why[512];
+    *rv = idem_call_why(c, &req, deadline_ms, &resp, why, sizeof why);
     if (*rv != IDEM_OK) {
-        snprintf(err, errlen, "claim: %s: %s", idem_strerror(*rv), idem_client_errmsg(c));
+        snprintf(err, errlen, "claim: %s: %s", idem_strerror(*rv), why);
         return IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
     }
     Idem__Outcome o = idem_response_outcome(resp);
@@ -605,9 +636,10 @@ static Idem__Outcome doComplete(struct idem_client *c, uint32_t deadline_ms, con
     req.op_case = IDEM__REQUEST__OP_COMPLETE;
     req.complete = &cr;
     Idem__Response *resp = NULL;
-    *rv = idem_call(c, &req, deadline_ms, &resp);
+    char why[512];
+    *rv = idem_call_why(c, &req, deadline_ms, &resp, why, sizeof why);
     if (*rv != IDEM_OK) {
-        snprintf(err, errlen, "complete: %s: %s", idem_strerror(*rv), idem_client_errmsg(c));
+        snprintf(err, errlen, "complete: %s: %s", idem_strerror(*rv), why);
         return IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
     }
     Idem__Outcome o = idem_response_outcome(resp);
@@ -628,9 +660,10 @@ static Idem__Outcome doRelease(struct idem_client *c, uint32_t deadline_ms, cons
     req.op_case = IDEM__REQUEST__OP_RELEASE;
     req.release = &rr;
     Idem__Response *resp = NULL;
-    *rv = idem_call(c, &req, deadline_ms, &resp);
+    char why[512];
+    *rv = idem_call_why(c, &req, deadline_ms, &resp, why, sizeof why);
     if (*rv != IDEM_OK) {
-        snprintf(err, errlen, "release: %s: %s", idem_strerror(*rv), idem_client_errmsg(c));
+        snprintf(err, errlen, "release: %s: %s", idem_strerror(*rv), why);
         return IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
     }
     Idem__Outcome o = idem_response_outcome(resp);
@@ -655,7 +688,7 @@ static void countCall(struct worker *w, int rv)
 static bool workerOp(struct worker *w, struct idem_client *c)
 {
     struct bench *b = w->b;
-    char key[96], attempt[48], err[256];
+    char key[96], attempt[48], err[600];
     uint8_t fp[32];
     uint64_t token = 0;
     int rv = IDEM_OK;
@@ -681,6 +714,10 @@ static bool workerOp(struct worker *w, struct idem_client *c)
             noteError(w, "%s", err);
             return false;
         }
+        if (!followUpFits(b)) {
+            noteError(w, "release: " CUT_OFF);
+            return false;
+        }
         o = doRelease(c, callDeadline(b), sk->key, token, &rv, err, sizeof err);
         countCall(w, rv);
         if (o != IDEM__OUTCOME__OUTCOME_OK) {
@@ -702,6 +739,10 @@ static bool workerOp(struct worker *w, struct idem_client *c)
     }
     if (b->cfg.workload == WL_FRESH) {
         return true;
+    }
+    if (!followUpFits(b)) {
+        noteError(w, "complete: " CUT_OFF);
+        return false;
     }
     o = doComplete(c, callDeadline(b), key, token, &rv, err, sizeof err);
     countCall(w, rv);
@@ -736,7 +777,7 @@ static void *workerRun(void *arg)
     struct worker *w = arg;
     struct bench *b = w->b;
     struct idem_client *c = NULL;
-    char why[256];
+    char why[512];
     int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
         noteError(w, "client: %s: %s", idem_strerror(rv), why);
@@ -986,6 +1027,11 @@ static void openClaimCb(struct idem_async *a, int status, struct idem_result *r,
     }
     op->token = r->token;
     const char *key = op->sk != NULL ? op->sk->key : op->key;
+    if (!followUpFits(L->b)) {
+        noteError(&L->w, "%s: " CUT_OFF, wl == WL_CLAIM_COMPLETE ? "complete" : "release");
+        openDone(op, false);
+        return;
+    }
     int rv;
     if (wl == WL_CLAIM_COMPLETE) {
         static const uint8_t body[] = "ok";
@@ -1112,7 +1158,7 @@ static void probeStart(struct bench *b)
     if (!b->cfg.stall_probe) {
         return;
     }
-    char err[256];
+    char err[600];
     /* --timeline rows take the longest hold since the previous row as they close. */
     if (stallprobe_start(&b->probe, err, sizeof err) != 0) {
         fprintf(stderr, "idem-bench: --stall-probe: %s; running without it\n", err);
@@ -1287,7 +1333,7 @@ static void *setupRun(void *arg)
 {
     struct setup *s = arg;
     struct bench *b = s->b;
-    char err[256], attempt[48];
+    char err[600], attempt[48];
     for (;;) {
         unsigned i = atomic_fetch_add(&s->next, 1);
         if (i >= b->cfg.keys || atomic_load(&s->failed)) {
@@ -1625,7 +1671,7 @@ int main(int argc, char **argv)
     atomic_init(&b->stop, false);
 
     struct idem_client *c = NULL;
-    char why[256];
+    char why[512];
     int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
         benchError("%s: %s", idem_strerror(rv), why);

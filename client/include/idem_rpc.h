@@ -34,6 +34,13 @@ extern "C" {
 int idem_call(struct idem_client *c, const Idem__Request *req, uint32_t deadline_ms,
               Idem__Response **resp);
 
+/* idem_call() that also gives this call's own account of a failure, in err (errlen bytes,
+ * caller-provided): what idem_client_errmsg() says only while no other thread makes a
+ * call on the same client. On IDEM_OK err may hold what an attempt retried in the call
+ * said. */
+int idem_call_why(struct idem_client *c, const Idem__Request *req, uint32_t deadline_ms,
+                  Idem__Response **resp, char *err, size_t errlen);
+
 /* Sends `req` to the node at `addr` ("host:port", borrowed) only: no redirects, no
  * retries, apart from one immediate reconnect when a kept-alive connection turns out to
  * be closed. The node does not need to be one of the seeds. Same ownership and result

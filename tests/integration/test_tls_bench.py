@@ -1003,6 +1003,11 @@ class TestBench(ClusterTestCase):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertEqual(json.loads(p.stdout)["outcome"], "usage")
+        # --json as another option's value is that value: the usage error is text.
+        p = subprocess.run([IDEM_BENCH, "--token", "--json", "--workload", "nope"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual((p.returncode, p.stdout), (2, b""), p.stderr)
+        self.assertIn(b"--workload must be fresh", p.stderr)
 
     def test_contention_and_replay(self):
         out = self.bench("--workload", "contention", "--keys", 2, "--concurrency", 8, "--requests", 200)

@@ -292,6 +292,29 @@ static void test_sync_deadline_names_every_node(void **state)
     idem_client_close(c);
 }
 
+/* idem_call_why: the call's own account, as idem_client_errmsg() gives it. */
+static void test_call_why_names_every_node(void **state)
+{
+    (void)state;
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new("127.0.0.1:1,127.0.0.1:2", "t", &c), IDEM_OK);
+    Idem__GetRequest gr = IDEM__GET_REQUEST__INIT;
+    gr.key.data = (uint8_t *)"k";
+    gr.key.len = 1;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_GET;
+    req.get = &gr;
+    Idem__Response *resp = NULL;
+    char why[512] = "unset";
+    assert_int_equal(idem_call_why(c, &req, 300, &resp, why, sizeof why), IDEM_EUNAVAILABLE);
+    assert_null(resp);
+    assert_non_null(strstr(why, "no leader answered within 300 ms (each node's last answer: "));
+    assert_non_null(strstr(why, "127.0.0.1:1: connect: Connection refused"));
+    assert_non_null(strstr(why, "; 127.0.0.1:2: connect: Connection refused"));
+    assert_string_equal(why, idem_client_errmsg(c));
+    idem_client_close(c);
+}
+
 struct slot {
     int calls;
     int status;
@@ -959,6 +982,7 @@ int main(void)
         cmocka_unit_test(test_result_fill),
         cmocka_unit_test(test_sync_deadline),
         cmocka_unit_test(test_sync_deadline_names_every_node),
+        cmocka_unit_test(test_call_why_names_every_node),
         cmocka_unit_test(test_async_deadline_and_close),
         cmocka_unit_test(test_async_deadline_names_every_node),
         cmocka_unit_test(test_frame_limit),
