@@ -40,8 +40,7 @@ bool logdir_closed_segment(const char *name, uint64_t *first, uint64_t *end)
     return true;
 }
 
-/* raft_uv's open segment name: "open-" and its counter. */
-static bool openSegment(const char *name)
+bool logdir_open_segment(const char *name)
 {
     if (strncmp(name, "open-", 5) != 0 || name[5] == '\0') {
         return false;
@@ -125,7 +124,7 @@ static int scanDir(const char *dir, struct scan *s, char *err, size_t errlen)
             if (s->mark == 0 || a < s->mark) {
                 s->mark = a;
             }
-        } else if (openSegment(e->d_name)) {
+        } else if (logdir_open_segment(e->d_name)) {
             int held = openHolds(dirfd(d), e->d_name);
             if (held < 0 && errno == ENOENT) {
                 s->raced = true; /* renamed to a closed segment since readdir */
@@ -267,7 +266,7 @@ static int moveOpens(const char *dir, unsigned *moved, char *err, size_t errlen)
     int rv = 0;
     struct dirent *e;
     while (rv == 0 && (e = readdir(d)) != NULL) {
-        if (!openSegment(e->d_name)) {
+        if (!logdir_open_segment(e->d_name)) {
             continue;
         }
         int held = openHolds(dirfd(d), e->d_name);

@@ -46,6 +46,9 @@
 /* raft_uv's closed segment name: 16 digits, '-', 16 digits (first and last index). */
 bool logdir_closed_segment(const char *name, uint64_t *first, uint64_t *end);
 
+/* raft_uv's open segment name: "open-" and its counter. */
+bool logdir_open_segment(const char *name);
+
 /* fsync of the directory dir (raft_uv's, where snapstore's files are too). */
 int logdir_sync(const char *dir, char *err, size_t errlen);
 

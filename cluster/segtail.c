@@ -12,24 +12,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "logdir.h"
+
 #define FORMAT_1 1u
 #define PREAMBLE 16u     /* two u32 checksums and the u64 entry count */
 #define ENTRY_HEADER 16u /* u64 term, u8 type, 3 unused bytes, u32 length */
 #define TAIL 8u          /* the one tail raft_uv's loader cannot take */
-
-/* raft_uv's open segment name: "open-" and its counter. */
-static bool openName(const char *name)
-{
-    if (strncmp(name, "open-", 5) != 0 || name[5] == '\0') {
-        return false;
-    }
-    for (const char *p = name + 5; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9') {
-            return false;
-        }
-    }
-    return true;
-}
 
 /* pread of exactly len bytes at off: 0, 1 when the file ends first, -1 on an error. */
 static int readAt(int fd, void *buf, size_t len, uint64_t off)
@@ -214,7 +202,9 @@ int segtail_repair(const char *dir, char *msg, size_t msglen)
     struct dirent *e;
     errno = 0;
     while ((e = readdir(d)) != NULL) {
-        int rv = openName(e->d_name) ? repairOne(dirfd(d), e->d_name, r, err, sizeof(err)) : 0;
+        int rv = logdir_open_segment(e->d_name)
+                     ? repairOne(dirfd(d), e->d_name, r, err, sizeof(err))
+                     : 0;
         if (rv < 0) {
             break;
         }
