@@ -1,4 +1,3 @@
-#define _GNU_SOURCE /* mkdtemp */
 /* Unit test of cluster/logdir.c: raft_uv's segment names, the truncation marks, the check
  * of a truncation and what a start does with one marked and not checked. Segments here are
  * stand-ins with raft_uv's names: an open segment that holds entries starts with a non-zero
@@ -24,8 +23,7 @@ static char dir[64];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/idem-logdir-XXXXXX");
-    return mkdtemp(dir) != NULL ? 0 : -1;
+    return tmpdir_make(dir, sizeof(dir), "idem-logdir");
 }
 
 static int teardown(void **state)

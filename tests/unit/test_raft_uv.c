@@ -1,4 +1,3 @@
-#define _GNU_SOURCE /* mkdtemp */
 /* libraft 0.15's raft_uv itself under the I/O wrapper (cluster/io.c), in a temporary
  * directory: a truncation asked while raft_uv holds a snapshot put. raft_uv alone never
  * runs it (its barrier never fires: canonical/raft #372, fixed after 0.15) and writes the
@@ -31,8 +30,7 @@ static raft_index loadedStart; /* the index of the first entry the last load gav
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/idem-raft-uv-XXXXXX");
-    return mkdtemp(dir) != NULL ? 0 : -1;
+    return tmpdir_make(dir, sizeof(dir), "idem-raft-uv");
 }
 
 static int teardown(void **state)

@@ -1,10 +1,9 @@
-#define _GNU_SOURCE /* mkdtemp */
 /* Unit tests of cluster/segtail.c. The segments are written by raft_uv itself (libraft
  * 0.15, linked as idemd links it) in a child process that exits without closing it, as a
  * node killed before raft_uv closed its open segment; raft_uv loads them in another child
  * (its loader may abort, which must not take the test with it). Segments of 16 KiB, one
  * entry sized so that its batch ends a chosen number of bytes before the end of the file.
- * The files are made in a fresh mkdtemp() directory under /tmp, removed at teardown. */
+ * The files are made in a fresh directory under /tmp (tmpdir_make), removed at teardown. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -40,8 +39,7 @@ static char dir[4096];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/idem-segtail-XXXXXX");
-    return mkdtemp(dir) != NULL ? 0 : -1;
+    return tmpdir_make(dir, sizeof(dir), "idem-segtail");
 }
 
 static int teardown(void **state)
@@ -178,8 +176,7 @@ static void test_tail_of_8_bytes_is_trimmed(void **state)
     char keep[sizeof(dir)];
     snprintf(keep, sizeof(keep), "%s", dir);
     char copy[4096];
-    snprintf(copy, sizeof(copy), "/tmp/idem-segtail-copy-XXXXXX");
-    assert_non_null(mkdtemp(copy));
+    assert_int_equal(tmpdir_make(copy, sizeof(copy), "idem-segtail-copy"), 0);
     copyDir(copy);
     snprintf(dir, sizeof(dir), "%s", copy);
     int status = loadInChild(8);

@@ -1,4 +1,3 @@
-#define _GNU_SOURCE /* mkdtemp */
 /* Unit test of cluster/snapstore.c: the reference raft_uv stores (encode/decode), the data
  * file written in chunks and made durable (exact content, no .tmp left, size and XXH3-64 in
  * the reference), reading it back with its size and hash checked (and refused, with a
@@ -30,8 +29,7 @@ static char dir[64];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/idem-snapstore-XXXXXX");
-    return mkdtemp(dir) != NULL ? 0 : -1;
+    return tmpdir_make(dir, sizeof(dir), "idem-snapstore");
 }
 
 static int teardown(void **state)
