@@ -123,6 +123,24 @@ machine_notes() {
   echo "data dir ${fs:-file system unknown}; DAMON: ${damon:-no monitor on}"
 }
 
+# damon_counters: "TRIED APPLIED QUOTA_REACHED" (bytes, bytes, times) summed over the first
+# scheme of every DAMON monitor that is on, its counters refreshed first (a write of
+# update_schemes_stats to its state file, which changes nothing else); "" when none is on
+# or they cannot be read (not root).
+damon_counters() {
+  local k s tried=0 applied=0 qt=0 any=""
+  for k in /sys/kernel/mm/damon/admin/kdamonds/*; do
+    [ "$(cat "$k/state" 2>/dev/null)" = on ] || continue
+    echo update_schemes_stats 2>/dev/null >"$k/state" || continue
+    s=$k/contexts/0/schemes/0/stats
+    [ -r "$s/sz_tried" ] || continue
+    tried=$((tried + $(cat "$s/sz_tried"))); applied=$((applied + $(cat "$s/sz_applied")))
+    qt=$((qt + $(cat "$s/qt_exceeds"))); any=1
+  done
+  [ -n "$any" ] && echo "$tried $applied $qt"
+  return 0
+}
+
 # ---- wrk ---------------------------------------------------------------------------------------
 # run_wrk NAME URL SCRIPT [ENV=...]: one bounded wrk run with --latency; records OPS[NAME]
 # (requests/s), P50[NAME], P99[NAME] (ms), NON2XX[NAME] and ERRS[NAME] from its output.

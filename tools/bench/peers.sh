@@ -105,8 +105,16 @@ append_hist() {  # append_hist OUT: "node le count" lines of every node's cumula
   done >"$1"
 }
 append_hist "$TMP/append-before"
+DAMON_BEFORE=$(damon_counters)
 DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF" --timeline 100 --stall-probe
+DAMON_AFTER=$(damon_counters)
 append_hist "$TMP/append-after"
+# What the kernel's DAMON monitors did meanwhile (docs/latency.md: its page-out tries come
+# with stalls of every process here).
+OPEN_DAMON="no monitor on"
+if [ -n "$DAMON_BEFORE" ] && [ -n "$DAMON_AFTER" ]; then
+  OPEN_DAMON=$(echo "$DAMON_BEFORE $DAMON_AFTER" | awk '{printf "page-out tried on %.0f MiB, applied to %.1f MiB, its quota reached %d times", ($4 - $1) / 1048576, ($5 - $2) / 1048576, $6 - $3}')
+fi
 OPEN_DISK=$(python3 -c 'import sys,collections
 def load(p):
     d = collections.defaultdict(dict)
@@ -221,4 +229,5 @@ echo "  achieved ${OPS[idem_open]} ops/s; latency from the scheduled send: p50 $
      "p99.9 $OPEN_P999 ms; service p99 $OPEN_SVC_P99 ms; max lag behind schedule $OPEN_LAG ms; unsent $OPEN_UNSENT"
 echo "  worst 100 ms intervals (by the time operations ended): $OPEN_WORST"
 echo "  CPUs held off during the open loop: $OPEN_HELD"
+echo "  DAMON during the open loop: $OPEN_DAMON"
 echo "  log appends (write + sync) during the open loop: $OPEN_DISK"
