@@ -872,7 +872,12 @@ class TestClientInstall(ClientTest):
         self.assertEqual(rc, 0, "".join(err) + rest)
         self.assertEqual((out["outcome"], out["ran"], out["finish"]), ("acquired", "yes", "ok"),
                          out)
-        self.assertEqual(relay.ops().get("complete"), 1, relay.ops())
+        # One claim: the example did not run again. Its complete passed at least once; a
+        # second may follow when an attempt's answer is slower than its share of the
+        # deadline (a third of 5 s: seen once under ASan with -j2), and is answered ok too.
+        ops = relay.ops()
+        self.assertEqual(ops.get("claim"), 1, ops)
+        self.assertIn(ops.get("complete"), (1, 2), ops)
         # The receipt replays, and nothing is charged again.
         p = self.example("order-lost", "10 EUR", self.seeds())
         rc, again, err = self.finish(p)
