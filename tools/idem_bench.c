@@ -777,7 +777,7 @@ static void *workerRun(void *arg)
     struct worker *w = arg;
     struct bench *b = w->b;
     struct idem_client *c = NULL;
-    char why[512];
+    char why[256];
     int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
         noteError(w, "client: %s: %s", idem_strerror(rv), why);
@@ -1158,7 +1158,7 @@ static void probeStart(struct bench *b)
     if (!b->cfg.stall_probe) {
         return;
     }
-    char err[600];
+    char err[256];
     /* --timeline rows take the longest hold since the previous row as they close. */
     if (stallprobe_start(&b->probe, err, sizeof err) != 0) {
         fprintf(stderr, "idem-bench: --stall-probe: %s; running without it\n", err);
@@ -1671,7 +1671,7 @@ int main(int argc, char **argv)
     atomic_init(&b->stop, false);
 
     struct idem_client *c = NULL;
-    char why[512];
+    char why[256];
     int rv = clientOpen(&b->cfg, &c, why, sizeof why);
     if (rv != IDEM_OK) {
         benchError("%s: %s", idem_strerror(rv), why);
