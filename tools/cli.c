@@ -103,10 +103,22 @@ void cli_tls_from_env(struct cli_tls *t)
     t->server_name = envOrNull("IDEM_TLS_SERVER_NAME");
 }
 
+/* The TLS flags that take a value, in the order of their slots in cli_tls_flag. */
+static const char *const tlsValueNames[] = {"--tls-ca", "--tls-cert", "--tls-key",
+                                            "--tls-server-name"};
+
+bool cli_tls_takes_value(const char *arg)
+{
+    for (size_t k = 0; k < sizeof tlsValueNames / sizeof tlsValueNames[0]; k++) {
+        if (strcmp(arg, tlsValueNames[k]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i)
 {
-    static const char *const names[] = {"--tls-ca", "--tls-cert", "--tls-key",
-                                        "--tls-server-name"};
     const char **slots[] = {&t->ca_file, &t->cert_file, &t->key_file, &t->server_name};
     const char *arg = argv[*i];
     if (strcmp(arg, "--tls") == 0) {
@@ -114,9 +126,9 @@ bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i)
         (*i)++;
         return true;
     }
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-        size_t n = strlen(names[k]);
-        if (strncmp(arg, names[k], n) != 0 || (arg[n] != '\0' && arg[n] != '=')) {
+    for (size_t k = 0; k < sizeof tlsValueNames / sizeof tlsValueNames[0]; k++) {
+        size_t n = strlen(tlsValueNames[k]);
+        if (strncmp(arg, tlsValueNames[k], n) != 0 || (arg[n] != '\0' && arg[n] != '=')) {
             continue;
         }
         const char *v;
@@ -125,13 +137,13 @@ bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i)
             (*i)++;
         } else {
             if (*i + 1 >= argc) {
-                cli_usage_error("option %s needs a value", names[k]);
+                cli_usage_error("option %s needs a value", tlsValueNames[k]);
             }
             v = argv[*i + 1];
             *i += 2;
         }
         if (v[0] == '\0') {
-            cli_usage_error("%s: empty value", names[k]);
+            cli_usage_error("%s: empty value", tlsValueNames[k]);
         }
         *slots[k] = v;
         return true;

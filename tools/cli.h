@@ -61,6 +61,10 @@ void cli_tls_from_env(struct cli_tls *t);
  * value is a usage error. */
 bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i);
 
+/* Whether arg is a TLS flag given with its value as the next argument ("--tls-ca", ...;
+ * not "--tls-ca=FILE"): for scans that skip option values. */
+bool cli_tls_takes_value(const char *arg);
+
 /* Whether TLS is on (--tls or any file or name set). */
 bool cli_tls_wanted(const struct cli_tls *t);
 

@@ -233,9 +233,8 @@ static bool optValue(int argc, char **argv, int *i, const char *name, const char
 
 /* The options that take a value (the next argument, unless given as --name=value). */
 static const char *const valueOptions[] = {
-    "--cluster",  "--token",    "--concurrency", "--rate",     "--connections",
-    "--keys",     "--duration", "--requests",    "--deadline", "--timeline",
-    "--workload", "--tls-ca",   "--tls-cert",    "--tls-key",  "--tls-server-name"};
+    "--cluster",  "--token",    "--concurrency", "--rate",     "--connections", "--keys",
+    "--duration", "--requests", "--deadline",    "--timeline", "--workload"};
 
 /* Whether --json is given as an option: not as another option's value (--token --json). */
 static bool jsonAsked(int argc, char **argv)
@@ -244,11 +243,12 @@ static bool jsonAsked(int argc, char **argv)
         if (strcmp(argv[k], "--json") == 0) {
             return true;
         }
-        for (size_t o = 0; o < sizeof valueOptions / sizeof valueOptions[0]; o++) {
-            if (strcmp(argv[k], valueOptions[o]) == 0) {
-                k++; /* its value */
-                break;
-            }
+        bool value = cli_tls_takes_value(argv[k]);
+        for (size_t o = 0; !value && o < sizeof valueOptions / sizeof valueOptions[0]; o++) {
+            value = strcmp(argv[k], valueOptions[o]) == 0;
+        }
+        if (value) {
+            k++; /* its value */
         }
     }
     return false;

@@ -3356,17 +3356,16 @@ static const char *envOrNull(const char *name)
 static bool takesValue(const char *arg)
 {
     static const char *const names[] = {
-        "--cluster", "--token",  "--admin-token", "--deadline", "--tenant",
-        "--status",  "--body",   "--fingerprint", "--attempt",  "--lease",
-        "--ttl",     "--policy", "--outcome",     "--node",     "--max-lag",
-        "--limit",   "--tls-ca", "--tls-cert",    "--tls-key",  "--tls-server-name",
+        "--cluster", "--token",       "--admin-token", "--deadline", "--tenant", "--status",
+        "--body",    "--fingerprint", "--attempt",     "--lease",    "--ttl",    "--policy",
+        "--outcome", "--node",        "--max-lag",     "--limit",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(arg, names[i]) == 0) {
             return true;
         }
     }
-    return false;
+    return cli_tls_takes_value(arg);
 }
 
 /* If --help or -h comes as an option before "--" in argv[from..), prints the help of `cmd`
