@@ -33,6 +33,12 @@
 #define TICK_MS 100
 #define SLOT_BITS 16
 
+/* One command's part of an account's pending bytes (cluster_config.n_accounts). */
+struct charge {
+    uint32_t account; /* CLUSTER_ACCOUNT_NONE: none */
+    uint32_t cost;    /* its bytes + CLUSTER_COMMAND_OVERHEAD (at most 64 MiB + 256) */
+};
+
 struct cluster_batch {
     struct raft_apply req;
     struct cluster *c;
@@ -41,6 +47,7 @@ struct cluster_batch {
     uint64_t proposal;
     uint64_t cost;              /* its commands' part of pending_bytes */
     void **waiters;             /* one per command; NULL once handed back */
+    struct charge *charges;     /* one per command; NULL without accounts */
     unsigned n;
 };
 
@@ -95,6 +102,10 @@ struct cluster {
     uint64_t open_cost;     /* the open batch's part of pending_bytes */
     uint64_t pending_bytes; /* commands proposed, not yet applied or failed (cluster.h) */
     uint64_t pending_refused;
+    struct charge *charges; /* the open batch's, one per command; NULL without accounts */
+    uint64_t *acct_pending; /* per account (cfg.n_accounts), as pending_bytes counts */
+    uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
+    uint64_t share_refused;
 
     /* Pending (proposed, not yet applied or failed) batches. */
     struct cluster_batch *pending_head, *pending_tail;
@@ -187,6 +198,9 @@ const char *cluster_strerror(int rc)
                "again later";
     case CLUSTER_ESETTLING:
         return "the last configuration change is not committed yet";
+    case CLUSTER_ESHARE:
+        return "this tenant holds its share (batch.tenant_max_pending_percent) of the commands "
+               "the leader has not yet committed: send it again later";
     }
     return "unknown cluster error";
 }
@@ -268,6 +282,16 @@ static struct memberMeta *metaPut(struct cluster *c, uint64_t id, const char *rp
 
 /* ---- proposals ----------------------------------------------------------------------- */
 
+/* Takes n commands' charges off their accounts. */
+static void uncharge(struct cluster *c, const struct charge *ch, unsigned n)
+{
+    for (unsigned i = 0; ch != NULL && i < n; i++) {
+        if (ch[i].account < c->cfg.n_accounts) {
+            c->acct_pending[ch[i].account] -= ch[i].cost;
+        }
+    }
+}
+
 static void failWaiters(struct cluster *c, void **waiters, unsigned n, int status)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -301,15 +325,22 @@ static void applyCb(struct raft_apply *req, int status, void *result)
     struct cluster *c = b->c;
     pendingUnlink(c, b);
     c->pending_bytes -= b->cost;
+    uncharge(c, b->charges, b->n);
     /* On success every waiter was handed to ops.apply in fsmApply; on failure those not yet
      * applied are failed now. */
     failWaiters(c, b->waiters, b->n, status == 0 ? RAFT_SHUTDOWN : status);
     free(b->waiters);
+    free(b->charges);
     free(b);
 }
 
-static void resetOpenBatch(struct cluster *c)
+/* Empties the open batch. Its charges stay on their accounts when `keep_charges` (they
+ * went to a proposed batch). */
+static void resetOpenBatch(struct cluster *c, bool keep_charges)
 {
+    if (!keep_charges) {
+        uncharge(c, c->charges, c->n_cmds);
+    }
     for (unsigned i = 0; i < c->n_cmds; i++) {
         free(c->cmds[i].data);
     }
@@ -366,6 +397,11 @@ static void batchFlush(struct cluster *c)
     unsigned n = c->n_cmds;
     void **waiters = xcalloc1(n * sizeof(*waiters));
     memcpy(waiters, c->waiters, n * sizeof(*waiters));
+    struct charge *charges = NULL;
+    if (c->charges != NULL) {
+        charges = xcalloc1(n * sizeof(*charges));
+        memcpy(charges, c->charges, n * sizeof(*charges));
+    }
 
     Idem__CommandBatch batch = IDEM__COMMAND_BATCH__INIT;
     batch.n_commands = n;
@@ -380,22 +416,25 @@ static void batchFlush(struct cluster *c)
     struct raft_buffer buf;
     entryEncode(&entry, &buf);
     uint64_t cost = c->open_cost;
-    resetOpenBatch(c);
-    c->pending_bytes += cost; /* now the batch's */
+    resetOpenBatch(c, true);
+    c->pending_bytes += cost; /* now the batch's, and so are the accounts' charges */
 
     struct cluster_batch *b = xcalloc1(sizeof(*b));
     b->c = c;
     b->cost = cost;
     b->proposal = batch.proposal;
     b->waiters = waiters;
+    b->charges = charges;
     b->n = n;
     b->req.data = b;
     int rv = raft_apply(&c->raft, &b->req, &buf, 1, applyCb);
     if (rv != 0) {
         raft_free(buf.base);
         c->pending_bytes -= cost;
+        uncharge(c, charges, n);
         failWaiters(c, waiters, n, rv);
         free(waiters);
+        free(charges);
         free(b);
         return;
     }
@@ -415,19 +454,22 @@ static void flushCb(uv_check_t *h)
     batchFlush(c);
 }
 
-static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter, bool own);
+static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter, bool own,
+                   uint32_t account);
 
-int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter)
+int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter,
+                    uint32_t account)
 {
-    return propose(c, cmd, len, waiter, false);
+    return propose(c, cmd, len, waiter, false, account);
 }
 
 int cluster_propose_own(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter)
 {
-    return propose(c, cmd, len, waiter, true);
+    return propose(c, cmd, len, waiter, true, CLUSTER_ACCOUNT_NONE);
 }
 
-static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter, bool own)
+static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter, bool own,
+                   uint32_t account)
 {
     if (c->stopping) {
         return CLUSTER_ESTOPPING;
@@ -443,6 +485,18 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         c->pending_refused++;
         return CLUSTER_EOVERLOAD;
     }
+    if (account >= c->cfg.n_accounts) {
+        account = CLUSTER_ACCOUNT_NONE;
+    }
+    /* An account with nothing pending is let in whatever its bound (one command of
+     * batch_max_bytes may be larger than it); max_pending_bytes holds them all. */
+    if (!own && account != CLUSTER_ACCOUNT_NONE && c->cfg.max_account_pending_bytes != 0 &&
+        c->acct_pending[account] != 0 &&
+        c->acct_pending[account] + cost > c->cfg.max_account_pending_bytes) {
+        c->acct_refused[account]++;
+        c->share_refused++;
+        return CLUSTER_ESHARE;
+    }
     if (c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
                           c->batch_bytes + len > c->cfg.batch_max_bytes)) {
         batchFlush(c);
@@ -454,7 +508,11 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
         c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
         c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
-        if (c->cmds == NULL || c->waiters == NULL) {
+        if (c->cfg.n_accounts != 0) {
+            c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
+        }
+        if (c->cmds == NULL || c->waiters == NULL ||
+            (c->cfg.n_accounts != 0 && c->charges == NULL)) {
             clog_error("out of memory");
             abort();
         }
@@ -468,6 +526,12 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
     c->cmds[c->n_cmds].data = copy;
     c->cmds[c->n_cmds].len = len;
     c->waiters[c->n_cmds] = waiter;
+    if (c->charges != NULL) {
+        c->charges[c->n_cmds] = (struct charge){.account = account, .cost = (uint32_t)cost};
+    }
+    if (account != CLUSTER_ACCOUNT_NONE) {
+        c->acct_pending[account] += cost;
+    }
     c->n_cmds++;
     c->batch_bytes += len;
     c->open_cost += cost;
@@ -1210,6 +1274,10 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->rpc_address = xdup(cfg->rpc_address);
     c->http_address = xdup(cfg->http_address);
     c->data_dir = xdup(cfg->data_dir);
+    if (cfg->n_accounts != 0) {
+        c->acct_pending = xcalloc1(cfg->n_accounts * sizeof(*c->acct_pending));
+        c->acct_refused = xcalloc1(cfg->n_accounts * sizeof(*c->acct_refused));
+    }
     c->cfg.raft_address = c->raft_address;
     c->cfg.rpc_address = c->rpc_address;
     c->cfg.http_address = c->http_address;
@@ -1325,6 +1393,8 @@ err_io:
 err_transport:
     transport_close(&c->transport);
 err_free:
+    free(c->acct_pending);
+    free(c->acct_refused);
     free(c->raft_address);
     free(c->rpc_address);
     free(c->http_address);
@@ -1364,9 +1434,12 @@ static void clusterFree(struct cluster *c)
     transport_close(&c->transport);
     cluster_close_cb cb = c->close_cb;
     void *data = c->close_data;
-    resetOpenBatch(c);
+    resetOpenBatch(c, false);
     free(c->cmds);
     free(c->waiters);
+    free(c->charges);
+    free(c->acct_pending);
+    free(c->acct_refused);
     free(c->raft_address);
     free(c->rpc_address);
     free(c->http_address);
@@ -1405,7 +1478,7 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     c->close_cb = cb;
     c->close_data = data;
     failWaiters(c, c->waiters, c->n_cmds, RAFT_SHUTDOWN);
-    resetOpenBatch(c);
+    resetOpenBatch(c, false);
     if (c->snap.view != NULL) {
         /* raft's I/O closes once the pool thread is done with it (io.c), then raft
          * finalizes the snapshot and the view is released. */
@@ -1471,6 +1544,18 @@ bool cluster_ready(const struct cluster_status *st, char *why, size_t len)
     return true;
 }
 
+void cluster_account_stats(const struct cluster *c, uint32_t account, uint64_t *pending,
+                           uint64_t *refused)
+{
+    bool in = account < c->cfg.n_accounts;
+    if (pending != NULL) {
+        *pending = in ? c->acct_pending[account] : 0;
+    }
+    if (refused != NULL) {
+        *refused = in ? c->acct_refused[account] : 0;
+    }
+}
+
 void cluster_get_status(const struct cluster *c, struct cluster_status *out)
 {
     struct raft *r = (struct raft *)&c->raft;
@@ -1508,6 +1593,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->append_oldest_us = oldest != 0 && now > oldest ? now - oldest : 0;
     out->pending_bytes = c->pending_bytes;
     out->pending_refused = c->pending_refused;
+    out->share_refused = c->share_refused;
     out->raft_clamped = c->io.corrected;
     out->raft_held = c->io.results_held;
     out->raft_rematched = c->io.rematched;

@@ -41,7 +41,11 @@ enum cluster_rc {
     CLUSTER_ESETTLING = -9,    /* membership: raft holds a configuration it has not committed
                                 * (a leader of a moment ago commits the last one with its first
                                 * entry); nothing was started: try again shortly */
+    CLUSTER_ESHARE = -10,      /* the account's own max_account_pending_bytes: try later */
 };
+
+/* The account of a command that no account's bound applies to (cluster_propose). */
+#define CLUSTER_ACCOUNT_NONE UINT32_MAX
 
 /* What a proposed command costs against max_pending_bytes beyond its bytes: its waiter, its
  * copy and its place in raft's entry. */
@@ -93,6 +97,13 @@ struct cluster_config {
      * CLUSTER_EOVERLOAD. Without it a client sending faster than the log commits (the
      * deadline frees its slots, not raft's copies) made the leader hold gigabytes. */
     uint64_t max_pending_bytes;
+    /* Accounts 0..n_accounts-1 (idemd: one per tenant) that cluster_propose() charges. An
+     * account's commands pending together are at most max_account_pending_bytes (counted as
+     * above; past it CLUSTER_ESHARE), except that an account with nothing pending may always
+     * propose one command: so that one account cannot take the whole max_pending_bytes from
+     * the others. 0: no bound per account. */
+    uint32_t n_accounts;
+    uint64_t max_account_pending_bytes;
 };
 
 /* What one snapshot taken off the loop cost (cluster_ops.snapshot_release). */
@@ -173,6 +184,7 @@ struct cluster_status {
      * commit indexes clamped, results held by a leader, RPCs cut at the snapshot. */
     uint64_t pending_bytes;   /* commands proposed and not yet applied, as counted above */
     uint64_t pending_refused; /* proposals refused with CLUSTER_EOVERLOAD */
+    uint64_t share_refused;   /* proposals refused with CLUSTER_ESHARE, every account's */
     uint64_t raft_clamped;
     uint64_t raft_held;
     uint64_t raft_rematched; /* match indexes lowered to an installed snapshot (io.h) */
@@ -250,10 +262,18 @@ int cluster_start(struct cluster *c);
  * closes raft and its I/O, frees the object, then calls cb(data) (cb may be NULL). */
 void cluster_close(struct cluster *c, cluster_close_cb cb, void *data);
 
-/* Queues one command (copied) for the next log entry. Returns 0, after which the waiter is
- * handed back exactly once; or a negative cluster_rc, after which it never is
- * (CLUSTER_EOVERLOAD: max_pending_bytes). */
-int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter);
+/* Queues one command (copied) for the next log entry, charged to `account` (below
+ * cfg.n_accounts, or CLUSTER_ACCOUNT_NONE). Returns 0, after which the waiter is handed back
+ * exactly once; or a negative cluster_rc, after which it never is (CLUSTER_EOVERLOAD:
+ * max_pending_bytes; CLUSTER_ESHARE: max_account_pending_bytes). */
+int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter,
+                    uint32_t account);
+
+/* An account's commands pending now (as max_pending_bytes counts them) and its proposals
+ * refused with CLUSTER_ESHARE so far (OUT, either may be NULL). 0 and 0 for an account
+ * out of range. */
+void cluster_account_stats(const struct cluster *c, uint32_t account, uint64_t *pending,
+                           uint64_t *refused);
 
 /* The same for a command of the node's own that max_pending_bytes must not keep out (the
  * leader's expire entries, one at a time): counted like the others, never refused for it,

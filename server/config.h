@@ -126,6 +126,8 @@ struct config_batch {
     uint32_t max_bytes;    /* bytes per log entry, 1024..64 MiB, default 1 MiB */
     uint32_t max_pending_mb; /* commands proposed on the leader and not yet applied, together:
                               * 1..65536 MiB and at least twice max_bytes, default 64 */
+    uint32_t tenant_max_pending_percent; /* one tenant's part of max_pending_mb at most (but
+                                          * one command, always), 1..100, default 50 */
 };
 
 struct config_http {

@@ -1243,6 +1243,10 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_proposals_refused_total", "counter",
          "Commands answered unavailable because batch.max_pending_mb were pending.",
          si.cluster.pending_refused},
+        {"idem_proposals_share_refused_total", "counter",
+         "Commands answered unavailable because their tenant had its share of "
+         "batch.max_pending_mb pending (batch.tenant_max_pending_percent), every tenant's.",
+         si.cluster.share_refused},
         {"idem_rpc_answer_buffer_bytes", "gauge",
          "Answers of the binary RPC waiting to be written, every connection's together (at "
          "most rpc.max_answer_buffer_mb, and 64 MiB per connection).",
@@ -1251,6 +1255,26 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
     for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); i++) {
         tbPrintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", g[i].name, g[i].help, g[i].name,
                  g[i].type, g[i].name, (unsigned long long)g[i].v);
+    }
+    /* Per tenant: names are [A-Za-z0-9._-] (config.h), safe in a label as they are. */
+    tbPrintf(&b, "# HELP idem_tenant_proposals_pending_bytes A tenant's commands this leader "
+                 "proposed that are not yet applied, counted as idem_proposals_pending_bytes "
+                 "(at most batch.tenant_max_pending_percent of batch.max_pending_mb, or one "
+                 "command).\n# TYPE idem_tenant_proposals_pending_bytes gauge\n");
+    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
+        uint64_t pending = 0;
+        service_tenant_pending(h->svc, i, &pending, NULL);
+        tbPrintf(&b, "idem_tenant_proposals_pending_bytes{tenant=\"%s\"} %llu\n",
+                 h->cfg->tenants[i].name, (unsigned long long)pending);
+    }
+    tbPrintf(&b, "# HELP idem_tenant_proposals_refused_total A tenant's commands answered "
+                 "unavailable because it had its share of batch.max_pending_mb pending.\n"
+                 "# TYPE idem_tenant_proposals_refused_total counter\n");
+    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
+        uint64_t refused = 0;
+        service_tenant_pending(h->svc, i, NULL, &refused);
+        tbPrintf(&b, "idem_tenant_proposals_refused_total{tenant=\"%s\"} %llu\n",
+                 h->cfg->tenants[i].name, (unsigned long long)refused);
     }
     tbPrintf(&b,
              "# HELP idem_raft_corrections_total Corrections of libraft 0.15 made by this node's "

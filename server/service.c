@@ -431,8 +431,8 @@ static struct op *opNew(struct service *s, enum opKind kind)
 /* Proposes a packed command for a client, answered as `kind` says. On any refusal,
  * answers at once and returns NULL; otherwise returns the op (the cluster holds it). */
 static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum opKind kind,
-                            uint64_t request_id, uint32_t deadline_ms, service_done_cb cb,
-                            void *data)
+                            uint32_t account, uint64_t request_id, uint32_t deadline_ms,
+                            service_done_cb cb, void *data)
 {
     const char *leader = "";
     if (!cluster_is_leader(s->cluster)) {
@@ -456,7 +456,7 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
     o->cb = cb;
     o->data = data;
     o->request_id = request_id;
-    int rc = cluster_propose(s->cluster, buf, n, o);
+    int rc = cluster_propose(s->cluster, buf, n, o, account);
     if (buf != stackbuf) {
         free(buf);
     }
@@ -480,7 +480,7 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
 static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t request_id,
                           uint32_t deadline_ms, service_done_cb cb, void *data)
 {
-    proposeOp(s, cmd, OP_CLIENT, request_id, deadline_ms, cb, data);
+    proposeOp(s, cmd, OP_CLIENT, CLUSTER_ACCOUNT_NONE, request_id, deadline_ms, cb, data);
 }
 
 /* ---- expiry ticker ------------------------------------------------------------------- */
@@ -671,7 +671,11 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, bad, NULL);
         return;
     }
-    struct op *o = proposeOp(s, &cmd, OP_CLIENT, req->request_id, deadlineOf(s, req), cb, data);
+    /* The tenant's account (batch.tenant_max_pending_percent): its index in this node's
+     * configuration; only a leader proposes, so the leader's own configuration counts. */
+    uint32_t account = (uint32_t)(t - s->cfg->tenants);
+    struct op *o =
+        proposeOp(s, &cmd, OP_CLIENT, account, req->request_id, deadlineOf(s, req), cb, data);
     if (o != NULL) {
         o->lease_ms = cmd.op_case == IDEM__COMMAND__OP_CLAIM   ? claim.lease_ms
                       : cmd.op_case == IDEM__COMMAND__OP_RENEW ? renew.lease_ms
@@ -907,7 +911,8 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
             get.key = req->key_get->key;
             cmd.op_case = IDEM__COMMAND__OP_GET;
             cmd.get = &get;
-            proposeOp(s, &cmd, OP_KEY_GET, req->request_id, deadlineOf(s, req), cb, data);
+            proposeOp(s, &cmd, OP_KEY_GET, CLUSTER_ACCOUNT_NONE, req->request_id,
+                      deadlineOf(s, req), cb, data);
             return;
         }
         break;
@@ -938,7 +943,7 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
             break;
         }
         /* The barrier: a command with the leader's clock and no op (fsm.h). */
-        struct op *o = proposeOp(s, &cmd, OP_QUARANTINE_LIST, req->request_id,
+        struct op *o = proposeOp(s, &cmd, OP_QUARANTINE_LIST, CLUSTER_ACCOUNT_NONE, req->request_id,
                                  deadlineOf(s, req), cb, data);
         if (o != NULL) {
             o->tenant = tenant != NULL ? xstrndup(tenant, strlen(tenant)) : NULL;
@@ -1242,6 +1247,9 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,
         .max_pending_bytes = (uint64_t)cfg->batch.max_pending_mb << 20,
+        .n_accounts = (uint32_t)cfg->n_tenants,
+        .max_account_pending_bytes = ((uint64_t)cfg->batch.max_pending_mb << 20) *
+                                     cfg->batch.tenant_max_pending_percent / 100,
     };
     struct cluster_ops ops = {
         .data = s,
@@ -1330,6 +1338,12 @@ const struct config_tenant *service_tenant_for_token(const struct service *s,
 {
     ProtobufCBinaryData tok = {len, (uint8_t *)token};
     return authTenant(s, &tok);
+}
+
+void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *refused)
+{
+    cluster_account_stats(s->cluster, i < UINT32_MAX ? (uint32_t)i : CLUSTER_ACCOUNT_NONE, pending,
+                          refused);
 }
 
 void service_get_info(const struct service *s, struct service_info *out)

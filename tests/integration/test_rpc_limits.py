@@ -830,6 +830,20 @@ class PendingCluster(LimitCluster):
             f.write("batch:\n  max_pending_mb: %d\n" % self._pending_mb)
 
 
+class ShareCluster(PendingCluster):
+    """PendingCluster with batch.tenant_max_pending_percent set (None: the default)."""
+
+    def __init__(self, pending_mb, share, **kw):
+        self._share = share
+        super().__init__(pending_mb, **kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        if self._share is not None:
+            with open(node.cfg, "a") as f:
+                f.write("  tenant_max_pending_percent: %d\n" % self._share)
+
+
 def _complete_frame(request_id, token, key, body):
     resp = b"\x08" + _varint(200) + _pb(3, body)
     comp = _pb(1, key.encode()) + b"\x10" + _varint(12345) + b"\x18\x01" + _pb(4, resp)
@@ -842,10 +856,11 @@ class TestPendingBudget(LimitTest):
     # Before, nothing bounded them: a tenant sending ~1 MB completes (for a key with no
     # record: refused only at apply, after the log took them) faster than the log commits
     # made the leader of a 3-node cluster grow to 2.7 GB in 12 s and lose its leadership.
+    # One tenant floods here: its share (TestTenantShare) is set to the whole budget.
     PENDING_MB = 4
 
     def make_cluster(self):
-        return PendingCluster(self.PENDING_MB, n=1)
+        return ShareCluster(self.PENDING_MB, 100, n=1)
 
     def test_commands_past_the_budget_are_refused_at_once(self):
         budget = self.PENDING_MB << 20
@@ -933,6 +948,114 @@ class TestPendingBudget(LimitTest):
         s.close()
         wait_for(lambda: _metric(self.node.http, "idem_proposals_pending_bytes") == 0, 15,
                  "nothing pending")
+
+
+BUDGET_TEXT = "the leader holds batch.max_pending_mb of commands not yet committed"
+SHARE_TEXT = "this tenant holds its share (batch.tenant_max_pending_percent)"
+ALPHA_PENDING = 'idem_tenant_proposals_pending_bytes{tenant="alpha"}'
+
+
+class TestTenantShare(LimitTest):
+    # One tenant's commands pending on the leader are at most
+    # batch.tenant_max_pending_percent (default 50) of batch.max_pending_mb. Before, a tenant
+    # sending completes of every size faster than the log commits kept the whole budget
+    # full, and another tenant's claims were refused for it.
+    PENDING_MB = 4
+    SHARE = None  # the default, 50
+
+    def make_cluster(self):
+        return ShareCluster(self.PENDING_MB, self.SHARE, n=1)
+
+    def flood(self):
+        """Tenant alpha sends completes of 900 KB down to a few bytes (for a key without a
+        record: refused only when applied) on four connections for 5 s, while tenant beta
+        claims fresh keys one at a time. Returns (alpha's outcomes, alpha's error texts,
+        beta's answers as (outcome, error text), alpha's pending bytes at most)."""
+        sizes = (900000, 90000, 9000, 900, 1)
+        frames = [_complete_frame(i, self.c.token, "no-such-key", b"y" * sizes[i % len(sizes)])
+                  for i in range(1, 51)]
+        socks = [self.connect() for _ in range(4)]
+        outcomes, errors, beta = {}, set(), []
+        lock = threading.Lock()
+        done = threading.Event()
+
+        def send(s):
+            n = 0
+            while not done.is_set() and n < 6000:
+                try:
+                    s.sendall(frames[n % len(frames)])
+                except OSError:
+                    return
+                n += 1
+
+        def read(s):
+            s.settimeout(20)
+            while True:
+                try:
+                    r = _read_frame(s)
+                except OSError:
+                    return
+                if r is None:
+                    return
+                with lock:
+                    o = r[1].get(1, 0)
+                    outcomes[o] = outcomes.get(o, 0) + 1
+                    if o == 13:
+                        errors.add(r[0].get(4, b"").decode())
+
+        def claims():
+            s = self.connect()
+            s.settimeout(20)
+            try:
+                for i in range(1, 3001):
+                    if done.is_set():
+                        return
+                    s.sendall(_claim_frame(i, self.c.token2, "beta-%d" % i))
+                    r = _read_frame(s)
+                    if r is None:
+                        return
+                    beta.append((r[1].get(1, 0), r[0].get(4, b"").decode()))
+            except OSError:
+                return
+            finally:
+                s.close()
+
+        threads = [threading.Thread(target=f, args=(s,)) for s in socks for f in (send, read)]
+        threads.append(threading.Thread(target=claims))
+        for t in threads:
+            t.start()
+        peak = 0
+        begun = time.monotonic()
+        while time.monotonic() - begun < 5:
+            peak = max(peak, _metric(self.node.http, ALPHA_PENDING))
+            time.sleep(0.05)
+        done.set()
+        for s in socks:
+            s.shutdown(socket.SHUT_WR)
+        for t in threads:
+            t.join(30)
+        for s in socks:
+            s.close()
+        return outcomes, errors, beta, peak
+
+    def test_a_flooding_tenant_leaves_room_for_the_others(self):
+        outcomes, errors, beta, peak = self.flood()
+        share = (self.PENDING_MB << 20) // 2
+        refused = 'idem_tenant_proposals_refused_total{tenant="%s"}'
+        self.assertGreater(_metric(self.node.http, refused % "alpha"), 0, outcomes)
+        self.assertTrue(any(e.startswith(SHARE_TEXT) for e in errors), errors)
+        self.assertGreater(outcomes.get(OUTCOME_NOT_FOUND, 0), 0, outcomes)  # some went in
+        self.assertLessEqual(peak, share)
+        # Beta was never refused for the budget or a share: its claims went in (those
+        # slower than their deadline behind alpha's entries are another answer).
+        self.assertGreater(len(beta), 0)
+        self.assertEqual([b for b in beta if BUDGET_TEXT in b[1] or SHARE_TEXT in b[1]], [])
+        self.assertGreater(sum(1 for b in beta if b[0] == OUTCOME_ACQUIRED), 0, beta[:5])
+        self.assertEqual(_metric(self.node.http, refused % "beta"), 0)
+        self.assertEqual(_metric(self.node.http, "idem_proposals_refused_total"), 0)
+        self.assertEqual(_metric(self.node.http, "idem_proposals_share_refused_total"),
+                         _metric(self.node.http, refused % "alpha"))
+        wait_for(lambda: _metric(self.node.http, ALPHA_PENDING) == 0, 15, "nothing pending")
 
 
 class TestRpcTlsLimits(LimitTest):

@@ -97,65 +97,65 @@ static void assertHashFilled(const uint8_t h[CONFIG_HASH_LEN], uint8_t byte)
 
 /* ---- a full configuration: every field set to something other than its default -------- */
 
-static const char full_text[] =
-    "# every field, none at its default\n"
-    "node:\n"
-    "  id: 9223372036854775807\n"
-    "  raft_address: 10.0.0.1:9001\n"
-    "  rpc_address: 10.0.0.1:7001\n"
-    "  http_address: 10.0.0.1:8001\n"
-    "  data_dir: /var/lib/idem/node1\n"
-    "cluster:\n"
-    "  bootstrap:\n"
-    "    - {id: 9223372036854775807, raft_address: 10.0.0.1:9001,\n"
-    "       rpc_address: 10.0.0.1:7001, http_address: 10.0.0.1:8001}\n"
-    "    - id: 2\n"
-    "      raft_address: 10.0.0.2:9001\n"
-    "      rpc_address: 10.0.0.2:7001\n"
-    "raft:\n"
-    "  election_timeout_ms: 1000\n"
-    "  heartbeat_timeout_ms: 150\n"
-    "  snapshot_threshold: 100000\n"
-    "  snapshot_trailing: 1\n"
-    "  snapshot_log_percent: 0\n"
-    "  snapshot_log_max_mb: 1024\n"
-    "  segment_size_mb: 8\n"
-    "  pre_vote: no\n"
-    "  snapshot_nice: 0\n"
-    "  prefill_segments: false\n"
-    "  stuck_write_step_down_ms: 0\n"
-    "rpc:\n"
-    "  max_frame_bytes: 1048576\n"
-    "  default_deadline_ms: 500\n"
-    "  max_deadline_ms: 30000\n"
-    "  max_connections: 10\n"
-    "batch:\n"
-    "  max_commands: 64\n"
-    "  max_bytes: 65536\n"
-    "  max_pending_mb: 8\n"
-    "expiry:\n"
-    "  interval_ms: 250\n"
-    "  batch: 32\n"
-    "tls:\n"
-    "  cert_file: /etc/idem/node.crt\n"
-    "  key_file: '/etc/idem/node.key'\n"
-    "  ca_file: \"/etc/idem/ca.crt\"\n"
-    "  rpc: true\n"
-    "admin:\n"
-    "  token_sha256: " HASH_ADMIN "\n"
-    "tenants:\n"
-    "  - name: alpha\n"
-    "    token_sha256: " HASH_A "\n"
-    "    max_records: 1000\n"
-    "    max_bytes: 18446744073709551615\n"
-    "    key_max_len: 64\n"
-    "    lease_ms: 5000\n"
-    "    ttl_ms: 31536000000\n"
-    "    tombstone_ttl_ms: 60000\n"
-    "    lease_policy: takeover\n"
-    "  - name: Beta_2.x-y\n"
-    "    token_sha256: [" HASH_B ", " HASH_C "]\n"
-    "    lease_policy: conflict\n";
+static const char full_text[] = "# every field, none at its default\n"
+                                "node:\n"
+                                "  id: 9223372036854775807\n"
+                                "  raft_address: 10.0.0.1:9001\n"
+                                "  rpc_address: 10.0.0.1:7001\n"
+                                "  http_address: 10.0.0.1:8001\n"
+                                "  data_dir: /var/lib/idem/node1\n"
+                                "cluster:\n"
+                                "  bootstrap:\n"
+                                "    - {id: 9223372036854775807, raft_address: 10.0.0.1:9001,\n"
+                                "       rpc_address: 10.0.0.1:7001, http_address: 10.0.0.1:8001}\n"
+                                "    - id: 2\n"
+                                "      raft_address: 10.0.0.2:9001\n"
+                                "      rpc_address: 10.0.0.2:7001\n"
+                                "raft:\n"
+                                "  election_timeout_ms: 1000\n"
+                                "  heartbeat_timeout_ms: 150\n"
+                                "  snapshot_threshold: 100000\n"
+                                "  snapshot_trailing: 1\n"
+                                "  snapshot_log_percent: 0\n"
+                                "  snapshot_log_max_mb: 1024\n"
+                                "  segment_size_mb: 8\n"
+                                "  pre_vote: no\n"
+                                "  snapshot_nice: 0\n"
+                                "  prefill_segments: false\n"
+                                "  stuck_write_step_down_ms: 0\n"
+                                "rpc:\n"
+                                "  max_frame_bytes: 1048576\n"
+                                "  default_deadline_ms: 500\n"
+                                "  max_deadline_ms: 30000\n"
+                                "  max_connections: 10\n"
+                                "batch:\n"
+                                "  max_commands: 64\n"
+                                "  max_bytes: 65536\n"
+                                "  max_pending_mb: 8\n"
+                                "  tenant_max_pending_percent: 25\n"
+                                "expiry:\n"
+                                "  interval_ms: 250\n"
+                                "  batch: 32\n"
+                                "tls:\n"
+                                "  cert_file: /etc/idem/node.crt\n"
+                                "  key_file: '/etc/idem/node.key'\n"
+                                "  ca_file: \"/etc/idem/ca.crt\"\n"
+                                "  rpc: true\n"
+                                "admin:\n"
+                                "  token_sha256: " HASH_ADMIN "\n"
+                                "tenants:\n"
+                                "  - name: alpha\n"
+                                "    token_sha256: " HASH_A "\n"
+                                "    max_records: 1000\n"
+                                "    max_bytes: 18446744073709551615\n"
+                                "    key_max_len: 64\n"
+                                "    lease_ms: 5000\n"
+                                "    ttl_ms: 31536000000\n"
+                                "    tombstone_ttl_ms: 60000\n"
+                                "    lease_policy: takeover\n"
+                                "  - name: Beta_2.x-y\n"
+                                "    token_sha256: [" HASH_B ", " HASH_C "]\n"
+                                "    lease_policy: conflict\n";
 
 static void test_full(void **state)
 {
@@ -200,6 +200,7 @@ static void test_full(void **state)
     assert_int_equal(c.batch.max_commands, 64);
     assert_int_equal(c.batch.max_bytes, 65536);
     assert_int_equal(c.batch.max_pending_mb, 8);
+    assert_int_equal(c.batch.tenant_max_pending_percent, 25);
 
     assert_int_equal(c.expiry.interval_ms, 250);
     assert_int_equal(c.expiry.batch, 32);
@@ -281,6 +282,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.batch.max_commands, 256);
     assert_int_equal(c.batch.max_bytes, 1024 * 1024);
     assert_int_equal(c.batch.max_pending_mb, 64);
+    assert_int_equal(c.batch.tenant_max_pending_percent, 50);
     assert_int_equal(c.raft.snapshot_trailing_max_mb, 256);
     assert_int_equal(c.expiry.interval_ms, 1000);
     assert_int_equal(c.expiry.batch, 1024);
@@ -426,6 +428,10 @@ static const struct bad_case bad_cases[] = {
     {"pending budget below two entries",
      NODE_OK "batch:\n  max_bytes: 1048576\n  max_pending_mb: 1\n",
      "x.yaml:8:19: ", "batch.max_pending_mb (1 MiB) must be at least twice max_bytes (1048576)"},
+    {"tenant share zero", NODE_OK "batch:\n  tenant_max_pending_percent: 0\n",
+     "x.yaml:7:31: ", "batch.tenant_max_pending_percent: \"0\" is out of range (1..100)"},
+    {"tenant share above all", NODE_OK "batch:\n  tenant_max_pending_percent: 101\n",
+     "x.yaml:7:31: ", "batch.tenant_max_pending_percent: \"101\" is out of range (1..100)"},
     {"entries too large for the default pending budget", NODE_OK "batch:\n  max_bytes: 67108864\n",
      "x.yaml:7:14: ", "batch.max_pending_mb (64 MiB) must be at least twice max_bytes (67108864)"},
     {"key_max_len too large", NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 256\n",
