@@ -481,17 +481,20 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         return CLUSTER_ETOOBIG;
     }
     uint64_t cost = (uint64_t)len + CLUSTER_COMMAND_OVERHEAD;
-    if (!own && c->pending_bytes + cost > c->cfg.max_pending_bytes) {
+    assert(account < c->cfg.n_accounts || account == CLUSTER_ACCOUNT_NONE);
+    if (account >= c->cfg.n_accounts) {
+        account = CLUSTER_ACCOUNT_NONE; /* a release build's answer to a caller's bug */
+    }
+    /* An account with nothing pending is let in whatever the bounds (its one command may be
+     * larger than its share, and other accounts may hold the whole budget between them),
+     * so the bytes pending are at most max_pending_bytes plus one command per account. */
+    bool first = account != CLUSTER_ACCOUNT_NONE && c->acct_pending[account] == 0;
+    if (!own && !first && c->pending_bytes + cost > c->cfg.max_pending_bytes) {
         c->pending_refused++;
         return CLUSTER_EOVERLOAD;
     }
-    if (account >= c->cfg.n_accounts) {
-        account = CLUSTER_ACCOUNT_NONE;
-    }
-    /* An account with nothing pending is let in whatever its bound (one command of
-     * batch_max_bytes may be larger than it); max_pending_bytes holds them all. */
-    if (!own && account != CLUSTER_ACCOUNT_NONE && c->cfg.max_account_pending_bytes != 0 &&
-        c->acct_pending[account] != 0 &&
+    if (!own && !first && account != CLUSTER_ACCOUNT_NONE &&
+        c->cfg.max_account_pending_bytes != 0 &&
         c->acct_pending[account] + cost > c->cfg.max_account_pending_bytes) {
         c->acct_refused[account]++;
         c->share_refused++;

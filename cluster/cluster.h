@@ -99,9 +99,10 @@ struct cluster_config {
     uint64_t max_pending_bytes;
     /* Accounts 0..n_accounts-1 (idemd: one per tenant) that cluster_propose() charges. An
      * account's commands pending together are at most max_account_pending_bytes (counted as
-     * above; past it CLUSTER_ESHARE), except that an account with nothing pending may always
-     * propose one command: so that one account cannot take the whole max_pending_bytes from
-     * the others. 0: no bound per account. */
+     * above; past it CLUSTER_ESHARE), so that one account cannot take the whole
+     * max_pending_bytes from the others; 0: no bound per account. An account with nothing
+     * pending may always propose one command, past either bound: max_pending_bytes is then
+     * exceeded by at most one command per account. */
     uint32_t n_accounts;
     uint64_t max_account_pending_bytes;
 };

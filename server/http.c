@@ -547,8 +547,13 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
         sendError(h, req, route, rid, 403, "forbidden", "forbidden", 0);
         return;
     default: /* unavailable, not_leader without a leader, anything unexpected */
+        /* An unavailable answer's reason (no leader, deadline, the pending budget or the
+         * tenant's share of it) is the node's own text; clients branch on the code. */
         sendError(h, req, route, rid, 503, "idempotency_unavailable",
-                  "no quorum or no leader; retry with the same key", 1);
+                  oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && detail != NULL
+                      ? detail
+                      : "no quorum or no leader; retry with the same key",
+                  1);
         return;
     }
 }
@@ -2517,10 +2522,15 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
                     "the leader refused this node's cluster secret; retry on another node", 1);
         break;
     }
-    default:
+    default: {
+        const char *d = res != NULL && res->detail && res->detail[0] ? res->detail : resp->error;
         pjSendError(j, 503, "idempotency_unavailable",
-                    "no quorum or no leader; retry with the same key", 1);
+                    oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && d != NULL && d[0] != '\0'
+                        ? d
+                        : "no quorum or no leader; retry with the same key",
+                    1);
         break;
+    }
     }
     pjFinish(j);
 }

@@ -6,9 +6,12 @@ clusters; raw sockets speak the framing (and Python's ssl module the TLS).
 
 Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_limits
 """
+import hashlib
 import json
 import os
 import resource
+import secrets
+import signal
 import socket
 import ssl
 import struct
@@ -832,17 +835,27 @@ class PendingCluster(LimitCluster):
 
 
 class ShareCluster(PendingCluster):
-    """PendingCluster with batch.tenant_max_pending_percent set (None: the default)."""
+    """PendingCluster with batch.tenant_max_pending_percent set (None: the default) and a
+    third tenant, gamma (token3)."""
 
     def __init__(self, pending_mb, share, **kw):
         self._share = share
+        self.token3 = secrets.token_hex(16)
         super().__init__(pending_mb, **kw)
 
     def _write_config(self, node, bootstrap):
         super()._write_config(node, bootstrap)
+        with open(node.cfg) as f:
+            text = f.read()
+        # The harness's tenants list ends where LimitCluster's rpc section begins.
+        gamma = "  - name: gamma\n    token_sha256: %s\n" % hashlib.sha256(
+            self.token3.encode()).hexdigest()
+        assert "\nrpc:\n" in text
+        text = text.replace("\nrpc:\n", "\n" + gamma + "rpc:\n", 1)
         if self._share is not None:
-            with open(node.cfg, "a") as f:
-                f.write("  tenant_max_pending_percent: %d\n" % self._share)
+            text += "  tenant_max_pending_percent: %d\n" % self._share
+        with open(node.cfg, "w") as f:
+            f.write(text)
 
 
 def _complete_frame(request_id, token, key, body):
@@ -953,7 +966,107 @@ class TestPendingBudget(LimitTest):
 
 BUDGET_TEXT = "the leader holds batch.max_pending_mb of commands not yet committed"
 SHARE_TEXT = "this tenant holds its share (batch.tenant_max_pending_percent)"
-ALPHA_PENDING = 'idem_tenant_proposals_pending_bytes{tenant="alpha"}'
+
+
+def _pending(tenant):
+    return 'idem_tenant_proposals_pending_bytes{tenant="%s"}' % tenant
+
+
+def _share_refused(tenant):
+    return 'idem_tenant_proposals_refused_total{tenant="%s"}' % tenant
+
+
+def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
+    """Each token in flooders sends completes of 900 KB down to a few bytes (for a key
+    without a record: refused only when applied) to rpc on two connections, as fast as the
+    node reads them, for `seconds`, while the token claimant (if any) claims fresh keys one
+    at a time with a 20 s deadline (behind up to half the budget of others' entries in the
+    log's order, a claim under ASan waited past the default). during(elapsed), if given, is
+    called every 50 ms. Returns (the flooders' outcomes, their error texts, the claimant's
+    answers as (outcome, error text), the first flooder's pending bytes at most, as /metrics
+    at http said them every 50 ms)."""
+    sizes = (900000, 90000, 9000, 900, 1)
+    host, port = rpc.split(":")
+    socks = []
+    for t in flooders:
+        frames = [_complete_frame(i, t, "no-such-key", b"y" * sizes[i % len(sizes)])
+                  for i in range(1, 51)]
+        socks += [(socket.create_connection((host, int(port)), timeout=15), frames)
+                  for _ in range(2)]
+    outcomes, errors, answers = {}, set(), []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def send(s, frames):
+        n = 0
+        while not done.is_set() and n < 6000:
+            try:
+                s.sendall(frames[n % len(frames)])
+            except OSError:
+                return
+            n += 1
+
+    def read(s):
+        s.settimeout(20)
+        while True:
+            try:
+                r = _read_frame(s)
+            except OSError:
+                return
+            if r is None:
+                return
+            with lock:
+                o = r[1].get(1, 0)
+                outcomes[o] = outcomes.get(o, 0) + 1
+                if o == 13:
+                    errors.add(r[0].get(4, b"").decode())
+
+    def claims():
+        s = socket.create_connection((host, int(port)), timeout=15)
+        s.settimeout(30)
+        try:
+            for i in range(1, 3001):
+                if done.is_set():
+                    return
+                s.sendall(_claim_frame(i, claimant, "claim-%d" % i, 20000))
+                r = _read_frame(s)
+                if r is None:
+                    return
+                answers.append((r[1].get(1, 0), r[0].get(4, b"").decode()))
+        except OSError:
+            return
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=send, args=sf) for sf in socks]
+    threads += [threading.Thread(target=read, args=(sf[0],)) for sf in socks]
+    if claimant is not None:
+        threads.append(threading.Thread(target=claims))
+    for t in threads:
+        t.start()
+    peak = 0
+    begun = time.monotonic()
+    try:
+        while time.monotonic() - begun < seconds:
+            try:
+                peak = max(peak, _metric(http, _pending("alpha")))
+            except OSError:
+                pass  # a node stopped on purpose by during()
+            if during is not None:
+                during(time.monotonic() - begun)
+            time.sleep(0.05)
+    finally:
+        done.set()
+        for s, _ in socks:
+            try:
+                s.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        for t in threads:
+            t.join(30)
+        for s, _ in socks:
+            s.close()
+    return outcomes, errors, answers, peak
 
 
 class TestTenantShare(LimitTest):
@@ -962,102 +1075,102 @@ class TestTenantShare(LimitTest):
     # sending completes of every size faster than the log commits kept the whole budget
     # full, and another tenant's claims were refused for it.
     PENDING_MB = 4
-    SHARE = None  # the default, 50
 
     def make_cluster(self):
-        return ShareCluster(self.PENDING_MB, self.SHARE, n=1)
+        return ShareCluster(self.PENDING_MB, None, n=1)
 
-    def flood(self):
-        """Tenant alpha sends completes of 900 KB down to a few bytes (for a key without a
-        record: refused only when applied) on four connections for 5 s, while tenant beta
-        claims fresh keys one at a time. Returns (alpha's outcomes, alpha's error texts,
-        beta's answers as (outcome, error text), alpha's pending bytes at most)."""
-        sizes = (900000, 90000, 9000, 900, 1)
-        frames = [_complete_frame(i, self.c.token, "no-such-key", b"y" * sizes[i % len(sizes)])
-                  for i in range(1, 51)]
-        socks = [self.connect() for _ in range(4)]
-        outcomes, errors, beta = {}, set(), []
-        lock = threading.Lock()
-        done = threading.Event()
-
-        def send(s):
-            n = 0
-            while not done.is_set() and n < 6000:
-                try:
-                    s.sendall(frames[n % len(frames)])
-                except OSError:
-                    return
-                n += 1
-
-        def read(s):
-            s.settimeout(20)
-            while True:
-                try:
-                    r = _read_frame(s)
-                except OSError:
-                    return
-                if r is None:
-                    return
-                with lock:
-                    o = r[1].get(1, 0)
-                    outcomes[o] = outcomes.get(o, 0) + 1
-                    if o == 13:
-                        errors.add(r[0].get(4, b"").decode())
-
-        def claims():
-            s = self.connect()
-            s.settimeout(30)
-            try:
-                for i in range(1, 3001):
-                    if done.is_set():
-                        return
-                    # A long deadline: behind up to half the budget of alpha's entries (in
-                    # the log's order) a claim under ASan waited past the default one.
-                    s.sendall(_claim_frame(i, self.c.token2, "beta-%d" % i, 20000))
-                    r = _read_frame(s)
-                    if r is None:
-                        return
-                    beta.append((r[1].get(1, 0), r[0].get(4, b"").decode()))
-            except OSError:
-                return
-            finally:
-                s.close()
-
-        threads = [threading.Thread(target=f, args=(s,)) for s in socks for f in (send, read)]
-        threads.append(threading.Thread(target=claims))
-        for t in threads:
-            t.start()
-        peak = 0
-        begun = time.monotonic()
-        while time.monotonic() - begun < 5:
-            peak = max(peak, _metric(self.node.http, ALPHA_PENDING))
-            time.sleep(0.05)
-        done.set()
-        for s in socks:
-            s.shutdown(socket.SHUT_WR)
-        for t in threads:
-            t.join(30)
-        for s in socks:
-            s.close()
-        return outcomes, errors, beta, peak
+    def refusals(self, answers):
+        return [a for a in answers if BUDGET_TEXT in a[1] or SHARE_TEXT in a[1]]
 
     def test_a_flooding_tenant_leaves_room_for_the_others(self):
-        outcomes, errors, beta, peak = self.flood()
-        share = (self.PENDING_MB << 20) // 2
-        refused = 'idem_tenant_proposals_refused_total{tenant="%s"}'
-        self.assertGreater(_metric(self.node.http, refused % "alpha"), 0, outcomes)
+        outcomes, errors, beta, peak = _tenant_flood(self.node.rpc, self.node.http,
+                                                     [self.c.token], self.c.token2)
+        self.assertGreater(_metric(self.node.http, _share_refused("alpha")), 0, outcomes)
         self.assertTrue(any(e.startswith(SHARE_TEXT) for e in errors), errors)
         self.assertGreater(outcomes.get(OUTCOME_NOT_FOUND, 0), 0, outcomes)  # some went in
-        self.assertLessEqual(peak, share)
+        self.assertLessEqual(peak, (self.PENDING_MB << 20) // 2)
         # Beta was never refused for the budget or a share: its claims went in.
         self.assertGreater(len(beta), 0)
-        self.assertEqual([b for b in beta if BUDGET_TEXT in b[1] or SHARE_TEXT in b[1]], [])
+        self.assertEqual(self.refusals(beta), [])
         self.assertGreater(sum(1 for b in beta if b[0] == OUTCOME_ACQUIRED), 0, beta[:5])
-        self.assertEqual(_metric(self.node.http, refused % "beta"), 0)
+        self.assertEqual(_metric(self.node.http, _share_refused("beta")), 0)
         self.assertEqual(_metric(self.node.http, "idem_proposals_refused_total"), 0)
         self.assertEqual(_metric(self.node.http, "idem_proposals_share_refused_total"),
-                         _metric(self.node.http, refused % "alpha"))
-        wait_for(lambda: _metric(self.node.http, ALPHA_PENDING) == 0, 15, "nothing pending")
+                         _metric(self.node.http, _share_refused("alpha")))
+        # Over HTTP the refusal says why, under the contract's code.
+        http_seen = self.http_refusal_while_flooding()
+        self.assertEqual(http_seen[0], 503, http_seen)
+        self.assertEqual(http_seen[2]["code"], "idempotency_unavailable", http_seen)
+        self.assertTrue(http_seen[2]["message"].startswith(SHARE_TEXT), http_seen)
+        for t in ("alpha", "beta", "gamma"):
+            wait_for(lambda: _metric(self.node.http, _pending(t)) == 0, 15,
+                     t + ": nothing pending")
+
+    def http_refusal_while_flooding(self):
+        """A 503 alpha gets over HTTP while its flood holds its share (bounded tries)."""
+        seen = []
+
+        def during(_):
+            if not seen:
+                r = http_request(self.node.http, "POST", "/v1/claims",
+                                 {"fingerprint": fp("h-%d" % len(seen))},
+                                 headers={"Authorization": "Bearer " + self.c.token,
+                                          "Idempotency-Key": "h-%f" % time.monotonic()})
+                if r[0] == 503 and SHARE_TEXT in r[2].get("message", ""):
+                    seen.append(r)
+        _tenant_flood(self.node.rpc, self.node.http, [self.c.token], None, seconds=3,
+                      during=during)
+        return seen[0] if seen else (None, None, {"code": None, "message": ""})
+
+    def test_two_flooding_tenants_leave_room_for_a_third(self):
+        # Alpha and beta hold the whole budget between them (half each): a tenant with
+        # nothing pending is let in all the same, one command at a time.
+        outcomes, errors, gamma, _ = _tenant_flood(self.node.rpc, self.node.http,
+                                                   [self.c.token, self.c.token2], self.c.token3)
+        self.assertTrue(any(e.startswith(SHARE_TEXT) or e.startswith(BUDGET_TEXT)
+                            for e in errors), errors)
+        self.assertGreater(len(gamma), 0)
+        self.assertEqual(self.refusals(gamma), [])
+        self.assertGreater(sum(1 for g in gamma if g[0] == OUTCOME_ACQUIRED), 0, gamma[:5])
+        self.assertEqual(_metric(self.node.http, _share_refused("gamma")), 0)
+
+
+class TestTenantShareLeaderLoss(ClusterTestCase):
+    # A leader that loses its followers mid-flood fails the commands it had proposed: every
+    # tenant's pending bytes go back to 0 on every node (a charge left behind would hold
+    # that tenant's share for good on a node that leads again).
+    def make_cluster(self):
+        return ShareCluster(4, None, n=3)
+
+    def test_charges_are_released_when_leadership_is_lost(self):
+        lid = self.c.wait_leader()
+        leader = self.c.nodes[lid]
+        followers = [n for i, n in self.c.nodes.items() if i != lid]
+        held = []
+
+        def during(elapsed):
+            if not held and elapsed >= 1.5:
+                held.append(_metric(leader.http, _pending("alpha")))
+                for f in followers:
+                    f.proc.send_signal(signal.SIGSTOP)
+            elif len(held) == 1 and elapsed >= 4.5:
+                held.append(elapsed)
+                for f in followers:
+                    f.proc.send_signal(signal.SIGCONT)
+        try:
+            _tenant_flood(leader.rpc, leader.http, [self.c.token], self.c.token2, seconds=6,
+                          during=during)
+        finally:
+            for f in followers:
+                f.proc.send_signal(signal.SIGCONT)
+        self.assertGreater(held[0], 0, "alpha had nothing pending when the followers stopped")
+        with open(leader.log, errors="replace") as f:
+            self.assertIn("no leader known", f.read(), "the leader did not step down")
+        self.c.wait_leader()
+        for n in self.c.nodes.values():
+            for name in ("idem_proposals_pending_bytes", _pending("alpha"), _pending("beta")):
+                wait_for(lambda: _metric(n.http, name) == 0, 15,
+                         "node %d: %s at 0" % (n.id, name))
 
 
 class TestRpcTlsLimits(LimitTest):
