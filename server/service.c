@@ -103,6 +103,10 @@ static void answerRetryAfter(service_done_cb cb, void *data, uint64_t request_id
     cb(data, &resp);
 }
 
+/* What a leader refusing a request for load (batch.max_pending_mb, a tenant's share of it)
+ * says to wait before sending it again (Result.retry_after_ms): about a log write's time. */
+#define SERVICE_BUSY_RETRY_MS 10
+
 static void answerSimple(service_done_cb cb, void *data, uint64_t request_id, Idem__Outcome outcome,
                          const char *error, const char *leader)
 {
@@ -463,9 +467,13 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
     if (rc != CLUSTER_OK) {
         o->answered = true;
         s->stats.unavailable++;
-        answerSimple(cb, data, request_id, rc == CLUSTER_ETOOBIG ? IDEM__OUTCOME__OUTCOME_INVALID
-                                                                 : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                     cluster_strerror(rc), NULL);
+        /* Refused for load by a leader: the same request to it again shortly (libidem
+         * does, on the same connection, rather than leave a leader that is well). */
+        bool busy = rc == CLUSTER_EOVERLOAD || rc == CLUSTER_ESHARE;
+        answerRetryAfter(cb, data, request_id,
+                         rc == CLUSTER_ETOOBIG ? IDEM__OUTCOME__OUTCOME_INVALID
+                                               : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                         cluster_strerror(rc), NULL, busy ? SERVICE_BUSY_RETRY_MS : 0);
         opMaybeFree(o);
         return NULL;
     }

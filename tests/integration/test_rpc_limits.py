@@ -18,6 +18,7 @@ import struct
 import subprocess
 import threading
 import time
+import types
 import unittest
 
 import harness
@@ -982,9 +983,10 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
     node reads them, for `seconds`, while the token claimant (if any) claims fresh keys one
     at a time with a 20 s deadline (behind up to half the budget of others' entries in the
     log's order, a claim under ASan waited past the default). during(elapsed), if given, is
-    called every 50 ms. Returns (the flooders' outcomes, their error texts, the claimant's
-    answers as (outcome, error text), the first flooder's pending bytes at most, as /metrics
-    at http said them every 50 ms)."""
+    called every 50 ms. Returns .outcomes (the flooders' outcomes), .errors (their error
+    texts), .share_waits (the retry_after_ms of their share refusals), .answers (the
+    claimant's, as (outcome, error text)) and .peak (alpha's pending bytes at most, as
+    /metrics at http said them every 50 ms)."""
     sizes = (900000, 90000, 9000, 900, 1)
     host, port = rpc.split(":")
     socks = []
@@ -993,7 +995,7 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
                   for i in range(1, 51)]
         socks += [(socket.create_connection((host, int(port)), timeout=15), frames)
                   for _ in range(2)]
-    outcomes, errors, answers = {}, set(), []
+    outcomes, errors, answers, share_waits = {}, set(), [], set()
     lock = threading.Lock()
     done = threading.Event()
 
@@ -1019,7 +1021,10 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
                 o = r[1].get(1, 0)
                 outcomes[o] = outcomes.get(o, 0) + 1
                 if o == 13:
-                    errors.add(r[0].get(4, b"").decode())
+                    text = r[0].get(4, b"").decode()
+                    errors.add(text)
+                    if text.startswith(SHARE_TEXT):
+                        share_waits.add(r[1].get(4, 0))  # Result.retry_after_ms
 
     def claims():
         s = socket.create_connection((host, int(port)), timeout=15)
@@ -1066,7 +1071,8 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
             t.join(30)
         for s, _ in socks:
             s.close()
-    return outcomes, errors, answers, peak
+    return types.SimpleNamespace(outcomes=outcomes, errors=errors, answers=answers, peak=peak,
+                                 share_waits=share_waits)
 
 
 class TestTenantShare(LimitTest):
@@ -1083,10 +1089,12 @@ class TestTenantShare(LimitTest):
         return [a for a in answers if BUDGET_TEXT in a[1] or SHARE_TEXT in a[1]]
 
     def test_a_flooding_tenant_leaves_room_for_the_others(self):
-        outcomes, errors, beta, peak = _tenant_flood(self.node.rpc, self.node.http,
-                                                     [self.c.token], self.c.token2)
+        fl = _tenant_flood(self.node.rpc, self.node.http, [self.c.token], self.c.token2)
+        outcomes, errors, beta, peak = fl.outcomes, fl.errors, fl.answers, fl.peak
         self.assertGreater(_metric(self.node.http, _share_refused("alpha")), 0, outcomes)
         self.assertTrue(any(e.startswith(SHARE_TEXT) for e in errors), errors)
+        # Each says when to send it again (libidem does, to the same leader).
+        self.assertEqual(fl.share_waits, {10})
         self.assertGreater(outcomes.get(OUTCOME_NOT_FOUND, 0), 0, outcomes)  # some went in
         self.assertLessEqual(peak, (self.PENDING_MB << 20) // 2)
         # Beta was never refused for the budget or a share: its claims went in.
@@ -1125,8 +1133,9 @@ class TestTenantShare(LimitTest):
     def test_two_flooding_tenants_leave_room_for_a_third(self):
         # Alpha and beta hold the whole budget between them (half each): a tenant with
         # nothing pending is let in all the same, one command at a time.
-        outcomes, errors, gamma, _ = _tenant_flood(self.node.rpc, self.node.http,
-                                                   [self.c.token, self.c.token2], self.c.token3)
+        fl = _tenant_flood(self.node.rpc, self.node.http, [self.c.token, self.c.token2],
+                           self.c.token3)
+        errors, gamma = fl.errors, fl.answers
         self.assertTrue(any(e.startswith(SHARE_TEXT) or e.startswith(BUDGET_TEXT)
                             for e in errors), errors)
         self.assertGreater(len(gamma), 0)
