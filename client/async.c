@@ -24,6 +24,10 @@
  *   every request written on it is sent again to the leader.
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: as a broken connection
  *   (next seed, after a backoff).
+ * - OUTCOME_UNAVAILABLE with retry_after_ms (a leader refusing for load: its
+ *   batch.max_pending_mb, or the tenant's share of it): that request alone waits again
+ *   after at least that long (the backoff when longer), sent to the same node on the same
+ *   connection; the others go on.
  * - a request's deadline passes: its callback gets IDEM_EUNAVAILABLE; an answer that comes
  *   later finds no request with its id and is dropped. Deadlines count from the submit
  *   (the loop's time is updated there, so a slow callback before it costs nothing).
@@ -68,6 +72,7 @@
 enum areqState {
     AREQ_WAITING, /* to be written when a connection is up */
     AREQ_SENT,    /* written on `sent_on`, waiting for the answer */
+    AREQ_DELAYED, /* refused by a leader for load: waiting again from `retry_at` on */
     AREQ_DONE,    /* called back; its timer is closing */
 };
 
@@ -78,6 +83,7 @@ struct areq {
     uint8_t *body; /* packed Request without deadline_ms; owned */
     size_t body_len;
     uint64_t deadline; /* uv_now() ms */
+    uint64_t retry_at; /* AREQ_DELAYED: uv_now() ms */
     uint32_t deadline_ms;
     enum areqState state;
     struct aconn *sent_on;
@@ -134,10 +140,11 @@ struct idem_async {
     bool reconnect_armed;
     uv_timer_t watch;   /* the stall watch; runs (unreferenced) while requests are pending */
     uv_timer_t kick;    /* zero-delay: writes the requests submitted since it was armed */
+    uv_timer_t retry;   /* due at the earliest AREQ_DELAYED request's retry_at */
     uint32_t max_frame; /* the largest request body accepted */
     TAILQ_HEAD(areqs, areq) reqs; /* accepted, not called back yet */
     size_t pending;
-    unsigned handles; /* open uv handles we own: the reconnect, watch and kick timers,
+    unsigned handles; /* open uv handles we own: the reconnect, watch, kick and retry timers,
                        * request timers, conns (with a resolution pending, one more) */
     bool closing;
     idem_async_close_cb close_cb;
@@ -489,6 +496,42 @@ static void kickCb(uv_timer_t *t)
     flush(t->data);
 }
 
+/* Delayed requests whose time came wait again (and are written); the timer is set again
+ * for the next one. */
+static void retryCb(uv_timer_t *t)
+{
+    struct idem_async *a = t->data;
+    if (a->closing) {
+        return;
+    }
+    uint64_t now = uv_now(a->loop), next = UINT64_MAX;
+    struct areq *r;
+    TAILQ_FOREACH (r, &a->reqs, link) {
+        if (r->state != AREQ_DELAYED) {
+            continue;
+        }
+        if (r->retry_at <= now) {
+            r->state = AREQ_WAITING;
+        } else if (r->retry_at < next) {
+            next = r->retry_at;
+        }
+    }
+    if (next != UINT64_MAX) {
+        uv_timer_start(&a->retry, retryCb, next - now, 0);
+    }
+    flush(a);
+}
+
+/* Makes the retry timer due by `at` (uv_now() ms) at the latest. */
+static void retryArm(struct idem_async *a, uint64_t at)
+{
+    uint64_t now = uv_now(a->loop);
+    uint64_t in = at > now ? at - now : 0;
+    if (!uv_is_active((uv_handle_t *)&a->retry) || uv_timer_get_due_in(&a->retry) > in) {
+        uv_timer_start(&a->retry, retryCb, in, 0);
+    }
+}
+
 /* ---- the connection -------------------------------------------------------------------- */
 
 static void connFree(struct aconn *conn)
@@ -709,6 +752,24 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
          * connection stays usable for the others. */
         idem__response__free_unpacked(m, NULL);
         reqFail(r, IDEM_ETOOBIG, "the request is larger than the node's max_frame_bytes");
+        return !conn->closing;
+    }
+    uint64_t busy = outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && m->result != NULL
+                        ? m->result->retry_after_ms
+                        : 0;
+    if (busy > 0) {
+        /* The node leads and refused this request for load (its pending budget, or the
+         * tenant's share of it): this request alone goes to it again after that long at
+         * least (the backoff, growing as after a failure, when longer); the connection and
+         * the others go on. Another node would only send it back. */
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: unavailable%s%.200s", addr,
+                 m->error && m->error[0] ? ": " : "", m->error ? m->error : "");
+        idem__response__free_unpacked(m, NULL);
+        uint64_t wait = IdemBackoffNext(&a->backoff, &a->rng);
+        r->state = AREQ_DELAYED;
+        r->sent_on = NULL;
+        r->retry_at = uv_now(a->loop) + (wait > busy ? wait : busy);
+        retryArm(a, r->retry_at);
         return !conn->closing;
     }
     if (outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER ||
@@ -1076,6 +1137,17 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     }
     a->kick.data = a;
     a->handles++;
+    uv = uv_timer_init(loop, &a->retry);
+    if (uv != 0) {
+        a->closing = true; /* the last close callback frees `a` */
+        uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
+        uv_close((uv_handle_t *)&a->watch, handleClosedCb);
+        uv_close((uv_handle_t *)&a->kick, handleClosedCb);
+        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
+        return IDEM_ESYS;
+    }
+    a->retry.data = a;
+    a->handles++;
     *out = a;
     return IDEM_OK;
 }
@@ -1249,4 +1321,6 @@ void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb, void *
     uv_close((uv_handle_t *)&a->watch, handleClosedCb);
     uv_timer_stop(&a->kick);
     uv_close((uv_handle_t *)&a->kick, handleClosedCb);
+    uv_timer_stop(&a->retry);
+    uv_close((uv_handle_t *)&a->retry, handleClosedCb);
 }

@@ -18,6 +18,8 @@
  *   (learned as a node if it is not a seed), without backing off the first time; repeated
  *   redirects back off, so that two nodes pointing at each other cannot spin.
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: back off, next seed.
+ * - OUTCOME_UNAVAILABLE with retry_after_ms (a leader refusing for load: batch.max_pending_mb
+ *   or the tenant's share of it): back off at least that long, then the same node again.
  * - no answer: each attempt on one node (connect, TLS handshake, write, answer) gets
  *   min(remaining, max(remaining / 3, IDEM_ATTEMPT_MIN_MS)) of the call's time. When that
  *   passes, the connection (which still has our request outstanding) is closed and the
@@ -261,12 +263,17 @@ uint64_t IdemBackoffNext(uint64_t *backoff, uint64_t *rng)
     return ms;
 }
 
-/* Sleeps for about *backoff ms (never past the deadline) and doubles *backoff. */
-static void backoffSleep(struct idem_client *c, uint64_t *backoff, uint64_t deadline)
+/* Sleeps for about *backoff ms, or `at_least` ms when longer (never past the deadline),
+ * and doubles *backoff. */
+static void backoffSleepAtLeast(struct idem_client *c, uint64_t *backoff, uint64_t deadline,
+                                uint64_t at_least)
 {
     pthread_mutex_lock(&c->mu);
     uint64_t ms = IdemBackoffNext(backoff, &c->rng);
     pthread_mutex_unlock(&c->mu);
+    if (ms < at_least) {
+        ms = at_least;
+    }
     uint64_t rem = IdemRemainingMs(deadline);
     if (ms > rem) {
         ms = rem;
@@ -274,6 +281,12 @@ static void backoffSleep(struct idem_client *c, uint64_t *backoff, uint64_t dead
     struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+/* Sleeps for about *backoff ms (never past the deadline) and doubles *backoff. */
+static void backoffSleep(struct idem_client *c, uint64_t *backoff, uint64_t deadline)
+{
+    backoffSleepAtLeast(c, backoff, deadline, 0);
 }
 
 /* ---- the node table ------------------------------------------------------------------ */
@@ -1052,6 +1065,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
             continue;
         }
         bool follow = false;
+        uint64_t busy = 0; /* a leader's retry_after_ms for a refusal for load */
         if (r == RT_OK && m->request_id == 0) {
             /* The node could not read our request frame (idem.proto, above `message
              * Request`): it applied nothing and closes the connection (nodeRoundTrip closed
@@ -1100,6 +1114,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
                          detail[0] ? ": " : "", detail);
             } else {
                 connErrf(k, "%s: unavailable%s%s", addr, detail[0] ? ": " : "", detail);
+                busy = m->result != NULL ? m->result->retry_after_ms : 0;
             }
             idem__response__free_unpacked(m, NULL);
         }
@@ -1109,6 +1124,14 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
             if (redirects++ >= IDEM_REDIRECTS_FREE) {
                 backoffSleep(c, &backoff, deadline);
             }
+            continue;
+        }
+        if (busy > 0) {
+            /* The node leads and refused the request for load (its pending budget, or the
+             * tenant's share of it): the same request to the same node, on the same
+             * connection, after its retry_after_ms at least (the backoff, growing as after a
+             * failure, when longer). Another node would only send it back. */
+            backoffSleepAtLeast(c, &backoff, deadline, busy);
             continue;
         }
         /* Connection failure, bad frame, unavailable or leaderless: next seed. */

@@ -20,6 +20,12 @@
  *   retry-safe that way (CONTRACT.md §2, §4), so a retry after an ambiguous failure never
  *   runs anything twice, and a claim whose answer was lost gets its own lease back
  *   (`acquired`, same token) instead of `in_progress`.
+ * - An `unavailable` answer with a retry time (a leader refusing the request for load: its
+ *   batch.max_pending_mb of commands not yet committed, or the tenant's share of them) is
+ *   not a failed node: that request goes to the same node again, on the same connection,
+ *   after that time at least (the backoff when longer); the asynchronous client's other
+ *   requests go on meanwhile. At the deadline, IDEM_EUNAVAILABLE with the refusal in
+ *   `detail`.
  * - A node that accepts the connection but does not answer (a stopped or frozen process, a
  *   blackholed host) is given one attempt's share of the time left -- a third of it, at
  *   least 250 ms -- for connect, TLS handshake and answer; then the client closes that

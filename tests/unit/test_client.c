@@ -590,6 +590,9 @@ enum fakeMode {
     FAKE_UNREADABLE, /* request_id 0 and INVALID (the node could not read the frame), then
                       * the connection closed, as idemd does */
     FAKE_GRANT,      /* claim: acquired (token FAKE_TOKEN); release: release_outcome */
+    FAKE_BUSY,       /* as FAKE_GRANT, but the next `busy` claims are refused for load
+                      * (unavailable with retry_after_ms, as a leader past its pending
+                      * budget answers) */
 };
 
 #define FAKE_TOKEN 7
@@ -601,6 +604,8 @@ struct fakeNode {
     atomic_int requests; /* request frames read */
     Idem__Outcome release_outcome;
     atomic_int releases;               /* FAKE_GRANT: releases of FAKE_TOKEN */
+    atomic_int busy;                   /* FAKE_BUSY: claims still to refuse */
+    atomic_int conns;                  /* connections accepted */
     atomic_bool stop;
     pthread_t th;
     uint8_t frame[1 << 16]; /* the request being read */
@@ -665,7 +670,15 @@ static void fakeServe(struct fakeNode *f, int fd)
         atomic_fetch_add(&f->requests, 1);
         Idem__Response resp = IDEM__RESPONSE__INIT;
         Idem__Result res = IDEM__RESULT__INIT;
-        if (f->mode == FAKE_GRANT) {
+        if (f->mode == FAKE_BUSY && req->op_case == IDEM__REQUEST__OP_CLAIM &&
+            atomic_fetch_sub(&f->busy, 1) > 0) {
+            resp.request_id = req->request_id;
+            resp.result = &res;
+            resp.error = (char *)"the leader holds batch.max_pending_mb of commands not yet "
+                                 "committed: send it again later";
+            res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+            res.retry_after_ms = 10;
+        } else if (f->mode == FAKE_GRANT || f->mode == FAKE_BUSY) {
             resp.request_id = req->request_id;
             resp.result = &res;
             res.outcome = IDEM__OUTCOME__OUTCOME_OK;
@@ -704,6 +717,7 @@ static void *fakeMain(void *arg)
         }
         int fd = accept(f->lfd, NULL, NULL);
         if (fd >= 0) {
+            atomic_fetch_add(&f->conns, 1);
             fakeServe(f, fd);
             close(fd);
         }
@@ -799,6 +813,101 @@ static void test_answer_without_a_result(void **state)
     assert_int_equal(ao.status, IDEM_EPROTO);
     assert_non_null(strstr(ao.detail, "carries no result"));
     assert_int_equal(atomic_load(&f->requests), 3); /* each sent once */
+    fakeStop(f);
+}
+
+struct busyRun {
+    int acquired, other;
+};
+
+static void busyCb(struct idem_async *a, int status, struct idem_result *res, void *data)
+{
+    (void)a;
+    struct busyRun *b = data;
+    if (status == IDEM_OK && res->outcome == IDEM_OUTCOME_ACQUIRED && res->token == FAKE_TOKEN) {
+        b->acquired++;
+    } else {
+        b->other++;
+    }
+}
+
+/* A leader that refuses a request for load (its pending budget, or the tenant's share of
+ * it) answers unavailable with retry_after_ms: both clients send that request to it again
+ * after that long, on the same connection, rather than take the node for a failed one
+ * (which closed the connection, and the asynchronous client sent every request in flight
+ * on it again). */
+static void test_busy_leader_is_asked_again_on_the_same_connection(void **state)
+{
+    (void)state;
+    struct fakeNode *f = fakeStart(FAKE_BUSY);
+    atomic_store(&f->busy, 3);
+    /* A second seed that would grant at once: the busy leader is not left for it. */
+    struct fakeNode *g = fakeStart(FAKE_GRANT);
+    char seeds[80];
+    snprintf(seeds, sizeof seeds, "%s,%s", f->addr, g->addr);
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new(seeds, "t", &c), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_result r;
+    struct idem_claim_opts o = {.deadline_ms = 5000};
+    assert_int_equal(idem_claim(c, "k", fp, &o, &r), IDEM_OK);
+    assert_int_equal(r.outcome, IDEM_OUTCOME_ACQUIRED);
+    idem_result_free(&r);
+    assert_int_equal(atomic_load(&f->requests), 4); /* refused three times, then taken */
+    assert_int_equal(atomic_load(&f->conns), 1);
+    assert_int_equal(atomic_load(&g->requests), 0);
+    /* Refused until the deadline: the last refusal is what the call says. */
+    atomic_store(&f->busy, 1000000);
+    o.deadline_ms = 300;
+    assert_int_equal(idem_claim(c, "k2", fp, &o, &r), IDEM_EUNAVAILABLE);
+    assert_non_null(strstr(r.detail, "batch.max_pending_mb"));
+    idem_result_free(&r);
+    assert_int_equal(atomic_load(&f->conns), 1);
+    assert_int_equal(atomic_load(&g->requests), 0);
+    idem_client_close(c);
+
+    /* Five pipelined claims, the first three refused: each refused one alone waits and
+     * goes again; nothing else is sent twice and the connection stays. */
+    atomic_store(&f->busy, 3);
+    atomic_store(&f->requests, 0);
+    int conns = atomic_load(&f->conns);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_options opts = {.seeds = seeds, .token = "t", .default_deadline_ms = 5000};
+    struct idem_async *a = NULL;
+    assert_int_equal(idem_async_open(&loop, &opts, &a, NULL, 0), IDEM_OK);
+    struct busyRun b = {0, 0};
+    for (int i = 0; i < 5; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "a%d", i);
+        assert_int_equal(idem_async_claim(a, key, fp, NULL, busyCb, &b), IDEM_OK);
+    }
+    while (idem_async_pending(a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    assert_int_equal(b.acquired, 5);
+    assert_int_equal(b.other, 0);
+    assert_int_equal(atomic_load(&f->requests), 8);
+    assert_int_equal(atomic_load(&f->conns), conns + 1);
+    assert_int_equal(atomic_load(&g->requests), 0);
+    /* Closed with a refused request waiting for its retry: canceled, nothing left open. */
+    atomic_store(&f->busy, 1000000);
+    struct asyncOne late = {0};
+    assert_int_equal(idem_async_claim(a, "late", fp, NULL, asyncOneCb, &late), IDEM_OK);
+    /* Until it was refused twice (it waited for its retry once), for 5 s at most. */
+    int before = atomic_load(&f->requests);
+    for (int i = 0; i < 5000 && atomic_load(&f->requests) < before + 2; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    assert_true(atomic_load(&f->requests) >= before + 2);
+    idem_async_close(a, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(late.calls, 1);
+    assert_int_equal(late.status, IDEM_ECANCELED);
+    assert_int_equal(atomic_load(&g->requests), 0);
+    fakeStop(g);
     fakeStop(f);
 }
 
@@ -930,7 +1039,7 @@ static void test_system_failures(void **state)
     assert_null(c);
     assert_non_null(strstr(why, "cannot initialise the client's mutex"));
 
-    for (int n = 1; n <= 3; n++) {
+    for (int n = 1; n <= 4; n++) { /* its reconnect, watch, kick and retry timers */
         uv_loop_t loop;
         uv_loop_init(&loop);
         struct idem_async *a = NULL;
@@ -990,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_renew_plan),
         cmocka_unit_test(test_answer_without_a_result),
         cmocka_unit_test(test_unreadable_request),
+        cmocka_unit_test(test_busy_leader_is_asked_again_on_the_same_connection),
         cmocka_unit_test(test_system_failures),
         cmocka_unit_test(test_a_wait_longer_than_one_poll),
     };
