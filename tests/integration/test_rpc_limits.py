@@ -865,106 +865,6 @@ def _complete_frame(request_id, token, key, body):
     return _frame(b"\x08" + _varint(request_id) + _pb(3, token.encode()) + _pb(11, comp))
 
 
-class TestPendingBudget(LimitTest):
-    # The commands a leader has proposed and not yet applied are at most
-    # batch.max_pending_mb together; past it a command is answered unavailable at once.
-    # Before, nothing bounded them: a tenant sending ~1 MB completes (for a key with no
-    # record: refused only at apply, after the log took them) faster than the log commits
-    # made the leader of a 3-node cluster grow to 2.7 GB in 12 s and lose its leadership.
-    # One tenant floods here: its share (TestTenantShare) is set to the whole budget.
-    PENDING_MB = 4
-
-    def make_cluster(self):
-        return ShareCluster(self.PENDING_MB, 100, n=1)
-
-    def test_commands_past_the_budget_are_refused_at_once(self):
-        budget = self.PENDING_MB << 20
-        # A completed record due to expire during the flood: expiry goes on while the flood
-        # keeps the budget full (the leader's expire entries are never refused for it,
-        # cluster_propose_own; here they also find room between the ~900 KB commands).
-        auth = {"Authorization": "Bearer " + self.c.token}
-        r = http_request(self.node.http, "POST", "/v1/claims",
-                         {"fingerprint": fp("short"), "ttl_ms": 1000},
-                         headers=dict(auth, **{"Idempotency-Key": "short"}))
-        self.assertEqual((r[0], r[2]["outcome"]), (200, "acquired"), r)
-        r = http_request(self.node.http, "POST", "/v1/claims/short/complete",
-                         {"token": r[2]["token"], "outcome": "succeeded",
-                          "response": {"status": 200, "body": "ok"}}, headers=auth)
-        self.assertEqual(r[0], 200, r)
-        self.assertEqual(_metric(self.node.http, "idem_tombstones"), 0)
-        body = b"y" * 900000
-        frames = [_complete_frame(i, self.c.token, "no-such-key", body) for i in range(1, 41)]
-        socks = [self.connect() for _ in range(4)]
-        outcomes = {}
-        errors = set()
-        lock = threading.Lock()
-        done = threading.Event()
-
-        def send(s):
-            n = 0
-            while not done.is_set() and n < 4000:
-                try:
-                    s.sendall(frames[n % len(frames)])
-                except OSError:
-                    return
-                n += 1
-
-        def read(s):
-            s.settimeout(20)
-            while True:
-                try:
-                    r = _read_frame(s)
-                except OSError:
-                    return
-                if r is None:
-                    return
-                with lock:
-                    o = r[1].get(1, 0)
-                    outcomes[o] = outcomes.get(o, 0) + 1
-                    if o == 13:
-                        errors.add(r[0].get(4, b"").decode())
-
-        threads = [threading.Thread(target=f, args=(s,)) for s in socks for f in (send, read)]
-        senders = threads[0::2]
-        for t in threads:
-            t.start()
-        # The flood lasts 5 s, and on until the record's expiry is seen (at most 30 s: on a
-        # loaded machine, ASan and tests in parallel, /metrics answers slowly under it and
-        # the expiry can come late); the senders must still be sending when it is seen.
-        peak = 0
-        expired_during = False
-        begun = time.monotonic()
-        while time.monotonic() - begun < 30 and not (expired_during and
-                                                      time.monotonic() - begun >= 5):
-            peak = max(peak, _metric(self.node.http, "idem_proposals_pending_bytes"))
-            if not expired_during and _metric(self.node.http, "idem_tombstones") == 1:
-                expired_during = any(t.is_alive() for t in senders)
-                self.assertTrue(expired_during, "the flood ended before the record expired")
-            time.sleep(0.1)
-        done.set()
-        for s in socks:
-            s.shutdown(socket.SHUT_WR)
-        for t in threads:
-            t.join(30)
-        for s in socks:
-            s.close()
-        refused = _metric(self.node.http, "idem_proposals_refused_total")
-        self.assertGreater(refused, 0, outcomes)
-        self.assertLessEqual(peak, budget)
-        self.assertTrue(expired_during, "the record did not expire while the budget was full")
-        self.assertGreater(outcomes.get(OUTCOME_NOT_FOUND, 0), 0, outcomes)  # some went in
-        self.assertIn("the leader holds batch.max_pending_mb of commands not yet committed: "
-                      "send it again later", errors)
-        self.assertGreaterEqual(outcomes.get(13, 0), refused, (outcomes, refused))
-        # The node serves as before, and nothing is left counted.
-        s = self.connect()
-        s.sendall(_claim_frame(9, self.c.token, "after-flood"))
-        self.assertEqual(_read_answer(s)[:2], (9, OUTCOME_ACQUIRED))
-        s.close()
-        wait_for(lambda: _metric(self.node.http, "idem_proposals_pending_bytes") == 0, 15,
-                 "nothing pending")
-
-
 BUDGET_TEXT = "the leader holds batch.max_pending_mb of commands not yet committed"
 SHARE_TEXT = "this tenant holds its share (batch.tenant_max_pending_percent)"
 
@@ -977,24 +877,25 @@ def _share_refused(tenant):
     return 'idem_tenant_proposals_refused_total{tenant="%s"}' % tenant
 
 
-def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
-    """Each token in flooders sends completes of 900 KB down to a few bytes (for a key
-    without a record: refused only when applied) to rpc on two connections, as fast as the
-    node reads them, for `seconds`, while the token claimant (if any) claims fresh keys one
-    at a time with a 20 s deadline (behind up to half the budget of others' entries in the
-    log's order, a claim under ASan waited past the default). during(elapsed), if given, is
-    called every 50 ms. Returns .outcomes (the flooders' outcomes), .errors (their error
-    texts), .share_waits (the retry_after_ms of their share refusals), .answers (the
-    claimant's, as (outcome, error text)) and .peak (alpha's pending bytes at most, as
-    /metrics at http said them every 50 ms)."""
-    sizes = (900000, 90000, 9000, 900, 1)
+def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
+                  sizes=(900000, 90000, 9000, 900, 1), conns=2):
+    """Each token in flooders sends completes of the bodies' `sizes` in turn (for a key
+    without a record: refused only when applied) to rpc on `conns` connections, as fast as
+    the node reads them, for `seconds`, while the token claimant (if any) claims fresh keys
+    one at a time with a 20 s deadline (behind up to half the budget of others' entries in
+    the log's order, a claim under ASan waited past the default). during(elapsed, sending)
+    (sending: whether a sender is still at it), if given, is called every 50 ms; the flood
+    ends early when it returns True. Returns .outcomes (the flooders' outcomes), .errors
+    (their error texts), .share_waits (the retry_after_ms of their share refusals),
+    .answers (the claimant's, as (outcome, error text)) and .peak (alpha's pending bytes at
+    most, as /metrics at http said them every 50 ms)."""
     host, port = rpc.split(":")
     socks = []
     for t in flooders:
         frames = [_complete_frame(i, t, "no-such-key", b"y" * sizes[i % len(sizes)])
                   for i in range(1, 51)]
         socks += [(socket.create_connection((host, int(port)), timeout=15), frames)
-                  for _ in range(2)]
+                  for _ in range(conns)]
     outcomes, errors, answers, share_waits = {}, set(), [], set()
     lock = threading.Lock()
     done = threading.Event()
@@ -1043,8 +944,8 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
         finally:
             s.close()
 
-    threads = [threading.Thread(target=send, args=sf) for sf in socks]
-    threads += [threading.Thread(target=read, args=(sf[0],)) for sf in socks]
+    senders = [threading.Thread(target=send, args=sf) for sf in socks]
+    threads = senders + [threading.Thread(target=read, args=(sf[0],)) for sf in socks]
     if claimant is not None:
         threads.append(threading.Thread(target=claims))
     for t in threads:
@@ -1057,8 +958,9 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
                 peak = max(peak, _metric(http, _pending("alpha")))
             except OSError:
                 pass  # a node stopped on purpose by during()
-            if during is not None:
-                during(time.monotonic() - begun)
+            if during is not None and during(time.monotonic() - begun,
+                                             any(t.is_alive() for t in senders)):
+                break
             time.sleep(0.05)
     finally:
         done.set()
@@ -1073,6 +975,65 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None):
             s.close()
     return types.SimpleNamespace(outcomes=outcomes, errors=errors, answers=answers, peak=peak,
                                  share_waits=share_waits)
+
+
+class TestPendingBudget(LimitTest):
+    # The commands a leader has proposed and not yet applied are at most
+    # batch.max_pending_mb together; past it a command is answered unavailable at once.
+    # Before, nothing bounded them: a tenant sending ~1 MB completes (for a key with no
+    # record: refused only at apply, after the log took them) faster than the log commits
+    # made the leader of a 3-node cluster grow to 2.7 GB in 12 s and lose its leadership.
+    # One tenant floods here: its share (TestTenantShare) is set to the whole budget.
+    PENDING_MB = 4
+
+    def make_cluster(self):
+        return ShareCluster(self.PENDING_MB, 100, n=1)
+
+    def test_commands_past_the_budget_are_refused_at_once(self):
+        budget = self.PENDING_MB << 20
+        # A completed record due to expire during the flood: expiry goes on while the flood
+        # keeps the budget full (the leader's expire entries are never refused for it,
+        # cluster_propose_own; here they also find room between the ~900 KB commands).
+        auth = {"Authorization": "Bearer " + self.c.token}
+        r = http_request(self.node.http, "POST", "/v1/claims",
+                         {"fingerprint": fp("short"), "ttl_ms": 1000},
+                         headers=dict(auth, **{"Idempotency-Key": "short"}))
+        self.assertEqual((r[0], r[2]["outcome"]), (200, "acquired"), r)
+        r = http_request(self.node.http, "POST", "/v1/claims/short/complete",
+                         {"token": r[2]["token"], "outcome": "succeeded",
+                          "response": {"status": 200, "body": "ok"}}, headers=auth)
+        self.assertEqual(r[0], 200, r)
+        self.assertEqual(_metric(self.node.http, "idem_tombstones"), 0)
+        # The flood lasts 5 s, and on until the record's expiry is seen (at most 30 s: on a
+        # loaded machine, ASan and tests in parallel, /metrics answers slowly under it and
+        # the expiry can come late); the senders must still be sending when it is seen.
+        peak = [0]
+        expired_during = []
+
+        def during(elapsed, sending):
+            peak[0] = max(peak[0], _metric(self.node.http, "idem_proposals_pending_bytes"))
+            if not expired_during and _metric(self.node.http, "idem_tombstones") == 1:
+                self.assertTrue(sending, "the flood ended before the record expired")
+                expired_during.append(elapsed)
+            return bool(expired_during) and elapsed >= 5
+        fl = _tenant_flood(self.node.rpc, self.node.http, [self.c.token], None, seconds=30,
+                           during=during, sizes=(900000,), conns=4)
+        outcomes, errors, peak = fl.outcomes, fl.errors, peak[0]
+        refused = _metric(self.node.http, "idem_proposals_refused_total")
+        self.assertGreater(refused, 0, outcomes)
+        self.assertLessEqual(peak, budget)
+        self.assertTrue(expired_during, "the record did not expire while the budget was full")
+        self.assertGreater(outcomes.get(OUTCOME_NOT_FOUND, 0), 0, outcomes)  # some went in
+        self.assertIn("the leader holds batch.max_pending_mb of commands not yet committed: "
+                      "send it again later", errors)
+        self.assertGreaterEqual(outcomes.get(13, 0), refused, (outcomes, refused))
+        # The node serves as before, and nothing is left counted.
+        s = self.connect()
+        s.sendall(_claim_frame(9, self.c.token, "after-flood"))
+        self.assertEqual(_read_answer(s)[:2], (9, OUTCOME_ACQUIRED))
+        s.close()
+        wait_for(lambda: _metric(self.node.http, "idem_proposals_pending_bytes") == 0, 15,
+                 "nothing pending")
 
 
 class TestTenantShare(LimitTest):
@@ -1118,7 +1079,7 @@ class TestTenantShare(LimitTest):
         """A 503 alpha gets over HTTP while its flood holds its share (bounded tries)."""
         seen = []
 
-        def during(_):
+        def during(*_):
             if not seen:
                 r = http_request(self.node.http, "POST", "/v1/claims",
                                  {"fingerprint": fp("h-%d" % len(seen))},
@@ -1157,7 +1118,7 @@ class TestTenantShareLeaderLoss(ClusterTestCase):
         followers = [n for i, n in self.c.nodes.items() if i != lid]
         held = []
 
-        def during(elapsed):
+        def during(elapsed, _):
             if not held and elapsed >= 1.5:
                 held.append(_metric(leader.http, _pending("alpha")))
                 for f in followers:
