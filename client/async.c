@@ -84,6 +84,7 @@ struct areq {
     size_t body_len;
     uint64_t deadline; /* uv_now() ms */
     uint64_t retry_at; /* AREQ_DELAYED: uv_now() ms */
+    char *refusal;     /* the last refusal for load it got (owned), or NULL */
     uint32_t deadline_ms;
     enum areqState state;
     struct aconn *sent_on;
@@ -226,6 +227,7 @@ static void reqFreeCb(uv_handle_t *h)
     struct idem_async *a = r->a;
     OPENSSL_cleanse(r->body, r->body_len); /* it carries the token */
     free(r->body);
+    free(r->refusal);
     free(r);
     a->handles--;
     maybeFinish(a);
@@ -268,6 +270,14 @@ static void reqDeadlineCb(uv_timer_t *t)
 {
     struct areq *r = t->data;
     struct idem_async *a = r->a;
+    if (r->refusal != NULL) {
+        /* A leader kept refusing it for load: that says more than other nodes' words. */
+        char said[IDEM_ERRMSG_LEN];
+        snprintf(said, sizeof said, "%s", r->refusal);
+        reqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.300s)",
+                r->deadline_ms, said);
+        return;
+    }
     if (a->words.n > 1) {
         char said[IDEM_ERRMSG_LEN];
         IdemWordsJoin(&a->words, said, sizeof said);
@@ -764,11 +774,19 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
          * the others go on. Another node would only send it back. */
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: unavailable%s%.200s", addr,
                  m->error && m->error[0] ? ": " : "", m->error ? m->error : "");
+        IdemWordsNote(&a->words, conn->node, a->errmsg);
+        /* The request's own last word: a->errmsg is cleared by the next answer that is
+         * not a refusal, whoever it is for. */
+        free(r->refusal);
+        r->refusal = strdup(a->errmsg); /* NULL when out of memory: the shared text then */
         idem__response__free_unpacked(m, NULL);
+        uint64_t now = uv_now(a->loop);
         uint64_t wait = IdemBackoffNext(&a->backoff, &a->rng);
+        wait = wait > busy ? wait : busy;
+        uint64_t left = r->deadline > now ? r->deadline - now : 0;
         r->state = AREQ_DELAYED;
         r->sent_on = NULL;
-        r->retry_at = uv_now(a->loop) + (wait > busy ? wait : busy);
+        r->retry_at = now + (wait < left ? wait : left); /* a node's 2^64-1 cannot wrap */
         retryArm(a, r->retry_at);
         return !conn->closing;
     }

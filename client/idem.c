@@ -19,7 +19,8 @@
  *   redirects back off, so that two nodes pointing at each other cannot spin.
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: back off, next seed.
  * - OUTCOME_UNAVAILABLE with retry_after_ms (a leader refusing for load: batch.max_pending_mb
- *   or the tenant's share of it): back off at least that long, then the same node again.
+ *   or the tenant's share of it; a membership change or transfer that may succeed again):
+ *   back off at least that long (never past the deadline), then the same node again.
  * - no answer: each attempt on one node (connect, TLS handshake, write, answer) gets
  *   min(remaining, max(remaining / 3, IDEM_ATTEMPT_MIN_MS)) of the call's time. When that
  *   passes, the connection (which still has our request outstanding) is closed and the

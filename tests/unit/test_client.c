@@ -605,6 +605,7 @@ struct fakeNode {
     Idem__Outcome release_outcome;
     atomic_int releases;               /* FAKE_GRANT: releases of FAKE_TOKEN */
     atomic_int busy;                   /* FAKE_BUSY: claims still to refuse */
+    _Atomic uint64_t busy_retry_ms;    /* FAKE_BUSY: their retry_after_ms (10 at start) */
     atomic_int conns;                  /* connections accepted */
     atomic_bool stop;
     pthread_t th;
@@ -677,7 +678,7 @@ static void fakeServe(struct fakeNode *f, int fd)
             resp.error = (char *)"the leader holds batch.max_pending_mb of commands not yet "
                                  "committed: send it again later";
             res.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
-            res.retry_after_ms = 10;
+            res.retry_after_ms = atomic_load(&f->busy_retry_ms);
         } else if (f->mode == FAKE_GRANT || f->mode == FAKE_BUSY) {
             resp.request_id = req->request_id;
             resp.result = &res;
@@ -731,6 +732,7 @@ static struct fakeNode *fakeStart(enum fakeMode mode)
     assert_non_null(f);
     f->mode = mode;
     f->release_outcome = IDEM__OUTCOME__OUTCOME_OK;
+    atomic_store(&f->busy_retry_ms, 10);
     f->lfd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(f->lfd >= 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -908,6 +910,42 @@ static void test_busy_leader_is_asked_again_on_the_same_connection(void **state)
     assert_int_equal(late.status, IDEM_ECANCELED);
     assert_int_equal(atomic_load(&g->requests), 0);
     fakeStop(g);
+
+    /* Refused until the deadline, after two seeds that refuse connections: the refusal is
+     * what the asynchronous call says too (it named only the other seeds' failures). */
+    int dead[2];
+    unsigned port[2];
+    for (int i = 0; i < 2; i++) {
+        dead[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof sa;
+        assert_int_equal(bind(dead[i], (struct sockaddr *)&sa, sizeof sa), 0); /* no listen */
+        assert_int_equal(getsockname(dead[i], (struct sockaddr *)&sa, &sl), 0);
+        port[i] = ntohs(sa.sin_port);
+    }
+    char seeds3[120];
+    snprintf(seeds3, sizeof seeds3, "127.0.0.1:%u,127.0.0.1:%u,%s", port[0], port[1], f->addr);
+    struct asyncOne ao;
+    asyncClaimOnce(seeds3, 600, &ao);
+    close(dead[0]);
+    close(dead[1]);
+    assert_int_equal(ao.status, IDEM_EUNAVAILABLE);
+    assert_non_null(strstr(ao.detail, "batch.max_pending_mb"));
+
+    /* A retry time past the deadline (2^64-1 here) waits for the deadline, never wraps
+     * around into sending again at once. */
+    atomic_store(&f->busy_retry_ms, UINT64_MAX);
+    atomic_store(&f->requests, 0);
+    asyncClaimOnce(f->addr, 300, &ao);
+    assert_int_equal(ao.status, IDEM_EUNAVAILABLE);
+    assert_true(atomic_load(&f->requests) <= 2);
+    atomic_store(&f->requests, 0);
+    assert_int_equal(idem_client_new(f->addr, "t", &c), IDEM_OK);
+    o.deadline_ms = 300;
+    assert_int_equal(idem_claim(c, "k3", fp, &o, &r), IDEM_EUNAVAILABLE);
+    idem_result_free(&r);
+    idem_client_close(c);
+    assert_int_equal(atomic_load(&f->requests), 1);
     fakeStop(f);
 }
 
@@ -1023,7 +1061,7 @@ static int countCallsFn(void *arg, uint64_t token, struct idem_response *respons
 }
 
 /* The IDEM_ESYS returns of idem.h: idem_client_open (its mutex), idem_async_open (each of
- * its three timers: `why` says so, *out is NULL, and the timers made before close on the
+ * its four timers: `why` says so, *out is NULL, and the timers made before close on the
  * loop) and idem_run (no renewal thread: fn does not run, the claim is released, and the
  * detail says whether that worked). */
 static void test_system_failures(void **state)
