@@ -1127,45 +1127,27 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     a->rng = IdemRngSeed();
     a->backoff = IDEM_BACKOFF_MIN_MS;
     a->next_seed = a->n_seeds > 1 ? 1 : 0;
-    int uv = uv_timer_init(loop, &a->reconnect);
-    if (uv != 0) {
-        asyncFree(a);
-        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
-        return IDEM_ESYS;
+    /* The four timers, made in turn; on a failure those made are closed, and the last
+     * close callback frees `a` (nothing made: freed here). */
+    uv_timer_t *timers[] = {&a->reconnect, &a->watch, &a->kick, &a->retry};
+    for (size_t i = 0; i < sizeof timers / sizeof timers[0]; i++) {
+        int uv = uv_timer_init(loop, timers[i]);
+        if (uv != 0) {
+            IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
+            if (i == 0) {
+                asyncFree(a);
+                return IDEM_ESYS;
+            }
+            a->closing = true;
+            for (size_t j = 0; j < i; j++) {
+                uv_close((uv_handle_t *)timers[j], handleClosedCb);
+            }
+            return IDEM_ESYS;
+        }
+        timers[i]->data = a;
+        a->handles++;
     }
-    a->reconnect.data = a;
-    a->handles = 1;
-    uv = uv_timer_init(loop, &a->watch);
-    if (uv != 0) {
-        a->closing = true; /* the reconnect timer's close callback frees `a` */
-        uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
-        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
-        return IDEM_ESYS;
-    }
-    a->watch.data = a;
     uv_unref((uv_handle_t *)&a->watch); /* never what keeps the caller's loop running */
-    a->handles++;
-    uv = uv_timer_init(loop, &a->kick);
-    if (uv != 0) {
-        a->closing = true; /* the last close callback frees `a` */
-        uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
-        uv_close((uv_handle_t *)&a->watch, handleClosedCb);
-        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
-        return IDEM_ESYS;
-    }
-    a->kick.data = a;
-    a->handles++;
-    uv = uv_timer_init(loop, &a->retry);
-    if (uv != 0) {
-        a->closing = true; /* the last close callback frees `a` */
-        uv_close((uv_handle_t *)&a->reconnect, handleClosedCb);
-        uv_close((uv_handle_t *)&a->watch, handleClosedCb);
-        uv_close((uv_handle_t *)&a->kick, handleClosedCb);
-        IdemWhyf(why, why_len, "cannot create a libuv timer: %s", uv_strerror(uv));
-        return IDEM_ESYS;
-    }
-    a->retry.data = a;
-    a->handles++;
     *out = a;
     return IDEM_OK;
 }
