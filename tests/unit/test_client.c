@@ -605,6 +605,8 @@ struct fakeNode {
     Idem__Outcome release_outcome;
     atomic_int releases;               /* FAKE_GRANT: releases of FAKE_TOKEN */
     atomic_int busy;                   /* FAKE_BUSY: claims still to refuse */
+    atomic_bool busy_by_key;           /* FAKE_BUSY: refuse the claims of keys "busy..."
+                                        * (all of them), instead of counting */
     _Atomic uint64_t busy_retry_ms;    /* FAKE_BUSY: their retry_after_ms (10 at start) */
     atomic_int conns;                  /* connections accepted */
     atomic_bool stop;
@@ -672,7 +674,9 @@ static void fakeServe(struct fakeNode *f, int fd)
         Idem__Response resp = IDEM__RESPONSE__INIT;
         Idem__Result res = IDEM__RESULT__INIT;
         if (f->mode == FAKE_BUSY && req->op_case == IDEM__REQUEST__OP_CLAIM &&
-            atomic_fetch_sub(&f->busy, 1) > 0) {
+            (atomic_load(&f->busy_by_key)
+                 ? req->claim->key.len >= 4 && memcmp(req->claim->key.data, "busy", 4) == 0
+                 : atomic_fetch_sub(&f->busy, 1) > 0)) {
             resp.request_id = req->request_id;
             resp.result = &res;
             resp.error = (char *)"the leader holds batch.max_pending_mb of commands not yet "
@@ -833,6 +837,59 @@ static void busyCb(struct idem_async *a, int status, struct idem_result *res, vo
     }
 }
 
+struct amongOthers {
+    struct idem_async *a;
+    struct asyncOne busy;
+    struct busyRun others;
+    int sent;
+};
+
+/* Every 20 ms, another claim the fake node grants, until the refused one is called back. */
+static void othersTick(uv_timer_t *t)
+{
+    struct amongOthers *m = t->data;
+    if (m->busy.calls > 0 || m->sent == 200) {
+        uv_timer_stop(t);
+        return;
+    }
+    char key[16];
+    snprintf(key, sizeof key, "ok%d", m->sent++);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    assert_int_equal(idem_async_claim(m->a, key, fp, NULL, busyCb, &m->others), IDEM_OK);
+}
+
+static void busyAmongOthers(const char *addr)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_options opts = {.seeds = addr, .token = "t", .default_deadline_ms = 5000};
+    struct amongOthers m;
+    memset(&m, 0, sizeof m);
+    assert_int_equal(idem_async_open(&loop, &opts, &m.a, NULL, 0), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct idem_claim_opts co = {.deadline_ms = 600};
+    assert_int_equal(idem_async_claim(m.a, "busy1", fp, &co, asyncOneCb, &m.busy), IDEM_OK);
+    uv_timer_t tick;
+    uv_timer_init(&loop, &tick);
+    tick.data = &m;
+    uv_timer_start(&tick, othersTick, 20, 20);
+    while (m.busy.calls == 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uv_timer_stop(&tick);
+    uv_close((uv_handle_t *)&tick, NULL);
+    while (idem_async_pending(m.a) > 0) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    idem_async_close(m.a, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(m.busy.status, IDEM_EUNAVAILABLE);
+    assert_non_null(strstr(m.busy.detail, "batch.max_pending_mb"));
+    assert_true(m.others.acquired > 0); /* answered meanwhile */
+    assert_int_equal(m.others.other, 0);
+}
+
 /* A leader that refuses a request for load (its pending budget, or the tenant's share of
  * it) answers unavailable with retry_after_ms: both clients send that request to it again
  * after that long, on the same connection, rather than take the node for a failed one
@@ -931,6 +988,13 @@ static void test_busy_leader_is_asked_again_on_the_same_connection(void **state)
     close(dead[1]);
     assert_int_equal(ao.status, IDEM_EUNAVAILABLE);
     assert_non_null(strstr(ao.detail, "batch.max_pending_mb"));
+
+    /* A claim refused until its deadline while others' are answered meanwhile: it still
+     * says it was refused (the client's last error, which the others' answers clear, said
+     * "no answer"). */
+    atomic_store(&f->busy_by_key, true);
+    busyAmongOthers(f->addr);
+    atomic_store(&f->busy_by_key, false);
 
     /* A retry time past the deadline (2^64-1 here) waits for the deadline, never wraps
      * around into sending again at once. */
