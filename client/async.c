@@ -271,11 +271,10 @@ static void reqDeadlineCb(uv_timer_t *t)
     struct areq *r = t->data;
     struct idem_async *a = r->a;
     if (r->refusal != NULL) {
-        /* A leader kept refusing it for load: that says more than other nodes' words. */
-        char said[IDEM_ERRMSG_LEN];
-        snprintf(said, sizeof said, "%s", r->refusal);
+        /* A leader kept refusing it for load: that says more than other nodes' words (the
+         * text is formatted before reqFail lets go of r). */
         reqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.300s)",
-                r->deadline_ms, said);
+                r->deadline_ms, r->refusal);
         return;
     }
     if (a->words.n > 1) {

@@ -47,7 +47,7 @@ struct cluster_batch {
     uint64_t proposal;
     uint64_t cost;              /* its commands' part of pending_bytes */
     void **waiters;             /* one per command; NULL once handed back */
-    struct charge *charges;     /* one per command; NULL without accounts */
+    struct charge *charges;     /* one per command */
     unsigned n;
 };
 
@@ -102,10 +102,9 @@ struct cluster {
     uint64_t open_cost;     /* the open batch's part of pending_bytes */
     uint64_t pending_bytes; /* commands proposed, not yet applied or failed (cluster.h) */
     uint64_t pending_refused;
-    struct charge *charges; /* the open batch's, one per command; NULL without accounts */
+    struct charge *charges; /* the open batch's, one per command */
     uint64_t *acct_pending; /* per account (cfg.n_accounts), as pending_bytes counts */
     uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
-    uint64_t share_refused;
 
     /* Pending (proposed, not yet applied or failed) batches. */
     struct cluster_batch *pending_head, *pending_tail;
@@ -285,7 +284,7 @@ static struct memberMeta *metaPut(struct cluster *c, uint64_t id, const char *rp
 /* Takes n commands' charges off their accounts. */
 static void uncharge(struct cluster *c, const struct charge *ch, unsigned n)
 {
-    for (unsigned i = 0; ch != NULL && i < n; i++) {
+    for (unsigned i = 0; i < n; i++) {
         if (ch[i].account < c->cfg.n_accounts) {
             c->acct_pending[ch[i].account] -= ch[i].cost;
         }
@@ -397,11 +396,8 @@ static void batchFlush(struct cluster *c)
     unsigned n = c->n_cmds;
     void **waiters = xcalloc1(n * sizeof(*waiters));
     memcpy(waiters, c->waiters, n * sizeof(*waiters));
-    struct charge *charges = NULL;
-    if (c->charges != NULL) {
-        charges = xcalloc1(n * sizeof(*charges));
-        memcpy(charges, c->charges, n * sizeof(*charges));
-    }
+    struct charge *charges = xcalloc1(n * sizeof(*charges));
+    memcpy(charges, c->charges, n * sizeof(*charges));
 
     Idem__CommandBatch batch = IDEM__COMMAND_BATCH__INIT;
     batch.n_commands = n;
@@ -497,7 +493,6 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         c->cfg.max_account_pending_bytes != 0 &&
         c->acct_pending[account] + cost > c->cfg.max_account_pending_bytes) {
         c->acct_refused[account]++;
-        c->share_refused++;
         return CLUSTER_ESHARE;
     }
     if (c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
@@ -511,11 +506,8 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
         c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
         c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
-        if (c->cfg.n_accounts != 0) {
-            c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
-        }
-        if (c->cmds == NULL || c->waiters == NULL ||
-            (c->cfg.n_accounts != 0 && c->charges == NULL)) {
+        c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
+        if (c->cmds == NULL || c->waiters == NULL || c->charges == NULL) {
             clog_error("out of memory");
             abort();
         }
@@ -529,9 +521,7 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
     c->cmds[c->n_cmds].data = copy;
     c->cmds[c->n_cmds].len = len;
     c->waiters[c->n_cmds] = waiter;
-    if (c->charges != NULL) {
-        c->charges[c->n_cmds] = (struct charge){.account = account, .cost = (uint32_t)cost};
-    }
+    c->charges[c->n_cmds] = (struct charge){.account = account, .cost = (uint32_t)cost};
     if (account != CLUSTER_ACCOUNT_NONE) {
         c->acct_pending[account] += cost;
     }
@@ -1596,7 +1586,10 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->append_oldest_us = oldest != 0 && now > oldest ? now - oldest : 0;
     out->pending_bytes = c->pending_bytes;
     out->pending_refused = c->pending_refused;
-    out->share_refused = c->share_refused;
+    out->share_refused = 0;
+    for (uint32_t i = 0; i < c->cfg.n_accounts; i++) {
+        out->share_refused += c->acct_refused[i];
+    }
     out->raft_clamped = c->io.corrected;
     out->raft_held = c->io.results_held;
     out->raft_rematched = c->io.rematched;

@@ -2450,6 +2450,7 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     struct http_server *h = j->h;
     const Idem__Result *res = resp->result;
     Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    const char *d = res != NULL && res->detail && res->detail[0] ? res->detail : resp->error;
     reqstats_outcome(&h->m.req, (unsigned)oc);
     if (res != NULL && res->expires_at_ms != 0) {
         j->expires_at_ms = res->expires_at_ms;
@@ -2490,8 +2491,7 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     case IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED:
         pjSendError(j, 429, "idempotency_quota_exceeded", "the tenant's quota is exhausted", 0);
         break;
-    case IDEM__OUTCOME__OUTCOME_INVALID: {
-        const char *d = res->detail && res->detail[0] ? res->detail : resp->error;
+    case IDEM__OUTCOME__OUTCOME_INVALID:
         if (d && (strcmp(d, "idempotency_key_missing") == 0 ||
                   strcmp(d, "idempotency_key_invalid") == 0)) {
             pjSendError(j, 400, d, "bad idempotency key", 0);
@@ -2499,7 +2499,6 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
             pjSendError(j, 400, "invalid_request", d && d[0] ? d : "invalid request", 0);
         }
         break;
-    }
     case IDEM__OUTCOME__OUTCOME_NOT_LEADER:
         pjSendError(j, 503, "idempotency_unavailable",
                     h->cfg->rpc.cluster_secret.set
@@ -2522,15 +2521,13 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
                     "the leader refused this node's cluster secret; retry on another node", 1);
         break;
     }
-    default: {
-        const char *d = res != NULL && res->detail && res->detail[0] ? res->detail : resp->error;
+    default:
         pjSendError(j, 503, "idempotency_unavailable",
                     oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && d != NULL && d[0] != '\0'
                         ? d
                         : "no quorum or no leader; retry with the same key",
                     1);
         break;
-    }
     }
     pjFinish(j);
 }
