@@ -25,7 +25,8 @@
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: as a broken connection
  *   (next seed, after a backoff).
  * - OUTCOME_UNAVAILABLE with retry_after_ms (a leader refusing for load: its
- *   batch.max_pending_mb, or the tenant's share of it): that request alone waits again
+ *   batch.max_pending_mb, or the tenant's share of it; or while it hands its leadership
+ *   on, after which it redirects): that request alone waits again
  *   after at least that long (the backoff when longer), sent to the same node on the same
  *   connection; the others go on.
  * - a request's deadline passes: its callback gets IDEM_EUNAVAILABLE; an answer that comes

@@ -19,7 +19,8 @@
  *   redirects back off, so that two nodes pointing at each other cannot spin.
  * - OUTCOME_NOT_LEADER without an address, OUTCOME_UNAVAILABLE: back off, next seed.
  * - OUTCOME_UNAVAILABLE with retry_after_ms (a leader refusing for load: batch.max_pending_mb
- *   or the tenant's share of it; a membership change or transfer that may succeed again):
+ *   or the tenant's share of it; a leader handing its leadership on; a membership change
+ *   or transfer that may succeed again):
  *   back off at least that long (never past the deadline), then the same node again.
  * - no answer: each attempt on one node (connect, TLS handshake, write, answer) gets
  *   min(remaining, max(remaining / 3, IDEM_ATTEMPT_MIN_MS)) of the call's time. When that
@@ -1129,9 +1130,10 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
         }
         if (busy > 0) {
             /* The node leads and refused the request for load (its pending budget, or the
-             * tenant's share of it): the same request to the same node, on the same
-             * connection, after its retry_after_ms at least (the backoff, growing as after a
-             * failure, when longer). Another node would only send it back. */
+             * tenant's share of it) or while it hands its leadership on: the same request
+             * to the same node, on the same connection, after its retry_after_ms at least
+             * (the backoff, growing as after a failure, when longer). Another node would
+             * only send it back (after a transfer, this one redirects). */
             backoffSleepAtLeast(c, &backoff, deadline, busy);
             continue;
         }

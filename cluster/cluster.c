@@ -102,6 +102,8 @@ struct cluster {
     uint64_t open_cost;     /* the open batch's part of pending_bytes */
     uint64_t pending_bytes; /* commands proposed, not yet applied or failed (cluster.h) */
     uint64_t pending_refused;
+    uint64_t transfer_refused; /* CLUSTER_ETRANSFER answers */
+    uint64_t not_proposed;     /* commands whose batch raft_apply refused */
     struct charge *charges; /* the open batch's, one per command */
     uint64_t *acct_pending; /* per account (cfg.n_accounts), as pending_bytes counts */
     uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
@@ -200,6 +202,8 @@ const char *cluster_strerror(int rc)
     case CLUSTER_ESHARE:
         return "this tenant holds its share (batch.tenant_max_pending_percent) of the commands "
                "the leader has not yet committed: send it again later";
+    case CLUSTER_ETRANSFER:
+        return "this leader is handing its leadership to another voter: send it again shortly";
     }
     return "unknown cluster error";
 }
@@ -425,7 +429,10 @@ static void batchFlush(struct cluster *c)
     b->req.data = b;
     int rv = raft_apply(&c->raft, &b->req, &buf, 1, applyCb);
     if (rv != 0) {
+        /* Not leading any more, or a transfer began since these commands were taken (a
+         * transfer request read in the same loop iteration): none of them is in the log. */
         raft_free(buf.base);
+        c->not_proposed += n;
         c->pending_bytes -= cost;
         uncharge(c, charges, n);
         failWaiters(c, waiters, n, rv);
@@ -472,6 +479,12 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
     }
     if (raft_state(&c->raft) != RAFT_LEADER) {
         return CLUSTER_ENOTLEADER;
+    }
+    if (c->raft.transfer != NULL) {
+        /* raft_apply refuses every entry until the transfer ends (the new leader then
+         * redirects), so taking the command would only fail it at the flush. */
+        c->transfer_refused++;
+        return CLUSTER_ETRANSFER;
     }
     if (len > c->cfg.batch_max_bytes) {
         return CLUSTER_ETOOBIG;
@@ -1586,6 +1599,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->append_oldest_us = oldest != 0 && now > oldest ? now - oldest : 0;
     out->pending_bytes = c->pending_bytes;
     out->pending_refused = c->pending_refused;
+    out->transfer_refused = c->transfer_refused;
+    out->not_proposed = c->not_proposed;
     out->share_refused = 0;
     for (uint32_t i = 0; i < c->cfg.n_accounts; i++) {
         out->share_refused += c->acct_refused[i];

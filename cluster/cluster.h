@@ -42,6 +42,8 @@ enum cluster_rc {
                                 * (a leader of a moment ago commits the last one with its first
                                 * entry); nothing was started: try again shortly */
     CLUSTER_ESHARE = -10,      /* the account's own max_account_pending_bytes: try later */
+    CLUSTER_ETRANSFER = -11,   /* a leadership transfer is in progress (raft takes no entry
+                                * until it ends): nothing proposed; ask again shortly */
 };
 
 /* The account of a command that no account's bound applies to (cluster_propose). */
@@ -130,7 +132,9 @@ struct cluster_ops {
      * `cmd` is borrowed for the call. `waiter` as described above. */
     void (*apply)(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t len, void *waiter);
     /* Hands back a waiter whose command will not be applied here. status is a RAFT_* code
-     * (RAFT_LEADERSHIPLOST, RAFT_SHUTDOWN, ...). */
+     * (RAFT_LEADERSHIPLOST, RAFT_SHUTDOWN, ...). RAFT_NOTLEADER: raft refused the command's
+     * batch when it was proposed (the node began a leadership transfer or stopped leading
+     * after the command was taken), so the command is in no log. */
     void (*fail)(void *data, void *waiter, int status);
     /* Serialises the application state into a malloc'd buffer (OUT, the cluster frees). */
     int (*snapshot)(void *data, uint8_t **buf, size_t *len);
@@ -186,6 +190,9 @@ struct cluster_status {
     uint64_t pending_bytes;   /* commands proposed and not yet applied, as counted above */
     uint64_t pending_refused; /* proposals refused with CLUSTER_EOVERLOAD */
     uint64_t share_refused;   /* proposals refused with CLUSTER_ESHARE, every account's */
+    uint64_t transfer_refused; /* proposals refused with CLUSTER_ETRANSFER */
+    uint64_t not_proposed;     /* commands taken whose batch raft refused (ops.fail with
+                                * RAFT_NOTLEADER) */
     uint64_t raft_clamped;
     uint64_t raft_held;
     uint64_t raft_rematched; /* match indexes lowered to an installed snapshot (io.h) */

@@ -1248,6 +1248,15 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         {"idem_proposals_refused_total", "counter",
          "Commands answered unavailable because batch.max_pending_mb were pending.",
          si.cluster.pending_refused},
+        {"idem_proposals_transfer_refused_total", "counter",
+         "Commands answered unavailable because this leader was handing its leadership to "
+         "another voter (raft takes no entry meanwhile).",
+         si.cluster.transfer_refused},
+        {"idem_proposals_not_proposed_total", "counter",
+         "Commands this leader took whose batch raft then refused (a leadership transfer "
+         "began, or the node stopped leading, before the batch went into the log): answered "
+         "unavailable, in no log.",
+         si.cluster.not_proposed},
         {"idem_proposals_share_refused_total", "counter",
          "Commands answered unavailable because their tenant had its share of "
          "batch.max_pending_mb pending (batch.tenant_max_pending_percent), every tenant's.",

@@ -104,7 +104,8 @@ static void answerRetryAfter(service_done_cb cb, void *data, uint64_t request_id
 }
 
 /* What a leader refusing a request for load (batch.max_pending_mb, a tenant's share of it)
- * says to wait before sending it again (Result.retry_after_ms): about a log write's time. */
+ * or during a leadership transfer says to wait before sending it again
+ * (Result.retry_after_ms): about a log write's time. */
 #define SERVICE_BUSY_RETRY_MS 10
 
 static void answerSimple(service_done_cb cb, void *data, uint64_t request_id, Idem__Outcome outcome,
@@ -328,6 +329,14 @@ static void svcFail(void *data, void *waiter, int status)
     o->in_cluster = false;
     if (o->kind == OP_EXPIRE) {
         s->expire_in_flight = false;
+    } else if (status == RAFT_NOTLEADER && !o->answered && o->cb != NULL) {
+        /* Never in the log: as if refused when it was taken (proposeOp). */
+        o->answered = true;
+        s->stats.unavailable++;
+        answerRetryAfter(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                         "not proposed: this leader began a leadership transfer or stopped "
+                         "leading first; send it again shortly",
+                         NULL, SERVICE_BUSY_RETRY_MS);
     } else {
         opAnswerUnavailable(o, status == RAFT_SHUTDOWN ? "node shutting down"
                                                        : "leadership lost before commit");
@@ -467,9 +476,10 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
     if (rc != CLUSTER_OK) {
         o->answered = true;
         s->stats.unavailable++;
-        /* Refused for load by a leader: the same request to it again shortly (libidem
-         * does, on the same connection, rather than leave a leader that is well). */
-        bool busy = rc == CLUSTER_EOVERLOAD || rc == CLUSTER_ESHARE;
+        /* Refused for load by a leader, or while it hands its leadership on: the same
+         * request to it again shortly (libidem does, on the same connection, rather than
+         * leave a leader that is well; after a transfer it redirects to the new one). */
+        bool busy = rc == CLUSTER_EOVERLOAD || rc == CLUSTER_ESHARE || rc == CLUSTER_ETRANSFER;
         answerRetryAfter(cb, data, request_id,
                          rc == CLUSTER_ETOOBIG ? IDEM__OUTCOME__OUTCOME_INVALID
                                                : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,

@@ -21,7 +21,9 @@
  *   runs anything twice, and a claim whose answer was lost gets its own lease back
  *   (`acquired`, same token) instead of `in_progress`.
  * - An `unavailable` answer with a retry time (a leader refusing the request for load: its
- *   batch.max_pending_mb of commands not yet committed, or the tenant's share of them; or,
+ *   batch.max_pending_mb of commands not yet committed, or the tenant's share of them; a
+ *   leader refusing it while it hands its leadership to another node, which then answers
+ *   `not_leader` and the request follows the new leader; or,
  *   through idem_call(), a membership change or transfer that may succeed again) is not a
  *   failed node: that request goes to the same node again, on the same connection,
  *   after that time at least (the backoff when longer); the asynchronous client's other

@@ -29,7 +29,9 @@ from test_tls_bench import make_pki
 MAX_FRAME = 4325376  # the default rpc.max_frame_bytes
 OUTCOME_ACQUIRED = 1
 OUTCOME_NOT_FOUND = 10
+OUTCOME_OK = 8
 OUTCOME_INVALID = 12
+OUTCOME_UNAVAILABLE = 13
 
 
 def _pb(num, payload):
@@ -869,6 +871,8 @@ def _complete_frame(request_id, token, key, body, deadline_ms=0):
 
 BUDGET_TEXT = "the leader holds batch.max_pending_mb of commands not yet committed"
 SHARE_TEXT = "this tenant holds its share (batch.tenant_max_pending_percent)"
+TRANSFER_TEXT = "this leader is handing its leadership to another voter"
+NOT_PROPOSED_TEXT = "not proposed: this leader began a leadership transfer"
 
 
 def _pending(tenant):
@@ -888,7 +892,8 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
     the log's order, a claim under ASan waited past the default). during(elapsed, sending)
     (sending: whether a sender is still at it), if given, is called every 50 ms; the flood
     ends early when it returns True. Returns .outcomes (the flooders' outcomes), .errors
-    (their error texts), .share_waits (the retry_after_ms of their share refusals),
+    (their error texts), .waits (each error text's retry_after_ms values), .share_waits (the
+    retry_after_ms of their share refusals),
     .answers (the claimant's, as (outcome, error text)) and .peak (alpha's pending bytes at
     most, as /metrics at http said them every 50 ms)."""
     host, port = rpc.split(":")
@@ -898,7 +903,7 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
                   for i in range(1, 51)]
         socks += [(socket.create_connection((host, int(port)), timeout=15), frames)
                   for _ in range(conns)]
-    outcomes, errors, answers, share_waits = {}, set(), [], set()
+    outcomes, errors, answers, waits = {}, set(), [], {}
     lock = threading.Lock()
     done = threading.Event()
 
@@ -926,8 +931,7 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
                 if o == 13:
                     text = r[0].get(4, b"").decode()
                     errors.add(text)
-                    if text.startswith(SHARE_TEXT):
-                        share_waits.add(r[1].get(4, 0))  # Result.retry_after_ms
+                    waits.setdefault(text, set()).add(r[1].get(4, 0))  # Result.retry_after_ms
 
     def claims():
         s = socket.create_connection((host, int(port)), timeout=15)
@@ -975,8 +979,12 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
             t.join(30)
         for s, _ in socks:
             s.close()
+    share_waits = set()
+    for text, w in waits.items():
+        if text.startswith(SHARE_TEXT):
+            share_waits |= w
     return types.SimpleNamespace(outcomes=outcomes, errors=errors, answers=answers, peak=peak,
-                                 share_waits=share_waits)
+                                 waits=waits, share_waits=share_waits)
 
 
 class TestPendingBudget(LimitTest):
@@ -1154,6 +1162,83 @@ class TestTenantShareLeaderLoss(ClusterTestCase):
             for name in ("idem_proposals_pending_bytes", _pending("alpha"), _pending("beta")):
                 wait_for(lambda: _metric(n.http, name) == 0, 15,
                          "node %d: %s at 0" % (n.id, name))
+
+
+class TestTransferUnderFlood(ClusterTestCase):
+    # A leader handing its leadership on (idemctl transfer) mid-flood: raft takes no entry
+    # until the transfer ends. Commands are refused when taken (CLUSTER_ETRANSFER), those
+    # taken in the loop turn the transfer began fail when their batch is refused
+    # (not_proposed); both say when to send them again, and every charge those commands
+    # held on their tenants' accounts is given back on every node.
+    def make_cluster(self):
+        return ShareCluster(4, None, n=3)
+
+    def test_commands_during_a_transfer_are_refused_and_uncharged(self):
+        lid = self.c.wait_leader()
+        leader = self.c.nodes[lid]
+        moved = []
+
+        def during(elapsed, _):
+            if not moved and elapsed >= 1.5:
+                rc, out = self.c.ctl("transfer", ids=[lid])
+                moved.append((rc, out))
+        fl = _tenant_flood(leader.rpc, leader.http, [self.c.token], self.c.token2, seconds=5,
+                           during=during)
+        self.assertEqual(moved[0][0], 0, moved)
+        new = self.c.wait_leader(timeout=30, exclude=lid)
+        self.assertNotEqual(new, lid)
+        # Refused when taken (those taken in the loop turn the transfer began, if any, are
+        # not_proposed: test_commands_taken_with_the_transfer_are_not_proposed).
+        self.assertGreater(_metric(leader.http, "idem_proposals_transfer_refused_total"), 0)
+        said = [t for t in fl.errors if t.startswith(TRANSFER_TEXT) or
+                t.startswith(NOT_PROPOSED_TEXT)]
+        self.assertTrue(any(t.startswith(TRANSFER_TEXT) for t in said), fl.errors)
+        for t in said:
+            self.assertEqual(fl.waits[t], {10}, t)  # Result.retry_after_ms, as for load
+        for n in self.c.nodes.values():
+            for name in ("idem_proposals_pending_bytes", _pending("alpha"), _pending("beta")):
+                wait_for(lambda: _metric(n.http, name) == 0, 15,
+                         "node %d: %s at 0" % (n.id, name))
+
+
+    def test_commands_taken_with_the_transfer_are_not_proposed(self):
+        # 20 claims of beta's, then the transfer, in one write: the leader takes the claims
+        # into its open batch and starts the transfer in the same loop turn, so raft refuses
+        # the batch (raft_apply during a transfer). Each claim is answered `not proposed`
+        # with a retry time, beta's charge is given back, and no key got a record.
+        lid = self.c.wait_leader()
+        leader = self.c.nodes[lid]
+        keys = ["taken-with-transfer-%d" % i for i in range(20)]
+        frames = b"".join(_claim_frame(i + 1, self.c.token2, k, 20000)
+                          for i, k in enumerate(keys))
+        transfer = _frame(b"\x08" + _varint(99) + _pb(3, self.c.admin.encode()) +
+                          _pb(22, b""))
+        host, port = leader.rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=30)
+        try:
+            s.sendall(frames + transfer)
+            got = {}
+            while len(got) < 21:
+                r = _read_frame(s)
+                self.assertIsNotNone(r, got)
+                got[r[0].get(1, 0)] = r
+        finally:
+            s.close()
+        self.assertEqual(got[99][1].get(1, 0), OUTCOME_OK, got[99])
+        for i in range(1, 21):
+            fields, result = got[i]
+            self.assertEqual(result.get(1, 0), OUTCOME_UNAVAILABLE, fields)
+            self.assertTrue(fields.get(4, b"").decode().startswith(NOT_PROPOSED_TEXT), fields)
+            self.assertEqual(result.get(4, 0), 10, fields)  # Result.retry_after_ms
+        self.assertEqual(_metric(leader.http, "idem_proposals_not_proposed_total"), 20)
+        self.assertNotEqual(self.c.wait_leader(timeout=30, exclude=lid), lid)
+        for n in self.c.nodes.values():
+            for name in ("idem_proposals_pending_bytes", _pending("beta")):
+                wait_for(lambda: _metric(n.http, name) == 0, 15,
+                         "node %d: %s at 0" % (n.id, name))
+        for k in keys:
+            rc, out = self.c.ctl("key", "get", "beta", k)
+            self.assertEqual((rc, out and out.get("outcome")), (0, "not_found"), out)
 
 
 class TestRpcTlsLimits(LimitTest):
