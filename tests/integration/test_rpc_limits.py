@@ -329,7 +329,12 @@ class TestRpcLimits(LimitTest):
         self.assertEqual(r[0], 200, r)
         s = _small_rcvbuf(self.addr)
         s.sendall(b"".join(_get_frame(i, self.c.token, "mb") for i in range(1, 101)))
-        time.sleep(2)  # the answers are made and queued; nothing is read
+        # The answers are made and queued, nothing is read, until the server closes it (the
+        # test's only RPC connection).
+        wait_for(lambda: _metric(self.node.http, "idem_rpc_connections") >= 1, 15,
+                 "the connection to be accepted")
+        wait_for(lambda: _metric(self.node.http, "idem_rpc_connections") == 0, 60,
+                 "the server to close the connection that reads nothing")
         closed, got = _ends(s, timeout=20)
         s.close()
         self.assertTrue(closed, "the connection was not closed")
@@ -638,7 +643,13 @@ class TestFrameBufferBudget(LimitTest):
                 socks.append(s)
                 # A 4 MiB frame's prefix and its first 1 MiB, then nothing.
                 s.sendall(struct.pack(">I", frame) + head + b"\x00" * (1024 * 1024))
-                time.sleep(0.3)
+                # In this order: the first one's buffer grows, then each other is refused.
+                if i == 0:
+                    wait_for(lambda: _metric(self.node.http, "idem_rpc_frame_buffer_bytes") >
+                             frame, 15, "the first frame's buffer to grow")
+                else:
+                    wait_for(lambda: _metric(self.node.http, "idem_rpc_frames_refused_total") ==
+                             i, 15, "frame %d to be refused" % (i + 1))
             # The first fits (its buffer grows by ~4.25 MB past its first 64 KiB); the
             # second would take the growth past 8 MiB: answered unavailable under its
             # request id, and so is the third.
