@@ -610,6 +610,11 @@ class TestInvalidRequestsStayOutOfTheLog(LimitTest):
                        + _pb(13, _pb(1, key) + _vfield(2, 5) + _vfield(3, 86400001))))
         frames.append(("resolve of a bad key", b"\x08" + _varint(1) + _pb(3, self.c.admin.encode())
                        + _pb(24, _pb(1, b"alpha") + _pb(2, b"bad key!") + _vfield(3, 1))))
+        # The log so far: the bootstrap configuration, then the new leader's barrier and its
+        # member addresses, proposed at its first tick, which can come after /readyz said
+        # ready (under a loaded CI they committed during the requests below).
+        wait_for(lambda: _metric(self.node.http, "idem_raft_commit_index") >= 3, 15,
+                 "the leader's first entries to commit")
         before = _metric(self.node.http, "idem_raft_commit_index")
         s = self.connect()
         try:
