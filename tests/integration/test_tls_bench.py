@@ -819,13 +819,15 @@ class TestBench(ClusterTestCase):
         self.assertEqual(sp["cpus"], len(os.sched_getaffinity(0)), sp)
         self.assertIn(sp["scheduling"], ("fifo", "normal"))
         self.assertEqual(sp["period_ms"], 1)
-        # One wake-up a millisecond per CPU, or fewer when held (or, at normal priority
-        # beside a busy test run, kept waiting): a fifth of them at least.
-        self.assertGreater(sp["wakeups"], sp["cpus"] * 400, sp)
-        self.assertLessEqual(sp["holds"], sp["wakeups"])
         # From the schedule's start to the last answer (the last operation is scheduled
         # 5 ms before the 2 s end).
         self.assertGreaterEqual(sp["seconds"], 1.9)
+        # One wake-up a millisecond per CPU, or fewer when held (or, at normal priority
+        # beside a busy test run, kept waiting; the missed periods are not owed): one every
+        # 20 ms on average at least, so that a probe that does not run (or wakes every 50 ms
+        # and more) still fails, but a machine that keeps it waiting a few ms does not.
+        self.assertGreaterEqual(sp["wakeups"], sp["cpus"] * sp["seconds"] * 50, sp)
+        self.assertLessEqual(sp["holds"], sp["wakeups"])
         if sp["holds"] == 0:
             self.assertEqual((sp["held_ms_per_cpu"], sp["held_max_ms"]), (0, 0), sp)
         else:
