@@ -539,8 +539,12 @@ class TestSnapshotStoreFailures(ClusterTest):
             i += 1
         self.assertTrue(snapshotted(), "the leader took no snapshot past index 200")
         # The leader's sends queued for f from before (raft_uv keeps a few for a peer it
-        # cannot reach) could otherwise still catch it up from the log.
-        time.sleep(3)
+        # cannot reach) could otherwise still catch it up from the log. They go once a few
+        # newer ones are queued behind them (heartbeats every 100 ms: half a second). Nothing
+        # observable says when: neither /metrics nor idemctl status count a node's failed
+        # raft sends (nor does the transport log a refused connect), so this waits, long
+        # enough for a loop slowed by ASan and a loaded machine (was 3 s).
+        time.sleep(6)
         self.c.start(f, fsize=self.LIMIT)
         proc = self.c.nodes[f].proc
         wait_for(lambda: proc.poll() is not None, 30, "node %d to stop" % f)
@@ -807,9 +811,12 @@ class TestSnapshots(ClusterTest):
         wait_for(lambda: self.c.leader() == target, 20, "node %d to lead" % target)
         self.assertEqual(snapshots().get(target), 0)
         # raft_uv fails a send to a peer it cannot reach once a few are queued (heartbeats
-        # every 100 ms); nothing observable says when, so give it three seconds (the cut
-        # counter checked at the end says whether it happened).
-        time.sleep(3)
+        # every 100 ms: about half a second). Nothing observable says when: neither /metrics
+        # nor idemctl status count a node's failed raft sends (nor does the transport log a
+        # refused connect), so give it six seconds, long enough for a loop slowed by ASan
+        # and a loaded machine (was 3 s; the cut counter checked at the end says whether it
+        # happened).
+        time.sleep(6)
         self.claims(i, i + 5)
         self.c.start(b)
         self.c.wait_converged(3)
