@@ -613,36 +613,61 @@ static void test_gc_stops_when_asked(void **state)
     assert_false(exists(SNAPSTORE_TRASH "/0000000000000001-0000000000000100"));
 }
 
-struct stopLater {
+/* Sets *stop once the file at path is smaller than `below` bytes (or gone), i.e. once the
+ * gc has taken its first step and is in the pause after it; after 30 s without that, sets
+ * it anyway and leaves `seen` false. */
+struct stopWhenShrunk {
     atomic_bool *stop;
-    long ms;
+    const char *path;
+    off_t below;
+    bool seen;
 };
 
-static void *stopLaterMain(void *arg)
+static uint64_t monoMs(void)
 {
-    struct stopLater *sl = arg;
-    struct timespec ts = {.tv_sec = 0, .tv_nsec = sl->ms * 1000000L};
-    nanosleep(&ts, NULL);
-    atomic_store(sl->stop, true);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void *stopWhenShrunkMain(void *arg)
+{
+    struct stopWhenShrunk *sw = arg;
+    uint64_t deadline = monoMs() + 30000u;
+    while (monoMs() < deadline) {
+        struct stat sb;
+        if (stat(sw->path, &sb) != 0 || sb.st_size < sw->below) {
+            sw->seen = true;
+            break;
+        }
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(sw->stop, true);
     return NULL;
 }
 
 /* ... and between the steps of a paced deletion: a 9 MiB file, paced 500 ms a step, asked to
- * stop 50 ms into the first pause, stays, shrunk by a step (without the check between steps
- * it would be shrunk to 1 MiB and unlinked). */
+ * stop during the first pause, stays, shrunk by a step (without the check between steps
+ * it would be shrunk to 1 MiB and unlinked). The stop is set once the file is seen shrunk,
+ * not a fixed time after the start: set before the gc's first step (a slow or loaded
+ * machine) it would stop the gc before any, and the file would keep its 9 MiB. A thread
+ * kept from noticing the shrink for a whole pause only makes the file shrink one more step:
+ * the file still stays unless the gc ignores the stop for all eight. */
 static void test_gc_stops_between_steps(void **state)
 {
     (void)state;
     writeBytes("idem-snapshot-1-1", 9u << 20, 1);
-    atomic_bool stop;
-    atomic_init(&stop, false);
-    struct stopLater sl = {.stop = &stop, .ms = 50};
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, stopLaterMain, &sl), 0);
-    assert_int_equal(snapstore_gc(dir, 0, 5, 500000, &stop), 0);
-    assert_int_equal(pthread_join(t, NULL), 0);
     char path[256];
     pathOf(path, sizeof(path), "idem-snapshot-1-1");
+    atomic_bool stop;
+    atomic_init(&stop, false);
+    struct stopWhenShrunk sw = {.stop = &stop, .path = path, .below = (off_t)(9u << 20)};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, stopWhenShrunkMain, &sw), 0);
+    assert_int_equal(snapstore_gc(dir, 0, 5, 500000, &stop), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(sw.seen);
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     assert_true(sb.st_size < (off_t)(9u << 20));
