@@ -227,14 +227,16 @@ class TestClientFailover(ClientTest):
             self.c.kill(i, 9)
         out = self.drive("deadline", 1500)
         self.assertEqual(out["rv"], EUNAVAILABLE, out)
+        # Ended by the deadline: not before it, and not much after (3 s of slack for a
+        # loaded machine under ASan; a call the deadline did not bound would go on).
         self.assertGreaterEqual(out["elapsed_ms"], 1400, out)
-        self.assertLessEqual(out["elapsed_ms"], 1500 + 1500, out)
+        self.assertLessEqual(out["elapsed_ms"], 1500 + 3000, out)
         # And with every node gone (connections refused): the same error, same bound.
         self.c.kill(lid, 9)
         out = self.drive("deadline", 800)
         self.assertEqual(out["rv"], EUNAVAILABLE, out)
         self.assertGreaterEqual(out["elapsed_ms"], 750, out)
-        self.assertLessEqual(out["elapsed_ms"], 800 + 1500, out)
+        self.assertLessEqual(out["elapsed_ms"], 800 + 3000, out)
 
 
 class TestClientAsync(ClientTest):
@@ -357,7 +359,7 @@ class TestClientAsync(ClientTest):
         self.assertEqual(out["exactly_once"], 50, out)
         self.assertEqual(out["unavailable"], 50, out)
         self.assertGreaterEqual(out["elapsed_ms"], 550, out)
-        self.assertLessEqual(out["elapsed_ms"], 600 + 1500, out)
+        self.assertLessEqual(out["elapsed_ms"], 600 + 3000, out)
         out = self.drive("async-close", "dead", "dead", 50)
         self.assertEqual(out["exactly_once"], 50, out)
         self.assertEqual(out["canceled"], 50, out)
