@@ -703,11 +703,13 @@ class TestClientRun(ClientTest):
                          (0, 1, "ok", 1), out)
         ops = relay.ops()
         self.assertEqual((ops.get("claim"), ops.get("complete")), (2, 1), (ops, out))
-        # One renewal per third of the lease while fn runs, one soon for the little left,
-        # and one of slack: 4. The old schedule (a third of <= 500 ms) made >= 12.
+        # One renewal per third of the lease while fn runs, one soon for the little left:
+        # 3; and slack for a few more (a renewal that does not come back within its short
+        # deadline on a loaded machine is tried again an eighth of an interval later, and
+        # the relay counts each try): 6. The old schedule (a third of <= 500 ms) made >= 12.
         renewals = ops.get("renew", 0)
         self.assertGreaterEqual(renewals, 1, (ops, out))
-        self.assertLessEqual(renewals, fn_ms // (lease // 3) + 2, (ops, out))
+        self.assertLessEqual(renewals, fn_ms // (lease // 3) + 4, (ops, out))
 
     def test_unstorable_response_is_refused(self):
         out = self.drive("run-badresp", "badresp-1")
