@@ -1180,59 +1180,33 @@ class TestTenantShareLeaderLoss(ClusterTestCase):
                          "node %d: %s at 0" % (n.id, name))
 
 
-class TestTransferUnderFlood(ClusterTestCase):
-    # A leader handing its leadership on (idemctl transfer) mid-flood: raft takes no entry
-    # until the transfer ends. Commands are refused when taken (CLUSTER_ETRANSFER), those
-    # taken in the loop turn the transfer began fail when their batch is refused
-    # (not_proposed); both say when to send them again, and every charge those commands
-    # held on their tenants' accounts is given back on every node.
+class TestTransferRefusals(ClusterTestCase):
+    # While a leader hands its leadership on (idemctl transfer), raft takes no entry (libraft
+    # 0.15's raft_apply refuses every one until the transfer ends). Commands are refused
+    # when taken (CLUSTER_ETRANSFER), and those already taken in the loop turn the transfer
+    # began fail when their batch is refused (not_proposed); both say when to send them
+    # again, none is in the log, and the charges they held on their tenant's account are
+    # given back on every node. The claims and the transfer go in one write, so that the
+    # leader reads them in one loop turn in that order: no timing decides which case a
+    # claim meets.
     def make_cluster(self):
         return ShareCluster(4, None, n=3)
 
-    def test_commands_during_a_transfer_are_refused_and_uncharged(self):
+    def claims_and_transfer(self, transfer_first, prefix):
+        """Sends 20 claims of beta's and a transfer to the leader in one write (the transfer
+        first or last); returns (the old leader, the keys, the claims' answers as (response
+        fields, result fields) in order) once the transfer answered ok."""
         lid = self.c.wait_leader()
         leader = self.c.nodes[lid]
-        moved = []
-
-        def during(elapsed, _):
-            if not moved and elapsed >= 1.5:
-                rc, out = self.c.ctl("transfer", ids=[lid])
-                moved.append((rc, out))
-        fl = _tenant_flood(leader.rpc, leader.http, [self.c.token], self.c.token2, seconds=5,
-                           during=during)
-        self.assertEqual(moved[0][0], 0, moved)
-        new = self.c.wait_leader(timeout=30, exclude=lid)
-        self.assertNotEqual(new, lid)
-        # Refused when taken (those taken in the loop turn the transfer began, if any, are
-        # not_proposed: test_commands_taken_with_the_transfer_are_not_proposed).
-        self.assertGreater(_metric(leader.http, "idem_proposals_transfer_refused_total"), 0)
-        said = [t for t in fl.errors if t.startswith(TRANSFER_TEXT) or
-                t.startswith(NOT_PROPOSED_TEXT)]
-        self.assertTrue(any(t.startswith(TRANSFER_TEXT) for t in said), fl.errors)
-        for t in said:
-            self.assertEqual(fl.waits[t], {10}, t)  # Result.retry_after_ms, as for load
-        for n in self.c.nodes.values():
-            for name in ("idem_proposals_pending_bytes", _pending("alpha"), _pending("beta")):
-                wait_for(lambda: _metric(n.http, name) == 0, 15,
-                         "node %d: %s at 0" % (n.id, name))
-
-
-    def test_commands_taken_with_the_transfer_are_not_proposed(self):
-        # 20 claims of beta's, then the transfer, in one write: the leader takes the claims
-        # into its open batch and starts the transfer in the same loop turn, so raft refuses
-        # the batch (raft_apply during a transfer). Each claim is answered `not proposed`
-        # with a retry time, beta's charge is given back, and no key got a record.
-        lid = self.c.wait_leader()
-        leader = self.c.nodes[lid]
-        keys = ["taken-with-transfer-%d" % i for i in range(20)]
-        frames = b"".join(_claim_frame(i + 1, self.c.token2, k, 20000)
+        keys = ["%s-%d" % (prefix, i) for i in range(20)]
+        claims = b"".join(_claim_frame(i + 1, self.c.token2, k, 20000)
                           for i, k in enumerate(keys))
         transfer = _frame(b"\x08" + _varint(99) + _pb(3, self.c.admin.encode()) +
                           _pb(22, b""))
         host, port = leader.rpc.split(":")
         s = socket.create_connection((host, int(port)), timeout=30)
         try:
-            s.sendall(frames + transfer)
+            s.sendall(transfer + claims if transfer_first else claims + transfer)
             got = {}
             while len(got) < 21:
                 r = _read_frame(s)
@@ -1241,13 +1215,14 @@ class TestTransferUnderFlood(ClusterTestCase):
         finally:
             s.close()
         self.assertEqual(got[99][1].get(1, 0), OUTCOME_OK, got[99])
-        for i in range(1, 21):
-            fields, result = got[i]
-            self.assertEqual(result.get(1, 0), OUTCOME_UNAVAILABLE, fields)
-            self.assertTrue(fields.get(4, b"").decode().startswith(NOT_PROPOSED_TEXT), fields)
-            self.assertEqual(result.get(4, 0), 10, fields)  # Result.retry_after_ms
-        self.assertEqual(_metric(leader.http, "idem_proposals_not_proposed_total"), 20)
         self.assertNotEqual(self.c.wait_leader(timeout=30, exclude=lid), lid)
+        return leader, keys, [got[i] for i in range(1, 21)]
+
+    def check_refused(self, leader, keys, answers, text):
+        for fields, result in answers:
+            self.assertEqual(result.get(1, 0), OUTCOME_UNAVAILABLE, fields)
+            self.assertTrue(fields.get(4, b"").decode().startswith(text), fields)
+            self.assertEqual(result.get(4, 0), 10, fields)  # Result.retry_after_ms
         for n in self.c.nodes.values():
             for name in ("idem_proposals_pending_bytes", _pending("beta")):
                 wait_for(lambda: _metric(n.http, name) == 0, 15,
@@ -1255,6 +1230,18 @@ class TestTransferUnderFlood(ClusterTestCase):
         for k in keys:
             rc, out = self.c.ctl("key", "get", "beta", k)
             self.assertEqual((rc, out and out.get("outcome")), (0, "not_found"), out)
+
+    def test_commands_during_a_transfer_are_refused(self):
+        leader, keys, answers = self.claims_and_transfer(True, "after-transfer")
+        self.check_refused(leader, keys, answers, TRANSFER_TEXT)
+        self.assertEqual(_metric(leader.http, "idem_proposals_transfer_refused_total"), 20)
+        self.assertEqual(_metric(leader.http, "idem_proposals_not_proposed_total"), 0)
+
+    def test_commands_taken_with_the_transfer_are_not_proposed(self):
+        leader, keys, answers = self.claims_and_transfer(False, "before-transfer")
+        self.check_refused(leader, keys, answers, NOT_PROPOSED_TEXT)
+        self.assertEqual(_metric(leader.http, "idem_proposals_not_proposed_total"), 20)
+        self.assertEqual(_metric(leader.http, "idem_proposals_transfer_refused_total"), 0)
 
 
 class TestRpcTlsLimits(LimitTest):
