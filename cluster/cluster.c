@@ -39,6 +39,23 @@ struct charge {
     uint32_t cost;    /* its bytes + CLUSTER_COMMAND_OVERHEAD (at most 64 MiB + 256) */
 };
 
+/* A command held back on the leader because its account has max_account_inflight_bytes in
+ * the open batch and in raft already (cluster_config); it joins the open batch, in its
+ * account's order, as those commit. Charged to pending_bytes and its account's pending
+ * bytes from the start, like any command taken. */
+struct queued {
+    struct queued *next;
+    void *waiter;
+    uint8_t *data; /* malloc'd copy of the command, handed to the open batch as it is */
+    size_t len;
+    uint32_t cost;
+};
+
+struct acctQueue {
+    struct queued *head, *tail;
+    uint64_t bytes; /* the costs of those held */
+};
+
 struct cluster_batch {
     struct raft_apply req;
     struct cluster *c;
@@ -103,10 +120,15 @@ struct cluster {
     uint64_t pending_bytes; /* commands proposed, not yet applied or failed (cluster.h) */
     uint64_t pending_refused;
     uint64_t transfer_refused; /* CLUSTER_ETRANSFER answers */
-    uint64_t not_proposed;     /* commands whose batch raft_apply refused */
+    uint64_t not_proposed;     /* commands never proposed: their batch raft_apply refused,
+                                * or held back when leadership was lost (failQueued) */
     struct charge *charges; /* the open batch's, one per command */
     uint64_t *acct_pending; /* per account (cfg.n_accounts), as pending_bytes counts */
     uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
+    uint64_t *acct_inflight;  /* per account: its costs in the open batch or in raft */
+    struct acctQueue *queues; /* per account: its commands held back (struct queued) */
+    uint64_t queued_bytes;    /* every account's held back, together */
+    uint32_t next_admit;      /* the account admitQueued looks at first (round robin) */
 
     /* Pending (proposed, not yet applied or failed) batches. */
     struct cluster_batch *pending_head, *pending_tail;
@@ -285,15 +307,43 @@ static struct memberMeta *metaPut(struct cluster *c, uint64_t id, const char *rp
 
 /* ---- proposals ----------------------------------------------------------------------- */
 
-/* Takes n commands' charges off their accounts. */
+/* Takes n commands' charges (of the open batch or of a batch in raft) off their accounts. */
 static void uncharge(struct cluster *c, const struct charge *ch, unsigned n)
 {
     for (unsigned i = 0; i < n; i++) {
         if (ch[i].account < c->cfg.n_accounts) {
             c->acct_pending[ch[i].account] -= ch[i].cost;
+            c->acct_inflight[ch[i].account] -= ch[i].cost;
         }
     }
 }
+
+/* Hands back every command held back, with `status` (RAFT_NOTLEADER: in no log, cluster.h),
+ * and takes their charges off. */
+static void failQueued(struct cluster *c, int status)
+{
+    for (uint32_t a = 0; a < c->cfg.n_accounts && c->queued_bytes != 0; a++) {
+        struct acctQueue *aq = &c->queues[a];
+        while (aq->head != NULL) {
+            struct queued *q = aq->head;
+            aq->head = q->next;
+            aq->bytes -= q->cost;
+            c->queued_bytes -= q->cost;
+            c->pending_bytes -= q->cost;
+            c->acct_pending[a] -= q->cost;
+            if (status == RAFT_NOTLEADER) {
+                c->not_proposed++;
+            }
+            void *w = q->waiter;
+            free(q->data);
+            free(q);
+            c->ops.fail(c->ops.data, w, status);
+        }
+        aq->tail = NULL;
+    }
+}
+
+static void flushCb(uv_check_t *h);
 
 static void failWaiters(struct cluster *c, void **waiters, unsigned n, int status)
 {
@@ -335,6 +385,14 @@ static void applyCb(struct raft_apply *req, int status, void *result)
     free(b->waiters);
     free(b->charges);
     free(b);
+    if (c->queued_bytes != 0) {
+        if (status != 0) {
+            /* Leadership lost (or the node stops): the commands held back never went in. */
+            failQueued(c, RAFT_NOTLEADER);
+        } else if (!c->stopping) {
+            uv_check_start(&c->flush, flushCb); /* room for held-back ones: admitQueued */
+        }
+    }
 }
 
 /* Empties the open batch. Its charges stay on their accounts when `keep_charges` (they
@@ -439,6 +497,7 @@ static void batchFlush(struct cluster *c)
         free(waiters);
         free(charges);
         free(b);
+        failQueued(c, RAFT_NOTLEADER); /* taken on the same terms, never proposed either */
         return;
     }
     b->prev = c->pending_tail;
@@ -450,10 +509,121 @@ static void batchFlush(struct cluster *c)
     c->pending_tail = b;
 }
 
+/* Whether the open batch must be proposed before a command of len bytes can join it. */
+static bool openFull(const struct cluster *c, size_t len)
+{
+    return c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
+                             c->batch_bytes + len > c->cfg.batch_max_bytes);
+}
+
+/* Whether this node may hand raft a batch now (raft_apply refuses one during a transfer). */
+static bool mayPropose(struct cluster *c)
+{
+    return !c->stopping && raft_state(&c->raft) == RAFT_LEADER && c->raft.transfer == NULL;
+}
+
+/* Adds a command to the open batch, which has room for it (openFull); `data` (malloc'd) is
+ * the batch's from now on. Its cost goes to its account's bytes in flight, and to
+ * pending_bytes and its account's pending bytes unless it was charged when held back. */
+static void openAppend(struct cluster *c, uint8_t *data, size_t len, void *waiter, uint32_t account,
+                       uint32_t cost, bool charged)
+{
+    if (c->n_cmds == c->cap_cmds) {
+        c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
+        c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
+        c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
+        c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
+        if (c->cmds == NULL || c->waiters == NULL || c->charges == NULL) {
+            clog_error("out of memory");
+            abort();
+        }
+    }
+    c->cmds[c->n_cmds].data = data;
+    c->cmds[c->n_cmds].len = len;
+    c->waiters[c->n_cmds] = waiter;
+    c->charges[c->n_cmds] = (struct charge){.account = account, .cost = cost};
+    if (account != CLUSTER_ACCOUNT_NONE) {
+        if (!charged) {
+            c->acct_pending[account] += cost;
+        }
+        c->acct_inflight[account] += cost;
+    }
+    if (!charged) {
+        c->pending_bytes += cost;
+    }
+    c->n_cmds++;
+    c->batch_bytes += len;
+    c->open_cost += cost;
+    if (c->n_cmds == 1) {
+        uv_check_start(&c->flush, flushCb);
+    }
+}
+
+/* Whether an account's next command is held back: commands of its are held back already
+ * (they go first), or it has max_account_inflight_bytes in the open batch and in raft and
+ * this one would pass that (an account with nothing in flight always sends one). */
+static bool mustWait(const struct cluster *c, uint32_t account, uint64_t cost)
+{
+    if (account == CLUSTER_ACCOUNT_NONE || c->cfg.max_account_inflight_bytes == 0) {
+        return false;
+    }
+    if (c->queues[account].head != NULL) {
+        return true;
+    }
+    uint64_t in = c->acct_inflight[account];
+    return in != 0 && in + cost > c->cfg.max_account_inflight_bytes;
+}
+
+/* Moves held-back commands into the open batch as far as their accounts' bounds allow, one
+ * command of each account in turn (round robin, from a place that moves on at each call),
+ * so that one account's backlog does not go in ahead of another's next command. */
+static void admitQueued(struct cluster *c)
+{
+    uint32_t n = c->cfg.n_accounts;
+    bool moved = true;
+    while (c->queued_bytes != 0 && moved) {
+        moved = false;
+        for (uint32_t k = 0; k < n && c->queued_bytes != 0; k++) {
+            uint32_t a = (c->next_admit + k) % n;
+            struct acctQueue *aq = &c->queues[a];
+            if (aq->head == NULL) {
+                continue;
+            }
+            uint64_t in = c->acct_inflight[a];
+            if (in != 0 && in + aq->head->cost > c->cfg.max_account_inflight_bytes) {
+                continue;
+            }
+            if (!mayPropose(c)) {
+                return;
+            }
+            if (openFull(c, aq->head->len)) {
+                batchFlush(c); /* on failure, every command held back was failed */
+                if (aq->head == NULL || !mayPropose(c)) {
+                    return;
+                }
+            }
+            struct queued *q = aq->head;
+            aq->head = q->next;
+            if (aq->head == NULL) {
+                aq->tail = NULL;
+            }
+            aq->bytes -= q->cost;
+            c->queued_bytes -= q->cost;
+            openAppend(c, q->data, q->len, q->waiter, a, q->cost, true);
+            free(q);
+            moved = true;
+        }
+    }
+    c->next_admit = n != 0 ? (c->next_admit + 1) % n : 0;
+}
+
 static void flushCb(uv_check_t *h)
 {
     struct cluster *c = h->data;
     uv_check_stop(h);
+    if (c->queued_bytes != 0) {
+        admitQueued(c);
+    }
     batchFlush(c);
 }
 
@@ -508,21 +678,11 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         c->acct_refused[account]++;
         return CLUSTER_ESHARE;
     }
-    if (c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
-                          c->batch_bytes + len > c->cfg.batch_max_bytes)) {
+    bool wait = mustWait(c, account, cost);
+    if (!wait && openFull(c, len)) {
         batchFlush(c);
         if (raft_state(&c->raft) != RAFT_LEADER) {
             return CLUSTER_ENOTLEADER;
-        }
-    }
-    if (c->n_cmds == c->cap_cmds) {
-        c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
-        c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
-        c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
-        c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
-        if (c->cmds == NULL || c->waiters == NULL || c->charges == NULL) {
-            clog_error("out of memory");
-            abort();
         }
     }
     uint8_t *copy = malloc(len ? len : 1);
@@ -531,20 +691,27 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         abort();
     }
     memcpy(copy, cmd, len);
-    c->cmds[c->n_cmds].data = copy;
-    c->cmds[c->n_cmds].len = len;
-    c->waiters[c->n_cmds] = waiter;
-    c->charges[c->n_cmds] = (struct charge){.account = account, .cost = (uint32_t)cost};
-    if (account != CLUSTER_ACCOUNT_NONE) {
-        c->acct_pending[account] += cost;
+    if (!wait) {
+        openAppend(c, copy, len, waiter, account, (uint32_t)cost, false);
+        return CLUSTER_OK;
     }
-    c->n_cmds++;
-    c->batch_bytes += len;
-    c->open_cost += cost;
+    /* Held back until its account's earlier commands commit (admitQueued), charged now. */
+    struct queued *q = xcalloc1(sizeof(*q));
+    q->waiter = waiter;
+    q->data = copy;
+    q->len = len;
+    q->cost = (uint32_t)cost;
+    struct acctQueue *aq = &c->queues[account];
+    if (aq->tail != NULL) {
+        aq->tail->next = q;
+    } else {
+        aq->head = q;
+    }
+    aq->tail = q;
+    aq->bytes += cost;
+    c->queued_bytes += cost;
     c->pending_bytes += cost;
-    if (c->n_cmds == 1) {
-        uv_check_start(&c->flush, flushCb);
-    }
+    c->acct_pending[account] += cost;
     return CLUSTER_OK;
 }
 
@@ -1167,6 +1334,16 @@ static void maybeStepDown(struct cluster *c, uint64_t now, uint64_t age_us)
 static void tickCb(uv_timer_t *t)
 {
     struct cluster *c = t->data;
+    if (c->queued_bytes != 0) {
+        /* Held-back commands go in as their accounts' batches apply (applyCb); one held
+         * while a transfer paused the proposals goes in now, and a node that no longer
+         * leads hands them back (a batch failed by the lost leadership does at once). */
+        if (raft_state(&c->raft) != RAFT_LEADER) {
+            failQueued(c, RAFT_NOTLEADER);
+        } else {
+            admitQueued(c);
+        }
+    }
     raft_id lid = 0;
     const char *laddr = NULL;
     raft_leader(&c->raft, &lid, &laddr);
@@ -1283,6 +1460,8 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     if (cfg->n_accounts != 0) {
         c->acct_pending = xcalloc1(cfg->n_accounts * sizeof(*c->acct_pending));
         c->acct_refused = xcalloc1(cfg->n_accounts * sizeof(*c->acct_refused));
+        c->acct_inflight = xcalloc1(cfg->n_accounts * sizeof(*c->acct_inflight));
+        c->queues = xcalloc1(cfg->n_accounts * sizeof(*c->queues));
     }
     c->cfg.raft_address = c->raft_address;
     c->cfg.rpc_address = c->rpc_address;
@@ -1401,6 +1580,8 @@ err_transport:
 err_free:
     free(c->acct_pending);
     free(c->acct_refused);
+    free(c->acct_inflight);
+    free(c->queues);
     free(c->raft_address);
     free(c->rpc_address);
     free(c->http_address);
@@ -1444,8 +1625,11 @@ static void clusterFree(struct cluster *c)
     free(c->cmds);
     free(c->waiters);
     free(c->charges);
+    failQueued(c, RAFT_SHUTDOWN); /* none: cluster_close failed them */
     free(c->acct_pending);
     free(c->acct_refused);
+    free(c->acct_inflight);
+    free(c->queues);
     free(c->raft_address);
     free(c->rpc_address);
     free(c->http_address);
@@ -1485,6 +1669,7 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     c->close_data = data;
     failWaiters(c, c->waiters, c->n_cmds, RAFT_SHUTDOWN);
     resetOpenBatch(c, false);
+    failQueued(c, RAFT_SHUTDOWN);
     if (c->snap.view != NULL) {
         /* raft's I/O closes once the pool thread is done with it (io.c), then raft
          * finalizes the snapshot and the view is released. */
@@ -1562,6 +1747,11 @@ void cluster_account_stats(const struct cluster *c, uint32_t account, uint64_t *
     }
 }
 
+uint64_t cluster_account_queued(const struct cluster *c, uint32_t account)
+{
+    return account < c->cfg.n_accounts ? c->queues[account].bytes : 0;
+}
+
 void cluster_get_status(const struct cluster *c, struct cluster_status *out)
 {
     struct raft *r = (struct raft *)&c->raft;
@@ -1600,6 +1790,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->pending_bytes = c->pending_bytes;
     out->pending_refused = c->pending_refused;
     out->transfer_refused = c->transfer_refused;
+    out->queued_bytes = c->queued_bytes;
     out->not_proposed = c->not_proposed;
     out->share_refused = 0;
     for (uint32_t i = 0; i < c->cfg.n_accounts; i++) {

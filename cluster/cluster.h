@@ -107,6 +107,14 @@ struct cluster_config {
      * exceeded by at most one command per account. */
     uint32_t n_accounts;
     uint64_t max_account_pending_bytes;
+    /* An account's commands in the open batch and in raft (proposed, not yet applied)
+     * together, at most (0: no bound): past it its next commands wait on the leader, still
+     * charged as pending, and go in as its earlier ones commit, the accounts' waiting
+     * commands one of each in turn. So an account whose commands are large or many holds
+     * at most this much of the log's queue ahead of another account's command, where it
+     * held up to max_account_pending_bytes. An account with nothing in flight always sends
+     * one command. */
+    uint64_t max_account_inflight_bytes;
 };
 
 /* What one snapshot taken off the loop cost (cluster_ops.snapshot_release). */
@@ -132,9 +140,10 @@ struct cluster_ops {
      * `cmd` is borrowed for the call. `waiter` as described above. */
     void (*apply)(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t len, void *waiter);
     /* Hands back a waiter whose command will not be applied here. status is a RAFT_* code
-     * (RAFT_LEADERSHIPLOST, RAFT_SHUTDOWN, ...). RAFT_NOTLEADER: raft refused the command's
-     * batch when it was proposed (the node began a leadership transfer or stopped leading
-     * after the command was taken), so the command is in no log. */
+     * (RAFT_LEADERSHIPLOST, RAFT_SHUTDOWN, ...). RAFT_NOTLEADER: the command is in no log:
+     * raft refused its batch when it was proposed (the node began a leadership transfer or
+     * stopped leading after the command was taken), or it was held back
+     * (max_account_inflight_bytes) when the node stopped leading. */
     void (*fail)(void *data, void *waiter, int status);
     /* Serialises the application state into a malloc'd buffer (OUT, the cluster frees). */
     int (*snapshot)(void *data, uint8_t **buf, size_t *len);
@@ -191,8 +200,11 @@ struct cluster_status {
     uint64_t pending_refused; /* proposals refused with CLUSTER_EOVERLOAD */
     uint64_t share_refused;   /* proposals refused with CLUSTER_ESHARE, every account's */
     uint64_t transfer_refused; /* proposals refused with CLUSTER_ETRANSFER */
-    uint64_t not_proposed;     /* commands taken whose batch raft refused (ops.fail with
-                                * RAFT_NOTLEADER) */
+    uint64_t queued_bytes;     /* commands held back (max_account_inflight_bytes), of
+                                * pending_bytes */
+    uint64_t not_proposed;     /* commands taken and never proposed (ops.fail with
+                                * RAFT_NOTLEADER): their batch raft refused, or held back
+                                * (max_account_inflight_bytes) when leadership was lost */
     uint64_t raft_clamped;
     uint64_t raft_held;
     uint64_t raft_rematched; /* match indexes lowered to an installed snapshot (io.h) */
@@ -282,6 +294,9 @@ int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wai
  * out of range. */
 void cluster_account_stats(const struct cluster *c, uint32_t account, uint64_t *pending,
                            uint64_t *refused);
+/* An account's commands held back now (max_account_inflight_bytes), as pending counts them
+ * (0 for an account out of range). */
+uint64_t cluster_account_queued(const struct cluster *c, uint32_t account);
 
 /* The same for a command of the node's own that max_pending_bytes must not keep out (the
  * leader's expire entries, one at a time): counted like the others, never refused for it,

@@ -854,15 +854,16 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
 
 static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 {
-    enum { COMMANDS, BYTES, PENDING, SHARE, N };
+    enum { COMMANDS, BYTES, PENDING, SHARE, INFLIGHT, N };
     static const char *const keys[N] = {"max_commands", "max_bytes", "max_pending_mb",
-                                        "tenant_max_pending_percent"};
+                                        "tenant_max_pending_percent", "tenant_max_inflight_kb"};
     struct field f[N];
     if (mapFields(c, map, "batch", "batch", keys, N, f) != 0 ||
         getU32(c, &f[COMMANDS], 1, 65535, &b->max_commands) != 0 ||
         getU32(c, &f[BYTES], 1024, 64u << 20, &b->max_bytes) != 0 ||
         getU32(c, &f[PENDING], 1, 65536, &b->max_pending_mb) != 0 ||
-        getU32(c, &f[SHARE], 1, 100, &b->tenant_max_pending_percent) != 0) {
+        getU32(c, &f[SHARE], 1, 100, &b->tenant_max_pending_percent) != 0 ||
+        getU32(c, &f[INFLIGHT], 0, 1048576, &b->tenant_max_inflight_kb) != 0) {
         return -1;
     }
     if (((uint64_t)b->max_pending_mb << 20) < 2 * (uint64_t)b->max_bytes) {
@@ -1585,6 +1586,7 @@ static void setDefaults(struct config *cfg)
     cfg->batch.max_bytes = 1u << 20;
     cfg->batch.max_pending_mb = 64;
     cfg->batch.tenant_max_pending_percent = 50;
+    cfg->batch.tenant_max_inflight_kb = 2048;
     cfg->http.max_connections = 1024;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;

@@ -128,6 +128,10 @@ struct config_batch {
                               * 1..65536 MiB and at least twice max_bytes, default 64 */
     uint32_t tenant_max_pending_percent; /* one tenant's part of max_pending_mb at most (but
                                           * one command, always), 1..100, default 50 */
+    uint32_t tenant_max_inflight_kb;     /* one tenant's commands in raft (proposed, not yet
+                                          * applied) at most; the next wait on the leader
+                                          * (cluster.h: max_account_inflight_bytes); 0: no bound,
+                                          * 0..1048576, default 2048 */
 };
 
 struct config_http {

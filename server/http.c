@@ -1245,6 +1245,11 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          "256 (clients' commands are refused past batch.max_pending_mb; the leader's own "
          "expire entries are not).",
          si.cluster.pending_bytes},
+        {"idem_proposals_queued_bytes", "gauge",
+         "Commands this leader holds back, counted as idem_proposals_pending_bytes (and in "
+         "it): their tenant had batch.tenant_max_inflight_kb in the log's queue; they go in "
+         "as its earlier ones commit.",
+         si.cluster.queued_bytes},
         {"idem_proposals_refused_total", "counter",
          "Commands answered unavailable because batch.max_pending_mb were pending.",
          si.cluster.pending_refused},
@@ -1253,9 +1258,9 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
          "another voter (raft takes no entry meanwhile).",
          si.cluster.transfer_refused},
         {"idem_proposals_not_proposed_total", "counter",
-         "Commands this leader took whose batch raft then refused (a leadership transfer "
-         "began, or the node stopped leading, before the batch went into the log): answered "
-         "unavailable, in no log.",
+         "Commands this leader took that never went into the log: their batch refused by raft "
+         "(a leadership transfer began, or the node stopped leading, first), or held back "
+         "(batch.tenant_max_inflight_kb) when it stopped leading. Answered unavailable.",
          si.cluster.not_proposed},
         {"idem_proposals_share_refused_total", "counter",
          "Commands answered unavailable because their tenant had its share of "
@@ -1280,6 +1285,14 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         service_tenant_pending(h->svc, i, &pending, NULL);
         tbPrintf(&b, "idem_tenant_proposals_pending_bytes{tenant=\"%s\"} %llu\n",
                  h->cfg->tenants[i].name, (unsigned long long)pending);
+    }
+    tbPrintf(&b, "# HELP idem_tenant_proposals_queued_bytes A tenant's commands this leader "
+                 "holds back until its earlier ones commit (batch.tenant_max_inflight_kb), of "
+                 "idem_tenant_proposals_pending_bytes.\n"
+                 "# TYPE idem_tenant_proposals_queued_bytes gauge\n");
+    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
+        tbPrintf(&b, "idem_tenant_proposals_queued_bytes{tenant=\"%s\"} %llu\n",
+                 h->cfg->tenants[i].name, (unsigned long long)service_tenant_queued(h->svc, i));
     }
     tbPrintf(&b, "# HELP idem_tenant_proposals_refused_total A tenant's commands answered "
                  "unavailable because it had its share of batch.max_pending_mb pending.\n"

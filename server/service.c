@@ -1268,6 +1268,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .n_accounts = (uint32_t)cfg->n_tenants,
         .max_account_pending_bytes = ((uint64_t)cfg->batch.max_pending_mb << 20) *
                                      cfg->batch.tenant_max_pending_percent / 100,
+        .max_account_inflight_bytes = (uint64_t)cfg->batch.tenant_max_inflight_kb << 10,
     };
     struct cluster_ops ops = {
         .data = s,
@@ -1362,6 +1363,11 @@ void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending
 {
     cluster_account_stats(s->cluster, i < UINT32_MAX ? (uint32_t)i : CLUSTER_ACCOUNT_NONE, pending,
                           refused);
+}
+
+uint64_t service_tenant_queued(const struct service *s, size_t i)
+{
+    return cluster_account_queued(s->cluster, i < UINT32_MAX ? (uint32_t)i : CLUSTER_ACCOUNT_NONE);
 }
 
 void service_get_info(const struct service *s, struct service_info *out)

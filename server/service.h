@@ -79,6 +79,8 @@ void service_get_info(const struct service *s, struct service_info *out);
  * (batch.tenant_max_pending_percent) since the start (OUT). */
 void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending,
                             uint64_t *refused);
+/* Tenant i's commands the leader holds back (batch.tenant_max_inflight_kb), in bytes. */
+uint64_t service_tenant_queued(const struct service *s, size_t i);
 
 /* Whether req is a data op (claim, complete, release, renew, get), as opposed to an admin op. */
 static inline bool service_data_op(const Idem__Request *req)

@@ -1247,6 +1247,141 @@ class TestTransferRefusals(ClusterTestCase):
         self.assertEqual(_metric(leader.http, "idem_proposals_transfer_refused_total"), 0)
 
 
+class InflightCluster(ShareCluster):
+    """ShareCluster (the default share) with batch.tenant_max_inflight_kb set."""
+
+    def __init__(self, pending_mb, inflight_kb, **kw):
+        self._inflight_kb = inflight_kb
+        super().__init__(pending_mb, None, **kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        with open(node.cfg, "a") as f:  # the batch section is the file's last
+            f.write("  tenant_max_inflight_kb: %d\n" % self._inflight_kb)
+
+
+def _queued(tenant):
+    return 'idem_tenant_proposals_queued_bytes{tenant="%s"}' % tenant
+
+
+class TestTenantInflight(ClusterTestCase):
+    # A tenant's commands in the log's queue (proposed to raft, not yet applied) are at most
+    # batch.tenant_max_inflight_kb (1 MiB here); its next ones wait on the leader and go in
+    # as its earlier ones commit. So another tenant's claim waits behind at most that much
+    # of alpha's: before, behind its whole share of the budget (32 MiB at the defaults;
+    # beta's claims then took 0.8-1.2 s each during alpha's flood of large completes, ad hoc
+    # on the 2-core VM). The followers are stopped (the leader's election timeout 3 s) so
+    # that nothing commits while alpha's five 900 KB completes and beta's claim are taken;
+    # the order they got in the log shows in beta's token (its command index).
+    def make_cluster(self):
+        return InflightCluster(64, 1024, n=3, election_ms=3000)
+
+    def hold_alpha(self):
+        """Stops the followers, sends alpha's five 900 KB completes to the leader and waits
+        until four are held back. Returns (leader id, leader, followers, alpha's socket)."""
+        lid = self.c.wait_leader()
+        leader = self.c.nodes[lid]
+        followers = [n for i, n in self.c.nodes.items() if i != lid]
+        host, port = leader.rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=30)
+        for f in followers:
+            f.proc.send_signal(signal.SIGSTOP)
+        try:
+            s.sendall(b"".join(_complete_frame(i, self.c.token, "no-such-key", b"y" * 900000,
+                                               20000) for i in range(1, 6)))
+            wait_for(lambda: _metric(leader.http, _queued("alpha")) >= 4 * 900000, 2,
+                     "four of alpha's completes held back")
+        except BaseException:
+            for f in followers:
+                f.proc.send_signal(signal.SIGCONT)
+            s.close()
+            raise
+        return lid, leader, followers, s
+
+    def answers(self, s, n):
+        got = {}
+        s.settimeout(30)
+        while len(got) < n:
+            r = _read_frame(s)
+            self.assertIsNotNone(r, got)
+            got[r[0].get(1, 0)] = r
+        return got
+
+    def settled(self):
+        for n in self.c.nodes.values():
+            for name in ("idem_proposals_pending_bytes", "idem_proposals_queued_bytes",
+                         _pending("alpha"), _pending("beta"), _queued("alpha")):
+                wait_for(lambda: _metric(n.http, name) == 0, 15,
+                         "node %d: %s at 0" % (n.id, name))
+
+    def test_another_tenant_goes_ahead_of_the_held_back_commands(self):
+        lid = self.c.wait_leader()
+        leader = self.c.nodes[lid]
+        # The log so far: the configuration, the leader's barrier and the three members'
+        # addresses (proposed as the leader learns them, after /readyz may say ready).
+        wait_for(lambda: _metric(leader.http, "idem_raft_commit_index") >= 5, 15,
+                 "the leader's first entries to commit")
+        host, port = leader.rpc.split(":")
+        b = socket.create_connection((host, int(port)), timeout=30)
+        try:
+            b.sendall(_claim_frame(1, self.c.token2, "mark", 20000))
+            r = self.answers(b, 1)[1]
+            self.assertEqual(r[1].get(1, 0), OUTCOME_ACQUIRED, r)
+            mark = r[1].get(2, 0) >> 16  # Result.token: the command index, raft's << 16
+            _, _, followers, a = self.hold_alpha()
+            try:
+                b.sendall(_claim_frame(2, self.c.token2, "behind-alpha", 20000))
+                wait_for(lambda: _metric(leader.http, _pending("beta")) > 0, 2, "beta taken")
+            finally:
+                for f in followers:
+                    f.proc.send_signal(signal.SIGCONT)
+            r = self.answers(b, 1)[2]
+            alpha = self.answers(a, 5)
+            a.close()
+        finally:
+            b.close()
+        self.assertEqual(r[1].get(1, 0), OUTCOME_ACQUIRED, r)
+        # Right after alpha's first complete (mark + 2); taken after all five, mark + 6.
+        self.assertLessEqual(r[1].get(2, 0) >> 16, mark + 3, (mark, r))
+        # Alpha's all went in, in the end (no record: not_found, as applied).
+        self.assertEqual([alpha[i][1].get(1, 0) for i in range(1, 6)], [OUTCOME_NOT_FOUND] * 5,
+                         alpha)
+        self.settled()
+
+    def test_held_back_commands_are_failed_when_leadership_is_lost(self):
+        lid, leader, followers, a = self.hold_alpha()
+        try:
+            with open(leader.log, errors="replace") as f:
+                wait_for(lambda: "no leader known" in f.read() or f.seek(0), 15,
+                         "the leader to step down")
+        finally:
+            for f in followers:
+                f.proc.send_signal(signal.SIGCONT)
+        got = self.answers(a, 5)
+        a.close()
+        for i in range(1, 6):
+            self.assertEqual(got[i][1].get(1, 0), 13, got[i])
+        # The four held back never went in: said so, with when to send them again.
+        texts = [got[i][0].get(4, b"").decode() for i in range(2, 6)]
+        self.assertTrue(all(t.startswith(NOT_PROPOSED_TEXT) for t in texts), texts)
+        self.assertEqual({got[i][1].get(4, 0) for i in range(2, 6)}, {10})
+        self.assertGreaterEqual(_metric(leader.http, "idem_proposals_not_proposed_total"), 4)
+        self.c.wait_leader(timeout=30)
+        self.settled()
+
+    def test_a_leader_with_held_back_commands_shuts_down_cleanly(self):
+        lid, leader, followers, a = self.hold_alpha()
+        try:
+            self.assertEqual(self.c.stop(lid), 0)  # under ASan: nothing leaked either
+        finally:
+            for f in followers:
+                f.proc.send_signal(signal.SIGCONT)
+        got = self.answers(a, 5)
+        a.close()
+        texts = [got[i][0].get(4, b"").decode() for i in range(2, 6)]
+        self.assertEqual(texts, ["node shutting down"] * 4, got)
+
+
 class TestRpcTlsLimits(LimitTest):
     tls = True
     # 3 s, not less: under a loaded CI (ASan, tests in parallel) a real TLS handshake once

@@ -135,6 +135,7 @@ static const char full_text[] =
     "  max_bytes: 65536\n"
     "  max_pending_mb: 8\n"
     "  tenant_max_pending_percent: 25\n"
+    "  tenant_max_inflight_kb: 0\n"
     "expiry:\n"
     "  interval_ms: 250\n"
     "  batch: 32\n"
@@ -204,6 +205,7 @@ static void test_full(void **state)
     assert_int_equal(c.batch.max_bytes, 65536);
     assert_int_equal(c.batch.max_pending_mb, 8);
     assert_int_equal(c.batch.tenant_max_pending_percent, 25);
+    assert_int_equal(c.batch.tenant_max_inflight_kb, 0);
 
     assert_int_equal(c.expiry.interval_ms, 250);
     assert_int_equal(c.expiry.batch, 32);
@@ -286,6 +288,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.batch.max_bytes, 1024 * 1024);
     assert_int_equal(c.batch.max_pending_mb, 64);
     assert_int_equal(c.batch.tenant_max_pending_percent, 50);
+    assert_int_equal(c.batch.tenant_max_inflight_kb, 2048);
     assert_int_equal(c.raft.snapshot_trailing_max_mb, 256);
     assert_int_equal(c.expiry.interval_ms, 1000);
     assert_int_equal(c.expiry.batch, 1024);
@@ -435,6 +438,8 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:31: ", "batch.tenant_max_pending_percent: \"0\" is out of range (1..100)"},
     {"tenant share above all", NODE_OK "batch:\n  tenant_max_pending_percent: 101\n",
      "x.yaml:7:31: ", "batch.tenant_max_pending_percent: \"101\" is out of range (1..100)"},
+    {"tenant in flight above 1 GiB", NODE_OK "batch:\n  tenant_max_inflight_kb: 1048577\n",
+     "x.yaml:7:27: ", "batch.tenant_max_inflight_kb: \"1048577\" is out of range (0..1048576)"},
     {"entries too large for the default pending budget", NODE_OK "batch:\n  max_bytes: 67108864\n",
      "x.yaml:7:14: ", "batch.max_pending_mb (64 MiB) must be at least twice max_bytes (67108864)"},
     {"key_max_len too large", NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 256\n",
