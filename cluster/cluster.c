@@ -319,27 +319,39 @@ static void uncharge(struct cluster *c, const struct charge *ch, unsigned n)
 }
 
 /* Hands back every command held back, with `status` (RAFT_NOTLEADER: in no log, cluster.h),
- * and takes their charges off. */
+ * and takes their charges off. Every queue is emptied and every charge taken off before the
+ * first ops.fail: that callback may propose again (an answer callback making its next call
+ * synchronously, e.g. the HTTP proxy's complete after a failed renew), and raft still says
+ * RAFT_LEADER while it fails the apply requests of a leader stepping down (applyCb), so a
+ * new command may be held back meanwhile; it must find consistent queues. */
 static void failQueued(struct cluster *c, int status)
 {
+    struct queued *all = NULL, **end = &all;
     for (uint32_t a = 0; a < c->cfg.n_accounts && c->queued_bytes != 0; a++) {
         struct acctQueue *aq = &c->queues[a];
-        while (aq->head != NULL) {
-            struct queued *q = aq->head;
-            aq->head = q->next;
-            aq->bytes -= q->cost;
+        if (aq->head == NULL) {
+            continue;
+        }
+        for (struct queued *q = aq->head; q != NULL; q = q->next) {
             c->queued_bytes -= q->cost;
             c->pending_bytes -= q->cost;
             c->acct_pending[a] -= q->cost;
             if (status == RAFT_NOTLEADER) {
                 c->not_proposed++;
             }
-            void *w = q->waiter;
-            free(q->data);
-            free(q);
-            c->ops.fail(c->ops.data, w, status);
         }
-        aq->tail = NULL;
+        *end = aq->head;
+        end = &aq->tail->next;
+        aq->head = aq->tail = NULL;
+        aq->bytes = 0;
+    }
+    while (all != NULL) {
+        struct queued *q = all;
+        all = q->next;
+        void *w = q->waiter;
+        free(q->data);
+        free(q);
+        c->ops.fail(c->ops.data, w, status);
     }
 }
 
