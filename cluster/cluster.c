@@ -357,6 +357,15 @@ static void failQueued(struct cluster *c, int status)
 
 static void flushCb(uv_check_t *h);
 
+/* Frees the per-account arrays (their queues empty). */
+static void accountsFree(struct cluster *c)
+{
+    free(c->acct_pending);
+    free(c->acct_refused);
+    free(c->acct_inflight);
+    free(c->queues);
+}
+
 static void failWaiters(struct cluster *c, void **waiters, unsigned n, int status)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -1590,10 +1599,7 @@ err_io:
 err_transport:
     transport_close(&c->transport);
 err_free:
-    free(c->acct_pending);
-    free(c->acct_refused);
-    free(c->acct_inflight);
-    free(c->queues);
+    accountsFree(c);
     free(c->raft_address);
     free(c->rpc_address);
     free(c->http_address);
@@ -1638,10 +1644,7 @@ static void clusterFree(struct cluster *c)
     free(c->waiters);
     free(c->charges);
     failQueued(c, RAFT_SHUTDOWN); /* none: cluster_close failed them */
-    free(c->acct_pending);
-    free(c->acct_refused);
-    free(c->acct_inflight);
-    free(c->queues);
+    accountsFree(c);
     free(c->raft_address);
     free(c->rpc_address);
     free(c->http_address);

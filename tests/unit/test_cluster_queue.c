@@ -76,10 +76,7 @@ static int teardown(void **state)
     free(C->cmds);
     free(C->waiters);
     free(C->charges);
-    free(C->acct_pending);
-    free(C->acct_refused);
-    free(C->acct_inflight);
-    free(C->queues);
+    accountsFree(C);
     free(C);
     return 0;
 }
