@@ -911,8 +911,7 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
     the log's order, a claim under ASan waited past the default). during(elapsed, sending)
     (sending: whether a sender is still at it), if given, is called every 50 ms; the flood
     ends early when it returns True. Returns .outcomes (the flooders' outcomes), .errors
-    (their error texts), .waits (each error text's retry_after_ms values), .share_waits (the
-    retry_after_ms of their share refusals),
+    (their error texts), .share_waits (the retry_after_ms of their share refusals),
     .answers (the claimant's, as (outcome, error text)) and .peak (alpha's pending bytes at
     most, as /metrics at http said them every 50 ms)."""
     host, port = rpc.split(":")
@@ -922,7 +921,7 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
                   for i in range(1, 51)]
         socks += [(socket.create_connection((host, int(port)), timeout=15), frames)
                   for _ in range(conns)]
-    outcomes, errors, answers, waits = {}, set(), [], {}
+    outcomes, errors, answers, share_waits = {}, set(), [], set()
     lock = threading.Lock()
     done = threading.Event()
 
@@ -950,7 +949,8 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
                 if o == 13:
                     text = r[0].get(4, b"").decode()
                     errors.add(text)
-                    waits.setdefault(text, set()).add(r[1].get(4, 0))  # Result.retry_after_ms
+                    if text.startswith(SHARE_TEXT):
+                        share_waits.add(r[1].get(4, 0))  # Result.retry_after_ms
 
     def claims():
         s = socket.create_connection((host, int(port)), timeout=15)
@@ -998,12 +998,8 @@ def _tenant_flood(rpc, http, flooders, claimant, seconds=5, during=None,
             t.join(30)
         for s, _ in socks:
             s.close()
-    share_waits = set()
-    for text, w in waits.items():
-        if text.startswith(SHARE_TEXT):
-            share_waits |= w
     return types.SimpleNamespace(outcomes=outcomes, errors=errors, answers=answers, peak=peak,
-                                 waits=waits, share_waits=share_waits)
+                                 share_waits=share_waits)
 
 
 class TestPendingBudget(LimitTest):
