@@ -125,7 +125,6 @@ struct cluster {
     struct charge *charges; /* the open batch's, one per command */
     uint64_t *acct_pending; /* per account (cfg.n_accounts), as pending_bytes counts */
     uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
-    uint64_t *acct_inflight;  /* per account: its costs in the open batch or in raft */
     struct acctQueue *queues; /* per account: its commands held back (struct queued) */
     uint64_t queued_bytes;    /* every account's held back, together */
     uint32_t next_admit;      /* the account admitQueued looks at first (round robin) */
@@ -313,7 +312,6 @@ static void uncharge(struct cluster *c, const struct charge *ch, unsigned n)
     for (unsigned i = 0; i < n; i++) {
         if (ch[i].account < c->cfg.n_accounts) {
             c->acct_pending[ch[i].account] -= ch[i].cost;
-            c->acct_inflight[ch[i].account] -= ch[i].cost;
         }
     }
 }
@@ -362,7 +360,6 @@ static void accountsFree(struct cluster *c)
 {
     free(c->acct_pending);
     free(c->acct_refused);
-    free(c->acct_inflight);
     free(c->queues);
 }
 
@@ -563,13 +560,10 @@ static void openAppend(struct cluster *c, uint8_t *data, size_t len, void *waite
     c->cmds[c->n_cmds].len = len;
     c->waiters[c->n_cmds] = waiter;
     c->charges[c->n_cmds] = (struct charge){.account = account, .cost = cost};
-    if (account != CLUSTER_ACCOUNT_NONE) {
-        if (!charged) {
+    if (!charged) {
+        if (account != CLUSTER_ACCOUNT_NONE) {
             c->acct_pending[account] += cost;
         }
-        c->acct_inflight[account] += cost;
-    }
-    if (!charged) {
         c->pending_bytes += cost;
     }
     c->n_cmds++;
@@ -580,19 +574,23 @@ static void openAppend(struct cluster *c, uint8_t *data, size_t len, void *waite
     }
 }
 
+/* Whether a command of `cost` fits in an account's max_account_inflight_bytes: its costs in
+ * the open batch and in raft, i.e. its pending ones less those held back, and this one
+ * (an account with nothing in flight always sends one). */
+static bool inflightRoom(const struct cluster *c, uint32_t account, uint64_t cost)
+{
+    uint64_t in = c->acct_pending[account] - c->queues[account].bytes;
+    return in == 0 || in + cost <= c->cfg.max_account_inflight_bytes;
+}
+
 /* Whether an account's next command is held back: commands of its are held back already
- * (they go first), or it has max_account_inflight_bytes in the open batch and in raft and
- * this one would pass that (an account with nothing in flight always sends one). */
+ * (they go first), or there is no room for it in flight. */
 static bool mustWait(const struct cluster *c, uint32_t account, uint64_t cost)
 {
     if (account == CLUSTER_ACCOUNT_NONE || c->cfg.max_account_inflight_bytes == 0) {
         return false;
     }
-    if (c->queues[account].head != NULL) {
-        return true;
-    }
-    uint64_t in = c->acct_inflight[account];
-    return in != 0 && in + cost > c->cfg.max_account_inflight_bytes;
+    return c->queues[account].head != NULL || !inflightRoom(c, account, cost);
 }
 
 /* Moves held-back commands into the open batch as far as their accounts' bounds allow, one
@@ -610,8 +608,7 @@ static void admitQueued(struct cluster *c)
             if (aq->head == NULL) {
                 continue;
             }
-            uint64_t in = c->acct_inflight[a];
-            if (in != 0 && in + aq->head->cost > c->cfg.max_account_inflight_bytes) {
+            if (!inflightRoom(c, a, aq->head->cost)) {
                 continue;
             }
             if (!mayPropose(c)) {
@@ -1481,7 +1478,6 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     if (cfg->n_accounts != 0) {
         c->acct_pending = xcalloc1(cfg->n_accounts * sizeof(*c->acct_pending));
         c->acct_refused = xcalloc1(cfg->n_accounts * sizeof(*c->acct_refused));
-        c->acct_inflight = xcalloc1(cfg->n_accounts * sizeof(*c->acct_inflight));
         c->queues = xcalloc1(cfg->n_accounts * sizeof(*c->queues));
     }
     c->cfg.raft_address = c->raft_address;
@@ -1751,20 +1747,18 @@ bool cluster_ready(const struct cluster_status *st, char *why, size_t len)
 }
 
 void cluster_account_stats(const struct cluster *c, uint32_t account, uint64_t *pending,
-                           uint64_t *refused)
+                           uint64_t *queued, uint64_t *refused)
 {
     bool in = account < c->cfg.n_accounts;
     if (pending != NULL) {
         *pending = in ? c->acct_pending[account] : 0;
     }
+    if (queued != NULL) {
+        *queued = in ? c->queues[account].bytes : 0;
+    }
     if (refused != NULL) {
         *refused = in ? c->acct_refused[account] : 0;
     }
-}
-
-uint64_t cluster_account_queued(const struct cluster *c, uint32_t account)
-{
-    return account < c->cfg.n_accounts ? c->queues[account].bytes : 0;
 }
 
 void cluster_get_status(const struct cluster *c, struct cluster_status *out)

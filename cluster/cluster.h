@@ -289,14 +289,11 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data);
 int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter,
                     uint32_t account);
 
-/* An account's commands pending now (as max_pending_bytes counts them) and its proposals
- * refused with CLUSTER_ESHARE so far (OUT, either may be NULL). 0 and 0 for an account
- * out of range. */
+/* An account's commands pending now (as max_pending_bytes counts them), those of them held
+ * back (max_account_inflight_bytes) and its proposals refused with CLUSTER_ESHARE so far
+ * (OUT, any may be NULL). 0 for an account out of range. */
 void cluster_account_stats(const struct cluster *c, uint32_t account, uint64_t *pending,
-                           uint64_t *refused);
-/* An account's commands held back now (max_account_inflight_bytes), as pending counts them
- * (0 for an account out of range). */
-uint64_t cluster_account_queued(const struct cluster *c, uint32_t account);
+                           uint64_t *queued, uint64_t *refused);
 
 /* The same for a command of the node's own that max_pending_bytes must not keep out (the
  * leader's expire entries, one at a time): counted like the others, never refused for it,

@@ -1282,7 +1282,7 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
                  "command).\n# TYPE idem_tenant_proposals_pending_bytes gauge\n");
     for (size_t i = 0; i < h->cfg->n_tenants; i++) {
         uint64_t pending = 0;
-        service_tenant_pending(h->svc, i, &pending, NULL);
+        service_tenant_pending(h->svc, i, &pending, NULL, NULL);
         tbPrintf(&b, "idem_tenant_proposals_pending_bytes{tenant=\"%s\"} %llu\n",
                  h->cfg->tenants[i].name, (unsigned long long)pending);
     }
@@ -1291,15 +1291,17 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
                  "idem_tenant_proposals_pending_bytes.\n"
                  "# TYPE idem_tenant_proposals_queued_bytes gauge\n");
     for (size_t i = 0; i < h->cfg->n_tenants; i++) {
+        uint64_t queued = 0;
+        service_tenant_pending(h->svc, i, NULL, &queued, NULL);
         tbPrintf(&b, "idem_tenant_proposals_queued_bytes{tenant=\"%s\"} %llu\n",
-                 h->cfg->tenants[i].name, (unsigned long long)service_tenant_queued(h->svc, i));
+                 h->cfg->tenants[i].name, (unsigned long long)queued);
     }
     tbPrintf(&b, "# HELP idem_tenant_proposals_refused_total A tenant's commands answered "
                  "unavailable because it had its share of batch.max_pending_mb pending.\n"
                  "# TYPE idem_tenant_proposals_refused_total counter\n");
     for (size_t i = 0; i < h->cfg->n_tenants; i++) {
         uint64_t refused = 0;
-        service_tenant_pending(h->svc, i, NULL, &refused);
+        service_tenant_pending(h->svc, i, NULL, NULL, &refused);
         tbPrintf(&b, "idem_tenant_proposals_refused_total{tenant=\"%s\"} %llu\n",
                  h->cfg->tenants[i].name, (unsigned long long)refused);
     }

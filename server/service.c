@@ -152,7 +152,8 @@ static void opStopTimer(struct op *o)
     }
 }
 
-static void opAnswerUnavailable(struct op *o, const char *why)
+/* retry_after_ms: 0, or when the same request to this node may succeed (Result). */
+static void opAnswerUnavailable(struct op *o, const char *why, uint64_t retry_after_ms)
 {
     if (o->answered || o->cb == NULL) {
         o->answered = true;
@@ -160,13 +161,14 @@ static void opAnswerUnavailable(struct op *o, const char *why)
     }
     o->answered = true;
     o->s->stats.unavailable++;
-    answerSimple(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, why, NULL);
+    answerRetryAfter(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, why, NULL,
+                     retry_after_ms);
 }
 
 static void opDeadlineCb(uv_timer_t *t)
 {
     struct op *o = t->data;
-    opAnswerUnavailable(o, "deadline passed before the command committed");
+    opAnswerUnavailable(o, "deadline passed before the command committed", 0);
     opStopTimer(o);
 }
 
@@ -329,17 +331,15 @@ static void svcFail(void *data, void *waiter, int status)
     o->in_cluster = false;
     if (o->kind == OP_EXPIRE) {
         s->expire_in_flight = false;
-    } else if (status == RAFT_NOTLEADER && !o->answered && o->cb != NULL) {
+    } else if (status == RAFT_NOTLEADER) {
         /* Never in the log: as if refused when it was taken (proposeOp). */
-        o->answered = true;
-        s->stats.unavailable++;
-        answerRetryAfter(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                         "not proposed: this leader began a leadership transfer or stopped "
-                         "leading first; send it again shortly",
-                         NULL, SERVICE_BUSY_RETRY_MS);
+        opAnswerUnavailable(o,
+                            "not proposed: this leader began a leadership transfer or stopped "
+                            "leading first; send it again shortly",
+                            SERVICE_BUSY_RETRY_MS);
     } else {
-        opAnswerUnavailable(o, status == RAFT_SHUTDOWN ? "node shutting down"
-                                                       : "leadership lost before commit");
+        opAnswerUnavailable(
+            o, status == RAFT_SHUTDOWN ? "node shutting down" : "leadership lost before commit", 0);
     }
     opStopTimer(o);
     opMaybeFree(o);
@@ -1342,7 +1342,7 @@ void service_close(struct service *s, void (*cb)(void *data), void *data)
     uv_close((uv_handle_t *)&s->expiry_timer, expiryTimerClosed);
     /* Answer everyone now; the cluster hands the ops back as raft closes. */
     for (struct op *o = s->ops; o != NULL; o = o->next) {
-        opAnswerUnavailable(o, "node shutting down");
+        opAnswerUnavailable(o, "node shutting down", 0);
     }
     cluster_close(s->cluster, clusterClosed, s);
 }
@@ -1359,15 +1359,11 @@ const struct config_tenant *service_tenant_for_token(const struct service *s,
     return authTenant(s, &tok);
 }
 
-void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *refused)
+void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,
+                            uint64_t *refused)
 {
     cluster_account_stats(s->cluster, i < UINT32_MAX ? (uint32_t)i : CLUSTER_ACCOUNT_NONE, pending,
-                          refused);
-}
-
-uint64_t service_tenant_queued(const struct service *s, size_t i)
-{
-    return cluster_account_queued(s->cluster, i < UINT32_MAX ? (uint32_t)i : CLUSTER_ACCOUNT_NONE);
+                          queued, refused);
 }
 
 void service_get_info(const struct service *s, struct service_info *out)

@@ -75,12 +75,11 @@ struct service_info {
 void service_get_info(const struct service *s, struct service_info *out);
 
 /* Tenant i's (config.tenants) commands this leader proposed and has not applied, in bytes as
- * batch.max_pending_mb counts them, and its commands refused for its share of them
- * (batch.tenant_max_pending_percent) since the start (OUT). */
-void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending,
+ * batch.max_pending_mb counts them, those of them it holds back (batch.tenant_max_inflight_kb)
+ * and its commands refused for its share of them (batch.tenant_max_pending_percent) since
+ * the start (OUT, any may be NULL). */
+void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,
                             uint64_t *refused);
-/* Tenant i's commands the leader holds back (batch.tenant_max_inflight_kb), in bytes. */
-uint64_t service_tenant_queued(const struct service *s, size_t i);
 
 /* Whether req is a data op (claim, complete, release, renew, get), as opposed to an admin op. */
 static inline bool service_data_op(const Idem__Request *req)
