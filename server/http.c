@@ -1276,34 +1276,29 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
                  g[i].type, g[i].name, (unsigned long long)g[i].v);
     }
     /* Per tenant: names are [A-Za-z0-9._-] (config.h), safe in a label as they are. */
-    tbPrintf(&b, "# HELP idem_tenant_proposals_pending_bytes A tenant's commands this leader "
-                 "proposed that are not yet applied, counted as idem_proposals_pending_bytes "
-                 "(at most batch.tenant_max_pending_percent of batch.max_pending_mb, or one "
-                 "command).\n# TYPE idem_tenant_proposals_pending_bytes gauge\n");
-    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
-        uint64_t pending = 0;
-        service_tenant_pending(h->svc, i, &pending, NULL, NULL);
-        tbPrintf(&b, "idem_tenant_proposals_pending_bytes{tenant=\"%s\"} %llu\n",
-                 h->cfg->tenants[i].name, (unsigned long long)pending);
-    }
-    tbPrintf(&b, "# HELP idem_tenant_proposals_queued_bytes A tenant's commands this leader "
-                 "holds back until its earlier ones commit (batch.tenant_max_inflight_kb), of "
-                 "idem_tenant_proposals_pending_bytes.\n"
-                 "# TYPE idem_tenant_proposals_queued_bytes gauge\n");
-    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
-        uint64_t queued = 0;
-        service_tenant_pending(h->svc, i, NULL, &queued, NULL);
-        tbPrintf(&b, "idem_tenant_proposals_queued_bytes{tenant=\"%s\"} %llu\n",
-                 h->cfg->tenants[i].name, (unsigned long long)queued);
-    }
-    tbPrintf(&b, "# HELP idem_tenant_proposals_refused_total A tenant's commands answered "
-                 "unavailable because it had its share of batch.max_pending_mb pending.\n"
-                 "# TYPE idem_tenant_proposals_refused_total counter\n");
-    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
-        uint64_t refused = 0;
-        service_tenant_pending(h->svc, i, NULL, NULL, &refused);
-        tbPrintf(&b, "idem_tenant_proposals_refused_total{tenant=\"%s\"} %llu\n",
-                 h->cfg->tenants[i].name, (unsigned long long)refused);
+    static const struct {
+        const char *name, *type, *help;
+    } tg[] = {
+        {"idem_tenant_proposals_pending_bytes", "gauge",
+         "A tenant's commands this leader proposed that are not yet applied, counted as "
+         "idem_proposals_pending_bytes (at most batch.tenant_max_pending_percent of "
+         "batch.max_pending_mb, or one command)."},
+        {"idem_tenant_proposals_queued_bytes", "gauge",
+         "A tenant's commands this leader holds back until its earlier ones commit "
+         "(batch.tenant_max_inflight_kb), of idem_tenant_proposals_pending_bytes."},
+        {"idem_tenant_proposals_refused_total", "counter",
+         "A tenant's commands answered unavailable because it had its share of "
+         "batch.max_pending_mb pending."},
+    };
+    for (size_t k = 0; k < sizeof(tg) / sizeof(tg[0]); k++) {
+        tbPrintf(&b, "# HELP %s %s\n# TYPE %s %s\n", tg[k].name, tg[k].help, tg[k].name,
+                 tg[k].type);
+        for (size_t i = 0; i < h->cfg->n_tenants; i++) {
+            uint64_t v[3] = {0, 0, 0}; /* in tg's order */
+            service_tenant_pending(h->svc, i, &v[0], &v[1], &v[2]);
+            tbPrintf(&b, "%s{tenant=\"%s\"} %llu\n", tg[k].name, h->cfg->tenants[i].name,
+                     (unsigned long long)v[k]);
+        }
     }
     tbPrintf(&b,
              "# HELP idem_raft_corrections_total Corrections of libraft 0.15 made by this node's "
