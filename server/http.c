@@ -1657,6 +1657,7 @@ struct proxyJob {
     uv_timer_t renew_timer;
     uint64_t lease_ms;
     bool lease_lost;      /* a renewal found another holder: the answer is not recorded */
+    bool unrecorded;      /* the answer passed on is not known to be the key's recorded one */
     enum pjRecord record;
     bool record_waiting;  /* the upstream ended while a renewal was in flight */
     int open_handles;
@@ -1718,6 +1719,20 @@ static size_t pjExpires(const struct proxyJob *j, struct hdr *extra, size_t n, c
     return n;
 }
 
+/* pjExpires, then Idempotency-Recorded: false when the answer passed on is not known to be
+ * the key's recorded result (its lease was lost during the upstream call, or recording it
+ * did not answer ok): a retry may get another holder's result, and a client can tell this
+ * answer from a recorded one (CONTRACT.md §3). Adds at most two headers. */
+static size_t pjAnswerHeaders(const struct proxyJob *j, struct hdr *extra, size_t n,
+                              char date[40])
+{
+    n = pjExpires(j, extra, n, date);
+    if (j->unrecorded) {
+        extra[n++] = (struct hdr){"idempotency-recorded", "Idempotency-Recorded", "false", 5};
+    }
+    return n;
+}
+
 static void pjSendError(struct proxyJob *j, int status, const char *code, const char *message,
                         uint64_t retry_after_s)
 {
@@ -1729,13 +1744,13 @@ static void pjSendError(struct proxyJob *j, int status, const char *code, const 
     json_object_set_new(o, "message", msg ? msg : json_string(code));
     json_object_set_new(o, "request_id", json_string(j->rid));
     char ra[24], date[40];
-    struct hdr extra[2];
+    struct hdr extra[3];
     size_t n = 0;
     if (retry_after_s > 0) {
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);
         extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
     }
-    n = pjExpires(j, extra, n, date);
+    n = pjAnswerHeaders(j, extra, n, date);
     if (status == 503) {
         h->m.req.fail_closed++;
     }
@@ -1817,7 +1832,7 @@ static void pjSendUpstream(struct proxyJob *j)
     h2o_req_t *req = pjTakeReq(j);
     size_t n = 0;
     char date[40];
-    struct hdr *extra = xcalloc(j->n_up_hdrs + 1, sizeof(*extra));
+    struct hdr *extra = xcalloc(j->n_up_hdrs + 2, sizeof(*extra));
     for (size_t i = 0; i < j->n_up_hdrs; i++) {
         const struct upHdr *u = &j->up_hdrs[i];
         if (replaySkips(u->name) || strcmp(u->name, "idempotency-expires") == 0 ||
@@ -1826,7 +1841,7 @@ static void pjSendUpstream(struct proxyJob *j)
         }
         extra[n++] = (struct hdr){u->name, NULL, u->value, u->value_len};
     }
-    n = pjExpires(j, extra, n, date);
+    n = pjAnswerHeaders(j, extra, n, date);
     size_t clen = j->up_len;
     if (strcmp(j->method, "HEAD") == 0) {
         /* The upstream's length, or none (SIZE_MAX: h2o then sends no Content-Length, and
@@ -2049,6 +2064,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
         key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
         log_warn("proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
                  (unsigned)oc < REQSTATS_OUTCOMES ? outcomeNames[oc] : "?");
+        j->unrecorded = true;
     }
     pjAnswerAfter(j);
 }
@@ -2097,6 +2113,7 @@ static void pjRecordNow(struct proxyJob *j)
         log_warn("proxy: the lease was lost during the upstream call; its answer is passed on "
                  "but not recorded (key_digest %s, fence %llu)",
                  kd, (unsigned long long)j->token);
+        j->unrecorded = true;
         pjAnswerAfter(j);
         return;
     }

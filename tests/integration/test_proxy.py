@@ -884,6 +884,9 @@ class TestProxyFailures(ProxyTest):
         first = box["resp"]
         self.assertEqual(first[0], 201, first)
         self.assertFalse(_replayed(first), first)
+        self.assertEqual(first[1].get("idempotency-recorded"), "false",
+                         "an answer passed on unrecorded says so: %r" % (first,))
+        self.assertNotIn("idempotency-recorded", second[1], second)
         self.assertNotEqual(first[2].get("id"), second[2].get("id"), (first, second))
         for nid in sorted(self.c.nodes):
             self.assertReplayOf(self.order_via(nid, key, path=path), second)
@@ -900,6 +903,7 @@ class TestProxyFailures(ProxyTest):
         t.join(40)
         self.assertIn("resp", box, box)
         first = self.assertFresh(box["resp"])
+        self.assertNotIn("idempotency-recorded", first[1], "recorded: %r" % (first,))
         # Nobody took the key over: the continued holder renews and records its answer.
         self.assertReplayOf(self.order_via(others[0], key, path=path), first)
         self.assertEqual(self.svc.count(key), 1)
