@@ -8,7 +8,7 @@
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
  * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls,
  * claims, big, async-blocked, async-refused, run-badresp, run-bigresp, run-lapse, lease,
- * run-renewals. */
+ * run-renewals, serve (a line-per-call client for tests/chaos). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1443,6 +1443,122 @@ static int scRunRenewals(int argc, char **argv)
     return 0;
 }
 
+/* ---- serve: one call per line of stdin, one JSON answer per line (tests/chaos) ----------- */
+
+/* Lower-case hex of n bytes at p into a fresh string (the caller frees it). */
+static char *hexOf(const void *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *b = p;
+    char *out = malloc(2 * n + 1);
+    if (out == NULL) {
+        fprintf(stderr, "client_driver: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+    return out;
+}
+
+/* n bytes of hex into out (OUT, at least strlen(hex) / 2 bytes); false when not hex. */
+static bool unhex(const char *hex, uint8_t *out, size_t *n)
+{
+    size_t len = strlen(hex);
+    if (len % 2 != 0) {
+        return false;
+    }
+    for (size_t i = 0; i < len / 2; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) {
+            return false;
+        }
+        out[i] = (uint8_t)v;
+    }
+    *n = len / 2;
+    return true;
+}
+
+/* One answer line: the call's return code and the result's fields; the stored response's
+ * body and the detail as hex (they are the cluster's bytes, printed without escaping). */
+static void servePrint(int rv, const struct idem_result *r)
+{
+    char *detail = hexOf(r->detail, strlen(r->detail));
+    char *body = hexOf(r->has_response ? r->response.body : NULL,
+                       r->has_response ? r->response.body_len : 0);
+    printf("{\"rv\": \"%s\", \"outcome\": \"%s\", \"token\": %" PRIu64 ", \"takeover\": %d, "
+           "\"previous_token\": %" PRIu64 ", \"lease_ms\": %" PRIu64 ", \"has_response\": %d, "
+           "\"status\": %u, \"body_hex\": \"%s\", \"detail_hex\": \"%s\"}\n",
+           rv == IDEM_OK ? "ok" : idem_strerror(rv), rv == IDEM_OK ? idem_outcome_name(r->outcome) : "",
+           r->token, r->takeover, r->previous_token, r->lease_ms, r->has_response,
+           r->has_response ? r->response.status : 0, body, detail);
+    free(body);
+    free(detail);
+}
+
+/* serve: a long-lived client for the chaos suite's libidem workers. Each line of stdin is
+ * one call; each is answered by one line of JSON on stdout (servePrint), in order:
+ *   claim KEY FINGERPRINT_HEX ATTEMPT LEASE_MS takeover|conflict DEADLINE_MS
+ *   complete KEY TOKEN STATUS BODY_HEX DEADLINE_MS      (outcome succeeded)
+ *   release KEY TOKEN DEADLINE_MS
+ * A malformed line is answered {"rv": "usage"}. Ends at end of input. */
+static int scServe(void)
+{
+    struct idem_client *c = openClient(NULL);
+    char line[4096];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        char op[16], key[256], a[1100], b[80], d[16];
+        unsigned long long n1 = 0, n2 = 0, n3 = 0;
+        struct idem_result r;
+        memset(&r, 0, sizeof r);
+        int rv = IDEM_EINVAL;
+        bool ok = false;
+        if (sscanf(line, "%15s", op) != 1) {
+            op[0] = '\0';
+        }
+        if (strcmp(op, "claim") == 0 &&
+            sscanf(line, "%*s %255s %1099s %79s %llu %15s %llu", key, a, b, &n1, d, &n2) == 6) {
+            uint8_t fp[IDEM_FINGERPRINT_LEN + 1];
+            size_t fplen = 0;
+            if (unhex(a, fp, &fplen) && fplen == IDEM_FINGERPRINT_LEN) {
+                struct idem_claim_opts o = {
+                    .attempt_id = b,
+                    .lease_ms = n1,
+                    .policy = strcmp(d, "takeover") == 0 ? IDEM_POLICY_TAKEOVER
+                                                         : IDEM_POLICY_CONFLICT,
+                    .deadline_ms = (uint32_t)n2,
+                };
+                rv = idem_claim(c, key, fp, &o, &r);
+                ok = true;
+            }
+        } else if (strcmp(op, "complete") == 0 &&
+                   sscanf(line, "%*s %255s %llu %llu %1099s %llu", key, &n1, &n2, a, &n3) == 5) {
+            uint8_t body[550];
+            size_t blen = 0;
+            if (unhex(a, body, &blen)) {
+                struct idem_response resp = {.status = (uint32_t)n2, .body = body,
+                                             .body_len = blen};
+                rv = idem_complete(c, key, n1, IDEM_COMPLETION_SUCCEEDED, &resp, (uint32_t)n3, &r);
+                ok = true;
+            }
+        } else if (strcmp(op, "release") == 0 &&
+                   sscanf(line, "%*s %255s %llu %llu", key, &n1, &n2) == 3) {
+            rv = idem_release(c, key, n1, (uint32_t)n2, &r);
+            ok = true;
+        }
+        if (!ok) {
+            printf("{\"rv\": \"usage\"}\n");
+            continue;
+        }
+        servePrint(rv, &r);
+        idem_result_free(&r);
+    }
+    idem_client_close(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -1517,6 +1633,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(sc, "lease") == 0) {
         return scLease(argc, argv);
+    }
+    if (strcmp(sc, "serve") == 0) {
+        return scServe();
     }
     fprintf(stderr, "client_driver: unknown scenario %s\n", sc);
     return 2;
