@@ -1,0 +1,599 @@
+"""checker: decides whether a chaos run kept the idempotency promises.
+
+It reads the three logs a run writes (their format is described in history.py: the
+clients' operations, the executions the upstream ledger received, the faults and the
+windows without quorum) plus the "final" state found after the nemesis stopped, and
+returns every broken promise it can prove from them.  check() is a pure function: no
+I/O, the same input always gives the same violations in the same order.
+
+Times are CLOCK_MONOTONIC seconds from every process of the machine, so they compare
+directly; params["tolerance_s"] (default 0.005) absorbs the few milliseconds between a
+process taking a time stamp and the event it stamps.  Every bound below is applied in the
+direction that makes a violation harder to claim.
+
+An operation is *delivered* only when it got a definite answer (type "ok"); an "info"
+operation (503, timeout, broken connection) may or may not have happened and never
+counts as an answer the client relied on.
+
+A *recorded successful result* is what a client was told is the one outcome of its key:
+  - a proxy answer with type ok, a 2xx status and recorded not False (a replay included);
+  - a json/lib claim answered "replay" (its result: the stored response), unless the
+    stored response is known not to be 2xx (the op's "stored_status", the json answer's
+    own status, or the status the ledger sent for the execution the body names);
+  - a json/lib complete answered "ok" (its result: the body it stored).
+A proxy answer marked recorded=False was passed on after the proxy lost its lease while
+the upstream call ran: nothing was stored, so it promises nothing and is exempt.
+
+Invariants (the "invariant" member of each violation):
+
+one_result      For each key, every recorded successful result is the same text.  An
+                idempotency key names one business intent: once one result has been
+                recorded and given out, every later answer for the key is that result.
+no_exec_after_ack
+                For each key, no execution reached the upstream after the first recorded
+                successful result was delivered (t_start later than that answer's t1).
+                Once a client holds the answer, a retry must replay it, never run the
+                business again.  Executions the ledger refused for a stale fence are
+                exempt: they had no effect, which is what fencing is for.
+fences          The ledger's fencing, per key and in arrival order: an execution whose
+                fence is not above the highest fence accepted before it must have been
+                refused; so the accepted fences strictly increase.  An execution
+                without a fence is not ordered.  The ledger refuses only fences below
+                its highest, so an equal one gets through: that is still flagged here,
+                as one grant's token reached the upstream twice (params
+                ["allow_equal_fence"] lets it pass).
+token_order     Fencing tokens grow with time: for one key, when claim A was acquired
+                (answered) before claim B of another attempt was even sent, A's token is
+                lower than B's, and a takeover's token is above the token it fenced off.
+                A stale holder can only be fenced off if newer holders carry higher tokens.
+dup_token       For one key, one fencing token is never given to two different attempt
+                ids (a retried claim with the same attempt id may get its token back).
+takeover_early  A takeover acquired for a json/lib claim must not be answered before the
+                lease it took over could possibly have run out: that lease was granted no
+                earlier than its claim's t0 and lasted lease_ms, so the takeover's t1 is
+                at least claim t0 + lease_ms/1000.  Taking over a live lease lets two
+                holders run the business at once.
+changed_body    A request whose body (proxy) or fingerprint (json/lib) differs from the
+                one the key was first used with must be refused as a reuse of the key: it
+                must never reach the upstream (ledger execution marked changed), never get
+                a 2xx or replayed proxy answer, and a changed claim must never be answered
+                acquired or replay.  409 key reused, 503 / timeout and 410 expired are all
+                fine answers.
+quorum          Fail closed: no definite answer (type ok, grants included) may be given by
+                an operation whose whole interval [t0, t1] lies inside a window without
+                quorum that applies to it.  A window with nodes None covers every request;
+                one with a node list covers the requests sent to those nodes (lib
+                operations have no node, so only cluster-wide windows cover them).
+                Without a committed entry there is no answer to give.  Answers decided
+                before the log is consulted (by default statuses 400, 401, 403, 413, 429;
+                params["quorum_exempt_status"]) are exempt.  The window is shrunk by the
+                tolerance at both ends.
+replay_identical
+                A replay (a proxy answer with Idempotency-Replayed and a 2xx status, a
+                json/lib claim answered replay) is byte-identical to the response the
+                ledger sent for the execution its body names (its "exec" member), and that
+                execution is of the same key.  A replay that cannot be parsed, names no
+                known execution or differs in one byte was not stored faithfully.
+final           After the nemesis stopped the cluster recovered and converged (every
+                replica at the same state), no node exited unexpectedly and no node logged
+                a problem.  Each failing item is one violation.  Skipped when final is None.
+
+Run as a script: python3 checker.py DIR reads DIR/history.jsonl, DIR/ledger.jsonl,
+DIR/nemesis.jsonl and DIR/summary.json (its "final" member), prints the violations and
+exits 1 when there is any (0 when none, 2 when DIR is not a directory).
+"""
+import argparse
+import json
+import os
+import sys
+
+try:
+    from history import read_jsonl
+except ImportError:  # imported as a package member
+    from .history import read_jsonl
+
+
+INVARIANTS = ("one_result", "no_exec_after_ack", "fences", "token_order", "dup_token",
+              "takeover_early", "changed_body", "quorum", "replay_identical", "final")
+
+DEFAULT_PARAMS = {
+    "tolerance_s": 0.005,
+    "allow_equal_fence": False,
+    "quorum_exempt_status": (400, 401, 403, 413, 429),
+}
+
+
+# --- small helpers ------------------------------------------------------------------
+
+def _num(x):
+    """A time or other number, or None (bools and text are not numbers here)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return x
+
+
+def _int(x):
+    """An integer from an int, an integral float or a decimal string (tokens travel as
+    both numbers and strings); else None."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, str):
+        s = x.strip().strip('"')
+        try:
+            return int(s)
+        except ValueError:
+            return None
+    return None
+
+
+def _t(x):
+    x = _num(x)
+    return "?" if x is None else "%.4f" % x
+
+
+def _short(s, n=80):
+    if s is None:
+        return "None"
+    r = repr(s)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
+def _is2xx(status):
+    s = _int(status)
+    return s is not None and 200 <= s <= 299
+
+
+def _key_order(k):
+    return (k is None, str(k))
+
+
+def _op_order(op):
+    t0 = _num(op.get("t0"))
+    i = _int(op.get("id"))
+    return (t0 is None, t0 or 0.0, i is None, i or 0)
+
+
+def _exec_order(e):
+    t = _num(e.get("t_start"))
+    i = _int(e.get("exec"))
+    return (t is None, t or 0.0, i is None, i or 0)
+
+
+def _by_key(items):
+    out = {}
+    for x in items:
+        out.setdefault(x.get("key"), []).append(x)
+    return out
+
+
+def _ok(op):
+    return op.get("type") == "ok"
+
+
+def _client(op):
+    return op.get("client")
+
+
+def _is_claim(op):
+    return _client(op) in ("json", "lib") and op.get("f") == "claim"
+
+
+def _result_exec(result):
+    """The execution id a response body names (its "exec" member), or None."""
+    if not isinstance(result, str):
+        return None
+    try:
+        doc = json.loads(result)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return _int(doc.get("exec"))
+
+
+def _replay_stored_not_2xx(op, execs):
+    """True when a json/lib replay's stored response is known not to be a 2xx one."""
+    if op.get("stored_status") is not None:
+        return not _is2xx(op.get("stored_status"))
+    if _client(op) == "json" and op.get("status") is not None and \
+            not _is2xx(op.get("status")):
+        return True
+    e = execs.get(_result_exec(op.get("result")))
+    if e is not None and e.get("status") is not None:
+        return not _is2xx(e.get("status"))
+    return False
+
+
+def recorded_results(op, execs):
+    """(True, result text) when op delivered a recorded successful result, else (False, None)."""
+    if not _ok(op):
+        return False, None
+    c = _client(op)
+    if c == "proxy":
+        if _is2xx(op.get("status")) and op.get("recorded") is not False:
+            return True, op.get("result")
+        return False, None
+    if c in ("json", "lib"):
+        f = op.get("f")
+        if f == "claim" and op.get("outcome") == "replay":
+            if _replay_stored_not_2xx(op, execs):
+                return False, None
+            return True, op.get("result")
+        if f == "complete" and op.get("outcome") == "ok":
+            return True, op.get("result")
+    return False, None
+
+
+def _is_replay(op):
+    if not _ok(op):
+        return False
+    c = _client(op)
+    if c == "proxy":
+        return op.get("replayed") is True and _is2xx(op.get("status"))
+    return _is_claim(op) and op.get("outcome") == "replay"
+
+
+def _v(invariant, key, detail):
+    return {"invariant": invariant, "key": key, "detail": detail}
+
+
+# --- the invariants -----------------------------------------------------------------
+
+def _check_one_result(ops_by_key, execs):
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        firsts = {}  # text -> first op delivering it
+        for op in sorted(ops_by_key[key], key=lambda o: (_num(o.get("t1")) or 0.0,
+                                                         _op_order(o))):
+            yes, text = recorded_results(op, execs)
+            if yes and text not in firsts:
+                firsts[text] = op
+        if len(firsts) > 1:
+            parts = ["op %s (%s, t1=%s) got %s" % (o.get("id"), _client(o), _t(o.get("t1")),
+                                                    _short(text))
+                     for text, o in firsts.items()]
+            out.append(_v("one_result", key, "%d different recorded results: %s"
+                          % (len(firsts), "; ".join(parts))))
+    return out
+
+
+def _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol):
+    out = []
+    for key in sorted(execs_by_key, key=_key_order):
+        ack = None
+        for op in ops_by_key.get(key, []):
+            yes, _ = recorded_results(op, execs)
+            t1 = _num(op.get("t1"))
+            if yes and t1 is not None and (ack is None or (t1, _op_order(op)) <
+                                           (_num(ack.get("t1")), _op_order(ack))):
+                ack = op
+        if ack is None:
+            continue
+        t_ack = _num(ack.get("t1"))
+        for e in sorted(execs_by_key[key], key=_exec_order):
+            ts = _num(e.get("t_start"))
+            if e.get("accepted") is False or ts is None:
+                continue
+            if ts > t_ack + tol:
+                out.append(_v("no_exec_after_ack", key,
+                              "exec %s (fence %s) started at %s, %.4fs after op %s (%s) "
+                              "delivered the recorded result at t1=%s"
+                              % (e.get("exec"), e.get("fence"), _t(ts), ts - t_ack,
+                                 ack.get("id"), _client(ack), _t(t_ack))))
+    return out
+
+
+def _check_fences(execs_by_key, allow_equal):
+    out = []
+    for key in sorted(execs_by_key, key=_key_order):
+        best = None  # (fence, exec) of the highest accepted fence so far
+        for e in sorted(execs_by_key[key], key=_exec_order):
+            f = _int(e.get("fence"))
+            if f is None or e.get("accepted") is False:
+                continue
+            if best is not None and (f < best[0] or (f == best[0] and not allow_equal)):
+                out.append(_v("fences", key,
+                              "exec %s (t_start=%s) was accepted with fence %d, not above "
+                              "fence %d accepted earlier by exec %s (t_start=%s)"
+                              % (e.get("exec"), _t(e.get("t_start")), f, best[0],
+                                 best[1].get("exec"), _t(best[1].get("t_start")))))
+            if best is None or f > best[0]:
+                best = (f, e)
+    return out
+
+
+def _grants(ops):
+    """The json/lib claims answered acquired, with their token as an int."""
+    out = []
+    for op in sorted(ops, key=_op_order):
+        if _ok(op) and _is_claim(op) and op.get("outcome") == "acquired":
+            tok = _int(op.get("token"))
+            if tok is not None:
+                out.append((op, tok))
+    return out
+
+
+def _check_token_order(ops_by_key, tol):
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        grants = _grants(ops_by_key[key])
+        for b, tb in grants:
+            prev = _int(b.get("previous_token"))
+            if b.get("takeover") is True and prev is not None and tb <= prev:
+                out.append(_v("token_order", key,
+                              "op %s took over with token %d, not above the token %d it "
+                              "fenced off" % (b.get("id"), tb, prev)))
+        for a, ta in grants:
+            a1 = _num(a.get("t1"))
+            for b, tb in grants:
+                b0 = _num(b.get("t0"))
+                if a is b or a1 is None or b0 is None or a.get("attempt") == b.get("attempt"):
+                    continue
+                if a1 + tol < b0 and ta > tb:
+                    out.append(_v("token_order", key,
+                                  "op %s (attempt %s) got token %d at t1=%s, but op %s "
+                                  "(attempt %s), sent later at t0=%s, got the lower token %d"
+                                  % (a.get("id"), a.get("attempt"), ta, _t(a1), b.get("id"),
+                                     b.get("attempt"), _t(b0), tb)))
+    return out
+
+
+def _check_dup_token(ops_by_key):
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        seen = {}  # token -> {attempt: first op}
+        for op, tok in _grants(ops_by_key[key]):
+            seen.setdefault(tok, {}).setdefault(op.get("attempt"), op)
+        for tok in sorted(seen):
+            attempts = seen[tok]
+            if len(attempts) > 1:
+                parts = ["op %s (attempt %s)" % (o.get("id"), a) for a, o in attempts.items()]
+                out.append(_v("dup_token", key, "token %d was given to %d attempts: %s"
+                              % (tok, len(attempts), ", ".join(parts))))
+    return out
+
+
+def _check_takeover_early(ops_by_key, tol):
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        grants = _grants(ops_by_key[key])
+        for op in sorted(ops_by_key[key], key=_op_order):
+            if not (_ok(op) and _is_claim(op) and op.get("takeover") is True):
+                continue
+            prev = _int(op.get("previous_token"))
+            t1 = _num(op.get("t1"))
+            if prev is None or t1 is None:
+                continue
+            holders = [(o, _num(o.get("t0")), _num(o.get("lease_ms"))) for o, tok in grants
+                       if tok == prev and o is not op]
+            holders = [h for h in holders if h[1] is not None and h[2] is not None]
+            if not holders:
+                continue  # the grant's answer was lost: no lower bound known
+            h, h0, lease = min(holders, key=lambda h: (h[1], _op_order(h[0])))
+            end = h0 + lease / 1000.0
+            if t1 < end - tol:
+                out.append(_v("takeover_early", key,
+                              "op %s took over token %d at t1=%s, but op %s was granted "
+                              "it no earlier than t0=%s with a %sms lease, which could not "
+                              "run out before %s (%.4fs early)"
+                              % (op.get("id"), prev, _t(t1), h.get("id"), _t(h0),
+                                 h.get("lease_ms"), _t(end), end - t1)))
+    return out
+
+
+def _check_changed_body(ops, ledger):
+    out = []
+    for e in sorted(ledger, key=_exec_order):
+        if e.get("changed") is True:
+            out.append(_v("changed_body", e.get("key"),
+                          "exec %s (t_start=%s, fence %s, status %s): a changed body reached "
+                          "the upstream" % (e.get("exec"), _t(e.get("t_start")),
+                                            e.get("fence"), e.get("status"))))
+    for op in sorted(ops, key=_op_order):
+        if op.get("changed") is not True or not _ok(op):
+            continue
+        c = _client(op)
+        if c == "proxy" and (_is2xx(op.get("status")) or op.get("replayed") is True):
+            out.append(_v("changed_body", op.get("key"),
+                          "op %s (proxy, t0=%s t1=%s) sent a changed body and was answered "
+                          "%s%s instead of 409 key reused"
+                          % (op.get("id"), _t(op.get("t0")), _t(op.get("t1")),
+                             op.get("status"),
+                             " replayed" if op.get("replayed") is True else "")))
+        elif _is_claim(op) and op.get("outcome") in ("acquired", "replay"):
+            out.append(_v("changed_body", op.get("key"),
+                          "op %s (%s claim, t0=%s t1=%s) with a changed fingerprint was "
+                          "answered %s instead of mismatch"
+                          % (op.get("id"), c, _t(op.get("t0")), _t(op.get("t1")),
+                             op.get("outcome"))))
+    return out
+
+
+def _check_quorum(ops, nemesis, tol, exempt):
+    out = []
+    windows = [w for w in nemesis if w.get("window") == "no_quorum"
+               and _num(w.get("t0")) is not None and _num(w.get("t1")) is not None]
+    windows.sort(key=lambda w: (w["t0"], w["t1"], str(w.get("nodes"))))
+    if not windows:
+        return out
+    exempt = set(exempt or ())
+    for op in sorted(ops, key=_op_order):
+        if not _ok(op):
+            continue
+        if _int(op.get("status")) in exempt:
+            continue
+        t0, t1 = _num(op.get("t0")), _num(op.get("t1"))
+        if t0 is None or t1 is None:
+            continue
+        node = op.get("node")
+        for w in windows:
+            nodes = w.get("nodes")
+            if nodes is not None and (node is None or node not in nodes):
+                continue
+            if t0 >= w["t0"] + tol and t1 <= w["t1"] - tol:
+                what = op.get("outcome") if op.get("outcome") is not None else \
+                    "status %s" % op.get("status")
+                out.append(_v("quorum", op.get("key"),
+                              "op %s (%s %s to node %s, t0=%s t1=%s) got a definite answer "
+                              "(%s) inside the no-quorum window [%s, %s] of %s"
+                              % (op.get("id"), _client(op), op.get("f"), node, _t(t0),
+                                 _t(t1), what, _t(w["t0"]), _t(w["t1"]),
+                                 "the whole cluster" if nodes is None else "nodes %s"
+                                 % list(nodes))))
+                break
+    return out
+
+
+def _check_replay_identical(ops, execs):
+    out = []
+    for op in sorted(ops, key=_op_order):
+        if not _is_replay(op):
+            continue
+        key, result = op.get("key"), op.get("result")
+        who = "op %s (%s, t1=%s)" % (op.get("id"), _client(op), _t(op.get("t1")))
+        if not isinstance(result, str):
+            out.append(_v("replay_identical", key, "%s replayed no result text" % who))
+            continue
+        ex = _result_exec(result)
+        if ex is None:
+            out.append(_v("replay_identical", key, "%s replayed a body naming no execution: %s"
+                          % (who, _short(result))))
+            continue
+        e = execs.get(ex)
+        if e is None:
+            out.append(_v("replay_identical", key, "%s replayed exec %d, which the ledger "
+                          "never ran: %s" % (who, ex, _short(result))))
+            continue
+        if e.get("key") != key:
+            out.append(_v("replay_identical", key, "%s replayed exec %d, which ran for key %r"
+                          % (who, ex, e.get("key"))))
+            continue
+        resp = e.get("response")
+        if result != resp:
+            at = next((i for i, (x, y) in enumerate(zip(result, resp or "")) if x != y),
+                      min(len(result), len(resp or "")))
+            out.append(_v("replay_identical", key,
+                          "%s replayed exec %d with other bytes than the ledger sent "
+                          "(first difference at offset %d): replayed %s, sent %s"
+                          % (who, ex, at, _short(result), _short(resp))))
+    return out
+
+
+def _check_final(final):
+    out = []
+    if final.get("recovered") is not True:
+        out.append(_v("final", None, "the cluster did not recover after the nemesis stopped "
+                      "(recovered=%r, recovery_s=%r)"
+                      % (final.get("recovered"), final.get("recovery_s"))))
+    if final.get("converged") is not True:
+        out.append(_v("final", None, "the replicas did not converge (converged=%r, "
+                      "applied_index=%r, digest=%r)" % (final.get("converged"),
+                                                        final.get("applied_index"),
+                                                        final.get("digest"))))
+    for x in final.get("unexpected_exits") or []:
+        x = x if isinstance(x, dict) else {"node": None, "status": x}
+        out.append(_v("final", None, "node %s exited unexpectedly with status %s"
+                      % (x.get("node"), x.get("status"))))
+    for x in final.get("log_problems") or []:
+        x = x if isinstance(x, dict) else {"node": None, "line": x}
+        out.append(_v("final", None, "node %s logged a problem: %s"
+                      % (x.get("node"), _short(x.get("line"), 200))))
+    return out
+
+
+def check(ops, ledger, nemesis, final, params=None):
+    """Every violation the logs prove, as dicts {"invariant", "key", "detail"}, in a
+    deterministic order: by invariant as listed in INVARIANTS, and within one invariant
+    by key or by time (ties broken by op / exec id)."""
+    p = dict(DEFAULT_PARAMS)
+    p.update(params or {})
+    tol = float(p["tolerance_s"])
+    ops = [o for o in (ops or []) if isinstance(o, dict)]
+    ledger = [e for e in (ledger or []) if isinstance(e, dict)]
+    nemesis = [n for n in (nemesis or []) if isinstance(n, dict)]
+
+    execs = {}
+    for e in sorted(ledger, key=_exec_order):
+        i = _int(e.get("exec"))
+        if i is not None:
+            execs.setdefault(i, e)
+    ops_by_key = _by_key(ops)
+    execs_by_key = _by_key(ledger)
+
+    out = []
+    out += _check_one_result(ops_by_key, execs)
+    out += _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol)
+    out += _check_fences(execs_by_key, bool(p["allow_equal_fence"]))
+    out += _check_token_order(ops_by_key, tol)
+    out += _check_dup_token(ops_by_key)
+    out += _check_takeover_early(ops_by_key, tol)
+    out += _check_changed_body(ops, ledger)
+    out += _check_quorum(ops, nemesis, tol, p["quorum_exempt_status"])
+    out += _check_replay_identical(ops, execs)
+    if isinstance(final, dict):
+        out += _check_final(final)
+    elif final is not None:
+        out.append(_v("final", None, "final is not a dict: %s" % _short(final)))
+    return out
+
+
+def load(run_dir):
+    """(ops, ledger, nemesis, final) read from a run directory; final None without
+    summary.json or without its "final" member."""
+    ops = read_jsonl(os.path.join(run_dir, "history.jsonl"))
+    ledger = read_jsonl(os.path.join(run_dir, "ledger.jsonl"))
+    nemesis = read_jsonl(os.path.join(run_dir, "nemesis.jsonl"))
+    final = None
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if isinstance(summary, dict):
+            final = summary.get("final")
+    except (OSError, ValueError):
+        pass
+    return ops, ledger, nemesis, final
+
+
+def format_violation(v):
+    key = "" if v.get("key") is None else " key=%s" % v.get("key")
+    return "%s%s: %s" % (v.get("invariant"), key, v.get("detail"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Check a chaos run's logs against the "
+                                 "idempotency invariants.")
+    ap.add_argument("dir", help="the run directory (history.jsonl, ledger.jsonl, "
+                    "nemesis.jsonl, summary.json)")
+    ap.add_argument("--tolerance", type=float, default=DEFAULT_PARAMS["tolerance_s"],
+                    help="seconds of slack on every time comparison (default %(default)s)")
+    ap.add_argument("--allow-equal-fence", action="store_true",
+                    help="let the ledger accept a fence equal to the highest accepted")
+    ap.add_argument("--json", action="store_true", help="print the violations as JSON lines")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(a.dir):
+        print("checker: %s is not a directory" % a.dir, file=sys.stderr)
+        return 2
+    ops, ledger, nemesis, final = load(a.dir)
+    vs = check(ops, ledger, nemesis, final, {"tolerance_s": a.tolerance,
+                                             "allow_equal_fence": a.allow_equal_fence})
+    for v in vs:
+        print(json.dumps(v, sort_keys=True) if a.json else format_violation(v))
+    counts = {}
+    for v in vs:
+        counts[v["invariant"]] = counts.get(v["invariant"], 0) + 1
+    print("checker: %d ops, %d executions, %d nemesis records%s: %s"
+          % (len(ops), len(ledger), len(nemesis), "" if final is not None else
+             " (no final state)",
+             "no violations" if not vs else "%d violations (%s)" % (
+                 len(vs), ", ".join("%s %d" % (k, counts[k]) for k in INVARIANTS
+                                   if k in counts))),
+          file=sys.stderr if a.json else sys.stdout)
+    return 1 if vs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,559 @@
+"""Self-test of checker.py: small synthetic runs built in code.
+
+Two clean runs must pass without a single violation:
+  - proxy_run(): proxy traffic with first answers, replays (one with its JSON members
+    reordered), a changed body refused 409 key reused / 503 / 410, answers passed on
+    unrecorded after a lost lease with other bodies than the recorded one, a timeout
+    followed by a replay, 503s inside a cluster-wide and a per-node no-quorum window,
+    a 400 inside a window (decided before the log), an answer from a node outside a
+    per-node window;
+  - claim_run(): json and lib claims: a lease taken over after it ran out (with a lost
+    claim answer retried under the same attempt id, which gets its token back), the stale
+    holder's late ledger call refused for its fence after the answer was out, its complete
+    answered lease_lost, replays, a changed fingerprint answered mismatch, a release
+    followed by a new grant, in_progress and lease_expired under the conflict policy, lib
+    and json claims failing with 503 in no-quorum windows and a lib grant while only one
+    node was cut off.
+
+Then one fault per invariant (and per sub-rule) is planted into a copy of a clean run,
+and the test asserts that exactly the expected invariant is flagged, after asserting the
+clean run it was planted into passes.
+
+Run: cd tests/chaos && python3 -m unittest -v test_checker
+"""
+import copy
+import io
+import json
+import os
+import random
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+
+import checker
+
+GOOD_FINAL = {"recovered": True, "recovery_s": 1.2, "converged": True,
+              "applied_index": 420, "digest": "ab12cd34", "unexpected_exits": [],
+              "log_problems": []}
+
+
+class Run:
+    """Builds a synthetic run: ops, ledger executions, nemesis records and final."""
+
+    def __init__(self):
+        self.ops, self.ledger, self.nemesis = [], [], []
+        self.final = copy.deepcopy(GOOD_FINAL)
+        self.ref = {}  # name -> op or execution, for planting faults
+
+    # ledger
+
+    def exec(self, key, t, fence, accepted=True, changed=False, name=None):
+        n = len(self.ledger) + 1
+        if accepted:
+            doc = {"exec": n, "fence": fence, "key": key, "status": "accepted"}
+        else:
+            doc = {"code": "stale_fence", "exec": n, "fence": fence, "key": key}
+        e = {"exec": n, "key": key, "fence": fence, "body": '{"amount":%d}' % n,
+             "changed": changed, "t_start": t, "t_end": t + 0.002, "accepted": accepted,
+             "status": 201 if accepted else 409,
+             "response": json.dumps(doc, sort_keys=True, separators=(",", ":"))}
+        self.ledger.append(e)
+        if name:
+            self.ref[name] = e
+        return e["response"]
+
+    # client operations
+
+    def op(self, client, f, key, t0, t1, name=None, **kw):
+        o = {"id": len(self.ops) + 1, "client": client, "worker": "%s-1" % client,
+             "node": None if client == "lib" else 1, "f": f, "key": key, "t0": t0,
+             "t1": t1, "type": "ok", "status": None, "code": None, "outcome": None,
+             "changed": False, "reordered": False, "body": None, "attempt": None,
+             "lease_ms": None, "policy": None, "token": None, "takeover": False,
+             "previous_token": None, "replayed": False, "recorded": True, "result": None,
+             "error": None}
+        o.update(kw)
+        if o["type"] == "info" and o["error"] is None:
+            o["error"] = "timeout" if o["status"] is None else "503"
+        self.ops.append(o)
+        if name:
+            self.ref[name] = o
+        return o
+
+    def proxy(self, key, t0, t1, status=201, result=None, **kw):
+        kw.setdefault("type", "info" if status in (None, 503) else "ok")
+        kw.setdefault("body", '{"amount":1,"to":"x"}')
+        if status is not None and status >= 400 and status != 503:
+            kw.setdefault("code", {409: "idempotency_key_reused",
+                                   410: "idempotency_key_expired",
+                                   400: "idempotency_key_invalid"}.get(status))
+        elif status == 503:
+            kw.setdefault("code", "idempotency_unavailable")
+        return self.op("proxy", "request", key, t0, t1, status=status, result=result, **kw)
+
+    def claim(self, key, t0, t1, outcome, attempt, client="json", lease_ms=500,
+              policy="takeover", **kw):
+        if client == "json":
+            kw.setdefault("status", {None: 503, "acquired": 200, "replay": 201,
+                                     "mismatch": 409, "in_progress": 409,
+                                     "lease_expired": 409}.get(outcome, 200))
+        kw.setdefault("type", "info" if outcome is None else "ok")
+        kw.setdefault("replayed", outcome == "replay")
+        return self.op(client, "claim", key, t0, t1, outcome=outcome, attempt=attempt,
+                       lease_ms=lease_ms, policy=policy, **kw)
+
+    def complete(self, key, t0, t1, token, outcome="ok", result=None, client="json", **kw):
+        if client == "json":
+            kw.setdefault("status", 200)
+        return self.op(client, "complete", key, t0, t1, outcome=outcome, token=token,
+                       result=result, **kw)
+
+    def release(self, key, t0, t1, token, outcome="ok", client="json", **kw):
+        if client == "json":
+            kw.setdefault("status", 200)
+        return self.op(client, "release", key, t0, t1, outcome=outcome, token=token, **kw)
+
+    # nemesis
+
+    def window(self, t0, t1, nodes=None):
+        self.nemesis.append({"window": "no_quorum", "t0": t0, "t1": t1, "nodes": nodes})
+
+    def fault(self, kind, t0, t1, nodes, phase):
+        self.nemesis.append({"kind": kind, "t0": t0, "t1": t1, "nodes": nodes,
+                             "leader": False, "phase": phase, "detail": kind})
+
+    def check(self, **params):
+        return checker.check(self.ops, self.ledger, self.nemesis, self.final, params)
+
+
+def proxy_run():
+    r = Run()
+    r.fault("kill", 2.9, 4.1, [2, 3], "no_quorum")
+    r.window(3.0, 4.0)
+    r.fault("partition", 4.9, 6.1, [2], "partitioned")
+    r.window(5.0, 6.0, [2])
+
+    # p-once: one execution, its answer, replays, changed bodies refused
+    R1 = r.exec("p-once", 1.00, 10, name="E1")
+    r.proxy("p-once", 0.99, 1.02, 201, R1, name="P1")
+    r.proxy("p-once", 2.00, 2.01, 201, R1, replayed=True, reordered=True, node=2)
+    r.proxy("p-once", 2.10, 2.11, 409, changed=True, body='{"amount":2,"changed":1}')
+    r.proxy("p-once", 3.20, 3.30, 503, changed=True)            # inside the window
+    r.proxy("p-once", 9.00, 9.01, 410, changed=True, node=3)   # expired since
+
+    # p-lost: A's slow upstream call loses its lease, B takes over; A's answer goes
+    # out unrecorded with another body
+    R2 = r.exec("p-lost", 1.10, 20)
+    R3 = r.exec("p-lost", 1.50, 25)
+    r.proxy("p-lost", 1.45, 1.55, 201, R3, node=2, name="PB")
+    r.proxy("p-lost", 1.05, 1.60, 201, R2, recorded=False)
+    r.proxy("p-lost", 2.50, 2.51, 201, R3, replayed=True, node=3)
+
+    # p-unrec: the only answer before B's run was passed on unrecorded: B may still run
+    RA = r.exec("p-unrec", 0.50, 70)
+    r.proxy("p-unrec", 0.40, 1.00, 201, RA, recorded=False)
+    RB = r.exec("p-unrec", 1.50, 75)
+    r.proxy("p-unrec", 1.40, 1.60, 201, RB, node=3)
+
+    # p-quorum: 503 inside both windows, 400 inside (decided before the log), an answer
+    # from node 1 while only node 2 was cut off, one straddling the window's start
+    r.proxy("p-quorum", 2.95, 3.05, 409, code="idempotency_request_in_progress")
+    r.proxy("p-quorum", 3.10, 3.40, 503, node=1)
+    r.proxy("p-quorum", 3.20, 3.90, 503, node=3)
+    r.proxy("bad key!", 3.30, 3.31, 400)
+    r.proxy("p-quorum", 5.10, 5.30, 503, node=2)
+    R5 = r.exec("p-quorum", 5.20, 40)
+    r.proxy("p-quorum", 5.10, 5.30, 201, R5, node=1)
+    r.proxy("p-quorum", 5.90, 6.20, 201, R5, replayed=True, node=2)  # straddles the end
+
+    # p-lost-answer: the first answer timed out, the retry is a replay
+    R6 = r.exec("p-lost-answer", 7.00, 50)
+    r.proxy("p-lost-answer", 6.99, 7.50, None, node=3)
+    r.proxy("p-lost-answer", 8.00, 8.01, 201, R6, replayed=True, name="PR6")
+    return r
+
+
+def claim_run():
+    r = Run()
+    r.window(6.0, 7.0)
+    r.window(8.0, 9.0, [3])
+
+    # j-take: A's lease (500 ms from 1.00) runs out; B takes over at 1.60 (its first
+    # claim's answer was lost, the retry with the same attempt gets the lease, a second
+    # retry gets the same token back), runs and completes; A's late call is refused for
+    # its stale fence, its complete is lease_lost
+    r.claim("j-take", 1.00, 1.01, "acquired", "a1", token=100, name="CA")
+    r.claim("j-take", 1.52, 1.58, None, "b1", client="lib")
+    r.claim("j-take", 1.59, 1.60, "acquired", "b1", client="lib", token=140, takeover=True,
+            previous_token=100, name="CB")
+    r.claim("j-take", 1.605, 1.61, "acquired", "b1", client="lib", token=140,
+            takeover=True, previous_token=100, name="CB2")
+    Rb = r.exec("j-take", 1.62, 140)
+    r.complete("j-take", 1.65, 1.66, 140, result=Rb, client="lib")
+    r.exec("j-take", 1.70, 100, accepted=False, name="EA")
+    r.complete("j-take", 1.72, 1.73, 100, outcome="lease_lost", code="idempotency_lease_lost",
+               status=409)
+    r.claim("j-take", 2.00, 2.01, "replay", "c1", client="lib", result=Rb)
+    r.claim("j-take", 2.05, 2.06, "replay", "c2", result=Rb, node=2)
+    r.claim("j-take", 2.10, 2.11, "mismatch", "c3", changed=True,
+            code="idempotency_key_reused")
+
+    # j-release: released (no side effect), granted again, completed, replayed; a
+    # repeated release of the old token
+    r.claim("j-release", 3.00, 3.01, "acquired", "d1", token=200)
+    r.release("j-release", 3.05, 3.06, 200)
+    r.claim("j-release", 3.10, 3.11, "acquired", "d2", token=210, client="lib", name="CD2")
+    Rd = r.exec("j-release", 3.12, 210)
+    r.complete("j-release", 3.15, 3.16, 210, result=Rd, client="lib")
+    r.release("j-release", 3.20, 3.21, 200, outcome="lease_lost", status=409)
+    r.claim("j-release", 3.50, 3.51, "replay", "d3", client="lib", result=Rd)
+
+    # j-conflict: policy conflict: in_progress while held, lease_expired once run out
+    r.claim("j-conflict", 4.00, 4.01, "acquired", "e1", token=300, lease_ms=300,
+            policy="conflict")
+    r.claim("j-conflict", 4.10, 4.11, "in_progress", "e2", policy="conflict",
+            code="idempotency_request_in_progress")
+    r.claim("j-conflict", 4.50, 4.51, "lease_expired", "e3", policy="conflict",
+            code="idempotency_lease_expired")
+
+    # j-q: 503 / IDEM_E* inside the cluster-wide window; a lib grant while node 3 alone
+    # is cut off (lib has no node), a json claim to node 3 failing then
+    r.claim("j-q", 6.10, 6.30, None, "f0", node=1)
+    r.claim("j-q", 6.20, 6.50, None, "f0", client="lib", error="IDEM_EUNAVAILABLE")
+    r.claim("j-q", 8.05, 8.40, None, "f0", node=3)
+    r.claim("j-q", 8.10, 8.11, "acquired", "f1", client="lib", token=400)
+    Rq = r.exec("j-q", 8.12, 400)
+    r.complete("j-q", 8.20, 8.21, 400, result=Rq, client="lib")
+    r.release("j-q", 8.30, 8.31, 400, outcome="not_found", client="lib")
+    return r
+
+
+class CheckerTest(unittest.TestCase):
+
+    def assertClean(self, run, **params):
+        vs = run.check(**params)
+        self.assertEqual(vs, [], "\n".join(checker.format_violation(v) for v in vs))
+
+    def assertOnly(self, run, invariant, count=1, key="-", **params):
+        vs = run.check(**params)
+        text = "\n".join(checker.format_violation(v) for v in vs)
+        self.assertEqual({v["invariant"] for v in vs}, {invariant}, text)
+        if count is not None:
+            self.assertEqual(len(vs), count, text)
+        if key != "-":
+            self.assertEqual({v["key"] for v in vs}, {key}, text)
+        for v in vs:
+            self.assertIsInstance(v["detail"], str)
+            self.assertTrue(v["detail"])
+        return vs
+
+    def plant(self, base, fn, invariant, count=1, key="-", **params):
+        """Asserts base() passes, plants fn(run) into a fresh copy, asserts exactly
+        `invariant` is flagged (count times when count is not None)."""
+        clean = base()
+        self.assertClean(clean, **params)
+        run = base()
+        fn(run)
+        return self.assertOnly(run, invariant, count, key, **params)
+
+    # clean runs
+
+    def test_clean_proxy_run(self):
+        self.assertClean(proxy_run())
+
+    def test_clean_claim_run(self):
+        self.assertClean(claim_run())
+
+    def test_clean_runs_together(self):
+        a, b = proxy_run(), claim_run()
+        for w in b.nemesis:  # the claim run happens 100 s after the proxy run
+            w["t0"] += 100
+            w["t1"] += 100
+        for e in b.ledger:  # keep exec ids unique across both
+            e["t_start"] += 100
+            e["t_end"] += 100
+            e["exec"] += 1000
+            doc = json.loads(e["response"])
+            doc["exec"] = e["exec"]
+            e["response"] = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        for o in b.ops:
+            o["t0"] += 100
+            o["t1"] += 100
+            o["id"] += 1000
+            if o["result"]:
+                doc = json.loads(o["result"])
+                doc["exec"] += 1000
+                o["result"] = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        vs = checker.check(a.ops + b.ops, a.ledger + b.ledger, a.nemesis + b.nemesis,
+                           GOOD_FINAL)
+        self.assertEqual(vs, [])
+
+    def test_final_none_skips_final_checks(self):
+        r = proxy_run()
+        r.final = None
+        self.assertClean(r)
+
+    # one_result
+
+    def test_one_result_second_proxy_result(self):
+        def f(r):
+            other = r.exec("p-once", 0.995, 9)
+            r.proxy("p-once", 0.98, 1.03, 201, other, node=2)
+        vs = self.plant(proxy_run, f, "one_result", key="p-once")
+        self.assertIn("op 2", vs[0]["detail"])
+
+    def test_one_result_second_complete(self):
+        def f(r):  # the fenced-off holder's complete answered ok with its own body
+            r.complete("j-take", 1.63, 1.64, 100, result='{"exec":1,"mine":true}')
+        self.plant(claim_run, f, "one_result", key="j-take")
+
+    def test_one_result_unrecorded_different_is_exempt(self):
+        r = proxy_run()
+        r.proxy("p-once", 2.30, 2.40, 201, '{"exec":77}', recorded=False)
+        self.assertClean(r)
+
+    # no_exec_after_ack
+
+    def test_exec_after_ack(self):
+        def f(r):
+            r.exec("p-once", 2.50, 30)
+        vs = self.plant(proxy_run, f, "no_exec_after_ack", key="p-once")
+        self.assertIn("op 1", vs[0]["detail"])  # P1 gave the answer at 1.02
+
+    def test_exec_after_replay_ack(self):
+        def f(r):  # the first answer was lost; the replay at 8.01 is the ack
+            r.exec("p-lost-answer", 8.50, 55)
+        self.plant(proxy_run, f, "no_exec_after_ack", key="p-lost-answer")
+
+    def test_exec_within_tolerance_of_ack(self):
+        r = proxy_run()
+        r.exec("p-once", 1.02 + 0.003, 30)
+        self.assertClean(r)
+
+    # fences
+
+    def test_fence_not_increasing_accepted(self):
+        def f(r):
+            r.exec("p-lost", 1.52, 22)
+        self.plant(proxy_run, f, "fences", key="p-lost")
+
+    def test_fence_equal_accepted(self):
+        def f(r):
+            r.exec("p-lost", 1.52, 25)
+        self.plant(proxy_run, f, "fences", key="p-lost")
+        r = proxy_run()
+        f(r)
+        self.assertClean(r, allow_equal_fence=True)
+
+    # token_order
+
+    def test_token_lower_than_an_earlier_grant(self):
+        def f(r):
+            r.claim("j-release", 5.00, 5.01, "acquired", "z1", token=150)
+        self.plant(claim_run, f, "token_order", count=2, key="j-release")
+
+    def test_takeover_token_not_above_previous(self):
+        def f(r):
+            r.ref["CB"]["token"] = 90
+            r.ref["CB2"]["token"] = 90
+        self.plant(claim_run, f, "token_order", count=None, key="j-take")
+
+    # dup_token
+
+    def test_duplicate_token_two_attempts(self):
+        def f(r):
+            r.claim("j-release", 3.105, 3.115, "acquired", "x9", token=210)
+        vs = self.plant(claim_run, f, "dup_token", key="j-release")
+        self.assertIn("x9", vs[0]["detail"])
+        self.assertIn("d2", vs[0]["detail"])
+
+    def test_token_as_string_is_the_same_token(self):
+        def f(r):
+            r.claim("j-release", 3.105, 3.115, "acquired", "x9", token="210")
+        self.plant(claim_run, f, "dup_token", key="j-release")
+
+    # takeover_early
+
+    def test_takeover_early(self):
+        def f(r):
+            for name in ("CB", "CB2"):
+                r.ref[name]["t0"] -= 0.30
+                r.ref[name]["t1"] -= 0.30
+        vs = self.plant(claim_run, f, "takeover_early", count=2, key="j-take")
+        self.assertIn("token 100", vs[0]["detail"])
+
+    def test_takeover_within_tolerance(self):
+        r = claim_run()
+        for name in ("CB", "CB2"):
+            r.ref[name]["t0"] = 1.496
+            r.ref[name]["t1"] = 1.497  # lease ends at 1.500, 3 ms < 5 ms tolerance
+        self.assertClean(r)
+        self.assertOnly(r, "takeover_early", count=2, tolerance_s=0.001)
+
+    # changed_body
+
+    def test_changed_body_executed(self):
+        def f(r):
+            r.exec("p-new", 9.50, 60, changed=True)
+        self.plant(proxy_run, f, "changed_body", key="p-new")
+
+    def test_changed_body_answered_replay(self):
+        def f(r):
+            r.proxy("p-once", 2.20, 2.21, 201, r.ref["E1"]["response"], replayed=True,
+                    changed=True)
+        self.plant(proxy_run, f, "changed_body", key="p-once")
+
+    def test_changed_body_answered_2xx(self):
+        def f(r):
+            r.proxy("p-once", 2.20, 2.21, 200, r.ref["E1"]["response"], changed=True)
+        self.plant(proxy_run, f, "changed_body", key="p-once")
+
+    def test_changed_claim_acquired(self):
+        def f(r):
+            r.claim("j-conflict", 4.60, 4.61, "acquired", "g1", token=310, changed=True)
+        self.plant(claim_run, f, "changed_body", key="j-conflict")
+
+    def test_changed_claim_replay(self):
+        def f(r):
+            r.claim("j-take", 2.20, 2.21, "replay", "g2", client="lib", changed=True,
+                    result=r.ledger[0]["response"])
+        self.plant(claim_run, f, "changed_body", key="j-take")
+
+    # quorum
+
+    def test_answer_inside_cluster_window(self):
+        def f(r):
+            r.proxy("p-quorum", 3.50, 3.60, 409, node=3,
+                    code="idempotency_request_in_progress")
+        vs = self.plant(proxy_run, f, "quorum", key="p-quorum")
+        self.assertIn("whole cluster", vs[0]["detail"])
+
+    def test_lib_grant_inside_cluster_window(self):
+        def f(r):
+            r.claim("j-q2", 6.40, 6.41, "acquired", "h1", client="lib", token=390)
+        self.plant(claim_run, f, "quorum", key="j-q2")
+
+    def test_answer_from_cut_off_node(self):
+        def f(r):
+            r.proxy("p-quorum", 5.40, 5.50, 409, node=2,
+                    code="idempotency_request_in_progress")
+        vs = self.plant(proxy_run, f, "quorum", key="p-quorum")
+        self.assertIn("nodes [2]", vs[0]["detail"])
+
+    def test_grant_from_cut_off_node(self):
+        def f(r):
+            r.claim("j-q3", 8.50, 8.51, "acquired", "k1", token=420, node=3)
+        self.plant(claim_run, f, "quorum", key="j-q3")
+
+    def test_answer_within_tolerance_of_window_edge(self):
+        r = proxy_run()
+        r.proxy("p-quorum", 3.002, 3.01, 409, node=3, code="idempotency_request_in_progress")
+        self.assertClean(r)
+
+    # replay_identical
+
+    def test_replay_one_byte_differs(self):
+        def f(r):
+            op = r.ref["PR6"]
+            op["result"] = op["result"].replace("accepted", "acceptet")
+            self.assertEqual(len(op["result"]), len(r.ledger[-1]["response"]))
+        vs = self.plant(proxy_run, f, "replay_identical", key="p-lost-answer")
+        self.assertIn("exec 7", vs[0]["detail"])
+
+    def test_replay_of_unknown_exec(self):
+        def f(r):
+            r.ref["PR6"]["result"] = '{"exec":999,"key":"p-lost-answer"}'
+        vs = self.plant(proxy_run, f, "replay_identical", key="p-lost-answer")
+        self.assertIn("999", vs[0]["detail"])
+
+    def test_replay_not_parsable(self):
+        def f(r):
+            r.ref["PR6"]["result"] = "not json"
+        self.plant(proxy_run, f, "replay_identical", key="p-lost-answer")
+
+    def test_replay_of_another_keys_exec(self):
+        def f(r):
+            r.ref["PR6"]["result"] = r.ref["E1"]["response"]
+        self.plant(proxy_run, f, "replay_identical", key="p-lost-answer")
+
+    def test_lib_replay_of_unknown_exec(self):
+        def f(r):
+            r.claim("j-new", 9.0, 9.01, "replay", "m1", client="lib",
+                    result='{"exec":999,"key":"j-new"}')
+        self.plant(claim_run, f, "replay_identical", key="j-new")
+
+    # final
+
+    def test_final_not_recovered(self):
+        self.plant(proxy_run, lambda r: r.final.update(recovered=False), "final", key=None)
+
+    def test_final_not_converged(self):
+        self.plant(proxy_run, lambda r: r.final.update(converged=False), "final", key=None)
+
+    def test_final_unexpected_exit(self):
+        vs = self.plant(proxy_run, lambda r: r.final.update(
+            unexpected_exits=[{"node": 2, "status": 139}]), "final", key=None)
+        self.assertIn("139", vs[0]["detail"])
+
+    def test_final_log_problem(self):
+        vs = self.plant(proxy_run, lambda r: r.final.update(
+            log_problems=[{"node": 1, "line": "ERROR assertion failed"}]), "final", key=None)
+        self.assertIn("assertion", vs[0]["detail"])
+
+    def test_final_all_items(self):
+        def f(r):
+            r.final = {"recovered": False, "converged": False,
+                       "unexpected_exits": [{"node": 1, "status": 1}, {"node": 3, "status": 6}],
+                       "log_problems": [{"node": 2, "line": "x"}]}
+        self.plant(proxy_run, f, "final", count=5, key=None)
+
+    # robustness and determinism
+
+    def test_missing_fields_and_indeterminate_ops(self):
+        r = proxy_run()
+        r.ops += [{}, {"type": "info"}, {"client": "proxy", "type": "info", "status": 201,
+                                         "result": "x", "key": "p-once"},
+                  {"client": "lib", "f": "claim", "type": "ok", "outcome": "acquired",
+                   "key": "j", "token": None}, "garbage"]
+        r.ledger += [{}, {"key": "p-x", "fence": "n/a"}]
+        r.nemesis += [{}, {"window": "no_quorum"}]
+        self.assertClean(r)
+
+    def test_deterministic_order(self):
+        r = proxy_run()
+        r.exec("p-once", 2.50, 30)
+        r.exec("p-new", 9.50, 60, changed=True)
+        r.proxy("p-quorum", 3.50, 3.60, 409, node=3)
+        r.final["converged"] = False
+        vs = r.check()
+        self.assertEqual([v["invariant"] for v in vs],
+                         ["no_exec_after_ack", "changed_body", "quorum", "final"])
+        for seed in range(5):
+            s = copy.deepcopy(r)
+            random.Random(seed).shuffle(s.ops)
+            random.Random(seed).shuffle(s.ledger)
+            random.Random(seed).shuffle(s.nemesis)
+            self.assertEqual(s.check(), vs)
+
+    def test_main_reads_a_run_directory(self):
+        for planted, rc in ((False, 0), (True, 1)):
+            r = claim_run()
+            if planted:
+                r.final["log_problems"] = [{"node": 1, "line": "oops"}]
+            with tempfile.TemporaryDirectory() as d:
+                for name, rows in (("history", r.ops), ("ledger", r.ledger),
+                                   ("nemesis", r.nemesis)):
+                    with open(os.path.join(d, name + ".jsonl"), "w") as f:
+                        for row in rows:
+                            f.write(json.dumps(row) + "\n")
+                        f.write('{"torn": ')  # a writer killed mid-line
+                with open(os.path.join(d, "summary.json"), "w") as f:
+                    json.dump({"final": r.final}, f)
+                out = io.StringIO()
+                with redirect_stdout(out):
+                    self.assertEqual(checker.main([d]), rc)
+                self.assertIn("no violations" if rc == 0 else "final", out.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()
