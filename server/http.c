@@ -1434,6 +1434,11 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
         }
     }
     if (t == NULL) {
+        if (tok.len > 0 && service_token_is_admin(h->svc, (const uint8_t *)tok.base, tok.len)) {
+            sendError(h, req, route, rid, 403, "forbidden",
+                      "data operations need a tenant's token, not the admin token", 0);
+            return;
+        }
         sendError(h, req, route, rid, 401, "unauthenticated", "unknown or missing bearer token",
                   0);
         return;

@@ -708,6 +708,13 @@ static void handleData(struct service *s, const Idem__Request *req, service_done
     const struct config_tenant *t = authTenant(s, &req->auth_token);
     if (t == NULL) {
         s->stats.unauthenticated++;
+        /* The admin token is known but owns no records: forbidden (403), as a tenant's
+         * token on an admin op is (CONTRACT.md §3 tells the two apart). */
+        if (authAdmin(s, &req->auth_token)) {
+            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
+                         "data operations need a tenant's token, not the admin token", NULL);
+            return;
+        }
         answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
                      "unknown or missing bearer token", NULL);
         return;
@@ -1357,6 +1364,12 @@ const struct config_tenant *service_tenant_for_token(const struct service *s,
 {
     ProtobufCBinaryData tok = {len, (uint8_t *)token};
     return authTenant(s, &tok);
+}
+
+bool service_token_is_admin(const struct service *s, const uint8_t *token, size_t len)
+{
+    ProtobufCBinaryData tok = {len, (uint8_t *)token};
+    return authAdmin(s, &tok);
 }
 
 void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,

@@ -66,6 +66,11 @@ void service_get_stats(const struct service *s, struct service_stats *out);
 const struct config_tenant *service_tenant_for_token(const struct service *s,
                                                      const uint8_t *token, size_t len);
 
+/* Whether a bearer token is the admin token (compared as service_tenant_for_token does): a
+ * known credential that data ops refuse as forbidden (403), not unauthenticated (401).
+ * `token` is borrowed for the call. */
+bool service_token_is_admin(const struct service *s, const uint8_t *token, size_t len);
+
 /* Raft and state machine figures for health checks and metrics (OUT). The cluster status's
  * leader_rpc_address borrows the cluster's memory until the next loop turn. */
 struct service_info {

@@ -869,6 +869,60 @@ def rpc_call(addr, payload, timeout=30):
 
 
 class TestGatewayOps(GatewayTest):
+    def test_quota_exceeded_is_429(self):
+        """A tenant past its quota (tenants[].max_records) is answered 429
+        idempotency_quota_exceeded by the JSON API, on the leader's gateway and on a
+        follower's (forwarded); its held keys still answer, and the other tenant's claims
+        are not affected."""
+        beta = "    token_sha256: %s\n" % hashlib.sha256(self.c.token2.encode()).hexdigest()
+        for nid in sorted(self.c.nodes):
+            self.c.kill(nid)
+        for node in self.c.nodes.values():
+            with open(node.cfg) as f:
+                cfg = f.read()
+            self.assertIn(beta, cfg)
+            with open(node.cfg, "w") as f:
+                f.write(cfg.replace(beta, beta + "    max_records: 2\n"))
+        for nid in sorted(self.c.nodes):
+            self.c.start(nid)
+        lid = self.c.wait_leader(timeout=30)
+        for node in self.c.nodes.values():
+            wait_for(lambda: _status_or_none(node.http, "/readyz") == 200, 30,
+                     "node %d to be ready (knows a leader)" % node.id)
+        leader = self.c.nodes[lid].http
+        follower = self.c.nodes[[n for n in sorted(self.c.nodes) if n != lid][0]].http
+        held = [self.key("held") for _ in range(2)]
+        toks = [self.assertAcquired(self.claim(leader, k, fp(k), token=self.c.token2))
+                for k in held]
+        for addr in (leader, follower):
+            k = self.key("over")
+            self.assertError(self.claim(addr, k, fp(k), token=self.c.token2), 429,
+                             "idempotency_quota_exceeded")
+        # Nothing was evicted: the held keys complete and answer.
+        self.assertOk(self.complete(leader, held[0], toks[0], token=self.c.token2))
+        r = self.get(follower, held[1], token=self.c.token2)
+        self.assertEqual(r[0], 200, r)
+        k = self.key("alpha")
+        self.assertAcquired(self.claim(follower, k, fp(k)))
+
+    def test_admin_token_on_data_routes_is_403(self):
+        """The admin token is a known credential that owns no records: every data route
+        answers 403 forbidden (not 401), on the leader and on a follower; an unknown token
+        stays 401."""
+        key = self.key("adm")
+        for nid in sorted(self.c.nodes):
+            addr = self.c.nodes[nid].http
+            for resp in (self.claim(addr, key, fp(key), token=self.c.admin),
+                         self.complete(addr, key, 1, token=self.c.admin),
+                         self.release(addr, key, 1, token=self.c.admin),
+                         self.renew(addr, key, 1, 1000, token=self.c.admin),
+                         self.get(addr, key, token=self.c.admin)):
+                self.assertError(resp, 403, "forbidden")
+            self.assertError(self.claim(addr, key, fp(key), token="not-a-token"), 401,
+                             "unauthenticated")
+        # Nothing was claimed on the way.
+        self.assertAcquired(self.claim(self.c.nodes[sorted(self.c.nodes)[0]].http, key, fp(key)))
+
     def test_healthz_every_node(self):
         for nid, node in sorted(self.c.nodes.items()):
             st, h, b = request(node.http, "GET", "/healthz")
