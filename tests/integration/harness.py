@@ -1,9 +1,12 @@
 """harness: real idemd processes on 127.0.0.1 for the integration and chaos tests.
 
 Every node gets free ports, its own temporary data dir and a generated config. Processes
-are tracked by PID and killed (SIGKILL) in close(), which also removes the temp dir. Waits
-poll a condition with a generous bound; nothing sleeps for a fixed time to let something
-happen. idemctl (--json) is the client, so the tests exercise it too.
+are tracked by PID and killed (SIGKILL) in close(), which also removes the temp dir; before
+that, close() looks at them (check()): a node that exited by itself (the test neither killed,
+stopped nor awaited it: kill/stop/wait_exit, nor declared it may: may_exit) or whose log holds
+a sanitizer report or a failed assertion is a problem, which fails the test. Waits poll a
+condition with a generous bound; nothing sleeps for a fixed time to let something happen.
+idemctl (--json) is the client, so the tests exercise it too.
 """
 import fcntl
 import hashlib
@@ -11,6 +14,7 @@ import http.client
 import json
 import os
 import random
+import re
 import resource
 import secrets
 import shutil
@@ -98,6 +102,35 @@ def recv_exact(sock, n):
             break
         buf += chunk
     return buf
+
+
+# What in a node's log (its stdout and stderr) says it went wrong, whatever its exit: a report
+# of ASan, LSan, UBSan (-fno-sanitize-recover: also its "runtime error:" line) or TSan, or a
+# failed assert() (glibc's "...: Assertion `x' failed.", libuv's and libraft's included).
+# idemd's own stops on purpose (abort() after a disk failure) print none of these: they are
+# told by their exit status (-SIGABRT), which the test that caused them awaits (wait_exit).
+_BAD_LOG = re.compile(
+    rb"ERROR: AddressSanitizer|ERROR: LeakSanitizer|AddressSanitizer:DEADLYSIGNAL"
+    rb"|UndefinedBehaviorSanitizer|runtime error:|WARNING: ThreadSanitizer"
+    rb"|Assertion `.*' failed|Assertion failed")
+
+
+def log_reports(path, start=0):
+    """[(offset, excerpt)] of each sanitizer report or failed assertion (_BAD_LOG) in the log
+    at path from offset start on: the lines around it."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return []
+    out = []
+    for m in _BAD_LOG.finditer(data):
+        a = data.rfind(b"\n", 0, max(0, m.start() - 400)) + 1
+        b = data.find(b"\n", m.end() + 2400)
+        out.append((start + m.start(),
+                    data[a:b if b >= 0 else len(data)].decode(errors="replace")))
+    return out
 
 
 def wait_for(cond, timeout, what, interval=0.05):
@@ -204,6 +237,12 @@ class Cluster:
                          snapshot_trailing_max_mb=snapshot_trailing_max_mb)
         self.nodes = {}
         self.bootstrap = []
+        # Nodes that may exit by themselves (a test that makes one do so and does not await it
+        # with wait_exit() declares it: may_exit.add(nid)); any other one that does is a
+        # problem (check()), as is any sanitizer report or failed assertion in any log.
+        self.may_exit = set()
+        self._exited = []  # (id, text): nodes found dead when killed, stopped or restarted
+        self._reported = set()  # what check() already returned, not returned again
         for i in range(1, n + 1):
             self.nodes[i] = Node(i, self.root)
             self.bootstrap.append(self.nodes[i])
@@ -293,6 +332,7 @@ class Cluster:
         With pipe (or fsize), its output reaches its log through a pipe, which no limit on
         its file sizes (set now or later) keeps it from writing."""
         node = self.nodes[nid]
+        self._reap(node, "before the test restarted it")
         log = open(node.log, "ab")
         pipe = pipe or fsize is not None
         node.proc = subprocess.Popen([IDEMD, "--config", node.cfg],
@@ -317,7 +357,8 @@ class Cluster:
 
     def wait_exit(self, nid, timeout=30):
         """Waits until node nid's process has exited by itself (its log all written);
-        returns its exit status (negative: the signal)."""
+        returns its exit status (negative: the signal), which the test asserts: an exit it
+        awaits is not a problem (check())."""
         node = self.nodes[nid]
         wait_for(lambda: node.proc.poll() is not None, timeout, "node %d to stop" % nid)
         if node.copier is not None:
@@ -326,9 +367,25 @@ class Cluster:
         rc, node.proc = node.proc.returncode, None
         return rc
 
+    def _reap(self, node, when):
+        """If node's process has exited by itself (found when: "before the test killed it",
+        ...), it is reaped (node.proc = None) and, unless the test said it may (may_exit),
+        that is a problem (check()). Returns its exit status, None if it is running."""
+        if node.proc is None or node.proc.poll() is None:
+            return None
+        rc = node.proc.returncode
+        if node.id not in self.may_exit:
+            self._exited.append((node.id, "node %d exited by itself (status %d) %s"
+                                 % (node.id, rc, when)))
+        if node.copier is not None:
+            node.copier.join(timeout=10)
+            node.copier = None
+        node.proc = None
+        return rc
+
     def kill(self, nid, sig=9):
         node = self.nodes[nid]
-        if node.proc is not None:
+        if node.proc is not None and self._reap(node, "before the test killed it") is None:
             node.proc.send_signal(sig)
             node.proc.wait(timeout=30)
             node.proc = None
@@ -336,6 +393,11 @@ class Cluster:
     def stop(self, nid):
         """SIGTERM and wait: a clean shutdown must finish, with exit code 0."""
         node = self.nodes[nid]
+        rc = self._reap(node, "before the test stopped it")
+        if rc is not None:
+            if nid in self.may_exit:
+                return rc
+            raise AssertionError(self._exited[-1][1])
         node.proc.terminate()
         rc = node.proc.wait(timeout=30)
         node.proc = None
@@ -347,13 +409,50 @@ class Cluster:
     def alive(self):
         return [n for n in self.nodes.values() if n.proc is not None]
 
+    def _exit_problems(self):
+        """Nodes that exited by themselves unexpectedly, each one with its log's tail; they are
+        reaped (a node restarted later is a new process)."""
+        for node in self.nodes.values():
+            self._reap(node, "during the test")
+        out, self._exited = self._exited, []
+        return ["%s; its log ends:\n%s" % (text, self._log_tail(nid)) for nid, text in out]
+
+    def _log_tail(self, nid, n=3000):
+        try:
+            with open(self.nodes[nid].log, "rb") as f:
+                return f.read()[-n:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def check(self):
+        """What went wrong with the nodes since the last check(), as a list of texts (empty:
+        nothing): a node that exited by itself (see may_exit, _reap), a sanitizer report or
+        failed assertion in a node's log (_BAD_LOG). A test with a cluster of its own fails
+        with what close() returns; one that shares a cluster calls this after each test."""
+        out = self._exit_problems()
+        for node in self.nodes.values():
+            for off, text in log_reports(node.log):
+                if (node.log, off) not in self._reported:
+                    self._reported.add((node.log, off))
+                    out.append("node %d's log reports:\n%s" % (node.id, text))
+        return out
+
     def close(self):
+        """Kills (SIGKILL) every node still running and removes the temp dir. Returns check()'s
+        problems, looked for first (who had exited before the kill) and after the kill (the
+        logs written to the end): the caller fails its test with them."""
+        problems = self._exit_problems()
         for node in self.nodes.values():
             if node.proc is not None:
                 node.proc.kill()
                 node.proc.wait(timeout=30)
                 node.proc = None
+            if node.copier is not None:
+                node.copier.join(timeout=10)
+                node.copier = None
+        problems += self.check()
         shutil.rmtree(self.root, ignore_errors=True)
+        return problems
 
     def logs(self):
         out = []
@@ -487,7 +586,10 @@ class ClusterTestCase(unittest.TestCase):
         if ((refused and not self.malformed_raft_expected)
                 or (auth_failed and not self.raft_auth_failure_expected)):
             print(self.c.logs())  # which node refused whom, for the assertion below
-        self.c.close()
+        problems = self.c.close()
+        # A node that died during the test (by itself: not killed, stopped or awaited by it)
+        # or whose log has a sanitizer report or a failed assertion fails the test.
+        self.assertFalse(problems, "\n\n".join(problems))
         # Between the nodes themselves every Raft message is well formed: a refusal by the
         # check in front of libraft's decoder (cluster/wire_check.h) would be its bug.
         if not self.malformed_raft_expected:

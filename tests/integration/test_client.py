@@ -657,6 +657,8 @@ class TestClientRun(ClientTest):
             for nid, node in sorted(self.c.nodes.items()):
                 node.proc.send_signal(signal.SIGSTOP)
                 stopped.append(node)
+            # The condition is time itself: over two 1 s leases pass on the client's clock
+            # with every node stopped (a sleep is never shorter, however loaded the machine).
             time.sleep(2.5)
             p.stdin.write(b"go\n")
             p.stdin.flush()

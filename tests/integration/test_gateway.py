@@ -10,6 +10,7 @@ healthy cluster can produce), TestGatewayOps (healthz, readyz, metrics), TestGat
 (leader killed under load, no quorum), TestGatewayExpiry (ttl into tombstone: 410).
 Waits poll a condition with a generous bound; nothing sleeps for a fixed time.
 """
+import hashlib
 import http.client
 import json
 import os
@@ -88,8 +89,11 @@ class GatewayTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         if cls.shared is not None:
-            cls.shared.close()
+            problems = cls.shared.close()
             cls.shared = None
+            # After the last test's check(): a node that died or reported since.
+            if problems:
+                raise AssertionError("\n\n".join(problems))
 
     def setUp(self):
         self.c = self.shared if self.shared_cluster else self._start_cluster()
@@ -99,8 +103,10 @@ class GatewayTest(unittest.TestCase):
         failed = any(t is self for t, _ in result.failures + result.errors)
         if failed:
             print(self.c.logs())
-        if not self.shared_cluster:
-            self.c.close()
+        # A node that died by itself during the test (not killed by it), or a sanitizer
+        # report or failed assertion in a node's log, fails the test (harness: check()).
+        problems = self.c.check() if self.shared_cluster else self.c.close()
+        self.assertFalse(problems, "\n\n".join(problems))
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -1164,15 +1170,23 @@ class TestGatewayFailover(GatewayTest):
                     tok = r[2]["token"]
                     with lock:
                         granted.setdefault(key, set()).add(tok)
-                break  # 409: nothing granted to us
+                else:
+                    # A brand-new key, retried with its attempt id: acquired, never 409 (a
+                    # claim whose answer was lost gets its own lease back).
+                    with lock:
+                        problems.append(("claim", "a new key not acquired", key, r))
+                break
             if tok is None:
+                if r is None or r[0] == 503:
+                    with lock:
+                        problems.append(("claim", "503 for 30 s", key, r))
                 return
             t_end = time.monotonic() + 30
             while time.monotonic() < t_end:
                 r = send("complete", lambda: self.complete(addr, key, tok, body))
                 if r is None or r[0] == 503:
                     continue
-                if r[0] == 200 and r[2].get("outcome") == "ok":
+                if r[0] == 200 and r[2].get("outcome") == "ok":  # (also on a retry)
                     with lock:
                         acked[key] = (f, body)
                         if state["killed_at"] is not None:
@@ -1183,6 +1197,8 @@ class TestGatewayFailover(GatewayTest):
                     with lock:
                         problems.append(("complete", "refused", key, r))
                 return
+            with lock:
+                problems.append(("complete", "503 for 30 s", key, r))
 
         def worker(wid):
             addr = self.c.nodes[survivors[wid % len(survivors)]].http
@@ -1209,7 +1225,7 @@ class TestGatewayFailover(GatewayTest):
         self.assertEqual(problems, [], "answers outside the contract")
         for key, toks in granted.items():
             self.assertEqual(len(toks), 1, "key %s granted twice: %r" % (key, toks))
-        self.assertLess(state["first_ack_after"], 30, "a new leader must serve through the gateway")
+        # (How soon is not asserted: the 30 acknowledgements after the kill were awaited.)
         print("\nfailover: %d keys granted, %d acknowledged (%d after the kill, first %.2fs "
               "after it), answers: %d x 503, %d x 409" % (
                   len(granted), len(acked), state["acked_after"], state["first_ack_after"],
@@ -1248,11 +1264,10 @@ class TestGatewayFailover(GatewayTest):
         self.c.kill(fol[1], 9)
         for i in range(3):
             k = self.key("during")
-            t0 = time.monotonic()
+            # Answered (503), not left hanging: the request's 60 s timeout bounds the wait.
             r = self.claim(addr, k, fp(k), attempt_id="att-" + k, timeout=60)
             self.assertError(r, 503, "idempotency_unavailable")
             self.assertRetryAfter(r)
-            self.assertLess(time.monotonic() - t0, 30)
         self.assertError(self.claim(addr, key0, fp(key0), timeout=60), 503,
                          "idempotency_unavailable")
         self.assertError(self.call(addr, "GET", "/v1/claims/%s" % key0, timeout=60), 503,
@@ -1278,11 +1293,10 @@ class TestGatewayFailover(GatewayTest):
         # Fail closed: no acquired, no replay, no get without a committed entry.
         for i in range(3):
             k = self.key("during")
-            t0 = time.monotonic()
+            # Answered (503), not left hanging: the request's 60 s timeout bounds the wait.
             r = self.claim(addr, k, fp(k), attempt_id="att-" + k, timeout=60)
             self.assertError(r, 503, "idempotency_unavailable")
             self.assertRetryAfter(r)
-            self.assertLess(time.monotonic() - t0, 30)
         r = self.claim(addr, key0, fp(key0), timeout=60)
         self.assertError(r, 503, "idempotency_unavailable")
         r = self.call(addr, "GET", "/v1/claims/%s" % key0, timeout=60)

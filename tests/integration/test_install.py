@@ -17,7 +17,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, fp, free_port, wait_for  # noqa: E402
+from harness import BIN, fp, free_port, log_reports, wait_for  # noqa: E402
 
 BUILD = os.environ.get("IDEM_BUILD_DIR") or os.path.join(BIN, "..")
 
@@ -98,6 +98,9 @@ class TestInstall(unittest.TestCase):
         self.assertEqual(json.loads(p.stdout)["outcome"], "acquired")
         self.proc.terminate()
         self.assertEqual(self.proc.wait(timeout=30), 0)
+        # No sanitizer report or failed assertion on the way (harness: log_reports).
+        reports = log_reports(os.path.join(root, "idemd.log"))
+        self.assertFalse(reports, "\n\n".join(text for _, text in reports))
 
 
 if __name__ == "__main__":

@@ -265,8 +265,11 @@ class ProxyTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.c.close()
+        problems = cls.c.close()
         cls.svc.close()
+        # After the last test's check(): a node that died or reported since.
+        if problems:
+            raise AssertionError("\n\n".join(problems))
 
     def setUp(self):
         self.svc.ensure_running()
@@ -276,6 +279,10 @@ class ProxyTest(unittest.TestCase):
         # A failed subTest is recorded under a _SubTest whose test_case is self.
         if any(getattr(t, "test_case", t) is self for t, _ in result.failures + result.errors):
             print(self.c.logs())
+        # A node that died by itself during the test (not killed by it), or a sanitizer
+        # report or failed assertion in a node's log, fails the test (harness: check()).
+        problems = self.c.check()
+        self.assertFalse(problems, "\n\n".join(problems))
 
     # ---- helpers ----------------------------------------------------------------------------
 

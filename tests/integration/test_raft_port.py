@@ -479,12 +479,24 @@ class TestRaftSecretMismatch(ClusterTestCase):
             rc, out = self.c.ctl("claim", "%s-%d" % (what, i), "--fingerprint", "d" * 64,
                                  ids=[1, 2])
             self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
-        # Node 3 never hears of a leader nor applies an entry.
-        time.sleep(1.5)
-        st = self.c.status(ids=[3])
-        self.assertIsNotNone(st)
-        n3 = [x for x in st["nodes"] if x.get("id") == 3]
-        self.assertEqual(len(n3), 1, st)
+        # Node 3 never hears of a leader nor applies an entry: looked at once the members
+        # tried to reach it with those entries committed, and failed (their count of failed
+        # connections grew: at once for a wrong secret, at the 10 s authentication timeout
+        # for a node without one), rather than after a fixed time.
+        def failures():
+            return sum(_metric(self.c.nodes[nid].http, "idem_raft_connect_auth_failures_total")
+                       for nid in (1, 2))
+        before = failures()
+        wait_for(lambda: failures() > before, 30,
+                 "nodes 1 and 2 to fail a connection to node 3 again")
+
+        # And once node 3 itself went an election timeout without hearing of a leader: it
+        # stands for election (no longer a follower), and stays so, never elected.
+        def own_row():
+            st = self.c.status(ids=[3])
+            n3 = [x for x in (st or {}).get("nodes", []) if x.get("id") == 3]
+            return (st, n3) if len(n3) == 1 and n3[0]["role"] != "follower" else None
+        st, n3 = wait_for(own_row, 30, "node 3 to stand for election")
         # Its own status: no leader, nothing applied past the bootstrap configuration.
         self.assertIsNone(n3[0]["leader_id"], st)
         self.assertLessEqual(n3[0]["applied_index"], 1, st)

@@ -144,7 +144,9 @@ class TlsTest(unittest.TestCase):
         result = self._outcome.result
         if any(t is self for t, _ in result.failures + result.errors):
             print(self.c.logs())
-        self.c.close()
+        # A node that died by itself, or a sanitizer report in its log, fails the test.
+        problems = self.c.close()
+        self.assertFalse(problems, "\n\n".join(problems))
 
     def tls_context(self, with_cert=False):
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=os.path.join(self.c.pki, "ca.crt"))
@@ -279,7 +281,9 @@ class TestTlsBadConfig(unittest.TestCase):
             self.assertNotEqual(rc, 0, log)
             self.assertIn(expect, log)
         finally:
-            c.close()
+            problems = c.close()
+        # Its refusal is awaited above; a sanitizer report on the way out is still a failure.
+        self.assertFalse(problems, "\n\n".join(problems))
 
     def test_key_that_does_not_match(self):
         self._start_fails(lambda pki: ["cert_file: %s/server.crt" % pki, "key_file: %s/other.key" % pki,
@@ -337,6 +341,7 @@ class TlsProxyCluster(ProxyCluster):
         env.pop("SSL_CERT_DIR", None)
         if self.trust_env:
             env["SSL_CERT_FILE"] = os.path.join(self.pki, "ca.crt")
+        self._reap(node, "before the test restarted it")
         log = open(node.log, "ab")
         node.proc = subprocess.Popen([harness_idemd(), "--config", node.cfg], stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
@@ -412,8 +417,11 @@ class TlsForwardTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.c.close()
+        problems = cls.c.close()
         cls.svc.close()
+        # After the last test's check(): a node that died or reported since.
+        if problems:
+            raise AssertionError("\n\n".join(problems))
 
     def setUp(self):
         self.svc.ensure_running()
@@ -422,6 +430,10 @@ class TlsForwardTest(unittest.TestCase):
         result = self._outcome.result
         if any(getattr(t, "test_case", t) is self for t, _ in result.failures + result.errors):
             print(self.c.logs())
+        # A node that died by itself during the test, or a sanitizer report in a node's log,
+        # fails the test (harness: check()).
+        problems = self.c.check()
+        self.assertFalse(problems, "\n\n".join(problems))
 
     def key(self, prefix):
         return "%s-%s" % (prefix, os.urandom(6).hex())
@@ -659,6 +671,10 @@ class TestTlsForwardUntrusted(TlsForwardTest):
 
 
 class TestBench(ClusterTestCase):
+    # Runs that must see every operation answered (errors 0) fail on a leader change: with
+    # the default 600 ms election timeout a loaded machine (stress-ng --cpu 2 beside ctest
+    # -j2) starved a leader into one in the middle of a 2 s run (106 of 200 unavailable).
+    cluster_opts = dict(election_ms=3000)
 
     def bench(self, *args, timeout=120):
         p = subprocess.run([IDEM_BENCH, "--cluster", self.c.addrs(), "--token", self.c.token, "--json"]
@@ -1013,28 +1029,29 @@ class TestBench(ClusterTestCase):
         self.assertGreaterEqual(out["max_ms"], 350, out)
 
     def bench_bounded(self, *mode):
-        """The followers die 1 s into a 2 s run of MODE with 5 s deadlines: the calls in
+        """The followers die 1 s into a 2 s run of MODE with 60 s deadlines: the calls in
         flight then (and, open loop, those due after) would wait their whole deadline, but
         --duration bounds the run: every call's deadline is cut to 1 s after the end, where
         the unanswered ones fail. Returns the parsed output.
-        Unbounded, the run would last 1 s + 5 s or more; bounded it lasts 3 s: the limits
-        below sit 2 s above that (a loaded machine, ASan) and 1 s below 6 s."""
+        Unbounded, the run would last 1 s + 60 s or more; bounded it lasts 3 s: the limits
+        below (30 s) tell the two apart without asking how fast a loaded machine is (with
+        5 s deadlines they had to sit 2 s above the 3 s)."""
         started = []
-        out = self.bench_while(["--duration", 2, "--deadline", 5000] + list(mode),
+        out = self.bench_while(["--duration", 2, "--deadline", 60000] + list(mode),
                                self.followers_killed_after(1.0, started))
         wall = time.monotonic() - started[0]
         self.assertGreater(out["ops"], 0, out)
         self.assertGreater(out["errors"], 0, out)
         # The run's own clock: 2 s, then at most the 1 s grace (and the loop's close).
         self.assertGreaterEqual(out["duration_s"], 2.0, out)
-        self.assertLess(out["duration_s"], 5.0, out)
+        self.assertLess(out["duration_s"], 30.0, out)
         # The unanswered calls waited until the cut (2 s for those sent when the followers
-        # died), not their 5 s deadline.
+        # died), not their 60 s deadline.
         self.assertGreaterEqual(out["max_ms"], 900, out)
-        self.assertLess(out["max_ms"], 4000, out)
-        # The process too ends with the run, not 5 s after its last calls: counted from the
+        self.assertLess(out["max_ms"], 30000, out)
+        # The process too ends with the run, not 60 s after its last calls: counted from the
         # run's observed start (after its probe and warm-up), 3 s and its exit.
-        self.assertLess(wall, 5.0, (wall, out))
+        self.assertLess(wall, 30.0, (wall, out))
         return out
 
     def test_duration_bounds_a_run_that_lost_quorum(self):
