@@ -17,6 +17,8 @@ packages=(
   systemd
   e2fsprogs
   python3-fusepy
+  nftables
+  stress-ng
 )
 
 missing=()
