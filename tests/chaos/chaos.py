@@ -105,6 +105,21 @@ def shutil_which(name):
     return shutil.which(name)
 
 
+ROOT_PREFIX = "idem-chaos-nodes-"  # then the runner's PID and "-": the nodes' directories
+
+
+def sweep_stale_roots():
+    """Removes the nodes' directories that runs killed before their cleanup left (their
+    runner's PID is gone). Their namespaces (net.sweep_stale) and power-cut disks
+    (powerdisk.sweep_stale) are swept by those modules."""
+    import glob
+    import shutil
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), ROOT_PREFIX + "*-*")):
+        pid = os.path.basename(d)[len(ROOT_PREFIX):].split("-")[0]
+        if pid.isdigit() and not netmod._pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def log_problems(cluster):
     out = []
     for node in cluster.nodes.values():
@@ -147,12 +162,16 @@ def first_claim(cluster, deadline_s):
 def run(a):
     out = a.out or tempfile.mkdtemp(prefix="idem-chaos-%d-" % a.seed)
     os.makedirs(out, exist_ok=True)
-    root = tempfile.mkdtemp(prefix="idem-chaos-nodes-")
+    sweep_stale_roots()
+    root = tempfile.mkdtemp(prefix="%s%d-" % (ROOT_PREFIX, os.getpid()))
     bin_dir = os.path.abspath(a.bin_dir)
     print("chaos: seed %d, %g s, nemesis %s, %d workers, %d keys, policy %s, output %s"
           % (a.seed, a.duration, ",".join(a.kinds), a.workers, a.keys, a.policy, out),
           flush=True)
     netmod.sweep_stale()
+    import powerdisk
+    if powerdisk.missing_prerequisite() is None:
+        powerdisk.sweep_stale()
     net = cl = ledger = disk = wl = None
     hist = JsonlWriter(os.path.join(out, "history.jsonl"))
     nlog = JsonlWriter(os.path.join(out, "nemesis.jsonl"))
@@ -172,9 +191,7 @@ def run(a):
         data_dirs = {}
         disk_node = 3
         if "powercut" in a.kinds:
-            import powerdisk
-            powerdisk.sweep_stale()
-            disk = powerdisk.PowerDisk(root)
+            disk = powerdisk.PowerDisk()  # in the temp dir, where the next run sweeps it
             data_dirs[disk_node] = os.path.join(disk.path, "node%d" % disk_node)
         cl = Cluster(net, root, bin_dir, n=3, spares=1, ledger_url="http://" + ledger_addr,
                      policy=a.policy, data_dirs=data_dirs, idemd=a.idemd)
