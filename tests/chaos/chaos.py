@@ -116,7 +116,7 @@ def sweep_stale_roots():
     import shutil
     for d in glob.glob(os.path.join(tempfile.gettempdir(), ROOT_PREFIX + "*-*")):
         pid = os.path.basename(d)[len(ROOT_PREFIX):].split("-")[0]
-        if pid.isdigit() and not netmod._pid_alive(int(pid)):
+        if pid.isdigit() and not netmod.pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
 
 

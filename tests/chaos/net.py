@@ -21,6 +21,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from harness import pid_alive  # noqa: E402
 
 SUBNET = "10.213.0"
 HUB_ADDR = SUBNET + ".254"
@@ -62,16 +66,6 @@ def enter(name):
         os.close(fd)
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale():
     """Deletes the namespaces of runs whose runner is gone (killed before its close)."""
     swept = []
@@ -81,7 +75,7 @@ def sweep_stale():
         return swept
     for name in names:
         m = re.match(r"%s(\d+)-" % PREFIX, name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _run("ip", "netns", "del", name, check=False)
             swept.append(name)
     return swept

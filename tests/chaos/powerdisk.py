@@ -47,8 +47,12 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from harness import pid_alive  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEBIAN_PYTHON = "/usr/bin/python3"  # where Debian's python3-fusepy is importable
@@ -146,20 +150,6 @@ def _proc_state(pid):
         except (OSError, IndexError):
             pass
     return states
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open("/proc/%d/stat" % pid) as f:  # a zombie is gone too
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _wait(cond, timeout, step=0.005):

@@ -133,6 +133,22 @@ def log_reports(path, start=0):
     return out
 
 
+def pid_alive(pid):
+    """Whether process pid exists and is not a zombie (sweeps of what killed runs left: a
+    test's held disk, the chaos suite's namespaces and power-cut disks)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid) as f:  # a zombie is gone too
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def wait_for(cond, timeout, what, interval=0.05):
     """Polls cond() until it returns a truthy value; fails after timeout seconds."""
     deadline = time.monotonic() + timeout

@@ -27,7 +27,7 @@ import time
 import unittest
 import urllib.request
 
-from harness import BIN, Cluster, ClusterTestCase, wait_for
+from harness import BIN, Cluster, ClusterTestCase, pid_alive, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEBIAN_PYTHON = "/usr/bin/python3"  # where Debian's python3-fusepy is importable
@@ -53,17 +53,6 @@ def run(*cmd):
 
 
 PREFIX = "idem-held-disk-"  # then the creating process's PID and "-"
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with open("/proc/%d/stat" % pid) as f:  # a zombie is gone too
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def sweep_stale_disks():
