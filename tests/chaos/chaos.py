@@ -20,7 +20,8 @@ nft, no FUSE for the power cut).
 Every process the run starts dies with it however it ends (PR_SET_PDEATHSIG through
 setpriv, from the main thread) and is otherwise ended by PID in the `finally` below, which
 also removes the namespaces, the power-cut disk and the nodes' directories; the output
-directory stays (it is the run's record: the three logs, summary.json, timeline.svg). The
+directory stays (it is the run's record: the three logs, the nodes' logs, summary.json,
+timeline.svg; a directory used before loses its previous run's record first). The
 namespaces and disks of a run killed before its cleanup are swept by the next run.
 """
 import argparse
@@ -105,6 +106,8 @@ def shutil_which(name):
     return shutil.which(name)
 
 
+OUTPUTS = ("history.jsonl", "ledger.jsonl", "nemesis.jsonl", "ledger.log", "summary.json",
+           "timeline.svg", "node1.log", "node2.log", "node3.log", "node4.log")
 ROOT_PREFIX = "idem-chaos-nodes-"  # then the runner's PID and "-": the nodes' directories
 
 
@@ -162,6 +165,13 @@ def first_claim(cluster, deadline_s):
 def run(a):
     out = a.out or tempfile.mkdtemp(prefix="idem-chaos-%d-" % a.seed)
     os.makedirs(out, exist_ok=True)
+    # A directory used before (ctest's fixed one) holds another run's record: the logs are
+    # appended to, so they go first (two runs' histories would mix keys and exec ids).
+    for name in OUTPUTS:
+        try:
+            os.unlink(os.path.join(out, name))
+        except FileNotFoundError:
+            pass
     sweep_stale_roots()
     root = tempfile.mkdtemp(prefix="%s%d-" % (ROOT_PREFIX, os.getpid()))
     bin_dir = os.path.abspath(a.bin_dir)
@@ -200,6 +210,7 @@ def run(a):
         cl.wait_leader(timeout=60)
         cl.wait_ready_all(timeout=60)
         nemesis = Nemesis(cl, net, nlog, a.seed, a.kinds, disk=disk, disk_node=disk_node)
+        clocks = [time.time() - time.monotonic()]
         t_start = time.monotonic()
         wl = Workload(cl, ledger_addr, hist, a.seed, a.workers, a.keys, a.policy, t_start)
         wl.start_drivers(os.path.join(bin_dir, "client_driver"))
@@ -207,6 +218,7 @@ def run(a):
         nemesis.run(t_start + a.duration)
         stuck = wl.finish(timeout=60)
         t_end = time.monotonic()
+        clocks.append(time.time() - time.monotonic())
         nemesis.heal_all()
         t_heal = time.monotonic()
         rec = first_claim(cl, 60)
@@ -227,39 +239,71 @@ def run(a):
         if stuck:
             final["log_problems"].append({"node": None, "line": "workers still running after "
                                           "60 s: %s" % ", ".join(stuck)})
+        for text in wl.crashed:
+            final["log_problems"].append({"node": None, "line": "worker ended on an "
+                                          "exception: " + text})
     finally:
-        if wl is not None:
-            wl.stop.set()
-            for p in wl.drivers:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(timeout=10)
-        if cl is not None:
-            cl.close()
-        if ledger is not None:
-            ledger.kill()
-            ledger.wait(timeout=10)
-        if disk is not None:
-            disk.close()
-        if net is not None:
-            net.close()
-        hist.close()
-        nlog.close()
+        _cleanup(wl, cl, ledger, disk, net, hist, nlog, root, out)
     ops = read_jsonl(os.path.join(out, "history.jsonl"))
     ledger_recs = read_jsonl(ledger_log)
     faults = read_jsonl(os.path.join(out, "nemesis.jsonl"))
-    violations = checker.check(ops, ledger_recs, faults, final)
+    # Leases run on the leader's wall clock, the history on the monotonic one: if the wall
+    # clock was stepped during the run, the time-based rules allow for the step.
+    drift = abs(clocks[1] - clocks[0])
+    violations = checker.check(ops, ledger_recs, faults, final,
+                               {"tolerance_s": checker.DEFAULT_PARAMS["tolerance_s"] + drift})
     fig = report.figures(ops, ledger_recs, faults, t_start, t_end)
     report.timeline_svg(ops, faults, t_start, t_end, os.path.join(out, "timeline.svg"))
     summary = {"seed": a.seed, "args": {k: v for k, v in vars(a).items()},
-               "t_start": t_start, "t_end": t_end, "final": final, "figures": fig,
+               "t_start": t_start, "t_end": t_end, "wall_clock_drift_s": drift,
+               "final": final, "figures": fig,
                "violations": violations, "history": os.path.join(out, "history.jsonl"),
                "timeline": os.path.join(out, "timeline.svg")}
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True, default=str)
-    import shutil
-    shutil.rmtree(root, ignore_errors=True)
     return out, violations, fig, final
+
+
+def _cleanup(wl, cl, ledger, disk, net, hist, nlog, root, out):
+    """Ends everything the run started, each step on its own (one that fails does not keep
+    the next from running; the first error is raised at the end): the lib drivers, the nodes,
+    the ledger, the power-cut disk, the namespaces; the logs are closed and the nodes' logs
+    kept in the output directory before the nodes' directory goes."""
+    import shutil
+    # A second Ctrl-C or SIGTERM must not cut the cleanup short (ctest's time-out kills).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def drivers():
+        wl.stop.set()
+        for p in wl.drivers:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+    def nodes():
+        cl.close()
+        for node in cl.nodes.values():
+            if os.path.exists(node.log):
+                shutil.copyfile(node.log, os.path.join(out, os.path.basename(node.log)))
+
+    def the_ledger():
+        ledger.kill()
+        ledger.wait(timeout=10)
+
+    steps = [(wl, drivers), (cl, nodes), (ledger, the_ledger), (disk, lambda: disk.close()),
+             (net, lambda: net.close()), (hist, hist.close), (nlog, nlog.close),
+             (root, lambda: shutil.rmtree(root, ignore_errors=True))]
+    first = None
+    for obj, step in steps:
+        if obj is None:
+            continue
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - the next steps must run; raised below
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def main(argv=None):
@@ -268,7 +312,9 @@ def main(argv=None):
     if why:
         print("chaos: skipped: %s" % why, flush=True)
         return SKIP
-    # SIGTERM (ctest's timeout, kill) ends the run through the same cleanup as Ctrl-C.
+    # SIGINT (Ctrl-C; set explicitly: a shell starts background jobs with it ignored) and
+    # SIGTERM (kill) end the run through the same cleanup.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         out, violations, fig, final = run(a)

@@ -35,9 +35,16 @@ no_exec_after_ack
                 Once a client holds the answer, a retry must replay it, never run the
                 business again.  Executions the ledger refused for a stale fence are
                 exempt: they had no effect, which is what fencing is for.
+lost_ack        Nothing acknowledged is lost: once a key's recorded result was delivered,
+                every later request for it with the same body (proxy) or fingerprint
+                (json/lib claim) that gets a definite answer is answered with that
+                result (a replay), or 410 once its ttl ended.  A record lost by a crash,
+                a power cut or a wiped node would show as a fresh execution, an
+                acquired claim or a refusal instead.
 fences          The ledger's fencing, per key and in arrival order: an execution whose
                 fence is not above the highest fence accepted before it must have been
-                refused; so the accepted fences strictly increase.  An execution
+                refused; so the accepted fences strictly increase.  The order is the
+                ledger's exec ids, given with the accept decision under one lock.  An execution
                 without a fence is not ordered.  The ledger refuses only fences below
                 its highest, so an equal one gets through: that is still flagged here,
                 as one grant's token reached the upstream twice (params
@@ -93,7 +100,7 @@ except ImportError:  # imported as a package member
     from .history import read_jsonl
 
 
-INVARIANTS = ("one_result", "no_exec_after_ack", "fences", "token_order", "dup_token",
+INVARIANTS = ("one_result", "no_exec_after_ack", "lost_ack", "fences", "token_order", "dup_token",
               "takeover_early", "changed_body", "quorum", "replay_identical", "final")
 
 DEFAULT_PARAMS = {
@@ -158,9 +165,11 @@ def _op_order(op):
 
 
 def _exec_order(e):
-    t = _num(e.get("t_start"))
+    """The ledger's own order: its exec ids are given under the lock that decides whether
+    a fence is accepted (t_start can tie, or be taken by a thread that lost the race)."""
     i = _int(e.get("exec"))
-    return (t is None, t or 0.0, i is None, i or 0)
+    t = _num(e.get("t_start"))
+    return (i is None, i or 0, t is None, t or 0.0)
 
 
 def _by_key(items):
@@ -287,6 +296,36 @@ def _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol):
     return out
 
 
+def _check_lost_ack(ops_by_key, execs, tol):
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        ack = None
+        for op in ops_by_key[key]:
+            yes, _ = recorded_results(op, execs)
+            t1 = _num(op.get("t1"))
+            if yes and t1 is not None and (ack is None or (t1, _op_order(op)) <
+                                           (_num(ack.get("t1")), _op_order(ack))):
+                ack = op
+        if ack is None:
+            continue
+        t_ack = _num(ack.get("t1"))
+        for op in sorted(ops_by_key[key], key=_op_order):
+            t0 = _num(op.get("t0"))
+            if (not _ok(op) or t0 is None or t0 <= t_ack + tol or op.get("changed") is True
+                    or not (_client(op) == "proxy" or _is_claim(op))):
+                continue
+            if _is_replay(op) or op.get("outcome") == "expired" or op.get("status") == 410:
+                continue
+            what = ("status %s" % op.get("status") if _client(op) == "proxy"
+                    else "outcome %s" % op.get("outcome"))
+            out.append(_v("lost_ack", key,
+                          "op %s (%s, sent at t0=%s) was answered %s, not a replay, after op "
+                          "%s (%s) delivered the key's recorded result at t1=%s"
+                          % (op.get("id"), _client(op), _t(t0), what, ack.get("id"),
+                             _client(ack), _t(t_ack))))
+    return out
+
+
 def _check_fences(execs_by_key, allow_equal):
     out = []
     for key in sorted(execs_by_key, key=_key_order):
@@ -368,8 +407,14 @@ def _check_takeover_early(ops_by_key, tol):
             t1 = _num(op.get("t1"))
             if prev is None or t1 is None:
                 continue
-            holders = [(o, _num(o.get("t0")), _num(o.get("lease_ms"))) for o, tok in grants
-                       if tok == prev and o is not op]
+            # The lease may have been granted to an earlier try of the same attempt whose
+            # answer was lost (a retry with the attempt id gets the same token back): it
+            # began no earlier than the first claim op of that attempt, answered or not.
+            attempts = {o.get("attempt") for o, tok in grants if tok == prev and o is not op}
+            attempts.discard(None)
+            holders = [(o, _num(o.get("t0")), _num(o.get("lease_ms")))
+                       for o in ops_by_key[key]
+                       if _is_claim(o) and o is not op and o.get("attempt") in attempts]
             holders = [h for h in holders if h[1] is not None and h[2] is not None]
             if not holders:
                 continue  # the grant's answer was lost: no lower bound known
@@ -527,6 +572,7 @@ def check(ops, ledger, nemesis, final, params=None):
     out = []
     out += _check_one_result(ops_by_key, execs)
     out += _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol)
+    out += _check_lost_ack(ops_by_key, execs, tol)
     out += _check_fences(execs_by_key, bool(p["allow_equal_fence"]))
     out += _check_token_order(ops_by_key, tol)
     out += _check_dup_token(ops_by_key)

@@ -44,8 +44,10 @@ def spawn(argv, log_path=None, stdout=None, stdin=subprocess.DEVNULL, netns=None
         logf = open(log_path, "ab")
         out = logf
     try:
+        # A session of its own: Ctrl-C in a terminal reaches the runner alone, which then
+        # ends every process by PID (a node that got SIGINT too would stop on its own).
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if logf else stderr,
-                                stdin=stdin)
+                                stdin=stdin, start_new_session=True)
     finally:
         if logf is not None:
             logf.close()

@@ -37,8 +37,9 @@ class Ledger:
         self.max_sleep = max_sleep_ms / 1000.0
 
     def execute(self, key, fence, body):
-        t_start = time.monotonic()
         with self.lock:
+            # Arrival time, exec id and the fence decision together: the ledger's order.
+            t_start = time.monotonic()
             ex = self.next_exec
             self.next_exec += 1
             top = self.highest.get(key)

@@ -297,7 +297,7 @@ class CheckerTest(unittest.TestCase):
 
     def test_one_result_second_proxy_result(self):
         def f(r):
-            other = r.exec("p-once", 0.995, 9)
+            other = r.exec("p-once", 0.995, 11)
             r.proxy("p-once", 0.98, 1.03, 201, other, node=2)
         vs = self.plant(proxy_run, f, "one_result", key="p-once")
         self.assertIn("op 2", vs[0]["detail"])
@@ -309,7 +309,29 @@ class CheckerTest(unittest.TestCase):
 
     def test_one_result_unrecorded_different_is_exempt(self):
         r = proxy_run()
-        r.proxy("p-once", 2.30, 2.40, 201, '{"exec":77}', recorded=False)
+        # Sent before the recorded result was delivered (at 1.02): its holder lost the lease.
+        r.proxy("p-once", 0.90, 2.40, 201, '{"exec":77}', recorded=False)
+        self.assertClean(r)
+
+    # lost_ack
+
+    def test_proxy_refusal_after_ack(self):
+        def f(r):  # a lost record: the retry ran again, the ledger refused its fence
+            r.proxy("p-once", 2.00, 2.10, 409, '{"error":"stale_fence"}', code=None)
+        vs = self.plant(proxy_run, f, "lost_ack", key="p-once")
+        self.assertIn("status 409", vs[0]["detail"])
+
+    def test_claim_acquired_after_complete_ack(self):
+        def f(r):  # the completed record is gone: a new attempt acquires the key
+            r.claim("j-release", 5.00, 5.01, "acquired", "z1", token=500)
+        vs = self.plant(claim_run, f, "lost_ack", key="j-release")
+        self.assertIn("outcome acquired", vs[0]["detail"])
+
+    def test_answers_after_ack_that_are_fine(self):
+        r = proxy_run()
+        # A changed body refused, a reordered request that raced the ack (sent before it).
+        r.proxy("p-once", 2.00, 2.10, 409, changed=True)
+        r.proxy("p-once", 1.00, 1.10, 409, code="idempotency_request_in_progress")
         self.assertClean(r)
 
     # no_exec_after_ack
@@ -347,9 +369,22 @@ class CheckerTest(unittest.TestCase):
 
     # token_order
 
+    def test_takeover_of_a_lease_granted_to_a_lost_answer(self):
+        # The holder's first claim (sent at 0.0) was granted, its answer lost (503); its
+        # retry with the same attempt id got the token back at 0.40. The lease began no
+        # earlier than 0.0, so a takeover answered at 0.55 with a 500 ms lease is legal.
+        r = Run()
+        r.claim("j-lost", 0.00, 0.30, None, "h1", status=503)
+        r.claim("j-lost", 0.40, 0.41, "acquired", "h1", token=10)
+        r.claim("j-lost", 0.52, 0.55, "acquired", "t1", token=20, takeover=True,
+                previous_token=10)
+        self.assertClean(r)
+        r.ops[0]["t0"] = 0.10  # now the lease could not have ended before 0.60
+        self.assertOnly(r, "takeover_early", key="j-lost")
+
     def test_token_lower_than_an_earlier_grant(self):
         def f(r):
-            r.claim("j-release", 5.00, 5.01, "acquired", "z1", token=150)
+            r.claim("j-release", 3.12, 3.13, "acquired", "z1", token=150)
         self.plant(claim_run, f, "token_order", count=2, key="j-release")
 
     def test_takeover_token_not_above_previous(self):
@@ -435,9 +470,9 @@ class CheckerTest(unittest.TestCase):
 
     def test_answer_from_cut_off_node(self):
         def f(r):
-            r.proxy("p-quorum", 5.40, 5.50, 409, node=2,
+            r.proxy("p-cut", 5.40, 5.50, 409, node=2,
                     code="idempotency_request_in_progress")
-        vs = self.plant(proxy_run, f, "quorum", key="p-quorum")
+        vs = self.plant(proxy_run, f, "quorum", key="p-cut")
         self.assertIn("nodes [2]", vs[0]["detail"])
 
     def test_grant_from_cut_off_node(self):

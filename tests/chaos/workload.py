@@ -94,6 +94,7 @@ class Workload:
         self.drivers = []
         self.kinds = [kinds[i % len(kinds)] for i in range(workers)]
         self.counts = {}
+        self.crashed = []  # workers that ended on an exception (the run fails)
 
     # ---- shared --------------------------------------------------------------------------
 
@@ -137,17 +138,27 @@ class Workload:
                           stdin=subprocess.PIPE)
                 self.drivers.append(p)
 
+    def _guard(self, name, fn, *args):
+        """Runs a worker's loop; an exception ends the worker and is reported (crashed),
+        which fails the run: a worker gone quiet would leave its share of the load out."""
+        try:
+            fn(name, *args)
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            import traceback
+            with self.lock:
+                self.crashed.append("%s: %s\n%s" % (name, e, traceback.format_exc()))
+
     def start(self):
         drivers = iter(self.drivers)
         for n, kind in enumerate(self.kinds):
             rng = random.Random(self.seed * 1000 + n)
             name = "%s-%d" % (kind, n)
             if kind == "proxy":
-                t = threading.Thread(target=self._proxy_loop, args=(name, rng), daemon=True)
+                args = (name, self._proxy_loop, rng)
             else:
-                t = threading.Thread(target=self._client_loop,
-                                     args=(name, rng, kind, next(drivers) if kind == "lib"
-                                           else None), daemon=True)
+                args = (name, self._client_loop, rng, kind,
+                        next(drivers) if kind == "lib" else None)
+            t = threading.Thread(target=self._guard, args=args, daemon=True)
             t.start()
             self.threads.append(t)
 
@@ -361,19 +372,22 @@ class Workload:
             _, key, token, _ = args
             line = "release %s %d %d\n" % (key, token, LIB_DEADLINE_MS)
         op["t0"] = time.monotonic()
+        err = "no answer"
         try:
             driver.stdin.write(line.encode())
             driver.stdin.flush()
             out = driver.stdout.readline()
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: its stdin closed at the run's end
             out = b""
             err = str(e)
         op["t1"] = time.monotonic()
-        if not out:
-            op.update(type="info", error="client_driver ended: %s" % (locals().get("err") or
-                                                                      "no answer"))
+        try:
+            a = json.loads(out) if out else None
+        except ValueError:
+            a, err = None, "not JSON: %r" % out[:200]
+        if not isinstance(a, dict) or "rv" not in a:
+            op.update(type="info", error="client_driver: %s" % err)
             return
-        a = json.loads(out)
         if a["rv"] != "ok":
             op.update(type="info", error="%s: %s" % (a["rv"], bytes.fromhex(
                 a.get("detail_hex", "")).decode(errors="replace")))
@@ -386,4 +400,5 @@ class Workload:
             op["previous_token"] = a["previous_token"] if a["takeover"] else None
         elif a["outcome"] == "replay":
             op["replayed"] = True
+            op["stored_status"] = a.get("status")
             op["result"] = bytes.fromhex(a["body_hex"]).decode(errors="replace")
