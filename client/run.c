@@ -1,6 +1,6 @@
 /* run.c: idem_run(), a business function run at most once per key: claim, run with the
  * lease renewed by a background thread, then complete or release by the function's own
- * classification (CONTRACT.md §4). */
+ * classification (docs/contract.md). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  * Exactly once: every waiter passed to a successful cluster_propose() is handed back exactly
  * once, either to ops.apply (its command committed and was applied here) or to ops.fail
  * (leadership was lost, the node shut down, or the entry could not be appended). A failed
- * waiter's command may still commit later: every operation is retry-safe (CONTRACT.md §4).
+ * waiter's command may still commit later: every operation is retry-safe (docs/contract.md).
  *
  * The group is an object, not a global (DESIGN.md, "Beyond one group"). */
 #ifndef IDEM_CLUSTER_H

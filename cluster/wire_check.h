@@ -7,7 +7,7 @@
  * but leaves the count, which uvDecodeMessage then walks through the NULL pointer. One
  * 112-byte message to the Raft port (an AppendEntries with one entry of type 9) crashed
  * the node, no authentication needed (without raft.secret_file the Raft port has none:
- * README, Limits; with it, only a holder of the secret gets this far, transport.h).
+ * docs/limits.md; with it, only a holder of the secret gets this far, transport.h).
  *
  * idemd links libraft statically and the linker sends raft_uv's call of its internal
  * uvDecodeMessage() to __wrap_uvDecodeMessage() below (cluster/CMakeLists.txt, `--wrap`,

@@ -1082,7 +1082,7 @@ static int parseTenant(struct ctx *c, yaml_node_t *map, size_t index, const stru
         parseLeasePolicy(c, &f[POLICY], &t->lease_policy) != 0) {
         return -1;
     }
-    /* CONTRACT.md: a tombstone is kept, by default, as long as the ttl. */
+    /* docs/contract.md: a tombstone is kept, by default, as long as the ttl. */
     if (t->tombstone_ttl_ms == 0) {
         t->tombstone_ttl_ms = t->ttl_ms;
     }

@@ -157,7 +157,7 @@ struct config_tls {
 };
 
 enum config_lease_policy {
-    CONFIG_LEASE_CONFLICT = 0, /* an expired lease answers lease_expired (CONTRACT.md) */
+    CONFIG_LEASE_CONFLICT = 0, /* an expired lease answers lease_expired (docs/contract.md) */
     CONFIG_LEASE_TAKEOVER,     /* an expired lease is taken over by the next claim */
 };
 

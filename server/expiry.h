@@ -1,7 +1,7 @@
 /* expiry: the expiry index, a binary min-heap of records ordered by (expires_at, token).
  *
  * Tokens are unique among live records, so the order is total and every replica pops
- * records in the same order whatever the heap's internal layout (CONTRACT.md §2, expire). */
+ * records in the same order whatever the heap's internal layout (docs/contract.md, expire). */
 #ifndef IDEM_SERVER_EXPIRY_H
 #define IDEM_SERVER_EXPIRY_H
 

@@ -1,4 +1,4 @@
-/* Request fingerprints, key digests and key validation (CONTRACT.md §1).
+/* Request fingerprints, key digests and key validation (docs/contract.md).
  *
  * Hashing is OpenSSL's EVP SHA-256 and JSON canonicalisation is jansson's parser and encoder;
  * this file only frames fields and orders them. Every variable-length field goes into the
@@ -513,7 +513,7 @@ cleanup:
     return rc;
 }
 
-/* The bytes that may appear in an idempotency key, [A-Za-z0-9._:~-] (CONTRACT.md §1), as a
+/* The bytes that may appear in an idempotency key, [A-Za-z0-9._:~-] (docs/contract.md), as a
  * 256-bit set: bit c of the set is 1 when byte c is allowed. */
 static const uint64_t keyBytes[4] = {UINT64_C(0x07ff600000000000), UINT64_C(0x47fffffe87fffffe), UINT64_C(0x0000000000000000), UINT64_C(0x0000000000000000)};
 

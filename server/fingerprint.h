@@ -1,4 +1,4 @@
-/* Request fingerprints, key digests for logs, and idempotency-key validation (CONTRACT.md §1). */
+/* Request fingerprints, key digests for logs, and idempotency-key validation (docs/contract.md). */
 #ifndef IDEM_SERVER_FINGERPRINT_H
 #define IDEM_SERVER_FINGERPRINT_H
 
@@ -12,7 +12,7 @@
 /* Size of the buffer fp_hex12() and key_digest() write: 12 hex digits and a NUL. */
 #define FP_HEX12_SIZE 13
 
-/* The longest idempotency key the contract allows, in bytes (CONTRACT.md §1). */
+/* The longest idempotency key the contract allows, in bytes (docs/contract.md). */
 #define KEY_MAX_LEN 255
 
 /* Return codes of the fp_ functions. Positive, so that 0 means success, as in raft. The
@@ -62,7 +62,7 @@ struct fp_input {
     size_t n_headers;
 };
 
-/* Computes the request fingerprint (CONTRACT.md §1) into out (OUT: FP_LEN bytes).
+/* Computes the request fingerprint (docs/contract.md) into out (OUT: FP_LEN bytes).
  * The function borrows in, everything it points to, and out; it retains nothing.
  *
  * The fingerprint is SHA-256 over these fields in this order. Each variable-length field is
@@ -101,14 +101,14 @@ int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN]);
 bool fp_equal(const uint8_t a[FP_LEN], const uint8_t b[FP_LEN]);
 
 /* Writes the first 12 lower-case hex digits of a fingerprint and a NUL into out (OUT:
- * FP_HEX12_SIZE bytes), which is what logs carry (CONTRACT.md §1).
+ * FP_HEX12_SIZE bytes), which is what logs carry (docs/contract.md).
  * fp and out are borrowed for the duration of the call. */
 void fp_hex12(const uint8_t fp[FP_LEN], char out[FP_HEX12_SIZE]);
 
 /* Writes key_digest, the first 12 lower-case hex digits of SHA-256 over the framed tenant and
  * key (4-byte big-endian length, then the bytes, for each; no domain tag), and a NUL into out
  * (OUT: FP_HEX12_SIZE bytes). Logs carry this instead of the key, which is a secret
- * (CONTRACT.md §1).
+ * (docs/contract.md).
  * tenant is a NUL-terminated string and must not be NULL; key may be NULL only when key_len
  * is 0; tenant, key and out are borrowed for the duration of the call.
  * Returns FP_OK, FP_EINVAL, FP_ETOO_LARGE, FP_ENOMEM or FP_ECRYPTO; on error out is the empty
@@ -117,14 +117,14 @@ int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
                char out[FP_HEX12_SIZE]);
 
 /* Results of key_validate(), mapped by the caller to 400 idempotency_key_missing and
- * idempotency_key_invalid (CONTRACT.md §3). */
+ * idempotency_key_invalid (docs/contract.md). */
 enum key_rc {
     KEY_OK = 0,
     KEY_MISSING,
     KEY_INVALID,
 };
 
-/* Checks an idempotency key against CONTRACT.md §1: 1 to max_len bytes, each one of
+/* Checks an idempotency key against docs/contract.md: 1 to max_len bytes, each one of
  * [A-Za-z0-9._:~-]. max_len is the tenant's limit; 0 means KEY_MAX_LEN, and larger values
  * are clamped to KEY_MAX_LEN.
  * key is borrowed for the duration of the call and may be NULL (the header was absent).

@@ -1,4 +1,4 @@
-/* fsm: apply, digest and the per-operation rules of CONTRACT.md §2.
+/* fsm: apply, digest and the per-operation rules of docs/contract.md.
  *
  * Every apply function follows the same shape: validate the whole command first (an
  * invalid command changes nothing, not even the clock), then advance the clock
@@ -19,7 +19,7 @@
 #include "xmalloc.h"
 
 /* A released record is kept this long (or until its ttl, if sooner) so that a repeated
- * release with the same token answers ok (CONTRACT.md §2: release is idempotent). It is a
+ * release with the same token answers ok (docs/contract.md: release is idempotent). It is a
  * compile-time constant, not configuration, so every replica decides the same. */
 #define FSM_RELEASED_KEEP_MS (10u * 60u * 1000u)
 
@@ -833,7 +833,7 @@ static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__Ex
             out->dropped++;
             break;
         case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
-            /* Nothing re-runs on a guess (CONTRACT.md §2, unknown): a quarantined record
+            /* Nothing re-runs on a guess (docs/contract.md, unknown): a quarantined record
              * outlives its ttl until resolve; it is re-armed for another tombstone ttl
              * (positive: the ttl when not given) from now, so that a clock jump does not
              * make it use up the batch. */

@@ -2,7 +2,7 @@
  *
  * The state machine is pure: bytes in, result out. It does no I/O, reads no clock and no
  * configuration; everything it decides with is carried in the command by the leader
- * (CONTRACT.md §2). Two state machines that applied the same commands with the same
+ * (docs/contract.md). Two state machines that applied the same commands with the same
  * indexes hold the same table, whatever their history of snapshots and restores, and
  * fsm_digest() says so.
  *

@@ -37,7 +37,7 @@ struct fsm {
     size_t spare_faulted;    /* bytes of it faulted in, or being faulted in by spare_pf */
     struct xbig_prefault spare_pf; /* waited for before the spare is used, moved or freed */
     struct arena arena;      /* protobuf-c decoding scratch, reset per command */
-    uint64_t clock;          /* max leader timestamp applied (CONTRACT.md §2) */
+    uint64_t clock;          /* max leader timestamp applied (docs/contract.md) */
     uint64_t last_index;     /* command index of the last valid command */
     uint64_t n_state[FSM_STATES];
     uint64_t bytes;          /* sum of tenants' bytes */

@@ -9,7 +9,7 @@
  * from the leader's response. The service's deadline (rpc.default_deadline_ms) and the
  * forward's own deadline guarantee that every job is answered.
  *
- * Status mapping: CONTRACT.md §3. Nothing here logs a key or a token; metric labels are a
+ * Status mapping: docs/contract.md. Nothing here logs a key or a token; metric labels are a
  * fixed route name, a status number, an outcome name and a transport name. The data-plane
  * series (reqstats.h) are the gateway's own (transport "http": a forwarded request counted
  * here, once, with the leader's answer) and the RPC listener's (rpc_get_stats()). */
@@ -40,7 +40,7 @@
 #include "tls.h"
 #include "xmalloc.h"
 
-#define HTTP_BODY_MAX (1u << 20)          /* our own 413 above this (CONTRACT.md §3) */
+#define HTTP_BODY_MAX (1u << 20)          /* our own 413 above this (docs/contract.md) */
 #define HTTP_H2O_ENTITY_MAX (2u << 20)    /* h2o's own cap, so that our handler sees 1 MiB + 1 */
 #define HTTP_STOP_POLL_MS 20
 #define HTTP_STOP_GRACE_MS 3000           /* after this, busy connections are closed too */
@@ -257,7 +257,7 @@ static void sendJson(struct http_server *h, h2o_req_t *req, enum route route, h2
     free(s);
 }
 
-/* Sends the error body of CONTRACT.md §3; retry_after_s > 0 adds Retry-After. */
+/* Sends the error body of docs/contract.md; retry_after_s > 0 adds Retry-After. */
 static void sendError(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                       int status, const char *code, const char *message, uint64_t retry_after_s)
 {
@@ -452,7 +452,7 @@ static json_t *okBody(void)
     return o;
 }
 
-/* Answers from the service's (or the leader's) Response, CONTRACT.md §3. */
+/* Answers from the service's (or the leader's) Response, docs/contract.md. */
 static void answerResponse(struct http_server *h, h2o_req_t *req, enum route route,
                            h2o_iovec_t rid, const Idem__Response *resp)
 {
@@ -1410,7 +1410,7 @@ static ssize_t findSingle(h2o_req_t *req, const char *name, size_t len)
 static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                       h2o_iovec_t pathKey)
 {
-    /* Authentication: CONTRACT.md §1, the tenant comes from the token only. */
+    /* Authentication: docs/contract.md, the tenant comes from the token only. */
     ssize_t ai = findSingle(req, H2O_STRLIT("authorization"));
     if (ai == -2) {
         sendError(h, req, route, rid, 401, "unauthenticated", "more than one Authorization header",
@@ -1556,7 +1556,7 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
  * A request on a proxy listener: route by path prefix → key (400) → fingerprint → claim
  * through service_handle_as() on behalf of the route's tenant → on acquired, the request goes
  * to the upstream with http1client (docs/h2o-notes.md §4) under a total deadline → the
- * upstream's answer is recorded (complete or release, CONTRACT.md §4) and then passed on.
+ * upstream's answer is recorded (complete or release, docs/contract.md) and then passed on.
  * Everything a job needs after the claim is copied into the job, so that it can finish
  * (and record the upstream's answer) even when h2o disposed the request first.
  *
@@ -1568,7 +1568,7 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
  *
  * Retries: a claim that finds no leader (unavailable, a forward that failed) is sent again
  * with the same attempt id (so a claim that committed but whose answer was lost gets its own
- * lease back, CONTRACT.md §2) for up to rpc.default_deadline_ms, then answered 503. A
+ * lease back, docs/contract.md) for up to rpc.default_deadline_ms, then answered 503. A
  * complete or release after the upstream answered is retried the same way (both are
  * idempotent for one token) for up to max(lease, 3 × rpc.default_deadline_ms), so that a
  * leader change during the upstream call does not leave the record processing.
@@ -1576,7 +1576,7 @@ static void handleApi(struct http_server *h, h2o_req_t *req, enum route route, h
  * Lease renewal: while the upstream call runs, the lease is renewed every third of it. If a
  * renewal answers lease_lost or not_found (the lease passed during a stall and another
  * attempt took the key over, or the record is gone), the upstream's answer is passed on to
- * the caller but not recorded: the record belongs to its new holder (CONTRACT.md §2: only
+ * the caller but not recorded: the record belongs to its new holder (docs/contract.md: only
  * the current token may complete; the fence told the upstream that this holder was stale),
  * and a retry with the same key gets the new holder's outcome. */
 
@@ -1727,7 +1727,7 @@ static size_t pjExpires(const struct proxyJob *j, struct hdr *extra, size_t n, c
 /* pjExpires, then Idempotency-Recorded: false when the answer passed on is not known to be
  * the key's recorded result (its lease was lost during the upstream call, or recording it
  * did not answer ok): a retry may get another holder's result, and a client can tell this
- * answer from a recorded one (CONTRACT.md §3). Adds at most two headers. */
+ * answer from a recorded one (docs/contract.md). Adds at most two headers. */
 static size_t pjAnswerHeaders(const struct proxyJob *j, struct hdr *extra, size_t n,
                               char date[40])
 {
@@ -2788,7 +2788,7 @@ static const struct config_proxy *proxyOf(struct http_server *h, h2o_req_t *req)
  * h2o answers some requests itself before any handler runs: a body above
  * max_request_entity_size (413, HTTP_H2O_ENTITY_MAX), broken chunked encoding or
  * Content-Length (400). Those answers are bound to the host's fallback path; a filter there
- * turns their text/plain body into the JSON error body of CONTRACT.md §3, with X-Request-Id.
+ * turns their text/plain body into the JSON error body of docs/contract.md, with X-Request-Id.
  * h2o still closes the connection after them. */
 
 struct h2oErrFilter {
@@ -2951,7 +2951,7 @@ static void connClosedCb(uv_handle_t *handle)
 
 /* Past http.max_connections a connection is accepted and closed at once (left in the
  * backlog it would only wait there): each holds a file descriptor, and a node out of them
- * cannot open its next log segment, which stops a leader (README, Limits). */
+ * cannot open its next log segment, which stops a leader (docs/limits.md). */
 static void acceptCb(uv_stream_t *l, int status)
 {
     struct http_server *h = l->data;

@@ -1,5 +1,5 @@
 /* http: the HTTP/1.1 gateway (JSON API, /metrics, /healthz, /readyz) on node.http_address,
- * and the proxy-mode listeners of cfg->proxies (CONTRACT.md §3, proxy mode), served by h2o
+ * and the proxy-mode listeners of cfg->proxies (docs/contract.md, proxy mode), served by h2o
  * 2.2.5 on the node's libuv loop (docs/h2o-notes.md). */
 #ifndef IDEM_SERVER_HTTP_H
 #define IDEM_SERVER_HTTP_H

@@ -1,5 +1,5 @@
 /* log: one-line, timestamped log records on stderr. Never pass a key or a token: log the
- * key_digest() and the fingerprint's fp_hex12() instead (CONTRACT.md §1). */
+ * key_digest() and the fingerprint's fp_hex12() instead (docs/contract.md). */
 #ifndef IDEM_SERVER_LOG_H
 #define IDEM_SERVER_LOG_H
 

@@ -108,7 +108,7 @@ static int ensureDir(const char *path, char *err, size_t errlen)
 
 /* Raises the soft limit on open files to the hard one, then lowers the connection caps if
  * they still do not fit with the node's own reserve: a node out of file descriptors cannot
- * open its next log segment, and a leader whose log write fails stops (README, Limits). */
+ * open its next log segment, and a leader whose log write fails stops (docs/limits.md). */
 static void fitFileLimit(struct config *cfg)
 {
     struct rlimit rl;

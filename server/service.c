@@ -7,7 +7,7 @@
  * timer fires first (answer unavailable; the op stays alive until the cluster hands it back,
  * because the cluster still holds it). Every answer goes out exactly once.
  *
- * Fail closed (CONTRACT.md §4): nothing is ever answered from local state. A follower
+ * Fail closed (docs/contract.md): nothing is ever answered from local state. A follower
  * answers not_leader with the leader's RPC address; a node that knows no leader, or whose
  * proposal does not commit in time, answers unavailable. */
 #include "service.h"
@@ -222,7 +222,7 @@ static void resultToProto(const struct fsm_result *r, Idem__Result *out,
 
 /* Answers a quarantine list from this node's state machine. Called when the op's read
  * barrier applies on the node that proposed it, so the state holds every command committed
- * before the request arrived (CONTRACT.md §4: never from a replica that may be stale).
+ * before the request arrived (docs/contract.md: never from a replica that may be stale).
  * Stored responses are left out: the listing names records, `key get` shows one. */
 static void answerQuarantineList(struct service *s, struct op *o)
 {
@@ -709,7 +709,7 @@ static void handleData(struct service *s, const Idem__Request *req, service_done
     if (t == NULL) {
         s->stats.unauthenticated++;
         /* The admin token is known but owns no records: forbidden (403), as a tenant's
-         * token on an admin op is (CONTRACT.md §3 tells the two apart). */
+         * token on an admin op is (docs/contract.md tells the two apart). */
         if (authAdmin(s, &req->auth_token)) {
             answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
                          "data operations need a tenant's token, not the admin token", NULL);
@@ -896,7 +896,7 @@ static bool tenantKnown(const struct service *s, const char *name)
 
 #define UNKNOWN_TENANT "unknown tenant: neither in this node's configuration nor in its records"
 
-/* The tenant and key an operator names: a known tenant (tenantKnown), a key of CONTRACT.md
+/* The tenant and key an operator names: a known tenant (tenantKnown), a key of docs/contract.md
  * §1's alphabet. Returns NULL or what is wrong (never quoting the key). */
 static const char *adminKeyError(const struct service *s, const char *tenant,
                                  const ProtobufCBinaryData *key)
@@ -919,7 +919,7 @@ static const char *adminKeyError(const struct service *s, const char *tenant,
 }
 
 /* key get, purge and quarantine list (admin token checked by the caller): each one goes
- * through the log, so a stale node can answer none of them (CONTRACT.md §4). */
+ * through the log, so a stale node can answer none of them (docs/contract.md). */
 static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,
                            void *data)
 {
@@ -989,7 +989,7 @@ static void handleAdmin(struct service *s, const Idem__Request *req, service_don
 {
     if (!authAdmin(s, &req->auth_token)) {
         /* A tenant's own token is known but not allowed here: forbidden (403), not
-         * unauthenticated (401), as CONTRACT.md §3 tells them apart. */
+         * unauthenticated (401), as docs/contract.md tells them apart. */
         if (authTenant(s, &req->auth_token) != NULL) {
             answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
                          "admin operations need the admin token, not a tenant's", NULL);

@@ -1,6 +1,6 @@
 /* idemctl: the command-line client of idemd, for operators and for debugging: cluster
  * status and membership, records of any tenant (key get, resolve, purge), the quarantine
- * list, and every data operation of CONTRACT.md §2 by hand. docs/idemctl.md is its manual.
+ * list, and every data operation of docs/contract.md by hand. docs/idemctl.md is its manual.
  *
  * Shape: global options, then one command word (and for key/quarantine/members a
  * subcommand), then the command's arguments and options. The flag --token is overloaded on
@@ -10,7 +10,7 @@
  * given node), and prints the answer: `key: value` lines or a table by default, exactly one
  * JSON object on stdout with --json (built with jansson).
  *
- * Keys are secrets (CONTRACT.md §1): the admin commands that show records of any tenant
+ * Keys are secrets (docs/contract.md): the admin commands that show records of any tenant
  * (key get, quarantine list) print a record's key_digest, never its key, unless --reveal.
  *
  * Exit status: 0 the call was answered, whatever the outcome; 1 internal error (out of
@@ -213,14 +213,14 @@ static const struct help helps[] = {
      "\n"
      "Shows the record of (TENANT, KEY): state, the first 12 hex of its fingerprint, fencing\n"
      "token, creation, lease deadline and expiry times, completion and the stored response's\n"
-     "status and size. The key is a secret (CONTRACT.md §1): it is shown only as its\n"
+     "status and size. The key is a secret (docs/contract.md): it is shown only as its\n"
      "key_digest (what idemd's logs carry) unless --reveal, which also shows the stored body.\n"
      "Outcome ok, or not_found. Needs the admin token.\n"},
     {"key resolve",
      "Usage: idemctl key resolve TENANT KEY --release\n"
      "       idemctl key resolve TENANT KEY --status CODE [--body TEXT]\n"
      "\n"
-     "Ends a quarantine (CONTRACT.md §2, resolve) once the business system was checked:\n"
+     "Ends a quarantine (docs/contract.md, resolve) once the business system was checked:\n"
      "--release deletes the record, so the next retry runs the request again (the attempt\n"
      "had no effect); --status stores a final response that every retry replays (it had;\n"
      "CODE 200-599).\n"
@@ -317,7 +317,7 @@ struct args {
     const char *cmd;
     int first; /* argv index of the first argument after the command word */
     /* Commands with a KEY operand: their operands (as "TENANT KEY"), and how a KEY that
-     * starts with '-' is given. NULL for the others. A KEY is a secret (CONTRACT.md §1):
+     * starts with '-' is given. NULL for the others. A KEY is a secret (docs/contract.md):
      * where one may stand, usage errors name the argument's position, never its text. */
     const char *key_operands, *key_form;
 };

@@ -17,7 +17,7 @@
  *   connection failure or an `unavailable` answer (no quorum, no leader, election) is
  *   retried after a bounded backoff (10 ms doubling to 200 ms, jittered), always with the
  *   same request: same key, same attempt id, same bearer token. Every idemd operation is
- *   retry-safe that way (CONTRACT.md §2, §4), so a retry after an ambiguous failure never
+ *   retry-safe that way (docs/contract.md), so a retry after an ambiguous failure never
  *   runs anything twice, and a claim whose answer was lost gets its own lease back
  *   (`acquired`, same token) instead of `in_progress`.
  * - An `unavailable` answer with a retry time (a leader refusing the request for load: its
@@ -135,7 +135,7 @@ IDEM_API const char *idem_strerror(int err);
 
 /* ---- outcomes and enums (numbered as in proto/idem.proto) ----------------------------- */
 
-/* What the cluster answered (CONTRACT.md §2). */
+/* What the cluster answered (docs/contract.md). */
 enum idem_outcome {
     IDEM_OUTCOME_UNSPECIFIED = 0,
     IDEM_OUTCOME_ACQUIRED = 1,        /* claim: run the business now (token, lease) */
@@ -163,7 +163,7 @@ enum idem_outcome {
  * know. A static string, never NULL. */
 IDEM_API const char *idem_outcome_name(int outcome);
 
-/* How an attempt ended, for idem_complete() (CONTRACT.md §4). */
+/* How an attempt ended, for idem_complete() (docs/contract.md). */
 enum idem_completion {
     IDEM_COMPLETION_SUCCEEDED = 1,    /* replayed to every retry */
     IDEM_COMPLETION_FAILED_FINAL = 2, /* a failure with side effects: replayed as well */
@@ -400,7 +400,7 @@ IDEM_API int idem_get(struct idem_client *c, const char *key, uint32_t deadline_
 
 /* ---- running a business function under a claim ----------------------------------------- */
 
-/* How the business function classifies what it did (CONTRACT.md §4). */
+/* How the business function classifies what it did (docs/contract.md). */
 enum idem_run_class {
     IDEM_RUN_SUCCEEDED = 1,    /* complete(succeeded): retries replay the response */
     IDEM_RUN_FAILED_FINAL = 2, /* complete(failed_final): a failure with side effects */

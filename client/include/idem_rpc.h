@@ -28,7 +28,7 @@ extern "C" {
  * - IDEM_EUNAVAILABLE when no leader answered before the deadline: every candidate failed
  *   to connect, answered OUTCOME_UNAVAILABLE or OUTCOME_NOT_LEADER without a usable
  *   leader address, or stayed silent. *resp is NULL. The request may or may not have been
- *   applied: retry it with the same key and attempt id (CONTRACT.md §4).
+ *   applied: retry it with the same key and attempt id (docs/contract.md).
  * - IDEM_EINVAL (bad arguments), IDEM_ETOOBIG (request too large), IDEM_ENOMEM.
  * idem_client_errmsg() says what happened last, and where. */
 int idem_call(struct idem_client *c, const Idem__Request *req, uint32_t deadline_ms,

@@ -14,7 +14,7 @@
  *   sent as JSON or as text/plain;
  * - the method's ASCII case, the order of the query parameters, and the order and name case
  *   of the headers do not change the fingerprint; the same input gives the same fingerprint;
- * - key_validate() agrees with a reference of CONTRACT.md §1, and key_digest() succeeds. */
+ * - key_validate() agrees with a reference of docs/contract.md, and key_digest() succeeds. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -146,7 +146,7 @@ static void checkKey(const uint8_t *key, size_t len)
             }
         }
         if (key_validate(len ? key : NULL, len, limits[i]) != want) {
-            fail("key_validate disagrees with CONTRACT.md §1");
+            fail("key_validate disagrees with docs/contract.md");
         }
     }
     char digest[FP_HEX12_SIZE];

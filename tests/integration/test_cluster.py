@@ -184,7 +184,7 @@ class TestServe(ClusterTest):
 def until_answered(call, what, timeout=60):
     """call() (an idemctl run: (exit code, output)) again while it exits 3 (unavailable: no
     leader yet, or the answer lost with a killed leader; retrying the same request is safe,
-    CONTRACT.md §4); returns the first answer (exit 0). Any other exit fails."""
+    docs/contract.md); returns the first answer (exit 0). Any other exit fails."""
     end = time.monotonic() + timeout
     while True:
         rc, out = call()
@@ -333,7 +333,7 @@ class TestFailures(ClusterTest):
         self.assertEqual(out["response"]["body"], "pre")
         # A refused claim was never granted to anyone. Its entry may still have been appended
         # by the lone leader before it stepped down and committed after recovery (the
-        # ambiguity of CONTRACT.md §4): retrying with the same key and attempt id is safe and
+        # ambiguity of docs/contract.md): retrying with the same key and attempt id is safe and
         # gives the caller the lease, never in_progress against itself.
         for i in range(5):
             rc, out = self.claim("during-outage-%d" % i, attempt="outage-attempt-%d" % i)

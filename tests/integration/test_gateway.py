@@ -5,7 +5,7 @@ leader. Each class can run as its own ctest:
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_gateway.TestGatewayBasics
 
 Classes: TestGatewayBasics (claim/complete/replay/release/renew/get, fingerprints, tenants,
-forwarding from followers), TestGatewayErrors (every error code of CONTRACT.md §3 that a
+forwarding from followers), TestGatewayErrors (every error code of docs/contract.md that a
 healthy cluster can produce), TestGatewayOps (healthz, readyz, metrics), TestGatewayFailover
 (leader killed under load, no quorum), TestGatewayExpiry (ttl into tombstone: 410).
 Waits poll a condition with a generous bound; nothing sleeps for a fixed time.
@@ -268,7 +268,7 @@ class TestGatewayBasics(GatewayTest):
         self.assertIn("state", rec)
         self.assertTrue(h.get("x-request-id"))
         # complete is idempotent for the same token; release after complete is refused and
-        # keeps the stored response (README, "Release").
+        # keeps the stored response (docs/contract.md, release).
         self.assertOk(self.complete(addr, key, tok, '{"id":42}'))
         self.assertError(self.release(addr, key, tok), 409, "idempotency_lease_lost")
         self.assertReplay(self.claim(addr, key, f1), '{"id":42}')
@@ -664,7 +664,7 @@ class TestGatewayErrors(GatewayTest):
                                       + b"\r\n", body))
 
     def test_body_stored_by_reference(self):
-        # CONTRACT.md §2: a response's body inline or a reference + SHA-256. The JSON API
+        # docs/contract.md: a response's body inline or a reference + SHA-256. The JSON API
         # took only the inline body and ignored body_ref (and any unknown field) with "ok":
         # every replay was then the status with an empty body, as if that were the answer.
         addr = self.addr(self.targets()[0])

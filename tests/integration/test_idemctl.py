@@ -28,7 +28,7 @@ ACQ = "acquired"
 
 
 def key_digest(tenant, key):
-    """CONTRACT.md §1: the first 12 hex of SHA-256 over the framed tenant and key (4-byte
+    """docs/contract.md: the first 12 hex of SHA-256 over the framed tenant and key (4-byte
     big-endian length, then the bytes, for each), as server/fingerprint.c computes it."""
     h = hashlib.sha256()
     for part in (tenant.encode(), key.encode()):

@@ -1,4 +1,4 @@
-"""Integration tests of idemd's HTTP proxy mode (CONTRACT.md §3-§4): real three-node clusters
+"""Integration tests of idemd's HTTP proxy mode (docs/contract.md): real three-node clusters
 on 127.0.0.1 (harness.Cluster with a `proxy:` section appended to each node's YAML) in front of
 a real HTTP/1.1 business service (order_service.py, a subprocess killed by PID). Each class can
 run as its own ctest:
@@ -635,7 +635,7 @@ class TestProxyBasics(ProxyTest):
         self._too_large(chunked=True)
 
     def test_key_is_never_logged(self):
-        """CONTRACT.md §1: the key is a secret; logs carry key_digest only."""
+        """docs/contract.md: the key is a secret; logs carry key_digest only."""
         key = "secret-%s" % secrets.token_hex(12)
         self.assertFresh(self.order(key))
         self.order(key)

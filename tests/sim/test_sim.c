@@ -16,12 +16,12 @@
  * the commands on 4 hot keys, 2 fingerprints, leases of 50-500 ms, leader clocks that
  * sometimes go backwards) on a server in leader state, then steps the fixture 1-4 events.
  * Claims carry attempt ids, and clients retry their last claim of a key with the same one
- * (CONTRACT.md §2: a claim whose answer was lost), mostly after their leader changed. Snapshot
+ * (docs/contract.md: a claim whose answer was lost), mostly after their leader changed. Snapshot
  * threshold 32 and trailing 8 make servers snapshot often and lagging ones receive
  * InstallSnapshot.
  *
  * At the end every fault is healed, one last entry is applied and the fixture stepped until
- * every server applied it. Then (CONTRACT.md §2, fsm.h):
+ * every server applied it. Then (docs/contract.md, fsm.h):
  * - wherever two servers applied the same command index they gave the same answer
  *   (outcome, token, deadlines, stored response, record: a digest of the whole result);
  * - every acquired token is its command's own index, or an earlier token granted again;
@@ -743,7 +743,7 @@ static void genCommand(struct sim *s, uint8_t **out, size_t *len)
         claim.lease_ms = 50 + rngBelow(r, 451);
         claim.ttl_ms = 1000 + rngBelow(r, 4001);
         /* A client retries its last attempt on this key (same attempt id, fingerprint and
-         * policy) when its answer did not come (CONTRACT.md §2, attempt id): mostly after
+         * policy) when its answer did not come (docs/contract.md, attempt id): mostly after
          * its leader changed (another server, or a new term), sometimes on the same one. */
         struct simClient *cl = &s->clients[key];
         raft_term term = raft_fixture_get(&s->f, s->proposing)->current_term;

@@ -1,4 +1,4 @@
-/* Unit tests of the fingerprint, key-digest and key-validation module (CONTRACT.md §1). */
+/* Unit tests of the fingerprint, key-digest and key-validation module (docs/contract.md). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

@@ -1,4 +1,4 @@
-/* Unit tests of the state machine: every outcome of CONTRACT.md §2 against the pure FSM.
+/* Unit tests of the state machine: every outcome of docs/contract.md against the pure FSM.
  *
  * The first test is a table of scenarios: each is a list of steps (an operation, the leader
  * clock, and the expected outcome), where a step may use the token granted by an earlier
@@ -819,7 +819,7 @@ static void test_lease_deadline_boundaries(void **state)
 }
 
 /* Renew, release and expire decide with the state machine's clock, never with an earlier
- * timestamp that a command carries (CONTRACT.md §2: clock = max(clock, entry.now)). */
+ * timestamp that a command carries (docs/contract.md: clock = max(clock, entry.now)). */
 static void test_clock_steps_back_for_every_op(void **state)
 {
     (void)state;

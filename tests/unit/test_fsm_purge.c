@@ -145,7 +145,7 @@ static void test_purge_absent_and_repeated(void **state)
     th_close(&b);
 }
 
-/* A released marker is invisible (CONTRACT.md §2, release): purge treats it as absent and
+/* A released marker is invisible (docs/contract.md, release): purge treats it as absent and
  * leaves it, so a repeated release with its token still answers ok. */
 static void test_purge_leaves_released_marker(void **state)
 {
