@@ -270,16 +270,23 @@ def _check_one_result(ops_by_key, execs):
     return out
 
 
+def _first_ack(ops, execs):
+    """The op that delivered a key's first recorded successful result (earliest t1), or
+    None."""
+    ack = None
+    for op in ops:
+        yes, _ = recorded_results(op, execs)
+        t1 = _num(op.get("t1"))
+        if yes and t1 is not None and (ack is None or (t1, _op_order(op)) <
+                                       (_num(ack.get("t1")), _op_order(ack))):
+            ack = op
+    return ack
+
+
 def _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol):
     out = []
     for key in sorted(execs_by_key, key=_key_order):
-        ack = None
-        for op in ops_by_key.get(key, []):
-            yes, _ = recorded_results(op, execs)
-            t1 = _num(op.get("t1"))
-            if yes and t1 is not None and (ack is None or (t1, _op_order(op)) <
-                                           (_num(ack.get("t1")), _op_order(ack))):
-                ack = op
+        ack = _first_ack(ops_by_key.get(key, []), execs)
         if ack is None:
             continue
         t_ack = _num(ack.get("t1"))
@@ -299,13 +306,7 @@ def _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol):
 def _check_lost_ack(ops_by_key, execs, tol):
     out = []
     for key in sorted(ops_by_key, key=_key_order):
-        ack = None
-        for op in ops_by_key[key]:
-            yes, _ = recorded_results(op, execs)
-            t1 = _num(op.get("t1"))
-            if yes and t1 is not None and (ack is None or (t1, _op_order(op)) <
-                                           (_num(ack.get("t1")), _op_order(ack))):
-                ack = op
+        ack = _first_ack(ops_by_key[key], execs)
         if ack is None:
             continue
         t_ack = _num(ack.get("t1"))
