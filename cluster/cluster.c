@@ -1525,9 +1525,9 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
      * would only make it larger. Snapshots that raft_uv compressed before snapstore still
      * load: raft_uv recognises an LZ4 frame by its magic whatever this setting. */
     raft_uv_set_snapshot_compression(&c->io.inner, false);
-    /* raft_uv destroys a segment's AIO context on the loop when it closes the segment, and
-     * io_destroy(2) waits 30-40 ms here (perf: the loop in D state in io_destroy); bigger
-     * segments close less often. */
+    /* raft_uv destroys a segment's AIO context when it closes the segment; io_destroy(2)
+     * waits 30-40 ms here, off the loop since aio_reap.h, and bigger segments close less
+     * often. */
     if (cfg->segment_size != 0) {
         raft_uv_set_segment_size(&c->io.inner, cfg->segment_size);
     }
