@@ -25,11 +25,13 @@ timeline.svg; a directory used before loses its previous run's record first). Th
 namespaces and disks of a run killed before its cleanup are swept by the next run.
 """
 import argparse
+import glob
 import json
 import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,7 +93,7 @@ def prerequisites(a):
     why = netmod.missing_prerequisite()
     if why:
         return why
-    if shutil_which("setpriv") is None or shutil_which("nsenter") is None:
+    if shutil.which("setpriv") is None or shutil.which("nsenter") is None:
         return "no setpriv/nsenter (util-linux)"
     if "powercut" in a.kinds:
         import powerdisk
@@ -99,11 +101,6 @@ def prerequisites(a):
         if why:
             return "power cut: " + why
     return None
-
-
-def shutil_which(name):
-    import shutil
-    return shutil.which(name)
 
 
 OUTPUTS = ("history.jsonl", "ledger.jsonl", "nemesis.jsonl", "ledger.log", "summary.json",
@@ -115,8 +112,6 @@ def sweep_stale_roots():
     """Removes the nodes' directories that runs killed before their cleanup left (their
     runner's PID is gone). Their namespaces (net.sweep_stale) and power-cut disks
     (powerdisk.sweep_stale) are swept by those modules."""
-    import glob
-    import shutil
     for d in glob.glob(os.path.join(tempfile.gettempdir(), ROOT_PREFIX + "*-*")):
         pid = os.path.basename(d)[len(ROOT_PREFIX):].split("-")[0]
         if pid.isdigit() and not netmod.pid_alive(int(pid)):
@@ -269,7 +264,6 @@ def _cleanup(wl, cl, ledger, disk, net, hist, nlog, root, out):
     the next from running; the first error is raised at the end): the lib drivers, the nodes,
     the ledger, the power-cut disk, the namespaces; the logs are closed and the nodes' logs
     kept in the output directory before the nodes' directory goes."""
-    import shutil
     # A second Ctrl-C or SIGTERM must not cut the cleanup short (ctest's time-out kills).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

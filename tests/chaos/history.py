@@ -70,7 +70,12 @@ summary.json also carries "final": what the run found after the nemesis stopped:
      "line": text}]}
 """
 import json
+import os
+import sys
 import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from harness import read_jsonl  # noqa: E402,F401 - the logs' reader, for checker and report
 
 
 class JsonlWriter:
@@ -88,21 +93,3 @@ class JsonlWriter:
     def close(self):
         with self.lock:
             self.f.close()
-
-
-def read_jsonl(path):
-    """Every object of a JSONL file; a torn last line (a writer killed mid-line) is skipped."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-    except FileNotFoundError:
-        pass
-    return out

@@ -19,7 +19,6 @@ PR_SET_PDEATHSIG) or on SIGTERM.
 import argparse
 import http.server
 import json
-import os
 import random
 import socketserver
 import sys

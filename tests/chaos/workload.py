@@ -21,7 +21,6 @@ renewed every SLIDE_S seconds; a worker pauses THINK_S between two requests), so
 import hashlib
 import http.client
 import json
-import os
 import random
 import threading
 import time

@@ -133,6 +133,25 @@ def log_reports(path, start=0):
     return out
 
 
+def read_jsonl(path):
+    """Every object of a JSONL file (none when it does not exist); a torn line (a writer
+    killed mid-line) is skipped."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return out
+
+
 def pid_alive(pid):
     """Whether process pid exists and is not a zombie (sweeps of what killed runs left: a
     test's held disk, the chaos suite's namespaces and power-cut disks)."""

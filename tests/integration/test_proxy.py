@@ -108,18 +108,7 @@ class OrderService:
 
     def executions(self, key=None):
         """Every business execution so far (from the log file), optionally only those for key."""
-        out = []
-        try:
-            with open(self.logfile) as f:
-                for line in f:
-                    line = line.strip()
-                    if line:
-                        try:
-                            out.append(json.loads(line))
-                        except ValueError:
-                            pass
-        except FileNotFoundError:
-            pass
+        out = harness.read_jsonl(self.logfile)
         if key is not None:
             out = [e for e in out if e.get("key") == key]
         return out
