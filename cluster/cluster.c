@@ -29,6 +29,7 @@
 #include "niced.h"
 #include "segfill.h"
 #include "transport.h"
+#include "wire_check.h"
 
 #define TICK_MS 100
 #define SLOT_BITS 16
@@ -2159,4 +2160,25 @@ int cluster_snapshot_now(struct cluster *c)
         }
     }
     return CLUSTER_OK;
+}
+
+_Static_assert(CLUSTER_SECRET_MIN == TRANSPORT_SECRET_MIN, "one minimum for Raft secrets");
+
+void cluster_get_io_counters(struct cluster_io_counters *out)
+{
+    struct aio_reap_stats ar;
+    struct segfill_stats sf;
+    aio_reap_get_stats(&ar);
+    segfill_get_stats(&sf);
+    *out = (struct cluster_io_counters){
+        .aio_destroyed_reaper = ar.destroyed,
+        .aio_destroyed_caller = ar.inline_runs,
+        .aio_destroy_failed = ar.failed,
+        .segments_filled = sf.filled,
+        .segments_skipped = sf.skipped_fs + sf.skipped_off,
+        .segments_failed = sf.failed,
+        .messages_refused = wire_check_refused(),
+        .connections_refused = transport_refused_total(),
+        .connect_auth_failed = transport_auth_failed_total(),
+    };
 }

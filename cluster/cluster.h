@@ -26,6 +26,9 @@
 #include "io.h" /* IO_APPEND_BUCKETS */
 
 #define CLUSTER_ADDR_MAX 264
+/* The fewest bytes of a Raft secret (raft.secret_file): the transport's handshake needs a
+ * secret nobody can guess. */
+#define CLUSTER_SECRET_MIN 32
 #define CLUSTER_MEMBERS_MAX 64
 
 enum cluster_rc {
@@ -212,6 +215,22 @@ struct cluster_status {
     uint64_t raft_cut;
     uint64_t raft_installs_held; /* leader's snapshots held while storing another (io.h) */
 };
+
+/* Process-wide counters of the corrections and guards below raft (one process runs one
+ * raft_uv): AIO contexts destroyed off the loop, open segments prefilled, peer messages and
+ * connections refused. */
+struct cluster_io_counters {
+    uint64_t aio_destroyed_reaper; /* kernel AIO contexts destroyed by the reaper thread */
+    uint64_t aio_destroyed_caller; /* ... by the caller's thread, when the reaper could not */
+    uint64_t aio_destroy_failed;   /* io_destroy calls of the reaper that failed */
+    uint64_t segments_filled;      /* open segments written through with zeros */
+    uint64_t segments_skipped;     /* ... left as allocated (file system, or turned off) */
+    uint64_t segments_failed;      /* ... whose zero write failed */
+    uint64_t messages_refused;     /* peer messages refused before libraft decoded them */
+    uint64_t connections_refused;  /* peer connections closed before raft had them */
+    uint64_t connect_auth_failed;  /* connections to peers whose authentication failed */
+};
+void cluster_get_io_counters(struct cluster_io_counters *out);
 
 /* Entries between two snapshots (raft_set_snapshot_threshold) after a snapshot of
  * `snapshot_bytes`, when the last `entries` applied entries held `entry_bytes` bytes.

@@ -44,7 +44,7 @@
 #define SECRET_MIN 16
 #define SECRET_MAX 4096
 /* Raft secrets: a peer that listens at a member's address gets MACs made with them, so they
- * must not be guessable (cluster/transport.h, TRANSPORT_SECRET_MIN). */
+ * must not be guessable (cluster.h, CLUSTER_SECRET_MIN). */
 
 /* The IDs a JSON integer can carry exactly, and idemctl can name (docs/idemctl.md). */
 #define NODE_ID_MAX ((uint64_t)INT64_MAX)

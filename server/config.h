@@ -70,7 +70,7 @@ struct config_cluster {
  * follower's proxy listener sends it as the auth_token of the requests it forwards to the
  * leader on behalf of a configured tenant (Request.as_tenant). The Raft secret
  * (raft.secret_file) authenticates the Raft connections. */
-/* The fewest bytes of a Raft secret; cluster/transport.h's TRANSPORT_SECRET_MIN (service.c
+/* The fewest bytes of a Raft secret; cluster.h's CLUSTER_SECRET_MIN (service.c
  * asserts the two agree: config does not see the cluster's headers). */
 #define CONFIG_RAFT_SECRET_MIN 32
 

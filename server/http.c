@@ -29,10 +29,6 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "aio_reap.h"
-#include "segfill.h"
-#include "transport.h"
-#include "wire_check.h"
 #include "fingerprint.h"
 #include "forward.h"
 #include "log.h"
@@ -1341,8 +1337,8 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              (unsigned long long)si.fsm.index_migrating_bytes,
              (unsigned long long)si.fsm.index_ahead_bytes,
              (unsigned long long)si.fsm.snapshot_spare_bytes);
-    struct aio_reap_stats ar;
-    aio_reap_get_stats(&ar);
+    struct cluster_io_counters io;
+    cluster_get_io_counters(&io);
     tbPrintf(&b,
              "# HELP idem_raft_aio_contexts_destroyed_total Kernel AIO contexts of raft's log "
              "writer destroyed, by the thread that waited for io_destroy: the reaper thread "
@@ -1355,10 +1351,9 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "thread that failed.\n"
              "# TYPE idem_raft_aio_destroy_failures_total counter\n"
              "idem_raft_aio_destroy_failures_total %llu\n",
-             (unsigned long long)ar.destroyed, (unsigned long long)ar.inline_runs,
-             (unsigned long long)ar.failed);
-    struct segfill_stats sf;
-    segfill_get_stats(&sf);
+             (unsigned long long)io.aio_destroyed_reaper,
+             (unsigned long long)io.aio_destroyed_caller,
+             (unsigned long long)io.aio_destroy_failed);
     tbPrintf(&b,
              "# HELP idem_raft_segments_prefilled_total raft's open log segments by what "
              "happened before their first append (cluster/segfill.h): written through with "
@@ -1368,8 +1363,8 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "idem_raft_segments_prefilled_total{result=\"filled\"} %llu\n"
              "idem_raft_segments_prefilled_total{result=\"skipped\"} %llu\n"
              "idem_raft_segments_prefilled_total{result=\"failed\"} %llu\n",
-             (unsigned long long)sf.filled, (unsigned long long)(sf.skipped_fs + sf.skipped_off),
-             (unsigned long long)sf.failed);
+             (unsigned long long)io.segments_filled, (unsigned long long)io.segments_skipped,
+             (unsigned long long)io.segments_failed);
     tbPrintf(&b,
              "# HELP idem_raft_messages_refused_total Raft messages from peers refused before "
              "libraft decoded them (malformed: cluster/wire_check.h); each closed its "
@@ -1387,9 +1382,9 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
              "stopped).\n"
              "# TYPE idem_raft_connect_auth_failures_total counter\n"
              "idem_raft_connect_auth_failures_total %llu\n",
-             (unsigned long long)wire_check_refused(),
-             (unsigned long long)transport_refused_total(),
-             (unsigned long long)transport_auth_failed_total());
+             (unsigned long long)io.messages_refused,
+             (unsigned long long)io.connections_refused,
+             (unsigned long long)io.connect_auth_failed);
     sendRaw(h, req, R_METRICS, rid, 200, "text/plain; version=0.0.4", b.p, b.len, NULL, 0);
     free(b.p);
 }

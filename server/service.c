@@ -20,10 +20,9 @@
 
 #include "fingerprint.h"
 #include "log.h"
-#include "transport.h"
 
-_Static_assert(CONFIG_RAFT_SECRET_MIN == TRANSPORT_SECRET_MIN,
-               "config.c and transport.h must agree on a Raft secret's least length");
+_Static_assert(CONFIG_RAFT_SECRET_MIN == CLUSTER_SECRET_MIN,
+               "config.c and cluster.h must agree on a Raft secret's least length");
 #include "xmalloc.h"
 
 #define IDEM_VERSION "0.1.0"
@@ -795,8 +794,10 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.snapshot_threshold = cs.snapshot_threshold;
         st.snapshot_bytes = cs.snapshot_bytes_last;
         st.raft_authenticated = s->cfg->raft.secret.set;
-        st.raft_connections_refused = transport_refused_total();
-        st.raft_connect_auth_failures = transport_auth_failed_total();
+        struct cluster_io_counters io;
+        cluster_get_io_counters(&io);
+        st.raft_connections_refused = io.connections_refused;
+        st.raft_connect_auth_failures = io.connect_auth_failed;
         st.append_oldest_ms = cs.append_oldest_us / 1000u;
         st.records = fs.records - fs.released;
         st.processing = fs.processing;
