@@ -2,7 +2,7 @@
  *
  * Closed loop (default, --concurrency C): C operations in flight at all times, the next one
  * sent as soon as one is answered, i.e. what C synchronous callers would do. It runs on the
- * open loop's engine below (one thread, a libuv loop, --connections asynchronous clients),
+ * open loop's engine (loop.c: one thread, a libuv loop, --connections asynchronous clients),
  * so that the load generator leaves the cores to the cluster it measures. Latency is
  * measured from send to answer. With --threads the closed loop runs as before instead: C
  * threads, each with its own synchronous client (what a thread-per-request service sees,
@@ -32,7 +32,7 @@
  * the run ends with the grace: each call's deadline is cut so that it ends by then at the
  * latest (a call without an answer by then is an error, timed like the others; a complete
  * or release due with less than 1 ms left is not sent, and its operation is an error), so
- * --duration bounds the run whatever the cluster does. The first call (below)
+ * --duration bounds the run whatever the cluster does. The first call (probe, below)
  * and the replay workload's setup come before the run and are bounded by --deadline.
  *
  * Workloads:
