@@ -86,7 +86,31 @@ uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t m
     return v;
 }
 
-static const char *envOrNull(const char *name)
+bool cli_opt_value(int argc, char **argv, int *i, const char *name, const char **val,
+                   const char *cmd)
+{
+    const char *arg = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0) {
+        return false;
+    }
+    if (arg[n] == '=') {
+        *val = arg + n + 1;
+        (*i)++;
+        return true;
+    }
+    if (arg[n] != '\0') {
+        return false;
+    }
+    if (*i + 1 >= argc) {
+        cli_usage_error("%s%soption %s needs a value", cmd ? cmd : "", cmd ? ": " : "", name);
+    }
+    *val = argv[*i + 1];
+    *i += 2;
+    return true;
+}
+
+const char *cli_env(const char *name)
 {
     const char *v = getenv(name);
     return v != NULL && v[0] != '\0' ? v : NULL;
@@ -94,13 +118,13 @@ static const char *envOrNull(const char *name)
 
 void cli_tls_from_env(struct cli_tls *t)
 {
-    const char *on = envOrNull("IDEM_TLS");
+    const char *on = cli_env("IDEM_TLS");
     t->on = on != NULL && strcmp(on, "0") != 0 && strcmp(on, "false") != 0 &&
             strcmp(on, "no") != 0;
-    t->ca_file = envOrNull("IDEM_TLS_CA");
-    t->cert_file = envOrNull("IDEM_TLS_CERT");
-    t->key_file = envOrNull("IDEM_TLS_KEY");
-    t->server_name = envOrNull("IDEM_TLS_SERVER_NAME");
+    t->ca_file = cli_env("IDEM_TLS_CA");
+    t->cert_file = cli_env("IDEM_TLS_CERT");
+    t->key_file = cli_env("IDEM_TLS_KEY");
+    t->server_name = cli_env("IDEM_TLS_SERVER_NAME");
 }
 
 /* The TLS flags that take a value, in the order of their slots in cli_tls_flag. */
@@ -127,20 +151,9 @@ bool cli_tls_flag(struct cli_tls *t, int argc, char **argv, int *i)
         return true;
     }
     for (size_t k = 0; k < sizeof tlsValueNames / sizeof tlsValueNames[0]; k++) {
-        size_t n = strlen(tlsValueNames[k]);
-        if (strncmp(arg, tlsValueNames[k], n) != 0 || (arg[n] != '\0' && arg[n] != '=')) {
-            continue;
-        }
         const char *v;
-        if (arg[n] == '=') {
-            v = arg + n + 1;
-            (*i)++;
-        } else {
-            if (*i + 1 >= argc) {
-                cli_usage_error("option %s needs a value", tlsValueNames[k]);
-            }
-            v = argv[*i + 1];
-            *i += 2;
+        if (!cli_opt_value(argc, argv, i, tlsValueNames[k], &v, NULL)) {
+            continue;
         }
         if (v[0] == '\0') {
             cli_usage_error("%s: empty value", tlsValueNames[k]);

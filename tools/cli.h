@@ -1,4 +1,5 @@
-/* cli: what idemctl and idem-bench share on their command lines: usage errors and numbers. */
+/* cli: what idemctl and idem-bench share on their command lines: usage errors, option values,
+ * the environment, numbers and the TLS flags. */
 #ifndef IDEM_TOOLS_CLI_H
 #define IDEM_TOOLS_CLI_H
 
@@ -28,6 +29,17 @@ void cli_json_outcome(const char *outcome, char *msg);
 /* Parses a plain decimal number in [min, max], or exits with a usage error naming `what`.
  * `what` and `s` are borrowed. */
 uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max);
+
+/* If argv[*i] is `name` ("--x", its value the next argument) or "name=value", stores the
+ * value in *val (borrowed from argv), advances *i past it and returns true; false (and
+ * nothing consumed) otherwise, also for a longer name ("--xy"). `name` without a value
+ * after it is a usage error, "option NAME needs a value", prefixed with "CMD: " when cmd
+ * (the subcommand being parsed) is not NULL. */
+bool cli_opt_value(int argc, char **argv, int *i, const char *name, const char **val,
+                   const char *cmd);
+
+/* The value of environment variable `name`, or NULL when it is unset or empty. */
+const char *cli_env(const char *name);
 
 /* TLS to the nodes' RPC listeners (tls.rpc on the nodes), the same flags and environment
  * for idemctl and idem-bench. Every string is borrowed from argv or the environment. */

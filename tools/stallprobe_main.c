@@ -56,15 +56,22 @@ static void sleepMs(uint64_t n)
     }
 }
 
-int main(int argc, char **argv)
+/* What the command line asks for. */
+struct options {
+    unsigned duration_s;
+    unsigned interval_ms; /* 0: no intervals */
+    bool json;
+};
+
+/* Parses the command line (--name value or --name=value); prints the help and exits 0 for
+ * --help, exits 2 on a usage error. */
+static void parseArgs(int argc, char **argv, struct options *o)
 {
-    cli_set_prog("idem-stallprobe");
-    unsigned duration_s = 10, interval_ms = 1000;
-    bool json = false;
+    *o = (struct options){.duration_s = 10, .interval_ms = 1000};
     /* --json anywhere: usage errors found before it is reached print JSON too. */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
-            json = true;
+            o->json = true;
             cli_set_json(true);
         }
     }
@@ -79,14 +86,14 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usageText, stdout);
-            return 0;
+            exit(0);
         } else if (strcmp(a, "--json") == 0) {
             continue;
         } else if (v != NULL && strncmp(a, "--duration", 10) == 0) {
-            duration_s = (unsigned)cli_parse_u64("--duration", v, 1, 3600);
+            o->duration_s = (unsigned)cli_parse_u64("--duration", v, 1, 3600);
         } else if (v != NULL) {
-            interval_ms = (unsigned)cli_parse_u64("--interval", v, 0, 60000);
-            if (interval_ms != 0 && interval_ms < 10) {
+            o->interval_ms = (unsigned)cli_parse_u64("--interval", v, 0, 60000);
+            if (o->interval_ms != 0 && o->interval_ms < 10) {
                 cli_usage_error("--interval must be 0 or 10..60000");
             }
         } else if (strcmp(a, "--duration") == 0 || strcmp(a, "--interval") == 0) {
@@ -95,28 +102,31 @@ int main(int argc, char **argv)
             cli_usage_error("unknown argument '%s'", a);
         }
     }
-    size_t n_rows = interval_ms ? ((size_t)duration_s * 1000u + interval_ms - 1) / interval_ms : 0;
-    struct row {
-        uint64_t end_ms;
-        struct stallprobe_window w;
-    } *rows = calloc(n_rows ? n_rows : 1, sizeof(*rows));
-    if (rows == NULL) {
-        fputs("idem-stallprobe: out of memory\n", stderr);
-        return 1;
-    }
+}
+
+/* One interval: when it ended (ms since the start) and the holds that ended in it. */
+struct row {
+    uint64_t end_ms;
+    struct stallprobe_window w;
+};
+
+/* Runs the probe for the duration, closing an interval into rows[i] every interval_ms (n
+ * rows); fills *st. 0, or -1 (reported) when the probe could not start. */
+static int measure(const struct options *o, struct row *rows, size_t n,
+                   struct stallprobe_stats *st)
+{
     struct stallprobe *p = NULL;
     char err[256];
     uint64_t t0 = nowMs();
     if (stallprobe_start(&p, err, sizeof err) != 0) {
         fprintf(stderr, "idem-stallprobe: %s\n", err);
-        free(rows);
-        return 1;
+        return -1;
     }
     /* Each interval ends on its own schedule from the start (a late wake-up of this thread
      * shortens the next one), the last one with the run. */
-    uint64_t end = t0 + (uint64_t)duration_s * 1000u;
-    for (size_t i = 0; i < n_rows; i++) {
-        uint64_t until = t0 + (uint64_t)(i + 1) * interval_ms;
+    uint64_t end = t0 + (uint64_t)o->duration_s * 1000u;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t until = t0 + (uint64_t)(i + 1) * o->interval_ms;
         until = until < end ? until : end;
         uint64_t now = nowMs();
         if (until > now) {
@@ -125,55 +135,87 @@ int main(int argc, char **argv)
         stallprobe_take(p, &rows[i].w);
         rows[i].end_ms = nowMs() - t0;
     }
-    if (n_rows == 0) {
-        sleepMs((uint64_t)duration_s * 1000u);
+    if (n == 0) {
+        sleepMs((uint64_t)o->duration_s * 1000u);
+    }
+    stallprobe_stop(p, st);
+    stallprobe_free(p);
+    return 0;
+}
+
+/* The JSON object (--json) on stdout; 0, or 1 when out of memory. */
+static int printJson(const struct stallprobe_stats *st, const struct row *rows, size_t n)
+{
+    json_t *o = json_object();
+    json_t *ja = json_array();
+    if (o == NULL || ja == NULL) {
+        fputs("idem-stallprobe: out of memory\n", stderr);
+        return 1;
+    }
+    json_object_set_new(o, "cpus", json_integer((json_int_t)st->cpus));
+    json_object_set_new(o, "scheduling", json_string(st->fifo ? "fifo" : "normal"));
+    json_object_set_new(o, "seconds", json_real(st->seconds));
+    json_object_set_new(o, "wakeups", json_integer((json_int_t)st->wakeups));
+    json_object_set_new(o, "holds", json_integer((json_int_t)st->holds));
+    json_object_set_new(o, "held_ms_per_cpu", json_real(ms(st->held_us) / st->cpus));
+    json_object_set_new(o, "held_max_ms", json_real(ms(st->held_max_us)));
+    for (size_t i = 0; i < n; i++) {
+        json_t *r = json_object();
+        if (r == NULL) {
+            return 1;
+        }
+        json_object_set_new(r, "end_ms", json_integer((json_int_t)rows[i].end_ms));
+        json_object_set_new(r, "held_ms", json_real(ms(rows[i].w.held_us)));
+        json_object_set_new(r, "held_max_ms", json_real(ms(rows[i].w.max_us)));
+        json_array_append_new(ja, r);
+    }
+    json_object_set_new(o, "intervals", ja);
+    char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s == NULL) {
+        return 1;
+    }
+    puts(s);
+    free(s);
+    json_decref(o);
+    return 0;
+}
+
+/* The summary line and the table of intervals on stdout. */
+static void printText(const struct stallprobe_stats *st, const struct row *rows, size_t n)
+{
+    stallprobe_print(stdout, st);
+    if (n > 0) {
+        printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "longest ms");
+        for (size_t i = 0; i < n; i++) {
+            printf("  %10" PRIu64 " %14.3f %14.3f\n", rows[i].end_ms, ms(rows[i].w.held_us),
+                   ms(rows[i].w.max_us));
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    cli_set_prog("idem-stallprobe");
+    struct options o;
+    parseArgs(argc, argv, &o);
+    size_t n_rows =
+        o.interval_ms ? ((size_t)o.duration_s * 1000u + o.interval_ms - 1) / o.interval_ms : 0;
+    struct row *rows = calloc(n_rows ? n_rows : 1, sizeof(*rows));
+    if (rows == NULL) {
+        fputs("idem-stallprobe: out of memory\n", stderr);
+        return 1;
     }
     struct stallprobe_stats st;
-    stallprobe_stop(p, &st);
-    stallprobe_free(p);
-    double per_cpu = ms(st.held_us) / st.cpus;
-    if (json) {
-        json_t *o = json_object();
-        json_t *ja = json_array();
-        if (o == NULL || ja == NULL) {
-            fputs("idem-stallprobe: out of memory\n", stderr);
-            return 1;
-        }
-        json_object_set_new(o, "cpus", json_integer((json_int_t)st.cpus));
-        json_object_set_new(o, "scheduling", json_string(st.fifo ? "fifo" : "normal"));
-        json_object_set_new(o, "seconds", json_real(st.seconds));
-        json_object_set_new(o, "wakeups", json_integer((json_int_t)st.wakeups));
-        json_object_set_new(o, "holds", json_integer((json_int_t)st.holds));
-        json_object_set_new(o, "held_ms_per_cpu", json_real(per_cpu));
-        json_object_set_new(o, "held_max_ms", json_real(ms(st.held_max_us)));
-        for (size_t i = 0; i < n_rows; i++) {
-            json_t *r = json_object();
-            if (r == NULL) {
-                return 1;
-            }
-            json_object_set_new(r, "end_ms", json_integer((json_int_t)rows[i].end_ms));
-            json_object_set_new(r, "held_ms", json_real(ms(rows[i].w.held_us)));
-            json_object_set_new(r, "held_max_ms", json_real(ms(rows[i].w.max_us)));
-            json_array_append_new(ja, r);
-        }
-        json_object_set_new(o, "intervals", ja);
-        char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(9));
-        if (s == NULL) {
-            return 1;
-        }
-        puts(s);
-        free(s);
-        json_decref(o);
+    if (measure(&o, rows, n_rows, &st) != 0) {
+        free(rows);
+        return 1;
+    }
+    int code = 0;
+    if (o.json) {
+        code = printJson(&st, rows, n_rows);
     } else {
-        stallprobe_print(stdout, &st);
-        if (n_rows > 0) {
-            printf("  %10s %14s %14s\n", "until ms", "held ms (sum)", "longest ms");
-            for (size_t i = 0; i < n_rows; i++) {
-                printf("  %10" PRIu64 " %14.3f %14.3f\n", rows[i].end_ms, ms(rows[i].w.held_us),
-                       ms(rows[i].w.max_us));
-            }
-        }
+        printText(&st, rows, n_rows);
     }
     free(rows);
-    return 0;
+    return code;
 }
