@@ -519,7 +519,7 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     batch_reset_open(c, false);
     admission_fail_queued(c, RAFT_SHUTDOWN);
     if (c->snap.view != NULL) {
-        /* raft's I/O closes once the pool thread is done with it (io.c), then raft
+        /* raft's I/O closes once the pool thread is done with it (io_close.c), then raft
          * finalizes the snapshot and the view is released. */
         clog_info("closing with a snapshot in flight (index %llu); waiting for it",
                   (unsigned long long)c->snap.index);

@@ -42,7 +42,7 @@ int __wrap_UvOsIoDestroy(aio_context_t ctx);
 void aio_reap_stop(void);
 
 /* on: from now on every context is destroyed on the caller's thread, as raft_uv would,
- * until called again with false. io.c turns it on when it closes raft_uv with log writes
+ * until called again with false. io_close.c turns it on when it closes raft_uv with log writes
  * still in the kernel (past its bounded wait for a disk that does not answer): raft_uv
  * frees such a write's buffer only after io_destroy returns, which waits for the write;
  * returning at once would free the buffer under the kernel. Process-wide. */
