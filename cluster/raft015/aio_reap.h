@@ -13,7 +13,7 @@
  * returns 0 at once; a thread destroys the queued contexts in order. This is safe because
  * raft_uv destroys a context only after closing its writer, and uses the context's value
  * no more: it finalizes a segment once the segment's writes are done, and at close idemd's
- * I/O wrapper waits for the appends in flight (cluster/io.h). A write still in the kernel
+ * I/O wrapper waits for the appends in flight (cluster/raft015/io.h). A write still in the kernel
  * then (only past that wait's bound, on a disk that never answers) holds the kernel's own
  * references to its file and event fd, and the context's ring stays mapped until the
  * context is destroyed; what io_destroy waits for (the RCU grace period) is the kernel's.

@@ -599,7 +599,7 @@ static int simIoTruncate(struct raft_io *io, raft_index index)
  * has the same flaw where it advances its commit index (min(leader_commit, its last stored
  * index)), so the sim also lowers an incoming AppendEntries' leader_commit to the last index
  * the RPC covered, with the daemon's own io_clamp_commit (simIoRecv). The daemon's raft I/O
- * wrapper makes both corrections (cluster/io.h). */
+ * wrapper makes both corrections (cluster/raft015/io.h). */
 
 static int simIoSend(struct raft_io *io, struct raft_io_send *req,
                      const struct raft_message *message, raft_io_send_cb cb)
@@ -618,7 +618,7 @@ static int simIoSend(struct raft_io *io, struct raft_io_send *req,
     return nd->io_send(io, req, message, cb);
 }
 
-/* The leader's side of the correction (cluster/io.h: libraft 0.15 commits its last stored
+/* The leader's side of the correction (cluster/raft015/io.h: libraft 0.15 commits its last stored
  * entry once a majority holds it, whatever its term, Figure 8 of the paper), the daemon's
  * own rule (io_hold_result): while the last entry raft has stored is not of its current
  * term, a successful AppendEntries result is lowered to one below it (never below the
@@ -642,7 +642,7 @@ static void simIoRecv(struct raft_io *io, struct raft_message *msg)
         nd->raft_recv(io, msg);
         return;
     }
-    /* An RPC that starts below this follower's snapshot starts at it (cluster/io.h: a
+    /* An RPC that starts below this follower's snapshot starts at it (cluster/raft015/io.h: a
      * 0.15 follower appends such entries after its last one, then crashes here in
      * removeSuffix: IDEM_SEED=636427270239 did, with this correction alone taken out, in the
      * earlier sequence of runs; pinned). */
