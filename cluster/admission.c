@@ -33,8 +33,8 @@ void admission_uncharge(struct cluster *c, const struct charge *ch, unsigned n)
  * and takes their charges off. Every queue is emptied and every charge taken off before the
  * first ops.fail: that callback may propose again (an answer callback making its next call
  * synchronously, e.g. the HTTP proxy's complete after a failed renew), and raft still says
- * RAFT_LEADER while it fails the apply requests of a leader stepping down (applyCb), so a
- * new command may be held back meanwhile; it must find consistent queues. */
+ * RAFT_LEADER while it fails the apply requests of a leader stepping down (batch.c, applyCb),
+ * so a new command may be held back meanwhile; it must find consistent queues. */
 void admission_fail_queued(struct cluster *c, int status)
 {
     struct queued *all = NULL, **end = &all;
@@ -203,7 +203,8 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
         batch_open_append(c, copy, len, waiter, account, (uint32_t)cost, false);
         return CLUSTER_OK;
     }
-    /* Held back until its account's earlier commands commit (admission_admit_queued), charged now. */
+    /* Held back until its account's earlier commands commit (admission_admit_queued),
+     * charged now. */
     struct queued *q = cluster_xcalloc(sizeof(*q));
     q->waiter = waiter;
     q->data = copy;

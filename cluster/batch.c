@@ -59,7 +59,8 @@ static void applyCb(struct raft_apply *req, int status, void *result)
             /* Leadership lost (or the node stops): the commands held back never went in. */
             admission_fail_queued(c, RAFT_NOTLEADER);
         } else if (!c->stopping) {
-            uv_check_start(&c->flush, batch_flush_cb); /* room for held-back ones: admission_admit_queued */
+            /* room for held-back ones: admission_admit_queued */
+            uv_check_start(&c->flush, batch_flush_cb);
         }
     }
 }
@@ -211,7 +212,8 @@ void batch_flush(struct cluster *c)
         free(waiters);
         free(charges);
         free(b);
-        admission_fail_queued(c, RAFT_NOTLEADER); /* taken on the same terms, never proposed either */
+        /* taken on the same terms, never proposed either */
+        admission_fail_queued(c, RAFT_NOTLEADER);
         return;
     }
     b->prev = c->pending_tail;

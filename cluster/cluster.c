@@ -121,7 +121,7 @@ static void leaderBarrierCb(struct raft_barrier *req, int status)
     free(lb);
 }
 
-/* ---- tick: leader changes and member metadata ---------------------------------------- */
+/* ---- tick: leader changes, health, the leader's barrier (snapshot.c and members.c add theirs) */
 
 /* Said at most every 10 s (the stuck-write warning's period): a leader with no other
  * voter to hand over to would repeat it every attempt. */
@@ -255,7 +255,7 @@ static void tickCb(uv_timer_t *t)
 {
     struct cluster *c = t->data;
     if (c->queued_bytes != 0) {
-        /* Held-back commands go in as their accounts' batches apply (applyCb); one held
+        /* Held-back commands go in as their accounts' batches apply (batch.c, applyCb); one held
          * while a transfer paused the proposals goes in now, and a node that no longer
          * leads hands them back (a batch failed by the lost leadership does at once). */
         if (raft_state(&c->raft) != RAFT_LEADER) {

@@ -129,7 +129,7 @@ struct cluster {
     uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
     struct acctQueue *queues; /* per account: its commands held back (struct queued) */
     uint64_t queued_bytes;    /* every account's held back, together */
-    uint32_t next_admit;      /* the account admission_admit_queued looks at first (round robin) */
+    uint32_t next_admit;      /* the account admission_admit_queued looks at first */
 
     /* Pending (proposed, not yet applied or failed) batches. */
     struct cluster_batch *pending_head, *pending_tail;

@@ -42,7 +42,7 @@ static struct memberMeta *metaRecycle(struct cluster *c)
 }
 
 struct memberMeta *members_put(struct cluster *c, uint64_t id, const char *rpc,
-                                  const char *http)
+                               const char *http)
 {
     struct memberMeta *mm = members_find(c, id);
     if (mm == NULL) {

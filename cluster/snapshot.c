@@ -457,7 +457,7 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     }
     for (size_t i = 0; i < cs->n_members; i++) {
         struct memberMeta *mm = members_put(c, cs->members[i]->id, cs->members[i]->rpc_address,
-                                        cs->members[i]->http_address);
+                                            cs->members[i]->http_address);
         if (mm != NULL) {
             mm->logged = true;
         }

@@ -149,7 +149,8 @@ struct io {
     const char *log_dir;
     uint64_t trunc_last; /* the last truncation marked, until an append carries its check */
     /* Snapshot puts raft_uv holds (submitted, not called back), and what waits for them: a
-     * truncation raft asks meanwhile, and every append and put after it (io_disk.c, io_disk_release_held). */
+     * truncation raft asks meanwhile, and every append and put after it (io_disk.c,
+     * io_disk_release_held). */
     unsigned puts_inner;
     unsigned long truncs_held; /* truncations held back so far */
     bool release_queued;       /* what was held goes to raft_uv at the loop's next turn */

@@ -304,12 +304,13 @@ void io_disk_release_later(struct io *io)
         }
         free(r);
     }
-    io_disk_release_held(io, false); /* at once, then: the check after it still stops a node it fails */
+    /* at once, then: the check after it still stops a node it fails */
+    io_disk_release_held(io, false);
 }
 
 bool io_disk_hold(struct io *io, struct ioDisk *d, raft_index index,
-                   const struct raft_entry *entries, unsigned n,
-                   const struct raft_snapshot *snapshot, unsigned trailing)
+                  const struct raft_entry *entries, unsigned n,
+                  const struct raft_snapshot *snapshot, unsigned trailing)
 {
     struct ioHeld *h = calloc(1, sizeof(*h));
     if (h == NULL) {
@@ -363,7 +364,7 @@ static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry
 }
 
 int io_disk_append(struct raft_io *o, struct raft_io_append *req,
-                    const struct raft_entry entries[], unsigned n, raft_io_append_cb cb)
+                   const struct raft_entry entries[], unsigned n, raft_io_append_cb cb)
 {
     struct io *io = io_from_outer(o);
     if (io->inner_closing) {

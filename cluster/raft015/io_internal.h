@@ -47,12 +47,12 @@ struct ioDisk {
         raft_io_snapshot_put_cb put;
     } cb;
     struct io *io;
-    struct ioSnapJob *job; /* a put through snapstore */
-    uint64_t start_us;     /* appends: when raft asked (appendTimed) */
+    struct ioSnapJob *job;    /* a put through snapstore */
+    uint64_t start_us;        /* appends: when raft asked (appendTimed) */
     TAILQ_ENTRY(ioDisk) link; /* appends: in io->appends */
     uint64_t trunc;           /* appends: the truncation checked when it ends (0: none) */
     bool in_inner;            /* puts: raft_uv holds it (io->puts_inner counts it) */
-    bool install;          /* puts: of a snapshot the leader sent (isInstall) */
+    bool install;             /* puts: of a snapshot the leader sent (isInstall) */
 };
 
 /* ---- io.c ---- */

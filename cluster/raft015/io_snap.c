@@ -76,8 +76,8 @@ static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *
 }
 
 int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
-                  struct raft_snapshot **snapshot, raft_index *start_index,
-                  struct raft_entry *entries[], size_t *n_entries)
+                 struct raft_snapshot **snapshot, raft_index *start_index,
+                 struct raft_entry *entries[], size_t *n_entries)
 {
     struct io *io = io_from_outer(o);
     if (io->log_dir != NULL) {
@@ -206,7 +206,7 @@ static void ioSnapshotGetDone(struct raft_io_snapshot_get *req, struct raft_snap
 }
 
 int io_snap_get(struct raft_io *o, struct raft_io_snapshot_get *req,
-                         raft_io_snapshot_get_cb cb)
+                raft_io_snapshot_get_cb cb)
 {
     struct io *io = io_from_outer(o);
     if (io->snap_dir == NULL) {
@@ -405,7 +405,7 @@ static void snapWriteAfter(uv_work_t *w, int status)
 /* Hands raft_uv a put, or holds it behind what is held (raft's order). A put held, or one
  * whose data snapstore wrote (j), that raft_uv refuses is called back with the error. */
 int io_snap_submit_put(struct io *io, struct ioDisk *d, unsigned trailing,
-                     const struct raft_snapshot *snapshot, bool held)
+                       const struct raft_snapshot *snapshot, bool held)
 {
     if (!held && !TAILQ_EMPTY(&io->held)) {
         return io_disk_hold(io, d, 0, NULL, 0, snapshot, trailing) ? 0 : RAFT_NOMEM;
@@ -424,7 +424,7 @@ int io_snap_submit_put(struct io *io, struct ioDisk *d, unsigned trailing,
 }
 
 int io_snap_put(struct raft_io *o, unsigned trailing, struct raft_io_snapshot_put *req,
-                         const struct raft_snapshot *snapshot, raft_io_snapshot_put_cb cb)
+                const struct raft_snapshot *snapshot, raft_io_snapshot_put_cb cb)
 {
     struct io *io = io_from_outer(o);
     if (io->inner_closing) {

@@ -32,7 +32,8 @@
  *
  * All functions block (mkdir, directory fsync, a directory listing): io_disk.c and
  * io_snap.c (at load) call them on the loop thread, but only around a truncation (a
- * follower's log diverged: after a leader change) and at start. They return 0 or -1 with a message in err unless said otherwise. */
+ * follower's log diverged: after a leader change) and at start. They return 0 or -1 with a
+ * message in err unless said otherwise. */
 #ifndef IDEM_CLUSTER_LOGDIR_H
 #define IDEM_CLUSTER_LOGDIR_H
 

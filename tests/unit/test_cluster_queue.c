@@ -122,12 +122,12 @@ static void test_held_back_in_order_and_taken_in_turn(void **state)
     assert_int_equal(C->pending_bytes, 9 * COST); /* held back ones are charged too */
     assert_int_equal(C->acct_pending[0], 5 * COST);
     assert_int_equal(inflight(0), 2 * COST);
-    for (uint32_t a = 0; a < 2; a++) { /* what inflightRoom derives */
+    for (uint32_t a = 0; a < 2; a++) { /* what admission.c's inflightRoom derives */
         assert_int_equal(C->acct_pending[a] - C->queues[a].bytes, inflight(a));
     }
 
-    /* Both accounts' batches applied: the open batch emptied with its charges (as applyCb
-     * takes them off), then the waiting ones go in, 0 and 1 in turn. */
+    /* Both accounts' batches applied: the open batch emptied with its charges (as batch.c's
+     * applyCb takes them off), then the waiting ones go in, 0 and 1 in turn. */
     batch_reset_open(C, false);
     assert_int_equal(inflight(0), 0);
     assert_int_equal(inflight(1), 0);
