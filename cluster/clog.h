@@ -1,17 +1,12 @@
-/* clog: the cluster's log lines. The daemon sends them to its own log (clog_set_sink), so
- * that they carry the time, the level and the node like every other line; without a sink
- * (the tests and benchmarks that link the cluster alone) they go to stderr as
- * "idemd: <level>: ...". Callable from any thread: the sink is set once, before the cluster
- * starts. Never pass a key or a token. */
+/* clog: the cluster's log lines. The daemon sends them to its own log (clog_set_sink, in
+ * cluster.h with the levels), so that they carry the time, the level and the node like every
+ * other line; without a sink (the tests and benchmarks that link the cluster alone) they go
+ * to stderr as "idemd: <level>: ...". Callable from any thread: the sink is set once, before
+ * the cluster starts. Never pass a key or a token. */
 #ifndef IDEM_CLUSTER_CLOG_H
 #define IDEM_CLUSTER_CLOG_H
 
-enum clog_level { CLOG_INFO, CLOG_WARN, CLOG_ERROR };
-
-/* Receives one line, without its newline; `msg` is borrowed for the call. */
-typedef void (*clog_sink)(enum clog_level level, const char *msg);
-
-void clog_set_sink(clog_sink sink);
+#include "cluster.h" /* enum clog_level, clog_set_sink */
 
 void clog_line(enum clog_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -1169,15 +1169,15 @@ static void answerMetrics(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid
         }
     }
     tbRequests(&b, &m->req, &rs);
-    /* The last of io's buckets has no bound: it counts in +Inf (the count) only. */
-    double appendBounds[IO_APPEND_BUCKETS - 1];
-    for (size_t i = 0; i + 1 < IO_APPEND_BUCKETS; i++) {
-        appendBounds[i] = (double)IO_APPEND_BOUND_US(i) / 1e6;
+    /* The last of the cluster's buckets has no bound: it counts in +Inf (the count) only. */
+    double appendBounds[CLUSTER_APPEND_BUCKETS - 1];
+    for (size_t i = 0; i + 1 < CLUSTER_APPEND_BUCKETS; i++) {
+        appendBounds[i] = (double)CLUSTER_APPEND_BOUND_US(i) / 1e6;
     }
     tbHistogram(&b, "idem_raft_append_duration_seconds",
                 "Time to write and sync a Raft log append on this node (raft's append to its "
                 "completion).",
-                appendBounds, si.cluster.append_buckets, IO_APPEND_BUCKETS - 1,
+                appendBounds, si.cluster.append_buckets, CLUSTER_APPEND_BUCKETS - 1,
                 si.cluster.append_count, (double)si.cluster.append_sum_us / 1e6);
     tbPrintf(&b,
              "# HELP idem_raft_append_oldest_seconds Age of the oldest Raft log append still in "

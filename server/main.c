@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <uv.h>
 
-#include "clog.h"
+#include "cluster.h" /* clog_set_sink */
 #include "config.h"
 #include "http.h"
 #include "log.h"

@@ -51,7 +51,7 @@
 #define ATTEMPT_MAX 64                  /* bytes of attempt id (idem.proto ClaimCmd) */
 #define TENANT_MAX 128                  /* bytes of tenant name (server/fsm.h) */
 /* A node's oldest log write this old is warned of, as the node itself warns in its log
- * (CLUSTER_STUCK_APPEND_US, cluster/cluster.h). */
+ * (CLUSTER_STUCK_APPEND_US, cluster/include/cluster.h). */
 #define STUCK_WRITE_MS 5000
 #define DEFAULT_MAX_LAG 1000u           /* status: entries a node may trail the leader by */
 #define QUARANTINE_DEFAULT_LIMIT 100u   /* quarantine list --limit (the server's default) */

@@ -626,7 +626,7 @@ class ClusterTestCase(unittest.TestCase):
         # or whose log has a sanitizer report or a failed assertion fails the test.
         self.assertFalse(problems, "\n\n".join(problems))
         # Between the nodes themselves every Raft message is well formed: a refusal by the
-        # check in front of libraft's decoder (cluster/wire_check.h) would be its bug.
+        # check in front of libraft's decoder (cluster/raft015/wire_check.h) would be its bug.
         if not self.malformed_raft_expected:
             self.assertFalse(refused, "a node refused a Raft message from its peers")
         if not self.raft_auth_failure_expected:

@@ -256,7 +256,8 @@ class TestFailures(ClusterTest):
         """SIGTERM reaches the leader while a pipelined stream of claims keeps its log being
         appended (raft_uv's Linux AIO write in flight, more batches queued behind it): the
         node exits 0 with no sanitizer report. libraft 0.15 crashed there when raft_uv was
-        closed with queued appends (canonical/raft #338; cluster/io.c holds the close back).
+        closed with queued appends (canonical/raft #338; cluster/raft015/io_close.c holds the
+        close back).
         Whether a round stops the node inside that window is up to the scheduler; several
         rounds make it likely, and every round must end cleanly."""
         for rnd in range(4):
@@ -344,7 +345,8 @@ class TestDiskFailures(ClusterTest):
     """A node whose log writes fail (here: RLIMIT_FSIZE lowered on the running process, so
     its next write past 4 KiB fails with EFBIG; idemd ignores SIGXFSZ) stops at the first
     failure, whatever its role, and restarted, resumes from what its disk holds. Writing on
-    after a failure would put entries at the wrong indexes (cluster/io.c, ioAppendDone)."""
+    after a failure would put entries at the wrong indexes (cluster/raft015/io_disk.c,
+    ioAppendDone)."""
 
     def fail_writes(self, nid, limit=4096):
         # raft_uv prepares its open segments ahead (fallocate): wait until it has, so that
@@ -455,7 +457,8 @@ class TestDiskFailures(ClusterTest):
 
 class TestSnapshotStoreFailures(ClusterTest):
     """Snapshots that cannot be stored. One the leader sent: the follower stops
-    (cluster/io.c, installFailed); restarted, it catches up to an identical replica, and
+    (cluster/raft015/io_snap.c, installFailed); restarted, it catches up to an identical
+    replica, and
     made leader it grants none of the claims held a second time (without the stop it went
     on from a log it had dropped, writing the next entries at the wrong indexes). One of
     the node's own: the node goes on with its log, says so, and tries again a snapshot
@@ -579,7 +582,7 @@ class TestTruncation(ClusterTest):
     them at the wrong indexes (seen: 186 records against the others' 200, the leader's
     entries taken where the removed ones had been). Here the truncation fails because files
     of the names it uses are there already (stand-ins for a disk that cannot take it). The node
-    stops before acknowledging anything written after it (cluster/logdir.h); restarted, it
+    stops before acknowledging anything written after it (cluster/raft015/logdir.h); restarted, it
     moves those entries aside, starts from its log as it was before the truncation, and
     converges to a replica identical to the others'."""
     # The leader cut off from its followers takes claims until it steps down, an election
@@ -664,7 +667,7 @@ class TestTruncation(ClusterTest):
 
 def open_segment_end(path):
     """(where the batches of raft_uv's open segment at path end, how many entries they hold)
-    (libraft 0.15's format 1, cluster/segtail.h), or None when it holds none."""
+    (libraft 0.15's format 1, cluster/raft015/segtail.h), or None when it holds none."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8 or struct.unpack_from("<Q", data, 0)[0] != 1:
@@ -684,7 +687,7 @@ class TestOpenSegmentTail(ClusterTest):
     """A node killed while its open segment's last batch ends exactly 8 bytes before the end
     of the file (raft_uv had filled it, and the next batch that would have closed it never
     came). libraft 0.15's loader aborts on that at every start (tests/unit/test_segtail.c);
-    idemd trims those 8 zero bytes before raft_uv loads (cluster/segtail.h), and the node
+    idemd trims those 8 zero bytes before raft_uv loads (cluster/raft015/segtail.h), and the node
     starts with every entry it had."""
 
     def test_killed_node_with_a_full_open_segment_restarts(self):
@@ -794,7 +797,7 @@ class TestSnapshots(ClusterTest):
         # not taken a snapshot yet (voters take their first at different indexes).
         # libraft 0.15's follower takes entries below its own snapshot for new ones and
         # stops for good (raft state unavailable); the raft I/O wrapper starts such an
-        # AppendEntries at the follower's snapshot (cluster/io.h). Here: the first node to
+        # AppendEntries at the follower's snapshot (cluster/raft015/io.h). Here: the first node to
         # snapshot (at its phase, after 64 entries or more) goes down, a node without a
         # snapshot takes over in a new term, and the first one must rejoin.
         def snapshots():
@@ -846,8 +849,8 @@ class TestSnapshots(ClusterTest):
         self.assertIsNotNone(cut, "no cut counter in node %d's /metrics" % b)
         self.assertGreater(cut, 0)
 
-    # snapstore (cluster/snapstore.h): the snapshot's data is in idem-snapshot-<term>-<index>
-    # in the node's data dir; raft_uv's snapshot-<term>-<index>-<ts> holds only a reference.
+    # snapstore (cluster/raft015/snapstore.h): the snapshot's data is in
+    # idem-snapshot-<term>-<index> in the node's data dir; raft_uv's snapshot-<term>-<index>-<ts> holds only a reference.
 
     def claims(self, start, end):
         # claim_fast's leases outlast the test: its checks want earlier claims still held.
@@ -1258,7 +1261,7 @@ class TestSnapshotScheduleFixed(ClusterTest):
     def test_aio_contexts_destroyed_off_the_loop(self):
         # raft_uv destroys a segment writer's AIO context when the segment closes (at every
         # snapshot here, every 16 entries); io_destroy waits ~32 ms on some kernels, so the
-        # reaper thread does it and the loop never waits (cluster/aio_reap.h). Each node
+        # reaper thread does it and the loop never waits (cluster/raft015/aio_reap.h). Each node
         # counts one context at start (raft_uv's probe) and one per closed segment.
         self.fill_until_snapshots()
         reaper = 'idem_raft_aio_contexts_destroyed_total{thread="reaper"}'
@@ -1274,7 +1277,7 @@ class TestSnapshotScheduleFixed(ClusterTest):
 
     def test_log_segments_written_through(self):
         # raft_uv preallocates each open segment with fallocate; on ext4 and XFS idemd then
-        # writes it through with zeros before its first append (cluster/segfill.h), so no
+        # writes it through with zeros before its first append (cluster/raft015/segfill.h), so no
         # append converts an unwritten extent. Snapshots every 16 entries close segments and
         # open new ones; every open segment on disk must then hold no unwritten extent
         # (filefrag -v flags them), and /metrics counts the segments so written.

@@ -44,7 +44,7 @@
  * unsettled_only (an operator's override, which leaseCheck takes as ending a lease); raft
  * membership changes are not exercised; workarounds below adapt libraft 0.15
  * (simIoTruncate: a fixture bug; simIoSend, simIoRecv and holdResult: three raft bugs, which
- * the daemon corrects the same way in cluster/io.c). */
+ * the daemon corrects the same way in cluster/raft015/io.c). */
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -65,6 +65,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "batch.h"
 #include "fsm.h"
 #include "io.h"
 #include "idem.pb-c.h"
@@ -164,7 +165,7 @@ struct simNode {
     unsigned snapshots;
     unsigned restores;
     /* The asynchronous snapshot in flight (simFsmSnapshot → simFsmSnapshotAsync →
-     * simFsmSnapshotFinalize), as cluster.c takes them: the view and the digest the state
+     * simFsmSnapshotFinalize), as cluster/snapshot.c takes them: the view and the digest the state
      * had when it was frozen. */
     struct fsm_frozen *frozen;
     char frozen_digest[33];
@@ -386,13 +387,44 @@ static void simSawToken(struct sim *s, uint16_t key, uint64_t token)
 
 /* ---- the raft_fsm adapter -------------------------------------------------------------
  *
- * This mirrors cluster.c's fsmApply/fsmSnapshot/fsmSnapshotFinalize/fsmRestore: an entry is
- * a packed Idem__LogEntry, the entry being applied is raft_last_applied() + 1, and command i
- * of its batch is applied at fsm_command_index(index, i). The sim does not use cluster.c's
- * adapter because that one is bound to the libuv I/O (raft_uv, uv timers and checks, waiters
- * of RPC requests); raft_fixture needs a raft_fsm over its in-memory raft_io. The snapshot
- * is the FSM's bytes alone: the sim has no member metadata, so no ClusterSnapshot prefix.
- * What the adapter adds is bookkeeping: the result of every command, for the checks. */
+ * Entries are the cluster's own (cluster/batch.h): framed by batch_encode() and decoded by
+ * batch_entry_decode(); the entry being applied is raft_last_applied() + 1, and
+ * batch_apply_commands() hands command i of its batch to simApplyCommand at
+ * fsm_command_index(index, i), as cluster.c's fsmApply hands it to ops.apply. The rest of
+ * cluster.c's adapter (fsmSnapshot/fsmSnapshotFinalize/fsmRestore in snapshot.c) is not
+ * used because it is bound to the libuv I/O (raft_uv, uv timers and checks, waiters of RPC
+ * requests); raft_fixture needs a raft_fsm over its in-memory raft_io. The snapshot is the
+ * FSM's bytes alone: the sim has no member metadata, so no ClusterSnapshot prefix. What the
+ * adapter adds is bookkeeping: the result of every command, for the checks. */
+
+/* One command of a committed batch (batch_apply_commands; the sim has no waiters). */
+static void simApplyCommand(void *data, uint64_t ci, const uint8_t *cmd, size_t len,
+                            void *waiter)
+{
+    struct simNode *nd = data;
+    struct sim *s = nd->s;
+    (void)waiter;
+    struct fsm_result r;
+    Idem__Outcome o = fsm_apply(nd->m, ci, cmd, len, &r);
+    struct applied a = {
+        .cmd_index = ci,
+        .token = r.token,
+        .digest = resultDigest(&r),
+        .previous_token = r.previous_token,
+        .lease_deadline = r.lease_deadline_ms,
+        .expires_at = r.expires_at_ms,
+        .retry_after = r.retry_after_ms,
+        .outcome = (uint32_t)o,
+        .server = (uint16_t)nd->i,
+        .segment = nd->restores,
+        .takeover = r.takeover,
+    };
+    commandInfo(cmd, len, &a);
+    nodeRecord(nd, &a);
+    if (o == IDEM__OUTCOME__OUTCOME_ACQUIRED) {
+        simSawToken(s, a.key, r.token);
+    }
+}
 
 static int simFsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
@@ -401,7 +433,7 @@ static int simFsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void
     /* raft advances last_applied after this call returns. */
     uint64_t index = raft_last_applied(raft_fixture_get(&s->f, nd->i)) + 1;
     *result = NULL;
-    Idem__LogEntry *e = idem__log_entry__unpack(NULL, buf->len, buf->base);
+    Idem__LogEntry *e = batch_entry_decode(buf);
     if (e == NULL || e->kind_case != IDEM__LOG_ENTRY__KIND_BATCH) {
         /* The sim proposes nothing else. */
         nodeError(nd, "log entry does not decode to a batch", index);
@@ -410,33 +442,10 @@ static int simFsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void
         }
         return 0;
     }
-    const Idem__CommandBatch *b = e->batch;
     if (nd->frozen != NULL) {
-        nd->applied_while_frozen += (unsigned)b->n_commands;
+        nd->applied_while_frozen += (unsigned)e->batch->n_commands;
     }
-    for (size_t i = 0; i < b->n_commands; i++) {
-        struct fsm_result r;
-        uint64_t ci = fsm_command_index(index, (unsigned)i);
-        Idem__Outcome o = fsm_apply(nd->m, ci, b->commands[i].data, b->commands[i].len, &r);
-        struct applied a = {
-            .cmd_index = ci,
-            .token = r.token,
-            .digest = resultDigest(&r),
-            .previous_token = r.previous_token,
-            .lease_deadline = r.lease_deadline_ms,
-            .expires_at = r.expires_at_ms,
-            .retry_after = r.retry_after_ms,
-            .outcome = (uint32_t)o,
-            .server = (uint16_t)nd->i,
-            .segment = nd->restores,
-            .takeover = r.takeover,
-        };
-        commandInfo(b->commands[i].data, b->commands[i].len, &a);
-        nodeRecord(nd, &a);
-        if (o == IDEM__OUTCOME__OUTCOME_ACQUIRED) {
-            simSawToken(s, a.key, r.token);
-        }
-    }
+    batch_apply_commands(e->batch, index, NULL, 0, simApplyCommand, nd);
     idem__log_entry__free_unpacked(e, NULL);
     return 0;
 }
@@ -590,7 +599,7 @@ static int simIoTruncate(struct raft_io *io, raft_index index)
  * has the same flaw where it advances its commit index (min(leader_commit, its last stored
  * index)), so the sim also lowers an incoming AppendEntries' leader_commit to the last index
  * the RPC covered, with the daemon's own io_clamp_commit (simIoRecv). The daemon's raft I/O
- * wrapper makes both corrections (cluster/io.h). */
+ * wrapper makes both corrections (cluster/raft015/io.h). */
 
 static int simIoSend(struct raft_io *io, struct raft_io_send *req,
                      const struct raft_message *message, raft_io_send_cb cb)
@@ -609,7 +618,7 @@ static int simIoSend(struct raft_io *io, struct raft_io_send *req,
     return nd->io_send(io, req, message, cb);
 }
 
-/* The leader's side of the correction (cluster/io.h: libraft 0.15 commits its last stored
+/* The leader's side of the correction (cluster/raft015/io.h: libraft 0.15 commits its last stored
  * entry once a majority holds it, whatever its term, Figure 8 of the paper), the daemon's
  * own rule (io_hold_result): while the last entry raft has stored is not of its current
  * term, a successful AppendEntries result is lowered to one below it (never below the
@@ -633,7 +642,7 @@ static void simIoRecv(struct raft_io *io, struct raft_message *msg)
         nd->raft_recv(io, msg);
         return;
     }
-    /* An RPC that starts below this follower's snapshot starts at it (cluster/io.h: a
+    /* An RPC that starts below this follower's snapshot starts at it (cluster/raft015/io.h: a
      * 0.15 follower appends such entries after its last one, then crashes here in
      * removeSuffix: IDEM_SEED=636427270239 did, with this correction alone taken out, in the
      * earlier sequence of runs; pinned). */
@@ -868,22 +877,8 @@ static raft_index propose(struct sim *s, unsigned i, unsigned n_cmds)
         bins[k].data = cmds[k];
         bins[k].len = len;
     }
-    Idem__CommandBatch b = IDEM__COMMAND_BATCH__INIT;
-    b.commands = bins;
-    b.n_commands = n;
-    b.proposer = raft->id;
-    b.proposal = ++s->proposal;
-    b.epoch = s->seed;
-    Idem__LogEntry e = IDEM__LOG_ENTRY__INIT;
-    e.kind_case = IDEM__LOG_ENTRY__KIND_BATCH;
-    e.batch = &b;
     struct raft_buffer buf;
-    buf.len = idem__log_entry__get_packed_size(&e);
-    buf.base = raft_malloc(buf.len);
-    if (buf.base == NULL) {
-        abort();
-    }
-    idem__log_entry__pack(&e, buf.base);
+    batch_encode(bins, n, raft->id, s->seed, ++s->proposal, &buf);
     for (unsigned k = 0; k < n; k++) {
         free(cmds[k]);
     }

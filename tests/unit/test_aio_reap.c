@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* mkdtemp, syscall */
-/* Unit tests of cluster/aio_reap.c: raft_uv's AIO contexts are destroyed by the reaper
+/* Unit tests of cluster/raft015/aio_reap.c: raft_uv's AIO contexts are destroyed by the reaper
  * thread, not by the caller. The contexts are real ones (io_setup(2)), and the last test
  * drives raft_uv itself (libraft linked as idemd links it, cluster/CMakeLists.txt) in a
  * fresh mkdtemp() directory under /tmp, removed at teardown. */
@@ -79,7 +79,7 @@ static void test_refused_destroy_is_counted(void **state)
     assert_int_equal(b.failed - a.failed, 1);
 }
 
-/* Inline (io.c, closing with writes in the kernel): destroyed before the wrapper returns,
+/* Inline (io_close.c, closing with writes in the kernel): destroyed before the wrapper returns,
  * on the caller's thread, and nothing is queued. */
 static void test_inline_destroys_before_returning(void **state)
 {

@@ -1,8 +1,11 @@
 /* cluster_queue: the commands a leader holds back for their account's in-flight bound
- * (cluster_config.max_account_inflight_bytes), with cluster.c compiled in so that its
- * queue functions are called directly on a cluster set up by hand as a leader: raft itself
+ * (cluster_config.max_account_inflight_bytes): admission.c's and batch.c's functions
+ * (cluster_internal.h) called directly on a cluster set up by hand as a leader: raft itself
  * is not started (integration.tenantinflight drives the whole path on a real cluster). */
-#include "../../cluster/cluster.c"
+#include "cluster_internal.h"
+
+#include <stdint.h>
+#include <stdlib.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,16 +48,16 @@ static int setup(void **state)
 {
     (void)state;
     assert_int_equal(uv_loop_init(&loop), 0);
-    C = xcalloc1(sizeof(*C));
+    C = cluster_xcalloc(sizeof(*C));
     C->loop = &loop;
     C->cfg.n_accounts = 2;
     C->cfg.batch_max_bytes = 1 << 20;
     C->cfg.batch_max_commands = 256;
     C->cfg.max_pending_bytes = 64u << 20;
     C->cfg.max_account_inflight_bytes = 3 * COST - 1;
-    C->acct_pending = xcalloc1(2 * sizeof(*C->acct_pending));
-    C->acct_refused = xcalloc1(2 * sizeof(*C->acct_refused));
-    C->queues = xcalloc1(2 * sizeof(*C->queues));
+    C->acct_pending = cluster_xcalloc(2 * sizeof(*C->acct_pending));
+    C->acct_refused = cluster_xcalloc(2 * sizeof(*C->acct_refused));
+    C->queues = cluster_xcalloc(2 * sizeof(*C->queues));
     C->ops.fail = opsFail;
     C->raft.state = RAFT_LEADER;
     assert_int_equal(uv_check_init(&loop, &C->flush), 0);
@@ -67,15 +70,15 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    failQueued(C, RAFT_NOTLEADER);
-    resetOpenBatch(C, false);
+    admission_fail_queued(C, RAFT_NOTLEADER);
+    batch_reset_open(C, false);
     uv_close((uv_handle_t *)&C->flush, onClose);
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&loop), 0);
     free(C->cmds);
     free(C->waiters);
     free(C->charges);
-    accountsFree(C);
+    admission_free(C);
     free(C);
     return 0;
 }
@@ -119,17 +122,17 @@ static void test_held_back_in_order_and_taken_in_turn(void **state)
     assert_int_equal(C->pending_bytes, 9 * COST); /* held back ones are charged too */
     assert_int_equal(C->acct_pending[0], 5 * COST);
     assert_int_equal(inflight(0), 2 * COST);
-    for (uint32_t a = 0; a < 2; a++) { /* what inflightRoom derives */
+    for (uint32_t a = 0; a < 2; a++) { /* what admission.c's inflightRoom derives */
         assert_int_equal(C->acct_pending[a] - C->queues[a].bytes, inflight(a));
     }
 
-    /* Both accounts' batches applied: the open batch emptied with its charges (as applyCb
-     * takes them off), then the waiting ones go in, 0 and 1 in turn. */
-    resetOpenBatch(C, false);
+    /* Both accounts' batches applied: the open batch emptied with its charges (as batch.c's
+     * applyCb takes them off), then the waiting ones go in, 0 and 1 in turn. */
+    batch_reset_open(C, false);
     assert_int_equal(inflight(0), 0);
     assert_int_equal(inflight(1), 0);
     C->next_admit = 0;
-    admitQueued(C);
+    admission_admit_queued(C);
     void *order[] = {(void *)3, (void *)13, (void *)4, (void *)14};
     assert_int_equal(C->n_cmds, 4);
     for (unsigned i = 0; i < 4; i++) {
@@ -142,7 +145,7 @@ static void test_held_back_in_order_and_taken_in_turn(void **state)
     assert_int_equal(C->queued_bytes, COST);
     assert_int_equal(C->pending_bytes, 5 * COST);
     /* A new command of account 0 waits behind 5, though there would be room after it. */
-    resetOpenBatch(C, false);
+    batch_reset_open(C, false);
     propose1(0, 6);
     assert_int_equal(C->n_cmds, 0);
     assert_ptr_equal(C->queues[0].tail->waiter, (void *)6);
@@ -160,7 +163,7 @@ static void test_failed_while_a_callback_proposes_again(void **state)
     propose1(0, 4);
     assert_int_equal(C->queued_bytes, 2 * COST);
     reenter = true;
-    failQueued(C, RAFT_NOTLEADER);
+    admission_fail_queued(C, RAFT_NOTLEADER);
     assert_int_equal(fails, 2);
     assert_ptr_equal(failed[0], (void *)3);
     assert_ptr_equal(failed[1], (void *)4);
@@ -173,10 +176,10 @@ static void test_failed_while_a_callback_proposes_again(void **state)
     assert_int_equal(C->queued_bytes, COST);
     assert_int_equal(C->acct_pending[0], 3 * COST); /* 1 and 2 in flight, 0x77 held back */
     assert_int_equal(C->pending_bytes, 3 * COST);
-    failQueued(C, RAFT_NOTLEADER); /* the tick's, once raft says follower */
+    admission_fail_queued(C, RAFT_NOTLEADER); /* the tick's, once raft says follower */
     assert_int_equal(fails, 3);
     assert_int_equal(C->queued_bytes, 0);
-    resetOpenBatch(C, false);
+    batch_reset_open(C, false);
     assert_int_equal(C->pending_bytes, 0);
     assert_int_equal(C->acct_pending[0], 0);
     assert_int_equal(inflight(0), 0);

@@ -415,7 +415,7 @@ static const struct bad_case bad_cases[] = {
     {"below the minimum", NODE_OK "raft:\n  snapshot_threshold: 15\n",
      "x.yaml:7:23: ", "raft.snapshot_threshold: \"15\" is out of range (16..4294967295)"},
     /* raft_uv takes a snapshot put without trailing entries for an install: it would drop
-     * the log entries after the snapshot that raft holds as stored (cluster/io.c). */
+     * the log entries after the snapshot that raft holds as stored (cluster/raft015/io_snap.c). */
     {"no trailing entries", NODE_OK "raft:\n  snapshot_trailing: 0\n",
      "x.yaml:7:22: ", "raft.snapshot_trailing: \"0\" is out of range (1..4294967295)"},
     {"snapshot log percent above the maximum", NODE_OK "raft:\n  snapshot_log_percent: 10001\n",

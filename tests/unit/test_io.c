@@ -1,5 +1,6 @@
 #define _GNU_SOURCE /* mkdtemp */
-/* Unit test of cluster/io.c: the correction of libraft 0.15's AppendEntries answers, the
+/* Unit test of the I/O wrapper (cluster/raft015/io*.c): the correction of libraft 0.15's
+ * AppendEntries answers, the
  * forwarding of async_work (asynchronous snapshots) with raft's close held back until the
  * last work has called back, and raft's close held back (for a bounded time) while appends
  * and snapshot puts are in flight. A fake raft_uv below the wrapper records what is sent and
@@ -188,7 +189,7 @@ static int fakeAsyncWork(struct raft_io *io, struct raft_io_async_work *req,
     return 0;
 }
 
-/* raft_uv 0.15 must not be closed from inside its own callbacks (io.c explains). */
+/* raft_uv 0.15 must not be closed from inside its own callbacks (io_close.c explains). */
 static void fakeClose(struct raft_io *io, raft_io_close_cb cb)
 {
     (void)io;

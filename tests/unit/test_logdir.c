@@ -1,4 +1,4 @@
-/* Unit test of cluster/logdir.c: raft_uv's segment names, the truncation marks, the check
+/* Unit test of cluster/raft015/logdir.c: raft_uv's segment names, the truncation marks, the check
  * of a truncation and what a start does with one marked and not checked. Segments here are
  * stand-ins with raft_uv's names: an open segment that holds entries starts with a non-zero
  * word (raft_uv's format version), one prepared and unused is zeros. */

@@ -1,4 +1,4 @@
-/* libraft 0.15's raft_uv itself under the I/O wrapper (cluster/io.c), in a temporary
+/* libraft 0.15's raft_uv itself under the I/O wrapper (cluster/raft015/io*.c), in a temporary
  * directory: a truncation asked while raft_uv holds a snapshot put. raft_uv alone never
  * runs it (its barrier never fires: canonical/raft #372, fixed after 0.15) and writes the
  * next entries on, so that the next load refuses the log; the wrapper holds the truncation

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* mkdtemp */
-/* Unit tests of cluster/segfill.c: raft_uv's open segments are written through before use,
+/* Unit tests of cluster/raft015/segfill.c: raft_uv's open segments are written through before use,
  * and nothing else is. What the file system holds is read back with FIEMAP (ioctl_fiemap(2)):
  * an extent that fallocate reserved and nothing wrote yet is flagged UNWRITTEN. The files
  * are made in fresh mkdtemp() directories (under /tmp, or the working directory when /tmp

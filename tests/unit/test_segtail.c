@@ -1,4 +1,4 @@
-/* Unit tests of cluster/segtail.c. The segments are written by raft_uv itself (libraft
+/* Unit tests of cluster/raft015/segtail.c. The segments are written by raft_uv itself (libraft
  * 0.15, linked as idemd links it) in a child process that exits without closing it, as a
  * node killed before raft_uv closed its open segment; raft_uv loads them in another child
  * (its loader may abort, which must not take the test with it). Segments of 16 KiB, one

@@ -1,4 +1,4 @@
-/* Unit test of cluster/snapstore.c: the reference raft_uv stores (encode/decode), the data
+/* Unit test of cluster/raft015/snapstore.c: the reference raft_uv stores (encode/decode), the data
  * file written in chunks and made durable (exact content, no .tmp left, size and XXH3-64 in
  * the reference), reading it back with its size and hash checked (and refused, with a
  * message naming the file, when either is wrong), and the removal of old files. Each test

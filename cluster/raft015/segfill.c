@@ -1,4 +1,7 @@
-/* segfill: raft_uv's open segments written through before use (segfill.h explains why). */
+/* segfill: corrects raft_uv 0.15's open segments left as fallocate reserves them (unwritten
+ * extents: every O_DSYNC append converts one, a journal commit and an EAGAIN retry on the
+ * pool): its UvFsAllocateFile calls come here through the linker's --wrap, and the segment
+ * is written through with zeros before use (segfill.h explains). */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "segfill.h"
 

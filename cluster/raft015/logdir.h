@@ -14,7 +14,7 @@
  * had its term, and the follower applied entries no majority held: 186 records against the
  * others' 200 at the same applied index.
  *
- * So io.c marks a truncation in the directory (an empty directory idem-truncate-<index>,
+ * So io_disk.c marks a truncation in the directory (an empty directory idem-truncate-<index>,
  * made durable) before raft_uv is asked for it. The first append after it is checked
  * before raft hears that it ended: no closed segment may end at or past the index, and no
  * more than one open segment may hold entries (the one written since; another would be the
@@ -30,9 +30,10 @@
  * segment holding entries, the log cannot be put right from here and the node refuses to
  * start (remove its data directory: it rejoins from the leader's snapshot).
  *
- * All functions block (mkdir, directory fsync, a directory listing): io.c calls them on the
- * loop thread, but only around a truncation (a follower's log diverged: after a leader
- * change) and at start. They return 0 or -1 with a message in err unless said otherwise. */
+ * All functions block (mkdir, directory fsync, a directory listing): io_disk.c and
+ * io_snap.c (at load) call them on the loop thread, but only around a truncation (a
+ * follower's log diverged: after a leader change) and at start. They return 0 or -1 with a
+ * message in err unless said otherwise. */
 #ifndef IDEM_CLUSTER_LOGDIR_H
 #define IDEM_CLUSTER_LOGDIR_H
 

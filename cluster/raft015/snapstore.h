@@ -58,7 +58,7 @@ bool snapstore_ref_decode(const void *buf, size_t len, struct snapstore_ref *r);
 
 /* Writes bufs to dir/idem-snapshot-<term>-<index>, paced by pause_us between chunks, and
  * makes it durable; fills out. stop (may be NULL) is read before each chunk: once it is
- * set (the node is closing, and would discard the file anyway: io.c), the partial file is
+ * set (the node is closing, and would discard the file anyway: io_snap.c), the partial file is
  * removed and SNAPSTORE_STOPPED returned, so that a close does not wait for a paced write
  * of 1-3 s per 100 MB. */
 int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct raft_buffer bufs[],

@@ -1,3 +1,6 @@
+/* wire_check: corrects libraft 0.15's decoder of peer messages, which trusts their bytes
+ * (one malformed AppendEntries crashed a node): raft_uv's call of uvDecodeMessage comes
+ * here first, through the linker's --wrap (wire_check.h explains). */
 #include "wire_check.h"
 
 #include <stdatomic.h>

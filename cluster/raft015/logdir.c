@@ -1,3 +1,7 @@
+/* logdir: corrects raft_uv 0.15's log truncation that fails silently (a failed step only
+ * sets a flag, and the entries written after it are read back at the wrong indexes): every
+ * truncation is marked before and checked after, and an undone one is put right at the next
+ * start (logdir.h explains). */
 #define _GNU_SOURCE /* renameat2 */
 #include "logdir.h"
 

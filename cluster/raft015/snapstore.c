@@ -1,3 +1,6 @@
+/* snapstore: corrects raft_uv 0.15's snapshot write in one go (the whole file to the disk
+ * at once, every log write on that disk queued behind it): the data goes to a file of our
+ * own, written paced, and raft_uv stores a small reference (snapstore.h explains). */
 #define _GNU_SOURCE /* sync_file_range */
 #include "snapstore.h"
 

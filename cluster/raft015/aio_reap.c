@@ -1,4 +1,6 @@
-/* aio_reap: libraft's AIO contexts destroyed off the loop (aio_reap.h explains why). */
+/* aio_reap: corrects raft_uv 0.15's io_destroy(2) of a segment's AIO context on the loop (a
+ * 32 ms pause of the node at every segment close): its UvOsIoDestroy calls come here through
+ * the linker's --wrap, and a thread of our own destroys the contexts (aio_reap.h explains). */
 #define _GNU_SOURCE /* syscall, gettid */
 #include "aio_reap.h"
 

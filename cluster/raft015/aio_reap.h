@@ -13,7 +13,7 @@
  * returns 0 at once; a thread destroys the queued contexts in order. This is safe because
  * raft_uv destroys a context only after closing its writer, and uses the context's value
  * no more: it finalizes a segment once the segment's writes are done, and at close idemd's
- * I/O wrapper waits for the appends in flight (cluster/io.h). A write still in the kernel
+ * I/O wrapper waits for the appends in flight (cluster/raft015/io.h). A write still in the kernel
  * then (only past that wait's bound, on a disk that never answers) holds the kernel's own
  * references to its file and event fd, and the context's ring stays mapped until the
  * context is destroyed; what io_destroy waits for (the RCU grace period) is the kernel's.
@@ -42,7 +42,7 @@ int __wrap_UvOsIoDestroy(aio_context_t ctx);
 void aio_reap_stop(void);
 
 /* on: from now on every context is destroyed on the caller's thread, as raft_uv would,
- * until called again with false. io.c turns it on when it closes raft_uv with log writes
+ * until called again with false. io_close.c turns it on when it closes raft_uv with log writes
  * still in the kernel (past its bounded wait for a disk that does not answer): raft_uv
  * frees such a write's buffer only after io_destroy returns, which waits for the write;
  * returning at once would free the buffer under the kernel. Process-wide. */

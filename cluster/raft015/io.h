@@ -36,7 +36,7 @@
  * A third, found in review: a 0.15 leader told that a log write failed truncates those
  * entries from its log and stays leader, so its next entries take the same indexes in the
  * same term while followers may hold the first ones. A leader's failed write (outside
- * close) stops the process instead (io.c, ioAppendDone).
+ * close) stops the process instead (io_disk.c, ioAppendDone).
  *
  * A fourth, on the follower's side (the sim found it as a crash in removeSuffix; the
  * integration test test_new_leader_sends_from_index_one_to_a_snapshotted_follower shows it
@@ -67,7 +67,7 @@
  *
  * It holds raft's close back, too, while disk writes raft started are in flight (appends
  * and snapshot puts), for at most close_wait_ms: libraft 0.15 crashes when raft_uv is
- * closed with more than one append still queued (canonical/raft #338; io.c explains). Past
+ * closed with more than one append still queued (canonical/raft #338; io_close.c explains). Past
  * that bound it closes anyway and says so on stderr (a log write the kernel still holds is
  * then waited for all the same, by raft_uv's io_destroy of its AIO context: aio_reap.h).
  * Pool work is always waited for, without a bound: async works, and with snap_dir the paced
@@ -98,8 +98,8 @@
 /* How long raft's close waits for disk writes in flight, by default. */
 #define IO_CLOSE_WAIT_MS 2000
 
-struct ioDisk; /* io.c: a disk request in flight */
-struct ioHeld; /* io.c: a truncation or append held back */
+struct ioDisk; /* io_internal.h: a disk request in flight */
+struct ioHeld; /* io_disk.c: a truncation or append held back */
 
 struct io {
     struct raft_io outer; /* first member; hand &outer to raft_init */
@@ -142,14 +142,15 @@ struct io {
     atomic_bool snap_stop;         /* set by raft's close: snapstore's pool work stops early */
     uint64_t snap_last;            /* index of the last snapshot stored or loaded */
     /* Index raft_uv stores the next appended entry at (its log's last + 1), 0 if not known:
-     * appends asked at another index stop the node (io.c, checkAppendIndex). */
+     * appends asked at another index stop the node (io_disk.c, checkAppendIndex). */
     uint64_t disk_next;
     /* raft_uv's directory, where truncations are marked and checked (logdir.h); NULL: they
      * are not. Set after io_wrap(), alive as long as the io. */
     const char *log_dir;
     uint64_t trunc_last; /* the last truncation marked, until an append carries its check */
     /* Snapshot puts raft_uv holds (submitted, not called back), and what waits for them: a
-     * truncation raft asks meanwhile, and every append and put after it (io.c, releaseHeld). */
+     * truncation raft asks meanwhile, and every append and put after it (io_disk.c,
+     * io_disk_release_held). */
     unsigned puts_inner;
     unsigned long truncs_held; /* truncations held back so far */
     bool release_queued;       /* what was held goes to raft_uv at the loop's next turn */

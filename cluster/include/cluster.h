@@ -23,13 +23,16 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "io.h" /* IO_APPEND_BUCKETS */
-
 #define CLUSTER_ADDR_MAX 264
 /* The fewest bytes of a Raft secret (raft.secret_file): the transport's handshake needs a
  * secret nobody can guess. */
 #define CLUSTER_SECRET_MIN 32
 #define CLUSTER_MEMBERS_MAX 64
+/* Log appends timed by duration (cluster_status.append_buckets), in buckets bounded by
+ * CLUSTER_APPEND_BOUND_US(i) = 0.5 ms << i, the last one unbounded (the I/O wrapper's
+ * IO_APPEND_BUCKETS and IO_APPEND_BOUND_US, which these equal). */
+#define CLUSTER_APPEND_BUCKETS 14
+#define CLUSTER_APPEND_BOUND_US(i) (500ull << (i))
 
 enum cluster_rc {
     CLUSTER_OK = 0,
@@ -192,8 +195,8 @@ struct cluster_status {
     uint64_t snapshot_write_us_last; /* its serialisation, off the loop when asynchronous */
     uint64_t snapshot_threshold;     /* entries between snapshots, as adapted now */
     uint64_t snapshot_bytes_last;    /* the FSM's part of the last snapshot taken or restored */
-    /* Log appends on this node by duration (io.h: IO_APPEND_BOUND_US), non-cumulative. */
-    uint64_t append_buckets[IO_APPEND_BUCKETS];
+    /* Log appends on this node by duration (CLUSTER_APPEND_BUCKETS), non-cumulative. */
+    uint64_t append_buckets[CLUSTER_APPEND_BUCKETS];
     uint64_t append_count;
     uint64_t append_sum_us;
     uint64_t append_oldest_us; /* age of the oldest append in flight, 0 when none */
@@ -231,6 +234,14 @@ struct cluster_io_counters {
     uint64_t connect_auth_failed;  /* connections to peers whose authentication failed */
 };
 void cluster_get_io_counters(struct cluster_io_counters *out);
+
+/* The cluster's log lines (its warnings and errors, never a key or a token) go to stderr as
+ * "idemd: <level>: ..." unless a sink is set: a daemon sends them to its own log, so that
+ * they carry its time, level and node. Set it once, before the cluster starts; the sink is
+ * called from any thread, `msg` (without its newline) borrowed for the call. */
+enum clog_level { CLOG_INFO, CLOG_WARN, CLOG_ERROR };
+typedef void (*clog_sink)(enum clog_level level, const char *msg);
+void clog_set_sink(clog_sink sink);
 
 /* Entries between two snapshots (raft_set_snapshot_threshold) after a snapshot of
  * `snapshot_bytes`, when the last `entries` applied entries held `entry_bytes` bytes.

@@ -1,0 +1,305 @@
+/* batch: proposals batched into log entries, and the hand-off of their results.
+ *
+ * Commands taken (admission.c) wait in the open batch until this loop turn's I/O callbacks
+ * ran (batch_flush_cb), or until it is full; batch_flush() packs them into one LogEntry and
+ * raft_apply()s it, keeping it in `pending` with its commands' waiters until raft's apply
+ * callback. Each waiter is handed back exactly once: to ops.apply when its command is
+ * applied here (batch_apply), or to ops.fail. */
+#include "cluster_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "clog.h"
+
+#define ENTRY_HEADER 8 /* batch.h: the framing */
+
+void batch_fail_waiters(struct cluster *c, void **waiters, unsigned n, int status)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (waiters[i] != NULL) {
+            void *w = waiters[i];
+            waiters[i] = NULL;
+            c->ops.fail(c->ops.data, w, status);
+        }
+    }
+}
+
+static void pendingUnlink(struct cluster *c, struct cluster_batch *b)
+{
+    if (b->prev) {
+        b->prev->next = b->next;
+    } else {
+        c->pending_head = b->next;
+    }
+    if (b->next) {
+        b->next->prev = b->prev;
+    } else {
+        c->pending_tail = b->prev;
+    }
+    b->next = b->prev = NULL;
+}
+
+static void applyCb(struct raft_apply *req, int status, void *result)
+{
+    (void)result;
+    struct cluster_batch *b = req->data;
+    struct cluster *c = b->c;
+    pendingUnlink(c, b);
+    c->pending_bytes -= b->cost;
+    admission_uncharge(c, b->charges, b->n);
+    /* On success every waiter was handed to ops.apply in fsmApply; on failure those not yet
+     * applied are failed now. */
+    batch_fail_waiters(c, b->waiters, b->n, status == 0 ? RAFT_SHUTDOWN : status);
+    free(b->waiters);
+    free(b->charges);
+    free(b);
+    if (c->queued_bytes != 0) {
+        if (status != 0) {
+            /* Leadership lost (or the node stops): the commands held back never went in. */
+            admission_fail_queued(c, RAFT_NOTLEADER);
+        } else if (!c->stopping) {
+            /* room for held-back ones: admission_admit_queued */
+            uv_check_start(&c->flush, batch_flush_cb);
+        }
+    }
+}
+
+/* Empties the open batch. Its charges stay on their accounts when `keep_charges` (they
+ * went to a proposed batch). */
+void batch_reset_open(struct cluster *c, bool keep_charges)
+{
+    if (!keep_charges) {
+        admission_uncharge(c, c->charges, c->n_cmds);
+    }
+    for (unsigned i = 0; i < c->n_cmds; i++) {
+        free(c->cmds[i].data);
+    }
+    c->n_cmds = 0;
+    c->batch_bytes = 0;
+    c->pending_bytes -= c->open_cost;
+    c->open_cost = 0;
+}
+
+void batch_entry_encode(const Idem__LogEntry *e, struct raft_buffer *buf)
+{
+    size_t n = idem__log_entry__get_packed_size(e);
+    buf->len = (ENTRY_HEADER + n + 7) & ~(size_t)7;
+    buf->base = raft_calloc(1, buf->len);
+    if (buf->base == NULL) {
+        clog_error("out of memory");
+        abort();
+    }
+    uint8_t *p = buf->base;
+    p[0] = (uint8_t)n;
+    p[1] = (uint8_t)(n >> 8);
+    p[2] = (uint8_t)(n >> 16);
+    p[3] = (uint8_t)(n >> 24);
+    idem__log_entry__pack(e, p + ENTRY_HEADER);
+}
+
+/* The packed LogEntry inside an entry, or NULL when the framing is wrong. */
+static const uint8_t *entryPayload(const struct raft_buffer *buf, size_t *len)
+{
+    const uint8_t *p = buf->base;
+    if (buf->len < ENTRY_HEADER) {
+        return NULL;
+    }
+    size_t n = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+    if (n > buf->len - ENTRY_HEADER) {
+        return NULL;
+    }
+    *len = n;
+    return p + ENTRY_HEADER;
+}
+
+Idem__LogEntry *batch_entry_decode(const struct raft_buffer *buf)
+{
+    size_t plen = 0;
+    const uint8_t *payload = entryPayload(buf, &plen);
+    return payload != NULL ? idem__log_entry__unpack(NULL, plen, payload) : NULL;
+}
+
+void batch_encode(ProtobufCBinaryData *cmds, size_t n, uint64_t proposer, uint64_t epoch,
+                  uint64_t proposal, struct raft_buffer *buf)
+{
+    Idem__CommandBatch batch = IDEM__COMMAND_BATCH__INIT;
+    batch.n_commands = n;
+    batch.commands = cmds;
+    batch.proposer = proposer;
+    batch.epoch = epoch;
+    batch.proposal = proposal;
+    Idem__LogEntry entry = IDEM__LOG_ENTRY__INIT;
+    entry.kind_case = IDEM__LOG_ENTRY__KIND_BATCH;
+    entry.batch = &batch;
+    batch_entry_encode(&entry, buf);
+}
+
+void batch_apply_commands(const Idem__CommandBatch *b, uint64_t index, void **waiters,
+                          unsigned n_waiters, batch_apply_fn apply, void *data)
+{
+    size_t n = b->n_commands;
+    if (n > ((size_t)1 << BATCH_SLOT_BITS)) {
+        clog_error("log entry %llu holds too many commands; skipped", (unsigned long long)index);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        void *w = NULL;
+        if (waiters != NULL && i < n_waiters) {
+            w = waiters[i];
+            waiters[i] = NULL;
+        }
+        apply(data, (index << BATCH_SLOT_BITS) | i, b->commands[i].data, b->commands[i].len, w);
+    }
+}
+
+static struct cluster_batch *pendingFind(struct cluster *c, const Idem__CommandBatch *b)
+{
+    if (b->proposer != c->cfg.id || b->epoch != c->epoch) {
+        return NULL;
+    }
+    for (struct cluster_batch *p = c->pending_head; p != NULL; p = p->next) {
+        if (p->proposal == b->proposal) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+void batch_apply(struct cluster *c, const Idem__CommandBatch *b, uint64_t index)
+{
+    struct cluster_batch *p = pendingFind(c, b);
+    batch_apply_commands(b, index, p != NULL ? p->waiters : NULL, p != NULL ? p->n : 0,
+                         c->ops.apply, c->ops.data);
+}
+
+/* Packs and proposes the open batch. */
+void batch_flush(struct cluster *c)
+{
+    if (c->n_cmds == 0) {
+        return;
+    }
+    unsigned n = c->n_cmds;
+    void **waiters = cluster_xcalloc(n * sizeof(*waiters));
+    memcpy(waiters, c->waiters, n * sizeof(*waiters));
+    struct charge *charges = cluster_xcalloc(n * sizeof(*charges));
+    memcpy(charges, c->charges, n * sizeof(*charges));
+
+    struct raft_buffer buf;
+    uint64_t proposal = ++c->next_proposal;
+    batch_encode(c->cmds, n, c->cfg.id, c->epoch, proposal, &buf);
+    uint64_t cost = c->open_cost;
+    batch_reset_open(c, true);
+    c->pending_bytes += cost; /* now the batch's, and so are the accounts' charges */
+
+    struct cluster_batch *b = cluster_xcalloc(sizeof(*b));
+    b->c = c;
+    b->cost = cost;
+    b->proposal = proposal;
+    b->waiters = waiters;
+    b->charges = charges;
+    b->n = n;
+    b->req.data = b;
+    int rv = raft_apply(&c->raft, &b->req, &buf, 1, applyCb);
+    if (rv != 0) {
+        /* Not leading any more, or a transfer began since these commands were taken (a
+         * transfer request read in the same loop iteration): none of them is in the log. */
+        raft_free(buf.base);
+        c->not_proposed += n;
+        c->pending_bytes -= cost;
+        admission_uncharge(c, charges, n);
+        batch_fail_waiters(c, waiters, n, rv);
+        free(waiters);
+        free(charges);
+        free(b);
+        /* taken on the same terms, never proposed either */
+        admission_fail_queued(c, RAFT_NOTLEADER);
+        return;
+    }
+    b->prev = c->pending_tail;
+    if (c->pending_tail) {
+        c->pending_tail->next = b;
+    } else {
+        c->pending_head = b;
+    }
+    c->pending_tail = b;
+}
+
+/* Whether the open batch must be proposed before a command of len bytes can join it. */
+bool batch_open_full(const struct cluster *c, size_t len)
+{
+    return c->n_cmds > 0 && (c->n_cmds == c->cfg.batch_max_commands ||
+                             c->batch_bytes + len > c->cfg.batch_max_bytes);
+}
+
+/* Whether this node may hand raft a batch now (raft_apply refuses one during a transfer). */
+bool batch_may_propose(struct cluster *c)
+{
+    return !c->stopping && raft_state(&c->raft) == RAFT_LEADER && c->raft.transfer == NULL;
+}
+
+/* Adds a command to the open batch, which has room for it (batch_open_full); `data` (malloc'd) is
+ * the batch's from now on. Its cost goes to its account's bytes in flight, and to
+ * pending_bytes and its account's pending bytes unless it was charged when held back. */
+void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waiter, uint32_t account,
+                       uint32_t cost, bool charged)
+{
+    if (c->n_cmds == c->cap_cmds) {
+        c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
+        c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
+        c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
+        c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
+        if (c->cmds == NULL || c->waiters == NULL || c->charges == NULL) {
+            clog_error("out of memory");
+            abort();
+        }
+    }
+    c->cmds[c->n_cmds].data = data;
+    c->cmds[c->n_cmds].len = len;
+    c->waiters[c->n_cmds] = waiter;
+    c->charges[c->n_cmds] = (struct charge){.account = account, .cost = cost};
+    if (!charged) {
+        if (account != CLUSTER_ACCOUNT_NONE) {
+            c->acct_pending[account] += cost;
+        }
+        c->pending_bytes += cost;
+    }
+    c->n_cmds++;
+    c->batch_bytes += len;
+    c->open_cost += cost;
+    if (c->n_cmds == 1) {
+        uv_check_start(&c->flush, batch_flush_cb);
+    }
+}
+
+void batch_flush_cb(uv_check_t *h)
+{
+    struct cluster *c = h->data;
+    uv_check_stop(h);
+    if (c->queued_bytes != 0) {
+        admission_admit_queued(c);
+    }
+    batch_flush(c);
+}
+
+static void internalApplyCb(struct raft_apply *req, int status, void *result)
+{
+    (void)status;
+    (void)result;
+    free(req->data);
+}
+
+/* Proposes a cluster-level entry without a waiter. */
+int batch_propose_internal(struct cluster *c, const Idem__LogEntry *entry)
+{
+    struct raft_buffer buf;
+    batch_entry_encode(entry, &buf);
+    struct internalReq *r = cluster_xcalloc(sizeof(*r));
+    r->req.data = r;
+    int rv = raft_apply(&c->raft, &r->req, &buf, 1, internalApplyCb);
+    if (rv != 0) {
+        raft_free(buf.base);
+        free(r);
+    }
+    return rv;
+}
