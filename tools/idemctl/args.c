@@ -43,7 +43,7 @@ bool argsValue(struct args *a, const char *name, const char **val)
 }
 
 /* If the current argument is the flag `name`, consumes it and returns true. */
-bool argsFlag(struct args *a, const char *name)
+static bool argsFlag(struct args *a, const char *name)
 {
     if (a->dashdash) {
         return false;
@@ -86,7 +86,7 @@ bool argsCommon(struct global *g, struct args *a)
 /* Takes the current argument as positional number *n (of at most `max`), or exits on an
  * unknown option or one argument too many; where a KEY may stand (a->key_operands), the
  * message names the argument by its position (1: the first after the command word). */
-void argsPositional(struct args *a, const char **slots, size_t max, size_t *n)
+static void argsPositional(struct args *a, const char **slots, size_t max, size_t *n)
 {
     const char *arg = a->argv[a->i];
     int at = a->i - a->first + 1;
@@ -126,5 +126,28 @@ void argsRequireKey(const char *cmd, const char *key)
     }
     if (key[0] == '\0') {
         cli_usage_error("%s: KEY is empty", cmd);
+    }
+}
+
+/* Parses the arguments after the command word: the options every command takes
+ * (argsCommon()), the command's own (opts[0..n_opts), may be NULL), and at most `max`
+ * positional arguments into pos[0..*npos) (OUT). Anything else is a usage error. */
+void argsParse(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
+               const char **pos, size_t max, size_t *npos)
+{
+    *npos = 0;
+    while (a->i < a->argc) {
+        bool taken = argsCommon(g, a);
+        for (size_t k = 0; !taken && k < n_opts; k++) {
+            if (opts[k].value != NULL) {
+                taken = argsValue(a, opts[k].name, opts[k].value);
+            } else if (argsFlag(a, opts[k].name)) {
+                *opts[k].flag = true;
+                taken = true;
+            }
+        }
+        if (!taken) {
+            argsPositional(a, pos, max, npos);
+        }
     }
 }

@@ -15,14 +15,12 @@ int dataCmdClaim(struct global *g, struct args *a)
     const char *pos[1];
     size_t npos = 0;
     const char *fp = NULL, *attempt = NULL, *lease = NULL, *ttl = NULL, *policy = NULL;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--fingerprint", &fp) ||
-            argsValue(a, "--attempt", &attempt) || argsValue(a, "--lease", &lease) ||
-            argsValue(a, "--ttl", &ttl) || argsValue(a, "--policy", &policy)) {
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    const struct argsOpt opts[] = {{"--fingerprint", &fp, NULL},
+                                   {"--attempt", &attempt, NULL},
+                                   {"--lease", &lease, NULL},
+                                   {"--ttl", &ttl, NULL},
+                                   {"--policy", &policy, NULL}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     argsRequireKey("claim", npos ? pos[0] : NULL);
     if (fp == NULL) {
         cli_usage_error("claim: missing --fingerprint HEX64");
@@ -111,14 +109,11 @@ int dataCmdComplete(struct global *g, struct args *a)
     const char *pos[1];
     size_t npos = 0;
     const char *token = NULL, *status = NULL, *body = NULL, *outcome = NULL;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--token", &token) ||
-            argsValue(a, "--status", &status) || argsValue(a, "--body", &body) ||
-            argsValue(a, "--outcome", &outcome)) {
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    const struct argsOpt opts[] = {{"--token", &token, NULL},
+                                   {"--status", &status, NULL},
+                                   {"--body", &body, NULL},
+                                   {"--outcome", &outcome, NULL}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     argsRequireKey("complete", npos ? pos[0] : NULL);
     if (token == NULL) {
         cli_usage_error("complete: missing --token N (the fencing token from claim)");
@@ -154,12 +149,8 @@ int dataCmdRelease(struct global *g, struct args *a)
     const char *pos[1];
     size_t npos = 0;
     const char *token = NULL;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--token", &token)) {
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    const struct argsOpt opts[] = {{"--token", &token, NULL}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     argsRequireKey("release", npos ? pos[0] : NULL);
     if (token == NULL) {
         cli_usage_error("release: missing --token N (the fencing token from claim)");
@@ -179,13 +170,8 @@ int dataCmdRenew(struct global *g, struct args *a)
     const char *pos[1];
     size_t npos = 0;
     const char *token = NULL, *lease = NULL;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--token", &token) ||
-            argsValue(a, "--lease", &lease)) {
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    const struct argsOpt opts[] = {{"--token", &token, NULL}, {"--lease", &lease, NULL}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     argsRequireKey("renew", npos ? pos[0] : NULL);
     if (token == NULL) {
         cli_usage_error("renew: missing --token N (the fencing token from claim)");
@@ -205,12 +191,7 @@ int dataCmdGet(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a)) {
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    argsParse(g, a, NULL, 0, pos, 1, &npos);
     argsRequireKey("get", npos ? pos[0] : NULL);
     Idem__GetRequest gr = IDEM__GET_REQUEST__INIT;
     gr.key.data = (uint8_t *)pos[0];

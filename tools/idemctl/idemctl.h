@@ -57,10 +57,18 @@ struct args {
 
 bool argsIsOption(const char *arg);
 bool argsValue(struct args *a, const char *name, const char **val);
-bool argsFlag(struct args *a, const char *name);
 bool argsCommon(struct global *g, struct args *a);
-void argsPositional(struct args *a, const char **slots, size_t max, size_t *n);
 void argsRequireKey(const char *cmd, const char *key);
+
+/* An option of one command: one with a value (stored in *value) or a flag (*flag set to
+ * true); exactly one of value and flag is not NULL. */
+struct argsOpt {
+    const char *name;
+    const char **value;
+    bool *flag;
+};
+void argsParse(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
+               const char **pos, size_t max, size_t *npos);
 
 /* ---- help (help.c) ---- */
 

@@ -106,12 +106,7 @@ int membersCmd(struct global *g, struct args *a)
 {
     const char *pos[5];
     size_t npos = 0;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a)) {
-            continue;
-        }
-        argsPositional(a, pos, 5, &npos);
-    }
+    argsParse(g, a, NULL, 0, pos, 5, &npos);
     const char *action = npos ? pos[0] : "list";
     Idem__MembersRequest mr = IDEM__MEMBERS_REQUEST__INIT;
     if (strcmp(action, "list") == 0) {
@@ -273,12 +268,7 @@ int membersCmdTransfer(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a)) {
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    argsParse(g, a, NULL, 0, pos, 1, &npos);
     Idem__TransferRequest tr = IDEM__TRANSFER_REQUEST__INIT;
     tr.id = npos ? parseNodeId("transfer NODE_ID", pos[0]) : 0;
     Idem__Request req = IDEM__REQUEST__INIT;
@@ -330,12 +320,8 @@ int membersCmdSnapshot(struct global *g, struct args *a)
     const char *pos[1];
     size_t npos = 0;
     const char *node = NULL;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--node", &node)) {
-            continue;
-        }
-        argsPositional(a, pos, 0, &npos);
-    }
+    const struct argsOpt opts[] = {{"--node", &node, NULL}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
     if (node != NULL) {
         char why[160];
         if (idem_seeds_check(node, why, sizeof why) != IDEM_OK || strchr(node, ',') != NULL) {

@@ -55,17 +55,11 @@ int recordsCmdResolve(struct global *g, struct args *a)
     size_t npos = 0;
     const char *tenant = NULL, *status = NULL, *body = NULL;
     bool release = false;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--tenant", &tenant) ||
-            argsValue(a, "--status", &status) || argsValue(a, "--body", &body)) {
-            continue;
-        }
-        if (argsFlag(a, "--release")) {
-            release = true;
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    const struct argsOpt opts[] = {{"--tenant", &tenant, NULL},
+                                   {"--status", &status, NULL},
+                                   {"--body", &body, NULL},
+                                   {"--release", NULL, &release}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     argsRequireKey("resolve", npos ? pos[0] : NULL);
     if (tenant == NULL || tenant[0] == '\0') {
         cli_usage_error("resolve: missing --tenant NAME");
@@ -129,21 +123,11 @@ int recordsCmdKey(struct global *g, struct args *a)
     size_t npos = 0;
     const char *status = NULL, *body = NULL;
     bool release = false, reveal = false;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--status", &status) ||
-            argsValue(a, "--body", &body)) {
-            continue;
-        }
-        if (argsFlag(a, "--release")) {
-            release = true;
-            continue;
-        }
-        if (argsFlag(a, "--reveal")) {
-            reveal = true;
-            continue;
-        }
-        argsPositional(a, pos, 3, &npos);
-    }
+    const struct argsOpt opts[] = {{"--status", &status, NULL},
+                                   {"--body", &body, NULL},
+                                   {"--release", NULL, &release},
+                                   {"--reveal", NULL, &reveal}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 3, &npos);
     if (npos == 0) {
         cli_usage_error("key: missing subcommand (get, resolve or purge)");
     }
@@ -179,21 +163,11 @@ int recordsCmdQuarantine(struct global *g, struct args *a)
     size_t npos = 0;
     const char *tenant = NULL, *limit = NULL;
     bool reveal = false, lease_ended = false;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--tenant", &tenant) ||
-            argsValue(a, "--limit", &limit)) {
-            continue;
-        }
-        if (argsFlag(a, "--reveal")) {
-            reveal = true;
-            continue;
-        }
-        if (argsFlag(a, "--lease-ended")) {
-            lease_ended = true;
-            continue;
-        }
-        argsPositional(a, pos, 1, &npos);
-    }
+    const struct argsOpt opts[] = {{"--tenant", &tenant, NULL},
+                                   {"--limit", &limit, NULL},
+                                   {"--reveal", NULL, &reveal},
+                                   {"--lease-ended", NULL, &lease_ended}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     if (npos > 0 && strcmp(pos[0], "list") != 0) {
         cli_usage_error("quarantine: unknown subcommand \"%s\" (list)", pos[0]);
     }

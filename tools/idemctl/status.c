@@ -413,16 +413,8 @@ int statusCmd(struct global *g, struct args *a)
     size_t npos = 0;
     bool digest = false;
     const char *lag = NULL;
-    while (a->i < a->argc) {
-        if (argsCommon(g, a) || argsValue(a, "--max-lag", &lag)) {
-            continue;
-        }
-        if (argsFlag(a, "--digest")) {
-            digest = true;
-            continue;
-        }
-        argsPositional(a, pos, 0, &npos);
-    }
+    const struct argsOpt opts[] = {{"--max-lag", &lag, NULL}, {"--digest", NULL, &digest}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
     uint64_t max_lag = lag ? cli_parse_u64("--max-lag", lag, 0, UINT64_MAX) : DEFAULT_MAX_LAG;
     struct discovery d;
     probeDiscover(g, digest, &d);
