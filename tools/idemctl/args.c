@@ -13,25 +13,33 @@ bool argsIsOption(const char *arg)
     return arg[0] == '-' && arg[1] != '\0';
 }
 
+/* What follows `name` in the current argument ("" for the name alone, "=value"), or NULL
+ * when the argument is no such option (or comes after "--"). */
+static const char *argsAfterName(const struct args *a, const char *name)
+{
+    if (a->dashdash) {
+        return NULL;
+    }
+    const char *arg = a->argv[a->i];
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0 || (arg[n] != '=' && arg[n] != '\0')) {
+        return NULL;
+    }
+    return arg + n;
+}
+
 /* If the current argument is `name` ("--x") or "name=value", consumes it and its value
  * (the next argument in the first form) and returns true. */
 bool argsValue(struct args *a, const char *name, const char **val)
 {
-    if (a->dashdash) {
+    const char *rest = argsAfterName(a, name);
+    if (rest == NULL) {
         return false;
     }
-    const char *arg = a->argv[a->i];
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0) {
-        return false;
-    }
-    if (arg[n] == '=') {
-        *val = arg + n + 1;
+    if (rest[0] == '=') {
+        *val = rest + 1;
         a->i++;
         return true;
-    }
-    if (arg[n] != '\0') {
-        return false;
     }
     if (a->i + 1 >= a->argc) {
         cli_usage_error("%s%soption %s needs a value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
@@ -45,20 +53,13 @@ bool argsValue(struct args *a, const char *name, const char **val)
 /* If the current argument is the flag `name`, consumes it and returns true. */
 static bool argsFlag(struct args *a, const char *name)
 {
-    if (a->dashdash) {
+    const char *rest = argsAfterName(a, name);
+    if (rest == NULL) {
         return false;
     }
-    const char *arg = a->argv[a->i];
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0) {
-        return false;
-    }
-    if (arg[n] == '=') {
+    if (rest[0] == '=') {
         cli_usage_error("%s%soption %s takes no value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
                         name);
-    }
-    if (arg[n] != '\0') {
-        return false;
     }
     a->i++;
     return true;

@@ -104,28 +104,41 @@ void dataStoredResponseFill(Idem__StoredResponse *sr, const char *cmd, const cha
     }
 }
 
-int dataCmdComplete(struct global *g, struct args *a)
+/* The arguments of a command on the claim of KEY: KEY, --token N (both required; the
+ * token's text in *token, OUT) and the command's other options (opts, at most 3).
+ * Returns KEY. */
+static const char *keyAndToken(struct global *g, struct args *a, const char *cmd,
+                               const struct argsOpt *opts, size_t n_opts, const char **token)
 {
+    struct argsOpt all[4] = {{"--token", token, NULL}};
+    for (size_t i = 0; i < n_opts && i + 1 < sizeof all / sizeof all[0]; i++) {
+        all[i + 1] = opts[i];
+    }
     const char *pos[1];
     size_t npos = 0;
-    const char *token = NULL, *status = NULL, *body = NULL, *outcome = NULL;
-    const struct argsOpt opts[] = {{"--token", &token, NULL},
-                                   {"--status", &status, NULL},
-                                   {"--body", &body, NULL},
-                                   {"--outcome", &outcome, NULL}};
-    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
-    argsRequireKey("complete", npos ? pos[0] : NULL);
-    if (token == NULL) {
-        cli_usage_error("complete: missing --token N (the fencing token from claim)");
+    *token = NULL;
+    argsParse(g, a, all, 1 + n_opts, pos, 1, &npos);
+    argsRequireKey(cmd, npos ? pos[0] : NULL);
+    if (*token == NULL) {
+        cli_usage_error("%s: missing --token N (the fencing token from claim)", cmd);
     }
+    return pos[0];
+}
+
+int dataCmdComplete(struct global *g, struct args *a)
+{
+    const char *token, *status = NULL, *body = NULL, *outcome = NULL;
+    const struct argsOpt opts[] = {
+        {"--status", &status, NULL}, {"--body", &body, NULL}, {"--outcome", &outcome, NULL}};
+    const char *key = keyAndToken(g, a, "complete", opts, sizeof opts / sizeof opts[0], &token);
     if (status == NULL) {
         cli_usage_error("complete: missing --status CODE");
     }
     Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
     dataStoredResponseFill(&sr, "complete", status, body);
     Idem__CompleteRequest cr = IDEM__COMPLETE_REQUEST__INIT;
-    cr.key.data = (uint8_t *)pos[0];
-    cr.key.len = strlen(pos[0]);
+    cr.key.data = (uint8_t *)key;
+    cr.key.len = strlen(key);
     cr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
     cr.response = &sr;
     if (outcome == NULL || strcmp(outcome, "succeeded") == 0) {
@@ -146,18 +159,11 @@ int dataCmdComplete(struct global *g, struct args *a)
 
 int dataCmdRelease(struct global *g, struct args *a)
 {
-    const char *pos[1];
-    size_t npos = 0;
-    const char *token = NULL;
-    const struct argsOpt opts[] = {{"--token", &token, NULL}};
-    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
-    argsRequireKey("release", npos ? pos[0] : NULL);
-    if (token == NULL) {
-        cli_usage_error("release: missing --token N (the fencing token from claim)");
-    }
+    const char *token;
+    const char *key = keyAndToken(g, a, "release", NULL, 0, &token);
     Idem__ReleaseRequest rr = IDEM__RELEASE_REQUEST__INIT;
-    rr.key.data = (uint8_t *)pos[0];
-    rr.key.len = strlen(pos[0]);
+    rr.key.data = (uint8_t *)key;
+    rr.key.len = strlen(key);
     rr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_RELEASE;
@@ -167,18 +173,12 @@ int dataCmdRelease(struct global *g, struct args *a)
 
 int dataCmdRenew(struct global *g, struct args *a)
 {
-    const char *pos[1];
-    size_t npos = 0;
-    const char *token = NULL, *lease = NULL;
-    const struct argsOpt opts[] = {{"--token", &token, NULL}, {"--lease", &lease, NULL}};
-    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
-    argsRequireKey("renew", npos ? pos[0] : NULL);
-    if (token == NULL) {
-        cli_usage_error("renew: missing --token N (the fencing token from claim)");
-    }
+    const char *token, *lease = NULL;
+    const struct argsOpt opts[] = {{"--lease", &lease, NULL}};
+    const char *key = keyAndToken(g, a, "renew", opts, 1, &token);
     Idem__RenewRequest rr = IDEM__RENEW_REQUEST__INIT;
-    rr.key.data = (uint8_t *)pos[0];
-    rr.key.len = strlen(pos[0]);
+    rr.key.data = (uint8_t *)key;
+    rr.key.len = strlen(key);
     rr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
     rr.lease_ms = lease ? cli_parse_u64("--lease", lease, 1, MAX_DURATION_MS) : 0;
     Idem__Request req = IDEM__REQUEST__INIT;

@@ -68,48 +68,40 @@ int recordsCmdResolve(struct global *g, struct args *a)
     return resolveCall(g, "resolve", tenant, pos[0], release, status, body);
 }
 
-static int keyGet(struct global *g, const char *tenant, const char *key, bool reveal)
+/* key get (purge false) or key purge of (tenant, key), on the leader: the outcome, and the
+ * record (its key and body only with `reveal`) or the purged record's token. */
+static int keyGetOrPurge(struct global *g, bool purge, const char *tenant, const char *key,
+                         bool reveal)
 {
     Idem__KeyGetRequest kg = IDEM__KEY_GET_REQUEST__INIT;
-    kg.tenant = (char *)tenant;
-    kg.key.data = (uint8_t *)key;
-    kg.key.len = strlen(key);
+    Idem__PurgeRequest pr = IDEM__PURGE_REQUEST__INIT;
     Idem__Request req = IDEM__REQUEST__INIT;
-    req.op_case = IDEM__REQUEST__OP_KEY_GET;
-    req.key_get = &kg;
+    if (purge) {
+        pr.tenant = (char *)tenant;
+        pr.key.data = (uint8_t *)key;
+        pr.key.len = strlen(key);
+        req.op_case = IDEM__REQUEST__OP_PURGE;
+        req.purge = &pr;
+    } else {
+        kg.tenant = (char *)tenant;
+        kg.key.data = (uint8_t *)key;
+        kg.key.len = strlen(key);
+        req.op_case = IDEM__REQUEST__OP_KEY_GET;
+        req.key_get = &kg;
+    }
     Idem__Response *resp = NULL;
     int code = callSend(g, true, NULL, &req, &resp);
     if (code != EXIT_ANSWERED) {
         return code;
     }
     json_t *o = jOutcome(resp);
-    if (resp->n_records > 0 && resp->records[0] != NULL) {
+    if (purge && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK && resp->result != NULL) {
+        jset(o, "purged_token", ju64(resp->result->token));
+    }
+    if (!purge && resp->n_records > 0 && resp->records[0] != NULL) {
         json_t *rec = jAdminRecord(resp->records[0], reveal, true);
         json_object_update(o, rec);
         json_decref(rec);
-    }
-    outEmit(g, o);
-    idem__response__free_unpacked(resp, NULL);
-    return EXIT_ANSWERED;
-}
-
-static int keyPurge(struct global *g, const char *tenant, const char *key)
-{
-    Idem__PurgeRequest pr = IDEM__PURGE_REQUEST__INIT;
-    pr.tenant = (char *)tenant;
-    pr.key.data = (uint8_t *)key;
-    pr.key.len = strlen(key);
-    Idem__Request req = IDEM__REQUEST__INIT;
-    req.op_case = IDEM__REQUEST__OP_PURGE;
-    req.purge = &pr;
-    Idem__Response *resp = NULL;
-    int code = callSend(g, true, NULL, &req, &resp);
-    if (code != EXIT_ANSWERED) {
-        return code;
-    }
-    json_t *o = jOutcome(resp);
-    if (idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK && resp->result != NULL) {
-        jset(o, "purged_token", ju64(resp->result->token));
     }
     outEmit(g, o);
     idem__response__free_unpacked(resp, NULL);
@@ -147,11 +139,8 @@ int recordsCmdKey(struct global *g, struct args *a)
     if (!is_resolve && (release || status != NULL || body != NULL)) {
         cli_usage_error("%s: --release, --status and --body go with key resolve", cmd);
     }
-    if (is_get) {
-        return keyGet(g, pos[1], pos[2], reveal);
-    }
-    if (is_purge) {
-        return keyPurge(g, pos[1], pos[2]);
+    if (is_get || is_purge) {
+        return keyGetOrPurge(g, is_purge, pos[1], pos[2], reveal);
     }
     return resolveCall(g, cmd, pos[1], pos[2], release, status, body);
 }
