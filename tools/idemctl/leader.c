@@ -50,6 +50,20 @@ int leaderNone(const struct global *g, const struct discovery *d, const char *wh
     return outFailCall(g, IDEM_EUNAVAILABLE, msg);
 }
 
+/* What is left until `end` (ms, callNowMs()), at least 1 ms: the deadline of the next
+ * call. */
+static uint32_t leftMs(uint64_t end)
+{
+    uint64_t now = callNowMs();
+    return (uint32_t)(end > now + 1 ? end - now : 1);
+}
+
+static void sleepMs(uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* After a transfer answered "did not move" by the leader `asked` (0: its ID unknown): waits,
  * until `end` (ms), for status to show a leader. A leader other than `asked` means the
  * transfer took effect after all: EXIT_MOVED with *node_id that leader. `asked` itself:
@@ -61,7 +75,7 @@ static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, c
 {
     for (;;) {
         struct global probe = *g;
-        probe.deadline_ms = (uint32_t)(end > callNowMs() + 1 ? end - callNowMs() : 1);
+        probe.deadline_ms = leftMs(end);
         struct discovery d;
         probeDiscover(&probe, false, &d);
         const struct probe *lp = probeOfNode(d.probes, d.n, &d.v, d.v.leader);
@@ -91,9 +105,79 @@ static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, c
                                "leadership did not move before the "
                                "deadline");
         }
-        struct timespec ts = {0, 200 * 1000000L}; /* an election is under way: wait for it */
-        nanosleep(&ts, NULL);
+        sleepMs(200); /* an election is under way: wait for it */
     }
+}
+
+/* Warns on stderr of what discovery d shows makes a promote of `promotee` time out: it
+ * does not answer, or its addresses are wrong (probeMemberMismatch()). */
+static void warnPromotee(const struct discovery *d, uint64_t promotee)
+{
+    for (size_t i = 0; i < d->n; i++) {
+        const struct probe *p = &d->probes[i];
+        if (p->rv != IDEM_OK && probeId(p, &d->v) == promotee) {
+            fprintf(stderr,
+                    "idemctl: warning: node %" PRIu64 " (%s) did not answer: %s; Raft catches a "
+                    "node up before it votes, so a node that is down makes the promote time "
+                    "out\n",
+                    promotee, p->addr, p->err[0] ? p->err : idem_strerror(p->rv));
+        }
+    }
+    const Idem__Member *pm = probeViewMember(&d->v, promotee, NULL);
+    char why[2048];
+    if (pm != NULL && probeMemberMismatch(d->probes, d->n, &d->v, pm, why, sizeof why)) {
+        fprintf(stderr, "idemctl: warning: %s\n", why);
+    }
+}
+
+/* Where leaderCall() sends its request first: the leader that a discovery (pre, borrowed,
+ * or a new one) shows, its address in addr (OUT) and its ID in *node_id (OUT; 0 when it
+ * refused the token); with `promotee` (not 0), what makes a promote of it time out is said
+ * first. EXIT_ANSWERED, or the exit status of no leader (reported; `what`: the command). */
+static int leaderFirst(const struct global *g, const char *what, uint64_t promotee,
+                       const struct discovery *pre, char *addr, size_t addr_len, uint64_t *node_id)
+{
+    struct discovery d;
+    if (pre != NULL) {
+        d = *pre; /* a shallow copy: freed by the caller, never here */
+    } else {
+        probeDiscover(g, false, &d);
+    }
+    /* The leader answered as leader, or refused the token (buildView()). */
+    const struct probe *lp = probeOfNode(d.probes, d.n, &d.v, d.v.leader);
+    if (lp == NULL) {
+        /* A token every node refused: that node's answer to the request itself (forbidden
+         * or unauthenticated, nothing changed). */
+        lp = everyNodeRefused(&d);
+    }
+    int code = EXIT_ANSWERED;
+    if (lp == NULL) {
+        code = leaderNone(g, &d, what, "");
+    } else {
+        snprintf(addr, addr_len, "%s", lp->addr);
+        *node_id = probeStatus(lp) != NULL ? d.v.leader : 0;
+        if (promotee != 0) {
+            warnPromotee(&d, promotee);
+        }
+    }
+    if (pre == NULL) {
+        probeDiscoveryFree(&d);
+    }
+    return code;
+}
+
+/* The ID of the node at `addr` (a redirect's) when status, asked within `end`, shows it as
+ * the leader; 0 otherwise. */
+static uint64_t redirectLeaderId(const struct global *g, uint64_t end, const char *addr)
+{
+    struct global probe = *g;
+    probe.deadline_ms = leftMs(end);
+    struct discovery d;
+    probeDiscover(&probe, false, &d);
+    const Idem__Member *m = probeViewMember(&d.v, 0, addr);
+    uint64_t id = m != NULL && m->id == d.v.leader ? m->id : 0;
+    probeDiscoveryFree(&d);
+    return id;
 }
 
 /* Sends `req` (admin) once to the leader that status finds, following one redirect should
@@ -121,45 +205,9 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     char addr[ADDR_MAX];
-    struct discovery d;
-    if (pre != NULL) {
-        d = *pre; /* a shallow copy: freed by the caller, never here */
-    } else {
-        probeDiscover(g, false, &d);
-    }
-    /* The leader answered as leader, or refused the token (buildView()). */
-    const struct probe *lp = probeOfNode(d.probes, d.n, &d.v, d.v.leader);
-    if (lp == NULL) {
-        /* A token every node refused: that node's answer to the request itself (forbidden
-         * or unauthenticated, nothing changed). */
-        lp = everyNodeRefused(&d);
-    }
-    if (lp == NULL) {
-        int code = leaderNone(g, &d, what, "");
-        if (pre == NULL) {
-            probeDiscoveryFree(&d);
-        }
-        return code;
-    }
-    snprintf(addr, sizeof addr, "%s", lp->addr);
-    *node_id = probeStatus(lp) != NULL ? d.v.leader : 0;
-    for (size_t i = 0; promotee != 0 && i < d.n; i++) {
-        const struct probe *p = &d.probes[i];
-        if (p->rv != IDEM_OK && probeId(p, &d.v) == promotee) {
-            fprintf(stderr,
-                    "idemctl: warning: node %" PRIu64 " (%s) did not answer: %s; Raft catches a "
-                    "node up before it votes, so a node that is down makes the promote time "
-                    "out\n",
-                    promotee, p->addr, p->err[0] ? p->err : idem_strerror(p->rv));
-        }
-    }
-    const Idem__Member *pm = promotee != 0 ? probeViewMember(&d.v, promotee, NULL) : NULL;
-    char why[2048];
-    if (pm != NULL && probeMemberMismatch(d.probes, d.n, &d.v, pm, why, sizeof why)) {
-        fprintf(stderr, "idemctl: warning: %s\n", why);
-    }
-    if (pre == NULL) {
-        probeDiscoveryFree(&d);
+    int first = leaderFirst(g, what, promotee, pre, addr, sizeof addr, node_id);
+    if (first != EXIT_ANSWERED) {
+        return first;
     }
     uint64_t end = callNowMs() + g->deadline_ms;
     struct global once = *g;
@@ -179,9 +227,8 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
              * same leader is asked again; a move in between answers not_leader below. */
             idem__response__free_unpacked(*resp, NULL);
             *resp = NULL;
-            struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
-            once.deadline_ms = (uint32_t)(end > callNowMs() + 1 ? end - callNowMs() : 1);
+            sleepMs(wait);
+            once.deadline_ms = leftMs(end);
             continue;
         }
         bool not_moved = later && req->op_case == IDEM__REQUEST__OP_TRANSFER;
@@ -193,8 +240,7 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
              * would move leadership a second time, or refuse NODE_ID as already the
              * leader); never to a redirect. */
             if (not_moved) {
-                struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
-                nanosleep(&ts, NULL);
+                sleepMs(wait);
             }
             idem__response__free_unpacked(*resp, NULL);
             *resp = NULL;
@@ -203,7 +249,7 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
             if (code != EXIT_ANSWERED) {
                 return code;
             }
-            once.deadline_ms = (uint32_t)(end > callNowMs() + 1 ? end - callNowMs() : 1);
+            once.deadline_ms = leftMs(end);
             resent = true;
             continue;
         }
@@ -214,14 +260,9 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
              * be told from a move. */
             snprintf(addr, sizeof addr, "%s", redirect);
             redirected = true;
-            idem__response__free_unpacked(*resp, NULL);
+            idem__response__free_unpacked(*resp, NULL); /* and redirect: addr is a copy */
             *resp = NULL;
-            struct global probe = *g;
-            probe.deadline_ms = (uint32_t)(end > callNowMs() + 1 ? end - callNowMs() : 1);
-            probeDiscover(&probe, false, &d);
-            const Idem__Member *m = probeViewMember(&d.v, 0, addr); /* *resp, redirect: freed */
-            *node_id = m != NULL && m->id == d.v.leader ? m->id : 0;
-            probeDiscoveryFree(&d);
+            *node_id = redirectLeaderId(g, end, addr);
             continue;
         }
         if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE || out == IDEM__OUTCOME__OUTCOME_NOT_LEADER) {

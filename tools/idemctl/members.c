@@ -102,24 +102,22 @@ static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to, str
     return code;
 }
 
-int membersCmd(struct global *g, struct args *a)
+/* The request of `members ACTION ...` (pos[0..npos), the action first; none: list), into
+ * mr (OUT; its addresses borrowed from pos). A usage error exits. */
+static void membersRequest(const char **pos, size_t npos, Idem__MembersRequest *mr)
 {
-    const char *pos[5];
-    size_t npos = 0;
-    argsParse(g, a, NULL, 0, pos, 5, &npos);
     const char *action = npos ? pos[0] : "list";
-    Idem__MembersRequest mr = IDEM__MEMBERS_REQUEST__INIT;
     if (strcmp(action, "list") == 0) {
         if (npos > 1) {
             cli_usage_error("members list: unexpected argument \"%s\"", pos[1]);
         }
-        mr.action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST;
+        mr->action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST;
     } else if (strcmp(action, "add") == 0) {
         if (npos < 4) {
             cli_usage_error("members add: expected ID RAFT_ADDR RPC_ADDR [HTTP_ADDR]");
         }
-        mr.action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD;
-        mr.id = parseNodeId("members add ID", pos[1]);
+        mr->action = IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD;
+        mr->id = parseNodeId("members add ID", pos[1]);
         char why[160];
         for (size_t i = 2; i < npos; i++) {
             if (idem_seeds_check(pos[i], why, sizeof why) != IDEM_OK ||
@@ -128,54 +126,63 @@ int membersCmd(struct global *g, struct args *a)
                                 strchr(pos[i], ',') ? "(one address each)" : why);
             }
         }
-        mr.raft_address = (char *)pos[2];
-        mr.rpc_address = (char *)pos[3];
+        mr->raft_address = (char *)pos[2];
+        mr->rpc_address = (char *)pos[3];
         if (npos > 4) {
-            mr.http_address = (char *)pos[4];
+            mr->http_address = (char *)pos[4];
         }
     } else if (strcmp(action, "promote") == 0 || strcmp(action, "remove") == 0) {
         if (npos != 2) {
             cli_usage_error("members %s: expected ID", action);
         }
-        mr.action = action[1] == 'r' ? IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE
-                                     : IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE;
-        mr.id = parseNodeId("members ID", pos[1]);
+        mr->action = action[1] == 'r' ? IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE
+                                      : IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE;
+        mr->id = parseNodeId("members ID", pos[1]);
     } else {
         cli_usage_error("members: unknown action \"%s\" (list, add, promote or remove)", action);
     }
+}
+
+/* Sends mr: a change to the leader (a remove of the leader after leadershipAway(), the new
+ * leader in *moved_to, OUT, 0 when nothing moved), the list as a status request to the
+ * first node that answers (its address in from, OUT). On an answer returns EXIT_ANSWERED
+ * with *resp (OUT; free with idem__response__free_unpacked); otherwise the failure was
+ * reported and its exit status is returned. */
+static int membersSend(struct global *g, Idem__MembersRequest *mr, Idem__Response **resp,
+                       char *from, size_t from_len, uint64_t *moved_to)
+{
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_MEMBERS;
-    req.members = &mr;
-    Idem__StatusRequest sr = IDEM__STATUS_REQUEST__INIT;
-    bool is_list = mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST;
-    if (is_list) {
+    req.members = mr;
+    *resp = NULL;
+    *moved_to = 0;
+    from[0] = '\0';
+    if (mr->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST) {
         /* Any node answers the list with its own configuration, a lone candidate's too: the
          * node's status carries the same list (the nodes answer both from one place) and who
          * the node is and whom it follows, so that the output can say so. */
+        Idem__StatusRequest sr = IDEM__STATUS_REQUEST__INIT;
         req.op_case = IDEM__REQUEST__OP_STATUS;
         req.status = &sr;
+        return callFrom(g, true, NULL, &req, resp, from, from_len);
     }
-    Idem__Response *resp = NULL;
-    uint64_t leader_id = 0, moved_to = 0;
-    char from[256];
+    uint64_t leader_id = 0;
     struct discovery *pre = NULL; /* remove: the one leadershipAway() made, when kept */
     json_t *moved = NULL;
-    if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) {
-        int code = leadershipAway(g, mr.id, &moved_to, &pre);
+    if (mr->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) {
+        int code = leadershipAway(g, mr->id, moved_to, &pre);
         if (code != EXIT_ANSWERED) {
             return code;
         }
-        if (moved_to != 0) { /* said with a failure of the removal too */
+        if (*moved_to != 0) { /* said with a failure of the removal too */
             moved = jobj();
-            jset(moved, "leader_moved_to", ju64(moved_to));
+            jset(moved, "leader_moved_to", ju64(*moved_to));
             g->fail_extra = moved;
         }
     }
-    int code =
-        is_list ? callFrom(g, true, NULL, &req, &resp, from, sizeof from)
-                : leaderCall(g, "members",
-                             mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ? mr.id : 0,
-                             &req, &resp, &leader_id, pre);
+    int code = leaderCall(g, "members",
+                          mr->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ? mr->id : 0,
+                          &req, resp, &leader_id, pre);
     if (pre != NULL) {
         probeDiscoveryFree(pre);
         free(pre);
@@ -184,65 +191,96 @@ int membersCmd(struct global *g, struct args *a)
         g->fail_extra = NULL;
         json_decref(moved);
     }
+    if (code != EXIT_ANSWERED && *moved_to != 0) {
+        fprintf(stderr,
+                "idemctl: leadership moved to node %" PRIu64 " first, then the removal of "
+                "node %" PRIu64 " failed (it may still take effect after a timeout): see "
+                "`idemctl members list`, then remove it again if need be\n",
+                *moved_to, mr->id);
+    }
+    return code;
+}
+
+/* What an add, promote or remove the leader answered ok did, and the next step: o's
+ * "message", unless the node gave one. */
+static void membersDone(json_t *o, const Idem__MembersRequest *mr, uint64_t moved_to)
+{
+    if (json_object_get(o, "message") != NULL) {
+        return;
+    }
+    char msg[200];
+    if (mr->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD) {
+        snprintf(msg, sizeof msg,
+                 "node %" PRIu64 " is a spare now; once it runs, `idemctl members promote %" PRIu64
+                 "` makes it a voter",
+                 mr->id, mr->id);
+    } else if (mr->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE) {
+        snprintf(msg, sizeof msg, "node %" PRIu64 " is a voter now", mr->id);
+    } else if (moved_to != 0) {
+        snprintf(msg, sizeof msg,
+                 "node %" PRIu64 " is out of the configuration; it can be stopped "
+                 "(leadership moved to node %" PRIu64 " first)",
+                 mr->id, moved_to);
+    } else {
+        snprintf(msg, sizeof msg, "node %" PRIu64 " is out of the configuration; it can be stopped",
+                 mr->id);
+    }
+    jset(o, "message", jstr(msg));
+}
+
+/* For `members list`: the node whose configuration it is (at `from`, "" if unknown: its
+ * own rpc_address), its ID and role and the leader it follows, into o; a node that knows
+ * no leader gets a note on stderr, since its configuration may be stale. */
+static void membersListNode(json_t *o, const Idem__NodeStatus *st, const char *from)
+{
+    const char *node = from[0] ? from : st->rpc_address;
+    jset(o, "node", jstr(node));
+    jset(o, "node_id", ju64(st->id));
+    jset(o, "node_role", jstr(st->role));
+    jset(o, "leader_id", st->leader_id ? ju64(st->leader_id) : json_null());
+    if (st->leader_id == 0) {
+        fprintf(stderr,
+                "idemctl: note: node %" PRIu64 " (%s) knows no leader (role %s): this is "
+                "its own configuration, which may be stale; `idemctl status` asks every "
+                "node\n",
+                st->id, node, st->role);
+    }
+}
+
+/* members [list | add ID RAFT RPC [HTTP] | promote ID | remove ID] */
+int membersCmd(struct global *g, struct args *a)
+{
+    const char *pos[5];
+    size_t npos = 0;
+    argsParse(g, a, NULL, 0, pos, 5, &npos);
+    Idem__MembersRequest mr = IDEM__MEMBERS_REQUEST__INIT;
+    membersRequest(pos, npos, &mr);
+    bool is_list = mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST;
+    Idem__Response *resp = NULL;
+    uint64_t moved_to = 0;
+    char from[256];
+    int code = membersSend(g, &mr, &resp, from, sizeof from, &moved_to);
     if (code != EXIT_ANSWERED) {
-        if (moved_to != 0) {
-            fprintf(stderr,
-                    "idemctl: leadership moved to node %" PRIu64 " first, then the removal of "
-                    "node %" PRIu64 " failed (it may still take effect after a timeout): see "
-                    "`idemctl members list`, then remove it again if need be\n",
-                    moved_to, mr.id);
-        }
         return code;
     }
     json_t *o = jResult(resp);
+    Idem__Outcome out = idem_response_outcome(resp);
     if ((mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE ||
          mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE) &&
-        idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_INVALID) {
+        out == IDEM__OUTCOME__OUTCOME_INVALID) {
         leaderExplainRefusal(g, o, mr.id, false);
     }
-    if (!is_list && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK &&
-        json_object_get(o, "message") == NULL) {
-        /* What it did, and the next step. */
-        char msg[200];
-        if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD) {
-            snprintf(msg, sizeof msg,
-                     "node %" PRIu64
-                     " is a spare now; once it runs, `idemctl members promote %" PRIu64
-                     "` makes it a voter",
-                     mr.id, mr.id);
-        } else if (mr.action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE) {
-            snprintf(msg, sizeof msg, "node %" PRIu64 " is a voter now", mr.id);
-        } else if (moved_to != 0) {
-            snprintf(msg, sizeof msg,
-                     "node %" PRIu64 " is out of the configuration; it can be stopped "
-                     "(leadership moved to node %" PRIu64 " first)",
-                     mr.id, moved_to);
-        } else {
-            snprintf(msg, sizeof msg,
-                     "node %" PRIu64 " is out of the configuration; it can be stopped", mr.id);
-        }
-        jset(o, "message", jstr(msg));
+    if (!is_list && out == IDEM__OUTCOME__OUTCOME_OK) {
+        membersDone(o, &mr, moved_to);
     }
     if (moved_to != 0) {
         jset(o, "leader_moved_to", ju64(moved_to));
     }
     /* The list is the answer to `list`; add, promote and remove answer only an outcome
      * (an empty list there would read as "no members"). */
-    bool list = is_list && idem_response_outcome(resp) == IDEM__OUTCOME__OUTCOME_OK;
-    const Idem__NodeStatus *st = list ? resp->status : NULL;
-    if (st != NULL) {
-        const char *node = from[0] ? from : st->rpc_address;
-        jset(o, "node", jstr(node));
-        jset(o, "node_id", ju64(st->id));
-        jset(o, "node_role", jstr(st->role));
-        jset(o, "leader_id", st->leader_id ? ju64(st->leader_id) : json_null());
-        if (st->leader_id == 0) {
-            fprintf(stderr,
-                    "idemctl: note: node %" PRIu64 " (%s) knows no leader (role %s): this is "
-                    "its own configuration, which may be stale; `idemctl status` asks every "
-                    "node\n",
-                    st->id, node, st->role);
-        }
+    bool list = is_list && out == IDEM__OUTCOME__OUTCOME_OK;
+    if (list && resp->status != NULL) {
+        membersListNode(o, resp->status, from);
     }
     if (list || resp->n_members > 0) {
         json_t *ms = jarr();
