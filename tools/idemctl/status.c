@@ -149,89 +149,72 @@ static const Idem__Member *addressHolder(const struct probe *probes, size_t n,
     return held;
 }
 
-static void statusWarnings(const struct statusRow *rows, size_t n, const struct probe *probes,
-                           size_t n_probes, const struct clusterView *v, uint64_t max_lag,
-                           json_t *warnings)
+/* The warnings about a node that answered with its status (row): a Raft log write in
+ * flight too long, not a member (or holding a member's addresses), lagging the leader by
+ * more than max_lag entries. `name`: the node in warnings (nodeName()). */
+static void nodeWarnings(const struct statusRow *row, const char *name, const char *role,
+                         const struct probe *probes, size_t n_probes, const struct clusterView *v,
+                         uint64_t max_lag, json_t *warnings)
 {
-    char name[320];
-    for (size_t i = 0; i < n; i++) {
-        const json_t *x = rows[i].node;
-        nodeName(x, name, sizeof name);
-        const char *role = json_string_value(json_object_get(x, "role"));
-        const char *err = json_string_value(json_object_get(x, "error"));
-        if (strcmp(role, "unreachable") == 0) {
-            addWarning(warnings, "%s is unreachable: %s", name, err ? err : "no answer");
-        } else if (strcmp(role, "refused") == 0) {
-            addWarning(warnings, "%s %s: %s", name,
-                       probeRefused(rows[i].p) ? "refused the admin token" : "refused status",
-                       err ? err : "");
-        } else {
-            json_t *lag = json_object_get(x, "lag");
-            json_t *stuck = json_object_get(x, "append_oldest_ms");
-            if (json_is_integer(stuck) && json_integer_value(stuck) >= STUCK_WRITE_MS) {
-                addWarning(warnings,
-                           "%s: a Raft log write has been in flight for %.1f s: its disk is "
-                           "slow or not answering (%s)",
-                           name, (double)json_integer_value(stuck) / 1000.0,
-                           strcmp(role, "leader") == 0
-                               ? "the leader: nothing commits meanwhile"
-                               : "the others commit without it, if they are a majority");
-            }
-            /* A spare gets no log until it is promoted (raft replicates to voters and
-             * standbys only): its lag is expected, not a warning. */
-            const char *member = json_string_value(json_object_get(x, "member_role"));
-            bool spare = member != NULL && strcmp(member, "spare") == 0;
-            /* A node that answers but is not in the configuration (removed and still
-             * running, or started and not added yet) keeps calling elections nobody
-             * answers, and is easy to take for a member in the table. */
-            /* Unless a member holds its addresses (`members add` with a wrong ID): then
-             * adding it is refused until that member is removed. */
-            bool non_member = member == NULL && v->members_of != NULL;
-            const Idem__NodeStatus *st = probeStatus(rows[i].p);
-            const char *which = NULL;
-            const Idem__Member *holder = member == NULL && st != NULL
-                                             ? addressHolder(probes, n_probes, v, st, &which)
-                                             : NULL;
-            if (non_member && holder == NULL) {
-                addWarning(warnings,
-                           "%s answers but is not a member of the Raft configuration "
-                           "(removed, or not added yet): stop it, or `idemctl members add` it",
-                           name);
-            } else if (holder != NULL && strcmp(which, "rpc") != 0) {
-                char add[4 * ADDR_MAX];
-                probeAddCommand(st, add, sizeof add);
-                addWarning(warnings,
-                           "%s answers but is not a member of the Raft configuration, and its "
-                           "%s address %s is member %" PRIu64 "'s there: the id (or address) "
-                           "given to `members add` for member %" PRIu64 " is wrong; `idemctl "
-                           "members remove %" PRIu64 "`, then `%s`",
-                           name, which,
-                           strcmp(which, "raft") == 0 ? st->raft_address : st->http_address,
-                           holder->id, holder->id, holder->id, add);
-            }
-            /* Nor is a non-member's (its warning above says what to do): the leader sends
-             * it nothing. */
-            if (!spare && !non_member && json_is_integer(lag) &&
-                (uint64_t)json_integer_value(lag) > max_lag) {
-                addWarning(warnings,
-                           "%s lags: applied index %" JSON_INTEGER_FORMAT
-                           " is %" JSON_INTEGER_FORMAT " entr%s behind the leader's %" PRIu64
-                           " (more than --max-lag %" PRIu64 ")",
-                           name, json_integer_value(json_object_get(x, "applied_index")),
-                           json_integer_value(lag), json_integer_value(lag) == 1 ? "y" : "ies",
-                           v->leader_st->applied_index, max_lag);
-            }
-        }
+    const json_t *x = row->node;
+    json_t *lag = json_object_get(x, "lag");
+    json_t *stuck = json_object_get(x, "append_oldest_ms");
+    if (json_is_integer(stuck) && json_integer_value(stuck) >= STUCK_WRITE_MS) {
+        addWarning(warnings,
+                   "%s: a Raft log write has been in flight for %.1f s: its disk is "
+                   "slow or not answering (%s)",
+                   name, (double)json_integer_value(stuck) / 1000.0,
+                   strcmp(role, "leader") == 0
+                       ? "the leader: nothing commits meanwhile"
+                       : "the others commit without it, if they are a majority");
     }
-    /* Members whose rpc address is answered by another node, or who listen for Raft
-     * elsewhere than the configuration says: Raft cannot reach them. */
-    for (size_t i = 0; v->members_of != NULL && i < v->members_of->n_members; i++) {
-        char why[2048];
-        if (probeMemberMismatch(probes, n_probes, v, v->members_of->members[i], why, sizeof why)) {
-            addWarning(warnings, "%s", why);
-        }
+    /* A spare gets no log until it is promoted (raft replicates to voters and
+     * standbys only): its lag is expected, not a warning. */
+    const char *member = json_string_value(json_object_get(x, "member_role"));
+    bool spare = member != NULL && strcmp(member, "spare") == 0;
+    /* A node that answers but is not in the configuration (removed and still
+     * running, or started and not added yet) keeps calling elections nobody
+     * answers, and is easy to take for a member in the table. */
+    /* Unless a member holds its addresses (`members add` with a wrong ID): then
+     * adding it is refused until that member is removed. */
+    bool non_member = member == NULL && v->members_of != NULL;
+    const Idem__NodeStatus *st = probeStatus(row->p);
+    const char *which = NULL;
+    const Idem__Member *holder =
+        member == NULL && st != NULL ? addressHolder(probes, n_probes, v, st, &which) : NULL;
+    if (non_member && holder == NULL) {
+        addWarning(warnings,
+                   "%s answers but is not a member of the Raft configuration "
+                   "(removed, or not added yet): stop it, or `idemctl members add` it",
+                   name);
+    } else if (holder != NULL && strcmp(which, "rpc") != 0) {
+        char add[4 * ADDR_MAX];
+        probeAddCommand(st, add, sizeof add);
+        addWarning(warnings,
+                   "%s answers but is not a member of the Raft configuration, and its "
+                   "%s address %s is member %" PRIu64 "'s there: the id (or address) "
+                   "given to `members add` for member %" PRIu64 " is wrong; `idemctl "
+                   "members remove %" PRIu64 "`, then `%s`",
+                   name, which, strcmp(which, "raft") == 0 ? st->raft_address : st->http_address,
+                   holder->id, holder->id, holder->id, add);
     }
-    /* Members with raft.secret_file and members without it cannot talk at all. */
+    /* Nor is a non-member's (its warning above says what to do): the leader sends
+     * it nothing. */
+    if (!spare && !non_member && json_is_integer(lag) &&
+        (uint64_t)json_integer_value(lag) > max_lag) {
+        addWarning(warnings,
+                   "%s lags: applied index %" JSON_INTEGER_FORMAT " is %" JSON_INTEGER_FORMAT
+                   " entr%s behind the leader's %" PRIu64 " (more than --max-lag %" PRIu64 ")",
+                   name, json_integer_value(json_object_get(x, "applied_index")),
+                   json_integer_value(lag), json_integer_value(lag) == 1 ? "y" : "ies",
+                   v->leader_st->applied_index, max_lag);
+    }
+}
+
+/* Members with raft.secret_file and members without it cannot talk at all: a warning
+ * naming both sides, when status shows both. */
+static void authWarning(const struct statusRow *rows, size_t n, json_t *warnings)
+{
     char with[160] = "", without[160] = "";
     for (size_t i = 0; i < n; i++) {
         const json_t *auth = json_object_get(rows[i].node, "raft_authenticated");
@@ -252,6 +235,11 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                    "(raft.secret_file) and node(s) %s do not; those cannot talk to each other",
                    with, without);
     }
+}
+
+/* The warnings about the cluster as a whole: its state unknown, no leader, no quorum. */
+static void clusterWarnings(const struct clusterView *v, json_t *warnings)
+{
     if (v->members_of == NULL) {
         addWarning(warnings, "cluster state unknown: no node answered with its status");
         return;
@@ -271,6 +259,39 @@ static void statusWarnings(const struct statusRow *rows, size_t n, const struct 
                    "requests answer unavailable",
                    v->reachable_voters, v->voters);
     }
+}
+
+/* Every warning of status, in order: per node, per member, then the cluster's. */
+static void statusWarnings(const struct statusRow *rows, size_t n, const struct probe *probes,
+                           size_t n_probes, const struct clusterView *v, uint64_t max_lag,
+                           json_t *warnings)
+{
+    char name[320];
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = rows[i].node;
+        nodeName(x, name, sizeof name);
+        const char *role = json_string_value(json_object_get(x, "role"));
+        const char *err = json_string_value(json_object_get(x, "error"));
+        if (strcmp(role, "unreachable") == 0) {
+            addWarning(warnings, "%s is unreachable: %s", name, err ? err : "no answer");
+        } else if (strcmp(role, "refused") == 0) {
+            addWarning(warnings, "%s %s: %s", name,
+                       probeRefused(rows[i].p) ? "refused the admin token" : "refused status",
+                       err ? err : "");
+        } else {
+            nodeWarnings(&rows[i], name, role, probes, n_probes, v, max_lag, warnings);
+        }
+    }
+    /* Members whose rpc address is answered by another node, or who listen for Raft
+     * elsewhere than the configuration says: Raft cannot reach them. */
+    for (size_t i = 0; v->members_of != NULL && i < v->members_of->n_members; i++) {
+        char why[2048];
+        if (probeMemberMismatch(probes, n_probes, v, v->members_of->members[i], why, sizeof why)) {
+            addWarning(warnings, "%s", why);
+        }
+    }
+    authWarning(rows, n, warnings);
+    clusterWarnings(v, warnings);
 }
 
 /* A cell's text: an integer, a string, or "-" for anything else (null, absent). */
