@@ -188,6 +188,71 @@ static bool jsonAsked(int argc, char **argv)
     return false;
 }
 
+/* The global options (before the command word) from a->argv[a->i..) into g, up to the
+ * command word; then each TLS flag wins over its variable. */
+static void globalOptions(struct global *g, struct args *a)
+{
+    while (a->i < a->argc && argsIsOption(a->argv[a->i])) {
+        const char *v;
+        if (argsValue(a, "--cluster", &v)) {
+            g->cluster = v;
+        } else if (argsValue(a, "--token", &v)) {
+            g->token = v;
+        } else if (argsValue(a, "--admin-token", &v)) {
+            g->admin_token = v;
+        } else if (cli_tls_flag(&g->tls_flags, a->argc, a->argv, &a->i)) {
+            continue;
+        } else if (!argsCommon(g, a)) {
+            cli_usage_error("unknown option %s", a->argv[a->i]);
+        }
+    }
+    /* Each TLS flag wins over its variable. */
+    g->tls.on = g->tls.on || g->tls_flags.on;
+    g->tls.ca_file = g->tls_flags.ca_file ? g->tls_flags.ca_file : g->tls.ca_file;
+    g->tls.cert_file = g->tls_flags.cert_file ? g->tls_flags.cert_file : g->tls.cert_file;
+    g->tls.key_file = g->tls_flags.key_file ? g->tls_flags.key_file : g->tls.key_file;
+    g->tls.server_name = g->tls_flags.server_name ? g->tls_flags.server_name : g->tls.server_name;
+}
+
+/* The checks made before the command's own arguments are parsed, of what does not depend
+ * on them: the cluster list (snapshot --node may stand in for --cluster), the TLS files,
+ * the bearer token `cmd` needs. EXIT_ANSWERED to go on; a TLS file that cannot be loaded is
+ * reported and its exit status returned; usage errors exit. */
+static int configCheck(const struct global *g, const struct command *cmd)
+{
+    if (g->cluster != NULL) {
+        char why[160];
+        if (idem_seeds_check(g->cluster, why, sizeof why) != IDEM_OK) {
+            cli_usage_error("bad --cluster: %s", why);
+        }
+    } else if (strcmp(cmd->name, "snapshot") != 0) {
+        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+    }
+    if ((g->tls.cert_file == NULL) != (g->tls.key_file == NULL)) {
+        cli_usage_error("--tls-cert and --tls-key go together");
+    }
+    if (g->cluster != NULL && cli_tls_wanted(&g->tls)) {
+        /* A TLS file that cannot be loaded is a configuration error (exit 2), reported
+         * before anything is sent; opening a client connects to nothing. */
+        struct idem_client *c = NULL;
+        char why[256];
+        int rv = callClientOpen(g, g->cluster, "-", &c, why, sizeof why);
+        idem_client_close(c);
+        if (rv != IDEM_OK) {
+            return outFailCall(g, rv, why);
+        }
+    }
+    const char *tok = callBearer(g, cmd->admin);
+    if (tok == NULL || tok[0] == '\0') {
+        cli_usage_error(cmd->admin ? "%s needs the admin token: pass --admin-token T (before the "
+                                     "command) or set IDEM_ADMIN_TOKEN"
+                                   : "%s needs a bearer token: pass --token T (before the "
+                                     "command) or set IDEM_TOKEN",
+                        cmd->name);
+    }
+    return EXIT_ANSWERED;
+}
+
 int main(int argc, char **argv)
 {
     cli_set_prog("idemctl");
@@ -210,26 +275,7 @@ int main(int argc, char **argv)
                      .first = 1,
                      .key_operands = NULL,
                      .key_form = NULL};
-    while (a.i < argc && argsIsOption(argv[a.i])) {
-        const char *v;
-        if (argsValue(&a, "--cluster", &v)) {
-            g.cluster = v;
-        } else if (argsValue(&a, "--token", &v)) {
-            g.token = v;
-        } else if (argsValue(&a, "--admin-token", &v)) {
-            g.admin_token = v;
-        } else if (cli_tls_flag(&g.tls_flags, argc, argv, &a.i)) {
-            continue;
-        } else if (!argsCommon(&g, &a)) {
-            cli_usage_error("unknown option %s", argv[a.i]);
-        }
-    }
-    /* Each TLS flag wins over its variable. */
-    g.tls.on = g.tls.on || g.tls_flags.on;
-    g.tls.ca_file = g.tls_flags.ca_file ? g.tls_flags.ca_file : g.tls.ca_file;
-    g.tls.cert_file = g.tls_flags.cert_file ? g.tls_flags.cert_file : g.tls.cert_file;
-    g.tls.key_file = g.tls_flags.key_file ? g.tls_flags.key_file : g.tls.key_file;
-    g.tls.server_name = g.tls_flags.server_name ? g.tls_flags.server_name : g.tls.server_name;
+    globalOptions(&g, &a);
     if (a.i >= argc) {
         cli_usage_error("no command given");
     }
@@ -261,40 +307,11 @@ int main(int argc, char **argv)
     a.key_form = cmd->key_form;
     /* --help after the command works without a cluster or a token. */
     helpIfAsked(cmd->name, argc, argv, a.i);
-
-    /* Configuration errors are reported before the command's own arguments are parsed
-     * only where they do not depend on them (snapshot --node may stand in for --cluster). */
-    if (g.cluster != NULL) {
-        char why[160];
-        if (idem_seeds_check(g.cluster, why, sizeof why) != IDEM_OK) {
-            cli_usage_error("bad --cluster: %s", why);
-        }
-    } else if (strcmp(cmd->name, "snapshot") != 0) {
-        cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
+    int code = configCheck(&g, cmd);
+    if (code != EXIT_ANSWERED) {
+        return code;
     }
-    if ((g.tls.cert_file == NULL) != (g.tls.key_file == NULL)) {
-        cli_usage_error("--tls-cert and --tls-key go together");
-    }
-    if (g.cluster != NULL && cli_tls_wanted(&g.tls)) {
-        /* A TLS file that cannot be loaded is a configuration error (exit 2), reported
-         * before anything is sent; opening a client connects to nothing. */
-        struct idem_client *c = NULL;
-        char why[256];
-        int rv = callClientOpen(&g, g.cluster, "-", &c, why, sizeof why);
-        idem_client_close(c);
-        if (rv != IDEM_OK) {
-            return outFailCall(&g, rv, why);
-        }
-    }
-    const char *tok = callBearer(&g, cmd->admin);
-    if (tok == NULL || tok[0] == '\0') {
-        cli_usage_error(cmd->admin ? "%s needs the admin token: pass --admin-token T (before the "
-                                     "command) or set IDEM_ADMIN_TOKEN"
-                                   : "%s needs a bearer token: pass --token T (before the "
-                                     "command) or set IDEM_TOKEN",
-                        cmd->name);
-    }
-    int code = cmd->run(&g, &a);
+    code = cmd->run(&g, &a);
     fflush(stdout);
     return code;
 }
