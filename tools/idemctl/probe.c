@@ -1,7 +1,12 @@
 /* probe: status discovery, what `idemctl status` and every command that finds the leader
  * first do: ask every node for its status in parallel, keep one answer per node, and
  * conclude who leads, the configuration and the quorum (struct clusterView). Also whether a
- * member's addresses reach the node meant (probeMemberMismatch()). */
+ * member's addresses reach the node meant (probeMemberMismatch()).
+ *
+ * Every address of --cluster is asked in parallel, each by its own client (a client is not
+ * thread-safe), so that a silent node costs one deadline, not one each. A second round
+ * asks the members those answers name that --cluster did not list, so that the report
+ * covers the whole cluster. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +18,7 @@
 
 #include "idemctl.h"
 
-/* status: every address of --cluster is asked in parallel, each by its own client (a
- * client is not thread-safe), so that a silent node costs one deadline, not one each. A
- * second round asks the members those answers name that --cluster did not list, so that
- * the report covers the whole cluster. */
-
+/* A probe's thread: asks the node at p->addr for its status, into p->rv, resp and err. */
 static void *probeRun(void *arg)
 {
     struct probe *p = arg;

@@ -13,6 +13,8 @@
 #define STUCK_WRITE_MS 5000
 #define DEFAULT_MAX_LAG 1000u /* status: entries a node may trail the leader by */
 
+/* A node's line of status as JSON: what its status says, or why there is none (unreachable,
+ * refused), with its lag behind the leader's applied index. */
 static json_t *nodeJson(const struct probe *p, const struct clusterView *v)
 {
     json_t *o = jobj();
@@ -428,6 +430,8 @@ static int statusRefused(const struct global *g, json_t *nodes, size_t n, size_t
     return EXIT_USAGE;
 }
 
+/* status [--digest] [--max-lag N]: every node, then the warnings; exit 0 when a node
+ * answered, 3 when none did, 2 when every node that answered refused the admin token. */
 int statusCmd(struct global *g, struct args *a)
 {
     const char *pos[1];
