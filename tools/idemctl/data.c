@@ -1,0 +1,203 @@
+/* data: the data commands of docs/contract.md by hand, with the tenant's token: claim,
+ * complete, release, renew and get. */
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+
+#include "idemctl.h"
+
+#define MAX_DURATION_MS 315360000000ull /* lease and ttl: at most ten years */
+#define ATTEMPT_MAX 64                  /* bytes of attempt id (idem.proto ClaimCmd) */
+
+int dataCmdClaim(struct global *g, struct args *a)
+{
+    const char *pos[1];
+    size_t npos = 0;
+    const char *fp = NULL, *attempt = NULL, *lease = NULL, *ttl = NULL, *policy = NULL;
+    const struct argsOpt opts[] = {{"--fingerprint", &fp, NULL},
+                                   {"--attempt", &attempt, NULL},
+                                   {"--lease", &lease, NULL},
+                                   {"--ttl", &ttl, NULL},
+                                   {"--policy", &policy, NULL}};
+    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
+    argsRequireKey("claim", npos ? pos[0] : NULL);
+    if (fp == NULL) {
+        cli_usage_error("claim: missing --fingerprint HEX64");
+    }
+    uint8_t fpb[32];
+    if (strlen(fp) != 64) {
+        cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
+                        strlen(fp));
+    }
+    for (size_t i = 0; i < 32; i++) {
+        int hi = OPENSSL_hexchar2int((unsigned char)fp[2 * i]);
+        int lo = OPENSSL_hexchar2int((unsigned char)fp[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256)");
+        }
+        fpb[i] = (uint8_t)(hi << 4 | lo);
+    }
+    char attempt_buf[IDEM_ATTEMPT_ID_HEX + 1];
+    if (attempt == NULL) {
+        if (idem_attempt_id_new(attempt_buf) != IDEM_OK) {
+            fputs("idemctl: no random source for an attempt id; pass --attempt\n", stderr);
+            return EXIT_INTERNAL;
+        }
+        attempt = attempt_buf;
+    } else if (attempt[0] == '\0') {
+        /* An empty attempt id makes the claim not retry-safe: refused like other empty
+         * values. */
+        cli_usage_error("claim: --attempt is empty (leave it out for a random attempt id)");
+    } else if (strlen(attempt) > ATTEMPT_MAX) {
+        cli_usage_error("claim: --attempt is longer than %d bytes", ATTEMPT_MAX);
+    }
+    Idem__ClaimRequest cr = IDEM__CLAIM_REQUEST__INIT;
+    cr.key.data = (uint8_t *)pos[0];
+    cr.key.len = strlen(pos[0]);
+    cr.fingerprint.data = fpb;
+    cr.fingerprint.len = sizeof fpb;
+    cr.attempt_id.data = (uint8_t *)attempt;
+    cr.attempt_id.len = strlen(attempt);
+    cr.lease_ms = lease ? cli_parse_u64("--lease", lease, 1, MAX_DURATION_MS) : 0;
+    cr.ttl_ms = ttl ? cli_parse_u64("--ttl", ttl, 1, MAX_DURATION_MS) : 0;
+    if (policy == NULL) {
+        cr.policy = IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED;
+    } else if (strcmp(policy, "conflict") == 0) {
+        cr.policy = IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT;
+    } else if (strcmp(policy, "takeover") == 0) {
+        cr.policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER;
+    } else {
+        cli_usage_error("claim: --policy must be conflict or takeover, got \"%s\"", policy);
+    }
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_CLAIM;
+    req.claim = &cr;
+    json_t *extra = jobj();
+    jset(extra, "attempt_id", jstr(attempt));
+    /* Unanswered, the claim may still have been applied: only its attempt id gets that
+     * lease back, so it is printed with the failure too. */
+    g->fail_extra = json_incref(extra);
+    int code = callAndEmit(g, false, NULL, &req, extra);
+    json_decref(g->fail_extra);
+    g->fail_extra = NULL;
+    if (code == EXIT_UNAVAILABLE) {
+        fprintf(stderr,
+                "idemctl: the claim may have been applied: send it again with --attempt %s to "
+                "get its lease back\n",
+                attempt);
+    }
+    return code;
+}
+
+/* Fills a stored response from --status and --body (both borrowed). The status must be a
+ * final one, 200-599, as the nodes require of a stored response (1xx answer invalid). */
+void dataStoredResponseFill(Idem__StoredResponse *sr, const char *cmd, const char *status,
+                            const char *body)
+{
+    char what[48];
+    snprintf(what, sizeof what, "%s --status", cmd);
+    sr->status = (uint32_t)cli_parse_u64(what, status, 200, 599);
+    if (body != NULL) {
+        sr->body.data = (uint8_t *)body;
+        sr->body.len = strlen(body);
+    }
+}
+
+/* The arguments of a command on the claim of KEY: KEY, --token N (both required; the
+ * token's text in *token, OUT) and the command's other options (opts, at most 3).
+ * Returns KEY. */
+static const char *keyAndToken(struct global *g, struct args *a, const char *cmd,
+                               const struct argsOpt *opts, size_t n_opts, const char **token)
+{
+    struct argsOpt all[4] = {{"--token", token, NULL}};
+    for (size_t i = 0; i < n_opts && i + 1 < sizeof all / sizeof all[0]; i++) {
+        all[i + 1] = opts[i];
+    }
+    const char *pos[1];
+    size_t npos = 0;
+    *token = NULL;
+    argsParse(g, a, all, 1 + n_opts, pos, 1, &npos);
+    argsRequireKey(cmd, npos ? pos[0] : NULL);
+    if (*token == NULL) {
+        cli_usage_error("%s: missing --token N (the fencing token from claim)", cmd);
+    }
+    return pos[0];
+}
+
+int dataCmdComplete(struct global *g, struct args *a)
+{
+    const char *token, *status = NULL, *body = NULL, *outcome = NULL;
+    const struct argsOpt opts[] = {
+        {"--status", &status, NULL}, {"--body", &body, NULL}, {"--outcome", &outcome, NULL}};
+    const char *key = keyAndToken(g, a, "complete", opts, sizeof opts / sizeof opts[0], &token);
+    if (status == NULL) {
+        cli_usage_error("complete: missing --status CODE");
+    }
+    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
+    dataStoredResponseFill(&sr, "complete", status, body);
+    Idem__CompleteRequest cr = IDEM__COMPLETE_REQUEST__INIT;
+    cr.key.data = (uint8_t *)key;
+    cr.key.len = strlen(key);
+    cr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
+    cr.response = &sr;
+    if (outcome == NULL || strcmp(outcome, "succeeded") == 0) {
+        cr.outcome = IDEM__COMPLETION__COMPLETION_SUCCEEDED;
+    } else if (strcmp(outcome, "failed_final") == 0) {
+        cr.outcome = IDEM__COMPLETION__COMPLETION_FAILED_FINAL;
+    } else if (strcmp(outcome, "unknown") == 0) {
+        cr.outcome = IDEM__COMPLETION__COMPLETION_UNKNOWN;
+    } else {
+        cli_usage_error(
+            "complete: --outcome must be succeeded, failed_final or unknown, got \"%s\"", outcome);
+    }
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_COMPLETE;
+    req.complete = &cr;
+    return callAndEmit(g, false, NULL, &req, NULL);
+}
+
+int dataCmdRelease(struct global *g, struct args *a)
+{
+    const char *token;
+    const char *key = keyAndToken(g, a, "release", NULL, 0, &token);
+    Idem__ReleaseRequest rr = IDEM__RELEASE_REQUEST__INIT;
+    rr.key.data = (uint8_t *)key;
+    rr.key.len = strlen(key);
+    rr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_RELEASE;
+    req.release = &rr;
+    return callAndEmit(g, false, NULL, &req, NULL);
+}
+
+int dataCmdRenew(struct global *g, struct args *a)
+{
+    const char *token, *lease = NULL;
+    const struct argsOpt opts[] = {{"--lease", &lease, NULL}};
+    const char *key = keyAndToken(g, a, "renew", opts, 1, &token);
+    Idem__RenewRequest rr = IDEM__RENEW_REQUEST__INIT;
+    rr.key.data = (uint8_t *)key;
+    rr.key.len = strlen(key);
+    rr.token = cli_parse_u64("--token", token, 1, UINT64_MAX);
+    rr.lease_ms = lease ? cli_parse_u64("--lease", lease, 1, MAX_DURATION_MS) : 0;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_RENEW;
+    req.renew = &rr;
+    return callAndEmit(g, false, NULL, &req, NULL);
+}
+
+int dataCmdGet(struct global *g, struct args *a)
+{
+    const char *pos[1];
+    size_t npos = 0;
+    argsParse(g, a, NULL, 0, pos, 1, &npos);
+    argsRequireKey("get", npos ? pos[0] : NULL);
+    Idem__GetRequest gr = IDEM__GET_REQUEST__INIT;
+    gr.key.data = (uint8_t *)pos[0];
+    gr.key.len = strlen(pos[0]);
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.op_case = IDEM__REQUEST__OP_GET;
+    req.get = &gr;
+    return callAndEmit(g, false, NULL, &req, NULL);
+}
