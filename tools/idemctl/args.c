@@ -29,25 +29,10 @@ static const char *argsAfterName(const struct args *a, const char *name)
 }
 
 /* If the current argument is `name` ("--x") or "name=value", consumes it and its value
- * (the next argument in the first form) and returns true. */
+ * (the next argument in the first form) and returns true (cli_opt_value, before "--"). */
 bool argsValue(struct args *a, const char *name, const char **val)
 {
-    const char *rest = argsAfterName(a, name);
-    if (rest == NULL) {
-        return false;
-    }
-    if (rest[0] == '=') {
-        *val = rest + 1;
-        a->i++;
-        return true;
-    }
-    if (a->i + 1 >= a->argc) {
-        cli_usage_error("%s%soption %s needs a value", a->cmd ? a->cmd : "", a->cmd ? ": " : "",
-                        name);
-    }
-    *val = a->argv[a->i + 1];
-    a->i += 2;
-    return true;
+    return !a->dashdash && cli_opt_value(a->argc, a->argv, &a->i, name, val, a->cmd);
 }
 
 /* If the current argument is the flag `name`, consumes it and returns true. */

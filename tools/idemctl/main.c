@@ -121,12 +121,6 @@ static const struct command commands[] = {
     {"quarantine", recordsCmdQuarantine, true, NULL, NULL},
 };
 
-static const char *envOrNull(const char *name)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? v : NULL;
-}
-
 /* Options that take a value as the next argument (any command's, and the global ones):
  * what follows them is a value, not --help nor a subcommand. */
 static bool takesValue(const char *arg)
@@ -259,9 +253,9 @@ int main(int argc, char **argv)
     bool json = jsonAsked(argc, argv);
     cli_set_json(json);
     struct global g = {
-        .cluster = envOrNull("IDEM_CLUSTER"),
-        .token = envOrNull("IDEM_TOKEN"),
-        .admin_token = envOrNull("IDEM_ADMIN_TOKEN"),
+        .cluster = cli_env("IDEM_CLUSTER"),
+        .token = cli_env("IDEM_TOKEN"),
+        .admin_token = cli_env("IDEM_ADMIN_TOKEN"),
         .json = json,
         .deadline_ms = DEFAULT_DEADLINE_MS,
         .deadline_set = false,
