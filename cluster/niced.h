@@ -1,7 +1,7 @@
 /* niced: runs CPU work that must not take the cores the event loops need at a lower CPU
  * priority. A snapshot's serialisation is that work: a second or more of one core at a
  * million records, and at normal priority it took a share of the two cores from the three
- * nodes' loops, whose requests waited (docs/latency.md). At nice 19 it runs on what the loops
+ * nodes' loops, whose requests waited (docs/benchmarks.md). At nice 19 it runs on what the loops
  * leave. Only for work that takes no lock the loops may wait for: a thread at nice 19 can
  * wait long for a core while holding it (the snapshot's disk writes, which take the
  * filesystem's locks and journal, are not run this way). */

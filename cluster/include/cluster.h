@@ -12,7 +12,7 @@
  * (leadership was lost, the node shut down, or the entry could not be appended). A failed
  * waiter's command may still commit later: every operation is retry-safe (docs/contract.md).
  *
- * The group is an object, not a global (DESIGN.md, "Beyond one group"). */
+ * The group is an object, not a global (docs/architecture.md). */
 #ifndef IDEM_CLUSTER_H
 #define IDEM_CLUSTER_H
 

@@ -3,7 +3,7 @@
  * raft_uv 0.15 writes its log through Linux AIO, one context per open segment, and
  * destroys the context (io_destroy(2)) on the loop when the segment is closed: when it
  * fills up, and at every snapshot (raft's barrier closes the open segment). io_destroy
- * waits for an RCU grace period; on the kernels measured (docs/latency.md) it takes 32 ms
+ * waits for an RCU grace period; on the kernels measured (docs/benchmarks.md) it takes 32 ms
  * every time, and all that time the node's loop answers nothing: on the leader, every
  * request in flight waits 32 ms more.
  *

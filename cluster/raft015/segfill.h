@@ -7,7 +7,7 @@
  * data yet. Every append into an unwritten extent converts it to written, which is a
  * metadata change: a journal commit on top of the data write before an O_DSYNC write can
  * complete, and the kernel refuses such a write without blocking (EAGAIN), so raft_uv
- * writes it again on a pool thread. Measured on the benchmark machine (docs/latency.md):
+ * writes it again on a pool thread. Measured on the benchmark machine (docs/benchmarks.md):
  * three nodes on one disk, the leader's closed-loop claim rate was 51-58k/s without it and
  * 65-89k/s with it (six alternated pairs, higher in each).
  *

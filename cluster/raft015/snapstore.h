@@ -3,7 +3,7 @@
  *
  * Why: raft_uv 0.15 writes a snapshot file in one go and fsyncs it. The whole file then goes
  * to the disk at once, and every log write (O_DIRECT, RWF_DSYNC) on the same disk queues
- * behind it: tens of milliseconds on each node sharing the disk (measured; docs/latency.md).
+ * behind it: tens of milliseconds on each node sharing the disk (measured; docs/benchmarks.md).
  * Here the data is written in SNAPSTORE_CHUNK pieces, each pushed to the disk and waited for
  * (sync_file_range) before the next, with a pause between them, so a log write waits behind
  * one chunk at most.
@@ -35,7 +35,7 @@
 #define SNAPSTORE_PAUSE_US 1000                 /* pause between chunks, by default */
 /* Bytes freed at a time (snapstore_gc), and the pause between steps by default: with online
  * discard on ext4 without a journal each step is one trim that the disk's other writes wait
- * behind (on the benchmark machine 0.5-2.1 ms for 1 MiB, ~2 ms for 4 MiB; docs/latency.md).
+ * behind (on the benchmark machine 0.5-2.1 ms for 1 MiB, ~2 ms for 4 MiB; docs/benchmarks.md).
  * With a journal, ext4 trims a transaction's freed ranges, merged, when it commits, so the
  * steps do not split them there. 100 MiB a second. */
 #define SNAPSTORE_DELETE_STEP (1024 * 1024)

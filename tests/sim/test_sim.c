@@ -1,6 +1,6 @@
 /* sim: the replicated state machine under raft_fixture: 3 to 5 servers on raft's in-memory
  * I/O with one simulated clock, with partitions, kills, revivals, depositions, latency
- * changes and snapshots (DESIGN.md, "Test pyramid": sim).
+ * changes and snapshots (docs/architecture.md, the tests).
  *
  * Every choice of a run comes from one PRNG (xorshift64*) seeded with the run's seed, and
  * the fixture itself is deterministic, so a seed (with the servers and rounds) replays a run

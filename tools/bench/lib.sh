@@ -106,7 +106,7 @@ note_load() { LOADS="$LOADS $1 $(cut -d' ' -f1 /proc/loadavg)"; }
 # directory's file system and whether it trims freed blocks at once (online discard: every
 # write waits behind each trim); and the kernel's DAMON monitors that are on (a monitor
 # that pages out cold memory, left running for minutes, stalled every process here for
-# tens of ms at each sample: docs/latency.md, *2026-12-05: three causes traced*).
+# tens of ms at each sample: docs/benchmarks.md, *What shapes the tail here*).
 machine_notes() {
   local fs damon="" k
   fs=$(findmnt -n -o FSTYPE,OPTIONS -T "$1" 2>/dev/null | awk '{

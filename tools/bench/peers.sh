@@ -109,7 +109,7 @@ DAMON_BEFORE=$(damon_counters)
 DURATION=$OPEN_DURATION run_bench idem_open --workload fresh --rate "$HALF" --timeline 100 --stall-probe
 DAMON_AFTER=$(damon_counters)
 append_hist "$TMP/append-after"
-# What the kernel's DAMON monitors did meanwhile (docs/latency.md: its page-out tries come
+# What the kernel's DAMON monitors did meanwhile (docs/benchmarks.md: its page-out tries come
 # with stalls of every process here).
 OPEN_DAMON="no monitor on"
 if [ -n "$DAMON_BEFORE" ] && [ -n "$DAMON_AFTER" ]; then
