@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # crossing.sh: the open loop's latency while the record count crosses a given range, e.g. the
-# table's 5/8 mark where the next growth is prepared (docs/benchmarks.md: crossing.sh). A benchmark, not a test: it asserts nothing about speed, only that each load did
-# what it says (no errors, every claim acquired).
+# table's 5/8 mark where the next growth is prepared (docs/benchmarks.md: crossing.sh).
+# A benchmark, not a test: it asserts nothing about speed, only that each load did what it
+# says (no errors, every claim acquired).
 #
 #   tools/bench/crossing.sh        (needs build/bin from a normal build, or IDEM_BIN_DIR)
 #
