@@ -32,7 +32,7 @@
 #include "wire_check.h"
 
 #define TICK_MS 100
-#define SLOT_BITS 16
+#define SLOT_BITS CLUSTER_SLOT_BITS
 
 /* One command's part of an account's pending bytes (cluster_config.n_accounts). */
 struct charge {

@@ -14,7 +14,7 @@
 #include <xxhash.h>
 
 #include "arena.h"
-#include "fingerprint.h"
+#include "key.h"
 #include "fsm_internal.h"
 #include "xmalloc.h"
 
@@ -32,12 +32,21 @@ static uint64_t addSat(uint64_t a, uint64_t b)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
-struct fsm *fsm_new(void)
+struct fsm *fsm_new_with(const struct fsm_options *opt)
 {
     struct fsm *f = xcalloc(1, sizeof(*f));
-    table_init(&f->t);
+    if (opt != NULL) {
+        f->opt = *opt;
+    }
+    table_init(&f->t, f->opt.prefault);
+    f->spare_pf.with = f->opt.prefault;
     arena_init(&f->arena, ARENA_BYTES);
     return f;
+}
+
+struct fsm *fsm_new(void)
+{
+    return fsm_new_with(NULL);
 }
 
 void fsm_close(struct fsm *f)

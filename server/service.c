@@ -20,10 +20,15 @@
 
 #include "fingerprint.h"
 #include "log.h"
+#include "prefault_thread.h"
+#include "xmalloc.h"
 
+/* Layouts server/ and cluster/ each define, so that neither library includes the other's
+ * headers: they must agree. */
 _Static_assert(CONFIG_RAFT_SECRET_MIN == CLUSTER_SECRET_MIN,
                "config.c and cluster.h must agree on a Raft secret's least length");
-#include "xmalloc.h"
+_Static_assert(FSM_SLOT_BITS == CLUSTER_SLOT_BITS,
+               "a fencing token is the command index cluster.c applies a command at");
 
 #define IDEM_VERSION "0.1.0"
 
@@ -1236,7 +1241,9 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     struct service *s = xcalloc(1, sizeof(*s));
     s->loop = loop;
     s->cfg = cfg;
-    s->fsm = fsm_new();
+    /* The state machine's slot arrays allocated ahead are faulted in on a thread of their
+     * own, off the loop (prefault_thread.h). */
+    s->fsm = fsm_new_with(&(struct fsm_options){.prefault = &prefault_thread});
     struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
     for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
         const struct config_member *m = &cfg->cluster.bootstrap[i];
