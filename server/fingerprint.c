@@ -399,6 +399,17 @@ static bool fpInputValid(const struct fp_input *in)
     return true;
 }
 
+/* A new SHA-256 context into *ctx (NULL when none could be made; the caller frees it with
+ * EVP_MD_CTX_free either way). FP_OK, FP_ENOMEM or FP_ECRYPTO. */
+static int digestBegin(EVP_MD_CTX **ctx)
+{
+    *ctx = EVP_MD_CTX_new();
+    if (*ctx == NULL) {
+        return FP_ENOMEM;
+    }
+    return EVP_DigestInit_ex(*ctx, EVP_sha256(), NULL) == 1 ? FP_OK : FP_ECRYPTO;
+}
+
 int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
 {
     EVP_MD_CTX *ctx = NULL;
@@ -408,13 +419,8 @@ int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
     if (in == NULL || out == NULL || !fpInputValid(in)) {
         return FP_EINVAL;
     }
-    ctx = EVP_MD_CTX_new();
-    if (ctx == NULL) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        rc = FP_ECRYPTO;
+    rc = digestBegin(&ctx);
+    if (rc != FP_OK) {
         goto cleanup;
     }
     rc = fpUpdateField(ctx, FP_DOMAIN_TAG, strlen(FP_DOMAIN_TAG), FOLD_NONE);
@@ -478,13 +484,8 @@ int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
     if (tenant == NULL || (key == NULL && key_len > 0)) {
         return FP_EINVAL;
     }
-    ctx = EVP_MD_CTX_new();
-    if (ctx == NULL) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        rc = FP_ECRYPTO;
+    rc = digestBegin(&ctx);
+    if (rc != FP_OK) {
         goto cleanup;
     }
     rc = fpUpdateField(ctx, tenant, strlen(tenant), FOLD_NONE);

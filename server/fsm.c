@@ -484,11 +484,19 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
 
 /* ---- complete, release, renew, get, resolve ------------------------------------------ */
 
-/* The record a complete or renew by `token` acts on. NULL, with out->outcome not_found when
- * the key has no live record (or a tombstone), or lease_lost when another token holds it. */
-static struct rec *heldRecord(struct fsm *f, const char *tenant, const ProtobufCBinaryData *key,
-                              uint64_t token, struct fsm_result *out)
+/* The record a complete or renew by `token` acts on, `bad` being what its stateless check
+ * (completeCheck, renewCheck) said. NULL with out->outcome invalid (bad != NULL; nothing
+ * changes), or, once the clock is advanced to now_cmd, not_found when the key has no live
+ * record (or a tombstone), or lease_lost when another token holds it. */
+static struct rec *heldRecord(struct fsm *f, const char *bad, uint64_t now_cmd,
+                              const char *tenant, const ProtobufCBinaryData *key, uint64_t token,
+                              struct fsm_result *out)
 {
+    if (bad != NULL) {
+        invalid(out, bad);
+        return NULL;
+    }
+    advanceClock(f, now_cmd);
     struct rec *r = findRecord(f, tenant, key);
     if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
         out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
@@ -522,12 +530,7 @@ static const char *completeCheck(const Idem__CompleteCmd *c)
 static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__CompleteCmd *c,
                                    struct fsm_result *out)
 {
-    const char *bad = completeCheck(c);
-    if (bad != NULL) {
-        return invalid(out, bad);
-    }
-    advanceClock(f, now_cmd);
-    struct rec *r = heldRecord(f, c->tenant, &c->key, c->token, out);
+    struct rec *r = heldRecord(f, completeCheck(c), now_cmd, c->tenant, &c->key, c->token, out);
     if (r == NULL) {
         return out->outcome;
     }
@@ -623,12 +626,7 @@ static const char *renewCheck(const Idem__RenewCmd *c)
 static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__RenewCmd *c,
                                 struct fsm_result *out)
 {
-    const char *bad = renewCheck(c);
-    if (bad != NULL) {
-        return invalid(out, bad);
-    }
-    advanceClock(f, now_cmd);
-    struct rec *r = heldRecord(f, c->tenant, &c->key, c->token, out);
+    struct rec *r = heldRecord(f, renewCheck(c), now_cmd, c->tenant, &c->key, c->token, out);
     if (r == NULL) {
         return out->outcome;
     }

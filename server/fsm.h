@@ -136,8 +136,8 @@ Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_
 const char *fsm_command_check(const Idem__Command *cmd);
 
 /* A Command with no op is answered invalid and changes nothing (the clock included), like
- * every invalid command; the service proposes one as a read barrier (service.c, quarantine
- * list), and tests/unit/test_fsm.c holds it to that. */
+ * every invalid command; the service proposes one as a read barrier (service_admin.c,
+ * quarantine list), and tests/unit/test_fsm.c holds it to that. */
 
 /* The same, for a command the caller has already unpacked (borrowed). */
 Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Command *cmd,
