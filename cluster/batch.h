@@ -13,10 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cluster.h"
 #include "idem.pb-c.h"
 
 /* A command's index: its entry's raft index << BATCH_SLOT_BITS | its place in the entry. */
-#define BATCH_SLOT_BITS 16
+#define BATCH_SLOT_BITS CLUSTER_SLOT_BITS
 
 /* Packs a log entry into buf (raft_calloc'd, framed as above). Aborts when out of memory. */
 void batch_entry_encode(const Idem__LogEntry *e, struct raft_buffer *buf);

@@ -87,7 +87,7 @@
 #define TRANSPORT_NONCE_LEN 32
 #define TRANSPORT_MAC_LEN 32
 #define TRANSPORT_KEYS_MAX 2 /* the current secret and the previous one */
-#define TRANSPORT_SECRET_MIN 32 /* bytes; server/config.c refuses shorter Raft secrets */
+#define TRANSPORT_SECRET_MIN 32 /* bytes; cluster.h's CLUSTER_SECRET_MIN equals it */
 #define TRANSPORT_GREETING_LEN (8 + TRANSPORT_NONCE_LEN)
 #define TRANSPORT_ANSWER_LEN (TRANSPORT_NONCE_LEN + TRANSPORT_KEYS_MAX * TRANSPORT_MAC_LEN)
 #define TRANSPORT_LOG_INTERVAL_MS 10000

@@ -1,4 +1,4 @@
-/* Request fingerprints, key digests and key validation (docs/contract.md).
+/* Request fingerprints and key digests (docs/contract.md); the key rule is key.c.
  *
  * Hashing is OpenSSL's EVP SHA-256 and JSON canonicalisation is jansson's parser and encoder;
  * this file only frames fields and orders them. Every variable-length field goes into the
@@ -10,7 +10,6 @@
 #include "fingerprint.h"
 
 #include <jansson.h>
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,6 +399,17 @@ static bool fpInputValid(const struct fp_input *in)
     return true;
 }
 
+/* A new SHA-256 context into *ctx (NULL when none could be made; the caller frees it with
+ * EVP_MD_CTX_free either way). FP_OK, FP_ENOMEM or FP_ECRYPTO. */
+static int digestBegin(EVP_MD_CTX **ctx)
+{
+    *ctx = EVP_MD_CTX_new();
+    if (*ctx == NULL) {
+        return FP_ENOMEM;
+    }
+    return EVP_DigestInit_ex(*ctx, EVP_sha256(), NULL) == 1 ? FP_OK : FP_ECRYPTO;
+}
+
 int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
 {
     EVP_MD_CTX *ctx = NULL;
@@ -409,13 +419,8 @@ int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
     if (in == NULL || out == NULL || !fpInputValid(in)) {
         return FP_EINVAL;
     }
-    ctx = EVP_MD_CTX_new();
-    if (ctx == NULL) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        rc = FP_ECRYPTO;
+    rc = digestBegin(&ctx);
+    if (rc != FP_OK) {
         goto cleanup;
     }
     rc = fpUpdateField(ctx, FP_DOMAIN_TAG, strlen(FP_DOMAIN_TAG), FOLD_NONE);
@@ -453,11 +458,6 @@ cleanup:
     return rc;
 }
 
-bool fp_equal(const uint8_t a[FP_LEN], const uint8_t b[FP_LEN])
-{
-    return CRYPTO_memcmp(a, b, FP_LEN) == 0;
-}
-
 void fp_hex12(const uint8_t fp[FP_LEN], char out[FP_HEX12_SIZE])
 {
     static const char digits[] = "0123456789abcdef";
@@ -484,13 +484,8 @@ int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
     if (tenant == NULL || (key == NULL && key_len > 0)) {
         return FP_EINVAL;
     }
-    ctx = EVP_MD_CTX_new();
-    if (ctx == NULL) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        rc = FP_ECRYPTO;
+    rc = digestBegin(&ctx);
+    if (rc != FP_OK) {
         goto cleanup;
     }
     rc = fpUpdateField(ctx, tenant, strlen(tenant), FOLD_NONE);
@@ -511,32 +506,4 @@ int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
 cleanup:
     EVP_MD_CTX_free(ctx);
     return rc;
-}
-
-/* The bytes that may appear in an idempotency key, [A-Za-z0-9._:~-] (docs/contract.md), as a
- * 256-bit set: bit c of the set is 1 when byte c is allowed. */
-static const uint64_t keyBytes[4] = {UINT64_C(0x07ff600000000000), UINT64_C(0x47fffffe87fffffe), UINT64_C(0x0000000000000000), UINT64_C(0x0000000000000000)};
-
-static bool keyByteAllowed(uint8_t c)
-{
-    return (keyBytes[c >> 6] >> (c & 63)) & 1;
-}
-
-int key_validate(const uint8_t *key, size_t len, size_t max_len)
-{
-    if (key == NULL || len == 0) {
-        return KEY_MISSING;
-    }
-    if (max_len == 0 || max_len > KEY_MAX_LEN) {
-        max_len = KEY_MAX_LEN;
-    }
-    if (len > max_len) {
-        return KEY_INVALID;
-    }
-    /* No early exit: the loop stays branch-free on the hot claim path. */
-    bool ok = true;
-    for (size_t i = 0; i < len; i++) {
-        ok &= keyByteAllowed(key[i]);
-    }
-    return ok ? KEY_OK : KEY_INVALID;
 }

@@ -1,4 +1,5 @@
-/* Request fingerprints, key digests for logs, and idempotency-key validation (docs/contract.md). */
+/* Request fingerprints and key digests for logs (docs/contract.md). The key rule and the
+ * fingerprint comparison the state machine applies are in key.h, included here. */
 #ifndef IDEM_SERVER_FINGERPRINT_H
 #define IDEM_SERVER_FINGERPRINT_H
 
@@ -6,14 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "key.h"
+
 /* Size of a fingerprint in bytes (a SHA-256 digest). */
 #define FP_LEN 32
 
 /* Size of the buffer fp_hex12() and key_digest() write: 12 hex digits and a NUL. */
 #define FP_HEX12_SIZE 13
-
-/* The longest idempotency key the contract allows, in bytes (docs/contract.md). */
-#define KEY_MAX_LEN 255
 
 /* Return codes of the fp_ functions. Positive, so that 0 means success, as in raft. The
  * X-macro keeps each code next to its message for fp_strerror(). */
@@ -96,10 +96,6 @@ struct fp_input {
  * unspecified. */
 int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN]);
 
-/* Compares two fingerprints in constant time (OpenSSL CRYPTO_memcmp).
- * Both are borrowed for the duration of the call. */
-bool fp_equal(const uint8_t a[FP_LEN], const uint8_t b[FP_LEN]);
-
 /* Writes the first 12 lower-case hex digits of a fingerprint and a NUL into out (OUT:
  * FP_HEX12_SIZE bytes), which is what logs carry (docs/contract.md).
  * fp and out are borrowed for the duration of the call. */
@@ -115,21 +111,5 @@ void fp_hex12(const uint8_t fp[FP_LEN], char out[FP_HEX12_SIZE]);
  * string, so that a log line that ignores the result still has a valid string. */
 int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
                char out[FP_HEX12_SIZE]);
-
-/* Results of key_validate(), mapped by the caller to 400 idempotency_key_missing and
- * idempotency_key_invalid (docs/contract.md). */
-enum key_rc {
-    KEY_OK = 0,
-    KEY_MISSING,
-    KEY_INVALID,
-};
-
-/* Checks an idempotency key against docs/contract.md: 1 to max_len bytes, each one of
- * [A-Za-z0-9._:~-]. max_len is the tenant's limit; 0 means KEY_MAX_LEN, and larger values
- * are clamped to KEY_MAX_LEN.
- * key is borrowed for the duration of the call and may be NULL (the header was absent).
- * Returns KEY_OK; KEY_MISSING when key is NULL or len is 0; KEY_INVALID when len exceeds the
- * limit or a byte is outside the allowed set. */
-int key_validate(const uint8_t *key, size_t len, size_t max_len);
 
 #endif /* IDEM_SERVER_FINGERPRINT_H */

@@ -14,7 +14,7 @@
 #include <xxhash.h>
 
 #include "arena.h"
-#include "fingerprint.h"
+#include "key.h"
 #include "fsm_internal.h"
 #include "xmalloc.h"
 
@@ -32,12 +32,21 @@ static uint64_t addSat(uint64_t a, uint64_t b)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
-struct fsm *fsm_new(void)
+struct fsm *fsm_new_with(const struct fsm_options *opt)
 {
     struct fsm *f = xcalloc(1, sizeof(*f));
-    table_init(&f->t);
+    if (opt != NULL) {
+        f->opt = *opt;
+    }
+    table_init(&f->t, f->opt.prefault);
+    f->spare_pf.with = f->opt.prefault;
     arena_init(&f->arena, ARENA_BYTES);
     return f;
+}
+
+struct fsm *fsm_new(void)
+{
+    return fsm_new_with(NULL);
 }
 
 void fsm_close(struct fsm *f)
@@ -339,84 +348,58 @@ static const char *claimCheck(const Idem__ClaimCmd *c)
     return NULL;
 }
 
-static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
-                                const Idem__ClaimCmd *c, struct fsm_result *out)
+/* Answers acquired with r's token, lease and expiry. */
+static Idem__Outcome acquired(const struct rec *r, struct fsm_result *out)
 {
-    const char *bad = claimCheck(c);
-    if (bad != NULL) {
-        return invalid(out, bad);
-    }
-    int tn = table_tenant_intern(&f->t, c->tenant, strlen(c->tenant));
-    if (tn < 0) {
-        return invalid(out, "claim: too many tenants");
-    }
-    advanceClock(f, now_cmd);
+    out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
+    out->token = r->token;
+    out->lease_deadline_ms = r->lease_deadline;
+    out->expires_at_ms = r->expires_at;
+    return out->outcome;
+}
+
+/* A claim of a key with no live record: r is NULL (a new record, inserted with hash h) or a
+ * released one that the key may be claimed again over. */
+static Idem__Outcome claimNew(struct fsm *f, uint64_t index, int tn, uint64_t h, struct rec *r,
+                              const Idem__ClaimCmd *c, struct fsm_result *out)
+{
     const uint64_t now = f->clock;
-    uint64_t h = table_hash(&f->t, tn, c->key.data, c->key.len);
-    struct rec *r = table_find(&f->t, tn, h, c->key.data, c->key.len);
-
-    if (!isLive(r)) {
-        /* A new record, or a released one that the key may be claimed again over. */
-        if (!limitsAllow(c->limits, &f->t.tenants[tn], 1,
-                         (uint64_t)c->key.len + FSM_FINGERPRINT_LEN)) {
-            out->outcome = IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED;
-            return out->outcome;
-        }
-        bool fresh = r == NULL;
-        if (fresh) {
-            r = table_insert(&f->t, tn, h, c->key.data, c->key.len);
-            fsm_spare_step(f);
-        } else {
-            r = recWritable(f, r);
-            recUncount(f, r);
-        }
-        memcpy(r->fp, c->fingerprint.data, FSM_FINGERPRINT_LEN);
-        r->state = IDEM__RECORD_STATE__RECORD_STATE_PROCESSING;
-        r->completion = IDEM__COMPLETION__COMPLETION_UNSPECIFIED;
-        recSetResponse(r, NULL);
-        r->created_at = now;
-        r->expires_at = addSat(now, c->ttl_ms);
-        r->tombstone_ttl = c->tombstone_ttl_ms ? c->tombstone_ttl_ms : c->ttl_ms;
-        grantLease(r, index, now, c);
-        if (fresh) {
-            expiry_push(&f->t.heap, r);
-        } else {
-            expiry_update(&f->t.heap, r);
-        }
-        fsm_rec_count(f, r);
-        out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
-        out->token = r->token;
-        out->lease_deadline_ms = r->lease_deadline;
-        out->expires_at_ms = r->expires_at;
+    if (!limitsAllow(c->limits, &f->t.tenants[tn], 1,
+                     (uint64_t)c->key.len + FSM_FINGERPRINT_LEN)) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED;
         return out->outcome;
     }
-
-    if (!fp_equal(r->fp, c->fingerprint.data)) {
-        /* Same key, another request: refuse and leave the record untouched (§3). */
-        out->outcome = IDEM__OUTCOME__OUTCOME_MISMATCH;
-        return out->outcome;
+    bool fresh = r == NULL;
+    if (fresh) {
+        r = table_insert(&f->t, tn, h, c->key.data, c->key.len);
+        fsm_spare_step(f);
+    } else {
+        r = recWritable(f, r);
+        recUncount(f, r);
     }
-
-    switch ((Idem__RecordState)r->state) {
-    case IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE:
-        out->outcome = IDEM__OUTCOME__OUTCOME_EXPIRED;
-        return out->outcome;
-    case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
-        out->outcome = IDEM__OUTCOME__OUTCOME_REPLAY;
-        out->token = r->token;
-        out->expires_at_ms = r->expires_at;
-        outResponse(r, out);
-        return out->outcome;
-    case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
-        out->outcome = IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN;
-        return out->outcome;
-    case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
-        break;
-    default:
-        assert(0 && "unreachable record state");
-        abort();
+    memcpy(r->fp, c->fingerprint.data, FSM_FINGERPRINT_LEN);
+    r->state = IDEM__RECORD_STATE__RECORD_STATE_PROCESSING;
+    r->completion = IDEM__COMPLETION__COMPLETION_UNSPECIFIED;
+    recSetResponse(r, NULL);
+    r->created_at = now;
+    r->expires_at = addSat(now, c->ttl_ms);
+    r->tombstone_ttl = c->tombstone_ttl_ms ? c->tombstone_ttl_ms : c->ttl_ms;
+    grantLease(r, index, now, c);
+    if (fresh) {
+        expiry_push(&f->t.heap, r);
+    } else {
+        expiry_update(&f->t.heap, r);
     }
+    fsm_rec_count(f, r);
+    return acquired(r, out);
+}
 
+/* A claim, with the same fingerprint, of a record in processing: the holder's own retry,
+ * in progress, or a lease that ran out (taken over, or lease_expired). */
+static Idem__Outcome claimHeld(struct fsm *f, uint64_t index, struct rec *r,
+                               const Idem__ClaimCmd *c, struct fsm_result *out)
+{
+    const uint64_t now = f->clock;
     if (r->has_attempt && c->attempt_id.len > 0) {
         uint8_t d[16];
         attemptDigest(&c->attempt_id, d);
@@ -427,11 +410,7 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
                 r = recWritable(f, r);
                 r->lease_deadline = addSat(now, c->lease_ms);
             }
-            out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
-            out->token = r->token;
-            out->lease_deadline_ms = r->lease_deadline;
-            out->expires_at_ms = r->expires_at;
-            return out->outcome;
+            return acquired(r, out);
         }
     }
 #ifdef IDEM_TEST_BROKEN_TAKEOVER
@@ -456,15 +435,79 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
     out->previous_token = r->token;
     grantLease(r, index, now, c);
     expiry_update(&f->t.heap, r); /* the token is part of the expiry order */
-    out->outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
     out->takeover = true;
-    out->token = r->token;
-    out->lease_deadline_ms = r->lease_deadline;
-    out->expires_at_ms = r->expires_at;
-    return out->outcome;
+    return acquired(r, out);
+}
+
+static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
+                                const Idem__ClaimCmd *c, struct fsm_result *out)
+{
+    const char *bad = claimCheck(c);
+    if (bad != NULL) {
+        return invalid(out, bad);
+    }
+    int tn = table_tenant_intern(&f->t, c->tenant, strlen(c->tenant));
+    if (tn < 0) {
+        return invalid(out, "claim: too many tenants");
+    }
+    advanceClock(f, now_cmd);
+    uint64_t h = table_hash(&f->t, tn, c->key.data, c->key.len);
+    struct rec *r = table_find(&f->t, tn, h, c->key.data, c->key.len);
+    if (!isLive(r)) {
+        return claimNew(f, index, tn, h, r, c, out);
+    }
+    if (!fp_equal(r->fp, c->fingerprint.data)) {
+        /* Same key, another request: refuse and leave the record untouched (§3). */
+        out->outcome = IDEM__OUTCOME__OUTCOME_MISMATCH;
+        return out->outcome;
+    }
+    switch ((Idem__RecordState)r->state) {
+    case IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE:
+        out->outcome = IDEM__OUTCOME__OUTCOME_EXPIRED;
+        return out->outcome;
+    case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
+        out->outcome = IDEM__OUTCOME__OUTCOME_REPLAY;
+        out->token = r->token;
+        out->expires_at_ms = r->expires_at;
+        outResponse(r, out);
+        return out->outcome;
+    case IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED:
+        out->outcome = IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN;
+        return out->outcome;
+    case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
+        return claimHeld(f, index, r, c, out);
+    default:
+        assert(0 && "unreachable record state");
+        abort();
+    }
 }
 
 /* ---- complete, release, renew, get, resolve ------------------------------------------ */
+
+/* The record a complete or renew by `token` acts on, `bad` being what its stateless check
+ * (completeCheck, renewCheck) said. NULL with out->outcome invalid (bad != NULL; nothing
+ * changes), or, once the clock is advanced to now_cmd, not_found when the key has no live
+ * record (or a tombstone), or lease_lost when another token holds it. */
+static struct rec *heldRecord(struct fsm *f, const char *bad, uint64_t now_cmd,
+                              const char *tenant, const ProtobufCBinaryData *key, uint64_t token,
+                              struct fsm_result *out)
+{
+    if (bad != NULL) {
+        invalid(out, bad);
+        return NULL;
+    }
+    advanceClock(f, now_cmd);
+    struct rec *r = findRecord(f, tenant, key);
+    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+        return NULL;
+    }
+    if (r->token != token) {
+        out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+        return NULL;
+    }
+    return r;
+}
 
 static const char *completeCheck(const Idem__CompleteCmd *c)
 {
@@ -487,18 +530,8 @@ static const char *completeCheck(const Idem__CompleteCmd *c)
 static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__CompleteCmd *c,
                                    struct fsm_result *out)
 {
-    const char *bad = completeCheck(c);
-    if (bad != NULL) {
-        return invalid(out, bad);
-    }
-    advanceClock(f, now_cmd);
-    struct rec *r = findRecord(f, c->tenant, &c->key);
-    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
-        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
-        return out->outcome;
-    }
-    if (r->token != c->token) {
-        out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
+    struct rec *r = heldRecord(f, completeCheck(c), now_cmd, c->tenant, &c->key, c->token, out);
+    if (r == NULL) {
         return out->outcome;
     }
     if (r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
@@ -593,17 +626,11 @@ static const char *renewCheck(const Idem__RenewCmd *c)
 static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__RenewCmd *c,
                                 struct fsm_result *out)
 {
-    const char *bad = renewCheck(c);
-    if (bad != NULL) {
-        return invalid(out, bad);
-    }
-    advanceClock(f, now_cmd);
-    struct rec *r = findRecord(f, c->tenant, &c->key);
-    if (!isLive(r) || r->state == IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE) {
-        out->outcome = IDEM__OUTCOME__OUTCOME_NOT_FOUND;
+    struct rec *r = heldRecord(f, renewCheck(c), now_cmd, c->tenant, &c->key, c->token, out);
+    if (r == NULL) {
         return out->outcome;
     }
-    if (r->token != c->token || r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+    if (r->state != IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
         out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_LOST;
         return out->outcome;
     }

@@ -10,8 +10,9 @@
  * The cluster applies a log entry that packs several commands (DESIGN.md, batching), so
  * the command index is fsm_command_index(raft_index, slot): the entry's Raft index shifted
  * left by FSM_SLOT_BITS plus the command's position in the entry. Tokens are therefore
- * strictly increasing in log order and unique across the cluster, and `token >> 16` is the
- * Raft index of the entry that granted the claim.
+ * strictly increasing in log order and unique across the cluster, and
+ * `token >> FSM_SLOT_BITS` is the Raft index of the entry that granted the claim. cluster.h
+ * defines the same layout (CLUSTER_SLOT_BITS; service.c asserts they agree).
  *
  * Memory. Allocation failure aborts (like redis's zmalloc): the table cannot degrade
  * gracefully and a replica that skipped a command would diverge. */
@@ -23,9 +24,12 @@
 #include <stdint.h>
 
 #include "idem.pb-c.h"
+#include "key.h"
+
+struct xbig_prefaulter; /* xmalloc.h */
 
 #define FSM_SLOT_BITS 16
-#define FSM_FINGERPRINT_LEN 32
+#define FSM_FINGERPRINT_LEN FP_LEN        /* key.h */
 #define FSM_ATTEMPT_MAX 64            /* bytes of attempt id */
 #define FSM_TENANT_MAX 128            /* bytes of tenant name */
 #define FSM_TENANTS_MAX 65535         /* distinct tenants */
@@ -97,8 +101,19 @@ struct fsm_stats {
     uint64_t index_ahead_bytes;
 };
 
+/* What the owner gives a state machine that is not a command. Nothing in it may change
+ * what the state machine decides. */
+struct fsm_options {
+    /* Faults in the slot arrays allocated ahead (the table's next growth, the snapshot
+     * spare) off the owner's thread: the daemon's runs a thread (prefault_thread.h).
+     * Borrowed; it must outlive the state machine. NULL: at once, on the owner's thread. */
+    const struct xbig_prefaulter *prefault;
+};
+
 /* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).
- * The caller owns the result and frees it with fsm_close(). */
+ * The caller owns the result and frees it with fsm_close(). `opt` is borrowed (copied);
+ * NULL gives the defaults (every field zero). fsm_new() is fsm_new_with(NULL). */
+struct fsm *fsm_new_with(const struct fsm_options *opt);
 struct fsm *fsm_new(void);
 
 /* Frees the state machine and everything it holds. Accepts NULL. */
@@ -121,8 +136,8 @@ Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_
 const char *fsm_command_check(const Idem__Command *cmd);
 
 /* A Command with no op is answered invalid and changes nothing (the clock included), like
- * every invalid command; the service proposes one as a read barrier (service.c, quarantine
- * list), and tests/unit/test_fsm.c holds it to that. */
+ * every invalid command; the service proposes one as a read barrier (service_admin.c,
+ * quarantine list), and tests/unit/test_fsm.c holds it to that. */
 
 /* The same, for a command the caller has already unpacked (borrowed). */
 Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Command *cmd,
@@ -225,8 +240,8 @@ uint64_t fsm_frozen_records(const struct fsm_frozen *z);
  * mapped: a fraction of the copy's time on the owner's thread), until fsm_close(); the
  * stats' snapshot_spare_bytes count it. From the size where slot arrays are mapped
  * (XBIG_MAP_MIN_BYTES), fresh claims also grow it ahead of a table growth and have it
- * faulted in off the loop (xbig_prefault), so that the first freeze after a growth does
- * not copy into fresh memory either. */
+ * faulted in by the options' prefaulter (xbig_prefault), so that the first freeze after a
+ * growth does not copy into fresh memory either. */
 void fsm_thaw(struct fsm *f, struct fsm_frozen *z);
 
 #endif /* IDEM_SERVER_FSM_H */

@@ -29,6 +29,7 @@ struct fsm_frozen {
 };
 
 struct fsm {
+    struct fsm_options opt;  /* as fsm_new_with was given them */
     struct table t;
     struct fsm_frozen *frozen; /* the view in flight, or NULL */
     uintptr_t *spare_slots;  /* the last view's slot copy, kept for the next freeze, or one
@@ -45,7 +46,7 @@ struct fsm {
 
 /* Called after each insert: keeps a spare slot copy (for the next fsm_freeze) as large as
  * the table's slot array, or as its next growth's when that is allocated ahead
- * (table_next_bytes), and has what it adds faulted in off the loop (xbig_prefault), so
+ * (table_next_bytes), and has what it adds faulted in by the prefaulter (xbig_prefault), so
  * that the freeze copies into memory already mapped. Mapped arrays only
  * (XBIG_MAP_MIN_BYTES); none while frozen. */
 void fsm_spare_step(struct fsm *f);

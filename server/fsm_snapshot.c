@@ -16,7 +16,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "fingerprint.h"
+#include "key.h"
 #include "fsm_internal.h"
 #include "xmalloc.h"
 
@@ -241,7 +241,7 @@ void fsm_spare_step(struct fsm *f)
             f->spare_faulted = 0; /* copied into a fresh mapping */
         }
     }
-    /* Faulted in off the loop (xbig_prefault): what a growth added, or what the last view's
+    /* Faulted in by the prefaulter (xbig_prefault): what a growth added, or what the last view's
      * copy did not cover. */
     size_t total = f->spare_n * sizeof(*f->spare_slots);
     if (f->spare_faulted < total && !xbig_prefault_running(&f->spare_pf)) {
@@ -534,7 +534,7 @@ out:
 
 int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why)
 {
-    struct fsm *fresh = fsm_new();
+    struct fsm *fresh = fsm_new_with(&f->opt);
     const char *err = restoreInto(fresh, buf, len);
     if (err != NULL) {
         fsm_close(fresh);
@@ -558,7 +558,7 @@ int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why)
         z->graves = xrealloc(z->graves, (z->n_graves + 1) * sizeof(*z->graves));
         z->graves[z->n_graves++] = tmp.t;
         z->detached = true;
-        table_init(&fresh->t);
+        table_init(&fresh->t, f->opt.prefault);
     } else {
         fresh->t = tmp.t;
     }

@@ -9,10 +9,13 @@
  *
  * Fail closed (docs/contract.md): nothing is ever answered from local state. A follower
  * answers not_leader with the leader's RPC address; a node that knows no leader, or whose
- * proposal does not commit in time, answers unavailable. */
-#include "service.h"
+ * proposal does not commit in time, answers unavailable.
+ *
+ * This file: the ops the cluster holds as waiters, answering them, the cluster's callbacks,
+ * proposing, the expiry ticker and the service's lifecycle. Authentication and data requests
+ * are service_requests.c, operators' requests service_admin.c (service_internal.h). */
+#include "service_internal.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,64 +23,18 @@
 
 #include "fingerprint.h"
 #include "log.h"
-
-_Static_assert(CONFIG_RAFT_SECRET_MIN == CLUSTER_SECRET_MIN,
-               "config.c and cluster.h must agree on a Raft secret's least length");
+#include "prefault_thread.h"
 #include "xmalloc.h"
 
-#define IDEM_VERSION "0.1.0"
+/* Layouts server/ and cluster/ each define, so that neither library includes the other's
+ * headers: they must agree. */
+_Static_assert(CONFIG_RAFT_SECRET_MIN == CLUSTER_SECRET_MIN,
+               "config.c and cluster.h must agree on a Raft secret's least length");
+_Static_assert(FSM_SLOT_BITS == CLUSTER_SLOT_BITS,
+               "a fencing token is the command index cluster.c applies a command at");
 
-/* OP_CLIENT answers with the command's result; OP_KEY_GET with the record as an operator
- * sees it (AdminRecord); OP_QUARANTINE_LIST is a read barrier (an op-less command, which
- * every replica applies as a no-op, fsm.h) whose answer is read from this node's state
- * machine when the barrier applies here; OP_EXPIRE is the leader's ticker. */
-enum opKind { OP_CLIENT, OP_EXPIRE, OP_KEY_GET, OP_QUARANTINE_LIST };
 
-#define QUARANTINE_LIST_DEFAULT 100u
-#define QUARANTINE_LIST_MAX 1000u
-
-struct op {
-    struct service *s;
-    enum opKind kind;
-    service_done_cb cb;
-    void *data;
-    uint64_t request_id;
-    uv_timer_t timer;
-    bool answered;   /* cb was called */
-    bool in_cluster; /* the cluster holds this op as a waiter */
-    bool timer_open;
-    char *tenant;   /* OP_QUARANTINE_LIST: owned; NULL for every tenant */
-    uint32_t limit; /* OP_QUARANTINE_LIST */
-    bool lease_ended;  /* OP_QUARANTINE_LIST: processing records whose lease ended instead */
-    uint64_t lease_ms; /* claim, renew: the lease asked for */
-    uint64_t now_ms;   /* claim, renew: the command's clock (Result.lease_ms: the lease left) */
-    struct op *prev, *next; /* live ops, for shutdown */
-};
-
-struct adminOp {
-    struct service *s;
-    service_done_cb cb;
-    void *data;
-    uint64_t request_id;
-};
-
-struct service {
-    uv_loop_t *loop;
-    const struct config *cfg;
-    struct fsm *fsm;
-    struct cluster *cluster;
-    uv_timer_t expiry_timer;
-    bool expire_in_flight;
-    struct op *ops;
-    struct service_stats stats;
-    bool closing;
-    bool timer_closed;
-    bool cluster_closed;
-    void (*close_cb)(void *data);
-    void *close_data;
-};
-
-static uint64_t nowMs(void)
+uint64_t service_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -86,8 +43,7 @@ static uint64_t nowMs(void)
 
 /* ---- answering ----------------------------------------------------------------------- */
 
-/* answerSimple() with Result.retry_after_ms: the caller may send it again after that long. */
-static void answerRetryAfter(service_done_cb cb, void *data, uint64_t request_id,
+void service_answer_retry_after(service_done_cb cb, void *data, uint64_t request_id,
                              Idem__Outcome outcome, const char *error, const char *leader,
                              uint64_t retry_after_ms)
 {
@@ -102,15 +58,16 @@ static void answerRetryAfter(service_done_cb cb, void *data, uint64_t request_id
     cb(data, &resp);
 }
 
-/* What a leader refusing a request for load (batch.max_pending_mb, a tenant's share of it)
- * or during a leadership transfer says to wait before sending it again
- * (Result.retry_after_ms): about a log write's time. */
-#define SERVICE_BUSY_RETRY_MS 10
-
-static void answerSimple(service_done_cb cb, void *data, uint64_t request_id, Idem__Outcome outcome,
+void service_answer(service_done_cb cb, void *data, uint64_t request_id, Idem__Outcome outcome,
                          const char *error, const char *leader)
 {
-    answerRetryAfter(cb, data, request_id, outcome, error, leader, 0);
+    service_answer_retry_after(cb, data, request_id, outcome, error, leader, 0);
+}
+
+void service_answer_invalid(service_done_cb cb, void *data, uint64_t request_id,
+                            const char *why)
+{
+    service_answer(cb, data, request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
 }
 
 static void serviceMaybeFinish(struct service *s);
@@ -121,14 +78,7 @@ static void opMaybeFree(struct op *o)
         return;
     }
     struct service *s = o->s;
-    if (o->prev) {
-        o->prev->next = o->next;
-    } else {
-        s->ops = o->next;
-    }
-    if (o->next) {
-        o->next->prev = o->prev;
-    }
+    LIST_REMOVE(o, link);
     free(o->tenant);
     free(o);
     if (s->closing) {
@@ -160,7 +110,7 @@ static void opAnswerUnavailable(struct op *o, const char *why, uint64_t retry_af
     }
     o->answered = true;
     o->s->stats.unavailable++;
-    answerRetryAfter(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, why, NULL,
+    service_answer_retry_after(o->cb, o->data, o->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, why, NULL,
                      retry_after_ms);
 }
 
@@ -171,9 +121,7 @@ static void opDeadlineCb(uv_timer_t *t)
     opStopTimer(o);
 }
 
-/* Fills rec's fields (all but the stored response) from a record view; rec borrows v's
- * memory. */
-static void recordFromView(const struct fsm_record_view *v, Idem__Record *rec)
+void service_record_from_view(const struct fsm_record_view *v, Idem__Record *rec)
 {
     rec->tenant = (char *)v->tenant;
     rec->key.data = (uint8_t *)v->key;
@@ -210,55 +158,11 @@ static void resultToProto(const struct fsm_result *r, Idem__Result *out,
         out->response = *resp_out;
     }
     if (r->has_record) {
-        recordFromView(&r->record, rec);
+        service_record_from_view(&r->record, rec);
         rec->response.data = (uint8_t *)r->record.response;
         rec->response.len = r->record.response_len;
         out->record = rec;
     }
-}
-
-/* ---- admin reads --------------------------------------------------------------------- */
-
-/* Answers a quarantine list from this node's state machine. Called when the op's read
- * barrier applies on the node that proposed it, so the state holds every command committed
- * before the request arrived (docs/contract.md: never from a replica that may be stale).
- * Stored responses are left out: the listing names records, `key get` shows one. */
-static void answerQuarantineList(struct service *s, struct op *o)
-{
-    uint32_t cap = o->limit;
-    struct fsm_record_view *views = xcalloc(cap, sizeof(*views));
-    size_t total = fsm_quarantined(s->fsm, o->tenant, o->lease_ended, views, cap);
-    size_t n = total < cap ? total : cap;
-    Idem__AdminRecord *ars = xcalloc(n ? n : 1, sizeof(*ars));
-    Idem__AdminRecord **arps = xcalloc(n ? n : 1, sizeof(*arps));
-    Idem__Record *recs = xcalloc(n ? n : 1, sizeof(*recs));
-    char(*digests)[FP_HEX12_SIZE] = xcalloc(n ? n : 1, sizeof(*digests));
-    for (size_t i = 0; i < n; i++) {
-        const struct fsm_record_view *v = &views[i];
-        Idem__Record *rec = &recs[i];
-        idem__record__init(rec);
-        recordFromView(v, rec);
-        key_digest(v->tenant, v->key, v->key_len, digests[i]);
-        idem__admin_record__init(&ars[i]);
-        ars[i].record = rec;
-        ars[i].key_digest = digests[i];
-        arps[i] = &ars[i];
-    }
-    Idem__Result res = IDEM__RESULT__INIT;
-    res.outcome = IDEM__OUTCOME__OUTCOME_OK;
-    res.detail = "";
-    Idem__Response resp = IDEM__RESPONSE__INIT;
-    resp.request_id = o->request_id;
-    resp.result = &res;
-    resp.n_records = n;
-    resp.records = arps;
-    resp.more = total > n;
-    o->cb(o->data, &resp);
-    free(digests);
-    free(recs);
-    free(arps);
-    free(ars);
-    free(views);
 }
 
 /* ---- cluster callbacks --------------------------------------------------------------- */
@@ -283,7 +187,7 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         }
     } else if (!o->answered && o->kind == OP_QUARANTINE_LIST) {
         o->answered = true;
-        answerQuarantineList(s, o);
+        service_answer_quarantine_list(s, o);
     } else if (!o->answered) {
         o->answered = true;
         Idem__Result res = IDEM__RESULT__INIT;
@@ -331,7 +235,7 @@ static void svcFail(void *data, void *waiter, int status)
     if (o->kind == OP_EXPIRE) {
         s->expire_in_flight = false;
     } else if (status == RAFT_NOTLEADER) {
-        /* Never in the log: as if refused when it was taken (proposeOp). */
+        /* Never in the log: as if refused when it was taken (service_propose). */
         opAnswerUnavailable(o,
                             "not proposed: this leader began a leadership transfer or stopped "
                             "leading first; send it again shortly",
@@ -432,17 +336,11 @@ static struct op *opNew(struct service *s, enum opKind kind)
     struct op *o = xcalloc(1, sizeof(*o));
     o->s = s;
     o->kind = kind;
-    o->next = s->ops;
-    if (s->ops) {
-        s->ops->prev = o;
-    }
-    s->ops = o;
+    LIST_INSERT_HEAD(&s->ops, o, link);
     return o;
 }
 
-/* Proposes a packed command for a client, answered as `kind` says. On any refusal,
- * answers at once and returns NULL; otherwise returns the op (the cluster holds it). */
-static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum opKind kind,
+struct op *service_propose(struct service *s, const Idem__Command *cmd, enum opKind kind,
                             uint32_t account, uint64_t request_id, uint32_t deadline_ms,
                             service_done_cb cb, void *data)
 {
@@ -451,11 +349,11 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
         uint64_t lid = cluster_leader(s->cluster, &leader);
         if (lid == 0 || leader[0] == '\0') {
             s->stats.unavailable++;
-            answerSimple(cb, data, request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+            service_answer(cb, data, request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
                          "no leader known: the cluster has no quorum or is electing", NULL);
         } else {
             s->stats.not_leader++;
-            answerSimple(cb, data, request_id, IDEM__OUTCOME__OUTCOME_NOT_LEADER, "not the leader",
+            service_answer(cb, data, request_id, IDEM__OUTCOME__OUTCOME_NOT_LEADER, "not the leader",
                          leader);
         }
         return NULL;
@@ -479,7 +377,7 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
          * request to it again shortly (libidem does, on the same connection, rather than
          * leave a leader that is well; after a transfer it redirects to the new one). */
         bool busy = rc == CLUSTER_EOVERLOAD || rc == CLUSTER_ESHARE || rc == CLUSTER_ETRANSFER;
-        answerRetryAfter(cb, data, request_id,
+        service_answer_retry_after(cb, data, request_id,
                          rc == CLUSTER_ETOOBIG ? IDEM__OUTCOME__OUTCOME_INVALID
                                                : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
                          cluster_strerror(rc), NULL, busy ? SERVICE_BUSY_RETRY_MS : 0);
@@ -494,10 +392,10 @@ static struct op *proposeOp(struct service *s, const Idem__Command *cmd, enum op
     return o;
 }
 
-static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t request_id,
+void service_propose_client(struct service *s, const Idem__Command *cmd, uint64_t request_id,
                           uint32_t deadline_ms, service_done_cb cb, void *data)
 {
-    proposeOp(s, cmd, OP_CLIENT, CLUSTER_ACCOUNT_NONE, request_id, deadline_ms, cb, data);
+    service_propose(s, cmd, OP_CLIENT, CLUSTER_ACCOUNT_NONE, request_id, deadline_ms, cb, data);
 }
 
 /* ---- expiry ticker ------------------------------------------------------------------- */
@@ -505,7 +403,7 @@ static void proposeClient(struct service *s, const Idem__Command *cmd, uint64_t 
 static void expiryTick(uv_timer_t *t)
 {
     struct service *s = t->data;
-    uint64_t now = nowMs();
+    uint64_t now = service_now_ms();
     if (s->closing || s->expire_in_flight || !cluster_is_leader(s->cluster) ||
         fsm_next_expiry(s->fsm) > now) {
         return;
@@ -535,699 +433,6 @@ static void expiryArm(struct service *s, uint64_t delay_ms)
     }
 }
 
-/* ---- requests ------------------------------------------------------------------------ */
-
-/* SHA-256 of a bearer token into h (OUT); false for an empty token. */
-static bool tokenHash(const ProtobufCBinaryData *tok, uint8_t h[32])
-{
-    unsigned int hl = 0;
-    return tok->len > 0 && EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) == 1;
-}
-
-static const struct config_tenant *authTenant(const struct service *s,
-                                              const ProtobufCBinaryData *tok)
-{
-    uint8_t h[32];
-    return tokenHash(tok, h) ? config_tenant_by_token_hash(s->cfg, h) : NULL;
-}
-
-static bool authAdmin(const struct service *s, const ProtobufCBinaryData *tok)
-{
-    uint8_t h[32];
-    return tokenHash(tok, h) && config_is_admin_hash(s->cfg, h);
-}
-
-static uint32_t deadlineOf(const struct service *s, const Idem__Request *req)
-{
-    uint32_t d = req->deadline_ms ? req->deadline_ms : s->cfg->rpc.default_deadline_ms;
-    return d > s->cfg->rpc.max_deadline_ms ? s->cfg->rpc.max_deadline_ms : d;
-}
-
-static const char *keyError(const struct config_tenant *t, const ProtobufCBinaryData *key)
-{
-    switch (key_validate(key->data, key->len, t->key_max_len)) {
-    case KEY_OK:
-        return NULL;
-    case KEY_MISSING:
-        return "idempotency_key_missing";
-    default:
-        return "idempotency_key_invalid";
-    }
-}
-
-/* A data op on behalf of tenant t (authenticated by the caller). */
-static void handleDataAs(struct service *s, const struct config_tenant *t,
-                         const Idem__Request *req, service_done_cb cb, void *data)
-{
-    Idem__Command cmd = IDEM__COMMAND__INIT;
-    Idem__ClaimCmd claim = IDEM__CLAIM_CMD__INIT;
-    Idem__CompleteCmd complete = IDEM__COMPLETE_CMD__INIT;
-    Idem__ReleaseCmd release = IDEM__RELEASE_CMD__INIT;
-    Idem__RenewCmd renew = IDEM__RENEW_CMD__INIT;
-    Idem__GetCmd get = IDEM__GET_CMD__INIT;
-    Idem__TenantLimits limits = IDEM__TENANT_LIMITS__INIT;
-    limits.max_records = t->max_records;
-    limits.max_bytes = t->max_bytes;
-    cmd.now_ms = nowMs();
-    char *tenant = (char *)t->name;
-    const ProtobufCBinaryData *key = NULL;
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_CLAIM:
-        key = &req->claim->key;
-        claim.tenant = tenant;
-        claim.key = req->claim->key;
-        claim.fingerprint = req->claim->fingerprint;
-        claim.attempt_id = req->claim->attempt_id;
-        claim.lease_ms = req->claim->lease_ms ? req->claim->lease_ms : t->lease_ms;
-        claim.ttl_ms = req->claim->ttl_ms ? req->claim->ttl_ms : t->ttl_ms;
-        claim.tombstone_ttl_ms = t->tombstone_ttl_ms;
-        claim.policy = req->claim->policy != IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED
-                           ? req->claim->policy
-                           : (t->lease_policy == CONFIG_LEASE_TAKEOVER
-                                  ? IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER
-                                  : IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT);
-        claim.limits = &limits;
-        cmd.op_case = IDEM__COMMAND__OP_CLAIM;
-        cmd.claim = &claim;
-        if (claim.fingerprint.len != FSM_FINGERPRINT_LEN) {
-            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
-                         "fingerprint must be 32 bytes (SHA-256)", NULL);
-            return;
-        }
-        break;
-    case IDEM__REQUEST__OP_COMPLETE:
-        if (req->complete->response != NULL) {
-            const char *why = NULL;
-            if (!fsm_response_check(req->complete->response, &why)) {
-                answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why,
-                             NULL);
-                return;
-            }
-        }
-        key = &req->complete->key;
-        complete.tenant = tenant;
-        complete.key = req->complete->key;
-        complete.token = req->complete->token;
-        complete.outcome = req->complete->outcome;
-        complete.response = req->complete->response;
-        complete.limits = &limits;
-        cmd.op_case = IDEM__COMMAND__OP_COMPLETE;
-        cmd.complete = &complete;
-        break;
-    case IDEM__REQUEST__OP_RELEASE:
-        key = &req->release->key;
-        release.tenant = tenant;
-        release.key = req->release->key;
-        release.token = req->release->token;
-        cmd.op_case = IDEM__COMMAND__OP_RELEASE;
-        cmd.release = &release;
-        break;
-    case IDEM__REQUEST__OP_RENEW:
-        key = &req->renew->key;
-        renew.tenant = tenant;
-        renew.key = req->renew->key;
-        renew.token = req->renew->token;
-        renew.lease_ms = req->renew->lease_ms ? req->renew->lease_ms : t->lease_ms;
-        cmd.op_case = IDEM__COMMAND__OP_RENEW;
-        cmd.renew = &renew;
-        break;
-    case IDEM__REQUEST__OP_GET:
-        key = &req->get->key;
-        get.tenant = tenant;
-        get.key = req->get->key;
-        cmd.op_case = IDEM__COMMAND__OP_GET;
-        cmd.get = &get;
-        break;
-    default:
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
-                     NULL);
-        return;
-    }
-    const char *kerr = keyError(t, key);
-    if (kerr != NULL) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, kerr, NULL);
-        return;
-    }
-    /* A lease or ttl a request asks for is held to the bounds of the tenant's own (a
-     * lease of 2^64-1 ms never expired, and kept its record from expiry for good). */
-    if ((cmd.op_case == IDEM__COMMAND__OP_CLAIM && claim.lease_ms > CONFIG_LEASE_MAX_MS) ||
-        (cmd.op_case == IDEM__COMMAND__OP_RENEW && renew.lease_ms > CONFIG_LEASE_MAX_MS)) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
-                     "lease_ms above the maximum (86400000: 24 h)", NULL);
-        return;
-    }
-    if (cmd.op_case == IDEM__COMMAND__OP_CLAIM && claim.ttl_ms > CONFIG_TTL_MAX_MS) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
-                     "ttl_ms above the maximum (31536000000: 365 days)", NULL);
-        return;
-    }
-    /* Whatever the state machine refuses without looking at its state is refused here,
-     * before it becomes a log entry that every node writes and syncs. */
-    const char *bad = fsm_command_check(&cmd);
-    if (bad != NULL) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, bad, NULL);
-        return;
-    }
-    /* The tenant's account (batch.tenant_max_pending_percent): its index in this node's
-     * configuration; only a leader proposes, so the leader's own configuration counts. */
-    uint32_t account = (uint32_t)(t - s->cfg->tenants);
-    struct op *o =
-        proposeOp(s, &cmd, OP_CLIENT, account, req->request_id, deadlineOf(s, req), cb, data);
-    if (o != NULL) {
-        o->lease_ms = cmd.op_case == IDEM__COMMAND__OP_CLAIM   ? claim.lease_ms
-                      : cmd.op_case == IDEM__COMMAND__OP_RENEW ? renew.lease_ms
-                                                               : 0;
-        o->now_ms = cmd.now_ms;
-    }
-}
-
-static void handleData(struct service *s, const Idem__Request *req, service_done_cb cb,
-                       void *data)
-{
-    const struct config_tenant *t = authTenant(s, &req->auth_token);
-    if (t == NULL) {
-        s->stats.unauthenticated++;
-        /* The admin token is known but owns no records: forbidden (403), as a tenant's
-         * token on an admin op is (docs/contract.md tells the two apart). */
-        if (authAdmin(s, &req->auth_token)) {
-            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
-                         "data operations need a tenant's token, not the admin token", NULL);
-            return;
-        }
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
-                     "unknown or missing bearer token", NULL);
-        return;
-    }
-    handleDataAs(s, t, req, cb, data);
-}
-
-static const char *roleName(int state)
-{
-    switch (state) {
-    case RAFT_LEADER:
-        return "leader";
-    case RAFT_FOLLOWER:
-        return "follower";
-    case RAFT_CANDIDATE:
-        return "candidate";
-    default:
-        return "unavailable";
-    }
-}
-
-static const char *memberRole(int role)
-{
-    switch (role) {
-    case RAFT_VOTER:
-        return "voter";
-    case RAFT_STANDBY:
-        return "standby";
-    case RAFT_SPARE:
-        return "spare";
-    default:
-        return "unknown";
-    }
-}
-
-/* Answers with the node's status and/or the member list. */
-static void answerStatus(struct service *s, uint64_t request_id, bool with_status,
-                         bool with_digest, service_done_cb cb, void *data)
-{
-    struct cluster_member ms[CLUSTER_MEMBERS_MAX];
-    size_t n = cluster_members(s->cluster, ms, CLUSTER_MEMBERS_MAX);
-    if (n > CLUSTER_MEMBERS_MAX) {
-        n = CLUSTER_MEMBERS_MAX;
-    }
-    Idem__Member mem[CLUSTER_MEMBERS_MAX];
-    Idem__Member *memp[CLUSTER_MEMBERS_MAX];
-    for (size_t i = 0; i < n; i++) {
-        idem__member__init(&mem[i]);
-        mem[i].id = ms[i].id;
-        mem[i].raft_address = ms[i].raft_address;
-        mem[i].rpc_address = ms[i].rpc_address;
-        mem[i].http_address = ms[i].http_address;
-        mem[i].role = (char *)memberRole(ms[i].role);
-        memp[i] = &mem[i];
-    }
-    Idem__NodeStatus st = IDEM__NODE_STATUS__INIT;
-    char digest[33]; /* st.digest points here until cb returns */
-    Idem__Result res = IDEM__RESULT__INIT;
-    Idem__Response resp = IDEM__RESPONSE__INIT;
-    res.outcome = IDEM__OUTCOME__OUTCOME_OK;
-    resp.request_id = request_id;
-    resp.result = &res;
-    resp.n_members = n;
-    resp.members = memp;
-    if (with_status) {
-        struct cluster_status cs;
-        struct fsm_stats fs;
-        cluster_get_status(s->cluster, &cs);
-        fsm_get_stats(s->fsm, &fs);
-        st.id = s->cfg->node.id;
-        st.role = (char *)roleName(cs.state);
-        st.term = cs.term;
-        st.leader_id = cs.leader_id;
-        st.leader_rpc_address = (char *)cs.leader_rpc_address;
-        st.commit_index = cs.commit_index;
-        st.applied_index = cs.applied_index;
-        st.last_snapshot_index = cs.last_snapshot_index;
-        st.snapshot_threshold = cs.snapshot_threshold;
-        st.snapshot_bytes = cs.snapshot_bytes_last;
-        st.raft_authenticated = s->cfg->raft.secret.set;
-        struct cluster_io_counters io;
-        cluster_get_io_counters(&io);
-        st.raft_connections_refused = io.connections_refused;
-        st.raft_connect_auth_failures = io.connect_auth_failed;
-        st.append_oldest_ms = cs.append_oldest_us / 1000u;
-        st.records = fs.records - fs.released;
-        st.processing = fs.processing;
-        st.completed = fs.completed;
-        st.quarantined = fs.quarantined;
-        st.tombstones = fs.tombstones;
-        st.bytes = fs.bytes;
-        st.rpc_address = (char *)s->cfg->node.rpc_address.text;
-        st.raft_address = (char *)s->cfg->node.raft_address.text;
-        st.http_address = (char *)s->cfg->node.http_address.text;
-        st.n_members = n;
-        st.members = memp;
-        st.version = IDEM_VERSION;
-        if (with_digest) {
-            fsm_digest_hex(s->fsm, digest);
-            st.digest = digest;
-        }
-        resp.status = &st;
-    }
-    cb(data, &resp);
-}
-
-static void adminChangeCb(void *data, int status, const char *errmsg)
-{
-    struct adminOp *a = data;
-    answerSimple(a->cb, a->data, a->request_id,
-                 status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                 errmsg, NULL);
-    free(a);
-}
-
-/* A transfer's end. One that did not move leadership to a reachable voter (it did not win
- * its election in time: a node still catching up, say) may well succeed again: the answer
- * says so with retry_after_ms, an election timeout, which idemctl waits before it asks
- * again. A refusal up front (a voter not heard from) carries none. */
-static void transferDoneCb(void *data, int status, const char *errmsg)
-{
-    struct adminOp *a = data;
-    Idem__Result res = IDEM__RESULT__INIT;
-    Idem__Response resp = IDEM__RESPONSE__INIT;
-    res.outcome = status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
-    if (status != 0) {
-        res.retry_after_ms = a->s->cfg->raft.election_timeout_ms;
-        log_warn("a leadership transfer ended without moving leadership (%s); the caller may "
-                 "ask again after %u ms",
-                 errmsg && errmsg[0] ? errmsg : "no reason given",
-                 (unsigned)res.retry_after_ms);
-    }
-    resp.request_id = a->request_id;
-    resp.result = &res;
-    resp.error = (char *)(errmsg ? errmsg : "");
-    resp.leader_rpc_address = "";
-    if (status == 0) {
-        /* Leadership moved: this node knows the new leader (cluster_transfer). */
-        const char *addr = NULL;
-        resp.leader_id = cluster_leader(a->s->cluster, &addr);
-    }
-    a->cb(a->data, &resp);
-    free(a);
-}
-
-static void answerClusterRc(struct service *s, int rc, uint64_t request_id, service_done_cb cb,
-                            void *data)
-{
-    const char *leader = "";
-    if (rc == CLUSTER_ENOTLEADER) {
-        cluster_leader(s->cluster, &leader);
-        answerSimple(cb, data, request_id, leader[0] ? IDEM__OUTCOME__OUTCOME_NOT_LEADER
-                                                     : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                     "not the leader", leader);
-        return;
-    }
-    /* ESETTLING: nothing was started, and the same change may be sent again after a
-     * heartbeat (idemctl does, within its deadline; libidem's idem_call retries any
-     * unavailable answer with its own backoff). */
-    answerRetryAfter(
-        cb, data, request_id,
-        rc == CLUSTER_EINVAL ? IDEM__OUTCOME__OUTCOME_INVALID : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-        cluster_errmsg(s->cluster)[0] ? cluster_errmsg(s->cluster) : cluster_strerror(rc), NULL,
-        rc == CLUSTER_ESETTLING ? s->cfg->raft.heartbeat_timeout_ms : 0);
-}
-
-/* Whether an operator's command may name this tenant: one in this node's configuration,
- * or one the replicated state knows (records of a tenant that left the configuration can
- * still be read, resolved and purged: a quarantined record never expires). A mistyped name
- * is neither, and is refused rather than answered not_found (or an empty quarantine list),
- * which would read as a record that is gone. */
-static bool tenantKnown(const struct service *s, const char *name)
-{
-    for (size_t i = 0; i < s->cfg->n_tenants; i++) {
-        if (strcmp(s->cfg->tenants[i].name, name) == 0) {
-            return true;
-        }
-    }
-    return fsm_tenant_known(s->fsm, name);
-}
-
-#define UNKNOWN_TENANT "unknown tenant: neither in this node's configuration nor in its records"
-
-/* The tenant and key an operator names: a known tenant (tenantKnown), a key of docs/contract.md
- * §1's alphabet. Returns NULL or what is wrong (never quoting the key). */
-static const char *adminKeyError(const struct service *s, const char *tenant,
-                                 const ProtobufCBinaryData *key)
-{
-    size_t tl = tenant ? strnlen(tenant, FSM_TENANT_MAX + 1) : 0;
-    if (tl == 0 || tl > FSM_TENANT_MAX) {
-        return "tenant missing or longer than 128 bytes";
-    }
-    if (!tenantKnown(s, tenant)) {
-        return UNKNOWN_TENANT;
-    }
-    switch (key_validate(key->data, key->len, KEY_MAX_LEN)) {
-    case KEY_OK:
-        return NULL;
-    case KEY_MISSING:
-        return "idempotency_key_missing";
-    default:
-        return "idempotency_key_invalid";
-    }
-}
-
-/* key get, purge and quarantine list (admin token checked by the caller): each one goes
- * through the log, so a stale node can answer none of them (docs/contract.md). */
-static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,
-                           void *data)
-{
-    Idem__Command cmd = IDEM__COMMAND__INIT;
-    Idem__GetCmd get = IDEM__GET_CMD__INIT;
-    Idem__PurgeCmd purge = IDEM__PURGE_CMD__INIT;
-    cmd.now_ms = nowMs();
-    const char *why = NULL;
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_KEY_GET:
-        why = adminKeyError(s, req->key_get->tenant, &req->key_get->key);
-        if (why == NULL) {
-            get.tenant = req->key_get->tenant;
-            get.key = req->key_get->key;
-            cmd.op_case = IDEM__COMMAND__OP_GET;
-            cmd.get = &get;
-            proposeOp(s, &cmd, OP_KEY_GET, CLUSTER_ACCOUNT_NONE, req->request_id,
-                      deadlineOf(s, req), cb, data);
-            return;
-        }
-        break;
-    case IDEM__REQUEST__OP_PURGE:
-        why = adminKeyError(s, req->purge->tenant, &req->purge->key);
-        if (why == NULL) {
-            purge.tenant = req->purge->tenant;
-            purge.key = req->purge->key;
-            cmd.op_case = IDEM__COMMAND__OP_PURGE;
-            cmd.purge = &purge;
-            proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
-            return;
-        }
-        break;
-    case IDEM__REQUEST__OP_QUARANTINE_LIST: {
-        const Idem__QuarantineListRequest *q = req->quarantine_list;
-        const char *tenant = q->tenant != NULL && q->tenant[0] != '\0' ? q->tenant : NULL;
-        if (tenant != NULL && strnlen(tenant, FSM_TENANT_MAX + 1) > FSM_TENANT_MAX) {
-            why = "tenant longer than 128 bytes";
-            break;
-        }
-        if (tenant != NULL && !tenantKnown(s, tenant)) {
-            why = UNKNOWN_TENANT;
-            break;
-        }
-        if (q->limit > QUARANTINE_LIST_MAX) {
-            why = "limit out of range 1-1000";
-            break;
-        }
-        /* The barrier: a command with the leader's clock and no op (fsm.h). */
-        struct op *o = proposeOp(s, &cmd, OP_QUARANTINE_LIST, CLUSTER_ACCOUNT_NONE, req->request_id,
-                                 deadlineOf(s, req), cb, data);
-        if (o != NULL) {
-            o->tenant = tenant != NULL ? xstrndup(tenant, strlen(tenant)) : NULL;
-            o->limit = q->limit ? q->limit : QUARANTINE_LIST_DEFAULT;
-            o->lease_ended = q->lease_ended;
-        }
-        return;
-    }
-    default:
-        why = "unknown op";
-        break;
-    }
-    answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
-}
-
-static void handleAdmin(struct service *s, const Idem__Request *req, service_done_cb cb,
-                        void *data)
-{
-    if (!authAdmin(s, &req->auth_token)) {
-        /* A tenant's own token is known but not allowed here: forbidden (403), not
-         * unauthenticated (401), as docs/contract.md tells them apart. */
-        if (authTenant(s, &req->auth_token) != NULL) {
-            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
-                         "admin operations need the admin token, not a tenant's", NULL);
-            return;
-        }
-        s->stats.unauthenticated++;
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
-                     "admin operations need the admin token", NULL);
-        return;
-    }
-    int rc = CLUSTER_OK;
-    struct adminOp *a = NULL;
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_STATUS:
-        answerStatus(s, req->request_id, true, req->status->digest, cb, data);
-        return;
-    case IDEM__REQUEST__OP_SNAPSHOT:
-        rc = cluster_snapshot_now(s->cluster);
-        answerSimple(cb, data, req->request_id,
-                     rc == CLUSTER_OK ? IDEM__OUTCOME__OUTCOME_OK
-                                      : IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                     rc == CLUSTER_OK ? "snapshot scheduled at the next applied entry"
-                                      : cluster_strerror(rc),
-                     NULL);
-        return;
-    case IDEM__REQUEST__OP_RESOLVE: {
-        const Idem__ResolveRequest *r = req->resolve;
-        const char *why = NULL;
-        if (r->response != NULL && !fsm_response_check(r->response, &why)) {
-            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, why, NULL);
-            return;
-        }
-        Idem__ResolveCmd rc_cmd = IDEM__RESOLVE_CMD__INIT;
-        rc_cmd.tenant = r->tenant;
-        rc_cmd.key = r->key;
-        rc_cmd.release = r->release;
-        rc_cmd.response = r->response;
-        rc_cmd.unsettled_only = true;
-        Idem__Command cmd = IDEM__COMMAND__INIT;
-        cmd.now_ms = nowMs();
-        cmd.op_case = IDEM__COMMAND__OP_RESOLVE;
-        cmd.resolve = &rc_cmd;
-        /* As key get and purge check theirs: a bad tenant or key is refused here, not
-         * written to the log for the state machine to refuse. */
-        const char *bad = adminKeyError(s, r->tenant, &r->key);
-        if (bad == NULL) {
-            bad = fsm_command_check(&cmd);
-        }
-        if (bad != NULL) {
-            answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, bad, NULL);
-            return;
-        }
-        proposeClient(s, &cmd, req->request_id, deadlineOf(s, req), cb, data);
-        return;
-    }
-    case IDEM__REQUEST__OP_KEY_GET:
-    case IDEM__REQUEST__OP_PURGE:
-    case IDEM__REQUEST__OP_QUARANTINE_LIST:
-        handleKeyAdmin(s, req, cb, data);
-        return;
-    case IDEM__REQUEST__OP_MEMBERS:
-    case IDEM__REQUEST__OP_TRANSFER:
-        break;
-    default:
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
-                     NULL);
-        return;
-    }
-    if (req->op_case == IDEM__REQUEST__OP_MEMBERS &&
-        req->members->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_LIST) {
-        answerStatus(s, req->request_id, false, false, cb, data);
-        return;
-    }
-    /* Node IDs are 1..INT64_MAX, as in the configuration: the IDs a JSON integer carries
-     * exactly (transfer's 0 means "any"). */
-    uint64_t id = req->op_case == IDEM__REQUEST__OP_TRANSFER ? req->transfer->id : req->members->id;
-    if (id > (uint64_t)INT64_MAX) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID,
-                     "node id out of range (1..9223372036854775807)", NULL);
-        return;
-    }
-    /* members add: each address as a node's configuration takes it (config_addr_parse: an
-     * IPv4 address, a port without leading zeros), so that the cluster can compare them as
-     * text, and none is cut short to fit. The RPC has other clients than idemctl. */
-    if (req->op_case == IDEM__REQUEST__OP_MEMBERS &&
-        req->members->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD) {
-        const Idem__MembersRequest *m = req->members;
-        const char *given[3] = {m->raft_address, m->rpc_address, m->http_address};
-        static const char *const names[3] = {"raft", "rpc", "http"};
-        for (unsigned i = 0; i < 3; i++) {
-            struct config_addr ca;
-            char why[256], msg[300];
-            if (i == 2 && given[i][0] == '\0') {
-                continue; /* the HTTP address is optional */
-            }
-            if (config_addr_parse(given[i], &ca, why, sizeof why) != 0) {
-                snprintf(msg, sizeof msg, "%s address: %s", names[i], why);
-                answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, msg, NULL);
-                return;
-            }
-        }
-    }
-    a = xcalloc(1, sizeof(*a));
-    a->s = s;
-    a->cb = cb;
-    a->data = data;
-    a->request_id = req->request_id;
-    if (req->op_case == IDEM__REQUEST__OP_TRANSFER) {
-        rc = cluster_transfer(s->cluster, req->transfer->id, transferDoneCb, a);
-    } else {
-        const Idem__MembersRequest *m = req->members;
-        struct cluster_member cm;
-        memset(&cm, 0, sizeof(cm));
-        cm.id = m->id;
-        switch (m->action) {
-        case IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD:
-            snprintf(cm.raft_address, sizeof(cm.raft_address), "%s", m->raft_address);
-            snprintf(cm.rpc_address, sizeof(cm.rpc_address), "%s", m->rpc_address);
-            snprintf(cm.http_address, sizeof(cm.http_address), "%s", m->http_address);
-            rc = cluster_member_add(s->cluster, &cm, adminChangeCb, a);
-            break;
-        case IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE:
-            rc = cluster_member_promote(s->cluster, m->id, adminChangeCb, a);
-            break;
-        case IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE:
-            rc = cluster_member_remove(s->cluster, m->id, adminChangeCb, a);
-            break;
-        default:
-            rc = CLUSTER_EINVAL;
-        }
-    }
-    if (rc != CLUSTER_OK) {
-        free(a);
-        answerClusterRc(s, rc, req->request_id, cb, data);
-    }
-}
-
-static void handleAs(struct service *s, const char *tenant_name, const Idem__Request *req,
-                     service_done_cb cb, void *data);
-
-/* A request with as_tenant: a follower's proxy on behalf of a configured tenant. Only the
- * cluster secret may ask for it (its SHA-256 compared in constant time); a known tenant or
- * admin token is forbidden, anything else unauthenticated. */
-static void handleAsTenant(struct service *s, const Idem__Request *req, service_done_cb cb,
-                           void *data)
-{
-    uint8_t h[32];
-    bool hashed = tokenHash(&req->auth_token, h);
-    if (hashed && config_is_cluster_secret_hash(s->cfg, h)) {
-        handleAs(s, req->as_tenant, req, cb, data);
-        return;
-    }
-    s->stats.unauthenticated++;
-    if (hashed && (config_tenant_by_token_hash(s->cfg, h) != NULL ||
-                   config_is_admin_hash(s->cfg, h))) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
-                     "as_tenant needs the cluster secret", NULL);
-        return;
-    }
-    answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
-                 s->cfg->rpc.cluster_secret.set ? "as_tenant needs the cluster secret"
-                                                : "as_tenant needs the cluster secret, and this "
-                                                  "node has none (rpc.cluster_secret_file)",
-                 NULL);
-}
-
-void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
-                    void *data)
-{
-    s->stats.requests++;
-    if (s->closing) {
-        s->stats.unavailable++;
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                     "node shutting down", NULL);
-        return;
-    }
-    if (req->as_tenant != NULL && req->as_tenant[0] != '\0') {
-        handleAsTenant(s, req, cb, data);
-        return;
-    }
-    if (service_data_op(req)) {
-        handleData(s, req, cb, data);
-        return;
-    }
-    switch (req->op_case) {
-    case IDEM__REQUEST__OP_STATUS:
-    case IDEM__REQUEST__OP_MEMBERS:
-    case IDEM__REQUEST__OP_TRANSFER:
-    case IDEM__REQUEST__OP_SNAPSHOT:
-    case IDEM__REQUEST__OP_RESOLVE:
-    case IDEM__REQUEST__OP_KEY_GET:
-    case IDEM__REQUEST__OP_PURGE:
-    case IDEM__REQUEST__OP_QUARANTINE_LIST:
-        handleAdmin(s, req, cb, data);
-        return;
-    default:
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
-                     NULL);
-    }
-}
-
-void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,
-                       service_done_cb cb, void *data)
-{
-    s->stats.requests++;
-    if (s->closing) {
-        s->stats.unavailable++;
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
-                     "node shutting down", NULL);
-        return;
-    }
-    handleAs(s, tenant_name, req, cb, data);
-}
-
-static void handleAs(struct service *s, const char *tenant_name, const Idem__Request *req,
-                     service_done_cb cb, void *data)
-{
-    const struct config_tenant *t = NULL;
-    for (size_t i = 0; i < s->cfg->n_tenants && t == NULL; i++) {
-        if (strcmp(s->cfg->tenants[i].name, tenant_name) == 0) {
-            t = &s->cfg->tenants[i];
-        }
-    }
-    if (!service_data_op(req)) {
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
-                     "only data ops on behalf of a tenant", NULL);
-        return;
-    }
-    if (t == NULL) {
-        s->stats.unauthenticated++;
-        answerSimple(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED,
-                     "unknown tenant", NULL);
-        return;
-    }
-    handleDataAs(s, t, req, cb, data);
-}
-
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
 struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
@@ -1236,7 +441,10 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     struct service *s = xcalloc(1, sizeof(*s));
     s->loop = loop;
     s->cfg = cfg;
-    s->fsm = fsm_new();
+    LIST_INIT(&s->ops);
+    /* The state machine's slot arrays allocated ahead are faulted in on a thread of their
+     * own, off the loop (prefault_thread.h). */
+    s->fsm = fsm_new_with(&(struct fsm_options){.prefault = &prefault_thread});
     struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
     for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
         const struct config_member *m = &cfg->cluster.bootstrap[i];
@@ -1315,7 +523,7 @@ int service_start(struct service *s, char *err, size_t errlen)
  * handed back by the cluster (exactly once) with its timer closed. */
 static void serviceMaybeFinish(struct service *s)
 {
-    if (!s->timer_closed || !s->cluster_closed || s->ops != NULL) {
+    if (!s->timer_closed || !s->cluster_closed || !LIST_EMPTY(&s->ops)) {
         return;
     }
     fsm_close(s->fsm);
@@ -1349,7 +557,8 @@ void service_close(struct service *s, void (*cb)(void *data), void *data)
     uv_timer_stop(&s->expiry_timer);
     uv_close((uv_handle_t *)&s->expiry_timer, expiryTimerClosed);
     /* Answer everyone now; the cluster hands the ops back as raft closes. */
-    for (struct op *o = s->ops; o != NULL; o = o->next) {
+    struct op *o;
+    LIST_FOREACH(o, &s->ops, link) {
         opAnswerUnavailable(o, "node shutting down", 0);
     }
     cluster_close(s->cluster, clusterClosed, s);
@@ -1364,13 +573,13 @@ const struct config_tenant *service_tenant_for_token(const struct service *s,
                                                      const uint8_t *token, size_t len)
 {
     ProtobufCBinaryData tok = {len, (uint8_t *)token};
-    return authTenant(s, &tok);
+    return service_auth_tenant(s, &tok);
 }
 
 bool service_token_is_admin(const struct service *s, const uint8_t *token, size_t len)
 {
     ProtobufCBinaryData tok = {len, (uint8_t *)token};
-    return authAdmin(s, &tok);
+    return service_auth_admin(s, &tok);
 }
 
 void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,

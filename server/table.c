@@ -17,6 +17,8 @@
 #include "xmalloc.h"
 
 _Static_assert(offsetof(struct rec, key) == 74 + 32, "record overhead grew: update the budget");
+_Static_assert(KEY_MAX_LEN <= UINT8_MAX, "a record's key_len is one byte");
+_Static_assert(FSM_TENANTS_MAX <= UINT16_MAX + 1, "a record's tenant index is two bytes");
 
 #define TABLE_MIN_SLOTS 1024
 #define SLOT_TAG_SHIFT 48
@@ -56,9 +58,10 @@ static bool slotTagMatches(uintptr_t slot, uint64_t hash)
     return (slot >> SLOT_TAG_SHIFT) == (hash >> SLOT_TAG_SHIFT);
 }
 
-void table_init(struct table *t)
+void table_init(struct table *t, const struct xbig_prefaulter *pf)
 {
     memset(t, 0, sizeof(*t));
+    t->next_pf.with = pf;
     t->slots = slotsAlloc(TABLE_MIN_SLOTS);
     t->mask = TABLE_MIN_SLOTS - 1;
     t->tenant_mask = 15;
@@ -424,7 +427,7 @@ size_t table_rec_size(size_t key_len)
 struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8_t *key,
                          size_t len)
 {
-    assert(len > 0 && len <= 255);
+    assert(len > 0 && len <= KEY_MAX_LEN);
     assert(tenant >= 0 && (size_t)tenant < t->n_tenants);
     if (!tableFits(t->mask + 1, t->count + 1)) {
         /* A migration still in progress here is finished at once; with TABLE_MIGRATE_STEP

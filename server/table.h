@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "expiry.h"
+#include "fsm.h"
 #include "xmalloc.h"
 
 /* One (tenant, key) record, allocated with its key inline (table_rec_size()): 74 bytes of
@@ -30,8 +31,8 @@ struct rec {
     uint8_t state;           /* Idem__RecordState */
     uint8_t completion;      /* Idem__Completion */
     uint8_t has_attempt;
-    uint8_t key_len;         /* 1..255 */
-    uint8_t fp[32];
+    uint8_t key_len;         /* 1..KEY_MAX_LEN */
+    uint8_t fp[FSM_FINGERPRINT_LEN];
     uint8_t key[];
 };
 
@@ -67,8 +68,9 @@ struct tenant {
  * insert's ~48 moved records to random places of the new array, so all its pages used to
  * fault within the first hundred inserts of the migration: tens of ms of one apply batch on
  * every node at the same index. Now, when a mapped array is 5/8 full (the growth comes at
- * 3/4), the next one (twice its size) is allocated and a thread at the lowest priority
- * faults it in (xbig_prefault, xmalloc.h), long before it is needed: 131,072 inserts before
+ * 3/4), the next one (twice its size) is allocated and the owner's prefaulter (the daemon's:
+ * a thread at the lowest priority) faults it in (xbig_prefault, xmalloc.h), long before it is
+ * needed: 131,072 inserts before
  * for 1M slots. (Until 2026-12 each insert faulted one page of it in on the loop: 8,192
  * pages of a 2M-slot array within 0.25 s at 35k claims/s, on every node at once.) */
 
@@ -90,7 +92,8 @@ struct table {
     struct expiry heap;
 };
 
-void table_init(struct table *t);
+/* `pf` (borrowed, may be NULL: at once) faults the next growth's array in (xbig_prefault). */
+void table_init(struct table *t, const struct xbig_prefaulter *pf);
 /* Frees every record, tenant and index. */
 void table_close(struct table *t);
 

@@ -1,18 +1,14 @@
-/* MAP_ANONYMOUS, mremap and gettid are not in POSIX.1-2008: glibc shows them with
- * _GNU_SOURCE. */
+/* MAP_ANONYMOUS and mremap are not in POSIX.1-2008: glibc shows them with _GNU_SOURCE. */
 #define _GNU_SOURCE
 
 #include "xmalloc.h"
 
 #include <assert.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 static void oom(size_t n)
 {
@@ -98,30 +94,16 @@ void *xbig_grow(void *p, size_t old_bytes, size_t bytes)
     return q;
 }
 
-struct xbig_prefault_job {
-    volatile unsigned char *p;
-    size_t from, bytes;
-    atomic_size_t done;
-};
-
-static void prefaultRun(struct xbig_prefault_job *j)
+void xbig_fault_in(void *p, size_t from, size_t bytes, atomic_size_t *done)
 {
-    for (size_t at = j->from; at < j->bytes; at += XBIG_PAGE) {
-        j->p[at] = 0;
-        size_t end = j->bytes - at > XBIG_PAGE ? at + XBIG_PAGE : j->bytes;
-        atomic_store_explicit(&j->done, end - j->from, memory_order_relaxed);
+    volatile unsigned char *b = p;
+    for (size_t at = from; at < bytes; at += XBIG_PAGE) {
+        b[at] = 0;
+        if (done != NULL) {
+            size_t end = bytes - at > XBIG_PAGE ? at + XBIG_PAGE : bytes;
+            atomic_store_explicit(done, end - from, memory_order_relaxed);
+        }
     }
-}
-
-static void *prefaultMain(void *arg)
-{
-    /* A new thread starts with its creator's nice value; raising one's own needs no
-     * privilege, and Linux keeps it per thread (setpriority(2), NOTES). */
-    id_t self = (id_t)gettid();
-    int want = getpriority(PRIO_PROCESS, self) + 19;
-    (void)setpriority(PRIO_PROCESS, self, want < 19 ? want : 19);
-    prefaultRun(arg);
-    return NULL;
 }
 
 void xbig_prefault_start(struct xbig_prefault *pf, void *p, size_t from, size_t bytes)
@@ -130,37 +112,24 @@ void xbig_prefault_start(struct xbig_prefault *pf, void *p, size_t from, size_t 
     if (from >= bytes) {
         return;
     }
-    struct xbig_prefault_job *j = xcalloc(1, sizeof(*j));
-    j->p = p;
-    j->from = from;
-    j->bytes = bytes;
-    atomic_init(&j->done, 0);
-    /* Started with every signal blocked: they are the loop thread's to take. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rv = pthread_create(&pf->thread, NULL, prefaultMain, j);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rv != 0) {
-        prefaultRun(j);
-        free(j);
+    if (pf->with == NULL) {
+        xbig_fault_in(p, from, bytes, NULL);
         return;
     }
-    pf->job = j;
+    pf->job = pf->with->start(p, from, bytes);
 }
 
 void xbig_prefault_wait(struct xbig_prefault *pf)
 {
     if (pf->job != NULL) {
-        pthread_join(pf->thread, NULL);
-        free(pf->job);
+        pf->with->wait(pf->job);
         pf->job = NULL;
     }
 }
 
 size_t xbig_prefault_done(const struct xbig_prefault *pf)
 {
-    return pf->job != NULL ? atomic_load_explicit(&pf->job->done, memory_order_relaxed) : 0;
+    return pf->job != NULL ? pf->with->done(pf->job) : 0;
 }
 
 bool xbig_prefault_running(const struct xbig_prefault *pf)

@@ -1,8 +1,9 @@
-/* xmalloc: allocation that aborts with a message on failure, for paths that cannot degrade. */
+/* xmalloc: allocation that aborts with a message on failure, for paths that cannot degrade.
+ * Part of the deterministic core (idem_core): it starts no thread (see xbig_prefaulter). */
 #ifndef IDEM_SERVER_XMALLOC_H
 #define IDEM_SERVER_XMALLOC_H
 
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -26,22 +27,34 @@ void xbig_free(void *p, size_t bytes);                      /* p may be NULL */
  * to fault in on the 2-core VM; done on the loop (one page per insert, as before), the
  * 12,288 pages a 2M-slot table's next growth and snapshot spare need came within 0.25 s of
  * claims on all three nodes at once, and an open loop at 30-40k claims/s had a p99 of
- * 38-265 ms for 0.2-0.6 s there (docs/latency.md). Now a thread of its own writes a zero byte to
- * each page, at the lowest CPU priority (nice 19 above the caller's): it runs on what the loops
- * leave, and it takes no lock a loop waits for (a page fault takes the lock of its own mapping
- * only, and nothing else uses the array until xbig_prefault_wait). A write, not a read, which would
- * map the shared zero page and fault again at the first real write; so only for arrays
- * whose content is still zero or does not matter, and that nothing else reads or writes
- * until the wait. Without a thread (pthread_create failed) the pages are faulted in at once
- * on the caller's. */
+ * 38-265 ms for 0.2-0.6 s there (docs/latency.md). A zero byte is written to each page: a
+ * write, not a read, which would map the shared zero page and fault again at the first real
+ * write; so only for arrays whose content is still zero or does not matter, and that nothing
+ * else reads or writes until xbig_prefault_wait.
+ *
+ * The state machine starts no thread: who faults the pages in is the owner's choice, a
+ * struct xbig_prefaulter it passes in (fsm_new_with, table_init). The daemon's runs a thread
+ * at the lowest CPU priority (prefault_thread.h). Without one (NULL), or when it cannot
+ * start a job, the pages are faulted in at once on the caller's. */
 #define XBIG_PAGE ((size_t)4096)
-struct xbig_prefault_job;
-struct xbig_prefault {
-    pthread_t thread;
-    struct xbig_prefault_job *job; /* NULL when none is running */
+struct xbig_prefaulter {
+    /* Starts faulting in bytes [from, bytes) of p (from < bytes); returns the job, or NULL
+     * when it has done so already, at once. */
+    void *(*start)(void *p, size_t from, size_t bytes);
+    /* Waits until the job is done and frees it. */
+    void (*wait)(void *job);
+    /* Bytes the job has faulted in so far from its `from` on: read from any thread. */
+    size_t (*done)(const void *job);
 };
+struct xbig_prefault {
+    const struct xbig_prefaulter *with; /* NULL: at once, on the caller's */
+    void *job;                          /* NULL when none is running */
+};
+/* Writes a zero byte to each page of bytes [from, bytes) of p, storing how many bytes from
+ * `from` on are done in *done (may be NULL) after each page. What a prefaulter runs. */
+void xbig_fault_in(void *p, size_t from, size_t bytes, atomic_size_t *done);
 /* Starts faulting in bytes [from, bytes) of mapped array p; pf must have none running
- * (zero-initialised, or waited for). The struct may be moved (copied) while it runs. */
+ * (waited for, or just set up). The struct may be moved (copied) while it runs. */
 void xbig_prefault_start(struct xbig_prefault *pf, void *p, size_t from, size_t bytes);
 /* Waits until the running one, if any, is done and frees it. Before p is used, grown,
  * moved or freed. */

@@ -34,6 +34,12 @@
 #define CLUSTER_APPEND_BUCKETS 14
 #define CLUSTER_APPEND_BOUND_US(i) (500ull << (i))
 
+/* The command index cluster_ops.apply is given: the entry's Raft index shifted left by this
+ * many bits, plus the command's position in the entry (so at most 2^16 - 1 commands an
+ * entry). The state machine's fencing tokens are these indexes: server/fsm.h's
+ * FSM_SLOT_BITS is asserted equal to it (server/service.c). */
+#define CLUSTER_SLOT_BITS 16
+
 enum cluster_rc {
     CLUSTER_OK = 0,
     CLUSTER_ENOTLEADER = -1, /* not the leader: ask cluster_leader() */
@@ -142,8 +148,8 @@ struct cluster_snapshot_info {
 
 struct cluster_ops {
     void *data;
-    /* Applies one committed command. cmd_index = raft index << 16 | position in the entry.
-     * `cmd` is borrowed for the call. `waiter` as described above. */
+    /* Applies one committed command. cmd_index = raft index << CLUSTER_SLOT_BITS | position
+     * in the entry. `cmd` is borrowed for the call. `waiter` as described above. */
     void (*apply)(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t len, void *waiter);
     /* Hands back a waiter whose command will not be applied here. status is a RAFT_* code
      * (RAFT_LEADERSHIPLOST, RAFT_SHUTDOWN, ...). RAFT_NOTLEADER: the command is in no log:

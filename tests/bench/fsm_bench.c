@@ -22,7 +22,12 @@
 #include <time.h>
 
 #include "fsm.h"
+#include "prefault_thread.h"
 #include "packed.h"
+
+/* As the daemon makes them: the arrays allocated ahead are faulted in on a thread
+ * (prefault_thread.h). */
+static const struct fsm_options daemonOpts = {.prefault = &prefault_thread};
 
 static double nowSec(void)
 {
@@ -131,13 +136,13 @@ int main(int argc, char **argv)
      * time and memory. */
     struct packed claims, completes, completes1k;
     pack_claims(&claims, n, fingerprint);
-    struct fsm *f = fsm_new();
+    struct fsm *f = fsm_new_with(&daemonOpts);
     uint64_t index = 1;
     double t_claim_cold = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens,
                                    &bad);
     bad_total += bad;
     fsm_close(f);
-    f = fsm_new();
+    f = fsm_new_with(&daemonOpts);
     index = 1;
     size_t mem0 = heapBytes();
     double t_claim = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens, &bad);
@@ -157,7 +162,7 @@ int main(int argc, char **argv)
     double t0 = nowSec();
     fsm_snapshot(f, &snap, &snap_len);
     double t_snap = nowSec() - t0;
-    struct fsm *g = fsm_new();
+    struct fsm *g = fsm_new_with(&daemonOpts);
     const char *why = NULL;
     t0 = nowSec();
     int rc = fsm_restore(g, snap, snap_len, &why);
@@ -180,7 +185,7 @@ int main(int argc, char **argv)
      * freeze; then completes applied while the view is frozen (the worst case of
      * copy-on-write: every one copies its record), the view's serialisation (what a pool
      * thread does), and the thaw (frees the n records the view alone held). */
-    f = fsm_new();
+    f = fsm_new_with(&daemonOpts);
     index = 1;
     applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens, &bad);
     bad_total += bad;
@@ -205,7 +210,7 @@ int main(int argc, char **argv)
     pack_free(&completes);
 
     /* 5. Memory with a 1 KiB body: a fresh table, claims then completes. */
-    f = fsm_new();
+    f = fsm_new_with(&daemonOpts);
     index = 1;
     mem0 = heapBytes();
     applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens, &bad);

@@ -4,9 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prefault_thread.h"
+
 void th_init(struct th *h)
 {
-    h->f = fsm_new();
+    h->f = fsm_new_with(&(struct fsm_options){.prefault = &prefault_thread}); /* as the daemon */
     h->index = 1;
     memset(&h->r, 0, sizeof(h->r));
 }

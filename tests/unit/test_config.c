@@ -1,4 +1,4 @@
-/* Unit tests of the node configuration loader (server/config.c). */
+/* Unit tests of the node configuration loader (server/config*.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

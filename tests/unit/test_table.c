@@ -24,6 +24,7 @@
 
 #include "fsm_helpers.h"
 #include "fsm_internal.h"
+#include "prefault_thread.h"
 #include "table.h"
 #include "xmalloc.h"
 
@@ -75,7 +76,7 @@ static uint64_t hashOf(const struct model *m, size_t c)
 static void modelInit(struct model *m, size_t cap)
 {
     memset(m, 0, sizeof(*m));
-    table_init(&m->t);
+    table_init(&m->t, &prefault_thread); /* as the daemon's state machine */
     m->tn = table_tenant_intern(&m->t, "t1", 2);
     assert_int_equal(m->tn, 0);
     m->cap = cap;

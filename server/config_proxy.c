@@ -1,0 +1,395 @@
+/* config_proxy: the configuration's proxy listeners and their routes (methods, headers,
+ * upstreams, the statuses that are stored), for the HTTP gateway's proxy mode
+ * (config_internal.h). */
+#include "config_internal.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+unsigned config_method_bit(const char *m, size_t len)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } ms[] = {{"GET", CONFIG_M_GET},     {"HEAD", CONFIG_M_HEAD},     {"POST", CONFIG_M_POST},
+              {"PUT", CONFIG_M_PUT},     {"PATCH", CONFIG_M_PATCH},   {"DELETE", CONFIG_M_DELETE},
+              {"OPTIONS", CONFIG_M_OPTIONS}};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        if (strlen(ms[i].name) == len && memcmp(ms[i].name, m, len) == 0) {
+            return ms[i].bit;
+        }
+    }
+    return 0;
+}
+
+static int parseMethods(struct ctx *c, const struct field *f, unsigned *out)
+{
+    if (!config_present(f)) {
+        return 0;
+    }
+    const yaml_node_t *v = f->val;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        return config_fail_node(c, v, "%s: expected a list of methods, got %s", f->name,
+                                config_kind_name(v));
+    }
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n == 0) {
+        return config_fail_node(c, v, "%s: at least one method is required", f->name);
+    }
+    unsigned bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = NULL;
+        if (config_visit(c, v->data.sequence.items.start[i], &item) != 0) {
+            return -1;
+        }
+        char q[QUOTE_SIZE];
+        if (item->type != YAML_SCALAR_NODE) {
+            return config_fail_node(c, item, "%s[%zu]: expected a method, got %s", f->name, i,
+                                    config_kind_name(item));
+        }
+        unsigned b = config_method_bit(config_scalar_text(item), item->data.scalar.length);
+        if (b == 0) {
+            return config_fail_node(
+                c, item,
+                "%s[%zu]: expected GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS, "
+                "got %s",
+                f->name, i, config_quote(q, config_scalar_text(item), item->data.scalar.length));
+        }
+        if (bits & b) {
+            return config_fail_node(
+                c, item, "%s[%zu]: %s is listed twice", f->name, i,
+                config_quote(q, config_scalar_text(item), item->data.scalar.length));
+        }
+        bits |= b;
+    }
+    *out = bits;
+    return 0;
+}
+
+/* Reads a list of header names into an owned array of owned lower-cased strings. Leaves the
+ * output alone when the field is absent or null. */
+static int parseHeaderNames(struct ctx *c, const struct field *f, char ***out, size_t *n_out)
+{
+    if (!config_present(f)) {
+        return 0;
+    }
+    const yaml_node_t *v = f->val;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        return config_fail_node(c, v, "%s: expected a list of header names, got %s", f->name,
+                                config_kind_name(v));
+    }
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    for (size_t i = 0; i < *n_out; i++) {
+        free((*out)[i]);
+    }
+    free(*out);
+    *out = NULL;
+    *n_out = 0;
+    if (n == 0) {
+        return 0;
+    }
+    *out = calloc(n, sizeof **out);
+    if (*out == NULL) {
+        return config_fail_node(c, v, "%s: out of memory", f->name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = NULL;
+        if (config_visit(c, v->data.sequence.items.start[i], &item) != 0) {
+            return -1;
+        }
+        if (item->type != YAML_SCALAR_NODE) {
+            return config_fail_node(c, item, "%s[%zu]: expected a header name, got %s", f->name, i,
+                                    config_kind_name(item));
+        }
+        const char *s = config_scalar_text(item);
+        size_t len = item->data.scalar.length;
+        char q[QUOTE_SIZE];
+        bool ok = len > 0 && len <= 128 && strlen(s) == len;
+        for (size_t k = 0; ok && k < len; k++) {
+            unsigned char ch = (unsigned char)s[k];
+            ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                 strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+        }
+        if (!ok) {
+            return config_fail_node(c, item, "%s[%zu]: not a valid header name: %s", f->name, i,
+                                    config_quote(q, s, len));
+        }
+        char *copy = malloc(len + 1);
+        if (copy == NULL) {
+            return config_fail_node(c, item, "%s: out of memory", f->name);
+        }
+        for (size_t k = 0; k <= len; k++) {
+            copy[k] = (char)((s[k] >= 'A' && s[k] <= 'Z') ? s[k] - 'A' + 'a' : s[k]);
+        }
+        for (size_t k = 0; k < *n_out; k++) {
+            if (strcmp((*out)[k], copy) == 0) {
+                free(copy);
+                return config_fail_node(c, item, "%s[%zu]: %s is listed twice", f->name, i,
+                                        config_quote(q, s, len));
+            }
+        }
+        (*out)[i] = copy;
+        *n_out = i + 1;
+    }
+    return 0;
+}
+
+/* Reads "http://HOST[:PORT][/]" where HOST is an IPv4 literal or localhost. */
+static int parseUpstream(struct ctx *c, const struct field *f, struct config_proxy_route *r)
+{
+    const char *s;
+    if (config_string_value(c, f, &s) != 0) {
+        return -1;
+    }
+    size_t len = strlen(s);
+    char q[QUOTE_SIZE];
+    config_quote(q, s, len);
+    static const char scheme[] = "http://";
+    if (len < sizeof scheme || strncmp(s, scheme, sizeof scheme - 1) != 0) {
+        return config_fail_node(c, f->val, "%s: expected http://HOST:PORT (http only), got %s",
+                                f->name, q);
+    }
+    const char *h = s + sizeof scheme - 1;
+    size_t hlen = strcspn(h, ":/");
+    const char *rest = h + hlen;
+    unsigned long port = 80;
+    if (*rest == ':') {
+        const char *p = rest + 1;
+        size_t plen = strspn(p, "0123456789");
+        if (plen == 0 || plen > 5 || p[0] == '0') {
+            return config_fail_node(c, f->val, "%s: the port must be 1..65535, got %s", f->name, q);
+        }
+        port = strtoul(p, NULL, 10);
+        if (port < 1 || port > 65535) {
+            return config_fail_node(c, f->val, "%s: the port must be 1..65535, got %s", f->name, q);
+        }
+        rest = p + plen;
+    }
+    if (!(rest[0] == '\0' || (rest[0] == '/' && rest[1] == '\0'))) {
+        return config_fail_node(c, f->val, "%s: the upstream must not have a path, got %s", f->name,
+                                q);
+    }
+    char host[CONFIG_HOST_MAX + 1];
+    if (hlen == 0 || hlen > CONFIG_HOST_MAX) {
+        return config_fail_node(c, f->val, "%s: expected http://HOST:PORT, got %s", f->name, q);
+    }
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    struct in_addr a;
+    if (strcmp(host, "localhost") == 0) {
+        snprintf(r->upstream_host, sizeof r->upstream_host, "127.0.0.1");
+    } else if (hlen < sizeof r->upstream_host && inet_pton(AF_INET, host, &a) == 1) {
+        memcpy(r->upstream_host, host, hlen + 1);
+    } else {
+        return config_fail_node(
+            c, f->val, "%s: the host must be an IPv4 address or localhost, got %s", f->name, q);
+    }
+    r->upstream_port = (uint16_t)port;
+    r->upstream = strdup(s);
+    char hp[CONFIG_HOST_MAX + 8];
+    snprintf(hp, sizeof hp, "%s:%lu", host, port);
+    r->upstream_hostport = strdup(hp);
+    if (r->upstream == NULL || r->upstream_hostport == NULL) {
+        return config_fail_node(c, f->val, "%s: out of memory", f->name);
+    }
+    return 0;
+}
+
+static int parseStatusChoice(struct ctx *c, const struct field *f, uint32_t a, uint32_t b,
+                             uint32_t *out)
+{
+    uint64_t x = *out;
+    if (config_get_u64(c, f, 100, 599, &x) != 0) {
+        return -1;
+    }
+    if (x != a && x != b) {
+        return config_fail_node(c, f->val, "%s: expected %u or %u, got %llu", f->name, a, b,
+                                (unsigned long long)x);
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
+static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
+                      const struct config *cfg, struct config_proxy_route *r)
+{
+    enum {
+        METHODS, PREFIX, UPSTREAM, TENANT, LEASE, TTL, POLICY, MISMATCH, IN_PROGRESS, FP_HEADERS,
+        STORE_4XX, ON_TIMEOUT, TIMEOUT, RESP_HEADERS, MAX_INLINE, KEY_REQUIRED, N
+    };
+    static const char *const keys[N] = {
+        "methods",         "path_prefix",         "upstream",           "tenant",
+        "lease_ms",        "ttl_ms",              "lease_policy",       "mismatch_status",
+        "in_progress_status", "fingerprint_headers", "store_4xx",       "on_timeout",
+        "upstream_timeout_ms", "response_headers", "max_inline_body",   "key_required"};
+    struct field f[N];
+    r->methods = CONFIG_M_POST | CONFIG_M_PUT | CONFIG_M_PATCH | CONFIG_M_DELETE;
+    r->mismatch_status = 409;
+    r->in_progress_status = 409;
+    r->on_timeout_unknown = true;
+    r->upstream_timeout_ms = 10000;
+    r->max_inline_body = 1u << 20;
+    r->key_required = true;
+    r->response_headers = calloc(1, sizeof *r->response_headers);
+    if (r->response_headers == NULL || (r->response_headers[0] = strdup("content-type")) == NULL) {
+        return config_fail_node(c, map, "%s: out of memory", where);
+    }
+    r->n_response_headers = 1;
+    if (config_map_fields(c, map, where, where, keys, N, f) != 0 ||
+        parseMethods(c, &f[METHODS], &r->methods) != 0 ||
+        config_get_path(c, &f[PREFIX], &r->path_prefix) != 0) {
+        return -1;
+    }
+    if (r->path_prefix == NULL) {
+        r->path_prefix = strdup("/");
+        if (r->path_prefix == NULL) {
+            return config_fail_node(c, map, "%s: out of memory", where);
+        }
+    } else if (r->path_prefix[0] != '/') {
+        char q[QUOTE_SIZE];
+        return config_fail_node(c, f[PREFIX].val, "%s: must start with '/', got %s", f[PREFIX].name,
+                                config_quote(q, r->path_prefix, strlen(r->path_prefix)));
+    }
+    if (config_required(c, &f[UPSTREAM]) != 0 || parseUpstream(c, &f[UPSTREAM], r) != 0 ||
+        config_required(c, &f[TENANT]) != 0) {
+        return -1;
+    }
+    const char *tn;
+    if (config_string_value(c, &f[TENANT], &tn) != 0) {
+        return -1;
+    }
+    size_t ti = 0;
+    while (ti < cfg->n_tenants && strcmp(cfg->tenants[ti].name, tn) != 0) {
+        ti++;
+    }
+    if (ti == cfg->n_tenants) {
+        char q[QUOTE_SIZE];
+        return config_fail_node(c, f[TENANT].val, "%s: unknown tenant %s (not in tenants)",
+                                f[TENANT].name, config_quote(q, tn, strlen(tn)));
+    }
+    r->tenant = ti;
+    /* 0: the tenant's default. */
+    if (config_get_u64(c, &f[LEASE], 0, DAY_MS, &r->lease_ms) != 0 ||
+        config_get_u64(c, &f[TTL], 0, 365 * DAY_MS, &r->ttl_ms) != 0) {
+        return -1;
+    }
+    if (config_present(&f[POLICY])) {
+        if (config_tenants_lease_policy(c, &f[POLICY], &r->lease_policy) != 0) {
+            return -1;
+        }
+        r->lease_policy_set = true;
+    }
+    if (parseStatusChoice(c, &f[MISMATCH], 409, 422, &r->mismatch_status) != 0 ||
+        parseStatusChoice(c, &f[IN_PROGRESS], 409, 425, &r->in_progress_status) != 0 ||
+        parseHeaderNames(c, &f[FP_HEADERS], &r->fingerprint_headers, &r->n_fingerprint_headers) !=
+            0 ||
+        config_get_bool(c, &f[STORE_4XX], &r->store_4xx) != 0) {
+        return -1;
+    }
+    if (config_present(&f[ON_TIMEOUT])) {
+        const char *s;
+        if (config_string_value(c, &f[ON_TIMEOUT], &s) != 0) {
+            return -1;
+        }
+        if (strcmp(s, "unknown") == 0) {
+            r->on_timeout_unknown = true;
+        } else if (strcmp(s, "release") == 0) {
+            r->on_timeout_unknown = false;
+        } else {
+            char q[QUOTE_SIZE];
+            return config_fail_node(c, f[ON_TIMEOUT].val, "%s: expected unknown or release, got %s",
+                                    f[ON_TIMEOUT].name, config_quote(q, s, strlen(s)));
+        }
+    }
+    if (config_get_u32(c, &f[TIMEOUT], 1, 3600000, &r->upstream_timeout_ms) != 0 ||
+        parseHeaderNames(c, &f[RESP_HEADERS], &r->response_headers, &r->n_response_headers) != 0 ||
+        config_get_u64(c, &f[MAX_INLINE], 0, 64u << 20, &r->max_inline_body) != 0 ||
+        config_get_bool(c, &f[KEY_REQUIRED], &r->key_required) != 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static int parseProxyListener(struct ctx *c, yaml_node_t *map, size_t index, struct config *cfg,
+                              struct config_proxy *p)
+{
+    enum { ADDRESS, ROUTES, N };
+    static const char *const keys[N] = {"address", "routes"};
+    char where[FIELD_NAME_MAX];
+    snprintf(where, sizeof where, "proxy[%zu]", index);
+    struct field f[N];
+    if (config_map_fields(c, map, where, where, keys, N, f) != 0 ||
+        config_required(c, &f[ADDRESS]) != 0 || config_get_addr(c, &f[ADDRESS], &p->address) != 0) {
+        return -1;
+    }
+    if (p->address.port == 0) {
+        return config_fail_node(c, f[ADDRESS].val, "%s: must not be empty", f[ADDRESS].name);
+    }
+    if (strcmp(p->address.text, cfg->node.http_address.text) == 0 ||
+        strcmp(p->address.text, cfg->node.rpc_address.text) == 0 ||
+        strcmp(p->address.text, cfg->node.raft_address.text) == 0) {
+        return config_fail_node(c, f[ADDRESS].val, "%s: the address is already used by node",
+                                f[ADDRESS].name);
+    }
+    for (size_t i = 0; i < index; i++) {
+        if (strcmp(cfg->proxies[i].address.text, p->address.text) == 0) {
+            return config_fail_node(c, f[ADDRESS].val,
+                                    "%s: the address is already used by proxy[%zu]",
+                                    f[ADDRESS].name, i);
+        }
+    }
+    if (config_required(c, &f[ROUTES]) != 0) {
+        return -1;
+    }
+    yaml_node_t *list = f[ROUTES].val;
+    if (list->type != YAML_SEQUENCE_NODE) {
+        return config_fail_node(c, list, "%s: expected a list, got %s", f[ROUTES].name,
+                                config_kind_name(list));
+    }
+    size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+    if (n == 0) {
+        return config_fail_node(c, list, "%s: at least one route is required", f[ROUTES].name);
+    }
+    p->routes = calloc(n, sizeof *p->routes);
+    if (p->routes == NULL) {
+        return config_fail_node(c, list, "%s: out of memory", f[ROUTES].name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = NULL;
+        char rwhere[FIELD_NAME_MAX + 32];
+        snprintf(rwhere, sizeof rwhere, "%s.routes[%zu]", where, i);
+        if (config_visit(c, list->data.sequence.items.start[i], &item) != 0) {
+            return -1;
+        }
+        int rc = parseRoute(c, item, rwhere, cfg, &p->routes[i]);
+        p->n_routes = i + 1;
+        if (rc != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* config_list_each's call for proxy[i]. */
+static int proxyItem(struct ctx *c, yaml_node_t *item, size_t i, struct config *cfg)
+{
+    return parseProxyListener(c, item, i, cfg, &cfg->proxies[i]);
+}
+
+int config_proxy_parse(struct ctx *c, const struct field *f, struct config *cfg)
+{
+    size_t n;
+    if (config_list_len(c, f, NULL, &n) != 0) {
+        return -1;
+    }
+    if (n == 0) {
+        return 0;
+    }
+    cfg->proxies = calloc(n, sizeof *cfg->proxies);
+    if (cfg->proxies == NULL) {
+        return config_fail_node(c, f->val, "%s: out of memory", f->name);
+    }
+    return config_list_each(c, f, cfg, &cfg->n_proxies, proxyItem);
+}
