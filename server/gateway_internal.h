@@ -1,6 +1,6 @@
-/* gateway_internal: what the HTTP gateway's files share (gateway.c: h2o, routes, answers,
- * lifecycle; http_api.c: the JSON API; proxy*.c: proxy mode; metrics.c: /metrics). Nothing
- * outside them includes it; main.c uses http.h. */
+/* gateway_internal: what the HTTP gateway's files share (gateway.c: h2o, routes, lifecycle;
+ * gateway_answer.c: answering; http_api.c: the JSON API; proxy*.c: proxy mode; metrics.c:
+ * /metrics). Nothing outside them includes it; main.c uses http.h. */
 #ifndef IDEM_SERVER_GATEWAY_INTERNAL_H
 #define IDEM_SERVER_GATEWAY_INTERNAL_H
 
@@ -124,7 +124,7 @@ void gateway_tb_init(struct textBuf *b, size_t cap);
 __attribute__((format(printf, 2, 3))) void gateway_tb_printf(struct textBuf *b, const char *fmt,
                                                              ...);
 
-/* ---- answering (gateway.c) ---- */
+/* ---- answering (gateway_answer.c) ---- */
 
 void gateway_send_raw_as(struct http_server *h, h2o_req_t *req, enum route route,
                          h2o_iovec_t rid, int status, const char *ctype, const char *body,
@@ -138,11 +138,26 @@ void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, 
 void gateway_send_error(struct http_server *h, h2o_req_t *req, enum route route,
                         h2o_iovec_t rid, int status, const char *code, const char *message,
                         uint64_t retry_after_s);
+/* The JSON error body of docs/contract.md (code, message, request_id); NULL message: code. */
+json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t rid);
 void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
                              h2o_iovec_t rid, int status, const char *code, const char *message,
                              uint64_t retry_after_s, const struct hdr *more, size_t n_more);
 
-/* ---- replays of stored responses (gateway.c) ---- */
+/* An error answer of docs/contract.md. */
+struct gateway_err {
+    int status;
+    const char *code, *message;
+    uint64_t retry_after_s;
+};
+
+/* The error answer of a service outcome that means the same to the JSON API and the proxy (in
+ * progress, mismatch, lease expired, outcome unknown, expired, quota exceeded) into *e; false
+ * for the others. A proxy route may answer another status (in_progress_status,
+ * mismatch_status). */
+bool gateway_outcome_error(const Idem__Result *res, struct gateway_err *e);
+
+/* ---- replays of stored responses (gateway_answer.c) ---- */
 
 /* Header names a replay never copies from the stored response (nor the proxy from an
  * upstream's answer): hop-by-hop, framing, and the ones the gateway sets itself. */

@@ -135,6 +135,11 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
     const char *detail = resp->error && resp->error[0] ? resp->error
                          : res && res->detail && res->detail[0] ? res->detail
                                                                 : NULL;
+    struct gateway_err e;
+    if (gateway_outcome_error(res, &e)) {
+        gateway_send_error(h, req, route, rid, e.status, e.code, e.message, e.retry_after_s);
+        return;
+    }
     json_t *o;
     switch (oc) {
     case IDEM__OUTCOME__OUTCOME_ACQUIRED:
@@ -154,28 +159,6 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
             gateway_send_error(h, req, route, rid, 500, "internal",
                                "replay without a stored response", 0);
         }
-        return;
-    case IDEM__OUTCOME__OUTCOME_IN_PROGRESS: {
-        uint64_t s = (res->retry_after_ms + 999) / 1000;
-        gateway_send_error(h, req, route, rid, 409, "idempotency_request_in_progress",
-                           "another attempt holds the key's lease", s ? s : 1);
-        return;
-    }
-    case IDEM__OUTCOME__OUTCOME_MISMATCH:
-        gateway_send_error(h, req, route, rid, 409, "idempotency_key_reused",
-                           "the key was used with a different request", 0);
-        return;
-    case IDEM__OUTCOME__OUTCOME_LEASE_EXPIRED:
-        gateway_send_error(h, req, route, rid, 409, "idempotency_lease_expired",
-                           "the holder's lease passed", 0);
-        return;
-    case IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN:
-        gateway_send_error(h, req, route, rid, 409, "idempotency_outcome_unknown",
-                           "the outcome of an earlier attempt is unknown", 0);
-        return;
-    case IDEM__OUTCOME__OUTCOME_EXPIRED:
-        gateway_send_error(h, req, route, rid, 410, "idempotency_key_expired", "the key expired",
-                           0);
         return;
     case IDEM__OUTCOME__OUTCOME_OK:
         if (route == R_GET) {
@@ -201,10 +184,6 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
         return;
     case IDEM__OUTCOME__OUTCOME_NOT_FOUND:
         gateway_send_error(h, req, route, rid, 404, "not_found", "no such key", 0);
-        return;
-    case IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED:
-        gateway_send_error(h, req, route, rid, 429, "idempotency_quota_exceeded",
-                           "the tenant's quota is exhausted", 0);
         return;
     case IDEM__OUTCOME__OUTCOME_INVALID:
         if (detail && (strcmp(detail, "idempotency_key_missing") == 0 ||

@@ -180,7 +180,17 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     if (res != NULL && res->expires_at_ms != 0) {
         j->expires_at_ms = res->expires_at_ms;
     }
-    const struct config_proxy_route *r = j->route;
+    struct gateway_err e;
+    if (gateway_outcome_error(res, &e)) {
+        if (oc == IDEM__OUTCOME__OUTCOME_IN_PROGRESS) {
+            e.status = (int)j->route->in_progress_status;
+        } else if (oc == IDEM__OUTCOME__OUTCOME_MISMATCH) {
+            e.status = (int)j->route->mismatch_status;
+        }
+        proxy_send_error(j, e.status, e.code, e.message, e.retry_after_s);
+        proxy_finish(j);
+        return;
+    }
     switch (oc) {
     case IDEM__OUTCOME__OUTCOME_ACQUIRED:
         j->token = res->token;
@@ -192,30 +202,6 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
         } else {
             proxy_send_error(j, 500, "internal", "replay without a stored response", 0);
         }
-        break;
-    case IDEM__OUTCOME__OUTCOME_IN_PROGRESS: {
-        uint64_t s = (res->retry_after_ms + 999) / 1000;
-        proxy_send_error(j, (int)r->in_progress_status, "idempotency_request_in_progress",
-                         "another attempt holds the key's lease", s ? s : 1);
-        break;
-    }
-    case IDEM__OUTCOME__OUTCOME_MISMATCH:
-        proxy_send_error(j, (int)r->mismatch_status, "idempotency_key_reused",
-                         "the key was used with a different request", 0);
-        break;
-    case IDEM__OUTCOME__OUTCOME_LEASE_EXPIRED:
-        proxy_send_error(j, 409, "idempotency_lease_expired", "the holder's lease passed", 0);
-        break;
-    case IDEM__OUTCOME__OUTCOME_OUTCOME_UNKNOWN:
-        proxy_send_error(j, 409, "idempotency_outcome_unknown",
-                         "the outcome of an earlier attempt is unknown", 0);
-        break;
-    case IDEM__OUTCOME__OUTCOME_EXPIRED:
-        proxy_send_error(j, 410, "idempotency_key_expired", "the key expired", 0);
-        break;
-    case IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED:
-        proxy_send_error(j, 429, "idempotency_quota_exceeded", "the tenant's quota is exhausted",
-                         0);
         break;
     case IDEM__OUTCOME__OUTCOME_INVALID:
         if (d && (strcmp(d, "idempotency_key_missing") == 0 ||
