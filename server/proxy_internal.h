@@ -109,6 +109,7 @@ void proxy_answer_after(struct proxyJob *j);
 void proxy_finish(struct proxyJob *j);
 /* Detaches and returns the request to answer, or NULL when the client is gone. */
 h2o_req_t *proxy_take_req(struct proxyJob *j);
+/* The request's X-Request-Id, kept in the job. */
 h2o_iovec_t proxy_rid(struct proxyJob *j);
 /* Adds the job's Idempotency-Expires and Idempotency-Recorded headers (at most two). */
 size_t proxy_answer_headers(const struct proxyJob *j, struct hdr *extra, size_t n,
@@ -116,9 +117,14 @@ size_t proxy_answer_headers(const struct proxyJob *j, struct hdr *extra, size_t 
 
 /* ---- proxy_record.c ---- */
 
+/* Calls the service for the job (locally, else forwarded to the leader; retried for up to
+ * retry_ms while no leader answers); cb may run before this returns. */
 void proxy_call(struct proxyJob *j, Idem__Request *rq, service_done_cb cb, uint64_t retry_ms);
+/* Releases the job's claim, then answers what the job ended with. */
 void proxy_release(struct proxyJob *j);
+/* Records what the upstream call ended with (after a renewal in flight), then answers. */
 void proxy_record(struct proxyJob *j, enum pjRecord what);
+/* The renew timer's callback: renews the lease while the upstream call runs. */
 void proxy_renew_tick_cb(uv_timer_t *t);
 
 /* ---- proxy_upstream.c ---- */
