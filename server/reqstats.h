@@ -1,7 +1,7 @@
 /* reqstats: the data-plane request figures of one front end, for /metrics: the HTTP
- * gateway's (http.c) and the binary RPC listener's (rpc.c), printed as one set of series with
- * a transport label. Each front end updates its own on the node's loop thread, as it answers,
- * and /metrics reads them there: no locks.
+ * gateway's (http_api.c, proxy.c) and the binary RPC listener's (rpc.c), printed as one set
+ * of series with a transport label (metrics.c). Each front end updates its own on the node's
+ * loop thread, as it answers, and /metrics reads them there: no locks.
  *
  * What a front end counts: each answer to a client's data op (claim, complete, release, renew,
  * get) by its outcome, its unavailable answers (fail closed), and how long each claim took

@@ -1,0 +1,633 @@
+/* gateway: the HTTP gateway's h2o setup, routes and lifecycle (see http.h), and what its
+ * parts share besides answering (gateway_answer.c): the request's id and key, forwarding a
+ * packed request to the leader (forward.c).
+ *
+ * A request on node.http_address: route → method (405) → /healthz, /readyz, /metrics here
+ * (metrics.c) → body cap (413) → the JSON API (http_api.c). A request on a proxy listener
+ * goes to proxy mode (proxy.c). h2o's own error answers (413 above its entity cap, broken
+ * framing) get the same JSON error body through a filter. Stopping: docs/h2o-notes.md §5.
+ *
+ * Status mapping: docs/contract.md. Nothing here logs a key or a token; metric labels are a
+ * fixed route name, a status number, an outcome name and a transport name. */
+#include "gateway_internal.h"
+
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "fingerprint.h"
+#include "log.h"
+#include "tls.h"
+#include "xmalloc.h"
+
+#define HTTP_H2O_ENTITY_MAX (2u << 20) /* h2o's own cap, so that our handler sees 1 MiB + 1 */
+#define HTTP_STOP_POLL_MS 20
+#define HTTP_STOP_GRACE_MS 3000 /* after this, busy connections are closed too */
+
+const char *const gateway_route_names[R_N] = {"healthz", "readyz", "metrics", "claim", "complete",
+                                              "release", "renew",  "get",     "proxy", "other"};
+
+const char *const gateway_outcome_names[REQSTATS_OUTCOMES] = {
+    "unspecified",     "acquired",        "replay",  "in_progress", "mismatch",
+    "lease_expired",   "outcome_unknown", "expired", "ok",          "lease_lost",
+    "not_found",       "quota_exceeded",  "invalid", "unavailable", "not_leader",
+    "unauthenticated", "forbidden"};
+_Static_assert(IDEM__OUTCOME__OUTCOME_FORBIDDEN == REQSTATS_OUTCOMES - 1,
+               "gateway_outcome_names and reqstats.h must name every Idem__Outcome");
+
+struct httpHandler {
+    h2o_handler_t super;
+    struct http_server *h;
+};
+
+/* ---- forwarding to the leader ---------------------------------------------------------- */
+
+/* The leader's RPC address when resp is a follower's not_leader that names one, else NULL. */
+const char *gateway_leader_of(const Idem__Response *resp)
+{
+    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
+        resp->leader_rpc_address != NULL && resp->leader_rpc_address[0] != '\0') {
+        return resp->leader_rpc_address;
+    }
+    return NULL;
+}
+
+/* Sends the packed request (packed, len) once to the leader at addr with the forwarder; cb
+ * gets the answer, possibly before this returns. false, and nothing sent, when the bytes do
+ * not decode. */
+bool gateway_forward_packed(struct http_server *h, const char *addr, const uint8_t *packed,
+                            size_t len, forward_cb cb, void *data)
+{
+    Idem__Request *rq = idem__request__unpack(NULL, len, packed);
+    if (rq == NULL) {
+        return false;
+    }
+    forward_call(h->fwd, addr, rq, h->cfg->rpc.default_deadline_ms, cb, data);
+    idem__request__free_unpacked(rq, NULL);
+    return true;
+}
+
+/* The index of the one header `name` (lower case) of req, -1 when there is none, -2 when
+ * there are more than one: a hop in front that joins repeated headers into one (RFC 9110
+ * allows it for list-valued fields) and this node would then see different values. */
+ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, name, len, -1);
+    if (i >= 0 && h2o_find_header_by_str(&req->headers, name, len, i) >= 0) {
+        return -2;
+    }
+    return i;
+}
+
+/* The one Idempotency-Key header of req into *key (empty when there is none); false when
+ * there are more than one: then it answered 400. */
+bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                        h2o_iovec_t *key)
+{
+    ssize_t ki = gateway_find_single(req, H2O_STRLIT("idempotency-key"));
+    if (ki == -2) {
+        gateway_send_error(h, req, route, rid, 400, "idempotency_key_invalid",
+                           "more than one Idempotency-Key header", 0);
+        return false;
+    }
+    *key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
+    return true;
+}
+
+/* Checks a key (key_validate with max_len); false when it answered 400: a malformed key, or a
+ * missing one unless `missing` is given (then *missing says so, and true). */
+bool gateway_check_key(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                       h2o_iovec_t key, size_t max_len, bool *missing)
+{
+    switch (key_validate((const uint8_t *)key.base, key.len, max_len)) {
+    case KEY_OK:
+        return true;
+    case KEY_MISSING:
+        if (missing != NULL) {
+            *missing = true;
+            return true;
+        }
+        gateway_send_error(h, req, route, rid, 400, "idempotency_key_missing",
+                           "the Idempotency-Key is missing", 0);
+        return false;
+    default:
+        gateway_send_error(h, req, route, rid, 400, "idempotency_key_invalid",
+                           "the idempotency key is malformed", 0);
+        return false;
+    }
+}
+
+/* ---- routes ---------------------------------------------------------------------------- */
+
+static h2o_iovec_t requestId(h2o_req_t *req)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-request-id"), -1);
+    if (i >= 0) {
+        h2o_iovec_t v = req->headers.entries[i].value;
+        bool ok = v.len >= 1 && v.len <= 64;
+        for (size_t k = 0; ok && k < v.len; k++) {
+            char c = v.base[k];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '-';
+        }
+        if (ok) {
+            return h2o_strdup(&req->pool, v.base, v.len);
+        }
+    }
+    uint8_t rnd[8];
+    char hex[17];
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+        memset(rnd, 0, sizeof(rnd));
+    }
+    gateway_hex(rnd, sizeof(rnd), hex);
+    return h2o_strdup(&req->pool, hex, 16);
+}
+
+static bool isMethod(h2o_req_t *req, const char *m)
+{
+    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
+}
+
+/* The route of a raw path (without its query); *key (OUT) is the key segment, if any. */
+static enum route routeOf(const char *p, size_t len, h2o_iovec_t *key)
+{
+    *key = h2o_iovec_init(NULL, 0);
+#define IS(s) (len == sizeof(s) - 1 && memcmp(p, s, len) == 0)
+    if (IS("/healthz")) {
+        return R_HEALTHZ;
+    }
+    if (IS("/readyz")) {
+        return R_READYZ;
+    }
+    if (IS("/metrics")) {
+        return R_METRICS;
+    }
+    if (IS("/v1/claims")) {
+        return R_CLAIM;
+    }
+#undef IS
+    static const char pre[] = "/v1/claims/";
+    if (len < sizeof(pre) - 1 || memcmp(p, pre, sizeof(pre) - 1) != 0) {
+        return R_OTHER;
+    }
+    const char *k = p + sizeof(pre) - 1, *end = p + len;
+    const char *slash = memchr(k, '/', (size_t)(end - k));
+    if (slash == NULL) {
+        *key = h2o_iovec_init(k, (size_t)(end - k));
+        return R_GET;
+    }
+    *key = h2o_iovec_init(k, (size_t)(slash - k));
+    const char *a = slash + 1;
+    size_t alen = (size_t)(end - a);
+    if (alen == 8 && memcmp(a, "complete", 8) == 0) {
+        return R_COMPLETE;
+    }
+    if (alen == 7 && memcmp(a, "release", 7) == 0) {
+        return R_RELEASE;
+    }
+    if (alen == 5 && memcmp(a, "renew", 5) == 0) {
+        return R_RENEW;
+    }
+    return R_OTHER;
+}
+
+static void answerReadyz(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
+{
+    struct service_info si;
+    service_get_info(h->svc, &si);
+    int st = si.cluster.state;
+    char why[128];
+    bool ready = cluster_ready(&si.cluster, why, sizeof why);
+    json_t *o = json_object();
+    json_object_set_new(o, "ready", json_boolean(ready));
+    if (!ready) {
+        json_object_set_new(o, "reason", json_string(why));
+    }
+    json_object_set_new(o, "role", json_string(st == RAFT_LEADER     ? "leader"
+                                               : st == RAFT_FOLLOWER  ? "follower"
+                                               : st == RAFT_CANDIDATE ? "candidate"
+                                                                      : "unavailable"));
+    json_object_set_new(o, "leader_id", json_integer((json_int_t)si.cluster.leader_id));
+    json_object_set_new(o, "term", json_integer((json_int_t)si.cluster.term));
+    json_object_set_new(o, "commit_index", json_integer((json_int_t)si.cluster.commit_index));
+    json_object_set_new(o, "applied_index", json_integer((json_int_t)si.cluster.applied_index));
+    gateway_send_json(h, req, R_READYZ, rid, ready ? 200 : 503, o, NULL, 0);
+}
+
+/* ---- h2o's own error answers -------------------------------------------------------------
+ *
+ * h2o answers some requests itself before any handler runs: a body above
+ * max_request_entity_size (413, HTTP_H2O_ENTITY_MAX), broken chunked encoding or
+ * Content-Length (400). Those answers are bound to the host's fallback path; a filter there
+ * turns their text/plain body into the JSON error body of docs/contract.md, with X-Request-Id.
+ * h2o still closes the connection after them. */
+
+struct h2oErrFilter {
+    h2o_filter_t super;
+    struct http_server *h;
+};
+
+struct h2oErrOstream {
+    h2o_ostream_t super;
+    h2o_iovec_t body; /* in req->pool */
+};
+
+/* Sends the JSON body in place of h2o's text (none for HEAD: h2o sends no buffers then). */
+static void h2oErrSendCb(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *inbufs,
+                         size_t inbufcnt, h2o_send_state_t state)
+{
+    struct h2oErrOstream *o = (struct h2oErrOstream *)self;
+    (void)inbufs;
+    if (inbufcnt > 0 && o->body.len > 0) {
+        h2o_iovec_t b = o->body;
+        o->body.len = 0;
+        h2o_ostream_send_next(&o->super, req, &b, 1, state);
+    } else {
+        h2o_ostream_send_next(&o->super, req, NULL, 0, state);
+    }
+}
+
+static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **slot)
+{
+    struct http_server *h = ((struct h2oErrFilter *)self)->h;
+    int st = req->res.status;
+    const char *code = st == 413 ? "payload_too_large" : st == 400 ? "invalid_request" : "http_error";
+    const char *msg = st == 413 ? "the body exceeds the gateway's limit"
+                      : req->res.reason != NULL ? req->res.reason
+                                                : code;
+    h2o_iovec_t rid = requestId(req);
+    json_t *o = gateway_error_body(code, msg, rid);
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (text == NULL) { /* out of memory: h2o's own text goes out */
+        h2o_setup_next_ostream(req, slot);
+        return;
+    }
+    h2o_iovec_t body = h2o_strdup(&req->pool, text, strlen(text));
+    free(text);
+    ssize_t ci = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
+    if (ci >= 0) {
+        req->res.headers.entries[ci].value = h2o_iovec_init(H2O_STRLIT("application/json"));
+    } else {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, "Content-Type",
+                       H2O_STRLIT("application/json"));
+    }
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0,
+                          "X-Request-Id", rid.base, rid.len);
+    req->res.content_length = body.len;
+    if (st >= 100 && st < 600) {
+        h->m.http[proxy_of(h, req) != NULL ? R_PROXY : R_OTHER][st]++;
+    }
+    struct h2oErrOstream *os =
+        (struct h2oErrOstream *)h2o_add_ostream(req, sizeof(*os), slot);
+    os->super.do_send = h2oErrSendCb;
+    os->body = body;
+    h2o_setup_next_ostream(req, &os->super.next);
+}
+
+/* Whether the request has a folded header line (obs-fold, RFC 9112 5.2: a line that begins
+ * with a space or tab continues the one before). h2o 2.2.5 takes such a line as a header
+ * without a name: a folded "Idempotency-Key: ab" + " cd" was the key "ab" here, and "ab cd"
+ * or a refusal at a front proxy that unfolds it. */
+static bool hasFoldedHeader(const h2o_req_t *req)
+{
+    for (size_t i = 0; i < req->headers.size; i++) {
+        if (req->headers.entries[i].name->len == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
+{
+    struct http_server *h = ((struct httpHandler *)self)->h;
+    h2o_iovec_t rid = requestId(req);
+    if (hasFoldedHeader(req)) {
+        req->http1_is_persistent = 0; /* what follows on the connection is not trusted */
+        gateway_send_error(h, req, R_OTHER, rid, 400, "invalid_request",
+                           "folded header lines (obs-fold) are not accepted", 0);
+        return 0;
+    }
+    const struct config_proxy *proxy = proxy_of(h, req);
+    if (proxy != NULL) {
+        proxy_handle(h, proxy, req, rid);
+        return 0;
+    }
+    size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    h2o_iovec_t key;
+    enum route route = routeOf(req->path.base, plen, &key);
+    bool post = route == R_CLAIM || route == R_COMPLETE || route == R_RELEASE || route == R_RENEW;
+    if (route == R_OTHER) {
+        gateway_send_error(h, req, route, rid, 404, "not_found", "no such route", 0);
+        return 0;
+    }
+    if (!isMethod(req, post ? "POST" : "GET")) {
+        gateway_send_error(h, req, route, rid, 405, "method_not_allowed", "method not allowed", 0);
+        return 0;
+    }
+    if (route == R_HEALTHZ) {
+        json_t *o = json_object();
+        json_object_set_new(o, "status", json_string("ok"));
+        gateway_send_json(h, req, route, rid, 200, o, NULL, 0);
+        return 0;
+    }
+    if (h->stopping && route == R_READYZ) {
+        json_t *o = json_object();
+        json_object_set_new(o, "ready", json_false());
+        json_object_set_new(o, "role", json_string("stopping"));
+        gateway_send_json(h, req, route, rid, 503, o, NULL, 0);
+        return 0;
+    }
+    if (h->stopping) {
+        gateway_send_error(h, req, route, rid, 503, "idempotency_unavailable", "node shutting down",
+                           1);
+        return 0;
+    }
+    if (route == R_READYZ) {
+        answerReadyz(h, req, rid);
+        return 0;
+    }
+    if (route == R_METRICS) {
+        metrics_answer(h, req, rid);
+        return 0;
+    }
+    if (req->entity.len > HTTP_BODY_MAX) {
+        gateway_send_error(h, req, route, rid, 413, "payload_too_large", "the body exceeds 1 MiB",
+                           0);
+        return 0;
+    }
+    http_api_handle(h, req, route, rid, key);
+    return 0;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------- */
+
+/* One accepted connection of the gateway or a proxy listener; h2o owns tcp.data. */
+struct httpConn {
+    uv_tcp_t tcp; /* first member: the close callback gets &tcp */
+    struct http_server *h;
+};
+
+static void connClosedCb(uv_handle_t *handle)
+{
+    struct httpConn *c = (struct httpConn *)handle;
+    c->h->m.connections--;
+    free(c);
+}
+
+/* Past http.max_connections a connection is accepted and closed at once (left in the
+ * backlog it would only wait there): each holds a file descriptor, and a node out of them
+ * cannot open its next log segment, which stops a leader (docs/limits.md). */
+static void acceptCb(uv_stream_t *l, int status)
+{
+    struct http_server *h = l->data;
+    if (status != 0 || h->stopping) {
+        return;
+    }
+    struct httpConn *c = xmalloc(sizeof(*c));
+    c->h = h;
+    h->m.connections++;
+    uv_tcp_init(h->loop, &c->tcp);
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
+        uv_close((uv_handle_t *)&c->tcp, connClosedCb);
+        return;
+    }
+    if (h->m.connections > h->cfg->http.max_connections) {
+        h->m.connections_refused++;
+        uv_close((uv_handle_t *)&c->tcp, connClosedCb);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, connClosedCb);
+    h2o_accept(&h->accept_ctx, sock);
+}
+
+static void listenerClosedCb(uv_handle_t *l);
+
+/* Binds and listens on addr with handle tcp (initialised here). 0 or a libuv error. */
+static int listenOn(struct http_server *h, uv_tcp_t *tcp, const struct config_addr *addr,
+                    struct sockaddr_in *sa)
+{
+    int rv = uv_ip4_addr(addr->host, addr->port, sa);
+    if (rv != 0) {
+        return rv;
+    }
+    uv_tcp_init(h->loop, tcp);
+    tcp->data = h;
+    h->open_listeners++;
+    rv = uv_tcp_bind(tcp, (const struct sockaddr *)sa, 0);
+    if (rv == 0) {
+        rv = uv_listen((uv_stream_t *)tcp, 511, acceptCb);
+    }
+    return rv;
+}
+
+/* Closes whatever listenOn() opened, after a failure in http_server_new. */
+static void closeListenersNow(struct http_server *h)
+{
+    if (h->has_listener) {
+        uv_close((uv_handle_t *)&h->listener, NULL);
+    }
+    for (size_t i = 0; i < h->n_plisteners; i++) {
+        uv_close((uv_handle_t *)&h->plisteners[i].tcp, NULL);
+    }
+    uv_run(h->loop, UV_RUN_NOWAIT); /* the structs must outlive the close */
+    free(h->plisteners);
+    free(h);
+}
+
+/* Opens node.http_address (when set) and every proxy listener; false with a message in err
+ * (whatever was opened is then closed, and h freed). */
+static bool openListeners(struct http_server *h, char *err, size_t errlen)
+{
+    const struct config *cfg = h->cfg;
+    const struct config_addr *addr = &cfg->node.http_address;
+    struct sockaddr_in sa;
+    int rv;
+    if (addr->text[0] != '\0') {
+        h->has_listener = true;
+        rv = listenOn(h, &h->listener, addr, &sa);
+        if (rv != 0) {
+            snprintf(err, errlen, "http listen on %s: %s", addr->text, uv_strerror(rv));
+            closeListenersNow(h);
+            return false;
+        }
+    }
+    h->plisteners = xcalloc(cfg->n_proxies ? cfg->n_proxies : 1, sizeof(*h->plisteners));
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        struct proxyListener *pl = &h->plisteners[i];
+        pl->cfg = &cfg->proxies[i];
+        h->n_plisteners = i + 1;
+        rv = listenOn(h, &pl->tcp, &pl->cfg->address, &pl->sa);
+        if (rv != 0) {
+            snprintf(err, errlen, "proxy listen on %s: %s", pl->cfg->address.text,
+                     uv_strerror(rv));
+            closeListenersNow(h);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* h2o's configuration (one host, one handler on "/", the error filter on its fallback path)
+ * and context on h->loop. */
+static void h2oSetup(struct http_server *h)
+{
+    h2o_config_init(&h->conf);
+    h->conf.http1.upgrade_to_http2 = 0;
+    h->conf.max_request_entity_size = HTTP_H2O_ENTITY_MAX;
+    h->conf.server_name = h2o_iovec_init(H2O_STRLIT("idemd"));
+    h2o_hostconf_t *host =
+        h2o_config_register_host(&h->conf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    struct httpHandler *hh = (struct httpHandler *)h2o_create_handler(path, sizeof(*hh));
+    hh->super.on_req = onReqCb;
+    hh->h = h;
+    struct h2oErrFilter *ef =
+        (struct h2oErrFilter *)h2o_create_filter(&host->fallback_path, sizeof(*ef));
+    ef->super.on_setup_ostream = h2oErrSetupCb;
+    ef->h = h;
+    h2o_context_init(&h->ctx, h->loop, &h->conf);
+    h->accept_ctx.ctx = &h->ctx;
+    h->accept_ctx.hosts = h->conf.hosts;
+}
+
+struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
+                                    struct service *svc, char *err, size_t errlen)
+{
+    /* With TLS on the RPC, forwarding to the leader speaks TLS too: the leader is verified
+     * against tls.ca_file (else the system CA store), and this node's certificate is its
+     * client certificate where the leader asks for one (forward.h). */
+    struct tls_ctx *fwd_tls = NULL;
+    if (cfg->tls.rpc) {
+        char terr[400];
+        fwd_tls = tls_ctx_new(&cfg->tls, TLS_CLIENT, terr, sizeof(terr));
+        if (fwd_tls == NULL) {
+            snprintf(err, errlen, "forwarding to the leader: %s", terr);
+            return NULL;
+        }
+    }
+    struct http_server *h = xcalloc(1, sizeof(*h));
+    h->loop = loop;
+    h->cfg = cfg;
+    h->svc = svc;
+    LIST_INIT(&h->jobs);
+    LIST_INIT(&h->pjobs);
+    if (!openListeners(h, err, errlen)) {
+        tls_ctx_free(fwd_tls);
+        return NULL;
+    }
+    h2oSetup(h);
+    proxy_upstreams_init(h);
+    h->fwd = forwarder_new(loop, cfg->rpc.max_frame_bytes, fwd_tls);
+    uv_timer_init(loop, &h->stop_timer);
+    h->stop_timer.data = h;
+    if (h->has_listener) {
+        log_info("serving http on %s", cfg->node.http_address.text);
+    }
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        log_info("serving proxy on %s (%zu routes)", cfg->proxies[i].address.text,
+                 cfg->proxies[i].n_routes);
+    }
+    return h;
+}
+
+static void stopTimerClosedCb(uv_handle_t *t)
+{
+    struct http_server *h = t->data;
+    void (*cb)(void *) = h->stop_cb;
+    h->stop_cb = NULL;
+    if (cb) {
+        cb(h->stop_data);
+    }
+}
+
+static bool httpIdle(struct http_server *h)
+{
+    return h->open_listeners == 0 && h->fwd_closed && LIST_EMPTY(&h->jobs) &&
+           LIST_EMPTY(&h->pjobs) &&
+           h2o_linklist_is_empty(&h->ctx.http1._conns) &&
+           h2o_linklist_is_empty(&h->ctx.http2._conns);
+}
+
+void gateway_maybe_stopped(struct http_server *h)
+{
+    if (h->stopping && h->stop_cb != NULL && httpIdle(h) &&
+        !uv_is_closing((uv_handle_t *)&h->stop_timer)) {
+        uv_timer_stop(&h->stop_timer);
+        uv_close((uv_handle_t *)&h->stop_timer, stopTimerClosedCb);
+    }
+}
+
+/* Closes idle keep-alive connections (h2o has no API for it, notes §5); after the grace
+ * period, every connection. */
+static int closeIdleCb(h2o_req_t *req, void *data)
+{
+    bool all = *(bool *)data;
+    if (req->version == 0 || all) {
+        h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+        if (sock != NULL) {
+            shutdown(h2o_socket_get_fd(sock), SHUT_RDWR);
+        }
+    }
+    return 0;
+}
+
+static void stopPollCb(uv_timer_t *t)
+{
+    struct http_server *h = t->data;
+    bool all = uv_now(h->loop) - h->stop_started_ms >= HTTP_STOP_GRACE_MS;
+    h->conf.http1.callbacks.foreach_request(&h->ctx, closeIdleCb, &all);
+    gateway_maybe_stopped(h);
+}
+
+static void listenerClosedCb(uv_handle_t *l)
+{
+    struct http_server *h = l->data;
+    h->open_listeners--;
+    gateway_maybe_stopped(h);
+}
+
+static void forwarderClosedCb(void *data)
+{
+    struct http_server *h = data;
+    h->fwd = NULL;
+    h->fwd_closed = true;
+    gateway_maybe_stopped(h);
+}
+
+void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
+{
+    h->stopping = true;
+    h->stop_cb = cb;
+    h->stop_data = data;
+    h->stop_started_ms = uv_now(h->loop);
+    if (h->has_listener) {
+        uv_close((uv_handle_t *)&h->listener, listenerClosedCb);
+    }
+    for (size_t i = 0; i < h->n_plisteners; i++) {
+        uv_close((uv_handle_t *)&h->plisteners[i].tcp, listenerClosedCb);
+    }
+    h2o_context_request_shutdown(&h->ctx);
+    forwarder_close(h->fwd, forwarderClosedCb, h);
+    uv_timer_start(&h->stop_timer, stopPollCb, 0, HTTP_STOP_POLL_MS);
+}
+
+void http_server_free(struct http_server *h)
+{
+    proxy_upstreams_dispose(h); /* every client finished with its job */
+    if (h2o_timeout_is_linked(&h->ctx.http2._graceful_shutdown_timeout)) {
+        h2o_timeout_unlink(&h->ctx.http2._graceful_shutdown_timeout);
+    }
+    h2o_context_dispose(&h->ctx);
+    /* h2o's handles close on the loop; the context must outlive their callbacks. */
+    uv_run(h->loop, UV_RUN_DEFAULT);
+    h2o_config_dispose(&h->conf);
+    free(h->pools); /* after the loop ran the close callbacks of their timers */
+    free(h->plisteners);
+    free(h);
+}
+

@@ -1,0 +1,202 @@
+/* gateway_internal: what the HTTP gateway's files share (gateway.c: h2o, routes, lifecycle;
+ * gateway_answer.c: answering; http_api.c: the JSON API; proxy*.c: proxy mode; metrics.c:
+ * /metrics). Nothing outside them includes it; main.c uses http.h. */
+#ifndef IDEM_SERVER_GATEWAY_INTERNAL_H
+#define IDEM_SERVER_GATEWAY_INTERNAL_H
+
+#include <h2o.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include "forward.h"
+#include "http.h"
+#include "reqstats.h"
+
+#define HTTP_BODY_MAX (1u << 20) /* our own 413 above this (docs/contract.md) */
+
+enum route {
+    R_HEALTHZ,
+    R_READYZ,
+    R_METRICS,
+    R_CLAIM,
+    R_COMPLETE,
+    R_RELEASE,
+    R_RENEW,
+    R_GET,
+    R_PROXY,
+    R_OTHER,
+    R_N
+};
+
+/* Metric label values: a route's name, an Idem__Outcome's name (gateway.c). */
+extern const char *const gateway_route_names[R_N];
+extern const char *const gateway_outcome_names[REQSTATS_OUTCOMES];
+
+struct httpMetrics {
+    uint64_t http[R_N][600]; /* by route and status */
+    /* The gateway's data-plane figures (transport "http"): answers to JSON API and proxy
+     * requests by service outcome (a forwarded one by the leader's), every 503 (fail_closed),
+     * JSON API claims' durations (forwarding included). */
+    struct reqstats req;
+    uint64_t connections;         /* open connections of the gateway and proxy listeners */
+    uint64_t connections_refused; /* closed at once: http.max_connections were open */
+};
+
+/* Keep-alive connections to one upstream (host, port), shared by the routes that name it. */
+struct upstreamPool {
+    const char *host; /* borrows the config */
+    uint16_t port;
+    h2o_socketpool_t pool;
+};
+
+/* A proxy listener (cfg->proxies[i]). */
+struct proxyListener {
+    uv_tcp_t tcp;
+    const struct config_proxy *cfg;
+    struct sockaddr_in sa;
+};
+
+LIST_HEAD(httpJobList, httpJob);
+LIST_HEAD(proxyJobList, proxyJob);
+
+struct http_server {
+    uv_loop_t *loop;
+    const struct config *cfg;
+    struct service *svc;
+    struct forwarder *fwd;
+    h2o_globalconf_t conf;
+    h2o_context_t ctx; /* must not move: embeds uv handles */
+    h2o_accept_ctx_t accept_ctx;
+    uv_tcp_t listener;          /* node.http_address; bound when has_listener */
+    bool has_listener;
+    struct proxyListener *plisteners; /* cfg->n_proxies */
+    size_t n_plisteners;
+    int open_listeners;         /* listeners not yet closed */
+    h2o_timeout_t io_timeout;   /* http1client's per-phase timeout (proxy mode) */
+    h2o_http1client_ctx_t client_ctx;
+    struct upstreamPool *pools; /* one per distinct upstream of the proxy routes */
+    size_t n_pools;
+    struct proxyJobList pjobs;  /* proxy requests not yet finished (proxy.c) */
+    uint64_t secret_warned_ms; /* last warning about a refused cluster secret */
+    uv_timer_t stop_timer;
+    bool stopping;
+    bool fwd_closed;
+    uint64_t stop_started_ms;
+    void (*stop_cb)(void *data);
+    void *stop_data;
+    struct httpJobList jobs;    /* JSON API requests handed to the service (http_api.c) */
+    struct httpMetrics m;
+};
+
+/* A job's hold on the h2o request it answers, for a job that may outlive it: a
+ * back-reference in the request's pool, cleared by whichever side goes first
+ * (docs/h2o-notes.md §3). */
+struct gateway_hold {
+    h2o_req_t *req;              /* NULL once h2o disposed the request, or once taken */
+    struct gateway_hold **slot;  /* in req->pool, pointing here; NULL with req */
+};
+
+/* Holds req (the hold must not move while it holds one). */
+void gateway_hold(struct gateway_hold *hd, h2o_req_t *req);
+/* Lets go of the request and returns it to answer, or NULL when h2o disposed it. */
+h2o_req_t *gateway_hold_take(struct gateway_hold *hd);
+
+/* An extra response header; name and value are copied into the request's pool. */
+struct hdr {
+    const char *name; /* lower case */
+    const char *orig; /* case printed on HTTP/1, or NULL */
+    const char *value;
+    size_t value_len;
+};
+
+/* A growable text buffer (/metrics, the proxy's request heads). */
+struct textBuf {
+    char *p;
+    size_t len, cap;
+};
+
+/* An empty buffer with room for cap bytes. */
+void gateway_tb_init(struct textBuf *b, size_t cap);
+__attribute__((format(printf, 2, 3))) void gateway_tb_printf(struct textBuf *b, const char *fmt,
+                                                             ...);
+
+/* ---- answering (gateway_answer.c) ---- */
+
+void gateway_send_raw_as(struct http_server *h, h2o_req_t *req, enum route route,
+                         h2o_iovec_t rid, int status, const char *ctype, const char *body,
+                         size_t len, size_t content_length, const struct hdr *extra,
+                         size_t n_extra);
+void gateway_send_raw(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                      int status, const char *ctype, const char *body, size_t len,
+                      const struct hdr *extra, size_t n_extra);
+void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                       int status, json_t *body, const struct hdr *extra, size_t n_extra);
+void gateway_send_error(struct http_server *h, h2o_req_t *req, enum route route,
+                        h2o_iovec_t rid, int status, const char *code, const char *message,
+                        uint64_t retry_after_s);
+/* The JSON error body of docs/contract.md (code, message, request_id); NULL message: code. */
+json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t rid);
+void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
+                             h2o_iovec_t rid, int status, const char *code, const char *message,
+                             uint64_t retry_after_s, const struct hdr *more, size_t n_more);
+
+/* An error answer of docs/contract.md. */
+struct gateway_err {
+    int status;
+    const char *code, *message;
+    uint64_t retry_after_s;
+};
+
+/* The error answer of a service outcome that means the same to the JSON API and the proxy (in
+ * progress, mismatch, lease expired, outcome unknown, expired, quota exceeded) into *e; false
+ * for the others. A proxy route may answer another status (in_progress_status,
+ * mismatch_status). */
+bool gateway_outcome_error(const Idem__Result *res, struct gateway_err *e);
+
+/* ---- replays of stored responses (gateway_answer.c) ---- */
+
+/* Header names a replay never copies from the stored response (nor the proxy from an
+ * upstream's answer): hop-by-hop, framing, and the ones the gateway sets itself. */
+bool gateway_replay_skips(const char *name);
+void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route,
+                         h2o_iovec_t rid, const Idem__StoredResponse *r, const char *drop,
+                         const struct hdr *own, size_t n_own);
+bool gateway_stored_too_large(const Idem__StoredResponse *r);
+void gateway_hex(const uint8_t *p, size_t n, char *out);
+
+/* ---- requests, forwarding, lifecycle (gateway.c) ---- */
+
+ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len);
+bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
+                        h2o_iovec_t rid, h2o_iovec_t *key);
+bool gateway_check_key(struct http_server *h, h2o_req_t *req, enum route route,
+                       h2o_iovec_t rid, h2o_iovec_t key, size_t max_len, bool *missing);
+const char *gateway_leader_of(const Idem__Response *resp);
+bool gateway_forward_packed(struct http_server *h, const char *addr, const uint8_t *packed,
+                            size_t len, forward_cb cb, void *data);
+void gateway_maybe_stopped(struct http_server *h);
+
+/* ---- the parts ---- */
+
+/* The JSON API routes, after method and body-size checks (http_api.c). */
+void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                     h2o_iovec_t pathKey);
+
+/* Answers GET /metrics (metrics.c). */
+void metrics_answer(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid);
+
+/* A request on proxy listener p (proxy.c). */
+void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t *req,
+                  h2o_iovec_t rid);
+/* The proxy listener a request arrived on, or NULL for the gateway's own listener. */
+const struct config_proxy *proxy_of(struct http_server *h, h2o_req_t *req);
+/* The upstream client's timeout and connection pools, one per distinct upstream of the
+ * proxy routes (proxy_upstream.c); disposed by proxy_upstreams_dispose. */
+void proxy_upstreams_init(struct http_server *h);
+void proxy_upstreams_dispose(struct http_server *h);
+
+#endif
