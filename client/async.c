@@ -1243,26 +1243,12 @@ int idem_async_claim(struct idem_async *a, const char *key,
                      const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
                      const struct idem_claim_opts *opts, idem_async_cb cb, void *data)
 {
-    static const struct idem_claim_opts none;
-    if (opts == NULL) {
-        opts = &none;
-    }
     char attempt[IDEM_ATTEMPT_ID_HEX + 1];
-    const char *aid = opts->attempt_id;
-    if (aid == NULL) {
-        if (idem_attempt_id_new(attempt) != IDEM_OK) {
-            return IDEM_ESYS;
-        }
-        aid = attempt;
+    struct idem_op op;
+    if (IdemClaimOp(key, fingerprint, opts, attempt, &op) != IDEM_OK) {
+        return IDEM_ESYS;
     }
-    struct idem_op op = {.kind = IDEM_OP_CLAIM,
-                         .key = key,
-                         .fingerprint = fingerprint,
-                         .attempt_id = aid,
-                         .lease_ms = opts->lease_ms,
-                         .ttl_ms = opts->ttl_ms,
-                         .policy = opts->policy};
-    return submit(a, &op, opts->deadline_ms, cb, data);
+    return submit(a, &op, opts != NULL ? opts->deadline_ms : 0, cb, data);
 }
 
 int idem_async_complete(struct idem_async *a, const char *key, uint64_t token, int completion,

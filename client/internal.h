@@ -1,11 +1,13 @@
-/* internal: what libidem's files share (addresses, request building, results, TLS); not
- * installed, not part of the API. */
+/* internal: what libidem's files share (addresses, request building, results, TLS, the
+ * synchronous client's structures); not installed, not part of the API. */
 #ifndef IDEM_CLIENT_INTERNAL_H
 #define IDEM_CLIENT_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include <openssl/ssl.h>
 
@@ -148,6 +150,11 @@ struct idem_built {
  * IdemBuiltFree() afterwards, also after an error. */
 int IdemOpBuild(const struct idem_op *op, struct idem_built *b, char *why, size_t why_len);
 void IdemBuiltFree(struct idem_built *b);
+/* The claim `op` of key, fingerprint and opts (NULL: the defaults), with opts' attempt id
+ * or a new random one made in `attempt` (which op then borrows, as it borrows the rest).
+ * IDEM_OK, or IDEM_ESYS when no random attempt id could be made. */
+int IdemClaimOp(const char *key, const uint8_t *fingerprint, const struct idem_claim_opts *opts,
+                char attempt[IDEM_ATTEMPT_ID_HEX + 1], struct idem_op *op);
 
 /* Fills *out from an answer, taking ownership of `m` (freed by idem_result_free).
  * IDEM_OK or IDEM_ENOMEM (m freed, *out zeroed). */
@@ -157,6 +164,73 @@ int IdemResultCopyResponse(struct idem_result *out, const struct idem_response *
 /* Zeroes *out and sets its detail. */
 void IdemResultFail(struct idem_result *out, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* ---- the synchronous client (idem.c, roundtrip.c) ---- */
+
+/* One connection per node, owned by one call at a time. */
+struct idem_conns {
+    int fd[IDEM_NODES_MAX];    /* -1 when not connected */
+    SSL *ssl[IDEM_NODES_MAX];  /* with TLS: the session on fd; else NULL */
+    uint8_t *wbuf;             /* outgoing frame; owned */
+    size_t wbuf_cap;
+    uint8_t *rbuf;             /* incoming frame; owned */
+    size_t rbuf_cap;
+    char errmsg[IDEM_ERRMSG_LEN]; /* this call's last failure */
+    SLIST_ENTRY(idem_conns) link; /* in the pool's free list */
+};
+
+struct idem_client {
+    pthread_mutex_t mu;
+    struct idem_node nodes[IDEM_NODES_MAX]; /* seeds first, then learned leaders */
+    size_t n_nodes;
+    size_t n_seeds;  /* >= 1 */
+    size_t current;  /* the node to try first: the last one that answered */
+    bool answered;   /* whether `current` was set by an answer (idem_client_leader) */
+    uint8_t *token;  /* owned; NULL when token_len == 0 */
+    size_t token_len;
+    uint32_t default_deadline_ms;
+    uint32_t max_frame;    /* the largest request body sent */
+    SSL_CTX *tls;          /* NULL: plain TCP */
+    char *tls_server_name; /* owned; NULL: each node's host */
+    uint64_t next_request_id;
+    uint64_t rng; /* xorshift64 state for backoff jitter; never 0 */
+    SLIST_HEAD(, idem_conns) free_conns;
+    char errmsg[IDEM_ERRMSG_LEN];
+};
+
+/* Formats the failure of the call that holds connection set k. */
+#define connErrf(k, ...) IdemWhyf((k)->errmsg, sizeof(k)->errmsg, __VA_ARGS__)
+
+/* What one round trip to one node came to. */
+enum rt_result {
+    RT_OK,      /* *resp holds the response to our request */
+    RT_CONN,    /* the connection failed (connect, TLS, write, read, EOF); it is closed */
+    RT_TIMEOUT, /* the deadline passed; the connection is closed */
+    RT_PROTO,   /* the node sent bytes that are not a valid frame; the connection is closed */
+    RT_NOMEM,
+};
+
+/* strerror_r's text for err into buf (thread-safe); returns buf. */
+const char *IdemErrnoText(int err, char *buf, size_t len);
+
+/* A connection set for one call, from c's pool or new (NULL: out of memory). */
+struct idem_conns *IdemConnsGet(struct idem_client *c);
+/* Puts `k` back in c's pool and publishes its last message as the client's. */
+void IdemConnsPut(struct idem_client *c, struct idem_conns *k);
+/* Closes k's connections and frees it, wiping the frame buffer (the token). */
+void IdemConnsFree(struct idem_conns *k);
+/* Packs `req` into k->wbuf as one frame, with request id `id`, the time left until
+ * `deadline` and c's token (unless req has one). IDEM_OK, IDEM_ETOOBIG or IDEM_ENOMEM (the
+ * reason in k->errmsg); *len (OUT) is the frame's length with its prefix. */
+int IdemFrameBuild(struct idem_client *c, struct idem_conns *k, const Idem__Request *req,
+                   uint64_t id, uint64_t deadline, size_t *len);
+/* One request (the frame in k->wbuf, frame_len bytes), one answer (*resp, OUT, the
+ * Response to `id` or one with request id 0), on node i within the deadline: connects when
+ * needed, and reconnects once when a kept-alive connection turns out closed. On anything
+ * but RT_OK the connection is closed, and k->errmsg says why. */
+enum rt_result IdemRoundTrip(struct idem_client *c, struct idem_conns *k, size_t i,
+                             size_t frame_len, uint64_t id, uint64_t deadline,
+                             Idem__Response **resp);
 
 /* The sync client's call with its own error text (into `err`, may be NULL): the core of
  * idem_call, used by the typed calls. */
