@@ -10,6 +10,7 @@
 #include <sys/queue.h>
 
 #include <openssl/ssl.h>
+#include <uv.h>
 
 #include "idem_rpc.h"
 
@@ -231,6 +232,134 @@ int IdemFrameBuild(struct idem_client *c, struct idem_conns *k, const Idem__Requ
 enum rt_result IdemRoundTrip(struct idem_client *c, struct idem_conns *k, size_t i,
                              size_t frame_len, uint64_t id, uint64_t deadline,
                              Idem__Response **resp);
+
+/* ---- the asynchronous client (async.c, async_conn.c) ---- */
+
+enum areqState {
+    AREQ_WAITING, /* to be written when a connection is up */
+    AREQ_SENT,    /* written on `sent_on`, waiting for the answer */
+    AREQ_DELAYED, /* refused by a leader for load: waiting again from `retry_at` on */
+    AREQ_DONE,    /* called back; its timer is closing */
+};
+
+struct areq {
+    struct idem_async *a;
+    TAILQ_ENTRY(areq) link; /* in a->reqs, in acceptance order */
+    uint64_t id;
+    uint8_t *body; /* packed Request without deadline_ms; owned */
+    size_t body_len;
+    uint64_t deadline; /* uv_now() ms */
+    uint64_t retry_at; /* AREQ_DELAYED: uv_now() ms */
+    char *refusal;     /* the last refusal for load it got (owned), or NULL */
+    uint32_t deadline_ms;
+    enum areqState state;
+    struct aconn *sent_on;
+    uv_timer_t timer; /* the deadline */
+    idem_async_cb cb;
+    void *data;
+};
+
+/* A connection's life (async_conn.c); every change asserts the state it leaves. */
+enum aconnState {
+    ACONN_CONNECTING,  /* resolving the name or connecting TCP */
+    ACONN_HANDSHAKING, /* TCP up, the TLS handshake running */
+    ACONN_UP,          /* TCP up and, with TLS, the handshake done: requests may be written */
+    ACONN_CLOSING,     /* its handle is closing: no reads, no writes, no requests */
+};
+
+struct aconn {
+    struct idem_async *a;
+    uv_tcp_t tcp;
+    uv_connect_t connect_req;
+    uv_getaddrinfo_t gai;
+    size_t node;
+    enum aconnState state;
+    bool resolving;  /* a uv_getaddrinfo is outstanding (it holds a reference) */
+    bool tcp_closed; /* the TCP handle's close callback ran */
+    SSL *ssl;      /* with TLS; owns rbio and wbio */
+    BIO *rbio;     /* network bytes in */
+    BIO *wbio;     /* network bytes out */
+    uint8_t *cbuf; /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf; /* plaintext read and not yet parsed; owned */
+    size_t rlen, rcap;
+    uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
+                           * last moment nothing was owed): the stall watch's reference */
+    unsigned writes;      /* uv_write()s not called back yet (flush writes when none is) */
+};
+
+struct awrite {
+    uv_write_t w;
+    struct aconn *conn;
+    size_t len;
+    uint8_t data[]; /* the frame */
+};
+
+struct idem_async {
+    uv_loop_t *loop;
+    struct idem_node nodes[IDEM_NODES_MAX]; /* seeds, then learned leaders */
+    size_t n_nodes, n_seeds;
+    size_t current;   /* the node to connect to next */
+    size_t next_seed; /* the seed after `current` in rotation */
+    uint8_t *token;
+    size_t token_len;
+    uint32_t default_deadline_ms;
+    SSL_CTX *tls;          /* NULL: plain TCP */
+    char *tls_server_name; /* owned; NULL: each node's host */
+    uint64_t next_id;
+    uint64_t rng;
+    uint64_t backoff;   /* the next reconnect delay after a failure */
+    unsigned redirects; /* since the last answer from a leader */
+    struct aconn *conn; /* NULL: none */
+    uv_timer_t reconnect;
+    bool reconnect_armed;
+    uv_timer_t watch;   /* the stall watch; runs (unreferenced) while requests are pending */
+    uv_timer_t kick;    /* zero-delay: writes the requests submitted since it was armed */
+    uv_timer_t retry;   /* due at the earliest AREQ_DELAYED request's retry_at */
+    uint32_t max_frame; /* the largest request body accepted */
+    TAILQ_HEAD(areqs, areq) reqs; /* accepted, not called back yet */
+    size_t pending;
+    unsigned handles; /* open uv handles we own: the reconnect, watch, kick and retry timers,
+                       * request timers, conns (with a resolution pending, one more) */
+    bool closing;
+    idem_async_close_cb close_cb;
+    void *close_data;
+    char errmsg[IDEM_ERRMSG_LEN]; /* what the last connection failure was */
+    struct idem_words words;      /* ... and each node's, since a leader last answered */
+};
+
+/* Frees `a` once closing and its last handle closed, after its close callback. */
+void IdemAsyncMaybeFinish(struct idem_async *a);
+/* Calls the request back (exactly once) with `status` and `res` (freed afterwards unless
+ * the callback moved it), and frees the request once its timer closed. */
+void IdemAsyncReqFinish(struct areq *r, int status, struct idem_result *res);
+/* IdemAsyncReqFinish with an empty result whose detail is the formatted text. */
+void IdemAsyncReqFail(struct areq *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes waiting requests if the connection is up; starts one otherwise (async.c). */
+void IdemAsyncFlush(struct idem_async *a);
+/* Makes the retry timer due by `at` (uv_now() ms) at the latest. */
+void IdemAsyncRetryArm(struct idem_async *a, uint64_t at);
+
+/* Opens a connection to a->current (async_conn.c). */
+void IdemAsyncConnStart(struct idem_async *a);
+/* Drops `conn` (the current one): its sent requests wait again; the next connection goes
+ * to node `next` after `delay` ms (0: on the next loop turn). */
+void IdemAsyncConnDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay);
+/* Drops `conn` after a failure said in a->errmsg: the next seed, after a backoff. */
+void IdemAsyncConnFail(struct aconn *conn);
+/* Closes conn's handle (once); its memory goes once it closed and resolved. */
+void IdemAsyncConnClose(struct aconn *conn);
+/* What IdemAsyncConnWrite did with a write. */
+enum writeResult {
+    W_SENT,   /* all of it taken by the socket at once */
+    W_QUEUED, /* (the rest) in libuv's queue: conn->writes counts it */
+    W_FAILED, /* the connection was dropped */
+};
+/* Hands `wr` (taken) to conn's socket. */
+enum writeResult IdemAsyncConnWrite(struct aconn *conn, struct awrite *wr);
+/* TLS: writes what the session produced to the socket; false when the connection was
+ * dropped. */
+bool IdemAsyncTlsFlushOut(struct aconn *conn);
 
 /* The sync client's call with its own error text (into `err`, may be NULL): the core of
  * idem_call, used by the typed calls. */

@@ -239,8 +239,8 @@ static enum rt_result nodeConnect(struct idem_client *c, struct idem_conns *k, s
     enum rt_result result = RT_CONN;
     connErrf(k, "%s: connect: no address", n->addr);
     for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                        ai->ai_protocol);
+        int fd =
+            socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
         if (fd < 0) {
             connErrf(k, "%s: socket: %s", n->addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
             continue;
@@ -338,8 +338,8 @@ static enum rt_result nodeWrite(struct idem_client *c, struct idem_conns *k, siz
 
 /* Reads exactly `len` bytes within the deadline. *got counts bytes read, so that the
  * caller can tell "closed before answering" from "closed mid-frame". */
-static enum rt_result nodeRead(struct idem_client *c, struct idem_conns *k, size_t i,
-                               uint8_t *buf, size_t len, uint64_t deadline, size_t *got)
+static enum rt_result nodeRead(struct idem_client *c, struct idem_conns *k, size_t i, uint8_t *buf,
+                               size_t len, uint64_t deadline, size_t *got)
 {
     const char *addr = c->nodes[i].addr;
     char ebuf[256];
@@ -427,9 +427,8 @@ static bool bufReserve(uint8_t **buf, size_t *cap, size_t need)
 
 /* Reads frames until the Response to `id` arrives; skips answers to earlier requests
  * that a previous call gave up on. */
-static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, size_t i,
-                                uint64_t id, uint64_t deadline, Idem__Response **resp,
-                                size_t *got)
+static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, size_t i, uint64_t id,
+                                uint64_t deadline, Idem__Response **resp, size_t *got)
 {
     const char *addr = c->nodes[i].addr;
     for (;;) {
@@ -532,8 +531,7 @@ enum rt_result IdemRoundTrip(struct idem_client *c, struct idem_conns *k, size_t
             return RT_OK;
         }
         connClose(k, i);
-        if (r == RT_CONN && reused && got == 0 && attempt == 0 &&
-            IdemRemainingMs(deadline) > 0) {
+        if (r == RT_CONN && reused && got == 0 && attempt == 0 && IdemRemainingMs(deadline) > 0) {
             continue;
         }
         return r;
