@@ -126,6 +126,24 @@ static int waitFd(int fd, short events, uint64_t deadline)
     }
 }
 
+/* waitFd on node i's socket: RT_OK when it is ready for `events`; RT_TIMEOUT (saying
+ * `late`) or RT_CONN (poll failed) in k->errmsg otherwise. */
+static enum rt_result waitNode(struct idem_client *c, struct idem_conns *k, size_t i, short events,
+                               uint64_t deadline, const char *late)
+{
+    int w = waitFd(k->fd[i], events, deadline);
+    if (w == 0) {
+        connErrf(k, "%s: %s", c->nodes[i].addr, late);
+        return RT_TIMEOUT;
+    }
+    if (w < 0) {
+        char ebuf[128];
+        connErrf(k, "%s: poll: %s", c->nodes[i].addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
+        return RT_CONN;
+    }
+    return RT_OK;
+}
+
 /* SIGPIPE around OpenSSL's socket I/O. OpenSSL's socket BIO writes with write(2), and a
  * write to a connection whose reset came back (a node that closed it) raises SIGPIPE, which
  * kills a program that does not ignore it; the plain path sends with MSG_NOSIGNAL instead.
@@ -206,14 +224,9 @@ static enum rt_result tlsHandshake(struct idem_client *c, struct idem_conns *k, 
             }
             return RT_CONN;
         }
-        int w = waitFd(k->fd[i], ev, deadline);
-        if (w == 0) {
-            connErrf(k, "%s: tls handshake: timed out", n->addr);
-            return RT_TIMEOUT;
-        }
-        if (w < 0) {
-            connErrf(k, "%s: poll: %s", n->addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
-            return RT_CONN;
+        enum rt_result w = waitNode(c, k, i, ev, deadline, "tls handshake: timed out");
+        if (w != RT_OK) {
+            return w;
         }
     }
 }
@@ -323,14 +336,9 @@ static enum rt_result nodeWrite(struct idem_client *c, struct idem_conns *k, siz
                 return RT_CONN;
             }
         }
-        int pr = waitFd(k->fd[i], want, deadline);
-        if (pr == 0) {
-            connErrf(k, "%s: write: timed out", addr);
-            return RT_TIMEOUT;
-        }
-        if (pr < 0) {
-            connErrf(k, "%s: poll: %s", addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
-            return RT_CONN;
+        enum rt_result w = waitNode(c, k, i, want, deadline, "write: timed out");
+        if (w != RT_OK) {
+            return w;
         }
     }
     return RT_OK;
@@ -387,14 +395,9 @@ static enum rt_result nodeRead(struct idem_client *c, struct idem_conns *k, size
             *got += r;
             continue;
         }
-        int pr = waitFd(k->fd[i], want, deadline);
-        if (pr == 0) {
-            connErrf(k, "%s: no answer before the deadline", addr);
-            return RT_TIMEOUT;
-        }
-        if (pr < 0) {
-            connErrf(k, "%s: poll: %s", addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
-            return RT_CONN;
+        enum rt_result w = waitNode(c, k, i, want, deadline, "no answer before the deadline");
+        if (w != RT_OK) {
+            return w;
         }
     }
     return RT_OK;

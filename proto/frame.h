@@ -78,4 +78,43 @@ static inline size_t frame_varint_field_put(uint8_t *dst, uint8_t key, uint64_t 
 #define FRAME_KEY_REQUEST_ID 0x08  /* field 1 (request_id), varint */
 #define FRAME_KEY_DEADLINE_MS 0x10 /* field 2 (deadline_ms), varint */
 
+/* Request.request_id from the first `len` bytes of a packed Request, for a frame that is
+ * not taken in (too large, or no room for it): looked for only among the leading fields 1
+ * (request_id) and 2 (deadline_ms), both varints, which is how every client starts a
+ * request (protobuf-c packs fields in number order; libidem's asynchronous client and the
+ * server's forwarder put theirs before the body). 1: *id found (non-zero); 0: not there
+ * (another field first, a varint too long, id 0); -1: the bytes so far begin such a
+ * field: wait for more. */
+static inline int frame_peek_request_id(const uint8_t *p, size_t len, uint64_t *id)
+{
+    size_t i = 0;
+    for (int field = 0; field < 2; field++) {
+        if (i >= len) {
+            return -1;
+        }
+        uint8_t key = p[i++];
+        if (key != FRAME_KEY_REQUEST_ID && key != FRAME_KEY_DEADLINE_MS) {
+            return 0;
+        }
+        uint64_t v = 0;
+        int ended = 0;
+        for (unsigned shift = 0; shift < 64 && !ended; shift += 7) {
+            if (i >= len) {
+                return -1;
+            }
+            uint8_t b = p[i++];
+            v |= (uint64_t)(b & 0x7f) << shift;
+            ended = (b & 0x80) == 0;
+        }
+        if (!ended) {
+            return 0;
+        }
+        if (key == FRAME_KEY_REQUEST_ID) {
+            *id = v;
+            return v != 0 ? 1 : 0;
+        }
+    }
+    return 0;
+}
+
 #endif /* IDEM_PROTO_FRAME_H */

@@ -712,42 +712,6 @@ static void badFrame(struct conn *c, uint64_t request_id, const char *why)
     connDrain(c);
 }
 
-/* Request.request_id from the first `len` bytes of a packed Request: looked for only among
- * the leading fields 1 (request_id) and 2 (deadline_ms), both varints, which is how every
- * client starts a request. 1: *id found (non-zero); 0: not there (another field first, a
- * varint too long, id 0); -1: the bytes so far begin such a field: wait for more. */
-static int peekRequestId(const uint8_t *p, size_t len, uint64_t *id)
-{
-    size_t i = 0;
-    for (int field = 0; field < 2; field++) {
-        if (i >= len) {
-            return -1;
-        }
-        uint8_t tag = p[i++];
-        if (tag != 0x08 && tag != 0x10) {
-            return 0;
-        }
-        uint64_t v = 0;
-        bool ended = false;
-        for (unsigned shift = 0; shift < 64 && !ended; shift += 7) {
-            if (i >= len) {
-                return -1;
-            }
-            uint8_t b = p[i++];
-            v |= (uint64_t)(b & 0x7f) << shift;
-            ended = (b & 0x80) == 0;
-        }
-        if (!ended) {
-            return 0;
-        }
-        if (tag == 0x08) {
-            *id = v;
-            return v != 0 ? 1 : 0;
-        }
-    }
-    return 0;
-}
-
 /* Answers a frame that is not taken in (n bytes, `have` of them at p) under `id`, with
  * `outcome`, `detail` and `why`; with an id the frame is then skipped, without one (0)
  * the connection drains. Returns the bytes consumed from p (0 when draining). */
@@ -810,7 +774,7 @@ static size_t refuseUntaken(struct conn *c, const uint8_t *p, size_t have, uint3
                             Idem__Outcome outcome, const char *detail, const char *why)
 {
     uint64_t id = 0;
-    int found = peekRequestId(p + FRAME_HEADER_LEN, have < n ? have : n, &id);
+    int found = frame_peek_request_id(p + FRAME_HEADER_LEN, have < n ? have : n, &id);
     if (found < 0 && have < n) {
         return REFUSE_WAIT;
     }
