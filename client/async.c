@@ -158,7 +158,7 @@ static void reqDeadlineCb(uv_timer_t *t)
     struct idem_async *a = r->a;
     if (r->refusal != NULL) {
         /* A leader kept refusing it for load: that says more than other nodes' words (the
-         * text is formatted before reqFail lets go of r). */
+         * text is formatted before IdemAsyncReqFail lets go of r). */
         IdemAsyncReqFail(r, IDEM_EUNAVAILABLE, "no leader answered within %u ms (last: %.300s)",
                          r->deadline_ms, r->refusal);
         return;

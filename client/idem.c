@@ -138,7 +138,6 @@ void IdemWhyf(char *why, size_t why_len, const char *fmt, ...)
     snprintf(why, why_len, "%s", tmp);
 }
 
-
 /* ---- frames -------------------------------------------------------------------------- */
 
 uint32_t IdemMaxFrame(const struct idem_options *opts)
@@ -171,7 +170,6 @@ uint64_t IdemRemainingMs(uint64_t deadline)
     uint64_t now = IdemNowMs();
     return now >= deadline ? 0 : deadline - now;
 }
-
 
 uint64_t IdemRngSeed(void)
 {
@@ -574,8 +572,7 @@ static int clientCall(struct idem_client *c, struct idem_conns *k, const Idem__R
         }
         size_t tried = p.cand; /* p.cand moves on a redirect */
         Idem__Response *m = NULL;
-        enum rt_result r =
-            IdemRoundTrip(c, k, tried, frame_len, id, attemptDeadline(deadline), &m);
+        enum rt_result r = IdemRoundTrip(c, k, tried, frame_len, id, attemptDeadline(deadline), &m);
         if (r == RT_NOMEM) {
             return IDEM_ENOMEM;
         }

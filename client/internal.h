@@ -170,11 +170,11 @@ void IdemResultFail(struct idem_result *out, const char *fmt, ...)
 
 /* One connection per node, owned by one call at a time. */
 struct idem_conns {
-    int fd[IDEM_NODES_MAX];    /* -1 when not connected */
-    SSL *ssl[IDEM_NODES_MAX];  /* with TLS: the session on fd; else NULL */
-    uint8_t *wbuf;             /* outgoing frame; owned */
+    int fd[IDEM_NODES_MAX];   /* -1 when not connected */
+    SSL *ssl[IDEM_NODES_MAX]; /* with TLS: the session on fd; else NULL */
+    uint8_t *wbuf;            /* outgoing frame; owned */
     size_t wbuf_cap;
-    uint8_t *rbuf;             /* incoming frame; owned */
+    uint8_t *rbuf; /* incoming frame; owned */
     size_t rbuf_cap;
     char errmsg[IDEM_ERRMSG_LEN]; /* this call's last failure */
     SLIST_ENTRY(idem_conns) link; /* in the pool's free list */
@@ -184,10 +184,10 @@ struct idem_client {
     pthread_mutex_t mu;
     struct idem_node nodes[IDEM_NODES_MAX]; /* seeds first, then learned leaders */
     size_t n_nodes;
-    size_t n_seeds;  /* >= 1 */
-    size_t current;  /* the node to try first: the last one that answered */
-    bool answered;   /* whether `current` was set by an answer (idem_client_leader) */
-    uint8_t *token;  /* owned; NULL when token_len == 0 */
+    size_t n_seeds; /* >= 1 */
+    size_t current; /* the node to try first: the last one that answered */
+    bool answered;  /* whether `current` was set by an answer (idem_client_leader) */
+    uint8_t *token; /* owned; NULL when token_len == 0 */
     size_t token_len;
     uint32_t default_deadline_ms;
     uint32_t max_frame;    /* the largest request body sent */
@@ -276,11 +276,11 @@ struct aconn {
     enum aconnState state;
     bool resolving;  /* a uv_getaddrinfo is outstanding (it holds a reference) */
     bool tcp_closed; /* the TCP handle's close callback ran */
-    SSL *ssl;      /* with TLS; owns rbio and wbio */
-    BIO *rbio;     /* network bytes in */
-    BIO *wbio;     /* network bytes out */
-    uint8_t *cbuf; /* TLS: ciphertext read buffer; owned */
-    uint8_t *rbuf; /* plaintext read and not yet parsed; owned */
+    SSL *ssl;        /* with TLS; owns rbio and wbio */
+    BIO *rbio;       /* network bytes in */
+    BIO *wbio;       /* network bytes out */
+    uint8_t *cbuf;   /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf;   /* plaintext read and not yet parsed; owned */
     size_t rlen, rcap;
     uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
                            * last moment nothing was owed): the stall watch's reference */

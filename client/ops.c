@@ -428,8 +428,8 @@ int IdemClaimOp(const char *key, const uint8_t *fingerprint, const struct idem_c
 }
 
 int idem_claim(struct idem_client *c, const char *key,
-               const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
-               const struct idem_claim_opts *opts, struct idem_result *out)
+               const uint8_t fingerprint[IDEM_FINGERPRINT_LEN], const struct idem_claim_opts *opts,
+               struct idem_result *out)
 {
     char attempt[IDEM_ATTEMPT_ID_HEX + 1];
     struct idem_op op;

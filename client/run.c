@@ -162,8 +162,8 @@ static bool renewerStart(struct renewer *r, pthread_t *th)
 
 /* The renewer could not be started: fn does not run (without renewals a slow fn could lose
  * its lease unnoticed), and the claim is given back. Fills *out; returns IDEM_ESYS. */
-static int runRefuse(struct idem_client *c, const char *key, uint64_t token,
-                     uint32_t deadline_ms, struct idem_result *out)
+static int runRefuse(struct idem_client *c, const char *key, uint64_t token, uint32_t deadline_ms,
+                     struct idem_result *out)
 {
     struct idem_result rel;
     int rrv = idem_release(c, key, token, deadline_ms, &rel);
@@ -245,8 +245,8 @@ static int runFinish(struct idem_client *c, const char *key, uint64_t token, int
         return IDEM_EINVAL;
     }
     if (fin.outcome != IDEM_OUTCOME_OK && !lost) {
-        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s answered %s%s%s", lease_note, sep,
-                 what, idem_outcome_name(fin.outcome), fin.detail[0] ? ": " : "", fin.detail);
+        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s answered %s%s%s", lease_note, sep, what,
+                 idem_outcome_name(fin.outcome), fin.detail[0] ? ": " : "", fin.detail);
     }
     idem_result_free(&fin);
     return IDEM_OK;
@@ -329,8 +329,8 @@ int idem_run(struct idem_client *c, const char *key,
         if (IdemResultCopyResponse(out, &resp) != IDEM_OK) {
             /* The complete below still stores fn's response; only our copy is missing. */
             size_t n = strlen(lease_note);
-            snprintf(lease_note + n, sizeof lease_note - n,
-                     "%sout of memory copying the response", sep);
+            snprintf(lease_note + n, sizeof lease_note - n, "%sout of memory copying the response",
+                     sep);
             sep = "; ";
             snprintf(out->detail, sizeof out->detail, "%s", lease_note);
         }
