@@ -469,15 +469,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             break;
         }
         if (fs == FRAME_TOO_LARGE) {
-            if (IdemLooksHttp(p)) {
-                IdemWhyf(a->errmsg, sizeof a->errmsg,
-                         "%s answers HTTP, not the idemd binary RPC (an http_address? seeds "
-                         "are the nodes' rpc_address)",
-                         a->nodes[conn->node].addr);
-            } else {
-                IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: frame of %u bytes exceeds the limit",
-                         a->nodes[conn->node].addr, len);
-            }
+            IdemFrameTooLargeWhy(a->errmsg, sizeof a->errmsg, a->nodes[conn->node].addr, p, len);
             IdemAsyncConnFail(conn);
             return;
         }

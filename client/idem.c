@@ -156,6 +156,20 @@ bool IdemFrameTooLarge(const Idem__Response *m)
            strcmp(m->result->detail, IDEM_FRAME_TOO_LARGE) == 0;
 }
 
+void IdemFrameTooLargeWhy(char *why, size_t why_len, const char *addr, const uint8_t *hdr,
+                          uint32_t len)
+{
+    if (hdr[0] == 'H' && hdr[1] == 'T' && hdr[2] == 'T' && hdr[3] == 'P') {
+        IdemWhyf(why, why_len,
+                 "%s answers HTTP, not the idemd binary RPC (an http_address? seeds are the "
+                 "nodes' rpc_address)",
+                 addr);
+    } else {
+        IdemWhyf(why, why_len, "%s: frame of %u bytes exceeds the limit of %u", addr, len,
+                 IDEM_MAX_FRAME);
+    }
+}
+
 /* ---- time and randomness ------------------------------------------------------------- */
 
 uint64_t IdemNowMs(void)

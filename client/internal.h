@@ -45,13 +45,6 @@ void IdemWordsNote(struct idem_words *w, size_t node, const char *said);
 /* "A; B; C" into out (len bytes), or "" when nothing was noted. */
 void IdemWordsJoin(const struct idem_words *w, char *out, size_t len);
 
-/* Whether the 4 bytes read where a frame's length belongs are "HTTP": the start of an
- * HTTP status line, from an address that is a node's HTTP listener, not its RPC one. */
-static inline bool IdemLooksHttp(const uint8_t hdr[4])
-{
-    return hdr[0] == 'H' && hdr[1] == 'T' && hdr[2] == 'T' && hdr[3] == 'P';
-}
-
 /* ---- addresses (addr.c) ---- */
 
 /* One node. Immutable once published in a client's table (the strings are freed only
@@ -81,6 +74,11 @@ uint32_t IdemMaxFrame(const struct idem_options *opts);
 /* Whether `m` is a node's answer that our request frame exceeded its max_frame_bytes
  * (outcome INVALID, result detail "frame_too_large"): a definite IDEM_ETOOBIG. */
 bool IdemFrameTooLarge(const Idem__Response *m);
+/* Says into why (why_len bytes) that node `addr` sent a frame prefix (hdr) declaring `len`
+ * bytes, more than IDEM_MAX_FRAME: as "answers HTTP" when the 4 bytes are the start of an
+ * HTTP status line (an address that is a node's HTTP listener, not its RPC one). */
+void IdemFrameTooLargeWhy(char *why, size_t why_len, const char *addr, const uint8_t *hdr,
+                          uint32_t len);
 
 /* ---- time and randomness (idem.c) ---- */
 uint64_t IdemNowMs(void);                    /* CLOCK_MONOTONIC */

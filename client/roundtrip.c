@@ -442,15 +442,7 @@ static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, siz
         }
         uint32_t len = 0;
         if (frame_check(hdr, sizeof hdr, IDEM_MAX_FRAME, &len) == FRAME_TOO_LARGE) {
-            if (IdemLooksHttp(hdr)) {
-                connErrf(k,
-                         "%s answers HTTP, not the idemd binary RPC (an http_address? "
-                         "seeds are the nodes' rpc_address)",
-                         addr);
-            } else {
-                connErrf(k, "%s: frame of %u bytes exceeds the limit of %u", addr, len,
-                         IDEM_MAX_FRAME);
-            }
+            IdemFrameTooLargeWhy(k->errmsg, sizeof k->errmsg, addr, hdr, len);
             return RT_PROTO;
         }
         if (!bufReserve(&k->rbuf, &k->rbuf_cap, len)) {
