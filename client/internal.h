@@ -1,13 +1,16 @@
-/* internal: what libidem's files share (addresses, request building, results, TLS); not
- * installed, not part of the API. */
+/* internal: what libidem's files share (addresses, request building, results, TLS, the
+ * synchronous client's structures); not installed, not part of the API. */
 #ifndef IDEM_CLIENT_INTERNAL_H
 #define IDEM_CLIENT_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include <openssl/ssl.h>
+#include <uv.h>
 
 #include "idem_rpc.h"
 
@@ -42,13 +45,6 @@ void IdemWordsNote(struct idem_words *w, size_t node, const char *said);
 /* "A; B; C" into out (len bytes), or "" when nothing was noted. */
 void IdemWordsJoin(const struct idem_words *w, char *out, size_t len);
 
-/* Whether the 4 bytes read where a frame's length belongs are "HTTP": the start of an
- * HTTP status line, from an address that is a node's HTTP listener, not its RPC one. */
-static inline bool IdemLooksHttp(const uint8_t hdr[4])
-{
-    return hdr[0] == 'H' && hdr[1] == 'T' && hdr[2] == 'T' && hdr[3] == 'P';
-}
-
 /* ---- addresses (addr.c) ---- */
 
 /* One node. Immutable once published in a client's table (the strings are freed only
@@ -78,6 +74,11 @@ uint32_t IdemMaxFrame(const struct idem_options *opts);
 /* Whether `m` is a node's answer that our request frame exceeded its max_frame_bytes
  * (outcome INVALID, result detail "frame_too_large"): a definite IDEM_ETOOBIG. */
 bool IdemFrameTooLarge(const Idem__Response *m);
+/* Says into why (why_len bytes) that node `addr` sent a frame prefix (hdr) declaring `len`
+ * bytes, more than IDEM_MAX_FRAME: as "answers HTTP" when the 4 bytes are the start of an
+ * HTTP status line (an address that is a node's HTTP listener, not its RPC one). */
+void IdemFrameTooLargeWhy(char *why, size_t why_len, const char *addr, const uint8_t *hdr,
+                          uint32_t len);
 
 /* ---- time and randomness (idem.c) ---- */
 uint64_t IdemNowMs(void);                    /* CLOCK_MONOTONIC */
@@ -148,6 +149,11 @@ struct idem_built {
  * IdemBuiltFree() afterwards, also after an error. */
 int IdemOpBuild(const struct idem_op *op, struct idem_built *b, char *why, size_t why_len);
 void IdemBuiltFree(struct idem_built *b);
+/* The claim `op` of key, fingerprint and opts (NULL: the defaults), with opts' attempt id
+ * or a new random one made in `attempt` (which op then borrows, as it borrows the rest).
+ * IDEM_OK, or IDEM_ESYS when no random attempt id could be made. */
+int IdemClaimOp(const char *key, const uint8_t *fingerprint, const struct idem_claim_opts *opts,
+                char attempt[IDEM_ATTEMPT_ID_HEX + 1], struct idem_op *op);
 
 /* Fills *out from an answer, taking ownership of `m` (freed by idem_result_free).
  * IDEM_OK or IDEM_ENOMEM (m freed, *out zeroed). */
@@ -157,6 +163,201 @@ int IdemResultCopyResponse(struct idem_result *out, const struct idem_response *
 /* Zeroes *out and sets its detail. */
 void IdemResultFail(struct idem_result *out, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* ---- the synchronous client (idem.c, roundtrip.c) ---- */
+
+/* One connection per node, owned by one call at a time. */
+struct idem_conns {
+    int fd[IDEM_NODES_MAX];   /* -1 when not connected */
+    SSL *ssl[IDEM_NODES_MAX]; /* with TLS: the session on fd; else NULL */
+    uint8_t *wbuf;            /* outgoing frame; owned */
+    size_t wbuf_cap;
+    uint8_t *rbuf; /* incoming frame; owned */
+    size_t rbuf_cap;
+    char errmsg[IDEM_ERRMSG_LEN]; /* this call's last failure */
+    SLIST_ENTRY(idem_conns) link; /* in the pool's free list */
+};
+
+struct idem_client {
+    pthread_mutex_t mu;
+    struct idem_node nodes[IDEM_NODES_MAX]; /* seeds first, then learned leaders */
+    size_t n_nodes;
+    size_t n_seeds; /* >= 1 */
+    size_t current; /* the node to try first: the last one that answered */
+    bool answered;  /* whether `current` was set by an answer (idem_client_leader) */
+    uint8_t *token; /* owned; NULL when token_len == 0 */
+    size_t token_len;
+    uint32_t default_deadline_ms;
+    uint32_t max_frame;    /* the largest request body sent */
+    SSL_CTX *tls;          /* NULL: plain TCP */
+    char *tls_server_name; /* owned; NULL: each node's host */
+    uint64_t next_request_id;
+    uint64_t rng; /* xorshift64 state for backoff jitter; never 0 */
+    SLIST_HEAD(, idem_conns) free_conns;
+    char errmsg[IDEM_ERRMSG_LEN];
+};
+
+/* Formats the failure of the call that holds connection set k. */
+#define connErrf(k, ...) IdemWhyf((k)->errmsg, sizeof(k)->errmsg, __VA_ARGS__)
+
+/* What one round trip to one node came to. */
+enum rt_result {
+    RT_OK,      /* *resp holds the response to our request */
+    RT_CONN,    /* the connection failed (connect, TLS, write, read, EOF); it is closed */
+    RT_TIMEOUT, /* the deadline passed; the connection is closed */
+    RT_PROTO,   /* the node sent bytes that are not a valid frame; the connection is closed */
+    RT_NOMEM,
+};
+
+/* strerror_r's text for err into buf (thread-safe); returns buf. */
+const char *IdemErrnoText(int err, char *buf, size_t len);
+
+/* A connection set for one call, from c's pool or new (NULL: out of memory). */
+struct idem_conns *IdemConnsGet(struct idem_client *c);
+/* Puts `k` back in c's pool and publishes its last message as the client's. */
+void IdemConnsPut(struct idem_client *c, struct idem_conns *k);
+/* Closes k's connections and frees it, wiping the frame buffer (the token). */
+void IdemConnsFree(struct idem_conns *k);
+/* Packs `req` into k->wbuf as one frame, with request id `id`, the time left until
+ * `deadline` and c's token (unless req has one). IDEM_OK, IDEM_ETOOBIG or IDEM_ENOMEM (the
+ * reason in k->errmsg); *len (OUT) is the frame's length with its prefix. */
+int IdemFrameBuild(struct idem_client *c, struct idem_conns *k, const Idem__Request *req,
+                   uint64_t id, uint64_t deadline, size_t *len);
+/* One request (the frame in k->wbuf, frame_len bytes), one answer (*resp, OUT, the
+ * Response to `id` or one with request id 0), on node i within the deadline: connects when
+ * needed, and reconnects once when a kept-alive connection turns out closed. On anything
+ * but RT_OK the connection is closed, and k->errmsg says why. */
+enum rt_result IdemRoundTrip(struct idem_client *c, struct idem_conns *k, size_t i,
+                             size_t frame_len, uint64_t id, uint64_t deadline,
+                             Idem__Response **resp);
+
+/* ---- the asynchronous client (async.c, async_conn.c) ---- */
+
+enum areqState {
+    AREQ_WAITING, /* to be written when a connection is up */
+    AREQ_SENT,    /* written on `sent_on`, waiting for the answer */
+    AREQ_DELAYED, /* refused by a leader for load: waiting again from `retry_at` on */
+    AREQ_DONE,    /* called back; its timer is closing */
+};
+
+struct areq {
+    struct idem_async *a;
+    TAILQ_ENTRY(areq) link; /* in a->reqs, in acceptance order */
+    uint64_t id;
+    uint8_t *body; /* packed Request without deadline_ms; owned */
+    size_t body_len;
+    uint64_t deadline; /* uv_now() ms */
+    uint64_t retry_at; /* AREQ_DELAYED: uv_now() ms */
+    char *refusal;     /* the last refusal for load it got (owned), or NULL */
+    uint32_t deadline_ms;
+    enum areqState state;
+    struct aconn *sent_on;
+    uv_timer_t timer; /* the deadline */
+    idem_async_cb cb;
+    void *data;
+};
+
+/* A connection's life (async_conn.c); every change asserts the state it leaves. */
+enum aconnState {
+    ACONN_CONNECTING,  /* resolving the name or connecting TCP */
+    ACONN_HANDSHAKING, /* TCP up, the TLS handshake running */
+    ACONN_UP,          /* TCP up and, with TLS, the handshake done: requests may be written */
+    ACONN_CLOSING,     /* its handle is closing: no reads, no writes, no requests */
+};
+
+struct aconn {
+    struct idem_async *a;
+    uv_tcp_t tcp;
+    uv_connect_t connect_req;
+    uv_getaddrinfo_t gai;
+    size_t node;
+    enum aconnState state;
+    bool resolving;  /* a uv_getaddrinfo is outstanding (it holds a reference) */
+    bool tcp_closed; /* the TCP handle's close callback ran */
+    SSL *ssl;        /* with TLS; owns rbio and wbio */
+    BIO *rbio;       /* network bytes in */
+    BIO *wbio;       /* network bytes out */
+    uint8_t *cbuf;   /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf;   /* plaintext read and not yet parsed; owned */
+    size_t rlen, rcap;
+    uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
+                           * last moment nothing was owed): the stall watch's reference */
+    unsigned writes;      /* uv_write()s not called back yet (flush writes when none is) */
+};
+
+struct awrite {
+    uv_write_t w;
+    struct aconn *conn;
+    size_t len;
+    uint8_t data[]; /* the frame */
+};
+
+struct idem_async {
+    uv_loop_t *loop;
+    struct idem_node nodes[IDEM_NODES_MAX]; /* seeds, then learned leaders */
+    size_t n_nodes, n_seeds;
+    size_t current;   /* the node to connect to next */
+    size_t next_seed; /* the seed after `current` in rotation */
+    uint8_t *token;
+    size_t token_len;
+    uint32_t default_deadline_ms;
+    SSL_CTX *tls;          /* NULL: plain TCP */
+    char *tls_server_name; /* owned; NULL: each node's host */
+    uint64_t next_id;
+    uint64_t rng;
+    uint64_t backoff;   /* the next reconnect delay after a failure */
+    unsigned redirects; /* since the last answer from a leader */
+    struct aconn *conn; /* NULL: none */
+    uv_timer_t reconnect;
+    bool reconnect_armed;
+    uv_timer_t watch;   /* the stall watch; runs (unreferenced) while requests are pending */
+    uv_timer_t kick;    /* zero-delay: writes the requests submitted since it was armed */
+    uv_timer_t retry;   /* due at the earliest AREQ_DELAYED request's retry_at */
+    uint32_t max_frame; /* the largest request body accepted */
+    TAILQ_HEAD(areqs, areq) reqs; /* accepted, not called back yet */
+    size_t pending;
+    unsigned handles; /* open uv handles we own: the reconnect, watch, kick and retry timers,
+                       * request timers, conns (with a resolution pending, one more) */
+    bool closing;
+    idem_async_close_cb close_cb;
+    void *close_data;
+    char errmsg[IDEM_ERRMSG_LEN]; /* what the last connection failure was */
+    struct idem_words words;      /* ... and each node's, since a leader last answered */
+};
+
+/* Frees `a` once closing and its last handle closed, after its close callback. */
+void IdemAsyncMaybeFinish(struct idem_async *a);
+/* Calls the request back (exactly once) with `status` and `res` (freed afterwards unless
+ * the callback moved it), and frees the request once its timer closed. */
+void IdemAsyncReqFinish(struct areq *r, int status, struct idem_result *res);
+/* IdemAsyncReqFinish with an empty result whose detail is the formatted text. */
+void IdemAsyncReqFail(struct areq *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes waiting requests if the connection is up; starts one otherwise (async.c). */
+void IdemAsyncFlush(struct idem_async *a);
+/* Makes the retry timer due by `at` (uv_now() ms) at the latest. */
+void IdemAsyncRetryArm(struct idem_async *a, uint64_t at);
+
+/* Opens a connection to a->current (async_conn.c). */
+void IdemAsyncConnStart(struct idem_async *a);
+/* Drops `conn` (the current one): its sent requests wait again; the next connection goes
+ * to node `next` after `delay` ms (0: on the next loop turn). */
+void IdemAsyncConnDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay);
+/* Drops `conn` after a failure said in a->errmsg: the next seed, after a backoff. */
+void IdemAsyncConnFail(struct aconn *conn);
+/* Closes conn's handle (once); its memory goes once it closed and resolved. */
+void IdemAsyncConnClose(struct aconn *conn);
+/* What IdemAsyncConnWrite did with a write. */
+enum writeResult {
+    W_SENT,   /* all of it taken by the socket at once */
+    W_QUEUED, /* (the rest) in libuv's queue: conn->writes counts it */
+    W_FAILED, /* the connection was dropped */
+};
+/* Hands `wr` (taken) to conn's socket. */
+enum writeResult IdemAsyncConnWrite(struct aconn *conn, struct awrite *wr);
+/* TLS: writes what the session produced to the socket; false when the connection was
+ * dropped. */
+bool IdemAsyncTlsFlushOut(struct aconn *conn);
 
 /* The sync client's call with its own error text (into `err`, may be NULL): the core of
  * idem_call, used by the typed calls. */

@@ -403,33 +403,43 @@ static int syncOp(struct idem_client *c, const struct idem_op *op, uint32_t dead
     return rv;
 }
 
-int idem_claim(struct idem_client *c, const char *key,
-               const uint8_t fingerprint[IDEM_FINGERPRINT_LEN],
-               const struct idem_claim_opts *opts, struct idem_result *out)
+int IdemClaimOp(const char *key, const uint8_t *fingerprint, const struct idem_claim_opts *opts,
+                char attempt[IDEM_ATTEMPT_ID_HEX + 1], struct idem_op *op)
 {
     static const struct idem_claim_opts none;
     if (opts == NULL) {
         opts = &none;
     }
-    char attempt[IDEM_ATTEMPT_ID_HEX + 1];
     const char *aid = opts->attempt_id;
     if (aid == NULL) {
         if (idem_attempt_id_new(attempt) != IDEM_OK) {
-            if (out != NULL) {
-                IdemResultFail(out, "no random attempt id");
-            }
             return IDEM_ESYS;
         }
         aid = attempt;
     }
-    struct idem_op op = {.kind = IDEM_OP_CLAIM,
-                         .key = key,
-                         .fingerprint = fingerprint,
-                         .attempt_id = aid,
-                         .lease_ms = opts->lease_ms,
-                         .ttl_ms = opts->ttl_ms,
-                         .policy = opts->policy};
-    return syncOp(c, &op, opts->deadline_ms, out);
+    *op = (struct idem_op){.kind = IDEM_OP_CLAIM,
+                           .key = key,
+                           .fingerprint = fingerprint,
+                           .attempt_id = aid,
+                           .lease_ms = opts->lease_ms,
+                           .ttl_ms = opts->ttl_ms,
+                           .policy = opts->policy};
+    return IDEM_OK;
+}
+
+int idem_claim(struct idem_client *c, const char *key,
+               const uint8_t fingerprint[IDEM_FINGERPRINT_LEN], const struct idem_claim_opts *opts,
+               struct idem_result *out)
+{
+    char attempt[IDEM_ATTEMPT_ID_HEX + 1];
+    struct idem_op op;
+    if (IdemClaimOp(key, fingerprint, opts, attempt, &op) != IDEM_OK) {
+        if (out != NULL) {
+            IdemResultFail(out, "no random attempt id");
+        }
+        return IDEM_ESYS;
+    }
+    return syncOp(c, &op, opts != NULL ? opts->deadline_ms : 0, out);
 }
 
 int idem_complete(struct idem_client *c, const char *key, uint64_t token, int completion,

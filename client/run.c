@@ -160,6 +160,98 @@ static bool renewerStart(struct renewer *r, pthread_t *th)
     return true;
 }
 
+/* The renewer could not be started: fn does not run (without renewals a slow fn could lose
+ * its lease unnoticed), and the claim is given back. Fills *out; returns IDEM_ESYS. */
+static int runRefuse(struct idem_client *c, const char *key, uint64_t token, uint32_t deadline_ms,
+                     struct idem_result *out)
+{
+    struct idem_result rel;
+    int rrv = idem_release(c, key, token, deadline_ms, &rel);
+    bool released = rrv == IDEM_OK && rel.outcome == IDEM_OUTCOME_OK;
+    char rwhy[96];
+    snprintf(rwhy, sizeof rwhy, "%s",
+             rrv != IDEM_OK ? idem_strerror(rrv) : idem_outcome_name(rel.outcome));
+    idem_result_free(&rel);
+    idem_result_free(out);
+    if (released) {
+        IdemResultFail(out, "cannot start the lease renewal thread; claim released");
+    } else {
+        IdemResultFail(out,
+                       "cannot start the lease renewal thread; the release answered %s: "
+                       "the claim is held until its lease ends",
+                       rwhy);
+    }
+    return IDEM_ESYS;
+}
+
+/* Stops the renewer started by renewerStart, waits for it (and a renewal in flight) and
+ * tears down its lock and condition. */
+static void renewerStop(struct renewer *r, pthread_t th)
+{
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_signal(&r->cond);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(th, NULL);
+    pthread_cond_destroy(&r->cond);
+    pthread_mutex_destroy(&r->mu);
+}
+
+/* What the renewals saw, into note (len bytes; "" when nothing went wrong): put at the head
+ * of detail whatever follows (a lease most often lapses in an outage, when the complete or
+ * release fails too), kept short so that what follows has room. */
+static void leaseNote(const struct renewer *r, char *note, size_t len)
+{
+    note[0] = '\0';
+    if (r->lost) {
+        snprintf(note, len, "lease lost while fn ran (a renewal answered lease_lost)");
+    } else if (r->lapsed) {
+        IdemWhyf(note, len,
+                 "lease may have lapsed while fn ran: no renewal answered in time (last "
+                 "renewal error: %s)",
+                 r->last_error != IDEM_OK ? idem_strerror(r->last_error) : "none");
+    }
+}
+
+/* The complete (or release) after fn ran, with class `cls` and fn's response; *out says
+ * what it came to behind lease_note (what the renewals saw) and `sep`. */
+static int runFinish(struct idem_client *c, const char *key, uint64_t token, int cls,
+                     const struct idem_response *resp, uint32_t deadline_ms, bool lost,
+                     const char *lease_note, const char *sep, struct idem_result *out)
+{
+    struct idem_result fin;
+    int rv;
+    const char *what = cls == IDEM_RUN_RETRYABLE ? "release" : "complete";
+    if (cls == IDEM_RUN_RETRYABLE) {
+        rv = idem_release(c, key, token, deadline_ms, &fin);
+    } else {
+        rv = idem_complete(c, key, token, completionOf(cls), resp, deadline_ms, &fin);
+    }
+    if (rv != IDEM_OK) {
+        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s after the function ran: %s", lease_note,
+                 sep, what, fin.detail);
+        return rv;
+    }
+    out->finish_outcome = fin.outcome;
+    if (fin.outcome == IDEM_OUTCOME_INVALID) {
+        /* The cluster refused it and changed nothing (e.g. a complete larger than the
+         * leader's batch.max_bytes lets a log entry be): as with a response refused here,
+         * the claim stays held until its lease ends or the caller completes it. */
+        IdemWhyf(out->detail, sizeof out->detail,
+                 "%s%s%s answered invalid (%s): nothing was recorded, the claim is held "
+                 "until its lease ends",
+                 lease_note, sep, what, fin.detail[0] ? fin.detail : "no reason given");
+        idem_result_free(&fin);
+        return IDEM_EINVAL;
+    }
+    if (fin.outcome != IDEM_OUTCOME_OK && !lost) {
+        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s answered %s%s%s", lease_note, sep, what,
+                 idem_outcome_name(fin.outcome), fin.detail[0] ? ": " : "", fin.detail);
+    }
+    idem_result_free(&fin);
+    return IDEM_OK;
+}
+
 int idem_run(struct idem_client *c, const char *key,
              const uint8_t fingerprint[IDEM_FINGERPRINT_LEN], const struct idem_claim_opts *opts,
              idem_run_fn fn, void *arg, struct idem_result *out)
@@ -172,22 +264,14 @@ int idem_run(struct idem_client *c, const char *key,
         return IDEM_EINVAL;
     }
     static const struct idem_claim_opts none;
-    struct idem_claim_opts o = opts != NULL ? *opts : none;
-    char attempt[IDEM_ATTEMPT_ID_HEX + 1];
-    if (o.attempt_id == NULL) {
-        if (idem_attempt_id_new(attempt) != IDEM_OK) {
-            IdemResultFail(out, "no random attempt id");
-            return IDEM_ESYS;
-        }
-        o.attempt_id = attempt;
-    }
+    const struct idem_claim_opts *o = opts != NULL ? opts : &none;
     uint64_t claim_sent = IdemNowMs();
-    int rv = idem_claim(c, key, fingerprint, &o, out);
+    int rv = idem_claim(c, key, fingerprint, o, out); /* makes the attempt id when o has none */
     if (rv != IDEM_OK || out->outcome != IDEM_OUTCOME_ACQUIRED) {
         return rv; /* replay, in_progress, mismatch, ...: fn does not run */
     }
     uint64_t token = out->token;
-    uint32_t deadline_ms = o.deadline_ms;
+    uint32_t deadline_ms = o->deadline_ms;
 
     /* The renewal interval: a third of the lease the node says it granted (Result.lease_ms;
      * on a holder's own retry of its claim, what is left of its lease), or of the one asked
@@ -195,35 +279,17 @@ int idem_run(struct idem_client *c, const char *key,
      * third of the lease each renewal granted. Never from lease_deadline_ms: that is the
      * leader's wall clock, and ours may be skewed. The renewer times itself on
      * CLOCK_MONOTONIC. */
-    uint64_t lease = out->lease_ms ? out->lease_ms : o.lease_ms ? o.lease_ms : LEASE_GUESS_MS;
+    uint64_t lease = out->lease_ms ? out->lease_ms : o->lease_ms ? o->lease_ms : LEASE_GUESS_MS;
     struct renewer r = {.c = c,
                         .key = key,
                         .token = token,
-                        .lease_ms = o.lease_ms,
+                        .lease_ms = o->lease_ms,
                         .lease_est_ms = lease,
                         .lease_end = claim_sent + lease,
                         .last_ok = claim_sent};
     pthread_t th;
     if (!renewerStart(&r, &th)) {
-        /* Without renewals a slow fn could lose its lease unnoticed: fn does not run, and
-         * the claim is given back. */
-        struct idem_result rel;
-        int rrv = idem_release(c, key, token, deadline_ms, &rel);
-        bool released = rrv == IDEM_OK && rel.outcome == IDEM_OUTCOME_OK;
-        char rwhy[96];
-        snprintf(rwhy, sizeof rwhy, "%s",
-                 rrv != IDEM_OK ? idem_strerror(rrv) : idem_outcome_name(rel.outcome));
-        idem_result_free(&rel);
-        idem_result_free(out);
-        if (released) {
-            IdemResultFail(out, "cannot start the lease renewal thread; claim released");
-        } else {
-            IdemResultFail(out,
-                           "cannot start the lease renewal thread; the release answered %s: "
-                           "the claim is held until its lease ends",
-                           rwhy);
-        }
-        return IDEM_ESYS;
+        return runRefuse(c, key, token, deadline_ms, out);
     }
 
     struct idem_response resp;
@@ -232,30 +298,12 @@ int idem_run(struct idem_client *c, const char *key,
     if (cls < IDEM_RUN_SUCCEEDED || cls > IDEM_RUN_UNKNOWN) {
         cls = IDEM_RUN_UNKNOWN;
     }
-
-    pthread_mutex_lock(&r.mu);
-    r.stop = true;
-    pthread_cond_signal(&r.cond);
-    pthread_mutex_unlock(&r.mu);
-    pthread_join(th, NULL);
-    pthread_cond_destroy(&r.cond);
-    pthread_mutex_destroy(&r.mu);
+    renewerStop(&r, th);
 
     out->ran = 1;
     out->run_class = cls;
-    /* What the renewals saw: at the head of detail whatever follows (a lease most often
-     * lapses in an outage, when the complete or release fails too), kept short so that what
-     * follows has room. */
-    char lease_note[160] = "";
-    if (r.lost) {
-        snprintf(lease_note, sizeof lease_note,
-                 "lease lost while fn ran (a renewal answered lease_lost)");
-    } else if (r.lapsed) {
-        IdemWhyf(lease_note, sizeof lease_note,
-                 "lease may have lapsed while fn ran: no renewal answered in time (last "
-                 "renewal error: %s)",
-                 r.last_error != IDEM_OK ? idem_strerror(r.last_error) : "none");
-    }
+    char lease_note[160];
+    leaseNote(&r, lease_note, sizeof lease_note);
     const char *sep = lease_note[0] != '\0' ? "; " : "";
     snprintf(out->detail, sizeof out->detail, "%s", lease_note);
     if (cls != IDEM_RUN_RETRYABLE) {
@@ -278,43 +326,14 @@ int idem_run(struct idem_client *c, const char *key,
                      lease_note, sep, why);
             return vrv == IDEM_ENOMEM ? IDEM_ENOMEM : IDEM_EINVAL;
         }
+        if (IdemResultCopyResponse(out, &resp) != IDEM_OK) {
+            /* The complete below still stores fn's response; only our copy is missing. */
+            size_t n = strlen(lease_note);
+            snprintf(lease_note + n, sizeof lease_note - n, "%sout of memory copying the response",
+                     sep);
+            sep = "; ";
+            snprintf(out->detail, sizeof out->detail, "%s", lease_note);
+        }
     }
-    if (cls != IDEM_RUN_RETRYABLE && IdemResultCopyResponse(out, &resp) != IDEM_OK) {
-        /* The complete below still stores fn's response; only our copy is missing. */
-        size_t n = strlen(lease_note);
-        snprintf(lease_note + n, sizeof lease_note - n, "%sout of memory copying the response",
-                 sep);
-        sep = "; ";
-        snprintf(out->detail, sizeof out->detail, "%s", lease_note);
-    }
-    struct idem_result fin;
-    if (cls == IDEM_RUN_RETRYABLE) {
-        rv = idem_release(c, key, token, deadline_ms, &fin);
-    } else {
-        rv = idem_complete(c, key, token, completionOf(cls), &resp, deadline_ms, &fin);
-    }
-    if (rv != IDEM_OK) {
-        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s after the function ran: %s", lease_note,
-                 sep, cls == IDEM_RUN_RETRYABLE ? "release" : "complete", fin.detail);
-        return rv;
-    }
-    out->finish_outcome = fin.outcome;
-    const char *what = cls == IDEM_RUN_RETRYABLE ? "release" : "complete";
-    if (fin.outcome == IDEM_OUTCOME_INVALID) {
-        /* The cluster refused it and changed nothing (e.g. a complete larger than the
-         * leader's batch.max_bytes lets a log entry be): as with a response refused here,
-         * the claim stays held until its lease ends or the caller completes it. */
-        IdemWhyf(out->detail, sizeof out->detail,
-                 "%s%s%s answered invalid (%s): nothing was recorded, the claim is held "
-                 "until its lease ends",
-                 lease_note, sep, what, fin.detail[0] ? fin.detail : "no reason given");
-        idem_result_free(&fin);
-        return IDEM_EINVAL;
-    }
-    if (fin.outcome != IDEM_OUTCOME_OK && !r.lost) {
-        IdemWhyf(out->detail, sizeof out->detail, "%s%s%s answered %s%s%s", lease_note, sep,
-                 what, idem_outcome_name(fin.outcome), fin.detail[0] ? ": " : "", fin.detail);
-    }
-    idem_result_free(&fin);
-    return IDEM_OK;
+    return runFinish(c, key, token, cls, &resp, deadline_ms, r.lost, lease_note, sep, out);
 }

@@ -29,12 +29,15 @@
  * bytes). Closing sends close_notify when the socket can take it at once. */
 #include "forward.h"
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include "config.h"
+#include "frame.h"
 #include "log.h"
 #include "tls.h"
 #include "xmalloc.h"
@@ -43,24 +46,39 @@
 
 struct fwdCall;
 
+/* A connection's life; every change asserts the state it leaves. */
+enum fwdConnState {
+    FWD_CONNECTING,  /* TCP connecting: calls wait on it */
+    FWD_HANDSHAKING, /* TLS only: TCP up, the handshake running; calls still wait */
+    FWD_OPEN,        /* frames may be written */
+    FWD_CLOSING,     /* the handle is closing; freed in its close callback */
+};
+
 struct fwdConn {
     struct forwarder *f;
     char addr[CONFIG_ADDR_MAX + 1];
     uv_tcp_t tcp;
     uv_connect_t connect;
-    bool open;    /* connected (and with TLS, handshake done); frames may be written */
-    bool closing; /* the handle is closing; freed in its close callback */
+    enum fwdConnState state;
     uint8_t *buf;
     size_t len, cap;
     struct tls_conn *tls;  /* NULL without TLS */
     uint8_t *cipher;       /* TLS only: FWD_TLS_READ bytes that reads land in */
     bool tls_failed;       /* TLS only: the stream is broken, no close_notify */
-    struct fwdCall *calls; /* calls waiting for an answer on this connection */
+    LIST_HEAD(, fwdCall) calls; /* calls waiting for an answer on this connection */
     struct fwdWrite *out;  /* frames gathered this loop turn, not written (nor encrypted) yet */
     size_t out_len, out_cap;
     bool queued; /* on f->flush: frames (or TLS records) to write this loop turn */
-    struct fwdConn *flush_next;
-    struct fwdConn *prev, *next;
+    SLIST_ENTRY(fwdConn) flush_link;
+    LIST_ENTRY(fwdConn) link; /* in f->conns */
+};
+
+/* A call's life: waiting for its connection, written on it, or answered (its timer
+ * closing). */
+enum fwdCallState {
+    CALL_QUEUED,  /* on conn->calls, not written yet (the connection is not open) */
+    CALL_WRITTEN, /* its frame gathered for (or written on) conn */
+    CALL_DONE,    /* its callback ran; no longer on any connection */
 };
 
 struct fwdCall {
@@ -70,13 +88,12 @@ struct fwdCall {
     uint64_t orig_id;     /* the caller's request id, restored in the answer */
     uint8_t *body;        /* packed Request without request_id; owned */
     size_t body_len;
-    bool written;
-    bool done;
+    enum fwdCallState state;
     int redirects_left;
     uv_timer_t timer;
     forward_cb cb;
     void *data;
-    struct fwdCall *prev, *next; /* on conn->calls */
+    LIST_ENTRY(fwdCall) link; /* on conn->calls */
 };
 
 struct forwarder {
@@ -84,9 +101,9 @@ struct forwarder {
     uint32_t max_frame;
     struct tls_ctx *tls; /* owned; NULL: plain TCP */
     uint64_t next_id;
-    struct fwdConn *conns;
+    LIST_HEAD(, fwdConn) conns;
     size_t n_calls; /* calls not yet freed (their timers close asynchronously) */
-    struct fwdConn *flush; /* connections with frames to write this loop turn */
+    SLIST_HEAD(, fwdConn) flush; /* connections with frames to write this loop turn */
     uv_check_t flusher;    /* writes them, after the turn's I/O callbacks */
     uv_idle_t awake;       /* active while any wait: the poll does not block */
     int handles_open;      /* flusher and awake, until forwarder_close closes them */
@@ -102,7 +119,7 @@ struct fwdWrite {
 
 static void forwarderMaybeFree(struct forwarder *f)
 {
-    if (f->closing && f->conns == NULL && f->n_calls == 0 && f->handles_open == 0) {
+    if (f->closing && LIST_EMPTY(&f->conns) && f->n_calls == 0 && f->handles_open == 0) {
         void (*cb)(void *) = f->close_cb;
         void *data = f->close_data;
         tls_ctx_free(f->tls);
@@ -131,25 +148,17 @@ static void callUnlink(struct fwdCall *c)
     if (k == NULL) {
         return;
     }
-    if (c->prev) {
-        c->prev->next = c->next;
-    } else {
-        k->calls = c->next;
-    }
-    if (c->next) {
-        c->next->prev = c->prev;
-    }
-    c->prev = c->next = NULL;
+    LIST_REMOVE(c, link);
     c->conn = NULL;
 }
 
 /* Answers the call exactly once and frees it (after its timer closes). */
 static void callFinish(struct fwdCall *c, const Idem__Response *resp, const char *err)
 {
-    if (c->done) {
+    if (c->state == CALL_DONE) {
         return;
     }
-    c->done = true;
+    c->state = CALL_DONE;
     callUnlink(c);
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->timer, callTimerClosedCb);
@@ -166,7 +175,8 @@ static void callDeadlineCb(uv_timer_t *t)
     struct fwdCall *c = t->data;
     struct fwdConn *k = c->conn;
     callFinish(c, NULL, "deadline passed");
-    if (k != NULL && !k->open && !k->closing && k->calls == NULL) {
+    if (k != NULL && (k->state == FWD_CONNECTING || k->state == FWD_HANDSHAKING) &&
+        LIST_EMPTY(&k->calls)) {
         connFail(k, "deadline passed");
     }
 }
@@ -177,22 +187,12 @@ static void connClosedCb(uv_handle_t *h)
 {
     struct fwdConn *k = h->data;
     struct forwarder *f = k->f;
+    assert(k->state == FWD_CLOSING && LIST_EMPTY(&k->calls));
     if (k->queued) {
-        struct fwdConn **pp = &f->flush;
-        while (*pp != k) {
-            pp = &(*pp)->flush_next;
-        }
-        *pp = k->flush_next;
+        SLIST_REMOVE(&f->flush, k, fwdConn, flush_link);
     }
     free(k->out);
-    if (k->prev) {
-        k->prev->next = k->next;
-    } else {
-        f->conns = k->next;
-    }
-    if (k->next) {
-        k->next->prev = k->prev;
-    }
+    LIST_REMOVE(k, link);
     tls_conn_free(k->tls);
     free(k->cipher);
     free(k->buf);
@@ -221,14 +221,13 @@ static void connTlsGoodbye(struct fwdConn *k)
 /* Fails every call on the connection and closes it. */
 static void connFail(struct fwdConn *k, const char *why)
 {
-    if (k->closing) {
+    if (k->state == FWD_CLOSING) {
         return;
     }
-    bool was_open = k->open;
-    k->closing = true;
-    k->open = false;
-    while (k->calls != NULL) {
-        callFinish(k->calls, NULL, why);
+    bool was_open = k->state == FWD_OPEN;
+    k->state = FWD_CLOSING;
+    while (!LIST_EMPTY(&k->calls)) {
+        callFinish(LIST_FIRST(&k->calls), NULL, why);
     }
     if (was_open) {
         connTlsGoodbye(k);
@@ -258,6 +257,7 @@ static void writeCb(uv_write_t *req, int status)
 /* Writes the n bytes at w->data; w is consumed. */
 static void connWrite(struct fwdConn *k, struct fwdWrite *w, size_t n)
 {
+    assert(k->state != FWD_CLOSING);
     w->req.data = k;
     uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)n);
     if (uv_write(&w->req, (uv_stream_t *)&k->tcp, &b, 1, writeCb) != 0) {
@@ -271,7 +271,7 @@ static void connWrite(struct fwdConn *k, struct fwdWrite *w, size_t n)
 static void connTlsFlush(struct fwdConn *k)
 {
     size_t n = tls_conn_pending(k->tls);
-    if (n == 0 || k->closing) {
+    if (n == 0 || k->state == FWD_CLOSING) {
         return;
     }
     struct fwdWrite *w = xmalloc(sizeof(*w) + n);
@@ -293,19 +293,19 @@ static void connQueue(struct fwdConn *k)
         return;
     }
     struct forwarder *f = k->f;
-    if (f->flush == NULL) {
+    assert(k->state != FWD_CLOSING);
+    if (SLIST_EMPTY(&f->flush)) {
         uv_check_start(&f->flusher, flushCb);
         uv_idle_start(&f->awake, awakeCb);
     }
     k->queued = true;
-    k->flush_next = f->flush;
-    f->flush = k;
+    SLIST_INSERT_HEAD(&f->flush, k, flush_link);
 }
 
 /* Writes what k gathered this turn, as one write: its frames, or the TLS engine's records. */
 static void connFlush(struct fwdConn *k)
 {
-    if (k->closing) {
+    if (k->state == FWD_CLOSING) {
         return;
     }
     if (k->tls != NULL) {
@@ -338,16 +338,15 @@ static void connFlush(struct fwdConn *k)
 static void flushCb(uv_check_t *h)
 {
     struct forwarder *f = h->data;
-    struct fwdConn *list = f->flush;
-    f->flush = NULL;
+    struct fwdConn *list = SLIST_FIRST(&f->flush);
+    SLIST_INIT(&f->flush);
     while (list != NULL) {
         struct fwdConn *k = list;
-        list = k->flush_next;
+        list = SLIST_NEXT(k, flush_link);
         k->queued = false;
-        k->flush_next = NULL;
         connFlush(k);
     }
-    if (f->flush == NULL) {
+    if (SLIST_EMPTY(&f->flush)) {
         uv_check_stop(&f->flusher);
         uv_idle_stop(&f->awake);
     }
@@ -357,15 +356,9 @@ static void flushCb(uv_check_t *h)
  * packed body. */
 static void connSend(struct fwdConn *k, struct fwdCall *c)
 {
-    uint8_t idbuf[11];
-    size_t n = 0;
-    idbuf[n++] = 0x08; /* field 1, varint */
-    uint64_t v = c->id;
-    do {
-        uint8_t b = (uint8_t)(v & 0x7f);
-        v >>= 7;
-        idbuf[n++] = (uint8_t)(b | (v ? 0x80 : 0));
-    } while (v);
+    assert(k->state == FWD_OPEN && c->state == CALL_QUEUED && c->conn == k);
+    uint8_t idbuf[1 + FRAME_VARINT_MAX];
+    size_t n = frame_varint_field_put(idbuf, FRAME_KEY_REQUEST_ID, c->id);
     size_t len = n + c->body_len;
     if (k->out_cap - k->out_len < 4 + len) {
         size_t cap = k->out_cap ? k->out_cap * 2 : 4096;
@@ -376,16 +369,14 @@ static void connSend(struct fwdConn *k, struct fwdCall *c)
         k->out_cap = cap;
     }
     uint8_t *frame = k->out->data + k->out_len;
-    k->out_len += 4 + len;
-    frame[0] = (uint8_t)(len >> 24);
-    frame[1] = (uint8_t)(len >> 16);
-    frame[2] = (uint8_t)(len >> 8);
-    frame[3] = (uint8_t)len;
-    memcpy(frame + 4, idbuf, n);
+    k->out_len += FRAME_HEADER_LEN + len;
+    assert(k->out_len <= k->out_cap);
+    frame_header_put(frame, (uint32_t)len); /* the body was packed from a frame we took */
+    memcpy(frame + FRAME_HEADER_LEN, idbuf, n);
     if (c->body_len > 0) {
-        memcpy(frame + 4 + n, c->body, c->body_len);
+        memcpy(frame + FRAME_HEADER_LEN + n, c->body, c->body_len);
     }
-    c->written = true;
+    c->state = CALL_WRITTEN;
     connQueue(k);
 }
 
@@ -426,21 +417,24 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 /* Delivers every whole frame in the frame buffer and keeps the rest. */
 static void connFrames(struct fwdConn *k)
 {
+    assert(k->len <= k->cap);
     size_t off = 0;
-    while (!k->closing && k->len - off >= 4) {
+    while (k->state != FWD_CLOSING) {
+        assert(off <= k->len);
         const uint8_t *p = k->buf + off;
-        uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-        if (n > k->f->max_frame) {
+        uint32_t n = 0;
+        enum frame_status fs = frame_check(p, k->len - off, k->f->max_frame, &n);
+        if (fs == FRAME_TOO_LARGE) {
             connFail(k, "the leader sent a frame larger than max_frame_bytes");
             return;
         }
-        if (k->len - off - 4 < n) {
+        if (fs != FRAME_COMPLETE) {
             break;
         }
-        off += 4 + (size_t)n;
-        connDeliver(k, p + 4, n);
+        off += FRAME_HEADER_LEN + (size_t)n;
+        connDeliver(k, p + FRAME_HEADER_LEN, n);
     }
-    if (k->closing) {
+    if (k->state == FWD_CLOSING) {
         return;
     }
     if (off > 0) {
@@ -451,9 +445,10 @@ static void connFrames(struct fwdConn *k)
 
 static void connSendQueued(struct fwdConn *k)
 {
-    for (struct fwdCall *c = k->calls; c != NULL && !k->closing;) {
-        struct fwdCall *next = c->next;
-        if (!c->written) {
+    assert(k->state == FWD_OPEN);
+    for (struct fwdCall *c = LIST_FIRST(&k->calls); c != NULL && k->state != FWD_CLOSING;) {
+        struct fwdCall *next = LIST_NEXT(c, link);
+        if (c->state == CALL_QUEUED) {
             connSend(k, c);
         }
         c = next;
@@ -465,20 +460,20 @@ static void connSendQueued(struct fwdConn *k)
 static void connTlsRead(struct fwdConn *k, const uint8_t *data, size_t n)
 {
     tls_conn_feed(k->tls, data, n);
-    if (!k->open) {
+    if (k->state == FWD_HANDSHAKING) {
         int rv = tls_conn_handshake(k->tls);
         connTlsFlush(k);
         if (rv == TLS_ERROR) {
             connTlsFail(k, "handshake", "TLS handshake with the leader failed");
             return;
         }
-        if (rv != 0 || k->closing) {
+        if (rv != 0 || k->state == FWD_CLOSING) {
             return;
         }
-        k->open = true;
+        k->state = FWD_OPEN;
         connSendQueued(k);
     }
-    while (!k->closing) {
+    while (k->state == FWD_OPEN) {
         connGrow(k);
         int got = tls_conn_read(k->tls, k->buf + k->len, k->cap - k->len);
         if (got > 0) {
@@ -500,7 +495,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct fwdConn *k = s->data;
     if (nread < 0) {
-        if (k->tls != NULL && !k->open) {
+        if (k->state == FWD_HANDSHAKING) {
             log_warn("forward: TLS connection to %s closed during the handshake", k->addr);
         }
         connFail(k, nread == UV_EOF ? "the leader closed the connection"
@@ -520,9 +515,10 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void connectCb(uv_connect_t *req, int status)
 {
     struct fwdConn *k = req->data;
-    if (k->closing) {
+    if (k->state == FWD_CLOSING) {
         return;
     }
+    assert(k->state == FWD_CONNECTING);
     if (status != 0) {
         connFail(k, "cannot connect to the leader");
         return;
@@ -534,6 +530,7 @@ static void connectCb(uv_connect_t *req, int status)
     }
     if (k->tls != NULL) {
         /* The ClientHello; the calls wait for the handshake (connTlsRead). */
+        k->state = FWD_HANDSHAKING;
         if (tls_conn_handshake(k->tls) == TLS_ERROR) {
             connTlsFail(k, "handshake", "TLS handshake with the leader failed");
             return;
@@ -541,7 +538,7 @@ static void connectCb(uv_connect_t *req, int status)
         connTlsFlush(k);
         return;
     }
-    k->open = true;
+    k->state = FWD_OPEN;
     connSendQueued(k);
 }
 
@@ -549,8 +546,9 @@ static void connectCb(uv_connect_t *req, int status)
  * not an IPv4 "host:port" literal; *why (OUT) then says so. */
 static struct fwdConn *connFor(struct forwarder *f, const char *addr, const char **why)
 {
-    for (struct fwdConn *k = f->conns; k != NULL; k = k->next) {
-        if (!k->closing && strcmp(k->addr, addr) == 0) {
+    struct fwdConn *k;
+    LIST_FOREACH (k, &f->conns, link) {
+        if (k->state != FWD_CLOSING && strcmp(k->addr, addr) == 0) {
             return k;
         }
     }
@@ -571,8 +569,10 @@ static struct fwdConn *connFor(struct forwarder *f, const char *addr, const char
         *why = "bad leader address";
         return NULL;
     }
-    struct fwdConn *k = xcalloc(1, sizeof(*k));
+    k = xcalloc(1, sizeof(*k));
     k->f = f;
+    k->state = FWD_CONNECTING;
+    LIST_INIT(&k->calls);
     snprintf(k->addr, sizeof(k->addr), "%s", addr);
     if (f->tls != NULL) {
         /* The leader's certificate must carry the address it is reached at. */
@@ -581,13 +581,9 @@ static struct fwdConn *connFor(struct forwarder *f, const char *addr, const char
     uv_tcp_init(f->loop, &k->tcp);
     k->tcp.data = k;
     k->connect.data = k;
-    k->next = f->conns;
-    if (f->conns) {
-        f->conns->prev = k;
-    }
-    f->conns = k;
+    LIST_INSERT_HEAD(&f->conns, k, link);
     if (uv_tcp_connect(&k->connect, &k->tcp, (const struct sockaddr *)&sa, connectCb) != 0) {
-        k->closing = true;
+        k->state = FWD_CLOSING;
         uv_close((uv_handle_t *)&k->tcp, connClosedCb);
         *why = "cannot connect to the leader";
         return NULL;
@@ -605,16 +601,12 @@ static void callAttach(struct fwdCall *c, const char *addr)
         callFinish(c, NULL, why);
         return;
     }
+    assert(c->state != CALL_DONE && c->conn == NULL);
     c->id = ++c->f->next_id;
-    c->written = false;
+    c->state = CALL_QUEUED;
     c->conn = k;
-    c->prev = NULL;
-    c->next = k->calls;
-    if (k->calls) {
-        k->calls->prev = c;
-    }
-    k->calls = c;
-    if (k->open) {
+    LIST_INSERT_HEAD(&k->calls, c, link);
+    if (k->state == FWD_OPEN) {
         connSend(k, c);
     }
 }
@@ -627,9 +619,11 @@ static void connDeliver(struct fwdConn *k, const uint8_t *p, size_t n)
         connFail(k, "the leader sent a frame that does not decode");
         return;
     }
-    struct fwdCall *c = k->calls;
-    while (c != NULL && c->id != resp->request_id) {
-        c = c->next;
+    struct fwdCall *c;
+    LIST_FOREACH (c, &k->calls, link) {
+        if (c->id == resp->request_id) {
+            break;
+        }
     }
     if (c == NULL) {
         /* The call's deadline passed already (or the id is unknown): drop the answer. */
@@ -667,6 +661,8 @@ struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes, struc
     f->loop = loop;
     f->max_frame = max_frame_bytes;
     f->tls = tls;
+    LIST_INIT(&f->conns);
+    SLIST_INIT(&f->flush);
     uv_check_init(loop, &f->flusher);
     uv_idle_init(loop, &f->awake);
     f->flusher.data = f;
@@ -706,7 +702,8 @@ void forwarder_close(struct forwarder *f, void (*cb)(void *data), void *data)
     f->closing = true;
     f->close_cb = cb;
     f->close_data = data;
-    for (struct fwdConn *k = f->conns; k != NULL; k = k->next) {
+    struct fwdConn *k;
+    LIST_FOREACH (k, &f->conns, link) {
         connFail(k, "forwarder closed");
     }
     uv_close((uv_handle_t *)&f->flusher, handleClosedCb);

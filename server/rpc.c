@@ -48,10 +48,13 @@
 #include "rpc.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
+#include "frame.h"
 #include "log.h"
 #include "tls.h"
 #include "xmalloc.h"
@@ -78,8 +81,20 @@
 #define SWEEP_MS 250                /* how often timeouts are checked */
 #define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
 
+/* A connection's life. Reading and paused alternate by back-pressure (connFlowControl);
+ * draining (after a bad frame, or when the server stops) reads no more and ends in closing
+ * once everything owed is written; closing is final. Every change asserts the state it
+ * leaves. */
+enum connState {
+    CONN_READING,  /* frames are read */
+    CONN_PAUSED,   /* reading stopped by back-pressure */
+    CONN_DRAINING, /* no more reads; close once everything owed is written */
+    CONN_CLOSING,  /* the handle is closing: no more reads, no more answers */
+};
+
 struct conn {
     uv_tcp_t tcp;
+    enum connState state;
     struct rpc_server *srv;
     uint8_t *buf;
     size_t len;
@@ -91,9 +106,6 @@ struct conn {
                            * CONN_MAX_INFLIGHT (in the frame buffer, or in the TLS engine): reading
                            * stays paused, and the flush handle takes them up */
     unsigned writes;      /* answers being written */
-    bool closing;         /* the handle is closing: no more reads, no more answers */
-    bool draining;        /* no more reads; close once everything owed is written */
-    bool paused;          /* reading stopped by back-pressure */
     struct tls_conn *tls; /* NULL on a plain-TCP listener */
     uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
     bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
@@ -102,12 +114,12 @@ struct conn {
     uint64_t progress_ms; /* uv_now() at accept, at each complete frame, each answer written */
     uint64_t wprogress_ms; /* uv_now() when a write last completed, or when one started with
                             * none outstanding: a write stuck since is the peer's not reading */
-    struct conn *prev, *next;
+    LIST_ENTRY(conn) link; /* in the server's conns */
     struct writeReq *out; /* answer frames not yet written (plain TCP), out_len bytes */
     size_t out_len;
     size_t out_cap;
     bool queued; /* on the server's flush list (holds a reference) */
-    struct conn *flush_next;
+    SLIST_ENTRY(conn) flush_link;
     size_t accounted; /* its answer bytes in answer_bytes, at the last connAccount() */
 };
 
@@ -117,7 +129,7 @@ struct rpc_server {
     const struct config_rpc *cfg;
     struct service *svc;
     struct tls_ctx *tls; /* NULL: plain TCP */
-    struct conn *conns;
+    LIST_HEAD(, conn) conns;
     size_t n_conns;
     bool closing;
     bool listener_closed;
@@ -131,7 +143,7 @@ struct rpc_server {
     uint64_t shed_warn_ms;    /* uv_now() of the last warning of a close for the answer cap */
     uint64_t shed_suppressed; /* such closes not logged since then */
     bool shed_warned;
-    struct conn *flush;  /* connections with answers to write this loop turn */
+    SLIST_HEAD(, conn) flush; /* connections with answers to write this loop turn */
     uv_check_t flusher;  /* writes them, after the turn's I/O callbacks */
     uv_idle_t awake;     /* active while anything waits: the poll does not block */
     int handles_closing; /* flusher and awake, once every connection is gone */
@@ -145,6 +157,22 @@ struct writeReq {
     struct conn *c;
     uint8_t data[];
 };
+
+/* Whether c still takes frames: reading, or paused by back-pressure. */
+static bool connOpen(const struct conn *c)
+{
+    return c->state == CONN_READING || c->state == CONN_PAUSED;
+}
+
+/* Moves c to `to`, asserting that its life allows the change (enum connState). */
+static void connSetState(struct conn *c, enum connState to)
+{
+    assert(c->state != CONN_CLOSING); /* final */
+    assert(to != CONN_READING || c->state == CONN_PAUSED);
+    assert(to != CONN_PAUSED || c->state == CONN_READING);
+    assert(to != CONN_DRAINING || connOpen(c));
+    c->state = to;
+}
 
 static void flushHandleClosed(uv_handle_t *h);
 static void sweepClosed(uv_handle_t *h);
@@ -172,7 +200,7 @@ void rpc_get_stats(struct rpc_stats *out)
 
 static void serverMaybeFree(struct rpc_server *r)
 {
-    if (r->closing && r->conns == NULL && !r->handles_closed) {
+    if (r->closing && LIST_EMPTY(&r->conns) && !r->handles_closed) {
         /* The flush handles and the sweep outlive every connection: draining ones still
          * write, and the sweep ends their grace period. */
         if (!r->sweep_closing) {
@@ -187,7 +215,7 @@ static void serverMaybeFree(struct rpc_server *r)
         }
         return;
     }
-    if (r->closing && r->listener_closed && r->sweep_closed && r->conns == NULL &&
+    if (r->closing && r->listener_closed && r->sweep_closed && LIST_EMPTY(&r->conns) &&
         r->handles_closed) {
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
@@ -201,18 +229,13 @@ static void serverMaybeFree(struct rpc_server *r)
 
 static void connUnref(struct conn *c)
 {
+    assert(c->refs > 0);
     if (--c->refs > 0) {
         return;
     }
     struct rpc_server *r = c->srv;
-    if (c->prev) {
-        c->prev->next = c->next;
-    } else {
-        r->conns = c->next;
-    }
-    if (c->next) {
-        c->next->prev = c->prev;
-    }
+    assert(c->state == CONN_CLOSING && c->inflight == 0 && c->writes == 0 && !c->queued);
+    LIST_REMOVE(c, link);
     r->n_conns--;
     stats.connections--;
     answer_bytes -= c->accounted;
@@ -264,10 +287,10 @@ static void tlsTryFlush(struct conn *c)
 
 static void connClose(struct conn *c)
 {
-    if (c->closing) {
+    if (c->state == CONN_CLOSING) {
         return;
     }
-    c->closing = true;
+    connSetState(c, CONN_CLOSING);
     connAccount(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (c->tls != NULL) {
@@ -282,7 +305,7 @@ static void connClose(struct conn *c)
 /* Closes a draining connection once nothing is owed to it any more. */
 static void connMaybeFinishDrain(struct conn *c)
 {
-    if (c->draining && !c->closing && c->inflight == 0 && c->writes == 0 && !c->queued) {
+    if (c->state == CONN_DRAINING && c->inflight == 0 && c->writes == 0 && !c->queued) {
         connClose(c);
     }
 }
@@ -307,7 +330,7 @@ static size_t connQueuedBytes(struct conn *c)
  * they change: an answer made, a write started or done, the close. */
 static void connAccount(struct conn *c)
 {
-    size_t now = c->closing ? 0 : connQueuedBytes(c);
+    size_t now = c->state == CONN_CLOSING ? 0 : connQueuedBytes(c);
     answer_bytes = answer_bytes - c->accounted + now;
     c->accounted = now;
 }
@@ -332,7 +355,7 @@ static bool connOverloaded(struct conn *c)
  * resumes only after them. */
 static void connFlowControl(struct conn *c)
 {
-    if (c->closing || c->draining) {
+    if (!connOpen(c)) {
         return;
     }
     bool over = connOverloaded(c);
@@ -340,21 +363,21 @@ static void connFlowControl(struct conn *c)
         connQueue(c);
     }
     bool full = over || c->backlog;
-    if (full && !c->paused) {
-        c->paused = true;
+    if (full && c->state == CONN_READING) {
+        connSetState(c, CONN_PAUSED);
         uv_read_stop((uv_stream_t *)&c->tcp);
-    } else if (!full && c->paused) {
-        c->paused = false;
+    } else if (!full && c->state == CONN_PAUSED) {
+        connSetState(c, CONN_READING);
         uv_read_start((uv_stream_t *)&c->tcp, allocCb, readCb);
     }
 }
 
 static void connDrain(struct conn *c)
 {
-    if (c->closing || c->draining) {
+    if (!connOpen(c)) {
         return;
     }
-    c->draining = true;
+    connSetState(c, CONN_DRAINING);
     uv_read_stop((uv_stream_t *)&c->tcp);
     connMaybeFinishDrain(c);
 }
@@ -363,6 +386,7 @@ static void writeCb(uv_write_t *req, int status)
 {
     struct writeReq *w = (struct writeReq *)req;
     struct conn *c = w->c;
+    assert(c->writes > 0);
     c->writes--;
     c->progress_ms = c->wprogress_ms = uv_now(c->srv->loop);
     connAccount(c);
@@ -400,7 +424,7 @@ static void connWrite(struct conn *c, struct writeReq *w, size_t n)
 static void tlsFlush(struct conn *c)
 {
     size_t n = tls_conn_pending(c->tls);
-    if (n == 0 || c->closing) {
+    if (n == 0 || c->state == CONN_CLOSING) {
         return;
     }
     struct writeReq *w = xmalloc(sizeof(*w) + n);
@@ -439,14 +463,13 @@ static void connQueue(struct conn *c)
         return;
     }
     struct rpc_server *r = c->srv;
-    if (r->flush == NULL) {
+    if (SLIST_EMPTY(&r->flush)) {
         uv_check_start(&r->flusher, flushCb);
         uv_idle_start(&r->awake, awakeCb);
     }
     c->queued = true;
     c->refs++;
-    c->flush_next = r->flush;
-    r->flush = c;
+    SLIST_INSERT_HEAD(&r->flush, c, flush_link);
 }
 
 /* Plain TCP: hands the gathered answer frames to the socket; c->out starts anew. */
@@ -462,7 +485,7 @@ static void connWriteOut(struct conn *c)
 /* Writes what c has gathered this turn: its output buffer, or the TLS engine's records. */
 static void connFlush(struct conn *c)
 {
-    if (c->closing) {
+    if (c->state == CONN_CLOSING) {
         return;
     }
     if (c->tls != NULL) {
@@ -475,15 +498,16 @@ static void connFlush(struct conn *c)
 static void flushCb(uv_check_t *h)
 {
     struct rpc_server *r = h->data;
-    struct conn *list = r->flush;
-    r->flush = NULL;
+    struct conn *list = SLIST_FIRST(&r->flush);
+    SLIST_INIT(&r->flush);
     while (list != NULL) {
         struct conn *c = list;
-        list = c->flush_next;
+        list = SLIST_NEXT(c, flush_link);
+        assert(c->queued);
         c->queued = false;
         connFlush(c);
         connMaybeFinishDrain(c);
-        if (c->backlog && !c->closing && !c->draining && !connOverloaded(c)) {
+        if (c->backlog && connOpen(c) && !connOverloaded(c)) {
             c->backlog = false;
             if (c->tls != NULL) {
                 tlsRead(c, NULL, 0); /* what the engine still holds, then the buffer */
@@ -494,7 +518,7 @@ static void flushCb(uv_check_t *h)
         connFlowControl(c);
         connUnref(c);
     }
-    if (r->flush == NULL) {
+    if (SLIST_EMPTY(&r->flush)) {
         uv_check_stop(&r->flusher);
         uv_idle_stop(&r->awake);
     }
@@ -503,24 +527,24 @@ static void flushCb(uv_check_t *h)
 /* Lays out resp (n bytes packed) as a frame at p: 4-byte big-endian length, then resp. */
 static void packFrame(uint8_t *p, const Idem__Response *resp, size_t n)
 {
-    p[0] = (uint8_t)(n >> 24);
-    p[1] = (uint8_t)(n >> 16);
-    p[2] = (uint8_t)(n >> 8);
-    p[3] = (uint8_t)n;
-    idem__response__pack(resp, p + 4);
+    assert(n <= UINT32_MAX);
+    frame_header_put(p, (uint32_t)n);
+    size_t packed = idem__response__pack(resp, p + FRAME_HEADER_LEN);
+    assert(packed == n);
+    (void)packed;
 }
 
 /* Packs one response frame into c's output for this turn. */
 static void connSend(struct conn *c, const Idem__Response *resp)
 {
-    if (c->closing) {
+    if (c->state == CONN_CLOSING) {
         return;
     }
     size_t n = idem__response__get_packed_size(resp);
     if (c->tls != NULL) {
-        uint8_t *frame = xmalloc(4 + n);
+        uint8_t *frame = xmalloc(FRAME_HEADER_LEN + n);
         packFrame(frame, resp, n);
-        int rv = tls_conn_write(c->tls, frame, 4 + n);
+        int rv = tls_conn_write(c->tls, frame, FRAME_HEADER_LEN + n);
         free(frame);
         if (rv != 0) {
             tlsFail(c, "write");
@@ -530,24 +554,25 @@ static void connSend(struct conn *c, const Idem__Response *resp)
         connQueue(c);
         return;
     }
-    if (c->out_len > 0 && c->out_len + 4 + n > CONN_OUT_BATCH) {
+    if (c->out_len > 0 && c->out_len + FRAME_HEADER_LEN + n > CONN_OUT_BATCH) {
         /* A turn's answers are written in pieces of about CONN_OUT_BATCH (stored responses
          * run to megabytes): the gathered ones go now, in order, this one starts anew. */
         connWriteOut(c);
-        if (c->closing) {
+        if (c->state == CONN_CLOSING) {
             return;
         }
     }
-    if (c->out_cap - c->out_len < 4 + n) {
+    if (c->out_cap - c->out_len < FRAME_HEADER_LEN + n) {
         size_t want = c->out_cap ? c->out_cap : 4096;
-        while (want - c->out_len < 4 + n) {
+        while (want - c->out_len < FRAME_HEADER_LEN + n) {
             want *= 2;
         }
         c->out = xrealloc(c->out, sizeof(*c->out) + want);
         c->out_cap = want;
     }
     packFrame(c->out->data + c->out_len, resp, n);
-    c->out_len += 4 + n;
+    c->out_len += FRAME_HEADER_LEN + n;
+    assert(c->out_len <= c->out_cap);
     connAccount(c);
     connQueue(c);
 }
@@ -561,8 +586,9 @@ static void serverShed(struct rpc_server *r, uint64_t budget)
 {
     while (answer_bytes > budget) {
         struct conn *most = NULL;
-        for (struct conn *c = r->conns; c != NULL; c = c->next) {
-            if (!c->closing && (most == NULL || c->accounted > most->accounted)) {
+        struct conn *c;
+        LIST_FOREACH (c, &r->conns, link) {
+            if (c->state != CONN_CLOSING && (most == NULL || c->accounted > most->accounted)) {
                 most = c;
             }
         }
@@ -655,10 +681,11 @@ static void answeredCb(void *data, const Idem__Response *resp)
     struct conn *c = k->c;
     callCount(k, resp);
     free(k);
+    assert(c->inflight > 0);
     c->inflight--;
     stats.inflight--;
     connSend(c, resp);
-    if (!c->closing && connQueuedBytes(c) > CONN_MAX_BUFFERED) {
+    if (c->state != CONN_CLOSING && connQueuedBytes(c) > CONN_MAX_BUFFERED) {
         stats.answer_cuts_connection++;
         c->tls_failed = true; /* no close_notify behind megabytes it does not read */
         connClose(c);
@@ -683,42 +710,6 @@ static void badFrame(struct conn *c, uint64_t request_id, const char *why)
     resp.error = (char *)why;
     connSend(c, &resp);
     connDrain(c);
-}
-
-/* Request.request_id from the first `len` bytes of a packed Request: looked for only among
- * the leading fields 1 (request_id) and 2 (deadline_ms), both varints, which is how every
- * client starts a request. 1: *id found (non-zero); 0: not there (another field first, a
- * varint too long, id 0); -1: the bytes so far begin such a field: wait for more. */
-static int peekRequestId(const uint8_t *p, size_t len, uint64_t *id)
-{
-    size_t i = 0;
-    for (int field = 0; field < 2; field++) {
-        if (i >= len) {
-            return -1;
-        }
-        uint8_t tag = p[i++];
-        if (tag != 0x08 && tag != 0x10) {
-            return 0;
-        }
-        uint64_t v = 0;
-        bool ended = false;
-        for (unsigned shift = 0; shift < 64 && !ended; shift += 7) {
-            if (i >= len) {
-                return -1;
-            }
-            uint8_t b = p[i++];
-            v |= (uint64_t)(b & 0x7f) << shift;
-            ended = (b & 0x80) == 0;
-        }
-        if (!ended) {
-            return 0;
-        }
-        if (tag == 0x08) {
-            *id = v;
-            return v != 0 ? 1 : 0;
-        }
-    }
-    return 0;
 }
 
 /* Answers a frame that is not taken in (n bytes, `have` of them at p) under `id`, with
@@ -747,11 +738,10 @@ static size_t refuseFrame(struct conn *c, size_t have, uint32_t n, uint64_t id,
 /* The length a frame buffer's first frame declares, 0 when it holds less than its prefix. */
 static uint32_t firstFrameLen(const struct conn *c)
 {
-    if (c->skip > 0 || c->len < 4) {
+    if (c->skip > 0 || c->len < FRAME_HEADER_LEN) {
         return 0;
     }
-    const uint8_t *p = c->buf;
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+    return frame_header_get(c->buf);
 }
 
 /* Gives back a frame buffer that a large frame grew, once what is left in it is small: an
@@ -773,13 +763,60 @@ static void connShrink(struct conn *c)
     }
 }
 
+/* refuseUntaken(): the request id of the frame may be in bytes still to come. */
+#define REFUSE_WAIT SIZE_MAX
+
+/* Answers the frame at p (its prefix, then `have` of its n body bytes) that is not taken
+ * in, under its request id when one can be read from its first bytes (refuseFrame).
+ * Returns the body bytes consumed (0: no id, the connection drains), or REFUSE_WAIT when
+ * the id may be in the bytes still to come. */
+static size_t refuseUntaken(struct conn *c, const uint8_t *p, size_t have, uint32_t n,
+                            Idem__Outcome outcome, const char *detail, const char *why)
+{
+    uint64_t id = 0;
+    int found = frame_peek_request_id(p + FRAME_HEADER_LEN, have < n ? have : n, &id);
+    if (found < 0 && have < n) {
+        return REFUSE_WAIT;
+    }
+    return refuseFrame(c, have, n, found > 0 ? id : 0, outcome, detail, why);
+}
+
+/* Decodes a complete frame's body (n bytes at p) and hands its request to the service.
+ * False when it is not a request we can serve: it was answered and the connection drains. */
+static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
+{
+    Idem__Request *req = idem__request__unpack(NULL, n, p);
+    c->progress_ms = uv_now(c->srv->loop);
+    if (req == NULL) {
+        badFrame(c, 0, "frame does not decode as a Request");
+        return false;
+    }
+    if (req->op_case == IDEM__REQUEST__OP__NOT_SET) {
+        badFrame(c, req->request_id, "request has no known op");
+        idem__request__free_unpacked(req, NULL);
+        return false;
+    }
+    struct call *k = xmalloc(sizeof(*k));
+    k->c = c;
+    k->kind = callKindOf(req);
+    k->start_ns = k->kind == CALL_CLAIM ? uv_hrtime() : 0;
+    c->refs++;
+    c->inflight++;
+    stats.inflight++;
+    service_handle(c->srv->svc, req, answeredCb, k);
+    idem__request__free_unpacked(req, NULL);
+    return true;
+}
+
 /* Handles the complete frames in the buffer, up to CONN_MAX_INFLIGHT requests awaiting an
  * answer (c->backlog then says that frames were left). */
 static void connProcess(struct conn *c)
 {
     size_t off = 0;
     const uint32_t max = c->srv->cfg->max_frame_bytes;
-    while (!c->draining && !c->closing && c->len - off > 0) {
+    assert(c->len <= c->cap);
+    while (connOpen(c) && c->len - off > 0) {
+        assert(off < c->len);
         if (c->skip > 0) {
             size_t d = c->len - off < c->skip ? c->len - off : (size_t)c->skip;
             off += d;
@@ -789,7 +826,10 @@ static void connProcess(struct conn *c)
             }
             continue;
         }
-        if (c->len - off < 4) {
+        const uint8_t *p = c->buf + off;
+        uint32_t n = 0;
+        enum frame_status fs = frame_check(p, c->len - off, max, &n);
+        if (fs == FRAME_SHORT) {
             break;
         }
         if (c->inflight >= CONN_MAX_INFLIGHT) {
@@ -798,73 +838,43 @@ static void connProcess(struct conn *c)
             c->backlog = true;
             break;
         }
-        const uint8_t *p = c->buf + off;
-        uint32_t n = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-        if (n > max) {
-            size_t have = c->len - off - 4;
-            uint64_t id = 0;
-            int found = peekRequestId(p + 4, have < n ? have : n, &id);
-            if (found < 0 && have < n) {
-                break; /* the request id may be in the bytes still to come */
-            }
-            size_t took = refuseFrame(c, have, n, found > 0 ? id : 0,
-                                      IDEM__OUTCOME__OUTCOME_INVALID, "frame_too_large",
-                                      "frame larger than max_frame_bytes");
-            if (took == 0) {
+        if (fs == FRAME_COMPLETE) {
+            off += FRAME_HEADER_LEN + (size_t)n;
+            if (!connTakeRequest(c, p + FRAME_HEADER_LEN, n)) {
                 return;
             }
-            off += 4 + took;
             continue;
         }
-        if (c->len - off - 4 < n) {
-            if (connHoldFrame(c, n)) {
-                break;
-            }
+        size_t have = c->len - off - FRAME_HEADER_LEN;
+        size_t took;
+        if (fs == FRAME_TOO_LARGE) {
+            took = refuseUntaken(c, p, have, n, IDEM__OUTCOME__OUTCOME_INVALID, "frame_too_large",
+                                 "frame larger than max_frame_bytes");
+        } else if (connHoldFrame(c, n)) {
+            break; /* FRAME_PARTIAL: the rest of it fits in the buffer */
+        } else {
             /* Every connection's buffers together hold rpc.max_frame_buffer_mb already
              * (say, many peers that each started a large frame and stopped): this frame is
              * answered unavailable (a client may send it again) and skipped as it comes. */
-            size_t have = c->len - off - 4;
-            uint64_t id = 0;
-            int found = peekRequestId(p + 4, have, &id);
-            if (found < 0) {
-                break; /* its request id is in the bytes still to come: it fits here */
+            took = refuseUntaken(c, p, have, n, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "",
+                                 "the node's frame buffers are full "
+                                 "(rpc.max_frame_buffer_mb): send it again later");
+            if (took != REFUSE_WAIT) {
+                stats.frames_refused++;
+                stats.requests.fail_closed++;
             }
-            stats.frames_refused++;
-            stats.requests.fail_closed++;
-            size_t took = refuseFrame(c, have, n, found > 0 ? id : 0,
-                                      IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "",
-                                      "the node's frame buffers are full "
-                                      "(rpc.max_frame_buffer_mb): send it again later");
-            if (took == 0) {
-                return;
-            }
-            off += 4 + took;
-            continue;
         }
-        Idem__Request *req = idem__request__unpack(NULL, n, p + 4);
-        off += 4 + (size_t)n;
-        c->progress_ms = uv_now(c->srv->loop);
-        if (req == NULL) {
-            badFrame(c, 0, "frame does not decode as a Request");
-            return;
+        if (took == REFUSE_WAIT) {
+            break; /* the request id may be in the bytes still to come */
         }
-        if (req->op_case == IDEM__REQUEST__OP__NOT_SET) {
-            badFrame(c, req->request_id, "request has no known op");
-            idem__request__free_unpacked(req, NULL);
-            return;
+        if (took == 0) {
+            return; /* no request id: answered under 0, the connection drains */
         }
-        struct call *k = xmalloc(sizeof(*k));
-        k->c = c;
-        k->kind = callKindOf(req);
-        k->start_ns = k->kind == CALL_CLAIM ? uv_hrtime() : 0;
-        c->refs++;
-        c->inflight++;
-        stats.inflight++;
-        service_handle(c->srv->svc, req, answeredCb, k);
-        idem__request__free_unpacked(req, NULL);
+        off += FRAME_HEADER_LEN + took;
     }
     connFlowControl(c);
     if (off > 0) {
+        assert(off <= c->len);
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
     }
@@ -927,7 +937,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
 {
     tls_conn_feed(c->tls, data, n);
     for (;;) {
-        if (c->closing || c->draining) {
+        if (!connOpen(c)) {
             break;
         }
         connReserve(c);
@@ -935,7 +945,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
             /* Full: the frames in it are complete (the limit leaves room for the largest
              * frame), so processing frees space. */
             connProcess(c);
-            if (c->closing || c->draining || c->backlog) {
+            if (!connOpen(c) || c->backlog) {
                 break; /* backlog: the rest stays in the engine until flushCb resumes */
             }
             connReserve(c);
@@ -961,7 +971,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
         return;
     }
     tlsFlush(c);
-    if (!c->closing) {
+    if (c->state != CONN_CLOSING) {
         connProcess(c);
     }
 }
@@ -988,6 +998,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     c->len += (size_t)nread;
+    assert(c->len <= c->cap);
     connProcess(c);
 }
 
@@ -998,8 +1009,9 @@ static void sweepCb(uv_timer_t *t)
 {
     struct rpc_server *r = t->data;
     uint64_t now = uv_now(r->loop);
-    for (struct conn *c = r->conns; c != NULL; c = c->next) {
-        if (c->closing) {
+    struct conn *c;
+    LIST_FOREACH (c, &r->conns, link) {
+        if (c->state == CONN_CLOSING) {
             continue;
         }
         if (r->closing) {
@@ -1038,14 +1050,11 @@ static void acceptCb(uv_stream_t *l, int status)
     }
     struct conn *c = xcalloc(1, sizeof(*c));
     c->srv = r;
+    c->state = CONN_READING;
     c->refs = 1;
     uv_tcp_init(r->loop, &c->tcp);
     c->tcp.data = c;
-    c->next = r->conns;
-    if (r->conns) {
-        r->conns->prev = c;
-    }
-    r->conns = c;
+    LIST_INSERT_HEAD(&r->conns, c, link);
     r->n_conns++;
     stats.connections++;
     if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || r->n_conns > r->cfg->max_connections) {
@@ -1079,6 +1088,8 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         return NULL;
     }
     struct rpc_server *r = xcalloc(1, sizeof(*r));
+    LIST_INIT(&r->conns);
+    SLIST_INIT(&r->flush);
     r->loop = loop;
     r->cfg = cfg;
     r->svc = svc;
@@ -1129,7 +1140,8 @@ void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
     /* Requests taken get their answers; frames still waiting for the in-flight cap
      * (c->backlog) get none, as bytes not read yet: the peer sees the close and retries
      * elsewhere with the same key and attempt id. */
-    for (struct conn *c = r->conns; c != NULL; c = c->next) {
+    struct conn *c;
+    LIST_FOREACH (c, &r->conns, link) {
         connDrain(c);
     }
     serverMaybeFree(r); /* closes the sweep at once when no connection is left */

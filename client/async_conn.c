@@ -1,0 +1,625 @@
+/* async_conn.c: the connection of libidem's asynchronous client (async.c): connect (a
+ * numeric address at once, a name after uv_getaddrinfo), TLS on memory BIOs, writes,
+ * reads, frames, and what each answer does to its request and to the connection (see
+ * async.c for the failure modes). One connection at a time, a->conn; a dropped one is
+ * closed, its requests wait again, and a reconnect is scheduled.
+ *
+ * A connection goes CONNECTING -> (TLS: HANDSHAKING ->) UP -> CLOSING (enum aconnState);
+ * requests are written only while it is UP. Its memory is freed once both its TCP handle
+ * closed and its resolution (if any) called back. */
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/x509.h>
+#include <uv.h>
+
+#include "frame.h"
+#include "internal.h"
+
+/* ---- addresses ------------------------------------------------------------------------- */
+
+/* Whether the node's host is a numeric address; fills *ss when it is. */
+static bool numericNode(const struct idem_node *n, struct sockaddr_storage *ss)
+{
+    int port = atoi(n->port);
+    return uv_ip4_addr(n->host, port, (struct sockaddr_in *)ss) == 0 ||
+           uv_ip6_addr(n->host, port, (struct sockaddr_in6 *)ss) == 0;
+}
+
+static size_t nodeFindOrAdd(struct idem_async *a, const char *addr)
+{
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        if (strcmp(a->nodes[i].addr, addr) == 0) {
+            return i;
+        }
+    }
+    if (a->n_nodes == IDEM_NODES_MAX) {
+        return IDEM_NODES_MAX;
+    }
+    char why[128];
+    if (IdemNodeInit(&a->nodes[a->n_nodes], addr, strlen(addr), why, sizeof why) != IDEM_OK) {
+        return IDEM_NODES_MAX;
+    }
+    return a->n_nodes++;
+}
+
+static void writeCb(uv_write_t *w, int status)
+{
+    struct awrite *wr = (struct awrite *)w;
+    struct aconn *conn = wr->conn;
+    OPENSSL_cleanse(wr->data, wr->len); /* a request frame carries the token */
+    free(wr);
+    assert(conn->writes > 0);
+    conn->writes--;
+    if (conn->state == ACONN_CLOSING || conn->a->conn != conn) {
+        return;
+    }
+    struct idem_async *a = conn->a;
+    if (status < 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+                 uv_strerror(status));
+        IdemAsyncConnFail(conn);
+    } else if (conn->writes == 0) {
+        IdemAsyncFlush(a); /* what was submitted meanwhile */
+    }
+}
+
+/* Hands `wr` (taken) to the socket. When nothing is queued before it, it is sent at once
+ * with send(MSG_NOSIGNAL); what the socket does not take then (or all of it, behind a
+ * queued write) goes to libuv's queue, written as the socket drains. libuv writes with
+ * write(2), and a write to a connection the node has closed raises SIGPIPE (EPIPE, once
+ * its reset came back), which kills a program that does not ignore it: in the loop libuv
+ * reads a connection's end before it writes to it again, but a write from a callback or a
+ * submit would come before that read. On failure drops the connection and returns
+ * W_FAILED. */
+enum writeResult IdemAsyncConnWrite(struct aconn *conn, struct awrite *wr)
+{
+    struct idem_async *a = conn->a;
+    wr->conn = conn;
+    size_t off = 0;
+    int rv = 0;
+    uv_os_fd_t fd;
+    if (conn->writes == 0 && uv_fileno((uv_handle_t *)&conn->tcp, &fd) == 0) {
+        while (off < wr->len) {
+            ssize_t n = send(fd, wr->data + off, wr->len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                off += (size_t)n;
+                continue;
+            }
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                break; /* the rest goes to libuv's queue */
+            }
+            rv = n < 0 ? -errno : UV_EIO; /* 0 of a non-empty write: not a TCP socket's answer */
+            break;
+        }
+        if (rv == 0 && off == wr->len) {
+            OPENSSL_cleanse(wr->data, wr->len); /* a request frame carries the token */
+            free(wr);
+            return W_SENT;
+        }
+    }
+    if (rv == 0) {
+        uv_buf_t buf = uv_buf_init((char *)wr->data + off, (unsigned)(wr->len - off));
+        rv = uv_write(&wr->w, (uv_stream_t *)&conn->tcp, &buf, 1, writeCb);
+    }
+    if (rv != 0) {
+        OPENSSL_cleanse(wr->data, wr->len);
+        free(wr);
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+                 uv_strerror(rv));
+        IdemAsyncConnFail(conn);
+        return W_FAILED;
+    }
+    conn->writes++;
+    return W_QUEUED;
+}
+
+/* TLS: writes whatever the session has produced (handshake messages, records) to the
+ * socket. Returns false when the connection was dropped. */
+bool IdemAsyncTlsFlushOut(struct aconn *conn)
+{
+    size_t n = BIO_ctrl_pending(conn->wbio);
+    if (n == 0) {
+        return true;
+    }
+    struct awrite *wr = malloc(sizeof *wr + n);
+    if (wr == NULL) {
+        struct idem_async *a = conn->a;
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing to %s",
+                 a->nodes[conn->node].addr);
+        IdemAsyncConnFail(conn);
+        return false;
+    }
+    int got = BIO_read(conn->wbio, wr->data, (int)n);
+    wr->len = got > 0 ? (size_t)got : 0;
+    return IdemAsyncConnWrite(conn, wr) != W_FAILED;
+}
+
+/* ---- the connection -------------------------------------------------------------------- */
+
+static void connFree(struct aconn *conn)
+{
+    SSL_free(conn->ssl); /* frees rbio and wbio */
+    free(conn->cbuf);
+    free(conn->rbuf);
+    free(conn);
+}
+
+static void connClosedCb(uv_handle_t *h)
+{
+    struct aconn *conn = h->data;
+    struct idem_async *a = conn->a;
+    assert(conn->state == ACONN_CLOSING && !conn->tcp_closed);
+    conn->tcp_closed = true;
+    if (!conn->resolving) {
+        connFree(conn);
+    }
+    a->handles--;
+    IdemAsyncMaybeFinish(a);
+}
+
+void IdemAsyncConnClose(struct aconn *conn)
+{
+    if (conn->state == ACONN_CLOSING) {
+        return;
+    }
+    conn->state = ACONN_CLOSING;
+    if (conn->resolving) {
+        (void)uv_cancel((uv_req_t *)&conn->gai); /* its callback runs either way */
+    }
+    uv_close((uv_handle_t *)&conn->tcp, connClosedCb);
+}
+
+static void reconnectCb(uv_timer_t *t)
+{
+    struct idem_async *a = t->data;
+    a->reconnect_armed = false;
+    if (!a->closing && a->conn == NULL && !TAILQ_EMPTY(&a->reqs)) {
+        IdemAsyncConnStart(a);
+    }
+}
+
+void IdemAsyncConnDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay)
+{
+    if (a->errmsg[0] != '\0') {
+        IdemWordsNote(&a->words, conn->node, a->errmsg); /* what made it drop this one */
+    }
+    if (a->conn == conn) {
+        a->conn = NULL;
+    }
+    struct areq *r;
+    TAILQ_FOREACH (r, &a->reqs, link) {
+        if (r->state == AREQ_SENT && r->sent_on == conn) {
+            r->state = AREQ_WAITING;
+            r->sent_on = NULL;
+        }
+    }
+    IdemAsyncConnClose(conn);
+    if (a->closing) {
+        return;
+    }
+    a->current = next < a->n_nodes ? next : 0;
+    if (a->current < a->n_seeds) {
+        a->next_seed = (a->current + 1) % a->n_seeds;
+    }
+    if (!TAILQ_EMPTY(&a->reqs) && !a->reconnect_armed) {
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, delay, 0);
+    }
+}
+
+void IdemAsyncConnFail(struct aconn *conn)
+{
+    struct idem_async *a = conn->a;
+    IdemAsyncConnDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
+}
+
+#define READ_CHUNK 65536
+
+static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct aconn *conn = h->data;
+    (void)suggested;
+    if (conn->cbuf != NULL) {
+        *buf = uv_buf_init((char *)conn->cbuf, READ_CHUNK);
+        return;
+    }
+    size_t want = conn->rlen + READ_CHUNK;
+    if (want > conn->rcap) {
+        uint8_t *p = realloc(conn->rbuf, want);
+        if (p == NULL) {
+            *buf = uv_buf_init(NULL, 0); /* libuv reports UV_ENOBUFS */
+            return;
+        }
+        conn->rbuf = p;
+        conn->rcap = want;
+    }
+    *buf = uv_buf_init((char *)conn->rbuf + conn->rlen, (unsigned)(conn->rcap - conn->rlen));
+}
+
+/* Drops the connection after a TLS failure, saying what failed. */
+static void tlsFail(struct aconn *conn, const char *what)
+{
+    struct idem_async *a = conn->a;
+    char ebuf[256];
+    long vr = conn->ssl != NULL ? SSL_get_verify_result(conn->ssl) : X509_V_OK;
+    if (vr != X509_V_OK) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls: certificate verification failed: %s",
+                 a->nodes[conn->node].addr, X509_verify_cert_error_string(vr));
+    } else {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr, what,
+                 IdemTlsError(ebuf, sizeof ebuf));
+    }
+    IdemAsyncConnFail(conn);
+}
+
+/* Advances the handshake; once done, the connection is up and waiting requests are
+ * written. Returns false when the connection was dropped. */
+static bool tlsHandshakeStep(struct aconn *conn)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(conn->ssl);
+    if (r == 1) {
+        if (!IdemAsyncTlsFlushOut(conn)) {
+            return false;
+        }
+        assert(conn->state == ACONN_HANDSHAKING);
+        conn->state = ACONN_UP;
+        IdemAsyncFlush(conn->a);
+        return conn->state != ACONN_CLOSING;
+    }
+    int e = SSL_get_error(conn->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        return IdemAsyncTlsFlushOut(conn);
+    }
+    tlsFail(conn, "tls handshake");
+    return false;
+}
+
+/* TLS: feeds `n` ciphertext bytes to the session and appends the plaintext to conn->rbuf.
+ * Returns false when the connection was dropped. */
+static bool tlsRead(struct aconn *conn, size_t n)
+{
+    struct idem_async *a = conn->a;
+    if (BIO_write(conn->rbio, conn->cbuf, (int)n) != (int)n) {
+        tlsFail(conn, "tls read");
+        return false;
+    }
+    if (conn->state == ACONN_HANDSHAKING) {
+        if (!tlsHandshakeStep(conn)) {
+            return false;
+        }
+        if (conn->state != ACONN_UP) {
+            return true; /* more handshake to come */
+        }
+    }
+    assert(conn->state == ACONN_UP);
+    for (;;) {
+        if (conn->rcap - conn->rlen < 16384) {
+            uint8_t *p = realloc(conn->rbuf, conn->rcap + READ_CHUNK);
+            if (p == NULL) {
+                IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory reading");
+                IdemAsyncConnFail(conn);
+                return false;
+            }
+            conn->rbuf = p;
+            conn->rcap += READ_CHUNK;
+        }
+        size_t got = 0;
+        ERR_clear_error();
+        int ok = SSL_read_ex(conn->ssl, conn->rbuf + conn->rlen, conn->rcap - conn->rlen, &got);
+        if (ok == 1) {
+            conn->rlen += got;
+            continue;
+        }
+        int e = SSL_get_error(conn->ssl, ok);
+        if (e == SSL_ERROR_WANT_READ) {
+            break;
+        }
+        if (e == SSL_ERROR_ZERO_RETURN) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connection closed by the node",
+                     a->nodes[conn->node].addr);
+            IdemAsyncConnFail(conn);
+            return false;
+        }
+        tlsFail(conn, "tls read");
+        return false;
+    }
+    return IdemAsyncTlsFlushOut(conn); /* e.g. answers to post-handshake messages */
+}
+
+static struct areq *findSent(struct idem_async *a, struct aconn *conn, uint64_t id)
+{
+    struct areq *r;
+    TAILQ_FOREACH (r, &a->reqs, link) {
+        if (r->id == id) {
+            return r->state == AREQ_SENT && r->sent_on == conn ? r : NULL;
+        }
+    }
+    return NULL;
+}
+
+/* Handles one answer. Returns false when the connection was dropped. */
+static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Response *m)
+{
+    const char *addr = a->nodes[conn->node].addr;
+    if (m->request_id == 0) {
+        /* The node could not read one of our frames and closes the connection. */
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: refused a request frame: %.200s", addr,
+                 m->error ? m->error : "");
+        idem__response__free_unpacked(m, NULL);
+        IdemAsyncConnFail(conn);
+        return false;
+    }
+    struct areq *r = findSent(a, conn, m->request_id);
+    if (r == NULL) {
+        idem__response__free_unpacked(m, NULL); /* its deadline passed; dropped */
+        return true;
+    }
+    Idem__Outcome outcome = idem_response_outcome(m);
+    if (IdemFrameTooLarge(m)) {
+        /* Definite: the node skipped this frame unread; sending it again cannot help. The
+         * connection stays usable for the others. */
+        idem__response__free_unpacked(m, NULL);
+        IdemAsyncReqFail(r, IDEM_ETOOBIG, "the request is larger than the node's max_frame_bytes");
+        return conn->state != ACONN_CLOSING;
+    }
+    uint64_t busy = outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && m->result != NULL
+                        ? m->result->retry_after_ms
+                        : 0;
+    if (busy > 0) {
+        /* The node leads and refused this request for load (its pending budget, or the
+         * tenant's share of it): this request alone goes to it again after that long at
+         * least (the backoff, growing as after a failure, when longer); the connection and
+         * the others go on. Another node would only send it back. */
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: unavailable%s%.200s", addr,
+                 m->error && m->error[0] ? ": " : "", m->error ? m->error : "");
+        IdemWordsNote(&a->words, conn->node, a->errmsg);
+        /* The request's own last word: a->errmsg is cleared by the next answer that is
+         * not a refusal, whoever it is for. */
+        free(r->refusal);
+        r->refusal = strdup(a->errmsg); /* NULL when out of memory: the shared text then */
+        idem__response__free_unpacked(m, NULL);
+        uint64_t now = uv_now(a->loop);
+        uint64_t wait = IdemBackoffNext(&a->backoff, &a->rng);
+        wait = wait > busy ? wait : busy;
+        uint64_t left = r->deadline > now ? r->deadline - now : 0;
+        r->state = AREQ_DELAYED;
+        r->sent_on = NULL;
+        r->retry_at = now + (wait < left ? wait : left); /* a node's 2^64-1 cannot wrap */
+        IdemAsyncRetryArm(a, r->retry_at);
+        return conn->state != ACONN_CLOSING;
+    }
+    if (outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER ||
+        outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE) {
+        size_t to = IDEM_NODES_MAX;
+        if (outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER && m->leader_rpc_address != NULL &&
+            m->leader_rpc_address[0] != '\0' && strcmp(m->leader_rpc_address, addr) != 0) {
+            to = nodeFindOrAdd(a, m->leader_rpc_address);
+        }
+        if (to < IDEM_NODES_MAX) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: not the leader; redirected to %s", addr,
+                     a->nodes[to].addr);
+            uint64_t delay =
+                a->redirects++ < IDEM_REDIRECTS_FREE ? 0 : IdemBackoffNext(&a->backoff, &a->rng);
+            idem__response__free_unpacked(m, NULL);
+            IdemAsyncConnDrop(a, conn, to, delay);
+        } else {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s%s%.200s", addr,
+                     outcome == IDEM__OUTCOME__OUTCOME_UNAVAILABLE ? "unavailable"
+                                                                   : "not the leader",
+                     m->error && m->error[0] ? ": " : "", m->error ? m->error : "");
+            idem__response__free_unpacked(m, NULL);
+            IdemAsyncConnFail(conn);
+        }
+        return false;
+    }
+    a->backoff = IDEM_BACKOFF_MIN_MS;
+    a->redirects = 0;
+    a->errmsg[0] = '\0'; /* a leader answered: earlier failures are history */
+    a->words.n = 0;
+    struct idem_result res;
+    int rv = IdemResultFill(&res, m);
+    IdemAsyncReqFinish(r, rv, &res);
+    return conn->state != ACONN_CLOSING;
+}
+
+static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    struct aconn *conn = s->data;
+    struct idem_async *a = conn->a;
+    if (conn->state == ACONN_CLOSING || a->conn != conn) {
+        return;
+    }
+    if (nread < 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s", a->nodes[conn->node].addr,
+                 nread == UV_EOF ? "connection closed by the node" : uv_strerror((int)nread));
+        IdemAsyncConnFail(conn);
+        return;
+    }
+    if (nread > 0) {
+        conn->quiet_since = uv_now(a->loop);
+    }
+    if (conn->ssl != NULL) {
+        if (!tlsRead(conn, (size_t)nread)) {
+            return;
+        }
+    } else {
+        conn->rlen += (size_t)nread;
+    }
+    assert(conn->rlen <= conn->rcap);
+    size_t off = 0;
+    while (conn->state != ACONN_CLOSING) {
+        assert(off <= conn->rlen);
+        const uint8_t *p = conn->rbuf + off;
+        uint32_t len = 0;
+        enum frame_status fs = frame_check(p, conn->rlen - off, IDEM_MAX_FRAME, &len);
+        if (fs == FRAME_SHORT || fs == FRAME_PARTIAL) {
+            break;
+        }
+        if (fs == FRAME_TOO_LARGE) {
+            IdemFrameTooLargeWhy(a->errmsg, sizeof a->errmsg, a->nodes[conn->node].addr, p, len);
+            IdemAsyncConnFail(conn);
+            return;
+        }
+        Idem__Response *m = idem__response__unpack(NULL, len, p + FRAME_HEADER_LEN);
+        off += FRAME_HEADER_LEN + (size_t)len;
+        if (m == NULL) {
+            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: a %u-byte response does not decode",
+                     a->nodes[conn->node].addr, len);
+            IdemAsyncConnFail(conn);
+            return;
+        }
+        if (!handleAnswer(a, conn, m)) {
+            return;
+        }
+    }
+    if (conn->state == ACONN_CLOSING) {
+        return;
+    }
+    memmove(conn->rbuf, conn->rbuf + off, conn->rlen - off);
+    conn->rlen -= off;
+}
+
+/* TLS: a session on memory BIOs for `conn`, verifying the server's name. */
+static bool tlsSetup(struct aconn *conn)
+{
+    struct idem_async *a = conn->a;
+    conn->cbuf = malloc(READ_CHUNK);
+    conn->ssl = SSL_new(a->tls);
+    if (conn->cbuf == NULL || conn->ssl == NULL) {
+        return false;
+    }
+    conn->rbio = BIO_new(BIO_s_mem());
+    conn->wbio = BIO_new(BIO_s_mem());
+    if (conn->rbio == NULL || conn->wbio == NULL) {
+        BIO_free(conn->rbio);
+        BIO_free(conn->wbio);
+        conn->rbio = conn->wbio = NULL;
+        return false;
+    }
+    SSL_set_bio(conn->ssl, conn->rbio, conn->wbio); /* the session owns both now */
+    SSL_set_connect_state(conn->ssl);
+    return IdemTlsSetPeer(conn->ssl,
+                          a->tls_server_name ? a->tls_server_name : a->nodes[conn->node].host);
+}
+
+static void connectCb(uv_connect_t *req, int status)
+{
+    struct aconn *conn = req->data;
+    struct idem_async *a = conn->a;
+    if (conn->state == ACONN_CLOSING || a->conn != conn) {
+        return;
+    }
+    const char *addr = a->nodes[conn->node].addr;
+    int rv = status;
+    if (rv == 0 && a->tls != NULL && !tlsSetup(conn)) {
+        tlsFail(conn, "tls setup");
+        return;
+    }
+    if (rv == 0) {
+        rv = uv_read_start((uv_stream_t *)&conn->tcp, allocCb, readCb);
+    }
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connect: %s", addr, uv_strerror(rv));
+        IdemAsyncConnFail(conn);
+        return;
+    }
+    (void)uv_tcp_nodelay(&conn->tcp, 1);
+    assert(conn->state == ACONN_CONNECTING);
+    if (conn->ssl != NULL) {
+        conn->state = ACONN_HANDSHAKING;
+        (void)tlsHandshakeStep(conn); /* the ClientHello; up once the server answered */
+        return;
+    }
+    conn->state = ACONN_UP;
+    IdemAsyncFlush(a);
+}
+
+static void gaiCb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct aconn *conn = req->data;
+    struct idem_async *a = conn->a;
+    conn->resolving = false;
+    a->handles--;
+    if (conn->state == ACONN_CLOSING) {
+        uv_freeaddrinfo(res);
+        if (conn->tcp_closed) {
+            connFree(conn);
+        }
+        IdemAsyncMaybeFinish(a);
+        return;
+    }
+    int rv = status < 0 ? status : (res == NULL ? UV_EAI_NONAME : 0);
+    if (rv == 0) {
+        rv = uv_tcp_connect(&conn->connect_req, &conn->tcp, res->ai_addr, connectCb);
+    }
+    uv_freeaddrinfo(res);
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr,
+                 status < 0 ? "resolve" : "connect", uv_strerror(rv));
+        IdemAsyncConnFail(conn);
+    }
+}
+
+/* Opens a connection to a->current: at once for a numeric address, after resolving a
+ * name otherwise. */
+void IdemAsyncConnStart(struct idem_async *a)
+{
+    struct aconn *conn = calloc(1, sizeof *conn);
+    if (conn == NULL) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory opening a connection");
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
+        return;
+    }
+    conn->a = a;
+    conn->node = a->current;
+    conn->quiet_since = uv_now(a->loop);
+    if (uv_tcp_init(a->loop, &conn->tcp) != 0) {
+        free(conn);
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
+        return;
+    }
+    conn->tcp.data = conn;
+    conn->connect_req.data = conn;
+    conn->gai.data = conn;
+    a->handles++;
+    a->conn = conn;
+    const struct idem_node *n = &a->nodes[conn->node];
+    struct sockaddr_storage ss;
+    int rv;
+    const char *what = "connect";
+    if (numericNode(n, &ss)) {
+        rv =
+            uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss, connectCb);
+    } else {
+        struct addrinfo hints;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        what = "resolve";
+        rv = uv_getaddrinfo(a->loop, &conn->gai, gaiCb, n->host, n->port, &hints);
+        if (rv == 0) {
+            conn->resolving = true;
+            a->handles++;
+        }
+    }
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", n->addr, what, uv_strerror(rv));
+        IdemAsyncConnFail(conn);
+    }
+}
