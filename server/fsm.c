@@ -169,9 +169,18 @@ static bool tenantValid(const char *tenant)
     return n > 0 && n <= FSM_TENANT_MAX;
 }
 
-static bool keyValid(const ProtobufCBinaryData *key)
+/* How a key is judged: key.c's rule with a length bound, KEY_MAX_LEN at apply, a tenant's
+ * key_max_len (no more) before the log; `rc` keeps the verdict (fsm_command_check). */
+struct keyRule {
+    size_t max_len;
+    int rc;
+};
+#define KEY_RULE_APPLY ((struct keyRule){KEY_MAX_LEN, KEY_OK})
+
+static bool keyValid(struct keyRule *kr, const ProtobufCBinaryData *key)
 {
-    return key_validate(key->data, key->len, KEY_MAX_LEN) == KEY_OK;
+    kr->rc = key_validate(key->data, key->len, kr->max_len);
+    return kr->rc == KEY_OK;
 }
 
 static bool completionValid(Idem__Completion c)
@@ -323,12 +332,12 @@ static void grantLease(struct rec *r, uint64_t index, uint64_t now, const Idem__
 }
 
 /* The checks of a claim that need no state (fsm_command_check). NULL when it passes. */
-static const char *claimCheck(const Idem__ClaimCmd *c)
+static const char *claimCheck(const Idem__ClaimCmd *c, struct keyRule *kr)
 {
     if (!tenantValid(c->tenant)) {
         return "claim: tenant missing or too long";
     }
-    if (!keyValid(&c->key)) {
+    if (!keyValid(kr, &c->key)) {
         return "claim: key missing or invalid";
     }
     if (c->fingerprint.len != FSM_FINGERPRINT_LEN) {
@@ -442,7 +451,8 @@ static Idem__Outcome claimHeld(struct fsm *f, uint64_t index, struct rec *r,
 static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
                                 const Idem__ClaimCmd *c, struct fsm_result *out)
 {
-    const char *bad = claimCheck(c);
+    struct keyRule kr = KEY_RULE_APPLY;
+    const char *bad = claimCheck(c, &kr);
     if (bad != NULL) {
         return invalid(out, bad);
     }
@@ -509,10 +519,10 @@ static struct rec *heldRecord(struct fsm *f, const char *bad, uint64_t now_cmd,
     return r;
 }
 
-static const char *completeCheck(const Idem__CompleteCmd *c)
+static const char *completeCheck(const Idem__CompleteCmd *c, struct keyRule *kr)
 {
     const char *why = NULL;
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+    if (!tenantValid(c->tenant) || !keyValid(kr, &c->key)) {
         return "complete: tenant or key missing or invalid";
     }
     if (!completionValid(c->outcome)) {
@@ -530,7 +540,8 @@ static const char *completeCheck(const Idem__CompleteCmd *c)
 static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__CompleteCmd *c,
                                    struct fsm_result *out)
 {
-    struct rec *r = heldRecord(f, completeCheck(c), now_cmd, c->tenant, &c->key, c->token, out);
+    struct keyRule kr = KEY_RULE_APPLY;
+    struct rec *r = heldRecord(f, completeCheck(c, &kr), now_cmd, c->tenant, &c->key, c->token, out);
     if (r == NULL) {
         return out->outcome;
     }
@@ -574,7 +585,8 @@ static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__
 static Idem__Outcome applyRelease(struct fsm *f, uint64_t now_cmd, const Idem__ReleaseCmd *c,
                                   struct fsm_result *out)
 {
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+    struct keyRule kr = KEY_RULE_APPLY;
+    if (!tenantValid(c->tenant) || !keyValid(&kr, &c->key)) {
         return invalid(out, "release: tenant or key missing or invalid");
     }
     advanceClock(f, now_cmd);
@@ -612,9 +624,9 @@ static Idem__Outcome applyRelease(struct fsm *f, uint64_t now_cmd, const Idem__R
     return out->outcome;
 }
 
-static const char *renewCheck(const Idem__RenewCmd *c)
+static const char *renewCheck(const Idem__RenewCmd *c, struct keyRule *kr)
 {
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+    if (!tenantValid(c->tenant) || !keyValid(kr, &c->key)) {
         return "renew: tenant or key missing or invalid";
     }
     if (c->lease_ms == 0) {
@@ -626,7 +638,8 @@ static const char *renewCheck(const Idem__RenewCmd *c)
 static Idem__Outcome applyRenew(struct fsm *f, uint64_t now_cmd, const Idem__RenewCmd *c,
                                 struct fsm_result *out)
 {
-    struct rec *r = heldRecord(f, renewCheck(c), now_cmd, c->tenant, &c->key, c->token, out);
+    struct keyRule kr = KEY_RULE_APPLY;
+    struct rec *r = heldRecord(f, renewCheck(c, &kr), now_cmd, c->tenant, &c->key, c->token, out);
     if (r == NULL) {
         return out->outcome;
     }
@@ -664,7 +677,8 @@ static void recView(const struct fsm *f, const struct rec *r, struct fsm_record_
 static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCmd *c,
                               struct fsm_result *out)
 {
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+    struct keyRule kr = KEY_RULE_APPLY;
+    if (!tenantValid(c->tenant) || !keyValid(&kr, &c->key)) {
         return invalid(out, "get: tenant or key missing or invalid");
     }
     advanceClock(f, now_cmd);
@@ -680,10 +694,10 @@ static Idem__Outcome applyGet(struct fsm *f, uint64_t now_cmd, const Idem__GetCm
     return out->outcome;
 }
 
-static const char *resolveCheck(const Idem__ResolveCmd *c)
+static const char *resolveCheck(const Idem__ResolveCmd *c, struct keyRule *kr)
 {
     const char *why = NULL;
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+    if (!tenantValid(c->tenant) || !keyValid(kr, &c->key)) {
         return "resolve: tenant or key missing or invalid";
     }
     if (c->release == (c->response != NULL)) {
@@ -698,7 +712,8 @@ static const char *resolveCheck(const Idem__ResolveCmd *c)
 static Idem__Outcome applyResolve(struct fsm *f, uint64_t index, uint64_t now_cmd,
                                   const Idem__ResolveCmd *c, struct fsm_result *out)
 {
-    const char *bad = resolveCheck(c);
+    struct keyRule kr = KEY_RULE_APPLY;
+    const char *bad = resolveCheck(c, &kr);
     if (bad != NULL) {
         return invalid(out, bad);
     }
@@ -759,7 +774,8 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t index, uint64_t now_cm
 static Idem__Outcome applyPurge(struct fsm *f, uint64_t now_cmd, const Idem__PurgeCmd *c,
                                 struct fsm_result *out)
 {
-    if (!tenantValid(c->tenant) || !keyValid(&c->key)) {
+    struct keyRule kr = KEY_RULE_APPLY;
+    if (!tenantValid(c->tenant) || !keyValid(&kr, &c->key)) {
         return invalid(out, "purge: tenant or key missing or invalid");
     }
     advanceClock(f, now_cmd);
@@ -952,28 +968,38 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
     return o;
 }
 
-const char *fsm_command_check(const Idem__Command *cmd)
+static const char *commandCheck(const Idem__Command *cmd, struct keyRule *kr)
 {
     switch (cmd->op_case) {
     case IDEM__COMMAND__OP_CLAIM:
-        return claimCheck(cmd->claim);
+        return claimCheck(cmd->claim, kr);
     case IDEM__COMMAND__OP_COMPLETE:
-        return completeCheck(cmd->complete);
+        return completeCheck(cmd->complete, kr);
     case IDEM__COMMAND__OP_RENEW:
-        return renewCheck(cmd->renew);
+        return renewCheck(cmd->renew, kr);
     case IDEM__COMMAND__OP_RESOLVE:
-        return resolveCheck(cmd->resolve);
+        return resolveCheck(cmd->resolve, kr);
     case IDEM__COMMAND__OP_RELEASE:
-        return tenantValid(cmd->release->tenant) && keyValid(&cmd->release->key)
+        return tenantValid(cmd->release->tenant) && keyValid(kr, &cmd->release->key)
                    ? NULL
                    : "release: tenant or key missing or invalid";
     case IDEM__COMMAND__OP_GET:
-        return tenantValid(cmd->get->tenant) && keyValid(&cmd->get->key)
+        return tenantValid(cmd->get->tenant) && keyValid(kr, &cmd->get->key)
                    ? NULL
                    : "get: tenant or key missing or invalid";
     default:
         return NULL;
     }
+}
+
+const char *fsm_command_check(const Idem__Command *cmd, size_t key_max_len, int *key_rc)
+{
+    struct keyRule kr = {key_max_len < KEY_MAX_LEN ? key_max_len : KEY_MAX_LEN, KEY_OK};
+    const char *bad = commandCheck(cmd, &kr);
+    if (key_rc != NULL) {
+        *key_rc = kr.rc;
+    }
+    return bad;
 }
 
 Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_t len,

@@ -131,9 +131,12 @@ Idem__Outcome fsm_apply(struct fsm *f, uint64_t index, const uint8_t *buf, size_
  * no state (field presence and sizes, known enum values, a well-formed response): NULL
  * when `cmd` (borrowed) passes them, else why (a static string, never key bytes), the
  * detail fsm_apply would answer with OUTCOME_INVALID. The service runs them before it
- * proposes, so that a command the state machine would refuse never becomes a log entry.
- * Other ops pass (NULL). */
-const char *fsm_command_check(const Idem__Command *cmd);
+ * proposes, so that a command the state machine would refuse never becomes a log entry:
+ * the one check of a request before the log. The op's key is judged by the rule fsm_apply
+ * applies (key_validate) with the bound key_max_len (a tenant's; at most KEY_MAX_LEN, which
+ * fsm_apply uses), and the verdict goes to *key_rc (KEY_OK when the key passed or was not
+ * reached; key_rc may be NULL). Other ops pass (NULL). */
+const char *fsm_command_check(const Idem__Command *cmd, size_t key_max_len, int *key_rc);
 
 /* A Command with no op is answered invalid and changes nothing (the clock included), like
  * every invalid command; the service proposes one as a read barrier (service_admin.c,

@@ -44,29 +44,19 @@ struct httpHandler {
 
 /* ---- forwarding to the leader ---------------------------------------------------------- */
 
-/* The leader's RPC address when resp is a follower's not_leader that names one, else NULL. */
-const char *gateway_leader_of(const Idem__Response *resp)
+/* The leader's RPC address when this node can forward to it: another node leads, its
+ * address is known and the forwarder is open. NULL otherwise (the local service answers). */
+const char *gateway_forward_target(const struct http_server *h)
 {
-    if (resp->result != NULL && resp->result->outcome == IDEM__OUTCOME__OUTCOME_NOT_LEADER &&
-        resp->leader_rpc_address != NULL && resp->leader_rpc_address[0] != '\0') {
-        return resp->leader_rpc_address;
-    }
-    return NULL;
+    return h->fwd != NULL && !h->stopping ? service_leader_elsewhere(h->svc) : NULL;
 }
 
-/* Sends the packed request (packed, len) once to the leader at addr with the forwarder; cb
- * gets the answer, possibly before this returns. false, and nothing sent, when the bytes do
- * not decode. */
-bool gateway_forward_packed(struct http_server *h, const char *addr, const uint8_t *packed,
-                            size_t len, forward_cb cb, void *data)
+/* Sends rq once to the leader at addr with the forwarder, which packs it (the one encoding
+ * of the request on this node); cb gets the answer, possibly before this returns. */
+void gateway_forward(struct http_server *h, const char *addr, const Idem__Request *rq,
+                     forward_cb cb, void *data)
 {
-    Idem__Request *rq = idem__request__unpack(NULL, len, packed);
-    if (rq == NULL) {
-        return false;
-    }
     forward_call(h->fwd, addr, rq, h->cfg->rpc.default_deadline_ms, cb, data);
-    idem__request__free_unpacked(rq, NULL);
-    return true;
 }
 
 /* The index of the one header `name` (lower case) of req, -1 when there is none, -2 when
@@ -96,27 +86,22 @@ bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
     return true;
 }
 
-/* Checks a key (key_validate with max_len); false when it answered 400: a malformed key, or a
- * missing one unless `missing` is given (then *missing says so, and true). */
-bool gateway_check_key(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                       h2o_iovec_t key, size_t max_len, bool *missing)
+/* The message of a 400 for a key the service refused: NULL unless `detail` (an invalid
+ * answer's) is one of its key codes, idempotency_key_missing or idempotency_key_invalid,
+ * which are then the answer's code. The key itself is judged by the service, before the
+ * log, with the state machine's rule (fsm_command_check), not here. */
+const char *gateway_key_refusal(const char *detail)
 {
-    switch (key_validate((const uint8_t *)key.base, key.len, max_len)) {
-    case KEY_OK:
-        return true;
-    case KEY_MISSING:
-        if (missing != NULL) {
-            *missing = true;
-            return true;
-        }
-        gateway_send_error(h, req, route, rid, 400, "idempotency_key_missing",
-                           "the Idempotency-Key is missing", 0);
-        return false;
-    default:
-        gateway_send_error(h, req, route, rid, 400, "idempotency_key_invalid",
-                           "the idempotency key is malformed", 0);
-        return false;
+    if (detail == NULL) {
+        return NULL;
     }
+    if (strcmp(detail, "idempotency_key_missing") == 0) {
+        return "the Idempotency-Key is missing";
+    }
+    if (strcmp(detail, "idempotency_key_invalid") == 0) {
+        return "the idempotency key is malformed";
+    }
+    return NULL;
 }
 
 /* ---- routes ---------------------------------------------------------------------------- */

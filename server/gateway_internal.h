@@ -173,11 +173,10 @@ void gateway_hex(const uint8_t *p, size_t n, char *out);
 ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len);
 bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
                         h2o_iovec_t rid, h2o_iovec_t *key);
-bool gateway_check_key(struct http_server *h, h2o_req_t *req, enum route route,
-                       h2o_iovec_t rid, h2o_iovec_t key, size_t max_len, bool *missing);
-const char *gateway_leader_of(const Idem__Response *resp);
-bool gateway_forward_packed(struct http_server *h, const char *addr, const uint8_t *packed,
-                            size_t len, forward_cb cb, void *data);
+const char *gateway_key_refusal(const char *detail);
+const char *gateway_forward_target(const struct http_server *h);
+void gateway_forward(struct http_server *h, const char *addr, const Idem__Request *rq,
+                     forward_cb cb, void *data);
 void gateway_maybe_stopped(struct http_server *h);
 
 /* ---- the parts ---- */

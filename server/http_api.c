@@ -32,9 +32,6 @@ struct httpJob {
     h2o_iovec_t rid;    /* into rid_buf: the job may outlive the request's pool */
     char rid_buf[64];   /* requestId(): at most 64 bytes */
     uint64_t start_ns;
-    uint8_t *packed;    /* the packed Idem__Request, for forwarding; owned */
-    size_t packed_len;
-    bool forwarded;
     LIST_ENTRY(httpJob) link; /* in h->jobs */
 };
 
@@ -186,9 +183,8 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
         gateway_send_error(h, req, route, rid, 404, "not_found", "no such key", 0);
         return;
     case IDEM__OUTCOME__OUTCOME_INVALID:
-        if (detail && (strcmp(detail, "idempotency_key_missing") == 0 ||
-                       strcmp(detail, "idempotency_key_invalid") == 0)) {
-            gateway_send_error(h, req, route, rid, 400, detail, "bad idempotency key", 0);
+        if (gateway_key_refusal(detail) != NULL) {
+            gateway_send_error(h, req, route, rid, 400, detail, gateway_key_refusal(detail), 0);
         } else {
             gateway_send_error(h, req, route, rid, 400, "invalid_request", detail, 0);
         }
@@ -231,7 +227,6 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
                            "the leader could not be reached; retry with the same key", 1);
     }
     LIST_REMOVE(j, link);
-    free(j->packed);
     free(j);
     gateway_maybe_stopped(h);
 }
@@ -242,20 +237,15 @@ static void forwardDoneCb(void *data, const Idem__Response *resp, const char *er
 }
 static void serviceDoneCb(void *data, const Idem__Response *resp)
 {
-    struct httpJob *j = data;
-    const char *leader = j->forwarded ? NULL : gateway_leader_of(resp);
-    if (leader != NULL) {
-        j->forwarded = true;
-        /* j may be finished (and freed) inside gateway_forward_packed. */
-        if (!gateway_forward_packed(j->h, leader, j->packed, j->packed_len, forwardDoneCb, j)) {
-            jobFinish(j, NULL, "cannot decode the request again");
-        }
-        return;
-    }
-    jobFinish(j, resp, NULL);
+    jobFinish(data, resp, NULL);
 }
 
-/* Hands rq to the service in a new job; the answer goes to req unless h2o disposes it. */
+/* Starts a job for rq; the answer goes to req unless h2o disposes it. On a follower that
+ * knows the leader, rq goes straight to the leader's RPC (packed once, by the forwarder;
+ * the leader validates it); otherwise the local service answers it: the leader's decision,
+ * or unavailable when no leader is known. (The service answers not_leader only when it
+ * knows a leader, which this check already sent to the forwarder; answerResponse would
+ * map one to 503.) */
 static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                      const Idem__Request *rq)
 {
@@ -266,13 +256,15 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     memcpy(j->rid_buf, rid.base, j->rid.len);
     j->rid.base = j->rid_buf;
     j->start_ns = uv_hrtime();
-    j->packed_len = idem__request__get_packed_size(rq);
-    j->packed = xmalloc(j->packed_len ? j->packed_len : 1);
-    idem__request__pack(rq, j->packed);
     gateway_hold(&j->hold, req);
     LIST_INSERT_HEAD(&h->jobs, j, link);
-    /* j may be finished (and freed) before service_handle returns. */
-    service_handle(h->svc, rq, serviceDoneCb, j);
+    /* j may be finished (and freed) before either call returns. */
+    const char *leader = gateway_forward_target(h);
+    if (leader != NULL) {
+        gateway_forward(h, leader, rq, forwardDoneCb, j);
+    } else {
+        service_handle(h->svc, rq, serviceDoneCb, j);
+    }
 }
 
 /* ---- request parsing ------------------------------------------------------------------- */
@@ -674,9 +666,6 @@ void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2
     }
     h2o_iovec_t key = pathKey;
     if (route == R_CLAIM && !gateway_header_key(h, req, route, rid, &key)) {
-        return;
-    }
-    if (!gateway_check_key(h, req, route, rid, key, t->key_max_len, NULL)) {
         return;
     }
     Idem__Request rq = IDEM__REQUEST__INIT;

@@ -204,9 +204,8 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
         }
         break;
     case IDEM__OUTCOME__OUTCOME_INVALID:
-        if (d && (strcmp(d, "idempotency_key_missing") == 0 ||
-                  strcmp(d, "idempotency_key_invalid") == 0)) {
-            proxy_send_error(j, 400, d, "bad idempotency key", 0);
+        if (gateway_key_refusal(d) != NULL) {
+            proxy_send_error(j, 400, d, gateway_key_refusal(d), 0);
         } else {
             proxy_send_error(j, 400, "invalid_request", d && d[0] ? d : "invalid request", 0);
         }
@@ -416,14 +415,12 @@ void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t
     }
     h2o_iovec_t key = h2o_iovec_init(NULL, 0);
     if (idem) {
-        bool missing = false;
-        size_t max_len = h->cfg->tenants[r->tenant].key_max_len;
-        if (!gateway_header_key(h, req, R_PROXY, rid, &key) ||
-            !gateway_check_key(h, req, R_PROXY, rid, key, max_len,
-                               r->key_required ? NULL : &missing)) {
+        if (!gateway_header_key(h, req, R_PROXY, rid, &key)) {
             return;
         }
-        idem = !missing; /* optional key: pass through without the protocol */
+        /* optional key: pass through without the protocol; a required one that is missing
+         * is refused by the service's claim, which judges every key (400) */
+        idem = key.len > 0 || r->key_required;
     }
     struct proxyJob *j = pjNew(h, req, rid, r, idem, key);
     if (!idem) {

@@ -87,24 +87,15 @@ static void pjForwardDoneCb(void *data, const Idem__Response *resp, const char *
     pjCallDone(j, &r);
 }
 
-/* The local service's answer: a follower's not_leader goes to the leader when this node has
- * a cluster secret. */
+/* The local service's answer. */
 static void pjServiceDoneCb(void *data, const Idem__Response *resp)
 {
-    struct proxyJob *j = data;
-    struct http_server *h = j->h;
-    const char *leader = gateway_leader_of(resp);
-    if (leader != NULL && h->cfg->rpc.cluster_secret.set && !h->stopping && h->fwd != NULL) {
-        /* j may be answered (and finished) inside gateway_forward_packed. */
-        if (!gateway_forward_packed(h, leader, j->call_packed, j->call_len, pjForwardDoneCb, j)) {
-            pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "cannot decode the request again");
-        }
-        return;
-    }
-    pjCallDone(j, resp);
+    pjCallDone(data, resp);
 }
 
-/* Sends the packed call to the local service (again, for a retry). */
+/* Sends the packed call (again, for a retry): to the leader when another node leads and this
+ * node has a cluster secret (the leader accepts as_tenant only with it), else to the local
+ * service, which decides on a leader and answers not_leader or unavailable on a follower. */
 static void pjCallSend(struct proxyJob *j)
 {
     struct http_server *h = j->h;
@@ -118,7 +109,12 @@ static void pjCallSend(struct proxyJob *j)
         return;
     }
     /* j may be answered (and finished) before this returns. */
-    service_handle_as(h->svc, j->tenant->name, rq, pjServiceDoneCb, j);
+    const char *leader = h->cfg->rpc.cluster_secret.set ? gateway_forward_target(h) : NULL;
+    if (leader != NULL) {
+        gateway_forward(h, leader, rq, pjForwardDoneCb, j);
+    } else {
+        service_handle_as(h->svc, j->tenant->name, rq, pjServiceDoneCb, j);
+    }
     idem__request__free_unpacked(rq, NULL);
 }
 

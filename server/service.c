@@ -564,6 +564,16 @@ void service_close(struct service *s, void (*cb)(void *data), void *data)
     cluster_close(s->cluster, clusterClosed, s);
 }
 
+const char *service_leader_elsewhere(const struct service *s)
+{
+    const char *addr = "";
+    if (cluster_is_leader(s->cluster) || cluster_leader(s->cluster, &addr) == 0 ||
+        addr[0] == '\0') {
+        return NULL;
+    }
+    return addr;
+}
+
 void service_get_stats(const struct service *s, struct service_stats *out)
 {
     *out = s->stats;

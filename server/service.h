@@ -47,6 +47,12 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
 void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,
                        service_done_cb cb, void *data);
 
+/* The leader's RPC address when another node leads and its address is known, else NULL
+ * (this node leads, or no leader is known: the service answers those requests itself). A
+ * front end that forwards sends a request there at once instead of asking the service for
+ * a not_leader answer first. Borrowed until the next loop turn. */
+const char *service_leader_elsewhere(const struct service *s);
+
 /* Stops: every request still waiting is answered unavailable, then Raft closes; cb(data)
  * runs once everything is freed. */
 void service_close(struct service *s, void (*cb)(void *data), void *data);

@@ -245,17 +245,20 @@ static bool tenantKnown(const struct service *s, const char *name)
 
 /* The tenant and key an operator names: a known tenant (tenantKnown), a key of docs/contract.md
  * §1's alphabet. Returns NULL or what is wrong (never quoting the key). */
-static const char *adminKeyError(const struct service *s, const char *tenant,
-                                 const ProtobufCBinaryData *key)
+static const char *adminTenantError(const struct service *s, const char *tenant)
 {
     size_t tl = tenant ? strnlen(tenant, FSM_TENANT_MAX + 1) : 0;
     if (tl == 0 || tl > FSM_TENANT_MAX) {
         return "tenant missing or longer than 128 bytes";
     }
-    if (!tenantKnown(s, tenant)) {
-        return UNKNOWN_TENANT;
-    }
-    return service_key_error(key_validate(key->data, key->len, KEY_MAX_LEN));
+    return tenantKnown(s, tenant) ? NULL : UNKNOWN_TENANT;
+}
+
+static const char *adminKeyError(const struct service *s, const char *tenant,
+                                 const ProtobufCBinaryData *key)
+{
+    const char *why = adminTenantError(s, tenant);
+    return why != NULL ? why : service_key_error(key_validate(key->data, key->len, KEY_MAX_LEN));
 }
 
 /* key get, purge and quarantine list (admin token checked by the caller): each one goes
@@ -367,9 +370,11 @@ static void adminResolve(struct service *s, const Idem__Request *req, service_do
     cmd.resolve = &rc_cmd;
     /* As key get and purge check theirs: a bad tenant or key is refused here, not
      * written to the log for the state machine to refuse. */
-    const char *bad = adminKeyError(s, r->tenant, &r->key);
+    const char *bad = adminTenantError(s, r->tenant);
     if (bad == NULL) {
-        bad = fsm_command_check(&cmd);
+        int krc = KEY_OK;
+        bad = fsm_command_check(&cmd, KEY_MAX_LEN, &krc);
+        bad = krc != KEY_OK ? service_key_error(krc) : bad;
     }
     if (bad != NULL) {
         service_answer_invalid(cb, data, req->request_id, bad);

@@ -69,11 +69,10 @@ static Idem__LeasePolicy claimPolicy(const struct config_tenant *t, Idem__LeaseP
 }
 
 /* Builds into d the command a data request of tenant t becomes, with the tenant's defaults
- * and quotas and the leader's clock, and points *key (OUT) at the request's key. Returns
- * NULL, or why the request is invalid (an unknown op, a claim's fingerprint or a complete's
- * response that cannot be right). */
+ * and quotas and the leader's clock. Returns NULL, or why the request is invalid (an
+ * unknown op, a claim's fingerprint or a complete's response that cannot be right). */
 static const char *dataCommand(const struct config_tenant *t, const Idem__Request *req,
-                               struct dataCmd *d, const ProtobufCBinaryData **key)
+                               struct dataCmd *d)
 {
     *d = (struct dataCmd){
         .cmd = IDEM__COMMAND__INIT,
@@ -91,7 +90,6 @@ static const char *dataCommand(const struct config_tenant *t, const Idem__Reques
     const char *why = NULL;
     switch (req->op_case) {
     case IDEM__REQUEST__OP_CLAIM:
-        *key = &req->claim->key;
         d->claim.tenant = tenant;
         d->claim.key = req->claim->key;
         d->claim.fingerprint = req->claim->fingerprint;
@@ -111,7 +109,6 @@ static const char *dataCommand(const struct config_tenant *t, const Idem__Reques
             !fsm_response_check(req->complete->response, &why)) {
             return why;
         }
-        *key = &req->complete->key;
         d->complete.tenant = tenant;
         d->complete.key = req->complete->key;
         d->complete.token = req->complete->token;
@@ -122,7 +119,6 @@ static const char *dataCommand(const struct config_tenant *t, const Idem__Reques
         d->cmd.complete = &d->complete;
         return NULL;
     case IDEM__REQUEST__OP_RELEASE:
-        *key = &req->release->key;
         d->release.tenant = tenant;
         d->release.key = req->release->key;
         d->release.token = req->release->token;
@@ -130,7 +126,6 @@ static const char *dataCommand(const struct config_tenant *t, const Idem__Reques
         d->cmd.release = &d->release;
         return NULL;
     case IDEM__REQUEST__OP_RENEW:
-        *key = &req->renew->key;
         d->renew.tenant = tenant;
         d->renew.key = req->renew->key;
         d->renew.token = req->renew->token;
@@ -139,7 +134,6 @@ static const char *dataCommand(const struct config_tenant *t, const Idem__Reques
         d->cmd.renew = &d->renew;
         return NULL;
     case IDEM__REQUEST__OP_GET:
-        *key = &req->get->key;
         d->get.tenant = tenant;
         d->get.key = req->get->key;
         d->cmd.op_case = IDEM__COMMAND__OP_GET;
@@ -158,13 +152,17 @@ static uint64_t dataLeaseMs(const struct dataCmd *d)
                                                        : 0;
 }
 
-/* The checks of a built data command before it is proposed: NULL, or why it is invalid. */
-static const char *dataCheck(const struct config_tenant *t, const struct dataCmd *d,
-                             const ProtobufCBinaryData *key)
+/* The checks of a built data command before it is proposed: NULL, or why it is invalid.
+ * Its key is judged here once, by the state machine's own check (fsm_command_check) with
+ * the tenant's key_max_len; the state machine judges it again when it applies the entry. */
+static const char *dataCheck(const struct config_tenant *t, const struct dataCmd *d)
 {
-    const char *kerr = service_key_error(key_validate(key->data, key->len, t->key_max_len));
-    if (kerr != NULL) {
-        return kerr;
+    /* Whatever the state machine refuses without looking at its state is refused here,
+     * before it becomes a log entry that every node writes and syncs. */
+    int krc = KEY_OK;
+    const char *bad = fsm_command_check(&d->cmd, t->key_max_len, &krc);
+    if (krc != KEY_OK) {
+        return service_key_error(krc);
     }
     /* A lease or ttl a request asks for is held to the bounds of the tenant's own (a
      * lease of 2^64-1 ms never expired, and kept its record from expiry for good). */
@@ -174,9 +172,7 @@ static const char *dataCheck(const struct config_tenant *t, const struct dataCmd
     if (d->cmd.op_case == IDEM__COMMAND__OP_CLAIM && d->claim.ttl_ms > CONFIG_TTL_MAX_MS) {
         return "ttl_ms above the maximum (31536000000: 365 days)";
     }
-    /* Whatever the state machine refuses without looking at its state is refused here,
-     * before it becomes a log entry that every node writes and syncs. */
-    return fsm_command_check(&d->cmd);
+    return bad;
 }
 
 /* A data op on behalf of tenant t (authenticated by the caller). */
@@ -184,10 +180,9 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
                          const Idem__Request *req, service_done_cb cb, void *data)
 {
     struct dataCmd d;
-    const ProtobufCBinaryData *key = NULL;
-    const char *why = dataCommand(t, req, &d, &key);
+    const char *why = dataCommand(t, req, &d);
     if (why == NULL) {
-        why = dataCheck(t, &d, key);
+        why = dataCheck(t, &d);
     }
     if (why != NULL) {
         service_answer_invalid(cb, data, req->request_id, why);
