@@ -57,6 +57,19 @@ static inline enum frame_status frame_check(const uint8_t *p, size_t have, uint3
     return have - FRAME_HEADER_LEN < *body_len ? FRAME_PARTIAL : FRAME_COMPLETE;
 }
 
+/* Writes v as a protobuf varint at dst (room for FRAME_VARINT_MAX bytes); returns the bytes
+ * written. */
+static inline size_t frame_varint_put(uint8_t *dst, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        uint8_t b = (uint8_t)(v & 0x7f);
+        v >>= 7;
+        dst[n++] = (uint8_t)(b | (v ? 0x80 : 0));
+    } while (v != 0);
+    return n;
+}
+
 /* Writes a protobuf varint field (`key`: field number << 3, wire type 0) with value v at
  * dst (room for 1 + FRAME_VARINT_MAX bytes); returns the bytes written. A field put before
  * a packed message is read as part of it (protobuf lets fields come in any order, and the
@@ -64,14 +77,27 @@ static inline enum frame_status frame_check(const uint8_t *p, size_t have, uint3
  * deadline to a body packed once. */
 static inline size_t frame_varint_field_put(uint8_t *dst, uint8_t key, uint64_t v)
 {
-    size_t n = 0;
-    dst[n++] = key;
-    do {
-        uint8_t b = (uint8_t)(v & 0x7f);
-        v >>= 7;
-        dst[n++] = (uint8_t)(b | (v ? 0x80 : 0));
-    } while (v != 0);
-    return n;
+    dst[0] = key;
+    return 1 + frame_varint_put(dst + 1, v);
+}
+
+/* Reads a protobuf varint from the first len bytes at p into *v, its size into *used.
+ * 1: read; -1: the bytes end inside it (wait for more); 0: longer than 64 bits. */
+static inline int frame_varint_get(const uint8_t *p, size_t len, uint64_t *v, size_t *used)
+{
+    uint64_t x = 0;
+    for (size_t i = 0; i < FRAME_VARINT_MAX; i++) {
+        if (i >= len) {
+            return -1;
+        }
+        x |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+        if ((p[i] & 0x80) == 0) {
+            *v = x;
+            *used = i + 1;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* The keys of Request's leading fields, as frame_varint_field_put() takes them. */
@@ -97,18 +123,12 @@ static inline int frame_peek_request_id(const uint8_t *p, size_t len, uint64_t *
             return 0;
         }
         uint64_t v = 0;
-        int ended = 0;
-        for (unsigned shift = 0; shift < 64 && !ended; shift += 7) {
-            if (i >= len) {
-                return -1;
-            }
-            uint8_t b = p[i++];
-            v |= (uint64_t)(b & 0x7f) << shift;
-            ended = (b & 0x80) == 0;
+        size_t used = 0;
+        int rc = frame_varint_get(p + i, len - i, &v, &used);
+        if (rc != 1) {
+            return rc;
         }
-        if (!ended) {
-            return 0;
-        }
+        i += used;
         if (key == FRAME_KEY_REQUEST_ID) {
             *id = v;
             return v != 0 ? 1 : 0;

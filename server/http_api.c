@@ -149,14 +149,20 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
         json_object_set_new(o, "previous_token", json_integer((json_int_t)res->previous_token));
         gateway_send_json(h, req, route, rid, 200, o, NULL, 0);
         return;
-    case IDEM__OUTCOME__OUTCOME_REPLAY:
-        if (res->response != NULL) {
-            sendReplay(h, req, route, rid, res->response);
+    case IDEM__OUTCOME__OUTCOME_REPLAY: {
+        Idem__StoredResponse *owned;
+        const Idem__StoredResponse *stored = service_stored_response(res, &owned);
+        if (stored != NULL) {
+            sendReplay(h, req, route, rid, stored);
         } else {
             gateway_send_error(h, req, route, rid, 500, "internal",
                                "replay without a stored response", 0);
         }
+        if (owned != NULL) {
+            idem__stored_response__free_unpacked(owned, NULL);
+        }
         return;
+    }
     case IDEM__OUTCOME__OUTCOME_OK:
         if (route == R_GET) {
             if (res->record == NULL ||

@@ -196,13 +196,19 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
         j->token = res->token;
         proxy_upstream_start(j);
         return;
-    case IDEM__OUTCOME__OUTCOME_REPLAY:
-        if (res->response != NULL) {
-            pjSendReplay(j, res->response);
+    case IDEM__OUTCOME__OUTCOME_REPLAY: {
+        Idem__StoredResponse *owned;
+        const Idem__StoredResponse *stored = service_stored_response(res, &owned);
+        if (stored != NULL) {
+            pjSendReplay(j, stored);
         } else {
             proxy_send_error(j, 500, "internal", "replay without a stored response", 0);
         }
+        if (owned != NULL) {
+            idem__stored_response__free_unpacked(owned, NULL);
+        }
         break;
+    }
     case IDEM__OUTCOME__OUTCOME_INVALID:
         if (gateway_key_refusal(d) != NULL) {
             proxy_send_error(j, 400, d, gateway_key_refusal(d), 0);

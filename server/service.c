@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "fingerprint.h"
+#include "frame.h"
 #include "log.h"
 #include "prefault_thread.h"
 #include "xmalloc.h"
@@ -136,10 +137,27 @@ void service_record_from_view(const struct fsm_record_view *v, Idem__Record *rec
     rec->completion = v->completion;
 }
 
-/* Fills an Idem__Result from the state machine's result. Nested messages it needs are
- * unpacked into *resp_out / *rec_out (freed by the caller). */
+/* A replay's stored response on its way out: field 8 of Result as protobuf-c's unknown
+ * fields carry a length-delimited one, its length (a varint) then its bytes. */
+struct storedWire {
+    ProtobufCMessageUnknownField field;
+    uint8_t *heap; /* the bytes when they do not fit `small`; freed by storedWireFree */
+    uint8_t small[1024];
+};
+
+static void storedWireFree(struct storedWire *w)
+{
+    free(w->heap);
+}
+
+/* Fills an Idem__Result from the state machine's result; rec and stored are its caller's
+ * storage for the nested parts (stored freed with storedWireFree). A replay's stored
+ * response is not decoded: the bytes the table keeps (a packed StoredResponse) go out as
+ * field 8 (`response`) through protobuf-c's unknown fields, which it packs as they are; the
+ * client decodes them as the message. In this process, service_stored_response() decodes
+ * them for the gateway. */
 static void resultToProto(const struct fsm_result *r, Idem__Result *out,
-                          Idem__StoredResponse **resp_out, Idem__Record *rec)
+                          struct storedWire *stored, Idem__Record *rec)
 {
     out->outcome = r->outcome;
     out->token = r->token;
@@ -152,10 +170,20 @@ static void resultToProto(const struct fsm_result *r, Idem__Result *out,
     out->dropped = r->dropped;
     out->more = r->more;
     out->detail = (char *)(r->detail ? r->detail : "");
-    *resp_out = NULL;
+    stored->heap = NULL;
     if (r->response != NULL) {
-        *resp_out = idem__stored_response__unpack(NULL, r->response_len, r->response);
-        out->response = *resp_out;
+        size_t need = FRAME_VARINT_MAX + r->response_len;
+        uint8_t *p = need <= sizeof(stored->small) ? stored->small : (stored->heap = xmalloc(need));
+        size_t n = frame_varint_put(p, r->response_len);
+        memcpy(p + n, r->response, r->response_len);
+        stored->field = (ProtobufCMessageUnknownField){
+            .tag = SERVICE_RESULT_RESPONSE_FIELD,
+            .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+            .len = n + r->response_len,
+            .data = p,
+        };
+        out->base.n_unknown_fields = 1;
+        out->base.unknown_fields = &stored->field;
     }
     if (r->has_record) {
         service_record_from_view(&r->record, rec);
@@ -192,7 +220,7 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         o->answered = true;
         Idem__Result res = IDEM__RESULT__INIT;
         Idem__Record rec = IDEM__RECORD__INIT;
-        Idem__StoredResponse *stored = NULL;
+        struct storedWire stored;
         resultToProto(&r, &res, &stored, &rec);
         if (o->lease_ms > 0 && (r.outcome == IDEM__OUTCOME__OUTCOME_ACQUIRED ||
                                 r.outcome == IDEM__OUTCOME__OUTCOME_OK)) {
@@ -219,9 +247,7 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
             resp.records = &arp;
         }
         o->cb(o->data, &resp);
-        if (stored != NULL) {
-            idem__stored_response__free_unpacked(stored, NULL);
-        }
+        storedWireFree(&stored);
     }
     opStopTimer(o);
     opMaybeFree(o);
@@ -438,6 +464,14 @@ static void expiryArm(struct service *s, uint64_t delay_ms)
 struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
                             size_t errlen)
 {
+    const ProtobufCFieldDescriptor *rf =
+        protobuf_c_message_descriptor_get_field(&idem__result__descriptor,
+                                                SERVICE_RESULT_RESPONSE_FIELD);
+    if (rf == NULL || rf->descriptor != &idem__stored_response__descriptor) {
+        snprintf(err, errlen, "built with a Result.response that is not field %d",
+                 SERVICE_RESULT_RESPONSE_FIELD);
+        return NULL;
+    }
     struct service *s = xcalloc(1, sizeof(*s));
     s->loop = loop;
     s->cfg = cfg;
@@ -562,6 +596,31 @@ void service_close(struct service *s, void (*cb)(void *data), void *data)
         opAnswerUnavailable(o, "node shutting down", 0);
     }
     cluster_close(s->cluster, clusterClosed, s);
+}
+
+const Idem__StoredResponse *service_stored_response(const Idem__Result *res,
+                                                   Idem__StoredResponse **owned)
+{
+    *owned = NULL;
+    if (res->response != NULL) {
+        return res->response;
+    }
+    for (size_t i = 0; i < res->base.n_unknown_fields; i++) {
+        const ProtobufCMessageUnknownField *u = &res->base.unknown_fields[i];
+        if (u->tag != SERVICE_RESULT_RESPONSE_FIELD ||
+            u->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED) {
+            continue;
+        }
+        /* its length (a varint), then the packed message */
+        uint64_t len = 0;
+        size_t at = 0;
+        if (frame_varint_get(u->data, u->len, &len, &at) != 1 || len != u->len - at) {
+            return NULL;
+        }
+        *owned = idem__stored_response__unpack(NULL, len, u->data + at);
+        return *owned;
+    }
+    return NULL;
 }
 
 const char *service_leader_elsewhere(const struct service *s)

@@ -47,6 +47,19 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
 void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,
                        service_done_cb cb, void *data);
 
+/* The field number of Result.response (proto/idem.proto): a local answer's replay carries
+ * its stored response there as the packed bytes the table holds (service_new checks the
+ * number against the descriptor). */
+#define SERVICE_RESULT_RESPONSE_FIELD 8
+
+/* The stored response of a replay result `res` (borrowed): res->response when it was
+ * decoded (an answer that came over the RPC), else the bytes a local answer carries (see
+ * above), decoded now into *owned, which the caller frees with
+ * idem__stored_response__free_unpacked (NULL when nothing was decoded). NULL when there is
+ * none, or when the bytes do not decode. */
+const Idem__StoredResponse *service_stored_response(const Idem__Result *res,
+                                                   Idem__StoredResponse **owned);
+
 /* The leader's RPC address when another node leads and its address is known, else NULL
  * (this node leads, or no leader is known: the service answers those requests itself). A
  * front end that forwards sends a request there at once instead of asking the service for
