@@ -37,8 +37,8 @@ static int resolveCall(struct global *g, const char *cmd, const char *tenant, co
     return callAndEmit(g, true, NULL, &req, NULL);
 }
 
-/* A TENANT operand or --tenant value: 1-TENANT_MAX bytes, or a usage error. */ static void
-requireTenant(const char *cmd, const char *tenant)
+/* A TENANT operand or --tenant value: 1-TENANT_MAX bytes, or a usage error. */
+static void requireTenant(const char *cmd, const char *tenant)
 {
     if (tenant == NULL) {
         cli_usage_error("%s: missing TENANT", cmd);
