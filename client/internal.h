@@ -82,19 +82,6 @@ void IdemFrameTooLargeWhy(char *why, size_t why_len, const char *addr, const uin
 
 /* ---- time and randomness (idem.c) ---- */
 uint64_t IdemNowMs(void);                    /* CLOCK_MONOTONIC */
-/* idem_run's lease renewals (run.c): given the time now, the lease (ms), the time by which
- * it ends and when the last renewal that succeeded was sent (IdemNowMs() values), whether
- * the last try failed and whether none has succeeded yet (`first`: the lease is the
- * claim's), the time of the next renewal (*at: a third of the lease after the last
- * success, at least RENEW_MIN_INTERVAL_MS; an eighth of that after a failure; at once when
- * the claim's lease has less than RENEW_MIN_INTERVAL_MS left) and its deadline (the lease
- * left then less that eighth, or all of it when less; at most a third of the lease and
- * RENEW_ATTEMPT_MAX_MS, at least RENEW_MIN_DEADLINE_MS). */
-#define RENEW_MIN_INTERVAL_MS 20
-#define RENEW_ATTEMPT_MAX_MS 2000
-#define RENEW_MIN_DEADLINE_MS 100
-void IdemRenewPlan(uint64_t now, uint64_t lease_ms, uint64_t lease_end, uint64_t last_ok,
-                   bool failed, bool first, uint64_t *at, uint32_t *deadline_ms);
 uint64_t IdemRemainingMs(uint64_t deadline); /* 0 once passed */
 uint64_t IdemRngSeed(void);                  /* never 0 */
 uint64_t IdemRngNext(uint64_t *state);

@@ -8,35 +8,9 @@
 #include <time.h>
 
 #include "internal.h"
+#include "renew_plan.h"
 
 #define LEASE_GUESS_MS 1000 /* when the lease cannot be estimated */
-
-void IdemRenewPlan(uint64_t now, uint64_t lease_ms, uint64_t lease_end, uint64_t last_ok,
-                   bool failed, bool first, uint64_t *at, uint32_t *deadline_ms)
-{
-    uint64_t interval = lease_ms / 3 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : lease_ms / 3;
-    /* After a failure the next try comes soon, not a whole interval later: the lease may
-     * have only that long left. */
-    uint64_t retry = interval / 8 < RENEW_MIN_INTERVAL_MS ? RENEW_MIN_INTERVAL_MS : interval / 8;
-    uint64_t when = failed ? now + retry : last_ok + interval;
-    if (first && !failed && (lease_end <= now || lease_end - now < RENEW_MIN_INTERVAL_MS)) {
-        /* The claim left less than the floor (a holder's own retry of its claim answers
-         * with the lease it has left): renew at once, not after the lease ended. Only for
-         * the claim's lease: a granted lease that short would have us renew back to back. */
-        when = now;
-    }
-    *at = when < now ? now : when;
-    /* A renewal may take the time left on the lease (less a margin for the trip back), at
-     * most one interval and RENEW_ATTEMPT_MAX_MS, at least RENEW_MIN_DEADLINE_MS: a node
-     * that does not answer costs one short attempt, and the next one goes elsewhere in
-     * time; and idem_run waits at most that long for a renewal in flight when fn returns. */
-    uint64_t left = lease_end > *at ? lease_end - *at : 0;
-    uint64_t dl = left > retry ? left - retry : left;
-    dl = dl < interval ? dl : interval;
-    dl = dl < RENEW_ATTEMPT_MAX_MS ? dl : RENEW_ATTEMPT_MAX_MS;
-    dl = dl > RENEW_MIN_DEADLINE_MS ? dl : RENEW_MIN_DEADLINE_MS;
-    *deadline_ms = (uint32_t)dl;
-}
 
 struct renewer {
     struct idem_client *c;
@@ -69,7 +43,7 @@ static void *renewerMain(void *arg)
     while (!r->stop && !r->lost) {
         uint64_t at_ms;
         uint32_t dl;
-        IdemRenewPlan(IdemNowMs(), r->lease_est_ms, r->lease_end, r->last_ok, failed,
+        renew_plan(IdemNowMs(), r->lease_est_ms, r->lease_end, r->last_ok, failed,
                       r->renewals == 0, &at_ms, &dl);
         struct timespec at;
         monotonicAt(&at, at_ms);
@@ -88,7 +62,7 @@ static void *renewerMain(void *arg)
         pthread_mutex_lock(&r->mu);
         failed = rv != IDEM_OK;
         if (rv != IDEM_OK) {
-            r->last_error = rv; /* tried again soon (IdemRenewPlan) */
+            r->last_error = rv; /* tried again soon (renew_plan) */
         } else if (res.outcome == IDEM_OUTCOME_OK) {
             r->renewals++;
             if (back > r->lease_end) {

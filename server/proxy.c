@@ -22,7 +22,9 @@
  * idempotent for one token) for up to max(lease, 3 × rpc.default_deadline_ms), so that a
  * leader change during the upstream call does not leave the record processing.
  *
- * Lease renewal: while the upstream call runs, the lease is renewed every third of it. If a
+ * Lease renewal: while the upstream call runs, the lease is renewed as libidem's idem_run
+ * renews it (proto/renew_plan.h: a third of the lease after the last success, an eighth of
+ * that after a failure, each try bounded by the lease left). If a
  * renewal answers lease_lost or not_found (the lease passed during a stall and another
  * attempt took the key over, or the record is gone), the upstream's answer is passed on to
  * the caller but not recorded: the record belongs to its new holder (docs/contract.md: only
@@ -194,6 +196,9 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     switch (oc) {
     case IDEM__OUTCOME__OUTCOME_ACQUIRED:
         j->token = res->token;
+        /* the lease as granted (a holder's own retry gets what it has left), counted from
+         * the claim's first send */
+        j->lease_end = j->renew_last_ok + (res->lease_ms ? res->lease_ms : j->lease_ms);
         proxy_upstream_start(j);
         return;
     case IDEM__OUTCOME__OUTCOME_REPLAY: {
@@ -396,6 +401,7 @@ static void pjClaim(struct proxyJob *j, const uint8_t fp[FP_LEN])
     }
     rq.op_case = IDEM__REQUEST__OP_CLAIM;
     rq.claim = &cl;
+    j->renew_last_ok = uv_now(j->h->loop); /* the lease starts no sooner */
     proxy_call(j, &rq, pjClaimDoneCb, j->h->cfg->rpc.default_deadline_ms);
 }
 

@@ -87,9 +87,15 @@ struct proxyJob {
     bool call_retry;      /* retried while no leader answers, until call_deadline */
     uint64_t call_deadline; /* uv_now() bound of the retries */
     uint64_t call_backoff_ms;
-    /* lease renewal */
+    /* lease renewal (proto/renew_plan.h; uv_now() milliseconds) */
     uv_timer_t renew_timer;
     uint64_t lease_ms;
+    uint64_t lease_end;     /* when the lease last granted ends */
+    uint64_t renew_last_ok; /* when the last renewal that succeeded was sent (the claim's) */
+    uint64_t renew_sent;    /* when the renewal in flight was sent */
+    uint32_t renew_deadline_ms; /* the next renewal's deadline */
+    bool renew_failed;      /* the last renewal failed: the next comes soon */
+    bool renewed;           /* a renewal succeeded: the lease is no longer the claim's */
     bool lease_lost;      /* a renewal found another holder: the answer is not recorded */
     bool unrecorded;      /* the answer passed on is not known to be the key's recorded one */
     enum pjRecord record;
@@ -124,8 +130,9 @@ void proxy_call(struct proxyJob *j, Idem__Request *rq, service_done_cb cb, uint6
 void proxy_release(struct proxyJob *j);
 /* Records what the upstream call ended with (after a renewal in flight), then answers. */
 void proxy_record(struct proxyJob *j, enum pjRecord what);
-/* The renew timer's callback: renews the lease while the upstream call runs. */
-void proxy_renew_tick_cb(uv_timer_t *t);
+/* Arms the renew timer for the next renewal while the upstream call runs, when and with
+ * the deadline proto/renew_plan.h (libidem's rule) gives. */
+void proxy_renew_next(struct proxyJob *j);
 
 /* ---- proxy_upstream.c ---- */
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "renew_plan.h"
 #include "xmalloc.h"
 
 #define PJ_RETRY_FIRST_MS 50
@@ -126,7 +127,9 @@ void proxy_call(struct proxyJob *j, Idem__Request *rq, service_done_cb cb, uint6
 {
     struct http_server *h = j->h;
     const struct config_secret *sec = &h->cfg->rpc.cluster_secret;
-    rq->deadline_ms = h->cfg->rpc.default_deadline_ms;
+    if (rq->deadline_ms == 0) {
+        rq->deadline_ms = h->cfg->rpc.default_deadline_ms;
+    }
     if (sec->set) { /* read only by the leader, when the call is forwarded */
         rq->as_tenant = (char *)j->tenant->name;
         rq->auth_token.data = sec->value;
@@ -259,27 +262,51 @@ void proxy_record(struct proxyJob *j, enum pjRecord what)
 static void pjRenewDoneCb(void *data, const Idem__Response *resp)
 {
     struct proxyJob *j = data;
-    Idem__Outcome oc = resp->result ? resp->result->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    const Idem__Result *res = resp->result;
+    Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
+    j->renew_failed = false;
     if (oc == IDEM__OUTCOME__OUTCOME_LEASE_LOST || oc == IDEM__OUTCOME__OUTCOME_NOT_FOUND) {
         j->lease_lost = true;
         uv_timer_stop(&j->renew_timer);
-    } else if (oc != IDEM__OUTCOME__OUTCOME_OK) {
+    } else if (oc == IDEM__OUTCOME__OUTCOME_OK) {
+        j->renewed = true;
+        j->renew_last_ok = j->renew_sent;
+        j->lease_end = j->renew_sent + (res->lease_ms ? res->lease_ms : j->lease_ms);
+    } else {
         char kd[FP_HEX12_SIZE];
         pjKeyDigest(j, kd);
-        log_warn("proxy: renewing the lease failed, trying again in a third of it (key_digest "
-                 "%s, outcome %s)",
+        log_warn("proxy: renewing the lease failed, trying again shortly (key_digest %s, "
+                 "outcome %s)",
                  kd, outcomeName(oc));
+        j->renew_failed = true;
     }
     if (j->record_waiting) {
         pjRecordNow(j);
+    } else if (!j->lease_lost) {
+        proxy_renew_next(j);
     }
 }
 
-/* Every third of the lease while the upstream call runs. */
-void proxy_renew_tick_cb(uv_timer_t *t)
+static void pjRenewTickCb(uv_timer_t *t);
+
+void proxy_renew_next(struct proxyJob *j)
+{
+    uint64_t now = uv_now(j->h->loop);
+    uint64_t at;
+    renew_plan(now, j->lease_ms, j->lease_end, j->renew_last_ok, j->renew_failed, !j->renewed,
+               &at, &j->renew_deadline_ms);
+    uv_timer_start(&j->renew_timer, pjRenewTickCb, at - now, 0);
+}
+
+/* A renewal, while the upstream call runs (after another call of the job: shortly). */
+static void pjRenewTickCb(uv_timer_t *t)
 {
     struct proxyJob *j = t->data;
-    if (!proxy_upstream_running(j) || j->call_in_flight || j->lease_lost || j->h->stopping) {
+    if (!proxy_upstream_running(j) || j->lease_lost || j->h->stopping) {
+        return;
+    }
+    if (j->call_in_flight) {
+        uv_timer_start(&j->renew_timer, pjRenewTickCb, RENEW_MIN_INTERVAL_MS, 0);
         return;
     }
     Idem__Request rq = IDEM__REQUEST__INIT;
@@ -290,6 +317,8 @@ void proxy_renew_tick_cb(uv_timer_t *t)
     rn.lease_ms = j->lease_ms;
     rq.op_case = IDEM__REQUEST__OP_RENEW;
     rq.renew = &rn;
+    rq.deadline_ms = j->renew_deadline_ms;
+    j->renew_sent = uv_now(j->h->loop);
     proxy_call(j, &rq, pjRenewDoneCb, 0);
 }
 

@@ -329,8 +329,7 @@ void proxy_upstream_start(struct proxyJob *j)
     }
     uv_timer_start(&j->timer, pjDeadlineCb, r->upstream_timeout_ms, 0);
     if (j->idem) {
-        uint64_t every = j->lease_ms / 3 ? j->lease_ms / 3 : 1;
-        uv_timer_start(&j->renew_timer, proxy_renew_tick_cb, every, every);
+        proxy_renew_next(j);
     }
     struct upstreamPool *pool = NULL;
     for (size_t i = 0; i < h->n_pools && pool == NULL; i++) {

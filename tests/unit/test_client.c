@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "internal.h"
+#include "renew_plan.h"
 
 static uint64_t nowMs(void)
 {
@@ -511,7 +512,7 @@ static int failedRenewalsBeforeEnd(uint64_t lease)
     for (int i = 0; i < 100; i++) {
         uint64_t at;
         uint32_t dl;
-        IdemRenewPlan(now, lease, end, 0, failed, true, &at, &dl);
+        renew_plan(now, lease, end, 0, failed, true, &at, &dl);
         assert_true(at >= now);
         if (at >= end) {
             break;
@@ -532,26 +533,26 @@ static void test_renew_plan(void **state)
     uint64_t at;
     uint32_t dl;
     /* A 30 s lease claimed at t=1000: the first renewal at 11000, for at most 2 s. */
-    IdemRenewPlan(1000, 30000, 31000, 1000, false, true, &at, &dl);
+    renew_plan(1000, 30000, 31000, 1000, false, true, &at, &dl);
     assert_int_equal(at, 11000);
     assert_int_equal(dl, RENEW_ATTEMPT_MAX_MS);
     /* It failed at 13000: the next at 13000 + 30000/3/8. */
-    IdemRenewPlan(13000, 30000, 31000, 1000, true, true, &at, &dl);
+    renew_plan(13000, 30000, 31000, 1000, true, true, &at, &dl);
     assert_int_equal(at, 14250);
     assert_int_equal(dl, RENEW_ATTEMPT_MAX_MS);
     /* A success sent at 14250 moves both: next at 24250. */
-    IdemRenewPlan(14300, 30000, 44250, 14250, false, false, &at, &dl);
+    renew_plan(14300, 30000, 44250, 14250, false, false, &at, &dl);
     assert_int_equal(at, 24250);
     /* Close to the end the deadline shrinks to what is left less the margin (all of it
      * when that is less than the margin)... */
-    IdemRenewPlan(27000, 30000, 31000, 1000, true, false, &at, &dl);
+    renew_plan(27000, 30000, 31000, 1000, true, false, &at, &dl);
     assert_int_equal(at, 28250);
     assert_int_equal(dl, 1500); /* 2750 left - 1250 */
-    IdemRenewPlan(29000, 30000, 31000, 1000, true, false, &at, &dl);
+    renew_plan(29000, 30000, 31000, 1000, true, false, &at, &dl);
     assert_int_equal(at, 30250);
     assert_int_equal(dl, 750);
     /* ...and past the end it is the floor. */
-    IdemRenewPlan(40000, 30000, 31000, 1000, true, false, &at, &dl);
+    renew_plan(40000, 30000, 31000, 1000, true, false, &at, &dl);
     assert_int_equal(at, 41250);
     assert_int_equal(dl, RENEW_MIN_DEADLINE_MS);
     /* A 600 ms lease whose node never answers: two tries end before the lease does (the
@@ -560,25 +561,25 @@ static void test_renew_plan(void **state)
     assert_int_equal(failedRenewalsBeforeEnd(600), 2);
     assert_true(failedRenewalsBeforeEnd(30000) >= 6);
     /* The smallest intervals are bounded. */
-    IdemRenewPlan(0, 30, 30, 0, false, true, &at, &dl);
+    renew_plan(0, 30, 30, 0, false, true, &at, &dl);
     assert_int_equal(at, 20);
     assert_int_equal(dl, RENEW_MIN_DEADLINE_MS);
     /* A holder's own retry of its claim answers with the lease it has left: 10 ms of it,
      * claimed at 1000, planned at 1002. A renewal after the 20 ms floor would come after
      * the lease ended: it goes at once... */
-    IdemRenewPlan(1002, 10, 1010, 1000, false, true, &at, &dl);
+    renew_plan(1002, 10, 1010, 1000, false, true, &at, &dl);
     assert_int_equal(at, 1002);
     assert_int_equal(dl, RENEW_MIN_DEADLINE_MS);
-    IdemRenewPlan(1002, 0, 1000, 1000, false, true, &at, &dl); /* nothing left */
+    renew_plan(1002, 0, 1000, 1000, false, true, &at, &dl); /* nothing left */
     assert_int_equal(at, 1002);
     /* ...but a granted lease that short (after a renewal) keeps the floor between renewals,
      * and so does a failed try. */
-    IdemRenewPlan(1002, 10, 1010, 1000, false, false, &at, &dl);
+    renew_plan(1002, 10, 1010, 1000, false, false, &at, &dl);
     assert_int_equal(at, 1020);
-    IdemRenewPlan(1002, 10, 1010, 1000, true, true, &at, &dl);
+    renew_plan(1002, 10, 1010, 1000, true, true, &at, &dl);
     assert_int_equal(at, 1022);
     /* 100 ms left of the claim's lease: a third of it, as for any lease. */
-    IdemRenewPlan(1002, 100, 1100, 1000, false, true, &at, &dl);
+    renew_plan(1002, 100, 1100, 1000, false, true, &at, &dl);
     assert_int_equal(at, 1033);
 }
 
