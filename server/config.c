@@ -1,4 +1,4 @@
-/* The node configuration loader (DESIGN.md, Configuration): reading the YAML node tree,
+/* The node configuration loader (docs/configuration.md): reading the YAML node tree,
  * typed values and messages, and config_parse/config_load/config_free. The sections are
  * read by config_sections.c, config_tenants.c and config_proxy.c (config_internal.h).
  *

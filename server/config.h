@@ -1,4 +1,4 @@
-/* config: loads and validates one node's YAML configuration file (DESIGN.md, Configuration).
+/* config: loads and validates one node's YAML configuration file (docs/configuration.md).
  *
  * The file format, with every field, its unit, range and default, is documented in
  * tools/idemd.example.yaml. Loading either fills a whole struct config or fails with one

@@ -7,7 +7,7 @@
  * fsm_digest() says so.
  *
  * Fencing tokens. A token is the *command index* of the command that granted the claim.
- * The cluster applies a log entry that packs several commands (DESIGN.md, batching), so
+ * The cluster applies a log entry that packs several commands (docs/architecture.md), so
  * the command index is fsm_command_index(raft_index, slot): the entry's Raft index shifted
  * left by FSM_SLOT_BITS plus the command's position in the entry. Tokens are therefore
  * strictly increasing in log order and unique across the cluster, and

@@ -1,5 +1,5 @@
 /* idemd: the daemon. Loads the configuration, runs one libuv loop that carries Raft, the
- * binary RPC and the timers (DESIGN.md, runtime shape), and shuts down cleanly on SIGTERM or
+ * binary RPC and the timers (docs/architecture.md), and shuts down cleanly on SIGTERM or
  * SIGINT: the RPC listener stops, waiting requests are answered unavailable, Raft closes. */
 #include <signal.h>
 #include <stdio.h>
