@@ -56,7 +56,10 @@
  *
  * Names: a numeric host is connected at once; a name is resolved with uv_getaddrinfo (on
  * libuv's thread pool) and its first address is used. A connection object is freed only
- * once both its TCP handle closed and its resolution (if any) called back. */
+ * once both its TCP handle closed and its resolution (if any) called back.
+ *
+ * Raw calls to a named node (idem_rpc.h) are requests too, on their node's list and
+ * connection instead of a->reqs and a->conn, written by the same kick: async_node.c. */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -76,6 +79,7 @@
 
 static void asyncFree(struct idem_async *a)
 {
+    IdemNamedFree(a);
     for (size_t i = 0; i < a->n_nodes; i++) {
         IdemNodeFree(&a->nodes[i]);
     }
@@ -121,11 +125,33 @@ static void reqFreeCb(uv_handle_t *h)
     IdemAsyncMaybeFinish(a);
 }
 
-static void reqUnlink(struct idem_async *a, struct areq *r)
+/* Takes the request off its list (a typed call's, or its named node's) and stops its
+ * timer: it is done, its callback comes next. */
+static void reqEnd(struct idem_async *a, struct areq *r)
 {
     assert(a->pending > 0 && r->state != AREQ_DONE);
-    TAILQ_REMOVE(&a->reqs, r, link);
+    TAILQ_REMOVE(r->named != NULL ? &r->named->reqs : &a->reqs, r, link);
     a->pending--;
+    r->state = AREQ_DONE;
+    uv_timer_stop(&r->timer);
+}
+
+int IdemAsyncReqStart(struct areq *r, uint32_t deadline_ms, uv_timer_cb on_deadline)
+{
+    struct idem_async *a = r->a;
+    if (uv_timer_init(a->loop, &r->timer) != 0) {
+        return IDEM_ESYS;
+    }
+    a->handles++;
+    r->timer.data = r;
+    r->deadline_ms = deadline_ms ? deadline_ms : a->default_deadline_ms;
+    /* The loop's cached time is as old as the start of this loop turn, which may have
+     * been long (a slow callback): count the deadline from now. */
+    uv_update_time(a->loop);
+    r->deadline = uv_now(a->loop) + r->deadline_ms;
+    r->state = AREQ_WAITING;
+    uv_timer_start(&r->timer, on_deadline, r->deadline_ms, 0);
+    return IDEM_OK;
 }
 
 /* Calls the request back (exactly once) with `status` and `res` (freed afterwards unless
@@ -133,11 +159,18 @@ static void reqUnlink(struct idem_async *a, struct areq *r)
 void IdemAsyncReqFinish(struct areq *r, int status, struct idem_result *res)
 {
     struct idem_async *a = r->a;
-    reqUnlink(a, r);
-    r->state = AREQ_DONE;
-    uv_timer_stop(&r->timer);
+    reqEnd(a, r);
     r->cb(a, status, res, r->data);
     idem_result_free(res);
+    uv_close((uv_handle_t *)&r->timer, reqFreeCb);
+}
+
+void IdemAsyncRawFinish(struct areq *r, int status, const Idem__Response *resp,
+                        const char *reason)
+{
+    struct idem_async *a = r->a;
+    reqEnd(a, r);
+    r->raw_cb(a, status, resp, reason, r->data);
     uv_close((uv_handle_t *)&r->timer, reqFreeCb);
 }
 
@@ -204,16 +237,16 @@ static size_t reqFrame(struct idem_async *a, const struct areq *r, uint8_t *dst)
 }
 
 /* Writes waiting requests from `*from` on, in acceptance order, as one write of about
- * BATCH_BYTES (at least one request) on the current, connected connection; `*from`
- * moves past them. A write that fails drops the connection (which puts every request
+ * BATCH_BYTES (at least one request) on `conn`, connected, whose requests they are (the
+ * leader connection's, a->reqs, or a named node's); `*from` moves past them. A write that fails drops the connection (which puts every request
  * written on it back to waiting); returns false then, or when out of memory: the
  * requests stay waiting and the kick is armed to try again in KICK_RETRY_MS (their
  * deadlines still hold; failing them from here could call back inside idem_async_*(),
  * which the API rules out). */
-static bool sendBatch(struct idem_async *a, struct areq **from)
+bool IdemAsyncSendBatch(struct aconn *conn, struct areq **from)
 {
-    struct aconn *conn = a->conn;
-    assert(conn != NULL && conn->state == ACONN_UP && conn->writes == 0);
+    struct idem_async *a = conn->a;
+    assert(conn->state == ACONN_UP && conn->writes == 0);
     size_t cap = 0;
     struct areq *end = *from;
     for (; end != NULL && (cap == 0 || cap + FRAME_OVERHEAD + end->body_len <= BATCH_BYTES);
@@ -251,10 +284,7 @@ static bool sendBatch(struct idem_async *a, struct areq **from)
     OPENSSL_cleanse(wr->data, wr->len);
     free(wr);
     if (ok != 1) {
-        char ebuf[256];
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls write: %s", a->nodes[conn->node].addr,
-                 IdemTlsError(ebuf, sizeof ebuf));
-        IdemAsyncConnFail(conn);
+        IdemAsyncTlsFail(conn, "write");
         return false;
     }
     return IdemAsyncTlsFlushOut(conn) && conn->writes == 0;
@@ -279,13 +309,22 @@ void IdemAsyncFlush(struct idem_async *a)
         return;
     }
     struct areq *from = TAILQ_FIRST(&a->reqs);
-    while (from != NULL && sendBatch(a, &from)) {
+    while (from != NULL && IdemAsyncSendBatch(a->conn, &from)) {
     }
 }
 
+/* Writes what was submitted since the kick was armed: typed calls, and raw ones. */
 static void kickCb(uv_timer_t *t)
 {
     IdemAsyncFlush(t->data);
+    IdemNamedFlushAll(t->data);
+}
+
+void IdemAsyncKick(struct idem_async *a)
+{
+    if (!uv_is_active((uv_handle_t *)&a->kick)) {
+        uv_timer_start(&a->kick, kickCb, 0, 0);
+    }
 }
 
 /* Delayed requests whose time came wait again (and are written); the timer is set again
@@ -371,15 +410,16 @@ static void watchCb(uv_timer_t *t)
     const char *what = conn->state == ACONN_UP ? "no answer"
                        : a->tls != NULL        ? "not connected (connect or tls handshake)"
                                                : "not connected";
-    IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s within %" PRIu64 " ms", a->nodes[conn->node].addr,
-             what, limit);
+    IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s within %" PRIu64 " ms", conn->peer->addr, what,
+             limit);
     IdemAsyncConnDrop(a, conn, a->next_seed, 0);
 }
 
 /* ---- the API --------------------------------------------------------------------------- */
 
-int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct idem_async **out,
-                    char *why, size_t why_len)
+/* idem_async_open(), or with `raw` idem_async_open_raw(): opts->seeds may then be NULL. */
+static int asyncOpen(uv_loop_t *loop, const struct idem_options *opts, bool raw,
+                     struct idem_async **out, char *why, size_t why_len)
 {
     IdemWhyf(why, why_len, "%s", "");
     if (out == NULL) {
@@ -397,7 +437,10 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     }
     a->loop = loop;
     TAILQ_INIT(&a->reqs);
-    int rv = IdemSeedsParse(opts->seeds, a->nodes, &a->n_nodes, why, why_len);
+    LIST_INIT(&a->named);
+    int rv = raw && opts->seeds == NULL
+                 ? IDEM_OK
+                 : IdemSeedsParse(opts->seeds, a->nodes, &a->n_nodes, why, why_len);
     if (rv != IDEM_OK) {
         free(a);
         return rv;
@@ -459,6 +502,24 @@ int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct ide
     return IDEM_OK;
 }
 
+int idem_async_open(uv_loop_t *loop, const struct idem_options *opts, struct idem_async **out,
+                    char *why, size_t why_len)
+{
+    return asyncOpen(loop, opts, false, out, why, why_len);
+}
+
+int idem_async_open_raw(uv_loop_t *loop, const struct idem_options *opts,
+                        struct idem_async **out, char *why, size_t why_len)
+{
+    return asyncOpen(loop, opts, true, out, why, why_len);
+}
+
+void idem_async_on_tls_failure(struct idem_async *a, idem_async_tls_failure_cb cb, void *data)
+{
+    a->tls_failure_cb = cb;
+    a->tls_failure_data = data;
+}
+
 size_t idem_async_pending(const struct idem_async *a)
 {
     return a == NULL ? 0 : a->pending;
@@ -472,6 +533,9 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     }
     if (a->closing) {
         return IDEM_ECLOSED;
+    }
+    if (a->n_seeds == 0) {
+        return IDEM_EINVAL; /* a client of raw calls (idem_async_open_raw) */
     }
     struct idem_built b;
     char why[256];
@@ -507,23 +571,14 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
     }
     idem__request__pack(&b.req, r->body);
     IdemBuiltFree(&b);
-    if (uv_timer_init(a->loop, &r->timer) != 0) {
+    if (IdemAsyncReqStart(r, deadline_ms, reqDeadlineCb) != IDEM_OK) {
         OPENSSL_cleanse(r->body, r->body_len); /* it carries the token */
         free(r->body);
         free(r);
         return IDEM_ESYS;
     }
-    a->handles++;
-    r->timer.data = r;
     r->cb = cb;
     r->data = data;
-    r->deadline_ms = deadline_ms ? deadline_ms : a->default_deadline_ms;
-    /* The loop's cached time is as old as the start of this loop turn, which may have
-     * been long (a slow callback): count the deadline from now. */
-    uv_update_time(a->loop);
-    r->deadline = uv_now(a->loop) + r->deadline_ms;
-    r->state = AREQ_WAITING;
-    uv_timer_start(&r->timer, reqDeadlineCb, r->deadline_ms, 0);
     TAILQ_INSERT_TAIL(&a->reqs, r, link);
     a->pending++;
     if (!uv_is_active((uv_handle_t *)&a->watch)) {
@@ -537,9 +592,7 @@ static int submit(struct idem_async *a, const struct idem_op *op, uint32_t deadl
      * blocking). Not connected: starts a connection. Never calls a callback from here: a
      * write that fails at once only puts requests back to waiting. */
     if (a->conn != NULL && a->conn->state == ACONN_UP) {
-        if (!uv_is_active((uv_handle_t *)&a->kick)) {
-            uv_timer_start(&a->kick, kickCb, 0, 0);
-        }
+        IdemAsyncKick(a);
     } else {
         IdemAsyncFlush(a);
     }
@@ -604,6 +657,7 @@ void idem_async_close(struct idem_async *a, idem_async_close_cb close_cb, void *
         IdemAsyncReqFail(TAILQ_FIRST(&a->reqs), IDEM_ECANCELED,
                          "the client was closed before an answer");
     }
+    IdemNamedClose(a);
     if (a->conn != NULL) {
         struct aconn *conn = a->conn;
         a->conn = NULL;

@@ -1,8 +1,10 @@
-/* async_conn.c: the connection of libidem's asynchronous client (async.c): connect (a
+/* async_conn.c: the connections of libidem's asynchronous client (async.c): connect (a
  * numeric address at once, a name after uv_getaddrinfo), TLS on memory BIOs, writes,
  * reads, frames, and what each answer does to its request and to the connection (see
- * async.c for the failure modes). One connection at a time, a->conn; a dropped one is
- * closed, its requests wait again, and a reconnect is scheduled.
+ * async.c for the failure modes). The typed calls have one connection at a time, a->conn,
+ * to the node believed to lead; a dropped one is closed, its requests wait again, and a
+ * reconnect is scheduled. Raw calls have one per named node (conn->named; async_node.c
+ * says what its answers and failures do).
  *
  * A connection goes CONNECTING -> (TLS: HANDSHAKING ->) UP -> CLOSING (enum aconnState);
  * requests are written only while it is UP. Its memory is freed once both its TCP handle
@@ -33,6 +35,26 @@ static bool numericNode(const struct idem_node *n, struct sockaddr_storage *ss)
            uv_ip6_addr(n->host, port, (struct sockaddr_in6 *)ss) == 0;
 }
 
+/* Whether conn is still in use: not closing, and its owner's connection (a->conn, or its
+ * named node's). */
+static bool connLive(const struct aconn *conn)
+{
+    if (conn->state == ACONN_CLOSING) {
+        return false;
+    }
+    return conn->named != NULL ? conn->named->conn == conn : conn->a->conn == conn;
+}
+
+/* conn is up, or its queued writes drained: what waits for it is written. */
+static void connReady(struct aconn *conn)
+{
+    if (conn->named != NULL) {
+        IdemNamedFlush(conn->named);
+    } else {
+        IdemAsyncFlush(conn->a);
+    }
+}
+
 static size_t nodeFindOrAdd(struct idem_async *a, const char *addr)
 {
     for (size_t i = 0; i < a->n_nodes; i++) {
@@ -58,16 +80,16 @@ static void writeCb(uv_write_t *w, int status)
     free(wr);
     assert(conn->writes > 0);
     conn->writes--;
-    if (conn->state == ACONN_CLOSING || conn->a->conn != conn) {
+    if (!connLive(conn)) {
         return;
     }
     struct idem_async *a = conn->a;
     if (status < 0) {
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", conn->peer->addr,
                  uv_strerror(status));
-        IdemAsyncConnFail(conn);
+        IdemAsyncConnFail(conn, AFAIL_IO);
     } else if (conn->writes == 0) {
-        IdemAsyncFlush(a); /* what was submitted meanwhile */
+        connReady(conn); /* what was submitted meanwhile */
     }
 }
 
@@ -115,9 +137,9 @@ enum writeResult IdemAsyncConnWrite(struct aconn *conn, struct awrite *wr)
     if (rv != 0) {
         OPENSSL_cleanse(wr->data, wr->len);
         free(wr);
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", a->nodes[conn->node].addr,
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: write: %s", conn->peer->addr,
                  uv_strerror(rv));
-        IdemAsyncConnFail(conn);
+        IdemAsyncConnFail(conn, AFAIL_IO);
         return W_FAILED;
     }
     conn->writes++;
@@ -136,8 +158,8 @@ bool IdemAsyncTlsFlushOut(struct aconn *conn)
     if (wr == NULL) {
         struct idem_async *a = conn->a;
         IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory writing to %s",
-                 a->nodes[conn->node].addr);
-        IdemAsyncConnFail(conn);
+                 conn->peer->addr);
+        IdemAsyncConnFail(conn, AFAIL_NOMEM);
         return false;
     }
     int got = BIO_read(conn->wbio, wr->data, (int)n);
@@ -218,8 +240,12 @@ void IdemAsyncConnDrop(struct idem_async *a, struct aconn *conn, size_t next, ui
     }
 }
 
-void IdemAsyncConnFail(struct aconn *conn)
+void IdemAsyncConnFail(struct aconn *conn, enum aconnFail why)
 {
+    if (conn->named != NULL) {
+        IdemNamedConnFail(conn, why);
+        return;
+    }
     struct idem_async *a = conn->a;
     IdemAsyncConnDrop(a, conn, a->next_seed, IdemBackoffNext(&a->backoff, &a->rng));
 }
@@ -247,20 +273,32 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init((char *)conn->rbuf + conn->rlen, (unsigned)(conn->rcap - conn->rlen));
 }
 
-/* Drops the connection after a TLS failure, saying what failed. */
-static void tlsFail(struct aconn *conn, const char *what)
+/* Tells the client's TLS failure callback, if any, what failed on conn (`reason`). */
+static void tlsReport(struct aconn *conn, const char *what, const char *reason)
 {
     struct idem_async *a = conn->a;
-    char ebuf[256];
+    if (a->tls_failure_cb != NULL) {
+        a->tls_failure_cb(a->tls_failure_data, conn->peer->addr, what, reason);
+    }
+}
+
+void IdemAsyncTlsFail(struct aconn *conn, const char *what)
+{
+    struct idem_async *a = conn->a;
+    char ebuf[256], reason[400];
+    IdemTlsError(ebuf, sizeof ebuf);
     long vr = conn->ssl != NULL ? SSL_get_verify_result(conn->ssl) : X509_V_OK;
     if (vr != X509_V_OK) {
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls: certificate verification failed: %s",
-                 a->nodes[conn->node].addr, X509_verify_cert_error_string(vr));
+                 conn->peer->addr, X509_verify_cert_error_string(vr));
+        snprintf(reason, sizeof reason, "%s (certificate: %s)", ebuf,
+                 X509_verify_cert_error_string(vr));
     } else {
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr, what,
-                 IdemTlsError(ebuf, sizeof ebuf));
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls %s: %s", conn->peer->addr, what, ebuf);
+        snprintf(reason, sizeof reason, "%s", ebuf);
     }
-    IdemAsyncConnFail(conn);
+    tlsReport(conn, what, reason);
+    IdemAsyncConnFail(conn, conn->state == ACONN_UP ? AFAIL_TLS : AFAIL_HANDSHAKE);
 }
 
 /* Advances the handshake; once done, the connection is up and waiting requests are
@@ -275,14 +313,14 @@ static bool tlsHandshakeStep(struct aconn *conn)
         }
         assert(conn->state == ACONN_HANDSHAKING);
         conn->state = ACONN_UP;
-        IdemAsyncFlush(conn->a);
+        connReady(conn);
         return conn->state != ACONN_CLOSING;
     }
     int e = SSL_get_error(conn->ssl, r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
         return IdemAsyncTlsFlushOut(conn);
     }
-    tlsFail(conn, "tls handshake");
+    IdemAsyncTlsFail(conn, "handshake");
     return false;
 }
 
@@ -292,7 +330,7 @@ static bool tlsRead(struct aconn *conn, size_t n)
 {
     struct idem_async *a = conn->a;
     if (BIO_write(conn->rbio, conn->cbuf, (int)n) != (int)n) {
-        tlsFail(conn, "tls read");
+        IdemAsyncTlsFail(conn, "read");
         return false;
     }
     if (conn->state == ACONN_HANDSHAKING) {
@@ -309,7 +347,7 @@ static bool tlsRead(struct aconn *conn, size_t n)
             uint8_t *p = realloc(conn->rbuf, conn->rcap + READ_CHUNK);
             if (p == NULL) {
                 IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory reading");
-                IdemAsyncConnFail(conn);
+                IdemAsyncConnFail(conn, AFAIL_NOMEM);
                 return false;
             }
             conn->rbuf = p;
@@ -328,11 +366,11 @@ static bool tlsRead(struct aconn *conn, size_t n)
         }
         if (e == SSL_ERROR_ZERO_RETURN) {
             IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connection closed by the node",
-                     a->nodes[conn->node].addr);
-            IdemAsyncConnFail(conn);
+                     conn->peer->addr);
+            IdemAsyncConnFail(conn, AFAIL_CLOSED);
             return false;
         }
-        tlsFail(conn, "tls read");
+        IdemAsyncTlsFail(conn, "read");
         return false;
     }
     return IdemAsyncTlsFlushOut(conn); /* e.g. answers to post-handshake messages */
@@ -352,14 +390,17 @@ static struct areq *findSent(struct idem_async *a, struct aconn *conn, uint64_t 
 /* Handles one answer. Returns false when the connection was dropped. */
 static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Response *m)
 {
-    const char *addr = a->nodes[conn->node].addr;
+    const char *addr = conn->peer->addr;
     if (m->request_id == 0) {
         /* The node could not read one of our frames and closes the connection. */
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: refused a request frame: %.200s", addr,
                  m->error ? m->error : "");
         idem__response__free_unpacked(m, NULL);
-        IdemAsyncConnFail(conn);
+        IdemAsyncConnFail(conn, AFAIL_REFUSED);
         return false;
+    }
+    if (conn->named != NULL) {
+        return IdemNamedAnswer(conn, m);
     }
     struct areq *r = findSent(a, conn, m->request_id);
     if (r == NULL) {
@@ -420,7 +461,7 @@ static bool handleAnswer(struct idem_async *a, struct aconn *conn, Idem__Respons
                                                                    : "not the leader",
                      m->error && m->error[0] ? ": " : "", m->error ? m->error : "");
             idem__response__free_unpacked(m, NULL);
-            IdemAsyncConnFail(conn);
+            IdemAsyncConnFail(conn, AFAIL_ANSWER);
         }
         return false;
     }
@@ -439,13 +480,17 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     struct aconn *conn = s->data;
     struct idem_async *a = conn->a;
-    if (conn->state == ACONN_CLOSING || a->conn != conn) {
+    if (!connLive(conn)) {
         return;
     }
     if (nread < 0) {
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s", a->nodes[conn->node].addr,
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s", conn->peer->addr,
                  nread == UV_EOF ? "connection closed by the node" : uv_strerror((int)nread));
-        IdemAsyncConnFail(conn);
+        if (conn->state == ACONN_HANDSHAKING) {
+            /* A server refusing our certificate (or TLS) may just close. */
+            tlsReport(conn, "handshake", "the node closed the connection during the handshake");
+        }
+        IdemAsyncConnFail(conn, nread == UV_EOF ? AFAIL_CLOSED : AFAIL_IO);
         return;
     }
     if (nread > 0) {
@@ -469,16 +514,16 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             break;
         }
         if (fs == FRAME_TOO_LARGE) {
-            IdemFrameTooLargeWhy(a->errmsg, sizeof a->errmsg, a->nodes[conn->node].addr, p, len);
-            IdemAsyncConnFail(conn);
+            IdemFrameTooLargeWhy(a->errmsg, sizeof a->errmsg, conn->peer->addr, p, len);
+            IdemAsyncConnFail(conn, AFAIL_FRAME);
             return;
         }
         Idem__Response *m = idem__response__unpack(NULL, len, p + FRAME_HEADER_LEN);
         off += FRAME_HEADER_LEN + (size_t)len;
         if (m == NULL) {
             IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: a %u-byte response does not decode",
-                     a->nodes[conn->node].addr, len);
-            IdemAsyncConnFail(conn);
+                     conn->peer->addr, len);
+            IdemAsyncConnFail(conn, AFAIL_FRAME);
             return;
         }
         if (!handleAnswer(a, conn, m)) {
@@ -511,21 +556,20 @@ static bool tlsSetup(struct aconn *conn)
     }
     SSL_set_bio(conn->ssl, conn->rbio, conn->wbio); /* the session owns both now */
     SSL_set_connect_state(conn->ssl);
-    return IdemTlsSetPeer(conn->ssl,
-                          a->tls_server_name ? a->tls_server_name : a->nodes[conn->node].host);
+    return IdemTlsSetPeer(conn->ssl, a->tls_server_name ? a->tls_server_name : conn->peer->host);
 }
 
 static void connectCb(uv_connect_t *req, int status)
 {
     struct aconn *conn = req->data;
     struct idem_async *a = conn->a;
-    if (conn->state == ACONN_CLOSING || a->conn != conn) {
+    if (!connLive(conn)) {
         return;
     }
-    const char *addr = a->nodes[conn->node].addr;
+    const char *addr = conn->peer->addr;
     int rv = status;
     if (rv == 0 && a->tls != NULL && !tlsSetup(conn)) {
-        tlsFail(conn, "tls setup");
+        IdemAsyncTlsFail(conn, "setup");
         return;
     }
     if (rv == 0) {
@@ -533,7 +577,7 @@ static void connectCb(uv_connect_t *req, int status)
     }
     if (rv != 0) {
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connect: %s", addr, uv_strerror(rv));
-        IdemAsyncConnFail(conn);
+        IdemAsyncConnFail(conn, AFAIL_CONNECT);
         return;
     }
     (void)uv_tcp_nodelay(&conn->tcp, 1);
@@ -544,7 +588,7 @@ static void connectCb(uv_connect_t *req, int status)
         return;
     }
     conn->state = ACONN_UP;
-    IdemAsyncFlush(a);
+    connReady(conn);
 }
 
 static void gaiCb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
@@ -567,38 +611,40 @@ static void gaiCb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     }
     uv_freeaddrinfo(res);
     if (rv != 0) {
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", a->nodes[conn->node].addr,
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", conn->peer->addr,
                  status < 0 ? "resolve" : "connect", uv_strerror(rv));
-        IdemAsyncConnFail(conn);
+        IdemAsyncConnFail(conn, AFAIL_CONNECT);
     }
 }
 
-/* Opens a connection to a->current: at once for a numeric address, after resolving a
- * name otherwise. */
-void IdemAsyncConnStart(struct idem_async *a)
+struct aconn *IdemAsyncConnNew(struct idem_async *a, const struct idem_node *peer)
 {
     struct aconn *conn = calloc(1, sizeof *conn);
     if (conn == NULL) {
         IdemWhyf(a->errmsg, sizeof a->errmsg, "out of memory opening a connection");
-        a->reconnect_armed = true;
-        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
-        return;
+        return NULL;
     }
     conn->a = a;
-    conn->node = a->current;
+    conn->peer = peer;
     conn->quiet_since = uv_now(a->loop);
-    if (uv_tcp_init(a->loop, &conn->tcp) != 0) {
+    int rv = uv_tcp_init(a->loop, &conn->tcp);
+    if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: cannot make a TCP handle: %s", peer->addr,
+                 uv_strerror(rv));
         free(conn);
-        a->reconnect_armed = true;
-        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
-        return;
+        return NULL;
     }
     conn->tcp.data = conn;
     conn->connect_req.data = conn;
     conn->gai.data = conn;
     a->handles++;
-    a->conn = conn;
-    const struct idem_node *n = &a->nodes[conn->node];
+    return conn;
+}
+
+void IdemAsyncConnGo(struct aconn *conn)
+{
+    struct idem_async *a = conn->a;
+    const struct idem_node *n = conn->peer;
     struct sockaddr_storage ss;
     int rv;
     const char *what = "connect";
@@ -620,6 +666,21 @@ void IdemAsyncConnStart(struct idem_async *a)
     }
     if (rv != 0) {
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: %s: %s", n->addr, what, uv_strerror(rv));
-        IdemAsyncConnFail(conn);
+        IdemAsyncConnFail(conn, AFAIL_CONNECT);
     }
+}
+
+/* Opens the leader connection, to a->current; when no connection can be made, tries again
+ * after IDEM_BACKOFF_MAX_MS. */
+void IdemAsyncConnStart(struct idem_async *a)
+{
+    struct aconn *conn = IdemAsyncConnNew(a, &a->nodes[a->current]);
+    if (conn == NULL) {
+        a->reconnect_armed = true;
+        uv_timer_start(&a->reconnect, reconnectCb, IDEM_BACKOFF_MAX_MS, 0);
+        return;
+    }
+    conn->node = a->current;
+    a->conn = conn;
+    IdemAsyncConnGo(conn);
 }

@@ -218,7 +218,9 @@ enum rt_result IdemRoundTrip(struct idem_client *c, struct idem_conns *k, size_t
                              size_t frame_len, uint64_t id, uint64_t deadline,
                              Idem__Response **resp);
 
-/* ---- the asynchronous client (async.c, async_conn.c) ---- */
+/* ---- the asynchronous client (async.c, async_conn.c; raw calls to named nodes: async_node.c) ---- */
+
+struct anode;
 
 enum areqState {
     AREQ_WAITING, /* to be written when a connection is up */
@@ -241,8 +243,17 @@ struct areq {
     struct aconn *sent_on;
     uv_timer_t timer; /* the deadline */
     idem_async_cb cb;
+    /* A raw call (async_node.c): the node it goes to (NULL for a typed call), its callback,
+     * the caller's request id (given back in the answer) and whether it may still follow a
+     * redirect. */
+    struct anode *named;
+    idem_async_raw_cb raw_cb;
+    uint64_t orig_id;
+    bool may_redirect;
     void *data;
 };
+
+TAILQ_HEAD(areqs, areq);
 
 /* A connection's life (async_conn.c); every change asserts the state it leaves. */
 enum aconnState {
@@ -257,7 +268,10 @@ struct aconn {
     uv_tcp_t tcp;
     uv_connect_t connect_req;
     uv_getaddrinfo_t gai;
-    size_t node;
+    const struct idem_node *peer; /* where it goes: a->nodes[node], or its named node's */
+    size_t node;                  /* the leader connection's: its index in a->nodes */
+    struct anode *named;          /* NULL: the leader connection (a->conn); else a named
+                                   * node's (its `conn`) */
     enum aconnState state;
     bool resolving;  /* a uv_getaddrinfo is outstanding (it holds a reference) */
     bool tcp_closed; /* the TCP handle's close callback ran */
@@ -270,6 +284,16 @@ struct aconn {
     uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
                            * last moment nothing was owed): the stall watch's reference */
     unsigned writes;      /* uv_write()s not called back yet (flush writes when none is) */
+};
+
+/* A node that raw calls named (async_node.c): its calls, waiting or sent, in acceptance
+ * order, and its connection, kept open between calls. */
+struct anode {
+    struct idem_async *a;
+    struct idem_node node; /* owned */
+    struct areqs reqs;
+    struct aconn *conn;     /* NULL: none */
+    LIST_ENTRY(anode) link; /* in a->named */
 };
 
 struct awrite {
@@ -301,8 +325,11 @@ struct idem_async {
     uv_timer_t kick;    /* zero-delay: writes the requests submitted since it was armed */
     uv_timer_t retry;   /* due at the earliest AREQ_DELAYED request's retry_at */
     uint32_t max_frame; /* the largest request body accepted */
-    TAILQ_HEAD(areqs, areq) reqs; /* accepted, not called back yet */
-    size_t pending;
+    struct areqs reqs; /* typed calls accepted, not called back yet */
+    size_t pending;    /* ... and raw ones (on their named nodes) */
+    LIST_HEAD(, anode) named; /* the nodes raw calls named */
+    idem_async_tls_failure_cb tls_failure_cb; /* NULL: none */
+    void *tls_failure_data;
     unsigned handles; /* open uv handles we own: the reconnect, watch, kick and retry timers,
                        * request timers, conns (with a resolution pending, one more) */
     bool closing;
@@ -314,24 +341,60 @@ struct idem_async {
 
 /* Frees `a` once closing and its last handle closed, after its close callback. */
 void IdemAsyncMaybeFinish(struct idem_async *a);
+/* Starts the deadline timer of `r` (its request packed; a new one), `on_deadline` called
+ * after deadline_ms (0: the client's default) from now, and marks it waiting. IDEM_OK, or
+ * IDEM_ESYS when the timer cannot be made (r is then untouched). */
+int IdemAsyncReqStart(struct areq *r, uint32_t deadline_ms, uv_timer_cb on_deadline);
 /* Calls the request back (exactly once) with `status` and `res` (freed afterwards unless
  * the callback moved it), and frees the request once its timer closed. */
 void IdemAsyncReqFinish(struct areq *r, int status, struct idem_result *res);
+/* The same for a raw call: `resp` (borrowed) with IDEM_OK, else NULL and a static reason. */
+void IdemAsyncRawFinish(struct areq *r, int status, const Idem__Response *resp,
+                        const char *reason);
 /* IdemAsyncReqFinish with an empty result whose detail is the formatted text. */
 void IdemAsyncReqFail(struct areq *r, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Writes waiting requests if the connection is up; starts one otherwise (async.c). */
 void IdemAsyncFlush(struct idem_async *a);
+/* Arms the zero-delay kick that writes what was submitted (typed and raw calls). */
+void IdemAsyncKick(struct idem_async *a);
+/* Writes the waiting requests from `*from` on (in their list, conn's) as one batch on
+ * `conn` (up, no write queued); `*from` moves past them. False when the connection was
+ * dropped, the batch waits in libuv's queue, or out of memory (the kick then tries again). */
+bool IdemAsyncSendBatch(struct aconn *conn, struct areq **from);
 /* Makes the retry timer due by `at` (uv_now() ms) at the latest. */
 void IdemAsyncRetryArm(struct idem_async *a, uint64_t at);
 
 /* Opens a connection to a->current (async_conn.c). */
 void IdemAsyncConnStart(struct idem_async *a);
+/* A new connection to `peer` (borrowed; it must outlive the connection's use), not yet
+ * connecting: NULL (the reason in a->errmsg) when out of memory or libuv refuses a handle.
+ * The caller makes it its own (a->conn, or a named node's) and then calls
+ * IdemAsyncConnGo(). */
+struct aconn *IdemAsyncConnNew(struct idem_async *a, const struct idem_node *peer);
+/* Connects `conn`: at once for a numeric address, after resolving a name otherwise. */
+void IdemAsyncConnGo(struct aconn *conn);
 /* Drops `conn` (the current one): its sent requests wait again; the next connection goes
  * to node `next` after `delay` ms (0: on the next loop turn). */
 void IdemAsyncConnDrop(struct idem_async *a, struct aconn *conn, size_t next, uint64_t delay);
-/* Drops `conn` after a failure said in a->errmsg: the next seed, after a backoff. */
-void IdemAsyncConnFail(struct aconn *conn);
+/* What made a connection fail: what a raw call waiting on it is told (async_node.c). */
+enum aconnFail {
+    AFAIL_CONNECT,   /* resolve, connect, a handle */
+    AFAIL_IO,        /* a read or write error */
+    AFAIL_CLOSED,    /* the node closed the connection */
+    AFAIL_REFUSED,   /* an answer with request id 0: the node could not read a frame */
+    AFAIL_FRAME,     /* a frame too large or that does not decode */
+    AFAIL_HANDSHAKE, /* the TLS handshake (certificate verification included) */
+    AFAIL_TLS,       /* the TLS session, once up */
+    AFAIL_NOMEM,
+    AFAIL_ANSWER, /* the leader connection only: an answer that leaves this node */
+};
+/* Drops `conn` after a failure said in a->errmsg: the leader connection goes to the next
+ * seed after a backoff; a named node's fails its calls (IdemNamedConnFail). */
+void IdemAsyncConnFail(struct aconn *conn, enum aconnFail why);
+/* Drops `conn` after a TLS failure (`what`: "handshake", "read", "write", "setup"), saying
+ * it in a->errmsg and to the client's TLS failure callback. */
+void IdemAsyncTlsFail(struct aconn *conn, const char *what);
 /* Closes conn's handle (once); its memory goes once it closed and resolved. */
 void IdemAsyncConnClose(struct aconn *conn);
 /* What IdemAsyncConnWrite did with a write. */
@@ -345,6 +408,23 @@ enum writeResult IdemAsyncConnWrite(struct aconn *conn, struct awrite *wr);
 /* TLS: writes what the session produced to the socket; false when the connection was
  * dropped. */
 bool IdemAsyncTlsFlushOut(struct aconn *conn);
+
+/* ---- raw calls to named nodes (async_node.c) ---- */
+
+/* Writes the waiting calls of `n`, opening its connection when it has none. */
+void IdemNamedFlush(struct anode *n);
+/* IdemNamedFlush for every named node; frees those left without calls or a connection. */
+void IdemNamedFlushAll(struct idem_async *a);
+/* A named node's connection failed: it closes, and the node's calls fail (`why`). */
+void IdemNamedConnFail(struct aconn *conn, enum aconnFail why);
+/* An answer `m` (taken) on a named node's connection. False when the connection was
+ * dropped. */
+bool IdemNamedAnswer(struct aconn *conn, Idem__Response *m);
+/* idem_async_close(): every raw call fails with IDEM_ECANCELED, every named connection
+ * closes. */
+void IdemNamedClose(struct idem_async *a);
+/* Frees the named nodes (the client's memory goes). */
+void IdemNamedFree(struct idem_async *a);
 
 /* The sync client's call with its own error text (into `err`, may be NULL): the core of
  * idem_call, used by the typed calls. */

@@ -1,6 +1,7 @@
 /* frame.h: the framing of the binary RPC (idem.proto, above `message Request`), shared by
- * the server (server/rpc.c, server/forward.c) and libidem (client/): every frame is a
- * 4-byte big-endian length, then that many bytes of one packed Request or Response.
+ * the server (server/rpc.c) and libidem (client/, which the gateway's forwarder uses):
+ * every frame is a 4-byte big-endian length, then that many bytes of one packed Request or
+ * Response.
  *
  * Header-only (static inline), so that it adds no symbol to libidem and needs no link.
  * Nothing here allocates or trusts a length: frame_check() bounds it before a caller
@@ -107,10 +108,10 @@ static inline int frame_varint_get(const uint8_t *p, size_t len, uint64_t *v, si
 /* Request.request_id from the first `len` bytes of a packed Request, for a frame that is
  * not taken in (too large, or no room for it): looked for only among the leading fields 1
  * (request_id) and 2 (deadline_ms), both varints, which is how every client starts a
- * request (protobuf-c packs fields in number order; libidem's asynchronous client and the
- * server's forwarder put theirs before the body). 1: *id found (non-zero); 0: not there
- * (another field first, a varint too long, id 0); -1: the bytes so far begin such a
- * field: wait for more. */
+ * request (protobuf-c packs fields in number order; libidem's asynchronous client, which
+ * the server's forwarder uses, puts deadline_ms before the body, which starts with
+ * request_id). 1: *id found (non-zero); 0: not there (another field first, a varint too
+ * long, id 0); -1: the bytes so far begin such a field: wait for more. */
 static inline int frame_peek_request_id(const uint8_t *p, size_t len, uint64_t *id)
 {
     size_t i = 0;

@@ -1,37 +1,44 @@
-/* forward: an asynchronous client of the binary RPC on the node's loop, with which a
- * follower's HTTP gateway forwards a request to the leader (DESIGN.md, runtime shape). */
+/* forward: how a follower's HTTP gateway forwards a request to the leader over the binary
+ * RPC, on the node's loop (DESIGN.md, runtime shape): libidem's raw asynchronous calls to a
+ * named node (client/include/idem_rpc.h), with the node's TLS settings. */
 #ifndef IDEM_SERVER_FORWARD_H
 #define IDEM_SERVER_FORWARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
+#include "config.h"
 #include "idem.pb-c.h"
 
 struct forwarder;
-struct tls_ctx;
 
 /* Called exactly once per forward_call(), possibly before it returns: with the leader's
  * Response (resp != NULL, err == NULL; its request_id is the caller's), or with resp == NULL
  * and a static, NUL-terminated reason in err (connection failure, deadline passed, bad
- * frame, forwarder closing). `resp` is borrowed for the duration of the call. */
+ * frame, forwarder closed), which never holds a key, a token or an address. `resp` is
+ * borrowed for the duration of the call. */
 typedef void (*forward_cb)(void *data, const Idem__Response *resp, const char *err);
 
-/* Creates a forwarder on `loop` (borrowed; must outlive it). Frames larger than
- * max_frame_bytes from a peer fail that connection. `tls` (taken: the forwarder frees it;
- * NULL for plain TCP) is a TLS_CLIENT context (tls.h): every connection then speaks TLS and
- * checks that the server's certificate was issued by the context's CA and carries the IP
- * address the connection goes to (an IP subjectAltName). The caller owns the result and
- * ends it with forwarder_close(). Never returns NULL (aborts on allocation failure). */
-struct forwarder *forwarder_new(uv_loop_t *loop, uint32_t max_frame_bytes, struct tls_ctx *tls);
+/* Creates a forwarder on `loop` (borrowed; must outlive it). With `tls` (borrowed: the files
+ * are read now; NULL for plain TCP) every connection speaks TLS: the leader's certificate
+ * is verified against tls->ca_file, or without one against the system CA store, and must
+ * carry the address it is reached at (an IP subjectAltName); tls->cert_file and key_file
+ * are this node's client certificate, sent where the leader asks for one. A TLS failure is
+ * logged with OpenSSL's reason. Returns NULL with the reason in err (errlen bytes) when a
+ * TLS file cannot be loaded (or out of memory). The caller owns the result and ends it with
+ * forwarder_close(). */
+struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, char *err,
+                                size_t errlen);
 
-/* Sends `req` to the RPC server at addr ("a.b.c.d:port", an IPv4 literal) over one lazily
- * opened, reused and pipelined TCP (or TLS) connection per address, with the forwarder's own
- * request ids. `addr` and `req` are borrowed for the duration of the call only: the request is
- * packed before forward_call returns. `deadline_ms` bounds the whole call; the answer is then
- * "deadline passed". A NOT_LEADER answer that names another leader is followed once more,
- * within the same deadline. The request goes out with Request.forwarded set: the leader's
- * /metrics counts it apart, as its client was counted by the caller (reqstats.h). */
+/* Sends `req` to the RPC server at addr ("host:port") over one lazily opened, reused and
+ * pipelined TCP (or TLS) connection per address; the requests of one loop turn are written
+ * together. `addr` and `req` are borrowed for the duration of the call only: the request
+ * is packed before forward_call returns. `deadline_ms` bounds the whole call; the answer
+ * is then "deadline passed". A NOT_LEADER answer that names another leader is followed
+ * once more, within the same deadline. The request goes out with Request.forwarded set:
+ * the leader's /metrics counts it apart, as its client was counted by the caller
+ * (reqstats.h). */
 void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,
                   uint32_t deadline_ms, forward_cb cb, void *data);
 

@@ -19,7 +19,6 @@
 
 #include "fingerprint.h"
 #include "log.h"
-#include "tls.h"
 #include "xmalloc.h"
 
 #define HTTP_H2O_ENTITY_MAX (2u << 20) /* h2o's own cap, so that our handler sees 1 MiB + 1 */
@@ -486,14 +485,9 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     /* With TLS on the RPC, forwarding to the leader speaks TLS too: the leader is verified
      * against tls.ca_file (else the system CA store), and this node's certificate is its
      * client certificate where the leader asks for one (forward.h). */
-    struct tls_ctx *fwd_tls = NULL;
-    if (cfg->tls.rpc) {
-        char terr[400];
-        fwd_tls = tls_ctx_new(&cfg->tls, TLS_CLIENT, terr, sizeof(terr));
-        if (fwd_tls == NULL) {
-            snprintf(err, errlen, "forwarding to the leader: %s", terr);
-            return NULL;
-        }
+    struct forwarder *fwd = forwarder_new(loop, cfg->tls.rpc ? &cfg->tls : NULL, err, errlen);
+    if (fwd == NULL) {
+        return NULL;
     }
     struct http_server *h = xcalloc(1, sizeof(*h));
     h->loop = loop;
@@ -502,12 +496,12 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     LIST_INIT(&h->jobs);
     LIST_INIT(&h->pjobs);
     if (!openListeners(h, err, errlen)) {
-        tls_ctx_free(fwd_tls);
+        forwarder_close(fwd, NULL, NULL);
         return NULL;
     }
     h2oSetup(h);
     proxy_upstreams_init(h);
-    h->fwd = forwarder_new(loop, cfg->rpc.max_frame_bytes, fwd_tls);
+    h->fwd = fwd;
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {

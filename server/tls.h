@@ -1,5 +1,5 @@
 /* tls: TLS over any byte stream with OpenSSL 3 memory BIOs; the pieces the RPC listener uses
- * and that a TLS client (forwarding, libidem) can reuse.
+ * and a TLS client (tests/unit/test_tls.c; the forwarder uses libidem's) can reuse.
  *
  * The socket stays the caller's (a libuv stream, a blocking fd, anything): a tls_conn never
  * touches it. The caller moves bytes:

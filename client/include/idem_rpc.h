@@ -1,6 +1,8 @@
 /* idem_rpc: libidem's raw-message calls, for this repository's tools (idemctl, idem-bench),
- * which speak every RPC (admin ops included) in protobuf-c messages. Not installed: it needs
- * the generated "idem.pb-c.h" of proto/idem.proto. Applications use idem.h alone.
+ * which speak every RPC (admin ops included) in protobuf-c messages, and for idemd's
+ * gateway, which forwards requests to the leader with the asynchronous ones. Not
+ * installed: it needs the generated "idem.pb-c.h" of proto/idem.proto. Applications use
+ * idem.h alone.
  *
  * idem_call() follows the rules of idem.h (leader discovery, redirects, retries of
  * unavailable and connection failures with the same request, deadline) and is thread-safe
@@ -50,6 +52,53 @@ int idem_call_why(struct idem_client *c, const Idem__Request *req, uint32_t dead
  * do not decode (the connection is closed). */
 int idem_call_node(struct idem_client *c, const char *addr, const Idem__Request *req,
                    uint32_t deadline_ms, Idem__Response **resp);
+
+/* ---- raw asynchronous calls to a named node (client/async_node.c) ----
+ *
+ * For the gateway of a follower, which forwards requests to the leader its node names,
+ * on the node's loop. */
+
+/* Called exactly once per accepted idem_async_call_node(), on the loop's thread, never from
+ * within the call: status IDEM_OK with the node's answer in `resp` (borrowed for the
+ * callback; its request_id is the caller's), or a negative code with resp NULL and a
+ * static reason (never a key, a token or an address: it may be shown to the caller's
+ * clients): IDEM_EUNAVAILABLE (the connection failed, TLS included, or the deadline
+ * passed: "deadline passed"), IDEM_EPROTO (the node sent a frame that is too large or
+ * does not decode), IDEM_ENOMEM, IDEM_ECANCELED (idem_async_close() ran first). The
+ * callback may make new calls and may close the client. */
+typedef void (*idem_async_raw_cb)(struct idem_async *a, int status, const Idem__Response *resp,
+                                  const char *reason, void *data);
+
+/* idem_async_open() for a client of raw calls: opts->seeds may be NULL, and then the typed
+ * calls of idem.h fail with IDEM_EINVAL. */
+int idem_async_open_raw(struct uv_loop_s *loop, const struct idem_options *opts,
+                        struct idem_async **out, char *why, size_t why_len);
+
+/* Sends `req` (borrowed, packed before this returns) to the node at `addr` ("host:port",
+ * borrowed) and hands its answer, whatever the outcome, to cb, within deadline_ms (0: the
+ * client's default). One connection per named node, opened for its first call and kept
+ * for the next ones, pipelined, written with the calls of the same loop turn in one
+ * batch. The request goes out as given except for request_id (the client's own, unique on
+ * the connection), auth_token (the client's token when req has none) and, when req has
+ * none, deadline_ms (the time the call has left). An answer OUTCOME_NOT_LEADER naming
+ * another node moves the call there, once, within the same deadline. No other retries: a
+ * failed connection fails every call waiting on it, and the next call opens a new one.
+ * Returns IDEM_OK (cb will be called), or IDEM_EINVAL (NULL argument, or addr is not a
+ * "host:port"), IDEM_ECLOSED (after idem_async_close()), IDEM_ETOOBIG (larger than the
+ * client's max_frame_bytes), IDEM_ENOMEM or IDEM_ESYS, and cb is never called. */
+int idem_async_call_node(struct idem_async *a, const char *addr, const Idem__Request *req,
+                         uint32_t deadline_ms, idem_async_raw_cb cb, void *data);
+
+/* Called when a TLS handshake or session of the client fails, before the calls waiting
+ * on that connection hear of it, for the caller's log (libidem logs nothing): the node's
+ * address, what failed ("handshake", "read", "write", "setup") and OpenSSL's reason (with
+ * the certificate verification result when that failed; never bytes from the node). All
+ * borrowed for the call. It must not call the client. */
+typedef void (*idem_async_tls_failure_cb)(void *data, const char *addr, const char *what,
+                                          const char *reason);
+
+/* Sets (cb NULL: clears) the client's TLS failure callback. */
+void idem_async_on_tls_failure(struct idem_async *a, idem_async_tls_failure_cb cb, void *data);
 
 /* The outcome of a response: resp->result->outcome, or OUTCOME_UNSPECIFIED when resp or
  * its result is NULL. `resp` is borrowed. */

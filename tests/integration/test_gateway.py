@@ -286,7 +286,7 @@ class TestGatewayBasics(GatewayTest):
 
     def test_burst_through_a_follower_each_answered_once(self):
         # A follower gathers the frames it forwards and writes them once per loop turn
-        # (server/forward.c): many claims arriving together must still each reach the
+        # (server/forward.c on libidem's asynchronous client): many claims arriving together must still each reach the
         # leader once, as their own command, and get their own answer back.
         lid = self.c.wait_leader(timeout=20)
         addr = self.addr(self.follower_ids()[0])

@@ -8,7 +8,7 @@ tests speak the framing through Python's ssl module. Readiness is asked over HTT
 TLS clusters (TestTlsForward, TestTlsForwardMutual, TestTlsForwardUntrusted): three nodes
 with tls.rpc on, a cluster secret and a proxy listener each, in front of
 test_proxy.OrderService. A follower's gateway forwards JSON API requests and proxy claims
-to the leader over TLS (server/forward.c), verifying the leader's certificate against
+to the leader over TLS (server/forward.c, libidem's asynchronous client), verifying the leader's certificate against
 tls.ca_file, or without one against the system store (here: SSL_CERT_FILE pointing at the
 test CA, in the nodes' environment). idemctl (libidem's synchronous client) and idem-bench
 reach the nodes with --tls-ca / --tls-cert / --tls-key; a wrong CA is refused with exit 3.

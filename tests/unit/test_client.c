@@ -594,6 +594,7 @@ enum fakeMode {
     FAKE_BUSY,       /* as FAKE_GRANT, but the next `busy` claims are refused for load
                       * (unavailable with retry_after_ms, as a leader past its pending
                       * budget answers) */
+    FAKE_REDIRECT,   /* not_leader, naming `redirect` as the leader */
 };
 
 #define FAKE_TOKEN 7
@@ -610,6 +611,7 @@ struct fakeNode {
                                         * (all of them), instead of counting */
     _Atomic uint64_t busy_retry_ms;    /* FAKE_BUSY: their retry_after_ms (10 at start) */
     atomic_int conns;                  /* connections accepted */
+    char redirect[32];                 /* FAKE_REDIRECT: the leader it names */
     atomic_bool stop;
     pthread_t th;
     uint8_t frame[1 << 16]; /* the request being read */
@@ -698,6 +700,11 @@ static void fakeServe(struct fakeNode *f, int fd)
                     atomic_fetch_add(&f->releases, 1);
                 }
             }
+        } else if (f->mode == FAKE_REDIRECT) {
+            resp.request_id = req->request_id;
+            resp.result = &res;
+            resp.leader_rpc_address = f->redirect;
+            res.outcome = IDEM__OUTCOME__OUTCOME_NOT_LEADER;
         } else if (f->mode == FAKE_NO_RESULT) {
             resp.request_id = req->request_id;
             resp.error = (char *)"nothing to say";
@@ -1043,6 +1050,138 @@ static void test_unreadable_request(void **state)
     fakeStop(f);
 }
 
+/* ---- raw calls to a named node (idem_rpc.h) ---------------------------------------------- */
+
+struct rawOne {
+    int calls;
+    int status;
+    Idem__Outcome outcome;
+    uint64_t request_id;
+    char reason[128];
+};
+
+static void rawOneCb(struct idem_async *a, int status, const Idem__Response *resp,
+                     const char *reason, void *data)
+{
+    (void)a;
+    struct rawOne *o = data;
+    o->calls++;
+    o->status = status;
+    assert_true((status == IDEM_OK) == (resp != NULL));
+    assert_true((status == IDEM_OK) == (reason == NULL));
+    if (resp != NULL) {
+        o->outcome = idem_response_outcome(resp);
+        o->request_id = resp->request_id;
+    } else {
+        snprintf(o->reason, sizeof o->reason, "%s", reason);
+    }
+}
+
+/* A raw claim request with the caller's request id 42. */
+static void rawCall(struct idem_async *a, const char *addr, uint32_t deadline_ms, struct rawOne *o)
+{
+    Idem__ClaimRequest claim = IDEM__CLAIM_REQUEST__INIT;
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    claim.key.data = (uint8_t *)"k";
+    claim.key.len = 1;
+    claim.fingerprint.data = fp;
+    claim.fingerprint.len = sizeof fp;
+    Idem__Request req = IDEM__REQUEST__INIT;
+    req.request_id = 42;
+    req.op_case = IDEM__REQUEST__OP_CLAIM;
+    req.claim = &claim;
+    memset(o, 0, sizeof *o);
+    assert_int_equal(idem_async_call_node(a, addr, &req, deadline_ms, rawOneCb, o), IDEM_OK);
+}
+
+static void rawRun(uv_loop_t *loop, struct idem_async *a)
+{
+    while (idem_async_pending(a) > 0) {
+        uv_run(loop, UV_RUN_ONCE);
+    }
+}
+
+/* idem_async_call_node: one redirect followed, the second one answered; one connection per
+ * node, kept and pipelined; a node that cannot be reached, one that does not answer (the
+ * deadline), close with calls pending; the caller's request id comes back. */
+static void test_raw_calls_to_a_named_node(void **state)
+{
+    (void)state;
+    struct fakeNode *leader = fakeStart(FAKE_GRANT);
+    struct fakeNode *follower = fakeStart(FAKE_REDIRECT);
+    struct fakeNode *stale = fakeStart(FAKE_REDIRECT); /* names the follower */
+    snprintf(follower->redirect, sizeof follower->redirect, "%s", leader->addr);
+    snprintf(stale->redirect, sizeof stale->redirect, "%s", follower->addr);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_options opts = {.seeds = NULL};
+    struct idem_async *a = NULL;
+    assert_int_equal(idem_async_open(&loop, &opts, &a, NULL, 0), IDEM_EINVAL);
+    assert_int_equal(idem_async_open_raw(&loop, &opts, &a, NULL, 0), IDEM_OK);
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    struct asyncOne typed;
+    assert_int_equal(idem_async_claim(a, "k", fp, NULL, asyncOneCb, &typed), IDEM_EINVAL);
+    Idem__Request empty = IDEM__REQUEST__INIT;
+    assert_int_equal(idem_async_call_node(a, "no port", &empty, 0, rawOneCb, NULL), IDEM_EINVAL);
+
+    struct rawOne o[4];
+    for (int i = 0; i < 3; i++) {
+        rawCall(a, follower->addr, 2000, &o[i]);
+    }
+    rawRun(&loop, a);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(o[i].calls, 1);
+        assert_int_equal(o[i].status, IDEM_OK);
+        assert_int_equal(o[i].outcome, IDEM__OUTCOME__OUTCOME_ACQUIRED);
+        assert_int_equal(o[i].request_id, 42);
+    }
+    assert_int_equal(atomic_load(&follower->conns), 1);
+    assert_int_equal(atomic_load(&leader->conns), 1);
+    rawCall(a, leader->addr, 2000, &o[0]);
+    rawRun(&loop, a);
+    assert_int_equal(o[0].outcome, IDEM__OUTCOME__OUTCOME_ACQUIRED);
+    assert_int_equal(atomic_load(&leader->conns), 1); /* kept open */
+    assert_int_equal(atomic_load(&leader->requests), 4);
+
+    rawCall(a, stale->addr, 2000, &o[0]); /* stale -> follower -> (not followed) */
+    rawRun(&loop, a);
+    assert_int_equal(o[0].status, IDEM_OK);
+    assert_int_equal(o[0].outcome, IDEM__OUTCOME__OUTCOME_NOT_LEADER);
+    assert_int_equal(o[0].request_id, 42);
+    assert_int_equal(atomic_load(&leader->requests), 4);
+
+    /* Nothing listens: the call fails at once, with a static reason. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    char closed[32];
+    snprintf(closed, sizeof closed, "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+    rawCall(a, closed, 5000, &o[0]);
+    rawRun(&loop, a);
+    assert_int_equal(o[0].status, IDEM_EUNAVAILABLE);
+    assert_string_equal(o[0].reason, "cannot connect to the node");
+    /* Listening, never answering: the deadline. */
+    assert_int_equal(listen(fd, 4), 0);
+    rawCall(a, closed, 100, &o[0]);
+    rawRun(&loop, a);
+    assert_int_equal(o[0].status, IDEM_EUNAVAILABLE);
+    assert_string_equal(o[0].reason, "deadline passed");
+    /* Closed with a call pending. */
+    rawCall(a, closed, 5000, &o[0]);
+    idem_async_close(a, NULL, NULL);
+    assert_int_equal(o[0].status, IDEM_ECANCELED);
+    assert_int_equal(idem_async_call_node(a, leader->addr, &empty, 0, rawOneCb, &o[1]),
+                     IDEM_ECLOSED);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    close(fd);
+    fakeStop(stale);
+    fakeStop(follower);
+    fakeStop(leader);
+}
+
 /* ---- system failures ------------------------------------------------------------------
  * test_client links with -Wl,--wrap for these (tests/CMakeLists.txt): libidem's calls go
  * through the wrappers, which fail on demand and otherwise call the real function. */
@@ -1202,6 +1341,7 @@ int main(void)
         cmocka_unit_test(test_renew_plan),
         cmocka_unit_test(test_answer_without_a_result),
         cmocka_unit_test(test_unreadable_request),
+        cmocka_unit_test(test_raw_calls_to_a_named_node),
         cmocka_unit_test(test_busy_leader_is_asked_again_on_the_same_connection),
         cmocka_unit_test(test_system_failures),
         cmocka_unit_test(test_a_wait_longer_than_one_poll),

@@ -237,7 +237,7 @@ static void test_ctx_errors(void **state)
     assert_non_null(strstr(err, "tls: ca_file /nonexistent/ca.crt: "));
     bad = tlsCfg(NULL, NULL, NULL);
     assert_null(tls_ctx_new(&bad, TLS_SERVER, err, sizeof err));
-    /* A client without ca_file verifies against the system store (forward.c's default). */
+    /* A client without ca_file verifies against the system store (as the forwarder does). */
     struct tls_ctx *sys = tls_ctx_new(&bad, TLS_CLIENT, err, sizeof err);
     assert_non_null(sys);
     tls_ctx_free(sys);
