@@ -1,5 +1,5 @@
 /* forward: how a follower's HTTP gateway forwards a request to the leader over the binary
- * RPC, on the node's loop (DESIGN.md, runtime shape): libidem's raw asynchronous calls to a
+ * RPC, on the node's loop (docs/architecture.md): libidem's raw asynchronous calls to a
  * named node (client/include/idem_rpc.h), with the node's TLS settings. */
 #ifndef IDEM_SERVER_FORWARD_H
 #define IDEM_SERVER_FORWARD_H
