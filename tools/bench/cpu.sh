@@ -9,12 +9,12 @@
 #   tools/bench/cpu.sh             (root on Debian 12; needs build/bin from a normal build)
 #
 # Env: RATE (claims/s, default 10000), DURATION (seconds per load, default 10), CONNS (wrk's
-# connections, default 64), DELAY_MS (default 3), IDEM_BIN_DIR (the build's bin/, default
+# connections, default 64), DELAY_MS (default 6), IDEM_BIN_DIR (the build's bin/, default
 # build/bin: run it once per build to compare two, alternating).
 #
 # The RPC load is an open loop (idem-bench --rate RATE). wrk has no open loop: each of its
 # connections waits DELAY_MS after every answer, so the rate is CONNS / (DELAY_MS + latency):
-# near 10,000/s with the defaults on a 2-core machine. The rate reached is printed beside the
+# about 8,700/s with the defaults on the 2-core development VM. The rate reached is printed beside the
 # figure; compare builds at the same settings.
 set -euo pipefail
 
@@ -29,7 +29,7 @@ RATE=${RATE:-10000}
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
-DELAY_MS=${DELAY_MS:-3}
+DELAY_MS=${DELAY_MS:-6}
 FP=$(printf 'bench' | sha256sum | cut -c1-64)
 RUN=c$(date +%s)-$$
 
