@@ -14,8 +14,8 @@
 #
 # The RPC load is an open loop (idem-bench --rate RATE). wrk has no open loop: each of its
 # connections waits DELAY_MS after every answer, so the rate is CONNS / (DELAY_MS + latency):
-# about 8,700/s with the defaults on the 2-core development VM. The rate reached is printed beside the
-# figure; compare builds at the same settings.
+# about 8,700/s with the defaults on the 2-core development VM. The rate reached is printed
+# beside the figure; compare builds at the same settings.
 set -euo pipefail
 
 if [ -z "${CPU_BENCH_BOUNDED:-}" ]; then
