@@ -51,11 +51,18 @@ const char *gateway_forward_target(const struct http_server *h)
 }
 
 /* Sends rq once to the leader at addr with the forwarder, which packs it (the one encoding
- * of the request on this node); cb gets the answer, possibly before this returns. */
+ * of the request on this node); cb gets the answer, possibly before this returns. The call
+ * waits as long as the request's own deadline_ms when it has a shorter one than
+ * rpc.default_deadline_ms (a proxy's renewal: proto/renew_plan.h bounds each try by the
+ * lease left, and the next try must not wait behind a leader that does not answer). */
 void gateway_forward(struct http_server *h, const char *addr, const Idem__Request *rq,
                      forward_cb cb, void *data)
 {
-    forward_call(h->fwd, addr, rq, h->cfg->rpc.default_deadline_ms, cb, data);
+    uint32_t deadline_ms = h->cfg->rpc.default_deadline_ms;
+    if (rq->deadline_ms != 0 && rq->deadline_ms < deadline_ms) {
+        deadline_ms = rq->deadline_ms;
+    }
+    forward_call(h->fwd, addr, rq, deadline_ms, cb, data);
 }
 
 /* The index of the one header `name` (lower case) of req, -1 when there is none, -2 when
