@@ -1,14 +1,15 @@
 /* http_api: the JSON API (docs/contract.md): requests to Idem__Requests, and the service's
  * answers back to JSON.
  *
- * A JSON API request: route → body cap (413) → bearer token → tenant (401) → key (400) →
- * body (400 invalid_request, nothing proposed) → an Idem__Request handed to service_handle()
- * in a job. The job keeps the h2o request and a back-reference allocated in the request's
+ * A JSON API request: route → body cap (413) → bearer token → tenant (401) → one
+ * Idempotency-Key header (400) → body (400 invalid_request, nothing proposed) → an
+ * Idem__Request in a job, handed to the service, or on a follower that knows the leader
+ * straight to the leader's RPC address (forward.c); the leader's service judges the key
+ * (400). The job keeps the h2o request and a back-reference allocated in the request's
  * pool (docs/h2o-notes.md §3): if h2o disposes the request first, the reference clears
- * job->req and the answer is only counted. A follower's service answers not_leader; the job
- * then forwards the same request once to the leader's RPC address (forward.c) and answers
- * from the leader's response. The service's deadline (rpc.default_deadline_ms) and the
- * forward's own deadline guarantee that every job is answered.
+ * job->req and the answer is only counted. The service's deadline
+ * (rpc.default_deadline_ms) and the forward's own deadline guarantee that every job is
+ * answered.
  *
  * The data-plane series (reqstats.h) are the gateway's own (transport "http"): a forwarded
  * request is counted here, once, with the leader's answer. */

@@ -2,8 +2,9 @@
  * answers. The service calls and the recording are in proxy_record.c, the upstream client in
  * proxy_upstream.c; the job they share is in proxy_internal.h.
  *
- * A request on a proxy listener: route by path prefix → key (400) → fingerprint → claim
- * through service_handle_as() on behalf of the route's tenant → on acquired, the request goes
+ * A request on a proxy listener: route by path prefix → one Idempotency-Key header (400)
+ * → fingerprint → claim through service_handle_as() on behalf of the route's tenant (the
+ * service judges the key: 400) → on acquired, the request goes
  * to the upstream with http1client (docs/h2o-notes.md §4) under a total deadline → the
  * upstream's answer is recorded (complete or release, docs/contract.md) and then passed on.
  * Everything a job needs after the claim is copied into the job, so that it can finish
