@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <xxhash.h>
 
 #include "fingerprint.h"
 #include "log.h"
@@ -112,7 +113,11 @@ const char *gateway_key_refusal(const char *detail)
 
 /* ---- routes ---------------------------------------------------------------------------- */
 
-static h2o_iovec_t requestId(h2o_req_t *req)
+/* The request's id: a valid X-Request-Id it brought, or a new one. A new id is the next value
+ * of the gateway's counter mixed by XXH3-64 with a key drawn at start: for a fixed key the
+ * 8-byte XXH3 is a bijection, so ids do not repeat within a run, and the key keeps nodes and
+ * restarts apart. Ids are not secrets, so no random bytes are drawn per request. */
+static h2o_iovec_t requestId(struct http_server *h, h2o_req_t *req)
 {
     ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-request-id"), -1);
     if (i >= 0) {
@@ -127,13 +132,15 @@ static h2o_iovec_t requestId(h2o_req_t *req)
             return h2o_strdup(&req->pool, v.base, v.len);
         }
     }
-    uint8_t rnd[8];
-    char hex[17];
-    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
-        memset(rnd, 0, sizeof(rnd));
+    uint64_t n = h->rid_next++;
+    uint64_t v = XXH3_64bits_withSeed(&n, sizeof n, h->rid_key);
+    uint8_t b[8];
+    for (int k = 0; k < 8; k++) {
+        b[k] = (uint8_t)(v >> (56 - 8 * k));
     }
-    gateway_hex(rnd, sizeof(rnd), hex);
-    return h2o_strdup(&req->pool, hex, 16);
+    char *hex = h2o_mem_alloc_pool(&req->pool, 17);
+    gateway_hex(b, sizeof b, hex);
+    return h2o_iovec_init(hex, 16);
 }
 
 static bool isMethod(h2o_req_t *req, const char *m)
@@ -248,7 +255,7 @@ static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **sl
     const char *msg = st == 413 ? "the body exceeds the gateway's limit"
                       : req->res.reason != NULL ? req->res.reason
                                                 : code;
-    h2o_iovec_t rid = requestId(req);
+    h2o_iovec_t rid = requestId(h, req);
     json_t *o = gateway_error_body(code, msg, rid);
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -295,7 +302,7 @@ static bool hasFoldedHeader(const h2o_req_t *req)
 static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 {
     struct http_server *h = ((struct httpHandler *)self)->h;
-    h2o_iovec_t rid = requestId(req);
+    h2o_iovec_t rid = requestId(h, req);
     if (hasFoldedHeader(req)) {
         req->http1_is_persistent = 0; /* what follows on the connection is not trusted */
         gateway_send_error(h, req, R_OTHER, rid, 400, "invalid_request",
@@ -496,7 +503,14 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     if (fwd == NULL) {
         return NULL;
     }
+    uint64_t rid_key;
+    if (RAND_bytes((unsigned char *)&rid_key, sizeof rid_key) != 1) {
+        snprintf(err, errlen, "http: no randomness for request ids");
+        forwarder_close(fwd, NULL, NULL);
+        return NULL;
+    }
     struct http_server *h = xcalloc(1, sizeof(*h));
+    h->rid_key = rid_key;
     h->loop = loop;
     h->cfg = cfg;
     h->svc = svc;

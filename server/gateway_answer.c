@@ -91,20 +91,31 @@ void gateway_send_raw(struct http_server *h, h2o_req_t *req, enum route route, h
     gateway_send_raw_as(h, req, route, rid, status, ctype, body, len, len, extra, n_extra);
 }
 
-/* Sends a JSON body (stolen) with the given status. */
+/* Sends a JSON body (stolen) with the given status. The text goes into a buffer on the stack
+ * (into the request's pool when it is longer), which h2o_send_inline copies. */
 void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                        int status, json_t *body, const struct hdr *extra, size_t n_extra)
 {
-    char *s = json_dumps(body, JSON_COMPACT);
+    if (req == NULL) { /* the client is gone: only counted */
+        json_decref(body);
+        gateway_send_raw(h, NULL, route, rid, status, NULL, NULL, 0, NULL, 0);
+        return;
+    }
+    char buf[1024];
+    char *s = buf;
+    size_t n = json_dumpb(body, buf, sizeof buf, JSON_COMPACT);
+    if (n > sizeof buf) {
+        s = h2o_mem_alloc_pool(&req->pool, n);
+        n = json_dumpb(body, s, n, JSON_COMPACT);
+    }
     json_decref(body);
-    if (s == NULL) {
+    if (n == 0) {
         static const char oom[] = "{\"code\":\"internal\",\"message\":\"out of memory\"}";
         gateway_send_raw(h, req, route, rid, 500, "application/json", oom, sizeof(oom) - 1, NULL,
                          0);
         return;
     }
-    gateway_send_raw(h, req, route, rid, status, "application/json", s, strlen(s), extra, n_extra);
-    free(s);
+    gateway_send_raw(h, req, route, rid, status, "application/json", s, n, extra, n_extra);
 }
 
 json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t rid)
@@ -261,9 +272,12 @@ static bool replayHeaderOk(const Idem__Header *hd)
 /* Lower-case hex of n bytes into out (room for 2n + 1). */
 void gateway_hex(const uint8_t *p, size_t n, char *out)
 {
+    static const char digits[] = "0123456789abcdef";
     for (size_t k = 0; k < n; k++) {
-        snprintf(out + 2 * k, 3, "%02x", p[k]);
+        out[2 * k] = digits[p[k] >> 4];
+        out[2 * k + 1] = digits[p[k] & 0xf];
     }
+    out[2 * n] = '\0';
 }
 /* A body stored by reference (body_ref, with its SHA-256) is not fetched: the replay has no
  * body and says where it is, in Idempotency-Body-Ref and Idempotency-Body-SHA256 (hex).

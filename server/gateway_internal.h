@@ -90,6 +90,8 @@ struct http_server {
     void *stop_data;
     struct httpJobList jobs;    /* JSON API requests handed to the service (http_api.c) */
     struct httpMetrics m;
+    uint64_t rid_key;  /* drawn at start: new request ids (gateway.c, requestId) */
+    uint64_t rid_next; /* the counter they are made from */
 };
 
 /* A job's hold on the h2o request it answers, for a job that may outlive it: a

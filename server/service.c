@@ -472,7 +472,13 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
                  SERVICE_RESULT_RESPONSE_FIELD);
         return NULL;
     }
+    EVP_MD *sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (sha256 == NULL) {
+        snprintf(err, errlen, "no SHA-256 in the crypto library");
+        return NULL;
+    }
     struct service *s = xcalloc(1, sizeof(*s));
+    s->sha256 = sha256;
     s->loop = loop;
     s->cfg = cfg;
     LIST_INIT(&s->ops);
@@ -535,6 +541,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     free(boot);
     if (s->cluster == NULL) {
         fsm_close(s->fsm);
+        EVP_MD_free(s->sha256);
         free(s);
         return NULL;
     }
@@ -561,6 +568,7 @@ static void serviceMaybeFinish(struct service *s)
         return;
     }
     fsm_close(s->fsm);
+    EVP_MD_free(s->sha256);
     void (*cb)(void *) = s->close_cb;
     void *cbdata = s->close_data;
     free(s);

@@ -4,6 +4,7 @@
 #ifndef IDEM_SERVER_SERVICE_INTERNAL_H
 #define IDEM_SERVER_SERVICE_INTERNAL_H
 
+#include <openssl/evp.h>
 #include <sys/queue.h>
 
 #include "service.h"
@@ -34,6 +35,7 @@ struct op {
 
 struct service {
     uv_loop_t *loop;
+    EVP_MD *sha256; /* fetched once: tokens are hashed per request (service_token_hash) */
     const struct config *cfg;
     struct fsm *fsm;
     struct cluster *cluster;
@@ -87,7 +89,7 @@ void service_propose_client(struct service *s, const Idem__Command *cmd, uint64_
 /* ---- service_requests.c ---- */
 
 /* SHA-256 of a bearer token into h (OUT); false for an empty token. */
-bool service_token_hash(const ProtobufCBinaryData *tok, uint8_t h[32]);
+bool service_token_hash(const struct service *s, const ProtobufCBinaryData *tok, uint8_t h[32]);
 /* The tenant whose token `tok` is, or NULL. */
 const struct config_tenant *service_auth_tenant(const struct service *s,
                                                 const ProtobufCBinaryData *tok);

@@ -10,23 +10,23 @@
 
 #include "key.h"
 
-bool service_token_hash(const ProtobufCBinaryData *tok, uint8_t h[32])
+bool service_token_hash(const struct service *s, const ProtobufCBinaryData *tok, uint8_t h[32])
 {
     unsigned int hl = 0;
-    return tok->len > 0 && EVP_Digest(tok->data, tok->len, h, &hl, EVP_sha256(), NULL) == 1;
+    return tok->len > 0 && EVP_Digest(tok->data, tok->len, h, &hl, s->sha256, NULL) == 1;
 }
 
 const struct config_tenant *service_auth_tenant(const struct service *s,
                                               const ProtobufCBinaryData *tok)
 {
     uint8_t h[32];
-    return service_token_hash(tok, h) ? config_tenant_by_token_hash(s->cfg, h) : NULL;
+    return service_token_hash(s, tok, h) ? config_tenant_by_token_hash(s->cfg, h) : NULL;
 }
 
 bool service_auth_admin(const struct service *s, const ProtobufCBinaryData *tok)
 {
     uint8_t h[32];
-    return service_token_hash(tok, h) && config_is_admin_hash(s->cfg, h);
+    return service_token_hash(s, tok, h) && config_is_admin_hash(s->cfg, h);
 }
 
 uint32_t service_deadline_of(const struct service *s, const Idem__Request *req)
@@ -229,7 +229,7 @@ static void handleAsTenant(struct service *s, const Idem__Request *req, service_
                            void *data)
 {
     uint8_t h[32];
-    bool hashed = service_token_hash(&req->auth_token, h);
+    bool hashed = service_token_hash(s, &req->auth_token, h);
     if (hashed && config_is_cluster_secret_hash(s->cfg, h)) {
         handleAs(s, req->as_tenant, req, cb, data);
         return;
