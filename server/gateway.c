@@ -191,6 +191,29 @@ static enum route routeOf(const char *p, size_t len, h2o_iovec_t *key)
     return R_OTHER;
 }
 
+/* The forms that take the key from the Idempotency-Key header instead of the path (a key in
+ * a URL is written to every access log in front of the node): GET /v1/claims reads the
+ * record, POST /v1/claims/complete, .../release and .../renew act on it. Returns the route
+ * of such a request (its path key cleared) or `route` unchanged. A key named "complete"
+ * keeps its path form for GET; POST on /v1/claims/{key} was never a route. */
+static enum route headerKeyRoute(h2o_req_t *req, enum route route, h2o_iovec_t *key)
+{
+    if (route == R_CLAIM && isMethod(req, "GET")) {
+        return R_GET;
+    }
+    if (route != R_GET || !isMethod(req, "POST")) {
+        return route;
+    }
+    enum route r = h2o_memis(key->base, key->len, H2O_STRLIT("complete")) ? R_COMPLETE
+                   : h2o_memis(key->base, key->len, H2O_STRLIT("release")) ? R_RELEASE
+                   : h2o_memis(key->base, key->len, H2O_STRLIT("renew"))   ? R_RENEW
+                                                                           : R_GET;
+    if (r != R_GET) {
+        *key = h2o_iovec_init(NULL, 0);
+    }
+    return r;
+}
+
 static void answerReadyz(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
 {
     struct service_info si;
@@ -317,6 +340,7 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
     size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     h2o_iovec_t key;
     enum route route = routeOf(req->path.base, plen, &key);
+    route = headerKeyRoute(req, route, &key);
     bool post = route == R_CLAIM || route == R_COMPLETE || route == R_RELEASE || route == R_RENEW;
     if (route == R_OTHER) {
         gateway_send_error(h, req, route, rid, 404, "not_found", "no such route", 0);

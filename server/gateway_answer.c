@@ -19,31 +19,56 @@
 static const char *reasonOf(int status)
 {
     switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 204: return "No Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 303: return "See Other";
-    case 304: return "Not Modified";
-    case 307: return "Temporary Redirect";
-    case 308: return "Permanent Redirect";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 413: return "Payload Too Large";
-    case 422: return "Unprocessable Content";
-    case 425: return "Too Early";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 204:
+        return "No Content";
+    case 301:
+        return "Moved Permanently";
+    case 302:
+        return "Found";
+    case 303:
+        return "See Other";
+    case 304:
+        return "Not Modified";
+    case 307:
+        return "Temporary Redirect";
+    case 308:
+        return "Permanent Redirect";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 409:
+        return "Conflict";
+    case 410:
+        return "Gone";
+    case 413:
+        return "Payload Too Large";
+    case 422:
+        return "Unprocessable Content";
+    case 425:
+        return "Too Early";
+    case 429:
+        return "Too Many Requests";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
     default:
         return status < 300   ? "OK"
                : status < 400 ? "Redirection"
@@ -145,8 +170,8 @@ void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route r
         extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
     }
     if (status == 405 && route != R_PROXY) {
-        const char *allow = (route == R_CLAIM || route == R_COMPLETE || route == R_RELEASE ||
-                             route == R_RENEW)
+        const char *allow = route == R_CLAIM ? "GET, POST"
+                            : (route == R_COMPLETE || route == R_RELEASE || route == R_RENEW)
                                 ? "POST"
                                 : "GET";
         extra[n++] = (struct hdr){"allow", "Allow", allow, strlen(allow)};
@@ -236,10 +261,17 @@ h2o_req_t *gateway_hold_take(struct gateway_hold *hd)
  * the ones the gateway sets itself. */
 bool gateway_replay_skips(const char *name)
 {
-    static const char *const skip[] = {"content-length", "transfer-encoding", "connection",
-                                       "keep-alive",     "upgrade",           "te",
-                                       "trailer",        "date",              "server",
-                                       "x-request-id",   "idempotency-replayed"};
+    static const char *const skip[] = {"content-length",
+                                       "transfer-encoding",
+                                       "connection",
+                                       "keep-alive",
+                                       "upgrade",
+                                       "te",
+                                       "trailer",
+                                       "date",
+                                       "server",
+                                       "x-request-id",
+                                       "idempotency-replayed"};
     for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
         if (strcasecmp(name, skip[i]) == 0) {
             return true;
@@ -331,9 +363,10 @@ void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route
  * silently truncated answer. */
 bool gateway_stored_too_large(const Idem__StoredResponse *r)
 {
-    static const uint8_t emptySha[32] = {
-        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
-        0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+    static const uint8_t emptySha[32] = {0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14,
+                                         0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+                                         0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c,
+                                         0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
     return r->body.len == 0 && r->body_sha256.len == 32 &&
            (r->body_ref == NULL || r->body_ref[0] == '\0') &&
            memcmp(r->body_sha256.data, emptySha, 32) != 0;
@@ -367,4 +400,3 @@ void gateway_tb_printf(struct textBuf *b, const char *fmt, ...)
         b->p = xrealloc(b->p, b->cap);
     }
 }
-

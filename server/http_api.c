@@ -671,9 +671,17 @@ void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2
     if (t == NULL) {
         return;
     }
-    h2o_iovec_t key = pathKey;
-    if (route == R_CLAIM && !gateway_header_key(h, req, route, rid, &key)) {
+    h2o_iovec_t key;
+    if (!gateway_header_key(h, req, route, rid, &key)) {
         return;
+    }
+    if (pathKey.base != NULL) { /* the key in the path; a header beside it must name it too */
+        if (key.base != NULL && !h2o_memis(key.base, key.len, pathKey.base, pathKey.len)) {
+            gateway_send_error(h, req, route, rid, 400, "idempotency_key_invalid",
+                               "the Idempotency-Key header and the path name different keys", 0);
+            return;
+        }
+        key = pathKey;
     }
     Idem__Request rq = IDEM__REQUEST__INIT;
     struct apiOps ops = {IDEM__CLAIM_REQUEST__INIT,   IDEM__COMPLETE_REQUEST__INIT,

@@ -330,6 +330,44 @@ class TestGatewayBasics(GatewayTest):
             self.assertEqual(b["record"]["token"], tok, key)
             self.assertEqual(b["record"]["fingerprint_prefix"], fp(key)[:12], key)
 
+    def _header_key_flow(self, addr):
+        """Every route takes the key from the Idempotency-Key header (no key in the URL)."""
+        key = self.key("hdr")
+        hk = {"Idempotency-Key": key}
+        tok = self.assertAcquired(self.claim(addr, key, fp("h-" + key)))
+        st, h, b = self.call(addr, "GET", "/v1/claims", headers=hk)
+        self.assertEqual(st, 200, (st, h, b))
+        self.assertEqual(b["record"].get("token"), tok, b)
+        st, h, b = self.call(addr, "POST", "/v1/claims/renew", {"token": tok, "lease_ms": 20000},
+                             headers=hk)
+        self.assertEqual(st, 200, (st, h, b))
+        self.assertOk(self.call(addr, "POST", "/v1/claims/release", {"token": tok}, headers=hk))
+        tok2 = self.assertAcquired(self.claim(addr, key, fp("h-" + key)))
+        body = {"token": tok2, "outcome": "succeeded",
+                "response": {"status": 201, "headers": {"content-type": "application/json"},
+                             "body": '{"h":1}'}}
+        self.assertOk(self.call(addr, "POST", "/v1/claims/complete", body, headers=hk))
+        self.assertReplay(self.claim(addr, key, fp("h-" + key)), '{"h":1}')
+        # The path form with the same key in the header is fine; another key is refused.
+        self.assertOk(self.call(addr, "POST", "/v1/claims/%s/complete" % key, body, headers=hk))
+        st, h, b = self.call(addr, "POST", "/v1/claims/%s/complete" % key, body,
+                             headers={"Idempotency-Key": key + "x"})
+        self.assertError((st, h, b), 400, "idempotency_key_invalid")
+        self.assertIn("different keys", b.get("message", ""), b)
+        # Without a key anywhere: the key is missing.
+        st, h, b = self.call(addr, "GET", "/v1/claims")
+        self.assertError((st, h, b), 400, "idempotency_key_missing")
+        st, h, b = self.call(addr, "POST", "/v1/claims/release", {"token": tok2})
+        self.assertError((st, h, b), 400, "idempotency_key_missing")
+        # A key named like an action keeps its path form for GET.
+        st, h, b = self.call(addr, "GET", "/v1/claims/complete")
+        self.assertEqual(st, 404, (st, h, b))
+
+    def test_key_in_header_on_every_route(self):
+        lid = self.c.wait_leader(timeout=20)
+        self._header_key_flow(self.c.nodes[lid].http)
+        self._header_key_flow(self.c.nodes[self.follower_ids()[0]].http)
+
     def test_get_record_states(self):
         for nid in sorted(self.c.nodes):
             with self.subTest(node=nid):
