@@ -48,9 +48,9 @@
  *   the connection, the timers and the reconnect timer close, and the close callback runs
  *   once the last handle's close callback ran (libuv frees nothing of ours before that).
  *
- * TLS: OpenSSL on memory BIOs. Bytes read from the socket go into the session's read BIO;
- * whatever the session writes (handshake, records) is taken from its write BIO and written
- * to the socket. The connection counts as up (requests are written) once the handshake
+ * TLS: libidem's TLS stream (tls_stream.h, the daemon's too). Bytes read from the socket are
+ * fed to it; whatever it produces (handshake, records) is taken from it and written to the
+ * socket. The connection counts as up (requests are written) once the handshake
  * finished and the server's certificate and name were verified; a failed handshake is a
  * failed connection (next seed, backoff).
  *
@@ -69,7 +69,6 @@
 #include <sys/queue.h>
 
 #include <openssl/crypto.h>
-#include <openssl/ssl.h>
 #include <uv.h>
 
 #include "frame.h"
@@ -87,8 +86,7 @@ static void asyncFree(struct idem_async *a)
         OPENSSL_cleanse(a->token, a->token_len);
     }
     free(a->token);
-    SSL_CTX_free(a->tls);
-    free(a->tls_server_name);
+    IdemTlsCtxFree(a->tls);
     free(a);
 }
 
@@ -276,14 +274,13 @@ bool IdemAsyncSendBatch(struct aconn *conn, struct areq **from)
         }
     }
     wr->len = len;
-    if (conn->ssl == NULL) {
+    if (conn->tls == NULL) {
         return IdemAsyncConnWrite(conn, wr) == W_SENT;
     }
-    size_t written = 0;
-    int ok = SSL_write_ex(conn->ssl, wr->data, wr->len, &written);
+    int rv = IdemTlsWrite(conn->tls, wr->data, wr->len);
     OPENSSL_cleanse(wr->data, wr->len);
     free(wr);
-    if (ok != 1) {
+    if (rv != 0) {
         IdemAsyncTlsFail(conn, "write");
         return false;
     }
@@ -448,13 +445,6 @@ static int asyncOpen(uv_loop_t *loop, const struct idem_options *opts, bool raw,
     a->n_seeds = a->n_nodes;
     if (IdemTlsWanted(opts)) {
         rv = IdemTlsContext(opts, &a->tls, why, why_len);
-        if (rv == IDEM_OK && opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
-            a->tls_server_name = strdup(opts->tls_server_name);
-            rv = a->tls_server_name == NULL ? IDEM_ENOMEM : IDEM_OK;
-            if (rv != IDEM_OK) {
-                IdemWhyf(why, why_len, "out of memory");
-            }
-        }
         if (rv != IDEM_OK) {
             asyncFree(a);
             return rv;

@@ -1,5 +1,5 @@
 /* async_conn.c: the connections of libidem's asynchronous client (async.c): connect (a
- * numeric address at once, a name after uv_getaddrinfo), TLS on memory BIOs, writes,
+ * numeric address at once, a name after uv_getaddrinfo), TLS (tls_stream.h), writes,
  * reads, frames, and what each answer does to its request and to the connection (see
  * async.c for the failure modes). The typed calls have one connection at a time, a->conn,
  * to the node believed to lead; a dropped one is closed, its requests wait again, and a
@@ -18,8 +18,6 @@
 #include <sys/socket.h>
 
 #include <openssl/crypto.h>
-#include <openssl/err.h>
-#include <openssl/x509.h>
 #include <uv.h>
 
 #include "frame.h"
@@ -146,11 +144,11 @@ enum writeResult IdemAsyncConnWrite(struct aconn *conn, struct awrite *wr)
     return W_QUEUED;
 }
 
-/* TLS: writes whatever the session has produced (handshake messages, records) to the
+/* TLS: writes whatever the stream has produced (handshake messages, records) to the
  * socket. Returns false when the connection was dropped. */
 bool IdemAsyncTlsFlushOut(struct aconn *conn)
 {
-    size_t n = BIO_ctrl_pending(conn->wbio);
+    size_t n = IdemTlsPending(conn->tls);
     if (n == 0) {
         return true;
     }
@@ -162,8 +160,7 @@ bool IdemAsyncTlsFlushOut(struct aconn *conn)
         IdemAsyncConnFail(conn, AFAIL_NOMEM);
         return false;
     }
-    int got = BIO_read(conn->wbio, wr->data, (int)n);
-    wr->len = got > 0 ? (size_t)got : 0;
+    wr->len = IdemTlsTake(conn->tls, wr->data, n);
     return IdemAsyncConnWrite(conn, wr) != W_FAILED;
 }
 
@@ -171,7 +168,7 @@ bool IdemAsyncTlsFlushOut(struct aconn *conn)
 
 static void connFree(struct aconn *conn)
 {
-    SSL_free(conn->ssl); /* frees rbio and wbio */
+    IdemTlsFree(conn->tls);
     free(conn->cbuf);
     free(conn->rbuf);
     free(conn);
@@ -285,19 +282,16 @@ static void tlsReport(struct aconn *conn, const char *what, const char *reason)
 void IdemAsyncTlsFail(struct aconn *conn, const char *what)
 {
     struct idem_async *a = conn->a;
-    char ebuf[256], reason[400];
-    IdemTlsError(ebuf, sizeof ebuf);
-    long vr = conn->ssl != NULL ? SSL_get_verify_result(conn->ssl) : X509_V_OK;
-    if (vr != X509_V_OK) {
+    /* No stream: it could not be made (setup), for want of memory. */
+    const char *reason = conn->tls != NULL ? IdemTlsErrmsg(conn->tls) : "out of memory";
+    const char *cert = conn->tls != NULL ? IdemTlsVerifyError(conn->tls) : NULL;
+    if (cert != NULL) {
         IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls: certificate verification failed: %s",
-                 conn->peer->addr, X509_verify_cert_error_string(vr));
-        snprintf(reason, sizeof reason, "%s (certificate: %s)", ebuf,
-                 X509_verify_cert_error_string(vr));
+                 conn->peer->addr, cert);
     } else {
-        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls %s: %s", conn->peer->addr, what, ebuf);
-        snprintf(reason, sizeof reason, "%s", ebuf);
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: tls %s: %s", conn->peer->addr, what, reason);
     }
-    tlsReport(conn, what, reason);
+    tlsReport(conn, what, reason); /* with " (certificate: ...)" when that failed */
     IdemAsyncConnFail(conn, conn->state == ACONN_UP ? AFAIL_TLS : AFAIL_HANDSHAKE);
 }
 
@@ -305,9 +299,8 @@ void IdemAsyncTlsFail(struct aconn *conn, const char *what)
  * written. Returns false when the connection was dropped. */
 static bool tlsHandshakeStep(struct aconn *conn)
 {
-    ERR_clear_error();
-    int r = SSL_do_handshake(conn->ssl);
-    if (r == 1) {
+    int r = IdemTlsHandshake(conn->tls);
+    if (r == 0) {
         if (!IdemAsyncTlsFlushOut(conn)) {
             return false;
         }
@@ -316,20 +309,19 @@ static bool tlsHandshakeStep(struct aconn *conn)
         connReady(conn);
         return conn->state != ACONN_CLOSING;
     }
-    int e = SSL_get_error(conn->ssl, r);
-    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+    if (r == IDEM_TLS_WANT) {
         return IdemAsyncTlsFlushOut(conn);
     }
     IdemAsyncTlsFail(conn, "handshake");
     return false;
 }
 
-/* TLS: feeds `n` ciphertext bytes to the session and appends the plaintext to conn->rbuf.
+/* TLS: feeds `n` ciphertext bytes to the stream and appends the plaintext to conn->rbuf.
  * Returns false when the connection was dropped. */
 static bool tlsRead(struct aconn *conn, size_t n)
 {
     struct idem_async *a = conn->a;
-    if (BIO_write(conn->rbio, conn->cbuf, (int)n) != (int)n) {
+    if (IdemTlsFeed(conn->tls, conn->cbuf, n) != 0) {
         IdemAsyncTlsFail(conn, "read");
         return false;
     }
@@ -353,18 +345,15 @@ static bool tlsRead(struct aconn *conn, size_t n)
             conn->rbuf = p;
             conn->rcap += READ_CHUNK;
         }
-        size_t got = 0;
-        ERR_clear_error();
-        int ok = SSL_read_ex(conn->ssl, conn->rbuf + conn->rlen, conn->rcap - conn->rlen, &got);
-        if (ok == 1) {
-            conn->rlen += got;
+        int got = IdemTlsRead(conn->tls, conn->rbuf + conn->rlen, conn->rcap - conn->rlen);
+        if (got > 0) {
+            conn->rlen += (size_t)got;
             continue;
         }
-        int e = SSL_get_error(conn->ssl, ok);
-        if (e == SSL_ERROR_WANT_READ) {
+        if (got == IDEM_TLS_WANT) {
             break;
         }
-        if (e == SSL_ERROR_ZERO_RETURN) {
+        if (got == IDEM_TLS_CLOSED) {
             IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connection closed by the node",
                      conn->peer->addr);
             IdemAsyncConnFail(conn, AFAIL_CLOSED);
@@ -496,7 +485,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread > 0) {
         conn->quiet_since = uv_now(a->loop);
     }
-    if (conn->ssl != NULL) {
+    if (conn->tls != NULL) {
         if (!tlsRead(conn, (size_t)nread)) {
             return;
         }
@@ -537,26 +526,13 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     conn->rlen -= off;
 }
 
-/* TLS: a session on memory BIOs for `conn`, verifying the server's name. */
+/* TLS: a stream for `conn`, verifying the node's host (or the configured server name).
+ * False when out of memory. */
 static bool tlsSetup(struct aconn *conn)
 {
-    struct idem_async *a = conn->a;
     conn->cbuf = malloc(READ_CHUNK);
-    conn->ssl = SSL_new(a->tls);
-    if (conn->cbuf == NULL || conn->ssl == NULL) {
-        return false;
-    }
-    conn->rbio = BIO_new(BIO_s_mem());
-    conn->wbio = BIO_new(BIO_s_mem());
-    if (conn->rbio == NULL || conn->wbio == NULL) {
-        BIO_free(conn->rbio);
-        BIO_free(conn->wbio);
-        conn->rbio = conn->wbio = NULL;
-        return false;
-    }
-    SSL_set_bio(conn->ssl, conn->rbio, conn->wbio); /* the session owns both now */
-    SSL_set_connect_state(conn->ssl);
-    return IdemTlsSetPeer(conn->ssl, a->tls_server_name ? a->tls_server_name : conn->peer->host);
+    conn->tls = IdemTlsNew(conn->a->tls, conn->peer->host);
+    return conn->cbuf != NULL && conn->tls != NULL;
 }
 
 static void connectCb(uv_connect_t *req, int status)
@@ -582,7 +558,7 @@ static void connectCb(uv_connect_t *req, int status)
     }
     (void)uv_tcp_nodelay(&conn->tcp, 1);
     assert(conn->state == ACONN_CONNECTING);
-    if (conn->ssl != NULL) {
+    if (conn->tls != NULL) {
         conn->state = ACONN_HANDSHAKING;
         (void)tlsHandshakeStep(conn); /* the ClientHello; up once the server answered */
         return;

@@ -321,14 +321,6 @@ int idem_client_open(const struct idem_options *opts, struct idem_client **out, 
         if (rv != IDEM_OK) {
             goto err;
         }
-        if (opts->tls_server_name != NULL && opts->tls_server_name[0] != '\0') {
-            c->tls_server_name = strdup(opts->tls_server_name);
-            if (c->tls_server_name == NULL) {
-                IdemWhyf(why, why_len, "out of memory");
-                rv = IDEM_ENOMEM;
-                goto err;
-            }
-        }
     }
     c->next_request_id = 1;
     c->rng = IdemRngSeed();
@@ -364,8 +356,7 @@ void idem_client_close(struct idem_client *c)
         OPENSSL_cleanse(c->token, c->token_len);
     }
     free(c->token);
-    SSL_CTX_free(c->tls);
-    free(c->tls_server_name);
+    IdemTlsCtxFree(c->tls);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

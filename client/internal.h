@@ -9,12 +9,13 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
-#include <openssl/ssl.h>
 #include <uv.h>
 
 #include "idem_rpc.h"
+#include "tls_stream.h"
 
 #define IDEM_ERRMSG_LEN 512
+#define IDEM_TLS_BUF 16384 /* the synchronous client's TLS buffer (roundtrip.c) */
 #define IDEM_BACKOFF_MIN_MS 10
 #define IDEM_BACKOFF_MAX_MS 200
 #define IDEM_REDIRECTS_FREE 1 /* redirects followed without backing off, per call */
@@ -88,19 +89,6 @@ uint64_t IdemRngNext(uint64_t *state);
 /* The jittered sleep for *backoff ms (a quarter at most shaved off), then doubles it. */
 uint64_t IdemBackoffNext(uint64_t *backoff, uint64_t *rng);
 
-/* ---- TLS (tls.c) ---- */
-
-/* Whether opts ask for TLS. */
-bool IdemTlsWanted(const struct idem_options *opts);
-/* A client SSL_CTX from opts (OUT *ctx; caller frees with SSL_CTX_free). IDEM_ETLS with
- * the reason in `why`. */
-int IdemTlsContext(const struct idem_options *opts, SSL_CTX **ctx, char *why, size_t why_len);
-/* Sets SNI and the name (DNS or IP) the peer certificate must carry on `ssl`. Returns
- * false on allocation failure. */
-bool IdemTlsSetPeer(SSL *ssl, const char *host);
-/* The last OpenSSL error as text into buf; returns buf. */
-const char *IdemTlsError(char *buf, size_t len);
-
 /* ---- operations (ops.c) ---- */
 
 enum idem_op_kind { IDEM_OP_CLAIM = 1, IDEM_OP_COMPLETE, IDEM_OP_RELEASE, IDEM_OP_RENEW, IDEM_OP_GET };
@@ -155,12 +143,14 @@ void IdemResultFail(struct idem_result *out, const char *fmt, ...)
 
 /* One connection per node, owned by one call at a time. */
 struct idem_conns {
-    int fd[IDEM_NODES_MAX];   /* -1 when not connected */
-    SSL *ssl[IDEM_NODES_MAX]; /* with TLS: the session on fd; else NULL */
-    uint8_t *wbuf;            /* outgoing frame; owned */
+    int fd[IDEM_NODES_MAX];               /* -1 when not connected */
+    struct idem_tls *tls[IDEM_NODES_MAX]; /* with TLS: the stream on fd; else NULL */
+    uint8_t *wbuf;                        /* outgoing frame; owned */
     size_t wbuf_cap;
     uint8_t *rbuf; /* incoming frame; owned */
     size_t rbuf_cap;
+    uint8_t *tbuf; /* TLS: IDEM_TLS_BUF bytes of ciphertext, in or out; owned, NULL until
+                    * the first TLS connection */
     char errmsg[IDEM_ERRMSG_LEN]; /* this call's last failure */
     SLIST_ENTRY(idem_conns) link; /* in the pool's free list */
 };
@@ -175,9 +165,8 @@ struct idem_client {
     uint8_t *token; /* owned; NULL when token_len == 0 */
     size_t token_len;
     uint32_t default_deadline_ms;
-    uint32_t max_frame;    /* the largest request body sent */
-    SSL_CTX *tls;          /* NULL: plain TCP */
-    char *tls_server_name; /* owned; NULL: each node's host */
+    uint32_t max_frame;       /* the largest request body sent */
+    struct idem_tls_ctx *tls; /* NULL: plain TCP; owned */
     uint64_t next_request_id;
     uint64_t rng; /* xorshift64 state for backoff jitter; never 0 */
     SLIST_HEAD(, idem_conns) free_conns;
@@ -273,13 +262,11 @@ struct aconn {
     struct anode *named;          /* NULL: the leader connection (a->conn); else a named
                                    * node's (its `conn`) */
     enum aconnState state;
-    bool resolving;  /* a uv_getaddrinfo is outstanding (it holds a reference) */
-    bool tcp_closed; /* the TCP handle's close callback ran */
-    SSL *ssl;        /* with TLS; owns rbio and wbio */
-    BIO *rbio;       /* network bytes in */
-    BIO *wbio;       /* network bytes out */
-    uint8_t *cbuf;   /* TLS: ciphertext read buffer; owned */
-    uint8_t *rbuf;   /* plaintext read and not yet parsed; owned */
+    bool resolving;       /* a uv_getaddrinfo is outstanding (it holds a reference) */
+    bool tcp_closed;      /* the TCP handle's close callback ran */
+    struct idem_tls *tls; /* with TLS: the stream; owned */
+    uint8_t *cbuf;        /* TLS: ciphertext read buffer; owned */
+    uint8_t *rbuf;        /* plaintext read and not yet parsed; owned */
     size_t rlen, rcap;
     uint64_t quiet_since; /* uv_now() of the last byte read (or of the start, or of the
                            * last moment nothing was owed): the stall watch's reference */
@@ -312,8 +299,7 @@ struct idem_async {
     uint8_t *token;
     size_t token_len;
     uint32_t default_deadline_ms;
-    SSL_CTX *tls;          /* NULL: plain TCP */
-    char *tls_server_name; /* owned; NULL: each node's host */
+    struct idem_tls_ctx *tls; /* NULL: plain TCP; owned */
     uint64_t next_id;
     uint64_t rng;
     uint64_t backoff;   /* the next reconnect delay after a failure */

@@ -5,9 +5,11 @@
  * A round trip: connect (or reuse the connection to) the node, write the request frame
  * (4-byte big-endian length, proto/frame.h), read frames until the Response with our
  * request id arrives. Sockets are non-blocking; every wait is a poll() bounded by the
- * attempt's deadline. With TLS, the session runs on the socket itself (SSL_set_fd) with
- * SIGPIPE held back around each OpenSSL call (pipeGuard). A kept-alive connection that
- * the server closed while idle is noticed on the first write or read and reopened once. */
+ * attempt's deadline, and every send() is MSG_NOSIGNAL (a connection the node closed is an
+ * error, not a SIGPIPE). With TLS, libidem's TLS stream (tls_stream.h) sits between the
+ * frames and the socket: what recv() got is fed to it, what it gives is sent. A kept-alive
+ * connection that the server closed while idle is noticed on the first write or read and
+ * reopened once. */
 #include "internal.h"
 
 #include <assert.h>
@@ -17,16 +19,13 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <openssl/err.h>
-#include <openssl/x509.h>
+#include <openssl/crypto.h>
 
 #include "frame.h"
 
@@ -80,11 +79,9 @@ void IdemConnsPut(struct idem_client *c, struct idem_conns *k)
 
 static void connClose(struct idem_conns *k, size_t i)
 {
-    if (k->ssl[i] != NULL) {
-        /* No close_notify: the peer may be gone, and the call must not block on it. */
-        SSL_free(k->ssl[i]);
-        k->ssl[i] = NULL;
-    }
+    /* No close_notify: the peer may be gone, and the call must not wait for it. */
+    IdemTlsFree(k->tls[i]);
+    k->tls[i] = NULL;
     if (k->fd[i] >= 0) {
         close(k->fd[i]);
         k->fd[i] = -1;
@@ -102,6 +99,7 @@ void IdemConnsFree(struct idem_conns *k)
     }
     free(k->wbuf);
     free(k->rbuf);
+    free(k->tbuf); /* ciphertext only */
     free(k);
 }
 
@@ -144,89 +142,131 @@ static enum rt_result waitNode(struct idem_client *c, struct idem_conns *k, size
     return RT_OK;
 }
 
-/* SIGPIPE around OpenSSL's socket I/O. OpenSSL's socket BIO writes with write(2), and a
- * write to a connection whose reset came back (a node that closed it) raises SIGPIPE, which
- * kills a program that does not ignore it; the plain path sends with MSG_NOSIGNAL instead.
- * So around each TLS call SIGPIPE is blocked in this thread, and one that the call raised
- * (it is sent to the writing thread) is taken back before the old mask returns, unless one
- * was already pending before (as libpq does). */
-struct pipeGuard {
-    sigset_t old;
-    bool blocked;
-    bool pending_before;
-};
-
-static bool pipePending(void)
+/* Sends the `len` bytes at p on node i's socket within the deadline. send() with
+ * MSG_NOSIGNAL: a connection the node closed is an error (EPIPE), not a SIGPIPE that kills
+ * a program that does not ignore it. RT_OK, or RT_CONN ("<what>: <errno's text>") or
+ * RT_TIMEOUT (`late`) in k->errmsg. */
+static enum rt_result sendAll(struct idem_client *c, struct idem_conns *k, size_t i,
+                              const uint8_t *p, size_t len, uint64_t deadline, const char *what,
+                              const char *late)
 {
-    sigset_t pending;
-    return sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
-}
-
-static void pipeBlock(struct pipeGuard *g)
-{
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    g->pending_before = pipePending();
-    g->blocked = pthread_sigmask(SIG_BLOCK, &pipe, &g->old) == 0;
-}
-
-static void pipeRestore(struct pipeGuard *g)
-{
-    if (!g->blocked) {
-        return;
-    }
-    int saved = errno;
-    if (!g->pending_before && pipePending()) {
-        sigset_t pipe;
-        sigemptyset(&pipe);
-        sigaddset(&pipe, SIGPIPE);
-        struct timespec zero = {0, 0};
-        while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR) {
+    char ebuf[128];
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = send(k->fd[i], p + done, len - done, MSG_NOSIGNAL);
+        if (w >= 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+            connErrf(k, "%s: %s: %s", c->nodes[i].addr, what,
+                     IdemErrnoText(errno, ebuf, sizeof ebuf));
+            return RT_CONN;
+        }
+        enum rt_result r = waitNode(c, k, i, POLLOUT, deadline, late);
+        if (r != RT_OK) {
+            return r;
         }
     }
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-    errno = saved;
+    return RT_OK;
 }
 
-/* Runs the TLS handshake on node i's fresh socket within the deadline. */
+/* TLS: sends everything node i's stream has for the network (sendAll's results). */
+static enum rt_result tlsSend(struct idem_client *c, struct idem_conns *k, size_t i,
+                              uint64_t deadline, const char *what, const char *late)
+{
+    size_t n;
+    while ((n = IdemTlsTake(k->tls[i], k->tbuf, IDEM_TLS_BUF)) > 0) {
+        enum rt_result r = sendAll(c, k, i, k->tbuf, n, deadline, what, late);
+        if (r != RT_OK) {
+            return r;
+        }
+    }
+    return RT_OK;
+}
+
+/* TLS, after the stream failed: the alert it made, if the socket takes it at once. */
+static void tlsSendAlert(struct idem_conns *k, size_t i)
+{
+    size_t n;
+    while ((n = IdemTlsTake(k->tls[i], k->tbuf, IDEM_TLS_BUF)) > 0) {
+        if (send(k->fd[i], k->tbuf, n, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)n) {
+            return;
+        }
+    }
+}
+
+/* TLS: feeds node i's stream what its socket has, waiting for bytes within the deadline:
+ * RT_OK once some (or the end of the stream) were fed; RT_CONN ("<what>: <errno's text>"),
+ * RT_TIMEOUT (`late`) or RT_NOMEM in k->errmsg. */
+static enum rt_result tlsRecv(struct idem_client *c, struct idem_conns *k, size_t i,
+                              uint64_t deadline, const char *what, const char *late)
+{
+    char ebuf[128];
+    for (;;) {
+        ssize_t n = recv(k->fd[i], k->tbuf, IDEM_TLS_BUF, 0);
+        if (n > 0) {
+            if (IdemTlsFeed(k->tls[i], k->tbuf, (size_t)n) != 0) {
+                connErrf(k, "%s: out of memory reading", c->nodes[i].addr);
+                return RT_NOMEM;
+            }
+            return RT_OK;
+        }
+        if (n == 0) {
+            IdemTlsFeedEof(k->tls[i]); /* the stream's next read says how it ended */
+            return RT_OK;
+        }
+        if (errno == EINTR) {
+            continue;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            connErrf(k, "%s: %s: %s", c->nodes[i].addr, what,
+                     IdemErrnoText(errno, ebuf, sizeof ebuf));
+            return RT_CONN;
+        }
+        enum rt_result r = waitNode(c, k, i, POLLIN, deadline, late);
+        if (r != RT_OK) {
+            return r;
+        }
+    }
+}
+
+/* Runs the TLS handshake on node i's fresh socket within the deadline: the stream says
+ * what to send, the socket's answers are fed to it, until it is done or fails. */
 static enum rt_result tlsHandshake(struct idem_client *c, struct idem_conns *k, size_t i,
                                    uint64_t deadline)
 {
     const struct idem_node *n = &c->nodes[i];
-    char ebuf[256];
-    SSL *ssl = SSL_new(c->tls);
-    if (ssl == NULL || SSL_set_fd(ssl, k->fd[i]) != 1 ||
-        !IdemTlsSetPeer(ssl, c->tls_server_name ? c->tls_server_name : n->host)) {
-        connErrf(k, "%s: tls setup: %s", n->addr, IdemTlsError(ebuf, sizeof ebuf));
-        SSL_free(ssl);
+    if (k->tbuf == NULL) {
+        k->tbuf = malloc(IDEM_TLS_BUF);
+    }
+    if (k->tbuf == NULL || (k->tls[i] = IdemTlsNew(c->tls, n->host)) == NULL) {
+        connErrf(k, "%s: tls setup: out of memory", n->addr);
         return RT_NOMEM;
     }
-    k->ssl[i] = ssl;
+    struct idem_tls *t = k->tls[i];
+    static const char late[] = "tls handshake: timed out";
     for (;;) {
-        ERR_clear_error();
-        struct pipeGuard g;
-        pipeBlock(&g);
-        int r = SSL_connect(ssl);
-        pipeRestore(&g);
-        if (r == 1) {
-            return RT_OK;
-        }
-        int e = SSL_get_error(ssl, r);
-        short ev = e == SSL_ERROR_WANT_READ ? POLLIN : e == SSL_ERROR_WANT_WRITE ? POLLOUT : 0;
-        if (ev == 0) {
-            long vr = SSL_get_verify_result(ssl);
-            if (vr != X509_V_OK) {
-                connErrf(k, "%s: tls: certificate verification failed: %s", n->addr,
-                         X509_verify_cert_error_string(vr));
+        int r = IdemTlsHandshake(t);
+        if (r == IDEM_TLS_ERROR) {
+            tlsSendAlert(k, i);
+            const char *cert = IdemTlsVerifyError(t);
+            if (cert != NULL) {
+                connErrf(k, "%s: tls: certificate verification failed: %s", n->addr, cert);
             } else {
-                connErrf(k, "%s: tls handshake: %s", n->addr, IdemTlsError(ebuf, sizeof ebuf));
+                connErrf(k, "%s: tls handshake: %s", n->addr, IdemTlsErrmsg(t));
             }
             return RT_CONN;
         }
-        enum rt_result w = waitNode(c, k, i, ev, deadline, "tls handshake: timed out");
-        if (w != RT_OK) {
-            return w;
+        /* The ClientHello, the rest of our part, or our Finished once done (r == 0). */
+        enum rt_result s = tlsSend(c, k, i, deadline, "tls handshake", late);
+        if (s == RT_OK && r == IDEM_TLS_WANT) {
+            s = tlsRecv(c, k, i, deadline, "tls handshake", late);
+        } else if (s == RT_OK) {
+            return RT_OK;
+        }
+        if (s != RT_OK) {
+            return s;
         }
     }
 }
@@ -298,47 +338,54 @@ static enum rt_result nodeConnect(struct idem_client *c, struct idem_conns *k, s
     return result;
 }
 
-/* Writes all `len` bytes within the deadline. */
+/* Writes all `len` bytes within the deadline (with TLS: encrypted, then sent). */
 static enum rt_result nodeWrite(struct idem_client *c, struct idem_conns *k, size_t i,
                                 const uint8_t *buf, size_t len, uint64_t deadline)
 {
+    static const char late[] = "write: timed out";
+    if (k->tls[i] == NULL) {
+        return sendAll(c, k, i, buf, len, deadline, "write", late);
+    }
+    if (IdemTlsWrite(k->tls[i], buf, len) != 0) {
+        connErrf(k, "%s: tls write: %s", c->nodes[i].addr, IdemTlsErrmsg(k->tls[i]));
+        return RT_CONN;
+    }
+    return tlsSend(c, k, i, deadline, "write", late);
+}
+
+/* TLS: nodeRead's work: decrypts until `len` bytes are in buf, feeding the stream what the
+ * socket has whenever it wants more. */
+static enum rt_result tlsReadAll(struct idem_client *c, struct idem_conns *k, size_t i,
+                                 uint8_t *buf, size_t len, uint64_t deadline, size_t *got)
+{
+    static const char late[] = "no answer before the deadline";
+    struct idem_tls *t = k->tls[i];
     const char *addr = c->nodes[i].addr;
-    char ebuf[256];
     size_t done = 0;
     while (done < len) {
-        short want = POLLOUT;
-        if (k->ssl[i] != NULL) {
-            ERR_clear_error();
-            size_t w = 0;
-            struct pipeGuard g;
-            pipeBlock(&g);
-            int r = SSL_write_ex(k->ssl[i], buf + done, len - done, &w);
-            pipeRestore(&g);
-            if (r == 1) {
-                done += w;
-                continue;
-            }
-            int e = SSL_get_error(k->ssl[i], r);
-            if (e == SSL_ERROR_WANT_READ) {
-                want = POLLIN;
-            } else if (e != SSL_ERROR_WANT_WRITE) {
-                connErrf(k, "%s: tls write: %s", addr, IdemTlsError(ebuf, sizeof ebuf));
-                return RT_CONN;
-            }
-        } else {
-            ssize_t w = send(k->fd[i], buf + done, len - done, MSG_NOSIGNAL);
-            if (w >= 0) {
-                done += (size_t)w;
-                continue;
-            }
-            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-                connErrf(k, "%s: write: %s", addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
-                return RT_CONN;
-            }
+        int r = IdemTlsRead(t, buf + done, len - done);
+        if (r > 0) {
+            done += (size_t)r;
+            *got += (size_t)r;
+            continue;
         }
-        enum rt_result w = waitNode(c, k, i, want, deadline, "write: timed out");
-        if (w != RT_OK) {
-            return w;
+        if (r == IDEM_TLS_CLOSED) {
+            connErrf(k, "%s: connection closed by the node", addr);
+            return RT_CONN;
+        }
+        if (r == IDEM_TLS_ERROR) {
+            tlsSendAlert(k, i);
+            connErrf(k, "%s: tls read: %s", addr, IdemTlsErrmsg(t));
+            return RT_CONN;
+        }
+        /* What reading made the stream say (an answer to a TLS 1.3 key update), then more
+         * bytes from the node. */
+        enum rt_result s = tlsSend(c, k, i, deadline, "write", late);
+        if (s == RT_OK) {
+            s = tlsRecv(c, k, i, deadline, "read", late);
+        }
+        if (s != RT_OK) {
+            return s;
         }
     }
     return RT_OK;
@@ -349,53 +396,28 @@ static enum rt_result nodeWrite(struct idem_client *c, struct idem_conns *k, siz
 static enum rt_result nodeRead(struct idem_client *c, struct idem_conns *k, size_t i, uint8_t *buf,
                                size_t len, uint64_t deadline, size_t *got)
 {
+    if (k->tls[i] != NULL) {
+        return tlsReadAll(c, k, i, buf, len, deadline, got);
+    }
     const char *addr = c->nodes[i].addr;
-    char ebuf[256];
+    char ebuf[128];
     size_t done = 0;
     while (done < len) {
-        short want = POLLIN;
-        size_t r = 0;
-        if (k->ssl[i] != NULL) {
-            ERR_clear_error();
-            struct pipeGuard g; /* a read may write too (TLS 1.3 key updates) */
-            pipeBlock(&g);
-            int ok = SSL_read_ex(k->ssl[i], buf + done, len - done, &r);
-            pipeRestore(&g);
-            if (ok != 1) {
-                int e = SSL_get_error(k->ssl[i], ok);
-                if (e == SSL_ERROR_ZERO_RETURN) {
-                    connErrf(k, "%s: connection closed by the node", addr);
-                    return RT_CONN;
-                }
-                if (e == SSL_ERROR_WANT_WRITE) {
-                    want = POLLOUT;
-                } else if (e != SSL_ERROR_WANT_READ) {
-                    connErrf(k, "%s: tls read: %s", addr, IdemTlsError(ebuf, sizeof ebuf));
-                    return RT_CONN;
-                }
-                r = 0;
-            }
-        } else {
-            ssize_t n = recv(k->fd[i], buf + done, len - done, 0);
-            if (n == 0) {
-                connErrf(k, "%s: connection closed by the node", addr);
-                return RT_CONN;
-            }
-            if (n < 0) {
-                if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-                    connErrf(k, "%s: read: %s", addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
-                    return RT_CONN;
-                }
-                n = 0;
-            }
-            r = (size_t)n;
-        }
-        if (r > 0) {
-            done += r;
-            *got += r;
+        ssize_t n = recv(k->fd[i], buf + done, len - done, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            *got += (size_t)n;
             continue;
         }
-        enum rt_result w = waitNode(c, k, i, want, deadline, "no answer before the deadline");
+        if (n == 0) {
+            connErrf(k, "%s: connection closed by the node", addr);
+            return RT_CONN;
+        }
+        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+            connErrf(k, "%s: read: %s", addr, IdemErrnoText(errno, ebuf, sizeof ebuf));
+            return RT_CONN;
+        }
+        enum rt_result w = waitNode(c, k, i, POLLIN, deadline, "no answer before the deadline");
         if (w != RT_OK) {
             return w;
         }

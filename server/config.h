@@ -8,7 +8,7 @@
  * Error messages never contain a token hash, only the name of the field that holds it.
  *
  * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS files
- * are not opened here; whoever sets up TLS reports a missing or unreadable file (server/tls.c
+ * are not opened here; whoever sets up TLS reports a missing or unreadable file (server/rpc.c
  * does, at startup, for tls.rpc). */
 #ifndef IDEM_SERVER_CONFIG_H
 #define IDEM_SERVER_CONFIG_H

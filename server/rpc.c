@@ -37,7 +37,8 @@
  * than CONN_MAX_BUFFERED answer bytes waiting is closed. After rpc_server_close, draining
  * connections get CLOSE_GRACE_MS, then are closed, so that a peer cannot hold the exit.
  *
- * TLS (tls.rpc in the config): the same connection with a tls_conn between the socket and
+ * TLS (tls.rpc in the config): the same connection with a TLS stream (libidem's
+ * client/tls_stream.h, the one its clients and the forwarder use) between the socket and
  * the frame buffer. Reads land in a ciphertext buffer, are fed to the TLS engine and
  * decrypted into the frame buffer (the same limits apply to the plaintext); every answer
  * frame is encrypted and the resulting records written. Whatever the engine produces on its
@@ -56,7 +57,7 @@
 
 #include "frame.h"
 #include "log.h"
-#include "tls.h"
+#include "tls_stream.h"
 #include "xmalloc.h"
 
 #define CONN_MAX_INFLIGHT 4096      /* requests awaiting an answer */
@@ -106,7 +107,7 @@ struct conn {
                            * CONN_MAX_INFLIGHT (in the frame buffer, or in the TLS engine): reading
                            * stays paused, and the flush handle takes them up */
     unsigned writes;      /* answers being written */
-    struct tls_conn *tls; /* NULL on a plain-TCP listener */
+    struct idem_tls *tls; /* NULL on a plain-TCP listener */
     uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
     bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
     uint64_t skip;        /* bytes of an oversized frame still to discard */
@@ -128,7 +129,7 @@ struct rpc_server {
     uv_loop_t *loop;
     const struct config_rpc *cfg;
     struct service *svc;
-    struct tls_ctx *tls; /* NULL: plain TCP */
+    struct idem_tls_ctx *tls; /* NULL: plain TCP */
     LIST_HEAD(, conn) conns;
     size_t n_conns;
     bool closing;
@@ -219,7 +220,7 @@ static void serverMaybeFree(struct rpc_server *r)
         r->handles_closed) {
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
-        tls_ctx_free(r->tls);
+        IdemTlsCtxFree(r->tls);
         free(r);
         if (cb) {
             cb(data);
@@ -241,7 +242,7 @@ static void connUnref(struct conn *c)
     answer_bytes -= c->accounted;
     stats.frame_buffer_bytes -= c->cap;
     frame_buffer_grown -= grownBytes(c);
-    tls_conn_free(c->tls);
+    IdemTlsFree(c->tls);
     free(c->cipher);
     free(c->buf);
     free(c->out);
@@ -271,13 +272,20 @@ static void connClosed(uv_handle_t *h)
     connUnref(h->data);
 }
 
+/* libidem's TLS stream reports running out of memory; the server aborts, as xmalloc does. */
+static void tlsOutOfMemory(void)
+{
+    fputs("idemd: out of memory in TLS\n", stderr);
+    abort();
+}
+
 /* Closing: writes what the TLS engine has queued (an alert, close_notify) if the socket
  * takes it at once; nothing waits for it. */
 static void tlsTryFlush(struct conn *c)
 {
     uint8_t out[4096];
     size_t n;
-    while ((n = tls_conn_take(c->tls, out, sizeof out)) > 0) {
+    while ((n = IdemTlsTake(c->tls, out, sizeof out)) > 0) {
         uv_buf_t b = uv_buf_init((char *)out, (unsigned)n);
         if (uv_try_write((uv_stream_t *)&c->tcp, &b, 1) != (int)n) {
             return;
@@ -295,7 +303,7 @@ static void connClose(struct conn *c)
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (c->tls != NULL) {
         if (!c->tls_failed) {
-            tls_conn_shutdown(c->tls);
+            IdemTlsShutdown(c->tls);
         }
         tlsTryFlush(c);
     }
@@ -322,7 +330,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n);
 static size_t connQueuedBytes(struct conn *c)
 {
     return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
-           (c->tls != NULL ? tls_conn_pending(c->tls) : 0);
+           (c->tls != NULL ? IdemTlsPending(c->tls) : 0);
 }
 
 /* Brings answer_bytes up to date with c's answers waiting. A closing connection counts
@@ -423,12 +431,12 @@ static void connWrite(struct conn *c, struct writeReq *w, size_t n)
 /* Writes every byte the TLS engine has for the network, as one write. */
 static void tlsFlush(struct conn *c)
 {
-    size_t n = tls_conn_pending(c->tls);
+    size_t n = IdemTlsPending(c->tls);
     if (n == 0 || c->state == CONN_CLOSING) {
         return;
     }
     struct writeReq *w = xmalloc(sizeof(*w) + n);
-    size_t got = tls_conn_take(c->tls, w->data, n);
+    size_t got = IdemTlsTake(c->tls, w->data, n);
     connWrite(c, w, got);
 }
 
@@ -442,9 +450,9 @@ static void tlsFail(struct conn *c, const char *what)
     if (!r->tls_warned || now - r->tls_warn_ms >= TLS_WARN_EVERY_MS) {
         if (r->tls_suppressed > 0) {
             log_warn("rpc: TLS connection closed: %s: %s (%llu more TLS failures not logged)", what,
-                     tls_conn_errmsg(c->tls), (unsigned long long)r->tls_suppressed);
+                     IdemTlsErrmsg(c->tls), (unsigned long long)r->tls_suppressed);
         } else {
-            log_warn("rpc: TLS connection closed: %s: %s", what, tls_conn_errmsg(c->tls));
+            log_warn("rpc: TLS connection closed: %s: %s", what, IdemTlsErrmsg(c->tls));
         }
         r->tls_warned = true;
         r->tls_warn_ms = now;
@@ -544,7 +552,7 @@ static void connSend(struct conn *c, const Idem__Response *resp)
     if (c->tls != NULL) {
         uint8_t *frame = xmalloc(FRAME_HEADER_LEN + n);
         packFrame(frame, resp, n);
-        int rv = tls_conn_write(c->tls, frame, FRAME_HEADER_LEN + n);
+        int rv = IdemTlsWrite(c->tls, frame, FRAME_HEADER_LEN + n);
         free(frame);
         if (rv != 0) {
             tlsFail(c, "write");
@@ -935,7 +943,9 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
  * handing complete frames to connProcess() whenever the buffer fills up. */
 static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
 {
-    tls_conn_feed(c->tls, data, n);
+    if (IdemTlsFeed(c->tls, data, n) != 0) {
+        tlsOutOfMemory(); /* the stream's buffer could not grow */
+    }
     for (;;) {
         if (!connOpen(c)) {
             break;
@@ -954,19 +964,19 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
                 break;
             }
         }
-        int got = tls_conn_read(c->tls, c->buf + c->len, c->cap - c->len);
+        int got = IdemTlsRead(c->tls, c->buf + c->len, c->cap - c->len);
         if (got > 0) {
             c->len += (size_t)got;
             continue;
         }
-        if (got == TLS_WANT) {
+        if (got == IDEM_TLS_WANT) {
             break;
         }
         tlsFlush(c); /* an alert, if the engine made one */
-        if (got == TLS_CLOSED) {
+        if (got == IDEM_TLS_CLOSED) {
             connClose(c);
         } else {
-            tlsFail(c, tls_conn_established(c->tls) ? "read" : "handshake");
+            tlsFail(c, IdemTlsEstablished(c->tls) ? "read" : "handshake");
         }
         return;
     }
@@ -1024,7 +1034,7 @@ static void sweepCb(uv_timer_t *t)
         if (c->writes > 0 && now - c->wprogress_ms >= r->cfg->idle_timeout_ms) {
             c->tls_failed = true; /* it reads nothing: no close_notify either */
             connClose(c);
-        } else if (c->tls != NULL && !tls_conn_established(c->tls) &&
+        } else if (c->tls != NULL && !IdemTlsEstablished(c->tls) &&
                    now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
             c->tls_failed = true; /* nothing to say to it */
             connClose(c);
@@ -1064,7 +1074,10 @@ static void acceptCb(uv_stream_t *l, int status)
     uv_tcp_nodelay(&c->tcp, 1);
     c->accepted_ms = c->progress_ms = uv_now(r->loop);
     if (r->tls != NULL) {
-        c->tls = tls_conn_new(r->tls, NULL);
+        c->tls = IdemTlsNew(r->tls, NULL);
+        if (c->tls == NULL) {
+            tlsOutOfMemory();
+        }
     }
     uv_read_start((uv_stream_t *)&c->tcp, allocCb, readCb);
 }
@@ -1073,10 +1086,13 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
                                   const struct config_rpc *cfg, const struct config_tls *tls,
                                   struct service *svc, char *err, size_t errlen)
 {
-    struct tls_ctx *tctx = NULL;
+    struct idem_tls_ctx *tctx = NULL;
     if (tls != NULL && tls->rpc) {
-        tctx = tls_ctx_new(tls, TLS_SERVER, err, errlen);
-        if (tctx == NULL) {
+        struct idem_tls_params tp = {.role = IDEM_TLS_SERVER,
+                                     .cert_file = tls->cert_file,
+                                     .key_file = tls->key_file,
+                                     .ca_file = tls->ca_file};
+        if (IdemTlsCtxNew(&tp, &tctx, err, errlen) != IDEM_OK) {
             return NULL;
         }
     }
@@ -1084,7 +1100,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     int rv = uv_ip4_addr(addr->host, addr->port, &sa);
     if (rv != 0) {
         snprintf(err, errlen, "rpc address %s: %s", addr->text, uv_strerror(rv));
-        tls_ctx_free(tctx);
+        IdemTlsCtxFree(tctx);
         return NULL;
     }
     struct rpc_server *r = xcalloc(1, sizeof(*r));
@@ -1116,7 +1132,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         uv_close((uv_handle_t *)&r->listener, NULL);
         /* The handle is closed on the next loop turn; the struct must outlive it. */
         uv_run(loop, UV_RUN_NOWAIT);
-        tls_ctx_free(tctx);
+        IdemTlsCtxFree(tctx);
         free(r);
         return NULL;
     }

@@ -16,9 +16,9 @@ struct rpc_server;
 
 /* Binds host:port on `loop` and serves requests to `svc` (borrowed; must outlive the RPC
  * server). `cfg` is borrowed and must outlive it. `tls` (borrowed for the call; may be NULL)
- * with tls->rpc set makes the listener speak TLS (server/tls.h); its files are read here,
- * so a missing file, a bad certificate or a key that does not match fail here. NULL with a
- * message in err on failure. */
+ * with tls->rpc set makes the listener speak TLS (libidem's client/tls_stream.h); its files
+ * are read here, so a missing file, a bad certificate or a key that does not match fail
+ * here. NULL with a message in err on failure. */
 struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,
                                   const struct config_rpc *cfg, const struct config_tls *tls,
                                   struct service *svc, char *err, size_t errlen);

@@ -10,6 +10,7 @@ enum pki_file {
     PKI_CLI_CRT,  /* client certificate, CN cli */
     PKI_CLI_KEY,  /* its key */
     PKI_OTHER_CA, /* a CA that signed neither */
+    PKI_WILD_CRT, /* server certificate with PKI_SRV_KEY's key: DNS *.wild.test, n*.part.test */
     PKI_NPATHS
 };
 
