@@ -201,11 +201,21 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae)
     return true;
 }
 
+/* The wrapper's clock in ms: its loop's (raft_uv's own clock), else the inner io's. */
+static raft_time ioNow(const struct io *io)
+{
+    if (io->loop != NULL) {
+        return uv_now(io->loop);
+    }
+    struct raft_io *inner = (struct raft_io *)&io->inner;
+    return inner->time(inner);
+}
+
 /* Notes that a message from `id` arrived now: its own entry, else an unused one, else the
  * one heard from longest ago. */
 static void noteHeard(struct io *io, raft_id id)
 {
-    raft_time now = uv_now(io->loop);
+    raft_time now = ioNow(io);
     size_t pick = 0;
     for (size_t k = 0; k < IO_PEERS_MAX; k++) {
         if (io->heard[k].id == id) {
@@ -225,7 +235,7 @@ uint64_t io_heard_ago_ms(const struct io *io, raft_id id)
 {
     for (size_t k = 0; k < IO_PEERS_MAX; k++) {
         if (io->heard[k].id == id && id != 0) {
-            raft_time now = uv_now(io->loop);
+            raft_time now = ioNow(io);
             return now >= io->heard[k].at_ms ? now - io->heard[k].at_ms : 0;
         }
     }
@@ -356,6 +366,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
 {
     struct raft_io *o = &io->outer;
     memset(o, 0, sizeof(*o));
+    io->inner.data = io; /* io_from_inner */
     /* libraft 0.15's raft_uv implements async_work (version 2 of raft_io) but still says
      * version 1, and raft_init refuses asynchronous snapshots over a version 1 io: the
      * wrapper, which implements version 2, says so when the inner io has the method. */

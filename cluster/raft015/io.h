@@ -103,21 +103,23 @@ struct ioHeld; /* io_disk.c: a truncation or append held back */
 
 struct io {
     struct raft_io outer; /* first member; hand &outer to raft_init */
-    struct raft_io inner; /* raft_uv_init() it; raft_uv_set_*() and raft_uv_close() on it */
-    uv_loop_t *loop;      /* raft_uv's loop: the close bound's timer runs on it */
+    struct raft_io inner; /* raft_uv_init() it; raft_uv_set_*() and raft_uv_close() on it;
+                           * its data is the io (io_wrap) */
+    uv_loop_t *loop;      /* raft_uv's loop: the close bound's timer runs on it; NULL: none
+                           * (io_wrap) */
     raft_io_tick_cb raft_tick;
     raft_io_recv_cb raft_recv;
     raft_io_close_cb close_cb;
     bool in_append_entries;
     raft_id ae_from;
     raft_index ae_end;
-    unsigned long corrected;     /* answers and commit indexes clamped so far */
-    struct raft *raft;           /* set after raft_init(): the leader's hold reads its log,
-                                  * io_snapshot_acked lowers a progress' match index */
-    unsigned long results_held;  /* AppendEntries results lowered by the hold */
-    unsigned long rematched;     /* match indexes lowered to an installed snapshot */
-    unsigned long unaddressed;   /* AppendEntries results not sent: io_result_unaddressed */
-    unsigned long skipped;       /* AppendEntries that started below the snapshot, cut */
+    unsigned long corrected;    /* answers and commit indexes clamped so far */
+    struct raft *raft;          /* set after raft_init(): the leader's hold reads its log,
+                                 * io_snapshot_acked lowers a progress' match index */
+    unsigned long results_held; /* AppendEntries results lowered by the hold */
+    unsigned long rematched;    /* match indexes lowered to an installed snapshot */
+    unsigned long unaddressed;  /* AppendEntries results not sent: io_result_unaddressed */
+    unsigned long skipped;      /* AppendEntries that started below the snapshot, cut */
     /* An InstallSnapshot held while raft stores another snapshot (io_install_waits): the
      * message (its data and configuration owned here until raft gets it) and a copy of its
      * sender's address, non-NULL exactly while one is held; how many were held so far. */
@@ -162,8 +164,8 @@ struct io {
     int own_put_status;
     char own_put_err[256];
     struct {
-        raft_id id;       /* 0: unused */
-        raft_time at_ms;  /* uv_now() of the loop when a message from it last arrived */
+        raft_id id;      /* 0: unused */
+        raft_time at_ms; /* the wrapper's clock (io.c, ioNow) when a message from it last arrived */
     } heard[IO_PEERS_MAX];
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
     uint64_t append_count;
@@ -172,13 +174,13 @@ struct io {
 
 /* The follower's commit rule (above), on one incoming AppendEntries: lowers its
  * leader_commit to prev_log_index + n_entries. Returns true if it lowered it. The wrapper
- * applies it to every AppendEntries; the sim too. */
+ * applies it to every AppendEntries. */
 bool io_clamp_commit(struct raft_append_entries *ae);
 
 /* The leader's commit rule (above), on one AppendEntries result about to reach the raft r
  * of a leader: while the last entry r has stored is not of its current term, a success
  * answer is lowered to one below that entry, or to r's commit index if higher. Returns true
- * if it lowered it. io_wrap's wrapper applies it once io->raft is set; the sim too. */
+ * if it lowered it. io_wrap's wrapper applies it once io->raft is set. */
 bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res);
 
 /* A leader's view of a follower that lost its data (a wiped data directory): libraft 0.15
@@ -215,7 +217,7 @@ bool io_result_unaddressed(const struct raft *r, const struct raft_message *m);
  * index (and is of r's term or later), its entries up to that index are dropped (their
  * batches freed) and prev_log_index/prev_log_term become that index and the leader's term
  * for it (the snapshot's own term when the RPC ends before it). Returns true if it changed the
- * RPC. io_wrap's wrapper applies it once io->raft is set; the sim too. */
+ * RPC. io_wrap's wrapper applies it once io->raft is set. */
 bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
 
 /* libraft 0.15's follower drops an InstallSnapshot that arrives while it is storing a
@@ -235,7 +237,18 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
 bool io_install_waits(const struct raft *r, const struct raft_message *m);
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
- * the loop raft_uv runs on (the io does not own it). */
+ * the loop raft_uv runs on (the io does not own it). It sets io->inner.data to io: the
+ * inner io's callbacks find the wrapper through the data of the raft_io they are handed.
+ *
+ * The simulation (tests/sim) wraps raft_fixture's in-memory raft_io the same way, with loop
+ * NULL: a copy of the fixture's raft_io as inner (its impl is the fixture's), whose data,
+ * and that of the fixture's own raft_io (which the fixture hands its tick and receive
+ * callbacks), is the io.
+ * With no loop, the clock (io_heard_ago_ms) is the inner io's time(), what is held back for
+ * a snapshot put goes to the inner io as soon as the put has called back (the fixture has
+ * no barrier to wait for), and the close waits for nothing but async works (the fixture
+ * completes every request before it closes); snap_dir must stay NULL (snapstore's writes
+ * run on the loop's pool). */
 void io_wrap(struct io *io, uv_loop_t *loop);
 
 /* Milliseconds since the last raft message from server `id` arrived, or UINT64_MAX when

@@ -161,7 +161,7 @@ void io_close(struct raft_io *o, raft_io_close_cb cb)
     }
     /* Something is in flight: the close timer bounds the wait for disk writes and runs the
      * close once the last callback has returned. */
-    uv_timer_t *t = malloc(sizeof(*t));
+    uv_timer_t *t = io->loop != NULL ? malloc(sizeof(*t)) : NULL;
     if (t == NULL || uv_timer_init(io->loop, t) != 0) {
         free(t);
         clog_warn("raft I/O: no timer for the close; not waiting for %u disk write(s)", io->disk);
@@ -186,16 +186,24 @@ struct ioWork {
     struct io *io;
 };
 
+/* The ioWork of the request handed to the inner io. Not from req->data: libraft 0.15's
+ * raft_fixture sets an async work's data to its raft_io's data, as raft's own requests
+ * expect (tests/sim runs the wrapper over it). */
+static struct ioWork *workOf(struct raft_io_async_work *req)
+{
+    return (struct ioWork *)((char *)req - offsetof(struct ioWork, req));
+}
+
 /* On a pool thread: raft's work function, nothing else. */
 static int ioWorkRun(struct raft_io_async_work *req)
 {
-    struct ioWork *w = req->data;
+    struct ioWork *w = workOf(req);
     return w->outer->work(w->outer);
 }
 
 static void ioWorkDone(struct raft_io_async_work *req, int status)
 {
-    struct ioWork *w = req->data;
+    struct ioWork *w = workOf(req);
     struct io *io = w->io;
     struct raft_io_async_work *outer = w->outer;
     raft_io_async_work_cb cb = w->cb;
@@ -218,7 +226,6 @@ int io_async_work(struct raft_io *o, struct raft_io_async_work *req, raft_io_asy
         return RAFT_NOMEM;
     }
     memset(w, 0, sizeof(*w));
-    w->req.data = w;
     w->req.work = ioWorkRun;
     w->outer = req;
     w->cb = cb;

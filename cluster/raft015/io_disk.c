@@ -85,7 +85,8 @@ static raft_index appendIndex(const struct raft *r, const struct raft_entry entr
         return 0;
     }
     raft_index first = l->offset + held - n + 1;
-    const struct raft_entry *e = &l->entries[(l->front + (size_t)(first - l->offset - 1)) % l->size];
+    const struct raft_entry *e =
+        &l->entries[(l->front + (size_t)(first - l->offset - 1)) % l->size];
     return e->buf.base == entries[0].buf.base && e->term == entries[0].term ? first : 0;
 }
 
@@ -219,7 +220,6 @@ struct ioHeld {
     unsigned trailing;                    /* a put's */
 };
 
-
 static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry entries[],
                         unsigned n, bool held);
 
@@ -293,6 +293,11 @@ void io_disk_release_later(struct io *io)
         io_disk_release_held(io, false); /* raft_uv takes nothing more: they end canceled, now */
         return;
     }
+    if (io->loop == NULL) {
+        /* No loop (io_wrap): the inner io has no barrier to end after the callback. */
+        io_disk_release_held(io, false);
+        return;
+    }
     struct ioRelease *r = malloc(sizeof(*r));
     if (r != NULL) {
         r->work.data = r;
@@ -363,8 +368,8 @@ static int submitAppend(struct io *io, struct ioDisk *d, const struct raft_entry
     return rv;
 }
 
-int io_disk_append(struct raft_io *o, struct raft_io_append *req,
-                   const struct raft_entry entries[], unsigned n, raft_io_append_cb cb)
+int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct raft_entry entries[],
+                   unsigned n, raft_io_append_cb cb)
 {
     struct io *io = io_from_outer(o);
     if (io->inner_closing) {

@@ -15,9 +15,11 @@ static inline struct io *io_from_outer(struct raft_io *o)
     return (struct io *)o;
 }
 
+/* The inner io hands its callbacks a raft_io whose data is the wrapper: raft_uv its own
+ * (io->inner), raft_fixture the one it was created on (io.h, io_wrap). */
 static inline struct io *io_from_inner(struct raft_io *i)
 {
-    return (struct io *)((char *)i - offsetof(struct io, inner));
+    return (struct io *)i->data;
 }
 
 /* raft reads io->errmsg after a failed call: pass raft_uv's message up. */
@@ -78,16 +80,15 @@ void io_disk_release_held(struct io *io, bool all);
 /* ... from the loop's next turn, once raft_uv holds no put. */
 void io_disk_release_later(struct io *io);
 int io_disk_truncate(struct raft_io *o, raft_index index);
-int io_disk_append(struct raft_io *o, struct raft_io_append *req,
-                   const struct raft_entry entries[], unsigned n, raft_io_append_cb cb);
+int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct raft_entry entries[],
+                   unsigned n, raft_io_append_cb cb);
 
 /* ---- io_snap.c: load and snapshots ---- */
 
 int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
                  struct raft_snapshot **snapshot, raft_index *start_index,
                  struct raft_entry *entries[], size_t *n_entries);
-int io_snap_get(struct raft_io *o, struct raft_io_snapshot_get *req,
-                raft_io_snapshot_get_cb cb);
+int io_snap_get(struct raft_io *o, struct raft_io_snapshot_get *req, raft_io_snapshot_get_cb cb);
 int io_snap_put(struct raft_io *o, unsigned trailing, struct raft_io_snapshot_put *req,
                 const struct raft_snapshot *snapshot, raft_io_snapshot_put_cb cb);
 int io_snap_submit_put(struct io *io, struct ioDisk *d, unsigned trailing,

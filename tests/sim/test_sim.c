@@ -8,7 +8,8 @@
  * F..F+N-1 after the pinned ones (pinned_seeds.txt: every seed that ever found a bug, with
  * what it found); a failure prints the seed and the command line that replays it
  * (`test_sim --help` for the rest). IDEM_SIM_TRACE=1 prints every server's raft state each
- * round, IDEM_SIM_RAW_RAFT=1 turns off the corrections of libraft bugs described at simIoSend.
+ * round, IDEM_SIM_RAW_RAFT=1 leaves out the daemon's raft I/O wrapper, which every server's raft
+ * otherwise runs over, as in idemd, with its corrections of libraft 0.15 (simWrapIo).
  *
  * A run loops a bounded number of rounds; a round either injects a fault (with a small
  * probability drawn per run) or raft_apply()s one log entry of 1-8 random commands (claim,
@@ -42,9 +43,10 @@
  * Known limits: raft_fixture's kill keeps the server's memory (it models a long partition,
  * not a restart from disk: integration covers restarts); resolve is generated without
  * unsettled_only (an operator's override, which leaseCheck takes as ending a lease); raft
- * membership changes are not exercised; workarounds below adapt libraft 0.15
- * (simIoTruncate: a fixture bug; simIoSend, simIoRecv and holdResult: three raft bugs, which
- * the daemon corrects the same way in cluster/raft015/io.c). */
+ * membership changes are not exercised; the raft I/O wrapper runs over the fixture's
+ * in-memory I/O, so what it does with raft_uv's disk (snapstore, the truncation marks, the
+ * start-up repairs) is left to unit and integration tests; simIoTruncate works around a
+ * fixture bug. */
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -171,20 +173,12 @@ struct simNode {
     char frozen_digest[33];
     unsigned views_checked;        /* views whose bytes restored to frozen_digest */
     unsigned applied_while_frozen; /* commands applied while a view was frozen */
-    /* The fixture's own raft_io methods, wrapped (see simIoTruncate). */
+    /* The daemon's raft I/O wrapper (cluster/raft015/io.h) between raft and the fixture's
+     * in-memory raft_io (simWrapIo); unused with IDEM_SIM_RAW_RAFT. */
+    struct io io;
+    /* The fixture's own truncate, under simIoTruncate. */
     int (*io_truncate)(struct raft_io *io, raft_index index);
     unsigned io_truncates_skipped;
-    int (*io_start)(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick, raft_io_recv_cb recv);
-    int (*io_send)(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
-                   raft_io_send_cb cb);
-    raft_io_recv_cb raft_recv;  /* raft's own receive callback */
-    bool in_append_entries;     /* inside raft's handling of an AppendEntries RPC ... */
-    raft_id ae_from;            /* ... from this leader ... */
-    raft_index ae_end;          /* ... whose entries end at this index */
-    unsigned results_clamped;   /* AppendEntries results corrected (see simIoSend) */
-    unsigned commits_clamped;   /* AppendEntries leader_commit lowered (see simIoRecv) */
-    unsigned results_held;      /* AppendEntries results held back on a leader (holdResult) */
-    unsigned snapshotted_cut;   /* AppendEntries cut to start at the snapshot (simIoRecv) */
     raft_term first_entry_term; /* the term this server, as leader, proposed its first in */
     char error[160];            /* set by a callback when something impossible happened */
 };
@@ -230,7 +224,7 @@ struct sim {
     struct simClient clients[KEYS];
     uint32_t attempts; /* attempt ids handed out */
     struct leaseStats lease;
-    bool raw_raft;     /* IDEM_SIM_RAW_RAFT: run libraft without the corrections */
+    bool raw_raft;     /* IDEM_SIM_RAW_RAFT: raft without the I/O wrapper */
     bool trace;        /* IDEM_SIM_TRACE: one line of raft state per round on stderr */
     bool pre_vote;     /* raft's pre-vote, drawn per run */
     unsigned inflight; /* raft_apply requests whose callback has not fired */
@@ -398,8 +392,7 @@ static void simSawToken(struct sim *s, uint16_t key, uint64_t token)
  * adapter adds is bookkeeping: the result of every command, for the checks. */
 
 /* One command of a committed batch (batch_apply_commands; the sim has no waiters). */
-static void simApplyCommand(void *data, uint64_t ci, const uint8_t *cmd, size_t len,
-                            void *waiter)
+static void simApplyCommand(void *data, uint64_t ci, const uint8_t *cmd, size_t len, void *waiter)
 {
     struct simNode *nd = data;
     struct sim *s = nd->s;
@@ -554,22 +547,11 @@ static int simFsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
  * array is read back only by raft_start(), which the sim calls once per server
  * (raft_fixture_kill keeps the server in memory), so the sim skips the fixture's truncate
  * but for truncate(1) (which empties the array and is always safe); raft truncates its own
- * in-memory log as usual. */
+ * in-memory log as usual. It sits under the wrapper (simWrapIo), as the wrapper's inner
+ * truncate, or with IDEM_SIM_RAW_RAFT under raft itself. */
 
-static struct simNode *nodeOfIo(struct raft_io *io)
+static int truncateSkip(struct simNode *nd, struct raft_io *io, raft_index index)
 {
-    struct raft_fixture_server *srv =
-        (struct raft_fixture_server *)((char *)io - offsetof(struct raft_fixture_server, io));
-    unsigned i = (unsigned)(srv->id - 1);
-    struct raft_fixture *f =
-        (struct raft_fixture *)((char *)(srv - i) - offsetof(struct raft_fixture, servers));
-    struct sim *s = (struct sim *)((char *)f - offsetof(struct sim, f));
-    return &s->nodes[i];
-}
-
-static int simIoTruncate(struct raft_io *io, raft_index index)
-{
-    struct simNode *nd = nodeOfIo(io);
     if (index > 1) {
         nd->io_truncates_skipped++;
         return 0;
@@ -577,95 +559,70 @@ static int simIoTruncate(struct raft_io *io, raft_index index)
     return nd->io_truncate(io, index);
 }
 
-/* ---- a correction of libraft 0.15's AppendEntries result ------------------------------
+/* Under the wrapper: io is its inner raft_io, whose data is the wrapper (io_wrap). */
+static int simIoTruncate(struct raft_io *io, raft_index index)
+{
+    struct io *w = io->data;
+    return truncateSkip((struct simNode *)((char *)w - offsetof(struct simNode, io)), io, index);
+}
+
+/* With IDEM_SIM_RAW_RAFT: io is the fixture's own raft_io, in its server. */
+static int simIoTruncateRaw(struct raft_io *io, raft_index index)
+{
+    struct raft_fixture_server *srv =
+        (struct raft_fixture_server *)((char *)io - offsetof(struct raft_fixture_server, io));
+    unsigned i = (unsigned)(srv->id - 1);
+    struct raft_fixture *f =
+        (struct raft_fixture *)((char *)(srv - i) - offsetof(struct raft_fixture, servers));
+    struct sim *s = (struct sim *)((char *)f - offsetof(struct sim, f));
+    return truncateSkip(&s->nodes[i], io, index);
+}
+
+/* ---- the daemon's raft I/O wrapper ----------------------------------------------------
  *
- * The sim found this one. libraft 0.15's follower answers an AppendEntries it accepts
- * without writing anything (a heartbeat, or entries it already holds) with
- * last_log_index = its own last stored index (recv_append_entries.c: "Echo back to the
- * leader the point that we reached"), and the leader takes that as the follower's match
- * index. When the follower's log still ends with entries of an older term past the ones
- * the RPC covered, the leader counts them as matching its own entries at those indexes and
- * can commit an entry that only it holds; a later leader overwrites it (Raft's Log Matching
- * and Leader Completeness are broken: one replica applies a command the others never
- * apply; raft itself notices only when the old leader meets the new one and shuts down:
- * "conflicting terms ... -> shutdown"). Without the correction about one run in 100 hits
- * it, more often with pre-vote on (IDEM_SEED=15 IDEM_SIM_RAW_RAFT=1, a base seed of the
- * earlier sequence of runs, replayed one when this was found; the runs have changed since
- * and it no longer does; pinned_seeds.txt keeps it). Raft's rule (Figure 2) is
- * that a success answer vouches only for prev_log_index plus the RPC's entries;
- * cowsql/raft (the fork) answers exactly that. The sim applies that rule to the
- * answers raft sends from inside its handling of an AppendEntries (the path that reports
- * without an append), so that the sim tests idemd rather than this raft bug. The follower
- * has the same flaw where it advances its commit index (min(leader_commit, its last stored
- * index)), so the sim also lowers an incoming AppendEntries' leader_commit to the last index
- * the RPC covered, with the daemon's own io_clamp_commit (simIoRecv). The daemon's raft I/O
- * wrapper makes both corrections (cluster/raft015/io.h). */
-
-static int simIoSend(struct raft_io *io, struct raft_io_send *req,
-                     const struct raft_message *message, raft_io_send_cb cb)
+ * Every server's raft runs over the daemon's own raft I/O wrapper (cluster/raft015/io.h),
+ * the code idemd runs over raft_uv, here over the fixture's in-memory raft_io: every
+ * correction of libraft 0.15 it makes acts here as in the daemon (the follower's answers
+ * and commit index clamped to the AppendEntries' end, the leader's results held while its
+ * last entry is of an older term, AppendEntries cut at the follower's snapshot, snapshot
+ * acknowledgements rematched, unaddressed answers dropped, an InstallSnapshot held while
+ * another is stored, truncations and appends held behind a snapshot put, appends checked
+ * against the index the log is at, raft's close), and printSummary reports its counters.
+ * The sim found three of those bugs, each pinned (pinned_seeds.txt) as IDEM_SEED, a base
+ * seed of an earlier sequence of runs, which the workload has changed since: 15, a
+ * follower's answer vouching past the RPC (without the correction about one run in 100 hit
+ * it then, more often with pre-vote on); 388010982150, a leader committing an older term's
+ * entry by counting replicas (Figure 8), replicas then applying different commands at one
+ * index; 636427270239, a follower appending an RPC that started below its snapshot, then
+ * crashing in removeSuffix. IDEM_SIM_RAW_RAFT=1 leaves the wrapper out: raft runs over the
+ * fixture's raft_io as shipped, with only simIoTruncate (the fixture's bug, not raft's) in
+ * between, and no barrier after an election (leaderFirstEntries).
+ *
+ * The wiring follows raft_fixture's sources (libraft 0.15, src/fixture.c):
+ * raft_fixture_grow creates the server's raft_io in place (srv->io, the fixture's state in
+ * its impl) and calls raft_init on it, which sets raft->io = &srv->io and srv->io.data =
+ * raft; the fixture hands its tick and receive callbacks srv->io, whichever raft_io its
+ * methods were called on (its close callback gets the raft_io close was called on), and sets
+ * an async work's data to its raft_io's (io_close.c); raft_fixture_close completes every
+ * request still queued, then raft_close()s each server and frees its impl. So after grow,
+ * before anything started: the wrapper's inner is a copy of srv->io (the same impl and
+ * methods), wrapped without a loop (io_wrap: the wrapper's clock is the fixture's, and
+ * nothing waits for a loop turn, so a seed still replays exactly); srv->io.data is the
+ * wrapper too, which is how the callbacks find it; and raft->io becomes the wrapper's
+ * outer, whose data is raft, as raft_init had set it. raft_fixture_bootstrap and
+ * raft_fixture_start then bootstrap, load and start through the wrapper. (The fixture's
+ * helpers that read raft->io->impl, raft_fixture_step_until_delivered, are not used.) */
+static void simWrapIo(struct simNode *nd, struct raft_fixture_server *srv)
 {
-    struct simNode *nd = nodeOfIo(io);
-    if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT && nd->in_append_entries &&
-        message->server_id == nd->ae_from && !nd->s->raw_raft) {
-        const struct raft_append_entries_result *res = &message->append_entries_result;
-        if (res->rejected == 0 && res->last_log_index > nd->ae_end) {
-            struct raft_message fixed = *message; /* the fixture copies it on send */
-            fixed.append_entries_result.last_log_index = nd->ae_end;
-            nd->results_clamped++;
-            return nd->io_send(io, req, &fixed, cb);
-        }
-    }
-    return nd->io_send(io, req, message, cb);
-}
-
-/* The leader's side of the correction (cluster/raft015/io.h: libraft 0.15 commits its last stored
- * entry once a majority holds it, whatever its term, Figure 8 of the paper), the daemon's
- * own rule (io_hold_result): while the last entry raft has stored is not of its current
- * term, a successful AppendEntries result is lowered to one below it (never below the
- * commit index). The sim found this one as a divergence: IDEM_SEED=388010982150
- * IDEM_SIM_RAW_RAFT=1 replayed one (a base seed of the earlier sequence of runs, pinned). */
-static void holdResult(struct simNode *nd, struct raft_message *msg)
-{
-    const struct raft *r = &nd->s->f.servers[nd->i].raft;
-    if (!nd->s->raw_raft && io_hold_result(r, &msg->append_entries_result)) {
-        nd->results_held++;
-    }
-}
-
-static void simIoRecv(struct raft_io *io, struct raft_message *msg)
-{
-    struct simNode *nd = nodeOfIo(io);
-    if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT) {
-        holdResult(nd, msg);
-    }
-    if (msg->type != RAFT_IO_APPEND_ENTRIES) {
-        nd->raft_recv(io, msg);
-        return;
-    }
-    /* An RPC that starts below this follower's snapshot starts at it (cluster/raft015/io.h: a
-     * 0.15 follower appends such entries after its last one, then crashes here in
-     * removeSuffix: IDEM_SEED=636427270239 did, with this correction alone taken out, in the
-     * earlier sequence of runs; pinned). */
-    const struct raft *r = &nd->s->f.servers[nd->i].raft;
-    if (!nd->s->raw_raft && io_skip_snapshotted(r, &msg->append_entries)) {
-        nd->snapshotted_cut++;
-    }
-    nd->in_append_entries = true;
-    nd->ae_from = msg->server_id;
-    nd->ae_end = msg->append_entries.prev_log_index + msg->append_entries.n_entries;
-    if (!nd->s->raw_raft && io_clamp_commit(&msg->append_entries)) {
-        nd->commits_clamped++;
-    }
-    nd->raft_recv(io, msg);
-    nd->in_append_entries = false;
-}
-
-static int simIoStart(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick,
-                      raft_io_recv_cb recv)
-{
-    struct simNode *nd = nodeOfIo(io);
-    nd->raft_recv = recv;
-    return nd->io_start(io, msecs, tick, simIoRecv);
+    struct io *w = &nd->io;
+    w->inner = srv->io;
+    nd->io_truncate = w->inner.truncate;
+    w->inner.truncate = simIoTruncate;
+    io_wrap(w, NULL);
+    srv->io.data = w;
+    w->outer.data = &srv->raft;
+    srv->raft.io = &w->outer;
+    w->raft = &srv->raft;
 }
 
 /* ---- commands ------------------------------------------------------------------------ */
@@ -1110,24 +1067,26 @@ static void simInit(struct sim *s, unsigned n, uint64_t seed)
         nd->fsm.restore = simFsmRestore;
         nd->fsm.snapshot_finalize = simFsmSnapshotFinalize;
         assert_int_equal(raft_fixture_grow(&s->f, &nd->fsm), 0);
-        struct raft_io *io = &s->f.servers[i].io;
+        struct raft_fixture_server *srv = &s->f.servers[i];
+        struct raft_io *io = &srv->io;
         /* Asynchronous snapshots need fsm version 3 and an io of version 2 with async_work.
          * libraft 0.15's fixture implements async_work but leaves its io's version at 0, so
          * raft_init refuses version 3: grow with version 2, then switch (raft reads
-         * fsm->version and snapshot_async when it takes each snapshot). */
+         * fsm->version and snapshot_async when it takes each snapshot; the wrapper says
+         * version 2 itself over an io with async_work). */
         assert_non_null(io->async_work);
         if (io->version < 2) {
             io->version = 2;
         }
         nd->fsm.version = 3;
         nd->fsm.snapshot_async = simFsmSnapshotAsync;
-        nd->io_truncate = io->truncate;
-        nd->io_start = io->start;
-        nd->io_send = io->send;
-        io->truncate = simIoTruncate;
-        io->start = simIoStart;
-        io->send = simIoSend;
-        assert_ptr_equal(nodeOfIo(io), nd);
+        if (s->raw_raft) {
+            nd->io_truncate = io->truncate;
+            io->truncate = simIoTruncateRaw;
+        } else {
+            simWrapIo(nd, srv);
+            assert_ptr_equal(raft_fixture_get(&s->f, i)->io, &nd->io.outer);
+        }
         s->alive[i] = true;
     }
     struct raft_configuration conf;
@@ -1147,9 +1106,10 @@ static void simInit(struct sim *s, unsigned n, uint64_t seed)
 }
 
 /* What cluster.c does on election (it proposes a barrier within a tick): a new leader's
- * first entry of its own term, so that holdResult lets the followers' answers count again
- * without waiting for the next command. Here it is one more command (the checks follow
- * every command, and a barrier would leave a gap in the indexes each server applies). */
+ * first entry of its own term, so that the wrapper's hold (io_hold_result) lets the
+ * followers' answers count again without waiting for the next command. Here it is one more
+ * command (the checks follow every command, and a barrier would leave a gap in the indexes
+ * each server applies). */
 static void leaderFirstEntries(struct sim *s)
 {
     if (s->raw_raft) {
@@ -1405,6 +1365,10 @@ static void simClose(struct sim *s)
 {
     raft_fixture_close(&s->f);
     for (unsigned i = 0; i < s->n; i++) {
+        /* The fixture has freed its state: the wrapper must have closed it at once (nothing
+         * of it left in flight after the fixture completed every request). */
+        assert_true(s->raw_raft ||
+                    (s->nodes[i].io.inner_closing && !s->nodes[i].io.close_deferred));
         fsm_close(s->nodes[i].m);
         free(s->nodes[i].log);
     }
@@ -1742,21 +1706,28 @@ static void traceRound(struct sim *s, unsigned round)
 
 static void printSummary(struct sim *s)
 {
-    unsigned skipped = 0, clamped = 0, commits = 0, held = 0, cut = 0;
+    unsigned skipped = 0;
+    unsigned long clamped = 0, held = 0, cut = 0, rematched = 0, unaddressed = 0, installs = 0,
+                  truncs = 0;
     for (unsigned i = 0; i < s->n; i++) {
+        const struct io *w = &s->nodes[i].io;
         skipped += s->nodes[i].io_truncates_skipped;
-        clamped += s->nodes[i].results_clamped;
-        commits += s->nodes[i].commits_clamped;
-        held += s->nodes[i].results_held;
-        cut += s->nodes[i].snapshotted_cut;
+        clamped += w->corrected;
+        held += w->results_held;
+        cut += w->skipped;
+        rematched += w->rematched;
+        unaddressed += w->unaddressed;
+        installs += w->installs_held;
+        truncs += w->truncs_held;
     }
     print_message("sim:   fixture time %" PRIu64 " ms | entries: %u committed, %u failed, %u "
-                  "refused | workarounds: fixture truncates skipped %u, AppendEntries results "
-                  "corrected %u, leader_commit lowered %u, results held by a leader %u, "
-                  "AppendEntries cut at the snapshot %u%s | faults:",
+                  "refused | fixture truncates skipped %u | raft I/O wrapper%s: answers and "
+                  "leader_commit clamped %lu, results held by a leader %lu, AppendEntries cut "
+                  "at the snapshot %lu, snapshot acks rematched %lu, unaddressed answers "
+                  "dropped %lu, InstallSnapshots held %lu, truncations held %lu | faults:",
                   (uint64_t)raft_fixture_time(&s->f), s->applied_ok, s->apply_failed,
-                  s->apply_refused, skipped, clamped, commits, held, cut,
-                  s->raw_raft ? " (off)" : "");
+                  s->apply_refused, skipped, s->raw_raft ? " (left out)" : "", clamped, held, cut,
+                  rematched, unaddressed, installs, truncs);
     for (unsigned f = 0; f < 8; f++) {
         print_message(" %s %u", faultNames[f], s->faults[f]);
     }
@@ -1948,7 +1919,7 @@ static void usage(FILE *to)
             "  --rounds N    rounds of every run (default 4000, or IDEM_SIM_ROUNDS)\n"
             "  --pinned FILE the pinned seeds (default %s)\n"
             "environment: IDEM_SEED=N (as --seed N), IDEM_SIM_TRACE=1 (raft state each round),\n"
-            "IDEM_SIM_RAW_RAFT=1 (libraft without the sim's corrections)\n",
+            "IDEM_SIM_RAW_RAFT=1 (libraft without the raft I/O wrapper)\n",
             opts.argv0, IDEM_SIM_PINNED);
 }
 
