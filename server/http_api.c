@@ -33,6 +33,7 @@ struct httpJob {
     h2o_iovec_t rid;    /* into rid_buf: the job may outlive the request's pool */
     char rid_buf[64];   /* requestId(): at most 64 bytes */
     uint64_t start_ns;
+    int key_rc; /* a forwarded request's key by the state machine's rule (jobStart) */
     LIST_ENTRY(httpJob) link; /* in h->jobs */
 };
 
@@ -227,6 +228,13 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
     }
     if (resp != NULL) {
         answerResponse(h, req, j->route, j->rid, resp);
+    } else if (j->key_rc != KEY_OK) {
+        /* The leader would have refused the key; without it this node says so itself, as
+         * it does when it knows no leader (its service judges the key first). */
+        const char *code = j->key_rc == KEY_MISSING ? "idempotency_key_missing"
+                                                    : "idempotency_key_invalid";
+        reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_INVALID);
+        gateway_send_error(h, req, j->route, j->rid, 400, code, gateway_key_refusal(code), 0);
     } else {
         (void)err; /* a static reason from forward.c; it carries no key or token */
         reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_UNAVAILABLE);
@@ -254,7 +262,7 @@ static void serviceDoneCb(void *data, const Idem__Response *resp)
  * knows a leader, which this check already sent to the forwarder; answerResponse would
  * map one to 503.) */
 static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                     const Idem__Request *rq)
+                     const Idem__Request *rq, ProtobufCBinaryData key, size_t key_max_len)
 {
     struct httpJob *j = xcalloc(1, sizeof(*j));
     j->h = h;
@@ -268,6 +276,9 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     /* j may be finished (and freed) before either call returns. */
     const char *leader = gateway_forward_target(h);
     if (leader != NULL) {
+        /* Kept for a forward that fails: the leader judges the key (and answers 400), so a
+         * bad key is not a 503 only because the leader is out of reach. */
+        j->key_rc = key_validate(key.data, key.len, key_max_len);
         gateway_forward(h, leader, rq, forwardDoneCb, j);
     } else {
         service_handle(h->svc, rq, serviceDoneCb, j);
@@ -702,7 +713,7 @@ void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2
     if (bad != NULL) {
         gateway_send_error(h, req, route, rid, 400, "invalid_request", bad, 0);
     } else {
-        jobStart(h, req, route, rid, &rq);
+        jobStart(h, req, route, rid, &rq, kb, t->key_max_len);
     }
     scratchFree(&sc);
 }

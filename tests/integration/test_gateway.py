@@ -1300,6 +1300,11 @@ class TestGatewayFailover(GatewayTest):
         self.assertOk(self.complete(addr, key0, tok, '{"pre":2}'))
         self.c.kill(lid, 9)
         self.c.kill(fol[1], 9)
+        # At once, while the follower still takes the dead node for its leader (its forward
+        # fails): a bad or missing key is still a 400, not a 503.
+        self.assertError(self.claim(addr, "bad key!", fp(1)), 400, "idempotency_key_invalid")
+        st, h, b = self.call(addr, "POST", "/v1/claims", {"fingerprint": fp(1)})
+        self.assertError((st, h, b), 400, "idempotency_key_missing")
         for i in range(3):
             k = self.key("during")
             # Answered (503), not left hanging: the request's 60 s timeout bounds the wait.
