@@ -101,7 +101,10 @@ static int ctxLoad(SSL_CTX *c, const struct idem_tls_params *p, char *err, size_
             return ctxFail(err, errlen, w->ca, p->ca_file);
         }
         if (p->role == IDEM_TLS_SERVER) {
-            SSL_CTX_set_verify(c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+            SSL_CTX_set_verify(c,
+                               SSL_VERIFY_PEER |
+                                   (p->client_cert_optional ? 0 : SSL_VERIFY_FAIL_IF_NO_PEER_CERT),
+                               NULL);
             STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(p->ca_file);
             if (names != NULL) {
                 SSL_CTX_set_client_CA_list(c, names);
@@ -180,6 +183,11 @@ void IdemTlsCtxFree(struct idem_tls_ctx *ctx)
     SSL_CTX_free(ctx->ssl_ctx); /* streams hold their own reference (SSL_new) */
     free(ctx->server_name);
     free(ctx);
+}
+
+struct ssl_ctx_st *IdemTlsCtxSsl(const struct idem_tls_ctx *ctx)
+{
+    return ctx->ssl_ctx;
 }
 
 /* ---- streams ----------------------------------------------------------------------------- */

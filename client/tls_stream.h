@@ -20,7 +20,8 @@
  * Contexts: one per role and configuration, shared by many streams (a stream holds a
  * reference, so the context may be freed first). Both roles: TLS 1.2 or later, no
  * renegotiation. Server: cert_file and key_file (checked against each other); with ca_file
- * every client must present a certificate signed by it; no session cache or tickets.
+ * every client must present a certificate signed by it (or, client_cert_optional, may
+ * present none); no session cache or tickets.
  * Client: verifies the server's certificate against ca_file, or without one against the
  * system's default CA store (OpenSSL's default paths, which the SSL_CERT_FILE /
  * SSL_CERT_DIR environment variables override), presents cert_file/key_file when given
@@ -49,6 +50,8 @@ struct idem_tls_params {
     const char *ca_file;     /* server: client certificates required; client: trust */
     const char *server_name; /* client: the name every server's certificate must carry,
                               * instead of the one given to IdemTlsNew() */
+    bool client_cert_optional; /* server with ca_file: a client certificate is asked for and
+                                * one given must verify, but a client without one is let in */
 };
 
 struct idem_tls_ctx;
@@ -75,6 +78,11 @@ int IdemTlsCtxNew(const struct idem_tls_params *p, struct idem_tls_ctx **out, ch
 
 /* Drops the caller's reference; streams made from it keep theirs. Accepts NULL. */
 void IdemTlsCtxFree(struct idem_tls_ctx *ctx);
+
+/* ctx's OpenSSL context (an SSL_CTX), for a TLS layer that is not a stream of this file: the
+ * daemon's HTTP listeners, whose TLS is h2o's. Borrowed: valid until IdemTlsCtxFree(ctx);
+ * each SSL made from it (SSL_new) holds a reference of its own. */
+struct ssl_ctx_st *IdemTlsCtxSsl(const struct idem_tls_ctx *ctx);
 
 /* A new stream of ctx's role (ctx borrowed; the stream takes its own reference). For a
  * client, peer_name ("10.0.0.3" or "node2.example", not empty) is the address or name the

@@ -66,6 +66,18 @@ int config_fail_node(struct ctx *c, const yaml_node_t *n, const char *fmt, ...)
     return -1;
 }
 
+char *config_position(struct ctx *c, const yaml_node_t *n)
+{
+    int len = snprintf(NULL, 0, "%s:%zu:%zu", c->name, n->start_mark.line + 1,
+                       n->start_mark.column + 1);
+    char *out = len < 0 ? NULL : malloc((size_t)len + 1);
+    if (out != NULL) {
+        snprintf(out, (size_t)len + 1, "%s:%zu:%zu", c->name, n->start_mark.line + 1,
+                 n->start_mark.column + 1);
+    }
+    return out;
+}
+
 /* Writes "FILE: message" for failures that have no position; returns -1. */
 __attribute__((format(printf, 4, 5))) static int failFile(char *err, size_t errlen,
                                                           const char *name, const char *fmt, ...)
@@ -445,6 +457,18 @@ int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t 
     return 0;
 }
 
+bool config_addr_is_loopback(const char *s)
+{
+    struct config_addr a;
+    char why[QUOTE_SIZE + 96];
+    struct in_addr in;
+    if (s == NULL || config_addr_parse(s, &a, why, sizeof why) != 0 ||
+        inet_pton(AF_INET, a.host, &in) != 1) {
+        return false;
+    }
+    return (ntohl(in.s_addr) >> 24) == 127;
+}
+
 /* Reads "host:port" into *out; leaves it empty when the field is absent, null or "". */
 int config_get_addr(struct ctx *c, const struct field *f, struct config_addr *out)
 {
@@ -557,6 +581,7 @@ static void setDefaults(struct config *cfg)
     cfg->batch.tenant_max_pending_percent = 50;
     cfg->batch.tenant_max_inflight_kb = 2048;
     cfg->http.max_connections = 1024;
+    cfg->http.handshake_timeout_ms = 5000;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;
 }
@@ -726,6 +751,7 @@ void config_free(struct config *c)
     free(c->tls.cert_file);
     free(c->tls.key_file);
     free(c->tls.ca_file);
+    free(c->tls.at);
     const struct config_secret *secrets[] = {&c->rpc.cluster_secret, &c->raft.secret,
                                              &c->raft.previous_secret};
     for (size_t i = 0; i < sizeof secrets / sizeof secrets[0]; i++) {

@@ -8,8 +8,9 @@
  * Error messages never contain a token hash, only the name of the field that holds it.
  *
  * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS files
- * are not opened here; whoever sets up TLS reports a missing or unreadable file (server/rpc.c
- * does, at startup, for tls.rpc). */
+ * are not opened here; whoever sets up TLS reports a missing or unreadable file at startup
+ * (server/rpc.c for tls.rpc, server/gateway.c for tls.http and tls.proxy), placed at the tls
+ * section (config_tls.at). */
 #ifndef IDEM_SERVER_CONFIG_H
 #define IDEM_SERVER_CONFIG_H
 
@@ -42,6 +43,10 @@ struct config_addr {
  * so two addresses parsed here are the same endpoint exactly when their texts are equal.
  * 0, or -1 with the reason in `why` (which quotes `s` escaped and cut short, never raw). */
 int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t why_len);
+
+/* Whether a "host:port" text (as config_addr_parse takes it) names a loopback address
+ * (127.0.0.0/8); false for anything else, a text that does not parse included. */
+bool config_addr_is_loopback(const char *s);
 
 /* One member of the initial Raft configuration (cluster.bootstrap). */
 struct config_member {
@@ -119,6 +124,11 @@ struct config_rpc {
                                    * nothing that completed no frame for this long closes */
     uint32_t handshake_timeout_ms; /* 100..600000, default 5000: TLS handshake bound */
     struct config_secret cluster_secret; /* optional; must differ from every token */
+    /* rpc.insecure_cluster_secret: lets followers send the cluster secret without tls.rpc,
+     * allowed only when this node's RPC address and every bootstrap member's are loopback
+     * addresses (config_sections.c); a follower still never sends it in clear to a leader
+     * whose address is not one (proxy_record.c). Default false. */
+    bool insecure_cluster_secret;
 };
 
 struct config_batch {
@@ -137,6 +147,8 @@ struct config_batch {
 struct config_http {
     uint32_t max_connections; /* open connections of the gateway and proxy listeners together,
                                * 1..1048576, default 1024 */
+    uint32_t handshake_timeout_ms; /* 100..600000, default 5000: a TLS listener's handshake
+                                    * (tls.http, tls.proxy) must end this soon after accept */
 };
 
 struct config_expiry {
@@ -144,16 +156,29 @@ struct config_expiry {
     uint32_t batch;       /* records per expire entry, 1..65536, default 1024 */
 };
 
-/* TLS files and the listeners that use them. cert_file and key_file go together; ca_file is
- * optional: when set, a TLS listener asks every client for a certificate signed by it (and a
- * TLS client verifies the server's against it). `enabled` says the files are there; each
- * listener has its own switch (only the RPC listener has one so far). */
+/* Client certificates on the HTTP listeners served over TLS (tls.http_client_certs). */
+enum config_client_certs {
+    CONFIG_CLIENT_CERTS_OFF = 0,  /* none asked for (the default) */
+    CONFIG_CLIENT_CERTS_OPTIONAL, /* asked for; one given must be signed by ca_file */
+    CONFIG_CLIENT_CERTS_REQUIRE,  /* a client without one signed by ca_file is refused */
+};
+
+/* TLS files and the listeners that use them: one certificate and key for every listener.
+ * cert_file and key_file go together; ca_file is optional: when set, the RPC listener asks
+ * every client for a certificate signed by it (and a TLS client verifies the server's
+ * against it); the HTTP listeners ask for one as http_client_certs says. `enabled` says the
+ * files are there; each kind of listener has its own switch. */
 struct config_tls {
     bool enabled;    /* cert_file and key_file are set */
     char *cert_file; /* owned; NULL when TLS is off */
     char *key_file;  /* owned; NULL when TLS is off */
     char *ca_file;   /* owned; NULL when not given */
     bool rpc;        /* serve the binary RPC over TLS; default false (plain TCP) */
+    bool http;       /* serve node.http_address (JSON API, probes, metrics) over TLS */
+    bool proxy;      /* serve every proxy listener over TLS */
+    enum config_client_certs http_client_certs; /* for http and proxy; needs ca_file */
+    char *at; /* owned: "FILE:LINE:COLUMN" of the tls section, to place the errors of loading
+               * its files at startup; NULL without one */
 };
 
 enum config_lease_policy {

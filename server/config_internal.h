@@ -46,6 +46,9 @@ struct ctx {
                                             * follow the tenants */
     const yaml_node_t *raft_secret_node;   /* raft.secret_file's, likewise */
     const yaml_node_t *raft_previous_node; /* raft.previous_secret_file's */
+    const yaml_node_t *insecure_node;      /* rpc.insecure_cluster_secret's value */
+    const yaml_node_t *tls_http_node;      /* tls.http's value, tls.proxy's */
+    const yaml_node_t *tls_proxy_node;
 };
 
 /* One key of a mapping, as config_map_fields() found it. */
@@ -63,6 +66,9 @@ struct field {
 /* Writes a message "FILE:LINE:COLUMN: ..." placed at node n's start; returns -1. */
 __attribute__((format(printf, 3, 4))) int config_fail_node(struct ctx *c, const yaml_node_t *n,
                                                            const char *fmt, ...);
+
+/* "FILE:LINE:COLUMN" of node n (malloc'd, the caller's; NULL when out of memory). */
+char *config_position(struct ctx *c, const yaml_node_t *n);
 
 /* Writes s (len bytes) into out as a double-quoted string for a message: printable ASCII as
  * is, other bytes as \xNN, at most QUOTE_MAX bytes of s and then "...", and every run of 16

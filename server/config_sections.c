@@ -1,6 +1,7 @@
 /* config_sections: the configuration's top level and its node, cluster, raft, rpc, batch,
- * http, expiry, tls and admin sections, and the checks that no secret is also a token, made
- * once the tenants are read (config_internal.h). */
+ * http, expiry, tls and admin sections, and the checks made once every section is read
+ * (config_internal.h): no secret is also a token, the cluster secret never goes out in
+ * clear but between loopback addresses, a TLS switch has its listeners. */
 #include "config_internal.h"
 
 #include <errno.h>
@@ -293,12 +294,14 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         HANDSHAKE,
         BUFFERS,
         ANSWERS,
+        INSECURE,
         N
     };
     static const char *const keys[N] = {
         "max_frame_bytes",      "default_deadline_ms", "max_deadline_ms",
         "max_connections",      "cluster_secret_file", "idle_timeout_ms",
-        "handshake_timeout_ms", "max_frame_buffer_mb", "max_answer_buffer_mb"};
+        "handshake_timeout_ms", "max_frame_buffer_mb", "max_answer_buffer_mb",
+        "insecure_cluster_secret"};
     struct field f[N];
     char *secret_path = NULL;
     if (config_map_fields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
@@ -310,9 +313,11 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         config_get_u32(c, &f[HANDSHAKE], 100, 600000, &r->handshake_timeout_ms) != 0 ||
         config_get_u32(c, &f[BUFFERS], 1, 65536, &r->max_frame_buffer_mb) != 0 ||
         config_get_u32(c, &f[ANSWERS], 1, 65536, &r->max_answer_buffer_mb) != 0 ||
+        config_get_bool(c, &f[INSECURE], &r->insecure_cluster_secret) != 0 ||
         config_get_path(c, &f[SECRET], &secret_path) != 0) {
         return -1;
     }
+    c->insecure_node = f[INSECURE].val;
     if (secret_path != NULL) {
         int rc = readSecret(c, &f[SECRET], secret_path, SECRET_MIN, &r->cluster_secret);
         free(secret_path);
@@ -360,11 +365,12 @@ static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 
 static int parseHttp(struct ctx *c, yaml_node_t *map, struct config_http *h)
 {
-    enum { CONNECTIONS, N };
-    static const char *const keys[N] = {"max_connections"};
+    enum { CONNECTIONS, HANDSHAKE, N };
+    static const char *const keys[N] = {"max_connections", "handshake_timeout_ms"};
     struct field f[N];
     return config_map_fields(c, map, "http", "http", keys, N, f) != 0 ||
-                   config_get_u32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0
+                   config_get_u32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0 ||
+                   config_get_u32(c, &f[HANDSHAKE], 100, 600000, &h->handshake_timeout_ms) != 0
                ? -1
                : 0;
 }
@@ -381,17 +387,49 @@ static int parseExpiry(struct ctx *c, yaml_node_t *map, struct config_expiry *e)
                : 0;
 }
 
+/* tls.http_client_certs: off, optional or require into *out; left alone when absent. */
+static int parseClientCerts(struct ctx *c, const struct field *f, enum config_client_certs *out)
+{
+    const char *s;
+    if (!config_present(f)) {
+        return 0;
+    }
+    if (config_string_value(c, f, &s) != 0) {
+        return -1;
+    }
+    static const char *const names[] = {"off", "optional", "require"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = (enum config_client_certs)i;
+            return 0;
+        }
+    }
+    char q[QUOTE_SIZE];
+    return config_fail_node(c, f->val, "%s: expected off, optional or require, got %s", f->name,
+                            config_quote(q, s, strlen(s)));
+}
+
 static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
 {
-    enum { CERT, KEY, CA, RPC, N };
-    static const char *const keys[N] = {"cert_file", "key_file", "ca_file", "rpc"};
+    enum { CERT, KEY, CA, RPC, HTTP, PROXY, CLIENT_CERTS, N };
+    static const char *const keys[N] = {"cert_file", "key_file", "ca_file",
+                                        "rpc",       "http",     "proxy",
+                                        "http_client_certs"};
     struct field f[N];
     if (config_map_fields(c, map, "tls", "tls", keys, N, f) != 0 ||
         config_get_path(c, &f[CERT], &t->cert_file) != 0 ||
         config_get_path(c, &f[KEY], &t->key_file) != 0 ||
-        config_get_path(c, &f[CA], &t->ca_file) != 0 || config_get_bool(c, &f[RPC], &t->rpc) != 0) {
+        config_get_path(c, &f[CA], &t->ca_file) != 0 || config_get_bool(c, &f[RPC], &t->rpc) != 0 ||
+        config_get_bool(c, &f[HTTP], &t->http) != 0 ||
+        config_get_bool(c, &f[PROXY], &t->proxy) != 0 ||
+        parseClientCerts(c, &f[CLIENT_CERTS], &t->http_client_certs) != 0) {
         return -1;
     }
+    if ((t->at = config_position(c, map)) == NULL) {
+        return config_fail_node(c, map, "tls: out of memory");
+    }
+    c->tls_http_node = f[HTTP].val;
+    c->tls_proxy_node = f[PROXY].val;
     if ((t->cert_file != NULL) != (t->key_file != NULL)) {
         return config_fail_node(c, map, "tls: cert_file and key_file go together; missing %s",
                                 t->cert_file ? "key_file" : "cert_file");
@@ -400,10 +438,30 @@ static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
         return config_fail_node(c, map, "tls: ca_file needs cert_file and key_file");
     }
     t->enabled = t->cert_file != NULL;
-    if (t->rpc && !t->enabled) {
-        return config_fail_node(c, f[RPC].val,
-                                "tls.rpc: TLS on the RPC listener needs cert_file and "
-                                "key_file");
+    const struct {
+        bool on;
+        const yaml_node_t *at;
+        const char *what;
+    } uses[] = {{t->rpc, f[RPC].val, "tls.rpc: TLS on the RPC listener"},
+                {t->http, f[HTTP].val, "tls.http: TLS on the HTTP gateway"},
+                {t->proxy, f[PROXY].val, "tls.proxy: TLS on the proxy listeners"}};
+    for (size_t i = 0; i < sizeof uses / sizeof uses[0]; i++) {
+        if (uses[i].on && !t->enabled) {
+            return config_fail_node(c, uses[i].at, "%s needs cert_file and key_file",
+                                    uses[i].what);
+        }
+    }
+    if (t->http_client_certs != CONFIG_CLIENT_CERTS_OFF) {
+        if (t->ca_file == NULL) {
+            return config_fail_node(c, f[CLIENT_CERTS].val,
+                                    "tls.http_client_certs: client certificates need ca_file "
+                                    "(the CA that signs them)");
+        }
+        if (!t->http && !t->proxy) {
+            return config_fail_node(c, f[CLIENT_CERTS].val,
+                                    "tls.http_client_certs: no HTTP listener serves TLS "
+                                    "(tls.http, tls.proxy)");
+        }
     }
     return 0;
 }
@@ -476,6 +534,53 @@ static int checkSecret(struct ctx *c, const struct config *cfg)
     return 0;
 }
 
+/* The cluster secret crosses the network as a bearer token (a follower's proxy sends it to the
+ * leader's RPC address): only over TLS (tls.rpc), or, with rpc.insecure_cluster_secret, in
+ * clear between loopback addresses alone (a cluster on one host). A member added later with
+ * another address is not sent it (proxy_record.c). */
+static int checkSecretTransport(struct ctx *c, const struct config *cfg)
+{
+    if (!cfg->rpc.cluster_secret.set || cfg->tls.rpc) {
+        return 0;
+    }
+    if (!cfg->rpc.insecure_cluster_secret) {
+        return config_fail_node(
+            c, c->secret_node,
+            "rpc.cluster_secret_file: followers send the cluster secret to the leader's RPC "
+            "address, in clear without tls.rpc; turn tls.rpc on, or, when every member's "
+            "rpc_address is a loopback address, set rpc.insecure_cluster_secret: true");
+    }
+    const char *bad = config_addr_is_loopback(cfg->node.rpc_address.text)
+                          ? NULL
+                          : cfg->node.rpc_address.text;
+    for (size_t i = 0; bad == NULL && i < cfg->cluster.n_bootstrap; i++) {
+        const char *a = cfg->cluster.bootstrap[i].rpc_address.text;
+        bad = config_addr_is_loopback(a) ? NULL : a;
+    }
+    if (bad != NULL) {
+        return config_fail_node(
+            c, c->insecure_node,
+            "rpc.insecure_cluster_secret: the RPC address %s is not a loopback address; the "
+            "cluster secret would cross the network in clear: turn tls.rpc on",
+            bad);
+    }
+    return 0;
+}
+
+/* A TLS switch needs the listeners it is for. */
+static int checkTlsListeners(struct ctx *c, const struct config *cfg)
+{
+    if (cfg->tls.http && cfg->node.http_address.port == 0) {
+        return config_fail_node(c, c->tls_http_node,
+                                "tls.http: this node has no HTTP gateway (node.http_address)");
+    }
+    if (cfg->tls.proxy && cfg->n_proxies == 0) {
+        return config_fail_node(c, c->tls_proxy_node,
+                                "tls.proxy: this node has no proxy listener (proxy)");
+    }
+    return 0;
+}
+
 /* Reads the top-level mapping. Sections are read in a fixed order (admin before tenants,
  * node before cluster), whatever their order in the file. */
 int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *cfg)
@@ -504,5 +609,8 @@ int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *
         (config_present(&f[PROXY]) && config_proxy_parse(c, &f[PROXY], cfg) != 0)) {
         return -1;
     }
-    return checkSecret(c, cfg);
+    return checkSecret(c, cfg) != 0 || checkSecretTransport(c, cfg) != 0 ||
+                   checkTlsListeners(c, cfg) != 0
+               ? -1
+               : 0;
 }

@@ -20,6 +20,7 @@
 
 #include "fingerprint.h"
 #include "log.h"
+#include "tls_stream.h"
 #include "xmalloc.h"
 
 #define HTTP_H2O_ENTITY_MAX (2u << 20) /* h2o's own cap, so that our handler sees 1 MiB + 1 */
@@ -391,12 +392,15 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 struct httpConn {
     uv_tcp_t tcp; /* first member: the close callback gets &tcp */
     struct http_server *h;
+    LIST_ENTRY(httpConn) link; /* in h->conns */
 };
 
 static void connClosedCb(uv_handle_t *handle)
 {
     struct httpConn *c = (struct httpConn *)handle;
     c->h->m.connections--;
+    LIST_REMOVE(c, link);
+    gateway_maybe_stopped(c->h);
     free(c);
 }
 
@@ -412,6 +416,7 @@ static void acceptCb(uv_stream_t *l, int status)
     struct httpConn *c = xmalloc(sizeof(*c));
     c->h = h;
     h->m.connections++;
+    LIST_INSERT_HEAD(&h->conns, c, link);
     uv_tcp_init(h->loop, &c->tcp);
     if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
         uv_close((uv_handle_t *)&c->tcp, connClosedCb);
@@ -423,8 +428,9 @@ static void acceptCb(uv_stream_t *l, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
+    bool tls = l == (uv_stream_t *)&h->listener ? h->cfg->tls.http : h->cfg->tls.proxy;
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, connClosedCb);
-    h2o_accept(&h->accept_ctx, sock);
+    h2o_accept(tls ? &h->tls_accept_ctx : &h->accept_ctx, sock);
 }
 
 static void listenerClosedCb(uv_handle_t *l);
@@ -458,6 +464,7 @@ static void closeListenersNow(struct http_server *h)
     }
     uv_run(h->loop, UV_RUN_NOWAIT); /* the structs must outlive the close */
     free(h->plisteners);
+    IdemTlsCtxFree(h->tls);
     free(h);
 }
 
@@ -500,6 +507,7 @@ static void h2oSetup(struct http_server *h)
 {
     h2o_config_init(&h->conf);
     h->conf.http1.upgrade_to_http2 = 0;
+    h->conf.handshake_timeout = h->cfg->http.handshake_timeout_ms;
     h->conf.max_request_entity_size = HTTP_H2O_ENTITY_MAX;
     h->conf.server_name = h2o_iovec_init(H2O_STRLIT("idemd"));
     h2o_hostconf_t *host =
@@ -515,6 +523,53 @@ static void h2oSetup(struct http_server *h)
     h2o_context_init(&h->ctx, h->loop, &h->conf);
     h->accept_ctx.ctx = &h->ctx;
     h->accept_ctx.hosts = h->conf.hosts;
+    h->tls_accept_ctx = h->accept_ctx;
+    h->tls_accept_ctx.ssl_ctx = h->tls != NULL ? IdemTlsCtxSsl(h->tls) : NULL;
+}
+
+/* The TLS context of the HTTP listeners that serve TLS (tls.http, tls.proxy): tls.cert_file
+ * and key_file, TLS 1.2 or later, client certificates as tls.http_client_certs says (against
+ * tls.ca_file), HTTP/1.1 the one protocol offered by ALPN (the gateway serves no HTTP/2).
+ * *out NULL when no listener serves TLS. False with a message placed at the tls section. */
+static bool tlsSetup(const struct config *cfg, struct idem_tls_ctx **out, char *err,
+                     size_t errlen)
+{
+    static const h2o_iovec_t alpn[] = {{H2O_STRLIT("http/1.1")}, {NULL, 0}};
+    *out = NULL;
+    bool http = cfg->tls.http && cfg->node.http_address.port != 0;
+    if (!http && !(cfg->tls.proxy && cfg->n_proxies > 0)) {
+        return true;
+    }
+    enum config_client_certs cc = cfg->tls.http_client_certs;
+    struct idem_tls_params p = {.role = IDEM_TLS_SERVER,
+                                .cert_file = cfg->tls.cert_file,
+                                .key_file = cfg->tls.key_file,
+                                .ca_file = cc != CONFIG_CLIENT_CERTS_OFF ? cfg->tls.ca_file : NULL,
+                                .client_cert_optional = cc == CONFIG_CLIENT_CERTS_OPTIONAL};
+    char why[400];
+    if (IdemTlsCtxNew(&p, out, why, sizeof why) != IDEM_OK) {
+        snprintf(err, errlen, "%s: %s (the HTTP listeners' TLS: tls.%s)",
+                 cfg->tls.at != NULL ? cfg->tls.at : "tls", why, http ? "http" : "proxy");
+        return false;
+    }
+    h2o_ssl_register_alpn_protocols(IdemTlsCtxSsl(*out), alpn);
+    return true;
+}
+
+/* With tls.http on and tls.rpc off, a follower's gateway still forwards the JSON API's
+ * requests, bearer tokens included, to the leader's RPC address in clear: said once at start
+ * when any member's RPC address is not a loopback address. */
+static void warnClearForward(const struct config *cfg)
+{
+    bool remote = !config_addr_is_loopback(cfg->node.rpc_address.text);
+    for (size_t i = 0; !remote && i < cfg->cluster.n_bootstrap; i++) {
+        remote = !config_addr_is_loopback(cfg->cluster.bootstrap[i].rpc_address.text);
+    }
+    if (cfg->tls.http && !cfg->tls.rpc && remote) {
+        log_warn("tls.http is on but tls.rpc is off: a follower forwards JSON API requests, "
+                 "their bearer tokens included, to the leader's RPC address in clear; turn "
+                 "tls.rpc on on every node");
+    }
 }
 
 struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
@@ -523,14 +578,20 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     /* With TLS on the RPC, forwarding to the leader speaks TLS too: the leader is verified
      * against tls.ca_file (else the system CA store), and this node's certificate is its
      * client certificate where the leader asks for one (forward.h). */
+    struct idem_tls_ctx *tls;
+    if (!tlsSetup(cfg, &tls, err, errlen)) {
+        return NULL;
+    }
     struct forwarder *fwd = forwarder_new(loop, cfg->tls.rpc ? &cfg->tls : NULL, err, errlen);
     if (fwd == NULL) {
+        IdemTlsCtxFree(tls);
         return NULL;
     }
     uint64_t rid_key;
     if (RAND_bytes((unsigned char *)&rid_key, sizeof rid_key) != 1) {
         snprintf(err, errlen, "http: no randomness for request ids");
         forwarder_close(fwd, NULL, NULL);
+        IdemTlsCtxFree(tls);
         return NULL;
     }
     struct http_server *h = xcalloc(1, sizeof(*h));
@@ -538,8 +599,10 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     h->loop = loop;
     h->cfg = cfg;
     h->svc = svc;
+    h->tls = tls;
     LIST_INIT(&h->jobs);
     LIST_INIT(&h->pjobs);
+    LIST_INIT(&h->conns);
     if (!openListeners(h, err, errlen)) {
         forwarder_close(fwd, NULL, NULL);
         return NULL;
@@ -550,12 +613,14 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {
-        log_info("serving http on %s", cfg->node.http_address.text);
+        log_info("serving %s on %s", cfg->tls.http ? "https" : "http",
+                 cfg->node.http_address.text);
     }
     for (size_t i = 0; i < cfg->n_proxies; i++) {
-        log_info("serving proxy on %s (%zu routes)", cfg->proxies[i].address.text,
-                 cfg->proxies[i].n_routes);
+        log_info("serving proxy on %s (%zu routes%s)", cfg->proxies[i].address.text,
+                 cfg->proxies[i].n_routes, cfg->tls.proxy ? ", https" : "");
     }
+    warnClearForward(cfg);
     return h;
 }
 
@@ -572,6 +637,7 @@ static void stopTimerClosedCb(uv_handle_t *t)
 static bool httpIdle(struct http_server *h)
 {
     return h->open_listeners == 0 && h->fwd_closed && LIST_EMPTY(&h->jobs) &&
+           LIST_EMPTY(&h->conns) && /* those in a TLS handshake are in no h2o list */
            LIST_EMPTY(&h->pjobs) &&
            h2o_linklist_is_empty(&h->ctx.http1._conns) &&
            h2o_linklist_is_empty(&h->ctx.http2._conns);
@@ -605,6 +671,16 @@ static void stopPollCb(uv_timer_t *t)
     struct http_server *h = t->data;
     bool all = uv_now(h->loop) - h->stop_started_ms >= HTTP_STOP_GRACE_MS;
     h->conf.http1.callbacks.foreach_request(&h->ctx, closeIdleCb, &all);
+    if (all) { /* connections in no h2o list too: a TLS handshake that has not ended */
+        struct httpConn *c;
+        LIST_FOREACH(c, &h->conns, link)
+        {
+            uv_os_fd_t fd;
+            if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0) {
+                shutdown(fd, SHUT_RDWR);
+            }
+        }
+    }
     gateway_maybe_stopped(h);
 }
 
@@ -652,6 +728,7 @@ void http_server_free(struct http_server *h)
     h2o_config_dispose(&h->conf);
     free(h->pools); /* after the loop ran the close callbacks of their timers */
     free(h->plisteners);
+    IdemTlsCtxFree(h->tls); /* each connection's SSL held its own reference */
     free(h);
 }
 

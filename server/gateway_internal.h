@@ -62,6 +62,9 @@ struct proxyListener {
 
 LIST_HEAD(httpJobList, httpJob);
 LIST_HEAD(proxyJobList, proxyJob);
+LIST_HEAD(httpConnList, httpConn);
+
+struct idem_tls_ctx;
 
 struct http_server {
     uv_loop_t *loop;
@@ -70,7 +73,10 @@ struct http_server {
     struct forwarder *fwd;
     h2o_globalconf_t conf;
     h2o_context_t ctx; /* must not move: embeds uv handles */
-    h2o_accept_ctx_t accept_ctx;
+    h2o_accept_ctx_t accept_ctx;     /* the plain-TCP listeners' */
+    h2o_accept_ctx_t tls_accept_ctx; /* the TLS ones' (tls.http, tls.proxy): ssl_ctx set */
+    struct idem_tls_ctx *tls;        /* their certificate and key; NULL when none serves TLS */
+    struct httpConnList conns;       /* every accepted connection not yet closed */
     uv_tcp_t listener;          /* node.http_address; bound when has_listener */
     bool has_listener;
     struct proxyListener *plisteners; /* cfg->n_proxies */
@@ -82,6 +88,7 @@ struct http_server {
     size_t n_pools;
     struct proxyJobList pjobs;  /* proxy requests not yet finished (proxy.c) */
     uint64_t secret_warned_ms; /* last warning about a refused cluster secret */
+    uint64_t clear_warned_ms;  /* last warning about a secret not sent in clear */
     uv_timer_t stop_timer;
     bool stopping;
     bool fwd_closed;

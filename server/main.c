@@ -214,7 +214,12 @@ int main(int argc, char **argv)
     d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, &d.cfg.tls, d.svc,
                            err, sizeof(err));
     if (d.rpc == NULL) {
-        log_error("%s", err);
+        /* Its TLS files' errors, placed at the tls section as the gateway's are. */
+        if (strncmp(err, "tls: ", 5) == 0 && d.cfg.tls.at != NULL) {
+            log_error("%s: %s (tls.rpc)", d.cfg.tls.at, err);
+        } else {
+            log_error("%s", err);
+        }
         return 1;
     }
     if (d.cfg.node.http_address.text[0] != '\0' || d.cfg.n_proxies > 0) {

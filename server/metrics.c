@@ -20,6 +20,7 @@ struct snap {
     struct service_info si;
     struct rpc_stats rs;
     struct cluster_io_counters io;
+    struct service_stats ss;
     uint64_t records; /* si.fsm.records without the released markers */
     uint64_t connections, connections_refused; /* the gateway's (struct httpMetrics) */
 };
@@ -346,6 +347,15 @@ static const struct family families[] = {
                  {"migrating", U64(si.fsm.index_migrating_bytes)},
                  {"ahead", U64(si.fsm.index_ahead_bytes)},
                  {"snapshot_spare", U64(si.fsm.snapshot_spare_bytes)}}},
+    {"idem_as_tenant_refused_total", "counter",
+     "RPC requests asking to act for a tenant (as_tenant, a follower's proxy) that this node "
+     "refused: the token was not the cluster secret (reason=\"secret\"), no proxy route of "
+     "this node names the tenant (reason=\"tenant\"), the op is not a data op "
+     "(reason=\"op\").",
+     .label = "reason",
+     .samples = {{"secret", U64(ss.as_tenant_refused_secret)},
+                 {"tenant", U64(ss.as_tenant_refused_tenant)},
+                 {"op", U64(ss.as_tenant_refused_op)}}},
     {"idem_raft_aio_contexts_destroyed_total", "counter",
      "Kernel AIO contexts of raft's log writer destroyed, by the thread that waited for "
      "io_destroy: the reaper thread (cluster/aio_reap.h), or the caller's (the loop) when the "
@@ -403,6 +413,7 @@ void metrics_answer(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
     service_get_info(h->svc, &s.si);
     rpc_get_stats(&s.rs);
     cluster_get_io_counters(&s.io);
+    service_get_stats(h->svc, &s.ss);
     s.records = s.si.fsm.records - s.si.fsm.released;
     s.connections = h->m.connections;
     s.connections_refused = h->m.connections_refused;

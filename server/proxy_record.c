@@ -111,6 +111,22 @@ static void pjCallSend(struct proxyJob *j)
     }
     /* j may be answered (and finished) before this returns. */
     const char *leader = h->cfg->rpc.cluster_secret.set ? gateway_forward_target(h) : NULL;
+    if (leader != NULL && !h->cfg->tls.rpc && !config_addr_is_loopback(leader)) {
+        /* rpc.insecure_cluster_secret allows the clear only between loopback addresses (the
+         * configuration checks the bootstrap members'; this, a member added later). */
+        idem__request__free_unpacked(rq, NULL);
+        uint64_t now = uv_now(h->loop);
+        if (h->clear_warned_ms == 0 || now - h->clear_warned_ms >= 10000) {
+            h->clear_warned_ms = now ? now : 1;
+            log_warn("proxy: the leader's RPC address %s is not a loopback address and tls.rpc "
+                     "is off: the cluster secret is not sent to it in clear",
+                     leader);
+        }
+        pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
+                    "this node does not send the cluster secret to the leader without TLS; "
+                    "retry, or use the leader's proxy");
+        return;
+    }
     if (leader != NULL) {
         gateway_forward(h, leader, rq, pjForwardDoneCb, j);
     } else {

@@ -76,6 +76,11 @@ struct service_stats {
     uint64_t unavailable;  /* fail-closed refusals */
     uint64_t not_leader;
     uint64_t unauthenticated;
+    /* RPC requests with as_tenant refused: their token was not the cluster secret, the
+     * tenant is one no proxy route of this node names, the op is not a data op. */
+    uint64_t as_tenant_refused_secret;
+    uint64_t as_tenant_refused_tenant;
+    uint64_t as_tenant_refused_op;
 };
 void service_get_stats(const struct service *s, struct service_stats *out);
 

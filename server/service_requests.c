@@ -222,19 +222,44 @@ static void handleData(struct service *s, const Idem__Request *req, service_done
 static void handleAs(struct service *s, const char *tenant_name, const Idem__Request *req,
                      service_done_cb cb, void *data);
 
-/* A request with as_tenant: a follower's proxy on behalf of a configured tenant. Only the
- * cluster secret may ask for it (its SHA-256 compared in constant time); a known tenant or
- * admin token is forbidden, anything else unauthenticated. */
+/* Whether a proxy route of this node's configuration names the tenant: the only tenants the
+ * cluster secret acts for (a follower's proxy claims for its route's tenant, and the
+ * proxy routes are the same on every node: docs/configuration.md). */
+static bool routeTenant(const struct config *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_proxies; i++) {
+        for (size_t r = 0; r < cfg->proxies[i].n_routes; r++) {
+            if (strcmp(cfg->tenants[cfg->proxies[i].routes[r].tenant].name, name) == 0) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* A request with as_tenant: a follower's proxy on behalf of its route's tenant. Only the
+ * cluster secret may ask for it (its SHA-256 compared in constant time), and only for a data
+ * op and a tenant that a proxy route names: anything else is forbidden (a known tenant or
+ * admin token, another tenant, an admin op) or unauthenticated (any other token). */
 static void handleAsTenant(struct service *s, const Idem__Request *req, service_done_cb cb,
                            void *data)
 {
     uint8_t h[32];
     bool hashed = service_token_hash(s, &req->auth_token, h);
     if (hashed && config_is_cluster_secret_hash(s->cfg, h)) {
+        if (!service_data_op(req)) {
+            s->stats.as_tenant_refused_op++;
+        } else if (!routeTenant(s->cfg, req->as_tenant)) {
+            s->stats.as_tenant_refused_tenant++;
+            service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
+                           "as_tenant: no proxy route of this node names that tenant", NULL);
+            return;
+        }
         handleAs(s, req->as_tenant, req, cb, data);
         return;
     }
     s->stats.unauthenticated++;
+    s->stats.as_tenant_refused_secret++;
     if (hashed && (config_tenant_by_token_hash(s->cfg, h) != NULL ||
                    config_is_admin_hash(s->cfg, h))) {
         service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,

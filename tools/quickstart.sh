@@ -9,15 +9,18 @@
 #                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
 #                                 to the upstream for tenant demo (every node's proxy serves:
 #                                 followers forward to the leader with the cluster secret)
-#   tools/quickstart.sh --tls     serve the binary RPC over mutual TLS: a CA, a certificate
-#                                 for the nodes (IP 127.0.0.1; server and client use) and one
-#                                 for idemctl are made in .idem/pki with openssl (kept across
-#                                 runs); .idem/env then also sets IDEM_TLS_CA, IDEM_TLS_CERT
-#                                 and IDEM_TLS_KEY. A run without --tls drops them again.
+#   tools/quickstart.sh --tls     serve the binary RPC over mutual TLS, and HTTP (the gateway,
+#                                 and the proxy listeners with --upstream) over HTTPS: a CA, a
+#                                 certificate for the nodes (IP 127.0.0.1; server and client
+#                                 use) and one for idemctl are made in .idem/pki with openssl
+#                                 (kept across runs); .idem/env then also sets IDEM_TLS_CA,
+#                                 IDEM_TLS_CERT and IDEM_TLS_KEY. A run without --tls drops
+#                                 them again, and sends the cluster secret in clear between
+#                                 the loopback addresses (rpc.insecure_cluster_secret).
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
 # 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and for HTTP (JSON API, health, metrics) on
-# 127.0.0.1:800N; its data is in .idem/nodeN, its log in .idem/nodeN.log, its PID in
+# 127.0.0.1:800N (HTTPS with --tls); its data is in .idem/nodeN, its log in .idem/nodeN.log, its PID in
 # .idem/nodeN.pid. .idem/env holds IDEM_CLUSTER, IDEM_TOKEN (tenant "demo") and
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
 # .idem/cluster.secret (mode 600) is the cluster secret every node's rpc.cluster_secret_file
@@ -39,7 +42,7 @@ while [ $# -gt 0 ]; do
       upstream=$2; shift ;;
     --upstream=*) upstream=${1#--upstream=} ;;
     --tls) tls=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "quickstart: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -98,8 +101,12 @@ fi
 if [ ! -s "$dir/raft.secret" ]; then
   (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/raft.secret")
 fi
-# TLS: the PKI once, and the env's TLS lines matching this run.
+# TLS: the PKI once, and the env's TLS lines matching this run. Without TLS the cluster
+# secret may go in clear only because every address here is a loopback one.
 tls_yaml=
+secret_yaml="  insecure_cluster_secret: true"
+scheme=http
+curl_ca=
 if [ "$tls" = 1 ]; then
   pki=$PWD/$dir/pki
   if [ ! -s "$pki/client.key" ]; then
@@ -120,7 +127,10 @@ if [ "$tls" = 1 ]; then
       done
     )
   fi
-  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true}"
+  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true, http: true${upstream:+, proxy: true}}"
+  secret_yaml="  # over TLS (tls.rpc)"
+  scheme=https
+  curl_ca=" --cacert $dir/pki/ca.crt"
 fi
 grep -v '^IDEM_TLS\|^export IDEM_TLS' "$dir/env" > "$dir/env.tmp" || true
 if [ "$tls" = 1 ]; then
@@ -157,6 +167,7 @@ raft:
   secret_file: $PWD/$dir/raft.secret
 rpc:
   cluster_secret_file: $PWD/$dir/cluster.secret
+$secret_yaml
 admin:
   token_sha256: $admin_hash
 tenants:
@@ -224,7 +235,7 @@ MSG
 if [ -n "$upstream" ]; then
   cat <<MSG
 Proxy mode: 127.0.0.1:8101-8103 forward to $upstream for tenant demo (any node):
-  curl -i -X POST http://127.0.0.1:8101/orders -H 'Idempotency-Key: order-1' \\
+  curl -i$curl_ca -X POST $scheme://127.0.0.1:8101/orders -H 'Idempotency-Key: order-1' \\
        -H 'Content-Type: application/json' -d '{"sku":"a"}'     # again on 8102: a replay
 
 MSG
@@ -233,6 +244,8 @@ if [ "$tls" = 1 ]; then
   cat <<MSG
 TLS: the RPC listeners (700N) speak mutual TLS; $dir/env points idemctl and idem-bench at
 $dir/pki (CA, client certificate and key). Followers forward to the leader over TLS too.
+HTTP is HTTPS (800N${upstream:+, 810N}):
+  curl --cacert $dir/pki/ca.crt https://127.0.0.1:8001/readyz
 
 MSG
 fi

@@ -3,7 +3,10 @@
 Node i listens on 10.213.0.i (Raft 7001, RPC 7002, HTTP 7003, proxy 7004) with a generated
 config: small and frequent snapshots (so a wiped node rejoins from one), a cluster secret (so
 followers' gateways and proxies forward to the leader) and one proxy route in front of the
-ledger. Every process is started from the runner's main thread through
+ledger. The secret goes between the nodes' addresses, which are not loopback ones: the RPC is
+served over TLS (tls.rpc), with a certificate for every node's address signed by a CA made
+at start (make_pki); the nodes trust it through SSL_CERT_FILE, idemctl and the libidem
+drivers through their CA option. Every process is started from the runner's main thread through
 `setpriv --pdeathsig KILL nsenter --net=NS`, so it dies with the runner however the runner
 ends (PR_SET_PDEATHSIG follows the thread that forked it, hence the main thread only), and
 is tracked by PID: the runner kills, stops and restarts it with the same argv.
@@ -30,10 +33,29 @@ def _sha(t):
     return hashlib.sha256(t.encode()).hexdigest()
 
 
-def spawn(argv, log_path=None, stdout=None, stdin=subprocess.DEVNULL, netns=None, stderr=None):
+def make_pki(d, ips):
+    """A CA (ca.crt) and one certificate for every address of ips (node.crt, node.key; server
+    and client use) in directory d, with the openssl CLI."""
+    def ossl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=d, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=60)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    ossl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+         "-subj", "/CN=idem chaos CA")
+    ossl("req", *ec, "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=idem chaos node")
+    with open(os.path.join(d, "node.ext"), "w") as f:
+        f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n"
+                % ",".join("IP:" + ip for ip in ips))
+    ossl("x509", "-req", "-in", "node.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+         "-CAcreateserial", "-out", "node.crt", "-days", "2", "-extfile", "node.ext")
+
+
+def spawn(argv, log_path=None, stdout=None, stdin=subprocess.DEVNULL, netns=None, stderr=None,
+          env=None):
     """Starts argv (in network namespace netns, a path, when given), killed when the calling
     thread ends: call from the main thread only. log_path: stdout and stderr appended there;
-    else stdout and stderr as given (None: the runner's)."""
+    else stdout and stderr as given (None: the runner's). env: its environment (None: the
+    runner's)."""
     cmd = ["setpriv", "--pdeathsig", "KILL", "--"]
     if netns is not None:
         cmd += ["nsenter", "--net=" + netns, "--"]
@@ -47,7 +69,7 @@ def spawn(argv, log_path=None, stdout=None, stdin=subprocess.DEVNULL, netns=None
         # A session of its own: Ctrl-C in a terminal reaches the runner alone, which then
         # ends every process by PID (a node that got SIGINT too would stop on its own).
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if logf else stderr,
-                                stdin=stdin, start_new_session=True)
+                                stdin=stdin, start_new_session=True, env=env)
     finally:
         if logf is not None:
             logf.close()
@@ -95,6 +117,10 @@ class Cluster:
         for i, d in (data_dirs or {}).items():
             self.nodes[i].dir = d
         self.voters = list(range(1, n + 1))
+        self.pki = os.path.join(root, "pki")
+        os.makedirs(self.pki, exist_ok=True)
+        make_pki(self.pki, [node.ip for node in self.nodes.values()])
+        self.ca = os.path.join(self.pki, "ca.crt")
         boot = [self.nodes[i] for i in self.voters]
         for node in self.nodes.values():
             self.write_config(node, boot if node.id in self.voters else [])
@@ -135,6 +161,10 @@ class Cluster:
             "  secret_file: %s" % self._secret_file("raft-secret", self.raft_secret),
             "rpc:",
             "  cluster_secret_file: %s" % self._secret_file("cluster-secret", self.secret),
+            "tls:",
+            "  cert_file: %s/node.crt" % self.pki,
+            "  key_file: %s/node.key" % self.pki,
+            "  rpc: true",
             "expiry:",
             "  interval_ms: 1000",
             "admin:",
@@ -168,8 +198,11 @@ class Cluster:
         assert node.proc is None
         node.expected_exit = False
         node.paused = False
+        env = dict(os.environ)
+        env.pop("SSL_CERT_DIR", None)
+        env["SSL_CERT_FILE"] = self.ca  # a follower verifies the leader's RPC certificate
         node.proc = spawn([self.idemd, "--config", node.cfg], log_path=node.log,
-                          netns=node.netns)
+                          netns=node.netns, env=env)
 
     def kill(self, nid):
         node = self.nodes[nid]
@@ -254,7 +287,7 @@ class Cluster:
             return 1, None
         cmd = [self.idemctl, "--cluster", ",".join(self.nodes[i].rpc for i in ids),
                "--token", self.token, "--admin-token", self.admin, "--json",
-               "--deadline", str(deadline)] + [str(a) for a in args]
+               "--tls-ca", self.ca, "--deadline", str(deadline)] + [str(a) for a in args]
         try:
             p = subprocess.run(cmd, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -133,8 +133,8 @@ class Workload:
         seeds = ",".join(self.c.nodes[i].rpc for i in self.c.voters)
         for k in self.kinds:
             if k == "lib":
-                p = spawn([driver_bin, "serve", seeds, self.c.token], stdout=subprocess.PIPE,
-                          stdin=subprocess.PIPE)
+                p = spawn([driver_bin, "serve", seeds, self.c.token, self.c.ca],
+                          stdout=subprocess.PIPE, stdin=subprocess.PIPE)
                 self.drivers.append(p)
 
     def _guard(self, name, fn, *args):

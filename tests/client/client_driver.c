@@ -1503,10 +1503,17 @@ static void servePrint(int rv, const struct idem_result *r)
  *   claim KEY FINGERPRINT_HEX ATTEMPT LEASE_MS takeover|conflict DEADLINE_MS
  *   complete KEY TOKEN STATUS BODY_HEX DEADLINE_MS      (outcome succeeded)
  *   release KEY TOKEN DEADLINE_MS
- * A malformed line is answered {"rv": "usage"}. Ends at end of input. */
-static int scServe(void)
+ * A malformed line is answered {"rv": "usage"}. Ends at end of input. `serve CA`: over TLS,
+ * the nodes verified against the CA file (the chaos cluster's nodes serve the RPC over TLS:
+ * they send the cluster secret between them). */
+static int scServe(int argc, char **argv)
 {
-    struct idem_client *c = openClient(NULL);
+    struct idem_options tls = {.seeds = g_seeds,
+                               .token = g_token,
+                               .default_deadline_ms = 10000,
+                               .tls = 1,
+                               .tls_ca_file = argc > 0 ? argv[0] : NULL};
+    struct idem_client *c = openClient(argc > 0 ? &tls : NULL);
     char line[4096];
     while (fgets(line, sizeof line, stdin) != NULL) {
         char op[16], key[256], a[1100], b[80], d[16];
@@ -1635,7 +1642,7 @@ int main(int argc, char **argv)
         return scLease(argc, argv);
     }
     if (strcmp(sc, "serve") == 0) {
-        return scServe();
+        return scServe(argc, argv);
     }
     fprintf(stderr, "client_driver: unknown scenario %s\n", sc);
     return 2;

@@ -158,7 +158,10 @@ def _yaml_value(v):
 class ProxyCluster(harness.Cluster):
     """harness.Cluster plus a `proxy:` section (one listener per node, on node.proxy) and,
     with secret, an `rpc.cluster_secret_file` (node_secrets: per-node overrides, None for no
-    secret on that node) so that followers' proxies forward to the leader."""
+    secret on that node) so that followers' proxies forward to the leader. Without tls.rpc
+    the secret goes in clear, which a node allows only with rpc.insecure_cluster_secret on
+    loopback addresses (insecure_secret: these nodes'; a subclass with TLS sets it False)."""
+    insecure_secret = True
 
     def __init__(self, routes, secret=None, node_secrets=None, **kw):
         self.routes = routes
@@ -174,6 +177,8 @@ class ProxyCluster(harness.Cluster):
         sec = self.node_secrets.get(node.id, self.secret)
         if sec is not None:
             lines += ["rpc:", "  cluster_secret_file: %s" % self.secret_file(node, "secret", sec)]
+            if self.insecure_secret:
+                lines.append("  insecure_cluster_secret: true")
         lines += ["proxy:", "  - address: %s" % node.proxy, "    routes:"]
         order = ["methods", "path_prefix", "upstream", "tenant"]
         for r in self.routes:
@@ -1056,16 +1061,16 @@ class TestProxyFollowers(ProxyTest):
         addr = self.c.nodes[lid].rpc
         key = self.key("astenant")
         fp = harness.fp(key)
-        # A tenant's token (alpha's, asking to act as beta or as itself), the admin token, an
-        # unknown token: refused, and nothing is proposed.
+        # A tenant's token (beta's, asking to act as the route's tenant alpha or as itself),
+        # the admin token, an unknown token: refused, and nothing is proposed.
         from test_gateway import data_plane, delta, node_metrics
         before = data_plane(node_metrics(self.c.nodes[lid].http))
-        for auth, tenant, want in ((self.c.token, "beta", OUTCOME_FORBIDDEN),
+        for auth, tenant, want in ((self.c.token2, "alpha", OUTCOME_FORBIDDEN),
                                    (self.c.token, "alpha", OUTCOME_FORBIDDEN),
-                                   (self.c.admin, "beta", OUTCOME_FORBIDDEN),
-                                   ("not-a-token-" + secrets.token_hex(8), "beta",
+                                   (self.c.admin, "alpha", OUTCOME_FORBIDDEN),
+                                   ("not-a-token-" + secrets.token_hex(8), "alpha",
                                     OUTCOME_UNAUTHENTICATED),
-                                   ("", "beta", OUTCOME_UNAUTHENTICATED)):
+                                   ("", "alpha", OUTCOME_UNAUTHENTICATED)):
             with self.subTest(tenant=tenant, want=want):
                 oc, err = _rpc_call(addr, _claim_as(tenant, auth, key, fp))
                 self.assertEqual(oc, want, err)
@@ -1079,13 +1084,36 @@ class TestProxyFollowers(ProxyTest):
             self.assertEqual(rc, 0, out)
             self.assertEqual(out.get("outcome"), "not_found", out)
         # The cluster secret is accepted (the control: the refusals above were for the token).
-        oc, err = _rpc_call(addr, _claim_as("beta", SECRET, key, fp))
+        oc, err = _rpc_call(addr, _claim_as("alpha", SECRET, key, fp))
         self.assertEqual(oc, OUTCOME_ACQUIRED, err)
-        rc, out = self.c.ctl("get", key, token=self.c.token2)
+        rc, out = self.c.ctl("get", key, token=self.c.token)
         self.assertEqual(out.get("outcome"), "ok", out)
         self.assertEqual(out["record"]["state"], "processing", out)
-        rc, out = self.c.ctl("get", key, token=self.c.token)
-        self.assertEqual(out.get("outcome"), "not_found", "the record is beta's, not alpha's")
+        rc, out = self.c.ctl("get", key, token=self.c.token2)
+        self.assertEqual(out.get("outcome"), "not_found", "the record is alpha's, not beta's")
+
+    def test_rpc_as_tenant_only_for_a_route_tenant(self):
+        """The cluster secret acts only for a tenant a proxy route names (alpha here): beta, a
+        configured tenant no route names, and an unknown one are forbidden, counted, and
+        nothing is proposed."""
+        from test_gateway import data_plane, delta, mval, node_metrics
+        lid = self.c.wait_leader(timeout=30)
+        addr = self.c.nodes[lid].rpc
+        key = self.key("notroute")
+        m0 = node_metrics(self.c.nodes[lid].http)
+        for tenant in ("beta", "nobody"):
+            with self.subTest(tenant=tenant):
+                oc, err = _rpc_call(addr, _claim_as(tenant, SECRET, key, harness.fp(key)))
+                self.assertEqual(oc, OUTCOME_FORBIDDEN, err)
+                self.assertIn("no proxy route of this node names that tenant", err)
+        m1 = node_metrics(self.c.nodes[lid].http)
+        refused = lambda m, r: mval(m, "idem_as_tenant_refused_total", reason=r)  # noqa: E731
+        self.assertEqual(refused(m1, "tenant") - refused(m0, "tenant"), 2)
+        self.assertEqual(refused(m1, "secret") - refused(m0, "secret"), 0)
+        self.assertEqual(delta(data_plane(m0), data_plane(m1)), {("forwarded", "forbidden"): 2})
+        rc, out = self.c.ctl("get", key, token=self.c.token2)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(out.get("outcome"), "not_found", out)
 
     def test_secret_is_never_logged(self):
         self.assertFresh(self.order_via(self.follower_ids()[0], self.key("log")))

@@ -315,6 +315,8 @@ class TlsProxyCluster(ProxyCluster):
     the test CA through SSL_CERT_FILE (the system store's override) or not at all. The
     harness's idemctl calls (status, leader) carry the TLS flags."""
 
+    insecure_secret = False  # the cluster secret goes over TLS: no switch needed
+
     def __init__(self, routes, mutual, trust_env, **kw):
         self.mutual = mutual
         self.trust_env = trust_env

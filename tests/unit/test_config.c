@@ -139,11 +139,16 @@ static const char full_text[] =
     "expiry:\n"
     "  interval_ms: 250\n"
     "  batch: 32\n"
+    "http:\n"
+    "  max_connections: 77\n"
+    "  handshake_timeout_ms: 250\n"
     "tls:\n"
     "  cert_file: /etc/idem/node.crt\n"
     "  key_file: '/etc/idem/node.key'\n"
     "  ca_file: \"/etc/idem/ca.crt\"\n"
     "  rpc: true\n"
+    "  http: yes\n"
+    "  http_client_certs: require\n"
     "admin:\n"
     "  token_sha256: " HASH_ADMIN "\n"
     "tenants:\n"
@@ -215,6 +220,12 @@ static void test_full(void **state)
     assert_string_equal(c.tls.key_file, "/etc/idem/node.key");
     assert_string_equal(c.tls.ca_file, "/etc/idem/ca.crt");
     assert_true(c.tls.rpc);
+    assert_true(c.tls.http);
+    assert_false(c.tls.proxy);
+    assert_int_equal(c.tls.http_client_certs, CONFIG_CLIENT_CERTS_REQUIRE);
+    assert_string_equal(c.tls.at, "x.yaml:45:3"); /* the mapping, at its first key */
+    assert_int_equal(c.http.max_connections, 77);
+    assert_int_equal(c.http.handshake_timeout_ms, 250);
 
     static const uint8_t admin[CONFIG_HASH_LEN] = {
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45,
@@ -296,6 +307,13 @@ static void test_defaults(void **state)
     assert_null(c.tls.cert_file);
     assert_null(c.tls.key_file);
     assert_null(c.tls.ca_file);
+    assert_false(c.tls.rpc);
+    assert_false(c.tls.http);
+    assert_false(c.tls.proxy);
+    assert_int_equal(c.tls.http_client_certs, CONFIG_CLIENT_CERTS_OFF);
+    assert_null(c.tls.at);
+    assert_int_equal(c.http.handshake_timeout_ms, 5000);
+    assert_false(c.rpc.insecure_cluster_secret);
 
     assert_int_equal(c.n_tenants, 1);
     const struct config_tenant *t = &c.tenants[0];
@@ -479,6 +497,31 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:8: ", "tls.rpc: TLS on the RPC listener needs cert_file and key_file"},
     {"tls rpc not a bool", NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: 3\n",
      "x.yaml:9:8: ", "tls.rpc"},
+    {"tls on http without files", NODE_OK "tls:\n  http: true\n",
+     "x.yaml:7:9: ", "tls.http: TLS on the HTTP gateway needs cert_file and key_file"},
+    {"tls on proxies without files", NODE_OK "tls:\n  proxy: true\n",
+     "x.yaml:7:10: ", "tls.proxy: TLS on the proxy listeners needs cert_file and key_file"},
+    {"tls client certs: an unknown value",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  http_client_certs: maybe\n",
+     "x.yaml:9:22: ", "tls.http_client_certs: expected off, optional or require, got \"maybe\""},
+    {"tls client certs without ca_file",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  http: true\n"
+             "  http_client_certs: require\n",
+     "x.yaml:10:22: ", "tls.http_client_certs: client certificates need ca_file"},
+    {"tls client certs without an https listener",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  ca_file: /ca.pem\n"
+             "  http_client_certs: optional\n",
+     "x.yaml:10:22: ", "tls.http_client_certs: no HTTP listener serves TLS"},
+    {"tls on http without an http_address",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  http: true\n" ADMIN_OK TENANTS_OK,
+     "x.yaml:9:9: ", "tls.http: this node has no HTTP gateway (node.http_address)"},
+    {"tls on proxies without a proxy listener",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  proxy: true\n" ADMIN_OK TENANTS_OK,
+     "x.yaml:9:10: ", "tls.proxy: this node has no proxy listener"},
+    {"http handshake timeout out of range", NODE_OK "http:\n  handshake_timeout_ms: 99\n",
+     "x.yaml:7:25: ", "http.handshake_timeout_ms"},
+    {"insecure cluster secret not a bool", NODE_OK "rpc:\n  insecure_cluster_secret: maybe\n",
+     "x.yaml:7:28: ", "rpc.insecure_cluster_secret"},
 
     /* Required keys. */
     {"missing node.id",
@@ -1022,14 +1065,15 @@ static void writeTemp(char path[64], const char *data, size_t len)
     assert_int_equal(fclose(fp), 0);
 }
 
-/* Parses NODE_OK + "rpc:\n  cluster_secret_file: <value>\n" + admin (hash admin_hex, or
+/* Parses NODE_OK + "rpc:\n  cluster_secret_file: <value>\n" (allowed without TLS: NODE_OK's
+ * addresses are loopback ones) + admin (hash admin_hex, or
  * HASH_ADMIN) + tenant demo (hash tenant_hex, or HASH_A); returns config_parse()'s result. */
 static int parseSecret(const char *value, const char *admin_hex, const char *tenant_hex,
                        struct config *c, char *err, size_t errlen)
 {
     char text[2048];
     int n = snprintf(text, sizeof text,
-                     NODE_OK "rpc:\n  cluster_secret_file: %s\n"
+                     NODE_OK "rpc:\n  cluster_secret_file: %s\n  insecure_cluster_secret: true\n"
                              "admin:\n  token_sha256: %s\n"
                              "tenants:\n  - name: demo\n    token_sha256: %s\n",
                      value, admin_hex ? admin_hex : HASH_ADMIN, tenant_hex ? tenant_hex : HASH_A);
@@ -1070,6 +1114,10 @@ static void test_cluster_secret(void **state)
     config_free(&c);
     parseOk(NODE_OK "rpc:\n  cluster_secret_file: \"\"\n" ADMIN_OK TENANTS_OK, &c);
     assert_false(c.rpc.cluster_secret.set);
+    config_free(&c);
+    /* insecure_cluster_secret without a secret: nothing to allow, and no error. */
+    parseOk(NODE_OK "rpc:\n  insecure_cluster_secret: true\n" ADMIN_OK TENANTS_OK, &c);
+    assert_true(c.rpc.insecure_cluster_secret);
     config_free(&c);
 
     /* A secret with a trailing newline (as `echo` writes it): trimmed. */
@@ -1114,6 +1162,87 @@ static void test_cluster_secret(void **state)
                       "cannot read \"/nonexistent/idem.secret\": No such file or directory", NULL);
     expectSecretError("/", NULL, NULL, "cannot read \"/\": Is a directory", NULL);
     expectSecretError("[a, b]", NULL, NULL, "expected a string, got a list", NULL);
+}
+
+/* ---- the cluster secret never crosses the network in clear --------------------------------- */
+
+/* Parses node (a node section) + rpc: the secret file at `path` and then `more` lines + tls
+ * + admin and tenants; 0 or -1 with the message in err. */
+static int parseTransport(const char *node, const char *path, const char *more, const char *tls,
+                          struct config *c, char *err, size_t errlen)
+{
+    char text[4096];
+    int n = snprintf(text, sizeof text, "%srpc:\n  cluster_secret_file: %s\n%s%s" ADMIN_OK
+                     TENANTS_OK, node, path, more, tls);
+    assert_true(n > 0 && (size_t)n < sizeof text);
+    return parseStr(text, c, err, errlen);
+}
+
+static void expectTransport(const char *node, const char *path, const char *more,
+                            const char *tls, const char *want)
+{
+    struct config c;
+    char err[512];
+    int rc = parseTransport(node, path, more, tls, &c, err, sizeof err);
+    if (want == NULL) {
+        if (rc != 0) {
+            fail_msg("config_parse failed: %s", err);
+        }
+        assert_true(c.rpc.cluster_secret.set);
+    } else if (rc == 0 || strncmp(err, want, strlen(want)) != 0) {
+        fail_msg("got %s, expected %s...", rc == 0 ? "success" : err, want);
+    }
+    config_free(&c);
+}
+
+static void test_cluster_secret_transport(void **state)
+{
+    (void)state;
+    char path[64];
+    writeTemp(path, "secret-of-the-cluster-0123\n", 27);
+    /* Without tls.rpc and without the switch: refused where the secret file is named. */
+    expectTransport(NODE_OK, path, "", "",
+                    "x.yaml:7:24: rpc.cluster_secret_file: followers send the cluster secret to "
+                    "the leader's RPC address, in clear without tls.rpc; turn tls.rpc on, or, "
+                    "when every member's rpc_address is a loopback address, set "
+                    "rpc.insecure_cluster_secret: true");
+    expectTransport(NODE_OK, path, "  insecure_cluster_secret: false\n", "",
+                    "x.yaml:7:24: rpc.cluster_secret_file: followers send the cluster secret");
+    /* The switch, on a cluster of loopback addresses (127.0.0.0/8): allowed. */
+    expectTransport(NODE_OK, path, "  insecure_cluster_secret: true\n", "", NULL);
+    static const char loopbackCluster[] =
+        NODE_OK "cluster:\n  bootstrap:\n"
+                "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
+                "    - {id: 2, raft_address: 127.0.0.2:9001, rpc_address: 127.3.0.2:7001}\n";
+    expectTransport(loopbackCluster, path, "  insecure_cluster_secret: true\n", "", NULL);
+    /* ... not with one member elsewhere, nor with this node elsewhere. */
+    static const char remoteMember[] =
+        NODE_OK "cluster:\n  bootstrap:\n"
+                "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
+                "    - {id: 2, raft_address: 127.0.0.2:9001, rpc_address: 10.0.0.2:7001}\n";
+    expectTransport(remoteMember, path, "  insecure_cluster_secret: true\n", "",
+                    "x.yaml:12:28: rpc.insecure_cluster_secret: the RPC address 10.0.0.2:7001 is "
+                    "not a loopback address; the cluster secret would cross the network in "
+                    "clear: turn tls.rpc on");
+    static const char remoteNode[] = "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
+                                     "  rpc_address: 0.0.0.0:7001\n  data_dir: /tmp/idem\n";
+    expectTransport(remoteNode, path, "  insecure_cluster_secret: true\n", "",
+                    "x.yaml:8:28: rpc.insecure_cluster_secret: the RPC address 0.0.0.0:7001 is "
+                    "not a loopback address");
+    /* With tls.rpc the secret travels encrypted: any addresses, no switch needed. */
+    static const char tlsRpc[] = "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: true\n";
+    expectTransport(remoteMember, path, "", tlsRpc, NULL);
+    expectTransport(remoteNode, path, "", tlsRpc, NULL);
+    assert_int_equal(remove(path), 0);
+
+    assert_true(config_addr_is_loopback("127.0.0.1:1"));
+    assert_true(config_addr_is_loopback("127.255.255.254:65535"));
+    assert_false(config_addr_is_loopback("128.0.0.1:1"));
+    assert_false(config_addr_is_loopback("0.0.0.0:7001"));
+    assert_false(config_addr_is_loopback("127.0.0.1"));
+    assert_false(config_addr_is_loopback("localhost:7001"));
+    assert_false(config_addr_is_loopback(""));
+    assert_false(config_addr_is_loopback(NULL));
 }
 
 /* ---- the Raft secret (raft.secret_file) ---------------------------------------------------- */
@@ -1248,6 +1377,7 @@ int main(void)
         cmocka_unit_test(test_load_error_names_the_file),
         cmocka_unit_test(test_proxy),
         cmocka_unit_test(test_cluster_secret),
+        cmocka_unit_test(test_cluster_secret_transport),
         cmocka_unit_test(test_raft_secret),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
