@@ -68,8 +68,8 @@ int config_fail_node(struct ctx *c, const yaml_node_t *n, const char *fmt, ...)
 
 char *config_position(struct ctx *c, const yaml_node_t *n)
 {
-    int len = snprintf(NULL, 0, "%s:%zu:%zu", c->name, n->start_mark.line + 1,
-                       n->start_mark.column + 1);
+    int len =
+        snprintf(NULL, 0, "%s:%zu:%zu", c->name, n->start_mark.line + 1, n->start_mark.column + 1);
     char *out = len < 0 ? NULL : malloc((size_t)len + 1);
     if (out != NULL) {
         snprintf(out, (size_t)len + 1, "%s:%zu:%zu", c->name, n->start_mark.line + 1,

@@ -7,8 +7,8 @@
  * keys, YAML aliases and values out of range are errors; nothing is silently ignored.
  * Error messages never contain a token hash, only the name of the field that holds it.
  *
- * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS files
- * are not opened here; whoever sets up TLS reports a missing or unreadable file at startup
+ * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS
+ * files are not opened here; whoever sets up TLS reports a missing or unreadable file at startup
  * (server/rpc.c for tls.rpc, server/gateway.c for tls.http and tls.proxy), placed at the tls
  * section (config_tls.at). */
 #ifndef IDEM_SERVER_CONFIG_H

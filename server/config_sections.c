@@ -297,11 +297,11 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         INSECURE,
         N
     };
-    static const char *const keys[N] = {
-        "max_frame_bytes",      "default_deadline_ms", "max_deadline_ms",
-        "max_connections",      "cluster_secret_file", "idle_timeout_ms",
-        "handshake_timeout_ms", "max_frame_buffer_mb", "max_answer_buffer_mb",
-        "insecure_cluster_secret"};
+    static const char *const keys[N] = {"max_frame_bytes",      "default_deadline_ms",
+                                        "max_deadline_ms",      "max_connections",
+                                        "cluster_secret_file",  "idle_timeout_ms",
+                                        "handshake_timeout_ms", "max_frame_buffer_mb",
+                                        "max_answer_buffer_mb", "insecure_cluster_secret"};
     struct field f[N];
     char *secret_path = NULL;
     if (config_map_fields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
@@ -412,9 +412,8 @@ static int parseClientCerts(struct ctx *c, const struct field *f, enum config_cl
 static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
 {
     enum { CERT, KEY, CA, RPC, HTTP, PROXY, CLIENT_CERTS, N };
-    static const char *const keys[N] = {"cert_file", "key_file", "ca_file",
-                                        "rpc",       "http",     "proxy",
-                                        "http_client_certs"};
+    static const char *const keys[N] = {"cert_file", "key_file", "ca_file",          "rpc",
+                                        "http",      "proxy",    "http_client_certs"};
     struct field f[N];
     if (config_map_fields(c, map, "tls", "tls", keys, N, f) != 0 ||
         config_get_path(c, &f[CERT], &t->cert_file) != 0 ||
@@ -447,8 +446,7 @@ static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
                 {t->proxy, f[PROXY].val, "tls.proxy: TLS on the proxy listeners"}};
     for (size_t i = 0; i < sizeof uses / sizeof uses[0]; i++) {
         if (uses[i].on && !t->enabled) {
-            return config_fail_node(c, uses[i].at, "%s needs cert_file and key_file",
-                                    uses[i].what);
+            return config_fail_node(c, uses[i].at, "%s needs cert_file and key_file", uses[i].what);
         }
     }
     if (t->http_client_certs != CONFIG_CLIENT_CERTS_OFF) {
@@ -550,9 +548,8 @@ static int checkSecretTransport(struct ctx *c, const struct config *cfg)
             "address, in clear without tls.rpc; turn tls.rpc on, or, when every member's "
             "rpc_address is a loopback address, set rpc.insecure_cluster_secret: true");
     }
-    const char *bad = config_addr_is_loopback(cfg->node.rpc_address.text)
-                          ? NULL
-                          : cfg->node.rpc_address.text;
+    const char *bad =
+        config_addr_is_loopback(cfg->node.rpc_address.text) ? NULL : cfg->node.rpc_address.text;
     for (size_t i = 0; bad == NULL && i < cfg->cluster.n_bootstrap; i++) {
         const char *a = cfg->cluster.bootstrap[i].rpc_address.text;
         bad = config_addr_is_loopback(a) ? NULL : a;

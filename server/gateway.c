@@ -7,6 +7,11 @@
  * goes to proxy mode (proxy.c). h2o's own error answers (413 above its entity cap, broken
  * framing) get the same JSON error body through a filter. Stopping: docs/h2o-notes.md §5.
  *
+ * TLS (tls.http for node.http_address, tls.proxy for the proxy listeners): h2o's own
+ * OpenSSL layer, an accept context of its own with the SSL_CTX that tls_stream.c makes from
+ * tls.cert_file and key_file (TLS 1.2+, client certificates as tls.http_client_certs says),
+ * ALPN http/1.1 only (docs/h2o-notes.md §6).
+ *
  * Status mapping: docs/contract.md. Nothing here logs a key or a token; metric labels are a
  * fixed route name, a status number, an outcome name and a transport name. */
 #include "gateway_internal.h"
@@ -531,8 +536,7 @@ static void h2oSetup(struct http_server *h)
  * and key_file, TLS 1.2 or later, client certificates as tls.http_client_certs says (against
  * tls.ca_file), HTTP/1.1 the one protocol offered by ALPN (the gateway serves no HTTP/2).
  * *out NULL when no listener serves TLS. False with a message placed at the tls section. */
-static bool tlsSetup(const struct config *cfg, struct idem_tls_ctx **out, char *err,
-                     size_t errlen)
+static bool tlsSetup(const struct config *cfg, struct idem_tls_ctx **out, char *err, size_t errlen)
 {
     static const h2o_iovec_t alpn[] = {{H2O_STRLIT("http/1.1")}, {NULL, 0}};
     *out = NULL;
@@ -613,8 +617,7 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {
-        log_info("serving %s on %s", cfg->tls.http ? "https" : "http",
-                 cfg->node.http_address.text);
+        log_info("serving %s on %s", cfg->tls.http ? "https" : "http", cfg->node.http_address.text);
     }
     for (size_t i = 0; i < cfg->n_proxies; i++) {
         log_info("serving proxy on %s (%zu routes%s)", cfg->proxies[i].address.text,
@@ -638,8 +641,7 @@ static bool httpIdle(struct http_server *h)
 {
     return h->open_listeners == 0 && h->fwd_closed && LIST_EMPTY(&h->jobs) &&
            LIST_EMPTY(&h->conns) && /* those in a TLS handshake are in no h2o list */
-           LIST_EMPTY(&h->pjobs) &&
-           h2o_linklist_is_empty(&h->ctx.http1._conns) &&
+           LIST_EMPTY(&h->pjobs) && h2o_linklist_is_empty(&h->ctx.http1._conns) &&
            h2o_linklist_is_empty(&h->ctx.http2._conns);
 }
 

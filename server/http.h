@@ -1,6 +1,7 @@
 /* http: the HTTP/1.1 gateway (JSON API, /metrics, /healthz, /readyz) on node.http_address,
  * and the proxy-mode listeners of cfg->proxies (docs/contract.md, proxy mode), served by h2o
- * 2.2.5 on the node's libuv loop (docs/h2o-notes.md). The interface main.c uses; the parts are
+ * 2.2.5 on the node's libuv loop (docs/h2o-notes.md), over TLS where tls.http and tls.proxy
+ * say. The interface main.c uses; the parts are
  * gateway.c (h2o, routes, lifecycle), gateway_answer.c, http_api.c, metrics.c and proxy*.c,
  * sharing gateway_internal.h. */
 #ifndef IDEM_SERVER_HTTP_H
@@ -14,10 +15,11 @@
 
 struct http_server;
 
-/* Binds cfg->node.http_address (when set) and every proxy listener on `loop` and serves them. `loop`, `cfg` and `svc`
- * are borrowed: cfg must outlive the server, and svc must stay alive until every request
- * the gateway handed it was answered (service_close does that) and is not called once
- * http_server_stop() was called. Returns NULL with a message in err on failure. */
+/* Binds cfg->node.http_address (when set) and every proxy listener on `loop` and serves them.
+ * `loop`, `cfg` and `svc` are borrowed: cfg must outlive the server, and svc must stay alive until
+ * every request the gateway handed it was answered (service_close does that) and is not called once
+ * http_server_stop() was called. Returns NULL with a message in err on failure (a TLS file
+ * that cannot be loaded: "FILE:LINE:COLUMN: tls: ..." at the tls section). */
 struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
                                     struct service *svc, char *err, size_t errlen);
 

@@ -264,8 +264,7 @@ static const struct family families[] = {
      "HTTP connections closed on accept because http.max_connections were open.",
      ONE(connections_refused)},
     {"idem_rpc_inflight_requests", "gauge",
-     "RPC requests taken that await their answer (at most 4096 per connection).",
-     ONE(rs.inflight)},
+     "RPC requests taken that await their answer (at most 4096 per connection).", ONE(rs.inflight)},
     {"idem_rpc_frame_buffer_bytes", "gauge",
      "Memory held by the RPC connections' frame buffers (64 KiB each when idle; their growth "
      "past that at most rpc.max_frame_buffer_mb together).",

@@ -233,12 +233,14 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
         break;
     case IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED:
     case IDEM__OUTCOME__OUTCOME_FORBIDDEN: {
-        /* Locally the tenant is configured: only the leader refuses, for the secret. */
+        /* Locally the tenant is configured: only the leader refuses, for the secret, or for
+         * a tenant none of its own proxy routes names. */
         uint64_t now = uv_now(h->loop);
         if (h->secret_warned_ms == 0 || now - h->secret_warned_ms >= 10000) {
             h->secret_warned_ms = now ? now : 1;
-            log_warn("proxy: the leader refused this node's cluster secret; check "
-                     "rpc.cluster_secret_file on every node");
+            log_warn("proxy: the leader refused this node's cluster secret (or acting for "
+                     "this route's tenant); check rpc.cluster_secret_file and the proxy "
+                     "routes on every node");
         }
         proxy_send_error(j, 503, "idempotency_unavailable",
                          "the leader refused this node's cluster secret; retry on another node", 1);

@@ -1172,14 +1172,15 @@ static int parseTransport(const char *node, const char *path, const char *more, 
                           struct config *c, char *err, size_t errlen)
 {
     char text[4096];
-    int n = snprintf(text, sizeof text, "%srpc:\n  cluster_secret_file: %s\n%s%s" ADMIN_OK
-                     TENANTS_OK, node, path, more, tls);
+    int n =
+        snprintf(text, sizeof text, "%srpc:\n  cluster_secret_file: %s\n%s%s" ADMIN_OK TENANTS_OK,
+                 node, path, more, tls);
     assert_true(n > 0 && (size_t)n < sizeof text);
     return parseStr(text, c, err, errlen);
 }
 
-static void expectTransport(const char *node, const char *path, const char *more,
-                            const char *tls, const char *want)
+static void expectTransport(const char *node, const char *path, const char *more, const char *tls,
+                            const char *want)
 {
     struct config c;
     char err[512];
