@@ -16,6 +16,8 @@ import struct
 import subprocess
 import sys
 import threading
+import shutil
+import tempfile
 import time
 import unittest
 
@@ -332,6 +334,46 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual(len([l for l in text.splitlines() if l.startswith("warning:")]), 1,
                              text)
 
+    def test_tokens_from_files(self):
+        d = tempfile.mkdtemp(prefix="idemctl-tok-")
+        try:
+            adm = os.path.join(d, "admin")
+            ten = os.path.join(d, "tenant")
+            with open(adm, "w") as f:
+                f.write(self.c.admin + "\n")
+            with open(ten, "w") as f:
+                f.write(self.c.token + "\r\nsecond line ignored\n")
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--admin-token-file", adm,
+                                     "--json", "members", "list"])
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(json.loads(text)["outcome"], "ok", text)
+            self.assertEqual(err, "")  # no warning: the token is not on the command line
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token-file", ten, "--json",
+                                     "claim", "tokfile-1", "--fingerprint", "ab" * 32])
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(json.loads(text)["outcome"], "acquired", text)
+            self.assertEqual(err, "")
+            # A file that is missing, empty or holds control bytes: usage errors (2), and
+            # the token's bytes are never echoed.
+            bad = os.path.join(d, "bad")
+            with open(bad, "w") as f:
+                f.write("tok\x1b[31men\n")
+            for path, words in ((os.path.join(d, "none"), "No such file"), (bad, "printable")):
+                rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token-file", path,
+                                         "--json", "claim", "tokfile-2", "--fingerprint",
+                                         "ab" * 32])
+                self.assertEqual(rc, 2, (path, err))
+                self.assertIn(words, err)
+                self.assertNotIn("\x1b", err)
+            with open(bad, "w") as f:
+                f.write("\n")
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token-file", bad, "--json",
+                                     "claim", "tokfile-3", "--fingerprint", "ab" * 32])
+            self.assertEqual(rc, 2, err)
+            self.assertIn("no token", err)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_members_list_says_who_answered(self):
         lid = self.c.leader()
         follower = [n for n in sorted(self.c.nodes) if n != lid][0]
@@ -346,7 +388,9 @@ class TestIdemctlStatus(CtlTest):
         self.assertEqual((out["node"], out["node_id"], out["leader_id"]), (rpc, follower, lid),
                          out)
         self.assertEqual(out["node_role"], "follower", out)
-        self.assertEqual(err, "")
+        # A token on the command line draws a warning (other users can read argv).
+        self.assertIn("warning: a bearer token on the command line", err)
+        self.assertIn("--admin-token-file", err)
         rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin, "members"])
         self.assertEqual(rc, 0, err)
         self.assertIn("node: %s\n" % rpc, text)

@@ -30,6 +30,7 @@ struct global {
     const char *cluster;
     const char *token;
     const char *admin_token;
+    bool token_on_argv, admin_token_on_argv; /* given as --token T / --admin-token T */
     bool json;
     uint32_t deadline_ms;
     bool deadline_set;
