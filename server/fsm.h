@@ -155,7 +155,9 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
  * did. *why (OUT) is a static description when it would not. */
 bool fsm_response_check(const Idem__StoredResponse *resp, const char **why);
 
-/* An HTTP header name (an RFC 9110 token) / a value without CR, LF or NUL. */
+/* An HTTP header name (an RFC 9110 token) / a value of RFC 9110's field-value characters
+ * (tab, space, visible characters, obs-text: no control character). Checked before the log
+ * and on replay, never at apply: a value an older version stored is dropped on replay. */
 bool fsm_header_name_ok(const char *name);
 bool fsm_header_value_ok(const uint8_t *value, size_t len);
 

@@ -283,7 +283,7 @@ bool gateway_replay_skips(const char *name)
 /* A stored response as it is replayed: its status (a stored one outside 200-599, which
  * fsm_response_check now refuses but an older version stored, replays as 200), whether a
  * body may go with it (not with 204 or 304), and whether a stored header may go out (a
- * name that is not a token or a value with CR, LF or NUL, stored before those were
+ * name that is not a token or a value with a control character, stored before those were
  * refused, would inject headers: dropped). */
 static int replayStatus(const Idem__StoredResponse *r)
 {

@@ -592,6 +592,23 @@ class TestGatewayErrors(GatewayTest):
                                            {"outcome": "succeeded"}), 400, "invalid_request")
                 self.assertOk(self.complete(addr, key, tok, "fine"))
 
+    def test_stored_header_values_have_no_control_characters(self):
+        # RFC 9110's field-value: tab, space, visible characters and obs-text. A control
+        # character (an escape sequence, say) is refused before the log.
+        addr = self.addr()
+        key = self.key("hdrval")
+        tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+        for bad in ("red\x1b[31m", "a\x7fb", "bell\x07"):
+            body = {"token": tok, "outcome": "succeeded",
+                    "response": {"status": 200, "headers": {"x-a": bad}, "body": "x"}}
+            st, h, b = self.call(addr, "POST", "/v1/claims/%s/complete" % key, body)
+            self.assertError((st, h, b), 400, "invalid_request")
+        body = {"token": tok, "outcome": "succeeded",
+                "response": {"status": 200, "headers": {"x-a": "tab\there \u00e9"}, "body": "x"}}
+        self.assertOk(self.call(addr, "POST", "/v1/claims/%s/complete" % key, body))
+        st, h, b = self.claim(addr, key, fp(key))
+        self.assertEqual((st, h.get("x-a")), (200, "tab\there \u00c3\u00a9"), (st, h, b))
+
     def test_payload_too_large(self):
         for nid in self.targets():
             with self.subTest(node=nid):

@@ -334,6 +334,19 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual(len([l for l in text.splitlines() if l.startswith("warning:")]), 1,
                              text)
 
+    def test_human_output_escapes_control_characters(self):
+        # A stored body with terminal escapes (a tenant's bytes) prints them visibly.
+        key = "escape-1"
+        out = self.claim(key, 7)
+        self.ok("complete", key, "--token", out["token"], "--status", 200, "--body",
+                "\x1b[2Jcleared\x07 \u009b1m back\\slash")
+        rc, text, err = self.human("get", key)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("\x1b", text)
+        self.assertNotIn("\x07", text)
+        self.assertNotIn("\u009b", text)
+        self.assertIn("\\x1b[2Jcleared\\x07 \\u009b1m back\\\\slash", text)
+
     def test_tokens_from_files(self):
         d = tempfile.mkdtemp(prefix="idemctl-tok-")
         try:
