@@ -32,13 +32,19 @@ static uint64_t addSat(uint64_t a, uint64_t b)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
+_Static_assert(FSM_HASH_SECRET_LEN == TABLE_SECRET_LEN, "fsm.h and table.h: one secret size");
+
 struct fsm *fsm_new_with(const struct fsm_options *opt)
 {
     struct fsm *f = xcalloc(1, sizeof(*f));
     if (opt != NULL) {
         f->opt = *opt;
     }
-    table_init(&f->t, f->opt.prefault);
+    if (f->opt.hash_secret != NULL) {
+        memcpy(f->secret, f->opt.hash_secret, TABLE_SECRET_LEN);
+        f->opt.hash_secret = f->secret;
+    }
+    table_init(&f->t, f->opt.prefault, f->opt.hash_secret);
     f->spare_pf.with = f->opt.prefault;
     arena_init(&f->arena, ARENA_BYTES);
     return f;

@@ -103,11 +103,17 @@ struct fsm_stats {
 
 /* What the owner gives a state machine that is not a command. Nothing in it may change
  * what the state machine decides. */
+/* Bytes of fsm_options.hash_secret. */
+#define FSM_HASH_SECRET_LEN 192
+
 struct fsm_options {
     /* Faults in the slot arrays allocated ahead (the table's next growth, the snapshot
      * spare) off the owner's thread: the daemon's runs a thread (prefault_thread.h).
      * Borrowed; it must outlive the state machine. NULL: at once, on the owner's thread. */
     const struct xbig_prefaulter *prefault;
+    /* FSM_HASH_SECRET_LEN random bytes that key the record table's hashes (copied);
+     * the daemon draws them at start. NULL: unkeyed, the same in every process. */
+    const uint8_t *hash_secret;
 };
 
 /* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).
