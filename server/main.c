@@ -12,6 +12,7 @@
 #include "cluster.h" /* clog_set_sink */
 #include "config.h"
 #include "http.h"
+#include "fingerprint.h"
 #include "log.h"
 #include "rpc.h"
 #include "service.h"
@@ -200,6 +201,16 @@ int main(int argc, char **argv)
         log_warn("raft.secret_file is not set: the Raft port (%s) takes connections from "
                  "anyone who reaches it; keep it on a network of the members only",
                  d.cfg.node.raft_address.text);
+    }
+    /* Key digests in logs and admin answers are keyed with a secret every member holds. */
+    const struct config_secret *ds =
+        d.cfg.raft.secret.set ? &d.cfg.raft.secret : &d.cfg.rpc.cluster_secret;
+    if (key_digest_set_secret(ds->set ? ds->value : NULL, ds->set ? ds->len : 0) != FP_OK) {
+        log_warn("key digests are plain SHA-256: keying them failed");
+    } else if (!ds->set) {
+        log_warn("key digests in logs are plain SHA-256 (no raft.secret_file or "
+                 "rpc.cluster_secret_file to key them with): a guessable key can be found "
+                 "from its digest");
     }
     uv_loop_init(&d.loop);
     d.svc = service_new(&d.loop, &d.cfg, err, sizeof(err));

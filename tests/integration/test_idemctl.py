@@ -6,6 +6,7 @@ answer, which runs against fake RPC nodes (FakeCluster). Every --json output is 
 Run: python3 -m unittest -v tests/integration/test_idemctl.py
 """
 import hashlib
+import hmac
 import json
 import os
 import pty
@@ -29,13 +30,16 @@ from test_cluster import _field, _fields, _frame, _read_frame, _uvarint  # noqa:
 ACQ = "acquired"
 
 
-def key_digest(tenant, key):
-    """docs/contract.md: the first 12 hex of SHA-256 over the framed tenant and key (4-byte
-    big-endian length, then the bytes, for each), as server/fingerprint.c computes it."""
-    h = hashlib.sha256()
-    for part in (tenant.encode(), key.encode()):
-        h.update(struct.pack(">I", len(part)) + part)
-    return h.hexdigest()[:12]
+def key_digest(tenant, key, secret=None):
+    """docs/contract.md: the first 12 hex of HMAC-SHA256 over the framed tenant and key (4-byte
+    big-endian length, then the bytes, for each) under HMAC-SHA256(secret, "idemd key_digest
+    v1"), secret being the members' raft.secret_file (what a file holds, trailing whitespace
+    cut); without one, of SHA-256 over them; as server/fingerprint.c computes it."""
+    framed = b"".join(struct.pack(">I", len(p)) + p for p in (tenant.encode(), key.encode()))
+    if secret is None:
+        return hashlib.sha256(framed).hexdigest()[:12]
+    k = hmac.new(secret.encode(), b"idemd key_digest v1", hashlib.sha256).digest()
+    return hmac.new(k, framed, hashlib.sha256).hexdigest()[:12]
 
 
 def run_ctl(args, env=None, timeout=60):
@@ -1008,10 +1012,10 @@ class TestIdemctlKeys(CtlTest):
             self.assertNotIn(key, text + err)
             self.assertNotIn("very-secret", text + err)
             self.assertNotIn("body-of", text + err)  # nor the stored body
-            self.assertIn(key_digest("alpha", key), text)
+            self.assertIn(key_digest("alpha", key, self.c.raft_secret), text)
         self.assertEqual(rec["outcome"], "ok")
         self.assertEqual(rec["tenant"], "alpha")
-        self.assertEqual(rec["key_digest"], key_digest("alpha", key))
+        self.assertEqual(rec["key_digest"], key_digest("alpha", key, self.c.raft_secret))
         self.assertNotIn("key", rec)
         self.assertEqual(rec["state"], "completed")
         self.assertEqual(rec["completion"], "succeeded")
@@ -1059,14 +1063,15 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual((lst["count"], lst["more"]), (1, False), lst)
         r = lst["records"][0]
         self.assertEqual((r["tenant"], r["key_digest"], r["token"], r["state"]),
-                         ("alpha", key_digest("alpha", key), a["token"], "quarantined"))
+                         ("alpha", key_digest("alpha", key, self.c.raft_secret), a["token"],
+                          "quarantined"))
         self.assertEqual(r["since_ms"], r["created_at_ms"])
         self.assertNotIn("key", r)
         self.assertEqual(self.ok("quarantine", "list", "--tenant", "beta")["records"], [])
         self.assertEqual(self.ok("quarantine", "list", "--tenant", "alpha")["count"], 1)
         rc, text, err = self.human("quarantine", "list")
         self.assertEqual(rc, 0, err)
-        self.assertIn(key_digest("alpha", key), text)
+        self.assertIn(key_digest("alpha", key, self.c.raft_secret), text)
         self.assertNotIn(key, text)
         self.assertEqual(self.ok("quarantine", "list", "--reveal")["records"][0]["key"], key)
         # key resolve with a final response ends it: the list is empty, retries replay.
@@ -1119,7 +1124,8 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual((lst["count"], lst["lease_ended"], lst["more"]), (1, True, False), lst)
         r = lst["records"][0]
         self.assertEqual((r["tenant"], r["key_digest"], r["token"], r["state"]),
-                         ("alpha", key_digest("alpha", "gone-1"), gone["token"], "processing"))
+                         ("alpha", key_digest("alpha", "gone-1", self.c.raft_secret), gone["token"],
+                          "processing"))
         self.assertEqual(r["since_ms"], r["lease_deadline_ms"])
         self.assertEqual(r["lease_deadline_ms"], gone["lease_deadline_ms"], (r, gone))
         self.assertEqual(self.ok("quarantine", "list", "--lease-ended", "--reveal")
@@ -1128,11 +1134,11 @@ class TestIdemctlKeys(CtlTest):
                          ["count"], 0)
         # The quarantined one is on the other list only.
         self.assertEqual([x["key_digest"] for x in self.ok("quarantine", "list")["records"]],
-                         [key_digest("alpha", "quar-1")])
+                         [key_digest("alpha", "quar-1", self.c.raft_secret)])
         rc, text, err = self.human("quarantine", "list", "--lease-ended")
         self.assertEqual(rc, 0, err)
         self.assertIn("LEASE ENDED (UTC)", text)
-        self.assertIn(key_digest("alpha", "gone-1"), text)
+        self.assertIn(key_digest("alpha", "gone-1", self.c.raft_secret), text)
         self.assertNotIn("gone-1", text)
         # Resolved (it did not run: release), it is off the list and the key runs again.
         out = self.ok("key", "resolve", "alpha", "gone-1", "--release")
