@@ -165,8 +165,8 @@ struct config_tenant {
     char name[CONFIG_TENANT_NAME_MAX + 1];    /* 1..128 bytes of [A-Za-z0-9._-], unique */
     uint8_t (*token_hashes)[CONFIG_HASH_LEN]; /* owned array of n_token_hashes, >= 1 */
     size_t n_token_hashes;
-    uint64_t max_records;                  /* 0 = unlimited */
-    uint64_t max_bytes;                    /* 0 = unlimited */
+    uint64_t max_records;                  /* default 10 M; 0 = unlimited */
+    uint64_t max_bytes;                    /* default 4 GiB; 0 = unlimited */
     uint32_t key_max_len;                  /* 1..255, default 255 */
     uint64_t lease_ms;                     /* default lease, 1..86400000, default 30000 */
     uint64_t ttl_ms;                       /* default ttl, 1..365 days, default 24 h */
@@ -258,6 +258,10 @@ int config_parse(const char *name, const char *text, size_t len, struct config *
 /* The longest lease and ttl a tenant's defaults, a proxy route or a request may set. */
 #define CONFIG_LEASE_MAX_MS UINT64_C(86400000)           /* 24 h */
 #define CONFIG_TTL_MAX_MS (UINT64_C(365) * 86400000)     /* 365 days */
+/* A tenant's quotas when its configuration names none: bounded, so that one tenant (a
+ * proxied service's callers, say) cannot fill a node's memory; 0 configured = unlimited. */
+#define CONFIG_DEFAULT_MAX_RECORDS UINT64_C(10000000)
+#define CONFIG_DEFAULT_MAX_BYTES (UINT64_C(4) << 30)
 
 /* File descriptors a node keeps for itself besides its client connections: Raft's peer
  * connections, log segments, snapshots, the loop's own. */

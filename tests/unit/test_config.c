@@ -302,8 +302,8 @@ static void test_defaults(void **state)
     assert_string_equal(t->name, "demo");
     assert_int_equal(t->n_token_hashes, 1);
     assertHashFilled(t->token_hashes[0], 0xaa);
-    assert_int_equal(t->max_records, 0);
-    assert_int_equal(t->max_bytes, 0);
+    assert_int_equal(t->max_records, 10000000); /* bounded by default */
+    assert_int_equal(t->max_bytes, UINT64_C(4) << 30);
     assert_int_equal(t->key_max_len, 255);
     assert_int_equal(t->lease_ms, 30000);
     assert_int_equal(t->ttl_ms, 86400000);
