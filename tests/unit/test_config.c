@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config.h"
 
@@ -175,8 +176,7 @@ static void test_full(void **state)
 
     assert_int_equal(c.cluster.n_bootstrap, 2);
     assert_true(c.cluster.bootstrap[0].id == (uint64_t)INT64_MAX);
-    assertAddr(&c.cluster.bootstrap[0].raft_address, "10.0.0.1:9001",
-               "10.0.0.1", 9001);
+    assertAddr(&c.cluster.bootstrap[0].raft_address, "10.0.0.1:9001", "10.0.0.1", 9001);
     assertAddr(&c.cluster.bootstrap[0].rpc_address, "10.0.0.1:7001", "10.0.0.1", 7001);
     assertAddr(&c.cluster.bootstrap[0].http_address, "10.0.0.1:8001", "10.0.0.1", 8001);
     assert_int_equal(c.cluster.bootstrap[1].id, 2);
@@ -1097,6 +1097,15 @@ static void test_cluster_secret(void **state)
     expectSecretError(path, NULL, hex, "the secret is a token of tenant \"demo\"", secret);
     assert_int_equal(remove(path), 0);
 
+    /* A file its group or others may read or write: refused, the mode named. */
+    writeTemp(path, "secret-of-the-cluster-0123\n", sizeof secret);
+    assert_int_equal(chmod(path, 0640), 0);
+    expectSecretError(path, NULL, NULL,
+                      "may be read or written by its group or by others (mode 0640)", secret);
+    assert_int_equal(chmod(path, 0602), 0);
+    expectSecretError(path, NULL, NULL, "(mode 0602): give it mode 600", secret);
+    assert_int_equal(remove(path), 0);
+
     /* Too short (after trimming), too long, unreadable, not a string. */
     writeTemp(path, "fifteen-bytes-x\n", 16);
     expectSecretError(path, NULL, NULL, "holds 15 bytes (without trailing whitespace)",
@@ -1145,8 +1154,8 @@ static void test_raft_secret(void **state)
 
     /* The same secret for both is refused: followers send the cluster secret over the RPC. */
     snprintf(text, sizeof text,
-             NODE_OK "raft:\n  secret_file: %s\nrpc:\n  cluster_secret_file: %s\n" ADMIN_OK
-                     TENANTS_OK,
+             NODE_OK
+             "raft:\n  secret_file: %s\nrpc:\n  cluster_secret_file: %s\n" ADMIN_OK TENANTS_OK,
              path, path);
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
     static const char same[] = "x.yaml:7:16: raft.secret_file: the secret is the cluster secret";
@@ -1167,8 +1176,7 @@ static void test_raft_secret(void **state)
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
     static const char want[] =
         "x.yaml:7:16: raft.secret_file: the secret is a token of tenant \"demo\"";
-    if (strncmp(err, want, sizeof want - 1) != 0 ||
-        strstr(err, secret) != NULL) {
+    if (strncmp(err, want, sizeof want - 1) != 0 || strstr(err, secret) != NULL) {
         fail_msg("got %s", err);
     }
     config_free(&c);
@@ -1188,8 +1196,7 @@ static void test_raft_secret(void **state)
     snprintf(text, sizeof text, NODE_OK "raft:\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
              path2);
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
-    static const char alone[] =
-        "x.yaml:7:25: raft.previous_secret_file needs raft.secret_file";
+    static const char alone[] = "x.yaml:7:25: raft.previous_secret_file needs raft.secret_file";
     if (strncmp(err, alone, sizeof alone - 1) != 0) {
         fail_msg("got %s", err);
     }
