@@ -188,12 +188,20 @@ enum config_method {
 /* The bit of a method name (exact, upper case), or 0 when it is not one of the above. */
 unsigned config_method_bit(const char *m, size_t len);
 
-/* One route of a proxy listener: requests whose method is in `methods` and whose path starts
- * with `path_prefix` go through the idempotency protocol on behalf of `tenant`; other
- * methods under the prefix pass through to the upstream unchecked. */
+/* What a proxy route does with a method it does not list (other_methods). */
+enum config_other_methods {
+    CONFIG_OTHER_PASS_SAFE = 0, /* pass_safe (default): GET, HEAD, OPTIONS pass, others 405 */
+    CONFIG_OTHER_PASS,          /* pass: every other method passes through unchecked */
+    CONFIG_OTHER_REFUSE,        /* refuse: every other method 405 */
+};
+
+/* One route of a proxy listener: requests whose method is in `methods` and whose normalised
+ * path is under `path_prefix` (at a '/' boundary, server/proxy_rules.h) go through the
+ * idempotency protocol on behalf of `tenant`; other methods under the prefix pass through
+ * to the upstream unchecked or are refused (`other_methods`). */
 struct config_proxy_route {
     unsigned methods;             /* CONFIG_M_* bits, default POST|PUT|PATCH|DELETE */
-    char *path_prefix;            /* owned, starts with '/', default "/" */
+    char *path_prefix;            /* owned, normalised, starts with '/', default "/" */
     char *upstream;               /* owned, as written, e.g. "http://127.0.0.1:9999" */
     char upstream_host[16];       /* IPv4 literal ("localhost" is stored as 127.0.0.1) */
     uint16_t upstream_port;       /* default 80 */
@@ -214,6 +222,13 @@ struct config_proxy_route {
     size_t n_response_headers;
     uint64_t max_inline_body;     /* bytes, 0..64 MiB, default 1 MiB */
     bool key_required;            /* default true */
+    /* default CONFIG_OTHER_PASS_SAFE */
+    enum config_other_methods other_methods;
+    bool method_override_refuse; /* method_override: refuse (true) or strip (default) */
+    bool caller_none;            /* caller_identity: none: callers share the records */
+    char **caller_headers;       /* owned, lower-cased; default authorization, cookie */
+    size_t n_caller_headers;     /* 0 when caller_none */
+    bool replay_set_cookie;      /* default false: Set-Cookie never stored nor replayed */
 };
 
 /* One proxy listener. */

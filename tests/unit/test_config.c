@@ -684,6 +684,92 @@ static const struct bad_case bad_cases[] = {
      MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
              "      - {upstream: 'http://127.0.0.1:1', tenant: demo, store_4xx: 1}\n",
      "x.yaml:14:67: ", "proxy[0].routes[0].store_4xx: expected true or false"},
+    {"proxy path_prefix dot segment",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        path_prefix: /api/../admin\n",
+     "x.yaml:16:22: ", "proxy[0].routes[0].path_prefix: the path has a '.' or '..' segment"},
+    {"proxy path_prefix encoded slash",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        path_prefix: /api%2fpay\n",
+     "x.yaml:16:22: ", "proxy[0].routes[0].path_prefix: the path has an encoded '/'"},
+    {"proxy path_prefix query",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        path_prefix: /api?x=1\n",
+     "x.yaml:16:22: ", "proxy[0].routes[0].path_prefix: a prefix must not have a query"},
+    {"proxy other_methods",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        other_methods: allow\n",
+     "x.yaml:16:24: ",
+     "proxy[0].routes[0].other_methods: expected pass_safe, pass or refuse, got \"allow\""},
+    {"proxy method_override",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        method_override: honour\n",
+     "x.yaml:16:26: ",
+     "proxy[0].routes[0].method_override: expected strip or refuse, got \"honour\""},
+    {"proxy caller_identity scalar",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: all\n",
+     "x.yaml:16:26: ",
+     "proxy[0].routes[0].caller_identity: expected none or a mapping {headers: [...]}, got "
+     "\"all\""},
+    {"proxy caller_identity no headers",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: []}\n",
+     "x.yaml:16:36: ",
+     "proxy[0].routes[0].caller_identity.headers: at least one header name is required"},
+    {"proxy caller_identity missing headers",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {tls_client_subject: false}\n",
+     "x.yaml:16:26: ", "missing required key \"headers\" in proxy[0].routes[0].caller_identity"},
+    {"proxy caller_identity bad header",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: ['a b']}\n",
+     "x.yaml:16:37: ", "proxy[0].routes[0].caller_identity.headers[0]: not a valid header name"},
+    {"proxy caller_identity tls",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: [X-Api-Key], tls_client_subject: true}\n",
+     "x.yaml:16:69: ",
+     "proxy[0].routes[0].caller_identity.tls_client_subject: needs TLS on the proxy listener"},
+    {"proxy caller_identity unknown key",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: [X-Api-Key], cookies: [sid]}\n",
+     "x.yaml:16:49: ", "unknown key \"cookies\" in proxy[0].routes[0].caller_identity"},
+    {"proxy set-cookie stored without replay_set_cookie",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        response_headers: [content-type, Set-Cookie]\n",
+     "x.yaml:16:27: ",
+     "proxy[0].routes[0].response_headers: set-cookie is stored and replayed only with "
+     "replay_set_cookie: true"},
+    {"proxy replay_set_cookie without a caller",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: none\n        replay_set_cookie: true\n",
+     "x.yaml:17:28: ", "proxy[0].routes[0].replay_set_cookie: needs a caller identity"},
+    {"proxy caller namespace above key_max_len",
+     NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 42\n"
+                                 "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+                                 "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n",
+     "x.yaml:16:17: ",
+     "proxy[0].routes[0].tenant: tenant \"demo\" has key_max_len 42, and a caller's record is "
+     "kept under a 43-byte key: raise key_max_len to 43 or more, or set caller_identity: none"},
+    {"proxy caller namespace above key_max_len, explicit identity",
+     NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 20\n"
+                                 "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+                                 "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+                                 "        caller_identity: {headers: [X-Api-Key]}\n",
+     "x.yaml:17:26: ", "proxy[0].routes[0].caller_identity: tenant \"demo\" has key_max_len 20"},
 };
 
 /* A message must never quote a token hash, even a malformed one. */
@@ -920,29 +1006,35 @@ static void test_proxy(void **state)
 {
     (void)state;
     struct config c;
-    parseOk(MINIMAL "proxy:\n"
-                    "  - address: 127.0.0.1:8101\n"
-                    "    routes:\n"
-                    "      - upstream: http://127.0.0.1:9999\n"
-                    "        tenant: demo\n"
-                    "      - methods: [POST, PUT]\n"
-                    "        path_prefix: /payments\n"
-                    "        upstream: http://localhost:9000/\n"
-                    "        tenant: demo\n"
-                    "        lease_ms: 5000\n"
-                    "        ttl_ms: 60000\n"
-                    "        lease_policy: takeover\n"
-                    "        mismatch_status: 422\n"
-                    "        in_progress_status: 425\n"
-                    "        fingerprint_headers: [X-Account]\n"
-                    "        store_4xx: true\n"
-                    "        on_timeout: release\n"
-                    "        upstream_timeout_ms: 2500\n"
-                    "        response_headers: [Content-Type, Location]\n"
-                    "        max_inline_body: 4096\n"
-                    "        key_required: false\n"
-                    "  - address: 127.0.0.1:8102\n"
-                    "    routes: [{upstream: 'http://10.1.2.3', tenant: demo}]\n",
+    parseOk(MINIMAL
+            "proxy:\n"
+            "  - address: 127.0.0.1:8101\n"
+            "    routes:\n"
+            "      - upstream: http://127.0.0.1:9999\n"
+            "        tenant: demo\n"
+            "      - methods: [POST, PUT]\n"
+            "        path_prefix: /payments\n"
+            "        upstream: http://localhost:9000/\n"
+            "        tenant: demo\n"
+            "        lease_ms: 5000\n"
+            "        ttl_ms: 60000\n"
+            "        lease_policy: takeover\n"
+            "        mismatch_status: 422\n"
+            "        in_progress_status: 425\n"
+            "        fingerprint_headers: [X-Account]\n"
+            "        store_4xx: true\n"
+            "        on_timeout: release\n"
+            "        upstream_timeout_ms: 2500\n"
+            "        response_headers: [Content-Type, Location]\n"
+            "        max_inline_body: 4096\n"
+            "        key_required: false\n"
+            "        other_methods: refuse\n"
+            "        method_override: refuse\n"
+            "        caller_identity: {headers: [X-Api-Key, Authorization]}\n"
+            "        replay_set_cookie: true\n"
+            "  - address: 127.0.0.1:8102\n"
+            "    routes: [{upstream: 'http://10.1.2.3', tenant: demo, other_methods: pass,\n"
+            "              caller_identity: none, path_prefix: '/a%7eb/%c3%a9/'}]\n",
             &c);
     assert_int_equal(c.n_proxies, 2);
     const struct config_proxy *p = &c.proxies[0];
@@ -968,6 +1060,13 @@ static void test_proxy(void **state)
     assert_string_equal(r->response_headers[0], "content-type");
     assert_int_equal(r->max_inline_body, 1u << 20);
     assert_true(r->key_required);
+    assert_int_equal(r->other_methods, CONFIG_OTHER_PASS_SAFE);
+    assert_false(r->method_override_refuse);
+    assert_false(r->caller_none);
+    assert_int_equal(r->n_caller_headers, 2);
+    assert_string_equal(r->caller_headers[0], "authorization");
+    assert_string_equal(r->caller_headers[1], "cookie");
+    assert_false(r->replay_set_cookie);
     r = &p->routes[1];
     assert_int_equal(r->methods, CONFIG_M_POST | CONFIG_M_PUT);
     assert_string_equal(r->path_prefix, "/payments");
@@ -990,9 +1089,21 @@ static void test_proxy(void **state)
     assert_string_equal(r->response_headers[1], "location");
     assert_int_equal(r->max_inline_body, 4096);
     assert_false(r->key_required);
+    assert_int_equal(r->other_methods, CONFIG_OTHER_REFUSE);
+    assert_true(r->method_override_refuse);
+    assert_false(r->caller_none);
+    assert_int_equal(r->n_caller_headers, 2);
+    assert_string_equal(r->caller_headers[0], "x-api-key");
+    assert_string_equal(r->caller_headers[1], "authorization");
+    assert_true(r->replay_set_cookie);
     r = &c.proxies[1].routes[0];
     assert_int_equal(r->upstream_port, 80);
     assert_string_equal(r->upstream_hostport, "10.1.2.3:80");
+    assert_int_equal(r->other_methods, CONFIG_OTHER_PASS);
+    assert_true(r->caller_none);
+    assert_int_equal(r->n_caller_headers, 0);
+    assert_null(r->caller_headers);
+    assert_string_equal(r->path_prefix, "/a~b/%C3%A9/"); /* kept normalised */
     config_free(&c);
     config_free(&c); /* twice is safe */
 
