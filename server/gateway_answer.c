@@ -329,7 +329,7 @@ static size_t replayBodyRef(const Idem__StoredResponse *r, struct hdr *extra, si
     return n;
 }
 
-/* Whether name is in the NULL-terminated list drop (NULL: none). */
+/* Whether name is in the NULL-terminated list (NULL: none). */
 static bool dropped(const char *name, const char *const *drop)
 {
     for (size_t i = 0; drop != NULL && drop[i] != NULL; i++) {
@@ -341,11 +341,12 @@ static bool dropped(const char *name, const char *const *drop)
 }
 
 /* Sends the replay of stored response r (not one gateway_stored_too_large() marks): its
- * status, the stored headers it may copy (never one named in `drop`), the body reference's,
- * Idempotency-Replayed, then the caller's own[0..n_own). */
+ * status, the stored headers it may copy (only those named in `allow` when it is not NULL,
+ * never one named in `drop`), the body reference's, Idempotency-Replayed, then the caller's
+ * own[0..n_own). */
 void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                         const Idem__StoredResponse *r, const char *const *drop,
-                         const struct hdr *own, size_t n_own)
+                         const Idem__StoredResponse *r, const char *const *allow,
+                         const char *const *drop, const struct hdr *own, size_t n_own)
 {
     int status = replayStatus(r);
     size_t n = 0;
@@ -353,7 +354,8 @@ void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route
     struct hdr *extra = xcalloc(r->n_headers + 3 + n_own, sizeof(*extra));
     for (size_t i = 0; i < r->n_headers; i++) {
         const Idem__Header *hd = r->headers[i];
-        if (!replayHeaderOk(hd) || dropped(hd->name, drop)) {
+        if (!replayHeaderOk(hd) || dropped(hd->name, drop) ||
+            (allow != NULL && !dropped(hd->name, allow))) {
             continue;
         }
         extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};

@@ -164,10 +164,11 @@ bool gateway_outcome_error(const Idem__Result *res, struct gateway_err *e);
 /* Header names a replay never copies from the stored response (nor the proxy from an
  * upstream's answer): hop-by-hop, framing, and the ones the gateway sets itself. */
 bool gateway_replay_skips(const char *name);
-/* drop: NULL, or a NULL-terminated list of lower-case header names not to replay. */
+/* allow: NULL (any), or a NULL-terminated list of the lower-case header names that may be
+ * replayed; drop: NULL, or such a list of names not to replay. */
 void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                         const Idem__StoredResponse *r, const char *const *drop,
-                         const struct hdr *own, size_t n_own);
+                         const Idem__StoredResponse *r, const char *const *allow,
+                         const char *const *drop, const struct hdr *own, size_t n_own);
 bool gateway_stored_too_large(const Idem__StoredResponse *r);
 void gateway_hex(const uint8_t *p, size_t n, char *out);
 

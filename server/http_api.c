@@ -78,7 +78,17 @@ static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
                            0);
         return;
     }
-    gateway_send_replay(h, req, route, rid, r, NULL, NULL, 0);
+    /* The JSON API answers with the stored response itself, from idemd's own origin: only
+     * headers that describe that response go out (no Set-Cookie, Refresh, CORS or security
+     * policies of another service's), and no browser may guess its type. */
+    static const char *const allow[] = {
+        "content-type", "content-language", "content-location", "content-disposition",
+        "location",     "etag",             "last-modified",    "link",
+        "cache-control", "expires",         "retry-after",      "vary",
+        NULL};
+    static const struct hdr nosniff = {"x-content-type-options", "X-Content-Type-Options",
+                                       "nosniff", 7};
+    gateway_send_replay(h, req, route, rid, r, allow, NULL, &nosniff, 1);
 }
 
 static const char *stateName(Idem__RecordState s)

@@ -107,8 +107,8 @@ void proxy_send_error(struct proxyJob *j, int status, const char *code, const ch
     char date[40];
     struct hdr own[2];
     size_t n = proxy_answer_headers(j, own, 0, date);
-    gateway_send_error_with(j->h, req, R_PROXY, proxy_rid(j), status, code, message,
-                            retry_after_s, own, n);
+    gateway_send_error_with(j->h, req, R_PROXY, proxy_rid(j), status, code, message, retry_after_s,
+                            own, n);
 }
 
 static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
@@ -126,7 +126,7 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
     char date[40];
     struct hdr own[1];
     size_t n = pjExpires(j, own, 0, date);
-    gateway_send_replay(j->h, req, R_PROXY, proxy_rid(j), r,
+    gateway_send_replay(j->h, req, R_PROXY, proxy_rid(j), r, NULL,
                         j->route->replay_set_cookie ? dropExpires : drop, own, n);
 }
 
@@ -458,17 +458,18 @@ static int pjFingerprint(const struct proxyJob *j, h2o_req_t *req, uint8_t fp[FP
 {
     const struct config_proxy_route *r = j->route;
     ssize_t ci = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_TYPE, -1);
-    char *ctype = ci >= 0 ? dupMem(req->headers.entries[ci].value.base,
-                                   req->headers.entries[ci].value.len)
-                          : NULL;
+    char *ctype =
+        ci >= 0 ? dupMem(req->headers.entries[ci].value.base, req->headers.entries[ci].value.len)
+                : NULL;
     size_t nfh = 0;
     struct fp_header *fh = xcalloc(req->headers.size + 1, sizeof(*fh));
     for (size_t k = 0; k < r->n_fingerprint_headers; k++) {
         const char *name = r->fingerprint_headers[k];
         for (ssize_t i = -1;
              (i = h2o_find_header_by_str(&req->headers, name, strlen(name), i)) >= 0;) {
-            fh[nfh++] = (struct fp_header){name, (const uint8_t *)req->headers.entries[i].value.base,
-                                           req->headers.entries[i].value.len};
+            fh[nfh++] =
+                (struct fp_header){name, (const uint8_t *)req->headers.entries[i].value.base,
+                                   req->headers.entries[i].value.len};
         }
     }
     struct fp_input in = {.method = j->method,
