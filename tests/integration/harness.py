@@ -252,7 +252,8 @@ class Cluster:
                  election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
-                 data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None):
+                 data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None,
+                 alpha_quota=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -270,6 +271,8 @@ class Cluster:
                          segment_size_mb=segment_size_mb, snapshot_nice=snapshot_nice,
                          snapshot_log_max_mb=snapshot_log_max_mb,
                          snapshot_trailing_max_mb=snapshot_trailing_max_mb)
+        # alpha_quota: {"max_records": N, "max_bytes": N} for tenant alpha (else the defaults).
+        self.alpha_quota = alpha_quota or {}
         self.nodes = {}
         self.bootstrap = []
         # Nodes that may exit by themselves (a test that makes one do so and does not await it
@@ -338,6 +341,7 @@ class Cluster:
             "tenants:",
             "  - name: alpha",
             "    token_sha256: %s" % h(self.token),
+        ] + ["    %s: %d" % kv for kv in sorted(self.alpha_quota.items())] + [
             "  - name: beta",
             "    token_sha256: %s" % h(self.token2),
         ]

@@ -925,6 +925,26 @@ class TestProxyGuardOptions(GuardTest):
 
 # ---- concurrency ----------------------------------------------------------------------------
 
+class TestProxyQuotas(ProxyTest):
+    """A tenant that a proxy route serves with an unlimited quota (0): its callers choose
+    how many keys there are, so the node warns at start; a bounded one draws no warning."""
+    cluster_opts = {"alpha_quota": {"max_records": 0}}
+    WARNING = "tenant alpha is served by a proxy route and has no max_records quota"
+
+    def test_unlimited_quota_is_warned_about(self):
+        self.assertTrue(self.c.logs_contain(self.WARNING), self.c.logs())
+        self.assertFalse(self.c.logs_contain("tenant beta is served"), self.c.logs())
+
+    def test_default_quota_is_bounded(self):
+        c = ProxyCluster([route(self.svc.url)])
+        try:
+            c.wait_leader(timeout=30)
+            self.assertFalse(c.logs_contain("is served by a proxy route and has no"), c.logs())
+        finally:
+            problems = c.close()
+            self.assertFalse(problems, problems)
+
+
 class TestProxyConcurrency(ProxyTest):
     @classmethod
     def routes(cls, upstream):
