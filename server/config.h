@@ -137,6 +137,7 @@ struct config_batch {
 struct config_http {
     uint32_t max_connections; /* open connections of the gateway and proxy listeners together,
                                * 1..1048576, default 1024 */
+    bool metrics_public;      /* /metrics without the admin token; default false */
 };
 
 struct config_expiry {

@@ -374,11 +374,12 @@ static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 
 static int parseHttp(struct ctx *c, yaml_node_t *map, struct config_http *h)
 {
-    enum { CONNECTIONS, N };
-    static const char *const keys[N] = {"max_connections"};
+    enum { CONNECTIONS, METRICS_PUBLIC, N };
+    static const char *const keys[N] = {"max_connections", "metrics_public"};
     struct field f[N];
     return config_map_fields(c, map, "http", "http", keys, N, f) != 0 ||
-                   config_get_u32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0
+                   config_get_u32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0 ||
+                   config_get_bool(c, &f[METRICS_PUBLIC], &h->metrics_public) != 0
                ? -1
                : 0;
 }

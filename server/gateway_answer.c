@@ -154,8 +154,8 @@ json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t ri
 }
 
 /* Sends the error body of docs/contract.md and counts a 503 as failed closed; retry_after_s
- * > 0 adds Retry-After, a 405 of the JSON API Allow, and more[0..n_more) (at most two) go
- * last. */
+ * > 0 adds Retry-After, a 405 of the JSON API Allow, a 401 WWW-Authenticate: Bearer, and
+ * more[0..n_more) (at most two) go last. */
 void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
                              h2o_iovec_t rid, int status, const char *code, const char *message,
                              uint64_t retry_after_s, const struct hdr *more, size_t n_more)
@@ -175,6 +175,9 @@ void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route r
                                 ? "POST"
                                 : "GET";
         extra[n++] = (struct hdr){"allow", "Allow", allow, strlen(allow)};
+    }
+    if (status == 401 && route != R_PROXY) { /* RFC 6750 3 */
+        extra[n++] = (struct hdr){"www-authenticate", "WWW-Authenticate", "Bearer", 6};
     }
     for (size_t i = 0; i < n_more; i++) {
         extra[n++] = more[i];

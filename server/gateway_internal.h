@@ -175,6 +175,10 @@ void gateway_hex(const uint8_t *p, size_t n, char *out);
 /* ---- requests, forwarding, lifecycle (gateway.c) ---- */
 
 ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len);
+/* The bearer token of req's Authorization header into *tok (empty when there is none or it
+ * is not "Bearer ..."). False when it answered instead (401: the header sent twice). */
+bool gateway_bearer(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                    h2o_iovec_t *tok);
 bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
                         h2o_iovec_t rid, h2o_iovec_t *key);
 const char *gateway_key_refusal(const char *detail);

@@ -193,10 +193,25 @@ class Resp(tuple):
         return "Resp(%d, %r, %r)" % (self[0], self[1], body)
 
 
+# /metrics needs the admin token (http.metrics_public is off by default): the admin token of
+# each node's HTTP address, filled as clusters write their configs, which http_exchange()
+# sends with a GET of /metrics that names no Authorization itself (as a configured scraper
+# would). A test of the refusal sends its own header.
+ADMIN_BY_HTTP = {}
+
+
+def metrics_auth(addr):
+    """The Authorization header a scraper of addr's /metrics sends ({} if addr is unknown)."""
+    admin = ADMIN_BY_HTTP.get(addr)
+    return {"Authorization": "Bearer %s" % admin} if admin else {}
+
+
 def http_exchange(conn, method, path, body=None, headers=None, raw=None):
     """One request on an open http.client connection. body: a JSON-able object (sent as
     application/json) or None; raw: bytes sent as they are (overrides body)."""
     hdrs = {}
+    if method == "GET" and path == "/metrics" and "Authorization" not in (headers or {}):
+        hdrs.update(metrics_auth("%s:%d" % (conn.host, conn.port)))
     data = None
     if raw is not None:
         data = raw
@@ -296,6 +311,7 @@ class Cluster:
     # ---- processes ------------------------------------------------------------------------
 
     def _write_config(self, node, bootstrap):
+        ADMIN_BY_HTTP[node.http] = self.admin
         h = lambda t: hashlib.sha256(t.encode()).hexdigest()
         lines = [
             "node:",

@@ -956,6 +956,42 @@ def rpc_call(addr, payload, timeout=30):
 
 
 class TestGatewayOps(GatewayTest):
+    def test_metrics_need_the_admin_token(self):
+        """/metrics names tenants and their load: the admin token only (401 without a token or
+        with an unknown one, with WWW-Authenticate; 403 with a tenant's), unless
+        http.metrics_public."""
+        addr = self.addr()
+        host, port = addr.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        try:
+            conn.request("GET", "/metrics")  # no Authorization header at all
+            r = conn.getresponse()
+            text = r.read().decode()
+            self.assertEqual(r.status, 401, text)
+            self.assertEqual(r.getheader("WWW-Authenticate"), "Bearer")
+            self.assertNotIn("idem_", text)
+        finally:
+            conn.close()
+        for tok, status in (("nope", 401), (self.c.token, 403), (self.c.token2, 403)):
+            st, h, b = request(addr, "GET", "/metrics", token=tok)
+            self.assertEqual(st, status, (tok, st, b))
+            self.assertNotIn("idem_", str(b))
+        st, h, text = request(addr, "GET", "/metrics", token=self.c.admin)
+        self.assertEqual(st, 200, text)
+        self.assertIn("idem_raft_term", text)
+        # http.metrics_public: true opens it to any scraper.
+        for nid in sorted(self.c.nodes):
+            self.c.kill(nid)
+        for node in self.c.nodes.values():
+            with open(node.cfg, "a") as f:
+                f.write("http:\n  metrics_public: true\n")
+        for nid in sorted(self.c.nodes):
+            self.c.start(nid)
+        self.c.wait_leader(timeout=30)
+        st, h, text = request(addr, "GET", "/metrics", token=self.c.token)
+        self.assertEqual(st, 200, text)
+        self.assertIn("idem_raft_term", text)
+
     def test_quota_exceeded_is_429(self):
         """A tenant past its quota (tenants[].max_records) is answered 429
         idempotency_quota_exceeded by the JSON API, on the leader's gateway and on a
