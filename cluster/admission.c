@@ -16,6 +16,9 @@ void admission_init(struct cluster *c)
         c->acct_pending = cluster_xcalloc(c->cfg.n_accounts * sizeof(*c->acct_pending));
         c->acct_refused = cluster_xcalloc(c->cfg.n_accounts * sizeof(*c->acct_refused));
         c->queues = cluster_xcalloc(c->cfg.n_accounts * sizeof(*c->queues));
+        for (uint32_t i = 0; i < c->cfg.n_accounts; i++) {
+            STAILQ_INIT(&c->queues[i].held);
+        }
     }
 }
 
@@ -37,13 +40,15 @@ void admission_uncharge(struct cluster *c, const struct charge *ch, unsigned n)
  * so a new command may be held back meanwhile; it must find consistent queues. */
 void admission_fail_queued(struct cluster *c, int status)
 {
-    struct queued *all = NULL, **end = &all;
+    struct queuedList all = STAILQ_HEAD_INITIALIZER(all);
     for (uint32_t a = 0; a < c->cfg.n_accounts && c->queued_bytes != 0; a++) {
         struct acctQueue *aq = &c->queues[a];
-        if (aq->head == NULL) {
+        if (STAILQ_EMPTY(&aq->held)) {
             continue;
         }
-        for (struct queued *q = aq->head; q != NULL; q = q->next) {
+        struct queued *q;
+        STAILQ_FOREACH(q, &aq->held, link)
+        {
             c->queued_bytes -= q->cost;
             c->pending_bytes -= q->cost;
             c->acct_pending[a] -= q->cost;
@@ -51,14 +56,12 @@ void admission_fail_queued(struct cluster *c, int status)
                 c->not_proposed++;
             }
         }
-        *end = aq->head;
-        end = &aq->tail->next;
-        aq->head = aq->tail = NULL;
+        STAILQ_CONCAT(&all, &aq->held); /* empties aq->held */
         aq->bytes = 0;
     }
-    while (all != NULL) {
-        struct queued *q = all;
-        all = q->next;
+    while (!STAILQ_EMPTY(&all)) {
+        struct queued *q = STAILQ_FIRST(&all);
+        STAILQ_REMOVE_HEAD(&all, link);
         void *w = q->waiter;
         free(q->data);
         free(q);
@@ -90,7 +93,7 @@ static bool mustWait(const struct cluster *c, uint32_t account, uint64_t cost)
     if (account == CLUSTER_ACCOUNT_NONE || c->cfg.max_account_inflight_bytes == 0) {
         return false;
     }
-    return c->queues[account].head != NULL || !inflightRoom(c, account, cost);
+    return !STAILQ_EMPTY(&c->queues[account].held) || !inflightRoom(c, account, cost);
 }
 
 /* Moves held-back commands into the open batch as far as their accounts' bounds allow, one
@@ -105,26 +108,21 @@ void admission_admit_queued(struct cluster *c)
         for (uint32_t k = 0; k < n && c->queued_bytes != 0; k++) {
             uint32_t a = (c->next_admit + k) % n;
             struct acctQueue *aq = &c->queues[a];
-            if (aq->head == NULL) {
-                continue;
-            }
-            if (!inflightRoom(c, a, aq->head->cost)) {
+            struct queued *q = STAILQ_FIRST(&aq->held);
+            if (q == NULL || !inflightRoom(c, a, q->cost)) {
                 continue;
             }
             if (!batch_may_propose(c)) {
                 return;
             }
-            if (batch_open_full(c, aq->head->len)) {
+            if (batch_open_full(c, q->len)) {
                 batch_flush(c); /* on failure, every command held back was failed */
-                if (aq->head == NULL || !batch_may_propose(c)) {
+                q = STAILQ_FIRST(&aq->held);
+                if (q == NULL || !batch_may_propose(c)) {
                     return;
                 }
             }
-            struct queued *q = aq->head;
-            aq->head = q->next;
-            if (aq->head == NULL) {
-                aq->tail = NULL;
-            }
+            STAILQ_REMOVE_HEAD(&aq->held, link);
             aq->bytes -= q->cost;
             c->queued_bytes -= q->cost;
             batch_open_append(c, q->data, q->len, q->waiter, a, q->cost, true);
@@ -211,12 +209,7 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
     q->len = len;
     q->cost = (uint32_t)cost;
     struct acctQueue *aq = &c->queues[account];
-    if (aq->tail != NULL) {
-        aq->tail->next = q;
-    } else {
-        aq->head = q;
-    }
-    aq->tail = q;
+    STAILQ_INSERT_TAIL(&aq->held, q, link);
     aq->bytes += cost;
     c->queued_bytes += cost;
     c->pending_bytes += cost;

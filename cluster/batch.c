@@ -27,17 +27,7 @@ void batch_fail_waiters(struct cluster *c, void **waiters, unsigned n, int statu
 
 static void pendingUnlink(struct cluster *c, struct cluster_batch *b)
 {
-    if (b->prev) {
-        b->prev->next = b->next;
-    } else {
-        c->pending_head = b->next;
-    }
-    if (b->next) {
-        b->next->prev = b->prev;
-    } else {
-        c->pending_tail = b->prev;
-    }
-    b->next = b->prev = NULL;
+    TAILQ_REMOVE(&c->pending, b, link);
 }
 
 static void applyCb(struct raft_apply *req, int status, void *result)
@@ -158,7 +148,8 @@ static struct cluster_batch *pendingFind(struct cluster *c, const Idem__CommandB
     if (b->proposer != c->cfg.id || b->epoch != c->epoch) {
         return NULL;
     }
-    for (struct cluster_batch *p = c->pending_head; p != NULL; p = p->next) {
+    struct cluster_batch *p;
+    TAILQ_FOREACH (p, &c->pending, link) {
         if (p->proposal == b->proposal) {
             return p;
         }
@@ -216,13 +207,7 @@ void batch_flush(struct cluster *c)
         admission_fail_queued(c, RAFT_NOTLEADER);
         return;
     }
-    b->prev = c->pending_tail;
-    if (c->pending_tail) {
-        c->pending_tail->next = b;
-    } else {
-        c->pending_head = b;
-    }
-    c->pending_tail = b;
+    TAILQ_INSERT_TAIL(&c->pending, b, link);
 }
 
 /* Whether the open batch must be proposed before a command of len bytes can join it. */

@@ -373,6 +373,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->rpc_address = xdup(cfg->rpc_address);
     c->http_address = xdup(cfg->http_address);
     c->data_dir = xdup(cfg->data_dir);
+    TAILQ_INIT(&c->pending);
     admission_init(c);
     c->cfg.raft_address = c->raft_address;
     c->cfg.rpc_address = c->rpc_address;

@@ -22,6 +22,7 @@
 #ifndef IDEM_CLUSTER_INTERNAL_H
 #define IDEM_CLUSTER_INTERNAL_H
 
+#include <sys/queue.h>
 #include "cluster.h"
 
 #include <stdbool.h>
@@ -46,7 +47,7 @@ struct charge {
  * account's order, as those commit. Charged to pending_bytes and its account's pending
  * bytes from the start, like any command taken. */
 struct queued {
-    struct queued *next;
+    STAILQ_ENTRY(queued) link; /* in its account's acctQueue, oldest first */
     void *waiter;
     uint8_t *data; /* malloc'd copy of the command, handed to the open batch as it is */
     size_t len;
@@ -54,19 +55,18 @@ struct queued {
 };
 
 struct acctQueue {
-    struct queued *head, *tail;
+    STAILQ_HEAD(queuedList, queued) held;
     uint64_t bytes; /* the costs of those held */
 };
 
 struct cluster_batch {
     struct raft_apply req;
     struct cluster *c;
-    struct cluster_batch *next; /* pending list, oldest first */
-    struct cluster_batch *prev;
+    TAILQ_ENTRY(cluster_batch) link; /* in cluster.pending, oldest first */
     uint64_t proposal;
-    uint64_t cost;              /* its commands' part of pending_bytes */
-    void **waiters;             /* one per command; NULL once handed back */
-    struct charge *charges;     /* one per command */
+    uint64_t cost;          /* its commands' part of pending_bytes */
+    void **waiters;         /* one per command; NULL once handed back */
+    struct charge *charges; /* one per command */
     unsigned n;
 };
 
@@ -124,15 +124,15 @@ struct cluster {
     uint64_t transfer_refused; /* CLUSTER_ETRANSFER answers */
     uint64_t not_proposed;     /* commands never proposed: their batch raft_apply refused,
                                 * or held back when leadership was lost (admission_fail_queued) */
-    struct charge *charges; /* the open batch's, one per command */
-    uint64_t *acct_pending; /* per account (cfg.n_accounts), as pending_bytes counts */
-    uint64_t *acct_refused; /* per account: CLUSTER_ESHARE refusals */
-    struct acctQueue *queues; /* per account: its commands held back (struct queued) */
-    uint64_t queued_bytes;    /* every account's held back, together */
-    uint32_t next_admit;      /* the account admission_admit_queued looks at first */
+    struct charge *charges;    /* the open batch's, one per command */
+    uint64_t *acct_pending;    /* per account (cfg.n_accounts), as pending_bytes counts */
+    uint64_t *acct_refused;    /* per account: CLUSTER_ESHARE refusals */
+    struct acctQueue *queues;  /* per account: its commands held back (struct queued) */
+    uint64_t queued_bytes;     /* every account's held back, together */
+    uint32_t next_admit;       /* the account admission_admit_queued looks at first */
 
     /* Pending (proposed, not yet applied or failed) batches. */
-    struct cluster_batch *pending_head, *pending_tail;
+    TAILQ_HEAD(batchList, cluster_batch) pending; /* proposed, not yet applied or failed */
     uint64_t next_proposal;
     uint64_t epoch;
 
@@ -160,8 +160,8 @@ struct cluster {
     /* Entries added to raft's threshold after a snapshot that could not be stored: raft
      * measures from its last stored snapshot, so it would try again at every apply. */
     unsigned retry_extra;
-    uint64_t stuck_append_warned_us; /* when tickCb last warned of an append in flight long */
-    uint64_t stuck_transfer_us;      /* when tickCb last asked another voter to lead for it */
+    uint64_t stuck_append_warned_us;  /* when tickCb last warned of an append in flight long */
+    uint64_t stuck_transfer_us;       /* when tickCb last asked another voter to lead for it */
     uint64_t stuck_refusal_logged_us; /* ... and last said that it could not */
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
@@ -205,8 +205,8 @@ void batch_flush(struct cluster *c);
 void batch_flush_cb(uv_check_t *h);
 bool batch_open_full(const struct cluster *c, size_t len);
 bool batch_may_propose(struct cluster *c);
-void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waiter,
-                       uint32_t account, uint32_t cost, bool charged);
+void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waiter, uint32_t account,
+                       uint32_t cost, bool charged);
 void batch_fail_waiters(struct cluster *c, void **waiters, unsigned n, int status);
 int batch_propose_internal(struct cluster *c, const Idem__LogEntry *entry);
 /* Hands each command of a committed batch at raft index `index` to ops.apply, with its
@@ -227,8 +227,7 @@ void snapshot_tick(struct cluster *c);
 /* ---- members.c: member metadata, membership changes, transfer ---- */
 
 struct memberMeta *members_find(struct cluster *c, uint64_t id);
-struct memberMeta *members_put(struct cluster *c, uint64_t id, const char *rpc,
-                               const char *http);
+struct memberMeta *members_put(struct cluster *c, uint64_t id, const char *rpc, const char *http);
 /* A MemberInfo entry was applied: its addresses are in the replicated state now. */
 void members_apply_info(struct cluster *c, const Idem__MemberInfo *mi);
 /* On each tick of the leader: proposes the addresses of every member not in the log yet. */

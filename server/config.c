@@ -779,6 +779,10 @@ void config_free(struct config *c)
                 free(r->response_headers[k]);
             }
             free(r->response_headers);
+            for (size_t k = 0; k < r->n_caller_headers; k++) {
+                free(r->caller_headers[k]);
+            }
+            free(r->caller_headers);
         }
         free(p->routes);
     }

@@ -149,6 +149,7 @@ struct config_http {
                                * 1..1048576, default 1024 */
     uint32_t handshake_timeout_ms; /* 100..600000, default 5000: a TLS listener's handshake
                                     * (tls.http, tls.proxy) must end this soon after accept */
+    bool metrics_public;           /* /metrics without the admin token; default false */
 };
 
 struct config_expiry {
@@ -190,8 +191,8 @@ struct config_tenant {
     char name[CONFIG_TENANT_NAME_MAX + 1];    /* 1..128 bytes of [A-Za-z0-9._-], unique */
     uint8_t (*token_hashes)[CONFIG_HASH_LEN]; /* owned array of n_token_hashes, >= 1 */
     size_t n_token_hashes;
-    uint64_t max_records;                  /* 0 = unlimited */
-    uint64_t max_bytes;                    /* 0 = unlimited */
+    uint64_t max_records;                  /* default 10 M; 0 = unlimited */
+    uint64_t max_bytes;                    /* default 4 GiB; 0 = unlimited */
     uint32_t key_max_len;                  /* 1..255, default 255 */
     uint64_t lease_ms;                     /* default lease, 1..86400000, default 30000 */
     uint64_t ttl_ms;                       /* default ttl, 1..365 days, default 24 h */
@@ -213,12 +214,20 @@ enum config_method {
 /* The bit of a method name (exact, upper case), or 0 when it is not one of the above. */
 unsigned config_method_bit(const char *m, size_t len);
 
-/* One route of a proxy listener: requests whose method is in `methods` and whose path starts
- * with `path_prefix` go through the idempotency protocol on behalf of `tenant`; other
- * methods under the prefix pass through to the upstream unchecked. */
+/* What a proxy route does with a method it does not list (other_methods). */
+enum config_other_methods {
+    CONFIG_OTHER_PASS_SAFE = 0, /* pass_safe (default): GET, HEAD, OPTIONS pass, others 405 */
+    CONFIG_OTHER_PASS,          /* pass: every other method passes through unchecked */
+    CONFIG_OTHER_REFUSE,        /* refuse: every other method 405 */
+};
+
+/* One route of a proxy listener: requests whose method is in `methods` and whose normalised
+ * path is under `path_prefix` (at a '/' boundary, server/proxy_rules.h) go through the
+ * idempotency protocol on behalf of `tenant`; other methods under the prefix pass through
+ * to the upstream unchecked or are refused (`other_methods`). */
 struct config_proxy_route {
     unsigned methods;             /* CONFIG_M_* bits, default POST|PUT|PATCH|DELETE */
-    char *path_prefix;            /* owned, starts with '/', default "/" */
+    char *path_prefix;            /* owned, normalised, starts with '/', default "/" */
     char *upstream;               /* owned, as written, e.g. "http://127.0.0.1:9999" */
     char upstream_host[16];       /* IPv4 literal ("localhost" is stored as 127.0.0.1) */
     uint16_t upstream_port;       /* default 80 */
@@ -239,6 +248,13 @@ struct config_proxy_route {
     size_t n_response_headers;
     uint64_t max_inline_body;     /* bytes, 0..64 MiB, default 1 MiB */
     bool key_required;            /* default true */
+    /* default CONFIG_OTHER_PASS_SAFE */
+    enum config_other_methods other_methods;
+    bool method_override_refuse; /* method_override: refuse (true) or strip (default) */
+    bool caller_none;            /* caller_identity: none: callers share the records */
+    char **caller_headers;       /* owned, lower-cased; default authorization, cookie */
+    size_t n_caller_headers;     /* 0 when caller_none */
+    bool replay_set_cookie;      /* default false: Set-Cookie never stored nor replayed */
 };
 
 /* One proxy listener. */
@@ -283,6 +299,10 @@ int config_parse(const char *name, const char *text, size_t len, struct config *
 /* The longest lease and ttl a tenant's defaults, a proxy route or a request may set. */
 #define CONFIG_LEASE_MAX_MS UINT64_C(86400000)           /* 24 h */
 #define CONFIG_TTL_MAX_MS (UINT64_C(365) * 86400000)     /* 365 days */
+/* A tenant's quotas when its configuration names none: bounded, so that one tenant (a
+ * proxied service's callers, say) cannot fill a node's memory; 0 configured = unlimited. */
+#define CONFIG_DEFAULT_MAX_RECORDS UINT64_C(10000000)
+#define CONFIG_DEFAULT_MAX_BYTES (UINT64_C(4) << 30)
 
 /* File descriptors a node keeps for itself besides its client connections: Raft's peer
  * connections, log segments, snapshots, the loop's own. */

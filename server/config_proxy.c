@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proxy_rules.h"
+
 unsigned config_method_bit(const char *m, size_t len)
 {
     static const struct {
@@ -212,18 +214,187 @@ static int parseStatusChoice(struct ctx *c, const struct field *f, uint32_t a, u
     return 0;
 }
 
+/* A string field that must be one of names[0..n) (2 or 3) into *out (its index); left alone
+ * when absent. */
+static int parseChoice(struct ctx *c, const struct field *f, const char *const *names, size_t n,
+                       int *out)
+{
+    if (!config_present(f)) {
+        return 0;
+    }
+    const char *s;
+    if (config_string_value(c, f, &s) != 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = (int)i;
+            return 0;
+        }
+    }
+    char q[QUOTE_SIZE];
+    config_quote(q, s, strlen(s));
+    if (n == 2) {
+        return config_fail_node(c, f->val, "%s: expected %s or %s, got %s", f->name, names[0],
+                                names[1], q);
+    }
+    return config_fail_node(c, f->val, "%s: expected %s, %s or %s, got %s", f->name, names[0],
+                            names[1], names[2], q);
+}
+
+/* path_prefix: default "/"; must start with '/', and is kept normalised as request paths are
+ * (proxy_rules.h): a prefix the normalisation refuses, or with a query, could never match. */
+static int parsePrefix(struct ctx *c, yaml_node_t *map, const char *where, const struct field *f,
+                       struct config_proxy_route *r)
+{
+    if (config_get_path(c, f, &r->path_prefix) != 0) {
+        return -1;
+    }
+    if (r->path_prefix == NULL) {
+        r->path_prefix = strdup("/");
+        return r->path_prefix != NULL ? 0 : config_fail_node(c, map, "%s: out of memory", where);
+    }
+    size_t len = strlen(r->path_prefix), out_len = 0, path_len = 0;
+    char q[QUOTE_SIZE];
+    config_quote(q, r->path_prefix, len);
+    if (r->path_prefix[0] != '/') {
+        return config_fail_node(c, f->val, "%s: must start with '/', got %s", f->name, q);
+    }
+    char *norm = malloc(len + 1);
+    if (norm == NULL) {
+        return config_fail_node(c, f->val, "%s: out of memory", f->name);
+    }
+    int rc = proxy_path_normalise(r->path_prefix, len, norm, &out_len, &path_len);
+    if (rc != PROXY_PATH_OK || path_len != out_len) {
+        free(norm);
+        return config_fail_node(c, f->val, "%s: %s, got %s", f->name,
+                                rc != PROXY_PATH_OK ? proxy_path_strerror(rc)
+                                                    : "a prefix must not have a query ('?')",
+                                q);
+    }
+    free(r->path_prefix);
+    r->path_prefix = norm;
+    return 0;
+}
+
+/* caller_identity: absent (the default headers), `none`, or a mapping {headers: [names],
+ * tls_client_subject: false}. tls_client_subject is the name kept for the TLS client
+ * certificate's subject, which needs TLS on the proxy listener (not there yet). */
+static int parseCallerIdentity(struct ctx *c, const struct field *f, struct config_proxy_route *r)
+{
+    if (!config_present(f)) {
+        return 0;
+    }
+    yaml_node_t *v = f->val;
+    if (v->type == YAML_SCALAR_NODE) {
+        char q[QUOTE_SIZE];
+        if (strcmp(config_scalar_text(v), "none") != 0) {
+            return config_fail_node(c, v, "%s: expected none or a mapping {headers: [...]}, got %s",
+                                    f->name,
+                                    config_quote(q, config_scalar_text(v), v->data.scalar.length));
+        }
+        r->caller_none = true;
+        for (size_t k = 0; k < r->n_caller_headers; k++) {
+            free(r->caller_headers[k]);
+        }
+        free(r->caller_headers);
+        r->caller_headers = NULL;
+        r->n_caller_headers = 0;
+        return 0;
+    }
+    enum { HEADERS, TLS_SUBJECT, N };
+    static const char *const keys[N] = {"headers", "tls_client_subject"};
+    struct field g[N];
+    bool tls = false;
+    if (config_map_fields(c, v, f->name, f->name, keys, N, g) != 0 ||
+        config_required(c, &g[HEADERS]) != 0 ||
+        parseHeaderNames(c, &g[HEADERS], &r->caller_headers, &r->n_caller_headers) != 0 ||
+        config_get_bool(c, &g[TLS_SUBJECT], &tls) != 0) {
+        return -1;
+    }
+    if (r->n_caller_headers == 0) {
+        return config_fail_node(c, g[HEADERS].val,
+                                "%s: at least one header name is required (caller_identity: "
+                                "none shares the records between callers)",
+                                g[HEADERS].name);
+    }
+    if (tls) {
+        return config_fail_node(c, g[TLS_SUBJECT].val,
+                                "%s: needs TLS on the proxy listener, which idemd does not have "
+                                "yet; name request headers instead",
+                                g[TLS_SUBJECT].name);
+    }
+    return 0;
+}
+
+/* The route's options against caller leaks (docs/configuration.md, `proxy`): other_methods,
+ * method_override, caller_identity and replay_set_cookie, with the checks that tie them to
+ * response_headers and to the tenant's key_max_len. */
+static int parseRouteGuards(struct ctx *c, const struct field *other, const struct field *ovr,
+                            const struct field *caller, const struct field *cookie,
+                            const struct field *resp, const struct config_tenant *t,
+                            const struct field *tenant, struct config_proxy_route *r)
+{
+    static const char *const others[] = {"pass_safe", "pass", "refuse"};
+    static const char *const overrides[] = {"strip", "refuse"};
+    int om = (int)r->other_methods, mo = r->method_override_refuse;
+    r->caller_headers = calloc(2, sizeof *r->caller_headers);
+    if (r->caller_headers == NULL || (r->caller_headers[0] = strdup("authorization")) == NULL ||
+        (r->caller_headers[1] = strdup("cookie")) == NULL) {
+        r->n_caller_headers = r->caller_headers != NULL ? 2 : 0;
+        return config_fail_node(c, tenant->val, "%s: out of memory", tenant->name);
+    }
+    r->n_caller_headers = 2;
+    if (parseChoice(c, other, others, 3, &om) != 0 || parseChoice(c, ovr, overrides, 2, &mo) != 0 ||
+        parseCallerIdentity(c, caller, r) != 0 ||
+        config_get_bool(c, cookie, &r->replay_set_cookie) != 0) {
+        return -1;
+    }
+    r->other_methods = (enum config_other_methods)om;
+    r->method_override_refuse = mo == 1;
+    for (size_t i = 0; i < r->n_response_headers && !r->replay_set_cookie; i++) {
+        if (strcmp(r->response_headers[i], "set-cookie") == 0) {
+            return config_fail_node(c, resp->val,
+                                    "%s: set-cookie is stored and replayed only with "
+                                    "replay_set_cookie: true",
+                                    resp->name);
+        }
+    }
+    if (r->replay_set_cookie && r->caller_none) {
+        return config_fail_node(c, cookie->val,
+                                "%s: needs a caller identity (not caller_identity: none): a "
+                                "replayed cookie would go to another caller",
+                                cookie->name);
+    }
+    if (!r->caller_none && t->key_max_len < PROXY_NS_KEY_LEN) {
+        const struct field *at = config_present(caller) ? caller : tenant;
+        return config_fail_node(c, at->val,
+                                "%s: tenant \"%s\" has key_max_len %u, and a caller's record is "
+                                "kept under a %d-byte key: raise key_max_len to %d or more, or "
+                                "set caller_identity: none",
+                                at->name, t->name, (unsigned)t->key_max_len, PROXY_NS_KEY_LEN,
+                                PROXY_NS_KEY_LEN);
+    }
+    return 0;
+}
+
 static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
                       const struct config *cfg, struct config_proxy_route *r)
 {
+    /* clang-format off */
     enum {
         METHODS, PREFIX, UPSTREAM, TENANT, LEASE, TTL, POLICY, MISMATCH, IN_PROGRESS, FP_HEADERS,
-        STORE_4XX, ON_TIMEOUT, TIMEOUT, RESP_HEADERS, MAX_INLINE, KEY_REQUIRED, N
+        STORE_4XX, ON_TIMEOUT, TIMEOUT, RESP_HEADERS, MAX_INLINE, KEY_REQUIRED, OTHER_METHODS,
+        METHOD_OVERRIDE, CALLER, SET_COOKIE, N
     };
     static const char *const keys[N] = {
         "methods",         "path_prefix",         "upstream",           "tenant",
         "lease_ms",        "ttl_ms",              "lease_policy",       "mismatch_status",
         "in_progress_status", "fingerprint_headers", "store_4xx",       "on_timeout",
-        "upstream_timeout_ms", "response_headers", "max_inline_body",   "key_required"};
+        "upstream_timeout_ms", "response_headers", "max_inline_body",   "key_required",
+        "other_methods",   "method_override",     "caller_identity",    "replay_set_cookie"};
+    /* clang-format on */
+    static const char *const timeouts[] = {"unknown", "release"};
     struct field f[N];
     r->methods = CONFIG_M_POST | CONFIG_M_PUT | CONFIG_M_PATCH | CONFIG_M_DELETE;
     r->mismatch_status = 409;
@@ -239,21 +410,8 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
     r->n_response_headers = 1;
     if (config_map_fields(c, map, where, where, keys, N, f) != 0 ||
         parseMethods(c, &f[METHODS], &r->methods) != 0 ||
-        config_get_path(c, &f[PREFIX], &r->path_prefix) != 0) {
-        return -1;
-    }
-    if (r->path_prefix == NULL) {
-        r->path_prefix = strdup("/");
-        if (r->path_prefix == NULL) {
-            return config_fail_node(c, map, "%s: out of memory", where);
-        }
-    } else if (r->path_prefix[0] != '/') {
-        char q[QUOTE_SIZE];
-        return config_fail_node(c, f[PREFIX].val, "%s: must start with '/', got %s", f[PREFIX].name,
-                                config_quote(q, r->path_prefix, strlen(r->path_prefix)));
-    }
-    if (config_required(c, &f[UPSTREAM]) != 0 || parseUpstream(c, &f[UPSTREAM], r) != 0 ||
-        config_required(c, &f[TENANT]) != 0) {
+        parsePrefix(c, map, where, &f[PREFIX], r) != 0 || config_required(c, &f[UPSTREAM]) != 0 ||
+        parseUpstream(c, &f[UPSTREAM], r) != 0 || config_required(c, &f[TENANT]) != 0) {
         return -1;
     }
     const char *tn;
@@ -281,35 +439,24 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
         }
         r->lease_policy_set = true;
     }
+    int unknown = r->on_timeout_unknown ? 0 : 1;
     if (parseStatusChoice(c, &f[MISMATCH], 409, 422, &r->mismatch_status) != 0 ||
         parseStatusChoice(c, &f[IN_PROGRESS], 409, 425, &r->in_progress_status) != 0 ||
         parseHeaderNames(c, &f[FP_HEADERS], &r->fingerprint_headers, &r->n_fingerprint_headers) !=
             0 ||
-        config_get_bool(c, &f[STORE_4XX], &r->store_4xx) != 0) {
+        config_get_bool(c, &f[STORE_4XX], &r->store_4xx) != 0 ||
+        parseChoice(c, &f[ON_TIMEOUT], timeouts, 2, &unknown) != 0) {
         return -1;
     }
-    if (config_present(&f[ON_TIMEOUT])) {
-        const char *s;
-        if (config_string_value(c, &f[ON_TIMEOUT], &s) != 0) {
-            return -1;
-        }
-        if (strcmp(s, "unknown") == 0) {
-            r->on_timeout_unknown = true;
-        } else if (strcmp(s, "release") == 0) {
-            r->on_timeout_unknown = false;
-        } else {
-            char q[QUOTE_SIZE];
-            return config_fail_node(c, f[ON_TIMEOUT].val, "%s: expected unknown or release, got %s",
-                                    f[ON_TIMEOUT].name, config_quote(q, s, strlen(s)));
-        }
-    }
+    r->on_timeout_unknown = unknown == 0;
     if (config_get_u32(c, &f[TIMEOUT], 1, 3600000, &r->upstream_timeout_ms) != 0 ||
         parseHeaderNames(c, &f[RESP_HEADERS], &r->response_headers, &r->n_response_headers) != 0 ||
         config_get_u64(c, &f[MAX_INLINE], 0, 64u << 20, &r->max_inline_body) != 0 ||
         config_get_bool(c, &f[KEY_REQUIRED], &r->key_required) != 0) {
         return -1;
     }
-    return 0;
+    return parseRouteGuards(c, &f[OTHER_METHODS], &f[METHOD_OVERRIDE], &f[CALLER], &f[SET_COOKIE],
+                            &f[RESP_HEADERS], &cfg->tenants[ti], &f[TENANT], r);
 }
 
 static int parseProxyListener(struct ctx *c, yaml_node_t *map, size_t index, struct config *cfg,

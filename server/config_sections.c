@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fsm.h" /* FSM_SLOT_BITS: the commands of one log entry */
 
@@ -204,8 +205,8 @@ static int parseRaft(struct ctx *c, yaml_node_t *map, struct config_raft *r)
         c->raft_secret_node = f[SECRET].val;
     }
     if (previous_path != NULL) {
-        int rc = readSecret(c, &f[PREVIOUS], previous_path, CONFIG_RAFT_SECRET_MIN,
-                            &r->previous_secret);
+        int rc =
+            readSecret(c, &f[PREVIOUS], previous_path, CONFIG_RAFT_SECRET_MIN, &r->previous_secret);
         free(previous_path);
         if (rc != 0) {
             return -1;
@@ -247,6 +248,19 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path, si
     FILE *fp = fopen(path, "rb");
     if (fp == NULL) {
         return config_fail_node(c, f->val, "%s: cannot read %s: %s", f->name, q, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0) {
+        int e = errno;
+        fclose(fp);
+        return config_fail_node(c, f->val, "%s: cannot stat %s: %s", f->name, q, strerror(e));
+    }
+    if (S_ISREG(st.st_mode) && (st.st_mode & (S_IRGRP | S_IWGRP | S_IROTH | S_IWOTH)) != 0) {
+        fclose(fp);
+        return config_fail_node(c, f->val,
+                                "%s: %s may be read or written by its group or by others (mode "
+                                "%04o): give it mode 600 (chmod 600), as the secret it is",
+                                f->name, q, (unsigned)(st.st_mode & 07777));
     }
     uint8_t buf[SECRET_MAX + 2];
     size_t len = fread(buf, 1, sizeof buf, fp);
@@ -365,12 +379,14 @@ static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 
 static int parseHttp(struct ctx *c, yaml_node_t *map, struct config_http *h)
 {
-    enum { CONNECTIONS, HANDSHAKE, N };
-    static const char *const keys[N] = {"max_connections", "handshake_timeout_ms"};
+    enum { CONNECTIONS, HANDSHAKE, METRICS_PUBLIC, N };
+    static const char *const keys[N] = {"max_connections", "handshake_timeout_ms",
+                                        "metrics_public"};
     struct field f[N];
     return config_map_fields(c, map, "http", "http", keys, N, f) != 0 ||
                    config_get_u32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0 ||
-                   config_get_u32(c, &f[HANDSHAKE], 100, 600000, &h->handshake_timeout_ms) != 0
+                   config_get_u32(c, &f[HANDSHAKE], 100, 600000, &h->handshake_timeout_ms) != 0 ||
+                   config_get_bool(c, &f[METRICS_PUBLIC], &h->metrics_public) != 0
                ? -1
                : 0;
 }
@@ -478,9 +494,8 @@ static int parseAdmin(struct ctx *c, yaml_node_t *map, uint8_t hash[CONFIG_HASH_
 
 /* Neither secret may also be a token: whoever holds that token could then act for any
  * tenant (the cluster secret) or speak Raft to every node (the Raft secret). */
-static int checkOneSecret(struct ctx *c, const struct config *cfg,
-                          const struct config_secret *sec, const yaml_node_t *at,
-                          const char *name)
+static int checkOneSecret(struct ctx *c, const struct config *cfg, const struct config_secret *sec,
+                          const yaml_node_t *at, const char *name)
 {
     if (!sec->set) {
         return 0;
@@ -520,8 +535,8 @@ static int checkSecret(struct ctx *c, const struct config *cfg)
          * as a bearer token, in the clear unless tls.rpc is on, while a Raft secret never
          * leaves a node (transport.h sends only MACs made with it). */
         if (raft[i].sec->set && cfg->rpc.cluster_secret.set &&
-            CRYPTO_memcmp(raft[i].sec->sha256, cfg->rpc.cluster_secret.sha256,
-                          CONFIG_HASH_LEN) == 0) {
+            CRYPTO_memcmp(raft[i].sec->sha256, cfg->rpc.cluster_secret.sha256, CONFIG_HASH_LEN) ==
+                0) {
             return config_fail_node(
                 c, raft[i].at,
                 "%s: the secret is the cluster secret (rpc.cluster_secret_file), "
@@ -583,8 +598,8 @@ static int checkTlsListeners(struct ctx *c, const struct config *cfg)
 int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *cfg)
 {
     enum { NODE, CLUSTER, RAFT, RPC, BATCH, HTTP, EXPIRY, TLS, ADMIN, TENANTS, PROXY, N };
-    static const char *const keys[N] = {"node", "cluster", "raft",  "rpc",     "batch", "http",
-                                        "expiry", "tls",   "admin", "tenants", "proxy"};
+    static const char *const keys[N] = {"node",   "cluster", "raft",  "rpc",     "batch", "http",
+                                        "expiry", "tls",     "admin", "tenants", "proxy"};
     struct field f[N];
     if (root->type != YAML_MAPPING_NODE) {
         return config_fail_node(c, root, "expected a mapping at the top level, got %s",

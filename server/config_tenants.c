@@ -138,6 +138,8 @@ static int parseTenant(struct ctx *c, yaml_node_t *map, size_t index, const stru
     char where[FIELD_NAME_MAX];
     snprintf(where, sizeof where, "tenants[%zu]", index);
     struct field f[N];
+    t->max_records = CONFIG_DEFAULT_MAX_RECORDS;
+    t->max_bytes = CONFIG_DEFAULT_MAX_BYTES;
     t->key_max_len = KEY_MAX_LEN;
     t->lease_ms = 30000;
     t->ttl_ms = DAY_MS;

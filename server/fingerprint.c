@@ -10,7 +10,9 @@
 #include "fingerprint.h"
 
 #include <jansson.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,15 +39,15 @@ struct slice {
 const char *fp_strerror(int rc)
 {
     switch (rc) {
-        case FP_OK:
-            return "success";
-#define FP_ERRORS_CASE(code, msg) \
-    case code:                    \
+    case FP_OK:
+        return "success";
+#define FP_ERRORS_CASE(code, msg)                                                                  \
+    case code:                                                                                     \
         return msg;
-            FP_ERRORS(FP_ERRORS_CASE)
+        FP_ERRORS(FP_ERRORS_CASE)
 #undef FP_ERRORS_CASE
-        default:
-            return "unknown fingerprint error";
+    default:
+        return "unknown fingerprint error";
     }
 }
 
@@ -469,14 +471,44 @@ void fp_hex12(const uint8_t fp[FP_LEN], char out[FP_HEX12_SIZE])
     out[FP_HEX12_SIZE - 1] = '\0';
 }
 
-int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
-               char out[FP_HEX12_SIZE])
-{
-    EVP_MD_CTX *ctx = NULL;
-    uint8_t digest[FP_LEN];
-    unsigned int digest_len = 0;
-    int rc;
+/* The key of key_digest's HMAC (key_digest_set_secret), or none: plain SHA-256. */
+static uint8_t digestKey[FP_LEN];
+static bool digestKeyed;
 
+static const char digestLabel[] = "idemd key_digest v1";
+
+int key_digest_set_secret(const uint8_t *secret, size_t len)
+{
+    if (secret == NULL || len == 0) {
+        digestKeyed = false;
+        return FP_OK;
+    }
+    unsigned int n = 0;
+    if (HMAC(EVP_sha256(), secret, (int)len, (const unsigned char *)digestLabel,
+             sizeof digestLabel - 1, digestKey, &n) == NULL ||
+        n != FP_LEN) {
+        digestKeyed = false;
+        return FP_ECRYPTO;
+    }
+    digestKeyed = true;
+    return FP_OK;
+}
+
+/* Appends a 4-byte big-endian length and then the bytes to buf at *at. */
+static void frameField(uint8_t *buf, size_t *at, const void *data, size_t len)
+{
+    buf[(*at)++] = (uint8_t)(len >> 24);
+    buf[(*at)++] = (uint8_t)(len >> 16);
+    buf[(*at)++] = (uint8_t)(len >> 8);
+    buf[(*at)++] = (uint8_t)len;
+    if (len > 0) {
+        memcpy(buf + *at, data, len);
+    }
+    *at += len;
+}
+
+int key_digest(const char *tenant, const uint8_t *key, size_t key_len, char out[FP_HEX12_SIZE])
+{
     if (out == NULL) {
         return FP_EINVAL;
     }
@@ -484,26 +516,30 @@ int key_digest(const char *tenant, const uint8_t *key, size_t key_len,
     if (tenant == NULL || (key == NULL && key_len > 0)) {
         return FP_EINVAL;
     }
-    rc = digestBegin(&ctx);
-    if (rc != FP_OK) {
-        goto cleanup;
+    size_t tlen = strlen(tenant);
+    if (tlen > UINT32_MAX || key_len > UINT32_MAX || tlen + key_len > (1u << 20)) {
+        return FP_ETOO_LARGE;
     }
-    rc = fpUpdateField(ctx, tenant, strlen(tenant), FOLD_NONE);
-    if (rc != FP_OK) {
-        goto cleanup;
+    size_t cap = 8 + tlen + key_len, at = 0;
+    uint8_t stackbuf[600];
+    uint8_t *buf = cap <= sizeof stackbuf ? stackbuf : malloc(cap);
+    if (buf == NULL) {
+        return FP_ENOMEM;
     }
-    rc = fpUpdateField(ctx, key, key_len, FOLD_NONE);
-    if (rc != FP_OK) {
-        goto cleanup;
+    frameField(buf, &at, tenant, tlen);
+    frameField(buf, &at, key, key_len);
+    uint8_t digest[FP_LEN];
+    unsigned int n = 0;
+    bool ok = digestKeyed
+                  ? HMAC(EVP_sha256(), digestKey, sizeof digestKey, buf, at, digest, &n) != NULL
+                  : EVP_Digest(buf, at, digest, &n, EVP_sha256(), NULL) == 1;
+    OPENSSL_cleanse(buf, at); /* it held the key */
+    if (buf != stackbuf) {
+        free(buf);
     }
-    if (EVP_DigestFinal_ex(ctx, digest, &digest_len) != 1 || digest_len != FP_LEN) {
-        rc = FP_ECRYPTO;
-        goto cleanup;
+    if (!ok || n != FP_LEN) {
+        return FP_ECRYPTO;
     }
     fp_hex12(digest, out);
-    rc = FP_OK;
-
-cleanup:
-    EVP_MD_CTX_free(ctx);
-    return rc;
+    return FP_OK;
 }

@@ -101,10 +101,17 @@ int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN]);
  * fp and out are borrowed for the duration of the call. */
 void fp_hex12(const uint8_t fp[FP_LEN], char out[FP_HEX12_SIZE]);
 
-/* Writes key_digest, the first 12 lower-case hex digits of SHA-256 over the framed tenant and
- * key (4-byte big-endian length, then the bytes, for each; no domain tag), and a NUL into out
- * (OUT: FP_HEX12_SIZE bytes). Logs carry this instead of the key, which is a secret
- * (docs/contract.md).
+/* Keys key_digest with a secret every member holds (the daemon passes raft.secret_file's,
+ * else rpc.cluster_secret_file's): the digest becomes HMAC-SHA256 under
+ * HMAC-SHA256(secret, "idemd key_digest v1"), which nobody without the secret can reverse by
+ * trying likely keys. NULL or len 0: plain SHA-256 again. Call it before any thread uses
+ * key_digest. Returns FP_OK or FP_ECRYPTO (then unkeyed). */
+int key_digest_set_secret(const uint8_t *secret, size_t len);
+
+/* Writes key_digest, the first 12 lower-case hex digits of the HMAC (key_digest_set_secret) or
+ * else the SHA-256 over the framed tenant and key (4-byte big-endian length, then the bytes,
+ * for each; no domain tag), and a NUL into out (OUT: FP_HEX12_SIZE bytes). Logs carry this
+ * instead of the key, which is a secret (docs/contract.md).
  * tenant is a NUL-terminated string and must not be NULL; key may be NULL only when key_len
  * is 0; tenant, key and out are borrowed for the duration of the call.
  * Returns FP_OK, FP_EINVAL, FP_ETOO_LARGE, FP_ENOMEM or FP_ECRYPTO; on error out is the empty

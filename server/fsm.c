@@ -32,13 +32,19 @@ static uint64_t addSat(uint64_t a, uint64_t b)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
+_Static_assert(FSM_HASH_SECRET_LEN == TABLE_SECRET_LEN, "fsm.h and table.h: one secret size");
+
 struct fsm *fsm_new_with(const struct fsm_options *opt)
 {
     struct fsm *f = xcalloc(1, sizeof(*f));
     if (opt != NULL) {
         f->opt = *opt;
     }
-    table_init(&f->t, f->opt.prefault);
+    if (f->opt.hash_secret != NULL) {
+        memcpy(f->secret, f->opt.hash_secret, TABLE_SECRET_LEN);
+        f->opt.hash_secret = f->secret;
+    }
+    table_init(&f->t, f->opt.prefault, f->opt.hash_secret);
     f->spare_pf.with = f->opt.prefault;
     arena_init(&f->arena, ARENA_BYTES);
     return f;
@@ -373,8 +379,7 @@ static Idem__Outcome claimNew(struct fsm *f, uint64_t index, int tn, uint64_t h,
                               const Idem__ClaimCmd *c, struct fsm_result *out)
 {
     const uint64_t now = f->clock;
-    if (!limitsAllow(c->limits, &f->t.tenants[tn], 1,
-                     (uint64_t)c->key.len + FSM_FINGERPRINT_LEN)) {
+    if (!limitsAllow(c->limits, &f->t.tenants[tn], 1, (uint64_t)c->key.len + FSM_FINGERPRINT_LEN)) {
         out->outcome = IDEM__OUTCOME__OUTCOME_QUOTA_EXCEEDED;
         return out->outcome;
     }
@@ -498,8 +503,8 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
  * (completeCheck, renewCheck) said. NULL with out->outcome invalid (bad != NULL; nothing
  * changes), or, once the clock is advanced to now_cmd, not_found when the key has no live
  * record (or a tombstone), or lease_lost when another token holds it. */
-static struct rec *heldRecord(struct fsm *f, const char *bad, uint64_t now_cmd,
-                              const char *tenant, const ProtobufCBinaryData *key, uint64_t token,
+static struct rec *heldRecord(struct fsm *f, const char *bad, uint64_t now_cmd, const char *tenant,
+                              const ProtobufCBinaryData *key, uint64_t token,
                               struct fsm_result *out)
 {
     if (bad != NULL) {
@@ -541,7 +546,8 @@ static Idem__Outcome applyComplete(struct fsm *f, uint64_t now_cmd, const Idem__
                                    struct fsm_result *out)
 {
     struct keyRule kr = KEY_RULE_APPLY;
-    struct rec *r = heldRecord(f, completeCheck(c, &kr), now_cmd, c->tenant, &c->key, c->token, out);
+    struct rec *r =
+        heldRecord(f, completeCheck(c, &kr), now_cmd, c->tenant, &c->key, c->token, out);
     if (r == NULL) {
         return out->outcome;
     }
@@ -791,7 +797,7 @@ static Idem__Outcome applyPurge(struct fsm *f, uint64_t now_cmd, const Idem__Pur
 }
 
 struct quarantineAcc {
-    int tenant; /* -1: every tenant */
+    int tenant;       /* -1: every tenant */
     bool lease_ended; /* processing records whose lease ended by `clock`, not quarantined */
     uint64_t clock;
     const struct rec **recs;
@@ -881,8 +887,8 @@ static Idem__Outcome applyExpire(struct fsm *f, uint64_t now_cmd, const Idem__Ex
              * (positive: the ttl when not given) from now, so that a clock jump does not
              * make it use up the batch. */
             r = recWritable(f, r);
-            r->expires_at = addSat(r->expires_at > f->clock ? r->expires_at : f->clock,
-                                   r->tombstone_ttl);
+            r->expires_at =
+                addSat(r->expires_at > f->clock ? r->expires_at : f->clock, r->tombstone_ttl);
             expiry_update(&f->t.heap, r);
             break;
         case IDEM__RECORD_STATE__RECORD_STATE_PROCESSING:
@@ -1033,8 +1039,8 @@ bool fsm_header_name_ok(const char *name)
 
 bool fsm_header_value_ok(const uint8_t *value, size_t len)
 {
-    for (size_t i = 0; i < len; i++) {
-        if (value[i] == '\r' || value[i] == '\n' || value[i] == '\0') {
+    for (size_t i = 0; i < len; i++) { /* RFC 9110 5.5: HTAB, SP, VCHAR, obs-text */
+        if ((value[i] < 0x20 && value[i] != '\t') || value[i] == 0x7f) {
             return false;
         }
     }
@@ -1057,7 +1063,8 @@ bool fsm_response_check(const Idem__StoredResponse *resp, const char **why)
             return false;
         }
         if (!fsm_header_value_ok(h->value.data, h->value.len)) {
-            *why = "response header value holds CR, LF or NUL";
+            *why = "response header value holds a control character (RFC 9110 allows tab, space, "
+                   "visible characters and obs-text)";
             return false;
         }
     }

@@ -103,11 +103,17 @@ struct fsm_stats {
 
 /* What the owner gives a state machine that is not a command. Nothing in it may change
  * what the state machine decides. */
+/* Bytes of fsm_options.hash_secret. */
+#define FSM_HASH_SECRET_LEN 192
+
 struct fsm_options {
     /* Faults in the slot arrays allocated ahead (the table's next growth, the snapshot
      * spare) off the owner's thread: the daemon's runs a thread (prefault_thread.h).
      * Borrowed; it must outlive the state machine. NULL: at once, on the owner's thread. */
     const struct xbig_prefaulter *prefault;
+    /* FSM_HASH_SECRET_LEN random bytes that key the record table's hashes (copied);
+     * the daemon draws them at start. NULL: unkeyed, the same in every process. */
+    const uint8_t *hash_secret;
 };
 
 /* Allocates an empty state machine. Never returns NULL (aborts on allocation failure).
@@ -155,7 +161,9 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
  * did. *why (OUT) is a static description when it would not. */
 bool fsm_response_check(const Idem__StoredResponse *resp, const char **why);
 
-/* An HTTP header name (an RFC 9110 token) / a value without CR, LF or NUL. */
+/* An HTTP header name (an RFC 9110 token) / a value of RFC 9110's field-value characters
+ * (tab, space, visible characters, obs-text: no control character). Checked before the log
+ * and on replay, never at apply: a value an older version stored is dropped on replay. */
 bool fsm_header_name_ok(const char *name);
 bool fsm_header_value_ok(const uint8_t *value, size_t len);
 

@@ -29,7 +29,8 @@ struct fsm_frozen {
 };
 
 struct fsm {
-    struct fsm_options opt;  /* as fsm_new_with was given them */
+    struct fsm_options opt;  /* as fsm_new_with was given them; hash_secret points to secret */
+    uint8_t secret[TABLE_SECRET_LEN];
     struct table t;
     struct fsm_frozen *frozen; /* the view in flight, or NULL */
     uintptr_t *spare_slots;  /* the last view's slot copy, kept for the next freeze, or one

@@ -558,7 +558,7 @@ int fsm_restore(struct fsm *f, const uint8_t *buf, size_t len, const char **why)
         z->graves = xrealloc(z->graves, (z->n_graves + 1) * sizeof(*z->graves));
         z->graves[z->n_graves++] = tmp.t;
         z->detached = true;
-        table_init(&fresh->t, f->opt.prefault);
+        table_init(&fresh->t, f->opt.prefault, f->opt.hash_secret);
     } else {
         fresh->t = tmp.t;
     }

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <xxhash.h>
 
@@ -97,6 +98,56 @@ bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
     }
     *key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
     return true;
+}
+
+bool gateway_bearer(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                    h2o_iovec_t *tok)
+{
+    *tok = h2o_iovec_init(NULL, 0);
+    ssize_t ai = gateway_find_single(req, H2O_STRLIT("authorization"));
+    if (ai == -2) {
+        gateway_send_error(h, req, route, rid, 401, "unauthenticated",
+                           "more than one Authorization header", 0);
+        return false;
+    }
+    if (ai >= 0) {
+        h2o_iovec_t v = req->headers.entries[ai].value;
+        if (v.len > 7 && strncasecmp(v.base, "bearer ", 7) == 0) {
+            *tok = h2o_iovec_init(v.base + 7, v.len - 7);
+            while (tok->len > 0 && tok->base[0] == ' ') {
+                tok->base++;
+                tok->len--;
+            }
+            while (tok->len > 0 && tok->base[tok->len - 1] == ' ') {
+                tok->len--;
+            }
+        }
+    }
+    return true;
+}
+
+/* /metrics names tenants and their load: only for the admin token unless
+ * http.metrics_public. False when it answered (401, 403) instead. */
+static bool metricsAllowed(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
+{
+    h2o_iovec_t tok;
+    if (h->cfg->http.metrics_public) {
+        return true;
+    }
+    if (!gateway_bearer(h, req, R_METRICS, rid, &tok)) {
+        return false;
+    }
+    if (tok.len > 0 && service_token_is_admin(h->svc, (const uint8_t *)tok.base, tok.len)) {
+        return true;
+    }
+    if (tok.len > 0 && service_tenant_for_token(h->svc, (const uint8_t *)tok.base, tok.len)) {
+        gateway_send_error(h, req, R_METRICS, rid, 403, "forbidden",
+                           "/metrics needs the admin token, not a tenant's", 0);
+        return false;
+    }
+    gateway_send_error(h, req, R_METRICS, rid, 401, "unauthenticated",
+                       "/metrics needs the admin token (or http.metrics_public: true)", 0);
+    return false;
 }
 
 /* The message of a 400 for a key the service refused: NULL unless `detail` (an invalid
@@ -379,7 +430,9 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     }
     if (route == R_METRICS) {
-        metrics_answer(h, req, rid);
+        if (metricsAllowed(h, req, rid)) {
+            metrics_answer(h, req, rid);
+        }
         return 0;
     }
     if (req->entity.len > HTTP_BODY_MAX) {

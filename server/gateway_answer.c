@@ -154,8 +154,8 @@ json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t ri
 }
 
 /* Sends the error body of docs/contract.md and counts a 503 as failed closed; retry_after_s
- * > 0 adds Retry-After, a 405 of the JSON API Allow, and more[0..n_more) (at most two) go
- * last. */
+ * > 0 adds Retry-After, a 405 of the JSON API Allow, a 401 WWW-Authenticate: Bearer, and
+ * more[0..n_more) (at most two) go last. */
 void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
                              h2o_iovec_t rid, int status, const char *code, const char *message,
                              uint64_t retry_after_s, const struct hdr *more, size_t n_more)
@@ -175,6 +175,9 @@ void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route r
                                 ? "POST"
                                 : "GET";
         extra[n++] = (struct hdr){"allow", "Allow", allow, strlen(allow)};
+    }
+    if (status == 401 && route != R_PROXY) { /* RFC 6750 3 */
+        extra[n++] = (struct hdr){"www-authenticate", "WWW-Authenticate", "Bearer", 6};
     }
     for (size_t i = 0; i < n_more; i++) {
         extra[n++] = more[i];
@@ -283,7 +286,7 @@ bool gateway_replay_skips(const char *name)
 /* A stored response as it is replayed: its status (a stored one outside 200-599, which
  * fsm_response_check now refuses but an older version stored, replays as 200), whether a
  * body may go with it (not with 204 or 304), and whether a stored header may go out (a
- * name that is not a token or a value with CR, LF or NUL, stored before those were
+ * name that is not a token or a value with a control character, stored before those were
  * refused, would inject headers: dropped). */
 static int replayStatus(const Idem__StoredResponse *r)
 {
@@ -329,12 +332,24 @@ static size_t replayBodyRef(const Idem__StoredResponse *r, struct hdr *extra, si
     return n;
 }
 
+/* Whether name is in the NULL-terminated list (NULL: none). */
+static bool dropped(const char *name, const char *const *drop)
+{
+    for (size_t i = 0; drop != NULL && drop[i] != NULL; i++) {
+        if (strcasecmp(name, drop[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Sends the replay of stored response r (not one gateway_stored_too_large() marks): its
- * status, the stored headers it may copy (never one named `drop`, when not NULL), the body
- * reference's, Idempotency-Replayed, then the caller's own[0..n_own). */
+ * status, the stored headers it may copy (only those named in `allow` when it is not NULL,
+ * never one named in `drop`), the body reference's, Idempotency-Replayed, then the caller's
+ * own[0..n_own). */
 void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                         const Idem__StoredResponse *r, const char *drop, const struct hdr *own,
-                         size_t n_own)
+                         const Idem__StoredResponse *r, const char *const *allow,
+                         const char *const *drop, const struct hdr *own, size_t n_own)
 {
     int status = replayStatus(r);
     size_t n = 0;
@@ -342,7 +357,8 @@ void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route
     struct hdr *extra = xcalloc(r->n_headers + 3 + n_own, sizeof(*extra));
     for (size_t i = 0; i < r->n_headers; i++) {
         const Idem__Header *hd = r->headers[i];
-        if (!replayHeaderOk(hd) || (drop != NULL && strcasecmp(hd->name, drop) == 0)) {
+        if (!replayHeaderOk(hd) || dropped(hd->name, drop) ||
+            (allow != NULL && !dropped(hd->name, allow))) {
             continue;
         }
         extra[n++] = (struct hdr){hd->name, NULL, (const char *)hd->value.data, hd->value.len};

@@ -171,15 +171,21 @@ bool gateway_outcome_error(const Idem__Result *res, struct gateway_err *e);
 /* Header names a replay never copies from the stored response (nor the proxy from an
  * upstream's answer): hop-by-hop, framing, and the ones the gateway sets itself. */
 bool gateway_replay_skips(const char *name);
-void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route,
-                         h2o_iovec_t rid, const Idem__StoredResponse *r, const char *drop,
-                         const struct hdr *own, size_t n_own);
+/* allow: NULL (any), or a NULL-terminated list of the lower-case header names that may be
+ * replayed; drop: NULL, or such a list of names not to replay. */
+void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                         const Idem__StoredResponse *r, const char *const *allow,
+                         const char *const *drop, const struct hdr *own, size_t n_own);
 bool gateway_stored_too_large(const Idem__StoredResponse *r);
 void gateway_hex(const uint8_t *p, size_t n, char *out);
 
 /* ---- requests, forwarding, lifecycle (gateway.c) ---- */
 
 ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len);
+/* The bearer token of req's Authorization header into *tok (empty when there is none or it
+ * is not "Bearer ..."). False when it answered instead (401: the header sent twice). */
+bool gateway_bearer(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                    h2o_iovec_t *tok);
 bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
                         h2o_iovec_t rid, h2o_iovec_t *key);
 const char *gateway_key_refusal(const char *detail);

@@ -78,7 +78,17 @@ static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
                            0);
         return;
     }
-    gateway_send_replay(h, req, route, rid, r, NULL, NULL, 0);
+    /* The JSON API answers with the stored response itself, from idemd's own origin: only
+     * headers that describe that response go out (no Set-Cookie, Refresh, CORS or security
+     * policies of another service's), and no browser may guess its type. */
+    static const char *const allow[] = {
+        "content-type", "content-language", "content-location", "content-disposition",
+        "location",     "etag",             "last-modified",    "link",
+        "cache-control", "expires",         "retry-after",      "vary",
+        NULL};
+    static const struct hdr nosniff = {"x-content-type-options", "X-Content-Type-Options",
+                                       "nosniff", 7};
+    gateway_send_replay(h, req, route, rid, r, allow, NULL, &nosniff, 1);
 }
 
 static const char *stateName(Idem__RecordState s)
@@ -550,28 +560,12 @@ static bool getToken(json_t *b, uint64_t *token)
 static const struct config_tenant *apiTenant(struct http_server *h, h2o_req_t *req,
                                              enum route route, h2o_iovec_t rid, h2o_iovec_t *tok)
 {
-    ssize_t ai = gateway_find_single(req, H2O_STRLIT("authorization"));
-    if (ai == -2) {
-        gateway_send_error(h, req, route, rid, 401, "unauthenticated",
-                           "more than one Authorization header", 0);
+    if (!gateway_bearer(h, req, route, rid, tok)) {
         return NULL;
     }
-    const struct config_tenant *t = NULL;
-    *tok = h2o_iovec_init(NULL, 0);
-    if (ai >= 0) {
-        h2o_iovec_t v = req->headers.entries[ai].value;
-        if (v.len > 7 && strncasecmp(v.base, "bearer ", 7) == 0) {
-            *tok = h2o_iovec_init(v.base + 7, v.len - 7);
-            while (tok->len > 0 && tok->base[0] == ' ') {
-                tok->base++;
-                tok->len--;
-            }
-            while (tok->len > 0 && tok->base[tok->len - 1] == ' ') {
-                tok->len--;
-            }
-            t = service_tenant_for_token(h->svc, (const uint8_t *)tok->base, tok->len);
-        }
-    }
+    const struct config_tenant *t =
+        tok->len > 0 ? service_tenant_for_token(h->svc, (const uint8_t *)tok->base, tok->len)
+                     : NULL;
     if (t != NULL) {
         return t;
     }

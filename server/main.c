@@ -12,6 +12,7 @@
 #include "cluster.h" /* clog_set_sink */
 #include "config.h"
 #include "http.h"
+#include "fingerprint.h"
 #include "log.h"
 #include "rpc.h"
 #include "service.h"
@@ -128,8 +129,8 @@ static void fitFileLimit(struct config *cfg)
         log_warn("open files are limited to %llu: rpc.max_connections %u and "
                  "http.max_connections %u lowered to %u and %u (%d kept for raft, logs and "
                  "snapshots); raise the limit (ulimit -n, systemd LimitNOFILE) to keep them",
-                 (unsigned long long)limit, cfg->rpc.max_connections,
-                 cfg->http.max_connections, rpc, http, CONFIG_FD_RESERVE);
+                 (unsigned long long)limit, cfg->rpc.max_connections, cfg->http.max_connections,
+                 rpc, http, CONFIG_FD_RESERVE);
         cfg->rpc.max_connections = rpc;
         cfg->http.max_connections = http;
     }
@@ -144,6 +145,51 @@ static void clusterLogSink(enum clog_level level, const char *msg)
         log_warn("%s", msg);
     } else {
         log_info("%s", msg);
+    }
+}
+
+/* A tenant that a proxy route serves gets its keys from the proxied service's callers: an
+ * unlimited quota lets them fill the node's memory. Warned once per tenant. */
+static void warnUnboundedProxyTenants(const struct config *cfg)
+{
+    for (size_t t = 0; t < cfg->n_tenants; t++) {
+        const struct config_tenant *tn = &cfg->tenants[t];
+        bool served = false;
+        for (size_t p = 0; p < cfg->n_proxies && !served; p++) {
+            for (size_t r = 0; r < cfg->proxies[p].n_routes && !served; r++) {
+                served = cfg->proxies[p].routes[r].tenant == t;
+            }
+        }
+        if (served && (tn->max_records == 0 || tn->max_bytes == 0)) {
+            log_warn("tenant %s is served by a proxy route and has no %s quota (0 = "
+                     "unlimited): its callers can fill this node's memory",
+                     tn->name, tn->max_records == 0 ? "max_records" : "max_bytes");
+        }
+    }
+}
+
+/* Key digests in logs and admin answers are keyed with a secret every member holds. */
+static void keyDigests(const struct config *cfg)
+{
+    const struct config_secret *ds =
+        cfg->raft.secret.set ? &cfg->raft.secret : &cfg->rpc.cluster_secret;
+    if (key_digest_set_secret(ds->set ? ds->value : NULL, ds->set ? ds->len : 0) != FP_OK) {
+        log_warn("key digests are plain SHA-256: keying them failed");
+    } else if (!ds->set) {
+        log_warn("key digests in logs are plain SHA-256 (no raft.secret_file or "
+                 "rpc.cluster_secret_file to key them with): a guessable key can be found "
+                 "from its digest");
+    }
+}
+
+/* The RPC listener's start failure; its TLS files' errors placed at the tls section, as the
+ * gateway's are. */
+static void logRpcError(const struct config *cfg, const char *err)
+{
+    if (strncmp(err, "tls: ", 5) == 0 && cfg->tls.at != NULL) {
+        log_error("%s: %s (tls.rpc)", cfg->tls.at, err);
+    } else {
+        log_error("%s", err);
     }
 }
 
@@ -201,6 +247,8 @@ int main(int argc, char **argv)
                  "anyone who reaches it; keep it on a network of the members only",
                  d.cfg.node.raft_address.text);
     }
+    warnUnboundedProxyTenants(&d.cfg);
+    keyDigests(&d.cfg);
     uv_loop_init(&d.loop);
     d.svc = service_new(&d.loop, &d.cfg, err, sizeof(err));
     if (d.svc == NULL) {
@@ -211,15 +259,10 @@ int main(int argc, char **argv)
     }
     /* Bind the RPC port before Raft starts, so that a node that cannot serve never joins
      * an election. */
-    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, &d.cfg.tls, d.svc,
-                           err, sizeof(err));
+    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, &d.cfg.tls, d.svc, err,
+                           sizeof(err));
     if (d.rpc == NULL) {
-        /* Its TLS files' errors, placed at the tls section as the gateway's are. */
-        if (strncmp(err, "tls: ", 5) == 0 && d.cfg.tls.at != NULL) {
-            log_error("%s: %s (tls.rpc)", d.cfg.tls.at, err);
-        } else {
-            log_error("%s", err);
-        }
+        logRpcError(&d.cfg, err);
         return 1;
     }
     if (d.cfg.node.http_address.text[0] != '\0' || d.cfg.n_proxies > 0) {

@@ -2,11 +2,15 @@
  * answers. The service calls and the recording are in proxy_record.c, the upstream client in
  * proxy_upstream.c; the job they share is in proxy_internal.h.
  *
- * A request on a proxy listener: route by path prefix → one Idempotency-Key header (400)
- * → fingerprint → claim through service_handle_as() on behalf of the route's tenant (the
- * service judges the key: 400) → on acquired, the request goes
- * to the upstream with http1client (docs/h2o-notes.md §4) under a total deadline → the
- * upstream's answer is recorded (complete or release, docs/contract.md) and then passed on.
+ * A request on a proxy listener: its path normalised or refused (400, proxy_rules.h) → route
+ * by path prefix at a '/' boundary, a method no route lists passed or refused (405,
+ * other_methods) → one Idempotency-Key header (400) → the caller namespace: with one of the
+ * route's caller-identity headers, the key is judged here and the record's key is the
+ * namespaced one (proxy_ns_key) → fingerprint → claim through service_handle_as() on
+ * behalf of the route's tenant (the service judges the key: 400) → on acquired, the
+ * request goes to the upstream with http1client (docs/h2o-notes.md §4) under a total
+ * deadline → the upstream's answer is recorded (complete or release, docs/contract.md) and
+ * then passed on.
  * Everything a job needs after the claim is copied into the job, so that it can finish
  * (and record the upstream's answer) even when h2o disposed the request first.
  *
@@ -42,6 +46,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "proxy_rules.h"
 #include "xmalloc.h"
 
 h2o_req_t *proxy_take_req(struct proxyJob *j)
@@ -102,8 +107,8 @@ void proxy_send_error(struct proxyJob *j, int status, const char *code, const ch
     char date[40];
     struct hdr own[2];
     size_t n = proxy_answer_headers(j, own, 0, date);
-    gateway_send_error_with(j->h, req, R_PROXY, proxy_rid(j), status, code, message,
-                            retry_after_s, own, n);
+    gateway_send_error_with(j->h, req, R_PROXY, proxy_rid(j), status, code, message, retry_after_s,
+                            own, n);
 }
 
 static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
@@ -114,11 +119,15 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
             "the upstream's answer exceeded the route's max_inline_body and was not kept", 0);
         return;
     }
+    /* Set-Cookie only where the route says so (a record kept before that rule may hold one) */
+    static const char *const drop[] = {"idempotency-expires", "set-cookie", NULL};
+    static const char *const dropExpires[] = {"idempotency-expires", NULL};
     h2o_req_t *req = proxy_take_req(j);
     char date[40];
     struct hdr own[1];
     size_t n = pjExpires(j, own, 0, date);
-    gateway_send_replay(j->h, req, R_PROXY, proxy_rid(j), r, "idempotency-expires", own, n);
+    gateway_send_replay(j->h, req, R_PROXY, proxy_rid(j), r, NULL,
+                        j->route->replay_set_cookie ? dropExpires : drop, own, n);
 }
 
 static void pjClosedCb(uv_handle_t *t)
@@ -267,29 +276,131 @@ static char *dupMem(const char *p, size_t len)
     return s;
 }
 
-/* The route for a request: the first whose prefix matches and whose methods include the
- * request's (*idem = true); else the first whose prefix matches (pass-through); else NULL. */
-static const struct config_proxy_route *proxyRoute(const struct config_proxy *p, h2o_req_t *req,
-                                                   bool *idem)
+/* The route for a request (its normalised path, path_len bytes without the query). */
+struct pjMatch {
+    const struct config_proxy_route *route; /* NULL: no route's prefix matches (404) */
+    bool idem;                              /* the route lists the method: the protocol */
+    bool refused;                           /* the route refuses the method (405) */
+    unsigned allow;                         /* CONFIG_M_* bits for Allow, when refused */
+};
+
+/* Whether route r lets method bit `bit` (0: a method config_method_bit does not know) pass
+ * through unchecked although it does not list it (other_methods). */
+static bool passesUnlisted(const struct config_proxy_route *r, unsigned bit)
+{
+    return r->other_methods == CONFIG_OTHER_PASS ||
+           (r->other_methods == CONFIG_OTHER_PASS_SAFE &&
+            (bit & (CONFIG_M_GET | CONFIG_M_HEAD | CONFIG_M_OPTIONS)) != 0);
+}
+
+/* The first route whose prefix matches at a '/' boundary and whose methods include the
+ * request's takes it through the protocol; else the first whose prefix matches passes it
+ * through or refuses it, as its other_methods says. */
+static void proxyRoute(const struct config_proxy *p, h2o_req_t *req, const char *path,
+                       size_t path_len, struct pjMatch *m)
 {
     unsigned bit = config_method_bit(req->method.base, req->method.len);
-    const struct config_proxy_route *any = NULL;
+    *m = (struct pjMatch){0};
     for (size_t i = 0; i < p->n_routes; i++) {
         const struct config_proxy_route *r = &p->routes[i];
-        size_t pl = strlen(r->path_prefix);
-        if (req->path.len < pl || memcmp(req->path.base, r->path_prefix, pl) != 0) {
+        if (!proxy_path_under(path, path_len, r->path_prefix)) {
             continue;
         }
         if (bit != 0 && (r->methods & bit)) {
-            *idem = true;
-            return r;
+            *m = (struct pjMatch){r, true, false, 0};
+            return;
         }
-        if (any == NULL) {
-            any = r;
+        m->allow |= r->methods;
+        if (m->route == NULL) {
+            m->route = r;
         }
     }
-    *idem = false;
-    return any;
+    if (m->route != NULL && !passesUnlisted(m->route, bit)) {
+        m->refused = true;
+        if (m->route->other_methods == CONFIG_OTHER_PASS_SAFE) {
+            m->allow |= CONFIG_M_GET | CONFIG_M_HEAD | CONFIG_M_OPTIONS;
+        }
+    }
+}
+
+/* 405 with Allow: the methods the path's routes list, and those their fallback passes. */
+static void pjSendNotAllowed(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid, unsigned allow)
+{
+    static const char *const names[] = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+    char list[64] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (allow & config_method_bit(names[i], strlen(names[i]))) {
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? ", " : "", names[i]);
+        }
+    }
+    struct hdr allowHdr = {"allow", "Allow", list, n};
+    gateway_send_error_with(h, req, R_PROXY, rid, 405, "method_not_allowed",
+                            "the route neither lists this method nor passes it through "
+                            "(other_methods)",
+                            0, &allowHdr, 1);
+}
+
+/* Method-override headers: never forwarded (proxy_forward_skips), as the upstream could act
+ * on a method the route did not fence; refused with method_override: refuse. */
+static bool hasMethodOverride(h2o_req_t *req)
+{
+    static const char *const names[] = {"x-http-method-override", "x-http-method",
+                                        "x-method-override"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (h2o_find_header_by_str(&req->headers, names[i], strlen(names[i]), -1) >= 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The caller namespace (docs/configuration.md, caller_identity): when the request carries
+ * one of the route's identity headers, its key becomes the record's namespaced key (written
+ * into ns, *key then points there), after the caller's key is judged by the tenant's rule.
+ * False when the request was answered (400, 500). */
+static bool pjCallerKey(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
+                        const struct config_proxy_route *r, h2o_iovec_t *key,
+                        char ns[PROXY_NS_KEY_LEN + 1])
+{
+    if (r->caller_none) {
+        return true;
+    }
+    size_t n = 0;
+    struct proxy_caller_value *vals = xcalloc(req->headers.size + 1, sizeof(*vals));
+    for (size_t k = 0; k < r->n_caller_headers; k++) {
+        const char *name = r->caller_headers[k];
+        for (ssize_t i = -1;
+             (i = h2o_find_header_by_str(&req->headers, name, strlen(name), i)) >= 0;) {
+            vals[n++] =
+                (struct proxy_caller_value){k, (const uint8_t *)req->headers.entries[i].value.base,
+                                            req->headers.entries[i].value.len};
+        }
+    }
+    int krc = n > 0 ? key_validate((const uint8_t *)key->base, key->len,
+                                   h->cfg->tenants[r->tenant].key_max_len)
+                    : KEY_OK;
+    uint8_t caller[PROXY_CALLER_LEN] = {0};
+    bool ok = n == 0 || krc != KEY_OK ||
+              (proxy_caller_digest((const char *const *)r->caller_headers, r->n_caller_headers,
+                                   vals, n, caller) &&
+               proxy_ns_key(caller, (const uint8_t *)key->base, key->len, ns));
+    free(vals);
+    OPENSSL_cleanse(caller, sizeof caller);
+    if (krc != KEY_OK) {
+        const char *code =
+            krc == KEY_MISSING ? "idempotency_key_missing" : "idempotency_key_invalid";
+        gateway_send_error(h, req, R_PROXY, rid, 400, code, gateway_key_refusal(code), 0);
+        return false;
+    }
+    if (!ok) {
+        gateway_send_error(h, req, R_PROXY, rid, 500, "internal", "cannot hash the caller", 0);
+        return false;
+    }
+    if (n > 0) {
+        *key = h2o_iovec_init(ns, PROXY_NS_KEY_LEN);
+    }
+    return true;
 }
 
 /* The caller's end-to-end headers, serialised for the upstream (into j->fwd). */
@@ -309,10 +420,12 @@ static void pjForwardHeaders(struct proxyJob *j, h2o_req_t *req)
     j->fwd_len = fb.len;
 }
 
-/* A job for req on route r, with everything it needs after the claim copied (the key when
- * idem), its timers, and its reference in the request's pool; in h->pjobs. */
+/* A job for req on route r, with everything it needs after the claim copied (the normalised
+ * target, the record's key when idem), its timers, and its reference in the request's pool;
+ * in h->pjobs. */
 static struct proxyJob *pjNew(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
-                              const struct config_proxy_route *r, bool idem, h2o_iovec_t key)
+                              const struct config_proxy_route *r, bool idem, h2o_iovec_t target,
+                              h2o_iovec_t key)
 {
     const struct config_tenant *t = &h->cfg->tenants[r->tenant];
     struct proxyJob *j = xcalloc(1, sizeof(*j));
@@ -322,7 +435,7 @@ static struct proxyJob *pjNew(struct http_server *h, h2o_req_t *req, h2o_iovec_t
     j->idem = idem;
     snprintf(j->rid, sizeof(j->rid), "%.*s", (int)rid.len, rid.base);
     j->method = dupMem(req->method.base, req->method.len);
-    j->path = dupMem(req->path.base, req->path.len);
+    j->path = dupMem(target.base, target.len);
     j->has_body = req->entity.base != NULL;
     j->body_len = req->entity.len;
     j->body = (uint8_t *)dupMem(req->entity.base, req->entity.len);
@@ -341,23 +454,24 @@ static struct proxyJob *pjNew(struct http_server *h, h2o_req_t *req, h2o_iovec_t
     return j;
 }
 
-/* The request's fingerprint: method, path with query, tenant, content type, body, and the
- * route's fingerprint headers. FP_OK or fp_compute's error. */
+/* The request's fingerprint: method, normalised path with query, tenant, content type, body,
+ * and the route's fingerprint headers. FP_OK or fp_compute's error. */
 static int pjFingerprint(const struct proxyJob *j, h2o_req_t *req, uint8_t fp[FP_LEN])
 {
     const struct config_proxy_route *r = j->route;
     ssize_t ci = h2o_find_header(&req->headers, H2O_TOKEN_CONTENT_TYPE, -1);
-    char *ctype = ci >= 0 ? dupMem(req->headers.entries[ci].value.base,
-                                   req->headers.entries[ci].value.len)
-                          : NULL;
+    char *ctype =
+        ci >= 0 ? dupMem(req->headers.entries[ci].value.base, req->headers.entries[ci].value.len)
+                : NULL;
     size_t nfh = 0;
     struct fp_header *fh = xcalloc(req->headers.size + 1, sizeof(*fh));
     for (size_t k = 0; k < r->n_fingerprint_headers; k++) {
         const char *name = r->fingerprint_headers[k];
         for (ssize_t i = -1;
              (i = h2o_find_header_by_str(&req->headers, name, strlen(name), i)) >= 0;) {
-            fh[nfh++] = (struct fp_header){name, (const uint8_t *)req->headers.entries[i].value.base,
-                                           req->headers.entries[i].value.len};
+            fh[nfh++] =
+                (struct fp_header){name, (const uint8_t *)req->headers.entries[i].value.base,
+                                   req->headers.entries[i].value.len};
         }
     }
     struct fp_input in = {.method = j->method,
@@ -408,27 +522,63 @@ static void pjClaim(struct proxyJob *j, const uint8_t fp[FP_LEN])
     proxy_call(j, &rq, pjClaimDoneCb, j->h->cfg->rpc.default_deadline_ms);
 }
 
-void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t *req,
-                  h2o_iovec_t rid)
+/* The checks before a job: the path (400), the route (404, 405), shutdown (503), the body
+ * (413), method overrides (400). The route, or NULL when the request was answered. */
+static const struct config_proxy_route *pjAdmit(struct http_server *h, const struct config_proxy *p,
+                                                h2o_req_t *req, h2o_iovec_t rid,
+                                                h2o_iovec_t *target, bool *idem)
 {
-    bool idem = false;
-    const struct config_proxy_route *r = proxyRoute(p, req, &idem);
-    if (r == NULL) {
+    size_t tlen = 0, plen = 0;
+    char *t = h2o_mem_alloc_pool(&req->pool, req->path.len + 1);
+    int prc = proxy_path_normalise(req->path.base, req->path.len, t, &tlen, &plen);
+    if (prc != PROXY_PATH_OK) {
+        gateway_send_error(h, req, R_PROXY, rid, 400, "invalid_path", proxy_path_strerror(prc), 0);
+        return NULL;
+    }
+    *target = h2o_iovec_init(t, tlen);
+    struct pjMatch m;
+    proxyRoute(p, req, t, plen, &m);
+    *idem = m.idem;
+    if (m.route == NULL) {
         gateway_send_error(h, req, R_PROXY, rid, 404, "not_found", "no proxy route for this path",
                            0);
-        return;
+        return NULL;
+    }
+    if (m.refused) {
+        pjSendNotAllowed(h, req, rid, m.allow);
+        return NULL;
     }
     if (h->stopping) {
         gateway_send_error(h, req, R_PROXY, rid, 503, "idempotency_unavailable",
                            "node shutting down", 1);
-        return;
+        return NULL;
     }
     if (req->entity.len > HTTP_BODY_MAX) {
         gateway_send_error(h, req, R_PROXY, rid, 413, "payload_too_large", "the body exceeds 1 MiB",
                            0);
+        return NULL;
+    }
+    if (m.route->method_override_refuse && hasMethodOverride(req)) {
+        gateway_send_error(h, req, R_PROXY, rid, 400, "invalid_request",
+                           "method-override headers (X-HTTP-Method-Override, X-HTTP-Method, "
+                           "X-Method-Override) are refused on this route",
+                           0);
+        return NULL;
+    }
+    return m.route;
+}
+
+void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t *req,
+                  h2o_iovec_t rid)
+{
+    bool idem = false;
+    h2o_iovec_t target;
+    const struct config_proxy_route *r = pjAdmit(h, p, req, rid, &target, &idem);
+    if (r == NULL) {
         return;
     }
     h2o_iovec_t key = h2o_iovec_init(NULL, 0);
+    char ns[PROXY_NS_KEY_LEN + 1];
     if (idem) {
         if (!gateway_header_key(h, req, R_PROXY, rid, &key)) {
             return;
@@ -436,8 +586,11 @@ void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t
         /* optional key: pass through without the protocol; a required one that is missing
          * is refused by the service's claim, which judges every key (400) */
         idem = key.len > 0 || r->key_required;
+        if (idem && !pjCallerKey(h, req, rid, r, &key, ns)) {
+            return;
+        }
     }
-    struct proxyJob *j = pjNew(h, req, rid, r, idem, key);
+    struct proxyJob *j = pjNew(h, req, rid, r, idem, target, key);
     if (!idem) {
         proxy_upstream_start(j);
         return;

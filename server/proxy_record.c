@@ -338,8 +338,13 @@ static void pjRenewTickCb(uv_timer_t *t)
     proxy_call(j, &rq, pjRenewDoneCb, 0);
 }
 
+/* Whether the upstream's header `name` is stored: one the route's response_headers list,
+ * and Set-Cookie only with replay_set_cookie (config_proxy.c refuses the list otherwise). */
 static bool storedHeaderAllowed(const struct config_proxy_route *r, const char *name)
 {
+    if (!r->replay_set_cookie && strcmp(name, "set-cookie") == 0) {
+        return false;
+    }
     for (size_t i = 0; i < r->n_response_headers; i++) {
         if (strcmp(r->response_headers[i], name) == 0) {
             return true;

@@ -276,15 +276,28 @@ static void pjDeadlineCb(uv_timer_t *t)
     pjUpstreamFailed(j, true);
 }
 
-/* Header names never forwarded to the upstream: hop-by-hop, framing, and the protocol's own
- * (the fence and the key are set by the proxy). */
+/* Header names never forwarded to the upstream: hop-by-hop, framing, the protocol's own (the
+ * fence and the key are set by the proxy), and method overrides (the upstream could act on a
+ * method the route did not fence; proxy.c refuses them with method_override: refuse). */
 bool proxy_forward_skips(const char *name, size_t len)
 {
-    static const char *const skip[] = {"host",          "content-length",   "transfer-encoding",
-                                       "connection",    "keep-alive",       "proxy-connection",
-                                       "upgrade",       "te",               "trailer",
-                                       "expect",        "http2-settings",   "idempotency-fence",
-                                       "idempotency-key", "x-request-id"};
+    static const char *const skip[] = {"host",
+                                       "content-length",
+                                       "transfer-encoding",
+                                       "connection",
+                                       "keep-alive",
+                                       "proxy-connection",
+                                       "upgrade",
+                                       "te",
+                                       "trailer",
+                                       "expect",
+                                       "http2-settings",
+                                       "idempotency-fence",
+                                       "idempotency-key",
+                                       "x-request-id",
+                                       "x-http-method-override",
+                                       "x-http-method",
+                                       "x-method-override"};
     for (size_t i = 0; i < sizeof(skip) / sizeof(skip[0]); i++) {
         if (strlen(skip[i]) == len && strncasecmp(name, skip[i], len) == 0) {
             return true;

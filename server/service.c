@@ -16,6 +16,8 @@
  * are service_requests.c, operators' requests service_admin.c (service_internal.h). */
 #include "service_internal.h"
 
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -484,7 +486,16 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     LIST_INIT(&s->ops);
     /* The state machine's slot arrays allocated ahead are faulted in on a thread of their
      * own, off the loop (prefault_thread.h). */
-    s->fsm = fsm_new_with(&(struct fsm_options){.prefault = &prefault_thread});
+    uint8_t secret[FSM_HASH_SECRET_LEN];
+    if (RAND_bytes(secret, sizeof secret) != 1) {
+        snprintf(err, errlen, "no randomness for the record table's hash key");
+        EVP_MD_free(s->sha256);
+        free(s);
+        return NULL;
+    }
+    s->fsm = fsm_new_with(
+        &(struct fsm_options){.prefault = &prefault_thread, .hash_secret = secret});
+    OPENSSL_cleanse(secret, sizeof secret);
     struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
     for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
         const struct config_member *m = &cfg->cluster.bootstrap[i];

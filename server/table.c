@@ -58,9 +58,13 @@ static bool slotTagMatches(uintptr_t slot, uint64_t hash)
     return (slot >> SLOT_TAG_SHIFT) == (hash >> SLOT_TAG_SHIFT);
 }
 
-void table_init(struct table *t, const struct xbig_prefaulter *pf)
+void table_init(struct table *t, const struct xbig_prefaulter *pf, const uint8_t *secret)
 {
     memset(t, 0, sizeof(*t));
+    if (secret != NULL) {
+        t->keyed = true;
+        memcpy(t->secret, secret, TABLE_SECRET_LEN);
+    }
     t->next_pf.with = pf;
     t->slots = slotsAlloc(TABLE_MIN_SLOTS);
     t->mask = TABLE_MIN_SLOTS - 1;
@@ -195,6 +199,10 @@ int table_tenant_intern(struct table *t, const char *name, size_t len)
 
 uint64_t table_hash(const struct table *t, int tenant, const uint8_t *key, size_t len)
 {
+    if (t->keyed) {
+        return XXH3_64bits_withSecret(key, len, t->secret, TABLE_SECRET_LEN) ^
+               t->tenants[tenant].hash;
+    }
     return XXH3_64bits_withSeed(key, len, t->tenants[tenant].hash);
 }
 
@@ -424,8 +432,7 @@ size_t table_rec_size(size_t key_len)
     return offsetof(struct rec, key) + key_len;
 }
 
-struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8_t *key,
-                         size_t len)
+struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8_t *key, size_t len)
 {
     assert(len > 0 && len <= KEY_MAX_LEN);
     assert(tenant >= 0 && (size_t)tenant < t->n_tenants);
@@ -502,8 +509,7 @@ void table_unlink(struct table *t, struct rec *r)
     t->count--;
 }
 
-void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg),
-                   void *arg)
+void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg), void *arg)
 {
     table_slots_foreach(t->slots, t->mask, fn, arg);
     if (t->old != NULL) {

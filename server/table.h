@@ -31,17 +31,17 @@ struct rec {
     uint8_t state;           /* Idem__RecordState */
     uint8_t completion;      /* Idem__Completion */
     uint8_t has_attempt;
-    uint8_t key_len;         /* 1..KEY_MAX_LEN */
+    uint8_t key_len; /* 1..KEY_MAX_LEN */
     uint8_t fp[FSM_FINGERPRINT_LEN];
     uint8_t key[];
 };
 
 struct tenant {
-    char *name;              /* owned, NUL-terminated */
+    char *name; /* owned, NUL-terminated */
     size_t name_len;
     uint64_t hash;
-    uint64_t records;        /* counted records (all but released markers) */
-    uint64_t bytes;          /* key + fingerprint + response of counted records */
+    uint64_t records; /* counted records (all but released markers) */
+    uint64_t bytes;   /* key + fingerprint + response of counted records */
 };
 
 /* Records live in an open-addressing hash table (linear probing, backward-shift deletion,
@@ -74,26 +74,37 @@ struct tenant {
  * for 1M slots. (Until 2026-12 each insert faulted one page of it in on the loop: 8,192
  * pages of a 2M-slot array within 0.25 s at 35k claims/s, on every node at once.) */
 
+/* Bytes of the secret that keys record hashes (XXH3's secret: at least 136). */
+#define TABLE_SECRET_LEN 192
+
 struct table {
     uintptr_t *slots;
-    size_t mask;             /* slots - 1; a power of two */
-    size_t count;            /* records in both arrays, released markers included */
-    uintptr_t *old;          /* the array being migrated from, or NULL */
+    size_t mask;    /* slots - 1; a power of two */
+    size_t count;   /* records in both arrays, released markers included */
+    uintptr_t *old; /* the array being migrated from, or NULL */
     size_t old_mask;
-    size_t mig_first;        /* first position of `old` migrated (right after an empty one) */
-    size_t mig_done;         /* positions of `old` migrated so far */
-    uintptr_t *next;         /* the next growth's (mapped) array, allocated ahead, or NULL */
+    size_t mig_first;             /* first position of `old` migrated (right after an empty one) */
+    size_t mig_done;              /* positions of `old` migrated so far */
+    uintptr_t *next;              /* the next growth's (mapped) array, allocated ahead, or NULL */
     struct xbig_prefault next_pf; /* faulting `next` in; waited for before `next` is used */
     struct tenant *tenants;
     size_t n_tenants;
     size_t cap_tenants;
-    uint32_t *tenant_slots;  /* open addressing: tenant index + 1, 0 empty */
+    uint32_t *tenant_slots; /* open addressing: tenant index + 1, 0 empty */
     size_t tenant_mask;
     struct expiry heap;
+    /* Record hashes are keyed with a secret drawn per process when one is given
+     * (table_init), so that nobody outside can choose keys that pile up in one probe run
+     * (hash flooding). Nothing replicated depends on them: snapshots are read in any order,
+     * the digest is a sum, expiry and listings go by (expires_at, token) and token. */
+    bool keyed;
+    uint8_t secret[TABLE_SECRET_LEN];
 };
 
-/* `pf` (borrowed, may be NULL: at once) faults the next growth's array in (xbig_prefault). */
-void table_init(struct table *t, const struct xbig_prefaulter *pf);
+/* `pf` (borrowed, may be NULL: at once) faults the next growth's array in (xbig_prefault).
+ * `secret` (TABLE_SECRET_LEN random bytes, copied; NULL: unkeyed, the same hashes in every
+ * process, as tests and benchmarks want) keys the record hashes. */
+void table_init(struct table *t, const struct xbig_prefaulter *pf, const uint8_t *secret);
 /* Frees every record, tenant and index. */
 void table_close(struct table *t);
 
@@ -145,8 +156,7 @@ struct rec *table_insert(struct table *t, int tenant, uint64_t hash, const uint8
 void table_remove(struct table *t, struct rec *r);
 
 /* Calls fn(r, arg) for every record, in no particular order. fn must not modify the table. */
-void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg),
-                   void *arg);
+void table_foreach(const struct table *t, void (*fn)(const struct rec *r, void *arg), void *arg);
 
 /* ---- copy-on-write support for frozen snapshots (fsm_freeze, fsm.h) -------------------
  *

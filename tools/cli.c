@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,8 +76,7 @@ uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t m
         }
         unsigned d = (unsigned)(*p - '0');
         if (v > (UINT64_MAX - d) / 10) {
-            cli_usage_error("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min,
-                            max);
+            cli_usage_error("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", what, s, min, max);
         }
         v = v * 10 + d;
     }
@@ -116,11 +116,42 @@ const char *cli_env(const char *name)
     return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
+char *cli_token_file(const char *opt, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        cli_usage_error("%s %s: %s", opt, path, strerror(errno));
+    }
+    char *buf = calloc(1, 4097);
+    if (buf == NULL) {
+        cli_usage_error("%s: out of memory", opt);
+    }
+    size_t n = fread(buf, 1, 4096, f);
+    bool err = ferror(f) != 0;
+    fclose(f);
+    if (err) {
+        cli_usage_error("%s %s: cannot be read", opt, path);
+    }
+    size_t len = strcspn(buf, "\r\n"); /* the first line */
+    if (len == n && n == 4096) {
+        cli_usage_error("%s %s: the token is longer than 4095 bytes", opt, path);
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (buf[i] < 0x21 || buf[i] > 0x7e) {
+            cli_usage_error("%s %s: the token has a byte that is not printable ASCII", opt, path);
+        }
+    }
+    if (len == 0) {
+        cli_usage_error("%s %s: no token on its first line", opt, path);
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
 void cli_tls_from_env(struct cli_tls *t)
 {
     const char *on = cli_env("IDEM_TLS");
-    t->on = on != NULL && strcmp(on, "0") != 0 && strcmp(on, "false") != 0 &&
-            strcmp(on, "no") != 0;
+    t->on = on != NULL && strcmp(on, "0") != 0 && strcmp(on, "false") != 0 && strcmp(on, "no") != 0;
     t->ca_file = cli_env("IDEM_TLS_CA");
     t->cert_file = cli_env("IDEM_TLS_CERT");
     t->key_file = cli_env("IDEM_TLS_KEY");

@@ -41,6 +41,12 @@ bool cli_opt_value(int argc, char **argv, int *i, const char *name, const char *
 /* The value of environment variable `name`, or NULL when it is unset or empty. */
 const char *cli_env(const char *name);
 
+/* A bearer token read from the file at path (for option `opt`, named in errors): its first
+ * line without the line end, at most 4095 bytes, of printable ASCII. Any other content, an
+ * empty token or a file that cannot be read is a usage error. The result is the caller's
+ * (free() it; it stays for the process's life in the tools). */
+char *cli_token_file(const char *opt, const char *path);
+
 /* TLS to the nodes' RPC listeners (tls.rpc on the nodes), the same flags and environment
  * for idemctl and idem-bench. Every string is borrowed from argv or the environment. */
 struct cli_tls {

@@ -193,10 +193,25 @@ class Resp(tuple):
         return "Resp(%d, %r, %r)" % (self[0], self[1], body)
 
 
+# /metrics needs the admin token (http.metrics_public is off by default): the admin token of
+# each node's HTTP address, filled as clusters write their configs, which http_exchange()
+# sends with a GET of /metrics that names no Authorization itself (as a configured scraper
+# would). A test of the refusal sends its own header.
+ADMIN_BY_HTTP = {}
+
+
+def metrics_auth(addr):
+    """The Authorization header a scraper of addr's /metrics sends ({} if addr is unknown)."""
+    admin = ADMIN_BY_HTTP.get(addr)
+    return {"Authorization": "Bearer %s" % admin} if admin else {}
+
+
 def http_exchange(conn, method, path, body=None, headers=None, raw=None):
     """One request on an open http.client connection. body: a JSON-able object (sent as
     application/json) or None; raw: bytes sent as they are (overrides body)."""
     hdrs = {}
+    if method == "GET" and path == "/metrics" and "Authorization" not in (headers or {}):
+        hdrs.update(metrics_auth("%s:%d" % (conn.host, conn.port)))
     data = None
     if raw is not None:
         data = raw
@@ -252,7 +267,8 @@ class Cluster:
                  election_ms=600, heartbeat_ms=100, extra_tenant=False, expiry_ms=1000,
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
-                 data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None):
+                 data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None,
+                 alpha_quota=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -270,6 +286,8 @@ class Cluster:
                          segment_size_mb=segment_size_mb, snapshot_nice=snapshot_nice,
                          snapshot_log_max_mb=snapshot_log_max_mb,
                          snapshot_trailing_max_mb=snapshot_trailing_max_mb)
+        # alpha_quota: {"max_records": N, "max_bytes": N} for tenant alpha (else the defaults).
+        self.alpha_quota = alpha_quota or {}
         self.nodes = {}
         self.bootstrap = []
         # Nodes that may exit by themselves (a test that makes one do so and does not await it
@@ -293,6 +311,7 @@ class Cluster:
     # ---- processes ------------------------------------------------------------------------
 
     def _write_config(self, node, bootstrap):
+        ADMIN_BY_HTTP[node.http] = self.admin
         h = lambda t: hashlib.sha256(t.encode()).hexdigest()
         lines = [
             "node:",
@@ -338,6 +357,7 @@ class Cluster:
             "tenants:",
             "  - name: alpha",
             "    token_sha256: %s" % h(self.token),
+        ] + ["    %s: %d" % kv for kv in sorted(self.alpha_quota.items())] + [
             "  - name: beta",
             "    token_sha256: %s" % h(self.token2),
         ]

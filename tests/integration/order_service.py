@@ -19,10 +19,15 @@ Business endpoints (dispatched on the last path segment, so any route prefix wor
                       (hop-by-hop by that naming: a proxy must not pass it on)
   POST /mib           201 with a body of exactly 1 MiB (within max_inline_body's default,
                       too large for a log entry with the rest of the completion)
+  POST /cookie        201 {"id"} with Set-Cookie: session=<id> (a caller's own session)
   any other method/path: 200 echo of method, path and the idempotency headers seen (a GET
-                      is counted under "gets", not as an execution)
+                      is counted under "gets", not as an execution); OPTIONS and PURGE
+                      answer 200 too
+Every request but the test-only ones is also kept as it arrived (its method, its raw
+request target and its headers), in memory, for GET /_admin/seen.
 Test-only endpoints (never sent through the proxy):
   GET  /stats         {"total", "by_key", "fences", "gets", "executions"}
+  GET  /_admin/seen   {"seen": [{"method", "path", "headers": {lower-case name: [values]}}]}
   POST /_admin/next   {"action": "hang"|"close"|"delay", "ms": N}: queued, consumed by the
                       next business request (hang: accept, never answer; close: execute, then
                       close the connection without an answer; delay: sleep ms first)
@@ -47,6 +52,7 @@ class State:
         self.executions = []   # every business execution, in arrival order
         self.gets = 0
         self.next_actions = []
+        self.seen = []         # every request as it arrived (GET /_admin/seen)
         self.seq = 0
         if log_path and os.path.exists(log_path):
             with open(log_path) as f:
@@ -123,6 +129,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.wfile.flush()
 
+    def _keep_seen(self):
+        """Keeps the request as it arrived: method, raw target, every header."""
+        headers = {}
+        for k, v in self.headers.items():
+            headers.setdefault(k.lower(), []).append(v)
+        st = self.server.state
+        with st.lock:
+            st.seen.append({"method": self.command, "path": self.path, "headers": headers})
+
     # ---- dispatch --------------------------------------------------------------------------
 
     def do_GET(self):
@@ -132,6 +147,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, st.stats())
         if url.path == "/ping":
             return self._send(200, {"ok": True})
+        if url.path == "/_admin/seen":
+            with st.lock:
+                return self._send(200, {"seen": list(st.seen)})
+        self._keep_seen()
         self._body()
         with st.lock:
             st.gets += 1
@@ -142,6 +161,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         # A GET's headers, Content-Length included (/nolen: left out), and no body.
+        self._keep_seen()
         data = json.dumps({"method": "GET", "path": self.path}, separators=(",", ":")).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -163,6 +183,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self):
         self._business("DELETE")
 
+    def _echo(self):
+        self._keep_seen()
+        self._body()
+        self._send(200, {"method": self.command, "path": self.path})
+
+    def do_OPTIONS(self):
+        self._echo()
+
+    def do_PURGE(self):
+        self._echo()
+
     def _business(self, method):
         st = self.server.state
         url = urlsplit(self.path)
@@ -176,6 +207,7 @@ class Handler(BaseHTTPRequestHandler):
             with st.lock:
                 st.next_actions.append(st_obj)
             return self._send(200, {"queued": st_obj})
+        self._keep_seen()
         key = self.headers.get("Idempotency-Key")
         fence_h = self.headers.get("Idempotency-Fence")
         try:
@@ -224,6 +256,9 @@ class Handler(BaseHTTPRequestHandler):
                                                          "Connection": "keep-alive, X-Secret"})
         if seg == "mib":
             return self._send(201, raw=b"y" * MiB, headers={"X-Order-Id": oid})
+        if seg == "cookie":
+            return self._send(201, {"id": oid}, headers={"X-Order-Id": oid,
+                                                         "Set-Cookie": "session=%s" % oid})
         return self._send(200, {"method": method, "path": self.path, "id": oid},
                           headers={"X-Order-Id": oid})
 

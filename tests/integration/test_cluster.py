@@ -80,7 +80,9 @@ class ClusterTest(ClusterTestCase):
             self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
 
     def metric(self, node, name):
-        with urllib.request.urlopen("http://%s/metrics" % node.http, timeout=10) as r:
+        rq = urllib.request.Request("http://%s/metrics" % node.http,
+                                    headers={"Authorization": "Bearer %s" % self.c.admin})
+        with urllib.request.urlopen(rq, timeout=10) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return int(line.split()[1])

@@ -592,6 +592,49 @@ class TestGatewayErrors(GatewayTest):
                                            {"outcome": "succeeded"}), 400, "invalid_request")
                 self.assertOk(self.complete(addr, key, tok, "fine"))
 
+    def test_replay_sends_only_allow_listed_headers(self):
+        # The JSON API replays the stored response from idemd's own origin: headers that
+        # describe it go out, others (cookies, refresh, CORS, custom ones) do not, and
+        # X-Content-Type-Options: nosniff always does.
+        addr = self.addr()
+        key = self.key("allow")
+        tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+        stored = {"content-type": "text/html", "etag": '"v1"', "location": "/orders/7",
+                  "cache-control": "no-store", "set-cookie": "session=abc",
+                  "refresh": "0; url=https://elsewhere.example",
+                  "access-control-allow-origin": "*", "x-custom": "1",
+                  "x-content-type-options": "whatever"}
+        body = {"token": tok, "outcome": "succeeded",
+                "response": {"status": 201, "headers": stored, "body": "<b>hi</b>"}}
+        self.assertOk(self.call(addr, "POST", "/v1/claims/%s/complete" % key, body))
+        st, h, b = self.claim(addr, key, fp(key))
+        self.assertEqual(st, 201, (st, h, b))
+        self.assertEqual(h.get("idempotency-replayed"), "true", h)
+        for name in ("content-type", "etag", "location", "cache-control"):
+            self.assertEqual(h.get(name), stored[name], (name, h))
+        for name in ("set-cookie", "refresh", "access-control-allow-origin", "x-custom"):
+            self.assertNotIn(name, h, (name, h))
+        self.assertEqual(h.get("x-content-type-options"), "nosniff", h)
+
+    def test_stored_header_values_have_no_control_characters(self):
+        # RFC 9110's field-value: tab, space, visible characters and obs-text. A control
+        # character (an escape sequence, say) is refused before the log.
+        addr = self.addr()
+        key = self.key("hdrval")
+        tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+        for bad in ("red\x1b[31m", "a\x7fb", "bell\x07"):
+            body = {"token": tok, "outcome": "succeeded",
+                    "response": {"status": 200, "headers": {"x-a": bad}, "body": "x"}}
+            st, h, b = self.call(addr, "POST", "/v1/claims/%s/complete" % key, body)
+            self.assertError((st, h, b), 400, "invalid_request")
+        body = {"token": tok, "outcome": "succeeded",
+                "response": {"status": 200, "headers": {"content-disposition": "tab\there \u00e9"},
+                             "body": "x"}}
+        self.assertOk(self.call(addr, "POST", "/v1/claims/%s/complete" % key, body))
+        st, h, b = self.claim(addr, key, fp(key))
+        self.assertEqual((st, h.get("content-disposition")), (200, "tab\there \u00c3\u00a9"),
+                         (st, h, b))
+
     def test_payload_too_large(self):
         for nid in self.targets():
             with self.subTest(node=nid):
@@ -913,6 +956,42 @@ def rpc_call(addr, payload, timeout=30):
 
 
 class TestGatewayOps(GatewayTest):
+    def test_metrics_need_the_admin_token(self):
+        """/metrics names tenants and their load: the admin token only (401 without a token or
+        with an unknown one, with WWW-Authenticate; 403 with a tenant's), unless
+        http.metrics_public."""
+        addr = self.addr()
+        host, port = addr.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        try:
+            conn.request("GET", "/metrics")  # no Authorization header at all
+            r = conn.getresponse()
+            text = r.read().decode()
+            self.assertEqual(r.status, 401, text)
+            self.assertEqual(r.getheader("WWW-Authenticate"), "Bearer")
+            self.assertNotIn("idem_", text)
+        finally:
+            conn.close()
+        for tok, status in (("nope", 401), (self.c.token, 403), (self.c.token2, 403)):
+            st, h, b = request(addr, "GET", "/metrics", token=tok)
+            self.assertEqual(st, status, (tok, st, b))
+            self.assertNotIn("idem_", str(b))
+        st, h, text = request(addr, "GET", "/metrics", token=self.c.admin)
+        self.assertEqual(st, 200, text)
+        self.assertIn("idem_raft_term", text)
+        # http.metrics_public: true opens it to any scraper.
+        for nid in sorted(self.c.nodes):
+            self.c.kill(nid)
+        for node in self.c.nodes.values():
+            with open(node.cfg, "a") as f:
+                f.write("http:\n  metrics_public: true\n")
+        for nid in sorted(self.c.nodes):
+            self.c.start(nid)
+        self.c.wait_leader(timeout=30)
+        st, h, text = request(addr, "GET", "/metrics", token=self.c.token)
+        self.assertEqual(st, 200, text)
+        self.assertIn("idem_raft_term", text)
+
     def test_quota_exceeded_is_429(self):
         """A tenant past its quota (tenants[].max_records) is answered 429
         idempotency_quota_exceeded by the JSON API, on the leader's gateway and on a

@@ -6,6 +6,7 @@ answer, which runs against fake RPC nodes (FakeCluster). Every --json output is 
 Run: python3 -m unittest -v tests/integration/test_idemctl.py
 """
 import hashlib
+import hmac
 import json
 import os
 import pty
@@ -16,6 +17,8 @@ import struct
 import subprocess
 import sys
 import threading
+import shutil
+import tempfile
 import time
 import unittest
 
@@ -27,13 +30,16 @@ from test_cluster import _field, _fields, _frame, _read_frame, _uvarint  # noqa:
 ACQ = "acquired"
 
 
-def key_digest(tenant, key):
-    """docs/contract.md: the first 12 hex of SHA-256 over the framed tenant and key (4-byte
-    big-endian length, then the bytes, for each), as server/fingerprint.c computes it."""
-    h = hashlib.sha256()
-    for part in (tenant.encode(), key.encode()):
-        h.update(struct.pack(">I", len(part)) + part)
-    return h.hexdigest()[:12]
+def key_digest(tenant, key, secret=None):
+    """docs/contract.md: the first 12 hex of HMAC-SHA256 over the framed tenant and key (4-byte
+    big-endian length, then the bytes, for each) under HMAC-SHA256(secret, "idemd key_digest
+    v1"), secret being the members' raft.secret_file (what a file holds, trailing whitespace
+    cut); without one, of SHA-256 over them; as server/fingerprint.c computes it."""
+    framed = b"".join(struct.pack(">I", len(p)) + p for p in (tenant.encode(), key.encode()))
+    if secret is None:
+        return hashlib.sha256(framed).hexdigest()[:12]
+    k = hmac.new(secret.encode(), b"idemd key_digest v1", hashlib.sha256).digest()
+    return hmac.new(k, framed, hashlib.sha256).hexdigest()[:12]
 
 
 def run_ctl(args, env=None, timeout=60):
@@ -332,6 +338,59 @@ class TestIdemctlStatus(CtlTest):
             self.assertEqual(len([l for l in text.splitlines() if l.startswith("warning:")]), 1,
                              text)
 
+    def test_human_output_escapes_control_characters(self):
+        # A stored body with terminal escapes (a tenant's bytes) prints them visibly.
+        key = "escape-1"
+        out = self.claim(key, 7)
+        self.ok("complete", key, "--token", out["token"], "--status", 200, "--body",
+                "\x1b[2Jcleared\x07 \u009b1m back\\slash")
+        rc, text, err = self.human("get", key)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("\x1b", text)
+        self.assertNotIn("\x07", text)
+        self.assertNotIn("\u009b", text)
+        self.assertIn("\\x1b[2Jcleared\\x07 \\u009b1m back\\\\slash", text)
+
+    def test_tokens_from_files(self):
+        d = tempfile.mkdtemp(prefix="idemctl-tok-")
+        try:
+            adm = os.path.join(d, "admin")
+            ten = os.path.join(d, "tenant")
+            with open(adm, "w") as f:
+                f.write(self.c.admin + "\n")
+            with open(ten, "w") as f:
+                f.write(self.c.token + "\r\nsecond line ignored\n")
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--admin-token-file", adm,
+                                     "--json", "members", "list"])
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(json.loads(text)["outcome"], "ok", text)
+            self.assertEqual(err, "")  # no warning: the token is not on the command line
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token-file", ten, "--json",
+                                     "claim", "tokfile-1", "--fingerprint", "ab" * 32])
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(json.loads(text)["outcome"], "acquired", text)
+            self.assertEqual(err, "")
+            # A file that is missing, empty or holds control bytes: usage errors (2), and
+            # the token's bytes are never echoed.
+            bad = os.path.join(d, "bad")
+            with open(bad, "w") as f:
+                f.write("tok\x1b[31men\n")
+            for path, words in ((os.path.join(d, "none"), "No such file"), (bad, "printable")):
+                rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token-file", path,
+                                         "--json", "claim", "tokfile-2", "--fingerprint",
+                                         "ab" * 32])
+                self.assertEqual(rc, 2, (path, err))
+                self.assertIn(words, err)
+                self.assertNotIn("\x1b", err)
+            with open(bad, "w") as f:
+                f.write("\n")
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token-file", bad, "--json",
+                                     "claim", "tokfile-3", "--fingerprint", "ab" * 32])
+            self.assertEqual(rc, 2, err)
+            self.assertIn("no token", err)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_members_list_says_who_answered(self):
         lid = self.c.leader()
         follower = [n for n in sorted(self.c.nodes) if n != lid][0]
@@ -346,7 +405,9 @@ class TestIdemctlStatus(CtlTest):
         self.assertEqual((out["node"], out["node_id"], out["leader_id"]), (rpc, follower, lid),
                          out)
         self.assertEqual(out["node_role"], "follower", out)
-        self.assertEqual(err, "")
+        # A token on the command line draws a warning (other users can read argv).
+        self.assertIn("warning: a bearer token on the command line", err)
+        self.assertIn("--admin-token-file", err)
         rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin, "members"])
         self.assertEqual(rc, 0, err)
         self.assertIn("node: %s\n" % rpc, text)
@@ -951,10 +1012,10 @@ class TestIdemctlKeys(CtlTest):
             self.assertNotIn(key, text + err)
             self.assertNotIn("very-secret", text + err)
             self.assertNotIn("body-of", text + err)  # nor the stored body
-            self.assertIn(key_digest("alpha", key), text)
+            self.assertIn(key_digest("alpha", key, self.c.raft_secret), text)
         self.assertEqual(rec["outcome"], "ok")
         self.assertEqual(rec["tenant"], "alpha")
-        self.assertEqual(rec["key_digest"], key_digest("alpha", key))
+        self.assertEqual(rec["key_digest"], key_digest("alpha", key, self.c.raft_secret))
         self.assertNotIn("key", rec)
         self.assertEqual(rec["state"], "completed")
         self.assertEqual(rec["completion"], "succeeded")
@@ -1002,14 +1063,15 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual((lst["count"], lst["more"]), (1, False), lst)
         r = lst["records"][0]
         self.assertEqual((r["tenant"], r["key_digest"], r["token"], r["state"]),
-                         ("alpha", key_digest("alpha", key), a["token"], "quarantined"))
+                         ("alpha", key_digest("alpha", key, self.c.raft_secret), a["token"],
+                          "quarantined"))
         self.assertEqual(r["since_ms"], r["created_at_ms"])
         self.assertNotIn("key", r)
         self.assertEqual(self.ok("quarantine", "list", "--tenant", "beta")["records"], [])
         self.assertEqual(self.ok("quarantine", "list", "--tenant", "alpha")["count"], 1)
         rc, text, err = self.human("quarantine", "list")
         self.assertEqual(rc, 0, err)
-        self.assertIn(key_digest("alpha", key), text)
+        self.assertIn(key_digest("alpha", key, self.c.raft_secret), text)
         self.assertNotIn(key, text)
         self.assertEqual(self.ok("quarantine", "list", "--reveal")["records"][0]["key"], key)
         # key resolve with a final response ends it: the list is empty, retries replay.
@@ -1062,7 +1124,8 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual((lst["count"], lst["lease_ended"], lst["more"]), (1, True, False), lst)
         r = lst["records"][0]
         self.assertEqual((r["tenant"], r["key_digest"], r["token"], r["state"]),
-                         ("alpha", key_digest("alpha", "gone-1"), gone["token"], "processing"))
+                         ("alpha", key_digest("alpha", "gone-1", self.c.raft_secret), gone["token"],
+                          "processing"))
         self.assertEqual(r["since_ms"], r["lease_deadline_ms"])
         self.assertEqual(r["lease_deadline_ms"], gone["lease_deadline_ms"], (r, gone))
         self.assertEqual(self.ok("quarantine", "list", "--lease-ended", "--reveal")
@@ -1071,11 +1134,11 @@ class TestIdemctlKeys(CtlTest):
                          ["count"], 0)
         # The quarantined one is on the other list only.
         self.assertEqual([x["key_digest"] for x in self.ok("quarantine", "list")["records"]],
-                         [key_digest("alpha", "quar-1")])
+                         [key_digest("alpha", "quar-1", self.c.raft_secret)])
         rc, text, err = self.human("quarantine", "list", "--lease-ended")
         self.assertEqual(rc, 0, err)
         self.assertIn("LEASE ENDED (UTC)", text)
-        self.assertIn(key_digest("alpha", "gone-1"), text)
+        self.assertIn(key_digest("alpha", "gone-1", self.c.raft_secret), text)
         self.assertNotIn("gone-1", text)
         # Resolved (it did not run: release), it is off the list and the key runs again.
         out = self.ok("key", "resolve", "alpha", "gone-1", "--release")

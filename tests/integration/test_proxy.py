@@ -6,7 +6,11 @@ run as its own ctest:
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_proxy.TestProxyBasics
 
 Classes: TestProxyBasics (replay, mismatch, canonical JSON, pass-through, key errors, route
-statuses 422/425, followers without a cluster secret answer 503), TestProxyConcurrency (50
+statuses 422/425, followers without a cluster secret answer 503), TestProxyGuards (with the
+defaults: paths normalised or refused, prefixes matched at a '/' boundary, unlisted unsafe
+methods refused, method overrides not forwarded, callers' records kept apart),
+TestProxyGuardOptions (other_methods, method_override, caller_identity, replay_set_cookie),
+TestProxyConcurrency (50
 identical requests: one execution), TestProxyFailures (upstream killed / hanging / closing /
 refusing, 4xx, 5xx, too large, lease renewal during a slow upstream, lease expiry of a
 stalled holder with takeover and conflict), TestProxyFollowers (followers' proxies forward
@@ -122,6 +126,11 @@ class OrderService:
     def stats(self):
         return request(self.addr, "GET", "/stats")[2]
 
+    def seen(self):
+        """Every request that reached the service, as it arrived: method, raw target,
+        headers (lower-case names, lists of values)."""
+        return request(self.addr, "GET", "/_admin/seen")[2]["seen"]
+
     def next_action(self, action, ms=None):
         """The next business request hangs, closes the connection or is delayed."""
         body = {"action": action}
@@ -152,6 +161,8 @@ def _yaml_value(v):
         return "true" if v else "false"
     if isinstance(v, list):
         return "[%s]" % ", ".join(str(x) for x in v)
+    if isinstance(v, dict):
+        return "{%s}" % ", ".join("%s: %s" % (k, _yaml_value(x)) for k, x in v.items())
     return str(v)
 
 
@@ -229,6 +240,7 @@ class ProxyTest(unittest.TestCase):
     """A shared order service and a shared proxy cluster per class."""
     cluster_opts = {}
     lid = None
+    probe_path = "/ready-probe"  # a GET a route passes through
 
     @classmethod
     def routes(cls, upstream):
@@ -249,7 +261,7 @@ class ProxyTest(unittest.TestCase):
                          "the proxy listener of node %d (%s)" % (node.id, node.proxy))
             # The leader's proxy is ready when a pass-through GET reaches the upstream.
             wait_for(lambda: _status_or_none(cls.c.nodes[cls.c.leader() or cls.lid].proxy,
-                                             "/ready-probe") == 200, 30,
+                                             cls.probe_path) == 200, 30,
                      "the leader's proxy to pass a GET through")
         except BaseException:
             print(cls.c.logs())
@@ -656,7 +668,287 @@ class TestProxyBasics(ProxyTest):
         self.assertEqual(self.svc.count(), before, "a follower must not call the upstream")
 
 
+# ---- guards: paths, methods, callers (a security review's findings) -------------------------
+
+ALICE = {"Authorization": "Bearer alice-token"}
+BOB = {"Authorization": "Bearer bob-token"}
+
+
+class GuardTest(ProxyTest):
+    def seen_after(self, before):
+        """The requests that reached the upstream since len(seen) was `before`."""
+        return self.svc.seen()[before:]
+
+    def assertNothingReached(self, before, what):
+        self.assertEqual(self.seen_after(before), [], "%s reached the upstream" % what)
+
+    def last_seen(self, before):
+        got = self.seen_after(before)
+        self.assertEqual(len(got), 1, got)
+        return got[0]
+
+    def req(self, method, path, key=None, body=None, headers=None):
+        h = dict(headers or {})
+        if key is not None:
+            h["Idempotency-Key"] = key
+        return self.send(method, path, body=body, headers=h)
+
+
+class TestProxyGuards(GuardTest):
+    """One route with the defaults (old configuration keys only): /api/pay for POST and
+    DELETE."""
+    probe_path = "/api/pay/ready-probe"
+
+    @classmethod
+    def routes(cls, upstream):
+        return [route(upstream, path_prefix="/api/pay", methods=["POST", "DELETE"])]
+
+    def test_dot_segments_encoded_slashes_and_backslashes_are_refused(self):
+        paths = ["/api/pay/../../internal/admin", "/api/pay/./x",
+                 "/api/pay/%2e%2e/%2E%2E/internal/admin", "/api/pay/..;/internal",
+                 "/api/pay%2f..%2finternal", "/api/pay%2F..%2Finternal",
+                 "/api/pay\\..\\internal", "/api/pay/%5c..%5cinternal", "/api/pay/%zz",
+                 "/api/pay/x%2", "/api/pay/%00", "/api//pay", "/api/pay//x"]
+        before = len(self.svc.seen())
+        for path in paths:
+            for method in ("POST", "GET"):
+                with self.subTest(path=path, method=method):
+                    r = self.req(method, path, key=self.key("dot"),
+                                 body=ORDER if method == "POST" else None)
+                    b = self.assertError(r, 400, "invalid_path")
+                    self.assertIn("path", b["message"], r)
+        self.assertNothingReached(before, "a refused path")
+
+    def test_prefix_matches_at_a_segment_boundary(self):
+        before = len(self.svc.seen())
+        for path in ("/api/payroll", "/api/payroll/x", "/api/pa", "/apix/pay", "/internal"):
+            for method in ("POST", "GET"):
+                with self.subTest(path=path, method=method):
+                    r = self.req(method, path, key=self.key("b"),
+                                 body=ORDER if method == "POST" else None)
+                    self.assertError(r, 404, "not_found")
+        self.assertNothingReached(before, "a path outside the prefix")
+        for path in ("/api/pay", "/api/pay/", "/api/pay/orders"):
+            with self.subTest(path=path):
+                key = self.key("in")
+                self.assertFresh(self.req("POST", path, key=key, body=ORDER),
+                                 201 if path.endswith("orders") else 200)
+                e = self.svc.executions(key)
+                self.assertEqual(len(e), 1, e)
+                self.assertIsInstance(e[0]["fence"], int, e)
+                self.assertEqual(e[0]["path"], path, e)
+
+    def test_path_is_normalised_for_the_upstream_and_the_fingerprint(self):
+        key = self.key("norm")
+        before = len(self.svc.seen())
+        first = self.assertFresh(self.req("POST", "/api/%70ay/ord%65rs?b=2&a=%2f..", key=key,
+                                          body=ORDER))
+        self.assertEqual(self.last_seen(before)["path"], "/api/pay/orders?b=2&a=%2f..",
+                         "the normalised path, the query unchanged")
+        # The normalised form is the same request (fingerprint): a replay.
+        self.assertReplayOf(self.req("POST", "/api/pay/orders?b=2&a=%2f..", key=key,
+                                     body=ORDER), first)
+        self.assertEqual(self.svc.count(key), 1)
+        before = len(self.svc.seen())
+        r = self.req("GET", "/api/pay/%7eitem/%c3%a9")
+        self.assertEqual(r[0], 200, r)
+        self.assertEqual(self.last_seen(before)["path"], "/api/pay/~item/%C3%A9")
+
+    def test_unlisted_unsafe_methods_are_refused(self):
+        before = len(self.svc.seen())
+        for method in ("PUT", "PATCH", "PURGE"):
+            with self.subTest(method=method):
+                r = self.req(method, "/api/pay/x", key=self.key("m"), body=ORDER)
+                self.assertError(r, 405, "method_not_allowed")
+                self.assertEqual(r[1].get("allow"), "GET, HEAD, POST, DELETE, OPTIONS", r)
+        self.assertNothingReached(before, "an unlisted unsafe method")
+        # Reads still pass through, unfenced.
+        for method in ("GET", "HEAD", "OPTIONS"):
+            with self.subTest(method=method):
+                before = len(self.svc.seen())
+                r = self.req(method, "/api/pay/x")
+                self.assertEqual(r[0], 200, r)
+                got = self.last_seen(before)
+                self.assertEqual(got["method"], method, got)
+                self.assertNotIn("idempotency-fence", got["headers"], got)
+
+    def test_method_override_headers_are_not_forwarded(self):
+        over = {"X-HTTP-Method-Override": "PUT", "X-HTTP-Method": "PATCH",
+                "X-Method-Override": "PUT"}
+        key = self.key("ovr")
+        before = len(self.svc.seen())
+        self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER, headers=over))
+        got = self.last_seen(before)
+        for name in over:
+            self.assertNotIn(name.lower(), got["headers"], got)
+        before = len(self.svc.seen())
+        self.assertEqual(self.req("GET", "/api/pay/x", headers=over)[0], 200)
+        got = self.last_seen(before)
+        for name in over:
+            self.assertNotIn(name.lower(), got["headers"], got)
+
+    def test_callers_do_not_share_records(self):
+        key = self.key("who")
+        n = len(self.svc.executions())
+        a1 = self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER,
+                                       headers=ALICE))
+        b1 = self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER,
+                                       headers=BOB))
+        self.assertNotEqual(a1[2]["id"], b1[2]["id"], "Bob got Alice's answer")
+        self.assertReplayOf(self.req("POST", "/api/pay/orders", key=key, body=ORDER,
+                                     headers=ALICE), a1)
+        self.assertReplayOf(self.req("POST", "/api/pay/orders", key=key, body=ORDER,
+                                     headers=BOB), b1)
+        # The upstream saw each caller's record key (43 characters), never the bare key.
+        ex = self.svc.executions()[n:]
+        self.assertEqual(len(ex), 2, ex)
+        self.assertNotEqual(ex[0]["key"], ex[1]["key"], ex)
+        for e in ex:
+            self.assertEqual(len(e["key"]), 43, e)
+        self.assertEqual(self.svc.count(key), 0)
+        # A cookie is an identity too; a caller with none shares the bare key's record.
+        c1 = self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER,
+                                       headers={"Cookie": "session=c1"}))
+        self.assertNotEqual(c1[2]["id"], a1[2]["id"])
+        anon = self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER))
+        self.assertEqual(self.svc.count(key), 1, "the anonymous caller's key is the bare key")
+        self.assertReplayOf(self.req("POST", "/api/pay/orders", key=key, body=ORDER), anon)
+
+    def test_another_caller_cannot_squat_a_key(self):
+        # Bob runs first with another body: Alice's request is not a mismatch.
+        key = self.key("squat")
+        self.assertFresh(self.req("POST", "/api/pay/orders", key=key,
+                                  body={"amount": 1, "currency": "EUR"}, headers=BOB))
+        self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER,
+                                  headers=ALICE))
+        # Bob holds a key (a slow upstream): Alice is not told it is in progress.
+        key = self.key("hold")
+        self.svc.next_action("delay", ms=1500)
+        t, box = self.in_thread(lambda: self.req("POST", "/api/pay/orders", key=key,
+                                                 body=ORDER, headers=BOB))
+        n = len(self.svc.executions())
+        wait_for(lambda: len(self.svc.executions()) > n, 20, "Bob's request to reach the upstream")
+        self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER, headers=ALICE))
+        t.join(30)
+        self.assertIn("resp", box, box)
+        self.assertFresh(box["resp"])
+
+    def test_namespaced_keys_are_judged_as_keys(self):
+        before = self.svc.count()
+        for bad in ("has space", "x" * 256, "slash/inside"):
+            with self.subTest(key=bad[:20]):
+                self.assertError(self.req("POST", "/api/pay/orders", key=bad, body=ORDER,
+                                          headers=ALICE), 400, "idempotency_key_invalid")
+        self.assertError(self.req("POST", "/api/pay/orders", body=ORDER, headers=ALICE), 400,
+                         "idempotency_key_missing")
+        self.assertEqual(self.svc.count(), before, "nothing may reach the upstream")
+        longest = "k" * 250 + secrets.token_hex(3)[:5]
+        first = self.assertFresh(self.req("POST", "/api/pay/orders", key=longest, body=ORDER,
+                                          headers=ALICE))
+        self.assertReplayOf(self.req("POST", "/api/pay/orders", key=longest, body=ORDER,
+                                     headers=ALICE), first)
+
+
+class TestProxyGuardOptions(GuardTest):
+    """The per-route options: other_methods, method_override, caller_identity,
+    replay_set_cookie."""
+    probe_path = "/loose/ready-probe"
+
+    @classmethod
+    def routes(cls, upstream):
+        return [route(upstream, path_prefix="/strict/", methods=["POST"], other_methods="refuse",
+                      method_override="refuse"),
+                route(upstream, path_prefix="/loose/", methods=["POST"], other_methods="pass"),
+                route(upstream, path_prefix="/shared/", caller_identity="none"),
+                route(upstream, path_prefix="/apikey/", caller_identity={"headers": ["X-Api-Key"]}),
+                route(upstream, path_prefix="/cookie/", replay_set_cookie=True,
+                      response_headers=["content-type", "x-order-id", "set-cookie"]),
+                route(upstream, path_prefix="/nocookie/")]
+
+    def test_refuse_and_pass_routes(self):
+        before = len(self.svc.seen())
+        for method in ("GET", "PUT", "PURGE"):
+            with self.subTest(method=method):
+                r = self.req(method, "/strict/x")
+                self.assertError(r, 405, "method_not_allowed")
+                self.assertEqual(r[1].get("allow"), "POST", r)
+        r = self.req("POST", "/strict/orders", key=self.key("o"), body=ORDER,
+                     headers={"X-HTTP-Method-Override": "DELETE"})
+        b = self.assertError(r, 400, "invalid_request")
+        self.assertIn("method-override", b["message"], r)
+        self.assertNothingReached(before, "a refused method")
+        self.assertFresh(self.req("POST", "/strict/orders", key=self.key("s"), body=ORDER))
+        for method in ("PUT", "PURGE", "GET"):
+            with self.subTest(method=method):
+                before = len(self.svc.seen())
+                r = self.req(method, "/loose/x", key=self.key("l"),
+                             body=ORDER if method == "PUT" else None)
+                self.assertEqual(r[0], 200, r)
+                got = self.last_seen(before)
+                self.assertEqual(got["method"], method, got)
+                self.assertNotIn("idempotency-fence", got["headers"], got)
+
+    def test_shared_route_shares_records(self):
+        key = self.key("sh")
+        a1 = self.assertFresh(self.req("POST", "/shared/orders", key=key, body=ORDER,
+                                       headers=ALICE))
+        self.assertReplayOf(self.req("POST", "/shared/orders", key=key, body=ORDER,
+                                     headers=BOB), a1)
+        self.assertEqual(self.svc.count(key), 1, "the bare key goes upstream")
+
+    def test_identity_headers_of_the_route(self):
+        key = self.key("ak")
+        a1 = self.assertFresh(self.req("POST", "/apikey/orders", key=key, body=ORDER,
+                                       headers={"X-Api-Key": "a", **ALICE}))
+        b1 = self.assertFresh(self.req("POST", "/apikey/orders", key=key, body=ORDER,
+                                       headers={"X-Api-Key": "b", **ALICE}))
+        self.assertNotEqual(a1[2]["id"], b1[2]["id"])
+        # Authorization is not this route's identity: the same X-Api-Key is the same caller.
+        self.assertReplayOf(self.req("POST", "/apikey/orders", key=key, body=ORDER,
+                                     headers={"X-Api-Key": "a", **BOB}), a1)
+
+    def test_set_cookie_is_replayed_only_where_the_route_says(self):
+        key = self.key("ck")
+        a1 = self.assertFresh(self.req("POST", "/cookie/cookie", key=key, body=ORDER,
+                                       headers=ALICE))
+        self.assertEqual(a1[1].get("set-cookie"), "session=%s" % a1[2]["id"], a1)
+        a2 = self.req("POST", "/cookie/cookie", key=key, body=ORDER, headers=ALICE)
+        self.assertReplayOf(a2, a1)
+        self.assertEqual(a2[1].get("set-cookie"), a1[1]["set-cookie"], a2)
+        b1 = self.assertFresh(self.req("POST", "/cookie/cookie", key=key, body=ORDER,
+                                       headers=BOB))
+        self.assertNotEqual(b1[1].get("set-cookie"), a1[1]["set-cookie"], b1)
+        # By default the caller gets its own cookie, and no replay carries one.
+        key = self.key("nc")
+        n1 = self.assertFresh(self.req("POST", "/nocookie/cookie", key=key, body=ORDER,
+                                       headers=ALICE))
+        self.assertEqual(n1[1].get("set-cookie"), "session=%s" % n1[2]["id"], n1)
+        n2 = self.req("POST", "/nocookie/cookie", key=key, body=ORDER, headers=ALICE)
+        self.assertReplayOf(n2, n1)
+        self.assertNotIn("set-cookie", n2[1], n2)
+
+
 # ---- concurrency ----------------------------------------------------------------------------
+
+class TestProxyQuotas(ProxyTest):
+    """A tenant that a proxy route serves with an unlimited quota (0): its callers choose
+    how many keys there are, so the node warns at start; a bounded one draws no warning."""
+    cluster_opts = {"alpha_quota": {"max_records": 0}}
+    WARNING = "tenant alpha is served by a proxy route and has no max_records quota"
+
+    def test_unlimited_quota_is_warned_about(self):
+        self.assertTrue(self.c.logs_contain(self.WARNING), self.c.logs())
+        self.assertFalse(self.c.logs_contain("tenant beta is served"), self.c.logs())
+
+    def test_default_quota_is_bounded(self):
+        c = ProxyCluster([route(self.svc.url)])
+        try:
+            c.wait_leader(timeout=30)
+            self.assertFalse(c.logs_contain("is served by a proxy route and has no"), c.logs())
+        finally:
+            problems = c.close()
+            self.assertFalse(problems, problems)
+
 
 class TestProxyConcurrency(ProxyTest):
     @classmethod

@@ -27,7 +27,7 @@ import time
 import unittest
 import urllib.request
 
-from harness import BIN, Cluster, ClusterTestCase, pid_alive, wait_for
+from harness import BIN, Cluster, ClusterTestCase, metrics_auth, pid_alive, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEBIAN_PYTHON = "/usr/bin/python3"  # where Debian's python3-fusepy is importable
@@ -147,7 +147,8 @@ class HeldDisk:
 
 
 def metric(node, name, timeout=5):
-    with urllib.request.urlopen("http://%s/metrics" % node.http, timeout=timeout) as r:
+    rq = urllib.request.Request("http://%s/metrics" % node.http, headers=metrics_auth(node.http))
+    with urllib.request.urlopen(rq, timeout=timeout) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])

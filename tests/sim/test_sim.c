@@ -1059,7 +1059,15 @@ static void simInit(struct sim *s, unsigned n, uint64_t seed)
         struct simNode *nd = &s->nodes[i];
         nd->s = s;
         nd->i = i;
-        nd->m = fsm_new();
+        /* Each node's record table keyed with a secret of its own, as daemons draw theirs:
+         * replicas must agree whatever their hashes. */
+        uint8_t secret[FSM_HASH_SECRET_LEN];
+        uint64_t x = splitmix64(seed ^ (i + 1));
+        for (size_t b = 0; b < sizeof secret; b++) {
+            x = splitmix64(x);
+            secret[b] = (uint8_t)x;
+        }
+        nd->m = fsm_new_with(&(struct fsm_options){.hash_secret = secret});
         nd->fsm.version = 2;
         nd->fsm.data = nd;
         nd->fsm.apply = simFsmApply;

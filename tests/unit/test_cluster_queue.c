@@ -58,6 +58,9 @@ static int setup(void **state)
     C->acct_pending = cluster_xcalloc(2 * sizeof(*C->acct_pending));
     C->acct_refused = cluster_xcalloc(2 * sizeof(*C->acct_refused));
     C->queues = cluster_xcalloc(2 * sizeof(*C->queues));
+    STAILQ_INIT(&C->queues[0].held);
+    STAILQ_INIT(&C->queues[1].held);
+    TAILQ_INIT(&C->pending);
     C->ops.fail = opsFail;
     C->raft.state = RAFT_LEADER;
     assert_int_equal(uv_check_init(&loop, &C->flush), 0);
@@ -139,16 +142,19 @@ static void test_held_back_in_order_and_taken_in_turn(void **state)
         assert_ptr_equal(C->waiters[i], order[i]);
     }
     assert_int_equal(C->queues[0].bytes, COST); /* 5 still waits: 0 has 2 in flight */
-    assert_ptr_equal(C->queues[0].head->waiter, (void *)5);
-    assert_null(C->queues[1].head);
-    assert_null(C->queues[1].tail);
+    assert_ptr_equal(STAILQ_FIRST(&C->queues[0].held)->waiter, (void *)5);
+    assert_true(STAILQ_EMPTY(&C->queues[1].held));
     assert_int_equal(C->queued_bytes, COST);
     assert_int_equal(C->pending_bytes, 5 * COST);
     /* A new command of account 0 waits behind 5, though there would be room after it. */
     batch_reset_open(C, false);
     propose1(0, 6);
     assert_int_equal(C->n_cmds, 0);
-    assert_ptr_equal(C->queues[0].tail->waiter, (void *)6);
+    struct queued *last = STAILQ_FIRST(&C->queues[0].held);
+    while (STAILQ_NEXT(last, link) != NULL) {
+        last = STAILQ_NEXT(last, link);
+    }
+    assert_ptr_equal(last->waiter, (void *)6);
 }
 
 /* Leadership lost: every held-back command handed back and uncharged, including when the
@@ -169,9 +175,10 @@ static void test_failed_while_a_callback_proposes_again(void **state)
     assert_ptr_equal(failed[1], (void *)4);
     assert_int_equal(C->not_proposed, 2);
     /* The one proposed from the callback waits, counted once, with a consistent queue. */
-    assert_non_null(C->queues[0].head);
-    assert_ptr_equal(C->queues[0].head, C->queues[0].tail);
-    assert_ptr_equal(C->queues[0].head->waiter, (void *)0x77);
+    struct queued *only = STAILQ_FIRST(&C->queues[0].held);
+    assert_non_null(only);
+    assert_null(STAILQ_NEXT(only, link));
+    assert_ptr_equal(only->waiter, (void *)0x77);
     assert_int_equal(C->queues[0].bytes, COST);
     assert_int_equal(C->queued_bytes, COST);
     assert_int_equal(C->acct_pending[0], 3 * COST); /* 1 and 2 in flight, 0x77 held back */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config.h"
 
@@ -180,8 +181,7 @@ static void test_full(void **state)
 
     assert_int_equal(c.cluster.n_bootstrap, 2);
     assert_true(c.cluster.bootstrap[0].id == (uint64_t)INT64_MAX);
-    assertAddr(&c.cluster.bootstrap[0].raft_address, "10.0.0.1:9001",
-               "10.0.0.1", 9001);
+    assertAddr(&c.cluster.bootstrap[0].raft_address, "10.0.0.1:9001", "10.0.0.1", 9001);
     assertAddr(&c.cluster.bootstrap[0].rpc_address, "10.0.0.1:7001", "10.0.0.1", 7001);
     assertAddr(&c.cluster.bootstrap[0].http_address, "10.0.0.1:8001", "10.0.0.1", 8001);
     assert_int_equal(c.cluster.bootstrap[1].id, 2);
@@ -320,8 +320,8 @@ static void test_defaults(void **state)
     assert_string_equal(t->name, "demo");
     assert_int_equal(t->n_token_hashes, 1);
     assertHashFilled(t->token_hashes[0], 0xaa);
-    assert_int_equal(t->max_records, 0);
-    assert_int_equal(t->max_bytes, 0);
+    assert_int_equal(t->max_records, 10000000); /* bounded by default */
+    assert_int_equal(t->max_bytes, UINT64_C(4) << 30);
     assert_int_equal(t->key_max_len, 255);
     assert_int_equal(t->lease_ms, 30000);
     assert_int_equal(t->ttl_ms, 86400000);
@@ -727,6 +727,92 @@ static const struct bad_case bad_cases[] = {
      MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
              "      - {upstream: 'http://127.0.0.1:1', tenant: demo, store_4xx: 1}\n",
      "x.yaml:14:67: ", "proxy[0].routes[0].store_4xx: expected true or false"},
+    {"proxy path_prefix dot segment",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        path_prefix: /api/../admin\n",
+     "x.yaml:16:22: ", "proxy[0].routes[0].path_prefix: the path has a '.' or '..' segment"},
+    {"proxy path_prefix encoded slash",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        path_prefix: /api%2fpay\n",
+     "x.yaml:16:22: ", "proxy[0].routes[0].path_prefix: the path has an encoded '/'"},
+    {"proxy path_prefix query",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        path_prefix: /api?x=1\n",
+     "x.yaml:16:22: ", "proxy[0].routes[0].path_prefix: a prefix must not have a query"},
+    {"proxy other_methods",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        other_methods: allow\n",
+     "x.yaml:16:24: ",
+     "proxy[0].routes[0].other_methods: expected pass_safe, pass or refuse, got \"allow\""},
+    {"proxy method_override",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        method_override: honour\n",
+     "x.yaml:16:26: ",
+     "proxy[0].routes[0].method_override: expected strip or refuse, got \"honour\""},
+    {"proxy caller_identity scalar",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: all\n",
+     "x.yaml:16:26: ",
+     "proxy[0].routes[0].caller_identity: expected none or a mapping {headers: [...]}, got "
+     "\"all\""},
+    {"proxy caller_identity no headers",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: []}\n",
+     "x.yaml:16:36: ",
+     "proxy[0].routes[0].caller_identity.headers: at least one header name is required"},
+    {"proxy caller_identity missing headers",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {tls_client_subject: false}\n",
+     "x.yaml:16:26: ", "missing required key \"headers\" in proxy[0].routes[0].caller_identity"},
+    {"proxy caller_identity bad header",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: ['a b']}\n",
+     "x.yaml:16:37: ", "proxy[0].routes[0].caller_identity.headers[0]: not a valid header name"},
+    {"proxy caller_identity tls",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: [X-Api-Key], tls_client_subject: true}\n",
+     "x.yaml:16:69: ",
+     "proxy[0].routes[0].caller_identity.tls_client_subject: needs TLS on the proxy listener"},
+    {"proxy caller_identity unknown key",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: {headers: [X-Api-Key], cookies: [sid]}\n",
+     "x.yaml:16:49: ", "unknown key \"cookies\" in proxy[0].routes[0].caller_identity"},
+    {"proxy set-cookie stored without replay_set_cookie",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        response_headers: [content-type, Set-Cookie]\n",
+     "x.yaml:16:27: ",
+     "proxy[0].routes[0].response_headers: set-cookie is stored and replayed only with "
+     "replay_set_cookie: true"},
+    {"proxy replay_set_cookie without a caller",
+     MINIMAL "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+             "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+             "        caller_identity: none\n        replay_set_cookie: true\n",
+     "x.yaml:17:28: ", "proxy[0].routes[0].replay_set_cookie: needs a caller identity"},
+    {"proxy caller namespace above key_max_len",
+     NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 42\n"
+                                 "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+                                 "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n",
+     "x.yaml:16:17: ",
+     "proxy[0].routes[0].tenant: tenant \"demo\" has key_max_len 42, and a caller's record is "
+     "kept under a 43-byte key: raise key_max_len to 43 or more, or set caller_identity: none"},
+    {"proxy caller namespace above key_max_len, explicit identity",
+     NODE_OK ADMIN_OK TENANTS_OK "    key_max_len: 20\n"
+                                 "proxy:\n  - address: 127.0.0.1:8101\n    routes:\n"
+                                 "      - upstream: http://127.0.0.1:9999\n        tenant: demo\n"
+                                 "        caller_identity: {headers: [X-Api-Key]}\n",
+     "x.yaml:17:26: ", "proxy[0].routes[0].caller_identity: tenant \"demo\" has key_max_len 20"},
 };
 
 /* A message must never quote a token hash, even a malformed one. */
@@ -963,29 +1049,35 @@ static void test_proxy(void **state)
 {
     (void)state;
     struct config c;
-    parseOk(MINIMAL "proxy:\n"
-                    "  - address: 127.0.0.1:8101\n"
-                    "    routes:\n"
-                    "      - upstream: http://127.0.0.1:9999\n"
-                    "        tenant: demo\n"
-                    "      - methods: [POST, PUT]\n"
-                    "        path_prefix: /payments\n"
-                    "        upstream: http://localhost:9000/\n"
-                    "        tenant: demo\n"
-                    "        lease_ms: 5000\n"
-                    "        ttl_ms: 60000\n"
-                    "        lease_policy: takeover\n"
-                    "        mismatch_status: 422\n"
-                    "        in_progress_status: 425\n"
-                    "        fingerprint_headers: [X-Account]\n"
-                    "        store_4xx: true\n"
-                    "        on_timeout: release\n"
-                    "        upstream_timeout_ms: 2500\n"
-                    "        response_headers: [Content-Type, Location]\n"
-                    "        max_inline_body: 4096\n"
-                    "        key_required: false\n"
-                    "  - address: 127.0.0.1:8102\n"
-                    "    routes: [{upstream: 'http://10.1.2.3', tenant: demo}]\n",
+    parseOk(MINIMAL
+            "proxy:\n"
+            "  - address: 127.0.0.1:8101\n"
+            "    routes:\n"
+            "      - upstream: http://127.0.0.1:9999\n"
+            "        tenant: demo\n"
+            "      - methods: [POST, PUT]\n"
+            "        path_prefix: /payments\n"
+            "        upstream: http://localhost:9000/\n"
+            "        tenant: demo\n"
+            "        lease_ms: 5000\n"
+            "        ttl_ms: 60000\n"
+            "        lease_policy: takeover\n"
+            "        mismatch_status: 422\n"
+            "        in_progress_status: 425\n"
+            "        fingerprint_headers: [X-Account]\n"
+            "        store_4xx: true\n"
+            "        on_timeout: release\n"
+            "        upstream_timeout_ms: 2500\n"
+            "        response_headers: [Content-Type, Location]\n"
+            "        max_inline_body: 4096\n"
+            "        key_required: false\n"
+            "        other_methods: refuse\n"
+            "        method_override: refuse\n"
+            "        caller_identity: {headers: [X-Api-Key, Authorization]}\n"
+            "        replay_set_cookie: true\n"
+            "  - address: 127.0.0.1:8102\n"
+            "    routes: [{upstream: 'http://10.1.2.3', tenant: demo, other_methods: pass,\n"
+            "              caller_identity: none, path_prefix: '/a%7eb/%c3%a9/'}]\n",
             &c);
     assert_int_equal(c.n_proxies, 2);
     const struct config_proxy *p = &c.proxies[0];
@@ -1011,6 +1103,13 @@ static void test_proxy(void **state)
     assert_string_equal(r->response_headers[0], "content-type");
     assert_int_equal(r->max_inline_body, 1u << 20);
     assert_true(r->key_required);
+    assert_int_equal(r->other_methods, CONFIG_OTHER_PASS_SAFE);
+    assert_false(r->method_override_refuse);
+    assert_false(r->caller_none);
+    assert_int_equal(r->n_caller_headers, 2);
+    assert_string_equal(r->caller_headers[0], "authorization");
+    assert_string_equal(r->caller_headers[1], "cookie");
+    assert_false(r->replay_set_cookie);
     r = &p->routes[1];
     assert_int_equal(r->methods, CONFIG_M_POST | CONFIG_M_PUT);
     assert_string_equal(r->path_prefix, "/payments");
@@ -1033,9 +1132,21 @@ static void test_proxy(void **state)
     assert_string_equal(r->response_headers[1], "location");
     assert_int_equal(r->max_inline_body, 4096);
     assert_false(r->key_required);
+    assert_int_equal(r->other_methods, CONFIG_OTHER_REFUSE);
+    assert_true(r->method_override_refuse);
+    assert_false(r->caller_none);
+    assert_int_equal(r->n_caller_headers, 2);
+    assert_string_equal(r->caller_headers[0], "x-api-key");
+    assert_string_equal(r->caller_headers[1], "authorization");
+    assert_true(r->replay_set_cookie);
     r = &c.proxies[1].routes[0];
     assert_int_equal(r->upstream_port, 80);
     assert_string_equal(r->upstream_hostport, "10.1.2.3:80");
+    assert_int_equal(r->other_methods, CONFIG_OTHER_PASS);
+    assert_true(r->caller_none);
+    assert_int_equal(r->n_caller_headers, 0);
+    assert_null(r->caller_headers);
+    assert_string_equal(r->path_prefix, "/a~b/%C3%A9/"); /* kept normalised */
     config_free(&c);
     config_free(&c); /* twice is safe */
 
@@ -1143,6 +1254,15 @@ static void test_cluster_secret(void **state)
     hexOf(h, hex);
     expectSecretError(path, hex, NULL, "the secret is the admin token", secret);
     expectSecretError(path, NULL, hex, "the secret is a token of tenant \"demo\"", secret);
+    assert_int_equal(remove(path), 0);
+
+    /* A file its group or others may read or write: refused, the mode named. */
+    writeTemp(path, "secret-of-the-cluster-0123\n", sizeof secret);
+    assert_int_equal(chmod(path, 0640), 0);
+    expectSecretError(path, NULL, NULL,
+                      "may be read or written by its group or by others (mode 0640)", secret);
+    assert_int_equal(chmod(path, 0602), 0);
+    expectSecretError(path, NULL, NULL, "(mode 0602): give it mode 600", secret);
     assert_int_equal(remove(path), 0);
 
     /* Too short (after trimming), too long, unreadable, not a string. */
@@ -1275,8 +1395,8 @@ static void test_raft_secret(void **state)
 
     /* The same secret for both is refused: followers send the cluster secret over the RPC. */
     snprintf(text, sizeof text,
-             NODE_OK "raft:\n  secret_file: %s\nrpc:\n  cluster_secret_file: %s\n" ADMIN_OK
-                     TENANTS_OK,
+             NODE_OK
+             "raft:\n  secret_file: %s\nrpc:\n  cluster_secret_file: %s\n" ADMIN_OK TENANTS_OK,
              path, path);
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
     static const char same[] = "x.yaml:7:16: raft.secret_file: the secret is the cluster secret";
@@ -1297,8 +1417,7 @@ static void test_raft_secret(void **state)
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
     static const char want[] =
         "x.yaml:7:16: raft.secret_file: the secret is a token of tenant \"demo\"";
-    if (strncmp(err, want, sizeof want - 1) != 0 ||
-        strstr(err, secret) != NULL) {
+    if (strncmp(err, want, sizeof want - 1) != 0 || strstr(err, secret) != NULL) {
         fail_msg("got %s", err);
     }
     config_free(&c);
@@ -1318,8 +1437,7 @@ static void test_raft_secret(void **state)
     snprintf(text, sizeof text, NODE_OK "raft:\n  previous_secret_file: %s\n" ADMIN_OK TENANTS_OK,
              path2);
     assert_int_equal(parseStr(text, &c, err, sizeof err), -1);
-    static const char alone[] =
-        "x.yaml:7:25: raft.previous_secret_file needs raft.secret_file";
+    static const char alone[] = "x.yaml:7:25: raft.previous_secret_file needs raft.secret_file";
     if (strncmp(err, alone, sizeof alone - 1) != 0) {
         fail_msg("got %s", err);
     }

@@ -3,6 +3,8 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <cmocka.h>
 
 #include <openssl/evp.h>
@@ -83,21 +85,20 @@ static void test_pairs(void **state)
 
     (void)state;
 
-#define CASE(NAME, EQUAL, ...)                                  \
-    do {                                                        \
-        assert_true(n < sizeof cases / sizeof cases[0]);        \
-        cases[n].name = (NAME);                                 \
-        cases[n].equal = (EQUAL);                               \
-        cases[n].a = base;                                      \
-        cases[n].b = base;                                      \
-        struct pair_case *c = &cases[n];                        \
-        __VA_ARGS__;                                            \
-        n++;                                                    \
+#define CASE(NAME, EQUAL, ...)                                                                     \
+    do {                                                                                           \
+        assert_true(n < sizeof cases / sizeof cases[0]);                                           \
+        cases[n].name = (NAME);                                                                    \
+        cases[n].equal = (EQUAL);                                                                  \
+        cases[n].a = base;                                                                         \
+        cases[n].b = base;                                                                         \
+        struct pair_case *c = &cases[n];                                                           \
+        __VA_ARGS__;                                                                               \
+        n++;                                                                                       \
     } while (0)
 
     CASE("same input", true, (void)c);
-    CASE("JSON key order and whitespace", true,
-         SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
+    CASE("JSON key order and whitespace", true, SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
     CASE("JSON with charset parameter", true, c->a.content_type = "application/json; charset=utf-8",
          c->b.content_type = "application/json;charset=UTF-8",
          SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
@@ -108,14 +109,12 @@ static void test_pairs(void **state)
          SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
     CASE("text/plain is hashed raw", false, c->a.content_type = "text/plain",
          c->b.content_type = "text/plain", SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
-    CASE("no content type is hashed raw", false, c->a.content_type = NULL,
-         c->b.content_type = NULL, SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
+    CASE("no content type is hashed raw", false, c->a.content_type = NULL, c->b.content_type = NULL,
+         SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
     CASE("application/jsonx is not JSON", false, c->a.content_type = "application/jsonx",
-         c->b.content_type = "application/jsonx",
-         SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
+         c->b.content_type = "application/jsonx", SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
     CASE("bare +json subtype is not JSON", false, c->a.content_type = "application/+json",
-         c->b.content_type = "application/+json",
-         SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
+         c->b.content_type = "application/+json", SETBODY(c->b, "{ \"b\":2, \"a\":1 }"));
     CASE("nested objects are sorted", true,
          SETBODY(c->a, "{\"o\":{\"y\":[1,{\"q\":0,\"p\":1}],\"x\":null}}"),
          SETBODY(c->b, "{\"o\":{\"x\":null,\"y\":[1,{\"p\":1,\"q\":0}]}}"));
@@ -123,8 +122,7 @@ static void test_pairs(void **state)
     CASE("unicode escape equals UTF-8", true, SETBODY(c->a, "\"\\u00e9\""),
          SETBODY(c->b, "\"\xc3\xa9\""));
     CASE("top-level scalar with whitespace", true, SETBODY(c->a, "42"), SETBODY(c->b, " 42\n"));
-    CASE("different JSON body", false,
-         SETBODY(c->b, "{\"a\":1,\"b\":3}"));
+    CASE("different JSON body", false, SETBODY(c->b, "{\"a\":1,\"b\":3}"));
     CASE("different raw body", false, c->a.content_type = "text/plain",
          c->b.content_type = "text/plain", SETBODY(c->b, "{\"a\":1,\"b\":3}"));
     CASE("empty JSON body equals empty raw body", true, c->a.body = NULL, c->a.body_len = 0,
@@ -141,18 +139,18 @@ static void test_pairs(void **state)
     CASE("empty query equals no query", true, c->a.path = "/a?", c->b.path = "/a");
     CASE("path/tenant boundary", false, c->a.path = "/ab", c->a.tenant = "c", c->b.path = "/a",
          c->b.tenant = "bc");
-    CASE("method/path boundary", false, c->a.method = "POST", c->a.path = "/x",
-         c->b.method = "POS", c->b.path = "T/x");
+    CASE("method/path boundary", false, c->a.method = "POST", c->a.path = "/x", c->b.method = "POS",
+         c->b.path = "T/x");
     CASE("tenant/body boundary", false, c->a.tenant = "t{", c->a.content_type = "text/plain",
-         SETBODY(c->a, "}"), c->b.tenant = "t",
-         c->b.content_type = "text/plain", SETBODY(c->b, "{}"));
+         SETBODY(c->a, "}"), c->b.tenant = "t", c->b.content_type = "text/plain",
+         SETBODY(c->b, "{}"));
     CASE("a header changes the fingerprint", false, c->b.headers = h_one, c->b.n_headers = 1);
     CASE("header value matters", false, c->a.headers = h_one, c->a.n_headers = 1,
          c->b.headers = h_one_other_value, c->b.n_headers = 1);
     CASE("header order and name case", true, c->a.headers = h_two, c->a.n_headers = 2,
          c->b.headers = h_two_reordered_recased, c->b.n_headers = 2);
-    CASE("repeated header, values in any order", true, c->a.headers = h_dup,
-         c->a.n_headers = 2, c->b.headers = h_dup_reordered, c->b.n_headers = 2);
+    CASE("repeated header, values in any order", true, c->a.headers = h_dup, c->a.n_headers = 2,
+         c->b.headers = h_dup_reordered, c->b.n_headers = 2);
     CASE("header name/value boundary", false, c->a.headers = h_shift_a, c->a.n_headers = 1,
          c->b.headers = h_shift_b, c->b.n_headers = 1);
 #undef CASE
@@ -206,8 +204,8 @@ static void test_bodies(void **state)
         in.body_len = strlen(cases[i].body);
         rc = fp_compute(&in, out);
         if (rc != cases[i].rc) {
-            fail_msg("case \"%s\": expected %s, got %s", cases[i].name,
-                     fp_strerror(cases[i].rc), fp_strerror(rc));
+            fail_msg("case \"%s\": expected %s, got %s", cases[i].name, fp_strerror(cases[i].rc),
+                     fp_strerror(rc));
         }
     }
 }
@@ -414,6 +412,28 @@ static void test_key_digest(void **state)
     assert_int_equal(key_digest(NULL, key, 1, a), FP_EINVAL);
     assert_string_equal(a, "");
     assert_int_equal(key_digest("t", NULL, 1, a), FP_EINVAL);
+
+    /* Keyed with a members' secret: HMAC-SHA256 under HMAC-SHA256(secret, label), pinned;
+     * another secret gives another digest; unkeyed again gives the plain one. */
+    static const uint8_t secret[] = "0123456789abcdef0123456789abcdef";
+    static const char label[] = "idemd key_digest v1";
+    uint8_t dkey[FP_LEN];
+    unsigned int n = 0;
+    assert_non_null(HMAC(EVP_sha256(), secret, sizeof secret - 1, (const uint8_t *)label,
+                         sizeof label - 1, dkey, &n));
+    assert_non_null(HMAC(EVP_sha256(), dkey, sizeof dkey, framed, len, digest, &n));
+    fp_hex12(digest, expected);
+    char keyed[FP_HEX12_SIZE], other[FP_HEX12_SIZE], plain[FP_HEX12_SIZE];
+    assert_int_equal(key_digest_set_secret(secret, sizeof secret - 1), FP_OK);
+    assert_int_equal(key_digest("tenant-a", key, sizeof key - 1, keyed), FP_OK);
+    assert_string_equal(keyed, expected);
+    assert_string_not_equal(keyed, a_again);
+    assert_int_equal(key_digest_set_secret(secret, sizeof secret - 2), FP_OK);
+    assert_int_equal(key_digest("tenant-a", key, sizeof key - 1, other), FP_OK);
+    assert_string_not_equal(other, keyed);
+    assert_int_equal(key_digest_set_secret(NULL, 0), FP_OK);
+    assert_int_equal(key_digest("tenant-a", key, sizeof key - 1, plain), FP_OK);
+    assert_string_equal(plain, a_again);
 }
 
 /* One key_validate() call and its expected result. */
@@ -458,7 +478,10 @@ static void test_key_validate(void **state)
         {"space", (const uint8_t *)"a b", 3, 0, KEY_INVALID},
         {"slash", (const uint8_t *)"a/b", 3, 0, KEY_INVALID},
         {"NUL byte", (const uint8_t *)"a\0b", 3, 0, KEY_INVALID},
-        {"byte 0x80", (const uint8_t *)"a\x80" "b", 3, 0, KEY_INVALID},
+        {"byte 0x80",
+         (const uint8_t *)"a\x80"
+                          "b",
+         3, 0, KEY_INVALID},
         {"double quote", (const uint8_t *)"a\"b", 3, 0, KEY_INVALID},
         {"plus", (const uint8_t *)"a+b", 3, 0, KEY_INVALID},
         {"newline", (const uint8_t *)"a\nb", 3, 0, KEY_INVALID},

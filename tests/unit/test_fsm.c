@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "fsm_helpers.h"
+#include "prefault_thread.h"
 
 #define ACQ IDEM__OUTCOME__OUTCOME_ACQUIRED
 #define REPLAY IDEM__OUTCOME__OUTCOME_REPLAY
@@ -1340,8 +1341,23 @@ static void lsSameState(const struct lockstep *ls)
     LS_CHECK(ls, fsm_next_expiry(ls->a.f) == fsm_next_expiry(ls->b.f));
 }
 
-/* Replaces b's state with a snapshot of itself: into a new state machine, or restored over
- * the running one, in turn. */
+/* A state machine whose record table is keyed with a secret made from the run's seed and n
+ * (the daemon draws one per process): b's, so that every check of a against b also shows
+ * that nothing replicated depends on the key. */
+static struct fsm *lsKeyedFsm(const struct lockstep *ls, uint64_t n)
+{
+    uint8_t secret[FSM_HASH_SECRET_LEN];
+    uint64_t x = ls->seed ^ (n * UINT64_C(0x9e3779b97f4a7c15));
+    for (size_t i = 0; i < sizeof secret; i++) {
+        x = x * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
+        secret[i] = (uint8_t)(x >> 56);
+    }
+    return fsm_new_with(
+        &(struct fsm_options){.prefault = &prefault_thread, .hash_secret = secret});
+}
+
+/* Replaces b's state with a snapshot of itself: into a new state machine (keyed with another
+ * secret), or restored over the running one, in turn. */
 static void lsSnapshotRestore(struct lockstep *ls)
 {
     uint8_t *snap = NULL;
@@ -1349,7 +1365,7 @@ static void lsSnapshotRestore(struct lockstep *ls)
     const char *why = NULL;
     LS_CHECK(ls, fsm_snapshot(ls->b.f, &snap, &len) == 0);
     if (ls->restores % 2 == 0) {
-        struct fsm *fresh = fsm_new();
+        struct fsm *fresh = lsKeyedFsm(ls, ls->restores + 2);
         LS_CHECK(ls, fsm_restore(fresh, snap, len, &why) == 0);
         fsm_close(ls->b.f);
         ls->b.f = fresh;
@@ -1656,6 +1672,8 @@ static void test_randomized_lockstep_with_snapshots(void **state)
     ls->rng = ls->seed;
     th_init(&ls->a);
     th_init(&ls->b);
+    fsm_close(ls->b.f);
+    ls->b.f = lsKeyedFsm(ls, 1);
     ls->now = 1000000;
     ls->owner_cap = 4 * (size_t)LS_STEPS + (size_t)LS_STEPS / LS_AUDIT_EVERY * 2 * LS_SLOTS + 16;
     ls->owner = calloc(ls->owner_cap, sizeof(*ls->owner));

@@ -76,7 +76,7 @@ static uint64_t hashOf(const struct model *m, size_t c)
 static void modelInit(struct model *m, size_t cap)
 {
     memset(m, 0, sizeof(*m));
-    table_init(&m->t, &prefault_thread); /* as the daemon's state machine */
+    table_init(&m->t, &prefault_thread, NULL); /* as the daemon's state machine */
     m->tn = table_tenant_intern(&m->t, "t1", 2);
     assert_int_equal(m->tn, 0);
     m->cap = cap;
@@ -812,6 +812,44 @@ static void test_expiry_index_across_mapped_growth(void **state)
     free(recs);
 }
 
+/* Keyed tables: a key's hash depends on the secret (so nobody who lacks it can choose keys
+ * that share a probe run), and is the same for the same secret and tenant. */
+static void test_keyed_hashes(void **state)
+{
+    (void)state;
+    uint8_t s1[TABLE_SECRET_LEN], s2[TABLE_SECRET_LEN];
+    for (size_t i = 0; i < TABLE_SECRET_LEN; i++) {
+        s1[i] = (uint8_t)(i * 7 + 1);
+        s2[i] = (uint8_t)(i * 13 + 5);
+    }
+    struct table a, a2, b, u;
+    table_init(&a, NULL, s1);
+    table_init(&a2, NULL, s1);
+    table_init(&b, NULL, s2);
+    table_init(&u, NULL, NULL);
+    struct table *all[] = {&a, &a2, &b, &u};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(table_tenant_intern(all[i], "t1", 2), 0);
+        assert_int_equal(table_tenant_intern(all[i], "t2", 2), 1);
+    }
+    unsigned differ_secret = 0, differ_unkeyed = 0, differ_tenant = 0;
+    for (int k = 0; k < 64; k++) {
+        char key[16];
+        int n = snprintf(key, sizeof key, "key-%d", k);
+        const uint8_t *p = (const uint8_t *)key;
+        assert_true(table_hash(&a, 0, p, (size_t)n) == table_hash(&a2, 0, p, (size_t)n));
+        differ_secret += table_hash(&a, 0, p, (size_t)n) != table_hash(&b, 0, p, (size_t)n);
+        differ_unkeyed += table_hash(&a, 0, p, (size_t)n) != table_hash(&u, 0, p, (size_t)n);
+        differ_tenant += table_hash(&a, 0, p, (size_t)n) != table_hash(&a, 1, p, (size_t)n);
+    }
+    assert_int_equal(differ_secret, 64);
+    assert_int_equal(differ_unkeyed, 64);
+    assert_int_equal(differ_tenant, 64);
+    for (size_t i = 0; i < 4; i++) {
+        table_close(all[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -823,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_fsm_spare_made_ahead_of_the_freeze),
         cmocka_unit_test(test_freeze_ready_steps),
         cmocka_unit_test(test_expiry_index_across_mapped_growth),
+        cmocka_unit_test(test_keyed_hashes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,7 +101,7 @@ log "idemd RPC, fresh keys, open loop at half the measured max: idem-bench --rat
 # many appends the disk held up during the open loop, per node.
 append_hist() {  # append_hist OUT: "node le count" lines of every node's cumulative buckets
   for i in 1 2 3; do
-    curl -s "http://${HTTP[$i]}/metrics" | sed -n "s/^idem_raft_append_duration_seconds_bucket{le=\"\([^\"]*\)\"} \(.*\)/$i \1 \2/p"
+    curl -s -H "Authorization: Bearer $ADMIN" "http://${HTTP[$i]}/metrics" | sed -n "s/^idem_raft_append_duration_seconds_bucket{le=\"\([^\"]*\)\"} \(.*\)/$i \1 \2/p"
   done >"$1"
 }
 append_hist "$TMP/append-before"

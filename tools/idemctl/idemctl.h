@@ -30,6 +30,7 @@ struct global {
     const char *cluster;
     const char *token;
     const char *admin_token;
+    bool token_on_argv, admin_token_on_argv; /* given as --token T / --admin-token T */
     bool json;
     uint32_t deadline_ms;
     bool deadline_set;
@@ -96,6 +97,10 @@ void outOom(void) __attribute__((noreturn));
 void outPrintJson(const json_t *o);
 void outIsoTime(uint64_t ms, char *out, size_t len);
 void outPrintFlat(const json_t *v, const char *prefix);
+/* Writes len bytes of s to f for a human: what a terminal would act on (C0 controls, DEL,
+ * the C1 controls U+0080..U+009F in UTF-8) as \xNN or \u00NN, a backslash doubled, so a
+ * value a tenant stored (a header, a body) cannot move the cursor or recolour the screen. */
+void outPutSafe(const char *s, size_t len, FILE *f);
 void outEmit(const struct global *g, json_t *o);
 unsigned outHintsFor(const struct global *g, const char *msg);
 void outPrintHints(unsigned h);

@@ -35,7 +35,8 @@
 static void execBench(const struct global *g, int argc, char **argv) __attribute__((noreturn));
 
 /* Replaces idemctl with idem-bench from idemctl's own directory, passing idemctl's global
- * --cluster, --token, --json and --deadline first and then argv[0..argc) unchanged. */
+ * --cluster, --json and --deadline first and then argv[0..argc) unchanged; the bearer token
+ * goes in IDEM_TOKEN. */
 static void execBench(const struct global *g, int argc, char **argv)
 {
     char self[PATH_MAX];
@@ -61,8 +62,7 @@ static void execBench(const struct global *g, int argc, char **argv)
         av[k++] = (char *)g->cluster;
     }
     if (g->token != NULL && g->token != getenv("IDEM_TOKEN")) {
-        av[k++] = (char *)"--token";
-        av[k++] = (char *)g->token;
+        setenv("IDEM_TOKEN", g->token, 1); /* not on idem-bench's command line */
     }
     if (g->json) {
         av[k++] = (char *)"--json";
@@ -192,8 +192,16 @@ static void globalOptions(struct global *g, struct args *a)
             g->cluster = v;
         } else if (argsValue(a, "--token", &v)) {
             g->token = v;
+            g->token_on_argv = true;
         } else if (argsValue(a, "--admin-token", &v)) {
             g->admin_token = v;
+            g->admin_token_on_argv = true;
+        } else if (argsValue(a, "--token-file", &v)) {
+            g->token = cli_token_file("--token-file", v);
+            g->token_on_argv = false;
+        } else if (argsValue(a, "--admin-token-file", &v)) {
+            g->admin_token = cli_token_file("--admin-token-file", v);
+            g->admin_token_on_argv = false;
         } else if (cli_tls_flag(&g->tls_flags, a->argc, a->argv, &a->i)) {
             continue;
         } else if (!argsCommon(g, a)) {
@@ -307,5 +315,14 @@ int main(int argc, char **argv)
     }
     code = cmd->run(&g, &a);
     fflush(stdout);
+    if (cmd->admin ? g.admin_token_on_argv : g.token_on_argv) {
+        /* After the command (its usage errors come first). Any user of the host can read a
+         * process's arguments (ps, /proc). */
+        fprintf(stderr,
+                "idemctl: warning: a bearer token on the command line is visible to "
+                "other users of this host; use %s or %s\n",
+                cmd->admin ? "--admin-token-file F" : "--token-file F",
+                cmd->admin ? "IDEM_ADMIN_TOKEN" : "IDEM_TOKEN");
+    }
     return code;
 }

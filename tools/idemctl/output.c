@@ -24,12 +24,33 @@ void outPrintJson(const json_t *o)
     free(s);
 }
 
+void outPutSafe(const char *s, size_t len, FILE *f)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] < 0x20 || p[i] == 0x7f) {
+            fprintf(f, "\\x%02x", p[i]);
+        } else if (p[i] == 0xc2 && i + 1 < len && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f) {
+            fprintf(f, "\\u%04x", p[i + 1]); /* a C1 control, U+0080..U+009F */
+            i++;
+        } else if (p[i] == '\\') {
+            fputs("\\\\", f);
+        } else {
+            fputc(p[i], f);
+        }
+    }
+}
+
 static void printScalar(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_STRING:
         /* An empty string (an empty body, say) would look like a missing value. */
-        fputs(json_string_length(v) > 0 ? json_string_value(v) : "(empty)", stdout);
+        if (json_string_length(v) > 0) {
+            outPutSafe(json_string_value(v), json_string_length(v), stdout);
+        } else {
+            fputs("(empty)", stdout);
+        }
         break;
     case JSON_INTEGER:
         printf("%" JSON_INTEGER_FORMAT, json_integer_value(v));
@@ -102,7 +123,8 @@ void outPrintFlat(const json_t *v, const char *prefix)
         }
         return;
     }
-    printf("%s: ", prefix);
+    outPutSafe(prefix, strlen(prefix), stdout);
+    fputs(": ", stdout);
     printScalar(v);
     if (json_is_integer(v) && json_integer_value(v) >= 1000000000000 && isTimeField(prefix)) {
         char when[40];
@@ -170,7 +192,9 @@ void outPrintHints(unsigned h)
 int outFailCall(const struct global *g, int rv, const char *why)
 {
     const char *what = rv == IDEM_EUNAVAILABLE ? "unavailable" : idem_strerror(rv);
-    fprintf(stderr, "idemctl: %s%s%s\n", what, why[0] ? ": " : "", why);
+    fprintf(stderr, "idemctl: %s%s", what, why[0] ? ": " : "");
+    outPutSafe(why, strlen(why), stderr); /* may carry a node's words */
+    fputc('\n', stderr);
     if (rv == IDEM_EUNAVAILABLE) {
         outPrintHints(outHintsFor(g, why));
     }

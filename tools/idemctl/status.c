@@ -374,7 +374,7 @@ static void printStatusTable(const json_t *o, bool digest)
         const char *err = json_string_value(json_object_get(x, "error"));
         for (size_t c = 0; c < ncols; c++) {
             if (err != NULL && c >= ERR_AFTER) {
-                printf("%s", err);
+                outPutSafe(err, strlen(err), stdout);
                 break;
             }
             const char *t = cellText(json_object_get(x, cols[c].field), buf, sizeof buf);
