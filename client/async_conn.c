@@ -507,11 +507,13 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             IdemAsyncConnFail(conn, AFAIL_FRAME);
             return;
         }
-        Idem__Response *m = idem__response__unpack(NULL, len, p + FRAME_HEADER_LEN);
+        /* Awaiting no id in particular: handleAnswer matches it (and takes request_id 0,
+         * IDEM_ANSWER_REFUSED, as the node's refusal of a frame). */
+        Idem__Response *m = NULL;
+        enum idem_answer an = IdemResponseDecode(p + FRAME_HEADER_LEN, len, 0, conn->peer->addr, &m,
+                                                 a->errmsg, sizeof a->errmsg);
         off += FRAME_HEADER_LEN + (size_t)len;
-        if (m == NULL) {
-            IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: a %u-byte response does not decode",
-                     conn->peer->addr, len);
+        if (an == IDEM_ANSWER_BAD) {
             IdemAsyncConnFail(conn, AFAIL_FRAME);
             return;
         }

@@ -170,6 +170,27 @@ void IdemFrameTooLargeWhy(char *why, size_t why_len, const char *addr, const uin
     }
 }
 
+enum idem_answer IdemResponseDecode(const uint8_t *p, size_t len, uint64_t expect, const char *addr,
+                                    Idem__Response **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    Idem__Response *m = idem__response__unpack(NULL, len, p);
+    if (m == NULL) {
+        IdemWhyf(why, why_len, "%s: a %zu-byte response does not decode", addr, len);
+        return IDEM_ANSWER_BAD;
+    }
+    if (m->request_id == 0) {
+        *out = m;
+        return IDEM_ANSWER_REFUSED;
+    }
+    if (expect != 0 && m->request_id != expect) {
+        idem__response__free_unpacked(m, NULL);
+        return IDEM_ANSWER_OTHER;
+    }
+    *out = m;
+    return IDEM_ANSWER_MINE;
+}
+
 /* ---- time and randomness ------------------------------------------------------------- */
 
 uint64_t IdemNowMs(void)

@@ -81,6 +81,22 @@ bool IdemFrameTooLarge(const Idem__Response *m);
 void IdemFrameTooLargeWhy(char *why, size_t why_len, const char *addr, const uint8_t *hdr,
                           uint32_t len);
 
+/* What the body of one answer frame holds, as both clients take it (IdemResponseDecode). */
+enum idem_answer {
+    IDEM_ANSWER_BAD,     /* not a Response: the connection is unusable (why says so) */
+    IDEM_ANSWER_REFUSED, /* request_id 0: the node could not read a request frame of ours;
+                          * it applied nothing and closes the connection */
+    IDEM_ANSWER_OTHER,   /* the answer to another request than the one awaited */
+    IDEM_ANSWER_MINE,    /* the answer to the request awaited (awaiting none: to a request) */
+};
+/* Decodes the `len`-byte body of an answer frame (at p, borrowed) from node `addr`, awaiting
+ * the answer to request `expect` (0: none in particular, the caller matches the ids). *out
+ * (OUT) is the Response, the caller's to free, for IDEM_ANSWER_REFUSED and IDEM_ANSWER_MINE;
+ * NULL otherwise. why (why_len bytes) is written for IDEM_ANSWER_BAD only, and never with
+ * the frame's bytes. */
+enum idem_answer IdemResponseDecode(const uint8_t *p, size_t len, uint64_t expect, const char *addr,
+                                    Idem__Response **out, char *why, size_t why_len);
+
 /* ---- time and randomness (idem.c) ---- */
 uint64_t IdemNowMs(void);                    /* CLOCK_MONOTONIC */
 uint64_t IdemRemainingMs(uint64_t deadline); /* 0 once passed */

@@ -475,18 +475,17 @@ static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, siz
         if (r != RT_OK) {
             return r;
         }
-        Idem__Response *m = idem__response__unpack(NULL, len, k->rbuf);
-        if (m == NULL) {
-            connErrf(k, "%s: a %u-byte response does not decode", addr, len);
+        /* request_id 0 (IDEM_ANSWER_REFUSED): the node could not read our request
+         * (idem.proto, above `message Request`); we have only one request outstanding, so
+         * it is ours. Another id: an answer to a request given up on, skipped. */
+        switch (IdemResponseDecode(k->rbuf, len, id, addr, resp, k->errmsg, sizeof k->errmsg)) {
+        case IDEM_ANSWER_BAD:
             return RT_PROTO;
-        }
-        /* request_id 0: the node could not read our request (idem.proto, above
-         * `message Request`); we have only one request outstanding, so it is ours. */
-        if (m->request_id == id || m->request_id == 0) {
-            *resp = m;
+        case IDEM_ANSWER_OTHER:
+            break;
+        default:
             return RT_OK;
         }
-        idem__response__free_unpacked(m, NULL);
     }
 }
 

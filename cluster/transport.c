@@ -1,5 +1,5 @@
 #include "transport.h"
-#include "wire_check.h"
+#include "handshake.h"
 #include "clog.h"
 
 #include <arpa/inet.h>
@@ -87,42 +87,6 @@ static size_t putLe64(uint8_t *p, uint64_t v)
     return 8;
 }
 
-/* The connector's MACs, one per key it has (zeros past them), as it sends them. */
-#define AUTH_MACS_LEN (TRANSPORT_KEYS_MAX * TRANSPORT_MAC_LEN)
-
-/* mac = HMAC(key, label 0 nonce_l nonce_c id target macs address): the connector's (label
- * "connector", macs NULL) or the listener's ("listener", macs the connector's) proof, bound
- * to both nonces, to the connector's ID and address as its handshake gives them, to the
- * node it connects to (target) and, for the listener's, to what the connector sent. A
- * listener that is another node than the target refuses with "refusal", target its own ID
- * (transport.h). */
-static bool authMac(const uint8_t key[TRANSPORT_MAC_LEN], const char *label, const uint8_t *nonce_l,
-                    const uint8_t *nonce_c, raft_id id, raft_id target, const uint8_t *macs,
-                    const char *address, uint8_t mac[TRANSPORT_MAC_LEN])
-{
-    uint8_t msg[16 + 2 * TRANSPORT_NONCE_LEN + 16 + AUTH_MACS_LEN + TRANSPORT_ADDRESS_MAX];
-    size_t label_len = strlen(label) + 1; /* with its NUL */
-    size_t addr_len = strnlen(address, TRANSPORT_ADDRESS_MAX);
-    size_t n = 0;
-    memcpy(msg, label, label_len);
-    n += label_len;
-    memcpy(msg + n, nonce_l, TRANSPORT_NONCE_LEN);
-    n += TRANSPORT_NONCE_LEN;
-    memcpy(msg + n, nonce_c, TRANSPORT_NONCE_LEN);
-    n += TRANSPORT_NONCE_LEN;
-    n += putLe64(msg + n, id);
-    n += putLe64(msg + n, target);
-    if (macs != NULL) {
-        memcpy(msg + n, macs, AUTH_MACS_LEN);
-        n += AUTH_MACS_LEN;
-    }
-    memcpy(msg + n, address, addr_len);
-    n += addr_len;
-    unsigned int len = 0;
-    return HMAC(EVP_sha256(), key, TRANSPORT_MAC_LEN, msg, n, mac, &len) != NULL &&
-           len == TRANSPORT_MAC_LEN;
-}
-
 /* One write of `len` bytes (copied) on a stream that may be handed to raft, or closed,
  * before it completes: the request is its own allocation, freed by its callback. */
 struct authWrite {
@@ -170,19 +134,14 @@ static int transportInit(struct raft_uv_transport *o, raft_id id, const char *ad
 
 /* ---- the listener: raft_uv_tcp's handshake, bounded ----------------------------------- */
 
-/* One connection whose handshake is being read: protocol, sender ID, address length (u64
- * little endian each), then the address, NUL-terminated and zero-padded to 8 bytes. */
+/* One connection whose handshake is being read (handshake.h: raft_uv_tcp's, then with a
+ * secret the connector's answer). */
 struct incoming {
     struct transport *t;
     uv_tcp_t *tcp;  /* raft_malloc'd: raft_uv frees the stream it is handed */
     uv_timer_t timer;
-    uint8_t pre[24];
-    char addr[TRANSPORT_ADDRESS_MAX];
-    uint8_t auth[TRANSPORT_ANSWER_LEN]; /* nonce_c, the connector's MACs */
+    struct handshake hs;
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
-    size_t want;    /* bytes of the part being read: 24, the address length, then TRANSPORT_ANSWER_LEN */
-    size_t got;
-    enum { PART_PRE, PART_ADDRESS, PART_AUTH } part;
     int closing;    /* handles (tcp, timer) still to close */
     bool handed;    /* the stream went to raft: only the timer closes here */
     TAILQ_ENTRY(incoming) link; /* in t->incoming */
@@ -260,10 +219,9 @@ static void incomingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     (void)suggested;
     /* Exactly what the handshake has left: the peer's first message stays in the socket
      * for raft_uv, which starts reading once it has the stream. */
-    uint8_t *base = in->part == PART_PRE       ? in->pre
-                    : in->part == PART_ADDRESS ? (uint8_t *)in->addr
-                                               : in->auth;
-    *buf = uv_buf_init((char *)base + in->got, (unsigned)(in->want - in->got));
+    size_t len = 0;
+    uint8_t *base = handshake_room(&in->hs, &len);
+    *buf = uv_buf_init((char *)base, (unsigned)len);
 }
 
 /* The reasons a listener refuses a connector's MACs (refusalLog()'s `why`). */
@@ -273,39 +231,13 @@ static const char authFailedUnnamed[] = "authentication failed, target unknown";
 static const char authFailedNamed[] = "authentication failed, another target named";
 static const char wrongNode[] = "a member asked for another node";
 
-/* The ID of the node a connector means to reach, when its nonce names it (idemd's does; an
- * earlier idemd's is random): *target (OUT). */
-static bool nonceTarget(const uint8_t *nonce_c, raft_id *target)
-{
-    if (memcmp(nonce_c, TRANSPORT_TARGET_MAGIC, 8) != 0) {
-        return false;
-    }
-    *target = wire_le(nonce_c + 8, 8);
-    return true;
-}
-
 /* 1 + the index of our newest key with which one of the connector's MACs was made for a
  * connection from `id` to `target`; 0 when none was. */
 static size_t connectorKey(const struct transport *t, const struct incoming *in, raft_id id,
                            raft_id target)
 {
-    const uint8_t *nonce_c = in->auth;
-    const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
-    for (size_t k = 0; k < t->n_keys; k++) {
-        uint8_t want[TRANSPORT_MAC_LEN];
-        if (!authMac(t->key[k], "connector", in->nonce_l, nonce_c, id, target, NULL, in->addr,
-                     want)) {
-            return 0;
-        }
-        bool found = false;
-        for (size_t j = 0; j < TRANSPORT_KEYS_MAX; j++) {
-            found |= CRYPTO_memcmp(want, macs + j * TRANSPORT_MAC_LEN, sizeof(want)) == 0;
-        }
-        if (found) {
-            return k + 1;
-        }
-    }
-    return 0;
+    return handshake_connector_key(t->key, t->n_keys, in->nonce_l, in->hs.auth_answer, id, target,
+                                   in->hs.addr);
 }
 
 /* None of the connector's MACs is right for this node: closes, saying why as well as it
@@ -317,11 +249,11 @@ static size_t connectorKey(const struct transport *t, const struct incoming *in,
 static void incomingRefuse(struct incoming *in, uv_stream_t *s, raft_id id)
 {
     struct transport *t = in->t;
-    const uint8_t *nonce_c = in->auth;
-    const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
+    const uint8_t *nonce_c = in->hs.auth_answer;
+    const uint8_t *macs = in->hs.auth_answer + TRANSPORT_NONCE_LEN;
     char text[TRANSPORT_ADDRESS_MAX + 400];
     raft_id asked = 0;
-    if (!nonceTarget(nonce_c, &asked)) {
+    if (!handshake_nonce_target(nonce_c, &asked)) {
         snprintf(text, sizeof(text),
                  "authentication failed (the peer has another raft.secret_file, or none; or it "
                  "runs an earlier idemd and meant to reach another node than this one, node "
@@ -343,7 +275,8 @@ static void incomingRefuse(struct incoming *in, uv_stream_t *s, raft_id id)
     }
     uint8_t answer[TRANSPORT_MAC_LEN], mac[TRANSPORT_MAC_LEN];
     putLe64(answer, t->id);
-    if (authMac(t->key[k - 1], "refusal", in->nonce_l, nonce_c, id, t->id, macs, in->addr, mac)) {
+    if (handshake_mac(t->key[k - 1], "refusal", in->nonce_l, nonce_c, id, t->id, macs, in->hs.addr,
+                      mac)) {
         memcpy(answer + 8, mac, sizeof(answer) - 8);
         /* libuv writes it at once (nothing else is queued on the stream), before the close
          * below; were it lost, the connector would only say less. */
@@ -353,8 +286,8 @@ static void incomingRefuse(struct incoming *in, uv_stream_t *s, raft_id id)
              "node %llu (raft address %s) asked for node %llu, and this is node %llu: its Raft "
              "configuration gives node %llu this node's raft address (members add with a "
              "wrong id, or a wrong address?); refused, and told which node this is",
-             (unsigned long long)id, in->addr, (unsigned long long)asked, (unsigned long long)t->id,
-             (unsigned long long)asked);
+             (unsigned long long)id, in->hs.addr, (unsigned long long)asked,
+             (unsigned long long)t->id, (unsigned long long)asked);
     incomingEndSaying(in, wrongNode, text);
 }
 
@@ -369,51 +302,29 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         incomingEnd(in, NULL); /* the peer went away */
         return;
     }
-    in->got += (size_t)nread;
-    if (in->got < in->want) {
+    const char *why = NULL;
+    enum handshake_status st = handshake_feed(&in->hs, (size_t)nread, &why);
+    if (st == HANDSHAKE_REFUSED) {
+        incomingEnd(in, why);
+        return;
+    }
+    if (st == HANDSHAKE_MORE) {
         return;
     }
     struct transport *t = in->t;
-    if (in->part == PART_PRE) {
-        uint64_t protocol = wire_le(in->pre, 8);
-        uint64_t len = wire_le(in->pre + 16, 8);
-        if (protocol != TRANSPORT_HANDSHAKE_PROTOCOL) {
-            incomingEnd(in, "unknown handshake protocol");
-            return;
-        }
-        if (len == 0 || len > sizeof(in->addr)) {
-            incomingEnd(in, "handshake address length out of range");
-            return;
-        }
-        in->part = PART_ADDRESS;
-        in->want = (size_t)len;
-        in->got = 0;
-        return;
-    }
-    raft_id id = wire_le(in->pre + 8, 8);
-    if (in->part == PART_ADDRESS) {
-        if (memchr(in->addr, '\0', in->want) == NULL) {
-            incomingEnd(in, "handshake address not terminated");
-            return;
-        }
-        if (t->auth) {
-            in->part = PART_AUTH;
-            in->want = sizeof(in->auth);
-            in->got = 0;
-            return;
-        }
-    } else {
+    raft_id id = in->hs.id;
+    if (t->auth) {
         uint8_t mine[TRANSPORT_MAC_LEN];
-        const uint8_t *nonce_c = in->auth;
-        const uint8_t *macs = in->auth + TRANSPORT_NONCE_LEN;
+        const uint8_t *nonce_c = in->hs.auth_answer;
+        const uint8_t *macs = in->hs.auth_answer + TRANSPORT_NONCE_LEN;
         /* Our newest key that one of the connector's MACs was made with. */
         size_t k = connectorKey(t, in, id, t->id);
         if (k == 0) {
             incomingRefuse(in, s, id);
             return;
         }
-        if (!authMac(t->key[k - 1], "listener", in->nonce_l, nonce_c, id, t->id, macs, in->addr,
-                     mine) ||
+        if (!handshake_mac(t->key[k - 1], "listener", in->nonce_l, nonce_c, id, t->id, macs,
+                           in->hs.addr, mine) ||
             !authSend(s, mine, sizeof(mine))) {
             incomingEnd(in, "cannot answer the authentication");
             return;
@@ -423,7 +334,7 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     in->handed = true;
     uv_stream_t *stream = (uv_stream_t *)in->tcp;
     char addr[TRANSPORT_ADDRESS_MAX];
-    memcpy(addr, in->addr, sizeof(addr));
+    memcpy(addr, in->hs.addr, sizeof(addr));
     incomingEnd(in, NULL);
     noDelay(stream);
     t->accept_cb(&t->outer, id, addr, stream);
@@ -444,7 +355,7 @@ static void listenCb(uv_stream_t *l, int status)
     }
     in->t = t;
     in->tcp = tcp;
-    in->want = sizeof(in->pre);
+    handshake_init(&in->hs, t->auth);
     uv_tcp_init(t->loop, tcp);
     tcp->data = in;
     uv_timer_init(t->loop, &in->timer);
@@ -538,7 +449,7 @@ struct outgoing {
     size_t want;
     size_t got;
     bool greeted;  /* the greeting read, our MACs sent */
-    uint8_t macs[AUTH_MACS_LEN]; /* as sent: the listener's MAC covers them */
+    uint8_t macs[HANDSHAKE_MACS_LEN]; /* as sent: the listener's MAC covers them */
     int status;    /* for raft's callback when it failed: RAFT_NOCONNECTION or _CANCELED */
     int closing;   /* handles (stream, timer) still to close */
     TAILQ_ENTRY(outgoing) link; /* in t->outgoing */
@@ -612,21 +523,6 @@ static void outgoingTimeoutCb(uv_timer_t *timer)
                               "raft.secret_file?)");
 }
 
-/* Whether the listener's answer is a refusal as another node (transport.h) made with one of
- * our keys: that node's ID in *other (OUT). */
-static bool refusedAs(const struct transport *t, const struct outgoing *og, raft_id *other)
-{
-    *other = wire_le(og->buf, 8);
-    bool found = false;
-    for (size_t k = 0; k < t->n_keys && !found && *other != og->peer; k++) {
-        uint8_t want[TRANSPORT_MAC_LEN];
-        found = authMac(t->key[k], "refusal", og->nonce_l, og->nonce_c, t->id, *other, og->macs,
-                        t->address, want) &&
-                CRYPTO_memcmp(want, og->buf + 8, TRANSPORT_MAC_LEN - 8) == 0;
-    }
-    return found;
-}
-
 static void outgoingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct outgoing *og = h->data;
@@ -658,11 +554,10 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (!og->greeted) {
-        if (memcmp(og->buf, TRANSPORT_AUTH_MAGIC, 8) != 0) {
+        if (!handshake_greeting(og->buf, og->nonce_l)) {
             outgoingFail(og, "the peer does not authenticate Raft connections");
             return;
         }
-        memcpy(og->nonce_l, og->buf + 8, sizeof(og->nonce_l));
         uint8_t answer[TRANSPORT_ANSWER_LEN] = {0};
         uint8_t *macs = answer + TRANSPORT_NONCE_LEN;
         /* Our nonce names the node we mean to reach (transport.h), in the clear. */
@@ -670,8 +565,8 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         putLe64(og->nonce_c + 8, og->peer);
         bool ok = RAND_bytes(og->nonce_c + 16, sizeof(og->nonce_c) - 16) == 1;
         for (size_t k = 0; ok && k < t->n_keys; k++) {
-            ok = authMac(t->key[k], "connector", og->nonce_l, og->nonce_c, t->id, og->peer, NULL,
-                         t->address, macs + k * TRANSPORT_MAC_LEN);
+            ok = handshake_mac(t->key[k], "connector", og->nonce_l, og->nonce_c, t->id, og->peer,
+                               NULL, t->address, macs + k * TRANSPORT_MAC_LEN);
         }
         if (!ok) {
             outgoingFail(og, "cannot compute the authentication");
@@ -688,16 +583,13 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         og->got = 0;
         return;
     }
-    /* Made with one of our keys: the newest the listener has. */
-    bool found = false;
-    for (size_t k = 0; k < t->n_keys && !found; k++) {
-        uint8_t want[TRANSPORT_MAC_LEN];
-        found = authMac(t->key[k], "listener", og->nonce_l, og->nonce_c, t->id, og->peer,
-                        og->macs, t->address, want) &&
-                CRYPTO_memcmp(want, og->buf, sizeof(want)) == 0;
-    }
+    /* Made with one of our keys (the newest the listener has), or a refusal as another node
+     * made with one of them. */
     raft_id other = 0;
-    if (!found && refusedAs(t, og, &other)) {
+    enum handshake_answer an =
+        handshake_listener_answer(t->key, t->n_keys, og->nonce_l, og->nonce_c, t->id, og->peer,
+                                  og->macs, t->address, og->buf, &other);
+    if (an == HANDSHAKE_ANSWER_REFUSED) {
         static const char otherNode[] = "the peer is another node";
         char text[TRANSPORT_ADDRESS_MAX + 300];
         snprintf(text, sizeof(text),
@@ -709,7 +601,7 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         outgoingFailSaying(og, otherNode, text);
         return;
     }
-    if (!found) {
+    if (an != HANDSHAKE_ANSWER_OK) {
         outgoingFail(og, "the peer's authentication is wrong (it has another "
                          "raft.secret_file)");
         return;

@@ -2,29 +2,27 @@
  * answers back to JSON.
  *
  * A JSON API request: route → body cap (413) → bearer token → tenant (401) → one
- * Idempotency-Key header (400) → body (400 invalid_request, nothing proposed) → an
- * Idem__Request in a job, handed to the service, or on a follower that knows the leader
- * straight to the leader's RPC address (forward.c); the leader's service judges the key
- * (400). The job keeps the h2o request and a back-reference allocated in the request's
- * pool (docs/h2o-notes.md §3): if h2o disposes the request first, the reference clears
- * job->req and the answer is only counted. The service's deadline
- * (rpc.default_deadline_ms) and the forward's own deadline guarantee that every job is
- * answered.
+ * Idempotency-Key header (400) → body (400 invalid_request, nothing proposed; parsed by
+ * http_api_body.c, which knows no h2o) → an Idem__Request in a job, handed to the service,
+ * or on a follower that knows the leader straight to the leader's RPC address (forward.c);
+ * the leader's service judges the key (400). The job keeps the h2o request and a
+ * back-reference allocated in the request's pool (docs/h2o-notes.md §3): if h2o disposes
+ * the request first, the reference clears job->req and the answer is only counted. The
+ * service's deadline (rpc.default_deadline_ms) and the forward's own deadline guarantee
+ * that every job is answered.
  *
  * The data-plane series (reqstats.h) are the gateway's own (transport "http"): a forwarded
  * request is counted here, once, with the leader's answer. */
 #include "gateway_internal.h"
 
-#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "fingerprint.h"
+#include "http_api_body.h"
 #include "xmalloc.h"
-
-#define HTTP_ATTEMPT_ID_MAX 64
 
 struct httpJob {
     struct http_server *h;
@@ -295,265 +293,7 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     }
 }
 
-/* ---- request parsing ------------------------------------------------------------------- */
-
-static bool hexVal(char c, uint8_t *v)
-{
-    if (c >= '0' && c <= '9') {
-        *v = (uint8_t)(c - '0');
-    } else if (c >= 'a' && c <= 'f') {
-        *v = (uint8_t)(c - 'a' + 10);
-    } else if (c >= 'A' && c <= 'F') {
-        *v = (uint8_t)(c - 'A' + 10);
-    } else {
-        return false;
-    }
-    return true;
-}
-
-/* An optional non-negative integer field. False when present with the wrong type. */
-static bool getU64(json_t *o, const char *name, uint64_t *out, bool *present)
-{
-    json_t *v = json_object_get(o, name);
-    if (present) {
-        *present = v != NULL;
-    }
-    if (v == NULL) {
-        return true;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < 0) {
-        return false;
-    }
-    *out = (uint64_t)json_integer_value(v);
-    return true;
-}
-
-/* An optional string field without NUL bytes. False when present with the wrong type. */
-static bool getStr(json_t *o, const char *name, const char **out)
-{
-    json_t *v = json_object_get(o, name);
-    *out = NULL;
-    if (v == NULL) {
-        return true;
-    }
-    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
-        return false;
-    }
-    *out = json_string_value(v);
-    return true;
-}
-
-/* What a handler built for the service; freed after service_handle returned. */
-struct scratch {
-    json_t *body;
-    char *canon; /* canonical JSON of a request body */
-    Idem__Header *hdrs;
-    Idem__Header **hdrp;
-    char *names; /* lower-cased header names, NUL-separated */
-    uint8_t sha[32]; /* a stored response's body_sha256 */
-};
-
-static void scratchFree(struct scratch *s)
-{
-    json_decref(s->body);
-    free(s->canon);
-    free(s->hdrs);
-    free(s->hdrp);
-    free(s->names);
-}
-
-/* Fills a StoredResponse from {"status", "headers", "body"} or, for a body kept elsewhere,
- * {"status", "headers", "body_ref", "body_sha256" (64 hex digits)}, as the RPC takes them
- * (the service checks the combination: fsm_response_valid). False on a wrong shape or a
- * field it does not know (a misspelt one stored a response without it). */
-static bool parseStored(json_t *o, Idem__StoredResponse *r, struct scratch *sc)
-{
-    if (!json_is_object(o)) {
-        return false;
-    }
-    static const char *const known[] = {"status", "headers", "body", "body_ref", "body_sha256"};
-    const char *field;
-    json_t *fval;
-    json_object_foreach(o, field, fval)
-    {
-        bool ok = false;
-        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++) {
-            ok = strcmp(field, known[i]) == 0;
-        }
-        if (!ok) {
-            return false;
-        }
-    }
-    const char *ref = NULL, *sha = NULL;
-    if (!getStr(o, "body_ref", &ref) || !getStr(o, "body_sha256", &sha)) {
-        return false;
-    }
-    if (ref != NULL) {
-        r->body_ref = (char *)ref;
-    }
-    if (sha != NULL) {
-        if (strlen(sha) != 64) {
-            return false;
-        }
-        for (size_t i = 0; i < 32; i++) {
-            int hi = OPENSSL_hexchar2int((unsigned char)sha[2 * i]);
-            int lo = OPENSSL_hexchar2int((unsigned char)sha[2 * i + 1]);
-            if (hi < 0 || lo < 0) {
-                return false;
-            }
-            sc->sha[i] = (uint8_t)(hi << 4 | lo);
-        }
-        r->body_sha256.data = sc->sha;
-        r->body_sha256.len = 32;
-    }
-    uint64_t status = 0;
-    bool has_status = false;
-    if (!getU64(o, "status", &status, &has_status) || !has_status || status < 200 || status > 599) {
-        return false;
-    }
-    r->status = (uint32_t)status;
-    json_t *hs = json_object_get(o, "headers");
-    if (hs != NULL && !json_is_null(hs)) {
-        if (!json_is_object(hs)) {
-            return false;
-        }
-        size_t n = json_object_size(hs), total = 0;
-        const char *k;
-        json_t *v;
-        json_object_foreach(hs, k, v) {
-            if (!json_is_string(v) || !fsm_header_name_ok(k) ||
-                !fsm_header_value_ok((const uint8_t *)json_string_value(v),
-                                     json_string_length(v))) {
-                return false;
-            }
-            total += strlen(k) + 1;
-        }
-        sc->hdrs = xcalloc(n ? n : 1, sizeof(*sc->hdrs));
-        sc->hdrp = xcalloc(n ? n : 1, sizeof(*sc->hdrp));
-        sc->names = xmalloc(total ? total : 1);
-        size_t i = 0, off = 0;
-        json_object_foreach(hs, k, v) {
-            char *name = sc->names + off;
-            size_t kl = strlen(k);
-            for (size_t c = 0; c <= kl; c++) {
-                name[c] = (char)((k[c] >= 'A' && k[c] <= 'Z') ? k[c] - 'A' + 'a' : k[c]);
-            }
-            off += kl + 1;
-            idem__header__init(&sc->hdrs[i]);
-            sc->hdrs[i].name = name;
-            sc->hdrs[i].value.data = (uint8_t *)json_string_value(v);
-            sc->hdrs[i].value.len = json_string_length(v);
-            sc->hdrp[i] = &sc->hdrs[i];
-            i++;
-        }
-        r->n_headers = n;
-        r->headers = sc->hdrp;
-    }
-    json_t *b = json_object_get(o, "body");
-    if (b != NULL && !json_is_null(b)) {
-        if (!json_is_string(b)) {
-            return false;
-        }
-        r->body.data = (uint8_t *)json_string_value(b);
-        r->body.len = json_string_length(b);
-    }
-    return true;
-}
-
-/* Parses the request body as a JSON object into sc->body. */
-static bool parseBody(h2o_req_t *req, struct scratch *sc)
-{
-    if (req->entity.base == NULL || req->entity.len == 0) {
-        return false;
-    }
-    json_error_t e;
-    sc->body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &e);
-    return sc->body != NULL && json_is_object(sc->body);
-}
-
-/* The claim body: fingerprint or request, and the optional fields. 0, or a message. */
-static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__ClaimRequest *cl,
-                              uint8_t fp[FP_LEN], struct scratch *sc)
-{
-    const char *fph = NULL;
-    if (!getStr(b, "fingerprint", &fph)) {
-        return "fingerprint must be a string";
-    }
-    json_t *rq = json_object_get(b, "request");
-    if ((fph == NULL) == (rq == NULL)) {
-        return "exactly one of fingerprint and request is required";
-    }
-    if (fph != NULL) {
-        if (strlen(fph) != 2 * FP_LEN) {
-            return "fingerprint must be 64 hex digits";
-        }
-        for (size_t i = 0; i < FP_LEN; i++) {
-            uint8_t hi, lo;
-            if (!hexVal(fph[2 * i], &hi) || !hexVal(fph[2 * i + 1], &lo)) {
-                return "fingerprint must be 64 hex digits";
-            }
-            fp[i] = (uint8_t)(hi << 4 | lo);
-        }
-    } else {
-        const char *method = NULL, *path = NULL;
-        if (!json_is_object(rq) || !getStr(rq, "method", &method) || !getStr(rq, "path", &path) ||
-            method == NULL || path == NULL || method[0] == '\0' || path[0] == '\0') {
-            return "request must be an object with method and path strings";
-        }
-        struct fp_input in = {.method = method, .path = path, .tenant = t->name};
-        json_t *body = json_object_get(rq, "body");
-        if (body != NULL && json_is_string(body)) {
-            in.content_type = "text/plain";
-            in.body = (const uint8_t *)json_string_value(body);
-            in.body_len = json_string_length(body);
-        } else if (body != NULL) {
-            sc->canon = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-            if (sc->canon == NULL) {
-                return "request body cannot be encoded";
-            }
-            in.content_type = "application/json";
-            in.body = (const uint8_t *)sc->canon;
-            in.body_len = strlen(sc->canon);
-        }
-        if (fp_compute(&in, fp) != FP_OK) {
-            return "cannot compute the fingerprint";
-        }
-    }
-    cl->fingerprint.data = fp;
-    cl->fingerprint.len = FP_LEN;
-    const char *attempt = NULL, *policy = NULL;
-    if (!getU64(b, "lease_ms", &cl->lease_ms, NULL) || !getU64(b, "ttl_ms", &cl->ttl_ms, NULL)) {
-        return "lease_ms and ttl_ms must be non-negative integers";
-    }
-    if (!getStr(b, "attempt_id", &attempt) ||
-        (attempt != NULL && strlen(attempt) > HTTP_ATTEMPT_ID_MAX)) {
-        return "attempt_id must be a string of at most 64 bytes";
-    }
-    if (attempt != NULL) {
-        cl->attempt_id.data = (uint8_t *)attempt;
-        cl->attempt_id.len = strlen(attempt);
-    }
-    if (!getStr(b, "policy", &policy)) {
-        return "policy must be \"conflict\" or \"takeover\"";
-    }
-    if (policy != NULL) {
-        if (strcmp(policy, "conflict") == 0) {
-            cl->policy = IDEM__LEASE_POLICY__LEASE_POLICY_CONFLICT;
-        } else if (strcmp(policy, "takeover") == 0) {
-            cl->policy = IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER;
-        } else {
-            return "policy must be \"conflict\" or \"takeover\"";
-        }
-    }
-    return NULL;
-}
-
-/* The token field, required. */
-static bool getToken(json_t *b, uint64_t *token)
-{
-    bool present = false;
-    return getU64(b, "token", token, &present) && present;
-}
+/* ---- requests ------------------------------------------------------------------------ */
 
 /* The tenant of req's bearer token (docs/contract.md: the tenant comes from the token only),
  * with the token in *tok; NULL when it answered 401 or 403. */
@@ -579,92 +319,21 @@ static const struct config_tenant *apiTenant(struct http_server *h, h2o_req_t *r
     return NULL;
 }
 
-/* The complete body: token, outcome and the optional response. NULL, or a message. */
-static const char *parseComplete(json_t *b, Idem__CompleteRequest *co, Idem__StoredResponse *sr,
-                                 struct scratch *sc)
+/* The operation of a JSON API route. */
+static Idem__Request__OpCase apiOp(enum route route)
 {
-    const char *oc = NULL;
-    json_t *r = json_object_get(b, "response");
-    if (!getToken(b, &co->token)) {
-        return "token must be a non-negative integer";
-    } else if (!getStr(b, "outcome", &oc)) {
-        return "outcome must be a string";
-    } else if (oc == NULL || strcmp(oc, "succeeded") == 0) {
-        co->outcome = IDEM__COMPLETION__COMPLETION_SUCCEEDED;
-    } else if (strcmp(oc, "failed_final") == 0) {
-        co->outcome = IDEM__COMPLETION__COMPLETION_FAILED_FINAL;
-    } else if (strcmp(oc, "unknown") == 0) {
-        co->outcome = IDEM__COMPLETION__COMPLETION_UNKNOWN;
-    } else {
-        return "outcome must be succeeded, failed_final or unknown";
-    }
-    if (r != NULL && !json_is_null(r)) {
-        if (!parseStored(r, sr, sc)) {
-            return "response must be {status, headers, body} or {status, headers, "
-                   "body_ref, body_sha256 (64 hex digits)}";
-        }
-        co->response = sr;
-    }
-    return NULL;
-}
-
-/* The operations a JSON API request may carry; the one of its route goes into the
- * Idem__Request, borrowing from here until service_handle returned. */
-struct apiOps {
-    Idem__ClaimRequest cl;
-    Idem__CompleteRequest co;
-    Idem__StoredResponse sr;
-    Idem__ReleaseRequest re;
-    Idem__RenewRequest rn;
-    Idem__GetRequest ge;
-    uint8_t fp[FP_LEN];
-};
-
-/* Fills rq with the route's operation on key kb from the parsed body sc->body (none for a
- * get). NULL, or what is wrong with the body. */
-static const char *apiBuild(enum route route, const struct config_tenant *t,
-                            ProtobufCBinaryData kb, struct scratch *sc, struct apiOps *ops,
-                            Idem__Request *rq)
-{
-    const char *bad = NULL;
     switch (route) {
     case R_CLAIM:
-        bad = parseClaim(sc->body, t, &ops->cl, ops->fp, sc);
-        ops->cl.key = kb;
-        rq->op_case = IDEM__REQUEST__OP_CLAIM;
-        rq->claim = &ops->cl;
-        break;
+        return IDEM__REQUEST__OP_CLAIM;
     case R_COMPLETE:
-        bad = parseComplete(sc->body, &ops->co, &ops->sr, sc);
-        ops->co.key = kb;
-        rq->op_case = IDEM__REQUEST__OP_COMPLETE;
-        rq->complete = &ops->co;
-        break;
+        return IDEM__REQUEST__OP_COMPLETE;
     case R_RELEASE:
-        if (!getToken(sc->body, &ops->re.token)) {
-            bad = "token must be a non-negative integer";
-        }
-        ops->re.key = kb;
-        rq->op_case = IDEM__REQUEST__OP_RELEASE;
-        rq->release = &ops->re;
-        break;
+        return IDEM__REQUEST__OP_RELEASE;
     case R_RENEW:
-        if (!getToken(sc->body, &ops->rn.token)) {
-            bad = "token must be a non-negative integer";
-        } else if (!getU64(sc->body, "lease_ms", &ops->rn.lease_ms, NULL)) {
-            bad = "lease_ms must be a non-negative integer";
-        }
-        ops->rn.key = kb;
-        rq->op_case = IDEM__REQUEST__OP_RENEW;
-        rq->renew = &ops->rn;
-        break;
-    default: /* R_GET */
-        ops->ge.key = kb;
-        rq->op_case = IDEM__REQUEST__OP_GET;
-        rq->get = &ops->ge;
-        break;
+        return IDEM__REQUEST__OP_RENEW;
+    default:
+        return IDEM__REQUEST__OP_GET;
     }
-    return bad;
 }
 
 /* The JSON API routes, after method and body-size checks. */
@@ -689,25 +358,17 @@ void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2
         key = pathKey;
     }
     Idem__Request rq = IDEM__REQUEST__INIT;
-    struct apiOps ops = {IDEM__CLAIM_REQUEST__INIT,   IDEM__COMPLETE_REQUEST__INIT,
-                         IDEM__STORED_RESPONSE__INIT, IDEM__RELEASE_REQUEST__INIT,
-                         IDEM__RENEW_REQUEST__INIT,   IDEM__GET_REQUEST__INIT,
-                         {0}};
-    struct scratch sc = {0};
+    struct http_api_body body;
     ProtobufCBinaryData kb = {key.len, (uint8_t *)key.base};
     rq.auth_token.data = (uint8_t *)tok.base;
     rq.auth_token.len = tok.len;
     rq.deadline_ms = h->cfg->rpc.default_deadline_ms;
     const char *bad = NULL;
-    if (route != R_GET && !parseBody(req, &sc)) {
-        bad = "the body must be a JSON object";
-    } else {
-        bad = apiBuild(route, t, kb, &sc, &ops, &rq);
-    }
-    if (bad != NULL) {
+    if (!http_api_parse_body(apiOp(route), req->entity.base, req->entity.len, t, kb, &rq, &body,
+                             &bad)) {
         gateway_send_error(h, req, route, rid, 400, "invalid_request", bad, 0);
     } else {
         jobStart(h, req, route, rid, &rq, kb, t->key_max_len);
     }
-    scratchFree(&sc);
+    http_api_body_free(&body);
 }

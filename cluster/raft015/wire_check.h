@@ -27,7 +27,8 @@
  * allocates as a peer says, and the entries' data itself (a configuration change's is
  * decoded by libraft as it comes); a peer that gets a connection into raft (anyone who
  * reaches the port without raft.secret_file, a member with it) can still make a node
- * allocate memory, and pose as a leader. */
+ * allocate memory, and pose as a leader. tests/fuzz/fuzz_raft_message drives the wrapper
+ * with arbitrary headers, then libraft's decoder with those that pass. */
 #ifndef IDEM_CLUSTER_WIRE_CHECK_H
 #define IDEM_CLUSTER_WIRE_CHECK_H
 

@@ -1,6 +1,7 @@
 /* make_seeds: writes the binary seed corpora of the fuzz targets whose inputs are protobuf
- * bytes (fuzz_fsm_apply, fuzz_snapshot_restore, fuzz_rpc_request). The text seeds
- * (fuzz_config, fuzz_fingerprint) are written by hand.
+ * bytes (fuzz_fsm_apply, fuzz_snapshot_restore, fuzz_rpc_request, fuzz_client_response) or
+ * the Raft port's bytes (fuzz_raft_message, fuzz_raft_handshake). The text seeds
+ * (fuzz_config, fuzz_fingerprint, fuzz_http_api_body) are written by hand.
  *
  *   fuzz_make_seeds tests/fuzz/corpus
  *
@@ -12,7 +13,9 @@
 #include <string.h>
 
 #include "fsm.h"
+#include "frame.h"
 #include "idem.pb-c.h"
+#include "transport.h"
 
 static const char *corpus;
 
@@ -366,6 +369,280 @@ static void requestSeeds(void)
     writeRequest("resolve", &req);
 }
 
+/* ---- libidem's answers (fuzz_client_response: the id awaited, then frames) ------------- */
+
+struct stream {
+    uint8_t buf[4096];
+    size_t len;
+};
+
+static void streamFrame(struct stream *st, const Idem__Response *m)
+{
+    size_t n = idem__response__get_packed_size(m);
+    if (st->len + FRAME_HEADER_LEN + n > sizeof st->buf) {
+        abort();
+    }
+    frame_header_put(st->buf + st->len, (uint32_t)n);
+    idem__response__pack(m, st->buf + st->len + FRAME_HEADER_LEN);
+    st->len += FRAME_HEADER_LEN + n;
+}
+
+/* A stream awaiting request `expect` of the answer m alone. */
+static void writeAnswer(const char *name, uint8_t expect, const Idem__Response *m)
+{
+    struct stream st = {.buf = {expect}, .len = 1};
+    streamFrame(&st, m);
+    writeFile("fuzz_client_response", name, st.buf, st.len);
+}
+
+static Idem__Response answerTo(uint64_t id, Idem__Result *res)
+{
+    Idem__Response m = IDEM__RESPONSE__INIT;
+    m.request_id = id;
+    m.result = res;
+    return m;
+}
+
+static void responseSeeds(void)
+{
+    Idem__Result acq = IDEM__RESULT__INIT;
+    acq.outcome = IDEM__OUTCOME__OUTCOME_ACQUIRED;
+    acq.token = 4456448;
+    acq.lease_deadline_ms = 1700000030000;
+    acq.expires_at_ms = 1700086400000;
+    acq.lease_ms = 30000;
+    acq.takeover = 1;
+    acq.previous_token = 65536;
+    Idem__Response m = answerTo(7, &acq);
+    writeAnswer("acquired", 7, &m);
+
+    Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
+    Idem__Header h1 = IDEM__HEADER__INIT, h2 = IDEM__HEADER__INIT;
+    Idem__Header *hdrs[2] = {&h1, &h2};
+    h1.name = "content-type";
+    h1.value = bin("application/json");
+    h2.name = "location";
+    h2.value = bin("/orders/7");
+    sr.status = 201;
+    sr.n_headers = 2;
+    sr.headers = hdrs;
+    sr.body = bin("{\"id\":7}");
+    sr.body_sha256.data = fpBytes;
+    sr.body_sha256.len = sizeof fpBytes;
+    Idem__Result rep = IDEM__RESULT__INIT;
+    rep.outcome = IDEM__OUTCOME__OUTCOME_REPLAY;
+    rep.response = &sr;
+    m = answerTo(7, &rep);
+    writeAnswer("replay", 7, &m);
+
+    /* A get: the record's stored response is packed inside it. */
+    Idem__StoredResponse ref = IDEM__STORED_RESPONSE__INIT;
+    ref.status = 200;
+    ref.n_headers = 1;
+    ref.headers = hdrs;
+    ref.body_ref = "s3://bucket/object";
+    ref.body_sha256.data = fpBytes;
+    ref.body_sha256.len = sizeof fpBytes;
+    uint8_t packed[256];
+    size_t pn = idem__stored_response__pack(&ref, packed);
+    Idem__Record rec = IDEM__RECORD__INIT;
+    rec.key = bin("order-1");
+    rec.fingerprint.data = fpBytes;
+    rec.fingerprint.len = sizeof fpBytes;
+    rec.state = IDEM__RECORD_STATE__RECORD_STATE_COMPLETED;
+    rec.token = 4456448;
+    rec.completion = IDEM__COMPLETION__COMPLETION_SUCCEEDED;
+    rec.response.data = packed;
+    rec.response.len = pn;
+    Idem__Result get = IDEM__RESULT__INIT;
+    get.outcome = IDEM__OUTCOME__OUTCOME_OK;
+    get.record = &rec;
+    m = answerTo(7, &get);
+    writeAnswer("get-record", 7, &m);
+
+    Idem__Result nl = IDEM__RESULT__INIT;
+    nl.outcome = IDEM__OUTCOME__OUTCOME_NOT_LEADER;
+    m = answerTo(7, &nl);
+    m.leader_rpc_address = "127.0.0.1:7002";
+    m.error = "not the leader";
+    writeAnswer("not-leader", 7, &m);
+
+    Idem__Result busy = IDEM__RESULT__INIT;
+    busy.outcome = IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
+    busy.retry_after_ms = 50;
+    busy.detail = "the pending budget is full";
+    m = answerTo(7, &busy);
+    writeAnswer("unavailable-busy", 7, &m);
+
+    Idem__Result big = IDEM__RESULT__INIT;
+    big.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    big.detail = "frame_too_large";
+    m = answerTo(7, &big);
+    writeAnswer("frame-too-large", 7, &m);
+
+    m = answerTo(0, NULL);
+    m.error = "the request frame does not decode";
+    writeAnswer("refused-frame", 7, &m);
+
+    m = answerTo(7, NULL);
+    writeAnswer("no-result", 7, &m);
+
+    /* An answer to a request given up on, then ours; and the same read by the asynchronous
+     * client (no id awaited), then a prefix over the limit. */
+    struct stream st = {.buf = {7}, .len = 1};
+    m = answerTo(6, &busy);
+    streamFrame(&st, &m);
+    m = answerTo(7, &rep);
+    streamFrame(&st, &m);
+    writeFile("fuzz_client_response", "skipped-then-mine", st.buf, st.len);
+    st.buf[0] = 0;
+    memcpy(st.buf + st.len, "HTTP/1.1 400 Bad Request\r\n", 26);
+    st.len += 26;
+    writeFile("fuzz_client_response", "async-then-http", st.buf, st.len);
+}
+
+/* ---- Raft messages (fuzz_raft_message: the type, then the header) ----------------------- */
+
+static size_t le(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+    return (size_t)bytes;
+}
+
+static void writeMessage(const char *name, uint8_t type, const uint64_t *words, size_t n_words,
+                         const uint8_t *tail, size_t tail_len)
+{
+    uint8_t buf[512] = {type};
+    size_t n = 1;
+    for (size_t i = 0; i < n_words; i++) {
+        n += le(buf + n, words[i], 8);
+    }
+    if (tail_len > 0) {
+        memcpy(buf + n, tail, tail_len);
+    }
+    writeFile("fuzz_raft_message", name, buf, n + tail_len);
+}
+
+/* One AppendEntries entry header: term, type, 3 unused bytes, u32 data length. */
+static size_t entry(uint8_t *p, uint64_t term, uint8_t type, uint32_t len)
+{
+    memset(p, 0, 16);
+    le(p, term, 8);
+    p[8] = type;
+    le(p + 12, len, 4);
+    return 16;
+}
+
+/* raft's configuration encoding: format 1, u64 count, then per server its ID, address with
+ * its NUL and role; padded to 8 bytes. */
+static size_t configuration(uint8_t *p, unsigned n)
+{
+    size_t at = 0;
+    p[at++] = 1;
+    at += le(p + at, n, 8);
+    for (unsigned i = 1; i <= n; i++) {
+        at += le(p + at, i, 8);
+        at += (size_t)sprintf((char *)p + at, "127.0.0.1:900%u", i) + 1;
+        p[at++] = 1; /* RAFT_VOTER */
+    }
+    while (at % 8 != 0) {
+        p[at++] = 0;
+    }
+    return at;
+}
+
+static void messageSeeds(void)
+{
+    const uint64_t vote[] = {5, 1, 120, 4, 1};
+    writeMessage("request-vote", RAFT_IO_REQUEST_VOTE, vote, 5, NULL, 0);
+    writeMessage("request-vote-v1", RAFT_IO_REQUEST_VOTE, vote, 4, NULL, 0);
+    const uint64_t result[] = {5, 1, 1};
+    writeMessage("request-vote-result", RAFT_IO_REQUEST_VOTE_RESULT, result, 3, NULL, 0);
+    const uint64_t aer[] = {5, 0, 120};
+    writeMessage("append-entries-result", RAFT_IO_APPEND_ENTRIES_RESULT, aer, 3, NULL, 0);
+    writeMessage("timeout-now", RAFT_IO_TIMEOUT_NOW, aer, 3, NULL, 0);
+    const uint64_t heartbeat[] = {5, 120, 4, 118, 0};
+    writeMessage("heartbeat", RAFT_IO_APPEND_ENTRIES, heartbeat, 5, NULL, 0);
+    const uint64_t three[] = {5, 120, 4, 118, 3};
+    uint8_t ents[64];
+    size_t en = entry(ents, 5, RAFT_COMMAND, 16);
+    en += entry(ents + en, 5, RAFT_BARRIER, 8);
+    en += entry(ents + en, 5, RAFT_CHANGE, 48);
+    writeMessage("append-entries", RAFT_IO_APPEND_ENTRIES, three, 5, ents, en);
+    /* The message that crashed a node before wire_check (wire_check.h): one entry of type 9. */
+    const uint64_t one[] = {5, 120, 4, 118, 1};
+    entry(ents, 5, 9, 8);
+    writeMessage("append-entries-bad-type", RAFT_IO_APPEND_ENTRIES, one, 5, ents, 16);
+    entry(ents, 5, RAFT_COMMAND, 12);
+    writeMessage("append-entries-unaligned", RAFT_IO_APPEND_ENTRIES, one, 5, ents, 16);
+    uint8_t conf[256];
+    size_t cn = configuration(conf, 3);
+    const uint64_t snap[] = {5, 118, 4, 100, cn};
+    uint8_t tail[264];
+    memcpy(tail, conf, cn);
+    le(tail + cn, 4096, 8);
+    writeMessage("install-snapshot", RAFT_IO_INSTALL_SNAPSHOT, snap, 5, tail, cn + 8);
+    writeMessage("unknown-type", 7, aer, 3, NULL, 0);
+}
+
+/* ---- Raft handshakes (fuzz_raft_handshake: flags, read sizes, the connector's bytes, then
+ * the listener's) ------------------------------------------------------------------------- */
+
+/* raft_uv_tcp's handshake of node `id` at `addr`: protocol, ID, address length (padded to
+ * 8), then the address. */
+static size_t hello(uint8_t *p, uint64_t protocol, uint64_t id, const char *addr)
+{
+    size_t al = (strlen(addr) + 1 + 7) / 8 * 8;
+    size_t n = le(p, protocol, 8);
+    n += le(p + n, id, 8);
+    n += le(p + n, al, 8);
+    memset(p + n, 0, al);
+    memcpy(p + n, addr, strlen(addr));
+    return n + al;
+}
+
+static void writeHandshake(const char *name, uint8_t flags, uint64_t target, uint64_t refusal_id)
+{
+    uint8_t buf[512] = {flags, 0x5c};
+    size_t n = 2 + hello(buf + 2, TRANSPORT_HANDSHAKE_PROTOCOL, 1, "127.0.0.1:9001");
+    if (flags & 1) {
+        /* The connector's answer: nonce_c naming the target, then its MACs (planted by the
+         * fuzzer when flags ask for it). */
+        memcpy(buf + n, TRANSPORT_TARGET_MAGIC, 8);
+        le(buf + n + 8, target, 8);
+        memset(buf + n + 16, 0x3c, TRANSPORT_NONCE_LEN - 16);
+        memset(buf + n + TRANSPORT_NONCE_LEN, 0, TRANSPORT_ANSWER_LEN - TRANSPORT_NONCE_LEN);
+        n += TRANSPORT_ANSWER_LEN;
+        /* The listener's greeting, then its answer (planted likewise). */
+        memcpy(buf + n, TRANSPORT_AUTH_MAGIC, 8);
+        memset(buf + n + 8, 0x77, TRANSPORT_NONCE_LEN);
+        n += TRANSPORT_GREETING_LEN;
+        memset(buf + n, 0, TRANSPORT_MAC_LEN);
+        le(buf + n, refusal_id, 8);
+        n += TRANSPORT_MAC_LEN;
+    }
+    writeFile("fuzz_raft_handshake", name, buf, n);
+}
+
+static void handshakeSeeds(void)
+{
+    writeHandshake("plain", 0, 0, 0);
+    writeHandshake("auth", 1 | 4 | 0x20, 2, 0);
+    writeHandshake("auth-previous-key", 1 | 2 | 4 | 8 | 16 | 0x20, 2, 0);
+    writeHandshake("auth-refused-as-other", 1 | 2 | 4 | 0x20 | 0x40, 2, 5);
+    writeHandshake("auth-other-target", 1, 3, 0);
+    uint8_t buf[512] = {0, 1};
+    size_t n = 2 + hello(buf + 2, 2, 1, "127.0.0.1:9001");
+    writeFile("fuzz_raft_handshake", "bad-protocol", buf, n);
+    n = 2 + hello(buf + 2, TRANSPORT_HANDSHAKE_PROTOCOL, 1, "127.0.0.1:9001");
+    memset(buf + n - 8, 'x', 8);
+    writeFile("fuzz_raft_handshake", "unterminated", buf, n);
+    le(buf + 2 + 16, TRANSPORT_ADDRESS_MAX + 1, 8);
+    writeFile("fuzz_raft_handshake", "address-too-long", buf, 2 + 24);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -376,5 +653,8 @@ int main(int argc, char **argv)
     memset(fpBytes, 0xab, sizeof fpBytes);
     commandSeeds();
     requestSeeds();
+    responseSeeds();
+    messageSeeds();
+    handshakeSeeds();
     return 0;
 }
