@@ -1,0 +1,316 @@
+/* rpc_frames: what an RPC connection does with the frames it reads (rpc_internal.h): the
+ * frame buffer, the decode, the refusals, and how each answer is counted.
+ *
+ * Untrusted bytes: a frame's length is checked against max_frame_bytes before anything is
+ * buffered for it, the request is decoded by protobuf-c, and nothing from it is logged.
+ *
+ * A frame longer than max_frame_bytes is not buffered: its request id is read from its
+ * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
+ * no length from the frame trusted; at most 22 bytes looked at), it is answered
+ * OUTCOME_INVALID with result detail "frame_too_large" under that id, and its bytes are
+ * skipped as they arrive; the connection carries on. When no request id can be read it is
+ * answered under id 0 and the connection drains, as after any undecodable frame.
+ *
+ * Metrics (rpc_get_stats): each request handed to the service carries a struct call, which
+ * says how its answer is counted: a client's data op by outcome (a claim timed too), a data
+ * op another node's gateway forwarded apart, an admin op not at all (reqstats.h). */
+#include "rpc_internal.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+#include "xmalloc.h"
+
+/* How a request taken from a frame is counted once answered (rpc_stats.requests). */
+enum callKind {
+    CALL_ADMIN,     /* an admin op: not counted */
+    CALL_DATA,      /* a client's data op */
+    CALL_CLAIM,     /* a client's claim: timed too */
+    CALL_FORWARDED, /* a data op another node's gateway forwarded: rpc_stats.forwarded */
+};
+
+/* A request handed to the service, until it is answered. */
+struct call {
+    struct conn *c;
+    enum callKind kind;
+    uint64_t start_ns; /* CALL_CLAIM: uv_hrtime() when it was taken */
+};
+
+static enum callKind callKindOf(const Idem__Request *req)
+{
+    if (!service_data_op(req)) {
+        return CALL_ADMIN;
+    }
+    /* A follower's gateway marks what it forwards (forward.c), and its proxy forwards with
+     * as_tenant: the gateway counts its client's request, this node does not again. */
+    if (req->forwarded || (req->as_tenant != NULL && req->as_tenant[0] != '\0')) {
+        return CALL_FORWARDED;
+    }
+    return req->op_case == IDEM__REQUEST__OP_CLAIM ? CALL_CLAIM : CALL_DATA;
+}
+
+static void callCount(const struct call *k, const Idem__Response *resp)
+{
+    unsigned oc = resp->result != NULL ? (unsigned)resp->result->outcome : 0;
+    if (k->kind == CALL_ADMIN) {
+        return;
+    }
+    if (k->kind == CALL_FORWARDED) {
+        if (oc < REQSTATS_OUTCOMES) {
+            rpc_figures.forwarded[oc]++;
+        }
+        return;
+    }
+    if (k->kind == CALL_CLAIM) {
+        reqstats_claim(&rpc_figures.requests, (double)(uv_hrtime() - k->start_ns) / 1e9);
+    }
+    reqstats_outcome(&rpc_figures.requests, oc);
+    if (oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE) {
+        rpc_figures.requests.fail_closed++;
+    }
+}
+
+static void answeredCb(void *data, const Idem__Response *resp)
+{
+    struct call *k = data;
+    struct conn *c = k->c;
+    callCount(k, resp);
+    free(k);
+    assert(c->inflight > 0);
+    c->inflight--;
+    rpc_figures.inflight--;
+    rpc_conn_send(c, resp);
+    if (c->state != CONN_CLOSING && rpc_conn_queued_bytes(c) > CONN_MAX_BUFFERED) {
+        rpc_figures.answer_cuts_connection++;
+        c->tls_failed = true; /* no close_notify behind megabytes it does not read */
+        rpc_conn_close(c);
+    }
+    if (rpc_answer_bytes > rpc_answer_budget(c)) {
+        rpc_server_shed(c->srv, rpc_answer_budget(c));
+    }
+    rpc_conn_maybe_finish_drain(c);
+    rpc_conn_flow_control(c);
+    rpc_conn_unref(c); /* the request's reference */
+}
+
+/* Answers a frame we cannot serve; the connection then drains: requests it sent before
+ * still get their answers, and it closes once they are written. */
+void rpc_conn_bad_frame(struct conn *c, uint64_t request_id, const char *why)
+{
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    resp.request_id = request_id;
+    resp.result = &res;
+    resp.error = (char *)why;
+    rpc_conn_send(c, &resp);
+    rpc_conn_drain(c);
+}
+
+/* Answers a frame that is not taken in (n bytes, `have` of them at p) under `id`, with
+ * `outcome`, `detail` and `why`; with an id the frame is then skipped, without one (0)
+ * the connection drains. Returns the bytes consumed from p (0 when draining). */
+static size_t refuseFrame(struct conn *c, size_t have, uint32_t n, uint64_t id,
+                          Idem__Outcome outcome, const char *detail, const char *why)
+{
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = outcome;
+    res.detail = (char *)detail;
+    resp.request_id = id;
+    resp.result = &res;
+    resp.error = (char *)why;
+    rpc_conn_send(c, &resp);
+    if (id == 0) {
+        rpc_conn_drain(c);
+        return 0;
+    }
+    size_t take = have < n ? have : n;
+    c->skip = (uint64_t)n - take;
+    return take;
+}
+
+/* The length a frame buffer's first frame declares, 0 when it holds less than its prefix. */
+static uint32_t firstFrameLen(const struct conn *c)
+{
+    if (c->skip > 0 || c->len < FRAME_HEADER_LEN) {
+        return 0;
+    }
+    return frame_header_get(c->buf);
+}
+
+/* Gives back a frame buffer that a large frame grew, once what is left in it is small: an
+ * idle connection holds CONN_BUF_MIN, not the largest frame it ever sent (up to
+ * max_frame_bytes, for each of max_connections). Not while the frame it was grown for is
+ * still arriving. */
+static void connShrink(struct conn *c)
+{
+    uint32_t first = firstFrameLen(c);
+    if (first != 0 && first <= c->srv->cfg->max_frame_bytes &&
+        (size_t)first + 4 + CONN_READ_SLACK > CONN_BUF_MIN) {
+        return;
+    }
+    if (c->cap > CONN_BUF_MIN && c->len <= CONN_BUF_MIN / 4) {
+        c->buf = xrealloc(c->buf, CONN_BUF_MIN);
+        rpc_figures.frame_buffer_bytes -= c->cap - CONN_BUF_MIN;
+        rpc_frame_buffer_grown -= c->cap - CONN_BUF_MIN;
+        c->cap = CONN_BUF_MIN;
+    }
+}
+
+/* refuseUntaken(): the request id of the frame may be in bytes still to come. */
+#define REFUSE_WAIT SIZE_MAX
+
+/* Answers the frame at p (its prefix, then `have` of its n body bytes) that is not taken
+ * in, under its request id when one can be read from its first bytes (refuseFrame).
+ * Returns the body bytes consumed (0: no id, the connection drains), or REFUSE_WAIT when
+ * the id may be in the bytes still to come. */
+static size_t refuseUntaken(struct conn *c, const uint8_t *p, size_t have, uint32_t n,
+                            Idem__Outcome outcome, const char *detail, const char *why)
+{
+    uint64_t id = 0;
+    int found = frame_peek_request_id(p + FRAME_HEADER_LEN, have < n ? have : n, &id);
+    if (found < 0 && have < n) {
+        return REFUSE_WAIT;
+    }
+    return refuseFrame(c, have, n, found > 0 ? id : 0, outcome, detail, why);
+}
+
+/* Decodes a complete frame's body (n bytes at p) and hands its request to the service.
+ * False when it is not a request we can serve: it was answered and the connection drains. */
+static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
+{
+    Idem__Request *req = idem__request__unpack(NULL, n, p);
+    c->progress_ms = uv_now(c->srv->loop);
+    if (req == NULL) {
+        rpc_conn_bad_frame(c, 0, "frame does not decode as a Request");
+        return false;
+    }
+    if (req->op_case == IDEM__REQUEST__OP__NOT_SET) {
+        rpc_conn_bad_frame(c, req->request_id, "request has no known op");
+        idem__request__free_unpacked(req, NULL);
+        return false;
+    }
+    struct call *k = xmalloc(sizeof(*k));
+    k->c = c;
+    k->kind = callKindOf(req);
+    k->start_ns = k->kind == CALL_CLAIM ? uv_hrtime() : 0;
+    c->refs++;
+    c->inflight++;
+    rpc_figures.inflight++;
+    service_handle(c->srv->svc, req, answeredCb, k);
+    idem__request__free_unpacked(req, NULL);
+    return true;
+}
+
+static bool connHoldFrame(struct conn *c, uint32_t n);
+
+/* Handles the complete frames in the buffer, up to CONN_MAX_INFLIGHT requests awaiting an
+ * answer (c->backlog then says that frames were left). */
+void rpc_conn_process(struct conn *c)
+{
+    size_t off = 0;
+    const uint32_t max = c->srv->cfg->max_frame_bytes;
+    assert(c->len <= c->cap);
+    while (rpc_conn_open(c) && c->len - off > 0) {
+        assert(off < c->len);
+        if (c->skip > 0) {
+            size_t d = c->len - off < c->skip ? c->len - off : (size_t)c->skip;
+            off += d;
+            c->skip -= d;
+            if (c->skip == 0) {
+                c->progress_ms = uv_now(c->srv->loop);
+            }
+            continue;
+        }
+        const uint8_t *p = c->buf + off;
+        uint32_t n = 0;
+        enum frame_status fs = frame_check(p, c->len - off, max, &n);
+        if (fs == FRAME_SHORT) {
+            break;
+        }
+        if (c->inflight >= CONN_MAX_INFLIGHT) {
+            /* The cap holds per request, not per read: one read of a full buffer can bring
+             * tens of thousands of small frames. The rest wait where they are. */
+            c->backlog = true;
+            break;
+        }
+        if (fs == FRAME_COMPLETE) {
+            off += FRAME_HEADER_LEN + (size_t)n;
+            if (!connTakeRequest(c, p + FRAME_HEADER_LEN, n)) {
+                return;
+            }
+            continue;
+        }
+        size_t have = c->len - off - FRAME_HEADER_LEN;
+        size_t took;
+        if (fs == FRAME_TOO_LARGE) {
+            took = refuseUntaken(c, p, have, n, IDEM__OUTCOME__OUTCOME_INVALID, "frame_too_large",
+                                 "frame larger than max_frame_bytes");
+        } else if (connHoldFrame(c, n)) {
+            break; /* FRAME_PARTIAL: the rest of it fits in the buffer */
+        } else {
+            /* Every connection's buffers together hold rpc.max_frame_buffer_mb already
+             * (say, many peers that each started a large frame and stopped): this frame is
+             * answered unavailable (a client may send it again) and skipped as it comes. */
+            took = refuseUntaken(c, p, have, n, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "",
+                                 "the node's frame buffers are full "
+                                 "(rpc.max_frame_buffer_mb): send it again later");
+            if (took != REFUSE_WAIT) {
+                rpc_figures.frames_refused++;
+                rpc_figures.requests.fail_closed++;
+            }
+        }
+        if (took == REFUSE_WAIT) {
+            break; /* the request id may be in the bytes still to come */
+        }
+        if (took == 0) {
+            return; /* no request id: answered under 0, the connection drains */
+        }
+        off += FRAME_HEADER_LEN + took;
+    }
+    rpc_conn_flow_control(c);
+    if (off > 0) {
+        assert(off <= c->len);
+        memmove(c->buf, c->buf + off, c->len - off);
+        c->len -= off;
+    }
+    connShrink(c);
+}
+
+/* The frame buffer's first CONN_BUF_MIN bytes. It grows past them only for a frame whose
+ * length is known (connHoldFrame), so that every byte a connection buffers is counted
+ * against rpc.max_frame_buffer_mb before it is taken. */
+void rpc_conn_reserve(struct conn *c)
+{
+    if (c->cap == 0) {
+        c->buf = xmalloc(CONN_BUF_MIN);
+        rpc_figures.frame_buffer_bytes += CONN_BUF_MIN;
+        c->cap = CONN_BUF_MIN;
+    }
+}
+
+/* Makes room for the frame of n bytes (n <= max_frame_bytes) and CONN_READ_SLACK more,
+ * once it is at the buffer's front (rpc_conn_process moves what is left there before the next
+ * read), within every connection's budget together: the growth of frame buffers past
+ * their first CONN_BUF_MIN bytes is at most rpc.max_frame_buffer_mb. False, nothing
+ * changed, when it would go past. */
+static bool connHoldFrame(struct conn *c, uint32_t n)
+{
+    size_t need = 4 + (size_t)n + CONN_READ_SLACK;
+    if (need <= c->cap) {
+        return true;
+    }
+    uint64_t budget = (uint64_t)c->srv->cfg->max_frame_buffer_mb << 20;
+    uint64_t more = need - (c->cap > CONN_BUF_MIN ? c->cap : CONN_BUF_MIN);
+    if (rpc_frame_buffer_grown + more > budget) {
+        return false;
+    }
+    rpc_frame_buffer_grown += more;
+    c->buf = xrealloc(c->buf, need);
+    rpc_figures.frame_buffer_bytes += need - c->cap;
+    c->cap = need;
+    return true;
+}
