@@ -1,5 +1,5 @@
-/* rpc: connections: accept, reads, writes, TLS, timeouts. What a connection does with the
- * frames it reads is rpc_frames.c's (rpc_internal.h).
+/* rpc: connections: accept and admission (rpc_admit.h), reads, writes, TLS, timeouts.
+ * What a connection does with the frames it reads is rpc_frames.c's (rpc_internal.h).
  *
  * A connection is freed when its handle is closed and no request it sent is still owed an
  * answer by the service (conn.refs counts the handle, each request, each write and a
@@ -16,14 +16,19 @@
  * then it closes. Back-pressure: a connection with too many requests in flight, or too many
  * answer bytes queued, is not read until that drops.
  *
- * Timeouts (a sweep every SWEEP_MS): a TLS connection whose handshake has not finished
- * rpc.handshake_timeout_ms after it was accepted, a connection owed nothing (no request
- * in flight, no answer waiting or being written) that has not completed a frame for
- * rpc.idle_timeout_ms, and one with a write outstanding that has not moved for
- * rpc.idle_timeout_ms (a peer that sends but does not read) are closed, so that silent,
- * trickling or deaf peers cannot hold the max_connections slots. A connection with more
- * than CONN_MAX_BUFFERED answer bytes waiting is closed. After rpc_server_close, draining
- * connections get CLOSE_GRACE_MS, then are closed, so that a peer cannot hold the exit.
+ * Admission (rpc_admit.h): at its accept, a connection is admitted, admitted in place of
+ * the oldest unauthenticated one (which is closed), or closed at once.
+ *
+ * Timeouts (a sweep every SWEEP_MS): a connection that has neither completed a frame nor
+ * sent a known token rpc.first_frame_timeout_ms after it was accepted (its TLS handshake
+ * included), a TLS connection whose handshake has not finished rpc.handshake_timeout_ms
+ * after it, a connection owed nothing (no request in flight, no answer waiting or being
+ * written) that has not completed a frame for rpc.idle_timeout_ms, and one with a write
+ * outstanding that has not moved for rpc.idle_timeout_ms (a peer that sends but does not
+ * read) are closed, so that silent, trickling or deaf peers cannot hold the max_connections
+ * slots. A connection with more than CONN_MAX_BUFFERED answer bytes waiting is closed.
+ * After rpc_server_close, draining connections get CLOSE_GRACE_MS, then are closed, so
+ * that a peer cannot hold the exit.
  *
  * TLS (tls.rpc in the config): the same connection with a TLS stream (libidem's
  * client/tls_stream.h, the one its clients and the forwarder use) between the socket and
@@ -105,6 +110,7 @@ static void serverMaybeFree(struct rpc_server *r)
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
         IdemTlsCtxFree(r->tls);
+        rpc_admit_free(&r->admit);
         free(r);
         if (cb) {
             cb(data);
@@ -130,6 +136,7 @@ void rpc_conn_unref(struct conn *c)
     free(c->cipher);
     free(c->buf);
     free(c->out);
+    free(c->tok);
     free(c);
     serverMaybeFree(r);
 }
@@ -184,6 +191,7 @@ void rpc_conn_close(struct conn *c)
     }
     connSetState(c, CONN_CLOSING);
     connAccount(c);
+    rpc_admit_remove(&c->srv->admit, &c->admit);
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (c->tls != NULL) {
         if (!c->tls_failed) {
@@ -604,13 +612,25 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     rpc_conn_process(c);
 }
 
-/* Closes connections past their handshake or idle timeout, those whose peer has not taken
- * any of an answer for rpc.idle_timeout_ms (a write outstanding all along), and, once the
- * server is closing, those still draining CLOSE_GRACE_MS after it began. */
+/* The members' addresses, for admission (rpc_admit_set_members). */
+static void serverMembers(struct rpc_server *r)
+{
+    uint32_t addrs[RPC_ADMIT_MEMBER_ADDRS];
+    size_t n = service_member_addrs(r->svc, addrs, RPC_ADMIT_MEMBER_ADDRS);
+    rpc_admit_set_members(&r->admit, addrs, n);
+}
+
+/* Closes connections past their first-frame, handshake or idle timeout, those whose peer
+ * has not taken any of an answer for rpc.idle_timeout_ms (a write outstanding all along),
+ * and, once the server is closing, those still draining CLOSE_GRACE_MS after it began.
+ * Brings the members' addresses up to date (not once closing: the service may be gone). */
 static void sweepCb(uv_timer_t *t)
 {
     struct rpc_server *r = t->data;
     uint64_t now = uv_now(r->loop);
+    if (!r->closing) {
+        serverMembers(r);
+    }
     struct conn *c;
     LIST_FOREACH (c, &r->conns, link) {
         if (c->state == CONN_CLOSING) {
@@ -625,6 +645,11 @@ static void sweepCb(uv_timer_t *t)
         }
         if (c->writes > 0 && now - c->wprogress_ms >= r->cfg->idle_timeout_ms) {
             c->tls_failed = true; /* it reads nothing: no close_notify either */
+            rpc_conn_close(c);
+        } else if (!c->framed && !c->authed &&
+                   now - c->accepted_ms >= r->cfg->first_frame_timeout_ms) {
+            rpc_figures.dropped_first_frame++;
+            c->tls_failed = true; /* nothing to say to it */
             rpc_conn_close(c);
         } else if (c->tls != NULL && !IdemTlsEstablished(c->tls) &&
                    now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
@@ -644,6 +669,38 @@ static void sweepClosed(uv_handle_t *h)
     serverMaybeFree(r);
 }
 
+/* Admits c (just accepted) by rpc_admit_decide(), closing the connection it evicts;
+ * false: refused. */
+static bool connAdmit(struct rpc_server *r, struct conn *c)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    uint32_t addr = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0 && sa.ss_family == AF_INET) {
+        addr = ntohl(((const struct sockaddr_in *)&sa)->sin_addr.s_addr);
+    }
+    struct rpc_admit_entry *old = NULL;
+    switch (rpc_admit_decide(&r->admit, addr, &old)) {
+    case RPC_ADMIT_REFUSE_ADDR:
+        rpc_figures.refused_address++;
+        return false;
+    case RPC_ADMIT_REFUSE_FULL:
+        rpc_figures.refused_connections++;
+        return false;
+    case RPC_ADMIT_EVICT: {
+        struct conn *victim = (struct conn *)((char *)old - offsetof(struct conn, admit));
+        rpc_figures.dropped_evicted++;
+        victim->tls_failed = true;
+        rpc_conn_close(victim); /* takes it out of the admission */
+        break;
+    }
+    case RPC_ADMIT_OK:
+        break;
+    }
+    rpc_admit_add(&r->admit, &c->admit, addr);
+    return true;
+}
+
 static void acceptCb(uv_stream_t *l, int status)
 {
     struct rpc_server *r = l->data;
@@ -659,7 +716,7 @@ static void acceptCb(uv_stream_t *l, int status)
     LIST_INSERT_HEAD(&r->conns, c, link);
     r->n_conns++;
     rpc_figures.connections++;
-    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || r->n_conns > r->cfg->max_connections) {
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || !connAdmit(r, c)) {
         rpc_conn_close(c);
         return;
     }
@@ -702,6 +759,9 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     r->cfg = cfg;
     r->svc = svc;
     r->tls = tctx;
+    rpc_admit_init(&r->admit, cfg->max_connections, cfg->member_connections,
+                   cfg->max_connections_per_address);
+    serverMembers(r);
     uv_tcp_init(loop, &r->listener);
     r->listener.data = r;
     rv = uv_tcp_bind(&r->listener, (const struct sockaddr *)&sa, 0);
@@ -725,6 +785,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         /* The handle is closed on the next loop turn; the struct must outlive it. */
         uv_run(loop, UV_RUN_NOWAIT);
         IdemTlsCtxFree(tctx);
+        rpc_admit_free(&r->admit);
         free(r);
         return NULL;
     }

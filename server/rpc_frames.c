@@ -1,8 +1,16 @@
 /* rpc_frames: what an RPC connection does with the frames it reads (rpc_internal.h): the
- * frame buffer, the decode, the refusals, and how each answer is counted.
+ * frame buffer, the checks before a decode, the decode, the refusals, and how each answer
+ * is counted.
  *
  * Untrusted bytes: a frame's length is checked against max_frame_bytes before anything is
- * buffered for it, the request is decoded by protobuf-c, and nothing from it is logged.
+ * buffered for it; its wire format is walked (rpc_scan.h: fields capped, unknown field
+ * numbers refused) and its token checked (service_credential_of) before protobuf-c decodes
+ * it, on an allocator with a budget; nothing from it is logged. A request whose token is
+ * not known is answered unauthenticated, as the service would, with nothing decoded. Until
+ * a connection has sent a known token, a frame past rpc.unauthenticated_max_frame_bytes is
+ * read no further than its first RPC_SCAN_PEEK_BYTES, where clients put the token
+ * (connGate): with a known token there it is read as any, without it is answered
+ * unauthenticated and skipped as it arrives.
  *
  * A frame longer than max_frame_bytes is not buffered: its request id is read from its
  * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
@@ -21,6 +29,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "rpc_scan.h"
 #include "xmalloc.h"
 
 /* How a request taken from a frame is counted once answered (rpc_stats.requests). */
@@ -123,6 +132,7 @@ static size_t refuseFrame(struct conn *c, size_t have, uint32_t n, uint64_t id,
     resp.result = &res;
     resp.error = (char *)why;
     rpc_conn_send(c, &resp);
+    c->framed = true;
     if (id == 0) {
         rpc_conn_drain(c);
         return 0;
@@ -178,19 +188,83 @@ static size_t refuseUntaken(struct conn *c, const uint8_t *p, size_t have, uint3
     return refuseFrame(c, have, n, found > 0 ? id : 0, outcome, detail, why);
 }
 
-/* Decodes a complete frame's body (n bytes at p) and hands its request to the service.
- * False when it is not a request we can serve: it was answered and the connection drains. */
-static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
+/* Whether tok (len bytes) is a known token (service_credential_of): the first one
+ * authenticates the connection (rpc_admit: a client's, or a member's with the cluster
+ * secret); the last one is kept, and the same again is not hashed again. */
+static bool connKnownToken(struct conn *c, const uint8_t *tok, size_t len)
 {
-    Idem__Request *req = idem__request__unpack(NULL, n, p);
-    c->progress_ms = uv_now(c->srv->loop);
-    if (req == NULL) {
-        rpc_conn_bad_frame(c, 0, "frame does not decode as a Request");
+    if (len == 0 || tok == NULL) {
         return false;
     }
-    if (req->op_case == IDEM__REQUEST__OP__NOT_SET) {
-        rpc_conn_bad_frame(c, req->request_id, "request has no known op");
-        idem__request__free_unpacked(req, NULL);
+    if (c->tok != NULL && len == c->tok_len && memcmp(tok, c->tok, len) == 0) {
+        return true;
+    }
+    enum service_credential cr = service_credential_of(c->srv->svc, tok, len);
+    if (cr == SERVICE_CREDENTIAL_NONE) {
+        return false;
+    }
+    if (len <= TOKEN_KEEP_MAX) {
+        c->tok = xrealloc(c->tok, len);
+        memcpy(c->tok, tok, len);
+        c->tok_len = len;
+    }
+    c->authed = true;
+    rpc_admit_authenticated(&c->srv->admit, &c->admit, cr == SERVICE_CREDENTIAL_CLUSTER);
+    return true;
+}
+
+/* Answers a request whose token is not known, undecoded, as the service would have
+ * (unauthenticated, the same words), and counts it as the service's answer would be. */
+static void connRefuseToken(struct conn *c, const struct rpc_scan *sc)
+{
+    Idem__Request r = IDEM__REQUEST__INIT; /* what callKindOf() looks at */
+    r.op_case = (Idem__Request__OpCase)sc->op;
+    r.forwarded = sc->forwarded;
+    r.as_tenant = sc->as_tenant ? "-" : "";
+    struct call k = {.c = c, .kind = callKindOf(&r), .start_ns = uv_hrtime()};
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response resp = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED;
+    resp.request_id = sc->request_id;
+    resp.result = &res;
+    resp.error = sc->as_tenant         ? "as_tenant needs the cluster secret"
+                 : service_data_op(&r) ? "unknown or missing bearer token"
+                                       : "admin operations need the admin token";
+    rpc_figures.rejected_unauthenticated++;
+    callCount(&k, &resp);
+    rpc_conn_send(c, &resp);
+}
+
+/* Checks a complete frame's body (n bytes at p), its token, decodes it and hands its
+ * request to the service. False when it is not a request we can serve: it was answered and
+ * the connection drains. */
+static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
+{
+    c->progress_ms = uv_now(c->srv->loop);
+    c->framed = true;
+    struct rpc_scan sc;
+    enum rpc_scan_status st = rpc_scan_request(p, n, &sc);
+    if (st != RPC_SCAN_OK || sc.op == 0) {
+        rpc_figures.rejected_fields += st == RPC_SCAN_TOO_MANY_FIELDS;
+        rpc_figures.rejected_unknown_field += st == RPC_SCAN_UNKNOWN_FIELD;
+        rpc_figures.rejected_malformed += st == RPC_SCAN_MALFORMED;
+        rpc_conn_bad_frame(c, st == RPC_SCAN_MALFORMED ? 0 : sc.request_id,
+                           st != RPC_SCAN_OK ? rpc_scan_why(st) : "request has no known op");
+        return false;
+    }
+    if (!connKnownToken(c, sc.token, sc.token_len)) {
+        connRefuseToken(c, &sc);
+        return true;
+    }
+    struct rpc_alloc a;
+    Idem__Request *req = rpc_scan_unpack(p, n, &sc, &a);
+    if (req == NULL || req->op_case == IDEM__REQUEST__OP__NOT_SET) {
+        rpc_figures.rejected_decode_memory += a.exceeded;
+        rpc_figures.rejected_malformed += !a.exceeded;
+        rpc_conn_bad_frame(c, 0, "frame does not decode as a Request");
+        if (req != NULL) {
+            idem__request__free_unpacked(req, &a.pa);
+        }
         return false;
     }
     struct call *k = xmalloc(sizeof(*k));
@@ -201,11 +275,38 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     c->inflight++;
     rpc_figures.inflight++;
     service_handle(c->srv->svc, req, answeredCb, k);
-    idem__request__free_unpacked(req, NULL);
+    idem__request__free_unpacked(req, &a.pa);
     return true;
 }
 
 static bool connHoldFrame(struct conn *c, uint32_t n);
+
+/* connGate(): the frame is let through. */
+#define GATE_PASS (SIZE_MAX - 1)
+
+/* A frame of n bytes (its prefix, then `have` of them, at p) past
+ * rpc.unauthenticated_max_frame_bytes on a connection that has sent no known token: read no
+ * further than its first RPC_SCAN_PEEK_BYTES, where a client puts its token (rpc_scan_peek).
+ * A known token there authenticates the connection and lets the frame through (GATE_PASS);
+ * else it is answered unauthenticated under its id and skipped unread (refuseFrame: the
+ * bytes consumed, 0 when it has no id). REFUSE_WAIT: those first bytes are not all here. */
+static size_t connGate(struct conn *c, const uint8_t *p, size_t have, uint32_t n)
+{
+    size_t window = n < RPC_SCAN_PEEK_BYTES ? n : RPC_SCAN_PEEK_BYTES;
+    if (have < window) {
+        return REFUSE_WAIT;
+    }
+    struct rpc_scan sc;
+    rpc_scan_peek(p + FRAME_HEADER_LEN, window, &sc);
+    if (connKnownToken(c, sc.token, sc.token_len)) {
+        return GATE_PASS;
+    }
+    rpc_figures.rejected_unauthenticated++;
+    return refuseFrame(c, have, n, sc.request_id, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED, "",
+                       "unknown or missing bearer token: until a frame carries a known one, "
+                       "a connection's frames are at most rpc.unauthenticated_max_frame_bytes "
+                       "unless the token comes before the op");
+}
 
 /* Handles the complete frames in the buffer, up to CONN_MAX_INFLIGHT requests awaiting an
  * answer (c->backlog then says that frames were left). */
@@ -236,6 +337,20 @@ void rpc_conn_process(struct conn *c)
              * tens of thousands of small frames. The rest wait where they are. */
             c->backlog = true;
             break;
+        }
+        if (fs != FRAME_TOO_LARGE && !c->authed &&
+            n > c->srv->cfg->unauthenticated_max_frame_bytes) {
+            size_t took = connGate(c, p, c->len - off - FRAME_HEADER_LEN, n);
+            if (took == REFUSE_WAIT) {
+                break;
+            }
+            if (took == 0) {
+                return; /* no request id: answered under 0, the connection drains */
+            }
+            if (took != GATE_PASS) {
+                off += FRAME_HEADER_LEN + took;
+                continue;
+            }
         }
         if (fs == FRAME_COMPLETE) {
             off += FRAME_HEADER_LEN + (size_t)n;

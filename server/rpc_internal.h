@@ -1,5 +1,5 @@
 /* rpc_internal: what the RPC listener's two halves share: server/rpc.c (connections:
- * accept, reads, writes, TLS, timeouts) and rpc_frames.c (what a connection does
+ * accept, admission, reads, writes, TLS, timeouts) and rpc_frames.c (what a connection does
  * with the frames it reads). Everything runs on the loop's thread. */
 #ifndef IDEM_SERVER_RPC_INTERNAL_H
 #define IDEM_SERVER_RPC_INTERNAL_H
@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "rpc.h"
+#include "rpc_admit.h"
 
 #define CONN_MAX_INFLIGHT 4096      /* requests awaiting an answer */
 #define CONN_MAX_QUEUED (16u << 20) /* answer bytes waiting to be written: reading pauses */
@@ -33,6 +34,7 @@
 #define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
 #define SWEEP_MS 250                /* how often timeouts are checked */
 #define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
+#define TOKEN_KEEP_MAX 4096         /* a known token kept to compare the next ones with */
 
 /* A connection's life. Reading and paused alternate by back-pressure (rpc_conn_flow_control);
  * draining (after a bad frame, or when the server stops) reads no more and ends in closing
@@ -74,6 +76,12 @@ struct conn {
     bool queued; /* on the server's flush list (holds a reference) */
     SLIST_ENTRY(conn) flush_link;
     size_t accounted; /* its answer bytes in rpc_answer_bytes, at the last connAccount() */
+    struct rpc_admit_entry admit; /* in the server's admission (from admitted to closing) */
+    bool framed;  /* a frame completed or refused: rpc.first_frame_timeout_ms is over */
+    bool authed;  /* a frame carried a known token */
+    uint8_t *tok; /* the last known token it sent, tok_len bytes: the same again is not
+                   * hashed again */
+    size_t tok_len;
 };
 
 struct rpc_server {
@@ -103,6 +111,7 @@ struct rpc_server {
     bool handles_closed;
     void (*close_cb)(void *data);
     void *close_data;
+    struct rpc_admit admit;
 };
 
 /* Whether c still takes frames: reading, or paused by back-pressure. */
