@@ -575,6 +575,10 @@ static void setDefaults(struct config *cfg)
     cfg->rpc.max_answer_buffer_mb = 1024;
     cfg->rpc.idle_timeout_ms = 300000;
     cfg->rpc.handshake_timeout_ms = 5000;
+    cfg->rpc.first_frame_timeout_ms = 5000;
+    cfg->rpc.max_connections_per_address = 256;
+    cfg->rpc.member_connections = 32;
+    cfg->rpc.unauthenticated_max_frame_bytes = 65536;
     cfg->batch.max_commands = 256;
     cfg->batch.max_bytes = 1u << 20;
     cfg->batch.max_pending_mb = 64;

@@ -123,6 +123,16 @@ struct config_rpc {
     uint32_t idle_timeout_ms;     /* 100..86400000, default 300000: a connection owed
                                    * nothing that completed no frame for this long closes */
     uint32_t handshake_timeout_ms; /* 100..600000, default 5000: TLS handshake bound */
+    uint32_t first_frame_timeout_ms;      /* 100..600000, default 5000: a connection that has
+                                           * completed no frame this long after its accept (TLS
+                                           * handshake included) is closed */
+    uint32_t max_connections_per_address; /* 0..1048576, default 256; 0: no cap. Members'
+                                           * addresses are not capped (server/rpc_admit.h) */
+    uint32_t member_connections;          /* 0..1048576, default 32: slots of max_connections that
+                                           * only members may take (at most half of them) */
+    uint32_t unauthenticated_max_frame_bytes; /* 1024..64 MiB, default 64 KiB: the largest
+                                               * frame of a connection that has not sent a
+                                               * known token yet */
     struct config_secret cluster_secret; /* optional; must differ from every token */
     /* rpc.insecure_cluster_secret: lets followers send the cluster secret without tls.rpc,
      * allowed only when this node's RPC address and every bootstrap member's are loopback

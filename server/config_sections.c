@@ -309,15 +309,29 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         BUFFERS,
         ANSWERS,
         INSECURE,
+        FIRST_FRAME,
+        PER_ADDRESS,
+        MEMBERS,
+        UNAUTH_FRAME,
         N
     };
-    static const char *const keys[N] = {"max_frame_bytes",      "default_deadline_ms",
-                                        "max_deadline_ms",      "max_connections",
-                                        "cluster_secret_file",  "idle_timeout_ms",
-                                        "handshake_timeout_ms", "max_frame_buffer_mb",
-                                        "max_answer_buffer_mb", "insecure_cluster_secret"};
+    static const char *const keys[N] = {"max_frame_bytes",
+                                        "default_deadline_ms",
+                                        "max_deadline_ms",
+                                        "max_connections",
+                                        "cluster_secret_file",
+                                        "idle_timeout_ms",
+                                        "handshake_timeout_ms",
+                                        "max_frame_buffer_mb",
+                                        "max_answer_buffer_mb",
+                                        "insecure_cluster_secret",
+                                        "first_frame_timeout_ms",
+                                        "max_connections_per_address",
+                                        "member_connections",
+                                        "unauthenticated_max_frame_bytes"};
     struct field f[N];
     char *secret_path = NULL;
+    uint32_t *unauth_max = &r->unauthenticated_max_frame_bytes;
     if (config_map_fields(c, map, "rpc", "rpc", keys, N, f) != 0 ||
         config_get_u32(c, &f[FRAME], 1024, 64u << 20, &r->max_frame_bytes) != 0 ||
         config_get_u32(c, &f[DEFAULT_DEADLINE], 1, 600000, &r->default_deadline_ms) != 0 ||
@@ -328,6 +342,10 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
         config_get_u32(c, &f[BUFFERS], 1, 65536, &r->max_frame_buffer_mb) != 0 ||
         config_get_u32(c, &f[ANSWERS], 1, 65536, &r->max_answer_buffer_mb) != 0 ||
         config_get_bool(c, &f[INSECURE], &r->insecure_cluster_secret) != 0 ||
+        config_get_u32(c, &f[FIRST_FRAME], 100, 600000, &r->first_frame_timeout_ms) != 0 ||
+        config_get_u32(c, &f[PER_ADDRESS], 0, 1u << 20, &r->max_connections_per_address) != 0 ||
+        config_get_u32(c, &f[MEMBERS], 0, 1u << 20, &r->member_connections) != 0 ||
+        config_get_u32(c, &f[UNAUTH_FRAME], 1024, 64u << 20, unauth_max) != 0 ||
         config_get_path(c, &f[SECRET], &secret_path) != 0) {
         return -1;
     }

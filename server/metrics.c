@@ -336,6 +336,32 @@ static const struct family families[] = {
      .label = "limit",
      .samples = {{"connection", U64(rs.answer_cuts_connection)},
                  {"node", U64(rs.answer_cuts_node)}}},
+    {"idem_rpc_frames_rejected_total", "counter",
+     "RPC frames refused before protobuf-c decoded them: answered unauthenticated (no known "
+     "token; past rpc.unauthenticated_max_frame_bytes, none in their first bytes), or invalid "
+     "for too many fields, a field number idem.proto does not have, bytes that are not a "
+     "Request, or a decode past its memory budget.",
+     .label = "reason",
+     .samples = {{"unauthenticated", U64(rs.rejected_unauthenticated)},
+                 {"fields", U64(rs.rejected_fields)},
+                 {"unknown_field", U64(rs.rejected_unknown_field)},
+                 {"malformed", U64(rs.rejected_malformed)},
+                 {"decode_memory", U64(rs.rejected_decode_memory)}}},
+    {"idem_rpc_connections_refused_total", "counter",
+     "RPC connections closed at their accept: their address held "
+     "rpc.max_connections_per_address (limit=\"address\"), or every slot they may take was "
+     "held by members and authenticated clients (limit=\"connections\").",
+     .label = "limit",
+     .samples = {{"address", U64(rs.refused_address)},
+                 {"connections", U64(rs.refused_connections)}}},
+    {"idem_rpc_connections_dropped_total", "counter",
+     "RPC connections closed that had not authenticated: the oldest one, to admit a new "
+     "connection when the slots were full (reason=\"evicted\"), or one with no frame and no "
+     "known token rpc.first_frame_timeout_ms after its accept "
+     "(reason=\"first_frame_timeout\").",
+     .label = "reason",
+     .samples = {{"evicted", U64(rs.dropped_evicted)},
+                 {"first_frame_timeout", U64(rs.dropped_first_frame)}}},
     {"idem_table_index_bytes", "gauge",
      "Memory of the record table's slot arrays (the records themselves are not counted): the "
      "array in use, the part of the one being migrated from during a growth, the part of the "

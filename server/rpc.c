@@ -1,4 +1,5 @@
-/* rpc: connections and frames.
+/* rpc: connections: accept and admission (rpc_admit.h), reads, writes, TLS, timeouts.
+ * What a connection does with the frames it reads is rpc_frames.c's (rpc_internal.h).
  *
  * A connection is freed when its handle is closed and no request it sent is still owed an
  * answer by the service (conn.refs counts the handle, each request, each write and a
@@ -13,29 +14,21 @@
  * Draining: after a bad frame, and when the server stops, a connection reads no more but
  * stays open until every request it already sent is answered and every answer written;
  * then it closes. Back-pressure: a connection with too many requests in flight, or too many
- * answer bytes queued, is not read until that drops. Untrusted bytes: a frame's length is
- * checked against max_frame_bytes before anything is buffered for it, the request is decoded
- * by protobuf-c, and nothing from it is logged.
+ * answer bytes queued, is not read until that drops.
  *
- * Metrics (rpc_get_stats): each request handed to the service carries a struct call, which
- * says how its answer is counted: a client's data op by outcome (a claim timed too), a data
- * op another node's gateway forwarded apart, an admin op not at all (reqstats.h).
+ * Admission (rpc_admit.h): at its accept, a connection is admitted, admitted in place of
+ * the oldest unauthenticated one (which is closed), or closed at once.
  *
- * A frame longer than max_frame_bytes is not buffered: its request id is read from its
- * first bytes (protobuf wire format: fields 1 and 2, both varints, when they come first;
- * no length from the frame trusted; at most 22 bytes looked at), it is answered OUTCOME_INVALID
- * with result detail "frame_too_large" under that id, and its bytes are skipped as they arrive; the
- * connection carries on. When no request id can be read it is answered under id 0 and
- * the connection drains, as after any undecodable frame.
- *
- * Timeouts (a sweep every SWEEP_MS): a TLS connection whose handshake has not finished
- * rpc.handshake_timeout_ms after it was accepted, a connection owed nothing (no request
- * in flight, no answer waiting or being written) that has not completed a frame for
- * rpc.idle_timeout_ms, and one with a write outstanding that has not moved for
- * rpc.idle_timeout_ms (a peer that sends but does not read) are closed, so that silent,
- * trickling or deaf peers cannot hold the max_connections slots. A connection with more
- * than CONN_MAX_BUFFERED answer bytes waiting is closed. After rpc_server_close, draining
- * connections get CLOSE_GRACE_MS, then are closed, so that a peer cannot hold the exit.
+ * Timeouts (a sweep every SWEEP_MS): a connection that has neither completed a frame nor
+ * sent a known token rpc.first_frame_timeout_ms after it was accepted (its TLS handshake
+ * included), a TLS connection whose handshake has not finished rpc.handshake_timeout_ms
+ * after it, a connection owed nothing (no request in flight, no answer waiting or being
+ * written) that has not completed a frame for rpc.idle_timeout_ms, and one with a write
+ * outstanding that has not moved for rpc.idle_timeout_ms (a peer that sends but does not
+ * read) are closed, so that silent, trickling or deaf peers cannot hold the max_connections
+ * slots. A connection with more than CONN_MAX_BUFFERED answer bytes waiting is closed.
+ * After rpc_server_close, draining connections get CLOSE_GRACE_MS, then are closed, so
+ * that a peer cannot hold the exit.
  *
  * TLS (tls.rpc in the config): the same connection with a TLS stream (libidem's
  * client/tls_stream.h, the one its clients and the forwarder use) between the socket and
@@ -46,7 +39,7 @@
  * client, a bad or missing client certificate, a corrupt record) closes that connection
  * only, after a best-effort write of the alert; the peer's close_notify is an end of
  * stream like EOF. A closing connection sends its own close_notify when it can. */
-#include "rpc.h"
+#include "rpc_internal.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -60,110 +53,11 @@
 #include "tls_stream.h"
 #include "xmalloc.h"
 
-#define CONN_MAX_INFLIGHT 4096      /* requests awaiting an answer */
-#define CONN_MAX_QUEUED (16u << 20) /* answer bytes waiting to be written: reading pauses */
-/* Answer bytes waiting to be written past which the connection is closed: reading pauses at
- * CONN_MAX_QUEUED, but the answers to requests already taken (up to CONN_MAX_INFLIGHT, each
- * up to a stored response's size) still come; a peer that does not read them is cut off
- * instead of having gigabytes buffered for it. */
-#define CONN_MAX_BUFFERED (64u << 20)
-/* Past rpc.max_answer_buffer_mb of answers waiting in every connection together, the
- * connection holding the most is closed (until they are back under it); from half of it, a
- * connection with CONN_OUT_BATCH or more waiting stops reading. Without it, 1024 peers
- * that do not read could make a node hold 64 GiB (CONN_MAX_BUFFERED each). */
-#define SHED_WARN_EVERY_MS 10000 /* at most one warning per this for such closes */
-/* After rpc_server_close, connections still draining this long are closed (a peer that does
- * not read its last answers must not hold the node's exit). */
-#define CLOSE_GRACE_MS 2000
-#define CONN_TLS_READ 65536         /* ciphertext read buffer of a TLS connection */
-#define CONN_BUF_MIN 65536          /* a frame buffer's first size, and what it shrinks back to */
-#define CONN_READ_SLACK 16384       /* room kept past a large frame, for the next read */
-#define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
-#define SWEEP_MS 250                /* how often timeouts are checked */
-#define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
-
-/* A connection's life. Reading and paused alternate by back-pressure (connFlowControl);
- * draining (after a bad frame, or when the server stops) reads no more and ends in closing
- * once everything owed is written; closing is final. Every change asserts the state it
- * leaves. */
-enum connState {
-    CONN_READING,  /* frames are read */
-    CONN_PAUSED,   /* reading stopped by back-pressure */
-    CONN_DRAINING, /* no more reads; close once everything owed is written */
-    CONN_CLOSING,  /* the handle is closing: no more reads, no more answers */
-};
-
-struct conn {
-    uv_tcp_t tcp;
-    enum connState state;
-    struct rpc_server *srv;
-    uint8_t *buf;
-    size_t len;
-    size_t cap;
-    int refs;             /* the open handle + requests awaiting an answer + writes + a place on the
-                           * flush list */
-    unsigned inflight;    /* requests awaiting an answer */
-    bool backlog;         /* frames taken from the socket wait for inflight to fall below
-                           * CONN_MAX_INFLIGHT (in the frame buffer, or in the TLS engine): reading
-                           * stays paused, and the flush handle takes them up */
-    unsigned writes;      /* answers being written */
-    struct idem_tls *tls; /* NULL on a plain-TCP listener */
-    uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
-    bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
-    uint64_t skip;        /* bytes of an oversized frame still to discard */
-    uint64_t accepted_ms; /* uv_now() at accept */
-    uint64_t progress_ms; /* uv_now() at accept, at each complete frame, each answer written */
-    uint64_t wprogress_ms; /* uv_now() when a write last completed, or when one started with
-                            * none outstanding: a write stuck since is the peer's not reading */
-    LIST_ENTRY(conn) link; /* in the server's conns */
-    struct writeReq *out; /* answer frames not yet written (plain TCP), out_len bytes */
-    size_t out_len;
-    size_t out_cap;
-    bool queued; /* on the server's flush list (holds a reference) */
-    SLIST_ENTRY(conn) flush_link;
-    size_t accounted; /* its answer bytes in answer_bytes, at the last connAccount() */
-};
-
-struct rpc_server {
-    uv_tcp_t listener;
-    uv_loop_t *loop;
-    const struct config_rpc *cfg;
-    struct service *svc;
-    struct idem_tls_ctx *tls; /* NULL: plain TCP */
-    LIST_HEAD(, conn) conns;
-    size_t n_conns;
-    bool closing;
-    bool listener_closed;
-    uv_timer_t sweep; /* the timeouts; after rpc_server_close, the drain's grace period */
-    bool sweep_closing;
-    bool sweep_closed;
-    uint64_t close_ms;       /* uv_now() at rpc_server_close */
-    uint64_t tls_warn_ms;    /* uv_now() of the last TLS failure warning */
-    uint64_t tls_suppressed; /* TLS failures not logged since then */
-    bool tls_warned;
-    uint64_t shed_warn_ms;    /* uv_now() of the last warning of a close for the answer cap */
-    uint64_t shed_suppressed; /* such closes not logged since then */
-    bool shed_warned;
-    SLIST_HEAD(, conn) flush; /* connections with answers to write this loop turn */
-    uv_check_t flusher;  /* writes them, after the turn's I/O callbacks */
-    uv_idle_t awake;     /* active while anything waits: the poll does not block */
-    int handles_closing; /* flusher and awake, once every connection is gone */
-    bool handles_closed;
-    void (*close_cb)(void *data);
-    void *close_data;
-};
-
 struct writeReq {
     uv_write_t req;
     struct conn *c;
     uint8_t data[];
 };
-
-/* Whether c still takes frames: reading, or paused by back-pressure. */
-static bool connOpen(const struct conn *c)
-{
-    return c->state == CONN_READING || c->state == CONN_PAUSED;
-}
 
 /* Moves c to `to`, asserting that its life allows the change (enum connState). */
 static void connSetState(struct conn *c, enum connState to)
@@ -171,22 +65,17 @@ static void connSetState(struct conn *c, enum connState to)
     assert(c->state != CONN_CLOSING); /* final */
     assert(to != CONN_READING || c->state == CONN_PAUSED);
     assert(to != CONN_PAUSED || c->state == CONN_READING);
-    assert(to != CONN_DRAINING || connOpen(c));
+    assert(to != CONN_DRAINING || rpc_conn_open(c));
     c->state = to;
 }
 
 static void flushHandleClosed(uv_handle_t *h);
 static void sweepClosed(uv_handle_t *h);
 
-/* Every listener's figures in this process (rpc_get_stats). */
-static struct rpc_stats stats;
-
-/* What frame buffers hold past their first CONN_BUF_MIN bytes, every connection's
- * together: what rpc.max_frame_buffer_mb bounds (connHoldFrame). */
-static uint64_t frame_buffer_grown;
-
-/* Answer bytes waiting to be written, every connection's together (connAccount). */
-static uint64_t answer_bytes;
+/* The figures and totals of every listener in this process (rpc_internal.h). */
+struct rpc_stats rpc_figures;
+uint64_t rpc_frame_buffer_grown;
+uint64_t rpc_answer_bytes;
 
 static uint64_t grownBytes(const struct conn *c)
 {
@@ -195,8 +84,8 @@ static uint64_t grownBytes(const struct conn *c)
 
 void rpc_get_stats(struct rpc_stats *out)
 {
-    *out = stats;
-    out->answer_buffer_bytes = answer_bytes;
+    *out = rpc_figures;
+    out->answer_buffer_bytes = rpc_answer_bytes;
 }
 
 static void serverMaybeFree(struct rpc_server *r)
@@ -221,6 +110,7 @@ static void serverMaybeFree(struct rpc_server *r)
         void (*cb)(void *) = r->close_cb;
         void *data = r->close_data;
         IdemTlsCtxFree(r->tls);
+        rpc_admit_free(&r->admit);
         free(r);
         if (cb) {
             cb(data);
@@ -228,7 +118,7 @@ static void serverMaybeFree(struct rpc_server *r)
     }
 }
 
-static void connUnref(struct conn *c)
+void rpc_conn_unref(struct conn *c)
 {
     assert(c->refs > 0);
     if (--c->refs > 0) {
@@ -238,14 +128,15 @@ static void connUnref(struct conn *c)
     assert(c->state == CONN_CLOSING && c->inflight == 0 && c->writes == 0 && !c->queued);
     LIST_REMOVE(c, link);
     r->n_conns--;
-    stats.connections--;
-    answer_bytes -= c->accounted;
-    stats.frame_buffer_bytes -= c->cap;
-    frame_buffer_grown -= grownBytes(c);
+    rpc_figures.connections--;
+    rpc_answer_bytes -= c->accounted;
+    rpc_figures.frame_buffer_bytes -= c->cap;
+    rpc_frame_buffer_grown -= grownBytes(c);
     IdemTlsFree(c->tls);
     free(c->cipher);
     free(c->buf);
     free(c->out);
+    free(c->tok);
     free(c);
     serverMaybeFree(r);
 }
@@ -269,7 +160,7 @@ static void awakeCb(uv_idle_t *h)
 
 static void connClosed(uv_handle_t *h)
 {
-    connUnref(h->data);
+    rpc_conn_unref(h->data);
 }
 
 /* libidem's TLS stream reports running out of memory; the server aborts, as xmalloc does. */
@@ -293,13 +184,14 @@ static void tlsTryFlush(struct conn *c)
     }
 }
 
-static void connClose(struct conn *c)
+void rpc_conn_close(struct conn *c)
 {
     if (c->state == CONN_CLOSING) {
         return;
     }
     connSetState(c, CONN_CLOSING);
     connAccount(c);
+    rpc_admit_remove(&c->srv->admit, &c->admit);
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (c->tls != NULL) {
         if (!c->tls_failed) {
@@ -311,39 +203,37 @@ static void connClose(struct conn *c)
 }
 
 /* Closes a draining connection once nothing is owed to it any more. */
-static void connMaybeFinishDrain(struct conn *c)
+void rpc_conn_maybe_finish_drain(struct conn *c)
 {
     if (c->state == CONN_DRAINING && c->inflight == 0 && c->writes == 0 && !c->queued) {
-        connClose(c);
+        rpc_conn_close(c);
     }
 }
 
 static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void connQueue(struct conn *c);
-static void connProcess(struct conn *c);
-static bool connHoldFrame(struct conn *c, uint32_t n);
 static void tlsRead(struct conn *c, const uint8_t *data, size_t n);
 
 /* Answer bytes waiting to be written: in libuv's queue, gathered this turn, in the TLS
  * engine. */
-static size_t connQueuedBytes(struct conn *c)
+size_t rpc_conn_queued_bytes(struct conn *c)
 {
     return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out_len +
            (c->tls != NULL ? IdemTlsPending(c->tls) : 0);
 }
 
-/* Brings answer_bytes up to date with c's answers waiting. A closing connection counts
+/* Brings rpc_answer_bytes up to date with c's answers waiting. A closing connection counts
  * none: what it holds is freed as its handle closes, and it takes no more. Called wherever
  * they change: an answer made, a write started or done, the close. */
 static void connAccount(struct conn *c)
 {
-    size_t now = c->state == CONN_CLOSING ? 0 : connQueuedBytes(c);
-    answer_bytes = answer_bytes - c->accounted + now;
+    size_t now = c->state == CONN_CLOSING ? 0 : rpc_conn_queued_bytes(c);
+    rpc_answer_bytes = rpc_answer_bytes - c->accounted + now;
     c->accounted = now;
 }
 
-static uint64_t answerBudget(const struct conn *c)
+uint64_t rpc_answer_budget(const struct conn *c)
 {
     return (uint64_t)c->srv->cfg->max_answer_buffer_mb << 20;
 }
@@ -353,17 +243,17 @@ static uint64_t answerBudget(const struct conn *c)
  * its own (a peer slow to read stops sending before the budget closes anybody). */
 static bool connOverloaded(struct conn *c)
 {
-    size_t queued = connQueuedBytes(c);
+    size_t queued = rpc_conn_queued_bytes(c);
     return c->inflight >= CONN_MAX_INFLIGHT || queued >= CONN_MAX_QUEUED ||
-           (queued >= CONN_OUT_BATCH && answer_bytes >= answerBudget(c) / 2);
+           (queued >= CONN_OUT_BATCH && rpc_answer_bytes >= rpc_answer_budget(c) / 2);
 }
 
 /* Stops or resumes reading by back-pressure. Frames already taken in (c->backlog) go first:
  * once c may take requests again, the flush handle hands them on (flushCb), and reading
  * resumes only after them. */
-static void connFlowControl(struct conn *c)
+void rpc_conn_flow_control(struct conn *c)
 {
-    if (!connOpen(c)) {
+    if (!rpc_conn_open(c)) {
         return;
     }
     bool over = connOverloaded(c);
@@ -380,14 +270,14 @@ static void connFlowControl(struct conn *c)
     }
 }
 
-static void connDrain(struct conn *c)
+void rpc_conn_drain(struct conn *c)
 {
-    if (!connOpen(c)) {
+    if (!rpc_conn_open(c)) {
         return;
     }
     connSetState(c, CONN_DRAINING);
     uv_read_stop((uv_stream_t *)&c->tcp);
-    connMaybeFinishDrain(c);
+    rpc_conn_maybe_finish_drain(c);
 }
 
 static void writeCb(uv_write_t *req, int status)
@@ -399,13 +289,13 @@ static void writeCb(uv_write_t *req, int status)
     c->progress_ms = c->wprogress_ms = uv_now(c->srv->loop);
     connAccount(c);
     if (status != 0) {
-        connClose(c);
+        rpc_conn_close(c);
     } else {
-        connMaybeFinishDrain(c);
-        connFlowControl(c);
+        rpc_conn_maybe_finish_drain(c);
+        rpc_conn_flow_control(c);
     }
     free(w);
-    connUnref(c);
+    rpc_conn_unref(c);
 }
 
 /* Writes n bytes (answer frames, or TLS records) that w->data holds; w is consumed. */
@@ -422,7 +312,7 @@ static void connWrite(struct conn *c, struct writeReq *w, size_t n)
         free(w);
         c->refs--;
         c->writes--;
-        connClose(c);
+        rpc_conn_close(c);
         return;
     }
     connAccount(c); /* libuv may have written some of it at once */
@@ -461,7 +351,7 @@ static void tlsFail(struct conn *c, const char *what)
         r->tls_suppressed++;
     }
     c->tls_failed = true;
-    connClose(c);
+    rpc_conn_close(c);
 }
 
 /* Puts c on the flush list (once per turn), waking the flush handles if it was empty. */
@@ -514,17 +404,17 @@ static void flushCb(uv_check_t *h)
         assert(c->queued);
         c->queued = false;
         connFlush(c);
-        connMaybeFinishDrain(c);
-        if (c->backlog && connOpen(c) && !connOverloaded(c)) {
+        rpc_conn_maybe_finish_drain(c);
+        if (c->backlog && rpc_conn_open(c) && !connOverloaded(c)) {
             c->backlog = false;
             if (c->tls != NULL) {
                 tlsRead(c, NULL, 0); /* what the engine still holds, then the buffer */
             } else {
-                connProcess(c);
+                rpc_conn_process(c);
             }
         }
-        connFlowControl(c);
-        connUnref(c);
+        rpc_conn_flow_control(c);
+        rpc_conn_unref(c);
     }
     if (SLIST_EMPTY(&r->flush)) {
         uv_check_stop(&r->flusher);
@@ -543,7 +433,7 @@ static void packFrame(uint8_t *p, const Idem__Response *resp, size_t n)
 }
 
 /* Packs one response frame into c's output for this turn. */
-static void connSend(struct conn *c, const Idem__Response *resp)
+void rpc_conn_send(struct conn *c, const Idem__Response *resp)
 {
     if (c->state == CONN_CLOSING) {
         return;
@@ -590,9 +480,9 @@ static void connSend(struct conn *c, const Idem__Response *resp)
  * that does not read, loses the answers it was owed; a client sends those requests again
  * with the same key and attempt id). Logged at most once per SHED_WARN_EVERY_MS, with the
  * count of closes not logged since. */
-static void serverShed(struct rpc_server *r, uint64_t budget)
+void rpc_server_shed(struct rpc_server *r, uint64_t budget)
 {
-    while (answer_bytes > budget) {
+    while (rpc_answer_bytes > budget) {
         struct conn *most = NULL;
         struct conn *c;
         LIST_FOREACH (c, &r->conns, link) {
@@ -603,7 +493,7 @@ static void serverShed(struct rpc_server *r, uint64_t budget)
         if (most == NULL || most->accounted == 0) {
             return; /* what is left is other listeners' (none today) */
         }
-        stats.answer_cuts_node++;
+        rpc_figures.answer_cuts_node++;
         uint64_t now = uv_now(r->loop);
         if (!r->shed_warned || now - r->shed_warn_ms >= SHED_WARN_EVERY_MS) {
             char peer[64] = "an unknown address";
@@ -620,8 +510,8 @@ static void serverShed(struct rpc_server *r, uint64_t budget)
             log_warn("rpc: answers waiting to be written hold %llu MiB, over "
                      "rpc.max_answer_buffer_mb (%u): closed the connection from %s, which held "
                      "%llu KiB of them (%llu more such closes not logged)",
-                     (unsigned long long)(answer_bytes >> 20), r->cfg->max_answer_buffer_mb, peer,
-                     (unsigned long long)(most->accounted >> 10),
+                     (unsigned long long)(rpc_answer_bytes >> 20), r->cfg->max_answer_buffer_mb,
+                     peer, (unsigned long long)(most->accounted >> 10),
                      (unsigned long long)r->shed_suppressed);
             r->shed_warned = true;
             r->shed_warn_ms = now;
@@ -630,298 +520,8 @@ static void serverShed(struct rpc_server *r, uint64_t budget)
             r->shed_suppressed++;
         }
         most->tls_failed = true; /* no close_notify behind answers it does not read */
-        connClose(most);
+        rpc_conn_close(most);
     }
-}
-
-/* How a request taken from a frame is counted once answered (rpc_stats.requests). */
-enum callKind {
-    CALL_ADMIN,     /* an admin op: not counted */
-    CALL_DATA,      /* a client's data op */
-    CALL_CLAIM,     /* a client's claim: timed too */
-    CALL_FORWARDED, /* a data op another node's gateway forwarded: rpc_stats.forwarded */
-};
-
-/* A request handed to the service, until it is answered. */
-struct call {
-    struct conn *c;
-    enum callKind kind;
-    uint64_t start_ns; /* CALL_CLAIM: uv_hrtime() when it was taken */
-};
-
-static enum callKind callKindOf(const Idem__Request *req)
-{
-    if (!service_data_op(req)) {
-        return CALL_ADMIN;
-    }
-    /* A follower's gateway marks what it forwards (forward.c), and its proxy forwards with
-     * as_tenant: the gateway counts its client's request, this node does not again. */
-    if (req->forwarded || (req->as_tenant != NULL && req->as_tenant[0] != '\0')) {
-        return CALL_FORWARDED;
-    }
-    return req->op_case == IDEM__REQUEST__OP_CLAIM ? CALL_CLAIM : CALL_DATA;
-}
-
-static void callCount(const struct call *k, const Idem__Response *resp)
-{
-    unsigned oc = resp->result != NULL ? (unsigned)resp->result->outcome : 0;
-    if (k->kind == CALL_ADMIN) {
-        return;
-    }
-    if (k->kind == CALL_FORWARDED) {
-        if (oc < REQSTATS_OUTCOMES) {
-            stats.forwarded[oc]++;
-        }
-        return;
-    }
-    if (k->kind == CALL_CLAIM) {
-        reqstats_claim(&stats.requests, (double)(uv_hrtime() - k->start_ns) / 1e9);
-    }
-    reqstats_outcome(&stats.requests, oc);
-    if (oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE) {
-        stats.requests.fail_closed++;
-    }
-}
-
-static void answeredCb(void *data, const Idem__Response *resp)
-{
-    struct call *k = data;
-    struct conn *c = k->c;
-    callCount(k, resp);
-    free(k);
-    assert(c->inflight > 0);
-    c->inflight--;
-    stats.inflight--;
-    connSend(c, resp);
-    if (c->state != CONN_CLOSING && connQueuedBytes(c) > CONN_MAX_BUFFERED) {
-        stats.answer_cuts_connection++;
-        c->tls_failed = true; /* no close_notify behind megabytes it does not read */
-        connClose(c);
-    }
-    if (answer_bytes > answerBudget(c)) {
-        serverShed(c->srv, answerBudget(c));
-    }
-    connMaybeFinishDrain(c);
-    connFlowControl(c);
-    connUnref(c); /* the request's reference */
-}
-
-/* Answers a frame we cannot serve; the connection then drains: requests it sent before
- * still get their answers, and it closes once they are written. */
-static void badFrame(struct conn *c, uint64_t request_id, const char *why)
-{
-    Idem__Result res = IDEM__RESULT__INIT;
-    Idem__Response resp = IDEM__RESPONSE__INIT;
-    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
-    resp.request_id = request_id;
-    resp.result = &res;
-    resp.error = (char *)why;
-    connSend(c, &resp);
-    connDrain(c);
-}
-
-/* Answers a frame that is not taken in (n bytes, `have` of them at p) under `id`, with
- * `outcome`, `detail` and `why`; with an id the frame is then skipped, without one (0)
- * the connection drains. Returns the bytes consumed from p (0 when draining). */
-static size_t refuseFrame(struct conn *c, size_t have, uint32_t n, uint64_t id,
-                          Idem__Outcome outcome, const char *detail, const char *why)
-{
-    Idem__Result res = IDEM__RESULT__INIT;
-    Idem__Response resp = IDEM__RESPONSE__INIT;
-    res.outcome = outcome;
-    res.detail = (char *)detail;
-    resp.request_id = id;
-    resp.result = &res;
-    resp.error = (char *)why;
-    connSend(c, &resp);
-    if (id == 0) {
-        connDrain(c);
-        return 0;
-    }
-    size_t take = have < n ? have : n;
-    c->skip = (uint64_t)n - take;
-    return take;
-}
-
-/* The length a frame buffer's first frame declares, 0 when it holds less than its prefix. */
-static uint32_t firstFrameLen(const struct conn *c)
-{
-    if (c->skip > 0 || c->len < FRAME_HEADER_LEN) {
-        return 0;
-    }
-    return frame_header_get(c->buf);
-}
-
-/* Gives back a frame buffer that a large frame grew, once what is left in it is small: an
- * idle connection holds CONN_BUF_MIN, not the largest frame it ever sent (up to
- * max_frame_bytes, for each of max_connections). Not while the frame it was grown for is
- * still arriving. */
-static void connShrink(struct conn *c)
-{
-    uint32_t first = firstFrameLen(c);
-    if (first != 0 && first <= c->srv->cfg->max_frame_bytes &&
-        (size_t)first + 4 + CONN_READ_SLACK > CONN_BUF_MIN) {
-        return;
-    }
-    if (c->cap > CONN_BUF_MIN && c->len <= CONN_BUF_MIN / 4) {
-        c->buf = xrealloc(c->buf, CONN_BUF_MIN);
-        stats.frame_buffer_bytes -= c->cap - CONN_BUF_MIN;
-        frame_buffer_grown -= c->cap - CONN_BUF_MIN;
-        c->cap = CONN_BUF_MIN;
-    }
-}
-
-/* refuseUntaken(): the request id of the frame may be in bytes still to come. */
-#define REFUSE_WAIT SIZE_MAX
-
-/* Answers the frame at p (its prefix, then `have` of its n body bytes) that is not taken
- * in, under its request id when one can be read from its first bytes (refuseFrame).
- * Returns the body bytes consumed (0: no id, the connection drains), or REFUSE_WAIT when
- * the id may be in the bytes still to come. */
-static size_t refuseUntaken(struct conn *c, const uint8_t *p, size_t have, uint32_t n,
-                            Idem__Outcome outcome, const char *detail, const char *why)
-{
-    uint64_t id = 0;
-    int found = frame_peek_request_id(p + FRAME_HEADER_LEN, have < n ? have : n, &id);
-    if (found < 0 && have < n) {
-        return REFUSE_WAIT;
-    }
-    return refuseFrame(c, have, n, found > 0 ? id : 0, outcome, detail, why);
-}
-
-/* Decodes a complete frame's body (n bytes at p) and hands its request to the service.
- * False when it is not a request we can serve: it was answered and the connection drains. */
-static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
-{
-    Idem__Request *req = idem__request__unpack(NULL, n, p);
-    c->progress_ms = uv_now(c->srv->loop);
-    if (req == NULL) {
-        badFrame(c, 0, "frame does not decode as a Request");
-        return false;
-    }
-    if (req->op_case == IDEM__REQUEST__OP__NOT_SET) {
-        badFrame(c, req->request_id, "request has no known op");
-        idem__request__free_unpacked(req, NULL);
-        return false;
-    }
-    struct call *k = xmalloc(sizeof(*k));
-    k->c = c;
-    k->kind = callKindOf(req);
-    k->start_ns = k->kind == CALL_CLAIM ? uv_hrtime() : 0;
-    c->refs++;
-    c->inflight++;
-    stats.inflight++;
-    service_handle(c->srv->svc, req, answeredCb, k);
-    idem__request__free_unpacked(req, NULL);
-    return true;
-}
-
-/* Handles the complete frames in the buffer, up to CONN_MAX_INFLIGHT requests awaiting an
- * answer (c->backlog then says that frames were left). */
-static void connProcess(struct conn *c)
-{
-    size_t off = 0;
-    const uint32_t max = c->srv->cfg->max_frame_bytes;
-    assert(c->len <= c->cap);
-    while (connOpen(c) && c->len - off > 0) {
-        assert(off < c->len);
-        if (c->skip > 0) {
-            size_t d = c->len - off < c->skip ? c->len - off : (size_t)c->skip;
-            off += d;
-            c->skip -= d;
-            if (c->skip == 0) {
-                c->progress_ms = uv_now(c->srv->loop);
-            }
-            continue;
-        }
-        const uint8_t *p = c->buf + off;
-        uint32_t n = 0;
-        enum frame_status fs = frame_check(p, c->len - off, max, &n);
-        if (fs == FRAME_SHORT) {
-            break;
-        }
-        if (c->inflight >= CONN_MAX_INFLIGHT) {
-            /* The cap holds per request, not per read: one read of a full buffer can bring
-             * tens of thousands of small frames. The rest wait where they are. */
-            c->backlog = true;
-            break;
-        }
-        if (fs == FRAME_COMPLETE) {
-            off += FRAME_HEADER_LEN + (size_t)n;
-            if (!connTakeRequest(c, p + FRAME_HEADER_LEN, n)) {
-                return;
-            }
-            continue;
-        }
-        size_t have = c->len - off - FRAME_HEADER_LEN;
-        size_t took;
-        if (fs == FRAME_TOO_LARGE) {
-            took = refuseUntaken(c, p, have, n, IDEM__OUTCOME__OUTCOME_INVALID, "frame_too_large",
-                                 "frame larger than max_frame_bytes");
-        } else if (connHoldFrame(c, n)) {
-            break; /* FRAME_PARTIAL: the rest of it fits in the buffer */
-        } else {
-            /* Every connection's buffers together hold rpc.max_frame_buffer_mb already
-             * (say, many peers that each started a large frame and stopped): this frame is
-             * answered unavailable (a client may send it again) and skipped as it comes. */
-            took = refuseUntaken(c, p, have, n, IDEM__OUTCOME__OUTCOME_UNAVAILABLE, "",
-                                 "the node's frame buffers are full "
-                                 "(rpc.max_frame_buffer_mb): send it again later");
-            if (took != REFUSE_WAIT) {
-                stats.frames_refused++;
-                stats.requests.fail_closed++;
-            }
-        }
-        if (took == REFUSE_WAIT) {
-            break; /* the request id may be in the bytes still to come */
-        }
-        if (took == 0) {
-            return; /* no request id: answered under 0, the connection drains */
-        }
-        off += FRAME_HEADER_LEN + took;
-    }
-    connFlowControl(c);
-    if (off > 0) {
-        assert(off <= c->len);
-        memmove(c->buf, c->buf + off, c->len - off);
-        c->len -= off;
-    }
-    connShrink(c);
-}
-
-/* The frame buffer's first CONN_BUF_MIN bytes. It grows past them only for a frame whose
- * length is known (connHoldFrame), so that every byte a connection buffers is counted
- * against rpc.max_frame_buffer_mb before it is taken. */
-static void connReserve(struct conn *c)
-{
-    if (c->cap == 0) {
-        c->buf = xmalloc(CONN_BUF_MIN);
-        stats.frame_buffer_bytes += CONN_BUF_MIN;
-        c->cap = CONN_BUF_MIN;
-    }
-}
-
-/* Makes room for the frame of n bytes (n <= max_frame_bytes) and CONN_READ_SLACK more,
- * once it is at the buffer's front (connProcess moves what is left there before the next
- * read), within every connection's budget together: the growth of frame buffers past
- * their first CONN_BUF_MIN bytes is at most rpc.max_frame_buffer_mb. False, nothing
- * changed, when it would go past. */
-static bool connHoldFrame(struct conn *c, uint32_t n)
-{
-    size_t need = 4 + (size_t)n + CONN_READ_SLACK;
-    if (need <= c->cap) {
-        return true;
-    }
-    uint64_t budget = (uint64_t)c->srv->cfg->max_frame_buffer_mb << 20;
-    uint64_t more = need - (c->cap > CONN_BUF_MIN ? c->cap : CONN_BUF_MIN);
-    if (frame_buffer_grown + more > budget) {
-        return false;
-    }
-    frame_buffer_grown += more;
-    c->buf = xrealloc(c->buf, need);
-    stats.frame_buffer_bytes += need - c->cap;
-    c->cap = need;
-    return true;
 }
 
 static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -935,32 +535,32 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)c->cipher, CONN_TLS_READ);
         return;
     }
-    connReserve(c);
+    rpc_conn_reserve(c);
     *buf = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len));
 }
 
 /* TLS: feeds what was read and decrypts everything available into the frame buffer,
- * handing complete frames to connProcess() whenever the buffer fills up. */
+ * handing complete frames to rpc_conn_process() whenever the buffer fills up. */
 static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
 {
     if (IdemTlsFeed(c->tls, data, n) != 0) {
         tlsOutOfMemory(); /* the stream's buffer could not grow */
     }
     for (;;) {
-        if (!connOpen(c)) {
+        if (!rpc_conn_open(c)) {
             break;
         }
-        connReserve(c);
+        rpc_conn_reserve(c);
         if (c->cap == c->len) {
             /* Full: the frames in it are complete (the limit leaves room for the largest
              * frame), so processing frees space. */
-            connProcess(c);
-            if (!connOpen(c) || c->backlog) {
+            rpc_conn_process(c);
+            if (!rpc_conn_open(c) || c->backlog) {
                 break; /* backlog: the rest stays in the engine until flushCb resumes */
             }
-            connReserve(c);
+            rpc_conn_reserve(c);
             if (c->cap == c->len) {
-                badFrame(c, 0, "frame buffer full");
+                rpc_conn_bad_frame(c, 0, "frame buffer full");
                 break;
             }
         }
@@ -974,7 +574,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
         }
         tlsFlush(c); /* an alert, if the engine made one */
         if (got == IDEM_TLS_CLOSED) {
-            connClose(c);
+            rpc_conn_close(c);
         } else {
             tlsFail(c, IdemTlsEstablished(c->tls) ? "read" : "handshake");
         }
@@ -982,7 +582,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
     }
     tlsFlush(c);
     if (c->state != CONN_CLOSING) {
-        connProcess(c);
+        rpc_conn_process(c);
     }
 }
 
@@ -992,13 +592,13 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread == UV_EOF && c->tls == NULL) {
         /* The peer is done sending, maybe not reading (a half-close after its last
          * request): the requests it sent still get their answers, then the connection
-         * closes (connDrain; a peer that does not read them is cut off by the sweep). */
-        connDrain(c);
+         * closes (rpc_conn_drain; a peer that does not read them is cut off by the sweep). */
+        rpc_conn_drain(c);
         return;
     }
     if (nread < 0) {
         connFlush(c); /* answers made this turn, before the end of the stream */
-        connClose(c);
+        rpc_conn_close(c);
         return;
     }
     if (c->tls != NULL) {
@@ -1009,16 +609,28 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     c->len += (size_t)nread;
     assert(c->len <= c->cap);
-    connProcess(c);
+    rpc_conn_process(c);
 }
 
-/* Closes connections past their handshake or idle timeout, those whose peer has not taken
- * any of an answer for rpc.idle_timeout_ms (a write outstanding all along), and, once the
- * server is closing, those still draining CLOSE_GRACE_MS after it began. */
+/* The members' addresses, for admission (rpc_admit_set_members). */
+static void serverMembers(struct rpc_server *r)
+{
+    uint32_t addrs[RPC_ADMIT_MEMBER_ADDRS];
+    size_t n = service_member_addrs(r->svc, addrs, RPC_ADMIT_MEMBER_ADDRS);
+    rpc_admit_set_members(&r->admit, addrs, n);
+}
+
+/* Closes connections past their first-frame, handshake or idle timeout, those whose peer
+ * has not taken any of an answer for rpc.idle_timeout_ms (a write outstanding all along),
+ * and, once the server is closing, those still draining CLOSE_GRACE_MS after it began.
+ * Brings the members' addresses up to date (not once closing: the service may be gone). */
 static void sweepCb(uv_timer_t *t)
 {
     struct rpc_server *r = t->data;
     uint64_t now = uv_now(r->loop);
+    if (!r->closing) {
+        serverMembers(r);
+    }
     struct conn *c;
     LIST_FOREACH (c, &r->conns, link) {
         if (c->state == CONN_CLOSING) {
@@ -1027,20 +639,25 @@ static void sweepCb(uv_timer_t *t)
         if (r->closing) {
             if (now - r->close_ms >= CLOSE_GRACE_MS) {
                 c->tls_failed = true;
-                connClose(c);
+                rpc_conn_close(c);
             }
             continue;
         }
         if (c->writes > 0 && now - c->wprogress_ms >= r->cfg->idle_timeout_ms) {
             c->tls_failed = true; /* it reads nothing: no close_notify either */
-            connClose(c);
+            rpc_conn_close(c);
+        } else if (!c->framed && !c->authed &&
+                   now - c->accepted_ms >= r->cfg->first_frame_timeout_ms) {
+            rpc_figures.dropped_first_frame++;
+            c->tls_failed = true; /* nothing to say to it */
+            rpc_conn_close(c);
         } else if (c->tls != NULL && !IdemTlsEstablished(c->tls) &&
                    now - c->accepted_ms >= r->cfg->handshake_timeout_ms) {
             c->tls_failed = true; /* nothing to say to it */
-            connClose(c);
+            rpc_conn_close(c);
         } else if (c->inflight == 0 && c->writes == 0 && !c->queued &&
                    now - c->progress_ms >= r->cfg->idle_timeout_ms) {
-            connClose(c);
+            rpc_conn_close(c);
         }
     }
 }
@@ -1050,6 +667,38 @@ static void sweepClosed(uv_handle_t *h)
     struct rpc_server *r = h->data;
     r->sweep_closed = true;
     serverMaybeFree(r);
+}
+
+/* Admits c (just accepted) by rpc_admit_decide(), closing the connection it evicts;
+ * false: refused. */
+static bool connAdmit(struct rpc_server *r, struct conn *c)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    uint32_t addr = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0 && sa.ss_family == AF_INET) {
+        addr = ntohl(((const struct sockaddr_in *)&sa)->sin_addr.s_addr);
+    }
+    struct rpc_admit_entry *old = NULL;
+    switch (rpc_admit_decide(&r->admit, addr, &old)) {
+    case RPC_ADMIT_REFUSE_ADDR:
+        rpc_figures.refused_address++;
+        return false;
+    case RPC_ADMIT_REFUSE_FULL:
+        rpc_figures.refused_connections++;
+        return false;
+    case RPC_ADMIT_EVICT: {
+        struct conn *victim = (struct conn *)((char *)old - offsetof(struct conn, admit));
+        rpc_figures.dropped_evicted++;
+        victim->tls_failed = true;
+        rpc_conn_close(victim); /* takes it out of the admission */
+        break;
+    }
+    case RPC_ADMIT_OK:
+        break;
+    }
+    rpc_admit_add(&r->admit, &c->admit, addr);
+    return true;
 }
 
 static void acceptCb(uv_stream_t *l, int status)
@@ -1066,9 +715,9 @@ static void acceptCb(uv_stream_t *l, int status)
     c->tcp.data = c;
     LIST_INSERT_HEAD(&r->conns, c, link);
     r->n_conns++;
-    stats.connections++;
-    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || r->n_conns > r->cfg->max_connections) {
-        connClose(c);
+    rpc_figures.connections++;
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || !connAdmit(r, c)) {
+        rpc_conn_close(c);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -1110,6 +759,9 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     r->cfg = cfg;
     r->svc = svc;
     r->tls = tctx;
+    rpc_admit_init(&r->admit, cfg->max_connections, cfg->member_connections,
+                   cfg->max_connections_per_address);
+    serverMembers(r);
     uv_tcp_init(loop, &r->listener);
     r->listener.data = r;
     rv = uv_tcp_bind(&r->listener, (const struct sockaddr *)&sa, 0);
@@ -1133,6 +785,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         /* The handle is closed on the next loop turn; the struct must outlive it. */
         uv_run(loop, UV_RUN_NOWAIT);
         IdemTlsCtxFree(tctx);
+        rpc_admit_free(&r->admit);
         free(r);
         return NULL;
     }
@@ -1158,7 +811,7 @@ void rpc_server_close(struct rpc_server *r, void (*cb)(void *data), void *data)
      * elsewhere with the same key and attempt id. */
     struct conn *c;
     LIST_FOREACH (c, &r->conns, link) {
-        connDrain(c);
+        rpc_conn_drain(c);
     }
     serverMaybeFree(r); /* closes the sweep at once when no connection is left */
 }

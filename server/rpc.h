@@ -1,7 +1,9 @@
 /* rpc: the binary RPC front end: a TCP listener speaking length-prefixed protobuf frames
  * (idem.proto, above `message Request`), pipelined, answered out of order by request id.
- * Every decoded request goes to service_handle(); bad frames are answered with INVALID and
- * the connection is closed without touching any other connection. */
+ * A frame's bytes are checked (rpc_scan.h) and its token known before protobuf-c decodes it;
+ * every decoded request goes to service_handle(); bad frames are answered with INVALID and
+ * the connection is closed without touching any other connection. Which connections come
+ * in, and which one makes room for them, is rpc_admit.h's. */
 #ifndef IDEM_SERVER_RPC_H
 #define IDEM_SERVER_RPC_H
 
@@ -34,6 +36,25 @@ struct rpc_stats {
     uint64_t answer_cuts_connection; /* connections closed past 64 MiB of answers waiting */
     uint64_t answer_cuts_node;       /* closed as the one holding the most, the answers of
                                       * all together past rpc.max_answer_buffer_mb */
+    /* Frames refused before protobuf-c decoded them (server/rpc_scan.h): answered
+     * unauthenticated (no known token; past rpc.unauthenticated_max_frame_bytes, none in
+     * their first bytes), and answered invalid for more than RPC_SCAN_MAX_FIELDS fields, a
+     * field number idem.proto does not have, bytes that are not a Request (before or in
+     * the decode), or a decode past its memory budget. */
+    uint64_t rejected_unauthenticated;
+    uint64_t rejected_fields;
+    uint64_t rejected_unknown_field;
+    uint64_t rejected_malformed;
+    uint64_t rejected_decode_memory;
+    /* Connections closed at their accept (server/rpc_admit.h): their address held
+     * rpc.max_connections_per_address, or every slot they may take was held by members
+     * and authenticated clients. */
+    uint64_t refused_address;
+    uint64_t refused_connections;
+    /* Connections closed after it: the oldest unauthenticated one, to admit a new one;
+     * no frame nor known token within rpc.first_frame_timeout_ms. */
+    uint64_t dropped_evicted;
+    uint64_t dropped_first_frame;
     /* Clients' data ops (claim, complete, release, renew, get) answered, by outcome, with
      * claim durations (from the frame's decoding to its answer); fail_closed: their
      * unavailable answers, and those of frames refused unread (frames_refused). Admin ops

@@ -16,6 +16,7 @@
  * are service_requests.c, operators' requests service_admin.c (service_internal.h). */
 #include "service_internal.h"
 
+#include <arpa/inet.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdio.h>
@@ -650,6 +651,52 @@ const char *service_leader_elsewhere(const struct service *s)
         return NULL;
     }
     return addr;
+}
+
+/* The IPv4 address (host order) of "A.B.C.D:PORT" (or of a bare address), 0 when it is
+ * not one. */
+static uint32_t hostOf(const char *addr)
+{
+    char host[INET_ADDRSTRLEN];
+    const char *colon = strrchr(addr, ':');
+    size_t len = colon != NULL ? (size_t)(colon - addr) : strlen(addr);
+    struct in_addr in;
+    if (len == 0 || len >= sizeof host) {
+        return 0;
+    }
+    memcpy(host, addr, len);
+    host[len] = '\0';
+    return inet_pton(AF_INET, host, &in) == 1 ? ntohl(in.s_addr) : 0;
+}
+
+size_t service_member_addrs(const struct service *s, uint32_t *out, size_t cap)
+{
+    size_t k = 0;
+    const struct config *cfg = s->cfg;
+    const char *mine[] = {cfg->node.raft_address.text, cfg->node.rpc_address.text,
+                          cfg->node.http_address.text};
+    for (size_t i = 0; i < 3 && k < cap; i++) {
+        out[k] = hostOf(mine[i]);
+        k += out[k] != 0;
+    }
+    for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
+        const struct config_member *b = &cfg->cluster.bootstrap[i];
+        const char *addrs[] = {b->raft_address.text, b->rpc_address.text, b->http_address.text};
+        for (size_t j = 0; j < 3 && k < cap; j++) {
+            out[k] = hostOf(addrs[j]);
+            k += out[k] != 0;
+        }
+    }
+    struct cluster_member ms[CLUSTER_MEMBERS_MAX];
+    size_t n = cluster_members(s->cluster, ms, CLUSTER_MEMBERS_MAX);
+    for (size_t i = 0; i < n && i < CLUSTER_MEMBERS_MAX; i++) {
+        const char *addrs[] = {ms[i].raft_address, ms[i].rpc_address, ms[i].http_address};
+        for (size_t j = 0; j < 3 && k < cap; j++) {
+            out[k] = hostOf(addrs[j]);
+            k += out[k] != 0;
+        }
+    }
+    return k;
 }
 
 void service_get_stats(const struct service *s, struct service_stats *out)

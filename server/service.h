@@ -95,6 +95,27 @@ const struct config_tenant *service_tenant_for_token(const struct service *s,
  * `token` is borrowed for the call. */
 bool service_token_is_admin(const struct service *s, const uint8_t *token, size_t len);
 
+/* What a bearer token is (service_credential_of). */
+enum service_credential {
+    SERVICE_CREDENTIAL_NONE,    /* empty or unknown */
+    SERVICE_CREDENTIAL_TENANT,  /* a tenant's token */
+    SERVICE_CREDENTIAL_ADMIN,   /* the admin token */
+    SERVICE_CREDENTIAL_CLUSTER, /* the cluster secret (rpc.cluster_secret_file) */
+};
+
+/* Whether a bearer token is one the node knows, and whose: its SHA-256 compared in
+ * constant time as for every request. The RPC listener asks before it decodes a frame
+ * (server/rpc.c); the request is then authorised by service_handle() as any. `token` is
+ * borrowed for the call. */
+enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
+                                              size_t len);
+
+/* The IPv4 addresses (host order) of the cluster's members: their Raft, RPC and HTTP
+ * addresses in the current configuration, in cluster.bootstrap and this node's own
+ * (0.0.0.0 left out). Fills up to `cap` entries of out (OUT), maybe the same address more
+ * than once; returns how many. */
+size_t service_member_addrs(const struct service *s, uint32_t *out, size_t cap);
+
 /* Raft and state machine figures for health checks and metrics (OUT). The cluster status's
  * leader_rpc_address borrows the cluster's memory until the next loop turn. */
 struct service_info {

@@ -29,6 +29,24 @@ bool service_auth_admin(const struct service *s, const ProtobufCBinaryData *tok)
     return service_token_hash(s, tok, h) && config_is_admin_hash(s->cfg, h);
 }
 
+enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
+                                              size_t len)
+{
+    ProtobufCBinaryData tok = {len, (uint8_t *)token};
+    uint8_t h[32];
+    if (!service_token_hash(s, &tok, h)) {
+        return SERVICE_CREDENTIAL_NONE;
+    }
+    if (config_tenant_by_token_hash(s->cfg, h) != NULL) {
+        return SERVICE_CREDENTIAL_TENANT;
+    }
+    if (config_is_admin_hash(s->cfg, h)) {
+        return SERVICE_CREDENTIAL_ADMIN;
+    }
+    return config_is_cluster_secret_hash(s->cfg, h) ? SERVICE_CREDENTIAL_CLUSTER
+                                                    : SERVICE_CREDENTIAL_NONE;
+}
+
 uint32_t service_deadline_of(const struct service *s, const Idem__Request *req)
 {
     uint32_t d = req->deadline_ms ? req->deadline_ms : s->cfg->rpc.default_deadline_ms;

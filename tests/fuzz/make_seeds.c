@@ -1,7 +1,8 @@
 /* make_seeds: writes the binary seed corpora of the fuzz targets whose inputs are protobuf
- * bytes (fuzz_fsm_apply, fuzz_snapshot_restore, fuzz_rpc_request, fuzz_client_response) or
- * the Raft port's bytes (fuzz_raft_message, fuzz_raft_handshake). The text seeds
- * (fuzz_config, fuzz_fingerprint, fuzz_http_api_body) are written by hand.
+ * bytes (fuzz_fsm_apply, fuzz_snapshot_restore, fuzz_rpc_request, fuzz_rpc_scan: the same
+ * requests, fuzz_client_response) or the Raft port's bytes (fuzz_raft_message,
+ * fuzz_raft_handshake). The text seeds (fuzz_config, fuzz_fingerprint, fuzz_http_api_body)
+ * are written by hand.
  *
  *   fuzz_make_seeds tests/fuzz/corpus
  *
@@ -273,6 +274,7 @@ static void writeRequest(const char *name, Idem__Request *req)
     }
     idem__request__pack(req, buf);
     writeFile("fuzz_rpc_request", name, buf, n);
+    writeFile("fuzz_rpc_scan", name, buf, n);
 }
 
 static void requestSeeds(void)
@@ -643,6 +645,38 @@ static void handshakeSeeds(void)
     writeFile("fuzz_raft_handshake", "address-too-long", buf, 2 + 24);
 }
 
+/* Frames past or at the walk's limits (fuzz_rpc_scan only): a get followed by 2,000
+ * repetitions of deadline_ms (past RPC_SCAN_MAX_FIELDS), and a complete whose stored
+ * response holds 1,000 empty headers (within it). */
+static void scanSeeds(void)
+{
+    static uint8_t buf[8192];
+    size_t n = 0;
+    const uint8_t head[] = {0x08, 0x07, 0x1a, 0x01, 't', 0x72, 0x03, 0x0a, 0x01, 'k'};
+    memcpy(buf, head, sizeof head);
+    n = sizeof head;
+    for (int i = 0; i < 2000; i++) {
+        buf[n++] = 0x10; /* deadline_ms */
+        buf[n++] = 0x01;
+    }
+    writeFile("fuzz_rpc_scan", "many_fields", buf, n);
+    /* Request.complete (11) { CompleteRequest.response (4) { 1000 x headers (2) {} } } */
+    n = 0;
+    buf[n++] = 0x08;
+    buf[n++] = 0x07;
+    buf[n++] = 0x5a; /* field 11, length-delimited: 2000 + 3 bytes follow */
+    buf[n++] = 0xd3;
+    buf[n++] = 0x0f;
+    buf[n++] = 0x22; /* field 4, length-delimited: 2000 bytes follow */
+    buf[n++] = 0xd0;
+    buf[n++] = 0x0f;
+    for (int i = 0; i < 1000; i++) {
+        buf[n++] = 0x12;
+        buf[n++] = 0x00;
+    }
+    writeFile("fuzz_rpc_scan", "many_headers", buf, n);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -656,5 +690,6 @@ int main(int argc, char **argv)
     responseSeeds();
     messageSeeds();
     handshakeSeeds();
+    scanSeeds();
     return 0;
 }

@@ -293,6 +293,10 @@ static void test_defaults(void **state)
     assert_int_equal(c.rpc.max_connections, 1024);
     assert_int_equal(c.rpc.idle_timeout_ms, 300000);
     assert_int_equal(c.rpc.handshake_timeout_ms, 5000);
+    assert_int_equal(c.rpc.first_frame_timeout_ms, 5000);
+    assert_int_equal(c.rpc.max_connections_per_address, 256);
+    assert_int_equal(c.rpc.member_connections, 32);
+    assert_int_equal(c.rpc.unauthenticated_max_frame_bytes, 65536);
     assert_int_equal(c.rpc.max_frame_buffer_mb, 256);
     assert_int_equal(c.rpc.max_answer_buffer_mb, 1024);
     assert_int_equal(c.batch.max_commands, 256);
@@ -428,6 +432,11 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:20: ", "rpc.idle_timeout_ms: \"99\" is out of range (100..86400000)"},
     {"handshake timeout above the maximum", NODE_OK "rpc:\n  handshake_timeout_ms: 600001\n",
      "x.yaml:7:25: ", "rpc.handshake_timeout_ms: \"600001\" is out of range (100..600000)"},
+    {"first frame timeout below the minimum", NODE_OK "rpc:\n  first_frame_timeout_ms: 99\n",
+     "x.yaml:7:27: ", "rpc.first_frame_timeout_ms: \"99\" is out of range (100..600000)"},
+    {"unauthenticated frames below the minimum",
+     NODE_OK "rpc:\n  unauthenticated_max_frame_bytes: 1023\n", "x.yaml:7:36: ",
+     "rpc.unauthenticated_max_frame_bytes: \"1023\" is out of range (1024..67108864)"},
     {"answer budget of zero", NODE_OK "rpc:\n  max_answer_buffer_mb: 0\n",
      "x.yaml:7:25: ", "rpc.max_answer_buffer_mb: \"0\" is out of range (1..65536)"},
     {"below the minimum", NODE_OK "raft:\n  snapshot_threshold: 15\n",

@@ -1,0 +1,346 @@
+"""Hostile peers of the RPC listener (server/rpc.c, rpc_scan.c, rpc_admit.c).
+
+Decoding: a frame is checked by a walk over its wire format before protobuf-c decodes it
+(fields per frame capped, unknown field numbers refused) and its token before the decode;
+until a connection has sent a known token, its frames are limited to
+rpc.unauthenticated_max_frame_bytes. Before, every frame up to max_frame_bytes was decoded
+first: frames of millions of tiny or unknown fields took the leader's loop for most of a
+second each, and a flood of them from a client without a token cost the leader its
+leadership (TestDecodeFlood).
+
+Slots: a connection sends its first frame within rpc.first_frame_timeout_ms; one address
+holds at most rpc.max_connections_per_address; a new connection past the cap takes the slot
+of the oldest connection that has not authenticated; and members (the cluster's addresses,
+or the cluster secret) have slots of their own. Before, idle sockets held every slot until
+the idle timeout (300 s) and locked out clients and the followers' forwards
+(TestConnectionSlots, TestConnectionsPerAddress).
+
+The cluster's nodes listen on 127.0.0.1, which is so a member address; the hostile peers
+connect from other loopback addresses (127.0.0.2 and up).
+
+Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_abuse
+"""
+import select
+import socket
+import struct
+import threading
+import time
+
+from harness import ClusterTestCase, fp, http_request, wait_for
+from test_cluster import _read_frame
+from test_rpc_limits import (LimitCluster, _claim_frame, _closed, _get_frame, _pb,
+                             _read_answer, _varint)
+
+OUTCOME_ACQUIRED = 1
+OUTCOME_NOT_FOUND = 10
+OUTCOME_INVALID = 12
+OUTCOME_UNAUTHENTICATED = 15
+FLOOD_S = 8  # how long the hostile frames are sent
+BIG = 4 << 20  # a hostile frame's size: under the default max_frame_bytes
+
+
+def _connect_from(src, addr, timeout=15):
+    """A TCP connection to addr ("host:port") from the loopback address src."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.bind((src, 0))
+    s.connect((host, int(port)))
+    return s
+
+
+def _frame(body):
+    return struct.pack(">I", len(body)) + body
+
+
+def _unknown_fields_frame(size, request_id=7):
+    """A get without a token, then unknown fields (number 100, varint 0, 3 bytes each) up to
+    `size` bytes: protobuf-c keeps a copy of every unknown field."""
+    head = b"\x08" + _varint(request_id) + _pb(14, _pb(1, b"k"))
+    return _frame(head + b"\xa0\x06\x00" * ((size - len(head)) // 3))
+
+
+def _tiny_fields_frame(size, request_id=9):
+    """A get without a token whose deadline_ms (a varint, 2 bytes) comes again and again up
+    to `size` bytes: protobuf-c scans every occurrence before it keeps the last."""
+    head = b"\x08" + _varint(request_id) + _pb(14, _pb(1, b"k"))
+    return _frame(head + b"\x10\x01" * ((size - len(head)) // 2))
+
+
+def _metrics(http):
+    """Every sample of a node's /metrics: {"name{labels}": value}."""
+    out = {}
+    for line in http_request(http, "GET", "/metrics").raw.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _claim_json(http, token, key):
+    return http_request(http, "POST", "/v1/claims", {"fingerprint": fp(key)},
+                        headers={"Authorization": "Bearer " + token, "Idempotency-Key": key},
+                        timeout=15)
+
+
+class _Flooder(threading.Thread):
+    """Sends copies of `frame` from `src` to addr for `seconds`, pipelined, reading (and
+    counting) the answers on a thread of its own; reconnects when the server closes the
+    connection."""
+
+    def __init__(self, src, addr, frame, seconds):
+        super().__init__(daemon=True)
+        self.src, self.addr, self.frame, self.seconds = src, addr, frame, seconds
+        self.sent = 0
+        self.answers = {}
+        self.connections = 0
+
+    def _reader(self, s):
+        while True:
+            try:
+                r = _read_frame(s)
+            except OSError:
+                return
+            if r is None:
+                return
+            oc = r[1].get(1, 0)
+            self.answers[oc] = self.answers.get(oc, 0) + 1
+
+    def run(self):
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end:
+            try:
+                s = _connect_from(self.src, self.addr, timeout=1)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            self.connections += 1
+            reader = threading.Thread(target=self._reader, args=(s,), daemon=True)
+            reader.start()
+            view = memoryview(self.frame)
+            try:
+                while time.monotonic() < end:
+                    off = 0
+                    while off < len(view) and time.monotonic() < end:
+                        try:
+                            off += s.send(view[off:off + (1 << 20)])
+                        except socket.timeout:
+                            continue
+                    self.sent += off
+            except OSError:
+                pass
+            finally:
+                s.close()
+                reader.join(timeout=5)
+
+
+class TestDecodeFlood(ClusterTestCase):
+    """Three nodes; hostile frames from peers without a token go to the leader while a
+    tenant keeps claiming there."""
+
+    def test_hostile_frames_do_not_cost_the_leader_its_leadership(self):
+        lid = self.c.wait_leader(timeout=20)
+        leader = self.c.nodes[lid]
+
+        def leader_changes():
+            return {nid: _metrics(n.http)["idem_raft_leader_changes_total"]
+                    for nid, n in self.c.nodes.items()}
+        # Every node has learned the leader (which counts as a change) before the baseline.
+        changes = wait_for(lambda: (lambda ch: ch if min(ch.values()) >= 1 else None)(
+            leader_changes()), 20, "every node to know the leader")
+        terms = {n["id"]: n["term"] for n in self.c.status()["nodes"]}
+        flooders = [_Flooder("127.0.0.2", leader.rpc, _unknown_fields_frame(BIG), FLOOD_S),
+                    _Flooder("127.0.0.3", leader.rpc, _tiny_fields_frame(BIG), FLOOD_S),
+                    _Flooder("127.0.0.4", leader.rpc, _tiny_fields_frame(60000), FLOOD_S)]
+        for f in flooders:
+            f.start()
+        # A tenant claims on its own connection meanwhile, one claim at a time.
+        host, port = leader.rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=15)
+        latencies, outcomes = [], []
+        end = time.monotonic() + FLOOD_S
+        i = 0
+        while time.monotonic() < end:
+            i += 1
+            t0 = time.monotonic()
+            s.sendall(_claim_frame(i, self.c.token, "during-flood-%d" % i, deadline_ms=5000))
+            a = _read_answer(s)
+            latencies.append(time.monotonic() - t0)
+            outcomes.append(a and a[1])
+            if a is None:
+                break
+        s.close()
+        for f in flooders:
+            f.join(timeout=30)
+        sent = sum(f.sent for f in flooders)
+        # The flood was sent (at least 10 of the large frames' worth).
+        self.assertGreater(sent, 10 * BIG, [f.sent for f in flooders])
+        # Every claim was answered, acquired, none after long.
+        self.assertGreaterEqual(len(outcomes), 20, (outcomes, latencies))
+        self.assertEqual(set(outcomes), {OUTCOME_ACQUIRED}, outcomes)
+        self.assertLess(max(latencies), 1.5, latencies)
+        # The leader still leads, in the same term; nobody saw a leader change.
+        st = self.c.status()
+        self.assertEqual(st["leader_id"], lid, st)
+        self.assertEqual({n["id"]: n["term"] for n in st["nodes"]}, terms, st)
+        self.assertEqual(leader_changes(), changes)
+        # The hostile frames were refused before they were decoded: answered unauthenticated
+        # (the large ones, past rpc.unauthenticated_max_frame_bytes without a token) or
+        # invalid (too many fields).
+        m = _metrics(leader.http)
+        self.assertGreater(m['idem_rpc_frames_rejected_total{reason="unauthenticated"}'], 0, m)
+        self.assertGreater(m['idem_rpc_frames_rejected_total{reason="fields"}'], 0, m)
+        self.assertGreater(flooders[0].answers.get(OUTCOME_UNAUTHENTICATED, 0), 0,
+                           flooders[0].answers)
+
+
+class SlotsTest(ClusterTestCase):
+    rpc_lines = []
+    n = 3
+
+    def make_cluster(self):
+        return LimitCluster(self.rpc_lines, n=self.n)
+
+    def leader_and_follower(self):
+        lid = self.c.wait_leader(timeout=20)
+        follower = [n for n in self.c.nodes.values() if n.id != lid][0]
+        return self.c.nodes[lid], follower
+
+    def claim_from(self, src, rpc, key, rid=1):
+        """A claim on a new connection from src: its answer, None when it was closed."""
+        try:
+            s = _connect_from(src, rpc)
+        except OSError:
+            return None
+        try:
+            s.sendall(_claim_frame(rid, self.c.token, key))
+            return _read_answer(s)
+        except OSError:
+            return None
+        finally:
+            s.close()
+
+
+class TestConnectionSlots(SlotsTest):
+    # 64 slots; members (127.0.0.1 here) keep 32 of them (the default 32, at most half).
+    rpc_lines = ["max_connections: 64"]
+
+    def test_idle_sockets_leave_room_for_clients_and_members(self):
+        leader, follower = self.leader_and_follower()
+        t0 = time.monotonic()
+        idle = [_connect_from("127.0.0.2", leader.rpc) for _ in range(64)]
+        try:
+            # A client from another address is served at once: its connection takes the slot
+            # of the oldest idle one.
+            a = self.claim_from("127.0.0.3", leader.rpc, "slots-client")
+            self.assertEqual(a and a[:2], (1, OUTCOME_ACQUIRED), a)
+            # A follower forwards its client's claim (JSON API) to the leader.
+            r = _claim_json(follower.http, self.c.token, "slots-forwarded")
+            self.assertEqual((r[0], r[2].get("outcome")), (200, "acquired"), r)
+            # Every idle socket is closed: the oldest ones to admit the newer, the others once
+            # rpc.first_frame_timeout_ms (5 s) passed without a frame, not after the idle
+            # timeout (300 s).
+            for i, s in enumerate(idle):
+                self.assertTrue(_closed(s, timeout=max(0.1, t0 + 12 - time.monotonic())),
+                                "idle socket %d still open %.1f s after it connected"
+                                % (i, time.monotonic() - t0))
+        finally:
+            for s in idle:
+                s.close()
+        m = _metrics(leader.http)
+        self.assertGreaterEqual(m['idem_rpc_connections_dropped_total{reason="evicted"}'], 32, m)
+        self.assertGreater(m['idem_rpc_connections_dropped_total{reason="first_frame_timeout"}'],
+                           0, m)
+
+    def test_authenticated_connections_leave_room_for_members(self):
+        leader, follower = self.leader_and_follower()
+        held, refused = [], 0
+        try:
+            # Clients that authenticate and then hold their connections: they get the 32 slots
+            # that are not kept for members, and the others are closed at once.
+            for i in range(64):
+                s = _connect_from("127.0.0.2", leader.rpc)
+                try:
+                    s.sendall(_get_frame(i + 1, self.c.token, "held-%d" % i))
+                    a = _read_answer(s)
+                except OSError:
+                    a = None
+                if a is None:
+                    refused += 1
+                    s.close()
+                else:
+                    self.assertEqual(a[:2], (i + 1, OUTCOME_NOT_FOUND), a)
+                    held.append(s)
+            # A member's forward still gets in, through the slots kept for members.
+            r = _claim_json(follower.http, self.c.token, "member-slot")
+            self.assertEqual((r[0], r[2].get("outcome")), (200, "acquired"), r)
+            self.assertEqual((len(held), refused), (32, 32))
+            m = _metrics(leader.http)
+            self.assertEqual(m['idem_rpc_connections_refused_total{limit="connections"}'], 32, m)
+        finally:
+            for s in held:
+                s.close()
+
+
+class TestConnectionsPerAddress(SlotsTest):
+    n = 1
+
+    def test_one_address_holds_at_most_its_share(self):
+        node = self.c.nodes[1]
+        wait_for(lambda: self.c.status(), 20, "the node to answer")
+        socks = [_connect_from("127.0.0.2", node.rpc) for _ in range(300)]
+        try:
+            # rpc.max_connections_per_address (256 by default): the other 44 are closed at
+            # once. Counted before the first-frame timeout (5 s) closes the rest.
+            time.sleep(1)
+            readable, _, _ = select.select(socks, [], [], 0)
+            closed = 0
+            for s in readable:
+                try:
+                    closed += s.recv(1) == b""
+                except ConnectionResetError:
+                    closed += 1
+            self.assertEqual(closed, 44)
+            # Another address is served.
+            a = self.claim_from("127.0.0.3", node.rpc, "per-address")
+            self.assertEqual(a and a[:2], (1, OUTCOME_ACQUIRED), a)
+            m = _metrics(node.http)
+            self.assertEqual(m['idem_rpc_connections_refused_total{limit="address"}'], 44, m)
+        finally:
+            for s in socks:
+                s.close()
+
+
+class TestUnauthenticatedFrames(SlotsTest):
+    n = 1
+
+    def test_large_frames_need_a_known_token_first(self):
+        node = self.c.nodes[1]
+        wait_for(lambda: self.c.status(), 20, "the node to answer")
+        host, port = node.rpc.split(":")
+        pad = b"x" * 100000  # a 100 KB key: past the default 64 KiB before a known token
+        # Without a token: answered unauthenticated under its id, skipped unread, and the
+        # connection carries on.
+        s = socket.create_connection((host, int(port)), timeout=15)
+        body = b"\x08\x05" + _pb(14, _pb(1, pad))
+        s.sendall(_frame(body) + _get_frame(6, "", "small"))
+        self.assertEqual(_read_answer(s)[:2], (5, OUTCOME_UNAUTHENTICATED))
+        self.assertEqual(_read_answer(s)[:2], (6, OUTCOME_UNAUTHENTICATED))
+        s.close()
+        # With a known token before the op (as protobuf-c lays a request out), the same
+        # frame is read and decoded (a key that long is invalid).
+        s = socket.create_connection((host, int(port)), timeout=15)
+        body = b"\x08\x05" + _pb(3, self.c.token.encode()) + _pb(14, _pb(1, pad))
+        s.sendall(_frame(body))
+        self.assertEqual(_read_answer(s)[:2], (5, OUTCOME_INVALID))
+        s.close()
+        # A frame of tiny fields is refused before protobuf-c decodes it: invalid, under
+        # its id, and the connection closes.
+        s = socket.create_connection((host, int(port)), timeout=15)
+        s.sendall(_tiny_fields_frame(60000, request_id=8))
+        self.assertEqual(_read_answer(s)[:2], (8, OUTCOME_INVALID))
+        self.assertTrue(_closed(s))
+        s.close()
+        m = _metrics(node.http)
+        self.assertEqual(m['idem_rpc_frames_rejected_total{reason="unauthenticated"}'], 2, m)
+        self.assertEqual(m['idem_rpc_frames_rejected_total{reason="fields"}'], 1, m)
