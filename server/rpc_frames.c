@@ -66,7 +66,13 @@ static void callCount(const struct call *k, const Idem__Response *resp)
     if (k->kind == CALL_ADMIN) {
         return;
     }
-    if (k->kind == CALL_FORWARDED) {
+    /* A request that says it was forwarded (or asks for as_tenant) counts as forwarded only
+     * once its credentials passed: a refused one (no or a wrong secret or token, a tenant no
+     * route names) is this node's own client's, counted where refusals are watched, so that
+     * nobody hides a flood of refused requests among the followers' forwards. */
+    bool refused = oc == IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED ||
+                   oc == IDEM__OUTCOME__OUTCOME_FORBIDDEN;
+    if (k->kind == CALL_FORWARDED && !refused) {
         if (oc < REQSTATS_OUTCOMES) {
             rpc_figures.forwarded[oc]++;
         }

@@ -1368,9 +1368,11 @@ class TestProxyFollowers(ProxyTest):
                 self.assertEqual(oc, want, err)
                 self.assertIn("cluster secret", err)
         # /metrics: requests with as_tenant are a follower proxy's forwarded ones, counted
-        # apart (the proxy counts its client's request), refused ones too.
+        # apart (the proxy counts its client's request), but only once the secret passed:
+        # refused ones are this node's own RPC clients' (nobody hides refusals as forwards).
         d = delta(before, data_plane(node_metrics(self.c.nodes[lid].http)))
-        self.assertEqual(d, {("forwarded", "forbidden"): 3, ("forwarded", "unauthenticated"): 2}, d)
+        self.assertEqual(d, {("requests", "rpc", "forbidden"): 3,
+                             ("requests", "rpc", "unauthenticated"): 2}, d)
         for tok in (self.c.token, self.c.token2):
             rc, out = self.c.ctl("get", key, token=tok)
             self.assertEqual(rc, 0, out)
@@ -1402,7 +1404,8 @@ class TestProxyFollowers(ProxyTest):
         refused = lambda m, r: mval(m, "idem_as_tenant_refused_total", reason=r)  # noqa: E731
         self.assertEqual(refused(m1, "tenant") - refused(m0, "tenant"), 2)
         self.assertEqual(refused(m1, "secret") - refused(m0, "secret"), 0)
-        self.assertEqual(delta(data_plane(m0), data_plane(m1)), {("forwarded", "forbidden"): 2})
+        self.assertEqual(delta(data_plane(m0), data_plane(m1)),
+                         {("requests", "rpc", "forbidden"): 2})
         rc, out = self.c.ctl("get", key, token=self.c.token2)
         self.assertEqual(rc, 0, out)
         self.assertEqual(out.get("outcome"), "not_found", out)
