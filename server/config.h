@@ -7,9 +7,9 @@
  * keys, YAML aliases and values out of range are errors; nothing is silently ignored.
  * Error messages never contain a token hash, only the name of the field that holds it.
  *
- * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS files
- * are not opened here; whoever sets up TLS reports a missing or unreadable file (server/rpc.c
- * does, at startup, for tls.rpc). */
+ * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS
+ * files are not opened here; whoever sets up TLS reports a missing or unreadable file (server/rpc.c
+ * does, at startup, for tls.rpc, and cluster/raft_tls.c for tls.raft). */
 #ifndef IDEM_SERVER_CONFIG_H
 #define IDEM_SERVER_CONFIG_H
 
@@ -148,13 +148,15 @@ struct config_expiry {
 /* TLS files and the listeners that use them. cert_file and key_file go together; ca_file is
  * optional: when set, a TLS listener asks every client for a certificate signed by it (and a
  * TLS client verifies the server's against it). `enabled` says the files are there; each
- * listener has its own switch (only the RPC listener has one so far). */
+ * listener has its own switch: the RPC listener (rpc) and the Raft transport (raft). */
 struct config_tls {
     bool enabled;    /* cert_file and key_file are set */
     char *cert_file; /* owned; NULL when TLS is off */
     char *key_file;  /* owned; NULL when TLS is off */
     char *ca_file;   /* owned; NULL when not given */
     bool rpc;        /* serve the binary RPC over TLS; default false (plain TCP) */
+    bool raft;       /* Raft between the members over mutual TLS (needs ca_file too); default
+                      * false */
 };
 
 enum config_lease_policy {

@@ -398,13 +398,14 @@ static int parseExpiry(struct ctx *c, yaml_node_t *map, struct config_expiry *e)
 
 static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
 {
-    enum { CERT, KEY, CA, RPC, N };
-    static const char *const keys[N] = {"cert_file", "key_file", "ca_file", "rpc"};
+    enum { CERT, KEY, CA, RPC, RAFT, N };
+    static const char *const keys[N] = {"cert_file", "key_file", "ca_file", "rpc", "raft"};
     struct field f[N];
     if (config_map_fields(c, map, "tls", "tls", keys, N, f) != 0 ||
         config_get_path(c, &f[CERT], &t->cert_file) != 0 ||
         config_get_path(c, &f[KEY], &t->key_file) != 0 ||
-        config_get_path(c, &f[CA], &t->ca_file) != 0 || config_get_bool(c, &f[RPC], &t->rpc) != 0) {
+        config_get_path(c, &f[CA], &t->ca_file) != 0 || config_get_bool(c, &f[RPC], &t->rpc) != 0 ||
+        config_get_bool(c, &f[RAFT], &t->raft) != 0) {
         return -1;
     }
     if ((t->cert_file != NULL) != (t->key_file != NULL)) {
@@ -419,6 +420,13 @@ static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
         return config_fail_node(c, f[RPC].val,
                                 "tls.rpc: TLS on the RPC listener needs cert_file and "
                                 "key_file");
+    }
+    if (t->raft && (!t->enabled || t->ca_file == NULL)) {
+        /* Mutual TLS between the members: each verifies the other against ca_file. */
+        return config_fail_node(c, f[RAFT].val,
+                                "tls.raft: TLS between the members needs cert_file, key_file "
+                                "and ca_file; missing %s",
+                                t->cert_file == NULL ? "cert_file and key_file" : "ca_file");
     }
     return 0;
 }

@@ -145,6 +145,7 @@ static const char full_text[] =
     "  key_file: '/etc/idem/node.key'\n"
     "  ca_file: \"/etc/idem/ca.crt\"\n"
     "  rpc: true\n"
+    "  raft: true\n"
     "admin:\n"
     "  token_sha256: " HASH_ADMIN "\n"
     "tenants:\n"
@@ -215,6 +216,7 @@ static void test_full(void **state)
     assert_string_equal(c.tls.key_file, "/etc/idem/node.key");
     assert_string_equal(c.tls.ca_file, "/etc/idem/ca.crt");
     assert_true(c.tls.rpc);
+    assert_true(c.tls.raft);
 
     static const uint8_t admin[CONFIG_HASH_LEN] = {
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45,
@@ -296,6 +298,7 @@ static void test_defaults(void **state)
     assert_null(c.tls.cert_file);
     assert_null(c.tls.key_file);
     assert_null(c.tls.ca_file);
+    assert_false(c.tls.raft);
 
     assert_int_equal(c.n_tenants, 1);
     const struct config_tenant *t = &c.tenants[0];
@@ -479,6 +482,15 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:8: ", "tls.rpc: TLS on the RPC listener needs cert_file and key_file"},
     {"tls rpc not a bool", NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: 3\n",
      "x.yaml:9:8: ", "tls.rpc"},
+    {"tls on raft without files", NODE_OK "tls:\n  raft: true\n", "x.yaml:7:9: ",
+     "tls.raft: TLS between the members needs cert_file, key_file and ca_file; missing "
+     "cert_file and key_file"},
+    {"tls on raft without ca_file",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: true\n  raft: true\n",
+     "x.yaml:10:9: ",
+     "tls.raft: TLS between the members needs cert_file, key_file and ca_file; missing "
+     "ca_file"},
+    {"tls raft not a bool", NODE_OK "tls:\n  raft: yes please\n", "x.yaml:7:9: ", "tls.raft"},
 
     /* Required keys. */
     {"missing node.id",
