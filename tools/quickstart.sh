@@ -9,7 +9,8 @@
 #                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
 #                                 to the upstream for tenant demo (every node's proxy serves:
 #                                 followers forward to the leader with the cluster secret)
-#   tools/quickstart.sh --tls     serve the binary RPC over mutual TLS: a CA, a certificate
+#   tools/quickstart.sh --tls     serve the binary RPC and Raft over mutual TLS (tls.rpc,
+#                                 tls.raft): a CA, a certificate
 #                                 for the nodes (IP 127.0.0.1; server and client use) and one
 #                                 for idemctl are made in .idem/pki with openssl (kept across
 #                                 runs); .idem/env then also sets IDEM_TLS_CA, IDEM_TLS_CERT
@@ -120,7 +121,7 @@ if [ "$tls" = 1 ]; then
       done
     )
   fi
-  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true}"
+  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true, raft: true}"
 fi
 grep -v '^IDEM_TLS\|^export IDEM_TLS' "$dir/env" > "$dir/env.tmp" || true
 if [ "$tls" = 1 ]; then
@@ -231,8 +232,9 @@ MSG
 fi
 if [ "$tls" = 1 ]; then
   cat <<MSG
-TLS: the RPC listeners (700N) speak mutual TLS; $dir/env points idemctl and idem-bench at
-$dir/pki (CA, client certificate and key). Followers forward to the leader over TLS too.
+TLS: the RPC listeners (700N) and the Raft ports (900N) speak mutual TLS; $dir/env points
+idemctl and idem-bench at $dir/pki (CA, client certificate and key). Followers forward to
+the leader over TLS too.
 
 MSG
 fi
