@@ -11,6 +11,7 @@
 
 #include "aio_reap.h"
 #include "clog.h"
+#include "raft_tls.h"
 #include "segfill.h"
 #include "wire_check.h"
 
@@ -287,8 +288,8 @@ static bool configValid(const struct cluster_config *cfg, const struct cluster_o
              (async_ops != 0 && async_ops != 3) || (async_ops == 0 && ops->snapshot == NULL));
 }
 
-/* Opens the transport (with cfg's secrets) and raft_uv on it, wrapped (io.h). 0, or -1 with
- * a message in err and nothing left open. */
+/* Opens the transport (with cfg's secrets, and TLS when cfg names its files) and raft_uv on
+ * it, wrapped (io.h). 0, or -1 with a message in err and nothing left open. */
 static int ioOpen(struct cluster *c, const struct cluster_config *cfg, char *err, size_t errlen)
 {
     struct transport_secret secrets[TRANSPORT_KEYS_MAX];
@@ -304,6 +305,16 @@ static int ioOpen(struct cluster *c, const struct cluster_config *cfg, char *err
     if (rv != 0) {
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         return -1;
+    }
+    if (cfg->raft_tls_cert_file != NULL) {
+        struct raft_tls_files files = {cfg->raft_tls_cert_file, cfg->raft_tls_key_file,
+                                       cfg->raft_tls_ca_file};
+        char why[400];
+        if (transport_tls(&c->transport, &files, why, sizeof(why)) != 0) {
+            snprintf(err, errlen, "raft transport: %s", why);
+            transport_close(&c->transport);
+            return -1;
+        }
     }
     segfill_set_enabled(!cfg->segment_prefill_off); /* before raft_uv prepares a segment */
     rv = raft_uv_init(&c->io.inner, c->loop, c->data_dir, &c->transport.outer);

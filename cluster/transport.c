@@ -1,5 +1,6 @@
 #include "transport.h"
 #include "handshake.h"
+#include "raft_tls.h"
 #include "clog.h"
 
 #include <arpa/inet.h>
@@ -120,8 +121,11 @@ static bool authSend(uv_stream_t *stream, const uint8_t *data, size_t len)
 
 static void noDelay(struct uv_stream_s *stream)
 {
-    /* raft_uv_tcp's streams are uv_tcp_t. A failure only costs latency. */
-    uv_tcp_nodelay((uv_tcp_t *)stream, 1);
+    /* raft_uv_tcp's streams are uv_tcp_t (under TLS, pipes: raft_tls.c sets it on the TCP
+     * connection). A failure only costs latency. */
+    if (stream->type == UV_TCP) {
+        uv_tcp_nodelay((uv_tcp_t *)stream, 1);
+    }
 }
 
 static int transportInit(struct raft_uv_transport *o, raft_id id, const char *address)
@@ -138,7 +142,10 @@ static int transportInit(struct raft_uv_transport *o, raft_id id, const char *ad
  * secret the connector's answer). */
 struct incoming {
     struct transport *t;
-    uv_tcp_t *tcp;  /* raft_malloc'd: raft_uv frees the stream it is handed */
+    /* raft_malloc'd (raft_uv frees the stream it is handed): the TCP connection, or under
+     * TLS the plaintext end (raft_tls.h) */
+    uv_stream_t *stream;
+    struct sockaddr_storage peer; /* the TCP connection's peer, for the log */
     uv_timer_t timer;
     struct handshake hs;
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
@@ -159,8 +166,8 @@ static void incomingUnlink(struct incoming *in)
 static void incomingClosedCb(uv_handle_t *h)
 {
     struct incoming *in = h->data;
-    if (h == (uv_handle_t *)in->tcp) {
-        raft_free(in->tcp);
+    if (h == (uv_handle_t *)in->stream) {
+        raft_free(in->stream);
     }
     if (--in->closing == 0) {
         struct transport *t = in->t;
@@ -178,14 +185,12 @@ static void incomingEndSaying(struct incoming *in, const char *why, const char *
     if (why != NULL) {
         refusedTotal++;
         char what[80] = "refused";
-        struct sockaddr_storage sa;
-        int len = sizeof(sa);
+        const struct sockaddr_storage *sa = &in->peer;
         char ip[INET6_ADDRSTRLEN];
         uint32_t ip4 = 0;
-        if (uv_tcp_getpeername(in->tcp, (struct sockaddr *)&sa, &len) == 0 &&
-            sa.ss_family == AF_INET &&
-            uv_ip4_name((const struct sockaddr_in *)&sa, ip, sizeof(ip)) == 0) {
-            const struct sockaddr_in *sin = (const struct sockaddr_in *)&sa;
+        if (sa->ss_family == AF_INET &&
+            uv_ip4_name((const struct sockaddr_in *)sa, ip, sizeof(ip)) == 0) {
+            const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
             ip4 = ntohl(sin->sin_addr.s_addr);
             snprintf(what, sizeof(what), "refused from %s:%u", ip,
                      (unsigned)ntohs(sin->sin_port));
@@ -199,7 +204,7 @@ static void incomingEndSaying(struct incoming *in, const char *why, const char *
     uv_close((uv_handle_t *)&in->timer, incomingClosedCb);
     if (!in->handed) {
         in->closing++;
-        uv_close((uv_handle_t *)in->tcp, incomingClosedCb);
+        uv_close((uv_handle_t *)in->stream, incomingClosedCb);
     }
 }
 
@@ -332,7 +337,7 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     uv_read_stop(s);
     in->handed = true;
-    uv_stream_t *stream = (uv_stream_t *)in->tcp;
+    uv_stream_t *stream = in->stream;
     char addr[TRANSPORT_ADDRESS_MAX];
     memcpy(addr, in->hs.addr, sizeof(addr));
     incomingEnd(in, NULL);
@@ -354,7 +359,7 @@ static void listenCb(uv_stream_t *l, int status)
         abort();
     }
     in->t = t;
-    in->tcp = tcp;
+    in->stream = (uv_stream_t *)tcp;
     handshake_init(&in->hs, t->auth);
     uv_tcp_init(t->loop, tcp);
     tcp->data = in;
@@ -372,7 +377,20 @@ static void listenCb(uv_stream_t *l, int status)
         incomingEnd(TAILQ_FIRST(&t->incoming),
                     "too many handshakes in progress (the oldest closed)");
     }
+    int len = sizeof(in->peer);
+    uv_tcp_getpeername(tcp, (struct sockaddr *)&in->peer, &len);
     uv_timer_start(&in->timer, incomingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
+    /* Under TLS the handshake, the authentication and raft's messages are read from the
+     * plaintext end, within this timer and slot (raft_tls.h). */
+    uv_stream_t *plain = NULL;
+    if (t->tls != NULL) {
+        if (raft_tls_accept(t->tls, tcp, &plain) != 0) {
+            incomingEnd(in, "cannot start TLS (out of file descriptors or memory?)");
+            return;
+        }
+        in->stream = plain;
+        plain->data = in;
+    }
     if (t->auth) {
         uint8_t hello[TRANSPORT_GREETING_LEN] = {0};
         memcpy(hello, TRANSPORT_AUTH_MAGIC, 8);
@@ -381,12 +399,12 @@ static void listenCb(uv_stream_t *l, int status)
             return;
         }
         memcpy(hello + 8, in->nonce_l, sizeof(in->nonce_l));
-        if (!authSend((uv_stream_t *)tcp, hello, sizeof(hello))) {
+        if (!authSend(in->stream, hello, sizeof(hello))) {
             incomingEnd(in, "cannot start the authentication");
             return;
         }
     }
-    uv_read_start((uv_stream_t *)tcp, incomingAllocCb, incomingReadCb);
+    uv_read_start(in->stream, incomingAllocCb, incomingReadCb);
 }
 
 static void listenerClosedCb(uv_handle_t *h)
@@ -656,19 +674,23 @@ static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect 
     snprintf(og->address, sizeof(og->address), "%s", address);
     req->cb = cb;
     og->inner.data = og;
-    int rv = t->inner.connect(&t->inner, &og->inner, id, address, connectCb);
+    /* Under TLS raft_tls connects, and writes raft_uv_tcp's handshake inside TLS. */
+    int rv = t->tls != NULL
+                 ? raft_tls_connect(t->tls, &og->inner, id, address, t->id, t->address, connectCb)
+                 : t->inner.connect(&t->inner, &og->inner, id, address, connectCb);
     if (rv != 0) {
         free(og);
     }
     return rv;
 }
 
-/* raft's close callback, once raft_uv_tcp, our listener and every handshake are closed. */
+/* raft's close callback, once raft_uv_tcp, our listener, every handshake and every TLS pump
+ * are closed. */
 static void maybeClosed(struct transport *t)
 {
     if (t->closing && t->inner_closed && !t->listener_open && TAILQ_EMPTY(&t->incoming) &&
         t->n_closing_incoming == 0 && TAILQ_EMPTY(&t->outgoing) && t->n_closing_outgoing == 0 &&
-        t->close_cb != NULL) {
+        (t->tls == NULL || raft_tls_closed(t->tls)) && t->close_cb != NULL) {
         raft_uv_transport_close_cb cb = t->close_cb;
         t->close_cb = NULL;
         cb(&t->outer);
@@ -695,6 +717,9 @@ static void transportClose(struct raft_uv_transport *o, raft_uv_transport_close_
     }
     if (t->listener_open && !uv_is_closing((uv_handle_t *)&t->listener)) {
         uv_close((uv_handle_t *)&t->listener, listenerClosedCb);
+    }
+    if (t->tls != NULL) {
+        raft_tls_close(t->tls); /* connections being made end RAFT_CANCELED */
     }
     t->inner.close(&t->inner, closeCb);
 }
@@ -738,4 +763,40 @@ void transport_close(struct transport *t)
 {
     OPENSSL_cleanse(t->key, sizeof(t->key));
     raft_uv_tcp_close(&t->inner);
+    raft_tls_free(t->tls);
+    t->tls = NULL;
+}
+
+/* A TLS connection that failed (raft_tls.h): logged and counted as the transport's other
+ * refusals, by the address it came from or the node it was for. */
+static void tlsFailCb(void *data, const struct raft_tls_failure *f)
+{
+    struct transport *t = data;
+    char what[80];
+    uint32_t ip4 = 0;
+    if (f->incoming) {
+        refusedTotal++;
+        char ip[INET6_ADDRSTRLEN];
+        snprintf(what, sizeof(what), "refused");
+        if (f->from != NULL && uv_ip4_name(f->from, ip, sizeof(ip)) == 0) {
+            ip4 = ntohl(f->from->sin_addr.s_addr);
+            snprintf(what, sizeof(what), "refused from %s:%u", ip,
+                     (unsigned)ntohs(f->from->sin_port));
+        }
+    } else {
+        authFailedTotal++;
+        snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)f->peer);
+    }
+    refusalLog(t, f->incoming ? 0 : f->peer, ip4, what, f->why, f->text);
+}
+
+static void tlsClosedCb(void *data)
+{
+    maybeClosed(data);
+}
+
+int transport_tls(struct transport *t, const struct raft_tls_files *files, char *err, size_t errlen)
+{
+    struct raft_tls_cbs cbs = {.data = t, .fail = tlsFailCb, .closed = tlsClosedCb};
+    return raft_tls_new(t->loop, files, TRANSPORT_HANDSHAKE_TIMEOUT_MS, &cbs, &t->tls, err, errlen);
 }

@@ -63,9 +63,22 @@
  * A wrong MAC, a peer that closes, or no answer within TRANSPORT_HANDSHAKE_TIMEOUT_MS
  * closes the connection; raft_uv retries its connections every 100 ms, so each reason is
  * logged at most once per TRANSPORT_LOG_INTERVAL_MS per peer (node, or address for
- * incoming connections) with a count. What this does not cover: the messages after the
- * exchange are neither encrypted nor signed, so whoever can read, divert or inject packets
- * on the path between two members still can. */
+ * incoming connections) with a count. Without TLS, the messages after the exchange are
+ * neither encrypted nor signed: whoever can read, divert or inject packets on the path
+ * between two members still can.
+ *
+ * With tls.raft (transport_tls(), raft_tls.h) every connection is TLS with certificates both
+ * ways from its first byte: the listener takes a client certificate signed by tls.ca_file
+ * only, the connector checks the listener's against tls.ca_file and the host of the
+ * member's address. All of the above (the handshake, its limits, the authentication) then
+ * runs inside TLS, unchanged: what this file reads and writes is the plaintext end of a
+ * socketpair that raft_tls pumps through TLS, and raft gets that end. The handshake timeout
+ * and slots cover the TLS handshake too (a connection holds its slot from the accept on).
+ * The authentication stays under TLS when a secret is set, and costs one round trip per
+ * connection: the certificates say "signed by the CA", and one tls section serves every
+ * listener, so the CA may sign RPC clients' certificates as well (mutual TLS on the RPC);
+ * the secret says "a member". TLS failures are logged and counted as refusals (incoming)
+ * or failed connections (outgoing). */
 #ifndef IDEM_CLUSTER_TRANSPORT_H
 #define IDEM_CLUSTER_TRANSPORT_H
 
@@ -95,6 +108,8 @@
 
 struct incoming;
 struct outgoing;
+struct raft_tls;
+struct raft_tls_files;
 
 /* A secret's bytes, borrowed for transport_init only. */
 struct transport_secret {
@@ -127,6 +142,7 @@ struct transport {
         uint64_t log_ms;       /* uv_now when it was last logged */
         uint64_t unlogged;     /* refusals for it since */
     } logged[TRANSPORT_LOG_REASONS];
+    struct raft_tls *tls; /* NULL: plain TCP (tls.raft off) */
     bool closing;
     bool inner_closed;
 };
@@ -136,12 +152,17 @@ struct transport {
  * under its newest that matches. 0 or a RAFT_* code. */
 int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_secret *secrets,
                    size_t n_secrets);
-/* Releases raft_uv_tcp's memory (after raft_uv closed the transport). */
+/* Puts every connection under TLS with `files` (all three given), after transport_init and
+ * before raft_uv has the transport. 0, or -1 with the reason in err (a file that cannot be
+ * loaded, a key that does not match its certificate). */
+int transport_tls(struct transport *t, const struct raft_tls_files *files, char *err,
+                  size_t errlen);
+/* Releases raft_uv_tcp's memory and the TLS contexts (after raft_uv closed the transport). */
 void transport_close(struct transport *t);
 
 /* Since start: incoming connections closed for breaking the handshake's rules or failing
- * authentication (or meant for another node), and outgoing ones whose peer failed it (or
- * never answered it, or refused as another node). */
+ * authentication or TLS (or meant for another node), and outgoing ones whose peer failed it
+ * or TLS (or never answered it, or refused as another node). */
 uint64_t transport_refused_total(void);
 uint64_t transport_auth_failed_total(void);
 

@@ -9,8 +9,8 @@
  *
  * Proxy mode (issue #4): the optional top-level `proxy:` list of listeners and routes. The TLS
  * files are not opened here; whoever sets up TLS reports a missing or unreadable file at startup
- * (server/rpc.c for tls.rpc, server/gateway.c for tls.http and tls.proxy), placed at the tls
- * section (config_tls.at). */
+ * (server/rpc.c for tls.rpc, server/gateway.c for tls.http and tls.proxy, cluster/raft_tls.c
+ * for tls.raft), placed at the tls section (config_tls.at). */
 #ifndef IDEM_SERVER_CONFIG_H
 #define IDEM_SERVER_CONFIG_H
 
@@ -177,8 +177,8 @@ enum config_client_certs {
 /* TLS files and the listeners that use them: one certificate and key for every listener.
  * cert_file and key_file go together; ca_file is optional: when set, the RPC listener asks
  * every client for a certificate signed by it (and a TLS client verifies the server's
- * against it); the HTTP listeners ask for one as http_client_certs says. `enabled` says the
- * files are there; each kind of listener has its own switch. */
+ * against it); the HTTP listeners ask for one as http_client_certs says; the Raft transport (raft) always
+ * needs one. `enabled` says the files are there; each kind of listener has its own switch. */
 struct config_tls {
     bool enabled;    /* cert_file and key_file are set */
     char *cert_file; /* owned; NULL when TLS is off */
@@ -190,6 +190,8 @@ struct config_tls {
     enum config_client_certs http_client_certs; /* for http and proxy; needs ca_file */
     char *at; /* owned: "FILE:LINE:COLUMN" of the tls section, to place the errors of loading
                * its files at startup; NULL without one */
+    bool raft;       /* Raft between the members over mutual TLS (needs ca_file too); default
+                      * false */
 };
 
 enum config_lease_policy {

@@ -445,9 +445,9 @@ static int parseClientCerts(struct ctx *c, const struct field *f, enum config_cl
 
 static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
 {
-    enum { CERT, KEY, CA, RPC, HTTP, PROXY, CLIENT_CERTS, N };
+    enum { CERT, KEY, CA, RPC, HTTP, PROXY, CLIENT_CERTS, RAFT, N };
     static const char *const keys[N] = {"cert_file", "key_file", "ca_file",          "rpc",
-                                        "http",      "proxy",    "http_client_certs"};
+                                        "http",      "proxy",    "http_client_certs", "raft"};
     struct field f[N];
     if (config_map_fields(c, map, "tls", "tls", keys, N, f) != 0 ||
         config_get_path(c, &f[CERT], &t->cert_file) != 0 ||
@@ -455,7 +455,8 @@ static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
         config_get_path(c, &f[CA], &t->ca_file) != 0 || config_get_bool(c, &f[RPC], &t->rpc) != 0 ||
         config_get_bool(c, &f[HTTP], &t->http) != 0 ||
         config_get_bool(c, &f[PROXY], &t->proxy) != 0 ||
-        parseClientCerts(c, &f[CLIENT_CERTS], &t->http_client_certs) != 0) {
+        parseClientCerts(c, &f[CLIENT_CERTS], &t->http_client_certs) != 0 ||
+        config_get_bool(c, &f[RAFT], &t->raft) != 0) {
         return -1;
     }
     if ((t->at = config_position(c, map)) == NULL) {
@@ -494,6 +495,13 @@ static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
                                     "tls.http_client_certs: no HTTP listener serves TLS "
                                     "(tls.http, tls.proxy)");
         }
+    }
+    if (t->raft && (!t->enabled || t->ca_file == NULL)) {
+        /* Mutual TLS between the members: each verifies the other against ca_file. */
+        return config_fail_node(c, f[RAFT].val,
+                                "tls.raft: TLS between the members needs cert_file, key_file "
+                                "and ca_file; missing %s",
+                                t->cert_file == NULL ? "cert_file and key_file" : "ca_file");
     }
     return 0;
 }

@@ -148,6 +148,25 @@ static void clusterLogSink(enum clog_level level, const char *msg)
     }
 }
 
+/* Without raft.secret_file, who may connect to the Raft port: anyone who reaches it, or with
+ * tls.raft anyone with a certificate of the CA. */
+static void warnRaftOpen(const struct config *cfg)
+{
+    if (cfg->raft.secret.set) {
+        return;
+    }
+    if (cfg->tls.raft) {
+        log_warn("raft.secret_file is not set: the Raft port (%s) takes connections from "
+                 "anyone with a certificate signed by tls.ca_file (RPC clients' too, if it "
+                 "signs theirs); set it, or use a CA that signs the members' certificates only",
+                 cfg->node.raft_address.text);
+    } else {
+        log_warn("raft.secret_file is not set: the Raft port (%s) takes connections from "
+                 "anyone who reaches it; keep it on a network of the members only",
+                 cfg->node.raft_address.text);
+    }
+}
+
 /* A tenant that a proxy route serves gets its keys from the proxied service's callers: an
  * unlimited quota lets them fill the node's memory. Warned once per tenant. */
 static void warnUnboundedProxyTenants(const struct config *cfg)
@@ -242,11 +261,7 @@ int main(int argc, char **argv)
         return 1;
     }
     fitFileLimit(&d.cfg);
-    if (!d.cfg.raft.secret.set) {
-        log_warn("raft.secret_file is not set: the Raft port (%s) takes connections from "
-                 "anyone who reaches it; keep it on a network of the members only",
-                 d.cfg.node.raft_address.text);
-    }
+    warnRaftOpen(&d.cfg);
     warnUnboundedProxyTenants(&d.cfg);
     keyDigests(&d.cfg);
     uv_loop_init(&d.loop);

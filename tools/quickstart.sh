@@ -9,14 +9,15 @@
 #                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
 #                                 to the upstream for tenant demo (every node's proxy serves:
 #                                 followers forward to the leader with the cluster secret)
-#   tools/quickstart.sh --tls     serve the binary RPC over mutual TLS, and HTTP (the gateway,
-#                                 and the proxy listeners with --upstream) over HTTPS: a CA, a
-#                                 certificate for the nodes (IP 127.0.0.1; server and client
-#                                 use) and one for idemctl are made in .idem/pki with openssl
-#                                 (kept across runs); .idem/env then also sets IDEM_TLS_CA,
-#                                 IDEM_TLS_CERT and IDEM_TLS_KEY. A run without --tls drops
-#                                 them again, and sends the cluster secret in clear between
-#                                 the loopback addresses (rpc.insecure_cluster_secret).
+#   tools/quickstart.sh --tls     serve the binary RPC and Raft over mutual TLS (tls.rpc,
+#                                 tls.raft), and HTTP (the gateway, and the proxy listeners
+#                                 with --upstream) over HTTPS: a CA, a certificate for the
+#                                 nodes (IP 127.0.0.1; server and client use) and one for
+#                                 idemctl are made in .idem/pki with openssl (kept across
+#                                 runs); .idem/env then also sets IDEM_TLS_CA, IDEM_TLS_CERT
+#                                 and IDEM_TLS_KEY. A run without --tls drops them again, and
+#                                 sends the cluster secret in clear between the loopback
+#                                 addresses (rpc.insecure_cluster_secret).
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
 # 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and for HTTP (JSON API, health, metrics) on
@@ -127,7 +128,7 @@ if [ "$tls" = 1 ]; then
       done
     )
   fi
-  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true, http: true${upstream:+, proxy: true}}"
+  tls_yaml="tls: {cert_file: $pki/node.crt, key_file: $pki/node.key, ca_file: $pki/ca.crt, rpc: true, raft: true, http: true${upstream:+, proxy: true}}"
   secret_yaml="  # over TLS (tls.rpc)"
   scheme=https
   curl_ca=" --cacert $dir/pki/ca.crt"
@@ -242,9 +243,9 @@ MSG
 fi
 if [ "$tls" = 1 ]; then
   cat <<MSG
-TLS: the RPC listeners (700N) speak mutual TLS; $dir/env points idemctl and idem-bench at
-$dir/pki (CA, client certificate and key). Followers forward to the leader over TLS too.
-HTTP is HTTPS (800N${upstream:+, 810N}):
+TLS: the RPC listeners (700N) and the Raft ports (900N) speak mutual TLS; $dir/env points
+idemctl and idem-bench at $dir/pki (CA, client certificate and key). Followers forward to
+the leader over TLS too. HTTP is HTTPS (800N${upstream:+, 810N}):
   curl --cacert $dir/pki/ca.crt https://127.0.0.1:8001/readyz
 
 MSG

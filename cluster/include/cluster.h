@@ -104,6 +104,11 @@ struct cluster_config {
     size_t raft_secret_len;
     const uint8_t *raft_previous_secret;
     size_t raft_previous_secret_len;
+    /* Borrowed for cluster_new only; all NULL: Raft over plain TCP. All three given: every
+     * Raft connection is TLS with certificates both ways (tls.raft; transport.h). */
+    const char *raft_tls_cert_file;
+    const char *raft_tls_key_file;
+    const char *raft_tls_ca_file;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
     /* Commands proposed on this leader and not yet applied or failed, together (each counted

@@ -13,6 +13,12 @@ speak raft_uv's framing: a handshake (protocol 1, the sender's ID, its address),
 messages of a type, a header length and the header, all little endian; here the
 authentication comes between the two, as a member's would.
 
+With tls.raft (cluster/raft_tls.h) the same runs inside TLS with certificates both ways
+(TestRaftTls...): a 3-node cluster serves through a leader kill and a follower restart, a
+connection without TLS or with a certificate the CA did not sign gets nothing, a member
+without tls.raft cannot join, and a relay between two members sees no plaintext
+(TestRaftTlsWire; TestRaftPlainWire shows the same relay seeing a claim's key without TLS).
+
 Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_raft_port
 """
 import hashlib
@@ -20,11 +26,14 @@ import hmac
 import os
 import secrets
 import socket
+import ssl
 import struct
+import threading
 import time
 import unittest
 
-from harness import ClusterTestCase, http_request, recv_exact, wait_for
+from harness import Cluster, ClusterTestCase, free_port, http_request, recv_exact, wait_for
+from test_tls_bench import make_pki
 
 AUTH_MAGIC = b"IDRAFTA1"
 AUTH_LABEL = b"idemd raft transport 1"
@@ -72,15 +81,18 @@ def _nonce_c(target_id):
 
 
 def _connect(addr, secret, target_id, sender_id=99, address=b"127.0.0.1:1", mac_secrets=None,
-             mac_target=None, expect_secret=None, nonce_names=None):
+             mac_target=None, expect_secret=None, nonce_names=None, tls=None):
     """A connection to node target_id's Raft port that did what a member does before raft's
     first message: read the greeting, send the handshake and our MACs (under mac_secrets,
     newest first, for mac_target, if given; else under secret), read and check the node's
     (made with expect_secret, else secret). The nonce names node nonce_names, if given (as
-    idemd's names the target), else it is random (as an earlier idemd's). Returns (socket,
-    the node's MAC or b"" if it closed)."""
+    idemd's names the target), else it is random (as an earlier idemd's). With tls (an
+    ssl.SSLContext), all of it inside TLS, as a member with tls.raft does it. Returns
+    (socket, the node's MAC or b"" if it closed)."""
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10)
+    if tls is not None:
+        s = tls.wrap_socket(s, server_hostname=host)
     hello = recv_exact(s, GREETING)
     assert hello[:8] == AUTH_MAGIC, hello
     nonce_l = hello[8:40]
@@ -631,6 +643,366 @@ class TestRaftSecretRotation(ClusterTestCase):
                                              b"127.0.0.1:1", sent))
         finally:
             s.close()
+
+
+# ---- TLS between the members (tls.raft) --------------------------------------------------
+
+class RaftTlsCluster(Cluster):
+    """A harness cluster with tls.raft on every node but those in `plain`: one PKI (made with
+    the openssl CLI in the cluster's temp dir, test_tls_bench.make_pki), node certificates
+    for 127.0.0.1 with both key usages, tls.ca_file set (mutual TLS). The RPC stays plain
+    TCP (tls.rpc off), so the harness's idemctl calls need no TLS flags."""
+
+    def __init__(self, plain=(), **kw):
+        self.plain = set(plain)
+        self.pki = None
+        super().__init__(**kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        if self.pki is None:
+            self.pki = os.path.join(self.root, "pki")
+            os.makedirs(self.pki, exist_ok=True)
+            make_pki(self.pki)
+        if node.id in self.plain:
+            return
+        with open(node.cfg, "a") as f:
+            f.write("tls:\n  cert_file: %s/node.crt\n  key_file: %s/node.key\n"
+                    "  ca_file: %s/ca.crt\n  raft: true\n" % (self.pki, self.pki, self.pki))
+
+    def tls_client(self, cert="node", ca="ca"):
+        """A TLS client context as a member's: trusts ca.crt (or another CA), presents
+        cert.crt (None: no certificate)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(os.path.join(self.pki, ca + ".crt"))
+        if cert is not None:
+            ctx.load_cert_chain(os.path.join(self.pki, cert + ".crt"),
+                                os.path.join(self.pki, cert + ".key"))
+        return ctx
+
+
+class RaftTlsTestCase(ClusterTestCase):
+    def make_cluster(self):
+        return RaftTlsCluster(**self.cluster_opts)
+
+
+def _tls_refused(ctx, addr):
+    """Whether a TLS connection of ctx to addr is refused: its handshake fails, or (TLS 1.3:
+    the client is done before the server checked its certificate) the server's alert or
+    close comes before any byte."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        s = ctx.wrap_socket(s, server_hostname=host)
+        s.settimeout(10)
+        return s.recv(1) == b""
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        return True
+    finally:
+        s.close()
+
+
+class TestRaftTls(RaftTlsTestCase):
+    """Three members with tls.raft and the cluster's raft.secret_file: the authentication
+    runs inside TLS."""
+    raft_auth_failure_expected = True  # a MAC under another secret, on purpose
+
+    def _claims(self, prefix, n=3, ids=None):
+        for i in range(n):
+            rc, out = self.c.ctl("claim", "%s-%d" % (prefix, i), "--fingerprint", "7" * 64,
+                                 ids=ids)
+            self.assertEqual((rc, out and out["outcome"]), (0, "acquired"), out)
+
+    def test_serves_through_a_leader_kill_and_a_follower_restart(self):
+        self._claims("first")
+        self.c.wait_converged(3)
+        # The leader dies (SIGKILL): the two others elect one of theirs and commit.
+        old = self.c.leader()
+        self.c.kill(old)
+        new = self.c.wait_leader(timeout=20, exclude=old)
+        self.assertNotEqual(new, old)
+        self._claims("after-kill")
+        # The old leader comes back as a follower and catches up over TLS.
+        self.c.start(old)
+        self.c.wait_converged(3)
+        # A follower stopped while claims commit catches up when it starts again.
+        fid = [n for n in sorted(self.c.nodes) if n != self.c.leader()][0]
+        self.assertEqual(self.c.stop(fid), 0)
+        self._claims("while-stopped")
+        self.c.start(fid)
+        self.c.wait_converged(3)
+        # Between the members no TLS handshake ever failed (a killed node's connections may
+        # end during one: that is the peer closing, not a failure).
+        self.assertFalse(self.c.logs_contain("TLS handshake failed"), self.c.logs())
+        self.assertFalse(self.c.logs_contain(": TLS error: "), self.c.logs())
+
+    def test_a_connection_without_tls_gets_nothing(self):
+        lid = self.c.leader()
+        node = self.c.nodes[lid]
+        before = _metric(node.http, "idem_raft_connections_refused_total")
+        # raft_uv's handshake and the message that crashed libraft 0.15, in the clear: the
+        # TLS handshake fails on the first bytes, the connection is closed.
+        host, port = node.raft.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            s.sendall(_handshake() + MALFORMED["entry of an invalid type"])
+            self.assertTrue(_closed(s, 5))
+        finally:
+            s.close()
+        wait_for(lambda: self.c.logs_contain(": TLS handshake failed: "), 5, "the refusal")
+        self.assertTrue(self.c.logs_contain("raft connection refused from 127.0.0.1:"))
+        self.assertTrue(self.c.logs_contain("(has the peer tls.raft on, and a certificate "
+                                            "signed by tls.ca_file?)"))
+        self.assertEqual(_metric(node.http, "idem_raft_connections_refused_total"), before + 1)
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 0)
+        # Once per 10 s per peer: a second one is counted, not logged again.
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(_handshake())
+        self.assertTrue(_closed(s, 5))
+        s.close()
+        wait_for(lambda: _metric(node.http, "idem_raft_connections_refused_total") == before + 2,
+                 5, "the second refusal counted")
+        with open(node.log, "rb") as f:
+            self.assertEqual(f.read().count(b": TLS handshake failed: "), 1)
+        # Unfinished TLS handshakes hold the handshake slots (64) and time: a 65th connection
+        # closes the oldest, and one that never speaks is closed after 10 s.
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
+        try:
+            time.sleep(0.2)  # every one accepted, in order
+            newest = socket.create_connection((host, int(port)), timeout=10)
+            silent.append(newest)
+            self.assertTrue(_closed(silent[0], 5))
+            self.assertFalse(_closed(silent[1], 0.2))
+            start = time.monotonic()
+            self.assertTrue(_closed(newest, 20))
+            self.assertLess(time.monotonic() - start, 12)
+        finally:
+            for x in silent:
+                x.close()
+        self.assertIsNone(node.proc.poll(), self.c.logs())
+        self.assertEqual(self.c.leader(), lid)
+        rc, out = self.c.ctl("claim", "after-plaintext", "--fingerprint", "c" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        self.c.wait_converged(3)
+
+    def test_a_certificate_the_ca_did_not_sign_gets_nothing(self):
+        lid = self.c.leader()
+        node = self.c.nodes[lid]
+        before = _metric(node.http, "idem_raft_connections_refused_total")
+        # Self-signed by another CA; and none at all.
+        self.assertTrue(_tls_refused(self.c.tls_client(cert="other-ca"), node.raft))
+        self.assertTrue(_tls_refused(self.c.tls_client(cert=None), node.raft))
+        wait_for(lambda: _metric(node.http, "idem_raft_connections_refused_total") == before + 2,
+                 5, "both refusals counted")
+        self.assertTrue(self.c.logs_contain(": TLS handshake failed: "))
+        self.assertTrue(self.c.logs_contain("certificate"))
+        # A member's certificate gets through TLS, and then the authentication (inside TLS)
+        # still decides: the node greets and answers with the secret's MAC, and without
+        # the secret it answers nothing.
+        ctx = self.c.tls_client()
+        s, theirs = _connect(node.raft, self.c.raft_secret, lid, tls=ctx)
+        s.close()
+        self.assertEqual(len(theirs), 32)
+        s, theirs = _connect(node.raft, self.c.raft_secret, lid, tls=ctx,
+                             mac_secrets=["another-" + "x" * 30])
+        s.close()
+        self.assertEqual(theirs, b"")
+        # The connector checks the node's certificate too: a client trusting another CA
+        # refuses it.
+        host, port = node.raft.rsplit(":", 1)
+        raw = socket.create_connection((host, int(port)), timeout=10)
+        try:
+            with self.assertRaises(ssl.SSLCertVerificationError):
+                self.c.tls_client(ca="other-ca").wrap_socket(raw, server_hostname=host)
+        finally:
+            raw.close()
+        self.assertIsNone(node.proc.poll(), self.c.logs())
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 0)
+        rc, out = self.c.ctl("claim", "after-untrusted", "--fingerprint", "d" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        self.c.wait_converged(3)
+
+
+class TestRaftTlsWithoutSecret(RaftTlsTestCase):
+    """tls.raft without raft.secret_file: TLS alone decides who gets in (any certificate the
+    CA signed; the nodes warn at start), and what reaches raft is still checked."""
+    cluster_opts = dict(raft_secret=None)
+    malformed_raft_expected = True
+
+    def test_tls_alone(self):
+        rc, out = self.c.ctl("claim", "tls-only", "--fingerprint", "f" * 64)
+        self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        self.c.wait_converged(3)
+        self.assertTrue(self.c.logs_contain("raft.secret_file is not set: the Raft port (%s) "
+                                            "takes connections from anyone with a certificate "
+                                            "signed by tls.ca_file" % self.c.nodes[1].raft))
+        lid = self.c.leader()
+        node = self.c.nodes[lid]
+        # No greeting: inside TLS the node waits for raft_uv's handshake, and the malformed
+        # message gets as far as the check in front of libraft's decoder.
+        host, port = node.raft.rsplit(":", 1)
+        s = self.c.tls_client().wrap_socket(socket.create_connection((host, int(port)),
+                                                                     timeout=10),
+                                            server_hostname=host)
+        try:
+            s.sendall(_handshake() + MALFORMED["entry of an invalid type"])
+            self.assertTrue(_closed(s, 5))
+        finally:
+            s.close()
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 1)
+        # Without a certificate of the CA, nothing.
+        self.assertTrue(_tls_refused(self.c.tls_client(cert="other-ca"), node.raft))
+        self.assertEqual(_metric(node.http, "idem_raft_messages_refused_total"), 1)
+        self.assertIsNone(node.proc.poll())
+        self.assertEqual(self.c.leader(), lid)
+
+
+class TestRaftTlsMismatch(RaftTlsTestCase):
+    """Node 3 without tls.raft (nodes 1 and 2 with it): each side refuses the other's
+    connections, and says why; with tls.raft node 3 catches up."""
+    cluster_opts = dict(plain=[3])
+
+    def cluster_ready(self):
+        self.c.wait_leader(timeout=self.leader_timeout, ids=[1, 2])
+
+    def test_all_members_or_none(self):
+        for i in range(3):
+            rc, out = self.c.ctl("claim", "mismatch-%d" % i, "--fingerprint", "e" * 64,
+                                 ids=[1, 2])
+            self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+        # Nodes 1 and 2 refuse node 3's plaintext handshakes; node 3 refuses their
+        # ClientHellos as a handshake of an unknown protocol, and their TLS clients refuse
+        # its plaintext greeting (the authentication's, in the clear); each says so.
+        wait_for(lambda: self.c.logs_contain("refused from 127.0.0.1:"), 20,
+                 "nodes 1 and 2 refusing node 3")
+        wait_for(lambda: self.c.logs_contain(": unknown handshake protocol"), 20,
+                 "node 3 refusing the others")
+        wait_for(lambda: self.c.logs_contain("raft connection to node 3 failed: TLS handshake "
+                                             "failed: "), 20,
+                 "the others' connections to node 3 failing")
+        self.assertTrue(self.c.logs_contain("(has node 3 tls.raft on, and a certificate signed "
+                                            "by tls.ca_file for the host of its raft address?)"))
+        self.assertTrue(self.c.logs_contain(": TLS handshake failed: "))
+        st = self.c.status(ids=[3])
+        n3 = [x for x in (st or {}).get("nodes", []) if x.get("id") == 3]
+        self.assertEqual(len(n3), 1, st)
+        self.assertLessEqual(n3[0]["applied_index"], 1, st)
+        # With tls.raft, node 3 catches up.
+        self.c.stop(3)
+        self.c.plain.discard(3)
+        self.c._write_config(self.c.nodes[3], self.c.bootstrap)
+        self.c.start(3)
+        self.c.wait_converged(3)
+
+
+class _Relay:
+    """A TCP relay: listens on addr and pipes each connection to target both ways, keeping a
+    copy of every byte it carries (seen)."""
+
+    def __init__(self, addr, target):
+        host, port = addr.rsplit(":", 1)
+        thost, tport = target.rsplit(":", 1)
+        self.target = (thost, int(tport))
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind((host, int(port)))
+        self.srv.listen(16)
+        self.seen = bytearray()
+        self.lock = threading.Lock()
+        self.socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.srv.accept()
+            except OSError:
+                return
+            try:
+                b = socket.create_connection(self.target, timeout=5)
+                b.settimeout(None)
+            except OSError:
+                a.close()
+                continue
+            with self.lock:
+                self.socks += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pipe, args=(x, y), daemon=True).start()
+
+    def _pipe(self, x, y):
+        try:
+            while True:
+                data = x.recv(65536)
+                if not data:
+                    break
+                with self.lock:
+                    self.seen += data
+                y.sendall(data)
+        except OSError:
+            pass
+        for z in (x, y):
+            try:
+                z.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def bytes_seen(self):
+        with self.lock:
+            return bytes(self.seen)
+
+    def close(self):
+        self.srv.close()
+        with self.lock:
+            for z in self.socks:
+                z.close()
+
+
+class RaftWireCases:
+    """A follower restarted on another port, the others still dialling its old one, where a
+    relay now forwards to it: the leader's entries to it pass through the relay."""
+    tls = True
+
+    def make_cluster(self):
+        return RaftTlsCluster(plain=[] if self.tls else [1, 2, 3], **self.cluster_opts)
+
+    def test_what_a_relay_between_two_members_sees(self):
+        lid = self.c.leader()
+        fid = [n for n in sorted(self.c.nodes) if n != lid][0]
+        node = self.c.nodes[fid]
+        old = node.raft
+        self.assertEqual(self.c.stop(fid), 0)
+        node.raft = "127.0.0.1:%d" % free_port()
+        self.c._write_config(node, self.c.bootstrap)  # its data dir has the configuration
+        relay = _Relay(old, node.raft)
+        try:
+            self.c.start(fid)
+            key = "wire-key-" + secrets.token_hex(12)
+            for i in range(3):
+                rc, out = self.c.ctl("claim", "%s-%d" % (key, i), "--fingerprint", "9" * 64)
+                self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
+            self.c.wait_converged(3)
+            self.assertEqual(self.c.leader(), lid, "the entries went from the leader")
+            seen = relay.bytes_seen()
+        finally:
+            relay.close()
+        self.assertGreater(len(seen), 1000)
+        if self.tls:
+            self.assertNotIn(key.encode(), seen)
+            self.assertNotIn(b"alpha", seen)  # the tenant of every claim
+            # Not raft_uv's handshake either: a TLS record (handshake, type 22) comes first.
+            self.assertEqual(seen[0], 22)
+        else:
+            self.assertIn(key.encode(), seen)
+
+
+class TestRaftTlsWire(RaftWireCases, ClusterTestCase):
+    tls = True
+
+
+class TestRaftPlainWire(RaftWireCases, ClusterTestCase):
+    """The same relay without tls.raft sees the claims' keys: what the TLS case checks is
+    there to be seen."""
+    tls = False
 
 
 if __name__ == "__main__":

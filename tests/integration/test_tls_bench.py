@@ -305,6 +305,15 @@ class TestTlsBadConfig(unittest.TestCase):
                                        "ca_file: %s/missing-ca.crt" % pki, "rpc: true"],
                           "tls: ca_file ")
 
+    def test_raft_bad_files(self):
+        # tls.raft loads the same files when the transport opens (before the RPC listener).
+        self._start_fails(lambda pki: ["cert_file: %s/nope.crt" % pki, "key_file: %s/server.key" % pki,
+                                       "ca_file: %s/ca.crt" % pki, "raft: true"],
+                          "raft transport: tls: cert_file ")
+        self._start_fails(lambda pki: ["cert_file: %s/server.crt" % pki, "key_file: %s/other.key" % pki,
+                                       "ca_file: %s/ca.crt" % pki, "raft: true"],
+                          "raft transport: tls: key_file ")
+
 
 # ---- TLS clusters: forwarding, idemctl, idem-bench -------------------------------------------
 

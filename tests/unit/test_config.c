@@ -150,6 +150,7 @@ static const char full_text[] =
     "  rpc: true\n"
     "  http: yes\n"
     "  http_client_certs: require\n"
+    "  raft: true\n"
     "admin:\n"
     "  token_sha256: " HASH_ADMIN "\n"
     "tenants:\n"
@@ -226,6 +227,7 @@ static void test_full(void **state)
     assert_string_equal(c.tls.at, "x.yaml:45:3"); /* the mapping, at its first key */
     assert_int_equal(c.http.max_connections, 77);
     assert_int_equal(c.http.handshake_timeout_ms, 250);
+    assert_true(c.tls.raft);
 
     static const uint8_t admin[CONFIG_HASH_LEN] = {
         0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45,
@@ -318,6 +320,7 @@ static void test_defaults(void **state)
     assert_null(c.tls.at);
     assert_int_equal(c.http.handshake_timeout_ms, 5000);
     assert_false(c.rpc.insecure_cluster_secret);
+    assert_false(c.tls.raft);
 
     assert_int_equal(c.n_tenants, 1);
     const struct config_tenant *t = &c.tenants[0];
@@ -531,6 +534,15 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:25: ", "http.handshake_timeout_ms"},
     {"insecure cluster secret not a bool", NODE_OK "rpc:\n  insecure_cluster_secret: maybe\n",
      "x.yaml:7:28: ", "rpc.insecure_cluster_secret"},
+    {"tls on raft without files", NODE_OK "tls:\n  raft: true\n", "x.yaml:7:9: ",
+     "tls.raft: TLS between the members needs cert_file, key_file and ca_file; missing "
+     "cert_file and key_file"},
+    {"tls on raft without ca_file",
+     NODE_OK "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: true\n  raft: true\n",
+     "x.yaml:10:9: ",
+     "tls.raft: TLS between the members needs cert_file, key_file and ca_file; missing "
+     "ca_file"},
+    {"tls raft not a bool", NODE_OK "tls:\n  raft: yes please\n", "x.yaml:7:9: ", "tls.raft"},
 
     /* Required keys. */
     {"missing node.id",
