@@ -272,6 +272,32 @@ static bool isJsonContentType(const char *content_type)
     return subtype_len > 5 && asciiCaseEqual(end - 5, 5, "+json");
 }
 
+/* Whether the JSON text b[0..n) has at most max values, counted cheaply before any parse:
+ * one for the first value and one per ',', ':', '[' and '{' outside strings (an upper
+ * bound of what a parser would build, whatever the text's validity). */
+static bool jsonValuesWithin(const uint8_t *b, size_t n, size_t max)
+{
+    size_t count = 1;
+    bool in_string = false;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t ch = b[i];
+        if (in_string) {
+            if (ch == '\\') {
+                i++; /* the escaped byte, whatever it is */
+            } else if (ch == '"') {
+                in_string = false;
+            }
+        } else if (ch == '"') {
+            in_string = true;
+        } else if (ch == ',' || ch == ':' || ch == '[' || ch == '{') {
+            if (++count > max) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 /* Feeds the body into the digest as one framed field: canonical JSON when json is true and
  * the body is not empty, the raw bytes otherwise. */
 static int fpUpdateBody(EVP_MD_CTX *ctx, const uint8_t *body, size_t body_len, bool json)
@@ -286,6 +312,9 @@ static int fpUpdateBody(EVP_MD_CTX *ctx, const uint8_t *body, size_t body_len, b
         return fpUpdateField(ctx, body, body_len, FOLD_NONE);
     }
 
+    if (!jsonValuesWithin(body, body_len, FP_JSON_MAX_VALUES)) {
+        return FP_EJSON_TOO_MANY;
+    }
     /* jansson leaves the code byte of error untouched when it fails before parsing, which it
      * does only when it cannot allocate its lexer; zeroing error lets us tell that apart. */
     memset(&error, 0, sizeof error);

@@ -17,8 +17,14 @@
 
 /* Return codes of the fp_ functions. Positive, so that 0 means success, as in raft. The
  * X-macro keeps each code next to its message for fp_strerror(). */
+/* The most values (scalars, arrays, objects and members' names counted as a parser meets
+ * them, roughly) a JSON body may have to be fingerprinted: far beyond a request's, and a
+ * bound on the work an unauthenticated proxy caller can ask for. */
+#define FP_JSON_MAX_VALUES 16384
+
 #define FP_ERRORS(X)                                                                        \
     X(FP_EINVAL_JSON, "request body is not valid JSON")                                     \
+    X(FP_EJSON_TOO_MANY, "the JSON body has more values than are fingerprinted (16384)")     \
     X(FP_ETOO_LARGE, "a fingerprint field is longer than 2^32-1 bytes")                     \
     X(FP_ENOMEM, "out of memory")                                                           \
     X(FP_EINVAL, "invalid argument")                                                        \
@@ -90,8 +96,12 @@ struct fp_input {
  * normalised through a double (so 1.10 and 1.1 match, and 1 and 1.0 do not), and some
  * allocation failures inside jansson's lexer are reported as FP_EINVAL_JSON, not FP_ENOMEM.
  *
+ * A JSON body of more than FP_JSON_MAX_VALUES values is refused before it is parsed (a
+ * count of its separators, outside strings): the parse and re-encoding cost grows with the
+ * values, and proxy callers need no token to send a body.
+ *
  * Returns FP_OK; FP_EINVAL_JSON when the body should be JSON and is not (the caller answers
- * 400); FP_EINVAL for a NULL where one is not allowed; FP_ETOO_LARGE when a field or the
+ * 400); FP_EJSON_TOO_MANY past FP_JSON_MAX_VALUES (413); FP_EINVAL for a NULL where one is not allowed; FP_ETOO_LARGE when a field or the
  * header count does not fit in 32 bits; FP_ENOMEM; or FP_ECRYPTO. On error out is left
  * unspecified. */
 int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN]);

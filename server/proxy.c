@@ -598,8 +598,14 @@ void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t
     uint8_t fp[FP_LEN];
     int rc = pjFingerprint(j, req, fp);
     if (rc != FP_OK) {
-        proxy_send_error(j, rc == FP_EINVAL_JSON ? 400 : 500,
-                         rc == FP_EINVAL_JSON ? "invalid_request" : "internal", fp_strerror(rc), 0);
+        proxy_send_error(j,
+                         rc == FP_EINVAL_JSON      ? 400
+                         : rc == FP_EJSON_TOO_MANY ? 413
+                                                   : 500,
+                         rc == FP_EINVAL_JSON      ? "invalid_request"
+                         : rc == FP_EJSON_TOO_MANY ? "payload_too_large"
+                                                   : "internal",
+                         fp_strerror(rc), 0);
         proxy_finish(j);
         return;
     }

@@ -703,6 +703,20 @@ class TestProxyGuards(GuardTest):
     def routes(cls, upstream):
         return [route(upstream, path_prefix="/api/pay", methods=["POST", "DELETE"])]
 
+    def test_json_body_with_too_many_values_is_refused_unparsed(self):
+        # A caller needs no token: the values a body may have to be fingerprinted are bounded
+        # (16384), so a body of many tiny values costs a count, not a parse.
+        before = len(self.svc.seen())
+        many = {"items": [0] * 20000}
+        r = self.req("POST", "/api/pay/orders", key=self.key("many"), body=many)
+        b = self.assertError(r, 413, "payload_too_large")
+        self.assertIn("more values", b["message"], r)
+        self.assertNothingReached(before, "a body past the values bound")
+        # Within the bound the body reaches the upstream (which judges it as it likes).
+        r = self.req("POST", "/api/pay/orders", key=self.key("fine"), body={"items": [0] * 1000})
+        self.assertNotEqual(r[0], 413, r)
+        self.last_seen(before)
+
     def test_dot_segments_encoded_slashes_and_backslashes_are_refused(self):
         paths = ["/api/pay/../../internal/admin", "/api/pay/./x",
                  "/api/pay/%2e%2e/%2E%2E/internal/admin", "/api/pay/..;/internal",

@@ -175,6 +175,49 @@ struct body_case {
     int rc;
 };
 
+/* A JSON body past FP_JSON_MAX_VALUES values is refused before any parse (the same body as
+ * text fingerprints); one at the bound, and separators inside strings, are not counted
+ * against it. */
+static void test_json_values_bound(void **state)
+{
+    (void)state;
+    size_t n = FP_JSON_MAX_VALUES;
+    char *body = malloc(2 * n + 8);
+    assert_non_null(body);
+    size_t len = 0;
+    body[len++] = '[';
+    for (size_t i = 0; i < n - 1; i++) { /* the array and n - 1 zeros: n values */
+        body[len++] = '0';
+        body[len++] = ',';
+    }
+    body[len - 1] = ']';
+    struct fp_input in = baseInput();
+    uint8_t out[FP_LEN];
+    in.content_type = "application/json";
+    in.body = (const uint8_t *)body;
+    in.body_len = len;
+    assert_int_equal(fp_compute(&in, out), FP_OK);
+    body[len - 1] = ',';
+    body[len++] = '0';
+    body[len++] = ']'; /* one more */
+    in.body_len = len;
+    assert_int_equal(fp_compute(&in, out), FP_EJSON_TOO_MANY);
+    in.content_type = "text/plain";
+    assert_int_equal(fp_compute(&in, out), FP_OK);
+    /* Separators in a string (escaped quotes included) count for nothing. */
+    len = 0;
+    body[len++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        body[len++] = i % 2 ? ',' : '\\';
+        body[len++] = i % 2 ? '[' : '"';
+    }
+    body[len++] = '"';
+    in.content_type = "application/json";
+    in.body_len = len;
+    assert_int_equal(fp_compute(&in, out), FP_OK);
+    free(body);
+}
+
 static void test_bodies(void **state)
 {
     static const struct body_case cases[] = {
@@ -509,6 +552,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pairs),
         cmocka_unit_test(test_bodies),
+        cmocka_unit_test(test_json_values_bound),
         cmocka_unit_test(test_invalid_arguments),
         cmocka_unit_test(test_known_answer),
         cmocka_unit_test(test_equal),
