@@ -31,6 +31,7 @@ struct global {
     const char *token;
     const char *admin_token;
     bool token_on_argv, admin_token_on_argv; /* given as --token T / --admin-token T */
+    char *token_owned, *admin_token_owned;   /* read from --token-file / --admin-token-file */
     bool json;
     uint32_t deadline_ms;
     bool deadline_set;

@@ -28,6 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "idemctl.h"
 
 #define DEFAULT_DEADLINE_MS 5000u
@@ -197,10 +199,12 @@ static void globalOptions(struct global *g, struct args *a)
             g->admin_token = v;
             g->admin_token_on_argv = true;
         } else if (argsValue(a, "--token-file", &v)) {
-            g->token = cli_token_file("--token-file", v);
+            free(g->token_owned);
+            g->token = g->token_owned = cli_token_file("--token-file", v);
             g->token_on_argv = false;
         } else if (argsValue(a, "--admin-token-file", &v)) {
-            g->admin_token = cli_token_file("--admin-token-file", v);
+            free(g->admin_token_owned);
+            g->admin_token = g->admin_token_owned = cli_token_file("--admin-token-file", v);
             g->admin_token_on_argv = false;
         } else if (cli_tls_flag(&g->tls_flags, a->argc, a->argv, &a->i)) {
             continue;
@@ -253,6 +257,19 @@ static int configCheck(const struct global *g, const struct command *cmd)
                         cmd->name);
     }
     return EXIT_ANSWERED;
+}
+
+/* The tokens read from files, wiped and freed. */
+static void freeTokens(struct global *g)
+{
+    char *owned[] = {g->token_owned, g->admin_token_owned};
+    for (size_t i = 0; i < 2; i++) {
+        if (owned[i] != NULL) {
+            OPENSSL_cleanse(owned[i], strlen(owned[i]));
+            free(owned[i]);
+        }
+    }
+    g->token_owned = g->admin_token_owned = NULL;
 }
 
 int main(int argc, char **argv)
@@ -311,6 +328,7 @@ int main(int argc, char **argv)
     helpIfAsked(cmd->name, argc, argv, a.i);
     int code = configCheck(&g, cmd);
     if (code != EXIT_ANSWERED) {
+        freeTokens(&g);
         return code;
     }
     code = cmd->run(&g, &a);
@@ -324,5 +342,6 @@ int main(int argc, char **argv)
                 cmd->admin ? "--admin-token-file F" : "--token-file F",
                 cmd->admin ? "IDEM_ADMIN_TOKEN" : "IDEM_TOKEN");
     }
+    freeTokens(&g);
     return code;
 }
