@@ -30,7 +30,7 @@ struct snap {
     struct service_stats ss;
     uint64_t records; /* si.fsm.records without the released markers */
     uint64_t connections, connections_refused; /* the gateway's (struct httpMetrics) */
-    uint64_t is_leader, has_leader; /* this node leads / knows a leader: 0 or 1 */
+    uint64_t is_leader, has_leader;            /* this node leads / knows a leader: 0 or 1 */
     struct proc_self ps;
 };
 
