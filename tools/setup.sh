@@ -19,6 +19,8 @@ packages=(
   python3-fusepy
   nftables
   stress-ng
+  prometheus   # test-only: promtool (tests/integration/test_monitoring.py)
+  python3-yaml # test-only: test_monitoring.py reads the alert rules and their tests
 )
 
 missing=()
