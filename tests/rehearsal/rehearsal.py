@@ -248,7 +248,7 @@ class Rehearsal:
             "  token_sha256: %s" % sha(self.admin),
             "tenants:",
             "  - name: payments",
-            "    token_sha256s: [%s]" % ", ".join(sha(t) for t in tokens),
+            "    token_sha256: [%s]" % ", ".join(sha(t) for t in tokens),
         ]
         with open(node.cfg + ".new", "w") as f:
             f.write("\n".join(lines) + "\n")
