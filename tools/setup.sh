@@ -35,13 +35,13 @@ packages=(
 # The tests only (each names what it uses).
 test_packages=(
   python3                       # the integration, chaos and lint tests; tools/test.sh
-  python3-yaml                  # tests/integration/test_kubernetes.py, the alert rules' test
+  python3-yaml                  # test_kubernetes.py, test_monitoring.py
   clang libclang-rt-14-dev      # tools/test.sh's clang build and its libFuzzer targets
   e2fsprogs python3-fusepy      # stalled and power-cut disks (test_stalled_disk.py, chaos)
   iproute2 nftables             # the chaos suite's network (tests/chaos/net.py)
   stress-ng                     # a loaded machine (test_tls_bench.py)
   groff-base                    # the man pages rendered (test_install.py)
-  prometheus                    # promtool checks the alert rules
+  prometheus                    # promtool (test_monitoring.py: the alert rules)
 )
 if [ "$tests" = 1 ]; then
   packages+=("${test_packages[@]}")
