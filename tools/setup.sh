@@ -67,3 +67,8 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Only promtool is wanted from the prometheus package: on a host run by systemd, its
+# package starts a Prometheus server (port 9090); stop it and keep it from starting again.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  "${sudo_cmd[@]}" systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
