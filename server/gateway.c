@@ -2,8 +2,8 @@
  * parts share besides answering (gateway_answer.c): the request's id and key, forwarding a
  * packed request to the leader (forward.c).
  *
- * A request on node.http_address: route → method (405) → /healthz, /readyz, /metrics here
- * (metrics.c) → body cap (413) → the JSON API (http_api.c). A request on a proxy listener
+ * A request on node.http_address: route → method (405) → /healthz, /livez, /readyz, /metrics
+ * here (metrics.c) → body cap (413) → the JSON API (http_api.c). A request on a proxy listener
  * goes to proxy mode (proxy.c). h2o's own error answers (413 above its entity cap, broken
  * framing) get the same JSON error body through a filter. Stopping: docs/h2o-notes.md §5.
  *
@@ -33,8 +33,9 @@
 #define HTTP_STOP_POLL_MS 20
 #define HTTP_STOP_GRACE_MS 3000 /* after this, busy connections are closed too */
 
-const char *const gateway_route_names[R_N] = {"healthz", "readyz", "metrics", "claim", "complete",
-                                              "release", "renew",  "get",     "proxy", "other"};
+const char *const gateway_route_names[R_N] = {"healthz", "livez",    "readyz",  "metrics",
+                                              "claim",   "complete", "release", "renew",
+                                              "get",     "proxy",    "other"};
 
 const char *const gateway_outcome_names[REQSTATS_OUTCOMES] = {
     "unspecified",     "acquired",        "replay",  "in_progress", "mismatch",
@@ -212,6 +213,9 @@ static enum route routeOf(const char *p, size_t len, h2o_iovec_t *key)
 #define IS(s) (len == sizeof(s) - 1 && memcmp(p, s, len) == 0)
     if (IS("/healthz")) {
         return R_HEALTHZ;
+    }
+    if (IS("/livez")) {
+        return R_LIVEZ;
     }
     if (IS("/readyz")) {
         return R_READYZ;
@@ -407,7 +411,9 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
         gateway_send_error(h, req, route, rid, 405, "method_not_allowed", "method not allowed", 0);
         return 0;
     }
-    if (route == R_HEALTHZ) {
+    if (route == R_HEALTHZ || route == R_LIVEZ) {
+        /* Liveness: answered on the loop, so the loop turns; no quorum, no token, also
+         * while the node stops. */
         json_t *o = json_object();
         json_object_set_new(o, "status", json_string("ok"));
         gateway_send_json(h, req, route, rid, 200, o, NULL, 0);

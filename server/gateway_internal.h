@@ -20,6 +20,7 @@
 
 enum route {
     R_HEALTHZ,
+    R_LIVEZ,
     R_READYZ,
     R_METRICS,
     R_CLAIM,

@@ -1,7 +1,7 @@
-/* http: the HTTP/1.1 gateway (JSON API, /metrics, /healthz, /readyz) on node.http_address,
- * and the proxy-mode listeners of cfg->proxies (docs/contract.md, proxy mode), served by h2o
- * 2.2.5 on the node's libuv loop (docs/h2o-notes.md), over TLS where tls.http and tls.proxy
- * say. The interface main.c uses; the parts are
+/* http: the HTTP/1.1 gateway (JSON API, /metrics, /healthz, /livez, /readyz) on
+ * node.http_address, and the proxy-mode listeners of cfg->proxies (docs/contract.md, proxy
+ * mode), served by h2o 2.2.5 on the node's libuv loop (docs/h2o-notes.md), over TLS where
+ * tls.http and tls.proxy say. The interface main.c uses; the parts are
  * gateway.c (h2o, routes, lifecycle), gateway_answer.c, http_api.c, metrics.c and proxy*.c,
  * sharing gateway_internal.h. */
 #ifndef IDEM_SERVER_HTTP_H
