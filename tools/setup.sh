@@ -10,6 +10,7 @@ packages=(
   libprotobuf-c-dev protobuf-c-compiler
   libssl-dev libyaml-dev libjansson-dev libxxhash-dev
   libh2o-dev
+  libsystemd-dev
   libcmocka-dev
   clang libclang-rt-14-dev
   python3
