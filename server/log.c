@@ -164,6 +164,11 @@ static void logLine(enum log_level level, const char *rid, const char *fmt, va_l
     }
     char msg[1536]; /* the cluster's longest (clog.c) fit whole */
     vsnprintf(msg, sizeof(msg), fmt, ap);
+    for (char *p = msg; *p; p++) { /* one record, one line (the journal splits at newlines) */
+        if (*p == '\n' || *p == '\r') {
+            *p = ' ';
+        }
+    }
     bool journal = atomic_load(&logJournal);
     char prefix[8] = "";
     if (journal) {

@@ -90,6 +90,7 @@ static void test_text_line(void **state)
 {
     struct capture *c = *state;
     log_info("leader is now node %d", 3);
+    log_info("two\nlines\r");
     log_at(LOG_LEVEL_WARN, "abc-123", "proxy: %s", "lease lost");
     const char *t = captured(c);
     /* 2024-01-02T03:04:05.678Z idemd[7] info leader is now node 3 */
@@ -98,7 +99,8 @@ static void test_text_line(void **state)
     assert_int_equal(first - t, 24);
     assert_true(t[4] == '-' && t[10] == 'T' && t[19] == '.' && t[23] == 'Z');
     assert_non_null(strstr(t, " idemd[7] warn proxy: lease lost request_id=abc-123\n"));
-    assert_int_equal(countLines(t), 2);
+    assert_non_null(strstr(t, " idemd[7] info two lines \n"));
+    assert_int_equal(countLines(t), 3);
 }
 
 static void test_json_line(void **state)
