@@ -14,6 +14,7 @@
 #include "http.h"
 #include "fingerprint.h"
 #include "log.h"
+#include "notify.h"
 #include "rpc.h"
 #include "service.h"
 
@@ -27,6 +28,7 @@ struct daemon {
     struct service *svc;
     struct rpc_server *rpc;
     struct http_server *http; /* NULL when node.http_address is empty and no proxy is set */
+    struct notifier *notify;  /* NULL when not run by systemd as Type=notify */
     int closing;              /* parts (rpc, service, http) still closing */
     bool stopping;
 };
@@ -51,6 +53,8 @@ static void serviceClosed(void *data)
 {
     struct daemon *d = data;
     log_info("raft closed");
+    notifier_close(d->notify);
+    d->notify = NULL;
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     partClosed(d);
@@ -74,6 +78,7 @@ static void signalCb(uv_signal_t *h, int signum)
     }
     d->stopping = true;
     log_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    notifier_stopping(d->notify);
     d->closing = d->http != NULL ? 3 : 2;
     if (d->http != NULL) {
         http_server_stop(d->http, httpClosed, d);
@@ -250,6 +255,9 @@ int main(int argc, char **argv)
         return 0;
     }
     log_set_node(d.cfg.node.id);
+    log_set_level(d.cfg.log.level);
+    log_set_format(d.cfg.log.format);
+    log_journal_detect();
     clog_set_sink(clusterLogSink);
     signal(SIGPIPE, SIG_IGN);
     /* A write past RLIMIT_FSIZE then fails with EFBIG, as any failed write, and is reported
@@ -297,6 +305,7 @@ int main(int argc, char **argv)
     d.sigint.data = &d;
     uv_signal_start(&d.sigterm, signalCb, SIGTERM);
     uv_signal_start(&d.sigint, signalCb, SIGINT);
+    d.notify = notifier_start(&d.loop, d.svc, d.cfg.node.id);
     /* One line that says what started, from which data: a restart is found in the log by
      * it, with what the node recovered (the last snapshot, restored, and the entries after
      * it, which are applied once the commit index is known again). */

@@ -247,9 +247,10 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
         uint64_t now = uv_now(h->loop);
         if (h->secret_warned_ms == 0 || now - h->secret_warned_ms >= 10000) {
             h->secret_warned_ms = now ? now : 1;
-            log_warn("proxy: the leader refused this node's cluster secret (or acting for "
-                     "this route's tenant); check rpc.cluster_secret_file and the proxy "
-                     "routes on every node");
+            log_at(LOG_LEVEL_WARN, j->rid,
+                   "proxy: the leader refused this node's cluster secret (or acting for "
+                   "this route's tenant); check rpc.cluster_secret_file and the proxy "
+                   "routes on every node");
         }
         proxy_send_error(j, 503, "idempotency_unavailable",
                          "the leader refused this node's cluster secret; retry on another node", 1);

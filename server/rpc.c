@@ -709,6 +709,7 @@ static void acceptCb(uv_stream_t *l, int status)
     }
     struct conn *c = xcalloc(1, sizeof(*c));
     c->srv = r;
+    c->id = ++r->conn_serial;
     c->state = CONN_READING;
     c->refs = 1;
     uv_tcp_init(r->loop, &c->tcp);

@@ -23,6 +23,7 @@ struct adminOp {
     service_done_cb cb;
     void *data;
     uint64_t request_id;
+    char log_rid[LOG_RPC_ID_SIZE + 32]; /* the request in scope when it came (log.h), or "" */
 };
 
 /* Answers a quarantine list from this node's state machine. Called when the op's read
@@ -187,10 +188,10 @@ static void transferDoneCb(void *data, int status, const char *errmsg)
     res.outcome = status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
     if (status != 0) {
         res.retry_after_ms = a->s->cfg->raft.election_timeout_ms;
-        log_warn("a leadership transfer ended without moving leadership (%s); the caller may "
-                 "ask again after %u ms",
-                 errmsg && errmsg[0] ? errmsg : "no reason given",
-                 (unsigned)res.retry_after_ms);
+        log_at(LOG_LEVEL_WARN, a->log_rid[0] ? a->log_rid : NULL,
+               "a leadership transfer ended without moving leadership (%s); the caller may "
+               "ask again after %u ms",
+               errmsg && errmsg[0] ? errmsg : "no reason given", (unsigned)res.retry_after_ms);
     }
     resp.request_id = a->request_id;
     resp.result = &res;
@@ -460,6 +461,9 @@ static void adminMembership(struct service *s, const Idem__Request *req, service
     a->cb = cb;
     a->data = data;
     a->request_id = req->request_id;
+    if (log_request_current() != NULL) {
+        snprintf(a->log_rid, sizeof a->log_rid, "%s", log_request_current());
+    }
     int rc = adminStartChange(s, req, a);
     if (rc != CLUSTER_OK) {
         free(a);

@@ -1,8 +1,12 @@
-"""`cmake --install` of the daemon side: idemd, its example configuration, README.md and the
-systemd unit (tools/idemd.service.in), into a temporary prefix; the installed idemd checks
-the installed example, serves a one-node cluster that the installed idemctl claims on, and
-stops cleanly on SIGTERM; the unit names the installed idemd and passes
-`systemd-analyze verify` (the systemd package: tools/setup.sh).
+"""`cmake --install` of the daemon side: idemd, its example configuration, README.md, the
+systemd unit (tools/idemd.service.in) and its sysusers.d file (tools/idemd.sysusers.conf),
+into a temporary prefix; the installed idemd checks the installed example, serves a
+one-node cluster that the installed idemctl claims on, and stops cleanly on SIGTERM. The unit
+and the sysusers.d file are in the directories `pkg-config systemd` names under the prefix;
+the unit names the installed idemd, is Type=notify with a watchdog, passes
+`systemd-analyze verify`, and `systemd-analyze security --offline=true` rates its sandbox
+at an exposure of 4.9 (OK) or less; systemd-sysusers makes the user from the file in a
+scratch root (the systemd package: tools/setup.sh).
 TestInstallDebian: libidem as a Debian package installs it (a build configured with the
 prefix /usr, DESTDIR staging): the multiarch libdir, idem.pc, the .so chain and the SONAME,
 examples/ built against the staged copy. TestManPages: idemd(8) and idemctl(1), rendered by
@@ -46,7 +50,21 @@ class TestInstall(unittest.TestCase):
                        stdout=subprocess.DEVNULL)
         self.bin = os.path.join(self.prefix, "bin")
         self.doc = os.path.join(self.prefix, "share", "doc", "idemd")
-        self.unit = os.path.join(self.prefix, "lib", "systemd", "system", "idemd.service")
+        self.unit = os.path.join(self.systemd_dir("systemdsystemunitdir", "lib/systemd/system"),
+                                 "idemd.service")
+        self.sysusers = os.path.join(self.systemd_dir("sysusersdir", "lib/sysusers.d"),
+                                     "idemd.conf")
+
+    def systemd_dir(self, variable, fallback):
+        """Where tools/CMakeLists.txt installs to: the directory `pkg-config systemd` names,
+        with its prefixes set to the install prefix (fallback under it without the .pc)."""
+        p = self.prefix
+        r = subprocess.run(["pkg-config", "--define-variable=prefix=" + p,
+                            "--define-variable=root_prefix=" + p,
+                            "--define-variable=rootprefix=" + p, "--variable=" + variable,
+                            "systemd"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        d = r.stdout.decode().strip()
+        return d if r.returncode == 0 and d.startswith(p + "/") else os.path.join(p, fallback)
 
     def tearDown(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -73,13 +91,41 @@ class TestInstall(unittest.TestCase):
             "ExecStartPre": idemd + " --check-config /etc/idemd/idemd.yaml",
             "ExecStart": idemd + " --config /etc/idemd/idemd.yaml",
         })
-        self.assertNotIn("@", text.split("[Unit]", 1)[1])  # every @VAR@ was replaced
+        self.assertNotRegex(text, r"@[A-Z_]+@")  # every @VAR@ was replaced
         self.assertRegex(text, r"(?m)^Restart=on-failure$")
         analyze = shutil.which("systemd-analyze")
         self.assertIsNotNone(analyze, "systemd-analyze is missing (tools/setup.sh installs it)")
         p = subprocess.run([analyze, "verify", self.unit], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
         self.assertEqual((p.returncode, p.stdout.decode()), (0, ""))
+        # server/notify.c's side of it.
+        for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30s", "User=idemd"):
+            self.assertRegex(text, r"(?m)^%s$" % re.escape(line))
+
+    def test_unit_sandbox(self):
+        """systemd-analyze security rates the unit's sandbox: 4.9 or less is "OK" (10 is no
+        sandbox at all); docs/operations.md gives the figure."""
+        p = subprocess.run(["systemd-analyze", "security", "--offline=true", self.unit],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out = p.stdout.decode()
+        m = re.search(r"Overall exposure level for idemd\.service: (\d+\.\d+) (\w+)", out)
+        self.assertIsNotNone(m, out)
+        exposure = float(m.group(1))
+        self.assertLessEqual(exposure, 4.9, out)
+        self.assertIn(m.group(2), ("OK", "SAFE"), out)
+
+    def test_sysusers(self):
+        with open(self.sysusers) as f:
+            lines = [l for l in f.read().splitlines() if l and not l.startswith("#")]
+        self.assertEqual(lines, ['u idemd - "idemd node" /var/lib/idemd'])
+        # systemd-sysusers reads it and makes the user, in a scratch root.
+        root = os.path.join(self.prefix, "root")
+        os.makedirs(os.path.join(root, "etc"))
+        p = subprocess.run(["systemd-sysusers", "--root=" + root, self.sysusers],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.assertEqual(p.returncode, 0, p.stdout.decode())
+        with open(os.path.join(root, "etc", "passwd")) as f:
+            self.assertRegex(f.read(), r"(?m)^idemd:x:\d+:\d+:idemd node:/var/lib/idemd:")
 
     def test_installed_node_serves_and_stops(self):
         root = self.prefix
