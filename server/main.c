@@ -18,8 +18,6 @@
 #include "rpc.h"
 #include "service.h"
 
-#define IDEMD_VERSION "0.1.0"
-
 struct daemon {
     uv_loop_t loop;
     uv_signal_t sigterm;
@@ -227,7 +225,7 @@ int main(int argc, char **argv)
             check_only = strcmp(argv[i], "--check-config") == 0;
             config_path = argv[++i];
         } else if (strcmp(argv[i], "--version") == 0) {
-            printf("idemd %s\n", IDEMD_VERSION);
+            printf("idemd %s\n", IDEM_BUILD_VERSION);
             return 0;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -319,7 +317,7 @@ int main(int argc, char **argv)
     }
     log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
              "snapshot: %s, log entries held: %llu",
-             IDEMD_VERSION, d.cfg.node.rpc_address.text, d.cfg.node.raft_address.text,
+             IDEM_BUILD_VERSION, d.cfg.node.rpc_address.text, d.cfg.node.raft_address.text,
              d.cfg.node.http_address.text[0] ? d.cfg.node.http_address.text : "(none)",
              d.cfg.node.data_dir, (unsigned long long)si.cluster.term, snap,
              (unsigned long long)si.cluster.log_entries);

@@ -12,8 +12,6 @@
 #include "log.h"
 #include "xmalloc.h"
 
-#define IDEM_VERSION "0.1.0"
-
 #define QUARANTINE_LIST_DEFAULT 100u
 #define QUARANTINE_LIST_MAX 1000u
 
@@ -157,7 +155,7 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.http_address = (char *)s->cfg->node.http_address.text;
         st.n_members = n;
         st.members = memp;
-        st.version = IDEM_VERSION;
+        st.version = IDEM_BUILD_VERSION;
         if (with_digest) {
             fsm_digest_hex(s->fsm, digest);
             st.digest = digest;
