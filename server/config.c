@@ -588,6 +588,7 @@ static void setDefaults(struct config *cfg)
     cfg->http.handshake_timeout_ms = 5000;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;
+    cfg->log.level = CONFIG_LOG_INFO;
 }
 
 /* Reports a libyaml parser failure with its problem text and position. */

@@ -276,6 +276,13 @@ struct config_proxy {
     size_t n_routes;
 };
 
+/* The log: section: log.level, the least severe lines written (debug, info, warn, error;
+ * default info). Changes on a reload (SIGHUP, idemctl reload). */
+enum config_log_level { CONFIG_LOG_DEBUG, CONFIG_LOG_INFO, CONFIG_LOG_WARN, CONFIG_LOG_ERROR };
+struct config_log {
+    enum config_log_level level;
+};
+
 /* Everything one node's configuration file holds. Zero-initialise it (or let a failed load
  * leave it zeroed) and release it with config_free(). */
 struct config {
@@ -292,6 +299,7 @@ struct config {
     size_t n_tenants;
     struct config_proxy *proxies; /* owned array of n_proxies; NULL when there is none */
     size_t n_proxies;
+    struct config_log log;
 };
 
 /* Reads and validates the file at path. Returns 0 and fills *out, or -1 with a

@@ -518,6 +518,34 @@ static int parseAdmin(struct ctx *c, yaml_node_t *map, uint8_t hash[CONFIG_HASH_
     return config_hash_value(c, f[TOKEN].val, f[TOKEN].name, hash);
 }
 
+/* log: level (debug, info, warn, error). */
+static int parseLog(struct ctx *c, yaml_node_t *map, struct config_log *l)
+{
+    enum { LEVEL, N };
+    static const char *const keys[N] = {"level"};
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    struct field f[N];
+    const char *s;
+    if (config_map_fields(c, map, "log", "log", keys, N, f) != 0) {
+        return -1;
+    }
+    if (!config_present(&f[LEVEL])) {
+        return 0;
+    }
+    if (config_string_value(c, &f[LEVEL], &s) != 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            l->level = (enum config_log_level)i;
+            return 0;
+        }
+    }
+    char q[QUOTE_SIZE];
+    return config_fail_node(c, f[LEVEL].val, "%s: expected debug, info, warn or error, got %s",
+                            f[LEVEL].name, config_quote(q, s, strlen(s)));
+}
+
 /* Neither secret may also be a token: whoever holds that token could then act for any
  * tenant (the cluster secret) or speak Raft to every node (the Raft secret). */
 static int checkOneSecret(struct ctx *c, const struct config *cfg, const struct config_secret *sec,
@@ -623,9 +651,9 @@ static int checkTlsListeners(struct ctx *c, const struct config *cfg)
  * node before cluster), whatever their order in the file. */
 int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *cfg)
 {
-    enum { NODE, CLUSTER, RAFT, RPC, BATCH, HTTP, EXPIRY, TLS, ADMIN, TENANTS, PROXY, N };
+    enum { NODE, CLUSTER, RAFT, RPC, BATCH, HTTP, EXPIRY, TLS, ADMIN, TENANTS, PROXY, LOG, N };
     static const char *const keys[N] = {"node",   "cluster", "raft",  "rpc",     "batch", "http",
-                                        "expiry", "tls",     "admin", "tenants", "proxy"};
+                                        "expiry", "tls",     "admin", "tenants", "proxy", "log"};
     struct field f[N];
     if (root->type != YAML_MAPPING_NODE) {
         return config_fail_node(c, root, "expected a mapping at the top level, got %s",
@@ -644,7 +672,8 @@ int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *
         config_required(c, &f[ADMIN]) != 0 ||
         parseAdmin(c, f[ADMIN].val, cfg->admin_token_sha256) != 0 ||
         config_required(c, &f[TENANTS]) != 0 || config_tenants_parse(c, &f[TENANTS], cfg) != 0 ||
-        (config_present(&f[PROXY]) && config_proxy_parse(c, &f[PROXY], cfg) != 0)) {
+        (config_present(&f[PROXY]) && config_proxy_parse(c, &f[PROXY], cfg) != 0) ||
+        (config_present(&f[LOG]) && parseLog(c, f[LOG].val, &cfg->log) != 0)) {
         return -1;
     }
     return checkSecret(c, cfg) != 0 || checkSecretTransport(c, cfg) != 0 ||

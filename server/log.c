@@ -5,10 +5,17 @@
 #include <time.h>
 
 static uint64_t logNode;
+static enum log_level logLevel = LOG_LEVEL_INFO; /* the loop's thread sets it, at start and on
+                                                  * a reload (server/reload.c) */
 
 void log_set_node(uint64_t id)
 {
     logNode = id;
+}
+
+void log_set_level(enum log_level level)
+{
+    logLevel = level;
 }
 
 static void logLine(const char *level, const char *fmt, va_list ap)
@@ -28,15 +35,18 @@ static void logLine(const char *level, const char *fmt, va_list ap)
             (unsigned long long)logNode, level, msg);
 }
 
-#define LOG_FN(name, level)                                                                 \
-    void name(const char *fmt, ...)                                                         \
-    {                                                                                       \
-        va_list ap;                                                                         \
-        va_start(ap, fmt);                                                                  \
-        logLine(level, fmt, ap);                                                            \
-        va_end(ap);                                                                         \
+#define LOG_FN(name, level, rank)                                                                  \
+    void name(const char *fmt, ...)                                                                \
+    {                                                                                              \
+        if ((rank) < logLevel) {                                                                   \
+            return;                                                                                \
+        }                                                                                          \
+        va_list ap;                                                                                \
+        va_start(ap, fmt);                                                                         \
+        logLine(level, fmt, ap);                                                                   \
+        va_end(ap);                                                                                \
     }
 
-LOG_FN(log_info, "info")
-LOG_FN(log_warn, "warn")
-LOG_FN(log_error, "error")
+LOG_FN(log_info, "info", LOG_LEVEL_INFO)
+LOG_FN(log_warn, "warn", LOG_LEVEL_WARN)
+LOG_FN(log_error, "error", LOG_LEVEL_ERROR)
