@@ -9,6 +9,7 @@ _idemctl_flags_of() {
         status) echo "--digest --max-lag $common" ;;
         members|transfer) echo "$common" ;;
         snapshot) echo "--node $common" ;;
+        reload) echo "--node --all $common" ;;
         key)
             case "$sub" in
                 get) echo "--reveal $common" ;;
@@ -132,7 +133,8 @@ _idemctl_complete() {
     # Sets COMPREPLY, the completions of cur (the whole word, see _idemctl), from the words
     # before it: words[0..cword-1], prev being the last of them.
     local commands globals
-    commands="status members transfer snapshot key quarantine claim complete release renew get"
+    commands="status members transfer snapshot reload key quarantine claim complete release"
+    commands="$commands renew get"
     commands="$commands resolve bench help"
     globals="--cluster --token --admin-token --json --deadline --help"
     globals="$globals --tls --tls-ca --tls-cert --tls-key --tls-server-name"

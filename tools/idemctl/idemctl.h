@@ -2,8 +2,8 @@
  * the global options and the argument cursor (args.c), help (help.c), JSON building and
  * the JSON views of answers (json.c), printing and failures (output.c), calls to one node
  * or the leader (call.c), status discovery (probe.c), calls to the leader that status finds
- * (leader.c), and the commands (data.c, records.c, members.c, status.c) that main.c
- * dispatches to. */
+ * (leader.c), and the commands (data.c, records.c, members.c, status.c, reload.c) that
+ * main.c dispatches to. */
 #ifndef IDEM_TOOLS_IDEMCTL_H
 #define IDEM_TOOLS_IDEMCTL_H
 
@@ -197,5 +197,7 @@ int membersCmdTransfer(struct global *g, struct args *a);
 int membersCmdSnapshot(struct global *g, struct args *a);
 /* status.c */
 int statusCmd(struct global *g, struct args *a);
+/* reload.c */
+int reloadCmd(struct global *g, struct args *a);
 
 #endif

@@ -116,6 +116,7 @@ static const struct command commands[] = {
     {"members", membersCmd, true, NULL, NULL},
     {"transfer", membersCmdTransfer, true, NULL, NULL},
     {"snapshot", membersCmdSnapshot, true, NULL, NULL},
+    {"reload", reloadCmd, true, NULL, NULL},
     {"resolve", recordsCmdResolve, true, "KEY",
      "resolve --tenant NAME (--release | --status CODE [--body TEXT]) -- KEY"},
     {"key", recordsCmdKey, true, "get|resolve|purge TENANT KEY",
@@ -221,9 +222,9 @@ static void globalOptions(struct global *g, struct args *a)
 }
 
 /* The checks made before the command's own arguments are parsed, of what does not depend
- * on them: the cluster list (snapshot --node may stand in for --cluster), the TLS files,
- * the bearer token `cmd` needs. EXIT_ANSWERED to go on; a TLS file that cannot be loaded is
- * reported and its exit status returned; usage errors exit. */
+ * on them: the cluster list (snapshot's and reload's --node may stand in for --cluster),
+ * the TLS files, the bearer token `cmd` needs. EXIT_ANSWERED to go on; a TLS file that
+ * cannot be loaded is reported and its exit status returned; usage errors exit. */
 static int configCheck(const struct global *g, const struct command *cmd)
 {
     if (g->cluster != NULL) {
@@ -231,7 +232,7 @@ static int configCheck(const struct global *g, const struct command *cmd)
         if (idem_seeds_check(g->cluster, why, sizeof why) != IDEM_OK) {
             cli_usage_error("bad --cluster: %s", why);
         }
-    } else if (strcmp(cmd->name, "snapshot") != 0) {
+    } else if (strcmp(cmd->name, "snapshot") != 0 && strcmp(cmd->name, "reload") != 0) {
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     if ((g->tls.cert_file == NULL) != (g->tls.key_file == NULL)) {
