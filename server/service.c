@@ -784,6 +784,12 @@ void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending
     cluster_account_stats(s->cluster, a, pending, queued, refused);
 }
 
+void service_tenant_usage(const struct service *s, const char *name, uint64_t *records,
+                          uint64_t *bytes)
+{
+    fsm_tenant_usage(s->fsm, name, records, bytes);
+}
+
 void service_get_info(const struct service *s, struct service_info *out)
 {
     cluster_get_status(s->cluster, &out->cluster);

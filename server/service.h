@@ -149,6 +149,11 @@ void service_get_info(const struct service *s, struct service_info *out);
 void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,
                             uint64_t *refused);
 
+/* The records and bytes the tenant `name` (borrowed) holds against its quotas, in this
+ * node's state machine (fsm_tenant_usage; OUT). */
+void service_tenant_usage(const struct service *s, const char *name, uint64_t *records,
+                          uint64_t *bytes);
+
 /* Whether req is a data op (claim, complete, release, renew, get), as opposed to an admin op. */
 static inline bool service_data_op(const Idem__Request *req)
 {
