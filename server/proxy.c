@@ -155,6 +155,7 @@ static void pjClosedCb(uv_handle_t *t)
         OPENSSL_cleanse(j->call_packed, j->call_len);
         free(j->call_packed);
     }
+    config_ref_drop(j->ref);
     free(j);
     gateway_maybe_stopped(h);
 }
@@ -431,6 +432,7 @@ static struct proxyJob *pjNew(struct http_server *h, h2o_req_t *req, h2o_iovec_t
     const struct config_tenant *t = &h->cfg->tenants[r->tenant];
     struct proxyJob *j = xcalloc(1, sizeof(*j));
     j->h = h;
+    j->ref = config_ref_hold(h->ref); /* r and t are in it: a reload does not free them */
     j->route = r;
     j->tenant = t;
     j->idem = idem;
@@ -629,7 +631,7 @@ const struct config_proxy *proxy_of(struct http_server *h, h2o_req_t *req)
         const struct sockaddr_in *a = &h->plisteners[i].sa;
         if (a->sin_port == sin->sin_port &&
             (a->sin_addr.s_addr == INADDR_ANY || a->sin_addr.s_addr == sin->sin_addr.s_addr)) {
-            return h->plisteners[i].cfg;
+            return &h->cfg->proxies[i]; /* a reload keeps the listeners, in order */
         }
     }
     return NULL;

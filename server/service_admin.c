@@ -469,6 +469,22 @@ static void adminMembership(struct service *s, const Idem__Request *req, service
     }
 }
 
+/* reload: this node reads its configuration file again (server/reload.c), as on SIGHUP. */
+static void adminReload(struct service *s, const Idem__Request *req, service_done_cb cb, void *data)
+{
+    char err[1024];
+    if (s->reload == NULL) {
+        service_answer_invalid(cb, data, req->request_id, "this node cannot reload");
+        return;
+    }
+    if (s->reload(s->reload_data, err, sizeof err) != 0) {
+        service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, err, NULL);
+        return;
+    }
+    service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_OK, "configuration reloaded",
+                   NULL);
+}
+
 void service_admin_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
                           void *data)
 {
@@ -500,6 +516,9 @@ void service_admin_handle(struct service *s, const Idem__Request *req, service_d
     case IDEM__REQUEST__OP_MEMBERS:
     case IDEM__REQUEST__OP_TRANSFER:
         adminMembership(s, req, cb, data);
+        return;
+    case IDEM__REQUEST__OP_RELOAD:
+        adminReload(s, req, cb, data);
         return;
     default:
         service_answer_invalid(cb, data, req->request_id, "unknown op");

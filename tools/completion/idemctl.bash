@@ -11,6 +11,7 @@ _idemctl_flags_of() {
         version) echo "--client $common" ;;
         members|transfer) echo "$common" ;;
         snapshot) echo "--node $common" ;;
+        reload) echo "--node --all $common" ;;
         key)
             case "$sub" in
                 get) echo "--reveal $common" ;;
@@ -136,7 +137,7 @@ _idemctl_complete() {
     # Sets COMPREPLY, the completions of cur (the whole word, see _idemctl), from the words
     # before it: words[0..cword-1], prev being the last of them.
     local commands globals
-    commands="status members transfer snapshot key quarantine claim complete release renew get"
+    commands="status members transfer snapshot reload key quarantine claim complete release renew get"
     commands="$commands resolve version bench help"
     globals="--cluster --token --admin-token --json -o --deadline --help --version"
     globals="$globals --tls --tls-ca --tls-cert --tls-key --tls-server-name"

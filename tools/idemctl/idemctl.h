@@ -2,7 +2,7 @@
  * the global options and the argument cursor (args.c), help (help.c), JSON building and
  * the JSON views of answers (json.c), printing and failures (output.c), calls to one node
  * or the leader (call.c), status discovery (probe.c), calls to the leader that status finds
- * (leader.c), and the commands (data.c, records.c, members.c, status.c, health.c) that
+ * (leader.c), and the commands (data.c, records.c, members.c, status.c, health.c, reload.c) that
  * main.c dispatches to. */
 #ifndef IDEM_TOOLS_IDEMCTL_H
 #define IDEM_TOOLS_IDEMCTL_H
@@ -218,5 +218,7 @@ int versionCmd(struct global *g, struct args *a);
 /* main.c: the checks made before a command is sent (the cluster list, the TLS files, the
  * bearer token it needs); EXIT_ANSWERED to go on, else reported and its exit status */
 int mainConfigCheck(const struct global *g, const char *cmd, bool admin);
+/* reload.c */
+int reloadCmd(struct global *g, struct args *a);
 
 #endif

@@ -118,6 +118,7 @@ static const struct command commands[] = {
     {"members", membersCmd, true, NULL, NULL},
     {"transfer", membersCmdTransfer, true, NULL, NULL},
     {"snapshot", membersCmdSnapshot, true, NULL, NULL},
+    {"reload", reloadCmd, true, NULL, NULL},
     {"resolve", recordsCmdResolve, true, "KEY",
      "resolve --tenant NAME (--release | --status CODE [--body TEXT]) -- KEY"},
     {"key", recordsCmdKey, true, "get|resolve|purge TENANT KEY",
@@ -233,8 +234,8 @@ static void globalOptions(struct global *g, struct args *a)
 }
 
 /* The checks made before the command's own arguments are parsed (but for version's, which
- * makes them itself), of what does not depend on them: the cluster list (snapshot --node may
- * stand in for --cluster), the TLS files, the bearer token command `name` needs (the admin
+ * makes them itself), of what does not depend on them: the cluster list (snapshot's and
+ * reload's --node may stand in for --cluster), the TLS files, the bearer token command `name` needs (the admin
  * token when `admin`). EXIT_ANSWERED to go on; a TLS file that cannot be loaded, or no
  * token, is reported and its exit status returned; usage errors exit. */
 int mainConfigCheck(const struct global *g, const char *name, bool admin)
@@ -244,7 +245,7 @@ int mainConfigCheck(const struct global *g, const char *name, bool admin)
         if (idem_seeds_check(g->cluster, why, sizeof why) != IDEM_OK) {
             cli_usage_error("bad --cluster: %s", why);
         }
-    } else if (strcmp(name, "snapshot") != 0) {
+    } else if (strcmp(name, "snapshot") != 0 && strcmp(name, "reload") != 0) {
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     if ((g->tls.cert_file == NULL) != (g->tls.key_file == NULL)) {
