@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "proc_self.h"
+#include "reload.h"
 #include "rpc.h"
 #include "service.h"
 
@@ -28,6 +29,7 @@ struct snap {
     struct rpc_stats rs;
     struct cluster_io_counters io;
     struct service_stats ss;
+    struct reload_stats reload;
     uint64_t records; /* si.fsm.records without the released markers */
     uint64_t connections, connections_refused; /* the gateway's (struct httpMetrics) */
     uint64_t is_leader, has_leader;            /* this node leads / knows a leader: 0 or 1 */
@@ -509,6 +511,15 @@ static const struct family families[] = {
     {"process_start_time_seconds", "gauge",
      "Start time of the process since the Unix epoch in seconds.", .write = writeProcess,
      .arg = PROC_START},
+    {"idem_config_reloads_total", "counter",
+     "Configuration reloads (SIGHUP, idemctl reload) since the start: applied "
+     "(result=\"ok\"), or refused with the running configuration kept (result=\"error\": "
+     "the log says why).",
+     .label = "result", .samples = {{"ok", U64(reload.ok)}, {"error", U64(reload.error)}}},
+    {"idem_config_last_reload_success_timestamp_seconds", "gauge",
+     "Unix time of the last successful configuration load: the start, or the last reload "
+     "that succeeded.",
+     ONE(reload.last_success_s)},
 };
 
 /* Writes one family: HELP, TYPE, samples. */
@@ -537,6 +548,7 @@ void metrics_answer(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
     rpc_get_stats(&s.rs);
     cluster_get_io_counters(&s.io);
     service_get_stats(h->svc, &s.ss);
+    reload_get_stats(&s.reload);
     s.records = s.si.fsm.records - s.si.fsm.released;
     s.connections = h->m.connections;
     s.connections_refused = h->m.connections_refused;
