@@ -57,7 +57,7 @@ struct upstreamPool {
 struct proxyListener {
     uv_tcp_t tcp;
     const struct config_proxy *cfg;
-    struct sockaddr_in sa;
+    struct sockaddr_storage sa; /* the address bound */
 };
 
 LIST_HEAD(httpJobList, httpJob);

@@ -201,6 +201,19 @@ static void keyDigests(const struct config *cfg)
     }
 }
 
+/* "ADDRESS" when a listener binds its advertised address, else "ADDRESS (listening on
+ * LISTEN)", into buf. */
+static const char *listenText(char *buf, size_t len, const struct config_addr *advertised,
+                              const struct config_addr *listen)
+{
+    if (strcmp(advertised->text, listen->text) == 0) {
+        snprintf(buf, len, "%s", advertised->text);
+    } else {
+        snprintf(buf, len, "%s (listening on %s)", advertised->text, listen->text);
+    }
+    return buf;
+}
+
 /* The RPC listener's start failure; its TLS files' errors placed at the tls section, as the
  * gateway's are. */
 static void logRpcError(const struct config *cfg, const char *err)
@@ -274,7 +287,7 @@ int main(int argc, char **argv)
     }
     /* Bind the RPC port before Raft starts, so that a node that cannot serve never joins
      * an election. */
-    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_address, &d.cfg.rpc, &d.cfg.tls, d.svc, err,
+    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_listen, &d.cfg.rpc, &d.cfg.tls, d.svc, err,
                            sizeof(err));
     if (d.rpc == NULL) {
         logRpcError(&d.cfg, err);
@@ -308,17 +321,22 @@ int main(int argc, char **argv)
                  (unsigned long long)si.cluster.last_snapshot_index,
                  (unsigned long long)si.fsm.records);
     }
+    char rpc[CONFIG_ADDR_MAX * 2 + 32], raft[sizeof rpc], http[sizeof rpc];
     log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
              "snapshot: %s, log entries held: %llu",
-             IDEMD_VERSION, d.cfg.node.rpc_address.text, d.cfg.node.raft_address.text,
-             d.cfg.node.http_address.text[0] ? d.cfg.node.http_address.text : "(none)",
+             IDEMD_VERSION,
+             listenText(rpc, sizeof rpc, &d.cfg.node.rpc_address, &d.cfg.node.rpc_listen),
+             listenText(raft, sizeof raft, &d.cfg.node.raft_address, &d.cfg.node.raft_listen),
+             d.cfg.node.http_address.text[0]
+                 ? listenText(http, sizeof http, &d.cfg.node.http_address, &d.cfg.node.http_listen)
+                 : "(none)",
              d.cfg.node.data_dir, (unsigned long long)si.cluster.term, snap,
              (unsigned long long)si.cluster.log_entries);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (d.http != NULL) {
         http_server_free(d.http);
-        uv_run(&d.loop, UV_RUN_DEFAULT);
     }
+    uv_run(&d.loop, UV_RUN_DEFAULT); /* what closed last (the gateway, the resolver) */
     int rc = uv_loop_close(&d.loop);
     log_info("%s", rc == 0 ? "stopped" : "stopped with handles still open");
     config_free(&d.cfg);

@@ -39,6 +39,7 @@ struct service {
     const struct config *cfg;
     struct fsm *fsm;
     struct cluster *cluster;
+    struct idem_resolver *resolver; /* members' host names (the cluster's and rpc.c's) */
     uv_timer_t expiry_timer;
     bool expire_in_flight;
     LIST_HEAD(, op) ops; /* live ops, for shutdown */
