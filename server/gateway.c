@@ -509,7 +509,9 @@ static int listenOn(struct http_server *h, uv_tcp_t *tcp, const struct config_ad
     if (rv == 0) {
         rv = uv_listen((uv_stream_t *)tcp, 511, acceptCb);
     }
-    snprintf(why, why_len, "%s", uv_strerror(rv));
+    if (rv != 0) {
+        snprintf(why, why_len, "%s", uv_strerror(rv)); /* (of 0, libuv leaks its text) */
+    }
     return rv;
 }
 
@@ -528,8 +530,8 @@ static void closeListenersNow(struct http_server *h)
     free(h);
 }
 
-/* Opens node.http_address (when set) and every proxy listener; false with a message in err
- * (whatever was opened is then closed, and h freed). */
+/* Opens node.http_listen (when set: node.http_address's by default) and every proxy listener;
+ * false with a message in err (whatever was opened is then closed, and h freed). */
 static bool openListeners(struct http_server *h, char *err, size_t errlen)
 {
     const struct config *cfg = h->cfg;
@@ -672,7 +674,7 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {
-        log_info("serving %s on %s", cfg->tls.http ? "https" : "http", cfg->node.http_address.text);
+        log_info("serving %s on %s", cfg->tls.http ? "https" : "http", cfg->node.http_listen.text);
     }
     for (size_t i = 0; i < cfg->n_proxies; i++) {
         log_info("serving proxy on %s (%zu routes%s)", cfg->proxies[i].address.text,
