@@ -22,6 +22,31 @@ void admission_init(struct cluster *c)
     }
 }
 
+void cluster_add_accounts(struct cluster *c, uint32_t n)
+{
+    if (n <= c->cfg.n_accounts) {
+        return;
+    }
+    uint32_t old = c->cfg.n_accounts;
+    uint64_t *pending = cluster_xcalloc(n * sizeof(*pending));
+    uint64_t *refused = cluster_xcalloc(n * sizeof(*refused));
+    struct acctQueue *queues = cluster_xcalloc(n * sizeof(*queues));
+    for (uint32_t i = 0; i < n; i++) {
+        STAILQ_INIT(&queues[i].held);
+        if (i < old) { /* a queue's last pointer may point into its head: moved, not copied */
+            pending[i] = c->acct_pending[i];
+            refused[i] = c->acct_refused[i];
+            queues[i].bytes = c->queues[i].bytes;
+            STAILQ_CONCAT(&queues[i].held, &c->queues[i].held);
+        }
+    }
+    admission_free(c);
+    c->acct_pending = pending;
+    c->acct_refused = refused;
+    c->queues = queues;
+    c->cfg.n_accounts = n;
+}
+
 /* Takes n commands' charges (of the open batch or of a batch in raft) off their accounts. */
 void admission_uncharge(struct cluster *c, const struct charge *ch, unsigned n)
 {

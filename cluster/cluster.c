@@ -455,6 +455,14 @@ err_free:
     return NULL;
 }
 
+int cluster_tls_reload(struct cluster *c, const char *cert_file, const char *key_file,
+                       const char *ca_file, char *err, size_t errlen)
+{
+    struct raft_tls_files files = {cert_file, key_file, ca_file};
+    return transport_tls_reload(&c->transport, &files, err, errlen) == 0 ? CLUSTER_OK
+                                                                         : CLUSTER_EINVAL;
+}
+
 int cluster_start(struct cluster *c)
 {
     c->transport.outer.errmsg[0] = '\0';

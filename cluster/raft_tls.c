@@ -589,17 +589,13 @@ int raft_tls_connect(struct raft_tls *rt, struct raft_uv_connect *req, raft_id i
 
 /* ---- the whole ---------------------------------------------------------------------------- */
 
-int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t handshake_timeout_ms,
-                 const struct raft_tls_cbs *cbs, struct raft_tls **out, char *err, size_t errlen)
+/* Both contexts of `files` into *server and *client (OUT, NULL on failure). 0 or -1 (err). */
+static int makeContexts(const struct raft_tls_files *files, struct idem_tls_ctx **server,
+                        struct idem_tls_ctx **client, char *err, size_t errlen)
 {
-    *out = NULL;
+    *server = *client = NULL;
     if (files->cert_file == NULL || files->key_file == NULL || files->ca_file == NULL) {
         snprintf(err, errlen, "tls.raft needs tls.cert_file, tls.key_file and tls.ca_file");
-        return -1;
-    }
-    struct raft_tls *rt = calloc(1, sizeof(*rt));
-    if (rt == NULL) {
-        snprintf(err, errlen, "out of memory");
         return -1;
     }
     struct idem_tls_params sp = {.role = IDEM_TLS_SERVER,
@@ -608,8 +604,25 @@ int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t h
                                  .ca_file = files->ca_file};
     struct idem_tls_params cp = sp;
     cp.role = IDEM_TLS_CLIENT;
-    if (IdemTlsCtxNew(&sp, &rt->server, err, errlen) != IDEM_OK ||
-        IdemTlsCtxNew(&cp, &rt->client, err, errlen) != IDEM_OK) {
+    if (IdemTlsCtxNew(&sp, server, err, errlen) != IDEM_OK ||
+        IdemTlsCtxNew(&cp, client, err, errlen) != IDEM_OK) {
+        IdemTlsCtxFree(*server);
+        *server = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t handshake_timeout_ms,
+                 const struct raft_tls_cbs *cbs, struct raft_tls **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct raft_tls *rt = calloc(1, sizeof(*rt));
+    if (rt == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (makeContexts(files, &rt->server, &rt->client, err, errlen) != 0) {
         raft_tls_free(rt);
         return -1;
     }
@@ -618,6 +631,21 @@ int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t h
     rt->cbs = *cbs;
     LIST_INIT(&rt->pumps);
     *out = rt;
+    return 0;
+}
+
+int raft_tls_reload(struct raft_tls *rt, const struct raft_tls_files *files, char *err,
+                    size_t errlen)
+{
+    struct idem_tls_ctx *server, *client;
+    if (makeContexts(files, &server, &client, err, errlen) != 0) {
+        return -1;
+    }
+    /* The streams of the pumps that run hold their own references (tls_stream.h). */
+    IdemTlsCtxFree(rt->server);
+    IdemTlsCtxFree(rt->client);
+    rt->server = server;
+    rt->client = client;
     return 0;
 }
 

@@ -91,6 +91,12 @@ struct raft_tls_cbs {
 int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t handshake_timeout_ms,
                  const struct raft_tls_cbs *cbs, struct raft_tls **out, char *err, size_t errlen);
 
+/* Reads `files` again into new contexts for the connections made from now on; the pumps
+ * that run keep theirs. 0, or -1 with the reason in err (as raft_tls_new) and nothing
+ * changed. */
+int raft_tls_reload(struct raft_tls *rt, const struct raft_tls_files *files, char *err,
+                    size_t errlen);
+
 /* Listener: puts `tcp` (accepted; raft_malloc'd) under TLS. 0 with the plaintext end in
  * *plain (raft_malloc'd, its data NULL; whoever has it closes and raft_frees it), tcp now
  * the pump's; or a libuv error code (UV_EMFILE, ...), tcp left to the caller. */

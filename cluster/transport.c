@@ -1054,3 +1054,12 @@ int transport_tls(struct transport *t, const struct raft_tls_files *files, char 
     struct raft_tls_cbs cbs = {.data = t, .fail = tlsFailCb, .closed = tlsClosedCb};
     return raft_tls_new(t->loop, files, TRANSPORT_HANDSHAKE_TIMEOUT_MS, &cbs, &t->tls, err, errlen);
 }
+
+int transport_tls_reload(struct transport *t, const struct raft_tls_files *files, char *err,
+                         size_t errlen)
+{
+    if (t->tls == NULL) {
+        return 0; /* plain TCP: tls.raft changes only with a restart */
+    }
+    return raft_tls_reload(t->tls, files, err, errlen);
+}

@@ -521,6 +521,8 @@ static void setDefaults(struct config *cfg)
     cfg->http.handshake_timeout_ms = 5000;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;
+    cfg->log.level = LOG_LEVEL_INFO;
+    cfg->log.format = LOG_FORMAT_TEXT;
 }
 
 /* Reports a libyaml parser failure with its problem text and position. */

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "log.h" /* enum log_level, enum log_format */
+
 /* Bytes of a token hash: a SHA-256 digest, written in the file as 64 hex digits. */
 #define CONFIG_HASH_LEN 32
 
@@ -183,6 +185,12 @@ struct config_expiry {
     uint32_t batch;       /* records per expire entry, 1..65536, default 1024 */
 };
 
+/* log: what the node writes to stderr (server/log.h). The level can change on a reload. */
+struct config_log {
+    enum log_level level;   /* debug, info (the default), warn or error */
+    enum log_format format; /* text (the default) or json: one object a line */
+};
+
 /* Client certificates on the HTTP listeners served over TLS (tls.http_client_certs). */
 enum config_client_certs {
     CONFIG_CLIENT_CERTS_OFF = 0,  /* none asked for (the default) */
@@ -303,6 +311,7 @@ struct config {
     struct config_http http;
     struct config_expiry expiry;
     struct config_tls tls;
+    struct config_log log;
     uint8_t admin_token_sha256[CONFIG_HASH_LEN];
     struct config_tenant *tenants; /* owned array of n_tenants, >= 1 */
     size_t n_tenants;

@@ -1,5 +1,5 @@
 /* config_sections: the configuration's top level and its node, cluster, raft, rpc, batch,
- * http, expiry, tls and admin sections, and the checks made once every section is read
+ * http, expiry, tls, log and admin sections, and the checks made once every section is read
  * (config_internal.h): no secret is also a token, the cluster secret never goes out in
  * clear but between loopback addresses, a TLS switch has its listeners. */
 #include "config_internal.h"
@@ -534,6 +534,47 @@ static int parseTls(struct ctx *c, yaml_node_t *map, struct config_tls *t)
     return 0;
 }
 
+/* log.level and log.format: the index of a name from `names` (n of them, `expected` lists
+ * them for the message) into *out; left alone when absent. */
+static int parseLogName(struct ctx *c, const struct field *f, const char *const *names, size_t n,
+                        const char *expected, int *out)
+{
+    const char *s;
+    if (!config_present(f)) {
+        return 0;
+    }
+    if (config_string_value(c, f, &s) != 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *out = (int)i;
+            return 0;
+        }
+    }
+    char q[QUOTE_SIZE];
+    return config_fail_node(c, f->val, "%s: expected %s, got %s", f->name, expected,
+                            config_quote(q, s, strlen(s)));
+}
+
+static int parseLog(struct ctx *c, yaml_node_t *map, struct config_log *l)
+{
+    enum { LEVEL, FORMAT, N };
+    static const char *const keys[N] = {"level", "format"};
+    static const char *const levels[] = {"debug", "info", "warn", "error"}; /* log.h's order */
+    static const char *const formats[] = {"text", "json"};
+    struct field f[N];
+    int level = (int)l->level, format = (int)l->format;
+    if (config_map_fields(c, map, "log", "log", keys, N, f) != 0 ||
+        parseLogName(c, &f[LEVEL], levels, 4, "debug, info, warn or error", &level) != 0 ||
+        parseLogName(c, &f[FORMAT], formats, 2, "text or json", &format) != 0) {
+        return -1;
+    }
+    l->level = (enum log_level)level;
+    l->format = (enum log_format)format;
+    return 0;
+}
+
 static int parseAdmin(struct ctx *c, yaml_node_t *map, uint8_t hash[CONFIG_HASH_LEN])
 {
     enum { TOKEN, N };
@@ -663,9 +704,9 @@ static int checkTlsListeners(struct ctx *c, const struct config *cfg)
  * node before cluster), whatever their order in the file. */
 int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *cfg)
 {
-    enum { NODE, CLUSTER, RAFT, RPC, BATCH, HTTP, EXPIRY, TLS, ADMIN, TENANTS, PROXY, N };
+    enum { NODE, CLUSTER, RAFT, RPC, BATCH, HTTP, EXPIRY, TLS, ADMIN, TENANTS, PROXY, LOG, N };
     static const char *const keys[N] = {"node",   "cluster", "raft",  "rpc",     "batch", "http",
-                                        "expiry", "tls",     "admin", "tenants", "proxy"};
+                                        "expiry", "tls",     "admin", "tenants", "proxy", "log"};
     struct field f[N];
     if (root->type != YAML_MAPPING_NODE) {
         return config_fail_node(c, root, "expected a mapping at the top level, got %s",
@@ -681,6 +722,7 @@ int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *
         (config_present(&f[HTTP]) && parseHttp(c, f[HTTP].val, &cfg->http) != 0) ||
         (config_present(&f[EXPIRY]) && parseExpiry(c, f[EXPIRY].val, &cfg->expiry) != 0) ||
         (config_present(&f[TLS]) && parseTls(c, f[TLS].val, &cfg->tls) != 0) ||
+        (config_present(&f[LOG]) && parseLog(c, f[LOG].val, &cfg->log) != 0) ||
         config_required(c, &f[ADMIN]) != 0 ||
         parseAdmin(c, f[ADMIN].val, cfg->admin_token_sha256) != 0 ||
         config_required(c, &f[TENANTS]) != 0 || config_tenants_parse(c, &f[TENANTS], cfg) != 0 ||

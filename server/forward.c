@@ -35,8 +35,8 @@ static void tlsFailureCb(void *data, const char *addr, const char *what, const c
     log_warn("forward: TLS connection to %s failed: %s: %s", addr, what, reason);
 }
 
-struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, char *err,
-                                size_t errlen)
+/* The client's options for the node's TLS settings (tls NULL: plain TCP). */
+static struct idem_options tlsOptions(const struct config_tls *tls)
 {
     struct idem_options opts = {.seeds = NULL};
     if (tls != NULL) {
@@ -45,6 +45,13 @@ struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, c
         opts.tls_cert_file = tls->cert_file;
         opts.tls_key_file = tls->key_file;
     }
+    return opts;
+}
+
+struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, char *err,
+                                size_t errlen)
+{
+    struct idem_options opts = tlsOptions(tls);
     struct forwarder *f = xcalloc(1, sizeof(*f));
     char why[400];
     int rv = idem_async_open_raw(loop, &opts, &f->a, why, sizeof(why));
@@ -55,6 +62,18 @@ struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, c
     }
     idem_async_on_tls_failure(f->a, tlsFailureCb, NULL);
     return f;
+}
+
+int forwarder_reload_tls(struct forwarder *f, const struct config_tls *tls, char *err,
+                         size_t errlen)
+{
+    struct idem_options opts = tlsOptions(tls);
+    char why[400];
+    if (idem_async_reload_tls(f->a, &opts, why, sizeof why) != IDEM_OK) {
+        snprintf(err, errlen, "forwarding to the leader: %s", why);
+        return -1;
+    }
+    return 0;
 }
 
 static void callDoneCb(struct idem_async *a, int status, const Idem__Response *resp,

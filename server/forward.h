@@ -31,6 +31,12 @@ typedef void (*forward_cb)(void *data, const Idem__Response *resp, const char *e
 struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, char *err,
                                 size_t errlen);
 
+/* For a forwarder made with `tls`: reads its files again (tls borrowed for the call) for the
+ * connections opened from now on; those open go on. 0, or -1 with the reason in err and
+ * nothing changed. */
+int forwarder_reload_tls(struct forwarder *f, const struct config_tls *tls, char *err,
+                         size_t errlen);
+
 /* Sends `req` to the RPC server at addr ("host:port") over one lazily opened, reused and
  * pipelined TCP (or TLS) connection per address; the requests of one loop turn are written
  * together. `addr` and `req` are borrowed for the duration of the call only: the request

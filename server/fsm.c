@@ -826,6 +826,13 @@ bool fsm_tenant_known(const struct fsm *f, const char *name)
     return table_tenant_find(&f->t, name, strlen(name)) >= 0;
 }
 
+void fsm_tenant_usage(const struct fsm *f, const char *name, uint64_t *records, uint64_t *bytes)
+{
+    int tn = table_tenant_find(&f->t, name, strlen(name));
+    *records = tn < 0 ? 0 : f->t.tenants[tn].records;
+    *bytes = tn < 0 ? 0 : f->t.tenants[tn].bytes;
+}
+
 size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended,
                        struct fsm_record_view *out, size_t cap)
 {

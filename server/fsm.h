@@ -190,6 +190,11 @@ size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended
  * a record since the state was last restored from a snapshot, or has one in it. */
 bool fsm_tenant_known(const struct fsm *f, const char *name);
 
+/* What the tenant `name` (borrowed) holds against its quotas (OUT): its records (released
+ * markers excluded) and their bytes (key + fingerprint + stored response); 0 and 0 for a
+ * tenant the state does not know. The same on every replica at the same applied index. */
+void fsm_tenant_usage(const struct fsm *f, const char *name, uint64_t *records, uint64_t *bytes);
+
 /* A 16-byte digest of the whole replicated state (every record, the clock and the last
  * index). It does not depend on insertion order, hash-table layout or memory addresses:
  * replicas, and a state machine restored from a snapshot of another, compare equal. */

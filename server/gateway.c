@@ -2,8 +2,8 @@
  * parts share besides answering (gateway_answer.c): the request's id and key, forwarding a
  * packed request to the leader (forward.c).
  *
- * A request on node.http_address: route → method (405) → /healthz, /readyz, /metrics here
- * (metrics.c) → body cap (413) → the JSON API (http_api.c). A request on a proxy listener
+ * A request on node.http_address: route → method (405) → /healthz, /livez, /readyz, /metrics
+ * here (metrics.c) → body cap (413) → the JSON API (http_api.c). A request on a proxy listener
  * goes to proxy mode (proxy.c). h2o's own error answers (413 above its entity cap, broken
  * framing) get the same JSON error body through a filter. Stopping: docs/h2o-notes.md §5.
  *
@@ -34,8 +34,9 @@
 #define HTTP_STOP_POLL_MS 20
 #define HTTP_STOP_GRACE_MS 3000 /* after this, busy connections are closed too */
 
-const char *const gateway_route_names[R_N] = {"healthz", "readyz", "metrics", "claim", "complete",
-                                              "release", "renew",  "get",     "proxy", "other"};
+const char *const gateway_route_names[R_N] = {"healthz", "livez",    "readyz",  "metrics",
+                                              "claim",   "complete", "release", "renew",
+                                              "get",     "proxy",    "other"};
 
 const char *const gateway_outcome_names[REQSTATS_OUTCOMES] = {
     "unspecified",     "acquired",        "replay",  "in_progress", "mismatch",
@@ -213,6 +214,9 @@ static enum route routeOf(const char *p, size_t len, h2o_iovec_t *key)
 #define IS(s) (len == sizeof(s) - 1 && memcmp(p, s, len) == 0)
     if (IS("/healthz")) {
         return R_HEALTHZ;
+    }
+    if (IS("/livez")) {
+        return R_LIVEZ;
     }
     if (IS("/readyz")) {
         return R_READYZ;
@@ -408,7 +412,9 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
         gateway_send_error(h, req, route, rid, 405, "method_not_allowed", "method not allowed", 0);
         return 0;
     }
-    if (route == R_HEALTHZ) {
+    if (route == R_HEALTHZ || route == R_LIVEZ) {
+        /* Liveness: answered on the loop, so the loop turns; no quorum, no token, also
+         * while the node stops. */
         json_t *o = json_object();
         json_object_set_new(o, "status", json_string("ok"));
         gateway_send_json(h, req, route, rid, 200, o, NULL, 0);
@@ -527,6 +533,7 @@ static void closeListenersNow(struct http_server *h)
     uv_run(h->loop, UV_RUN_NOWAIT); /* the structs must outlive the close */
     free(h->plisteners);
     IdemTlsCtxFree(h->tls);
+    config_ref_drop(h->ref);
     free(h);
 }
 
@@ -551,11 +558,10 @@ static bool openListeners(struct http_server *h, char *err, size_t errlen)
     h->plisteners = xcalloc(cfg->n_proxies ? cfg->n_proxies : 1, sizeof(*h->plisteners));
     for (size_t i = 0; i < cfg->n_proxies; i++) {
         struct proxyListener *pl = &h->plisteners[i];
-        pl->cfg = &cfg->proxies[i];
         h->n_plisteners = i + 1;
-        rv = listenOn(h, &pl->tcp, &pl->cfg->address, &pl->sa, why, sizeof why);
+        rv = listenOn(h, &pl->tcp, &cfg->proxies[i].address, &pl->sa, why, sizeof why);
         if (rv != 0) {
-            snprintf(err, errlen, "proxy listen on %s: %s", pl->cfg->address.text, why);
+            snprintf(err, errlen, "proxy listen on %s: %s", cfg->proxies[i].address.text, why);
             closeListenersNow(h);
             return false;
         }
@@ -633,9 +639,10 @@ static void warnClearForward(const struct config *cfg)
     }
 }
 
-struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
-                                    struct service *svc, char *err, size_t errlen)
+struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, struct service *svc,
+                                    char *err, size_t errlen)
 {
+    const struct config *cfg = &ref->cfg;
     /* With TLS on the RPC, forwarding to the leader speaks TLS too: the leader is verified
      * against tls.ca_file (else the system CA store), and this node's certificate is its
      * client certificate where the leader asks for one (forward.h). */
@@ -658,6 +665,7 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     struct http_server *h = xcalloc(1, sizeof(*h));
     h->rid_key = rid_key;
     h->loop = loop;
+    h->ref = config_ref_hold(ref);
     h->cfg = cfg;
     h->svc = svc;
     h->tls = tls;
@@ -682,6 +690,36 @@ struct http_server *http_server_new(uv_loop_t *loop, const struct config *cfg,
     }
     warnClearForward(cfg);
     return h;
+}
+
+int http_server_reload_tls(struct http_server *h, const struct config *cfg, char *err,
+                           size_t errlen)
+{
+    struct idem_tls_ctx *tls = NULL;
+    if (h->tls != NULL && !tlsSetup(cfg, &tls, err, errlen)) {
+        return -1;
+    }
+    if (h->fwd != NULL && cfg->tls.rpc &&
+        forwarder_reload_tls(h->fwd, &cfg->tls, err, errlen) != 0) {
+        IdemTlsCtxFree(tls);
+        return -1;
+    }
+    if (h->tls != NULL) {
+        /* h2o makes each connection's SSL from the accept context's SSL_CTX at its accept
+         * (SSL_new: a reference of its own), so the old one may go now. */
+        h->tls_accept_ctx.ssl_ctx = IdemTlsCtxSsl(tls);
+        IdemTlsCtxFree(h->tls);
+        h->tls = tls;
+    }
+    return 0;
+}
+
+void http_server_set_config(struct http_server *h, struct config_ref *ref)
+{
+    config_ref_drop(h->ref); /* the server's; its proxy jobs hold their own */
+    h->ref = config_ref_hold(ref);
+    h->cfg = &ref->cfg;
+    proxy_upstreams_add(h);
 }
 
 static void stopTimerClosedCb(uv_handle_t *t)
@@ -785,9 +823,13 @@ void http_server_free(struct http_server *h)
     /* h2o's handles close on the loop; the context must outlive their callbacks. */
     uv_run(h->loop, UV_RUN_DEFAULT);
     h2o_config_dispose(&h->conf);
-    free(h->pools); /* after the loop ran the close callbacks of their timers */
+    for (size_t i = 0; i < h->n_pools; i++) { /* after the loop ran their timers' close callbacks */
+        free(h->pools[i]);
+    }
+    free(h->pools);
     free(h->plisteners);
     IdemTlsCtxFree(h->tls); /* each connection's SSL held its own reference */
+    config_ref_drop(h->ref);
     free(h);
 }
 

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "fsm.h"
+#include "log.h"
 #include "xmalloc.h"
 
 /* ---- answering ------------------------------------------------------------------------- */
@@ -86,6 +87,12 @@ void gateway_send_raw_as(struct http_server *h, h2o_req_t *req, enum route route
 {
     if (status >= 100 && status < 600) {
         h->m.http[route][status]++;
+    }
+    if (log_enabled(LOG_LEVEL_DEBUG)) { /* no path: it may hold a key */
+        char r[80];
+        snprintf(r, sizeof r, "%.*s", (int)rid.len, rid.base);
+        log_at(LOG_LEVEL_DEBUG, r, "http: %s answered %d%s", gateway_route_names[route], status,
+               req == NULL ? " (the client is gone)" : "");
     }
     if (req == NULL) {
         return;

@@ -20,6 +20,7 @@
 
 enum route {
     R_HEALTHZ,
+    R_LIVEZ,
     R_READYZ,
     R_METRICS,
     R_CLAIM,
@@ -46,17 +47,17 @@ struct httpMetrics {
     uint64_t connections_refused; /* closed at once: http.max_connections were open */
 };
 
-/* Keep-alive connections to one upstream (host, port), shared by the routes that name it. */
+/* Keep-alive connections to one upstream (host, port), shared by the routes that name it
+ * (made at start, and for a new upstream by a reload; kept until the server is freed). */
 struct upstreamPool {
-    const char *host; /* borrows the config */
+    char host[16]; /* config_proxy_route.upstream_host */
     uint16_t port;
-    h2o_socketpool_t pool;
+    h2o_socketpool_t pool; /* must not move: its connections point at it */
 };
 
-/* A proxy listener (cfg->proxies[i]). */
+/* A proxy listener; its configuration is cfg->proxies[i] (proxy_of). */
 struct proxyListener {
     uv_tcp_t tcp;
-    const struct config_proxy *cfg;
     struct sockaddr_storage sa; /* the address bound */
 };
 
@@ -68,7 +69,8 @@ struct idem_tls_ctx;
 
 struct http_server {
     uv_loop_t *loop;
-    const struct config *cfg;
+    struct config_ref *ref;   /* held: the configuration served (reloads swap it) */
+    const struct config *cfg; /* &ref->cfg */
     struct service *svc;
     struct forwarder *fwd;
     h2o_globalconf_t conf;
@@ -84,8 +86,8 @@ struct http_server {
     int open_listeners;         /* listeners not yet closed */
     h2o_timeout_t io_timeout;   /* http1client's per-phase timeout (proxy mode) */
     h2o_http1client_ctx_t client_ctx;
-    struct upstreamPool *pools; /* one per distinct upstream of the proxy routes */
-    size_t n_pools;
+    struct upstreamPool **pools; /* one per distinct upstream of the proxy routes */
+    size_t n_pools, cap_pools;
     struct proxyJobList pjobs;  /* proxy requests not yet finished (proxy.c) */
     uint64_t secret_warned_ms; /* last warning about a refused cluster secret */
     uint64_t clear_warned_ms;  /* last warning about a secret not sent in clear */
@@ -211,6 +213,8 @@ const struct config_proxy *proxy_of(struct http_server *h, h2o_req_t *req);
 /* The upstream client's timeout and connection pools, one per distinct upstream of the
  * proxy routes (proxy_upstream.c); disposed by proxy_upstreams_dispose. */
 void proxy_upstreams_init(struct http_server *h);
+/* Adds a pool for each upstream of h->cfg's routes that has none yet (after a reload). */
+void proxy_upstreams_add(struct http_server *h);
 void proxy_upstreams_dispose(struct http_server *h);
 
 #endif

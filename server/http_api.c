@@ -22,6 +22,7 @@
 
 #include "fingerprint.h"
 #include "http_api_body.h"
+#include "log.h"
 #include "xmalloc.h"
 
 struct httpJob {
@@ -281,7 +282,11 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     j->start_ns = uv_hrtime();
     gateway_hold(&j->hold, req);
     LIST_INSERT_HEAD(&h->jobs, j, link);
-    /* j may be finished (and freed) before either call returns. */
+    /* j may be finished (and freed) before either call returns. The lines written meanwhile
+     * name the request (log.h). */
+    char lrid[sizeof(j->rid_buf) + 1];
+    snprintf(lrid, sizeof lrid, "%.*s", (int)j->rid.len, j->rid.base);
+    const char *outer = log_request_enter(lrid);
     const char *leader = gateway_forward_target(h);
     if (leader != NULL) {
         /* Kept for a forward that fails: the leader judges the key (and answers 400), so a
@@ -291,6 +296,7 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     } else {
         service_handle(h->svc, rq, serviceDoneCb, j);
     }
+    log_request_leave(outer);
 }
 
 /* ---- requests ------------------------------------------------------------------------ */

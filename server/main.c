@@ -1,6 +1,7 @@
 /* idemd: the daemon. Loads the configuration, runs one libuv loop that carries Raft, the
- * binary RPC and the timers (docs/architecture.md), and shuts down cleanly on SIGTERM or
- * SIGINT: the RPC listener stops, waiting requests are answered unavailable, Raft closes. */
+ * binary RPC and the timers (docs/architecture.md), reloads the configuration on SIGHUP
+ * (server/reload.h), and shuts down cleanly on SIGTERM or SIGINT: the RPC listener stops,
+ * waiting requests are answered unavailable, Raft closes. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,19 +15,22 @@
 #include "http.h"
 #include "fingerprint.h"
 #include "log.h"
+#include "notify.h"
+#include "reload.h"
 #include "rpc.h"
 #include "service.h"
-
-#define IDEMD_VERSION "0.1.0"
 
 struct daemon {
     uv_loop_t loop;
     uv_signal_t sigterm;
     uv_signal_t sigint;
-    struct config cfg;
+    uv_signal_t sighup;
+    struct config_ref *boot; /* the configuration read at start (reloads: reloader.cur) */
+    struct reloader reloader;
     struct service *svc;
     struct rpc_server *rpc;
     struct http_server *http; /* NULL when node.http_address is empty and no proxy is set */
+    struct notifier *notify;  /* NULL when not run by systemd as Type=notify */
     int closing;              /* parts (rpc, service, http) still closing */
     bool stopping;
 };
@@ -51,8 +55,11 @@ static void serviceClosed(void *data)
 {
     struct daemon *d = data;
     log_info("raft closed");
+    notifier_close(d->notify);
+    d->notify = NULL;
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->sighup, NULL);
     partClosed(d);
 }
 
@@ -74,12 +81,23 @@ static void signalCb(uv_signal_t *h, int signum)
     }
     d->stopping = true;
     log_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    notifier_stopping(d->notify);
+    reloader_close(&d->reloader);
     d->closing = d->http != NULL ? 3 : 2;
     if (d->http != NULL) {
         http_server_stop(d->http, httpClosed, d);
     }
     rpc_server_close(d->rpc, rpcClosed, d);
     service_close(d->svc, serviceClosed, d);
+}
+
+/* SIGHUP: the configuration file read again (reload.h); its errors are logged there. */
+static void sighupCb(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    struct daemon *d = h->data;
+    char err[1024];
+    (void)reloader_run(&d->reloader, "SIGHUP", err, sizeof err);
 }
 
 static int ensureDir(const char *path, char *err, size_t errlen)
@@ -225,6 +243,44 @@ static void logRpcError(const struct config *cfg, const char *err)
     }
 }
 
+/* SIGTERM and SIGINT stop the node, SIGHUP reloads its configuration. */
+static void startSignals(struct daemon *d)
+{
+    uv_signal_t *hs[] = {&d->sigterm, &d->sigint, &d->sighup};
+    const int signums[] = {SIGTERM, SIGINT, SIGHUP};
+    for (size_t i = 0; i < 3; i++) {
+        uv_signal_init(&d->loop, hs[i]);
+        hs[i]->data = d;
+        uv_signal_start(hs[i], signums[i] == SIGHUP ? sighupCb : signalCb, signums[i]);
+    }
+}
+
+/* One line that says what started, from which data: a restart is found in the log by it,
+ * with what the node recovered (the last snapshot, restored, and the entries after it, which
+ * are applied once the commit index is known again). */
+static void logStarted(struct daemon *d, const struct config *cfg)
+{
+    struct service_info si;
+    service_get_info(d->svc, &si);
+    char snap[96] = "none";
+    if (si.cluster.last_snapshot_index != 0) {
+        snprintf(snap, sizeof snap, "index %llu (%llu records)",
+                 (unsigned long long)si.cluster.last_snapshot_index,
+                 (unsigned long long)si.fsm.records);
+    }
+    char rpc[CONFIG_ADDR_MAX * 2 + 32], raft[sizeof rpc], http[sizeof rpc];
+    log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
+             "snapshot: %s, log entries held: %llu",
+             IDEM_BUILD_VERSION,
+             listenText(rpc, sizeof rpc, &cfg->node.rpc_address, &cfg->node.rpc_listen),
+             listenText(raft, sizeof raft, &cfg->node.raft_address, &cfg->node.raft_listen),
+             cfg->node.http_address.text[0]
+                 ? listenText(http, sizeof http, &cfg->node.http_address, &cfg->node.http_listen)
+                 : "(none)",
+             cfg->node.data_dir, (unsigned long long)si.cluster.term, snap,
+             (unsigned long long)si.cluster.log_entries);
+}
+
 int main(int argc, char **argv)
 {
     const char *config_path = NULL;
@@ -235,7 +291,7 @@ int main(int argc, char **argv)
             check_only = strcmp(argv[i], "--check-config") == 0;
             config_path = argv[++i];
         } else if (strcmp(argv[i], "--version") == 0) {
-            printf("idemd %s\n", IDEMD_VERSION);
+            printf("idemd %s\n", IDEM_BUILD_VERSION);
             return 0;
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -252,86 +308,74 @@ int main(int argc, char **argv)
     }
     static struct daemon d;
     char err[512];
-    if (config_load(config_path, &d.cfg, err, sizeof(err)) != 0) {
+    d.boot = config_ref_new();
+    struct config *cfg = &d.boot->cfg;
+    if (config_load(config_path, cfg, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemd: %s\n", err);
+        config_ref_drop(d.boot);
         return 2;
     }
     if (check_only) {
-        printf("%s: ok (node %llu, %zu tenant%s)\n", config_path, (unsigned long long)d.cfg.node.id,
-               d.cfg.n_tenants, d.cfg.n_tenants == 1 ? "" : "s");
-        config_free(&d.cfg);
+        printf("%s: ok (node %llu, %zu tenant%s)\n", config_path, (unsigned long long)cfg->node.id,
+               cfg->n_tenants, cfg->n_tenants == 1 ? "" : "s");
+        config_ref_drop(d.boot);
         return 0;
     }
-    log_set_node(d.cfg.node.id);
+    log_set_node(cfg->node.id);
+    log_set_level(cfg->log.level);
+    log_set_format(cfg->log.format);
+    log_journal_detect();
     clog_set_sink(clusterLogSink);
     signal(SIGPIPE, SIG_IGN);
     /* A write past RLIMIT_FSIZE then fails with EFBIG, as any failed write, and is reported
      * (a failed log write: io.c) instead of killing the node without a word. */
     signal(SIGXFSZ, SIG_IGN);
-    if (ensureDir(d.cfg.node.data_dir, err, sizeof(err)) != 0) {
+    /* Until the loop takes SIGHUP (a reload), one would end the node: ignored meanwhile. */
+    signal(SIGHUP, SIG_IGN);
+    if (ensureDir(cfg->node.data_dir, err, sizeof(err)) != 0) {
         fprintf(stderr, "idemd: %s\n", err);
-        config_free(&d.cfg);
+        config_ref_drop(d.boot);
         return 1;
     }
-    fitFileLimit(&d.cfg);
-    warnRaftOpen(&d.cfg);
-    warnUnboundedProxyTenants(&d.cfg);
-    keyDigests(&d.cfg);
     uv_loop_init(&d.loop);
-    d.svc = service_new(&d.loop, &d.cfg, err, sizeof(err));
+    reloader_init(&d.reloader, &d.loop, config_path, d.boot); /* log.level from here on */
+    fitFileLimit(cfg);
+    warnRaftOpen(cfg);
+    warnUnboundedProxyTenants(cfg);
+    keyDigests(cfg);
+    d.svc = service_new(&d.loop, cfg, err, sizeof(err));
     if (d.svc == NULL) {
         log_error("%s", err);
-        config_free(&d.cfg);
+        reloader_close(&d.reloader);
+        uv_run(&d.loop, UV_RUN_NOWAIT);
+        reloader_free(&d.reloader);
+        config_ref_drop(d.boot);
         uv_loop_close(&d.loop);
         return 1;
     }
     /* Bind the RPC port before Raft starts, so that a node that cannot serve never joins
      * an election. */
-    d.rpc = rpc_server_new(&d.loop, &d.cfg.node.rpc_listen, &d.cfg.rpc, &d.cfg.tls, d.svc, err,
+    d.rpc = rpc_server_new(&d.loop, &cfg->node.rpc_listen, &cfg->rpc, &cfg->tls, d.svc, err,
                            sizeof(err));
     if (d.rpc == NULL) {
-        logRpcError(&d.cfg, err);
+        logRpcError(cfg, err);
         return 1;
     }
-    if (d.cfg.node.http_address.text[0] != '\0' || d.cfg.n_proxies > 0) {
-        d.http = http_server_new(&d.loop, &d.cfg, d.svc, err, sizeof(err));
+    if (cfg->node.http_address.text[0] != '\0' || cfg->n_proxies > 0) {
+        d.http = http_server_new(&d.loop, d.boot, d.svc, err, sizeof(err));
         if (d.http == NULL) {
             log_error("%s", err);
             return 1;
         }
     }
+    reloader_attach(&d.reloader, d.svc, d.rpc, d.http);
     if (service_start(d.svc, err, sizeof(err)) != 0) {
         log_error("%s", err);
         return 1;
     }
-    uv_signal_init(&d.loop, &d.sigterm);
-    uv_signal_init(&d.loop, &d.sigint);
-    d.sigterm.data = &d;
-    d.sigint.data = &d;
-    uv_signal_start(&d.sigterm, signalCb, SIGTERM);
-    uv_signal_start(&d.sigint, signalCb, SIGINT);
-    /* One line that says what started, from which data: a restart is found in the log by
-     * it, with what the node recovered (the last snapshot, restored, and the entries after
-     * it, which are applied once the commit index is known again). */
-    struct service_info si;
-    service_get_info(d.svc, &si);
-    char snap[96] = "none";
-    if (si.cluster.last_snapshot_index != 0) {
-        snprintf(snap, sizeof snap, "index %llu (%llu records)",
-                 (unsigned long long)si.cluster.last_snapshot_index,
-                 (unsigned long long)si.fsm.records);
-    }
-    char rpc[CONFIG_ADDR_MAX * 2 + 32], raft[sizeof rpc], http[sizeof rpc];
-    log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
-             "snapshot: %s, log entries held: %llu",
-             IDEMD_VERSION,
-             listenText(rpc, sizeof rpc, &d.cfg.node.rpc_address, &d.cfg.node.rpc_listen),
-             listenText(raft, sizeof raft, &d.cfg.node.raft_address, &d.cfg.node.raft_listen),
-             d.cfg.node.http_address.text[0]
-                 ? listenText(http, sizeof http, &d.cfg.node.http_address, &d.cfg.node.http_listen)
-                 : "(none)",
-             d.cfg.node.data_dir, (unsigned long long)si.cluster.term, snap,
-             (unsigned long long)si.cluster.log_entries);
+    startSignals(&d);
+    d.notify = notifier_start(&d.loop, d.svc, cfg->node.id);
+    logStarted(&d, cfg);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (d.http != NULL) {
         http_server_free(d.http);
@@ -339,6 +383,7 @@ int main(int argc, char **argv)
     uv_run(&d.loop, UV_RUN_DEFAULT); /* what closed last (the gateway, the resolver) */
     int rc = uv_loop_close(&d.loop);
     log_info("%s", rc == 0 ? "stopped" : "stopped with handles still open");
-    config_free(&d.cfg);
+    reloader_free(&d.reloader);
+    config_ref_drop(d.boot);
     return rc == 0 ? 0 : 1;
 }

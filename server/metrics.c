@@ -2,8 +2,9 @@
  * table of families (name, type, help, and where each sample's value is), rendered by one
  * loop; a family whose samples depend on the node (routes and statuses seen, outcomes,
  * transports, tenants, histogram buckets) has a writer of its own. Values are read once per
- * answer (struct snap), on the loop thread: no locks. Label values are fixed names, numbers
- * and tenant names ([A-Za-z0-9._-], config.h), safe in a label as they are. */
+ * answer (struct snap), on the loop thread: no locks. Label values are fixed names, numbers,
+ * the build's version and tenant names ([A-Za-z0-9._-], config.h), safe in a label as they
+ * are. */
 #include "gateway_internal.h"
 
 #include <stddef.h>
@@ -11,8 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proc_self.h"
+#include "reload.h"
 #include "rpc.h"
 #include "service.h"
+
+/* The project's version (CMakeLists.txt: project(... VERSION), given by server/CMakeLists.txt). */
+#ifndef IDEM_BUILD_VERSION
+#error "IDEM_BUILD_VERSION is not defined"
+#endif
 
 /* What one answer reads, taken at its start. */
 struct snap {
@@ -21,8 +29,11 @@ struct snap {
     struct rpc_stats rs;
     struct cluster_io_counters io;
     struct service_stats ss;
+    struct reload_stats reload;
     uint64_t records; /* si.fsm.records without the released markers */
     uint64_t connections, connections_refused; /* the gateway's (struct httpMetrics) */
+    uint64_t is_leader, has_leader;            /* this node leads / knows a leader: 0 or 1 */
+    struct proc_self ps;
 };
 
 /* The offset of a uint64_t field of struct snap (any other type does not compile). */
@@ -187,6 +198,64 @@ static void writeTenant(struct textBuf *b, const struct family *f, const struct 
     }
 }
 
+/* By tenant: its usage (fsm_tenant_usage) or its quota (0: unlimited), f->arg: records,
+ * bytes, quota of records, quota of bytes. */
+static void writeTenantUsage(struct textBuf *b, const struct family *f, const struct snap *s)
+{
+    const struct http_server *h = s->h;
+    for (size_t i = 0; i < h->cfg->n_tenants; i++) {
+        const struct config_tenant *t = &h->cfg->tenants[i];
+        uint64_t v[4] = {0, 0, t->max_records, t->max_bytes};
+        if (f->arg < 2) {
+            service_tenant_usage(h->svc, t->name, &v[0], &v[1]);
+        }
+        gateway_tb_printf(b, "%s{tenant=\"%s\"} %llu\n", f->name, t->name,
+                          (unsigned long long)v[f->arg]);
+    }
+}
+
+static void writeBuildInfo(struct textBuf *b, const struct family *f, const struct snap *s)
+{
+    (void)s;
+    gateway_tb_printf(b, "%s{version=\"%s\"} 1\n", f->name, IDEM_BUILD_VERSION);
+}
+
+/* The process's figure f->arg (PROC_*), when it could be read (else the family has no
+ * sample, as Prometheus clients do). */
+enum { PROC_CPU, PROC_RSS, PROC_VSIZE, PROC_FDS, PROC_MAX_FDS, PROC_START };
+
+static void writeProcess(struct textBuf *b, const struct family *f, const struct snap *s)
+{
+    const struct proc_self *p = &s->ps;
+    switch (f->arg) {
+    case PROC_CPU:
+    case PROC_START:
+        if (p->stat_ok) {
+            gateway_tb_printf(b, "%s %.3f\n", f->name,
+                              f->arg == PROC_CPU ? p->cpu_seconds : p->start_time_seconds);
+        }
+        return;
+    case PROC_RSS:
+    case PROC_VSIZE:
+        if (p->stat_ok) {
+            gateway_tb_printf(
+                b, "%s %llu\n", f->name,
+                (unsigned long long)(f->arg == PROC_RSS ? p->resident_bytes : p->virtual_bytes));
+        }
+        return;
+    case PROC_FDS:
+        if (p->fds_ok) {
+            gateway_tb_printf(b, "%s %llu\n", f->name, (unsigned long long)p->open_fds);
+        }
+        return;
+    default:
+        if (p->max_fds_ok) {
+            gateway_tb_printf(b, "%s %llu\n", f->name, (unsigned long long)p->max_fds);
+        }
+        return;
+    }
+}
+
 /* ---- the families, in the order they are exposed -------------------------------------- */
 
 #define ONE(field) .samples = {{NULL, U64(field)}}
@@ -228,6 +297,11 @@ static const struct family families[] = {
      "never ends (a disk that stopped answering) shows here, never in "
      "idem_raft_append_duration_seconds.",
      .write = writeAppendOldest},
+    {"idem_build_info", "gauge", "1, labelled with the version of this idemd.",
+     .write = writeBuildInfo},
+    {"idem_is_leader", "gauge", "1 when this node is the Raft leader, else 0.", ONE(is_leader)},
+    {"idem_has_leader", "gauge",
+     "1 when this node knows a leader (itself or another node), else 0.", ONE(has_leader)},
     {"idem_raft_term", "gauge", "Current Raft term.", ONE(si.cluster.term)},
     {"idem_raft_commit_index", "gauge", "Raft commit index.", ONE(si.cluster.commit_index)},
     {"idem_raft_applied_index", "gauge", "Raft applied index.", ONE(si.cluster.applied_index)},
@@ -316,6 +390,19 @@ static const struct family families[] = {
      "A tenant's commands answered unavailable because it had its share of "
      "batch.max_pending_mb pending.",
      .write = writeTenant, .arg = 2},
+    {"idem_tenant_records", "gauge",
+     "A tenant's records held against its quota (released markers excluded).",
+     .write = writeTenantUsage, .arg = 0},
+    {"idem_tenant_bytes", "gauge",
+     "A tenant's bytes held against its quota (key + fingerprint + stored response of each "
+     "record).",
+     .write = writeTenantUsage, .arg = 1},
+    {"idem_tenant_quota_records", "gauge",
+     "A tenant's quota of records as this node's configuration sets it (0: unlimited).",
+     .write = writeTenantUsage, .arg = 2},
+    {"idem_tenant_quota_bytes", "gauge",
+     "A tenant's quota of bytes as this node's configuration sets it (0: unlimited).",
+     .write = writeTenantUsage, .arg = 3},
     {"idem_raft_corrections_total", "counter",
      "Corrections of libraft 0.15 made by this node's raft I/O wrapper (cluster/io.h): answers "
      "and commit indexes clamped, results held by a leader, AppendEntries cut at the snapshot, "
@@ -411,6 +498,28 @@ static const struct family families[] = {
      "wrong, or it closed the connection or did not answer within 10 s (another secret, none, "
      "or it stopped).",
      ONE(io.connect_auth_failed)},
+    {"process_cpu_seconds_total", "counter", "User and system CPU time spent in seconds.",
+     .write = writeProcess, .arg = PROC_CPU},
+    {"process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+     .write = writeProcess, .arg = PROC_RSS},
+    {"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+     .write = writeProcess, .arg = PROC_VSIZE},
+    {"process_open_fds", "gauge", "Number of open file descriptors.", .write = writeProcess,
+     .arg = PROC_FDS},
+    {"process_max_fds", "gauge", "Maximum number of open file descriptors (the soft limit).",
+     .write = writeProcess, .arg = PROC_MAX_FDS},
+    {"process_start_time_seconds", "gauge",
+     "Start time of the process since the Unix epoch in seconds.", .write = writeProcess,
+     .arg = PROC_START},
+    {"idem_config_reloads_total", "counter",
+     "Configuration reloads (SIGHUP, idemctl reload) since the start: applied "
+     "(result=\"ok\"), or refused with the running configuration kept (result=\"error\": "
+     "the log says why).",
+     .label = "result", .samples = {{"ok", U64(reload.ok)}, {"error", U64(reload.error)}}},
+    {"idem_config_last_reload_success_timestamp_seconds", "gauge",
+     "Unix time of the last successful configuration load: the start, or the last reload "
+     "that succeeded.",
+     ONE(reload.last_success_s)},
 };
 
 /* Writes one family: HELP, TYPE, samples. */
@@ -439,9 +548,13 @@ void metrics_answer(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
     rpc_get_stats(&s.rs);
     cluster_get_io_counters(&s.io);
     service_get_stats(h->svc, &s.ss);
+    reload_get_stats(&s.reload);
     s.records = s.si.fsm.records - s.si.fsm.released;
     s.connections = h->m.connections;
     s.connections_refused = h->m.connections_refused;
+    s.is_leader = s.si.cluster.state == RAFT_LEADER;
+    s.has_leader = s.si.cluster.leader_id != 0;
+    proc_self_read(&s.ps);
     struct textBuf b;
     gateway_tb_init(&b, 8192);
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {

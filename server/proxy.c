@@ -156,6 +156,7 @@ static void pjClosedCb(uv_handle_t *t)
         OPENSSL_cleanse(j->call_packed, j->call_len);
         free(j->call_packed);
     }
+    config_ref_drop(j->ref);
     free(j);
     gateway_maybe_stopped(h);
 }
@@ -248,9 +249,10 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
         uint64_t now = uv_now(h->loop);
         if (h->secret_warned_ms == 0 || now - h->secret_warned_ms >= 10000) {
             h->secret_warned_ms = now ? now : 1;
-            log_warn("proxy: the leader refused this node's cluster secret (or acting for "
-                     "this route's tenant); check rpc.cluster_secret_file and the proxy "
-                     "routes on every node");
+            log_at(LOG_LEVEL_WARN, j->rid,
+                   "proxy: the leader refused this node's cluster secret (or acting for "
+                   "this route's tenant); check rpc.cluster_secret_file and the proxy "
+                   "routes on every node");
         }
         proxy_send_error(j, 503, "idempotency_unavailable",
                          "the leader refused this node's cluster secret; retry on another node", 1);
@@ -431,6 +433,7 @@ static struct proxyJob *pjNew(struct http_server *h, h2o_req_t *req, h2o_iovec_t
     const struct config_tenant *t = &h->cfg->tenants[r->tenant];
     struct proxyJob *j = xcalloc(1, sizeof(*j));
     j->h = h;
+    j->ref = config_ref_hold(h->ref); /* r and t are in it: a reload does not free them */
     j->route = r;
     j->tenant = t;
     j->idem = idem;
@@ -629,7 +632,7 @@ const struct config_proxy *proxy_of(struct http_server *h, h2o_req_t *req)
     for (size_t i = 0; i < h->n_plisteners; i++) {
         if (IdemSockaddrMatches((const struct sockaddr *)&h->plisteners[i].sa,
                                 (const struct sockaddr *)&ss)) {
-            return h->plisteners[i].cfg;
+            return &h->cfg->proxies[i]; /* a reload keeps the listeners, in order */
         }
     }
     return NULL;

@@ -41,6 +41,7 @@ enum pjUpstream {
 
 struct proxyJob {
     struct http_server *h;
+    struct config_ref *ref; /* held: the configuration route and tenant are in */
     const struct config_proxy_route *route;
     const struct config_tenant *tenant;
     struct gateway_hold hold; /* the request, until answered or disposed */

@@ -118,20 +118,25 @@ static void pjCallSend(struct proxyJob *j)
         uint64_t now = uv_now(h->loop);
         if (h->clear_warned_ms == 0 || now - h->clear_warned_ms >= 10000) {
             h->clear_warned_ms = now ? now : 1;
-            log_warn("proxy: the leader's RPC address %s is not a loopback address and tls.rpc "
-                     "is off: the cluster secret is not sent to it in clear",
-                     leader);
+            log_at(LOG_LEVEL_WARN, j->rid,
+                   "proxy: the leader's RPC address %s is not a loopback address and tls.rpc "
+                   "is off: the cluster secret is not sent to it in clear",
+                   leader);
         }
         pjCallSynth(j, IDEM__OUTCOME__OUTCOME_UNAVAILABLE,
                     "this node does not send the cluster secret to the leader without TLS; "
                     "retry, or use the leader's proxy");
         return;
     }
+    char rid[sizeof j->rid]; /* j may be finished before the call returns */
+    memcpy(rid, j->rid, sizeof rid);
+    const char *outer = log_request_enter(rid);
     if (leader != NULL) {
         gateway_forward(h, leader, rq, pjForwardDoneCb, j);
     } else {
         service_handle_as(h->svc, j->tenant->name, rq, pjServiceDoneCb, j);
     }
+    log_request_leave(outer);
     idem__request__free_unpacked(rq, NULL);
 }
 
@@ -183,9 +188,10 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
          * over max_inline_body; this caller still gets the upstream's answer. */
         char kd[FP_HEX12_SIZE];
         pjKeyDigest(j, kd);
-        log_warn("proxy: the upstream's answer cannot be stored (outcome %s); its digest is "
-                 "recorded instead, replays answer 502 (key_digest %s)",
-                 outcomeName(oc), kd);
+        log_at(LOG_LEVEL_WARN, j->rid,
+               "proxy: the upstream's answer cannot be stored (outcome %s); its digest is "
+               "recorded instead, replays answer 502 (key_digest %s)",
+               outcomeName(oc), kd);
         j->too_large = true;
         pjCompleteStored(j);
         return;
@@ -193,8 +199,9 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
     if (oc != IDEM__OUTCOME__OUTCOME_OK) {
         char kd[FP_HEX12_SIZE];
         pjKeyDigest(j, kd);
-        log_warn("proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
-                 outcomeName(oc));
+        log_at(LOG_LEVEL_WARN, j->rid,
+               "proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
+               outcomeName(oc));
         j->unrecorded = true;
     }
     proxy_answer_after(j);
@@ -241,9 +248,10 @@ static void pjRecordNow(struct proxyJob *j)
     if (j->lease_lost) {
         char kd[FP_HEX12_SIZE];
         pjKeyDigest(j, kd);
-        log_warn("proxy: the lease was lost during the upstream call; its answer is passed on "
-                 "but not recorded (key_digest %s, fence %llu)",
-                 kd, (unsigned long long)j->token);
+        log_at(LOG_LEVEL_WARN, j->rid,
+               "proxy: the lease was lost during the upstream call; its answer is passed on "
+               "but not recorded (key_digest %s, fence %llu)",
+               kd, (unsigned long long)j->token);
         j->unrecorded = true;
         proxy_answer_after(j);
         return;
@@ -291,9 +299,10 @@ static void pjRenewDoneCb(void *data, const Idem__Response *resp)
     } else {
         char kd[FP_HEX12_SIZE];
         pjKeyDigest(j, kd);
-        log_warn("proxy: renewing the lease failed, trying again shortly (key_digest %s, "
-                 "outcome %s)",
-                 kd, outcomeName(oc));
+        log_at(LOG_LEVEL_WARN, j->rid,
+               "proxy: renewing the lease failed, trying again shortly (key_digest %s, "
+               "outcome %s)",
+               kd, outcomeName(oc));
         j->renew_failed = true;
     }
     if (j->record_waiting) {

@@ -16,6 +16,21 @@
  * rarely closed by the upstream just as a request goes out on it. */
 #define HTTP_POOL_IDLE_MS 1000
 
+/* The longest upstream_timeout_ms a route may have (config_proxy.c). */
+#define PROXY_UPSTREAM_TIMEOUT_MAX_MS 3600000
+
+/* The pool of route r's upstream, or NULL when there is none yet. */
+static struct upstreamPool *poolOf(const struct http_server *h, const struct config_proxy_route *r)
+{
+    for (size_t i = 0; i < h->n_pools; i++) {
+        struct upstreamPool *p = h->pools[i];
+        if (p->port == r->upstream_port && strcmp(p->host, r->upstream_host) == 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
 /* Moves the upstream call to `to`, asserting the transition (enum pjUpstream). */
 static void pjUpTo(struct proxyJob *j, enum pjUpstream to)
 {
@@ -344,12 +359,7 @@ void proxy_upstream_start(struct proxyJob *j)
     if (j->idem) {
         proxy_renew_next(j);
     }
-    struct upstreamPool *pool = NULL;
-    for (size_t i = 0; i < h->n_pools && pool == NULL; i++) {
-        if (h->pools[i].port == r->upstream_port && strcmp(h->pools[i].host, r->upstream_host) == 0) {
-            pool = &h->pools[i];
-        }
-    }
+    struct upstreamPool *pool = poolOf(h, r);
     if (pool != NULL) { /* always, as every route's upstream has a pool */
         h2o_http1client_connect_with_pool(&j->client, j, &h->client_ctx, &pool->pool, pjOnConnect);
     } else {
@@ -359,37 +369,22 @@ void proxy_upstream_start(struct proxyJob *j)
     }
 }
 
-void proxy_upstreams_init(struct http_server *h)
+void proxy_upstreams_add(struct http_server *h)
 {
     const struct config *cfg = h->cfg;
-    /* http1client: one per-phase io timeout no shorter than any route's total deadline, so
-     * that the route's own deadline timer decides (docs/h2o-notes.md §4). */
-    uint64_t io_ms = 1000;
-    for (size_t i = 0; i < cfg->n_proxies; i++) {
-        for (size_t k = 0; k < cfg->proxies[i].n_routes; k++) {
-            uint64_t t = cfg->proxies[i].routes[k].upstream_timeout_ms;
-            io_ms = t > io_ms ? t : io_ms;
-        }
-    }
-    h2o_timeout_init(h->loop, &h->io_timeout, io_ms);
-    size_t n_routes = 0;
-    for (size_t i = 0; i < cfg->n_proxies; i++) {
-        n_routes += cfg->proxies[i].n_routes;
-    }
-    h->pools = xcalloc(n_routes ? n_routes : 1, sizeof(*h->pools));
     for (size_t i = 0; i < cfg->n_proxies; i++) {
         for (size_t k = 0; k < cfg->proxies[i].n_routes; k++) {
             const struct config_proxy_route *r = &cfg->proxies[i].routes[k];
-            bool seen = false;
-            for (size_t p = 0; p < h->n_pools && !seen; p++) {
-                seen = h->pools[p].port == r->upstream_port &&
-                       strcmp(h->pools[p].host, r->upstream_host) == 0;
-            }
-            if (seen) {
+            if (poolOf(h, r) != NULL) {
                 continue;
             }
-            struct upstreamPool *up = &h->pools[h->n_pools++];
-            up->host = r->upstream_host;
+            if (h->n_pools == h->cap_pools) {
+                h->cap_pools = h->cap_pools ? 2 * h->cap_pools : 8;
+                h->pools = xrealloc(h->pools, h->cap_pools * sizeof(*h->pools));
+            }
+            struct upstreamPool *up = xcalloc(1, sizeof(*up));
+            h->pools[h->n_pools++] = up;
+            memcpy(up->host, r->upstream_host, sizeof up->host);
             up->port = r->upstream_port;
             /* capacity is not enforced by h2o 2.2.5 (docs/h2o-notes.md §4) */
             h2o_socketpool_init_by_hostport(&up->pool,
@@ -398,6 +393,15 @@ void proxy_upstreams_init(struct http_server *h)
             h2o_socketpool_set_timeout(&up->pool, h->loop, HTTP_POOL_IDLE_MS);
         }
     }
+}
+
+void proxy_upstreams_init(struct http_server *h)
+{
+    /* http1client: one per-phase io timeout no shorter than any route's total deadline, so
+     * that the route's own deadline timer decides (docs/h2o-notes.md §4): the longest a
+     * route may set, as a reload may raise a route's. */
+    h2o_timeout_init(h->loop, &h->io_timeout, PROXY_UPSTREAM_TIMEOUT_MAX_MS);
+    proxy_upstreams_add(h);
     h->client_ctx.loop = h->loop;
     h->client_ctx.getaddr_receiver = &h->ctx.receivers.hostinfo_getaddr;
     h->client_ctx.io_timeout = &h->io_timeout;
@@ -406,7 +410,7 @@ void proxy_upstreams_init(struct http_server *h)
 void proxy_upstreams_dispose(struct http_server *h)
 {
     for (size_t i = 0; i < h->n_pools; i++) { /* closes the idle pooled connections */
-        h2o_socketpool_dispose(&h->pools[i].pool);
+        h2o_socketpool_dispose(&h->pools[i]->pool);
     }
     h2o_timeout_dispose(h->loop, &h->io_timeout);
 }

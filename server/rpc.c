@@ -706,6 +706,7 @@ static void acceptCb(uv_stream_t *l, int status)
     }
     struct conn *c = xcalloc(1, sizeof(*c));
     c->srv = r;
+    c->id = ++r->conn_serial;
     c->state = CONN_READING;
     c->refs = 1;
     uv_tcp_init(r->loop, &c->tcp);
@@ -728,19 +729,48 @@ static void acceptCb(uv_stream_t *l, int status)
     uv_read_start((uv_stream_t *)&c->tcp, allocCb, readCb);
 }
 
+/* The listener's TLS context from tls (tls.rpc on) into *out; NULL without. 0 or -1 (err). */
+static int tlsContext(const struct config_tls *tls, struct idem_tls_ctx **out, char *err,
+                      size_t errlen)
+{
+    *out = NULL;
+    if (tls == NULL || !tls->rpc) {
+        return 0;
+    }
+    struct idem_tls_params tp = {.role = IDEM_TLS_SERVER,
+                                 .cert_file = tls->cert_file,
+                                 .key_file = tls->key_file,
+                                 .ca_file = tls->ca_file};
+    return IdemTlsCtxNew(&tp, out, err, errlen) == IDEM_OK ? 0 : -1;
+}
+
+int rpc_server_reload_tls(struct rpc_server *r, const struct config_tls *tls, char *err,
+                          size_t errlen)
+{
+    struct idem_tls_ctx *tctx = NULL;
+    if (r->tls == NULL) {
+        return 0;
+    }
+    if (tlsContext(tls, &tctx, err, errlen) != 0) {
+        return -1;
+    }
+    IdemTlsCtxFree(r->tls); /* each connection's stream holds its own reference */
+    r->tls = tctx;
+    return 0;
+}
+
+void rpc_server_set_config(struct rpc_server *r, const struct config_rpc *cfg)
+{
+    r->cfg = cfg;
+}
+
 struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,
                                   const struct config_rpc *cfg, const struct config_tls *tls,
                                   struct service *svc, char *err, size_t errlen)
 {
     struct idem_tls_ctx *tctx = NULL;
-    if (tls != NULL && tls->rpc) {
-        struct idem_tls_params tp = {.role = IDEM_TLS_SERVER,
-                                     .cert_file = tls->cert_file,
-                                     .key_file = tls->key_file,
-                                     .ca_file = tls->ca_file};
-        if (IdemTlsCtxNew(&tp, &tctx, err, errlen) != IDEM_OK) {
-            return NULL;
-        }
+    if (tlsContext(tls, &tctx, err, errlen) != 0) {
+        return NULL;
     }
     /* A name is resolved here, once, at start (before the loop serves anything). */
     struct sockaddr_storage sa;

@@ -25,6 +25,16 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
                                   const struct config_rpc *cfg, const struct config_tls *tls,
                                   struct service *svc, char *err, size_t errlen);
 
+/* A configuration reload (server/reload.c). rpc_server_reload_tls: a listener that serves TLS
+ * makes a new context from tls's files (borrowed for the call) for the connections accepted
+ * from now on; those open keep theirs. 0 (also without TLS), or -1 with the reason in err
+ * ("tls: cert_file /path: ...") and nothing changed. rpc_server_set_config: the listener
+ * reads `cfg` from now on (borrowed as in rpc_server_new; its values are the running ones,
+ * as rpc settings change only with a restart). */
+int rpc_server_reload_tls(struct rpc_server *r, const struct config_tls *tls, char *err,
+                          size_t errlen);
+void rpc_server_set_config(struct rpc_server *r, const struct config_rpc *cfg);
+
 /* Figures of every RPC listener in this process, for /metrics. Read them on the loop's
  * thread (the listeners update them there). */
 struct rpc_stats {

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "log.h"
 #include "rpc_scan.h"
 #include "xmalloc.h"
 
@@ -44,7 +45,9 @@ enum callKind {
 struct call {
     struct conn *c;
     enum callKind kind;
-    uint64_t start_ns; /* CALL_CLAIM: uv_hrtime() when it was taken */
+    uint64_t start_ns;   /* uv_hrtime() when it was taken */
+    uint64_t request_id; /* the client's, for the log */
+    int op;              /* Idem__Request's op_case: its field number */
 };
 
 static enum callKind callKindOf(const Idem__Request *req)
@@ -87,10 +90,31 @@ static void callCount(const struct call *k, const Idem__Response *resp)
     }
 }
 
+/* At debug level, one line per answered request: its op, outcome and time taken. */
+static void callLog(const struct call *k, const Idem__Response *resp)
+{
+    if (!log_enabled(LOG_LEVEL_DEBUG)) {
+        return;
+    }
+    const ProtobufCFieldDescriptor *op =
+        protobuf_c_message_descriptor_get_field(&idem__request__descriptor, (unsigned)k->op);
+    const ProtobufCEnumValue *oc = protobuf_c_enum_descriptor_get_value(
+        &idem__outcome__descriptor, resp->result != NULL ? (int)resp->result->outcome : 0);
+    const char *ocName = oc != NULL ? oc->name : "?";
+    if (strncmp(ocName, "OUTCOME_", 8) == 0) {
+        ocName += 8;
+    }
+    char rid[LOG_RPC_ID_SIZE];
+    log_rpc_id(rid, k->c->id, k->request_id);
+    log_at(LOG_LEVEL_DEBUG, rid, "rpc: %s answered %s in %.3f ms", op != NULL ? op->name : "?",
+           ocName, (double)(uv_hrtime() - k->start_ns) / 1e6);
+}
+
 static void answeredCb(void *data, const Idem__Response *resp)
 {
     struct call *k = data;
     struct conn *c = k->c;
+    callLog(k, resp);
     callCount(k, resp);
     free(k);
     assert(c->inflight > 0);
@@ -227,7 +251,11 @@ static void connRefuseToken(struct conn *c, const struct rpc_scan *sc)
     r.op_case = (Idem__Request__OpCase)sc->op;
     r.forwarded = sc->forwarded;
     r.as_tenant = sc->as_tenant ? "-" : "";
-    struct call k = {.c = c, .kind = callKindOf(&r), .start_ns = uv_hrtime()};
+    struct call k = {.c = c,
+                     .kind = callKindOf(&r),
+                     .start_ns = uv_hrtime(),
+                     .request_id = sc->request_id,
+                     .op = (int)sc->op};
     Idem__Result res = IDEM__RESULT__INIT;
     Idem__Response resp = IDEM__RESPONSE__INIT;
     res.outcome = IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED;
@@ -237,6 +265,7 @@ static void connRefuseToken(struct conn *c, const struct rpc_scan *sc)
                  : service_data_op(&r) ? "unknown or missing bearer token"
                                        : "admin operations need the admin token";
     rpc_figures.rejected_unauthenticated++;
+    callLog(&k, &resp);
     callCount(&k, &resp);
     rpc_conn_send(c, &resp);
 }
@@ -276,11 +305,17 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     struct call *k = xmalloc(sizeof(*k));
     k->c = c;
     k->kind = callKindOf(req);
-    k->start_ns = k->kind == CALL_CLAIM ? uv_hrtime() : 0;
+    k->start_ns = uv_hrtime();
+    k->request_id = req->request_id;
+    k->op = (int)req->op_case;
     c->refs++;
     c->inflight++;
     rpc_figures.inflight++;
+    char rid[LOG_RPC_ID_SIZE]; /* the lines written while the service handles it */
+    log_rpc_id(rid, c->id, req->request_id);
+    const char *outer = log_request_enter(rid);
     service_handle(c->srv->svc, req, answeredCb, k);
+    log_request_leave(outer);
     idem__request__free_unpacked(req, &a.pa);
     return true;
 }

@@ -49,6 +49,7 @@ enum connState {
 
 struct conn {
     uv_tcp_t tcp;
+    uint64_t id; /* the server's serial number of it, for the log ("rpc-ID-REQUEST": log.h) */
     enum connState state;
     struct rpc_server *srv;
     uint8_t *buf;
@@ -92,6 +93,7 @@ struct rpc_server {
     struct idem_tls_ctx *tls; /* NULL: plain TCP */
     LIST_HEAD(, conn) conns;
     size_t n_conns;
+    uint64_t conn_serial; /* connections accepted: the next one's id */
     bool closing;
     bool listener_closed;
     uv_timer_t sweep; /* the timeouts; after rpc_server_close, the drain's grace period */

@@ -465,6 +465,33 @@ static void expiryArm(struct service *s, uint64_t delay_ms)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
+/* cluster.bootstrap as the cluster takes it (calloc'd, one more entry than members). */
+static struct cluster_member *bootMembers(const struct config *cfg)
+{
+    struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
+    for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
+        const struct config_member *m = &cfg->cluster.bootstrap[i];
+        boot[i].id = m->id;
+        snprintf(boot[i].raft_address, sizeof(boot[i].raft_address), "%s", m->raft_address.text);
+        snprintf(boot[i].rpc_address, sizeof(boot[i].rpc_address), "%s", m->rpc_address.text);
+        snprintf(boot[i].http_address, sizeof(boot[i].http_address), "%s", m->http_address.text);
+        boot[i].role = RAFT_VOTER;
+    }
+    return boot;
+}
+
+/* Frees a service that service_new() could not finish (its fsm, when made). */
+static void serviceFreeEarly(struct service *s)
+{
+    if (s->fsm != NULL) {
+        fsm_close(s->fsm);
+    }
+    EVP_MD_free(s->sha256);
+    free(s->acct_of);
+    free(s->acct_names);
+    free(s);
+}
+
 struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
                             size_t errlen)
 {
@@ -486,36 +513,31 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     s->loop = loop;
     s->cfg = cfg;
     LIST_INIT(&s->ops);
+    s->n_accts = (uint32_t)cfg->n_tenants;
+    s->acct_of = xcalloc(cfg->n_tenants ? cfg->n_tenants : 1, sizeof(*s->acct_of));
+    s->acct_names = xcalloc(cfg->n_tenants ? cfg->n_tenants : 1, sizeof(*s->acct_names));
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        s->acct_of[i] = (uint32_t)i;
+        memcpy(s->acct_names[i], cfg->tenants[i].name, sizeof s->acct_names[i]);
+    }
     /* The state machine's slot arrays allocated ahead are faulted in on a thread of their
      * own, off the loop (prefault_thread.h). */
     uint8_t secret[FSM_HASH_SECRET_LEN];
     if (RAND_bytes(secret, sizeof secret) != 1) {
         snprintf(err, errlen, "no randomness for the record table's hash key");
-        EVP_MD_free(s->sha256);
-        free(s);
+        serviceFreeEarly(s);
         return NULL;
     }
     s->fsm = fsm_new_with(
         &(struct fsm_options){.prefault = &prefault_thread, .hash_secret = secret});
     OPENSSL_cleanse(secret, sizeof secret);
-    struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
-    for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
-        const struct config_member *m = &cfg->cluster.bootstrap[i];
-        boot[i].id = m->id;
-        snprintf(boot[i].raft_address, sizeof(boot[i].raft_address), "%s", m->raft_address.text);
-        snprintf(boot[i].rpc_address, sizeof(boot[i].rpc_address), "%s", m->rpc_address.text);
-        snprintf(boot[i].http_address, sizeof(boot[i].http_address), "%s", m->http_address.text);
-        boot[i].role = RAFT_VOTER;
-    }
     s->resolver = IdemResolverNew(loop);
     if (s->resolver == NULL) {
-        snprintf(err, errlen, "out of memory");
-        free(boot);
-        fsm_close(s->fsm);
-        EVP_MD_free(s->sha256);
-        free(s);
+        snprintf(err, errlen, "cannot make the host name resolver (out of memory)");
+        serviceFreeEarly(s);
         return NULL;
     }
+    struct cluster_member *boot = bootMembers(cfg);
     struct cluster_config cc = {
         .id = cfg->node.id,
         .raft_address = cfg->node.raft_address.text,
@@ -569,14 +591,56 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     if (s->cluster == NULL) {
         IdemResolverClose(s->resolver);
         uv_run(loop, UV_RUN_NOWAIT); /* its handle closes on the loop */
-        fsm_close(s->fsm);
-        EVP_MD_free(s->sha256);
-        free(s);
+        serviceFreeEarly(s);
         return NULL;
     }
     uv_timer_init(loop, &s->expiry_timer);
     s->expiry_timer.data = s;
     return s;
+}
+
+void service_set_config(struct service *s, const struct config *cfg)
+{
+    uint32_t *of = xcalloc(cfg->n_tenants ? cfg->n_tenants : 1, sizeof(*of));
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        const char *name = cfg->tenants[i].name;
+        uint32_t a = 0;
+        while (a < s->n_accts && strcmp(s->acct_names[a], name) != 0) {
+            a++;
+        }
+        if (a == s->n_accts) { /* a tenant new to this node: an account of its own */
+            s->acct_names = xrealloc(s->acct_names, (size_t)(a + 1) * sizeof(*s->acct_names));
+            memcpy(s->acct_names[a], cfg->tenants[i].name, sizeof s->acct_names[a]);
+            s->n_accts = a + 1;
+        }
+        of[i] = a;
+    }
+    cluster_add_accounts(s->cluster, s->n_accts);
+    free(s->acct_of);
+    s->acct_of = of;
+    s->cfg = cfg;
+}
+
+int service_reload_tls(struct service *s, const struct config_tls *tls, char *err, size_t errlen)
+{
+    if (!tls->raft) {
+        return 0;
+    }
+    return cluster_tls_reload(s->cluster, tls->cert_file, tls->key_file, tls->ca_file, err,
+                              errlen) == CLUSTER_OK
+               ? 0
+               : -1;
+}
+
+void service_set_reload(struct service *s, service_reload_fn fn, void *data)
+{
+    s->reload = fn;
+    s->reload_data = data;
+}
+
+uint32_t service_account_of(const struct service *s, const struct config_tenant *t)
+{
+    return s->acct_of[t - s->cfg->tenants];
 }
 
 int service_start(struct service *s, char *err, size_t errlen)
@@ -599,6 +663,8 @@ static void serviceMaybeFinish(struct service *s)
     fsm_close(s->fsm);
     EVP_MD_free(s->sha256);
     IdemResolverClose(s->resolver); /* the cluster, its user, is closed */
+    free(s->acct_of);
+    free(s->acct_names);
     void (*cb)(void *) = s->close_cb;
     void *cbdata = s->close_data;
     free(s);
@@ -750,8 +816,14 @@ bool service_token_is_admin(const struct service *s, const uint8_t *token, size_
 void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,
                             uint64_t *refused)
 {
-    cluster_account_stats(s->cluster, i < UINT32_MAX ? (uint32_t)i : CLUSTER_ACCOUNT_NONE, pending,
-                          queued, refused);
+    uint32_t a = i < s->cfg->n_tenants ? s->acct_of[i] : CLUSTER_ACCOUNT_NONE;
+    cluster_account_stats(s->cluster, a, pending, queued, refused);
+}
+
+void service_tenant_usage(const struct service *s, const char *name, uint64_t *records,
+                          uint64_t *bytes)
+{
+    fsm_tenant_usage(s->fsm, name, records, bytes);
 }
 
 void service_get_info(const struct service *s, struct service_info *out)

@@ -27,6 +27,23 @@ typedef void (*service_done_cb)(void *data, const Idem__Response *resp);
 struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
                             size_t errlen);
 
+/* A configuration reload (server/reload.c): the service reads `cfg` from now on (borrowed
+ * as in service_new; the caller keeps the one before alive until the end of the loop turn).
+ * Tenants, tokens, quotas and the proxy routes' tenants come from it; the settings that
+ * change only with a restart are the running ones (config_reload_merge). A tenant keeps its
+ * account in the cluster's admission (by name); a new one gets one. */
+void service_set_config(struct service *s, const struct config *cfg);
+
+/* With tls.raft: reads the TLS files of tls (borrowed for the call) again for the Raft
+ * connections made from now on (cluster_tls_reload). 0 (also without tls.raft), or -1 with
+ * the reason in err and nothing changed. */
+int service_reload_tls(struct service *s, const struct config_tls *tls, char *err, size_t errlen);
+
+/* What the admin op `reload` (idemctl reload) calls: 0, or -1 with the reason in err
+ * (errlen bytes). The service calls it on its loop, with the admin token checked. */
+typedef int (*service_reload_fn)(void *data, char *err, size_t errlen);
+void service_set_reload(struct service *s, service_reload_fn fn, void *data);
+
 /* Starts Raft and the expiry ticker. 0 or -1 with a message in err. */
 int service_start(struct service *s, char *err, size_t errlen);
 
@@ -87,7 +104,8 @@ void service_get_stats(const struct service *s, struct service_stats *out);
 
 /* The tenant that owns a bearer token (its SHA-256 compared in constant time, as for every
  * request), or NULL for an empty or unknown token. `token` is borrowed for the call; the
- * result borrows the service's config and is valid as long as the service. */
+ * result borrows the service's config: valid until the end of the loop turn (a reload may
+ * replace the config). */
 const struct config_tenant *service_tenant_for_token(const struct service *s,
                                                      const uint8_t *token, size_t len);
 
@@ -135,6 +153,11 @@ void service_get_info(const struct service *s, struct service_info *out);
  * the start (OUT, any may be NULL). */
 void service_tenant_pending(const struct service *s, size_t i, uint64_t *pending, uint64_t *queued,
                             uint64_t *refused);
+
+/* The records and bytes the tenant `name` (borrowed) holds against its quotas, in this
+ * node's state machine (fsm_tenant_usage; OUT). */
+void service_tenant_usage(const struct service *s, const char *name, uint64_t *records,
+                          uint64_t *bytes);
 
 /* Whether req is a data op (claim, complete, release, renew, get), as opposed to an admin op. */
 static inline bool service_data_op(const Idem__Request *req)

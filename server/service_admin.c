@@ -12,8 +12,6 @@
 #include "log.h"
 #include "xmalloc.h"
 
-#define IDEM_VERSION "0.1.0"
-
 #define QUARANTINE_LIST_DEFAULT 100u
 #define QUARANTINE_LIST_MAX 1000u
 
@@ -23,6 +21,7 @@ struct adminOp {
     service_done_cb cb;
     void *data;
     uint64_t request_id;
+    char log_rid[LOG_RPC_ID_SIZE + 32]; /* the request in scope when it came (log.h), or "" */
 };
 
 /* Answers a quarantine list from this node's state machine. Called when the op's read
@@ -156,7 +155,7 @@ static void answerStatus(struct service *s, uint64_t request_id, bool with_statu
         st.http_address = (char *)s->cfg->node.http_address.text;
         st.n_members = n;
         st.members = memp;
-        st.version = IDEM_VERSION;
+        st.version = IDEM_BUILD_VERSION;
         if (with_digest) {
             fsm_digest_hex(s->fsm, digest);
             st.digest = digest;
@@ -187,10 +186,10 @@ static void transferDoneCb(void *data, int status, const char *errmsg)
     res.outcome = status == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_UNAVAILABLE;
     if (status != 0) {
         res.retry_after_ms = a->s->cfg->raft.election_timeout_ms;
-        log_warn("a leadership transfer ended without moving leadership (%s); the caller may "
-                 "ask again after %u ms",
-                 errmsg && errmsg[0] ? errmsg : "no reason given",
-                 (unsigned)res.retry_after_ms);
+        log_at(LOG_LEVEL_WARN, a->log_rid[0] ? a->log_rid : NULL,
+               "a leadership transfer ended without moving leadership (%s); the caller may "
+               "ask again after %u ms",
+               errmsg && errmsg[0] ? errmsg : "no reason given", (unsigned)res.retry_after_ms);
     }
     resp.request_id = a->request_id;
     resp.result = &res;
@@ -469,11 +468,30 @@ static void adminMembership(struct service *s, const Idem__Request *req, service
     a->cb = cb;
     a->data = data;
     a->request_id = req->request_id;
+    if (log_request_current() != NULL) {
+        snprintf(a->log_rid, sizeof a->log_rid, "%s", log_request_current());
+    }
     int rc = adminStartChange(s, req, a);
     if (rc != CLUSTER_OK) {
         free(a);
         answerClusterRc(s, rc, req->request_id, cb, data);
     }
+}
+
+/* reload: this node reads its configuration file again (server/reload.c), as on SIGHUP. */
+static void adminReload(struct service *s, const Idem__Request *req, service_done_cb cb, void *data)
+{
+    char err[1024];
+    if (s->reload == NULL) {
+        service_answer_invalid(cb, data, req->request_id, "this node cannot reload");
+        return;
+    }
+    if (s->reload(s->reload_data, err, sizeof err) != 0) {
+        service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, err, NULL);
+        return;
+    }
+    service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_OK, "configuration reloaded",
+                   NULL);
 }
 
 void service_admin_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
@@ -507,6 +525,9 @@ void service_admin_handle(struct service *s, const Idem__Request *req, service_d
     case IDEM__REQUEST__OP_MEMBERS:
     case IDEM__REQUEST__OP_TRANSFER:
         adminMembership(s, req, cb, data);
+        return;
+    case IDEM__REQUEST__OP_RELOAD:
+        adminReload(s, req, cb, data);
         return;
     default:
         service_answer_invalid(cb, data, req->request_id, "unknown op");

@@ -36,7 +36,15 @@ struct op {
 struct service {
     uv_loop_t *loop;
     EVP_MD *sha256; /* fetched once: tokens are hashed per request (service_token_hash) */
-    const struct config *cfg;
+    const struct config *cfg; /* the current one (service_set_config) */
+    /* The cluster's accounts (batch.tenant_max_pending_percent) by tenant name, so that a
+     * tenant keeps its account across reloads: acct_of[i] is cfg->tenants[i]'s, and
+     * acct_names[a] the tenant account a was made for (n_accts of them, never fewer). */
+    uint32_t *acct_of;
+    char (*acct_names)[CONFIG_TENANT_NAME_MAX + 1];
+    uint32_t n_accts;
+    service_reload_fn reload; /* `idemctl reload`; NULL: not offered */
+    void *reload_data;
     struct fsm *fsm;
     struct cluster *cluster;
     struct idem_resolver *resolver; /* members' host names (the cluster's and rpc.c's) */
@@ -88,6 +96,9 @@ void service_propose_client(struct service *s, const Idem__Command *cmd, uint64_
                             uint32_t deadline_ms, service_done_cb cb, void *data);
 
 /* ---- service_requests.c ---- */
+
+/* The cluster account of tenant t (one of s->cfg's tenants). */
+uint32_t service_account_of(const struct service *s, const struct config_tenant *t);
 
 /* SHA-256 of a bearer token into h (OUT); false for an empty token. */
 bool service_token_hash(const struct service *s, const ProtobufCBinaryData *tok, uint8_t h[32]);

@@ -206,9 +206,9 @@ static void handleDataAs(struct service *s, const struct config_tenant *t,
         service_answer_invalid(cb, data, req->request_id, why);
         return;
     }
-    /* The tenant's account (batch.tenant_max_pending_percent): its index in this node's
+    /* The tenant's account (batch.tenant_max_pending_percent), by its name in this node's
      * configuration; only a leader proposes, so the leader's own configuration counts. */
-    uint32_t account = (uint32_t)(t - s->cfg->tenants);
+    uint32_t account = service_account_of(s, t);
     struct op *o = service_propose(s, &d.cmd, OP_CLIENT, account, req->request_id,
                                    service_deadline_of(s, req), cb, data);
     if (o != NULL) {
@@ -318,6 +318,7 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
     case IDEM__REQUEST__OP_KEY_GET:
     case IDEM__REQUEST__OP_PURGE:
     case IDEM__REQUEST__OP_QUARANTINE_LIST:
+    case IDEM__REQUEST__OP_RELOAD:
         service_admin_handle(s, req, cb, data);
         return;
     default:

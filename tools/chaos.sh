@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${IDEM_BIN_DIR:-}" ]; then
   if [ ! -f build/CMakeCache.txt ]; then
-    tools/setup.sh
+    tools/setup.sh --test
     cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   fi
   cmake --build build -j "$(nproc)" >/dev/null

@@ -9,6 +9,13 @@
 #                                 127.0.0.1:810N that routes POST/PUT/PATCH/DELETE under "/"
 #                                 to the upstream for tenant demo (every node's proxy serves:
 #                                 followers forward to the leader with the cluster secret)
+#   tools/quickstart.sh --port-base B
+#                                 other ports, for a second cluster on the host or ports in
+#                                 use: node N (1-3) gets the binary RPC on B+N, HTTP on
+#                                 B+1000+N, its proxy listener on B+1100+N and Raft on
+#                                 B+2000+N. B is 1024 to 63532; the default, 7000, gives the
+#                                 ports below. Data made with one base stays with it: a run
+#                                 with another refuses it (pass --fresh).
 #   tools/quickstart.sh --tls     serve the binary RPC and Raft over mutual TLS (tls.rpc,
 #                                 tls.raft), and HTTP (the gateway, and the proxy listeners
 #                                 with --upstream) over HTTPS: a CA, a certificate for the
@@ -21,7 +28,8 @@
 #
 # Fixed, documented defaults that scripts may rely on: node N (1-3) listens for Raft on
 # 127.0.0.1:900N, for the binary RPC on 127.0.0.1:700N and for HTTP (JSON API, health, metrics) on
-# 127.0.0.1:800N (HTTPS with --tls); its data is in .idem/nodeN, its log in .idem/nodeN.log, its PID in
+# 127.0.0.1:800N (HTTPS with --tls), and with --upstream for proxy requests on 127.0.0.1:810N
+# (--port-base moves them all); its data is in .idem/nodeN, its log in .idem/nodeN.log, its PID in
 # .idem/nodeN.pid. .idem/env holds IDEM_CLUSTER, IDEM_TOKEN (tenant "demo") and
 # IDEM_ADMIN_TOKEN as shell assignments: `. .idem/env && build/bin/idemctl status`.
 # .idem/cluster.secret (mode 600) is the cluster secret every node's rpc.cluster_secret_file
@@ -35,15 +43,20 @@ cd "$(dirname "$0")/.."
 fresh=0
 tls=0
 upstream=
+base=7000
 while [ $# -gt 0 ]; do
   case "$1" in
     --fresh) fresh=1 ;;
+    --port-base)
+      [ $# -ge 2 ] || { echo "quickstart: --port-base needs a number" >&2; exit 2; }
+      base=$2; shift ;;
+    --port-base=*) base=${1#--port-base=} ;;
     --upstream)
       [ $# -ge 2 ] || { echo "quickstart: --upstream needs a URL" >&2; exit 2; }
       upstream=$2; shift ;;
     --upstream=*) upstream=${1#--upstream=} ;;
     --tls) tls=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "quickstart: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -52,6 +65,19 @@ case "$upstream" in
   ''|http://*) ;;
   *) echo "quickstart: --upstream must be an http:// URL" >&2; exit 2 ;;
 esac
+# The highest port is B+2003 (Raft of node 3); below 1024 a port needs root.
+case "$base" in
+  ''|*[!0-9]*|0?*) echo "quickstart: --port-base must be a number from 1024 to 63532, got '$base'" >&2; exit 2 ;;
+esac
+if [ "${#base}" -gt 5 ] || [ "$base" -lt 1024 ] || [ "$base" -gt 63532 ]; then
+  echo "quickstart: --port-base must be a number from 1024 to 63532, got '$base'" >&2
+  exit 2
+fi
+# Node N's ports: RPC B+N, HTTP B+1000+N, proxy B+1100+N, Raft B+2000+N.
+rpcPort() { echo $((base + $1)); }
+httpPort() { echo $((base + 1000 + $1)); }
+proxyPort() { echo $((base + 1100 + $1)); }
+raftPort() { echo $((base + 2000 + $1)); }
 
 tools/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -84,12 +110,22 @@ for n in 1 2 3; do
 done
 [ "$fresh" = 1 ] && rm -rf "$dir"
 mkdir -p "$dir"
+# The nodes' data holds their Raft configuration, with the addresses of the run that made
+# it: another port base would leave each node looking for its peers at the old ports.
+made_with=$(cat "$dir/port-base" 2>/dev/null || echo 7000)
+if [ -d "$dir/node1" ] && [ "$made_with" != "$base" ]; then
+  echo "quickstart: the data in $dir was made with --port-base $made_with; run with" \
+       "--port-base $made_with, or pass --fresh to start over with $base" >&2
+  exit 2
+fi
+echo "$base" > "$dir/port-base"
+cluster="127.0.0.1:$(rpcPort 1),127.0.0.1:$(rpcPort 2),127.0.0.1:$(rpcPort 3)"
 
 if [ ! -f "$dir/env" ]; then
   token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   admin=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   {
-    echo "IDEM_CLUSTER=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
+    echo "IDEM_CLUSTER=$cluster"
     echo "IDEM_TOKEN=$token"
     echo "IDEM_ADMIN_TOKEN=$admin"
     echo "export IDEM_CLUSTER IDEM_TOKEN IDEM_ADMIN_TOKEN"
@@ -133,7 +169,8 @@ if [ "$tls" = 1 ]; then
   scheme=https
   curl_ca=" --cacert $dir/pki/ca.crt"
 fi
-grep -v '^IDEM_TLS\|^export IDEM_TLS' "$dir/env" > "$dir/env.tmp" || true
+grep -v '^IDEM_TLS\|^export IDEM_TLS' "$dir/env" |
+  sed "s/^IDEM_CLUSTER=.*/IDEM_CLUSTER=$cluster/" > "$dir/env.tmp" || true
 if [ "$tls" = 1 ]; then
   {
     echo "IDEM_TLS_CA=$pki/ca.crt"
@@ -150,20 +187,22 @@ unset IDEM_TLS_CA IDEM_TLS_CERT IDEM_TLS_KEY
 token_hash=$(printf %s "$IDEM_TOKEN" | sha256sum | cut -d' ' -f1)
 admin_hash=$(printf %s "$IDEM_ADMIN_TOKEN" | sha256sum | cut -d' ' -f1)
 
+bootstrap=
+for n in 1 2 3; do
+  bootstrap="$bootstrap
+    - {id: $n, raft_address: 127.0.0.1:$(raftPort $n), rpc_address: 127.0.0.1:$(rpcPort $n), http_address: 127.0.0.1:$(httpPort $n)}"
+done
 for n in 1 2 3; do
   cat > "$dir/node$n.yaml" <<YAML
 # Generated by tools/quickstart.sh; see tools/idemd.example.yaml for every field.
 node:
   id: $n
-  raft_address: 127.0.0.1:900$n
-  rpc_address: 127.0.0.1:700$n
-  http_address: 127.0.0.1:800$n
+  raft_address: 127.0.0.1:$(raftPort $n)
+  rpc_address: 127.0.0.1:$(rpcPort $n)
+  http_address: 127.0.0.1:$(httpPort $n)
   data_dir: $PWD/$dir/node$n
 cluster:
-  bootstrap:
-    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001, http_address: 127.0.0.1:8001}
-    - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: 127.0.0.1:7002, http_address: 127.0.0.1:8002}
-    - {id: 3, raft_address: 127.0.0.1:9003, rpc_address: 127.0.0.1:7003, http_address: 127.0.0.1:8003}
+  bootstrap:$bootstrap
 raft:
   secret_file: $PWD/$dir/raft.secret
 rpc:
@@ -179,7 +218,7 @@ YAML
   if [ -n "$upstream" ]; then
     cat >> "$dir/node$n.yaml" <<YAML
 proxy:
-  - address: 127.0.0.1:810$n
+  - address: 127.0.0.1:$(proxyPort $n)
     routes:
       - {methods: [POST, PUT, PATCH, DELETE], path_prefix: /, upstream: "$upstream", tenant: demo}
 YAML
@@ -235,18 +274,18 @@ Tenant "demo"; its token and the admin token are in $dir/env. Try:
 MSG
 if [ -n "$upstream" ]; then
   cat <<MSG
-Proxy mode: 127.0.0.1:8101-8103 forward to $upstream for tenant demo (any node):
-  curl -i$curl_ca -X POST $scheme://127.0.0.1:8101/orders -H 'Idempotency-Key: order-1' \\
-       -H 'Content-Type: application/json' -d '{"sku":"a"}'     # again on 8102: a replay
+Proxy mode: 127.0.0.1:$(proxyPort 1)-$(proxyPort 3) forward to $upstream for tenant demo (any node):
+  curl -i$curl_ca -X POST $scheme://127.0.0.1:$(proxyPort 1)/orders -H 'Idempotency-Key: order-1' \\
+       -H 'Content-Type: application/json' -d '{"sku":"a"}'     # again on $(proxyPort 2): a replay
 
 MSG
 fi
 if [ "$tls" = 1 ]; then
   cat <<MSG
-TLS: the RPC listeners (700N) and the Raft ports (900N) speak mutual TLS; $dir/env points
+TLS: the RPC listeners ($(rpcPort 1)-$(rpcPort 3)) and the Raft ports ($(raftPort 1)-$(raftPort 3)) speak mutual TLS; $dir/env points
 idemctl and idem-bench at $dir/pki (CA, client certificate and key). Followers forward to
-the leader over TLS too. HTTP is HTTPS (800N${upstream:+, 810N}):
-  curl --cacert $dir/pki/ca.crt https://127.0.0.1:8001/readyz
+the leader over TLS too. HTTP is HTTPS ($(httpPort 1)-$(httpPort 3)${upstream:+, $(proxyPort 1)-$(proxyPort 3)}):
+  curl --cacert $dir/pki/ca.crt https://127.0.0.1:$(httpPort 1)/readyz
 
 MSG
 fi

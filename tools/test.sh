@@ -13,7 +13,7 @@
 #   tests: N passed, N failed, N skipped
 # A skip is a test that could not run here (no root or /dev/fuse, /tmp not on ext4, no clang
 # for the fuzz targets). Under CI (CI=true) any skip fails the run: CI's machine is root with
-# /dev/fuse, ext4 and clang (tools/setup.sh installs the packages), so every test can run
+# /dev/fuse, ext4 and clang (tools/setup.sh --test installs the packages), so every test can run
 # there. Outside CI skips are allowed, and listed.
 # Benchmarks (label `bench`) are programs, not tests: run them with
 #   ctest --test-dir build -L bench --verbose   or   build/bin/fsm-bench
@@ -99,7 +99,7 @@ if rc != 0:
           ": a step other than a test failed, see above; later stages did not run"))
 if skipped and ci:
     print("test.sh: FAILED: %d test(s) skipped under CI; CI's machine (root, /dev/fuse, ext4,"
-          " clang; tools/setup.sh installs the packages) can run every test, so a skip there"
+          " clang; tools/setup.sh --test installs the packages) can run every test, so a skip there"
           " means a missing prerequisite" % len(skipped))
     status = 1
 print("tests: %d passed, %d failed, %d skipped" % (passed, failed, len(skipped)))
@@ -112,7 +112,7 @@ PY
 }
 trap summary EXIT
 
-tools/setup.sh
+tools/setup.sh --test
 
 jobs=$(nproc)
 # run_ctest STAGE DIR CTEST_ARGS...: ctest in DIR, its results recorded for the summary.
@@ -149,7 +149,7 @@ if command -v clang >/dev/null; then
   run_ctest clang build-clang -L 'unit|fuzz'
 else
   echo "test.sh: no clang: the clang build and its fuzz targets are skipped"
-  left_out+=("clang=no clang on PATH (tools/setup.sh installs it)")
+  left_out+=("clang=no clang on PATH (tools/setup.sh --test installs it)")
 fi
 
 echo "== release build (-O3; built, not run: its warnings are errors too)"

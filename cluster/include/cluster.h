@@ -338,6 +338,18 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data);
 int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter,
                     uint32_t account);
 
+/* With tls.raft: reads the certificate, key and CA files again (borrowed for the call) for
+ * the Raft connections made from now on; those that run keep their TLS sessions. CLUSTER_OK
+ * (also without tls.raft: nothing to do), or CLUSTER_EINVAL with the reason in err (errlen
+ * bytes; "tls: cert_file /path: <OpenSSL's reason>", ...) and nothing changed. */
+int cluster_tls_reload(struct cluster *c, const char *cert_file, const char *key_file,
+                       const char *ca_file, char *err, size_t errlen);
+
+/* Grows the accounts to n (cfg.n_accounts; never fewer): the new ones start with nothing
+ * pending, the others keep their charges and queues. idemd gives a tenant added by a
+ * configuration reload an account of its own. */
+void cluster_add_accounts(struct cluster *c, uint32_t n);
+
 /* An account's commands pending now (as max_pending_bytes counts them), those of them held
  * back (max_account_inflight_bytes) and its proposals refused with CLUSTER_ESHARE so far
  * (OUT, any may be NULL). 0 for an account out of range. */

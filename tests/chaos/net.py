@@ -14,7 +14,7 @@ traffic flows only between the suite's own namespaces, whose names carry the run
 (`idemch<PID>-hub`, `idemch<PID>-n<i>`), so that runs side by side never meet and a sweep
 can tell the namespaces of a dead run (sweep_stale) from those of a live one.
 
-Needs root, ip(8) and nft(8) (tools/setup.sh installs nftables).
+Needs root, ip(8) and nft(8) (tools/setup.sh --test installs nftables).
 """
 import ctypes
 import os
@@ -38,7 +38,7 @@ def missing_prerequisite():
         return "needs root (network namespaces)"
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
-            return "no %s (tools/setup.sh installs it)" % tool
+            return "no %s (tools/setup.sh --test installs it)" % tool
     return None
 
 

@@ -8,6 +8,7 @@ Run: IDEM_BIN_DIR=build/bin IDEM_BUILD_DIR=build python3 -m unittest -v test_cli
 """
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -764,10 +765,13 @@ class TestClientInstall(ClientTest):
                        stdout=subprocess.DEVNULL)
         inc = os.path.join(self.prefix, "include")
         self.assertEqual(sorted(os.listdir(inc)), ["idem.h"])
-        libdir = os.path.join(self.prefix, "lib")
+        # CMAKE_INSTALL_LIBDIR: lib, or lib/<multiarch> in a build configured for /usr.
+        with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+            libdir = os.path.join(self.prefix, re.search(r"(?m)^CMAKE_INSTALL_LIBDIR:\w+=(.*)$",
+                                                         f.read()).group(1))
         libs = sorted(os.listdir(libdir))
         self.assertIn("libidem.a", libs)
-        self.assertIn("libidem.so.0", libs)
+        self.assertIn("libidem.so.1", libs)
         self.assertIn("libidem.so", libs)
         env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(libdir, "pkgconfig"))
         flags = subprocess.run(["pkg-config", "--cflags", "--libs", "idem"], env=env, check=True,
@@ -792,7 +796,7 @@ class TestClientInstall(ClientTest):
         self.assertNotIn("libidem", needed)
         needed = subprocess.run(["readelf", "-d", shared], stdout=subprocess.PIPE,
                                 check=True).stdout.decode()
-        self.assertIn("libidem.so.0", needed)
+        self.assertIn("[libidem.so.1]", needed)
 
         run_env = dict(os.environ, LD_LIBRARY_PATH=libdir, IDEM_CLUSTER=self.seeds(),
                        IDEM_TOKEN=self.c.token)

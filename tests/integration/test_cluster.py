@@ -134,7 +134,7 @@ class TestServe(ClusterTest):
 
     def test_wrong_token_is_refused(self):
         rc, out = self.c.ctl("claim", "k1", "--fingerprint", fp(1), token="not-a-token")
-        self.assertEqual(rc, 0)
+        self.assertEqual(rc, 4)  # idemctl: a refused token is a credential error
         self.assertEqual(out["outcome"], "unauthenticated")
         rc, out = self.c.ctl("get", "k1")
         self.assertEqual(out["outcome"], "not_found")

@@ -23,8 +23,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (ClusterTestCase, IDEMCTL, Cluster, Node, fp, free_port,  # noqa: E402
-                     http_request, recv_exact, wait_for)
+from harness import (ClusterTestCase, IDEMCTL, IDEMD, Cluster, Node, fp,  # noqa: E402
+                     free_port, http_request, recv_exact, wait_for)
 from test_cluster import _field, _fields, _frame, _read_frame, _uvarint  # noqa: E402
 
 ACQ = "acquired"
@@ -230,15 +230,15 @@ class TestIdemctlStatus(CtlTest):
         self.assertIn("send it again with --attempt mine-1 to get its lease back", err)
 
     def test_refused_token(self):
-        # Refused by every node: a credential error (exit 2) that says so, not "no quorum".
+        # Refused by every node: a credential error (exit 4) that says so, not "no quorum".
         for token, outcome in (("not-a-token", "unauthenticated"), (self.c.token, "forbidden")):
             rc, text, err = self.human("status", admin=token)
-            self.assertEqual((rc, text), (2, ""), err)
+            self.assertEqual((rc, text), (4, ""), err)
             self.assertIn("status: the admin token was refused by every node (%s)" % outcome,
                           err)
             rc, st = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", token,
                                    "status"])
-            self.assertEqual(rc, 2, st)
+            self.assertEqual(rc, 4, st)
             self.assertEqual(st["outcome"], outcome, st)
             self.assertIn("refused by every node", st["error"])
             self.assertNotIn("quorum", st)
@@ -1269,16 +1269,17 @@ class TestIdemctlKeys(CtlTest):
                      ["transfer"], ["snapshot"]):
             rc, out = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", self.c.token]
                                    + args)
-            self.assertEqual(rc, 0, (args, out))
+            # An answer that refused the token: exit 4 (a credential error, for scripts).
+            self.assertEqual(rc, 4, (args, out))
             self.assertEqual(out["outcome"], "forbidden", (args, out))
             self.assertNotIn("records", out)
         rc, out = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", "not-a-token",
                                 "key", "get", "alpha", "guarded"])
-        self.assertEqual((rc, out["outcome"]), (0, "unauthenticated"))
-        # status: every node refuses, a credential error (exit 2, test_refused_token).
+        self.assertEqual((rc, out["outcome"]), (4, "unauthenticated"))
+        # status: every node refuses, a credential error (exit 4, test_refused_token).
         rc, st = run_ctl_json(["--cluster", self.c.addrs(), "--admin-token", self.c.token,
                                "status"])
-        self.assertEqual((rc, st["outcome"]), (2, "forbidden"), st)
+        self.assertEqual((rc, st["outcome"]), (4, "forbidden"), st)
         self.assertEqual({n["role"] for n in st["nodes"]}, {"refused"})
         # Nothing changed: the same state everywhere, still quarantined, still 3 members.
         st = self.c.wait_converged(3)
@@ -1315,7 +1316,7 @@ class TestIdemctlKeys(CtlTest):
         # Flags win over the environment.
         rc, text, err = run_ctl(["--admin-token", self.c.token, "--json", "key", "get", "alpha",
                                  "env-key"], env=env)
-        self.assertEqual(json.loads(text)["outcome"], "forbidden")
+        self.assertEqual((rc, json.loads(text)["outcome"]), (4, "forbidden"))
 
     def test_bench_alias(self):
         rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token", self.c.token, "bench",
@@ -1370,6 +1371,212 @@ OUTCOME_OK, OUTCOME_UNAVAILABLE, OUTCOME_NOT_LEADER = 8, 13, 14
 
 def _u(num, v):
     return _uvarint(num << 3) + _uvarint(v)
+
+
+class TestIdemctlHealth(CtlTest):
+    """Scripting and health: status --check and its exit status, exit 4 for a refused (or
+    missing) token while business outcomes stay 0, version, -o json, /livez."""
+
+    def check(self, *extra, ids=None, admin=None):
+        """idemctl status --check ...; returns (rc, the --json object, stderr)."""
+        a = ["--cluster", self.c.addrs(ids if ids is not None else sorted(self.c.nodes)),
+             "--admin-token", admin or self.c.admin, "--json", "status", "--check"]
+        rc, text, err = run_ctl(a + list(extra))
+        return rc, json.loads(text), err
+
+    def test_check_healthy_then_a_node_down_then_no_quorum(self):
+        rc, st, err = self.check()
+        self.assertEqual(rc, 0, (st, err))
+        self.assertEqual(st["check"], {"ok": True, "max_lag_entries": 1000, "max_lag_ms": 5000,
+                                       "failed": []})
+        self.assertNotIn("check failed", err)
+        rc, text, err = self.human("status", "--check", ids=sorted(self.c.nodes))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(text.splitlines()[-1], "check: ok", text)
+        # Without --check, no "check" (and the same exit status as before).
+        self.assertNotIn("check", self.status())
+        # One voter down: exit 5, and the failed check names it (the cluster still serves).
+        lid = self.c.leader()
+        victim = [n for n in sorted(self.c.nodes) if n != lid][0]
+        self.c.kill(victim)
+        rc, st, err = self.check()
+        self.assertEqual(rc, 5, (st, err))
+        self.assertFalse(st["check"]["ok"], st)
+        name = "voter %d (%s) is unreachable" % (victim, self.c.nodes[victim].rpc)
+        self.assertEqual(len(st["check"]["failed"]), 1, st["check"])
+        self.assertTrue(st["check"]["failed"][0].startswith(name), st["check"])
+        self.assertIn("idemctl: status --check failed: " + name, err)
+        self.assertTrue(st["quorum"], st)
+        # Given only the survivors, the down voter is still found (through the configuration).
+        rc, st, err = self.check(ids=[n for n in sorted(self.c.nodes) if n != victim])
+        self.assertEqual(rc, 5, (st, err))
+        self.assertIn(name, err)
+        rc, text, err = self.human("status", "--check", ids=sorted(self.c.nodes))
+        self.assertEqual(rc, 5, err)
+        self.assertEqual(text.splitlines()[-1], "check: failed", text)
+        self.assertIn(name, err)
+        # Plain status still exits 0: a node answered.
+        self.assertEqual(self.human("status")[0], 0)
+        # A second voter down: no quorum, and (once the survivor gives up its leader) no
+        # leader either.
+        self.c.kill([n for n in sorted(self.c.nodes) if n not in (victim, lid)][0])
+        rc, st, err = self.check()
+        self.assertEqual(rc, 5, (st, err))
+        self.assertIn("idemctl: status --check failed: no quorum: 1 of 3 voters reachable", err)
+        wait_for(lambda: "no leader" in self.check()[2], 15, "the check to say: no leader")
+        # Nothing reachable at all: 3, as status without --check.
+        self.c.kill(lid)
+        rc, text, err = self.human("status", "--check", ids=sorted(self.c.nodes), deadline=500)
+        self.assertEqual(rc, 3, (text, err))
+
+    def test_check_refused_token_exits_4(self):
+        for token in ("not-a-token", self.c.token):
+            rc, st, err = self.check(admin=token)
+            self.assertEqual(rc, 4, (st, err))
+            self.assertIn(st["outcome"], ("unauthenticated", "forbidden"))
+
+    def test_refusals_exit_4_answers_exit_0(self):
+        # Business outcomes are answers: exit 0.
+        a = self.claim("biz", n=1)
+        self.assertEqual(a["outcome"], ACQ)
+        rc, out = self.c.ctl("claim", "biz", "--fingerprint", fp(1))
+        self.assertEqual((rc, out["outcome"]), (0, "in_progress"), out)
+        self.ok("complete", "biz", "--token", a["token"], "--status", 201)
+        rc, out = self.c.ctl("claim", "biz", "--fingerprint", fp(1))
+        self.assertEqual((rc, out["outcome"]), (0, "replay"), out)
+        rc, out = self.c.ctl("claim", "biz", "--fingerprint", fp(2))
+        self.assertEqual((rc, out["outcome"]), (0, "mismatch"), out)
+        rc, text, err = self.human("claim", "biz", "--fingerprint", fp(2))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("outcome: mismatch", text)
+        rc, out = self.c.ctl("key", "get", "alpha", "nothing-here")
+        self.assertEqual((rc, out["outcome"]), (0, "not_found"), out)
+        # A bad tenant token: 4, with or without --json, and stderr says it.
+        rc, out = self.c.ctl("claim", "biz", "--fingerprint", fp(1), token="not-a-token")
+        self.assertEqual((rc, out["outcome"]), (4, "unauthenticated"), out)
+        rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--token", "not-a-token", "get",
+                                 "biz"])
+        self.assertEqual(rc, 4, (text, err))
+        self.assertIn("outcome: unauthenticated", text)
+        self.assertIn("idemctl: get: the bearer token was refused (unauthenticated)", err)
+        # The admin token on a data command, a tenant's or an unknown one on admin commands.
+        rc, out = self.c.ctl("get", "biz", token=self.c.admin)
+        self.assertEqual((rc, out["outcome"]), (4, "forbidden"), out)
+        for admin, outcome in ((self.c.token, "forbidden"), ("not-a-token", "unauthenticated")):
+            for args in (["key", "get", "alpha", "biz"], ["members", "list"], ["version"]):
+                rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--admin-token", admin]
+                                        + args)
+                self.assertEqual(rc, 4, (args, text, err))
+        # No token at all: 4 too (nothing sent).
+        rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--json", "get", "biz"])
+        self.assertEqual(rc, 4, (text, err))
+        self.assertEqual(json.loads(text)["outcome"], "unauthenticated")
+        self.assertIn("needs a bearer token", err)
+
+    def test_version(self):
+        p = subprocess.run([IDEMD, "--version"], stdout=subprocess.PIPE, timeout=30)
+        idemd_version = p.stdout.decode().split()[-1]
+        rc, text, err = run_ctl(["--version"])
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(text.startswith("idemctl "), text)
+        client = text.split()[-1]
+        self.assertRegex(client, r"^\d+\.\d+\.\d+")
+        self.assertEqual(client, idemd_version)  # one project, one version
+        out = self.ok("version")
+        self.assertEqual(out["client"], client)
+        self.assertEqual([(n["id"], n["rpc_address"], n["version"]) for n in out["nodes"]],
+                         [(i, self.c.nodes[i].rpc, idemd_version) for i in sorted(self.c.nodes)])
+        rc, text, err = self.human("version")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(text.splitlines(),
+                         ["client: %s" % client] +
+                         ["node %d (%s): %s" % (i, self.c.nodes[i].rpc, idemd_version)
+                          for i in sorted(self.c.nodes)])
+        # --client: no cluster, no token needed.
+        rc, text, err = run_ctl(["--json", "version", "--client"])
+        self.assertEqual((rc, json.loads(text)), (0, {"client": client}), err)
+        # A node down: its error instead of its version; still 0.
+        self.c.kill(3)
+        rc, out = self.c.ctl("version", ids=sorted(self.c.nodes))
+        self.assertEqual(rc, 0, out)
+        down = [n for n in out["nodes"] if n["id"] == 3][0]
+        self.assertIsNone(down["version"], down)
+        self.assertIn("error", down)
+
+    def test_output_option(self):
+        base = ["--cluster", self.c.addrs(), "--admin-token", self.c.admin]
+        rc, want, err = run_ctl(base + ["--json", "members", "list"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(want)["outcome"], "ok")
+        for args in (["-o", "json", "members", "list"], ["-o=json", "members", "list"],
+                     ["members", "list", "-o", "json"], ["-o", "text", "members", "-o", "json"]):
+            self.assertEqual(run_ctl(base + args)[:2], (0, want), args)
+        rc, human, err = run_ctl(base + ["members", "list"])
+        self.assertEqual(rc, 0, err)
+        for args in (["-o", "text", "members", "list"], ["--json", "members", "-o", "text"]):
+            self.assertEqual(run_ctl(base + args)[:2], (0, human), args)
+        self.assertNotEqual(human, want)
+        # A usage error after -o json is one JSON object, as with --json.
+        rc, text, err = run_ctl(base + ["-o", "json", "status", "--bogus"])
+        self.assertEqual((rc, json.loads(text)["outcome"]), (2, "usage"), err)
+        rc, text, err = run_ctl(base + ["-o", "yaml", "status"])
+        self.assertEqual((rc, text), (2, ""), err)
+        self.assertIn("-o: expected json or text", err)
+
+    def test_livez_without_quorum(self):
+        for node in self.c.nodes.values():
+            r = http_request(node.http, "GET", "/livez", timeout=5)
+            self.assertEqual((r[0], r[2]), (200, {"status": "ok"}), r)
+        self.assertEqual(http_request(self.c.nodes[1].http, "POST", "/livez", timeout=5)[0], 405)
+        for nid in (2, 3):
+            self.c.kill(nid)
+        survivor = self.c.nodes[1].http
+        wait_for(lambda: http_request(survivor, "GET", "/readyz", timeout=5)[0] == 503, 30,
+                 "/readyz 503 without a quorum")
+        r = http_request(survivor, "GET", "/livez", timeout=5)
+        self.assertEqual((r[0], r[2]), (200, {"status": "ok"}), r)
+
+
+class TestIdemctlHealthLag(CtlTest):
+    # As TestIdemctlLag: a slow heartbeat, so that right after a claim the followers trail
+    # the leader's applied index by an entry, for up to a second.
+    cluster_opts = dict(heartbeat_ms=1000, election_ms=5000)
+
+    def trailing_check(self, *extra):
+        """status --check with `extra` right after claims, until a follower trails the
+        leader (lag > 0 in the same status); returns (rc, status, stderr)."""
+        for i in range(20):
+            self.claim("hl-%d-%d" % (i, time.monotonic_ns()))
+            rc, text, err = run_ctl(["--cluster", self.c.addrs(), "--admin-token",
+                                     self.c.admin, "--json", "status", "--check"]
+                                    + list(extra))
+            st = json.loads(text)
+            if any(n.get("lag") for n in st["nodes"]):
+                return rc, st, err
+        self.fail("no follower seen behind the leader in 20 tries")
+
+    def test_lag_in_entries(self):
+        rc, st, err = self.trailing_check("--max-lag-entries", "0")
+        self.assertEqual(rc, 5, (st, err))
+        failed = [f for f in st["check"]["failed"] if " lags: applied index " in f]
+        self.assertTrue(failed, st["check"])
+        self.assertIn("(more than --max-lag-entries 0)", failed[0])
+        self.assertIn("idemctl: status --check failed: " + failed[0], err)
+
+    def test_lag_in_time(self):
+        # 1 ms: a follower that trails cannot catch up that fast (the next heartbeat is up
+        # to a second away).
+        rc, st, err = self.trailing_check("--max-lag-ms", "1")
+        self.assertEqual(rc, 5, (st, err))
+        failed = [f for f in st["check"]["failed"] if "within --max-lag-ms 1" in f]
+        self.assertTrue(failed, st["check"])
+        self.assertRegex(failed[0], r"^voter \d+ \(127\.0\.0\.1:\d+\) lags: it has not applied "
+                                    r"index \d+, the leader's, within --max-lag-ms 1")
+        # The default, 5000 ms: the follower applies the leader's index with the next
+        # heartbeat, and the check passes (after waiting for it).
+        rc, st, err = self.trailing_check()
+        self.assertEqual(rc, 0, (st, err))
+        self.assertTrue(st["check"]["ok"], st)
 
 
 class FakeCluster:
@@ -1551,7 +1758,7 @@ HELP_COMMANDS = [
     ["status"], ["members"], ["members", "list"], ["members", "add"], ["members", "promote"],
     ["members", "remove"], ["transfer"], ["snapshot"], ["key"], ["key", "get"],
     ["key", "resolve"], ["key", "purge"], ["quarantine"], ["quarantine", "list"], ["resolve"],
-    ["claim"], ["complete"], ["release"], ["renew"], ["get"],
+    ["claim"], ["complete"], ["release"], ["renew"], ["get"], ["version"],
 ]
 
 
@@ -1565,7 +1772,7 @@ class TestIdemctlUsage(unittest.TestCase):
         for word in ("Exit status", "IDEM_CLUSTER", "IDEM_TOKEN", "IDEM_ADMIN_TOKEN",
                      "key purge", "quarantine list", "bench"):
             self.assertIn(word, text)
-        for code in ("0  ", "1  ", "2  ", "3  "):
+        for code in ("0  ", "1  ", "2  ", "3  ", "4  ", "5  "):
             self.assertIn("\n  " + code, text)
         for cmd in HELP_COMMANDS:
             for flag in ("--help", "-h"):
@@ -1613,6 +1820,12 @@ class TestIdemctlUsage(unittest.TestCase):
             ["quarantine", "nope"], ["quarantine", "list", "--limit", "0"],
             ["quarantine", "list", "--limit", "1001"], ["quarantine", "list", "--limit"],
             ["quarantine", "list", "--tenant", ""], ["status", "--max-lag", "x"],
+            ["status", "--max-lag-entries", "x"], ["status", "--max-lag", "1",
+                                                   "--max-lag-entries", "1"],
+            ["status", "--max-lag-ms", "100"], ["status", "--check", "--max-lag-ms", "0"],
+            ["status", "--check", "--max-lag-ms", "600001"], ["status", "--check=1"],
+            ["version", "extra"], ["version", "--bogus"], ["-o", "yaml", "status"],
+            ["status", "-o"],
             ["status", "extra"], ["members", "frob"], ["transfer", "x"],
             ["resolve", "k", "--release"], ["resolve", "k", "--tenant", "t" * 129, "--release"],
         ]
@@ -1621,11 +1834,14 @@ class TestIdemctlUsage(unittest.TestCase):
             self.assertEqual(rc, 2, (args, text, err))
             self.assertIn("idemctl:", err, args)
             self.assertEqual(text, "", args)
-        # Without a cluster or an admin token.
+        # Without a cluster: 2. Without the admin token: 4, a credential error (nothing sent).
         self.assertEqual(run_ctl(["--admin-token", "a", "key", "get", "alpha", "k"])[0], 2)
         rc, text, err = run_ctl(["--cluster", "127.0.0.1:1", "--token", "t", "quarantine", "list"])
-        self.assertEqual(rc, 2)
+        self.assertEqual((rc, text), (4, ""), err)
         self.assertIn("admin token", err)
+        rc, text, err = run_ctl(["--cluster", "127.0.0.1:1", "--admin-token", "a", "get", "k"])
+        self.assertEqual((rc, text), (4, ""), err)
+        self.assertIn("needs a bearer token", err)
 
     def test_nothing_reachable_exits_3(self):
         c = ["--cluster", "127.0.0.1:1", "--admin-token", "a", "--deadline", "300"]
@@ -1750,7 +1966,7 @@ class TestIdemctlUsage(unittest.TestCase):
             c + ["--json", "nope"], c + ["--json"], ["--json", "--token", "t", "get", "k"],
             c + ["--json", "quarantine", "list", "--limit", "0"],
             c + ["--json", "transfer", "0"],
-            ["--cluster", "127.0.0.1:1", "--json", "status"],  # no admin token
+            c + ["-o", "json", "transfer", "0"], c + ["transfer", "0", "-o=json"],
             ["--cluster", "127.0.0.1:1", "--json", "--tls-cert", "x.pem", "status"],
         ]
         for args in cases:
@@ -1762,6 +1978,12 @@ class TestIdemctlUsage(unittest.TestCase):
             self.assertEqual(out["outcome"], "usage", (args, out))
             # The same words as stderr's first line.
             self.assertEqual("idemctl: " + out["error"], err.splitlines()[0], args)
+        # No admin token: exit 4 (a credential error), one object too, with stderr's words.
+        rc, text, err = run_ctl(["--cluster", "127.0.0.1:1", "--json", "status"])
+        self.assertEqual(rc, 4, (text, err))
+        out = json.loads(text)
+        self.assertEqual(out["outcome"], "unauthenticated", out)
+        self.assertEqual("idemctl: " + out["error"], err.splitlines()[0])
         # A TLS file that cannot be loaded: a configuration error, one object too.
         rc, text, err = run_ctl(c + ["--json", "--tls-ca", "/nonexistent/ca.pem", "status"])
         self.assertEqual(rc, 2, err)

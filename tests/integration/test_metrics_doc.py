@@ -233,8 +233,8 @@ class TestMetricsDoc(ClusterTestCase):
                        headers={"Idempotency-Key": k})
         self.assertEqual(r[0], 404, r)
         # The rest of the gateway's routes; /metrics is counted once answered.
-        for path, status in (("/healthz", 200), ("/readyz", 200), ("/metrics", 200),
-                             ("/no-such-route", 404)):
+        for path, status in (("/healthz", 200), ("/livez", 200), ("/readyz", 200),
+                             ("/metrics", 200), ("/no-such-route", 404)):
             self.assertEqual(self._call(addr, "GET", path)[0], status, path)
         # The binary RPC (transport="rpc").
         k = "metrics-doc-rpc-%s" % secrets.token_hex(6)

@@ -11,7 +11,7 @@ instead of holding the whole cluster; it then answers nothing until its disk doe
 stores the new term with an fsync on the loop).
 
 Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
-mkfs.ext4 (tools/setup.sh installs the packages); without them the test is skipped, and
+mkfs.ext4 (tools/setup.sh --test installs the packages); without them the test is skipped, and
 ctest reports it skipped (tests/CMakeLists.txt: SKIP_REGULAR_EXPRESSION). A run killed
 before its close (SIGKILL, ctest's timeout) leaves its disk mounted and attached: the next
 HeldDisk undoes that (sweep_stale_disks; TestStalledDiskSweep shows it).

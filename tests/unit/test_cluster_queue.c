@@ -192,12 +192,45 @@ static void test_failed_while_a_callback_proposes_again(void **state)
     assert_int_equal(inflight(0), 0);
 }
 
+/* Accounts added (a tenant new to a reloaded configuration): the held-back commands of the
+ * accounts there were stay queued in order with their charges (their queues moved to the
+ * new arrays), and the new account takes commands and is held back by its own bound. */
+static void test_accounts_added(void **state)
+{
+    (void)state;
+    for (uintptr_t w = 1; w <= 4; w++) {
+        propose1(0, w); /* 3 and 4 held back (the last queue's tail pointer is moved too) */
+    }
+    cluster_add_accounts(C, 1); /* never fewer */
+    assert_int_equal(C->cfg.n_accounts, 2);
+    cluster_add_accounts(C, 5);
+    assert_int_equal(C->cfg.n_accounts, 5);
+    assert_int_equal(C->acct_pending[0], 4 * COST);
+    assert_int_equal(C->queues[0].bytes, 2 * COST);
+    propose1(0, 5); /* appended behind 4 through the moved queue */
+    struct queued *q = STAILQ_FIRST(&C->queues[0].held);
+    for (uintptr_t w = 3; w <= 5; w++, q = STAILQ_NEXT(q, link)) {
+        assert_non_null(q);
+        assert_ptr_equal(q->waiter, (void *)w);
+    }
+    assert_null(q);
+    for (uintptr_t w = 41; w <= 43; w++) {
+        propose1(4, w);
+    }
+    assert_int_equal(C->acct_pending[4], 3 * COST);
+    assert_int_equal(C->queues[4].bytes, COST); /* its third waits for its own room */
+    uint64_t pending = 0;
+    cluster_account_stats(C, 4, &pending, NULL, NULL);
+    assert_int_equal(pending, 3 * COST);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_held_back_in_order_and_taken_in_turn, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_while_a_callback_proposes_again, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_accounts_added, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

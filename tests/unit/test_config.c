@@ -1667,6 +1667,45 @@ static void test_raft_secret(void **state)
     assert_int_equal(remove(path), 0);
 }
 
+/* log: level and format, their defaults, and the names refused. */
+static void test_log_section(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(MINIMAL, &c);
+    assert_int_equal(c.log.level, LOG_LEVEL_INFO);
+    assert_int_equal(c.log.format, LOG_FORMAT_TEXT);
+    config_free(&c);
+    parseOk(MINIMAL "log:\n  level: debug\n  format: json\n", &c);
+    assert_int_equal(c.log.level, LOG_LEVEL_DEBUG);
+    assert_int_equal(c.log.format, LOG_FORMAT_JSON);
+    config_free(&c);
+    parseOk(MINIMAL "log:\n  level: error\n", &c);
+    assert_int_equal(c.log.level, LOG_LEVEL_ERROR);
+    assert_int_equal(c.log.format, LOG_FORMAT_TEXT);
+    config_free(&c);
+    parseOk(MINIMAL "log:\n  level: warn\n  format: text\n", &c);
+    assert_int_equal(c.log.level, LOG_LEVEL_WARN);
+    config_free(&c);
+    static const struct {
+        const char *text, *err;
+    } bad[] = {
+        {MINIMAL "log:\n  level: verbose\n",
+         "x.yaml:12:10: log.level: expected debug, info, warn or error, got \"verbose\""},
+        {MINIMAL "log:\n  format: xml\n",
+         "x.yaml:12:11: log.format: expected text or json, got \"xml\""},
+        {MINIMAL "log:\n  level: [info]\n",
+         "x.yaml:12:10: log.level: expected a string, got a list"},
+        {MINIMAL "log:\n  colour: true\n", "x.yaml:12:3: unknown key \"colour\" in log"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[512];
+        assert_int_equal(parseStr(bad[i].text, &c, err, sizeof err), -1);
+        assert_string_equal(err, bad[i].err);
+        config_free(&c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1685,6 +1724,7 @@ int main(void)
         cmocka_unit_test(test_cluster_secret),
         cmocka_unit_test(test_cluster_secret_transport),
         cmocka_unit_test(test_raft_secret),
+        cmocka_unit_test(test_log_section),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

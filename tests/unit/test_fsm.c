@@ -620,6 +620,14 @@ static void test_quotas(void **state)
     uint64_t ta = h.r.token;
     assert_int_equal(th_claim(&h, 0, "b", 1, &lim), ACQ);
     assert_int_equal(th_claim(&h, 0, "c", 1, &lim), QUOTA);
+    /* What /metrics shows of each tenant (idem_tenant_records, idem_tenant_bytes). */
+    uint64_t rec, by;
+    fsm_tenant_usage(h.f, "t1", &rec, &by);
+    assert_int_equal(rec, 2);
+    assert_int_equal(by, 2 * (1 + 32));
+    fsm_tenant_usage(h.f, "nobody", &rec, &by);
+    assert_int_equal(rec, 0);
+    assert_int_equal(by, 0);
     /* Live records are never evicted, and existing keys still answer. */
     assert_int_equal(th_claim(&h, 10, "a", 1, &lim), INPROG);
     assert_int_equal(th_get(&h, 10, "t1", "c"), NOTFOUND);
@@ -647,6 +655,11 @@ static void test_quotas(void **state)
     assert_int_equal(th_complete(&h, 33, "t3", "x", tx, SUCCEEDED, 0, NULL, bytes.max_bytes),
                      INVALID); /* a final outcome needs a response */
     assert_int_equal(th_release(&h, 34, "t3", "x", tx), OK);
+    fsm_tenant_usage(h.f, "t3", &rec, &by); /* a released marker counts for nothing */
+    assert_int_equal(rec, 1);
+    assert_int_equal(by, 1 + 32);
+    fsm_tenant_usage(h.f, "t1", &rec, &by);
+    assert_int_equal(rec, 2);
     th_close(&h);
 }
 

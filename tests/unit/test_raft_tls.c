@@ -608,6 +608,38 @@ static void test_bad_files(void **state)
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* raft_tls_reload: a listener that trusts another CA takes the test CA after a reload (its
+ * next connection verifies against it), a reload with a file missing changes nothing, and
+ * a connection made before a reload goes on with its session. */
+static void test_reload(void **state)
+{
+    (void)state;
+    struct fx x;
+    setupFx(&x, pki.paths[PKI_SRV_CRT], pki.paths[PKI_OTHER_CA], pki.paths[PKI_CA_CRT]);
+    char err[256];
+    struct raft_tls_files files = {pki.paths[PKI_SRV_CRT], pki.paths[PKI_SRV_KEY],
+                                   "/nonexistent/ca.crt"};
+    assert_int_equal(raft_tls_reload(x.srv, &files, err, sizeof err), -1);
+    assert_non_null(strstr(err, "tls: ca_file /nonexistent/ca.crt"));
+    files.ca_file = pki.paths[PKI_CA_CRT];
+    assert_int_equal(raft_tls_reload(x.srv, &files, err, sizeof err), 0);
+    connectAndHandshake(&x);
+    /* back to the other CA: new connections would be refused, this one goes on */
+    files.ca_file = pki.paths[PKI_OTHER_CA];
+    assert_int_equal(raft_tls_reload(x.srv, &files, err, sizeof err), 0);
+    size_t n = 4096;
+    uint8_t *a = pattern(n, 3);
+    struct wr wa = {0};
+    uv_buf_t ba = uv_buf_init((char *)a, (unsigned)n);
+    assert_int_equal(uv_write(&wa.req, x.cp.s, &ba, 1, wrCb), 0);
+    wantLen = n;
+    assert_true(runUntil(&x, srvGotAll, 5000));
+    assert_memory_equal(x.sp.got, a, n);
+    assert_int_equal(x.fails_srv + x.fails_cli, 0);
+    free(a);
+    teardownFx(&x);
+}
+
 static int setupPki(void **state)
 {
     (void)state;
@@ -633,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_silent_listener_times_out),
         cmocka_unit_test(test_close_waits_for_pumps),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_reload),
     };
     return cmocka_run_group_tests(tests, setupPki, teardownPki);
 }

@@ -1,14 +1,17 @@
-# bash completion for idemctl (commands, subcommands, flags and the values of a few flags).
+# bash completion for idemctl (commands, subcommands, flags and the values of a few flags:
+# --policy, --outcome, -o, bench's --workload).
 # Install: copy to /usr/share/bash-completion/completions/idemctl (cmake --install does), or
 # `source tools/completion/idemctl.bash` in a shell. docs/idemctl.md is the manual.
 
 _idemctl_flags_of() {
     # The flags of one command word (and its subcommand), --json --deadline --help included.
-    local cmd=$1 sub=$2 common="--json --deadline --help"
+    local cmd=$1 sub=$2 common="--json -o --deadline --help"
     case "$cmd" in
-        status) echo "--digest --max-lag $common" ;;
+        status) echo "--digest --max-lag --max-lag-entries --max-lag-ms --check $common" ;;
+        version) echo "--client $common" ;;
         members|transfer) echo "$common" ;;
         snapshot) echo "--node $common" ;;
+        reload) echo "--node --all $common" ;;
         key)
             case "$sub" in
                 get) echo "--reveal $common" ;;
@@ -113,6 +116,7 @@ _idemctl_value() {
     case "$1" in
         --policy) COMPREPLY=($(compgen -W "conflict takeover" -- "$2")) ;;
         --outcome) COMPREPLY=($(compgen -W "succeeded failed_final unknown" -- "$2")) ;;
+        -o) COMPREPLY=($(compgen -W "json text" -- "$2")) ;;
         --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete mixed contention" \
                                  -- "$2")) ;;
         --tls-ca|--tls-cert|--tls-key)
@@ -120,9 +124,10 @@ _idemctl_value() {
             # directory and quotes what needs it (outside a completion, compopt just fails).
             mapfile -t COMPREPLY < <(compgen -f -- "$2")
             compopt -o filenames 2>/dev/null ;;
-        --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
-        --status|--body|--fingerprint|--attempt|--lease|--ttl|--concurrency|--duration|\
-        --requests|--rate|--connections|--keys|--timeline|--tls-server-name) ;;
+        --cluster|--token|--admin-token|--deadline|--max-lag|--max-lag-entries|--max-lag-ms|\
+        --node|--tenant|--limit|--status|--body|--fingerprint|--attempt|--lease|--ttl|\
+        --concurrency|--duration|--requests|--rate|--connections|--keys|--timeline|\
+        --tls-server-name) ;;
         *) return 1 ;;
     esac
     return 0
@@ -132,9 +137,9 @@ _idemctl_complete() {
     # Sets COMPREPLY, the completions of cur (the whole word, see _idemctl), from the words
     # before it: words[0..cword-1], prev being the last of them.
     local commands globals
-    commands="status members transfer snapshot key quarantine claim complete release renew get"
-    commands="$commands resolve bench help"
-    globals="--cluster --token --admin-token --json --deadline --help"
+    commands="status members transfer snapshot reload key quarantine claim complete release renew get"
+    commands="$commands resolve version bench help"
+    globals="--cluster --token --admin-token --json -o --deadline --help --version"
     globals="$globals --tls --tls-ca --tls-cert --tls-key --tls-server-name"
 
     # "--name=value" (idemctl takes it as "--name value"): the value is completed as after
@@ -157,7 +162,7 @@ _idemctl_complete() {
         w=${words[i]}
         case "$w" in
             --cluster|--token|--admin-token|--deadline|--tls-ca|--tls-cert|--tls-key|\
-            --tls-server-name) i=$((i + 2)); continue ;;
+            --tls-server-name|-o) i=$((i + 2)); continue ;;
             -*) i=$((i + 1)); continue ;;
         esac
         cmd=$w
@@ -180,9 +185,10 @@ _idemctl_complete() {
     while [ "$i" -lt "$cword" ]; do
         w=${words[i]}
         case "$w" in
-            --cluster|--token|--admin-token|--deadline|--max-lag|--node|--tenant|--limit|\
-            --status|--body|--fingerprint|--attempt|--lease|--ttl|--policy|--outcome|\
-            --tls-ca|--tls-cert|--tls-key|--tls-server-name)
+            --cluster|--token|--admin-token|--deadline|--max-lag|--max-lag-entries|\
+            --max-lag-ms|--node|--tenant|--limit|--status|--body|--fingerprint|--attempt|\
+            --lease|--ttl|--policy|--outcome|--tls-ca|--tls-cert|--tls-key|\
+            --tls-server-name|-o)
                 i=$((i + 2)); continue ;;
         esac
         if [[ "$w" != -* ]]; then

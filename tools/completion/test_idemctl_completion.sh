@@ -130,7 +130,16 @@ cd - >/dev/null || exit 1
 
 check "key" idemctl ke
 check "quarantine" idemctl --cluster 127.0.0.1:7001 --json qu
-check "--admin-token --cluster --deadline --help --json --tls --tls-ca --tls-cert --tls-key --tls-server-name --token" idemctl --
+check "--admin-token --cluster --deadline --help --json --tls --tls-ca --tls-cert --tls-key --tls-server-name --token --version" idemctl --
+check "-o" idemctl -o
+check "json text" idemctl -o ""
+check "json" idemctl status -o j
+check "quarantine" idemctl -o json qu
+check "list" idemctl quarantine -o text ""
+check "version" idemctl ver
+check "--client" idemctl version --c
+check "--check" idemctl status --ch
+check "" idemctl status --max-lag-ms ""
 check "quarantine" idemctl --tls-ca /etc/ca.pem --tls-server-name n1 qu
 check "get purge resolve" idemctl key ""
 check "purge" idemctl --admin-token x key pu
@@ -143,7 +152,7 @@ check "--lease-ended" idemctl quarantine list --le
 check "--tenant" idemctl quarantine list --t
 check "add list promote remove" idemctl members ""
 check "--digest" idemctl status --di
-check "--max-lag" idemctl status --m
+check "--max-lag --max-lag-entries --max-lag-ms" idemctl status --m
 check "conflict takeover" idemctl claim k --policy ""
 check "failed_final" idemctl complete k --outcome fa
 check "claim-complete" idemctl bench --workload cl

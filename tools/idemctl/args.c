@@ -1,5 +1,5 @@
 /* args: idemctl's argument cursor: options with and without values, the options every
- * command takes (--json, --deadline, --help), and positional arguments, with usage errors
+ * command takes (--json or -o, --deadline, --help), and positional arguments, with usage errors
  * that never show a KEY. */
 #include <stdio.h>
 #include <string.h>
@@ -50,12 +50,21 @@ static bool argsFlag(struct args *a, const char *name)
     return true;
 }
 
-/* Options every command accepts after the command word: --json, --deadline, --help. */
+/* Options every command accepts after the command word: --json (-o json, -o text),
+ * --deadline, --help. */
 bool argsCommon(struct global *g, struct args *a)
 {
     const char *v;
     if (argsFlag(a, "--json")) {
         g->json = true;
+        return true;
+    }
+    if (argsValue(a, "-o", &v)) {
+        if (strcmp(v, "json") != 0 && strcmp(v, "text") != 0) {
+            cli_usage_error("%s%s-o: expected json or text, got \"%s\"", a->cmd ? a->cmd : "",
+                            a->cmd ? ": " : "", v);
+        }
+        g->json = strcmp(v, "json") == 0;
         return true;
     }
     if (argsValue(a, "--deadline", &v)) {

@@ -13,6 +13,12 @@ uint64_t callNowMs(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+void callSleepMs(uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* A client of `seeds` with `token` and the TLS options; why (OUT) on failure. */
 int callClientOpen(const struct global *g, const char *seeds, const char *token,
                    struct idem_client **c, char *why, size_t why_len)

@@ -2,8 +2,8 @@
  * the global options and the argument cursor (args.c), help (help.c), JSON building and
  * the JSON views of answers (json.c), printing and failures (output.c), calls to one node
  * or the leader (call.c), status discovery (probe.c), calls to the leader that status finds
- * (leader.c), and the commands (data.c, records.c, members.c, status.c) that main.c
- * dispatches to. */
+ * (leader.c), and the commands (data.c, records.c, members.c, status.c, health.c, reload.c) that
+ * main.c dispatches to. */
 #ifndef IDEM_TOOLS_IDEMCTL_H
 #define IDEM_TOOLS_IDEMCTL_H
 
@@ -21,6 +21,8 @@
 #define EXIT_INTERNAL 1
 #define EXIT_USAGE 2
 #define EXIT_UNAVAILABLE 3
+#define EXIT_AUTH 4  /* the bearer token was refused (unauthenticated, forbidden) or missing */
+#define EXIT_CHECK 5 /* status --check: the cluster answered, and a check failed */
 /* leaderCall only: a transfer took effect after all; never an exit status */
 #define EXIT_MOVED (-1)
 
@@ -103,6 +105,11 @@ void outPrintFlat(const json_t *v, const char *prefix);
  * value a tenant stored (a header, a body) cannot move the cursor or recolour the screen. */
 void outPutSafe(const char *s, size_t len, FILE *f);
 void outEmit(const struct global *g, json_t *o);
+/* Notes the outcome of an answer about to be printed (outEmit() does it): an answer that
+ * refused the bearer token makes idemctl exit EXIT_AUTH. outTokenRefused(): that outcome
+ * ("unauthenticated", "forbidden"), NULL when no answer printed refused it. */
+void outNoteOutcome(const json_t *o);
+const char *outTokenRefused(void);
 unsigned outHintsFor(const struct global *g, const char *msg);
 void outPrintHints(unsigned h);
 int outFailCall(const struct global *g, int rv, const char *why);
@@ -110,6 +117,7 @@ int outFailCall(const struct global *g, int rv, const char *why);
 /* ---- calls (call.c) ---- */
 
 uint64_t callNowMs(void);
+void callSleepMs(uint64_t ms);
 int callClientOpen(const struct global *g, const char *seeds, const char *token,
                    struct idem_client **c, char *why, size_t why_len);
 const char *callBearer(const struct global *g, bool admin);
@@ -165,6 +173,10 @@ void probeAddCommand(const Idem__NodeStatus *st, char *out, size_t len);
 bool probeMemberMismatch(const struct probe *probes, size_t n, const struct clusterView *v,
                          const Idem__Member *m, char *why, size_t len);
 void probeDiscover(const struct global *g, bool digest, struct discovery *d);
+/* Asks probes[0..n) (their addr set) for their status again, in parallel, each within
+ * deadline_ms; earlier answers are freed. Free the answers with probeDiscoveryFree() or
+ * idem__response__free_unpacked(). */
+void probeAgain(const struct global *g, struct probe *probes, size_t n, uint32_t deadline_ms);
 void probeDiscoveryFree(struct discovery *d);
 
 /* ---- calls to the leader that status finds (leader.c) ---- */
@@ -197,5 +209,16 @@ int membersCmdTransfer(struct global *g, struct args *a);
 int membersCmdSnapshot(struct global *g, struct args *a);
 /* status.c */
 int statusCmd(struct global *g, struct args *a);
+/* health.c: status --check's checks of a discovery (a JSON array of the failed ones, empty
+ * when the cluster is healthy; voters that trail the leader are asked again for up to
+ * max_ms), and `version` */
+json_t *healthCheck(const struct global *g, const struct discovery *d, uint64_t max_entries,
+                    uint64_t max_ms);
+int versionCmd(struct global *g, struct args *a);
+/* main.c: the checks made before a command is sent (the cluster list, the TLS files, the
+ * bearer token it needs); EXIT_ANSWERED to go on, else reported and its exit status */
+int mainConfigCheck(const struct global *g, const char *cmd, bool admin);
+/* reload.c */
+int reloadCmd(struct global *g, struct args *a);
 
 #endif

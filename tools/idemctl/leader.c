@@ -4,7 +4,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "idemctl.h"
 
@@ -58,12 +57,6 @@ static uint32_t leftMs(uint64_t end)
     return (uint32_t)(end > now + 1 ? end - now : 1);
 }
 
-static void sleepMs(uint64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* After a transfer answered "did not move" by the leader `asked` (0: its ID unknown): waits,
  * until `end` (ms), for status to show a leader. A leader other than `asked` means the
  * transfer took effect after all: EXIT_MOVED with *node_id that leader. `asked` itself:
@@ -105,7 +98,7 @@ static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, c
                                "leadership did not move before the "
                                "deadline");
         }
-        sleepMs(200); /* an election is under way: wait for it */
+        callSleepMs(200); /* an election is under way: wait for it */
     }
 }
 
@@ -227,7 +220,7 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
              * same leader is asked again; a move in between answers not_leader below. */
             idem__response__free_unpacked(*resp, NULL);
             *resp = NULL;
-            sleepMs(wait);
+            callSleepMs(wait);
             once.deadline_ms = leftMs(end);
             continue;
         }
@@ -240,7 +233,7 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
              * would move leadership a second time, or refuse NODE_ID as already the
              * leader); never to a redirect. */
             if (not_moved) {
-                sleepMs(wait);
+                callSleepMs(wait);
             }
             idem__response__free_unpacked(*resp, NULL);
             *resp = NULL;

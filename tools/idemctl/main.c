@@ -17,7 +17,9 @@
  *
  * Exit status: 0 the call was answered, whatever the outcome; 1 internal error (out of
  * memory, no random source); 2 usage or configuration error; 3 unavailable (no leader, no
- * quorum, deadline passed, nothing reachable). Bearer tokens are never printed.
+ * quorum, deadline passed, nothing reachable); 4 the bearer token was refused
+ * (unauthenticated, forbidden) or not given; 5 status --check found the cluster unhealthy.
+ * Bearer tokens are never printed.
  *
  * The files: idemctl.h says what they share and which file has what. */
 #include <errno.h>
@@ -116,11 +118,13 @@ static const struct command commands[] = {
     {"members", membersCmd, true, NULL, NULL},
     {"transfer", membersCmdTransfer, true, NULL, NULL},
     {"snapshot", membersCmdSnapshot, true, NULL, NULL},
+    {"reload", reloadCmd, true, NULL, NULL},
     {"resolve", recordsCmdResolve, true, "KEY",
      "resolve --tenant NAME (--release | --status CODE [--body TEXT]) -- KEY"},
     {"key", recordsCmdKey, true, "get|resolve|purge TENANT KEY",
      "key get|resolve|purge TENANT [OPTIONS] -- KEY"},
     {"quarantine", recordsCmdQuarantine, true, NULL, NULL},
+    {"version", versionCmd, true, NULL, NULL}, /* calls mainConfigCheck() itself */
 };
 
 /* Options that take a value as the next argument (any command's, and the global ones):
@@ -128,9 +132,10 @@ static const struct command commands[] = {
 static bool takesValue(const char *arg)
 {
     static const char *const names[] = {
-        "--cluster", "--token",       "--admin-token", "--deadline", "--tenant", "--status",
-        "--body",    "--fingerprint", "--attempt",     "--lease",    "--ttl",    "--policy",
-        "--outcome", "--node",        "--max-lag",     "--limit",
+        "--cluster", "--token",  "--admin-token",     "--deadline",   "--tenant",
+        "--status",  "--body",   "--fingerprint",     "--attempt",    "--lease",
+        "--ttl",     "--policy", "--outcome",         "--node",       "--max-lag",
+        "--limit",   "-o",       "--max-lag-entries", "--max-lag-ms",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(arg, names[i]) == 0) {
@@ -161,16 +166,21 @@ static void helpIfAsked(const char *cmd, int argc, char **argv, int from)
     }
 }
 
-/* Whether --json comes as an option anywhere in argv[1..): before "--", not as an option's
- * value, and before `bench` (whose arguments are idem-bench's). Set before anything is
- * parsed, so that every usage error (and a TLS file that cannot be loaded) prints its JSON
- * object, also one found before --json itself, or after the command's --json was given. */
+/* Whether --json (or -o json, and not a -o text after it) comes as an option anywhere in
+ * argv[1..): before "--", not as an option's value, and before `bench` (whose arguments are
+ * idem-bench's). Set before anything is parsed, so that every usage error (and a TLS file
+ * that cannot be loaded) prints its JSON object, also one found before --json itself, or
+ * after the command's --json was given. */
 static bool jsonAsked(int argc, char **argv)
 {
-    bool command = false;
+    bool command = false, json = false;
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            return true;
+        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "-o=json") == 0 ||
+            (strcmp(argv[i], "-o") == 0 && i + 1 < argc && strcmp(argv[i + 1], "json") == 0)) {
+            json = true;
+        } else if (strcmp(argv[i], "-o=text") == 0 || (strcmp(argv[i], "-o") == 0 && i + 1 < argc &&
+                                                       strcmp(argv[i + 1], "text") == 0)) {
+            json = false;
         }
         if (takesValue(argv[i])) {
             i++; /* its value */
@@ -181,7 +191,7 @@ static bool jsonAsked(int argc, char **argv)
             command = true;
         }
     }
-    return false;
+    return json;
 }
 
 /* The global options (before the command word) from a->argv[a->i..) into g, up to the
@@ -208,6 +218,9 @@ static void globalOptions(struct global *g, struct args *a)
             g->admin_token_on_argv = false;
         } else if (cli_tls_flag(&g->tls_flags, a->argc, a->argv, &a->i)) {
             continue;
+        } else if (strcmp(a->argv[a->i], "--version") == 0) {
+            printf("idemctl %s\n", IDEMCTL_VERSION);
+            exit(EXIT_ANSWERED);
         } else if (!argsCommon(g, a)) {
             cli_usage_error("unknown option %s", a->argv[a->i]);
         }
@@ -220,18 +233,19 @@ static void globalOptions(struct global *g, struct args *a)
     g->tls.server_name = g->tls_flags.server_name ? g->tls_flags.server_name : g->tls.server_name;
 }
 
-/* The checks made before the command's own arguments are parsed, of what does not depend
- * on them: the cluster list (snapshot --node may stand in for --cluster), the TLS files,
- * the bearer token `cmd` needs. EXIT_ANSWERED to go on; a TLS file that cannot be loaded is
- * reported and its exit status returned; usage errors exit. */
-static int configCheck(const struct global *g, const struct command *cmd)
+/* The checks made before the command's own arguments are parsed (but for version's, which
+ * makes them itself), of what does not depend on them: the cluster list (snapshot's and
+ * reload's --node may stand in for --cluster), the TLS files, the bearer token command `name` needs (the admin
+ * token when `admin`). EXIT_ANSWERED to go on; a TLS file that cannot be loaded, or no
+ * token, is reported and its exit status returned; usage errors exit. */
+int mainConfigCheck(const struct global *g, const char *name, bool admin)
 {
     if (g->cluster != NULL) {
         char why[160];
         if (idem_seeds_check(g->cluster, why, sizeof why) != IDEM_OK) {
             cli_usage_error("bad --cluster: %s", why);
         }
-    } else if (strcmp(cmd->name, "snapshot") != 0) {
+    } else if (strcmp(name, "snapshot") != 0 && strcmp(name, "reload") != 0) {
         cli_usage_error("no cluster: pass --cluster H:P,... or set IDEM_CLUSTER");
     }
     if ((g->tls.cert_file == NULL) != (g->tls.key_file == NULL)) {
@@ -248,13 +262,21 @@ static int configCheck(const struct global *g, const struct command *cmd)
             return outFailCall(g, rv, why);
         }
     }
-    const char *tok = callBearer(g, cmd->admin);
+    const char *tok = callBearer(g, admin);
     if (tok == NULL || tok[0] == '\0') {
-        cli_usage_error(cmd->admin ? "%s needs the admin token: pass --admin-token T (before the "
-                                     "command) or set IDEM_ADMIN_TOKEN"
-                                   : "%s needs a bearer token: pass --token T (before the "
-                                     "command) or set IDEM_TOKEN",
-                        cmd->name);
+        /* A credential problem, as a refused token is (exit 4); nothing was sent. */
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 admin ? "%s needs the admin token: pass --admin-token T (before the "
+                         "command) or set IDEM_ADMIN_TOKEN"
+                       : "%s needs a bearer token: pass --token T (before the command) or "
+                         "set IDEM_TOKEN",
+                 name);
+        fprintf(stderr, "idemctl: %s\n", msg);
+        if (g->json) {
+            cli_json_outcome("unauthenticated", msg);
+        }
+        return EXIT_AUTH;
     }
     return EXIT_ANSWERED;
 }
@@ -326,13 +348,20 @@ int main(int argc, char **argv)
     a.key_form = cmd->key_form;
     /* --help after the command works without a cluster or a token. */
     helpIfAsked(cmd->name, argc, argv, a.i);
-    int code = configCheck(&g, cmd);
+    /* version --client needs no cluster nor token: version checks what it needs itself. */
+    int code = cmd->run == versionCmd ? EXIT_ANSWERED : mainConfigCheck(&g, cmd->name, cmd->admin);
     if (code != EXIT_ANSWERED) {
         freeTokens(&g);
         return code;
     }
     code = cmd->run(&g, &a);
     fflush(stdout);
+    if (code == EXIT_ANSWERED && outTokenRefused() != NULL) {
+        /* The answer (printed) refused the token: a credential problem, for scripts. */
+        fprintf(stderr, "idemctl: %s: the %s was refused (%s)\n", cmd->name,
+                cmd->admin ? "admin token" : "bearer token", outTokenRefused());
+        code = EXIT_AUTH;
+    }
     if (cmd->admin ? g.admin_token_on_argv : g.token_on_argv) {
         /* After the command (its usage errors come first). Any user of the host can read a
          * process's arguments (ps, /proc). */

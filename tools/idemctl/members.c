@@ -291,6 +291,7 @@ int membersCmd(struct global *g, struct args *a)
     }
     if (!g->json && resp->n_members > 0) {
         json_object_del(o, "members");
+        outNoteOutcome(o);
         outPrintFlat(o, "");
         printMembersTable(resp);
         json_decref(o);

@@ -134,9 +134,28 @@ void outPrintFlat(const json_t *v, const char *prefix)
     putchar('\n');
 }
 
+/* The outcome of an answer printed that refused the bearer token (outNoteOutcome()). */
+static const char *tokenRefused;
+
+void outNoteOutcome(const json_t *o)
+{
+    const char *outcome = json_string_value(json_object_get(o, "outcome"));
+    if (outcome != NULL && strcmp(outcome, "unauthenticated") == 0) {
+        tokenRefused = "unauthenticated";
+    } else if (outcome != NULL && strcmp(outcome, "forbidden") == 0) {
+        tokenRefused = "forbidden";
+    }
+}
+
+const char *outTokenRefused(void)
+{
+    return tokenRefused;
+}
+
 /* Prints `o` in the chosen form and frees it. */
 void outEmit(const struct global *g, json_t *o)
 {
+    outNoteOutcome(o);
     if (g->json) {
         outPrintJson(o);
     } else {

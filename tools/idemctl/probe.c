@@ -518,6 +518,23 @@ void probeDiscover(const struct global *g, bool digest, struct discovery *d)
     buildView(probes, d->n, &d->v);
 }
 
+void probeAgain(const struct global *g, struct probe *probes, size_t n, uint32_t deadline_ms)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (probes[i].resp != NULL) {
+            idem__response__free_unpacked(probes[i].resp, NULL);
+        }
+        probes[i].resp = NULL;
+        probes[i].rv = IDEM_OK;
+        probes[i].err[0] = '\0';
+        probes[i].g = g;
+        probes[i].token = g->admin_token;
+        probes[i].digest = false;
+        probes[i].deadline_ms = deadline_ms;
+    }
+    probeAll(probes, 0, n);
+}
+
 void probeDiscoveryFree(struct discovery *d)
 {
     for (size_t i = 0; i < d->n; i++) {

@@ -12,6 +12,10 @@
  * (CLUSTER_STUCK_APPEND_US, cluster/include/cluster.h). */
 #define STUCK_WRITE_MS 5000
 #define DEFAULT_MAX_LAG 1000u /* status: entries a node may trail the leader by */
+/* status --check: how long a voter that trails the leader may take to apply what the
+ * leader had applied (--max-lag-ms), by default and at most (the deadline's ceiling). */
+#define DEFAULT_MAX_LAG_MS 5000u
+#define MAX_LAG_MS_LIMIT 600000u
 
 /* A node's line of status as JSON: what its status says, or why there is none (unreachable,
  * refused), with its lag behind the leader's applied index. */
@@ -393,7 +397,7 @@ static void printStatusTable(const json_t *o, bool digest)
 }
 
 /* status when every node that answered refused the admin token: says so on stderr (with
- * --json also as {"outcome", "error", "nodes"} on stdout) and returns EXIT_USAGE, a
+ * --json also as {"outcome", "error", "nodes"} on stdout) and returns EXIT_AUTH, a
  * credential error. Takes `nodes`. */
 static int statusRefused(const struct global *g, json_t *nodes, size_t n, size_t refused,
                          size_t unauthenticated)
@@ -427,20 +431,64 @@ static int statusRefused(const struct global *g, json_t *nodes, size_t n, size_t
     } else {
         json_decref(nodes);
     }
-    return EXIT_USAGE;
+    return EXIT_AUTH;
 }
 
-/* status [--digest] [--max-lag N]: every node, then the warnings; exit 0 when a node
- * answered, 3 when none did, 2 when every node that answered refused the admin token. */
+/* status --check: the failed checks (failed, a JSON array, taken) into o as "check";
+ * whether all passed. */
+static bool statusCheckJson(json_t *o, json_t *failed, uint64_t max_lag, uint64_t max_lag_ms)
+{
+    bool ok = json_array_size(failed) == 0;
+    json_t *c = jobj();
+    jset(c, "ok", json_boolean(ok));
+    jset(c, "max_lag_entries", ju64(max_lag));
+    jset(c, "max_lag_ms", ju64(max_lag_ms));
+    jset(c, "failed", failed);
+    jset(o, "check", c);
+    return ok;
+}
+
+/* After status --check's output: each failed check on stderr (o's "check"). */
+static void statusCheckStderr(const json_t *o)
+{
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(json_object_get(o, "check"), "failed"), i, x)
+    {
+        const char *f = json_string_value(x);
+        fputs("idemctl: status --check failed: ", stderr);
+        outPutSafe(f, strlen(f), stderr);
+        fputc('\n', stderr);
+    }
+}
+
+/* status [--digest] [--max-lag-entries N] [--check [--max-lag-ms T]]: every node, then
+ * the warnings; exit 0 when a node answered, 3 when none did, 4 when every node that
+ * answered refused the admin token; with --check, 5 when a check failed. */
 int statusCmd(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
-    bool digest = false;
-    const char *lag = NULL;
-    const struct argsOpt opts[] = {{"--max-lag", &lag, NULL}, {"--digest", NULL, &digest}};
+    bool digest = false, check = false;
+    const char *lag = NULL, *lag_entries = NULL, *lag_ms = NULL;
+    const struct argsOpt opts[] = {{"--max-lag", &lag, NULL},
+                                   {"--max-lag-entries", &lag_entries, NULL},
+                                   {"--max-lag-ms", &lag_ms, NULL},
+                                   {"--digest", NULL, &digest},
+                                   {"--check", NULL, &check}};
     argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 0, &npos);
-    uint64_t max_lag = lag ? cli_parse_u64("--max-lag", lag, 0, UINT64_MAX) : DEFAULT_MAX_LAG;
+    if (lag != NULL && lag_entries != NULL) {
+        cli_usage_error("status: --max-lag is --max-lag-entries: give one of them");
+    }
+    if (lag_ms != NULL && !check) {
+        cli_usage_error("status: --max-lag-ms goes with --check");
+    }
+    uint64_t max_lag = lag ? cli_parse_u64("--max-lag", lag, 0, UINT64_MAX)
+                       : lag_entries
+                           ? cli_parse_u64("--max-lag-entries", lag_entries, 0, UINT64_MAX)
+                           : DEFAULT_MAX_LAG;
+    uint64_t max_lag_ms =
+        lag_ms ? cli_parse_u64("--max-lag-ms", lag_ms, 1, MAX_LAG_MS_LIMIT) : DEFAULT_MAX_LAG_MS;
     struct discovery d;
     probeDiscover(g, digest, &d);
     struct probe *probes = d.probes;
@@ -490,11 +538,20 @@ int statusCmd(struct global *g, struct args *a)
     }
     jset(o, "members", ms);
     jset(o, "warnings", warnings);
+    bool healthy = true;
+    if (check && answered > 0) {
+        healthy = statusCheckJson(o, healthCheck(g, &d, max_lag, max_lag_ms), max_lag, max_lag_ms);
+    }
     if (g->json) {
         outPrintJson(o);
     } else {
         printStatusTable(o, digest);
+        if (check && answered > 0) {
+            printf("check: %s\n", healthy ? "ok" : "failed");
+        }
     }
+    fflush(stdout);
+    statusCheckStderr(o);
     json_decref(o);
     if (answered == 0) {
         /* What the failures have in common (a TLS mismatch, say) is worth a hint. */
@@ -506,5 +563,8 @@ int statusCmd(struct global *g, struct args *a)
     }
     probeDiscoveryFree(&d);
     /* Answered when any node answered, even with a refusal; 3 when none was reachable. */
-    return answered > 0 ? EXIT_ANSWERED : EXIT_UNAVAILABLE;
+    if (answered == 0) {
+        return EXIT_UNAVAILABLE;
+    }
+    return healthy ? EXIT_ANSWERED : EXIT_CHECK;
 }
