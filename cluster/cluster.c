@@ -306,6 +306,8 @@ static int ioOpen(struct cluster *c, const struct cluster_config *cfg, char *err
         snprintf(err, errlen, "raft transport: %s", raft_strerror(rv));
         return -1;
     }
+    transport_set_listen(&c->transport, cfg->raft_listen);
+    transport_set_resolver(&c->transport, cfg->resolver);
     if (cfg->raft_tls_cert_file != NULL) {
         struct raft_tls_files files = {cfg->raft_tls_cert_file, cfg->raft_tls_key_file,
                                        cfg->raft_tls_ca_file};

@@ -4,9 +4,28 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "wire_check.h"
+
+uint8_t *handshake_encode(raft_id self, const char *address, size_t *len)
+{
+    size_t alen = (strlen(address) + 1 + 7) / 8 * 8;
+    uint64_t words[3] = {TRANSPORT_HANDSHAKE_PROTOCOL, self, alen};
+    *len = sizeof(words) + alen;
+    uint8_t *hs = calloc(1, *len);
+    if (hs == NULL) {
+        return NULL;
+    }
+    for (size_t w = 0; w < 3; w++) {
+        for (size_t i = 0; i < 8; i++) {
+            hs[w * 8 + i] = (uint8_t)(words[w] >> (8 * i));
+        }
+    }
+    memcpy(hs + sizeof(words), address, strlen(address));
+    return hs;
+}
 
 void handshake_init(struct handshake *hs, bool auth)
 {

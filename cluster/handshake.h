@@ -41,6 +41,12 @@ enum handshake_status {
     HANDSHAKE_REFUSED, /* the connector broke a rule: close (why says which) */
 };
 
+/* The connector's side: raft_uv_tcp's handshake naming `self` at `address`: protocol, ID,
+ * the address's length padded to 8 bytes (u64 little endian each), the address,
+ * NUL-terminated and zero-padded. malloc'd (the caller frees), its length in *len; NULL when
+ * out of memory. */
+uint8_t *handshake_encode(raft_id self, const char *address, size_t *len);
+
 /* Starts reading a handshake; `auth`: a secret is set (the connector's answer follows). */
 void handshake_init(struct handshake *hs, bool auth);
 

@@ -240,8 +240,9 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
         return CLUSTER_EINVAL;
     }
     /* Addresses are compared as text: the service takes only those a node's configuration
-     * takes (config_addr_parse: IPv4 address and port, neither with leading zeros), whose
-     * texts are equal exactly when they name the same endpoint.
+     * takes, in their canonical text (config_addr_parse: an IPv4 address and a port without
+     * leading zeros, an IPv6 address in RFC 5952's form, a name in lower case), equal when
+     * they name the same endpoint (a name and an address it resolves to are not told apart).
      *
      * Refuse what raft would refuse before the addresses reach the log: a MemberInfo for
      * an existing member would overwrite its addresses everywhere. */

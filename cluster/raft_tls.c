@@ -1,6 +1,7 @@
 /* raft_tls: see raft_tls.h. One pump per connection: the TCP handle, the near end of the
  * socketpair, a TLS stream between them (memory BIOs), and for the connector a timer. */
 #include "raft_tls.h"
+#include "handshake.h"
 #include "tls_stream.h"
 #include "transport.h"
 
@@ -41,7 +42,7 @@ struct pump {
     struct raft_uv_connect *req; /* connector: not called back yet */
     raft_uv_connect_cb cb;
     raft_id peer;            /* connector: the node */
-    struct sockaddr_in from; /* listener: the peer's address (from_known) */
+    struct sockaddr_storage from; /* listener: the peer's address (from_known) */
     bool from_known;
     uint8_t *hs; /* connector: raft_uv_tcp's handshake, written once TLS is up */
     size_t hs_len;
@@ -213,7 +214,7 @@ static void pumpTell(struct pump *p, const char *why, const char *text)
     struct raft_tls_failure f = {
         .incoming = p->incoming,
         .peer = p->peer,
-        .from = p->from_known ? &p->from : NULL,
+        .from = p->from_known ? (const struct sockaddr *)&p->from : NULL,
         .why = why,
         .text = text != NULL ? text : why,
     };
@@ -504,11 +505,11 @@ int raft_tls_accept(struct raft_tls *rt, uv_tcp_t *tcp, uv_stream_t **plain)
     }
     p->tcp = tcp;
     tcp->data = p;
-    uv_tcp_nodelay(tcp, 1); /* as transport.c does without TLS: no 40 ms replies */
+    transport_tcp_tune(tcp); /* as transport.c does without TLS: no 40 ms replies */
     p->near.data = p;
     int len = sizeof(p->from);
     p->from_known = uv_tcp_getpeername(tcp, (struct sockaddr *)&p->from, &len) == 0 &&
-                    p->from.sin_family == AF_INET;
+                    (p->from.ss_family == AF_INET || p->from.ss_family == AF_INET6);
     p->tcp_connected = true;
     far->data = NULL;
     *plain = (uv_stream_t *)far;
@@ -538,7 +539,7 @@ static void connectCb(uv_connect_t *c, int status)
         pumpEnd(p, false, NULL, NULL); /* refused, unreachable: raft_uv retries */
         return;
     }
-    uv_tcp_nodelay(p->tcp, 1);
+    transport_tcp_tune(p->tcp);
     if (pairNew(p->rt->loop, &p->near, &p->far) != 0) {
         pumpEnd(p, false, NULL, NULL);
         return;
@@ -553,48 +554,17 @@ static void connectCb(uv_connect_t *c, int status)
     pumpFlow(p);
 }
 
-/* raft_uv_tcp's handshake: protocol, ID, the address's length padded to 8 bytes (u64 little
- * endian each), the address, NUL-terminated and zero-padded. */
-static uint8_t *handshake(raft_id self, const char *address, size_t *len)
-{
-    size_t alen = (strlen(address) + 1 + 7) / 8 * 8;
-    uint64_t words[3] = {TRANSPORT_HANDSHAKE_PROTOCOL, self, alen};
-    *len = sizeof(words) + alen;
-    uint8_t *hs = calloc(1, *len);
-    if (hs == NULL) {
-        return NULL;
-    }
-    for (size_t w = 0; w < 3; w++) {
-        for (size_t i = 0; i < 8; i++) {
-            hs[w * 8 + i] = (uint8_t)(words[w] >> (8 * i));
-        }
-    }
-    memcpy(hs + sizeof(words), address, strlen(address));
-    return hs;
-}
-
 int raft_tls_connect(struct raft_tls *rt, struct raft_uv_connect *req, raft_id id,
-                     const char *address, raft_id self, const char *self_address,
-                     raft_uv_connect_cb cb)
+                     const struct sockaddr *addr, const char *peer_name, raft_id self,
+                     const char *self_address, raft_uv_connect_cb cb)
 {
-    char host[64];
-    struct sockaddr_in sa;
-    const char *colon = strrchr(address, ':');
     if (rt->closing) {
         return RAFT_CANCELED;
     }
-    if (colon == NULL || (size_t)(colon - address) >= sizeof(host)) {
-        return RAFT_NOCONNECTION;
-    }
-    memcpy(host, address, (size_t)(colon - address));
-    host[colon - address] = '\0';
-    if (uv_ip4_addr(host, atoi(colon + 1), &sa) != 0) {
-        return RAFT_NOCONNECTION;
-    }
     size_t hs_len = 0;
-    uint8_t *hs = handshake(self, self_address, &hs_len);
+    uint8_t *hs = handshake_encode(self, self_address, &hs_len);
     uv_tcp_t *tcp = raft_malloc(sizeof(*tcp));
-    struct pump *p = hs != NULL && tcp != NULL ? pumpNew(rt, false, host) : NULL;
+    struct pump *p = hs != NULL && tcp != NULL ? pumpNew(rt, false, peer_name) : NULL;
     if (p == NULL) {
         free(hs);
         raft_free(tcp);
@@ -607,7 +577,7 @@ int raft_tls_connect(struct raft_tls *rt, struct raft_uv_connect *req, raft_id i
     uv_tcp_init(rt->loop, tcp);
     tcp->data = p;
     p->connect.data = p;
-    if (uv_tcp_connect(&p->connect, tcp, (const struct sockaddr *)&sa, connectCb) != 0) {
+    if (uv_tcp_connect(&p->connect, tcp, addr, connectCb) != 0) {
         pumpEnd(p, false, NULL, NULL); /* no callback: the error is returned */
         return RAFT_NOCONNECTION;
     }

@@ -12,8 +12,9 @@
  * connection brings is decrypted and written to `near`. The listener is the TLS server and
  * asks for a client certificate, which must be signed by tls.ca_file; the connector is the
  * TLS client: it presents tls.cert_file and checks the listener's certificate against
- * tls.ca_file and against the host of the member's Raft address (an IP address, which must
- * be an IP subjectAltName of the certificate: tls_stream's peer rule). TLS 1.2 or later.
+ * tls.ca_file and against the host of the member's Raft address (an IP address must be an
+ * IP subjectAltName of the certificate, a host name one of its DNS names: tls_stream's peer
+ * rule). TLS 1.2 or later.
  * Everything raft_uv_tcp sends goes inside TLS, its handshake (the sender's ID and address)
  * and transport.c's authentication included.
  *
@@ -72,7 +73,7 @@ struct raft_tls_files {
 struct raft_tls_failure {
     bool incoming;                  /* accepted (the listener's) or connected */
     raft_id peer;                   /* connected: the node it was for */
-    const struct sockaddr_in *from; /* accepted: the peer's address, or NULL */
+    const struct sockaddr *from;    /* accepted: the peer's address (IPv4 or IPv6), or NULL */
     const char *why;                /* one of raft_tls.c's string constants, one per reason */
     const char *text;               /* what to say: the reason, OpenSSL's text, a hint */
 };
@@ -101,14 +102,16 @@ int raft_tls_reload(struct raft_tls *rt, const struct raft_tls_files *files, cha
  * the pump's; or a libuv error code (UV_EMFILE, ...), tcp left to the caller. */
 int raft_tls_accept(struct raft_tls *rt, uv_tcp_t *tcp, uv_stream_t **plain);
 
-/* Connector: connects to node `id` at `address` (A.B.C.D:PORT) as raft_uv_tcp's connect
- * does, over TLS, its handshake naming `self` and `self_address` (borrowed for the call).
- * 0, then cb(req, stream, 0) with the plaintext end (raft_malloc'd, the handshake written)
- * or cb(req, NULL, RAFT_NOCONNECTION), or cb(req, NULL, RAFT_CANCELED) once
- * raft_tls_close() was called; or a RAFT_* code and no callback. */
+/* Connector: connects to node `id` at `addr` (an address of the member's Raft address,
+ * resolved by the caller) as raft_uv_tcp's connect does, over TLS, the listener's certificate
+ * checked against `peer_name` (the host of the member's Raft address), its handshake naming
+ * `self` and `self_address` (all borrowed for the call). 0, then cb(req, stream, 0) with the
+ * plaintext end (raft_malloc'd, the handshake written) or cb(req, NULL, RAFT_NOCONNECTION),
+ * or cb(req, NULL, RAFT_CANCELED) once raft_tls_close() was called; or a RAFT_* code and no
+ * callback. */
 int raft_tls_connect(struct raft_tls *rt, struct raft_uv_connect *req, raft_id id,
-                     const char *address, raft_id self, const char *self_address,
-                     raft_uv_connect_cb cb);
+                     const struct sockaddr *addr, const char *peer_name, raft_id self,
+                     const char *self_address, raft_uv_connect_cb cb);
 
 /* Ends every pump (connections being made are called back RAFT_CANCELED) and takes no new
  * one; cbs.closed follows once all are gone. */

@@ -2,10 +2,12 @@
 #include "handshake.h"
 #include "raft_tls.h"
 #include "clog.h"
+#include "resolver.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -43,13 +45,16 @@ uint64_t transport_auth_failed_total(void)
  * ADDRESS" or "to node N failed"; `why` is one of this file's string constants, the
  * reason, and `text` (NULL: `why` itself) what is said of it, with the node IDs it names.
  * A full table gives the slot logged longest ago to the new reason. */
-static void refusalLog(struct transport *t, raft_id peer, uint32_t ip, const char *what,
+static void refusalLog(struct transport *t, raft_id peer, const uint8_t *ip, const char *what,
                        const char *why, const char *text)
 {
+    static const uint8_t none[16] = {0};
+    ip = ip != NULL ? ip : none;
     uint64_t now = uv_now(t->loop);
     size_t i = 0, oldest = 0;
     while (i < TRANSPORT_LOG_REASONS && t->logged[i].why != NULL &&
-           (t->logged[i].why != why || t->logged[i].peer != peer || t->logged[i].ip != ip)) {
+           (t->logged[i].why != why || t->logged[i].peer != peer ||
+            memcmp(t->logged[i].ip, ip, 16) != 0)) {
         if (t->logged[i].log_ms < t->logged[oldest].log_ms) {
             oldest = i;
         }
@@ -75,7 +80,7 @@ static void refusalLog(struct transport *t, raft_id peer, uint32_t ip, const cha
     }
     t->logged[i].why = why;
     t->logged[i].peer = peer;
-    t->logged[i].ip = ip;
+    memcpy(t->logged[i].ip, ip, 16);
     t->logged[i].log_ms = now;
     t->logged[i].unlogged = 0;
 }
@@ -119,13 +124,30 @@ static bool authSend(uv_stream_t *stream, const uint8_t *data, size_t len)
     return true;
 }
 
-static void noDelay(struct uv_stream_s *stream)
+void transport_tcp_tune(uv_tcp_t *tcp)
 {
-    /* raft_uv_tcp's streams are uv_tcp_t (under TLS, pipes: raft_tls.c sets it on the TCP
-     * connection). A failure only costs latency. */
-    if (stream->type == UV_TCP) {
-        uv_tcp_nodelay((uv_tcp_t *)stream, 1);
+    uv_tcp_nodelay(tcp, 1);
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)tcp, &fd) != 0) {
+        return;
     }
+    int on = 1, idle = TRANSPORT_KEEPALIVE_S, interval = 2, count = 3;
+    unsigned int user_timeout = TRANSPORT_TCP_USER_TIMEOUT_MS;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
+}
+
+void transport_set_listen(struct transport *t, const char *listen)
+{
+    snprintf(t->listen, sizeof(t->listen), "%s", listen != NULL ? listen : "");
+}
+
+void transport_set_resolver(struct transport *t, struct idem_resolver *resolver)
+{
+    t->resolver = resolver;
 }
 
 static int transportInit(struct raft_uv_transport *o, raft_id id, const char *address)
@@ -184,18 +206,15 @@ static void incomingEndSaying(struct incoming *in, const char *why, const char *
     struct transport *t = in->t;
     if (why != NULL) {
         refusedTotal++;
-        char what[80] = "refused";
-        const struct sockaddr_storage *sa = &in->peer;
-        char ip[INET6_ADDRSTRLEN];
-        uint32_t ip4 = 0;
-        if (sa->ss_family == AF_INET &&
-            uv_ip4_name((const struct sockaddr_in *)sa, ip, sizeof(ip)) == 0) {
-            const struct sockaddr_in *sin = (const struct sockaddr_in *)sa;
-            ip4 = ntohl(sin->sin_addr.s_addr);
-            snprintf(what, sizeof(what), "refused from %s:%u", ip,
-                     (unsigned)ntohs(sin->sin_port));
+        char what[IDEM_SOCKADDR_TEXT_MAX + 20] = "refused";
+        const struct sockaddr *sa = (const struct sockaddr *)&in->peer;
+        uint8_t ip[16];
+        if (IdemSockaddrKey(sa, ip)) {
+            char from[IDEM_SOCKADDR_TEXT_MAX];
+            IdemSockaddrText(sa, from, sizeof(from));
+            snprintf(what, sizeof(what), "refused from %s", from);
         }
-        refusalLog(t, 0, ip4, what, why, text);
+        refusalLog(t, 0, ip, what, why, text);
     }
     incomingUnlink(in);
     t->n_closing_incoming++;
@@ -341,7 +360,6 @@ static void incomingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     char addr[TRANSPORT_ADDRESS_MAX];
     memcpy(addr, in->hs.addr, sizeof(addr));
     incomingEnd(in, NULL);
-    noDelay(stream);
     t->accept_cb(&t->outer, id, addr, stream);
 }
 
@@ -377,6 +395,7 @@ static void listenCb(uv_stream_t *l, int status)
         incomingEnd(TAILQ_FIRST(&t->incoming),
                     "too many handshakes in progress (the oldest closed)");
     }
+    transport_tcp_tune(tcp);
     int len = sizeof(in->peer);
     uv_tcp_getpeername(tcp, (struct sockaddr *)&in->peer, &len);
     uv_timer_start(&in->timer, incomingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
@@ -420,15 +439,16 @@ static int transportListen(struct raft_uv_transport *o, raft_uv_accept_cb cb)
     t->accept_cb = cb;
     /* Our own listener instead of raft_uv_tcp's, which reads a handshake with no bound on
      * the address length a peer declares (it allocates it), no time limit, and no cap on
-     * the connections that have not finished one. */
-    char host[64];
-    const char *colon = strrchr(t->address, ':');
-    struct sockaddr_in sa;
+     * the connections that have not finished one; and binds IPv4 addresses only. */
+    bool own = t->listen[0] == '\0' || strcmp(t->listen, t->address) == 0;
+    const char *bind = own ? t->address : t->listen;
+    char host[IDEM_HOST_MAX + 1];
+    uint16_t port = 0;
+    struct sockaddr_storage sa;
+    char why[IDEM_HOST_MAX + 100] = "";
     int rv = UV_EINVAL;
-    if (colon != NULL && (size_t)(colon - t->address) < sizeof(host)) {
-        memcpy(host, t->address, (size_t)(colon - t->address));
-        host[colon - t->address] = '\0';
-        rv = uv_ip4_addr(host, atoi(colon + 1), &sa);
+    if (IdemHostPortSplit(bind, host, sizeof(host), &port)) {
+        rv = IdemSockaddrResolveNow(host, port, &sa, why, sizeof(why)) == 0 ? 0 : UV_EINVAL;
     }
     if (rv == 0) {
         uv_tcp_init(t->loop, &t->listener);
@@ -442,25 +462,45 @@ static int transportListen(struct raft_uv_transport *o, raft_uv_accept_cb cb)
     if (rv != 0) {
         /* libraft would say only "I/O error": the operator gets the reason (an address in
          * use, most often). libuv's codes are negative errno values. */
-        snprintf(o->errmsg, sizeof(o->errmsg), "raft address %.200s: %s", t->address,
-                 strerror(-rv));
+        snprintf(o->errmsg, sizeof(o->errmsg), "raft %saddress %.200s: %s", own ? "" : "listen ",
+                 bind, why[0] != '\0' ? why : strerror(-rv));
         return RAFT_IOERR;
     }
     return 0;
 }
 
-/* ---- outgoing connections: raft_uv_tcp's, then the authentication ------------------- */
+/* ---- outgoing connections: the address resolved, a connection, the authentication ------ */
 
-/* One connection raft_uv_tcp made (its handshake written) whose authentication is being
- * read and answered before raft gets it. */
+enum outgoingState {
+    OG_NONE,       /* between tries: nothing in flight */
+    OG_RESOLVING,  /* the name is being looked up (lookup) */
+    OG_CONNECTING, /* plain TCP: connecting, then raft_uv_tcp's handshake written (stream) */
+    OG_TLS,        /* raft_tls connects and writes the handshake inside TLS (nothing of ours) */
+    OG_AUTH,       /* connected: the authentication read and answered (stream) */
+};
+
+/* One connection attempt raft asked for (transportConnect), until raft has its stream or is
+ * told the attempt failed. */
 struct outgoing {
     struct transport *t;
-    struct raft_uv_connect inner;
+    struct raft_uv_connect inner; /* raft_tls's request */
     struct raft_uv_connect *outer;
     raft_id peer;
     char address[TRANSPORT_ADDRESS_MAX]; /* the peer's, as raft gave it */
-    uv_stream_t *stream; /* raft_uv_tcp's (raft_malloc'd) */
-    uv_timer_t timer;
+    char host[IDEM_HOST_MAX + 1];        /* its host: an address, or a name */
+    uint16_t port;
+    enum outgoingState state;
+    struct idem_lookup *lookup;                      /* OG_RESOLVING */
+    struct sockaddr_storage addrs[IDEM_RESOLVE_MAX]; /* the host's, tried in turn */
+    size_t n_addrs;
+    size_t next_addr;
+    uv_connect_t connect;
+    uv_write_t hs_write;
+    uint8_t *hs;         /* raft_uv_tcp's handshake while it is written (plain TCP) */
+    uv_stream_t *stream; /* the TCP handle (OG_CONNECTING), the connection (OG_AUTH);
+                          * raft_malloc'd */
+    uv_timer_t timer;    /* the whole attempt within TRANSPORT_HANDSHAKE_TIMEOUT_MS */
+    bool timed_out;      /* ... which it did not make: no address is tried after it */
     uint8_t buf[TRANSPORT_GREETING_LEN]; /* the greeting, then the listener's MAC */
     uint8_t nonce_l[TRANSPORT_NONCE_LEN];
     uint8_t nonce_c[TRANSPORT_NONCE_LEN];
@@ -468,56 +508,96 @@ struct outgoing {
     size_t got;
     bool greeted;  /* the greeting read, our MACs sent */
     uint8_t macs[HANDSHAKE_MACS_LEN]; /* as sent: the listener's MAC covers them */
-    int status;    /* for raft's callback when it failed: RAFT_NOCONNECTION or _CANCELED */
-    int closing;   /* handles (stream, timer) still to close */
+    bool ending;                      /* outgoingEnd()ed */
+    int status;                       /* for raft's callback: RAFT_NOCONNECTION or RAFT_CANCELED */
+    int closing;                      /* handles (timer, stream) and a TLS attempt still to end */
     TAILQ_ENTRY(outgoing) link; /* in t->outgoing */
 };
+
+/* A socket of a failed try (or one raft_tls handed over too late), closed on its own. */
+static void strayClosedCb(uv_handle_t *h)
+{
+    struct transport *t = h->data;
+    raft_free(h);
+    t->n_closing_handles--;
+    maybeClosed(t);
+}
+
+static void strayClose(struct transport *t, uv_handle_t *h)
+{
+    h->data = t;
+    t->n_closing_handles++;
+    uv_close(h, strayClosedCb);
+}
+
+/* One of what an ended attempt waited for is over; the last one tells raft. */
+static void outgoingRelease(struct outgoing *og)
+{
+    if (--og->closing > 0) {
+        return;
+    }
+    struct transport *t = og->t;
+    struct raft_uv_connect *outer = og->outer;
+    /* raft_uv's clients take only RAFT_CANCELED once they are closing (uvSendClose comes
+     * before the transport's close). */
+    int status = t->closing ? RAFT_CANCELED : og->status;
+    free(og);
+    t->n_closing_outgoing--;
+    outer->cb(outer, NULL, status);
+    maybeClosed(t);
+}
 
 static void outgoingClosedCb(uv_handle_t *h)
 {
     struct outgoing *og = h->data;
     if (h == (uv_handle_t *)og->stream) {
         raft_free(og->stream);
+        og->stream = NULL;
     }
-    if (--og->closing == 0) {
-        struct transport *t = og->t;
-        struct raft_uv_connect *outer = og->outer;
-        /* raft_uv's clients take only RAFT_CANCELED once they are closing (uvSendClose
-         * comes before the transport's close). */
-        int status = t->closing ? RAFT_CANCELED : og->status;
-        free(og);
-        t->n_closing_outgoing--;
-        outer->cb(outer, NULL, status);
-        maybeClosed(t);
-    }
+    outgoingRelease(og);
 }
 
-static void outgoingUnlink(struct outgoing *og)
-{
-    TAILQ_REMOVE(&og->t->outgoing, og, link);
-}
-
-/* Ends an authentication that failed (why, and text, as refusalLog() takes them) or was
- * cancelled (why NULL): closes the connection, then tells raft, which tries again after its
- * retry delay. */
-static void outgoingFailSaying(struct outgoing *og, const char *why, const char *text)
+/* Ends the attempt with `status` (RAFT_NOCONNECTION; RAFT_CANCELED when the transport
+ * closes): its lookup withdrawn, its handles closed, then raft told (after raft_tls's
+ * callback too, when a TLS connection is being made: it comes once raft_tls closes). */
+static void outgoingEnd(struct outgoing *og, int status)
 {
     struct transport *t = og->t;
-    og->status = RAFT_NOCONNECTION;
-    if (why != NULL) {
-        authFailedTotal++;
-        char what[48];
-        snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)og->peer);
-        refusalLog(t, og->peer, 0, what, why, text);
-    } else {
-        og->status = RAFT_CANCELED;
+    if (og->ending) {
+        return;
     }
-    outgoingUnlink(og);
+    og->ending = true;
+    og->status = status;
+    TAILQ_REMOVE(&t->outgoing, og, link);
     t->n_closing_outgoing++;
-    og->closing = 2;
+    if (og->lookup != NULL) {
+        IdemResolveCancel(og->lookup);
+        og->lookup = NULL;
+    }
+    og->closing = 1 + (og->stream != NULL) + (og->state == OG_TLS);
     uv_timer_stop(&og->timer);
     uv_close((uv_handle_t *)&og->timer, outgoingClosedCb);
-    uv_close((uv_handle_t *)og->stream, outgoingClosedCb);
+    if (og->stream != NULL) {
+        uv_close((uv_handle_t *)og->stream, outgoingClosedCb);
+    }
+}
+
+/* Says why an attempt failed, by refusalLog()'s rules, without counting it as an
+ * authentication's failure. */
+static void outgoingSay(struct outgoing *og, const char *why, const char *text)
+{
+    char what[48];
+    snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)og->peer);
+    refusalLog(og->t, og->peer, NULL, what, why, text);
+}
+
+/* Ends an authentication that failed (why, and text, as refusalLog() takes them); raft tries
+ * again after its retry delay. */
+static void outgoingFailSaying(struct outgoing *og, const char *why, const char *text)
+{
+    authFailedTotal++;
+    outgoingSay(og, why, text);
+    outgoingEnd(og, RAFT_NOCONNECTION);
 }
 
 static void outgoingFail(struct outgoing *og, const char *why)
@@ -525,7 +605,11 @@ static void outgoingFail(struct outgoing *og, const char *why)
     outgoingFailSaying(og, why, NULL);
 }
 
-/* The timer of an authentication that succeeded: the stream is raft's already. */
+/* The reasons an attempt failed before any authentication (outgoingSay's `why`). */
+static const char resolveFailed[] = "cannot resolve the peer's host name";
+static const char attemptTimedOut[] = "no connection in time";
+
+/* The timer of an attempt whose stream raft has. */
 static void outgoingTimerClosedCb(uv_handle_t *h)
 {
     struct outgoing *og = h->data;
@@ -535,10 +619,50 @@ static void outgoingTimerClosedCb(uv_handle_t *h)
     maybeClosed(t);
 }
 
+/* An authenticated stream (or, without a secret, a connected one) goes to raft, which sets
+ * its data; the rest of the attempt goes with the timer's close. */
+static void outgoingHandOver(struct outgoing *og)
+{
+    struct transport *t = og->t;
+    TAILQ_REMOVE(&t->outgoing, og, link);
+    struct raft_uv_connect *outer = og->outer;
+    uv_stream_t *stream = og->stream;
+    og->stream = NULL;
+    uv_timer_stop(&og->timer);
+    t->n_closing_outgoing++;
+    og->ending = true;
+    og->closing = 1;
+    uv_close((uv_handle_t *)&og->timer, outgoingTimerClosedCb);
+    outer->cb(outer, stream, 0);
+}
+
 static void outgoingTimeoutCb(uv_timer_t *timer)
 {
-    outgoingFail(timer->data, "no authentication from the peer within 10 s (has it the same "
-                              "raft.secret_file?)");
+    struct outgoing *og = timer->data;
+    char text[TRANSPORT_ADDRESS_MAX + IDEM_HOST_MAX + 200];
+    og->timed_out = true;
+    switch (og->state) {
+    case OG_TLS:
+        return; /* raft_tls's own timeout ends it, and no other address is tried */
+    case OG_AUTH:
+        outgoingFail(og, "no authentication from the peer within 10 s (has it the same "
+                         "raft.secret_file?)");
+        return;
+    case OG_RESOLVING:
+        snprintf(text, sizeof(text), "%s %s (node %llu's raft address %s) within %u s",
+                 resolveFailed, og->host, (unsigned long long)og->peer, og->address,
+                 TRANSPORT_HANDSHAKE_TIMEOUT_MS / 1000);
+        outgoingSay(og, resolveFailed, text);
+        break;
+    default:
+        snprintf(text, sizeof(text),
+                 "no connection to node %llu at %s within %u s (is it up, at an address "
+                 "its raft address still resolves to?)",
+                 (unsigned long long)og->peer, og->address, TRANSPORT_HANDSHAKE_TIMEOUT_MS / 1000);
+        outgoingSay(og, attemptTimedOut, text);
+        break;
+    }
+    outgoingEnd(og, RAFT_NOCONNECTION);
 }
 
 static void outgoingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -546,6 +670,39 @@ static void outgoingAllocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     struct outgoing *og = h->data;
     (void)suggested;
     *buf = uv_buf_init((char *)og->buf + og->got, (unsigned)(og->want - og->got));
+}
+
+/* The listener's greeting is read: our nonce and MACs go back. */
+static void outgoingGreeted(struct outgoing *og, uv_stream_t *s)
+{
+    struct transport *t = og->t;
+    if (!handshake_greeting(og->buf, og->nonce_l)) {
+        outgoingFail(og, "the peer does not authenticate Raft connections");
+        return;
+    }
+    uint8_t answer[TRANSPORT_ANSWER_LEN] = {0};
+    uint8_t *macs = answer + TRANSPORT_NONCE_LEN;
+    /* Our nonce names the node we mean to reach (transport.h), in the clear. */
+    memcpy(og->nonce_c, TRANSPORT_TARGET_MAGIC, 8);
+    putLe64(og->nonce_c + 8, og->peer);
+    bool ok = RAND_bytes(og->nonce_c + 16, sizeof(og->nonce_c) - 16) == 1;
+    for (size_t k = 0; ok && k < t->n_keys; k++) {
+        ok = handshake_mac(t->key[k], "connector", og->nonce_l, og->nonce_c, t->id, og->peer, NULL,
+                           t->address, macs + k * TRANSPORT_MAC_LEN);
+    }
+    if (!ok) {
+        outgoingFail(og, "cannot compute the authentication");
+        return;
+    }
+    memcpy(answer, og->nonce_c, sizeof(og->nonce_c));
+    memcpy(og->macs, macs, sizeof(og->macs));
+    if (!authSend(s, answer, sizeof(answer))) {
+        outgoingFail(og, "cannot send the authentication");
+        return;
+    }
+    og->greeted = true;
+    og->want = TRANSPORT_MAC_LEN;
+    og->got = 0;
 }
 
 static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -572,33 +729,7 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (!og->greeted) {
-        if (!handshake_greeting(og->buf, og->nonce_l)) {
-            outgoingFail(og, "the peer does not authenticate Raft connections");
-            return;
-        }
-        uint8_t answer[TRANSPORT_ANSWER_LEN] = {0};
-        uint8_t *macs = answer + TRANSPORT_NONCE_LEN;
-        /* Our nonce names the node we mean to reach (transport.h), in the clear. */
-        memcpy(og->nonce_c, TRANSPORT_TARGET_MAGIC, 8);
-        putLe64(og->nonce_c + 8, og->peer);
-        bool ok = RAND_bytes(og->nonce_c + 16, sizeof(og->nonce_c) - 16) == 1;
-        for (size_t k = 0; ok && k < t->n_keys; k++) {
-            ok = handshake_mac(t->key[k], "connector", og->nonce_l, og->nonce_c, t->id, og->peer,
-                               NULL, t->address, macs + k * TRANSPORT_MAC_LEN);
-        }
-        if (!ok) {
-            outgoingFail(og, "cannot compute the authentication");
-            return;
-        }
-        memcpy(answer, og->nonce_c, sizeof(og->nonce_c));
-        memcpy(og->macs, macs, sizeof(og->macs));
-        if (!authSend(s, answer, sizeof(answer))) {
-            outgoingFail(og, "cannot send the authentication");
-            return;
-        }
-        og->greeted = true;
-        og->want = TRANSPORT_MAC_LEN;
-        og->got = 0;
+        outgoingGreeted(og, s);
         return;
     }
     /* Made with one of our keys (the newest the listener has), or a refusal as another node
@@ -624,42 +755,148 @@ static void outgoingReadCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                          "raft.secret_file)");
         return;
     }
-    /* Authenticated: the stream is raft's from here (it sets stream->data); the rest of
-     * this request goes with the timer's close. */
     uv_read_stop(s);
-    outgoingUnlink(og);
-    struct raft_uv_connect *outer = og->outer;
-    uv_stream_t *stream = og->stream;
-    uv_timer_stop(&og->timer);
-    t->n_closing_outgoing++;
-    uv_close((uv_handle_t *)&og->timer, outgoingTimerClosedCb);
-    outer->cb(outer, stream, 0);
+    outgoingHandOver(og);
 }
 
-static void connectCb(struct raft_uv_connect *req, struct uv_stream_s *stream, int status)
+/* Connected, raft_uv_tcp's handshake written: authenticated first when a secret is set. */
+static void outgoingConnected(struct outgoing *og, uv_stream_t *stream)
 {
-    struct outgoing *og = req->data;
     struct transport *t = og->t;
-    struct raft_uv_connect *outer = og->outer;
-    if (status != 0 || !t->auth) {
-        free(og);
-        if (status == 0) {
-            noDelay(stream);
-        }
-        outer->cb(outer, stream, status);
+    if (stream->type == UV_TCP) {
+        transport_tcp_tune((uv_tcp_t *)stream); /* under TLS raft_tls tuned its socket */
+    }
+    og->state = OG_AUTH;
+    og->stream = stream;
+    if (og->timed_out) { /* raft_tls connected after our timer: the authentication gets one */
+        og->timed_out = false;
+        uv_timer_start(&og->timer, outgoingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
+    }
+    if (!t->auth) {
+        outgoingHandOver(og);
         return;
     }
-    noDelay(stream);
-    og->stream = stream;
     stream->data = og;
     og->want = sizeof(og->buf);
-    uv_timer_init(t->loop, &og->timer);
-    og->timer.data = og;
-    TAILQ_INSERT_TAIL(&t->outgoing, og, link);
-    uv_timer_start(&og->timer, outgoingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
+    og->got = 0;
     uv_read_start(stream, outgoingAllocCb, outgoingReadCb);
 }
 
+static void dialNext(struct outgoing *og);
+
+static void handshakeWrittenCb(uv_write_t *w, int status)
+{
+    struct outgoing *og = w->data;
+    free(og->hs);
+    og->hs = NULL;
+    if (og->ending) {
+        return; /* cancelled: the close reports */
+    }
+    if (status != 0) {
+        outgoingEnd(og, RAFT_NOCONNECTION);
+        return;
+    }
+    outgoingConnected(og, og->stream);
+}
+
+static void plainConnectCb(uv_connect_t *c, int status)
+{
+    struct outgoing *og = c->data;
+    if (og->ending) {
+        return; /* cancelled: the close reports */
+    }
+    if (status != 0) { /* refused, unreachable: the next address, if any */
+        uv_stream_t *tcp = og->stream;
+        og->stream = NULL;
+        og->state = OG_NONE;
+        strayClose(og->t, (uv_handle_t *)tcp);
+        dialNext(og);
+        return;
+    }
+    size_t len = 0;
+    og->hs = handshake_encode(og->t->id, og->t->address, &len);
+    og->hs_write.data = og;
+    uv_buf_t b = uv_buf_init((char *)og->hs, (unsigned)len);
+    if (og->hs == NULL || uv_write(&og->hs_write, og->stream, &b, 1, handshakeWrittenCb) != 0) {
+        free(og->hs);
+        og->hs = NULL;
+        outgoingEnd(og, RAFT_NOCONNECTION);
+    }
+}
+
+static void tlsConnectCb(struct raft_uv_connect *req, struct uv_stream_s *stream, int status)
+{
+    struct outgoing *og = req->data;
+    og->state = OG_NONE;
+    if (og->ending) {
+        if (stream != NULL) {
+            strayClose(og->t, (uv_handle_t *)stream);
+        }
+        outgoingRelease(og);
+        return;
+    }
+    if (status != 0) {
+        dialNext(og);
+        return;
+    }
+    outgoingConnected(og, stream);
+}
+
+/* Connects to the next of the peer's addresses: under TLS raft_tls does, and writes
+ * raft_uv_tcp's handshake inside TLS; else a TCP connection of ours, the handshake written
+ * as raft_uv_tcp does. With none left (or the time up), the attempt failed. */
+static void dialNext(struct outgoing *og)
+{
+    struct transport *t = og->t;
+    while (!og->timed_out && og->next_addr < og->n_addrs) {
+        const struct sockaddr *sa = (const struct sockaddr *)&og->addrs[og->next_addr++];
+        if (t->tls != NULL) {
+            og->inner.data = og;
+            if (raft_tls_connect(t->tls, &og->inner, og->peer, sa, og->host, t->id, t->address,
+                                 tlsConnectCb) == 0) {
+                og->state = OG_TLS;
+                return;
+            }
+            continue;
+        }
+        uv_tcp_t *tcp = raft_malloc(sizeof(*tcp));
+        if (tcp == NULL) {
+            break;
+        }
+        uv_tcp_init(t->loop, tcp);
+        tcp->data = og;
+        og->connect.data = og;
+        if (uv_tcp_connect(&og->connect, tcp, sa, plainConnectCb) == 0) {
+            og->state = OG_CONNECTING;
+            og->stream = (uv_stream_t *)tcp;
+            return;
+        }
+        strayClose(t, (uv_handle_t *)tcp);
+    }
+    outgoingEnd(og, RAFT_NOCONNECTION);
+}
+
+static void resolvedCb(void *data, int status, const struct sockaddr_storage *addrs, size_t n)
+{
+    struct outgoing *og = data;
+    og->lookup = NULL;
+    og->state = OG_NONE;
+    if (status != 0 || n == 0) {
+        char text[TRANSPORT_ADDRESS_MAX + IDEM_HOST_MAX + 200];
+        snprintf(text, sizeof(text), "cannot resolve %s (node %llu's raft address %s): %s",
+                 og->host, (unsigned long long)og->peer, og->address, IdemResolveStrerror(status));
+        outgoingSay(og, resolveFailed, text);
+        outgoingEnd(og, RAFT_NOCONNECTION);
+        return;
+    }
+    memcpy(og->addrs, addrs, n * sizeof(*addrs));
+    og->n_addrs = n;
+    dialNext(og);
+}
+
+/* raft_uv's connect: an attempt to reach node `id` at `address`. Its host, when a name, is
+ * looked up again unless its last answer is at most TRANSPORT_RESOLVE_REUSE_MS old
+ * (transport.h); raft's callback always comes later, from the loop. */
 static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect *req,
                             raft_id id, const char *address, raft_uv_connect_cb cb)
 {
@@ -673,15 +910,32 @@ static int transportConnect(struct raft_uv_transport *o, struct raft_uv_connect 
     og->peer = id;
     snprintf(og->address, sizeof(og->address), "%s", address);
     req->cb = cb;
-    og->inner.data = og;
-    /* Under TLS raft_tls connects, and writes raft_uv_tcp's handshake inside TLS. */
-    int rv = t->tls != NULL
-                 ? raft_tls_connect(t->tls, &og->inner, id, address, t->id, t->address, connectCb)
-                 : t->inner.connect(&t->inner, &og->inner, id, address, connectCb);
-    if (rv != 0) {
+    if (!IdemHostPortSplit(address, og->host, sizeof(og->host), &og->port)) {
         free(og);
+        return RAFT_NOCONNECTION;
     }
-    return rv;
+    if (IdemSockaddrLiteral(og->host, og->port, &og->addrs[0])) {
+        og->n_addrs = 1;
+    } else if (t->resolver != NULL) {
+        og->n_addrs = IdemResolverCached(t->resolver, og->host, og->port,
+                                         TRANSPORT_RESOLVE_REUSE_MS, og->addrs, IDEM_RESOLVE_MAX);
+    }
+    if (og->n_addrs == 0) {
+        if (t->resolver == NULL ||
+            IdemResolve(t->resolver, og->host, og->port, resolvedCb, og, &og->lookup) != 0) {
+            free(og);
+            return RAFT_NOCONNECTION;
+        }
+        og->state = OG_RESOLVING;
+    }
+    uv_timer_init(t->loop, &og->timer);
+    og->timer.data = og;
+    TAILQ_INSERT_TAIL(&t->outgoing, og, link);
+    uv_timer_start(&og->timer, outgoingTimeoutCb, TRANSPORT_HANDSHAKE_TIMEOUT_MS, 0);
+    if (og->state == OG_NONE) {
+        dialNext(og); /* a failure here still calls back from the loop (the timer's close) */
+    }
+    return 0;
 }
 
 /* raft's close callback, once raft_uv_tcp, our listener, every handshake and every TLS pump
@@ -690,7 +944,8 @@ static void maybeClosed(struct transport *t)
 {
     if (t->closing && t->inner_closed && !t->listener_open && TAILQ_EMPTY(&t->incoming) &&
         t->n_closing_incoming == 0 && TAILQ_EMPTY(&t->outgoing) && t->n_closing_outgoing == 0 &&
-        (t->tls == NULL || raft_tls_closed(t->tls)) && t->close_cb != NULL) {
+        t->n_closing_handles == 0 && (t->tls == NULL || raft_tls_closed(t->tls)) &&
+        t->close_cb != NULL) {
         raft_uv_transport_close_cb cb = t->close_cb;
         t->close_cb = NULL;
         cb(&t->outer);
@@ -713,7 +968,7 @@ static void transportClose(struct raft_uv_transport *o, raft_uv_transport_close_
         incomingEnd(TAILQ_FIRST(&t->incoming), NULL);
     }
     while (!TAILQ_EMPTY(&t->outgoing)) {
-        outgoingFail(TAILQ_FIRST(&t->outgoing), NULL);
+        outgoingEnd(TAILQ_FIRST(&t->outgoing), RAFT_CANCELED);
     }
     if (t->listener_open && !uv_is_closing((uv_handle_t *)&t->listener)) {
         uv_close((uv_handle_t *)&t->listener, listenerClosedCb);
@@ -772,22 +1027,21 @@ void transport_close(struct transport *t)
 static void tlsFailCb(void *data, const struct raft_tls_failure *f)
 {
     struct transport *t = data;
-    char what[80];
-    uint32_t ip4 = 0;
+    char what[IDEM_SOCKADDR_TEXT_MAX + 40];
+    uint8_t ip[16] = {0};
     if (f->incoming) {
         refusedTotal++;
-        char ip[INET6_ADDRSTRLEN];
         snprintf(what, sizeof(what), "refused");
-        if (f->from != NULL && uv_ip4_name(f->from, ip, sizeof(ip)) == 0) {
-            ip4 = ntohl(f->from->sin_addr.s_addr);
-            snprintf(what, sizeof(what), "refused from %s:%u", ip,
-                     (unsigned)ntohs(f->from->sin_port));
+        if (f->from != NULL && IdemSockaddrKey(f->from, ip)) {
+            char from[IDEM_SOCKADDR_TEXT_MAX];
+            IdemSockaddrText(f->from, from, sizeof(from));
+            snprintf(what, sizeof(what), "refused from %s", from);
         }
     } else {
         authFailedTotal++;
         snprintf(what, sizeof(what), "to node %llu failed", (unsigned long long)f->peer);
     }
-    refusalLog(t, f->incoming ? 0 : f->peer, ip4, what, f->why, f->text);
+    refusalLog(t, f->incoming ? 0 : f->peer, ip, what, f->why, f->text);
 }
 
 static void tlsClosedCb(void *data)

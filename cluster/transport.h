@@ -1,5 +1,23 @@
-/* transport: raft's TCP transport: raft_uv_tcp for outgoing connections, a listener of
- * our own for incoming ones, and TCP_NODELAY on both.
+/* transport: raft's TCP transport: a listener and outgoing connections of our own (raft_uv_tcp
+ * only for what raft_uv asks of a transport's life cycle), TCP_NODELAY and dead-peer
+ * detection on both.
+ *
+ * Addresses: a member's Raft address is "host:port", the host an IPv4 address, an IPv6
+ * address in brackets or a host name (server/config.h). libraft 0.15's raft_uv_tcp dials and
+ * binds with uv_ip4_addr() only: no names, no IPv6. So the connector is ours: a name is
+ * resolved off the loop (client/resolver.h: a thread of its own, not libuv's pool, where
+ * raft_uv's disk work runs) at each connection attempt (raft_uv makes one every
+ * connect_retry_delay while a peer cannot be reached), an answer at most
+ * TRANSPORT_RESOLVE_REUSE_MS old taken again rather than asked anew; the addresses of an
+ * answer are tried in turn. So a member whose address changed under its name is reached at
+ * the first attempt after the old one failed. An attempt (lookup, connection, handshake and
+ * authentication) ends after TRANSPORT_HANDSHAKE_TIMEOUT_MS. A connection whose peer
+ * acknowledges nothing for TRANSPORT_TCP_USER_TIMEOUT_MS (TCP_USER_TIMEOUT, and keepalive
+ * probes while it is idle) is dropped by the kernel: raft_uv then reconnects, resolving the
+ * name again, where a peer that vanished (its address gone with it) would otherwise hold the
+ * connection for TCP's retransmission timeout (about 15 minutes). The listener binds the
+ * node's listen address (node.raft_listen, transport_set_listen), which may be a wildcard;
+ * raft's own address (raft_address) is what the handshake names.
  *
  * raft_uv_tcp leaves Nagle's algorithm on. Raft's small AppendEntries replies then wait for
  * the peer's delayed ACK (40 ms on Linux), which measured as a 40 ms p99 on every claim
@@ -104,12 +122,16 @@
 #define TRANSPORT_GREETING_LEN (8 + TRANSPORT_NONCE_LEN)
 #define TRANSPORT_ANSWER_LEN (TRANSPORT_NONCE_LEN + TRANSPORT_KEYS_MAX * TRANSPORT_MAC_LEN)
 #define TRANSPORT_LOG_INTERVAL_MS 10000
+#define TRANSPORT_RESOLVE_REUSE_MS 1000 /* a name's answer this recent is not asked again */
+#define TRANSPORT_TCP_USER_TIMEOUT_MS 10000
+#define TRANSPORT_KEEPALIVE_S 5  /* idle seconds before the first keepalive probe */
 #define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses the oldest slot */
 
 struct incoming;
 struct outgoing;
 struct raft_tls;
 struct raft_tls_files;
+struct idem_resolver;
 
 /* A secret's bytes, borrowed for transport_init only. */
 struct transport_secret {
@@ -124,6 +146,8 @@ struct transport {
     raft_uv_accept_cb accept_cb;
     raft_uv_transport_close_cb close_cb;
     char address[TRANSPORT_ADDRESS_MAX]; /* this node's Raft address */
+    char listen[TRANSPORT_ADDRESS_MAX];  /* the address bound; "": address */
+    struct idem_resolver *resolver;      /* borrowed; NULL: peers' names are not resolved */
     uv_tcp_t listener;
     bool listener_open;
     TAILQ_HEAD(incomingList, incoming) incoming; /* handshakes being read, oldest first */
@@ -131,6 +155,7 @@ struct transport {
     size_t n_closing_incoming; /* ended, their handles closing */
     TAILQ_HEAD(outgoingList, outgoing) outgoing; /* connected, authenticating */
     size_t n_closing_outgoing; /* ended, their handles closing */
+    size_t n_closing_handles;  /* sockets of failed attempts, closing */
     raft_id id;                /* this node's */
     bool auth;                 /* a secret was given */
     size_t n_keys;             /* 1..TRANSPORT_KEYS_MAX when auth, newest first */
@@ -138,7 +163,7 @@ struct transport {
     struct {
         const char *why;       /* a string constant of transport.c; NULL: free */
         raft_id peer;          /* the node we connected to; 0 for incoming connections */
-        uint32_t ip;           /* incoming: the peer's IPv4 address (host order), or 0 */
+        uint8_t ip[16];        /* incoming: the peer's address (IdemSockaddrKey), or 0s */
         uint64_t log_ms;       /* uv_now when it was last logged */
         uint64_t unlogged;     /* refusals for it since */
     } logged[TRANSPORT_LOG_REASONS];
@@ -152,6 +177,17 @@ struct transport {
  * under its newest that matches. 0 or a RAFT_* code. */
 int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_secret *secrets,
                    size_t n_secrets);
+/* The address the listener binds ("host:port" as config_addr_parse takes it; a name is
+ * resolved when raft starts listening, blocking), and the resolver of peers' names
+ * (borrowed; it outlives the transport). Both before raft_uv starts; without them the
+ * listener binds the node's Raft address and names are not resolved. */
+void transport_set_listen(struct transport *t, const char *listen);
+void transport_set_resolver(struct transport *t, struct idem_resolver *resolver);
+
+/* TCP_NODELAY, keepalive and TCP_USER_TIMEOUT (above) on a Raft connection (raft_tls.c's
+ * too); failures only cost what they would have brought. */
+void transport_tcp_tune(uv_tcp_t *tcp);
+
 /* Puts every connection under TLS with `files` (all three given), after transport_init and
  * before raft_uv has the transport. 0, or -1 with the reason in err (a file that cannot be
  * loaded, a key that does not match its certificate). */

@@ -18,7 +18,6 @@
  * Known untested: the out-of-memory paths (no allocation-failure injection yet). */
 #include "config_internal.h"
 
-#include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
 #include <openssl/crypto.h>
@@ -401,72 +400,6 @@ int config_get_path(struct ctx *c, const struct field *f, char **out)
     }
     *out = copy;
     return 0;
-}
-
-int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t why_len)
-{
-    size_t len = strlen(s);
-    char q[QUOTE_SIZE];
-    config_quote(q, s, len);
-    const char *colon = strrchr(s, ':');
-    if (colon == NULL || colon == s || colon[1] == '\0') {
-        snprintf(why, why_len, "expected host:port, got %s", q);
-        return -1;
-    }
-    size_t hostlen = (size_t)(colon - s);
-    if (memchr(s, ':', hostlen) != NULL || s[0] == '[') {
-        snprintf(why, why_len, "IPv6 addresses are not supported, got %s", q);
-        return -1;
-    }
-    const char *port = colon + 1;
-    size_t portlen = strlen(port);
-    if (strspn(port, "0123456789") != portlen || portlen > 5 || port[0] == '0') {
-        snprintf(why, why_len, "the port must be 1..65535%s, got %s",
-                 portlen > 1 && port[0] == '0' && strspn(port, "0123456789") == portlen
-                     ? " without leading zeros"
-                     : "",
-                 q);
-        return -1;
-    }
-    unsigned long p = strtoul(port, NULL, 10);
-    if (p < 1 || p > 65535) {
-        snprintf(why, why_len, "the port must be 1..65535, got %s", q);
-        return -1;
-    }
-    if (hostlen > CONFIG_HOST_MAX) {
-        snprintf(why, why_len, "the host is longer than %d bytes", CONFIG_HOST_MAX);
-        return -1;
-    }
-    char host[CONFIG_HOST_MAX + 1];
-    memcpy(host, s, hostlen);
-    host[hostlen] = '\0';
-    /* Not a name: the listeners bind with uv_ip4_addr() and libraft 0.15 dials its peers
-     * with it too, so a name passed here only to fail at start (or never be reached). */
-    struct in_addr a;
-    if (inet_pton(AF_INET, host, &a) != 1) {
-        snprintf(why, why_len,
-                 strspn(host, "0123456789.") == hostlen
-                     ? "the host is not a valid IPv4 address, got %s"
-                     : "the host must be an IPv4 address (names are not resolved), got %s",
-                 q);
-        return -1;
-    }
-    memcpy(out->text, s, len + 1);
-    memcpy(out->host, host, hostlen + 1);
-    out->port = (uint16_t)p;
-    return 0;
-}
-
-bool config_addr_is_loopback(const char *s)
-{
-    struct config_addr a;
-    char why[QUOTE_SIZE + 96];
-    struct in_addr in;
-    if (s == NULL || config_addr_parse(s, &a, why, sizeof why) != 0 ||
-        inet_pton(AF_INET, a.host, &in) != 1) {
-        return false;
-    }
-    return (ntohl(in.s_addr) >> 24) == 127;
 }
 
 /* Reads "host:port" into *out; leaves it empty when the field is absent, null or "". */

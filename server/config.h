@@ -30,24 +30,34 @@
 /* Longest tenant name in bytes, without the NUL; equals FSM_TENANT_MAX. */
 #define CONFIG_TENANT_NAME_MAX 128
 
-/* A "host:port" address (config_addr_parse): the host an IPv4 literal (names are not
- * resolved), IPv6 not accepted yet. An optional address that is not set has text and host ""
- * and port 0. */
+/* A "host:port" address (config_addr_parse): the host an IPv4 address, an IPv6 address in
+ * brackets ("[::1]:9001") or a host name. Names are resolved where the address is used: a
+ * listener's once at start, a peer's at each connection attempt (docs/operations.md). An
+ * optional address that is not set has text and host "" and port 0. */
 struct config_addr {
-    char text[CONFIG_ADDR_MAX + 1]; /* as written, e.g. "127.0.0.1:9001" */
-    char host[CONFIG_HOST_MAX + 1];
-    uint16_t port; /* 1..65535 when set */
+    char text[CONFIG_ADDR_MAX + 1]; /* canonical, e.g. "127.0.0.1:9001", "[::1]:9001",
+                                     * "node1.example:9001" (config_addr_parse) */
+    char host[CONFIG_HOST_MAX + 1]; /* without brackets: "127.0.0.1", "::1", "node1.example" */
+    uint16_t port;                  /* 1..65535 when set */
+    int family; /* AF_INET or AF_INET6 for an address, AF_UNSPEC (0) for a name */
 };
 
-/* Parses a node's address, "A.B.C.D:PORT", into *out: an IPv4 address (the listeners bind,
- * and libraft 0.15 dials its peers, by IPv4 address; names are not resolved) and a port
- * 1..65535 without leading zeros. inet_pton takes no leading zeros in the address either,
- * so two addresses parsed here are the same endpoint exactly when their texts are equal.
- * 0, or -1 with the reason in `why` (which quotes `s` escaped and cut short, never raw). */
+/* Parses a node's address into *out: "A.B.C.D:PORT" (inet_pton's IPv4 form: no leading
+ * zeros, no short or hexadecimal forms), "[IPV6]:PORT" (no zone index) or "NAME:PORT" (a host
+ * name: labels of letters, digits, '-' and '_', the last not all digits), the port 1..65535
+ * without leading zeros. out->text is canonical: an IPv6 address in RFC 5952's form (an
+ * IPv4-mapped one, [::ffff:A.B.C.D], as the IPv4 address), a name in lower case; so two addresses
+ * parsed here are the same endpoint when their texts are equal (a name and an address it resolves
+ * to are not told apart). Nothing is resolved. 0, or -1 with the reason in `why` (which quotes `s`
+ * escaped and cut short, never raw). */
 int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t why_len);
 
+/* Whether a set address's host is a name (to be resolved), not an IP address. */
+bool config_addr_is_name(const struct config_addr *a);
+
 /* Whether a "host:port" text (as config_addr_parse takes it) names a loopback address
- * (127.0.0.0/8); false for anything else, a text that does not parse included. */
+ * (127.0.0.0/8, ::1); false for anything else: a host name (which may
+ * resolve elsewhere, now or later) and a text that does not parse included. */
 bool config_addr_is_loopback(const char *s);
 
 /* One member of the initial Raft configuration (cluster.bootstrap). */
@@ -58,11 +68,17 @@ struct config_member {
     struct config_addr http_address; /* optional */
 };
 
+/* A node's addresses: those it is known by (advertised: what the other members and clients
+ * are given, replicated as member metadata) and those it binds (node.*_listen; each defaults
+ * to its advertised address, and may be a wildcard, 0.0.0.0:P or [::]:P). */
 struct config_node {
     uint64_t id; /* 1..2^63 */
     struct config_addr raft_address;
     struct config_addr rpc_address;
     struct config_addr http_address; /* optional */
+    struct config_addr raft_listen;  /* node.raft_listen, else raft_address */
+    struct config_addr rpc_listen;   /* node.rpc_listen, else rpc_address */
+    struct config_addr http_listen;  /* node.http_listen, else http_address (unset: none) */
     char *data_dir;                  /* owned, never NULL or empty after a successful load */
 };
 

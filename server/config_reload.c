@@ -151,6 +151,9 @@ static void keepNodeAndSecrets(struct merge *m)
     keptIf(m, strcmp(n->node.rpc_address.text, c->node.rpc_address.text) != 0, "node.rpc_address");
     keptIf(m, strcmp(n->node.http_address.text, c->node.http_address.text) != 0,
            "node.http_address");
+    keptIf(m, strcmp(n->node.raft_listen.text, c->node.raft_listen.text) != 0, "node.raft_listen");
+    keptIf(m, strcmp(n->node.rpc_listen.text, c->node.rpc_listen.text) != 0, "node.rpc_listen");
+    keptIf(m, strcmp(n->node.http_listen.text, c->node.http_listen.text) != 0, "node.http_listen");
     keptIf(m, strcmp(n->node.data_dir, c->node.data_dir) != 0, "node.data_dir");
     keptIf(m, bootstrapDiffers(&n->cluster, &c->cluster), "cluster.bootstrap");
     keptIf(m, secretDiffers(&n->raft.secret, &c->raft.secret), "raft.secret_file");
@@ -162,6 +165,9 @@ static void keepNodeAndSecrets(struct merge *m)
     n->node.raft_address = c->node.raft_address;
     n->node.rpc_address = c->node.rpc_address;
     n->node.http_address = c->node.http_address;
+    n->node.raft_listen = c->node.raft_listen;
+    n->node.rpc_listen = c->node.rpc_listen;
+    n->node.http_listen = c->node.http_listen;
     n->node.data_dir = xstrndup(c->node.data_dir, strlen(c->node.data_dir));
     free(n->cluster.bootstrap);
     n->cluster.n_bootstrap = c->cluster.n_bootstrap;

@@ -14,11 +14,39 @@
 
 #include "fsm.h" /* FSM_SLOT_BITS: the commands of one log entry */
 
+/* node.*_listen: each defaults to its advertised address; http_listen needs http_address
+ * (a gateway no member or client is told of would be of no use). */
+static int nodeListen(struct ctx *c, const struct field *f, struct config_node *n)
+{
+    enum { RAFT_L, RPC_L, HTTP_L };
+    if (config_get_addr(c, &f[RAFT_L], &n->raft_listen) != 0 ||
+        config_get_addr(c, &f[RPC_L], &n->rpc_listen) != 0 ||
+        config_get_addr(c, &f[HTTP_L], &n->http_listen) != 0) {
+        return -1;
+    }
+    if (n->http_listen.port != 0 && n->http_address.port == 0) {
+        return config_fail_node(c, f[HTTP_L].val,
+                                "%s: set node.http_address too (the address the members and "
+                                "clients are given for this gateway)",
+                                f[HTTP_L].name);
+    }
+    if (n->raft_listen.port == 0) {
+        n->raft_listen = n->raft_address;
+    }
+    if (n->rpc_listen.port == 0) {
+        n->rpc_listen = n->rpc_address;
+    }
+    if (n->http_listen.port == 0) {
+        n->http_listen = n->http_address;
+    }
+    return 0;
+}
+
 static int parseNode(struct ctx *c, yaml_node_t *map, struct config_node *n)
 {
-    enum { ID, RAFT, RPC, HTTP, DATA_DIR, N };
-    static const char *const keys[N] = {"id", "raft_address", "rpc_address", "http_address",
-                                        "data_dir"};
+    enum { ID, RAFT, RPC, HTTP, DATA_DIR, RAFT_L, RPC_L, HTTP_L, N };
+    static const char *const keys[N] = {"id",       "raft_address", "rpc_address", "http_address",
+                                        "data_dir", "raft_listen",  "rpc_listen",  "http_listen"};
     struct field f[N];
     if (config_map_fields(c, map, "node", "node", keys, N, f) != 0) {
         return -1;
@@ -40,7 +68,7 @@ static int parseNode(struct ctx *c, yaml_node_t *map, struct config_node *n)
     if (n->data_dir == NULL) {
         return config_fail_node(c, f[DATA_DIR].val, "%s: must not be empty", f[DATA_DIR].name);
     }
-    return 0;
+    return nodeListen(c, &f[RAFT_L], n);
 }
 
 /* Reads one bootstrap member; `index` is its position in the list, for messages. members
@@ -635,6 +663,18 @@ static int checkSecretTransport(struct ctx *c, const struct config *cfg)
     for (size_t i = 0; bad == NULL && i < cfg->cluster.n_bootstrap; i++) {
         const char *a = cfg->cluster.bootstrap[i].rpc_address.text;
         bad = config_addr_is_loopback(a) ? NULL : a;
+    }
+    struct config_addr ba;
+    char why[QUOTE_SIZE + 96];
+    if (bad != NULL && config_addr_parse(bad, &ba, why, sizeof why) == 0 &&
+        config_addr_is_name(&ba)) {
+        /* Not resolved to decide: a name may resolve elsewhere later, or on another node. */
+        return config_fail_node(
+            c, c->insecure_node,
+            "rpc.insecure_cluster_secret: the RPC address %s is a host name; the cluster secret "
+            "goes in clear only to loopback addresses written as such (127.0.0.1, [::1]), "
+            "which a name may not stay: write the address, or turn tls.rpc on",
+            bad);
     }
     if (bad != NULL) {
         return config_fail_node(

@@ -26,6 +26,7 @@
 
 #include "fingerprint.h"
 #include "log.h"
+#include "resolver.h"
 #include "tls_stream.h"
 #include "xmalloc.h"
 
@@ -499,20 +500,23 @@ static void acceptCb(uv_stream_t *l, int status)
 
 static void listenerClosedCb(uv_handle_t *l);
 
-/* Binds and listens on addr with handle tcp (initialised here). 0 or a libuv error. */
+/* Binds and listens on addr with handle tcp (initialised here); *sa (OUT) is the address
+ * bound (a name resolved here, once, at start). 0, or a libuv error (why says it too). */
 static int listenOn(struct http_server *h, uv_tcp_t *tcp, const struct config_addr *addr,
-                    struct sockaddr_in *sa)
+                    struct sockaddr_storage *sa, char *why, size_t why_len)
 {
-    int rv = uv_ip4_addr(addr->host, addr->port, sa);
-    if (rv != 0) {
-        return rv;
+    if (IdemSockaddrResolveNow(addr->host, addr->port, sa, why, why_len) != 0) {
+        return UV_EINVAL;
     }
     uv_tcp_init(h->loop, tcp);
     tcp->data = h;
     h->open_listeners++;
-    rv = uv_tcp_bind(tcp, (const struct sockaddr *)sa, 0);
+    int rv = uv_tcp_bind(tcp, (const struct sockaddr *)sa, 0);
     if (rv == 0) {
         rv = uv_listen((uv_stream_t *)tcp, 511, acceptCb);
+    }
+    if (rv != 0) {
+        snprintf(why, why_len, "%s", uv_strerror(rv)); /* (of 0, libuv leaks its text) */
     }
     return rv;
 }
@@ -533,19 +537,20 @@ static void closeListenersNow(struct http_server *h)
     free(h);
 }
 
-/* Opens node.http_address (when set) and every proxy listener; false with a message in err
- * (whatever was opened is then closed, and h freed). */
+/* Opens node.http_listen (when set: node.http_address's by default) and every proxy listener;
+ * false with a message in err (whatever was opened is then closed, and h freed). */
 static bool openListeners(struct http_server *h, char *err, size_t errlen)
 {
     const struct config *cfg = h->cfg;
-    const struct config_addr *addr = &cfg->node.http_address;
-    struct sockaddr_in sa;
+    const struct config_addr *addr = &cfg->node.http_listen;
+    struct sockaddr_storage sa;
+    char why[CONFIG_HOST_MAX + 64];
     int rv;
     if (addr->text[0] != '\0') {
         h->has_listener = true;
-        rv = listenOn(h, &h->listener, addr, &sa);
+        rv = listenOn(h, &h->listener, addr, &sa, why, sizeof why);
         if (rv != 0) {
-            snprintf(err, errlen, "http listen on %s: %s", addr->text, uv_strerror(rv));
+            snprintf(err, errlen, "http listen on %s: %s", addr->text, why);
             closeListenersNow(h);
             return false;
         }
@@ -554,10 +559,9 @@ static bool openListeners(struct http_server *h, char *err, size_t errlen)
     for (size_t i = 0; i < cfg->n_proxies; i++) {
         struct proxyListener *pl = &h->plisteners[i];
         h->n_plisteners = i + 1;
-        rv = listenOn(h, &pl->tcp, &cfg->proxies[i].address, &pl->sa);
+        rv = listenOn(h, &pl->tcp, &cfg->proxies[i].address, &pl->sa, why, sizeof why);
         if (rv != 0) {
-            snprintf(err, errlen, "proxy listen on %s: %s", cfg->proxies[i].address.text,
-                     uv_strerror(rv));
+            snprintf(err, errlen, "proxy listen on %s: %s", cfg->proxies[i].address.text, why);
             closeListenersNow(h);
             return false;
         }
@@ -678,7 +682,7 @@ struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, str
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {
-        log_info("serving %s on %s", cfg->tls.http ? "https" : "http", cfg->node.http_address.text);
+        log_info("serving %s on %s", cfg->tls.http ? "https" : "http", cfg->node.http_listen.text);
     }
     for (size_t i = 0; i < cfg->n_proxies; i++) {
         log_info("serving proxy on %s (%zu routes%s)", cfg->proxies[i].address.text,

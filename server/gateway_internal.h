@@ -58,7 +58,7 @@ struct upstreamPool {
 /* A proxy listener; its configuration is cfg->proxies[i] (proxy_of). */
 struct proxyListener {
     uv_tcp_t tcp;
-    struct sockaddr_in sa;
+    struct sockaddr_storage sa; /* the address bound */
 };
 
 LIST_HEAD(httpJobList, httpJob);

@@ -219,6 +219,19 @@ static void keyDigests(const struct config *cfg)
     }
 }
 
+/* "ADDRESS" when a listener binds its advertised address, else "ADDRESS (listening on
+ * LISTEN)", into buf. */
+static const char *listenText(char *buf, size_t len, const struct config_addr *advertised,
+                              const struct config_addr *listen)
+{
+    if (strcmp(advertised->text, listen->text) == 0) {
+        snprintf(buf, len, "%s", advertised->text);
+    } else {
+        snprintf(buf, len, "%s (listening on %s)", advertised->text, listen->text);
+    }
+    return buf;
+}
+
 /* The RPC listener's start failure; its TLS files' errors placed at the tls section, as the
  * gateway's are. */
 static void logRpcError(const struct config *cfg, const char *err)
@@ -255,10 +268,15 @@ static void logStarted(struct daemon *d, const struct config *cfg)
                  (unsigned long long)si.cluster.last_snapshot_index,
                  (unsigned long long)si.fsm.records);
     }
+    char rpc[CONFIG_ADDR_MAX * 2 + 32], raft[sizeof rpc], http[sizeof rpc];
     log_info("idemd %s started: rpc on %s, raft on %s, http on %s; data in %s: term %llu, "
              "snapshot: %s, log entries held: %llu",
-             IDEM_BUILD_VERSION, cfg->node.rpc_address.text, cfg->node.raft_address.text,
-             cfg->node.http_address.text[0] ? cfg->node.http_address.text : "(none)",
+             IDEM_BUILD_VERSION,
+             listenText(rpc, sizeof rpc, &cfg->node.rpc_address, &cfg->node.rpc_listen),
+             listenText(raft, sizeof raft, &cfg->node.raft_address, &cfg->node.raft_listen),
+             cfg->node.http_address.text[0]
+                 ? listenText(http, sizeof http, &cfg->node.http_address, &cfg->node.http_listen)
+                 : "(none)",
              cfg->node.data_dir, (unsigned long long)si.cluster.term, snap,
              (unsigned long long)si.cluster.log_entries);
 }
@@ -337,7 +355,7 @@ int main(int argc, char **argv)
     }
     /* Bind the RPC port before Raft starts, so that a node that cannot serve never joins
      * an election. */
-    d.rpc = rpc_server_new(&d.loop, &cfg->node.rpc_address, &cfg->rpc, &cfg->tls, d.svc, err,
+    d.rpc = rpc_server_new(&d.loop, &cfg->node.rpc_listen, &cfg->rpc, &cfg->tls, d.svc, err,
                            sizeof(err));
     if (d.rpc == NULL) {
         logRpcError(cfg, err);
@@ -361,8 +379,8 @@ int main(int argc, char **argv)
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (d.http != NULL) {
         http_server_free(d.http);
-        uv_run(&d.loop, UV_RUN_DEFAULT);
     }
+    uv_run(&d.loop, UV_RUN_DEFAULT); /* what closed last (the gateway, the resolver) */
     int rc = uv_loop_close(&d.loop);
     log_info("%s", rc == 0 ? "stopped" : "stopped with handles still open");
     reloader_free(&d.reloader);

@@ -47,6 +47,7 @@
 
 #include "log.h"
 #include "proxy_rules.h"
+#include "resolver.h"
 #include "xmalloc.h"
 
 h2o_req_t *proxy_take_req(struct proxyJob *j)
@@ -623,14 +624,14 @@ const struct config_proxy *proxy_of(struct http_server *h, h2o_req_t *req)
     }
     struct sockaddr_storage ss;
     socklen_t sl = req->conn->callbacks->get_sockname(req->conn, (struct sockaddr *)&ss);
-    if (sl == 0 || ss.ss_family != AF_INET) {
+    if (sl == 0) {
         return NULL;
     }
-    const struct sockaddr_in *sin = (const struct sockaddr_in *)&ss;
+    /* The listener bound at the connection's local address and port, or at a wildcard and
+     * its port (a dual-stack [::] listener's IPv4 connections have a mapped local address). */
     for (size_t i = 0; i < h->n_plisteners; i++) {
-        const struct sockaddr_in *a = &h->plisteners[i].sa;
-        if (a->sin_port == sin->sin_port &&
-            (a->sin_addr.s_addr == INADDR_ANY || a->sin_addr.s_addr == sin->sin_addr.s_addr)) {
+        if (IdemSockaddrMatches((const struct sockaddr *)&h->plisteners[i].sa,
+                                (const struct sockaddr *)&ss)) {
             return &h->cfg->proxies[i]; /* a reload keeps the listeners, in order */
         }
     }

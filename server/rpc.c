@@ -49,6 +49,7 @@
 #include <sys/queue.h>
 
 #include "frame.h"
+#include "resolver.h"
 #include "log.h"
 #include "tls_stream.h"
 #include "xmalloc.h"
@@ -496,16 +497,12 @@ void rpc_server_shed(struct rpc_server *r, uint64_t budget)
         rpc_figures.answer_cuts_node++;
         uint64_t now = uv_now(r->loop);
         if (!r->shed_warned || now - r->shed_warn_ms >= SHED_WARN_EVERY_MS) {
-            char peer[64] = "an unknown address";
+            char peer[IDEM_SOCKADDR_TEXT_MAX] = "an unknown address";
             struct sockaddr_storage sa;
             int len = sizeof sa;
             if (uv_tcp_getpeername(&most->tcp, (struct sockaddr *)&sa, &len) == 0 &&
-                sa.ss_family == AF_INET) {
-                const struct sockaddr_in *in = (const struct sockaddr_in *)&sa;
-                char ip[INET_ADDRSTRLEN];
-                if (uv_ip4_name(in, ip, sizeof ip) == 0) {
-                    snprintf(peer, sizeof peer, "%s:%u", ip, (unsigned)ntohs(in->sin_port));
-                }
+                (sa.ss_family == AF_INET || sa.ss_family == AF_INET6)) {
+                IdemSockaddrText((const struct sockaddr *)&sa, peer, sizeof peer);
             }
             log_warn("rpc: answers waiting to be written hold %llu MiB, over "
                      "rpc.max_answer_buffer_mb (%u): closed the connection from %s, which held "
@@ -615,7 +612,7 @@ static void readCb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 /* The members' addresses, for admission (rpc_admit_set_members). */
 static void serverMembers(struct rpc_server *r)
 {
-    uint32_t addrs[RPC_ADMIT_MEMBER_ADDRS];
+    struct rpc_admit_addr addrs[RPC_ADMIT_MEMBER_ADDRS];
     size_t n = service_member_addrs(r->svc, addrs, RPC_ADMIT_MEMBER_ADDRS);
     rpc_admit_set_members(&r->admit, addrs, n);
 }
@@ -675,9 +672,9 @@ static bool connAdmit(struct rpc_server *r, struct conn *c)
 {
     struct sockaddr_storage sa;
     int len = sizeof sa;
-    uint32_t addr = 0;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0 && sa.ss_family == AF_INET) {
-        addr = ntohl(((const struct sockaddr_in *)&sa)->sin_addr.s_addr);
+    struct rpc_admit_addr addr = rpc_admit_addr_v4(0);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0) {
+        (void)IdemSockaddrKey((const struct sockaddr *)&sa, addr.b); /* zeros: unknown */
     }
     struct rpc_admit_entry *old = NULL;
     switch (rpc_admit_decide(&r->admit, addr, &old)) {
@@ -775,13 +772,15 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     if (tlsContext(tls, &tctx, err, errlen) != 0) {
         return NULL;
     }
-    struct sockaddr_in sa;
-    int rv = uv_ip4_addr(addr->host, addr->port, &sa);
-    if (rv != 0) {
-        snprintf(err, errlen, "rpc address %s: %s", addr->text, uv_strerror(rv));
+    /* A name is resolved here, once, at start (before the loop serves anything). */
+    struct sockaddr_storage sa;
+    char why[CONFIG_HOST_MAX + 64];
+    if (IdemSockaddrResolveNow(addr->host, addr->port, &sa, why, sizeof why) != 0) {
+        snprintf(err, errlen, "rpc listen on %s: %s", addr->text, why);
         IdemTlsCtxFree(tctx);
         return NULL;
     }
+    int rv;
     struct rpc_server *r = xcalloc(1, sizeof(*r));
     LIST_INIT(&r->conns);
     SLIST_INIT(&r->flush);

@@ -9,7 +9,8 @@
  * - an unauthenticated one: connected from elsewhere and no known token yet.
  * Admission (rpc_admit_decide):
  * - from an address other than a member's, at most max_connections_per_address at once
- *   (0: no cap);
+ *   (0: no cap); an IPv6 address is counted by its /64 prefix (one host commonly has a whole
+ *   /64 to pick addresses from), an IPv4 one by itself;
  * - connections other than members' take at most max_connections - reserve slots, where
  *   reserve is member_connections but at most half of max_connections; members' take any
  *   slot;
@@ -27,8 +28,18 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
-/* Members' addresses kept at most (each member has three: Raft, RPC, HTTP). */
+/* Members' addresses kept at most (each member has three: Raft, RPC, HTTP, and a name may
+ * resolve to several). */
 #define RPC_ADMIT_MEMBER_ADDRS 256
+
+/* A peer's address: an IPv6 address, an IPv4 one as its IPv4-mapped IPv6 form (::ffff:a.b.c.d,
+ * as a dual-stack listener sees it; client/resolver.h IdemSockaddrKey); all zeros: unknown. */
+struct rpc_admit_addr {
+    uint8_t b[16];
+};
+
+/* The IPv4 address `v4` (host order) as an rpc_admit_addr; 0 gives the unknown one. */
+struct rpc_admit_addr rpc_admit_addr_v4(uint32_t v4);
 
 enum rpc_admit_class {
     RPC_ADMIT_UNAUTHENTICATED,
@@ -39,7 +50,7 @@ enum rpc_admit_class {
 /* One connection's entry, in its struct (rpc.c's struct conn). */
 struct rpc_admit_entry {
     TAILQ_ENTRY(rpc_admit_entry) link; /* unauthenticated ones, oldest first */
-    uint32_t addr;                     /* the peer's IPv4 address, host order; 0: unknown */
+    struct rpc_admit_addr addr;        /* the peer's; zeros: unknown */
     enum rpc_admit_class cls;
     bool counted; /* in the address's count (an address other than a member's) */
     bool in;      /* admitted and not removed */
@@ -54,7 +65,7 @@ struct rpc_admit {
     TAILQ_HEAD(, rpc_admit_entry) unauthenticated; /* oldest first */
     struct rpc_admit_count *counts; /* per address (other than members'): open addressing */
     size_t counts_cap;              /* a power of two, more than twice the entries' */
-    uint32_t members[RPC_ADMIT_MEMBER_ADDRS];
+    struct rpc_admit_addr members[RPC_ADMIT_MEMBER_ADDRS];
     size_t n_member_addrs;
 };
 
@@ -63,9 +74,9 @@ void rpc_admit_init(struct rpc_admit *a, uint32_t max, uint32_t member_connectio
                     uint32_t per_address);
 void rpc_admit_free(struct rpc_admit *a);
 
-/* The members' IPv4 addresses (host order; n of them, the first RPC_ADMIT_MEMBER_ADDRS
- * kept). Connections already in keep their class. */
-void rpc_admit_set_members(struct rpc_admit *a, const uint32_t *addrs, size_t n);
+/* The members' addresses (n of them, the first RPC_ADMIT_MEMBER_ADDRS kept; unknown ones
+ * skipped). Connections already in keep their class. */
+void rpc_admit_set_members(struct rpc_admit *a, const struct rpc_admit_addr *addrs, size_t n);
 
 enum rpc_admit_verdict {
     RPC_ADMIT_OK,          /* add it */
@@ -74,13 +85,13 @@ enum rpc_admit_verdict {
     RPC_ADMIT_REFUSE_FULL, /* every slot it may take is held, none by an unauthenticated one */
 };
 
-/* Whether a connection from addr (host order, 0: unknown) may come in; with
- * RPC_ADMIT_EVICT, *evict is the entry to close first. */
-enum rpc_admit_verdict rpc_admit_decide(const struct rpc_admit *a, uint32_t addr,
+/* Whether a connection from addr (zeros: unknown) may come in; with RPC_ADMIT_EVICT, *evict
+ * is the entry to close first. */
+enum rpc_admit_verdict rpc_admit_decide(const struct rpc_admit *a, struct rpc_admit_addr addr,
                                         struct rpc_admit_entry **evict);
 
 /* Adds e for a connection from addr that rpc_admit_decide() let in. */
-void rpc_admit_add(struct rpc_admit *a, struct rpc_admit_entry *e, uint32_t addr);
+void rpc_admit_add(struct rpc_admit *a, struct rpc_admit_entry *e, struct rpc_admit_addr addr);
 
 /* e sent a known token: a client's (member false) or the cluster secret (member true). A
  * member's entry stays a member's. */

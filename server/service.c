@@ -28,6 +28,7 @@
 #include "frame.h"
 #include "log.h"
 #include "prefault_thread.h"
+#include "resolver.h"
 #include "xmalloc.h"
 
 /* Layouts server/ and cluster/ each define, so that neither library includes the other's
@@ -464,6 +465,33 @@ static void expiryArm(struct service *s, uint64_t delay_ms)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
+/* cluster.bootstrap as the cluster takes it (calloc'd, one more entry than members). */
+static struct cluster_member *bootMembers(const struct config *cfg)
+{
+    struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
+    for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
+        const struct config_member *m = &cfg->cluster.bootstrap[i];
+        boot[i].id = m->id;
+        snprintf(boot[i].raft_address, sizeof(boot[i].raft_address), "%s", m->raft_address.text);
+        snprintf(boot[i].rpc_address, sizeof(boot[i].rpc_address), "%s", m->rpc_address.text);
+        snprintf(boot[i].http_address, sizeof(boot[i].http_address), "%s", m->http_address.text);
+        boot[i].role = RAFT_VOTER;
+    }
+    return boot;
+}
+
+/* Frees a service that service_new() could not finish (its fsm, when made). */
+static void serviceFreeEarly(struct service *s)
+{
+    if (s->fsm != NULL) {
+        fsm_close(s->fsm);
+    }
+    EVP_MD_free(s->sha256);
+    free(s->acct_of);
+    free(s->acct_names);
+    free(s);
+}
+
 struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err,
                             size_t errlen)
 {
@@ -497,27 +525,24 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     uint8_t secret[FSM_HASH_SECRET_LEN];
     if (RAND_bytes(secret, sizeof secret) != 1) {
         snprintf(err, errlen, "no randomness for the record table's hash key");
-        EVP_MD_free(s->sha256);
-        free(s->acct_of);
-        free(s->acct_names);
-        free(s);
+        serviceFreeEarly(s);
         return NULL;
     }
     s->fsm = fsm_new_with(
         &(struct fsm_options){.prefault = &prefault_thread, .hash_secret = secret});
     OPENSSL_cleanse(secret, sizeof secret);
-    struct cluster_member *boot = xcalloc(cfg->cluster.n_bootstrap + 1, sizeof(*boot));
-    for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
-        const struct config_member *m = &cfg->cluster.bootstrap[i];
-        boot[i].id = m->id;
-        snprintf(boot[i].raft_address, sizeof(boot[i].raft_address), "%s", m->raft_address.text);
-        snprintf(boot[i].rpc_address, sizeof(boot[i].rpc_address), "%s", m->rpc_address.text);
-        snprintf(boot[i].http_address, sizeof(boot[i].http_address), "%s", m->http_address.text);
-        boot[i].role = RAFT_VOTER;
+    s->resolver = IdemResolverNew(loop);
+    if (s->resolver == NULL) {
+        snprintf(err, errlen, "cannot make the host name resolver (out of memory)");
+        serviceFreeEarly(s);
+        return NULL;
     }
+    struct cluster_member *boot = bootMembers(cfg);
     struct cluster_config cc = {
         .id = cfg->node.id,
         .raft_address = cfg->node.raft_address.text,
+        .raft_listen = cfg->node.raft_listen.text,
+        .resolver = s->resolver,
         .rpc_address = cfg->node.rpc_address.text,
         .http_address = cfg->node.http_address.text,
         .data_dir = cfg->node.data_dir,
@@ -564,11 +589,9 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     s->cluster = cluster_new(loop, &cc, &ops, err, errlen);
     free(boot);
     if (s->cluster == NULL) {
-        fsm_close(s->fsm);
-        EVP_MD_free(s->sha256);
-        free(s->acct_of);
-        free(s->acct_names);
-        free(s);
+        IdemResolverClose(s->resolver);
+        uv_run(loop, UV_RUN_NOWAIT); /* its handle closes on the loop */
+        serviceFreeEarly(s);
         return NULL;
     }
     uv_timer_init(loop, &s->expiry_timer);
@@ -639,6 +662,7 @@ static void serviceMaybeFinish(struct service *s)
     }
     fsm_close(s->fsm);
     EVP_MD_free(s->sha256);
+    IdemResolverClose(s->resolver); /* the cluster, its user, is closed */
     free(s->acct_of);
     free(s->acct_names);
     void (*cb)(void *) = s->close_cb;
@@ -713,47 +737,59 @@ const char *service_leader_elsewhere(const struct service *s)
     return addr;
 }
 
-/* The IPv4 address (host order) of "A.B.C.D:PORT" (or of a bare address), 0 when it is
- * not one. */
-static uint32_t hostOf(const char *addr)
+/* The addresses of the host of `addr` ("host:port", "[v6]:port") into out[*k..cap): an IP
+ * address itself (a wildcard none), a name those it last resolved to (asked again in the
+ * background once that answer is old). */
+static void hostsOf(const struct service *s, const char *addr, struct rpc_admit_addr *out,
+                    size_t cap, size_t *k)
 {
-    char host[INET_ADDRSTRLEN];
-    const char *colon = strrchr(addr, ':');
-    size_t len = colon != NULL ? (size_t)(colon - addr) : strlen(addr);
-    struct in_addr in;
-    if (len == 0 || len >= sizeof host) {
-        return 0;
+    char host[IDEM_HOST_MAX + 1];
+    uint16_t port = 0;
+    struct sockaddr_storage ss[IDEM_RESOLVE_MAX];
+    size_t n = 0;
+    if (*k >= cap || !IdemHostPortSplit(addr, host, sizeof host, &port)) {
+        return;
     }
-    memcpy(host, addr, len);
-    host[len] = '\0';
-    return inet_pton(AF_INET, host, &in) == 1 ? ntohl(in.s_addr) : 0;
+    if (IdemSockaddrLiteral(host, port, &ss[0])) {
+        n = 1;
+    } else {
+        IdemResolverRefresh(s->resolver, host, SERVICE_MEMBER_RESOLVE_MS);
+        n = IdemResolverCached(s->resolver, host, port, UINT64_MAX, ss, IDEM_RESOLVE_MAX);
+    }
+    static const struct rpc_admit_addr none;
+    for (size_t i = 0; i < n && *k < cap; i++) {
+        struct rpc_admit_addr a = none;
+        (void)IdemSockaddrKey((const struct sockaddr *)&ss[i], a.b);
+        struct rpc_admit_addr any4 = rpc_admit_addr_v4(0);
+        any4.b[10] = any4.b[11] = 0xff; /* 0.0.0.0 */
+        if (memcmp(&a, &none, sizeof a) != 0 && memcmp(&a, &any4, sizeof a) != 0) {
+            out[(*k)++] = a;
+        }
+    }
 }
 
-size_t service_member_addrs(const struct service *s, uint32_t *out, size_t cap)
+size_t service_member_addrs(const struct service *s, struct rpc_admit_addr *out, size_t cap)
 {
     size_t k = 0;
     const struct config *cfg = s->cfg;
     const char *mine[] = {cfg->node.raft_address.text, cfg->node.rpc_address.text,
                           cfg->node.http_address.text};
-    for (size_t i = 0; i < 3 && k < cap; i++) {
-        out[k] = hostOf(mine[i]);
-        k += out[k] != 0;
+    for (size_t i = 0; i < 3; i++) {
+        hostsOf(s, mine[i], out, cap, &k);
     }
     for (size_t i = 0; i < cfg->cluster.n_bootstrap; i++) {
         const struct config_member *b = &cfg->cluster.bootstrap[i];
         const char *addrs[] = {b->raft_address.text, b->rpc_address.text, b->http_address.text};
-        for (size_t j = 0; j < 3 && k < cap; j++) {
-            out[k] = hostOf(addrs[j]);
-            k += out[k] != 0;
+        for (size_t j = 0; j < 3; j++) {
+            hostsOf(s, addrs[j], out, cap, &k);
         }
     }
     struct cluster_member ms[CLUSTER_MEMBERS_MAX];
     size_t n = cluster_members(s->cluster, ms, CLUSTER_MEMBERS_MAX);
     for (size_t i = 0; i < n && i < CLUSTER_MEMBERS_MAX; i++) {
         const char *addrs[] = {ms[i].raft_address, ms[i].rpc_address, ms[i].http_address};
-        for (size_t j = 0; j < 3 && k < cap; j++) {
-            out[k] = hostOf(addrs[j]);
-            k += out[k] != 0;
+        for (size_t j = 0; j < 3; j++) {
+            hostsOf(s, addrs[j], out, cap, &k);
         }
     }
     return k;

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "fsm.h"
 #include "idem.pb-c.h"
+#include "rpc_admit.h"
 
 struct service;
 
@@ -128,11 +129,15 @@ enum service_credential {
 enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
                                               size_t len);
 
-/* The IPv4 addresses (host order) of the cluster's members: their Raft, RPC and HTTP
- * addresses in the current configuration, in cluster.bootstrap and this node's own
- * (0.0.0.0 left out). Fills up to `cap` entries of out (OUT), maybe the same address more
- * than once; returns how many. */
-size_t service_member_addrs(const struct service *s, uint32_t *out, size_t cap);
+/* The addresses of the cluster's members (rpc_admit.h's form): the hosts of their Raft, RPC
+ * and HTTP addresses in the current configuration, in cluster.bootstrap and this node's own
+ * (wildcards left out). A host name counts with the addresses it last resolved to, and is
+ * looked up again (off the loop) once that answer is SERVICE_MEMBER_RESOLVE_MS old; until
+ * its first answer it counts with none (its connections are a client's, or a member's once
+ * they send the cluster secret). Fills up to `cap` entries of out (OUT), maybe the same
+ * address more than once; returns how many. */
+#define SERVICE_MEMBER_RESOLVE_MS 30000
+size_t service_member_addrs(const struct service *s, struct rpc_admit_addr *out, size_t cap);
 
 /* Raft and state machine figures for health checks and metrics (OUT). The cluster status's
  * leader_rpc_address borrows the cluster's memory until the next loop turn. */

@@ -382,10 +382,11 @@ static void adminResolve(struct service *s, const Idem__Request *req, service_do
     service_propose_client(s, &cmd, req->request_id, service_deadline_of(s, req), cb, data);
 }
 
-/* members add: each address as a node's configuration takes it (config_addr_parse: an
- * IPv4 address, a port without leading zeros), so that the cluster can compare them as
- * text, and none is cut short to fit. The RPC has other clients than idemctl. Returns 0, or
- * -1 with what is wrong in msg. */
+/* members add: each address as a node's configuration takes it (config_addr_parse: an IPv4
+ * address, an IPv6 one in brackets or a host name, a port without leading zeros), and none
+ * is cut short to fit. The cluster is given their canonical texts (canonicalText), so that it
+ * can compare them as text. The RPC has other clients than idemctl. Returns 0, or -1 with
+ * what is wrong in msg. */
 static int membersAddCheck(const Idem__MembersRequest *m, char *msg, size_t msg_len)
 {
     const char *given[3] = {m->raft_address, m->rpc_address, m->http_address};
@@ -404,6 +405,14 @@ static int membersAddCheck(const Idem__MembersRequest *m, char *msg, size_t msg_
     return 0;
 }
 
+/* The canonical text of an address membersAddCheck() took ("" stays ""), into out. */
+static void canonicalText(char *out, size_t len, const char *given)
+{
+    struct config_addr ca;
+    char why[256];
+    snprintf(out, len, "%s", config_addr_parse(given, &ca, why, sizeof why) == 0 ? ca.text : given);
+}
+
 /* Starts a membership change (members add, promote, remove) or a leadership transfer, whose
  * callback answers a; a CLUSTER_* code when none started. */
 static int adminStartChange(struct service *s, const Idem__Request *req, struct adminOp *a)
@@ -417,9 +426,9 @@ static int adminStartChange(struct service *s, const Idem__Request *req, struct 
     cm.id = m->id;
     switch (m->action) {
     case IDEM__MEMBERS_REQUEST__ACTION__ACTION_ADD:
-        snprintf(cm.raft_address, sizeof(cm.raft_address), "%s", m->raft_address);
-        snprintf(cm.rpc_address, sizeof(cm.rpc_address), "%s", m->rpc_address);
-        snprintf(cm.http_address, sizeof(cm.http_address), "%s", m->http_address);
+        canonicalText(cm.raft_address, sizeof(cm.raft_address), m->raft_address);
+        canonicalText(cm.rpc_address, sizeof(cm.rpc_address), m->rpc_address);
+        canonicalText(cm.http_address, sizeof(cm.http_address), m->http_address);
         return cluster_member_add(s->cluster, &cm, adminChangeCb, a);
     case IDEM__MEMBERS_REQUEST__ACTION__ACTION_PROMOTE:
         return cluster_member_promote(s->cluster, m->id, adminChangeCb, a);

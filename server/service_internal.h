@@ -47,6 +47,7 @@ struct service {
     void *reload_data;
     struct fsm *fsm;
     struct cluster *cluster;
+    struct idem_resolver *resolver; /* members' host names (the cluster's and rpc.c's) */
     uv_timer_t expiry_timer;
     bool expire_in_flight;
     LIST_HEAD(, op) ops; /* live ops, for shutdown */

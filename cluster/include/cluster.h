@@ -73,9 +73,17 @@ struct cluster_member {
     int role; /* RAFT_VOTER, RAFT_STANDBY, RAFT_SPARE; -1 when not in the configuration */
 };
 
+struct idem_resolver;
+
 struct cluster_config {
     uint64_t id;
-    const char *raft_address;
+    const char *raft_address; /* "host:port": an IPv4 address, [IPv6] or a host name */
+    /* The address the Raft listener binds (node.raft_listen: may be a wildcard, 0.0.0.0:P or
+     * [::]:P); NULL or "": raft_address. A name is resolved when raft starts, blocking. */
+    const char *raft_listen;
+    /* Resolves the members' host names off the loop (client/resolver.h), borrowed: it must
+     * outlive the cluster. NULL: members reached by IP address only. */
+    struct idem_resolver *resolver;
     const char *rpc_address;
     const char *http_address;
     const char *data_dir;

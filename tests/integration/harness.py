@@ -211,7 +211,8 @@ def http_exchange(conn, method, path, body=None, headers=None, raw=None):
     application/json) or None; raw: bytes sent as they are (overrides body)."""
     hdrs = {}
     if method == "GET" and path == "/metrics" and "Authorization" not in (headers or {}):
-        hdrs.update(metrics_auth("%s:%d" % (conn.host, conn.port)))
+        host = "[%s]" % conn.host if ":" in conn.host else conn.host  # an IPv6 address
+        hdrs.update(metrics_auth("%s:%d" % (host, conn.port)))
     data = None
     if raw is not None:
         data = raw
@@ -242,7 +243,7 @@ def http_exchange(conn, method, path, body=None, headers=None, raw=None):
 def http_request(addr, method, path, body=None, headers=None, timeout=10, raw=None):
     """http_exchange() on a fresh connection to addr ("host:port"), closed afterwards."""
     host, port = addr.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
     try:
         return http_exchange(conn, method, path, body, headers, raw)
     finally:
@@ -250,11 +251,16 @@ def http_request(addr, method, path, body=None, headers=None, timeout=10, raw=No
 
 
 class Node:
-    def __init__(self, nid, root):
+    def __init__(self, nid, root, host="127.0.0.1", listen=None):
+        """host: the host of its advertised addresses (an IPv4 address, a name, "[::1]");
+        listen: {"raft_listen": "0.0.0.0:{raft}", ...}, its node.*_listen keys, each formatted
+        with the ports of its addresses (raft, rpc, http)."""
         self.id = nid
-        self.raft = "127.0.0.1:%d" % free_port()
-        self.rpc = "127.0.0.1:%d" % free_port()
-        self.http = "127.0.0.1:%d" % free_port()
+        self.raft = "%s:%d" % (host, free_port())
+        self.rpc = "%s:%d" % (host, free_port())
+        self.http = "%s:%d" % (host, free_port())
+        ports = {k: getattr(self, k).rsplit(":", 1)[1] for k in ("raft", "rpc", "http")}
+        self.listen = {k: v.format(**ports) for k, v in (listen or {}).items()}
         self.dir = os.path.join(root, "node%d" % nid)
         self.cfg = os.path.join(root, "node%d.yaml" % nid)
         self.log = os.path.join(root, "node%d.log" % nid)
@@ -268,7 +274,7 @@ class Cluster:
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
                  data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None,
-                 alpha_quota=None):
+                 alpha_quota=None, hosts=None, listen=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -296,8 +302,11 @@ class Cluster:
         self.may_exit = set()
         self._exited = []  # (id, text): nodes found dead when killed, stopped or restarted
         self._reported = set()  # what check() already returned, not returned again
+        # hosts: {id: host} of nodes not addressed by 127.0.0.1 (a name, "[::1]"); listen:
+        # {id: node.*_listen keys} (Node).
         for i in range(1, n + 1):
-            self.nodes[i] = Node(i, self.root)
+            self.nodes[i] = Node(i, self.root, (hosts or {}).get(i, "127.0.0.1"),
+                                 (listen or {}).get(i))
             self.bootstrap.append(self.nodes[i])
         # data_dirs: {id: path} for nodes whose data lives elsewhere (a test's own file
         # system); the test creates and removes those, close() leaves them.
@@ -313,18 +322,20 @@ class Cluster:
     def _write_config(self, node, bootstrap):
         ADMIN_BY_HTTP[node.http] = self.admin
         h = lambda t: hashlib.sha256(t.encode()).hexdigest()
+        # Addresses quoted: "[::1]:7001" unquoted would be a YAML list.
         lines = [
             "node:",
             "  id: %d" % node.id,
-            "  raft_address: %s" % node.raft,
-            "  rpc_address: %s" % node.rpc,
-            "  http_address: %s" % node.http,
+            "  raft_address: '%s'" % node.raft,
+            "  rpc_address: '%s'" % node.rpc,
+            "  http_address: '%s'" % node.http,
             "  data_dir: %s" % node.dir,
+        ] + ["  %s: '%s'" % kv for kv in sorted(node.listen.items())] + [
             "cluster:",
             "  bootstrap:",
         ]
         for b in bootstrap:
-            lines.append("    - {id: %d, raft_address: %s, rpc_address: %s, http_address: %s}"
+            lines.append("    - {id: %d, raft_address: '%s', rpc_address: '%s', http_address: '%s'}"
                          % (b.id, b.raft, b.rpc, b.http))
         if not bootstrap:
             lines[-1] = "  bootstrap: []"

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "config.h"
@@ -368,6 +369,110 @@ static void test_empty_values_are_defaults(void **state)
     config_free(&c);
 }
 
+/* ---- address forms -------------------------------------------------------------------------- */
+
+static void assertParsed(const char *in, const char *text, const char *host, uint16_t port,
+                         int family)
+{
+    struct config_addr a;
+    char why[256];
+    if (config_addr_parse(in, &a, why, sizeof why) != 0) {
+        fail_msg("%s: %s", in, why);
+    }
+    assertAddr(&a, text, host, port);
+    assert_int_equal(a.family, family);
+    assert_int_equal(config_addr_is_name(&a), family == AF_UNSPEC);
+}
+
+/* Names (in lower case), IPv6 addresses in brackets (in RFC 5952's form), IPv4 as before:
+ * each endpoint has one text. */
+static void test_address_forms(void **state)
+{
+    (void)state;
+    assertParsed("127.0.0.1:9001", "127.0.0.1:9001", "127.0.0.1", 9001, AF_INET);
+    assertParsed("0.0.0.0:1", "0.0.0.0:1", "0.0.0.0", 1, AF_INET);
+    assertParsed("localhost:7001", "localhost:7001", "localhost", 7001, AF_UNSPEC);
+    assertParsed("Node-1.Example.COM:65535", "node-1.example.com:65535", "node-1.example.com",
+                 65535, AF_UNSPEC);
+    assertParsed("idem_1.svc.cluster.local.:9001", "idem_1.svc.cluster.local.:9001",
+                 "idem_1.svc.cluster.local.", 9001, AF_UNSPEC);
+    assertParsed("1a:80", "1a:80", "1a", 80, AF_UNSPEC);
+    assertParsed("[::1]:9001", "[::1]:9001", "::1", 9001, AF_INET6);
+    assertParsed("[0:0:0:0:0:0:0:1]:9001", "[::1]:9001", "::1", 9001, AF_INET6);
+    assertParsed("[2001:DB8:0:0:1:0:0:1]:80", "[2001:db8::1:0:0:1]:80", "2001:db8::1:0:0:1", 80,
+                 AF_INET6);
+    assertParsed("[::]:9001", "[::]:9001", "::", 9001, AF_INET6);
+    /* An IPv4-mapped IPv6 address is the IPv4 address. */
+    assertParsed("[::ffff:127.0.0.1]:9001", "127.0.0.1:9001", "127.0.0.1", 9001, AF_INET);
+    assertParsed("[::FFFF:7f00:2]:9001", "127.0.0.2:9001", "127.0.0.2", 9001, AF_INET);
+    /* The longest name: 253 bytes in labels of 63. */
+    char longName[300];
+    snprintf(longName, sizeof longName, "%.63s.%.63s.%.63s.%.61s:1", HASH_A HASH_A, HASH_B HASH_B,
+             HASH_C HASH_C, HASH_A HASH_A);
+    struct config_addr a;
+    char why[256];
+    assert_int_equal(config_addr_parse(longName, &a, why, sizeof why), 0);
+    assert_int_equal(strlen(a.host), 253);
+    snprintf(longName, sizeof longName, "%.63s.%.63s.%.63s.%.62s:1", HASH_A HASH_A, HASH_B HASH_B,
+             HASH_C HASH_C, HASH_A HASH_A);
+    assert_int_equal(config_addr_parse(longName, &a, why, sizeof why), -1);
+    assert_non_null(strstr(why, "longer than 253 bytes"));
+
+    /* A node addressed by names and IPv6, its listeners on wildcards; the listen addresses
+     * default to the advertised ones. */
+    struct config c;
+    parseOk("node:\n"
+            "  id: 2\n"
+            "  raft_address: Node2.Example:9001\n"
+            "  rpc_address: '[::1]:7001'\n"
+            "  http_address: node2.example:8001\n"
+            "  raft_listen: 0.0.0.0:9001\n"
+            "  rpc_listen: '[::]:7001'\n"
+            "  data_dir: /tmp/idem\n"
+            "cluster:\n"
+            "  bootstrap:\n"
+            "    - {id: 1, raft_address: node1.example:9001, rpc_address: '[::2]:7001'}\n"
+            "    - {id: 2, raft_address: node2.example:9001, rpc_address: '[::1]:7001'}\n"
+            "proxy:\n"
+            "  - address: '[::1]:8101'\n"
+            "    routes: [{upstream: 'http://127.0.0.1:9', tenant: demo}]\n"
+            "  - address: localhost:8102\n"
+            "    routes: [{upstream: 'http://127.0.0.1:9', tenant: demo}]\n" ADMIN_OK TENANTS_OK,
+            &c);
+    assertAddr(&c.node.raft_address, "node2.example:9001", "node2.example", 9001);
+    assertAddr(&c.node.rpc_address, "[::1]:7001", "::1", 7001);
+    assertAddr(&c.node.raft_listen, "0.0.0.0:9001", "0.0.0.0", 9001);
+    assertAddr(&c.node.rpc_listen, "[::]:7001", "::", 7001);
+    assertAddr(&c.node.http_listen, "node2.example:8001", "node2.example", 8001);
+    assertAddr(&c.cluster.bootstrap[0].raft_address, "node1.example:9001", "node1.example", 9001);
+    assertAddr(&c.cluster.bootstrap[0].rpc_address, "[::2]:7001", "::2", 7001);
+    assertAddr(&c.proxies[0].address, "[::1]:8101", "::1", 8101);
+    assertAddr(&c.proxies[1].address, "localhost:8102", "localhost", 8102);
+    config_free(&c);
+    parseOk(MINIMAL, &c);
+    assertAddr(&c.node.raft_listen, "127.0.0.1:9001", "127.0.0.1", 9001);
+    assertAddr(&c.node.rpc_listen, "127.0.0.1:7001", "127.0.0.1", 7001);
+    assertAddrUnset(&c.node.http_listen);
+    config_free(&c);
+
+    /* One endpoint, two spellings: still one Raft address. */
+    char err[512];
+    static const char dup[] =
+        NODE_OK "cluster:\n  bootstrap:\n"
+                "    - {id: 1, raft_address: '[::1]:9001', rpc_address: 127.0.0.1:7001}\n"
+                "    - {id: 2, raft_address: '[0::1]:9001', rpc_address: 127.0.0.1:7002}\n" ADMIN_OK
+                    TENANTS_OK;
+    assert_int_equal(parseStr(dup, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "x.yaml:9:29: cluster.bootstrap[1].raft_address: duplicate Raft"));
+    static const char dupName[] = NODE_OK
+        "cluster:\n  bootstrap:\n"
+        "    - {id: 1, raft_address: n1.example:9001, rpc_address: 127.0.0.1:7001}\n"
+        "    - {id: 2, raft_address: N1.EXAMPLE:9001, rpc_address: 127.0.0.1:7002}\n" ADMIN_OK
+            TENANTS_OK;
+    assert_int_equal(parseStr(dupName, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "duplicate Raft address"));
+}
+
 /* ---- bad inputs ---------------------------------------------------------------------------- */
 
 struct bad_case {
@@ -628,7 +733,7 @@ static const struct bad_case bad_cases[] = {
 
     /* Addresses. */
     {"address without a port", "node:\n  id: 1\n  raft_address: 127.0.0.1\n",
-     "x.yaml:3:17: ", "node.raft_address: expected host:port, got \"127.0.0.1\""},
+     "x.yaml:3:17: ", "node.raft_address: expected host:port (or [IPv6]:port), got \"127.0.0.1\""},
     {"address with port 0", "node:\n  id: 1\n  raft_address: 127.0.0.1:0\n",
      "x.yaml:3:17: ", "node.raft_address: the port must be 1..65535, got \"127.0.0.1:0\""},
     {"address with port 70000", "node:\n  id: 1\n  raft_address: 127.0.0.1:70000\n",
@@ -637,23 +742,58 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:3:17: ", "expected host:port"},
     {"address with a bad IPv4", "node:\n  id: 1\n  raft_address: 256.0.0.1:9001\n",
      "x.yaml:3:17: ", "not a valid IPv4 address"},
-    {"address with a host name", "node:\n  id: 1\n  raft_address: bad_host:9001\n",
-     "x.yaml:3:17: ", "the host must be an IPv4 address (names are not resolved)"},
-    /* A name passed the check and failed at start ("rpc address localhost:7001: invalid
-     * argument"): the listeners bind, and libraft dials, by IPv4 address. */
-    {"rpc address with a valid host name",
-     "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n  rpc_address: localhost:7001\n",
-     "x.yaml:4:16: ", "node.rpc_address: the host must be an IPv4 address"},
-    {"bootstrap member with a host name",
-     NODE_OK "cluster:\n  bootstrap:\n    - {id: 1, raft_address: n1.example:9001, "
+    {"address with a short IPv4", "node:\n  id: 1\n  raft_address: 127.1:9001\n",
+     "x.yaml:3:17: ", "the host is not a valid IPv4 address, got \"127.1:9001\""},
+    /* getaddrinfo would read these as addresses (inet_aton's forms): neither names nor
+     * addresses here. */
+    {"address in hexadecimal", "node:\n  id: 1\n  raft_address: 0x7f000001:9001\n", "x.yaml:3:17: ",
+     "node.raft_address: the host must be an IPv4 address, an IPv6 address in brackets or a "
+     "host name, got \"0x7f000001:9001\""},
+    {"name with a numeric last label", "node:\n  id: 1\n  raft_address: a.b.123:9001\n",
+     "x.yaml:3:17: ", "the host must be an IPv4 address, an IPv6 address in brackets or a host"},
+    {"name with a bad character", "node:\n  id: 1\n  raft_address: 'bad host:9001'\n",
+     "x.yaml:3:17: ", "the host must be an IPv4 address, an IPv6 address in brackets or a host"},
+    {"name with an empty label", "node:\n  id: 1\n  raft_address: a..b:9001\n",
+     "x.yaml:3:17: ", "or a host name, got \"a..b:9001\""},
+    {"name with a label starting with a dash", "node:\n  id: 1\n  raft_address: -a.b:9001\n",
+     "x.yaml:3:17: ", "or a host name"},
+    {"name with a label of 64 bytes",
+     "node:\n  id: 1\n  raft_address: "
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.b:9001\n",
+     "x.yaml:3:17: ", "or a host name"},
+    {"bootstrap member with a bad host name",
+     NODE_OK "cluster:\n  bootstrap:\n    - {id: 1, raft_address: 'n1/x:9001', "
              "rpc_address: 127.0.0.1:7001}\n",
-     "x.yaml:8:29: ", "raft_address: the host must be an IPv4 address"},
+     "x.yaml:8:29: ", "cluster.bootstrap[0].raft_address: the host must be an IPv4 address"},
     {"address with a leading zero in the port", "node:\n  id: 1\n  raft_address: 127.0.0.1:09001\n",
      "x.yaml:3:17: ", "the port must be 1..65535 without leading zeros, got \"127.0.0.1:09001\""},
     {"address with a leading zero in the host", "node:\n  id: 1\n  raft_address: 127.0.0.01:9001\n",
      "x.yaml:3:17: ", "not a valid IPv4 address"},
-    {"address in IPv6", "node:\n  id: 1\n  raft_address: '[::1]:9001'\n",
-     "x.yaml:3:17: ", "IPv6 addresses are not supported"},
+    {"IPv6 address without brackets", "node:\n  id: 1\n  raft_address: '::1:9001'\n",
+     "x.yaml:3:17: ",
+     "node.raft_address: write an IPv6 address in brackets, [address]:port, got \"::1:9001\""},
+    {"IPv6 address without a port", "node:\n  id: 1\n  raft_address: '[::1]'\n",
+     "x.yaml:3:17: ", "node.raft_address: expected [IPv6]:port, got \"[::1]\""},
+    {"IPv6 address without the closing bracket", "node:\n  id: 1\n  raft_address: '[::1:9001'\n",
+     "x.yaml:3:17: ", "expected host:port (or [IPv6]:port)"},
+    {"IPv6 address with text after the bracket", "node:\n  id: 1\n  raft_address: '[::1]x:9001'\n",
+     "x.yaml:3:17: ", "expected [IPv6]:port, got \"[::1]x:9001\""},
+    {"bad IPv6 address", "node:\n  id: 1\n  raft_address: '[::g]:9001'\n",
+     "x.yaml:3:17: ", "the host is not a valid IPv6 address, got \"[::g]:9001\""},
+    {"IPv6 address with a zone", "node:\n  id: 1\n  raft_address: '[fe80::1%eth0]:9001'\n",
+     "x.yaml:3:17: ", "not a valid IPv6 address (zone indexes are not taken)"},
+    {"IPv4 address in brackets", "node:\n  id: 1\n  raft_address: '[127.0.0.1]:9001'\n",
+     "x.yaml:3:17: ", "the host is not a valid IPv6 address"},
+    {"empty brackets", "node:\n  id: 1\n  raft_address: '[]:9001'\n",
+     "x.yaml:3:17: ", "the host is not a valid IPv6 address"},
+    {"IPv6 address with a bad port", "node:\n  id: 1\n  raft_address: '[::1]:0'\n",
+     "x.yaml:3:17: ", "the port must be 1..65535, got \"[::1]:0\""},
+    {"bad raft_listen", NODE_OK "  raft_listen: 0.0.0.0\n",
+     "x.yaml:6:16: ", "node.raft_listen: expected host:port"},
+    {"bad rpc_listen", NODE_OK "  rpc_listen: '[::]:70000'\n",
+     "x.yaml:6:15: ", "node.rpc_listen: the port must be 1..65535"},
+    {"http_listen without an http_address", NODE_OK "  http_listen: 0.0.0.0:8001\n",
+     "x.yaml:6:16: ", "node.http_listen: set node.http_address too"},
     {"bad http_address",
      "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
      "  rpc_address: 127.0.0.1:7001\n  http_address: h:x\n",
@@ -1385,6 +1525,31 @@ static void test_cluster_secret_transport(void **state)
     assert_false(config_addr_is_loopback("localhost:7001"));
     assert_false(config_addr_is_loopback(""));
     assert_false(config_addr_is_loopback(NULL));
+    assert_true(config_addr_is_loopback("[::1]:7001"));
+    assert_true(config_addr_is_loopback("[0:0:0:0:0:0:0:1]:7001"));
+    assert_true(config_addr_is_loopback("[::ffff:127.0.0.2]:7001"));
+    assert_false(config_addr_is_loopback("[::]:7001"));
+    assert_false(config_addr_is_loopback("[::2]:7001"));
+    assert_false(config_addr_is_loopback("[::ffff:10.0.0.1]:7001"));
+    assert_false(config_addr_is_loopback("::1:7001"));
+
+    /* A member's RPC address that is a name: refused, not resolved (it may resolve elsewhere
+     * later), with a message that says so. */
+    static const char namedMember[] =
+        NODE_OK "cluster:\n  bootstrap:\n"
+                "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
+                "    - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: localhost:7002}\n";
+    writeTemp(path, "secret-of-the-cluster-0123\n", 27);
+    expectTransport(namedMember, path, "  insecure_cluster_secret: true\n", "",
+                    "x.yaml:12:28: rpc.insecure_cluster_secret: the RPC address localhost:7002 is "
+                    "a host name; the cluster secret goes in clear only to loopback addresses "
+                    "written as such");
+    static const char v6Member[] =
+        NODE_OK "cluster:\n  bootstrap:\n"
+                "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
+                "    - {id: 2, raft_address: '[::1]:9002', rpc_address: '[::1]:7002'}\n";
+    expectTransport(v6Member, path, "  insecure_cluster_secret: true\n", "", NULL);
+    assert_int_equal(remove(path), 0);
 }
 
 /* ---- the Raft secret (raft.secret_file) ---------------------------------------------------- */
@@ -1547,6 +1712,7 @@ int main(void)
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_empty_values_are_defaults),
+        cmocka_unit_test(test_address_forms),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_small_error_buffer),
         cmocka_unit_test(test_fd_budget),

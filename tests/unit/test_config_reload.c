@@ -153,6 +153,25 @@ static void test_keeps_restart_only(void **state)
     config_free(&n);
 }
 
+/* The listen addresses are a restart's too: named and kept (a file without them means the
+ * advertised addresses, so leaving one out changes it as well). */
+static void test_listen_addresses_kept(void **state)
+{
+    (void)state;
+    const char *tail = ADMIN "tenants: [{name: a, token_sha256: " HASH_A "}]\n";
+    char cur[1024], next[1024];
+    snprintf(cur, sizeof cur, "%s  raft_listen: 0.0.0.0:9001\n%s", NODE("1"), tail);
+    snprintf(next, sizeof next, "%s  rpc_listen: '[::]:7001'\n%s", NODE("1"), tail);
+    struct config n;
+    struct kept k;
+    char err[256];
+    assert_int_equal(merge(cur, next, &n, &k, err, sizeof err), 0);
+    assert_string_equal(k.keys, "node.raft_listen node.rpc_listen");
+    assert_string_equal(n.node.raft_listen.text, "0.0.0.0:9001");
+    assert_string_equal(n.node.rpc_listen.text, "127.0.0.1:7001");
+    config_free(&n);
+}
+
 /* One proxy listener more in the file: the running ones are kept whole, their routes found
  * again by tenant name in the new tenants (b moved to index 0). */
 static void test_listeners_kept(void **state)
@@ -290,6 +309,7 @@ int main(void)
         cmocka_unit_test(test_nothing_changed),
         cmocka_unit_test(test_keeps_restart_only),
         cmocka_unit_test(test_listeners_kept),
+        cmocka_unit_test(test_listen_addresses_kept),
         cmocka_unit_test(test_tls_switch_needs_files),
         cmocka_unit_test(test_kept_secret_vs_tokens),
         cmocka_unit_test(test_refs),

@@ -57,8 +57,8 @@ static void test_parse_refuses(void **state)
         "742 (idemd) R 739 739 24356 0 -1 4194304 99 0 0 0 7", /* cut before stime */
         "742 (idemd) R 739 739 24356 0 -1 4194304 99 0 0 0 x 3 0 0 20 0 1 0 1 2 3\n",
         "742 (idemd) R 739 739 24356 0 -1 4194304 99 0 0 0 7 3 0 0 20 0 1 0 -1 2 3\n",
-        "742 (idemd) R 739 739 24356 0 -1 4194304 99 0 0 0 7 3 0 0 20 0 1 0 1 2 "
-        "99999999999999999999\n", /* past 64 bits */
+        ("742 (idemd) R 739 739 24356 0 -1 4194304 99 0 0 0 7 3 0 0 20 0 1 0 1 2 "
+         "99999999999999999999\n"), /* past 64 bits */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_false(proc_stat_parse(bad[i], strlen(bad[i]), &f));

@@ -75,7 +75,7 @@ enum service_credential service_credential_of(const struct service *s, const uin
 }
 
 /* No member addresses: the client is a client (rpc.c asks for them). */
-size_t service_member_addrs(const struct service *s, uint32_t *out, size_t cap)
+size_t service_member_addrs(const struct service *s, struct rpc_admit_addr *out, size_t cap)
 {
     (void)s;
     (void)out;

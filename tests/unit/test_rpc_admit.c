@@ -13,11 +13,28 @@
 
 #include "rpc_admit.h"
 
-#define ADDR(d) (0x7f000000u | (d)) /* 127.0.0.d */
+#define ADDR(d) rpc_admit_addr_v4(0x7f000000u | (d)) /* 127.0.0.d */
+#define NONE rpc_admit_addr_v4(0)
+
+/* The IPv6 address 2001:db8:0:NET::HOST. */
+static struct rpc_admit_addr v6(unsigned net, unsigned host)
+{
+    struct rpc_admit_addr x;
+    memset(&x, 0, sizeof x);
+    x.b[0] = 0x20;
+    x.b[1] = 0x01;
+    x.b[2] = 0x0d;
+    x.b[3] = 0xb8;
+    x.b[6] = (uint8_t)(net >> 8);
+    x.b[7] = (uint8_t)net;
+    x.b[14] = (uint8_t)(host >> 8);
+    x.b[15] = (uint8_t)host;
+    return x;
+}
 
 /* Admits a connection from addr into e when the verdict allows; returns the verdict. */
-static enum rpc_admit_verdict admit(struct rpc_admit *a, struct rpc_admit_entry *e, uint32_t addr,
-                                    struct rpc_admit_entry **evicted)
+static enum rpc_admit_verdict admit(struct rpc_admit *a, struct rpc_admit_entry *e,
+                                    struct rpc_admit_addr addr, struct rpc_admit_entry **evicted)
 {
     struct rpc_admit_entry *old = NULL;
     enum rpc_admit_verdict v = rpc_admit_decide(a, addr, &old);
@@ -59,7 +76,7 @@ static void test_the_oldest_unauthenticated_connection_makes_room(void **state)
     }
     assert_int_equal(admit(&a, &e[9], ADDR(3), &ev), RPC_ADMIT_REFUSE_FULL);
     /* ... but a member's address takes the members' slots, and only those. */
-    uint32_t members[] = {ADDR(1)};
+    struct rpc_admit_addr members[] = {ADDR(1)};
     rpc_admit_set_members(&a, members, 1);
     assert_int_equal(admit(&a, &e[10], ADDR(1), &ev), RPC_ADMIT_OK);
     assert_int_equal(admit(&a, &e[11], ADDR(1), &ev), RPC_ADMIT_OK);
@@ -75,7 +92,7 @@ static void test_members_are_not_evicted_and_the_secret_makes_a_member(void **st
     (void)state;
     struct rpc_admit a;
     rpc_admit_init(&a, 4, 100, 0); /* the reserve is at most half: 2 */
-    uint32_t members[] = {ADDR(1), ADDR(1), 0, ADDR(9)};
+    struct rpc_admit_addr members[] = {ADDR(1), ADDR(1), NONE, ADDR(9)};
     rpc_admit_set_members(&a, members, 4);
     struct rpc_admit_entry e[8];
     struct rpc_admit_entry *ev;
@@ -101,7 +118,7 @@ static void test_one_address_holds_at_most_its_cap(void **state)
     (void)state;
     struct rpc_admit a;
     rpc_admit_init(&a, 100, 10, 3);
-    uint32_t members[] = {ADDR(1)};
+    struct rpc_admit_addr members[] = {ADDR(1)};
     rpc_admit_set_members(&a, members, 1);
     struct rpc_admit_entry e[16];
     struct rpc_admit_entry *ev;
@@ -114,7 +131,7 @@ static void test_one_address_holds_at_most_its_cap(void **state)
     assert_int_equal(admit(&a, &e[3], ADDR(3), &ev), RPC_ADMIT_OK);
     /* A member's address is not capped; an unknown one (0) neither. */
     for (int i = 4; i < 10; i++) {
-        assert_int_equal(admit(&a, &e[i], i < 7 ? ADDR(1) : 0, &ev), RPC_ADMIT_OK);
+        assert_int_equal(admit(&a, &e[i], i < 7 ? ADDR(1) : NONE, &ev), RPC_ADMIT_OK);
     }
     rpc_admit_remove(&a, &e[1]);
     rpc_admit_remove(&a, &e[1]); /* twice: nothing more */
@@ -131,32 +148,72 @@ static void test_counts_per_address_follow_a_model(void **state)
     rpc_admit_init(&a, N + 1, 0, 1000);
     static struct rpc_admit_entry e[N];
     static bool in[N];
+    static int of[N]; /* e[i]'s address: model's index */
     unsigned model[ADDRS] = {0};
     srand(7);
     for (int step = 0; step < 200000; step++) {
         int i = rand() % N;
-        uint32_t addr = (uint32_t)(rand() % ADDRS + 1) << 20; /* multiples collide */
+        int k = rand() % ADDRS;
+        /* Half IPv4 addresses, half IPv6 ones (two per /64, counted together). */
+        struct rpc_admit_addr addr =
+            k < ADDRS / 2 ? rpc_admit_addr_v4((uint32_t)(k + 1) << 20) : v6((unsigned)k, 1);
+        if (k >= ADDRS / 2 && rand() % 2) {
+            addr = v6((unsigned)k, 2);
+        }
         if (in[i]) {
-            model[(e[i].addr >> 20) - 1]--;
+            model[of[i]]--;
             rpc_admit_remove(&a, &e[i]);
             in[i] = false;
         } else {
             struct rpc_admit_entry *ev;
             assert_int_equal(admit(&a, &e[i], addr, &ev), RPC_ADMIT_OK);
-            model[(addr >> 20) - 1]++;
+            model[k]++;
+            of[i] = k;
             in[i] = true;
         }
         if (step % 1000 == 0) {
             /* Each address's count as the cap sees it: refused exactly at the model's. */
             struct rpc_admit b = a;
-            for (int k = 0; k < ADDRS; k++) {
-                b.per_address = model[k];
+            for (int m = 0; m < ADDRS; m++) {
+                b.per_address = model[m];
                 struct rpc_admit_entry *ev = NULL;
-                enum rpc_admit_verdict v = rpc_admit_decide(&b, (uint32_t)(k + 1) << 20, &ev);
-                assert_int_equal(v, model[k] > 0 ? RPC_ADMIT_REFUSE_ADDR : RPC_ADMIT_OK);
+                struct rpc_admit_addr x =
+                    m < ADDRS / 2 ? rpc_admit_addr_v4((uint32_t)(m + 1) << 20) : v6((unsigned)m, 3);
+                enum rpc_admit_verdict v = rpc_admit_decide(&b, x, &ev);
+                assert_int_equal(v, model[m] > 0 ? RPC_ADMIT_REFUSE_ADDR : RPC_ADMIT_OK);
             }
         }
     }
+    rpc_admit_free(&a);
+}
+
+/* IPv6 peers: capped per /64 (the host part changes nothing), a member by its whole address;
+ * an IPv4 address and another /64 are counted apart. */
+static void test_ipv6_is_capped_per_64(void **state)
+{
+    (void)state;
+    struct rpc_admit a;
+    rpc_admit_init(&a, 100, 10, 2);
+    struct rpc_admit_addr members[] = {v6(9, 1)};
+    rpc_admit_set_members(&a, members, 1);
+    struct rpc_admit_entry e[16];
+    struct rpc_admit_entry *ev;
+    assert_int_equal(admit(&a, &e[0], v6(1, 1), &ev), RPC_ADMIT_OK);
+    assert_int_equal(admit(&a, &e[1], v6(1, 2), &ev), RPC_ADMIT_OK);
+    assert_int_equal(admit(&a, &e[2], v6(1, 3), &ev), RPC_ADMIT_REFUSE_ADDR);
+    assert_int_equal(admit(&a, &e[2], v6(2, 1), &ev), RPC_ADMIT_OK);
+    assert_int_equal(admit(&a, &e[3], ADDR(1), &ev), RPC_ADMIT_OK);
+    assert_int_equal(admit(&a, &e[4], ADDR(2), &ev), RPC_ADMIT_OK);
+    /* The member's address is not capped; another address of its /64 is. */
+    for (int i = 5; i < 9; i++) {
+        assert_int_equal(admit(&a, &e[i], v6(9, 1), &ev), RPC_ADMIT_OK);
+        assert_int_equal(e[i].cls, RPC_ADMIT_MEMBER);
+    }
+    assert_int_equal(admit(&a, &e[9], v6(9, 2), &ev), RPC_ADMIT_OK);
+    assert_int_equal(admit(&a, &e[10], v6(9, 3), &ev), RPC_ADMIT_OK);
+    assert_int_equal(admit(&a, &e[11], v6(9, 4), &ev), RPC_ADMIT_REFUSE_ADDR);
+    rpc_admit_remove(&a, &e[0]);
+    assert_int_equal(admit(&a, &e[0], v6(1, 7), &ev), RPC_ADMIT_OK);
     rpc_admit_free(&a);
 }
 
@@ -167,6 +224,7 @@ int main(void)
         cmocka_unit_test(test_members_are_not_evicted_and_the_secret_makes_a_member),
         cmocka_unit_test(test_one_address_holds_at_most_its_cap),
         cmocka_unit_test(test_counts_per_address_follow_a_model),
+        cmocka_unit_test(test_ipv6_is_capped_per_64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,8 +160,9 @@ static const struct help helps[] = {
      "Adds node ID as a spare: it neither votes nor receives the log yet (status shows it at\n"
      "applied index 0); `idemctl members promote ID` then catches it up and makes it a\n"
      "voter. Start the new node first, with an empty bootstrap list. Each address as in\n"
-     "the node's configuration: A.B.C.D:PORT (IPv4; names are not resolved). Needs the\n"
-     "admin token.\n"},
+     "the node's configuration (its advertised address, not a *_listen one): A.B.C.D:PORT,\n"
+     "[IPV6]:PORT or NAME:PORT (a host name, resolved by the members). Needs the admin\n"
+     "token.\n"},
     {"members promote", "Usage: idemctl members promote ID\n\nMakes member ID a voter (raft "
                         "catches it up first: a node that is down makes it time out). Sent to "
                         "the leader once, not retried. Needs the admin token.\n"},

@@ -425,12 +425,13 @@ void probeAddCommand(const Idem__NodeStatus *st, char *out, size_t len)
 }
 
 /* Whether a member's configured raft address reaches a node that says it listens at `own`:
- * the same, or the same port when the node listens on every interface (0.0.0.0). */
+ * the same, or the same port when the node gives a wildcard as its address (0.0.0.0, [::]). */
 static bool raftAddressReaches(const char *configured, const char *own)
 {
     const char *c = strrchr(configured, ':');
     return strcmp(configured, own) == 0 ||
-           (c != NULL && strncmp(own, "0.0.0.0:", 8) == 0 && strcmp(c, own + 7) == 0);
+           (c != NULL && strncmp(own, "0.0.0.0:", 8) == 0 && strcmp(c, own + 7) == 0) ||
+           (c != NULL && strncmp(own, "[::]:", 5) == 0 && strcmp(c, own + 4) == 0);
 }
 
 /* Whether member m's addresses are wrong, as the node answering at its rpc address tells:
