@@ -476,17 +476,30 @@ class Rehearsal:
                 out[i] = None
         return out
 
+    def settled_scrape(self):
+        """The nodes' scrapes once every node has applied what the leader committed: the
+        state the synthetic series below hold for minutes (a follower a heartbeat behind
+        would read there as one lagging for good)."""
+        def settled():
+            got = self.scrape_all()
+            if any(v is None for v in got.values()):
+                return None
+            applied = {re.search(r"^idem_raft_applied_index (\S+)$", t, re.M).group(1)
+                       for t in got.values()}
+            commit = {re.search(r"^idem_raft_commit_index (\S+)$", t, re.M).group(1)
+                      for t in got.values()}
+            return got if len(applied) == 1 and applied == commit else None
+        return wait_for(settled, 30, "every node to apply the leader's commit index", 0.2)
+
     def alerts(self):
         """Step 3: the alert rules against real scrapes."""
         for i in NAMES:
             self.claim(i, self.token_b, "m-%d" % i)
-        healthy0 = self.scrape_all()
+        healthy0 = self.settled_scrape()
         time.sleep(2)
         for i in NAMES:
             self.claim(i, self.token_b, "m2-%d" % i)
-        healthy1 = self.scrape_all()
-        if any(v is None for v in list(healthy0.values()) + list(healthy1.values())):
-            raise AssertionError("a node's /metrics did not answer while healthy")
+        healthy1 = self.settled_scrape()
         check_rules(self.tmp, "healthy", healthy0, healthy1, expect={})
         say("healthy scrapes: no alert fires")
         lead = wait_for(self.leader, 30, "a leader")
