@@ -462,8 +462,8 @@ static int transportListen(struct raft_uv_transport *o, raft_uv_accept_cb cb)
     if (rv != 0) {
         /* libraft would say only "I/O error": the operator gets the reason (an address in
          * use, most often). libuv's codes are negative errno values. */
-        snprintf(o->errmsg, sizeof(o->errmsg), "raft %saddress %.200s: %s", own ? "" : "listen ",
-                 bind, why[0] != '\0' ? why : strerror(-rv));
+        snprintf(o->errmsg, sizeof(o->errmsg), "raft %saddress %.120s: %.100s",
+                 own ? "" : "listen ", bind, why[0] != '\0' ? why : strerror(-rv));
         return RAFT_IOERR;
     }
     return 0;
