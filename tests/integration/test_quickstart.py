@@ -126,8 +126,9 @@ class TestQuickstart(unittest.TestCase):
         def out():
             with open(os.path.join(self.root, "quickstart.out"), errors="replace") as f:
                 return f.read()
-        wait_for(lambda: "A three-node idemd cluster is running" in out(), 60,
-                 "the quick start's message")
+        # The message's last paragraph ("Ctrl-C stops the nodes"): the script writes the
+        # message in parts, and the proxy's line comes after the first one.
+        wait_for(lambda: "Ctrl-C stops the nodes" in out(), 60, "the quick start's message")
         idem = read_env(os.path.join(self.root, ".idem", "env"))
         rpc = ["127.0.0.1:%d" % (base + n) for n in (1, 2, 3)]
         self.assertEqual(idem["IDEM_CLUSTER"], ",".join(rpc))
