@@ -71,7 +71,7 @@ type Client struct {
 	opts  Options
 	hc    *http.Client
 	own   *http.Transport // the transport New made, closed by Close; nil otherwise
-	cur   atomic.Uint32   // the node requests go to; moved on after a failure
+	cur   atomic.Uint32   // the node requests go to (modulo len(nodes)); moved on after a failure
 
 	rmu sync.Mutex
 	rnd *mrand.Rand
@@ -259,8 +259,8 @@ func (c *Client) do(ctx context.Context, op, method, path, key string, body []by
 	defer cancel()
 	var last *Error
 	for try := 0; ; try++ {
-		idx := c.cur.Load() % uint32(len(c.nodes))
-		node := c.nodes[idx]
+		cur := c.cur.Load()
+		node := c.nodes[cur%uint32(len(c.nodes))]
 		a, err := c.attempt(ctx, method, node, path, key, body)
 		var wait time.Duration
 		if err != nil {
@@ -278,7 +278,7 @@ func (c *Client) do(ctx context.Context, op, method, path, key string, body []by
 			last = e
 			wait = e.RetryAfter
 		}
-		c.cur.CompareAndSwap(idx, idx+1)
+		c.cur.CompareAndSwap(cur, cur+1) // unless another call moved on already
 		if b := c.backoff(try); b > wait {
 			wait = b
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -249,6 +250,14 @@ func TestConnectionRefusedMovesOn(t *testing.T) {
 	}
 	if el := time.Since(start); el > 500*time.Millisecond {
 		t.Fatalf("took %v", el)
+	}
+	// Many calls moved the shared node index on: it keeps counting past the list's end,
+	// and the calls still move from the dead node to the next.
+	for i := uint32(2); i < 9; i++ {
+		c.cur.Store(i)
+		if _, err := c.Claim(context.Background(), fmt.Sprintf("k-refused-%d", i), orderReq); err != nil {
+			t.Fatalf("from index %d: %v", i, err)
+		}
 	}
 }
 
