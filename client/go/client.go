@@ -263,13 +263,16 @@ func (c *Client) do(ctx context.Context, op, method, path, key string, body []by
 		node := c.nodes[cur%uint32(len(c.nodes))]
 		a, err := c.attempt(ctx, method, node, path, key, body)
 		var wait time.Duration
-		if err != nil {
-			if ctx.Err() != nil && last == nil {
+		if err != nil && ctx.Err() != nil {
+			// The call's deadline passed (or its context ended) during the attempt: not
+			// the node's fault, so it stays the one to try first.
+			if last == nil {
 				last = &Error{Op: op, Code: CodeUnavailable, Node: node, Err: err}
-			} else if ctx.Err() == nil {
-				last = &Error{Op: op, Code: CodeUnavailable, Node: node,
-					Message: "no answer", Err: err}
 			}
+			return nil, unavailable(ctx, last)
+		}
+		if err != nil {
+			last = &Error{Op: op, Code: CodeUnavailable, Node: node, Message: "no answer", Err: err}
 		} else {
 			e := answerError(op, node, a.status, a.header, a.body)
 			if !retryable(a, e) {

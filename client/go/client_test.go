@@ -369,3 +369,21 @@ func TestFingerprintOf(t *testing.T) {
 	}
 	mustEqual(t, "empty query", FingerprintOf("GET", "/a?", nil), FingerprintOf("GET", "/a", nil))
 }
+
+// A call whose own deadline passes while a node works on it leaves that node first in
+// line: only the node's failures move the client on.
+func TestDeadlineDoesNotMoveOn(t *testing.T) {
+	f := newFake(t)
+	f.setHook(func(w http.ResponseWriter, r *http.Request, body []byte, n int) bool {
+		time.Sleep(200 * time.Millisecond)
+		return false
+	})
+	c := f.client(t, f.srv.URL, f.srv.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Claim(ctx, "k-dl", orderReq); !errors.Is(err, ErrUnavailable) ||
+		!errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v", err)
+	}
+	mustEqual(t, "node index", c.cur.Load(), 0)
+}

@@ -38,7 +38,9 @@ func (s *store) create(w http.ResponseWriter, r *http.Request) {
 	body := json.NewDecoder(r.Body)
 	if err := body.Decode(&order); err != nil || order.Amount <= 0 {
 		// A 4xx: the middleware releases the key, the next try runs again.
-		http.Error(w, `{"error": "want {\"amount\": N}"}`, http.StatusBadRequest)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"error": "want {\"amount\": N}"}` + "\n"))
 		return
 	}
 	fence, _ := idem.TokenFromContext(r.Context())
