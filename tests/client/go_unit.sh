@@ -6,7 +6,7 @@
 # written to the source tree. Exit 77 (skipped) when go is not installed.
 set -eu
 if ! command -v go >/dev/null 2>&1; then
-  echo "skipped: go is not installed (Debian's golang-go; tools/setup.sh --test)"
+  echo "go_unit.sh: skipped 'go is not installed (Debian's golang-go; tools/setup.sh --test)'"
   exit 77
 fi
 src=$(cd "$(dirname "$0")/../.." && pwd)
