@@ -42,6 +42,7 @@ test_packages=(
   stress-ng                     # a loaded machine (test_tls_bench.py)
   groff-base                    # the man pages rendered (test_install.py)
   prometheus                    # promtool (test_monitoring.py: the alert rules)
+  golang-go                     # the Go client's tests (client/go; tests/client/go_unit.sh)
 )
 if [ "$tests" = 1 ]; then
   packages+=("${test_packages[@]}")

@@ -1,0 +1,3 @@
+module idemd.dev/idem
+
+go 1.19

@@ -1,0 +1,296 @@
+//go:build integration
+
+package idem
+
+// Tests against a real three-node cluster, run by tests/integration/test_go_client.py
+// (ctest integration.goclient), which starts the cluster, builds this file into a test
+// binary (go test -c -tags integration) and runs it with -test.run Integration and:
+//
+//	IDEM_GO_NODES  the nodes' gateways, "http://127.0.0.1:P1,...", the leader first
+//	IDEM_GO_TOKEN  the bearer token of a tenant (lease_policy conflict, lease 30 s)
+//
+// TestIntegrationLeaderKill asks the driver to kill the leader: it prints the line
+// IDEM-KILL-LEADER on stdout from inside the function Run runs, and waits for the driver's
+// answer (one line on stdin) before the function returns, so the kill falls inside the run.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func itClient(t *testing.T) *Client {
+	nodes := os.Getenv("IDEM_GO_NODES")
+	if nodes == "" {
+		t.Fatal("IDEM_GO_NODES is not set: run me through tests/integration/test_go_client.py")
+	}
+	c, err := New(Options{Nodes: strings.Split(nodes, ","), Token: os.Getenv("IDEM_GO_TOKEN")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// itKey: a key of this run's own.
+func itKey(name string) string { return "go-it-" + name + "-" + NewAttemptID()[:12] }
+
+// runMany calls Run on one key from n goroutines at once; returns their results and errors.
+func runMany(c *Client, n int, key string, req Request, timeout time.Duration, entered *int32,
+	fn RunFunc) ([]*Result, []error) {
+	results, errs := make([]*Result, n), make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			atomic.AddInt32(entered, 1)
+			results[i], errs[i] = c.Run(ctx, key, req, fn)
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	return results, errs
+}
+
+// (1) 32 goroutines on one key: the function runs exactly once, and every caller gets its
+// response: one as the run, 31 replayed.
+func TestIntegrationConcurrentRun(t *testing.T) {
+	c := itClient(t)
+	key := itKey("concurrent")
+	var calls, entered int32
+	fn := func(ctx context.Context, token uint64) (*Response, error) {
+		atomic.AddInt32(&calls, 1)
+		time.Sleep(300 * time.Millisecond) // the others meet it in progress
+		return &Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: []byte(fmt.Sprintf(`{"charged":10,"fence":%d}`, token))}, nil
+	}
+	req := Request{Method: "POST", Path: "/charges", Body: map[string]int{"amount": 10}}
+	results, errs := runMany(c, 32, key, req, 20*time.Second, &entered, fn)
+	if calls != 1 {
+		t.Fatalf("fn ran %d times", calls)
+	}
+	var ran, replayed int
+	var body string
+	for i, res := range results {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		if body == "" {
+			body = string(res.Response.Body)
+		}
+		if string(res.Response.Body) != body || res.Response.Status != 201 {
+			t.Fatalf("caller %d got %d %q, another %q", i, res.Response.Status, res.Response.Body, body)
+		}
+		if res.Ran {
+			ran++
+		}
+		if res.Replayed {
+			replayed++
+			if res.Response.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("replayed headers %v", res.Response.Header)
+			}
+		}
+	}
+	if ran != 1 || replayed != 31 {
+		t.Fatalf("ran %d, replayed %d", ran, replayed)
+	}
+}
+
+// (3) A 2 s lease through a 5 s function: the renewals keep it, so another attempt finds
+// the key in progress at 3 s and at 4.5 s (past the claim's own lease), where the same
+// lease without renewals has lapsed (the control key: lease_expired, the tenant's
+// policy being conflict).
+func TestIntegrationRenewal(t *testing.T) {
+	c := itClient(t)
+	key, control := itKey("renew"), itKey("renew-control")
+	req := Request{Method: "POST", Path: "/slow", Lease: 2 * time.Second}
+	ctx := context.Background()
+	if _, err := c.Claim(ctx, control, req); err != nil {
+		t.Fatal(err)
+	}
+	var calls int32
+	var during []error
+	fn := func(ctx context.Context, token uint64) (*Response, error) {
+		atomic.AddInt32(&calls, 1)
+		start := time.Now()
+		for _, at := range []time.Duration{3 * time.Second, 4500 * time.Millisecond} {
+			time.Sleep(time.Until(start.Add(at)))
+			_, err := c.Claim(ctx, key, req) // a fresh attempt id: another attempt
+			during = append(during, err)
+		}
+		time.Sleep(time.Until(start.Add(5 * time.Second)))
+		return &Response{Status: 200, Body: []byte("slow and once")}, nil
+	}
+	res, err := c.Run(ctx, key, req, fn)
+	if err != nil || !res.Ran || res.LeaseLapsed {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	for i, e := range during {
+		if !errors.Is(e, ErrInProgress) {
+			t.Fatalf("claim %d during the run: %v, want in progress", i, e)
+		}
+	}
+	// A renewal every third of 2 s, over 5 s: about seven.
+	if res.Renewals < 5 {
+		t.Fatalf("%d renewals", res.Renewals)
+	}
+	if _, err := c.Claim(ctx, control, Request{Method: "POST", Path: "/slow"}); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("control key (no renewals): %v, want lease expired", err)
+	}
+	rec, err := c.Get(ctx, key)
+	if err != nil || rec.State != "completed" || string(rec.Response.Body) != "slow and once" {
+		t.Fatalf("record: %+v, %v", rec, err)
+	}
+	if calls != 1 {
+		t.Fatalf("fn ran %d times", calls)
+	}
+}
+
+// (4) The middleware over an httptest server: the same key twice runs the handler once
+// and replays its answer; a changed body under that key is refused with 409.
+func TestIntegrationMiddleware(t *testing.T) {
+	c := itClient(t)
+	var runs int32
+	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := atomic.AddInt32(&runs, 1)
+		b, _ := io.ReadAll(r.Body)
+		fence, _ := TokenFromContext(r.Context())
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d,"fence":%d,"request":%s}`, n, fence, b)
+	})
+	srv := httptest.NewServer(Middleware(c, Route{PathPrefix: "/orders"})(orders))
+	defer srv.Close()
+	key := itKey("mw")
+	post := func(body string) (*http.Response, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	r1, b1 := post(`{"amount": 10, "currency": "EUR"}`)
+	if r1.StatusCode != 201 || r1.Header.Get("Idempotency-Replayed") != "" {
+		t.Fatalf("first: %d %v %s", r1.StatusCode, r1.Header, b1)
+	}
+	// The same request (its keys in another order: the gateway's canonical JSON).
+	r2, b2 := post(`{"currency": "EUR", "amount": 10}`)
+	if r2.StatusCode != 201 || b2 != b1 || r2.Header.Get("Idempotency-Replayed") != "true" ||
+		r2.Header.Get("Location") != "/orders/1" {
+		t.Fatalf("second: %d %v %s (first %s)", r2.StatusCode, r2.Header, b2, b1)
+	}
+	r3, b3 := post(`{"amount": 99, "currency": "EUR"}`)
+	if r3.StatusCode != 409 || !strings.Contains(b3, CodeMismatch) {
+		t.Fatalf("changed body: %d %s", r3.StatusCode, b3)
+	}
+	if runs != 1 {
+		t.Fatalf("the handler ran %d times", runs)
+	}
+}
+
+// (2) 32 goroutines inside Run on one key while the leader is killed (SIGKILL), the
+// function inside its run: it prints IDEM-KILL-LEADER once all 32 callers are inside Run,
+// and returns only after the driver answered that it killed the leader (and 1 s after it
+// began at the least).
+//
+// What must hold, and why:
+//   - fn ran exactly once. At most once: the claim that acquired the key was committed on
+//     a majority before it was answered, so the new leader holds the key as processing
+//     under that holder (lease 30 s, renewed; policy conflict): no other caller's claim can
+//     acquire it, before or after the kill. At least once: the driver's answer came from
+//     inside fn.
+//   - every caller ends with fn's response (the runner as the run, the others replayed),
+//     or with a typed error that is ErrUnavailable or ErrUnknownOutcome: a caller may only
+//     fail in a way that says "not known" (no answer from a leader in time; a quarantined
+//     record), never with another response or a second run.
+//   - the key ends completed with fn's response: with two of three nodes alive a quorum
+//     remains, and the runner retries its complete (same token, same outcome: idempotent)
+//     for 15 s, well past an election; a later Run replays that response without running.
+func TestIntegrationLeaderKill(t *testing.T) {
+	c := itClient(t)
+	key := itKey("kill")
+	const n = 32
+	var calls, entered int32
+	answer := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+		answer <- strings.TrimSpace(line)
+	}()
+	want := `{"charged":25}`
+	fn := func(ctx context.Context, token uint64) (*Response, error) {
+		atomic.AddInt32(&calls, 1)
+		began := time.Now()
+		for atomic.LoadInt32(&entered) < n {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond) // the others meet it in progress
+		fmt.Println("IDEM-KILL-LEADER")
+		select {
+		case a := <-answer:
+			fmt.Printf("driver: %s\n", a)
+		case <-time.After(30 * time.Second):
+			return nil, Retryable(errors.New("the driver did not answer"))
+		}
+		time.Sleep(time.Until(began.Add(time.Second)))
+		return &Response{Status: 201, Body: []byte(want)}, nil
+	}
+	req := Request{Method: "POST", Path: "/charges", Body: map[string]int{"amount": 25}}
+	results, errs := runMany(c, n, key, req, 25*time.Second, &entered, fn)
+	if calls != 1 {
+		t.Fatalf("fn ran %d times, want exactly once", calls)
+	}
+	var ran, replayed, failed int
+	for i := range results {
+		if err := errs[i]; err != nil {
+			if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrUnknownOutcome) {
+				t.Fatalf("caller %d: %v: neither a result nor unavailable/unknown", i, err)
+			}
+			failed++
+			t.Logf("caller %d: %v", i, err)
+			continue
+		}
+		res := results[i]
+		if res.Response.Status != 201 || string(res.Response.Body) != want {
+			t.Fatalf("caller %d got %d %q", i, res.Response.Status, res.Response.Body)
+		}
+		if res.Ran {
+			ran++
+		} else if res.Replayed {
+			replayed++
+		}
+	}
+	t.Logf("%d callers: %d ran, %d replayed, %d typed errors", n, ran, replayed, failed)
+	if ran > 1 {
+		t.Fatalf("%d callers ran fn", ran)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	res, err := c.Run(ctx, key, req, func(context.Context, uint64) (*Response, error) {
+		t.Error("fn ran again after the failover")
+		return nil, Retryable(errors.New("must not run"))
+	})
+	if err != nil || !res.Replayed || string(res.Response.Body) != want {
+		t.Fatalf("after the failover: %+v, %v", res, err)
+	}
+}
