@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -34,8 +35,9 @@ import harness
 from harness import ClusterTestCase, free_port, wait_for
 from test_tls_bench import TlsCluster
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "client", "python"))
+SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(SRC, "client", "python"))
+EXAMPLES = os.path.join(SRC, "examples", "python")
 import idem  # noqa: E402
 import idem.asgi  # noqa: E402
 import idem.wsgi  # noqa: E402
@@ -402,6 +404,42 @@ class TestPyWsgi(ClusterTestCase):
         self.assertEqual(json.loads(out)["code"], "idempotency_unavailable")
         self.assertEqual(got["headers"]["Retry-After"], "1")
         self.assertEqual(self.app.calls, [])
+
+    def test_examples(self):
+        """examples/python: the WSGI order service, and run_charge.py (exit statuses)."""
+        nodes = ",".join(urls(self.c))
+        p = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "wsgi_orders.py"),
+                              "--idem", nodes, "--token", self.c.token, "--port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = p.stdout.readline()
+            self.assertIn("serving on http://", line)
+            addr = line.strip().rsplit("//", 1)[1]
+            a = http(addr, "POST", "/orders", '{"amount": 10, "currency": "EUR"}', "ex-1")
+            b = http(addr, "POST", "/orders", '{"currency": "EUR", "amount": 10}', "ex-1")
+            self.assertEqual((a[0], b[0], b[1].get("idempotency-replayed")), (201, 201, "true"))
+            self.assertEqual((b.raw, b[1].get("location")), (a.raw, "/orders/1"))
+            self.assertTrue(a[2]["fence"])
+            self.assertEqual(http(addr, "GET", "/orders/1")[2], a[2])
+            bad = http(addr, "POST", "/orders", '{"amount": 10, "currency": "USD"}', "ex-1")
+            self.assertEqual(bad[0], 409)
+        finally:
+            p.terminate()
+            p.wait(10)
+            p.stdout.close()
+
+        def charge(*args):
+            return subprocess.run([sys.executable, os.path.join(EXAMPLES, "run_charge.py"),
+                                   "--idem", nodes, "--token", self.c.token] + list(args),
+                                  capture_output=True, text=True, timeout=60)
+        r1, r2, r3 = charge("ex-7", "10 EUR"), charge("ex-7", "10 EUR"), charge("ex-7", "9 EUR")
+        self.assertEqual((r1.returncode, r2.returncode, r3.returncode), (0, 0, 1),
+                         (r1, r2, r3))
+        self.assertIn("outcome: charged", r1.stdout)
+        self.assertIn("charging 10 EUR", r1.stderr)
+        self.assertEqual(r2.stdout.replace("replay", "charged"), r1.stdout)
+        self.assertNotIn("charging", r2.stderr)
+        self.assertIn("idempotency_key_reused", r3.stdout)
 
 
 async def _asgi_request(app, method, path, body, key):

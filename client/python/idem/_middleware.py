@@ -245,11 +245,11 @@ def finish(cfg, held, status, headers, body):
     answer = Answer(status, list(headers), body)
     if not 200 <= status <= 599:
         # Not a status idemd stores (1xx): nothing to replay, the outcome stays unknown.
-        held.quarantine_after(Exception("status %d" % status), cfg.deadline)
+        held.quarantine_after(None, cfg.deadline)
         answer.headers.append(("Idempotency-Recorded", "false"))
         return answer
     if 400 <= status < 500 and not cfg.store_4xx:
-        err = held.release_after(Exception("4xx"), cfg.deadline)
+        err = held.release_after(None, cfg.deadline)
         if err is not None:
             log.warning("idem: release after a %d failed: %s", status, err)
         return answer

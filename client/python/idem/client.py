@@ -495,19 +495,22 @@ class Held:
         try:
             call()
         except IdemError as e:
-            exc.add_note("idem: " + self._notes(what, e))
+            if exc is not None:
+                exc.add_note("idem: " + self._notes(what, e))
             return e
-        if self.note:
+        if self.note and exc is not None:
             exc.add_note("idem: " + self.note)
         return None
 
-    def release_after(self, exc, deadline=None):
-        """release after fn raised exc; a failure is added to exc as a note (and returned)."""
+    def release_after(self, exc=None, deadline=None):
+        """release (after fn raised exc, when not None); returns the release's error, or
+        None, and adds it to exc as a note."""
         return self._after(exc, "release",
                            lambda: self.client.release(self.key, self.token, deadline=deadline))
 
-    def quarantine_after(self, exc, deadline=None):
-        """complete(unknown) after fn raised exc (or returned what cannot be stored)."""
+    def quarantine_after(self, exc=None, deadline=None):
+        """complete(unknown) (after fn raised exc, when not None, or returned what cannot be
+        stored); returns its error, or None, and adds it to exc as a note."""
         return self._after(exc, "complete(unknown)", lambda: self.client.complete(
             self.key, self.token, outcome="unknown", deadline=deadline))
 

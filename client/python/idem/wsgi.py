@@ -84,11 +84,14 @@ class IdempotencyMiddleware:
         key = environ.get("HTTP_IDEMPOTENCY_KEY")
         if r is None:
             return self.app(environ, start_response)
-        if not key:
+        if key is None:
             if self.cfg.key_required:
                 return self._send(start_response, mw.error_answer(
                     400, "idempotency_key_missing", "this route needs an Idempotency-Key"))
             return self.app(environ, start_response)
+        if not key:
+            return self._send(start_response, mw.error_answer(
+                400, "idempotency_key_missing", "the Idempotency-Key header is empty"))
         body = self._read_body(environ)
         if body is None:
             return self._send(start_response, mw.error_answer(

@@ -6,7 +6,9 @@ in_progress, and the middlewares' pure parts (routes, the request object a claim
 
     cd client/python/tests && python3 -m unittest -v test_unit
 """
+import asyncio
 import http.server
+import io
 import json
 import os
 import shutil
@@ -22,6 +24,8 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import idem  # noqa: E402
+import idem.asgi  # noqa: E402
+import idem.wsgi  # noqa: E402
 from idem import _middleware as mw  # noqa: E402
 from idem._renew import renew_plan  # noqa: E402
 from idem.client import _lease_estimate  # noqa: E402
@@ -163,12 +167,15 @@ class FakeNode:
                 status, headers, data = out
                 if isinstance(data, (dict, list)):
                     data = json.dumps(data).encode()
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up on this node (a timeout test)
+                    self.close_connection = True
 
             do_GET = do_POST = _serve
 
@@ -202,7 +209,7 @@ def in_progress(r):
             {"code": "idempotency_request_in_progress", "message": "held"})
 
 
-class Transport(unittest.TestCase):
+class Scripted(unittest.TestCase):
     def nodes(self, *scripts):
         out = [FakeNode(s) for s in scripts]
         for n in out:
@@ -214,6 +221,8 @@ class Transport(unittest.TestCase):
         self.addCleanup(c.close)
         return c
 
+
+class Transport(Scripted):
     def test_same_attempt_id_after_a_lost_answer(self):
         a, b = self.nodes([DROP], [ACQ])
         c = self.client([a, b]).claim("k", fingerprint="ab" * 32)
@@ -371,6 +380,130 @@ class Middleware(unittest.TestCase):
             idem.Response(99).to_json()
         self.assertEqual(idem.Response(204, {"ETag": '"1"'}, "é").to_json(),
                          {"status": 204, "headers": {"etag": '"1"'}, "body": "é"})
+
+
+def refused(status, code, retry_after=None):
+    h = {"Content-Type": "application/json"}
+    if retry_after:
+        h["Retry-After"] = str(retry_after)
+    return lambda r: (status, h, {"code": code, "message": "m", "request_id": "rid"})
+
+
+def wsgi_call(app, key="k", body=b'{"a": 1}', path="/o", method="POST", extra=None):
+    env = {"REQUEST_METHOD": method, "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
+           "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+           "wsgi.input": io.BytesIO(body), "SERVER_NAME": "x", "SERVER_PORT": "80",
+           "wsgi.url_scheme": "http"}
+    if key is not None:
+        env["HTTP_IDEMPOTENCY_KEY"] = key
+    env.update(extra or {})
+    got = {}
+    out = b"".join(app(env, lambda s, h, e=None: got.update(status=s, headers=dict(h))))
+    return int(got["status"].split()[0]), got["headers"], out
+
+
+class Middlewares(Scripted):
+    """The middlewares against scripted nodes: idemd's refusals mapped, the app's answers
+    recorded by their status."""
+
+    def app(self):
+        calls = []
+
+        def app(environ, start_response):
+            calls.append(environ.get("HTTP_IDEMPOTENCY_FENCE"))
+            status = environ["PATH_INFO"].rsplit("/", 1)[1]
+            start_response(status + " X", [("Content-Type", "text/plain"), ("X-Other", "1")])
+            return [b"answer"]
+        return app, calls
+
+    def test_refusals(self):
+        cases = [
+            (refused(409, "idempotency_key_reused"), {"mismatch_status": 422}, 422,
+             "idempotency_key_reused"),
+            (refused(409, "idempotency_request_in_progress", 5), {"in_progress_status": 425},
+             425, "idempotency_request_in_progress"),
+            (refused(409, "idempotency_outcome_unknown"), {}, 409,
+             "idempotency_outcome_unknown"),
+            (refused(410, "idempotency_key_expired"), {}, 410, "idempotency_key_expired"),
+            (refused(429, "idempotency_quota_exceeded"), {}, 429, "idempotency_quota_exceeded"),
+            (refused(400, "idempotency_key_invalid"), {}, 400, "idempotency_key_invalid"),
+            (refused(401, "unauthenticated"), {}, 500, "internal"),
+        ]
+        app, calls = self.app()
+        for step, opts, status, code in cases:
+            (a,) = self.nodes([step])
+            m = idem.wsgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")], **opts)
+            st, h, out = wsgi_call(m, path="/o/201")
+            self.assertEqual((st, json.loads(out)["code"]), (status, code), code)
+            if status == 425:
+                self.assertEqual(h["Retry-After"], "5")
+        self.assertEqual(calls, [])
+
+    def test_answers_recorded_by_status(self):
+        app, calls = self.app()
+        (a,) = self.nodes([ACQ, OK, ACQ, OK, ACQ, OK])
+        m = idem.wsgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")])
+        self.assertEqual(wsgi_call(m, path="/o/201")[0], 201)
+        done = a.seen[1]
+        self.assertEqual((done["path"], done["body"]), ("/v1/claims/complete", {
+            "token": 131072, "outcome": "succeeded",
+            "response": {"status": 201, "headers": {"content-type": "text/plain"},
+                         "body": "answer"}}))
+        self.assertEqual(a.seen[0]["body"]["request"],
+                         {"method": "POST", "path": "/o/201", "body": {"a": 1}})
+        self.assertEqual(wsgi_call(m, path="/o/503")[0], 503)
+        self.assertEqual(a.seen[3]["body"]["outcome"], "failed_final")
+        self.assertEqual(wsgi_call(m, path="/o/404")[0], 404)
+        self.assertEqual(a.seen[5]["path"], "/v1/claims/release")
+        self.assertEqual(calls, ["131072"] * 3)
+        # No key: the app runs, no claim; an empty key: 400.
+        self.assertEqual(wsgi_call(m, key=None, path="/o/200")[0], 200)
+        self.assertEqual(wsgi_call(m, key="", path="/o/200")[0], 400)
+        self.assertEqual(len(a.seen), 6)
+
+    def test_not_recorded_is_marked(self):
+        app, _ = self.app()
+        (a,) = self.nodes([ACQ] + [unavailable] * 20)
+        m = idem.wsgi.IdempotencyMiddleware(app, self.client([a], deadline=0.5),
+                                            [("POST", "/o")])
+        st, h, out = wsgi_call(m, path="/o/201")
+        self.assertEqual((st, out, h.get("Idempotency-Recorded")), (201, b"answer", "false"))
+
+    def test_asgi_replay_and_fence(self):
+        replay = lambda r: (201, {"Idempotency-Replayed": "true",  # noqa: E731
+                                  "Content-Type": "text/plain"}, b"stored")
+        (a,) = self.nodes([ACQ, OK, replay])
+        seen = []
+
+        async def app(scope, receive, send):
+            msg = await receive()
+            seen.append((msg["body"], dict(scope["headers"]).get(b"idempotency-fence")))
+            await send({"type": "http.response.start", "status": 201,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"fresh"})
+        m = idem.asgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")])
+
+        async def call():
+            scope = {"type": "http", "method": "POST", "path": "/o", "query_string": b"",
+                     "headers": [(b"idempotency-key", b"k"), (b"idempotency-fence", b"1"),
+                                 (b"content-type", b"text/plain")]}
+            msgs = [{"type": "http.request", "body": b"hello", "more_body": False}]
+            sent = []
+
+            async def receive():
+                return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+            async def send(msg):
+                sent.append(msg)
+            await m(scope, receive, send)
+            return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
+        first = asyncio.run(call())
+        second = asyncio.run(call())
+        self.assertEqual(first[::2], (201, b"fresh"))
+        self.assertEqual(second[::2], (201, b"stored"))
+        self.assertEqual(second[1].get(b"idempotency-replayed"), b"true")
+        self.assertEqual(seen, [(b"hello", b"131072")])
+        self.assertEqual(a.seen[0]["body"]["request"]["body"], "hello")
 
 
 if __name__ == "__main__":
