@@ -90,12 +90,12 @@ class Config:
             raise ValueError("mismatch_status is 409 or 422")
         if in_progress_status not in (409, 425):
             raise ValueError("in_progress_status is 409 or 425")
+        if client is None:
+            raise ValueError("the middleware needs an idem.Client (its nodes, TLS, deadline)")
         self.routes = parse_routes(routes)
         self.clients = {}
         for r in self.routes:
             tok = r.token or token
-            if tok is None and client is None:
-                raise ValueError("route %s has no token" % r.path_prefix)
             if tok not in self.clients:
                 self.clients[tok] = client if tok is None else client.with_token(tok)
         self.default_token = token

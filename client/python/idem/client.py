@@ -17,8 +17,8 @@ import time
 
 from . import _http
 from ._renew import LEASE_GUESS_MS, Renewer, now_ms
-from .errors import (IdemError, InProgress, InProgressTimeout, LeaseLost, NotFound,
-                     NotRecorded, ProtocolError, error_from_answer)
+from .errors import (IdemError, InProgress, InProgressTimeout, NotRecorded, ProtocolError,
+                     error_from_answer)
 
 __version__ = "0.1.0"
 

@@ -9,8 +9,8 @@ fallback when a code is not known here. `message` is for people and may change.
 __all__ = [
     "IdemError", "InvalidRequest", "PayloadTooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "Mismatch", "InProgress", "InProgressTimeout", "LeaseExpired", "UnknownOutcome",
-    "LeaseLost", "Expired", "QuotaExceeded", "ResponseTooLarge", "InternalError", "Unavailable", "ProtocolError",
-    "NotRecorded", "error_from_answer",
+    "LeaseLost", "Expired", "QuotaExceeded", "ResponseTooLarge", "InternalError", "Unavailable",
+    "ProtocolError", "NotRecorded", "error_from_answer",
 ]
 
 

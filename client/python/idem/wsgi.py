@@ -54,7 +54,10 @@ class IdempotencyMiddleware:
         self.cfg = mw.Config(client, routes, token=tok, **options)
 
     def _send(self, start_response, ans, status_line=None):
-        start_response(status_line or _status_line(ans.status), ans.headers)
+        headers = list(ans.headers)
+        if not any(k.lower() == "content-length" for k, _ in headers):
+            headers.append(("Content-Length", str(len(ans.body))))
+        start_response(status_line or _status_line(ans.status), headers)
         return [ans.body]
 
     def _read_body(self, environ):

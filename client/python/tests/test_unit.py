@@ -255,9 +255,10 @@ class Transport(Scripted):
         self.assertEqual((len(a.seen), len(b.seen)), (1, 2))
 
     def test_a_replayed_503_is_the_stored_answer(self):
-        replay = lambda r: (503, {"Idempotency-Replayed": "true", "Content-Type": "text/plain",  # noqa: E731
-                                  "X-Content-Type-Options": "nosniff", "X-Request-Id": "x"},
-                            b"down for maintenance")
+        def replay(r):
+            return (503, {"Idempotency-Replayed": "true", "Content-Type": "text/plain",
+                          "X-Content-Type-Options": "nosniff", "X-Request-Id": "x"},
+                    b"down for maintenance")
         (a,) = self.nodes([replay])
         c = self.client([a]).claim("k", request={"method": "POST", "path": "/x"})
         self.assertTrue(c.replayed)
