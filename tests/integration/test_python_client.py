@@ -54,12 +54,20 @@ def order_response(token, n=1):
                          json.dumps({"order": n, "fence": token}))
 
 
-class TestPyRun(ClusterTestCase):
+class PyTest(ClusterTestCase):
+    def client(self, *args, **kw):
+        """An idem.Client closed (its kept-alive connections) after the test."""
+        c = idem.Client(*args, **kw)
+        self.addCleanup(c.close)
+        return c
+
+
+class TestPyRun(PyTest):
     def test_32_callers_one_key(self):
         """32 threads run one key at once (half on a shared client, half on clients of their
         own that start at another node, so followers forward): the function runs exactly
         once, one caller ran it, 31 got its response replayed."""
-        shared = idem.Client(urls(self.c), self.c.token)
+        shared = self.client(urls(self.c), self.c.token)
         runs, lock = [], threading.Lock()
         barrier = threading.Barrier(32)
 
@@ -72,7 +80,7 @@ class TestPyRun(ClusterTestCase):
         out = [None] * 32
 
         def caller(i):
-            cl = shared if i % 2 else idem.Client(list(reversed(urls(self.c))), self.c.token)
+            cl = shared if i % 2 else self.client(list(reversed(urls(self.c))), self.c.token)
             barrier.wait()
             try:
                 out[i] = cl.run("one-key", fn, request=ORDER, wait=30)
@@ -117,7 +125,7 @@ class TestPyRun(ClusterTestCase):
         with policy takeover finds the key in progress at 2.5 s and 4.5 s (past the lease the
         claim granted), and the response is recorded with the run's token. The control: the
         same claim without renewals is taken over after 2 s, so the probe does see a lapse."""
-        client = idem.Client(urls(self.c), self.c.token)
+        client = self.client(urls(self.c), self.c.token)
         seen = []
         t0 = time.monotonic()
         probe = threading.Thread(target=self._probe,
@@ -145,7 +153,7 @@ class TestPyRun(ClusterTestCase):
             client.complete("lapsed", c.token, order_response(c.token))
 
     def test_retryable_releases_other_errors_quarantine(self):
-        client = idem.Client(urls(self.c), self.c.token)
+        client = self.client(urls(self.c), self.c.token)
         calls = []
 
         def flaky(token):
@@ -180,7 +188,7 @@ class TestPyRun(ClusterTestCase):
         self.assertEqual(e.exception.code, "idempotency_key_invalid")
 
 
-class TestPyFailover(ClusterTestCase):
+class TestPyFailover(PyTest):
     def test_leader_killed_while_callers_run(self):
         """32 callers run one key; the function takes 1 s, and the leader is SIGKILLed once
         it started. Every client lists the leader first, so each one's next request meets a
@@ -204,7 +212,7 @@ class TestPyFailover(ClusterTestCase):
         """
         lid = self.c.wait_leader()
         order = [lid] + [i for i in sorted(self.c.nodes) if i != lid]
-        client = idem.Client(urls(self.c, order), self.c.token, deadline=15)
+        client = self.client(urls(self.c, order), self.c.token, deadline=15)
         runs, lock, started = [], threading.Lock(), threading.Event()
 
         def fn(token):
@@ -217,7 +225,7 @@ class TestPyFailover(ClusterTestCase):
         out = [None] * 32
 
         def caller(i):
-            cl = client if i % 2 else idem.Client(urls(self.c, order), self.c.token,
+            cl = client if i % 2 else self.client(urls(self.c, order), self.c.token,
                                                   deadline=15)
             try:
                 out[i] = cl.run("order-7", fn, request=ORDER, wait=40)
@@ -248,7 +256,7 @@ class TestPyFailover(ClusterTestCase):
         for e in not_recorded:
             self.assertEqual((e.token, e.response.body), (runs[0], want.body))
         survivors = [i for i in order if i != lid]
-        rec = idem.Client(urls(self.c, survivors), self.c.token).get("order-7")
+        rec = self.client(urls(self.c, survivors), self.c.token).get("order-7")
         self.assertEqual(rec.token, runs[0])
         if not_recorded:
             self.assertEqual(rec.state, "processing")
@@ -312,11 +320,11 @@ def http(addr, method, path, body=None, key=None, headers=None):
     return harness.http_request(addr, method, path, headers=h, raw=raw)
 
 
-class TestPyWsgi(ClusterTestCase):
+class TestPyWsgi(PyTest):
     def setUp(self):
         super().setUp()
         self.app = OrderApp()
-        client = idem.Client(urls(self.c), self.c.token)
+        client = self.client(urls(self.c), self.c.token)
         mw = idem.wsgi.IdempotencyMiddleware(self.app, client, [("POST", "/orders"),
                                                                 ("POST", "/slow"),
                                                                 ("POST", "/blob")])
@@ -385,11 +393,11 @@ class TestPyWsgi(ClusterTestCase):
         self.assertEqual((r[0], r[2]["code"]), (502, "upstream_response_too_large"), r)
         self.assertEqual(sum(p == "/blob" for _, p, _f in self.app.calls), 1)
         with self.assertRaises(idem.ResponseTooLarge):  # the client sees the same
-            idem.Client(urls(self.c), self.c.token).claim("w-blob", request={
+            self.client(urls(self.c), self.c.token).claim("w-blob", request={
                 "method": "POST", "path": "/blob", "body": {}})
 
     def test_fails_closed_without_idemd(self):
-        dead = idem.Client(["http://127.0.0.1:%d" % free_port()], self.c.token, deadline=1)
+        dead = self.client(["http://127.0.0.1:%d" % free_port()], self.c.token, deadline=1)
         mw = idem.wsgi.IdempotencyMiddleware(self.app, dead, [("POST", "/orders")],
                                              mismatch_status=422)
         env = {}
@@ -466,7 +474,7 @@ async def _asgi_request(app, method, path, body, key):
             b"".join(m.get("body", b"") for m in sent[1:]))
 
 
-class TestPyAsgi(ClusterTestCase):
+class TestPyAsgi(PyTest):
     def test_asgi(self):
         calls = []
 
@@ -485,7 +493,7 @@ class TestPyAsgi(ClusterTestCase):
         hole.bind(("127.0.0.1", 0))
         hole.listen(64)
         nodes = ["http://127.0.0.1:%d" % hole.getsockname()[1]] + urls(self.c)
-        mw = idem.asgi.IdempotencyMiddleware(app, idem.Client(nodes, self.c.token, deadline=3),
+        mw = idem.asgi.IdempotencyMiddleware(app, self.client(nodes, self.c.token, deadline=3),
                                              [("POST", "/orders")])
 
         async def main():
@@ -521,7 +529,7 @@ class TestPyAsgi(ClusterTestCase):
         self.assertLess(gap, 0.5, "the event loop stalled for %.2f s" % gap)
 
 
-class TestPyTls(ClusterTestCase):
+class TestPyTls(PyTest):
     def make_cluster(self):
         return TlsCluster(lambda pki: ["cert_file: %s/server.crt" % pki,
                                        "key_file: %s/server.key" % pki, "http: true",
@@ -531,16 +539,16 @@ class TestPyTls(ClusterTestCase):
     def test_https_with_client_certificate(self):
         pki = self.c.pki
         node = "https://" + self.c.nodes[1].http
-        client = idem.Client([node], self.c.token, cafile=pki + "/ca.crt",
+        client = self.client([node], self.c.token, cafile=pki + "/ca.crt",
                              certfile=pki + "/client.crt", keyfile=pki + "/client.key")
         res = client.run("tls-1", lambda tok: order_response(tok), request=ORDER)
         self.assertTrue(res.ran)
         self.assertTrue(client.run("tls-1", lambda tok: self.fail("ran"), request=ORDER).replayed)
-        anon = idem.Client([node], self.c.token, cafile=pki + "/ca.crt", deadline=1)
+        anon = self.client([node], self.c.token, cafile=pki + "/ca.crt", deadline=1)
         with self.assertRaises(idem.Unavailable) as e:  # the node ends the handshake
             anon.get("tls-1")
         self.assertIn(node, str(e.exception))
-        other = idem.Client([node], self.c.token, cafile=pki + "/other-ca.crt",
+        other = self.client([node], self.c.token, cafile=pki + "/other-ca.crt",
                             certfile=pki + "/client.crt", keyfile=pki + "/client.key",
                             deadline=1)
         with self.assertRaises(idem.Unavailable) as e:

@@ -90,6 +90,8 @@ class Config:
             raise ValueError("mismatch_status is 409 or 422")
         if in_progress_status not in (409, 425):
             raise ValueError("in_progress_status is 409 or 425")
+        if policy not in (None, "conflict", "takeover"):
+            raise ValueError('policy is "conflict" or "takeover"')
         if client is None:
             raise ValueError("the middleware needs an idem.Client (its nodes, TLS, deadline)")
         self.routes = parse_routes(routes)
