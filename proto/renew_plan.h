@@ -1,7 +1,8 @@
 /* renew_plan.h: when a lease holder renews its lease, and how long it waits for the answer.
  * One rule for every holder that renews: libidem's idem_run (client/run.c) and the proxy
- * while its upstream works (server/proxy_record.c). Header-only, no clock: times are the
- * caller's milliseconds of one monotonic clock.
+ * while its upstream works (server/proxy_record.c); the Python client's port of it
+ * (client/python/idem/_renew.py) is checked against this header by its unit test.
+ * Header-only, no clock: times are the caller's milliseconds of one monotonic clock.
  *
  * Given the time now, the lease (ms), the time by which it ends and when the last renewal
  * that succeeded was sent, whether the last try failed and whether none has succeeded yet

@@ -1,0 +1,511 @@
+"""Unit tests of the idem package without idemd: the renewal rule against proto/renew_plan.h
+(compiled here with cc, skipped without one), the error mapping, the transport's retry
+rules against scripted HTTP nodes on 127.0.0.1 (the same attempt id after an answer lost,
+Retry-After honoured, a replayed 503 taken as the stored answer, the deadline), run's wait on
+in_progress, and the middlewares' pure parts (routes, the request object a claim sends).
+
+    cd client/python/tests && python3 -m unittest -v test_unit
+"""
+import asyncio
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import idem  # noqa: E402
+import idem.asgi  # noqa: E402
+import idem.wsgi  # noqa: E402
+from idem import _middleware as mw  # noqa: E402
+from idem._renew import renew_plan  # noqa: E402
+from idem.client import _lease_estimate  # noqa: E402
+from idem.errors import error_from_answer  # noqa: E402
+
+GRID_C = r"""
+#include <stdio.h>
+#include "renew_plan.h"
+int main(void)
+{
+    static const uint64_t leases[] = {0, 1, 30, 59, 60, 61, 100, 999, 2000, 3000, 30000, 86400000};
+    static const uint64_t offs[] = {0, 1, 5, 19, 20, 21, 100, 700, 1500, 2999, 40000};
+    for (size_t a = 0; a < sizeof leases / sizeof *leases; a++)
+        for (size_t b = 0; b < sizeof offs / sizeof *offs; b++)
+            for (size_t c = 0; c < sizeof offs / sizeof *offs; c++)
+                for (int f = 0; f < 4; f++) {
+                    uint64_t now = 50000, last_ok = now - offs[b], end = now + offs[c] - 10;
+                    uint64_t at; uint32_t dl;
+                    renew_plan(now, leases[a], end, last_ok, f & 1, f >> 1, &at, &dl);
+                    printf("%llu %llu %llu %llu %d %d %llu %u\n", (unsigned long long)now,
+                           (unsigned long long)leases[a], (unsigned long long)end,
+                           (unsigned long long)last_ok, f & 1, f >> 1,
+                           (unsigned long long)at, dl);
+                }
+    return 0;
+}
+"""
+
+
+class RenewPlan(unittest.TestCase):
+    def test_cases(self):
+        # (now, lease, lease_end, last_ok, failed, first) -> (at, deadline_ms)
+        self.assertEqual(renew_plan(0, 3000, 3000, 0, False, True), (1000, 1000))
+        self.assertEqual(renew_plan(1500, 3000, 3000, 0, True, False), (1625, 1000))
+        self.assertEqual(renew_plan(100, 3000, 110, 0, False, True), (100, 100))
+        self.assertEqual(renew_plan(0, 60000, 60000, 0, False, False), (20000, 2000))
+
+    def test_same_as_the_c_header(self):
+        cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        header = os.path.join(ROOT, "proto", "renew_plan.h")
+        if cc is None or not os.path.exists(header):
+            self.skipTest("no C compiler or no proto/renew_plan.h")
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "grid.c"), os.path.join(d, "grid")
+            with open(src, "w") as f:
+                f.write(GRID_C)
+            subprocess.run([cc, "-std=c11", "-I", os.path.dirname(header), src, "-o", exe],
+                           check=True)
+            lines = subprocess.run([exe], check=True, capture_output=True,
+                                   text=True).stdout.splitlines()
+        self.assertGreater(len(lines), 1000)
+        for ln in lines:
+            now, lease, end, last, failed, first, at, dl = (int(x) for x in ln.split())
+            self.assertEqual(renew_plan(now, lease, end, last, bool(failed), bool(first)),
+                             (at, dl), ln)
+
+
+class Errors(unittest.TestCase):
+    def test_by_code(self):
+        cases = {
+            "idempotency_key_reused": idem.Mismatch,
+            "idempotency_request_in_progress": idem.InProgress,
+            "idempotency_lease_expired": idem.LeaseExpired,
+            "idempotency_outcome_unknown": idem.UnknownOutcome,
+            "idempotency_lease_lost": idem.LeaseLost,
+            "idempotency_key_expired": idem.Expired,
+            "idempotency_quota_exceeded": idem.QuotaExceeded,
+            "idempotency_key_invalid": idem.InvalidRequest,
+            "payload_too_large": idem.PayloadTooLarge,
+            "unauthenticated": idem.Unauthorized,
+            "forbidden": idem.Forbidden,
+            "not_found": idem.NotFound,
+            "idempotency_unavailable": idem.Unavailable,
+            "upstream_response_too_large": idem.ResponseTooLarge,
+        }
+        for code, cls in cases.items():
+            e = error_from_answer(409, {"retry-after": "3"}, {"code": code, "message": "m",
+                                                              "request_id": "r1"})
+            self.assertIs(type(e), cls, code)
+            self.assertEqual((e.code, e.request_id, e.message), (code, "r1", "m"))
+        self.assertTrue(issubclass(idem.Mismatch, idem.Conflict))
+        self.assertTrue(issubclass(idem.InProgressTimeout, idem.InProgress))
+        e = error_from_answer(409, {"retry-after": "3"},
+                              {"code": "idempotency_request_in_progress"})
+        self.assertEqual(e.retry_after, 3.0)
+
+    def test_problem_details_and_unknown_codes(self):
+        # RFC 9457 members beside code are tolerated; an unknown code falls back on status.
+        e = error_from_answer(409, {}, {"type": "about:blank", "title": "Conflict",
+                                        "status": 409, "code": "idempotency_key_reused",
+                                        "detail": "x", "request_id": "r"})
+        self.assertIs(type(e), idem.Mismatch)
+        self.assertIs(type(error_from_answer(429, {}, {"code": "something_new"})),
+                      idem.QuotaExceeded)
+        self.assertIs(type(error_from_answer(418, {}, None)), idem.IdemError)
+        self.assertIs(type(error_from_answer(503, {}, "not json")), idem.Unavailable)
+
+
+class LeaseEstimate(unittest.TestCase):
+    def test_estimate(self):
+        self.assertEqual(_lease_estimate(5000, None, None), 5000)
+        date = "Sun, 06 Dec 2026 17:19:20 GMT"
+        base = 1796577560000  # that date, in Unix ms
+        self.assertEqual(_lease_estimate(None, base + 30000, date), 29000)
+        self.assertEqual(_lease_estimate(None, base + 500, date), 0)
+        self.assertEqual(_lease_estimate(None, base + 30000, None), 1000)
+        self.assertEqual(_lease_estimate(None, base + 30000, "garbage"), 1000)
+
+
+# ---- scripted nodes ------------------------------------------------------------------------
+
+class FakeNode:
+    """An HTTP node on 127.0.0.1 whose answers come from script(request) in turn: each entry
+    a function of the request ({"path", "headers", "body"}) returning (status, headers,
+    body) or None (close the connection without an answer). Keeps every request seen."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.seen = []
+        node = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _serve(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n)) if n else None
+                req = {"path": self.path, "headers": dict(self.headers), "body": body,
+                       "at": time.monotonic()}
+                node.seen.append(req)
+                step = node.script.pop(0) if node.script else (lambda r: (500, {}, b""))
+                out = step(req)
+                if out is None:
+                    self.close_connection = True
+                    return
+                status, headers, data = out
+                if isinstance(data, (dict, list)):
+                    data = json.dumps(data).encode()
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up on this node (a timeout test)
+                    self.close_connection = True
+
+            do_GET = do_POST = _serve
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.srv.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+ACQ = lambda r: (200, {"Content-Type": "application/json"},  # noqa: E731
+                 {"outcome": "acquired", "token": 131072,
+                  "lease_expires_at": int(time.time() * 1000) + 30000,
+                  "expires_at": int(time.time() * 1000) + 86400000, "takeover": False,
+                  "previous_token": 0})
+OK = lambda r: (200, {"Content-Type": "application/json"}, {"outcome": "ok"})  # noqa: E731
+DROP = lambda r: None  # noqa: E731
+
+
+def unavailable(r):
+    return (503, {"Retry-After": "1", "Content-Type": "application/json"},
+            {"code": "idempotency_unavailable", "message": "no leader"})
+
+
+def in_progress(r):
+    return (409, {"Retry-After": "5", "Content-Type": "application/json"},
+            {"code": "idempotency_request_in_progress", "message": "held"})
+
+
+class Scripted(unittest.TestCase):
+    def nodes(self, *scripts):
+        out = [FakeNode(s) for s in scripts]
+        for n in out:
+            self.addCleanup(n.close)
+        return out
+
+    def client(self, nodes, **kw):
+        c = idem.Client([n.url for n in nodes], "tok", **kw)
+        self.addCleanup(c.close)
+        return c
+
+
+class Transport(Scripted):
+    def test_same_attempt_id_after_a_lost_answer(self):
+        a, b = self.nodes([DROP], [ACQ])
+        c = self.client([a, b]).claim("k", fingerprint="ab" * 32)
+        self.assertEqual((c.outcome, c.token), ("acquired", 131072))
+        self.assertEqual(len(a.seen) + len(b.seen), 2)
+        ra, rb = a.seen[0], b.seen[0]
+        self.assertEqual(ra["body"], rb["body"])  # same key, fingerprint, attempt id
+        self.assertEqual(ra["body"]["attempt_id"], c.attempt_id)
+        self.assertEqual(ra["headers"]["X-Request-Id"], rb["headers"]["X-Request-Id"])
+        self.assertEqual(rb["headers"]["Idempotency-Key"], "k")
+        self.assertEqual(rb["headers"]["Authorization"], "Bearer tok")
+
+    def test_same_attempt_id_after_a_timeout(self):
+        slow = lambda r: (time.sleep(1.5), ACQ(r))[1]  # noqa: E731
+        a, b = self.nodes([slow], [ACQ])
+        t0 = time.monotonic()
+        c = self.client([a, b], deadline=3).claim("k", fingerprint="ab" * 32)
+        self.assertLess(time.monotonic() - t0, 1.45)  # a third of the deadline on a
+        self.assertEqual(a.seen[0]["body"]["attempt_id"], b.seen[0]["body"]["attempt_id"])
+        self.assertEqual(c.attempt_id, b.seen[0]["body"]["attempt_id"])
+
+    def test_503_moves_on_and_honours_retry_after(self):
+        a, b = self.nodes([unavailable], [OK])
+        cl = self.client([a, b])
+        cl.release("k", 7)
+        self.assertGreaterEqual(b.seen[0]["at"] - a.seen[0]["at"], 0.95)
+        # The client now starts at b, for every thread.
+        b.script.append(OK)
+        cl.release("k", 7)
+        self.assertEqual((len(a.seen), len(b.seen)), (1, 2))
+
+    def test_a_replayed_503_is_the_stored_answer(self):
+        def replay(r):
+            return (503, {"Idempotency-Replayed": "true", "Content-Type": "text/plain",
+                          "X-Content-Type-Options": "nosniff", "X-Request-Id": "x"},
+                    b"down for maintenance")
+        (a,) = self.nodes([replay])
+        c = self.client([a]).claim("k", request={"method": "POST", "path": "/x"})
+        self.assertTrue(c.replayed)
+        self.assertEqual((c.response.status, c.response.body, c.response.headers),
+                         (503, b"down for maintenance", {"content-type": "text/plain"}))
+        self.assertEqual(len(a.seen), 1)
+
+    def test_deadline(self):
+        (a,) = self.nodes([unavailable] * 10)
+        t0 = time.monotonic()
+        with self.assertRaises(idem.Unavailable) as e:
+            self.client([a], deadline=1.5).get("k")
+        self.assertLess(time.monotonic() - t0, 1.6)
+        self.assertIn(a.url, str(e.exception))
+        self.assertIn("no leader", str(e.exception))
+        self.assertEqual(e.exception.code, "idempotency_unavailable")
+
+    def test_connection_refused_everywhere(self):
+        (a,) = self.nodes([])
+        url = a.url
+        a.close()
+        with self.assertRaises(idem.Unavailable) as e:
+            idem.Client([url], "tok", deadline=0.5).get("k")
+        self.assertEqual(e.exception.code, "connection_failed")
+
+    def test_run_waits_on_in_progress_with_one_attempt_id(self):
+        replay = lambda r: (201, {"Idempotency-Replayed": "true",  # noqa: E731
+                                  "Content-Type": "application/json"}, b'{"id": 1}')
+        (a,) = self.nodes([in_progress, in_progress, replay])
+        res = self.client([a]).run("k", lambda t: self.fail("ran"), fingerprint=b"\x01" * 32)
+        self.assertTrue(res.replayed and not res.ran)
+        self.assertEqual(res.response.json(), {"id": 1})
+        ids = {r["body"]["attempt_id"] for r in a.seen}
+        self.assertEqual(len(a.seen), 3)
+        self.assertEqual(ids, {res.attempt_id})
+
+    def test_run_wait_runs_out(self):
+        (a,) = self.nodes([in_progress] * 100)
+        with self.assertRaises(idem.InProgressTimeout):
+            self.client([a]).run("k", lambda t: self.fail("ran"), fingerprint="cd" * 32,
+                                 wait=0.4)
+        with self.assertRaises(idem.InProgress) as e:
+            self.client([a]).claim("k", fingerprint="cd" * 32)
+        self.assertEqual(e.exception.retry_after, 5.0)
+
+    def test_run_completes_releases_quarantines(self):
+        (a,) = self.nodes([ACQ, OK, ACQ, OK, ACQ, OK])
+        cl = self.client([a])
+        res = cl.run("k", lambda t: idem.Response(402, {"Content-Type": "text/plain"}, "no",
+                                                   failed_final=True), fingerprint="ab" * 32)
+        self.assertEqual((res.ran, res.token, res.completion), (True, 131072, "failed_final"))
+        done = a.seen[1]
+        self.assertEqual(done["path"], "/v1/claims/complete")
+        self.assertEqual(done["body"], {"token": 131072, "outcome": "failed_final", "response": {
+            "status": 402, "headers": {"content-type": "text/plain"}, "body": "no"}})
+        with self.assertRaises(idem.Retryable):
+            cl.run("k", lambda t: (_ for _ in ()).throw(idem.Retryable()), fingerprint="ab" * 32)
+        self.assertEqual((a.seen[3]["path"], a.seen[3]["body"]),
+                         ("/v1/claims/release", {"token": 131072}))
+        with self.assertRaises(TypeError):
+            cl.run("k", lambda t: 42, fingerprint="ab" * 32)  # nothing idemd can store
+        self.assertEqual(a.seen[5]["body"], {"token": 131072, "outcome": "unknown"})
+
+    def test_not_recorded(self):
+        lost = lambda r: (409, {}, {"code": "idempotency_lease_lost"})  # noqa: E731
+        (a,) = self.nodes([ACQ, lost])
+        with self.assertRaises(idem.NotRecorded) as e:
+            self.client([a]).run("k", lambda t: b"done", fingerprint="ab" * 32)
+        self.assertIsInstance(e.exception.cause, idem.LeaseLost)
+        self.assertEqual((e.exception.token, e.exception.response.body), (131072, b"done"))
+
+
+class Middleware(unittest.TestCase):
+    def test_routes(self):
+        r = mw.route("POST", "/api/pay")
+        self.assertTrue(r.matches("POST", "/api/pay"))
+        self.assertTrue(r.matches("POST", "/api/pay/x"))
+        self.assertFalse(r.matches("POST", "/api/payroll"))
+        self.assertFalse(r.matches("GET", "/api/pay"))
+        r = mw.route(["post", "put"], "/a/")
+        self.assertTrue(r.matches("PUT", "/a/b") and r.matches("POST", "/a"))
+        self.assertTrue(mw.route("*", "/").matches("DELETE", "/anything"))
+        with self.assertRaises(ValueError):
+            mw.route("POST", "relative")
+
+    def test_claim_args(self):
+        a = mw.claim_args("POST", "/o", "b=2&a=1", "application/json; charset=utf-8",
+                          b'{"b": 1, "a": [1.10, 2]}')
+        self.assertEqual(a, {"request": {"method": "POST", "path": "/o?b=2&a=1",
+                                         "body": {"b": 1, "a": [1.1, 2]}}})
+        self.assertEqual(mw.claim_args("POST", "/o", "", "text/plain", b"hi"),
+                         {"request": {"method": "POST", "path": "/o", "body": "hi"}})
+        self.assertEqual(mw.claim_args("POST", "/o", "", None, b""),
+                         {"request": {"method": "POST", "path": "/o"}})
+        fp1 = mw.claim_args("POST", "/o", "", None, b"\xff\x00")
+        fp2 = mw.claim_args("POST", "/o", "", None, b"\xff\x01")
+        self.assertEqual(len(fp1["fingerprint"]), 64)
+        self.assertNotEqual(fp1, fp2)
+        for bad in (b'{"a": 1, "a": 2}', b"{nope", b'{"a": NaN}'):
+            with self.assertRaises(idem.InvalidRequest):
+                mw.claim_args("POST", "/o", "", "application/problem+json", bad)
+
+    def test_config(self):
+        c = idem.Client(["http://127.0.0.1:1"], "t")
+        with self.assertRaises(ValueError):
+            mw.Config(c, [("POST", "/o")], mismatch_status=400)
+        cfg = mw.Config(c, [("POST", "/o"), ("POST", "/p", "other")])
+        self.assertIs(cfg.client_for(cfg.match("POST", "/o/1")), c)
+        self.assertIsNot(cfg.client_for(cfg.match("POST", "/p")), c)
+        self.assertIsNone(cfg.match("POST", "/q"))
+
+    def test_response_checks(self):
+        with self.assertRaises(ValueError):
+            idem.Response(200, {"bad name": "x"}).to_json()
+        with self.assertRaises(ValueError):
+            idem.Response(200, {"x": "a\r\nb"}).to_json()
+        with self.assertRaises(ValueError):
+            idem.Response(200, body=b"\xff").to_json()
+        with self.assertRaises(ValueError):
+            idem.Response(99).to_json()
+        self.assertEqual(idem.Response(204, {"ETag": '"1"'}, "é").to_json(),
+                         {"status": 204, "headers": {"etag": '"1"'}, "body": "é"})
+
+
+def refused(status, code, retry_after=None):
+    h = {"Content-Type": "application/json"}
+    if retry_after:
+        h["Retry-After"] = str(retry_after)
+    return lambda r: (status, h, {"code": code, "message": "m", "request_id": "rid"})
+
+
+def wsgi_call(app, key="k", body=b'{"a": 1}', path="/o", method="POST", extra=None):
+    env = {"REQUEST_METHOD": method, "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
+           "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+           "wsgi.input": io.BytesIO(body), "SERVER_NAME": "x", "SERVER_PORT": "80",
+           "wsgi.url_scheme": "http"}
+    if key is not None:
+        env["HTTP_IDEMPOTENCY_KEY"] = key
+    env.update(extra or {})
+    got = {}
+    out = b"".join(app(env, lambda s, h, e=None: got.update(status=s, headers=dict(h))))
+    return int(got["status"].split()[0]), got["headers"], out
+
+
+class Middlewares(Scripted):
+    """The middlewares against scripted nodes: idemd's refusals mapped, the app's answers
+    recorded by their status."""
+
+    def app(self):
+        calls = []
+
+        def app(environ, start_response):
+            calls.append(environ.get("HTTP_IDEMPOTENCY_FENCE"))
+            status = environ["PATH_INFO"].rsplit("/", 1)[1]
+            start_response(status + " X", [("Content-Type", "text/plain"), ("X-Other", "1")])
+            return [b"answer"]
+        return app, calls
+
+    def test_refusals(self):
+        cases = [
+            (refused(409, "idempotency_key_reused"), {"mismatch_status": 422}, 422,
+             "idempotency_key_reused"),
+            (refused(409, "idempotency_request_in_progress", 5), {"in_progress_status": 425},
+             425, "idempotency_request_in_progress"),
+            (refused(409, "idempotency_outcome_unknown"), {}, 409,
+             "idempotency_outcome_unknown"),
+            (refused(410, "idempotency_key_expired"), {}, 410, "idempotency_key_expired"),
+            (refused(429, "idempotency_quota_exceeded"), {}, 429, "idempotency_quota_exceeded"),
+            (refused(400, "idempotency_key_invalid"), {}, 400, "idempotency_key_invalid"),
+            (refused(401, "unauthenticated"), {}, 500, "internal"),
+        ]
+        app, calls = self.app()
+        for step, opts, status, code in cases:
+            (a,) = self.nodes([step])
+            m = idem.wsgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")], **opts)
+            st, h, out = wsgi_call(m, path="/o/201")
+            self.assertEqual((st, json.loads(out)["code"]), (status, code), code)
+            if status == 425:
+                self.assertEqual(h["Retry-After"], "5")
+        self.assertEqual(calls, [])
+
+    def test_answers_recorded_by_status(self):
+        app, calls = self.app()
+        (a,) = self.nodes([ACQ, OK, ACQ, OK, ACQ, OK])
+        m = idem.wsgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")])
+        self.assertEqual(wsgi_call(m, path="/o/201")[0], 201)
+        done = a.seen[1]
+        self.assertEqual((done["path"], done["body"]), ("/v1/claims/complete", {
+            "token": 131072, "outcome": "succeeded",
+            "response": {"status": 201, "headers": {"content-type": "text/plain"},
+                         "body": "answer"}}))
+        self.assertEqual(a.seen[0]["body"]["request"],
+                         {"method": "POST", "path": "/o/201", "body": {"a": 1}})
+        self.assertEqual(wsgi_call(m, path="/o/503")[0], 503)
+        self.assertEqual(a.seen[3]["body"]["outcome"], "failed_final")
+        self.assertEqual(wsgi_call(m, path="/o/404")[0], 404)
+        self.assertEqual(a.seen[5]["path"], "/v1/claims/release")
+        self.assertEqual(calls, ["131072"] * 3)
+        # No key: the app runs, no claim; an empty key: 400.
+        self.assertEqual(wsgi_call(m, key=None, path="/o/200")[0], 200)
+        self.assertEqual(wsgi_call(m, key="", path="/o/200")[0], 400)
+        self.assertEqual(len(a.seen), 6)
+
+    def test_not_recorded_is_marked(self):
+        app, _ = self.app()
+        (a,) = self.nodes([ACQ] + [unavailable] * 20)
+        m = idem.wsgi.IdempotencyMiddleware(app, self.client([a], deadline=0.5),
+                                            [("POST", "/o")])
+        st, h, out = wsgi_call(m, path="/o/201")
+        self.assertEqual((st, out, h.get("Idempotency-Recorded")), (201, b"answer", "false"))
+
+    def test_asgi_replay_and_fence(self):
+        replay = lambda r: (201, {"Idempotency-Replayed": "true",  # noqa: E731
+                                  "Content-Type": "text/plain"}, b"stored")
+        (a,) = self.nodes([ACQ, OK, replay])
+        seen = []
+
+        async def app(scope, receive, send):
+            msg = await receive()
+            seen.append((msg["body"], dict(scope["headers"]).get(b"idempotency-fence")))
+            await send({"type": "http.response.start", "status": 201,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"fresh"})
+        m = idem.asgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")])
+
+        async def call():
+            scope = {"type": "http", "method": "POST", "path": "/o", "query_string": b"",
+                     "headers": [(b"idempotency-key", b"k"), (b"idempotency-fence", b"1"),
+                                 (b"content-type", b"text/plain")]}
+            msgs = [{"type": "http.request", "body": b"hello", "more_body": False}]
+            sent = []
+
+            async def receive():
+                return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+            async def send(msg):
+                sent.append(msg)
+            await m(scope, receive, send)
+            return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
+        first = asyncio.run(call())
+        second = asyncio.run(call())
+        self.assertEqual(first[::2], (201, b"fresh"))
+        self.assertEqual(second[::2], (201, b"stored"))
+        self.assertEqual(second[1].get(b"idempotency-replayed"), b"true")
+        self.assertEqual(seen, [(b"hello", b"131072")])
+        self.assertEqual(a.seen[0]["body"]["request"]["body"], "hello")
+
+
+if __name__ == "__main__":
+    unittest.main()
