@@ -170,20 +170,6 @@ const char *http_problem_title(const char *code, const char *reason)
     return reason != NULL && reason[0] != '\0' ? reason : "Error";
 }
 
-/* Whether p[0..len) may go out as the problem's instance: a path of visible ASCII. */
-static bool instanceOk(const char *p, size_t len)
-{
-    if (p == NULL || len == 0 || len > 1024 || p[0] != '/') {
-        return false;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (p[i] <= 0x20 || p[i] >= 0x7f) {
-            return false;
-        }
-    }
-    return true;
-}
-
 json_t *http_problem(int status, const char *code, const char *message, const char *rid,
                      size_t rid_len, const char *path, size_t path_len)
 {
@@ -202,10 +188,12 @@ json_t *http_problem(int status, const char *code, const char *message, const ch
     json_object_set_new(o, "title", json_string(title));
     json_object_set_new(o, "status", json_integer(status));
     json_object_set(o, "detail", detail);
-    const char *q = path != NULL ? memchr(path, '?', path_len) : NULL;
-    size_t plen = q != NULL ? (size_t)(q - path) : path_len;
-    if (instanceOk(path, plen)) {
-        json_object_set_new(o, "instance", json_stringn(path, plen));
+    (void)path;
+    (void)path_len;
+    if (rid != NULL && rid_len > 0 && rid_len <= 64) {
+        char inst[96];
+        snprintf(inst, sizeof inst, "urn:idemd:request:%.*s", (int)rid_len, rid);
+        json_object_set_new(o, "instance", json_string(inst));
     }
     json_object_set_new(o, "code", json_string(code));
     json_object_set_new(o, "message", detail); /* the older name of detail */

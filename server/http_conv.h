@@ -13,7 +13,7 @@
 
 /* The prefix of every problem type URI: type is this followed by the error's code
  * (docs/http-api.md, Errors). An identifier: clients compare it, nobody fetches it. */
-#define HTTP_PROBLEM_TYPE_BASE "https://idemd.dev/problems/"
+#define HTTP_PROBLEM_TYPE_BASE "urn:idemd:problem:"
 
 /* The media type of every error answer. */
 #define HTTP_PROBLEM_CTYPE "application/problem+json"
@@ -59,9 +59,10 @@ bool http_item_out(const char *v, size_t len, char *out, size_t *out_len);
 void http_key_why(const uint8_t *key, size_t len, size_t max_len, char *buf, size_t n);
 
 /* The RFC 9457 problem details of an error answer: type (HTTP_PROBLEM_TYPE_BASE + code),
- * title (fixed per code), status, detail (message, or the title when NULL), instance (the
- * request's path without its query, when it is 1..1024 bytes of visible ASCII beginning with
- * '/'; else left out), and the extension members code, message (= detail) and request_id.
+ * title (fixed per code), status, detail (message, or the title when NULL), instance
+ * ("urn:idemd:request:" + the request id, when there is one: never the path, which may hold
+ * the key), and the extension members code, message (= detail) and request_id. The path
+ * arguments are unused (kept for the callers).
  * A new object (NULL only when out of memory). */
 json_t *http_problem(int status, const char *code, const char *message, const char *rid,
                      size_t rid_len, const char *path, size_t path_len);

@@ -241,7 +241,7 @@ def http_exchange(conn, method, path, body=None, headers=None, raw=None):
 
 
 # The prefix of an error's problem type (server/http_conv.h; docs/http-api.md, Errors).
-PROBLEM_TYPE_BASE = "https://idemd.dev/problems/"
+PROBLEM_TYPE_BASE = "urn:idemd:problem:"
 
 
 def assert_problem(tc, resp, status, code):
@@ -255,9 +255,8 @@ def assert_problem(tc, resp, status, code):
     tc.assertEqual(b.get("status"), status, resp)
     tc.assertIsInstance(b.get("detail"), str, resp)
     tc.assertEqual(b.get("detail"), b.get("message"), resp)
-    if "instance" in b:
-        tc.assertTrue(b["instance"].startswith("/"), resp)
-        tc.assertNotIn("?", b["instance"], resp)
+    if b.get("request_id"):
+        tc.assertEqual(b.get("instance"), "urn:idemd:request:" + b["request_id"], resp)
 
 
 def http_request(addr, method, path, body=None, headers=None, timeout=10, raw=None):

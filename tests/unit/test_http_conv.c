@@ -168,19 +168,20 @@ static void test_problem(void **state)
                         "the key was used otherwise");
     assert_string_equal(json_string_value(json_object_get(o, "message")),
                         "the key was used otherwise");
+    /* the request by its id, never the path (it holds the key) */
     assert_string_equal(json_string_value(json_object_get(o, "instance")),
-                        "/v1/claims/order-2/complete"); /* no query */
+                        "urn:idemd:request:3f9a1c0de2b47a65");
     assert_string_equal(json_string_value(json_object_get(o, "code")), "idempotency_key_reused");
     assert_string_equal(json_string_value(json_object_get(o, "request_id")), "3f9a1c0de2b47a65");
     json_decref(o);
 
-    /* no message: the title; a path that is not one of visible ASCII: no instance */
+    /* no message: the title; no request id: no instance */
     o = http_problem(503, "idempotency_unavailable", NULL, "r", 1, "/a b", 4);
     assert_string_equal(json_string_value(json_object_get(o, "detail")),
                         http_problem_title("idempotency_unavailable", NULL));
-    assert_null(json_object_get(o, "instance"));
+    assert_string_equal(json_string_value(json_object_get(o, "instance")), "urn:idemd:request:r");
     json_decref(o);
-    o = http_problem(400, "invalid_request", "x", "r", 1, "*", 1);
+    o = http_problem(400, "invalid_request", "x", NULL, 0, "*", 1);
     assert_null(json_object_get(o, "instance"));
     json_decref(o);
     o = http_problem(400, "invalid_request", "bad \xff utf-8", "r", 1, NULL, 0);
