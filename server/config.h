@@ -234,6 +234,7 @@ struct config_tenant {
     uint64_t ttl_ms;                       /* default ttl, 1..365 days, default 24 h */
     uint64_t tombstone_ttl_ms;             /* effective value: 0 in the file is stored as ttl_ms */
     enum config_lease_policy lease_policy; /* default conflict */
+    uint32_t mismatch_status;              /* idempotency_key_reused: 409 (default) or 422 */
 };
 
 /* Methods a proxy route may list (bits of config_proxy_route.methods). */
@@ -273,7 +274,7 @@ struct config_proxy_route {
     uint64_t ttl_ms;              /* 0: the tenant's default */
     bool lease_policy_set;        /* false: the tenant's policy */
     enum config_lease_policy lease_policy;
-    uint32_t mismatch_status;     /* 409 or 422, default 409 */
+    uint32_t mismatch_status;     /* 409 or 422, default the tenant's mismatch_status */
     uint32_t in_progress_status;  /* 409 or 425, default 409 */
     char **fingerprint_headers;   /* owned, lower-cased names; n_fingerprint_headers */
     size_t n_fingerprint_headers;

@@ -145,6 +145,10 @@ int config_sections_parse_root(struct ctx *c, yaml_node_t *root, struct config *
 /* config_tenants.c: the tenants list (required, not empty). */
 int config_tenants_parse(struct ctx *c, const struct field *f, struct config *cfg);
 /* A lease_policy field ("conflict" or "takeover") into *out; left alone when absent. */
+/* A status field that must be a or b (409 or 422, 409 or 425) into *out; left alone when
+ * absent. */
+int config_status_choice(struct ctx *c, const struct field *f, uint32_t a, uint32_t b,
+                         uint32_t *out);
 int config_tenants_lease_policy(struct ctx *c, const struct field *f,
                                 enum config_lease_policy *out);
 

@@ -199,21 +199,6 @@ static int parseUpstream(struct ctx *c, const struct field *f, struct config_pro
     return 0;
 }
 
-static int parseStatusChoice(struct ctx *c, const struct field *f, uint32_t a, uint32_t b,
-                             uint32_t *out)
-{
-    uint64_t x = *out;
-    if (config_get_u64(c, f, 100, 599, &x) != 0) {
-        return -1;
-    }
-    if (x != a && x != b) {
-        return config_fail_node(c, f->val, "%s: expected %u or %u, got %llu", f->name, a, b,
-                                (unsigned long long)x);
-    }
-    *out = (uint32_t)x;
-    return 0;
-}
-
 /* A string field that must be one of names[0..n) (2 or 3) into *out (its index); left alone
  * when absent. */
 static int parseChoice(struct ctx *c, const struct field *f, const char *const *names, size_t n,
@@ -403,11 +388,21 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
     r->upstream_timeout_ms = 10000;
     r->max_inline_body = 1u << 20;
     r->key_required = true;
-    r->response_headers = calloc(1, sizeof *r->response_headers);
-    if (r->response_headers == NULL || (r->response_headers[0] = strdup("content-type")) == NULL) {
+    /* What a replay keeps by default: the type and the headers that point at what the
+     * request made (docs/configuration.md). */
+    static const char *const stored[] = {"content-type", "location", "content-location", "etag",
+                                         "link"};
+    const size_t n_stored = sizeof stored / sizeof stored[0];
+    r->response_headers = calloc(n_stored, sizeof *r->response_headers);
+    for (size_t i = 0; r->response_headers != NULL && i < n_stored; i++) {
+        if ((r->response_headers[i] = strdup(stored[i])) == NULL) {
+            return config_fail_node(c, map, "%s: out of memory", where);
+        }
+        r->n_response_headers = i + 1;
+    }
+    if (r->response_headers == NULL) {
         return config_fail_node(c, map, "%s: out of memory", where);
     }
-    r->n_response_headers = 1;
     if (config_map_fields(c, map, where, where, keys, N, f) != 0 ||
         parseMethods(c, &f[METHODS], &r->methods) != 0 ||
         parsePrefix(c, map, where, &f[PREFIX], r) != 0 || config_required(c, &f[UPSTREAM]) != 0 ||
@@ -428,6 +423,7 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
                                 f[TENANT].name, config_quote(q, tn, strlen(tn)));
     }
     r->tenant = ti;
+    r->mismatch_status = cfg->tenants[ti].mismatch_status;
     /* 0: the tenant's default. */
     if (config_get_u64(c, &f[LEASE], 0, DAY_MS, &r->lease_ms) != 0 ||
         config_get_u64(c, &f[TTL], 0, 365 * DAY_MS, &r->ttl_ms) != 0) {
@@ -440,8 +436,8 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
         r->lease_policy_set = true;
     }
     int unknown = r->on_timeout_unknown ? 0 : 1;
-    if (parseStatusChoice(c, &f[MISMATCH], 409, 422, &r->mismatch_status) != 0 ||
-        parseStatusChoice(c, &f[IN_PROGRESS], 409, 425, &r->in_progress_status) != 0 ||
+    if (config_status_choice(c, &f[MISMATCH], 409, 422, &r->mismatch_status) != 0 ||
+        config_status_choice(c, &f[IN_PROGRESS], 409, 425, &r->in_progress_status) != 0 ||
         parseHeaderNames(c, &f[FP_HEADERS], &r->fingerprint_headers, &r->n_fingerprint_headers) !=
             0 ||
         config_get_bool(c, &f[STORE_4XX], &r->store_4xx) != 0 ||

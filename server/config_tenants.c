@@ -1,5 +1,6 @@
 /* config_tenants: the configuration's tenants list: names, token hashes (unique across
- * tenants and the admin token), quotas, leases and ttls (config_internal.h). */
+ * tenants and the admin token), quotas, leases, ttls and the status of a reused key
+ * (config_internal.h). */
 #include "config_internal.h"
 
 #include <stdio.h>
@@ -106,6 +107,21 @@ static int parseTenantName(struct ctx *c, const struct config *cfg, const struct
     return 0;
 }
 
+int config_status_choice(struct ctx *c, const struct field *f, uint32_t a, uint32_t b,
+                         uint32_t *out)
+{
+    uint64_t x = *out;
+    if (config_get_u64(c, f, 100, 599, &x) != 0) {
+        return -1;
+    }
+    if (x != a && x != b) {
+        return config_fail_node(c, f->val, "%s: expected %u or %u, got %llu", f->name, a, b,
+                                (unsigned long long)x);
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
 int config_tenants_lease_policy(struct ctx *c, const struct field *f, enum config_lease_policy *p)
 {
     const char *s;
@@ -131,10 +147,13 @@ int config_tenants_lease_policy(struct ctx *c, const struct field *f, enum confi
 static int parseTenant(struct ctx *c, yaml_node_t *map, size_t index, const struct config *cfg,
                        struct config_tenant *t)
 {
-    enum { NAME, TOKEN, MAX_RECORDS, MAX_BYTES, KEY_LEN, LEASE, TTL, TOMBSTONE, POLICY, N };
-    static const char *const keys[N] = {"name",      "token_sha256",     "max_records",
-                                        "max_bytes", "key_max_len",      "lease_ms",
-                                        "ttl_ms",    "tombstone_ttl_ms", "lease_policy"};
+    /* clang-format off */
+    enum { NAME, TOKEN, MAX_RECORDS, MAX_BYTES, KEY_LEN, LEASE, TTL, TOMBSTONE, POLICY, MISMATCH,
+           N };
+    /* clang-format on */
+    static const char *const keys[N] = {
+        "name",     "token_sha256", "max_records",      "max_bytes",    "key_max_len",
+        "lease_ms", "ttl_ms",       "tombstone_ttl_ms", "lease_policy", "mismatch_status"};
     char where[FIELD_NAME_MAX];
     snprintf(where, sizeof where, "tenants[%zu]", index);
     struct field f[N];
@@ -144,6 +163,7 @@ static int parseTenant(struct ctx *c, yaml_node_t *map, size_t index, const stru
     t->lease_ms = 30000;
     t->ttl_ms = DAY_MS;
     t->lease_policy = CONFIG_LEASE_CONFLICT;
+    t->mismatch_status = 409;
     if (config_map_fields(c, map, where, where, keys, N, f) != 0 ||
         config_required(c, &f[NAME]) != 0 || parseTenantName(c, cfg, &f[NAME], t) != 0 ||
         config_required(c, &f[TOKEN]) != 0 || parseTokens(c, cfg, &f[TOKEN], t) != 0 ||
@@ -153,7 +173,8 @@ static int parseTenant(struct ctx *c, yaml_node_t *map, size_t index, const stru
         config_get_u64(c, &f[LEASE], 1, DAY_MS, &t->lease_ms) != 0 ||
         config_get_u64(c, &f[TTL], 1, 365 * DAY_MS, &t->ttl_ms) != 0 ||
         config_get_u64(c, &f[TOMBSTONE], 0, 365 * DAY_MS, &t->tombstone_ttl_ms) != 0 ||
-        config_tenants_lease_policy(c, &f[POLICY], &t->lease_policy) != 0) {
+        config_tenants_lease_policy(c, &f[POLICY], &t->lease_policy) != 0 ||
+        config_status_choice(c, &f[MISMATCH], 409, 422, &t->mismatch_status) != 0) {
         return -1;
     }
     /* docs/contract.md: a tombstone is kept, by default, as long as the ttl. */

@@ -438,11 +438,13 @@ static Idem__Outcome claimHeld(struct fsm *f, uint64_t index, struct rec *r,
     if (live) {
         out->outcome = IDEM__OUTCOME__OUTCOME_IN_PROGRESS;
         out->retry_after_ms = r->lease_deadline - now;
+        out->expires_at_ms = r->expires_at;
         return out->outcome;
     }
     if (c->policy != IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER) {
         out->outcome = IDEM__OUTCOME__OUTCOME_LEASE_EXPIRED;
         out->lease_deadline_ms = r->lease_deadline;
+        out->expires_at_ms = r->expires_at;
         return out->outcome;
     }
     r = recWritable(f, r);
@@ -472,13 +474,19 @@ static Idem__Outcome applyClaim(struct fsm *f, uint64_t index, uint64_t now_cmd,
         return claimNew(f, index, tn, h, r, c, out);
     }
     if (!fp_equal(r->fp, c->fingerprint.data)) {
-        /* Same key, another request: refuse and leave the record untouched (§3). */
+        /* Same key, another request: refuse and leave the record untouched (§3). The
+         * record's ttl deadline (a tombstone's: when it is dropped) says when the key is
+         * free; a quarantined record has none. */
         out->outcome = IDEM__OUTCOME__OUTCOME_MISMATCH;
+        if (r->state != IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED) {
+            out->expires_at_ms = r->expires_at;
+        }
         return out->outcome;
     }
     switch ((Idem__RecordState)r->state) {
     case IDEM__RECORD_STATE__RECORD_STATE_TOMBSTONE:
         out->outcome = IDEM__OUTCOME__OUTCOME_EXPIRED;
+        out->expires_at_ms = r->expires_at; /* when the tombstone is dropped */
         return out->outcome;
     case IDEM__RECORD_STATE__RECORD_STATE_COMPLETED:
         out->outcome = IDEM__OUTCOME__OUTCOME_REPLAY;

@@ -68,7 +68,8 @@ struct fsm_result {
     Idem__Outcome outcome;
     uint64_t token;             /* acquired, replay, ok; 0 otherwise */
     uint64_t lease_deadline_ms; /* acquired, renew */
-    uint64_t expires_at_ms;     /* acquired, replay */
+    uint64_t expires_at_ms;     /* claim: the record's ttl deadline (a tombstone's: when it
+                                 * is dropped); 0 for quarantined and quota_exceeded */
     uint64_t retry_after_ms;    /* in_progress */
     bool takeover;              /* acquired by taking over an expired lease */
     uint64_t previous_token;    /* with takeover */

@@ -5,7 +5,7 @@
  * A request on node.http_address: route → method (405) → /healthz, /livez, /readyz, /metrics
  * here (metrics.c) → body cap (413) → the JSON API (http_api.c). A request on a proxy listener
  * goes to proxy mode (proxy.c). h2o's own error answers (413 above its entity cap, broken
- * framing) get the same JSON error body through a filter. Stopping: docs/h2o-notes.md §5.
+ * framing) get the same problem+json error body through a filter. Stopping: docs/h2o-notes.md §5.
  *
  * TLS (tls.http for node.http_address, tls.proxy for the proxy listeners): h2o's own
  * OpenSSL layer, an accept context of its own with the SSL_CTX that tls_stream.c makes from
@@ -25,6 +25,7 @@
 #include <xxhash.h>
 
 #include "fingerprint.h"
+#include "http_conv.h"
 #include "log.h"
 #include "resolver.h"
 #include "tls_stream.h"
@@ -87,19 +88,44 @@ ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len)
     return i;
 }
 
-/* The one Idempotency-Key header of req into *key (empty when there is none); false when
- * there are more than one: then it answered 400. */
+/* The one header `name` (lower case) of req, as the item it names (http_header_item: an
+ * RFC 8941 sf-string decoded into the request's pool, or the bare value) into *val (empty
+ * when there is none); false when it answered 400 `code` instead: the header was sent more
+ * than once, or is a bad sf-string. `what` names the header in the answer. */
+bool gateway_header_item(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                         const char *name, const char *what, const char *code, h2o_iovec_t *val)
+{
+    ssize_t ki = gateway_find_single(req, name, strlen(name));
+    char msg[200];
+    *val = h2o_iovec_init(NULL, 0);
+    if (ki == -2) {
+        snprintf(msg, sizeof msg, "more than one %s header", what);
+        gateway_send_error(h, req, route, rid, 400, code, msg, 0);
+        return false;
+    }
+    if (ki < 0) {
+        return true;
+    }
+    h2o_iovec_t v = req->headers.entries[ki].value;
+    char *out = h2o_mem_alloc_pool(&req->pool, v.len + 1);
+    const char *why, *p;
+    size_t n;
+    if (!http_header_item(v.base, v.len, out, &p, &n, &why)) {
+        snprintf(msg, sizeof msg, "the %s is %s", what, why);
+        gateway_send_error(h, req, route, rid, 400, code, msg, 0);
+        return false;
+    }
+    *val = h2o_iovec_init(p, n);
+    return true;
+}
+
+/* The one Idempotency-Key header of req into *key (empty when there is none; an sf-string
+ * decoded); false when it answered 400 (sent twice, a bad sf-string). */
 bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                         h2o_iovec_t *key)
 {
-    ssize_t ki = gateway_find_single(req, H2O_STRLIT("idempotency-key"));
-    if (ki == -2) {
-        gateway_send_error(h, req, route, rid, 400, "idempotency_key_invalid",
-                           "more than one Idempotency-Key header", 0);
-        return false;
-    }
-    *key = ki >= 0 ? req->headers.entries[ki].value : h2o_iovec_init(NULL, 0);
-    return true;
+    return gateway_header_item(h, req, route, rid, "idempotency-key", "Idempotency-Key",
+                               "idempotency_key_invalid", key);
 }
 
 bool gateway_bearer(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
@@ -304,8 +330,8 @@ static void answerReadyz(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
  * h2o answers some requests itself before any handler runs: a body above
  * max_request_entity_size (413, HTTP_H2O_ENTITY_MAX), broken chunked encoding or
  * Content-Length (400). Those answers are bound to the host's fallback path; a filter there
- * turns their text/plain body into the JSON error body of docs/contract.md, with X-Request-Id.
- * h2o still closes the connection after them. */
+ * turns their text/plain body into the problem+json error body of docs/http-api.md, with
+ * X-Request-Id. h2o still closes the connection after them. */
 
 struct h2oErrFilter {
     h2o_filter_t super;
@@ -341,7 +367,7 @@ static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **sl
                       : req->res.reason != NULL ? req->res.reason
                                                 : code;
     h2o_iovec_t rid = requestId(h, req);
-    json_t *o = gateway_error_body(code, msg, rid);
+    json_t *o = gateway_error_body(req, st, code, msg, rid);
     char *text = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (text == NULL) { /* out of memory: h2o's own text goes out */
@@ -352,10 +378,10 @@ static void h2oErrSetupCb(h2o_filter_t *self, h2o_req_t *req, h2o_ostream_t **sl
     free(text);
     ssize_t ci = h2o_find_header(&req->res.headers, H2O_TOKEN_CONTENT_TYPE, -1);
     if (ci >= 0) {
-        req->res.headers.entries[ci].value = h2o_iovec_init(H2O_STRLIT("application/json"));
+        req->res.headers.entries[ci].value = h2o_iovec_init(H2O_STRLIT(HTTP_PROBLEM_CTYPE));
     } else {
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, "Content-Type",
-                       H2O_STRLIT("application/json"));
+                       H2O_STRLIT(HTTP_PROBLEM_CTYPE));
     }
     h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("x-request-id"), 0,
                           "X-Request-Id", rid.base, rid.len);

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "fsm.h"
+#include "http_conv.h"
 #include "log.h"
 #include "xmalloc.h"
 
@@ -123,13 +124,21 @@ void gateway_send_raw(struct http_server *h, h2o_req_t *req, enum route route, h
     gateway_send_raw_as(h, req, route, rid, status, ctype, body, len, len, extra, n_extra);
 }
 
-/* Sends a JSON body (stolen) with the given status. The text goes into a buffer on the stack
- * (into the request's pool when it is longer), which h2o_send_inline copies. */
-void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                       int status, json_t *body, const struct hdr *extra, size_t n_extra)
+/* Sends a JSON body (stolen) with the given status and media type. The text goes into a
+ * buffer on the stack (into the request's pool when it is longer), which h2o_send_inline
+ * copies. */
+static void sendJsonAs(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                       int status, json_t *body, const char *ctype, const struct hdr *extra,
+                       size_t n_extra)
 {
-    if (req == NULL) { /* the client is gone: only counted */
+    if (req == NULL || body == NULL) { /* the client is gone, or no memory: only counted */
         json_decref(body);
+        if (req != NULL) {
+            static const char oom[] = "{\"code\":\"internal\",\"message\":\"out of memory\"}";
+            gateway_send_raw(h, req, route, rid, 500, HTTP_PROBLEM_CTYPE, oom, sizeof(oom) - 1,
+                             NULL, 0);
+            return;
+        }
         gateway_send_raw(h, NULL, route, rid, status, NULL, NULL, 0, NULL, 0);
         return;
     }
@@ -142,36 +151,38 @@ void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, 
     }
     json_decref(body);
     if (n == 0) {
-        static const char oom[] = "{\"code\":\"internal\",\"message\":\"out of memory\"}";
-        gateway_send_raw(h, req, route, rid, 500, "application/json", oom, sizeof(oom) - 1, NULL,
-                         0);
+        sendJsonAs(h, req, route, rid, 500, NULL, ctype, NULL, 0);
         return;
     }
-    gateway_send_raw(h, req, route, rid, status, "application/json", s, n, extra, n_extra);
+    gateway_send_raw(h, req, route, rid, status, ctype, s, n, extra, n_extra);
 }
 
-json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t rid)
+void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                       int status, json_t *body, const struct hdr *extra, size_t n_extra)
 {
-    json_t *o = json_object();
-    json_object_set_new(o, "code", json_string(code));
-    json_t *msg = json_string(message ? message : code);
-    json_object_set_new(o, "message", msg ? msg : json_string(code));
-    json_object_set_new(o, "request_id", json_stringn(rid.base, rid.len));
-    return o;
+    sendJsonAs(h, req, route, rid, status, body, "application/json", extra, n_extra);
 }
 
-/* Sends the error body of docs/contract.md and counts a 503 as failed closed; retry_after_s
+json_t *gateway_error_body(h2o_req_t *req, int status, const char *code, const char *message,
+                           h2o_iovec_t rid)
+{
+    return http_problem(status, code, message, rid.base, rid.len, req ? req->path.base : NULL,
+                        req ? req->path.len : 0);
+}
+
+/* Sends the error body of docs/http-api.md (RFC 9457 problem details, with code, message and
+ * request_id) as application/problem+json and counts a 503 as failed closed; retry_after_s
  * > 0 adds Retry-After, a 405 of the JSON API Allow, a 401 WWW-Authenticate: Bearer, and
- * more[0..n_more) (at most two) go last. */
+ * more[0..n_more) (at most three) go last. */
 void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
                              h2o_iovec_t rid, int status, const char *code, const char *message,
                              uint64_t retry_after_s, const struct hdr *more, size_t n_more)
 {
-    json_t *o = gateway_error_body(code, message, rid);
+    json_t *o = req != NULL ? gateway_error_body(req, status, code, message, rid) : NULL;
     char ra[24];
-    struct hdr extra[4] = {{0}};
+    struct hdr extra[6] = {{0}};
     size_t n = 0;
-    assert(n_more <= 2);
+    assert(n_more <= 3);
     if (retry_after_s > 0) {
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);
         extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
@@ -192,10 +203,14 @@ void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route r
     if (status == 503) {
         h->m.req.fail_closed++;
     }
-    gateway_send_json(h, req, route, rid, status, o, extra, n);
+    if (req == NULL) { /* the client is gone: only counted */
+        gateway_send_raw(h, NULL, route, rid, status, NULL, NULL, 0, NULL, 0);
+        return;
+    }
+    sendJsonAs(h, req, route, rid, status, o, HTTP_PROBLEM_CTYPE, extra, n);
 }
 
-/* Sends the error body of docs/contract.md; retry_after_s > 0 adds Retry-After. */
+/* Sends the error body (gateway_send_error_with); retry_after_s > 0 adds Retry-After. */
 void gateway_send_error(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                         int status, const char *code, const char *message, uint64_t retry_after_s)
 {

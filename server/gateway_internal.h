@@ -149,8 +149,10 @@ void gateway_send_json(struct http_server *h, h2o_req_t *req, enum route route, 
 void gateway_send_error(struct http_server *h, h2o_req_t *req, enum route route,
                         h2o_iovec_t rid, int status, const char *code, const char *message,
                         uint64_t retry_after_s);
-/* The JSON error body of docs/contract.md (code, message, request_id); NULL message: code. */
-json_t *gateway_error_body(const char *code, const char *message, h2o_iovec_t rid);
+/* The error body of docs/http-api.md: RFC 9457 problem details of req (its path the
+ * instance) with code, message and request_id (http_conv.h); NULL message: the title. */
+json_t *gateway_error_body(h2o_req_t *req, int status, const char *code, const char *message,
+                           h2o_iovec_t rid);
 void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
                              h2o_iovec_t rid, int status, const char *code, const char *message,
                              uint64_t retry_after_s, const struct hdr *more, size_t n_more);
@@ -188,6 +190,8 @@ ssize_t gateway_find_single(h2o_req_t *req, const char *name, size_t len);
  * is not "Bearer ..."). False when it answered instead (401: the header sent twice). */
 bool gateway_bearer(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                     h2o_iovec_t *tok);
+bool gateway_header_item(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                         const char *name, const char *what, const char *code, h2o_iovec_t *val);
 bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
                         h2o_iovec_t rid, h2o_iovec_t *key);
 const char *gateway_key_refusal(const char *detail);

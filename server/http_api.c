@@ -20,8 +20,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include <openssl/rand.h>
+
 #include "fingerprint.h"
 #include "http_api_body.h"
+#include "http_conv.h"
 #include "log.h"
 #include "xmalloc.h"
 
@@ -33,6 +36,11 @@ struct httpJob {
     char rid_buf[64];   /* requestId(): at most 64 bytes */
     uint64_t start_ns;
     int key_rc; /* a forwarded request's key by the state machine's rule (jobStart) */
+    char key_why[112];        /* which rule the key breaks, by this node's tenant (or "") */
+    uint32_t mismatch_status; /* the tenant's status for idempotency_key_reused */
+    char attempt[2 * HTTP_ATTEMPT_ID_MAX + 3]; /* a claim's Idempotency-Attempt answer header */
+    size_t attempt_len;                        /* 0: none */
+    char attempt_id[HTTP_ATTEMPT_ID_MAX + 1];  /* a claim's attempt id, for its body */
     LIST_ENTRY(httpJob) link; /* in h->jobs */
 };
 
@@ -42,6 +50,17 @@ static json_t *jsonBytes(const uint8_t *p, size_t len)
 {
     json_t *s = json_stringn((const char *)p, len);
     return s ? s : json_null(); /* not UTF-8: jansson refuses it */
+}
+
+/* A token as a JSON integer under `name`, and as a decimal string under `name`_str (a
+ * client whose numbers lose precision past 2^53 reads that one). */
+static void setToken(json_t *o, const char *name, uint64_t token)
+{
+    char str[21], sname[32];
+    http_token_str(token, str);
+    snprintf(sname, sizeof sname, "%s_str", name);
+    json_object_set_new(o, name, json_integer((json_int_t)token));
+    json_object_set_new(o, sname, json_string(str));
 }
 
 static json_t *storedToJson(const Idem__StoredResponse *r)
@@ -67,14 +86,14 @@ static json_t *storedToJson(const Idem__StoredResponse *r)
     }
     return o;
 }
-static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
-                       h2o_iovec_t rid, const Idem__StoredResponse *r)
+static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
+                       const Idem__StoredResponse *r, const struct hdr *att, size_t n_att)
 {
     if (gateway_stored_too_large(r)) {
         /* The proxy's marker of an answer it could not keep: as its own replay says. */
-        gateway_send_error(h, req, route, rid, 502, "upstream_response_too_large",
-                           "the stored answer was too large to keep; only its digest was recorded",
-                           0);
+        gateway_send_error_with(
+            h, req, route, rid, 502, "upstream_response_too_large",
+            "the stored answer was too large to keep; only its digest was recorded", 0, att, n_att);
         return;
     }
     /* The JSON API answers with the stored response itself, from idemd's own origin: only
@@ -85,9 +104,11 @@ static void sendReplay(struct http_server *h, h2o_req_t *req, enum route route,
         "location",     "etag",             "last-modified",    "link",
         "cache-control", "expires",         "retry-after",      "vary",
         NULL};
-    static const struct hdr nosniff = {"x-content-type-options", "X-Content-Type-Options",
-                                       "nosniff", 7};
-    gateway_send_replay(h, req, route, rid, r, allow, NULL, &nosniff, 1);
+    struct hdr own[2] = {{"x-content-type-options", "X-Content-Type-Options", "nosniff", 7}};
+    if (n_att > 0) {
+        own[1] = *att;
+    }
+    gateway_send_replay(h, req, route, rid, r, allow, NULL, own, 1 + n_att);
 }
 
 static const char *stateName(Idem__RecordState s)
@@ -106,7 +127,7 @@ static json_t *recordToJson(const Idem__Record *rec)
 {
     json_t *o = json_object();
     json_object_set_new(o, "state", json_string(stateName(rec->state)));
-    json_object_set_new(o, "token", json_integer((json_int_t)rec->token));
+    setToken(o, "token", rec->token);
     if (rec->fingerprint.len == FP_LEN) {
         char hex[FP_HEX12_SIZE];
         fp_hex12(rec->fingerprint.data, hex);
@@ -133,38 +154,56 @@ static json_t *okBody(void)
     return o;
 }
 
-/* Answers from the service's (or the leader's) Response, docs/contract.md. */
-static void answerResponse(struct http_server *h, h2o_req_t *req, enum route route,
-                           h2o_iovec_t rid, const Idem__Response *resp)
+static json_t *acquiredBody(const Idem__Result *res, const struct httpJob *j)
 {
+    json_t *o = json_object();
+    json_object_set_new(o, "outcome", json_string("acquired"));
+    setToken(o, "token", res->token);
+    json_object_set_new(o, "lease_expires_at", json_integer((json_int_t)res->lease_deadline_ms));
+    json_object_set_new(o, "expires_at", json_integer((json_int_t)res->expires_at_ms));
+    json_object_set_new(o, "takeover", json_boolean(res->takeover));
+    setToken(o, "previous_token", res->previous_token);
+    json_t *a = j->attempt_id[0] != '\0' ? json_string(j->attempt_id) : NULL;
+    if (a != NULL) {
+        json_object_set_new(o, "attempt_id", a);
+    }
+    return o;
+}
+
+/* Answers from the service's (or the leader's) Response, docs/contract.md; a claim's answer
+ * carries its attempt id in Idempotency-Attempt (j->attempt). */
+static void answerResponse(struct http_server *h, h2o_req_t *req, const struct httpJob *j,
+                           const Idem__Response *resp)
+{
+    enum route route = j->route;
+    h2o_iovec_t rid = j->rid;
     const Idem__Result *res = resp->result;
     Idem__Outcome oc = res ? res->outcome : IDEM__OUTCOME__OUTCOME_UNSPECIFIED;
     reqstats_outcome(&h->m.req, (unsigned)oc);
     const char *detail = resp->error && resp->error[0] ? resp->error
                          : res && res->detail && res->detail[0] ? res->detail
                                                                 : NULL;
+    struct hdr att = {"idempotency-attempt", "Idempotency-Attempt", j->attempt, j->attempt_len};
+    size_t n_att = j->attempt_len > 0 ? 1 : 0;
     struct gateway_err e;
     if (gateway_outcome_error(res, &e)) {
-        gateway_send_error(h, req, route, rid, e.status, e.code, e.message, e.retry_after_s);
+        if (oc == IDEM__OUTCOME__OUTCOME_MISMATCH) {
+            e.status = (int)j->mismatch_status;
+        }
+        gateway_send_error_with(h, req, route, rid, e.status, e.code, e.message, e.retry_after_s,
+                                &att, n_att);
         return;
     }
     json_t *o;
     switch (oc) {
     case IDEM__OUTCOME__OUTCOME_ACQUIRED:
-        o = json_object();
-        json_object_set_new(o, "outcome", json_string("acquired"));
-        json_object_set_new(o, "token", json_integer((json_int_t)res->token));
-        json_object_set_new(o, "lease_expires_at", json_integer((json_int_t)res->lease_deadline_ms));
-        json_object_set_new(o, "expires_at", json_integer((json_int_t)res->expires_at_ms));
-        json_object_set_new(o, "takeover", json_boolean(res->takeover));
-        json_object_set_new(o, "previous_token", json_integer((json_int_t)res->previous_token));
-        gateway_send_json(h, req, route, rid, 200, o, NULL, 0);
+        gateway_send_json(h, req, route, rid, 200, acquiredBody(res, j), &att, n_att);
         return;
     case IDEM__OUTCOME__OUTCOME_REPLAY: {
         Idem__StoredResponse *owned;
         const Idem__StoredResponse *stored = service_stored_response(res, &owned);
         if (stored != NULL) {
-            sendReplay(h, req, route, rid, stored);
+            sendReplay(h, req, route, rid, stored, &att, n_att);
         } else {
             gateway_send_error(h, req, route, rid, 500, "internal",
                                "replay without a stored response", 0);
@@ -201,9 +240,12 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
         return;
     case IDEM__OUTCOME__OUTCOME_INVALID:
         if (gateway_key_refusal(detail) != NULL) {
-            gateway_send_error(h, req, route, rid, 400, detail, gateway_key_refusal(detail), 0);
+            gateway_send_error_with(h, req, route, rid, 400, detail,
+                                    j->key_why[0] ? j->key_why : gateway_key_refusal(detail), 0,
+                                    &att, n_att);
         } else {
-            gateway_send_error(h, req, route, rid, 400, "invalid_request", detail, 0);
+            gateway_send_error_with(h, req, route, rid, 400, "invalid_request", detail, 0, &att,
+                                    n_att);
         }
         return;
     case IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED:
@@ -216,11 +258,11 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, enum route rou
     default: /* unavailable, not_leader without a leader, anything unexpected */
         /* An unavailable answer's reason (no leader, deadline, the pending budget or the
          * tenant's share of it) is the node's own text; clients branch on the code. */
-        gateway_send_error(h, req, route, rid, 503, "idempotency_unavailable",
-                           oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && detail != NULL
-                               ? detail
-                               : "no quorum or no leader; retry with the same key",
-                           1);
+        gateway_send_error_with(h, req, route, rid, 503, "idempotency_unavailable",
+                                oc == IDEM__OUTCOME__OUTCOME_UNAVAILABLE && detail != NULL
+                                    ? detail
+                                    : "no quorum or no leader; retry with the same key",
+                                1, &att, n_att);
         return;
     }
 }
@@ -236,19 +278,22 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
         reqstats_claim(&h->m.req, (double)(uv_hrtime() - j->start_ns) / 1e9);
     }
     if (resp != NULL) {
-        answerResponse(h, req, j->route, j->rid, resp);
+        answerResponse(h, req, j, resp);
     } else if (j->key_rc != KEY_OK) {
         /* The leader would have refused the key; without it this node says so itself, as
          * it does when it knows no leader (its service judges the key first). */
         const char *code = j->key_rc == KEY_MISSING ? "idempotency_key_missing"
                                                     : "idempotency_key_invalid";
         reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_INVALID);
-        gateway_send_error(h, req, j->route, j->rid, 400, code, gateway_key_refusal(code), 0);
+        gateway_send_error(h, req, j->route, j->rid, 400, code,
+                           j->key_why[0] ? j->key_why : gateway_key_refusal(code), 0);
     } else {
         (void)err; /* a static reason from forward.c; it carries no key or token */
+        struct hdr att = {"idempotency-attempt", "Idempotency-Attempt", j->attempt, j->attempt_len};
         reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_UNAVAILABLE);
-        gateway_send_error(h, req, j->route, j->rid, 503, "idempotency_unavailable",
-                           "the leader could not be reached; retry with the same key", 1);
+        gateway_send_error_with(h, req, j->route, j->rid, 503, "idempotency_unavailable",
+                                "the leader could not be reached; retry with the same key", 1, &att,
+                                j->attempt_len > 0 ? 1 : 0);
     }
     LIST_REMOVE(j, link);
     free(j);
@@ -271,11 +316,22 @@ static void serviceDoneCb(void *data, const Idem__Response *resp)
  * knows a leader, which this check already sent to the forwarder; answerResponse would
  * map one to 503.) */
 static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
-                     const Idem__Request *rq, ProtobufCBinaryData key, size_t key_max_len)
+                     const Idem__Request *rq, ProtobufCBinaryData key,
+                     const struct config_tenant *t)
 {
+    size_t key_max_len = t->key_max_len;
     struct httpJob *j = xcalloc(1, sizeof(*j));
     j->h = h;
     j->route = route;
+    j->mismatch_status = t->mismatch_status;
+    http_key_why(key.data, key.len, key_max_len, j->key_why, sizeof j->key_why);
+    if (rq->op_case == IDEM__REQUEST__OP_CLAIM && rq->claim->attempt_id.len > 0) {
+        ProtobufCBinaryData a = rq->claim->attempt_id; /* at most 64 bytes (parseClaim) */
+        memcpy(j->attempt_id, a.data, a.len);
+        if (!http_item_out((const char *)a.data, a.len, j->attempt, &j->attempt_len)) {
+            j->attempt_len = 0;
+        }
+    }
     j->rid.len = rid.len < sizeof(j->rid_buf) ? rid.len : sizeof(j->rid_buf);
     memcpy(j->rid_buf, rid.base, j->rid.len);
     j->rid.base = j->rid_buf;
@@ -342,6 +398,53 @@ static Idem__Request__OpCase apiOp(enum route route)
     }
 }
 
+/* A claim's attempt id (docs/http-api.md): the body's attempt_id, or the Idempotency-Attempt
+ * header's (an sf-string decoded, or the bare value), or else a new one (16 hex digits from
+ * 8 random bytes, as proxy mode draws them); cl->attempt_id points at it (the header's and a
+ * new one are in the request's pool). False when it answered 400 invalid_request: the header
+ * sent twice, a bad sf-string, empty, over 64 bytes, or another id than the body's. */
+static bool claimAttempt(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
+                         Idem__ClaimRequest *cl)
+{
+    h2o_iovec_t a;
+    if (!gateway_header_item(h, req, R_CLAIM, rid, "idempotency-attempt", "Idempotency-Attempt",
+                             "invalid_request", &a)) {
+        return false;
+    }
+    const char *bad = NULL;
+    if (a.base != NULL && a.len == 0) {
+        bad = "the Idempotency-Attempt is empty";
+    } else if (a.len > HTTP_ATTEMPT_ID_MAX || memchr(a.base ? a.base : "", '\0', a.len)) {
+        bad = "the Idempotency-Attempt must be at most 64 bytes, none of them NUL";
+    } else if (a.base != NULL && cl->attempt_id.len > 0 &&
+               !h2o_memis(a.base, a.len, (const char *)cl->attempt_id.data, cl->attempt_id.len)) {
+        bad = "the Idempotency-Attempt header and the body's attempt_id name different attempts";
+    }
+    if (bad != NULL) {
+        gateway_send_error(h, req, R_CLAIM, rid, 400, "invalid_request", bad, 0);
+        return false;
+    }
+    if (cl->attempt_id.len > 0) {
+        return true;
+    }
+    if (a.base != NULL) {
+        cl->attempt_id.data = (uint8_t *)a.base;
+        cl->attempt_id.len = a.len;
+        return true;
+    }
+    uint8_t rnd[8];
+    char *hex = h2o_mem_alloc_pool(&req->pool, 2 * sizeof rnd + 1);
+    if (RAND_bytes(rnd, sizeof rnd) != 1) {
+        gateway_send_error(h, req, R_CLAIM, rid, 500, "internal", "no randomness for an attempt id",
+                           0);
+        return false;
+    }
+    gateway_hex(rnd, sizeof rnd, hex);
+    cl->attempt_id.data = (uint8_t *)hex;
+    cl->attempt_id.len = 2 * sizeof rnd;
+    return true;
+}
+
 /* The JSON API routes, after method and body-size checks. */
 void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2o_iovec_t rid,
                      h2o_iovec_t pathKey)
@@ -373,8 +476,8 @@ void http_api_handle(struct http_server *h, h2o_req_t *req, enum route route, h2
     if (!http_api_parse_body(apiOp(route), req->entity.base, req->entity.len, t, kb, &rq, &body,
                              &bad)) {
         gateway_send_error(h, req, route, rid, 400, "invalid_request", bad, 0);
-    } else {
-        jobStart(h, req, route, rid, &rq, kb, t->key_max_len);
+    } else if (route != R_CLAIM || claimAttempt(h, req, rid, &body.cl)) {
+        jobStart(h, req, route, rid, &rq, kb, t);
     }
     http_api_body_free(&body);
 }

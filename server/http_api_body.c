@@ -3,10 +3,12 @@
 #include "http_api_body.h"
 
 #include <openssl/crypto.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsm.h"
+#include "http_conv.h"
 #include "xmalloc.h"
 
 static bool hexVal(char c, uint8_t *v)
@@ -55,6 +57,37 @@ static bool getStr(json_t *o, const char *name, const char **out)
     return true;
 }
 
+/* The first member of object o whose name is not in known[0..n): NULL when there is none,
+ * else what to answer, naming it (prefix + name) in sc->why when the name is at most 64 bytes
+ * of printable ASCII (jansson escapes it in the answer; it is never logged). */
+static const char *unknownField(json_t *o, const char *const *known, size_t n, const char *prefix,
+                                struct http_api_body *sc)
+{
+    const char *field;
+    json_t *fval;
+    json_object_foreach(o, field, fval)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < n && !ok; i++) {
+            ok = strcmp(field, known[i]) == 0;
+        }
+        if (ok) {
+            continue;
+        }
+        size_t len = strlen(field);
+        bool shown = len <= 64;
+        for (size_t i = 0; shown && i < len; i++) {
+            shown = field[i] >= 0x20 && field[i] < 0x7f;
+        }
+        if (!shown) {
+            return "unknown field (its name is longer than 64 bytes or not printable ASCII)";
+        }
+        snprintf(sc->why, sizeof sc->why, "unknown field \"%s%s\"", prefix, field);
+        return sc->why;
+    }
+    return NULL;
+}
+
 /* Fills a StoredResponse from {"status", "headers", "body"} or, for a body kept elsewhere,
  * {"status", "headers", "body_ref", "body_sha256" (64 hex digits)}, as the RPC takes them
  * (the service checks the combination: fsm_response_valid). False on a wrong shape or a
@@ -63,19 +96,6 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct http_api_body
 {
     if (!json_is_object(o)) {
         return false;
-    }
-    static const char *const known[] = {"status", "headers", "body", "body_ref", "body_sha256"};
-    const char *field;
-    json_t *fval;
-    json_object_foreach(o, field, fval)
-    {
-        bool ok = false;
-        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++) {
-            ok = strcmp(field, known[i]) == 0;
-        }
-        if (!ok) {
-            return false;
-        }
     }
     const char *ref = NULL, *sha = NULL;
     if (!getStr(o, "body_ref", &ref) || !getStr(o, "body_sha256", &sha)) {
@@ -159,11 +179,18 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct http_api_body
 static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__ClaimRequest *cl,
                               uint8_t fp[FP_LEN], struct http_api_body *sc)
 {
-    const char *fph = NULL;
+    static const char *const known[] = {"fingerprint", "request", "attempt_id",
+                                        "lease_ms",    "ttl_ms",  "policy"};
+    static const char *const knownRq[] = {"method", "path", "body"};
+    const char *fph = NULL, *bad = unknownField(b, known, 6, "", sc);
+    json_t *rq = json_object_get(b, "request");
+    if (bad != NULL ||
+        (json_is_object(rq) && (bad = unknownField(rq, knownRq, 3, "request.", sc)))) {
+        return bad;
+    }
     if (!getStr(b, "fingerprint", &fph)) {
         return "fingerprint must be a string";
     }
-    json_t *rq = json_object_get(b, "request");
     if ((fph == NULL) == (rq == NULL)) {
         return "exactly one of fingerprint and request is required";
     }
@@ -232,21 +259,28 @@ static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__Cl
     return NULL;
 }
 
-/* The token field, required. */
+/* The token field, required: a JSON integer or a string of decimal digits (http_conv.h). */
 static bool getToken(json_t *b, uint64_t *token)
 {
-    bool present = false;
-    return getU64(b, "token", token, &present) && present;
+    json_t *v = json_object_get(b, "token");
+    return v != NULL && http_token_from_json(v, token);
 }
+
+#define TOKEN_BAD "token must be a non-negative integer or a string of decimal digits"
 
 /* The complete body: token, outcome and the optional response. NULL, or a message. */
 static const char *parseComplete(json_t *b, Idem__CompleteRequest *co, Idem__StoredResponse *sr,
                                  struct http_api_body *sc)
 {
-    const char *oc = NULL;
+    static const char *const known[] = {"token", "outcome", "response"};
+    static const char *const knownR[] = {"status", "headers", "body", "body_ref", "body_sha256"};
+    const char *oc = NULL, *bad = unknownField(b, known, 3, "", sc);
     json_t *r = json_object_get(b, "response");
+    if (bad != NULL || (json_is_object(r) && (bad = unknownField(r, knownR, 5, "response.", sc)))) {
+        return bad;
+    }
     if (!getToken(b, &co->token)) {
-        return "token must be a non-negative integer";
+        return TOKEN_BAD;
     } else if (!getStr(b, "outcome", &oc)) {
         return "outcome must be a string";
     } else if (oc == NULL || strcmp(oc, "succeeded") == 0) {
@@ -284,6 +318,8 @@ static bool parseBody(const char *body, size_t len, struct http_api_body *b)
 static const char *build(Idem__Request__OpCase op, const struct config_tenant *t,
                          ProtobufCBinaryData kb, struct http_api_body *b, Idem__Request *rq)
 {
+    static const char *const knownRelease[] = {"token"};
+    static const char *const knownRenew[] = {"token", "lease_ms"};
     const char *bad = NULL;
     switch (op) {
     case IDEM__REQUEST__OP_CLAIM:
@@ -299,17 +335,19 @@ static const char *build(Idem__Request__OpCase op, const struct config_tenant *t
         rq->complete = &b->co;
         break;
     case IDEM__REQUEST__OP_RELEASE:
-        if (!getToken(b->body, &b->re.token)) {
-            bad = "token must be a non-negative integer";
+        if ((bad = unknownField(b->body, knownRelease, 1, "", b)) == NULL &&
+            !getToken(b->body, &b->re.token)) {
+            bad = TOKEN_BAD;
         }
         b->re.key = kb;
         rq->op_case = IDEM__REQUEST__OP_RELEASE;
         rq->release = &b->re;
         break;
     case IDEM__REQUEST__OP_RENEW:
-        if (!getToken(b->body, &b->rn.token)) {
-            bad = "token must be a non-negative integer";
-        } else if (!getU64(b->body, "lease_ms", &b->rn.lease_ms, NULL)) {
+        bad = unknownField(b->body, knownRenew, 2, "", b);
+        if (bad == NULL && !getToken(b->body, &b->rn.token)) {
+            bad = TOKEN_BAD;
+        } else if (bad == NULL && !getU64(b->body, "lease_ms", &b->rn.lease_ms, NULL)) {
             bad = "lease_ms must be a non-negative integer";
         }
         b->rn.key = kb;

@@ -34,14 +34,17 @@ struct http_api_body {
     Idem__RenewRequest rn;
     Idem__GetRequest ge;
     uint8_t fp[FP_LEN];
+    char why[112]; /* a refusal that names an unknown field */
 };
 
 /* Parses the `len` bytes at `body` (not NUL-terminated; ignored for a get) as the body of
  * operation `op` (IDEM__REQUEST__OP_CLAIM, _COMPLETE, _RELEASE, _RENEW or _GET) of tenant t
  * on key `key` (borrowed), and points rq's operation (op_case and its message) at what it
- * built in *b, which it initialises first. True, or false with *why set (a static text,
- * never the body's bytes) when the body is refused; rq's operation may then be set too.
- * http_api_body_free(b) afterwards in both cases, once rq is no longer used. */
+ * built in *b, which it initialises first. True, or false with *why set when the body is
+ * refused: a static text, or b->why naming a member the operation does not know (a name of
+ * at most 64 printable ASCII bytes; the only body bytes a refusal quotes); rq's operation
+ * may then be set too. A token (complete, release, renew) is a JSON integer or a string of
+ * decimal digits. http_api_body_free(b) afterwards in both cases, once rq is no longer used. */
 bool http_api_parse_body(Idem__Request__OpCase op, const char *body, size_t len,
                          const struct config_tenant *t, ProtobufCBinaryData key, Idem__Request *rq,
                          struct http_api_body *b, const char **why);

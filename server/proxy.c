@@ -45,6 +45,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "http_conv.h"
 #include "log.h"
 #include "proxy_rules.h"
 #include "resolver.h"
@@ -228,7 +229,10 @@ static void pjClaimDoneCb(void *data, const Idem__Response *resp)
     }
     case IDEM__OUTCOME__OUTCOME_INVALID:
         if (gateway_key_refusal(d) != NULL) {
-            proxy_send_error(j, 400, d, gateway_key_refusal(d), 0);
+            char why[112];
+            http_key_why((const uint8_t *)j->key, j->key_len, j->tenant->key_max_len, why,
+                         sizeof why);
+            proxy_send_error(j, 400, d, why[0] ? why : gateway_key_refusal(d), 0);
         } else {
             proxy_send_error(j, 400, "invalid_request", d && d[0] ? d : "invalid request", 0);
         }
@@ -393,7 +397,10 @@ static bool pjCallerKey(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
     if (krc != KEY_OK) {
         const char *code =
             krc == KEY_MISSING ? "idempotency_key_missing" : "idempotency_key_invalid";
-        gateway_send_error(h, req, R_PROXY, rid, 400, code, gateway_key_refusal(code), 0);
+        char why[112];
+        http_key_why((const uint8_t *)key->base, key->len, h->cfg->tenants[r->tenant].key_max_len,
+                     why, sizeof why);
+        gateway_send_error(h, req, R_PROXY, rid, 400, code, why, 0);
         return false;
     }
     if (!ok) {

@@ -7,9 +7,11 @@
  * renew, 'g' get; another byte: its value modulo 5 in that order); the rest is the body.
  *
  * Invariants (abort() on violation):
- * - the answer is true exactly when *why is NULL; a refusal's why is a non-empty static text
- *   (the same pointer from a second parse whose memory is all still held, so it is no copy
- *   of the body's bytes);
+ * - the answer is true exactly when *why is NULL; a refusal's why is a non-empty short text,
+ *   the same from a second parse: a static text (the same pointer from a second parse whose
+ *   memory is all still held, so it is no copy of the body's bytes) or the parse's own b->why
+ *   naming an unknown member, a name of at most 64 printable ASCII bytes;
+ * - a member the operation does not know is refused, named;
  * - a body that is not a JSON object (jansson, duplicate keys refused) is refused as such
  *   for every operation but get, which takes any body;
  * - an accepted body gives rq the operation asked for, on the key given, and the same
@@ -17,11 +19,13 @@
  *   (every pointer it borrows is alive: ASan);
  * - an accepted claim carries a 32-byte fingerprint (the given hex digits decoded, when
  *   given), an attempt id of at most 64 bytes and a policy it named; release and renew carry
- *   the body's token; an accepted complete's stored response has a status in 200..599,
- *   lower-case header names the state machine accepts (fsm_header_name_ok), as many as the
+ *   the body's token (a JSON integer, or a string of decimal digits); an accepted body has
+ *   no member its operation does not know; an accepted complete's stored response has a
+ *   status in 200..599, lower-case header names the state machine accepts (fsm_header_name_ok), as many as the
  *   body's headers object has, values it accepts, and a body_sha256 of 0 or 32 bytes; the
  *   service's own check of it (fsm_response_valid) gives a reason when it refuses;
  * - http_api_body_free() frees everything on every path (LeakSanitizer). */
+#include <errno.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -161,6 +165,34 @@ static void checkStored(const Idem__StoredResponse *sr, json_t *ref)
     }
 }
 
+/* Whether every member of the accepted body `ref` is one its operation knows. */
+static void checkKnown(Idem__Request__OpCase op, json_t *ref)
+{
+    static const char *const known[][7] = {
+        {"fingerprint", "request", "attempt_id", "lease_ms", "ttl_ms", "policy", NULL},
+        {"token", "outcome", "response", NULL},
+        {"token", NULL},
+        {"token", "lease_ms", NULL},
+    };
+    size_t k = op == IDEM__REQUEST__OP_CLAIM      ? 0
+               : op == IDEM__REQUEST__OP_COMPLETE ? 1
+               : op == IDEM__REQUEST__OP_RELEASE  ? 2
+               : op == IDEM__REQUEST__OP_RENEW    ? 3
+                                                  : 4;
+    const char *name;
+    json_t *v;
+    json_object_foreach(k < 4 ? ref : NULL, name, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; known[k][i] != NULL && !ok; i++) {
+            ok = strcmp(name, known[k][i]) == 0;
+        }
+        if (!ok) {
+            fail("a body accepted with a member its operation does not know");
+        }
+    }
+}
+
 /* What an accepted body must have given, against the reference parse `ref`. */
 static void checkAccepted(Idem__Request__OpCase op, const Idem__Request *rq, json_t *ref,
                           ProtobufCBinaryData key)
@@ -168,21 +200,34 @@ static void checkAccepted(Idem__Request__OpCase op, const Idem__Request *rq, jso
     if (rq->op_case != op) {
         fail("the request's operation is not the one asked for");
     }
+    checkKnown(op, ref);
     ProtobufCBinaryData k = keyOf(rq);
     if (k.data != key.data || k.len != key.len) {
         fail("the request's key is not the one given");
     }
-    json_int_t token = 0;
+    uint64_t token = 0;
     json_t *tv = op == IDEM__REQUEST__OP_GET ? NULL : json_object_get(ref, "token");
-    if (tv != NULL) {
-        token = json_integer_value(tv);
+    if (tv != NULL && json_is_integer(tv)) {
+        token = (uint64_t)json_integer_value(tv);
+    } else if (tv != NULL && json_is_string(tv)) {
+        const char *d = json_string_value(tv);
+        if (json_string_length(tv) < 1 || json_string_length(tv) > 20 ||
+            strspn(d, "0123456789") != json_string_length(tv)) {
+            fail("a token accepted from a string that is not 1-20 decimal digits");
+        }
+        errno = 0;
+        unsigned long long x = strtoull(d, NULL, 10);
+        if (errno != 0) {
+            fail("a token accepted from a string past 64 bits");
+        }
+        token = (uint64_t)x;
     }
     switch (op) {
     case IDEM__REQUEST__OP_CLAIM:
         checkClaim(rq->claim, ref);
         break;
     case IDEM__REQUEST__OP_COMPLETE:
-        if (rq->complete->token != (uint64_t)token || tv == NULL) {
+        if (rq->complete->token != token || tv == NULL) {
             fail("a complete's token is not its body's");
         }
         if (rq->complete->response != NULL) {
@@ -190,12 +235,12 @@ static void checkAccepted(Idem__Request__OpCase op, const Idem__Request *rq, jso
         }
         break;
     case IDEM__REQUEST__OP_RELEASE:
-        if (rq->release->token != (uint64_t)token || tv == NULL) {
+        if (rq->release->token != token || tv == NULL) {
             fail("a release's token is not its body's");
         }
         break;
     case IDEM__REQUEST__OP_RENEW:
-        if (rq->renew->token != (uint64_t)token || tv == NULL) {
+        if (rq->renew->token != token || tv == NULL) {
             fail("a renew's token is not its body's");
         }
         break;
@@ -247,11 +292,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (ok1 != (why1 == NULL) || ok2 != (why2 == NULL)) {
         fail("the answer does not agree with why");
     }
-    if (ok1 != ok2 || why1 != why2) {
+    bool own1 = !ok1 && why1 >= b1.why && why1 < b1.why + sizeof b1.why;
+    bool own2 = !ok2 && why2 >= b2.why && why2 < b2.why + sizeof b2.why;
+    if (ok1 != ok2 || own1 != own2 || (!own1 && why1 != why2) ||
+        (own1 && strcmp(why1, why2) != 0)) {
         fail("two parses of the same body differ (or a reason is not a static text)");
     }
     if (!ok1 && (why1[0] == '\0' || strlen(why1) > 200)) {
         fail("a refusal's reason is empty or not a short text");
+    }
+    if (own1 && (strncmp(why1, "unknown field \"", 15) != 0 || strlen(why1) > 15 + 9 + 64 + 1)) {
+        fail("a reason of the parse's own is not an unknown field's, named in 64 bytes");
+    }
+    for (size_t i = 0; own1 && why1[i] != '\0'; i++) {
+        if (why1[i] < 0x20 || why1[i] >= 0x7f) {
+            fail("an unknown field's name repeated with a byte outside printable ASCII");
+        }
     }
 
     /* The reference: whether the body is a JSON object at all. */

@@ -240,6 +240,25 @@ def http_exchange(conn, method, path, body=None, headers=None, raw=None):
     return Resp(resp.status, rh, parsed, text)
 
 
+# The prefix of an error's problem type (server/http_conv.h; docs/http-api.md, Errors).
+PROBLEM_TYPE_BASE = "urn:idemd:problem:"
+
+
+def assert_problem(tc, resp, status, code):
+    """For unittest case tc: resp is an error answer with the RFC 9457 problem details of
+    docs/http-api.md (Errors) as application/problem+json."""
+    st, h, b = resp
+    tc.assertEqual(h.get("content-type"), "application/problem+json", resp)
+    tc.assertEqual(b.get("type"), PROBLEM_TYPE_BASE + code, resp)
+    tc.assertIsInstance(b.get("title"), str, resp)
+    tc.assertTrue(b["title"], resp)
+    tc.assertEqual(b.get("status"), status, resp)
+    tc.assertIsInstance(b.get("detail"), str, resp)
+    tc.assertEqual(b.get("detail"), b.get("message"), resp)
+    if b.get("request_id"):
+        tc.assertEqual(b.get("instance"), "urn:idemd:request:" + b["request_id"], resp)
+
+
 def http_request(addr, method, path, body=None, headers=None, timeout=10, raw=None):
     """http_exchange() on a fresh connection to addr ("host:port"), closed afterwards."""
     host, port = addr.rsplit(":", 1)
@@ -274,7 +293,7 @@ class Cluster:
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
                  data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None,
-                 alpha_quota=None, hosts=None, listen=None):
+                 alpha_quota=None, hosts=None, listen=None, beta_settings=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -294,6 +313,8 @@ class Cluster:
                          snapshot_trailing_max_mb=snapshot_trailing_max_mb)
         # alpha_quota: {"max_records": N, "max_bytes": N} for tenant alpha (else the defaults).
         self.alpha_quota = alpha_quota or {}
+        # beta_settings: {"mismatch_status": 422, ...}: more keys of tenant beta's.
+        self.beta_settings = beta_settings or {}
         self.nodes = {}
         self.bootstrap = []
         # Nodes that may exit by themselves (a test that makes one do so and does not await it
@@ -371,7 +392,7 @@ class Cluster:
         ] + ["    %s: %d" % kv for kv in sorted(self.alpha_quota.items())] + [
             "  - name: beta",
             "    token_sha256: %s" % h(self.token2),
-        ]
+        ] + ["    %s: %s" % kv for kv in sorted(self.beta_settings.items())]
         with open(node.cfg, "w") as f:
             f.write("\n".join(lines) + "\n")
 

@@ -256,6 +256,11 @@ class Handler(BaseHTTPRequestHandler):
                                                          "Connection": "keep-alive, X-Secret"})
         if seg == "mib":
             return self._send(201, raw=b"y" * MiB, headers={"X-Order-Id": oid})
+        if seg == "located":  # what points at what the request made
+            return self._send(201, {"id": oid}, headers={
+                "X-Order-Id": oid, "Location": "/orders/%s" % oid, "ETag": '"%s"' % oid,
+                "Content-Location": "/orders/%s" % oid,
+                "Link": '</orders/%s>; rel="self"' % oid, "X-Other": oid})
         if seg == "cookie":
             return self._send(201, {"id": oid}, headers={"X-Order-Id": oid,
                                                          "Set-Cookie": "session=%s" % oid})

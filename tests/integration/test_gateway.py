@@ -24,7 +24,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, Cluster, fp, http_exchange, http_request, wait_for  # noqa: E402
+from harness import (BIN, PROBLEM_TYPE_BASE, Cluster, assert_problem, fp,  # noqa: E402
+                     http_exchange, http_request, wait_for)
 from test_cluster import _claim_body, _frame, _read_response  # noqa: E402
 
 ACQ = "acquired"
@@ -199,8 +200,9 @@ class GatewayTest(unittest.TestCase):
         return b
 
     def assertError(self, resp, status, code):
-        """An error answer: the status, the code, and {code, message, request_id} with the
-        request id equal to the X-Request-Id header."""
+        """An error answer: the status, the code, and RFC 9457 problem details
+        (application/problem+json: type, title, status, detail) with code, message and
+        request_id, the request id equal to the X-Request-Id header."""
         st, h, b = resp
         self.assertEqual(st, status, resp)
         self.assertIsInstance(b, dict, "error body must be JSON: %r" % (resp,))
@@ -210,6 +212,7 @@ class GatewayTest(unittest.TestCase):
         self.assertIn("request_id", b, resp)
         self.assertTrue(h.get("x-request-id"), "X-Request-Id missing: %r" % (resp,))
         self.assertEqual(str(b["request_id"]), h["x-request-id"], resp)
+        assert_problem(self, resp, status, code)
         return b
 
     def assertRetryAfter(self, resp):
@@ -508,9 +511,156 @@ class TestGatewayBasics(GatewayTest):
 
 
 # ---- errors ---------------------------------------------------------------------------------
+    # ---- HTTP conventions (docs/http-api.md) ------------------------------------------------
+
+    def test_tokens_also_as_strings(self):
+        """Every answer with a token has its decimal string too, and complete, release and
+        renew take the token as a string."""
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("tokstr")
+        st, h, b = self.claim(addr, key, fp(key))
+        tok = self.assertAcquired((st, h, b))
+        self.assertEqual(b.get("token_str"), str(tok), b)
+        self.assertEqual(b.get("previous_token_str"), "0", b)
+        st, h, r = self.call(addr, "POST", "/v1/claims/%s/renew" % key,
+                             {"token": str(tok), "lease_ms": 60000})
+        self.assertEqual((st, r.get("outcome")), (200, "ok"), r)
+        rec = self.get(addr, key)[2]["record"]
+        self.assertEqual((rec["token"], rec["token_str"]), (tok, str(tok)), rec)
+        self.assertOk(self.complete(addr, key, str(tok), "s"))
+        self.assertReplay(self.claim(addr, key, fp(key)), "s")
+        # a string that is not decimal digits is refused
+        key2 = self.key("tokstr")
+        tok2 = self.assertAcquired(self.claim(addr, key2, fp(key2)))
+        for bad in ("%d " % tok2, "0x%x" % tok2, "-%d" % tok2, ""):
+            self.assertError(self.release(addr, key2, bad), 400, "invalid_request")
+        self.assertOk(self.release(addr, key2, str(tok2)))
+        # a takeover's previous token, as a string too
+        key3 = self.key("tokstr")
+        t3 = self.assertAcquired(self.claim(addr, key3, fp(key3), lease_ms=1))
+        time.sleep(0.05)
+        st, h, b = self.claim(addr, key3, fp(key3), policy="takeover")
+        self.assertAcquired((st, h, b))
+        self.assertTrue(b["takeover"], b)
+        self.assertEqual((b["previous_token"], b["previous_token_str"]), (t3, str(t3)), b)
+
+    def test_attempt_header_and_answer(self):
+        """Idempotency-Attempt names a claim's attempt; the attempt in use comes back in the
+        body (attempt_id) and in Idempotency-Attempt, so that a retry can send it again."""
+        for nid in [self.c.wait_leader(timeout=20)] + self.follower_ids():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("att")
+                st, h, b = self.claim(addr, key, fp(key), headers={"Idempotency-Attempt": "a-1"})
+                tok = self.assertAcquired((st, h, b))
+                self.assertEqual((b.get("attempt_id"), h.get("idempotency-attempt")),
+                                 ("a-1", "a-1"), (st, h, b))
+                # the same attempt, as an sf-string, or in the body beside the same header
+                for kw in ({"headers": {"Idempotency-Attempt": '"a-1"'}},
+                           {"attempt_id": "a-1", "headers": {"Idempotency-Attempt": "a-1"}},
+                           {"attempt_id": "a-1"}):
+                    st, h, b = self.claim(addr, key, fp(key), **kw)
+                    self.assertEqual(self.assertAcquired((st, h, b)), tok, (kw, b))
+                    self.assertEqual(h.get("idempotency-attempt"), "a-1", (kw, h))
+                # another attempt: in progress, and the 409 names the attempt it was
+                r = self.claim(addr, key, fp(key), headers={"Idempotency-Attempt": "a-2"})
+                self.assertError(r, 409, "idempotency_request_in_progress")
+                self.assertEqual(r[1].get("idempotency-attempt"), "a-2", r)
+                # body and header naming different attempts, or a bad header: 400
+                for kw in ({"attempt_id": "a-1", "headers": {"Idempotency-Attempt": "a-2"}},
+                           {"headers": {"Idempotency-Attempt": '"a-1'}},
+                           {"headers": {"Idempotency-Attempt": '""'}},
+                           {"headers": {"Idempotency-Attempt": "x" * 65}}):
+                    self.assertError(self.claim(addr, key, fp(key), **kw), 400,
+                                     "invalid_request")
+                # none given: the gateway draws one; sent back, it is the same attempt
+                key2 = self.key("att")
+                st, h, b = self.claim(addr, key2, fp(key2))
+                tok2 = self.assertAcquired((st, h, b))
+                drawn = h.get("idempotency-attempt")
+                self.assertRegex(drawn or "", r"^[0-9a-f]{16}$", h)
+                self.assertEqual(b.get("attempt_id"), drawn, b)
+                st, h, b = self.claim(addr, key2, fp(key2), headers={"Idempotency-Attempt": drawn})
+                self.assertEqual(self.assertAcquired((st, h, b)), tok2, b)
+                # an attempt id that is no token goes back as an sf-string
+                key3 = self.key("att")
+                st, h, b = self.claim(addr, key3, fp(key3), attempt_id='say "hi"')
+                self.assertAcquired((st, h, b))
+                self.assertEqual(h.get("idempotency-attempt"), '"say \\"hi\\""', h)
+                self.assertEqual(b.get("attempt_id"), 'say "hi"', b)
+
+    def test_sf_string_keys(self):
+        """An Idempotency-Key sent as an RFC 8941 sf-string names the key inside the quotes."""
+        for nid in [self.c.wait_leader(timeout=20)] + self.follower_ids():
+            with self.subTest(node=nid):
+                addr = self.addr(nid)
+                key = self.key("sf")
+                tok = self.assertAcquired(self.claim(addr, key, fp(key),
+                                                     headers={"Idempotency-Key": '"%s"' % key}))
+                # the bare key is the same record
+                self.assertError(self.claim(addr, key, fp(key)), 409,
+                                 "idempotency_request_in_progress")
+                # the header (an sf-string) beside the path names the same key
+                stored = {"status": 201, "headers": {"content-type": "application/json"},
+                          "body": "sf"}
+                self.assertOk(self.call(addr, "POST", "/v1/claims/%s/complete" % key,
+                                        {"token": tok, "response": stored},
+                                        headers={"Idempotency-Key": ' "%s" ' % key}))
+                self.assertReplay(self.claim(addr, key, fp(key),
+                                             headers={"Idempotency-Key": '"%s"' % key}), "sf")
+                st, h, b = self.call(addr, "GET", "/v1/claims",
+                                     headers={"Idempotency-Key": '"%s"' % key})
+                self.assertEqual((st, b["record"]["token"]), (200, tok), b)
+
+    def test_idemctl_computes_the_gateways_fingerprint(self):
+        """idemctl claim --request-body fingerprints a request as the gateway's `request`
+        form does: a retry through idemctl replays, a changed one is a mismatch."""
+        addr = self.addr()
+        tmp = self.c.root
+        cases = [
+            # (the JSON API's request, idemctl's options, the file's bytes)
+            ({"method": "POST", "path": "/orders?b=2&a=1",
+              "body": {"amount": 10, "currency": "EUR", "items": [1, 2.5, None, "x"]}},
+             ["--path", "/orders?a=1&b=2"],
+             b'{ "items": [1, 2.5, null, "x"],\n  "currency": "EUR", "amount": 10 }'),
+            ({"method": "PUT", "path": "/notes/7", "body": "plain text \u00e9\n"},
+             ["--method", "PUT", "--path", "/notes/7", "--content-type", "text/plain"],
+             "plain text \u00e9\n".encode()),
+            ({"method": "POST", "path": "/"}, ["--path", "/"], None),  # no body
+        ]
+        for i, (req, opts, data) in enumerate(cases):
+            with self.subTest(case=i):
+                key = self.key("ctl")
+                tok = self.assertAcquired(self.claim(addr, key, req=req))
+                self.assertOk(self.complete(addr, key, tok, "done-%d" % i))
+                args = ["claim", key, "--tenant", "alpha"] + opts
+                if data is not None:
+                    path = os.path.join(tmp, "body-%d" % i)
+                    with open(path, "wb") as f:
+                        f.write(data)
+                    args += ["--request-body", path]
+                rc, out = self.c.ctl(*args)
+                self.assertEqual(out and out.get("outcome"), "replay", (rc, out))
+                self.assertRegex(out.get("fingerprint", ""), r"^[0-9a-f]{64}$", out)
+                # read from standard input too
+                if data is not None:
+                    p = subprocess.run(
+                        [os.path.join(BIN, "idemctl"), "--cluster", self.c.addrs(), "--token",
+                         self.c.token, "--json", "claim", key, "--tenant", "alpha",
+                         "--request-body", "-"] + opts,
+                        input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+                    self.assertEqual(json.loads(p.stdout).get("outcome"), "replay", p)
+                # another body, or another tenant's name: another request
+                rc, out = self.c.ctl("claim", key, "--tenant", "beta", *args[4:])
+                self.assertEqual(out and out.get("outcome"), "mismatch", (rc, out))
+        rc, out = self.c.ctl("claim", self.key("ctl"), "--request-body", "/dev/null")
+        self.assertEqual(rc, 2, out)  # no --tenant: a usage error
+
 
 class TestGatewayErrors(GatewayTest):
     shared_cluster = True
+    # tenant beta answers a reused key with 422 (tenants[].mismatch_status)
+    cluster_opts = {"beta_settings": {"mismatch_status": 422}}
 
     def targets(self):
         lid = self.c.wait_leader(timeout=20)
@@ -856,6 +1006,82 @@ class TestGatewayErrors(GatewayTest):
                                  "idempotency_lease_lost")
                 self.assertOk(self.complete(addr, key, tok2, "new"))
                 self.assertReplay(self.claim(addr, key, fp(key)), "new")
+
+    # ---- HTTP conventions (docs/http-api.md) ------------------------------------------------
+
+    def test_errors_are_problem_details(self):
+        """Every error is RFC 9457 problem details (application/problem+json) with code,
+        message and request_id; instance names the request by its id, never by its path
+        (which may hold the key)."""
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("pd")
+        st, h, b = self.call(addr, "GET", "/v1/claims/%s?x=1" % key)
+        self.assertError((st, h, b), 404, "not_found")
+        self.assertEqual(b.get("instance"), "urn:idemd:request:" + b["request_id"], b)
+        self.assertNotIn(key, json.dumps(b))
+        self.assertEqual(b.get("title"), "Not found", b)
+        st, h, b = self.claim(addr, key, fp(1), token="nope")
+        self.assertError((st, h, b), 401, "unauthenticated")
+        self.assertEqual(h.get("www-authenticate"), "Bearer", h)
+        r = self.call(addr, "PUT", "/v1/claims")
+        self.assertError(r, 405, "method_not_allowed")
+        self.assertEqual(r[1].get("allow"), "GET, POST", r)
+        # a success is plain JSON
+        self.assertEqual(self.claim(addr, key, fp(key))[1].get("content-type"), "application/json")
+
+    def test_sf_string_key_refusals_say_which_rule(self):
+        """A refused key says which rule it broke: length, characters, empty, a bad
+        sf-string (leader and followers alike)."""
+        cases = [
+            ('"abc', "idempotency_key_invalid", "no closing double quote"),
+            ('"a\\nb"', "idempotency_key_invalid", "backslash"),
+            ('"abc";p=1', "idempotency_key_invalid", "parameters"),
+            ('"caf\u00e9"', "idempotency_key_invalid", "printable ASCII"),
+            ('"a\\"b"', "idempotency_key_invalid", "outside [A-Za-z0-9._:~-] (at offset 1)"),
+            ('"%s"' % ("x" * 256), "idempotency_key_invalid", "256 bytes, over the limit of 255"),
+            ("x" * 256, "idempotency_key_invalid", "256 bytes, over the limit of 255"),
+            ("bad key!", "idempotency_key_invalid", "outside [A-Za-z0-9._:~-] (at offset 3)"),
+            ('""', "idempotency_key_missing", "missing or empty"),
+        ]
+        for nid in self.targets():
+            for value, code, why in cases:
+                with self.subTest(node=nid, value=value[:20]):
+                    addr = self.addr(nid)
+                    raw = json.dumps({"fingerprint": fp(1)}).encode()
+                    # http.client sends a str header in latin-1: the é is byte 0xe9
+                    r = self.call(addr, "POST", "/v1/claims", raw=raw,
+                                  headers={"Idempotency-Key": value})
+                    b = self.assertError(r, 400, code)
+                    self.assertIn(why, b["detail"], r)
+
+    def test_unknown_fields_are_refused_by_name(self):
+        addr = self.addr(self.follower_ids()[0])
+        key = self.key("unk")
+        r = self.claim(addr, key, fp(key), attempt="a-1")
+        self.assertIn('"attempt"', self.assertError(r, 400, "invalid_request")["detail"])
+        r = self.claim(addr, key, req={"method": "POST", "path": "/", "bdy": {}})
+        self.assertIn('"request.bdy"', self.assertError(r, 400, "invalid_request")["detail"])
+        self.assertError(self.get(addr, key), 404, "not_found")  # nothing was claimed
+        tok = self.assertAcquired(self.claim(addr, key, fp(key)))
+        for route, body, name in (
+                ("complete", {"token": tok, "outcome": "succeeded", "response": {"status": 201},
+                              "status": 201}, '"status"'),
+                ("complete", {"token": tok, "response": {"status": 201, "header": {}}},
+                 '"response.header"'),
+                ("release", {"token": tok, "reason": "x"}, '"reason"'),
+                ("renew", {"token": tok, "lease": 5000}, '"lease"')):
+            r = self.call(addr, "POST", "/v1/claims/%s/%s" % (key, route), body)
+            self.assertIn(name, self.assertError(r, 400, "invalid_request")["detail"], r)
+        self.assertEqual(self.get(addr, key)[2]["record"]["state"], "processing")
+
+    def test_reused_key_status_per_tenant(self):
+        """tenants[].mismatch_status: 422 for beta, the default 409 for alpha."""
+        addr = self.addr(self.follower_ids()[0])
+        for token, status in ((self.c.token, 409), (self.c.token2, 422)):
+            key = self.key("reuse")
+            self.assertAcquired(self.claim(addr, key, fp(1), token=token))
+            self.assertError(self.claim(addr, key, fp(2), token=token), status,
+                             "idempotency_key_reused")
 
     def test_unknown_route(self):
         addr = self.addr()

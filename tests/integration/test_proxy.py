@@ -404,6 +404,7 @@ class ProxyTest(unittest.TestCase):
         self.assertIn("request_id", b, resp)
         self.assertTrue(h.get("x-request-id"), "X-Request-Id missing: %r" % (resp,))
         self.assertEqual(str(b["request_id"]), h["x-request-id"], resp)
+        harness.assert_problem(self, resp, status, code)  # the proxy's own refusals too
         return b
 
     def assertRetryAfter(self, resp):
@@ -419,12 +420,19 @@ class ProxyTest(unittest.TestCase):
 # ---- basics ---------------------------------------------------------------------------------
 
 class TestProxyBasics(ProxyTest):
+    # tenant beta answers a reused key with 422 (tenants[].mismatch_status), and so do its
+    # routes that set no mismatch_status of their own
+    cluster_opts = {"beta_settings": {"mismatch_status": 422}}
+
     @classmethod
     def routes(cls, upstream):
         # Specific prefixes first, so that first-match and longest-match agree.
+        beta = route(upstream, path_prefix="/beta/", tenant="beta")
+        dflt = route(upstream, path_prefix="/dflt/")
+        del beta["mismatch_status"], dflt["response_headers"]  # the defaults
         return [route(upstream, path_prefix="/alt/", mismatch_status=422, in_progress_status=425),
                 route(upstream, path_prefix="/s4/", store_4xx=True),
-                route(upstream)]
+                beta, dflt, route(upstream)]
 
     def test_replay_is_identical_and_runs_once(self):
         key = self.key("order")
@@ -461,6 +469,8 @@ class TestProxyBasics(ProxyTest):
         first = self.assertFresh(self.order(key))
         r = self.order(key, body={"amount": 999, "currency": "EUR"})
         self.assertError(r, 409, "idempotency_key_reused")
+        self.assertCommonHeaders(r)  # Idempotency-Expires: the record's
+        self.assertEqual(r[1]["idempotency-expires"], first[1]["idempotency-expires"], r)
         self.assertFalse(_replayed(r), r)
         self.assertReplayOf(self.order(key), first)  # the stored answer is untouched
         self.assertEqual(self.svc.count(key), 1)
@@ -484,12 +494,59 @@ class TestProxyBasics(ProxyTest):
         self.svc.next_action("delay", ms=1500)
         t, box = self.in_thread(lambda: self.order(key))
         wait_for(lambda: self.svc.count(key) >= 1, 20, "the first request to reach the upstream")
-        self.assertInProgress(self.order(key), 409)
+        busy = self.order(key)
+        self.assertInProgress(busy, 409)
+        self.assertCommonHeaders(busy)  # Idempotency-Expires on the 409 too
         t.join(30)
         self.assertIn("resp", box, box)
         first = self.assertFresh(box["resp"])
         self.assertReplayOf(self.order(key), first)
         self.assertEqual(self.svc.count(key), 1)
+
+    def test_refusals_before_a_claim_have_no_expiry(self):
+        for r, status, code in (
+                (self.send("POST", "/a/../orders", key=self.key("p"), body=ORDER), 400,
+                 "invalid_path"),
+                (self.send("POST", "/orders", key="bad key!", body=ORDER), 400,
+                 "idempotency_key_invalid"),
+                (self.send("POST", "/orders", key='"unterminated', body=ORDER), 400,
+                 "idempotency_key_invalid")):
+            self.assertError(r, status, code)
+            self.assertNotIn("idempotency-expires", r[1], r)
+        self.assertIn("sf-string", r[2]["detail"], r)
+
+    def test_sf_string_key(self):
+        """An Idempotency-Key sent as an RFC 8941 sf-string is the key inside the quotes:
+        the bare key is the same request, and the upstream sees the bare key."""
+        key = self.key("sf")
+        first = self.assertFresh(self.send("POST", "/orders", body=ORDER,
+                                           headers={"Idempotency-Key": '"%s"' % key}))
+        self.assertReplayOf(self.order(key), first)
+        self.assertEqual(self.svc.count(key), 1)
+        seen = [s for s in self.svc.seen() if s["headers"].get("idempotency-key") == [key]]
+        self.assertEqual(len(seen), 1, seen)
+
+    def test_default_stored_headers(self):
+        """A route without response_headers replays Content-Type, Location, Content-Location,
+        ETag and Link, and no other header of the upstream's."""
+        key = self.key("loc")
+        first = self.assertFresh(self.order(key, path="/dflt/located"))
+        names = ("location", "content-location", "etag", "link")
+        for n in names + ("x-other",):
+            self.assertTrue(first[1].get(n), (n, first))  # the first caller gets them all
+        again = self.order(key, path="/dflt/located")
+        self.assertTrue(_replayed(again), again)
+        for n in names + ("content-type",):
+            self.assertEqual(again[1].get(n), first[1][n], (n, again))
+        self.assertNotIn("x-other", again[1], again)
+        self.assertNotIn("x-order-id", again[1], again)
+
+    def test_reused_key_status_of_the_routes_tenant(self):
+        key = self.key("beta")
+        self.assertFresh(self.order(key, path="/beta/orders"))
+        r = self.order(key, path="/beta/orders", body={"amount": 1, "currency": "EUR"})
+        self.assertError(r, 422, "idempotency_key_reused")
+        self.assertCommonHeaders(r)
 
     def test_reordered_json_is_the_same_request(self):
         key = self.key("canon")
@@ -612,7 +669,7 @@ class TestProxyBasics(ProxyTest):
 
     def _too_large(self, chunked):
         """A 3 MiB body (above h2o's own 2 MiB cap) through the proxy: h2o refuses it before
-        any handler runs; the answer is still the JSON error body with X-Request-Id."""
+        any handler runs; the answer is still the problem+json error body with X-Request-Id."""
         host, port = self.paddr().rsplit(":", 1)
         key = self.key("huge")
         head = ("POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -630,8 +687,7 @@ class TestProxyBasics(ProxyTest):
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the server answered and closed before reading everything
             r = _read_resp(sock)
-        self.assertError(r, 413, "payload_too_large")
-        self.assertIn("application/json", r[1].get("content-type", ""), r)
+        self.assertError(r, 413, "payload_too_large")  # problem+json, h2o's own answer too
         self.assertEqual(self.svc.count(key), 0)
 
     def test_body_above_h2o_cap_is_json_413(self):
@@ -1043,6 +1099,7 @@ class TestProxyFailures(ProxyTest):
     def _assert_quarantined(self, key, path="/orders"):
         r = self.order(key, path=path)
         self.assertError(r, 409, "idempotency_outcome_unknown")
+        self.assertNotIn("idempotency-expires", r[1], r)  # a quarantined record never expires
         return r
 
     def test_upstream_killed_mid_request_quarantines(self):
@@ -1614,6 +1671,11 @@ class TestProxyExpiry(ProxyTest):
             return r if r[0] == 410 else None
         r = wait_for(gone, 20, "the record to become a tombstone (410)")
         self.assertError(r, 410, "idempotency_key_expired")
+        # Idempotency-Expires: when the tombstone is dropped (the tenant's tombstone time,
+        # 24 h by default), no longer the 2 s ttl the answers before it had
+        self.assertCommonHeaders(r)
+        tomb = email.utils.parsedate_to_datetime(r[1]["idempotency-expires"]).timestamp()
+        self.assertGreater(tomb, time.time() + 3600, r)
         self.assertFalse(_replayed(r), r)
         self.assertEqual(self.svc.count(key), 1, "an expired key must not run again")
         k2 = self.key("fresh")

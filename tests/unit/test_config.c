@@ -335,6 +335,7 @@ static void test_defaults(void **state)
     assert_int_equal(t->ttl_ms, 86400000);
     assert_int_equal(t->tombstone_ttl_ms, 86400000); /* 0 = as long as the ttl */
     assert_int_equal(t->lease_policy, CONFIG_LEASE_CONFLICT);
+    assert_int_equal(t->mismatch_status, 409);
     config_free(&c);
 }
 
@@ -726,6 +727,8 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:9:12: ", "tenants[0].name: must be 1..128 bytes, got 0"},
     {"bad lease_policy", NODE_OK ADMIN_OK TENANTS_OK "    lease_policy: steal\n",
      "x.yaml:11:19: ", "tenants[0].lease_policy: expected conflict or takeover, got \"steal\""},
+    {"tenant mismatch_status", NODE_OK ADMIN_OK TENANTS_OK "    mismatch_status: 425\n",
+     "x.yaml:11:22: ", "tenants[0].mismatch_status: expected 409 or 422, got 425"},
     {"second tenant bad after the first is built",
      NODE_OK ADMIN_OK TENANTS_OK "  - name: other\n    token_sha256: [" HASH_B "]\n"
                                  "    lease_ms: 0\n",
@@ -1206,6 +1209,31 @@ static void test_load_error_names_the_file(void **state)
 
 /* ---- proxy mode -------------------------------------------------------------------------- */
 
+/* A tenant's mismatch_status is its JSON API's, and its proxy routes' unless one sets its
+ * own. */
+static void test_mismatch_status_of_tenant_and_routes(void **state)
+{
+    (void)state;
+    struct config c;
+    parseOk(NODE_OK ADMIN_OK
+            "tenants:\n"
+            "  - {name: demo, token_sha256: " HASH_A ", mismatch_status: 422}\n"
+            "  - {name: other, token_sha256: " HASH_B "}\n"
+            "proxy:\n"
+            "  - address: 127.0.0.1:8101\n"
+            "    routes:\n"
+            "      - {upstream: 'http://127.0.0.1:9999', tenant: demo}\n"
+            "      - {upstream: 'http://127.0.0.1:9999', tenant: demo, mismatch_status: 409}\n"
+            "      - {upstream: 'http://127.0.0.1:9999', tenant: other}\n",
+            &c);
+    assert_int_equal(c.tenants[0].mismatch_status, 422);
+    assert_int_equal(c.tenants[1].mismatch_status, 409);
+    assert_int_equal(c.proxies[0].routes[0].mismatch_status, 422);
+    assert_int_equal(c.proxies[0].routes[1].mismatch_status, 409);
+    assert_int_equal(c.proxies[0].routes[2].mismatch_status, 409);
+    config_free(&c);
+}
+
 static void test_proxy(void **state)
 {
     (void)state;
@@ -1260,8 +1288,13 @@ static void test_proxy(void **state)
     assert_false(r->store_4xx);
     assert_true(r->on_timeout_unknown);
     assert_int_equal(r->upstream_timeout_ms, 10000);
-    assert_int_equal(r->n_response_headers, 1);
+    /* by default a replay keeps the type and what points at what the request made */
+    assert_int_equal(r->n_response_headers, 5);
     assert_string_equal(r->response_headers[0], "content-type");
+    assert_string_equal(r->response_headers[1], "location");
+    assert_string_equal(r->response_headers[2], "content-location");
+    assert_string_equal(r->response_headers[3], "etag");
+    assert_string_equal(r->response_headers[4], "link");
     assert_int_equal(r->max_inline_body, 1u << 20);
     assert_true(r->key_required);
     assert_int_equal(r->other_methods, CONFIG_OTHER_PASS_SAFE);
@@ -1721,6 +1754,7 @@ int main(void)
         cmocka_unit_test(test_unreadable_file),
         cmocka_unit_test(test_load_error_names_the_file),
         cmocka_unit_test(test_proxy),
+        cmocka_unit_test(test_mismatch_status_of_tenant_and_routes),
         cmocka_unit_test(test_cluster_secret),
         cmocka_unit_test(test_cluster_secret_transport),
         cmocka_unit_test(test_raft_secret),

@@ -20,7 +20,8 @@ _idemctl_flags_of() {
             esac ;;
         quarantine) echo "--tenant --limit --reveal --lease-ended $common" ;;
         resolve) echo "--tenant --release --status --body $common" ;;
-        claim) echo "--fingerprint --attempt --lease --ttl --policy $common" ;;
+        claim) echo "--fingerprint --attempt --lease --ttl --policy --request-body --method" \
+                    "--path --content-type --tenant $common" ;;
         complete) echo "--token --status --body --outcome $common" ;;
         release) echo "--token $common" ;;
         renew) echo "--token --lease $common" ;;
@@ -119,13 +120,15 @@ _idemctl_value() {
         -o) COMPREPLY=($(compgen -W "json text" -- "$2")) ;;
         --workload) COMPREPLY=($(compgen -W "fresh replay claim-complete mixed contention" \
                                  -- "$2")) ;;
-        --tls-ca|--tls-cert|--tls-key)
+        --method) COMPREPLY=($(compgen -W "POST PUT PATCH DELETE GET HEAD OPTIONS" -- "$2")) ;;
+        --content-type) COMPREPLY=($(compgen -W "application/json text/plain" -- "$2")) ;;
+        --tls-ca|--tls-cert|--tls-key|--request-body)
             # One name a line (a name with a blank stays whole); readline then adds '/' to a
             # directory and quotes what needs it (outside a completion, compopt just fails).
             mapfile -t COMPREPLY < <(compgen -f -- "$2")
             compopt -o filenames 2>/dev/null ;;
         --cluster|--token|--admin-token|--deadline|--max-lag|--max-lag-entries|--max-lag-ms|\
-        --node|--tenant|--limit|--status|--body|--fingerprint|--attempt|--lease|--ttl|\
+        --node|--tenant|--limit|--status|--body|--fingerprint|--attempt|--lease|--ttl|--path|\
         --concurrency|--duration|--requests|--rate|--connections|--keys|--timeline|\
         --tls-server-name) ;;
         *) return 1 ;;
@@ -187,7 +190,8 @@ _idemctl_complete() {
         case "$w" in
             --cluster|--token|--admin-token|--deadline|--max-lag|--max-lag-entries|\
             --max-lag-ms|--node|--tenant|--limit|--status|--body|--fingerprint|--attempt|\
-            --lease|--ttl|--policy|--outcome|--tls-ca|--tls-cert|--tls-key|\
+            --lease|--ttl|--policy|--outcome|--tls-ca|--tls-cert|--tls-key|--request-body|\
+            --method|--path|--content-type|\
             --tls-server-name|-o)
                 i=$((i + 2)); continue ;;
         esac

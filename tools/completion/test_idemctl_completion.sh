@@ -164,6 +164,10 @@ check "get purge resolve" idemctl key --deadline 100 ""
 check "list" idemctl quarantine --deadline 5000 ""
 check "--concurrency --connections" idemctl bench --con
 check "" idemctl claim k --fingerprint ""
+check "--request-body" idemctl claim k --req
+check "PATCH POST PUT" idemctl claim k --method P
+check "application/json" idemctl claim k --content-type app
+check "" idemctl claim k --path ""
 check "get purge resolve" idemctl help key ""
 check "status" idemctl help st
 

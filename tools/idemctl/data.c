@@ -1,42 +1,122 @@
-/* data: the data commands of docs/contract.md by hand, with the tenant's token: claim,
+/* data: the data commands of docs/contract.md by hand, with the tenant's token: claim (its
+ * fingerprint given, or computed from a request with the gateway's code, fingerprint.c),
  * complete, release, renew and get. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
 
+#include "fingerprint.h"
 #include "idemctl.h"
 
 #define MAX_DURATION_MS 315360000000ull /* lease and ttl: at most ten years */
 #define ATTEMPT_MAX 64                  /* bytes of attempt id (idem.proto ClaimCmd) */
+#define REQUEST_BODY_MAX (1u << 20)     /* the gateway's and the proxy's body limit */
+
+/* The bytes of FILE, or of standard input for "-", at most REQUEST_BODY_MAX of them (the
+ * gateway's and the proxy's own limit); *len (OUT) their number. Exits 2 when it cannot. */
+static uint8_t *readRequestBody(const char *file, size_t *len)
+{
+    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
+    if (f == NULL) {
+        cli_usage_error("claim: --request-body %s: %s", file, strerror(errno));
+    }
+    uint8_t *buf = malloc(REQUEST_BODY_MAX + 1);
+    if (buf == NULL) {
+        outOom();
+    }
+    size_t n = fread(buf, 1, REQUEST_BODY_MAX + 1, f);
+    bool err = ferror(f) != 0;
+    if (f != stdin) {
+        fclose(f);
+    }
+    if (err || n > REQUEST_BODY_MAX) {
+        free(buf);
+        cli_usage_error("claim: --request-body %s: %s", file,
+                        err ? "cannot read it" : "over 1 MiB, the gateway's limit of a body");
+    }
+    *len = n;
+    return buf;
+}
+
+/* The fingerprint of the request --method, --path, --content-type and --request-body name,
+ * for tenant `tenant`, with the gateway's own code (server/fingerprint.c): the fingerprint
+ * the JSON API's `request` form and proxy mode compute for that request (docs/idemctl.md). */
+static void requestFingerprint(const char *tenant, const char *method, const char *path,
+                               const char *ctype, const char *file, uint8_t out[FP_LEN])
+{
+    if (tenant == NULL || tenant[0] == '\0') {
+        cli_usage_error("claim: a request's fingerprint needs --tenant NAME (the tenant of "
+                        "--token: it is part of the fingerprint)");
+    }
+    if (method[0] == '\0' || path[0] == '\0') {
+        cli_usage_error("claim: --method and --path must not be empty");
+    }
+    size_t len = 0;
+    uint8_t *body = file != NULL ? readRequestBody(file, &len) : NULL;
+    struct fp_input in = {.method = method,
+                          .path = path,
+                          .tenant = tenant,
+                          .content_type = body != NULL ? ctype : NULL,
+                          .body = body,
+                          .body_len = len};
+    int rc = fp_compute(&in, out);
+    free(body);
+    if (rc != FP_OK) {
+        cli_usage_error("claim: --request-body %s: %s", file ? file : "", fp_strerror(rc));
+    }
+}
+
+/* --fingerprint HEX64 into out. */
+static void hexFingerprint(const char *fp, uint8_t out[FP_LEN])
+{
+    if (strlen(fp) != 64) {
+        cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
+                        strlen(fp));
+    }
+    for (size_t i = 0; i < FP_LEN; i++) {
+        int hi = OPENSSL_hexchar2int((unsigned char)fp[2 * i]);
+        int lo = OPENSSL_hexchar2int((unsigned char)fp[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256)");
+        }
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+}
 
 int dataCmdClaim(struct global *g, struct args *a)
 {
     const char *pos[1];
     size_t npos = 0;
     const char *fp = NULL, *attempt = NULL, *lease = NULL, *ttl = NULL, *policy = NULL;
-    const struct argsOpt opts[] = {{"--fingerprint", &fp, NULL},
-                                   {"--attempt", &attempt, NULL},
-                                   {"--lease", &lease, NULL},
-                                   {"--ttl", &ttl, NULL},
-                                   {"--policy", &policy, NULL}};
+    const char *file = NULL, *method = NULL, *path = NULL, *ctype = NULL, *tenant = NULL;
+    const struct argsOpt opts[] = {
+        {"--fingerprint", &fp, NULL},     {"--attempt", &attempt, NULL},
+        {"--lease", &lease, NULL},        {"--ttl", &ttl, NULL},
+        {"--policy", &policy, NULL},      {"--request-body", &file, NULL},
+        {"--method", &method, NULL},      {"--path", &path, NULL},
+        {"--content-type", &ctype, NULL}, {"--tenant", &tenant, NULL}};
     argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
     argsRequireKey("claim", npos ? pos[0] : NULL);
-    if (fp == NULL) {
-        cli_usage_error("claim: missing --fingerprint HEX64");
+    bool request = file != NULL || method != NULL || path != NULL || ctype != NULL;
+    if (fp != NULL && request) {
+        cli_usage_error("claim: --fingerprint or a request (--request-body, --method, --path, "
+                        "--content-type), not both");
     }
-    uint8_t fpb[32];
-    if (strlen(fp) != 64) {
-        cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256), got %zu characters",
-                        strlen(fp));
+    if (fp == NULL && !request) {
+        cli_usage_error("claim: missing --fingerprint HEX64 or --request-body FILE|-");
     }
-    for (size_t i = 0; i < 32; i++) {
-        int hi = OPENSSL_hexchar2int((unsigned char)fp[2 * i]);
-        int lo = OPENSSL_hexchar2int((unsigned char)fp[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            cli_usage_error("claim: --fingerprint must be 64 hex digits (SHA-256)");
-        }
-        fpb[i] = (uint8_t)(hi << 4 | lo);
+    if (fp == NULL && ctype != NULL && file == NULL) {
+        cli_usage_error("claim: --content-type needs --request-body");
+    }
+    uint8_t fpb[FP_LEN];
+    if (fp != NULL) {
+        hexFingerprint(fp, fpb);
+    } else {
+        requestFingerprint(tenant, method ? method : "POST", path ? path : "/",
+                           ctype ? ctype : "application/json", file, fpb);
     }
     char attempt_buf[IDEM_ATTEMPT_ID_HEX + 1];
     if (attempt == NULL) {
@@ -75,6 +155,9 @@ int dataCmdClaim(struct global *g, struct args *a)
     req.claim = &cr;
     json_t *extra = jobj();
     jset(extra, "attempt_id", jstr(attempt));
+    if (fp == NULL) { /* computed here: shown, so that it can be passed as --fingerprint */
+        jset(extra, "fingerprint", jhex(fpb, FP_LEN));
+    }
     /* Unanswered, the claim may still have been applied: only its attempt id gets that
      * lease back, so it is printed with the failure too. */
     g->fail_extra = json_incref(extra);

@@ -51,6 +51,8 @@ static const char usageText[] =
     "Data commands (tenant token):\n"
     "  claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
     "        [--policy conflict|takeover]\n"
+    "  claim KEY --tenant NAME [--request-body FILE|-] [--method M] [--path P]\n"
+    "        [--content-type TYPE] [OPTIONS]   the fingerprint computed as the gateway does\n"
     "  complete KEY --token N --status CODE [--body TEXT]\n"
     "        [--outcome succeeded|failed_final|unknown]\n"
     "  release KEY --token N\n"
@@ -262,12 +264,23 @@ static const struct help helps[] = {
     {"claim",
      "Usage: idemctl claim KEY --fingerprint HEX64 [--attempt ID] [--lease MS] [--ttl MS]\n"
      "                     [--policy conflict|takeover]\n"
+     "       idemctl claim KEY --tenant NAME [--request-body FILE|-] [--method M] [--path P]\n"
+     "                     [--content-type TYPE] [--attempt ID] [--lease MS] [--ttl MS]\n"
+     "                     [--policy conflict|takeover]\n"
      "\n"
      "Claims KEY for the tenant of --token: acquired (fencing token, lease deadline), replay,\n"
      "in_progress, mismatch, lease_expired, outcome_unknown, expired, quota_exceeded. Without\n"
      "--attempt a random attempt id is used and printed, so the claim can be retried with it\n"
      "(--attempt takes 1-64 bytes).\n"
-     "Lease and ttl default to the tenant's settings.\n"},
+     "Lease and ttl default to the tenant's settings.\n"
+     "\n"
+     "The second form computes the fingerprint as the gateway does (and prints it): of the\n"
+     "request M (default POST) on P (default /, with its query) with the body read from FILE\n"
+     "(- for standard input; none: an empty body, at most 1 MiB), for tenant NAME, the tenant\n"
+     "of --token (its name is part of the fingerprint). A JSON --content-type (the default,\n"
+     "application/json, or */*+json) hashes the body's canonical JSON, as the JSON API's\n"
+     "`request` form hashes a JSON value in `body` and proxy mode a JSON request; another\n"
+     "(text/plain) hashes its raw bytes, as the JSON API hashes a string `body`.\n"},
     {"complete",
      "Usage: idemctl complete KEY --token N --status CODE [--body TEXT]\n"
      "                        [--outcome succeeded|failed_final|unknown]\n"

@@ -135,7 +135,8 @@ static bool takesValue(const char *arg)
         "--cluster", "--token",  "--admin-token",     "--deadline",   "--tenant",
         "--status",  "--body",   "--fingerprint",     "--attempt",    "--lease",
         "--ttl",     "--policy", "--outcome",         "--node",       "--max-lag",
-        "--limit",   "-o",       "--max-lag-entries", "--max-lag-ms",
+        "--limit",   "-o",       "--max-lag-entries", "--max-lag-ms", "--request-body",
+        "--method",  "--path",   "--content-type",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(arg, names[i]) == 0) {
