@@ -225,23 +225,54 @@ static int routeCopy(struct merge *m, const struct config_proxy_route *src,
     return 0;
 }
 
-/* The proxy listeners: the number and the addresses are cur's. With as many in the file, each
- * keeps its address and takes the file's routes; otherwise the whole running proxy section
- * is kept (its routes copied, their tenants found again by name). */
+/* Puts the file's proxy listeners in the running order, each found by its address (a
+ * listener's routes go with its address, whatever the order of the file's list). False, and
+ * nothing moved, unless the file has exactly the running listeners' addresses. */
+static bool proxiesInRunningOrder(struct config *n, const struct config *c)
+{
+    if (n->n_proxies != c->n_proxies) {
+        return false;
+    }
+    size_t *at = n->n_proxies > 0 ? xcalloc(n->n_proxies, sizeof *at) : NULL;
+    bool all = true;
+    for (size_t i = 0; i < c->n_proxies && all; i++) {
+        all = false;
+        for (size_t j = 0; j < n->n_proxies && !all; j++) {
+            if (strcmp(n->proxies[j].address.text, c->proxies[i].address.text) == 0) {
+                at[i] = j;
+                all = true;
+            }
+        }
+    }
+    if (all && n->n_proxies > 0) {
+        struct config_proxy *sorted = xcalloc(n->n_proxies, sizeof *sorted);
+        for (size_t i = 0; i < n->n_proxies; i++) {
+            sorted[i] = n->proxies[at[i]];
+        }
+        memcpy(n->proxies, sorted, n->n_proxies * sizeof *sorted);
+        free(sorted);
+    }
+    free(at);
+    return all;
+}
+
+/* The proxy listeners: the number and the addresses are cur's. When the file has the same
+ * listeners (by address, in any order), each takes its own routes from the file; otherwise
+ * the whole running proxy section is kept (its routes copied, their tenants found again by
+ * name). */
 static int keepProxies(struct merge *m)
 {
     struct config *n = m->next;
     const struct config *c = m->cur;
-    char key[64];
-    if (n->n_proxies == c->n_proxies) {
+    if (proxiesInRunningOrder(n, c)) {
         for (size_t i = 0; i < n->n_proxies; i++) {
-            snprintf(key, sizeof key, "proxy[%zu].address", i);
-            keptIf(m, strcmp(n->proxies[i].address.text, c->proxies[i].address.text) != 0, key);
             n->proxies[i].address = c->proxies[i].address;
         }
         return 0;
     }
-    keptIf(m, true, "proxy (the number of listeners)");
+    keptIf(m, true,
+           n->n_proxies != c->n_proxies ? "proxy (the number of listeners)"
+                                        : "proxy (the listeners' addresses)");
     struct config staged = {0}; /* the old file's listeners, freed with `n`'s on failure */
     staged.n_proxies = c->n_proxies;
     staged.proxies = c->n_proxies > 0 ? xcalloc(c->n_proxies, sizeof *staged.proxies) : NULL;

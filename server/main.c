@@ -60,6 +60,9 @@ static void serviceClosed(void *data)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
+    /* Closing the handle gives SIGHUP back its default action, which ends the process: a
+     * reload asked for in the rest of the shutdown is ignored instead. */
+    signal(SIGHUP, SIG_IGN);
     partClosed(d);
 }
 

@@ -470,6 +470,8 @@ class TestReloadTls(ReloadTest):
         self.addCleanup(kept.close)
         admin = {"Authorization": "Bearer %s" % self.c.admin}
         self.assertEqual(self.https(node, "GET", "/metrics", conn=kept, headers=admin)[0], 200)
+        kept_sock = kept.sock
+        self.assertIsNotNone(kept_sock)
         # a key that does not match: refused, the running certificate kept
         os.replace(os.path.join(pki, "node.key"), os.path.join(pki, "node.key.good"))
         os.replace(os.path.join(pki, "other.key"), os.path.join(pki, "node.key"))
@@ -483,9 +485,13 @@ class TestReloadTls(ReloadTest):
         self.sighup([node])
         self.assertEqual(peer_cn(node.http, pki), "node-renewed")
         self.assertEqual(peer_cn(node.rpc, pki), "node-renewed")
-        # the connection opened before goes on with its session
+        # the connection opened before goes on with its session: the same socket (http.client
+        # would open another one silently), still with the old certificate
         r = self.https(node, "GET", "/metrics", conn=kept, headers=admin)
         self.assertEqual(r[0], 200)
+        self.assertIs(kept.sock, kept_sock)
+        cn = dict(x[0] for x in kept.sock.getpeercert()["subject"]).get("commonName")
+        self.assertEqual(cn, "node")
         self.assertIn('idem_config_reloads_total{result="ok"} 1', r.raw)
         kept.close()
         self.assertEqual(self.c.stop(1), 0)

@@ -110,8 +110,9 @@ static void test_nothing_changed(void **state)
 }
 
 /* A new file that changes the node id (in its bootstrap entry too), a Raft timing, an RPC
- * cap, the listener's address, the tenants (a's tokens rotated, b's quota, c added, the
- * route to c) and the log level: the first four are kept and named, the rest taken. */
+ * cap, the listener's address (and its route), the tenants (a's tokens rotated, b's quota, c
+ * added) and the log level: the first four are kept and named (the listener whole, with its
+ * running route), the rest taken. */
 static void test_keeps_restart_only(void **state)
 {
     (void)state;
@@ -136,7 +137,7 @@ static void test_keeps_restart_only(void **state)
     char err[256];
     assert_int_equal(merge(CUR_TEXT, next_text, &n, &k, err, sizeof err), 0);
     assert_string_equal(k.keys, "node.id raft.election_timeout_ms rpc.max_connections "
-                                "cluster.bootstrap proxy[0].address");
+                                "cluster.bootstrap proxy (the listeners' addresses)");
     assert_int_equal(n.node.id, 1);
     assert_int_equal(n.cluster.n_bootstrap, 1);
     assert_int_equal(n.cluster.bootstrap[0].id, 1);
@@ -147,9 +148,39 @@ static void test_keeps_restart_only(void **state)
     assert_int_equal(n.n_tenants, 3);
     assert_int_equal(n.tenants[0].n_token_hashes, 2);
     assert_int_equal(n.tenants[1].max_records, 9);
-    assert_string_equal(n.proxies[0].routes[0].upstream, "http://127.0.0.1:9998");
-    assert_string_equal(n.tenants[n.proxies[0].routes[0].tenant].name, "c");
+    assert_string_equal(n.proxies[0].routes[0].upstream, "http://127.0.0.1:9999");
+    assert_string_equal(n.tenants[n.proxies[0].routes[0].tenant].name, "b");
     assert_int_equal(n.log.level, LOG_LEVEL_ERROR);
+    config_free(&n);
+}
+
+/* Two listeners listed in the other order, their routes changed: each listener takes its own
+ * routes from the file (found by its address), nothing is named. */
+static void test_listeners_reordered(void **state)
+{
+    (void)state;
+    const char *tail = ADMIN "tenants: [{name: a, token_sha256: " HASH_A "}]\n";
+    char cur[1024], next[1024];
+    snprintf(cur, sizeof cur,
+             "%s%sproxy:\n"
+             "  - {address: 127.0.0.1:8101, routes: [{upstream: 'http://127.0.0.1:1', tenant: a}]}\n"
+             "  - {address: 127.0.0.1:8102, routes: [{upstream: 'http://127.0.0.1:2', tenant: a}]}\n",
+             NODE("1"), tail);
+    snprintf(next, sizeof next,
+             "%s%sproxy:\n"
+             "  - {address: 127.0.0.1:8102, routes: [{upstream: 'http://127.0.0.1:22', tenant: a}]}\n"
+             "  - {address: 127.0.0.1:8101, routes: [{upstream: 'http://127.0.0.1:11', tenant: a}]}\n",
+             NODE("1"), tail);
+    struct config n;
+    struct kept k;
+    char err[256];
+    assert_int_equal(merge(cur, next, &n, &k, err, sizeof err), 0);
+    assert_string_equal(k.keys, "");
+    assert_int_equal(n.n_proxies, 2);
+    assert_string_equal(n.proxies[0].address.text, "127.0.0.1:8101");
+    assert_string_equal(n.proxies[0].routes[0].upstream, "http://127.0.0.1:11");
+    assert_string_equal(n.proxies[1].address.text, "127.0.0.1:8102");
+    assert_string_equal(n.proxies[1].routes[0].upstream, "http://127.0.0.1:22");
     config_free(&n);
 }
 
@@ -309,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_nothing_changed),
         cmocka_unit_test(test_keeps_restart_only),
         cmocka_unit_test(test_listeners_kept),
+        cmocka_unit_test(test_listeners_reordered),
         cmocka_unit_test(test_listen_addresses_kept),
         cmocka_unit_test(test_tls_switch_needs_files),
         cmocka_unit_test(test_kept_secret_vs_tokens),

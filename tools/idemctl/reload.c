@@ -96,8 +96,11 @@ int reloadCmd(struct global *g, struct args *a)
         char addr[ADDR_MAX];
         for (const char *p = g->cluster; *p != '\0';) {
             size_t len = strcspn(p, ",");
+            if (len >= sizeof addr) {
+                cli_usage_error("reload: an address of --cluster is too long");
+            }
             snprintf(addr, sizeof addr, "%.*s", (int)len, p);
-            if (len > 0 && len < sizeof addr) {
+            if (len > 0) {
                 reloadOne(g, addr, 0, nodes, &refused, &unreached);
             }
             p += len + (p[len] == ',');
