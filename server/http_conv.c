@@ -2,6 +2,7 @@
 #include "http_conv.h"
 
 #include <inttypes.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -190,7 +191,11 @@ json_t *http_problem(int status, const char *code, const char *message, const ch
     json_object_set(o, "detail", detail);
     (void)path;
     (void)path_len;
-    if (rid != NULL && rid_len > 0 && rid_len <= 64) {
+    bool ridOk = rid != NULL && rid_len > 0 && rid_len <= 64;
+    for (size_t i = 0; ridOk && i < rid_len; i++) { /* the ids the node makes or takes */
+        ridOk = isalnum((unsigned char)rid[i]) || rid[i] == '-' || rid[i] == '_' || rid[i] == '.';
+    }
+    if (ridOk) {
         char inst[96];
         snprintf(inst, sizeof inst, "urn:idemd:request:%.*s", (int)rid_len, rid);
         json_object_set_new(o, "instance", json_string(inst));

@@ -60,8 +60,8 @@ void http_key_why(const uint8_t *key, size_t len, size_t max_len, char *buf, siz
 
 /* The RFC 9457 problem details of an error answer: type (HTTP_PROBLEM_TYPE_BASE + code),
  * title (fixed per code), status, detail (message, or the title when NULL), instance
- * ("urn:idemd:request:" + the request id, when there is one: never the path, which may hold
- * the key), and the extension members code, message (= detail) and request_id. The path
+ * ("urn:idemd:request:" + the request id, when it is 1..64 letters, digits, '-', '_' or '.':
+ * never the path, which may hold the key), and the extension members code, message (= detail) and request_id. The path
  * arguments are unused (kept for the callers).
  * A new object (NULL only when out of memory). */
 json_t *http_problem(int status, const char *code, const char *message, const char *rid,

@@ -156,9 +156,12 @@ static void checkProblem(const char *in, size_t len)
         fail("a problem without a detail");
     }
     const char *inst = json_string_value(json_object_get(o, "instance"));
+    if (inst != NULL && strncmp(inst, "urn:idemd:request:", 18) != 0) {
+        fail("a problem's instance is not a request's URN");
+    }
     for (const char *p = inst; p != NULL && *p != '\0'; p++) {
-        if (*p <= 0x20 || *p >= 0x7f || *p == '?') {
-            fail("a problem's instance holds a byte outside visible ASCII, or a query");
+        if (*p <= 0x20 || *p >= 0x7f || *p == '?' || *p == '/') {
+            fail("a problem's instance holds a byte outside visible ASCII, a '/' or a query");
         }
     }
     char *text = json_dumps(o, JSON_COMPACT);
