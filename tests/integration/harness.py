@@ -269,6 +269,20 @@ def http_request(addr, method, path, body=None, headers=None, timeout=10, raw=No
         conn.close()
 
 
+def request_past_503(addr, method, path, body=None, token=None, headers=None, timeout=20.0):
+    """One request, tried again for up to 30 s while it answers 503 (a leader change on a
+    loaded machine); token: a bearer token for the Authorization header."""
+    h = dict(headers or {})
+    if token is not None:
+        h["Authorization"] = "Bearer %s" % token
+
+    def answer():
+        r = http_request(addr, method, path, body, h, timeout=timeout)
+        return r if r[0] != 503 else None
+    return wait_for(answer, 30, "%s %s to answer other than 503" % (method, path),
+                    interval=0.2)
+
+
 class Node:
     def __init__(self, nid, root, host="127.0.0.1", listen=None):
         """host: the host of its advertised addresses (an IPv4 address, a name, "[::1]");

@@ -27,7 +27,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, fp, http_request, wait_for  # noqa: E402
+from harness import ClusterTestCase, fp, http_request, request_past_503, wait_for  # noqa: E402
 from test_proxy import ORDER, OrderService, ProxyCluster, route  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -182,17 +182,7 @@ class TestMetricsDoc(ClusterTestCase):
         except OSError:
             return None
 
-    def _call(self, addr, method, path, body=None, token=None, headers=None):
-        """One request; a 503 (a leader change on a loaded machine) is tried again."""
-        h = dict(headers or {})
-        if token is not None:
-            h["Authorization"] = "Bearer %s" % token
-
-        def answer():
-            r = http_request(addr, method, path, body, h, timeout=TIMEOUT)
-            return r if r[0] != 503 else None
-        return wait_for(answer, 30, "%s %s to answer other than 503" % (method, path),
-                        interval=0.2)
+    _call = staticmethod(request_past_503)  # a 503 is tried again
 
     def _drive(self, nid):
         """Traffic through node nid: every gateway route, the proxy listener, both tenants,

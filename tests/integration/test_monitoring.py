@@ -29,7 +29,7 @@ import unittest
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, fp, http_request, wait_for  # noqa: E402
+from harness import ClusterTestCase, fp, http_request, request_past_503, wait_for  # noqa: E402
 from test_metrics_doc import parse_exposition  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -408,17 +408,7 @@ class TestSeries(ClusterTestCase):
     """Every series the dashboard and the alert rules read is one a node exposes."""
     maxDiff = None
 
-    def _call(self, addr, method, path, body=None, token=None, headers=None):
-        """One request; a 503 (a leader change on a loaded machine) is tried again."""
-        h = dict(headers or {})
-        if token is not None:
-            h["Authorization"] = "Bearer %s" % token
-
-        def answer():
-            r = http_request(addr, method, path, body, h, timeout=TIMEOUT)
-            return r if r[0] != 503 else None
-        return wait_for(answer, 30, "%s %s to answer other than 503" % (method, path),
-                        interval=0.2)
+    _call = staticmethod(request_past_503)  # a 503 is tried again
 
     def _drive(self):
         """A few claims over HTTP (completed) and over the RPC: the histograms, the
