@@ -231,6 +231,17 @@ static void tickHealth(struct cluster *c)
     }
 }
 
+/* Outgoing connections whose peer closed them are made anew now (transport.h), not when the
+ * next message, a vote perhaps, is lost on them. */
+static void tickConnections(struct cluster *c)
+{
+    raft_id ids[TRANSPORT_WATCHED_MAX];
+    size_t n = transport_dead_outgoing(&c->transport, ids, TRANSPORT_WATCHED_MAX);
+    for (size_t i = 0; i < n && !c->stopping; i++) {
+        io_poke(&c->io, ids[i]);
+    }
+}
+
 /* A new leader proposes a barrier in its term (below). */
 static void tickBarrier(struct cluster *c)
 {
@@ -267,6 +278,7 @@ static void tickCb(uv_timer_t *t)
     }
     tickLeader(c);
     tickHealth(c);
+    tickConnections(c);
     tickBarrier(c);
     snapshot_tick(c);
     if (raft_state(&c->raft) == RAFT_LEADER) {

@@ -488,8 +488,8 @@ int config_list_each(struct ctx *c, const struct field *f, struct config *cfg, s
 
 static void setDefaults(struct config *cfg)
 {
-    cfg->raft.election_timeout_ms = 600;
-    cfg->raft.heartbeat_timeout_ms = 100;
+    cfg->raft.election_timeout_ms = 250;
+    cfg->raft.heartbeat_timeout_ms = 50;
     cfg->raft.snapshot_threshold = 8192;
     cfg->raft.snapshot_trailing = 2048;
     cfg->raft.snapshot_log_percent = 100;

@@ -687,6 +687,36 @@ static void expiryTimerClosed(uv_handle_t *h)
     serviceMaybeFinish(s);
 }
 
+/* A handoff in flight (service_hand_off). */
+struct handOff {
+    struct service *s;
+    void (*cb)(void *data, uint64_t moved_to);
+    void *data;
+};
+
+static void handOffDone(void *data, int status, const char *errmsg)
+{
+    (void)errmsg;
+    struct handOff *h = data;
+    const char *addr = NULL;
+    uint64_t leader = status == 0 ? cluster_leader(h->s->cluster, &addr) : 0;
+    h->cb(h->data, leader);
+    free(h);
+}
+
+int service_hand_off(struct service *s, void (*cb)(void *data, uint64_t moved_to), void *data)
+{
+    struct handOff *h = xcalloc(1, sizeof(*h));
+    h->s = s;
+    h->cb = cb;
+    h->data = data;
+    int rc = cluster_transfer(s->cluster, 0, handOffDone, h);
+    if (rc != CLUSTER_OK) {
+        free(h);
+    }
+    return rc;
+}
+
 void service_close(struct service *s, void (*cb)(void *data), void *data)
 {
     s->closing = true;

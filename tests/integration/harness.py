@@ -377,13 +377,15 @@ class Cluster:
         o = self.opts
         lines += [
             "raft:",
-            "  election_timeout_ms: %d" % o["election_ms"],
-            "  heartbeat_timeout_ms: %d" % o["heartbeat_ms"],
             "  snapshot_threshold: %d" % o["snapshot_threshold"],
             "  snapshot_trailing: %d" % o["snapshot_trailing"],
         ]
         # None: the server's default. Tests keep raft_uv's small segments (8 MiB, three
         # preallocated per node) unless they ask: CI machines can be short of disk.
+        if o["election_ms"] is not None:
+            lines.append("  election_timeout_ms: %d" % o["election_ms"])
+        if o["heartbeat_ms"] is not None:
+            lines.append("  heartbeat_timeout_ms: %d" % o["heartbeat_ms"])
         for opt in ("snapshot_log_percent", "segment_size_mb", "snapshot_nice",
                     "snapshot_log_max_mb", "snapshot_trailing_max_mb"):
             if o[opt] is not None:

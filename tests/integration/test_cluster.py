@@ -226,6 +226,35 @@ class TestFailures(ClusterTest):
         self.c.start(lid)
         self.c.wait_converged(3)
 
+    def test_sigterm_leader_hands_over_first(self):
+        """A leader told to stop hands its leadership to another voter before it closes
+        (server/main.c, service_hand_off): the node it names leads in the very next term
+        (a transfer, no election timeout and no second round), the node exits 0, and
+        claims go on through the others."""
+        rc, out = self.claim("before-handoff")
+        self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        lid = self.c.leader()
+        term = next(n["term"] for n in self.c.status()["nodes"] if n["id"] == lid)
+        node = self.c.nodes[lid]
+        log_start = os.path.getsize(node.log)
+        self.assertEqual(self.c.stop(lid), 0)
+        with open(node.log, "rb") as f:
+            f.seek(log_start)
+            log = f.read().decode(errors="replace")
+        m = re.search(r"leadership handed to node (\d+)", log)
+        self.assertIsNotNone(m, "the stopping leader says where leadership went:\n" + log)
+        new = int(m.group(1))
+        self.assertNotEqual(new, lid)
+        others = [n for n in self.c.nodes if n != lid]
+        st = self.c.status(ids=others)
+        self.assertEqual(st["leader_id"], new, st)
+        terms = {n["id"]: n["term"] for n in st["nodes"] if n["id"] in others}
+        self.assertEqual(terms[new], term + 1, st)
+        rc, out = self.claim("after-handoff", ids=others)
+        self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        self.c.start(lid)
+        self.c.wait_converged(3)
+
     def test_sigterm_answers_waiting_requests(self):
         lid = self.c.leader()
         for n in [n for n in self.c.nodes if n != lid]:
