@@ -517,6 +517,7 @@ static void setDefaults(struct config *cfg)
     cfg->batch.max_pending_mb = 64;
     cfg->batch.tenant_max_pending_percent = 50;
     cfg->batch.tenant_max_inflight_kb = 2048;
+    cfg->batch.delay_us = 2000;
     cfg->http.max_connections = 1024;
     cfg->http.handshake_timeout_ms = 5000;
     cfg->expiry.interval_ms = 1000;

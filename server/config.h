@@ -161,6 +161,7 @@ struct config_rpc {
 
 struct config_batch {
     uint32_t max_commands; /* commands per log entry, 1..65535, default 256 */
+    uint32_t delay_us;     /* group commit (cluster.h: batch_delay_us), 0..100000, default 2000 */
     uint32_t max_bytes;    /* bytes per log entry, 1024..64 MiB, default 1 MiB */
     uint32_t max_pending_mb; /* commands proposed on the leader and not yet applied, together:
                               * 1..65536 MiB and at least twice max_bytes, default 64 */

@@ -58,6 +58,7 @@ static const struct scalarKey scalars[] = {
     K("batch.max_pending_mb", batch.max_pending_mb),
     K("batch.tenant_max_pending_percent", batch.tenant_max_pending_percent),
     K("batch.tenant_max_inflight_kb", batch.tenant_max_inflight_kb),
+    K("batch.delay_us", batch.delay_us),
     K("http.max_connections", http.max_connections),
     K("http.handshake_timeout_ms", http.handshake_timeout_ms),
     K("http.metrics_public", http.metrics_public),

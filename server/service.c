@@ -569,6 +569,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .raft_tls_ca_file = cfg->tls.raft ? cfg->tls.ca_file : NULL,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,
+        .batch_delay_us = cfg->batch.delay_us,
         .max_pending_bytes = (uint64_t)cfg->batch.max_pending_mb << 20,
         .n_accounts = (uint32_t)cfg->n_tenants,
         .max_account_pending_bytes = ((uint64_t)cfg->batch.max_pending_mb << 20) *

@@ -307,7 +307,7 @@ class Cluster:
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
                  data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None,
-                 alpha_quota=None, hosts=None, listen=None, beta_settings=None):
+                 alpha_quota=None, hosts=None, listen=None, beta_settings=None, batch=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -327,6 +327,8 @@ class Cluster:
                          snapshot_trailing_max_mb=snapshot_trailing_max_mb)
         # alpha_quota: {"max_records": N, "max_bytes": N} for tenant alpha (else the defaults).
         self.alpha_quota = alpha_quota or {}
+        # batch: {"delay_us": N, ...}: keys of the batch section (else the defaults).
+        self.batch = batch or {}
         # beta_settings: {"mismatch_status": 422, ...}: more keys of tenant beta's.
         self.beta_settings = beta_settings or {}
         self.nodes = {}
@@ -397,6 +399,8 @@ class Cluster:
         for field, name, sec in raft_secrets:
             if sec is not None:
                 lines.append("  %s: %s" % (field, self.secret_file(node, name, sec)))
+        if self.batch:
+            lines += ["batch:"] + ["  %s: %d" % kv for kv in sorted(self.batch.items())]
         lines += [
             "expiry:",
             "  interval_ms: %d" % o["expiry_ms"],

@@ -17,7 +17,7 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, BIN, Cluster, fp, recv_exact, wait_for  # noqa: E402
+from harness import ClusterTestCase, BIN, Cluster, fp, http_request, recv_exact, wait_for  # noqa: E402
 
 ACQ = "acquired"
 # Outcome values (proto/idem.proto) a claim answers with, by name as idemctl prints them.
@@ -195,6 +195,60 @@ def until_answered(call, what, timeout=60):
     if rc != 0:
         raise AssertionError("%s: exit %d, %r" % (what, rc, out))
     return out
+
+
+class TestGroupCommit(ClusterTest):
+    """batch.delay_us (cluster/batch.c): under a steady open loop the leader proposes at most
+    one entry per delay, the commands arriving meanwhile going in together; a caller that
+    waits for each answer before the next (a closed loop) turns the waiting off by itself.
+    A delay of 20 ms makes both plain in counts, whatever the machine's speed."""
+    cluster_opts = dict(batch={"delay_us": 20000})
+
+    def leader_metric(self, lid, name):
+        resp = http_request(self.c.nodes[lid].http, "GET", "/metrics")
+        self.assertEqual(resp[0], 200)
+        for line in resp.raw.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        self.fail("no %s in /metrics" % name)
+
+    def bench(self, *args):
+        cluster = ",".join(self.c.nodes[n].rpc for n in self.c.nodes)
+        out = subprocess.run([os.path.join(BIN, "idem-bench"), "--cluster", cluster,
+                              "--token", self.c.token, "--workload", "fresh", "--json"]
+                             + list(args), capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        d = json.loads(out.stdout)
+        self.assertEqual(d["errors"], 0, d)
+        return d
+
+    def commit_index(self, lid):
+        return next(n["commit_index"] for n in self.c.status()["nodes"] if n["id"] == lid)
+
+    def test_open_loop_commands_share_entries(self):
+        lid = self.c.leader()
+        waits0 = self.leader_metric(lid, "idem_batch_waits_total")
+        i0 = self.commit_index(lid)
+        d = self.bench("--rate", "1000", "--duration", "2")
+        entries = self.commit_index(lid) - i0
+        # 2,000 claims in 2 s: one loop turn each at most would be ~2,000 entries; at most
+        # one entry per 20 ms (and some the expiry's own) is ~100.
+        self.assertGreater(d["ops"], 1500, d)
+        self.assertLess(entries, d["ops"] // 5, (entries, d["ops"]))
+        self.assertGreater(self.leader_metric(lid, "idem_batch_waits_total"), waits0)
+
+    def test_closed_loop_turns_the_wait_off(self):
+        lid = self.c.leader()
+        off0 = self.leader_metric(lid, "idem_batch_waits_off_total")
+        waits0 = self.leader_metric(lid, "idem_batch_waits_total")
+        # One caller, one claim at a time: a wait never gains a command.
+        d = self.bench("--concurrency", "1", "--requests", "200")
+        self.assertEqual(d["ops"], 200, d)
+        self.assertGreaterEqual(self.leader_metric(lid, "idem_batch_waits_off_total"), off0 + 1)
+        # Three idle waits, then none for 100 ms, then three again...: far fewer waits than
+        # claims (200 waits of 20 ms would have taken 4 s on their own).
+        waits = self.leader_metric(lid, "idem_batch_waits_total") - waits0
+        self.assertLess(waits, 100, waits)
 
 
 class TestFailures(ClusterTest):
