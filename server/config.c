@@ -715,6 +715,14 @@ void config_free(struct config *c)
                 free(r->fingerprint_headers[k]);
             }
             free(r->fingerprint_headers);
+            for (size_t k = 0; k < r->n_fingerprint_fields; k++) {
+                free(r->fingerprint_fields[k]);
+            }
+            free(r->fingerprint_fields);
+            for (size_t k = 0; k < r->n_fingerprint_ignore; k++) {
+                free(r->fingerprint_ignore[k]);
+            }
+            free(r->fingerprint_ignore);
             for (size_t k = 0; k < r->n_response_headers; k++) {
                 free(r->response_headers[k]);
             }

@@ -279,6 +279,10 @@ struct config_proxy_route {
     uint32_t in_progress_status;  /* 409 or 425, default 409 */
     char **fingerprint_headers;   /* owned, lower-cased names; n_fingerprint_headers */
     size_t n_fingerprint_headers;
+    char **fingerprint_fields;    /* owned JSON Pointers (fp_pointer_check), <= 32; none: [] */
+    size_t n_fingerprint_fields;
+    char **fingerprint_ignore;    /* owned JSON Pointers, never "", <= 32; none: [] */
+    size_t n_fingerprint_ignore;
     bool store_4xx;               /* default false: 4xx answers are released */
     bool on_timeout_unknown;      /* on_timeout: unknown (default, true) or release */
     uint32_t upstream_timeout_ms; /* 1..3600000, default 10000 */

@@ -204,6 +204,8 @@ static int routeCopy(struct merge *m, const struct config_proxy_route *src,
     dst->upstream = xstrndup(src->upstream, strlen(src->upstream));
     dst->upstream_hostport = xstrndup(src->upstream_hostport, strlen(src->upstream_hostport));
     dst->fingerprint_headers = strsCopy(src->fingerprint_headers, src->n_fingerprint_headers);
+    dst->fingerprint_fields = strsCopy(src->fingerprint_fields, src->n_fingerprint_fields);
+    dst->fingerprint_ignore = strsCopy(src->fingerprint_ignore, src->n_fingerprint_ignore);
     dst->response_headers = strsCopy(src->response_headers, src->n_response_headers);
     dst->caller_headers = strsCopy(src->caller_headers, src->n_caller_headers);
     size_t t = 0;
