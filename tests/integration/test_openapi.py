@@ -318,6 +318,17 @@ class TestOpenapi(ClusterTestCase):
             headers={"Idempotency-Key": k2})
         r = self.claim(lead, k2)
         self.assertEqual(r[1].get("idempotency-body-ref"), "s3://b/1", r)
+        # A claim fingerprinted by the gateway with field and ignore lists: the body the
+        # server takes passes the request schema (api() checks it), and a retry whose
+        # ignored member changed is a replay of the same request.
+        k5 = self.key()
+        rq = {"method": "POST", "path": "/pay", "body": {"amount": 10, "ts": 1},
+              "fingerprint_fields": ["/amount", "/ts"], "fingerprint_ignore": ["/ts"]}
+        self.assertEqual(self.api(fol, "POST", "/v1/claims", {"request": rq},
+                                  headers={"Idempotency-Key": k5})[0], 200)
+        rq["body"] = {"amount": 10.0, "ts": 2}
+        r = self.api(fol, "POST", "/v1/claims", {"request": rq}, headers={"Idempotency-Key": k5})
+        self.assertEqual((r[0], r[2].get("code")), (409, "idempotency_request_in_progress"), r)
         # 409 idempotency_key_reused with alpha's default mismatch status.
         k3 = self.key()
         self.acquired(fol, k3, token="alpha")
