@@ -280,7 +280,7 @@ void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waite
     c->n_cmds++;
     c->batch_bytes += len;
     c->open_cost += cost;
-    if (c->n_cmds == 1) {
+    if (c->n_cmds == 1 || (c->delay_armed && c->n_cmds == BATCH_WAIT_COMMANDS)) {
         uv_check_start(&c->flush, batch_flush_cb);
     }
 }
@@ -318,7 +318,7 @@ void batch_flush_cb(uv_check_t *h)
     if (c->queued_bytes != 0) {
         admission_admit_queued(c);
     }
-    if (c->delay_armed && !c->stopping) {
+    if (c->delay_armed && !c->stopping && c->n_cmds < BATCH_WAIT_COMMANDS) {
         return; /* the wait began in an earlier turn: batch_delay_cb proposes */
     }
     uint64_t now = uv_hrtime(), delay = (uint64_t)c->cfg.batch_delay_us * 1000u;

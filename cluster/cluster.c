@@ -386,6 +386,14 @@ static int bootstrap(struct cluster *c, const struct cluster_config *cfg, char *
 }
 
 
+/* A poll handle that could not start: its timerfd goes with it, and batches do not wait. */
+static void delayUnused(uv_handle_t *h)
+{
+    struct cluster *c = h->data;
+    close(c->delay_fd);
+    c->delay_fd = -1;
+}
+
 struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
                             const struct cluster_ops *ops, char *err, size_t errlen)
 {
@@ -453,8 +461,12 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->delay_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (c->delay_fd >= 0 && uv_poll_init(loop, &c->delay, c->delay_fd) == 0) {
         c->delay.data = c;
-        uv_poll_start(&c->delay, UV_READABLE, batch_delay_cb);
         c->handles_open = 3;
+        if (uv_poll_start(&c->delay, UV_READABLE, batch_delay_cb) != 0) {
+            /* No wait then: closed as at the node's close, the timerfd with it. */
+            c->handles_open = 2;
+            uv_close((uv_handle_t *)&c->delay, delayUnused);
+        }
     } else if (c->delay_fd >= 0) {
         close(c->delay_fd);
         c->delay_fd = -1; /* batches do not wait: each loop turn's go in at its end */

@@ -431,6 +431,10 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
     tr->data = data;
     tr->req.data = tr;
     raftErrClear(c);
+    /* A batch waiting for its group commit (batch.c) goes in now: raft_apply refuses every
+     * entry once the transfer began, and its commands would fail. In the log before the
+     * transfer, the target catches up with it before it is asked to take over. */
+    batch_flush(c);
     int rv = raft_transfer(&c->raft, &tr->req, id, transferCb);
     if (rv != 0) {
         cluster_set_err(c, "", raftCallErr(c, rv));

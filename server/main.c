@@ -33,6 +33,9 @@ struct daemon {
     struct notifier *notify;  /* NULL when not run by systemd as Type=notify */
     int closing;              /* parts (rpc, service, http) still closing */
     bool stopping;
+    bool handing_off;         /* a leader's handoff before stopping (signalCb) */
+    bool closed_all;          /* closeAll ran */
+    uv_timer_t after_handoff; /* closeAll on the loop turn after the handoff's callback */
 };
 
 static void usage(FILE *out)
@@ -60,6 +63,7 @@ static void serviceClosed(void *data)
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sighup, NULL);
+    uv_close((uv_handle_t *)&d->after_handoff, NULL);
     /* Closing the handle gives SIGHUP back its default action, which ends the process: a
      * reload asked for in the rest of the shutdown is ignored instead. */
     signal(SIGHUP, SIG_IGN);
@@ -79,6 +83,10 @@ static void httpClosed(void *data)
 /* Closes the listeners and the service, after any handoff (signalCb). */
 static void closeAll(struct daemon *d)
 {
+    if (d->closed_all) {
+        return;
+    }
+    d->closed_all = true;
     d->closing = d->http != NULL ? 3 : 2;
     if (d->http != NULL) {
         http_server_stop(d->http, httpClosed, d);
@@ -87,16 +95,23 @@ static void closeAll(struct daemon *d)
     service_close(d->svc, serviceClosed, d);
 }
 
+static void afterHandOffCb(uv_timer_t *t)
+{
+    closeAll(t->data);
+}
+
+/* Raft's transfer callback: the close waits for the next loop turn, out of raft's calls. */
 static void handedOff(void *data, uint64_t moved_to)
 {
     struct daemon *d = data;
+    d->handing_off = false;
     if (moved_to != 0) {
         log_info("leadership handed to node %llu", (unsigned long long)moved_to);
-    } else {
+    } else if (!d->closed_all) {
         log_warn("leadership handoff did not complete: stopping anyway (the others elect a "
                  "leader after an election timeout)");
     }
-    closeAll(d);
+    uv_timer_start(&d->after_handoff, afterHandOffCb, 0, 0);
 }
 
 /* A leader hands its leadership to another voter first (service_hand_off), still serving
@@ -106,6 +121,13 @@ static void signalCb(uv_signal_t *h, int signum)
 {
     struct daemon *d = h->data;
     if (d->stopping) {
+        if (d->handing_off) {
+            /* A second signal does not wait for the handoff (at most an election timeout):
+             * raft's close ends it. */
+            log_info("%s again: stopping without waiting for the handoff",
+                     signum == SIGTERM ? "SIGTERM" : "SIGINT");
+            closeAll(d);
+        }
         return;
     }
     d->stopping = true;
@@ -113,6 +135,7 @@ static void signalCb(uv_signal_t *h, int signum)
     notifier_stopping(d->notify);
     reloader_close(&d->reloader);
     if (service_hand_off(d->svc, handedOff, d) == 0) {
+        d->handing_off = true;
         log_info("this node leads: handing leadership over before stopping");
         return;
     }
@@ -276,6 +299,8 @@ static void startSignals(struct daemon *d)
 {
     uv_signal_t *hs[] = {&d->sigterm, &d->sigint, &d->sighup};
     const int signums[] = {SIGTERM, SIGINT, SIGHUP};
+    uv_timer_init(&d->loop, &d->after_handoff);
+    d->after_handoff.data = d;
     for (size_t i = 0; i < 3; i++) {
         uv_signal_init(&d->loop, hs[i]);
         hs[i]->data = d;

@@ -253,6 +253,7 @@ bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_
 {
     if (m->type != RAFT_IO_REQUEST_VOTE || m->request_vote.disrupt_leader ||
         r->state != RAFT_FOLLOWER || r->follower_state.current_leader.id == 0 ||
+        r->snapshot.put.data != NULL ||
         now < r->election_timer_start || now - r->election_timer_start < io_stale_leader_ms(r)) {
         return false;
     }

@@ -255,7 +255,8 @@ bool io_install_waits(const struct raft *r, const struct raft_message *m);
  * io_stale_leader_ms(r) (since r->election_timer_start, at `now` in raft's clock), this
  * marks it disrupt_leader, which libraft reads for nothing but that refusal; the vote is
  * then decided on terms, the vote already given and the logs, as any other. Returns
- * whether it did. Safety does not depend on when a vote is granted; a leader that is alive
+ * whether it did. Not while the follower stores a snapshot (later libraft refuses votes
+ * then). Safety does not depend on when a vote is granted; a leader that is alive
  * reaches its followers every heartbeat, so they still refuse a node that returns from a
  * partition or lost its link to the leader alone. */
 /* Makes raft_uv write to server `id` (at its address in raft's configuration; nothing when
