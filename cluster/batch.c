@@ -20,7 +20,7 @@
 
 /* A batch of this many commands goes in without waiting for more (cluster.h, batch_delay_us):
  * so many callers at once fill entries well enough, and a closed loop of them is not slowed. */
-#define BATCH_WAIT_COMMANDS 16
+#define BATCH_WAIT_COMMANDS 32
 
 /* After this many waits in a row that nothing joined, waits stay off for BATCH_WAIT_OFF_NS
  * (cluster.h). */
