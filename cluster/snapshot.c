@@ -421,6 +421,7 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
             .pause_us = c->snap.pause_us,
             .write_us = c->snap.write_us,
             .bytes = c->snap.bytes,
+            .store_us = put_ended ? c->io.own_put_us : 0,
             .written = c->snap.written,
             .put_ended = put_ended,
             .stored = stored,
@@ -451,10 +452,12 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     if (cs == NULL) {
         return RAFT_MALFORMED;
     }
+    uint64_t t0 = monoUs();
     if (c->ops.restore(c->ops.data, p + 4 + meta_len, buf->len - 4 - meta_len) != 0) {
         idem__cluster_snapshot__free_unpacked(cs, NULL);
         return RAFT_MALFORMED;
     }
+    c->restore_us_last = monoUs() - t0;
     for (size_t i = 0; i < cs->n_members; i++) {
         struct memberMeta *mm = members_put(c, cs->members[i]->id, cs->members[i]->rpc_address,
                                             cs->members[i]->http_address);

@@ -163,6 +163,12 @@ struct io {
     unsigned long own_puts, own_put_failures;
     int own_put_status;
     char own_put_err[256];
+    uint64_t own_put_us; /* the last one's time from raft's put to its end (data written,
+                          * durable, and referenced by raft_uv) */
+    /* What io_snap_load took at start (µs): all of it (the start-up repairs, raft_uv's load
+     * of its metadata and log, the snapshot data), and the snapshot data's part (read and
+     * its hash checked); 0 before a load. */
+    uint64_t load_us, load_snap_us;
     struct {
         raft_id id;      /* 0: unused */
         raft_time at_ms; /* the wrapper's clock (io.c, ioNow) when a message from it last arrived */

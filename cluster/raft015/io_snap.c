@@ -75,11 +75,31 @@ static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *
     return 0;
 }
 
+static uint64_t nowUs(void)
+{
+    return uv_hrtime() / 1000u;
+}
+
+static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
+                    struct raft_snapshot **snapshot, raft_index *start_index,
+                    struct raft_entry *entries[], size_t *n_entries);
+
 int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
                  struct raft_snapshot **snapshot, raft_index *start_index,
                  struct raft_entry *entries[], size_t *n_entries)
 {
     struct io *io = io_from_outer(o);
+    uint64_t t0 = nowUs();
+    io->load_snap_us = 0;
+    int rv = snapLoad(io, term, voted_for, snapshot, start_index, entries, n_entries);
+    io->load_us = nowUs() - t0;
+    return rv;
+}
+
+static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
+                    struct raft_snapshot **snapshot, raft_index *start_index,
+                    struct raft_entry *entries[], size_t *n_entries)
+{
     if (io->log_dir != NULL) {
         char msg[1024];
         if (logdir_recover(io->log_dir, msg, sizeof(msg)) != 0) {
@@ -115,7 +135,10 @@ int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
         return io_pass_err(io, rv);
     }
     char err[sizeof(io->outer.errmsg)];
-    if (snapshotResolve(io, *snapshot, err, sizeof(err)) != 0) {
+    uint64_t t0 = nowUs();
+    int resolved = snapshotResolve(io, *snapshot, err, sizeof(err));
+    io->load_snap_us = nowUs() - t0;
+    if (resolved != 0) {
         /* raft does not free what a failed load returned. */
         snapshotFree(*snapshot);
         *snapshot = NULL;
@@ -325,6 +348,7 @@ void io_snap_put_done(struct raft_io_snapshot_put *req, int status)
     struct ioSnapJob *j = d->job;
     bool install = d->install;
     bool in_inner = d->in_inner;
+    uint64_t start_us = d->start_us;
     struct io *io = io_disk_end(d);
     const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
@@ -332,6 +356,7 @@ void io_snap_put_done(struct raft_io_snapshot_put *req, int status)
     }
     if (!io->closing && !install) {
         io->own_puts++;
+        io->own_put_us = nowUs() - start_us;
         io->own_put_status = status;
         io->own_put_err[0] = '\0';
         if (status != 0) {
@@ -438,6 +463,7 @@ int io_snap_put(struct raft_io *o, unsigned trailing, struct raft_io_snapshot_pu
     d->outer.put = req;
     d->cb.put = cb;
     d->install = isInstall(io, req);
+    d->start_us = nowUs();
     req->cb = cb;
     if (io->snap_dir == NULL) {
         int rv = io_snap_submit_put(io, d, trailing, snapshot, false);
