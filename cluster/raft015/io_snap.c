@@ -127,6 +127,14 @@ static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
                       "libraft 0.15 cannot load; removed those 8 zero bytes, no entry",
                       msg, io->log_dir);
         }
+        /* raft_uv reads every open segment whole (segtail.h): their zeros go first. */
+        unsigned removed, cut;
+        if (segtail_zeros(io->log_dir, &removed, &cut, msg, sizeof(msg)) != 0) {
+            clog_error("%s", msg);
+            snprintf(io->outer.errmsg, sizeof(io->outer.errmsg),
+                     "a log segment cannot be read or trimmed (the message above says which)");
+            return RAFT_IOERR;
+        }
     }
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
     /* Where raft_uv writes the next entry (an empty log: not known until the first). */
