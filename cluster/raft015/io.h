@@ -169,6 +169,10 @@ struct io {
      * of its metadata and log, the snapshot data), and the snapshot data's part (read and
      * its hash checked); 0 before a load. */
     uint64_t load_us, load_snap_us;
+    /* The snapshot data io_snap_load mapped (snapstore_map) for raft to hand the state
+     * machine's restore, until io_snap_data_free/unmap releases it; NULL: none. */
+    void *snap_map;
+    uint64_t snap_map_len;
     struct {
         raft_id id;      /* 0: unused */
         raft_time at_ms; /* the wrapper's clock (io.c, ioNow) when a message from it last arrived */
@@ -241,6 +245,14 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
  * first tick after the snapshot is stored, as a message delayed on the network (one no newer
  * than what was stored is answered as done); at the close a message still held is freed. */
 bool io_install_waits(const struct raft *r, const struct raft_message *m);
+
+/* The data of a snapshot raft hands the state machine to restore (raft_fsm.restore, which
+ * owns it): io_snap_data_free releases it, unmapped when it is the one io_snap_load mapped
+ * (io->snap_map), raft_free()d otherwise (a snapshot the leader sent). After a restore that
+ * failed, raft frees the buffer itself with raft_free(): io_snap_data_unmap unmaps it first
+ * if it was mapped and returns true, and the caller then sets the buffer's base to NULL. */
+void io_snap_data_free(struct io *io, void *base);
+bool io_snap_data_unmap(struct io *io, const void *base);
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
  * the loop raft_uv runs on (the io does not own it). It sets io->inner.data to io: the

@@ -50,8 +50,10 @@ static void snapshotFree(struct raft_snapshot *s)
 }
 
 /* If snapshot is a snapstore reference, puts the data it names in its place (1 buffer,
- * raft_malloc()ed, as raft_uv's own). Returns 0, or -1 with a message in err. */
-static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *err, size_t errlen)
+ * raft_malloc()ed, as raft_uv's own; with map, at load, mapped instead when it can be, and
+ * remembered in io->snap_map: io_snap_data_free). Returns 0, or -1 with a message in err. */
+static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, bool map, char *err,
+                           size_t errlen)
 {
     struct snapstore_ref r;
     if (snapshot->n_bufs != 1 ||
@@ -66,8 +68,14 @@ static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *
         return -1;
     }
     void *data = NULL;
-    if (snapstore_read(io->snap_dir, &r, &data, err, errlen) != 0) {
+    bool mapped = false;
+    if ((map ? snapstore_map(io->snap_dir, &r, &data, &mapped, err, errlen)
+             : snapstore_read(io->snap_dir, &r, &data, err, errlen)) != 0) {
         return -1;
+    }
+    if (mapped) {
+        io->snap_map = data;
+        io->snap_map_len = r.size;
     }
     raft_free(snapshot->bufs[0].base);
     snapshot->bufs[0].base = data;
@@ -144,7 +152,7 @@ static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
     }
     char err[sizeof(io->outer.errmsg)];
     uint64_t t0 = nowUs();
-    int resolved = snapshotResolve(io, *snapshot, err, sizeof(err));
+    int resolved = snapshotResolve(io, *snapshot, true, err, sizeof(err));
     io->load_snap_us = nowUs() - t0;
     if (resolved != 0) {
         /* raft does not free what a failed load returned. */
@@ -165,6 +173,24 @@ static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
     }
     io->snap_last = (*snapshot)->index;
     return 0;
+}
+
+bool io_snap_data_unmap(struct io *io, const void *base)
+{
+    if (base == NULL || base != io->snap_map) {
+        return false;
+    }
+    snapstore_unmap(io->snap_map, io->snap_map_len);
+    io->snap_map = NULL;
+    io->snap_map_len = 0;
+    return true;
+}
+
+void io_snap_data_free(struct io *io, void *base)
+{
+    if (!io_snap_data_unmap(io, base)) {
+        raft_free(base);
+    }
 }
 
 /* A snapshot_get through snapstore: raft_uv reads the reference, a pool thread the data. */
@@ -203,7 +229,7 @@ static void getFail(struct ioGet *g, struct raft_snapshot *snapshot, const char 
 static void snapGetWork(uv_work_t *w)
 {
     struct ioGet *g = w->data;
-    g->rv = snapshotResolve(g->io, g->snapshot, g->err, sizeof(g->err));
+    g->rv = snapshotResolve(g->io, g->snapshot, false, g->err, sizeof(g->err));
 }
 
 static void snapGetAfter(uv_work_t *w, int status)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -245,6 +246,58 @@ int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, 
     }
     *data = buf;
     return 0;
+}
+
+int snapstore_map(const char *dir, const struct snapstore_ref *r, void **data, bool *mapped,
+                  char *err, size_t errlen)
+{
+    *mapped = false;
+    if (r->size == 0) {
+        return snapstore_read(dir, r, data, err, errlen);
+    }
+    char path[PATH_MAX];
+    if (pathOf(path, sizeof(path), dir, r->term, r->index, "") != 0) {
+        snprintf(err, errlen, "snapshot path in %s: too long", dir);
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return fail(err, errlen, "open", path);
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        fail(err, errlen, "stat", path);
+        close(fd);
+        return -1;
+    }
+    if ((uint64_t)sb.st_size != r->size || r->size > SIZE_MAX) {
+        snprintf(err, errlen, "%s: %lld bytes, the reference says %" PRIu64, path,
+                 (long long)sb.st_size, r->size);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, (size_t)r->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        fail(err, errlen, "map", path);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    if (XXH3_64bits(p, (size_t)r->size) != r->hash) {
+        snprintf(err, errlen, "%s: content does not match its hash (corrupt)", path);
+        munmap(p, (size_t)r->size);
+        return -1;
+    }
+    *data = p;
+    *mapped = true;
+    return 0;
+}
+
+void snapstore_unmap(void *data, uint64_t size)
+{
+    if (data != NULL) {
+        munmap(data, (size_t)size);
+    }
 }
 
 /* A decimal number as pathOf() writes it: digits only, no sign, no leading zero. */
