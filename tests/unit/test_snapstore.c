@@ -287,6 +287,32 @@ static void test_write_read_across_chunks(void **state)
     free(all);
 }
 
+static double monoSec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The pause after each full chunk is as long as the chunk took, within [pause_us / 4,
+ * pause_us]: with chunks that take far less than a quarter of a 200 ms cap, eight of them
+ * pause 50 ms each (0.4 s in all: never less), not 200 ms each (1.6 s and more with a fixed
+ * pause). */
+static void test_write_pauses_track_the_chunks(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {8 * SNAPSTORE_CHUNK + 1};
+    struct snapstore_ref ref;
+    size_t total;
+    double t0 = monoSec();
+    uint8_t *all = writeChecked(4, 90, sizes, 1, 200000, &ref, &total);
+    double took = monoSec() - t0;
+    free(all);
+    if (took < 0.4 || took >= 1.55) {
+        fail_msg("8 chunks paced within [50, 200] ms each took %.3f s", took);
+    }
+}
+
 static void test_write_read_exact_chunks(void **state)
 {
     (void)state;
@@ -378,8 +404,8 @@ static void assertReadRefused(const struct snapstore_ref *ref, const char *path,
         assert_ptr_equal(data, &sentinel);
         assert_false(mapped);
         if (strstr(err, path) == NULL || strstr(err, why) == NULL) {
-            fail_msg("%s: message \"%s\" should name %s and say \"%s\"", map ? "map" : "read",
-                     err, path, why);
+            fail_msg("%s: message \"%s\" should name %s and say \"%s\"", map ? "map" : "read", err,
+                     path, why);
         }
     }
 }
@@ -702,6 +728,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_read_across_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_read_exact_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_read_empty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_pauses_track_the_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_replaces_stale_tmp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_into_missing_dir_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_refuses_flipped_byte, setup, teardown),
