@@ -1,7 +1,8 @@
 /* batch: proposals batched into log entries, and the hand-off of their results.
  *
  * Commands taken (admission.c) wait in the open batch until this loop turn's I/O callbacks
- * ran (batch_flush_cb), or until it is full; batch_flush() packs them into one LogEntry and
+ * ran (batch_flush_cb), or for a group commit (cluster_config.batch_delay_us, below), or
+ * until it is full; batch_flush() packs them into one LogEntry and
  * raft_apply()s it, keeping it in `pending` with its commands' waiters until raft's apply
  * callback. Each waiter is handed back exactly once: to ops.apply when its command is
  * applied here (batch_apply), or to ops.fail. */
@@ -9,10 +10,22 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "clog.h"
 
 #define ENTRY_HEADER 8 /* batch.h: the framing */
+
+/* A batch of this many commands goes in without waiting for more (cluster.h, batch_delay_us):
+ * so many callers at once fill entries well enough, and a closed loop of them is not slowed. */
+#define BATCH_WAIT_COMMANDS 16
+
+/* After this many waits in a row that nothing joined, waits stay off for BATCH_WAIT_OFF_NS
+ * (cluster.h). */
+#define BATCH_WAIT_IDLE_RUN 3
+#define BATCH_WAIT_OFF_NS (100u * 1000000u)
 
 void batch_fail_waiters(struct cluster *c, void **waiters, unsigned n, int status)
 {
@@ -164,12 +177,27 @@ void batch_apply(struct cluster *c, const Idem__CommandBatch *b, uint64_t index)
                          c->ops.apply, c->ops.data);
 }
 
+/* Arms (ns > 0) or disarms (0) the batch's timerfd. */
+static void delaySet(struct cluster *c, uint64_t ns)
+{
+    struct itimerspec its;
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = (time_t)(ns / 1000000000u);
+    its.it_value.tv_nsec = (long)(ns % 1000000000u);
+    (void)timerfd_settime(c->delay_fd, 0, &its, NULL);
+}
+
 /* Packs and proposes the open batch. */
 void batch_flush(struct cluster *c)
 {
+    if (c->delay_armed) {
+        delaySet(c, 0);
+        c->delay_armed = false;
+    }
     if (c->n_cmds == 0) {
         return;
     }
+    c->last_proposed_ns = uv_hrtime();
     unsigned n = c->n_cmds;
     void **waiters = cluster_xcalloc(n * sizeof(*waiters));
     memcpy(waiters, c->waiters, n * sizeof(*waiters));
@@ -257,12 +285,53 @@ void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waite
     }
 }
 
+void batch_delay_cb(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    struct cluster *c = h->data;
+    uint64_t expirations;
+    (void)!read(c->delay_fd, &expirations, sizeof(expirations));
+    if (!c->delay_armed) {
+        return; /* proposed meanwhile (the batch filled) */
+    }
+    c->delay_armed = false;
+    if (c->n_cmds > c->delay_from_cmds) {
+        c->waits_idle_run = 0;
+    } else if (++c->waits_idle_run == BATCH_WAIT_IDLE_RUN) {
+        /* Nothing joined the last waits: their callers wait for these answers before they
+         * send more (a closed loop), and waiting only slows them. None for a while. */
+        c->wait_off_until_ns = uv_hrtime() + BATCH_WAIT_OFF_NS;
+        c->waits_idle_run = 0;
+        c->waits_off++;
+    }
+    if (c->queued_bytes != 0) {
+        admission_admit_queued(c);
+    }
+    batch_flush(c);
+}
+
 void batch_flush_cb(uv_check_t *h)
 {
     struct cluster *c = h->data;
     uv_check_stop(h);
     if (c->queued_bytes != 0) {
         admission_admit_queued(c);
+    }
+    if (c->delay_armed && !c->stopping) {
+        return; /* the wait began in an earlier turn: batch_delay_cb proposes */
+    }
+    uint64_t now = uv_hrtime(), delay = (uint64_t)c->cfg.batch_delay_us * 1000u;
+    if (delay != 0 && c->delay_fd >= 0 && !c->stopping && c->n_cmds != 0 &&
+        c->n_cmds < BATCH_WAIT_COMMANDS && now - c->last_proposed_ns < delay &&
+        now >= c->wait_off_until_ns) {
+        /* The last entry went in less than batch_delay_us ago: this turn's commands wait for
+         * more (cluster.h), until then, or until the batch fills (admission.c). */
+        c->delay_from_cmds = c->n_cmds;
+        c->delay_armed = true;
+        c->waits++;
+        delaySet(c, c->last_proposed_ns + delay - now);
+        return;
     }
     batch_flush(c);
 }

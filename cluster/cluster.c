@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "aio_reap.h"
 #include "clog.h"
@@ -231,6 +233,17 @@ static void tickHealth(struct cluster *c)
     }
 }
 
+/* Outgoing connections whose peer closed them are made anew now (transport.h), not when the
+ * next message, a vote perhaps, is lost on them. */
+static void tickConnections(struct cluster *c)
+{
+    raft_id ids[TRANSPORT_WATCHED_MAX];
+    size_t n = transport_dead_outgoing(&c->transport, ids, TRANSPORT_WATCHED_MAX);
+    for (size_t i = 0; i < n && !c->stopping; i++) {
+        io_poke(&c->io, ids[i]);
+    }
+}
+
 /* A new leader proposes a barrier in its term (below). */
 static void tickBarrier(struct cluster *c)
 {
@@ -267,6 +280,7 @@ static void tickCb(uv_timer_t *t)
     }
     tickLeader(c);
     tickHealth(c);
+    tickConnections(c);
     tickBarrier(c);
     snapshot_tick(c);
     if (raft_state(&c->raft) == RAFT_LEADER) {
@@ -436,6 +450,15 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     uv_timer_init(loop, &c->tick);
     c->tick.data = c;
     c->handles_open = 2;
+    c->delay_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (c->delay_fd >= 0 && uv_poll_init(loop, &c->delay, c->delay_fd) == 0) {
+        c->delay.data = c;
+        uv_poll_start(&c->delay, UV_READABLE, batch_delay_cb);
+        c->handles_open = 3;
+    } else if (c->delay_fd >= 0) {
+        close(c->delay_fd);
+        c->delay_fd = -1; /* batches do not wait: each loop turn's go in at its end */
+    }
     return c;
 
 err_raft:
@@ -517,6 +540,17 @@ static void maybeFree(struct cluster *c)
     }
 }
 
+static void handleClosed(uv_handle_t *h);
+
+/* The batch's timerfd goes once its poll handle is closed. */
+static void delayClosed(uv_handle_t *h)
+{
+    struct cluster *c = h->data;
+    close(c->delay_fd);
+    c->delay_fd = -1;
+    handleClosed(h);
+}
+
 static void handleClosed(uv_handle_t *h)
 {
     struct cluster *c = h->data;
@@ -548,8 +582,13 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
     }
     uv_check_stop(&c->flush);
     uv_timer_stop(&c->tick);
+    c->delay_armed = false;
     uv_close((uv_handle_t *)&c->flush, handleClosed);
     uv_close((uv_handle_t *)&c->tick, handleClosed);
+    if (c->delay_fd >= 0) {
+        uv_poll_stop(&c->delay);
+        uv_close((uv_handle_t *)&c->delay, delayClosed);
+    }
     raft_close(&c->raft, raftClosed);
 }
 
@@ -630,6 +669,8 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->pending_bytes = c->pending_bytes;
     out->pending_refused = c->pending_refused;
     out->transfer_refused = c->transfer_refused;
+    out->batch_waits = c->waits;
+    out->batch_waits_off = c->waits_off;
     out->queued_bytes = c->queued_bytes;
     out->not_proposed = c->not_proposed;
     out->share_refused = 0;

@@ -180,6 +180,16 @@ struct cluster {
     raft_term barrier_term; /* the term this node, as leader, proposed its barrier in */
     uint64_t leader_changes;
     bool change_in_flight;
+    uint64_t waits, waits_off; /* batch waits begun; times waits were turned off (batch.c) */
+    unsigned waits_idle_run;   /* waits in a row that nothing joined */
+    /* The open batch's wait (cluster_config.batch_delay_us, batch.c): a timerfd (-1: none,
+     * no wait) polled on the loop, armed while the batch waits. */
+    uv_poll_t delay;
+    int delay_fd;
+    bool delay_armed;
+    unsigned delay_from_cmds;      /* commands in the batch when its wait began */
+    uint64_t last_proposed_ns;     /* uv_hrtime when the last batch was proposed */
+    uint64_t wait_off_until_ns;    /* no wait before this (batch.c: a wait nothing joined) */
     char errmsg[256];
 };
 
@@ -204,6 +214,7 @@ void admission_admit_queued(struct cluster *c);
 void batch_reset_open(struct cluster *c, bool keep_charges);
 void batch_flush(struct cluster *c);
 void batch_flush_cb(uv_check_t *h);
+void batch_delay_cb(uv_poll_t *h, int status, int events);
 bool batch_open_full(const struct cluster *c, size_t len);
 bool batch_may_propose(struct cluster *c);
 void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waiter, uint32_t account,

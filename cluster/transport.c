@@ -633,6 +633,7 @@ static void outgoingHandOver(struct outgoing *og)
     og->ending = true;
     og->closing = 1;
     uv_close((uv_handle_t *)&og->timer, outgoingTimerClosedCb);
+    transport_watch(t, og->peer, stream);
     outer->cb(outer, stream, 0);
 }
 
@@ -983,6 +984,9 @@ int transport_init(struct transport *t, uv_loop_t *loop, const struct transport_
                    size_t n_secrets)
 {
     memset(t, 0, sizeof(*t));
+    for (size_t i = 0; i < TRANSPORT_WATCHED_MAX; i++) {
+        t->watched[i].fd = -1;
+    }
     TAILQ_INIT(&t->incoming);
     TAILQ_INIT(&t->outgoing);
     t->loop = loop;

@@ -133,6 +133,18 @@ struct raft_tls;
 struct raft_tls_files;
 struct idem_resolver;
 
+/* The outgoing connections handed to raft_uv that are watched (transport_dead_outgoing): one
+ * per peer, more than a cluster has members. */
+#define TRANSPORT_WATCHED_MAX 16
+
+/* One outgoing connection raft_uv holds: its descriptor, and the socket's inode, which tells
+ * whether the descriptor still names that socket (raft_uv closes it when a write fails). */
+struct transport_watched {
+    int fd; /* -1: a free slot */
+    uint64_t ino;
+    raft_id peer;
+};
+
 /* A secret's bytes, borrowed for transport_init only. */
 struct transport_secret {
     const uint8_t *value;
@@ -170,6 +182,7 @@ struct transport {
     struct raft_tls *tls; /* NULL: plain TCP (tls.raft off) */
     bool closing;
     bool inner_closed;
+    struct transport_watched watched[TRANSPORT_WATCHED_MAX]; /* cluster/outwatch.c */
 };
 
 /* Initialises both layers on `loop`. n_secrets (0..TRANSPORT_KEYS_MAX) secrets, newest
@@ -199,6 +212,21 @@ int transport_tls_reload(struct transport *t, const struct raft_tls_files *files
                          size_t errlen);
 /* Releases raft_uv_tcp's memory and the TLS contexts (after raft_uv closed the transport). */
 void transport_close(struct transport *t);
+
+/* cluster/outwatch.c. raft_uv never reads an outgoing connection, so it learns that the
+ * peer closed it (the peer stopped or restarted) only when a write fails; the first message
+ * after the close goes into a connection nobody reads any more and is lost, and only the
+ * next one fails and makes raft_uv connect again. Between followers the only messages are
+ * votes: with a stale connection, a vote answer is lost, and electing a leader after one
+ * fails takes another election timeout.
+ * transport_watch notes the connection `stream` just handed to raft_uv for `peer` (the one
+ * before it, to that peer, is forgotten). transport_dead_outgoing looks at each one noted
+ * (a peek, reading nothing): one whose peer closed it is shut for writing, so that raft_uv's
+ * next write to it fails at once, and forgotten, and its peer goes into ids (at most cap).
+ * The caller then makes raft_uv write to each (io_poke), so that it connects anew before
+ * raft has anything to say there. Returns how many. */
+void transport_watch(struct transport *t, raft_id peer, uv_stream_t *stream);
+size_t transport_dead_outgoing(struct transport *t, raft_id *ids, size_t cap);
 
 /* Since start: incoming connections closed for breaking the handshake's rules or failing
  * authentication or TLS (or meant for another node), and outgoing ones whose peer failed it

@@ -488,8 +488,8 @@ int config_list_each(struct ctx *c, const struct field *f, struct config *cfg, s
 
 static void setDefaults(struct config *cfg)
 {
-    cfg->raft.election_timeout_ms = 600;
-    cfg->raft.heartbeat_timeout_ms = 100;
+    cfg->raft.election_timeout_ms = 250;
+    cfg->raft.heartbeat_timeout_ms = 50;
     cfg->raft.snapshot_threshold = 8192;
     cfg->raft.snapshot_trailing = 2048;
     cfg->raft.snapshot_log_percent = 100;
@@ -517,6 +517,7 @@ static void setDefaults(struct config *cfg)
     cfg->batch.max_pending_mb = 64;
     cfg->batch.tenant_max_pending_percent = 50;
     cfg->batch.tenant_max_inflight_kb = 2048;
+    cfg->batch.delay_us = 2000;
     cfg->http.max_connections = 1024;
     cfg->http.handshake_timeout_ms = 5000;
     cfg->expiry.interval_ms = 1000;
@@ -714,6 +715,14 @@ void config_free(struct config *c)
                 free(r->fingerprint_headers[k]);
             }
             free(r->fingerprint_headers);
+            for (size_t k = 0; k < r->n_fingerprint_fields; k++) {
+                free(r->fingerprint_fields[k]);
+            }
+            free(r->fingerprint_fields);
+            for (size_t k = 0; k < r->n_fingerprint_ignore; k++) {
+                free(r->fingerprint_ignore[k]);
+            }
+            free(r->fingerprint_ignore);
             for (size_t k = 0; k < r->n_response_headers; k++) {
                 free(r->response_headers[k]);
             }

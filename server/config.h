@@ -105,8 +105,8 @@ struct config_secret {
 };
 
 struct config_raft {
-    uint32_t election_timeout_ms;  /* 100..60000, default 600 */
-    uint32_t heartbeat_timeout_ms; /* 10..10000 and < election, default 100 */
+    uint32_t election_timeout_ms;  /* 100..60000, default 250 */
+    uint32_t heartbeat_timeout_ms; /* 10..10000 and < election, default 50 */
     uint32_t snapshot_threshold;   /* fewest entries between snapshots, >= 16, default 8192 */
     uint32_t snapshot_trailing;    /* entries kept after a snapshot, default 2048 */
     uint32_t snapshot_trailing_max_mb; /* ... but no more than this much of them (at least
@@ -161,6 +161,7 @@ struct config_rpc {
 
 struct config_batch {
     uint32_t max_commands; /* commands per log entry, 1..65535, default 256 */
+    uint32_t delay_us;     /* group commit (cluster.h: batch_delay_us), 0..100000, default 2000 */
     uint32_t max_bytes;    /* bytes per log entry, 1024..64 MiB, default 1 MiB */
     uint32_t max_pending_mb; /* commands proposed on the leader and not yet applied, together:
                               * 1..65536 MiB and at least twice max_bytes, default 64 */
@@ -278,6 +279,10 @@ struct config_proxy_route {
     uint32_t in_progress_status;  /* 409 or 425, default 409 */
     char **fingerprint_headers;   /* owned, lower-cased names; n_fingerprint_headers */
     size_t n_fingerprint_headers;
+    char **fingerprint_fields;    /* owned JSON Pointers (fp_pointer_check), <= 32; none: [] */
+    size_t n_fingerprint_fields;
+    char **fingerprint_ignore;    /* owned JSON Pointers, never "", <= 32; none: [] */
+    size_t n_fingerprint_ignore;
     bool store_4xx;               /* default false: 4xx answers are released */
     bool on_timeout_unknown;      /* on_timeout: unknown (default, true) or release */
     uint32_t upstream_timeout_ms; /* 1..3600000, default 10000 */

@@ -15,8 +15,8 @@
 /* Room for a field's dotted name in messages, e.g. "tenants[3].token_sha256[1]". */
 #define FIELD_NAME_MAX 96
 
-/* The most keys one mapping of the format may hold (a proxy route has 20). */
-#define FIELDS_MAX 20
+/* The most keys one mapping of the format may hold (a proxy route has 22). */
+#define FIELDS_MAX 22
 
 /* How many bytes of a value a message quotes; longer values end in "...". */
 #define QUOTE_MAX 40

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fingerprint.h"
 #include "proxy_rules.h"
 
 unsigned config_method_bit(const char *m, size_t len)
@@ -133,6 +134,61 @@ static int parseHeaderNames(struct ctx *c, const struct field *f, char ***out, s
             }
         }
         (*out)[i] = copy;
+        *n_out = i + 1;
+    }
+    return 0;
+}
+
+/* Reads fingerprint_fields (ignore false) or fingerprint_ignore (ignore true): a list of at
+ * most FP_POINTERS_MAX JSON Pointers, each one fp_pointer_check() allows and listed once,
+ * into an owned array of owned strings. Leaves the output alone when the field is absent or
+ * null. */
+static int parsePointers(struct ctx *c, const struct field *f, bool ignore, char ***out,
+                         size_t *n_out)
+{
+    if (!config_present(f)) {
+        return 0;
+    }
+    const yaml_node_t *v = f->val;
+    if (v->type != YAML_SEQUENCE_NODE) {
+        return config_fail_node(c, v, "%s: expected a list of JSON pointers, got %s", f->name,
+                                config_kind_name(v));
+    }
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > FP_POINTERS_MAX) {
+        return config_fail_node(c, v, "%s: at most %d JSON pointers, got %zu", f->name,
+                                FP_POINTERS_MAX, n);
+    }
+    *out = calloc(n > 0 ? n : 1, sizeof **out);
+    if (*out == NULL) {
+        return config_fail_node(c, v, "%s: out of memory", f->name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_t *item = NULL;
+        if (config_visit(c, v->data.sequence.items.start[i], &item) != 0) {
+            return -1;
+        }
+        if (item->type != YAML_SCALAR_NODE) {
+            return config_fail_node(c, item, "%s[%zu]: expected a JSON pointer, got %s", f->name, i,
+                                    config_kind_name(item));
+        }
+        const char *s = config_scalar_text(item);
+        size_t len = item->data.scalar.length;
+        char q[QUOTE_SIZE];
+        const char *rule = fp_pointer_check(s, len, ignore);
+        if (rule != NULL) {
+            return config_fail_node(c, item, "%s[%zu]: %s, got %s", f->name, i, rule,
+                                    config_quote(q, s, len));
+        }
+        for (size_t k = 0; k < *n_out; k++) {
+            if (strcmp((*out)[k], s) == 0) {
+                return config_fail_node(c, item, "%s[%zu]: %s is listed twice", f->name, i,
+                                        config_quote(q, s, len));
+            }
+        }
+        if (((*out)[i] = strdup(s)) == NULL) {
+            return config_fail_node(c, item, "%s: out of memory", f->name);
+        }
         *n_out = i + 1;
     }
     return 0;
@@ -370,14 +426,15 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
     enum {
         METHODS, PREFIX, UPSTREAM, TENANT, LEASE, TTL, POLICY, MISMATCH, IN_PROGRESS, FP_HEADERS,
         STORE_4XX, ON_TIMEOUT, TIMEOUT, RESP_HEADERS, MAX_INLINE, KEY_REQUIRED, OTHER_METHODS,
-        METHOD_OVERRIDE, CALLER, SET_COOKIE, N
+        METHOD_OVERRIDE, CALLER, SET_COOKIE, FP_FIELDS, FP_IGNORE, N
     };
     static const char *const keys[N] = {
         "methods",         "path_prefix",         "upstream",           "tenant",
         "lease_ms",        "ttl_ms",              "lease_policy",       "mismatch_status",
         "in_progress_status", "fingerprint_headers", "store_4xx",       "on_timeout",
         "upstream_timeout_ms", "response_headers", "max_inline_body",   "key_required",
-        "other_methods",   "method_override",     "caller_identity",    "replay_set_cookie"};
+        "other_methods",   "method_override",     "caller_identity",    "replay_set_cookie",
+        "fingerprint_fields", "fingerprint_ignore"};
     /* clang-format on */
     static const char *const timeouts[] = {"unknown", "release"};
     struct field f[N];
@@ -439,6 +496,10 @@ static int parseRoute(struct ctx *c, yaml_node_t *map, const char *where,
     if (config_status_choice(c, &f[MISMATCH], 409, 422, &r->mismatch_status) != 0 ||
         config_status_choice(c, &f[IN_PROGRESS], 409, 425, &r->in_progress_status) != 0 ||
         parseHeaderNames(c, &f[FP_HEADERS], &r->fingerprint_headers, &r->n_fingerprint_headers) !=
+            0 ||
+        parsePointers(c, &f[FP_FIELDS], false, &r->fingerprint_fields, &r->n_fingerprint_fields) !=
+            0 ||
+        parsePointers(c, &f[FP_IGNORE], true, &r->fingerprint_ignore, &r->n_fingerprint_ignore) !=
             0 ||
         config_get_bool(c, &f[STORE_4XX], &r->store_4xx) != 0 ||
         parseChoice(c, &f[ON_TIMEOUT], timeouts, 2, &unknown) != 0) {

@@ -58,6 +58,7 @@ static const struct scalarKey scalars[] = {
     K("batch.max_pending_mb", batch.max_pending_mb),
     K("batch.tenant_max_pending_percent", batch.tenant_max_pending_percent),
     K("batch.tenant_max_inflight_kb", batch.tenant_max_inflight_kb),
+    K("batch.delay_us", batch.delay_us),
     K("http.max_connections", http.max_connections),
     K("http.handshake_timeout_ms", http.handshake_timeout_ms),
     K("http.metrics_public", http.metrics_public),
@@ -203,6 +204,8 @@ static int routeCopy(struct merge *m, const struct config_proxy_route *src,
     dst->upstream = xstrndup(src->upstream, strlen(src->upstream));
     dst->upstream_hostport = xstrndup(src->upstream_hostport, strlen(src->upstream_hostport));
     dst->fingerprint_headers = strsCopy(src->fingerprint_headers, src->n_fingerprint_headers);
+    dst->fingerprint_fields = strsCopy(src->fingerprint_fields, src->n_fingerprint_fields);
+    dst->fingerprint_ignore = strsCopy(src->fingerprint_ignore, src->n_fingerprint_ignore);
     dst->response_headers = strsCopy(src->response_headers, src->n_response_headers);
     dst->caller_headers = strsCopy(src->caller_headers, src->n_caller_headers);
     size_t t = 0;

@@ -400,16 +400,21 @@ static int parseRpc(struct ctx *c, yaml_node_t *map, struct config_rpc *r)
 
 static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 {
-    enum { COMMANDS, BYTES, PENDING, SHARE, INFLIGHT, N };
-    static const char *const keys[N] = {"max_commands", "max_bytes", "max_pending_mb",
-                                        "tenant_max_pending_percent", "tenant_max_inflight_kb"};
+    enum { COMMANDS, BYTES, PENDING, SHARE, INFLIGHT, DELAY, N };
+    static const char *const keys[N] = {"max_commands",
+                                        "max_bytes",
+                                        "max_pending_mb",
+                                        "tenant_max_pending_percent",
+                                        "tenant_max_inflight_kb",
+                                        "delay_us"};
     struct field f[N];
     if (config_map_fields(c, map, "batch", "batch", keys, N, f) != 0 ||
         config_get_u32(c, &f[COMMANDS], 1, (1u << FSM_SLOT_BITS) - 1, &b->max_commands) != 0 ||
         config_get_u32(c, &f[BYTES], 1024, 64u << 20, &b->max_bytes) != 0 ||
         config_get_u32(c, &f[PENDING], 1, 65536, &b->max_pending_mb) != 0 ||
         config_get_u32(c, &f[SHARE], 1, 100, &b->tenant_max_pending_percent) != 0 ||
-        config_get_u32(c, &f[INFLIGHT], 0, 1048576, &b->tenant_max_inflight_kb) != 0) {
+        config_get_u32(c, &f[INFLIGHT], 0, 1048576, &b->tenant_max_inflight_kb) != 0 ||
+        config_get_u32(c, &f[DELAY], 0, 100000, &b->delay_us) != 0) {
         return -1;
     }
     if (((uint64_t)b->max_pending_mb << 20) < 2 * (uint64_t)b->max_bytes) {

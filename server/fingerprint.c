@@ -1,27 +1,24 @@
 /* Request fingerprints and key digests (docs/contract.md); the key rule is key.c.
  *
- * Hashing is OpenSSL's EVP SHA-256 and JSON canonicalisation is jansson's parser and encoder;
- * this file only frames fields and orders them. Every variable-length field goes into the
- * digest as a 4-byte big-endian length followed by its bytes (see fingerprint.h for the
- * exact order), so fields cannot run into each other.
+ * Hashing is OpenSSL's EVP SHA-256; a JSON body's canonical form (jansson's parser, the
+ * pointers, RFC 8785 numbers) is fp_json.c's; this file frames fields and orders them. Every
+ * variable-length field goes into the digest as a 4-byte big-endian length followed by its bytes
+ * (see fingerprint.h for the exact order), so fields cannot run into each other.
  *
  * Known untested: the FP_ENOMEM and FP_ECRYPTO paths (no allocation-failure injection yet)
  * and the FP_ETOO_LARGE paths (they need a field of 4 GiB). */
 #include "fingerprint.h"
 
-#include <jansson.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp_json.h"
+
 /* The domain tag that opens every fingerprint; bump it if the framing ever changes. */
 #define FP_DOMAIN_TAG "idem-fp-v1"
-
-/* Flags of the canonical JSON form; see fp_compute() in fingerprint.h. */
-#define FP_JSON_LOAD_FLAGS (JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL)
-#define FP_JSON_DUMP_FLAGS (JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY)
 
 /* How a string is case-folded on its way into the digest. */
 enum fold {
@@ -272,80 +269,21 @@ static bool isJsonContentType(const char *content_type)
     return subtype_len > 5 && asciiCaseEqual(end - 5, 5, "+json");
 }
 
-/* Whether the JSON text b[0..n) has at most max values, counted cheaply before any parse:
- * one for the first value and one per ',', ':', '[' and '{' outside strings (an upper
- * bound of what a parser would build, whatever the text's validity). */
-static bool jsonValuesWithin(const uint8_t *b, size_t n, size_t max)
+/* Feeds the body into the digest as one framed field: canonical JSON when it is JSON and not
+ * empty (fp_json.c), the raw bytes otherwise. */
+static int fpUpdateBody(EVP_MD_CTX *ctx, const struct fp_input *in)
 {
-    size_t count = 1;
-    bool in_string = false;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t ch = b[i];
-        if (in_string) {
-            if (ch == '\\') {
-                i++; /* the escaped byte, whatever it is */
-            } else if (ch == '"') {
-                in_string = false;
-            }
-        } else if (ch == '"') {
-            in_string = true;
-        } else if (ch == ',' || ch == ':' || ch == '[' || ch == '{') {
-            if (++count > max) {
-                return false;
-            }
-        }
+    if (!isJsonContentType(in->content_type) || in->body_len == 0) {
+        return fpUpdateField(ctx, in->body, in->body_len, FOLD_NONE);
     }
-    return true;
-}
-
-/* Feeds the body into the digest as one framed field: canonical JSON when json is true and
- * the body is not empty, the raw bytes otherwise. */
-static int fpUpdateBody(EVP_MD_CTX *ctx, const uint8_t *body, size_t body_len, bool json)
-{
-    json_t *doc = NULL;
-    json_error_t error;
     char *canonical = NULL;
-    size_t canonical_len;
-    int rc;
-
-    if (!json || body_len == 0) {
-        return fpUpdateField(ctx, body, body_len, FOLD_NONE);
+    size_t canonical_len = 0;
+    int rc = fp_json_canonical(in->body, in->body_len, in->fields, in->n_fields, in->ignore,
+                               in->n_ignore, &canonical, &canonical_len);
+    if (rc == FP_OK) {
+        rc = fpUpdateField(ctx, canonical, canonical_len, FOLD_NONE);
     }
-
-    if (!jsonValuesWithin(body, body_len, FP_JSON_MAX_VALUES)) {
-        return FP_EJSON_TOO_MANY;
-    }
-    /* jansson leaves the code byte of error untouched when it fails before parsing, which it
-     * does only when it cannot allocate its lexer; zeroing error lets us tell that apart. */
-    memset(&error, 0, sizeof error);
-    doc = json_loadb((const char *)body, body_len, FP_JSON_LOAD_FLAGS, &error);
-    if (doc == NULL) {
-        bool oom = json_error_code(&error) == json_error_out_of_memory || error.text[0] == '\0';
-        rc = oom ? FP_ENOMEM : FP_EINVAL_JSON;
-        goto cleanup;
-    }
-
-    /* The first call measures, the second writes; json_dumpb() returns 0 only on failure,
-     * since no JSON value encodes to zero bytes. */
-    canonical_len = json_dumpb(doc, NULL, 0, FP_JSON_DUMP_FLAGS);
-    if (canonical_len == 0) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    canonical = malloc(canonical_len);
-    if (canonical == NULL) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    if (json_dumpb(doc, canonical, canonical_len, FP_JSON_DUMP_FLAGS) != canonical_len) {
-        rc = FP_ENOMEM;
-        goto cleanup;
-    }
-    rc = fpUpdateField(ctx, canonical, canonical_len, FOLD_NONE);
-
-cleanup:
     free(canonical);
-    json_decref(doc);
     return rc;
 }
 
@@ -409,7 +347,38 @@ cleanup:
     return rc;
 }
 
-/* Returns whether in follows the NULL rules documented on struct fp_input. */
+/* Whether one pointer list of struct fp_input holds what fp_pointer_check() allows: FP_OK,
+ * FP_EINVAL (a NULL) or FP_EPOINTER. */
+static int fpListValid(const char *const *ptrs, size_t n, bool ignore)
+{
+    if (ptrs == NULL && n > 0) {
+        return FP_EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ptrs[i] == NULL) {
+            return FP_EINVAL;
+        }
+    }
+    if (n > FP_POINTERS_MAX) {
+        return FP_EPOINTER;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (fp_pointer_check(ptrs[i], strlen(ptrs[i]), ignore) != NULL) {
+            return FP_EPOINTER;
+        }
+    }
+    return FP_OK;
+}
+
+/* Both pointer lists of in: FP_OK, FP_EINVAL or FP_EPOINTER. */
+static int fpListsValid(const struct fp_input *in)
+{
+    int rc = fpListValid(in->fields, in->n_fields, false);
+    return rc != FP_OK ? rc : fpListValid(in->ignore, in->n_ignore, true);
+}
+
+/* Returns whether in follows the NULL rules documented on struct fp_input (the pointer lists
+ * are fpListsValid()'s). */
 static bool fpInputValid(const struct fp_input *in)
 {
     if (in->method == NULL || in->path == NULL || in->tenant == NULL) {
@@ -441,6 +410,33 @@ static int digestBegin(EVP_MD_CTX **ctx)
     return EVP_DigestInit_ex(*ctx, EVP_sha256(), NULL) == 1 ? FP_OK : FP_ECRYPTO;
 }
 
+int fp_canonical_body(const struct fp_input *in, uint8_t **out, size_t *out_len)
+{
+    if (out == NULL || out_len == NULL) {
+        return FP_EINVAL;
+    }
+    *out = NULL;
+    *out_len = 0;
+    int rc = in != NULL && fpInputValid(in) ? fpListsValid(in) : FP_EINVAL;
+    if (rc != FP_OK || in->body_len == 0) {
+        return rc;
+    }
+    if (isJsonContentType(in->content_type)) {
+        char *canonical = NULL;
+        rc = fp_json_canonical(in->body, in->body_len, in->fields, in->n_fields, in->ignore,
+                               in->n_ignore, &canonical, out_len);
+        *out = (uint8_t *)canonical;
+        return rc;
+    }
+    *out = malloc(in->body_len);
+    if (*out == NULL) {
+        return FP_ENOMEM;
+    }
+    memcpy(*out, in->body, in->body_len);
+    *out_len = in->body_len;
+    return FP_OK;
+}
+
 int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
 {
     EVP_MD_CTX *ctx = NULL;
@@ -449,6 +445,10 @@ int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
 
     if (in == NULL || out == NULL || !fpInputValid(in)) {
         return FP_EINVAL;
+    }
+    rc = fpListsValid(in);
+    if (rc != FP_OK) {
+        return rc;
     }
     rc = digestBegin(&ctx);
     if (rc != FP_OK) {
@@ -470,7 +470,7 @@ int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN])
     if (rc != FP_OK) {
         goto cleanup;
     }
-    rc = fpUpdateBody(ctx, in->body, in->body_len, isJsonContentType(in->content_type));
+    rc = fpUpdateBody(ctx, in);
     if (rc != FP_OK) {
         goto cleanup;
     }

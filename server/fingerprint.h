@@ -22,13 +22,14 @@
  * bound on the work an unauthenticated proxy caller can ask for. */
 #define FP_JSON_MAX_VALUES 16384
 
-#define FP_ERRORS(X)                                                                        \
-    X(FP_EINVAL_JSON, "request body is not valid JSON")                                     \
-    X(FP_EJSON_TOO_MANY, "the JSON body has more values than are fingerprinted (16384)")     \
-    X(FP_ETOO_LARGE, "a fingerprint field is longer than 2^32-1 bytes")                     \
-    X(FP_ENOMEM, "out of memory")                                                           \
-    X(FP_EINVAL, "invalid argument")                                                        \
-    X(FP_ECRYPTO, "the SHA-256 digest failed in OpenSSL")
+#define FP_ERRORS(X)                                                                               \
+    X(FP_EINVAL_JSON, "request body is not valid JSON")                                            \
+    X(FP_EJSON_TOO_MANY, "the JSON body has more values than are fingerprinted (16384)")           \
+    X(FP_ETOO_LARGE, "a fingerprint field is longer than 2^32-1 bytes")                            \
+    X(FP_ENOMEM, "out of memory")                                                                  \
+    X(FP_EINVAL, "invalid argument")                                                               \
+    X(FP_ECRYPTO, "the SHA-256 digest failed in OpenSSL")                                          \
+    X(FP_EPOINTER, "invalid fingerprint_fields or fingerprint_ignore (at most 32 JSON pointers)")
 
 enum fp_rc {
     FP_OK = 0,
@@ -40,6 +41,11 @@ enum fp_rc {
 /* Returns a static, NUL-terminated description of an fp_rc code; the caller must not free it.
  * Unknown codes give "unknown fingerprint error". */
 const char *fp_strerror(int rc);
+
+/* The most JSON Pointers each of fp_input's two lists (fields, ignore) may hold, and the most
+ * bytes one pointer may have (docs/contract.md). */
+#define FP_POINTERS_MAX 32
+#define FP_POINTER_MAX_LEN 256
 
 /* One request header that a route adds to the fingerprint.
  * name is a NUL-terminated header name (ASCII; hashed lower-cased); value is value_len raw
@@ -56,7 +62,11 @@ struct fp_header {
  *   "?query".
  * - content_type may be NULL (no Content-Type: the body is hashed raw).
  * - body may be NULL only when body_len is 0.
- * - headers may be NULL only when n_headers is 0; these are the route's named headers. */
+ * - headers may be NULL only when n_headers is 0; these are the route's named headers.
+ * - fields and ignore are lists of RFC 6901 JSON Pointers (NUL-terminated, each valid for
+ *   fp_pointer_check(), at most FP_POINTERS_MAX of them); either may be NULL only when its
+ *   count is 0. They apply to a JSON body only (see fp_compute()); a list is a set: the
+ *   order and repetitions of its pointers do not change the fingerprint. */
 struct fp_input {
     const char *method;
     const char *path;
@@ -66,6 +76,10 @@ struct fp_input {
     size_t body_len;
     const struct fp_header *headers;
     size_t n_headers;
+    const char *const *fields; /* fingerprint_fields: only these values are hashed */
+    size_t n_fields;
+    const char *const *ignore; /* fingerprint_ignore: removed before hashing */
+    size_t n_ignore;
 };
 
 /* Computes the request fingerprint (docs/contract.md) into out (OUT: FP_LEN bytes).
@@ -89,22 +103,55 @@ struct fp_input {
  *      framed fields.
  * The content type itself is not hashed; a route that wants it adds it as a named header.
  *
- * Canonical JSON is jansson's re-encoding of the parsed body: duplicate keys are rejected,
- * top-level scalars and "\u0000" inside strings are accepted, the output is compact with
- * keys sorted bytewise, and non-ASCII text is written as UTF-8. Known limitations, from
- * jansson: integers outside the range of long long are rejected as invalid JSON, reals are
- * normalised through a double (so 1.10 and 1.1 match, and 1 and 1.0 do not), and some
- * allocation failures inside jansson's lexer are reported as FP_EINVAL_JSON, not FP_ENOMEM.
+ * Canonical JSON is the body parsed by jansson (duplicate keys rejected, top-level scalars
+ * and "\u0000" inside strings accepted) and written again by fp_json.c: compact, object keys
+ * sorted bytewise (UTF-8, not RFC 8785's UTF-16 order), strings as jansson's encoder writes
+ * them (non-ASCII as UTF-8, control characters as \uXXXX in upper-case hex), and numbers as
+ * RFC 8785 (JCS) writes them: the ECMAScript form of the double (shortest digits that
+ * round-trip; exponent form, "1e+30", "1e-7", when the decimal exponent is >= 21 or <= -7;
+ * -0 as 0), so that 10, 10.0, 1e1 and 1.0E+1 hash alike. One deliberate deviation: an
+ * integer literal (no fraction, no exponent) is written by its exact decimal digits, which
+ * for |n| <= 2^53 is the JCS form and above it keeps two different large ids apart where a
+ * double would merge them. Limitations, from jansson: an integer literal outside the range
+ * of long long is rejected as invalid JSON, as is a number that overflows a double (1e400);
+ * and some allocation failures inside jansson's lexer are reported as FP_EINVAL_JSON.
+ *
+ * JSON Pointers (RFC 6901), for a JSON body only: the ignore list is applied first, to the
+ * parsed body: a pointer that names an object member removes it; one whose last step is an
+ * array index replaces that element with null (the other indices stay as they are); one
+ * that names nothing (absent member, index past the end, "-", a step through a scalar)
+ * changes nothing. Then, when the fields list is not empty, the body hashed is the object
+ * that maps each listed pointer (as written, escapes included) that names a value to that
+ * value, written canonically; pointers that name nothing are left out, so an absent member
+ * and a null one differ. The empty pointer "" names the whole body in fields and is refused
+ * in ignore. A body that is not JSON (by content_type), or an empty one, is hashed as
+ * before whatever the lists say; the lists are still checked.
  *
  * A JSON body of more than FP_JSON_MAX_VALUES values is refused before it is parsed (a
  * count of its separators, outside strings): the parse and re-encoding cost grows with the
  * values, and proxy callers need no token to send a body.
  *
  * Returns FP_OK; FP_EINVAL_JSON when the body should be JSON and is not (the caller answers
- * 400); FP_EJSON_TOO_MANY past FP_JSON_MAX_VALUES (413); FP_EINVAL for a NULL where one is not allowed; FP_ETOO_LARGE when a field or the
- * header count does not fit in 32 bits; FP_ENOMEM; or FP_ECRYPTO. On error out is left
- * unspecified. */
+ * 400); FP_EJSON_TOO_MANY past FP_JSON_MAX_VALUES (413); FP_EINVAL for a NULL where one is
+ * not allowed; FP_EPOINTER when a pointer list is longer than FP_POINTERS_MAX or holds a
+ * pointer fp_pointer_check() refuses; FP_ETOO_LARGE when a field or the header count does
+ * not fit in 32 bits; FP_ENOMEM; or FP_ECRYPTO. On error out is left unspecified. */
 int fp_compute(const struct fp_input *in, uint8_t out[FP_LEN]);
+
+/* What fp_compute() hashes as the body (field 5) of in, into *out (a malloc'd buffer the
+ * caller frees; NULL when *out_len is 0): the canonical JSON of a non-empty JSON body, with
+ * in's pointer lists applied, or else a copy of the raw body. Only in's content_type, body,
+ * body_len, fields and ignore are read. Returns what fp_compute() would (FP_OK,
+ * FP_EINVAL_JSON, FP_EJSON_TOO_MANY, FP_EINVAL, FP_EPOINTER, FP_ENOMEM); *out is NULL on
+ * error. For tests, fuzzers and tools that show what is hashed. */
+int fp_canonical_body(const struct fp_input *in, uint8_t **out, size_t *out_len);
+
+/* Returns NULL when the len bytes at ptr are a JSON Pointer an fp_input list may hold, else a
+ * static text naming the rule they break (never quoting them): RFC 6901 syntax (empty, or
+ * '/' then reference tokens in which '~' is followed by '0' or '1'), at most
+ * FP_POINTER_MAX_LEN bytes, UTF-8 text without NUL; and, for the ignore list
+ * (ignore true), not the empty pointer, which would remove the whole body. */
+const char *fp_pointer_check(const char *ptr, size_t len, bool ignore);
 
 /* Writes the first 12 lower-case hex digits of a fingerprint and a NUL into out (OUT:
  * FP_HEX12_SIZE bytes), which is what logs carry (docs/contract.md).

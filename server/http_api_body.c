@@ -175,17 +175,94 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct http_api_body
     return true;
 }
 
+/* The optional list `name` (fingerprint_fields, or fingerprint_ignore when ignore) of the
+ * claim's request object rq: JSON Pointers into ptrs[0..*n) (FP_POINTERS_MAX, borrowed from
+ * the body); null is no list. NULL, or a refusal: a static text, or sc->why naming the
+ * pointer by its index and the rule it breaks (never its bytes). */
+static const char *getPointers(json_t *rq, const char *name, bool ignore, const char **ptrs,
+                               size_t *n, struct http_api_body *sc)
+{
+    json_t *v = json_object_get(rq, name);
+    *n = 0;
+    if (v == NULL || json_is_null(v)) {
+        return NULL;
+    }
+    const char *shape = ignore ? "request.fingerprint_ignore must be an array of at most 32 "
+                                 "JSON pointer strings"
+                               : "request.fingerprint_fields must be an array of at most 32 "
+                                 "JSON pointer strings";
+    if (!json_is_array(v) || json_array_size(v) > FP_POINTERS_MAX) {
+        return shape;
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *s = json_array_get(v, i);
+        if (!json_is_string(s)) {
+            return shape;
+        }
+        const char *rule = fp_pointer_check(json_string_value(s), json_string_length(s), ignore);
+        if (rule != NULL) {
+            snprintf(sc->why, sizeof sc->why, "request.%s[%zu]: %s", name, i, rule);
+            return sc->why;
+        }
+        ptrs[i] = json_string_value(s);
+    }
+    *n = json_array_size(v);
+    return NULL;
+}
+
+/* The fingerprint of the claim's request object rq (method, path, optional body and pointer
+ * lists) for tenant t into fp, as proxy mode computes it for that request: a JSON value in
+ * body is hashed as canonical JSON (json_dumps keeps every number as parsed: an integer's
+ * digits, a real's 17 significant digits, which fp_compute reads back to the same double), a
+ * string as its raw bytes. NULL, or a refusal. */
+static const char *requestFingerprint(json_t *rq, const struct config_tenant *t, uint8_t fp[FP_LEN],
+                                      struct http_api_body *sc)
+{
+    const char *method = NULL, *path = NULL, *bad;
+    const char *fields[FP_POINTERS_MAX], *ignore[FP_POINTERS_MAX];
+    if (!json_is_object(rq) || !getStr(rq, "method", &method) || !getStr(rq, "path", &path) ||
+        method == NULL || path == NULL || method[0] == '\0' || path[0] == '\0') {
+        return "request must be an object with method and path strings";
+    }
+    struct fp_input in = {.method = method, .path = path, .tenant = t->name};
+    if ((bad = getPointers(rq, "fingerprint_fields", false, fields, &in.n_fields, sc)) != NULL ||
+        (bad = getPointers(rq, "fingerprint_ignore", true, ignore, &in.n_ignore, sc)) != NULL) {
+        return bad;
+    }
+    in.fields = fields;
+    in.ignore = ignore;
+    json_t *body = json_object_get(rq, "body");
+    if (body != NULL && json_is_string(body)) {
+        in.content_type = "text/plain";
+        in.body = (const uint8_t *)json_string_value(body);
+        in.body_len = json_string_length(body);
+    } else if (body != NULL) {
+        sc->canon = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+        if (sc->canon == NULL) {
+            return "request body cannot be encoded";
+        }
+        in.content_type = "application/json";
+        in.body = (const uint8_t *)sc->canon;
+        in.body_len = strlen(sc->canon);
+    }
+    if (fp_compute(&in, fp) != FP_OK) {
+        return "cannot compute the fingerprint";
+    }
+    return NULL;
+}
+
 /* The claim body: fingerprint or request, and the optional fields. 0, or a message. */
 static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__ClaimRequest *cl,
                               uint8_t fp[FP_LEN], struct http_api_body *sc)
 {
     static const char *const known[] = {"fingerprint", "request", "attempt_id",
                                         "lease_ms",    "ttl_ms",  "policy"};
-    static const char *const knownRq[] = {"method", "path", "body"};
+    static const char *const knownRq[] = {"method", "path", "body", "fingerprint_fields",
+                                          "fingerprint_ignore"};
     const char *fph = NULL, *bad = unknownField(b, known, 6, "", sc);
     json_t *rq = json_object_get(b, "request");
     if (bad != NULL ||
-        (json_is_object(rq) && (bad = unknownField(rq, knownRq, 3, "request.", sc)))) {
+        (json_is_object(rq) && (bad = unknownField(rq, knownRq, 5, "request.", sc)))) {
         return bad;
     }
     if (!getStr(b, "fingerprint", &fph)) {
@@ -206,28 +283,9 @@ static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__Cl
             fp[i] = (uint8_t)(hi << 4 | lo);
         }
     } else {
-        const char *method = NULL, *path = NULL;
-        if (!json_is_object(rq) || !getStr(rq, "method", &method) || !getStr(rq, "path", &path) ||
-            method == NULL || path == NULL || method[0] == '\0' || path[0] == '\0') {
-            return "request must be an object with method and path strings";
-        }
-        struct fp_input in = {.method = method, .path = path, .tenant = t->name};
-        json_t *body = json_object_get(rq, "body");
-        if (body != NULL && json_is_string(body)) {
-            in.content_type = "text/plain";
-            in.body = (const uint8_t *)json_string_value(body);
-            in.body_len = json_string_length(body);
-        } else if (body != NULL) {
-            sc->canon = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-            if (sc->canon == NULL) {
-                return "request body cannot be encoded";
-            }
-            in.content_type = "application/json";
-            in.body = (const uint8_t *)sc->canon;
-            in.body_len = strlen(sc->canon);
-        }
-        if (fp_compute(&in, fp) != FP_OK) {
-            return "cannot compute the fingerprint";
+        const char *bad_rq = requestFingerprint(rq, t, fp, sc);
+        if (bad_rq != NULL) {
+            return bad_rq;
         }
     }
     cl->fingerprint.data = fp;

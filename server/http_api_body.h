@@ -34,7 +34,7 @@ struct http_api_body {
     Idem__RenewRequest rn;
     Idem__GetRequest ge;
     uint8_t fp[FP_LEN];
-    char why[112]; /* a refusal that names an unknown field */
+    char why[112]; /* a refusal that names an unknown field, or a bad fingerprint pointer */
 };
 
 /* Parses the `len` bytes at `body` (not NUL-terminated; ignored for a get) as the body of
@@ -42,9 +42,13 @@ struct http_api_body {
  * on key `key` (borrowed), and points rq's operation (op_case and its message) at what it
  * built in *b, which it initialises first. True, or false with *why set when the body is
  * refused: a static text, or b->why naming a member the operation does not know (a name of
- * at most 64 printable ASCII bytes; the only body bytes a refusal quotes); rq's operation
- * may then be set too. A token (complete, release, renew) is a JSON integer or a string of
- * decimal digits. http_api_body_free(b) afterwards in both cases, once rq is no longer used. */
+ * at most 64 printable ASCII bytes; the only body bytes a refusal quotes) or a claim's
+ * fingerprint pointer that breaks a rule ("request.fingerprint_ignore[3]: " and the rule
+ * fp_pointer_check() names; never the pointer's bytes); rq's operation may then be set too.
+ * A claim's `request` may carry `fingerprint_fields` and `fingerprint_ignore`, arrays of at
+ * most FP_POINTERS_MAX JSON Pointers (fingerprint.h), null for none. A token (complete, release,
+ * renew) is a JSON integer or a string of decimal digits. http_api_body_free(b) afterwards in both
+ * cases, once rq is no longer used. */
 bool http_api_parse_body(Idem__Request__OpCase op, const char *body, size_t len,
                          const struct config_tenant *t, ProtobufCBinaryData key, Idem__Request *rq,
                          struct http_api_body *b, const char **why);

@@ -76,6 +76,32 @@ static void httpClosed(void *data)
     partClosed(data);
 }
 
+/* Closes the listeners and the service, after any handoff (signalCb). */
+static void closeAll(struct daemon *d)
+{
+    d->closing = d->http != NULL ? 3 : 2;
+    if (d->http != NULL) {
+        http_server_stop(d->http, httpClosed, d);
+    }
+    rpc_server_close(d->rpc, rpcClosed, d);
+    service_close(d->svc, serviceClosed, d);
+}
+
+static void handedOff(void *data, uint64_t moved_to)
+{
+    struct daemon *d = data;
+    if (moved_to != 0) {
+        log_info("leadership handed to node %llu", (unsigned long long)moved_to);
+    } else {
+        log_warn("leadership handoff did not complete: stopping anyway (the others elect a "
+                 "leader after an election timeout)");
+    }
+    closeAll(d);
+}
+
+/* A leader hands its leadership to another voter first (service_hand_off), still serving
+ * meanwhile, so that a planned stop costs the cluster a transfer, not an election timeout;
+ * then the listeners and the service close. */
 static void signalCb(uv_signal_t *h, int signum)
 {
     struct daemon *d = h->data;
@@ -86,12 +112,11 @@ static void signalCb(uv_signal_t *h, int signum)
     log_info("%s: shutting down", signum == SIGTERM ? "SIGTERM" : "SIGINT");
     notifier_stopping(d->notify);
     reloader_close(&d->reloader);
-    d->closing = d->http != NULL ? 3 : 2;
-    if (d->http != NULL) {
-        http_server_stop(d->http, httpClosed, d);
+    if (service_hand_off(d->svc, handedOff, d) == 0) {
+        log_info("this node leads: handing leadership over before stopping");
+        return;
     }
-    rpc_server_close(d->rpc, rpcClosed, d);
-    service_close(d->svc, serviceClosed, d);
+    closeAll(d);
 }
 
 /* SIGHUP: the configuration file read again (reload.h); its errors are logged there. */

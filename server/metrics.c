@@ -364,6 +364,14 @@ static const struct family families[] = {
      "Commands answered unavailable because this leader was handing its leadership to another "
      "voter (raft takes no entry meanwhile).",
      ONE(si.cluster.transfer_refused)},
+    {"idem_batch_waits_total", "counter",
+     "Batches this leader held for batch.delay_us to go in with the commands after them "
+     "(group commit).",
+     ONE(si.cluster.batch_waits)},
+    {"idem_batch_waits_off_total", "counter",
+     "Times this leader stopped holding batches for 100 ms: three waits in a row that no "
+     "command joined (callers that wait for their answers before sending more).",
+     ONE(si.cluster.batch_waits_off)},
     {"idem_proposals_not_proposed_total", "counter",
      "Commands this leader took that never went into the log: their batch refused by raft (a "
      "leadership transfer began, or the node stopped leading, first), or held back "

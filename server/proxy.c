@@ -465,8 +465,9 @@ static struct proxyJob *pjNew(struct http_server *h, h2o_req_t *req, h2o_iovec_t
     return j;
 }
 
-/* The request's fingerprint: method, normalised path with query, tenant, content type, body,
- * and the route's fingerprint headers. FP_OK or fp_compute's error. */
+/* The request's fingerprint: method, normalised path with query, tenant, content type, body
+ * (with the route's fingerprint_fields and fingerprint_ignore), and the route's fingerprint
+ * headers. FP_OK or fp_compute's error. */
 static int pjFingerprint(const struct proxyJob *j, h2o_req_t *req, uint8_t fp[FP_LEN])
 {
     const struct config_proxy_route *r = j->route;
@@ -492,7 +493,11 @@ static int pjFingerprint(const struct proxyJob *j, h2o_req_t *req, uint8_t fp[FP
                           .body = j->body,
                           .body_len = j->body_len,
                           .headers = fh,
-                          .n_headers = nfh};
+                          .n_headers = nfh,
+                          .fields = (const char *const *)r->fingerprint_fields,
+                          .n_fields = r->n_fingerprint_fields,
+                          .ignore = (const char *const *)r->fingerprint_ignore,
+                          .n_ignore = r->n_fingerprint_ignore};
     int rc = fp_compute(&in, fp);
     free(ctype);
     free(fh);

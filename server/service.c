@@ -575,6 +575,7 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         .raft_tls_ca_file = cfg->tls.raft ? cfg->tls.ca_file : NULL,
         .batch_max_commands = cfg->batch.max_commands,
         .batch_max_bytes = cfg->batch.max_bytes,
+        .batch_delay_us = cfg->batch.delay_us,
         .max_pending_bytes = (uint64_t)cfg->batch.max_pending_mb << 20,
         .n_accounts = (uint32_t)cfg->n_tenants,
         .max_account_pending_bytes = ((uint64_t)cfg->batch.max_pending_mb << 20) *
@@ -691,6 +692,36 @@ static void expiryTimerClosed(uv_handle_t *h)
     struct service *s = h->data;
     s->timer_closed = true;
     serviceMaybeFinish(s);
+}
+
+/* A handoff in flight (service_hand_off). */
+struct handOff {
+    struct service *s;
+    void (*cb)(void *data, uint64_t moved_to);
+    void *data;
+};
+
+static void handOffDone(void *data, int status, const char *errmsg)
+{
+    (void)errmsg;
+    struct handOff *h = data;
+    const char *addr = NULL;
+    uint64_t leader = status == 0 ? cluster_leader(h->s->cluster, &addr) : 0;
+    h->cb(h->data, leader);
+    free(h);
+}
+
+int service_hand_off(struct service *s, void (*cb)(void *data, uint64_t moved_to), void *data)
+{
+    struct handOff *h = xcalloc(1, sizeof(*h));
+    h->s = s;
+    h->cb = cb;
+    h->data = data;
+    int rc = cluster_transfer(s->cluster, 0, handOffDone, h);
+    if (rc != CLUSTER_OK) {
+        free(h);
+    }
+    return rc;
 }
 
 void service_close(struct service *s, void (*cb)(void *data), void *data)

@@ -84,6 +84,16 @@ const Idem__StoredResponse *service_stored_response(const Idem__Result *res,
  * a not_leader answer first. Borrowed until the next loop turn. */
 const char *service_leader_elsewhere(const struct service *s);
 
+/* Before a planned stop: when this node leads, hands leadership to the most up-to-date
+ * other voter heard from within an election timeout (cluster_transfer), so the cluster does
+ * not wait an election timeout for a new leader. Returns 0 when a handoff started, and
+ * cb(data, moved_to) then runs once it ended (moved_to: the new leader's id, 0 when
+ * leadership did not move; libraft gives up after an election timeout); nonzero when none
+ * started (not the leader, no other voter heard from), and cb never runs. The node keeps
+ * serving meanwhile: proposals wait or are refused for the transfer's length, then go to
+ * the new leader. */
+int service_hand_off(struct service *s, void (*cb)(void *data, uint64_t moved_to), void *data);
+
 /* Stops: every request still waiting is answered unavailable, then Raft closes; cb(data)
  * runs once everything is freed. */
 void service_close(struct service *s, void (*cb)(void *data), void *data);

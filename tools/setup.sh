@@ -36,7 +36,8 @@ packages=(
 # The tests only (each names what it uses).
 test_packages=(
   python3                       # the integration, chaos and lint tests; tools/test.sh
-  python3-yaml                  # test_kubernetes.py, test_monitoring.py
+  python3-yaml                  # test_kubernetes.py, test_monitoring.py, openapi_check.py
+  python3-jsonschema            # docs/openapi.yaml checked against the gateway (openapi_check.py)
   clang libclang-rt-14-dev      # tools/test.sh's clang build and its libFuzzer targets
   e2fsprogs python3-fusepy      # stalled and power-cut disks (test_stalled_disk.py, chaos)
   iproute2 nftables             # the chaos suite's network (tests/chaos/net.py)

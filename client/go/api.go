@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sort"
 	"strings"
@@ -48,6 +49,14 @@ type Request struct {
 	// JSON (keys sorted, so {"a":1,"b":2} and {"b":2,"a":1} are the same request).
 	Body        interface{}
 	Fingerprint string
+	// FingerprintFields and FingerprintIgnore: JSON Pointers (RFC 6901) into a JSON body,
+	// sent with the request for the gateway to apply before it hashes the body: only the
+	// values FingerprintFields names are hashed, those FingerprintIgnore names are left
+	// out (a timestamp, a trace id), so a retry that differs only there is the same
+	// request. At most 32 pointers of at most 256 bytes each, each starting with "/" and
+	// using "~" only in "~0" and "~1" (CheckPointers); none with Fingerprint.
+	FingerprintFields []string
+	FingerprintIgnore []string
 	// AttemptID identifies this attempt (at most 64 bytes): a retry of the claim with the
 	// same id gets its own lease back. "": Claim and Run make a fresh one per call, and
 	// reuse it for their own retries.
@@ -98,9 +107,11 @@ type Record struct {
 // ---- wire forms --------------------------------------------------------------------------
 
 type requestObject struct {
-	Method string          `json:"method"`
-	Path   string          `json:"path"`
-	Body   json.RawMessage `json:"body,omitempty"`
+	Method            string          `json:"method"`
+	Path              string          `json:"path"`
+	Body              json.RawMessage `json:"body,omitempty"`
+	FingerprintFields []string        `json:"fingerprint_fields,omitempty"`
+	FingerprintIgnore []string        `json:"fingerprint_ignore,omitempty"`
 }
 
 type claimBody struct {
@@ -242,11 +253,93 @@ func responseWire(op string, r *Response) (*responseObject, error) {
 	return o, nil
 }
 
+// The fingerprint options' limits (docs/http-api.md, POST /v1/claims).
+const (
+	MaxPointers     = 32
+	MaxPointerBytes = 256
+)
+
+// FingerprintOptionError is a fingerprint option (fingerprint_fields or
+// fingerprint_ignore) refused on this side, before anything is sent, by the rule the
+// gateway applies. errors.Is(err, ErrInvalid) holds for it.
+type FingerprintOptionError struct {
+	Option  string // "fingerprint_fields" or "fingerprint_ignore"
+	Index   int    // the pointer's place in the list; -1 when the list itself is wrong
+	Pointer string // the pointer refused ("" when Index is -1)
+	Reason  string // the rule it broke
+}
+
+func (e *FingerprintOptionError) Error() string {
+	if e.Index < 0 {
+		return fmt.Sprintf("%s: %s", e.Option, e.Reason)
+	}
+	p := e.Pointer
+	if len(p) > 64 {
+		p = p[:61] + "..."
+	}
+	return fmt.Sprintf("%s[%d] %q: %s", e.Option, e.Index, p, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalid) true: the request is wrong as written.
+func (e *FingerprintOptionError) Is(target error) bool { return target == ErrInvalid }
+
+// CheckPointers checks the JSON Pointers of a fingerprint option (option names it in the
+// error) by the gateway's rule: at most MaxPointers, each 1 to MaxPointerBytes bytes of
+// UTF-8 starting with "/", with "~" only in the escapes "~0" ("~") and "~1" ("/"). The
+// error is a *FingerprintOptionError.
+func CheckPointers(option string, ptrs []string) error {
+	if len(ptrs) > MaxPointers {
+		return &FingerprintOptionError{Option: option, Index: -1,
+			Reason: fmt.Sprintf("%d pointers, over the limit of %d", len(ptrs), MaxPointers)}
+	}
+	for i, p := range ptrs {
+		why := ""
+		switch {
+		case !strings.HasPrefix(p, "/"):
+			why = `a pointer starts with "/"`
+		case len(p) > MaxPointerBytes:
+			why = fmt.Sprintf("%d bytes, over the limit of %d", len(p), MaxPointerBytes)
+		case !utf8.ValidString(p):
+			why = "not UTF-8"
+		}
+		for j := 0; why == "" && j < len(p); j++ {
+			if p[j] == '~' && (j+1 == len(p) || p[j+1] != '0' && p[j+1] != '1') {
+				why = fmt.Sprintf(`"~" at offset %d is not "~0" or "~1"`, j)
+			}
+		}
+		if why != "" {
+			return &FingerprintOptionError{Option: option, Index: i, Pointer: p, Reason: why}
+		}
+	}
+	return nil
+}
+
+// checkFingerprintOptions: both lists of a request, as an *Error (ErrInvalid) wrapping the
+// *FingerprintOptionError (errors.As finds it).
+func checkFingerprintOptions(op string, fields, ignore []string) error {
+	for _, o := range []struct {
+		name string
+		ptrs []string
+	}{{"fingerprint_fields", fields}, {"fingerprint_ignore", ignore}} {
+		if err := CheckPointers(o.name, o.ptrs); err != nil {
+			return &Error{Op: op, Code: CodeInvalidRequest, Message: "fingerprint option refused", Err: err}
+		}
+	}
+	return nil
+}
+
 // requestWire: the claim body of req.
 func requestWire(op string, req *Request) (*claimBody, error) {
 	b := &claimBody{AttemptID: req.AttemptID, Policy: req.Policy,
 		LeaseMS: req.Lease.Milliseconds(), TTLMS: req.TTL.Milliseconds()}
+	if err := checkFingerprintOptions(op, req.FingerprintFields, req.FingerprintIgnore); err != nil {
+		return nil, err
+	}
 	if req.Fingerprint != "" {
+		if len(req.FingerprintFields)+len(req.FingerprintIgnore) > 0 {
+			return nil, invalidError(op, CodeInvalidRequest,
+				"fingerprint options apply to a request the gateway fingerprints, not to a Fingerprint")
+		}
 		if _, err := hex.DecodeString(req.Fingerprint); err != nil || len(req.Fingerprint) != 64 {
 			return nil, invalidError(op, CodeInvalidRequest, "fingerprint must be 64 hex digits")
 		}
@@ -256,7 +349,8 @@ func requestWire(op string, req *Request) (*claimBody, error) {
 	if req.Method == "" || req.Path == "" {
 		return nil, invalidError(op, CodeInvalidRequest, "the request needs a method and a path, or a fingerprint")
 	}
-	ro := &requestObject{Method: req.Method, Path: req.Path}
+	ro := &requestObject{Method: req.Method, Path: req.Path,
+		FingerprintFields: req.FingerprintFields, FingerprintIgnore: req.FingerprintIgnore}
 	var err error
 	switch v := req.Body.(type) {
 	case nil:

@@ -387,3 +387,91 @@ func TestDeadlineDoesNotMoveOn(t *testing.T) {
 	}
 	mustEqual(t, "node index", c.cur.Load(), 0)
 }
+
+func TestCheckPointers(t *testing.T) {
+	ok := [][]string{nil, {}, {"/a", "/", "//", "/a~0b/c~1d", "/é", "/" + strings.Repeat("x", 255), "/0/-"},
+		make([]string, 0, 40)}
+	for i := 0; i < 32; i++ {
+		ok[3] = append(ok[3], "/p")
+	}
+	for _, p := range ok {
+		if err := CheckPointers("fingerprint_fields", p); err != nil {
+			t.Fatalf("%q: %v", p, err)
+		}
+	}
+	bad := []struct {
+		ptrs   []string
+		index  int
+		reason string
+	}{
+		{append(ok[3], "/p"), -1, "33 pointers"},
+		{[]string{""}, 0, `starts with "/"`},
+		{[]string{"/a", "a/b"}, 1, `starts with "/"`},
+		{[]string{"/" + strings.Repeat("x", 256)}, 0, "257 bytes"},
+		{[]string{"/" + strings.Repeat("é", 128)}, 0, "257 bytes"},
+		{[]string{"/a~"}, 0, `offset 2 is not "~0" or "~1"`},
+		{[]string{"/a~2"}, 0, "offset 2"},
+		{[]string{"/~01", "/x~~0"}, 1, "offset 2"},
+		{[]string{"/\xff"}, 0, "not UTF-8"},
+	}
+	for _, b := range bad {
+		err := CheckPointers("fingerprint_ignore", b.ptrs)
+		var fe *FingerprintOptionError
+		if !errors.As(err, &fe) || !errors.Is(err, ErrInvalid) || fe.Option != "fingerprint_ignore" ||
+			fe.Index != b.index || !strings.Contains(err.Error(), b.reason) {
+			t.Fatalf("%q: %v", b.ptrs, err)
+		}
+	}
+}
+
+// The options go in the claim's request object as they are; empty ones not at all; bad
+// ones are refused before anything is sent.
+func TestClaimFingerprintOptions(t *testing.T) {
+	f := newFake(t)
+	c := f.client(t)
+	ctx := context.Background()
+	req := Request{Method: "POST", Path: "/o", Body: map[string]int{"amount": 1, "ts": 2},
+		FingerprintFields: []string{"/amount", "/meta/a~1b"}, FingerprintIgnore: []string{"/ts"}}
+	if _, err := c.Claim(ctx, "fo-1", req); err != nil {
+		t.Fatal(err)
+	}
+	req2 := req
+	req2.FingerprintFields = []string{}
+	req2.FingerprintIgnore = nil
+	if _, err := c.Claim(ctx, "fo-2", req2); err != nil {
+		t.Fatal(err)
+	}
+	calls := f.callsTo("/v1/claims")
+	var got [2]map[string]json.RawMessage
+	for i := range got {
+		var b struct{ Request map[string]json.RawMessage }
+		json.Unmarshal(calls[i].Body, &b)
+		got[i] = b.Request
+	}
+	mustEqual(t, "fields", string(got[0]["fingerprint_fields"]), `["/amount","/meta/a~1b"]`)
+	mustEqual(t, "ignore", string(got[0]["fingerprint_ignore"]), `["/ts"]`)
+	mustEqual(t, "members without options", len(got[1]), 3)
+	for _, bad := range []Request{
+		{Method: "POST", Path: "/o", FingerprintIgnore: []string{"ts"}},
+		{Method: "POST", Path: "/o", FingerprintFields: make([]string, 33)},
+		{Fingerprint: strings.Repeat("ab", 32), FingerprintIgnore: []string{"/ts"}},
+	} {
+		if _, err := c.Claim(ctx, "fo-3", bad); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%+v: %v", bad, err)
+		}
+		ran := false
+		_, err := c.Run(ctx, "fo-3", bad, func(ctx context.Context, token uint64) (*Response, error) {
+			ran = true
+			return &Response{Status: 200}, nil
+		})
+		if !errors.Is(err, ErrInvalid) || ran {
+			t.Fatalf("Run %+v: %v", bad, err)
+		}
+	}
+	var fe *FingerprintOptionError
+	_, err := c.Claim(ctx, "fo-3", Request{Method: "POST", Path: "/o", FingerprintIgnore: []string{"/a~9"}})
+	if !errors.As(err, &fe) || fe.Pointer != "/a~9" || fe.Index != 0 {
+		t.Fatalf("%#v", err)
+	}
+	mustEqual(t, "claims sent", len(f.callsTo("/v1/claims")), 2)
+}

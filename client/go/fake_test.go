@@ -115,6 +115,84 @@ func canonical(raw json.RawMessage) string {
 	return "json:" + string(b)
 }
 
+// applyPointers: the fingerprint options as the fake applies them to a JSON body (not a
+// string, which is hashed raw): the values the ignore pointers name removed; then, with
+// fields, only the values those name ({pointer: value}, absent ones left out).
+func applyPointers(raw json.RawMessage, fields, ignore []string) json.RawMessage {
+	var v interface{}
+	if len(fields)+len(ignore) == 0 || json.Unmarshal(raw, &v) != nil {
+		return raw
+	}
+	if _, isString := v.(string); isString {
+		return raw
+	}
+	for _, p := range ignore {
+		v = pointerDo(v, pointerTokens(p), true)
+	}
+	if len(fields) > 0 {
+		sel := map[string]interface{}{}
+		for _, p := range fields {
+			if got := pointerDo(v, pointerTokens(p), false); got != nil {
+				sel[p] = got
+			}
+		}
+		v = sel
+	}
+	out, _ := json.Marshal(v)
+	return out
+}
+
+func pointerTokens(p string) []string {
+	toks := strings.Split(p, "/")[1:]
+	for i, t := range toks {
+		toks[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
+	}
+	return toks
+}
+
+// pointerDo: with remove, v without the value at toks; otherwise that value (nil: none).
+func pointerDo(v interface{}, toks []string, remove bool) interface{} {
+	if len(toks) == 0 {
+		if remove {
+			return nil
+		}
+		return v
+	}
+	switch c := v.(type) {
+	case map[string]interface{}:
+		child, ok := c[toks[0]]
+		if !ok {
+			break
+		}
+		if remove && len(toks) == 1 {
+			delete(c, toks[0])
+			return c
+		}
+		if remove {
+			c[toks[0]] = pointerDo(child, toks[1:], true)
+			return c
+		}
+		return pointerDo(child, toks[1:], false)
+	case []interface{}:
+		i, err := strconv.Atoi(toks[0])
+		if err != nil || i < 0 || i >= len(c) {
+			break
+		}
+		if remove && len(toks) == 1 {
+			return append(c[:i:i], c[i+1:]...)
+		}
+		if remove {
+			c[i] = pointerDo(c[i], toks[1:], true)
+			return c
+		}
+		return pointerDo(c[i], toks[1:], false)
+	}
+	if remove {
+		return v
+	}
+	return nil
+}
+
 func (f *fakeIdem) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	key := r.Header.Get("Idempotency-Key")
@@ -163,8 +241,10 @@ func (f *fakeIdem) claim(w http.ResponseWriter, key string, body []byte) {
 	}
 	fp := cb.Fingerprint
 	if cb.Request != nil {
+		body := applyPointers(cb.Request.Body, cb.Request.FingerprintFields, cb.Request.FingerprintIgnore)
 		sum := sha256.Sum256([]byte(cb.Request.Method + "\x00" + cb.Request.Path + "\x00" +
-			canonical(cb.Request.Body)))
+			canonical(body) + "\x00" + strings.Join(cb.Request.FingerprintFields, "\x00") +
+			"\x00" + strings.Join(cb.Request.FingerprintIgnore, "\x00")))
 		fp = hex.EncodeToString(sum[:])
 	}
 	lease := time.Duration(cb.LeaseMS) * time.Millisecond

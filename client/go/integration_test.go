@@ -9,6 +9,9 @@ package idem
 //	IDEM_GO_NODES  the nodes' gateways, "http://127.0.0.1:P1,...", the leader first
 //	IDEM_GO_TOKEN  the bearer token of a tenant (lease_policy conflict, lease 30 s)
 //
+// TestServerFingerprintOptions (not matched by -test.run Integration) needs a gateway that
+// applies the fingerprint options; test_go_client.py's TestGoFingerprintOptions runs it.
+//
 // TestIntegrationLeaderKill asks the driver to kill the leader: it prints the line
 // IDEM-KILL-LEADER on stdout from inside the function Run runs, and waits for the driver's
 // answer (one line on stdin) before the function returns, so the kill falls inside the run.
@@ -16,12 +19,14 @@ package idem
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -201,11 +206,31 @@ func TestIntegrationMiddleware(t *testing.T) {
 		t.Fatalf("second: %d %v %s (first %s)", r2.StatusCode, r2.Header, b2, b1)
 	}
 	r3, b3 := post(`{"amount": 99, "currency": "EUR"}`)
-	if r3.StatusCode != 409 || !strings.Contains(b3, CodeMismatch) {
-		t.Fatalf("changed body: %d %s", r3.StatusCode, b3)
-	}
+	checkGatewayProblem(t, "changed body", r3, b3, 409, CodeMismatch, key)
 	if runs != 1 {
 		t.Fatalf("the handler ran %d times", runs)
+	}
+}
+
+// checkGatewayProblem: a middleware's refusal of a claim the cluster refused: problem
+// details with every member the gateway writes, the request id of the gateway's answer (16
+// hex digits: the gateway made it, as this client sends none) in request_id and instance,
+// and not the key.
+func checkGatewayProblem(t *testing.T, what string, resp *http.Response, body string, status int, code, key string) {
+	t.Helper()
+	var p map[string]interface{}
+	if resp.StatusCode != status || resp.Header.Get("Content-Type") != "application/problem+json" ||
+		json.Unmarshal([]byte(body), &p) != nil || len(p) != 8 {
+		t.Fatalf("%s: %d %v %s", what, resp.StatusCode, resp.Header, body)
+	}
+	rid, _ := p["request_id"].(string)
+	if p["type"] != "urn:idemd:problem:"+code || p["code"] != code || p["status"] != float64(status) ||
+		p["title"] != problemTitles[code] || p["detail"] == "" || p["message"] != p["detail"] ||
+		!regexp.MustCompile(`^[0-9a-f]{16}$`).MatchString(rid) || p["instance"] != "urn:idemd:request:"+rid {
+		t.Fatalf("%s: %s", what, body)
+	}
+	if strings.Contains(body, key) {
+		t.Fatalf("%s: the key in the body: %s", what, body)
 	}
 }
 
@@ -293,4 +318,80 @@ func TestIntegrationLeaderKill(t *testing.T) {
 	if err != nil || !res.Replayed || string(res.Response.Body) != want {
 		t.Fatalf("after the failover: %+v, %v", res, err)
 	}
+}
+
+// The fingerprint options as the gateway applies them, through Run and the middleware: a
+// retry whose ignored (or unselected) values changed is the same request and replays; one
+// whose hashed values changed is the reused-key refusal. Needs a gateway that knows the
+// options (run by TestGoFingerprintOptions in tests/integration/test_go_client.py).
+func TestServerFingerprintOptions(t *testing.T) {
+	c := itClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var runs int32
+	fn := func(context.Context, uint64) (*Response, error) {
+		n := atomic.AddInt32(&runs, 1)
+		return &Response{Status: 201, Body: []byte(fmt.Sprintf(`{"run":%d}`, n))}, nil
+	}
+	order := func(body string, fields, ignore []string) Request {
+		return Request{Method: "POST", Path: "/orders", Body: json.RawMessage(body),
+			FingerprintFields: fields, FingerprintIgnore: ignore}
+	}
+	ignore := []string{"/ts", "/meta/trace~1id"}
+	k1 := itKey("fp-ignore")
+	res, err := c.Run(ctx, k1, order(`{"amount":10,"ts":1,"meta":{"trace/id":"a"}}`, nil, ignore), fn)
+	if err != nil || !res.Ran {
+		t.Fatalf("first: %+v %v", res, err)
+	}
+	res, err = c.Run(ctx, k1, order(`{"amount":10,"ts":2,"meta":{"trace/id":"b"}}`, nil, ignore), fn)
+	if err != nil || !res.Replayed || string(res.Response.Body) != `{"run":1}` {
+		t.Fatalf("ignored values changed: %+v %v", res, err)
+	}
+	if _, err = c.Run(ctx, k1, order(`{"amount":11,"ts":1,"meta":{"trace/id":"a"}}`, nil, ignore), fn); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("hashed value changed: %v", err)
+	}
+	fields := []string{"/amount", "/currency"}
+	k2 := itKey("fp-fields")
+	if res, err = c.Run(ctx, k2, order(`{"amount":5,"currency":"EUR","note":"a"}`, fields, nil), fn); err != nil || !res.Ran {
+		t.Fatalf("first: %+v %v", res, err)
+	}
+	if res, err = c.Run(ctx, k2, order(`{"note":"b","currency":"EUR","amount":5}`, fields, nil), fn); err != nil || !res.Replayed {
+		t.Fatalf("unselected value changed: %+v %v", res, err)
+	}
+	if _, err = c.Run(ctx, k2, order(`{"amount":5,"currency":"USD","note":"a"}`, fields, nil), fn); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("selected value changed: %v", err)
+	}
+	mustEqual(t, "runs", atomic.LoadInt32(&runs), 2)
+
+	var handled int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		atomic.AddInt32(&handled, 1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"order":1}`)
+	})
+	srv := httptest.NewServer(Middleware(c, Route{PathPrefix: "/orders", FingerprintIgnore: []string{"/ts"}})(h))
+	defer srv.Close()
+	key := itKey("fp-mw")
+	post := func(body string) (*http.Response, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	if r, b := post(`{"amount":10,"ts":1}`); r.StatusCode != 201 {
+		t.Fatalf("first: %d %s", r.StatusCode, b)
+	}
+	if r, b := post(`{"amount":10,"ts":2}`); r.StatusCode != 201 || r.Header.Get("Idempotency-Replayed") != "true" {
+		t.Fatalf("ignored value changed: %d %v %s", r.StatusCode, r.Header, b)
+	}
+	r, b := post(`{"amount":12,"ts":1}`)
+	checkGatewayProblem(t, "hashed value changed", r, b, 409, CodeMismatch, key)
+	mustEqual(t, "handled", atomic.LoadInt32(&handled), 1)
 }

@@ -45,6 +45,11 @@ type Route struct {
 	// Store4xx: a 4xx answer is stored and replayed; by default the key is released (a
 	// refused request changed nothing) and the next try runs the handler again.
 	Store4xx bool
+	// FingerprintFields and FingerprintIgnore: JSON Pointers (RFC 6901) sent with a
+	// request whose body is JSON, for the gateway to hash only those values / to leave
+	// those out (Request.FingerprintFields); checked by NewMiddleware (CheckPointers).
+	FingerprintFields []string
+	FingerprintIgnore []string
 }
 
 var defaultStoreHeaders = []string{"Content-Type", "Location"}
@@ -81,18 +86,37 @@ func TokenFromContext(ctx context.Context) (uint64, bool) {
 //     false, as does an answer whose recording failed. A panic completes it as unknown.
 //   - Replay: the stored response, with Idempotency-Replayed: true; the handler does not
 //     run.
-//   - Refusals, as JSON {"code", "message"}: mismatch 409 (or MismatchStatus), in
-//     progress 409 (or InProgressStatus) with Retry-After, lease expired and outcome
-//     unknown 409, expired 410, quota 429, a bad key 400, and 503 with Retry-After when
-//     idemd cannot be reached (fail closed: the handler never runs unchecked).
+//   - Refusals, as RFC 9457 problem details written as the gateway writes its errors
+//     (application/problem+json: type urn:idemd:problem:CODE, title, status, detail,
+//     code, message, and request_id and instance when idemd answered): mismatch 409 (or
+//     MismatchStatus), in progress 409 (or InProgressStatus) with Retry-After, lease
+//     expired and outcome unknown 409, expired 410, quota 429, a bad key or body 400, a
+//     body over 1 MiB 413, and 503 with Retry-After when idemd cannot be reached (fail
+//     closed: the handler never runs unchecked). docs/clients.md lists them all.
 //
 // Requests on no route, and requests without a key (unless KeyRequired), go to the handler
-// as they are.
+// as they are. Middleware panics on a route NewMiddleware refuses.
 func Middleware(c *Client, routes ...Route) func(http.Handler) http.Handler {
+	m, err := NewMiddleware(c, routes...)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// NewMiddleware is Middleware, with an error for a route it cannot take: fingerprint
+// options the gateway would refuse (errors.As finds the *FingerprintOptionError; errors.Is
+// ErrInvalid holds).
+func NewMiddleware(c *Client, routes ...Route) (func(http.Handler) http.Handler, error) {
 	rs := append([]Route(nil), routes...)
+	for i := range rs {
+		if err := checkFingerprintOptions("route", rs[i].FingerprintFields, rs[i].FingerprintIgnore); err != nil {
+			return nil, fmt.Errorf("idem: route %d (%s): %w", i, rs[i].PathPrefix, err)
+		}
+	}
 	return func(next http.Handler) http.Handler {
 		return &middleware{c: c, routes: rs, next: next}
-	}
+	}, nil
 }
 
 type middleware struct {
@@ -140,11 +164,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case len(keys) == 0 && !rt.KeyRequired:
 		m.next.ServeHTTP(w, r)
 		return
-	case len(keys) == 0 || keys[0] == "":
-		writeError(w, http.StatusBadRequest, CodeKeyMissing, "no Idempotency-Key", 0)
+	case len(keys) == 0:
+		writeProblem(w, http.StatusBadRequest, CodeKeyMissing, "this route needs an Idempotency-Key", "", 0)
+		return
+	case keys[0] == "":
+		writeProblem(w, http.StatusBadRequest, CodeKeyMissing, "the Idempotency-Key header is empty", "", 0)
 		return
 	case len(keys) > 1:
-		writeError(w, http.StatusBadRequest, CodeKeyInvalid, "Idempotency-Key sent twice", 0)
+		writeProblem(w, http.StatusBadRequest, CodeKeyInvalid, "the Idempotency-Key header was sent twice", "", 0)
 		return
 	}
 	key := keys[0]
@@ -152,9 +179,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "the request body is over 1 MiB", 0)
+			writeProblem(w, http.StatusRequestEntityTooLarge, CodePayloadTooLarge, "the request body is over 1 MiB", "", 0)
 		} else {
-			writeError(w, http.StatusBadRequest, CodeInvalidRequest, "the request body could not be read", 0)
+			writeProblem(w, http.StatusBadRequest, CodeInvalidRequest, "the request body could not be read", "", 0)
 		}
 		return
 	}
@@ -164,10 +191,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case len(body) == 0:
 	case isJSONType(r.Header.Get("Content-Type")):
 		if !json.Valid(body) {
-			writeError(w, http.StatusBadRequest, CodeInvalidRequest, "the body is labelled JSON and does not parse", 0)
+			writeProblem(w, http.StatusBadRequest, CodeInvalidRequest, "the body is labelled JSON and does not parse", "", 0)
 			return
 		}
 		req.Body = json.RawMessage(body)
+		req.FingerprintFields, req.FingerprintIgnore = rt.FingerprintFields, rt.FingerprintIgnore
 	case utf8.Valid(body):
 		req.Body = string(body)
 	default:
@@ -266,19 +294,21 @@ func digestOnly(status int, h http.Header, body []byte) *Response {
 	return &Response{Status: status, Header: h, BodySHA256: hex.EncodeToString(sum[:])}
 }
 
-// refuse answers a claim that did not acquire the key.
+// refuse answers a claim that did not acquire the key (docs/contract.md, HTTP mapping),
+// with the request id of idemd's answer when there was one.
 func (rt *Route) refuse(w http.ResponseWriter, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
 		e = &Error{}
 	}
+	rid := e.RequestID
 	switch {
 	case errors.Is(err, ErrMismatch):
 		st := rt.MismatchStatus
 		if st == 0 {
 			st = http.StatusConflict
 		}
-		writeError(w, st, CodeMismatch, "the key was used with a different request", 0)
+		writeProblem(w, st, CodeMismatch, "the key was used with a different request", rid, 0)
 	case errors.Is(err, ErrInProgress):
 		st := rt.InProgressStatus
 		if st == 0 {
@@ -288,39 +318,114 @@ func (rt *Route) refuse(w http.ResponseWriter, err error) {
 		if ra < time.Second {
 			ra = time.Second
 		}
-		writeError(w, st, CodeInProgress, "another request with this key is in progress", ra)
+		writeProblem(w, st, CodeInProgress, "another request with this key is in progress", rid, ra)
 	case errors.Is(err, ErrLeaseExpired):
-		writeError(w, http.StatusConflict, CodeLeaseExpired, "an earlier attempt's lease passed without an outcome", 0)
+		writeProblem(w, http.StatusConflict, CodeLeaseExpired, "an earlier attempt's lease passed without an outcome", rid, 0)
 	case errors.Is(err, ErrUnknownOutcome):
-		writeError(w, http.StatusConflict, CodeOutcomeUnknown, "the outcome of an earlier attempt is unknown", 0)
+		writeProblem(w, http.StatusConflict, CodeOutcomeUnknown, "the outcome of an earlier attempt is unknown", rid, 0)
 	case errors.Is(err, ErrExpired):
-		writeError(w, http.StatusGone, CodeKeyExpired, "the key expired", 0)
+		writeProblem(w, http.StatusGone, CodeKeyExpired, "the key expired", rid, 0)
 	case errors.Is(err, ErrQuotaExceeded):
-		writeError(w, http.StatusTooManyRequests, CodeQuotaExceeded, "the idempotency quota is exhausted", 0)
-	case errors.Is(err, ErrTooLarge) && e.Status != 0:
-		writeError(w, e.Status, e.Code, e.Message, 0)
+		writeProblem(w, http.StatusTooManyRequests, CodeQuotaExceeded, "the idempotency quota is exhausted", rid, 0)
+	case errors.Is(err, ErrTooLarge) && (e.Status == http.StatusRequestEntityTooLarge || e.Status == http.StatusBadGateway):
+		code := CodePayloadTooLarge
+		if e.Status == http.StatusBadGateway {
+			code = CodeResponseTooLarge
+		}
+		writeProblem(w, e.Status, code, e.Message, rid, 0)
 	case errors.Is(err, ErrInvalid):
 		code := e.Code
 		if code != CodeKeyMissing && code != CodeKeyInvalid {
 			code = CodeInvalidRequest
 		}
-		writeError(w, http.StatusBadRequest, code, e.Message, 0)
+		writeProblem(w, http.StatusBadRequest, code, e.Message, rid, 0)
 	case errors.Is(err, ErrUnavailable):
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the idempotency service is unavailable; retry with the same key", time.Second)
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnavailable, "the idempotency service is unavailable; retry with the same key", rid, time.Second)
 	default:
 		// Unauthenticated, forbidden, internal, an unreadable answer: the service's own
 		// configuration or idemd's fault; nothing ran.
-		writeError(w, http.StatusInternalServerError, CodeInternal, "the idempotency check failed", 0)
+		writeProblem(w, http.StatusInternalServerError, CodeInternal, "the idempotency check failed", rid, 0)
 	}
 }
 
-func writeError(w http.ResponseWriter, status int, code, msg string, retryAfter time.Duration) {
+// problemTitles: the titles of idemd's problem types (server/http_conv.c), so that the
+// middleware's refusals read as the gateway's errors do.
+var problemTitles = map[string]string{
+	CodeInvalidRequest:     "The request is invalid",
+	CodeInvalidPath:        "The path is refused",
+	CodeKeyMissing:         "The Idempotency-Key is missing",
+	CodeKeyInvalid:         "The Idempotency-Key is invalid",
+	CodeUnauthenticated:    "Unauthenticated",
+	CodeForbidden:          "Forbidden",
+	CodeNotFound:           "Not found",
+	CodeMethodNotAllowed:   "Method not allowed",
+	CodeInProgress:         "A request with this key is in progress",
+	CodeMismatch:           "The key was used with a different request",
+	CodeLeaseExpired:       "The holder's lease expired",
+	CodeOutcomeUnknown:     "The outcome of an earlier attempt is unknown",
+	CodeLeaseLost:          "The token is not the current holder's",
+	CodeKeyExpired:         "The key expired",
+	CodePayloadTooLarge:    "The body is too large",
+	CodeQuotaExceeded:      "The tenant's quota is exhausted",
+	CodeInternal:           "Internal error",
+	"upstream_unavailable": "The upstream is unavailable",
+	CodeResponseTooLarge:   "The upstream's answer is too large",
+	CodeUnavailable:        "The idempotency service is unavailable",
+	"upstream_timeout":     "The upstream did not answer in time",
+}
+
+// problem: an RFC 9457 problem details body, with the members (and their order) of the
+// gateway's errors (docs/http-api.md, "Errors").
+type problem struct {
+	Type      string `json:"type"`
+	Title     string `json:"title"`
+	Status    int    `json:"status"`
+	Detail    string `json:"detail"`
+	Instance  string `json:"instance,omitempty"`
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// gatewayRequestID: whether id is one the gateway makes or takes (1-64 letters, digits,
+// '-', '_', '.'), the only ones an instance URN is made of.
+func gatewayRequestID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		ch := id[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' ||
+			ch == '-' || ch == '_' || ch == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// writeProblem answers a refusal as problem details (application/problem+json): request_id
+// and instance (urn:idemd:request:ID) only when rid is the request id of idemd's answer
+// (none for a refusal made before idemd was asked); Retry-After in whole seconds when
+// retryAfter > 0. detail never holds the idempotency key.
+func writeProblem(w http.ResponseWriter, status int, code, detail, rid string, retryAfter time.Duration) {
+	title, ok := problemTitles[code]
+	if !ok {
+		title = http.StatusText(status)
+	}
+	if detail == "" {
+		detail = title
+	}
+	p := problem{Type: "urn:idemd:problem:" + code, Title: title, Status: status, Detail: detail,
+		Code: code, Message: detail}
+	if gatewayRequestID(rid) {
+		p.Instance, p.RequestID = "urn:idemd:request:"+rid, rid
+	}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
+	h.Set("Content-Type", "application/problem+json")
 	if retryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
 	}
-	b, _ := json.Marshal(map[string]string{"code": code, "message": msg})
+	b, _ := json.Marshal(p)
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
 }

@@ -3,10 +3,14 @@ package idem
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,4 +274,211 @@ func TestMiddlewareContextToken(t *testing.T) {
 	if _, ok := TokenFromContext(context.Background()); ok {
 		t.Fatal("token outside a claim")
 	}
+}
+
+// ---- refusals as problem details, fingerprint options ------------------------------------
+
+// secretKey must never appear in a refusal's body.
+const secretKey = "secret-key-4f2a9c"
+
+// checkProblem: resp is RFC 9457 problem details as the gateway writes its errors: the
+// content type, every member and only those (request_id and instance with rid only).
+func checkProblem(t *testing.T, what string, resp *http.Response, status int, code, rid, retryAfter string) problem {
+	t.Helper()
+	raw := readAll(resp)
+	if resp.StatusCode != status || resp.Header.Get("Content-Type") != "application/problem+json" ||
+		resp.Header.Get("Retry-After") != retryAfter {
+		t.Fatalf("%s: %d %v %s", what, resp.StatusCode, resp.Header, raw)
+	}
+	if strings.Contains(raw, secretKey) {
+		t.Fatalf("%s: the key is in the body: %s", what, raw)
+	}
+	var members map[string]interface{}
+	var p problem
+	if json.Unmarshal([]byte(raw), &members) != nil || json.Unmarshal([]byte(raw), &p) != nil {
+		t.Fatalf("%s: not JSON: %s", what, raw)
+	}
+	want := []string{"code", "detail", "message", "status", "title", "type"}
+	if rid != "" {
+		want = append(want, "instance", "request_id")
+	}
+	if len(members) != len(want) {
+		t.Fatalf("%s: members %v, want %v", what, members, want)
+	}
+	for _, m := range want {
+		if _, ok := members[m]; !ok {
+			t.Fatalf("%s: no %s in %s", what, m, raw)
+		}
+	}
+	if p.Type != "urn:idemd:problem:"+code || p.Code != code || p.Status != status ||
+		p.Title != problemTitles[code] || p.Title == "" || p.Detail == "" || p.Message != p.Detail {
+		t.Fatalf("%s: %+v", what, p)
+	}
+	if rid != "" && (p.RequestID != rid || p.Instance != "urn:idemd:request:"+rid) {
+		t.Fatalf("%s: request id %+v, want %s", what, p, rid)
+	}
+	return p
+}
+
+func sendKeys(t *testing.T, url string, keys []string, ctype, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	if keys != nil {
+		req.Header["Idempotency-Key"] = keys
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// The titles are the gateway's own (server/http_conv.c).
+func TestProblemTitlesAreTheGateways(t *testing.T) {
+	src, err := os.ReadFile("../../server/http_conv.c")
+	if err != nil {
+		t.Skip("no server/http_conv.c:", err)
+	}
+	s := string(src)
+	s = s[strings.Index(s, "http_problem_title("):]
+	s = s[:strings.Index(s, "};")]
+	got := map[string]string{}
+	for _, m := range regexp.MustCompile(`\{"([a-z_]+)", "([^"]*)"\}`).FindAllStringSubmatch(s, -1) {
+		got[m[1]] = m[2]
+	}
+	if len(got) < 20 || !reflect.DeepEqual(got, problemTitles) {
+		t.Fatalf("gateway's %v\nmiddleware's %v", got, problemTitles)
+	}
+}
+
+// Every answer of idemd that refuses the claim comes to a problem details refusal, with
+// the request id of idemd's answer; the handler never runs.
+func TestMiddlewareRefusalsAsProblems(t *testing.T) {
+	cases := []struct {
+		what       string
+		status     int // idemd's answer to the claim (0: 200 that is not JSON)
+		code       string
+		ra         int
+		route      Route
+		wantStatus int
+		wantCode   string
+		rid        string
+		wantRA     string
+	}{
+		{"reused", 409, CodeMismatch, 0, Route{}, 409, CodeMismatch, "fake0001", ""},
+		{"reused 422", 409, CodeMismatch, 0, Route{MismatchStatus: 422}, 422, CodeMismatch, "fake0001", ""},
+		{"in progress", 409, CodeInProgress, 5, Route{}, 409, CodeInProgress, "fake0001", "5"},
+		{"in progress 425", 409, CodeInProgress, 0, Route{InProgressStatus: 425}, 425, CodeInProgress, "fake0001", "1"},
+		{"lease expired", 409, CodeLeaseExpired, 0, Route{}, 409, CodeLeaseExpired, "fake0001", ""},
+		{"quarantined", 409, CodeOutcomeUnknown, 0, Route{}, 409, CodeOutcomeUnknown, "fake0001", ""},
+		{"expired", 410, CodeKeyExpired, 0, Route{}, 410, CodeKeyExpired, "fake0001", ""},
+		{"quota", 429, CodeQuotaExceeded, 0, Route{}, 429, CodeQuotaExceeded, "fake0001", ""},
+		{"bad key", 400, CodeKeyInvalid, 0, Route{}, 400, CodeKeyInvalid, "fake0001", ""},
+		{"bad request", 400, CodeInvalidRequest, 0, Route{}, 400, CodeInvalidRequest, "fake0001", ""},
+		{"claim too large", 413, CodePayloadTooLarge, 0, Route{}, 413, CodePayloadTooLarge, "fake0001", ""},
+		{"digest only", 502, CodeResponseTooLarge, 0, Route{}, 502, CodeResponseTooLarge, "fake0001", ""},
+		{"token refused", 401, CodeUnauthenticated, 0, Route{}, 500, CodeInternal, "fake0001", ""},
+		{"admin token", 403, CodeForbidden, 0, Route{}, 500, CodeInternal, "fake0001", ""},
+		{"node fault", 500, CodeInternal, 0, Route{}, 500, CodeInternal, "fake0001", ""},
+		{"no quorum", 503, CodeUnavailable, 1, Route{}, 503, CodeUnavailable, "fake0001", "1"},
+		{"unreadable", 0, "", 0, Route{}, 500, CodeInternal, "", ""},
+	}
+	for _, tc := range cases {
+		f := newFake(t)
+		f.setHook(func(w http.ResponseWriter, r *http.Request, body []byte, n int) bool {
+			if tc.status == 0 {
+				io.WriteString(w, "garbage")
+			} else {
+				fakeErr(w, tc.status, tc.code, "m", tc.ra)
+			}
+			return true
+		})
+		c, _ := New(Options{Nodes: []string{f.srv.URL}, Token: f.token, Timeout: 300 * time.Millisecond,
+			BackoffBase: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond})
+		tc.route.PathPrefix = "/o"
+		svc, srv := newService(t, c, tc.route)
+		resp := send(t, srv.URL+"/o", "POST", secretKey, "application/json", `{"a":1}`)
+		p := checkProblem(t, tc.what, resp, tc.wantStatus, tc.wantCode, tc.rid, tc.wantRA)
+		if tc.code == CodeMismatch && p.Detail != "the key was used with a different request" {
+			t.Fatalf("%s: detail %q", tc.what, p.Detail)
+		}
+		mustEqual(t, tc.what+": runs", atomic.LoadInt32(&svc.runs), 0)
+		c.Close()
+	}
+}
+
+// Refusals made before idemd is asked (or when no node answers): no request id.
+func TestMiddlewareLocalRefusalsAsProblems(t *testing.T) {
+	f := newFake(t)
+	svc, srv := newService(t, f.client(t), Route{PathPrefix: "/o", KeyRequired: true})
+	url := srv.URL + "/o"
+	checkProblem(t, "no key", sendKeys(t, url, nil, "", "x"), 400, CodeKeyMissing, "", "")
+	checkProblem(t, "empty key", sendKeys(t, url, []string{""}, "", "x"), 400, CodeKeyMissing, "", "")
+	checkProblem(t, "key twice", sendKeys(t, url, []string{secretKey, secretKey}, "", "x"), 400, CodeKeyInvalid, "", "")
+	checkProblem(t, "bad key", sendKeys(t, url, []string{secretKey + "/x"}, "", "x"), 400, CodeKeyInvalid, "", "")
+	checkProblem(t, "too large", sendKeys(t, url, []string{secretKey}, "", strings.Repeat("x", maxRequestBody+1)),
+		413, CodePayloadTooLarge, "", "")
+	checkProblem(t, "not JSON", sendKeys(t, url, []string{secretKey}, "application/json", `{"a":`), 400,
+		CodeInvalidRequest, "", "")
+	mustEqual(t, "claims", len(f.callsTo("/v1/claims")), 0)
+	mustEqual(t, "runs", atomic.LoadInt32(&svc.runs), 0)
+
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + l.Addr().String()
+	l.Close()
+	c, _ := New(Options{Nodes: []string{dead}, Timeout: 200 * time.Millisecond})
+	_, srv = newService(t, c, Route{})
+	checkProblem(t, "no node", send(t, srv.URL+"/o", "POST", secretKey, "", "x"), 503, CodeUnavailable, "", "1")
+}
+
+func TestMiddlewareFingerprintOptions(t *testing.T) {
+	f := newFake(t)
+	c := f.client(t)
+	if _, err := NewMiddleware(c, Route{}, Route{FingerprintIgnore: []string{"ts"}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bad pointer: %v", err)
+	} else if fe := (*FingerprintOptionError)(nil); !errors.As(err, &fe) || fe.Option != "fingerprint_ignore" || fe.Index != 0 {
+		t.Fatalf("a bad pointer: %#v", err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("Middleware took a bad pointer")
+			}
+		}()
+		Middleware(c, Route{FingerprintFields: make([]string, 33)})
+	}()
+	svc, srv := newService(t, c, Route{PathPrefix: "/a", FingerprintIgnore: []string{"/ts", "/meta/trace~1id"}},
+		Route{PathPrefix: "/b", FingerprintFields: []string{"/amount"}})
+	const js = "application/json"
+	// Passed through in the claim's request object, with a JSON body only.
+	readAll(send(t, srv.URL+"/a", "POST", "fo-1", js, `{"amount":1,"ts":1,"meta":{"trace/id":"x"}}`))
+	readAll(send(t, srv.URL+"/a", "POST", "fo-2", "text/plain", `ts=1`))
+	calls := f.callsTo("/v1/claims")
+	var first, second map[string]map[string]interface{}
+	json.Unmarshal(calls[0].Body, &first)
+	json.Unmarshal(calls[1].Body, &second)
+	mustEqual(t, "options", first["request"]["fingerprint_ignore"], []interface{}{"/ts", "/meta/trace~1id"})
+	if _, ok := first["request"]["fingerprint_fields"]; ok {
+		t.Fatalf("an empty option sent: %v", first)
+	}
+	if len(second["request"]) != 3 {
+		t.Fatalf("options with a text body: %v", second)
+	}
+	// As the (fake) gateway applies them: an ignored value changed replays, another one
+	// changed is the reused-key refusal.
+	r := send(t, srv.URL+"/a", "POST", "fo-1", js, `{"amount":1,"ts":2,"meta":{"trace/id":"y"}}`)
+	readAll(r)
+	mustEqual(t, "ignored changed", r.Header.Get("Idempotency-Replayed"), "true")
+	r = send(t, srv.URL+"/a", "POST", "fo-1", js, `{"amount":2,"ts":2}`)
+	checkProblem(t, "hashed changed", r, 409, CodeMismatch, "fake0001", "")
+	readAll(send(t, srv.URL+"/b", "POST", "fo-3", js, `{"amount":5,"note":"a"}`))
+	r = send(t, srv.URL+"/b", "POST", "fo-3", js, `{"note":"b","amount":5}`)
+	readAll(r)
+	mustEqual(t, "unselected changed", r.Header.Get("Idempotency-Replayed"), "true")
+	checkProblem(t, "selected changed", send(t, srv.URL+"/b", "POST", "fo-3", js, `{"amount":6,"note":"a"}`),
+		409, CodeMismatch, "fake0001", "")
+	mustEqual(t, "runs", atomic.LoadInt32(&svc.runs), 3)
 }

@@ -119,6 +119,14 @@ struct cluster_config {
     const char *raft_tls_ca_file;
     unsigned batch_max_commands; /* 1..65535 */
     size_t batch_max_bytes;
+    /* Group commit: commands that arrive less than this long after the leader proposed its
+     * last entry wait until this long after it (or until BATCH_WAIT_COMMANDS joined them,
+     * or the batch is full) to go in as one entry, not one entry per loop turn: fewer,
+     * larger entries, each costing every node its writes, syncs and messages. A wait that
+     * nothing joined (the callers wait for these answers first: a closed loop) turns waits
+     * off for BATCH_WAIT_OFF_NS. A leader that proposed nothing for this long proposes the
+     * next command at once. 0: each loop turn's commands are proposed at its end. */
+    unsigned batch_delay_us;
     /* Commands proposed on this leader and not yet applied or failed, together (each counted
      * as its bytes + CLUSTER_COMMAND_OVERHEAD): past it cluster_propose() refuses with
      * CLUSTER_EOVERLOAD. Without it a client sending faster than the log commits (the
@@ -231,6 +239,8 @@ struct cluster_status {
     uint64_t pending_refused; /* proposals refused with CLUSTER_EOVERLOAD */
     uint64_t share_refused;   /* proposals refused with CLUSTER_ESHARE, every account's */
     uint64_t transfer_refused; /* proposals refused with CLUSTER_ETRANSFER */
+    uint64_t batch_waits;      /* group commits: batches that waited (batch_delay_us) */
+    uint64_t batch_waits_off;  /* ... and times waiting was turned off (a closed loop) */
     uint64_t queued_bytes;     /* commands held back (max_account_inflight_bytes), of
                                 * pending_bytes */
     uint64_t not_proposed;     /* commands taken and never proposed (ops.fail with

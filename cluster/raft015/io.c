@@ -242,10 +242,72 @@ uint64_t io_heard_ago_ms(const struct io *io, raft_id id)
     return UINT64_MAX;
 }
 
+raft_time io_stale_leader_ms(const struct raft *r)
+{
+    raft_time half = r->election_timeout / 2, two_beats = 2 * (raft_time)r->heartbeat_timeout;
+    raft_time ms = half > two_beats ? half : two_beats;
+    return ms < r->election_timeout ? ms : r->election_timeout;
+}
+
+bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_message *m)
+{
+    if (m->type != RAFT_IO_REQUEST_VOTE || m->request_vote.disrupt_leader ||
+        r->state != RAFT_FOLLOWER || r->follower_state.current_leader.id == 0 ||
+        now < r->election_timer_start || now - r->election_timer_start < io_stale_leader_ms(r)) {
+        return false;
+    }
+    m->request_vote.disrupt_leader = true;
+    return true;
+}
+
+static void pokeSentCb(struct raft_io_send *req, int status)
+{
+    (void)status; /* failing is its purpose */
+    free(req);
+}
+
+void io_poke(struct io *io, raft_id id)
+{
+    const struct raft *r = io->raft;
+    if (r == NULL || io->closing) {
+        return;
+    }
+    const char *address = NULL;
+    for (unsigned i = 0; i < r->configuration.n; i++) {
+        if (r->configuration.servers[i].id == id) {
+            address = r->configuration.servers[i].address;
+        }
+    }
+    struct raft_io_send *req = malloc(sizeof(*req));
+    if (address == NULL || req == NULL) {
+        free(req);
+        return;
+    }
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_REQUEST_VOTE_RESULT;
+    m.server_id = id;
+    m.server_address = address;
+    m.request_vote_result.term = r->current_term;
+    m.request_vote_result.vote_granted = false;
+    m.request_vote_result.pre_vote = raft_tribool_false;
+    req->data = io;
+    if (io->inner.send(&io->inner, req, &m, pokeSentCb) != 0) {
+        free(req);
+    }
+}
+
 static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
 {
     struct io *io = io_from_inner(i);
     noteHeard(io, msg->server_id);
+    if (io->raft != NULL && io_vote_past_stale_leader(io->raft, ioNow(io), msg)) {
+        io->stale_votes++;
+        clog_info("node %llu asks for a %svote; leader %llu not heard from for %llu ms",
+                  (unsigned long long)msg->server_id, msg->request_vote.pre_vote ? "pre-" : "",
+                  (unsigned long long)io->raft->follower_state.current_leader.id,
+                  (unsigned long long)(ioNow(io) - io->raft->election_timer_start));
+    }
     if (msg->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->raft != NULL &&
         io_hold_result(io->raft, &msg->append_entries_result)) {
         io->results_held++;
@@ -284,7 +346,8 @@ static int ioStart(struct raft_io *o, unsigned msecs, raft_io_tick_cb tick, raft
     struct io *io = io_from_outer(o);
     io->raft_tick = tick;
     io->raft_recv = recv;
-    return io_pass_err(io, io->inner.start(&io->inner, msecs, ioTickCb, ioRecvCb));
+    unsigned every = msecs < IO_TICK_MAX_MS ? msecs : IO_TICK_MAX_MS;
+    return io_pass_err(io, io->inner.start(&io->inner, every, ioTickCb, ioRecvCb));
 }
 
 static int ioBootstrap(struct raft_io *o, const struct raft_configuration *conf)

@@ -120,6 +120,8 @@ struct io {
     unsigned long rematched;    /* match indexes lowered to an installed snapshot */
     unsigned long unaddressed;  /* AppendEntries results not sent: io_result_unaddressed */
     unsigned long skipped;      /* AppendEntries that started below the snapshot, cut */
+    unsigned long stale_votes;  /* vote requests let past a leader not heard from for an
+                                 * election timeout: io_vote_past_stale_leader */
     /* An InstallSnapshot held while raft stores another snapshot (io_install_waits): the
      * message (its data and configuration owned here until raft gets it) and a copy of its
      * sender's address, non-NULL exactly while one is held; how many were held so far. */
@@ -245,6 +247,39 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
  * first tick after the snapshot is stored, as a message delayed on the network (one no newer
  * than what was stored is answered as done); at the close a message still held is freed. */
 bool io_install_waits(const struct raft *r, const struct raft_message *m);
+
+/* The interval of raft's tick that the wrapper asks raft_uv for, at most: libraft 0.15 ticks
+ * once a heartbeat timeout, so a follower noticed its leader gone up to a heartbeat late
+ * and a leader sent its heartbeats up to twice that far apart. */
+#define IO_TICK_MAX_MS 10
+
+/* libraft 0.15 refuses a vote, a pre-vote included, as long as a follower knows a leader,
+ * that is until the follower's own randomised election timer fires: after a leader fails,
+ * the survivors elect only once the later of their timers fires. The thesis (§4.2.3)
+ * refuses only within the minimum election timeout of hearing from the leader. This
+ * wrapper refuses within io_stale_leader_ms: a candidate asks only after an election
+ * timeout without its leader, and the voter's last heartbeat can be a little more recent
+ * than the candidate's (they are sent one by one, and arrive as each node is scheduled),
+ * which with the whole timeout made the first candidate lose often near it.
+ * When the RequestVote `m` reaches a follower `r` whose leader has not been heard from for
+ * io_stale_leader_ms(r) (since r->election_timer_start, at `now` in raft's clock), this
+ * marks it disrupt_leader, which libraft reads for nothing but that refusal; the vote is
+ * then decided on terms, the vote already given and the logs, as any other. Returns
+ * whether it did. Safety does not depend on when a vote is granted; a leader that is alive
+ * reaches its followers every heartbeat, so they still refuse a node that returns from a
+ * partition or lost its link to the leader alone. */
+/* Makes raft_uv write to server `id` (at its address in raft's configuration; nothing when
+ * it has none there, or raft is not set): a vote answer that grants nothing, in raft's
+ * current term, which no raft acts on. Called for a peer whose connection was found closed
+ * (transport_dead_outgoing): the write fails on the connection shut for writing, and
+ * raft_uv connects again at once (then every connect_retry_delay until the peer answers),
+ * so the connection is new when raft next sends there. */
+void io_poke(struct io *io, raft_id id);
+
+/* Half the election timeout, but at least two heartbeat timeouts (two heartbeats missed),
+ * and at most the election timeout. */
+raft_time io_stale_leader_ms(const struct raft *r);
+bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_message *m);
 
 /* The data of a snapshot raft hands the state machine to restore (raft_fsm.restore, which
  * owns it): io_snap_data_free releases it, unmapped when it is the one io_snap_load mapped

@@ -36,6 +36,40 @@
 #include "fsm_internal.h"
 #include "http_api_body.h"
 
+/* Whether why is a refusal of a claim's fingerprint pointer: "request.fingerprint_fields[I]: "
+ * or "request.fingerprint_ignore[I]: " (I < 32) and then a rule of fp_pointer_check(), which
+ * never quotes the pointer. */
+static bool pointerReason(const char *why)
+{
+    static const char *const lists[] = {"request.fingerprint_fields[",
+                                        "request.fingerprint_ignore["};
+    for (size_t l = 0; l < 2; l++) {
+        size_t n = strlen(lists[l]);
+        if (strncmp(why, lists[l], n) != 0) {
+            continue;
+        }
+        char *end;
+        unsigned long i = strtoul(why + n, &end, 10);
+        if (end == why + n || i >= FP_POINTERS_MAX || strncmp(end, "]: ", 3) != 0) {
+            return false;
+        }
+        /* the rule is one of fp_pointer_check's texts: found by asking it about bad pointers */
+        static char big[FP_POINTER_MAX_LEN + 2];
+        memset(big, '/', sizeof big - 1);
+        const char *texts[] = {fp_pointer_check("a", 1, false), fp_pointer_check("", 0, true),
+                               fp_pointer_check("/~", 2, false),
+                               fp_pointer_check("/\xff", 2, false),
+                               fp_pointer_check(big, sizeof big - 1, false)};
+        for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+            if (texts[k] != NULL && strcmp(end + 3, texts[k]) == 0) {
+                return true;
+            }
+        }
+        return false;
+    }
+    return false;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void fail(const char *what)
@@ -301,8 +335,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!ok1 && (why1[0] == '\0' || strlen(why1) > 200)) {
         fail("a refusal's reason is empty or not a short text");
     }
-    if (own1 && (strncmp(why1, "unknown field \"", 15) != 0 || strlen(why1) > 15 + 9 + 64 + 1)) {
-        fail("a reason of the parse's own is not an unknown field's, named in 64 bytes");
+    if (own1 && (strncmp(why1, "unknown field \"", 15) != 0 || strlen(why1) > 15 + 9 + 64 + 1) &&
+        !pointerReason(why1)) {
+        fail("a reason of the parse's own is not an unknown field's, named in 64 bytes, nor a "
+             "fingerprint pointer's rule");
     }
     for (size_t i = 0; own1 && why1[i] != '\0'; i++) {
         if (why1[i] < 0x20 || why1[i] >= 0x7f) {

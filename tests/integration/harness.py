@@ -4,7 +4,9 @@ Every node gets free ports, its own temporary data dir and a generated config. P
 are tracked by PID and killed (SIGKILL) in close(), which also removes the temp dir; before
 that, close() looks at them (check()): a node that exited by itself (the test neither killed,
 stopped nor awaited it: kill/stop/wait_exit, nor declared it may: may_exit) or whose log holds
-a sanitizer report or a failed assertion is a problem, which fails the test. Waits poll a
+a sanitizer report or a failed assertion is a problem, which fails the test. Every answer a
+node's gateway gives through http_exchange() is checked against docs/openapi.yaml
+(openapi_check.py); one it does not describe fails the test too. Waits poll a
 condition with a generous bound; nothing sleeps for a fixed time to let something happen.
 idemctl (--json) is the client, so the tests exercise it too.
 """
@@ -20,6 +22,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -206,13 +209,67 @@ def metrics_auth(addr):
     return {"Authorization": "Bearer %s" % admin} if admin else {}
 
 
+# Every answer of a gateway (node.http_address) the harness wrote a config for, or a test
+# named with register_gateway(), is checked against docs/openapi.yaml by http_exchange()
+# (openapi_check.py): a mismatch raises there, failing the test that got it, and is kept
+# for the cluster's check() too (an answer got on another thread, or a test that catches
+# AssertionError, fails all the same). Proxy listeners are not registered: they serve any
+# path their routes match, not the JSON API.
+GATEWAYS = set()
+_OPENAPI = []  # [the checker], made at the first answer to check
+_OPENAPI_MISMATCHES = []  # [(gateway address, text)] not yet reported by a check()
+
+
+def register_gateway(addr):
+    """Marks addr ("host:port", as http_request takes it) as a gateway whose answers are
+    checked against docs/openapi.yaml."""
+    GATEWAYS.add(addr)
+
+
+def openapi_checker():
+    """The process's openapi_check.Checker (its compiled validators cached). Without
+    jsonschema or PyYAML this fails, saying how to install them: never skipped."""
+    if not _OPENAPI:
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:  # harness imported from another folder (the chaos suite)
+            sys.path.insert(0, here)
+        try:
+            import openapi_check
+        except ImportError as e:
+            raise AssertionError("the gateway's answers are checked against docs/openapi.yaml, "
+                                 "which needs python3-jsonschema and python3-yaml: "
+                                 "apt-get install python3-jsonschema python3-yaml (or "
+                                 "tools/setup.sh --test): %s" % e)
+        _OPENAPI.append(openapi_check.Checker())
+    return _OPENAPI[0]
+
+
+def _check_openapi(addr, method, path, resp):
+    import openapi_check
+    try:
+        openapi_checker().check(method, path, resp[0], resp[1], resp.raw)
+    except openapi_check.SpecMismatch as e:
+        text = "the gateway %s answered what docs/openapi.yaml does not say: %s" % (addr, e)
+        _OPENAPI_MISMATCHES.append((addr, text))
+        raise openapi_check.SpecMismatch(text) from None
+
+
+def openapi_mismatches(addrs):
+    """The mismatches of gateways addrs not reported yet (removed from the list)."""
+    out = [t for a, t in _OPENAPI_MISMATCHES if a in addrs]
+    _OPENAPI_MISMATCHES[:] = [(a, t) for a, t in _OPENAPI_MISMATCHES if a not in addrs]
+    return out
+
+
 def http_exchange(conn, method, path, body=None, headers=None, raw=None):
     """One request on an open http.client connection. body: a JSON-able object (sent as
-    application/json) or None; raw: bytes sent as they are (overrides body)."""
+    application/json) or None; raw: bytes sent as they are (overrides body). The answer of
+    a registered gateway (GATEWAYS) is checked against docs/openapi.yaml."""
     hdrs = {}
+    host = "[%s]" % conn.host if ":" in conn.host else conn.host  # an IPv6 address
+    addr = "%s:%d" % (host, conn.port)
     if method == "GET" and path == "/metrics" and "Authorization" not in (headers or {}):
-        host = "[%s]" % conn.host if ":" in conn.host else conn.host  # an IPv6 address
-        hdrs.update(metrics_auth("%s:%d" % (host, conn.port)))
+        hdrs.update(metrics_auth(addr))
     data = None
     if raw is not None:
         data = raw
@@ -237,7 +294,10 @@ def http_exchange(conn, method, path, body=None, headers=None, raw=None):
             parsed = json.loads(text)
         except ValueError:
             parsed = text
-    return Resp(resp.status, rh, parsed, text)
+    out = Resp(resp.status, rh, parsed, text)
+    if addr in GATEWAYS:
+        _check_openapi(addr, method, path, out)
+    return out
 
 
 # The prefix of an error's problem type (server/http_conv.h; docs/http-api.md, Errors).
@@ -307,7 +367,7 @@ class Cluster:
                  snapshot_log_percent=None, segment_size_mb=8, snapshot_nice=None,
                  raft_secret=True, node_raft_secrets=None, node_raft_previous=None,
                  data_dirs=None, snapshot_log_max_mb=None, snapshot_trailing_max_mb=None,
-                 alpha_quota=None, hosts=None, listen=None, beta_settings=None):
+                 alpha_quota=None, hosts=None, listen=None, beta_settings=None, batch=None):
         self.root = tempfile.mkdtemp(prefix="idem-it-")
         # Raft connections are authenticated (raft.secret_file) unless raft_secret is None;
         # node_raft_secrets: per-node secrets (None: that node has none).
@@ -327,6 +387,8 @@ class Cluster:
                          snapshot_trailing_max_mb=snapshot_trailing_max_mb)
         # alpha_quota: {"max_records": N, "max_bytes": N} for tenant alpha (else the defaults).
         self.alpha_quota = alpha_quota or {}
+        # batch: {"delay_us": N, ...}: keys of the batch section (else the defaults).
+        self.batch = batch or {}
         # beta_settings: {"mismatch_status": 422, ...}: more keys of tenant beta's.
         self.beta_settings = beta_settings or {}
         self.nodes = {}
@@ -356,6 +418,7 @@ class Cluster:
 
     def _write_config(self, node, bootstrap):
         ADMIN_BY_HTTP[node.http] = self.admin
+        register_gateway(node.http)
         h = lambda t: hashlib.sha256(t.encode()).hexdigest()
         # Addresses quoted: "[::1]:7001" unquoted would be a YAML list.
         lines = [
@@ -377,13 +440,15 @@ class Cluster:
         o = self.opts
         lines += [
             "raft:",
-            "  election_timeout_ms: %d" % o["election_ms"],
-            "  heartbeat_timeout_ms: %d" % o["heartbeat_ms"],
             "  snapshot_threshold: %d" % o["snapshot_threshold"],
             "  snapshot_trailing: %d" % o["snapshot_trailing"],
         ]
         # None: the server's default. Tests keep raft_uv's small segments (8 MiB, three
         # preallocated per node) unless they ask: CI machines can be short of disk.
+        if o["election_ms"] is not None:
+            lines.append("  election_timeout_ms: %d" % o["election_ms"])
+        if o["heartbeat_ms"] is not None:
+            lines.append("  heartbeat_timeout_ms: %d" % o["heartbeat_ms"])
         for opt in ("snapshot_log_percent", "segment_size_mb", "snapshot_nice",
                     "snapshot_log_max_mb", "snapshot_trailing_max_mb"):
             if o[opt] is not None:
@@ -395,6 +460,8 @@ class Cluster:
         for field, name, sec in raft_secrets:
             if sec is not None:
                 lines.append("  %s: %s" % (field, self.secret_file(node, name, sec)))
+        if self.batch:
+            lines += ["batch:"] + ["  %s: %d" % kv for kv in sorted(self.batch.items())]
         lines += [
             "expiry:",
             "  interval_ms: %d" % o["expiry_ms"],
@@ -528,9 +595,11 @@ class Cluster:
     def check(self):
         """What went wrong with the nodes since the last check(), as a list of texts (empty:
         nothing): a node that exited by itself (see may_exit, _reap), a sanitizer report or
-        failed assertion in a node's log (_BAD_LOG). A test with a cluster of its own fails
+        failed assertion in a node's log (_BAD_LOG), an answer of a node's gateway that
+        docs/openapi.yaml does not describe (http_exchange). A test with a cluster of its own fails
         with what close() returns; one that shares a cluster calls this after each test."""
         out = self._exit_problems()
+        out += openapi_mismatches({n.http for n in self.nodes.values()})
         for node in self.nodes.values():
             for off, text in log_reports(node.log):
                 if (node.log, off) not in self._reported:

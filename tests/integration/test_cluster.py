@@ -17,7 +17,7 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, BIN, Cluster, fp, recv_exact, wait_for  # noqa: E402
+from harness import ClusterTestCase, BIN, Cluster, fp, http_request, recv_exact, wait_for  # noqa: E402
 
 ACQ = "acquired"
 # Outcome values (proto/idem.proto) a claim answers with, by name as idemctl prints them.
@@ -197,6 +197,60 @@ def until_answered(call, what, timeout=60):
     return out
 
 
+class TestGroupCommit(ClusterTest):
+    """batch.delay_us (cluster/batch.c): under a steady open loop the leader proposes at most
+    one entry per delay, the commands arriving meanwhile going in together; a caller that
+    waits for each answer before the next (a closed loop) turns the waiting off by itself.
+    A delay of 20 ms makes both plain in counts, whatever the machine's speed."""
+    cluster_opts = dict(batch={"delay_us": 20000})
+
+    def leader_metric(self, lid, name):
+        resp = http_request(self.c.nodes[lid].http, "GET", "/metrics")
+        self.assertEqual(resp[0], 200)
+        for line in resp.raw.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        self.fail("no %s in /metrics" % name)
+
+    def bench(self, *args):
+        cluster = ",".join(self.c.nodes[n].rpc for n in self.c.nodes)
+        out = subprocess.run([os.path.join(BIN, "idem-bench"), "--cluster", cluster,
+                              "--token", self.c.token, "--workload", "fresh", "--json"]
+                             + list(args), capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        d = json.loads(out.stdout)
+        self.assertEqual(d["errors"], 0, d)
+        return d
+
+    def commit_index(self, lid):
+        return next(n["commit_index"] for n in self.c.status()["nodes"] if n["id"] == lid)
+
+    def test_open_loop_commands_share_entries(self):
+        lid = self.c.leader()
+        waits0 = self.leader_metric(lid, "idem_batch_waits_total")
+        i0 = self.commit_index(lid)
+        d = self.bench("--rate", "1000", "--duration", "2")
+        entries = self.commit_index(lid) - i0
+        # 2,000 claims in 2 s: one loop turn each at most would be ~2,000 entries; at most
+        # one entry per 20 ms (and some the expiry's own) is ~100.
+        self.assertGreater(d["ops"], 1500, d)
+        self.assertLess(entries, d["ops"] // 5, (entries, d["ops"]))
+        self.assertGreater(self.leader_metric(lid, "idem_batch_waits_total"), waits0)
+
+    def test_closed_loop_turns_the_wait_off(self):
+        lid = self.c.leader()
+        off0 = self.leader_metric(lid, "idem_batch_waits_off_total")
+        waits0 = self.leader_metric(lid, "idem_batch_waits_total")
+        # One caller, one claim at a time: a wait never gains a command.
+        d = self.bench("--concurrency", "1", "--requests", "200")
+        self.assertEqual(d["ops"], 200, d)
+        self.assertGreaterEqual(self.leader_metric(lid, "idem_batch_waits_off_total"), off0 + 1)
+        # Three idle waits, then none for 100 ms, then three again...: far fewer waits than
+        # claims (200 waits of 20 ms would have taken 4 s on their own).
+        waits = self.leader_metric(lid, "idem_batch_waits_total") - waits0
+        self.assertLess(waits, 100, waits)
+
+
 class TestFailures(ClusterTest):
     def test_kill_leader_mid_load(self):
         """Fresh keys claimed and completed while the leader is killed (at the 41st). Each
@@ -223,6 +277,35 @@ class TestFailures(ClusterTest):
             self.assertEqual(out["outcome"], "replay", key)
             self.assertEqual(out["response"]["body"], body)
         # The killed node comes back, catches up, and all three hold identical tables.
+        self.c.start(lid)
+        self.c.wait_converged(3)
+
+    def test_sigterm_leader_hands_over_first(self):
+        """A leader told to stop hands its leadership to another voter before it closes
+        (server/main.c, service_hand_off): the node it names leads in the very next term
+        (a transfer, no election timeout and no second round), the node exits 0, and
+        claims go on through the others."""
+        rc, out = self.claim("before-handoff")
+        self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
+        lid = self.c.leader()
+        term = next(n["term"] for n in self.c.status()["nodes"] if n["id"] == lid)
+        node = self.c.nodes[lid]
+        log_start = os.path.getsize(node.log)
+        self.assertEqual(self.c.stop(lid), 0)
+        with open(node.log, "rb") as f:
+            f.seek(log_start)
+            log = f.read().decode(errors="replace")
+        m = re.search(r"leadership handed to node (\d+)", log)
+        self.assertIsNotNone(m, "the stopping leader says where leadership went:\n" + log)
+        new = int(m.group(1))
+        self.assertNotEqual(new, lid)
+        others = [n for n in self.c.nodes if n != lid]
+        st = self.c.status(ids=others)
+        self.assertEqual(st["leader_id"], new, st)
+        terms = {n["id"]: n["term"] for n in st["nodes"] if n["id"] in others}
+        self.assertEqual(terms[new], term + 1, st)
+        rc, out = self.claim("after-handoff", ids=others)
+        self.assertEqual((rc, out["outcome"]), (0, ACQ), out)
         self.c.start(lid)
         self.c.wait_converged(3)
 

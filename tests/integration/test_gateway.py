@@ -657,6 +657,79 @@ class TestGatewayBasics(GatewayTest):
         self.assertEqual(rc, 2, out)  # no --tenant: a usage error
 
 
+    def test_request_numbers_and_fingerprint_pointers(self):
+        """The JSON API's `request` form: 10 and 10.0 are one request (RFC 8785 numbers);
+        fingerprint_fields hashes only the values named, fingerprint_ignore leaves out what
+        it names; a bad pointer is a 400 that names the rule, not the pointer; idemctl's
+        --fingerprint-field / --fingerprint-ignore compute the same fingerprint."""
+        addr = self.addr()
+        # 10 and 10.0
+        key = self.key("num")
+        req = {"method": "POST", "path": "/orders", "body": {"amount": 10, "n": [1, -0.0]}}
+        tok = self.assertAcquired(self.claim(addr, key, req=req))
+        self.assertOk(self.complete(addr, key, tok, "num"))
+        self.assertReplay(self.claim(addr, key, req=dict(
+            req, body={"n": [1.0, 0.0], "amount": 10.0})), "num")
+        self.assertError(self.claim(addr, key, req=dict(req, body={"amount": 10.5, "n": [1, 0]})),
+                         409, "idempotency_key_reused")
+        # fingerprint_fields: only /amount and /cur count; absent and null differ
+        key = self.key("fields")
+        req = {"method": "POST", "path": "/orders", "body": {"amount": 10, "ts": 1, "note": "a"},
+               "fingerprint_fields": ["/amount", "/cur"]}
+        tok = self.assertAcquired(self.claim(addr, key, req=req))
+        self.assertOk(self.complete(addr, key, tok, "fields"))
+        self.assertReplay(self.claim(addr, key, req=dict(
+            req, body={"amount": 1e1, "ts": 2, "note": "b"},
+            fingerprint_fields=["/cur", "/amount", "/cur"])), "fields")
+        for other in ({"amount": 11, "ts": 1, "note": "a"},
+                      {"amount": 10, "cur": None, "ts": 1, "note": "a"}):
+            self.assertError(self.claim(addr, key, req=dict(req, body=other)), 409,
+                             "idempotency_key_reused")
+        without = dict(req)
+        del without["fingerprint_fields"]
+        self.assertError(self.claim(addr, key, req=without), 409, "idempotency_key_reused")
+        # fingerprint_ignore, and idemctl with the same pointers replays the HTTP claim
+        key = self.key("ignore")
+        req = {"method": "POST", "path": "/orders", "fingerprint_ignore": ["/ts", "/items/1"],
+               "body": {"amount": 10, "ts": 1, "items": [{"sku": "a"}, {"seen": 1}]}}
+        tok = self.assertAcquired(self.claim(addr, key, req=req))
+        self.assertOk(self.complete(addr, key, tok, "ignore"))
+        self.assertReplay(self.claim(addr, key, req=dict(
+            req, body={"ts": 99, "amount": 10.0, "items": [{"sku": "a"}, {"seen": 2}]})),
+            "ignore")
+        self.assertError(self.claim(addr, key, req=dict(
+            req, body={"amount": 10, "ts": 1, "items": [{"sku": "b"}, {"seen": 1}]})), 409,
+            "idempotency_key_reused")
+        path = os.path.join(self.c.root, "body-ignore.json")
+        with open(path, "wb") as f:
+            f.write(b'{"items": [{"sku": "a"}, 7], "amount": 1.0E+1, "ts": 12345}')
+        base = ["claim", key, "--tenant", "alpha", "--path", "/orders", "--request-body", path]
+        rc, out = self.c.ctl(*base, "--fingerprint-ignore", "/items/1",
+                             "--fingerprint-ignore=/ts")
+        self.assertEqual(out and out.get("outcome"), "replay", (rc, out))
+        rc, out = self.c.ctl(*base, "--fingerprint-ignore", "/ts")  # /items/1 counts again
+        self.assertEqual(out and out.get("outcome"), "mismatch", (rc, out))
+        rc, out = self.c.ctl(*base, "--fingerprint-field", "/amount")
+        self.assertEqual(out and out.get("outcome"), "mismatch", (rc, out))
+        # refusals: 400 naming the member, the index and the rule; never the pointer
+        for lists, member in (({"fingerprint_ignore": ["/ok", ""]}, "fingerprint_ignore[1]"),
+                              ({"fingerprint_fields": ["/secret~2"]}, "fingerprint_fields[0]"),
+                              ({"fingerprint_fields": ["/x"] * 33}, "fingerprint_fields"),
+                              ({"fingerprint_fields": ["/" + "x" * 256]},
+                               "fingerprint_fields[0]")):
+            r = self.claim(addr, self.key("bad"), req=dict(
+                {"method": "POST", "path": "/orders", "body": {}}, **lists))
+            b = self.assertError(r, 400, "invalid_request")
+            self.assertIn("request." + member, b["detail"], r)
+            self.assertNotIn("secret", b["detail"], r)
+        rc, out = self.c.ctl("claim", self.key("bad"), "--tenant", "alpha",
+                             "--fingerprint-ignore", "")
+        self.assertEqual(rc, 2, out)
+        rc, out = self.c.ctl("claim", self.key("bad"), "--fingerprint", "0" * 64,
+                             "--fingerprint-field", "/a")
+        self.assertEqual(rc, 2, out)
+
+
 class TestGatewayErrors(GatewayTest):
     shared_cluster = True
     # tenant beta answers a reused key with 422 (tenants[].mismatch_status)

@@ -5,8 +5,15 @@ environment. Its scenarios: 32 goroutines in Run on one key (the function runs o
 get its response); a 2 s lease renewed through a 5 s function; the net/http middleware
 over an httptest server; and 32 goroutines in Run while this driver SIGKILLs the leader,
 when the Go side asks for it from inside the function (a line IDEM-KILL-LEADER on its
-stdout; the answer is a line on its stdin). Skipped, and reported so, without `go`
-(Debian's golang-go; tools/setup.sh --test installs it).
+stdout; the answer is a line on its stdin). The middleware's refusal of a reused key is
+checked as the gateway's problem details (application/problem+json, every member).
+Skipped, and reported so, without `go` (Debian's golang-go; tools/setup.sh --test installs
+it).
+
+TestGoFingerprintOptions runs TestServerFingerprintOptions of the same file: Run and the
+middleware with fingerprint_fields / fingerprint_ignore, which needs a gateway that applies
+them (a retry whose ignored value changed replays; one whose hashed value changed is
+refused as a reused key).
 
 Run: IDEM_BIN_DIR=build/bin IDEM_BUILD_DIR=build python3 -m unittest -v test_go_client
 """
@@ -47,13 +54,16 @@ def _status(addr, path):
         return None
 
 
-class TestGoClient(ClusterTestCase):
+class GoTest(ClusterTestCase):
+    """Builds the Go integration test binary, then starts the cluster."""
+
     def setUp(self):
         if shutil.which("go") is None:
             self.skipTest("go is not installed (Debian's golang-go; tools/setup.sh --test)")
         out = os.path.join(os.path.abspath(BUILD), "go")
         os.makedirs(out, exist_ok=True)
-        self.binary = os.path.join(out, "idem-go-integration.test")
+        # One binary per class: ctest may run the classes at once.
+        self.binary = os.path.join(out, "idem-go-%s.test" % type(self).__name__.lower())
         p = subprocess.run(["go", "test", "-c", "-tags", "integration", "-o", self.binary, "."],
                            cwd=os.path.join(SOURCE, "client", "go"), env=go_env(out),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
@@ -63,13 +73,32 @@ class TestGoClient(ClusterTestCase):
             wait_for(lambda: _status(node.http, "/readyz") == 200, 30,
                      "node %d's gateway to be ready" % node.id)
 
-    def test_go_client(self):
+    def go_env(self):
+        """The binary's environment: the gateways, the leader first, and the token."""
         leader = self.c.leader()
         self.assertTrue(leader, "no leader")
         order = [leader] + [i for i in sorted(self.c.nodes) if i != leader]
         env = go_env(os.path.dirname(self.binary))
         env.update(IDEM_GO_NODES=",".join("http://" + self.c.nodes[i].http for i in order),
                    IDEM_GO_TOKEN=self.c.token)
+        return env
+
+
+class TestGoFingerprintOptions(GoTest):
+    def test_fingerprint_options(self):
+        p = subprocess.run([self.binary, "-test.run", "^TestServerFingerprintOptions$",
+                            "-test.v", "-test.count=1", "-test.timeout", "60s"],
+                           env=self.go_env(), cwd=os.path.dirname(self.binary),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90)
+        out = p.stdout.decode(errors="replace")
+        print(out)
+        self.assertEqual(p.returncode, 0, "the Go test failed")
+        self.assertIn("--- PASS: TestServerFingerprintOptions ", out)
+
+
+class TestGoClient(GoTest):
+    def test_go_client(self):
+        env = self.go_env()
         p = subprocess.Popen([self.binary, "-test.run", "^TestIntegration", "-test.v",
                               "-test.count=1", "-test.timeout", "%ds" % GO_TIMEOUT],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,

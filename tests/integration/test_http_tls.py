@@ -330,6 +330,7 @@ class NodeFiles(unittest.TestCase):
             lines += ["tls:"] + ["  " + ln for ln in tls_lines]
         lines += ["admin:", "  token_sha256: %s" % ("ab" * 32), "tenants:", "  - name: t",
                   "    token_sha256: %s" % ("cd" * 32)]
+        harness.register_gateway("127.0.0.1:%d" % ports[2])
         path = os.path.join(self.dir, "node-%s.yaml" % secrets.token_hex(4))
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")

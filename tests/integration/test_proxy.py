@@ -430,9 +430,13 @@ class TestProxyBasics(ProxyTest):
         beta = route(upstream, path_prefix="/beta/", tenant="beta")
         dflt = route(upstream, path_prefix="/dflt/")
         del beta["mismatch_status"], dflt["response_headers"]  # the defaults
+        # /fpi/: a timestamp left out of the fingerprint, callers sharing records (so that
+        # the JSON API can address the proxy's record by its key)
+        fpi = route(upstream, path_prefix="/fpi/", fingerprint_ignore=["/ts", "/meta/id"],
+                    caller_identity="none")
         return [route(upstream, path_prefix="/alt/", mismatch_status=422, in_progress_status=425),
                 route(upstream, path_prefix="/s4/", store_4xx=True),
-                beta, dflt, route(upstream)]
+                beta, dflt, fpi, route(upstream)]
 
     def test_replay_is_identical_and_runs_once(self):
         key = self.key("order")
@@ -554,6 +558,49 @@ class TestProxyBasics(ProxyTest):
                                            raw=b'{"amount": 7, "currency": "USD"}'))
         again = self.send("POST", "/orders", key=key, raw=b'{ "currency":"USD","amount":7 }')
         self.assertReplayOf(again, first)
+        self.assertEqual(self.svc.count(key), 1)
+
+    def test_numbers_are_canonical_as_rfc_8785(self):
+        """10, 10.0 and 1e1 are one request; 10.5 is another."""
+        key = self.key("num")
+        first = self.assertFresh(self.send("POST", "/orders", key=key,
+                                           raw=b'{"amount": 10, "currency": "EUR"}'))
+        for raw in (b'{"currency":"EUR","amount":10.0}', b'{"amount":1e1,"currency":"EUR"}',
+                    b'{"amount":1.0E+1,"currency":"EUR"}'):
+            self.assertReplayOf(self.send("POST", "/orders", key=key, raw=raw), first)
+        self.assertError(self.send("POST", "/orders", key=key,
+                                   raw=b'{"amount": 10.5, "currency": "EUR"}'), 409,
+                         "idempotency_key_reused")
+        self.assertEqual(self.svc.count(key), 1)
+
+    def test_fingerprint_ignore_route(self):
+        """A route with fingerprint_ignore: [/ts, /meta/id]: a retry whose ts (or meta.id)
+        changed replays, one whose amount changed is a mismatch; the JSON API's claim of the
+        same request (same pointers) gets the proxy's record, without them a mismatch."""
+        key = self.key("fpi")
+        body = {"amount": 100, "currency": "EUR", "ts": 1, "meta": {"id": "r1", "src": "web"}}
+        first = self.assertFresh(self.order(key, body=body, path="/fpi/orders"))
+        again = dict(body, ts=2, meta={"id": "r2", "src": "web"})
+        self.assertReplayOf(self.order(key, body=again, path="/fpi/orders"), first)
+        self.assertError(self.order(key, body=dict(again, amount=999), path="/fpi/orders"), 409,
+                         "idempotency_key_reused")
+        self.assertError(self.order(key, body=dict(body, meta={"id": "r1"}), path="/fpi/orders"),
+                         409, "idempotency_key_reused")
+        self.assertEqual(self.svc.count(key), 1)
+        # The JSON API (tenant alpha, the route's) computes the same fingerprint for the same
+        # request: its claim is a replay of what the proxy stored.
+        gw = self.c.nodes[self.c.wait_leader(timeout=30)].http
+        req = {"method": "POST", "path": "/fpi/orders", "fingerprint_ignore": ["/meta/id", "/ts"],
+               "body": dict(body, amount=100.0, ts=3)}
+        r = harness.request_past_503(gw, "POST", "/v1/claims", body={"request": req},
+                                     token=self.c.token, headers={"Idempotency-Key": key})
+        self.assertEqual(r[0], first[0], r)
+        self.assertEqual(r[1].get("idempotency-replayed", "").lower(), "true", r)
+        self.assertEqual(r.raw, first.raw, r)
+        del req["fingerprint_ignore"]
+        r = harness.request_past_503(gw, "POST", "/v1/claims", body={"request": req},
+                                     token=self.c.token, headers={"Idempotency-Key": key})
+        self.assertEqual((r[0], r[2].get("code")), (409, "idempotency_key_reused"), r)
         self.assertEqual(self.svc.count(key), 1)
 
     def test_get_passes_through_without_protocol(self):

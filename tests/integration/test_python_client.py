@@ -6,12 +6,17 @@
                      exception quarantines
     TestPyFailover   the leader SIGKILLed while 32 callers are in run (see its docstring)
     TestPyWsgi       a plain WSGI app behind idem.wsgi.IdempotencyMiddleware, served by
-                     wsgiref on 127.0.0.1: one execution per key, replays, 409s, pass-through,
-                     4xx released, the fence, a body idemd cannot keep, 503 without idemd
+                     wsgiref on 127.0.0.1: one execution per key, replays, 409s (problem
+                     details, as the gateway writes them), pass-through, 4xx released, the
+                     fence, a body idemd cannot keep, 503 without idemd
     TestPyAsgi       a minimal ASGI app behind idem.asgi.IdempotencyMiddleware, called with
                      scope/receive/send directly; the event loop keeps turning while the
                      client waits on a node that never answers
     TestPyTls        HTTPS with a required client certificate (tls.http_client_certs)
+    TestPyFingerprintOptions
+                     fingerprint_fields / fingerprint_ignore through run and both
+                     middlewares: needs a gateway that applies them (a retry whose ignored
+                     value changed replays; one whose hashed value changed is refused)
 
 The package is imported from the source tree (no install, no network).
 
@@ -60,6 +65,31 @@ class PyTest(ClusterTestCase):
         c = idem.Client(*args, **kw)
         self.addCleanup(c.close)
         return c
+
+    def assert_problem(self, status, headers, raw, want_status, code, key, gateway=True):
+        """A middleware's refusal: RFC 9457 problem details with the gateway's members;
+        with gateway, the request id of idemd's answer (the 16 hex digits this client
+        sends as X-Request-Id, which the gateway keeps) in request_id and instance; never
+        the key."""
+        h = {k.lower(): v for k, v in headers.items()}
+        raw = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        self.assertEqual((status, h.get("content-type")), (want_status,
+                                                           "application/problem+json"), raw)
+        self.assertNotIn(key, raw)
+        p = json.loads(raw)
+        members = {"type", "title", "status", "detail", "code", "message"}
+        if gateway:
+            members |= {"instance", "request_id"}
+        self.assertEqual(set(p), members, raw)
+        self.assertEqual((p["type"], p["code"], p["status"], p["title"]),
+                         ("urn:idemd:problem:" + code, code, want_status,
+                          idem._middleware.TITLES[code]))
+        self.assertTrue(p["detail"])
+        self.assertEqual(p["message"], p["detail"])
+        if gateway:
+            self.assertRegex(p["request_id"], r"^[0-9a-f]{16}$")
+            self.assertEqual(p["instance"], "urn:idemd:request:" + p["request_id"])
+        return p
 
 
 class TestPyRun(PyTest):
@@ -358,9 +388,9 @@ class TestPyWsgi(PyTest):
         self.assertEqual(c[0], 201, c)
         fence = c[2]["fence"]
         self.assertTrue(fence and fence != "1" and int(fence) > 65536, fence)
-        # Same key, another body: 409, the app does not run.
+        # Same key, another body: 409 as problem details, the app does not run.
         d = http(self.addr, "POST", "/orders", '{"amount": 99}', "w-1")
-        self.assertEqual((d[0], d[2]["code"]), (409, "idempotency_key_reused"), d)
+        self.assert_problem(d[0], d[1], d.raw, 409, "idempotency_key_reused", "w-1")
         self.assertEqual(len(self.app.calls), 2)
         # Without a key, and on other routes (GET is not in the route), the app just runs.
         self.assertEqual(http(self.addr, "POST", "/orders", '{"amount": 1}')[0], 201)
@@ -409,7 +439,8 @@ class TestPyWsgi(PyTest):
         got = {}
         out = b"".join(mw(env, lambda s, h: got.update(status=s, headers=dict(h))))
         self.assertTrue(got["status"].startswith("503"), got)
-        self.assertEqual(json.loads(out)["code"], "idempotency_unavailable")
+        self.assert_problem(503, got["headers"], out, 503, "idempotency_unavailable", "w-dead",
+                            gateway=False)  # no node answered: no request id
         self.assertEqual(got["headers"]["Retry-After"], "1")
         self.assertEqual(self.app.calls, [])
 
@@ -523,7 +554,7 @@ class TestPyAsgi(PyTest):
         self.assertNotIn("idempotency-replayed", a[1])
         self.assertEqual((b[0], b[2], b[1].get("idempotency-replayed")), (201, a[2], "true"))
         self.assertEqual(b[1].get("content-type"), "application/json")
-        self.assertEqual((c[0], json.loads(c[2])["code"]), (409, "idempotency_key_reused"))
+        self.assert_problem(c[0], c[1], c[2], 409, "idempotency_key_reused", "a-1")
         self.assertEqual(calls, [b'{"amount": 10}'])
         self.assertGreater(took, 0.9)  # the silent node was tried first
         self.assertLess(gap, 0.5, "the event loop stalled for %.2f s" % gap)
@@ -554,6 +585,79 @@ class TestPyTls(PyTest):
         with self.assertRaises(idem.Unavailable) as e:
             other.get("tls-1")
         self.assertIn("CERTIFICATE_VERIFY_FAILED", str(e.exception))
+
+
+
+class TestPyFingerprintOptions(PyTest):
+    """fingerprint_fields / fingerprint_ignore as the gateway applies them: a retry whose
+    ignored (or unselected) values changed is the same request and replays; one whose
+    hashed values changed is refused as a reused key. Needs a gateway that knows them."""
+
+    def test_run(self):
+        client = self.client(urls(self.c), self.c.token)
+        runs = []
+
+        def fn(token):
+            runs.append(token)
+            return order_response(token, len(runs))
+        ignore = ["/ts", "/meta/trace~1id"]
+
+        def order(amount, ts, trace, **opts):
+            return dict({"method": "POST", "path": "/orders", "body": {
+                "amount": amount, "ts": ts, "meta": {"trace/id": trace}}}, **opts)
+        first = client.run("fp-ignore", fn, request=order(10, 1, "a", fingerprint_ignore=ignore))
+        self.assertTrue(first.ran)
+        again = client.run("fp-ignore", fn, request=order(10, 2, "b", fingerprint_ignore=ignore))
+        self.assertTrue(again.replayed)
+        self.assertEqual(again.response.body, first.response.body)
+        with self.assertRaises(idem.Mismatch):
+            client.run("fp-ignore", fn, request=order(11, 1, "a", fingerprint_ignore=ignore))
+        fields = ["/amount"]
+        self.assertTrue(client.run("fp-fields", fn, request=order(
+            5, 1, "a", fingerprint_fields=fields)).ran)
+        self.assertTrue(client.run("fp-fields", fn, request=order(
+            5, 9, "z", fingerprint_fields=fields)).replayed)
+        with self.assertRaises(idem.Mismatch):
+            client.claim("fp-fields", request=order(6, 1, "a", fingerprint_fields=fields))
+        self.assertEqual(len(runs), 2)
+
+    def test_middlewares(self):
+        app = OrderApp()
+        client = self.client(urls(self.c), self.c.token)
+        w = idem.wsgi.IdempotencyMiddleware(app, client, [idem.wsgi.route(
+            "POST", "/orders", fingerprint_ignore=["/ts"])])
+        srv = wsgiref.simple_server.make_server("127.0.0.1", 0, w, server_class=_ThreadingServer,
+                                                handler_class=_QuietHandler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        addr = "127.0.0.1:%d" % srv.server_address[1]
+        a = http(addr, "POST", "/orders", '{"amount": 10, "ts": 1}', "fpw-1")
+        b = http(addr, "POST", "/orders", '{"amount": 10, "ts": 2}', "fpw-1")
+        self.assertEqual((a[0], b[0], b[1].get("idempotency-replayed"), b.raw),
+                         (201, 201, "true", a.raw))
+        c = http(addr, "POST", "/orders", '{"amount": 12, "ts": 1}', "fpw-1")
+        self.assert_problem(c[0], c[1], c.raw, 409, "idempotency_key_reused", "fpw-1")
+        self.assertEqual(len(app.calls), 1)
+
+        calls = []
+
+        async def aapp(scope, receive, send):
+            calls.append((await receive())["body"])
+            await send({"type": "http.response.start", "status": 201,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b'{"order": 1}'})
+        s = idem.asgi.IdempotencyMiddleware(aapp, client, [{
+            "method": "POST", "path_prefix": "/orders", "fingerprint_fields": ["/amount"]}])
+
+        async def main():
+            return [await _asgi_request(s, "POST", "/orders", body, "fpa-1") for body in (
+                b'{"amount": 10, "note": "a"}', b'{"amount": 10, "note": "b"}',
+                b'{"amount": 11, "note": "a"}')]
+        x, y, z = asyncio.run(main())
+        self.assertEqual((x[0], y[0], y[1].get("idempotency-replayed")), (201, 201, "true"))
+        self.assert_problem(z[0], z[1], z[2], 409, "idempotency_key_reused", "fpa-1")
+        self.assertEqual(len(calls), 1)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,7 @@ class TestQuickstart(unittest.TestCase):
         wait_for(healthy, 30, "a healthy cluster at the new ports")
         for n in (1, 2, 3):
             addr = "127.0.0.1:%d" % (base + 1000 + n)
+            harness.register_gateway(addr)  # its answers checked against docs/openapi.yaml
             self.assertEqual(http_request(addr, "GET", "/livez", timeout=5)[0], 200, addr)
             # Each proxy listener accepts connections.
             socket.create_connection(("127.0.0.1", base + 1100 + n), timeout=5).close()

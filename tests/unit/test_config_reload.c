@@ -97,6 +97,19 @@ static void test_log_level(void **state)
     "proxy:\n"                                                                                     \
     "  - address: 127.0.0.1:8101\n"                                                                \
     "    routes: [{upstream: 'http://127.0.0.1:9999', tenant: b}]\n"
+/* CUR_TEXT's route with fingerprint pointers (a kept route keeps them: routeCopy). */
+#define CUR_FP_TEXT(x)                                                                             \
+    NODE("1")                                                                                      \
+    "cluster:\n"                                                                                   \
+    "  bootstrap: [{id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}]\n"          \
+    "raft:\n  election_timeout_ms: 1000\n"                                                         \
+    "rpc:\n  max_connections: 100\n" ADMIN "tenants:\n"                                            \
+    "  - {name: a, token_sha256: " HASH_A "}\n"                                                    \
+    "  - {name: b, token_sha256: " HASH_B ", max_records: 5}\n"                                    \
+    "proxy:\n"                                                                                     \
+    "  - address: 127.0.0.1:8101\n"                                                                \
+    "    routes: [{upstream: 'http://127.0.0.1:9999', tenant: b, fingerprint_ignore: [/ts],\n"     \
+    "              fingerprint_fields: [" x "]}]\n"
 
 static void test_nothing_changed(void **state)
 {
@@ -230,6 +243,22 @@ static void test_listeners_kept(void **state)
     assert_string_equal(n.proxies[0].routes[0].upstream, "http://127.0.0.1:9999");
     assert_int_equal(n.proxies[0].routes[0].tenant, 0);
     assert_string_equal(n.tenants[0].name, "b");
+    config_free(&n);
+
+    /* The kept route keeps its fingerprint pointers (a deep copy: freed once each). */
+    assert_int_equal(merge(CUR_FP_TEXT("/amount, /ts"), next_text, &n, &k, err, sizeof err), 0);
+    const struct config_proxy_route *r = &n.proxies[0].routes[0];
+    assert_int_equal(r->n_fingerprint_ignore, 1);
+    assert_string_equal(r->fingerprint_ignore[0], "/ts");
+    assert_int_equal(r->n_fingerprint_fields, 2);
+    assert_string_equal(r->fingerprint_fields[1], "/ts");
+    config_free(&n);
+    /* The same listener: its pointers are the file's, taken live. */
+    assert_int_equal(
+        merge(CUR_FP_TEXT("/amount"), CUR_FP_TEXT("/id, /amount, /x"), &n, &k, err, sizeof err), 0);
+    assert_string_equal(k.keys, "");
+    assert_int_equal(n.proxies[0].routes[0].n_fingerprint_fields, 3);
+    assert_string_equal(n.proxies[0].routes[0].fingerprint_fields[2], "/x");
     config_free(&n);
 
     /* b gone: the kept route has no tenant any more */

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "fingerprint.h"
+#include "fp_json.h"
+#include "http_api_body.h"
 
 /* Shorthands for a body given as a C string literal, in an initializer and in a statement. */
 #define BODY(s) .body = (const uint8_t *)(s), .body_len = sizeof(s) - 1
@@ -153,6 +155,18 @@ static void test_pairs(void **state)
          c->b.headers = h_dup_reordered, c->b.n_headers = 2);
     CASE("header name/value boundary", false, c->a.headers = h_shift_a, c->a.n_headers = 1,
          c->b.headers = h_shift_b, c->b.n_headers = 1);
+    CASE("10 and 10.0 (JCS numbers)", true, SETBODY(c->a, "{\"n\":10}"),
+         SETBODY(c->b, "{\"n\":10.0}"));
+    CASE("1e1 and 1.0E+1", true, SETBODY(c->a, "[1e1,0.5]"), SETBODY(c->b, "[1.0E+1,5e-1]"));
+    CASE("-0 and 0", true, SETBODY(c->a, "[-0,-0.0]"), SETBODY(c->b, "[0,0]"));
+    CASE("1.10 and 1.1", true, SETBODY(c->a, "1.10"), SETBODY(c->b, "1.1"));
+    CASE("10 and 10.5 differ", false, SETBODY(c->a, "10"), SETBODY(c->b, "10.5"));
+    CASE("large ids one apart differ (exact integers)", false, SETBODY(c->a, "9007199254740993"),
+         SETBODY(c->b, "9007199254740992"));
+    CASE("a large integer and the same as a real differ (deviation)", false,
+         SETBODY(c->a, "9007199254740993"), SETBODY(c->b, "9007199254740993.0"));
+    CASE("numbers inside a string are text", false, SETBODY(c->a, "\"10\""),
+         SETBODY(c->b, "\"10.0\""));
 #undef CASE
 
     for (size_t i = 0; i < n; i++) {
@@ -538,6 +552,522 @@ static void test_key_validate(void **state)
     }
 }
 
+/* The body fp_compute() hashes for a JSON body with the lists given; fails on an error. */
+static char *canonical(const char *body, const char *const *fields, size_t n_fields,
+                       const char *const *ignore, size_t n_ignore)
+{
+    struct fp_input in = baseInput();
+    uint8_t *out = NULL;
+    size_t len = 0;
+    in.body = (const uint8_t *)body;
+    in.body_len = strlen(body);
+    in.fields = fields;
+    in.n_fields = n_fields;
+    in.ignore = ignore;
+    in.n_ignore = n_ignore;
+    int rc = fp_canonical_body(&in, &out, &len);
+    if (rc != FP_OK) {
+        fail_msg("fp_canonical_body(%s): %s", body, fp_strerror(rc));
+    }
+    char *s = malloc(len + 1);
+    assert_non_null(s);
+    memcpy(s, out, len);
+    s[len] = '\0';
+    free(out);
+    return s;
+}
+
+static void expectCanonical(const char *body, const char *want)
+{
+    char *got = canonical(body, NULL, 0, NULL, 0);
+    if (strcmp(got, want) != 0) {
+        fail_msg("%s: expected %s, got %s", body, want, got);
+    }
+    free(got);
+}
+
+/* RFC 8785's number examples and edge cases, through the whole body path. */
+static void test_jcs_numbers(void **state)
+{
+    static const char *const cases[][2] = {
+        {"1e30", "1e+30"},
+        {"4.50", "4.5"},
+        {"2e-3", "0.002"},
+        {"0.000001", "0.000001"},
+        {"1e-7", "1e-7"},
+        {"333333333.33333329", "333333333.3333333"},
+        {"-0", "0"},
+        {"-0.0", "0"},
+        {"10", "10"},
+        {"10.0", "10"},
+        {"1e1", "10"},
+        {"1.0E+1", "10"},
+        {"1E1", "10"},
+        {"100e-1", "10"},
+        {"0.1", "0.1"},
+        {"-1.5e-9", "-1.5e-9"},
+        {"1e20", "100000000000000000000"},
+        {"1e21", "1e+21"},
+        {"123e-20", "1.23e-18"},
+        {"0.0000012", "0.0000012"},
+        {"1e-400", "0"}, /* below the smallest double: jansson reads 0 */
+        {"5e-324", "5e-324"},
+        {"1.7976931348623157e308", "1.7976931348623157e+308"},
+        /* a power of two whose nearest 16 digits do not read back, the other side does */
+        {"5.9604644775390625e-8", "5.960464477539063e-8"},
+        {"6.189700196426902e+26", "6.189700196426902e+26"},
+        /* integers: exact digits, also past 2^53 (the documented deviation from JCS) */
+        {"9007199254740993", "9007199254740993"},
+        {"9007199254740993.0", "9007199254740992"},
+        {"9223372036854775807", "9223372036854775807"},
+        {"-9223372036854775808", "-9223372036854775808"},
+        {"{\"b\":[1.0,2.50,{\"c\":-0.0}],\"a\":1E2}", "{\"a\":100,\"b\":[1,2.5,{\"c\":0}]}"},
+        /* strings as before: jansson's escapes, UTF-8 kept */
+        {"\"\\u001f\\u00e9\\/\"", "\"\\u001F\xc3\xa9/\""},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        expectCanonical(cases[i][0], cases[i][1]);
+    }
+    /* Still refused, as before: integers past long long, numbers past a double. */
+    struct fp_input in = baseInput();
+    uint8_t out[FP_LEN];
+    static const char *const refused[] = {"9223372036854775808",
+                                          "-9223372036854775809",
+                                          "1e400",
+                                          "-1e309",
+                                          "NaN",
+                                          "Infinity",
+                                          "01",
+                                          "1."};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        in.body = (const uint8_t *)refused[i];
+        in.body_len = strlen(refused[i]);
+        if (fp_compute(&in, out) != FP_EINVAL_JSON) {
+            fail_msg("%s was not refused as invalid JSON", refused[i]);
+        }
+    }
+}
+
+/* RFC 8785 appendix B: IEEE 754 doubles (bits in hex) and their JCS form. */
+static void test_jcs_appendix_b(void **state)
+{
+    static const struct {
+        uint64_t bits;
+        const char *want;
+    } cases[] = {
+        {0x0000000000000000, "0"},
+        {0x8000000000000000, "0"},
+        {0x0000000000000001, "5e-324"},
+        {0x8000000000000001, "-5e-324"},
+        {0x7fefffffffffffff, "1.7976931348623157e+308"},
+        {0xffefffffffffffff, "-1.7976931348623157e+308"},
+        {0x4340000000000000, "9007199254740992"},
+        {0xc340000000000000, "-9007199254740992"},
+        {0x4430000000000000, "295147905179352830000"},
+        {0x44b52d02c7e14af5, "9.999999999999997e+22"},
+        {0x44b52d02c7e14af6, "1e+23"},
+        {0x44b52d02c7e14af7, "1.0000000000000001e+23"},
+        {0x444b1ae4d6e2ef4e, "999999999999999700000"},
+        {0x444b1ae4d6e2ef4f, "999999999999999900000"},
+        {0x444b1ae4d6e2ef50, "1e+21"},
+        {0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"},
+        {0x3eb0c6f7a0b5ed8d, "0.000001"},
+        {0x41b3de4355555553, "333333333.3333332"},
+        {0x41b3de4355555554, "333333333.33333325"},
+        {0x41b3de4355555555, "333333333.3333333"},
+        {0x41b3de4355555556, "333333333.3333334"},
+        {0x41b3de4355555557, "333333333.33333343"},
+        {0xbecbf647612f3696, "-0.0000033333333333333333"},
+        {0x43143ff3c1cb0959, "1424953923781206.2"},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double d;
+        char out[FP_JSON_REAL_SIZE];
+        memcpy(&d, &cases[i].bits, sizeof d);
+        size_t n = fp_json_real(d, out);
+        if (n != strlen(cases[i].want) || strcmp(out, cases[i].want) != 0) {
+            fail_msg("%016llx: expected %s, got %s", (unsigned long long)cases[i].bits,
+                     cases[i].want, out);
+        }
+    }
+    char out[FP_JSON_REAL_SIZE];
+    assert_int_equal(fp_json_real(1.0 / 0.0, out), 0);
+    assert_string_equal(out, "");
+}
+
+/* The JSON Pointer options: what each list does to the hashed body. */
+static void test_pointers(void **state)
+{
+    static const char doc[] = "{\"a\":1,\"b\":{\"c\":[10,20,{\"d\":null}],\"e/f\":2,\"g~h\":3},"
+                              "\"ts\":\"x\",\"\":{\"\":5}}";
+    static const struct {
+        const char *name;
+        const char *fields[4];
+        const char *ignore[6];
+        const char *want;
+    } cases[] = {
+        {"ignore a member",
+         {NULL},
+         {"/ts"},
+         "{\"\":{\"\":5},\"a\":1,\"b\":{\"c\":[10,20,{\"d\":null}],\"e/f\":2,\"g~h\":3}}"},
+        {"ignore an array element: null, indices kept",
+         {NULL},
+         {"/b/c/1"},
+         "{\"\":{\"\":5},\"a\":1,\"b\":{\"c\":[10,null,{\"d\":null}],\"e/f\":2,\"g~h\":3},"
+         "\"ts\":\"x\"}"},
+        {"escapes ~1 and ~0",
+         {NULL},
+         {"/b/e~1f", "/b/g~0h", "/"},
+         "{\"a\":1,\"b\":{\"c\":[10,20,{\"d\":null}]},\"ts\":\"x\"}"},
+        {"pointers that name nothing change nothing",
+         {NULL},
+         {"/nope", "/a/x", "/b/c/9", "/b/c/-", "/b/c/01", "/b/c/0/x"},
+         "{\"\":{\"\":5},\"a\":1,\"b\":{\"c\":[10,20,{\"d\":null}],\"e/f\":2,\"g~h\":3},"
+         "\"ts\":\"x\"}"},
+        {"the member named \"\" of the member named \"\"",
+         {NULL},
+         {"//"},
+         "{\"\":{},\"a\":1,\"b\":{\"c\":[10,20,{\"d\":null}],\"e/f\":2,\"g~h\":3},\"ts\":\"x\"}"},
+        {"fields: absent left out, null kept",
+         {"/a", "/b/c/2/d", "/zz", "/b/e~1f"},
+         {NULL},
+         "{\"/a\":1,\"/b/c/2/d\":null,\"/b/e~1f\":2}"},
+        {"fields: the whole body",
+         {""},
+         {NULL},
+         "{\"\":{\"\":{\"\":5},\"a\":1,\"b\":{\"c\":[10,20,{\"d\":null}],\"e/f\":2,\"g~h\":3},"
+         "\"ts\":\"x\"}}"},
+        {"fields: an element and a repeated pointer",
+         {"/b/c/1", "/b/c/1"},
+         {NULL},
+         "{\"/b/c/1\":20}"},
+        {"ignore first, then fields",
+         {"/a", "/b"},
+         {"/a", "/b/c"},
+         "{\"/b\":{\"e/f\":2,\"g~h\":3}}"},
+        {"fields that name nothing: {}", {"/missing"}, {NULL}, "{}"},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t nf = 0, ni = 0;
+        while (nf < 4 && cases[i].fields[nf] != NULL) {
+            nf++;
+        }
+        while (ni < 6 && cases[i].ignore[ni] != NULL) {
+            ni++;
+        }
+        char *got = canonical(doc, cases[i].fields, nf, cases[i].ignore, ni);
+        if (strcmp(got, cases[i].want) != 0) {
+            fail_msg("%s: expected %s, got %s", cases[i].name, cases[i].want, got);
+        }
+        free(got);
+        /* The order of a list does not matter. */
+        const char *rf[4], *ri[6];
+        for (size_t k = 0; k < nf; k++) {
+            rf[k] = cases[i].fields[nf - 1 - k];
+        }
+        for (size_t k = 0; k < ni; k++) {
+            ri[k] = cases[i].ignore[ni - 1 - k];
+        }
+        got = canonical(doc, rf, nf, ri, ni);
+        if (strcmp(got, cases[i].want) != 0) {
+            fail_msg("%s, lists reversed: expected %s, got %s", cases[i].name, cases[i].want, got);
+        }
+        free(got);
+    }
+    /* A top-level array and scalar. */
+    static const char *const zero[] = {"/0"}, *const two[] = {"/2"};
+    char *got = canonical("[1,2,3]", NULL, 0, zero, 1);
+    assert_string_equal(got, "[null,2,3]");
+    free(got);
+    got = canonical("[1,2,3.0]", two, 1, NULL, 0);
+    assert_string_equal(got, "{\"/2\":3}");
+    free(got);
+    got = canonical("7", two, 1, zero, 1);
+    assert_string_equal(got, "{}");
+    free(got);
+}
+
+/* What the lists do to fingerprints: absent and null differ, the ignored member does not
+ * count, a body that is not JSON is hashed raw whatever the lists say. */
+static void test_pointer_fingerprints(void **state)
+{
+    static const char *const ts[] = {"/ts"};
+    static const char *const amount[] = {"/amount"};
+    struct fp_input a = baseInput(), b = baseInput();
+    uint8_t fa[FP_LEN], fb[FP_LEN];
+    (void)state;
+    SETBODY(a, "{\"amount\":10,\"ts\":1}");
+    SETBODY(b, "{\"amount\":10.0,\"ts\":2}");
+    computeOk(&a, fa);
+    computeOk(&b, fb);
+    assert_false(fp_equal(fa, fb));
+    a.ignore = b.ignore = ts;
+    a.n_ignore = b.n_ignore = 1;
+    computeOk(&a, fa);
+    computeOk(&b, fb);
+    assert_true(fp_equal(fa, fb));
+    SETBODY(b, "{\"amount\":11,\"ts\":1}");
+    computeOk(&b, fb);
+    assert_false(fp_equal(fa, fb));
+    /* fields: absent is not null */
+    a = baseInput();
+    b = baseInput();
+    a.fields = b.fields = amount;
+    a.n_fields = b.n_fields = 1;
+    SETBODY(a, "{\"x\":1}");
+    SETBODY(b, "{\"amount\":null,\"x\":1}");
+    computeOk(&a, fa);
+    computeOk(&b, fb);
+    assert_false(fp_equal(fa, fb));
+    SETBODY(b, "{\"y\":2}");
+    computeOk(&b, fb);
+    assert_true(fp_equal(fa, fb));
+    /* text: raw, the lists ignored; an empty JSON body: the empty string */
+    a = baseInput();
+    b = baseInput();
+    a.content_type = b.content_type = "text/plain";
+    SETBODY(a, "{\"amount\":10,\"ts\":1}");
+    SETBODY(b, "{\"amount\":10,\"ts\":1}");
+    b.ignore = ts;
+    b.n_ignore = 1;
+    computeOk(&a, fa);
+    computeOk(&b, fb);
+    assert_true(fp_equal(fa, fb));
+    b.content_type = "application/json";
+    b.body = NULL;
+    b.body_len = 0;
+    a.body = NULL;
+    a.body_len = 0;
+    computeOk(&a, fa);
+    computeOk(&b, fb);
+    assert_true(fp_equal(fa, fb));
+}
+
+/* fp_pointer_check(), and fp_compute()'s own check of the lists. */
+static void test_pointer_rules(void **state)
+{
+    char p256[FP_POINTER_MAX_LEN + 2];
+    (void)state;
+    p256[0] = '/';
+    memset(p256 + 1, 'a', FP_POINTER_MAX_LEN);
+    p256[FP_POINTER_MAX_LEN + 1] = '\0';
+    assert_null(fp_pointer_check("", 0, false));
+    assert_non_null(fp_pointer_check("", 0, true));
+    assert_null(fp_pointer_check("/", 1, true));
+    assert_null(fp_pointer_check("/~0~1/x", 7, true));
+    assert_null(fp_pointer_check(p256, FP_POINTER_MAX_LEN, true));
+    assert_non_null(fp_pointer_check(p256, FP_POINTER_MAX_LEN + 1, false));
+    assert_non_null(fp_pointer_check("a", 1, false));
+    assert_non_null(fp_pointer_check("#/a", 3, false));
+    assert_non_null(fp_pointer_check("/a~", 3, false));
+    assert_non_null(fp_pointer_check("/a~2", 4, false));
+    assert_non_null(fp_pointer_check("/~/", 3, false));
+    assert_non_null(fp_pointer_check("/\xff", 2, false));
+    assert_non_null(fp_pointer_check("/a\0b", 4, false));
+    assert_non_null(fp_pointer_check(NULL, 0, false));
+    /* A rule never quotes the pointer. */
+    assert_null(strstr(fp_pointer_check("/secret~", 8, false), "secret"));
+
+    const char *many[FP_POINTERS_MAX + 1];
+    char names[FP_POINTERS_MAX + 1][8];
+    for (size_t i = 0; i <= FP_POINTERS_MAX; i++) {
+        snprintf(names[i], sizeof names[i], "/k%zu", i);
+        many[i] = names[i];
+    }
+    struct fp_input in = baseInput();
+    uint8_t out[FP_LEN];
+    in.fields = many;
+    in.n_fields = FP_POINTERS_MAX;
+    assert_int_equal(fp_compute(&in, out), FP_OK);
+    in.n_fields = FP_POINTERS_MAX + 1;
+    assert_int_equal(fp_compute(&in, out), FP_EPOINTER);
+    in.n_fields = 0;
+    in.ignore = many;
+    in.n_ignore = FP_POINTERS_MAX + 1;
+    assert_int_equal(fp_compute(&in, out), FP_EPOINTER);
+    static const char *const empty[] = {""}, *const bad[] = {"/a~"}, *const null[] = {NULL};
+    in.ignore = empty;
+    in.n_ignore = 1;
+    assert_int_equal(fp_compute(&in, out), FP_EPOINTER);
+    in.content_type = "text/plain"; /* checked whatever the body */
+    in.ignore = bad;
+    assert_int_equal(fp_compute(&in, out), FP_EPOINTER);
+    in.ignore = null;
+    assert_int_equal(fp_compute(&in, out), FP_EINVAL);
+    in.ignore = NULL;
+    assert_int_equal(fp_compute(&in, out), FP_EINVAL);
+    in.n_ignore = 0;
+    in.fields = empty; /* "" is the whole body in fields */
+    in.n_fields = 1;
+    assert_int_equal(fp_compute(&in, out), FP_OK);
+}
+
+/* The fingerprint the JSON API's claim computes from a request object (http_api_body.c). */
+static bool apiFingerprint(const char *claim, uint8_t fp[FP_LEN], char *why, size_t why_size)
+{
+    static const struct config_tenant t = {.name = "tenant-a", .key_max_len = 255};
+    static uint8_t key[] = "order-1";
+    ProtobufCBinaryData kb = {7, key};
+    struct http_api_body b;
+    Idem__Request rq = IDEM__REQUEST__INIT;
+    const char *w = NULL;
+    bool ok =
+        http_api_parse_body(IDEM__REQUEST__OP_CLAIM, claim, strlen(claim), &t, kb, &rq, &b, &w);
+    snprintf(why, why_size, "%s", w ? w : "");
+    if (ok) {
+        assert_int_equal(rq.claim->fingerprint.len, FP_LEN);
+        memcpy(fp, rq.claim->fingerprint.data, FP_LEN);
+    }
+    http_api_body_free(&b);
+    return ok;
+}
+
+/* The JSON API and proxy mode agree: 10 and 10.0, and the pointer lists, give the JSON API's
+ * claim the fingerprint fp_compute gives the same request's JSON body. */
+static void test_api_agrees_with_proxy(void **state)
+{
+    static const char *const ts[] = {"/ts"};
+    static const char *const amount[] = {"/amount", "/cur"};
+    uint8_t api[FP_LEN], api2[FP_LEN], proxy[FP_LEN];
+    char why[160];
+    (void)state;
+    struct fp_input in = baseInput();
+    SETBODY(in, "{\"amount\": 10.0, \"ts\": 5}");
+    computeOk(&in, proxy);
+    assert_true(apiFingerprint("{\"request\": {\"method\": \"POST\", \"path\": \"/v1/payments\", "
+                               "\"body\": {\"ts\": 5, \"amount\": 10}}}",
+                               api, why, sizeof why));
+    assert_true(fp_equal(api, proxy));
+    assert_true(apiFingerprint("{\"request\": {\"method\": \"POST\", \"path\": \"/v1/payments\", "
+                               "\"body\": {\"ts\": 5, \"amount\": 1.0e1}}}",
+                               api2, why, sizeof why));
+    assert_true(fp_equal(api2, proxy));
+    /* with fingerprint_ignore */
+    in.ignore = ts;
+    in.n_ignore = 1;
+    computeOk(&in, proxy);
+    assert_true(apiFingerprint("{\"request\": {\"method\": \"POST\", \"path\": \"/v1/payments\", "
+                               "\"body\": {\"ts\": 6, \"amount\": 10}, "
+                               "\"fingerprint_ignore\": [\"/ts\"]}}",
+                               api, why, sizeof why));
+    assert_true(fp_equal(api, proxy));
+    /* with fingerprint_fields (null for none is no list) */
+    in.ignore = NULL;
+    in.n_ignore = 0;
+    in.fields = amount;
+    in.n_fields = 2;
+    computeOk(&in, proxy);
+    assert_true(apiFingerprint("{\"request\": {\"method\": \"POST\", \"path\": \"/v1/payments\", "
+                               "\"body\": {\"ts\": 7, \"amount\": 10, \"other\": [1]}, "
+                               "\"fingerprint_fields\": [\"/cur\", \"/amount\"], "
+                               "\"fingerprint_ignore\": null}}",
+                               api, why, sizeof why));
+    assert_true(fp_equal(api, proxy));
+    /* a large id keeps its digits through the JSON API as through the proxy */
+    in = baseInput();
+    SETBODY(in, "{\"id\":9007199254740993}");
+    computeOk(&in, proxy);
+    assert_true(apiFingerprint("{\"request\": {\"method\": \"POST\", \"path\": \"/v1/payments\", "
+                               "\"body\": {\"id\": 9007199254740993}}}",
+                               api, why, sizeof why));
+    assert_true(fp_equal(api, proxy));
+}
+
+/* The JSON API's refusals of the lists: the member and the rule named, the pointer never. */
+static void test_api_pointer_refusals(void **state)
+{
+    static const struct {
+        const char *lists;
+        const char *why;
+    } cases[] = {
+        {"\"fingerprint_ignore\": [\"/ok\", \"\"]",
+         "request.fingerprint_ignore[1]: the empty JSON pointer (the whole body) cannot be "
+         "ignored"},
+        {"\"fingerprint_fields\": [\"secret\"]",
+         "request.fingerprint_fields[0]: a JSON pointer is empty or starts with '/'"},
+        {"\"fingerprint_fields\": [\"/secret~2\"]",
+         "request.fingerprint_fields[0]: '~' in a JSON pointer must be followed by 0 or 1 (~0 "
+         "is '~', ~1 is '/')"},
+        {"\"fingerprint_fields\": \"/a\"",
+         "request.fingerprint_fields must be an array of at most 32 JSON pointer strings"},
+        {"\"fingerprint_ignore\": [1]",
+         "request.fingerprint_ignore must be an array of at most 32 JSON pointer strings"},
+        {"\"fingerprint_filds\": []", "unknown field \"request.fingerprint_filds\""},
+    };
+    uint8_t fp[FP_LEN];
+    char why[160], body[512];
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body,
+                 "{\"request\": {\"method\": \"POST\", \"path\": \"/p\", \"body\": {}, %s}}",
+                 cases[i].lists);
+        assert_false(apiFingerprint(body, fp, why, sizeof why));
+        assert_string_equal(why, cases[i].why);
+    }
+    /* 32 pointers are taken, 33 are not; a 257-byte pointer is not. */
+    size_t at = (size_t)snprintf(body, sizeof body,
+                                 "{\"request\": {\"method\": \"POST\", \"path\": \"/p\", "
+                                 "\"fingerprint_ignore\": [");
+    for (size_t i = 0; i < FP_POINTERS_MAX; i++) {
+        at += (size_t)snprintf(body + at, sizeof body - at, "%s\"/%zu\"", i ? "," : "", i);
+    }
+    snprintf(body + at, sizeof body - at, "]}}");
+    assert_true(apiFingerprint(body, fp, why, sizeof why));
+    snprintf(body + at, sizeof body - at, ",\"/x\"]}}");
+    assert_false(apiFingerprint(body, fp, why, sizeof why));
+    assert_string_equal(why,
+                        "request.fingerprint_ignore must be an array of at most 32 JSON pointer "
+                        "strings");
+    at = (size_t)snprintf(body, sizeof body,
+                          "{\"request\": {\"method\": \"POST\", \"path\": \"/p\", "
+                          "\"fingerprint_fields\": [\"/");
+    memset(body + at, 'a', FP_POINTER_MAX_LEN);
+    snprintf(body + at + FP_POINTER_MAX_LEN, sizeof body - at - FP_POINTER_MAX_LEN, "\"]}}");
+    assert_false(apiFingerprint(body, fp, why, sizeof why));
+    assert_string_equal(why, "request.fingerprint_fields[0]: a JSON pointer has at most 256 bytes");
+}
+
+/* Pins the framing with pointers and JCS numbers: the body field is the canonical JSON of
+ * the selection, written out here by hand. */
+static void test_known_answer_pointers(void **state)
+{
+    static const char *const fields[] = {"/n", "/o~1p"};
+    static const char *const ignore[] = {"/n/1"};
+    struct fp_input in = {
+        .method = "POST",
+        .path = "/p",
+        .tenant = "t1",
+        .content_type = "application/json",
+        BODY("{\"o/p\": 1.0E+1, \"n\": [0.10, 7, 1e30], \"ts\": 3}"),
+        .fields = fields,
+        .n_fields = 2,
+        .ignore = ignore,
+        .n_ignore = 1,
+    };
+    uint8_t framed[256];
+    size_t len = 0;
+    uint8_t expected[FP_LEN], actual[FP_LEN];
+    char expected_hex[2 * FP_LEN + 1], actual_hex[2 * FP_LEN + 1];
+    (void)state;
+    putField(framed, &len, "idem-fp-v1");
+    putField(framed, &len, "POST");
+    putField(framed, &len, "/p");
+    putField(framed, &len, "t1");
+    putField(framed, &len, "{\"/n\":[0.1,null,1e+30],\"/o~1p\":10}");
+    putBe32(framed, &len, 0);
+    sha256(framed, len, expected);
+    computeOk(&in, actual);
+    toHex(expected, FP_LEN, expected_hex);
+    toHex(actual, FP_LEN, actual_hex);
+    assert_string_equal(actual_hex, expected_hex);
+    /* Python's hashlib over the same framed bytes. */
+    assert_string_equal(actual_hex,
+                        "5aff594ec36fd5dec80a5c590a1e3e507db5d72748cda8ca20b056e62e8dc19f");
+}
+
 static void test_strerror(void **state)
 {
     (void)state;
@@ -560,6 +1090,14 @@ int main(void)
         cmocka_unit_test(test_key_digest),
         cmocka_unit_test(test_key_validate),
         cmocka_unit_test(test_strerror),
+        cmocka_unit_test(test_jcs_numbers),
+        cmocka_unit_test(test_jcs_appendix_b),
+        cmocka_unit_test(test_pointers),
+        cmocka_unit_test(test_pointer_fingerprints),
+        cmocka_unit_test(test_pointer_rules),
+        cmocka_unit_test(test_api_agrees_with_proxy),
+        cmocka_unit_test(test_api_pointer_refusals),
+        cmocka_unit_test(test_known_answer_pointers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,10 +37,12 @@ static raft_index lastStored; /* what the fake raft reports */
 static bool answerRejected;
 static raft_index seenCommit; /* leader_commit as the fake raft received it */
 
+static unsigned startedEvery; /* the tick interval the wrapper asked the "raft_uv" for */
+
 static int fakeStart(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick, raft_io_recv_cb recv)
 {
     (void)io;
-    (void)msecs;
+    startedEvery = msecs;
     innerTick = tick;
     innerRecv = recv;
     return 0;
@@ -64,8 +66,16 @@ static char installSeenAddr[64];
 
 /* The fake raft: takes an InstallSnapshot (freeing what raft owns then), answers every
  * AppendEntries at once with its last stored index. */
+static struct raft_request_vote seenVote; /* the last RequestVote the fake raft received */
+static int votesSeen;
+
 static void raftRecv(struct raft_io *io, struct raft_message *msg)
 {
+    if (msg->type == RAFT_IO_REQUEST_VOTE) {
+        seenVote = msg->request_vote;
+        votesSeen++;
+        return;
+    }
     if (msg->type == RAFT_IO_INSTALL_SNAPSHOT) {
         installsSeen++;
         installSeenIndex = msg->install_snapshot.last_index;
@@ -134,6 +144,114 @@ static void test_heartbeat_answer_is_clamped(void **state)
     /* Entries the RPC carried are vouched for. */
     deliverAppendEntries(2, 10, 2);
     assert_int_equal(lastSent.append_entries_result.last_log_index, 12);
+}
+
+/* raft ticks every heartbeat timeout (100 ms here); the wrapper asks for IO_TICK_MAX_MS. */
+static void test_tick_is_finer_than_the_heartbeat(void **state)
+{
+    (void)state;
+    assert_int_equal(startedEvery, IO_TICK_MAX_MS);
+    unsigned every = startedEvery;
+    assert_int_equal(theIo.outer.start(&theIo.outer, 5, raftTick, raftRecv), 0);
+    assert_int_equal(startedEvery, 5); /* a shorter heartbeat keeps its own */
+    startedEvery = every;
+}
+
+/* A follower of leader 1, its election timeout 300 ms, last heard from the leader at
+ * `heard` in raft's clock (ms). */
+static void followerOf1(struct raft *r, raft_time heard)
+{
+    memset(r, 0, sizeof(*r));
+    r->state = RAFT_FOLLOWER;
+    r->follower_state.current_leader.id = 1;
+    r->election_timeout = 300;
+    r->heartbeat_timeout = 50;
+    r->election_timer_start = heard;
+}
+
+static struct raft_message voteRequest(raft_id from, bool pre_vote)
+{
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_REQUEST_VOTE;
+    m.server_id = from;
+    m.request_vote.candidate_id = from;
+    m.request_vote.term = 3;
+    m.request_vote.pre_vote = pre_vote;
+    return m;
+}
+
+/* libraft 0.15 refuses any vote while it knows a leader; past half an election timeout
+ * without hearing from it, the wrapper lets the request be decided on terms and logs. */
+static void test_vote_past_a_stale_leader(void **state)
+{
+    (void)state;
+    struct raft r;
+    followerOf1(&r, 1000);
+    struct raft_message m = voteRequest(2, true);
+    /* Heard from 149 ms ago: the leader still counts, the request is left as it came. */
+    assert_false(io_vote_past_stale_leader(&r, 1149, &m));
+    assert_false(m.request_vote.disrupt_leader);
+    /* 150 ms: half the election timeout has passed. */
+    assert_true(io_vote_past_stale_leader(&r, 1150, &m));
+    assert_true(m.request_vote.disrupt_leader);
+    /* A real vote, likewise; a clock behind the timer's start changes nothing. */
+    m = voteRequest(2, false);
+    assert_true(io_vote_past_stale_leader(&r, 5000, &m));
+    m = voteRequest(2, false);
+    assert_false(io_vote_past_stale_leader(&r, 999, &m));
+    /* No leader known, a candidate, a leader: raft decides on its own already. */
+    r.follower_state.current_leader.id = 0;
+    m = voteRequest(2, true);
+    assert_false(io_vote_past_stale_leader(&r, 5000, &m));
+    assert_false(m.request_vote.disrupt_leader);
+    followerOf1(&r, 1000);
+    r.state = RAFT_CANDIDATE;
+    assert_false(io_vote_past_stale_leader(&r, 5000, &m));
+    r.state = RAFT_LEADER;
+    assert_false(io_vote_past_stale_leader(&r, 5000, &m));
+    /* The threshold: half the election timeout, at least two heartbeats, at most the
+     * whole timeout. */
+    followerOf1(&r, 1000);
+    assert_int_equal(io_stale_leader_ms(&r), 150);
+    r.heartbeat_timeout = 100;
+    assert_int_equal(io_stale_leader_ms(&r), 200);
+    m = voteRequest(2, true);
+    assert_false(io_vote_past_stale_leader(&r, 1199, &m));
+    assert_true(io_vote_past_stale_leader(&r, 1200, &m));
+    r.heartbeat_timeout = 250;
+    assert_int_equal(io_stale_leader_ms(&r), 300);
+    /* Other messages are never touched. */
+    followerOf1(&r, 1000);
+    struct raft_message ae;
+    memset(&ae, 0, sizeof(ae));
+    ae.type = RAFT_IO_APPEND_ENTRIES;
+    assert_false(io_vote_past_stale_leader(&r, 5000, &ae));
+}
+
+/* Through the wrapper's receive path: raft gets the request marked, and it is counted. */
+static void test_vote_past_a_stale_leader_is_delivered_marked(void **state)
+{
+    (void)state;
+    struct raft r;
+    uv_update_time(&loop);
+    raft_time now = uv_now(&loop); /* ms since an arbitrary point: the boot, on Linux */
+    assert_true(now > 400);
+    followerOf1(&r, now - 400);
+    theIo.raft = &r;
+    votesSeen = 0;
+    struct raft_message m = voteRequest(2, true);
+    innerRecv(&theIo.inner, &m);
+    assert_int_equal(votesSeen, 1);
+    assert_true(seenVote.disrupt_leader);
+    assert_int_equal(theIo.stale_votes, 1);
+    /* Just heard from: delivered as it came. */
+    r.election_timer_start = now;
+    m = voteRequest(2, true);
+    innerRecv(&theIo.inner, &m);
+    assert_int_equal(votesSeen, 2);
+    assert_false(seenVote.disrupt_leader);
+    theIo.raft = NULL;
 }
 
 static void test_other_answers_are_untouched(void **state)
@@ -2129,6 +2247,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_heartbeat_answer_is_clamped, setup),
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
+        cmocka_unit_test_setup(test_tick_is_finer_than_the_heartbeat, setup),
+        cmocka_unit_test(test_vote_past_a_stale_leader),
+        cmocka_unit_test_setup(test_vote_past_a_stale_leader_is_delivered_marked, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
         cmocka_unit_test_setup(test_unaddressed_answers_are_not_sent, setup),
         cmocka_unit_test(test_install_waits_only_for_an_own_snapshot),

@@ -12,6 +12,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -335,6 +338,78 @@ static int teardown(void **state)
     return pki_remove(&pki);
 }
 
+/* ---- outwatch.c: outgoing connections whose peer closed them ------------------------------ */
+
+/* A connection handed to raft for peer 7 (one end of a socketpair: outwatch looks at the
+ * descriptor only), its other end the peer's. */
+static void test_outgoing_closed_by_its_peer(void **state)
+{
+    (void)state;
+    struct transport t;
+    memset(&t, 0, sizeof(t));
+    for (size_t i = 0; i < TRANSPORT_WATCHED_MAX; i++) {
+        t.watched[i].fd = -1;
+    }
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    int fds[2], other[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, other), 0);
+    uv_pipe_t ours, ours8;
+    assert_int_equal(uv_pipe_init(&loop, &ours, 0), 0);
+    assert_int_equal(uv_pipe_open(&ours, fds[0]), 0);
+    assert_int_equal(uv_pipe_init(&loop, &ours8, 0), 0);
+    assert_int_equal(uv_pipe_open(&ours8, other[0]), 0);
+    transport_watch(&t, 7, (uv_stream_t *)&ours);
+    transport_watch(&t, 8, (uv_stream_t *)&ours8);
+    raft_id ids[TRANSPORT_WATCHED_MAX];
+    /* Both peers there (and one has written something: still alive). */
+    assert_int_equal(write(other[1], "x", 1), 1);
+    assert_int_equal(transport_dead_outgoing(&t, ids, TRANSPORT_WATCHED_MAX), 0);
+    /* Peer 7 goes: found once, and the connection is shut for writing, so the next write
+     * raft makes fails at once instead of being lost. */
+    close(fds[1]);
+    assert_int_equal(transport_dead_outgoing(&t, ids, TRANSPORT_WATCHED_MAX), 1);
+    assert_int_equal(ids[0], 7);
+    signal(SIGPIPE, SIG_IGN);
+    assert_int_equal(write(fds[0], "y", 1), -1);
+    assert_int_equal(errno, EPIPE);
+    assert_int_equal(transport_dead_outgoing(&t, ids, TRANSPORT_WATCHED_MAX), 0);
+    /* Peer 8's connection closed by raft (as raft_uv does after a failed write), its number
+     * reused by another socket whose peer is gone: not taken for peer 8's. */
+    uv_close((uv_handle_t *)&ours8, NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    int again[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, again), 0);
+    if (again[0] != other[0]) {
+        assert_int_equal(dup2(again[0], other[0]), other[0]);
+        close(again[0]);
+    }
+    close(again[1]);
+    assert_int_equal(transport_dead_outgoing(&t, ids, TRANSPORT_WATCHED_MAX), 0);
+    close(other[0]);
+    close(other[1]);
+    /* A new connection to peer 7 replaces the old one in its slot. */
+    uv_close((uv_handle_t *)&ours, NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    uv_pipe_t fresh;
+    assert_int_equal(uv_pipe_init(&loop, &fresh, 0), 0);
+    assert_int_equal(uv_pipe_open(&fresh, fds[0]), 0);
+    transport_watch(&t, 7, (uv_stream_t *)&fresh);
+    size_t watched = 0;
+    for (size_t i = 0; i < TRANSPORT_WATCHED_MAX; i++) {
+        watched += t.watched[i].fd >= 0;
+    }
+    assert_int_equal(watched, 1);
+    close(fds[1]);
+    assert_int_equal(transport_dead_outgoing(&t, ids, TRANSPORT_WATCHED_MAX), 1);
+    assert_int_equal(ids[0], 7);
+    uv_close((uv_handle_t *)&fresh, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -343,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_moved_member_is_reached_again_over_tls),
         cmocka_unit_test(test_failed_and_cancelled_lookups),
         cmocka_unit_test(test_ipv6_member),
+        cmocka_unit_test(test_outgoing_closed_by_its_peer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -21,7 +21,8 @@ _idemctl_flags_of() {
         quarantine) echo "--tenant --limit --reveal --lease-ended $common" ;;
         resolve) echo "--tenant --release --status --body $common" ;;
         claim) echo "--fingerprint --attempt --lease --ttl --policy --request-body --method" \
-                    "--path --content-type --tenant $common" ;;
+                    "--path --content-type --tenant --fingerprint-field" \
+                    "--fingerprint-ignore $common" ;;
         complete) echo "--token --status --body --outcome $common" ;;
         release) echo "--token $common" ;;
         renew) echo "--token --lease $common" ;;
@@ -129,6 +130,7 @@ _idemctl_value() {
             compopt -o filenames 2>/dev/null ;;
         --cluster|--token|--admin-token|--deadline|--max-lag|--max-lag-entries|--max-lag-ms|\
         --node|--tenant|--limit|--status|--body|--fingerprint|--attempt|--lease|--ttl|--path|\
+        --fingerprint-field|--fingerprint-ignore|\
         --concurrency|--duration|--requests|--rate|--connections|--keys|--timeline|\
         --tls-server-name) ;;
         *) return 1 ;;
@@ -191,7 +193,7 @@ _idemctl_complete() {
             --cluster|--token|--admin-token|--deadline|--max-lag|--max-lag-entries|\
             --max-lag-ms|--node|--tenant|--limit|--status|--body|--fingerprint|--attempt|\
             --lease|--ttl|--policy|--outcome|--tls-ca|--tls-cert|--tls-key|--request-body|\
-            --method|--path|--content-type|\
+            --method|--path|--content-type|--fingerprint-field|--fingerprint-ignore|\
             --tls-server-name|-o)
                 i=$((i + 2)); continue ;;
         esac

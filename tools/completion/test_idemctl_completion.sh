@@ -168,6 +168,9 @@ check "--request-body" idemctl claim k --req
 check "PATCH POST PUT" idemctl claim k --method P
 check "application/json" idemctl claim k --content-type app
 check "" idemctl claim k --path ""
+check "--fingerprint --fingerprint-field --fingerprint-ignore" idemctl claim k --fing
+check "" idemctl claim k --fingerprint-ignore ""
+check "--policy" idemctl claim k --fingerprint-field /a --fingerprint-field /b --po
 check "get purge resolve" idemctl help key ""
 check "status" idemctl help st
 

@@ -124,13 +124,36 @@ void argsRequireKey(const char *cmd, const char *key)
     }
 }
 
+/* If the current argument is one of the repeatable options reps[0..n), consumes it and its
+ * value and returns true. */
+static bool argsRepeated(struct args *a, const struct argsRepeat *reps, size_t n)
+{
+    for (size_t r = 0; r < n; r++) {
+        const char *v;
+        if (argsValue(a, reps[r].name, &v)) {
+            if (*reps[r].n >= reps[r].max) {
+                cli_usage_error("%s: %s is given more than %zu times", a->cmd, reps[r].name,
+                                reps[r].max);
+            }
+            reps[r].values[(*reps[r].n)++] = v;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Parses the arguments after the command word: the options every command takes
- * (argsCommon()), the command's own (opts[0..n_opts), may be NULL), and at most `max`
- * positional arguments into pos[0..*npos) (OUT). Anything else is a usage error. */
-void argsParse(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
-               const char **pos, size_t max, size_t *npos)
+ * (argsCommon()), the command's own (opts[0..n_opts), may be NULL; reps[0..n_reps), may be
+ * NULL, those it takes several times), and at most `max` positional arguments into
+ * pos[0..*npos) (OUT). Anything else is a usage error. */
+void argsParseRepeat(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
+                     const struct argsRepeat *reps, size_t n_reps, const char **pos, size_t max,
+                     size_t *npos)
 {
     *npos = 0;
+    for (size_t r = 0; r < n_reps; r++) {
+        *reps[r].n = 0;
+    }
     while (a->i < a->argc) {
         bool taken = argsCommon(g, a);
         for (size_t k = 0; !taken && k < n_opts; k++) {
@@ -142,7 +165,16 @@ void argsParse(struct global *g, struct args *a, const struct argsOpt *opts, siz
             }
         }
         if (!taken) {
+            taken = argsRepeated(a, reps, n_reps);
+        }
+        if (!taken) {
             argsPositional(a, pos, max, npos);
         }
     }
+}
+
+void argsParse(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
+               const char **pos, size_t max, size_t *npos)
+{
+    argsParseRepeat(g, a, opts, n_opts, NULL, 0, pos, max, npos);
 }

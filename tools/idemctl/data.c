@@ -41,31 +41,56 @@ static uint8_t *readRequestBody(const char *file, size_t *len)
     return buf;
 }
 
-/* The fingerprint of the request --method, --path, --content-type and --request-body name,
- * for tenant `tenant`, with the gateway's own code (server/fingerprint.c): the fingerprint
- * the JSON API's `request` form and proxy mode compute for that request (docs/idemctl.md). */
-static void requestFingerprint(const char *tenant, const char *method, const char *path,
-                               const char *ctype, const char *file, uint8_t out[FP_LEN])
+/* The request a claim's fingerprint is computed from: --method, --path, --content-type,
+ * --request-body, and the repeated --fingerprint-field and --fingerprint-ignore. */
+struct requestSpec {
+    const char *method, *path, *ctype, *file;
+    const char *fields[FP_POINTERS_MAX], *ignore[FP_POINTERS_MAX];
+    size_t n_fields, n_ignore;
+};
+
+/* Exits 2 when a pointer of list `opt` (ptrs[0..n)) breaks a rule of fp_pointer_check(). */
+static void checkPointers(const char *opt, const char *const *ptrs, size_t n, bool ignore)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *rule = fp_pointer_check(ptrs[i], strlen(ptrs[i]), ignore);
+        if (rule != NULL) {
+            cli_usage_error("claim: %s (number %zu): %s", opt, i + 1, rule);
+        }
+    }
+}
+
+/* The fingerprint of the request rs names, for tenant `tenant`, with the gateway's own code
+ * (server/fingerprint.c): the fingerprint the JSON API's `request` form and proxy mode
+ * compute for that request (docs/idemctl.md). */
+static void requestFingerprint(const char *tenant, const struct requestSpec *rs,
+                               uint8_t out[FP_LEN])
 {
     if (tenant == NULL || tenant[0] == '\0') {
         cli_usage_error("claim: a request's fingerprint needs --tenant NAME (the tenant of "
                         "--token: it is part of the fingerprint)");
     }
-    if (method[0] == '\0' || path[0] == '\0') {
+    if (rs->method[0] == '\0' || rs->path[0] == '\0') {
         cli_usage_error("claim: --method and --path must not be empty");
     }
+    checkPointers("--fingerprint-field", rs->fields, rs->n_fields, false);
+    checkPointers("--fingerprint-ignore", rs->ignore, rs->n_ignore, true);
     size_t len = 0;
-    uint8_t *body = file != NULL ? readRequestBody(file, &len) : NULL;
-    struct fp_input in = {.method = method,
-                          .path = path,
+    uint8_t *body = rs->file != NULL ? readRequestBody(rs->file, &len) : NULL;
+    struct fp_input in = {.method = rs->method,
+                          .path = rs->path,
                           .tenant = tenant,
-                          .content_type = body != NULL ? ctype : NULL,
+                          .content_type = body != NULL ? rs->ctype : NULL,
                           .body = body,
-                          .body_len = len};
+                          .body_len = len,
+                          .fields = rs->fields,
+                          .n_fields = rs->n_fields,
+                          .ignore = rs->ignore,
+                          .n_ignore = rs->n_ignore};
     int rc = fp_compute(&in, out);
     free(body);
     if (rc != FP_OK) {
-        cli_usage_error("claim: --request-body %s: %s", file ? file : "", fp_strerror(rc));
+        cli_usage_error("claim: --request-body %s: %s", rs->file ? rs->file : "", fp_strerror(rc));
     }
 }
 
@@ -92,18 +117,23 @@ int dataCmdClaim(struct global *g, struct args *a)
     size_t npos = 0;
     const char *fp = NULL, *attempt = NULL, *lease = NULL, *ttl = NULL, *policy = NULL;
     const char *file = NULL, *method = NULL, *path = NULL, *ctype = NULL, *tenant = NULL;
+    struct requestSpec rs = {0};
     const struct argsOpt opts[] = {
         {"--fingerprint", &fp, NULL},     {"--attempt", &attempt, NULL},
         {"--lease", &lease, NULL},        {"--ttl", &ttl, NULL},
         {"--policy", &policy, NULL},      {"--request-body", &file, NULL},
         {"--method", &method, NULL},      {"--path", &path, NULL},
         {"--content-type", &ctype, NULL}, {"--tenant", &tenant, NULL}};
-    argsParse(g, a, opts, sizeof opts / sizeof opts[0], pos, 1, &npos);
+    const struct argsRepeat reps[] = {
+        {"--fingerprint-field", rs.fields, FP_POINTERS_MAX, &rs.n_fields},
+        {"--fingerprint-ignore", rs.ignore, FP_POINTERS_MAX, &rs.n_ignore}};
+    argsParseRepeat(g, a, opts, sizeof opts / sizeof opts[0], reps, 2, pos, 1, &npos);
     argsRequireKey("claim", npos ? pos[0] : NULL);
-    bool request = file != NULL || method != NULL || path != NULL || ctype != NULL;
+    bool request = file != NULL || method != NULL || path != NULL || ctype != NULL ||
+                   rs.n_fields > 0 || rs.n_ignore > 0;
     if (fp != NULL && request) {
         cli_usage_error("claim: --fingerprint or a request (--request-body, --method, --path, "
-                        "--content-type), not both");
+                        "--content-type, --fingerprint-field, --fingerprint-ignore), not both");
     }
     if (fp == NULL && !request) {
         cli_usage_error("claim: missing --fingerprint HEX64 or --request-body FILE|-");
@@ -115,8 +145,11 @@ int dataCmdClaim(struct global *g, struct args *a)
     if (fp != NULL) {
         hexFingerprint(fp, fpb);
     } else {
-        requestFingerprint(tenant, method ? method : "POST", path ? path : "/",
-                           ctype ? ctype : "application/json", file, fpb);
+        rs.method = method ? method : "POST";
+        rs.path = path ? path : "/";
+        rs.ctype = ctype ? ctype : "application/json";
+        rs.file = file;
+        requestFingerprint(tenant, &rs, fpb);
     }
     char attempt_buf[IDEM_ATTEMPT_ID_HEX + 1];
     if (attempt == NULL) {

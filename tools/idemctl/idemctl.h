@@ -73,6 +73,18 @@ struct argsOpt {
 };
 void argsParse(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
                const char **pos, size_t max, size_t *npos);
+/* An option that may be given several times (--fingerprint-field PTR): its values, in the
+ * order given, into values[0..*n) (at most max; one more is a usage error). */
+struct argsRepeat {
+    const char *name;
+    const char **values;
+    size_t max;
+    size_t *n;
+};
+/* argsParse(), and the repeatable options reps[0..n_reps) (may be NULL). */
+void argsParseRepeat(struct global *g, struct args *a, const struct argsOpt *opts, size_t n_opts,
+                     const struct argsRepeat *reps, size_t n_reps, const char **pos, size_t max,
+                     size_t *npos);
 
 /* ---- help (help.c) ---- */
 

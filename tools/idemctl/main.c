@@ -132,11 +132,31 @@ static const struct command commands[] = {
 static bool takesValue(const char *arg)
 {
     static const char *const names[] = {
-        "--cluster", "--token",  "--admin-token",     "--deadline",   "--tenant",
-        "--status",  "--body",   "--fingerprint",     "--attempt",    "--lease",
-        "--ttl",     "--policy", "--outcome",         "--node",       "--max-lag",
-        "--limit",   "-o",       "--max-lag-entries", "--max-lag-ms", "--request-body",
-        "--method",  "--path",   "--content-type",
+        "--cluster",
+        "--token",
+        "--admin-token",
+        "--deadline",
+        "--tenant",
+        "--status",
+        "--body",
+        "--fingerprint",
+        "--attempt",
+        "--lease",
+        "--ttl",
+        "--policy",
+        "--outcome",
+        "--node",
+        "--max-lag",
+        "--limit",
+        "-o",
+        "--max-lag-entries",
+        "--max-lag-ms",
+        "--request-body",
+        "--method",
+        "--path",
+        "--content-type",
+        "--fingerprint-field",
+        "--fingerprint-ignore",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(arg, names[i]) == 0) {

@@ -11,18 +11,18 @@ are the single calls. idem.wsgi and idem.asgi put a web application behind idemd
 Errors are typed by idemd's `code` (idem.errors). See client/python/README.md.
 """
 from .client import (Ambiguous, Claim, Client, Held, Record, Renewal, Response, Result,
-                     Retryable, __version__, new_attempt_id, tls_context)
+                     Retryable, __version__, check_pointers, new_attempt_id, tls_context)
 from .errors import (Conflict, Expired, Forbidden, IdemError, InProgress, InProgressTimeout,
-                     InternalError, InvalidRequest, LeaseExpired, LeaseLost, Mismatch,
-                     NotFound, NotRecorded, PayloadTooLarge, ProtocolError, QuotaExceeded,
-                     ResponseTooLarge, Unauthorized, Unavailable, UnknownOutcome)
+                     InternalError, InvalidFingerprintOption, InvalidRequest, LeaseExpired,
+                     LeaseLost, Mismatch, NotFound, NotRecorded, PayloadTooLarge,
+                     ProtocolError, QuotaExceeded, ResponseTooLarge, Unauthorized,
+                     Unavailable, UnknownOutcome)
 
 __all__ = [
     "Ambiguous", "Claim", "Client", "Held", "Record", "Renewal", "Response", "Result",
-    "Retryable", "__version__", "new_attempt_id", "tls_context",
+    "Retryable", "__version__", "check_pointers", "new_attempt_id", "tls_context",
     "Conflict", "Expired", "Forbidden", "IdemError", "InProgress", "InProgressTimeout",
-    "InternalError", "InvalidRequest", "LeaseExpired", "LeaseLost", "Mismatch", "NotFound",
-    "NotRecorded", "PayloadTooLarge", "ProtocolError", "QuotaExceeded", "ResponseTooLarge",
-    "Unauthorized",
-    "Unavailable", "UnknownOutcome",
+    "InternalError", "InvalidFingerprintOption", "InvalidRequest", "LeaseExpired",
+    "LeaseLost", "Mismatch", "NotFound", "NotRecorded", "PayloadTooLarge", "ProtocolError",
+    "QuotaExceeded", "ResponseTooLarge", "Unauthorized", "Unavailable", "UnknownOutcome",
 ]

@@ -221,7 +221,9 @@ class Transport:
         raise Unavailable("no answer from a leader before the deadline (%s)" % why,
                           status=last.status if last is not None else None,
                           code="idempotency_unavailable" if last is not None else
-                          "connection_failed")
+                          "connection_failed",
+                          request_id=last.headers.get("x-request-id") if last is not None
+                          else None)
 
 
 def _retryable(ans):

@@ -4,11 +4,13 @@ records an upstream's (docs/http-api.md, *What is stored, answered and replayed*
 call here blocks (the ASGI middleware runs them in a thread)."""
 import dataclasses
 import hashlib
+import http
 import json
 import logging
+import re
 import urllib.parse
 
-from .client import Response
+from .client import Response, check_pointers
 from .errors import (Expired, Forbidden, IdemError, InProgress, InvalidRequest, LeaseExpired,
                      Mismatch, NotRecorded, QuotaExceeded, ResponseTooLarge, Unauthorized,
                      UnknownOutcome)
@@ -23,10 +25,21 @@ _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 class Route:
     """Requests whose method is in `methods` ("*": any) and whose path is path_prefix or
     continues it after a "/" (a prefix ending in "/" matches what follows it), as proxy
-    routes match; token: the tenant's bearer token for them (None: the middleware's)."""
+    routes match; token: the tenant's bearer token for them (None: the middleware's).
+    fingerprint_fields / fingerprint_ignore: JSON Pointers (RFC 6901) sent in the claim's
+    request object with a JSON body: the gateway hashes only those values / leaves those
+    out (checked here: InvalidFingerprintOption)."""
     methods: frozenset
     path_prefix: str
     token: str = None
+    fingerprint_fields: tuple = ()
+    fingerprint_ignore: tuple = ()
+
+    def __post_init__(self):
+        self.fingerprint_fields = tuple(check_pointers("fingerprint_fields",
+                                                       self.fingerprint_fields))
+        self.fingerprint_ignore = tuple(check_pointers("fingerprint_ignore",
+                                                       self.fingerprint_ignore))
 
     def matches(self, method, path):
         if "*" not in self.methods and method not in self.methods:
@@ -37,12 +50,15 @@ class Route:
         return path == p or path.startswith(p + "/")
 
 
-def route(method, path_prefix, token=None):
-    """A Route; method: one method, "*", or a list of methods."""
+def route(method, path_prefix, token=None, *, fingerprint_fields=None,
+          fingerprint_ignore=None):
+    """A Route; method: one method, "*", or a list of methods; fingerprint_fields and
+    fingerprint_ignore: lists of JSON Pointers (see Route)."""
     ms = [method] if isinstance(method, str) else list(method)
     if not path_prefix.startswith("/"):
         raise ValueError("a path prefix starts with /: %r" % path_prefix)
-    return Route(frozenset(m.upper() for m in ms), path_prefix, token)
+    return Route(frozenset(m.upper() for m in ms), path_prefix, token,
+                 fingerprint_fields or (), fingerprint_ignore or ())
 
 
 def parse_routes(routes):
@@ -52,7 +68,8 @@ def parse_routes(routes):
             out.append(r)
         elif isinstance(r, dict):
             out.append(route(r.get("method", r.get("methods", "POST")), r["path_prefix"],
-                             r.get("token")))
+                             r.get("token"), fingerprint_fields=r.get("fingerprint_fields"),
+                             fingerprint_ignore=r.get("fingerprint_ignore")))
         else:
             out.append(route(*r))
     if not out:
@@ -69,11 +86,63 @@ class Answer:
         self.body = body
 
 
-def error_answer(status, code, message, request_id=None, retry_after=None):
-    body = {"code": code, "message": message}
-    if request_id:
-        body["request_id"] = request_id
-    h = [("Content-Type", "application/json")]
+PROBLEM_TYPE = "urn:idemd:problem:"
+REQUEST_URN = "urn:idemd:request:"
+# The titles of idemd's problem types (server/http_conv.c): the middlewares' own refusals
+# read as the gateway's errors do.
+TITLES = {
+    "invalid_request": "The request is invalid",
+    "invalid_path": "The path is refused",
+    "idempotency_key_missing": "The Idempotency-Key is missing",
+    "idempotency_key_invalid": "The Idempotency-Key is invalid",
+    "unauthenticated": "Unauthenticated",
+    "forbidden": "Forbidden",
+    "not_found": "Not found",
+    "method_not_allowed": "Method not allowed",
+    "idempotency_request_in_progress": "A request with this key is in progress",
+    "idempotency_key_reused": "The key was used with a different request",
+    "idempotency_lease_expired": "The holder's lease expired",
+    "idempotency_outcome_unknown": "The outcome of an earlier attempt is unknown",
+    "idempotency_lease_lost": "The token is not the current holder's",
+    "idempotency_key_expired": "The key expired",
+    "payload_too_large": "The body is too large",
+    "idempotency_quota_exceeded": "The tenant's quota is exhausted",
+    "internal": "Internal error",
+    "upstream_unavailable": "The upstream is unavailable",
+    "upstream_response_too_large": "The upstream's answer is too large",
+    "idempotency_unavailable": "The idempotency service is unavailable",
+    "upstream_timeout": "The upstream did not answer in time",
+}
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _title(code, status):
+    if code in TITLES:
+        return TITLES[code]
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def error_answer(status, code, detail, request_id=None, retry_after=None):
+    """A refusal as RFC 9457 problem details (application/problem+json), with the members
+    idemd's gateway writes (docs/http-api.md, Errors): type urn:idemd:problem:CODE, title,
+    status, detail, code, message (= detail); request_id and instance
+    (urn:idemd:request:ID) when the request id of the gateway's answer is known (never
+    for a refusal made before idemd was asked). Retry-After (seconds, at least 1) when
+    retry_after is given. The detail never holds the idempotency key."""
+    body = {"type": PROBLEM_TYPE + code, "title": _title(code, status), "status": status,
+            "detail": detail}
+    rid = request_id if isinstance(request_id, str) and \
+        _REQUEST_ID.fullmatch(request_id) else None
+    if rid:
+        body["instance"] = REQUEST_URN + rid
+    body["code"] = code
+    body["message"] = detail
+    if rid:
+        body["request_id"] = rid
+    h = [("Content-Type", "application/problem+json")]
     if retry_after is not None:
         h.append(("Retry-After", str(max(1, int(retry_after)))))
     return Answer(status, h, json.dumps(body).encode())
@@ -132,7 +201,7 @@ def _no_dupes(pairs):
     d = {}
     for k, v in pairs:
         if k in d:
-            raise ValueError("duplicate key %r" % k)
+            raise ValueError("a member name appears twice in an object")
         d[k] = v
     return d
 
@@ -141,11 +210,12 @@ def _no_constants(name):
     raise ValueError("%s is not JSON" % name)
 
 
-def claim_args(method, path, query, ctype, body):
+def claim_args(method, path, query, ctype, body, r=None):
     """The request or fingerprint a claim sends for this request: the request object
     (method, path with its query, body: canonical JSON for a JSON body, else its text), for
-    the gateway to fingerprint as proxy mode would; a body that is not UTF-8 text, which the
-    JSON API cannot carry, is fingerprinted here instead (SHA-256 over method, path and
+    the gateway to fingerprint as proxy mode would; with a JSON body, the route r's
+    fingerprint options too (they apply to JSON only); a body that is not UTF-8 text, which
+    the JSON API cannot carry, is fingerprinted here instead (SHA-256 over method, path and
     body, each framed by its length). Raises InvalidRequest for a JSON body that is not."""
     target = path + ("?" + query if query else "")
     req = {"method": method, "path": target}
@@ -158,6 +228,10 @@ def claim_args(method, path, query, ctype, body):
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidRequest("the body is labelled JSON but is not: %s" % e,
                                  status=400, code="invalid_request") from None
+        if r is not None and r.fingerprint_fields:
+            req["fingerprint_fields"] = list(r.fingerprint_fields)
+        if r is not None and r.fingerprint_ignore:
+            req["fingerprint_ignore"] = list(r.fingerprint_ignore)
         return {"request": req}
     try:
         req["body"] = body.decode("utf-8")
@@ -218,7 +292,7 @@ def begin(cfg, r, key, method, path, query, ctype, body):
         return error_answer(413, "payload_too_large", "the request body is too large"), None
     client = cfg.client_for(r)
     try:
-        args = claim_args(method, path, query, ctype, body)
+        args = claim_args(method, path, query, ctype, body, r)
         claim, sent = client.acquire(key, lease_ms=cfg.lease_ms, ttl_ms=cfg.ttl_ms,
                                      policy=cfg.policy, wait=cfg.wait, deadline=cfg.deadline,
                                      **args)

@@ -6,8 +6,9 @@
 
 The same rules as idem.wsgi (read its docstring): a matching request with an
 `Idempotency-Key` is claimed, the app runs at most once per key, its answer is recorded and
-replayed with `Idempotency-Replayed: true`; refusals map as idemd's do, and the middleware
-answers 503 when idemd does not (fail closed). The client's calls block, so each runs in a
+replayed with `Idempotency-Replayed: true`; refusals map as idemd's do (RFC 9457 problem
+details, application/problem+json), and the middleware answers 503 when idemd does not
+(fail closed). The client's calls block, so each runs in a
 worker thread (asyncio.to_thread) and the event loop goes on meanwhile; the lease is renewed
 by the client's own thread while the app runs. Only "http" scopes are looked at (lifespan
 and websocket pass through). The app gets the fencing token as scope["idem"]["token"] and
@@ -70,8 +71,9 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         if not keys or not keys[0]:
-            await self._send(send, mw.error_answer(400, "idempotency_key_missing",
-                                                   "this route needs an Idempotency-Key"))
+            await self._send(send, mw.error_answer(
+                400, "idempotency_key_missing", "the Idempotency-Key header is empty"
+                if keys else "this route needs an Idempotency-Key"))
             return
         if len(keys) > 1:
             await self._send(send, mw.error_answer(400, "idempotency_key_invalid",

@@ -17,8 +17,8 @@ import time
 
 from . import _http
 from ._renew import LEASE_GUESS_MS, Renewer, now_ms
-from .errors import (IdemError, InProgress, InProgressTimeout, NotRecorded, ProtocolError,
-                     error_from_answer)
+from .errors import (IdemError, InProgress, InProgressTimeout, InvalidFingerprintOption,
+                     NotRecorded, ProtocolError, error_from_answer)
 
 __version__ = "0.1.0"
 
@@ -37,6 +37,13 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 MAX_HEADERS = 64
+# The fingerprint options (docs/http-api.md, POST /v1/claims): lists of RFC 6901 JSON
+# Pointers, at most MAX_POINTERS of at most MAX_POINTER_BYTES each.
+FINGERPRINT_OPTIONS = ("fingerprint_fields", "fingerprint_ignore")
+MAX_POINTERS = 32
+MAX_POINTER_BYTES = 256
+_BAD_TILDE = re.compile(r"~(?![01])")
+_REQUEST_MEMBERS = frozenset(("method", "path", "body") + FINGERPRINT_OPTIONS)
 
 
 class Retryable(Exception):
@@ -270,7 +277,12 @@ class Client:
             data = json.dumps(body, separators=(",", ":")).encode("utf-8")
             headers["Content-Type"] = "application/json"
         limit = time.monotonic() + (self.deadline if deadline is None else deadline)
-        ans = self._t.call(method, path, headers, data, limit)
+        try:
+            ans = self._t.call(method, path, headers, data, limit)
+        except IdemError as e:
+            if e.request_id is None and e.status is not None:
+                e.request_id = rid  # a node answered (503): it had this request's id
+            raise
         return ans, rid
 
     @staticmethod
@@ -294,9 +306,13 @@ class Client:
 
     def claim(self, key, *, request=None, fingerprint=None, attempt_id=None, lease_ms=None,
               ttl_ms=None, policy=None, deadline=None):
-        """Claims key for a request: `request` {"method", "path", optional "body"} for the
-        gateway to fingerprint (a JSON value as canonical JSON, a str as its bytes), or your
-        own `fingerprint` (64 hex digits or 32 bytes) -- the same way on every retry of a key.
+        """Claims key for a request: `request` {"method", "path", optional "body",
+        optional "fingerprint_fields" / "fingerprint_ignore" (lists of JSON Pointers: only
+        those values of a JSON body are hashed / those are left out)} for the gateway to
+        fingerprint (a JSON value as canonical JSON, a str as its bytes), or your own
+        `fingerprint` (64 hex digits or 32 bytes) -- the same way on every retry of a key.
+        A request member not named here, or a pointer the gateway would refuse, raises
+        ValueError (InvalidFingerprintOption) before anything is sent.
         Returns a Claim ("acquired" or "replay"); raises InProgress, Mismatch, LeaseExpired,
         UnknownOutcome, Expired, QuotaExceeded, InvalidRequest, Unauthorized, Forbidden,
         Unavailable. attempt_id: made here when None; a claim retried after Unavailable
@@ -522,19 +538,69 @@ def _as_body(out):
                     % type(out).__name__)
 
 
+def check_pointers(option, pointers):
+    """The list of JSON Pointers of a fingerprint option (fingerprint_fields or
+    fingerprint_ignore), checked by the gateway's rule: a list (or tuple) of at most 32
+    strings, each 1-256 bytes of UTF-8 that start with "/" and use "~" only in the escapes
+    "~0" ("~") and "~1" ("/"). None is no pointer ([]). Raises InvalidFingerprintOption."""
+    if pointers is None:
+        return []
+    if not isinstance(pointers, (list, tuple)):
+        raise InvalidFingerprintOption(option, None, None, "a list of JSON Pointers, not %s"
+                                       % type(pointers).__name__)
+    if len(pointers) > MAX_POINTERS:
+        raise InvalidFingerprintOption(option, None, None, "%d pointers, over the limit of %d"
+                                       % (len(pointers), MAX_POINTERS))
+    out = []
+    for i, p in enumerate(pointers):
+        if not isinstance(p, str):
+            raise InvalidFingerprintOption(option, i, None, "a pointer is a str, not %s"
+                                           % type(p).__name__)
+        try:
+            n = len(p.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidFingerprintOption(option, i, p, "not UTF-8 text") from None
+        if not p.startswith("/"):
+            raise InvalidFingerprintOption(option, i, p, 'a pointer starts with "/"')
+        if n > MAX_POINTER_BYTES:
+            raise InvalidFingerprintOption(option, i, p, "%d bytes, over the limit of %d"
+                                           % (n, MAX_POINTER_BYTES))
+        bad = _BAD_TILDE.search(p)
+        if bad:
+            raise InvalidFingerprintOption(option, i, p, '"~" at offset %d is not "~0" or "~1"'
+                                           % bad.start())
+        out.append(p)
+    return out
+
+
+def request_object(request):
+    """The claim's `request` member for a request dict (see Client.claim); ValueError
+    (InvalidFingerprintOption for a bad pointer) when idemd would refuse it."""
+    if not isinstance(request, dict) or not isinstance(request.get("method"), str) or \
+            not isinstance(request.get("path"), str):
+        raise ValueError('request is {"method": str, "path": str, optional "body", '
+                         '"fingerprint_fields", "fingerprint_ignore"}')
+    unknown = sorted(str(k) for k in request if k not in _REQUEST_MEMBERS)
+    if unknown:
+        raise ValueError("request has no member %s (it takes method, path, body, "
+                         "fingerprint_fields, fingerprint_ignore)" % ", ".join(unknown))
+    r = {"method": request["method"], "path": request["path"]}
+    if request.get("body") is not None:
+        b = request["body"]
+        r["body"] = b.decode("utf-8") if isinstance(b, (bytes, bytearray)) else b
+    for opt in FINGERPRINT_OPTIONS:
+        ptrs = check_pointers(opt, request.get(opt))
+        if ptrs:  # an empty list is no option: the member is left out
+            r[opt] = ptrs
+    return r
+
+
 def _claim_body(request, fingerprint, attempt_id, lease_ms, ttl_ms, policy):
     if (request is None) == (fingerprint is None):
         raise ValueError("a claim takes a request or a fingerprint (one of the two)")
     body = {"attempt_id": attempt_id}
     if request is not None:
-        if not isinstance(request, dict) or not isinstance(request.get("method"), str) or \
-                not isinstance(request.get("path"), str):
-            raise ValueError('request is {"method": str, "path": str, optional "body"}')
-        r = {"method": request["method"], "path": request["path"]}
-        if request.get("body") is not None:
-            b = request["body"]
-            r["body"] = b.decode("utf-8") if isinstance(b, (bytes, bytearray)) else b
-        body["request"] = r
+        body["request"] = request_object(request)
     else:
         fp = fingerprint.hex() if isinstance(fingerprint, (bytes, bytearray)) else fingerprint
         if not isinstance(fp, str) or not _HEX64.match(fp):

@@ -1,16 +1,17 @@
 """The typed errors of the idem client, keyed on the `code` of idemd's error bodies.
 
-Every error body of idemd is a JSON object with `code`, `message` and `request_id`
-(docs/http-api.md, *Errors*); a later version may add members (RFC 9457 problem details) and
-answer with `application/problem+json`: only `code` is relied on, and the HTTP status is the
-fallback when a code is not known here. `message` is for people and may change.
+Every error body of idemd is RFC 9457 problem details (`application/problem+json`, or
+`application/json` from an older node) with `code`, `message` (the same as `detail`) and
+`request_id` (docs/http-api.md, *Errors*): only `code` is relied on, other members are
+tolerated, and the HTTP status is the fallback when a code is not known here. `message`
+(else `detail`, else `title`) is for people and may change.
 """
 
 __all__ = [
     "IdemError", "InvalidRequest", "PayloadTooLarge", "Unauthorized", "Forbidden", "NotFound",
     "Conflict", "Mismatch", "InProgress", "InProgressTimeout", "LeaseExpired", "UnknownOutcome",
     "LeaseLost", "Expired", "QuotaExceeded", "ResponseTooLarge", "InternalError", "Unavailable",
-    "ProtocolError", "NotRecorded", "error_from_answer",
+    "ProtocolError", "NotRecorded", "InvalidFingerprintOption", "error_from_answer",
 ]
 
 
@@ -144,6 +145,30 @@ class NotRecorded(IdemError):
         self.cause = cause
 
 
+class InvalidFingerprintOption(ValueError):
+    """A fingerprint option (fingerprint_fields or fingerprint_ignore: a list of RFC 6901
+    JSON Pointers) refused on this side, by the rule the gateway applies: at most 32
+    pointers, each of 1-256 bytes of UTF-8 text that starts with "/" and has no "~" but in
+    "~0" or "~1". Raised before anything is sent (a ValueError: the call, or the
+    middleware's route, is wrong as written). option: the option's name; index: the
+    pointer's place in the list (None when the list itself is wrong); pointer: it (None
+    then); reason: what rule it broke."""
+
+    def __init__(self, option, index, pointer, reason):
+        where = option if index is None else "%s[%d]" % (option, index)
+        shown = "" if pointer is None else " %s" % _shorten(pointer)
+        super().__init__("%s%s: %s" % (where, shown, reason))
+        self.option = option
+        self.index = index
+        self.pointer = pointer
+        self.reason = reason
+
+
+def _shorten(s, n=64):
+    r = repr(s)
+    return r if len(r) <= n else r[:n - 3] + "..."
+
+
 _BY_CODE = {
     "invalid_request": InvalidRequest,
     "invalid_path": InvalidRequest,
@@ -188,8 +213,13 @@ def error_from_answer(status, headers, body, request_id=None):
     The class comes from the body's `code`; an unknown code (or no body) falls back on the
     status, then on IdemError."""
     code = body.get("code") if isinstance(body, dict) else None
-    message = body.get("message") if isinstance(body, dict) else None
-    if not isinstance(message, str) or not message:
+    message = None
+    for member in ("message", "detail", "title"):  # problem details: detail, as message
+        v = body.get(member) if isinstance(body, dict) else None
+        if isinstance(v, str) and v:
+            message = v
+            break
+    if message is None:
         message = "idemd answered %d" % status
     rid = body.get("request_id") if isinstance(body, dict) else None
     rid = rid if isinstance(rid, str) else request_id

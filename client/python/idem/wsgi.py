@@ -12,11 +12,16 @@ same key and request gets it back with `Idempotency-Replayed: true`. The app's a
 recorded as proxy mode records an upstream's: 2xx/3xx as succeeded, 5xx as failed_final,
 4xx released (the next try runs again) unless store_4xx; an app that raises quarantines the
 key (outcome unknown) and the exception goes on to the server. Refusals are idemd's HTTP
-mapping: 409 (or mismatch_status 422) for a key used with another request, 409 (or
-in_progress_status 425) with Retry-After while another attempt holds the key, 409 for an
-expired lease or a quarantined key, 410, 429, 400; and 503 with Retry-After when idemd does
-not answer: the middleware fails closed, the app does not run unchecked. Requests without a
-key pass through (400 idempotency_key_missing with key_required), and so do other routes.
+mapping, written as the gateway writes its errors (RFC 9457 problem details,
+application/problem+json: type urn:idemd:problem:CODE, title, status, detail, code,
+message, and request_id and instance when idemd answered): 409 (or mismatch_status 422) for
+a key used with another request, 409 (or in_progress_status 425) with Retry-After while
+another attempt holds the key, 409 for an expired lease or a quarantined key, 410, 429,
+400, 413; and 503 with Retry-After when idemd does not answer: the middleware fails closed,
+the app does not run unchecked. Requests without a key pass through (400
+idempotency_key_missing with key_required), and so do other routes. A route made with
+route(..., fingerprint_fields=[...], fingerprint_ignore=[...]) sends those JSON Pointers in
+the claim's request object with a JSON body (only those values hashed / those left out).
 
 The app gets the fencing token as environ["idem.token"] and the `Idempotency-Fence` request
 header (environ["HTTP_IDEMPOTENCY_FENCE"]); a fence a caller sent is never passed on. The
@@ -40,9 +45,10 @@ class IdempotencyMiddleware:
     """A WSGI app in front of `app`.
 
     client: an idem.Client (its nodes, TLS, deadline); routes: a list of (method,
-    path_prefix) or (method, path_prefix, token) tuples or idem.wsgi.route(...) objects
-    (method: one, a list, or "*"; token: the tenant's bearer token for that route, else
-    `token`, else the client's own). Options: mismatch_status (409 or 422),
+    path_prefix) or (method, path_prefix, token) tuples, dicts (method, path_prefix, token,
+    fingerprint_fields, fingerprint_ignore) or idem.wsgi.route(...) objects (method: one, a
+    list, or "*"; token: the tenant's bearer token for that route, else `token`, else the
+    client's own). A pointer the gateway would refuse raises InvalidFingerprintOption here. Options: mismatch_status (409 or 422),
     in_progress_status (409 or 425), response_headers (the headers recorded; default
     content-type), lease_ms, ttl_ms, policy ("conflict" or "takeover") for the claims, wait
     (seconds to wait for another attempt's outcome instead of answering in_progress;

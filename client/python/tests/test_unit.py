@@ -507,5 +507,298 @@ class Middlewares(Scripted):
         self.assertEqual(a.seen[0]["body"]["request"]["body"], "hello")
 
 
+
+# ---- the middlewares' refusals as problem details, fingerprint options ---------------------
+
+KEY = "secret-key-4f2a9c"  # must never appear in a refusal's body
+
+
+def asgi_call(app, keys=(KEY,), body=b'{"a": 1}', path="/o", ctype=b"application/json"):
+    """Calls an ASGI app once; returns (status, {header: value}, body)."""
+    headers = [(b"idempotency-key", k.encode()) for k in keys]
+    if ctype:
+        headers.append((b"content-type", ctype))
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+             "headers": headers}
+    msgs = [{"type": "http.request", "body": body, "more_body": False}]
+    sent = []
+
+    async def receive():
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+    asyncio.run(app(scope, receive, send))
+    return (sent[0]["status"], {k.decode(): v.decode() for k, v in sent[0]["headers"]},
+            b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def gateway_titles():
+    """The title of each code in server/http_conv.c's table, or None without the file."""
+    src = os.path.join(ROOT, "server", "http_conv.c")
+    if not os.path.exists(src):
+        return None
+    import re
+    with open(src, encoding="utf-8") as f:
+        text = f.read()
+    table = text[text.index("http_problem_title("):]
+    table = table[:table.index("};")]
+    return dict(re.findall(r'\{"([a-z_]+)", "([^"]*)"\}', table))
+
+
+def echo_503(r):
+    return (503, {"Retry-After": "1", "Content-Type": "application/problem+json",
+                  "X-Request-Id": r["headers"]["X-Request-Id"]},
+            {"code": "idempotency_unavailable", "message": "no quorum",
+             "request_id": r["headers"]["X-Request-Id"]})
+
+
+class Problems(Scripted):
+    """Every refusal of both middlewares is RFC 9457 problem details, as the gateway's."""
+
+    def check(self, got, status, code, rid=None, retry_after=None, what=""):
+        st, headers, raw = got
+        h = {k.lower(): v for k, v in headers.items()}
+        what = "%s (%s)" % (what or code, raw[:200])
+        self.assertEqual(st, status, what)
+        self.assertEqual(h.get("content-type"), "application/problem+json", what)
+        self.assertEqual(h.get("retry-after"), None if retry_after is None else
+                         str(retry_after), what)
+        self.assertNotIn(KEY.encode(), raw, what)
+        p = json.loads(raw)
+        want = {"type", "title", "status", "detail", "code", "message"}
+        if rid is not None:
+            want |= {"instance", "request_id"}
+        self.assertEqual(set(p), want, what)
+        self.assertEqual(p["type"], "urn:idemd:problem:" + code, what)
+        self.assertEqual(p["code"], code, what)
+        self.assertEqual(p["status"], status, what)
+        self.assertEqual(p["title"], mw.TITLES[code], what)
+        self.assertTrue(isinstance(p["detail"], str) and p["detail"], what)
+        self.assertEqual(p["message"], p["detail"], what)
+        if rid is not None:
+            self.assertEqual(p["request_id"], rid, what)
+            self.assertEqual(p["instance"], "urn:idemd:request:" + rid, what)
+        return p
+
+    def test_titles_are_the_gateways(self):
+        titles = gateway_titles()
+        if titles is None:
+            self.skipTest("no server/http_conv.c")
+        self.assertGreaterEqual(len(titles), 20)
+        self.assertEqual(mw.TITLES, titles)
+
+    def gateway_cases(self):
+        """(what, script, options, status, code, request id, Retry-After): idemd's
+        answers to the claim and the refusal each one comes to ("sent": the request id the
+        client sent, under which the node answered)."""
+        r = refused
+        return [
+            ("reused", [r(409, "idempotency_key_reused")], {}, 409, "idempotency_key_reused",
+             "rid", None),
+            ("reused 422", [r(409, "idempotency_key_reused")], {"mismatch_status": 422}, 422,
+             "idempotency_key_reused", "rid", None),
+            ("in progress", [r(409, "idempotency_request_in_progress", 5)], {}, 409,
+             "idempotency_request_in_progress", "rid", 5),
+            ("in progress 425", [r(409, "idempotency_request_in_progress", 3)],
+             {"in_progress_status": 425}, 425, "idempotency_request_in_progress", "rid", 3),
+            ("lease expired", [r(409, "idempotency_lease_expired")], {}, 409,
+             "idempotency_lease_expired", "rid", None),
+            ("quarantined", [r(409, "idempotency_outcome_unknown")], {}, 409,
+             "idempotency_outcome_unknown", "rid", None),
+            ("expired", [r(410, "idempotency_key_expired")], {}, 410,
+             "idempotency_key_expired", "rid", None),
+            ("quota", [r(429, "idempotency_quota_exceeded")], {}, 429,
+             "idempotency_quota_exceeded", "rid", None),
+            ("bad key", [r(400, "idempotency_key_invalid")], {}, 400,
+             "idempotency_key_invalid", "rid", None),
+            ("bad request", [r(400, "invalid_request")], {}, 400, "invalid_request", "rid",
+             None),
+            ("claim too large", [r(413, "payload_too_large")], {}, 413, "payload_too_large",
+             "rid", None),
+            ("digest only", [r(502, "upstream_response_too_large")], {}, 502,
+             "upstream_response_too_large", "rid", None),
+            ("token refused", [r(401, "unauthenticated")], {}, 500, "internal", "rid", None),
+            ("admin token", [r(403, "forbidden")], {}, 500, "internal", "rid", None),
+            ("node fault", [r(500, "internal")], {}, 503, "idempotency_unavailable", "rid", 1),
+            ("unreadable", [lambda q: (200, {}, b"garbage")], {}, 503,
+             "idempotency_unavailable", "sent", 1),
+            ("no quorum", [echo_503] * 50, {}, 503, "idempotency_unavailable", "sent", 1),
+        ]
+
+    def test_gateway_refusals(self):
+        for what, script, opts, status, code, rid, ra in self.gateway_cases():
+            for kind in ("wsgi", "asgi"):
+                ran = []
+                (a,) = self.nodes(list(script))
+                cl = self.client([a], deadline=0.6)
+                if kind == "wsgi":
+                    def app(environ, start_response):
+                        ran.append(1)
+                        start_response("200 OK", [])
+                        return [b""]
+                    m = idem.wsgi.IdempotencyMiddleware(app, cl, [("POST", "/o")], **opts)
+                    got = wsgi_call(m, key=KEY)
+                else:
+                    async def app(scope, receive, send):
+                        ran.append(1)
+                    m = idem.asgi.IdempotencyMiddleware(app, cl, [("POST", "/o")], **opts)
+                    got = asgi_call(m)
+                # "sent": the X-Request-Id the client sent, which the node answered under.
+                want_rid = a.seen[-1]["headers"]["X-Request-Id"] if rid == "sent" else rid
+                p = self.check(got, status, code, want_rid, ra, "%s %s" % (kind, what))
+                self.assertEqual(ran, [], what)
+                if code == "idempotency_key_reused":
+                    self.assertEqual(p["detail"], "the key was used with a different request")
+
+    def test_no_node_answers(self):
+        (a,) = self.nodes([])
+        url = a.url
+        a.close()
+        dead = idem.Client([url], "tok", deadline=0.3)
+        app = lambda e, s: self.fail("ran")  # noqa: E731
+        got = wsgi_call(idem.wsgi.IdempotencyMiddleware(app, dead, [("POST", "/o")]), key=KEY)
+        self.check(got, 503, "idempotency_unavailable", None, 1)  # no gateway, no id
+
+    def test_local_refusals(self):
+        """Refusals made before idemd is asked: no request id, no instance."""
+        (a,) = self.nodes([])
+        cl = self.client([a])
+
+        def wsgi_app(environ, start_response):
+            self.fail("ran")
+
+        async def asgi_app(scope, receive, send):
+            self.fail("ran")
+        opts = {"key_required": True, "max_body": 16}
+        w = idem.wsgi.IdempotencyMiddleware(wsgi_app, cl, [("POST", "/o")], **opts)
+        s = idem.asgi.IdempotencyMiddleware(asgi_app, cl, [("POST", "/o")], **opts)
+        cases = [
+            ("no key", wsgi_call(w, key=None), asgi_call(s, keys=()), 400,
+             "idempotency_key_missing"),
+            ("empty key", wsgi_call(w, key=""), asgi_call(s, keys=("",)), 400,
+             "idempotency_key_missing"),
+            ("over max_body", wsgi_call(w, key=KEY, body=b"x" * 17),
+             asgi_call(s, body=b"x" * 17), 413, "payload_too_large"),
+            ("not JSON", wsgi_call(w, key=KEY, body=b'{"a": 1, "a": 2}'),
+             asgi_call(s, body=b'{"a": 1, "a": 2}'), 400, "invalid_request"),
+        ]
+        for what, gw, ga, status, code in cases:
+            self.check(gw, status, code, None, None, "wsgi " + what)
+            self.check(ga, status, code, None, None, "asgi " + what)
+        self.check(asgi_call(s, keys=(KEY, KEY)), 400, "idempotency_key_invalid")
+        self.assertEqual(a.seen, [])
+
+    def test_transport_keeps_the_request_id_of_a_503(self):
+        (a,) = self.nodes([echo_503] * 50)
+        with self.assertRaises(idem.Unavailable) as e:
+            self.client([a], deadline=0.3).claim("k", fingerprint="ab" * 32)
+        self.assertEqual(e.exception.request_id, a.seen[0]["headers"]["X-Request-Id"])
+
+    def test_problem_details_read_by_the_client(self):
+        e = error_from_answer(409, {}, {"type": "urn:idemd:problem:idempotency_key_reused",
+                                        "title": "T", "status": 409, "detail": "D",
+                                        "code": "idempotency_key_reused"})
+        self.assertEqual((type(e), e.message), (idem.Mismatch, "D"))
+
+
+class FingerprintOptions(Scripted):
+    def test_check_pointers(self):
+        ok = ["/a", "/", "//", "/a~0b/c~1d", "/é", "/" + "x" * 255, "/0/-"]
+        self.assertEqual(idem.check_pointers("fingerprint_ignore", ok), ok)
+        self.assertEqual(idem.check_pointers("fingerprint_ignore", None), [])
+        self.assertEqual(idem.check_pointers("fingerprint_fields", ("/a",)), ["/a"])
+        self.assertEqual(idem.check_pointers("fingerprint_fields", ["/p"] * 32), ["/p"] * 32)
+        bad = [
+            ("/a", None, "a list of JSON Pointers"),  # a bare str: not a list
+            (["/a"] * 33, None, "33 pointers"),
+            ([""], 0, 'starts with "/"'),
+            (["/a", "a/b"], 1, 'starts with "/"'),
+            (["/" + "x" * 256], 0, "257 bytes"),
+            (["/" + "é" * 128], 0, "257 bytes"),
+            (["/a~"], 0, 'offset 2 is not "~0" or "~1"'),
+            (["/a~2"], 0, "offset 2"),
+            (["/~01", "/x~~0"], 1, "offset 2"),
+            ([7], 0, "a pointer is a str"),
+            (["/\ud800"], 0, "not UTF-8"),
+        ]
+        for ptrs, index, reason in bad:
+            with self.assertRaises(idem.InvalidFingerprintOption) as e:
+                idem.check_pointers("fingerprint_ignore", ptrs)
+            self.assertIsInstance(e.exception, ValueError)
+            self.assertEqual((e.exception.option, e.exception.index),
+                             ("fingerprint_ignore", index), ptrs)
+            self.assertIn(reason, str(e.exception))
+
+    def test_claim_passes_them_through(self):
+        replay = lambda r: (200, {"Idempotency-Replayed": "true"}, b"x")  # noqa: E731
+        (a,) = self.nodes([ACQ, replay, replay])
+        cl = self.client([a])
+        req = {"method": "POST", "path": "/o", "body": {"amount": 1, "ts": 2},
+               "fingerprint_fields": ["/amount", "/meta/a~1b"], "fingerprint_ignore": ("/ts",)}
+        cl.claim("k", request=req)
+        self.assertEqual(a.seen[0]["body"]["request"], {
+            "method": "POST", "path": "/o", "body": {"amount": 1, "ts": 2},
+            "fingerprint_fields": ["/amount", "/meta/a~1b"], "fingerprint_ignore": ["/ts"]})
+        # Empty lists (and None) are no option: the members are left out.
+        cl.run("k", lambda t: self.fail("ran"), request=dict(
+            req, fingerprint_fields=[], fingerprint_ignore=None))
+        self.assertEqual(set(a.seen[1]["body"]["request"]), {"method", "path", "body"})
+        cl.acquire("k", request=dict(req, fingerprint_fields=None))
+        self.assertEqual(a.seen[2]["body"]["request"]["fingerprint_ignore"], ["/ts"])
+        # Refused before anything is sent: a bad pointer, a member idemd does not take.
+        for bad in (dict(req, fingerprint_ignore=["ts"]), dict(req, fingerprint_fields="/a")):
+            for call in (cl.claim, cl.acquire):
+                with self.assertRaises(idem.InvalidFingerprintOption):
+                    call("k", request=bad)
+            with self.assertRaises(idem.InvalidFingerprintOption):
+                cl.run("k", lambda t: self.fail("ran"), request=bad)
+        with self.assertRaises(ValueError) as e:
+            cl.claim("k", request=dict(req, fingerprint_ignored=["/ts"]))
+        self.assertIn("fingerprint_ignored", str(e.exception))
+        self.assertEqual(len(a.seen), 3)
+
+    def test_routes_check_and_pass_them(self):
+        c = idem.Client(["http://127.0.0.1:1"], "t")
+        with self.assertRaises(idem.InvalidFingerprintOption):
+            mw.route("POST", "/o", fingerprint_ignore=["/a~3"])
+        with self.assertRaises(idem.InvalidFingerprintOption):
+            mw.Config(c, [{"path_prefix": "/o", "fingerprint_fields": ["nope"]}])
+        with self.assertRaises(idem.InvalidFingerprintOption):
+            idem.wsgi.IdempotencyMiddleware(None, c, [mw.Route(frozenset(["POST"]), "/o",
+                                                               fingerprint_ignore=["x"])])
+        cfg = mw.Config(c, [{"method": "POST", "path_prefix": "/o",
+                             "fingerprint_ignore": ["/ts"]}])
+        self.assertEqual(cfg.routes[0].fingerprint_ignore, ("/ts",))
+
+        (a,) = self.nodes([ACQ, OK, ACQ, OK, ACQ, OK])
+        r = idem.wsgi.route("POST", "/o", fingerprint_fields=["/amount"],
+                            fingerprint_ignore=["/meta/trace~1id"])
+
+        def app(environ, start_response):
+            start_response("201 Created", [("Content-Type", "text/plain")])
+            return [b"ok"]
+        m = idem.wsgi.IdempotencyMiddleware(app, self.client([a]), [r])
+        self.assertEqual(wsgi_call(m, body=b'{"amount": 3}')[0], 201)
+        self.assertEqual(a.seen[0]["body"]["request"], {
+            "method": "POST", "path": "/o", "body": {"amount": 3},
+            "fingerprint_fields": ["/amount"], "fingerprint_ignore": ["/meta/trace~1id"]})
+        # They apply to a JSON body only: a text body goes without them.
+        self.assertEqual(wsgi_call(m, body=b"text", extra={"CONTENT_TYPE": "text/plain"})[0],
+                         201)
+        self.assertEqual(a.seen[2]["body"]["request"],
+                         {"method": "POST", "path": "/o", "body": "text"})
+
+        async def aapp(scope, receive, send):
+            await receive()
+            await send({"type": "http.response.start", "status": 201, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+        s = idem.asgi.IdempotencyMiddleware(aapp, self.client([a]), [r])
+        self.assertEqual(asgi_call(s, body=b'{"amount": 4}')[0], 201)
+        self.assertEqual(a.seen[4]["body"]["request"]["fingerprint_fields"], ["/amount"])
+        self.assertEqual(a.seen[4]["body"]["request"]["fingerprint_ignore"],
+                         ["/meta/trace~1id"])
+
+
 if __name__ == "__main__":
     unittest.main()
