@@ -670,6 +670,9 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->snapshot_write_us_last = c->snapshot_write_us_last;
     out->snapshot_threshold = c->threshold;
     out->snapshot_bytes_last = c->snapshot_bytes_last;
+    out->load_us = c->io.load_us;
+    out->load_snapshot_us = c->io.load_snap_us;
+    out->restore_us_last = c->restore_us_last;
     memcpy(out->append_buckets, c->io.append_buckets, sizeof(out->append_buckets));
     out->append_count = c->io.append_count;
     out->append_sum_us = c->io.append_sum_us;

@@ -164,6 +164,7 @@ struct cluster {
     uint64_t stuck_transfer_us;       /* when tickCb last asked another voter to lead for it */
     uint64_t stuck_refusal_logged_us; /* ... and last said that it could not */
     uint64_t snapshot_pause_us_last, snapshot_pause_us_max, snapshot_write_us_last;
+    uint64_t restore_us_last; /* fsmRestore's ops.restore, the last one */
     /* Adaptive snapshot threshold (cluster_snapshot_threshold): entries and their bytes
      * applied since the threshold was last set, and that threshold. */
     uint64_t applied_entries, applied_bytes;

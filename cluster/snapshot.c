@@ -421,6 +421,7 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
             .pause_us = c->snap.pause_us,
             .write_us = c->snap.write_us,
             .bytes = c->snap.bytes,
+            .store_us = put_ended ? c->io.own_put_us : 0,
             .written = c->snap.written,
             .put_ended = put_ended,
             .stored = stored,
@@ -436,25 +437,38 @@ static int fsmSnapshotFinalize(struct raft_fsm *fsm, struct raft_buffer *bufs[],
     return 0;
 }
 
+/* A restore refused: raft frees the buffer itself (raft_free), so data io_snap_load mapped is
+ * unmapped here and the buffer emptied. */
+static int restoreRefused(struct cluster *c, struct raft_buffer *buf)
+{
+    if (io_snap_data_unmap(&c->io, buf->base)) {
+        buf->base = NULL;
+        buf->len = 0;
+    }
+    return RAFT_MALFORMED;
+}
+
 static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
 {
     struct cluster *c = fsm->data;
     const uint8_t *p = buf->base;
     if (buf->len < 4) {
-        return RAFT_MALFORMED;
+        return restoreRefused(c, buf);
     }
     uint32_t meta_len = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
     if (meta_len > buf->len - 4) {
-        return RAFT_MALFORMED;
+        return restoreRefused(c, buf);
     }
     Idem__ClusterSnapshot *cs = idem__cluster_snapshot__unpack(NULL, meta_len, p + 4);
     if (cs == NULL) {
-        return RAFT_MALFORMED;
+        return restoreRefused(c, buf);
     }
+    uint64_t t0 = monoUs();
     if (c->ops.restore(c->ops.data, p + 4 + meta_len, buf->len - 4 - meta_len) != 0) {
         idem__cluster_snapshot__free_unpacked(cs, NULL);
-        return RAFT_MALFORMED;
+        return restoreRefused(c, buf);
     }
+    c->restore_us_last = monoUs() - t0;
     for (size_t i = 0; i < cs->n_members; i++) {
         struct memberMeta *mm = members_put(c, cs->members[i]->id, cs->members[i]->rpc_address,
                                             cs->members[i]->http_address);
@@ -468,7 +482,7 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
     c->retry_extra = 0; /* a snapshot of the leader's stands for this node's */
     c->saved_threshold = 0; /* and for one forced or asked for: adaptThreshold sets raft's */
     adaptThreshold(c, buf->len, raft_last_applied(&c->raft));
-    raft_free(buf->base);
+    io_snap_data_free(&c->io, buf->base);
     return 0;
 }
 

@@ -327,10 +327,11 @@ static void svcSnapshotRelease(void *data, void *view,
                  info->next_threshold);
     } else if (info->written) {
         log_info("snapshot at index %llu: %llu records, %zu bytes; loop paused %.3f ms, "
-                 "written off the loop in %.1f ms at nice %d; next after %u entries",
+                 "written off the loop in %.1f ms at nice %d; stored in %.1f ms; next after %u "
+                 "entries",
                  (unsigned long long)info->index, (unsigned long long)records, info->bytes,
                  (double)info->pause_us / 1000.0, (double)info->write_us / 1000.0, info->nice,
-                 info->next_threshold);
+                 (double)info->store_us / 1000.0, info->next_threshold);
     } else {
         log_warn("snapshot at index %llu abandoned (loop paused %.3f ms)",
                  (unsigned long long)info->index, (double)info->pause_us / 1000.0);
@@ -341,10 +342,15 @@ static int svcRestore(void *data, const uint8_t *buf, size_t len)
 {
     struct service *s = data;
     const char *why = NULL;
+    uint64_t t0 = uv_hrtime();
     if (fsm_restore(s->fsm, buf, len, &why) != 0) {
         log_error("snapshot restore refused: %s", why);
         return -1;
     }
+    struct fsm_stats st;
+    fsm_get_stats(s->fsm, &st);
+    log_info("snapshot restored: %llu records, %zu bytes in %.1f ms",
+             (unsigned long long)st.records, len, (double)(uv_hrtime() - t0) / 1e6);
     return 0;
 }
 

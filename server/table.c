@@ -529,10 +529,40 @@ bool table_slots_hold(const uintptr_t *slots, size_t mask, uint64_t hash, const 
     return slotsLocate(slots, mask, hash & mask, r) != SIZE_MAX;
 }
 
+/* How far ahead of the record it hands out table_slots_foreach loads records (in slots) and
+ * their stored responses (closer: it reads the record's pointer to it). Slot order is hash
+ * order, so every record is a cache miss of its own (and often a TLB miss): a snapshot of
+ * 1M records spent most of its time waiting for them, one at a time. */
+#define FOREACH_REC_AHEAD 32
+#define FOREACH_RESP_AHEAD 16
+
+static void prefetchRec(uintptr_t slot)
+{
+    if (slot != 0) {
+        const char *r = (const char *)slotRec(slot);
+        __builtin_prefetch(r);
+        __builtin_prefetch(r + 64);
+        __builtin_prefetch(r + 128);
+    }
+}
+
+static void prefetchResponse(uintptr_t slot)
+{
+    if (slot != 0 && slotRec(slot)->response != NULL) {
+        __builtin_prefetch(slotRec(slot)->response);
+    }
+}
+
 void table_slots_foreach(const uintptr_t *slots, size_t mask,
                          void (*fn)(const struct rec *r, void *arg), void *arg)
 {
     for (size_t i = 0; i <= mask; i++) {
+        if (i + FOREACH_REC_AHEAD <= mask) {
+            prefetchRec(slots[i + FOREACH_REC_AHEAD]);
+        }
+        if (i + FOREACH_RESP_AHEAD <= mask) {
+            prefetchResponse(slots[i + FOREACH_RESP_AHEAD]);
+        }
         if (slots[i] != 0) {
             fn(slotRec(slots[i]), arg);
         }

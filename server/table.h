@@ -120,6 +120,13 @@ uint64_t table_hash(const struct table *t, int tenant, const uint8_t *key, size_
 struct rec *table_find(const struct table *t, int tenant, uint64_t hash, const uint8_t *key,
                        size_t len);
 
+/* Starts loading the home slot of `hash` into the cache, for a table_find or table_insert
+ * of that hash soon after (restores go through their records by batches). */
+static inline void table_prefetch(const struct table *t, uint64_t hash)
+{
+    __builtin_prefetch(&t->slots[hash & t->mask], 1);
+}
+
 /* Bytes of one record with a key of key_len bytes. */
 size_t table_rec_size(size_t key_len);
 

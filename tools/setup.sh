@@ -22,6 +22,7 @@ done
 packages=(
   build-essential cmake pkg-config git
   libraft-dev liblz4-dev libuv1-dev
+  libisal-dev
   libprotobuf-c-dev protobuf-c-compiler
   libssl-dev libyaml-dev libjansson-dev libxxhash-dev
   libh2o-dev

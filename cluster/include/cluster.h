@@ -159,6 +159,8 @@ struct cluster_snapshot_info {
     uint64_t pause_us; /* the loop's part: snapshot_freeze and the member metadata */
     uint64_t write_us; /* snapshot_write off the loop (0 when it did not run) */
     size_t bytes;      /* what snapshot_write produced */
+    uint64_t store_us; /* its put, from raft's call to its end: the data written paced and
+                        * made durable, then referenced by raft_uv (0 when none ended) */
     bool written;      /* snapshot_write ran and succeeded */
     bool put_ended;    /* ... and raft's put of it ended while raft was open */
     bool stored;       /* ... and raft_uv stored it */
@@ -222,6 +224,10 @@ struct cluster_status {
     uint64_t snapshot_write_us_last; /* its serialisation, off the loop when asynchronous */
     uint64_t snapshot_threshold;     /* entries between snapshots, as adapted now */
     uint64_t snapshot_bytes_last;    /* the FSM's part of the last snapshot taken or restored */
+    /* This node's start (µs): raft's load of its log and snapshot from disk, the snapshot
+     * data's part of it, and the last restore of a snapshot by the application (at start,
+     * or one the leader sent). */
+    uint64_t load_us, load_snapshot_us, restore_us_last;
     /* Log appends on this node by duration (CLUSTER_APPEND_BUCKETS), non-cumulative. */
     uint64_t append_buckets[CLUSTER_APPEND_BUCKETS];
     uint64_t append_count;

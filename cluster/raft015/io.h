@@ -165,6 +165,16 @@ struct io {
     unsigned long own_puts, own_put_failures;
     int own_put_status;
     char own_put_err[256];
+    uint64_t own_put_us; /* the last one's time from raft's put to its end (data written,
+                          * durable, and referenced by raft_uv) */
+    /* What io_snap_load took at start (µs): all of it (the start-up repairs, raft_uv's load
+     * of its metadata and log, the snapshot data), and the snapshot data's part (read and
+     * its hash checked); 0 before a load. */
+    uint64_t load_us, load_snap_us;
+    /* The snapshot data io_snap_load mapped (snapstore_map) for raft to hand the state
+     * machine's restore, until io_snap_data_free/unmap releases it; NULL: none. */
+    void *snap_map;
+    uint64_t snap_map_len;
     struct {
         raft_id id;      /* 0: unused */
         raft_time at_ms; /* the wrapper's clock (io.c, ioNow) when a message from it last arrived */
@@ -271,6 +281,14 @@ void io_poke(struct io *io, raft_id id);
  * and at most the election timeout. */
 raft_time io_stale_leader_ms(const struct raft *r);
 bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_message *m);
+
+/* The data of a snapshot raft hands the state machine to restore (raft_fsm.restore, which
+ * owns it): io_snap_data_free releases it, unmapped when it is the one io_snap_load mapped
+ * (io->snap_map), raft_free()d otherwise (a snapshot the leader sent). After a restore that
+ * failed, raft frees the buffer itself with raft_free(): io_snap_data_unmap unmaps it first
+ * if it was mapped and returns true, and the caller then sets the buffer's base to NULL. */
+void io_snap_data_free(struct io *io, void *base);
+bool io_snap_data_unmap(struct io *io, const void *base);
 
 /* Fills io->outer with methods that delegate to io->inner. Call after raft_uv_init(), with
  * the loop raft_uv runs on (the io does not own it). It sets io->inner.data to io: the

@@ -50,7 +50,7 @@ struct ioDisk {
     } cb;
     struct io *io;
     struct ioSnapJob *job;    /* a put through snapstore */
-    uint64_t start_us;        /* appends: when raft asked (appendTimed) */
+    uint64_t start_us;        /* when raft asked (appends: appendTimed; puts: own_put_us) */
     TAILQ_ENTRY(ioDisk) link; /* appends: in io->appends */
     uint64_t trunc;           /* appends: the truncation checked when it ends (0: none) */
     bool in_inner;            /* puts: raft_uv holds it (io->puts_inner counts it) */

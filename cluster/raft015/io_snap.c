@@ -50,8 +50,10 @@ static void snapshotFree(struct raft_snapshot *s)
 }
 
 /* If snapshot is a snapstore reference, puts the data it names in its place (1 buffer,
- * raft_malloc()ed, as raft_uv's own). Returns 0, or -1 with a message in err. */
-static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *err, size_t errlen)
+ * raft_malloc()ed, as raft_uv's own; with map, at load, mapped instead when it can be, and
+ * remembered in io->snap_map: io_snap_data_free). Returns 0, or -1 with a message in err. */
+static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, bool map, char *err,
+                           size_t errlen)
 {
     struct snapstore_ref r;
     if (snapshot->n_bufs != 1 ||
@@ -66,8 +68,14 @@ static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *
         return -1;
     }
     void *data = NULL;
-    if (snapstore_read(io->snap_dir, &r, &data, err, errlen) != 0) {
+    bool mapped = false;
+    if ((map ? snapstore_map(io->snap_dir, &r, &data, &mapped, err, errlen)
+             : snapstore_read(io->snap_dir, &r, &data, err, errlen)) != 0) {
         return -1;
+    }
+    if (mapped) {
+        io->snap_map = data;
+        io->snap_map_len = r.size;
     }
     raft_free(snapshot->bufs[0].base);
     snapshot->bufs[0].base = data;
@@ -75,11 +83,31 @@ static int snapshotResolve(struct io *io, struct raft_snapshot *snapshot, char *
     return 0;
 }
 
+static uint64_t nowUs(void)
+{
+    return uv_hrtime() / 1000u;
+}
+
+static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
+                    struct raft_snapshot **snapshot, raft_index *start_index,
+                    struct raft_entry *entries[], size_t *n_entries);
+
 int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
                  struct raft_snapshot **snapshot, raft_index *start_index,
                  struct raft_entry *entries[], size_t *n_entries)
 {
     struct io *io = io_from_outer(o);
+    uint64_t t0 = nowUs();
+    io->load_snap_us = 0;
+    int rv = snapLoad(io, term, voted_for, snapshot, start_index, entries, n_entries);
+    io->load_us = nowUs() - t0;
+    return rv;
+}
+
+static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
+                    struct raft_snapshot **snapshot, raft_index *start_index,
+                    struct raft_entry *entries[], size_t *n_entries)
+{
     if (io->log_dir != NULL) {
         char msg[1024];
         if (logdir_recover(io->log_dir, msg, sizeof(msg)) != 0) {
@@ -107,6 +135,14 @@ int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
                       "libraft 0.15 cannot load; removed those 8 zero bytes, no entry",
                       msg, io->log_dir);
         }
+        /* raft_uv reads every open segment whole (segtail.h): their zeros go first. */
+        unsigned removed, cut;
+        if (segtail_zeros(io->log_dir, &removed, &cut, msg, sizeof(msg)) != 0) {
+            clog_error("%s", msg);
+            snprintf(io->outer.errmsg, sizeof(io->outer.errmsg),
+                     "a log segment cannot be read or trimmed (the message above says which)");
+            return RAFT_IOERR;
+        }
     }
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
     /* Where raft_uv writes the next entry (an empty log: not known until the first). */
@@ -115,7 +151,10 @@ int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
         return io_pass_err(io, rv);
     }
     char err[sizeof(io->outer.errmsg)];
-    if (snapshotResolve(io, *snapshot, err, sizeof(err)) != 0) {
+    uint64_t t0 = nowUs();
+    int resolved = snapshotResolve(io, *snapshot, true, err, sizeof(err));
+    io->load_snap_us = nowUs() - t0;
+    if (resolved != 0) {
         /* raft does not free what a failed load returned. */
         snapshotFree(*snapshot);
         *snapshot = NULL;
@@ -134,6 +173,24 @@ int io_snap_load(struct raft_io *o, raft_term *term, raft_id *voted_for,
     }
     io->snap_last = (*snapshot)->index;
     return 0;
+}
+
+bool io_snap_data_unmap(struct io *io, const void *base)
+{
+    if (base == NULL || base != io->snap_map) {
+        return false;
+    }
+    snapstore_unmap(io->snap_map, io->snap_map_len);
+    io->snap_map = NULL;
+    io->snap_map_len = 0;
+    return true;
+}
+
+void io_snap_data_free(struct io *io, void *base)
+{
+    if (!io_snap_data_unmap(io, base)) {
+        raft_free(base);
+    }
 }
 
 /* A snapshot_get through snapstore: raft_uv reads the reference, a pool thread the data. */
@@ -172,7 +229,7 @@ static void getFail(struct ioGet *g, struct raft_snapshot *snapshot, const char 
 static void snapGetWork(uv_work_t *w)
 {
     struct ioGet *g = w->data;
-    g->rv = snapshotResolve(g->io, g->snapshot, g->err, sizeof(g->err));
+    g->rv = snapshotResolve(g->io, g->snapshot, false, g->err, sizeof(g->err));
 }
 
 static void snapGetAfter(uv_work_t *w, int status)
@@ -325,6 +382,7 @@ void io_snap_put_done(struct raft_io_snapshot_put *req, int status)
     struct ioSnapJob *j = d->job;
     bool install = d->install;
     bool in_inner = d->in_inner;
+    uint64_t start_us = d->start_us;
     struct io *io = io_disk_end(d);
     const char *why = j != NULL && j->err[0] != '\0' ? j->err : io->inner.errmsg;
     if (status != 0 && !io->closing && install) {
@@ -332,6 +390,7 @@ void io_snap_put_done(struct raft_io_snapshot_put *req, int status)
     }
     if (!io->closing && !install) {
         io->own_puts++;
+        io->own_put_us = nowUs() - start_us;
         io->own_put_status = status;
         io->own_put_err[0] = '\0';
         if (status != 0) {
@@ -438,6 +497,7 @@ int io_snap_put(struct raft_io *o, unsigned trailing, struct raft_io_snapshot_pu
     d->outer.put = req;
     d->cb.put = cb;
     d->install = isInstall(io, req);
+    d->start_us = nowUs();
     req->cb = cb;
     if (io->snap_dir == NULL) {
         int rv = io_snap_submit_put(io, d, trailing, snapshot, false);

@@ -85,8 +85,9 @@ static const uint8_t *readerAt(struct reader *r, uint64_t off, size_t n)
 /* Where the batches of the open segment in r end: 0 with *end set when they end cleanly at
  * a whole batch (the rest of the file, if any, is the loader's to judge), 1 when the walk
  * stopped short of that (another format, an entry count of 0, a header or data past the
- * end: left to the loader), -1 on a read error. */
-static int batchesEnd(struct reader *r, uint64_t *end)
+ * end: left to the loader), -1 on a read error. With zero_ends, a preamble of 16 zero bytes
+ * (checksums and count) is the end instead of a stop. */
+static int batchesEnd(struct reader *r, uint64_t *end, bool zero_ends)
 {
     if (r->size < 8) {
         return 1;
@@ -104,6 +105,9 @@ static int batchesEnd(struct reader *r, uint64_t *end)
             return errno != 0 ? -1 : 1;
         }
         uint64_t n = le64(p + 8);
+        if (n == 0 && zero_ends && le64(p) == 0) {
+            break; /* a zero preamble: where raft_uv's loader finds the end of the data */
+        }
         uint64_t room = r->size - off - PREAMBLE;
         if (n == 0 || n > room / ENTRY_HEADER) {
             return 1;
@@ -161,7 +165,7 @@ static int repairOne(int dirfd, const char *name, struct reader *r, char *err, s
         r->size = (uint64_t)st.st_size;
         r->base = 0;
         r->len = 0;
-        rv = batchesEnd(r, &end);
+        rv = batchesEnd(r, &end, false);
     }
     /* end is past the format version: at least one batch (raft_uv writes the version
      * with the first). */
@@ -232,4 +236,130 @@ int segtail_repair(const char *dir, char *msg, size_t msglen)
     }
     snprintf(msg, msglen, "%s", names);
     return trimmed;
+}
+
+/* ---- zeros (segtail_zeros) ------------------------------------------------------------ */
+
+#define ZERO_CHUNK (1u << 20)
+
+/* Whether bytes [off, size) of fd are all zero: 1 yes, 0 no, -1 a read error. */
+static int zerosFrom(int fd, uint64_t off, uint64_t size, uint8_t *buf)
+{
+    while (off < size) {
+        size_t n = size - off < ZERO_CHUNK ? (size_t)(size - off) : ZERO_CHUNK;
+        int rv = readAt(fd, buf, n, off);
+        if (rv != 0) {
+            if (rv > 0) {
+                errno = EIO; /* shorter than fstat said */
+            }
+            return -1;
+        }
+        /* All zero: the first byte is, and every byte equals the one before it. */
+        if (buf[0] != 0 || (n > 1 && memcmp(buf, buf + 1, n - 1) != 0)) {
+            return 0;
+        }
+        off += n;
+    }
+    return 1;
+}
+
+/* One open segment: 1 removed, 2 trimmed, 0 left alone, -1 an error (why in err). */
+static int zerosOne(int dirfd, const char *name, struct reader *r, uint8_t *buf, char *err,
+                    size_t errlen)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        snprintf(err, errlen, "stat %s: %s", name, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return 0; /* a directory, a symbolic link...: not a segment raft_uv made */
+    }
+    int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        snprintf(err, errlen, "open %s: %s", name, strerror(errno));
+        return -1;
+    }
+    const char *what = "stat";
+    uint8_t format[8];
+    int rv = fstat(fd, &st);
+    if (rv == 0) {
+        what = "read";
+    }
+    if (rv == 0 && (!S_ISREG(st.st_mode) || st.st_size < 8)) {
+        rv = 3; /* not a file, or no format version: the loader's to judge */
+    } else if (rv == 0) {
+        rv = readAt(fd, format, sizeof(format), 0) == 0 ? 0 : -1;
+    }
+    uint64_t size = (uint64_t)st.st_size, end = 0;
+    if (rv == 0 && le64(format) == 0) {
+        rv = zerosFrom(fd, 8, size, buf);
+        if (rv == 1) {
+            what = "remove";
+            rv = unlinkat(dirfd, name, 0) == 0 ? 1 : -1;
+        }
+    } else if (rv == 0 && le64(format) == FORMAT_1) {
+        r->fd = fd;
+        r->size = size;
+        r->base = 0;
+        r->len = 0;
+        rv = batchesEnd(r, &end, true);
+        if (rv == 0 && end > 8 && end < size) {
+            rv = zerosFrom(fd, end, size, buf);
+            if (rv == 1) {
+                what = "trim";
+                rv = ftruncate(fd, (off_t)end) == 0 && fsync(fd) == 0 ? 2 : -1;
+            }
+        } else if (rv > 0) {
+            rv = 0;
+        }
+    } else if (rv > 0) {
+        rv = 0;
+    }
+    int saved = errno;
+    close(fd);
+    if (rv < 0) {
+        snprintf(err, errlen, "%s %s: %s", what, name, strerror(saved));
+        return -1;
+    }
+    return rv;
+}
+
+int segtail_zeros(const char *dir, unsigned *removed, unsigned *trimmed, char *msg, size_t msglen)
+{
+    msg[0] = '\0';
+    *removed = 0;
+    *trimmed = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        snprintf(msg, msglen, "list %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct reader *r = malloc(sizeof(*r));
+    uint8_t *buf = malloc(ZERO_CHUNK);
+    char err[512] = "";
+    if (r == NULL || buf == NULL) {
+        snprintf(err, sizeof(err), "out of memory");
+    }
+    struct dirent *e;
+    errno = 0;
+    while (err[0] == '\0' && (e = readdir(d)) != NULL) {
+        int rv = logdir_open_segment(e->d_name)
+                     ? zerosOne(dirfd(d), e->d_name, r, buf, err, sizeof(err))
+                     : 0;
+        *removed += rv == 1;
+        *trimmed += rv == 2;
+        errno = 0;
+    }
+    if (err[0] == '\0' && e == NULL && errno != 0) {
+        snprintf(err, sizeof(err), "list: %s", strerror(errno));
+    }
+    free(buf);
+    free(r);
+    closedir(d);
+    if (err[0] != '\0') {
+        snprintf(msg, msglen, "log segment in %s: %s", dir, err);
+        return -1;
+    }
+    return 0;
 }

@@ -35,4 +35,22 @@
  * could not load it either: the node must not start). */
 int segtail_repair(const char *dir, char *msg, size_t msglen);
 
+/* Open segments' zeros, taken off before raft_uv loads the log. raft_uv 0.15 reads every
+ * open segment whole into a buffer of its size (raft.segment_size_mb: 64 MiB by default)
+ * and then checks byte by byte that what follows the last batch is zero: the segment in use
+ * when the node stopped, and those prepared ahead of it (all zero, and written through
+ * with zeros when raft.prefill_segments is on). At 64 MiB that was 0.25-0.3 s of every
+ * start (three segments: docs/benchmarks.md). It then removes a segment that holds no
+ * batch ("zeroed open segment") and truncates one that holds some to the end of its last
+ * batch as it closes it. This does the same first, reading through a buffer of 1 MiB:
+ *   - a segment of format 0 whose every byte is zero is removed;
+ *   - a segment of format 1 whose batches (walked as segtail_repair does, up to a preamble
+ *     of zeros) end before the end of the file, followed by zeros only, is truncated to
+ *     that end and synced.
+ * Anything else (a byte that is not zero, a walk that stops short) is left for raft_uv's
+ * loader to judge, as before. Returns how many segments it removed (*removed) and trimmed
+ * (*trimmed), 0, or -1 with why in msg when one cannot be read, removed or truncated
+ * (raft_uv could not load it either). Blocking; at start only. */
+int segtail_zeros(const char *dir, unsigned *removed, unsigned *trimmed, char *msg, size_t msglen);
+
 #endif

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -99,6 +100,24 @@ static bool stopped(const atomic_bool *stop)
     return stop != NULL && atomic_load_explicit(stop, memory_order_relaxed);
 }
 
+static uint64_t monoUs(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* The pause after a chunk that took `took` µs to write and push to the disk: as long again,
+ * within [cap / 4, cap] (snapstore.h, snapstore_write). */
+static unsigned chunkPause(uint64_t took, unsigned cap)
+{
+    unsigned floor = cap / 4;
+    if (took < floor) {
+        return floor;
+    }
+    return took > cap ? cap : (unsigned)took;
+}
+
 static void pause_(unsigned us)
 {
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
@@ -123,6 +142,7 @@ int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     off_t off = 0;
+    uint64_t chunk_start = 0;
     for (unsigned i = 0; i < n; i++) {
         const uint8_t *p = bufs[i].base;
         size_t left = bufs[i].len;
@@ -132,6 +152,9 @@ int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct
                 unlink(tmp);
                 snprintf(err, errlen, "snapshot write stopped: the node is closing");
                 return SNAPSTORE_STOPPED;
+            }
+            if (off % SNAPSTORE_CHUNK == 0) {
+                chunk_start = monoUs();
             }
             /* Chunks are aligned to file offsets, so every push but the last is a full one. */
             size_t c = SNAPSTORE_CHUNK - (size_t)(off % SNAPSTORE_CHUNK);
@@ -147,14 +170,14 @@ int snapstore_write(const char *dir, uint64_t term, uint64_t index, const struct
             off += (off_t)c;
             if (off % SNAPSTORE_CHUNK == 0) {
                 /* Push this chunk to the disk and wait for it, then give the log's writes
-                 * the disk for a moment. */
+                 * the disk for as long again (snapstore.h). */
                 if (sync_file_range(fd, off - SNAPSTORE_CHUNK, SNAPSTORE_CHUNK,
                                     SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                         SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
                     goto err_io;
                 }
                 if (pause_us != 0) {
-                    pause_(pause_us);
+                    pause_(chunkPause(monoUs() - chunk_start, pause_us));
                 }
             }
         }
@@ -245,6 +268,58 @@ int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, 
     }
     *data = buf;
     return 0;
+}
+
+int snapstore_map(const char *dir, const struct snapstore_ref *r, void **data, bool *mapped,
+                  char *err, size_t errlen)
+{
+    *mapped = false;
+    if (r->size == 0) {
+        return snapstore_read(dir, r, data, err, errlen);
+    }
+    char path[PATH_MAX];
+    if (pathOf(path, sizeof(path), dir, r->term, r->index, "") != 0) {
+        snprintf(err, errlen, "snapshot path in %s: too long", dir);
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return fail(err, errlen, "open", path);
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        fail(err, errlen, "stat", path);
+        close(fd);
+        return -1;
+    }
+    if ((uint64_t)sb.st_size != r->size || r->size > SIZE_MAX) {
+        snprintf(err, errlen, "%s: %lld bytes, the reference says %" PRIu64, path,
+                 (long long)sb.st_size, r->size);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, (size_t)r->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        fail(err, errlen, "map", path);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    if (XXH3_64bits(p, (size_t)r->size) != r->hash) {
+        snprintf(err, errlen, "%s: content does not match its hash (corrupt)", path);
+        munmap(p, (size_t)r->size);
+        return -1;
+    }
+    *data = p;
+    *mapped = true;
+    return 0;
+}
+
+void snapstore_unmap(void *data, uint64_t size)
+{
+    if (data != NULL) {
+        munmap(data, (size_t)size);
+    }
 }
 
 /* A decimal number as pathOf() writes it: digits only, no sign, no leading zero. */

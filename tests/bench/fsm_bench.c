@@ -2,7 +2,8 @@
  *
  * Measures what the issue's targets name: claim applies/s on fresh keys, complete
  * applies/s, replay-hit applies/s, table memory per record (without a body and with a
- * 1 KiB body), and snapshot / restore / digest time. Commands are packed before the clock
+ * 1 KiB body), and snapshot / restore / digest time, the snapshot and the restore also as a
+ * node does them (section 4). Commands are packed before the clock
  * starts, as the leader packs them before they reach apply; the timed loops run
  * fsm_apply() on bytes exactly as a replica does.
  *
@@ -25,6 +26,9 @@
 #include "prefault_thread.h"
 #include "packed.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 /* As the daemon makes them: the arrays allocated ahead are faulted in on a thread
  * (prefault_thread.h). */
 /* As the daemon: the pre-fault thread, and record hashes keyed with a secret (random-looking
@@ -32,6 +36,12 @@
 static uint8_t benchSecret[FSM_HASH_SECRET_LEN];
 static const struct fsm_options daemonOpts = {.prefault = &prefault_thread,
                                               .hash_secret = benchSecret};
+/* A restore goes into a table keyed with another secret, as on a restarted node (each
+ * process draws its own): its slots are then in another order than the snapshot's records,
+ * as they are there. */
+static uint8_t restartSecret[FSM_HASH_SECRET_LEN];
+static const struct fsm_options restartOpts = {.prefault = &prefault_thread,
+                                               .hash_secret = restartSecret};
 
 static double nowSec(void)
 {
@@ -88,15 +98,15 @@ static void packCompletes(struct packed *p, size_t n, const uint64_t *tokens, si
 }
 
 /* Applies every packed command; counts outcomes other than `want`. Returns seconds. */
-static double applyAll(struct fsm *f, uint64_t *index, const struct packed *p,
-                       Idem__Outcome want, uint64_t *tokens, size_t *unexpected)
+static double applyAll(struct fsm *f, uint64_t *index, const struct packed *p, Idem__Outcome want,
+                       uint64_t *tokens, size_t *unexpected)
 {
     struct fsm_result r;
     *unexpected = 0;
     double t0 = nowSec();
     for (size_t i = 0; i < p->n; i++) {
-        Idem__Outcome o = fsm_apply(f, (*index)++, p->buf + p->off[i], p->off[i + 1] - p->off[i],
-                                    &r);
+        Idem__Outcome o =
+            fsm_apply(f, (*index)++, p->buf + p->off[i], p->off[i + 1] - p->off[i], &r);
         if (o != want) {
             (*unexpected)++;
         }
@@ -113,6 +123,7 @@ int main(int argc, char **argv)
     for (size_t b = 0; b < sizeof benchSecret; b++) {
         x = x * UINT64_C(6364136223846793005) + UINT64_C(1442695040888963407);
         benchSecret[b] = (uint8_t)(x >> 56);
+        restartSecret[b] = (uint8_t)(x >> 48);
     }
     size_t n = 1000000;
     int json = 0;
@@ -147,8 +158,8 @@ int main(int argc, char **argv)
     pack_claims(&claims, n, fingerprint);
     struct fsm *f = fsm_new_with(&daemonOpts);
     uint64_t index = 1;
-    double t_claim_cold = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens,
-                                   &bad);
+    double t_claim_cold =
+        applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_ACQUIRED, tokens, &bad);
     bad_total += bad;
     fsm_close(f);
     f = fsm_new_with(&daemonOpts);
@@ -165,17 +176,38 @@ int main(int argc, char **argv)
     double t_replay = applyAll(f, &index, &claims, IDEM__OUTCOME__OUTCOME_REPLAY, NULL, &bad);
     bad_total += bad;
 
-    /* 4. Snapshot, restore and digest of the n-record table. */
+    /* 4. Snapshot, restore and digest of the n-record table. A node takes a snapshot as
+     * fsm_freeze (on its loop) and fsm_frozen_write (off it, checksum included): timed
+     * together, then fsm_snapshot (the same bytes in one go, on a live table). A restore is
+     * fsm_restore (checksum, decode, validate, insert); at a node's start the bytes are
+     * first read from disk into a fresh buffer and their file's hash checked (snapstore):
+     * timed as a copy into fresh memory and that hash, then the restore. */
     uint8_t *snap;
     size_t snap_len;
     double t0 = nowSec();
+    struct fsm_frozen *z = fsm_freeze(f);
+    fsm_frozen_write(z, &snap, &snap_len);
+    double t_snap_node = nowSec() - t0;
+    fsm_thaw(f, z);
+    free(snap);
+    t0 = nowSec();
     fsm_snapshot(f, &snap, &snap_len);
     double t_snap = nowSec() - t0;
-    struct fsm *g = fsm_new_with(&daemonOpts);
+    struct fsm *g = fsm_new_with(&restartOpts);
     const char *why = NULL;
     t0 = nowSec();
     int rc = fsm_restore(g, snap, snap_len, &why);
     double t_restore = nowSec() - t0;
+    struct fsm *g2 = fsm_new_with(&restartOpts);
+    t0 = nowSec();
+    uint8_t *read_buf = xmallocOrDie(snap_len);
+    memcpy(read_buf, snap, snap_len);
+    volatile uint64_t file_hash = XXH3_64bits(read_buf, snap_len);
+    (void)file_hash;
+    rc |= fsm_restore(g2, read_buf, snap_len, &why);
+    free(read_buf);
+    double t_restore_start = nowSec() - t0;
+    fsm_close(g2);
     t0 = nowSec();
     char d1[33], d2[33];
     fsm_digest_hex(f, d1);
@@ -200,9 +232,10 @@ int main(int argc, char **argv)
     bad_total += bad;
     packCompletes(&completes, n, tokens, 16);
     t0 = nowSec();
-    struct fsm_frozen *z = fsm_freeze(f);
+    z = fsm_freeze(f);
     double t_freeze = nowSec() - t0;
-    double t_complete_frozen = applyAll(f, &index, &completes, IDEM__OUTCOME__OUTCOME_OK, NULL, &bad);
+    double t_complete_frozen =
+        applyAll(f, &index, &completes, IDEM__OUTCOME__OUTCOME_OK, NULL, &bad);
     bad_total += bad;
     t0 = nowSec();
     fsm_frozen_write(z, &snap, &snap_len);
@@ -240,19 +273,22 @@ int main(int argc, char **argv)
     double overhead = per_rec - (double)key_len - 32;
     double overhead_1k = per_rec_1k - (double)key_len - 32 - 1024;
     if (json) {
-        printf("{\"records\": %zu, \"claim_applies_per_sec\": %.0f, \"claim_cold_applies_per_sec\": %.0f, "
+        printf("{\"records\": %zu, \"claim_applies_per_sec\": %.0f, "
+               "\"claim_cold_applies_per_sec\": %.0f, "
                "\"complete_applies_per_sec\": %.0f, \"claim_complete_pairs_per_sec\": %.0f, "
                "\"replay_applies_per_sec\": %.0f, \"bytes_per_record\": %.1f, "
                "\"overhead_per_record\": %.1f, \"bytes_per_record_1k_body\": %.1f, "
-               "\"overhead_per_record_1k_body\": %.1f, \"snapshot_sec\": %.3f, "
-               "\"snapshot_bytes\": %zu, \"restore_sec\": %.3f, \"digest_sec\": %.3f, "
+               "\"overhead_per_record_1k_body\": %.1f, \"snapshot_node_sec\": %.3f, "
+               "\"snapshot_sec\": %.3f, \"snapshot_bytes\": %zu, \"restore_sec\": %.3f, "
+               "\"restore_start_sec\": %.3f, \"digest_sec\": %.3f, "
                "\"freeze_sec\": %.4f, \"freeze_again_sec\": %.4f, "
                "\"complete_frozen_applies_per_sec\": %.0f, \"frozen_write_sec\": %.3f, "
                "\"thaw_sec\": %.3f, \"unexpected_outcomes\": %zu}\n",
                n, (double)n / t_claim, (double)n / t_claim_cold, (double)n / t_complete,
                (double)n / (t_claim + t_complete), (double)n / t_replay, per_rec, overhead,
-               per_rec_1k, overhead_1k, t_snap, snap_len, t_restore, t_digest, t_freeze,
-               t_freeze2, (double)n / t_complete_frozen, t_frozen_write, t_thaw, bad_total);
+               per_rec_1k, overhead_1k, t_snap_node, t_snap, snap_len, t_restore, t_restore_start,
+               t_digest, t_freeze, t_freeze2, (double)n / t_complete_frozen, t_frozen_write, t_thaw,
+               bad_total);
     } else {
         printf("fsm-bench: %zu records, key %zu bytes, one core\n", n, key_len);
         printf("  claim (fresh key)     %12.0f applies/s warm, %.0f cold\n", (double)n / t_claim,
@@ -260,18 +296,25 @@ int main(int argc, char **argv)
         printf("  complete (16 B body)  %12.0f applies/s\n", (double)n / t_complete);
         printf("  claim+complete        %12.0f pairs/s\n", (double)n / (t_claim + t_complete));
         printf("  claim (replay hit)    %12.0f applies/s\n", (double)n / t_replay);
-        printf("  memory, no body       %8.1f B/record (%.1f B overhead beyond key + fingerprint)\n",
-               per_rec, overhead);
+        printf(
+            "  memory, no body       %8.1f B/record (%.1f B overhead beyond key + fingerprint)\n",
+            per_rec, overhead);
         printf("  memory, 1 KiB body    %8.1f B/record (%.1f B overhead beyond key + fp + body)\n",
                per_rec_1k, overhead_1k);
-        printf("  snapshot              %8.3f s (%zu bytes)\n", t_snap, snap_len);
-        printf("  restore               %8.3f s\n", t_restore);
+        printf(
+            "  snapshot, as a node   %8.3f s (freeze, then the view written with its checksum)\n",
+            t_snap_node);
+        printf("  snapshot, in one go   %8.3f s (%zu bytes)\n", t_snap, snap_len);
+        printf("  restore               %8.3f s (checksum, decode, validate, insert)\n", t_restore);
+        printf("  restore, as at start  %8.3f s (read into a fresh buffer, its file hash "
+               "checked, restored)\n",
+               t_restore_start);
         printf("  digest                %8.3f s\n", t_digest);
         printf("  off-loop snapshot: freeze (the owner's pause) %.2f ms, again after a thaw "
                "%.2f ms;\n    completes while frozen %.0f applies/s (each copies its record); "
                "frozen view written in %.3f s; thaw %.3f s\n",
-               t_freeze * 1000.0, t_freeze2 * 1000.0, (double)n / t_complete_frozen,
-               t_frozen_write, t_thaw);
+               t_freeze * 1000.0, t_freeze2 * 1000.0, (double)n / t_complete_frozen, t_frozen_write,
+               t_thaw);
         printf("  unexpected outcomes   %zu\n", bad_total);
     }
     return bad_total == 0 ? 0 : 1;

@@ -1075,7 +1075,9 @@ class TestSnapshots(ClusterTest):
         with open(self.c.nodes[victim].log, "rb") as f:
             text = f.read()[logged:].decode(errors="replace")
         m = re.search(r"idemd \S+ started: rpc on %s, raft on %s, http on %s; data in %s: "
-                      r"term \d+, snapshot: index (\d+) \((\d+) records\), log entries held: "
+                      r"term \d+, snapshot: index (\d+) \((\d+) records; read from disk with the log "
+                      r"in [\d.]+ ms, of which the snapshot [\d.]+ ms; restored in [\d.]+ ms\), "
+                      r"log entries held: "
                       r"\d+" % tuple(re.escape(x) for x in (
                           self.c.nodes[victim].rpc, self.c.nodes[victim].raft,
                           self.c.nodes[victim].http, self.c.nodes[victim].dir)), text)

@@ -1151,7 +1151,7 @@ static int fakeLoad(struct raft_io *io, raft_term *term, raft_id *voted_for,
 static void freeSnapshot(struct raft_snapshot *s)
 {
     raft_configuration_close(&s->configuration);
-    raft_free(s->bufs[0].base);
+    io_snap_data_free(&theIo, s->bufs[0].base); /* as the cluster's restore does */
     raft_free(s->bufs);
     raft_free(s);
 }
@@ -1216,6 +1216,23 @@ static void test_load_puts_the_data_back(void **state)
     assert_memory_equal(s->bufs[0].base, bigData, sizeof(bigData));
     assert_int_equal(n, 1);
     assert_int_equal(theIo.snap_last, 100);
+    /* Mapped, not copied (snapstore_map), until the restore releases it. */
+    assert_ptr_equal(theIo.snap_map, s->bufs[0].base);
+    assert_int_equal(theIo.snap_map_len, sizeof(bigData));
+    freeLoaded(s, entries);
+    assert_null(theIo.snap_map);
+
+    /* A restore that failed: the mapping goes (raft then frees a NULL base); a buffer that
+     * is not the mapped one is left to raft. */
+    assert_int_equal(theIo.outer.load(&theIo.outer, &term, &vote, &s, &start, &entries, &n), 0);
+    void *mapped = s->bufs[0].base;
+    static uint8_t other[8];
+    assert_false(io_snap_data_unmap(&theIo, other));
+    assert_false(io_snap_data_unmap(&theIo, NULL));
+    assert_true(io_snap_data_unmap(&theIo, mapped));
+    assert_null(theIo.snap_map);
+    assert_false(io_snap_data_unmap(&theIo, mapped)); /* once */
+    s->bufs[0].base = NULL;
     freeLoaded(s, entries);
 
     /* A snapshot raft_uv holds itself (stored before snapstore) passes as it is. */

@@ -319,6 +319,80 @@ static void test_what_is_left_alone(void **state)
     assert_int_equal(sizeOf("open-11"), len - 8);
 }
 
+/* segtail_zeros: a segment raft_uv prepared and never wrote goes, the zeros after the last
+ * batch of the one in use go, and raft_uv loads what is left as it loaded the original. */
+static void test_zeros_go_before_the_load(void **state)
+{
+    (void)state;
+    writeAndDie(4096);
+    static uint8_t zeros[SEG];
+    writeFile("open-7", zeros, SEG); /* prepared ahead, never written */
+    writeFile("open-8", zeros, 8);   /* only a format version of 0 */
+    unsigned removed = 0, trimmed = 0;
+    char msg[256];
+    assert_int_equal(segtail_zeros(dir, &removed, &trimmed, msg, sizeof(msg)), 0);
+    assert_int_equal(trimmed, 1);
+    assert_int_equal(sizeOf("open-1"), SEG - 4096);
+    char path[8192];
+    snprintf(path, sizeof(path), "%s/open-7", dir);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof(path), "%s/open-8", dir);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_true(removed >= 2); /* and those raft_uv prepared itself, if any */
+    int status = loadInChild(4096);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), LOADED_OK);
+
+    /* Nothing left to do: the segment is closed, no open one is left. */
+    assert_int_equal(segtail_zeros(dir, &removed, &trimmed, msg, sizeof(msg)), 0);
+    assert_int_equal(removed, 0);
+    assert_int_equal(trimmed, 0);
+}
+
+/* What segtail_zeros leaves to raft_uv's loader: any byte that is not zero, what is not a
+ * segment file, a walk that stops short. */
+static void test_zeros_leaves_the_rest(void **state)
+{
+    (void)state;
+    uint8_t buf[4096];
+    size_t len1 = segment(buf, 104, 0, 3000, 0);
+    buf[len1 - 1] = 1; /* a non-zero byte far past the batch */
+    writeFile("open-1", buf, len1);
+    memset(buf, 0, sizeof(buf));
+    buf[4000] = 7; /* format 0, but not all zero */
+    writeFile("open-2", buf, sizeof(buf));
+    writeFile("open-3", buf, 5);                  /* shorter than a format version */
+    size_t len4 = segment(buf, 104, 1000, 64, 0); /* a count past the end: walk stops */
+    writeFile("open-4", buf, len4);
+    size_t len5 = segment(buf, 104, 0, 0, 0); /* ends with its batch */
+    writeFile("open-5", buf, len5);
+    memset(buf, 0, sizeof(buf));
+    writeFile("0000000000000001-0000000000000001", buf, sizeof(buf)); /* closed */
+    writeFile("open-x", buf, sizeof(buf));                            /* not raft_uv's */
+    char path[8192];
+    snprintf(path, sizeof(path), "%s/open-9", dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/open-10", dir);
+    assert_int_equal(symlink("0000000000000001-0000000000000001", path), 0);
+
+    unsigned removed = 9, trimmed = 9;
+    char msg[256];
+    assert_int_equal(segtail_zeros(dir, &removed, &trimmed, msg, sizeof(msg)), 0);
+    assert_int_equal(removed, 0);
+    assert_int_equal(trimmed, 0);
+    assert_int_equal(sizeOf("open-1"), len1);
+    assert_int_equal(sizeOf("open-2"), sizeof(buf));
+    assert_int_equal(sizeOf("open-3"), 5);
+    assert_int_equal(sizeOf("open-4"), len4);
+    assert_int_equal(sizeOf("open-5"), len5);
+    assert_int_equal(sizeOf("0000000000000001-0000000000000001"), sizeof(buf));
+    assert_int_equal(sizeOf("open-x"), sizeof(buf));
+
+    snprintf(path, sizeof(path), "%s/missing", dir);
+    assert_int_equal(segtail_zeros(path, &removed, &trimmed, msg, sizeof(msg)), -1);
+    assert_non_null(strstr(msg, "No such file or directory"));
+}
+
 static void test_unreadable_directory_is_an_error(void **state)
 {
     (void)state;
@@ -336,6 +410,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_other_tails_are_left_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_what_is_left_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreadable_directory_is_an_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zeros_go_before_the_load, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zeros_leaves_the_rest, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -328,6 +328,52 @@ static void test_handmade_good_snapshot(void **state)
     expectRestore(&s, 0, "good");
 }
 
+/* Records are restored by batches (fsm_snapshot.c, RESTORE_BATCH): a snapshot of many
+ * records crossing several batches restores them all, and a duplicate refuses the
+ * snapshot (the state untouched) whether it repeats a key of its own batch, of an earlier
+ * batch, or the batch's last record. */
+static void test_records_restored_by_batches(void **state)
+{
+    (void)state;
+    enum { N = 41 };
+    char keys[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "key-%02d", i);
+    }
+    struct sbuf s;
+    sStart(&s, N, 5);
+    for (int i = 0; i < N; i++) {
+        Idem__Record r = goodRecord(keys[i]);
+        sMsg(&s, &r.base);
+    }
+    sFinish(&s);
+    expectRestore(&s, 0, "41 records");
+    struct fsm *f = fsm_new();
+    assert_int_equal(fsm_restore(f, s.p, s.n, NULL), 0);
+    struct fsm_stats st;
+    fsm_get_stats(f, &st);
+    assert_int_equal(st.records, N);
+    assert_int_equal(st.processing, N);
+    fsm_close(f);
+
+    /* {position of the duplicate, position of the record it repeats} */
+    static const int dups[][2] = {{5, 2}, {15, 0}, {16, 15}, {37, 3}, {40, 39}};
+    for (size_t d = 0; d < sizeof(dups) / sizeof(dups[0]); d++) {
+        sStart(&s, N, 5);
+        for (int i = 0; i < N; i++) {
+            Idem__Record r = goodRecord(keys[i == dups[d][0] ? dups[d][1] : i]);
+            sMsg(&s, &r.base);
+        }
+        sFinish(&s);
+        expectRestore(&s, -1, "duplicate across batches");
+        const char *why = NULL;
+        f = fsm_new();
+        assert_int_equal(fsm_restore(f, s.p, s.n, &why), -1);
+        assert_string_equal(why, "duplicate record");
+        fsm_close(f);
+    }
+}
+
 static void test_refuses_bad_snapshots(void **state)
 {
     (void)state;
@@ -769,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_after_deletions),
         cmocka_unit_test(test_empty_round_trip),
         cmocka_unit_test(test_handmade_good_snapshot),
+        cmocka_unit_test(test_records_restored_by_batches),
         cmocka_unit_test(test_refuses_bad_snapshots),
         cmocka_unit_test(test_every_byte_flip_refused),
         cmocka_unit_test(test_frozen_view_under_applies),

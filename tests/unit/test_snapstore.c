@@ -249,7 +249,7 @@ static uint8_t *writeChecked(uint64_t term, uint64_t index, const size_t *sizes,
     return all;
 }
 
-/* read returns exactly want. */
+/* read returns exactly want, and so does map (mapped unless empty). */
 static void readChecked(const struct snapstore_ref *ref, const uint8_t *want, size_t len)
 {
     void *data = NULL;
@@ -260,6 +260,17 @@ static void readChecked(const struct snapstore_ref *ref, const uint8_t *want, si
         assert_memory_equal(data, want, len);
     }
     raft_free(data);
+    bool mapped = false;
+    data = NULL;
+    assert_int_equal(snapstore_map(dir, ref, &data, &mapped, err, sizeof(err)), 0);
+    assert_non_null(data);
+    assert_true(mapped == (len > 0));
+    if (len > 0) {
+        assert_memory_equal(data, want, len);
+        snapstore_unmap(data, len);
+    } else {
+        raft_free(data);
+    }
 }
 
 static void test_write_read_across_chunks(void **state)
@@ -274,6 +285,32 @@ static void test_write_read_across_chunks(void **state)
     assert_true(total > 2 * SNAPSTORE_CHUNK);
     readChecked(&ref, all, total);
     free(all);
+}
+
+static double monoSec(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The pause after each full chunk is as long as the chunk took, within [pause_us / 4,
+ * pause_us]: with chunks that take far less than a quarter of a 200 ms cap, eight of them
+ * pause 50 ms each (0.4 s in all: never less), not 200 ms each (1.6 s and more with a fixed
+ * pause). */
+static void test_write_pauses_track_the_chunks(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {8 * SNAPSTORE_CHUNK + 1};
+    struct snapstore_ref ref;
+    size_t total;
+    double t0 = monoSec();
+    uint8_t *all = writeChecked(4, 90, sizes, 1, 200000, &ref, &total);
+    double took = monoSec() - t0;
+    free(all);
+    if (took < 0.4 || took >= 1.55) {
+        fail_msg("8 chunks paced within [50, 200] ms each took %.3f s", took);
+    }
 }
 
 static void test_write_read_exact_chunks(void **state)
@@ -352,16 +389,24 @@ static uint8_t *writeSample(struct snapstore_ref *ref, char *path, size_t cap)
     return all;
 }
 
-/* read refuses: -1, a message naming the file that contains `why`, *data untouched. */
+/* read and map refuse: -1, a message naming the file that contains `why`, *data untouched
+ * (a reference whose size is 0 is read, not mapped: not tried here). */
 static void assertReadRefused(const struct snapstore_ref *ref, const char *path, const char *why)
 {
-    int sentinel;
-    void *data = &sentinel;
-    char err[512] = "";
-    assert_int_equal(snapstore_read(dir, ref, &data, err, sizeof(err)), -1);
-    assert_ptr_equal(data, &sentinel);
-    if (strstr(err, path) == NULL || strstr(err, why) == NULL) {
-        fail_msg("message \"%s\" should name %s and say \"%s\"", err, path, why);
+    for (int map = 0; map < 2; map++) {
+        int sentinel;
+        void *data = &sentinel;
+        bool mapped = false;
+        char err[512] = "";
+        assert_int_equal(map ? snapstore_map(dir, ref, &data, &mapped, err, sizeof(err))
+                             : snapstore_read(dir, ref, &data, err, sizeof(err)),
+                         -1);
+        assert_ptr_equal(data, &sentinel);
+        assert_false(mapped);
+        if (strstr(err, path) == NULL || strstr(err, why) == NULL) {
+            fail_msg("%s: message \"%s\" should name %s and say \"%s\"", map ? "map" : "read", err,
+                     path, why);
+        }
     }
 }
 
@@ -683,6 +728,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_read_across_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_read_exact_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_read_empty, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_pauses_track_the_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_replaces_stale_tmp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_into_missing_dir_fails, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_refuses_flipped_byte, setup, teardown),
