@@ -234,12 +234,15 @@ static void tickHealth(struct cluster *c)
 }
 
 /* Outgoing connections whose peer closed them are made anew now (transport.h), not when the
- * next message, a vote perhaps, is lost on them. */
+ * next message, a vote perhaps, is lost on them. A leader only shuts them: its next
+ * heartbeat, within a heartbeat timeout, fails at once and raft_uv connects again. Poked
+ * from a leader, a follower wiped and restarted in between was not sent the snapshot it
+ * needed until raft's install timeout (30 s; integration.wipedfollower). */
 static void tickConnections(struct cluster *c)
 {
     raft_id ids[TRANSPORT_WATCHED_MAX];
     size_t n = transport_dead_outgoing(&c->transport, ids, TRANSPORT_WATCHED_MAX);
-    for (size_t i = 0; i < n && !c->stopping; i++) {
+    for (size_t i = 0; i < n && !c->stopping && raft_state(&c->raft) != RAFT_LEADER; i++) {
         io_poke(&c->io, ids[i]);
     }
 }

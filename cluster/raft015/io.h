@@ -269,18 +269,20 @@ bool io_install_waits(const struct raft *r, const struct raft_message *m);
  * then). Safety does not depend on when a vote is granted; a leader that is alive
  * reaches its followers every heartbeat, so they still refuse a node that returns from a
  * partition or lost its link to the leader alone. */
+bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_message *m);
+
+/* Half the election timeout, but at least two heartbeat timeouts (two heartbeats missed),
+ * and at most the election timeout. */
+raft_time io_stale_leader_ms(const struct raft *r);
+
 /* Makes raft_uv write to server `id` (at its address in raft's configuration; nothing when
  * it has none there, or raft is not set): a vote answer that grants nothing, in raft's
  * current term, which no raft acts on. Called for a peer whose connection was found closed
  * (transport_dead_outgoing): the write fails on the connection shut for writing, and
  * raft_uv connects again at once (then every connect_retry_delay until the peer answers),
- * so the connection is new when raft next sends there. */
+ * so the connection is new when raft next sends there. Only on a node that does not lead
+ * (cluster.c, tickConnections). */
 void io_poke(struct io *io, raft_id id);
-
-/* Half the election timeout, but at least two heartbeat timeouts (two heartbeats missed),
- * and at most the election timeout. */
-raft_time io_stale_leader_ms(const struct raft *r);
-bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_message *m);
 
 /* The data of a snapshot raft hands the state machine to restore (raft_fsm.restore, which
  * owns it): io_snap_data_free releases it, unmapped when it is the one io_snap_load mapped

@@ -213,6 +213,7 @@ idem_start() {
       done
       echo "raft:"
       echo "  secret_file: $TMP/raft.secret"
+      [ -n "${ELECTION_MS:-}" ] && echo "  election_timeout_ms: $ELECTION_MS" && echo "  heartbeat_timeout_ms: $HEARTBEAT_MS"
       echo "admin:"
       echo "  token_sha256: $(sha "$ADMIN")"
       echo "tenants:"

@@ -11,7 +11,8 @@
 #   tools/bench/steady.sh          (root on Debian 12; needs build/bin from a normal build)
 #
 # Env: DURATION (seconds of the open loop, default 600), BUSY (spinning processes, default
-# the number of CPUs), CONNS (default 64), IDEM_BIN_DIR (default build/bin).
+# the number of CPUs), CONNS (default 64), IDEM_BIN_DIR (default build/bin), ELECTION_MS
+# and HEARTBEAT_MS (both, or neither: raft's timings instead of the server's defaults).
 set -euo pipefail
 
 DURATION=${DURATION:-600}
@@ -71,6 +72,11 @@ timeout --foreground $((DURATION + 60)) "$BIN/idem-bench" --cluster "$CLUSTER" -
 read -r term1 changes1 < <(leader_state)
 read -r ops errors rate p99 < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
 print(d["ops"], d["errors"], "%.0f" % d["ops_per_sec"], d["p99_ms"])' "$TMP/open.json")
+if [ "$changes1" != "$changes0" ]; then
+  log "the nodes' lines about leaders during the run (first 20):"
+  grep -h "leader is now\|no leader known\|asks for a\|stepped down\|slow\|stuck" "$TMP"/node*.log \
+    | sort | head -20 >&2 || true
+fi
 echo "steady ($BIN): ${DURATION}s at ${rate}/s (half of ${MAX}/s) beside $BUSY busy processes:" \
   "$ops claims, $errors errors, p99 ${p99} ms; term $term0 -> $term1," \
   "leader changes seen by the nodes $changes0 -> $changes1"
