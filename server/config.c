@@ -488,7 +488,7 @@ int config_list_each(struct ctx *c, const struct field *f, struct config *cfg, s
 
 static void setDefaults(struct config *cfg)
 {
-    cfg->raft.election_timeout_ms = 250;
+    cfg->raft.election_timeout_ms = 300;
     cfg->raft.heartbeat_timeout_ms = 50;
     cfg->raft.snapshot_threshold = 8192;
     cfg->raft.snapshot_trailing = 2048;

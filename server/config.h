@@ -105,7 +105,7 @@ struct config_secret {
 };
 
 struct config_raft {
-    uint32_t election_timeout_ms;  /* 100..60000, default 250 */
+    uint32_t election_timeout_ms;  /* 100..60000, default 300 */
     uint32_t heartbeat_timeout_ms; /* 10..10000 and < election, default 50 */
     uint32_t snapshot_threshold;   /* fewest entries between snapshots, >= 16, default 8192 */
     uint32_t snapshot_trailing;    /* entries kept after a snapshot, default 2048 */

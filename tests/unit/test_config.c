@@ -278,7 +278,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.cluster.n_bootstrap, 0);
     assert_null(c.cluster.bootstrap);
 
-    assert_int_equal(c.raft.election_timeout_ms, 250);
+    assert_int_equal(c.raft.election_timeout_ms, 300);
     assert_int_equal(c.raft.heartbeat_timeout_ms, 50);
     assert_int_equal(c.raft.snapshot_threshold, 8192);
     assert_int_equal(c.raft.snapshot_trailing, 2048);
@@ -360,7 +360,7 @@ static void test_empty_values_are_defaults(void **state)
             &c);
     assertAddrUnset(&c.node.http_address);
     assert_int_equal(c.cluster.n_bootstrap, 0);
-    assert_int_equal(c.raft.election_timeout_ms, 250);
+    assert_int_equal(c.raft.election_timeout_ms, 300);
     assert_int_equal(c.raft.heartbeat_timeout_ms, 50);
     assert_true(c.raft.pre_vote);
     assert_int_equal(c.rpc.max_connections, 1024);
