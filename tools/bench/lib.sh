@@ -184,7 +184,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 # idem_start [PROXY_ROUTE_FILE]: a 3-node idemd cluster (fsync on, the default) on free ports in
 # TMP, tenant alpha (TOKEN) and an admin token (ADMIN); with a file, every node also gets a
 # proxy listener (PROXY[i]) whose routes are that file's lines. Sets RAFT, RPC, HTTP, CLUSTER,
-# waits for a leader and sets LID (its node id) and LHTTP (its JSON API address).
+# waits for a leader and sets LID (its node id) and LHTTP (its JSON API address). The server's
+# defaults unless ELECTION_MS and HEARTBEAT_MS (raft's timings, both) or BATCH_DELAY_US
+# (batch.delay_us, the group commit) are set in the environment.
 idem_start() {
   local routes=${1:-}
   TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -214,6 +216,7 @@ idem_start() {
       echo "raft:"
       echo "  secret_file: $TMP/raft.secret"
       [ -n "${ELECTION_MS:-}" ] && echo "  election_timeout_ms: $ELECTION_MS" && echo "  heartbeat_timeout_ms: $HEARTBEAT_MS"
+      [ -n "${BATCH_DELAY_US:-}" ] && echo "batch:" && echo "  delay_us: $BATCH_DELAY_US"
       echo "admin:"
       echo "  token_sha256: $(sha "$ADMIN")"
       echo "tenants:"
