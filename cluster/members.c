@@ -431,10 +431,10 @@ int cluster_transfer(struct cluster *c, uint64_t id, cluster_change_cb cb, void 
     tr->data = data;
     tr->req.data = tr;
     raftErrClear(c);
-    /* A batch waiting for its group commit (batch.c) goes in now: raft_apply refuses every
-     * entry once the transfer began, and its commands would fail. In the log before the
-     * transfer, the target catches up with it before it is asked to take over. */
-    batch_flush(c);
+    /* A batch still open (waiting for its group commit, batch.c) is not proposed now: raft
+     * refuses it once the transfer began, and its commands are answered that they never went
+     * in (a definite answer, safe to send again), where proposed now they would most often
+     * be answered "leadership lost before commit", an outcome not known. */
     int rv = raft_transfer(&c->raft, &tr->req, id, transferCb);
     if (rv != 0) {
         cluster_set_err(c, "", raftCallErr(c, rv));
