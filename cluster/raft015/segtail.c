@@ -135,9 +135,11 @@ static int batchesEnd(struct reader *r, uint64_t *end, bool zero_ends)
     return 0;
 }
 
-/* 1 when the segment name in dir was trimmed, 0 when it was left alone, -1 on an error
- * (why in err). */
-static int repairOne(int dirfd, const char *name, struct reader *r, char *err, size_t errlen)
+/* Opens the segment name in dir for reading and writing: its descriptor; SEGMENT_NOT_FILE
+ * when it is no regular file (a directory, a symbolic link...: not a segment raft_uv made,
+ * left alone); -1 on an error (why in err). */
+#define SEGMENT_NOT_FILE (-2)
+static int openSegment(int dirfd, const char *name, char *err, size_t errlen)
 {
     struct stat st;
     if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -145,12 +147,24 @@ static int repairOne(int dirfd, const char *name, struct reader *r, char *err, s
         return -1;
     }
     if (!S_ISREG(st.st_mode)) {
-        return 0; /* a directory, a symbolic link...: not a segment raft_uv made */
+        return SEGMENT_NOT_FILE;
     }
     int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         snprintf(err, errlen, "open %s: %s", name, strerror(errno));
         return -1;
+    }
+    return fd;
+}
+
+/* 1 when the segment name in dir was trimmed, 0 when it was left alone, -1 on an error
+ * (why in err). */
+static int repairOne(int dirfd, const char *name, struct reader *r, char *err, size_t errlen)
+{
+    struct stat st;
+    int fd = openSegment(dirfd, name, err, errlen);
+    if (fd < 0) {
+        return fd == SEGMENT_NOT_FILE ? 0 : -1;
     }
     const char *what = "stat";
     uint64_t end = 0;
@@ -268,17 +282,9 @@ static int zerosOne(int dirfd, const char *name, struct reader *r, uint8_t *buf,
                     size_t errlen)
 {
     struct stat st;
-    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        snprintf(err, errlen, "stat %s: %s", name, strerror(errno));
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        return 0; /* a directory, a symbolic link...: not a segment raft_uv made */
-    }
-    int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    int fd = openSegment(dirfd, name, err, errlen);
     if (fd < 0) {
-        snprintf(err, errlen, "open %s: %s", name, strerror(errno));
-        return -1;
+        return fd == SEGMENT_NOT_FILE ? 0 : -1;
     }
     const char *what = "stat";
     uint8_t format[8];

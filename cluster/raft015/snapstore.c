@@ -213,11 +213,12 @@ err_io:
     return -1;
 }
 
-int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, char *err,
-                   size_t errlen)
+/* Opens the data file of r in dir for reading, its path written to path (PATH_MAX bytes),
+ * after checking that its size is the one r gives. The descriptor, or -1 with why in err. */
+static int openChecked(const char *dir, const struct snapstore_ref *r, char *path, char *err,
+                       size_t errlen)
 {
-    char path[PATH_MAX];
-    if (pathOf(path, sizeof(path), dir, r->term, r->index, "") != 0) {
+    if (pathOf(path, PATH_MAX, dir, r->term, r->index, "") != 0) {
         snprintf(err, errlen, "snapshot path in %s: too long", dir);
         return -1;
     }
@@ -235,6 +236,17 @@ int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, 
         snprintf(err, errlen, "%s: %lld bytes, the reference says %" PRIu64, path,
                  (long long)sb.st_size, r->size);
         close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int snapstore_read(const char *dir, const struct snapstore_ref *r, void **data, char *err,
+                   size_t errlen)
+{
+    char path[PATH_MAX];
+    int fd = openChecked(dir, r, path, err, errlen);
+    if (fd < 0) {
         return -1;
     }
     uint8_t *buf = raft_malloc(r->size > 0 ? (size_t)r->size : 1);
@@ -278,24 +290,8 @@ int snapstore_map(const char *dir, const struct snapstore_ref *r, void **data, b
         return snapstore_read(dir, r, data, err, errlen);
     }
     char path[PATH_MAX];
-    if (pathOf(path, sizeof(path), dir, r->term, r->index, "") != 0) {
-        snprintf(err, errlen, "snapshot path in %s: too long", dir);
-        return -1;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = openChecked(dir, r, path, err, errlen);
     if (fd < 0) {
-        return fail(err, errlen, "open", path);
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        fail(err, errlen, "stat", path);
-        close(fd);
-        return -1;
-    }
-    if ((uint64_t)sb.st_size != r->size || r->size > SIZE_MAX) {
-        snprintf(err, errlen, "%s: %lld bytes, the reference says %" PRIu64, path,
-                 (long long)sb.st_size, r->size);
-        close(fd);
         return -1;
     }
     void *p = mmap(NULL, (size_t)r->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
