@@ -151,6 +151,7 @@ void admission_admit_queued(struct cluster *c)
             aq->bytes -= q->cost;
             c->queued_bytes -= q->cost;
             batch_open_append(c, q->data, q->len, q->waiter, a, q->cost, true);
+            free(q->data);
             free(q);
             moved = true;
         }
@@ -216,16 +217,16 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
             return CLUSTER_ENOTLEADER;
         }
     }
+    if (!wait) {
+        batch_open_append(c, cmd, len, waiter, account, (uint32_t)cost, false);
+        return CLUSTER_OK;
+    }
     uint8_t *copy = malloc(len ? len : 1);
     if (copy == NULL) {
         clog_error("out of memory");
         abort();
     }
     memcpy(copy, cmd, len);
-    if (!wait) {
-        batch_open_append(c, copy, len, waiter, account, (uint32_t)cost, false);
-        return CLUSTER_OK;
-    }
     /* Held back until its account's earlier commands commit (admission_admit_queued),
      * charged now. */
     struct queued *q = cluster_xcalloc(sizeof(*q));

@@ -75,13 +75,28 @@ void batch_reset_open(struct cluster *c, bool keep_charges)
     if (!keep_charges) {
         admission_uncharge(c, c->charges, c->n_cmds);
     }
-    for (unsigned i = 0; i < c->n_cmds; i++) {
-        free(c->cmds[i].data);
-    }
     c->n_cmds = 0;
     c->batch_bytes = 0;
     c->pending_bytes -= c->open_cost;
     c->open_cost = 0;
+}
+
+/* Empties the open batch (its charges uncharged) and frees what holds it: the cluster's end. */
+void batch_close_open(struct cluster *c)
+{
+    batch_reset_open(c, false);
+    free(c->cmds);
+    free(c->cmd_at);
+    free(c->open_buf);
+    free(c->waiters);
+    free(c->charges);
+    c->cmds = NULL;
+    c->cmd_at = NULL;
+    c->open_buf = NULL;
+    c->waiters = NULL;
+    c->charges = NULL;
+    c->cap_cmds = 0;
+    c->open_cap = 0;
 }
 
 void batch_entry_encode(const Idem__LogEntry *e, struct raft_buffer *buf)
@@ -116,11 +131,11 @@ static const uint8_t *entryPayload(const struct raft_buffer *buf, size_t *len)
     return p + ENTRY_HEADER;
 }
 
-Idem__LogEntry *batch_entry_decode(const struct raft_buffer *buf)
+Idem__LogEntry *batch_entry_decode(const struct raft_buffer *buf, ProtobufCAllocator *a)
 {
     size_t plen = 0;
     const uint8_t *payload = entryPayload(buf, &plen);
-    return payload != NULL ? idem__log_entry__unpack(NULL, plen, payload) : NULL;
+    return payload != NULL ? idem__log_entry__unpack(a, plen, payload) : NULL;
 }
 
 void batch_encode(ProtobufCBinaryData *cmds, size_t n, uint64_t proposer, uint64_t epoch,
@@ -204,6 +219,9 @@ void batch_flush(struct cluster *c)
     struct charge *charges = cluster_xcalloc(n * sizeof(*charges));
     memcpy(charges, c->charges, n * sizeof(*charges));
 
+    for (unsigned i = 0; i < n; i++) {
+        c->cmds[i].data = c->open_buf + c->cmd_at[i];
+    }
     struct raft_buffer buf;
     uint64_t proposal = ++c->next_proposal;
     batch_encode(c->cmds, n, c->cfg.id, c->epoch, proposal, &buf);
@@ -251,23 +269,42 @@ bool batch_may_propose(struct cluster *c)
     return !c->stopping && raft_state(&c->raft) == RAFT_LEADER && c->raft.transfer == NULL;
 }
 
-/* Adds a command to the open batch, which has room for it (batch_open_full); `data` (malloc'd) is
- * the batch's from now on. Its cost goes to its account's bytes in flight, and to
- * pending_bytes and its account's pending bytes unless it was charged when held back. */
-void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waiter, uint32_t account,
-                       uint32_t cost, bool charged)
+/* Adds a copy of a command (len bytes at data) to the open batch, which has room for it
+ * (batch_open_full). Its cost goes to its account's bytes in flight, and to pending_bytes
+ * and its account's pending bytes unless it was charged when held back. */
+void batch_open_append(struct cluster *c, const uint8_t *data, size_t len, void *waiter,
+                       uint32_t account, uint32_t cost, bool charged)
 {
     if (c->n_cmds == c->cap_cmds) {
         c->cap_cmds = c->cap_cmds ? c->cap_cmds * 2 : 64;
         c->cmds = realloc(c->cmds, c->cap_cmds * sizeof(*c->cmds));
+        c->cmd_at = realloc(c->cmd_at, c->cap_cmds * sizeof(*c->cmd_at));
         c->waiters = realloc(c->waiters, c->cap_cmds * sizeof(*c->waiters));
         c->charges = realloc(c->charges, c->cap_cmds * sizeof(*c->charges));
-        if (c->cmds == NULL || c->waiters == NULL || c->charges == NULL) {
+        if (c->cmds == NULL || c->cmd_at == NULL || c->waiters == NULL || c->charges == NULL) {
             clog_error("out of memory");
             abort();
         }
     }
-    c->cmds[c->n_cmds].data = data;
+    if (c->open_cap - c->batch_bytes < len) {
+        /* Grown by doubling as the batches need, and kept: batch_max_bytes bounds a batch's
+         * bytes, so it stays under twice that. */
+        size_t want = c->open_cap ? c->open_cap : 4096;
+        while (want - c->batch_bytes < len) {
+            want *= 2;
+        }
+        c->open_buf = realloc(c->open_buf, want);
+        if (c->open_buf == NULL) {
+            clog_error("out of memory");
+            abort();
+        }
+        c->open_cap = want;
+    }
+    if (len != 0) {
+        memcpy(c->open_buf + c->batch_bytes, data, len);
+    }
+    c->cmd_at[c->n_cmds] = c->batch_bytes;
+    c->cmds[c->n_cmds].data = NULL;
     c->cmds[c->n_cmds].len = len;
     c->waiters[c->n_cmds] = waiter;
     c->charges[c->n_cmds] = (struct charge){.account = account, .cost = cost};

@@ -26,9 +26,9 @@ void batch_entry_encode(const Idem__LogEntry *e, struct raft_buffer *buf);
 void batch_encode(ProtobufCBinaryData *cmds, size_t n, uint64_t proposer, uint64_t epoch,
                   uint64_t proposal, struct raft_buffer *buf);
 
-/* The log entry in buf (free it with idem__log_entry__free_unpacked), or NULL when its
- * framing or its bytes do not decode. */
-Idem__LogEntry *batch_entry_decode(const struct raft_buffer *buf);
+/* The log entry in buf, decoded with allocator a (NULL: malloc; free it with
+ * idem__log_entry__free_unpacked), or NULL when its framing or its bytes do not decode. */
+Idem__LogEntry *batch_entry_decode(const struct raft_buffer *buf, ProtobufCAllocator *a);
 
 /* What cluster_ops.apply is: one command, its index, its waiter (NULL: none here). */
 typedef void (*batch_apply_fn)(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t len,

@@ -18,6 +18,7 @@
 #include "wire_check.h"
 
 #define TICK_MS 100
+#define DECODE_ARENA_BYTES (64u * 1024u) /* a batch of a few hundred claims decodes within it */
 
 void cluster_set_err(struct cluster *c, const char *prefix, const char *detail)
 {
@@ -94,7 +95,10 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     uint64_t index = raft_last_applied(&c->raft) + 1;
     *result = NULL;
     snapshot_note_applied(c, buf->len);
-    Idem__LogEntry *e = batch_entry_decode(buf);
+    /* Decoded into the arena (an entry's commands are copied out of raft's buffer, up to a
+     * thousand of them), which the next entry's decode reuses. */
+    arena_reset(&c->decode);
+    Idem__LogEntry *e = batch_entry_decode(buf, &c->decode.pb);
     if (e == NULL) {
         /* Every replica holds the same bytes and skips them alike. */
         clog_error("log entry %llu does not decode; skipped", (unsigned long long)index);
@@ -105,7 +109,6 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     } else if (e->kind_case == IDEM__LOG_ENTRY__KIND_MEMBER) {
         members_apply_info(c, e->member);
     }
-    idem__log_entry__free_unpacked(e, NULL);
     return 0;
 }
 
@@ -412,6 +415,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->http_address = xdup(cfg->http_address);
     c->data_dir = xdup(cfg->data_dir);
     TAILQ_INIT(&c->pending);
+    arena_init(&c->decode, DECODE_ARENA_BYTES);
     admission_init(c);
     c->cfg.raft_address = c->raft_address;
     c->cfg.rpc_address = c->rpc_address;
@@ -484,6 +488,7 @@ err_io:
     raft_uv_close(&c->io.inner);
     transport_close(&c->transport);
 err_free:
+    arena_close(&c->decode);
     admission_free(c);
     free(c->raft_address);
     free(c->rpc_address);
@@ -532,10 +537,8 @@ static void clusterFree(struct cluster *c)
     transport_close(&c->transport);
     cluster_close_cb cb = c->close_cb;
     void *data = c->close_data;
-    batch_reset_open(c, false);
-    free(c->cmds);
-    free(c->waiters);
-    free(c->charges);
+    batch_close_open(c);
+    arena_close(&c->decode);
     admission_fail_queued(c, RAFT_SHUTDOWN); /* none: cluster_close failed them */
     admission_free(c);
     free(c->raft_address);

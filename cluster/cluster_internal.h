@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "batch.h"
 #include "idem.pb-c.h"
 #include "io.h"
@@ -112,8 +113,13 @@ struct cluster {
     cluster_close_cb close_cb;
     void *close_data;
 
-    /* Open batch. */
+    /* Open batch: its commands' bytes one after another in open_buf (batch_bytes of
+     * open_cap), command i at cmd_at[i] for cmds[i].len bytes (cmds[i].data is set when the
+     * batch is packed: open_buf may move until then). */
     ProtobufCBinaryData *cmds;
+    size_t *cmd_at;
+    uint8_t *open_buf;
+    size_t open_cap;
     void **waiters;
     unsigned n_cmds;
     unsigned cap_cmds;
@@ -133,6 +139,7 @@ struct cluster {
 
     /* Pending (proposed, not yet applied or failed) batches. */
     TAILQ_HEAD(batchList, cluster_batch) pending; /* proposed, not yet applied or failed */
+    struct arena decode; /* the log entry being applied decodes into it (fsmApply) */
     uint64_t next_proposal;
     uint64_t epoch;
 
@@ -212,13 +219,14 @@ void admission_admit_queued(struct cluster *c);
 /* ---- batch.c: the open batch, proposed batches, internal entries ---- */
 
 void batch_reset_open(struct cluster *c, bool keep_charges);
+void batch_close_open(struct cluster *c);
 void batch_flush(struct cluster *c);
 void batch_flush_cb(uv_check_t *h);
 void batch_delay_cb(uv_poll_t *h, int status, int events);
 bool batch_open_full(const struct cluster *c, size_t len);
 bool batch_may_propose(struct cluster *c);
-void batch_open_append(struct cluster *c, uint8_t *data, size_t len, void *waiter, uint32_t account,
-                       uint32_t cost, bool charged);
+void batch_open_append(struct cluster *c, const uint8_t *data, size_t len, void *waiter,
+                       uint32_t account, uint32_t cost, bool charged);
 void batch_fail_waiters(struct cluster *c, void **waiters, unsigned n, int status);
 int batch_propose_internal(struct cluster *c, const Idem__LogEntry *entry);
 /* Hands each command of a committed batch at raft index `index` to ops.apply, with its

@@ -426,7 +426,7 @@ static int simFsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void
     /* raft advances last_applied after this call returns. */
     uint64_t index = raft_last_applied(raft_fixture_get(&s->f, nd->i)) + 1;
     *result = NULL;
-    Idem__LogEntry *e = batch_entry_decode(buf);
+    Idem__LogEntry *e = batch_entry_decode(buf, NULL);
     if (e == NULL || e->kind_case != IDEM__LOG_ENTRY__KIND_BATCH) {
         /* The sim proposes nothing else. */
         nodeError(nd, "log entry does not decode to a batch", index);

@@ -1,7 +1,7 @@
 /* core_alone: a program linked against idem_core and nothing else (tests/unit/CMakeLists.txt,
  * unit.core_deps). That it links at all shows the deterministic core needs no library but
  * protobuf-c and xxhash; it uses a function of every object of the archive (fsm.c,
- * fsm_snapshot.c, key.c, and through them table.c, expiry.c, arena.c, xmalloc.c), so that
+ * fsm_snapshot.c, key.c, and through them table.c, expiry.c, xmalloc.c), so that
  * each is pulled into the link. It then applies a claim, snapshots, restores and compares
  * digests, with time given in the command only. Exits 0 on success. */
 #include <stdio.h>

@@ -4,7 +4,8 @@
 #   core_deps.sh NM ARCHIVE "LINK_LIBRARIES" CORE_ALONE
 # 1. The target's link interface is exactly idem_proto (protobuf-c) and xxhash.
 # 2. Every symbol the archive leaves undefined is its own, protobuf-c's (protobuf_c_*,
-#    idem__* of the generated code), xxhash's (XXH*), a sanitizer's or compiler's (the fuzz
+#    idem__* of the generated code, arena_* of proto/arena.c, the allocator commands are
+#    decoded into), xxhash's (XXH*), a sanitizer's or compiler's (the fuzz
 #    build's coverage counters, __sancov_*, included), or one of
 #    the libc functions listed below: no pthread_*, uv_*, yaml_*, json_*, EVP_*/OpenSSL,
 #    clock_gettime, time, gettimeofday, getenv, rand... A new libc function the core needs
@@ -28,7 +29,7 @@ bad=$("$nm" -u "$archive" | awk 'NF == 2 { print $2 }' | sort -u | while read -r
         continue
     fi
     case "$sym" in
-    protobuf_c_* | idem__* | XXH* | __asan_* | __ubsan_* | __sanitizer_* | __lsan_* | \
+    protobuf_c_* | idem__* | arena_init | arena_reset | arena_close | XXH* | __asan_* | __ubsan_* | __sanitizer_* | __lsan_* | \
         __tsan_* | __msan_* | __gcov_* | __llvm_* | __sancov_* | __start___sancov_* | \
         __stop___sancov_*) continue ;;
     esac

@@ -74,13 +74,10 @@ static int teardown(void **state)
 {
     (void)state;
     admission_fail_queued(C, RAFT_NOTLEADER);
-    batch_reset_open(C, false);
+    batch_close_open(C);
     uv_close((uv_handle_t *)&C->flush, onClose);
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(&loop), 0);
-    free(C->cmds);
-    free(C->waiters);
-    free(C->charges);
     admission_free(C);
     free(C);
     return 0;

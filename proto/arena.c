@@ -2,9 +2,18 @@
 
 #include <stdalign.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
-#include "xmalloc.h"
+static void *xalloc(size_t n)
+{
+    void *p = malloc(n);
+    if (p == NULL) {
+        fprintf(stderr, "out of memory allocating %zu bytes for a decode\n", n);
+        abort();
+    }
+    return p;
+}
 
 struct arena_big {
     struct arena_big *next;
@@ -20,9 +29,9 @@ static void *arenaAlloc(void *data, size_t size)
         a->used = start + size;
         return a->buf + start;
     }
-    /* protobuf-c treats NULL as out of memory and fails the unpack cleanly, but a command
-     * that cannot be decoded would make this replica diverge: abort instead (xmalloc). */
-    struct arena_big *b = xmalloc(sizeof(*b) + size);
+    /* protobuf-c treats NULL as out of memory and fails the unpack cleanly, but a message
+     * that cannot be decoded would make this replica diverge: abort instead. */
+    struct arena_big *b = xalloc(sizeof(*b) + size);
     b->next = a->big;
     a->big = b;
     return b->data;
@@ -40,7 +49,7 @@ void arena_init(struct arena *a, size_t cap)
     a->pb.alloc = arenaAlloc;
     a->pb.free = arenaFree;
     a->pb.allocator_data = a;
-    a->buf = xmalloc(cap);
+    a->buf = xalloc(cap);
     a->cap = cap;
     a->used = 0;
     a->big = NULL;
