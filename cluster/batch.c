@@ -81,7 +81,8 @@ void batch_reset_open(struct cluster *c, bool keep_charges)
     c->open_cost = 0;
 }
 
-/* Empties the open batch (its charges uncharged) and frees what holds it: the cluster's end. */
+/* Empties the open batch (its charges uncharged) and frees what holds it: the cluster's
+ * end, before c itself is freed. */
 void batch_close_open(struct cluster *c)
 {
     batch_reset_open(c, false);
@@ -90,13 +91,6 @@ void batch_close_open(struct cluster *c)
     free(c->open_buf);
     free(c->waiters);
     free(c->charges);
-    c->cmds = NULL;
-    c->cmd_at = NULL;
-    c->open_buf = NULL;
-    c->waiters = NULL;
-    c->charges = NULL;
-    c->cap_cmds = 0;
-    c->open_cap = 0;
 }
 
 void batch_entry_encode(const Idem__LogEntry *e, struct raft_buffer *buf)
