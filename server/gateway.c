@@ -16,6 +16,7 @@
  * fixed route name, a status number, an outcome name and a transport name. */
 #include "gateway_internal.h"
 
+#include <assert.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +227,22 @@ static h2o_iovec_t requestId(struct http_server *h, h2o_req_t *req)
     char *hex = h2o_mem_alloc_pool(&req->pool, 17);
     gateway_hex(b, sizeof b, hex);
     return h2o_iovec_init(hex, 16);
+}
+
+bool gateway_random(struct http_server *h, uint8_t *out, size_t n)
+{
+    assert(n <= sizeof h->rnd);
+    if (h->rnd_left < n) {
+        if (RAND_bytes(h->rnd, (int)sizeof h->rnd) != 1) {
+            return false;
+        }
+        h->rnd_left = sizeof h->rnd;
+    }
+    uint8_t *p = h->rnd + (sizeof h->rnd - h->rnd_left);
+    memcpy(out, p, n);
+    memset(p, 0, n); /* handed out once */
+    h->rnd_left -= n;
+    return true;
 }
 
 static bool isMethod(h2o_req_t *req, const char *m)

@@ -101,6 +101,8 @@ struct http_server {
     struct httpMetrics m;
     uint64_t rid_key;  /* drawn at start: new request ids (gateway.c, requestId) */
     uint64_t rid_next; /* the counter they are made from */
+    uint8_t rnd[512];  /* OpenSSL's random bytes drawn ahead for attempt ids (gateway_random) */
+    size_t rnd_left;   /* the last rnd_left of them not yet handed out */
 };
 
 /* A job's hold on the h2o request it answers, for a job that may outlive it: a
@@ -182,6 +184,10 @@ void gateway_send_replay(struct http_server *h, h2o_req_t *req, enum route route
                          const char *const *drop, const struct hdr *own, size_t n_own);
 bool gateway_stored_too_large(const Idem__StoredResponse *r);
 void gateway_hex(const uint8_t *p, size_t n, char *out);
+/* n random bytes (n at most sizeof h->rnd) from OpenSSL's generator (RAND_bytes), drawn ahead
+ * a block at a time: a drawn attempt id costs a copy, not a call of the generator each.
+ * false when the generator fails. */
+bool gateway_random(struct http_server *h, uint8_t *out, size_t n);
 
 /* ---- requests, forwarding, lifecycle (gateway.c) ---- */
 

@@ -20,7 +20,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <openssl/rand.h>
 
 #include "fingerprint.h"
 #include "http_api_body.h"
@@ -434,7 +433,7 @@ static bool claimAttempt(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
     }
     uint8_t rnd[8];
     char *hex = h2o_mem_alloc_pool(&req->pool, 2 * sizeof rnd + 1);
-    if (RAND_bytes(rnd, sizeof rnd) != 1) {
+    if (!gateway_random(h, rnd, sizeof rnd)) {
         gateway_send_error(h, req, R_CLAIM, rid, 500, "internal", "no randomness for an attempt id",
                            0);
         return false;

@@ -38,7 +38,6 @@
 #include "proxy_internal.h"
 
 #include <openssl/crypto.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,7 +510,7 @@ static void pjClaim(struct proxyJob *j, const uint8_t fp[FP_LEN])
     const struct config_proxy_route *r = j->route;
     uint8_t rnd[8];
     char attempt[17];
-    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+    if (!gateway_random(j->h, rnd, sizeof(rnd))) {
         proxy_send_error(j, 500, "internal", "no randomness for the attempt id", 0);
         proxy_finish(j);
         return;

@@ -582,6 +582,17 @@ class TestGatewayBasics(GatewayTest):
                 self.assertEqual(b.get("attempt_id"), drawn, b)
                 st, h, b = self.claim(addr, key2, fp(key2), headers={"Idempotency-Attempt": drawn})
                 self.assertEqual(self.assertAcquired((st, h, b)), tok2, b)
+                # drawn ones differ, across the blocks of random bytes the gateway draws ahead
+                # (64 attempt ids each)
+                seen = {drawn}
+                for _ in range(150):
+                    k = self.key("att")
+                    st, h, b = self.claim(addr, k, fp(k))
+                    self.assertAcquired((st, h, b))
+                    a = h.get("idempotency-attempt") or ""
+                    self.assertRegex(a, r"^[0-9a-f]{16}$", h)
+                    self.assertNotIn(a, seen)
+                    seen.add(a)
                 # an attempt id that is no token goes back as an sf-string
                 key3 = self.key("att")
                 st, h, b = self.claim(addr, key3, fp(key3), attempt_id='say "hi"')
