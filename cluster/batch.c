@@ -346,6 +346,7 @@ void batch_flush_cb(uv_check_t *h)
 {
     struct cluster *c = h->data;
     uv_check_stop(h);
+    cluster_apply_deferred(c); /* a follower's entries whose answer was not sent (fsmApply) */
     if (c->queued_bytes != 0) {
         admission_admit_queued(c);
     }

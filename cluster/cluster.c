@@ -87,14 +87,9 @@ static char *xdup(const char *s)
     return p;
 }
 
-/* raft's apply callback, on every node for every committed entry, in log order. */
-static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
+/* Applies the committed entry at index (its bytes in buf) to the state machine. */
+static void applyEntry(struct cluster *c, uint64_t index, const struct raft_buffer *buf)
 {
-    struct cluster *c = fsm->data;
-    /* raft advances last_applied after this call returns. */
-    uint64_t index = raft_last_applied(&c->raft) + 1;
-    *result = NULL;
-    snapshot_note_applied(c, buf->len);
     /* Decoded into the arena (an entry's commands are copied out of raft's buffer, up to a
      * thousand of them), which the next entry's decode reuses. */
     arena_reset(&c->decode);
@@ -102,13 +97,61 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     if (e == NULL) {
         /* Every replica holds the same bytes and skips them alike. */
         clog_error("log entry %llu does not decode; skipped", (unsigned long long)index);
-        return 0;
+        return;
     }
     if (e->kind_case == IDEM__LOG_ENTRY__KIND_BATCH) {
         batch_apply(c, e->batch, index);
     } else if (e->kind_case == IDEM__LOG_ENTRY__KIND_MEMBER) {
         members_apply_info(c, e->member);
     }
+}
+
+void cluster_apply_deferred(struct cluster *c)
+{
+    struct deferred *d;
+    while ((d = STAILQ_FIRST(&c->deferred)) != NULL) {
+        STAILQ_REMOVE_HEAD(&c->deferred, link);
+        struct raft_buffer buf = {.base = d->data, .len = d->len};
+        applyEntry(c, d->index, &buf);
+        free(d);
+        c->deferred_applies++;
+    }
+}
+
+/* The I/O wrapper's call after an AppendEntries result went to raft_uv's send (io.h). */
+static void resultSent(void *data)
+{
+    cluster_apply_deferred(data);
+}
+
+/* raft's apply callback, on every node for every committed entry, in log order.
+ *
+ * A follower answers an append only after applying what that append committed (libraft
+ * 0.15's order), so the application would delay the answer, and with it the leader's
+ * commit of the next entry. A follower with no command of its own waiting (none proposed
+ * that is not answered) keeps a copy of the entry instead and applies it right after the
+ * answer is sent (resultSent), or at the end of this loop turn when no answer follows
+ * (batch_flush_cb), and before anything else that reads or replaces the state: the next
+ * entry applied now, a snapshot taken or restored, the close. Between the two, within
+ * raft's callback, nothing reads the state. */
+static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
+{
+    struct cluster *c = fsm->data;
+    /* raft advances last_applied after this call returns. */
+    uint64_t index = raft_last_applied(&c->raft) + 1;
+    *result = NULL;
+    snapshot_note_applied(c, buf->len);
+    if (raft_state(&c->raft) == RAFT_FOLLOWER && TAILQ_EMPTY(&c->pending) && !c->stopping) {
+        struct deferred *d = cluster_xcalloc(sizeof(*d) + buf->len);
+        d->index = index;
+        d->len = buf->len;
+        memcpy(d->data, buf->base, buf->len);
+        STAILQ_INSERT_TAIL(&c->deferred, d, link);
+        uv_check_start(&c->flush, batch_flush_cb);
+        return 0;
+    }
+    cluster_apply_deferred(c);
+    applyEntry(c, index, buf);
     return 0;
 }
 
@@ -358,6 +401,8 @@ static int ioOpen(struct cluster *c, const struct cluster_config *cfg, char *err
         raft_uv_set_segment_size(&c->io.inner, cfg->segment_size);
     }
     io_wrap(&c->io, c->loop);
+    c->io.result_sent = resultSent;
+    c->io.result_sent_data = c;
     c->io.snap_dir = c->data_dir; /* snapshot data paced, in files of our own (snapstore.h) */
     c->io.log_dir = c->data_dir;  /* truncations marked and checked (logdir.h) */
     return 0;
@@ -415,6 +460,7 @@ struct cluster *cluster_new(uv_loop_t *loop, const struct cluster_config *cfg,
     c->http_address = xdup(cfg->http_address);
     c->data_dir = xdup(cfg->data_dir);
     TAILQ_INIT(&c->pending);
+    STAILQ_INIT(&c->deferred);
     arena_init(&c->decode, DECODE_ARENA_BYTES);
     admission_init(c);
     c->cfg.raft_address = c->raft_address;
@@ -586,6 +632,7 @@ static void raftClosed(struct raft *r)
 void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
 {
     assert(!c->stopping);
+    cluster_apply_deferred(c);
     c->stopping = true;
     c->close_cb = cb;
     c->close_data = data;
@@ -689,6 +736,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->transfer_refused = c->transfer_refused;
     out->batch_waits = c->waits;
     out->batch_waits_off = c->waits_off;
+    out->applied_after_answer = c->deferred_applies;
     out->queued_bytes = c->queued_bytes;
     out->not_proposed = c->not_proposed;
     out->share_refused = 0;

@@ -96,6 +96,14 @@ struct memberMeta {
     bool proposed; /* a MemberInfo for it is in flight (leader) */
 };
 
+/* A committed entry whose application waits (cluster_apply_deferred): a copy of its bytes. */
+struct deferred {
+    STAILQ_ENTRY(deferred) link;
+    uint64_t index;
+    size_t len;
+    uint8_t data[];
+};
+
 struct cluster {
     uv_loop_t *loop;
     struct cluster_config cfg;
@@ -140,6 +148,10 @@ struct cluster {
     /* Pending (proposed, not yet applied or failed) batches. */
     TAILQ_HEAD(batchList, cluster_batch) pending; /* proposed, not yet applied or failed */
     struct arena decode; /* the log entry being applied decodes into it (fsmApply) */
+    /* Committed entries a follower applies just after its answer to the append that
+     * committed them is sent (cluster_apply_deferred), oldest first. */
+    STAILQ_HEAD(deferredList, deferred) deferred;
+    unsigned long deferred_applies; /* entries applied that way so far */
     uint64_t next_proposal;
     uint64_t epoch;
 
@@ -240,6 +252,7 @@ void snapshot_fsm_init(struct cluster *c);
 /* An entry of `len` bytes is being applied: counts it, and asks for a snapshot at the next
  * apply when the log since the last one reached this voter's cap (snapshot_log_max_bytes). */
 void snapshot_note_applied(struct cluster *c, size_t len);
+void cluster_apply_deferred(struct cluster *c);
 /* On each tick: the first snapshot's phase once this node is one of two or more voters,
  * and the threshold again when this node became or stopped being the leader. */
 void snapshot_tick(struct cluster *c);

@@ -235,6 +235,7 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
 static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
     struct cluster *c = fsm->data;
+    cluster_apply_deferred(c); /* raft snapshots at its last applied index */
     uint64_t t0 = monoUs();
     c->puts_before = c->io.own_puts;
     Idem__ClusterSnapshot cs = IDEM__CLUSTER_SNAPSHOT__INIT;
@@ -451,6 +452,7 @@ static int restoreRefused(struct cluster *c, struct raft_buffer *buf)
 static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
 {
     struct cluster *c = fsm->data;
+    cluster_apply_deferred(c); /* in order, before the state is replaced */
     const uint8_t *p = buf->base;
     if (buf->len < 4) {
         return restoreRefused(c, buf);

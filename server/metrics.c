@@ -372,6 +372,10 @@ static const struct family families[] = {
      "Times this leader stopped holding batches for 100 ms: three waits in a row that no "
      "command joined (callers that wait for their answers before sending more).",
      ONE(si.cluster.batch_waits_off)},
+    {"idem_raft_applied_after_answer_total", "counter",
+     "Log entries this node applied as a follower just after answering the append that "
+     "committed them, so that applying them did not hold up the answer.",
+     ONE(si.cluster.applied_after_answer)},
     {"idem_proposals_not_proposed_total", "counter",
      "Commands this leader took that never went into the log: their batch refused by raft (a "
      "leadership transfer began, or the node stopped leading, first), or held back "

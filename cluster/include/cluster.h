@@ -241,6 +241,8 @@ struct cluster_status {
     uint64_t transfer_refused; /* proposals refused with CLUSTER_ETRANSFER */
     uint64_t batch_waits;      /* group commits: batches that waited (batch_delay_us) */
     uint64_t batch_waits_off;  /* ... and times waiting was turned off (a closed loop) */
+    uint64_t applied_after_answer; /* entries this node applied as a follower just after its
+                                    * answer to the append that committed them (fsmApply) */
     uint64_t queued_bytes;     /* commands held back (max_account_inflight_bytes), of
                                 * pending_bytes */
     uint64_t not_proposed;     /* commands taken and never proposed (ops.fail with

@@ -385,6 +385,16 @@ bool io_result_unaddressed(const struct raft *r, const struct raft_message *m)
             m->server_address == r->follower_state.current_leader.address);
 }
 
+/* What inner's send of message returned (rv), after io->result_sent for a result. */
+static int resultSent(struct io *io, const struct raft_message *message, int rv)
+{
+    rv = io_pass_err(io, rv);
+    if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->result_sent != NULL) {
+        io->result_sent(io->result_sent_data);
+    }
+    return rv;
+}
+
 static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft_message *message,
                   raft_io_send_cb cb)
 {
@@ -408,10 +418,10 @@ static int ioSend(struct raft_io *o, struct raft_io_send *req, const struct raft
             struct raft_message fixed = *message;
             fixed.append_entries_result.last_log_index = io->ae_end;
             io->corrected++;
-            return io_pass_err(io, io->inner.send(&io->inner, req, &fixed, cb));
+            return resultSent(io, message, io->inner.send(&io->inner, req, &fixed, cb));
         }
     }
-    return io_pass_err(io, io->inner.send(&io->inner, req, message, cb));
+    return resultSent(io, message, io->inner.send(&io->inner, req, message, cb));
 }
 
 static raft_time ioTime(struct raft_io *o)
@@ -430,6 +440,8 @@ void io_wrap(struct io *io, uv_loop_t *loop)
 {
     struct raft_io *o = &io->outer;
     memset(o, 0, sizeof(*o));
+    io->result_sent = NULL;
+    io->result_sent_data = NULL;
     io->inner.data = io; /* io_from_inner */
     /* libraft 0.15's raft_uv implements async_work (version 2 of raft_io) but still says
      * version 1, and raft_init refuses asynchronous snapshots over a version 1 io: the

@@ -109,6 +109,10 @@ struct io {
                            * (io_wrap) */
     raft_io_tick_cb raft_tick;
     raft_io_recv_cb raft_recv;
+    /* Called (with result_sent_data) after an AppendEntries result went to raft_uv's send,
+     * which writes it to the socket at once when nothing is queued before it; NULL: none. */
+    void (*result_sent)(void *data);
+    void *result_sent_data;
     raft_io_close_cb close_cb;
     bool in_append_entries;
     raft_id ae_from;
