@@ -18,7 +18,7 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ClusterTestCase, BIN, Cluster, fp, http_request, recv_exact, wait_for  # noqa: E402
+from harness import ClusterTestCase, BIN, Cluster, fp, recv_exact, wait_for  # noqa: E402
 
 ACQ = "acquired"
 # Outcome values (proto/idem.proto) a claim answers with, by name as idemctl prints them.
@@ -205,14 +205,6 @@ class TestGroupCommit(ClusterTest):
     A delay of 20 ms makes both plain in counts, whatever the machine's speed."""
     cluster_opts = dict(batch={"delay_us": 20000})
 
-    def leader_metric(self, lid, name):
-        resp = http_request(self.c.nodes[lid].http, "GET", "/metrics")
-        self.assertEqual(resp[0], 200)
-        for line in resp.raw.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-        self.fail("no %s in /metrics" % name)
-
     def bench(self, *args):
         cluster = ",".join(self.c.nodes[n].rpc for n in self.c.nodes)
         out = subprocess.run([os.path.join(BIN, "idem-bench"), "--cluster", cluster,
@@ -228,7 +220,7 @@ class TestGroupCommit(ClusterTest):
 
     def test_open_loop_commands_share_entries(self):
         lid = self.c.leader()
-        waits0 = self.leader_metric(lid, "idem_batch_waits_total")
+        waits0 = self.metric(self.c.nodes[lid], "idem_batch_waits_total")
         i0 = self.commit_index(lid)
         d = self.bench("--rate", "1000", "--duration", "2")
         entries = self.commit_index(lid) - i0
@@ -236,19 +228,19 @@ class TestGroupCommit(ClusterTest):
         # one entry per 20 ms (and some the expiry's own) is ~100.
         self.assertGreater(d["ops"], 1500, d)
         self.assertLess(entries, d["ops"] // 5, (entries, d["ops"]))
-        self.assertGreater(self.leader_metric(lid, "idem_batch_waits_total"), waits0)
+        self.assertGreater(self.metric(self.c.nodes[lid], "idem_batch_waits_total"), waits0)
 
     def test_closed_loop_turns_the_wait_off(self):
         lid = self.c.leader()
-        off0 = self.leader_metric(lid, "idem_batch_waits_off_total")
-        waits0 = self.leader_metric(lid, "idem_batch_waits_total")
+        off0 = self.metric(self.c.nodes[lid], "idem_batch_waits_off_total")
+        waits0 = self.metric(self.c.nodes[lid], "idem_batch_waits_total")
         # One caller, one claim at a time: a wait never gains a command.
         d = self.bench("--concurrency", "1", "--requests", "200")
         self.assertEqual(d["ops"], 200, d)
-        self.assertGreaterEqual(self.leader_metric(lid, "idem_batch_waits_off_total"), off0 + 1)
+        self.assertGreaterEqual(self.metric(self.c.nodes[lid], "idem_batch_waits_off_total"), off0 + 1)
         # Three idle waits, then none for 100 ms, then three again...: far fewer waits than
         # claims (200 waits of 20 ms would have taken 4 s on their own).
-        waits = self.leader_metric(lid, "idem_batch_waits_total") - waits0
+        waits = self.metric(self.c.nodes[lid], "idem_batch_waits_total") - waits0
         self.assertLess(waits, 100, waits)
 
 
@@ -260,14 +252,6 @@ class TestAppliedAfterAnswer(ClusterTest):
     (a follower restarted from it converges with the others)."""
     cluster_opts = dict(snapshot_threshold=64, snapshot_trailing=16)
 
-    def metric(self, nid, name):
-        resp = http_request(self.c.nodes[nid].http, "GET", "/metrics")
-        self.assertEqual(resp[0], 200)
-        for line in resp.raw.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-        self.fail("no %s in /metrics" % name)
-
     def test_followers_apply_after_answering(self):
         lid = self.c.wait_leader()
         for i in range(200):
@@ -276,9 +260,9 @@ class TestAppliedAfterAnswer(ClusterTest):
         st = self.c.wait_converged(3)
         followers = [n for n in self.c.nodes if n != lid]
         for nid in followers:
-            self.assertGreater(self.metric(nid, "idem_raft_applied_after_answer_total"), 100,
+            self.assertGreater(self.metric(self.c.nodes[nid], "idem_raft_applied_after_answer_total"), 100,
                                nid)
-        self.assertEqual(self.metric(lid, "idem_raft_applied_after_answer_total"), 0)
+        self.assertEqual(self.metric(self.c.nodes[lid], "idem_raft_applied_after_answer_total"), 0)
         # A follower restarted from its snapshot and log comes back with the same state.
         fid = followers[0]
         self.assertEqual(self.c.stop(fid), 0)
