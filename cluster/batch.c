@@ -82,7 +82,7 @@ void batch_reset_open(struct cluster *c, bool keep_charges)
 }
 
 /* Empties the open batch (its charges uncharged) and frees what holds it: the cluster's
- * end, before c itself is freed. */
+ * end, before c itself is freed, once its waiters were failed (cluster_close). */
 void batch_close_open(struct cluster *c)
 {
     batch_reset_open(c, false);

@@ -19,6 +19,9 @@
 
 #define TICK_MS 100
 #define DECODE_ARENA_BYTES (64u * 1024u) /* a batch of a few hundred claims decodes within it */
+/* The most bytes of committed entries a follower holds to apply after its answer (fsmApply):
+ * a round's entries, not a catch-up's. */
+#define DEFER_MAX_BYTES (1024u * 1024u)
 
 void cluster_set_err(struct cluster *c, const char *prefix, const char *detail)
 {
@@ -106,22 +109,30 @@ static void applyEntry(struct cluster *c, uint64_t index, const struct raft_buff
     }
 }
 
-void cluster_apply_deferred(struct cluster *c)
+unsigned long cluster_apply_deferred(struct cluster *c)
 {
+    unsigned long n = 0;
     struct deferred *d;
     while ((d = STAILQ_FIRST(&c->deferred)) != NULL) {
         STAILQ_REMOVE_HEAD(&c->deferred, link);
+        c->deferred_bytes -= d->len;
         struct raft_buffer buf = {.base = d->data, .len = d->len};
         applyEntry(c, d->index, &buf);
         free(d);
-        c->deferred_applies++;
+        n++;
     }
+    return n;
 }
 
-/* The I/O wrapper's call after an AppendEntries result went to raft_uv's send (io.h). */
-static void resultSent(void *data)
+/* The I/O wrapper's call after an AppendEntries result went to raft_uv's send (answered),
+ * and after each of raft's callbacks through it returns (io.h, io_settle). */
+static void ioSettled(void *data, bool answered)
 {
-    cluster_apply_deferred(data);
+    struct cluster *c = data;
+    unsigned long n = cluster_apply_deferred(c);
+    if (answered) {
+        c->deferred_applies += n;
+    }
 }
 
 /* raft's apply callback, on every node for every committed entry, in log order.
@@ -129,11 +140,12 @@ static void resultSent(void *data)
  * A follower answers an append only after applying what that append committed (libraft
  * 0.15's order), so the application would delay the answer, and with it the leader's
  * commit of the next entry. A follower with no command of its own waiting (none proposed
- * that is not answered) keeps a copy of the entry instead and applies it right after the
- * answer is sent (resultSent), or at the end of this loop turn when no answer follows
- * (batch_flush_cb), and before anything else that reads or replaces the state: the next
- * entry applied now, a snapshot taken or restored, the close. Between the two, within
- * raft's callback, nothing reads the state. */
+ * that is not answered) keeps a copy of the entry instead, up to DEFER_MAX_BYTES of them
+ * (a follower catching up applies at once), and applies it right after the answer is sent,
+ * or else as raft's callback that applied it returns (ioSettled; batch_flush_cb at the end
+ * of the loop turn as well), and before anything that reads or replaces the state from
+ * within raft: the next entry applied at once, a snapshot taken or restored, the close. So
+ * the state is never behind raft's applied index outside that one raft callback. */
 static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
     struct cluster *c = fsm->data;
@@ -141,12 +153,18 @@ static int fsmApply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **
     uint64_t index = raft_last_applied(&c->raft) + 1;
     *result = NULL;
     snapshot_note_applied(c, buf->len);
-    if (raft_state(&c->raft) == RAFT_FOLLOWER && TAILQ_EMPTY(&c->pending) && !c->stopping) {
-        struct deferred *d = cluster_xcalloc(sizeof(*d) + buf->len);
+    if (raft_state(&c->raft) == RAFT_FOLLOWER && TAILQ_EMPTY(&c->pending) && !c->stopping &&
+        c->deferred_bytes + buf->len <= DEFER_MAX_BYTES) {
+        struct deferred *d = malloc(sizeof(*d) + buf->len);
+        if (d == NULL) {
+            clog_error("out of memory");
+            abort();
+        }
         d->index = index;
         d->len = buf->len;
         memcpy(d->data, buf->base, buf->len);
         STAILQ_INSERT_TAIL(&c->deferred, d, link);
+        c->deferred_bytes += buf->len;
         uv_check_start(&c->flush, batch_flush_cb);
         return 0;
     }
@@ -401,8 +419,8 @@ static int ioOpen(struct cluster *c, const struct cluster_config *cfg, char *err
         raft_uv_set_segment_size(&c->io.inner, cfg->segment_size);
     }
     io_wrap(&c->io, c->loop);
-    c->io.result_sent = resultSent;
-    c->io.result_sent_data = c;
+    c->io.settle = ioSettled;
+    c->io.settle_data = c;
     c->io.snap_dir = c->data_dir; /* snapshot data paced, in files of our own (snapstore.h) */
     c->io.log_dir = c->data_dir;  /* truncations marked and checked (logdir.h) */
     return 0;

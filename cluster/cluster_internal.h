@@ -151,7 +151,8 @@ struct cluster {
     /* Committed entries a follower applies just after its answer to the append that
      * committed them is sent (cluster_apply_deferred), oldest first. */
     STAILQ_HEAD(deferredList, deferred) deferred;
-    unsigned long deferred_applies; /* entries applied that way so far */
+    size_t deferred_bytes;          /* their bytes */
+    unsigned long deferred_applies; /* entries applied just after an answer so far */
     uint64_t next_proposal;
     uint64_t epoch;
 
@@ -252,7 +253,8 @@ void snapshot_fsm_init(struct cluster *c);
 /* An entry of `len` bytes is being applied: counts it, and asks for a snapshot at the next
  * apply when the log since the last one reached this voter's cap (snapshot_log_max_bytes). */
 void snapshot_note_applied(struct cluster *c, size_t len);
-void cluster_apply_deferred(struct cluster *c);
+/* Applies the committed entries fsmApply held back, in order; returns how many. */
+unsigned long cluster_apply_deferred(struct cluster *c);
 /* On each tick: the first snapshot's phase once this node is one of two or more voters,
  * and the threshold again when this node became or stopped being the leader. */
 void snapshot_tick(struct cluster *c);

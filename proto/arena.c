@@ -15,6 +15,9 @@ static void *xalloc(size_t n)
     return p;
 }
 
+/* The most the main buffer grows to (arena_reset). */
+#define ARENA_GROW_MAX (1024u * 1024u)
+
 struct arena_big {
     struct arena_big *next;
     max_align_t data[];
@@ -34,6 +37,7 @@ static void *arenaAlloc(void *data, size_t size)
     struct arena_big *b = xalloc(sizeof(*b) + size);
     b->next = a->big;
     a->big = b;
+    a->big_bytes += size + align;
     return b->data;
 }
 
@@ -53,6 +57,7 @@ void arena_init(struct arena *a, size_t cap)
     a->cap = cap;
     a->used = 0;
     a->big = NULL;
+    a->big_bytes = 0;
 }
 
 void arena_reset(struct arena *a)
@@ -62,11 +67,25 @@ void arena_reset(struct arena *a)
         free(a->big);
         a->big = next;
     }
+    /* What did not fit this time: the buffer doubles towards it, up to ARENA_GROW_MAX. */
+    size_t want = a->used + a->big_bytes;
+    if (a->big_bytes != 0 && a->cap < ARENA_GROW_MAX) {
+        size_t cap = a->cap != 0 ? a->cap : 4096;
+        while (cap < want && cap < ARENA_GROW_MAX) {
+            cap *= 2;
+        }
+        cap = cap < ARENA_GROW_MAX ? cap : ARENA_GROW_MAX;
+        free(a->buf);
+        a->buf = xalloc(cap);
+        a->cap = cap;
+    }
+    a->big_bytes = 0;
     a->used = 0;
 }
 
 void arena_close(struct arena *a)
 {
+    a->big_bytes = 0; /* no growth on the way out */
     arena_reset(a);
     free(a->buf);
     a->buf = NULL;

@@ -20,10 +20,12 @@ struct arena {
     size_t cap;
     size_t used;
     struct arena_big *big; /* chained oversize blocks */
+    size_t big_bytes;      /* their bytes since the last reset */
 };
 
 void arena_init(struct arena *a, size_t cap);
-/* Frees every block handed out since the last reset; keeps the main buffer. */
+/* Frees every block handed out since the last reset; keeps the main buffer, grown (up to
+ * 1 MiB) when some of them did not fit in it. */
 void arena_reset(struct arena *a);
 void arena_close(struct arena *a);
 

@@ -77,6 +77,7 @@ static void ioTickCb(struct raft_io *i)
     struct io *io = io_from_inner(i);
     heldInstallMaybeDeliver(io);
     io->raft_tick(&io->outer);
+    io_settle(io, false);
 }
 
 /* The term of the entry at `index` in raft's in-memory log (libraft 0.15's struct raft_log
@@ -298,9 +299,8 @@ void io_poke(struct io *io, raft_id id)
     }
 }
 
-static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
+static void ioRecv(struct io *io, struct raft_message *msg)
 {
-    struct io *io = io_from_inner(i);
     noteHeard(io, msg->server_id);
     if (io->raft != NULL && io_vote_past_stale_leader(io->raft, ioNow(io), msg)) {
         io->stale_votes++;
@@ -340,6 +340,13 @@ static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
     }
     io->raft_recv(&io->outer, msg);
     io->in_append_entries = false;
+}
+
+static void ioRecvCb(struct raft_io *i, struct raft_message *msg)
+{
+    struct io *io = io_from_inner(i);
+    ioRecv(io, msg);
+    io_settle(io, false);
 }
 
 static int ioStart(struct raft_io *o, unsigned msecs, raft_io_tick_cb tick, raft_io_recv_cb recv)
@@ -385,12 +392,19 @@ bool io_result_unaddressed(const struct raft *r, const struct raft_message *m)
             m->server_address == r->follower_state.current_leader.address);
 }
 
-/* What inner's send of message returned (rv), after io->result_sent for a result. */
+void io_settle(struct io *io, bool answered)
+{
+    if (io->settle != NULL) {
+        io->settle(io->settle_data, answered);
+    }
+}
+
+/* What inner's send of message returned (rv), after io_settle for a result. */
 static int resultSent(struct io *io, const struct raft_message *message, int rv)
 {
     rv = io_pass_err(io, rv);
-    if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT && io->result_sent != NULL) {
-        io->result_sent(io->result_sent_data);
+    if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT) {
+        io_settle(io, true);
     }
     return rv;
 }
@@ -440,8 +454,8 @@ void io_wrap(struct io *io, uv_loop_t *loop)
 {
     struct raft_io *o = &io->outer;
     memset(o, 0, sizeof(*o));
-    io->result_sent = NULL;
-    io->result_sent_data = NULL;
+    io->settle = NULL;
+    io->settle_data = NULL;
     io->inner.data = io; /* io_from_inner */
     /* libraft 0.15's raft_uv implements async_work (version 2 of raft_io) but still says
      * version 1, and raft_init refuses asynchronous snapshots over a version 1 io: the

@@ -109,10 +109,12 @@ struct io {
                            * (io_wrap) */
     raft_io_tick_cb raft_tick;
     raft_io_recv_cb raft_recv;
-    /* Called (with result_sent_data) after an AppendEntries result went to raft_uv's send,
-     * which writes it to the socket at once when nothing is queued before it; NULL: none. */
-    void (*result_sent)(void *data);
-    void *result_sent_data;
+    /* Called (with settle_data) after an AppendEntries result went to raft_uv's send, which
+     * writes it to the socket at once when nothing is queued before it (answered: true), and
+     * after each of raft's callbacks from here returns: a message received, a tick, an
+     * append done (false); NULL: none (io_settle). */
+    void (*settle)(void *data, bool answered);
+    void *settle_data;
     raft_io_close_cb close_cb;
     bool in_append_entries;
     raft_id ae_from;
@@ -309,6 +311,9 @@ bool io_snap_data_unmap(struct io *io, const void *base);
  * no barrier to wait for), and the close waits for nothing but async works (the fixture
  * completes every request before it closes); snap_dir must stay NULL (snapstore's writes
  * run on the loop's pool). */
+/* Calls io->settle(io->settle_data, answered) if set (struct io). */
+void io_settle(struct io *io, bool answered);
+
 void io_wrap(struct io *io, uv_loop_t *loop);
 
 /* Milliseconds since the last raft message from server `id` arrived, or UINT64_MAX when

@@ -206,6 +206,7 @@ static void ioAppendDone(struct raft_io_append *req, int status)
         status = 0; /* see the comment above ioCloseCb */
     }
     cb(outer, status);
+    io_settle(io, false);
     io_close_maybe_later(io);
 }
 
