@@ -157,99 +157,123 @@ static int openSegment(int dirfd, const char *name, char *err, size_t errlen)
     return fd;
 }
 
-/* 1 when the segment name in dir was trimmed, 0 when it was left alone, -1 on an error
- * (why in err). */
-static int repairOne(int dirfd, const char *name, struct reader *r, char *err, size_t errlen)
+/* An open segment a walk (eachOpenSegment) hands its function: opened for reading and
+ * writing, a regular file of `size` bytes, with `r` set on it. The function names the step
+ * that failed in `what` (errno set) when it returns < 0. */
+struct segment {
+    int dirfd;
+    const char *name;
+    int fd;
+    uint64_t size;
+    struct reader *r;
+    const char *what;
+    void *data; /* the walk's caller's */
+};
+
+/* Calls fn on each open segment in dir that is a regular file, in directory order, until fn
+ * fails (< 0). 0, or -1 with why in err: "list DIR: ..." when dir cannot be listed, else
+ * "log segment in DIR: ...". */
+static int eachOpenSegment(const char *dir, int (*fn)(struct segment *), void *data, char *err,
+                           size_t errlen)
 {
-    struct stat st;
-    int fd = openSegment(dirfd, name, err, errlen);
-    if (fd < 0) {
-        return fd == SEGMENT_NOT_FILE ? 0 : -1;
-    }
-    const char *what = "stat";
-    uint64_t end = 0;
-    int rv = fstat(fd, &st);
-    if (rv == 0) {
-        what = "read";
-    }
-    if (rv == 0 && !S_ISREG(st.st_mode)) {
-        rv = 1;
-    } else if (rv == 0) {
-        r->fd = fd;
-        r->size = (uint64_t)st.st_size;
-        r->base = 0;
-        r->len = 0;
-        rv = batchesEnd(r, &end, false);
-    }
-    /* end is past the format version: at least one batch (raft_uv writes the version
-     * with the first). */
-    if (rv == 0 && end > 8 && (uint64_t)st.st_size - end == TAIL) {
-        static const uint8_t zeros[TAIL];
-        uint8_t tail[TAIL];
-        rv = readAt(fd, tail, sizeof(tail), end);
-        if (rv == 0 && memcmp(tail, zeros, sizeof(tail)) == 0) {
-            what = "trim";
-            rv = ftruncate(fd, (off_t)end) == 0 && fsync(fd) == 0 ? 2 : -1;
-        }
-    }
-    int saved = errno;
-    close(fd);
-    if (rv < 0) {
-        snprintf(err, errlen, "%s %s: %s", what, name, strerror(saved));
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        snprintf(err, errlen, "list %s: %s", dir, strerror(errno));
         return -1;
     }
-    return rv == 2;
+    char why[512] = "";
+    struct reader *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        snprintf(why, sizeof(why), "out of memory");
+    }
+    struct dirent *e = NULL;
+    errno = 0;
+    while (why[0] == '\0' && (e = readdir(d)) != NULL) {
+        struct segment sg = {.dirfd = dirfd(d), .name = e->d_name, .r = r, .data = data};
+        sg.fd = logdir_open_segment(e->d_name)
+                    ? openSegment(sg.dirfd, sg.name, why, sizeof(why))
+                    : SEGMENT_NOT_FILE;
+        if (sg.fd >= 0) {
+            struct stat st;
+            sg.what = "stat";
+            int rv = fstat(sg.fd, &st);
+            if (rv == 0 && S_ISREG(st.st_mode)) {
+                sg.what = "read";
+                sg.size = (uint64_t)st.st_size;
+                r->fd = sg.fd;
+                r->size = sg.size;
+                r->base = 0;
+                r->len = 0;
+                rv = fn(&sg);
+            }
+            int saved = errno;
+            close(sg.fd);
+            if (rv < 0) {
+                snprintf(why, sizeof(why), "%s %s: %s", sg.what, sg.name, strerror(saved));
+            }
+        }
+        errno = 0;
+    }
+    if (why[0] == '\0' && e == NULL && errno != 0) {
+        snprintf(why, sizeof(why), "list: %s", strerror(errno));
+    }
+    free(r);
+    closedir(d);
+    if (why[0] != '\0') {
+        snprintf(err, errlen, "log segment in %s: %s", dir, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* The segments segtail_repair trimmed: how many, and their names. */
+struct repaired {
+    int trimmed;
+    char names[512];
+    size_t used;
+};
+
+/* segtail_repair's step: trims the segment when its batches end 8 zero bytes before its
+ * end. */
+static int repairOne(struct segment *sg)
+{
+    uint64_t end = 0;
+    int rv = batchesEnd(sg->r, &end, false);
+    /* end is past the format version: at least one batch (raft_uv writes the version
+     * with the first). */
+    if (rv != 0 || end <= 8 || sg->size - end != TAIL) {
+        return rv < 0 ? -1 : 0;
+    }
+    static const uint8_t zeros[TAIL];
+    uint8_t tail[TAIL];
+    int got = readAt(sg->fd, tail, sizeof(tail), end);
+    if (got != 0 || memcmp(tail, zeros, sizeof(tail)) != 0) {
+        return got < 0 ? -1 : 0; /* shorter than fstat said: left to the loader */
+    }
+    sg->what = "trim";
+    if (ftruncate(sg->fd, (off_t)end) != 0 || fsync(sg->fd) != 0) {
+        return -1;
+    }
+    struct repaired *rp = sg->data;
+    size_t room = sizeof(rp->names) - rp->used;
+    int n = snprintf(rp->names + rp->used, room, "%s%s", rp->trimmed ? ", " : "", sg->name);
+    rp->used = n < 0 || (size_t)n >= room ? sizeof(rp->names) - 1 : rp->used + (size_t)n;
+    rp->trimmed++;
+    return 0;
 }
 
 int segtail_repair(const char *dir, char *msg, size_t msglen)
 {
-    msg[0] = '\0';
-    DIR *d = opendir(dir);
-    if (d == NULL) {
-        snprintf(msg, msglen, "list %s: %s", dir, strerror(errno));
-        return -1;
-    }
-    struct reader *r = malloc(sizeof(*r));
-    if (r == NULL) {
-        snprintf(msg, msglen, "out of memory");
-        closedir(d);
-        return -1;
-    }
-    int trimmed = 0;
-    char names[512] = ""; /* of the segments trimmed */
-    size_t used = 0;
-    char err[512] = "";
-    struct dirent *e;
-    errno = 0;
-    while ((e = readdir(d)) != NULL) {
-        int rv = logdir_open_segment(e->d_name)
-                     ? repairOne(dirfd(d), e->d_name, r, err, sizeof(err))
-                     : 0;
-        if (rv < 0) {
-            break;
+    struct repaired rp = {0};
+    if (eachOpenSegment(dir, repairOne, &rp, msg, msglen) != 0) {
+        if (rp.trimmed) {
+            size_t n = strlen(msg);
+            snprintf(msg + n, msglen - n, " (trimmed before that: %s)", rp.names);
         }
-        if (rv == 1) {
-            int n = snprintf(names + used, sizeof(names) - used, "%s%s", trimmed ? ", " : "",
-                             e->d_name);
-            used =
-                n < 0 || (size_t)n >= sizeof(names) - used ? sizeof(names) - 1 : used + (size_t)n;
-            trimmed++;
-        }
-        errno = 0;
-    }
-    if (e == NULL && errno != 0) {
-        snprintf(err, sizeof(err), "list: %s", strerror(errno));
-    }
-    free(r);
-    closedir(d);
-    if (err[0] != '\0') {
-        snprintf(msg, msglen, "log segment in %s: %s%s%s%s", dir, err,
-                 trimmed ? " (trimmed before that: " : "", trimmed ? names : "",
-                 trimmed ? ")" : "");
         return -1;
     }
-    snprintf(msg, msglen, "%s", names);
-    return trimmed;
+    snprintf(msg, msglen, "%s", rp.names);
+    return rp.trimmed;
 }
 
 /* ---- zeros (segtail_zeros) ------------------------------------------------------------ */
@@ -277,95 +301,63 @@ static int zerosFrom(int fd, uint64_t off, uint64_t size, uint8_t *buf)
     return 1;
 }
 
-/* One open segment: 1 removed, 2 trimmed, 0 left alone, -1 an error (why in err). */
-static int zerosOne(int dirfd, const char *name, struct reader *r, uint8_t *buf, char *err,
-                    size_t errlen)
+/* What segtail_zeros did: its buffer, and the segments removed and trimmed. */
+struct zeroed {
+    uint8_t *buf; /* ZERO_CHUNK bytes */
+    unsigned removed, trimmed;
+};
+
+/* segtail_zeros' step: removes a segment of zeros, or trims the zeros after the batches of
+ * one of format 1. */
+static int zerosOne(struct segment *sg)
 {
-    struct stat st;
-    int fd = openSegment(dirfd, name, err, errlen);
-    if (fd < 0) {
-        return fd == SEGMENT_NOT_FILE ? 0 : -1;
-    }
-    const char *what = "stat";
+    struct zeroed *z = sg->data;
     uint8_t format[8];
-    int rv = fstat(fd, &st);
-    if (rv == 0) {
-        what = "read";
+    if (sg->size < 8) {
+        return 0; /* no format version: the loader's to judge */
     }
-    if (rv == 0 && (!S_ISREG(st.st_mode) || st.st_size < 8)) {
-        rv = 3; /* not a file, or no format version: the loader's to judge */
-    } else if (rv == 0) {
-        rv = readAt(fd, format, sizeof(format), 0) == 0 ? 0 : -1;
-    }
-    uint64_t size = (uint64_t)st.st_size, end = 0;
-    if (rv == 0 && le64(format) == 0) {
-        rv = zerosFrom(fd, 8, size, buf);
-        if (rv == 1) {
-            what = "remove";
-            rv = unlinkat(dirfd, name, 0) == 0 ? 1 : -1;
-        }
-    } else if (rv == 0 && le64(format) == FORMAT_1) {
-        r->fd = fd;
-        r->size = size;
-        r->base = 0;
-        r->len = 0;
-        rv = batchesEnd(r, &end, true);
-        if (rv == 0 && end > 8 && end < size) {
-            rv = zerosFrom(fd, end, size, buf);
-            if (rv == 1) {
-                what = "trim";
-                rv = ftruncate(fd, (off_t)end) == 0 && fsync(fd) == 0 ? 2 : -1;
-            }
-        } else if (rv > 0) {
-            rv = 0;
-        }
-    } else if (rv > 0) {
-        rv = 0;
-    }
-    int saved = errno;
-    close(fd);
-    if (rv < 0) {
-        snprintf(err, errlen, "%s %s: %s", what, name, strerror(saved));
+    if (readAt(sg->fd, format, sizeof(format), 0) != 0) {
         return -1;
     }
-    return rv;
+    if (le64(format) == 0) {
+        int rv = zerosFrom(sg->fd, 8, sg->size, z->buf);
+        if (rv == 1) {
+            sg->what = "remove";
+            rv = unlinkat(sg->dirfd, sg->name, 0) == 0 ? 1 : -1;
+            z->removed += rv == 1;
+        }
+        return rv < 0 ? -1 : 0;
+    }
+    uint64_t end = 0;
+    if (le64(format) != FORMAT_1) {
+        return 0;
+    }
+    int rv = batchesEnd(sg->r, &end, true);
+    if (rv != 0 || end <= 8 || end >= sg->size) {
+        return rv < 0 ? -1 : 0;
+    }
+    rv = zerosFrom(sg->fd, end, sg->size, z->buf);
+    if (rv == 1) {
+        sg->what = "trim";
+        rv = ftruncate(sg->fd, (off_t)end) == 0 && fsync(sg->fd) == 0 ? 1 : -1;
+        z->trimmed += rv == 1;
+    }
+    return rv < 0 ? -1 : 0;
 }
 
 int segtail_zeros(const char *dir, unsigned *removed, unsigned *trimmed, char *msg, size_t msglen)
 {
     msg[0] = '\0';
-    *removed = 0;
-    *trimmed = 0;
-    DIR *d = opendir(dir);
-    if (d == NULL) {
-        snprintf(msg, msglen, "list %s: %s", dir, strerror(errno));
-        return -1;
+    struct zeroed z = {.buf = malloc(ZERO_CHUNK)};
+    int rv;
+    if (z.buf == NULL) {
+        snprintf(msg, msglen, "log segment in %s: out of memory", dir);
+        rv = -1;
+    } else {
+        rv = eachOpenSegment(dir, zerosOne, &z, msg, msglen);
     }
-    struct reader *r = malloc(sizeof(*r));
-    uint8_t *buf = malloc(ZERO_CHUNK);
-    char err[512] = "";
-    if (r == NULL || buf == NULL) {
-        snprintf(err, sizeof(err), "out of memory");
-    }
-    struct dirent *e;
-    errno = 0;
-    while (err[0] == '\0' && (e = readdir(d)) != NULL) {
-        int rv = logdir_open_segment(e->d_name)
-                     ? zerosOne(dirfd(d), e->d_name, r, buf, err, sizeof(err))
-                     : 0;
-        *removed += rv == 1;
-        *trimmed += rv == 2;
-        errno = 0;
-    }
-    if (err[0] == '\0' && e == NULL && errno != 0) {
-        snprintf(err, sizeof(err), "list: %s", strerror(errno));
-    }
-    free(buf);
-    free(r);
-    closedir(d);
-    if (err[0] != '\0') {
-        snprintf(msg, msglen, "log segment in %s: %s", dir, err);
-        return -1;
-    }
-    return 0;
+    free(z.buf);
+    *removed = z.removed;
+    *trimmed = z.trimmed;
+    return rv;
 }
