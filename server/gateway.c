@@ -873,6 +873,7 @@ void http_server_free(struct http_server *h)
     free(h->plisteners);
     IdemTlsCtxFree(h->tls); /* each connection's SSL held its own reference */
     config_ref_drop(h->ref);
+    json_decref(h->acquired);
     free(h);
 }
 

@@ -103,6 +103,7 @@ struct http_server {
     uint64_t rid_next; /* the counter they are made from */
     uint8_t rnd[512];  /* OpenSSL's random bytes drawn ahead for attempt ids (gateway_random) */
     size_t rnd_left;   /* the last rnd_left of them not yet handed out */
+    json_t *acquired;  /* http_api.c: a claim's acquired answer, refilled in place per answer */
 };
 
 /* A job's hold on the h2o request it answers, for a job that may outlive it: a

@@ -51,15 +51,14 @@ static json_t *jsonBytes(const uint8_t *p, size_t len)
     return s ? s : json_null(); /* not UTF-8: jansson refuses it */
 }
 
-/* A token as a JSON integer under `name`, and as a decimal string under `name`_str (a
- * client whose numbers lose precision past 2^53 reads that one). */
-static void setToken(json_t *o, const char *name, uint64_t token)
+/* A token as a JSON integer under `name`, and as a decimal string under `name_str` (`name`
+ * and "_str": a client whose numbers lose precision past 2^53 reads that one). */
+static void setToken(json_t *o, const char *name, const char *name_str, uint64_t token)
 {
-    char str[21], sname[32];
+    char str[21];
     http_token_str(token, str);
-    snprintf(sname, sizeof sname, "%s_str", name);
     json_object_set_new(o, name, json_integer((json_int_t)token));
-    json_object_set_new(o, sname, json_string(str));
+    json_object_set_new(o, name_str, json_string(str));
 }
 
 static json_t *storedToJson(const Idem__StoredResponse *r)
@@ -126,7 +125,7 @@ static json_t *recordToJson(const Idem__Record *rec)
 {
     json_t *o = json_object();
     json_object_set_new(o, "state", json_string(stateName(rec->state)));
-    setToken(o, "token", rec->token);
+    setToken(o, "token", "token_str", rec->token);
     if (rec->fingerprint.len == FP_LEN) {
         char hex[FP_HEX12_SIZE];
         fp_hex12(rec->fingerprint.data, hex);
@@ -153,20 +152,64 @@ static json_t *okBody(void)
     return o;
 }
 
-static json_t *acquiredBody(const Idem__Result *res, const struct httpJob *j)
+/* The acquired answer's members, in the order they are written. */
+static json_t *acquiredTemplate(void)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "outcome", json_string("acquired"));
-    setToken(o, "token", res->token);
-    json_object_set_new(o, "lease_expires_at", json_integer((json_int_t)res->lease_deadline_ms));
-    json_object_set_new(o, "expires_at", json_integer((json_int_t)res->expires_at_ms));
-    json_object_set_new(o, "takeover", json_boolean(res->takeover));
-    setToken(o, "previous_token", res->previous_token);
-    json_t *a = j->attempt_id[0] != '\0' ? json_string(j->attempt_id) : NULL;
-    if (a != NULL) {
-        json_object_set_new(o, "attempt_id", a);
+    if (o == NULL) {
+        return NULL;
+    }
+    int bad = json_object_set_new(o, "outcome", json_string("acquired"));
+    bad |= json_object_set_new(o, "token", json_integer(0));
+    bad |= json_object_set_new(o, "token_str", json_string("0"));
+    bad |= json_object_set_new(o, "lease_expires_at", json_integer(0));
+    bad |= json_object_set_new(o, "expires_at", json_integer(0));
+    bad |= json_object_set_new(o, "takeover", json_false());
+    bad |= json_object_set_new(o, "previous_token", json_integer(0));
+    bad |= json_object_set_new(o, "previous_token_str", json_string("0"));
+    if (bad != 0) {
+        json_decref(o);
+        return NULL;
     }
     return o;
+}
+
+/* A claim's acquired answer (a new reference): the server's one object with this answer's
+ * values set in place, so an answer allocates no JSON values (a claim's answer is the
+ * gateway's most frequent). Only the loop thread answers, and each answer is dumped before
+ * the next is filled. NULL without memory. */
+static json_t *acquiredBody(struct http_server *h, const Idem__Result *res,
+                            const struct httpJob *j)
+{
+    if (h->acquired == NULL && (h->acquired = acquiredTemplate()) == NULL) {
+        return NULL;
+    }
+    json_t *o = h->acquired;
+    char tok[21], prev[21];
+    http_token_str(res->token, tok);
+    http_token_str(res->previous_token, prev);
+    int bad = json_integer_set(json_object_get(o, "token"), (json_int_t)res->token);
+    bad |= json_string_set(json_object_get(o, "token_str"), tok);
+    bad |= json_integer_set(json_object_get(o, "lease_expires_at"),
+                            (json_int_t)res->lease_deadline_ms);
+    bad |= json_integer_set(json_object_get(o, "expires_at"), (json_int_t)res->expires_at_ms);
+    bad |= json_object_set_new(o, "takeover", json_boolean(res->takeover));
+    bad |= json_integer_set(json_object_get(o, "previous_token"),
+                            (json_int_t)res->previous_token);
+    bad |= json_string_set(json_object_get(o, "previous_token_str"), prev);
+    if (bad != 0) { /* no memory: the object may hold another answer's values */
+        json_decref(o);
+        h->acquired = NULL;
+        return NULL;
+    }
+    /* The attempt id goes last; an id that is not UTF-8 is left out (jansson refuses it). */
+    json_t *a = json_object_get(o, "attempt_id");
+    if (j->attempt_id[0] == '\0' ||
+        (a != NULL ? json_string_set(a, j->attempt_id)
+                   : json_object_set_new(o, "attempt_id", json_string(j->attempt_id))) != 0) {
+        json_object_del(o, "attempt_id");
+    }
+    return json_incref(o);
 }
 
 /* Answers from the service's (or the leader's) Response, docs/contract.md; a claim's answer
@@ -196,7 +239,7 @@ static void answerResponse(struct http_server *h, h2o_req_t *req, const struct h
     json_t *o;
     switch (oc) {
     case IDEM__OUTCOME__OUTCOME_ACQUIRED:
-        gateway_send_json(h, req, route, rid, 200, acquiredBody(res, j), &att, n_att);
+        gateway_send_json(h, req, route, rid, 200, acquiredBody(h, res, j), &att, n_att);
         return;
     case IDEM__OUTCOME__OUTCOME_REPLAY: {
         Idem__StoredResponse *owned;
@@ -340,7 +383,8 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
     /* j may be finished (and freed) before either call returns. The lines written meanwhile
      * name the request (log.h). */
     char lrid[sizeof(j->rid_buf) + 1];
-    snprintf(lrid, sizeof lrid, "%.*s", (int)j->rid.len, j->rid.base);
+    memcpy(lrid, j->rid.base, j->rid.len);
+    lrid[j->rid.len] = '\0';
     const char *outer = log_request_enter(lrid);
     const char *leader = gateway_forward_target(h);
     if (leader != NULL) {

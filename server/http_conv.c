@@ -124,7 +124,9 @@ void http_key_why(const uint8_t *key, size_t len, size_t max_len, char *buf, siz
     }
     int rc = key_validate(key, len, max_len);
     if (rc == KEY_OK) {
-        snprintf(buf, n, "%s", "");
+        if (n > 0) {
+            buf[0] = '\0'; /* per request: no formatting */
+        }
     } else if (rc == KEY_MISSING) {
         snprintf(buf, n, "the key is missing or empty (Idempotency-Key)");
     } else if (len > max_len) {
@@ -240,5 +242,15 @@ bool http_token_from_json(const json_t *v, uint64_t *out)
 
 void http_token_str(uint64_t token, char buf[21])
 {
-    snprintf(buf, 21, "%" PRIu64, token);
+    /* Two per JSON answer: digits by hand, not through printf's machinery. */
+    char rev[20];
+    size_t n = 0;
+    do {
+        rev[n++] = (char)('0' + token % 10);
+        token /= 10;
+    } while (token != 0);
+    for (size_t i = 0; i < n; i++) {
+        buf[i] = rev[n - 1 - i];
+    }
+    buf[n] = '\0';
 }

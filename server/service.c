@@ -492,6 +492,7 @@ static void serviceFreeEarly(struct service *s)
     if (s->fsm != NULL) {
         fsm_close(s->fsm);
     }
+    EVP_MD_CTX_free(s->sha_ctx);
     EVP_MD_free(s->sha256);
     free(s->acct_of);
     free(s->acct_names);
@@ -514,8 +515,15 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
         snprintf(err, errlen, "no SHA-256 in the crypto library");
         return NULL;
     }
+    EVP_MD_CTX *sha_ctx = EVP_MD_CTX_new();
+    if (sha_ctx == NULL) {
+        EVP_MD_free(sha256);
+        snprintf(err, errlen, "no memory for a digest context");
+        return NULL;
+    }
     struct service *s = xcalloc(1, sizeof(*s));
     s->sha256 = sha256;
+    s->sha_ctx = sha_ctx;
     s->loop = loop;
     s->cfg = cfg;
     LIST_INIT(&s->ops);
@@ -668,6 +676,7 @@ static void serviceMaybeFinish(struct service *s)
         return;
     }
     fsm_close(s->fsm);
+    EVP_MD_CTX_free(s->sha_ctx);
     EVP_MD_free(s->sha256);
     IdemResolverClose(s->resolver); /* the cluster, its user, is closed */
     free(s->acct_of);
