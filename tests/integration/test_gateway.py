@@ -600,6 +600,29 @@ class TestGatewayBasics(GatewayTest):
                 self.assertEqual(h.get("idempotency-attempt"), '"say \\"hi\\""', h)
                 self.assertEqual(b.get("attempt_id"), 'say "hi"', b)
 
+    def test_acquired_answers_carry_only_their_own_values(self):
+        """The gateway refills one kept object for each acquired answer: every answer has its
+        own token, token_str and attempt, and an attempt id that JSON cannot hold (not UTF-8)
+        is left out of the body rather than showing the previous answer's."""
+        addr = self.addr(self.c.wait_leader(timeout=20))
+        seen = set()
+        for attempt, in_body in (("a-1", True), ("b-\xe9", False), ("c-3", True),
+                                 ("d-\xff", False), (None, True)):
+            key = self.key("own")
+            st, h, b = self.claim(addr, key, fp(key),
+                                  headers={"Idempotency-Attempt": attempt} if attempt else None)
+            tok = self.assertAcquired((st, h, b))
+            self.assertNotIn(tok, seen, b)
+            seen.add(tok)
+            self.assertEqual(b.get("token_str"), str(tok), b)
+            self.assertEqual(b.get("previous_token_str"), str(b.get("previous_token")), b)
+            if not in_body:
+                self.assertNotIn("attempt_id", b, (attempt, b))
+            elif attempt is not None:
+                self.assertEqual(b.get("attempt_id"), attempt, b)
+            else:
+                self.assertRegex(b.get("attempt_id") or "", r"^[0-9a-f]{16}$", b)
+
     def test_sf_string_keys(self):
         """An Idempotency-Key sent as an RFC 8941 sf-string names the key inside the quotes."""
         for nid in [self.c.wait_leader(timeout=20)] + self.follower_ids():
