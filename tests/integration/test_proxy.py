@@ -5,8 +5,9 @@ run as its own ctest:
 
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_proxy.TestProxyBasics
 
-Classes: TestProxyBasics (replay, mismatch, canonical JSON, pass-through, key errors, route
-statuses 422/425, followers without a cluster secret answer 503), TestProxyGuards (with the
+Classes: TestProxyBasics (replay, mismatch, canonical JSON, fingerprint_ignore and
+fingerprint_fields routes, pass-through, key errors, route statuses 422/425, followers without
+a cluster secret answer 503), TestProxyGuards (with the
 defaults: paths normalised or refused, prefixes matched at a '/' boundary, unlisted unsafe
 methods refused, method overrides not forwarded, callers' records kept apart),
 TestProxyGuardOptions (other_methods, method_override, caller_identity, replay_set_cookie),
@@ -453,9 +454,12 @@ class TestProxyBasics(ProxyTest):
         # the JSON API can address the proxy's record by its key)
         fpi = route(upstream, path_prefix="/fpi/", fingerprint_ignore=["/ts", "/meta/id"],
                     caller_identity="none")
+        # /fpf/: only the amount, the currency and meta.ref make the request
+        fpf = route(upstream, path_prefix="/fpf/",
+                    fingerprint_fields=["/amount", "/currency", "/meta/ref"])
         return [route(upstream, path_prefix="/alt/", mismatch_status=422, in_progress_status=425),
                 route(upstream, path_prefix="/s4/", store_4xx=True),
-                beta, dflt, fpi, route(upstream)]
+                beta, dflt, fpi, fpf, route(upstream)]
 
     def test_replay_is_identical_and_runs_once(self):
         key = self.key("order")
@@ -621,6 +625,35 @@ class TestProxyBasics(ProxyTest):
                                      token=self.c.token, headers={"Idempotency-Key": key})
         self.assertEqual((r[0], r[2].get("code")), (409, "idempotency_key_reused"), r)
         self.assertEqual(self.svc.count(key), 1)
+
+    def test_fingerprint_fields_route(self):
+        """A route with fingerprint_fields: [/amount, /currency, /meta/ref]: a retry whose
+        body differs only outside those values (another member, a changed or added one, a
+        sibling of meta.ref) replays; a change inside one (a value, an absent field, null
+        for a value) is a reused key."""
+        key = self.key("fpf")
+        body = {"amount": 100, "currency": "EUR", "note": "first", "ts": 1,
+                "meta": {"ref": "r1", "src": "web"}}
+        t0 = time.time()
+        first = self.assertFresh(self.order(key, body=body, path="/fpf/orders"))
+        exp = self.assertCommonHeaders(first, claimed=(t0, time.time()))
+        self.assertEqual(json.loads(self.svc.executions(key)[0]["body"]), body)  # all sent
+        for other in (dict(body, note="second", ts=2),
+                      dict(body, meta={"ref": "r1", "src": "app"}, extra=[1, 2]),
+                      {"meta": {"ref": "r1"}, "currency": "EUR", "amount": 100.0}):
+            with self.subTest(body=other):
+                again = self.order(key, body=other, path="/fpf/orders")
+                self.assertReplayOf(again, first)
+                self.assertEqual(self.assertCommonHeaders(again), exp, again)
+        for other in (dict(body, amount=101), dict(body, currency="USD"),
+                      dict(body, meta={"ref": "r2", "src": "web"}),
+                      {k: v for k, v in body.items() if k != "currency"},
+                      dict(body, meta={"ref": None, "src": "web"})):
+            with self.subTest(body=other):
+                r = self.order(key, body=other, path="/fpf/orders")
+                self.assertError(r, 409, "idempotency_key_reused")
+                self.assertEqual(self.assertCommonHeaders(r), exp, r)
+        self.assertEqual(self.svc.count(key), 1, self.svc.executions(key))
 
     def test_get_passes_through_without_protocol(self):
         before = self.svc.stats()["gets"]
