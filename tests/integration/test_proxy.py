@@ -5,15 +5,16 @@ run as its own ctest:
 
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_proxy.TestProxyBasics
 
-Classes: TestProxyBasics (replay, mismatch, canonical JSON, pass-through, key errors, route
-statuses 422/425, followers without a cluster secret answer 503), TestProxyGuards (with the
+Classes: TestProxyBasics (replay, mismatch, canonical JSON, fingerprint_ignore and
+fingerprint_fields routes, pass-through, key errors, route statuses 422/425, followers without
+a cluster secret answer 503), TestProxyGuards (with the
 defaults: paths normalised or refused, prefixes matched at a '/' boundary, unlisted unsafe
 methods refused, method overrides not forwarded, callers' records kept apart),
 TestProxyGuardOptions (other_methods, method_override, caller_identity, replay_set_cookie),
 TestProxyConcurrency (50
 identical requests: one execution), TestProxyFailures (upstream killed / hanging / closing /
-refusing, 4xx, 5xx, too large, lease renewal during a slow upstream, lease expiry of a
-stalled holder with takeover and conflict), TestProxyFollowers (followers' proxies forward
+refusing, 4xx, 5xx, too large, no quorum, lease renewal during a slow upstream, lease expiry
+of a stalled holder with takeover and conflict), TestProxyFollowers (followers' proxies forward
 to the leader with the cluster secret; RPC as_tenant needs the secret), TestProxyWrongSecret
 (a follower with another secret answers 503), TestProxyFailover (kill -9 of the leader under
 load through every node's proxy), TestProxyExpiry (ttl into tombstone: 410).
@@ -47,6 +48,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 20.0
 MiB = 1024 * 1024
 ORDER = {"amount": 100, "currency": "EUR"}
+# RFC 9110 section 5.6.7: the preferred (and only generated) HTTP date format
+IMF_FIXDATE = (r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), [0-9]{2} "
+               r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [0-9]{4} "
+               r"[0-9]{2}:[0-9]{2}:[0-9]{2} GMT$")
 
 
 def _read_resp(sock):
@@ -367,15 +372,30 @@ class ProxyTest(unittest.TestCase):
 
     # ---- assertions -------------------------------------------------------------------------
 
-    def assertCommonHeaders(self, resp):
+    def assertCommonHeaders(self, resp, claimed=None, ttl_s=60):
+        """X-Request-Id and Idempotency-Expires, an RFC 9110 IMF-fixdate in the future; with
+        claimed=(t0, t1), the wall-clock times around the record's claim, the date is the
+        claim's time plus the route's ttl (ttl_s), to the second. Returns the date (s)."""
         st, h, b = resp
         self.assertTrue(h.get("x-request-id"), "X-Request-Id missing: %r" % (resp,))
         exp = h.get("idempotency-expires")
         self.assertTrue(exp, "Idempotency-Expires missing: %r" % (resp,))
-        when = email.utils.parsedate_to_datetime(exp)
-        self.assertIsNotNone(when, "Idempotency-Expires is not an RFC 9110 date: %r" % exp)
-        # The record expires in the future (60 s ttl; generous slack for clock granularity).
-        self.assertGreater(when.timestamp(), time.time() - 5, resp)
+        self.assertRegex(exp, IMF_FIXDATE, "Idempotency-Expires is not an IMF-fixdate")
+        when = email.utils.parsedate_to_datetime(exp).timestamp()
+        self.assertEqual(email.utils.formatdate(when, usegmt=True), exp,
+                         "Idempotency-Expires: a weekday that is not the date's")
+        # The record expires in the future (generous slack for clock granularity).
+        self.assertGreater(when, time.time() - 5, resp)
+        if claimed is not None:
+            # whole seconds, truncated: one second of slack each side
+            lo, hi = claimed[0] + ttl_s - 1, claimed[1] + ttl_s + 1
+            self.assertTrue(lo <= when <= hi, "Idempotency-Expires %s (%.0f) is not the claim's "
+                            "time plus %d s (%.1f .. %.1f): %r" % (exp, when, ttl_s, lo, hi, resp))
+        return when
+
+    def assertNoExpires(self, resp):
+        """An answer before (or without) a claim that named a record: no Idempotency-Expires."""
+        self.assertNotIn("idempotency-expires", resp[1], resp)
 
     def assertFresh(self, resp, status=201):
         """An answer that came from the upstream (not a replay)."""
@@ -434,9 +454,12 @@ class TestProxyBasics(ProxyTest):
         # the JSON API can address the proxy's record by its key)
         fpi = route(upstream, path_prefix="/fpi/", fingerprint_ignore=["/ts", "/meta/id"],
                     caller_identity="none")
+        # /fpf/: only the amount, the currency and meta.ref make the request
+        fpf = route(upstream, path_prefix="/fpf/",
+                    fingerprint_fields=["/amount", "/currency", "/meta/ref"])
         return [route(upstream, path_prefix="/alt/", mismatch_status=422, in_progress_status=425),
                 route(upstream, path_prefix="/s4/", store_4xx=True),
-                beta, dflt, fpi, route(upstream)]
+                beta, dflt, fpi, fpf, route(upstream)]
 
     def test_replay_is_identical_and_runs_once(self):
         key = self.key("order")
@@ -516,7 +539,7 @@ class TestProxyBasics(ProxyTest):
                 (self.send("POST", "/orders", key='"unterminated', body=ORDER), 400,
                  "idempotency_key_invalid")):
             self.assertError(r, status, code)
-            self.assertNotIn("idempotency-expires", r[1], r)
+            self.assertNoExpires(r)
         self.assertIn("sf-string", r[2]["detail"], r)
 
     def test_sf_string_key(self):
@@ -602,6 +625,35 @@ class TestProxyBasics(ProxyTest):
                                      token=self.c.token, headers={"Idempotency-Key": key})
         self.assertEqual((r[0], r[2].get("code")), (409, "idempotency_key_reused"), r)
         self.assertEqual(self.svc.count(key), 1)
+
+    def test_fingerprint_fields_route(self):
+        """A route with fingerprint_fields: [/amount, /currency, /meta/ref]: a retry whose
+        body differs only outside those values (another member, a changed or added one, a
+        sibling of meta.ref) replays; a change inside one (a value, an absent field, null
+        for a value) is a reused key."""
+        key = self.key("fpf")
+        body = {"amount": 100, "currency": "EUR", "note": "first", "ts": 1,
+                "meta": {"ref": "r1", "src": "web"}}
+        t0 = time.time()
+        first = self.assertFresh(self.order(key, body=body, path="/fpf/orders"))
+        exp = self.assertCommonHeaders(first, claimed=(t0, time.time()))
+        self.assertEqual(json.loads(self.svc.executions(key)[0]["body"]), body)  # all sent
+        for other in (dict(body, note="second", ts=2),
+                      dict(body, meta={"ref": "r1", "src": "app"}, extra=[1, 2]),
+                      {"meta": {"ref": "r1"}, "currency": "EUR", "amount": 100.0}):
+            with self.subTest(body=other):
+                again = self.order(key, body=other, path="/fpf/orders")
+                self.assertReplayOf(again, first)
+                self.assertEqual(self.assertCommonHeaders(again), exp, again)
+        for other in (dict(body, amount=101), dict(body, currency="USD"),
+                      dict(body, meta={"ref": "r2", "src": "web"}),
+                      {k: v for k, v in body.items() if k != "currency"},
+                      dict(body, meta={"ref": None, "src": "web"})):
+            with self.subTest(body=other):
+                r = self.order(key, body=other, path="/fpf/orders")
+                self.assertError(r, 409, "idempotency_key_reused")
+                self.assertEqual(self.assertCommonHeaders(r), exp, r)
+        self.assertEqual(self.svc.count(key), 1, self.svc.executions(key))
 
     def test_get_passes_through_without_protocol(self):
         before = self.svc.stats()["gets"]
@@ -735,6 +787,7 @@ class TestProxyBasics(ProxyTest):
                 pass  # the server answered and closed before reading everything
             r = _read_resp(sock)
         self.assertError(r, 413, "payload_too_large")  # problem+json, h2o's own answer too
+        self.assertNoExpires(r)
         self.assertEqual(self.svc.count(key), 0)
 
     def test_body_above_h2o_cap_is_json_413(self):
@@ -768,6 +821,7 @@ class TestProxyBasics(ProxyTest):
                 b = self.assertError(r, 503, "idempotency_unavailable")
                 self.assertIn("cluster secret", b["message"], r)
                 self.assertRetryAfter(r)
+                self.assertNoExpires(r)  # a claim with no answer names no record
         self.assertEqual(self.svc.count(), before, "a follower must not call the upstream")
 
 
@@ -814,6 +868,7 @@ class TestProxyGuards(GuardTest):
         r = self.req("POST", "/api/pay/orders", key=self.key("many"), body=many)
         b = self.assertError(r, 413, "payload_too_large")
         self.assertIn("more values", b["message"], r)
+        self.assertNoExpires(r)
         self.assertNothingReached(before, "a body past the values bound")
         # Within the bound the body reaches the upstream (which judges it as it likes).
         r = self.req("POST", "/api/pay/orders", key=self.key("fine"), body={"items": [0] * 1000})
@@ -844,6 +899,7 @@ class TestProxyGuards(GuardTest):
                     r = self.req(method, path, key=self.key("b"),
                                  body=ORDER if method == "POST" else None)
                     self.assertError(r, 404, "not_found")
+                    self.assertNoExpires(r)
         self.assertNothingReached(before, "a path outside the prefix")
         for path in ("/api/pay", "/api/pay/", "/api/pay/orders"):
             with self.subTest(path=path):
@@ -878,6 +934,7 @@ class TestProxyGuards(GuardTest):
                 r = self.req(method, "/api/pay/x", key=self.key("m"), body=ORDER)
                 self.assertError(r, 405, "method_not_allowed")
                 self.assertEqual(r[1].get("allow"), "GET, HEAD, POST, DELETE, OPTIONS", r)
+                self.assertNoExpires(r)
         self.assertNothingReached(before, "an unlisted unsafe method")
         # Reads still pass through, unfenced.
         for method in ("GET", "HEAD", "OPTIONS"):
@@ -1168,25 +1225,30 @@ class TestProxyFailures(ProxyTest):
     def test_upstream_hangs_past_timeout_quarantines(self):
         key = self.key("hang")
         self.svc.next_action("hang", ms=30000)
+        t0 = time.time()
         r = self.order(key, timeout=30)
-        self.assertGreaterEqual(r[0], 500, r)
-        self.assertIn(r[0], (502, 504), r)
+        self.assertError(r, 504, "upstream_timeout")
+        self.assertCommonHeaders(r, claimed=(t0, time.time()))  # the claim named the record
         self._assert_quarantined(key)
         self.assertEqual(self.svc.count(key), 1)
 
     def test_upstream_closes_without_answer_quarantines(self):
         key = self.key("close")
         self.svc.next_action("close")
+        t0 = time.time()
         r = self.order(key)
-        self.assertIn(r[0], (502, 504), r)
+        self.assertError(r, 502, "upstream_unavailable")
+        self.assertCommonHeaders(r, claimed=(t0, time.time()))
         self._assert_quarantined(key)
         self.assertEqual(self.svc.count(key), 1)
 
     def test_timeout_with_release_policy_runs_again(self):
         key = self.key("rel")
         self.svc.next_action("hang", ms=30000)
+        t0 = time.time()
         r = self.order(key, path="/rl/orders", timeout=30)
-        self.assertIn(r[0], (502, 504), r)
+        self.assertError(r, 504, "upstream_timeout")
+        self.assertCommonHeaders(r, claimed=(t0, time.time()))
         second = self.assertFresh(self.order(key, path="/rl/orders"))
         self.assertEqual(self.svc.count(key), 2, "on_timeout release: the retry runs again")
         self.assertReplayOf(self.order(key, path="/rl/orders"), second)
@@ -1194,16 +1256,34 @@ class TestProxyFailures(ProxyTest):
     def test_connect_refused_releases_the_key(self):
         key = self.key("refused")
         self.svc.kill()
+        t0 = time.time()
         r = self.order(key)
-        self.assertEqual(r[0], 502, r)
-        self.assertIsInstance(r[2], dict, r)
-        self.assertIsInstance(r[2].get("code"), str, r)
-        self.assertEqual(self.order(key)[0], 502)  # released: tried again, still refused
+        self.assertError(r, 502, "upstream_unavailable")
+        self.assertCommonHeaders(r, claimed=(t0, time.time()))  # released after the claim
+        t0 = time.time()
+        r = self.order(key)  # released: claimed again (a new record), still refused
+        self.assertError(r, 502, "upstream_unavailable")
+        self.assertCommonHeaders(r, claimed=(t0, time.time()))
         self.svc.start()
         first = self.assertFresh(self.order(key))
         self.assertEqual(self.svc.count(key), 1)
         self.assertReplayOf(self.order(key), first)
         self.assertEqual(self.svc.count(key), 1)
+
+    def test_no_quorum_claim_answers_503_without_expiry(self):
+        """Both followers stopped: the leader's claim finds no quorum, is retried for
+        rpc.default_deadline_ms and answered 503, without Idempotency-Expires (the claim
+        named no record); the upstream is not called."""
+        lid = self.c.wait_leader(timeout=30)
+        fols = [n for n in sorted(self.c.nodes) if n != lid]
+        key = self.key("nq")
+        with self.paused(fols[0]), self.paused(fols[1]):
+            r = request(self.c.nodes[lid].proxy, "POST", "/orders", body=ORDER,
+                        headers={"Idempotency-Key": key}, timeout=30)
+        self.assertError(r, 503, "idempotency_unavailable")
+        self.assertRetryAfter(r)
+        self.assertNoExpires(r)
+        self.assertEqual(self.svc.count(key), 0, self.svc.executions(key))
 
     def test_4xx_is_released_by_default(self):
         key = self.key("bad")
@@ -1223,13 +1303,17 @@ class TestProxyFailures(ProxyTest):
 
     def test_response_too_large(self):
         key = self.key("big")
+        t0 = time.time()
         r = self.order(key, path="/big", timeout=30)
         self.assertError(r, 502, "upstream_response_too_large")
+        exp = self.assertCommonHeaders(r, claimed=(t0, time.time()))
         again = self.order(key, path="/big", timeout=30)
         self.assertNotEqual(again[0], 201, again)
         self.assertIn(again[0], (409, 502), again)
         if again[0] == 409:
             self.assertError(again, 409, "idempotency_outcome_unknown")
+        else:  # the digest-only record's replay
+            self.assertEqual(self.assertCommonHeaders(again), exp, again)
         self.assertEqual(self.svc.count(key), 1, "a too-large answer must not re-execute")
 
     def test_headers_named_by_connection_are_not_passed_on(self):
@@ -1306,10 +1390,14 @@ class TestProxyFailures(ProxyTest):
     def test_lease_expiry_conflict(self):
         key = self.key("cf")
         path = "/cf/orders"
+        t0 = time.time()
         fid, others, t, box = self._stalled_first_attempt(key, path)
+        claimed = (t0, time.time())  # the first attempt's claim, before it reached upstream
         with self.paused(fid):
             r = self._second_attempt(others, key, path)
             self.assertError(r, 409, "idempotency_lease_expired")
+            # the record's ttl deadline, set by the stalled holder's claim
+            self.assertCommonHeaders(r, claimed=claimed)
             self.assertEqual(self.svc.count(key), 1, "policy conflict: nothing runs again")
         t.join(40)
         self.assertIn("resp", box, box)
@@ -1558,6 +1646,7 @@ class TestProxyWrongSecret(ProxyTest):
             b = self.assertError(r, 503, "idempotency_unavailable")
             self.assertIn("cluster secret", b["message"], r)
             self.assertRetryAfter(r)
+            self.assertNoExpires(r)
         self.assertEqual(self.svc.count(), before, "nothing may reach the upstream")
         rc, out = self.c.ctl("get", key)
         self.assertEqual(out.get("outcome"), "not_found", out)
