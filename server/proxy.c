@@ -79,10 +79,12 @@ static bool imfDate(uint64_t ms, char out[40])
     return true;
 }
 
-/* Adds Idempotency-Expires to extra when known; returns the new count. date is the caller's. */
+/* Adds Idempotency-Expires to extra when known; returns the new count. date is the caller's.
+ * A record being quarantined (an upstream call whose outcome is not known, on a route with
+ * on_timeout: unknown) never expires: no date. */
 static size_t pjExpires(const struct proxyJob *j, struct hdr *extra, size_t n, char date[40])
 {
-    if (j->idem && imfDate(j->expires_at_ms, date)) {
+    if (j->idem && !j->quarantining && imfDate(j->expires_at_ms, date)) {
         extra[n++] = (struct hdr){"idempotency-expires", "Idempotency-Expires", date, strlen(date)};
     }
     return n;

@@ -261,6 +261,7 @@ static void pjRecordNow(struct proxyJob *j)
         proxy_release(j);
         return;
     case PJ_REC_UNKNOWN:
+        j->quarantining = true;
         pjComplete(j, IDEM__COMPLETION__COMPLETION_UNKNOWN, NULL); /* quarantine */
         return;
     case PJ_REC_STORE:
