@@ -874,6 +874,9 @@ void http_server_free(struct http_server *h)
     IdemTlsCtxFree(h->tls); /* each connection's SSL held its own reference */
     config_ref_drop(h->ref);
     json_decref(h->acquired);
+    for (unsigned i = 0; i < h->n_spare_jobs; i++) {
+        free(h->spare_jobs[i]);
+    }
     free(h);
 }
 

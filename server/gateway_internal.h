@@ -62,6 +62,7 @@ struct proxyListener {
 };
 
 LIST_HEAD(httpJobList, httpJob);
+#define HTTP_SPARE_JOBS 256
 LIST_HEAD(proxyJobList, proxyJob);
 LIST_HEAD(httpConnList, httpConn);
 
@@ -104,6 +105,10 @@ struct http_server {
     uint8_t rnd[512];  /* OpenSSL's random bytes drawn ahead for attempt ids (gateway_random) */
     size_t rnd_left;   /* the last rnd_left of them not yet handed out */
     json_t *acquired;  /* http_api.c: a claim's acquired answer, refilled in place per answer */
+    /* http_api.c: finished jobs kept for the next requests (a burst of answers frees many at
+     * once, more than malloc's per-thread cache holds); freed with the server. */
+    struct httpJob *spare_jobs[HTTP_SPARE_JOBS];
+    unsigned n_spare_jobs;
 };
 
 /* A job's hold on the h2o request it answers, for a job that may outlive it: a

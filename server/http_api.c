@@ -338,7 +338,11 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
                                 j->attempt_len > 0 ? 1 : 0);
     }
     LIST_REMOVE(j, link);
-    free(j);
+    if (h->n_spare_jobs < HTTP_SPARE_JOBS) {
+        h->spare_jobs[h->n_spare_jobs++] = j;
+    } else {
+        free(j);
+    }
     gateway_maybe_stopped(h);
 }
 
@@ -362,7 +366,13 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
                      const struct config_tenant *t)
 {
     size_t key_max_len = t->key_max_len;
-    struct httpJob *j = xcalloc(1, sizeof(*j));
+    struct httpJob *j;
+    if (h->n_spare_jobs > 0) {
+        j = h->spare_jobs[--h->n_spare_jobs];
+        memset(j, 0, sizeof(*j));
+    } else {
+        j = xcalloc(1, sizeof(*j));
+    }
     j->h = h;
     j->route = route;
     j->mismatch_status = t->mismatch_status;
@@ -393,7 +403,9 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
         j->key_rc = key_validate(key.data, key.len, key_max_len);
         gateway_forward(h, leader, rq, forwardDoneCb, j);
     } else {
-        service_handle(h->svc, rq, serviceDoneCb, j);
+        /* As the tenant its bearer token named (apiTenant, in this loop turn: the gateway's
+         * and the service's configuration are the same one), not by hashing the token again. */
+        service_handle_as(h->svc, t->name, rq, serviceDoneCb, j);
     }
     log_request_leave(outer);
 }
