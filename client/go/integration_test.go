@@ -245,10 +245,11 @@ func checkGatewayProblem(t *testing.T, what string, resp *http.Response, body st
 //     under that holder (lease 30 s, renewed; policy conflict): no other caller's claim can
 //     acquire it, before or after the kill. At least once: the driver's answer came from
 //     inside fn.
-//   - every caller ends with fn's response (the runner as the run, the others replayed),
-//     or with a typed error that is ErrUnavailable or ErrUnknownOutcome: a caller may only
-//     fail in a way that says "not known" (no answer from a leader in time; a quarantined
-//     record), never with another response or a second run.
+//   - every caller ends with fn's response: the runner as the run, the 31 others replayed.
+//     None may end with an error, not even a typed "not known" one (ErrUnavailable): the
+//     cluster elects a new leader in about a second, well inside each caller's deadline,
+//     so a caller that gave up did so early (as python_failover requires of the Python
+//     client).
 //   - the key ends completed with fn's response: with two of three nodes alive a quorum
 //     remains, and the runner retries its complete (same token, same outcome: idempotent)
 //     for 15 s, well past an election; a later Run replays that response without running.
@@ -263,6 +264,7 @@ func TestIntegrationLeaderKill(t *testing.T) {
 		answer <- strings.TrimSpace(line)
 	}()
 	want := `{"charged":25}`
+	var killedAt atomic.Value // time.Time: when the driver's answer came
 	fn := func(ctx context.Context, token uint64) (*Response, error) {
 		atomic.AddInt32(&calls, 1)
 		began := time.Now()
@@ -273,6 +275,7 @@ func TestIntegrationLeaderKill(t *testing.T) {
 		fmt.Println("IDEM-KILL-LEADER")
 		select {
 		case a := <-answer:
+			killedAt.Store(time.Now())
 			fmt.Printf("driver: %s\n", a)
 		case <-time.After(30 * time.Second):
 			return nil, Retryable(errors.New("the driver did not answer"))
@@ -285,29 +288,39 @@ func TestIntegrationLeaderKill(t *testing.T) {
 	if calls != 1 {
 		t.Fatalf("fn ran %d times, want exactly once", calls)
 	}
-	var ran, replayed, failed int
+	var ran, replayed int
+	var failed []string
 	for i := range results {
 		if err := errs[i]; err != nil {
-			if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrUnknownOutcome) {
-				t.Fatalf("caller %d: %v: neither a result nor unavailable/unknown", i, err)
-			}
-			failed++
-			t.Logf("caller %d: %v", i, err)
+			failed = append(failed, fmt.Sprintf("caller %d: %v", i, err))
 			continue
 		}
 		res := results[i]
 		if res.Response.Status != 201 || string(res.Response.Body) != want {
 			t.Fatalf("caller %d got %d %q", i, res.Response.Status, res.Response.Body)
 		}
+		if res.Ran == res.Replayed {
+			t.Fatalf("caller %d: ran %v, replayed %v", i, res.Ran, res.Replayed)
+		}
 		if res.Ran {
 			ran++
-		} else if res.Replayed {
+		} else {
 			replayed++
 		}
 	}
-	t.Logf("%d callers: %d ran, %d replayed, %d typed errors", n, ran, replayed, failed)
-	if ran > 1 {
-		t.Fatalf("%d callers ran fn", ran)
+	// The counts, for the driver's output (one line, whatever the outcome).
+	took := -1.0
+	if at, ok := killedAt.Load().(time.Time); ok {
+		took = time.Since(at).Seconds()
+	}
+	t.Logf("leader kill: %d callers: %d ran, %d replayed, %d errors; all done %.1f s after the kill",
+		n, ran, replayed, len(failed), took)
+	for _, f := range failed {
+		t.Log(f)
+	}
+	if len(failed) > 0 || ran != 1 || replayed != n-1 {
+		t.Fatalf("want every caller to end with fn's response (1 ran, %d replayed): %d ran, %d replayed, %d errors",
+			n-1, ran, replayed, len(failed))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
