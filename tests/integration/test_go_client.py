@@ -15,17 +15,24 @@ middleware with fingerprint_fields / fingerprint_ignore, which needs a gateway t
 them (a retry whose ignored value changed replays; one whose hashed value changed is
 refused as a reused key).
 
+TestGoTls runs TestServerTLS of the same file against three nodes serving HTTPS with a
+required client certificate (certificates made with openssl: test_tls_bench.make_pki):
+Run over TLS, through a follower, and no answer without the certificate, with another CA
+or in plain HTTP.
+
 TestGoExamples builds examples/go into a temp dir and runs each program against the
 cluster, checking what its README and comments say (orders: replays, 409 problem details,
 the handler run once; charge: its exit statuses). Their processes are stopped by PID.
 
 Run: IDEM_BIN_DIR=build/bin IDEM_BUILD_DIR=build python3 -m unittest -v test_go_client
 """
+import http.client
 import os
 import re
 import secrets
 import select
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -36,6 +43,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (BIN, ClusterTestCase, free_port, http_request,  # noqa: E402
                      request_past_503, wait_for)
+from test_tls_bench import TlsCluster  # noqa: E402
 
 BUILD = os.environ.get("IDEM_BUILD_DIR") or os.path.join(BIN, "..")
 SOURCE = os.environ.get("IDEM_SOURCE_DIR") or os.path.join(
@@ -168,6 +176,45 @@ class TestGoClient(GoTest):
         for name in TESTS:
             self.assertIn("--- PASS: %s " % name, out)
         self.assertIsNotNone(killed, "the leader was never killed")
+
+
+class TestGoTls(GoTest):
+    """TestServerTLS of client/go/integration_test.go against three nodes whose gateways
+    serve HTTPS and require a client certificate signed by the test CA (tls.http,
+    tls.http_client_certs: require; certificates made by test_tls_bench.make_pki)."""
+    scheme = "https"
+
+    def make_cluster(self):
+        return TlsCluster(lambda pki: ["cert_file: %s/server.crt" % pki,
+                                       "key_file: %s/server.key" % pki, "http: true",
+                                       "ca_file: %s/ca.crt" % pki,
+                                       "http_client_certs: require"], n=3)
+
+    def gateway_ready(self, node):
+        ctx = ssl.create_default_context(cafile=os.path.join(self.c.pki, "ca.crt"))
+        ctx.load_cert_chain(os.path.join(self.c.pki, "client.crt"),
+                            os.path.join(self.c.pki, "client.key"))
+        host, port = node.http.rsplit(":", 1)
+        conn = http.client.HTTPSConnection(host, int(port), timeout=2, context=ctx)
+        try:
+            conn.request("GET", "/readyz")
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+    def test_tls(self):
+        env = self.go_env()
+        env["IDEM_GO_PKI"] = self.c.pki
+        p = subprocess.run([self.binary, "-test.run", "^TestServerTLS$", "-test.v",
+                            "-test.count=1", "-test.timeout", "60s"],
+                           env=env, cwd=os.path.dirname(self.binary), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90)
+        out = p.stdout.decode(errors="replace")
+        print(out)
+        self.assertEqual(p.returncode, 0, "the Go test failed")
+        self.assertIn("--- PASS: TestServerTLS ", out)
 
 
 # The gateway's answers' problem details members (docs/http-api.md, Errors).
