@@ -5,7 +5,8 @@ environment. Its scenarios: 32 goroutines in Run on one key (the function runs o
 get its response); a 2 s lease renewed through a 5 s function; the net/http middleware
 over an httptest server; and 32 goroutines in Run while this driver SIGKILLs the leader,
 when the Go side asks for it from inside the function (a line IDEM-KILL-LEADER on its
-stdout; the answer is a line on its stdin). The middleware's refusal of a reused key is
+stdout; the answer is a line on its stdin): every one of them must end with the function's
+response (one ran, 31 replayed), none with an error. The middleware's refusal of a reused key is
 checked as the gateway's problem details (application/problem+json, every member).
 Skipped, and reported so, without `go` (Debian's golang-go; tools/setup.sh --test installs
 it).
