@@ -3,6 +3,9 @@
 //
 //	orders [-listen 127.0.0.1:9000]   (IDEM_TOKEN, and IDEM_HTTP or the quickstart's gateways)
 //
+// It logs the address it serves on once it listens ("orders on http://127.0.0.1:9000"; a
+// port 0 is chosen by the kernel and shown so).
+//
 //	curl -si -X POST localhost:9000/orders -H 'Idempotency-Key: o-1' \
 //	     -H 'content-type: application/json' -d '{"amount": 10}'      # 201, order 1
 //	curl -si -X POST localhost:9000/orders -H 'Idempotency-Key: o-1' \
@@ -17,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -86,7 +90,11 @@ func main() {
 	// POST /orders with an Idempotency-Key goes through idemd; a POST without one, and
 	// every GET, straight to the mux.
 	h := idem.Middleware(c, idem.Route{Method: "POST", PathPrefix: "/orders", Lease: 10 * time.Second})(mux)
-	log.Printf("orders on http://%s", *listen)
-	srv := &http.Server{Addr: *listen, Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("orders on http://%s", ln.Addr())
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	log.Fatal(srv.Serve(ln))
 }
