@@ -262,6 +262,12 @@ bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_
     return true;
 }
 
+bool io_timer_reset_by_leader(const struct raft *r, raft_time now)
+{
+    return r->state == RAFT_FOLLOWER && r->follower_state.current_leader.id != 0 &&
+           r->election_timer_start == now && r->election_timeout != 0;
+}
+
 static void pokeSentCb(struct raft_io_send *req, int status)
 {
     (void)status; /* failing is its purpose */
@@ -340,6 +346,11 @@ static void ioRecv(struct io *io, struct raft_message *msg)
     }
     io->raft_recv(&io->outer, msg);
     io->in_append_entries = false;
+    if (io->raft != NULL && io_timer_reset_by_leader(io->raft, ioNow(io))) {
+        struct raft *r = io->raft;
+        r->follower_state.randomized_election_timeout = (unsigned)io->inner.random(
+            &io->inner, (int)r->election_timeout, 2 * (int)r->election_timeout);
+    }
 }
 
 static void ioRecvCb(struct raft_io *i, struct raft_message *msg)

@@ -281,6 +281,18 @@ bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_
  * and at most the election timeout. */
 raft_time io_stale_leader_ms(const struct raft *r);
 
+/* libraft 0.15 draws a follower's randomised election timeout only when the node becomes a
+ * follower, and keeps it while it stays one, through later terms too. The survivor whose
+ * timer lost the last election keeps that late draw, and the faults that take a leader
+ * (the node with the earlier timer) leave it beside the old leader's fresh draw: the next
+ * failover waits for the later of two timers more often than two fresh draws would make
+ * it (in five chaos runs the first vote request came a median 436 ms after the leader's last
+ * message, over 42 elections, where two fresh draws in 300-600 ms give 388 ms). As the
+ * thesis (§3.4) does, the wrapper draws again whenever the leader resets the timer:
+ * whether an AppendEntries that raft just handled at `now` reset follower r's timer (it
+ * came from the leader of r's term); the caller then draws r's timeout anew. */
+bool io_timer_reset_by_leader(const struct raft *r, raft_time now);
+
 /* Makes raft_uv write to server `id` (at its address in raft's configuration; nothing when
  * it has none there, or raft is not set): a vote answer that grants nothing, in raft's
  * current term, which no raft acts on. Called for a peer whose connection was found closed

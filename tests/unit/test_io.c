@@ -229,6 +229,23 @@ static void test_vote_past_a_stale_leader(void **state)
     assert_false(io_vote_past_stale_leader(&r, 5000, &ae));
 }
 
+/* A follower's timer reset by its leader's AppendEntries (raft set the start to now) is
+ * drawn again; not a candidate's, nor a follower's that knows no leader, nor at another
+ * time than the reset's. */
+static void test_timeout_drawn_again_at_the_leaders_reset(void **state)
+{
+    (void)state;
+    struct raft r;
+    followerOf1(&r, 1000);
+    assert_true(io_timer_reset_by_leader(&r, 1000));
+    assert_false(io_timer_reset_by_leader(&r, 1001));
+    r.follower_state.current_leader.id = 0;
+    assert_false(io_timer_reset_by_leader(&r, 1000));
+    followerOf1(&r, 1000);
+    r.state = RAFT_CANDIDATE;
+    assert_false(io_timer_reset_by_leader(&r, 1000));
+}
+
 /* Through the wrapper's receive path: raft gets the request marked, and it is counted. */
 static void test_vote_past_a_stale_leader_is_delivered_marked(void **state)
 {
@@ -2249,6 +2266,7 @@ int main(void)
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
         cmocka_unit_test_setup(test_tick_is_finer_than_the_heartbeat, setup),
         cmocka_unit_test(test_vote_past_a_stale_leader),
+        cmocka_unit_test(test_timeout_drawn_again_at_the_leaders_reset),
         cmocka_unit_test_setup(test_vote_past_a_stale_leader_is_delivered_marked, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
         cmocka_unit_test_setup(test_unaddressed_answers_are_not_sent, setup),
