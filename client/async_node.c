@@ -23,6 +23,9 @@
  * - the deadline passes: the call fails ("deadline passed"); a late answer is dropped. A
  *   connection that never came up (a connect or handshake that hangs) goes with its
  *   node's last call, so that the next call does not queue behind it;
+ * - the caller learned that another node leads (idem_async_move_calls): every call of the
+ *   other nodes moves to it, sent again there within its deadline, and their connections
+ *   close (a node cut off from the others may never answer them);
  * - idem_async_close(): every call fails with IDEM_ECANCELED, every connection closes.
  *
  * A node left without calls or a connection is freed by the next kick. */
@@ -237,6 +240,37 @@ void IdemNamedClose(struct idem_async *a)
             IdemAsyncConnClose(conn);
         }
     }
+}
+
+size_t idem_async_move_calls(struct idem_async *a, const char *to)
+{
+    struct anode *dst;
+    if (a == NULL || to == NULL || a->closing || namedGet(a, to, &dst) != IDEM_OK) {
+        return 0;
+    }
+    size_t moved = 0;
+    struct anode *n;
+    LIST_FOREACH (n, &a->named, link) {
+        if (n == dst) {
+            continue;
+        }
+        struct areq *r;
+        while ((r = TAILQ_FIRST(&n->reqs)) != NULL) {
+            TAILQ_REMOVE(&n->reqs, r, link);
+            r->named = dst;
+            r->state = AREQ_WAITING;
+            r->sent_on = NULL;
+            TAILQ_INSERT_TAIL(&dst->reqs, r, link);
+            moved++;
+        }
+        if (n->conn != NULL) {
+            struct aconn *conn = n->conn;
+            n->conn = NULL;
+            IdemAsyncConnClose(conn);
+        }
+    }
+    IdemAsyncKick(a); /* writes them, and frees the nodes left without calls */
+    return moved;
 }
 
 int idem_async_call_node(struct idem_async *a, const char *addr, const Idem__Request *req,

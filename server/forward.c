@@ -108,6 +108,11 @@ void forward_call(struct forwarder *f, const char *addr, const Idem__Request *re
     }
 }
 
+size_t forwarder_move(struct forwarder *f, const char *to)
+{
+    return f->closing ? 0 : idem_async_move_calls(f->a, to);
+}
+
 static void closedCb(struct idem_async *a, void *data)
 {
     (void)a;

@@ -48,6 +48,12 @@ int forwarder_reload_tls(struct forwarder *f, const struct config_tls *tls, char
 void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,
                   uint32_t deadline_ms, forward_cb cb, void *data);
 
+/* The node at `to` leads now: every call sent to another node and not answered yet is sent
+ * again to `to` within its deadline, and the connections to the others close (a leader
+ * cut off from the cluster may never answer). Safe because the gateway forwards only data
+ * operations, which a client may send again (docs/contract.md). Returns how many moved. */
+size_t forwarder_move(struct forwarder *f, const char *to);
+
 /* Fails every pending call ("forwarder closed"), closes every connection and frees the
  * forwarder; then cb(data) runs (cb may be NULL). No forward_call() after this. */
 void forwarder_close(struct forwarder *f, void (*cb)(void *data), void *data);

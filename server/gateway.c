@@ -62,6 +62,22 @@ const char *gateway_forward_target(const struct http_server *h)
     return h->fwd != NULL && !h->stopping ? service_leader_elsewhere(h->svc) : NULL;
 }
 
+/* A leader became known (service_set_leader_cb): the requests forwarded to another node
+ * that are not answered yet go to it. Without this, after a leader was cut off or stopped,
+ * they waited for its answer until their deadline (rpc.default_deadline_ms) while the new
+ * leader was serving: the clients saw the failover that much later. */
+static void leaderKnownCb(void *data)
+{
+    struct http_server *h = data;
+    const char *to = h->fwd != NULL && !h->stopping ? service_leader_rpc(h->svc) : NULL;
+    size_t moved = to != NULL ? forwarder_move(h->fwd, to) : 0;
+    if (moved > 0) {
+        h->m.forwards_moved += moved;
+        log_info("forward: %zu request(s) forwarded to a node that no longer leads sent again to "
+                 "the leader", moved);
+    }
+}
+
 /* Sends rq once to the leader at addr with the forwarder, which packs it (the one encoding
  * of the request on this node); cb gets the answer, possibly before this returns. The call
  * waits as long as the request's own deadline_ms when it has a shorter one than
@@ -722,6 +738,7 @@ struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, str
     h2oSetup(h);
     proxy_upstreams_init(h);
     h->fwd = fwd;
+    service_set_leader_cb(svc, leaderKnownCb, h);
     uv_timer_init(loop, &h->stop_timer);
     h->stop_timer.data = h;
     if (h->has_listener) {
@@ -842,6 +859,7 @@ static void forwarderClosedCb(void *data)
 void http_server_stop(struct http_server *h, void (*cb)(void *data), void *data)
 {
     h->stopping = true;
+    service_set_leader_cb(h->svc, NULL, NULL);
     h->stop_cb = cb;
     h->stop_data = data;
     h->stop_started_ms = uv_now(h->loop);

@@ -45,6 +45,7 @@ struct httpMetrics {
     struct reqstats req;
     uint64_t connections;         /* open connections of the gateway and proxy listeners */
     uint64_t connections_refused; /* closed at once: http.max_connections were open */
+    uint64_t forwards_moved;      /* forwarded requests sent again to a new leader */
 };
 
 /* Keep-alive connections to one upstream (host, port), shared by the routes that name it

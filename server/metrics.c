@@ -32,6 +32,7 @@ struct snap {
     struct reload_stats reload;
     uint64_t records; /* si.fsm.records without the released markers */
     uint64_t connections, connections_refused; /* the gateway's (struct httpMetrics) */
+    uint64_t forwards_moved;                   /* the gateway's (struct httpMetrics) */
     uint64_t is_leader, has_leader;            /* this node leads / knows a leader: 0 or 1 */
     struct proc_self ps;
 };
@@ -337,6 +338,10 @@ static const struct family families[] = {
     {"idem_http_connections_refused_total", "counter",
      "HTTP connections closed on accept because http.max_connections were open.",
      ONE(connections_refused)},
+    {"idem_http_forwards_moved_total", "counter",
+     "Requests this node forwarded to a node that stopped leading before it answered, sent "
+     "again to the new leader.",
+     ONE(forwards_moved)},
     {"idem_rpc_inflight_requests", "gauge",
      "RPC requests taken that await their answer (at most 4096 per connection).", ONE(rs.inflight)},
     {"idem_rpc_frame_buffer_bytes", "gauge",
@@ -564,6 +569,7 @@ void metrics_answer(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
     s.records = s.si.fsm.records - s.si.fsm.released;
     s.connections = h->m.connections;
     s.connections_refused = h->m.connections_refused;
+    s.forwards_moved = h->m.forwards_moved;
     s.is_leader = s.si.cluster.state == RAFT_LEADER;
     s.has_leader = s.si.cluster.leader_id != 0;
     proc_self_read(&s.ps);

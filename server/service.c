@@ -356,12 +356,15 @@ static int svcRestore(void *data, const uint8_t *buf, size_t len)
 
 static void svcLeaderChanged(void *data, uint64_t leader_id, bool is_me)
 {
-    (void)data;
+    struct service *s = data;
     if (leader_id == 0) {
         log_warn("no leader known");
     } else {
         log_info("leader is now node %llu%s", (unsigned long long)leader_id,
                  is_me ? " (this node)" : "");
+    }
+    if (leader_id != 0 && s->leader_cb != NULL) {
+        s->leader_cb(s->leader_data);
     }
 }
 
@@ -653,6 +656,12 @@ void service_set_reload(struct service *s, service_reload_fn fn, void *data)
     s->reload_data = data;
 }
 
+void service_set_leader_cb(struct service *s, service_leader_fn fn, void *data)
+{
+    s->leader_cb = fn;
+    s->leader_data = data;
+}
+
 uint32_t service_account_of(const struct service *s, const struct config_tenant *t)
 {
     return s->acct_of[t - s->cfg->tenants];
@@ -771,6 +780,12 @@ const Idem__StoredResponse *service_stored_response(const Idem__Result *res,
         return *owned;
     }
     return NULL;
+}
+
+const char *service_leader_rpc(const struct service *s)
+{
+    const char *addr = "";
+    return cluster_leader(s->cluster, &addr) != 0 && addr[0] != '\0' ? addr : NULL;
 }
 
 const char *service_leader_elsewhere(const struct service *s)

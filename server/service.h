@@ -44,6 +44,15 @@ int service_reload_tls(struct service *s, const struct config_tls *tls, char *er
 typedef int (*service_reload_fn)(void *data, char *err, size_t errlen);
 void service_set_reload(struct service *s, service_reload_fn fn, void *data);
 
+/* Called on the loop each time this node learns which node leads (not when it knows none),
+ * from within the cluster's callbacks: it must not call the service. fn NULL clears it. */
+typedef void (*service_leader_fn)(void *data);
+void service_set_leader_cb(struct service *s, service_leader_fn fn, void *data);
+
+/* The RPC address of the node that leads, this node's own when it does; NULL when no leader
+ * is known (or its address is not). Valid until the next loop turn. */
+const char *service_leader_rpc(const struct service *s);
+
 /* Starts Raft and the expiry ticker. 0 or -1 with a message in err. */
 int service_start(struct service *s, char *err, size_t errlen);
 

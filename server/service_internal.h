@@ -45,6 +45,8 @@ struct service {
     char (*acct_names)[CONFIG_TENANT_NAME_MAX + 1];
     uint32_t n_accts;
     service_reload_fn reload; /* `idemctl reload`; NULL: not offered */
+    service_leader_fn leader_cb; /* service_set_leader_cb; NULL: none */
+    void *leader_data;
     void *reload_data;
     struct fsm *fsm;
     struct cluster *cluster;

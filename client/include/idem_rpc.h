@@ -89,6 +89,15 @@ int idem_async_open_raw(struct uv_loop_s *loop, const struct idem_options *opts,
 int idem_async_call_node(struct idem_async *a, const char *addr, const Idem__Request *req,
                          uint32_t deadline_ms, idem_async_raw_cb cb, void *data);
 
+/* For a caller that learned that the node at `to` ("host:port", borrowed) leads now: every
+ * raw call still without an answer from another named node moves to `to`, on its
+ * connection, within its own deadline, its request sent again as it was packed (a late
+ * answer from the node it left is dropped); the connections to the nodes left are closed.
+ * The requests must be safe to send twice: idemd's data operations are (a claim carries its
+ * attempt id, the others their token). No callback runs within the call. Returns how many
+ * calls moved (0 when the client is closing, or `to` is not a "host:port"). */
+size_t idem_async_move_calls(struct idem_async *a, const char *to);
+
 /* Called when a TLS handshake or session of the client fails, before the calls waiting
  * on that connection hear of it, for the caller's log (libidem logs nothing): the node's
  * address, what failed ("handshake", "read", "write", "setup") and OpenSSL's reason (with

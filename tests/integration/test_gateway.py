@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -1778,6 +1779,44 @@ class TestGatewayFailover(GatewayTest):
 
 
 # ---- expiry ---------------------------------------------------------------------------------
+
+class TestGatewayFollow(GatewayTest):
+    """A request a follower forwarded to a leader that then stops answering (paused, as a
+    leader cut off from the others) goes to the new leader once the follower knows it,
+    instead of waiting for the forward's deadline (rpc.default_deadline_ms, 2 s)."""
+    cluster_opts = {"election_ms": 300, "heartbeat_ms": 50}  # the server's own defaults
+    retry_503 = False  # a 503 here is the failure
+
+    def test_forwarded_request_follows_the_new_leader(self):
+        lid = self.c.wait_leader(timeout=20)
+        fid = self.follower_ids()[0]
+        key, attempt = self.key("follow"), "att-" + secrets.token_hex(4)
+        before = mval(node_metrics(self.c.nodes[fid].http), "idem_http_forwards_moved_total")
+        old = self.c.nodes[lid].proc
+        os.kill(old.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            st, h, b = self.claim(self.addr(fid), key, fp(key), attempt_id=attempt, timeout=15)
+            took = time.monotonic() - t0
+            self.assertEqual((st, b.get("outcome") if isinstance(b, dict) else b), (200, ACQ),
+                             "the forwarded claim, %.2f s after the leader stopped: %r"
+                             % (took, (st, h, b)))
+            tok = b["token"]
+            survivors = [n for n in sorted(self.c.nodes) if n != lid]
+            self.assertNotEqual(self.c.wait_leader(timeout=20, ids=survivors, exclude=lid), lid)
+            after = mval(node_metrics(self.c.nodes[fid].http), "idem_http_forwards_moved_total")
+            self.assertGreaterEqual(after - before, 1, "the follower did not send it again")
+        finally:
+            os.kill(old.pid, signal.SIGCONT)
+        # The old leader back: the claim stands once, held by its attempt, on every node.
+        for nid in sorted(self.c.nodes):
+            wait_for(lambda: _status_or_none(self.c.nodes[nid].http, "/readyz") == 200, 30,
+                     "node %d ready again" % nid)
+            st, h, b = self.claim(self.addr(nid), key, fp(key), attempt_id=attempt)
+            self.assertEqual((st, b.get("outcome"), b.get("token")), (200, ACQ, tok), (nid, b))
+            r = self.claim(self.addr(nid), key, fp(key), attempt_id="another")
+            self.assertError(r, 409, "idempotency_request_in_progress")
+
 
 class TestGatewayExpiry(GatewayTest):
     cluster_opts = dict(expiry_ms=100)
