@@ -179,7 +179,8 @@ static void namedDeadlineCb(uv_timer_t *t)
 {
     struct areq *r = t->data;
     struct anode *n = r->named;
-    IdemAsyncRawFinish(r, IDEM_EUNAVAILABLE, NULL, "deadline passed");
+    IdemAsyncRawFinish(r, IDEM_EUNAVAILABLE, NULL,
+                       r->fail_reason != NULL ? r->fail_reason : "deadline passed");
     struct aconn *conn = n->conn;
     if (conn != NULL && conn->state != ACONN_UP && TAILQ_EMPTY(&n->reqs)) {
         /* It never came up, and nothing waits for it any more: the next call starts a
@@ -242,10 +243,12 @@ void IdemNamedClose(struct idem_async *a)
     }
 }
 
-size_t idem_async_move_calls(struct idem_async *a, const char *to)
+size_t idem_async_move_calls(struct idem_async *a, const char *to, idem_move_fn decide,
+                             void *arg)
 {
     struct anode *dst;
-    if (a == NULL || to == NULL || a->closing || namedGet(a, to, &dst) != IDEM_OK) {
+    if (a == NULL || to == NULL || decide == NULL || a->closing ||
+        namedGet(a, to, &dst) != IDEM_OK) {
         return 0;
     }
     size_t moved = 0;
@@ -254,14 +257,23 @@ size_t idem_async_move_calls(struct idem_async *a, const char *to)
         if (n == dst) {
             continue;
         }
-        struct areq *r;
-        while ((r = TAILQ_FIRST(&n->reqs)) != NULL) {
+        struct areq *r, *next;
+        for (r = TAILQ_FIRST(&n->reqs); r != NULL; r = next) {
+            next = TAILQ_NEXT(r, link);
             TAILQ_REMOVE(&n->reqs, r, link);
             r->named = dst;
             r->state = AREQ_WAITING;
             r->sent_on = NULL;
+            if (decide(r->data, arg) == IDEM_MOVE_FAIL) {
+                /* Failed by its deadline timer, now: on the next loop turn, before the kick
+                 * (started after it), so that it is never written. */
+                r->fail_reason = "the node it was sent to no longer leads";
+                r->state = AREQ_FAILING;
+                uv_timer_start(&r->timer, namedDeadlineCb, 0, 0);
+            } else {
+                moved++;
+            }
             TAILQ_INSERT_TAIL(&dst->reqs, r, link);
-            moved++;
         }
         if (n->conn != NULL) {
             struct aconn *conn = n->conn;

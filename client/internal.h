@@ -232,6 +232,7 @@ enum areqState {
     AREQ_SENT,    /* written on `sent_on`, waiting for the answer */
     AREQ_DELAYED, /* refused by a leader for load: waiting again from `retry_at` on */
     AREQ_DONE,    /* called back; its timer is closing */
+    AREQ_FAILING, /* a raw call failed by a move: never written; its timer ends it */
 };
 
 struct areq {
@@ -255,6 +256,7 @@ struct areq {
     idem_async_raw_cb raw_cb;
     uint64_t orig_id;
     bool may_redirect;
+    const char *fail_reason; /* a raw call failed by a move (static), or NULL */
     void *data;
 };
 

@@ -23,6 +23,7 @@ struct forwarder {
 
 /* One call: the caller's callback. */
 struct fwdCall {
+    forward_resend_fn resend;
     forward_cb cb;
     void *data;
 };
@@ -90,13 +91,14 @@ static void callDoneCb(struct idem_async *a, int status, const Idem__Response *r
 }
 
 void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,
-                  uint32_t deadline_ms, forward_cb cb, void *data)
+                  uint32_t deadline_ms, forward_resend_fn resend, forward_cb cb, void *data)
 {
     if (f->closing) {
         cb(data, NULL, "forwarder closed");
         return;
     }
     struct fwdCall *c = xmalloc(sizeof(*c));
+    c->resend = resend;
     c->cb = cb;
     c->data = data;
     Idem__Request copy = *req;
@@ -108,9 +110,16 @@ void forward_call(struct forwarder *f, const char *addr, const Idem__Request *re
     }
 }
 
+static enum idem_move moveDecide(void *data, void *arg)
+{
+    (void)arg;
+    const struct fwdCall *c = data;
+    return c->resend != NULL && c->resend(c->data) ? IDEM_MOVE_SEND : IDEM_MOVE_FAIL;
+}
+
 size_t forwarder_move(struct forwarder *f, const char *to)
 {
-    return f->closing ? 0 : idem_async_move_calls(f->a, to);
+    return f->closing ? 0 : idem_async_move_calls(f->a, to, moveDecide, NULL);
 }
 
 static void closedCb(struct idem_async *a, void *data)

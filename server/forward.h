@@ -5,6 +5,7 @@
 #define IDEM_SERVER_FORWARD_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -19,6 +20,10 @@ struct forwarder;
  * frame, forwarder closed), which never holds a key, a token or an address. `resp` is
  * borrowed for the duration of the call. */
 typedef void (*forward_cb)(void *data, const Idem__Response *resp, const char *err);
+
+/* Whether a call may be sent again to a new leader (forwarder_move), by its caller's data;
+ * NULL: never (it fails, and its caller retries as it does after a failed call). */
+typedef bool (*forward_resend_fn)(void *data);
 
 /* Creates a forwarder on `loop` (borrowed; must outlive it). With `tls` (borrowed: the files
  * are read now; NULL for plain TCP) every connection speaks TLS: the leader's certificate
@@ -46,12 +51,13 @@ int forwarder_reload_tls(struct forwarder *f, const struct config_tls *tls, char
  * the leader's /metrics counts it apart, as its client was counted by the caller
  * (reqstats.h). */
 void forward_call(struct forwarder *f, const char *addr, const Idem__Request *req,
-                  uint32_t deadline_ms, forward_cb cb, void *data);
+                  uint32_t deadline_ms, forward_resend_fn resend, forward_cb cb, void *data);
 
-/* The node at `to` leads now: every call sent to another node and not answered yet is sent
- * again to `to` within its deadline, and the connections to the others close (a leader
- * cut off from the cluster may never answer). Safe because the gateway forwards only data
- * operations, which a client may send again (docs/contract.md). Returns how many moved. */
+/* The node at `to` leads now: every call sent to another node and not answered yet is
+ * sent again to `to` within its deadline when its resend function says so, and fails at
+ * once otherwise ("the node it was sent to no longer leads", on the next loop turn); the
+ * connections to the other nodes close (a leader cut off from the cluster may never
+ * answer). Returns how many were sent again. */
 size_t forwarder_move(struct forwarder *f, const char *to);
 
 /* Fails every pending call ("forwarder closed"), closes every connection and frees the

@@ -63,9 +63,10 @@ const char *gateway_forward_target(const struct http_server *h)
 }
 
 /* A leader became known (service_set_leader_cb): the requests forwarded to another node
- * that are not answered yet go to it. Without this, after a leader was cut off or stopped,
- * they waited for its answer until their deadline (rpc.default_deadline_ms) while the new
- * leader was serving: the clients saw the failover that much later. */
+ * that are not answered yet go to it, or fail now (gateway_forward's resend decides).
+ * Without this, after a leader was cut off or stopped, they waited for its answer until
+ * their deadline (rpc.default_deadline_ms) while the new leader was serving: the clients
+ * saw the failover that much later. */
 static void leaderKnownCb(void *data)
 {
     struct http_server *h = data;
@@ -84,13 +85,13 @@ static void leaderKnownCb(void *data)
  * rpc.default_deadline_ms (a proxy's renewal: proto/renew_plan.h bounds each try by the
  * lease left, and the next try must not wait behind a leader that does not answer). */
 void gateway_forward(struct http_server *h, const char *addr, const Idem__Request *rq,
-                     forward_cb cb, void *data)
+                     forward_resend_fn resend, forward_cb cb, void *data)
 {
     uint32_t deadline_ms = h->cfg->rpc.default_deadline_ms;
     if (rq->deadline_ms != 0 && rq->deadline_ms < deadline_ms) {
         deadline_ms = rq->deadline_ms;
     }
-    forward_call(h->fwd, addr, rq, deadline_ms, cb, data);
+    forward_call(h->fwd, addr, rq, deadline_ms, resend, cb, data);
 }
 
 /* The index of the one header `name` (lower case) of req, -1 when there is none, -2 when

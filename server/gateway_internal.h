@@ -210,7 +210,7 @@ bool gateway_header_key(struct http_server *h, h2o_req_t *req, enum route route,
 const char *gateway_key_refusal(const char *detail);
 const char *gateway_forward_target(const struct http_server *h);
 void gateway_forward(struct http_server *h, const char *addr, const Idem__Request *rq,
-                     forward_cb cb, void *data);
+                     forward_resend_fn resend, forward_cb cb, void *data);
 void gateway_maybe_stopped(struct http_server *h);
 
 /* ---- the parts ---- */

@@ -35,6 +35,7 @@ struct httpJob {
     char rid_buf[64];   /* requestId(): at most 64 bytes */
     uint64_t start_ns;
     int key_rc; /* a forwarded request's key by the state machine's rule (jobStart) */
+    bool resend_ok; /* forwarded, and may go to a new leader (jobResend) */
     char key_why[112];        /* which rule the key breaks, by this node's tenant (or "") */
     uint32_t mismatch_status; /* the tenant's status for idempotency_key_reused */
     char attempt[2 * HTTP_ATTEMPT_ID_MAX + 3]; /* a claim's Idempotency-Attempt answer header */
@@ -346,6 +347,16 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
     gateway_maybe_stopped(h);
 }
 
+/* Whether the leader change may send forwarded job j again to the new leader
+ * (forwarder_move): while its client still waits, and unless it is a claim that may take a
+ * lease over (the repeat of a claim by its own attempt answers `acquired` without the
+ * takeover and the previous token the first answer had). Otherwise it fails (503). */
+static bool jobResend(void *data)
+{
+    const struct httpJob *j = data;
+    return j->resend_ok && j->hold.req != NULL;
+}
+
 static void forwardDoneCb(void *data, const Idem__Response *resp, const char *err)
 {
     jobFinish(data, resp, err);
@@ -401,7 +412,11 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
         /* Kept for a forward that fails: the leader judges the key (and answers 400), so a
          * bad key is not a 503 only because the leader is out of reach. */
         j->key_rc = key_validate(key.data, key.len, key_max_len);
-        gateway_forward(h, leader, rq, forwardDoneCb, j);
+        j->resend_ok = !(rq->op_case == IDEM__REQUEST__OP_CLAIM &&
+                         (rq->claim->policy == IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER ||
+                          (rq->claim->policy == IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED &&
+                           t->lease_policy == CONFIG_LEASE_TAKEOVER)));
+        gateway_forward(h, leader, rq, jobResend, forwardDoneCb, j);
     } else {
         /* As the tenant its bearer token named (apiTenant, in this loop turn: the gateway's
          * and the service's configuration are the same one), not by hashing the token again. */

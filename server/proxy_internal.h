@@ -99,7 +99,7 @@ struct proxyJob {
     bool renewed;           /* a renewal succeeded: the lease is no longer the claim's */
     bool lease_lost;      /* a renewal found another holder: the answer is not recorded */
     bool unrecorded;      /* the answer passed on is not known to be the key's recorded one */
-    bool quarantining;    /* its record is being quarantined: it never expires (no date) */
+    bool quarantining;    /* its record quarantined (asked; cleared if that failed): no date */
     enum pjRecord record;
     bool record_waiting;  /* the upstream ended while a renewal was in flight */
     int open_handles;

@@ -132,7 +132,9 @@ static void pjCallSend(struct proxyJob *j)
     memcpy(rid, j->rid, sizeof rid);
     const char *outer = log_request_enter(rid);
     if (leader != NULL) {
-        gateway_forward(h, leader, rq, pjForwardDoneCb, j);
+        /* Never sent again by the forwarder when the leader changes: it fails, and
+         * pjCallDone retries it as after any failed call, through the checks above. */
+        gateway_forward(h, leader, rq, NULL, pjForwardDoneCb, j);
     } else {
         service_handle_as(h->svc, j->tenant->name, rq, pjServiceDoneCb, j);
     }
@@ -203,6 +205,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
                "proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
                outcomeName(oc));
         j->unrecorded = true;
+        j->quarantining = false; /* not quarantined: the record keeps its expiry */
     }
     proxy_answer_after(j);
 }

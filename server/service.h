@@ -45,7 +45,8 @@ typedef int (*service_reload_fn)(void *data, char *err, size_t errlen);
 void service_set_reload(struct service *s, service_reload_fn fn, void *data);
 
 /* Called on the loop each time this node learns which node leads (not when it knows none),
- * from within the cluster's callbacks: it must not call the service. fn NULL clears it. */
+ * from within the cluster's callbacks: it may read the service (service_leader_rpc) but
+ * must not hand it requests or answer any. fn NULL clears it. */
 typedef void (*service_leader_fn)(void *data);
 void service_set_leader_cb(struct service *s, service_leader_fn fn, void *data);
 

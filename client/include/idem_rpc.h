@@ -89,14 +89,23 @@ int idem_async_open_raw(struct uv_loop_s *loop, const struct idem_options *opts,
 int idem_async_call_node(struct idem_async *a, const char *addr, const Idem__Request *req,
                          uint32_t deadline_ms, idem_async_raw_cb cb, void *data);
 
+/* What idem_async_move_calls does with one raw call, by its caller's `data`: send it again
+ * to the new node, or fail it (its callback gets IDEM_EUNAVAILABLE, "the node it was sent to
+ * no longer leads", on the next loop turn, never within the move). */
+enum idem_move { IDEM_MOVE_SEND, IDEM_MOVE_FAIL };
+typedef enum idem_move (*idem_move_fn)(void *data, void *arg);
+
 /* For a caller that learned that the node at `to` ("host:port", borrowed) leads now: every
- * raw call still without an answer from another named node moves to `to`, on its
- * connection, within its own deadline, its request sent again as it was packed (a late
- * answer from the node it left is dropped); the connections to the nodes left are closed.
- * The requests must be safe to send twice: idemd's data operations are (a claim carries its
- * attempt id, the others their token). No callback runs within the call. Returns how many
- * calls moved (0 when the client is closing, or `to` is not a "host:port"). */
-size_t idem_async_move_calls(struct idem_async *a, const char *to);
+ * raw call still without an answer from another named node is, as decide(data, arg) says,
+ * moved to `to` (on its connection, within its own deadline, its request sent again as it
+ * was packed; a late answer from the node it left is dropped) or failed; the connections
+ * to the nodes left are closed. A request sent again must be safe to send twice: idemd's
+ * data operations are (a claim carries its attempt id, the others their token), with the
+ * caveats the caller's decide weighs. No callback runs within the call. Returns how many
+ * calls moved (0 when the client is closing, or `to` is not a "host:port": then nothing
+ * changes). */
+size_t idem_async_move_calls(struct idem_async *a, const char *to, idem_move_fn decide,
+                             void *arg);
 
 /* Called when a TLS handshake or session of the client fails, before the calls waiting
  * on that connection hear of it, for the caller's log (libidem logs nothing): the node's

@@ -262,10 +262,10 @@ bool io_vote_past_stale_leader(const struct raft *r, raft_time now, struct raft_
     return true;
 }
 
-bool io_timer_reset_by_leader(const struct raft *r, raft_time now)
+bool io_timer_reset_by_leader(const struct raft *r, raft_time start_before)
 {
     return r->state == RAFT_FOLLOWER && r->follower_state.current_leader.id != 0 &&
-           r->election_timer_start == now && r->election_timeout != 0;
+           r->election_timer_start != start_before && r->election_timeout != 0;
 }
 
 static void pokeSentCb(struct raft_io_send *req, int status)
@@ -344,9 +344,10 @@ static void ioRecv(struct io *io, struct raft_message *msg)
     if (io_clamp_commit(&msg->append_entries)) {
         io->corrected++;
     }
+    raft_time start_before = io->raft != NULL ? io->raft->election_timer_start : 0;
     io->raft_recv(&io->outer, msg);
     io->in_append_entries = false;
-    if (io->raft != NULL && io_timer_reset_by_leader(io->raft, ioNow(io))) {
+    if (io->raft != NULL && io_timer_reset_by_leader(io->raft, start_before)) {
         struct raft *r = io->raft;
         r->follower_state.randomized_election_timeout = (unsigned)io->inner.random(
             &io->inner, (int)r->election_timeout, 2 * (int)r->election_timeout);

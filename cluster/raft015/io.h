@@ -289,9 +289,10 @@ raft_time io_stale_leader_ms(const struct raft *r);
  * it (in five chaos runs the first vote request came a median 436 ms after the leader's last
  * message, over 42 elections, where two fresh draws in 300-600 ms give 388 ms). As the
  * thesis (§3.4) does, the wrapper draws again whenever the leader resets the timer:
- * whether an AppendEntries that raft just handled at `now` reset follower r's timer (it
- * came from the leader of r's term); the caller then draws r's timeout anew. */
-bool io_timer_reset_by_leader(const struct raft *r, raft_time now);
+ * whether an AppendEntries that raft just handled reset follower r's timer (it came from
+ * the leader of r's term: the timer's start is no longer `start_before`, its value before
+ * raft had the message); the caller then draws r's timeout anew. */
+bool io_timer_reset_by_leader(const struct raft *r, raft_time start_before);
 
 /* Makes raft_uv write to server `id` (at its address in raft's configuration; nothing when
  * it has none there, or raft is not set): a vote answer that grants nothing, in raft's

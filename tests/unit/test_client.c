@@ -1182,6 +1182,56 @@ static void test_raw_calls_to_a_named_node(void **state)
     fakeStop(leader);
 }
 
+static enum idem_move moveFirst(void *data, void *arg)
+{
+    return data == arg ? IDEM_MOVE_SEND : IDEM_MOVE_FAIL;
+}
+
+/* idem_async_move_calls: calls sent to a node that never answers (a leader cut off) go to
+ * the new one, or fail on the next loop turn, as the caller decides; never within the call. */
+static void test_raw_calls_move_to_a_new_leader(void **state)
+{
+    (void)state;
+    struct fakeNode *leader = fakeStart(FAKE_GRANT);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    assert_int_equal(listen(fd, 4), 0); /* connects, never answers */
+    char silent[32];
+    snprintf(silent, sizeof silent, "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_options opts = {.seeds = NULL};
+    struct idem_async *a = NULL;
+    assert_int_equal(idem_async_open_raw(&loop, &opts, &a, NULL, 0), IDEM_OK);
+    struct rawOne o[2];
+    rawCall(a, silent, 5000, &o[0]);
+    rawCall(a, silent, 5000, &o[1]);
+    for (int i = 0; i < 20; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT); /* connected and written */
+    }
+    assert_int_equal(o[0].calls + o[1].calls, 0);
+    assert_int_equal(idem_async_move_calls(a, "no port", moveFirst, &o[0]), 0);
+    assert_int_equal(idem_async_move_calls(a, leader->addr, moveFirst, &o[0]), 1);
+    assert_int_equal(o[0].calls + o[1].calls, 0); /* no callback within the call */
+    rawRun(&loop, a);
+    assert_int_equal(o[0].calls, 1);
+    assert_int_equal(o[0].status, IDEM_OK);
+    assert_int_equal(o[0].outcome, IDEM__OUTCOME__OUTCOME_ACQUIRED);
+    assert_int_equal(o[0].request_id, 42);
+    assert_int_equal(o[1].calls, 1);
+    assert_int_equal(o[1].status, IDEM_EUNAVAILABLE);
+    assert_string_equal(o[1].reason, "the node it was sent to no longer leads");
+    assert_int_equal(atomic_load(&leader->requests), 1);
+    idem_async_close(a, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    close(fd);
+    fakeStop(leader);
+}
+
 /* ---- system failures ------------------------------------------------------------------
  * test_client links with -Wl,--wrap for these (tests/CMakeLists.txt): libidem's calls go
  * through the wrappers, which fail on demand and otherwise call the real function. */
@@ -1342,6 +1392,7 @@ int main(void)
         cmocka_unit_test(test_answer_without_a_result),
         cmocka_unit_test(test_unreadable_request),
         cmocka_unit_test(test_raw_calls_to_a_named_node),
+        cmocka_unit_test(test_raw_calls_move_to_a_new_leader),
         cmocka_unit_test(test_busy_leader_is_asked_again_on_the_same_connection),
         cmocka_unit_test(test_system_failures),
         cmocka_unit_test(test_a_wait_longer_than_one_poll),

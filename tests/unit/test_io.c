@@ -229,21 +229,20 @@ static void test_vote_past_a_stale_leader(void **state)
     assert_false(io_vote_past_stale_leader(&r, 5000, &ae));
 }
 
-/* A follower's timer reset by its leader's AppendEntries (raft set the start to now) is
- * drawn again; not a candidate's, nor a follower's that knows no leader, nor at another
- * time than the reset's. */
+/* A follower's timer reset by its leader's AppendEntries (raft moved its start) is drawn
+ * again; not a candidate's, nor a follower's that knows no leader, nor one left as it was. */
 static void test_timeout_drawn_again_at_the_leaders_reset(void **state)
 {
     (void)state;
     struct raft r;
     followerOf1(&r, 1000);
-    assert_true(io_timer_reset_by_leader(&r, 1000));
-    assert_false(io_timer_reset_by_leader(&r, 1001));
-    r.follower_state.current_leader.id = 0;
+    assert_true(io_timer_reset_by_leader(&r, 990));
     assert_false(io_timer_reset_by_leader(&r, 1000));
+    r.follower_state.current_leader.id = 0;
+    assert_false(io_timer_reset_by_leader(&r, 990));
     followerOf1(&r, 1000);
     r.state = RAFT_CANDIDATE;
-    assert_false(io_timer_reset_by_leader(&r, 1000));
+    assert_false(io_timer_reset_by_leader(&r, 990));
 }
 
 /* Through the wrapper's receive path: raft gets the request marked, and it is counted. */

@@ -9,13 +9,16 @@
 #   tools/bench/cpu.sh             (root on Debian 12; needs build/bin from a normal build)
 #
 # Env: RATE (claims/s, default 10000), DURATION (seconds per load, default 10), CONNS (wrk's
-# connections, default 64), DELAY_MS (default 6), IDEM_BIN_DIR (the build's bin/, default
-# build/bin: run it once per build to compare two, alternating).
+# connections, default 64), DELAY_MS (unset by default), IDEM_BIN_DIR (the build's bin/,
+# default build/bin: run it once per build to compare two, alternating).
 #
-# The RPC load is an open loop (idem-bench --rate RATE). wrk has no open loop: each of its
-# connections waits DELAY_MS after every answer, so the rate is CONNS / (DELAY_MS + latency):
-# about 8,700/s with the defaults on the 2-core development VM. The rate reached is printed
-# beside the figure; compare builds at the same settings.
+# Both loads are open loops at RATE: idem-bench --rate RATE over the RPC; over HTTP, wrk
+# with tools/bench/wrk/idem_claim.lua pacing each of its THREADS threads to RATE/THREADS
+# requests/s on a fixed schedule (a request every THREADS/RATE s on whichever of its
+# connections is free, whatever the latency). With DELAY_MS set, the HTTP load is the
+# earlier closed loop instead: each connection waits DELAY_MS after every answer, so the
+# rate is CONNS / (DELAY_MS + latency), and the arrivals come in waves. The rate reached is
+# printed beside the figure; compare builds at the same settings.
 set -euo pipefail
 
 if [ -z "${CPU_BENCH_BOUNDED:-}" ]; then
@@ -29,7 +32,7 @@ RATE=${RATE:-10000}
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
-DELAY_MS=${DELAY_MS:-6}
+DELAY_MS=${DELAY_MS:-}
 FP=$(printf 'bench' | sha256sum | cut -c1-64)
 RUN=c$(date +%s)-$$
 
@@ -65,9 +68,15 @@ read -r rpc_ops rpc_errors rpc_rate < <(python3 -c 'import json,sys; d=json.load
 print(d["ops"], d["errors"], "%.0f" % d["ops_per_sec"])' "$TMP/rpc.json")
 [ "$rpc_errors" = 0 ] || die "idem-bench: $rpc_errors errors"
 
-log "JSON API on the leader: wrk -c$CONNS, ${DELAY_MS} ms between a connection's requests, ${DURATION}s"
+if [ -n "$DELAY_MS" ]; then
+  PACE=(DELAY_MS="$DELAY_MS")
+  log "JSON API on the leader: wrk -c$CONNS, ${DELAY_MS} ms between a connection's requests, ${DURATION}s"
+else
+  PACE=(RATE="$RATE" THREADS="$THREADS")
+  log "JSON API on the leader: wrk -c$CONNS, open loop at $RATE/s, ${DURATION}s"
+fi
 t2=$(node_ticks)
-env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-http" IDEM_TOKEN="$TOKEN" FP="$FP" MODE=fresh DELAY_MS="$DELAY_MS" \
+env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-http" IDEM_TOKEN="$TOKEN" FP="$FP" MODE=fresh "${PACE[@]}" \
   timeout --foreground $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
   -s "$WRKDIR/idem_claim.lua" "http://$LHTTP" >"$TMP/wrk.txt" 2>&1 || { cat "$TMP/wrk.txt" >&2; die "wrk failed"; }
 t3=$(node_ticks)
