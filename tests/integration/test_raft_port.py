@@ -396,13 +396,20 @@ class TestRaftPort(ClusterTestCase):
 
         def accept():
             """The leader's next connection, read up to our answer: (socket, nonce_l,
-            nonce_c, its MACs as sent)."""
-            conn, _ = srv.accept()  # the leader reconnects every 100 ms
-            conn.settimeout(10)
-            nonce_l = os.urandom(32)
-            conn.sendall(AUTH_MAGIC + nonce_l)
-            pre = recv_exact(conn, 24)
-            proto, sender, alen = struct.unpack("<QQQ", pre)
+            nonce_c, its MACs as sent). The other follower connects to the stopped node's
+            address too (its connection to it was closed: it dials again, as a non-leader
+            does before a vote); such a connection is closed after its greeting."""
+            deadline = time.monotonic() + 10
+            while True:
+                conn, _ = srv.accept()  # the leader reconnects every 100 ms
+                conn.settimeout(10)
+                nonce_l = os.urandom(32)
+                conn.sendall(AUTH_MAGIC + nonce_l)
+                pre = recv_exact(conn, 24)
+                proto, sender, alen = struct.unpack("<QQQ", pre)
+                if sender == lid or time.monotonic() > deadline:
+                    break
+                conn.close()
             self.assertEqual((proto, sender), (1, lid))
             addr = recv_exact(conn, alen).rstrip(b"\x00")
             self.assertEqual(addr, leader.raft.encode())
