@@ -413,9 +413,8 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
          * bad key is not a 503 only because the leader is out of reach. */
         j->key_rc = key_validate(key.data, key.len, key_max_len);
         j->resend_ok = !(rq->op_case == IDEM__REQUEST__OP_CLAIM &&
-                         (rq->claim->policy == IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER ||
-                          (rq->claim->policy == IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED &&
-                           t->lease_policy == CONFIG_LEASE_TAKEOVER)));
+                         service_claim_policy(t, rq->claim->policy) ==
+                             IDEM__LEASE_POLICY__LEASE_POLICY_TAKEOVER);
         gateway_forward(h, leader, rq, jobResend, forwardDoneCb, j);
     } else {
         /* As the tenant its bearer token named (apiTenant, in this loop turn: the gateway's

@@ -790,12 +790,7 @@ const char *service_leader_rpc(const struct service *s)
 
 const char *service_leader_elsewhere(const struct service *s)
 {
-    const char *addr = "";
-    if (cluster_is_leader(s->cluster) || cluster_leader(s->cluster, &addr) == 0 ||
-        addr[0] == '\0') {
-        return NULL;
-    }
-    return addr;
+    return cluster_is_leader(s->cluster) ? NULL : service_leader_rpc(s);
 }
 
 /* The addresses of the host of `addr` ("host:port", "[v6]:port") into out[*k..cap): an IP

@@ -50,6 +50,9 @@ void service_set_reload(struct service *s, service_reload_fn fn, void *data);
 typedef void (*service_leader_fn)(void *data);
 void service_set_leader_cb(struct service *s, service_leader_fn fn, void *data);
 
+/* The lease policy a claim of tenant t asks for: its own, or the tenant's default. */
+Idem__LeasePolicy service_claim_policy(const struct config_tenant *t, Idem__LeasePolicy asked);
+
 /* The RPC address of the node that leads, this node's own when it does; NULL when no leader
  * is known (or its address is not). Valid until the next loop turn. */
 const char *service_leader_rpc(const struct service *s);

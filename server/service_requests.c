@@ -78,8 +78,7 @@ struct dataCmd {
     Idem__TenantLimits limits;
 };
 
-/* The lease policy a claim of tenant t asks for: its own, or the tenant's default. */
-static Idem__LeasePolicy claimPolicy(const struct config_tenant *t, Idem__LeasePolicy asked)
+Idem__LeasePolicy service_claim_policy(const struct config_tenant *t, Idem__LeasePolicy asked)
 {
     if (asked != IDEM__LEASE_POLICY__LEASE_POLICY_UNSPECIFIED) {
         return asked;
@@ -117,7 +116,7 @@ static const char *dataCommand(const struct config_tenant *t, const Idem__Reques
         d->claim.lease_ms = req->claim->lease_ms ? req->claim->lease_ms : t->lease_ms;
         d->claim.ttl_ms = req->claim->ttl_ms ? req->claim->ttl_ms : t->ttl_ms;
         d->claim.tombstone_ttl_ms = t->tombstone_ttl_ms;
-        d->claim.policy = claimPolicy(t, req->claim->policy);
+        d->claim.policy = service_claim_policy(t, req->claim->policy);
         d->claim.limits = &d->limits;
         d->cmd.op_case = IDEM__COMMAND__OP_CLAIM;
         d->cmd.claim = &d->claim;
