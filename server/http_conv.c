@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dec.h"
 #include "key.h"
 
 const char *http_sf_strerror(int rc)
@@ -243,14 +244,5 @@ bool http_token_from_json(const json_t *v, uint64_t *out)
 void http_token_str(uint64_t token, char buf[21])
 {
     /* Two per JSON answer: digits by hand, not through printf's machinery. */
-    char rev[20];
-    size_t n = 0;
-    do {
-        rev[n++] = (char)('0' + token % 10);
-        token /= 10;
-    } while (token != 0);
-    for (size_t i = 0; i < n; i++) {
-        buf[i] = rev[n - 1 - i];
-    }
-    buf[n] = '\0';
+    buf[dec_u64(buf, token)] = '\0';
 }

@@ -243,6 +243,12 @@ static void test_rpc_id_and_scope(void **state)
     char id[LOG_RPC_ID_SIZE];
     log_rpc_id(id, 12, UINT64_MAX);
     assert_string_equal(id, "rpc-12-18446744073709551615");
+    log_rpc_id(id, 0, 0);
+    assert_string_equal(id, "rpc-0-0");
+    log_rpc_id(id, UINT64_MAX, 1000000007);
+    assert_string_equal(id, "rpc-18446744073709551615-1000000007");
+    log_rpc_id(id, UINT64_MAX, UINT64_MAX); /* the longest: fits LOG_RPC_ID_SIZE */
+    assert_string_equal(id, "rpc-18446744073709551615-18446744073709551615");
     const char *outer = log_request_enter("a");
     const char *inner = log_request_enter("b");
     assert_string_equal(inner, "a");
