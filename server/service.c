@@ -495,8 +495,10 @@ static void serviceFreeEarly(struct service *s)
     if (s->fsm != NULL) {
         fsm_close(s->fsm);
     }
-    EVP_MD_CTX_free(s->sha_ctx);
-    EVP_MD_free(s->sha256);
+    if (s->tokhash != NULL) {
+        tokhash_close(s->tokhash);
+        free(s->tokhash);
+    }
     free(s->acct_of);
     free(s->acct_names);
     free(s);
@@ -513,20 +515,14 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
                  SERVICE_RESULT_RESPONSE_FIELD);
         return NULL;
     }
-    EVP_MD *sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
-    if (sha256 == NULL) {
-        snprintf(err, errlen, "no SHA-256 in the crypto library");
-        return NULL;
-    }
-    EVP_MD_CTX *sha_ctx = EVP_MD_CTX_new();
-    if (sha_ctx == NULL) {
-        EVP_MD_free(sha256);
-        snprintf(err, errlen, "no memory for a digest context");
+    struct tokhash *tokhash = xcalloc(1, sizeof(*tokhash));
+    if (!tokhash_init(tokhash)) {
+        free(tokhash);
+        snprintf(err, errlen, "no SHA-256 in the crypto library, or no memory for its context");
         return NULL;
     }
     struct service *s = xcalloc(1, sizeof(*s));
-    s->sha256 = sha256;
-    s->sha_ctx = sha_ctx;
+    s->tokhash = tokhash;
     s->loop = loop;
     s->cfg = cfg;
     LIST_INIT(&s->ops);
@@ -685,8 +681,8 @@ static void serviceMaybeFinish(struct service *s)
         return;
     }
     fsm_close(s->fsm);
-    EVP_MD_CTX_free(s->sha_ctx);
-    EVP_MD_free(s->sha256);
+    tokhash_close(s->tokhash);
+    free(s->tokhash);
     IdemResolverClose(s->resolver); /* the cluster, its user, is closed */
     free(s->acct_of);
     free(s->acct_names);

@@ -8,6 +8,7 @@
 #include <sys/queue.h>
 
 #include "service.h"
+#include "tokhash.h"
 
 /* OP_CLIENT answers with the command's result; OP_KEY_GET with the record as an operator
  * sees it (AdminRecord); OP_QUARANTINE_LIST is a read barrier (an op-less command, which
@@ -35,8 +36,7 @@ struct op {
 
 struct service {
     uv_loop_t *loop;
-    EVP_MD *sha256; /* fetched once: tokens are hashed per request (service_token_hash) */
-    EVP_MD_CTX *sha_ctx; /* reused by service_token_hash (the loop thread only) */
+    struct tokhash *tokhash; /* tokens' digests, per request (service_token_hash) */
     const struct config *cfg; /* the current one (service_set_config) */
     /* The cluster's accounts (batch.tenant_max_pending_percent) by tenant name, so that a
      * tenant keeps its account across reloads: acct_of[i] is cfg->tenants[i]'s, and

@@ -12,10 +12,7 @@
 
 bool service_token_hash(const struct service *s, const ProtobufCBinaryData *tok, uint8_t h[32])
 {
-    unsigned int hl = 0;
-    EVP_MD_CTX *ctx = s->sha_ctx; /* one context for every request: no allocation per hash */
-    return tok->len > 0 && EVP_DigestInit_ex2(ctx, s->sha256, NULL) == 1 &&
-           EVP_DigestUpdate(ctx, tok->data, tok->len) == 1 && EVP_DigestFinal_ex(ctx, h, &hl) == 1;
+    return tokhash_sha256(s->tokhash, tok->data, tok->len, h);
 }
 
 const struct config_tenant *service_auth_tenant(const struct service *s,
