@@ -13,6 +13,7 @@
 #include <openssl/rand.h>
 
 #include "bench.h"
+#include "dec.h"
 
 uint64_t workload_rng_next(uint64_t *s)
 {
@@ -41,6 +42,14 @@ uint64_t workload_seed(void)
     return s;
 }
 
+/* Copies s (without its NUL) to out; returns its length. */
+static size_t putStr(char *out, const char *s)
+{
+    size_t n = strlen(s);
+    memcpy(out, s, n);
+    return n;
+}
+
 void workload_name_op(struct worker *w, bool open, uint64_t n, struct op_names *out)
 {
     struct bench *b = w->b;
@@ -56,13 +65,26 @@ void workload_name_op(struct worker *w, bool open, uint64_t n, struct op_names *
         return;
     }
     out->sk = NULL;
+    _Static_assert(sizeof out->key >= sizeof "bench--" + sizeof b->run_id + 2 * DEC_U64_MAX,
+                   "op_names.key");
+    _Static_assert(sizeof out->attempt >= sizeof "a-" + 2 * DEC_U64_MAX, "op_names.attempt");
+    /* A new key per operation, on the generator's critical path in a closed loop: its digits
+     * by hand, not through printf ("bench-RUN-o-N" and "a-N", or "bench-RUN-W-N" and
+     * "aW-N" on threads). */
+    size_t k = putStr(out->key, "bench-");
+    k += putStr(out->key + k, b->run_id);
+    size_t a = putStr(out->attempt, "a");
     if (open) {
-        snprintf(out->key, sizeof out->key, "bench-%s-o-%" PRIu64, b->run_id, n);
-        snprintf(out->attempt, sizeof out->attempt, "a-%" PRIu64, n);
+        k += putStr(out->key + k, "-o");
     } else {
-        snprintf(out->key, sizeof out->key, "bench-%s-%u-%" PRIu64, b->run_id, w->index, n);
-        snprintf(out->attempt, sizeof out->attempt, "a%u-%" PRIu64, w->index, n);
+        out->key[k++] = '-';
+        k += dec_u64(out->key + k, w->index);
+        a += dec_u64(out->attempt + a, w->index);
     }
+    out->key[k++] = '-';
+    out->key[k + dec_u64(out->key + k, n)] = '\0';
+    out->attempt[a++] = '-';
+    out->attempt[a + dec_u64(out->attempt + a, n)] = '\0';
     workload_random_fill(&w->rng, out->fpbuf, sizeof out->fpbuf);
 }
 

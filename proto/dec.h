@@ -1,8 +1,8 @@
 /* dec: an unsigned integer's decimal digits, written by hand where a request or an answer
  * needs one (a log's request id, a fencing token's string): printf's machinery costs more
  * than the rest of the formatting. */
-#ifndef IDEM_SERVER_DEC_H
-#define IDEM_SERVER_DEC_H
+#ifndef IDEM_PROTO_DEC_H
+#define IDEM_PROTO_DEC_H
 
 #include <stddef.h>
 #include <stdint.h>
