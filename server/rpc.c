@@ -112,6 +112,7 @@ static void serverMaybeFree(struct rpc_server *r)
         void *data = r->close_data;
         IdemTlsCtxFree(r->tls);
         rpc_admit_free(&r->admit);
+        arena_close(&r->decode);
         free(r);
         if (cb) {
             cb(data);
@@ -790,6 +791,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     r->tls = tctx;
     rpc_admit_init(&r->admit, cfg->max_connections, cfg->member_connections,
                    cfg->max_connections_per_address);
+    arena_init(&r->decode, RPC_DECODE_ARENA_BYTES);
     serverMembers(r);
     uv_tcp_init(loop, &r->listener);
     r->listener.data = r;
@@ -815,6 +817,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
         uv_run(loop, UV_RUN_NOWAIT);
         IdemTlsCtxFree(tctx);
         rpc_admit_free(&r->admit);
+        arena_close(&r->decode);
         free(r);
         return NULL;
     }

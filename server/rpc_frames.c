@@ -291,15 +291,19 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
         connRefuseToken(c, &sc);
         return true;
     }
+    /* Decoded into the server's arena, unless a request decoded into it is still being
+     * handled (a frame processed from within service_handle): then with malloc. */
+    struct rpc_server *srv = c->srv;
+    struct arena *arena = srv->decoding ? NULL : &srv->decode;
+    srv->decoding = true;
     struct rpc_alloc a;
-    Idem__Request *req = rpc_scan_unpack(p, n, &sc, &a);
+    Idem__Request *req = rpc_scan_unpack(p, n, &sc, &a, arena);
     if (req == NULL || req->op_case == IDEM__REQUEST__OP__NOT_SET) {
         rpc_figures.rejected_decode_memory += a.exceeded;
         rpc_figures.rejected_malformed += !a.exceeded;
+        rpc_scan_release(req, &a);
+        srv->decoding = arena == NULL;
         rpc_conn_bad_frame(c, 0, "frame does not decode as a Request");
-        if (req != NULL) {
-            idem__request__free_unpacked(req, &a.pa);
-        }
         return false;
     }
     struct call *k = xmalloc(sizeof(*k));
@@ -314,9 +318,10 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     char rid[LOG_RPC_ID_SIZE]; /* the lines written while the service handles it */
     log_rpc_id(rid, c->id, req->request_id);
     const char *outer = log_request_enter(rid);
-    service_handle(c->srv->svc, req, answeredCb, k);
+    service_handle(srv->svc, req, answeredCb, k);
     log_request_leave(outer);
-    idem__request__free_unpacked(req, &a.pa);
+    rpc_scan_release(req, &a); /* service_handle kept nothing of it */
+    srv->decoding = arena == NULL;
     return true;
 }
 

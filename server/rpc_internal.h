@@ -10,6 +10,7 @@
 #include <sys/queue.h>
 #include <uv.h>
 
+#include "arena.h"
 #include "rpc.h"
 #include "rpc_admit.h"
 
@@ -85,6 +86,9 @@ struct conn {
     size_t tok_len;
 };
 
+/* A claim's request takes under 1 KiB decoded; larger ones grow the arena (arena.h). */
+#define RPC_DECODE_ARENA_BYTES (16u * 1024u)
+
 struct rpc_server {
     uv_tcp_t listener;
     uv_loop_t *loop;
@@ -114,6 +118,9 @@ struct rpc_server {
     void (*close_cb)(void *data);
     void *close_data;
     struct rpc_admit admit;
+    struct arena decode; /* requests are decoded into it (rpc_frames.c), reset after each;
+                          * RPC_DECODE_ARENA_BYTES to begin with, grown as arena.h says */
+    bool decoding;       /* a request decoded into it is being handled */
 };
 
 /* Whether c still takes frames: reading, or paused by back-pressure. */

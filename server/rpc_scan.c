@@ -245,7 +245,8 @@ static void *budgetAlloc(void *data, size_t size)
         a->exceeded = true;
         return NULL;
     }
-    void *p = malloc(size ? size : 1);
+    void *p = a->arena != NULL ? a->arena->pb.alloc(a->arena->pb.allocator_data, size)
+                               : malloc(size ? size : 1);
     if (p != NULL) {
         a->bytes += size;
         a->calls++;
@@ -255,13 +256,15 @@ static void *budgetAlloc(void *data, size_t size)
 
 static void budgetFree(void *data, void *p)
 {
-    (void)data;
-    free(p);
+    struct rpc_alloc *a = data;
+    if (a->arena == NULL) {
+        free(p);
+    } /* else returned in bulk by rpc_scan_release */
 }
 
-void rpc_alloc_init(struct rpc_alloc *a, size_t budget)
+void rpc_alloc_init(struct rpc_alloc *a, size_t budget, struct arena *arena)
 {
-    *a = (struct rpc_alloc){.pa = {budgetAlloc, budgetFree, a}, .budget = budget};
+    *a = (struct rpc_alloc){.pa = {budgetAlloc, budgetFree, a}, .budget = budget, .arena = arena};
 }
 
 size_t rpc_scan_budget(size_t n, uint32_t fields)
@@ -270,8 +273,17 @@ size_t rpc_scan_budget(size_t n, uint32_t fields)
 }
 
 Idem__Request *rpc_scan_unpack(const uint8_t *p, size_t n, const struct rpc_scan *sc,
-                               struct rpc_alloc *a)
+                               struct rpc_alloc *a, struct arena *arena)
 {
-    rpc_alloc_init(a, rpc_scan_budget(n, sc->fields));
+    rpc_alloc_init(a, rpc_scan_budget(n, sc->fields), arena);
     return idem__request__unpack(&a->pa, n, p);
+}
+
+void rpc_scan_release(Idem__Request *req, struct rpc_alloc *a)
+{
+    if (a->arena != NULL) {
+        arena_reset(a->arena);
+    } else if (req != NULL) {
+        idem__request__free_unpacked(req, &a->pa);
+    }
 }

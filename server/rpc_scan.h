@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "idem.pb-c.h"
 
 /* Fields a frame may hold, at every depth together (a repeated field counts each of its
@@ -83,16 +84,18 @@ void rpc_scan_peek(const uint8_t *p, size_t len, struct rpc_scan *out);
 const char *rpc_scan_why(enum rpc_scan_status st);
 
 /* A protobuf-c allocator with a budget: its allocations fail once they would take the bytes
- * allocated (freed ones still counted) past `budget`. Pass &a->pa to idem__request__unpack
- * and to idem__request__free_unpacked. */
+ * allocated (freed ones still counted) past `budget`. Pass &a->pa to idem__request__unpack;
+ * rpc_scan_release() afterwards. Its memory comes from `arena` when one is given (a bump
+ * each, all returned at once by the release), else from malloc (each freed). */
 struct rpc_alloc {
     ProtobufCAllocator pa;
     size_t budget;
     size_t bytes;  /* allocated so far */
     size_t calls;  /* allocations made */
     bool exceeded; /* an allocation was refused */
+    struct arena *arena; /* NULL: malloc and free */
 };
-void rpc_alloc_init(struct rpc_alloc *a, size_t budget);
+void rpc_alloc_init(struct rpc_alloc *a, size_t budget, struct arena *arena);
 
 /* The budget of the decode of a frame of n bytes that rpc_scan_request() passed with
  * `fields` fields: its bytes twice (copies of its strings and bytes), plus room for every
@@ -100,10 +103,14 @@ void rpc_alloc_init(struct rpc_alloc *a, size_t budget);
 size_t rpc_scan_budget(size_t n, uint32_t fields);
 
 /* Decodes the n bytes at p, which rpc_scan_request() passed into *sc, with the allocator a
- * (initialised here with rpc_scan_budget(n, sc->fields)). The request (free it with
- * idem__request__free_unpacked(req, &a->pa)), or NULL: a->exceeded when the budget ran out,
- * else protobuf-c refused the bytes. */
+ * (initialised here with rpc_scan_budget(n, sc->fields) and `arena`, which may be NULL).
+ * The request, or NULL: a->exceeded when the budget ran out, else protobuf-c refused the
+ * bytes. Either way rpc_scan_release(req, a) afterwards. */
 Idem__Request *rpc_scan_unpack(const uint8_t *p, size_t n, const struct rpc_scan *sc,
-                               struct rpc_alloc *a);
+                               struct rpc_alloc *a, struct arena *arena);
+
+/* Returns what the decode with a holds: frees req (which may be NULL), or resets a's arena
+ * (every request decoded into it since its last reset). */
+void rpc_scan_release(Idem__Request *req, struct rpc_alloc *a);
 
 #endif

@@ -120,14 +120,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fail("the walk counted past the cap");
     }
     if (st == RPC_SCAN_OK) {
-        struct rpc_alloc a;
-        Idem__Request *req = rpc_scan_unpack(p, size, &sc, &a);
-        if (a.exceeded) {
-            fail("a frame the walk passed ran out of its decode budget");
+        /* With malloc (each allocation its own, for the sanitizers), then into an arena as
+         * the server decodes. */
+        static struct arena ar;
+        static bool ar_made;
+        if (!ar_made) {
+            arena_init(&ar, 16u << 10);
+            ar_made = true;
         }
-        if (req != NULL) {
-            checkDecoded(req, &sc);
-            idem__request__free_unpacked(req, &a.pa);
+        for (int k = 0; k < 2; k++) {
+            struct rpc_alloc a;
+            Idem__Request *req = rpc_scan_unpack(p, size, &sc, &a, k == 0 ? NULL : &ar);
+            if (a.exceeded) {
+                fail("a frame the walk passed ran out of its decode budget");
+            }
+            if (req != NULL) {
+                checkDecoded(req, &sc);
+            }
+            rpc_scan_release(req, &a);
         }
     }
     free(p);

@@ -135,11 +135,36 @@ static void test_a_request_passes_and_decodes_within_its_budget(void **state)
     assert_false(sc.forwarded);
     assert_int_equal(sc.fields, 6); /* request_id, deadline, token, claim: key, fingerprint */
     struct rpc_alloc a;
-    Idem__Request *req = rpc_scan_unpack(b.p, b.len, &sc, &a);
+    Idem__Request *req = rpc_scan_unpack(b.p, b.len, &sc, &a, NULL);
     assert_non_null(req);
     assert_int_equal(req->request_id, 77);
     assert_true(a.calls > 0 && a.bytes <= a.budget);
-    idem__request__free_unpacked(req, &a.pa);
+    /* Decoded into an arena (the server's way), twice over one: the same request, the same
+     * budget's count, and nothing left in the arena after each release. */
+    struct arena ar;
+    arena_init(&ar, 64);
+    for (int i = 0; i < 2; i++) {
+        struct rpc_alloc aa;
+        Idem__Request *got = rpc_scan_unpack(b.p, b.len, &sc, &aa, &ar);
+        assert_non_null(got);
+        assert_int_equal(aa.calls, a.calls);
+        assert_int_equal(aa.bytes, a.bytes);
+        assert_int_equal(got->request_id, 77);
+        assert_int_equal(got->op_case, IDEM__REQUEST__OP_CLAIM);
+        assert_int_equal(got->auth_token.len, req->auth_token.len);
+        assert_memory_equal(got->auth_token.data, req->auth_token.data, req->auth_token.len);
+        assert_int_equal(got->claim->key.len, req->claim->key.len);
+        assert_memory_equal(got->claim->key.data, req->claim->key.data, req->claim->key.len);
+        assert_int_equal(got->claim->fingerprint.len, req->claim->fingerprint.len);
+        assert_memory_equal(got->claim->fingerprint.data, req->claim->fingerprint.data,
+                            req->claim->fingerprint.len);
+        assert_true(ar.used > 0 || ar.big != NULL);
+        rpc_scan_release(got, &aa);
+        assert_int_equal(ar.used, 0);
+        assert_null(ar.big);
+    }
+    arena_close(&ar);
+    rpc_scan_release(req, &a);
     free(b.p);
 }
 
@@ -182,7 +207,7 @@ static void test_the_largest_requests_decode_within_their_budget(void **state)
     struct rpc_scan sc;
     assert_int_equal(rpc_scan_request(p, n, &sc), RPC_SCAN_OK);
     struct rpc_alloc a;
-    Idem__Request *got = rpc_scan_unpack(p, n, &sc, &a);
+    Idem__Request *got = rpc_scan_unpack(p, n, &sc, &a, NULL);
     assert_non_null(got);
     assert_int_equal(got->complete->response->n_headers, FSM_HEADERS_MAX);
     idem__request__free_unpacked(got, &a.pa);
@@ -201,7 +226,7 @@ static void test_the_largest_requests_decode_within_their_budget(void **state)
     putVarint(&b, 3);
     assert_int_equal(rpc_scan_request(b.p, b.len, &sc), RPC_SCAN_OK);
     assert_int_equal(sc.fields, RPC_SCAN_MAX_FIELDS);
-    got = rpc_scan_unpack(b.p, b.len, &sc, &a);
+    got = rpc_scan_unpack(b.p, b.len, &sc, &a, NULL);
     assert_non_null(got);
     assert_false(a.exceeded);
     assert_int_equal(got->complete->response->n_headers, RPC_SCAN_MAX_FIELDS - 4);
@@ -243,7 +268,7 @@ static enum rpc_scan_status serverPath(const struct buf *b, struct rpc_scan *sc,
     *c = (struct counts){0};
     if (st == RPC_SCAN_OK) {
         struct rpc_alloc a;
-        Idem__Request *req = rpc_scan_unpack(b->p, b->len, sc, &a);
+        Idem__Request *req = rpc_scan_unpack(b->p, b->len, sc, &a, NULL);
         c->calls = a.calls;
         c->bytes = a.bytes;
         if (req != NULL) {
@@ -323,12 +348,25 @@ static void test_the_budget_alone_bounds_a_hostile_decode(void **state)
     struct buf b = hostile(4u << 20, unknown, 3, false);
     struct rpc_scan sc = {.fields = RPC_SCAN_MAX_FIELDS};
     struct rpc_alloc a;
-    Idem__Request *req = rpc_scan_unpack(b.p, b.len, &sc, &a);
+    Idem__Request *req = rpc_scan_unpack(b.p, b.len, &sc, &a, NULL);
     assert_null(req);
     assert_true(a.exceeded);
     assert_true(a.bytes <= a.budget);
     assert_true(a.budget == rpc_scan_budget(b.len, RPC_SCAN_MAX_FIELDS));
     assert_true(a.budget < (10u << 20));
+    /* The same from an arena: refused at the same budget, and the release returns it all. */
+    struct arena ar;
+    arena_init(&ar, 4096);
+    struct rpc_alloc aa;
+    req = rpc_scan_unpack(b.p, b.len, &sc, &aa, &ar);
+    assert_null(req);
+    assert_true(aa.exceeded);
+    assert_true(aa.bytes <= aa.budget);
+    assert_int_equal(aa.budget, a.budget);
+    rpc_scan_release(req, &aa);
+    assert_int_equal(ar.used, 0);
+    assert_null(ar.big);
+    arena_close(&ar);
     free(b.p);
 }
 
@@ -391,7 +429,7 @@ static void test_the_last_of_a_repeated_field_counts(void **state)
     assert_int_equal(sc.op, IDEM__REQUEST__OP_GET);
     /* protobuf-c agrees. */
     struct rpc_alloc a;
-    Idem__Request *req = rpc_scan_unpack(b.p, b.len, &sc, &a);
+    Idem__Request *req = rpc_scan_unpack(b.p, b.len, &sc, &a, NULL);
     assert_non_null(req);
     assert_int_equal(req->request_id, 2);
     assert_int_equal(req->auth_token.len, 6);
