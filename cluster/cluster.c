@@ -128,17 +128,33 @@ unsigned long cluster_apply_deferred(struct cluster *c)
 /* The I/O wrapper's call after an AppendEntries result went to raft_uv's send (answered),
  * and after each of raft's callbacks through it returns (io.h, io_settle).
  *
- * After an answer, the entries held are applied only once this thread yielded its CPU: the
- * answer just woke the leader, which commits with it and answers its clients, and the
- * kernel tends to wake a process on the CPU of the one that woke it. Applying at once would
- * keep the leader waiting there for the application's time (tens of microseconds for an
- * entry of 64 claims) whenever nodes share cores; the yield lets it run first, and costs a
- * system call where nothing else is waiting for the CPU. */
+ * After an answer sent over plain TCP, the entries held are applied only once this thread
+ * yielded its CPU: the answer just woke the leader, which commits with it and answers its
+ * clients, and the kernel tends to wake a process on the CPU of the one that woke it.
+ * Applying at once would keep the leader waiting there for the application's time (tens of
+ * microseconds for an entry of 64 claims) whenever nodes share cores; the yield lets it run
+ * first, and costs a system call where nothing else is waiting for the CPU. Over Raft's TLS
+ * the answer has only reached the local TLS pump, which sends it on a later loop turn: no
+ * leader is awake yet, and the yield would only delay it.
+ *
+ * A yield that takes over YIELD_LONG_NS gave the CPU to other work than the leader's round
+ * (a busy machine's processes, a time slice each): then none for YIELD_OFF_NS, so that a
+ * follower beside CPU-bound processes keeps its share of the CPU and keeps up with its
+ * leader instead of giving a slice away after every answer. */
+#define YIELD_LONG_NS (1000u * 1000u)
+#define YIELD_OFF_NS (1000u * 1000u * 1000u)
+
 static void ioSettled(void *data, bool answered)
 {
     struct cluster *c = data;
-    if (answered && !STAILQ_EMPTY(&c->deferred)) {
-        (void)sched_yield();
+    if (answered && !STAILQ_EMPTY(&c->deferred) && c->cfg.raft_tls_cert_file == NULL) {
+        uint64_t t0 = uv_hrtime();
+        if (t0 >= c->yield_off_until_ns) {
+            (void)sched_yield();
+            if (uv_hrtime() - t0 > YIELD_LONG_NS) {
+                c->yield_off_until_ns = t0 + YIELD_OFF_NS;
+            }
+        }
     }
     unsigned long n = cluster_apply_deferred(c);
     if (answered) {

@@ -153,6 +153,7 @@ struct cluster {
     STAILQ_HEAD(deferredList, deferred) deferred;
     size_t deferred_bytes;          /* their bytes */
     unsigned long deferred_applies; /* entries applied just after an answer so far */
+    uint64_t yield_off_until_ns;    /* no yield after an answer before then (ioSettled) */
     uint64_t next_proposal;
     uint64_t epoch;
 

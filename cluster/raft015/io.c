@@ -416,7 +416,7 @@ static int resultSent(struct io *io, const struct raft_message *message, int rv)
 {
     rv = io_pass_err(io, rv);
     if (message->type == RAFT_IO_APPEND_ENTRIES_RESULT) {
-        io_settle(io, true);
+        io_settle(io, rv == 0); /* answered only if the send took it */
     }
     return rv;
 }

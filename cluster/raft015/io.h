@@ -110,7 +110,8 @@ struct io {
     raft_io_tick_cb raft_tick;
     raft_io_recv_cb raft_recv;
     /* Called (with settle_data) after an AppendEntries result went to raft_uv's send, which
-     * writes it to the socket at once when nothing is queued before it (answered: true), and
+     * writes it to the socket at once when nothing is queued before it (answered: true; false
+     * when the send failed), and
      * after each of raft's callbacks from here returns: a message received, a tick, an
      * append done (false); NULL: none (io_settle). */
     void (*settle)(void *data, bool answered);
