@@ -5,12 +5,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+static _Noreturn void outOfMemory(size_t n)
+{
+    fprintf(stderr, "out of memory allocating %zu bytes for a decode\n", n);
+    abort();
+}
+
 static void *xalloc(size_t n)
 {
     void *p = malloc(n);
     if (p == NULL) {
-        fprintf(stderr, "out of memory allocating %zu bytes for a decode\n", n);
-        abort();
+        outOfMemory(n);
     }
     return p;
 }
@@ -33,8 +38,18 @@ static void *arenaAlloc(void *data, size_t size)
         return a->buf + start;
     }
     /* protobuf-c treats NULL as out of memory and fails the unpack cleanly, but a message
-     * that cannot be decoded would make this replica diverge: abort instead. */
-    struct arena_big *b = xalloc(sizeof(*b) + size);
+     * that cannot be decoded would make this replica diverge: abort instead, unless the
+     * arena is soft (a request's decode, which may fail). */
+    if (size > SIZE_MAX - sizeof(struct arena_big)) {
+        if (a->soft) {
+            return NULL;
+        }
+        outOfMemory(size);
+    }
+    struct arena_big *b = a->soft ? malloc(sizeof(*b) + size) : xalloc(sizeof(*b) + size);
+    if (b == NULL) {
+        return NULL;
+    }
     b->next = a->big;
     a->big = b;
     a->big_bytes += size + align;
@@ -58,6 +73,7 @@ void arena_init(struct arena *a, size_t cap)
     a->used = 0;
     a->big = NULL;
     a->big_bytes = 0;
+    a->soft = false;
 }
 
 void arena_reset(struct arena *a)
@@ -75,9 +91,12 @@ void arena_reset(struct arena *a)
             cap *= 2;
         }
         cap = cap < ARENA_GROW_MAX ? cap : ARENA_GROW_MAX;
-        free(a->buf);
-        a->buf = xalloc(cap);
-        a->cap = cap;
+        unsigned char *grown = a->soft ? malloc(cap) : xalloc(cap);
+        if (grown != NULL) { /* a soft arena keeps its buffer when it cannot grow */
+            free(a->buf);
+            a->buf = grown;
+            a->cap = cap;
+        }
     }
     a->big_bytes = 0;
     a->used = 0;

@@ -792,6 +792,7 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
     rpc_admit_init(&r->admit, cfg->max_connections, cfg->member_connections,
                    cfg->max_connections_per_address);
     arena_init(&r->decode, RPC_DECODE_ARENA_BYTES);
+    r->decode.soft = true; /* a request that memory cannot hold is refused, as with malloc */
     serverMembers(r);
     uv_tcp_init(loop, &r->listener);
     r->listener.data = r;

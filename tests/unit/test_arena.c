@@ -1,5 +1,5 @@
 /* Unit tests of proto/arena.c: the bump allocator messages are decoded into (the state
- * machine's commands, the cluster's log entries). */
+ * machine's commands, the cluster's log entries, the RPC listener's requests). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -10,6 +10,14 @@
 
 #include "arena.h"
 #include "idem.pb-c.h"
+
+/* Under AddressSanitizer, a malloc that cannot be served returns NULL (as glibc's does)
+ * instead of ending the test: test_a_soft_arena_refuses_what_malloc_refuses needs one. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
 
 /* A packed Command whose key is n bytes long: a message that needs about n bytes decoded. */
 static uint8_t *packedCommand(size_t n, size_t *len)
@@ -82,11 +90,32 @@ static void test_a_large_message_grows_the_buffer(void **state)
     assert_null(a.buf);
 }
 
+/* A soft arena (the RPC listener's) answers NULL for what malloc refuses, or what does not
+ * fit a size_t, and keeps working; its buffer stays as it was. */
+static void test_a_soft_arena_refuses_what_malloc_refuses(void **state)
+{
+    (void)state;
+    struct arena a;
+    arena_init(&a, 4096);
+    a.soft = true;
+    void *p = a.pb.alloc(a.pb.allocator_data, 100);
+    assert_non_null(p);
+    assert_null(a.pb.alloc(a.pb.allocator_data, (size_t)1 << 62));
+    assert_null(a.pb.alloc(a.pb.allocator_data, SIZE_MAX));
+    assert_null(a.pb.alloc(a.pb.allocator_data, SIZE_MAX - 8));
+    assert_null(a.big);
+    arena_reset(&a);
+    assert_int_equal(a.cap, 4096);
+    decodeOnce(&a, 100); /* still decodes */
+    arena_close(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_messages_stay_in_the_buffer),
         cmocka_unit_test(test_a_large_message_grows_the_buffer),
+        cmocka_unit_test(test_a_soft_arena_refuses_what_malloc_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

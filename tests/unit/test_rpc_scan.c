@@ -363,9 +363,12 @@ static void test_the_budget_alone_bounds_a_hostile_decode(void **state)
     assert_true(aa.exceeded);
     assert_true(aa.bytes <= aa.budget);
     assert_int_equal(aa.budget, a.budget);
+    assert_int_equal(aa.bytes, a.bytes); /* the same allocations, refused at the same one */
+    assert_int_equal(aa.calls, a.calls);
     rpc_scan_release(req, &aa);
     assert_int_equal(ar.used, 0);
     assert_null(ar.big);
+    assert_true(ar.cap <= (1u << 20)); /* grown towards it, never past 1 MiB */
     arena_close(&ar);
     free(b.p);
 }
