@@ -23,16 +23,16 @@ void tokhash_close(struct tokhash *t)
     OPENSSL_cleanse(t, sizeof(*t));
 }
 
-/* The slot holding tok, or -1: every slot is compared, in time that depends on the slots'
- * lengths only, not on which bytes match. */
-static int keptSlot(const struct tokhash *t, const uint8_t *tok, size_t len)
+/* The slot holding the token whose TOKHASH_TOKEN_MAX bytes, zero-padded, are `padded` and
+ * whose length is len, or -1. Every slot's whole buffer is compared whatever the lengths,
+ * so the time taken tells neither which bytes match nor how long the kept tokens are. */
+static int keptSlot(const struct tokhash *t, const uint8_t padded[TOKHASH_TOKEN_MAX], size_t len)
 {
     int found = -1;
     for (int i = 0; i < TOKHASH_SLOTS; i++) {
         const struct tokhash_slot *s = &t->slot[i];
-        size_t n = s->len == len ? len : 0;
-        int same = s->len == len && CRYPTO_memcmp(s->tok, tok, n) == 0;
-        found = same ? i : found;
+        int diff = CRYPTO_memcmp(s->tok, padded, TOKHASH_TOKEN_MAX) | (s->len != len);
+        found = diff == 0 ? i : found;
     }
     return found;
 }
@@ -42,11 +42,14 @@ bool tokhash_sha256(struct tokhash *t, const uint8_t *tok, size_t len, uint8_t d
     if (len == 0 || tok == NULL) {
         return false;
     }
+    uint8_t padded[TOKHASH_TOKEN_MAX] = {0};
     if (len <= TOKHASH_TOKEN_MAX) {
-        int i = keptSlot(t, tok, len);
+        memcpy(padded, tok, len);
+        int i = keptSlot(t, padded, len);
         if (i >= 0) {
             memcpy(digest, t->slot[i].digest, 32);
             t->kept++;
+            OPENSSL_cleanse(padded, sizeof padded);
             return true;
         }
     }
@@ -54,14 +57,16 @@ bool tokhash_sha256(struct tokhash *t, const uint8_t *tok, size_t len, uint8_t d
     if (EVP_DigestInit_ex2(t->ctx, t->sha256, NULL) != 1 ||
         EVP_DigestUpdate(t->ctx, tok, len) != 1 || EVP_DigestFinal_ex(t->ctx, digest, &hl) != 1 ||
         hl != 32) {
+        OPENSSL_cleanse(padded, sizeof padded);
         return false;
     }
     if (len <= TOKHASH_TOKEN_MAX) {
         struct tokhash_slot *s = &t->slot[t->next];
         t->next = (t->next + 1) % TOKHASH_SLOTS;
-        memcpy(s->tok, tok, len);
+        memcpy(s->tok, padded, TOKHASH_TOKEN_MAX); /* zeros past len, as keptSlot compares */
         s->len = len;
         memcpy(s->digest, digest, 32);
     }
+    OPENSSL_cleanse(padded, sizeof padded);
     return true;
 }

@@ -3,8 +3,9 @@
  *
  * The digests of the last few tokens are kept with the tokens: a client sends the same one
  * with each request, and a request of a token kept costs a comparison instead of a digest.
- * The comparison takes the same time whichever kept token matches, or none, and keeps no
- * token that is longer than TOKHASH_TOKEN_MAX. Tokens and digests are wiped at the close.
+ * Each kept token is compared as TOKHASH_TOKEN_MAX bytes, zero-padded, in constant time,
+ * so the time taken tells neither which one matches, if any, nor how long they are; no
+ * token longer than TOKHASH_TOKEN_MAX is kept. Tokens and digests are wiped at the close.
  * One thread at a time (the service's loop). */
 #ifndef IDEM_SERVER_TOKHASH_H
 #define IDEM_SERVER_TOKHASH_H
@@ -22,7 +23,7 @@ struct tokhash {
     EVP_MD_CTX *ctx; /* reused: no allocation per digest */
     struct tokhash_slot {
         size_t len; /* 0: empty */
-        uint8_t tok[TOKHASH_TOKEN_MAX];
+        uint8_t tok[TOKHASH_TOKEN_MAX]; /* zeros past len */
         uint8_t digest[32];
     } slot[TOKHASH_SLOTS];
     unsigned next;  /* the slot the next new token takes (round robin) */

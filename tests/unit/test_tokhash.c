@@ -71,6 +71,16 @@ static void test_kept_tokens_match_only_themselves(void **state)
     expectDigest(&t, b, sizeof b);
     expectDigest(&t, a, sizeof a - 1);
     assert_int_equal(t.kept, kept + 3);
+    /* Kept tokens are compared zero-padded: a token that is another one and a zero byte
+     * more is not that one. */
+    static const uint8_t z4[4] = {'z', 'z', 'z', 'z'}, z5[5] = {'z', 'z', 'z', 'z', 0};
+    expectDigest(&t, z4, sizeof z4);
+    kept = t.kept;
+    expectDigest(&t, z5, sizeof z5);
+    assert_int_equal(t.kept, kept);
+    expectDigest(&t, z4, sizeof z4);
+    expectDigest(&t, z5, sizeof z5);
+    assert_int_equal(t.kept, kept + 2);
     tokhash_close(&t);
 }
 
