@@ -138,8 +138,11 @@ class Transport:
         try:
             conn.request(method, path, body=body, headers=headers)
         except (BrokenPipeError, ConnectionResetError):
-            # The node may answer (413) and close before it read a large body: read it.
-            pass
+            # The node may answer (413) and close before it read a large body: read it. But
+            # a reset while connecting (a node killed as it accepted) left no socket, and
+            # no answer to read: a connection failure like any other.
+            if conn.sock is None:
+                raise
         resp = conn.getresponse()
         data = resp.read()
         return resp, data

@@ -284,6 +284,28 @@ class Transport(Scripted):
             idem.Client([url], "tok", deadline=0.5).get("k")
         self.assertEqual(e.exception.code, "connection_failed")
 
+    def test_a_reset_while_connecting_is_a_connection_failure(self):
+        # A node killed as it accepted: connect() itself is reset, and no socket is left.
+        # The client moves on to the next node (it used to call getresponse() on no socket
+        # and raise AttributeError to the caller).
+        (a,) = self.nodes([ACQ])
+        c = self.client([a, a])
+        resets = []
+
+        def connect(node, timeout, real=c._t._connect):
+            conn = real(node, timeout)
+            if not resets:
+                resets.append(node)
+
+                def reset():
+                    raise ConnectionResetError(104, "Connection reset by peer")
+                conn.connect = reset
+            return conn
+        c._t._connect = connect
+        self.assertEqual(c.claim("k", fingerprint="ab" * 32).outcome, "acquired")
+        self.assertEqual(len(resets), 1)
+        self.assertEqual(len(a.seen), 1)
+
     def test_run_waits_on_in_progress_with_one_attempt_id(self):
         replay = lambda r: (201, {"Idempotency-Replayed": "true",  # noqa: E731
                                   "Content-Type": "application/json"}, b'{"id": 1}')
