@@ -1,12 +1,10 @@
 /* tokhash: the SHA-256 of bearer tokens, which the service compares with the configuration's
  * (tenants' token_sha256, the admin's, the cluster secret's) for every request.
  *
- * The digests of the last few tokens are kept with the tokens: a client sends the same one
- * with each request, and a request of a token kept costs a comparison instead of a digest.
- * Each kept token is compared as TOKHASH_TOKEN_MAX bytes, zero-padded, in constant time,
- * so the time taken tells neither which one matches, if any, nor how long they are; no
- * token longer than TOKHASH_TOKEN_MAX is kept. Tokens and digests are wiped at the close.
- * One thread at a time (the service's loop). */
+ * One digest context, fetched and allocated once, serves every request: no allocation and no
+ * algorithm lookup per digest. Nothing of a token is kept after its digest (the digest's own
+ * block buffer is wiped by the library at its end). One thread at a time (the service's
+ * loop). */
 #ifndef IDEM_SERVER_TOKHASH_H
 #define IDEM_SERVER_TOKHASH_H
 
@@ -15,19 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TOKHASH_SLOTS 8
-#define TOKHASH_TOKEN_MAX 128
-
 struct tokhash {
-    EVP_MD *sha256; /* fetched once */
+    EVP_MD *sha256;  /* fetched once */
     EVP_MD_CTX *ctx; /* reused: no allocation per digest */
-    struct tokhash_slot {
-        size_t len; /* 0: empty */
-        uint8_t tok[TOKHASH_TOKEN_MAX]; /* zeros past len */
-        uint8_t digest[32];
-    } slot[TOKHASH_SLOTS];
-    unsigned next;  /* the slot the next new token takes (round robin) */
-    uint64_t kept;  /* digests answered from a kept token (tests) */
 };
 
 /* false: no SHA-256 in the crypto library, or no memory. */
