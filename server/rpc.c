@@ -43,6 +43,7 @@
 
 #include <arpa/inet.h>
 #include <assert.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,7 +139,11 @@ void rpc_conn_unref(struct conn *c)
     free(c->cipher);
     free(c->buf);
     free(c->out);
-    free(c->tok);
+    if (c->tok != NULL) {
+        OPENSSL_cleanse(c->tok, c->tok_len);
+        free(c->tok);
+    }
+    OPENSSL_cleanse(c->tok_sha256, sizeof c->tok_sha256);
     free(c);
     serverMaybeFree(r);
 }

@@ -25,6 +25,7 @@
 #include "rpc_internal.h"
 
 #include <assert.h>
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -229,14 +230,20 @@ static bool connKnownToken(struct conn *c, const uint8_t *tok, size_t len)
     if (c->tok != NULL && len == c->tok_len && memcmp(tok, c->tok, len) == 0) {
         return true;
     }
-    enum service_credential cr = service_credential_of(c->srv->svc, tok, len);
+    uint8_t h[32];
+    enum service_credential cr = service_credential_of(c->srv->svc, tok, len, h);
     if (cr == SERVICE_CREDENTIAL_NONE) {
         return false;
     }
     if (len <= TOKEN_KEEP_MAX) {
-        c->tok = xrealloc(c->tok, len);
+        if (c->tok != NULL) { /* wiped, not left in the heap */
+            OPENSSL_cleanse(c->tok, c->tok_len);
+            free(c->tok);
+        }
+        c->tok = xmalloc(len);
         memcpy(c->tok, tok, len);
         c->tok_len = len;
+        memcpy(c->tok_sha256, h, sizeof h);
     }
     c->authed = true;
     rpc_admit_authenticated(&c->srv->admit, &c->admit, cr == SERVICE_CREDENTIAL_CLUSTER);
@@ -318,7 +325,13 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     char rid[LOG_RPC_ID_SIZE]; /* the lines written while the service handles it */
     log_rpc_id(rid, c->id, req->request_id);
     const char *outer = log_request_enter(rid);
-    service_handle(srv->svc, req, answeredCb, k);
+    /* The token the walk found is the one decoded (rpc_scan.h); compared again all the same,
+     * as the digest kept is that of c->tok's bytes. */
+    const uint8_t *digest = c->tok != NULL && req->auth_token.len == c->tok_len &&
+                                    memcmp(req->auth_token.data, c->tok, c->tok_len) == 0
+                                ? c->tok_sha256
+                                : NULL;
+    service_handle(srv->svc, req, digest, answeredCb, k);
     log_request_leave(outer);
     rpc_scan_release(req, &a); /* service_handle kept nothing of it */
     srv->decoding = arena == NULL;

@@ -82,8 +82,9 @@ struct conn {
     bool framed;  /* a frame completed or refused: rpc.first_frame_timeout_ms is over */
     bool authed;  /* a frame carried a known token */
     uint8_t *tok; /* the last known token it sent, tok_len bytes: the same again is not
-                   * hashed again */
+                   * hashed again, neither to admit its frame nor to authorise its request */
     size_t tok_len;
+    uint8_t tok_sha256[32]; /* tok's */
 };
 
 /* A claim's request takes under 1 KiB decoded; larger ones grow the arena (arena.h). */

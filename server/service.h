@@ -64,9 +64,11 @@ int service_start(struct service *s, char *err, size_t errlen);
  * as_tenant set is handled as service_handle_as(as_tenant) when its auth_token is the
  * cluster secret (rpc.cluster_secret_file; SHA-256 compared in constant time), and refused
  * otherwise: forbidden for a tenant's or the admin's token, unauthenticated for any other
- * (or when the node has no secret). */
-void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
-                    void *data);
+ * (or when the node has no secret). token_sha256, when not NULL, is the SHA-256 of
+ * req->auth_token's bytes, which the caller already took (the RPC listener keeps it with a
+ * connection's last token): the request is authorised with it instead of a new digest. */
+void service_handle(struct service *s, const Idem__Request *req, const uint8_t *token_sha256,
+                    service_done_cb cb, void *data);
 
 /* Handles one data op (claim, complete, release, renew, get) on behalf of the configured
  * tenant `tenant_name`, authorised by the node's configuration (a proxy route), not by a
@@ -148,9 +150,10 @@ enum service_credential {
 /* Whether a bearer token is one the node knows, and whose: its SHA-256 compared in
  * constant time as for every request. The RPC listener asks before it decodes a frame
  * (server/rpc.c); the request is then authorised by service_handle() as any. `token` is
- * borrowed for the call. */
+ * borrowed for the call. The token's SHA-256 goes to sha256 (NULL: not wanted) unless the
+ * answer is SERVICE_CREDENTIAL_NONE. */
 enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
-                                              size_t len);
+                                              size_t len, uint8_t *sha256);
 
 /* The addresses of the cluster's members (rpc_admit.h's form): the hosts of their Raft, RPC
  * and HTTP addresses in the current configuration, in cluster.bootstrap and this node's own

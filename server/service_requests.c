@@ -12,6 +12,11 @@
 
 bool service_token_hash(const struct service *s, const ProtobufCBinaryData *tok, uint8_t h[32])
 {
+    if (s->given.sha256 != NULL && tok->len > 0 && tok->data == s->given.tok &&
+        tok->len == s->given.len) {
+        memcpy(h, s->given.sha256, 32); /* the request's own token, digested by the caller */
+        return true;
+    }
     return tokhash_sha256(s->tokhash, tok->data, tok->len, h);
 }
 
@@ -29,12 +34,15 @@ bool service_auth_admin(const struct service *s, const ProtobufCBinaryData *tok)
 }
 
 enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
-                                              size_t len)
+                                              size_t len, uint8_t *sha256)
 {
     ProtobufCBinaryData tok = {len, (uint8_t *)token};
     uint8_t h[32];
     if (!service_token_hash(s, &tok, h)) {
         return SERVICE_CREDENTIAL_NONE;
+    }
+    if (sha256 != NULL) {
+        memcpy(sha256, h, 32);
     }
     if (config_tenant_by_token_hash(s->cfg, h) != NULL) {
         return SERVICE_CREDENTIAL_TENANT;
@@ -289,8 +297,8 @@ static void handleAsTenant(struct service *s, const Idem__Request *req, service_
                  NULL);
 }
 
-void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb,
-                    void *data)
+static void handleRequest(struct service *s, const Idem__Request *req, service_done_cb cb,
+                          void *data)
 {
     s->stats.requests++;
     if (s->closing) {
@@ -323,6 +331,22 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
         service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, "unknown op",
                      NULL);
     }
+}
+
+void service_handle(struct service *s, const Idem__Request *req, const uint8_t *token_sha256,
+                    service_done_cb cb, void *data)
+{
+    if (token_sha256 == NULL || req->auth_token.len == 0) {
+        handleRequest(s, req, cb, data);
+        return;
+    }
+    /* For this call (a request handled within it, if any, has its own token): restored. */
+    struct service_given outer = s->given;
+    s->given.tok = req->auth_token.data;
+    s->given.len = req->auth_token.len;
+    s->given.sha256 = token_sha256;
+    handleRequest(s, req, cb, data);
+    s->given = outer;
 }
 
 void service_handle_as(struct service *s, const char *tenant_name, const Idem__Request *req,

@@ -32,9 +32,11 @@ from test_rpc_limits import (LimitCluster, _claim_frame, _closed, _get_frame, _p
                              _read_answer, _varint)
 
 OUTCOME_ACQUIRED = 1
+OUTCOME_OK = 8
 OUTCOME_NOT_FOUND = 10
 OUTCOME_INVALID = 12
 OUTCOME_UNAUTHENTICATED = 15
+OUTCOME_FORBIDDEN = 16
 FLOOD_S = 8  # how long the hostile frames are sent
 BIG = 4 << 20  # a hostile frame's size: under the default max_frame_bytes
 
@@ -313,6 +315,34 @@ class TestConnectionsPerAddress(SlotsTest):
 
 class TestUnauthenticatedFrames(SlotsTest):
     n = 1
+
+    def test_each_request_answers_to_its_own_token(self):
+        # A connection keeps its last known token with its digest (rpc_frames.c), so the same
+        # token again is not hashed again; a request with another token is authorised as that
+        # one, whatever the connection sent before.
+        node = self.c.nodes[1]
+        wait_for(lambda: self.c.status(), 20, "the node to answer")
+        host, port = node.rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=15)
+        alpha, beta, admin = self.c.token, self.c.token2, self.c.admin
+        steps = [  # (token, op on the key "mix", the outcome), request ids 1, 2, ...
+            (alpha, _claim_frame, OUTCOME_ACQUIRED),
+            (beta, _get_frame, OUTCOME_NOT_FOUND),  # alpha's record: not beta's
+            (alpha, _get_frame, OUTCOME_OK),
+            ("not-a-token", _get_frame, OUTCOME_UNAUTHENTICATED),
+            (admin, _get_frame, OUTCOME_FORBIDDEN),  # the admin owns no records
+            (alpha, _get_frame, OUTCOME_OK),
+            (alpha + "x", _get_frame, OUTCOME_UNAUTHENTICATED),  # alpha's, one byte longer
+            (alpha[:-1], _get_frame, OUTCOME_UNAUTHENTICATED),  # and one shorter
+            (beta, _claim_frame, OUTCOME_ACQUIRED),  # beta's own record
+            (beta, _get_frame, OUTCOME_OK),
+            (alpha, _get_frame, OUTCOME_OK),
+        ]
+        for rid, (token, op, want) in enumerate(steps, 1):
+            s.sendall(op(rid, token, "mix"))
+            got = _read_answer(s)
+            self.assertEqual(got[:2], (rid, want), (rid, got))
+        s.close()
 
     def test_large_frames_need_a_known_token_first(self):
         node = self.c.nodes[1]

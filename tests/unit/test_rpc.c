@@ -52,10 +52,26 @@ struct held {
 static struct held *held;
 static size_t n_held, cap_held;
 static unsigned handled; /* requests handed to service_handle() */
+static unsigned digested; /* of them, with their token's digest (stand-in: fakeDigest) */
 
-void service_handle(struct service *s, const Idem__Request *req, service_done_cb cb, void *data)
+/* The stand-in's "digest" of a token: its length and bytes, repeated. */
+static void fakeDigest(const uint8_t *tok, size_t len, uint8_t out[32])
+{
+    for (size_t i = 0; i < 32; i++) {
+        out[i] = (uint8_t)(len + (len > 0 ? tok[i % len] : 0));
+    }
+}
+
+void service_handle(struct service *s, const Idem__Request *req, const uint8_t *token_sha256,
+                    service_done_cb cb, void *data)
 {
     (void)s;
+    if (token_sha256 != NULL) { /* then it is this request's token's */
+        uint8_t want[32];
+        fakeDigest(req->auth_token.data, req->auth_token.len, want);
+        assert_memory_equal(token_sha256, want, 32);
+        digested++;
+    }
     if (n_held == cap_held) {
         cap_held = cap_held ? cap_held * 2 : 1024;
         held = realloc(held, cap_held * sizeof(*held));
@@ -67,10 +83,12 @@ void service_handle(struct service *s, const Idem__Request *req, service_done_cb
 
 /* Every non-empty token is a tenant's (rpc_frames.c asks before it decodes a frame). */
 enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
-                                              size_t len)
+                                              size_t len, uint8_t *sha256)
 {
     (void)s;
-    (void)token;
+    if (sha256 != NULL && len > 0) {
+        fakeDigest(token, len, sha256);
+    }
     return len > 0 ? SERVICE_CREDENTIAL_TENANT : SERVICE_CREDENTIAL_NONE;
 }
 
@@ -271,6 +289,7 @@ static void serverClosed(void *data)
 static void runBurst(bool tls)
 {
     handled = 0;
+    digested = 0;
     struct rpc_stats before;
     rpc_get_stats(&before);
     uv_loop_t loop;
@@ -352,6 +371,8 @@ static void runBurst(bool tls)
     }
     assert_int_equal(cl.answers, SMALL_FRAMES + 1);
     assert_int_equal(handled, SMALL_FRAMES + 1);
+    /* One token throughout: each request came with the digest taken for its first frame. */
+    assert_int_equal(digested, SMALL_FRAMES + 1);
     /* The cap was reached, and never passed, though one read held all the frames. */
     assert_int_equal(max_held, MAX_INFLIGHT);
     /* The large frame grew the buffer, and once it was handled the buffer went back to its
