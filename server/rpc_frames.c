@@ -227,7 +227,7 @@ static bool connKnownToken(struct conn *c, const uint8_t *tok, size_t len)
     if (len == 0 || tok == NULL) {
         return false;
     }
-    if (c->tok != NULL && len == c->tok_len && memcmp(tok, c->tok, len) == 0) {
+    if (c->tok != NULL && len == c->tok_len && CRYPTO_memcmp(tok, c->tok, len) == 0) {
         return true;
     }
     uint8_t h[32];
@@ -325,10 +325,11 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     char rid[LOG_RPC_ID_SIZE]; /* the lines written while the service handles it */
     log_rpc_id(rid, c->id, req->request_id);
     const char *outer = log_request_enter(rid);
-    /* The token the walk found is the one decoded (rpc_scan.h); compared again all the same,
-     * as the digest kept is that of c->tok's bytes. */
+    /* The digest kept is c->tok's: it goes with the request only when its token is those
+     * bytes. A known token longer than TOKEN_KEEP_MAX is not kept, so c->tok may be an earlier
+     * token (another tenant's): then the service takes the request's own digest. */
     const uint8_t *digest = c->tok != NULL && req->auth_token.len == c->tok_len &&
-                                    memcmp(req->auth_token.data, c->tok, c->tok_len) == 0
+                                    CRYPTO_memcmp(req->auth_token.data, c->tok, c->tok_len) == 0
                                 ? c->tok_sha256
                                 : NULL;
     service_handle(srv->svc, req, digest, answeredCb, k);

@@ -37,12 +37,12 @@ struct op {
 struct service {
     uv_loop_t *loop;
     struct tokhash *tokhash; /* tokens' digests, per request (service_token_hash) */
-    /* The digest service_handle's caller gave for the request's auth_token (NULL sha256:
-     * none), for the call's length: service_token_hash answers with it for those bytes. */
+    /* The digest service_handle's caller gave for the request's auth_token, for the call's
+     * length (tok NULL: none): service_token_hash answers with it for those bytes. */
     struct service_given {
         const uint8_t *tok;
         size_t len;
-        const uint8_t *sha256;
+        uint8_t sha256[32];
     } given;
     const struct config *cfg; /* the current one (service_set_config) */
     /* The cluster's accounts (batch.tenant_max_pending_percent) by tenant name, so that a

@@ -12,7 +12,7 @@
 
 bool service_token_hash(const struct service *s, const ProtobufCBinaryData *tok, uint8_t h[32])
 {
-    if (s->given.sha256 != NULL && tok->len > 0 && tok->data == s->given.tok &&
+    if (s->given.tok != NULL && tok->len > 0 && tok->data == s->given.tok &&
         tok->len == s->given.len) {
         memcpy(h, s->given.sha256, 32); /* the request's own token, digested by the caller */
         return true;
@@ -41,9 +41,7 @@ enum service_credential service_credential_of(const struct service *s, const uin
     if (!service_token_hash(s, &tok, h)) {
         return SERVICE_CREDENTIAL_NONE;
     }
-    if (sha256 != NULL) {
-        memcpy(sha256, h, 32);
-    }
+    memcpy(sha256, h, 32);
     if (config_tenant_by_token_hash(s->cfg, h) != NULL) {
         return SERVICE_CREDENTIAL_TENANT;
     }
@@ -336,15 +334,14 @@ static void handleRequest(struct service *s, const Idem__Request *req, service_d
 void service_handle(struct service *s, const Idem__Request *req, const uint8_t *token_sha256,
                     service_done_cb cb, void *data)
 {
-    if (token_sha256 == NULL || req->auth_token.len == 0) {
-        handleRequest(s, req, cb, data);
-        return;
-    }
-    /* For this call (a request handled within it, if any, has its own token): restored. */
+    /* For this call only (a request handled within it, if any, has its own): restored. */
     struct service_given outer = s->given;
-    s->given.tok = req->auth_token.data;
-    s->given.len = req->auth_token.len;
-    s->given.sha256 = token_sha256;
+    memset(&s->given, 0, sizeof s->given);
+    if (token_sha256 != NULL && req->auth_token.len > 0) {
+        s->given.tok = req->auth_token.data;
+        s->given.len = req->auth_token.len;
+        memcpy(s->given.sha256, token_sha256, sizeof s->given.sha256);
+    }
     handleRequest(s, req, cb, data);
     s->given = outer;
 }

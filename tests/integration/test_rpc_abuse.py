@@ -20,13 +20,15 @@ connect from other loopback addresses (127.0.0.2 and up).
 
 Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_abuse
 """
+import hashlib
+import secrets
 import select
 import socket
 import struct
 import threading
 import time
 
-from harness import ClusterTestCase, fp, http_request, wait_for
+from harness import Cluster, ClusterTestCase, fp, http_request, wait_for
 from test_cluster import _read_frame
 from test_rpc_limits import (LimitCluster, _claim_frame, _closed, _get_frame, _pb,
                              _read_answer, _varint)
@@ -313,36 +315,61 @@ class TestConnectionsPerAddress(SlotsTest):
                 s.close()
 
 
-class TestUnauthenticatedFrames(SlotsTest):
-    n = 1
+class _LongTokenCluster(Cluster):
+    """A harness cluster with a third tenant, gamma, whose token is 5,000 bytes."""
+
+    def __init__(self, **kw):
+        self.long_token = secrets.token_hex(2500)
+        super().__init__(**kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        with open(node.cfg, "a") as f:  # the tenants: list ends the file
+            f.write("  - name: gamma\n    token_sha256: %s\n"
+                    % hashlib.sha256(self.long_token.encode()).hexdigest())
+
+
+class TestTokensOnOneConnection(ClusterTestCase):
+    def make_cluster(self):
+        return _LongTokenCluster(n=1)
 
     def test_each_request_answers_to_its_own_token(self):
         # A connection keeps its last known token with its digest (rpc_frames.c), so the same
         # token again is not hashed again; a request with another token is authorised as that
-        # one, whatever the connection sent before.
+        # one, whatever the connection sent before. gamma's token is longer than a connection
+        # keeps (TOKEN_KEEP_MAX, 4 KiB): after it, the kept token and digest are still alpha's.
         node = self.c.nodes[1]
         wait_for(lambda: self.c.status(), 20, "the node to answer")
         host, port = node.rpc.split(":")
         s = socket.create_connection((host, int(port)), timeout=15)
-        alpha, beta, admin = self.c.token, self.c.token2, self.c.admin
-        steps = [  # (token, op on the key "mix", the outcome), request ids 1, 2, ...
-            (alpha, _claim_frame, OUTCOME_ACQUIRED),
-            (beta, _get_frame, OUTCOME_NOT_FOUND),  # alpha's record: not beta's
-            (alpha, _get_frame, OUTCOME_OK),
-            ("not-a-token", _get_frame, OUTCOME_UNAUTHENTICATED),
-            (admin, _get_frame, OUTCOME_FORBIDDEN),  # the admin owns no records
-            (alpha, _get_frame, OUTCOME_OK),
-            (alpha + "x", _get_frame, OUTCOME_UNAUTHENTICATED),  # alpha's, one byte longer
-            (alpha[:-1], _get_frame, OUTCOME_UNAUTHENTICATED),  # and one shorter
-            (beta, _claim_frame, OUTCOME_ACQUIRED),  # beta's own record
-            (beta, _get_frame, OUTCOME_OK),
-            (alpha, _get_frame, OUTCOME_OK),
+        alpha, beta, gamma, admin = self.c.token, self.c.token2, self.c.long_token, self.c.admin
+        steps = [  # (token, op, key, the outcome), request ids 1, 2, ...
+            (alpha, _claim_frame, "mix", OUTCOME_ACQUIRED),
+            (beta, _get_frame, "mix", OUTCOME_NOT_FOUND),  # alpha's record: not beta's
+            (alpha, _get_frame, "mix", OUTCOME_OK),
+            ("not-a-token", _get_frame, "mix", OUTCOME_UNAUTHENTICATED),
+            (admin, _get_frame, "mix", OUTCOME_FORBIDDEN),  # the admin owns no records
+            (alpha, _get_frame, "mix", OUTCOME_OK),
+            (alpha + "x", _get_frame, "mix", OUTCOME_UNAUTHENTICATED),  # one byte longer
+            (alpha[:-1], _get_frame, "mix", OUTCOME_UNAUTHENTICATED),  # and one shorter
+            (gamma, _get_frame, "mix", OUTCOME_NOT_FOUND),  # not kept: alpha's is
+            (gamma, _claim_frame, "mix-g", OUTCOME_ACQUIRED),
+            (alpha, _get_frame, "mix-g", OUTCOME_NOT_FOUND),
+            (gamma, _get_frame, "mix-g", OUTCOME_OK),
+            (beta, _claim_frame, "mix", OUTCOME_ACQUIRED),  # beta's own record
+            (beta, _get_frame, "mix", OUTCOME_OK),
+            (gamma, _get_frame, "mix", OUTCOME_NOT_FOUND),  # beta's kept now
+            (alpha, _get_frame, "mix", OUTCOME_OK),
         ]
-        for rid, (token, op, want) in enumerate(steps, 1):
-            s.sendall(op(rid, token, "mix"))
+        for rid, (token, op, key, want) in enumerate(steps, 1):
+            s.sendall(op(rid, token, key))
             got = _read_answer(s)
             self.assertEqual(got[:2], (rid, want), (rid, got))
         s.close()
+
+
+class TestUnauthenticatedFrames(SlotsTest):
+    n = 1
 
     def test_large_frames_need_a_known_token_first(self):
         node = self.c.nodes[1]
