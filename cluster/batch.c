@@ -8,6 +8,7 @@
  * applied here (batch_apply), or to ops.fail. */
 #include "cluster_internal.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/timerfd.h>
@@ -97,17 +98,23 @@ void batch_entry_encode(const Idem__LogEntry *e, struct raft_buffer *buf)
 {
     size_t n = idem__log_entry__get_packed_size(e);
     buf->len = (ENTRY_HEADER + n + 7) & ~(size_t)7;
-    buf->base = raft_calloc(1, buf->len);
+    buf->base = raft_malloc(buf->len);
     if (buf->base == NULL) {
         clog_error("out of memory");
         abort();
     }
     uint8_t *p = buf->base;
+    /* Every byte written (the log holds them): the length, zeros to the header's end, the
+     * payload, zeros to the 8-byte boundary. */
+    memset(p, 0, ENTRY_HEADER);
     p[0] = (uint8_t)n;
     p[1] = (uint8_t)(n >> 8);
     p[2] = (uint8_t)(n >> 16);
     p[3] = (uint8_t)(n >> 24);
-    idem__log_entry__pack(e, p + ENTRY_HEADER);
+    size_t packed = idem__log_entry__pack(e, p + ENTRY_HEADER);
+    assert(packed == n);
+    (void)packed;
+    memset(p + ENTRY_HEADER + n, 0, buf->len - ENTRY_HEADER - n);
 }
 
 /* The packed LogEntry inside an entry, or NULL when the framing is wrong. */

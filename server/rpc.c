@@ -382,6 +382,9 @@ static void connWriteOut(struct conn *c)
 {
     struct writeReq *w = c->out;
     size_t n = c->out_len;
+    /* The next turn's buffer starts as large as this one grew (a client that sends 64
+     * requests at a time gets 64 answers each turn), within CONN_OUT_FIRST_MAX. */
+    c->out_first = c->out_cap < CONN_OUT_FIRST_MAX ? c->out_cap : CONN_OUT_FIRST_MAX;
     c->out = NULL;
     c->out_len = c->out_cap = 0;
     connWrite(c, w, n);
@@ -468,7 +471,7 @@ void rpc_conn_send(struct conn *c, const Idem__Response *resp)
         }
     }
     if (c->out_cap - c->out_len < FRAME_HEADER_LEN + n) {
-        size_t want = c->out_cap ? c->out_cap : 4096;
+        size_t want = c->out_cap ? c->out_cap : c->out_first > 4096 ? c->out_first : 4096;
         while (want - c->out_len < FRAME_HEADER_LEN + n) {
             want *= 2;
         }

@@ -33,6 +33,7 @@
 #define CONN_BUF_MIN 65536          /* a frame buffer's first size, and what it shrinks back to */
 #define CONN_READ_SLACK 16384       /* room kept past a large frame, for the next read */
 #define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
+#define CONN_OUT_FIRST_MAX (64u << 10) /* the most a turn's output buffer starts with */
 #define SWEEP_MS 250                /* how often timeouts are checked */
 #define TLS_WARN_EVERY_MS 10000     /* at most one TLS failure warning per this */
 #define TOKEN_KEEP_MAX 4096         /* a known token kept to compare the next ones with */
@@ -75,6 +76,7 @@ struct conn {
     struct writeReq *out;  /* answer frames not yet written (plain TCP), out_len bytes */
     size_t out_len;
     size_t out_cap;
+    size_t out_first; /* the next turn's first out_cap: this turn's, up to CONN_OUT_FIRST_MAX */
     bool queued; /* on the server's flush list (holds a reference) */
     SLIST_ENTRY(conn) flush_link;
     size_t accounted; /* its answer bytes in rpc_answer_bytes, at the last connAccount() */
