@@ -10,7 +10,10 @@
 #
 # Env: RATE (claims/s, default 10000), DURATION (seconds per load, default 10), CONNS (wrk's
 # connections, default 64), DELAY_MS (unset by default), IDEM_BIN_DIR (the build's bin/,
-# default build/bin: run it once per build to compare two, alternating).
+# default build/bin: run it once per build to compare two, alternating), BATCH_DELAY_US
+# (the nodes' batch.delay_us; unset: their default). Beside each figure, the claims that
+# went into one log entry (from the leader's idem_raft_commit_index): at a fixed rate, a
+# longer batch.delay_us makes fewer, larger entries.
 #
 # Both loads are open loops at RATE: idem-bench --rate RATE over the RPC; over HTTP, wrk
 # with tools/bench/wrk/idem_claim.lua pacing each of its THREADS threads to RATE/THREADS
@@ -41,7 +44,7 @@ BENCH_NAME=cpu.sh
 
 [ -x "$BIN/idemd" ] && [ -x "$BIN/idemctl" ] && [ -x "$BIN/idem-bench" ] \
   || die "no $BIN/idemd, idemctl or idem-bench: build first"
-bench_install wrk:wrk python3:python3
+bench_install wrk:wrk python3:python3 curl:curl
 bench_tmp idem-cpu-bench
 
 # The nodes' CPU ticks (utime + stime, fields 14 and 15 of /proc/PID/stat), summed.
@@ -55,15 +58,25 @@ node_ticks() {
 HZ=$(getconf CLK_TCK)
 # per_claim TICKS CLAIMS: microseconds of CPU per claim
 per_claim() { awk -v t="$1" -v n="$2" -v hz="$HZ" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }'; }
+# The leader's commit index (its /metrics): the log entries a load made, and so how many
+# claims went into each (batch.delay_us sets how long a batch waits for more).
+commit_index() {
+  curl -s -H "Authorization: Bearer $ADMIN" "http://$LHTTP/metrics" |
+    awk '$1 == "idem_raft_commit_index" { printf "%d", $2 }'
+}
+# per_entry CLAIMS ENTRIES: claims per log entry
+per_entry() { awk -v n="$1" -v e="$2" 'BEGIN { printf "%.1f", (e > 0 ? n / e : 0) }'; }
 
 idem_start
 log "idemd leader: node $LID; RPC open loop at $RATE/s for ${DURATION}s"
 
+c0=$(commit_index)
 t0=$(node_ticks)
 timeout --foreground $((DURATION + 30)) "$BIN/idem-bench" --cluster "$CLUSTER" --token "$TOKEN" \
   --workload fresh --rate "$RATE" --duration "$DURATION" --json >"$TMP/rpc.json" 2>"$TMP/rpc.log" \
   || { cat "$TMP/rpc.log" >&2; die "idem-bench failed"; }
 t1=$(node_ticks)
+c1=$(commit_index)
 read -r rpc_ops rpc_errors rpc_rate < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
 print(d["ops"], d["errors"], "%.0f" % d["ops_per_sec"])' "$TMP/rpc.json")
 [ "$rpc_errors" = 0 ] || die "idem-bench: $rpc_errors errors"
@@ -75,14 +88,18 @@ else
   PACE=(RATE="$RATE" THREADS="$THREADS")
   log "JSON API on the leader: wrk -c$CONNS, open loop at $RATE/s, ${DURATION}s"
 fi
+c2=$(commit_index)
 t2=$(node_ticks)
 env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-http" IDEM_TOKEN="$TOKEN" FP="$FP" MODE=fresh "${PACE[@]}" \
   timeout --foreground $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
   -s "$WRKDIR/idem_claim.lua" "http://$LHTTP" >"$TMP/wrk.txt" 2>&1 || { cat "$TMP/wrk.txt" >&2; die "wrk failed"; }
 t3=$(node_ticks)
+c3=$(commit_index)
 http_ops=$(awk '/requests in/ {print $1}' "$TMP/wrk.txt")
 http_rate=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$TMP/wrk.txt")
 if grep -q 'Non-2xx\|Socket errors' "$TMP/wrk.txt"; then cat "$TMP/wrk.txt" >&2; die "wrk: errors"; fi
 
-echo "cpu per claim ($BIN): RPC $(per_claim $((t1 - t0)) "$rpc_ops") us at ${rpc_rate}/s ($rpc_ops claims);" \
-  "HTTP $(per_claim $((t3 - t2)) "$http_ops") us at ${http_rate}/s ($http_ops claims)"
+echo "cpu per claim ($BIN): RPC $(per_claim $((t1 - t0)) "$rpc_ops") us at ${rpc_rate}/s ($rpc_ops claims," \
+  "$(per_entry "$rpc_ops" $((c1 - c0))) per log entry);" \
+  "HTTP $(per_claim $((t3 - t2)) "$http_ops") us at ${http_rate}/s ($http_ops claims," \
+  "$(per_entry "$http_ops" $((c3 - c2))) per log entry)"
