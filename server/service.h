@@ -150,8 +150,8 @@ enum service_credential {
 /* Whether a bearer token is one the node knows, and whose: its SHA-256 compared in
  * constant time as for every request. The RPC listener asks before it decodes a frame
  * (server/rpc.c); the request is then authorised by service_handle() as any. `token` is
- * borrowed for the call. The token's SHA-256 goes to sha256 (32 bytes) unless the answer is
- * SERVICE_CREDENTIAL_NONE. */
+ * borrowed for the call. Whenever the answer is not SERVICE_CREDENTIAL_NONE, the token's
+ * SHA-256 is in sha256 (32 bytes). */
 enum service_credential service_credential_of(const struct service *s, const uint8_t *token,
                                               size_t len, uint8_t *sha256);
 
