@@ -67,7 +67,7 @@ static void test_digests_are_sha256(void **state)
     tokhash_close(&t);
 }
 
-/* An empty or absent token has no digest, and the context still works after it. */
+/* An empty or absent token has no digest; a token after them digests as SHA-256 does. */
 static void test_empty_token_refused(void **state)
 {
     (void)state;

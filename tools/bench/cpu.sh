@@ -61,8 +61,11 @@ per_claim() { awk -v t="$1" -v n="$2" -v hz="$HZ" 'BEGIN { printf "%.1f", t * 1e
 # The leader's commit index (its /metrics): the log entries a load made, and so how many
 # claims went into each (batch.delay_us sets how long a batch waits for more).
 commit_index() {
-  curl -s -H "Authorization: Bearer $ADMIN" "http://$LHTTP/metrics" |
-    awk '$1 == "idem_raft_commit_index" { printf "%d", $2 }'
+  local ci
+  ci=$(curl -s -H "Authorization: Bearer $ADMIN" "http://$LHTTP/metrics" |
+    awk '$1 == "idem_raft_commit_index" { printf "%d", $2 }')
+  [ -n "$ci" ] || die "no idem_raft_commit_index in the leader's /metrics"
+  echo "$ci"
 }
 # per_entry CLAIMS ENTRIES: claims per log entry
 per_entry() { awk -v n="$1" -v e="$2" 'BEGIN { printf "%.1f", (e > 0 ? n / e : 0) }'; }
