@@ -48,7 +48,7 @@ struct sample {
     size_t off;
 };
 
-#define FAMILY_SAMPLES_MAX 6
+#define FAMILY_SAMPLES_MAX 7
 
 /* One metric family: its HELP and TYPE lines, then its samples, written by `write` or else
  * the fixed ones (`label` = samples[i].value each, or one sample without labels). */
@@ -425,14 +425,16 @@ static const struct family families[] = {
      "and commit indexes clamped, results held by a leader, AppendEntries cut at the snapshot, "
      "a follower's match index lowered to the snapshot it installed after losing its data, an "
      "answer without a leader address not sent, the leader's snapshot held while this "
-     "follower stored another.",
+     "follower stored another, a leadership transfer's TimeoutNow held while this follower "
+     "wrote a configuration entry.",
      .label = "kind",
      .samples = {{"clamp", U64(si.cluster.raft_clamped)},
                  {"hold", U64(si.cluster.raft_held)},
                  {"cut", U64(si.cluster.raft_cut)},
                  {"rematch", U64(si.cluster.raft_rematched)},
                  {"unaddressed", U64(si.cluster.raft_unaddressed)},
-                 {"install_held", U64(si.cluster.raft_installs_held)}}},
+                 {"install_held", U64(si.cluster.raft_installs_held)},
+                 {"timeout_now_held", U64(si.cluster.raft_timeouts_held)}}},
     {"idem_rpc_connections_cut_total", "counter",
      "RPC connections closed for the answers waiting to be written to them: past 64 MiB of its "
      "own (limit=\"connection\"), or as the one holding the most when every connection's "

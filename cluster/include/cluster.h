@@ -254,6 +254,7 @@ struct cluster_status {
     uint64_t raft_unaddressed; /* answers not sent: no leader address (io.h) */
     uint64_t raft_cut;
     uint64_t raft_installs_held; /* leader's snapshots held while storing another (io.h) */
+    uint64_t raft_timeouts_held; /* TimeoutNow held while a configuration is written (io.h) */
 };
 
 /* Process-wide counters of the corrections and guards below raft (one process runs one

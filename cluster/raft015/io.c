@@ -72,11 +72,59 @@ static void heldInstallMaybeDeliver(struct io *io)
     free(addr);
 }
 
+bool io_change_waits(const struct io *io)
+{
+    return io->raft != NULL && io->change_appends > 0 && io->raft->state == RAFT_FOLLOWER;
+}
+
+void io_held_timeout_now_drop(struct io *io)
+{
+    free(io->held_timeout_now_addr);
+    io->held_timeout_now_addr = NULL;
+}
+
+/* Holds `msg` (a TimeoutNow that would make raft a candidate before it takes the
+ * configuration being written), in place of an older one held. */
+static void heldTimeoutNowKeep(struct io *io, const struct raft_message *msg)
+{
+    char *addr = strdup(msg->server_address != NULL ? msg->server_address : "");
+    if (addr == NULL) {
+        /* Without a copy of the address it cannot be held: dropped, as a TimeoutNow raft
+         * ignores; the leader's transfer then times out, and it stays leader. */
+        return;
+    }
+    io_held_timeout_now_drop(io);
+    io->held_timeout_now = *msg;
+    io->held_timeout_now_addr = addr;
+    io->timeouts_held++;
+}
+
+void io_change_stored(struct io *io)
+{
+    char *addr = io->held_timeout_now_addr;
+    if (addr == NULL || io_change_waits(io)) {
+        return;
+    }
+    if (io->closing) {
+        io_held_timeout_now_drop(io);
+        return;
+    }
+    struct raft_message msg = io->held_timeout_now;
+    io->held_timeout_now_addr = NULL;
+    msg.server_address = addr;
+    io->raft_recv(&io->outer, &msg);
+    free(addr);
+}
+
 static void ioTickCb(struct raft_io *i)
 {
     struct io *io = io_from_inner(i);
     heldInstallMaybeDeliver(io);
-    io->raft_tick(&io->outer);
+    if (io_change_waits(io)) {
+        io->ticks_held++; /* the next one after the append runs the election timer */
+    } else {
+        io->raft_tick(&io->outer);
+    }
     io_settle(io, false);
 }
 
@@ -331,6 +379,10 @@ static void ioRecv(struct io *io, struct raft_message *msg)
         heldInstallKeep(io, msg);
         return;
     }
+    if (msg->type == RAFT_IO_TIMEOUT_NOW && io_change_waits(io)) {
+        heldTimeoutNowKeep(io, msg);
+        return;
+    }
     if (msg->type != RAFT_IO_APPEND_ENTRIES) {
         io->raft_recv(&io->outer, msg);
         return;
@@ -499,6 +551,11 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     memset(&io->held_install, 0, sizeof(io->held_install));
     io->held_install_addr = NULL;
     io->installs_held = 0;
+    io->change_appends = 0;
+    memset(&io->held_timeout_now, 0, sizeof(io->held_timeout_now));
+    io->held_timeout_now_addr = NULL;
+    io->timeouts_held = 0;
+    io->ticks_held = 0;
     io->loop = loop;
     io->works = 0;
     io->disk = 0;

@@ -1,5 +1,5 @@
 /* io: raft's disk and network I/O (raft_uv) behind a thin wrapper that corrects bugs of
- * libraft 0.15 (four, below, and a fifth at io_snapshot_acked) and keeps raft's close clear
+ * libraft 0.15 (five, below, and one more at io_snapshot_acked) and keeps raft's close clear
  * of a crash in libraft 0.15.
  *
  * The bug (found by tests/sim, see its comment for the replay seed): a follower that accepts
@@ -53,6 +53,22 @@
  * the same ones (Leader Completeness), and the follower's answer then vouches for the
  * snapshot's index (io_skip_snapshotted). etcd's raft, for comparison, answers an RPC that
  * starts below its commit index with that commit index and appends nothing.
+ *
+ * A fifth, on the follower's side (integration found it: test_idemctl's
+ * test_removing_the_leader_moves_leadership_first; tests/sim replays it): a 0.15 follower
+ * takes a configuration entry it received as its configuration only when the entry's write
+ * ends (appendFollowerCb), and then only if it is still a follower. One that became a
+ * candidate in between, by a TimeoutNow (a leadership transfer) or its election timer, holds
+ * the entry in its log but never takes it, and elected, it leads with the configuration
+ * before it: a promotion answered ok was undone by the next change the new leader made. A
+ * leader sends TimeoutNow as soon as it has sent the follower its last entry (raft's
+ * progressIsUpToDate compares next_index, not match_index), so a transfer right after a
+ * change meets the change's write in flight. While a follower has an append of a
+ * configuration entry in flight, the wrapper holds its TimeoutNow (the latest) and gives
+ * raft no tick (io_change_waits); once the append has called back, the configuration is
+ * raft's, and the TimeoutNow goes to raft, which checks it again, and the next tick runs
+ * the election timer. A follower whose disk stalls with such an entry in flight does not
+ * stand for election meanwhile; it could not store its vote either.
  *
  * Two on raft_uv's truncation of a follower's log: a truncation that fails is only flagged,
  * and one asked while raft_uv holds a snapshot put never runs at all (canonical/raft #372);
@@ -135,6 +151,14 @@ struct io {
     struct raft_message held_install;
     char *held_install_addr;
     unsigned long installs_held;
+    /* Appends in flight that hold a configuration entry, and a TimeoutNow held meanwhile
+     * (io_change_waits): the message and a copy of its sender's address, non-NULL exactly
+     * while one is held; how many were held, and how many ticks raft was not given. */
+    unsigned change_appends;
+    struct raft_message held_timeout_now;
+    char *held_timeout_now_addr;
+    unsigned long timeouts_held;
+    unsigned long ticks_held;
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */
     bool closing;                /* raft called close */
@@ -254,6 +278,10 @@ bool io_skip_snapshotted(const struct raft *r, struct raft_append_entries *ae);
  * first tick after the snapshot is stored, as a message delayed on the network (one no newer
  * than what was stored is answered as done); at the close a message still held is freed. */
 bool io_install_waits(const struct raft *r, const struct raft_message *m);
+
+/* Whether raft, a follower with an append of a configuration entry in flight, must get
+ * neither a TimeoutNow nor a tick yet (the fifth flaw, above). */
+bool io_change_waits(const struct io *io);
 
 /* The interval of raft's tick that the wrapper asks raft_uv for, at most: libraft 0.15 ticks
  * once a heartbeat timeout, so a follower noticed its leader gone up to a heartbeat late

@@ -68,6 +68,7 @@ static void ioCloseCb(struct raft_io *i)
      * (raft frees its requests then). */
     io_disk_release_held(io, true);
     io_held_install_drop(io);
+    io_held_timeout_now_drop(io);
     if (io->late_failures > 0) {
         clog_warn("raft I/O: %lu append(s) failed or canceled after close (not "
                   "stored; reported to raft as done)",

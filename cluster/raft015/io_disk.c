@@ -175,7 +175,9 @@ static void ioAppendDone(struct raft_io_append *req, int status)
     raft_io_append_cb cb = d->cb.append;
     uint64_t start_us = d->start_us;
     uint64_t trunc = d->trunc;
+    bool change = d->change;
     struct io *io = io_disk_end(d);
+    io->change_appends -= change;
     if (status == 0) {
         appendTimed(io, start_us);
         if (trunc != 0) {
@@ -206,6 +208,9 @@ static void ioAppendDone(struct raft_io_append *req, int status)
         status = 0; /* see the comment above ioCloseCb */
     }
     cb(outer, status);
+    if (change) {
+        io_change_stored(io); /* raft has taken the configuration now */
+    }
     io_settle(io, false);
     io_close_maybe_later(io);
 }
@@ -387,6 +392,9 @@ int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct r
     d->cb.append = cb;
     req->cb = cb;
     TAILQ_INSERT_TAIL(&io->appends, d, link);
+    for (unsigned k = 0; k < n; k++) {
+        d->change = d->change || entries[k].type == RAFT_CHANGE;
+    }
     int rv;
     if (!TAILQ_EMPTY(&io->held)) {
         /* After a truncation held back: in raft's order. */
@@ -400,6 +408,7 @@ int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct r
     if (rv == 0) {
         /* Taken: raft_uv stores them next (0: where is not known from here on). */
         io->disk_next = first != 0 ? first + n : 0;
+        io->change_appends += d->change;
     }
     return io_disk_submitted(d, rv);
 }

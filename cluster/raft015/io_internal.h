@@ -55,12 +55,19 @@ struct ioDisk {
     uint64_t trunc;           /* appends: the truncation checked when it ends (0: none) */
     bool in_inner;            /* puts: raft_uv holds it (io->puts_inner counts it) */
     bool install;             /* puts: of a snapshot the leader sent (isInstall) */
+    bool change;              /* appends: one of its entries is a configuration (counted in
+                               * io->change_appends while in flight) */
 };
 
 /* ---- io.c ---- */
 
 /* Frees a held InstallSnapshot that raft will not get. */
 void io_held_install_drop(struct io *io);
+/* Frees a held TimeoutNow that raft will not get. */
+void io_held_timeout_now_drop(struct io *io);
+/* An append of a configuration entry called back: hands raft the TimeoutNow held meanwhile,
+ * once none is in flight (io_change_waits). */
+void io_change_stored(struct io *io);
 
 /* ---- io_disk.c: appends and truncations ---- */
 

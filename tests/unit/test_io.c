@@ -69,8 +69,17 @@ static char installSeenAddr[64];
 static struct raft_request_vote seenVote; /* the last RequestVote the fake raft received */
 static int votesSeen;
 
+/* TimeoutNow messages and ticks the fake raft received. */
+static int timeoutNowSeen, ticksSeen;
+static char timeoutNowAddr[64];
+
 static void raftRecv(struct raft_io *io, struct raft_message *msg)
 {
+    if (msg->type == RAFT_IO_TIMEOUT_NOW) {
+        timeoutNowSeen++;
+        snprintf(timeoutNowAddr, sizeof(timeoutNowAddr), "%s", msg->server_address);
+        return;
+    }
     if (msg->type == RAFT_IO_REQUEST_VOTE) {
         seenVote = msg->request_vote;
         votesSeen++;
@@ -99,6 +108,7 @@ static void raftRecv(struct raft_io *io, struct raft_message *msg)
 static void raftTick(struct raft_io *io)
 {
     (void)io;
+    ticksSeen++;
 }
 
 static void deliverAppendEntriesCommit(raft_id from, raft_index prev, unsigned n, raft_index commit)
@@ -699,6 +709,95 @@ static void test_oldest_append_in_flight(void **state)
     completeAppend(0);
     assert_int_equal(io_oldest_append_us(&theIo), 0);
     closeIo();
+}
+
+/* A TimeoutNow from `from`, its address in a buffer scribbled over once the callback
+ * returned, as raft_uv's. */
+static void deliverTimeoutNow(raft_id from)
+{
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", 9000u + (unsigned)from);
+    struct raft_message m;
+    memset(&m, 0, sizeof(m));
+    m.type = RAFT_IO_TIMEOUT_NOW;
+    m.server_id = from;
+    m.server_address = addr;
+    m.timeout_now.term = 2;
+    innerRecv(&theIo.inner, &m);
+    memset(addr, 'x', sizeof(addr) - 1);
+}
+
+/* libraft 0.15's follower takes a configuration entry as its configuration only when its
+ * write ends, and only if it is still a follower then (io.h, the fifth flaw): while an
+ * append holding one is in flight, a follower's TimeoutNow is held (the latest) and raft
+ * gets no tick; both resume once it called back. Other appends hold nothing, nor does a
+ * leader's own configuration append. tests/sim's
+ * test_transfer_to_a_follower_storing_a_configuration shows the whole case on raft. */
+static void test_configuration_in_flight_holds_timeout_now_and_ticks(void **state)
+{
+    (void)state;
+    struct raft r;
+    memset(&r, 0, sizeof(r));
+    r.state = RAFT_FOLLOWER;
+    theIo.raft = &r;
+    timeoutNowSeen = ticksSeen = 0;
+    struct raft_entry change = {.term = 1, .type = RAFT_CHANGE};
+    struct raft_entry both[2] = {oneEntry, change};
+    struct raft_io_append a, b, c;
+    /* A command's append holds nothing. */
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &oneEntry, 1, raftAppendDone), 0);
+    innerTick(&theIo.inner);
+    deliverTimeoutNow(1);
+    assert_int_equal(ticksSeen, 1);
+    assert_int_equal(timeoutNowSeen, 1);
+    completeAppend(0);
+    /* One with a configuration among its entries: held while in flight. */
+    assert_int_equal(theIo.outer.append(&theIo.outer, &b, both, 2, raftAppendDone), 0);
+    assert_int_equal(theIo.outer.append(&theIo.outer, &c, &change, 1, raftAppendDone), 0);
+    assert_int_equal(theIo.change_appends, 2);
+    innerTick(&theIo.inner);
+    deliverTimeoutNow(2);
+    deliverTimeoutNow(3); /* the latest replaces it */
+    innerTick(&theIo.inner);
+    assert_int_equal(ticksSeen, 1);
+    assert_int_equal(timeoutNowSeen, 1);
+    assert_int_equal(theIo.ticks_held, 2);
+    assert_int_equal(theIo.timeouts_held, 2);
+    completeAppend(0); /* one still in flight */
+    assert_int_equal(timeoutNowSeen, 1);
+    innerTick(&theIo.inner);
+    assert_int_equal(ticksSeen, 1);
+    completeAppend(0); /* raft has it now: the TimeoutNow goes, with its own address */
+    assert_int_equal(theIo.change_appends, 0);
+    assert_int_equal(timeoutNowSeen, 2);
+    assert_string_equal(timeoutNowAddr, "127.0.0.1:9003");
+    assert_int_equal(appendCbs, 3);
+    innerTick(&theIo.inner);
+    assert_int_equal(ticksSeen, 2);
+    /* A leader's own configuration append holds nothing. */
+    r.state = RAFT_LEADER;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &change, 1, raftAppendDone), 0);
+    innerTick(&theIo.inner);
+    deliverTimeoutNow(1);
+    assert_int_equal(ticksSeen, 3);
+    assert_int_equal(timeoutNowSeen, 3);
+    completeAppend(0);
+    /* One held when raft closes is freed (LeakSanitizer would report it otherwise), and
+     * raft does not get it: the append ends after the close. */
+    r.state = RAFT_FOLLOWER;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &change, 1, raftAppendDone), 0);
+    deliverTimeoutNow(2);
+    assert_non_null(theIo.held_timeout_now_addr);
+    theIo.outer.close(&theIo.outer, raftClosed);
+    completeAppend(0);
+    assert_null(theIo.held_timeout_now_addr);
+    assert_int_equal(timeoutNowSeen, 3);
+    turnLoop();
+    assert_int_equal(innerCloses, 1);
+    innerCloseCb(&theIo.inner);
+    assert_int_equal(outerCloses, 1);
+    drainLoop();
+    theIo.raft = NULL;
 }
 
 /* Appends pass through while raft is open (a failed one stops the process:
@@ -2271,6 +2370,7 @@ int main(void)
         cmocka_unit_test_setup(test_unaddressed_answers_are_not_sent, setup),
         cmocka_unit_test(test_install_waits_only_for_an_own_snapshot),
         cmocka_unit_test_setup(test_install_held_until_own_snapshot_stored, setupInstall),
+        cmocka_unit_test_setup(test_configuration_in_flight_holds_timeout_now_and_ticks, setupDisk),
         cmocka_unit_test_setup(test_close_frees_a_held_install, setupInstall),
         cmocka_unit_test_setup(test_snapshot_ack_below_an_old_match, setupDisk),
         cmocka_unit_test_setup(test_async_work_is_forwarded, setupWork),
