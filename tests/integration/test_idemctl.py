@@ -1588,7 +1588,9 @@ class TestIdemctlHealthLag(CtlTest):
 class FakeCluster:
     """Three fake nodes' RPC listeners on loopback that answer status as a shared `leader`
     says (0: none, an election) and hand every transfer to `on_transfer(fake, node, target)`,
-    which returns (outcome, retry_after_ms, redirect address or "") and may change `leader`.
+    which returns (outcome, retry_after_ms, redirect address or "") or those and the
+    answer's leader_id, and may change `leader`. A membership change is answered ok, and
+    recorded in `changes` as (node asked, action, id, leader then).
     What idemctl transfer does after a leader answered that leadership did not move: a real
     cluster cannot be made to answer that on demand (raft 0.15 moved it to a SIGSTOPped
     target all the same). Records each transfer as (node asked, target, leader then)."""
@@ -1598,6 +1600,7 @@ class FakeCluster:
         self.leader = 1
         self.term = 2
         self.transfers = []
+        self.changes = []
         self.lock = threading.Lock()
         self.stopping = False
         self.listeners = []
@@ -1668,12 +1671,20 @@ class FakeCluster:
                     target = _fields(req[22]).get(1, 0)
                     with self.lock:
                         self.transfers.append((node, target, self.leader))
-                    outcome, wait, redirect = self.on_transfer(self, node, target)
+                    said = self.on_transfer(self, node, target)
+                    outcome, wait, redirect = said[:3]
                     result = _u(1, outcome) + (_u(4, wait) if wait else b"")
                     answer = _field(2, result) + (_field(3, redirect.encode()) if redirect
                                                   else b"")
                     if outcome != OUTCOME_OK:
                         answer += _field(4, b"leadership did not move")
+                    elif len(said) > 3:
+                        answer += _u(12, said[3])
+                elif 21 in req:
+                    mr = _fields(req[21])
+                    with self.lock:
+                        self.changes.append((node, mr.get(1, 0), mr.get(2, 0), self.leader))
+                    answer = _field(2, _u(1, OUTCOME_OK))
                 else:
                     answer = _field(2, _u(1, 12))
                 conn.sendall(_frame(_u(1, req.get(1, 0)) + answer))
@@ -1739,6 +1750,28 @@ class TestIdemctlTransferSettle(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual((out["outcome"], out["leader_id"]), ("ok", 3), out)
         self.assertEqual(fake.transfers, [(1, 2, 1), (1, 2, 1)])  # node 3 never asked
+
+    def test_a_removal_after_the_handover_waits_for_the_new_leader(self):
+        # members remove of the leader hands leadership over first. The transfer answers
+        # ok once the old leader has stepped down, and the others learn of the new leader
+        # from its first heartbeat: until then status shows none. The removal waits for
+        # status to show the new leader, and goes to it (seen under load: "members: no
+        # leader (as status shows)" after "leadership moved to node 2 first").
+        def handover(fake, node, target):
+            fake.set_leader(0)
+            threading.Timer(0.6, fake.set_leader, (2,)).start()
+            return OUTCOME_OK, 0, "", 2
+        fake = FakeCluster(handover)
+        self.addCleanup(fake.close)
+        t0 = time.monotonic()
+        rc, text, err = run_ctl(["--cluster", ",".join(fake.addrs), "--admin-token", "adm",
+                                 "--json", "members", "remove", 1], timeout=30)
+        self.assertEqual(rc, 0, (text, err))
+        out = json.loads(text)
+        self.assertEqual((out["outcome"], out["leader_moved_to"]), ("ok", 2), out)
+        self.assertEqual(fake.transfers, [(1, 0, 1)])
+        self.assertEqual(fake.changes, [(2, 3, 1, 2)])  # remove 1, asked of node 2 leading
+        self.assertGreaterEqual(time.monotonic() - t0, 0.6)
 
     def test_no_leader_by_the_deadline_is_unavailable(self):
         def gone(fake, node, target):

@@ -102,6 +102,28 @@ static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, c
     }
 }
 
+/* Right after leadership moved (a transfer answered): a discovery that shows a leader, into
+ * d (OUT; free with probeDiscoveryFree()), made again every 100 ms within g's deadline. The
+ * other nodes learn of the new leader from its first heartbeat, and until a majority of
+ * those that answer name it, status shows none (buildView()); a request sent then would be
+ * refused as "no leader". The last discovery when none showed one by the deadline, or when
+ * every node refused the token. */
+void leaderDiscoverSettled(const struct global *g, struct discovery *d)
+{
+    uint64_t end = callNowMs() + g->deadline_ms;
+    for (;;) {
+        struct global probe = *g;
+        probe.deadline_ms = leftMs(end);
+        probeDiscover(&probe, false, d);
+        if (probeOfNode(d->probes, d->n, &d->v, d->v.leader) != NULL ||
+            everyNodeRefused(d) != NULL || callNowMs() + 100 >= end) {
+            return;
+        }
+        probeDiscoveryFree(d);
+        callSleepMs(100);
+    }
+}
+
 /* Warns on stderr of what discovery d shows makes a promote of `promotee` time out: it
  * does not answer, or its addresses are wrong (probeMemberMismatch()). */
 static void warnPromotee(const struct discovery *d, uint64_t promotee)

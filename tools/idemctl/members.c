@@ -174,6 +174,14 @@ static int membersSend(struct global *g, Idem__MembersRequest *mr, Idem__Respons
         if (code != EXIT_ANSWERED) {
             return code;
         }
+        if (*moved_to != 0 && pre == NULL) {
+            /* The removal goes to the new leader once status shows it. */
+            pre = calloc(1, sizeof *pre);
+            if (pre == NULL) {
+                outOom();
+            }
+            leaderDiscoverSettled(g, pre);
+        }
         if (*moved_to != 0) { /* said with a failure of the removal too */
             moved = jobj();
             jset(moved, "leader_moved_to", ju64(*moved_to));
