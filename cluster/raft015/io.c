@@ -72,6 +72,8 @@ static void heldInstallMaybeDeliver(struct io *io)
     free(addr);
 }
 
+static raft_time ioNow(const struct io *io);
+
 bool io_change_waits(const struct io *io)
 {
     return io->raft != NULL && io->change_appends > 0 && io->raft->state == RAFT_FOLLOWER;
@@ -87,15 +89,17 @@ void io_held_timeout_now_drop(struct io *io)
  * configuration being written), in place of an older one held. */
 static void heldTimeoutNowKeep(struct io *io, const struct raft_message *msg)
 {
+    io_held_timeout_now_drop(io);
     char *addr = strdup(msg->server_address != NULL ? msg->server_address : "");
     if (addr == NULL) {
-        /* Without a copy of the address it cannot be held: dropped, as a TimeoutNow raft
-         * ignores; the leader's transfer then times out, and it stays leader. */
+        /* Without a copy of the address it cannot be held: dropped (as an older one held),
+         * as a TimeoutNow raft ignores; the leader's transfer then times out, and it stays
+         * leader. */
         return;
     }
-    io_held_timeout_now_drop(io);
     io->held_timeout_now = *msg;
     io->held_timeout_now_addr = addr;
+    io->held_timeout_now_at = ioNow(io);
     io->timeouts_held++;
 }
 
@@ -105,7 +109,12 @@ void io_change_stored(struct io *io)
     if (addr == NULL || io_change_waits(io)) {
         return;
     }
-    if (io->closing) {
+    /* The leader gives a transfer up after an election timeout ("leadership did not move"):
+     * a TimeoutNow held longer would start an election nobody waits for any more. */
+    raft_time now = ioNow(io), at = io->held_timeout_now_at;
+    raft_time age = now > at ? now - at : 0;
+    if (io->closing || io->raft == NULL || age > io->raft->election_timeout) {
+        io->timeouts_dropped += !io->closing;
         io_held_timeout_now_drop(io);
         return;
     }
@@ -554,7 +563,9 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->change_appends = 0;
     memset(&io->held_timeout_now, 0, sizeof(io->held_timeout_now));
     io->held_timeout_now_addr = NULL;
+    io->held_timeout_now_at = 0;
     io->timeouts_held = 0;
+    io->timeouts_dropped = 0;
     io->ticks_held = 0;
     io->loop = loop;
     io->works = 0;

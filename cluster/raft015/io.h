@@ -55,7 +55,7 @@
  * starts below its commit index with that commit index and appends nothing.
  *
  * A fifth, on the follower's side (integration found it: test_idemctl's
- * test_removing_the_leader_moves_leadership_first; tests/sim replays it): a 0.15 follower
+ * test_removing_the_leader_moves_leadership_first; tests/sim builds both ways to it): a 0.15 follower
  * takes a configuration entry it received as its configuration only when the entry's write
  * ends (appendFollowerCb), and then only if it is still a follower. One that became a
  * candidate in between, by a TimeoutNow (a leadership transfer) or its election timer, holds
@@ -64,11 +64,14 @@
  * leader sends TimeoutNow as soon as it has sent the follower its last entry (raft's
  * progressIsUpToDate compares next_index, not match_index), so a transfer right after a
  * change meets the change's write in flight. While a follower has an append of a
- * configuration entry in flight, the wrapper holds its TimeoutNow (the latest) and gives
- * raft no tick (io_change_waits); once the append has called back, the configuration is
- * raft's, and the TimeoutNow goes to raft, which checks it again, and the next tick runs
- * the election timer. A follower whose disk stalls with such an entry in flight does not
- * stand for election meanwhile; it could not store its vote either.
+ * configuration entry in flight (one it asked as a follower: a leader takes its own when it
+ * appends them), the wrapper holds its TimeoutNow (the latest) and gives raft no tick
+ * (io_change_waits). Once the append has called back, raft has taken the configuration (if
+ * it still holds the entry and is still a follower), the TimeoutNow goes to raft, which
+ * checks it again, unless it was held longer than an election timeout (the leader has
+ * given the transfer up by then), and the next tick runs the election timer. A follower
+ * whose log write stalls with such an entry in flight does not stand for election
+ * meanwhile.
  *
  * Two on raft_uv's truncation of a follower's log: a truncation that fails is only flagged,
  * and one asked while raft_uv holds a snapshot put never runs at all (canonical/raft #372);
@@ -157,7 +160,9 @@ struct io {
     unsigned change_appends;
     struct raft_message held_timeout_now;
     char *held_timeout_now_addr;
+    raft_time held_timeout_now_at; /* when it arrived (the wrapper's clock, io.c) */
     unsigned long timeouts_held;
+    unsigned long timeouts_dropped; /* held past an election timeout: not handed over */
     unsigned long ticks_held;
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */

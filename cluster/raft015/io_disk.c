@@ -392,9 +392,16 @@ int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct r
     d->cb.append = cb;
     req->cb = cb;
     TAILQ_INSERT_TAIL(&io->appends, d, link);
+    /* A follower's configuration entry: raft takes it when this append calls back (io.h,
+     * the fifth flaw). A leader took its own when it appended it. Counted before raft_uv
+     * has the append (d is not read after that), taken back if it refuses it. */
+    bool change = false;
     for (unsigned k = 0; k < n; k++) {
-        d->change = d->change || entries[k].type == RAFT_CHANGE;
+        change = change || entries[k].type == RAFT_CHANGE;
     }
+    d->change = change && io->raft != NULL && io->raft->state == RAFT_FOLLOWER;
+    io->change_appends += d->change;
+    change = d->change;
     int rv;
     if (!TAILQ_EMPTY(&io->held)) {
         /* After a truncation held back: in raft's order. */
@@ -408,7 +415,8 @@ int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct r
     if (rv == 0) {
         /* Taken: raft_uv stores them next (0: where is not known from here on). */
         io->disk_next = first != 0 ? first + n : 0;
-        io->change_appends += d->change;
+    } else {
+        io->change_appends -= change;
     }
     return io_disk_submitted(d, rv);
 }

@@ -2000,6 +2000,58 @@ static void test_transfer_to_a_follower_storing_a_configuration(void **state)
     free(s);
 }
 
+static bool holdsLeadersLast(struct raft_fixture *f, void *arg)
+{
+    const unsigned *pair = arg; /* the leader, the follower */
+    return raft_last_index(raft_fixture_get(f, pair[1])) ==
+           raft_last_index(raft_fixture_get(f, pair[0]));
+}
+
+/* The same by the election timer: the leader dies right after sending a follower a
+ * configuration entry (a spare added), and that follower's timer expires while the entry's
+ * write is in flight. It must stand for election, and lead, with that configuration. */
+static void test_election_of_a_follower_storing_a_configuration(void **state)
+{
+    (void)state;
+    if (getenv("IDEM_SIM_RAW_RAFT") != NULL) {
+        skip();
+    }
+    struct sim *s = calloc(1, sizeof(*s));
+    assert_non_null(s);
+    simInit(s, 3, 2);
+    assert_true(raft_fixture_step_until(&s->f, hasLeader, s, 10000));
+    unsigned l = raft_fixture_leader_index(&s->f);
+    struct allDone d = {s, propose(s, l, 1)};
+    assert_int_not_equal(d.index, 0);
+    assert_true(raft_fixture_step_until(&s->f, allApplied, &d, 10000));
+    unsigned target = (l + 1) % 3, other = (l + 2) % 3;
+    for (unsigned i = 0; i < 3; i++) {
+        raft_fixture_set_network_latency(&s->f, i, 5);
+        raft_fixture_set_disk_latency(&s->f, i, i == target ? 3000 : 5);
+    }
+    /* The target's timer first, by far. */
+    raft_fixture_set_randomized_election_timeout(&s->f, target, 1000);
+    raft_fixture_set_randomized_election_timeout(&s->f, other, 20000);
+    struct raft *lr = raft_fixture_get(&s->f, l), *tr = raft_fixture_get(&s->f, target);
+    unsigned before = tr->configuration.n;
+    struct changeWait cw = {-1};
+    struct raft_change change = {.data = &cw};
+    assert_int_equal(raft_add(lr, &change, 9, "9", changeWaitCb), 0);
+    unsigned pair[2] = {l, target};
+    assert_true(raft_fixture_step_until(&s->f, holdsLeadersLast, pair, 1000));
+    raft_fixture_kill(&s->f, l);
+    s->alive[l] = false;
+    assert_true(raft_fixture_step_until(&s->f, leadsIn, &target, 30000));
+    assert_int_equal(tr->configuration.n, before + 1);
+    assert_int_equal(roleOf(tr, 9), RAFT_SPARE);
+    assert_true(s->nodes[target].io.ticks_held > 0);
+    raft_fixture_revive(&s->f, l);
+    s->alive[l] = true;
+    simClose(s);
+    assert_string_equal(s->failure, "");
+    free(s);
+}
+
 static void usage(FILE *to)
 {
     fprintf(to,
@@ -2096,6 +2148,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_transfer_to_a_follower_storing_a_configuration),
+        cmocka_unit_test(test_election_of_a_follower_storing_a_configuration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -730,15 +730,18 @@ static void deliverTimeoutNow(raft_id from)
 /* libraft 0.15's follower takes a configuration entry as its configuration only when its
  * write ends, and only if it is still a follower then (io.h, the fifth flaw): while an
  * append holding one is in flight, a follower's TimeoutNow is held (the latest) and raft
- * gets no tick; both resume once it called back. Other appends hold nothing, nor does a
- * leader's own configuration append. tests/sim's
- * test_transfer_to_a_follower_storing_a_configuration shows the whole case on raft. */
+ * gets no tick; both resume once it called back, and a TimeoutNow held longer than an
+ * election timeout (the leader gave its transfer up) is dropped. Other appends hold
+ * nothing, nor does a configuration a node appended as leader, after it stepped down too.
+ * tests/sim's test_transfer_to_a_follower_storing_a_configuration shows the whole case on
+ * raft. */
 static void test_configuration_in_flight_holds_timeout_now_and_ticks(void **state)
 {
     (void)state;
     struct raft r;
     memset(&r, 0, sizeof(r));
     r.state = RAFT_FOLLOWER;
+    r.election_timeout = 1000;
     theIo.raft = &r;
     timeoutNowSeen = ticksSeen = 0;
     struct raft_entry change = {.term = 1, .type = RAFT_CHANGE};
@@ -774,14 +777,28 @@ static void test_configuration_in_flight_holds_timeout_now_and_ticks(void **stat
     assert_int_equal(appendCbs, 3);
     innerTick(&theIo.inner);
     assert_int_equal(ticksSeen, 2);
-    /* A leader's own configuration append holds nothing. */
+    /* A leader's own configuration append holds nothing, in flight after it stepped down
+     * either. */
     r.state = RAFT_LEADER;
     assert_int_equal(theIo.outer.append(&theIo.outer, &a, &change, 1, raftAppendDone), 0);
     innerTick(&theIo.inner);
+    r.state = RAFT_FOLLOWER;
+    innerTick(&theIo.inner);
     deliverTimeoutNow(1);
-    assert_int_equal(ticksSeen, 3);
+    assert_int_equal(ticksSeen, 4);
     assert_int_equal(timeoutNowSeen, 3);
     completeAppend(0);
+    /* One held past an election timeout: the leader gave its transfer up, and raft does not
+     * get it. */
+    r.election_timeout = 20;
+    assert_int_equal(theIo.outer.append(&theIo.outer, &a, &change, 1, raftAppendDone), 0);
+    deliverTimeoutNow(2);
+    usleep(40 * 1000);
+    uv_update_time(&loop);
+    completeAppend(0);
+    assert_int_equal(timeoutNowSeen, 3);
+    assert_int_equal(theIo.timeouts_dropped, 1);
+    assert_null(theIo.held_timeout_now_addr);
     /* One held when raft closes is freed (LeakSanitizer would report it otherwise), and
      * raft does not get it: the append ends after the close. */
     r.state = RAFT_FOLLOWER;
@@ -792,6 +809,7 @@ static void test_configuration_in_flight_holds_timeout_now_and_ticks(void **stat
     completeAppend(0);
     assert_null(theIo.held_timeout_now_addr);
     assert_int_equal(timeoutNowSeen, 3);
+    assert_int_equal(theIo.timeouts_dropped, 1);
     turnLoop();
     assert_int_equal(innerCloses, 1);
     innerCloseCb(&theIo.inner);
