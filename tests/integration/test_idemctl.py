@@ -1773,6 +1773,22 @@ class TestIdemctlTransferSettle(unittest.TestCase):
         self.assertEqual(fake.changes, [(2, 3, 1, 2)])  # remove 1, asked of node 2 leading
         self.assertGreaterEqual(time.monotonic() - t0, 0.6)
 
+    def test_no_leader_after_the_handover_sends_nothing(self):
+        def gone(fake, node, target):
+            fake.set_leader(0)
+            return OUTCOME_OK, 0, "", 2
+        fake = FakeCluster(gone)
+        self.addCleanup(fake.close)
+        rc, text, err = run_ctl(["--cluster", ",".join(fake.addrs), "--admin-token", "adm",
+                                 "--deadline", 1500, "--json", "members", "remove", 1],
+                                timeout=30)
+        self.assertEqual(rc, 3, (text, err))
+        out = json.loads(text)
+        self.assertEqual((out["outcome"], out["leader_moved_to"]), ("unavailable", 2), out)
+        self.assertIn("then no leader showed in status within the deadline; node 1 was not "
+                      "removed (nothing was sent)", out["error"], out)
+        self.assertEqual(fake.changes, [])
+
     def test_no_leader_by_the_deadline_is_unavailable(self):
         def gone(fake, node, target):
             fake.set_leader(0)

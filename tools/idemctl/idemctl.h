@@ -198,7 +198,7 @@ int leaderNone(const struct global *g, const struct discovery *d, const char *wh
 int leaderCall(const struct global *g, const char *what, uint64_t promotee,
                const Idem__Request *req, Idem__Response **resp, uint64_t *node_id,
                const struct discovery *pre);
-void leaderDiscoverSettled(const struct global *g, struct discovery *d);
+bool leaderDiscoverSettled(const struct global *g, struct discovery *d);
 void leaderExplainRefusal(const struct global *g, json_t *o, uint64_t id, bool transfer);
 uint64_t leaderOfStatus(const struct global *g);
 

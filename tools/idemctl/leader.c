@@ -106,9 +106,10 @@ static int settledLeader(const struct global *g, uint64_t end, uint64_t asked, c
  * d (OUT; free with probeDiscoveryFree()), made again every 100 ms within g's deadline. The
  * other nodes learn of the new leader from its first heartbeat, and until a majority of
  * those that answer name it, status shows none (buildView()); a request sent then would be
- * refused as "no leader". The last discovery when none showed one by the deadline, or when
- * every node refused the token. */
-void leaderDiscoverSettled(const struct global *g, struct discovery *d)
+ * refused as "no leader". Returns true when d shows a leader, or every node refused the
+ * token (leaderCall() says so); false when none showed one by the deadline (d is the last
+ * discovery made). */
+bool leaderDiscoverSettled(const struct global *g, struct discovery *d)
 {
     uint64_t end = callNowMs() + g->deadline_ms;
     for (;;) {
@@ -116,8 +117,11 @@ void leaderDiscoverSettled(const struct global *g, struct discovery *d)
         probe.deadline_ms = leftMs(end);
         probeDiscover(&probe, false, d);
         if (probeOfNode(d->probes, d->n, &d->v, d->v.leader) != NULL ||
-            everyNodeRefused(d) != NULL || callNowMs() + 100 >= end) {
-            return;
+            everyNodeRefused(d) != NULL) {
+            return true;
+        }
+        if (callNowMs() + 100 >= end) {
+            return false;
         }
         probeDiscoveryFree(d);
         callSleepMs(100);

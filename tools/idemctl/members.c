@@ -174,18 +174,31 @@ static int membersSend(struct global *g, Idem__MembersRequest *mr, Idem__Respons
         if (code != EXIT_ANSWERED) {
             return code;
         }
+        if (*moved_to != 0) { /* said with a failure of the removal too */
+            moved = jobj();
+            jset(moved, "leader_moved_to", ju64(*moved_to));
+            g->fail_extra = moved;
+        }
         if (*moved_to != 0 && pre == NULL) {
             /* The removal goes to the new leader once status shows it. */
             pre = calloc(1, sizeof *pre);
             if (pre == NULL) {
                 outOom();
             }
-            leaderDiscoverSettled(g, pre);
-        }
-        if (*moved_to != 0) { /* said with a failure of the removal too */
-            moved = jobj();
-            jset(moved, "leader_moved_to", ju64(*moved_to));
-            g->fail_extra = moved;
+            if (!leaderDiscoverSettled(g, pre)) {
+                probeDiscoveryFree(pre);
+                free(pre);
+                char msg[300];
+                snprintf(msg, sizeof msg,
+                         "members remove: leadership moved to node %" PRIu64 ", then no leader "
+                         "showed in status within the deadline; node %" PRIu64 " was not "
+                         "removed (nothing was sent): see `idemctl status`, then remove it again",
+                         *moved_to, mr->id);
+                code = outFailCall(g, IDEM_EUNAVAILABLE, msg);
+                g->fail_extra = NULL;
+                json_decref(moved);
+                return code;
+            }
         }
     }
     int code = leaderCall(g, "members",
