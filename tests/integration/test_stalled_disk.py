@@ -10,6 +10,14 @@ with nothing lost. A leader so held hands leadership over (raft.stuck_write_step
 instead of holding the whole cluster; it then answers nothing until its disk does (raft_uv
 stores the new term with an fsync on the loop).
 
+Any node whose term or vote changes while its disk is held blocks the same way: raft_uv
+writes and syncs its metadata file on the loop (docs/raft-0.15.md, "Not corrected"). On a
+loaded machine (the ASan stage of CI) an election during the follower's hold was seen to
+block the follower's loop that way, and its /metrics timed out: the cluster runs with a
+2 s election timeout here, so that a machine held busy does not elect a new leader in the
+middle of the hold, and the follower's test says which term the others are at when its
+node stops answering.
+
 Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
 mkfs.ext4 (tools/setup.sh --test installs the packages); without them the test is skipped, and
 ctest reports it skipped (tests/CMakeLists.txt: SKIP_REGULAR_EXPRESSION). A run killed
@@ -166,7 +174,8 @@ class TestStalledDisk(ClusterTestCase):
             self.disk.close()  # setUp's retry (a port taken meanwhile): a fresh disk too
         self.disk = HeldDisk()
         try:
-            return Cluster(data_dirs={self.STALLED: os.path.join(self.disk.mnt, "data")})
+            return Cluster(data_dirs={self.STALLED: os.path.join(self.disk.mnt, "data")},
+                           election_ms=2000)
         except BaseException:
             self.disk.close()
             self.disk = None
@@ -202,14 +211,26 @@ class TestStalledDisk(ClusterTestCase):
             wait_for(lambda: self.c.leader() not in (None, self.STALLED), 20,
                      "a leader other than node %d" % self.STALLED)
         lid = self.c.leader()
-        before = self.c.wait_converged(3)["nodes"][0]["applied_index"]
+        converged = self.c.wait_converged(3)
+        before = converged["nodes"][0]["applied_index"]
+        term = {n["id"]: n["term"] for n in converged["nodes"]}
 
         self.disk.hold(True)
         bench = self.bench(self.c.nodes[lid], 50, 9)
         # The node answers while its write is stuck, and says so.
-        age = wait_for(lambda: (lambda v: v if v is not None and v >= 5.0 else None)(
-            metric(stalled, "idem_raft_append_oldest_seconds")), 20,
-            "node %d's oldest append 5 s old" % self.STALLED)
+        def stuck_age():
+            try:
+                v = metric(stalled, "idem_raft_append_oldest_seconds")
+            except OSError as e:
+                others = [i for i in self.c.nodes if i != self.STALLED]
+                st = self.c.status(ids=others) or {}
+                now = {n["id"]: n.get("term") for n in st.get("nodes", [])}
+                raise AssertionError("node %d's /metrics did not answer (%s) while its disk "
+                                     "was held; terms before the hold %s, the others' now %s "
+                                     "(a new term blocks its loop in raft_uv's metadata "
+                                     "write)" % (self.STALLED, e, term, now))
+            return v if v is not None and v >= 5.0 else None
+        age = wait_for(stuck_age, 20, "node %d's oldest append 5 s old" % self.STALLED)
         self.assertGreaterEqual(age, 5.0)
         def warned():
             with open(stalled.log) as f:
