@@ -1961,25 +1961,38 @@ static int roleOf(const struct raft *r, raft_id id)
     return -1;
 }
 
+/* A three-server sim (seed `seed`) with a leader (*l) whose first entry every server
+ * applied; then a 5 ms network, and 5 ms disks but for the follower *target, whose writes
+ * take disk_ms. *other: the third server. */
+static struct sim *slowFollowerSim(uint64_t seed, unsigned disk_ms, unsigned *l, unsigned *target,
+                                   unsigned *other)
+{
+    struct sim *s = calloc(1, sizeof(*s));
+    assert_non_null(s);
+    simInit(s, 3, seed);
+    assert_true(raft_fixture_step_until(&s->f, hasLeader, s, 10000));
+    *l = raft_fixture_leader_index(&s->f);
+    struct allDone d = {s, propose(s, *l, 1)};
+    assert_int_not_equal(d.index, 0);
+    assert_true(raft_fixture_step_until(&s->f, allApplied, &d, 10000));
+    *target = (*l + 1) % 3;
+    *other = (*l + 2) % 3;
+    for (unsigned i = 0; i < 3; i++) {
+        raft_fixture_set_network_latency(&s->f, i, 5);
+        raft_fixture_set_disk_latency(&s->f, i, i == *target ? disk_ms : 5);
+    }
+    return s;
+}
+
 static void test_transfer_to_a_follower_storing_a_configuration(void **state)
 {
     (void)state;
     if (getenv("IDEM_SIM_RAW_RAFT") != NULL) {
         skip(); /* the wrapper's hold is what is tested */
     }
-    struct sim *s = calloc(1, sizeof(*s));
-    assert_non_null(s);
-    simInit(s, 3, 1);
-    assert_true(raft_fixture_step_until(&s->f, hasLeader, s, 10000));
-    unsigned l = raft_fixture_leader_index(&s->f);
-    struct allDone d = {s, propose(s, l, 1)};
-    assert_int_not_equal(d.index, 0);
-    assert_true(raft_fixture_step_until(&s->f, allApplied, &d, 10000));
-    unsigned target = (l + 1) % 3, other = (l + 2) % 3;
-    for (unsigned i = 0; i < 3; i++) {
-        raft_fixture_set_network_latency(&s->f, i, 5);
-        raft_fixture_set_disk_latency(&s->f, i, i == target ? 300 : 5);
-    }
+    unsigned l, target, other;
+    struct sim *s = slowFollowerSim(1, 300, &l, &target, &other);
+    struct allDone d = {s, 0};
     struct raft *lr = raft_fixture_get(&s->f, l), *tr = raft_fixture_get(&s->f, target);
     raft_id other_id = raft_fixture_get(&s->f, other)->id;
     struct changeWait cw = {-1};
@@ -2016,19 +2029,8 @@ static void test_election_of_a_follower_storing_a_configuration(void **state)
     if (getenv("IDEM_SIM_RAW_RAFT") != NULL) {
         skip();
     }
-    struct sim *s = calloc(1, sizeof(*s));
-    assert_non_null(s);
-    simInit(s, 3, 2);
-    assert_true(raft_fixture_step_until(&s->f, hasLeader, s, 10000));
-    unsigned l = raft_fixture_leader_index(&s->f);
-    struct allDone d = {s, propose(s, l, 1)};
-    assert_int_not_equal(d.index, 0);
-    assert_true(raft_fixture_step_until(&s->f, allApplied, &d, 10000));
-    unsigned target = (l + 1) % 3, other = (l + 2) % 3;
-    for (unsigned i = 0; i < 3; i++) {
-        raft_fixture_set_network_latency(&s->f, i, 5);
-        raft_fixture_set_disk_latency(&s->f, i, i == target ? 3000 : 5);
-    }
+    unsigned l, target, other;
+    struct sim *s = slowFollowerSim(2, 3000, &l, &target, &other);
     /* The target's timer first, by far. */
     raft_fixture_set_randomized_election_timeout(&s->f, target, 1000);
     raft_fixture_set_randomized_election_timeout(&s->f, other, 20000);

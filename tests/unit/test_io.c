@@ -406,18 +406,25 @@ static int setupWork(void **state)
     return 0;
 }
 
-/* An InstallSnapshot from `from` of a snapshot at `index`, as raft_uv hands it over: its
- * data and configuration for raft to own, its sender's address in raft_uv's own buffer,
- * reused once the callback returned (scribbled over here). */
-static void deliverInstall(raft_id from, raft_index index)
+/* Hands m, from `from`, to the wrapper as raft_uv does: its sender's address in raft_uv's
+ * own buffer, reused once the callback returned (scribbled over here). */
+static void deliverFrom(struct raft_message *m, raft_id from)
 {
     char addr[32];
     snprintf(addr, sizeof(addr), "127.0.0.1:%u", 9000u + (unsigned)from);
+    m->server_id = from;
+    m->server_address = addr;
+    innerRecv(&theIo.inner, m);
+    memset(addr, 'x', sizeof(addr) - 1);
+}
+
+/* An InstallSnapshot from `from` of a snapshot at `index`, as raft_uv hands it over: its
+ * data and configuration for raft to own. */
+static void deliverInstall(raft_id from, raft_index index)
+{
     struct raft_message m;
     memset(&m, 0, sizeof(m));
     m.type = RAFT_IO_INSTALL_SNAPSHOT;
-    m.server_id = from;
-    m.server_address = addr;
     m.install_snapshot.term = 2;
     m.install_snapshot.last_index = index;
     m.install_snapshot.last_term = 2;
@@ -428,8 +435,7 @@ static void deliverInstall(raft_id from, raft_index index)
     m.install_snapshot.data.base = raft_malloc(64);
     assert_non_null(m.install_snapshot.data.base);
     memset(m.install_snapshot.data.base, 0xab, 64);
-    innerRecv(&theIo.inner, &m);
-    memset(addr, 'x', sizeof(addr) - 1);
+    deliverFrom(&m, from);
 }
 
 static struct raft takingRaft; /* a follower raft, its own snapshot in progress or not */
@@ -711,20 +717,14 @@ static void test_oldest_append_in_flight(void **state)
     closeIo();
 }
 
-/* A TimeoutNow from `from`, its address in a buffer scribbled over once the callback
- * returned, as raft_uv's. */
+/* A TimeoutNow from `from`. */
 static void deliverTimeoutNow(raft_id from)
 {
-    char addr[32];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", 9000u + (unsigned)from);
     struct raft_message m;
     memset(&m, 0, sizeof(m));
     m.type = RAFT_IO_TIMEOUT_NOW;
-    m.server_id = from;
-    m.server_address = addr;
     m.timeout_now.term = 2;
-    innerRecv(&theIo.inner, &m);
-    memset(addr, 'x', sizeof(addr) - 1);
+    deliverFrom(&m, from);
 }
 
 /* libraft 0.15's follower takes a configuration entry as its configuration only when its
