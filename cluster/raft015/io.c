@@ -74,6 +74,13 @@ static void heldInstallMaybeDeliver(struct io *io)
 
 static raft_time ioNow(const struct io *io);
 
+/* The wrapper's clock read now: the loop's cached time may be late by a long turn (one that
+ * waited on the disk, say). */
+static raft_time ioNowFresh(const struct io *io)
+{
+    return io->loop != NULL ? (raft_time)(uv_hrtime() / 1000000u) : ioNow(io);
+}
+
 bool io_change_waits(const struct io *io)
 {
     return io->raft != NULL && io->change_appends > 0 && io->raft->state == RAFT_FOLLOWER;
@@ -99,7 +106,7 @@ static void heldTimeoutNowKeep(struct io *io, const struct raft_message *msg)
     }
     io->held_timeout_now = *msg;
     io->held_timeout_now_addr = addr;
-    io->held_timeout_now_at = ioNow(io);
+    io->held_timeout_now_at = ioNowFresh(io);
     io->timeouts_held++;
 }
 
@@ -109,11 +116,14 @@ void io_change_stored(struct io *io)
     if (addr == NULL || io_change_waits(io)) {
         return;
     }
-    /* The leader gives a transfer up after an election timeout ("leadership did not move"):
-     * a TimeoutNow held longer would start an election nobody waits for any more. */
-    raft_time now = ioNow(io), at = io->held_timeout_now_at;
+    /* The leader gives a transfer up an election timeout after it began ("leadership did not
+     * move"), and the election a TimeoutNow starts takes a round of votes: one held over
+     * half an election timeout would often start an election after the leader reported
+     * that the transfer failed. (This narrows that window; a slow network can still make
+     * it.) */
+    raft_time now = ioNowFresh(io), at = io->held_timeout_now_at;
     raft_time age = now > at ? now - at : 0;
-    if (io->closing || io->raft == NULL || age > io->raft->election_timeout) {
+    if (io->closing || io->raft == NULL || age > io->raft->election_timeout / 2) {
         io->timeouts_dropped += !io->closing;
         io_held_timeout_now_drop(io);
         return;

@@ -68,8 +68,9 @@
  * appends them), the wrapper holds its TimeoutNow (the latest) and gives raft no tick
  * (io_change_waits). Once the append has called back, raft has taken the configuration (if
  * it still holds the entry and is still a follower), the TimeoutNow goes to raft, which
- * checks it again, unless it was held longer than an election timeout (the leader has
- * given the transfer up by then), and the next tick runs the election timer. A follower
+ * checks it again, unless it was held longer than half an election timeout (the leader
+ * gives the transfer up an election timeout after it began), and the next tick runs the
+ * election timer. A follower
  * whose log write stalls with such an entry in flight does not stand for election
  * meanwhile.
  *
@@ -160,9 +161,9 @@ struct io {
     unsigned change_appends;
     struct raft_message held_timeout_now;
     char *held_timeout_now_addr;
-    raft_time held_timeout_now_at; /* when it arrived (the wrapper's clock, io.c) */
+    raft_time held_timeout_now_at; /* when it arrived (ms, the wrapper's clock, io.c) */
     unsigned long timeouts_held;
-    unsigned long timeouts_dropped; /* held past an election timeout: not handed over */
+    unsigned long timeouts_dropped; /* held past half an election timeout: not handed over */
     unsigned long ticks_held;
     unsigned works;              /* pool work in flight: async_work, snapstore's */
     unsigned disk;               /* appends and snapshot puts in flight */

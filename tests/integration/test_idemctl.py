@@ -1784,7 +1784,8 @@ class TestIdemctlTransferSettle(unittest.TestCase):
                                 timeout=30)
         self.assertEqual(rc, 3, (text, err))
         out = json.loads(text)
-        self.assertEqual((out["outcome"], out["leader_moved_to"]), ("unavailable", 2), out)
+        self.assertEqual((out["outcome"], out["leader_moved_to"], out["removed"]),
+                         ("unavailable", 2, False), out)
         self.assertIn("then no leader showed in status within the deadline; node 1 was not "
                       "removed (nothing was sent)", out["error"], out)
         self.assertEqual(fake.changes, [])

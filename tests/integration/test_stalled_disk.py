@@ -14,9 +14,9 @@ Any node whose term or vote changes while its disk is held blocks the same way: 
 writes and syncs its metadata file on the loop (docs/raft-0.15.md, "Not corrected"). On a
 loaded machine (the ASan stage of CI) an election during the follower's hold was seen to
 block the follower's loop that way, and its /metrics timed out: the cluster runs with a
-2 s election timeout here, so that a machine held busy does not elect a new leader in the
-middle of the hold, and the follower's test says which term the others are at when its
-node stops answering.
+2 s election timeout here, so that a machine held busy is less likely to elect a new
+leader in the middle of the hold, and the follower's test says which term the others are
+at when its node stops answering.
 
 Needs root (loop devices, mounts), /dev/fuse, Debian's python3-fusepy, losetup and
 mkfs.ext4 (tools/setup.sh --test installs the packages); without them the test is skipped, and
@@ -225,10 +225,11 @@ class TestStalledDisk(ClusterTestCase):
                 others = [i for i in self.c.nodes if i != self.STALLED]
                 st = self.c.status(ids=others) or {}
                 now = {n["id"]: n.get("term") for n in st.get("nodes", [])}
+                why = ("a new term blocks its loop in raft_uv's metadata write"
+                       if any(now.get(i) != term.get(i) for i in now) else "no new term")
                 raise AssertionError("node %d's /metrics did not answer (%s) while its disk "
                                      "was held; terms before the hold %s, the others' now %s "
-                                     "(a new term blocks its loop in raft_uv's metadata "
-                                     "write)" % (self.STALLED, e, term, now))
+                                     "(%s)" % (self.STALLED, e, term, now, why))
             return v if v is not None and v >= 5.0 else None
         age = wait_for(stuck_age, 20, "node %d's oldest append 5 s old" % self.STALLED)
         self.assertGreaterEqual(age, 5.0)
@@ -289,7 +290,8 @@ class TestStalledDisk(ClusterTestCase):
         try:
             # Two ways out, both seen: the leader's loop keeps running and it hands over
             # (the normal builds), or its loop itself blocks on that disk (seen once under
-            # ASan: raft_uv waits on it somewhere on the loop), its heartbeats stop and the
+            # ASan, probably in raft_uv's write of a new term: docs/raft-0.15.md, "Not
+            # corrected"), its heartbeats stop and the
             # others elect one as they would for a crashed leader. Whenever its /metrics
             # still answered 6 s or more into the stuck write, the loop ran its 100 ms tick
             # past the 5 s threshold, so it must have handed over.

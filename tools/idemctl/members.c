@@ -194,6 +194,7 @@ static int membersSend(struct global *g, Idem__MembersRequest *mr, Idem__Respons
                          "showed in status within the deadline; node %" PRIu64 " was not "
                          "removed (nothing was sent): see `idemctl status`, then remove it again",
                          *moved_to, mr->id);
+                jset(moved, "removed", json_false());
                 code = outFailCall(g, IDEM_EUNAVAILABLE, msg);
                 g->fail_extra = NULL;
                 json_decref(moved);
