@@ -246,9 +246,10 @@ class TestStalledDisk(ClusterTestCase):
         bench = self.bench(self.c.nodes[lid], 50, 9)
         # The node answers while its write is stuck, and says so; unless its loop itself
         # waits on the held disk. A new term does that (raft_uv writes it on the loop), and
-        # twice in the ASan stage of CI (2026-12-06 and 07) the follower's /metrics stopped
-        # answering with no new term, in a place not found yet (docs/raft-0.15.md, "Not
-        # corrected"; 12 runs beside the same tests did not show it again). Then what its
+        # once in the ASan stage of CI (2026-12-07; an earlier failure did not record the
+        # terms) the follower's /metrics stopped answering with no new term, in a place not
+        # found yet (docs/raft-0.15.md, "Not corrected"; 12 runs beside the same tests did
+        # not show it again). Then what its
         # loop waits in (its kernel stack, its system call and the file) is printed for the
         # next look, and the rest is checked without it: the others commit, and the node
         # catches up once its disk answers.
