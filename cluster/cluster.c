@@ -796,6 +796,7 @@ void cluster_get_status(const struct cluster *c, struct cluster_status *out)
     out->raft_cut = c->io.skipped;
     out->raft_installs_held = c->io.installs_held;
     out->raft_timeouts_held = c->io.timeouts_held;
+    out->raft_timeouts_dropped = c->io.timeouts_dropped;
 }
 
 _Static_assert(CLUSTER_SECRET_MIN == TRANSPORT_SECRET_MIN, "one minimum for Raft secrets");

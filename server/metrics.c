@@ -48,7 +48,7 @@ struct sample {
     size_t off;
 };
 
-#define FAMILY_SAMPLES_MAX 7
+#define FAMILY_SAMPLES_MAX 8
 
 /* One metric family: its HELP and TYPE lines, then its samples, written by `write` or else
  * the fixed ones (`label` = samples[i].value each, or one sample without labels). */
@@ -426,7 +426,7 @@ static const struct family families[] = {
      "a follower's match index lowered to the snapshot it installed after losing its data, an "
      "answer without a leader address not sent, the leader's snapshot held while this "
      "follower stored another, a leadership transfer's TimeoutNow held while this follower "
-     "wrote a configuration entry.",
+     "wrote a configuration entry, and of those the ones dropped for their age.",
      .label = "kind",
      .samples = {{"clamp", U64(si.cluster.raft_clamped)},
                  {"hold", U64(si.cluster.raft_held)},
@@ -434,7 +434,8 @@ static const struct family families[] = {
                  {"rematch", U64(si.cluster.raft_rematched)},
                  {"unaddressed", U64(si.cluster.raft_unaddressed)},
                  {"install_held", U64(si.cluster.raft_installs_held)},
-                 {"timeout_now_held", U64(si.cluster.raft_timeouts_held)}}},
+                 {"timeout_now_held", U64(si.cluster.raft_timeouts_held)},
+                 {"timeout_now_dropped", U64(si.cluster.raft_timeouts_dropped)}}},
     {"idem_rpc_connections_cut_total", "counter",
      "RPC connections closed for the answers waiting to be written to them: past 64 MiB of its "
      "own (limit=\"connection\"), or as the one holding the most when every connection's "

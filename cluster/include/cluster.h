@@ -255,6 +255,7 @@ struct cluster_status {
     uint64_t raft_cut;
     uint64_t raft_installs_held; /* leader's snapshots held while storing another (io.h) */
     uint64_t raft_timeouts_held; /* TimeoutNow held while a configuration is written (io.h) */
+    uint64_t raft_timeouts_dropped; /* of those, dropped: held past half an election timeout */
 };
 
 /* Process-wide counters of the corrections and guards below raft (one process runs one

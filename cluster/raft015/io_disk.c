@@ -399,9 +399,9 @@ int io_disk_append(struct raft_io *o, struct raft_io_append *req, const struct r
     for (unsigned k = 0; k < n; k++) {
         change = change || entries[k].type == RAFT_CHANGE;
     }
-    d->change = change && io->raft != NULL && io->raft->state == RAFT_FOLLOWER;
-    io->change_appends += d->change;
-    change = d->change;
+    change = change && io->raft != NULL && io->raft->state == RAFT_FOLLOWER;
+    d->change = change;
+    io->change_appends += change;
     int rv;
     if (!TAILQ_EMPTY(&io->held)) {
         /* After a truncation held back: in raft's order. */
