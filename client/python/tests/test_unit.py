@@ -1,8 +1,9 @@
 """Unit tests of the idem package without idemd: the renewal rule against proto/renew_plan.h
 (compiled here with cc, skipped without one), the error mapping, the transport's retry
-rules against scripted HTTP nodes on 127.0.0.1 (the same attempt id after an answer lost,
-Retry-After honoured, a replayed 503 taken as the stored answer, the deadline), run's wait on
-in_progress, and the middlewares' pure parts (routes, the request object a claim sends).
+rules against scripted HTTP nodes on 127.0.0.1 (the backoff between tries, the same attempt
+id after an answer lost, Retry-After honoured, a replayed 503 taken as the stored answer,
+the deadline), run's wait on in_progress, and the middlewares' pure parts (routes, the
+request object a claim sends).
 
     cd client/python/tests && python3 -m unittest -v test_unit
 """
@@ -16,8 +17,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import random
 import time
+import types
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
@@ -283,6 +287,36 @@ class Transport(Scripted):
         with self.assertRaises(idem.Unavailable) as e:
             idem.Client([url], "tok", deadline=0.5).get("k")
         self.assertEqual(e.exception.code, "connection_failed")
+
+    def test_backoff_doubles_to_a_second_with_jitter(self):
+        # Every node refuses connections; the transport's clock moves only when it sleeps,
+        # so the waits are the backoff's alone: 25 ms doubling to 1 s, each shortened by up
+        # to a quarter at random, and none that would pass the deadline.
+        (a,) = self.nodes([])
+        url = a.url
+        a.close()
+        c = idem.Client([url], "tok", deadline=10)
+        self.addCleanup(c.close)
+        c._t._rng = random.Random(7)
+        clock = [time.monotonic()]
+        slept = []
+
+        def sleep(s):
+            slept.append(s)
+            clock[0] += s
+
+        fake = types.SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep)
+        with mock.patch.object(idem._http, "time", fake):
+            with self.assertRaises(idem.Unavailable) as e:
+                c.get("k")
+        self.assertEqual(e.exception.code, "connection_failed")
+        nominal = [min(0.025 * 2 ** i, 1.0) for i in range(len(slept))]
+        self.assertGreaterEqual(len(slept), 10)  # 1.6 s to reach the cap, then 1 s each
+        for got, want in zip(slept, nominal):
+            self.assertTrue(0.75 * want <= got <= want, (got, want, slept))
+        self.assertGreater(len({round(g / w, 6) for g, w in zip(slept, nominal)}), 1)
+        self.assertLess(sum(slept), 10)
+        self.assertGreater(sum(slept), 10 - 1.0)  # it stopped at the wait that would pass
 
     def test_a_reset_while_connecting_is_a_connection_failure(self):
         # A node killed as it accepted: connect() itself is reset, and no socket is left.
