@@ -1,7 +1,9 @@
 /* claim_run: charge a customer at most once per idempotency key, with libidem.
  *
  *   claim_run KEY AMOUNT        (IDEM_CLUSTER and IDEM_TOKEN from the environment,
- *                                as tools/quickstart.sh writes them to .idem/env)
+ *                                as tools/quickstart.sh writes them to .idem/env; with
+ *                                its --tls also IDEM_TLS_CA, IDEM_TLS_CERT, IDEM_TLS_KEY:
+ *                                the RPC is then TLS with a client certificate)
  *
  * Run it twice with the same key and amount: the first run charges and prints the
  * receipt; the second prints the same receipt, replayed, without charging again. A
@@ -16,6 +18,13 @@
 #include <string.h>
 
 #include <idem.h>
+
+/* An environment variable, NULL when unset or empty. */
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
 
 /* What the business function needs, and where it leaves its answer: the response it
  * returns points into this struct, which outlives idem_run(). */
@@ -54,6 +63,11 @@ int main(int argc, char **argv)
         .seeds = getenv("IDEM_CLUSTER"), /* "127.0.0.1:7001,127.0.0.1:7002,..." */
         .token = getenv("IDEM_TOKEN"),
         .default_deadline_ms = 5000,
+        /* Any of them set turns TLS on (idem.h): the node verified against the CA, the
+         * client certificate presented (the RPC asks for one when the nodes have a CA). */
+        .tls_ca_file = env("IDEM_TLS_CA"),
+        .tls_cert_file = env("IDEM_TLS_CERT"),
+        .tls_key_file = env("IDEM_TLS_KEY"),
     };
     char why[256];
     struct idem_client *client = NULL;

@@ -93,14 +93,21 @@ def main():
     p.add_argument("--token", default=os.environ.get("IDEM_TOKEN"),
                    help="the tenant's bearer token (default: $IDEM_TOKEN)")
     p.add_argument("--cafile", default=os.environ.get("IDEM_TLS_CA"), help="CA for https://")
+    p.add_argument("--certfile", default=os.environ.get("IDEM_TLS_CERT"),
+                   help="client certificate for https:// (default: $IDEM_TLS_CERT)")
+    p.add_argument("--keyfile", default=os.environ.get("IDEM_TLS_KEY"),
+                   help="its key (default: $IDEM_TLS_KEY)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port")
     a = p.parse_args()
     if not a.token:
         p.error("no token: --token or IDEM_TOKEN")
+    if bool(a.certfile) != bool(a.keyfile):
+        p.error("a client certificate needs its key: --certfile and --keyfile together")
     if not a.idem:
         scheme = "https" if a.cafile else "http"
         a.idem = ",".join("%s://127.0.0.1:%d" % (scheme, 8000 + i) for i in (1, 2, 3))
-    client = idem.Client(a.idem, a.token, cafile=a.cafile)
+    client = idem.Client(a.idem, a.token, cafile=a.cafile, certfile=a.certfile or None,
+                         keyfile=a.keyfile or None)
     app = idem.wsgi.IdempotencyMiddleware(
         Orders(), client, [("POST", "/orders")],
         response_headers=("content-type", "location"))

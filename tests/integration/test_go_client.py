@@ -217,6 +217,33 @@ class TestGoTls(GoTest):
         self.assertEqual(p.returncode, 0, "the Go test failed")
         self.assertIn("--- PASS: TestServerTLS ", out)
 
+    def test_charge_example_with_the_tls_environment(self):
+        """examples/go's charge with the TLS variables that tools/quickstart.sh --tls
+        writes to .idem/env: it trusts the CA and presents the client certificate the
+        gateways require."""
+        bin_dir = tempfile.mkdtemp(prefix="idem-go-charge-")
+        self.addCleanup(shutil.rmtree, bin_dir, ignore_errors=True)
+        p = subprocess.run(["go", "build", "-o", bin_dir + "/", "./charge"],
+                           cwd=os.path.join(SOURCE, "examples", "go"), env=go_env(self.out),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        self.assertEqual(p.returncode, 0, "go build failed:\n" + p.stdout.decode(errors="replace"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IDEM_")}
+        env.update(IDEM_HTTP=",".join(self.gateways()), IDEM_TOKEN=self.c.token,
+                   IDEM_TLS_CA=os.path.join(self.c.pki, "ca.crt"),
+                   IDEM_TLS_CERT=os.path.join(self.c.pki, "client.crt"),
+                   IDEM_TLS_KEY=os.path.join(self.c.pki, "client.key"))
+        key = "go-tls-charge-" + secrets.token_hex(6)
+
+        def charge():
+            return subprocess.run([os.path.join(bin_dir, "charge"), key, "10 EUR"], env=env,
+                                  capture_output=True, text=True, timeout=60)
+        r1, r2 = charge(), charge()
+        self.assertEqual((r1.returncode, r2.returncode), (0, 0), (r1, r2))
+        self.assertTrue(r1.stdout.startswith("charged: "), r1)
+        self.assertIn("charging 10 EUR", r1.stderr)
+        self.assertTrue(r2.stdout.startswith("replayed, not charged again: "), r2)
+        self.assertNotIn("charging", r2.stderr)
+
 
 # The gateway's answers' problem details members (docs/http-api.md, Errors).
 PROBLEM_MEMBERS = {"type", "title", "status", "detail", "instance", "code", "message",

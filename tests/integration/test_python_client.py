@@ -586,6 +586,27 @@ class TestPyTls(PyTest):
             other.get("tls-1")
         self.assertIn("CERTIFICATE_VERIFY_FAILED", str(e.exception))
 
+    def test_example_with_the_tls_environment(self):
+        """examples/python/run_charge.py with the TLS variables that tools/quickstart.sh
+        --tls writes to .idem/env: it trusts the CA and presents the client certificate
+        the node requires."""
+        pki = self.c.pki
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IDEM_")}
+        env.update(IDEM_HTTP="https://" + self.c.nodes[1].http, IDEM_TOKEN=self.c.token,
+                   IDEM_TLS_CA=pki + "/ca.crt", IDEM_TLS_CERT=pki + "/client.crt",
+                   IDEM_TLS_KEY=pki + "/client.key")
+
+        def charge():
+            return subprocess.run([sys.executable, os.path.join(EXAMPLES, "run_charge.py"),
+                                   "tls-ex", "10 EUR"], env=env, capture_output=True,
+                                  text=True, timeout=60)
+        r1, r2 = charge(), charge()
+        self.assertEqual((r1.returncode, r2.returncode), (0, 0), (r1, r2))
+        self.assertIn("outcome: charged", r1.stdout)
+        self.assertIn("charging 10 EUR", r1.stderr)
+        self.assertIn("outcome: replay", r2.stdout)
+        self.assertNotIn("charging", r2.stderr)
+
 
 
 class TestPyFingerprintOptions(PyTest):

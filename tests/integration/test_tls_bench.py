@@ -595,6 +595,30 @@ class TlsForwardCases:
         p = self.bench("--workload", "fresh", "--requests", 5, tls=["--tls-ca", "/nonexistent/ca.crt"])
         self.assertEqual(p.returncode, 2, p.stderr)
 
+    def test_claim_run_example_with_the_tls_environment(self):
+        """examples/claim_run.c (build/bin/claim_run) with the TLS variables that
+        tools/quickstart.sh --tls writes to .idem/env: the RPC is TLS, with the client
+        certificate where the nodes ask for one. It charges once, then replays."""
+        env = _env_without_tls()
+        env.update(IDEM_CLUSTER=self.c.addrs(), IDEM_TOKEN=self.c.token,
+                   IDEM_TLS_CA=os.path.join(self.c.pki, "ca.crt"))
+        if self.mutual:
+            env["IDEM_TLS_CERT"] = os.path.join(self.c.pki, "client.crt")
+            env["IDEM_TLS_KEY"] = os.path.join(self.c.pki, "client.key")
+        key = self.key("tls-example")
+
+        def run():
+            return subprocess.run([os.path.join(BIN, "claim_run"), key, "10 EUR"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        first = run()
+        self.assertEqual(first.returncode, 0, first.stderr)
+        self.assertIn(b"claim_run: charging 10 EUR", first.stderr)
+        again = run()
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertNotIn(b"charging", again.stderr)
+        self.assertIn(b"replay", again.stdout)
+        self.assertEqual(self.c.run_ctl("get", key)[1]["outcome"], "ok")
+
     def test_libidem_against_tls_nodes(self):
         """libidem's synchronous client (tests/client/client_driver.c, scenario tls) and, where
         no client certificate is needed, its asynchronous one (async-tls) against the real TLS
