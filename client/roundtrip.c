@@ -378,6 +378,12 @@ static enum rt_result tlsReadAll(struct idem_client *c, struct idem_conns *k, si
             connErrf(k, "%s: tls read: %s", addr, IdemTlsErrmsg(t));
             return RT_CONN;
         }
+        /* Records without application data (e.g. TLS 1.3 session tickets) can come without
+         * end, and then the waits below never run out: the time is checked here too. */
+        if (IdemRemainingMs(deadline) == 0) {
+            connErrf(k, "%s: %s", addr, late);
+            return RT_TIMEOUT;
+        }
         /* What reading made the stream say (an answer to a TLS 1.3 key update), then more
          * bytes from the node. */
         enum rt_result s = tlsSend(c, k, i, deadline, "write", late);
@@ -451,7 +457,8 @@ static bool bufReserve(uint8_t **buf, size_t *cap, size_t need)
 }
 
 /* Reads frames until the Response to `id` arrives; skips answers to earlier requests
- * that a previous call gave up on. */
+ * that a previous call gave up on. A node that keeps sending such answers never makes a
+ * read wait, so each skip checks the deadline itself. */
 static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, size_t i, uint64_t id,
                                 uint64_t deadline, Idem__Response **resp, size_t *got)
 {
@@ -482,6 +489,10 @@ static enum rt_result nodeAwait(struct idem_client *c, struct idem_conns *k, siz
         case IDEM_ANSWER_BAD:
             return RT_PROTO;
         case IDEM_ANSWER_OTHER:
+            if (IdemRemainingMs(deadline) == 0) {
+                connErrf(k, "%s: no answer before the deadline", addr);
+                return RT_TIMEOUT;
+            }
             break;
         default:
             return RT_OK;

@@ -595,7 +595,11 @@ enum fakeMode {
                       * (unavailable with retry_after_ms, as a leader past its pending
                       * budget answers) */
     FAKE_REDIRECT,   /* not_leader, naming `redirect` as the leader */
+    FAKE_FLOOD,      /* answers to another request id, sent without pause for FLOOD_MS (a
+                      * broken or hostile peer), then the connection closed */
 };
+
+#define FLOOD_MS 4000
 
 #define FAKE_TOKEN 7
 
@@ -655,6 +659,39 @@ static bool fakeSend(int fd, const Idem__Response *m)
     return send(fd, buf, n + 4, MSG_NOSIGNAL) == (ssize_t)(n + 4);
 }
 
+/* FAKE_FLOOD: Responses to request `id` (not the client's), a socket buffer's worth at a
+ * time so that the client always has bytes to read, until FLOOD_MS passed, the client
+ * closed, or stop. */
+static void fakeFlood(struct fakeNode *f, int fd, uint64_t id)
+{
+    Idem__Response m = IDEM__RESPONSE__INIT;
+    m.request_id = id;
+    m.error = (char *)"an answer to another request";
+    size_t n = idem__response__get_packed_size(&m), one = n + 4;
+    static uint8_t buf[1 << 16];
+    size_t frames = sizeof buf / one, len = frames * one;
+    for (size_t i = 0; i < frames; i++) {
+        uint8_t *p = buf + i * one;
+        p[0] = p[1] = 0;
+        p[2] = (uint8_t)(n >> 8);
+        p[3] = (uint8_t)n;
+        idem__response__pack(&m, p + 4);
+    }
+    uint64_t end = nowMs() + FLOOD_MS;
+    size_t off = 0;
+    while (nowMs() < end && !atomic_load(&f->stop)) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (poll(&pf, 1, 50) <= 0) {
+            continue;
+        }
+        ssize_t w = send(fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno != EAGAIN && errno != EINTR) {
+            return; /* the client closed */
+        }
+        off = w > 0 ? (off + (size_t)w) % len : off;
+    }
+}
+
 /* Serves one connection until it ends (or, unreadable, after the first answer). */
 static void fakeServe(struct fakeNode *f, int fd)
 {
@@ -674,6 +711,12 @@ static void fakeServe(struct fakeNode *f, int fd)
             return; /* not a libidem frame: the test sees too few requests */
         }
         atomic_fetch_add(&f->requests, 1);
+        if (f->mode == FAKE_FLOOD) {
+            uint64_t other = req->request_id + 1000000;
+            idem__request__free_unpacked(req, NULL);
+            fakeFlood(f, fd, other);
+            return;
+        }
         Idem__Response resp = IDEM__RESPONSE__INIT;
         Idem__Result res = IDEM__RESULT__INIT;
         if (f->mode == FAKE_BUSY && req->op_case == IDEM__REQUEST__OP_CLAIM &&
@@ -827,6 +870,27 @@ static void test_answer_without_a_result(void **state)
     assert_int_equal(ao.status, IDEM_EPROTO);
     assert_non_null(strstr(ao.detail, "carries no result"));
     assert_int_equal(atomic_load(&f->requests), 3); /* each sent once */
+    fakeStop(f);
+}
+
+/* A node that keeps sending answers to another request (without a pause, so that no read
+ * ever waits) does not hold a call past its deadline: the call gives up at it and says so. */
+static void test_flooding_node_does_not_hold_a_call_past_its_deadline(void **state)
+{
+    (void)state;
+    struct fakeNode *f = fakeStart(FAKE_FLOOD);
+    struct idem_client *c = NULL;
+    assert_int_equal(idem_client_new(f->addr, "t", &c), IDEM_OK);
+    struct idem_result r;
+    uint64_t t0 = nowMs();
+    assert_int_equal(idem_get(c, "k", 300, &r), IDEM_EUNAVAILABLE);
+    uint64_t took = nowMs() - t0;
+    /* Before the fix the call returned only when the flood ended, after FLOOD_MS. */
+    assert_true(took < FLOOD_MS / 2);
+    assert_non_null(strstr(r.detail, "no answer before the deadline"));
+    idem_result_free(&r);
+    idem_client_close(c);
+    assert_true(atomic_load(&f->requests) >= 1);
     fakeStop(f);
 }
 
@@ -1381,6 +1445,7 @@ int main(void)
         cmocka_unit_test(test_open_checks),
         cmocka_unit_test(test_build_requests),
         cmocka_unit_test(test_result_fill),
+        cmocka_unit_test(test_flooding_node_does_not_hold_a_call_past_its_deadline),
         cmocka_unit_test(test_sync_deadline),
         cmocka_unit_test(test_sync_deadline_names_every_node),
         cmocka_unit_test(test_call_why_names_every_node),
