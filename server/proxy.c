@@ -363,6 +363,23 @@ static bool hasMethodOverride(h2o_req_t *req)
     return false;
 }
 
+/* A request whose record is kept under its bare key (no identity header, or a route with
+ * caller_identity: none) may not send a key of the namespaced keys' form: it would name an
+ * identified caller's record (and get its stored answer). Answers 400 and returns false
+ * when it does. */
+static bool pjBareKeyAllowed(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
+                             h2o_iovec_t key)
+{
+    if (!proxy_key_reserved((const uint8_t *)key.base, key.len)) {
+        return true;
+    }
+    gateway_send_error(h, req, R_PROXY, rid, 400, "idempotency_key_invalid",
+                       "a key of '~' and 42 base64url characters is the form of an identified "
+                       "caller's record key, kept for them",
+                       0);
+    return false;
+}
+
 /* The caller namespace (docs/configuration.md, caller_identity): when the request carries
  * one of the route's identity headers, its key becomes the record's namespaced key (written
  * into ns, *key then points there), after the caller's key is judged by the tenant's rule.
@@ -372,7 +389,7 @@ static bool pjCallerKey(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
                         char ns[PROXY_NS_KEY_LEN + 1])
 {
     if (r->caller_none) {
-        return true;
+        return pjBareKeyAllowed(h, req, rid, *key);
     }
     size_t n = 0;
     struct proxy_caller_value *vals = xcalloc(req->headers.size + 1, sizeof(*vals));
@@ -408,9 +425,10 @@ static bool pjCallerKey(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
         gateway_send_error(h, req, R_PROXY, rid, 500, "internal", "cannot hash the caller", 0);
         return false;
     }
-    if (n > 0) {
-        *key = h2o_iovec_init(ns, PROXY_NS_KEY_LEN);
+    if (n == 0) {
+        return pjBareKeyAllowed(h, req, rid, *key);
     }
+    *key = h2o_iovec_init(ns, PROXY_NS_KEY_LEN);
     return true;
 }
 

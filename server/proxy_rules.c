@@ -227,9 +227,26 @@ bool proxy_ns_key(const uint8_t caller[PROXY_CALLER_LEN], const uint8_t *key, si
     if (EVP_EncodeBlock(b64, d, sizeof d) != 44) {
         return false;
     }
-    for (size_t i = 0; i < PROXY_NS_KEY_LEN; i++) { /* base64url, the '=' dropped */
-        out[i] = b64[i] == '+' ? '-' : b64[i] == '/' ? '_' : (char)b64[i];
+    out[0] = '~';
+    for (size_t i = 1; i < PROXY_NS_KEY_LEN; i++) { /* base64url */
+        out[i] = b64[i - 1] == '+' ? '-' : b64[i - 1] == '/' ? '_' : (char)b64[i - 1];
     }
     out[PROXY_NS_KEY_LEN] = '\0';
+    return true;
+}
+
+bool proxy_key_reserved(const uint8_t *key, size_t len)
+{
+    if (len != PROXY_NS_KEY_LEN || key[0] != '~') {
+        return false;
+    }
+    for (size_t i = 1; i < len; i++) {
+        uint8_t c = key[i];
+        bool b64 = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                   c == '-' || c == '_';
+        if (!b64) {
+            return false;
+        }
+    }
     return true;
 }

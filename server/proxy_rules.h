@@ -46,8 +46,11 @@ bool proxy_path_under(const char *path, size_t path_len, const char *prefix);
 /* Size of a caller-identity digest (SHA-256). */
 #define PROXY_CALLER_LEN 32
 
-/* Length of the key a namespaced caller's record is kept under (43 base64url characters, no
- * padding: 256 bits), within key.h's rules for every tenant whose key_max_len allows it. */
+/* Length of the key a namespaced caller's record is kept under: '~' and 42 base64url
+ * characters (252 bits), within key.h's rules for every tenant whose key_max_len allows it.
+ * That form is reserved: a request whose record would be kept under its bare key (no
+ * identity header, or caller_identity: none) may not send a key of it (proxy_key_reserved),
+ * so no caller can name another's record. */
 #define PROXY_NS_KEY_LEN 43
 
 /* One value of a caller-identity header: the index of its name in the route's list, and its
@@ -67,10 +70,14 @@ bool proxy_caller_digest(const char *const *names, size_t n_names,
                          const struct proxy_caller_value *vals, size_t n_vals,
                          uint8_t out[PROXY_CALLER_LEN]);
 
-/* The key a caller's record is kept under: base64url without padding of SHA-256 over the tag
- * "idemd-proxy-key-v1", the caller digest and the caller's key (each length-prefixed), into
- * out (PROXY_NS_KEY_LEN characters and a NUL). False when the digest fails. */
+/* The key a caller's record is kept under: '~' and the first 42 characters of the
+ * base64url form of SHA-256 over the tag "idemd-proxy-key-v1", the caller digest and the
+ * caller's key (each length-prefixed), into out (PROXY_NS_KEY_LEN characters and a NUL).
+ * False when the digest fails. */
 bool proxy_ns_key(const uint8_t caller[PROXY_CALLER_LEN], const uint8_t *key, size_t key_len,
                   char out[PROXY_NS_KEY_LEN + 1]);
+
+/* Whether a key (len bytes) has the reserved form of proxy_ns_key's keys. */
+bool proxy_key_reserved(const uint8_t *key, size_t len);
 
 #endif

@@ -988,6 +988,27 @@ class TestProxyGuards(GuardTest):
         self.assertEqual(self.svc.count(key), 1, "the anonymous caller's key is the bare key")
         self.assertReplayOf(self.req("POST", "/api/pay/orders", key=key, body=ORDER), anon)
 
+    def test_a_caller_without_identity_cannot_name_an_identified_callers_record(self):
+        """The key an identified caller's record is kept under reaches the upstream (as its
+        Idempotency-Key), so it is no secret. Sent as the key of a request without identity
+        headers, whose record would be kept under that bare key, it is refused (400): that
+        caller gets neither the identified caller's stored answer nor a run."""
+        key = self.key("named")
+        n = len(self.svc.executions())
+        self.assertFresh(self.req("POST", "/api/pay/orders", key=key, body=ORDER, headers=ALICE))
+        named = self.svc.executions()[n]["key"]
+        self.assertRegex(named, r"^~[A-Za-z0-9_-]{42}$")
+        r = self.req("POST", "/api/pay/orders", key=named, body=ORDER)
+        self.assertError(r, 400, "idempotency_key_invalid")
+        self.assertNotIn("idempotency-replayed", r[1])
+        self.assertIn("identified caller", r[2]["detail"])
+        self.assertEqual(len(self.svc.executions()), n + 1, "nothing more reached the upstream")
+        # Keys of other forms stay the caller's own: 43 base64url characters (as from 32
+        # random bytes) run as the caller's bare key.
+        own = named[1:] + "A"
+        self.assertFresh(self.req("POST", "/api/pay/orders", key=own, body=ORDER))
+        self.assertEqual(self.svc.count(own), 1)
+
     def test_another_caller_cannot_squat_a_key(self):
         # Bob runs first with another body: Alice's request is not a mismatch.
         key = self.key("squat")
@@ -1061,6 +1082,25 @@ class TestProxyGuardOptions(GuardTest):
                 got = self.last_seen(before)
                 self.assertEqual(got["method"], method, got)
                 self.assertNotIn("idempotency-fence", got["headers"], got)
+
+    def test_no_route_takes_an_identified_callers_record_key_as_a_bare_key(self):
+        """The Set-Cookie route's record key of an identified caller, sent back bare: by a
+        caller without identity headers on that route, and by any caller on a route whose
+        callers share their keys (caller_identity: none); both refused, the stored answer
+        and its Set-Cookie replayed to neither."""
+        key = self.key("ck-named")
+        n = len(self.svc.executions())
+        a1 = self.assertFresh(self.req("POST", "/cookie/cookie", key=key, body=ORDER,
+                                       headers=ALICE))
+        self.assertTrue(a1[1].get("set-cookie"), a1)
+        named = self.svc.executions()[n]["key"]
+        for path, headers in (("/cookie/cookie", None), ("/shared/cookie", None),
+                              ("/shared/cookie", BOB)):
+            with self.subTest(path=path, identified=headers is not None):
+                r = self.req("POST", path, key=named, body=ORDER, headers=headers)
+                self.assertError(r, 400, "idempotency_key_invalid")
+                self.assertNotIn("set-cookie", r[1])
+        self.assertEqual(len(self.svc.executions()), n + 1, "nothing more reached the upstream")
 
     def test_shared_route_shares_records(self):
         key = self.key("sh")

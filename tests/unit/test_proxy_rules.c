@@ -188,7 +188,8 @@ static void test_caller_vectors(void **state)
     hex32(d, hex);
     assert_string_equal(hex, "ea532afba47c2246797ba3f63099d96192f62e22751a34cbbe52171d5bf9d378");
     assert_true(proxy_ns_key(d, (const uint8_t *)"order-1", 7, ns));
-    assert_string_equal(ns, "4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdIaY");
+    assert_string_equal(ns, "~4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdIa");
+    assert_true(proxy_key_reserved((const uint8_t *)ns, strlen(ns)));
 
     /* values grouped under their name, whatever the request's header order */
     const char *cookie = "session=abc", *bob = "Bearer bob";
@@ -198,7 +199,7 @@ static void test_caller_vectors(void **state)
     hex32(d, hex);
     assert_string_equal(hex, "44436d241479fb2d266c92d2970e1d8644a0b9808cbdc43368d69b7be32191c7");
     assert_true(proxy_ns_key(d, (const uint8_t *)"order-1", 7, ns));
-    assert_string_equal(ns, "M6vi_5yTUxgaaG8Yl20GCBRWiENOeg_Cf9w9pDK9ZJw");
+    assert_string_equal(ns, "~M6vi_5yTUxgaaG8Yl20GCBRWiENOeg_Cf9w9pDK9ZJ");
 }
 
 /* Distinct callers and keys get distinct namespaced keys; the framing keeps values from
@@ -225,8 +226,10 @@ static void test_caller_distinct(void **state)
         assert_true(proxy_ns_key(d, (const uint8_t *)"k1", 2, keys[i][0]));
         assert_true(proxy_ns_key(d, (const uint8_t *)"k2", 2, keys[i][1]));
         for (size_t k = 0; k < 2; k++) {
-            /* a valid key for every tenant whose key_max_len is 43 or more */
+            /* a valid key for every tenant whose key_max_len is 43 or more, of the reserved
+             * form */
             assert_int_equal(strlen(keys[i][k]), PROXY_NS_KEY_LEN);
+            assert_true(proxy_key_reserved((const uint8_t *)keys[i][k], PROXY_NS_KEY_LEN));
             assert_int_equal(
                 key_validate((const uint8_t *)keys[i][k], PROXY_NS_KEY_LEN, PROXY_NS_KEY_LEN),
                 KEY_OK);
@@ -247,12 +250,41 @@ static void test_caller_distinct(void **state)
     assert_int_equal(strlen(ns), PROXY_NS_KEY_LEN);
 }
 
+/* The namespaced keys' form, which no bare key may take: '~' and 42 base64url characters,
+ * exactly. Keys a caller is likely to choose (43 base64url characters, as from 32 random
+ * bytes, or '~' with another length or character) are not reserved. */
+static void test_reserved_form(void **state)
+{
+    (void)state;
+    static const char *const reserved[] = {
+        "~4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdIa",
+        "~------------------------------------------",
+        "~AZaz09_-AZaz09_-AZaz09_-AZaz09_-AZaz09_-AZ",
+    };
+    static const char *const free_[] = {
+        "4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdIaY",  /* 43 base64url characters */
+        "~4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdI",   /* one short */
+        "~4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdIaY", /* one long */
+        "~4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmd.a",  /* '.' is a key byte, not base64url */
+        "~4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmd~a",
+        "x4k9TeE5Tv8yqg8t4vbL38ASv2wyW2YfY_9Z95kmdIa",
+        "order-1",
+    };
+    for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++) {
+        assert_int_equal(strlen(reserved[i]), PROXY_NS_KEY_LEN);
+        assert_true(proxy_key_reserved((const uint8_t *)reserved[i], strlen(reserved[i])));
+    }
+    for (size_t i = 0; i < sizeof free_ / sizeof free_[0]; i++) {
+        assert_false(proxy_key_reserved((const uint8_t *)free_[i], strlen(free_[i])));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_normalise),       cmocka_unit_test(test_normalise_reads_len_bytes),
         cmocka_unit_test(test_under),           cmocka_unit_test(test_caller_vectors),
-        cmocka_unit_test(test_caller_distinct),
+        cmocka_unit_test(test_caller_distinct), cmocka_unit_test(test_reserved_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
