@@ -324,12 +324,15 @@ static void jobFinish(struct httpJob *j, const Idem__Response *resp, const char 
         answerResponse(h, req, j, resp);
     } else if (j->key_rc != KEY_OK) {
         /* The leader would have refused the key; without it this node says so itself, as
-         * it does when it knows no leader (its service judges the key first). */
+         * it does when it knows no leader (its service judges the key first), with the
+         * attempt id as the service's refusal has it. */
         const char *code = j->key_rc == KEY_MISSING ? "idempotency_key_missing"
                                                     : "idempotency_key_invalid";
+        struct hdr att = {"idempotency-attempt", "Idempotency-Attempt", j->attempt, j->attempt_len};
         reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_INVALID);
-        gateway_send_error(h, req, j->route, j->rid, 400, code,
-                           j->key_why[0] ? j->key_why : gateway_key_refusal(code), 0);
+        gateway_send_error_with(h, req, j->route, j->rid, 400, code,
+                                j->key_why[0] ? j->key_why : gateway_key_refusal(code), 0, &att,
+                                j->attempt_len > 0 ? 1 : 0);
     } else {
         (void)err; /* a static reason from forward.c; it carries no key or token */
         struct hdr att = {"idempotency-attempt", "Idempotency-Attempt", j->attempt, j->attempt_len};

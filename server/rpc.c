@@ -771,6 +771,7 @@ int rpc_server_reload_tls(struct rpc_server *r, const struct config_tls *tls, ch
 void rpc_server_set_config(struct rpc_server *r, const struct config_rpc *cfg)
 {
     r->cfg = cfg;
+    r->cred_gen++; /* a reload: each connection's kept token is checked again (rpc_frames.c) */
 }
 
 struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *addr,

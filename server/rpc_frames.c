@@ -221,13 +221,15 @@ static size_t refuseUntaken(struct conn *c, const uint8_t *p, size_t have, uint3
 
 /* Whether tok (len bytes) is a known token (service_credential_of): the first one
  * authenticates the connection (rpc_admit: a client's, or a member's with the cluster
- * secret); the last one is kept, and the same again is not hashed again. */
+ * secret); the last one is kept, and the same again is not hashed again until a reload
+ * (which may have removed it). */
 static bool connKnownToken(struct conn *c, const uint8_t *tok, size_t len)
 {
     if (len == 0 || tok == NULL) {
         return false;
     }
-    if (c->tok != NULL && len == c->tok_len && CRYPTO_memcmp(tok, c->tok, len) == 0) {
+    if (c->tok != NULL && c->cred_gen == c->srv->cred_gen && len == c->tok_len &&
+        CRYPTO_memcmp(tok, c->tok, len) == 0) {
         return true;
     }
     uint8_t h[32];
@@ -246,6 +248,7 @@ static bool connKnownToken(struct conn *c, const uint8_t *tok, size_t len)
         memcpy(c->tok_sha256, h, sizeof h);
     }
     c->authed = true;
+    c->cred_gen = c->srv->cred_gen;
     rpc_admit_authenticated(&c->srv->admit, &c->admit, cr == SERVICE_CREDENTIAL_CLUSTER);
     return true;
 }
@@ -296,6 +299,14 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     }
     if (!connKnownToken(c, sc.token, sc.token_len)) {
         connRefuseToken(c, &sc);
+        /* A connection authenticated before a reload whose first unknown token comes after
+         * it (most likely one the reload removed) is closed once answered: it would keep
+         * an authenticated connection's room (frames buffered whole, its admission slot)
+         * on a credential that no longer holds. It connects again like any client. */
+        if (c->authed && c->cred_gen != c->srv->cred_gen) {
+            rpc_conn_drain(c);
+            return false;
+        }
         return true;
     }
     /* Decoded into the server's arena, unless a request decoded into it is still being

@@ -83,6 +83,7 @@ struct conn {
     struct rpc_admit_entry admit; /* in the server's admission (from admitted to closing) */
     bool framed;  /* a frame completed or refused: rpc.first_frame_timeout_ms is over */
     bool authed;  /* a frame carried a known token */
+    uint64_t cred_gen; /* the server's cred_gen when a token of this connection was last known */
     uint8_t *tok; /* the last known token it sent, tok_len bytes: the same again is not
                    * hashed again, neither to admit its frame nor to authorise its request */
     size_t tok_len;
@@ -96,6 +97,7 @@ struct rpc_server {
     uv_tcp_t listener;
     uv_loop_t *loop;
     const struct config_rpc *cfg;
+    uint64_t cred_gen; /* reloads so far: the known tokens may have changed at each */
     struct service *svc;
     struct idem_tls_ctx *tls; /* NULL: plain TCP */
     LIST_HEAD(, conn) conns;

@@ -1714,8 +1714,11 @@ class TestGatewayFailover(GatewayTest):
         self.c.kill(lid, 9)
         self.c.kill(fol[1], 9)
         # At once, while the follower still takes the dead node for its leader (its forward
-        # fails): a bad or missing key is still a 400, not a 503.
-        self.assertError(self.claim(addr, "bad key!", fp(1)), 400, "idempotency_key_invalid")
+        # fails): a bad or missing key is still a 400, not a 503, with the attempt id as
+        # the leader's own refusal has it.
+        r = self.claim(addr, "bad key!", fp(1), attempt_id="att-bad-key")
+        self.assertError(r, 400, "idempotency_key_invalid")
+        self.assertEqual(r[1].get("idempotency-attempt"), "att-bad-key", r)
         st, h, b = self.call(addr, "POST", "/v1/claims", {"fingerprint": fp(1)})
         self.assertError((st, h, b), 400, "idempotency_key_missing")
         for i in range(3):
@@ -1734,7 +1737,9 @@ class TestGatewayFailover(GatewayTest):
                  "the lone follower to report not ready")
         # Errors that need no quorum are still answered as such.
         self.assertError(self.claim(addr, key0, fp(key0), token="nope"), 401, "unauthenticated")
-        self.assertError(self.claim(addr, "bad key!", fp(1)), 400, "idempotency_key_invalid")
+        r = self.claim(addr, "bad key!", fp(1), attempt_id="att-bad-key")
+        self.assertError(r, 400, "idempotency_key_invalid")
+        self.assertEqual(r[1].get("idempotency-attempt"), "att-bad-key", r)
 
     def test_no_quorum_answers_503(self):
         lid = self.c.wait_leader(timeout=20)

@@ -35,7 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import IDEMCTL, ClusterTestCase, fp, http_request, wait_for  # noqa: E402
 from test_proxy import ORDER, OrderService, ProxyCluster, route  # noqa: E402
+from test_cluster import _claim_body, _frame, _read_response  # noqa: E402
 from test_tls_bench import TlsCluster, _openssl  # noqa: E402
+
+OUTCOME_ACQUIRED = 1
+OUTCOME_UNAUTHENTICATED = 15
 
 TIMEOUT = 20.0
 
@@ -295,6 +299,37 @@ class TestReloadRules(ReloadTest):
         rc, out, _ = self.ctl("get", "--", "bad-file", cluster=node.rpc, token=c_token)
         self.assertNotIn(out["outcome"], ("unauthenticated", "forbidden"), out)
         self.assertEqual(self.reload_counts(node), (1, 2))
+
+    def test_a_connection_on_a_removed_token_is_closed(self):
+        """An RPC connection authenticated with tenant alpha's token, which a reload then
+        removes: its next request with that token is answered unauthenticated without being
+        decoded (counted as a refused frame) and the connection is closed, instead of
+        keeping an authenticated connection's room on a credential that no longer holds."""
+        lid = self.c.wait_leader(timeout=30)
+        node = self.c.nodes[lid]
+        a, b = self.c.token, secrets.token_hex(16)
+        host, port = node.rpc.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+        self.addCleanup(sock.close)
+        sock.sendall(_frame(_claim_body(a, "revoked-1")))
+        self.assertEqual(_read_response(sock), (5, OUTCOME_ACQUIRED))
+
+        def refused():
+            m = re.search(r'^idem_rpc_frames_rejected_total\{reason="unauthenticated"\} (\d+)$',
+                          self.metrics(node), re.M)
+            return int(m.group(1))
+        before = refused()
+        for n in self.c.nodes.values():
+            self.rewrite(n, alpha_tokens=[b])
+        self.sighup(list(self.c.nodes.values()))
+        sock.sendall(_frame(_claim_body(a, "revoked-2")))
+        self.assertEqual(_read_response(sock), (5, OUTCOME_UNAUTHENTICATED))
+        self.assertEqual(refused(), before + 1)
+        self.assertEqual(sock.recv(1), b"", "the node closes the connection")
+        # The new token works on a new connection.
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s2:
+            s2.sendall(_frame(_claim_body(b, "revoked-3")))
+            self.assertEqual(_read_response(s2), (5, OUTCOME_ACQUIRED))
 
     def test_restart_only_settings_kept(self):
         node = self.c.nodes[1]
