@@ -91,6 +91,11 @@ type Claimed struct {
 	PreviousToken  uint64    // with Takeover: the token fenced off
 	AttemptID      string    // the attempt id the claim was sent with
 	Response       *Response // replay: the stored response
+
+	// acquired: the lease left by the answer's Date (whole seconds, so less a second: never
+	// more than the truth when the node's clock and the cluster's agree); -1: unknown. A
+	// claim repeated by its own attempt keeps the lease it has, which may be short.
+	leaseLeft time.Duration
 }
 
 // Record is a key's record, as Get returns it.
@@ -424,7 +429,8 @@ func replayResponse(a *answer) *Response {
 	for name, vals := range a.header {
 		switch name {
 		case "Content-Length", "Date", "Connection", "Keep-Alive", "Transfer-Encoding", "Server",
-			"X-Request-Id", "Idempotency-Replayed", "X-Content-Type-Options":
+			"X-Request-Id", "Idempotency-Replayed", "X-Content-Type-Options",
+			"Idempotency-Attempt": // the replaying claim's own attempt, not stored
 			continue
 		case "Idempotency-Body-Ref":
 			r.BodyRef = vals[0]
@@ -498,7 +504,21 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (*Claimed, 
 	}
 	return &Claimed{Acquired: true, Token: o.Token, LeaseExpiresAt: ms(o.LeaseExpiresAt),
 		ExpiresAt: ms(o.ExpiresAt), Takeover: o.Takeover, PreviousToken: o.PreviousToken,
-		AttemptID: req.AttemptID}, nil
+		AttemptID: req.AttemptID, leaseLeft: leaseLeft(o.LeaseExpiresAt, a.header)}, nil
+}
+
+// leaseLeft: what is left of a lease ending at end (ms on the cluster's clock) by the
+// answer's Date header, less a second (Date has whole seconds); -1 when either is unknown.
+func leaseLeft(end int64, h http.Header) time.Duration {
+	date, err := http.ParseTime(h.Get("Date"))
+	if end <= 0 || err != nil {
+		return -1
+	}
+	left := time.UnixMilli(end).Sub(date) - time.Second
+	if left < 0 {
+		return 0
+	}
+	return left
 }
 
 // Complete stores the result of the attempt holding token and ends its lease. outcome

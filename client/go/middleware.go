@@ -202,7 +202,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		req.Fingerprint = FingerprintOf(r.Method, req.Path, body)
 	}
 	sent := time.Now()
-	cl, err := m.c.Claim(r.Context(), key, req)
+	// Not under r.Context(): a caller that hangs up while the claim is on its way would
+	// leave a claim that committed without its release (the call keeps its own deadline,
+	// Options.Timeout).
+	cl, err := m.c.Claim(context.Background(), key, req)
 	if err != nil {
 		rt.refuse(w, err)
 		return
@@ -211,12 +214,20 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeReplay(w, cl.Response)
 		return
 	}
-	m.serveClaimed(w, r, rt, key, body, cl.Token, sent)
+	if r.Context().Err() != nil {
+		// The caller went away meanwhile: the handler does not run, and the key is given
+		// back at once rather than held until its lease ends.
+		fin, cancel := m.c.finishContext(r.Context())
+		_ = m.c.Release(fin, key, cl.Token)
+		cancel()
+		return
+	}
+	m.serveClaimed(w, r, rt, key, body, cl.Token, cl.leaseLeft, sent)
 }
 
 // serveClaimed runs the handler under the claim of token and records its answer.
 func (m *middleware) serveClaimed(w http.ResponseWriter, r *http.Request, rt *Route, key string,
-	body []byte, token uint64, sent time.Time) {
+	body []byte, token uint64, left time.Duration, sent time.Time) {
 	rec := &recorder{header: http.Header{}}
 	marker := false
 	fn := func(ctx context.Context, token uint64) (*Response, error) {
@@ -238,7 +249,7 @@ func (m *middleware) serveClaimed(w http.ResponseWriter, r *http.Request, rt *Ro
 		}
 		return stored, nil
 	}
-	_, err := m.c.runClaimed(r.Context(), key, rt.Lease, token, sent, fn)
+	_, err := m.c.runClaimed(r.Context(), key, rt.Lease, left, token, sent, fn)
 	recorded := err == nil && !marker
 	var fe *FinishError
 	if errors.As(err, &fe) && fe.Op == "complete" && !marker &&

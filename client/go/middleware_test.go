@@ -134,6 +134,69 @@ func TestMiddlewareOnceAndReplay(t *testing.T) {
 	}
 }
 
+// A replay carries the stored answer's headers, not the Idempotency-Attempt the gateway adds
+// to every claim's answer (the replaying claim's own attempt).
+func TestMiddlewareReplayLeavesTheAttemptOut(t *testing.T) {
+	f := newFake(t)
+	f.setHook(func(w http.ResponseWriter, r *http.Request, body []byte, n int) bool {
+		if r.URL.Path == "/v1/claims" { // as the gateway answers every claim
+			w.Header().Set("Idempotency-Attempt", attemptOf(t, body))
+		}
+		return false
+	})
+	_, srv := newService(t, f.client(t), Route{PathPrefix: "/orders"})
+	const js = "application/json"
+	first := send(t, srv.URL+"/orders", "POST", "mw-att", js, `{"amount":10}`)
+	readAll(first)
+	second := send(t, srv.URL+"/orders", "POST", "mw-att", js, `{"amount":10}`)
+	readAll(second)
+	if second.Header.Get("Idempotency-Replayed") != "true" || second.Header.Get("Idempotency-Attempt") != "" {
+		t.Fatalf("replay: %d %v", second.StatusCode, second.Header)
+	}
+}
+
+// A caller that hangs up while its claim is on its way: the claim that committed is
+// released (the handler did not run), not left held until its lease ends.
+func TestMiddlewareReleasesAClaimItsCallerLeft(t *testing.T) {
+	f := newFake(t)
+	claimed := make(chan struct{})
+	f.setHook(func(w http.ResponseWriter, r *http.Request, body []byte, n int) bool {
+		if r.URL.Path == "/v1/claims" {
+			<-claimed // the caller has gone; the claim commits and answers now
+		}
+		return false
+	})
+	c := f.client(t)
+	ran := int32(0)
+	h := Middleware(c, Route{PathPrefix: "/o"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		atomic.AddInt32(&ran, 1)
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest("POST", "/o", strings.NewReader("b")).WithContext(ctx)
+	req.Header.Set("Idempotency-Key", "mw-left")
+	done := make(chan struct{})
+	go func() {
+		h.ServeHTTP(httptest.NewRecorder(), req)
+		close(done)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cancel() // the caller hangs up
+	time.Sleep(50 * time.Millisecond)
+	close(claimed)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the middleware did not return")
+	}
+	mustEqual(t, "runs", atomic.LoadInt32(&ran), 0)
+	if rel := f.callsTo("/v1/claims/release"); len(rel) != 1 {
+		t.Fatalf("releases: %d", len(rel))
+	}
+	if rec := f.record("mw-left"); rec == nil || rec.state != "released" {
+		t.Fatalf("record: %+v", rec)
+	}
+}
+
 func TestMiddlewareRoutesAndKeys(t *testing.T) {
 	f := newFake(t)
 	svc, srv := newService(t, f.client(t), Route{PathPrefix: "/orders"},

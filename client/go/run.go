@@ -147,7 +147,7 @@ func (c *Client) Run(ctx context.Context, key string, req Request, fn RunFunc) (
 	if cl.Replayed {
 		return &Result{Response: cl.Response, Replayed: true}, nil
 	}
-	return c.runClaimed(ctx, key, req.Lease, cl.Token, sent, fn)
+	return c.runClaimed(ctx, key, req.Lease, cl.leaseLeft, cl.Token, sent, fn)
 }
 
 // claimWait claims, and claims again with the same attempt id while the key is in
@@ -176,12 +176,13 @@ func (c *Client) claimWait(ctx context.Context, key string, req Request) (*Claim
 }
 
 // runClaimed runs fn under the claim of token (sent: when the claim that acquired it was
-// sent), renewing the lease meanwhile, then records fn's outcome.
-func (c *Client) runClaimed(ctx context.Context, key string, lease time.Duration, token uint64,
-	sent time.Time, fn RunFunc) (*Result, error) {
+// sent; left: the lease left by its answer, -1 unknown), renewing the lease meanwhile, then
+// records fn's outcome.
+func (c *Client) runClaimed(ctx context.Context, key string, lease, left time.Duration,
+	token uint64, sent time.Time, fn RunFunc) (*Result, error) {
 	fctx, cancelFn := context.WithCancel(ctx)
 	defer cancelFn()
-	r := startRenewer(c, key, token, lease, sent, cancelFn)
+	r := startRenewer(c, key, token, lease, left, sent, cancelFn)
 	resp, ferr, panicked := callFn(fctx, fn, token)
 	r.halt()
 
@@ -274,12 +275,17 @@ type renewer struct {
 	lost, lapsed         bool
 }
 
-func startRenewer(c *Client, key string, token uint64, lease time.Duration, sent time.Time,
-	onLost func()) *renewer {
+func startRenewer(c *Client, key string, token uint64, lease, left time.Duration,
+	sent time.Time, onLost func()) *renewer {
 	ask := uint64(lease.Milliseconds())
 	est := ask
 	if est == 0 {
 		est = uint64(leaseGuess.Milliseconds())
+	}
+	if left >= 0 && uint64(left.Milliseconds()) < est {
+		// A claim its own attempt repeated keeps the lease it had: the first renewal is
+		// timed by what is left of it, not by a fresh one.
+		est = uint64(left.Milliseconds())
 	}
 	r := &renewer{c: c, key: key, token: token, askMS: ask, base: sent, onLost: onLost,
 		stop: make(chan struct{}), done: make(chan struct{}), estMS: est, endMS: est}

@@ -121,6 +121,35 @@ func TestRunRenewsLease(t *testing.T) {
 	}
 }
 
+// A Run whose claim repeats an earlier claim of its own attempt (an answer it lost) keeps
+// the lease that claim got, most of it gone: the first renewal comes before that lease ends,
+// not a third of a fresh lease after Run's claim.
+func TestRunRenewsOnTheLeaseLeft(t *testing.T) {
+	f := newFake(t)
+	c := f.client(t)
+	req := orderReq
+	req.AttemptID = "run-left-1"
+	req.Lease = 2 * time.Second
+	first := time.Now()
+	if _, err := c.Claim(context.Background(), "run-left", req); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the caller tries again, with the same attempt
+	res, err := c.Run(context.Background(), "run-left", req,
+		func(ctx context.Context, token uint64) (*Response, error) {
+			time.Sleep(900 * time.Millisecond)
+			return &Response{Status: 200}, nil
+		})
+	if err != nil || res.LeaseLapsed || res.Renewals == 0 {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	renews := f.callsTo("/v1/claims/renew")
+	if len(renews) == 0 || !renews[0].At.Before(first.Add(req.Lease)) {
+		t.Fatalf("first renewal %v after the first claim; its lease ended after %v",
+			renews[0].At.Sub(first), req.Lease)
+	}
+}
+
 func TestRunClassification(t *testing.T) {
 	f := newFake(t)
 	c := f.client(t)
