@@ -7,7 +7,9 @@ Rules (the HTTP counterpart of libidem's, client/idem.c):
   timeout, or a 502/503/504 that is not a replay moves the current node on to the next one,
   for every thread of the client (only the thread whose node failed moves it).
 - Each attempt gets min(time left, max(time left / 3, 0.25 s)) for connect, TLS handshake,
-  send and answer, so a node that accepts but never answers costs a third of a call.
+  send and answer, so a node that accepts but never answers costs a third of a call. That
+  time bounds the attempt as a whole, not each socket operation: a node that trickles its
+  answer (a byte now and then) is cut off when it is over.
 - Between attempts: a backoff from 25 ms doubling to 1 s, each sleep shortened by up to a
   quarter at random; after a 503 at least its Retry-After. A wait that would pass the
   deadline ends the call: Unavailable, naming the last failure of each node tried.
@@ -149,25 +151,31 @@ class Transport:
 
     def _once(self, i, method, path, headers, body, timeout):
         node = self.nodes[i]
+        cut = _Cutoff(timeout)
         conn, reused = self._take(i)
-        if conn is None:
-            conn = self._connect(node, timeout)
         try:
+            if conn is None:
+                conn = self._connect(node, timeout)
+            cut.watch(conn)
             try:
                 resp, data = self._exchange(conn, method, node.prefix + path, headers, body,
                                             timeout)
             except _STALE:
-                if not reused:
+                if not reused or cut.fired:
                     raise
                 # A kept-alive connection the node closed while idle: once more, fresh.
                 conn.close()
                 conn = self._connect(node, timeout)
+                cut.watch(conn)
                 resp, data = self._exchange(conn, method, node.prefix + path, headers, body,
                                             timeout)
-        except BaseException:
-            conn.close()
+        except BaseException as e:
+            if conn is not None:
+                conn.close()
+            if cut.cancel():
+                raise socket.timeout("no answer within the attempt's %.2f s" % timeout) from e
             raise
-        if resp.will_close:
+        if cut.cancel() or resp.will_close:
             conn.close()
         else:
             self._give(i, conn)
@@ -246,6 +254,49 @@ def _code(ans):
     except (ValueError, UnicodeDecodeError):
         return None
     return b.get("code") if isinstance(b, dict) and isinstance(b.get("code"), str) else None
+
+
+class _Cutoff:
+    """One attempt's time as a whole: when it is over, the attempt's socket is shut down, so
+    that the read (or TLS handshake) in progress ends, however the node paces its bytes; the
+    per-operation socket timeouts alone would let a trickle go on."""
+
+    def __init__(self, seconds):
+        self.fired = False
+        self._conn = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, conn):
+        with self._lock:
+            self._conn = conn
+            fired = self.fired
+        if fired:
+            _shut(conn)
+
+    def _fire(self):
+        with self._lock:
+            self.fired = True
+            conn = self._conn
+        if conn is not None:
+            _shut(conn)
+
+    def cancel(self):
+        """Stops the timer; whether it had fired (the connection is then not reusable)."""
+        self._timer.cancel()
+        with self._lock:
+            return self.fired
+
+
+def _shut(conn):
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _describe(e):

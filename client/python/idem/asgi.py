@@ -16,12 +16,33 @@ the `idempotency-fence` request header; a fence a caller sent is never passed on
 and answer are buffered (the body up to max_body bytes, 1 MiB).
 """
 import asyncio
+import functools
+import threading
 import urllib.parse
 
 from . import _middleware as mw
 from ._middleware import route  # noqa: F401  (idem.asgi.route)
 
 _FENCE = b"idempotency-fence"
+
+
+def _give_back(deadline, begun):
+    """A done callback of a claim whose request was cancelled meanwhile: when it got the
+    key, its renewals stop and the key is released, on a thread of its own (the calls
+    block, and this runs on the event loop)."""
+    if begun.cancelled() or begun.exception() is not None:
+        return
+    _, held = begun.result()
+    if held is None:
+        return
+
+    def release():
+        held.stop()
+        err = held.release_after(None, deadline)
+        if err is not None:
+            mw.log.warning("idem: release of a claim whose request was cancelled failed: %s",
+                           err)
+    threading.Thread(target=release, name="idem-give-back", daemon=True).start()
 
 
 class IdempotencyMiddleware:
@@ -93,9 +114,17 @@ class IdempotencyMiddleware:
         raw = raw.decode("latin-1") if isinstance(raw, bytes) else raw
         raw = raw.split("?", 1)[0]
         query = scope.get("query_string", b"").decode("latin-1")
-        ans, held = await asyncio.to_thread(mw.begin, self.cfg, r, key, method,
-                                            mw.quote_path(urllib.parse.unquote_to_bytes(raw)),
-                                            query, ctype, body)
+        begun = asyncio.ensure_future(asyncio.to_thread(
+            mw.begin, self.cfg, r, key, method,
+            mw.quote_path(urllib.parse.unquote_to_bytes(raw)), query, ctype, body))
+        try:
+            ans, held = await asyncio.shield(begun)
+        except asyncio.CancelledError:
+            # Cancelled (a request timeout, the server stopping) while the claim is on its
+            # way: its thread goes on, and a claim it gets is released (the app does not
+            # run) instead of held and renewed until the process ends.
+            begun.add_done_callback(functools.partial(_give_back, self.cfg.deadline))
+            raise
         if ans is not None:
             await self._send(send, ans)
             return

@@ -32,7 +32,7 @@ WAIT_BACKOFF_CAP = 1.0
 _NOT_STORED = frozenset((
     "date", "server", "connection", "keep-alive", "content-length", "transfer-encoding",
     "x-request-id", "x-content-type-options", "idempotency-replayed", "idempotency-body-ref",
-    "idempotency-body-sha256", "idempotency-expires"))
+    "idempotency-body-sha256", "idempotency-expires", "idempotency-attempt"))
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -187,18 +187,21 @@ def new_attempt_id():
 
 
 def _lease_estimate(asked, lease_expires_at, date):
-    """The lease the renewal schedule follows: the one asked for; else what is left of it by
-    the answer's Date (whole seconds, so less a second: never more than the truth, when the
-    node's clock and the cluster's agree); LEASE_GUESS_MS when neither is known."""
-    if asked:
-        return int(asked)
+    """The lease the renewal schedule follows: what is left of it by the answer's Date
+    (whole seconds, so less a second: never more than the truth, when the node's clock and
+    the cluster's agree), and never more than the one asked for (a claim its own attempt
+    repeated keeps the lease it has, which may be nearly over); the one asked for when the
+    answer does not say; LEASE_GUESS_MS when neither is known."""
+    left = None
     try:
         d = email.utils.parsedate_to_datetime(date).timestamp() * 1000.0
+        if isinstance(lease_expires_at, int):
+            left = max(int(lease_expires_at - d - 1000), 0)
     except (TypeError, ValueError, IndexError):
-        return LEASE_GUESS_MS
-    if not isinstance(lease_expires_at, int):
-        return LEASE_GUESS_MS
-    return max(int(lease_expires_at - d - 1000), 0)
+        pass
+    if asked:
+        return int(asked) if left is None else min(int(asked), left)
+    return LEASE_GUESS_MS if left is None else left
 
 
 def _replay_response(ans):

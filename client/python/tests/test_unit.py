@@ -137,9 +137,22 @@ class LeaseEstimate(unittest.TestCase):
         self.assertEqual(_lease_estimate(None, base + 500, date), 0)
         self.assertEqual(_lease_estimate(None, base + 30000, None), 1000)
         self.assertEqual(_lease_estimate(None, base + 30000, "garbage"), 1000)
+        # Asked for: at most that, and at most what is left (a repeated claim's lease).
+        self.assertEqual(_lease_estimate(5000, base + 30000, date), 5000)
+        self.assertEqual(_lease_estimate(5000, base + 1500, date), 500)
+        self.assertEqual(_lease_estimate(5000, base + 1500, "garbage"), 5000)
 
 
 # ---- scripted nodes ------------------------------------------------------------------------
+
+class Trickle(bytes):
+    """A FakeNode answer body sent a byte at a time, `every` seconds apart."""
+
+    def __new__(cls, data, every):
+        b = super().__new__(cls, data)
+        b.every = every
+        return b
+
 
 class FakeNode:
     """An HTTP node on 127.0.0.1 whose answers come from script(request) in turn: each entry
@@ -177,6 +190,12 @@ class FakeNode:
                         self.send_header(k, v)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
+                    if isinstance(data, Trickle):
+                        for b in data:
+                            self.wfile.write(bytes([b]))
+                            self.wfile.flush()
+                            time.sleep(data.every)
+                        return
                     self.wfile.write(data)
                 except OSError:  # the client gave up on this node (a timeout test)
                     self.close_connection = True
@@ -261,7 +280,8 @@ class Transport(Scripted):
     def test_a_replayed_503_is_the_stored_answer(self):
         def replay(r):
             return (503, {"Idempotency-Replayed": "true", "Content-Type": "text/plain",
-                          "X-Content-Type-Options": "nosniff", "X-Request-Id": "x"},
+                          "X-Content-Type-Options": "nosniff", "X-Request-Id": "x",
+                          "Idempotency-Attempt": "the-replaying-claims-own"},
                     b"down for maintenance")
         (a,) = self.nodes([replay])
         c = self.client([a]).claim("k", request={"method": "POST", "path": "/x"})
@@ -279,6 +299,21 @@ class Transport(Scripted):
         self.assertIn(a.url, str(e.exception))
         self.assertIn("no leader", str(e.exception))
         self.assertEqual(e.exception.code, "idempotency_unavailable")
+
+    def test_a_trickled_answer_is_cut_off_at_the_deadline(self):
+        # Each byte of the answer comes well within a socket timeout, the whole of it long
+        # after the call's deadline: the attempts are cut off as wholes, and the call ends
+        # at its deadline.
+        body = json.dumps({"outcome": "ok", "record": {"state": "completed", "token": 1,
+                                                        "note": "x" * 40}}).encode()
+        slow = lambda r: (200, {"Content-Type": "application/json"},  # noqa: E731
+                          Trickle(body, 0.1))
+        (a,) = self.nodes([slow] * 10)
+        t0 = time.monotonic()
+        with self.assertRaises(idem.Unavailable) as e:
+            self.client([a], deadline=1.0).get("k")
+        self.assertLess(time.monotonic() - t0, 2.0)  # the whole answer takes 9 s
+        self.assertIn("no answer in time", str(e.exception))
 
     def test_connection_refused_everywhere(self):
         (a,) = self.nodes([])
@@ -561,6 +596,39 @@ class Middlewares(Scripted):
         self.assertEqual(second[1].get(b"idempotency-replayed"), b"true")
         self.assertEqual(seen, [(b"hello", b"131072")])
         self.assertEqual(a.seen[0]["body"]["request"]["body"], "hello")
+
+    def test_asgi_cancelled_during_the_claim_gives_the_key_back(self):
+        # The request is cancelled (a timeout around it) while its claim is on its way; the
+        # claim then acquires: the app does not run, and the key is released, not renewed
+        # until the process ends.
+        slow = lambda r: (time.sleep(0.4), ACQ(r))[1]  # noqa: E731
+        (a,) = self.nodes([slow] + [OK] * 20)
+        ran = []
+
+        async def app(scope, receive, send):
+            ran.append(1)
+        m = idem.asgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")],
+                                            lease_ms=600)
+
+        async def call():
+            scope = {"type": "http", "method": "POST", "path": "/o", "query_string": b"",
+                     "headers": [(b"idempotency-key", b"k"), (b"content-type", b"text/plain")]}
+            msgs = [{"type": "http.request", "body": b"hello", "more_body": False}]
+
+            async def receive():
+                return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+            async def send(msg):
+                pass
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(m(scope, receive, send), 0.1)
+            await asyncio.sleep(1.5)  # the claim answers, then a lease and more pass
+        asyncio.run(call())
+        paths = [r["path"] for r in a.seen]
+        self.assertEqual(ran, [])
+        self.assertEqual(paths.count("/v1/claims/release"), 1, paths)
+        after = paths[paths.index("/v1/claims/release") + 1:]
+        self.assertNotIn("/v1/claims/renew", after, paths)
 
 
 
