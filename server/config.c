@@ -557,12 +557,62 @@ static int yamlFail(struct ctx *c, const yaml_parser_t *p)
     }
 }
 
+/* Nesting deeper than this is refused before the document is built: the configuration needs
+ * a few levels, and libyaml's scanner takes time quadratic in the depth of nested flow
+ * collections (a 100 KB file of "[[[..." took seconds), on the loop that a reload runs on. */
+#define CONFIG_DEPTH_MAX 32
+
+/* A pass over the parser's events before the document is built: refuses nesting deeper than
+ * CONFIG_DEPTH_MAX and explicit tags ("!!str 300" would pass a string as the integer the
+ * field takes, "!!float" is read as nothing of the sort: a value's type is its field's).
+ * 0, or -1 with the position in c->err. A parse error stops it quietly: the load then
+ * reports it. */
+static int prescan(struct ctx *c)
+{
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) {
+        return failFile(c->err, c->errlen, c->name, "out of memory while parsing");
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)c->text, c->len);
+    int rc = 0;
+    unsigned depth = 0;
+    for (bool end = false; rc == 0 && !end;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev)) {
+            break;
+        }
+        const yaml_char_t *tag = ev.type == YAML_SCALAR_EVENT           ? ev.data.scalar.tag
+                                 : ev.type == YAML_SEQUENCE_START_EVENT ? ev.data.sequence_start.tag
+                                 : ev.type == YAML_MAPPING_START_EVENT  ? ev.data.mapping_start.tag
+                                                                        : NULL;
+        if (tag != NULL) {
+            rc = failAt(c, ev.start_mark.line, ev.start_mark.column,
+                        "a YAML tag (such as !!str): a value is read as its field's type, "
+                        "written without a tag");
+        } else if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
+            if (++depth > CONFIG_DEPTH_MAX) {
+                rc = failAt(c, ev.start_mark.line, ev.start_mark.column,
+                            "nested more than %d levels deep", CONFIG_DEPTH_MAX);
+            }
+        } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        }
+        end = ev.type == YAML_STREAM_END_EVENT;
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
 /* Parses one YAML document from text into cfg (already zeroed and holding the defaults). */
 static int parseText(struct ctx *c, struct config *cfg)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
     int rc = -1;
+    if (prescan(c) != 0) {
+        return -1;
+    }
     if (!yaml_parser_initialize(&parser)) {
         return failFile(c->err, c->errlen, c->name, "out of memory while parsing");
     }
@@ -652,6 +702,11 @@ int config_load(const char *path, struct config *out, char *err, size_t errlen)
     for (;;) {
         if (len == cap) {
             if (cap >= CONFIG_FILE_MAX) {
+                /* Full: the file is at most CONFIG_FILE_MAX bytes when nothing follows. */
+                char more;
+                if (fread(&more, 1, 1, fp) == 0 && !ferror(fp)) {
+                    break;
+                }
                 failFile(err, errlen, path, "cannot read: the file is larger than %u bytes",
                          CONFIG_FILE_MAX);
                 goto out;

@@ -52,6 +52,9 @@ struct config_addr {
  * escaped and cut short, never raw). */
 int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t why_len);
 
+/* Whether a and b name one endpoint: their texts are equal, but for a name's final dot. */
+bool config_addr_same(const struct config_addr *a, const struct config_addr *b);
+
 /* Whether a set address's host is a name (to be resolved), not an IP address. */
 bool config_addr_is_name(const struct config_addr *a);
 

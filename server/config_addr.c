@@ -173,6 +173,21 @@ int config_addr_parse(const char *s, struct config_addr *out, char *why, size_t 
     return 0;
 }
 
+bool config_addr_same(const struct config_addr *a, const struct config_addr *b)
+{
+    /* A name's text keeps a final dot as written (it spares resolvers their search list),
+     * and "name." is the same name as "name". */
+    size_t la = strlen(a->host), lb = strlen(b->host);
+    if (a->family == AF_UNSPEC && la > 0 && a->host[la - 1] == '.') {
+        la--;
+    }
+    if (b->family == AF_UNSPEC && lb > 0 && b->host[lb - 1] == '.') {
+        lb--;
+    }
+    return a->port == b->port && a->family == b->family && la == lb &&
+           memcmp(a->host, b->host, la) == 0;
+}
+
 bool config_addr_is_name(const struct config_addr *a)
 {
     return a->port != 0 && a->family == AF_UNSPEC;

@@ -25,6 +25,9 @@
 /* Bounds of the cluster secret (rpc.cluster_secret_file), in bytes after trimming. */
 #define SECRET_MIN 16
 #define SECRET_MAX 4096
+/* Trailing whitespace read past SECRET_MAX bytes, to be dropped (a secret of SECRET_MAX bytes
+ * and a newline is SECRET_MAX bytes). */
+#define SECRET_TAIL_MAX 64
 /* Raft secrets: a peer that listens at a member's address gets MACs made with them, so they
  * must not be guessable (cluster.h, CLUSTER_SECRET_MIN). */
 

@@ -409,12 +409,13 @@ static int parseRouteGuards(struct ctx *c, const struct field *other, const stru
     }
     if (!r->caller_none && t->key_max_len < PROXY_NS_KEY_LEN) {
         const struct field *at = config_present(caller) ? caller : tenant;
+        char q[QUOTE_SIZE];
         return config_fail_node(c, at->val,
-                                "%s: tenant \"%s\" has key_max_len %u, and a caller's record is "
+                                "%s: tenant %s has key_max_len %u, and a caller's record is "
                                 "kept under a %d-byte key: raise key_max_len to %d or more, or "
                                 "set caller_identity: none",
-                                at->name, t->name, (unsigned)t->key_max_len, PROXY_NS_KEY_LEN,
-                                PROXY_NS_KEY_LEN);
+                                at->name, config_quote(q, t->name, strlen(t->name)),
+                                (unsigned)t->key_max_len, PROXY_NS_KEY_LEN, PROXY_NS_KEY_LEN);
     }
     return 0;
 }
@@ -531,14 +532,14 @@ static int parseProxyListener(struct ctx *c, yaml_node_t *map, size_t index, str
     if (p->address.port == 0) {
         return config_fail_node(c, f[ADDRESS].val, "%s: must not be empty", f[ADDRESS].name);
     }
-    if (strcmp(p->address.text, cfg->node.http_address.text) == 0 ||
-        strcmp(p->address.text, cfg->node.rpc_address.text) == 0 ||
-        strcmp(p->address.text, cfg->node.raft_address.text) == 0) {
+    if (config_addr_same(&p->address, &cfg->node.http_address) ||
+        config_addr_same(&p->address, &cfg->node.rpc_address) ||
+        config_addr_same(&p->address, &cfg->node.raft_address)) {
         return config_fail_node(c, f[ADDRESS].val, "%s: the address is already used by node",
                                 f[ADDRESS].name);
     }
     for (size_t i = 0; i < index; i++) {
-        if (strcmp(cfg->proxies[i].address.text, p->address.text) == 0) {
+        if (config_addr_same(&cfg->proxies[i].address, &p->address)) {
             return config_fail_node(c, f[ADDRESS].val,
                                     "%s: the address is already used by proxy[%zu]",
                                     f[ADDRESS].name, i);

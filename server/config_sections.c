@@ -103,7 +103,7 @@ static int parseMember(struct ctx *c, yaml_node_t *map, size_t index, struct con
                                     "cluster.bootstrap[%zu])",
                                     f[ID].name, (unsigned long long)m->id, j);
         }
-        if (strcmp(members[j].raft_address.text, m->raft_address.text) == 0) {
+        if (config_addr_same(&members[j].raft_address, &m->raft_address)) {
             return config_fail_node(c, f[RAFT].val,
                                     "%s: duplicate Raft address (also "
                                     "cluster.bootstrap[%zu])",
@@ -290,12 +290,14 @@ static int readSecret(struct ctx *c, const struct field *f, const char *path, si
                                 "%04o): give it mode 600 (chmod 600), as the secret it is",
                                 f->name, q, (unsigned)(st.st_mode & 07777));
     }
-    uint8_t buf[SECRET_MAX + 2];
+    /* Room for the secret's most bytes and some trailing whitespace after them; a file
+     * that fills it holds more than that. */
+    uint8_t buf[SECRET_MAX + SECRET_TAIL_MAX + 1];
     size_t len = fread(buf, 1, sizeof buf, fp);
     int rerr = ferror(fp) ? errno : 0;
     fclose(fp);
     int rc = 0;
-    while (len > 0 && len <= SECRET_MAX &&
+    while (len > 0 && len < sizeof buf &&
            (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ' ||
             buf[len - 1] == '\t')) {
         len--;
@@ -606,11 +608,10 @@ static int checkOneSecret(struct ctx *c, const struct config *cfg, const struct 
     }
     const struct config_tenant *t = config_tenant_by_token_hash(cfg, sec->sha256);
     if (t != NULL) {
+        char q[QUOTE_SIZE];
         return config_fail_node(
-            c, at,
-            "%s: the secret is a token of tenant \"%s\"; it must differ from every "
-            "token",
-            name, t->name);
+            c, at, "%s: the secret is a token of tenant %s; it must differ from every token",
+            name, config_quote(q, t->name, strlen(t->name)));
     }
     return 0;
 }
@@ -671,6 +672,7 @@ static int checkSecretTransport(struct ctx *c, const struct config *cfg)
     }
     struct config_addr ba;
     char why[QUOTE_SIZE + 96];
+    char q[QUOTE_SIZE];
     if (bad != NULL && config_addr_parse(bad, &ba, why, sizeof why) == 0 &&
         config_addr_is_name(&ba)) {
         /* Not resolved to decide: a name may resolve elsewhere later, or on another node. */
@@ -679,14 +681,14 @@ static int checkSecretTransport(struct ctx *c, const struct config *cfg)
             "rpc.insecure_cluster_secret: the RPC address %s is a host name; the cluster secret "
             "goes in clear only to loopback addresses written as such (127.0.0.1, [::1]), "
             "which a name may not stay: write the address, or turn tls.rpc on",
-            bad);
+            config_quote(q, bad, strlen(bad)));
     }
     if (bad != NULL) {
         return config_fail_node(
             c, c->insecure_node,
             "rpc.insecure_cluster_secret: the RPC address %s is not a loopback address; the "
             "cluster secret would cross the network in clear: turn tls.rpc on",
-            bad);
+            config_quote(q, bad, strlen(bad)));
     }
     return 0;
 }

@@ -25,8 +25,9 @@ static int uniqueHash(struct ctx *c, const struct config *cfg, const struct conf
         const struct config_tenant *t = &cfg->tenants[i];
         for (size_t j = 0; j < t->n_token_hashes; j++) {
             if (memcmp(h, t->token_hashes[j], CONFIG_HASH_LEN) == 0) {
-                return config_fail_node(
-                    c, v, "%s: the same hash is already a token of tenant \"%s\"", name, t->name);
+                char q[QUOTE_SIZE];
+                return config_fail_node(c, v, "%s: the same hash is already a token of tenant %s",
+                                        name, config_quote(q, t->name, strlen(t->name)));
             }
         }
     }

@@ -405,7 +405,7 @@ class TestSecretTransport(NodeFiles):
                              members=["127.0.0.2:7002", "10.1.2.3:7003"])
         rc, out = self.run_idemd("--check-config", remote)
         self.assertEqual(rc, 2, out)
-        self.assertIn("rpc.insecure_cluster_secret: the RPC address 10.1.2.3:7003 is not a "
+        self.assertIn("rpc.insecure_cluster_secret: the RPC address \"10.1.2.3:7003\" is not a "
                       "loopback address", out)
         mine = self.config(rpc_lines=["cluster_secret_file: %s" % self.secret,
                                       "insecure_cluster_secret: true"], rpc="0.0.0.0:%d")

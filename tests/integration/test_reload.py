@@ -331,6 +331,18 @@ class TestReloadRules(ReloadTest):
             s2.sendall(_frame(_claim_body(b, "revoked-3")))
             self.assertEqual(_read_response(s2), (5, OUTCOME_ACQUIRED))
 
+    def test_a_deeply_nested_file_is_refused_at_once(self):
+        """A file nested 50,000 levels deep (100 KB) kept the parser busy for seconds on the
+        node's loop; it is refused by its depth before the document is built, and the node
+        answers meanwhile as ever."""
+        node = self.c.nodes[1]
+        self.rewrite(node, append="extra: " + "[" * 50000 + "]" * 50000 + "\n")
+        t0 = time.monotonic()
+        self.sighup([node], result="error")
+        self.assertIn("nested more than 32 levels deep", self.log_of(node))
+        self.assertEqual(http_request(node.http, "GET", "/livez")[0], 200)
+        print("refused in %.2f s" % (time.monotonic() - t0))
+
     def test_restart_only_settings_kept(self):
         node = self.c.nodes[1]
         def edit(text):

@@ -472,6 +472,23 @@ static void test_address_forms(void **state)
             TENANTS_OK;
     assert_int_equal(parseStr(dupName, &c, err, sizeof err), -1);
     assert_non_null(strstr(err, "duplicate Raft address"));
+    /* A name with its final dot is the same name. */
+    static const char dupDot[] =
+        "node:\n  id: 1\n  raft_address: n1.example:9001\n  rpc_address: 127.0.0.1:7001\n"
+        "  data_dir: /tmp/x\ncluster:\n  bootstrap:\n"
+        "    - {id: 1, raft_address: n1.example:9001, rpc_address: 127.0.0.1:7001}\n"
+        "    - {id: 2, raft_address: n2.example:9002, rpc_address: 127.0.0.1:7002}\n"
+        "    - {id: 3, raft_address: n2.example.:9002, rpc_address: 127.0.0.1:7003}\n" ADMIN_OK
+            TENANTS_OK;
+    assert_int_equal(parseStr(dupDot, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cluster.bootstrap[2].raft_address: duplicate Raft address"));
+    struct config_addr dotted, plain;
+    char why2[256];
+    assert_int_equal(config_addr_parse("N2.Example.:9002", &dotted, why2, sizeof why2), 0);
+    assert_int_equal(config_addr_parse("n2.example:9002", &plain, why2, sizeof why2), 0);
+    assert_true(config_addr_same(&dotted, &plain));
+    assert_int_equal(config_addr_parse("n2.example:9003", &plain, why2, sizeof why2), 0);
+    assert_false(config_addr_same(&dotted, &plain));
 }
 
 /* ---- bad inputs ---------------------------------------------------------------------------- */
@@ -503,6 +520,14 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:7:1: ", "duplicate key \"raft\" in the top level"},
     {"mapping as a key", NODE_OK "? {a: 1}\n: 2\n",
      "x.yaml:6:3: ", "a key in the top level is a mapping"},
+    {"a tag on a value", NODE_OK "raft:\n  election_timeout_ms: !!str 300\n",
+     "x.yaml:7:24: ", "a YAML tag (such as !!str)"},
+    {"a tag on a mapping", NODE_OK "raft: !!map {pre_vote: true}\n",
+     "x.yaml:6:7: ", "a YAML tag"},
+    {"a local tag", NODE_OK "raft:\n  segment_size_mb: !mine 64\n", "x.yaml:7:20: ", "a YAML tag"},
+    {"nested too deep", NODE_OK "raft: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]"
+                                "]]]]]]]]]]]]]]]]\n",
+     "x.yaml:6:38: ", "nested more than 32 levels deep"},
 
     /* Unknown keys. */
     {"unknown key at the top level", NODE_OK "nodee:\n  id: 1\n",
@@ -702,6 +727,11 @@ static const struct bad_case bad_cases[] = {
      "x.yaml:10:29: ",
      "tenants[1].token_sha256: the same hash is already a token of tenant "
      "\"a\""},
+    {"a tenant named like a hash, in a message",
+     NODE_OK ADMIN_OK "tenants:\n  - {name: " HASH_ADMIN ", token_sha256: " HASH_A "}\n"
+                      "  - {name: b, token_sha256: " HASH_A "}\n",
+     "x.yaml:10:29: ",
+     "tenants[1].token_sha256: the same hash is already a token of tenant \"<hex>\""},
     {"token hash listed twice",
      NODE_OK ADMIN_OK "tenants:\n  - {name: a, token_sha256: [" HASH_B ", " HASH_B "]}\n",
      "x.yaml:9:96: ", "tenants[0].token_sha256[1]: the same hash is listed twice"},
@@ -1212,6 +1242,37 @@ static void test_example_file(void **state)
     config_free(&c);
 }
 
+static void writeTemp(char path[64], const char *data, size_t len);
+
+/* A file of 16 MiB is read; one byte more is refused, saying so. */
+static void test_file_size_limit(void **state)
+{
+    (void)state;
+    const size_t max = 16u << 20;
+    char *text = malloc(max + 1);
+    assert_non_null(text);
+    size_t n = strlen(MINIMAL);
+    memcpy(text, MINIMAL, n);
+    memset(text + n, '#', max + 1 - n); /* a comment to the end */
+    text[max - 1] = '\n';
+    char path[64];
+    writeTemp(path, text, max);
+    struct config c;
+    char err[512];
+    if (config_load(path, &c, err, sizeof err) != 0) {
+        fail_msg("%s", err);
+    }
+    config_free(&c);
+    assert_int_equal(remove(path), 0);
+    text[max - 1] = '#';
+    text[max] = '\n';
+    writeTemp(path, text, max + 1);
+    assert_int_equal(config_load(path, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cannot read: the file is larger than 16777216 bytes"));
+    assert_int_equal(remove(path), 0);
+    free(text);
+}
+
 static void test_unreadable_file(void **state)
 {
     (void)state;
@@ -1525,6 +1586,23 @@ static void test_cluster_secret(void **state)
     writeTemp(path, big, sizeof big);
     expectSecretError(path, NULL, NULL, "holds more than 4096 bytes", NULL);
     assert_int_equal(remove(path), 0);
+    /* 4096 bytes and a newline (or CRLF): the newline is dropped, the secret taken. */
+    big[4096] = '\n';
+    for (size_t n = 4097; n <= 4098; n++) {
+        writeTemp(path, big, n);
+        if (parseSecret(path, NULL, NULL, &c, err, sizeof err) != 0) {
+            fail_msg("%zu bytes: %s", n, err);
+        }
+        assert_int_equal(c.rpc.cluster_secret.len, 4096);
+        config_free(&c);
+        assert_int_equal(remove(path), 0);
+        big[4096] = '\r';
+        big[4097] = '\n';
+    }
+    big[4096] = big[4097] = 's';
+    writeTemp(path, big, 4097);
+    expectSecretError(path, NULL, NULL, "holds more than 4096 bytes", NULL);
+    assert_int_equal(remove(path), 0);
     expectSecretError("/nonexistent/idem.secret", NULL, NULL,
                       "cannot read \"/nonexistent/idem.secret\": No such file or directory", NULL);
     expectSecretError("/", NULL, NULL, "cannot read \"/\": Is a directory", NULL);
@@ -1589,13 +1667,13 @@ static void test_cluster_secret_transport(void **state)
                 "    - {id: 1, raft_address: 127.0.0.1:9001, rpc_address: 127.0.0.1:7001}\n"
                 "    - {id: 2, raft_address: 127.0.0.2:9001, rpc_address: 10.0.0.2:7001}\n";
     expectTransport(remoteMember, path, "  insecure_cluster_secret: true\n", "",
-                    "x.yaml:12:28: rpc.insecure_cluster_secret: the RPC address 10.0.0.2:7001 is "
+                    "x.yaml:12:28: rpc.insecure_cluster_secret: the RPC address \"10.0.0.2:7001\" is "
                     "not a loopback address; the cluster secret would cross the network in "
                     "clear: turn tls.rpc on");
     static const char remoteNode[] = "node:\n  id: 1\n  raft_address: 127.0.0.1:9001\n"
                                      "  rpc_address: 0.0.0.0:7001\n  data_dir: /tmp/idem\n";
     expectTransport(remoteNode, path, "  insecure_cluster_secret: true\n", "",
-                    "x.yaml:8:28: rpc.insecure_cluster_secret: the RPC address 0.0.0.0:7001 is "
+                    "x.yaml:8:28: rpc.insecure_cluster_secret: the RPC address \"0.0.0.0:7001\" is "
                     "not a loopback address");
     /* With tls.rpc the secret travels encrypted: any addresses, no switch needed. */
     static const char tlsRpc[] = "tls:\n  cert_file: /c.pem\n  key_file: /k.pem\n  rpc: true\n";
@@ -1627,7 +1705,7 @@ static void test_cluster_secret_transport(void **state)
                 "    - {id: 2, raft_address: 127.0.0.1:9002, rpc_address: localhost:7002}\n";
     writeTemp(path, "secret-of-the-cluster-0123\n", 27);
     expectTransport(namedMember, path, "  insecure_cluster_secret: true\n", "",
-                    "x.yaml:12:28: rpc.insecure_cluster_secret: the RPC address localhost:7002 is "
+                    "x.yaml:12:28: rpc.insecure_cluster_secret: the RPC address \"localhost:7002\" is "
                     "a host name; the cluster secret goes in clear only to loopback addresses "
                     "written as such");
     static const char v6Member[] =
@@ -1805,6 +1883,7 @@ int main(void)
         cmocka_unit_test(test_tenant_by_token_hash),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_unreadable_file),
+        cmocka_unit_test(test_file_size_limit),
         cmocka_unit_test(test_load_error_names_the_file),
         cmocka_unit_test(test_proxy),
         cmocka_unit_test(test_mismatch_status_of_tenant_and_routes),
