@@ -44,7 +44,8 @@ uint64_t transport_auth_failed_total(void)
  * misconfigured peer reconnects every 100 ms). `what` names the side: "refused from
  * ADDRESS" or "to node N failed"; `why` is one of this file's string constants, the
  * reason, and `text` (NULL: `why` itself) what is said of it, with the node IDs it names.
- * A full table gives the slot logged longest ago to the new reason. */
+ * A full table gives the slot logged longest ago to the new reason when that was over an
+ * interval ago; else the new one is counted with the others (transport.h). */
 static void refusalLog(struct transport *t, raft_id peer, const uint8_t *ip, const char *what,
                        const char *why, const char *text)
 {
@@ -61,6 +62,21 @@ static void refusalLog(struct transport *t, raft_id peer, const uint8_t *ip, con
         i++;
     }
     if (i == TRANSPORT_LOG_REASONS) {
+        if (now - t->logged[oldest].log_ms < TRANSPORT_LOG_INTERVAL_MS) {
+            /* Every slot was logged within the interval: this one is counted with the
+             * others that found no slot, and they are said together at most once an
+             * interval (else connections from ever new addresses would each be logged). */
+            t->others++;
+            if (t->others_log_ms == 0 || now - t->others_log_ms >= TRANSPORT_LOG_INTERVAL_MS) {
+                clog_warn("raft connections: %llu refused or failed beyond the %d peers and "
+                          "reasons named at a time, in the last %u s (%s)",
+                          (unsigned long long)t->others, TRANSPORT_LOG_REASONS,
+                          TRANSPORT_LOG_INTERVAL_MS / 1000, why);
+                t->others = 0;
+                t->others_log_ms = now;
+            }
+            return;
+        }
         i = oldest;
         t->logged[i].why = NULL;
     }

@@ -81,7 +81,10 @@
  * A wrong MAC, a peer that closes, or no answer within TRANSPORT_HANDSHAKE_TIMEOUT_MS
  * closes the connection; raft_uv retries its connections every 100 ms, so each reason is
  * logged at most once per TRANSPORT_LOG_INTERVAL_MS per peer (node, or address for
- * incoming connections) with a count. Without TLS, the messages after the exchange are
+ * incoming connections) with a count. The log names TRANSPORT_LOG_REASONS peers and reasons
+ * at a time: past them (connections from many addresses, say) the others are counted
+ * together and said in one line at most once per interval, so that no peer can make a node
+ * log at the rate it connects. Without TLS, the messages after the exchange are
  * neither encrypted nor signed: whoever can read, divert or inject packets on the path
  * between two members still can.
  *
@@ -125,7 +128,8 @@
 #define TRANSPORT_RESOLVE_REUSE_MS 1000 /* a name's answer this recent is not asked again */
 #define TRANSPORT_TCP_USER_TIMEOUT_MS 10000
 #define TRANSPORT_KEEPALIVE_S 5  /* idle seconds before the first keepalive probe */
-#define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses the oldest slot */
+#define TRANSPORT_LOG_REASONS 32 /* reasons x peers; a full table reuses a slot logged over an
+                                  * interval ago, else counts the new one in `others` */
 
 struct incoming;
 struct outgoing;
@@ -179,6 +183,8 @@ struct transport {
         uint64_t log_ms;       /* uv_now when it was last logged */
         uint64_t unlogged;     /* refusals for it since */
     } logged[TRANSPORT_LOG_REASONS];
+    uint64_t others;        /* refusals and failures not named: every slot was in use */
+    uint64_t others_log_ms; /* uv_now when they were last said */
     struct raft_tls *tls; /* NULL: plain TCP (tls.raft off) */
     bool closing;
     bool inner_closed;

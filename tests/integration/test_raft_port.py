@@ -234,6 +234,30 @@ class TestRaftPort(ClusterTestCase):
         self.assertEqual((rc, out["outcome"]), (0, "acquired"), out)
         self.c.wait_converged(3)
 
+    def test_refusals_from_many_addresses_do_not_flood_the_log(self):
+        # Each refusal used to be logged at once when its source address was new to the
+        # table of 32 peers and reasons: connections from ever other addresses (127/8, an
+        # IPv6 /64) made a log line each. Past the table, they are counted in one line.
+        node = self.c.nodes[self.c.leader()]
+        host, port = node.raft.rsplit(":", 1)
+
+        def named():
+            return self.c.logs().count("raft connection refused from 127.0.0.")
+        before = named()
+        for i in range(200):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.%d" % (2 + i % 40), 0))
+                s.connect((host, int(port)))
+                s.sendall(_u64(2, 99, 8) + b"12345678")  # an unknown handshake protocol
+                self.assertTrue(_closed(s, 5))
+            finally:
+                s.close()
+        wait_for(lambda: self.c.logs_contain("beyond the 32 peers and reasons named at a time"),
+                 10, "the refusals past the table to be said together")
+        self.assertLessEqual(named() - before, 32)
+        self.assertIsNone(node.proc.poll())
+
     def test_malformed_messages_are_refused_and_the_node_serves_on(self):
         lid = self.c.leader()
         fid = [n for n in sorted(self.c.nodes) if n != lid][0]
