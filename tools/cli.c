@@ -72,7 +72,9 @@ uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t m
     }
     for (const char *p = s; *p; p++) {
         if (*p < '0' || *p > '9') {
-            cli_usage_error("%s: \"%s\" is not a number", what, s);
+            /* Not shown: a value typed for another option may be a token. */
+            cli_usage_error("%s: not a number (decimal digits only; the value is not shown)",
+                            what);
         }
         unsigned d = (unsigned)(*p - '0');
         if (v > (UINT64_MAX - d) / 10) {

@@ -408,8 +408,12 @@ class TestIdemctlStatus(CtlTest):
         # A token on the command line draws a warning (other users can read argv).
         self.assertIn("warning: a bearer token on the command line", err)
         self.assertIn("--admin-token-file", err)
-        rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin, "members"])
+        rc, text, err = run_ctl(["--cluster", rpc, "--admin-token", self.c.admin, "--token",
+                                 "tenant-token-unused", "members"])
         self.assertEqual(rc, 0, err)
+        # Both tokens on the command line are exposed, the one the command does not use too.
+        self.assertIn("--admin-token-file", err)
+        self.assertIn("--token-file", err)
         self.assertIn("node: %s\n" % rpc, text)
         self.assertIn("node_id: %d\n" % follower, text)
         self.assertIn("leader_id: %d\n" % lid, text)
@@ -1974,6 +1978,23 @@ class TestIdemctlUsage(unittest.TestCase):
             ["renew", key, "--token", "1"] + list(extra),
             ["get", key] + list(extra),
         ]
+
+    def test_usage_errors_never_show_a_token(self):
+        # A token option put after a command that takes no KEY, or a global option misspelt,
+        # was quoted whole in the usage error; so was a value that is not a number (a
+        # bearer token given as a fencing --token, say).
+        c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a"]
+        tok = "SECRETXYZ-4711"
+        cases = [[cmd, "--admin-token=" + tok] for cmd in
+                 ("status", "members", "reload", "snapshot", "version")]
+        cases += [["status", "--token=" + tok], ["--admin-tokn=" + tok, "status"],
+                  ["complete", "k", "--token", tok, "--status", "200"]]
+        for args in cases:
+            for json_flag in ([], ["--json"]):
+                rc, text, err = run_ctl(c + json_flag + args)
+                self.assertEqual(rc, 2, (args, text, err))
+                self.assertNotIn("SECRETXYZ", text + err, args)
+                self.assertIn("not shown", err, args)
 
     def test_usage_errors_never_show_a_key(self):
         c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a", "--deadline",

@@ -375,6 +375,7 @@ class TestReloadRules(ReloadTest):
         rc, out, err = self.ctl("reload", admin=self.c.token)
         self.assertEqual(rc, 4, (out, err))
         self.assertEqual({x["outcome"] for x in out["nodes"]}, {"forbidden"})
+        self.assertIn("reload: the admin token was refused (forbidden)", err)
         rc, out, err = self.ctl("reload", admin=secrets.token_hex(16))
         self.assertEqual(rc, 4, (out, err))
         self.assertEqual({x["outcome"] for x in out["nodes"]}, {"unauthenticated"})
@@ -387,8 +388,12 @@ class TestReloadRules(ReloadTest):
         rc, out, err = self.ctl("reload", "--all", cluster=nodes[0].rpc)
         self.assertEqual((rc, out["outcome"]), (0, "ok"), (out, err))
         self.assertEqual(sorted(x["node_id"] for x in out["nodes"]), [1, 2, 3])
+        # spaces around the commas of --cluster, as every command takes them
+        rc, out, err = self.ctl("reload", cluster=" , ".join(n.rpc for n in nodes))
+        self.assertEqual((rc, out["outcome"]), (0, "ok"), (out, err))
+        self.assertEqual(sorted(x["node"] for x in out["nodes"]), sorted(n.rpc for n in nodes))
         for n in nodes:
-            self.assertEqual(self.reload_counts(n), (2, 0))
+            self.assertEqual(self.reload_counts(n), (3, 0))
         # human output, --node without --cluster: one line per node
         p = subprocess.run([IDEMCTL, "--admin-token", self.c.admin, "reload", "--node",
                             nodes[1].rpc], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -97,7 +97,9 @@ static void argsPositional(struct args *a, const char **slots, size_t max, size_
                             "every option before it: idemctl %s",
                             a->cmd, at, a->cmd, a->key_form);
         }
-        cli_usage_error("%s: unknown option %s", a->cmd, arg);
+        /* Its name only: "--admin-token=T" put after the command would show the token. */
+        cli_usage_error("%s: unknown option %.*s%s", a->cmd, (int)strcspn(arg, "="), arg,
+                        strchr(arg, '=') != NULL ? "=... (its value not shown)" : "");
     }
     if (*n >= max) {
         if (a->key_operands != NULL) {

@@ -243,7 +243,9 @@ static void globalOptions(struct global *g, struct args *a)
             printf("idemctl %s\n", IDEMCTL_VERSION);
             exit(EXIT_ANSWERED);
         } else if (!argsCommon(g, a)) {
-            cli_usage_error("unknown option %s", a->argv[a->i]);
+            const char *arg = a->argv[a->i]; /* its name only: a value may be a token */
+            cli_usage_error("unknown option %.*s%s", (int)strcspn(arg, "="), arg,
+                            strchr(arg, '=') != NULL ? "=... (its value not shown)" : "");
         }
     }
     /* Each TLS flag wins over its variable. */
@@ -286,12 +288,14 @@ int mainConfigCheck(const struct global *g, const char *name, bool admin)
     const char *tok = callBearer(g, admin);
     if (tok == NULL || tok[0] == '\0') {
         /* A credential problem, as a refused token is (exit 4); nothing was sent. */
-        char msg[160];
+        char msg[256];
         snprintf(msg, sizeof msg,
-                 admin ? "%s needs the admin token: pass --admin-token T (before the "
-                         "command) or set IDEM_ADMIN_TOKEN"
-                       : "%s needs a bearer token: pass --token T (before the command) or "
-                         "set IDEM_TOKEN",
+                 admin ? "%s needs the admin token: set IDEM_ADMIN_TOKEN, or pass "
+                         "--admin-token-file F (or --admin-token T, which other users of the "
+                         "host can read) before the command"
+                       : "%s needs a bearer token: set IDEM_TOKEN, or pass --token-file F (or "
+                         "--token T, which other users of the host can read) before the "
+                         "command",
                  name);
         fprintf(stderr, "idemctl: %s\n", msg);
         if (g->json) {
@@ -377,20 +381,22 @@ int main(int argc, char **argv)
     }
     code = cmd->run(&g, &a);
     fflush(stdout);
-    if (code == EXIT_ANSWERED && outTokenRefused() != NULL) {
+    if ((code == EXIT_ANSWERED || code == EXIT_AUTH) && outTokenRefused() != NULL) {
         /* The answer (printed) refused the token: a credential problem, for scripts. */
         fprintf(stderr, "idemctl: %s: the %s was refused (%s)\n", cmd->name,
                 cmd->admin ? "admin token" : "bearer token", outTokenRefused());
         code = EXIT_AUTH;
     }
-    if (cmd->admin ? g.admin_token_on_argv : g.token_on_argv) {
-        /* After the command (its usage errors come first). Any user of the host can read a
-         * process's arguments (ps, /proc). */
-        fprintf(stderr,
-                "idemctl: warning: a bearer token on the command line is visible to "
-                "other users of this host; use %s or %s\n",
-                cmd->admin ? "--admin-token-file F" : "--token-file F",
-                cmd->admin ? "IDEM_ADMIN_TOKEN" : "IDEM_TOKEN");
+    /* After the command (its usage errors come first). Any user of the host can read a
+     * process's arguments (ps, /proc): either token there is exposed, used or not. */
+    for (int admin = 1; admin >= 0; admin--) {
+        if (admin ? g.admin_token_on_argv : g.token_on_argv) {
+            fprintf(stderr,
+                    "idemctl: warning: a bearer token on the command line is visible to "
+                    "other users of this host; use %s or %s\n",
+                    admin ? "--admin-token-file F" : "--token-file F",
+                    admin ? "IDEM_ADMIN_TOKEN" : "IDEM_TOKEN");
+        }
     }
     freeTokens(&g);
     return code;

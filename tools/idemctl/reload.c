@@ -96,6 +96,16 @@ int reloadCmd(struct global *g, struct args *a)
         char addr[ADDR_MAX];
         for (const char *p = g->cluster; *p != '\0';) {
             size_t len = strcspn(p, ",");
+            const char *next = p + len + (p[len] == ',');
+            /* Spaces around the commas are not part of an address (as libidem reads the
+             * list). */
+            while (len > 0 && (*p == ' ' || *p == '\t')) {
+                p++;
+                len--;
+            }
+            while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) {
+                len--;
+            }
             if (len >= sizeof addr) {
                 cli_usage_error("reload: an address of --cluster is too long");
             }
@@ -103,7 +113,7 @@ int reloadCmd(struct global *g, struct args *a)
             if (len > 0) {
                 reloadOne(g, addr, 0, nodes, &refused, &unreached);
             }
-            p += len + (p[len] == ',');
+            p = next;
         }
     }
     int code = unreached                  ? EXIT_UNAVAILABLE
