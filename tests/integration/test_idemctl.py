@@ -1996,6 +1996,17 @@ class TestIdemctlUsage(unittest.TestCase):
                 self.assertNotIn("SECRETXYZ", text + err, args)
                 self.assertIn("not shown", err, args)
 
+    def test_a_tls_file_that_cannot_load_is_a_configuration_error_with_node_alone(self):
+        # reload and snapshot take --node without --cluster: the TLS files are checked
+        # before anything is sent there too (exit 2, outcome error), not reported as the
+        # node being unavailable (exit 3).
+        for cmd in (["reload", "--node", "127.0.0.1:1"], ["snapshot", "--node", "127.0.0.1:1"]):
+            rc, text, err = run_ctl(["--json", "--tls-ca", "/nonexistent/ca.crt",
+                                     "--admin-token", "a"] + cmd)
+            self.assertEqual(rc, 2, (cmd, text, err))
+            self.assertEqual(json.loads(text)["outcome"], "error", (cmd, text))
+            self.assertIn("/nonexistent/ca.crt", err)
+
     def test_usage_errors_never_show_a_key(self):
         c = ["--cluster", "127.0.0.1:1", "--token", "t", "--admin-token", "a", "--deadline",
              "300"]

@@ -274,12 +274,14 @@ int mainConfigCheck(const struct global *g, const char *name, bool admin)
     if ((g->tls.cert_file == NULL) != (g->tls.key_file == NULL)) {
         cli_usage_error("--tls-cert and --tls-key go together");
     }
-    if (g->cluster != NULL && cli_tls_wanted(&g->tls)) {
+    if (cli_tls_wanted(&g->tls)) {
         /* A TLS file that cannot be loaded is a configuration error (exit 2), reported
-         * before anything is sent; opening a client connects to nothing. */
+         * before anything is sent; opening a client connects to nothing (so any address
+         * stands in for --cluster where a command takes --node alone). */
         struct idem_client *c = NULL;
         char why[256];
-        int rv = callClientOpen(g, g->cluster, "-", &c, why, sizeof why);
+        int rv = callClientOpen(g, g->cluster != NULL ? g->cluster : "127.0.0.1:1", "-", &c, why,
+                                sizeof why);
         idem_client_close(c);
         if (rv != IDEM_OK) {
             return outFailCall(g, rv, why);
