@@ -662,6 +662,7 @@ class TestGatewayBasics(GatewayTest):
              ["--method", "PUT", "--path", "/notes/7", "--content-type", "text/plain"],
              "plain text \u00e9\n".encode()),
             ({"method": "POST", "path": "/"}, ["--path", "/"], None),  # no body
+            ({"method": "POST", "path": "/"}, [], None),  # --tenant alone: every default
         ]
         for i, (req, opts, data) in enumerate(cases):
             with self.subTest(case=i):

@@ -135,8 +135,11 @@ int dataCmdClaim(struct global *g, struct args *a)
         cli_usage_error("claim: --fingerprint or a request (--request-body, --method, --path, "
                         "--content-type, --fingerprint-field, --fingerprint-ignore), not both");
     }
-    if (fp == NULL && !request) {
-        cli_usage_error("claim: missing --fingerprint HEX64 or --request-body FILE|-");
+    /* --tenant alone names a request too: POST / with an empty body, the defaults. */
+    if (fp == NULL && !request && tenant == NULL) {
+        cli_usage_error("claim: missing --fingerprint HEX64, or --tenant NAME and the request "
+                        "(--request-body FILE|-, --method, --path: POST / without a body by "
+                        "default)");
     }
     if (fp == NULL && ctype != NULL && file == NULL) {
         cli_usage_error("claim: --content-type needs --request-body");
