@@ -92,9 +92,10 @@ type Claimed struct {
 	AttemptID      string    // the attempt id the claim was sent with
 	Response       *Response // replay: the stored response
 
-	// acquired: the lease left by the answer's Date (whole seconds, so less a second: never
-	// more than the truth when the node's clock and the cluster's agree); -1: unknown. A
-	// claim repeated by its own attempt keeps the lease it has, which may be short.
+	// acquired: the lease's end less the answer's Date, -1 when unknown. Date has whole
+	// seconds: the lease left is at most this (when the node's clock and the cluster's
+	// agree) and more than this less a second. A claim repeated by its own attempt keeps
+	// the lease it has, which may be short.
 	leaseLeft time.Duration
 }
 
@@ -507,14 +508,14 @@ func (c *Client) Claim(ctx context.Context, key string, req Request) (*Claimed, 
 		AttemptID: req.AttemptID, leaseLeft: leaseLeft(o.LeaseExpiresAt, a.header)}, nil
 }
 
-// leaseLeft: what is left of a lease ending at end (ms on the cluster's clock) by the
-// answer's Date header, less a second (Date has whole seconds); -1 when either is unknown.
+// leaseLeft: a lease ending at end (ms on the cluster's clock) less the answer's Date
+// header (whole seconds: an upper bound of the lease left); -1 when either is unknown.
 func leaseLeft(end int64, h http.Header) time.Duration {
 	date, err := http.ParseTime(h.Get("Date"))
 	if end <= 0 || err != nil {
 		return -1
 	}
-	left := time.UnixMilli(end).Sub(date) - time.Second
+	left := time.UnixMilli(end).Sub(date)
 	if left < 0 {
 		return 0
 	}

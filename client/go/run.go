@@ -283,9 +283,13 @@ func startRenewer(c *Client, key string, token uint64, lease, left time.Duration
 		est = uint64(leaseGuess.Milliseconds())
 	}
 	if left >= 0 && uint64(left.Milliseconds()) < est {
-		// A claim its own attempt repeated keeps the lease it had: the first renewal is
-		// timed by what is left of it, not by a fresh one.
-		est = uint64(left.Milliseconds())
+		// Even the most the answer allows for is short of the lease asked for: a claim its
+		// own attempt repeated kept the lease it had. The first renewal is timed by the
+		// least that may be left of it (Date has whole seconds), not by a fresh lease.
+		est = 0
+		if left > time.Second {
+			est = uint64((left - time.Second).Milliseconds())
+		}
 	}
 	r := &renewer{c: c, key: key, token: token, askMS: ask, base: sent, onLost: onLost,
 		stop: make(chan struct{}), done: make(chan struct{}), estMS: est, endMS: est}

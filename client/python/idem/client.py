@@ -187,21 +187,26 @@ def new_attempt_id():
 
 
 def _lease_estimate(asked, lease_expires_at, date):
-    """The lease the renewal schedule follows: what is left of it by the answer's Date
-    (whole seconds, so less a second: never more than the truth, when the node's clock and
-    the cluster's agree), and never more than the one asked for (a claim its own attempt
-    repeated keeps the lease it has, which may be nearly over); the one asked for when the
-    answer does not say; LEASE_GUESS_MS when neither is known."""
-    left = None
+    """The lease the renewal schedule follows: the one asked for, unless even the most the
+    answer allows for is shorter (a claim its own attempt repeated keeps the lease it has,
+    which may be nearly over); then, or when none was asked for, what is left of it by the
+    answer's Date (whole seconds, so less a second: never more than the truth, when the
+    node's clock and the cluster's agree); LEASE_GUESS_MS when nothing is known."""
+    upper = None  # the lease left is at most this, and more than it less a second
     try:
         d = email.utils.parsedate_to_datetime(date).timestamp() * 1000.0
         if isinstance(lease_expires_at, int):
-            left = max(int(lease_expires_at - d - 1000), 0)
+            upper = lease_expires_at - d
     except (TypeError, ValueError, IndexError):
         pass
+    if upper is None:
+        return int(asked) if asked else LEASE_GUESS_MS
+    least = max(int(upper - 1000), 0)
     if asked:
-        return int(asked) if left is None else min(int(asked), left)
-    return LEASE_GUESS_MS if left is None else left
+        # Only a lease certainly shorter than the one asked for (a claim repeated by its own
+        # attempt keeps the lease it had) is followed by the least that may be left of it.
+        return int(asked) if upper >= int(asked) else least
+    return least
 
 
 def _replay_response(ans):

@@ -137,10 +137,13 @@ class LeaseEstimate(unittest.TestCase):
         self.assertEqual(_lease_estimate(None, base + 500, date), 0)
         self.assertEqual(_lease_estimate(None, base + 30000, None), 1000)
         self.assertEqual(_lease_estimate(None, base + 30000, "garbage"), 1000)
-        # Asked for: at most that, and at most what is left (a repeated claim's lease).
+        # Asked for: that, unless the answer's lease is certainly shorter (a repeated
+        # claim's): then the least that may be left of it.
         self.assertEqual(_lease_estimate(5000, base + 30000, date), 5000)
         self.assertEqual(_lease_estimate(5000, base + 1500, date), 500)
         self.assertEqual(_lease_estimate(5000, base + 1500, "garbage"), 5000)
+        self.assertEqual(_lease_estimate(300, base + 300, date), 300)  # a fresh short lease
+        self.assertEqual(_lease_estimate(300, base + 299, date), 0)
 
 
 # ---- scripted nodes ------------------------------------------------------------------------
