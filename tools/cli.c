@@ -64,6 +64,13 @@ void cli_usage_error(const char *fmt, ...)
     exit(CLI_EXIT_USAGE);
 }
 
+void cli_unknown_option(const char *cmd, const char *arg)
+{
+    cli_usage_error("%s%sunknown option %.*s%s", cmd != NULL ? cmd : "", cmd != NULL ? ": " : "",
+                    (int)strcspn(arg, "="), arg,
+                    strchr(arg, '=') != NULL ? "=... (its value not shown)" : "");
+}
+
 uint64_t cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max)
 {
     uint64_t v = 0;

@@ -21,6 +21,10 @@ void cli_set_json(bool on);
  * the JSON object above on stdout), exits with CLI_EXIT_USAGE. */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/* cli_usage_error for an unknown option `arg` (of command `cmd`, NULL: a global one), named
+ * without its value: "--admin-token=T" in the wrong place would show the token. */
+void cli_unknown_option(const char *cmd, const char *arg) __attribute__((noreturn));
+
 /* Prints {"outcome": OUTCOME, "error": msg} on stdout (and flushes it); bytes of msg that
  * are not UTF-8 (from an argument or an address quoted in it) are replaced by '?' in
  * place. Both borrowed. */

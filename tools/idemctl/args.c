@@ -97,9 +97,7 @@ static void argsPositional(struct args *a, const char **slots, size_t max, size_
                             "every option before it: idemctl %s",
                             a->cmd, at, a->cmd, a->key_form);
         }
-        /* Its name only: "--admin-token=T" put after the command would show the token. */
-        cli_usage_error("%s: unknown option %.*s%s", a->cmd, (int)strcspn(arg, "="), arg,
-                        strchr(arg, '=') != NULL ? "=... (its value not shown)" : "");
+        cli_unknown_option(a->cmd, arg);
     }
     if (*n >= max) {
         if (a->key_operands != NULL) {

@@ -173,6 +173,11 @@ struct discovery {
     struct clusterView v;
 };
 
+/* Splits the (checked) --cluster list into its addresses, trimmed of the spaces around the
+ * commas, each once (an address listed twice would count twice), into addrs; returns how
+ * many (at most max). */
+size_t probeClusterAddrs(const char *cluster, char addrs[][ADDR_MAX], size_t max);
+
 const Idem__NodeStatus *probeStatus(const struct probe *p);
 bool probeRefused(const struct probe *p);
 const Idem__Member *probeViewMember(const struct clusterView *v, uint64_t id,

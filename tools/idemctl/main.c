@@ -243,9 +243,7 @@ static void globalOptions(struct global *g, struct args *a)
             printf("idemctl %s\n", IDEMCTL_VERSION);
             exit(EXIT_ANSWERED);
         } else if (!argsCommon(g, a)) {
-            const char *arg = a->argv[a->i]; /* its name only: a value may be a token */
-            cli_usage_error("unknown option %.*s%s", (int)strcspn(arg, "="), arg,
-                            strchr(arg, '=') != NULL ? "=... (its value not shown)" : "");
+            cli_unknown_option(NULL, a->argv[a->i]);
         }
     }
     /* Each TLS flag wins over its variable. */

@@ -67,9 +67,7 @@ static bool addrListed(const struct probe *probes, size_t n, const char *addr, s
     return false;
 }
 
-/* Splits the (checked) cluster list into trimmed addresses, each once (an address listed
- * twice would count twice); returns how many. */
-static size_t splitCluster(const char *cluster, struct probe *probes, size_t max)
+size_t probeClusterAddrs(const char *cluster, char addrs[][ADDR_MAX], size_t max)
 {
     size_t n = 0;
     const char *s = cluster;
@@ -86,18 +84,33 @@ static size_t splitCluster(const char *cluster, struct probe *probes, size_t max
             e--;
         }
         size_t len = (size_t)(e - b);
-        if (len >= sizeof probes[n].addr) {
+        if (len >= ADDR_MAX) {
             cli_usage_error("--cluster: address too long");
         }
-        if (!addrListed(probes, n, b, len)) {
-            memcpy(probes[n].addr, b, len);
-            probes[n].addr[len] = '\0';
+        bool listed = len == 0;
+        for (size_t i = 0; i < n && !listed; i++) {
+            listed = strlen(addrs[i]) == len && memcmp(addrs[i], b, len) == 0;
+        }
+        if (!listed) {
+            memcpy(addrs[n], b, len);
+            addrs[n][len] = '\0';
             n++;
         }
         if (*end == '\0') {
             break;
         }
         s = end + 1;
+    }
+    return n;
+}
+
+/* probeClusterAddrs into probes[].addr; returns how many. */
+static size_t splitCluster(const char *cluster, struct probe *probes, size_t max)
+{
+    static char addrs[IDEM_NODES_MAX][ADDR_MAX];
+    size_t n = probeClusterAddrs(cluster, addrs, max < IDEM_NODES_MAX ? max : IDEM_NODES_MAX);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(probes[i].addr, addrs[i], ADDR_MAX);
     }
     return n;
 }

@@ -93,27 +93,10 @@ int reloadCmd(struct global *g, struct args *a)
         }
         probeDiscoveryFree(&d);
     } else {
-        char addr[ADDR_MAX];
-        for (const char *p = g->cluster; *p != '\0';) {
-            size_t len = strcspn(p, ",");
-            const char *next = p + len + (p[len] == ',');
-            /* Spaces around the commas are not part of an address (as libidem reads the
-             * list). */
-            while (len > 0 && (*p == ' ' || *p == '\t')) {
-                p++;
-                len--;
-            }
-            while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) {
-                len--;
-            }
-            if (len >= sizeof addr) {
-                cli_usage_error("reload: an address of --cluster is too long");
-            }
-            snprintf(addr, sizeof addr, "%.*s", (int)len, p);
-            if (len > 0) {
-                reloadOne(g, addr, 0, nodes, &refused, &unreached);
-            }
-            p = next;
+        static char addrs[IDEM_NODES_MAX][ADDR_MAX];
+        size_t n = probeClusterAddrs(g->cluster, addrs, IDEM_NODES_MAX);
+        for (size_t i = 0; i < n; i++) {
+            reloadOne(g, addrs[i], 0, nodes, &refused, &unreached);
         }
     }
     int code = unreached                  ? EXIT_UNAVAILABLE
