@@ -176,8 +176,8 @@ func (c *Client) claimWait(ctx context.Context, key string, req Request) (*Claim
 }
 
 // runClaimed runs fn under the claim of token (sent: when the claim that acquired it was
-// sent; left: the lease left by its answer, -1 unknown), renewing the lease meanwhile, then
-// records fn's outcome.
+// sent; left: its answer's lease end less its Date, Claimed.leaseLeft), renewing the lease
+// meanwhile, then records fn's outcome.
 func (c *Client) runClaimed(ctx context.Context, key string, lease, left time.Duration,
 	token uint64, sent time.Time, fn RunFunc) (*Result, error) {
 	fctx, cancelFn := context.WithCancel(ctx)
