@@ -240,7 +240,8 @@ static void connAccount(struct conn *c)
     c->accounted = now;
 }
 
-uint64_t rpc_answer_budget(const struct conn *c)
+/* rpc.max_answer_buffer_mb in bytes. */
+static uint64_t answerBudget(const struct conn *c)
 {
     return (uint64_t)c->srv->cfg->max_answer_buffer_mb << 20;
 }
@@ -252,7 +253,7 @@ static bool connOverloaded(struct conn *c)
 {
     size_t queued = rpc_conn_queued_bytes(c);
     return c->inflight >= CONN_MAX_INFLIGHT || queued >= CONN_MAX_QUEUED ||
-           (queued >= CONN_OUT_BATCH && rpc_answer_bytes >= rpc_answer_budget(c) / 2);
+           (queued >= CONN_OUT_BATCH && rpc_answer_bytes >= answerBudget(c) / 2);
 }
 
 /* Stops or resumes reading by back-pressure. Frames already taken in (c->backlog) go first:
@@ -442,7 +443,27 @@ static void packFrame(uint8_t *p, const Idem__Response *resp, size_t n)
     (void)packed;
 }
 
-/* Packs one response frame into c's output for this turn. */
+/* After an answer was queued on c: c's own bound (CONN_MAX_BUFFERED) and the node's
+ * (rpc.max_answer_buffer_mb, serverShed), which may close c or another connection.
+ * Every answer goes through here: the service's and the ones this layer makes itself
+ * (refused frames, unknown tokens), so that connections that send such frames and read
+ * nothing cannot hold more than the budget either. */
+static void serverShed(struct rpc_server *r, uint64_t budget);
+
+static void connBoundAnswers(struct conn *c)
+{
+    if (c->state != CONN_CLOSING && rpc_conn_queued_bytes(c) > CONN_MAX_BUFFERED) {
+        rpc_figures.answer_cuts_connection++;
+        c->tls_failed = true; /* no close_notify behind megabytes it does not read */
+        rpc_conn_close(c);
+    }
+    if (rpc_answer_bytes > answerBudget(c)) {
+        serverShed(c->srv, answerBudget(c));
+    }
+}
+
+/* Packs one response frame into c's output for this turn, then bounds the answers waiting
+ * (connBoundAnswers): c may be closing when it returns. */
 void rpc_conn_send(struct conn *c, const Idem__Response *resp)
 {
     if (c->state == CONN_CLOSING) {
@@ -460,6 +481,7 @@ void rpc_conn_send(struct conn *c, const Idem__Response *resp)
         }
         connAccount(c);
         connQueue(c);
+        connBoundAnswers(c);
         return;
     }
     if (c->out_len > 0 && c->out_len + FRAME_HEADER_LEN + n > CONN_OUT_BATCH) {
@@ -483,6 +505,7 @@ void rpc_conn_send(struct conn *c, const Idem__Response *resp)
     assert(c->out_len <= c->out_cap);
     connAccount(c);
     connQueue(c);
+    connBoundAnswers(c);
 }
 
 /* Every connection's answers together hold more than rpc.max_answer_buffer_mb: closes the
@@ -490,7 +513,7 @@ void rpc_conn_send(struct conn *c, const Idem__Response *resp)
  * that does not read, loses the answers it was owed; a client sends those requests again
  * with the same key and attempt id). Logged at most once per SHED_WARN_EVERY_MS, with the
  * count of closes not logged since. */
-void rpc_server_shed(struct rpc_server *r, uint64_t budget)
+static void serverShed(struct rpc_server *r, uint64_t budget)
 {
     while (rpc_answer_bytes > budget) {
         struct conn *most = NULL;

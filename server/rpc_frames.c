@@ -121,15 +121,7 @@ static void answeredCb(void *data, const Idem__Response *resp)
     assert(c->inflight > 0);
     c->inflight--;
     rpc_figures.inflight--;
-    rpc_conn_send(c, resp);
-    if (c->state != CONN_CLOSING && rpc_conn_queued_bytes(c) > CONN_MAX_BUFFERED) {
-        rpc_figures.answer_cuts_connection++;
-        c->tls_failed = true; /* no close_notify behind megabytes it does not read */
-        rpc_conn_close(c);
-    }
-    if (rpc_answer_bytes > rpc_answer_budget(c)) {
-        rpc_server_shed(c->srv, rpc_answer_budget(c));
-    }
+    rpc_conn_send(c, resp); /* bounds c's answers and the node's */
     rpc_conn_maybe_finish_drain(c);
     rpc_conn_flow_control(c);
     rpc_conn_unref(c); /* the request's reference */

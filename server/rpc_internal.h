@@ -157,9 +157,6 @@ void rpc_conn_flow_control(struct conn *c);
 void rpc_conn_unref(struct conn *c);
 /* Answer bytes waiting to be written to c. */
 size_t rpc_conn_queued_bytes(struct conn *c);
-/* rpc.max_answer_buffer_mb in bytes, and the closes past it. */
-uint64_t rpc_answer_budget(const struct conn *c);
-void rpc_server_shed(struct rpc_server *r, uint64_t budget);
 
 /* ---- rpc_frames.c ---- */
 

@@ -853,6 +853,40 @@ class TestAnswerBufferBudgetTls(TestAnswerBufferBudget):
     tls = True
 
 
+class TestAnswerBudgetRefusals(LimitTest):
+    # The answers the RPC layer makes itself (here "unauthenticated", for a frame with an
+    # unknown token) count against rpc.max_answer_buffer_mb like the service's: connections
+    # that send such frames and read nothing are closed, the one holding the most first, once
+    # their answers together pass the budget. Before, only the service's answers were checked
+    # against it, and such connections held past it: each reads on until 256 KiB of its own
+    # answers wait and the node's pass half the budget: eight of them held 2.5 MiB here.
+    rpc_lines = ["max_answer_buffer_mb: 1"]
+
+    def test_refusals_nobody_reads_stay_within_the_budget(self):
+        budget = 1 << 20
+        socks = [_small_rcvbuf(self.addr) for _ in range(8)]
+        frame = _get_frame(7, "no-such-token-" + "x" * 30, "refused-key")
+        try:
+            # Each socket's frames are answered until its peer stops reading it: the answers
+            # fill the kernel's buffers (a few MB each), then wait in the node.
+            _flood(socks, frame, seconds=6)
+            wait_for(lambda: _metric(self.node.http,
+                                     'idem_rpc_connections_cut_total{limit="node"}') >= 1,
+                     15, "a connection to be closed for the node's budget")
+            self.assertLessEqual(_metric(self.node.http, "idem_rpc_answer_buffer_bytes"),
+                                 budget)
+            self.assertEqual(
+                _metric(self.node.http, 'idem_rpc_connections_cut_total{limit="connection"}'), 0)
+        finally:
+            for s in socks:
+                s.close()
+        wait_for(lambda: _metric(self.node.http, "idem_rpc_answer_buffer_bytes") == 0, 15,
+                 "the answers' memory to be counted back")
+        self.assertTrue(self.c.logs_contain("over rpc.max_answer_buffer_mb (1): closed the "
+                                            "connection from 127.0.0.1:"), self.c.logs())
+        self.assertFalse(self.c.logs_contain("no-such-token"), "the token is in the log")
+
+
 class PendingCluster(LimitCluster):
     """A one-node cluster with batch.max_pending_mb set."""
 
