@@ -1188,6 +1188,111 @@ static void test_tenant_by_token_hash(void **state)
     config_free(&c);
 }
 
+/* ---- many tenants -------------------------------------------------------------------------- */
+
+#define MANY_TENANTS 5000
+
+/* A tenant of a generated configuration: named "t" and `name` on 4 digits, with the hashes
+ * numbered hash[0] and hash[1] (64 hex digits of the number). */
+struct gen_tenant {
+    size_t name;
+    size_t hash[2];
+};
+
+/* tenants[i] named i, with the hashes 2i + 1 and 2i + 2: every name and hash distinct. */
+static void genDistinct(struct gen_tenant *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        t[i] = (struct gen_tenant){.name = i, .hash = {2 * i + 1, 2 * i + 2}};
+    }
+}
+
+/* The text (malloc'd) of a configuration of tenants t[0..n), one a line: tenants[i] on line
+ * 9 + i, its name at column 12, its hashes at columns 34 and 100. */
+static char *genText(const struct gen_tenant *t, size_t n)
+{
+    static const char head[] = NODE_OK ADMIN_OK "tenants:\n";
+    size_t cap = sizeof head + n * 200;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    size_t len = (size_t)snprintf(text, cap, "%s", head);
+    for (size_t i = 0; i < n; i++) {
+        len += (size_t)snprintf(text + len, cap - len,
+                                "  - {name: t%04zu, token_sha256: [%064zx, %064zx]}\n", t[i].name,
+                                t[i].hash[0], t[i].hash[1]);
+        assert_true(len < cap);
+    }
+    return text;
+}
+
+/* Parses the configuration of tenants t[0..n), which must fail with message `want`. */
+static void expectGenError(const struct gen_tenant *t, size_t n, const char *want)
+{
+    char *text = genText(t, n);
+    struct config c;
+    char err[512];
+    int rc = parseStr(text, &c, err, sizeof err);
+    free(text);
+    assert_int_equal(rc, -1);
+    assert_string_equal(err, want);
+    config_free(&c);
+}
+
+/* Thousands of tenants: each name and hash is checked unique as it is read (an index, not a
+ * pass over the tenants before it), and the message still places the later occurrence,
+ * names the earlier tenant, and is the file's first mistake. With two hashes a tenant, the
+ * hashes outgrow the room first made for them. */
+static void test_many_tenants(void **state)
+{
+    (void)state;
+    struct gen_tenant *t = calloc(MANY_TENANTS + 1, sizeof *t);
+    assert_non_null(t);
+    genDistinct(t, MANY_TENANTS + 1);
+    char *text = genText(t, MANY_TENANTS);
+    struct config c;
+    parseOk(text, &c);
+    free(text);
+    assert_int_equal(c.n_tenants, MANY_TENANTS);
+    assert_string_equal(c.tenants[MANY_TENANTS - 1].name, "t4999");
+    uint8_t h[CONFIG_HASH_LEN] = {0};
+    h[CONFIG_HASH_LEN - 2] = 0x27; /* 10000 (0x2710): tenants[4999]'s second hash */
+    h[CONFIG_HASH_LEN - 1] = 0x10;
+    assert_ptr_equal(config_tenant_by_token_hash(&c, h), &c.tenants[MANY_TENANTS - 1]);
+    config_free(&c);
+
+    /* The last tenant takes the name of tenants[1234]: its own line, the other's index. */
+    t[MANY_TENANTS].name = 1234;
+    expectGenError(t, MANY_TENANTS + 1,
+                   "x.yaml:5009:12: tenants[5000].name: duplicate tenant name \"t1234\" (also "
+                   "tenants[1234])");
+    genDistinct(t, MANY_TENANTS + 1);
+
+    /* tenants[4999] lists a hash of tenants[1]: the message names tenants[1]. */
+    t[4999].hash[1] = t[1].hash[0];
+    expectGenError(t, MANY_TENANTS,
+                   "x.yaml:5008:100: tenants[4999].token_sha256[1]: the same hash is already a "
+                   "token of tenant \"t0001\"");
+    /* Its own first hash again: listed twice. */
+    t[4999].hash[1] = t[4999].hash[0];
+    expectGenError(t, MANY_TENANTS,
+                   "x.yaml:5008:100: tenants[4999].token_sha256[1]: the same hash is listed twice");
+    genDistinct(t, MANY_TENANTS + 1);
+
+    /* Two mistakes: the first in the file is reported, whichever its kind. */
+    t[3000].hash[0] = t[2].hash[1];
+    t[4000].name = 7;
+    expectGenError(t, MANY_TENANTS,
+                   "x.yaml:3009:34: tenants[3000].token_sha256[0]: the same hash is already a "
+                   "token of tenant \"t0002\"");
+    genDistinct(t, MANY_TENANTS + 1);
+    t[3000].name = 7;
+    t[4000].hash[0] = t[2].hash[1];
+    expectGenError(t, MANY_TENANTS,
+                   "x.yaml:3009:12: tenants[3000].name: duplicate tenant name \"t0007\" (also "
+                   "tenants[7])");
+    free(t);
+}
+
 /* ---- files --------------------------------------------------------------------------------- */
 
 /* Writes the path of a file of the repository into out: under $IDEM_SOURCE_DIR when that is
@@ -1878,6 +1983,7 @@ int main(void)
         cmocka_unit_test(test_small_error_buffer),
         cmocka_unit_test(test_fd_budget),
         cmocka_unit_test(test_tenant_by_token_hash),
+        cmocka_unit_test(test_many_tenants),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_unreadable_file),
         cmocka_unit_test(test_file_size_limit),
