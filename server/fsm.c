@@ -844,12 +844,12 @@ void fsm_tenant_usage(const struct fsm *f, const char *name, uint64_t *records, 
     *bytes = tn < 0 ? 0 : f->t.tenants[tn].bytes;
 }
 
-size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended,
+size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended, uint64_t now_ms,
                        struct fsm_record_view *out, size_t cap)
 {
     struct quarantineAcc acc = {.tenant = -1,
                                 .lease_ended = lease_ended,
-                                .clock = f->clock,
+                                .clock = now_ms > f->clock ? now_ms : f->clock,
                                 .recs = NULL,
                                 .n = 0,
                                 .cap = 0};

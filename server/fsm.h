@@ -179,12 +179,13 @@ void fsm_get_stats(const struct fsm *f, struct fsm_stats *out /* OUT */);
 
 /* Admin read: fills out[0..min(n, cap)) (OUT) with the quarantined records of `tenant`
  * (borrowed; NULL or "" for every tenant), or with lease_ended those in processing whose
- * lease has ended by the state machine's clock, lowest token (oldest claim) first, and returns
- * n, how many records match in all (more than cap when some were left out). The views
- * borrow the state machine's memory (see fsm_record_view). One pass over the table: the
- * caller is an operator's command, not a request path. Reads nothing but replicated state,
- * so every replica that applied the same commands answers the same. */
-size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended,
+ * lease has ended by now_ms (or by the state machine's clock, when that is later), lowest
+ * token (oldest claim) first, and returns n, how many records match in all (more than cap
+ * when some were left out). The state machine's clock moves only with commands, so on an
+ * idle cluster it is behind: the caller passes the time its read barrier was proposed at.
+ * The views borrow the state machine's memory (see fsm_record_view). One pass over the
+ * table: the caller is an operator's command, not a request path. */
+size_t fsm_quarantined(const struct fsm *f, const char *tenant, bool lease_ended, uint64_t now_ms,
                        struct fsm_record_view *out, size_t cap);
 
 /* Whether the replicated state knows a tenant of that name (`name` borrowed): one that had

@@ -32,7 +32,7 @@ void service_answer_quarantine_list(struct service *s, struct op *o)
 {
     uint32_t cap = o->limit;
     struct fsm_record_view *views = xcalloc(cap, sizeof(*views));
-    size_t total = fsm_quarantined(s->fsm, o->tenant, o->lease_ended, views, cap);
+    size_t total = fsm_quarantined(s->fsm, o->tenant, o->lease_ended, o->now_ms, views, cap);
     size_t n = total < cap ? total : cap;
     Idem__AdminRecord *ars = xcalloc(n ? n : 1, sizeof(*ars));
     Idem__AdminRecord **arps = xcalloc(n ? n : 1, sizeof(*arps));
@@ -316,6 +316,7 @@ static void handleKeyAdmin(struct service *s, const Idem__Request *req, service_
             o->tenant = tenant != NULL ? xstrndup(tenant, strlen(tenant)) : NULL;
             o->limit = q->limit ? q->limit : QUARANTINE_LIST_DEFAULT;
             o->lease_ended = q->lease_ended;
+            o->now_ms = cmd.now_ms; /* the barrier's clock: lease_ended goes by it */
         }
         return;
     }

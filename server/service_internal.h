@@ -30,7 +30,8 @@ struct op {
     uint32_t limit; /* OP_QUARANTINE_LIST */
     bool lease_ended;  /* OP_QUARANTINE_LIST: processing records whose lease ended instead */
     uint64_t lease_ms; /* claim, renew: the lease asked for */
-    uint64_t now_ms;   /* claim, renew: the command's clock (Result.lease_ms: the lease left) */
+    uint64_t now_ms;   /* claim, renew: the command's clock (Result.lease_ms: the lease left);
+                          quarantine list: its barrier's (lease_ended goes by it) */
     LIST_ENTRY(op) link; /* in service.ops */
 };
 

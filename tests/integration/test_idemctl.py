@@ -1152,6 +1152,19 @@ class TestIdemctlKeys(CtlTest):
                          (0, "no records in processing whose lease has ended"), err)
         self.assertEqual(self.claim("gone-1")["outcome"], ACQ)
 
+    def test_lease_ended_on_an_idle_cluster(self):
+        # The state machine's clock moves only with commands: --lease-ended goes by the time
+        # its read barrier was proposed, so a lease that ended while nothing else happened
+        # is listed (before, not until some other command came).
+        gone = self.ok("claim", "idle-gone", "--fingerprint", fp(1), "--lease", 1000)
+        wait_for(lambda: self.ok("quarantine", "list", "--lease-ended")["count"] == 1, 15,
+                 "the ended lease to be listed with no other command")
+        r = self.ok("quarantine", "list", "--lease-ended")["records"][0]
+        self.assertEqual((r["token"], r["lease_deadline_ms"]),
+                         (gone["token"], gone["lease_deadline_ms"]), r)
+        self.assertEqual(self.ok("key", "resolve", "alpha", "idle-gone", "--release")["outcome"],
+                         "ok")
+
     def test_live_lease_outlasts_the_ttl(self):
         # A 60 s lease on a 1 s ttl: at the ttl the claim stays its holder's (not a
         # tombstone); the control with a 1 s lease is tombstoned in the same time, so the

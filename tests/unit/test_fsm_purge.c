@@ -318,7 +318,7 @@ static void test_quarantined_listing(void **state)
     assert_int_equal(th_complete(&h, 10, "t1", "n0", tokens[0] + 1, SUCCEEDED, 200, "ok", 0), OK);
 
     struct fsm_record_view v[8];
-    assert_int_equal(fsm_quarantined(h.f, NULL, false, v, 8), 6);
+    assert_int_equal(fsm_quarantined(h.f, NULL, false, 0, v, 8), 6);
     for (int i = 0; i < 6; i++) {
         assert_int_equal(v[i].token, tokens[i]);
         assert_int_equal(v[i].state, ST_QUARANTINED);
@@ -329,29 +329,29 @@ static void test_quarantined_listing(void **state)
         assert_memory_equal(v[i].key, key, 2);
         assert_int_equal(v[i].created_at_ms, (uint64_t)i);
     }
-    assert_int_equal(fsm_quarantined(h.f, "", false, v, 8), 6);
-    assert_int_equal(fsm_quarantined(h.f, "t2", false, v, 8), 3);
+    assert_int_equal(fsm_quarantined(h.f, "", false, 0, v, 8), 6);
+    assert_int_equal(fsm_quarantined(h.f, "t2", false, 0, v, 8), 3);
     assert_int_equal(v[0].token, tokens[1]);
     assert_int_equal(v[2].token, tokens[5]);
-    assert_int_equal(fsm_quarantined(h.f, "nobody", false, v, 8), 0);
+    assert_int_equal(fsm_quarantined(h.f, "nobody", false, 0, v, 8), 0);
 
     /* cap 2 of 6: the two oldest, and the total says more are left. */
     memset(v, 0, sizeof(v));
-    assert_int_equal(fsm_quarantined(h.f, NULL, false, v, 2), 6);
+    assert_int_equal(fsm_quarantined(h.f, NULL, false, 0, v, 2), 6);
     assert_int_equal(v[0].token, tokens[0]);
     assert_int_equal(v[1].token, tokens[1]);
     assert_int_equal(v[2].token, 0); /* nothing written past cap */
 
     assert_int_equal(th_resolve(&h, 20, "t1", "q0", 1, 0, NULL), OK);
     assert_int_equal(purge(&h, 20, "t2", "q1"), OK);
-    assert_int_equal(fsm_quarantined(h.f, NULL, false, v, 8), 4);
+    assert_int_equal(fsm_quarantined(h.f, NULL, false, 0, v, 8), 4);
     assert_int_equal(v[0].token, tokens[2]);
     assert_int_equal(stats(&h).quarantined, 4);
     th_close(&h);
 
     struct th empty;
     th_init(&empty);
-    assert_int_equal(fsm_quarantined(empty.f, NULL, false, v, 8), 0);
+    assert_int_equal(fsm_quarantined(empty.f, NULL, false, 0, v, 8), 0);
     th_close(&empty);
 }
 
@@ -380,23 +380,28 @@ static void test_lease_ended_listing(void **state)
     struct fsm_record_view v[8];
     /* At 999 ms by the clock no lease has ended. */
     assert_int_equal(th_claim(&h, 999, "clock", 1, &l1), ACQ);
-    assert_int_equal(fsm_quarantined(h.f, NULL, true, v, 8), 0);
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 0, v, 8), 0);
     /* At 1000 a's and c's have (the deadline is the first instant without a lease). */
     assert_int_equal(th_claim(&h, 1000, "clock2", 1, &l1), ACQ);
-    assert_int_equal(fsm_quarantined(h.f, NULL, true, v, 8), 2);
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 0, v, 8), 2);
     assert_int_equal(v[0].token, ta);
     assert_int_equal(v[0].state, ST_PROCESSING);
     assert_memory_equal(v[0].key, "a", 1);
     assert_int_equal(v[1].token, tc);
-    assert_int_equal(fsm_quarantined(h.f, "t2", true, v, 8), 1);
+    assert_int_equal(fsm_quarantined(h.f, "t2", true, 0, v, 8), 1);
     assert_int_equal(v[0].token, tc);
-    assert_int_equal(fsm_quarantined(h.f, NULL, true, v, 1), 2); /* cap 1 of 2 */
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 0, v, 1), 2); /* cap 1 of 2 */
     /* The quarantined one is listed without lease_ended only. */
-    assert_int_equal(fsm_quarantined(h.f, NULL, false, v, 8), 1);
+    assert_int_equal(fsm_quarantined(h.f, NULL, false, 0, v, 8), 1);
     assert_memory_equal(v[0].key, "e", 1);
+    /* A later time than the clock's (the barrier's, on an idle cluster) counts: at 10000
+     * b's lease has ended too, with no command at 10000 applied yet. */
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 9999, v, 8), 2);
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 10000, v, 8), 3);
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 500, v, 8), 2); /* never the clock's past */
     /* Resolved, a is off the list. */
     assert_int_equal(th_resolve(&h, 1001, "t1", "a", 1, 0, NULL), OK);
-    assert_int_equal(fsm_quarantined(h.f, NULL, true, v, 8), 1);
+    assert_int_equal(fsm_quarantined(h.f, NULL, true, 0, v, 8), 1);
     assert_int_equal(v[0].token, tc);
     th_close(&h);
 }
