@@ -504,6 +504,11 @@ int idem_async_open_raw(uv_loop_t *loop, const struct idem_options *opts,
     return asyncOpen(loop, opts, true, out, why, why_len);
 }
 
+void idem_async_use_resolver(struct idem_async *a, struct idem_resolver *r)
+{
+    a->resolver = r;
+}
+
 void idem_async_on_tls_failure(struct idem_async *a, idem_async_tls_failure_cb cb, void *data)
 {
     a->tls_failure_cb = cb;

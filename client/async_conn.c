@@ -22,6 +22,7 @@
 
 #include "frame.h"
 #include "internal.h"
+#include "resolver.h"
 
 /* ---- addresses ------------------------------------------------------------------------- */
 
@@ -193,7 +194,12 @@ void IdemAsyncConnClose(struct aconn *conn)
         return;
     }
     conn->state = ACONN_CLOSING;
-    if (conn->resolving) {
+    if (conn->resolving && conn->lookup != NULL) {
+        IdemResolveCancel(conn->lookup); /* its callback never comes */
+        conn->lookup = NULL;
+        conn->resolving = false;
+        conn->a->handles--;
+    } else if (conn->resolving) {
         (void)uv_cancel((uv_req_t *)&conn->gai); /* its callback runs either way */
     }
     uv_close((uv_handle_t *)&conn->tcp, connClosedCb);
@@ -595,6 +601,31 @@ static void gaiCb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     }
 }
 
+/* The client's resolver answered (IdemAsyncConnGo): the first address it gave is
+ * connected to, as with getaddrinfo's. Not called once the connection closed first
+ * (IdemAsyncConnClose cancels the lookup). */
+static void resolvedCb(void *data, int status, const struct sockaddr_storage *addrs, size_t n)
+{
+    struct aconn *conn = data;
+    struct idem_async *a = conn->a;
+    conn->lookup = NULL;
+    conn->resolving = false;
+    a->handles--;
+    int rv = status == 0 && n > 0
+                 ? uv_tcp_connect(&conn->connect_req, &conn->tcp,
+                                  (const struct sockaddr *)&addrs[0], connectCb)
+                 : 0;
+    if (status != 0 || n == 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: resolve: %s", conn->peer->addr,
+                 status != 0 ? IdemResolveStrerror(status) : "no address");
+        IdemAsyncConnFail(conn, AFAIL_CONNECT);
+    } else if (rv != 0) {
+        IdemWhyf(a->errmsg, sizeof a->errmsg, "%s: connect: %s", conn->peer->addr,
+                 uv_strerror(rv));
+        IdemAsyncConnFail(conn, AFAIL_CONNECT);
+    }
+}
+
 struct aconn *IdemAsyncConnNew(struct idem_async *a, const struct idem_node *peer)
 {
     struct aconn *conn = calloc(1, sizeof *conn);
@@ -629,6 +660,16 @@ void IdemAsyncConnGo(struct aconn *conn)
     if (numericNode(n, &ss)) {
         rv =
             uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss, connectCb);
+    } else if (a->resolver != NULL) {
+        what = "resolve";
+        rv = IdemResolve(a->resolver, n->host, (uint16_t)atoi(n->port), resolvedCb, conn,
+                         &conn->lookup) == 0
+                 ? 0
+                 : UV_ENOMEM;
+        if (rv == 0) {
+            conn->resolving = true;
+            a->handles++;
+        }
     } else {
         struct addrinfo hints;
         memset(&hints, 0, sizeof hints);

@@ -280,7 +280,9 @@ struct aconn {
     struct anode *named;          /* NULL: the leader connection (a->conn); else a named
                                    * node's (its `conn`) */
     enum aconnState state;
-    bool resolving;       /* a uv_getaddrinfo is outstanding (it holds a reference) */
+    bool resolving;       /* a lookup is outstanding (it holds a reference): a->resolver's
+                           * (lookup) or else a uv_getaddrinfo (gai) */
+    struct idem_lookup *lookup; /* the resolver's request, while it is outstanding */
     bool tcp_closed;      /* the TCP handle's close callback ran */
     struct idem_tls *tls; /* with TLS: the stream; owned */
     uint8_t *cbuf;        /* TLS: ciphertext read buffer; owned */
@@ -310,6 +312,7 @@ struct awrite {
 
 struct idem_async {
     uv_loop_t *loop;
+    struct idem_resolver *resolver; /* borrowed; NULL: names resolved on libuv's pool */
     struct idem_node nodes[IDEM_NODES_MAX]; /* seeds, then learned leaders */
     size_t n_nodes, n_seeds;
     size_t current;   /* the node to connect to next */

@@ -12,10 +12,15 @@
 
 #include "idem_rpc.h"
 #include "log.h"
+#include "resolver.h"
 #include "xmalloc.h"
 
 struct forwarder {
     struct idem_async *a;
+    /* The leader's host name, when it is one, is looked up on this resolver's thread (started
+     * at its first lookup), not on libuv's pool, where the log's writes run. Closed after
+     * the client, which cancels its lookups as it closes. */
+    struct idem_resolver *resolver;
     bool closing;
     void (*close_cb)(void *data);
     void *close_data;
@@ -55,12 +60,20 @@ struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, c
     struct idem_options opts = tlsOptions(tls);
     struct forwarder *f = xcalloc(1, sizeof(*f));
     char why[400];
-    int rv = idem_async_open_raw(loop, &opts, &f->a, why, sizeof(why));
-    if (rv != IDEM_OK) {
-        snprintf(err, errlen, "forwarding to the leader: %s", why);
+    f->resolver = IdemResolverNew(loop);
+    if (f->resolver == NULL) {
+        snprintf(err, errlen, "forwarding to the leader: out of memory");
         free(f);
         return NULL;
     }
+    int rv = idem_async_open_raw(loop, &opts, &f->a, why, sizeof(why));
+    if (rv != IDEM_OK) {
+        snprintf(err, errlen, "forwarding to the leader: %s", why);
+        IdemResolverClose(f->resolver);
+        free(f);
+        return NULL;
+    }
+    idem_async_use_resolver(f->a, f->resolver);
     idem_async_on_tls_failure(f->a, tlsFailureCb, NULL);
     return f;
 }
@@ -128,6 +141,7 @@ static void closedCb(struct idem_async *a, void *data)
     struct forwarder *f = data;
     void (*cb)(void *) = f->close_cb;
     void *cb_data = f->close_data;
+    IdemResolverClose(f->resolver);
     free(f);
     if (cb) {
         cb(cb_data);

@@ -74,6 +74,13 @@ typedef void (*idem_async_raw_cb)(struct idem_async *a, int status, const Idem__
 int idem_async_open_raw(struct uv_loop_s *loop, const struct idem_options *opts,
                         struct idem_async **out, char *why, size_t why_len);
 
+/* Has the client look host names up on `r`'s thread (client/resolver.h: the daemon's own,
+ * borrowed, closed only after the client) instead of libuv's thread pool, from its next
+ * connection on. The daemon's log writes run on that pool: lookups waiting out name
+ * servers that do not answer (seconds each) would hold them there. */
+struct idem_resolver;
+void idem_async_use_resolver(struct idem_async *a, struct idem_resolver *r);
+
 /* Sends `req` (borrowed, packed before this returns) to the node at `addr` ("host:port",
  * borrowed) and hands its answer, whatever the outcome, to cb, within deadline_ms (0: the
  * client's default). One connection per named node, opened for its first call and kept

@@ -4,6 +4,7 @@
  * answers no idemd node sends but a client must survive, from a fake node on 127.0.0.1. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -24,6 +25,7 @@
 
 #include "internal.h"
 #include "renew_plan.h"
+#include "resolver.h"
 
 static uint64_t nowMs(void)
 {
@@ -1246,6 +1248,66 @@ static void test_raw_calls_to_a_named_node(void **state)
     fakeStop(leader);
 }
 
+/* The test's name service: "leader.idem-test" is 127.0.0.1, nothing else is known. */
+static int fakeNameLookup(const char *host, struct sockaddr_storage *out, size_t cap, size_t *n)
+{
+    *n = 0;
+    if (cap == 0 || strcmp(host, "leader.idem-test") != 0) {
+        return EAI_NONAME;
+    }
+    memset(out, 0, sizeof *out);
+    struct sockaddr_in *sin = (struct sockaddr_in *)out;
+    sin->sin_family = AF_INET;
+    sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    *n = 1;
+    return 0;
+}
+
+/* idem_async_use_resolver (the daemon's forwarder): a named node's host name is looked up on
+ * the resolver given, not with getaddrinfo on libuv's pool: a name only the resolver knows is
+ * reached, one it does not know fails the call as a connection failure, and a close while a
+ * lookup is in flight cancels it (no callback after; the sanitizers see nothing left). */
+static void test_raw_calls_resolve_names_on_the_resolver_given(void **state)
+{
+    (void)state;
+    struct fakeNode *leader = fakeStart(FAKE_GRANT);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct idem_resolver *r = IdemResolverNew(&loop);
+    assert_non_null(r);
+    IdemResolverSetLookup(r, fakeNameLookup);
+    struct idem_options opts = {.seeds = NULL};
+    struct idem_async *a = NULL;
+    assert_int_equal(idem_async_open_raw(&loop, &opts, &a, NULL, 0), IDEM_OK);
+    idem_async_use_resolver(a, r);
+    char named[64];
+    snprintf(named, sizeof named, "leader.idem-test:%s", strrchr(leader->addr, ':') + 1);
+
+    struct rawOne o;
+    rawCall(a, named, 5000, &o);
+    rawRun(&loop, a);
+    assert_int_equal(o.status, IDEM_OK);
+    assert_int_equal(o.outcome, IDEM__OUTCOME__OUTCOME_ACQUIRED);
+    assert_int_equal(IdemResolverLookups(r), 1);
+    assert_int_equal(atomic_load(&leader->conns), 1);
+
+    rawCall(a, "nobody.idem-test:9", 5000, &o);
+    rawRun(&loop, a);
+    assert_int_equal(o.status, IDEM_EUNAVAILABLE);
+    assert_string_equal(o.reason, "cannot connect to the node");
+    assert_int_equal(IdemResolverLookups(r), 2);
+
+    /* Closed while the lookup of another name is in flight. */
+    rawCall(a, "other.idem-test:9", 5000, &o);
+    idem_async_close(a, NULL, NULL);
+    assert_int_equal(o.status, IDEM_ECANCELED);
+    IdemResolverClose(r);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(o.calls, 1);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    fakeStop(leader);
+}
+
 static enum idem_move moveFirst(void *data, void *arg)
 {
     return data == arg ? IDEM_MOVE_SEND : IDEM_MOVE_FAIL;
@@ -1457,6 +1519,7 @@ int main(void)
         cmocka_unit_test(test_answer_without_a_result),
         cmocka_unit_test(test_unreadable_request),
         cmocka_unit_test(test_raw_calls_to_a_named_node),
+        cmocka_unit_test(test_raw_calls_resolve_names_on_the_resolver_given),
         cmocka_unit_test(test_raw_calls_move_to_a_new_leader),
         cmocka_unit_test(test_busy_leader_is_asked_again_on_the_same_connection),
         cmocka_unit_test(test_system_failures),
