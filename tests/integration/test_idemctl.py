@@ -882,6 +882,44 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual((st["leader_id"], st["voters"]), (out["leader_moved_to"], 2), st)
         self.assertEqual(self.claim("with-two-voters")["outcome"], ACQ)
 
+    def test_removing_the_leader_past_a_silent_node(self):
+        # A node of --cluster that takes connections and never answers costs each discovery
+        # the whole deadline. Removing the leader makes two: the transfer goes where the
+        # first found the leader, the second finds the new one (before, the transfer made
+        # one of its own: three deadlines). The silent node counts the connections.
+        silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        silent.settimeout(0.2)
+        accepted, stop = [], threading.Event()
+
+        def take():
+            while not stop.is_set():
+                try:
+                    accepted.append(silent.accept()[0])
+                except socket.timeout:
+                    continue
+        t = threading.Thread(target=take)
+        t.start()
+        try:
+            lid = self.c.leader()
+            cluster = self.c.addrs() + ",127.0.0.1:%d" % silent.getsockname()[1]
+            rc, text, err = run_ctl(["--cluster", cluster, "--admin-token", self.c.admin,
+                                     "--deadline", "2000", "members", "remove", str(lid)])
+            self.assertEqual(rc, 0, (text, err))
+            self.assertIn("leadership moved to node", text)
+            self.assertEqual(len(accepted), 2, (text, err))
+        finally:
+            stop.set()
+            t.join()
+            for conn in accepted:
+                conn.close()
+            silent.close()
+        others = [n for n in sorted(self.c.nodes) if n != lid]
+        st = self.status(ids=others)
+        self.assertNotIn(st["leader_id"], (None, lid), st)
+        self.assertEqual(st["voters"], 2, st)
+
     def test_last_voter_is_not_removed(self):
         # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
         # cluster without voters never elects a leader again, restarts included).

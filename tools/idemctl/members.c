@@ -54,8 +54,6 @@ static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to, str
         *pre = d;
         return EXIT_ANSWERED;
     }
-    probeDiscoveryFree(d);
-    free(d);
     fprintf(stderr,
             "idemctl: note: node %" PRIu64 " leads: handing leadership to another voter before "
             "removing it (removed while leading, it would leave the cluster without a leader "
@@ -70,8 +68,13 @@ static int leadershipAway(struct global *g, uint64_t id, uint64_t *moved_to, str
     json_t *extra = jobj();
     jset(extra, "removed", json_false());
     g->fail_extra = extra;
+    /* The transfer goes where this discovery found the leader: a node of --cluster that does
+     * not answer costs the removal two deadlines (this discovery and the one that finds the
+     * new leader), not three. */
     int code =
-        leaderCall(g, "members remove: moving leadership first", 0, &req, &resp, &leader_id, NULL);
+        leaderCall(g, "members remove: moving leadership first", 0, &req, &resp, &leader_id, d);
+    probeDiscoveryFree(d);
+    free(d);
     if (code == EXIT_MOVED) {
         *moved_to = leader_id;
         code = EXIT_ANSWERED;
