@@ -762,12 +762,9 @@ static Idem__Outcome applyResolve(struct fsm *f, uint64_t index, uint64_t now_cm
     /* An operator's decision is final and bypasses quotas. */
     size_t n = 0;
     r = recWritable(f, r);
-    if ((c->unsettled_only && r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) ||
-        (c->fence_quarantined && r->state == IDEM__RECORD_STATE__RECORD_STATE_QUARANTINED)) {
-        /* The holder, whose lease ended or who quarantined the record, is fenced off, as by a
-         * takeover: its late complete, renew or release answers lease_lost instead of an ok
-         * that would change nothing (a complete whose outcome matched the operator's would
-         * otherwise pass for a repeat of its own). */
+    if (c->unsettled_only && r->state == IDEM__RECORD_STATE__RECORD_STATE_PROCESSING) {
+        /* The holder whose lease ended is fenced off, as by a takeover: its late complete,
+         * renew or release answers lease_lost instead of an ok that would change nothing. */
         r->token = index;
         expiry_update(&f->t.heap, r); /* the token is part of the expiry order */
     }

@@ -364,7 +364,6 @@ static void adminResolve(struct service *s, const Idem__Request *req, service_do
     rc_cmd.release = r->release;
     rc_cmd.response = r->response;
     rc_cmd.unsettled_only = true;
-    rc_cmd.fence_quarantined = true;
     Idem__Command cmd = IDEM__COMMAND__INIT;
     cmd.now_ms = service_now_ms();
     cmd.op_case = IDEM__COMMAND__OP_RESOLVE;

@@ -148,12 +148,10 @@ Idem__Outcome th_get(struct th *h, uint64_t now, const char *tenant, const char 
 }
 
 static Idem__Outcome resolveCmd(struct th *h, uint64_t now, const char *tenant, const char *key,
-                                int release, uint32_t status, const char *body, bool unsettled_only,
-                                bool fence_quarantined)
+                                int release, uint32_t status, const char *body, bool unsettled_only)
 {
     Idem__ResolveCmd c = IDEM__RESOLVE_CMD__INIT;
     c.unsettled_only = unsettled_only;
-    c.fence_quarantined = fence_quarantined;
     Idem__StoredResponse resp = IDEM__STORED_RESPONSE__INIT;
     c.tenant = (char *)tenant;
     c.key = bin(key);
@@ -173,20 +171,13 @@ static Idem__Outcome resolveCmd(struct th *h, uint64_t now, const char *tenant, 
 Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const char *key,
                          int release, uint32_t status, const char *body)
 {
-    return resolveCmd(h, now, tenant, key, release, status, body, false, false);
+    return resolveCmd(h, now, tenant, key, release, status, body, false);
 }
 
 Idem__Outcome th_resolve_unsettled(struct th *h, uint64_t now, const char *tenant, const char *key,
                                    int release, uint32_t status, const char *body)
 {
-    return resolveCmd(h, now, tenant, key, release, status, body, true, true);
-}
-
-Idem__Outcome th_resolve_unsettled_only(struct th *h, uint64_t now, const char *tenant,
-                                        const char *key, int release, uint32_t status,
-                                        const char *body)
-{
-    return resolveCmd(h, now, tenant, key, release, status, body, true, false);
+    return resolveCmd(h, now, tenant, key, release, status, body, true);
 }
 
 Idem__Outcome th_expire(struct th *h, uint64_t now, uint32_t max_batch)

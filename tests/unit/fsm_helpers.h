@@ -48,14 +48,9 @@ Idem__Outcome th_renew(struct th *h, uint64_t now, const char *tenant, const cha
 Idem__Outcome th_get(struct th *h, uint64_t now, const char *tenant, const char *key);
 Idem__Outcome th_resolve(struct th *h, uint64_t now, const char *tenant, const char *key,
                          int release, uint32_t status, const char *body);
-/* th_resolve as today's leaders propose it (ResolveCmd.unsettled_only and fence_quarantined
- * set). */
+/* th_resolve as today's leaders propose it (ResolveCmd.unsettled_only set). */
 Idem__Outcome th_resolve_unsettled(struct th *h, uint64_t now, const char *tenant, const char *key,
                                    int release, uint32_t status, const char *body);
-/* th_resolve as leaders before ResolveCmd.fence_quarantined proposed it (unsettled_only only). */
-Idem__Outcome th_resolve_unsettled_only(struct th *h, uint64_t now, const char *tenant,
-                                        const char *key, int release, uint32_t status,
-                                        const char *body);
 Idem__Outcome th_expire(struct th *h, uint64_t now, uint32_t max_batch);
 /* th_expire with ExpireCmd.keep_live_leases (set by today's leaders). */
 Idem__Outcome th_expire_as(struct th *h, uint64_t now, uint32_t max_batch, bool keep_live_leases);
