@@ -559,6 +559,28 @@ static void test_resolve_only_what_is_unsettled(void **state)
     th_close(&h);
 }
 
+/* A quarantined record keeps its token when an operator resolves it (docs/contract.md,
+ * resolve): its holder's late complete with the outcome the operator's status gave answers
+ * ok as a repeat does and changes nothing; with another outcome, lease_lost. */
+static void test_resolved_quarantine_keeps_its_token(void **state)
+{
+    (void)state;
+    struct th h;
+    th_init(&h);
+    assert_int_equal(th_claim(&h, 0, "q", 1, NULL), ACQ);
+    uint64_t tok = h.r.token;
+    assert_int_equal(th_complete(&h, 1, "t1", "q", tok, UNKNOWN_C, 0, NULL, 0), OK);
+    assert_int_equal(th_resolve_unsettled(&h, 2, "t1", "q", 0, 201, "operator"), OK);
+    assert_int_equal(h.r.token, tok);
+    assert_int_equal(th_complete(&h, 3, "t1", "q", tok, SUCCEEDED, 201, "late", 0), OK);
+    assert_int_equal(th_complete(&h, 4, "t1", "q", tok, FAILED, 500, "late", 0), LOST);
+    assert_int_equal(th_renew(&h, 5, "t1", "q", tok, 1000), LOST);
+    assert_int_equal(th_release(&h, 6, "t1", "q", tok), LOST);
+    assert_int_equal(th_claim(&h, 7, "q", 1, NULL), REPLAY);
+    assert_string_equal(th_body(h.r.response, h.r.response_len), "operator");
+    th_close(&h);
+}
+
 /* The lease, not the ttl, bounds how long a holder may run: today's leaders' expire leaves
  * a processing record with a live lease alone until the lease ends (renewals move it on);
  * entries of older leaders tombstone it at its ttl, as they did. */
@@ -1829,6 +1851,7 @@ int main(void)
         cmocka_unit_test(test_expiry_order_and_batch_bound),
         cmocka_unit_test(test_quarantine_survives_ttl),
         cmocka_unit_test(test_resolve_only_what_is_unsettled),
+        cmocka_unit_test(test_resolved_quarantine_keeps_its_token),
         cmocka_unit_test(test_expire_keeps_live_leases),
         cmocka_unit_test(test_released_marker_goes_away),
         cmocka_unit_test(test_quotas),
