@@ -55,8 +55,10 @@
  * failed connection (next seed, backoff).
  *
  * Names: a numeric host is connected at once; a name is resolved with uv_getaddrinfo (on
- * libuv's thread pool) and its first address is used. A connection object is freed only
- * once both its TCP handle closed and its resolution (if any) called back.
+ * libuv's thread pool), or on the resolver the caller gave (idem_async_use_resolver: the
+ * daemon's forwarder), and its first address is used. A connection object is freed only
+ * once its TCP handle closed and its uv_getaddrinfo (if any) called back; a resolver's
+ * lookup is cancelled at the close and never calls back.
  *
  * Raw calls to a named node (idem_rpc.h) are requests too, on their node's list and
  * connection instead of a->reqs and a->conn, written by the same kick: async_node.c. */

@@ -662,10 +662,12 @@ void IdemAsyncConnGo(struct aconn *conn)
             uv_tcp_connect(&conn->connect_req, &conn->tcp, (const struct sockaddr *)&ss, connectCb);
     } else if (a->resolver != NULL) {
         what = "resolve";
+        /* IdemResolve fails for a name it cannot keep (too long, or every kept name busy
+         * with a lookup) as well as for memory: said as a failed lookup. */
         rv = IdemResolve(a->resolver, n->host, (uint16_t)atoi(n->port), resolvedCb, conn,
                          &conn->lookup) == 0
                  ? 0
-                 : UV_ENOMEM;
+                 : UV_EAI_FAIL;
         if (rv == 0) {
             conn->resolving = true;
             a->handles++;

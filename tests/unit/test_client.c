@@ -1248,10 +1248,18 @@ static void test_raw_calls_to_a_named_node(void **state)
     fakeStop(leader);
 }
 
+/* While set, the test's name service holds a lookup of "held.idem-test" (on the resolver's
+ * thread) until it is cleared. */
+static atomic_int holdLookup;
+
 /* The test's name service: "leader.idem-test" is 127.0.0.1, nothing else is known. */
 static int fakeNameLookup(const char *host, struct sockaddr_storage *out, size_t cap, size_t *n)
 {
     *n = 0;
+    while (strcmp(host, "held.idem-test") == 0 && atomic_load(&holdLookup)) {
+        struct timespec ts = {.tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
     if (cap == 0 || strcmp(host, "leader.idem-test") != 0) {
         return EAI_NONAME;
     }
@@ -1297,13 +1305,26 @@ static void test_raw_calls_resolve_names_on_the_resolver_given(void **state)
     assert_string_equal(o.reason, "cannot connect to the node");
     assert_int_equal(IdemResolverLookups(r), 2);
 
-    /* Closed while the lookup of another name is in flight. */
-    rawCall(a, "other.idem-test:9", 5000, &o);
-    idem_async_close(a, NULL, NULL);
+    /* Closed while the lookup of another name is in flight (asked of the resolver, whose
+     * thread holds it): the lookup is cancelled, the client's close ends, and the answer,
+     * let go after, calls nobody back. */
+    atomic_store(&holdLookup, 1);
+    rawCall(a, "held.idem-test:9", 5000, &o);
+    for (int i = 0; i < 5000 && IdemResolverLookups(r) < 3; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT); /* ONCE would wait for the held lookup's answer */
+        struct timespec ts = {.tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(IdemResolverLookups(r), 3);
+    struct counts cnt = {0};
+    idem_async_close(a, closedCb, &cnt);
     assert_int_equal(o.status, IDEM_ECANCELED);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    atomic_store(&holdLookup, 0);
     IdemResolverClose(r);
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(o.calls, 1);
+    assert_int_equal(cnt.closed, 1);
     assert_int_equal(uv_loop_close(&loop), 0);
     fakeStop(leader);
 }
