@@ -1083,6 +1083,13 @@ bool fsm_response_check(const Idem__StoredResponse *resp, const char **why)
             return false;
         }
     }
+    /* A replay sends body_ref as a header (Idempotency-Body-Ref): one it could not send
+     * would replay as an empty answer with no reference. */
+    if (resp->body_ref != NULL &&
+        !fsm_header_value_ok((const uint8_t *)resp->body_ref, strlen(resp->body_ref))) {
+        *why = "response body_ref holds a control character (it is replayed as a header value)";
+        return false;
+    }
     return true;
 }
 

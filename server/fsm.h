@@ -156,8 +156,9 @@ Idem__Outcome fsm_apply_command(struct fsm *f, uint64_t index, const Idem__Comma
 /* Front-end side: whether a stored response (borrowed) would be accepted by complete and
  * resolve, so that a bad one is refused before it costs a log entry, and whether it can be
  * replayed as an HTTP response as it is: a final status (200-599: an informational one
- * cannot carry a response), header names that are HTTP tokens and values without CR, LF or
- * NUL (else a replay could inject headers or split the response). The last two are checked
+ * cannot carry a response), header names that are HTTP tokens and values, body_ref
+ * included (a replay sends it as a header), without CR, LF or NUL (else a replay could
+ * inject headers or split the response, or drop the reference). The last two are checked
  * here only, not when a command applies, so that log entries already written apply as they
  * did. *why (OUT) is a static description when it would not. */
 bool fsm_response_check(const Idem__StoredResponse *resp, const char **why);

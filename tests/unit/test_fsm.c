@@ -1834,6 +1834,15 @@ static void test_response_with_unknown_fields_refused(void **state)
     cmd.complete = &c;
     assert_int_equal(th_apply(&h, &cmd), INVALID);
     assert_true(fsm_response_check(&good, &why));
+    /* body_ref is replayed as a header value: none with a control character. */
+    uint8_t sha[32] = {0};
+    good.body_sha256.data = sha;
+    good.body_sha256.len = sizeof sha;
+    good.body_ref = "s3://b/o";
+    assert_true(fsm_response_check(&good, &why));
+    good.body_ref = "s3://b/o\nv2";
+    assert_false(fsm_response_check(&good, &why));
+    assert_non_null(strstr(why, "body_ref"));
     idem__stored_response__free_unpacked(odd, NULL);
     th_close(&h);
 }
