@@ -469,7 +469,14 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     }
     if (!isMethod(req, post ? "POST" : "GET")) {
-        gateway_send_error(h, req, route, rid, 405, "method_not_allowed", "method not allowed", 0);
+        /* /v1/claims/complete, .../release and .../renew take GET (a key of that name) and
+         * POST (the header-key form): Allow names both. */
+        bool both = route == R_GET && (h2o_memis(key.base, key.len, H2O_STRLIT("complete")) ||
+                                       h2o_memis(key.base, key.len, H2O_STRLIT("release")) ||
+                                       h2o_memis(key.base, key.len, H2O_STRLIT("renew")));
+        struct hdr allow = {"allow", "Allow", "GET, POST", 9};
+        gateway_send_error_with(h, req, route, rid, 405, "method_not_allowed",
+                                "method not allowed", 0, &allow, both ? 1 : 0);
         return 0;
     }
     if (route == R_HEALTHZ || route == R_LIVEZ) {

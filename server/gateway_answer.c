@@ -187,7 +187,11 @@ void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route r
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);
         extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
     }
-    if (status == 405 && route != R_PROXY) {
+    bool allow_given = false; /* a caller that knows the path's methods better (gateway.c) */
+    for (size_t i = 0; i < n_more; i++) {
+        allow_given = allow_given || strcmp(more[i].name, "allow") == 0;
+    }
+    if (status == 405 && route != R_PROXY && !allow_given) {
         const char *allow = route == R_CLAIM ? "GET, POST"
                             : (route == R_COMPLETE || route == R_RELEASE || route == R_RENEW)
                                 ? "POST"

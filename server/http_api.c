@@ -430,11 +430,13 @@ static void jobStart(struct http_server *h, h2o_req_t *req, enum route route, h2
 /* ---- requests ------------------------------------------------------------------------ */
 
 /* The tenant of req's bearer token (docs/contract.md: the tenant comes from the token only),
- * with the token in *tok; NULL when it answered 401 or 403. */
+ * with the token in *tok; NULL when it answered 401 or 403, counted in idem_requests_total
+ * as the RPC counts its own (a client with a wrong token is what those outcomes show). */
 static const struct config_tenant *apiTenant(struct http_server *h, h2o_req_t *req,
                                              enum route route, h2o_iovec_t rid, h2o_iovec_t *tok)
 {
     if (!gateway_bearer(h, req, route, rid, tok)) {
+        reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED);
         return NULL;
     }
     const struct config_tenant *t =
@@ -444,10 +446,12 @@ static const struct config_tenant *apiTenant(struct http_server *h, h2o_req_t *r
         return t;
     }
     if (tok->len > 0 && service_token_is_admin(h->svc, (const uint8_t *)tok->base, tok->len)) {
+        reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_FORBIDDEN);
         gateway_send_error(h, req, route, rid, 403, "forbidden",
                            "data operations need a tenant's token, not the admin token", 0);
         return NULL;
     }
+    reqstats_outcome(&h->m.req, IDEM__OUTCOME__OUTCOME_UNAUTHENTICATED);
     gateway_send_error(h, req, route, rid, 401, "unauthenticated",
                        "unknown or missing bearer token", 0);
     return NULL;

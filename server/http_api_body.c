@@ -154,6 +154,13 @@ static bool parseStored(json_t *o, Idem__StoredResponse *r, struct http_api_body
                 name[c] = (char)((k[c] >= 'A' && k[c] <= 'Z') ? k[c] - 'A' + 'a' : k[c]);
             }
             off += kl + 1;
+            /* JSON_REJECT_DUPLICATES compares names as written: "Content-Type" and
+             * "content-type" would both be stored and both replayed. */
+            for (size_t j = 0; j < i; j++) {
+                if (strcmp(sc->hdrs[j].name, name) == 0) {
+                    return false;
+                }
+            }
             idem__header__init(&sc->hdrs[i]);
             sc->hdrs[i].name = name;
             sc->hdrs[i].value.data = (uint8_t *)json_string_value(v);
@@ -295,8 +302,10 @@ static const char *parseClaim(json_t *b, const struct config_tenant *t, Idem__Cl
         return "lease_ms and ttl_ms must be non-negative integers";
     }
     if (!getStr(b, "attempt_id", &attempt) ||
-        (attempt != NULL && strlen(attempt) > HTTP_ATTEMPT_ID_MAX)) {
-        return "attempt_id must be a string of at most 64 bytes";
+        (attempt != NULL && (attempt[0] == '\0' || strlen(attempt) > HTTP_ATTEMPT_ID_MAX))) {
+        /* An empty one would pass for none, and the claim would get a random id: its retry
+         * with the same body would then find the key in progress instead of its own lease. */
+        return "attempt_id must be a string of 1 to 64 bytes";
     }
     if (attempt != NULL) {
         cl->attempt_id.data = (uint8_t *)attempt;
@@ -353,7 +362,7 @@ static const char *parseComplete(json_t *b, Idem__CompleteRequest *co, Idem__Sto
     if (r != NULL && !json_is_null(r)) {
         if (!parseStored(r, sr, sc)) {
             return "response must be {status, headers, body} or {status, headers, "
-                   "body_ref, body_sha256 (64 hex digits)}";
+                   "body_ref, body_sha256 (64 hex digits)}, each header name once (any case)";
         }
         co->response = sr;
     }

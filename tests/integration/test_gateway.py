@@ -571,7 +571,11 @@ class TestGatewayBasics(GatewayTest):
                 for kw in ({"attempt_id": "a-1", "headers": {"Idempotency-Attempt": "a-2"}},
                            {"headers": {"Idempotency-Attempt": '"a-1'}},
                            {"headers": {"Idempotency-Attempt": '""'}},
-                           {"headers": {"Idempotency-Attempt": "x" * 65}}):
+                           {"headers": {"Idempotency-Attempt": "x" * 65}},
+                           # an empty one in the body too (it passed for none, and the
+                           # claim got a random attempt id its retry could not send)
+                           {"attempt_id": ""},
+                           {"attempt_id": "x" * 65}):
                     self.assertError(self.claim(addr, key, fp(key), **kw), 400,
                                      "invalid_request")
                 # none given: the gateway draws one; sent back, it is the same attempt
@@ -886,6 +890,15 @@ class TestGatewayErrors(GatewayTest):
                     "response": {"status": 200, "headers": {"x-a": bad}, "body": "x"}}
             st, h, b = self.call(addr, "POST", "/v1/claims/%s/complete" % key, body)
             self.assertError((st, h, b), 400, "invalid_request")
+        # A name twice in two cases (JSON itself refuses only the same spelling twice): both
+        # would be stored lower-cased and replayed twice.
+        body = {"token": tok, "outcome": "succeeded",
+                "response": {"status": 200, "body": "x",
+                             "headers": {"Content-Type": "text/html",
+                                         "content-type": "application/json"}}}
+        st, h, b = self.call(addr, "POST", "/v1/claims/%s/complete" % key, body)
+        self.assertError((st, h, b), 400, "invalid_request")
+        self.assertIn("each header name once", b.get("detail", ""), b)
         body = {"token": tok, "outcome": "succeeded",
                 "response": {"status": 200, "headers": {"content-disposition": "tab\there \u00e9"},
                              "body": "x"}}
@@ -1016,7 +1029,9 @@ class TestGatewayErrors(GatewayTest):
                     {"status": 201, "body_ref": "s3://b/o"},  # no SHA-256
                     {"status": 201, "body_ref": "s3://b/o", "body_sha256": "zz" * 32},
                     {"status": 201, "body_ref": "s3://b/o", "body_sha256": sha[:62]},
-                    {"status": 201, "body": "x", "body_ref": "s3://b/o", "body_sha256": sha}):
+                    {"status": 201, "body": "x", "body_ref": "s3://b/o", "body_sha256": sha},
+                    # replayed as a header value: a control character would drop it
+                    {"status": 201, "body_ref": "s3://b/o\nv2", "body_sha256": sha}):
             with self.subTest(response=bad):
                 r = self.call(addr, "POST", path, {"token": tok, "outcome": "succeeded",
                                                    "response": bad})
@@ -1135,6 +1150,15 @@ class TestGatewayErrors(GatewayTest):
         r = self.call(addr, "PUT", "/v1/claims")
         self.assertError(r, 405, "method_not_allowed")
         self.assertEqual(r[1].get("allow"), "GET, POST", r)
+        # The header-key forms' paths take GET (a key of that name) and POST; a key path GET.
+        for path, allow in (("/v1/claims/complete", "GET, POST"),
+                            ("/v1/claims/release", "GET, POST"),
+                            ("/v1/claims/renew", "GET, POST"),
+                            ("/v1/claims/%s" % key, "GET"),
+                            ("/v1/claims/%s/complete" % key, "POST")):
+            r = self.call(addr, "DELETE", path)
+            self.assertError(r, 405, "method_not_allowed")
+            self.assertEqual(r[1].get("allow"), allow, (path, r))
         # a success is plain JSON
         self.assertEqual(self.claim(addr, key, fp(key))[1].get("content-type"), "application/json")
 
@@ -1559,6 +1583,18 @@ class TestGatewayOps(GatewayTest):
         self.assertEqual(delta(before[lid], after[lid]),
                          {("forwarded", "acquired"): 1, ("forwarded", "ok"): 1})
         self.assertEqual(delta(before[fol[1]], after[fol[1]]), {})
+        # The gateway's own refusals of a token (401, 403) are answers to data ops too,
+        # counted as the RPC counts its own: a client with a wrong token shows there.
+        before = after
+        laddr = self.c.nodes[lid].http
+        for tok, status, code in (("wrong-token", 401, "unauthenticated"),
+                                  (_NO_AUTH, 401, "unauthenticated"),
+                                  (self.c.admin, 403, "forbidden")):
+            k = self.key("refused")
+            self.assertError(self.claim(laddr, k, fp(k), token=tok), status, code)
+        d = delta(before[lid], data_plane(node_metrics(laddr)))
+        self.assertEqual(d, {("requests", "http", "unauthenticated"): 2,
+                             ("requests", "http", "forbidden"): 1}, d)
         # Neither keys nor tokens in any label.
         for node in self.c.nodes.values():
             text = request(node.http, "GET", "/metrics")[2]
