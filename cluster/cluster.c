@@ -618,6 +618,7 @@ int cluster_start(struct cluster *c)
         cluster_set_err(c, "raft start: ", m != NULL && m[0] != '\0' ? m : raft_strerror(rv));
         return CLUSTER_ERAFT;
     }
+    io_conf_after_start(&c->io); /* the last configuration entry is not known committed */
     uv_timer_start(&c->tick, tickCb, TICK_MS, TICK_MS);
     return CLUSTER_OK;
 }

@@ -409,6 +409,9 @@ static void ioRecv(struct io *io, struct raft_message *msg)
     if (io->raft != NULL && io_skip_snapshotted(io->raft, &msg->append_entries)) {
         io->skipped++;
     }
+    if (io->raft != NULL) {
+        (void)io_conf_rollback(io, &msg->append_entries);
+    }
     io->in_append_entries = true;
     io->ae_from = msg->server_id;
     io->ae_end = msg->append_entries.prev_log_index + msg->append_entries.n_entries;
@@ -477,6 +480,7 @@ bool io_result_unaddressed(const struct raft *r, const struct raft_message *m)
 
 void io_settle(struct io *io, bool answered)
 {
+    io_conf_note(io);
     if (io->settle != NULL) {
         io->settle(io->settle_data, answered);
     }
@@ -564,6 +568,7 @@ void io_wrap(struct io *io, uv_loop_t *loop)
     io->corrected = 0;
     io->raft = NULL;
     io->results_held = 0;
+    io_conf_init(io);
     io->rematched = 0;
     io->unaddressed = 0;
     io->skipped = 0;

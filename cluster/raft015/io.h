@@ -219,7 +219,29 @@ struct io {
     uint64_t append_buckets[IO_APPEND_BUCKETS]; /* appends that succeeded, by duration */
     uint64_t append_count;
     uint64_t append_sum_us;
+    /* The last committed configuration raft had settled on (io_conf.c): a copy, and its
+     * entry's index (0: none yet); rollbacks done from it, and start-ups whose last
+     * configuration entry was marked uncommitted. */
+    struct raft_configuration conf;
+    raft_index conf_index;
+    unsigned long conf_rollbacks;
+    unsigned long conf_marked;
 };
+
+/* libraft 0.15's rollback of an uncommitted configuration (io_conf.c, docs/raft-0.15.md
+ * 32). io_conf_init: in io_wrap; io_conf_free: at raft's close. io_conf_note: copies
+ * raft's configuration when none is uncommitted and it changed (after each callback, and
+ * before a snapshot is taken). io_conf_snapshot_loaded: the configuration of the snapshot
+ * loaded at start. io_conf_rollback: before raft handles an AppendEntries; rolls back
+ * itself, from the copy, when the AppendEntries overwrites the uncommitted entry and the
+ * committed one is no longer in raft's log; true if it did. io_conf_after_start: after
+ * raft_start, marks a last configuration entry past the snapshot uncommitted. */
+void io_conf_init(struct io *io);
+void io_conf_free(struct io *io);
+void io_conf_note(struct io *io);
+void io_conf_snapshot_loaded(struct io *io, const struct raft_snapshot *s);
+bool io_conf_rollback(struct io *io, const struct raft_append_entries *ae);
+void io_conf_after_start(struct io *io);
 
 /* The follower's commit rule (above), on one incoming AppendEntries: lowers its
  * leader_commit to prev_log_index + n_entries. Returns true if it lowered it. The wrapper

@@ -152,6 +152,7 @@ void io_close(struct raft_io *o, raft_io_close_cb cb)
     struct io *io = io_from_outer(o);
     io->close_cb = cb;
     io->closing = true;
+    io_conf_free(io);
     io->close_deferred = true;
     /* A snapshot write in flight would be discarded (snapWriteAfter), and a deletion can
      * wait for the next snapshot: neither keeps the close waiting (snapstore.h). */

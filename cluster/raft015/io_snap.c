@@ -145,6 +145,9 @@ static int snapLoad(struct io *io, raft_term *term, raft_id *voted_for,
         }
     }
     int rv = io->inner.load(&io->inner, term, voted_for, snapshot, start_index, entries, n_entries);
+    if (rv == 0) {
+        io_conf_snapshot_loaded(io, *snapshot);
+    }
     /* Where raft_uv writes the next entry (an empty log: not known until the first). */
     io->disk_next = rv == 0 && *n_entries > 0 ? *start_index + *n_entries : 0;
     if (rv != 0 || io->snap_dir == NULL || *snapshot == NULL) {

@@ -239,6 +239,148 @@ static void test_vote_past_a_stale_leader(void **state)
     assert_false(io_vote_past_stale_leader(&r, 5000, &ae));
 }
 
+/* A raft whose log holds entries 11-16 of term 1 after a snapshot at 10 (term 1), the
+ * entries at `changes` (a 0-ended list) configuration changes, the rest commands; its
+ * configuration has `voters` voters (ids 1..voters). */
+static void confRaft(struct raft *r, struct raft_entry entries[8], const raft_index *changes,
+                     unsigned voters)
+{
+    memset(r, 0, sizeof(*r));
+    memset(entries, 0, 8 * sizeof(*entries));
+    r->current_term = 1;
+    r->log.entries = entries;
+    r->log.size = 8;
+    r->log.front = 0;
+    r->log.back = 6;
+    r->log.offset = 10;
+    r->log.snapshot.last_index = 10;
+    r->log.snapshot.last_term = 1;
+    for (unsigned i = 0; i < 6; i++) {
+        entries[i].term = 1;
+        entries[i].type = RAFT_COMMAND;
+        for (const raft_index *c = changes; *c != 0; c++) {
+            if (*c == 11 + i) {
+                entries[i].type = RAFT_CHANGE;
+            }
+        }
+    }
+    r->commit_index = 10;
+    raft_configuration_init(&r->configuration);
+    for (unsigned i = 1; i <= voters; i++) {
+        char addr[8];
+        snprintf(addr, sizeof addr, "%u", i);
+        assert_int_equal(raft_configuration_add(&r->configuration, i, addr, RAFT_VOTER), 0);
+    }
+}
+
+/* docs/raft-0.15.md, 32, at start: libraft 0.15 takes the log's last configuration entry as
+ * committed; the wrapper marks one past the snapshot uncommitted, and the one before it (in
+ * the log, else the snapshot's) committed. One from the snapshot, the bootstrap entry, or
+ * one at or below the commit index is left as it is. */
+static void test_last_configuration_at_start_is_uncommitted(void **state)
+{
+    (void)state;
+    struct raft r;
+    struct raft_entry entries[8];
+    struct io io;
+    io_conf_init(&io);
+    io.raft = &r;
+    const raft_index two[] = {13, 15, 0}, one[] = {15, 0};
+    confRaft(&r, entries, two, 2);
+    r.configuration_index = 15;
+    io_conf_after_start(&io);
+    assert_int_equal(r.configuration_uncommitted_index, 15);
+    assert_int_equal(r.configuration_index, 13);
+    assert_int_equal(io.conf_marked, 1);
+    raft_configuration_close(&r.configuration);
+    /* The only change past the snapshot: the snapshot's configuration is the committed one
+     * (copied at load); none known, it is left as raft took it. */
+    confRaft(&r, entries, one, 2);
+    r.configuration_index = 15;
+    io_conf_after_start(&io);
+    assert_int_equal(r.configuration_uncommitted_index, 0);
+    assert_int_equal(r.configuration_index, 15);
+    struct raft_snapshot snap;
+    memset(&snap, 0, sizeof(snap));
+    snap.configuration_index = 7;
+    raft_configuration_init(&snap.configuration);
+    assert_int_equal(raft_configuration_add(&snap.configuration, 1, "1", RAFT_VOTER), 0);
+    io_conf_snapshot_loaded(&io, &snap);
+    raft_configuration_close(&snap.configuration);
+    assert_int_equal(io.conf_index, 7);
+    io_conf_after_start(&io);
+    assert_int_equal(r.configuration_uncommitted_index, 15);
+    assert_int_equal(r.configuration_index, 7);
+    /* From the snapshot, the bootstrap entry, known committed: untouched. */
+    for (raft_index ci = 1; ci <= 15; ci += 5) {
+        r.configuration_uncommitted_index = 0;
+        r.configuration_index = ci == 11 ? 15 : ci; /* 1, 6 (the snapshot's), 15 committed */
+        r.commit_index = ci == 11 ? 15 : 10;
+        io_conf_after_start(&io);
+        assert_int_equal(r.configuration_uncommitted_index, 0);
+    }
+    raft_configuration_close(&r.configuration);
+    io_conf_free(&io);
+}
+
+/* docs/raft-0.15.md, 32, at an AppendEntries: rolled back from the wrapper's copy only when
+ * the AppendEntries overwrites the uncommitted entry (or one before it) and raft's log no
+ * longer holds the committed one; not for an AppendEntries raft refuses (older term,
+ * previous entry not matching), one that overwrites only entries after the change, or when
+ * raft can roll back itself. */
+static void test_uncommitted_configuration_rolled_back_from_the_copy(void **state)
+{
+    (void)state;
+    struct raft r;
+    struct raft_entry entries[8];
+    struct io io;
+    io_conf_init(&io);
+    io.raft = &r;
+    struct raft_snapshot snap;
+    memset(&snap, 0, sizeof(snap));
+    snap.configuration_index = 3;
+    raft_configuration_init(&snap.configuration);
+    const char *addrs[] = {"1", "2", "3"};
+    for (raft_id id = 1; id <= 3; id++) {
+        assert_int_equal(raft_configuration_add(&snap.configuration, id, addrs[id - 1], RAFT_VOTER),
+                         0);
+    }
+    io_conf_snapshot_loaded(&io, &snap);
+    raft_configuration_close(&snap.configuration);
+    const raft_index one[] = {15, 0};
+    confRaft(&r, entries, one, 2); /* the change at 15 removed a voter */
+    r.configuration_index = 3;
+    r.configuration_uncommitted_index = 15;
+    struct raft_entry sent[2];
+    memset(sent, 0, sizeof(sent));
+    sent[0].term = 2;
+    sent[1].term = 2;
+    struct raft_append_entries ae = {.term = 2, .prev_log_index = 15, .prev_log_term = 1,
+                                     .entries = sent, .n_entries = 1};
+    assert_false(io_conf_rollback(&io, &ae)); /* overwrites 16 only */
+    ae.prev_log_index = 14;
+    ae.prev_log_term = 2; /* no match: refused */
+    assert_false(io_conf_rollback(&io, &ae));
+    ae.prev_log_term = 1;
+    ae.term = 0; /* an older term: refused */
+    r.current_term = 1;
+    assert_false(io_conf_rollback(&io, &ae));
+    ae.term = 2;
+    r.configuration_index = 12; /* in the log: raft rolls back itself */
+    assert_false(io_conf_rollback(&io, &ae));
+    r.configuration_index = 3;
+    assert_int_equal(r.configuration_uncommitted_index, 15);
+    assert_true(io_conf_rollback(&io, &ae)); /* overwrites 15 */
+    assert_int_equal(r.configuration_uncommitted_index, 0);
+    assert_int_equal(r.configuration_index, 3);
+    assert_int_equal(r.configuration.n, 3);
+    assert_int_equal(io.conf_rollbacks, 1);
+    /* Once rolled back, nothing more to do. */
+    assert_false(io_conf_rollback(&io, &ae));
+    raft_configuration_close(&r.configuration);
+    io_conf_free(&io);
+}
+
 /* A follower's timer reset by its leader's AppendEntries (raft moved its start) is drawn
  * again; not a candidate's, nor a follower's that knows no leader, nor one left as it was. */
 static void test_timeout_drawn_again_at_the_leaders_reset(void **state)
@@ -2382,6 +2524,8 @@ int main(void)
         cmocka_unit_test_setup(test_other_answers_are_untouched, setup),
         cmocka_unit_test_setup(test_tick_is_finer_than_the_heartbeat, setup),
         cmocka_unit_test(test_vote_past_a_stale_leader),
+        cmocka_unit_test(test_last_configuration_at_start_is_uncommitted),
+        cmocka_unit_test(test_uncommitted_configuration_rolled_back_from_the_copy),
         cmocka_unit_test(test_timeout_drawn_again_at_the_leaders_reset),
         cmocka_unit_test_setup(test_vote_past_a_stale_leader_is_delivered_marked, setup),
         cmocka_unit_test_setup(test_leader_commit_is_clamped, setup),
