@@ -486,11 +486,15 @@ static int fsmRestore(struct raft_fsm *fsm, struct raft_buffer *buf)
         }
     }
     idem__cluster_snapshot__free_unpacked(cs, NULL);
-    c->last_snapshot_index = raft_last_applied(&c->raft);
+    /* The snapshot's index: libraft 0.15 moves its applied index there only after this
+     * returns (snapshotRestore), so raft_last_applied() is still the old one here (0 at a
+     * start). The wrapper noted it (at load, and when an install is stored). */
+    uint64_t at = c->io.snap_last != 0 ? c->io.snap_last : raft_last_applied(&c->raft);
+    c->last_snapshot_index = at;
     c->log_since_snapshot = 0;
     c->retry_extra = 0; /* a snapshot of the leader's stands for this node's */
     c->saved_threshold = 0; /* and for one forced or asked for: adaptThreshold sets raft's */
-    adaptThreshold(c, buf->len, raft_last_applied(&c->raft));
+    adaptThreshold(c, buf->len, at);
     io_snap_data_free(&c->io, buf->base);
     return 0;
 }
