@@ -177,6 +177,13 @@ static int changeCheck(struct cluster *c)
     if (c->change_in_flight) {
         return CLUSTER_EBUSY;
     }
+    if (c->raft.transfer != NULL) {
+        /* libraft 0.15 refuses a change during a transfer with RAFT_NOTLEADER, which a
+         * client takes for a redirect to this very node (as cluster_transfer says). Checked
+         * before an add records the new member's addresses. */
+        cluster_set_err(c, "", "a leadership transfer is in progress");
+        return CLUSTER_EBUSY;
+    }
     return CLUSTER_OK;
 }
 
