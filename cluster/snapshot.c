@@ -235,13 +235,13 @@ static void adaptThreshold(struct cluster *c, uint64_t bytes, uint64_t index)
 static int fsmSnapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
     struct cluster *c = fsm->data;
+    io_conf_note(&c->io); /* an uncommitted index a snapshot covered is cleared first */
     if (c->raft.configuration_uncommitted_index != 0) {
         /* libraft 0.15 would store the uncommitted configuration as the snapshot's, as if
          * committed (docs/raft-0.15.md, 32): not now. RAFT_BUSY: raft tries again at a
          * later apply. */
         return RAFT_BUSY;
     }
-    io_conf_note(&c->io);
     cluster_apply_deferred(c); /* raft snapshots at its last applied index */
     uint64_t t0 = monoUs();
     c->puts_before = c->io.own_puts;

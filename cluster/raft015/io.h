@@ -226,12 +226,14 @@ struct io {
     raft_index conf_index;
     unsigned long conf_rollbacks;
     unsigned long conf_marked;
+    unsigned long conf_cleared; /* uncommitted indexes a snapshot or an apply covered */
 };
 
 /* libraft 0.15's rollback of an uncommitted configuration (io_conf.c, docs/raft-0.15.md
- * 32). io_conf_init: in io_wrap; io_conf_free: at raft's close. io_conf_note: copies
- * raft's configuration when none is uncommitted and it changed (after each callback, and
- * before a snapshot is taken). io_conf_snapshot_loaded: the configuration of the snapshot
+ * 32). io_conf_init: in io_wrap; io_conf_free: when the close ends. io_conf_note: clears an
+ * uncommitted index a snapshot installed or an apply covered (0.15's snapshotRestore
+ * leaves it), then copies raft's configuration when none is uncommitted and it changed
+ * (after each callback, and before a snapshot is taken). io_conf_snapshot_loaded: the configuration of the snapshot
  * loaded at start. io_conf_rollback: before raft handles an AppendEntries; rolls back
  * itself, from the copy, when the AppendEntries overwrites the uncommitted entry and the
  * committed one is no longer in raft's log; true if it did. io_conf_after_start: after

@@ -69,6 +69,7 @@ static void ioCloseCb(struct raft_io *i)
     io_disk_release_held(io, true);
     io_held_install_drop(io);
     io_held_timeout_now_drop(io);
+    io_conf_free(io); /* not before: callbacks still come while the close waits */
     if (io->late_failures > 0) {
         clog_warn("raft I/O: %lu append(s) failed or canceled after close (not "
                   "stored; reported to raft as done)",
@@ -152,7 +153,6 @@ void io_close(struct raft_io *o, raft_io_close_cb cb)
     struct io *io = io_from_outer(o);
     io->close_cb = cb;
     io->closing = true;
-    io_conf_free(io);
     io->close_deferred = true;
     /* A snapshot write in flight would be discarded (snapWriteAfter), and a deletion can
      * wait for the next snapshot: neither keeps the close waiting (snapstore.h). */

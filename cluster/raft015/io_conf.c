@@ -64,6 +64,7 @@ void io_conf_init(struct io *io)
     io->conf_index = 0;
     io->conf_rollbacks = 0;
     io->conf_marked = 0;
+    io->conf_cleared = 0;
 }
 
 void io_conf_free(struct io *io)
@@ -73,10 +74,29 @@ void io_conf_free(struct io *io)
     io->conf_index = 0;
 }
 
+/* Whether raft is closing or closed: its messages are dropped, nothing changes any more. */
+static bool closed(const struct io *io)
+{
+    return io->raft == NULL || io->closing || raft_state(io->raft) == RAFT_UNAVAILABLE;
+}
+
 void io_conf_note(struct io *io)
 {
-    const struct raft *r = io->raft;
-    if (r == NULL || r->configuration_uncommitted_index != 0 || r->configuration_index == 0 ||
+    if (closed(io)) {
+        return;
+    }
+    struct raft *r = io->raft;
+    raft_index u = r->configuration_uncommitted_index;
+    if (u != 0 && (u <= r->log.snapshot.last_index || u <= r->last_applied)) {
+        /* Covered by a snapshot installed since (0.15's snapshotRestore sets the snapshot's
+         * configuration and its index but leaves the uncommitted index as it was), or
+         * applied: committed, and the configuration raft holds is the committed one. Left
+         * set, it would keep the node from every snapshot (cluster/snapshot.c) and its
+         * leader from every change. */
+        r->configuration_uncommitted_index = 0;
+        io->conf_cleared++;
+    }
+    if (r->configuration_uncommitted_index != 0 || r->configuration_index == 0 ||
         r->configuration_index == io->conf_index) {
         return;
     }
@@ -128,13 +148,18 @@ static raft_index overwrittenAt(const struct raft *r, const struct raft_append_e
 
 bool io_conf_rollback(struct io *io, const struct raft_append_entries *ae)
 {
+    if (closed(io)) {
+        return false; /* raft drops the message */
+    }
     struct raft *r = io->raft;
     raft_index uncommitted = r->configuration_uncommitted_index;
     if (uncommitted == 0 || entryAt(r, r->configuration_index) != NULL) {
         return false; /* nothing to roll back, or raft finds the committed entry itself */
     }
     raft_index at = overwrittenAt(r, ae);
-    if (at == 0 || at > uncommitted) {
+    if (at == 0 || at > uncommitted || at <= r->commit_index) {
+        /* Past the change, or nothing overwritten; at or below the commit index raft stops
+         * (RAFT_SHUTDOWN) before any rollback. */
         return false;
     }
     if (io->conf_index != r->configuration_index) {

@@ -247,6 +247,7 @@ static void confRaft(struct raft *r, struct raft_entry entries[8], const raft_in
 {
     memset(r, 0, sizeof(*r));
     memset(entries, 0, 8 * sizeof(*entries));
+    r->state = RAFT_FOLLOWER;
     r->current_term = 1;
     r->log.entries = entries;
     r->log.size = 8;
@@ -283,6 +284,7 @@ static void test_last_configuration_at_start_is_uncommitted(void **state)
     struct raft r;
     struct raft_entry entries[8];
     struct io io;
+    memset(&io, 0, sizeof(io));
     io_conf_init(&io);
     io.raft = &r;
     const raft_index two[] = {13, 15, 0}, one[] = {15, 0};
@@ -334,6 +336,7 @@ static void test_uncommitted_configuration_rolled_back_from_the_copy(void **stat
     struct raft r;
     struct raft_entry entries[8];
     struct io io;
+    memset(&io, 0, sizeof(io));
     io_conf_init(&io);
     io.raft = &r;
     struct raft_snapshot snap;
@@ -370,6 +373,12 @@ static void test_uncommitted_configuration_rolled_back_from_the_copy(void **stat
     assert_false(io_conf_rollback(&io, &ae));
     r.configuration_index = 3;
     assert_int_equal(r.configuration_uncommitted_index, 15);
+    r.commit_index = 15; /* at or below the commit index: raft stops instead */
+    assert_false(io_conf_rollback(&io, &ae));
+    r.commit_index = 10;
+    io.closing = true; /* raft drops messages once it closes */
+    assert_false(io_conf_rollback(&io, &ae));
+    io.closing = false;
     assert_true(io_conf_rollback(&io, &ae)); /* overwrites 15 */
     assert_int_equal(r.configuration_uncommitted_index, 0);
     assert_int_equal(r.configuration_index, 3);
@@ -377,6 +386,15 @@ static void test_uncommitted_configuration_rolled_back_from_the_copy(void **stat
     assert_int_equal(io.conf_rollbacks, 1);
     /* Once rolled back, nothing more to do. */
     assert_false(io_conf_rollback(&io, &ae));
+    /* An uncommitted index an installed snapshot covers (0.15's restore leaves it) is
+     * cleared, and the snapshot's configuration copied. */
+    r.configuration_uncommitted_index = 15;
+    r.log.snapshot.last_index = 20;
+    r.configuration_index = 18;
+    io_conf_note(&io);
+    assert_int_equal(r.configuration_uncommitted_index, 0);
+    assert_int_equal(io.conf_cleared, 1);
+    assert_int_equal(io.conf_index, 18);
     raft_configuration_close(&r.configuration);
     io_conf_free(&io);
 }
