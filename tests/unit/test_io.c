@@ -274,6 +274,23 @@ static void confRaft(struct raft *r, struct raft_entry entries[8], const raft_in
     }
 }
 
+/* io_conf_snapshot_loaded with a snapshot whose configuration, at `index`, has `voters`
+ * voters (ids 1..voters). */
+static void confSnapshotLoaded(struct io *io, raft_index index, unsigned voters)
+{
+    struct raft_snapshot snap;
+    memset(&snap, 0, sizeof(snap));
+    snap.configuration_index = index;
+    raft_configuration_init(&snap.configuration);
+    for (unsigned i = 1; i <= voters; i++) {
+        char addr[8];
+        snprintf(addr, sizeof addr, "%u", i);
+        assert_int_equal(raft_configuration_add(&snap.configuration, i, addr, RAFT_VOTER), 0);
+    }
+    io_conf_snapshot_loaded(io, &snap);
+    raft_configuration_close(&snap.configuration);
+}
+
 /* docs/raft-0.15.md, 32, at start: libraft 0.15 takes the log's last configuration entry as
  * committed; the wrapper marks one past the snapshot uncommitted, and the one before it (in
  * the log, else the snapshot's) committed. One from the snapshot, the bootstrap entry, or
@@ -302,13 +319,7 @@ static void test_last_configuration_at_start_is_uncommitted(void **state)
     io_conf_after_start(&io);
     assert_int_equal(r.configuration_uncommitted_index, 0);
     assert_int_equal(r.configuration_index, 15);
-    struct raft_snapshot snap;
-    memset(&snap, 0, sizeof(snap));
-    snap.configuration_index = 7;
-    raft_configuration_init(&snap.configuration);
-    assert_int_equal(raft_configuration_add(&snap.configuration, 1, "1", RAFT_VOTER), 0);
-    io_conf_snapshot_loaded(&io, &snap);
-    raft_configuration_close(&snap.configuration);
+    confSnapshotLoaded(&io, 7, 1);
     assert_int_equal(io.conf_index, 7);
     io_conf_after_start(&io);
     assert_int_equal(r.configuration_uncommitted_index, 15);
@@ -339,17 +350,7 @@ static void test_uncommitted_configuration_rolled_back_from_the_copy(void **stat
     memset(&io, 0, sizeof(io));
     io_conf_init(&io);
     io.raft = &r;
-    struct raft_snapshot snap;
-    memset(&snap, 0, sizeof(snap));
-    snap.configuration_index = 3;
-    raft_configuration_init(&snap.configuration);
-    const char *addrs[] = {"1", "2", "3"};
-    for (raft_id id = 1; id <= 3; id++) {
-        assert_int_equal(raft_configuration_add(&snap.configuration, id, addrs[id - 1], RAFT_VOTER),
-                         0);
-    }
-    io_conf_snapshot_loaded(&io, &snap);
-    raft_configuration_close(&snap.configuration);
+    confSnapshotLoaded(&io, 3, 3);
     const raft_index one[] = {15, 0};
     confRaft(&r, entries, one, 2); /* the change at 15 removed a voter */
     r.configuration_index = 3;
