@@ -920,6 +920,32 @@ class TestIdemctlMembership(CtlTest):
         self.assertNotIn(st["leader_id"], (None, lid), st)
         self.assertEqual(st["voters"], 2, st)
 
+    def test_a_restarted_node_holds_its_last_change_uncommitted_until_applied(self):
+        # libraft 0.15 takes the last configuration entry of the log it loads as committed;
+        # the raft I/O wrapper marks it uncommitted until the node applies it again
+        # (docs/raft-0.15.md, 32). A follower restarted right after a change says so,
+        # applies it as it catches up, and then, leading, changes the membership.
+        new = self.c.add_node(4)
+        self.assertEqual(self.ok("members", "add", 4, new.raft, new.rpc, new.http)["outcome"],
+                         "ok")
+        lid = self.c.leader()
+        fid = [n for n in (1, 2, 3) if n != lid][0]
+        self.c.kill(fid)
+        self.c.start(fid)
+        wait_for(lambda: self.c.logs_contain("is taken as uncommitted until this node applies "
+                                             "it again"), 30, "node %d's start to mark it" % fid)
+        self.assertEqual(self.claim("after-restart")["outcome"], ACQ)
+        # A transfer goes only to a voter the leader has heard from lately: until it has,
+        # refused (nothing moves), and asked again.
+        wait_for(lambda: (self.c.ctl("transfer", fid)[1] or {}).get("outcome") == "ok", 20,
+                 "a transfer to node %d" % fid)
+        wait_for(lambda: self.status()["leader_id"] == fid, 20, "node %d to lead" % fid)
+        # Uncommitted for good, its changes would be refused ("settling") until the deadline.
+        out = self.ok("members", "promote", 4)
+        self.assertEqual(out["outcome"], "ok", out)
+        st = self.status()
+        self.assertEqual((st["leader_id"], st["voters"]), (fid, 4), st)
+
     def test_last_voter_is_not_removed(self):
         # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
         # cluster without voters never elects a leader again, restarts included).
