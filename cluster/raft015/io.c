@@ -147,25 +147,10 @@ static void ioTickCb(struct raft_io *i)
     io_settle(io, false);
 }
 
-/* The term of the entry at `index` in raft's in-memory log (libraft 0.15's struct raft_log
- * is public), 0 if the log does not hold it. */
-static raft_term logTermAt(const struct raft *r, raft_index index)
-{
-    const struct raft_log *l = &r->log;
-    if (index != 0 && index == l->snapshot.last_index) {
-        return l->snapshot.last_term;
-    }
-    size_t n = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
-    if (index <= l->offset || index - l->offset > n) {
-        return 0;
-    }
-    return l->entries[(l->front + (size_t)(index - l->offset - 1)) % l->size].term;
-}
-
 bool io_hold_result(const struct raft *r, struct raft_append_entries_result *res)
 {
     if (res->rejected != 0 || r->last_stored == 0 ||
-        logTermAt(r, r->last_stored) == r->current_term) {
+        io_log_term(r, r->last_stored) == r->current_term) {
         return false;
     }
     /* Never below the commit index: a follower that installed a snapshot still leaves

@@ -23,23 +23,12 @@
  * back (io_conf_rollback). After raft_start, a last configuration entry past the snapshot
  * is marked uncommitted, the one before it (in the log, or the snapshot's) committed, as
  * libraft does after #354 (io_conf_after_start); it commits again as the node applies it. */
-#include "io.h"
+#include "io_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "clog.h"
-
-/* The entry at `index` in raft's in-memory log, NULL if the log does not hold it. */
-static const struct raft_entry *entryAt(const struct raft *r, raft_index index)
-{
-    const struct raft_log *l = &r->log;
-    size_t n = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
-    if (index <= l->offset || index - l->offset > n) {
-        return NULL;
-    }
-    return &l->entries[(l->front + (size_t)(index - l->offset - 1)) % l->size];
-}
 
 /* Replaces *dst (initialised) by a copy of src. 0, or a raft error code with *dst empty. */
 static int confCopy(struct raft_configuration *dst, const struct raft_configuration *src)
@@ -125,17 +114,13 @@ static raft_index overwrittenAt(const struct raft *r, const struct raft_append_e
         return 0;
     }
     if (ae->prev_log_index != 0) {
-        const struct raft_entry *prev = entryAt(r, ae->prev_log_index);
-        raft_term t = prev != NULL                                       ? prev->term
-                      : ae->prev_log_index == r->log.snapshot.last_index ? r->log.snapshot.last_term
-                                                                         : 0;
-        if (t != ae->prev_log_term) {
+        if (io_log_term(r, ae->prev_log_index) != ae->prev_log_term) {
             return 0;
         }
     }
     for (unsigned k = 0; k < ae->n_entries; k++) {
         raft_index index = ae->prev_log_index + 1 + k;
-        const struct raft_entry *e = entryAt(r, index);
+        const struct raft_entry *e = io_log_entry(r, index);
         if (e == NULL) {
             return 0; /* past the log's end: appended, nothing overwritten */
         }
@@ -153,7 +138,7 @@ bool io_conf_rollback(struct io *io, const struct raft_append_entries *ae)
     }
     struct raft *r = io->raft;
     raft_index uncommitted = r->configuration_uncommitted_index;
-    if (uncommitted == 0 || entryAt(r, r->configuration_index) != NULL) {
+    if (uncommitted == 0 || io_log_entry(r, r->configuration_index) != NULL) {
         return false; /* nothing to roll back, or raft finds the committed entry itself */
     }
     raft_index at = overwrittenAt(r, ae);
@@ -199,7 +184,7 @@ void io_conf_after_start(struct io *io)
     }
     raft_index before = 0;
     for (raft_index i = last - 1; i > r->log.offset && i > r->log.snapshot.last_index; i--) {
-        const struct raft_entry *e = entryAt(r, i);
+        const struct raft_entry *e = io_log_entry(r, i);
         if (e != NULL && e->type == RAFT_CHANGE) {
             before = i;
             break;

@@ -31,6 +31,28 @@ static inline int io_pass_err(struct io *io, int rv)
     return rv;
 }
 
+/* The entry at `index` in raft's in-memory log (libraft 0.15's struct raft_log is public),
+ * NULL if the log does not hold it. */
+static inline const struct raft_entry *io_log_entry(const struct raft *r, raft_index index)
+{
+    const struct raft_log *l = &r->log;
+    size_t n = l->back >= l->front ? l->back - l->front : l->size - l->front + l->back;
+    if (index <= l->offset || index - l->offset > n) {
+        return NULL;
+    }
+    return &l->entries[(l->front + (size_t)(index - l->offset - 1)) % l->size];
+}
+
+/* The term of the entry at `index`: the log's, the snapshot's at its last index, else 0. */
+static inline raft_term io_log_term(const struct raft *r, raft_index index)
+{
+    if (index != 0 && index == r->log.snapshot.last_index) {
+        return r->log.snapshot.last_term;
+    }
+    const struct raft_entry *e = io_log_entry(r, index);
+    return e != NULL ? e->term : 0;
+}
+
 struct ioSnapJob; /* io_snap.c: a snapshot put through snapstore */
 
 /* One append or snapshot put in flight: raft's request, wrapped so that the wrapper sees it
