@@ -336,6 +336,21 @@ static enum route headerKeyRoute(h2o_req_t *req, enum route route, h2o_iovec_t *
     return r;
 }
 
+/* The Allow of a 405 on a JSON API or probe path, by the route headerKeyRoute() gave it (and
+ * the path's key): GET and POST on /v1/claims, and on /v1/claims/complete, .../release and
+ * .../renew (a key of that name, or the header-key form); POST on a key's complete, release
+ * and renew; GET elsewhere. */
+static const char *allowOf(enum route route, h2o_iovec_t key)
+{
+    if (route == R_CLAIM ||
+        (route == R_GET && (h2o_memis(key.base, key.len, H2O_STRLIT("complete")) ||
+                            h2o_memis(key.base, key.len, H2O_STRLIT("release")) ||
+                            h2o_memis(key.base, key.len, H2O_STRLIT("renew"))))) {
+        return "GET, POST";
+    }
+    return route == R_COMPLETE || route == R_RELEASE || route == R_RENEW ? "POST" : "GET";
+}
+
 static void answerReadyz(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
 {
     struct service_info si;
@@ -469,14 +484,10 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
         return 0;
     }
     if (!isMethod(req, post ? "POST" : "GET")) {
-        /* /v1/claims/complete, .../release and .../renew take GET (a key of that name) and
-         * POST (the header-key form): Allow names both. */
-        bool both = route == R_GET && (h2o_memis(key.base, key.len, H2O_STRLIT("complete")) ||
-                                       h2o_memis(key.base, key.len, H2O_STRLIT("release")) ||
-                                       h2o_memis(key.base, key.len, H2O_STRLIT("renew")));
-        struct hdr allow = {"allow", "Allow", "GET, POST", 9};
-        gateway_send_error_with(h, req, route, rid, 405, "method_not_allowed",
-                                "method not allowed", 0, &allow, both ? 1 : 0);
+        const char *methods = allowOf(route, key);
+        struct hdr allow = {"allow", "Allow", methods, strlen(methods)};
+        gateway_send_error_with(h, req, route, rid, 405, "method_not_allowed", "method not allowed",
+                                0, &allow, 1);
         return 0;
     }
     if (route == R_HEALTHZ || route == R_LIVEZ) {

@@ -172,8 +172,8 @@ json_t *gateway_error_body(h2o_req_t *req, int status, const char *code, const c
 
 /* Sends the error body of docs/http-api.md (RFC 9457 problem details, with code, message and
  * request_id) as application/problem+json and counts a 503 as failed closed; retry_after_s
- * > 0 adds Retry-After, a 405 of the JSON API Allow, a 401 WWW-Authenticate: Bearer, and
- * more[0..n_more) (at most three) go last. */
+ * > 0 adds Retry-After, a 401 WWW-Authenticate: Bearer, and more[0..n_more) (at most three:
+ * a 405's Allow is the caller's, which knows the path) go last. */
 void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route route,
                              h2o_iovec_t rid, int status, const char *code, const char *message,
                              uint64_t retry_after_s, const struct hdr *more, size_t n_more)
@@ -186,17 +186,6 @@ void gateway_send_error_with(struct http_server *h, h2o_req_t *req, enum route r
     if (retry_after_s > 0) {
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)retry_after_s);
         extra[n++] = (struct hdr){"retry-after", "Retry-After", ra, strlen(ra)};
-    }
-    bool allow_given = false; /* a caller that knows the path's methods better (gateway.c) */
-    for (size_t i = 0; i < n_more; i++) {
-        allow_given = allow_given || strcmp(more[i].name, "allow") == 0;
-    }
-    if (status == 405 && route != R_PROXY && !allow_given) {
-        const char *allow = route == R_CLAIM ? "GET, POST"
-                            : (route == R_COMPLETE || route == R_RELEASE || route == R_RENEW)
-                                ? "POST"
-                                : "GET";
-        extra[n++] = (struct hdr){"allow", "Allow", allow, strlen(allow)};
     }
     if (status == 401 && route != R_PROXY) { /* RFC 6750 3 */
         extra[n++] = (struct hdr){"www-authenticate", "WWW-Authenticate", "Bearer", 6};
