@@ -2,7 +2,8 @@
 # cpu.sh: what a claim costs the cluster in CPU. Three idemd nodes (fsync on, the default) on
 # 127.0.0.1; fresh claims at a fixed rate, first over the binary RPC, then over the leader's
 # JSON API; for each, the three nodes' CPU time (user + system, from /proc/PID/stat) during
-# the load divided by the claims answered.
+# the load divided by the claims answered; last, the same open loop of GET /livez (answered
+# at once, no cluster work): the floor an HTTP request costs before a claim's own work.
 # A benchmark, not a test: it asserts nothing about speed, only that every load did what it
 # says (no errors, no non-2xx answers).
 #
@@ -102,7 +103,21 @@ http_ops=$(awk '/requests in/ {print $1}' "$TMP/wrk.txt")
 http_rate=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$TMP/wrk.txt")
 if grep -q 'Non-2xx\|Socket errors' "$TMP/wrk.txt"; then cat "$TMP/wrk.txt" >&2; die "wrk: errors"; fi
 
+# The floor of the JSON API's figure: the same open loop of GET /livez on the leader, which
+# the gateway answers at once (no token, no claim, no log entry). What the nodes spend per
+# request here is what any HTTP request costs them on this machine before a claim's work.
+log "GET /livez on the leader: wrk -c$CONNS, the same pacing, ${DURATION}s"
+t4=$(node_ticks)
+env BENCH_WRK_DIR="$WRKDIR" RUN="$RUN-livez" FP="$FP" MODE=livez "${PACE[@]}" \
+  timeout --foreground $((DURATION + 20)) wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --timeout 5s \
+  -s "$WRKDIR/idem_claim.lua" "http://$LHTTP" >"$TMP/livez.txt" 2>&1 || { cat "$TMP/livez.txt" >&2; die "wrk failed"; }
+t5=$(node_ticks)
+livez_ops=$(awk '/requests in/ {print $1}' "$TMP/livez.txt")
+livez_rate=$(awk '/^Requests\/sec:/ {printf "%.0f", $2}' "$TMP/livez.txt")
+if grep -q 'Non-2xx\|Socket errors' "$TMP/livez.txt"; then cat "$TMP/livez.txt" >&2; die "wrk: errors on /livez"; fi
+
 echo "cpu per claim ($BIN): RPC $(per_claim $((t1 - t0)) "$rpc_ops") us at ${rpc_rate}/s ($rpc_ops claims," \
   "$(per_entry "$rpc_ops" $((c1 - c0))) per log entry);" \
   "HTTP $(per_claim $((t3 - t2)) "$http_ops") us at ${http_rate}/s ($http_ops claims," \
-  "$(per_entry "$http_ops" $((c3 - c2))) per log entry)"
+  "$(per_entry "$http_ops" $((c3 - c2))) per log entry); HTTP floor (GET /livez)" \
+  "$(per_claim $((t5 - t4)) "$livez_ops") us per request at ${livez_rate}/s"

@@ -3,6 +3,8 @@
 --      MODE=fresh (every request a never-used Idempotency-Key -> "acquired", one Raft write)
 --      MODE=replay (cycle over NKEYS keys RUN-rep-0.. that http.sh claimed and completed
 --                   beforehand -> the stored response is replayed, no write)
+--      MODE=livez (GET /livez: the gateway answers at once, no claim and no cluster work;
+--                  cpu.sh's floor of what an HTTP request costs the node that answers it)
 --      FP (64 hex fingerprint; the replay keys were claimed with the same one), VERIFY,
 --      DELAY_MS (optional: each connection waits this long after every answer, to pace the
 --                load), RATE and THREADS (optional: an open loop of RATE requests/s over
@@ -51,6 +53,9 @@ elseif delay_ms > 0 then
 end
 
 function request()
+  if mode == "livez" then
+    return wrk.format("GET", "/livez")
+  end
   counter = counter + 1
   local key
   if mode == "replay" then
