@@ -946,6 +946,57 @@ class TestIdemctlMembership(CtlTest):
         st = self.status()
         self.assertEqual((st["leader_id"], st["voters"]), (fid, 4), st)
 
+    def test_a_change_never_committed_is_rolled_back_after_a_restart(self):
+        # The case the start-up marking exists for (docs/raft-0.15.md, 32). A leader whose
+        # followers are both down appends an addition it cannot commit, and is killed. The
+        # followers come back, elect one of them and write their own entries where the
+        # change was. The old leader, restarted, must hold the change uncommitted and roll it
+        # back when those entries overwrite it: libraft 0.15 alone takes it as committed and
+        # keeps, for good, a member (node 4, a spare) that the cluster never had.
+        lid = self.c.leader()
+        others = [n for n in (1, 2, 3) if n != lid]
+        for n in others:
+            self.c.kill(n)
+        # Addresses nobody listens on: a node 4 that answered the old leader could help it
+        # commit the change.
+        raft4, rpc4, http4 = ("127.0.0.1:%d" % free_port() for _ in range(3))
+        rc, out = self.c.ctl("members", "add", 4, raft4, rpc4, http4, ids=[lid], deadline=300)
+        self.assertNotEqual(rc, 0, out)  # it cannot commit
+        self.c.kill(lid)
+        with open(self.c.nodes[lid].log, "rb") as f:
+            seen = len(f.read())
+        for n in others:
+            self.c.start(n)
+        self.c.wait_leader(timeout=30, ids=others)
+        for i in range(3):
+            self.assertEqual(self.ok("claim", "over-the-change-%d" % i, "--fingerprint", fp(1),
+                                     ids=others)["outcome"], ACQ)
+        self.c.start(lid)
+
+        def marked():
+            with open(self.c.nodes[lid].log, "rb") as f:
+                text = f.read()[seen:].decode(errors="replace")
+            m = re.search(r"the log's last configuration \(entry (\d+)\) is taken as "
+                          r"uncommitted until this node applies it again", text)
+            return m and int(m.group(1))
+        self.assertGreater(wait_for(marked, 30, "node %d's start to mark its change" % lid), 1)
+        # Once it has caught up (its own answer: members list is answered by the node asked,
+        # from its own configuration), it lists the three members the cluster has.
+        self.assertEqual(self.ok("claim", "after-the-restart", "--fingerprint", fp(1),
+                                 ids=others)["outcome"], ACQ)
+
+        def own_members(nid):
+            out = self.ok("members", "list", ids=[nid])
+            self.assertEqual(out["node_id"], nid, out)
+            return sorted((m["id"], m["role"]) for m in out["members"])
+        three = [(1, "voter"), (2, "voter"), (3, "voter")]
+        def caught_up():
+            st = self.status(ids=[lid])
+            return [n["lag"] for n in st["nodes"] if n["id"] == lid] == [0]
+        wait_for(caught_up, 30, "node %d to catch up" % lid)
+        for nid in (1, 2, 3):
+            self.assertEqual(own_members(nid), three, nid)
+
     def test_last_voter_is_not_removed(self):
         # Down to one voter, removing it is refused (libraft 0.15 would take it out, and a
         # cluster without voters never elects a leader again, restarts included).
