@@ -91,13 +91,14 @@ static size_t pjExpires(const struct proxyJob *j, struct hdr *extra, size_t n, c
 }
 
 /* pjExpires, then Idempotency-Recorded: false when the answer passed on is not known to be
- * the key's recorded result (its lease was lost during the upstream call, or recording it
- * did not answer ok): a retry may get another holder's result, and a client can tell this
- * answer from a recorded one (docs/contract.md). Adds at most two headers. */
+ * the key's recorded result (its lease was lost during the upstream call, recording it did
+ * not answer ok, or it could not be stored and its digest was recorded instead): a retry
+ * may get another holder's result or a 502, and a client can tell this answer from a
+ * recorded one (docs/contract.md). Adds at most two headers. */
 size_t proxy_answer_headers(const struct proxyJob *j, struct hdr *extra, size_t n, char date[40])
 {
     n = pjExpires(j, extra, n, date);
-    if (j->unrecorded) {
+    if (j->unrecorded || j->digest_instead) {
         extra[n++] = (struct hdr){"idempotency-recorded", "Idempotency-Recorded", "false", 5};
     }
     return n;

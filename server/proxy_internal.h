@@ -73,6 +73,7 @@ struct proxyJob {
     size_t up_len, up_cap;
     uint64_t up_total;
     bool too_large;
+    bool digest_instead; /* the answer passed on could not be stored: its digest was */
     EVP_MD_CTX *sha;
     uint8_t sha_out[32];
     /* what to answer once the record op is done */

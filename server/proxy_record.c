@@ -195,6 +195,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
                "recorded instead, replays answer 502 (key_digest %s)",
                outcomeName(oc), kd);
         j->too_large = true;
+        j->digest_instead = true;
         pjCompleteStored(j);
         return;
     }

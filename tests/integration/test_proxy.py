@@ -1373,6 +1373,8 @@ class TestProxyFailures(ProxyTest):
         r = self.order(key, path="/mib", timeout=30)
         self.assertEqual(r[0], 201, r)
         self.assertEqual(len(r.raw), 1 << 20)
+        # Not the key's recorded result (its retries get 502): marked so.
+        self.assertEqual(r[1].get("idempotency-recorded"), "false", r[1])
         again = self.order(key, path="/mib", timeout=30)
         self.assertError(again, 502, "upstream_response_too_large")
         self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
