@@ -35,7 +35,15 @@ ATTEMPT_MIN = 0.25
 BACKOFF_BASE = 0.025
 BACKOFF_CAP = 1.0
 RETRY_STATUSES = (502, 503, 504)
+# An answer's body is read up to this many bytes (idemd's largest is a replay of a stored
+# response: far smaller); a larger one is a failure of that node, as the Go client's.
+MAX_ANSWER_BYTES = 64 << 20
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
+class AnswerTooLarge(http.client.HTTPException):
+    """A node's answer past MAX_ANSWER_BYTES: not read, the connection closed, and the node
+    counted as failed for this try."""
 
 
 class Node:
@@ -147,8 +155,20 @@ class Transport:
             if conn.sock is None:
                 raise
         resp = conn.getresponse()
-        data = resp.read()
-        return resp, data
+        if resp.length is not None:  # its Content-Length, which read() would allocate at once
+            if resp.length > MAX_ANSWER_BYTES:
+                raise AnswerTooLarge("an answer of %d bytes (at most %d are read)"
+                                     % (resp.length, MAX_ANSWER_BYTES))
+            return resp, resp.read()
+        parts, got = [], 0  # chunked, or until the node closes: read by pieces
+        while True:
+            piece = resp.read(1 << 16)
+            if not piece:
+                return resp, b"".join(parts)
+            got += len(piece)
+            if got > MAX_ANSWER_BYTES:
+                raise AnswerTooLarge("an answer larger than %d bytes" % MAX_ANSWER_BYTES)
+            parts.append(piece)
 
     def _once(self, i, method, path, headers, body, timeout):
         node = self.nodes[i]

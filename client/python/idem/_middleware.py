@@ -316,7 +316,8 @@ def _sha256_hex(b):
 def finish(cfg, held, status, headers, body):
     """Records the app's answer (status, [(name, value)], body) and returns the Answer to
     send: the app's own, with `Idempotency-Recorded: false` when it was meant to be recorded
-    and was not (the complete failed, or the lease was lost)."""
+    and was not (the complete failed, the lease was lost, or only its SHA-256 could be
+    recorded: its retries get 502)."""
     held.stop()
     answer = Answer(status, list(headers), body)
     if not 200 <= status <= 599:
@@ -346,14 +347,18 @@ def finish(cfg, held, status, headers, body):
                 held.complete(resp, cfg.deadline)
                 return answer
             except NotRecorded as e:
-                if not isinstance(e.cause, InvalidRequest):
+                # Refusals that a retry would meet again: left processing, the record would
+                # let the app run a second time once the lease ended (takeover).
+                if not isinstance(e.cause, (InvalidRequest, QuotaExceeded)):
                     raise
-        # An answer idemd cannot keep (not UTF-8 text, too large): recorded as proxy mode
-        # records one, outcome failed_final with its SHA-256 and no body; its replays answer
-        # 502 upstream_response_too_large.
+        # An answer idemd cannot keep (not UTF-8 text, too large for the middleware or for a
+        # log entry, past the tenant's bytes quota): recorded as proxy mode records one,
+        # outcome failed_final with its SHA-256 and no body; its replays answer 502
+        # upstream_response_too_large, so this answer is not the key's recorded result.
         marker = Response(status=status, headers={}, body=b"", body_sha256=_sha256_hex(body)
                           if body else None, failed_final=True)
         held.complete(marker, cfg.deadline)
+        answer.headers.append(("Idempotency-Recorded", "false"))
     except NotRecorded as e:
         log.warning("idem: the app's answer was not recorded: %s", e)
         answer.headers.append(("Idempotency-Recorded", "false"))

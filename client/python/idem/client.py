@@ -247,6 +247,12 @@ class Client:
                  ssl_context=None, deadline=DEFAULT_DEADLINE, _transport=None):
         if not token:
             raise ValueError("a bearer token is needed")
+        if not isinstance(token, str) or any(not "!" <= ch <= "~" for ch in token):
+            # Said without the token: http.client's own refusal would quote it (and a trailing
+            # newline, from a file read as it is, is the usual cause).
+            raise ValueError("the bearer token has a character that cannot be sent in a header "
+                             "(a space, a control character such as a trailing newline, or "
+                             "non-ASCII)")
         if _transport is None:
             ctx = ssl_context
             if ctx is None and (cafile or certfile):

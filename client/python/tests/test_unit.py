@@ -8,11 +8,13 @@ request object a claim sends).
     cd client/python/tests && python3 -m unittest -v test_unit
 """
 import asyncio
+import hashlib
 import http.server
 import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -416,6 +418,40 @@ class Transport(Scripted):
             cl.run("k", lambda t: 42, fingerprint="ab" * 32)  # nothing idemd can store
         self.assertEqual(a.seen[5]["body"], {"token": 131072, "outcome": "unknown"})
 
+    def test_a_token_that_cannot_be_sent_is_refused_without_being_said(self):
+        for token in ("s3cr3t-token\n", "s3cr3t token", "s3cr3t\x00", "s3cr3t-\u00e9"):
+            with self.assertRaises(ValueError) as e:
+                idem.Client(["http://127.0.0.1:9"], token)
+            self.assertNotIn("s3cr3t", str(e.exception))
+
+    def test_an_answer_past_the_cap_is_a_failure_of_its_node(self):
+        # A node's answer larger than the client reads (its Content-Length, or read by
+        # pieces when it has none) is not read: that node failed, the next one answers.
+        self.addCleanup(setattr, idem._http, "MAX_ANSWER_BYTES", idem._http.MAX_ANSWER_BYTES)
+        idem._http.MAX_ANSWER_BYTES = 4096
+        big = lambda r: (200, {"Content-Type": "application/json"}, b" " * 5000)  # noqa: E731
+        a, b = self.nodes([big], [ACQ])
+        self.assertEqual(self.client([a, b]).claim("k", fingerprint="ab" * 32).token, 131072)
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        self.addCleanup(srv.close)
+
+        def no_length():  # an answer without Content-Length: until the node closes
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b" " * 70000)
+        t = threading.Thread(target=no_length, daemon=True)
+        t.start()
+        (c,) = self.nodes([ACQ])
+        url = "http://127.0.0.1:%d" % srv.getsockname()[1]
+        cl = idem.Client([url, c.url], "tok")
+        self.addCleanup(cl.close)
+        self.assertEqual(cl.claim("k", fingerprint="ab" * 32).token, 131072)
+        t.join(5)
+        self.assertEqual(len(c.seen), 1)
+
     def test_not_recorded(self):
         lost = lambda r: (409, {}, {"code": "idempotency_lease_lost"})  # noqa: E731
         (a,) = self.nodes([ACQ, lost])
@@ -563,6 +599,23 @@ class Middlewares(Scripted):
                                             [("POST", "/o")])
         st, h, out = wsgi_call(m, path="/o/201")
         self.assertEqual((st, out, h.get("Idempotency-Recorded")), (201, b"answer", "false"))
+
+    def test_an_answer_past_the_bytes_quota_records_its_digest(self):
+        # The complete refused for the tenant's bytes quota (429): left processing, the
+        # record would let the app run again once its lease ended (takeover). Its digest is
+        # recorded instead, as proxy mode does, and the answer says it is not the key's.
+        app, calls = self.app()
+        (a,) = self.nodes([ACQ, refused(429, "idempotency_quota_exceeded"), OK])
+        m = idem.wsgi.IdempotencyMiddleware(app, self.client([a]), [("POST", "/o")])
+        st, h, out = wsgi_call(m, path="/o/201")
+        self.assertEqual((st, out, h.get("Idempotency-Recorded")), (201, b"answer", "false"))
+        marker = a.seen[2]
+        self.assertEqual(marker["path"], "/v1/claims/complete")
+        self.assertEqual(marker["body"]["outcome"], "failed_final")
+        self.assertEqual(marker["body"]["response"]["body_sha256"],
+                         hashlib.sha256(b"answer").hexdigest())
+        self.assertEqual(marker["body"]["response"].get("body", ""), "")
+        self.assertEqual(len(calls), 1)
 
     def test_asgi_replay_and_fence(self):
         replay = lambda r: (201, {"Idempotency-Replayed": "true",  # noqa: E731
