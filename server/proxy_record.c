@@ -367,15 +367,17 @@ static bool storedHeaderAllowed(const struct config_proxy_route *r, const char *
     return false;
 }
 
-/* Completes with the upstream's answer: its status, the route's stored headers, and the body
- * (or only its digest when it was too large). */
+/* Completes with the upstream's answer: its status, the route's stored headers, and the body;
+ * or, when it was too large or could not be stored, its status and body digest alone (its
+ * replays answer 502 and use nothing else; the headers may be what could not be stored:
+ * more than FSM_HEADERS_MAX of them). */
 static void pjCompleteStored(struct proxyJob *j)
 {
     Idem__StoredResponse sr = IDEM__STORED_RESPONSE__INIT;
     Idem__Header *hs = xcalloc(j->n_up_hdrs + 1, sizeof(*hs));
     Idem__Header **hp = xcalloc(j->n_up_hdrs + 1, sizeof(*hp));
     size_t n = 0;
-    for (size_t i = 0; i < j->n_up_hdrs; i++) {
+    for (size_t i = 0; i < j->n_up_hdrs && !j->too_large; i++) {
         if (!storedHeaderAllowed(j->route, j->up_hdrs[i].name)) {
             continue;
         }

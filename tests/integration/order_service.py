@@ -19,6 +19,8 @@ Business endpoints (dispatched on the last path segment, so any route prefix wor
                       (hop-by-hop by that naming: a proxy must not pass it on)
   POST /mib           201 with a body of exactly 1 MiB (within max_inline_body's default,
                       too large for a log entry with the rest of the completion)
+  POST /manyhdrs      201 {"id"} with 65 X-Order-Id header lines (a stored response holds
+                      at most 64 headers)
   POST /cookie        201 {"id"} with Set-Cookie: session=<id> (a caller's own session)
   any other method/path: 200 echo of method, path and the idempotency headers seen (a GET
                       is counted under "gets", not as an execution); OPTIONS and PURGE
@@ -123,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("X-Noise", "%d" % time.monotonic_ns())  # not a stored header
-        for k, v in (headers or {}).items():
+        for k, v in (headers.items() if isinstance(headers, dict) else headers or ()):
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
@@ -256,6 +258,9 @@ class Handler(BaseHTTPRequestHandler):
                                                          "Connection": "keep-alive, X-Secret"})
         if seg == "mib":
             return self._send(201, raw=b"y" * MiB, headers={"X-Order-Id": oid})
+        if seg == "manyhdrs":  # 65 X-Order-Id lines: more than a stored response may hold
+            return self._send(201, {"id": oid}, headers=[("X-Order-Id", "%s-%d" % (oid, i))
+                                                         for i in range(65)])
         if seg == "located":  # what points at what the request made
             return self._send(201, {"id": oid}, headers={
                 "X-Order-Id": oid, "Location": "/orders/%s" % oid, "ETag": '"%s"' % oid,

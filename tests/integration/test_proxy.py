@@ -1379,6 +1379,18 @@ class TestProxyFailures(ProxyTest):
         self.assertError(again, 502, "upstream_response_too_large")
         self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
 
+    def test_answer_with_too_many_headers_records_its_digest(self):
+        # 65 stored headers (x-order-id is a stored header of the route): more than a stored
+        # response holds (64), so complete answers invalid; the digest-only marker must
+        # not carry them either, or it is refused as well and the record stays processing.
+        key = self.key("hdrs")
+        r = self.order(key, path="/manyhdrs")
+        self.assertEqual(r[0], 201, r)
+        self.assertEqual(r[1].get("idempotency-recorded"), "false", r[1])
+        again = self.order(key, path="/manyhdrs")
+        self.assertError(again, 502, "upstream_response_too_large")
+        self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
+
     # The proxy renews the lease while the upstream call runs, so a lease only passes when
     # its holder stalls: the first attempt goes through a follower's proxy, which is stopped
     # (SIGSTOP) while the upstream works on it, and continued after the lease passed.
