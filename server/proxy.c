@@ -123,7 +123,9 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
             "the upstream's answer exceeded the route's max_inline_body and was not kept", 0);
         return;
     }
-    /* Set-Cookie only where the route says so (a record kept before that rule may hold one) */
+    /* Set-Cookie only where the route says so (a record kept before that rule may hold one),
+     * and only to a caller its identity headers named: a request without them has the bare
+     * key, which any other anonymous caller can send too. */
     static const char *const drop[] = {"idempotency-expires", "set-cookie", NULL};
     static const char *const dropExpires[] = {"idempotency-expires", NULL};
     h2o_req_t *req = proxy_take_req(j);
@@ -131,7 +133,8 @@ static void pjSendReplay(struct proxyJob *j, const Idem__StoredResponse *r)
     struct hdr own[1];
     size_t n = pjExpires(j, own, 0, date);
     gateway_send_replay(j->h, req, R_PROXY, proxy_rid(j), r, NULL,
-                        j->route->replay_set_cookie ? dropExpires : drop, own, n);
+                        j->route->replay_set_cookie && j->caller_named ? dropExpires : drop, own,
+                        n);
 }
 
 static void pjClosedCb(uv_handle_t *t)
@@ -627,6 +630,7 @@ void proxy_handle(struct http_server *h, const struct config_proxy *p, h2o_req_t
         }
     }
     struct proxyJob *j = pjNew(h, req, rid, r, idem, target, key);
+    j->caller_named = idem && key.base == ns;
     if (!idem) {
         proxy_upstream_start(j);
         return;

@@ -74,6 +74,7 @@ struct proxyJob {
     uint64_t up_total;
     bool too_large;
     bool digest_instead; /* the answer passed on could not be stored: its digest was */
+    bool caller_named;   /* the record's key is the caller's namespaced one (identity headers) */
     EVP_MD_CTX *sha;
     uint8_t sha_out[32];
     /* what to answer once the record op is done */

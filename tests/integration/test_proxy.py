@@ -1132,6 +1132,14 @@ class TestProxyGuardOptions(GuardTest):
         b1 = self.assertFresh(self.req("POST", "/cookie/cookie", key=key, body=ORDER,
                                        headers=BOB))
         self.assertNotEqual(b1[1].get("set-cookie"), a1[1]["set-cookie"], b1)
+        # A caller without identity headers has the bare key, which any other anonymous
+        # caller can send too: its replays carry no cookie (the first answer does).
+        key = self.key("anon")
+        c1 = self.assertFresh(self.req("POST", "/cookie/cookie", key=key, body=ORDER))
+        self.assertEqual(c1[1].get("set-cookie"), "session=%s" % c1[2]["id"], c1)
+        c2 = self.req("POST", "/cookie/cookie", key=key, body=ORDER)
+        self.assertReplayOf(c2, c1)
+        self.assertNotIn("set-cookie", c2[1], c2)
         # By default the caller gets its own cookie, and no replay carries one.
         key = self.key("nc")
         n1 = self.assertFresh(self.req("POST", "/nocookie/cookie", key=key, body=ORDER,
