@@ -436,15 +436,29 @@ static bool pjCallerKey(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid,
     return true;
 }
 
-/* The caller's end-to-end headers, serialised for the upstream (into j->fwd). */
+/* Whether one of the caller's Connection headers names this header: hop-by-hop. */
+static bool pjConnectionNames(h2o_req_t *req, const h2o_iovec_t *name)
+{
+    for (ssize_t i = -1; (i = h2o_find_header(&req->headers, H2O_TOKEN_CONNECTION, i)) >= 0;) {
+        const h2o_iovec_t *v = &req->headers.entries[i].value;
+        if (proxy_connection_names(v->base, v->len, name->base, name->len)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The caller's end-to-end headers, serialised for the upstream (into j->fwd): not the
+ * hop-by-hop ones (proxy_forward_skips, and those its Connection headers name). */
 static void pjForwardHeaders(struct proxyJob *j, h2o_req_t *req)
 {
     struct textBuf fb;
     gateway_tb_init(&fb, 1024);
     for (size_t i = 0; i < req->headers.size; i++) {
         const h2o_header_t *hd = &req->headers.entries[i];
-        if (hd->name->len == 0 || proxy_forward_skips(hd->name->base, hd->name->len)) {
-            continue; /* a nameless one: the continuation line of a folded header */
+        if (hd->name->len == 0 || proxy_forward_skips(hd->name->base, hd->name->len) ||
+            pjConnectionNames(req, hd->name)) {
+            continue; /* nameless (a folded header's continuation line), or hop-by-hop */
         }
         gateway_tb_printf(&fb, "%.*s: %.*s\r\n", (int)hd->name->len, hd->name->base,
                           (int)hd->value.len, hd->value.base);

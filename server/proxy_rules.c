@@ -4,6 +4,7 @@
 
 #include <openssl/evp.h>
 #include <string.h>
+#include <strings.h>
 
 const char *proxy_path_strerror(int rc)
 {
@@ -249,4 +250,22 @@ bool proxy_key_reserved(const uint8_t *key, size_t len)
         }
     }
     return true;
+}
+
+bool proxy_connection_names(const char *value, size_t len, const char *name, size_t nl)
+{
+    const char *p = value, *end = value + len;
+    while (p < end) {
+        while (p < end && (*p == ',' || *p == ' ' || *p == '\t')) {
+            p++;
+        }
+        const char *t = p;
+        while (p < end && *p != ',' && *p != ' ' && *p != '\t') {
+            p++;
+        }
+        if (p > t && (size_t)(p - t) == nl && strncasecmp(t, name, nl) == 0) {
+            return true;
+        }
+    }
+    return false;
 }

@@ -43,6 +43,11 @@ int proxy_path_normalise(const char *in, size_t len, char *out, size_t *out_len,
  * "/api/pay" matches "/api/pay", "/api/pay/" and "/api/pay/x", not "/api/payroll". */
 bool proxy_path_under(const char *path, size_t path_len, const char *prefix);
 
+/* Whether name (nl bytes, compared case-insensitively) is one of the tokens of a Connection
+ * header's value (len bytes: tokens separated by commas and blanks). A header it names is
+ * hop-by-hop (RFC 9110 7.6.1): proxy mode forwards it neither way. */
+bool proxy_connection_names(const char *value, size_t len, const char *name, size_t nl);
+
 /* Size of a caller-identity digest (SHA-256). */
 #define PROXY_CALLER_LEN 32
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "proxy_rules.h"
 #include "xmalloc.h"
 
 /* Idle keep-alive connections to an upstream are closed after this; it must stay below the
@@ -66,18 +67,8 @@ static bool upConnectionNames(const struct proxyJob *j, const char *name)
         if (strcmp(u->name, "connection") != 0) {
             continue;
         }
-        const char *p = u->value, *end = u->value + u->value_len;
-        while (p < end) {
-            while (p < end && (*p == ',' || *p == ' ' || *p == '\t')) {
-                p++;
-            }
-            const char *t = p;
-            while (p < end && *p != ',' && *p != ' ' && *p != '\t') {
-                p++;
-            }
-            if ((size_t)(p - t) == nl && strncasecmp(t, name, nl) == 0) {
-                return true;
-            }
+        if (proxy_connection_names(u->value, u->value_len, name, nl)) {
+            return true;
         }
     }
     return false;

@@ -961,6 +961,20 @@ class TestProxyGuards(GuardTest):
         for name in over:
             self.assertNotIn(name.lower(), got["headers"], got)
 
+    def test_headers_the_caller_names_in_connection_are_not_forwarded(self):
+        # RFC 9110 7.6.1: a header the caller's Connection names is hop-by-hop, as on the
+        # answer's side (test_headers_named_by_connection_are_not_passed_on).
+        hop = {"Connection": "keep-alive, X-Hop", "X-Hop": "secret", "X-Kept": "1"}
+        # The protocol's requests, and a method the route passes through.
+        for method, key, body, status in (("POST", self.key("hop"), ORDER, 201),
+                                          ("GET", None, None, 200)):
+            before = len(self.svc.seen())
+            r = self.req(method, "/api/pay/orders", key=key, body=body, headers=hop)
+            self.assertEqual(r[0], status, r)
+            got = self.last_seen(before)
+            self.assertNotIn("x-hop", got["headers"], got)
+            self.assertEqual(got["headers"].get("x-kept"), ["1"], got)
+
     def test_callers_do_not_share_records(self):
         key = self.key("who")
         n = len(self.svc.executions())

@@ -279,12 +279,32 @@ static void test_reserved_form(void **state)
     }
 }
 
+/* A Connection header's tokens: commas and blanks between them, any case, whole tokens only;
+ * the value is read to len, not to a NUL. */
+static void test_connection_names(void **state)
+{
+    (void)state;
+    static const char v[] = "keep-alive, X-Hop,\tx-other ,,Upgrade";
+    size_t n = strlen(v);
+    assert_true(proxy_connection_names(v, n, "x-hop", 5));
+    assert_true(proxy_connection_names(v, n, "X-OTHER", 7));
+    assert_true(proxy_connection_names(v, n, "keep-alive", 10));
+    assert_true(proxy_connection_names(v, n, "upgrade", 7));
+    assert_false(proxy_connection_names(v, n, "x-ho", 4));
+    assert_false(proxy_connection_names(v, n, "x-hop-2", 7));
+    assert_false(proxy_connection_names(v, n, "alive", 5));
+    assert_false(proxy_connection_names(v, n - 1, "upgrade", 7)); /* "Upgrad" */
+    assert_false(proxy_connection_names("", 0, "x", 1));
+    assert_false(proxy_connection_names(" , ", 3, "", 0)); /* no empty token */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_normalise),       cmocka_unit_test(test_normalise_reads_len_bytes),
         cmocka_unit_test(test_under),           cmocka_unit_test(test_caller_vectors),
         cmocka_unit_test(test_caller_distinct), cmocka_unit_test(test_reserved_form),
+        cmocka_unit_test(test_connection_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
