@@ -26,12 +26,27 @@ struct forwarder {
     void *close_data;
 };
 
-/* One call: the caller's callback. */
+/* One call: the caller's callback, and the request's id for an answer made here. */
 struct fwdCall {
     forward_resend_fn resend;
     forward_cb cb;
     void *data;
+    uint64_t request_id;
 };
+
+/* A request larger than the leader's RPC frames take (libidem's IDEM_ETOOBIG, at once and
+ * for good): answered invalid, as the leader itself answers a command it cannot take, not
+ * as a failure to reach it, which callers retry until their deadline. */
+static void answerTooBig(forward_cb cb, void *data, uint64_t request_id)
+{
+    Idem__Result res = IDEM__RESULT__INIT;
+    Idem__Response r = IDEM__RESPONSE__INIT;
+    res.outcome = IDEM__OUTCOME__OUTCOME_INVALID;
+    r.result = &res;
+    r.request_id = request_id;
+    r.error = (char *)"the request is larger than an RPC frame to the leader may be";
+    cb(data, &r, NULL);
+}
 
 /* A TLS handshake or session with the leader failed: logged with OpenSSL's reason (never
  * bytes from the peer); the calls on that connection fail with a static reason. */
@@ -98,6 +113,8 @@ static void callDoneCb(struct idem_async *a, int status, const Idem__Response *r
     free(data);
     if (status == IDEM_OK) {
         c.cb(c.data, resp, NULL);
+    } else if (status == IDEM_ETOOBIG) {
+        answerTooBig(c.cb, c.data, c.request_id);
     } else {
         c.cb(c.data, NULL, status == IDEM_ECANCELED ? "forwarder closed" : reason);
     }
@@ -114,10 +131,14 @@ void forward_call(struct forwarder *f, const char *addr, const Idem__Request *re
     c->resend = resend;
     c->cb = cb;
     c->data = data;
+    c->request_id = req->request_id;
     Idem__Request copy = *req;
     copy.forwarded = true; /* the leader's /metrics: counted by the gateway, not again there */
     int rv = idem_async_call_node(f->a, addr, &copy, deadline_ms ? deadline_ms : 1, callDoneCb, c);
-    if (rv != IDEM_OK) {
+    if (rv == IDEM_ETOOBIG) {
+        free(c);
+        answerTooBig(cb, data, req->request_id);
+    } else if (rv != IDEM_OK) {
         free(c);
         cb(data, NULL, rv == IDEM_EINVAL ? "bad leader address" : idem_strerror(rv));
     }

@@ -15,7 +15,8 @@
 struct forwarder;
 
 /* Called exactly once per forward_call(), possibly before it returns: with the leader's
- * Response (resp != NULL, err == NULL; its request_id is the caller's), or with resp == NULL
+ * Response (resp != NULL, err == NULL; its request_id is the caller's; or, for a request
+ * larger than an RPC frame may be, an `invalid` one made here), or with resp == NULL
  * and a static, NUL-terminated reason in err (connection failure, deadline passed, bad
  * frame, forwarder closed), which never holds a key, a token or an address. `resp` is
  * borrowed for the duration of the call. */

@@ -19,6 +19,7 @@ Business endpoints (dispatched on the last path segment, so any route prefix wor
                       (hop-by-hop by that naming: a proxy must not pass it on)
   POST /mib           201 with a body of exactly 1 MiB (within max_inline_body's default,
                       too large for a log entry with the rest of the completion)
+  POST /huge          201 with a body of 20,000,000 bytes (more than an RPC frame carries)
   POST /manyhdrs      201 {"id"} with 65 X-Order-Id header lines (a stored response holds
                       at most 64 headers)
   POST /cookie        201 {"id"} with Set-Cookie: session=<id> (a caller's own session)
@@ -258,6 +259,8 @@ class Handler(BaseHTTPRequestHandler):
                                                          "Connection": "keep-alive, X-Secret"})
         if seg == "mib":
             return self._send(201, raw=b"y" * MiB, headers={"X-Order-Id": oid})
+        if seg == "huge":  # more than a 16 MiB RPC frame carries
+            return self._send(201, raw=b"z" * 20000000, headers={"X-Order-Id": oid})
         if seg == "manyhdrs":  # 65 X-Order-Id lines: more than a stored response may hold
             return self._send(201, {"id": oid}, headers=[("X-Order-Id", "%s-%d" % (oid, i))
                                                          for i in range(65)])

@@ -1260,6 +1260,7 @@ class TestProxyFailures(ProxyTest):
                 route(upstream, path_prefix="/cf/", lease_ms=1500, lease_policy="conflict",
                       upstream_timeout_ms=15000),
                 route(upstream, path_prefix="/rl/", on_timeout="release"),
+                route(upstream, path_prefix="/inline32/", max_inline_body=32 << 20),
                 route(upstream)]
 
     def _assert_quarantined(self, key, path="/orders"):
@@ -1398,6 +1399,21 @@ class TestProxyFailures(ProxyTest):
         # Not the key's recorded result (its retries get 502): marked so.
         self.assertEqual(r[1].get("idempotency-recorded"), "false", r[1])
         again = self.order(key, path="/mib", timeout=30)
+        self.assertError(again, 502, "upstream_response_too_large")
+        self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
+
+    def test_answer_past_an_rpc_frame_through_a_follower_records_its_digest(self):
+        # Within the route's max_inline_body (32 MiB) but past what an RPC frame to the
+        # leader carries (16 MiB): a follower's complete cannot be forwarded, for good. It
+        # must take the digest-only marker at once, as the leader's own proxy does, not be
+        # retried as if no leader answered and then leave the record processing.
+        fid = self.follower_ids()[0]
+        key = self.key("huge")
+        r = self.order_via(fid, key, path="/inline32/huge", timeout=60)
+        self.assertEqual(r[0], 201, r)
+        self.assertEqual(len(r.raw), 20000000)
+        self.assertEqual(r[1].get("idempotency-recorded"), "false", r[1])
+        again = self.order_via(fid, key, path="/inline32/huge", timeout=60)
         self.assertError(again, 502, "upstream_response_too_large")
         self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
 
