@@ -847,7 +847,11 @@ static void stopPollCb(uv_timer_t *t)
     struct http_server *h = t->data;
     bool all = uv_now(h->loop) - h->stop_started_ms >= HTTP_STOP_GRACE_MS;
     h->conf.http1.callbacks.foreach_request(&h->ctx, closeIdleCb, &all);
-    if (all) { /* connections in no h2o list too: a TLS handshake that has not ended */
+    if (all) {
+        /* Proxied upstream calls still running: cut off, or the process would wait for
+         * each up to its route's upstream_timeout_ms (an hour at most). */
+        proxy_cut_all(h);
+        /* connections in no h2o list too: a TLS handshake that has not ended */
         struct httpConn *c;
         LIST_FOREACH(c, &h->conns, link)
         {

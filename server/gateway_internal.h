@@ -233,5 +233,8 @@ void proxy_upstreams_init(struct http_server *h);
 /* Adds a pool for each upstream of h->cfg's routes that has none yet (after a reload). */
 void proxy_upstreams_add(struct http_server *h);
 void proxy_upstreams_dispose(struct http_server *h);
+/* The node stops and its grace ended: every proxied upstream call still running is cut off
+ * (proxy_upstream_cut). */
+void proxy_cut_all(struct http_server *h);
 
 #endif

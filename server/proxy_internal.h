@@ -127,6 +127,9 @@ size_t proxy_answer_headers(const struct proxyJob *j, struct hdr *extra, size_t 
 
 /* ---- proxy_record.c ---- */
 
+/* The job's key digest for a log line (the key itself is never logged). */
+void proxy_key_digest(const struct proxyJob *j, char kd[FP_HEX12_SIZE]);
+
 /* Calls the service for the job (locally, else forwarded to the leader; retried for up to
  * retry_ms while no leader answers); cb may run before this returns. */
 void proxy_call(struct proxyJob *j, Idem__Request *rq, service_done_cb cb, uint64_t retry_ms);
@@ -146,6 +149,12 @@ void proxy_upstream_start(struct proxyJob *j);
 void proxy_send_upstream(struct proxyJob *j);
 /* Whether the upstream call runs (PJ_UP_CONNECTING or PJ_UP_SENT). */
 bool proxy_upstream_running(const struct proxyJob *j);
+/* The node stops and its grace ended (gateway.c): a running upstream call is cut off, as at
+ * its deadline, so that the process exits within the grace, not upstream_timeout_ms. The
+ * caller is answered 503 (its connection is closing); the record is not asked to change (a
+ * stopping node no longer calls the cluster): it stays processing until its lease ends, a
+ * crashed node's outcome. Logged. */
+void proxy_upstream_cut(struct proxyJob *j);
 /* Header names never forwarded to the upstream. */
 bool proxy_forward_skips(const char *name, size_t len);
 

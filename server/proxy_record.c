@@ -14,8 +14,7 @@
 #define PJ_RETRY_FIRST_MS 50
 #define PJ_RETRY_MAX_MS 500
 
-/* The key's digest for a log line (the key itself is never logged). */
-static void pjKeyDigest(const struct proxyJob *j, char kd[FP_HEX12_SIZE])
+void proxy_key_digest(const struct proxyJob *j, char kd[FP_HEX12_SIZE])
 {
     key_digest(j->tenant->name, (const uint8_t *)j->key, j->key_len, kd);
 }
@@ -189,7 +188,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
          * digest-only marker is stored instead (a replay answers 502), as for an answer
          * over max_inline_body; this caller still gets the upstream's answer. */
         char kd[FP_HEX12_SIZE];
-        pjKeyDigest(j, kd);
+        proxy_key_digest(j, kd);
         log_at(LOG_LEVEL_WARN, j->rid,
                "proxy: the upstream's answer cannot be stored (outcome %s); its digest is "
                "recorded instead, replays answer 502 (key_digest %s)",
@@ -201,7 +200,7 @@ static void pjRecordDoneCb(void *data, const Idem__Response *resp)
     }
     if (oc != IDEM__OUTCOME__OUTCOME_OK) {
         char kd[FP_HEX12_SIZE];
-        pjKeyDigest(j, kd);
+        proxy_key_digest(j, kd);
         log_at(LOG_LEVEL_WARN, j->rid,
                "proxy: recording the upstream's answer failed (key_digest %s, outcome %s)", kd,
                outcomeName(oc));
@@ -251,7 +250,7 @@ static void pjRecordNow(struct proxyJob *j)
     j->record_waiting = false;
     if (j->lease_lost) {
         char kd[FP_HEX12_SIZE];
-        pjKeyDigest(j, kd);
+        proxy_key_digest(j, kd);
         log_at(LOG_LEVEL_WARN, j->rid,
                "proxy: the lease was lost during the upstream call; its answer is passed on "
                "but not recorded (key_digest %s, fence %llu)",
@@ -303,7 +302,7 @@ static void pjRenewDoneCb(void *data, const Idem__Response *resp)
         j->lease_end = j->renew_sent + (res->lease_ms ? res->lease_ms : j->lease_ms);
     } else {
         char kd[FP_HEX12_SIZE];
-        pjKeyDigest(j, kd);
+        proxy_key_digest(j, kd);
         log_at(LOG_LEVEL_WARN, j->rid,
                "proxy: renewing the lease failed, trying again shortly (key_digest %s, "
                "outcome %s)",

@@ -108,15 +108,24 @@ static void pjSetError(struct proxyJob *j, int status, const char *code, const c
     j->err_msg = msg;
 }
 
+/* Why an upstream call ended without its answer. */
+enum pjFailure {
+    PJ_FAILED,   /* the connection failed, or could not be opened */
+    PJ_TIMEOUT,  /* upstream_timeout_ms passed */
+    PJ_STOPPING, /* the node stops and its grace ended (proxy_upstream_cut) */
+};
+
 /* The upstream call failed: sent (PJ_UP_SENT) says whether the request may have reached it. */
-static void pjUpstreamFailed(struct proxyJob *j, bool timeout)
+static void pjUpstreamFailed(struct proxyJob *j, enum pjFailure why)
 {
     bool sent = j->up == PJ_UP_SENT;
     pjUpTo(j, PJ_UP_ENDED);
     uv_timer_stop(&j->timer);
-    if (!sent) {
+    if (why == PJ_STOPPING) {
+        pjSetError(j, 503, "idempotency_unavailable", "node shutting down");
+    } else if (!sent) {
         pjSetError(j, 502, "upstream_unavailable", "the upstream could not be reached");
-    } else if (timeout) {
+    } else if (why == PJ_TIMEOUT) {
         pjSetError(j, 504, "upstream_timeout", "the upstream did not answer in time");
     } else {
         pjSetError(j, 502, "upstream_unavailable", "the upstream connection failed");
@@ -202,7 +211,7 @@ static int pjOnBody(h2o_http1client_t *client, const char *errstr)
     if (errstr == h2o_http1client_error_is_eos) {
         pjUpstreamDone(j);
     } else {
-        pjUpstreamFailed(j, isTimeoutErr(errstr));
+        pjUpstreamFailed(j, isTimeoutErr(errstr) ? PJ_TIMEOUT : PJ_FAILED);
     }
     return 0;
 }
@@ -217,7 +226,7 @@ static h2o_http1client_body_cb pjOnHead(h2o_http1client_t *client, const char *e
     struct proxyJob *j = client->data;
     if (errstr != NULL && errstr != h2o_http1client_error_is_eos) {
         j->client = NULL;
-        pjUpstreamFailed(j, isTimeoutErr(errstr));
+        pjUpstreamFailed(j, isTimeoutErr(errstr) ? PJ_TIMEOUT : PJ_FAILED);
         return NULL;
     }
     j->up_status = status >= 100 && status < 600 ? status : 502;
@@ -259,7 +268,7 @@ static h2o_http1client_head_cb pjOnConnect(h2o_http1client_t *client, const char
     struct proxyJob *j = client->data;
     if (errstr != NULL) {
         j->client = NULL;
-        pjUpstreamFailed(j, false);
+        pjUpstreamFailed(j, PJ_FAILED);
         return NULL;
     }
     pjUpTo(j, PJ_UP_SENT);
@@ -279,7 +288,34 @@ static void pjDeadlineCb(uv_timer_t *t)
         h2o_http1client_cancel(j->client);
         j->client = NULL;
     }
-    pjUpstreamFailed(j, true);
+    pjUpstreamFailed(j, PJ_TIMEOUT);
+}
+
+void proxy_cut_all(struct http_server *h)
+{
+    /* A cut job is answered and finishes, but leaves h->pjobs only when its handles close. */
+    for (struct proxyJob *j = LIST_FIRST(&h->pjobs), *next; j != NULL; j = next) {
+        next = LIST_NEXT(j, link);
+        proxy_upstream_cut(j);
+    }
+}
+
+void proxy_upstream_cut(struct proxyJob *j)
+{
+    if (!proxy_upstream_running(j)) {
+        return;
+    }
+    char kd[FP_HEX12_SIZE];
+    proxy_key_digest(j, kd);
+    log_at(LOG_LEVEL_WARN, j->rid,
+           "proxy: the upstream call is cut off by the node's stop%s%s%s",
+           j->idem ? "; its record stays as it is until its lease ends (key_digest " : "",
+           j->idem ? kd : "", j->idem ? ")" : "");
+    if (j->client != NULL) { /* called from a timer: not inside a client callback */
+        h2o_http1client_cancel(j->client);
+        j->client = NULL;
+    }
+    pjUpstreamFailed(j, PJ_STOPPING);
 }
 
 /* Header names never forwarded to the upstream: hop-by-hop, framing, the protocol's own (the

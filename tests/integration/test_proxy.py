@@ -1261,6 +1261,7 @@ class TestProxyFailures(ProxyTest):
                       upstream_timeout_ms=15000),
                 route(upstream, path_prefix="/rl/", on_timeout="release"),
                 route(upstream, path_prefix="/inline32/", max_inline_body=32 << 20),
+                route(upstream, path_prefix="/long/", upstream_timeout_ms=120000),
                 route(upstream)]
 
     def _assert_quarantined(self, key, path="/orders"):
@@ -1416,6 +1417,30 @@ class TestProxyFailures(ProxyTest):
         again = self.order_via(fid, key, path="/inline32/huge", timeout=60)
         self.assertError(again, 502, "upstream_response_too_large")
         self.assertEqual(self.svc.count(key), 1, "the upstream ran again")
+
+    def test_a_stop_cuts_off_a_long_upstream_call(self):
+        # SIGTERM of a node whose proxy waits on a slow upstream (90 s, within the route's
+        # upstream_timeout_ms of 120 s): the call is cut off when the stop's grace ends, so
+        # the node exits cleanly well before the upstream would answer.
+        fid = self.follower_ids()[0]
+        key = self.key("stop")
+        t, box = self.in_thread(lambda: self.order_via(fid, key, path="/long/slow?ms=90000",
+                                                       timeout=100, retry_503=False))
+        wait_for(lambda: self.svc.count(key) >= 1, 20, "the request to reach the upstream")
+        with open(self.c.nodes[fid].log, "rb") as f:
+            seen = len(f.read())
+        self.c.nodes[fid].proc.terminate()
+        self.assertEqual(self.c.wait_exit(fid, timeout=30), 0)
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        # The caller got the 503, or its connection closed first.
+        if "resp" in box:
+            self.assertError(box["resp"], 503, "idempotency_unavailable")
+        with open(self.c.nodes[fid].log, "rb") as f:
+            text = f.read()[seen:].decode(errors="replace")
+        self.assertIn("the upstream call is cut off by the node's stop", text)
+        self.assertNotIn(key, text)  # the key's digest, never the key
+        self.c.start(fid)
 
     def test_answer_with_too_many_headers_records_its_digest(self):
         # 65 stored headers (x-order-id is a stored header of the route): more than a stored
