@@ -95,7 +95,8 @@ func TokenFromContext(ctx context.Context) (uint64, bool) {
 //     closed: the handler never runs unchecked). docs/clients.md lists them all.
 //
 // Requests on no route, and requests without a key (unless KeyRequired), go to the handler
-// as they are. Middleware panics on a route NewMiddleware refuses.
+// as they are, less any Idempotency-Fence header: the handler never sees a fence the caller
+// sent, only the middleware's own. Middleware panics on a route NewMiddleware refuses.
 func Middleware(c *Client, routes ...Route) func(http.Handler) http.Handler {
 	m, err := NewMiddleware(c, routes...)
 	if err != nil {
@@ -148,6 +149,13 @@ func (rt *Route) matches(r *http.Request) bool {
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if len(r.Header.Values("Idempotency-Fence")) > 0 {
+		// A fence the caller sent is never handed on (proxy mode forwards none): the
+		// handler sees only the middleware's own, of a claim it holds. The key is left as
+		// it is, as the Python middlewares leave it.
+		r = r.Clone(r.Context())
+		r.Header.Del("Idempotency-Fence")
+	}
 	var rt *Route
 	for i := range m.routes {
 		if m.routes[i].matches(r) {

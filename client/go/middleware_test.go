@@ -339,6 +339,52 @@ func TestMiddlewareContextToken(t *testing.T) {
 	}
 }
 
+// A caller's own Idempotency-Fence never reaches the handler, as proxy mode forwards none:
+// not on a request that passes through (no route, no key) and not on a claimed one, which
+// gets the claim's token instead. The Idempotency-Key a caller sent is left as it is.
+func TestMiddlewareDropsACallersFence(t *testing.T) {
+	f := newFake(t)
+	type seen struct{ fences, keys []string }
+	var mu sync.Mutex
+	var got []seen
+	h := Middleware(f.client(t), Route{PathPrefix: "/orders"})(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = append(got, seen{r.Header.Values("Idempotency-Fence"), r.Header.Values("Idempotency-Key")})
+			mu.Unlock()
+			w.WriteHeader(201)
+		}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, c := range []struct{ method, path, key string }{
+		{"GET", "/orders", "mw-f1"},  // no route
+		{"POST", "/other", ""},       // no route, no key
+		{"POST", "/orders", ""},      // a route, no key
+		{"POST", "/orders", "mw-f2"}, // claimed
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader("x"))
+		req.Header.Add("Idempotency-Fence", "999999999")
+		req.Header.Add("Idempotency-Fence", "1")
+		if c.key != "" {
+			req.Header.Set("Idempotency-Key", c.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(resp)
+		mustEqual(t, c.method+" "+c.path, resp.StatusCode, 201)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	token := strconv.FormatUint(f.record("mw-f2").token, 10)
+	want := []seen{{nil, []string{"mw-f1"}}, {nil, nil}, {nil, nil},
+		{[]string{token}, []string{"mw-f2"}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the handler saw %q, want %q", got, want)
+	}
+}
+
 // ---- refusals as problem details, fingerprint options ------------------------------------
 
 // secretKey must never appear in a refusal's body.
