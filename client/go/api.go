@@ -181,25 +181,73 @@ func ms(t int64) time.Time {
 
 // ---- checks ------------------------------------------------------------------------------
 
-// checkKey: the key rule of docs/contract.md (1-255 bytes of A-Z a-z 0-9 . _ : ~ -),
-// checked here too, since the key travels in a header (a tenant may lower the maximum:
-// the node judges that).
-func checkKey(op, key string) error {
+// checkKey returns the key that key names, by the key rule of docs/contract.md (1-255
+// bytes of A-Z a-z 0-9 . _ : ~ -), checked here too, since the key travels in a header (a
+// tenant may lower the maximum: the node judges that). A key written as an RFC 8941
+// sf-string ("order-1", as the IETF draft writes the header) names the key between its
+// quotes, as the gateway takes it (docs/http-api.md, "Keys in headers"): the same key as
+// the bare one, sent bare; a bad sf-string is refused as the gateway refuses it.
+func checkKey(op, key string) (string, error) {
+	if s, isSF, why := sfString(key); why != "" {
+		return "", invalidError(op, CodeKeyInvalid, "the key is a bad sf-string: %s", why)
+	} else if isSF {
+		key = s
+	}
 	if key == "" {
-		return invalidError(op, CodeKeyMissing, "empty key")
+		return "", invalidError(op, CodeKeyMissing, "empty key")
 	}
 	if len(key) > 255 {
-		return invalidError(op, CodeKeyInvalid, "key longer than 255 bytes")
+		return "", invalidError(op, CodeKeyInvalid, "key longer than 255 bytes")
 	}
 	for i := 0; i < len(key); i++ {
 		ch := key[i]
 		ok := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' ||
 			strings.IndexByte("._:~-", ch) >= 0
 		if !ok {
-			return invalidError(op, CodeKeyInvalid, "key byte %d is outside [A-Za-z0-9._:~-]", i)
+			return "", invalidError(op, CodeKeyInvalid, "key byte %d is outside [A-Za-z0-9._:~-]", i)
 		}
 	}
-	return nil
+	return key, nil
+}
+
+// sfString decodes v as an RFC 8941 sf-string (section 4.2.5; spaces around it skipped, as
+// a field value's are) by the gateway's rule (server/http_conv.c, http_sf_string): isSF
+// false when v does not begin with a double quote (not an sf-string: the value is taken as
+// it is); otherwise the string between the quotes ('\"' for '"', '\\' for '\'), or why
+// it is not a valid one.
+func sfString(v string) (s string, isSF bool, why string) {
+	i := 0
+	for i < len(v) && v[i] == ' ' {
+		i++
+	}
+	if i == len(v) || v[i] != '"' {
+		return "", false, ""
+	}
+	var b strings.Builder
+	for i++; i < len(v); i++ {
+		ch := v[i]
+		switch {
+		case ch == '\\':
+			if i+1 == len(v) {
+				return "", true, "no closing double quote"
+			}
+			i++
+			if v[i] != '"' && v[i] != '\\' {
+				return "", true, "a backslash may only escape a double quote or a backslash"
+			}
+			b.WriteByte(v[i])
+		case ch == '"':
+			if strings.TrimLeft(v[i+1:], " ") != "" {
+				return "", true, "something follows the closing double quote (parameters are not accepted)"
+			}
+			return b.String(), true, ""
+		case ch < 0x20 || ch > 0x7e:
+			return "", true, "a byte outside printable ASCII (0x20-0x7e)"
+		default:
+			b.WriteByte(ch)
+		}
+	}
+	return "", true, "no closing double quote"
 }
 
 func isTokenChar(ch byte) bool {
@@ -475,7 +523,8 @@ func decodeOK(op string, a *answer, want string) (*okAnswer, error) {
 // whose answer was lost (a timeout, a connection failure, a 503) is retried with the same
 // attempt id until ctx's deadline (or Options.Timeout), so that it gets its own lease back.
 func (c *Client) Claim(ctx context.Context, key string, req Request) (*Claimed, error) {
-	if err := checkKey("claim", key); err != nil {
+	key, err := checkKey("claim", key)
+	if err != nil {
 		return nil, err
 	}
 	if req.AttemptID == "" {
@@ -555,7 +604,8 @@ func (c *Client) Renew(ctx context.Context, key string, token uint64, lease time
 }
 
 func (c *Client) tokenCall(ctx context.Context, op, key string, tb *tokenBody, out *okAnswer) error {
-	if err := checkKey(op, key); err != nil {
+	key, err := checkKey(op, key)
+	if err != nil {
 		return err
 	}
 	body, err := json.Marshal(tb)
@@ -579,7 +629,8 @@ func (c *Client) tokenCall(ctx context.Context, op, key string, tb *tokenBody, o
 // Get reads the key's record through the cluster's log (GET /v1/claims). ErrNotFound when
 // there is none (or only a released one).
 func (c *Client) Get(ctx context.Context, key string) (*Record, error) {
-	if err := checkKey("get", key); err != nil {
+	key, err := checkKey("get", key)
+	if err != nil {
 		return nil, err
 	}
 	a, err := c.do(ctx, "get", http.MethodGet, "/v1/claims", key, nil)

@@ -102,6 +102,99 @@ func TestClaimWire(t *testing.T) {
 	}
 }
 
+// A key written as an RFC 8941 sf-string ("k", as the IETF draft writes the header) is the
+// key between its quotes (docs/contract.md, docs/http-api.md "Keys in headers"): the same
+// key as the bare one, sent bare. A bad sf-string is refused before sending, as the gateway
+// refuses it (server/http_conv.c), and so is an sf-string whose key breaks the key rule.
+func TestSfStringKey(t *testing.T) {
+	f := newFake(t)
+	c := f.client(t)
+	ctx := context.Background()
+	cl, err := c.Claim(ctx, `"sf-1"`, orderReq)
+	if err != nil || !cl.Acquired {
+		t.Fatalf("claim: %+v, %v", cl, err)
+	}
+	if _, err := c.Renew(ctx, ` "sf-1"  `, cl.Token, 0); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if err := c.Complete(ctx, `"sf-1"`, cl.Token, Succeeded, &Response{Status: 201}); err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	again, err := c.Claim(ctx, "sf-1", orderReq) // bare: the same key
+	if err != nil || !again.Replayed {
+		t.Fatalf("bare claim: %+v, %v", again, err)
+	}
+	if rec, err := c.Get(ctx, `"sf-1"`); err != nil || rec.Token != cl.Token {
+		t.Fatalf("get: %+v, %v", rec, err)
+	}
+	f.mu.Lock()
+	calls := append([]fakeCall(nil), f.calls...)
+	f.mu.Unlock()
+	for _, call := range calls {
+		mustEqual(t, call.Path+": key header", call.Key, "sf-1")
+	}
+	for _, tc := range []struct{ key, code string }{
+		{`"sf-1`, CodeKeyInvalid},        // no closing quote
+		{`"sf-1\"`, CodeKeyInvalid},      // the closing quote escaped
+		{`"sf-1";a=1`, CodeKeyInvalid},   // parameters
+		{`"sf-1" x`, CodeKeyInvalid},     // something after the quote
+		{`"sf\n1"`, CodeKeyInvalid},      // an escape of neither '"' nor '\'
+		{"\"sf-\x7f1\"", CodeKeyInvalid}, // a byte outside printable ASCII
+		{`"sf\"1"`, CodeKeyInvalid},      // valid, but '"' is outside the key alphabet
+		{`"sf 1"`, CodeKeyInvalid},       // valid, but ' ' is too
+		{`"` + strings.Repeat("k", 256) + `"`, CodeKeyInvalid},
+		{`""`, CodeKeyMissing},
+		{`sf-1"`, CodeKeyInvalid}, // not an sf-string: a bare key with a '"'
+	} {
+		_, err := c.Claim(ctx, tc.key, orderReq)
+		var e *Error
+		if !errors.Is(err, ErrInvalid) || !errors.As(err, &e) || e.Code != tc.code {
+			t.Fatalf("key %q: %v, want %s", tc.key, err, tc.code)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	mustEqual(t, "requests sent for refused keys", len(f.calls)-len(calls), 0)
+}
+
+// sfString decodes as server/http_conv.c's http_sf_string does: the cases of
+// tests/unit/test_http_conv.c ("" for why: valid; "-": not an sf-string).
+func TestSfStringDecode(t *testing.T) {
+	for _, tc := range []struct{ in, out, why string }{
+		{`"order-1"`, "order-1", ""},
+		{`""`, "", ""},
+		{`  "a b"  `, "a b", ""},
+		{`"say \"hi\" \\o/"`, `say "hi" \o/`, ""},
+		{"\"~!#$%&'()*+,-./:;<=>?@[]^_`{|}\"", "~!#$%&'()*+,-./:;<=>?@[]^_`{|}", ""},
+		{"order-1", "", "-"},
+		{"", "", "-"},
+		{"   ", "", "-"},
+		{"'a'", "", "-"},
+		{`a"b`, "", "-"},
+		{`"abc`, "", "no closing"},
+		{`"`, "", "no closing"},
+		{`"abc\`, "", "no closing"},
+		{`"abc\"`, "", "no closing"},
+		{`"a\nb"`, "", "backslash"},
+		{`"a\u0041"`, "", "backslash"},
+		{"\"a\tb\"", "", "printable"},
+		{"\"caf\xc3\xa9\"", "", "printable"},
+		{"\"a\x7f\"", "", "printable"},
+		{"\"a\x00b\"", "", "printable"},
+		{`"abc";p=1`, "", "parameters"},
+		{`"abc" x`, "", "follows"},
+		{`"a""b"`, "", "follows"},
+	} {
+		out, isSF, why := sfString(tc.in)
+		switch {
+		case tc.why == "-" && (isSF || why != ""),
+			tc.why == "" && (!isSF || why != "" || out != tc.out),
+			tc.why != "-" && tc.why != "" && (!isSF || !strings.Contains(why, tc.why) || out != ""):
+			t.Errorf("%q: %q %v %q, want %q %q", tc.in, out, isSF, why, tc.out, tc.why)
+		}
+	}
+}
+
 func TestErrorsByCode(t *testing.T) {
 	cases := []struct {
 		status int

@@ -74,9 +74,10 @@ func TokenFromContext(ctx context.Context) (uint64, bool) {
 
 // Middleware puts handlers behind idemd by route, as proxy mode does for a whole service:
 //
-//   - A request on a matching route with an Idempotency-Key header is claimed with its
-//     method, path (with its query) and body for the gateway to fingerprint (a JSON body,
-//     by Content-Type, as canonical JSON; a body that is not UTF-8 by FingerprintOf).
+//   - A request on a matching route with an Idempotency-Key header (the key bare, or as an
+//     RFC 8941 sf-string, as the gateway reads it) is claimed with its method, path (with
+//     its query) and body for the gateway to fingerprint (a JSON body, by Content-Type, as
+//     canonical JSON; a body that is not UTF-8 by FingerprintOf).
 //   - Acquired: the handler runs once, into a recorder, with its lease renewed meanwhile;
 //     a 2xx or 3xx answer is completed as succeeded, a 5xx as failed_final (both then
 //     replayed to every retry), a 4xx released (unless Store4xx); then the answer goes to

@@ -233,6 +233,30 @@ func TestMiddlewareRoutesAndKeys(t *testing.T) {
 	mustEqual(t, "runs", atomic.LoadInt32(&svc.runs), 5)
 }
 
+// An Idempotency-Key sent as an RFC 8941 sf-string is the key between its quotes, as the
+// gateway and proxy mode take it: the bare key's retry gets its replay. A bad sf-string is
+// refused (400 idempotency_key_invalid) before idemd is asked.
+func TestMiddlewareSfStringKey(t *testing.T) {
+	f := newFake(t)
+	svc, srv := newService(t, f.client(t), Route{PathPrefix: "/orders"})
+	first := send(t, srv.URL+"/orders", "POST", `"mw-sf"`, "", "x")
+	readAll(first)
+	mustEqual(t, "first", first.StatusCode, 201)
+	if rec := f.record("mw-sf"); rec == nil || rec.state != "completed" {
+		t.Fatalf("record of the bare key: %+v", rec)
+	}
+	second := send(t, srv.URL+"/orders", "POST", "mw-sf", "", "x")
+	readAll(second)
+	if second.StatusCode != 201 || second.Header.Get("Idempotency-Replayed") != "true" {
+		t.Fatalf("bare retry: %d %v", second.StatusCode, second.Header)
+	}
+	mustEqual(t, "runs", atomic.LoadInt32(&svc.runs), 1)
+	checkProblem(t, "bad sf-string", send(t, srv.URL+"/orders", "POST", `"`+secretKey, "", "x"),
+		400, CodeKeyInvalid, "", "")
+	mustEqual(t, "claims", len(f.callsTo("/v1/claims")), 2)
+	mustEqual(t, "runs", atomic.LoadInt32(&svc.runs), 1)
+}
+
 func TestMiddlewareInProgress(t *testing.T) {
 	f := newFake(t)
 	svc, srv := newService(t, f.client(t), Route{PathPrefix: "/", Lease: 5 * time.Second})
