@@ -586,44 +586,53 @@ func (c *Client) Complete(ctx context.Context, key string, token uint64, outcome
 	} else if outcome != Unknown {
 		return invalidError("complete", CodeInvalidRequest, "a %s completion needs a response", outcome)
 	}
-	return c.tokenCall(ctx, "complete", key, &tb, nil)
+	_, _, err := c.tokenCall(ctx, "complete", key, &tb)
+	return err
 }
 
 // Release gives the key back after an attempt that changed nothing: the next claim runs
 // again. Errors: ErrLeaseLost, ErrNotFound, ...
 func (c *Client) Release(ctx context.Context, key string, token uint64) error {
-	return c.tokenCall(ctx, "release", key, &tokenBody{Token: token}, nil)
+	_, _, err := c.tokenCall(ctx, "release", key, &tokenBody{Token: token})
+	return err
 }
 
 // Renew extends the lease of token to the cluster's now + lease (0: the tenant's lease)
 // and returns its new end, on the cluster's clock. Errors: ErrLeaseLost, ErrNotFound, ...
 func (c *Client) Renew(ctx context.Context, key string, token uint64, lease time.Duration) (time.Time, error) {
-	var o okAnswer
-	err := c.tokenCall(ctx, "renew", key, &tokenBody{Token: token, LeaseMS: lease.Milliseconds()}, &o)
-	return ms(o.LeaseExpiresAt), err
+	end, _, err := c.renew(ctx, key, token, lease)
+	return end, err
 }
 
-func (c *Client) tokenCall(ctx context.Context, op, key string, tb *tokenBody, out *okAnswer) error {
+// renew is Renew, with the lease its answer leaves: the new end less the answer's Date, as
+// Claimed.leaseLeft (-1 when unknown).
+func (c *Client) renew(ctx context.Context, key string, token uint64, lease time.Duration) (time.Time, time.Duration, error) {
+	o, h, err := c.tokenCall(ctx, "renew", key, &tokenBody{Token: token, LeaseMS: lease.Milliseconds()})
+	if err != nil {
+		return time.Time{}, -1, err
+	}
+	return ms(o.LeaseExpiresAt), leaseLeft(o.LeaseExpiresAt, h), nil
+}
+
+// tokenCall: complete, release or renew (op), and its answer with the answer's headers.
+func (c *Client) tokenCall(ctx context.Context, op, key string, tb *tokenBody) (*okAnswer, http.Header, error) {
 	key, err := checkKey(op, key)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	body, err := json.Marshal(tb)
 	if err != nil {
-		return invalidError(op, CodeInvalidRequest, "%v", err)
+		return nil, nil, invalidError(op, CodeInvalidRequest, "%v", err)
 	}
 	a, err := c.do(ctx, op, http.MethodPost, "/v1/claims/"+op, key, body)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	o, err := decodeOK(op, a, "ok")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	if out != nil {
-		*out = *o
-	}
-	return nil
+	return o, a.header, nil
 }
 
 // Get reads the key's record through the cluster's log (GET /v1/claims). ErrNotFound when

@@ -29,7 +29,8 @@ type Route struct {
 	// idempotency_key_missing); by default it goes to the handler unchecked.
 	KeyRequired bool
 	// Lease, TTL and Policy of the claims (0 and "": the tenant's). The lease is renewed
-	// every third of it while the handler runs (every third of a second when 0).
+	// every third of it while the handler runs (when 0, as Run renews the tenant's: a third
+	// of a second after the claim, then a third of the lease each renewal reports).
 	Lease  time.Duration
 	TTL    time.Duration
 	Policy Policy

@@ -8,9 +8,10 @@ import (
 	"time"
 )
 
-// leaseGuess: the lease Run's renewals are timed by when the claim asked for none (the
-// tenant's, which the JSON API does not report), as libidem does with a node that does not
-// say: renewals every third of a second. Set Request.Lease to renew less often.
+// leaseGuess: the lease Run's first renewal is timed by when the claim asked for none (the
+// tenant's, which a claim's answer does not report), as libidem does with a node that does
+// not say: a third of a second after the claim. Each renewal's answer then times the next
+// by the lease it reports (renewedLease).
 const leaseGuess = time.Second
 
 // RunFunc is the business function Run calls at most once per key. token is the fencing
@@ -117,10 +118,12 @@ func (e *FinishError) Unwrap() error { return e.Err }
 //   - claim (req names the request and the claim's options; a fresh attempt id unless it
 //     has one). A claim whose answer was lost is retried with the same attempt id.
 //   - acquired: fn runs while a goroutine renews the lease every third of it (of
-//     req.Lease, or of 1 s when it is 0: the tenant's lease is not reported), an eighth
-//     of that after a renewal that failed, each try bounded by the lease left (the rule of
-//     proto/renew_plan.h); then, by what fn returned, complete or release (see RunFunc),
-//     retried through leader changes for Options.FinishTimeout.
+//     req.Lease; when it is 0, of the tenant's lease as each renewal's answer reports it,
+//     lease_expires_at against its Date, and of 1 s before the first: the claim's answer
+//     does not report it), an eighth of that after a renewal that failed, each try
+//     bounded by the lease left (the rule of proto/renew_plan.h); then, by what fn
+//     returned, complete or release (see RunFunc), retried through leader changes for
+//     Options.FinishTimeout.
 //   - replay: fn does not run; the Result holds the stored response, Replayed.
 //   - in progress (another attempt holds the key): polled with backoff until ctx's
 //     deadline (Options.Timeout when it has none), then an error that is both
@@ -319,7 +322,7 @@ func (r *renewer) loop() {
 		}
 		sent := r.now()
 		rctx, rcancel := context.WithTimeout(stopCtx, time.Duration(dl)*time.Millisecond)
-		_, err := r.c.Renew(rctx, r.key, r.token, time.Duration(r.askMS)*time.Millisecond)
+		_, left, err := r.c.renew(rctx, r.key, r.token, time.Duration(r.askMS)*time.Millisecond)
 		rcancel()
 		if stopCtx.Err() != nil {
 			break // halted: the complete or release supersedes this renewal
@@ -332,9 +335,10 @@ func (r *renewer) loop() {
 			if back > r.endMS {
 				r.lapsed = true // renewed, but after the lease had ended
 			}
-			if r.askMS != 0 {
-				r.estMS = r.askMS
-			}
+			// Each answer times the next renewal, a third of the lease it granted after it
+			// (the claim's may have been only what was left of a lease, on a holder's own
+			// retry), as libidem follows the lease each answer reports.
+			r.estMS = renewedLease(r.askMS, left)
 			// The lease runs from when the node applied the renewal, after it was sent:
 			// counting from the send is on the safe side.
 			r.lastOK = sent
@@ -347,6 +351,23 @@ func (r *renewer) loop() {
 	if !r.lost && r.now() > r.endMS {
 		r.lapsed = true
 	}
+}
+
+// renewedLease: the lease (ms) a renewal granted, by which the next is timed. The lease
+// asked for (askMS), which a renewal grants in full from when the node applied it; when
+// none was (the tenant's, which the JSON API does not report), the least that may be left
+// of it by the answer (left: its lease end less its Date, Claimed.leaseLeft; Date has whole
+// seconds, so that less a second), or leaseGuess when the answer has no Date.
+func renewedLease(askMS uint64, left time.Duration) uint64 {
+	switch {
+	case askMS != 0:
+		return askMS
+	case left < 0:
+		return uint64(leaseGuess.Milliseconds())
+	case left <= time.Second:
+		return 0
+	}
+	return uint64((left - time.Second).Milliseconds())
 }
 
 // halt stops the renewer (a renewal in flight is abandoned) and waits for it.

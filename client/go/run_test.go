@@ -156,6 +156,79 @@ func TestRunRenewsOnTheLeaseLeft(t *testing.T) {
 	}
 }
 
+// With Lease 0 (the tenant's), each renewal's answer times the next, a third of the lease it
+// reports (the fake's 30 s, by lease_expires_at against its Date) after it. When Run's
+// claim repeats one of its own attempt that kept under a second of its lease (its answer's
+// Date says so), the first renewal goes at once and its answer times the next: not a
+// renewal every 20 ms (each a log write) for as long as fn runs. (LeaseLapsed may be set
+// then: what was left of the claim's lease is known only to the second.) And a fresh claim
+// gets one renewal through a 1 s function, not one every third of the 1 s guess.
+func TestRunRenewsByEachRenewalsLease(t *testing.T) {
+	f := newFake(t)
+	c := f.client(t)
+	ctx := context.Background()
+	sleepFn := func(d time.Duration) RunFunc {
+		return func(ctx context.Context, token uint64) (*Response, error) {
+			time.Sleep(d)
+			return &Response{Status: 200}, nil
+		}
+	}
+	req := orderReq
+	req.AttemptID = "run-tenant-1"
+	short := req
+	short.Lease = 300 * time.Millisecond
+	if _, err := c.Claim(ctx, "run-tenant-1", short); err != nil {
+		t.Fatal(err)
+	}
+	f.setHook(func(w http.ResponseWriter, r *http.Request, body []byte, n int) bool {
+		if r.URL.Path == "/v1/claims" { // a Date of the next second: under 1 s left
+			w.Header().Set("Date", time.Now().Add(time.Second).UTC().Format(http.TimeFormat))
+		}
+		return false
+	})
+	res, err := c.Run(ctx, "run-tenant-1", req, sleepFn(600*time.Millisecond))
+	if err != nil || !res.Ran || res.Renewals != 1 {
+		t.Fatalf("run after a repeated claim: %+v, %v", res, err)
+	}
+	f.setHook(nil)
+
+	res, err = c.Run(ctx, "run-tenant-2", orderReq, sleepFn(1100*time.Millisecond))
+	if err != nil || !res.Ran || res.Renewals != 1 || res.LeaseLapsed {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	renews := f.callsTo("/v1/claims/renew")
+	mustEqual(t, "renewals sent", len(renews), 2)
+	for i, r := range renews {
+		var tb tokenBody
+		json.Unmarshal(r.Body, &tb)
+		if tb.LeaseMS != 0 {
+			t.Fatalf("renew %d asked for a lease: %s", i, r.Body)
+		}
+	}
+}
+
+// The lease a renewal's answer times the next by: the one asked for; else the least left
+// by its Date (whole seconds: less a second); else the guess.
+func TestRenewedLease(t *testing.T) {
+	for _, c := range []struct {
+		ask  uint64
+		left time.Duration
+		want uint64
+	}{
+		{3000, 30 * time.Second, 3000},
+		{3000, 500 * time.Millisecond, 3000},
+		{3000, -1, 3000},
+		{0, 30500 * time.Millisecond, 29500},
+		{0, time.Second, 0},
+		{0, 0, 0},
+		{0, -1, 1000},
+	} {
+		if got := renewedLease(c.ask, c.left); got != c.want {
+			t.Errorf("renewedLease(%d, %v) = %d, want %d", c.ask, c.left, got, c.want)
+		}
+	}
+}
+
 func TestRunClassification(t *testing.T) {
 	f := newFake(t)
 	c := f.client(t)
