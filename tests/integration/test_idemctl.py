@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import shutil
+import signal
 import tempfile
 import time
 import unittest
@@ -945,6 +946,29 @@ class TestIdemctlMembership(CtlTest):
         self.assertEqual(out["outcome"], "ok", out)
         st = self.status()
         self.assertEqual((st["leader_id"], st["voters"]), (fid, 4), st)
+
+    def test_spares_do_not_hide_the_leader(self):
+        # Spares are sent no heartbeats and know no leader: status must find the leader by
+        # the voters' answers. With two spares up and one voter stopped, counting every
+        # answer left the leader without a majority (2 of 4): "no leader", and promote and
+        # remove refused, the very steps of replacing a node that is down.
+        for nid in (4, 5):
+            new = self.c.add_node(nid)
+            self.assertEqual(self.ok("members", "add", nid, new.raft, new.rpc,
+                                     new.http)["outcome"], "ok")
+        lid = self.c.leader()
+        down = [n for n in (1, 2, 3) if n != lid][0]
+        self.c.nodes[down].proc.send_signal(signal.SIGSTOP)
+        try:
+            st = self.status()
+            self.assertEqual((st["leader_id"], st["quorum"]), (lid, True), st)
+            self.assertEqual(self.ok("members", "promote", 4)["outcome"], "ok")
+            out = self.ok("members", "remove", down)
+            self.assertEqual(out["outcome"], "ok", out)
+        finally:
+            self.c.nodes[down].proc.send_signal(signal.SIGCONT)
+        st = self.status(ids=[lid])
+        self.assertEqual((st["leader_id"], st["voters"]), (lid, 3), st)
 
     def test_a_change_never_committed_is_rolled_back_after_a_restart(self):
         # The case the start-up marking exists for (docs/raft-0.15.md, 32). A leader whose

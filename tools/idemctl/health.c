@@ -138,7 +138,7 @@ json_t *healthCheck(const struct global *g, const struct discovery *d, uint64_t 
                    ", which does not answer as leader",
                    v->unreachable_leader);
     } else if (v->leader == 0) {
-        addFailure(failed, "no leader: no majority of the reachable nodes agrees on one");
+        addFailure(failed, "no leader: no majority of the reachable voters agrees on one");
     }
     size_t nm = v->members_of->n_members, nt = 0;
     uint64_t *ids = calloc(nm ? nm : 1, sizeof *ids);

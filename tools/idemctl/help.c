@@ -104,7 +104,7 @@ static const struct help helps[] = {
      "    (default 1000);\n"
      "  - a node's oldest Raft log write has been in flight for 5 s or more (its disk\n"
      "    is slow or not answering; append_oldest_ms in --json);\n"
-     "  - no leader: no majority of the reachable nodes agrees on one;\n"
+     "  - no leader: no majority of the reachable voters agrees on one;\n"
      "  - no quorum: no majority of the voters is reachable (a cluster\n"
      "    without a leader may still have its quorum, and elect one);\n"
      "  - a member's rpc address is answered by another node, or its node listens for\n"

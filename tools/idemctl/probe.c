@@ -342,13 +342,33 @@ const struct probe *probeOfNode(const struct probe *probes, size_t n, const stru
     return NULL;
 }
 
+/* Whether the node that answered st is a voter in its own configuration. A spare is sent
+ * no heartbeats and knows no leader; a removed node that still runs, or one not added yet,
+ * may know none or an old one: their answers do not say which leader the cluster follows. */
+static bool selfVoter(const Idem__NodeStatus *st)
+{
+    for (size_t i = 0; i < st->n_members; i++) {
+        if (st->members[i]->id == st->id) {
+            return strcmp(st->members[i]->role, "voter") == 0;
+        }
+    }
+    return false;
+}
+
 static void buildView(const struct probe *probes, size_t n, struct clusterView *v)
 {
     memset(v, 0, sizeof *v);
-    /* The leader is the id that a majority of the reachable nodes report. */
-    size_t reachable = 0;
+    /* The leader is the id that a majority of the reachable voters report (of the reachable
+     * nodes, when none of them says it is a voter). */
+    size_t reachable = 0, voters = 0;
     for (size_t i = 0; i < n; i++) {
-        reachable += probeStatus(&probes[i]) != NULL;
+        const Idem__NodeStatus *st = probeStatus(&probes[i]);
+        reachable += st != NULL;
+        voters += st != NULL && selfVoter(st);
+    }
+    bool by_voters = voters > 0;
+    if (by_voters) {
+        reachable = voters;
     }
     for (size_t i = 0; i < n && v->leader == 0; i++) {
         const Idem__NodeStatus *si = probeStatus(&probes[i]);
@@ -358,7 +378,7 @@ static void buildView(const struct probe *probes, size_t n, struct clusterView *
         size_t votes = 0;
         for (size_t j = 0; j < n; j++) {
             const Idem__NodeStatus *sj = probeStatus(&probes[j]);
-            votes += sj != NULL && sj->leader_id == si->leader_id;
+            votes += sj != NULL && (!by_voters || selfVoter(sj)) && sj->leader_id == si->leader_id;
         }
         if (2 * votes > reachable) {
             v->leader = si->leader_id;

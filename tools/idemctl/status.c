@@ -256,7 +256,7 @@ static void clusterWarnings(const struct clusterView *v, json_t *warnings)
                    "answer as leader; requests answer unavailable until one is elected",
                    v->unreachable_leader);
     } else if (v->leader == 0) {
-        addWarning(warnings, "no leader: no majority of the reachable nodes agrees on one; "
+        addWarning(warnings, "no leader: no majority of the reachable voters agrees on one; "
                              "requests answer unavailable until one is elected");
     }
     if (2 * v->reachable_voters <= v->voters) {
