@@ -1365,6 +1365,37 @@ class TestIdemctlKeys(CtlTest):
         self.assertEqual(b["outcome"], ACQ)
         self.assertGreater(b["token"], a["token"])
 
+    def test_purge_and_resolve_are_sent_once(self):
+        # Committing them takes longer than an attempt's share of the deadline (both
+        # followers paused for 0.45 s; deadline 900 ms, an attempt 300 ms). Sent again, each
+        # was applied twice and answered as the repeat: the purge not_found for the record
+        # it deleted, the resolve invalid for the answer it stored.
+        lid = self.c.leader()
+        others = [n for n in sorted(self.c.nodes) if n != lid]
+        a = self.claim("purged-once", n=1)
+        b = self.claim("resolved-once", n=2)
+        self.ok("complete", "resolved-once", "--token", b["token"], "--status", 504,
+                "--outcome", "unknown")
+        self.c.wait_converged(3)
+
+        def paused(args):
+            for n in others:
+                self.c.nodes[n].proc.send_signal(signal.SIGSTOP)
+            timer = threading.Timer(0.45, lambda: [self.c.nodes[n].proc.send_signal(
+                signal.SIGCONT) for n in others])
+            timer.start()
+            try:
+                return self.c.ctl(*args, ids=[lid], deadline=900)
+            finally:
+                timer.join()
+        rc, out = paused(["key", "purge", "alpha", "purged-once"])
+        self.assertEqual((rc, out), (0, {"outcome": "ok", "purged_token": a["token"]}))
+        rc, out = paused(["key", "resolve", "alpha", "resolved-once", "--status", 201, "--body",
+                          "done"])
+        self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+        got = self.ok("key", "get", "alpha", "resolved-once")
+        self.assertEqual((got["state"], got["response"]["status"]), ("completed", 201), got)
+
     def test_unknown_tenant_is_refused_not_not_found(self):
         # A mistyped tenant in an admin command: the record of the right one exists, and the
         # answer must say the tenant is unknown, not not_found (which reads as "gone").

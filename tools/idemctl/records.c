@@ -10,6 +10,19 @@
 #define QUARANTINE_DEFAULT_LIMIT 100u /* quarantine list --limit (the server's default) */
 #define QUARANTINE_MAX_LIMIT 1000u    /* the server's ceiling */
 
+/* Sends an operator's change of a record (resolve, purge) once, to the leader that status
+ * finds, as leaderCall() sends a membership change: neither is safe to send again behind
+ * the operator's back. Sent again after an attempt's timeout, one that had been applied
+ * meanwhile would be answered as the repeat, not as what was done (a purge not_found, a
+ * resolve invalid), and a purge would delete what a client claimed in between. Without an
+ * answer, the change may or may not have been made: `key get` tells. */
+static int onceToLeader(const struct global *g, const char *what, const Idem__Request *req,
+                        Idem__Response **resp)
+{
+    uint64_t leader_id = 0;
+    return leaderCall(g, what, 0, req, resp, &leader_id, NULL);
+}
+
 /* Sends a resolve of (tenant, key): --release, or a final response from --status/--body
  * (all borrowed). `cmd` names the command in usage errors. */
 static int resolveCall(struct global *g, const char *cmd, const char *tenant, const char *key,
@@ -34,7 +47,14 @@ static int resolveCall(struct global *g, const char *cmd, const char *tenant, co
     Idem__Request req = IDEM__REQUEST__INIT;
     req.op_case = IDEM__REQUEST__OP_RESOLVE;
     req.resolve = &rr;
-    return callAndEmit(g, true, NULL, &req, NULL);
+    Idem__Response *resp = NULL;
+    int code = onceToLeader(g, "key resolve", &req, &resp);
+    if (code != EXIT_ANSWERED) {
+        return code;
+    }
+    outEmit(g, jResult(resp));
+    idem__response__free_unpacked(resp, NULL);
+    return EXIT_ANSWERED;
 }
 
 /* A TENANT operand or --tenant value: 1-TENANT_MAX bytes, or a usage error. */
@@ -90,7 +110,8 @@ static int keyGetOrPurge(struct global *g, bool purge, const char *tenant, const
         req.key_get = &kg;
     }
     Idem__Response *resp = NULL;
-    int code = callSend(g, true, NULL, &req, &resp);
+    int code = purge ? onceToLeader(g, "key purge", &req, &resp)
+                     : callSend(g, true, NULL, &req, &resp);
     if (code != EXIT_ANSWERED) {
         return code;
     }
