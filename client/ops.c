@@ -123,19 +123,25 @@ int IdemOpBuild(const struct idem_op *op, struct idem_built *b, char *why, size_
             IdemWhyf(why, why_len, "complete: unknown completion %d", op->completion);
             return IDEM_EINVAL;
         }
-        if (op->response == NULL) {
+        /* unknown may come without a response (docs/contract.md): none given, or one left
+         * as it was zeroed (status 0), is none; any other completion needs one. */
+        bool none = op->completion == IDEM_COMPLETION_UNKNOWN &&
+                    (op->response == NULL || op->response->status == 0);
+        if (op->response == NULL && !none) {
             IdemWhyf(why, why_len, "complete: NULL response");
             return IDEM_EINVAL;
         }
-        int rv = buildResponse(op->response, b, why, why_len);
-        if (rv != IDEM_OK) {
-            return rv;
+        if (!none) {
+            int rv = buildResponse(op->response, b, why, why_len);
+            if (rv != IDEM_OK) {
+                return rv;
+            }
         }
         idem__complete_request__init(&b->complete);
         b->complete.key = key;
         b->complete.token = op->token;
         b->complete.outcome = (Idem__Completion)op->completion;
-        b->complete.response = &b->sr;
+        b->complete.response = none ? NULL : &b->sr;
         b->req.op_case = IDEM__REQUEST__OP_COMPLETE;
         b->req.complete = &b->complete;
         return IDEM_OK;

@@ -377,8 +377,10 @@ IDEM_API int idem_claim(struct idem_client *c, const char *key,
                         const struct idem_claim_opts *opts, struct idem_result *out);
 
 /* Completes the attempt holding `token` with `completion` (enum idem_completion) and the
- * response to store (`response`, borrowed, required). Outcomes: ok, lease_lost, not_found,
- * quota_exceeded, invalid. Repeating it with the same token answers ok. */
+ * response to store (`response`, borrowed; required, except with IDEM_COMPLETION_UNKNOWN,
+ * where NULL or a response whose status is 0 stores none: the record is quarantined with
+ * no response). Outcomes: ok, lease_lost, not_found, quota_exceeded, invalid. Repeating it
+ * with the same token answers ok. */
 IDEM_API int idem_complete(struct idem_client *c, const char *key, uint64_t token,
                            int completion, const struct idem_response *response,
                            uint32_t deadline_ms, struct idem_result *out);
@@ -409,9 +411,10 @@ enum idem_run_class {
 };
 
 /* The business function: does the work and fills `response` (OUT, zeroed on entry) with
- * what retries should get back (ignored for IDEM_RUN_RETRYABLE). The memory the response
- * points to is the function's (e.g. in `arg`) and must stay valid until idem_run()
- * returns; idem_run() copies it into its result. `token` is the fencing token, to pass to
+ * what retries should get back (ignored for IDEM_RUN_RETRYABLE; for IDEM_RUN_UNKNOWN it may
+ * be left as it is, status 0: the record is then quarantined with no response). The memory
+ * the response points to is the function's (e.g. in `arg`) and must stay valid until
+ * idem_run() returns; idem_run() copies it into its result. `token` is the fencing token, to pass to
  * downstream systems that reject stale holders. Returns an enum idem_run_class; anything
  * else counts as IDEM_RUN_UNKNOWN. It runs on the thread that called idem_run(). */
 typedef int (*idem_run_fn)(void *arg, uint64_t token, struct idem_response *response);

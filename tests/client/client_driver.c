@@ -6,7 +6,8 @@
  *   client_driver SCENARIO SEEDS TOKEN [ARGS...]
  *
  * Scenarios (see each function): attempt, ops, loop, deadline, async-many, async-tls,
- * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown, tls,
+ * async-close, async-ops, async-stream, run-once, run-retryable, run-slow, run-unknown,
+ * run-unknown-bare, tls,
  * claims, big, async-blocked, async-refused, run-badresp, run-bigresp, run-lapse, lease,
  * run-renewals, serve (a line-per-call client for tests/chaos). */
 #include <inttypes.h>
@@ -877,6 +878,7 @@ struct business {
     int calls;
     int cls[4]; /* what to return on call 1, 2, ... */
     unsigned sleep_ms;
+    bool bare; /* an IDEM_RUN_UNKNOWN call leaves the response as it got it (zeroed) */
     char body[128];
     /* run-slow: a concurrent claim while fn sleeps */
     const char *key;
@@ -900,6 +902,10 @@ static int businessFn(void *arg, uint64_t token, struct idem_response *resp)
         idem_result_free(&r);
         idem_client_close(other);
     }
+    int cls = b->cls[call < 4 ? call : 3];
+    if (b->bare && cls == IDEM_RUN_UNKNOWN) {
+        return cls; /* it cannot tell what happened: nothing to store */
+    }
     resp->status = 201;
     resp->body = (const uint8_t *)b->body;
     resp->body_len = strlen(b->body);
@@ -908,7 +914,7 @@ static int businessFn(void *arg, uint64_t token, struct idem_response *resp)
                                            .value_len = 10};
     resp->headers = &hdr;
     resp->n_headers = 1;
-    return b->cls[call < 4 ? call : 3];
+    return cls;
 }
 
 static void printRun(const char *name, int rv, const struct idem_result *r, const char *sep)
@@ -938,8 +944,9 @@ static int scRun(const char *mode, int argc, char **argv)
     struct idem_claim_opts o = {0};
     if (strcmp(mode, "run-retryable") == 0) {
         b.cls[0] = IDEM_RUN_RETRYABLE;
-    } else if (strcmp(mode, "run-unknown") == 0) {
+    } else if (strcmp(mode, "run-unknown") == 0 || strcmp(mode, "run-unknown-bare") == 0) {
         b.cls[0] = IDEM_RUN_UNKNOWN;
+        b.bare = strcmp(mode, "run-unknown-bare") == 0;
     } else if (strcmp(mode, "run-slow") == 0) {
         o.lease_ms = 800;
         b.sleep_ms = 2500; /* three leases and more */

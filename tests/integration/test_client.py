@@ -630,6 +630,16 @@ class TestClientRun(ClientTest):
         self.assertEqual((s["outcome"], s["ran"]), ("outcome_unknown", 0), out)
         self.assertEqual(out["calls"], 1, out)
 
+    def test_unknown_without_a_response_is_quarantined(self):
+        # A function that cannot tell what happened leaves the response as it got it
+        # (zeroed): the record is quarantined with none, not refused (status 0 is out of
+        # range) and left to a takeover that would run it again.
+        out = self.drive("run-unknown-bare", "run-3b")
+        f, s = out["first"], out["second"]
+        self.assertEqual((f["rv"], f["ran"], f["run_class"], f["finish"]), (0, 1, 4, "ok"), out)
+        self.assertEqual((s["outcome"], s["ran"]), ("outcome_unknown", 0), out)
+        self.assertEqual(out["calls"], 1, out)
+
     def test_slow_function_keeps_its_lease(self):
         out = self.drive("run-slow", "run-4")
         f, s = out["first"], out["second"]
