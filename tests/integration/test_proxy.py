@@ -1440,7 +1440,9 @@ class TestProxyFailures(ProxyTest):
             text = f.read()[seen:].decode(errors="replace")
         self.assertIn("the upstream call is cut off by the node's stop", text)
         self.assertNotIn(key, text)  # the key's digest, never the key
-        self.c.start(fid)
+        self.c.start(fid)  # back for the class's next tests, listening
+        wait_for(lambda: _status_or_none(self.c.nodes[fid].proxy, self.probe_path) == 200, 30,
+                 "node %d's proxy to pass a GET through again" % fid)
 
     def test_answer_with_too_many_headers_records_its_digest(self):
         # 65 stored headers (x-order-id is a stored header of the route): more than a stored
