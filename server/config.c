@@ -26,6 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 /* The largest file config_load() reads; a configuration is a few kilobytes. */
 #define CONFIG_FILE_MAX (16u << 20)
 
@@ -759,6 +762,7 @@ void config_free(struct config *c)
         free(c->tenants[i].token_hashes);
     }
     free(c->tenants);
+    free(c->token_slots);
     for (size_t i = 0; i < c->n_proxies; i++) {
         struct config_proxy *p = &c->proxies[i];
         for (size_t j = 0; j < p->n_routes; j++) {
@@ -796,6 +800,20 @@ void config_free(struct config *c)
 const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
                                                         const uint8_t hash[CONFIG_HASH_LEN])
 {
+    if (c->token_slots != NULL) {
+        uint64_t h = XXH3_64bits(hash, CONFIG_HASH_LEN);
+        for (size_t i = h & c->token_mask;; i = (i + 1) & c->token_mask) {
+            const struct tenant_slot *slot = &c->token_slots[i];
+            if (slot->tenant == 0) {
+                return NULL;
+            }
+            const struct config_tenant *t = &c->tenants[slot->tenant - 1];
+            if (slot->hash == h &&
+                CRYPTO_memcmp(t->token_hashes[slot->item], hash, CONFIG_HASH_LEN) == 0) {
+                return t;
+            }
+        }
+    }
     const struct config_tenant *found = NULL;
     for (size_t i = 0; i < c->n_tenants; i++) {
         const struct config_tenant *t = &c->tenants[i];

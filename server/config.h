@@ -311,6 +311,8 @@ struct config_proxy {
 
 /* Everything one node's configuration file holds. Zero-initialise it (or let a failed load
  * leave it zeroed) and release it with config_free(). */
+struct tenant_slot; /* config_internal.h */
+
 struct config {
     struct config_node node;
     struct config_cluster cluster;
@@ -324,6 +326,11 @@ struct config {
     uint8_t admin_token_sha256[CONFIG_HASH_LEN];
     struct config_tenant *tenants; /* owned array of n_tenants, >= 1 */
     size_t n_tenants;
+    /* The tenants' token hashes by their XXH3, open addressing (config_tenants.c builds it
+     * as it reads the list; config_tenant_by_token_hash() reads it); owned, token_mask + 1
+     * slots, at most half full. NULL: none (a config not made by config_load()). */
+    struct tenant_slot *token_slots;
+    size_t token_mask;
     struct config_proxy *proxies; /* owned array of n_proxies; NULL when there is none */
     size_t n_proxies;
 };
@@ -365,9 +372,12 @@ bool config_fd_budget(const struct config *c, uint64_t limit, uint32_t *rpc, uin
  * struct, borrowed; the struct itself is not freed. Accepts NULL. */
 void config_free(struct config *c);
 
-/* The tenant one of whose token hashes equals hash, or NULL. Every hash of every tenant is
- * compared with OpenSSL's CRYPTO_memcmp, without stopping at the first match, so the time
- * taken does not depend on which tenant matched or on how many bytes did.
+/* The tenant one of whose token hashes equals hash, or NULL. Found through c->token_slots
+ * (the XXH3 of hash, then the hashes of its slots compared with OpenSSL's CRYPTO_memcmp),
+ * so a lookup costs the same with 2 tenants or 60,000: each request with a token no tenant
+ * has (any unauthenticated client can send them) costs one lookup. What the time may tell
+ * is whether another hash shares the XXH3 bits of a slot with the SHA-256 of the caller's
+ * own token, nothing about any tenant's token. Without the index, every hash is compared.
  * c and hash are borrowed for the duration of the call; the result borrows c's memory and
  * is valid until config_free(c). */
 const struct config_tenant *config_tenant_by_token_hash(const struct config *c,

@@ -285,7 +285,8 @@ int config_tenants_parse(struct ctx *c, const struct field *f, struct config *cf
     if (cfg->tenants == NULL) {
         return config_fail_node(c, f->val, "%s: out of memory", f->name);
     }
-    /* The index is needed while the list is read only: freed here, whatever the outcome. */
+    /* The names' index is needed while the list is read only: freed here, whatever the
+     * outcome; the hashes' is kept as cfg->token_slots when the list is good. */
     struct tenant_index *x = &c->tenant_index;
     x->names_mask = slotsFor(n) - 1;
     x->names = calloc(x->names_mask + 1, sizeof *x->names);
@@ -298,7 +299,12 @@ int config_tenants_parse(struct ctx *c, const struct field *f, struct config *cf
         rc = config_list_each(c, f, cfg, &cfg->n_tenants, tenantItem);
     }
     free(x->names);
-    free(x->hashes);
+    if (rc == 0) {
+        cfg->token_slots = x->hashes;
+        cfg->token_mask = x->hashes_mask;
+    } else {
+        free(x->hashes);
+    }
     memset(x, 0, sizeof *x);
     return rc;
 }
