@@ -523,6 +523,7 @@ static void setDefaults(struct config *cfg)
     cfg->batch.delay_us = 2000;
     cfg->http.max_connections = 1024;
     cfg->http.handshake_timeout_ms = 5000;
+    cfg->http.max_connections_per_address = 256;
     cfg->expiry.interval_ms = 1000;
     cfg->expiry.batch = 1024;
     cfg->log.level = LOG_LEVEL_INFO;

@@ -181,6 +181,8 @@ struct config_http {
                                * 1..1048576, default 1024 */
     uint32_t handshake_timeout_ms; /* 100..600000, default 5000: a TLS listener's handshake
                                     * (tls.http, tls.proxy) must end this soon after accept */
+    uint32_t max_connections_per_address; /* of max_connections, from one IPv4 address or one
+                                           * IPv6 /64; 0..1048576 (0: no cap), default 256 */
     bool metrics_public;           /* /metrics without the admin token; default false */
 };
 

@@ -61,6 +61,7 @@ static const struct scalarKey scalars[] = {
     K("batch.delay_us", batch.delay_us),
     K("http.max_connections", http.max_connections),
     K("http.handshake_timeout_ms", http.handshake_timeout_ms),
+    K("http.max_connections_per_address", http.max_connections_per_address),
     K("http.metrics_public", http.metrics_public),
     K("expiry.interval_ms", expiry.interval_ms),
     K("expiry.batch", expiry.batch),

@@ -432,14 +432,16 @@ static int parseBatch(struct ctx *c, yaml_node_t *map, struct config_batch *b)
 
 static int parseHttp(struct ctx *c, yaml_node_t *map, struct config_http *h)
 {
-    enum { CONNECTIONS, HANDSHAKE, METRICS_PUBLIC, N };
+    enum { CONNECTIONS, HANDSHAKE, METRICS_PUBLIC, PER_ADDRESS, N };
     static const char *const keys[N] = {"max_connections", "handshake_timeout_ms",
-                                        "metrics_public"};
+                                        "metrics_public", "max_connections_per_address"};
     struct field f[N];
     return config_map_fields(c, map, "http", "http", keys, N, f) != 0 ||
                    config_get_u32(c, &f[CONNECTIONS], 1, 1u << 20, &h->max_connections) != 0 ||
                    config_get_u32(c, &f[HANDSHAKE], 100, 600000, &h->handshake_timeout_ms) != 0 ||
-                   config_get_bool(c, &f[METRICS_PUBLIC], &h->metrics_public) != 0
+                   config_get_bool(c, &f[METRICS_PUBLIC], &h->metrics_public) != 0 ||
+                   config_get_u32(c, &f[PER_ADDRESS], 0, 1u << 20,
+                                  &h->max_connections_per_address) != 0
                ? -1
                : 0;
 }

@@ -535,12 +535,14 @@ static int onReqCb(h2o_handler_t *self, h2o_req_t *req)
 struct httpConn {
     uv_tcp_t tcp; /* first member: the close callback gets &tcp */
     struct http_server *h;
-    LIST_ENTRY(httpConn) link; /* in h->conns */
+    LIST_ENTRY(httpConn) link;   /* in h->conns */
+    struct rpc_admit_entry adm; /* its address counted (when admitted) */
 };
 
 static void connClosedCb(uv_handle_t *handle)
 {
     struct httpConn *c = (struct httpConn *)handle;
+    rpc_admit_remove(&c->h->admit, &c->adm);
     c->h->m.connections--;
     LIST_REMOVE(c, link);
     gateway_maybe_stopped(c->h);
@@ -556,7 +558,7 @@ static void acceptCb(uv_stream_t *l, int status)
     if (status != 0 || h->stopping) {
         return;
     }
-    struct httpConn *c = xmalloc(sizeof(*c));
+    struct httpConn *c = xcalloc(1, sizeof(*c));
     c->h = h;
     h->m.connections++;
     LIST_INSERT_HEAD(&h->conns, c, link);
@@ -570,6 +572,22 @@ static void acceptCb(uv_stream_t *l, int status)
         uv_close((uv_handle_t *)&c->tcp, connClosedCb);
         return;
     }
+    /* One host (an IPv4 address, an IPv6 /64) holds at most its share of the slots, or one
+     * client without any token could hold them all (idle, or pipelining requests it never
+     * reads the answers of), health checks included. */
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    struct rpc_admit_addr addr = rpc_admit_addr_v4(0);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len) == 0) {
+        (void)IdemSockaddrKey((const struct sockaddr *)&sa, addr.b); /* zeros: unknown */
+    }
+    struct rpc_admit_entry *none = NULL;
+    if (rpc_admit_decide(&h->admit, addr, &none) != RPC_ADMIT_OK) {
+        h->m.refused_address++;
+        uv_close((uv_handle_t *)&c->tcp, connClosedCb);
+        return;
+    }
+    rpc_admit_add(&h->admit, &c->adm, addr);
     uv_tcp_nodelay(&c->tcp, 1);
     bool tls = l == (uv_stream_t *)&h->listener ? h->cfg->tls.http : h->cfg->tls.proxy;
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, connClosedCb);
@@ -750,7 +768,12 @@ struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, str
     LIST_INIT(&h->jobs);
     LIST_INIT(&h->pjobs);
     LIST_INIT(&h->conns);
+    /* Sized for http.max_connections (kept until a restart), so never full: its cap per
+     * address alone decides. */
+    rpc_admit_init(&h->admit, cfg->http.max_connections + 1, 0,
+                   cfg->http.max_connections_per_address);
     if (!openListeners(h, err, errlen)) {
+        rpc_admit_free(&h->admit);
         forwarder_close(fwd, NULL, NULL);
         return NULL;
     }
@@ -906,6 +929,7 @@ void http_server_free(struct http_server *h)
     h2o_context_dispose(&h->ctx);
     /* h2o's handles close on the loop; the context must outlive their callbacks. */
     uv_run(h->loop, UV_RUN_DEFAULT);
+    rpc_admit_free(&h->admit); /* after the connections' close callbacks */
     h2o_config_dispose(&h->conf);
     for (size_t i = 0; i < h->n_pools; i++) { /* after the loop ran their timers' close callbacks */
         free(h->pools[i]);

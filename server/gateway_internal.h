@@ -15,6 +15,7 @@
 #include "forward.h"
 #include "http.h"
 #include "reqstats.h"
+#include "rpc_admit.h"
 
 #define HTTP_BODY_MAX (1u << 20) /* our own 413 above this (docs/contract.md) */
 
@@ -45,6 +46,7 @@ struct httpMetrics {
     struct reqstats req;
     uint64_t connections;         /* open connections of the gateway and proxy listeners */
     uint64_t connections_refused; /* closed at once: http.max_connections were open */
+    uint64_t refused_address;     /* closed at once: http.max_connections_per_address were */
     uint64_t forwards_moved;      /* forwarded requests sent again to a new leader */
 };
 
@@ -71,6 +73,9 @@ struct idem_tls_ctx;
 
 struct http_server {
     uv_loop_t *loop;
+    /* The connections per address (rpc_admit.c's count, used for its per-address cap only:
+     * http.max_connections is checked on its own, and nothing is evicted). */
+    struct rpc_admit admit;
     struct config_ref *ref;   /* held: the configuration served (reloads swap it) */
     const struct config *cfg; /* &ref->cfg */
     struct service *svc;

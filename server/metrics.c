@@ -31,7 +31,7 @@ struct snap {
     struct service_stats ss;
     struct reload_stats reload;
     uint64_t records; /* si.fsm.records without the released markers */
-    uint64_t connections, connections_refused; /* the gateway's (struct httpMetrics) */
+    uint64_t connections, connections_refused, refused_address; /* the gateway's (httpMetrics) */
     uint64_t forwards_moved;                   /* the gateway's (struct httpMetrics) */
     uint64_t is_leader, has_leader;            /* this node leads / knows a leader: 0 or 1 */
     struct proc_self ps;
@@ -336,8 +336,11 @@ static const struct family families[] = {
      "http.max_connections).",
      ONE(connections)},
     {"idem_http_connections_refused_total", "counter",
-     "HTTP connections closed on accept because http.max_connections were open.",
-     ONE(connections_refused)},
+     "HTTP connections closed at their accept: http.max_connections were open "
+     "(limit=\"connections\"), or their address held http.max_connections_per_address "
+     "(limit=\"address\").",
+     .label = "limit",
+     .samples = {{"address", U64(refused_address)}, {"connections", U64(connections_refused)}}},
     {"idem_http_forwards_moved_total", "counter",
      "Requests this node forwarded to a node that stopped leading before it answered, sent "
      "again to the new leader.",
@@ -572,6 +575,7 @@ void metrics_answer(struct http_server *h, h2o_req_t *req, h2o_iovec_t rid)
     s.records = s.si.fsm.records - s.si.fsm.released;
     s.connections = h->m.connections;
     s.connections_refused = h->m.connections_refused;
+    s.refused_address = h->m.refused_address;
     s.forwards_moved = h->m.forwards_moved;
     s.is_leader = s.si.cluster.state == RAFT_LEADER;
     s.has_leader = s.si.cluster.leader_id != 0;

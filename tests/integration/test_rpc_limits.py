@@ -549,7 +549,50 @@ class TestHttpConnectionCap(LimitTest):
         # Once the idle ones are gone, the listener serves again and counted the refusal.
         wait_for(lambda: _metric_when_served(self.node.http, "idem_http_connections") == 1, 15,
                  "the idle connections to be gone")
-        self.assertGreaterEqual(_metric(self.node.http, "idem_http_connections_refused_total"), 1)
+        self.assertGreaterEqual(_metric(self.node.http,
+                                        'idem_http_connections_refused_total{limit="connections"}'),
+                                1)
+
+
+class TestHttpConnectionsPerAddress(LimitTest):
+    # One host holds at most http.max_connections_per_address of the HTTP slots: before,
+    # one client without any token could hold every one of them (idle, or pipelining
+    # requests and never reading the answers), health checks included.
+    def make_cluster(self):
+        return FdCluster(["max_connections: 16", "max_connections_per_address: 3"], 0, n=1)
+
+    def test_one_address_holds_at_most_its_share(self):
+        host, port = self.node.http.rsplit(":", 1)
+
+        def from_(src):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.bind((src, 0))
+            s.connect((host, int(port)))
+            return s
+        held = [from_("127.0.0.2") for _ in range(3)]
+        try:
+            extra = from_("127.0.0.2")
+            # Closed at once (h2o's own idle timeout would take 10 s).
+            self.assertTrue(_closed(extra, timeout=5),
+                            "a 4th connection from one address stayed open")
+            extra.close()
+            for s in held:
+                self.assertFalse(_closed(s, timeout=0.2), "an admitted connection was closed")
+            # Another address is served meanwhile.
+            self.assertEqual(http_request(self.node.http, "GET", "/healthz")[0], 200)
+        finally:
+            for s in held:
+                s.close()
+        self.assertGreaterEqual(_metric(self.node.http,
+                                        'idem_http_connections_refused_total{limit="address"}'), 1)
+        # Once they are closed, that address has its share again.
+        wait_for(lambda: _metric(self.node.http, "idem_http_connections") == 1, 15,
+                 "the held connections to be gone (1: this request's own)")
+        again = from_("127.0.0.2")
+        again.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertTrue(again.recv(64).startswith(b"HTTP/1.1 200"))
+        again.close()
 
 
 class TestFileLimit(LimitTest):
