@@ -167,6 +167,8 @@ def run(a):
             os.unlink(os.path.join(out, name))
         except FileNotFoundError:
             pass
+    for name in glob.glob(os.path.join(out, "lib-driver-*.log")):
+        os.unlink(name)
     sweep_stale_roots()
     root = tempfile.mkdtemp(prefix="%s%d-" % (ROOT_PREFIX, os.getpid()))
     bin_dir = os.path.abspath(a.bin_dir)
@@ -182,7 +184,7 @@ def run(a):
     nlog = JsonlWriter(os.path.join(out, "nemesis.jsonl"))
     ledger_log = os.path.join(out, "ledger.jsonl")
     final = {"recovered": False, "recovery_s": None, "converged": False, "applied_index": None,
-             "digest": None, "unexpected_exits": [], "log_problems": []}
+             "digest": None, "unexpected_exits": [], "driver_exits": [], "log_problems": []}
     try:
         net = netmod.Network(4)
         netmod.enter(net.hub)
@@ -208,10 +210,11 @@ def run(a):
         clocks = [time.time() - time.monotonic()]
         t_start = time.monotonic()
         wl = Workload(cl, ledger_addr, hist, a.seed, a.workers, a.keys, a.policy, t_start)
-        wl.start_drivers(os.path.join(bin_dir, "client_driver"))
+        wl.start_drivers(os.path.join(bin_dir, "client_driver"), out)
         wl.start()
         nemesis.run(t_start + a.duration)
         stuck = wl.finish(timeout=60)
+        final["driver_exits"] = wl.driver_exits
         t_end = time.monotonic()
         clocks.append(time.time() - time.monotonic())
         nemesis.heal_all()

@@ -82,7 +82,9 @@ replay_identical
                 execution is of the same key.  A replay that cannot be parsed, names no
                 known execution or differs in one byte was not stored faithfully.
 final           After the nemesis stopped the cluster recovered and converged (every
-                replica at the same state), no node exited unexpectedly and no node logged
+                replica at the same state), no node exited unexpectedly, no libidem driver
+                exited while the run used it (or failed at the end of its input: its
+                "driver_exits", with its status and its stderr's tail) and no node logged
                 a problem.  Each failing item is one violation.  Skipped when final is None.
 
 Run as a script: python3 checker.py DIR reads DIR/history.jsonl, DIR/ledger.jsonl,
@@ -544,6 +546,14 @@ def _check_final(final):
         x = x if isinstance(x, dict) else {"node": None, "status": x}
         out.append(_v("final", None, "node %s exited unexpectedly with status %s"
                       % (x.get("node"), x.get("status"))))
+    for x in final.get("driver_exits") or []:
+        x = x if isinstance(x, dict) else {"driver": None, "status": x}
+        tail = x.get("stderr_tail") or ""
+        out.append(_v("final", None, "libidem driver %s exited with status %s %s (every later "
+                      "call of its worker went unanswered)%s"
+                      % (x.get("driver"), x.get("status"), x.get("at") or "during the run",
+                         "; its stderr ends: " + _short(tail[-600:], 620) if tail
+                         else "; nothing on its stderr")))
     for x in final.get("log_problems") or []:
         x = x if isinstance(x, dict) else {"node": None, "line": x}
         out.append(_v("final", None, "node %s logged a problem: %s"

@@ -66,8 +66,11 @@ without quorum:
 summary.json also carries "final": what the run found after the nemesis stopped:
     {"recovered": bool, "recovery_s": float or None, "converged": bool,
      "applied_index": int or None, "digest": str or None,
-     "unexpected_exits": [{"node": id, "status": rc}], "log_problems": [{"node": id,
-     "line": text}]}
+     "unexpected_exits": [{"node": id, "status": rc}],
+     "driver_exits": [{"driver": worker, "status": rc, "at": "during the run" | "at the end
+     of its input", "stderr_tail": text}] (libidem drivers that exited while the run used
+     them, or exited non-zero once their input ended),
+     "log_problems": [{"node": id, "line": text}]}
 """
 import json
 import os

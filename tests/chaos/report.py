@@ -646,12 +646,22 @@ def summary_lines(fig, violations, final):
         if final.get("digest"):
             parts.append("digest %s" % str(final["digest"])[:16])
         ux = final.get("unexpected_exits") or []
+        dx = final.get("driver_exits") or []
         lp = final.get("log_problems") or []
-        parts.append("%d unexpected exits, %d log problems" % (len(ux), len(lp)))
+        parts.append("%d unexpected exits, %s%d log problems"
+                     % (len(ux), "%d libidem driver exits, " % len(dx) if dx else "", len(lp)))
         lines.append("final: " + ", ".join(parts))
         for x in ux[:5]:
-            lines.append("  unexpected exit: node %s status %s"
-                         % (x.get("node"), x.get("status")))
+            lines.append("  unexpected exit: node %s status %s%s"
+                         % (x.get("node"), x.get("status"),
+                            " (%s)" % x["at"] if x.get("at") else ""))
+        for x in dx[:5]:
+            tail = (x.get("stderr_tail") or "").splitlines()
+            lines.append("  libidem driver exit: %s status %s %s%s"
+                         % (x.get("driver"), x.get("status"), x.get("at"),
+                            "; stderr ends:" if tail else "; nothing on its stderr"))
+            for t in tail[-10:]:
+                lines.append("    | " + t[:200])
         for x in lp[:5]:
             lines.append("  log problem: node %s: %s" % (x.get("node"), x.get("line")))
     nv = count_violations(violations)

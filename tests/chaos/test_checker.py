@@ -530,6 +530,15 @@ class CheckerTest(unittest.TestCase):
             unexpected_exits=[{"node": 2, "status": 139}]), "final", key=None)
         self.assertIn("139", vs[0]["detail"])
 
+    def test_final_driver_exit(self):
+        vs = self.plant(proxy_run, lambda r: r.final.update(driver_exits=[
+            {"driver": "lib-2", "status": -6, "at": "during the run",
+             "stderr_tail": "==1==ERROR: AddressSanitizer: heap-use-after-free"}]),
+            "final", key=None)
+        self.assertIn("lib-2", vs[0]["detail"])
+        self.assertIn("-6", vs[0]["detail"])
+        self.assertIn("heap-use-after-free", vs[0]["detail"])
+
     def test_final_log_problem(self):
         vs = self.plant(proxy_run, lambda r: r.final.update(
             log_problems=[{"node": 1, "line": "ERROR assertion failed"}]), "final", key=None)

@@ -206,6 +206,17 @@ class FiguresTest(unittest.TestCase):
         self.assertTrue(any("VIOLATION lost: m" in x for x in lines))
         self.assertTrue(any("log problem" in x for x in lines))
 
+    def test_summary_shows_driver_exits(self):
+        final = {"recovered": True, "converged": True, "unexpected_exits": [],
+                 "driver_exits": [{"driver": "lib-2", "status": 7, "at": "during the run",
+                                   "stderr_tail": "a\nSUMMARY: AddressSanitizer: x"}],
+                 "log_problems": []}
+        lines = report.summary_lines(self.fig, [], final)
+        self.assertTrue(all(isinstance(x, str) and "\n" not in x for x in lines))
+        self.assertTrue(any("1 libidem driver exits" in x for x in lines), lines)
+        self.assertTrue(any("libidem driver exit: lib-2 status 7" in x for x in lines), lines)
+        self.assertTrue(any("SUMMARY: AddressSanitizer" in x for x in lines), lines)
+
     def test_summary_without_violations_or_final(self):
         fig = report.figures([], [], [], 0, 1)
         last = report.summary_lines(fig, None, None)[-1]

@@ -21,6 +21,7 @@ renewed every SLIDE_S seconds; a worker pauses THINK_S between two requests), so
 import hashlib
 import http.client
 import json
+import os
 import random
 import threading
 import time
@@ -32,6 +33,24 @@ HTTP_TIMEOUT = 10.0
 PROXY_TIMEOUT = 30.0
 LIB_DEADLINE_MS = 3000
 RETRIES = 6
+
+
+def stderr_tail(path, max_bytes=4096, max_lines=40):
+    """The last lines of a file (a driver's stderr: a sanitizer report ends it), or ""."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError as e:
+        return "(unreadable: %s)" % e
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first one is cut
+    return "\n".join(lines[-max_lines:])
 
 
 def body_of(key, changed=False, reordered=False):
@@ -94,6 +113,10 @@ class Workload:
         self.kinds = [kinds[i % len(kinds)] for i in range(workers)]
         self.counts = {}
         self.crashed = []  # workers that ended on an exception (the run fails)
+        # lib drivers that exited while the run still used them, or failed at the end of
+        # their input (the run fails): {"driver", "status", "at", "t", "stderr_tail"}
+        self.driver_exits = []
+        self.closing = False  # finish() is closing the drivers' input: their exits are due
 
     # ---- shared --------------------------------------------------------------------------
 
@@ -126,16 +149,36 @@ class Workload:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    def start_drivers(self, driver_bin):
-        """Starts one client_driver per lib worker (call from the main thread)."""
+    def start_drivers(self, driver_bin, log_dir):
+        """Starts one client_driver per lib worker (call from the main thread); each one's
+        stderr (its sanitizer reports) goes to log_dir/lib-driver-N.log."""
         from cluster import spawn
         import subprocess
         seeds = ",".join(self.c.nodes[i].rpc for i in self.c.voters)
-        for k in self.kinds:
+        for n, k in enumerate(self.kinds):
             if k == "lib":
-                p = spawn([driver_bin, "serve", seeds, self.c.token, self.c.ca],
-                          stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+                path = os.path.join(log_dir, "lib-driver-%d.log" % n)
+                with open(path, "ab") as err:
+                    p = spawn([driver_bin, "serve", seeds, self.c.token, self.c.ca],
+                              stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=err)
+                p.worker = "%s-%d" % (k, n)
+                p.stderr_path = path
                 self.drivers.append(p)
+
+    def _driver_exited(self, driver, at):
+        """Notes (once) that driver exited, with its status and its stderr's tail: a
+        driver gone mid-run turns every later lib call into an "info" and hides whatever
+        it died of, so the run fails on it as on a node that exits on its own."""
+        rc = driver.poll()
+        with self.lock:
+            if rc is None or getattr(driver, "noted", False):
+                return
+            driver.noted = True
+        x = {"driver": getattr(driver, "worker", None), "status": rc, "at": at,
+             "t": time.monotonic(),
+             "stderr_tail": stderr_tail(getattr(driver, "stderr_path", None))}
+        with self.lock:
+            self.driver_exits.append(x)
 
     def _guard(self, name, fn, *args):
         """Runs a worker's loop; an exception ends the worker and is reported (crashed),
@@ -169,6 +212,9 @@ class Workload:
             t.join(timeout=max(0.1, deadline - time.monotonic()))
         alive = [t.name for t in self.threads if t.is_alive()]
         for p in self.drivers:
+            self._driver_exited(p, "during the run")
+        self.closing = True
+        for p in self.drivers:
             try:
                 p.stdin.close()
             except OSError:
@@ -178,6 +224,8 @@ class Workload:
             except Exception:
                 p.kill()
                 p.wait(timeout=10)
+            if p.returncode != 0:
+                self._driver_exited(p, "at the end of its input")
         return alive
 
     # ---- proxy -----------------------------------------------------------------------------
@@ -227,6 +275,9 @@ class Workload:
     def _client_loop(self, name, rng, kind, driver):
         call = self._json_call if kind == "json" else self._lib_call
         while not self.stop.is_set():
+            if driver is not None and driver.poll() is not None:
+                self._driver_exited(driver, "during the run")
+                return  # noted: the run fails; no point sending it more calls
             self._task(name, rng, kind, call, driver)
             time.sleep(rng.uniform(*THINK_S))
 
@@ -386,6 +437,12 @@ class Workload:
             a, err = None, "not JSON: %r" % out[:200]
         if not isinstance(a, dict) or "rv" not in a:
             op.update(type="info", error="client_driver: %s" % err)
+            if not out and not self.closing:
+                try:
+                    driver.wait(timeout=2)  # an EOF: it is exiting (or closed its stdout)
+                except Exception:  # noqa: BLE001 - still running: noted by finish() if it ends
+                    pass
+                self._driver_exited(driver, "during the run")
             return
         if a["rv"] != "ok":
             op.update(type="info", error="%s: %s" % (a["rv"], bytes.fromhex(
