@@ -228,11 +228,13 @@ def run(a):
         for nid, rc in cl.exited():
             nemesis.unexpected.append({"node": nid, "status": rc, "t": time.monotonic()})
         for nid in cl.running():
+            found = len(cl.early_exits)
             rc = cl.stop(nid)
-            if rc != 0:
+            if rc != 0 and len(cl.early_exits) == found:  # else noted as found exited
                 nemesis.unexpected.append({"node": nid, "status": rc, "t": time.monotonic(),
                                            "at": "clean shutdown"})
-        final["unexpected_exits"] = nemesis.unexpected
+        final["unexpected_exits"] = sorted(nemesis.unexpected + cl.early_exits,
+                                           key=lambda x: x["t"])
         final["log_problems"] = log_problems(cl)
         if stuck:
             final["log_problems"].append({"node": None, "line": "workers still running after "

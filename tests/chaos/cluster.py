@@ -117,6 +117,10 @@ class Cluster:
         for i, d in (data_dirs or {}).items():
             self.nodes[i].dir = d
         self.voters = list(range(1, n + 1))
+        # Nodes found already exited when the runner came to kill or stop them, without
+        # having been told to exit: crashes a kill would otherwise hide ([{"node", "status",
+        # "t", "at"}]; the run reports them with the other unexpected exits).
+        self.early_exits = []
         self.pki = os.path.join(root, "pki")
         os.makedirs(self.pki, exist_ok=True)
         make_pki(self.pki, [node.ip for node in self.nodes.values()])
@@ -204,10 +208,24 @@ class Cluster:
         node.proc = spawn([self.idemd, "--config", node.cfg], log_path=node.log,
                           netns=node.netns, env=env)
 
+    def _found_exited(self, node, at):
+        """Notes node's process as an unexpected exit when it ended before the runner asked
+        (it crashed while, or just before, being killed or stopped), unless the runner said
+        it expected that exit (expect_exit)."""
+        rc = node.proc.poll()
+        if rc is not None and not node.expected_exit:
+            self.early_exits.append({"node": node.id, "status": rc, "t": time.monotonic(),
+                                     "at": "found exited when %s" % at})
+
+    def expect_exit(self, nid):
+        """The runner is about to end node nid by other means (a power cut kills it)."""
+        self.nodes[nid].expected_exit = True
+
     def kill(self, nid):
         node = self.nodes[nid]
         if node.proc is None:
             return
+        self._found_exited(node, "killed")
         node.expected_exit = True
         node.proc.kill()
         node.proc.wait(timeout=30)
@@ -230,6 +248,7 @@ class Cluster:
         node = self.nodes[nid]
         if node.proc is None:
             return None
+        self._found_exited(node, "stopped")
         node.expected_exit = True
         self.resume(nid)
         node.proc.terminate()

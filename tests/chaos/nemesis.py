@@ -22,7 +22,8 @@ long enough sees every kind):
 Runs on the runner's main thread (processes are started from it: cluster.spawn). Every
 fault is written to nemesis.jsonl (history.py) once healed, with the leader as known when it
 was injected. Nodes that exit without being asked are noted (the checker fails the run on
-them) and restarted so the run goes on.
+them) and restarted so the run goes on; one that crashed just before the nemesis came to
+kill or stop it is noted by the cluster (Cluster.early_exits), not lost in the kill.
 """
 import random
 import time
@@ -217,6 +218,7 @@ class Nemesis:
         # The node is frozen (SIGSTOP) first, so that no fsync it sees return is thrown away
         # by the cut, then the power goes, then SIGKILL; the disk comes back with only what
         # had been synced (powerdisk.PowerDisk.cut).
+        self.c.expect_exit(nid)  # the cut kills it before self.c.kill does
         late = self.disk.cut(pids=[self.c.nodes[nid].proc.pid],
                              before_restore=lambda: self.c.kill(nid))
         self._sleep(self.rng.uniform(0.5, 2.0))

@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import unittest
 
+import cluster
 import workload
 
 
@@ -92,6 +93,46 @@ class DriverExitTest(unittest.TestCase):
         self.assertLessEqual(len(tail.splitlines()), 40)
         self.assertEqual(workload.stderr_tail(os.path.join(self.dir.name, "none")).split(":")[0],
                          "(unreadable")
+
+
+class NodeExitTest(unittest.TestCase):
+    """Cluster.kill and Cluster.stop on a node whose process already ended."""
+
+    def cluster(self, script):
+        c = cluster.Cluster.__new__(cluster.Cluster)  # no network, no PKI: processes only
+        c.early_exits = []
+        node = cluster.Node.__new__(cluster.Node)
+        node.id, node.paused, node.expected_exit = 2, False, False
+        node.proc = subprocess.Popen(["sh", "-c", script])
+        self.addCleanup(lambda: node.proc and (node.proc.kill(), node.proc.wait()))
+        c.nodes = {2: node}
+        return c, node
+
+    def test_kill_of_a_node_that_crashed_notes_the_crash(self):
+        c, node = self.cluster("kill -SEGV $$")
+        node.proc.wait()  # it crashed; nobody polled it yet
+        c.kill(2)
+        self.assertEqual([(x["node"], x["status"], x["at"]) for x in c.early_exits],
+                         [(2, -11, "found exited when killed")])
+        self.assertIsNone(node.proc)
+
+    def test_stop_of_a_node_that_exited_notes_the_exit(self):
+        c, node = self.cluster("exit 3")
+        node.proc.wait()
+        self.assertEqual(c.stop(2), 3)
+        self.assertEqual([(x["node"], x["status"]) for x in c.early_exits], [(2, 3)])
+
+    def test_kill_of_a_running_node_notes_nothing(self):
+        c, node = self.cluster("sleep 30")
+        c.kill(2)
+        self.assertEqual(c.early_exits, [])
+
+    def test_an_expected_exit_is_not_noted(self):
+        c, node = self.cluster("exit 0")
+        c.expect_exit(2)  # a power cut kills it before the nemesis does
+        node.proc.wait()
+        c.kill(2)
+        self.assertEqual(c.early_exits, [])
 
 
 if __name__ == "__main__":
