@@ -44,7 +44,7 @@ sys.path.insert(0, HERE)
 import checker  # noqa: E402
 import net as netmod  # noqa: E402
 import report  # noqa: E402
-from cluster import Cluster, spawn, wait_until  # noqa: E402
+from cluster import PROXY_TTL_MS, TENANT_TTL_MS, Cluster, spawn, wait_until  # noqa: E402
 from history import JsonlWriter, read_jsonl  # noqa: E402
 from nemesis import KINDS, Nemesis  # noqa: E402
 from workload import Workload, _http  # noqa: E402
@@ -251,7 +251,10 @@ def run(a):
     # clock was stepped during the run, the time-based rules allow for the step.
     drift = abs(clocks[1] - clocks[0])
     violations = checker.check(ops, ledger_recs, faults, final,
-                               {"tolerance_s": checker.DEFAULT_PARAMS["tolerance_s"] + drift})
+                               {"tolerance_s": checker.DEFAULT_PARAMS["tolerance_s"] + drift,
+                                "ttl_s": {"proxy": PROXY_TTL_MS / 1000.0,
+                                          "json": TENANT_TTL_MS / 1000.0,
+                                          "lib": TENANT_TTL_MS / 1000.0}})
     fig = report.figures(ops, ledger_recs, faults, t_start, t_end)
     report.timeline_svg(ops, faults, t_start, t_end, os.path.join(out, "timeline.svg"))
     summary = {"seed": a.seed, "args": {k: v for k, v in vars(a).items()},

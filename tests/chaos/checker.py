@@ -38,9 +38,13 @@ no_exec_after_ack
 lost_ack        Nothing acknowledged is lost: once a key's recorded result was delivered,
                 every later request for it with the same body (proxy) or fingerprint
                 (json/lib claim) that gets a definite answer is answered with that
-                result (a replay), or 410 once its ttl ended.  A record lost by a crash,
-                a power cut or a wiped node would show as a fresh execution, an
-                acquired claim or a refusal instead.
+                result (a replay), or 410 / expired once its ttl could have ended: the
+                record was created no earlier than the key's first request was sent, and
+                kept params["ttl_s"][client] seconds (the shortest of the clients that
+                used the key; a 410 is taken at any time for a client without a known
+                ttl).  A record lost by a crash, a power cut or a wiped node would show
+                as a fresh execution, an acquired claim, a refusal or an early 410
+                instead.
 fences          The ledger's fencing, per key and in arrival order: an execution whose
                 fence is not above the highest fence accepted before it must have been
                 refused; so the accepted fences strictly increase.  The order is the
@@ -109,6 +113,10 @@ DEFAULT_PARAMS = {
     "tolerance_s": 0.005,
     "allow_equal_fence": False,
     "quorum_exempt_status": (400, 401, 403, 413, 429),
+    # The records' ttl in seconds by client, as the suite configures them (cluster.py: the
+    # proxy route's ttl_ms, the tenant's for JSON API and libidem claims, which ask for
+    # none). A client missing here has no known ttl: its 410 / expired answers are taken.
+    "ttl_s": {"proxy": 3600.0, "json": 86400.0, "lib": 86400.0},
 }
 
 
@@ -305,27 +313,45 @@ def _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol):
     return out
 
 
-def _check_lost_ack(ops_by_key, execs, tol):
+def _earliest_expiry(ops, ttl_s):
+    """The earliest time a key's record could have run out of ttl, or None when unknown: it
+    was created no earlier than the first request for the key was sent, and kept for the
+    shortest ttl of the clients that used the key."""
+    t0s = [_num(o.get("t0")) for o in ops if _num(o.get("t0")) is not None]
+    ttls = [_num((ttl_s or {}).get(_client(o))) for o in ops]
+    if not t0s or not ttls or any(t is None for t in ttls):
+        return None
+    return min(t0s) + min(ttls)
+
+
+def _check_lost_ack(ops_by_key, execs, tol, ttl_s):
     out = []
     for key in sorted(ops_by_key, key=_key_order):
         ack = _first_ack(ops_by_key[key], execs)
         if ack is None:
             continue
         t_ack = _num(ack.get("t1"))
+        expiry = _earliest_expiry(ops_by_key[key], ttl_s)
         for op in sorted(ops_by_key[key], key=_op_order):
             t0 = _num(op.get("t0"))
             if (not _ok(op) or t0 is None or t0 <= t_ack + tol or op.get("changed") is True
                     or not (_client(op) == "proxy" or _is_claim(op))):
                 continue
-            if _is_replay(op) or op.get("outcome") == "expired" or op.get("status") == 410:
+            if _is_replay(op):
+                continue
+            expired = op.get("outcome") == "expired" or _int(op.get("status")) == 410
+            t1 = _num(op.get("t1"))
+            if expired and (expiry is None or (t1 is not None and t1 >= expiry - tol)):
                 continue
             what = ("status %s" % op.get("status") if _client(op) == "proxy"
                     else "outcome %s" % op.get("outcome"))
             out.append(_v("lost_ack", key,
                           "op %s (%s, sent at t0=%s) was answered %s, not a replay, after op "
-                          "%s (%s) delivered the key's recorded result at t1=%s"
+                          "%s (%s) delivered the key's recorded result at t1=%s%s"
                           % (op.get("id"), _client(op), _t(t0), what, ack.get("id"),
-                             _client(ack), _t(t_ack))))
+                             _client(ack), _t(t_ack),
+                             "; the record's ttl could not have run out before %s"
+                             % _t(expiry) if expired else "")))
     return out
 
 
@@ -583,7 +609,7 @@ def check(ops, ledger, nemesis, final, params=None):
     out = []
     out += _check_one_result(ops_by_key, execs)
     out += _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol)
-    out += _check_lost_ack(ops_by_key, execs, tol)
+    out += _check_lost_ack(ops_by_key, execs, tol, p["ttl_s"])
     out += _check_fences(execs_by_key, bool(p["allow_equal_fence"]))
     out += _check_token_order(ops_by_key, tol)
     out += _check_dup_token(ops_by_key)

@@ -27,6 +27,8 @@ from harness import http_request, wait_for  # noqa: E402
 
 RAFT, RPC, HTTP, PROXY = 7001, 7002, 7003, 7004
 PROXY_PATH = "/pay"
+PROXY_TTL_MS = 3600000   # the proxy route's records' ttl
+TENANT_TTL_MS = 86400000  # the tenant's: JSON API and libidem claims ask for no ttl
 
 
 def _sha(t):
@@ -176,6 +178,7 @@ class Cluster:
             "tenants:",
             "  - name: alpha",
             "    token_sha256: %s" % _sha(self.token),
+            "    ttl_ms: %d" % TENANT_TTL_MS,
         ]
         if self.ledger_url:
             lines += [
@@ -187,7 +190,7 @@ class Cluster:
                 "        upstream: %s" % self.ledger_url,
                 "        tenant: alpha",
                 "        lease_ms: %d" % self.proxy_lease_ms,
-                "        ttl_ms: 3600000",
+                "        ttl_ms: %d" % PROXY_TTL_MS,
                 "        lease_policy: %s" % self.policy,
                 "        upstream_timeout_ms: 5000",
                 "        response_headers: [content-type]",

@@ -327,6 +327,26 @@ class CheckerTest(unittest.TestCase):
         vs = self.plant(claim_run, f, "lost_ack", key="j-release")
         self.assertIn("outcome acquired", vs[0]["detail"])
 
+    def test_expired_before_the_ttl_could_end(self):
+        def f(r):  # the record is gone an hour early: 410 on a retry with the same body
+            r.proxy("p-once", 3.00, 3.01, 410, node=2)
+        vs = self.plant(proxy_run, f, "lost_ack", key="p-once")
+        self.assertIn("ttl could not have run out", vs[0]["detail"])
+
+        def g(r):  # a day early for a claim
+            r.claim("j-release", 5.00, 5.01, "expired", "z2", status=410,
+                    code="idempotency_key_expired", client="lib")
+        vs = self.plant(claim_run, g, "lost_ack", key="j-release")
+        self.assertIn("outcome expired", vs[0]["detail"])
+
+    def test_expired_once_the_ttl_could_end(self):
+        r = proxy_run()
+        # p-once's first request was sent at 0.99: with a 5 s ttl it may be gone from 5.99
+        r.proxy("p-once", 5.995, 6.00, 410, node=2)
+        self.assertClean(r, ttl_s={"proxy": 5.0})
+        self.assertOnly(r, "lost_ack", key="p-once", ttl_s={"proxy": 6.0})
+        self.assertClean(r, ttl_s={})  # no known ttl: taken
+
     def test_answers_after_ack_that_are_fine(self):
         r = proxy_run()
         # A changed body refused, a reordered request that raced the ack (sent before it).
