@@ -34,7 +34,9 @@ no_exec_after_ack
                 successful result was delivered (t_start later than that answer's t1).
                 Once a client holds the answer, a retry must replay it, never run the
                 business again.  Executions the ledger refused for a stale fence are
-                exempt: they had no effect, which is what fencing is for.
+                exempt: they had no effect, which is what fencing is for.  One without a
+                fence is not: the ledger refuses it as well, but an upstream that does
+                not fence would have run it (the workload always sends a fence).
 lost_ack        Nothing acknowledged is lost: once a key's recorded result was delivered,
                 every later request for it with the same body (proxy) or fingerprint
                 (json/lib claim) that gets a definite answer is answered with that
@@ -302,14 +304,19 @@ def _check_no_exec_after_ack(ops_by_key, execs_by_key, execs, tol):
         t_ack = _num(ack.get("t1"))
         for e in sorted(execs_by_key[key], key=_exec_order):
             ts = _num(e.get("t_start"))
-            if e.get("accepted") is False or ts is None:
+            fence = _int(e.get("fence"))
+            # Refused for a stale fence: no effect. Without a fence the ledger refuses too,
+            # but only because it is a fenced downstream: an unfenced one would have run it.
+            if (e.get("accepted") is False and fence is not None) or ts is None:
                 continue
             if ts > t_ack + tol:
                 out.append(_v("no_exec_after_ack", key,
-                              "exec %s (fence %s) started at %s, %.4fs after op %s (%s) "
+                              "exec %s (%s) started at %s, %.4fs after op %s (%s) "
                               "delivered the recorded result at t1=%s"
-                              % (e.get("exec"), e.get("fence"), _t(ts), ts - t_ack,
-                                 ack.get("id"), _client(ack), _t(t_ack))))
+                              % (e.get("exec"), "fence %s" % fence if fence is not None else
+                                 "no fence: an unfenced upstream would have run it again",
+                                 _t(ts), ts - t_ack, ack.get("id"), _client(ack),
+                                 _t(t_ack))))
     return out
 
 

@@ -362,6 +362,17 @@ class CheckerTest(unittest.TestCase):
         vs = self.plant(proxy_run, f, "no_exec_after_ack", key="p-once")
         self.assertIn("op 1", vs[0]["detail"])  # P1 gave the answer at 1.02
 
+    def test_unfenced_exec_after_ack(self):
+        def f(r):  # refused by the fenced ledger, but it reached the upstream: it ran again
+            r.exec("p-once", 2.50, None, accepted=False)
+        vs = self.plant(proxy_run, f, "no_exec_after_ack", key="p-once")
+        self.assertIn("no fence", vs[0]["detail"])
+
+    def test_stale_fence_after_ack_is_exempt(self):
+        r = claim_run()
+        r.exec("j-take", 2.50, 100, accepted=False)  # a late holder fenced off
+        self.assertClean(r)
+
     def test_exec_after_replay_ack(self):
         def f(r):  # the first answer was lost; the replay at 8.01 is the ack
             r.exec("p-lost-answer", 8.50, 55)
