@@ -86,7 +86,12 @@ replay_identical
                 json/lib claim answered replay) is byte-identical to the response the
                 ledger sent for the execution its body names (its "exec" member), and that
                 execution is of the same key.  A replay that cannot be parsed, names no
-                known execution or differs in one byte was not stored faithfully.
+                known execution or differs in one byte was not stored faithfully.  And
+                every replay of a key (a proxy answer marked replayed whatever its status,
+                a json/lib claim replay) carries the status of the key's acknowledged
+                completion (its first recorded successful result): a proxy answer's or a
+                json replay's HTTP status, a lib replay's or a complete's stored_status
+                (the status it asked to store).
 final           After the nemesis stopped the cluster recovered and converged (every
                 replica at the same state), no node exited unexpectedly, no libidem driver
                 exited while the run used it (or failed at the end of its input: its
@@ -529,6 +534,46 @@ def _check_quorum(ops, nemesis, tol, exempt):
     return out
 
 
+def _answer_status(op):
+    """The status of the stored response an answer stands for, as an int, or None when the
+    op does not say: a proxy answer's HTTP status (its replay's included); a json claim
+    replay's HTTP status (the stored one); a lib replay's stored_status; a complete's
+    stored_status (the status it asked to store)."""
+    c = _client(op)
+    if c == "proxy" or (c == "json" and _is_claim(op)):
+        return _int(op.get("status"))
+    return _int(op.get("stored_status"))
+
+
+def _is_any_replay(op):
+    """Any replay: a proxy answer marked Idempotency-Replayed whatever its status, a json/lib
+    claim answered replay."""
+    return _ok(op) and ((_client(op) == "proxy" and op.get("replayed") is True) or
+                        (_is_claim(op) and op.get("outcome") == "replay"))
+
+
+def _check_replay_status(ops_by_key, execs):
+    """Every replay of a key carries the status of the completion that was acknowledged
+    (the key's first recorded successful result)."""
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        ack = _first_ack(ops_by_key[key], execs)
+        base = None if ack is None else _answer_status(ack)
+        if base is None:
+            continue
+        for op in sorted(ops_by_key[key], key=_op_order):
+            if op is ack or op.get("changed") is True or not _is_any_replay(op):
+                continue
+            st = _answer_status(op)
+            if st is not None and st != base:
+                out.append(_v("replay_identical", key,
+                              "op %s (%s, t1=%s) replayed status %d, but op %s (%s, t1=%s) "
+                              "was acknowledged with status %d"
+                              % (op.get("id"), _client(op), _t(op.get("t1")), st,
+                                 ack.get("id"), _client(ack), _t(ack.get("t1")), base)))
+    return out
+
+
 def _check_replay_identical(ops, execs):
     out = []
     for op in sorted(ops, key=_op_order):
@@ -624,6 +669,7 @@ def check(ops, ledger, nemesis, final, params=None):
     out += _check_changed_body(ops, ledger)
     out += _check_quorum(ops, nemesis, tol, p["quorum_exempt_status"])
     out += _check_replay_identical(ops, execs)
+    out += _check_replay_status(ops_by_key, execs)
     if isinstance(final, dict):
         out += _check_final(final)
     elif final is not None:

@@ -38,6 +38,9 @@ history.jsonl: one JSON object per client operation, written when the operation 
     result      the business result delivered to the client, as text: proxy: the response
                 body of a 2xx answer; json/lib claim replay: the stored response body;
                 json/lib complete: the body it asked to store; else None
+    stored_status  lib claim replay: the stored response's status; json/lib complete: the
+                status it asked to store (201); absent otherwise (a json replay's stored
+                status is its HTTP status)
     error       what went wrong for "info" operations (text), else None
 
 ledger.jsonl: one JSON object per request the ledger (the upstream business service) received:

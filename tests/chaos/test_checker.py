@@ -548,6 +548,36 @@ class CheckerTest(unittest.TestCase):
                     result='{"exec":999,"key":"j-new"}')
         self.plant(claim_run, f, "replay_identical", key="j-new")
 
+    def test_proxy_replay_with_another_status(self):
+        def f(r):  # P1 was acknowledged 201; the stored response comes back 200
+            r.proxy("p-once", 2.20, 2.21, 200, r.ref["E1"]["response"], replayed=True,
+                    node=3)
+        vs = self.plant(proxy_run, f, "replay_identical", key="p-once")
+        self.assertIn("replayed status 200", vs[0]["detail"])
+        self.assertIn("acknowledged with status 201", vs[0]["detail"])
+
+    def test_claim_replays_with_another_status(self):
+        def f(r):  # j-take was completed (stored 201); a json and a lib replay differ
+            for o in r.ops:
+                if o["f"] == "complete" and o["outcome"] == "ok":
+                    o["stored_status"] = 201
+            r.claim("j-take", 2.30, 2.31, "replay", "c4", result=r.ops[4]["result"],
+                    status=200)
+            r.claim("j-take", 2.40, 2.41, "replay", "c5", client="lib",
+                    result=r.ops[4]["result"], stored_status=202)
+        vs = self.plant(claim_run, f, "replay_identical", count=2, key="j-take")
+        self.assertIn("status 200", vs[0]["detail"])
+        self.assertIn("status 202", vs[1]["detail"])
+
+    def test_replays_with_the_stored_status(self):
+        r = claim_run()
+        for o in r.ops:
+            if o["f"] == "complete" and o["outcome"] == "ok":
+                o["stored_status"] = 201
+            if o["client"] == "lib" and o["outcome"] == "replay":
+                o["stored_status"] = 201
+        self.assertClean(r)
+
     # final
 
     def test_final_not_recovered(self):

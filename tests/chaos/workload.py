@@ -342,6 +342,7 @@ class Workload:
             op["token"] = token
             if f == "complete":
                 op["result"] = result
+                op["stored_status"] = 201  # the status it asks to store (both clients)
             call(rng, driver, op, (f, key, token, result))
             if f == "complete" and op.get("outcome") != "ok":
                 op["result"] = None if op["type"] == "ok" else result
