@@ -10,7 +10,8 @@ upstream); workers (workload.py) send proxy requests, JSON API claims and libide
 shared keys while the nemesis (nemesis.py) kills, pauses, partitions, wipes, re-members and
 power-cuts nodes. Every operation, execution and fault is recorded (history.py); after the
 faults stop the run heals the cluster, waits for it to serve again and for every replica to
-hold the same state (idemctl status --digest), stops the nodes cleanly, scans their logs for
+hold the same state (idemctl status --digest), reads back a sample of the acknowledged
+keys (workload.final_reads), stops the nodes cleanly, scans their logs for
 sanitizer reports and aborts, and hands everything to the checker (checker.py). The figures
 and a timeline picture come from report.py. The summary is printed last; the exit status is
 0 when the checker found nothing (1: violations, with the seed and the history's path
@@ -225,6 +226,10 @@ def run(a):
         conv = wait_until(lambda: cl.converged(cl.voters), 90, 0.5)
         if conv:
             final.update(converged=True, **conv)
+        # Acknowledged keys read back once everything is healed: a record lost at a later
+        # election shows here even when no worker asked for its key again.
+        sample = wl.final_sample(read_jsonl(os.path.join(out, "nemesis.jsonl")))
+        final["final_reads"] = {"keys": len(sample), "answered": wl.final_reads(sample)}
         for nid, rc in cl.exited():
             nemesis.unexpected.append({"node": nid, "status": rc, "t": time.monotonic()})
         for nid in cl.running():

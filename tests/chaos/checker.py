@@ -46,7 +46,10 @@ lost_ack        Nothing acknowledged is lost: once a key's recorded result was d
                 used the key; a 410 is taken at any time for a client without a known
                 ttl).  A record lost by a crash, a power cut or a wiped node would show
                 as a fresh execution, an acquired claim, a refusal or an early 410
-                instead.
+                instead.  A read of the record (f "read", the run's final reads through
+                GET /v1/claims/KEY after the faults) must find it completed with the
+                acknowledged result and status (no record or a tombstone only once the ttl
+                could have ended).
 fences          The ledger's fencing, per key and in arrival order: an execution whose
                 fence is not above the highest fence accepted before it must have been
                 refused; so the accepted fences strictly increase.  The order is the
@@ -336,6 +339,30 @@ def _earliest_expiry(ops, ttl_s):
     return min(t0s) + min(ttls)
 
 
+def _read_lost(op, ack, expiry, tol):
+    """What is wrong with a definite read of an acknowledged key's record (a text), or None:
+    it must find the record completed with the acknowledged result and status (a tombstone
+    or none at all only once its ttl could have ended)."""
+    t1 = _num(op.get("t1"))
+    ttl_over = expiry is None or (t1 is not None and t1 >= expiry - tol)
+    if op.get("outcome") == "not_found" or _int(op.get("status")) == 404:
+        return None if ttl_over else "no record (404)"
+    if op.get("outcome") != "ok":
+        return None  # refused, not an answer about the record (e.g. 429)
+    state = op.get("state")
+    if state == "tombstone":
+        return None if ttl_over else "a tombstone"
+    if state != "completed":
+        return "the record %s" % state
+    if op.get("result") != ack.get("result"):
+        return "another stored response: %s, acknowledged %s" % (_short(op.get("result")),
+                                                                  _short(ack.get("result")))
+    base, st = _answer_status(ack), _int(op.get("stored_status"))
+    if base is not None and st is not None and st != base:
+        return "stored status %d, acknowledged %d" % (st, base)
+    return None
+
+
 def _check_lost_ack(ops_by_key, execs, tol, ttl_s):
     out = []
     for key in sorted(ops_by_key, key=_key_order):
@@ -346,6 +373,15 @@ def _check_lost_ack(ops_by_key, execs, tol, ttl_s):
         expiry = _earliest_expiry(ops_by_key[key], ttl_s)
         for op in sorted(ops_by_key[key], key=_op_order):
             t0 = _num(op.get("t0"))
+            if op.get("f") == "read" and _ok(op) and t0 is not None and t0 > t_ack + tol:
+                bad = _read_lost(op, ack, expiry, tol)
+                if bad:
+                    out.append(_v("lost_ack", key,
+                                  "op %s (read of the record, t0=%s) found %s, after op %s "
+                                  "(%s) delivered the key's recorded result at t1=%s"
+                                  % (op.get("id"), _t(t0), bad, ack.get("id"), _client(ack),
+                                     _t(t_ack))))
+                continue
             if (not _ok(op) or t0 is None or t0 <= t_ack + tol or op.get("changed") is True
                     or not (_client(op) == "proxy" or _is_claim(op))):
                 continue

@@ -10,7 +10,10 @@ history.jsonl: one JSON object per client operation, written when the operation 
                 "json" (the gateway's JSON API), "lib" (libidem over the RPC)
     worker      the worker's name, e.g. "proxy-2"
     node        the node id the request was sent to; None for lib (libidem picks)
-    f           "request" (proxy), "claim", "complete", "release" (json, lib)
+    f           "request" (proxy), "claim", "complete", "release" (json, lib); "read" (json:
+                the run's final reads of acknowledged keys, GET /v1/claims/KEY, with the
+                record's "state", its response's body as "result" and status as
+                "stored_status"; outcome "ok", or "not_found" for a 404)
     key         the idempotency key
     t0, t1      invoke and complete times
     type        "ok": a definite answer came back (any HTTP status but 503; for json/lib an
@@ -73,7 +76,8 @@ summary.json also carries "final": what the run found after the nemesis stopped:
      "driver_exits": [{"driver": worker, "status": rc, "at": "during the run" | "at the end
      of its input", "stderr_tail": text}] (libidem drivers that exited while the run used
      them, or exited non-zero once their input ended),
-     "log_problems": [{"node": id, "line": text}]}
+     "log_problems": [{"node": id, "line": text}],
+     "final_reads": {"keys": acknowledged keys read back, "answered": definite answers}}
 """
 import json
 import os

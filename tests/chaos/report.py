@@ -650,6 +650,10 @@ def summary_lines(fig, violations, final):
         lp = final.get("log_problems") or []
         parts.append("%d unexpected exits, %s%d log problems"
                      % (len(ux), "%d libidem driver exits, " % len(dx) if dx else "", len(lp)))
+        fr = final.get("final_reads")
+        if isinstance(fr, dict):
+            parts.append("%s of %s acknowledged keys read back"
+                         % (fr.get("answered"), fr.get("keys")))
         lines.append("final: " + ", ".join(parts))
         for x in ux[:5]:
             lines.append("  unexpected exit: node %s status %s%s"

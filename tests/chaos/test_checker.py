@@ -113,6 +113,17 @@ class Run:
             kw.setdefault("status", 200)
         return self.op(client, "release", key, t0, t1, outcome=outcome, token=token, **kw)
 
+    def read(self, key, t0, t1, status=200, state="completed", result=None,
+             stored_status=201, **kw):
+        """A final read of key's record (GET /v1/claims/KEY)."""
+        if status == 200:
+            kw.update(outcome="ok", state=state, stored_status=stored_status)
+        else:
+            kw.update(outcome="not_found" if status == 404 else None,
+                      code="not_found" if status == 404 else None)
+        kw.setdefault("type", "info" if status in (None, 503) else "ok")
+        return self.op("json", "read", key, t0, t1, status=status, result=result, **kw)
+
     # nemesis
 
     def window(self, t0, t1, nodes=None):
@@ -346,6 +357,43 @@ class CheckerTest(unittest.TestCase):
         self.assertClean(r, ttl_s={"proxy": 5.0})
         self.assertOnly(r, "lost_ack", key="p-once", ttl_s={"proxy": 6.0})
         self.assertClean(r, ttl_s={})  # no known ttl: taken
+
+    def test_final_reads_that_find_the_record(self):
+        r = proxy_run()
+        r.read("p-once", 20.0, 20.01, result=r.ref["E1"]["response"])
+        r.read("p-once", 20.1, 20.2, status=503)  # indeterminate
+        r.read("p-never", 20.3, 20.31, status=404)  # never acknowledged
+        self.assertClean(r)
+        c = claim_run()
+        c.read("j-release", 20.0, 20.01, result=c.ops[12]["result"])
+        self.assertEqual(c.ops[12]["f"], "complete")
+        self.assertClean(c)
+
+    def test_final_read_finds_no_record(self):
+        def f(r):  # lost at a later election: nobody asked for the key again but the read
+            r.read("p-once", 20.0, 20.01, status=404)
+        vs = self.plant(proxy_run, f, "lost_ack", key="p-once")
+        self.assertIn("no record", vs[0]["detail"])
+        r = proxy_run()
+        f(r)
+        self.assertClean(r, ttl_s={"proxy": 10.0})  # gone once its ttl may have ended
+
+    def test_final_read_finds_another_record(self):
+        def f(r):
+            r.read("p-once", 20.0, 20.01, result='{"exec":99}')
+            r.read("p-lost-answer", 20.0, 20.01, result=r.ref["PR6"]["result"],
+                   stored_status=200)
+            r.read("j-x", 0.0, 0.01, state="processing")  # not acknowledged: not checked
+        vs = self.plant(proxy_run, f, "lost_ack", count=2)
+        by_key = {v["key"]: v["detail"] for v in vs}
+        self.assertIn("another stored response", by_key["p-once"])
+        self.assertIn("stored status 200", by_key["p-lost-answer"])
+
+    def test_final_read_finds_the_record_processing_or_a_tombstone(self):
+        def f(r):
+            r.read("j-release", 20.0, 20.01, state="processing")
+            r.read("j-take", 20.0, 20.01, state="tombstone")
+        self.plant(claim_run, f, "lost_ack", count=2)
 
     def test_answers_after_ack_that_are_fine(self):
         r = proxy_run()

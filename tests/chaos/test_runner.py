@@ -95,6 +95,30 @@ class DriverExitTest(unittest.TestCase):
                          "(unreadable")
 
 
+class FinalSampleTest(unittest.TestCase):
+
+    def wl(self):
+        w = workload.Workload(None, None, FakeHistory(), 1, 1, 1, "takeover", 0.0)
+        w.ack_times = [(float(i), "k%d" % i) for i in range(1000)]
+        return w
+
+    def test_keys_acknowledged_before_a_wipe_come_first(self):
+        faults = [{"kind": "wipe", "t0": 500.5}, {"kind": "powercut", "t0": 900.2},
+                  {"kind": "pause", "t0": 100.5}, {"window": "no_quorum", "t0": 1, "t1": 2}]
+        keys = self.wl().final_sample(faults, limit=500)
+        self.assertEqual(len(keys), 500)
+        self.assertEqual(len(set(keys)), 500)
+        self.assertEqual(keys[:6], ["k900", "k500", "k899", "k499", "k898", "k498"])
+        self.assertNotIn("k100", keys[:6])
+        self.assertEqual(keys, self.wl().final_sample(faults, limit=500))  # from the seed
+
+    def test_every_key_when_fewer(self):
+        w = self.wl()
+        w.ack_times = w.ack_times[:30]
+        self.assertEqual(sorted(w.final_sample([], limit=500)),
+                         sorted(k for _, k in w.ack_times))
+
+
 class NodeExitTest(unittest.TestCase):
     """Cluster.kill and Cluster.stop on a node whose process already ended."""
 

@@ -33,6 +33,7 @@ HTTP_TIMEOUT = 10.0
 PROXY_TIMEOUT = 30.0
 LIB_DEADLINE_MS = 3000
 RETRIES = 6
+FINAL_READS = 500  # acknowledged keys read back after the faults (all when fewer)
 
 
 def stderr_tail(path, max_bytes=4096, max_lines=40):
@@ -108,6 +109,7 @@ class Workload:
         self.lock = threading.Lock()
         self.next_id = 1
         self.acked = {"p": set(), "c": set()}
+        self.ack_times = []  # (monotonic time, key) of each key's first acknowledgement seen
         self.threads = []
         self.drivers = []
         self.kinds = [kinds[i % len(kinds)] for i in range(workers)]
@@ -141,6 +143,8 @@ class Workload:
 
     def _ack(self, pool, key):
         with self.lock:
+            if key not in self.acked[pool]:
+                self.ack_times.append((time.monotonic(), key))
             self.acked[pool].add(key)
 
     def _is_acked(self, pool, key):
@@ -227,6 +231,74 @@ class Workload:
             if p.returncode != 0:
                 self._driver_exited(p, "at the end of its input")
         return alive
+
+    # ---- the final reads -------------------------------------------------------------------
+
+    def final_sample(self, faults, limit=FINAL_READS, before_s=3.0):
+        """At most limit acknowledged keys to read back after the faults (all of them when
+        fewer): first those acknowledged within before_s before a fault that loses a node's
+        state or memory (wipe, power cut, kill, quorum), nearest first, then others drawn
+        with the seed."""
+        with self.lock:
+            acked = sorted(self.ack_times)
+        starts = sorted(f["t0"] for f in faults if f.get("kind") in
+                        ("wipe", "powercut", "kill", "quorum") and
+                        isinstance(f.get("t0"), (int, float)))
+        near = []
+        for t, key in acked:
+            gaps = [f0 - t for f0 in starts if 0 <= f0 - t <= before_s]
+            if gaps:
+                near.append((min(gaps), key))
+        chosen = [k for _, k in sorted(near)][:limit]
+        taken = set(chosen)
+        rest = [k for _, k in acked if k not in taken]
+        random.Random(self.seed).shuffle(rest)
+        return chosen + rest[:max(0, limit - len(chosen))]
+
+    def final_reads(self, keys, deadline_s=60.0):
+        """Reads each key's record through the JSON API (GET /v1/claims/KEY, which goes
+        through the log), on the voters in turn, one at a time, for at most deadline_s
+        seconds; each read is an op of the history (f "read") for the checker's lost_ack
+        rule. Returns how many got a definite answer."""
+        end = time.monotonic() + deadline_s
+        done = 0
+        voters = self._voters()
+        for n, key in enumerate(keys):
+            if time.monotonic() >= end:
+                break
+            node = voters[n % len(voters)]
+            op = self._base("final-read", "json", "read", key, node)
+            op["t0"] = time.monotonic()
+            try:
+                st, _, text = _http(self.c.nodes[node].http, "GET", "/v1/claims/" + key,
+                                    None, {"Authorization": "Bearer " + self.c.token}, 5)
+            except (OSError, http.client.HTTPException) as e:
+                op["t1"] = time.monotonic()
+                op.update(type="info", error="%s: %s" % (type(e).__name__, e))
+                self._record(op)
+                continue
+            op["t1"] = time.monotonic()
+            op["status"] = st
+            code, parsed = _code(text)
+            if st == 503:
+                op.update(type="info", code=code, error="503 %s" % code)
+                self._record(op)
+                continue
+            op["type"] = "ok"
+            rec = parsed.get("record") if isinstance(parsed, dict) else None
+            if st == 200 and isinstance(rec, dict):
+                op["outcome"] = "ok"
+                op["state"] = rec.get("state")
+                resp = rec.get("response")
+                if isinstance(resp, dict):
+                    op["stored_status"] = resp.get("status")
+                    op["result"] = resp.get("body")
+            else:
+                op["code"] = code
+                op["outcome"] = "not_found" if code == "not_found" else code
+            self._record(op)
+            done += 1
+        return done
 
     # ---- proxy -----------------------------------------------------------------------------
 
