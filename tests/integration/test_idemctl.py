@@ -1782,8 +1782,11 @@ class FakeCluster:
     cluster cannot be made to answer that on demand (raft 0.15 moved it to a SIGSTOPped
     target all the same). Records each transfer as (node asked, target, leader then)."""
 
-    def __init__(self, on_transfer):
+    def __init__(self, on_transfer, on_change=None):
         self.on_transfer = on_transfer
+        # on_change(fake, node, action, id): (outcome, redirect address or ""), when the
+        # membership change is not to be answered ok.
+        self.on_change = on_change
         self.leader = 1
         self.term = 2
         self.transfers = []
@@ -1871,7 +1874,10 @@ class FakeCluster:
                     mr = _fields(req[21])
                     with self.lock:
                         self.changes.append((node, mr.get(1, 0), mr.get(2, 0), self.leader))
-                    answer = _field(2, _u(1, OUTCOME_OK))
+                    outcome, redirect = (self.on_change(self, node, mr.get(1, 0), mr.get(2, 0))
+                                         if self.on_change else (OUTCOME_OK, ""))
+                    answer = _field(2, _u(1, outcome)) + (_field(3, redirect.encode())
+                                                          if redirect else b"")
                 else:
                     answer = _field(2, _u(1, 12))
                 conn.sendall(_frame(_u(1, req.get(1, 0)) + answer))
@@ -2003,6 +2009,31 @@ HELP_COMMANDS = [
     ["key", "resolve"], ["key", "purge"], ["quarantine"], ["quarantine", "list"], ["resolve"],
     ["claim"], ["complete"], ["release"], ["renew"], ["get"], ["version"],
 ]
+
+
+class TestIdemctlRemoveRedirect(unittest.TestCase):
+    """members remove when leadership moves, between status and the request, to the node
+    being removed: the leader asked answers not_leader naming it. Followed, the redirect
+    would have that node remove itself while it leads, with no handoff first. Against
+    FakeCluster (no idemd: a real cluster cannot be made to move leadership at that
+    moment)."""
+
+    def test_no_removal_is_sent_to_the_node_removed(self):
+        def moved(fake, node, action, nid):
+            if node != 1:
+                return OUTCOME_OK, ""  # node 3, leading, would remove itself
+            fake.set_leader(3)
+            return OUTCOME_NOT_LEADER, fake.addrs[2]
+        fake = FakeCluster(lambda *a: (OUTCOME_OK, 0, ""), on_change=moved)
+        self.addCleanup(fake.close)
+        rc, text, err = run_ctl(["--cluster", ",".join(fake.addrs), "--admin-token", "adm",
+                                 "--deadline", 3000, "--json", "members", "remove", 3],
+                                timeout=30)
+        self.assertEqual(rc, 3, (text, err))
+        out = json.loads(text)
+        self.assertEqual(out["outcome"], "unavailable", out)
+        self.assertIn("the node being removed", out["error"], out)
+        self.assertEqual(fake.changes, [(1, 3, 3, 1)])  # asked at node 1 only
 
 
 class TestIdemctlUsage(unittest.TestCase):

@@ -282,6 +282,23 @@ int leaderCall(const struct global *g, const char *what, uint64_t promotee,
             idem__response__free_unpacked(*resp, NULL); /* and redirect: addr is a copy */
             *resp = NULL;
             *node_id = redirectLeaderId(g, end, addr);
+            if (req->op_case == IDEM__REQUEST__OP_MEMBERS &&
+                req->members->action == IDEM__MEMBERS_REQUEST__ACTION__ACTION_REMOVE &&
+                (*node_id == 0 || *node_id == req->members->id)) {
+                /* Leadership moved to the node being removed (or to one status does not
+                 * show yet): sent there, the removal would take out a leader without
+                 * handing leadership over first. Nothing was removed; a new run does that. */
+                char msg[ADDR_MAX + 400];
+                snprintf(msg, sizeof msg,
+                         "leadership moved to %s while the removal was sent, %s; nothing was "
+                         "removed: run the command again (it hands leadership over first when "
+                         "node %" PRIu64 " leads)",
+                         addr,
+                         *node_id == 0 ? "and status does not show it as leader yet"
+                                       : "the node being removed",
+                         req->members->id);
+                return outFailCall(g, IDEM_EUNAVAILABLE, msg);
+            }
             continue;
         }
         if (out == IDEM__OUTCOME__OUTCOME_UNAVAILABLE || out == IDEM__OUTCOME__OUTCOME_NOT_LEADER) {
