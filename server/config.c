@@ -801,31 +801,21 @@ void config_free(struct config *c)
 const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
                                                         const uint8_t hash[CONFIG_HASH_LEN])
 {
-    if (c->token_slots != NULL) {
-        uint64_t h = XXH3_64bits(hash, CONFIG_HASH_LEN);
-        for (size_t i = h & c->token_mask;; i = (i + 1) & c->token_mask) {
-            const struct tenant_slot *slot = &c->token_slots[i];
-            if (slot->tenant == 0) {
-                return NULL;
-            }
-            const struct config_tenant *t = &c->tenants[slot->tenant - 1];
-            if (slot->hash == h &&
-                CRYPTO_memcmp(t->token_hashes[slot->item], hash, CONFIG_HASH_LEN) == 0) {
-                return t;
-            }
+    if (c->token_slots == NULL) {
+        return NULL; /* no tenants read (yet) */
+    }
+    uint64_t h = XXH3_64bits(hash, CONFIG_HASH_LEN);
+    for (size_t i = h & c->token_mask;; i = (i + 1) & c->token_mask) {
+        const struct tenant_slot *slot = &c->token_slots[i];
+        if (slot->tenant == 0) {
+            return NULL;
+        }
+        const struct config_tenant *t = &c->tenants[slot->tenant - 1];
+        if (slot->hash == h &&
+            CRYPTO_memcmp(t->token_hashes[slot->item], hash, CONFIG_HASH_LEN) == 0) {
+            return t;
         }
     }
-    const struct config_tenant *found = NULL;
-    for (size_t i = 0; i < c->n_tenants; i++) {
-        const struct config_tenant *t = &c->tenants[i];
-        for (size_t j = 0; j < t->n_token_hashes; j++) {
-            /* No early exit: every hash is compared whatever matched before. Hashes are
-             * unique (config_parse() checks), so at most one matches. */
-            int differs = CRYPTO_memcmp(t->token_hashes[j], hash, CONFIG_HASH_LEN);
-            found = differs == 0 ? t : found;
-        }
-    }
-    return found;
 }
 
 bool config_is_cluster_secret_hash(const struct config *c, const uint8_t hash[CONFIG_HASH_LEN])

@@ -330,7 +330,8 @@ struct config {
     size_t n_tenants;
     /* The tenants' token hashes by their XXH3, open addressing (config_tenants.c builds it
      * as it reads the list; config_tenant_by_token_hash() reads it); owned, token_mask + 1
-     * slots, at most half full. NULL: none (a config not made by config_load()). */
+     * slots, at most half full. NULL: no tenants list read (the list is required, so only
+     * while a config is parsed or after a failed parse). */
     struct tenant_slot *token_slots;
     size_t token_mask;
     struct config_proxy *proxies; /* owned array of n_proxies; NULL when there is none */
@@ -379,7 +380,7 @@ void config_free(struct config *c);
  * so a lookup costs the same with 2 tenants or 60,000: each request with a token no tenant
  * has (any unauthenticated client can send them) costs one lookup. What the time may tell
  * is whether another hash shares the XXH3 bits of a slot with the SHA-256 of the caller's
- * own token, nothing about any tenant's token. Without the index, every hash is compared.
+ * own token, nothing about any tenant's token. NULL while no tenants list was read.
  * c and hash are borrowed for the duration of the call; the result borrows c's memory and
  * is valid until config_free(c). */
 const struct config_tenant *config_tenant_by_token_hash(const struct config *c,
