@@ -4,8 +4,9 @@
  * key → build the log Command with the leader's clock, the tenant's defaults and quotas →
  * cluster_propose() with an `op` as waiter → either svcApply() gets the op back with the
  * command's result (answer it), or svcFail() does (answer unavailable), or the op's deadline
- * timer fires first (answer unavailable; the op stays alive until the cluster hands it back,
- * because the cluster still holds it). Every answer goes out exactly once.
+ * passes first (answer unavailable; the op stays alive until the cluster hands it back,
+ * because the cluster still holds it). Every answer goes out exactly once. The ops'
+ * deadlines share one timer (deadlines.h), armed for the earliest.
  *
  * Fail closed (docs/contract.md): nothing is ever answered from local state. A follower
  * answers not_leader with the leader's RPC address; a node that knows no leader, or whose
@@ -19,6 +20,7 @@
 #include <arpa/inet.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,10 +81,11 @@ static void serviceMaybeFinish(struct service *s);
 
 static void opMaybeFree(struct op *o)
 {
-    if (o->in_cluster || o->timer_open) {
+    if (o->in_cluster) {
         return;
     }
     struct service *s = o->s;
+    deadlines_remove(&s->deadlines, &o->deadline);
     LIST_REMOVE(o, link);
     free(o->tenant);
     free(o);
@@ -91,19 +94,10 @@ static void opMaybeFree(struct op *o)
     }
 }
 
-static void opTimerClosed(uv_handle_t *h)
-{
-    struct op *o = h->data;
-    o->timer_open = false;
-    opMaybeFree(o);
-}
-
+/* The op's answer is no longer owed by a time (it was given). */
 static void opStopTimer(struct op *o)
 {
-    if (o->timer_open && !uv_is_closing((uv_handle_t *)&o->timer)) {
-        uv_timer_stop(&o->timer);
-        uv_close((uv_handle_t *)&o->timer, opTimerClosed);
-    }
+    deadlines_remove(&o->s->deadlines, &o->deadline);
 }
 
 /* retry_after_ms: 0, or when the same request to this node may succeed (Result). */
@@ -119,11 +113,37 @@ static void opAnswerUnavailable(struct op *o, const char *why, uint64_t retry_af
                      retry_after_ms);
 }
 
-static void opDeadlineCb(uv_timer_t *t)
+static void deadlineCb(uv_timer_t *t);
+
+/* Arms the deadline timer for the earliest deadline, unless it is armed for that or
+ * earlier already. */
+static void deadlineArm(struct service *s)
 {
-    struct op *o = t->data;
-    opAnswerUnavailable(o, "deadline passed before the command committed", 0);
-    opStopTimer(o);
+    struct deadline *d = deadlines_min(&s->deadlines);
+    if (d == NULL || s->closing || (s->deadline_armed && s->deadline_armed_at <= d->at)) {
+        return;
+    }
+    uint64_t now = uv_now(s->loop);
+    s->deadline_armed = true;
+    s->deadline_armed_at = d->at;
+    uv_timer_start(&s->deadline_timer, deadlineCb, d->at > now ? d->at - now : 0, 0);
+}
+
+/* Answers unavailable every op whose deadline passed before its command committed. The op
+ * itself lives on until the cluster hands it back, because the cluster still holds it. */
+static void deadlineCb(uv_timer_t *t)
+{
+    struct service *s = t->data;
+    s->deadline_armed = false;
+    uint64_t now = uv_now(s->loop);
+    struct deadline *d;
+    while ((d = deadlines_min(&s->deadlines)) != NULL && d->at <= now) {
+        struct op *o = (struct op *)((char *)d - offsetof(struct op, deadline));
+        deadlines_remove(&s->deadlines, d);
+        opAnswerUnavailable(o, "deadline passed before the command committed", 0);
+        opMaybeFree(o);
+    }
+    deadlineArm(s);
 }
 
 void service_record_from_view(const struct fsm_record_view *v, Idem__Record *rec)
@@ -375,6 +395,7 @@ static struct op *opNew(struct service *s, enum opKind kind)
     struct op *o = xcalloc(1, sizeof(*o));
     o->s = s;
     o->kind = kind;
+    deadline_init(&o->deadline);
     LIST_INSERT_HEAD(&s->ops, o, link);
     return o;
 }
@@ -424,10 +445,8 @@ struct op *service_propose(struct service *s, const Idem__Command *cmd, enum opK
         return NULL;
     }
     o->in_cluster = true;
-    uv_timer_init(s->loop, &o->timer);
-    o->timer.data = o;
-    o->timer_open = true;
-    uv_timer_start(&o->timer, opDeadlineCb, deadline_ms, 0);
+    deadlines_push(&s->deadlines, &o->deadline, uv_now(s->loop) + deadline_ms);
+    deadlineArm(s);
     return o;
 }
 
@@ -610,6 +629,8 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     }
     uv_timer_init(loop, &s->expiry_timer);
     s->expiry_timer.data = s;
+    uv_timer_init(loop, &s->deadline_timer);
+    s->deadline_timer.data = s;
     return s;
 }
 
@@ -673,13 +694,15 @@ int service_start(struct service *s, char *err, size_t errlen)
     return 0;
 }
 
-/* Frees the service once the expiry timer and the cluster are closed and every op was
- * handed back by the cluster (exactly once) with its timer closed. */
+/* Frees the service once its two timers (the expiry ticker, the ops' deadlines) and the
+ * cluster are closed and every op was handed back by the cluster (exactly once). */
 static void serviceMaybeFinish(struct service *s)
 {
-    if (!s->timer_closed || !s->cluster_closed || !LIST_EMPTY(&s->ops)) {
+    if (!s->timer_closed || !s->deadline_timer_closed || !s->cluster_closed ||
+        !LIST_EMPTY(&s->ops)) {
         return;
     }
+    deadlines_free(&s->deadlines);
     fsm_close(s->fsm);
     tokhash_close(s->tokhash);
     free(s->tokhash);
@@ -705,6 +728,13 @@ static void expiryTimerClosed(uv_handle_t *h)
 {
     struct service *s = h->data;
     s->timer_closed = true;
+    serviceMaybeFinish(s);
+}
+
+static void deadlineTimerClosed(uv_handle_t *h)
+{
+    struct service *s = h->data;
+    s->deadline_timer_closed = true;
     serviceMaybeFinish(s);
 }
 
@@ -745,6 +775,8 @@ void service_close(struct service *s, void (*cb)(void *data), void *data)
     s->close_data = data;
     uv_timer_stop(&s->expiry_timer);
     uv_close((uv_handle_t *)&s->expiry_timer, expiryTimerClosed);
+    uv_timer_stop(&s->deadline_timer);
+    uv_close((uv_handle_t *)&s->deadline_timer, deadlineTimerClosed);
     /* Answer everyone now; the cluster hands the ops back as raft closes. */
     struct op *o;
     LIST_FOREACH(o, &s->ops, link) {

@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 #include <sys/queue.h>
 
+#include "deadlines.h"
 #include "service.h"
 #include "tokhash.h"
 
@@ -22,10 +23,9 @@ struct op {
     service_done_cb cb;
     void *data;
     uint64_t request_id;
-    uv_timer_t timer;
+    struct deadline deadline; /* in service.deadlines while its answer is owed by a time */
     bool answered;   /* cb was called */
     bool in_cluster; /* the cluster holds this op as a waiter */
-    bool timer_open;
     char *tenant;   /* OP_QUARANTINE_LIST: owned; NULL for every tenant */
     uint32_t limit; /* OP_QUARANTINE_LIST */
     bool lease_ended;  /* OP_QUARANTINE_LIST: processing records whose lease ended instead */
@@ -60,6 +60,13 @@ struct service {
     struct cluster *cluster;
     struct idem_resolver *resolver; /* members' host names (the cluster's and rpc.c's) */
     uv_timer_t expiry_timer;
+    /* The proposed ops' deadlines (uv_now() times): one timer, armed for the earliest (or
+     * earlier: a deadline removed leaves it armed, and it re-arms when it fires). */
+    struct deadlines deadlines;
+    uv_timer_t deadline_timer;
+    bool deadline_armed;
+    uint64_t deadline_armed_at;
+    bool deadline_timer_closed;
     bool expire_in_flight;
     LIST_HEAD(, op) ops; /* live ops, for shutdown */
     struct service_stats stats;

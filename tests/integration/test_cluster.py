@@ -446,6 +446,45 @@ class TestFailures(ClusterTest):
             self.assertEqual(out["outcome"], ACQ, out)
 
 
+class TestDeadlines(ClusterTest):
+    # A lone leader steps down after an election timeout without its followers: long
+    # enough here for every deadline below to pass first.
+    cluster_opts = dict(election_ms=2500)
+
+    def test_deadlines_without_quorum_are_answered_in_their_order(self):
+        """The lone leader answers each command by its own deadline (one timer serves them
+        all: server/deadlines.c), whatever order they came in: the shortest first."""
+        lid = self.c.leader()
+        for n in [n for n in self.c.nodes if n != lid]:
+            self.c.kill(n, 9)
+        host, port = self.c.nodes[lid].rpc.split(":")
+        # The claims' deadlines (field 2 of Request), sent in one write, longest first.
+        deadlines = {1: 1200, 2: 300, 3: 700}
+        frames = b""
+        for rid, ms in deadlines.items():
+            claim = (_field(1, ("deadline-order-%d" % rid).encode()) +
+                     _field(2, bytes.fromhex(fp(1))) + _field(3, b"attempt-1"))
+            body = (b"\x08" + _uvarint(rid) + b"\x10" + _uvarint(ms) +
+                    _field(3, self.c.token.encode()) + _field(10, claim))
+            frames += _frame(body)
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            t0 = time.monotonic()
+            s.sendall(frames)
+            got = []
+            for _ in deadlines:
+                r = _read_frame(s)
+                self.assertIsNotNone(r, "the leader closed the connection")
+                got.append((r[0].get(1, 0), r[1].get(1, 0), r[0].get(4, b"").decode(),
+                            time.monotonic() - t0))
+        self.assertEqual([g[0] for g in got], [2, 3, 1], got)
+        for rid, outcome, error, at in got:
+            self.assertEqual(outcome, 13, got)  # unavailable
+            self.assertIn("deadline passed before the command committed", error)
+            # Not before its deadline; and not long after (slack for a loaded machine).
+            self.assertGreaterEqual(at, deadlines[rid] / 1000 - 0.05, got)
+            self.assertLess(at, deadlines[rid] / 1000 + 3, got)
+
+
 class TestDiskFailures(ClusterTest):
     """A node whose log writes fail (here: RLIMIT_FSIZE lowered on the running process, so
     its next write past 4 KiB fails with EFBIG; idemd ignores SIGXFSZ) stops at the first
