@@ -113,7 +113,7 @@ static void runStopped(unsigned stop_at_ms, unsigned hold_ms, struct report *r, 
 
 /* Stopped for 150 ms from ~250 ms: every CPU's thread woke about that late (one period
  * less than the stop at most, and a little for the signals to take effect), so as many
- * held ms per CPU at least, and the latest wake-up falls in the interval the stop ended in:
+ * held ms per CPU at least, and a wake-up that late falls in the interval the stop ended in:
  * the first one taken after SIGCONT, or the next (the child's thread that takes them was
  * stopped too, and may run before the probe's at SIGCONT). */
 static void test_stopped_process_is_a_hold(void **state)
@@ -129,21 +129,23 @@ static void test_stopped_process_is_a_hold(void **state)
     assert_true(r.st.held_us >= (uint64_t)cpus * at_least_us);
     assert_true(r.st.holds >= cpus);
     assert_true(r.st.seconds >= 0.9);
-    size_t worst = 0;
-    uint64_t held_sum = 0;
+    uint64_t held_sum = 0, worst_us = 0;
     for (size_t i = 0; i <= N_WINDOWS; i++) {
-        if (r.w[i].max_us > r.w[worst].max_us) {
-            worst = i;
+        if (r.w[i].max_us > worst_us) {
+            worst_us = r.w[i].max_us;
         }
         assert_true(r.w[i].held_us >= r.w[i].max_us);
         held_sum += r.w[i].held_us;
     }
-    assert_int_equal(r.w[worst].max_us, r.st.held_max_us);
+    assert_int_equal(worst_us, r.st.held_max_us);
     size_t after = 0; /* the first interval taken after SIGCONT */
     while (after < N_WINDOWS && r.end_us[after] < cont_us) {
         after++;
     }
-    assert_true(worst == after || worst == after + 1);
+    /* The stop's hold is in that interval or the next. It need not be the run's worst: on a
+     * loaded machine (a build, other tests) a thread can wake later still in another one. */
+    assert_true(r.w[after].max_us >= at_least_us ||
+                (after < N_WINDOWS && r.w[after + 1].max_us >= at_least_us));
     /* Every hold of the run is in exactly one interval; nothing after the last take. */
     assert_int_equal(held_sum, r.st.held_us);
     assert_int_equal(r.w[N_WINDOWS + 1].max_us, 0);
