@@ -409,10 +409,16 @@ class Cluster:
         # system); the test creates and removes those, close() leaves them.
         for i, d in (data_dirs or {}).items():
             self.nodes[i].dir = d
-        for node in self.nodes.values():
-            self._write_config(node, self.bootstrap)
-        for node in self.nodes.values():
-            self.start(node.id)
+        try:
+            for node in self.nodes.values():
+                self._write_config(node, self.bootstrap)
+            for node in self.nodes.values():
+                self.start(node.id)
+        except BaseException:
+            # No caller holds this cluster yet to close() it (idemd missing or not executable,
+            # a config that cannot be written): kill what started and remove the temp dir.
+            self.close()
+            raise
 
     # ---- processes ------------------------------------------------------------------------
 
