@@ -764,6 +764,7 @@ void config_free(struct config *c)
     }
     free(c->tenants);
     free(c->token_slots);
+    free(c->name_slots);
     for (size_t i = 0; i < c->n_proxies; i++) {
         struct config_proxy *p = &c->proxies[i];
         for (size_t j = 0; j < p->n_routes; j++) {
@@ -796,6 +797,24 @@ void config_free(struct config *c)
     }
     free(c->proxies);
     memset(c, 0, sizeof *c);
+}
+
+const struct config_tenant *config_tenant_by_name(const struct config *c, const char *name)
+{
+    if (c->name_slots == NULL) {
+        return NULL; /* no tenants read (yet) */
+    }
+    uint64_t h = XXH3_64bits(name, strlen(name));
+    for (size_t i = h & c->name_mask;; i = (i + 1) & c->name_mask) {
+        const struct tenant_slot *slot = &c->name_slots[i];
+        if (slot->tenant == 0) {
+            return NULL;
+        }
+        const struct config_tenant *t = &c->tenants[slot->tenant - 1];
+        if (slot->hash == h && strcmp(t->name, name) == 0) {
+            return t;
+        }
+    }
 }
 
 const struct config_tenant *config_tenant_by_token_hash(const struct config *c,

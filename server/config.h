@@ -334,6 +334,10 @@ struct config {
      * while a config is parsed or after a failed parse). */
     struct tenant_slot *token_slots;
     size_t token_mask;
+    /* The tenants' names by their XXH3, likewise (config_tenant_by_name() reads it); owned,
+     * name_mask + 1 slots, at most half full; NULL as token_slots is. */
+    struct tenant_slot *name_slots;
+    size_t name_mask;
     struct config_proxy *proxies; /* owned array of n_proxies; NULL when there is none */
     size_t n_proxies;
 };
@@ -374,6 +378,10 @@ bool config_fd_budget(const struct config *c, uint64_t limit, uint32_t *rpc, uin
 /* Frees what c owns and zeroes it, so that freeing twice is safe. c is the caller's
  * struct, borrowed; the struct itself is not freed. Accepts NULL. */
 void config_free(struct config *c);
+
+/* The tenant named name, or NULL. Found through c->name_slots: one lookup, however many
+ * tenants there are (a request made on behalf of a tenant names it). */
+const struct config_tenant *config_tenant_by_name(const struct config *c, const char *name);
 
 /* The tenant one of whose token hashes equals hash, or NULL. Found through c->token_slots
  * (the XXH3 of hash, then the hashes of its slots compared with OpenSSL's CRYPTO_memcmp),

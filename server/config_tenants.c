@@ -285,8 +285,8 @@ int config_tenants_parse(struct ctx *c, const struct field *f, struct config *cf
     if (cfg->tenants == NULL) {
         return config_fail_node(c, f->val, "%s: out of memory", f->name);
     }
-    /* The names' index is needed while the list is read only: freed here, whatever the
-     * outcome; the hashes' is kept as cfg->token_slots when the list is good. */
+    /* Both indexes are kept when the list is good (cfg->name_slots, cfg->token_slots), and
+     * freed here otherwise. */
     struct tenant_index *x = &c->tenant_index;
     x->names_mask = slotsFor(n) - 1;
     x->names = calloc(x->names_mask + 1, sizeof *x->names);
@@ -298,11 +298,13 @@ int config_tenants_parse(struct ctx *c, const struct field *f, struct config *cf
     } else {
         rc = config_list_each(c, f, cfg, &cfg->n_tenants, tenantItem);
     }
-    free(x->names);
     if (rc == 0) {
+        cfg->name_slots = x->names;
+        cfg->name_mask = x->names_mask;
         cfg->token_slots = x->hashes;
         cfg->token_mask = x->hashes_mask;
     } else {
+        free(x->names);
         free(x->hashes);
     }
     memset(x, 0, sizeof *x);

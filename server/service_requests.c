@@ -362,12 +362,7 @@ void service_handle_as(struct service *s, const char *tenant_name, const Idem__R
 static void handleAs(struct service *s, const char *tenant_name, const Idem__Request *req,
                      service_done_cb cb, void *data)
 {
-    const struct config_tenant *t = NULL;
-    for (size_t i = 0; i < s->cfg->n_tenants && t == NULL; i++) {
-        if (strcmp(s->cfg->tenants[i].name, tenant_name) == 0) {
-            t = &s->cfg->tenants[i];
-        }
-    }
+    const struct config_tenant *t = config_tenant_by_name(s->cfg, tenant_name);
     if (!service_data_op(req)) {
         service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_FORBIDDEN,
                      "only data ops on behalf of a tenant", NULL);

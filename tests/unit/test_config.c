@@ -1181,6 +1181,11 @@ static void test_tenant_by_token_hash(void **state)
     assert_string_equal(t->name, "beta");
     assert_null(config_tenant_by_token_hash(&c, unknown));
     assert_null(config_tenant_by_token_hash(&c, admin)); /* the admin is not a tenant */
+    assert_ptr_equal(config_tenant_by_name(&c, "alpha"), &c.tenants[0]);
+    assert_ptr_equal(config_tenant_by_name(&c, "beta"), &c.tenants[1]);
+    assert_null(config_tenant_by_name(&c, "gamma"));
+    assert_null(config_tenant_by_name(&c, "alph"));
+    assert_null(config_tenant_by_name(&c, ""));
 
     assert_true(config_is_admin_hash(&c, admin));
     assert_false(config_is_admin_hash(&c, h1));
@@ -1258,6 +1263,11 @@ static void test_many_tenants(void **state)
     h[CONFIG_HASH_LEN - 2] = 0x27; /* 10000 (0x2710): tenants[4999]'s second hash */
     h[CONFIG_HASH_LEN - 1] = 0x10;
     assert_ptr_equal(config_tenant_by_token_hash(&c, h), &c.tenants[MANY_TENANTS - 1]);
+    /* Each name leads to its own tenant through the index. */
+    for (size_t i = 0; i < MANY_TENANTS; i++) {
+        assert_ptr_equal(config_tenant_by_name(&c, c.tenants[i].name), &c.tenants[i]);
+    }
+    assert_null(config_tenant_by_name(&c, "t5000"));
     config_free(&c);
 
     /* The last tenant takes the name of tenants[1234]: its own line, the other's index. */
