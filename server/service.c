@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 #include "fingerprint.h"
 #include "frame.h"
@@ -634,22 +635,51 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
     return s;
 }
 
+/* An index of the accounts by name (service_set_config): open addressing over
+ * acct_names, each slot 1 + an account or 0 (empty), at most half full. */
+struct acctIndex {
+    uint32_t *slots;
+    size_t mask;
+};
+
+static uint32_t *acctSlot(const struct service *s, const struct acctIndex *x, const char *name)
+{
+    for (size_t i = XXH3_64bits(name, strlen(name)) & x->mask;; i = (i + 1) & x->mask) {
+        if (x->slots[i] == 0 || strcmp(s->acct_names[x->slots[i] - 1], name) == 0) {
+            return &x->slots[i];
+        }
+    }
+}
+
 void service_set_config(struct service *s, const struct config *cfg)
 {
     uint32_t *of = xcalloc(cfg->n_tenants ? cfg->n_tenants : 1, sizeof(*of));
+    /* Each tenant keeps the account of its name, found through an index: a pass over the
+     * accounts for each tenant took 1.2 s of the loop with 20,000 tenants, past the
+     * election timeout. */
+    struct acctIndex x;
+    size_t slots = 16;
+    while (slots < 2 * ((size_t)s->n_accts + cfg->n_tenants)) {
+        slots *= 2;
+    }
+    x.mask = slots - 1;
+    x.slots = xcalloc(slots, sizeof(*x.slots));
+    for (uint32_t a = 0; a < s->n_accts; a++) {
+        *acctSlot(s, &x, s->acct_names[a]) = a + 1;
+    }
     for (size_t i = 0; i < cfg->n_tenants; i++) {
         const char *name = cfg->tenants[i].name;
-        uint32_t a = 0;
-        while (a < s->n_accts && strcmp(s->acct_names[a], name) != 0) {
-            a++;
-        }
-        if (a == s->n_accts) { /* a tenant new to this node: an account of its own */
+        uint32_t *slot = acctSlot(s, &x, name);
+        if (*slot == 0) { /* a tenant new to this node: an account of its own */
+            uint32_t a = s->n_accts;
             s->acct_names = xrealloc(s->acct_names, (size_t)(a + 1) * sizeof(*s->acct_names));
-            memcpy(s->acct_names[a], cfg->tenants[i].name, sizeof s->acct_names[a]);
+            memcpy(s->acct_names[a], name, sizeof s->acct_names[a]);
             s->n_accts = a + 1;
+            *slot = a + 1;
         }
-        of[i] = a;
+        of[i] = *slot - 1;
     }
+    free(x.slots);
     cluster_add_accounts(s->cluster, s->n_accts);
     free(s->acct_of);
     s->acct_of = of;
