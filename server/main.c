@@ -147,8 +147,7 @@ static void sighupCb(uv_signal_t *h, int signum)
 {
     (void)signum;
     struct daemon *d = h->data;
-    char err[1024];
-    (void)reloader_run(&d->reloader, "SIGHUP", err, sizeof err);
+    reloader_run(&d->reloader, "SIGHUP", NULL, NULL);
 }
 
 static int ensureDir(const char *path, char *err, size_t errlen)

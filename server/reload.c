@@ -44,9 +44,9 @@ void reloader_init(struct reloader *r, uv_loop_t *loop, const char *path, struct
     stats.last_success_s = nowSeconds();
 }
 
-static int reloadFromRpc(void *data, char *err, size_t errlen)
+static void reloadFromRpc(void *data, service_reload_done done, void *done_data)
 {
-    return reloader_run(data, "admin RPC", err, errlen);
+    reloader_run(data, "admin RPC", done, done_data);
 }
 
 void reloader_attach(struct reloader *r, struct service *svc, struct rpc_server *rpc,
@@ -145,46 +145,135 @@ static int apply(struct reloader *r, struct config_ref *next, char *err, size_t 
     return 0;
 }
 
-int reloader_run(struct reloader *r, const char *trigger, char *err, size_t errlen)
+/* Answers every waiter of `w` (a list) with rc and err, and frees the list. */
+static void answerAll(struct reload_waiter *w, int rc, const char *err)
 {
-    if (r->stopping || r->svc == NULL) {
-        snprintf(err, errlen, "the node is %s", r->stopping ? "shutting down" : "starting");
-        return -1;
+    while (w != NULL) {
+        struct reload_waiter *next = w->next;
+        if (w->done != NULL) {
+            w->done(w->data, rc, err);
+        }
+        free(w);
+        w = next;
     }
-    log_info("reload (%s): reading %s", trigger, r->path);
-    struct config_ref *next = config_ref_new();
-    int rc = config_load(r->path, &next->cfg, err, errlen);
-    if (rc == 0) {
-        fitCaps(&next->cfg);
-        rc = config_reload_merge(&next->cfg, &r->cur->cfg, r->path, keptCb, r, err, errlen);
-    }
+}
+
+/* On the loop, with the file loaded (or not) by the pool: merges it with the running
+ * configuration, loads its TLS files and hands it to every part. 0, or -1 with err. */
+static int finish(struct reloader *r, struct config_ref *next, char *err, size_t errlen)
+{
+    int rc = config_reload_merge(&next->cfg, &r->cur->cfg, r->path, keptCb, r, err, errlen);
     if (rc == 0) {
         rc = checkTls(&next->cfg, err, errlen);
     }
     if (rc == 0) {
         rc = apply(r, next, err, errlen);
     }
+    return rc;
+}
+
+/* A pool thread: reads and checks the file (config.c keeps no state of its own and logs
+ * nothing, so it may run off the loop), and fits its connection caps as a start does. */
+static void loadWork(uv_work_t *w)
+{
+    struct reloader *r = w->data;
+    r->load_rc = config_load(r->path, &r->loading->cfg, r->load_err, sizeof r->load_err);
+    if (r->load_rc == 0) {
+        fitCaps(&r->loading->cfg);
+    }
+}
+
+static void startRound(struct reloader *r);
+
+static void loadedCb(uv_work_t *w, int status)
+{
+    struct reloader *r = w->data;
+    struct config_ref *next = r->loading;
+    struct reload_waiter *round = r->round;
+    r->loading = NULL;
+    r->round = NULL;
+    char err[sizeof r->load_err];
+    int rc = -1;
+    if (status != 0 || r->stopping) {
+        snprintf(err, sizeof err, "the node is shutting down");
+    } else if (r->load_rc != 0) {
+        memcpy(err, r->load_err, sizeof err);
+    } else {
+        rc = finish(r, next, err, sizeof err);
+    }
     if (rc != 0) {
         config_ref_drop(next);
         stats.error++;
-        log_error("reload (%s) failed: %s; the running configuration is kept", trigger, err);
-        return -1;
+        log_error("reload (%s) failed: %s; the running configuration is kept", r->trigger, err);
+    } else {
+        size_t routes = 0;
+        for (size_t i = 0; i < next->cfg.n_proxies; i++) {
+            routes += next->cfg.proxies[i].n_routes;
+        }
+        stats.ok++;
+        stats.last_success_s = nowSeconds();
+        log_info("reload (%s): configuration reloaded from %s: %zu tenant%s, %zu proxy route%s%s",
+                 r->trigger, r->path, next->cfg.n_tenants, next->cfg.n_tenants == 1 ? "" : "s",
+                 routes, routes == 1 ? "" : "s",
+                 next->cfg.tls.enabled ? ", TLS files read again" : "");
     }
-    size_t routes = 0;
-    for (size_t i = 0; i < next->cfg.n_proxies; i++) {
-        routes += next->cfg.proxies[i].n_routes;
+    answerAll(round, rc, rc == 0 ? "configuration reloaded" : err);
+    if (r->queued != NULL) {
+        if (r->stopping) {
+            struct reload_waiter *q = r->queued;
+            r->queued = NULL;
+            answerAll(q, -1, "the node is shutting down");
+        } else {
+            startRound(r); /* for the reloads asked for while this one read the file */
+        }
     }
-    stats.ok++;
-    stats.last_success_s = nowSeconds();
-    log_info("reload (%s): configuration reloaded from %s: %zu tenant%s, %zu proxy route%s%s",
-             trigger, r->path, next->cfg.n_tenants, next->cfg.n_tenants == 1 ? "" : "s", routes,
-             routes == 1 ? "" : "s", next->cfg.tls.enabled ? ", TLS files read again" : "");
-    return 0;
+}
+
+/* Reads the file again for every reload queued so far. */
+static void startRound(struct reloader *r)
+{
+    r->round = r->queued;
+    r->queued = NULL;
+    r->trigger = r->round->trigger;
+    r->loading = config_ref_new();
+    log_info("reload (%s): reading %s", r->trigger, r->path);
+    r->work.data = r;
+    if (uv_queue_work(r->loop, &r->work, loadWork, loadedCb) != 0) {
+        /* libuv refuses only a request without a work callback: not this one */
+        abort();
+    }
+}
+
+void reloader_run(struct reloader *r, const char *trigger, reloader_done_fn done, void *data)
+{
+    if (r->stopping || r->svc == NULL) {
+        char err[64];
+        snprintf(err, sizeof err, "the node is %s", r->stopping ? "shutting down" : "starting");
+        if (done != NULL) {
+            done(data, -1, err);
+        }
+        return;
+    }
+    struct reload_waiter *w = xcalloc(1, sizeof(*w));
+    w->done = done;
+    w->data = data;
+    w->trigger = trigger;
+    struct reload_waiter **tail = &r->queued;
+    while (*tail != NULL) {
+        tail = &(*tail)->next;
+    }
+    *tail = w;
+    if (r->loading == NULL) {
+        startRound(r);
+    }
 }
 
 void reloader_close(struct reloader *r)
 {
     r->stopping = true;
+    if (r->loading != NULL) {
+        (void)uv_cancel((uv_req_t *)&r->work); /* else loadedCb answers "shutting down" */
+    }
     uv_timer_stop(&r->drop);
     uv_close((uv_handle_t *)&r->drop, NULL);
 }

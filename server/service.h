@@ -39,9 +39,11 @@ void service_set_config(struct service *s, const struct config *cfg);
  * the reason in err and nothing changed. */
 int service_reload_tls(struct service *s, const struct config_tls *tls, char *err, size_t errlen);
 
-/* What the admin op `reload` (idemctl reload) calls: 0, or -1 with the reason in err
- * (errlen bytes). The service calls it on its loop, with the admin token checked. */
-typedef int (*service_reload_fn)(void *data, char *err, size_t errlen);
+/* What the admin op `reload` (idemctl reload) calls, on the loop, with the admin token
+ * checked: the reload then calls done(done_data, rc, err) on the loop once it ended (at once
+ * or later), rc 0 or -1 with the reason in err. */
+typedef void (*service_reload_done)(void *data, int rc, const char *err);
+typedef void (*service_reload_fn)(void *data, service_reload_done done, void *done_data);
 void service_set_reload(struct service *s, service_reload_fn fn, void *data);
 
 /* Called on the loop each time this node learns which node leads (not when it knows none),

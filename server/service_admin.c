@@ -479,20 +479,34 @@ static void adminMembership(struct service *s, const Idem__Request *req, service
     }
 }
 
-/* reload: this node reads its configuration file again (server/reload.c), as on SIGHUP. */
+/* A reload's caller, answered when the reload ends (reloadDone). */
+struct reloadCall {
+    service_done_cb cb;
+    void *data;
+    uint64_t request_id;
+};
+
+static void reloadDone(void *data, int rc, const char *err)
+{
+    struct reloadCall *k = data;
+    service_answer(k->cb, k->data, k->request_id,
+                   rc == 0 ? IDEM__OUTCOME__OUTCOME_OK : IDEM__OUTCOME__OUTCOME_INVALID, err, NULL);
+    free(k);
+}
+
+/* reload: this node reads its configuration file again (server/reload.c), as on SIGHUP;
+ * answered when that ended (the file is read off the loop). */
 static void adminReload(struct service *s, const Idem__Request *req, service_done_cb cb, void *data)
 {
-    char err[1024];
     if (s->reload == NULL) {
         service_answer_invalid(cb, data, req->request_id, "this node cannot reload");
         return;
     }
-    if (s->reload(s->reload_data, err, sizeof err) != 0) {
-        service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_INVALID, err, NULL);
-        return;
-    }
-    service_answer(cb, data, req->request_id, IDEM__OUTCOME__OUTCOME_OK, "configuration reloaded",
-                   NULL);
+    struct reloadCall *k = xcalloc(1, sizeof(*k));
+    k->cb = cb;
+    k->data = data;
+    k->request_id = req->request_id;
+    s->reload(s->reload_data, reloadDone, k);
 }
 
 void service_admin_handle(struct service *s, const Idem__Request *req, service_done_cb cb,

@@ -21,8 +21,11 @@ connect from other loopback addresses (127.0.0.2 and up).
 Run: IDEM_BIN_DIR=build/bin python3 -m unittest -v test_rpc_abuse
 """
 import hashlib
+import json
+import os
 import secrets
 import select
+import signal
 import socket
 import struct
 import threading
@@ -383,6 +386,49 @@ class TestManyTenants(ClusterTestCase):
         # And the tenants still claim, each under its own account.
         rc, out = self.c.ctl("claim", "after-reloads", "--fingerprint", fp("after-reloads"))
         self.assertEqual(out["outcome"], "acquired", out)
+
+    def test_reloads_asked_for_at_once_are_each_answered(self):
+        """The file is read off the loop (server/reload.c): reloads asked for while one reads
+        it wait for it, then the file is read once more for them; each gets its answer."""
+        lid = self.c.wait_leader(timeout=30)
+        node = self.c.nodes[lid]
+        results = []
+
+        def one():
+            results.append(self.c.ctl("reload", "--node", node.rpc))
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        os.kill(node.proc.pid, signal.SIGHUP)
+        for t in threads:
+            t.join(timeout=90)
+        self.assertEqual(len(results), 4, results)
+        for rc, out in results:
+            self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+        # SIGHUP's reload and the four asked for: at least two reads of the file (one under
+        # way, one for those that came meanwhile), each logged as reloaded.
+        wait_for(lambda: open(node.log).read().count("configuration reloaded from") >= 2, 10,
+                 "the reloads logged")
+
+    def test_a_stop_during_a_reload_answers_it(self):
+        """SIGTERM while the file is read: the reload is answered (done, or refused because
+        the node stops) and the node exits cleanly (close() checks its log)."""
+        lid = self.c.wait_leader(timeout=30)
+        node = self.c.nodes[lid]
+        results = []
+        t = threading.Thread(
+            target=lambda: results.append(self.c.ctl("reload", "--node", node.rpc)))
+        t.start()
+        wait_for(lambda: "reload (admin RPC): reading" in open(node.log).read(), 10,
+                 "the reload to begin")
+        os.kill(node.proc.pid, signal.SIGTERM)
+        t.join(timeout=90)
+        self.assertEqual(len(results), 1)
+        rc, out = results[0]
+        self.assertIsNotNone(out, "idemctl printed nothing")
+        if rc != 0:
+            self.assertIn("shutting down", json.dumps(out), out)
+        self.assertEqual(self.c.wait_exit(lid, timeout=60), 0)
 
 
 class _LongTokenCluster(Cluster):
