@@ -179,7 +179,7 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
     if (c->stopping) {
         return CLUSTER_ESTOPPING;
     }
-    if (raft_state(&c->raft) != RAFT_LEADER) {
+    if (!cluster_leading(c)) {
         return CLUSTER_ENOTLEADER;
     }
     if (c->raft.transfer != NULL) {
@@ -213,7 +213,7 @@ static int propose(struct cluster *c, const uint8_t *cmd, size_t len, void *wait
     bool wait = mustWait(c, account, cost);
     if (!wait && batch_open_full(c, len)) {
         batch_flush(c);
-        if (raft_state(&c->raft) != RAFT_LEADER) {
+        if (!cluster_leading(c)) {
             return CLUSTER_ENOTLEADER;
         }
     }

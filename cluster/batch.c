@@ -238,7 +238,8 @@ void batch_flush(struct cluster *c)
     b->charges = charges;
     b->n = n;
     b->req.data = b;
-    int rv = raft_apply(&c->raft, &b->req, &buf, 1, applyCb);
+    int rv = cluster_leading(c) ? raft_apply(&c->raft, &b->req, &buf, 1, applyCb)
+                                : RAFT_NOTLEADER;
     if (rv != 0) {
         /* Not leading any more, or a transfer began since these commands were taken (a
          * transfer request read in the same loop iteration): none of them is in the log. */
@@ -267,7 +268,7 @@ bool batch_open_full(const struct cluster *c, size_t len)
 /* Whether this node may hand raft a batch now (raft_apply refuses one during a transfer). */
 bool batch_may_propose(struct cluster *c)
 {
-    return !c->stopping && raft_state(&c->raft) == RAFT_LEADER && c->raft.transfer == NULL;
+    return !c->stopping && cluster_leading(c) && c->raft.transfer == NULL;
 }
 
 /* Adds a copy of a command (len bytes at data) to the open batch, which has room for it
@@ -389,7 +390,8 @@ int batch_propose_internal(struct cluster *c, const Idem__LogEntry *entry)
     batch_entry_encode(entry, &buf);
     struct internalReq *r = cluster_xcalloc(sizeof(*r));
     r->req.data = r;
-    int rv = raft_apply(&c->raft, &r->req, &buf, 1, internalApplyCb);
+    int rv = cluster_leading(c) ? raft_apply(&c->raft, &r->req, &buf, 1, internalApplyCb)
+                                : RAFT_NOTLEADER;
     if (rv != 0) {
         raft_free(buf.base);
         free(r);

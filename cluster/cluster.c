@@ -708,7 +708,7 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data)
 
 bool cluster_is_leader(const struct cluster *c)
 {
-    return raft_state((struct raft *)&c->raft) == RAFT_LEADER;
+    return cluster_leading(c);
 }
 
 bool cluster_ready(const struct cluster_status *st, char *why, size_t len)

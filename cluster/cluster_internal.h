@@ -239,6 +239,18 @@ void batch_flush_cb(uv_check_t *h);
 void batch_delay_cb(uv_poll_t *h, int status, int events);
 bool batch_open_full(const struct cluster *c, size_t len);
 bool batch_may_propose(struct cluster *c);
+
+/* Whether raft leads and may be handed entries. libraft 0.15 still says RAFT_LEADER while
+ * it fails a stepping-down leader's requests (convertClearLeader), after it freed the
+ * leader's progress array: raft_apply then reads that array, and the node crashed when a
+ * failure callback proposed again (an answer callback making its next call at once, as
+ * proxy mode's complete after a failed renew) and the full open batch was flushed. The
+ * array, gone, is what tells that window apart. */
+static inline bool cluster_leading(const struct cluster *c)
+{
+    return raft_state((struct raft *)&c->raft) == RAFT_LEADER &&
+           c->raft.leader_state.progress != NULL;
+}
 void batch_open_append(struct cluster *c, const uint8_t *data, size_t len, void *waiter,
                        uint32_t account, uint32_t cost, bool charged);
 void batch_fail_waiters(struct cluster *c, void **waiters, unsigned n, int status);

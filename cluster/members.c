@@ -105,6 +105,9 @@ uint64_t cluster_leader(const struct cluster *c, const char **rpc_address)
     const char *addr = NULL;
     raft_leader((struct raft *)&c->raft, &id, &addr);
     *rpc_address = "";
+    if (id == c->cfg.id && !cluster_leading(c)) {
+        return 0; /* stepping down (cluster_leading): not a leader to send anyone to */
+    }
     if (id != 0) {
         for (size_t i = 0; i < c->n_meta; i++) {
             if (c->meta[i].m.id == id) {
