@@ -69,6 +69,29 @@ takeover_early  A takeover acquired for a json/lib claim must not be answered be
                 earlier than its claim's t0 and lasted lease_ms, so the takeover's t1 is
                 at least claim t0 + lease_ms/1000.  Taking over a live lease lets two
                 holders run the business at once.
+overlap         Two holders never both run the business: for one key, when the ledger
+                accepted executions with fences A < B, both tokens granted to json/lib
+                claims of different attempt ids, the grant of B (plain or by takeover) was
+                not answered before the lease of A could have run out: that lease began no
+                earlier than the first claim op of A's attempt was sent (answered or not)
+                and lasted its lease_ms, as for takeover_early.  The one exception is a key
+                given back: a release of A sent before B's grant was answered, answered ok
+                or indeterminate (it may have been applied first).  An execution the
+                ledger refused for its stale fence had no effect and overlaps nothing; a
+                takeover once A's lease could have run out is no overlap either, even when
+                A's late call was accepted before B's (the fence only refuses the later
+                one).  The tokens' order is the log's, so A was granted before B.  The
+                service measures leases on the leaders' wall clock (one machine's, in a
+                run): this rule, like takeover_early, takes it to keep pace with
+                CLOCK_MONOTONIC within the tolerance.
+stale_complete  A holder fenced off by a newer grant cannot record its result: for one key,
+                a json/lib complete with token A is not answered ok when a claim of another
+                attempt id was answered acquired with a token above A before the first
+                complete with token A was sent (any try of it, answered or not).  That
+                grant was applied first, so the record no longer held A and the complete
+                had to be lease_lost; accepting it records the stale holder's result while
+                the new holder may run the business as well.  A complete first sent before
+                the grant's answer is not judged: that try may have been applied first.
 changed_body    A request whose body (proxy) or fingerprint (json/lib) differs from the
                 one the key was first used with must be refused as a reuse of the key: it
                 must never reach the upstream (ledger execution marked changed), never get
@@ -117,7 +140,8 @@ except ImportError:  # imported as a package member
 
 
 INVARIANTS = ("one_result", "no_exec_after_ack", "lost_ack", "fences", "token_order", "dup_token",
-              "takeover_early", "changed_body", "quorum", "replay_identical", "final")
+              "takeover_early", "overlap", "stale_complete", "changed_body", "quorum",
+              "replay_identical", "final")
 
 DEFAULT_PARAMS = {
     "tolerance_s": 0.005,
@@ -507,6 +531,148 @@ def _check_takeover_early(ops_by_key, tol):
     return out
 
 
+def _attempts(grants):
+    """The attempt ids of some grant ops (None included when one names none)."""
+    return {o.get("attempt") for o in grants}
+
+
+def _lease_floor(ops, attempts):
+    """(op, end): the earliest time a lease granted to one of these attempt ids could run
+    out, or None when unknown. The grant came no earlier than the first claim op of the
+    attempt was sent (answered or not: a retry with the attempt id gets the token an
+    earlier try was granted), and lasted at least its lease (a retry only ever lengthens
+    it); end is the least t0 + lease_ms / 1000 over those ops."""
+    best = None
+    for o in sorted(ops, key=_op_order):
+        if not _is_claim(o) or o.get("attempt") is None or o.get("attempt") not in attempts:
+            continue
+        t0, lease = _num(o.get("t0")), _num(o.get("lease_ms"))
+        if t0 is None or lease is None:
+            continue
+        end = t0 + lease / 1000.0
+        if best is None or end < best[1]:
+            best = (o, end)
+    return best
+
+
+def _released_before(ops, token, t, tol):
+    """A release of token sent no later than t (+ tol) that may have taken effect: answered
+    ok, or indeterminate (it may have committed). None when there is none."""
+    for o in sorted(ops, key=_op_order):
+        if o.get("f") != "release" or _int(o.get("token")) != token:
+            continue
+        t0 = _num(o.get("t0"))
+        if t0 is None or t0 > t + tol:
+            continue
+        if not _ok(o) or o.get("outcome") == "ok":
+            return o
+    return None
+
+
+def _check_overlap(ops_by_key, execs_by_key, tol):
+    """Two holders' executions both accepted by the ledger, the later one's grant answered
+    while the earlier holder's lease certainly still ran and was not given back."""
+    out = []
+    for key in sorted(execs_by_key, key=_key_order):
+        ops = ops_by_key.get(key, [])
+        by_tok = {}
+        for o, tok in _grants(ops):
+            by_tok.setdefault(tok, []).append(o)
+        accepted = {}  # fence -> first accepted execution with it
+        for e in sorted(execs_by_key[key], key=_exec_order):
+            f = _int(e.get("fence"))
+            if f is not None and e.get("accepted") is True:
+                accepted.setdefault(f, e)
+        fences = sorted(f for f in accepted if f in by_tok)
+        # One violation per execution that ran beside another holder's: the later fence B,
+        # against the lowest fence A whose lease it certainly overlapped.
+        for j, fb in enumerate(fences):
+            bs = by_tok[fb]
+            att_b = _attempts(bs)
+            b = min((o for o in bs if _num(o.get("t1")) is not None),
+                    key=lambda o: (_num(o.get("t1")), _op_order(o)), default=None)
+            if None in att_b or b is None:
+                continue
+            b1 = _num(b.get("t1"))
+            for fa in fences[:j]:
+                att_a = _attempts(by_tok[fa])
+                if None in att_a or att_a & att_b:
+                    continue  # the same attempt: its own retry
+                floor = _lease_floor(ops, att_a)
+                if floor is None:
+                    continue
+                h, end = floor
+                if b1 >= end - tol:
+                    continue  # the lease may have run out: a takeover is no overlap
+                if _released_before(ops, fa, b1, tol) is not None:
+                    continue  # given back first: the key was free
+                ea, eb = accepted[fa], accepted[fb]
+                out.append(_v("overlap", key,
+                              "exec %s (fence %d, t_start=%s) and exec %s (fence %d, "
+                              "t_start=%s) were both accepted, but op %s (attempt %s) was "
+                              "granted token %d%s at t1=%s, while the lease on token %d "
+                              "(attempt %s, first claimed by op %s at t0=%s with a %sms "
+                              "lease) could not run out before %s (%.4fs later) and was "
+                              "never released: two holders ran the business at once"
+                              % (ea.get("exec"), fa, _t(ea.get("t_start")), eb.get("exec"),
+                                 fb, _t(eb.get("t_start")), b.get("id"), b.get("attempt"),
+                                 fb, " by takeover of token %s" % b.get("previous_token")
+                                 if b.get("takeover") is True else "", _t(b1), fa,
+                                 ", ".join(sorted(str(a) for a in att_a)), h.get("id"),
+                                 _t(h.get("t0")), h.get("lease_ms"), _t(end), end - b1)))
+                break
+    return out
+
+
+def _check_stale_complete(ops_by_key, tol):
+    """A complete accepted for a token after a grant of a higher token (another attempt)
+    was answered, before any try of that complete was sent."""
+    out = []
+    for key in sorted(ops_by_key, key=_key_order):
+        ops = ops_by_key[key]
+        grants = _grants(ops)
+        if not grants:
+            continue
+        completes = [o for o in sorted(ops, key=_op_order)
+                     if _client(o) in ("json", "lib") and o.get("f") == "complete"
+                     and _int(o.get("token")) is not None]
+        first_sent = {}  # token -> earliest t0 of any try of a complete with it
+        for o in completes:
+            t0 = _num(o.get("t0"))
+            tok = _int(o.get("token"))
+            if t0 is not None and (tok not in first_sent or t0 < first_sent[tok]):
+                first_sent[tok] = t0
+        seen = set()
+        for op in completes:
+            ta = _int(op.get("token"))
+            if not (_ok(op) and op.get("outcome") == "ok") or ta in seen:
+                continue
+            sent = first_sent.get(ta)
+            if sent is None:
+                continue
+            att_a = _attempts([o for o, tok in grants if tok == ta])
+            if not att_a or None in att_a:
+                continue  # whose token it is is not known
+            newer = [(o, tok) for o, tok in grants
+                     if tok > ta and o.get("attempt") is not None
+                     and o.get("attempt") not in att_a
+                     and _num(o.get("t1")) is not None and _num(o.get("t1")) + tol < sent]
+            if not newer:
+                continue
+            seen.add(ta)
+            g, tg = min(newer, key=lambda x: (_num(x[0].get("t1")), _op_order(x[0])))
+            out.append(_v("stale_complete", key,
+                          "op %s (%s complete, t1=%s) was answered ok for token %d, but op %s "
+                          "(attempt %s) had been granted the higher token %d%s at t1=%s, "
+                          "%.4fs before the first complete with token %d was sent (t0=%s): "
+                          "the fenced-off holder's result was recorded, not lease_lost"
+                          % (op.get("id"), _client(op), _t(op.get("t1")), ta, g.get("id"),
+                             g.get("attempt"), tg, " by takeover" if g.get("takeover") is True
+                             else "", _t(g.get("t1")), sent - _num(g.get("t1")), ta,
+                             _t(sent))))
+    return out
+
+
 def _check_changed_body(ops, ledger):
     out = []
     for e in sorted(ledger, key=_exec_order):
@@ -702,6 +868,8 @@ def check(ops, ledger, nemesis, final, params=None):
     out += _check_token_order(ops_by_key, tol)
     out += _check_dup_token(ops_by_key)
     out += _check_takeover_early(ops_by_key, tol)
+    out += _check_overlap(ops_by_key, execs_by_key, tol)
+    out += _check_stale_complete(ops_by_key, tol)
     out += _check_changed_body(ops, ledger)
     out += _check_quorum(ops, nemesis, tol, p["quorum_exempt_status"])
     out += _check_replay_identical(ops, execs)

@@ -316,7 +316,13 @@ class CheckerTest(unittest.TestCase):
     def test_one_result_second_complete(self):
         def f(r):  # the fenced-off holder's complete answered ok with its own body
             r.complete("j-take", 1.63, 1.64, 100, result='{"exec":1,"mine":true}')
-        self.plant(claim_run, f, "one_result", key="j-take")
+        # Sent after the takeover was answered, so stale_complete flags it as well.
+        r = claim_run()
+        self.assertClean(r)
+        f(r)
+        vs = r.check()
+        self.assertEqual([(v["invariant"], v["key"]) for v in vs],
+                         [("one_result", "j-take"), ("stale_complete", "j-take")])
 
     def test_one_result_unrecorded_different_is_exempt(self):
         r = proxy_run()
@@ -503,6 +509,179 @@ class CheckerTest(unittest.TestCase):
             r.ref[name]["t1"] = 1.497  # lease ends at 1.500, 3 ms < 5 ms tolerance
         self.assertClean(r)
         self.assertOnly(r, "takeover_early", count=2, tolerance_s=0.001)
+
+    # overlap
+
+    def test_overlap_plain_grant_while_the_lease_ran(self):
+        def f(r):
+            # A holds j-over with a 500 ms lease from no earlier than 10.00; B, another
+            # attempt, is granted the key plainly at 10.11, and both reach the ledger in
+            # fence order, so both are accepted: the business ran twice.
+            r.claim("j-over", 10.00, 10.01, "acquired", "o1", token=600)
+            r.claim("j-over", 10.10, 10.11, "acquired", "o2", client="lib", token=610)
+            r.exec("j-over", 10.12, 600)
+            Rb = r.exec("j-over", 10.15, 610)
+            r.complete("j-over", 10.20, 10.21, 600, outcome="lease_lost",
+                       code="idempotency_lease_lost", status=409)
+            r.complete("j-over", 10.22, 10.23, 610, result=Rb, client="lib")
+            # A release sent after B's grant was answered cannot have freed the key first.
+            r.release("j-over", 10.30, 10.40, 600, type="info", status=503)
+        vs = self.plant(claim_run, f, "overlap", key="j-over")
+        self.assertIn("granted token 610 at t1=10.1100", vs[0]["detail"])
+        self.assertIn("could not run out before 10.5000", vs[0]["detail"])
+
+    def test_overlap_early_takeover_both_executed(self):
+        def f(r):  # taken over 300 ms into a 500 ms lease; both holders' calls accepted
+            r.claim("j-over", 10.00, 10.01, "acquired", "o1", token=600)
+            r.claim("j-over", 10.30, 10.31, "acquired", "o2", token=610, takeover=True,
+                    previous_token=600)
+            r.exec("j-over", 10.32, 600)
+            Rb = r.exec("j-over", 10.35, 610)
+            r.complete("j-over", 10.36, 10.37, 600, outcome="lease_lost",
+                       code="idempotency_lease_lost", status=409)
+            r.complete("j-over", 10.38, 10.39, 610, result=Rb)
+        r = claim_run()
+        self.assertClean(r)
+        f(r)
+        vs = r.check()
+        self.assertEqual([v["invariant"] for v in vs], ["takeover_early", "overlap"],
+                         "\n".join(checker.format_violation(v) for v in vs))
+
+    def test_overlap_is_flagged_once_per_extra_execution(self):
+        def f(r):  # three holders at once, all three accepted: two executions too many
+            r.claim("j-over", 10.00, 10.01, "acquired", "o1", token=600)
+            r.claim("j-over", 10.10, 10.11, "acquired", "o2", token=610)
+            r.claim("j-over", 10.20, 10.21, "acquired", "o3", client="lib", token=620)
+            for t, fence in ((10.22, 600), (10.24, 610), (10.26, 620)):
+                r.exec("j-over", t, fence)
+        vs = self.plant(claim_run, f, "overlap", count=2, key="j-over")
+        self.assertIn("fence 610", vs[0]["detail"])
+        self.assertIn("fence 620", vs[1]["detail"])
+        self.assertIn("lease on token 600", vs[1]["detail"])
+
+    def test_overlap_takeover_after_the_lease_ran_out(self):
+        # A's lease (from no earlier than 10.00, 500 ms) ran out; B took over at 10.53. A's
+        # slow call reached the ledger first, so both were accepted, as a fenced downstream
+        # allows: only B's complete was accepted. No overlap: the leases did not overlap.
+        r = claim_run()
+        A = r.claim("j-over", 10.00, 10.01, "acquired", "o1", token=600)
+        B = r.claim("j-over", 10.52, 10.53, "acquired", "o2", token=610, takeover=True,
+                    previous_token=600)
+        r.exec("j-over", 10.51, 600)
+        Rb = r.exec("j-over", 10.55, 610)
+        r.complete("j-over", 10.56, 10.57, 600, outcome="lease_lost",
+                   code="idempotency_lease_lost", status=409)
+        r.complete("j-over", 10.58, 10.59, 610, result=Rb)
+        self.assertClean(r)
+        A["lease_ms"] = 600  # the same answers with a longer lease: taken over while live
+        vs = r.check()
+        self.assertEqual([v["invariant"] for v in vs], ["takeover_early", "overlap"])
+        A["lease_ms"] = 500
+        B["t0"], B["t1"] = 10.496, 10.497  # 3 ms early: within the tolerance
+        self.assertClean(r)
+
+    def test_overlap_same_attempt_retry(self):
+        # A's first claim was granted but its answer lost (503); the retry with the same
+        # attempt id got the token back at 10.36, and again at 10.38. The lease ran from the
+        # first try, so B's takeover at 10.53 is legal although 10.36 + 500 ms is later.
+        r = claim_run()
+        A = r.claim("j-over", 10.00, 10.30, None, "o1", status=503)
+        r.claim("j-over", 10.35, 10.36, "acquired", "o1", token=600)
+        r.claim("j-over", 10.37, 10.38, "acquired", "o1", client="lib", token=600)
+        r.claim("j-over", 10.52, 10.53, "acquired", "o2", token=610, takeover=True,
+                previous_token=600)
+        r.exec("j-over", 10.51, 600)
+        Rb = r.exec("j-over", 10.55, 610)
+        r.complete("j-over", 10.56, 10.57, 600, outcome="lease_lost",
+                   code="idempotency_lease_lost", status=409)
+        r.complete("j-over", 10.58, 10.59, 610, result=Rb)
+        self.assertClean(r)
+        A["t0"] = 10.10  # the lease could not have run out before 10.60 now
+        vs = r.check()
+        self.assertEqual([v["invariant"] for v in vs], ["takeover_early", "overlap"])
+
+    def test_overlap_release_then_a_new_grant(self):
+        # A's call reached the ledger but its answer was lost, so A gave the key back; B was
+        # granted it afresh while A's lease would still have run: legal, as the key was free.
+        # An indeterminate release may have freed it too. One refused is no release.
+        for kw, clean in (({}, True), ({"type": "info", "status": 503, "outcome": None}, True),
+                          ({"outcome": "lease_lost", "status": 409}, False)):
+            r = claim_run()
+            r.claim("j-over", 10.00, 10.01, "acquired", "o1", token=600)
+            r.exec("j-over", 10.02, 600)
+            r.release("j-over", 10.05, 10.06, 600, **kw)
+            r.claim("j-over", 10.10, 10.11, "acquired", "o2", client="lib", token=610)
+            Rb = r.exec("j-over", 10.12, 610)
+            r.complete("j-over", 10.15, 10.16, 610, result=Rb, client="lib")
+            if clean:
+                self.assertClean(r)
+            else:
+                self.assertOnly(r, "overlap", key="j-over")
+
+    def test_overlap_fenced_off_is_no_double_execution(self):
+        # B was granted the key while A's lease ran, but A's call came after B's and the
+        # ledger refused its stale fence: the business ran once. (The grant is outside what
+        # this rule judges: it counts executions.)
+        r = claim_run()
+        r.claim("j-over", 10.00, 10.01, "acquired", "o1", token=600)
+        r.claim("j-over", 10.10, 10.11, "acquired", "o2", client="lib", token=610)
+        Rb = r.exec("j-over", 10.12, 610)
+        r.exec("j-over", 10.14, 600, accepted=False)
+        r.release("j-over", 10.16, 10.17, 600, outcome="lease_lost", status=409)
+        r.complete("j-over", 10.18, 10.19, 610, result=Rb, client="lib")
+        self.assertClean(r)
+
+    # stale_complete
+
+    def test_stale_complete_after_takeover(self):
+        def f(r):
+            # B took over A's run-out lease (answered at 10.53); A's slow call reached the
+            # ledger first (accepted), then A's complete, sent at 10.56, was accepted
+            # instead of lease_lost: A's result is the key's, B's execution ran as well.
+            r.claim("j-stale", 10.00, 10.01, "acquired", "o1", token=600)
+            r.claim("j-stale", 10.52, 10.53, "acquired", "o2", client="lib", token=610,
+                    takeover=True, previous_token=600)
+            Ra = r.exec("j-stale", 10.51, 600)
+            r.exec("j-stale", 10.55, 610)
+            r.complete("j-stale", 10.56, 10.57, 600, result=Ra)
+            r.complete("j-stale", 10.58, 10.59, 610, outcome="lease_lost", client="lib")
+        vs = self.plant(claim_run, f, "stale_complete", key="j-stale")
+        self.assertIn("token 600", vs[0]["detail"])
+        self.assertIn("higher token 610 by takeover at t1=10.5300", vs[0]["detail"])
+
+        def g(r):  # the same when the new holder never got to run (a crashed holder)
+            r.claim("j-stale", 10.00, 10.01, "acquired", "o1", token=600, client="lib")
+            r.claim("j-stale", 10.52, 10.53, "acquired", "o2", token=610, takeover=True,
+                    previous_token=600)
+            Ra = r.exec("j-stale", 10.51, 600)
+            r.complete("j-stale", 10.56, 10.57, 600, result=Ra, client="lib")
+        self.plant(claim_run, g, "stale_complete", key="j-stale")
+
+    def test_stale_complete_before_any_takeover(self):
+        # A's lease ran out at 10.50 but nobody took over: its token is still the record's,
+        # its complete at 10.55 is accepted, and the next claim replays it.
+        r = claim_run()
+        r.claim("j-stale", 10.00, 10.01, "acquired", "o1", token=600)
+        Ra = r.exec("j-stale", 10.45, 600)
+        r.complete("j-stale", 10.55, 10.56, 600, result=Ra)
+        r.claim("j-stale", 10.57, 10.58, "replay", "o2", client="lib", result=Ra)
+        self.assertClean(r)
+
+    def test_stale_complete_same_attempt_retry(self):
+        # A's first claim was granted, its answer lost; the retry with the same attempt id,
+        # after the lease ran out and nobody took over, got the token back with a fresh
+        # lease. Its complete timed out (and was applied), its retry answered ok (a repeat),
+        # the next claim replays it.
+        r = claim_run()
+        r.claim("j-stale", 10.00, 10.30, None, "o1", status=503)
+        r.claim("j-stale", 10.60, 10.61, "acquired", "o1", token=600)
+        r.claim("j-stale", 10.62, 10.63, "acquired", "o1", client="lib", token=600)
+        Ra = r.exec("j-stale", 10.64, 600)
+        r.complete("j-stale", 10.65, 10.75, 600, result=Ra, type="info", status=None,
+                   outcome=None)
+        r.complete("j-stale", 10.80, 10.81, 600, result=Ra)
+        r.claim("j-stale", 10.85, 10.86, "replay", "o2", result=Ra, status=201)
+        self.assertClean(r)
 
     # changed_body
 
