@@ -596,17 +596,18 @@ static void acceptCb(uv_stream_t *l, int status)
 
 static void listenerClosedCb(uv_handle_t *l);
 
-/* Binds and listens on addr with handle tcp (initialised here); *sa (OUT) is the address
- * bound (a name resolved here, once, at start). 0, or a libuv error (why says it too). */
+/* Binds and listens on addr with handle tcp (initialised here first, whatever follows, so
+ * that closeListenersNow() may close it); *sa (OUT) is the address bound (a name resolved
+ * here, once, at start). 0, or a libuv error (why says it too). */
 static int listenOn(struct http_server *h, uv_tcp_t *tcp, const struct config_addr *addr,
                     struct sockaddr_storage *sa, char *why, size_t why_len)
 {
-    if (IdemSockaddrResolveNow(addr->host, addr->port, sa, why, why_len) != 0) {
-        return UV_EINVAL;
-    }
     uv_tcp_init(h->loop, tcp);
     tcp->data = h;
     h->open_listeners++;
+    if (IdemSockaddrResolveNow(addr->host, addr->port, sa, why, why_len) != 0) {
+        return UV_EINVAL;
+    }
     int rv = uv_tcp_bind(tcp, (const struct sockaddr *)sa, 0);
     if (rv == 0) {
         rv = uv_listen((uv_stream_t *)tcp, 511, acceptCb);
@@ -630,6 +631,7 @@ static void closeListenersNow(struct http_server *h)
     free(h->plisteners);
     IdemTlsCtxFree(h->tls);
     config_ref_drop(h->ref);
+    rpc_admit_free(&h->admit);
     free(h);
 }
 
@@ -772,8 +774,7 @@ struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, str
      * address alone decides. */
     rpc_admit_init(&h->admit, cfg->http.max_connections + 1, 0,
                    cfg->http.max_connections_per_address);
-    if (!openListeners(h, err, errlen)) {
-        rpc_admit_free(&h->admit);
+    if (!openListeners(h, err, errlen)) { /* h is freed */
         forwarder_close(fwd, NULL, NULL);
         return NULL;
     }

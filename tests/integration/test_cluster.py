@@ -171,6 +171,40 @@ class TestServe(ClusterTest):
             log = f.read()
         self.assertIn("raft start: raft address %s: Address already in use" % node.raft, log)
 
+    def test_http_listener_that_cannot_open_is_named(self):
+        """A node whose HTTP address is taken, or names a host that does not resolve, exits
+        1 and says why. Before, the unresolved name aborted the node (a listener handle
+        closed that was never initialised), and the address taken freed the gateway twice
+        over (a use after free the sanitizer build reports)."""
+        node = self.c.nodes[3]
+        self.c.kill(3)
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            host, port = node.http.rsplit(":", 1)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind((host, int(port)))
+            holder.listen(1)
+            self.c.start(3)
+            rc = node.proc.wait(timeout=30)
+            node.proc = None
+        finally:
+            holder.close()
+        self.assertEqual(rc, 1)
+        with open(node.log) as f:
+            self.assertIn("http listen on %s: address already in use" % node.http, f.read())
+        with open(node.cfg) as f:
+            text = f.read()
+        unresolved = "no-such-host.invalid:%s" % port
+        with open(node.cfg, "w") as f:
+            f.write(text.replace("  http_address: '%s'" % node.http,
+                                 "  http_address: '%s'" % unresolved))
+        self.c.start(3)
+        rc = node.proc.wait(timeout=60)
+        node.proc = None
+        self.assertEqual(rc, 1)
+        with open(node.log) as f:
+            self.assertIn("http listen on %s: " % unresolved, f.read())
+
     def test_sigterm_is_clean_and_restart_keeps_data(self):
         rc, a = self.claim("durable-1")
         self.complete("durable-1", a["token"], "kept")
