@@ -108,10 +108,16 @@ static int checkTls(const struct config *cfg, char *err, size_t errlen)
     if (!t->enabled || !(t->rpc || t->http || t->proxy || t->raft)) {
         return 0;
     }
+    /* The CA file as the parts load it, and only if one does: the RPC listener and its
+     * forwarder (tls.rpc), Raft (tls.raft), the HTTP listeners when they ask for client
+     * certificates. A node whose CA file nothing loads starts without reading it, and a
+     * reload that read it anyway refused every file, unchanged ones too. */
+    bool ca = t->rpc || t->raft || ((t->http || t->proxy) &&
+                                    t->http_client_certs != CONFIG_CLIENT_CERTS_OFF);
     struct idem_tls_params p = {.role = IDEM_TLS_SERVER,
                                 .cert_file = t->cert_file,
                                 .key_file = t->key_file,
-                                .ca_file = t->ca_file};
+                                .ca_file = ca ? t->ca_file : NULL};
     struct idem_tls_ctx *ctx = NULL;
     char why[512];
     if (IdemTlsCtxNew(&p, &ctx, why, sizeof why) != IDEM_OK) {

@@ -479,11 +479,8 @@ def renew(pki, name, cn):
         os.replace(os.path.join(pki, name + suffix + ".new"), os.path.join(pki, name + suffix))
 
 
-class TestReloadTls(ReloadTest):
-    def make_cluster(self):
-        return TlsCluster(lambda pki: ["cert_file: %s/node.crt" % pki,
-                                       "key_file: %s/node.key" % pki,
-                                       "rpc: true", "http: true"], n=1)
+class TlsReloadTest(ReloadTest):
+    """A one-node cluster serving HTTPS: its readiness and metrics read over TLS."""
 
     def cluster_ready(self):
         ctx = ssl.create_default_context(cafile=os.path.join(self.c.pki, "ca.crt"))
@@ -511,6 +508,13 @@ class TestReloadTls(ReloadTest):
         finally:
             if own:
                 conn.close()
+
+
+class TestReloadTls(TlsReloadTest):
+    def make_cluster(self):
+        return TlsCluster(lambda pki: ["cert_file: %s/node.crt" % pki,
+                                       "key_file: %s/node.key" % pki,
+                                       "rpc: true", "http: true"], n=1)
 
     def test_renewed_certificate(self):
         node, pki = self.c.nodes[1], self.c.pki
@@ -551,3 +555,21 @@ class TestReloadTls(ReloadTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestReloadTlsUnusedCa(TlsReloadTest):
+    """tls.ca_file names a file nothing loads: HTTPS without client certificates, no
+    tls.rpc or tls.raft. The node starts without reading it, and a reload must not read it
+    either: it did, and refused every reload, the unchanged file's too."""
+
+    def make_cluster(self):
+        return TlsCluster(lambda pki: ["cert_file: %s/node.crt" % pki,
+                                       "key_file: %s/node.key" % pki,
+                                       "ca_file: %s/no-such-ca.crt" % pki, "http: true"], n=1)
+
+    def test_a_reload_does_not_read_it(self):
+        node = self.c.nodes[1]
+        rc, out, err = self.ctl("reload", "--node", node.rpc)
+        self.assertEqual(rc, 0, (out, err))
+        self.assertEqual(self.reload_counts(node)[1], 0)
+
