@@ -229,11 +229,15 @@ static bool connKnownToken(struct conn *c, const uint8_t *tok, size_t len)
     if (cr == SERVICE_CREDENTIAL_NONE) {
         return false;
     }
+    if (c->tok != NULL) { /* wiped, not left in the heap */
+        OPENSSL_cleanse(c->tok, c->tok_len);
+        free(c->tok);
+        c->tok = NULL;
+        c->tok_len = 0;
+    }
+    /* The token kept is this one, or none when it is too long to keep: never an older one,
+     * which cred_gen, set now, would make pass for checked since the last reload. */
     if (len <= TOKEN_KEEP_MAX) {
-        if (c->tok != NULL) { /* wiped, not left in the heap */
-            OPENSSL_cleanse(c->tok, c->tok_len);
-            free(c->tok);
-        }
         c->tok = xmalloc(len);
         memcpy(c->tok, tok, len);
         c->tok_len = len;
@@ -329,8 +333,9 @@ static bool connTakeRequest(struct conn *c, const uint8_t *p, uint32_t n)
     log_rpc_id(rid, c->id, req->request_id);
     const char *outer = log_request_enter(rid);
     /* The digest kept is c->tok's: it goes with the request only when its token is those
-     * bytes. A known token longer than TOKEN_KEEP_MAX is not kept, so c->tok may be an earlier
-     * token (another tenant's): then the service takes the request's own digest. */
+     * bytes. A known token longer than TOKEN_KEEP_MAX is not kept (c->tok is then NULL), nor
+     * is a token the service did not know: then the service takes the request's own
+     * digest. */
     const uint8_t *digest = c->tok != NULL && req->auth_token.len == c->tok_len &&
                                     CRYPTO_memcmp(req->auth_token.data, c->tok, c->tok_len) == 0
                                 ? c->tok_sha256

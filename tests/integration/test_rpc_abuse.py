@@ -453,7 +453,7 @@ class TestTokensOnOneConnection(ClusterTestCase):
         # A connection keeps its last known token with its digest (rpc_frames.c), so the same
         # token again is not hashed again; a request with another token is authorised as that
         # one, whatever the connection sent before. gamma's token is longer than a connection
-        # keeps (TOKEN_KEEP_MAX, 4 KiB): after it, the kept token and digest are still alpha's.
+        # keeps (TOKEN_KEEP_MAX, 4 KiB): after it, none is kept.
         node = self.c.nodes[1]
         wait_for(lambda: self.c.status(), 20, "the node to answer")
         host, port = node.rpc.split(":")
@@ -481,6 +481,36 @@ class TestTokensOnOneConnection(ClusterTestCase):
             s.sendall(op(rid, token, key))
             got = _read_answer(s)
             self.assertEqual(got[:2], (rid, want), (rid, got))
+        s.close()
+
+    def test_a_token_removed_by_a_reload_is_refused_after_a_long_one(self):
+        # alpha's token is kept by the connection, then a reload removes it. gamma's token,
+        # known but too long to keep, came next: the connection marked its kept token as
+        # checked since the reload, though the kept one was still alpha's, and alpha's next
+        # frame was taken and decoded instead of refused before its decode.
+        node = self.c.nodes[1]
+        wait_for(lambda: self.c.status(), 20, "the node to answer")
+        host, port = node.rpc.split(":")
+        s = socket.create_connection((host, int(port)), timeout=15)
+        alpha, gamma = self.c.token, self.c.long_token
+        s.sendall(_claim_frame(1, alpha, "before-reload"))
+        self.assertEqual(_read_answer(s)[:2], (1, OUTCOME_ACQUIRED))
+        with open(node.cfg) as f:
+            text = f.read()
+        old = hashlib.sha256(alpha.encode()).hexdigest()
+        self.assertIn(old, text)
+        with open(node.cfg, "w") as f:
+            f.write(text.replace(old, hashlib.sha256(b"alpha-rotated").hexdigest()))
+        rc, out = self.c.ctl("reload", "--node", node.rpc)
+        self.assertEqual((rc, out["outcome"]), (0, "ok"), out)
+        s.sendall(_get_frame(2, gamma, "before-reload"))
+        self.assertEqual(_read_answer(s)[:2], (2, OUTCOME_NOT_FOUND))  # gamma's: known
+        name = 'idem_rpc_frames_rejected_total{reason="unauthenticated"}'
+        before = _metrics(node.http).get(name, 0)
+        s.sendall(_get_frame(3, alpha, "before-reload"))
+        got = _read_answer(s)
+        self.assertTrue(got is None or got[:2] == (3, OUTCOME_UNAUTHENTICATED), got)
+        self.assertEqual(_metrics(node.http).get(name, 0), before + 1)
         s.close()
 
 
