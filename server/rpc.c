@@ -32,8 +32,10 @@
  *
  * TLS (tls.rpc in the config): the same connection with a TLS stream (libidem's
  * client/tls_stream.h, the one its clients and the forwarder use) between the socket and
- * the frame buffer. Reads land in a ciphertext buffer, are fed to the TLS engine and
- * decrypted into the frame buffer (the same limits apply to the plaintext); every answer
+ * the frame buffer. Reads land in the listener's one ciphertext buffer, are fed to the
+ * connection's TLS engine and decrypted into the frame buffer (the same limits apply to
+ * the plaintext); the engine keeps no more than a record's worth of buffers while the
+ * connection is idle (tls_stream.c); every answer
  * frame is encrypted and the resulting records written. Whatever the engine produces on its
  * own (handshake messages, alerts) is written after each read. A TLS failure (a plain-TCP
  * client, a bad or missing client certificate, a corrupt record) closes that connection
@@ -114,6 +116,7 @@ static void serverMaybeFree(struct rpc_server *r)
         IdemTlsCtxFree(r->tls);
         rpc_admit_free(&r->admit);
         arena_close(&r->decode);
+        free(r->cipher);
         free(r);
         if (cb) {
             cb(data);
@@ -136,7 +139,6 @@ void rpc_conn_unref(struct conn *c)
     rpc_figures.frame_buffer_bytes -= c->cap;
     rpc_frame_buffer_grown -= grownBytes(c);
     IdemTlsFree(c->tls);
-    free(c->cipher);
     free(c->buf);
     free(c->out);
     if (c->tok != NULL) {
@@ -558,26 +560,28 @@ static void allocCb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     struct conn *c = h->data;
     (void)suggested;
     if (c->tls != NULL) {
-        if (c->cipher == NULL) {
-            c->cipher = xmalloc(CONN_TLS_READ);
+        /* One buffer for every connection: the loop reads one connection at a time, and
+         * what a read brought is fed to its TLS engine (which copies it) before the next. */
+        struct rpc_server *r = c->srv;
+        if (r->cipher == NULL) {
+            r->cipher = xmalloc(CONN_TLS_READ);
         }
-        *buf = uv_buf_init((char *)c->cipher, CONN_TLS_READ);
+        *buf = uv_buf_init((char *)r->cipher, CONN_TLS_READ);
         return;
     }
     rpc_conn_reserve(c);
     *buf = uv_buf_init((char *)c->buf + c->len, (unsigned)(c->cap - c->len));
 }
 
-/* TLS: feeds what was read and decrypts everything available into the frame buffer,
- * handing complete frames to rpc_conn_process() whenever the buffer fills up. */
-static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
+/* TLS: decrypts everything the engine can into the frame buffer, handing complete frames
+ * to rpc_conn_process() whenever the buffer fills up. 0: the engine wants more input; 1:
+ * stopped (the connection no longer reads, or has a backlog); -1: the stream ended or
+ * failed (the connection is closing, its alert written). */
+static int tlsDrain(struct conn *c)
 {
-    if (IdemTlsFeed(c->tls, data, n) != 0) {
-        tlsOutOfMemory(); /* the stream's buffer could not grow */
-    }
     for (;;) {
         if (!rpc_conn_open(c)) {
-            break;
+            return 1;
         }
         rpc_conn_reserve(c);
         if (c->cap == c->len) {
@@ -585,12 +589,12 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
              * frame), so processing frees space. */
             rpc_conn_process(c);
             if (!rpc_conn_open(c) || c->backlog) {
-                break; /* backlog: the rest stays in the engine until flushCb resumes */
+                return 1; /* backlog: the rest stays in the engine until flushCb resumes */
             }
             rpc_conn_reserve(c);
             if (c->cap == c->len) {
                 rpc_conn_bad_frame(c, 0, "frame buffer full");
-                break;
+                return 1;
             }
         }
         int got = IdemTlsRead(c->tls, c->buf + c->len, c->cap - c->len);
@@ -599,7 +603,7 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
             continue;
         }
         if (got == IDEM_TLS_WANT) {
-            break;
+            return 0;
         }
         tlsFlush(c); /* an alert, if the engine made one */
         if (got == IDEM_TLS_CLOSED) {
@@ -607,7 +611,31 @@ static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
         } else {
             tlsFail(c, IdemTlsEstablished(c->tls) ? "read" : "handshake");
         }
+        return -1;
+    }
+}
+
+/* TLS: feeds what was read (n bytes at data, in the listener's buffer: all of it is fed
+ * before returning) and decrypts it. It is fed CONN_TLS_FEED bytes at a time, each
+ * decrypted before the next, so that the engine's input buffer, which keeps the largest
+ * size it grew to, holds about a record rather than a whole read. */
+static void tlsRead(struct conn *c, const uint8_t *data, size_t n)
+{
+    size_t off = 0;
+    int rc;
+    do {
+        size_t chunk = n - off < CONN_TLS_FEED ? n - off : CONN_TLS_FEED;
+        if (chunk != 0 && IdemTlsFeed(c->tls, data + off, chunk) != 0) {
+            tlsOutOfMemory(); /* the stream's buffer could not grow */
+        }
+        off += chunk;
+        rc = tlsDrain(c);
+    } while (rc == 0 && off < n);
+    if (rc < 0) {
         return;
+    }
+    if (off < n && IdemTlsFeed(c->tls, data + off, n - off) != 0) {
+        tlsOutOfMemory(); /* stopped with a backlog: the rest waits in the engine */
     }
     tlsFlush(c);
     if (c->state != CONN_CLOSING) {

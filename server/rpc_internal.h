@@ -29,7 +29,8 @@
 /* After rpc_server_close, connections still draining this long are closed (a peer that does
  * not read its last answers must not hold the node's exit). */
 #define CLOSE_GRACE_MS 2000
-#define CONN_TLS_READ 65536         /* ciphertext read buffer of a TLS connection */
+#define CONN_TLS_READ 65536         /* the TLS listener's ciphertext read buffer */
+#define CONN_TLS_FEED 16384         /* ciphertext fed to a TLS engine at a time (rpc.c) */
 #define CONN_BUF_MIN 65536          /* a frame buffer's first size, and what it shrinks back to */
 #define CONN_READ_SLACK 16384       /* room kept past a large frame, for the next read */
 #define CONN_OUT_BATCH (256u << 10) /* answer bytes gathered before a write is cut */
@@ -65,7 +66,6 @@ struct conn {
                            * stays paused, and the flush handle takes them up */
     unsigned writes;      /* answers being written */
     struct idem_tls *tls; /* NULL on a plain-TCP listener */
-    uint8_t *cipher;      /* TLS only: CONN_TLS_READ bytes that reads land in */
     bool tls_failed;      /* TLS only: no close_notify, the stream is broken */
     uint64_t skip;        /* bytes of an oversized frame still to discard */
     uint64_t accepted_ms; /* uv_now() at accept */
@@ -100,6 +100,7 @@ struct rpc_server {
     uint64_t cred_gen; /* reloads so far: the known tokens may have changed at each */
     struct service *svc;
     struct idem_tls_ctx *tls; /* NULL: plain TCP */
+    uint8_t *cipher; /* TLS: the CONN_TLS_READ bytes every connection's reads land in */
     LIST_HEAD(, conn) conns;
     size_t n_conns;
     uint64_t conn_serial; /* connections accepted: the next one's id */
