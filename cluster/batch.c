@@ -203,6 +203,23 @@ static void delaySet(struct cluster *c, uint64_t ns)
     (void)timerfd_settime(c->delay_fd, 0, &its, NULL);
 }
 
+/* After raft_apply refused buf with rv: frees buf if raft did not. libraft 0.15 refuses
+ * RAFT_NOTLEADER before it takes the entry, and RAFT_NOMEM where it may have (out of
+ * memory ends the node, as everywhere here); any other refusal comes from the log write it
+ * started after appending the entry, and raft freed the entry's buffer when it discarded
+ * it: freeing it here too was a double free. */
+static void applyRefused(struct raft_buffer *buf, int rv)
+{
+    if (rv == RAFT_NOMEM) {
+        clog_error("out of memory");
+        abort();
+    }
+    if (rv == RAFT_NOTLEADER) {
+        raft_free(buf->base);
+    }
+    buf->base = NULL;
+}
+
 /* Packs and proposes the open batch. */
 void batch_flush(struct cluster *c)
 {
@@ -242,8 +259,9 @@ void batch_flush(struct cluster *c)
                                 : RAFT_NOTLEADER;
     if (rv != 0) {
         /* Not leading any more, or a transfer began since these commands were taken (a
-         * transfer request read in the same loop iteration): none of them is in the log. */
-        raft_free(buf.base);
+         * transfer request read in the same loop iteration), or the log write could not
+         * start: none of them is in the log. */
+        applyRefused(&buf, rv);
         c->not_proposed += n;
         c->pending_bytes -= cost;
         admission_uncharge(c, charges, n);
@@ -393,7 +411,7 @@ int batch_propose_internal(struct cluster *c, const Idem__LogEntry *entry)
     int rv = cluster_leading(c) ? raft_apply(&c->raft, &r->req, &buf, 1, internalApplyCb)
                                 : RAFT_NOTLEADER;
     if (rv != 0) {
-        raft_free(buf.base);
+        applyRefused(&buf, rv);
         free(r);
     }
     return rv;
