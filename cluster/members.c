@@ -313,9 +313,9 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
 }
 
 /* Whether the configuration the change would make can commit, and so keep a leader: the
- * leader (when it stays a voter) and the voters heard from within an election timeout must
- * be a majority of its voters, which are today's voters with node `id` one
- * (`votes_after`) or not. raft appends a change and counts by it at once, so a change that
+ * leader (when it stays a voter), the node promoted and the voters heard from within an
+ * election timeout must be a majority of its voters, which are today's voters with node
+ * `id` one (`votes_after`) or not. raft appends a change and counts by it at once, so a change that
  * cannot commit left the cluster without a leader until the missing voters came back:
  * removing a live voter while another was down did that. Else CLUSTER_EUNREACHABLE with
  * the counts. */
@@ -333,7 +333,11 @@ static int changeQuorumCheck(struct cluster *c, uint64_t id, bool votes_after)
             continue;
         }
         voters++;
-        if (sv->id == c->cfg.id || io_heard_ago_ms(&c->io, sv->id) <= fresh_ms) {
+        /* A node promoted counts as heard: raft catches it up before it appends the change
+         * (a spare gets no messages before that, so nothing was heard from it), and a node
+         * it cannot reach never gets that far. */
+        if (sv->id == c->cfg.id || (sv->id == id && votes_after) ||
+            io_heard_ago_ms(&c->io, sv->id) <= fresh_ms) {
             heard++;
         }
     }
