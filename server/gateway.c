@@ -537,12 +537,14 @@ struct httpConn {
     struct http_server *h;
     LIST_ENTRY(httpConn) link;   /* in h->conns */
     struct rpc_admit_entry adm; /* its address counted (when admitted) */
+    SSL_CTX *ssl_ctx;           /* a TLS listener's context at its accept, held; or NULL */
 };
 
 static void connClosedCb(uv_handle_t *handle)
 {
     struct httpConn *c = (struct httpConn *)handle;
     rpc_admit_remove(&c->h->admit, &c->adm);
+    SSL_CTX_free(c->ssl_ctx);
     c->h->m.connections--;
     LIST_REMOVE(c, link);
     gateway_maybe_stopped(c->h);
@@ -590,6 +592,13 @@ static void acceptCb(uv_stream_t *l, int status)
     rpc_admit_add(&h->admit, &c->adm, addr);
     uv_tcp_nodelay(&c->tcp, 1);
     bool tls = l == (uv_stream_t *)&h->listener ? h->cfg->tls.http : h->cfg->tls.proxy;
+    if (tls) {
+        /* h2o keeps the SSL_CTX it is handed here without a reference and makes the
+         * connection's SSL from it only when the first bytes arrive: by then a reload may
+         * have put another context in and freed this one (http_server_reload_tls). */
+        c->ssl_ctx = h->tls_accept_ctx.ssl_ctx;
+        SSL_CTX_up_ref(c->ssl_ctx);
+    }
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, connClosedCb);
     h2o_accept(tls ? &h->tls_accept_ctx : &h->accept_ctx, sock);
 }
@@ -808,8 +817,8 @@ int http_server_reload_tls(struct http_server *h, const struct config *cfg, char
         return -1;
     }
     if (h->tls != NULL) {
-        /* h2o makes each connection's SSL from the accept context's SSL_CTX at its accept
-         * (SSL_new: a reference of its own), so the old one may go now. */
+        /* Every connection accepted with the old one holds it until it closes (acceptCb), so
+         * it may go now. */
         h->tls_accept_ctx.ssl_ctx = IdemTlsCtxSsl(tls);
         IdemTlsCtxFree(h->tls);
         h->tls = tls;

@@ -13,6 +13,7 @@ real nodes on 127.0.0.1:
                         there, and one in flight through the reload ends on the old route
     TestReloadTls       a renewed certificate (same CA, new key) served to new HTTPS and RPC
                         TLS connections after SIGHUP, while a connection opened before goes on
+                        and one accepted before but shaking hands after gets the old one
 
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_reload
 """
@@ -528,6 +529,11 @@ class TestReloadTls(TlsReloadTest):
         self.assertEqual(self.https(node, "GET", "/metrics", conn=kept, headers=admin)[0], 200)
         kept_sock = kept.sock
         self.assertIsNotNone(kept_sock)
+        # A connection accepted but without its handshake yet. The listener accepts in the
+        # order connections came, so once a later one is answered, this one was accepted.
+        early = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+        self.addCleanup(early.close)
+        self.assertEqual(peer_cn(node.http, pki), "node")
         # a key that does not match: refused, the running certificate kept
         os.replace(os.path.join(pki, "node.key"), os.path.join(pki, "node.key.good"))
         os.replace(os.path.join(pki, "other.key"), os.path.join(pki, "node.key"))
@@ -550,6 +556,13 @@ class TestReloadTls(TlsReloadTest):
         self.assertEqual(cn, "node")
         self.assertIn('idem_config_reloads_total{result="ok"} 1', r.raw)
         kept.close()
+        # One more reload, then the connection accepted before both shakes hands: with the
+        # certificate of its accept. (h2o makes its TLS session from the context it was
+        # accepted with, which the first reload freed, and the second one's contexts could
+        # take its memory: a use after free, a crash or another certificate.)
+        self.sighup([node])
+        with ctx.wrap_socket(early, server_hostname=host) as t:
+            self.assertEqual(dict(x[0] for x in t.getpeercert()["subject"])["commonName"], "node")
         self.assertEqual(self.c.stop(1), 0)
 
 
