@@ -517,21 +517,14 @@ void idem_async_on_tls_failure(struct idem_async *a, idem_async_tls_failure_cb c
     a->tls_failure_data = data;
 }
 
-int idem_async_reload_tls(struct idem_async *a, const struct idem_options *opts, char *why,
-                          size_t why_len)
+void idem_async_set_tls(struct idem_async *a, struct idem_tls_ctx *ctx)
 {
-    if (a == NULL || opts == NULL || a->tls == NULL || !IdemTlsWanted(opts)) {
-        IdemWhyf(why, why_len, "the client has no TLS to reload, or the options ask for none");
-        return IDEM_EINVAL;
-    }
-    struct idem_tls_ctx *ctx = NULL;
-    int rv = IdemTlsContext(opts, &ctx, why, why_len);
-    if (rv != IDEM_OK) {
-        return rv;
+    if (a->tls == NULL || ctx == NULL) {
+        IdemTlsCtxFree(ctx);
+        return;
     }
     IdemTlsCtxFree(a->tls); /* the streams of open connections hold their own references */
     a->tls = ctx;
-    return IDEM_OK;
 }
 
 size_t idem_async_pending(const struct idem_async *a)

@@ -590,12 +590,17 @@ err_free:
     return NULL;
 }
 
-int cluster_tls_reload(struct cluster *c, const char *cert_file, const char *key_file,
-                       const char *ca_file, char *err, size_t errlen)
+int cluster_tls_load(const char *cert_file, const char *key_file, const char *ca_file,
+                     struct idem_tls_ctx **server, struct idem_tls_ctx **client, char *err,
+                     size_t errlen)
 {
     struct raft_tls_files files = {cert_file, key_file, ca_file};
-    return transport_tls_reload(&c->transport, &files, err, errlen) == 0 ? CLUSTER_OK
-                                                                         : CLUSTER_EINVAL;
+    return raft_tls_load(&files, server, client, err, errlen) == 0 ? CLUSTER_OK : CLUSTER_EINVAL;
+}
+
+void cluster_tls_set(struct cluster *c, struct idem_tls_ctx *server, struct idem_tls_ctx *client)
+{
+    transport_tls_set(&c->transport, server, client);
 }
 
 int cluster_start(struct cluster *c)

@@ -589,9 +589,8 @@ int raft_tls_connect(struct raft_tls *rt, struct raft_uv_connect *req, raft_id i
 
 /* ---- the whole ---------------------------------------------------------------------------- */
 
-/* Both contexts of `files` into *server and *client (OUT, NULL on failure). 0 or -1 (err). */
-static int makeContexts(const struct raft_tls_files *files, struct idem_tls_ctx **server,
-                        struct idem_tls_ctx **client, char *err, size_t errlen)
+int raft_tls_load(const struct raft_tls_files *files, struct idem_tls_ctx **server,
+                  struct idem_tls_ctx **client, char *err, size_t errlen)
 {
     *server = *client = NULL;
     if (files->cert_file == NULL || files->key_file == NULL || files->ca_file == NULL) {
@@ -622,7 +621,7 @@ int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t h
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    if (makeContexts(files, &rt->server, &rt->client, err, errlen) != 0) {
+    if (raft_tls_load(files, &rt->server, &rt->client, err, errlen) != 0) {
         raft_tls_free(rt);
         return -1;
     }
@@ -634,19 +633,13 @@ int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t h
     return 0;
 }
 
-int raft_tls_reload(struct raft_tls *rt, const struct raft_tls_files *files, char *err,
-                    size_t errlen)
+void raft_tls_set(struct raft_tls *rt, struct idem_tls_ctx *server, struct idem_tls_ctx *client)
 {
-    struct idem_tls_ctx *server, *client;
-    if (makeContexts(files, &server, &client, err, errlen) != 0) {
-        return -1;
-    }
     /* The streams of the pumps that run hold their own references (tls_stream.h). */
     IdemTlsCtxFree(rt->server);
     IdemTlsCtxFree(rt->client);
     rt->server = server;
     rt->client = client;
-    return 0;
 }
 
 void raft_tls_close(struct raft_tls *rt)

@@ -91,11 +91,16 @@ struct raft_tls_cbs {
 int raft_tls_new(uv_loop_t *loop, const struct raft_tls_files *files, uint64_t handshake_timeout_ms,
                  const struct raft_tls_cbs *cbs, struct raft_tls **out, char *err, size_t errlen);
 
-/* Reads `files` again into new contexts for the connections made from now on; the pumps
- * that run keep theirs. 0, or -1 with the reason in err (as raft_tls_new) and nothing
- * changed. */
-int raft_tls_reload(struct raft_tls *rt, const struct raft_tls_files *files, char *err,
-                    size_t errlen);
+/* New certificates in two steps, so that a reload that renews other contexts too switches
+ * none before all loaded. raft_tls_load: the listener's and the connector's contexts of
+ * `files` (as raft_tls_new makes them) into *server and *client (IdemTlsCtxFree frees them);
+ * 0, or -1 with the reason in err (as raft_tls_new) and both NULL. raft_tls_set: the
+ * connections made from now on use them (taken; both as raft_tls_load made them); the pumps
+ * that run keep theirs. */
+struct idem_tls_ctx;
+int raft_tls_load(const struct raft_tls_files *files, struct idem_tls_ctx **server,
+                  struct idem_tls_ctx **client, char *err, size_t errlen);
+void raft_tls_set(struct raft_tls *rt, struct idem_tls_ctx *server, struct idem_tls_ctx *client);
 
 /* Listener: puts `tcp` (accepted; raft_malloc'd) under TLS. 0 with the plaintext end in
  * *plain (raft_malloc'd, its data NULL; whoever has it closes and raft_frees it), tcp now

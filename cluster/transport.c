@@ -3,6 +3,7 @@
 #include "raft_tls.h"
 #include "clog.h"
 #include "resolver.h"
+#include "tls_stream.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -1075,11 +1076,13 @@ int transport_tls(struct transport *t, const struct raft_tls_files *files, char 
     return raft_tls_new(t->loop, files, TRANSPORT_HANDSHAKE_TIMEOUT_MS, &cbs, &t->tls, err, errlen);
 }
 
-int transport_tls_reload(struct transport *t, const struct raft_tls_files *files, char *err,
-                         size_t errlen)
+void transport_tls_set(struct transport *t, struct idem_tls_ctx *server,
+                       struct idem_tls_ctx *client)
 {
-    if (t->tls == NULL) {
-        return 0; /* plain TCP: tls.raft changes only with a restart */
+    if (t->tls == NULL) { /* plain TCP: tls.raft changes only with a restart */
+        IdemTlsCtxFree(server);
+        IdemTlsCtxFree(client);
+        return;
     }
-    return raft_tls_reload(t->tls, files, err, errlen);
+    raft_tls_set(t->tls, server, client);
 }

@@ -212,10 +212,11 @@ void transport_tcp_tune(uv_tcp_t *tcp);
  * loaded, a key that does not match its certificate). */
 int transport_tls(struct transport *t, const struct raft_tls_files *files, char *err,
                   size_t errlen);
-/* With TLS: reads the certificate files again for the connections made from now on (raft_tls
- * _reload). 0 (also without TLS), or -1 with the reason in err and nothing changed. */
-int transport_tls_reload(struct transport *t, const struct raft_tls_files *files, char *err,
-                         size_t errlen);
+/* With TLS: the connections made from now on use server and client, as raft_tls_load made
+ * them (taken: raft_tls_set); without, they are freed. */
+struct idem_tls_ctx;
+void transport_tls_set(struct transport *t, struct idem_tls_ctx *server,
+                       struct idem_tls_ctx *client);
 /* Releases raft_uv_tcp's memory and the TLS contexts (after raft_uv closed the transport). */
 void transport_close(struct transport *t);
 

@@ -13,6 +13,7 @@
 #include "idem_rpc.h"
 #include "log.h"
 #include "resolver.h"
+#include "tls_stream.h"
 #include "xmalloc.h"
 
 struct forwarder {
@@ -93,16 +94,16 @@ struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, c
     return f;
 }
 
-int forwarder_reload_tls(struct forwarder *f, const struct config_tls *tls, char *err,
-                         size_t errlen)
+int forwarder_load_tls(const struct config_tls *tls, struct idem_tls_ctx **out, char *err,
+                       size_t errlen)
 {
     struct idem_options opts = tlsOptions(tls);
-    char why[400];
-    if (idem_async_reload_tls(f->a, &opts, why, sizeof why) != IDEM_OK) {
-        snprintf(err, errlen, "forwarding to the leader: %s", why);
-        return -1;
-    }
-    return 0;
+    return IdemTlsContext(&opts, out, err, errlen) == IDEM_OK ? 0 : -1;
+}
+
+void forwarder_set_tls(struct forwarder *f, struct idem_tls_ctx *ctx)
+{
+    idem_async_set_tls(f->a, ctx);
 }
 
 static void callDoneCb(struct idem_async *a, int status, const Idem__Response *resp,

@@ -37,11 +37,16 @@ typedef bool (*forward_resend_fn)(void *data);
 struct forwarder *forwarder_new(uv_loop_t *loop, const struct config_tls *tls, char *err,
                                 size_t errlen);
 
-/* For a forwarder made with `tls`: reads its files again (tls borrowed for the call) for the
- * connections opened from now on; those open go on. 0, or -1 with the reason in err and
- * nothing changed. */
-int forwarder_reload_tls(struct forwarder *f, const struct config_tls *tls, char *err,
-                         size_t errlen);
+/* A configuration reload of a forwarder made with TLS, in two steps (server/reload.c: no part
+ * of the node switches before every part has loaded its files). forwarder_load_tls: the
+ * client context of tls's files (borrowed for the call) into *out, as forwarder_new makes
+ * it; 0, or -1 with the reason in err ("tls: certificate file /path: ...") and *out NULL.
+ * forwarder_set_tls: the connections opened from now on take ctx (taken; NULL changes
+ * nothing); those open go on. */
+struct idem_tls_ctx;
+int forwarder_load_tls(const struct config_tls *tls, struct idem_tls_ctx **out, char *err,
+                       size_t errlen);
+void forwarder_set_tls(struct forwarder *f, struct idem_tls_ctx *ctx);
 
 /* Sends `req` to the RPC server at addr ("host:port") over one lazily opened, reused and
  * pipelined TCP (or TLS) connection per address; the requests of one loop turn are written

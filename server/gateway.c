@@ -595,7 +595,7 @@ static void acceptCb(uv_stream_t *l, int status)
     if (tls) {
         /* h2o keeps the SSL_CTX it is handed here without a reference and makes the
          * connection's SSL from it only when the first bytes arrive: by then a reload may
-         * have put another context in and freed this one (http_server_reload_tls). */
+         * have put another context in and freed this one (http_server_set_tls). */
         c->ssl_ctx = h->tls_accept_ctx.ssl_ctx;
         SSL_CTX_up_ref(c->ssl_ctx);
     }
@@ -804,26 +804,40 @@ struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, str
     return h;
 }
 
-int http_server_reload_tls(struct http_server *h, const struct config *cfg, char *err,
-                           size_t errlen)
+int http_server_load_tls(const struct http_server *h, const struct config *cfg,
+                         struct idem_tls_ctx **listen, struct idem_tls_ctx **forward, char *err,
+                         size_t errlen)
 {
-    struct idem_tls_ctx *tls = NULL;
-    if (h->tls != NULL && !tlsSetup(cfg, &tls, err, errlen)) {
+    *forward = NULL;
+    *listen = NULL;
+    if (h->tls != NULL && !tlsSetup(cfg, listen, err, errlen)) {
         return -1;
     }
+    char why[400];
     if (h->fwd != NULL && cfg->tls.rpc &&
-        forwarder_reload_tls(h->fwd, &cfg->tls, err, errlen) != 0) {
-        IdemTlsCtxFree(tls);
+        forwarder_load_tls(&cfg->tls, forward, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: %s (forwarding to the leader: tls.rpc)",
+                 cfg->tls.at != NULL ? cfg->tls.at : "tls", why);
+        IdemTlsCtxFree(*listen);
+        *listen = NULL;
         return -1;
-    }
-    if (h->tls != NULL) {
-        /* Every connection accepted with the old one holds it until it closes (acceptCb), so
-         * it may go now. */
-        h->tls_accept_ctx.ssl_ctx = IdemTlsCtxSsl(tls);
-        IdemTlsCtxFree(h->tls);
-        h->tls = tls;
     }
     return 0;
+}
+
+void http_server_set_tls(struct http_server *h, struct idem_tls_ctx *listen,
+                         struct idem_tls_ctx *forward)
+{
+    if (listen != NULL) {
+        /* Every connection accepted with the old one holds it until it closes (acceptCb), so
+         * it may go now. */
+        h->tls_accept_ctx.ssl_ctx = IdemTlsCtxSsl(listen);
+        IdemTlsCtxFree(h->tls);
+        h->tls = listen;
+    }
+    if (forward != NULL) {
+        forwarder_set_tls(h->fwd, forward);
+    }
 }
 
 void http_server_set_config(struct http_server *h, struct config_ref *ref)

@@ -26,16 +26,24 @@ struct http_server;
 struct http_server *http_server_new(uv_loop_t *loop, struct config_ref *ref, struct service *svc,
                                     char *err, size_t errlen);
 
-/* A configuration reload (server/reload.c). http_server_reload_tls: with TLS on a listener
- * (tls.http, tls.proxy) reads cfg's certificate, key and CA files again for the connections
- * accepted from now on, and with tls.rpc the forwarder's too; connections open keep their
- * sessions. 0 (also without TLS), or -1 with the reason in err and nothing changed.
+/* A configuration reload (server/reload.c), its TLS in two steps: no part of the node switches
+ * before every part has loaded its files. http_server_load_tls: with TLS on a listener
+ * (tls.http, tls.proxy) the listeners' new context from cfg's certificate, key and CA files
+ * into *listen, and with tls.rpc the forwarder's into *forward (each NULL when not served);
+ * 0, or -1 with the reason in err ("FILE:LINE:COLUMN: tls: ..." at the tls section) and both
+ * NULL. http_server_set_tls: the connections accepted (the forwarder's, opened) from now on
+ * take listen and forward, as http_server_load_tls made them (taken; NULL changes nothing);
+ * connections open keep their sessions.
  * http_server_set_config: serves ref's configuration from now on (its tenants, tokens and
  * proxy routes; the listeners and every other setting are the running ones,
  * config_reload_merge) and holds it instead of the one before; proxy requests in flight
  * keep theirs. */
-int http_server_reload_tls(struct http_server *h, const struct config *cfg, char *err,
-                           size_t errlen);
+struct idem_tls_ctx;
+int http_server_load_tls(const struct http_server *h, const struct config *cfg,
+                         struct idem_tls_ctx **listen, struct idem_tls_ctx **forward, char *err,
+                         size_t errlen);
+void http_server_set_tls(struct http_server *h, struct idem_tls_ctx *listen,
+                         struct idem_tls_ctx *forward);
 void http_server_set_config(struct http_server *h, struct config_ref *ref);
 
 /* Stops (docs/h2o-notes.md §5): closes the listener, asks h2o to shut down, answers new

@@ -100,45 +100,55 @@ static void fitCaps(struct config *cfg)
     }
 }
 
-/* Loads the TLS files once, as the listeners will, so that a bad file is found before any
- * part has switched. 0, or -1 with "FILE:LINE:COLUMN: tls: ..." in err. */
-static int checkTls(const struct config *cfg, char *err, size_t errlen)
+/* A reload's new TLS contexts, one per part that serves TLS (NULL: that part serves none). */
+struct tlsNext {
+    struct idem_tls_ctx *rpc;                       /* the RPC listener's */
+    struct idem_tls_ctx *raft_server, *raft_client; /* Raft's listener and connector */
+    struct idem_tls_ctx *http, *forward;            /* the HTTP listeners', the forwarder's */
+};
+
+static void freeTls(struct tlsNext *n)
 {
-    const struct config_tls *t = &cfg->tls;
-    if (!t->enabled || !(t->rpc || t->http || t->proxy || t->raft)) {
-        return 0;
-    }
-    /* The CA file as the parts load it, and only if one does: the RPC listener and its
-     * forwarder (tls.rpc), Raft (tls.raft), the HTTP listeners when they ask for client
-     * certificates. A node whose CA file nothing loads starts without reading it, and a
-     * reload that read it anyway refused every file, unchanged ones too. */
-    bool ca = t->rpc || t->raft || ((t->http || t->proxy) &&
-                                    t->http_client_certs != CONFIG_CLIENT_CERTS_OFF);
-    struct idem_tls_params p = {.role = IDEM_TLS_SERVER,
-                                .cert_file = t->cert_file,
-                                .key_file = t->key_file,
-                                .ca_file = ca ? t->ca_file : NULL};
-    struct idem_tls_ctx *ctx = NULL;
-    char why[512];
-    if (IdemTlsCtxNew(&p, &ctx, why, sizeof why) != IDEM_OK) {
-        snprintf(err, errlen, "%s: %s", t->at != NULL ? t->at : "tls", why);
+    IdemTlsCtxFree(n->rpc);
+    IdemTlsCtxFree(n->raft_server);
+    IdemTlsCtxFree(n->raft_client);
+    IdemTlsCtxFree(n->http);
+    IdemTlsCtxFree(n->forward);
+}
+
+/* Every part's new TLS contexts from cfg's files, all made before any part switches: a file
+ * that one part fails to load (also one rewritten between two parts' reads) then changes no
+ * part, where a part that had switched already would serve the new certificate beside
+ * others serving the old one. 0, or -1 with "FILE:LINE:COLUMN: tls: ..." in err and every
+ * context made freed. */
+static int loadTls(const struct reloader *r, const struct config *cfg, struct tlsNext *n,
+                   char *err, size_t errlen)
+{
+    memset(n, 0, sizeof *n);
+    if (rpc_server_load_tls(r->rpc, &cfg->tls, &n->rpc, err, errlen) != 0 ||
+        service_load_tls(&cfg->tls, &n->raft_server, &n->raft_client, err, errlen) != 0 ||
+        (r->http != NULL &&
+         http_server_load_tls(r->http, cfg, &n->http, &n->forward, err, errlen) != 0)) {
+        freeTls(n);
         return -1;
     }
-    IdemTlsCtxFree(ctx);
     return 0;
 }
 
-/* Hands next to every part: first the ones that read TLS files again (each may still fail,
- * and then the configuration does not change; a part that read its files already keeps the
- * new certificate, from the files checked), then every part's configuration, which cannot
- * fail. */
+/* Hands next to every part: first the TLS contexts of all of them, loaded (which may fail,
+ * and then the configuration does not change), then switched, then every part's
+ * configuration; nothing fails after the load. */
 static int apply(struct reloader *r, struct config_ref *next, char *err, size_t errlen)
 {
     const struct config *cfg = &next->cfg;
-    if (rpc_server_reload_tls(r->rpc, &cfg->tls, err, errlen) != 0 ||
-        service_reload_tls(r->svc, &cfg->tls, err, errlen) != 0 ||
-        (r->http != NULL && http_server_reload_tls(r->http, cfg, err, errlen) != 0)) {
+    struct tlsNext tls;
+    if (loadTls(r, cfg, &tls, err, errlen) != 0) {
         return -1;
+    }
+    rpc_server_set_tls(r->rpc, tls.rpc);
+    service_set_tls(r->svc, tls.raft_server, tls.raft_client);
+    if (r->http != NULL) {
+        http_server_set_tls(r->http, tls.http, tls.forward);
     }
     rpc_server_set_config(r->rpc, &cfg->rpc);
     if (r->http != NULL) {
@@ -169,9 +179,6 @@ static void answerAll(struct reload_waiter *w, int rc, const char *err)
 static int finish(struct reloader *r, struct config_ref *next, char *err, size_t errlen)
 {
     int rc = config_reload_merge(&next->cfg, &r->cur->cfg, r->path, keptCb, r, err, errlen);
-    if (rc == 0) {
-        rc = checkTls(&next->cfg, err, errlen);
-    }
     if (rc == 0) {
         rc = apply(r, next, err, errlen);
     }

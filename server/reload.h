@@ -6,8 +6,9 @@
  * start, errors "FILE:LINE:COLUMN: ..."), so that a file of many tenants does not hold the
  * loop, then, back on the loop, merged with
  * the running one (settings that change only with a restart keep their value, each one
- * named in a warning), its TLS files loaded, and only then handed to the RPC listener, the
- * gateway (and its forwarder), Raft's TLS, the service and the log. Any error before that
+ * named in a warning), its TLS files loaded into every part's new contexts, and only then
+ * handed to the RPC listener, the gateway (and its forwarder), Raft's TLS, the service and
+ * the log, which cannot fail. Any error before that
  * keeps the running configuration whole and is logged (never with a token or a secret).
  * The configuration replaced is freed on a later loop turn, once no proxy request holds it. */
 #ifndef IDEM_SERVER_RELOAD_H

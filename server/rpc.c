@@ -804,19 +804,25 @@ static int tlsContext(const struct config_tls *tls, struct idem_tls_ctx **out, c
     return IdemTlsCtxNew(&tp, out, err, errlen) == IDEM_OK ? 0 : -1;
 }
 
-int rpc_server_reload_tls(struct rpc_server *r, const struct config_tls *tls, char *err,
-                          size_t errlen)
+int rpc_server_load_tls(const struct rpc_server *r, const struct config_tls *tls,
+                        struct idem_tls_ctx **out, char *err, size_t errlen)
 {
-    struct idem_tls_ctx *tctx = NULL;
-    if (r->tls == NULL) {
-        return 0;
-    }
-    if (tlsContext(tls, &tctx, err, errlen) != 0) {
+    *out = NULL;
+    char why[400];
+    if (r->tls != NULL && tlsContext(tls, out, why, sizeof why) != 0) {
+        /* placed at the tls section, as main.c places the same failure at start */
+        snprintf(err, errlen, "%s: %s (tls.rpc)", tls->at != NULL ? tls->at : "tls", why);
         return -1;
     }
-    IdemTlsCtxFree(r->tls); /* each connection's stream holds its own reference */
-    r->tls = tctx;
     return 0;
+}
+
+void rpc_server_set_tls(struct rpc_server *r, struct idem_tls_ctx *ctx)
+{
+    if (ctx != NULL) {
+        IdemTlsCtxFree(r->tls); /* each connection's stream holds its own reference */
+        r->tls = ctx;
+    }
 }
 
 void rpc_server_set_config(struct rpc_server *r, const struct config_rpc *cfg)

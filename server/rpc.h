@@ -25,14 +25,19 @@ struct rpc_server *rpc_server_new(uv_loop_t *loop, const struct config_addr *add
                                   const struct config_rpc *cfg, const struct config_tls *tls,
                                   struct service *svc, char *err, size_t errlen);
 
-/* A configuration reload (server/reload.c). rpc_server_reload_tls: a listener that serves TLS
- * makes a new context from tls's files (borrowed for the call) for the connections accepted
- * from now on; those open keep theirs. 0 (also without TLS), or -1 with the reason in err
- * ("tls: cert_file /path: ...") and nothing changed. rpc_server_set_config: the listener
- * reads `cfg` from now on (borrowed as in rpc_server_new; its values are the running ones,
- * as rpc settings change only with a restart). */
-int rpc_server_reload_tls(struct rpc_server *r, const struct config_tls *tls, char *err,
-                          size_t errlen);
+/* A configuration reload (server/reload.c), its TLS in two steps: no part of the node switches
+ * before every part has loaded its files. rpc_server_load_tls: a listener that serves TLS
+ * makes a new context from tls's files (borrowed for the call) into *out (NULL without TLS);
+ * 0, or -1 with the reason in err ("FILE:LINE:COLUMN: tls: cert_file /path: ... (tls.rpc)")
+ * and *out NULL. rpc_server_set_tls: the connections accepted from now on take ctx, as
+ * rpc_server_load_tls made it (taken; NULL changes nothing); those open keep theirs.
+ * rpc_server_set_config: the listener reads `cfg` from now on (borrowed as in
+ * rpc_server_new; its values are the running ones, as rpc settings change only with a
+ * restart). */
+struct idem_tls_ctx;
+int rpc_server_load_tls(const struct rpc_server *r, const struct config_tls *tls,
+                        struct idem_tls_ctx **out, char *err, size_t errlen);
+void rpc_server_set_tls(struct rpc_server *r, struct idem_tls_ctx *ctx);
 void rpc_server_set_config(struct rpc_server *r, const struct config_rpc *cfg);
 
 /* Figures of every RPC listener in this process, for /metrics. Read them on the loop's

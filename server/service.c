@@ -686,15 +686,22 @@ void service_set_config(struct service *s, const struct config *cfg)
     s->cfg = cfg;
 }
 
-int service_reload_tls(struct service *s, const struct config_tls *tls, char *err, size_t errlen)
+int service_load_tls(const struct config_tls *tls, struct idem_tls_ctx **server,
+                     struct idem_tls_ctx **client, char *err, size_t errlen)
 {
-    if (!tls->raft) {
-        return 0;
+    *server = *client = NULL;
+    char why[400];
+    if (tls->raft && cluster_tls_load(tls->cert_file, tls->key_file, tls->ca_file, server, client,
+                                      why, sizeof why) != CLUSTER_OK) {
+        snprintf(err, errlen, "%s: %s (tls.raft)", tls->at != NULL ? tls->at : "tls", why);
+        return -1;
     }
-    return cluster_tls_reload(s->cluster, tls->cert_file, tls->key_file, tls->ca_file, err,
-                              errlen) == CLUSTER_OK
-               ? 0
-               : -1;
+    return 0;
+}
+
+void service_set_tls(struct service *s, struct idem_tls_ctx *server, struct idem_tls_ctx *client)
+{
+    cluster_tls_set(s->cluster, server, client);
 }
 
 void service_set_reload(struct service *s, service_reload_fn fn, void *data)

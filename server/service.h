@@ -34,10 +34,17 @@ struct service *service_new(uv_loop_t *loop, const struct config *cfg, char *err
  * account in the cluster's admission (by name); a new one gets one. */
 void service_set_config(struct service *s, const struct config *cfg);
 
-/* With tls.raft: reads the TLS files of tls (borrowed for the call) again for the Raft
- * connections made from now on (cluster_tls_reload). 0 (also without tls.raft), or -1 with
- * the reason in err and nothing changed. */
-int service_reload_tls(struct service *s, const struct config_tls *tls, char *err, size_t errlen);
+/* A configuration reload's Raft TLS, in two steps (server/reload.c: no part of the node
+ * switches before every part has loaded its files). service_load_tls: with tls.raft, the
+ * new contexts of tls's files (borrowed for the call) for the Raft listener and connector
+ * into *server and *client (cluster_tls_load; both NULL without tls.raft); 0, or -1 with
+ * the reason in err ("FILE:LINE:COLUMN: tls: ... (tls.raft)") and both NULL.
+ * service_set_tls: the Raft connections made from now on use them, as service_load_tls made
+ * them (taken; cluster_tls_set); those that run keep their sessions. */
+struct idem_tls_ctx;
+int service_load_tls(const struct config_tls *tls, struct idem_tls_ctx **server,
+                     struct idem_tls_ctx **client, char *err, size_t errlen);
+void service_set_tls(struct service *s, struct idem_tls_ctx *server, struct idem_tls_ctx *client);
 
 /* What the admin op `reload` (idemctl reload) calls, on the loop, with the admin token
  * checked: the reload then calls done(done_data, rc, err) on the loop once it ended (at once

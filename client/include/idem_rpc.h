@@ -125,13 +125,14 @@ typedef void (*idem_async_tls_failure_cb)(void *data, const char *addr, const ch
 /* Sets (cb NULL: clears) the client's TLS failure callback. */
 void idem_async_on_tls_failure(struct idem_async *a, idem_async_tls_failure_cb cb, void *data);
 
-/* Reads opts' TLS files again (as idem_async_open did) for the connections opened from now
- * on; those open keep their sessions. For a client opened with TLS, and opts asking for it
- * too. IDEM_OK, or IDEM_EINVAL, IDEM_ENOMEM or IDEM_ETLS with the reason in why and the
- * client's TLS unchanged. (The daemon's forwarder renews its client certificate with it on a
- * configuration reload.) */
-int idem_async_reload_tls(struct idem_async *a, const struct idem_options *opts, char *why,
-                          size_t why_len);
+/* Hands a client opened with TLS a new client context (tls_stream.h's, made by its
+ * IdemTlsContext(); taken) for the connections opened from now on; those open keep their
+ * sessions. It cannot fail, so that the daemon's forwarder can take a renewed client
+ * certificate on a configuration reload only once every other part of the node has loaded
+ * its new files too. A client opened without TLS stays without it (ctx is freed); ctx NULL
+ * changes nothing. */
+struct idem_tls_ctx;
+void idem_async_set_tls(struct idem_async *a, struct idem_tls_ctx *ctx);
 
 /* The outcome of a response: resp->result->outcome, or OUTCOME_UNSPECIFIED when resp or
  * its result is NULL. `resp` is borrowed. */

@@ -358,12 +358,20 @@ void cluster_close(struct cluster *c, cluster_close_cb cb, void *data);
 int cluster_propose(struct cluster *c, const uint8_t *cmd, size_t len, void *waiter,
                     uint32_t account);
 
-/* With tls.raft: reads the certificate, key and CA files again (borrowed for the call) for
- * the Raft connections made from now on; those that run keep their TLS sessions. CLUSTER_OK
- * (also without tls.raft: nothing to do), or CLUSTER_EINVAL with the reason in err (errlen
- * bytes; "tls: cert_file /path: <OpenSSL's reason>", ...) and nothing changed. */
-int cluster_tls_reload(struct cluster *c, const char *cert_file, const char *key_file,
-                       const char *ca_file, char *err, size_t errlen);
+/* With tls.raft, new certificates in two steps, so that a caller that renews other TLS
+ * contexts too (idemd's reload) switches none before all loaded. cluster_tls_load: reads
+ * the certificate, key and CA files (borrowed for the call) into new contexts for the Raft
+ * listener (*server) and connector (*client), which the caller frees with IdemTlsCtxFree
+ * (libidem's tls_stream.h) unless it hands them to cluster_tls_set. CLUSTER_OK, or
+ * CLUSTER_EINVAL with the reason in err (errlen bytes; "tls: cert_file /path: <OpenSSL's
+ * reason>", ...) and both NULL. cluster_tls_set: the Raft connections made from now on use
+ * them, as cluster_tls_load made them (taken; a cluster without tls.raft frees them); those
+ * that run keep their TLS sessions. */
+struct idem_tls_ctx;
+int cluster_tls_load(const char *cert_file, const char *key_file, const char *ca_file,
+                     struct idem_tls_ctx **server, struct idem_tls_ctx **client, char *err,
+                     size_t errlen);
+void cluster_tls_set(struct cluster *c, struct idem_tls_ctx *server, struct idem_tls_ctx *client);
 
 /* Grows the accounts to n (cfg.n_accounts; never fewer): the new ones start with nothing
  * pending, the others keep their charges and queues. idemd gives a tenant added by a

@@ -14,9 +14,14 @@ real nodes on 127.0.0.1:
     TestReloadTls       a renewed certificate (same CA, new key) served to new HTTPS and RPC
                         TLS connections after SIGHUP, while a connection opened before goes on
                         and one accepted before but shaking hands after gets the old one
+    TestReloadTlsAllOrNothing
+                        tls.cert_file a named pipe whose reads differ (a file rewritten in place
+                        between them): a reload that one part's read fails changes no part's
+                        certificate and nothing else of the file
 
     IDEM_BIN_DIR=build/bin python3 -m unittest -v test_reload
 """
+import errno
 import hashlib
 import http.client
 import json
@@ -563,6 +568,188 @@ class TestReloadTls(TlsReloadTest):
         self.sighup([node])
         with ctx.wrap_socket(early, server_hostname=host) as t:
             self.assertEqual(dict(x[0] for x in t.getpeercert()["subject"])["commonName"], "node")
+        self.assertEqual(self.c.stop(1), 0)
+
+
+def _readers(path):
+    """(pid, fd) of every other process's descriptor open on path (/proc/PID/fd)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        d = "/proc/%s/fd" % pid
+        try:
+            for fd in os.listdir(d):
+                if os.readlink(os.path.join(d, fd)) == path:
+                    out.append((pid, fd))
+        except OSError:  # gone, or not ours to look at
+            continue
+    return out
+
+
+def _open_on(pid_fd, path):
+    """Whether descriptor (pid, fd) is still open on path."""
+    try:
+        return os.readlink("/proc/%s/fd/%s" % pid_fd) == path
+    except OSError:  # closed, or its process gone
+        return False
+
+
+class PipedCertCluster(TlsCluster):
+    """A TlsCluster whose tls.cert_file (pki/pipe.crt) is a named pipe: each time a process
+    opens it, it reads the next bytes of `queue`, or `default` (node.crt until the test sets
+    another) once the queue is empty. One writer thread serves one read at a time: it waits
+    for a reader, sees its descriptor, writes and closes, then waits until that descriptor
+    is closed, so that two reads never share one write. Also makes renewed.crt: node.key's
+    certificate with the CN node-renewed."""
+
+    def __init__(self, **kw):
+        self.lock = threading.Lock()
+        self.queue = []
+        self.default = None
+        self.reads = 0
+        self.errors = []
+        self.stopping = threading.Event()
+        self.writer = None
+        super().__init__(lambda pki: ["cert_file: %s/pipe.crt" % pki,
+                                      "key_file: %s/node.key" % pki, "rpc: true", "http: true"],
+                         **kw)
+
+    def _write_config(self, node, bootstrap):
+        super()._write_config(node, bootstrap)
+        if self.writer is None:
+            pki = self.pki
+            _openssl("req", "-new", "-key", "node.key", "-out", "renewed.csr",
+                     "-subj", "/CN=node-renewed", cwd=pki)
+            _openssl("x509", "-req", "-in", "renewed.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                     "-CAcreateserial", "-out", "renewed.crt", "-days", "2",
+                     "-extfile", "node.ext", cwd=pki)
+            with open(os.path.join(pki, "node.crt"), "rb") as f:
+                self.default = f.read()
+            self.pipe = os.path.realpath(os.path.join(pki, "pipe.crt"))
+            os.mkfifo(self.pipe)
+            self.writer = threading.Thread(target=self._serve, daemon=True)
+            self.writer.start()
+
+    def _until(self, cond, what):
+        """Polls cond until it is true (True), the test stops the writer or 10 s pass."""
+        deadline = time.monotonic() + 10
+        while not self.stopping.is_set():
+            if cond():
+                return True
+            if time.monotonic() > deadline:
+                self.errors.append("the pipe's writer waited 10 s for %s" % what)
+                return False
+            time.sleep(0.005)
+        return False
+
+    def _serve(self):
+        while not self.stopping.is_set():
+            fd = None
+            held = []
+
+            def reader_came():
+                nonlocal fd
+                try:  # fails with ENXIO while no process has the pipe open to read
+                    fd = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
+                    return True
+                except OSError as e:
+                    if e.errno != errno.ENXIO:
+                        raise
+                    return False
+
+            def reader_shows():  # its open returns once a writer is there
+                held[:] = _readers(self.pipe)
+                return bool(held)
+
+            def reader_closed():
+                return not any(_open_on(r, self.pipe) for r in held)
+            try:
+                if not (self._until(reader_came, "a reader")
+                        and self._until(reader_shows, "the reader's descriptor")):
+                    return
+                with self.lock:
+                    data = self.queue.pop(0) if self.queue else self.default
+                    self.reads += 1
+                while data:  # a certificate is smaller than the pipe's buffer
+                    data = data[os.write(fd, data):]
+                os.close(fd)
+                fd = None
+                if not self._until(reader_closed, "the reader to close the pipe"):
+                    return
+            except OSError as e:
+                self.errors.append("the pipe's writer: %s" % e)
+                return
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+    def close(self):
+        self.stopping.set()
+        if self.writer is not None:
+            self.writer.join(timeout=30)
+        problems = super().close()  # kills the nodes first: none waits on the pipe after
+        if self.writer is not None and self.writer.is_alive():
+            problems.append("the pipe's writer thread did not end")
+        try:
+            os.unlink(self.pipe)
+        except (AttributeError, FileNotFoundError):
+            pass
+        return problems
+
+
+class TestReloadTlsAllOrNothing(TlsReloadTest):
+    """A reload reads the TLS files once per part (RPC listener, Raft, HTTP listeners,
+    forwarder). When a later part's read fails (here a torn certificate, as from a file
+    rewritten in place between two reads), no part may switch: before, the RPC listener
+    already served the renewed certificate while HTTPS kept the old one, and the log said
+    the running configuration was kept."""
+
+    def make_cluster(self):
+        return PipedCertCluster(n=1)
+
+    def claim(self, node, token, key):
+        ctx = ssl.create_default_context(cafile=os.path.join(self.c.pki, "ca.crt"))
+        host, port = node.http.rsplit(":", 1)
+        conn = http.client.HTTPSConnection(host, int(port), timeout=TIMEOUT, context=ctx)
+        try:
+            return harness.http_exchange(conn, "POST", "/v1/claims", {"fingerprint": fp(key)},
+                                         {"Authorization": "Bearer %s" % token,
+                                          "Idempotency-Key": key})[0]
+        finally:
+            conn.close()
+
+    def test_a_part_that_fails_changes_nothing(self):
+        node, pki = self.c.nodes[1], self.c.pki
+        self.assertEqual((peer_cn(node.rpc, pki), peer_cn(node.http, pki)), ("node", "node"))
+        with open(os.path.join(pki, "renewed.crt"), "rb") as f:
+            renewed = f.read()
+        torn = b"-----BEGIN CERTIFICATE-----\nMIIB\n"
+        c_token = secrets.token_hex(16)
+        self.rewrite(node, alpha_tokens=[self.c.token, c_token])
+        # The first two reads get the renewed certificate, the third a torn one: whichever
+        # part reads third (the HTTP listeners, or the forwarder after them), the parts that
+        # read before it loaded theirs.
+        with self.c.lock:
+            self.c.queue = [renewed, renewed, torn]
+            self.c.default = renewed
+        self.sighup([node], result="error")
+        with self.c.lock:
+            self.assertEqual(self.c.queue, [], "the reload read the pipe fewer than 3 times")
+        # a server's words for the file, or the forwarder's (a client's)
+        self.assertRegex(self.log_of(node), r"reload \(SIGHUP\) failed: %s:\d+:\d+: tls: "
+                         r"(cert_file|certificate file) %s: .*; the running configuration is "
+                         r"kept" % (re.escape(node.cfg), re.escape(self.c.pipe)))
+        # every part still serves the old certificate, and the file's token is not taken
+        self.assertEqual((peer_cn(node.rpc, pki), peer_cn(node.http, pki)), ("node", "node"))
+        self.assertEqual(self.claim(node, c_token, "torn-c"), 401)
+        self.assertEqual(self.claim(node, self.c.token, "torn-a"), 200)
+        # Every read renewed: the same file is taken whole.
+        self.sighup([node])
+        self.assertEqual((peer_cn(node.rpc, pki), peer_cn(node.http, pki)),
+                         ("node-renewed", "node-renewed"))
+        self.assertEqual(self.claim(node, c_token, "renewed-c"), 200)
+        self.assertEqual(self.c.errors, [])
         self.assertEqual(self.c.stop(1), 0)
 
 
