@@ -153,23 +153,29 @@ class TestServe(ClusterTest):
         """A node whose Raft address is taken exits 1 and says so: libraft 0.15 only says
         "I/O error" (transport.c finds the reason)."""
         node = self.c.nodes[3]
-        self.c.kill(3)
+        self.assertEqual(self.restart_with_address_held(3, node.raft), 1)
+        with open(node.log) as f:
+            log = f.read()
+        self.assertIn("raft start: raft address %s: Address already in use" % node.raft, log)
+
+    def restart_with_address_held(self, nid, addr):
+        """Kills node nid and starts it again while another socket listens on addr (one of
+        its addresses); returns its exit status."""
+        node = self.c.nodes[nid]
+        self.c.kill(nid)
         holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            host, port = node.raft.rsplit(":", 1)
+            host, port = addr.rsplit(":", 1)
             # (its old connections may still be in TIME_WAIT; a listener still excludes idemd)
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             holder.bind((host, int(port)))
             holder.listen(1)
-            self.c.start(3)
+            self.c.start(nid)
             rc = node.proc.wait(timeout=30)
             node.proc = None
         finally:
             holder.close()
-        self.assertEqual(rc, 1)
-        with open(node.log) as f:
-            log = f.read()
-        self.assertIn("raft start: raft address %s: Address already in use" % node.raft, log)
+        return rc
 
     def test_http_listener_that_cannot_open_is_named(self):
         """A node whose HTTP address is taken, or names a host that does not resolve, exits
@@ -177,19 +183,8 @@ class TestServe(ClusterTest):
         closed that was never initialised), and the address taken freed the gateway twice
         over (a use after free the sanitizer build reports)."""
         node = self.c.nodes[3]
-        self.c.kill(3)
-        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            host, port = node.http.rsplit(":", 1)
-            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            holder.bind((host, int(port)))
-            holder.listen(1)
-            self.c.start(3)
-            rc = node.proc.wait(timeout=30)
-            node.proc = None
-        finally:
-            holder.close()
-        self.assertEqual(rc, 1)
+        self.assertEqual(self.restart_with_address_held(3, node.http), 1)
+        port = node.http.rsplit(":", 1)[1]
         with open(node.log) as f:
             self.assertIn("http listen on %s: address already in use" % node.http, f.read())
         with open(node.cfg) as f:
