@@ -312,54 +312,9 @@ int cluster_member_add(struct cluster *c, const struct cluster_member *m,
     return changeStarted(c, cr, raft_add(&c->raft, &cr->req, m->id, m->raft_address, changeCb));
 }
 
-/* Whether the configuration the change would make can commit, and so keep a leader: the
- * leader (when it stays a voter), the node promoted and the voters heard from within an
- * election timeout must be a majority of its voters, which are today's voters with node
- * `id` one (`votes_after`) or not. raft appends a change and counts by it at once, so a change that
- * cannot commit left the cluster without a leader until the missing voters came back:
- * removing a live voter while another was down did that. Else CLUSTER_EUNREACHABLE with
- * the counts. */
-static int changeQuorumCheck(struct cluster *c, uint64_t id, bool votes_after)
-{
-    const struct raft_configuration *conf = &c->raft.configuration;
-    uint64_t fresh_ms = c->cfg.election_timeout_ms;
-    unsigned voters = 0, heard = 0;
-    bool listed = false;
-    for (unsigned i = 0; i < conf->n; i++) {
-        const struct raft_server *sv = &conf->servers[i];
-        bool votes = sv->id == id ? votes_after : sv->role == RAFT_VOTER;
-        listed = listed || sv->id == id;
-        if (!votes) {
-            continue;
-        }
-        voters++;
-        /* A node promoted counts as heard: raft catches it up before it appends the change
-         * (a spare gets no messages before that, so nothing was heard from it), and a node
-         * it cannot reach never gets that far. */
-        if (sv->id == c->cfg.id || (sv->id == id && votes_after) ||
-            io_heard_ago_ms(&c->io, sv->id) <= fresh_ms) {
-            heard++;
-        }
-    }
-    if (!listed || voters == 0 || 2 * heard > voters) {
-        return CLUSTER_OK; /* raft judges an unknown id; the last voter is refused apart */
-    }
-    char why[200];
-    snprintf(why, sizeof why,
-             "%u voters after it, %u of them heard from in %llu ms: it could not commit and "
-             "would leave no leader; bring voters back first",
-             voters, heard, (unsigned long long)fresh_ms);
-    cluster_set_err(c, "", why);
-    return CLUSTER_EUNREACHABLE;
-}
-
 int cluster_member_promote(struct cluster *c, uint64_t id, cluster_change_cb cb, void *data)
 {
     int rc = changeCheck(c);
-    if (rc != CLUSTER_OK) {
-        return rc;
-    }
-    rc = changeQuorumCheck(c, id, true);
     if (rc != CLUSTER_OK) {
         return rc;
     }
@@ -393,10 +348,6 @@ int cluster_member_remove(struct cluster *c, uint64_t id, cluster_change_cb cb, 
                  (unsigned long long)id);
         cluster_set_err(c, "", why);
         return CLUSTER_EINVAL;
-    }
-    rc = changeQuorumCheck(c, id, false);
-    if (rc != CLUSTER_OK) {
-        return rc;
     }
     struct changeReq *cr = changeNew(c, cb, data);
     raftErrClear(c);
