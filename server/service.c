@@ -95,12 +95,6 @@ static void opMaybeFree(struct op *o)
     }
 }
 
-/* The op's answer is no longer owed by a time (it was given). */
-static void opStopTimer(struct op *o)
-{
-    deadlines_remove(&o->s->deadlines, &o->deadline);
-}
-
 /* retry_after_ms: 0, or when the same request to this node may succeed (Result). */
 static void opAnswerUnavailable(struct op *o, const char *why, uint64_t retry_after_ms)
 {
@@ -274,8 +268,7 @@ static void svcApply(void *data, uint64_t cmd_index, const uint8_t *cmd, size_t 
         o->cb(o->data, &resp);
         storedWireFree(&stored);
     }
-    opStopTimer(o);
-    opMaybeFree(o);
+    opMaybeFree(o); /* its deadline too */
 }
 
 static void svcFail(void *data, void *waiter, int status)
@@ -295,8 +288,7 @@ static void svcFail(void *data, void *waiter, int status)
         opAnswerUnavailable(
             o, status == RAFT_SHUTDOWN ? "node shutting down" : "leadership lost before commit", 0);
     }
-    opStopTimer(o);
-    opMaybeFree(o);
+    opMaybeFree(o); /* its deadline too */
 }
 
 static int svcSnapshot(void *data, uint8_t **buf, size_t *len)
