@@ -584,6 +584,11 @@ class TestIdemctlMembership(CtlTest):
         for n in (n5, n4):
             self.assertEqual(self.ok("members", "add", n.id, n.raft, n.rpc, n.http)["outcome"],
                              "ok")
+        # (A follower may answer before it applied the last addition: each node's list is
+        # awaited, bounded, before the order is checked.)
+        for nid in (1, 2, 3):
+            wait_for(lambda: len(self.ok("members", "list", ids=[nid])["members"]) == 5, 10,
+                     "node %d to list the members added" % nid)
         out = self.ok("members", "list")
         self.assertEqual([m["id"] for m in out["members"]], [1, 2, 3, 4, 5], out)
         st = self.status(ids=[1, 2, 3])
